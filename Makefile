@@ -1,0 +1,43 @@
+# Every target works on a fresh machine: `.venv` is created and filled on first use.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+OUT ?= demo
+SPEC ?= examples/digits/campaign.yaml
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export DO_NOT_TRACK ?= 1
+
+.PHONY: venv install demo test test-fast lint bench stack-up stack-down clean
+
+venv: $(STAMP)
+
+# torch first, pinned: the CPU build lies on this disk; an unpinned torch pulls a CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/campaign plan $(SPEC)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -ra -m "not e2e and not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tasks flows tests bench
+
+bench: $(STAMP)
+	$(BIN)/python bench/plan_scaling.py
+
+clean:
+	rm -rf $(VENV) demo .pytest_cache .ruff_cache

@@ -1,0 +1,84 @@
+"""Stop rules (R10): typed exceptions that carry the rule, the run and a stop ID.
+
+They are raised inside library code and, under Prefect, inside tasks, where they fail the
+task and are never retried. Prefect pickles task exceptions, so every constructor passes
+all its arguments to ``super().__init__``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+
+def new_stop_id() -> str:
+    """``stop-<12 hex>``: a fresh ID for each stop."""
+    return f"stop-{uuid.uuid4().hex[:12]}"
+
+
+class StopRule(Exception):
+    """A stop rule fired. ``rule`` names it; subclasses fix it."""
+
+    rule: str = "stop"
+
+    def __init__(
+        self,
+        run_id: str,
+        reason: str,
+        step: int | None = None,
+        stop_id: str | None = None,
+    ) -> None:
+        stop_id = stop_id or new_stop_id()
+        super().__init__(run_id, reason, step, stop_id)
+        self.run_id = run_id
+        self.reason = reason
+        self.step = step
+        self.stop_id = stop_id
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.reason} (stop {self.stop_id}, run {self.run_id})"
+
+    def to_record(self) -> dict[str, Any]:
+        """The JSON line kept in ``stops.jsonl``."""
+        return {
+            "stop_id": self.stop_id,
+            "rule": self.rule,
+            "run_id": self.run_id,
+            "step": self.step,
+            "reason": self.reason,
+        }
+
+
+class NonFiniteLoss(StopRule):
+    """The training loss became NaN or infinite."""
+
+    rule = "non_finite_loss"
+
+
+class BelowThreshold(StopRule):
+    """The run's final quality is below the floor written before the experiments."""
+
+    rule = "below_threshold"
+
+
+class EssentialInputMissing(StopRule):
+    """An essential input is missing, cut off or altered (hash mismatch)."""
+
+    rule = "essential_input_missing"
+
+
+class NoUsableRestart(StopRule):
+    """No checkpoint could be restored, or the restart did not reproduce the run."""
+
+    rule = "no_usable_restart"
+
+
+class IncompleteRun(StopRule):
+    """The run ended with fewer steps than planned: never an accepted delivery."""
+
+    rule = "incomplete_run"
+
+
+STOP_RULES: dict[str, type[StopRule]] = {
+    c.rule: c for c in (NonFiniteLoss, BelowThreshold, EssentialInputMissing, NoUsableRestart, IncompleteRun)
+}
