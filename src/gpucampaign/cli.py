@@ -10,6 +10,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -55,6 +56,41 @@ def print_json(obj: Any) -> None:
 
 
 # Commands are defined below, one section per phase of the campaign.
+
+
+# --- run: the whole campaign --------------------------------------------------------------
+
+
+@app.command("run")
+@handle_errors
+def run_cmd(
+    spec: Path = typer.Argument(..., help="Campaign YAML file."),
+    out: Path | None = typer.Option(None, "--out", help="Output folder (default: out/<name>)."),
+    decision: str | None = typer.Option(
+        None, "--decision", help="Override decision_point.mode: 'auto' or 'ask' (Prefect UI)."
+    ),
+) -> None:
+    """Run the whole campaign in this process (embedded Prefect, local storage); rerun to resume."""
+    from gpucampaign._runner import load_flow
+    from gpucampaign.spec import load_spec
+
+    cs = load_spec(spec)
+    if decision not in (None, "auto", "ask"):
+        raise SpecError(f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.")
+    target = out or Path("out") / cs.name
+    flow = load_flow("campaign", "campaign")
+    state = flow(spec=str(spec), out=str(target), decision_mode=decision, return_state=True)
+    summary = state.result(raise_on_failure=False)
+    if isinstance(summary, BaseException):
+        raise summary
+    verdict = (summary or {}).get("verdict") or {}
+    console.print(f"[bold]verdict:[/] {verdict.get('text', 'none')}", soft_wrap=True)
+    console.print(f"output folder: {target}  (report: {target / 'report.md'})")
+    if state.is_failed():
+        err_console.print(f"[bold red]stopped:[/] {state.message}", soft_wrap=True)
+        raise typer.Exit(EXIT_STOPPED)
+    if verdict.get("kind") == "re-pose":
+        raise typer.Exit(EXIT_STOPPED)
 
 
 def main() -> None:

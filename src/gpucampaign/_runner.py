@@ -1,0 +1,46 @@
+"""Start the Prefect flows from the CLI without the library importing Prefect itself.
+
+The flows live in the checkout's ``flows/`` package (never installed): find the checkout,
+set quiet embedded-server defaults, then import the flow.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpucampaign.spec import SpecError
+
+# Measured: a fresh PREFECT_HOME needs ~21 s to start the embedded server (default limit 20 s),
+# and the telemetry heartbeat floods stderr with SQLite lock errors.
+EMBEDDED_DEFAULTS = {
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+}
+
+
+def find_checkout() -> Path:
+    """The folder that holds ``flows/campaign.py``: the current folder or the source checkout."""
+    candidates = [Path.cwd(), *Path.cwd().parents, Path(__file__).resolve().parents[2]]
+    for folder in candidates:
+        if (folder / "flows" / "campaign.py").is_file() and (folder / "tasks").is_dir():
+            return folder
+    raise SpecError(
+        "`campaign run` needs the project checkout (its flows/ and tasks/ folders): run it from "
+        "the repository root, or use `prefect deployment run campaign/main` against a worker."
+    )
+
+
+def load_flow(module: str, name: str) -> Any:
+    """Import ``flows.<module>`` from the checkout and return the flow object ``name``."""
+    for key, value in EMBEDDED_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    root = str(find_checkout())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return getattr(importlib.import_module(f"flows.{module}"), name)

@@ -1,0 +1,176 @@
+"""The decision point after the pilot (R3, R9): pure functions, no orchestration.
+
+The pilot measures what a run really costs here; the calendar is re-forecast from those
+measurements (the original plan stays untouched) and the campaign either continues,
+reduces itself (drops exploratory, then useful runs) until it fits, or re-poses the question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpucampaign.spec import CampaignSpec
+
+Action = Literal["continue", "reduce", "re-pose"]
+
+
+class DecisionInput(BaseModel):
+    """What a person answers at the decision point (Prefect UI form in 'ask' mode)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Action = Field(description="continue | reduce (drop the listed runs) | re-pose (stop here)")
+    drop: list[str] = Field(default_factory=list, description="Optional runs to drop (with 'reduce').")
+    note: str = Field(default="", description="Why: kept in decisions.jsonl.")
+
+    @field_validator("drop")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("list each run to drop once")
+        return v
+
+
+class Decision(BaseModel):
+    """The decision taken, with its inputs and reasons (one line of decisions.jsonl)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    action: Action
+    dropped_runs: list[str] = Field(default_factory=list)
+    dropped_steps: list[str] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)
+    by: Literal["auto", "person", "timeout"] = "auto"
+    inputs: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def kept(self) -> bool:
+        """False when the campaign stops here (re-pose)."""
+        return self.action != "re-pose"
+
+
+def check_decision_input(spec: CampaignSpec, answer: DecisionInput) -> None:
+    """Refuse an answer that drops an essential run or names an unknown one.
+
+    Raises:
+        ValueError: naming the offending run and the fix.
+    """
+    known = spec.run_names()
+    for run in answer.drop:
+        if run not in known:
+            raise ValueError(f"drop: '{run}' is not a run of this campaign; use some of {known}")
+        if spec.tier_of(run) == "essential":
+            raise ValueError(f"drop: '{run}' is essential and cannot be dropped; re-pose instead")
+    if answer.action != "reduce" and answer.drop:
+        raise ValueError("drop: only the 'reduce' action drops runs; choose 'reduce' or empty the list")
+
+
+def forecast_run_hours(
+    spec: CampaignSpec,
+    *,
+    run: str,
+    pilot: Mapping[str, Mapping[str, Any]],
+    planned_steps: int,
+) -> tuple[float, str]:
+    """Forecast a run's machine time from pilot measurements, in hours, with how it was made.
+
+    A piloted run uses its own measurements. Others use the control's cost per sample,
+    scaled by their planned samples: said so in the explanation.
+
+    Args:
+        spec: the campaign.
+        run: run name.
+        pilot: pilot measurements per run name (``load_s``, ``step_s``, ``eval_s``, ``save_s``,
+            ``evals``, ``saves``, ``batch_size``).
+        planned_steps: the run's planned optimizer steps.
+    """
+    cfg = spec.run_config(run)
+    if run in pilot:
+        m = pilot[run]
+        how = f"pilot of '{run}': {m['step_s'] * 1000:.2f} ms/step"
+    else:
+        ref = pilot.get("control") or next(iter(pilot.values()))
+        m = dict(ref)
+        m["step_s"] = ref["step_s"] * cfg.batch_size / ref["batch_size"]
+        how = "not piloted: control's cost per sample scaled to this run's batch size"
+    seconds = (
+        m["load_s"]
+        + planned_steps * m["step_s"]
+        + m.get("evals", 0) * m.get("eval_s", 0.0)
+        + m.get("saves", 0) * m.get("save_s", 0.0)
+    )
+    return seconds / 3600.0, how
+
+
+def decide_auto(
+    *,
+    fits_all: bool,
+    reduced_fits: bool,
+    reduced_dropped_runs: list[str],
+    reduced_dropped_steps: list[str],
+    pilot_stops: list[dict[str, Any]],
+    essential_runs: list[str],
+    span_hours: float,
+    reduced_span_hours: float,
+    window_hours: float,
+) -> Decision:
+    """The automatic rule: continue if it fits, reduce until it fits, else re-pose."""
+    inputs = {
+        "span_hours": round(span_hours, 6),
+        "reduced_span_hours": round(reduced_span_hours, 6),
+        "window_hours": window_hours,
+        "pilot_stops": pilot_stops,
+    }
+    essential_stops = [s for s in pilot_stops if s.get("run") in essential_runs]
+    if essential_stops:
+        return Decision(
+            action="re-pose",
+            reasons=[f"the pilot of essential run '{s['run']}' tripped {s['rule']}: {s['reason']}"
+                     for s in essential_stops],
+            inputs=inputs,
+        )
+    if fits_all:
+        return Decision(
+            action="continue",
+            reasons=[f"the re-forecast span {span_hours:.2f} h fits the {window_hours:g} h window"],
+            inputs=inputs,
+        )
+    if reduced_fits:
+        return Decision(
+            action="reduce",
+            dropped_runs=reduced_dropped_runs,
+            dropped_steps=reduced_dropped_steps,
+            reasons=[
+                f"the re-forecast span {span_hours:.2f} h exceeds the {window_hours:g} h window",
+                f"without {', '.join(reduced_dropped_steps)} it takes {reduced_span_hours:.2f} h and fits",
+            ],
+            inputs=inputs,
+        )
+    return Decision(
+        action="re-pose",
+        reasons=[
+            f"even the essential steps alone take {reduced_span_hours:.2f} h, more than the "
+            f"{window_hours:g} h window: re-pose the question (smaller protocol or a longer lot)"
+        ],
+        inputs=inputs,
+    )
+
+
+def apply_answer(spec: CampaignSpec, *, answer: DecisionInput, auto: Decision) -> Decision:
+    """Turn a person's validated answer into a Decision, keeping the automatic one as input."""
+    check_decision_input(spec, answer)
+    dropped_steps = [s.name for s in spec.calendar if s.run in answer.drop]
+    reasons = [f"chosen by a person: {answer.note or 'no note'}"]
+    if answer.action != auto.action:
+        reasons.append(f"the automatic rule proposed '{auto.action}'")
+    return Decision(
+        action=answer.action,
+        dropped_runs=list(answer.drop),
+        dropped_steps=dropped_steps,
+        reasons=reasons,
+        by="person",
+        inputs={**auto.inputs, "proposed": auto.model_dump(mode="json")},
+    )
