@@ -1,0 +1,89 @@
+"""The decision point's pure logic and the input model a person fills in the UI (R3, R9)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from gpucampaign.decision import DecisionInput, apply_answer, check_decision_input, decide_auto, forecast_run_hours
+from gpucampaign.spec import parse_spec
+
+SPEC = {
+    "name": "d",
+    "packages": [{"gpu": "rtx4090", "days": 3}],
+    "calendar": [
+        {"name": "c", "kind": "machine", "resource": "gpu", "hours": 1, "run": "control"},
+        {"name": "w", "kind": "machine", "resource": "gpu", "hours": 1, "run": "wide", "tier": "useful"},
+        {"name": "x", "kind": "machine", "resource": "gpu", "hours": 1, "run": "big", "tier": "exploratory"},
+    ],
+    "control": {"batch_size": 32},
+    "variants": [
+        {"name": "wide", "tier": "useful", "changes": {"hidden": [128]}},
+        {"name": "big", "tier": "exploratory", "changes": {"batch_size": 64}},
+    ],
+}
+PILOT = {"control": {"load_s": 2.0, "step_s": 0.01, "eval_s": 0.5, "save_s": 0.2, "evals": 4, "saves": 2,
+                     "batch_size": 32, "planned_steps": 100, "n_train": 3200}}
+
+
+def _auto(**kw):
+    base = dict(fits_all=True, reduced_fits=True, reduced_dropped_runs=[], reduced_dropped_steps=[],
+                pilot_stops=[], essential_runs=["control"], span_hours=10, reduced_span_hours=10,
+                window_hours=72)
+    return decide_auto(**{**base, **kw})
+
+
+def test_continue_when_it_fits():
+    d = _auto()
+    assert d.action == "continue" and d.kept and "fits" in d.reasons[0]
+
+
+def test_reduce_names_what_it_drops():
+    d = _auto(fits_all=False, reduced_dropped_runs=["big"], reduced_dropped_steps=["x"],
+              span_hours=80, reduced_span_hours=60)
+    assert d.action == "reduce"
+    assert d.dropped_runs == ["big"]
+    assert "80.00 h exceeds the 72 h window" in d.reasons[0]
+
+
+def test_repose_when_essentials_do_not_fit():
+    d = _auto(fits_all=False, reduced_fits=False, reduced_span_hours=90, span_hours=100)
+    assert d.action == "re-pose" and not d.kept
+    assert "90.00 h" in d.reasons[0]
+
+
+def test_repose_when_the_pilot_of_an_essential_run_stopped():
+    stop = {"run": "control", "rule": "non_finite_loss", "reason": "loss is nan at step 3"}
+    d = _auto(pilot_stops=[stop])
+    assert d.action == "re-pose"
+    assert "non_finite_loss" in d.reasons[0]
+
+
+def test_forecast_uses_own_pilot_or_scales_the_controls():
+    spec = parse_spec(SPEC)
+    hours, how = forecast_run_hours(spec, run="control", pilot=PILOT, planned_steps=100)
+    assert hours == pytest.approx((2.0 + 100 * 0.01 + 4 * 0.5 + 2 * 0.2) / 3600)
+    assert "pilot of 'control'" in how
+    hours_big, how_big = forecast_run_hours(spec, run="big", pilot=PILOT, planned_steps=50)
+    # batch 64 vs 32: twice the cost per step, half the steps.
+    assert hours_big == pytest.approx((2.0 + 50 * 0.02 + 4 * 0.5 + 2 * 0.2) / 3600)
+    assert "not piloted" in how_big
+
+
+def test_decision_input_model_validates():
+    spec = parse_spec(SPEC)
+    with pytest.raises(ValidationError):
+        DecisionInput(action="maybe")
+    with pytest.raises(ValidationError):
+        DecisionInput(action="reduce", drop=["big", "big"])
+    with pytest.raises(ValidationError):
+        DecisionInput.model_validate({"action": "continue", "surprise": 1})
+    with pytest.raises(ValueError, match="essential"):
+        check_decision_input(spec, DecisionInput(action="reduce", drop=["control"]))
+    with pytest.raises(ValueError, match="not a run"):
+        check_decision_input(spec, DecisionInput(action="reduce", drop=["nope"]))
+    with pytest.raises(ValueError, match="only the 'reduce'"):
+        check_decision_input(spec, DecisionInput(action="continue", drop=["big"]))
+    ok = apply_answer(spec, answer=DecisionInput(action="reduce", drop=["big"], note="GPU busy"), auto=_auto())
+    assert ok.by == "person" and ok.dropped_runs == ["big"] and ok.dropped_steps == ["x"]
+    assert "the automatic rule proposed 'continue'" in ok.reasons
