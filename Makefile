@@ -26,6 +26,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/campaign plan $(SPEC)
+	$(BIN)/campaign run $(SPEC) --out $(OUT)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
@@ -38,6 +39,14 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/plan_scaling.py
+	$(BIN)/python bench/checkpoint.py
+	$(BIN)/python bench/overhead.py
+
+stack-up: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" bash infra/stack.sh up
+
+stack-down:
+	PATH="$(abspath $(BIN)):$$PATH" bash infra/stack.sh down
 
 clean:
 	rm -rf $(VENV) demo .pytest_cache .ruff_cache
