@@ -1,0 +1,38 @@
+"""Shared test setup: a quiet, isolated Prefect, and one Prefect test server per session.
+
+The environment is set here, before any test module imports prefect: settings are read then.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+# A private PREFECT_HOME: tests never touch ~/.prefect, a profile, or a server the user
+# exported (after `make stack-up`, PREFECT_API_URL points at the real stack).
+_PREFECT_HOME = tempfile.mkdtemp(prefix="gpucampaign-prefect-home-")
+atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
+os.environ["PREFECT_HOME"] = _PREFECT_HOME
+os.environ.pop("PREFECT_API_URL", None)
+os.environ.pop("PREFECT_PROFILE", None)
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "90"
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["DO_NOT_TRACK"] = "1"
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One Prefect test server (temporary SQLite) for the whole session; ~15-20 s to start.
+
+    Tests that run flows or use the GPU lock take this fixture; give each test its own
+    names (limits, output folders) since the database is shared.
+    """
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=None):
+        yield

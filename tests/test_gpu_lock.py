@@ -1,0 +1,222 @@
+"""The GPU lock on a Prefect test server: creation, strict blocking, stale slots."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+from prefect.concurrency._asyncio import ConcurrencySlotAcquisitionError
+from prefect.states import Running
+
+from tasks.gpu_lock import _STAMP, embedded_api, ensure_gpu_limit, gpu_slot
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def _name(tag: str) -> str:
+    return f"test-{tag}-{uuid.uuid4().hex[:8]}"
+
+
+def _limit(name: str):
+    with get_client(sync_client=True) as client:
+        return client.read_global_concurrency_limit_by_name(name)
+
+
+def _set_active(name: str, active: int) -> None:
+    with get_client(sync_client=True) as client:
+        client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=active))
+
+
+def _run_threads(*targets) -> list[BaseException]:
+    errors: list[BaseException] = []
+
+    def wrap(fn):
+        def run():
+            try:
+                fn()
+            except BaseException as exc:  # reported to the test thread
+                errors.append(exc)
+
+        return run
+
+    threads = [threading.Thread(target=wrap(t)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a lock holder never finished"
+    return errors
+
+
+def test_ensure_creates_missing_limit_once():
+    name = _name("create")
+    note = ensure_gpu_limit(name, 2, clear_stale=False)
+    assert "created" in note and name in note
+    limit = _limit(name)
+    assert (limit.limit, limit.active_slots) == (2, 0)
+    # Existing limit: nothing to say, and its size is kept.
+    assert ensure_gpu_limit(name, 3, clear_stale=True) == ""
+    assert _limit(name).limit == 2
+
+
+def test_ensure_rejects_zero_slots():
+    with pytest.raises(ValueError, match="at least 1 slot"):
+        ensure_gpu_limit(_name("zero"), 0, clear_stale=False)
+
+
+def test_strict_slot_fails_without_limit():
+    with pytest.raises(ConcurrencySlotAcquisitionError):
+        with gpu_slot(_name("missing"), timeout_s=5, lease_s=60):
+            pass
+
+
+def test_one_slot_blocks_a_second_holder():
+    name = _name("one")
+    ensure_gpu_limit(name, 1, clear_stale=False)
+    first_in, second_done = threading.Event(), threading.Event()
+    intervals: dict[str, tuple[float, float]] = {}
+    outcome: dict[str, object] = {}
+
+    def first():
+        with gpu_slot(name, timeout_s=60, lease_s=60):
+            start = time.monotonic()
+            first_in.set()
+            # Hold the slot until the second holder has given up waiting for it.
+            assert second_done.wait(timeout=60)
+            intervals["first"] = (start, time.monotonic())
+
+    def second():
+        assert first_in.wait(timeout=60)
+        try:
+            with gpu_slot(name, timeout_s=1, lease_s=60):
+                outcome["second"] = "acquired while the first held the slot"
+        except TimeoutError:
+            outcome["second"] = "timed out"
+        finally:
+            second_done.set()
+        # Now that the first holder is gone, the slot is free again.
+        with gpu_slot(name, timeout_s=60, lease_s=60):
+            intervals["second"] = (time.monotonic(), time.monotonic())
+
+    assert _run_threads(first, second) == []
+    assert outcome["second"] == "timed out"
+    assert intervals["second"][0] >= intervals["first"][1]
+    assert _limit(name).active_slots == 0
+
+
+def test_one_slot_serialises_concurrent_holders():
+    name = _name("serial")
+    ensure_gpu_limit(name, 1, clear_stale=False)
+    intervals: list[tuple[float, float]] = []
+
+    def holder():
+        with gpu_slot(name, timeout_s=90, lease_s=60):
+            start = time.monotonic()
+            time.sleep(0.5)
+            intervals.append((start, time.monotonic()))
+
+    assert _run_threads(holder, holder, holder) == []
+    intervals.sort()
+    assert len(intervals) == 3
+    for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+        assert start >= end, f"holders overlapped: {intervals}"
+
+
+def test_two_slots_let_two_holders_overlap():
+    name = _name("two")
+    ensure_gpu_limit(name, 2, clear_stale=False)
+    both_inside = threading.Barrier(2, timeout=60)
+    held: list[int] = []
+
+    def holder():
+        with gpu_slot(name, timeout_s=60, lease_s=60):
+            both_inside.wait()  # breaks (error) unless both hold a slot at the same time
+            held.append(_limit(name).active_slots)
+
+    assert _run_threads(holder, holder) == []
+    assert held == [2, 2]
+
+
+def test_stale_slot_is_reported_and_cleared():
+    name = _name("stale")
+    ensure_gpu_limit(name, 1, clear_stale=False)
+    _set_active(name, 1)  # what a holder killed in embedded mode leaves behind
+    note = ensure_gpu_limit(name, 1, clear_stale=False, flow_names=("no-such-flow",))
+    assert "held by no running flow run" in note
+    assert _limit(name).active_slots == 1
+
+    note = ensure_gpu_limit(name, 1, clear_stale=True, flow_names=("no-such-flow",))
+    assert "cleared 1 stale slot" in note
+    assert _limit(name).active_slots == 0
+    with gpu_slot(name, timeout_s=30, lease_s=60) as hold:
+        assert hold.name == name
+
+
+def test_slot_of_a_live_flow_run_is_not_cleared():
+    name = _name("live")
+    flow_name = _name("holder-flow")
+    ensure_gpu_limit(name, 1, clear_stale=False)
+    inside, checked = threading.Event(), threading.Event()
+    notes: list[str] = []
+
+    @flow(name=flow_name)
+    def holder_flow():
+        notes.append(ensure_gpu_limit(name, 1, clear_stale=True, flow_names=(flow_name,)))
+        with gpu_slot(name, timeout_s=30, lease_s=60):
+            inside.set()
+            assert checked.wait(timeout=60)
+
+    def check():
+        assert inside.wait(timeout=90)
+        try:
+            notes.append(ensure_gpu_limit(name, 1, clear_stale=True, flow_names=(flow_name,)))
+            notes.append(str(_limit(name).active_slots))
+        finally:
+            checked.set()
+
+    assert _run_threads(holder_flow, check) == []
+    assert notes[0] == ""
+    assert "waiting for them" in notes[1] and notes[2] == "1"
+    assert _limit(name).active_slots == 0
+
+
+def test_slot_of_a_dead_stamped_flow_run_is_cleared():
+    """A flow run left Running by a killed process (embedded mode) does not block clearing."""
+    import socket
+
+    name = _name("dead")
+    flow_name = _name("dead-flow")
+    ensure_gpu_limit(name, 1, clear_stale=False)
+    _set_active(name, 1)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(gone.stdout)
+
+    @flow(name=flow_name)
+    def orphan():  # never called: only gives the flow run its flow
+        pass
+
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(orphan, state=Running())
+        client.update_flow_run(run.id, infrastructure_pid=f"{_STAMP}:{socket.gethostname()}:{dead_pid}")
+    note = ensure_gpu_limit(name, 1, clear_stale=True, flow_names=(flow_name,))
+    assert "cleared 1 stale slot" in note
+    assert _limit(name).active_slots == 0
+
+
+def test_embedded_api_tells_own_server_from_shared_one():
+    assert embedded_api() is False  # the harness server is reached through PREFECT_API_URL
+    probe = subprocess.run(
+        [sys.executable, "-c", "from tasks.gpu_lock import embedded_api; print(embedded_api())"],
+        capture_output=True, text=True, check=True,
+        env={k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
+    )
+    assert probe.stdout.strip().splitlines()[-1] == "True"
