@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -280,7 +281,7 @@ class CampaignSpec(_Frozen):
     @model_validator(mode="after")
     def _consistent(self) -> CampaignSpec:
         names = [s.name for s in self.calendar]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = sorted(n for n, k in Counter(names).items() if k > 1)  # linear: calendars can be long
         if dup:
             raise ValueError(f"calendar: duplicate step name(s) {dup}; give every step a unique name")
         known = set(names)

@@ -1,0 +1,228 @@
+"""PNG figures of a campaign: the calendar Gantt chart (planned vs actual), and more below.
+
+Figures are drawn on ``matplotlib.figure.Figure`` objects rendered by the Agg backend, never
+through pyplot's global state, so they work headless and from several threads. New plot
+functions: ``fig = new_figure(...)``, draw, then ``return save(fig, path)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from gpucampaign.calendar import Plan
+
+_GPU = "#d62728"
+_HOST = "#ff9896"
+_HUMAN = "#1f77b4"
+_ACTUAL = "#333333"
+_TIER_HATCH = {"essential": "", "useful": "..", "exploratory": "//"}
+
+
+def new_figure(*, width: float = 10.0, height: float = 5.0) -> Figure:
+    """A figure bound to the Agg canvas (no pyplot, no display)."""
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save(fig: Figure, path: str | Path, *, dpi: int = 120) -> Path:
+    """Write ``fig`` as PNG, creating the folder; returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi, format="png", bbox_inches="tight")
+    return out
+
+
+def plot_calendar(
+    plan: Plan,
+    path: str | Path,
+    *,
+    actual: Iterable[Mapping[str, Any]] | None = None,
+) -> Path:
+    """Gantt chart of a plan: one row per lane, human vs machine colours, the window's end.
+
+    Args:
+        plan: The plan to draw.
+        path: PNG file to write.
+        actual: Optional observed intervals, each ``{name, start_hours, end_hours}``; drawn as
+            a thin dark bar under the planned bar of the same step (or on an "unplanned" row).
+
+    Returns:
+        The path written.
+    """
+    lanes = sorted({s.lane for s in plan.steps}, key=_lane_order)
+    actual = list(actual or [])
+    planned_lane = {s.name: s.lane for s in plan.steps}
+    if any(a["name"] not in planned_lane for a in actual):
+        lanes.append("unplanned")
+    row = {lane: k for k, lane in enumerate(lanes)}
+    fig = new_figure(width=11, height=1.8 + 0.7 * max(len(lanes), 1))
+    ax = fig.add_subplot()
+
+    x_end = max([plan.window_hours, plan.span_hours] + [float(a["end_hours"]) for a in actual])
+    narrow = 0  # labels of bars too short for their name alternate above and below the bar
+    for s in sorted(plan.steps, key=lambda s: (s.lane, s.start_hours)):
+        colour = _HUMAN if s.kind == "human" else (_GPU if s.resource == "gpu" else _HOST)
+        y = row[s.lane]
+        ax.barh(
+            y, s.hours, left=s.start_hours, height=0.6 if actual else 0.7, color=colour,
+            edgecolor="black", linewidth=0.5, hatch=_TIER_HATCH[s.tier],
+        )
+        fits_inside = s.hours / x_end > 0.012 * len(s.name)
+        if not fits_inside:
+            narrow += 1
+        dy = 0.0 if fits_inside else (-0.45 if narrow % 2 else 0.45)
+        ax.text(
+            s.start_hours + s.hours / 2, y + dy, s.name, ha="center", va="center", fontsize=7,
+            bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0, "pad": 1},
+        )
+    for a in actual:
+        lane = planned_lane.get(a["name"], "unplanned")
+        start, stop = float(a["start_hours"]), float(a["end_hours"])
+        if lane == "unplanned":
+            ax.barh(row[lane], stop - start, left=start, height=0.3, color=_ACTUAL)
+            ax.text(start, row[lane] - 0.3, a["name"], fontsize=7, va="center")
+        else:
+            ax.barh(row[lane] + 0.38, stop - start, left=start, height=0.14, color=_ACTUAL)
+
+    ax.axvline(plan.window_hours, color="black", linestyle="--", linewidth=1.2)
+    ax.text(plan.window_hours, -0.55, f" window end {plan.window_hours:g} h", fontsize=8, va="top")
+    ax.set_xlim(0, x_end * 1.05)
+    ax.set_ylim(len(lanes) - 0.4, -0.6)
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.set_xlabel("hours from the start of preparation")
+    verdict = "fits" if plan.fits else f"{plan.overrun_hours:g} h over"
+    ax.set_title(
+        f"{plan.name}: span {plan.span_hours:g} h in a {plan.window_hours:g} h window ({verdict})",
+        fontsize=10,
+    )
+    ax.grid(axis="x", alpha=0.3)
+    handles = [
+        Patch(color=_GPU, label="machine: GPU"),
+        Patch(color=_HOST, label="machine: cpu / other"),
+        Patch(color=_HUMAN, label="human"),
+        Patch(facecolor="white", edgecolor="black", hatch="..", label="useful"),
+        Patch(facecolor="white", edgecolor="black", hatch="//", label="exploratory"),
+    ]
+    if actual:
+        handles.append(Patch(color=_ACTUAL, label="actual"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.4 / len(lanes)),
+              ncol=len(handles), fontsize=7, frameon=False)
+    return save(fig, path)
+
+
+def _lane_order(lane: str) -> tuple[int, int]:
+    kinds = ("gpu", "host", "human")
+    kind = next(k for k in kinds if lane.startswith(k))
+    return kinds.index(kind), int(lane[len(kind):])
+
+
+# --- training curves and confusion matrix (close) ------------------------------------------------
+_NOT_CURVES = {"step", "epoch", "global_step", "time", "seconds", "lr", "samples", "batch", "planned_steps"}
+
+
+def _curve_keys(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    """Numeric fields of metric records: loss-like ones, and the other metrics."""
+    keys: dict[str, None] = {}
+    for r in records:
+        for k, v in r.items():
+            if k not in _NOT_CURVES and isinstance(v, int | float) and not isinstance(v, bool):
+                keys[k] = None
+    losses = [k for k in keys if "loss" in k]
+    return losses, [k for k in keys if k not in losses and not k.endswith("_s")]
+
+
+def plot_curves(
+    runs_metrics: Mapping[str, Iterable[Mapping[str, Any]]],
+    path: str | Path,
+    *,
+    x: str = "step",
+) -> Path:
+    """Loss and metric curves of every run, side by side (one colour per run).
+
+    Args:
+        runs_metrics: ``{run label: metrics.jsonl records}``; each record has ``x`` (``step``)
+            and numeric fields. Fields with "loss" in their name go to the left panel, other
+            metrics (accuracy, macro_f1...) to the right one; one line style per field.
+        path: PNG file to write.
+        x: the record field on the horizontal axis.
+
+    Returns:
+        The path written.
+    """
+    fig = new_figure(width=11, height=4.2)
+    ax_loss, ax_metric = fig.subplots(1, 2)
+    styles = ["-", "--", ":", "-."]
+    colours = [f"C{i}" for i in range(10)]
+    drawn_loss = drawn_metric = False
+    for n, (run, records) in enumerate(runs_metrics.items()):
+        records = [r for r in records if isinstance(r.get(x), int | float)]
+        losses, metrics = _curve_keys(records)
+        for ax, keys in ((ax_loss, losses), (ax_metric, metrics)):
+            for m, key in enumerate(keys):
+                pts = sorted((r[x], r[key]) for r in records if isinstance(r.get(key), int | float))
+                if not pts:
+                    continue
+                xs, ys = zip(*pts, strict=True)
+                ax.plot(xs, ys, styles[m % len(styles)], color=colours[n % len(colours)],
+                        marker="o" if len(xs) < 30 else None, markersize=3, label=f"{run}: {key}")
+                drawn_loss |= ax is ax_loss
+                drawn_metric |= ax is ax_metric
+    for ax, title, drawn in ((ax_loss, "loss", drawn_loss), (ax_metric, "metrics", drawn_metric)):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(x)
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, f"no {title} recorded", ha="center", va="center", transform=ax.transAxes)
+    return save(fig, path)
+
+
+def plot_confusion(
+    matrix: Iterable[Iterable[int]],
+    labels: Iterable[Any],
+    path: str | Path,
+    *,
+    title: str = "confusion matrix",
+) -> Path:
+    """Confusion matrix as a heat map with counts (rows: label, columns: prediction).
+
+    Args:
+        matrix: ``matrix[i][j]`` counts label ``labels[i]`` predicted as ``labels[j]``.
+        labels: class names, in matrix order.
+        path: PNG file to write.
+        title: figure title (e.g. the verdict's run).
+
+    Returns:
+        The path written.
+    """
+    rows = [list(r) for r in matrix]
+    names = [str(v) for v in labels]
+    if len(rows) != len(names) or any(len(r) != len(names) for r in rows):
+        raise ValueError(f"confusion matrix must be {len(names)}x{len(names)} to match its labels")
+    k = len(names)
+    side = min(12.0, 2.5 + 0.45 * k)
+    fig = new_figure(width=side + 1.0, height=side)
+    ax = fig.add_subplot()
+    image = ax.imshow(rows, cmap="Blues", vmin=0)
+    fig.colorbar(image, ax=ax, shrink=0.8)
+    top = max((max(r) for r in rows if r), default=0)
+    for i in range(k):
+        for j in range(k):
+            v = rows[i][j]
+            if v:
+                ax.text(j, i, str(v), ha="center", va="center", fontsize=8,
+                        color="white" if v > top / 2 else "black")
+    ax.set_xticks(range(k), names, fontsize=8)
+    ax.set_yticks(range(k), names, fontsize=8)
+    ax.set_xlabel("prediction")
+    ax.set_ylabel("label")
+    ax.set_title(title, fontsize=10)
+    return save(fig, path)
