@@ -58,6 +58,112 @@ def print_json(obj: Any) -> None:
 # Commands are defined below, one section per phase of the campaign.
 
 
+# --- planning: schema, plan, packages ------------------------------------------------------
+
+
+@app.command("schema")
+@handle_errors
+def schema_cmd() -> None:
+    """Print the JSON schema of a campaign spec (every field with its description)."""
+    from gpucampaign.spec import CampaignSpec
+
+    print_json(CampaignSpec.model_json_schema())
+
+
+@app.command("plan")
+@handle_errors
+def plan_cmd(
+    spec: Path = typer.Argument(..., help="Campaign YAML file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    figure: Path | None = typer.Option(None, "--figure", help="Also write the Gantt chart (PNG)."),
+) -> None:
+    """Schedule the calendar on the committed lots: exit 0 when it fits its window, 4 when not."""
+    from gpucampaign import calendar
+    from gpucampaign.spec import load_spec
+
+    cs = load_spec(spec)
+    try:
+        result = calendar.plan(cs, base_dir=spec.resolve().parent)
+    except SpecError as exc:
+        raise SpecError(f"Invalid campaign spec '{spec}': {exc}", field=exc.field) from None
+    if figure is not None:
+        from gpucampaign.figures import plot_calendar
+
+        plot_calendar(result, figure)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        _print_plan(result, figure=figure)
+    if not result.fits:
+        raise typer.Exit(EXIT_NOT_FIT)
+
+
+def _print_plan(result: Any, *, figure: Path | None) -> None:
+    from rich.table import Table
+
+    from gpucampaign.tariffs import format_usd
+
+    d = result.to_dict()
+    table = Table(title=f"calendar of {d['name']}", title_justify="left")
+    for col, justify in (("step", "left"), ("kind", "left"), ("tier", "left"), ("lane", "left"),
+                         ("start h", "right"), ("end h", "right"), ("hours", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for s in sorted(d["steps"], key=lambda s: (s["start_hours"], s["lane"])):
+        kind = "human" if s["kind"] == "human" else f"machine/{s['resource']}"
+        table.add_row(s["name"], kind, s["tier"], s["lane"], f"{s['start_hours']:g}",
+                      f"{s['end_hours']:g}", f"{s['hours']:g}")
+    console.print(table)
+    lots = ", ".join(f"{p['count']} x {p['days']}-day {p['gpu']} ({p['gpus']} GPU/lot)"
+                     for p in d["packages"])
+    verdict = (f"[green]fits[/], {d['uncommitted_hours']:g} h uncommitted" if d["fits"]
+               else f"[red]does not fit[/]: {d['overrun_hours']:g} h over")
+    console.print(
+        f"span [bold]{d['span_hours']:g} h[/] in a {d['window_hours']:g} h window: {verdict}\n"
+        f"machine {d['machine_hours']:g} h (GPU {d['gpu_hours']:g} h), human {d['human_hours']:g} h; "
+        f"lots: {lots}; total {format_usd(result.total_price_usd)}",
+        soft_wrap=True, highlight=False,
+    )
+    for o in d["options"]:
+        console.print(f"  option [bold]{o['kind']}[/]: {o['description']}", soft_wrap=True,
+                      highlight=False)
+    for a in d["ablation"]:
+        console.print(f"  ablation {a['variant']} ({a['tier']}): "
+                      f"{', '.join(a['factors']) or 'changes nothing'}", highlight=False)
+    for w in d["warnings"]:
+        console.print(f"[yellow]warning:[/] {w}", soft_wrap=True, highlight=False)
+    if figure is not None:
+        console.print(f"figure: {figure}", highlight=False)
+
+
+@app.command("packages")
+@handle_errors
+def packages_cmd(
+    hours: float = typer.Option(..., "--hours", help="Hours the calendar needs (its span)."),
+    gpu: str | None = typer.Option(None, "--gpu", help="Only lots of this GPU model."),
+    catalog: Path | None = typer.Option(None, "--catalog", help="Extra catalog YAML file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+) -> None:
+    """Lots and back-to-back lot combinations that cover H hours, cheapest first (exit 4: none)."""
+    from rich.table import Table
+
+    from gpucampaign.tariffs import format_usd, load_catalog, packages_covering
+
+    covers = packages_covering(hours, gpu=gpu, catalog=load_catalog(catalog))
+    if as_json:
+        print_json({"hours": hours, "gpu": gpu, "covers": [c.to_dict() for c in covers]})
+    elif covers:
+        table = Table(title=f"lots covering {hours:g} h, cheapest first", title_justify="left")
+        for col in ("gpu", "lots (days)", "hours", "slack h", "price", "requires"):
+            table.add_column(col, overflow="fold")
+        for c in covers:
+            table.add_row(c.gpu, " + ".join(map(str, c.days)), f"{c.total_hours:g}",
+                          f"{c.slack_hours:g}", format_usd(c.price_usd), c.requires)
+        console.print(table)
+    if not covers:
+        err_console.print(f"no lot or combination of up to 3 lots covers {hours:g} h", highlight=False)
+        raise typer.Exit(EXIT_NOT_FIT)
+
+
 # --- run: the whole campaign --------------------------------------------------------------
 
 
