@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# The local real Prefect stack: a Prefect server (SQLite under .stack/), the GPU global
+# concurrency limit, the process work pool, both deployments, and one worker.
+#
+#   infra/stack.sh up       start (or complete) the stack; prints the PREFECT_API_URL to export
+#   infra/stack.sh down     stop the worker (and its flow runs) and the server, by recorded PID
+#   infra/stack.sh status   what runs, and whether the API answers
+#   infra/stack.sh setup    only the GPU lock, work pool and deployments, on the server at
+#                           PREFECT_API_URL (a shared server, compose, Kubernetes)
+#
+# Settings (environment):
+#   GPUCAMPAIGN_PREFECT_PORT  server port (default 4200; the server listens on 127.0.0.1 only)
+#   STACK_DIR                 PIDs, logs and PREFECT_HOME (default: <repo>/.stack)
+#   GPUCAMPAIGN_GPU_SLOTS     size of the GPU lock: GPUs of the committed lots (default 1)
+#   GPUCAMPAIGN_GPU_LIMIT     name of the GPU lock (default gpu; spec field gpu_lock.name)
+#   GPUCAMPAIGN_POOL          work pool name (default gpucampaign, as in deployments/prefect.yaml)
+#   GPUCAMPAIGN_POOL_TYPE     work pool type when `setup` creates it (default process)
+#   GPUCAMPAIGN_ROOT          project root to deploy from (default: the repo holding this script)
+#   GPUCAMPAIGN_STACK_TIMEOUT seconds to wait for the server and the worker (default 180)
+#   PREFECT_API_DATABASE_CONNECTION_URL  passed through: PostgreSQL instead of SQLite
+set -euo pipefail
+
+ROOT="${GPUCAMPAIGN_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+ROOT="$(cd "$ROOT" && pwd)"
+STACK_DIR="${STACK_DIR:-$ROOT/.stack}"
+PORT="${GPUCAMPAIGN_PREFECT_PORT:-4200}"
+HOST=127.0.0.1
+POOL="${GPUCAMPAIGN_POOL:-gpucampaign}"
+POOL_TYPE="${GPUCAMPAIGN_POOL_TYPE:-process}"
+GPU_LIMIT="${GPUCAMPAIGN_GPU_LIMIT:-gpu}"
+GPU_SLOTS="${GPUCAMPAIGN_GPU_SLOTS:-1}"
+PREFECT_FILE="deployments/prefect.yaml"
+TIMEOUT="${GPUCAMPAIGN_STACK_TIMEOUT:-180}"
+CMD="${1:-}"
+API="http://$HOST:$PORT/api"
+if [[ "$CMD" == setup && -n "${PREFECT_API_URL:-}" ]]; then API="$PREFECT_API_URL"; fi
+
+die() { echo "stack: error: $*" >&2; exit 1; }
+say() { echo "stack: $*"; }
+
+[[ "$PORT" =~ ^[0-9]+$ ]] || die "GPUCAMPAIGN_PREFECT_PORT must be a port number, got '$PORT'"
+[[ "$GPU_SLOTS" =~ ^[1-9][0-9]*$ ]] || die "GPUCAMPAIGN_GPU_SLOTS must be a whole number >= 1, got '$GPU_SLOTS'"
+
+# The Makefile puts the venv first on PATH; run by hand, fall back to the repo's .venv.
+if ! command -v prefect >/dev/null 2>&1; then
+  [[ -x "$ROOT/.venv/bin/prefect" ]] || die "no 'prefect' on PATH and no $ROOT/.venv: run 'make install' first"
+  PATH="$ROOT/.venv/bin:$PATH"
+fi
+PREFECT="$(command -v prefect)"
+PY="$(dirname "$PREFECT")/python"   # the interpreter of the venv that holds prefect
+[[ -x "$PY" ]] || PY="$(command -v python3)"
+
+mkdir -p "$STACK_DIR"
+STACK_DIR="$(cd "$STACK_DIR" && pwd)"
+
+# Everything below talks to this stack only, never to a profile or a server exported elsewhere.
+unset PREFECT_PROFILE
+export PREFECT_HOME="$STACK_DIR/prefect-home"
+export PREFECT_API_URL="$API"
+export PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE=prefect.server.concurrency.lease_storage.filesystem
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+export DO_NOT_TRACK=1
+export GPUCAMPAIGN_ROOT="$ROOT"
+
+pidfile() { echo "$STACK_DIR/$1.pid"; }
+
+# The PID recorded for a component, if that process still runs a prefect command.
+live_pid() {
+  local f pid
+  f="$(pidfile "$1")"
+  [[ -f "$f" ]] || return 1
+  pid="$(cat "$f")"
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q prefect || return 1
+  echo "$pid"
+}
+
+# Start a command in its own session (so `down` can stop its whole process group) with
+# SIGINT at its default: a background job of a script inherits SIGINT ignored, and a
+# Prefect worker turns SIGTERM into SIGINT, so it would never stop.
+launch() {
+  local name=$1; shift
+  "$PY" - "$STACK_DIR/$name.log" "$@" <<'PYEOF' &
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.setsid()
+log = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0); os.dup2(log, 1); os.dup2(log, 2)
+os.execvp(sys.argv[2], sys.argv[2:])
+PYEOF
+  echo $! >"$(pidfile "$name")"
+}
+
+# HTTP through the venv's python (no curl needed): http GET|POST PATH -> body on stdout.
+http() {
+  "$PY" - "$1" "$API$2" <<'PYEOF'
+import sys, urllib.request
+method, url = sys.argv[1], sys.argv[2]
+req = urllib.request.Request(url, method=method, data=b"{}" if method == "POST" else None,
+                             headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        sys.stdout.write(resp.read().decode())
+except Exception:
+    sys.exit(1)
+PYEOF
+}
+
+healthy() { http GET /health 2>/dev/null | grep -q true; }
+
+port_free() {
+  # SO_REUSEADDR as the server sets it: a port in TIME_WAIT after a `down` counts as free.
+  "$PY" -c 'import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1]))); s.close()' "$PORT" 2>/dev/null
+}
+
+wait_for() {  # wait_for WHAT COMPONENT CHECK...: until CHECK succeeds, the component dies, or timeout
+  local what=$1 comp=$2; shift 2
+  local deadline=$((SECONDS + TIMEOUT))
+  until "$@"; do
+    if ! live_pid "$comp" >/dev/null; then
+      echo "---- last lines of $STACK_DIR/$comp.log ----" >&2
+      tail -n 30 "$STACK_DIR/$comp.log" >&2 || true
+      die "$what: the $comp process exited"
+    fi
+    ((SECONDS < deadline)) || die "$what: not ready after ${TIMEOUT}s (see $STACK_DIR/$comp.log)"
+    sleep 1
+  done
+}
+
+run_logged() {  # run_logged LOGNAME CMD...: run, keep output in a log, show its tail on failure
+  local log="$STACK_DIR/$1.log"; shift
+  if ! "$@" >>"$log" 2>&1; then
+    echo "---- last lines of $log ----" >&2
+    tail -n 30 "$log" >&2
+    die "failed: $*"
+  fi
+}
+
+worker_registered() {
+  http POST "/work_pools/$POOL/workers/filter" 2>/dev/null | grep -q "\"$WORKER_NAME\""
+}
+
+WORKER_NAME="gpucampaign-$(uname -n)-$PORT"
+
+setup() {  # the GPU lock, the work pool and both deployments; the API must answer
+  healthy || die "no Prefect API answers at $API"
+  if "$PREFECT" gcl inspect "$GPU_LIMIT" >/dev/null 2>&1; then
+    run_logged setup "$PREFECT" gcl update "$GPU_LIMIT" --limit "$GPU_SLOTS"
+    say "GPU lock '$GPU_LIMIT' exists; its size is set to $GPU_SLOTS slot(s)"
+  else
+    run_logged setup "$PREFECT" gcl create "$GPU_LIMIT" --limit "$GPU_SLOTS"
+    say "created GPU lock '$GPU_LIMIT' with $GPU_SLOTS slot(s)"
+  fi
+
+  if "$PREFECT" work-pool inspect "$POOL" >/dev/null 2>&1; then
+    say "work pool '$POOL' exists"
+  else
+    run_logged setup "$PREFECT" work-pool create "$POOL" --type "$POOL_TYPE"
+    say "created $POOL_TYPE work pool '$POOL'"
+  fi
+
+  say "deploying $PREFECT_FILE from $ROOT (log $STACK_DIR/deploy.log)"
+  (cd "$ROOT" && run_logged deploy "$PREFECT" --no-prompt deploy --all --prefect-file "$PREFECT_FILE")
+}
+
+up() {
+  local pid
+  [[ "$POOL_TYPE" == process ]] || die "up runs a process worker: unset GPUCAMPAIGN_POOL_TYPE (use 'setup' for other pools)"
+  if pid="$(live_pid server)"; then
+    say "server already running (pid $pid)"
+  else
+    port_free || die "port $PORT on $HOST is taken by another process: stop it or set GPUCAMPAIGN_PREFECT_PORT"
+    say "starting the Prefect server on $HOST:$PORT (PREFECT_HOME=$PREFECT_HOME, log $STACK_DIR/server.log)"
+    launch server "$PREFECT" server start --host "$HOST" --port "$PORT"
+  fi
+  wait_for "Prefect API at $API" server healthy
+  say "API healthy at $API"
+
+  setup
+
+  if pid="$(live_pid worker)"; then
+    say "worker already running (pid $pid)"
+  else
+    say "starting worker '$WORKER_NAME' on pool '$POOL' (log $STACK_DIR/worker.log)"
+    (cd "$ROOT" && launch worker "$PREFECT" worker start --pool "$POOL" --type process --name "$WORKER_NAME")
+  fi
+  wait_for "worker '$WORKER_NAME'" worker worker_registered
+
+  echo "export PREFECT_API_URL=$API" >"$STACK_DIR/env"
+  say "up. UI: http://$HOST:$PORT   Run the example campaign with:"
+  echo "  export PREFECT_API_URL=$API"
+  echo "  prefect deployment run campaign/main --watch"
+}
+
+# Stop a component: SIGTERM to its process group, SIGKILL to what is left after a grace period.
+stop_group() {
+  local name=$1 pid=$2 grace=${3:-20}
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  local deadline=$((SECONDS + grace))
+  while kill -0 -- "-$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.5; done
+  if kill -0 -- "-$pid" 2>/dev/null; then
+    say "$name (pid $pid) still running after ${grace}s: SIGKILL"
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  fi
+}
+
+down() {
+  local pid child stopped=0
+  if pid="$(live_pid worker)"; then
+    # Flow runs are the worker's children, each in a session of its own: stop them too.
+    local children
+    children="$(pgrep -P "$pid" || true)"
+    say "stopping worker (pid $pid)"
+    stop_group worker "$pid"
+    for child in $children; do
+      if kill -0 "$child" 2>/dev/null; then
+        say "stopping flow-run process $child left by the worker"
+        stop_group flow-run "$child" 10
+      fi
+    done
+    stopped=1
+  fi
+  rm -f "$(pidfile worker)"
+  if pid="$(live_pid server)"; then
+    say "stopping server (pid $pid)"
+    stop_group server "$pid"
+    stopped=1
+  fi
+  rm -f "$(pidfile server)" "$STACK_DIR/env"
+  ((stopped)) && say "down" || say "nothing was running (stack dir $STACK_DIR)"
+}
+
+status() {
+  local pid rc=0
+  for comp in server worker; do
+    if pid="$(live_pid "$comp")"; then say "$comp running (pid $pid)"; else say "$comp stopped"; rc=1; fi
+  done
+  if healthy; then say "API healthy at $API"; else say "API not answering at $API"; rc=1; fi
+  return $rc
+}
+
+case "$CMD" in
+  up) up ;;
+  setup) setup ;;
+  down) down ;;
+  status) status ;;
+  *) echo "usage: $0 up|down|status|setup" >&2; exit 2 ;;
+esac
