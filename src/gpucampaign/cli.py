@@ -199,6 +199,61 @@ def run_cmd(
         raise typer.Exit(EXIT_STOPPED)
 
 
+# --- close: verify and report an output folder ----------------------------------------------
+
+
+@app.command("verify")
+@handle_errors
+def verify_cmd(
+    out: Path = typer.Argument(..., help="Output folder of a campaign."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    no_reload: bool = typer.Option(
+        False, "--no-reload", help="Skip reloading the models (then the folder is NOT verified)."
+    ),
+) -> None:
+    """Check an output folder against its manifest and reload every model: exit 0 verified, 4 not."""
+    from gpucampaign.outputs import verify_output
+
+    if not out.is_dir():
+        raise SpecError(f"'{out}' is not a folder: give a campaign's output folder.", field="OUT")
+    report = verify_output(out, reload=not no_reload)
+    verified = report.verified and not no_reload
+    if as_json:
+        print_json({**report.to_dict(), "verified": verified, "reload_skipped": no_reload})
+    else:
+        for p in report.problems:
+            console.print(f"[red]{p.code}[/] {p.path}: {p.detail}", soft_wrap=True, highlight=False)
+        if no_reload:
+            console.print("[yellow]models were not reloaded (--no-reload): not a verified output[/]")
+        state = "[green]verified[/]" if verified else f"[red]NOT verified[/] ({len(report.problems)} problem(s))"
+        console.print(
+            f"{out}: {state}; {report.checked_files} files checked, "
+            f"{len(report.reloaded_runs)} model(s) reloaded and reproduced",
+            soft_wrap=True, highlight=False,
+        )
+    if not verified:
+        raise typer.Exit(EXIT_NOT_FIT)
+
+
+@app.command("report")
+@handle_errors
+def report_cmd(
+    out: Path = typer.Argument(..., help="Output folder of a closed campaign."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
+) -> None:
+    """Print the closing report the campaign wrote (report.json / report.md); nothing is recomputed."""
+    from rich.markdown import Markdown
+
+    from gpucampaign.close import REPORT_MD, read_report, report_summary
+
+    report = read_report(out)
+    if as_json:
+        print_json(report_summary(report))
+        return
+    md = out / REPORT_MD
+    console.print(Markdown(md.read_text(encoding="utf-8")) if md.is_file() else report_summary(report))
+
+
 def main() -> None:
     """Entry point of the ``campaign`` script."""
     app()

@@ -7,6 +7,8 @@ functions: ``fig = new_figure(...)``, draw, then ``return save(fig, path)``.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -124,18 +126,27 @@ def _lane_order(lane: str) -> tuple[int, int]:
 
 
 # --- training curves and confusion matrix (close) ------------------------------------------------
-_NOT_CURVES = {"step", "epoch", "global_step", "time", "seconds", "lr", "samples", "batch", "planned_steps"}
+_METRIC = re.compile(r"(accuracy|f1|precision|recall|auc)$")
+_NOT_CURVE_KINDS = {"checkpoint", "restore", "progress"}
 
 
-def _curve_keys(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
-    """Numeric fields of metric records: loss-like ones, and the other metrics."""
-    keys: dict[str, None] = {}
+def _series(records: Iterable[Mapping[str, Any]], *, x: str) -> dict[str, list[tuple[float, float]]]:
+    """Curves of metric records: ``{"<split or kind> <field>": [(x, value)]}``.
+
+    Rows of ``metrics.jsonl`` carry a ``kind`` (train, eval...) and eval rows a ``split``, so
+    a training loss and a validation loss never end up on one line.
+    """
+    out: dict[str, list[tuple[float, float]]] = {}
     for r in records:
+        if r.get("kind") in _NOT_CURVE_KINDS or not isinstance(r.get(x), int | float):
+            continue
+        prefix = str(r.get("split") or r.get("kind") or "").strip()
         for k, v in r.items():
-            if k not in _NOT_CURVES and isinstance(v, int | float) and not isinstance(v, bool):
-                keys[k] = None
-    losses = [k for k in keys if "loss" in k]
-    return losses, [k for k in keys if k not in losses and not k.endswith("_s")]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                continue
+            if "loss" in k or _METRIC.search(k):
+                out.setdefault(f"{prefix} {k}".strip(), []).append((float(r[x]), float(v)))
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def plot_curves(
@@ -147,11 +158,12 @@ def plot_curves(
     """Loss and metric curves of every run, side by side (one colour per run).
 
     Args:
-        runs_metrics: ``{run label: metrics.jsonl records}``; each record has ``x`` (``step``)
-            and numeric fields. Fields with "loss" in their name go to the left panel, other
-            metrics (accuracy, macro_f1...) to the right one; one line style per field.
+        runs_metrics: ``{run label: metrics.jsonl rows}``; each row has ``x`` (``step``) and
+            numeric fields. Fields with "loss" in their name go to the left panel, accuracy /
+            F1 / precision / recall / AUC to the right one, named by the row's ``split`` (eval
+            rows) or ``kind``; checkpoint and restore rows are skipped. One line style per series.
         path: PNG file to write.
-        x: the record field on the horizontal axis.
+        x: the row field on the horizontal axis.
 
     Returns:
         The path written.
@@ -159,26 +171,20 @@ def plot_curves(
     fig = new_figure(width=11, height=4.2)
     ax_loss, ax_metric = fig.subplots(1, 2)
     styles = ["-", "--", ":", "-."]
-    colours = [f"C{i}" for i in range(10)]
-    drawn_loss = drawn_metric = False
+    drawn = {id(ax_loss): False, id(ax_metric): False}
     for n, (run, records) in enumerate(runs_metrics.items()):
-        records = [r for r in records if isinstance(r.get(x), int | float)]
-        losses, metrics = _curve_keys(records)
-        for ax, keys in ((ax_loss, losses), (ax_metric, metrics)):
-            for m, key in enumerate(keys):
-                pts = sorted((r[x], r[key]) for r in records if isinstance(r.get(key), int | float))
-                if not pts:
-                    continue
-                xs, ys = zip(*pts, strict=True)
-                ax.plot(xs, ys, styles[m % len(styles)], color=colours[n % len(colours)],
-                        marker="o" if len(xs) < 30 else None, markersize=3, label=f"{run}: {key}")
-                drawn_loss |= ax is ax_loss
-                drawn_metric |= ax is ax_metric
-    for ax, title, drawn in ((ax_loss, "loss", drawn_loss), (ax_metric, "metrics", drawn_metric)):
+        series = _series(records, x=x)
+        for m, (name, pts) in enumerate(series.items()):
+            ax = ax_loss if "loss" in name.split(" ")[-1] else ax_metric
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, styles[m % len(styles)], color=f"C{n % 10}",
+                    marker="o" if len(xs) < 30 else None, markersize=3, label=f"{run}: {name}")
+            drawn[id(ax)] = True
+    for ax, title in ((ax_loss, "loss"), (ax_metric, "metrics")):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(x)
         ax.grid(alpha=0.3)
-        if drawn:
+        if drawn[id(ax)]:
             ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, f"no {title} recorded", ha="center", va="center", transform=ax.transAxes)

@@ -1,0 +1,286 @@
+"""The close: verdict (R1), budget (R13, R14), forecast vs actual (R16), the report."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpucampaign.cli import app
+from gpucampaign.close import (
+    SUMMARY_KEYS,
+    actual_intervals,
+    close_budget,
+    decide_verdict,
+    forecast_vs_actual,
+    load_estimates,
+    render_budget_md,
+)
+from gpucampaign.spec import DecisionRule, Expense, Package, SpecError
+
+LOT_3D = Package(gpu="rtx4090", days=3)
+
+
+def _deliveries(*specs: tuple[str, str, bool, str]) -> list[dict]:
+    return [{"id": i, "content_sha256": h, "accepted": a, "reason": r} for i, h, a, r in specs]
+
+
+# --- budget: the MISSION's numbers come out exactly -----------------------------------------
+def test_two_three_day_lots_cost_94_28():
+    b = close_budget([Package(gpu="rtx4090", days=3, count=2)], unit="corpus",
+                     deliveries=_deliveries(("c1", "a" * 64, True, "passed")))
+    assert Decimal(repr(b["rental_usd"])) == Decimal("94.28")
+    assert b["packages"][0]["price_usd"] == 47.14 and b["packages"][0]["count"] == 2
+    assert b["spent_usd"] == 94.28
+
+
+def test_two_accepted_deliveries_give_23_57_each():
+    b = close_budget([LOT_3D], unit="corpus", deliveries=_deliveries(
+        ("c1", "a" * 64, True, "passed the announced checks"),
+        ("c2", "b" * 64, True, "passed the announced checks"),
+    ))
+    assert b["accepted_deliveries"] == 2
+    assert Decimal(repr(b["rental_per_accepted_usd"])) == Decimal("23.57")
+    assert b["undefined_reason"] is None
+    assert "23.57 USD" in render_budget_md(b)
+
+
+def test_replays_of_the_same_content_count_once():
+    replays = [(f"timing-{k}", "a" * 64, True, "passed") for k in range(5)]
+    b = close_budget([LOT_3D], unit="corpus", deliveries=_deliveries(*replays, ("c2", "b" * 64, True, "passed")))
+    assert b["accepted_deliveries"] == 2
+    assert len(b["replays"]) == 4 and all(r["replay_of"] == "timing-0" for r in b["replays"])
+    assert b["rental_per_accepted_usd"] == 23.57
+
+
+def test_zero_accepted_is_undefined_and_shows_the_money_and_each_reason():
+    b = close_budget([LOT_3D], unit="corpus", deliveries=_deliveries(
+        ("c1", "a" * 64, False, "stopped: non-finite loss at step 12"),
+        ("c2", "b" * 64, False, "audit: 14 rows leak between train and test"),
+    ))
+    assert b["rental_per_accepted_usd"] is None
+    assert b["spent_usd"] == 47.14 and b["rental_usd"] == 47.14
+    assert "non-finite loss at step 12" in b["undefined_reason"]
+    assert "14 rows leak" in b["undefined_reason"]
+    assert "47.14" in b["undefined_reason"]
+    assert [r["id"] for r in b["rejected"]] == ["c1", "c2"]
+    md = render_budget_md(b)
+    assert "undefined" in md and "47.14" in md and "0.00 USD" not in md.split("Spent")[1].split("\n")[0]
+
+
+def test_no_delivery_at_all_is_still_undefined_not_zero():
+    b = close_budget([LOT_3D], unit="model", deliveries=[])
+    assert b["rental_per_accepted_usd"] is None and b["spent_usd"] == 47.14
+    assert "no delivery was produced" in b["undefined_reason"]
+
+
+def test_other_expenses_stay_apart_and_never_change_the_rental_ratio():
+    b = close_budget([LOT_3D], unit="corpus", expenses=[Expense(name="egress of 20 GB", usd=1.8, note="inv-7")],
+                     deliveries=_deliveries(("c1", "a" * 64, True, "ok"), ("c2", "b" * 64, True, "ok")))
+    assert b["other_expenses_usd"] == 1.8
+    assert b["spent_usd"] == 48.94
+    assert b["rental_per_accepted_usd"] == 23.57
+    assert b["expenses"] == [{"name": "egress of 20 GB", "usd": 1.8, "note": "inv-7"}]
+
+
+def test_no_invented_costs_or_hourly_rates():
+    b = close_budget([LOT_3D], unit="corpus", deliveries=_deliveries(("c1", "a" * 64, True, "ok")))
+    assert b["expenses"] == [] and b["other_expenses_usd"] == 0.0 and b["spent_usd"] == b["rental_usd"]
+    text = (render_budget_md(b) + json.dumps(b)).lower()
+    assert "no tax or transfer cost is assumed" in text
+    for word in ("per hour", "usd/h", "/ h", "hourly"):
+        assert word not in text
+
+
+def test_research_decision_describes_the_result_instead_of_a_unit():
+    b = close_budget([LOT_3D], unit=None, result_text="Keep the control: no variant meets the threshold",
+                     deliveries=_deliveries(("r", "a" * 64, True, "ok")))
+    assert b["rental_per_accepted_usd"] is None
+    assert "research decision" in b["undefined_reason"]
+    assert b["result"] == "Keep the control: no variant meets the threshold"
+    md = render_budget_md(b)
+    assert "Keep the control" in md and "47.14" in md
+
+
+def test_resolved_dict_packages_and_missing_price():
+    b = close_budget([{"gpu": "rtx4090", "days": 7, "count": 1, "price_usd": 110}], unit="corpus",
+                     deliveries=_deliveries(("c1", "a" * 64, True, "ok"), ("c2", "b" * 64, True, "ok"),
+                                            ("c3", "c" * 64, True, "ok")))
+    assert b["rental_per_accepted_usd"] == 36.67  # 110 / 3 rounded half-up to cents
+    with pytest.raises(SpecError, match="price"):
+        close_budget([Package(gpu="b200", days=3)], unit="corpus")
+
+
+# --- verdict --------------------------------------------------------------------------------
+RULE = DecisionRule(metric="accuracy", threshold=0.9, min_gain=0.02)
+
+
+def test_adopts_the_best_variant_that_meets_threshold_and_gain():
+    v = decide_verdict(RULE, control_metric=0.92, variant_metrics={"a": 0.95, "b": 0.97, "c": 0.93})
+    assert (v.kind, v.run) == ("adopt", "b")
+    assert "0.9700" in v.text and "0.9200" in v.text
+    assert v.numbers["gains_over_control"]["c"] == pytest.approx(0.01)
+
+
+def test_gain_exactly_min_gain_is_enough_despite_float_noise():
+    # 0.96 - 0.94 is 0.019999999999999907 in binary floating point.
+    v = decide_verdict(RULE, control_metric=0.94, variant_metrics={"a": 0.96})
+    assert v.kind == "adopt"
+
+
+def test_keep_control_when_no_variant_beats_it_enough():
+    v = decide_verdict(RULE, control_metric=0.95, variant_metrics={"a": 0.96})
+    assert (v.kind, v.run) == ("keep_control", "control")
+    assert "min gain" in v.text
+
+
+def test_negative_result_states_the_numbers():
+    v = decide_verdict(RULE, control_metric=0.5, variant_metrics={"a": 0.6, "b": None},
+                       stops=[{"stop_id": "stop-1", "rule": "non_finite_loss", "run_id": "b-0123456789",
+                               "reason": "nan at step 4"}])
+    assert v.kind == "negative" and v.run is None
+    assert "no variant meets the threshold" in v.text
+    for number in ("0.5000", "0.6000", "threshold 0.9", "nan at step 4"):
+        assert number in v.text
+    assert v.numbers["meets_threshold"] == {"control": False, "a": False, "b": None}
+
+
+def test_minimize_direction():
+    rule = DecisionRule(metric="loss", direction="minimize", threshold=0.5, min_gain=0.05)
+    v = decide_verdict(rule, control_metric=0.4, variant_metrics={"a": 0.3, "b": 0.38})
+    assert (v.kind, v.run) == ("adopt", "a")
+
+
+def test_stopped_control_gives_no_comparison():
+    v = decide_verdict(RULE, control_metric=None, variant_metrics={"a": 0.97},
+                       stops=[{"stop_id": "stop-9", "rule": "no_usable_restart", "run": "control", "reason": "no restore"}])
+    assert v.kind == "stopped" and "stop-9" in v.text
+
+
+def test_re_pose_verdict():
+    v = decide_verdict(RULE, control_metric=None, variant_metrics={}, repose_reason="essential steps take 90 h")
+    assert v.kind == "re-pose" and "90 h" in v.text
+
+
+# --- forecast vs actual ---------------------------------------------------------------------
+PLAN = {
+    "span_hours": 8.0,
+    "window_hours": 72.0,
+    "steps": [
+        {"name": "prep", "kind": "human", "hours": 2.0},
+        {"name": "control", "kind": "machine", "hours": 4.0, "run": "control"},
+        {"name": "wide", "kind": "machine", "hours": 2.0, "run": "wide"},
+        {"name": "eval", "kind": "machine", "hours": 1.0, "phase": "predict"},
+    ],
+}
+
+
+def _row(step, start, end, **kw):
+    return {"step": step, "start": f"2026-01-05T{start}:00+00:00", "end": f"2026-01-05T{end}:00+00:00", **kw}
+
+
+def test_forecast_vs_actual_per_step():
+    reforecast = {"span_hours": 7.0, "steps": [dict(s, hours=3.0) if s["name"] == "control" else s for s in PLAN["steps"]]}
+    timeline = [
+        _row("control", "10:00", "12:00", phase="train", run="control"),
+        _row("control", "11:00", "13:30", phase="eval", run="control"),  # overlaps: counted once
+    ]
+    decisions = [{"point": "after-pilot", "decision": {"action": "reduce", "dropped_steps": ["wide"],
+                                                       "reasons": ["does not fit"], "by": "auto"}}]
+    stops = [{"stop_id": "stop-a", "rule": "below_threshold", "run_id": "control-0123456789", "reason": "0.4 < 0.9"}]
+    plan_before = json.dumps(PLAN, sort_keys=True)
+    f = forecast_vs_actual(PLAN, reforecast=reforecast, timeline=timeline, decisions=decisions, stops=stops,
+                           pilot={"control": {"step_s": 0.004, "load_s": 6.0}})
+    assert json.dumps(PLAN, sort_keys=True) == plan_before  # never rewritten
+    by = {s["step"]: s for s in f["steps"]}
+    c = by["control"]
+    assert c["allotted_hours"] == 4.0 and c["reforecast_hours"] == 3.0
+    assert c["observed_hours"] == pytest.approx(3.5)
+    assert c["deviation_hours"] == pytest.approx(0.5)
+    assert "pilot" in c["explanation"] and "stop-a" in c["explanation"]
+    assert "dropped at the decision point" in by["wide"]["explanation"]
+    assert by["prep"]["observed_hours"] is None  # human time not recorded: not observed
+    assert "not observed" in by["prep"]["explanation"]
+    assert f["estimates"]["measured"]["load_s"] == 6.0
+    assert f["estimates"]["measured"]["restore_s"] is None
+
+
+def test_unexplained_deviation_is_said_so():
+    f = forecast_vs_actual(PLAN, reforecast=None, timeline=[_row("eval", "10:00", "13:00", phase="eval")])
+    e = next(s for s in f["steps"] if s["step"] == "eval")
+    assert e["deviation_hours"] == pytest.approx(2.0)
+    assert "longer than forecast" in e["explanation"]
+
+
+def test_estimates_from_timeline_pilot_and_metrics():
+    from gpucampaign.close import measured_estimates
+
+    est = measured_estimates(
+        [{"phase": "train", "seconds": 30.0, "steps": 10}, {"phase": "restore", "seconds": 2.0}],
+        pilot={"control": {"load_s": 6.0, "step_s": 0.004, "eval_s": [0.5, 0.7], "save_s": []}},
+        metrics={"control": [{"kind": "train", "step_s": 0.006}, {"kind": "eval", "eval_s": 0.6},
+                             {"kind": "checkpoint", "save_s": 0.25}]},
+    )
+    m = est["measured"]
+    assert m["step_s"] == pytest.approx(0.006)  # median of 3.0, 0.004, 0.006
+    assert m["eval_s"] == pytest.approx(0.6) and m["save_s"] == 0.25 and m["restore_s"] == 2.0
+    assert m["load_s"] == 6.0 and est["not_observed"] == []
+    assert measured_estimates([])["not_observed"] == ["eval_s", "load_s", "restore_s", "save_s", "step_s"]
+
+
+def test_actual_intervals_for_the_gantt():
+    rows = [_row("control", "10:00", "12:00"), _row("eval", "12:30", "13:00")]
+    got = actual_intervals(rows)
+    assert got[0] == {"name": "control", "start_hours": 0.0, "end_hours": 2.0}
+    assert got[1]["start_hours"] == pytest.approx(2.5)
+
+
+def test_load_estimates(tmp_path: Path):
+    with pytest.raises(SpecError, match="estimates.json"):
+        load_estimates(tmp_path)
+    (tmp_path / "estimates.json").write_text(json.dumps({"campaign_id": "x", "measured": {"step_s": 0.004, "eval_s": None}}))
+    assert load_estimates(tmp_path)["measured"] == {"step_s": 0.004, "eval_s": None}
+    (tmp_path / "estimates.json").write_text(json.dumps({"measured": {"step_s": -1}}))
+    with pytest.raises(SpecError, match="step_s"):
+        load_estimates(tmp_path)
+
+
+# --- a whole close, negative and stopped ------------------------------------------------------
+def test_negative_campaign_produces_a_complete_report(tmp_path: Path):
+    from tests._closing import build_closed_folder
+
+    built = build_closed_folder(tmp_path, threshold=1.5, unit="model", stop_variant=True)
+    out = built["out"]
+    assert built["verdict"].kind == "negative"
+    md = (out / "report.md").read_text()
+    for section in ("## Verdict", "## Runs", "## Budget", "## Forecast vs actual", "## Decisions taken",
+                    "## Stops", "## Error analysis", "## Estimates for next time", "## Figures"):
+        assert section in md
+    assert "no variant meets the threshold" in md
+    assert "stop-0123456789ab" in md  # the stopped variant keeps its stop ID and reason
+    # The control is one accepted model; the stopped variant is an expense, never a delivery.
+    assert built["budget"]["accepted_deliveries"] == 1
+    assert built["budget"]["rental_per_accepted_usd"] == 47.14
+    assert built["budget"]["rejected"][0]["reason"] == "stopped"
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3 and 'src="figures/' not in html
+    assert load_estimates(out)["campaign_id"] == "closing-test-0001"
+
+    result = CliRunner().invoke(app, ["report", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert set(SUMMARY_KEYS) <= set(summary)
+    assert summary["verdict"]["kind"] == "negative"
+    assert summary["spent_usd"] == 47.14 and summary["rental_usd"] == 47.14
+    assert summary["other_expenses_usd"] == 0.0
+    text = CliRunner().invoke(app, ["report", str(out)])
+    assert text.exit_code == 0 and "Negative result" in text.output
+
+
+def test_report_of_a_folder_that_did_not_close(tmp_path: Path):
+    result = CliRunner().invoke(app, ["report", str(tmp_path), "--json"])
+    assert result.exit_code == 2
+    assert "report.json" in result.output

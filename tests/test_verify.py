@@ -1,0 +1,196 @@
+"""`campaign verify` names each defect of an output folder and passes a clean one (R15)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpucampaign.cli import app
+from gpucampaign.outputs import verify_output
+from tests._closing import build_closed_folder, reseal
+
+
+@pytest.fixture(scope="module")
+def closed(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return build_closed_folder(tmp_path_factory.mktemp("closed"))
+
+
+@pytest.fixture
+def out(closed: dict, tmp_path: Path) -> Path:
+    """A private copy of the clean folder for one test to damage."""
+    return Path(shutil.copytree(closed["out"], tmp_path / "out"))
+
+
+def _run_dir(out: Path, closed: dict, run: str = "control") -> Path:
+    return out / "runs" / closed["run_ids"][run]
+
+
+def _edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data, indent=2))
+
+
+def test_clean_folder_is_verified_with_every_model_reloaded(out: Path, closed: dict):
+    report = verify_output(out)
+    assert report.problems == []
+    assert report.verified
+    assert sorted(report.reloaded_runs) == sorted(closed["run_ids"].values())
+    assert report.checked_files >= 20
+
+
+def test_cli_verify_exit_codes(out: Path, closed: dict):
+    ok = CliRunner().invoke(app, ["verify", str(out), "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output)["verified"] is True
+    (_run_dir(out, closed) / "metrics.jsonl").write_text("")
+    bad = CliRunner().invoke(app, ["verify", str(out)])
+    assert bad.exit_code == 4
+    assert "empty_file" in bad.output and "metrics.jsonl" in bad.output
+
+
+def test_emptied_file(out: Path, closed: dict):
+    target = _run_dir(out, closed) / "metrics.jsonl"
+    target.write_text("")
+    reseal(out)  # even with a manifest that agrees, an empty file is not an output
+    report = verify_output(out, reload=False)
+    assert not report.verified
+    assert [(p.code, p.path) for p in report.problems] == [("empty_file", target.relative_to(out).as_posix())]
+
+
+def test_predictions_without_rows(out: Path, closed: dict):
+    (_run_dir(out, closed) / "predictions.csv").write_text("id,label,prediction,confidence\n")
+    reseal(out)
+    assert "empty_file" in verify_output(out, reload=False).codes()
+
+
+def test_temp_path(out: Path, closed: dict):
+    _edit_json(_run_dir(out, closed) / "params.json", checkpoint_dir="/tmp/gpucampaign-x/ckpt")
+    reseal(out)
+    report = verify_output(out, reload=False)
+    assert report.codes() == {"temp_path"}
+    assert "/tmp/gpucampaign-x" in report.problems[0].detail
+
+
+def test_path_escaping_the_folder(out: Path, closed: dict):
+    _edit_json(_run_dir(out, closed) / "params.json", corpus_path="../../elsewhere/corpus.csv")
+    reseal(out)
+    report = verify_output(out, reload=False)
+    assert report.codes() == {"escaping_path"}
+    assert "corpus_path" in report.problems[0].detail
+
+
+def test_missing_run_id(out: Path, closed: dict):
+    shutil.rmtree(_run_dir(out, closed, "wide"))
+    reseal(out)
+    report = verify_output(out, reload=False)
+    assert report.codes() == {"missing_run"}
+    assert closed["run_ids"]["wide"] in report.problems[0].path
+
+
+def test_run_dropped_from_the_manifest_is_still_expected_from_the_spec(out: Path, closed: dict):
+    m = json.loads((out / "manifest.json").read_text())
+    del m["runs"][closed["run_ids"]["wide"]]
+    (out / "manifest.json").write_text(json.dumps(m))
+    report = verify_output(out, reload=False)
+    assert report.codes() == {"missing_run"}
+
+
+def test_missing_file_of_a_completed_run(out: Path, closed: dict):
+    (_run_dir(out, closed) / "error_analysis.json").unlink()
+    reseal(out)
+    report = verify_output(out, reload=False)
+    assert report.codes() == {"missing_file"}
+
+
+def test_tampered_file(out: Path):
+    md = out / "report.md"
+    md.write_text(md.read_text().replace("Verdict", "Verdicт"))
+    report = verify_output(out, reload=False)
+    assert {(p.code, p.path) for p in report.problems} == {("size_mismatch", "report.md")}
+    data = bytearray((out / "figures/curves.png").read_bytes())
+    data[-20] ^= 0xFF  # same size, different bytes
+    (out / "figures/curves.png").write_bytes(bytes(data))
+    codes = {(p.code, p.path) for p in verify_output(out, reload=False).problems}
+    assert ("hash_mismatch", "figures/curves.png") in codes
+
+
+def test_files_added_or_removed_after_the_manifest(out: Path):
+    (out / "notes.txt").write_text("added later")
+    (out / "figures/calendar.png").unlink()
+    codes = {(p.code, p.path) for p in verify_output(out, reload=False).problems}
+    assert codes == {("unlisted_file", "notes.txt"), ("missing_file", "figures/calendar.png")}
+
+
+def test_edited_plan(out: Path):
+    plan = json.loads((out / "plan.json").read_text())
+    plan["steps"][0]["hours"] += 10
+    (out / "plan.json").write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n")
+    reseal(out)  # a manifest rebuilt afterwards does not hide it: plan.sha256 is from the start
+    report = verify_output(out, reload=False)
+    assert report.codes() == {"plan_changed"}
+
+
+def test_model_that_no_longer_reloads(out: Path, closed: dict):
+    weights = _run_dir(out, closed) / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    reseal(out)  # the listing agrees with the files, but the file is not a model any more
+    report = verify_output(out)
+    assert report.codes() == {"reload_failed"}
+    assert report.reloaded_runs == [closed["run_ids"]["wide"]]
+
+
+def test_predictions_the_model_does_not_reproduce(out: Path, closed: dict):
+    path = _run_dir(out, closed, "wide") / "predictions.csv"
+    lines = path.read_text().splitlines()
+    row = lines[1].split(",")
+    row[3] = repr(float(row[3]) + 1e-9)
+    lines[1] = ",".join(row)
+    path.write_text("\n".join(lines) + "\n")
+    reseal(out)
+    report = verify_output(out)
+    assert report.codes() == {"predictions_mismatch"}
+    assert row[0] in report.problems[0].detail
+
+
+def test_stop_id_not_in_stops(out: Path, closed: dict):
+    m = json.loads((out / "manifest.json").read_text())
+    m["runs"][closed["run_ids"]["wide"]].update(status="stopped", stop_id="stop-000000000000")
+    (out / "manifest.json").write_text(json.dumps(m))
+    assert verify_output(out, reload=False).codes() == {"unknown_stop"}
+
+
+def test_altered_corpus_copy(out: Path):
+    corpus = out / "data" / "corpus.csv"
+    corpus.write_text(corpus.read_text().replace("r001", "r999"))
+    reseal(out)
+    assert verify_output(out, reload=False).codes() == {"corpus_mismatch"}
+
+
+def test_no_manifest(out: Path):
+    (out / "manifest.json").unlink()
+    report = verify_output(out, reload=False)
+    assert "missing_manifest" in report.codes() and not report.verified
+
+
+def test_external_corpus_is_checked_by_hash_and_models_reload_from_it(out: Path, closed: dict, tmp_path: Path):
+    from gpucampaign.outputs import reference_corpus
+
+    copy = out / "data" / "corpus.csv"
+    elsewhere = tmp_path / "big" / "corpus.csv"
+    elsewhere.parent.mkdir()
+    shutil.move(copy, elsewhere)
+    m = json.loads((out / "manifest.json").read_text())
+    m["corpus"] = reference_corpus(out, elsewhere, copy_limit_bytes=10)
+    (out / "manifest.json").write_text(json.dumps(m))
+    reseal(out)
+    report = verify_output(out)
+    # The models reload from the external file; its location, in a temporary folder here, is named.
+    assert report.codes() == {"temp_path"} and report.problems[0].path == "manifest.json"
+    assert len(report.reloaded_runs) == 2
+    elsewhere.write_text(elsewhere.read_text() + "\n")
+    assert "corpus_mismatch" in verify_output(out, reload=False).codes()
