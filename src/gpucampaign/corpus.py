@@ -1,0 +1,441 @@
+"""The fixed corpus: write the bundled digits corpus, load a pinned corpus, audit it (R2, R15).
+
+A corpus is one CSV (or Parquet, when pyarrow is installed) with an ID column, a split column
+(``train``, ``val``, ``test``), a label column and numeric feature columns. The spec pins its
+sha256; a file that is missing or differs is an ``EssentialInputMissing`` stop.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpucampaign.spec import CampaignSpec, CorpusSpec, SpecError, resolve_inside
+from gpucampaign.stoprules import EssentialInputMissing
+
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+AUDIT_RUN_ID = "audit"
+DIGITS_FRACTIONS = {"test": 0.2, "val": 0.1}  # the rest is train
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file, read in 8 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 * 1024 * 1024):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --- the bundled corpus ------------------------------------------------------------------
+def digits_split(labels: np.ndarray, *, seed: int = 0) -> np.ndarray:
+    """A stratified train/val/test assignment, fixed by ``seed``.
+
+    ``np.random.RandomState`` is used on purpose: its stream is frozen across numpy
+    versions, so the file (and its pinned sha256) does not change with an upgrade.
+    """
+    rng = np.random.RandomState(seed)
+    split = np.empty(len(labels), dtype=object)
+    for cls in np.unique(labels):
+        idx = np.flatnonzero(labels == cls)
+        idx = idx[rng.permutation(len(idx))]
+        n_test = int(round(len(idx) * DIGITS_FRACTIONS["test"]))
+        n_val = int(round(len(idx) * DIGITS_FRACTIONS["val"]))
+        split[idx[:n_test]] = "test"
+        split[idx[n_test : n_test + n_val]] = "val"
+        split[idx[n_test + n_val :]] = "train"
+    return split
+
+
+def write_digits_corpus(path: str | Path, *, seed: int = 0) -> str:
+    """Write scikit-learn's bundled digits (no download) as a corpus CSV.
+
+    Columns: ``id`` (``d0000``..), ``split`` (stratified, seeded), ``label``, ``f0``..``f63``
+    (integer pixel values 0..16). The bytes depend only on ``seed``.
+
+    Args:
+        path: Destination CSV file (its folder is created).
+        seed: Seed of the split.
+
+    Returns:
+        The sha256 of the written file, to pin in the spec.
+    """
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    X = data.data.astype(np.int64)
+    y = data.target.astype(np.int64)
+    split = digits_split(y, seed=seed)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["id", "split", "label", *[f"f{j}" for j in range(X.shape[1])]])
+    for i in range(len(y)):
+        writer.writerow([f"d{i:04d}", split[i], int(y[i]), *map(int, X[i])])
+    raw = buf.getvalue().encode("utf-8")
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(raw)
+    return hashlib.sha256(raw).hexdigest()
+
+
+# --- reading -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Table:
+    """A corpus file as columns of strings (no type guessing yet)."""
+
+    columns: tuple[str, ...]
+    data: dict[str, list[str]]
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.data[self.columns[0]]) if self.columns else 0
+
+
+def read_table(path: str | Path) -> Table:
+    """Read a CSV (any extension but .parquet) or a Parquet file into string columns."""
+    p = Path(path)
+    if p.suffix.lower() in (".parquet", ".pq"):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise SpecError(
+                f"corpus '{p.name}' is Parquet but pyarrow is not installed: "
+                "`pip install pyarrow`, or give a CSV file.",
+                field="corpus.path",
+            ) from None
+        cols = pq.read_table(p).to_pydict()
+        return Table(
+            tuple(cols),
+            {k: ["" if v is None else str(v) for v in vals] for k, vals in cols.items()},
+        )
+    with open(p, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        try:
+            header = next(reader)
+        except StopIteration:
+            return Table((), {})
+        header = [h.strip() for h in header]
+        data: dict[str, list[str]] = {h: [] for h in header}
+        if len(data) != len(header):
+            dup = sorted({h for h in header if header.count(h) > 1})
+            raise SpecError(f"corpus '{p.name}': duplicate column name(s) {dup}.", field="corpus.path")
+        for lineno, row in enumerate(reader, start=2):
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise SpecError(
+                    f"corpus '{p.name}' line {lineno}: {len(row)} fields, header has {len(header)}.",
+                    field="corpus.path",
+                )
+            for h, v in zip(header, row, strict=True):
+                data[h].append(v.strip())
+    return Table(tuple(header), data)
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split: row IDs, features (float32) and class indices (int64)."""
+
+    ids: np.ndarray
+    X: np.ndarray
+    y: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def tensors(self) -> tuple[Any, Any]:
+        """``(X, y)`` as torch tensors (float32, int64), sharing memory with the arrays."""
+        import torch
+
+        return torch.from_numpy(self.X), torch.from_numpy(self.y)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A loaded, hash-checked corpus. Labels are indices into ``classes``."""
+
+    path: Path
+    sha256: str
+    splits: dict[str, Split]
+    feature_names: tuple[str, ...]
+    classes: tuple[Any, ...]
+    load_s: float = field(default=0.0, compare=False)
+
+    @property
+    def n_features(self) -> int:
+        return len(self.feature_names)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    def split(self, name: str) -> Split:
+        """The split ``name`` (``train``, ``val`` or ``test``)."""
+        return self.splits[name]
+
+
+def _parse_label(values: list[str]) -> tuple[tuple[Any, ...], dict[str, int]]:
+    """Sorted classes (numerically when all labels are integers) and the label -> index map."""
+    uniq = sorted(set(values))
+    try:
+        ints = sorted({int(v) for v in uniq})
+        classes: tuple[Any, ...] = tuple(ints)
+        index = {v: ints.index(int(v)) for v in uniq}
+    except ValueError:
+        classes = tuple(uniq)
+        index = {v: i for i, v in enumerate(uniq)}
+    return classes, index
+
+
+def _features(table: Table, names: tuple[str, ...], *, source: str) -> np.ndarray:
+    cols = []
+    for name in names:
+        try:
+            cols.append(np.array([float(v) if v != "" else math.nan for v in table.data[name]]))
+        except ValueError:
+            bad = next(v for v in table.data[name] if v != "" and not _is_float(v))
+            raise SpecError(
+                f"corpus {source}: feature column '{name}' holds a non-number ({bad!r}); "
+                "every column other than id, split and label must be numeric.",
+                field="corpus.path",
+            ) from None
+    return np.stack(cols, axis=1) if cols else np.zeros((table.n_rows, 0))
+
+
+def _is_float(v: str) -> bool:
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_columns(table: Table, spec: CorpusSpec, *, source: str) -> tuple[str, ...]:
+    needed = [spec.id_column, spec.split_column, spec.label_column]
+    missing = [c for c in needed if c not in table.columns]
+    if missing:
+        raise SpecError(
+            f"corpus {source}: column(s) {missing} not found (columns: {list(table.columns)[:8]}...); "
+            "name them in corpus.id_column / split_column / label_column.",
+            field="corpus",
+        )
+    feats = tuple(c for c in table.columns if c not in needed)
+    if not feats:
+        raise SpecError(f"corpus {source}: no feature columns besides {needed}.", field="corpus")
+    return feats
+
+
+def _check_hash(path: Path, spec: CorpusSpec, *, run_id: str) -> str:
+    if not path.is_file():
+        raise EssentialInputMissing(
+            run_id, f"corpus file '{spec.path}' is missing (looked at {path})"
+        )
+    actual = file_sha256(path)
+    if actual != spec.sha256:
+        raise EssentialInputMissing(
+            run_id,
+            f"corpus file '{spec.path}' was altered: sha256 {actual} is not the pinned {spec.sha256}",
+        )
+    return actual
+
+
+def load_corpus(path: str | Path, *, corpus_spec: CorpusSpec, run_id: str = AUDIT_RUN_ID) -> Corpus:
+    """Load a corpus file after checking it against its pinned sha256.
+
+    Args:
+        path: The corpus file (already resolved inside the spec's folder).
+        corpus_spec: The spec's corpus section (hash and column names).
+        run_id: Run ID carried by a stop raised here.
+
+    Raises:
+        EssentialInputMissing: The file is missing or its sha256 is not the pinned one.
+        SpecError: Missing columns, non-numeric features, unknown split names, empty labels.
+    """
+    t0 = time.perf_counter()
+    p = Path(path)
+    sha = _check_hash(p, corpus_spec, run_id=run_id)
+    source = f"'{corpus_spec.path}'"
+    table = read_table(p)
+    feats = _check_columns(table, corpus_spec, source=source)
+    split_col = table.data[corpus_spec.split_column]
+    unknown = sorted(set(split_col) - set(SPLITS))
+    if unknown:
+        raise SpecError(
+            f"corpus {source}: unknown split name(s) {unknown[:5]}; use train, val or test.",
+            field="corpus",
+        )
+    labels = table.data[corpus_spec.label_column]
+    if any(v == "" for v in labels):
+        raise SpecError(f"corpus {source}: empty label(s) in column '{corpus_spec.label_column}'.", field="corpus")
+    classes, index = _parse_label(labels)
+    X = _features(table, feats, source=source).astype(np.float32)
+    y = np.array([index[v] for v in labels], dtype=np.int64)
+    ids = np.array(table.data[corpus_spec.id_column], dtype=object)
+    split_arr = np.array(split_col, dtype=object)
+    splits = {}
+    for name in SPLITS:
+        m = split_arr == name
+        splits[name] = Split(ids=ids[m], X=np.ascontiguousarray(X[m]), y=y[m])
+    return Corpus(
+        path=p, sha256=sha, splits=splits, feature_names=feats, classes=classes,
+        load_s=time.perf_counter() - t0,
+    )
+
+
+def corpus_path(spec: CampaignSpec, *, base_dir: str | Path) -> Path:
+    """The corpus file of ``spec``, resolved inside ``base_dir`` (the spec's folder)."""
+    if spec.corpus is None:
+        raise SpecError("the spec has no 'corpus' section: add path and sha256.", field="corpus")
+    return resolve_inside(base_dir, spec.corpus.path, field="corpus.path")
+
+
+def load_spec_corpus(spec: CampaignSpec, *, base_dir: str | Path, run_id: str = AUDIT_RUN_ID) -> Corpus:
+    """``load_corpus`` for the corpus a spec pins (path relative to ``base_dir``)."""
+    path = corpus_path(spec, base_dir=base_dir)
+    assert spec.corpus is not None  # corpus_path raised otherwise
+    return load_corpus(path, corpus_spec=spec.corpus, run_id=run_id)
+
+
+# --- the audit ---------------------------------------------------------------------------
+def _finding(check: str, severity: str, message: str, *, count: int = 0, examples: list[Any] | None = None) -> dict:
+    return {"check": check, "severity": severity, "message": message, "count": count,
+            "examples": (examples or [])[:5]}
+
+
+def audit_corpus(spec: CampaignSpec, *, base_dir: str | Path, strict: bool = True) -> dict[str, Any]:
+    """Audit the spec's corpus and return a JSON-ready report.
+
+    Hard findings (the corpus cannot give a trustworthy decision): missing file or altered hash,
+    duplicate IDs, the same feature row in two splits (leakage), non-finite features, an empty
+    train split or decision split, a class in val/test that train never shows. Soft findings
+    are listed: rows repeated inside one split, conflicting labels for one feature row, a class
+    absent from val or test, an empty split the decision does not use.
+
+    Args:
+        spec: The campaign spec (its ``corpus`` section and decision rule are used).
+        base_dir: The spec file's folder; the corpus path is resolved inside it.
+        strict: Raise on hard findings (default). With False, return the report with ``ok``
+            False instead (a missing or altered file still raises).
+
+    Raises:
+        EssentialInputMissing: File missing or altered, or (strict) any hard finding.
+        SpecError: No corpus section, a path escaping ``base_dir``, unreadable columns.
+    """
+    t0 = time.perf_counter()
+    path = corpus_path(spec, base_dir=base_dir)
+    assert spec.corpus is not None
+    cs = spec.corpus
+    corpus = load_corpus(path, corpus_spec=cs, run_id=AUDIT_RUN_ID)
+    decision_split = spec.decision_rule.split if spec.decision_rule else "test"
+    findings: list[dict] = []
+
+    all_ids = np.concatenate([corpus.splits[s].ids for s in SPLITS])
+    dup_ids = sorted(k for k, v in Counter(all_ids.tolist()).items() if v > 1)
+    if dup_ids:
+        findings.append(_finding("duplicate_ids", "hard", f"{len(dup_ids)} ID(s) occur more than once",
+                                 count=len(dup_ids), examples=dup_ids))
+
+    for name in SPLITS:
+        n = len(corpus.splits[name])
+        if n == 0:
+            hard = name == "train" or name == decision_split
+            why = "training needs it" if name == "train" else (
+                "the decision rule is measured on it" if hard else "only evaluation during training uses it")
+            findings.append(_finding("empty_split", "hard" if hard else "soft",
+                                     f"split '{name}' is empty ({why})", count=0, examples=[name]))
+
+    nonfinite = {}
+    for name in SPLITS:
+        X = corpus.splits[name].X
+        bad_rows = ~np.isfinite(X).all(axis=1)
+        if bad_rows.any():
+            nonfinite[name] = corpus.splits[name].ids[bad_rows].tolist()
+    if nonfinite:
+        n_bad = sum(len(v) for v in nonfinite.values())
+        findings.append(_finding("non_finite_features", "hard",
+                                 f"{n_bad} row(s) have NaN, infinite or empty feature values",
+                                 count=n_bad, examples=[i for v in nonfinite.values() for i in v]))
+
+    # Leakage: the same feature vector in two splits (bytes of the float32 row as the key).
+    where: dict[bytes, dict[str, list[str]]] = {}
+    labels_of: dict[bytes, set[int]] = {}
+    for name in SPLITS:
+        sp = corpus.splits[name]
+        for rid, row, lab in zip(sp.ids.tolist(), sp.X, sp.y.tolist(), strict=True):
+            key = row.tobytes()
+            where.setdefault(key, {}).setdefault(name, []).append(rid)
+            labels_of.setdefault(key, set()).add(lab)
+    leaks = [ids for ids in where.values() if len(ids) > 1]
+    if leaks:
+        findings.append(_finding(
+            "leakage_across_splits", "hard",
+            f"{len(leaks)} feature row(s) appear in more than one split",
+            count=len(leaks), examples=[{s: v[:3] for s, v in d.items()} for d in leaks]))
+    within = [d for d in where.values() if len(d) == 1 and len(next(iter(d.values()))) > 1]
+    if within:
+        findings.append(_finding("duplicate_rows_within_split", "soft",
+                                 f"{len(within)} feature row(s) repeat inside one split",
+                                 count=len(within), examples=[next(iter(d.values()))[:3] for d in within]))
+    conflicts = [k for k, labs in labels_of.items() if len(labs) > 1]
+    if conflicts:
+        findings.append(_finding("conflicting_labels", "soft",
+                                 f"{len(conflicts)} feature row(s) carry different labels",
+                                 count=len(conflicts),
+                                 examples=[sorted(sum(where[k].values(), []))[:3] for k in conflicts]))
+
+    present = {name: set(corpus.splits[name].y.tolist()) for name in SPLITS}
+    for name in ("val", "test"):
+        if not len(corpus.splits[name]) or not len(corpus.splits["train"]):
+            continue
+        unseen = sorted(present[name] - present["train"])
+        if unseen:
+            labs = [corpus.classes[i] for i in unseen]
+            findings.append(_finding("label_not_in_train", "hard",
+                                     f"class(es) {labs} occur in '{name}' but never in train",
+                                     count=len(labs), examples=labs))
+        absent = sorted(set(range(corpus.n_classes)) - present[name])
+        if absent:
+            labs = [corpus.classes[i] for i in absent]
+            findings.append(_finding("label_missing_from_split", "soft",
+                                     f"class(es) {labs} are absent from '{name}'",
+                                     count=len(labs), examples=labs))
+
+    hard = [f for f in findings if f["severity"] == "hard"]
+    report = {
+        "ok": not hard,
+        "path": cs.path,
+        "sha256": {"pinned": cs.sha256, "actual": corpus.sha256, "match": True},
+        "bytes": path.stat().st_size,
+        "columns": {
+            "id": cs.id_column, "split": cs.split_column, "label": cs.label_column,
+            "n_features": corpus.n_features, "features": list(corpus.feature_names),
+        },
+        "rows": {"total": int(sum(len(s) for s in corpus.splits.values())),
+                 **{name: len(corpus.splits[name]) for name in SPLITS}},
+        "classes": list(corpus.classes),
+        "label_counts": {
+            name: {str(corpus.classes[i]): int(n) for i, n in
+                   enumerate(np.bincount(corpus.splits[name].y, minlength=corpus.n_classes))}
+            for name in SPLITS
+        },
+        "decision_split": decision_split,
+        "findings": findings,
+        "n_hard": len(hard),
+        "n_soft": len(findings) - len(hard),
+        "audit_s": round(time.perf_counter() - t0, 6),
+    }
+    if hard and strict:
+        raise EssentialInputMissing(
+            AUDIT_RUN_ID,
+            f"corpus '{cs.path}' failed its audit: " + "; ".join(f["message"] for f in hard),
+        )
+    return report
