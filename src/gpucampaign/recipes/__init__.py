@@ -1,0 +1,213 @@
+"""Model recipes: build a model from a run config, save it as a reloadable folder, predict.
+
+A model folder holds ``model.safetensors`` (weights and the input statistics) and
+``config.json`` (the run config, recipe, sizes, library versions, git commit, file hashes).
+``load_model_dir`` rebuilds the model from ``config.json`` alone: no pickle is ever loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from gpucampaign.recipes.cnn import build_cnn
+from gpucampaign.recipes.common import Standardize
+from gpucampaign.recipes.mlp import build_mlp
+from gpucampaign.spec import RunConfig, SpecError
+
+MODEL_FORMAT = "gpucampaign-model/1"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+RECIPES: dict[str, Callable[..., nn.Module]] = {"mlp": build_mlp, "cnn": build_cnn}
+
+
+def build_model(config: RunConfig, *, n_features: int, n_classes: int) -> nn.Module:
+    """The untrained model of ``config.recipe``; parameters drawn from torch's global RNG."""
+    if n_features < 1 or n_classes < 2:
+        raise SpecError(
+            f"a model needs at least 1 feature and 2 classes (got {n_features} and {n_classes}).",
+            field="corpus",
+        )
+    try:
+        factory = RECIPES[config.recipe]
+    except KeyError:
+        raise SpecError(f"unknown recipe '{config.recipe}': use one of {sorted(RECIPES)}.",
+                        field="recipe") from None
+    return factory(config, n_features=n_features, n_classes=n_classes)
+
+
+def fit_input_stats(model: nn.Module, X: torch.Tensor) -> None:
+    """Set the model's input standardization from the training features ``X``."""
+    layers = [m for m in model.modules() if isinstance(m, Standardize)]
+    assert len(layers) == 1, "every recipe starts with exactly one Standardize layer"
+    layers[0].fit(X)
+
+
+def git_commit(path: Path | None = None) -> dict[str, Any]:
+    """``{"commit": sha or None, "dirty": bool or None}`` of the repository holding ``path``."""
+    where = str(path or Path(__file__).resolve().parent)
+    try:
+        head = subprocess.run(["git", "-C", where, "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": head or None, "dirty": bool(status.strip())}
+
+
+def library_versions() -> dict[str, str]:
+    """Versions that a reload must match or at least know about."""
+    import safetensors
+
+    import gpucampaign
+
+    return {
+        "gpucampaign": gpucampaign.__version__,
+        "torch": torch.__version__,
+        "safetensors": safetensors.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 * 1024 * 1024):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_model_dir(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    config: RunConfig,
+    n_features: int,
+    n_classes: int,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``path/model.safetensors`` and ``path/config.json``, replacing ``path`` atomically.
+
+    Args:
+        model: The trained model (any device).
+        path: The model folder to create (e.g. ``OUT/runs/<run_id>/model``).
+        config: The run config that built the model.
+        n_features: Input width.
+        n_classes: Number of classes.
+        extra: More JSON fields for ``config.json`` (run_id, classes, corpus sha256...).
+
+    Returns:
+        The content written to ``config.json``.
+    """
+    from safetensors.torch import save_file
+
+    from gpucampaign.storage import atomic_write_bytes, fsync_dir
+
+    dst = Path(path)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".tmp-{dst.name}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": MODEL_FORMAT})
+        with open(tmp / WEIGHTS_FILE, "rb+") as f:
+            os.fsync(f.fileno())
+        info = {
+            "format": MODEL_FORMAT,
+            "recipe": config.recipe,
+            "run_config": config.model_dump(mode="json"),
+            "n_features": n_features,
+            "n_classes": n_classes,
+            "versions": library_versions(),
+            "git": git_commit(),
+            "base_model_revision": None,
+            "files": {WEIGHTS_FILE: {"sha256": _sha256(tmp / WEIGHTS_FILE),
+                                     "bytes": (tmp / WEIGHTS_FILE).stat().st_size}},
+            **(extra or {}),
+        }
+        atomic_write_bytes(tmp / CONFIG_FILE, (json.dumps(info, indent=2, sort_keys=True) + "\n").encode())
+        fsync_dir(tmp)
+        if dst.exists():
+            old = dst.with_name(f".tmp-old-{dst.name}-{uuid.uuid4().hex[:8]}")
+            dst.rename(old)
+            tmp.rename(dst)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(dst)
+        fsync_dir(dst.parent)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return info
+
+
+def load_model_dir(path: str | Path, *, map_location: str = "cpu") -> nn.Module:
+    """Rebuild a model saved by ``save_model_dir`` (safetensors only), in eval mode.
+
+    Raises:
+        SpecError: The folder, a file or a field is missing, or the weights fail their hash.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(path)
+    cfg_path, w_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    if not cfg_path.is_file() or not w_path.is_file():
+        raise SpecError(f"'{folder}' is not a model folder: it needs {CONFIG_FILE} and {WEIGHTS_FILE}.",
+                        field="model")
+    info = json.loads(cfg_path.read_text(encoding="utf-8"))
+    if info.get("format") != MODEL_FORMAT:
+        raise SpecError(f"'{cfg_path}': unknown format {info.get('format')!r} (want {MODEL_FORMAT}).",
+                        field="model")
+    want = info.get("files", {}).get(WEIGHTS_FILE, {}).get("sha256")
+    if want and _sha256(w_path) != want:
+        raise SpecError(f"'{w_path}' does not match the sha256 recorded in {CONFIG_FILE}.", field="model")
+    config = RunConfig.model_validate(info["run_config"])
+    model = build_model(config, n_features=int(info["n_features"]), n_classes=int(info["n_classes"]))
+    model.load_state_dict(load_file(str(w_path), device=map_location), strict=True)
+    return model.to(map_location).eval()
+
+
+@torch.no_grad()
+def predict(model: nn.Module, X: np.ndarray | torch.Tensor, *, batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Class indices and their softmax probability, in float32 without autocast.
+
+    Deterministic on CPU for a fixed thread count; the model's train/eval mode is restored.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        X_t = torch.as_tensor(X, dtype=torch.float32)
+        preds, confs = [], []
+        for start in range(0, len(X_t), batch_size):
+            logits = model(X_t[start : start + batch_size].to(device)).float()
+            prob = torch.softmax(logits, dim=1)
+            conf, pred = prob.max(dim=1)
+            preds.append(pred.cpu())
+            confs.append(conf.cpu())
+        if not preds:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        return torch.cat(preds).numpy().astype(np.int64), torch.cat(confs).numpy().astype(np.float32)
+    finally:
+        model.train(was_training)
+
+
+__all__ = [
+    "RECIPES", "build_model", "fit_input_stats", "save_model_dir", "load_model_dir", "predict",
+    "git_commit", "library_versions", "WEIGHTS_FILE", "CONFIG_FILE", "MODEL_FORMAT",
+]

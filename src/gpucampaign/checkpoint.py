@@ -1,0 +1,522 @@
+"""Full-state checkpoints as transactions (R11, R12).
+
+One checkpoint is a folder ``<run_id>/step-<9 digits>/`` in a ``Store``:
+
+- ``model.safetensors``: the model's weights and buffers;
+- ``state.pt``: everything else, loadable with ``torch.load(weights_only=True)``: optimizer,
+  LR scheduler, AMP GradScaler, RNG states (python, numpy as plain tensors, torch, cuda),
+  the data cursor (epoch, batches consumed in it, the sampler generator's state taken at the
+  TOP of the epoch) and counters;
+- ``meta.json``: run ID, config hash, step, sha256 and size of each file, write/upload seconds.
+
+A save writes to a temp name, fsyncs, renames (local) or uploads (remote), verifies what the
+store holds, and only then moves the ``LATEST`` pointer; the last ``keep`` are kept. A load
+refuses a checkpoint with a missing file or component, a failed hash, another run's or
+config's meta, or a state file that ``weights_only`` unpickling rejects, and falls back to the
+previous good one, saying so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpucampaign.storage import TMP_PREFIX, NotFound, StorageError, Store, fsync_dir
+
+log = logging.getLogger(__name__)
+
+FORMAT = "gpucampaign-checkpoint/1"
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+LATEST_FILE = "LATEST"
+PAYLOAD_FILES: tuple[str, ...] = (MODEL_FILE, STATE_FILE)
+REQUIRED_STATE: dict[str, tuple[str, ...]] = {
+    "optimizer": (),
+    "scheduler": (),
+    "scaler": (),
+    "rng": ("python", "numpy", "torch", "cuda"),
+    "cursor": ("epoch", "batch_in_epoch", "epoch_generator_state"),
+    "counters": ("global_step",),
+}
+_CHUNK = 16 * 1024 * 1024
+_STEP_DIR = re.compile(r"^step-(\d{9})$")
+
+
+class CheckpointInvalid(Exception):
+    """One checkpoint cannot be used; ``reason`` says why (the caller falls back)."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(key, reason)
+        self.key = key
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"checkpoint {self.key} refused: {self.reason}"
+
+
+def step_dirname(step: int) -> str:
+    """``step-000000020``: sorts by step as text."""
+    return f"step-{step:09d}"
+
+
+# --- RNG states ----------------------------------------------------------------------------
+def capture_rng() -> dict[str, Any]:
+    """python, numpy, torch and cuda RNG states in a ``weights_only``-loadable form.
+
+    numpy's state holds an ndarray, which ``weights_only`` refuses: it is kept as
+    ``[name, int64 tensor of the key, pos, has_gauss, cached_gaussian]``.
+    """
+    name, key, pos, has_gauss, cached = np.random.get_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    return {
+        "python": random.getstate(),
+        "numpy": [str(name), torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+        "cuda": list(cuda),
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Set the global generators back to ``capture_rng``'s result."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, key, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, key.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --- hashed I/O ----------------------------------------------------------------------------
+def _write_all(f: Any, chunk: memoryview) -> None:
+    while chunk:
+        n = f.write(chunk)
+        chunk = chunk[n:]
+
+
+def write_hashed(path: Path, data: bytes | bytearray | memoryview | Iterable[Any]) -> tuple[str, int]:
+    """Write one buffer (or several, back to back) to ``path`` with fsync; return (sha256, size).
+
+    The hash runs in a second thread over the same in-memory buffers while they are written
+    and fsynced: sha256 runs at about disk speed, and most of a write's real I/O happens in
+    the fsync, so the two overlap instead of adding up (FACTS: a second hashing pass costs
+    30-40% of a save). The buffers must stay unchanged until the call returns.
+    """
+    views = [memoryview(b).cast("B") for b in
+             ([data] if isinstance(data, bytes | bytearray | memoryview) else data)]
+
+    def digest() -> str:
+        h = hashlib.sha256()
+        for mv in views:
+            for off in range(0, len(mv), _CHUNK):
+                h.update(mv[off : off + _CHUNK])
+        return h.hexdigest()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashing = pool.submit(digest)
+        with open(path, "wb", buffering=0) as f:
+            for mv in views:
+                for off in range(0, len(mv), _CHUNK):
+                    _write_all(f, mv[off : off + _CHUNK])
+            os.fsync(f.fileno())
+        return hashing.result(), sum(len(mv) for mv in views)
+
+
+def read_hashed(path: Path) -> tuple[bytes, str]:
+    """The content of ``path`` and its sha256 (one read; the two files load in parallel)."""
+    data = path.read_bytes()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def serialize_state(train_state: dict[str, Any]) -> memoryview:
+    """``torch.save`` into memory, without its CRC32 pass (every file is sha256-hashed anyway)."""
+    buf = io.BytesIO()
+    previous = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(train_state, buf)
+    finally:
+        torch.serialization.set_crc32_options(previous)
+    return buf.getbuffer()
+
+
+_ST_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def safetensors_buffers(model_state: dict[str, torch.Tensor], *, metadata: dict[str, str]) -> list[Any]:
+    """The bytes of a safetensors file as buffers: header, then each tensor's own memory.
+
+    Writing the tensors' memory directly (instead of ``safetensors.torch.save``, which builds
+    the whole file in memory first) makes the save about as fast as a raw write. The layout
+    is the documented one: u64 little-endian header size, JSON header padded with spaces to
+    8 bytes, tensors back to back; ``safetensors`` itself loads and validates it.
+    """
+    assert sys.byteorder == "little", "safetensors stores little-endian data"
+    header: dict[str, Any] = {"__metadata__": metadata}
+    arrays, offset = [], 0
+    for name in sorted(model_state):
+        t = model_state[name].detach().to("cpu").contiguous()
+        if t.dtype not in _ST_DTYPES:
+            raise TypeError(f"tensor '{name}': dtype {t.dtype} cannot be checkpointed")
+        raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, dtype=np.uint8)
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + raw.nbytes]}
+        offset += raw.nbytes
+        arrays.append(raw)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return [len(head).to_bytes(8, "little"), head, *arrays]
+
+
+# --- results# --- results -------------------------------------------------------------------------------
+@dataclass
+class SavedCheckpoint:
+    """What one save did and cost."""
+
+    step: int
+    key: str
+    write_s: float
+    upload_s: float
+    commit_s: float
+    bytes: int
+    files: dict[str, dict[str, Any]]
+    prune_s: float = 0.0
+
+    @property
+    def durable_s(self) -> float:
+        """Until the checkpoint is safe and LATEST points at it: write + upload + verify/commit."""
+        return self.write_s + self.upload_s + self.commit_s
+
+    @property
+    def save_s(self) -> float:
+        """The stall the save caused: ``durable_s`` + deleting checkpoints beyond ``keep``."""
+        return self.durable_s + self.prune_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "durable_s": self.durable_s, "save_s": self.save_s}
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A verified checkpoint, deserialized on CPU."""
+
+    step: int
+    key: str
+    meta: dict[str, Any]
+    model_state: dict[str, torch.Tensor]
+    train_state: dict[str, Any]
+    read_s: float
+    refused: list[str] = field(default_factory=list)
+
+
+# --- the manager ---------------------------------------------------------------------------
+class CheckpointManager:
+    """Save and restore one run's checkpoints in a store.
+
+    Args:
+        store: Where checkpoints live.
+        run_id: The run; its folder in the store is ``<run_id>/``.
+        config_sha256: Full hash of the resolved config (+ corpus); a checkpoint whose meta
+            names another one is never restored.
+        keep: How many committed checkpoints to keep.
+        staging_dir: Local folder for files of a remote store before upload.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        run_id: str,
+        config_sha256: str,
+        keep: int = 3,
+        staging_dir: Path | None = None,
+    ) -> None:
+        assert keep >= 1
+        self.store = store
+        self.run_id = run_id
+        self.config_sha256 = config_sha256
+        self.keep = keep
+        self.staging_dir = staging_dir
+
+    # keys
+    def _key(self, *parts: str) -> str:
+        return "/".join((self.run_id, *parts))
+
+    def step_dirs(self) -> list[int]:
+        """Steps of every checkpoint folder present (committed or not), ascending."""
+        steps = set()
+        for key in self.store.list(self.run_id):
+            parts = key.split("/")
+            if len(parts) == 3 and (m := _STEP_DIR.match(parts[1])):
+                steps.add(int(m.group(1)))
+        return sorted(steps)
+
+    def latest_pointer(self) -> dict[str, Any] | None:
+        """The parsed ``LATEST`` pointer; ``None`` when absent. Raises ``CheckpointInvalid``."""
+        try:
+            raw = self.store.read_bytes(self._key(LATEST_FILE))
+        except NotFound:
+            return None
+        try:
+            ptr = json.loads(raw)
+            int(ptr["step"])
+            str(ptr["meta_sha256"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointInvalid(self._key(LATEST_FILE), f"unreadable pointer ({exc})") from None
+        return ptr
+
+    def has_any(self) -> bool:
+        """True when the store holds a pointer or a checkpoint folder for this run."""
+        return self.store.exists(self._key(LATEST_FILE)) or bool(self.step_dirs())
+
+    # save
+    def save(
+        self,
+        step: int,
+        *,
+        model_state: dict[str, torch.Tensor],
+        train_state: dict[str, Any],
+        extra_meta: dict[str, Any] | None = None,
+    ) -> SavedCheckpoint:
+        """Save a checkpoint of ``step`` as a transaction and move ``LATEST`` to it.
+
+        Raises:
+            StorageError: A write, upload or verification failed; ``LATEST`` did not move.
+        """
+        missing = [k for k in REQUIRED_STATE if k not in train_state]
+        assert not missing, f"train_state lacks {missing}"
+        dirname = step_dirname(step)
+        final_key = self._key(dirname)
+        t0 = time.perf_counter()
+        local_final = self.store.local_path(final_key)
+        if local_final is not None:
+            work = local_final.parent / f"{TMP_PREFIX}{dirname}-{uuid.uuid4().hex[:8]}"
+        else:
+            base = self.staging_dir or Path(tempfile.gettempdir())
+            base.mkdir(parents=True, exist_ok=True)
+            work = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{dirname}-", dir=base))
+        try:
+            work.mkdir(parents=True, exist_ok=True)
+            files = {}
+            # Both files at once: sha256 (one core each) is slower than a fast disk.
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                model_job = pool.submit(write_hashed, work / MODEL_FILE,
+                                        safetensors_buffers(model_state, metadata={"format": FORMAT}))
+                state_job = pool.submit(lambda: write_hashed(work / STATE_FILE, serialize_state(train_state)))
+                for name, job in ((MODEL_FILE, model_job), (STATE_FILE, state_job)):
+                    digest, size = job.result()
+                    files[name] = {"sha256": digest, "bytes": size}
+            write_s = time.perf_counter() - t0
+            upload_s = 0.0
+            if local_final is None:
+                t1 = time.perf_counter()
+                for name in PAYLOAD_FILES:
+                    self.store.put_file(f"{final_key}/{name}", src=work / name)
+                upload_s = time.perf_counter() - t1
+            meta = {
+                "format": FORMAT,
+                "run_id": self.run_id,
+                "config_sha256": self.config_sha256,
+                "step": step,
+                "files": files,
+                "write_s": write_s,
+                "upload_s": upload_s,
+                "torch": torch.__version__,
+                "created_unix": time.time(),
+                **(extra_meta or {}),
+            }
+            meta_bytes = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+            t2 = time.perf_counter()
+            if local_final is not None:
+                write_hashed(work / META_FILE, meta_bytes)  # fsynced like the rest
+                fsync_dir(work)
+                if local_final.exists():  # a refused checkpoint of the same step: replace it
+                    shutil.rmtree(local_final)
+                os.rename(work, local_final)
+                fsync_dir(local_final.parent)
+            else:
+                self.store.write_bytes(f"{final_key}/{META_FILE}", data=meta_bytes)
+            self._verify_stored(final_key, files, meta_bytes)
+            pointer = {"step": step, "dir": dirname, "meta_sha256": hashlib.sha256(meta_bytes).hexdigest()}
+            self.store.write_bytes(self._key(LATEST_FILE), data=json.dumps(pointer).encode())
+            commit_s = time.perf_counter() - t2
+            self._prune(step)
+            prune_s = time.perf_counter() - t2 - commit_s
+        finally:
+            if work.exists():
+                shutil.rmtree(work, ignore_errors=True)
+        return SavedCheckpoint(
+            step=step, key=final_key, write_s=write_s, upload_s=upload_s, commit_s=commit_s,
+            bytes=sum(f["bytes"] for f in files.values()), files=files, prune_s=prune_s,
+        )
+
+    def _verify_stored(self, final_key: str, files: dict[str, dict[str, Any]], meta_bytes: bytes) -> None:
+        for name, info in files.items():
+            size = self.store.size(f"{final_key}/{name}")
+            if size != info["bytes"]:
+                raise StorageError(f"{final_key}/{name}: store holds {size} bytes, wrote {info['bytes']}")
+        if self.store.read_bytes(f"{final_key}/{META_FILE}") != meta_bytes:
+            raise StorageError(f"{final_key}/{META_FILE}: store does not hold what was written")
+
+    def _prune(self, latest: int) -> None:
+        """Keep the ``keep`` newest checkpoints up to ``latest``; drop the rest and stale temps."""
+        steps = self.step_dirs()
+        kept = [s for s in steps if s <= latest][-self.keep :]
+        for s in steps:
+            if s not in kept:
+                self.delete(s)
+        run_dir = self.store.local_path(self.run_id)
+        if run_dir is not None and run_dir.is_dir():
+            for p in run_dir.iterdir():
+                if p.name.startswith(TMP_PREFIX) and p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+
+    def delete(self, step: int) -> None:
+        """Delete the checkpoint folder of ``step``."""
+        for key in self.store.list(self._key(step_dirname(step))):
+            self.store.delete(key)
+
+    # load
+    def load(self, step: int, *, meta_sha256: str | None = None) -> LoadedCheckpoint:
+        """Load and fully verify the checkpoint of ``step``.
+
+        Raises:
+            CheckpointInvalid: Any check failed (the reason names it).
+        """
+        dirname = step_dirname(step)
+        key = self._key(dirname)
+        t0 = time.perf_counter()
+        try:
+            meta_bytes = self.store.read_bytes(f"{key}/{META_FILE}")
+        except NotFound:
+            raise CheckpointInvalid(key, f"{META_FILE} is missing") from None
+        if meta_sha256 is not None and hashlib.sha256(meta_bytes).hexdigest() != meta_sha256:
+            raise CheckpointInvalid(key, f"{META_FILE} does not match the hash in {LATEST_FILE}")
+        try:
+            meta = json.loads(meta_bytes)
+        except ValueError as exc:
+            raise CheckpointInvalid(key, f"{META_FILE} is not JSON ({exc})") from None
+        if meta.get("format") != FORMAT:
+            raise CheckpointInvalid(key, f"unknown format {meta.get('format')!r}")
+        if meta.get("run_id") != self.run_id or meta.get("config_sha256") != self.config_sha256:
+            raise CheckpointInvalid(
+                key, f"it belongs to run {meta.get('run_id')!r} / config {str(meta.get('config_sha256'))[:10]}, "
+                f"not {self.run_id} / {self.config_sha256[:10]}")
+        if meta.get("step") != step:
+            raise CheckpointInvalid(key, f"meta says step {meta.get('step')}, folder says {step}")
+        files = meta.get("files", {})
+        lacking = [n for n in PAYLOAD_FILES if n not in files]
+        if lacking:
+            raise CheckpointInvalid(key, f"meta lists no {lacking}")
+
+        def fetch(name: str) -> tuple[str, bytes, str]:
+            local = self.store.local_path(f"{key}/{name}")
+            try:
+                if local is not None:
+                    if not local.is_file():
+                        raise NotFound(name)
+                    data, digest = read_hashed(local)
+                else:
+                    data = self.store.read_bytes(f"{key}/{name}")
+                    digest = hashlib.sha256(data).hexdigest()
+            except (NotFound, FileNotFoundError):
+                raise CheckpointInvalid(key, f"component {name} is missing") from None
+            return name, data, digest
+
+        with ThreadPoolExecutor(max_workers=len(PAYLOAD_FILES)) as pool:
+            blobs = {name: (data, digest) for name, data, digest in pool.map(fetch, PAYLOAD_FILES)}
+        for name, (data, digest) in blobs.items():
+            want = files[name]
+            if len(data) != want.get("bytes"):
+                raise CheckpointInvalid(key, f"{name} has {len(data)} bytes, meta says {want.get('bytes')} (truncated?)")
+            if digest != want.get("sha256"):
+                raise CheckpointInvalid(key, f"{name} fails its sha256 (altered)")
+        from safetensors.torch import load as st_load
+
+        try:
+            model_state = st_load(blobs[MODEL_FILE][0])
+        except Exception as exc:  # safetensors raises its own error types
+            raise CheckpointInvalid(key, f"{MODEL_FILE} is not valid safetensors ({exc})") from None
+        try:
+            train_state = torch.load(io.BytesIO(blobs[STATE_FILE][0]), map_location="cpu", weights_only=True)
+        except Exception as exc:  # UnpicklingError for payloads, RuntimeError for bad zips
+            raise CheckpointInvalid(
+                key, f"{STATE_FILE} refused by torch.load(weights_only=True): {str(exc).splitlines()[0][:200]}"
+            ) from None
+        if not isinstance(train_state, dict):
+            raise CheckpointInvalid(key, f"{STATE_FILE} does not hold a mapping")
+        for comp, subkeys in REQUIRED_STATE.items():
+            if comp not in train_state:
+                raise CheckpointInvalid(key, f"component '{comp}' is missing from {STATE_FILE}")
+            sub = train_state[comp]
+            gone = [s for s in subkeys if not isinstance(sub, dict) or s not in sub]
+            if gone:
+                raise CheckpointInvalid(key, f"component '{comp}' lacks {gone}")
+        if train_state["counters"]["global_step"] != step:
+            raise CheckpointInvalid(key, f"state says step {train_state['counters']['global_step']}")
+        return LoadedCheckpoint(step=step, key=key, meta=meta, model_state=model_state,
+                                train_state=train_state, read_s=time.perf_counter() - t0)
+
+    def load_latest(self, *, max_step: int | None = None) -> tuple[LoadedCheckpoint | None, list[str]]:
+        """The newest good checkpoint and the reasons others were refused.
+
+        Tries ``LATEST``'s target, then older kept checkpoints, newest first. Folders newer than
+        ``LATEST`` were never committed and are ignored. Without a readable pointer every
+        folder is tried (each is verified by its hashes anyway).
+
+        Args:
+            max_step: Only consider checkpoints at or before this step.
+
+        Returns:
+            ``(checkpoint or None, refusals)``; ``(None, [])`` when the run has none at all.
+        """
+        refused: list[str] = []
+        try:
+            ptr = self.latest_pointer()
+        except CheckpointInvalid as exc:
+            refused.append(str(exc))
+            ptr = None
+        steps = self.step_dirs()
+        if ptr is not None:
+            top = int(ptr["step"])
+            candidates = [top] + [s for s in reversed(steps) if s < top]
+        else:
+            candidates = list(reversed(steps))
+        if max_step is not None:
+            candidates = [s for s in candidates if s <= max_step]
+        for s in candidates:
+            try:
+                ck = self.load(s, meta_sha256=ptr["meta_sha256"] if ptr and s == int(ptr["step"]) else None)
+            except (CheckpointInvalid, StorageError) as exc:
+                reason = str(exc) if isinstance(exc, CheckpointInvalid) else f"checkpoint step {s}: {exc}"
+                log.warning("%s; trying the previous one", reason)
+                refused.append(reason)
+                continue
+            ck.refused = refused
+            if refused:
+                log.warning("run %s resumes from the checkpoint of step %d (%d refused)", self.run_id, s, len(refused))
+            return ck, refused
+        return None, refused
