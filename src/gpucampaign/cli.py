@@ -164,6 +164,59 @@ def packages_cmd(
         raise typer.Exit(EXIT_NOT_FIT)
 
 
+# --- engine: init, restart-check ------------------------------------------------------------
+
+
+@app.command("init")
+@handle_errors
+def init_cmd(
+    directory: Path = typer.Argument(..., help="Folder for the new campaign (created if needed)."),
+) -> None:
+    """Write a ready digits campaign: DIR/data/digits.csv and DIR/campaign.yaml (exit 2 if one exists)."""
+    from gpucampaign.scaffold import init_campaign
+
+    spec_path = init_campaign(directory)
+    console.print(f"wrote {spec_path} and {directory / 'data' / 'digits.csv'}", highlight=False)
+    console.print(f"next: campaign plan {spec_path}", highlight=False)
+
+
+@app.command("restart-check")
+@handle_errors
+def restart_check_cmd(
+    spec: Path = typer.Argument(..., help="Campaign YAML file."),
+    run: str = typer.Option("control", "--run", help="Run whose configuration is checked."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    n_steps: int | None = typer.Option(None, "--steps", min=2, help="Steps compared (default: ~2 epochs)."),
+    k_steps: int | None = typer.Option(None, "--at", min=1, help="Step of the interruption (default: mid-epoch)."),
+) -> None:
+    """Save mid-epoch, resume in a new process, compare exactly: exit 0 identical, 3 otherwise."""
+    import tempfile
+
+    from gpucampaign.corpus import corpus_path
+    from gpucampaign.restart import verify_restart
+    from gpucampaign.spec import load_spec
+
+    cs = load_spec(spec)
+    path = corpus_path(cs, base_dir=spec.resolve().parent)
+    with tempfile.TemporaryDirectory(prefix="restart-check-") as tmp:
+        report = verify_restart(cs, run=run, corpus_path=path, workdir=Path(tmp), n_steps=n_steps,
+                                k_steps=k_steps, check=False)
+    short = {k: report.to_dict()[k] for k in ("identical", "compared_steps", "max_abs_diff", "save_s", "restore_s")}
+    if as_json:
+        print_json({**short, **{k: v for k, v in report.to_dict().items() if k not in short}})
+    else:
+        verdict = "[green]identical[/]" if report.identical else "[red]NOT identical[/]"
+        console.print(
+            f"{report.run_id}: {verdict} over {report.compared_steps} steps (interrupted at step {report.k}, "
+            f"{report.threads} thread(s), {report.device}); max |diff| {report.max_abs_diff:g}; "
+            f"save {report.save_s or 0:.3f} s, restore {report.restore_s or 0:.3f} s",
+            soft_wrap=True, highlight=False)
+        for m in report.mismatches[:5]:
+            console.print(f"  [red]{m}[/]", soft_wrap=True, highlight=False)
+    if not report.identical:
+        raise typer.Exit(EXIT_STOPPED)
+
+
 # --- run: the whole campaign --------------------------------------------------------------
 
 

@@ -1,0 +1,445 @@
+"""Restart verification in NEW processes (R12).
+
+``verify_restart``: a reference process trains n steps uninterrupted; a second process trains
+k < n steps (k inside an epoch), checkpoints and exits; a third loads that checkpoint and
+continues to n. Per-step losses, final parameters and the whole optimizer state must be
+exactly equal on CPU (atol=0); on a GPU a small tolerance is allowed and recorded.
+
+``verify_checkpoint_resume``: the scheduled check of an existing campaign output: fetch the
+run's latest good checkpoint from its store (the previous kept one when the latest is the
+final step), resume m steps in a fresh process and compare with the losses the original run
+recorded after that step.
+
+Both use ``sys.executable -m gpucampaign.restart child ...`` with the run's own thread count
+(``threads`` in its config; results differ across thread counts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpucampaign.checkpoint import (
+    LATEST_FILE,
+    META_FILE,
+    PAYLOAD_FILES,
+    CheckpointManager,
+    step_dirname,
+)
+from gpucampaign.spec import CampaignSpec, SpecError
+from gpucampaign.stoprules import NoUsableRestart, StopRule
+from gpucampaign.storage import LocalStore, Store
+from gpucampaign.training import METRICS_FILE, MODEL_DIR, read_metrics, run_config_sha256
+
+GPU_ATOL = 1e-5
+_IGNORED_COUNTERS = ("steps_s_sum",)  # wall-clock sums differ between runs by nature
+
+
+@dataclass
+class RestartReport:
+    """The outcome of one restart verification."""
+
+    identical: bool
+    compared_steps: int
+    max_abs_diff: float
+    save_s: float | None
+    restore_s: float | None
+    total_s: float
+    k: int
+    n: int
+    threads: int
+    run_id: str = ""
+    mode: str = "fresh"
+    device: str = "cpu"
+    atol: float = 0.0
+    k_mid_epoch: bool = True
+    compared: list[str] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+# --- the child process ---------------------------------------------------------------------
+def _child_main(argv: list[str]) -> int:
+    from gpucampaign.corpus import load_corpus
+    from gpucampaign.spec import parse_spec
+    from gpucampaign.training import train_run
+
+    p = argparse.ArgumentParser(prog="python -m gpucampaign.restart child")
+    p.add_argument("--spec", required=True, type=Path)
+    p.add_argument("--run", required=True)
+    p.add_argument("--corpus", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--store", required=True, type=Path)
+    p.add_argument("--stop-after", type=int, default=None)
+    p.add_argument("--checkpoint-every", type=int, default=None)
+    p.add_argument("--result", required=True, type=Path)
+    a = p.parse_args(argv)
+    spec = parse_spec(json.loads(a.spec.read_text(encoding="utf-8")), source=str(a.spec))
+    assert spec.corpus is not None
+    try:
+        corpus = load_corpus(a.corpus, corpus_spec=spec.corpus, run_id=spec.run_id(a.run))
+        res = train_run(spec, run=a.run, corpus=corpus, store=LocalStore(a.store), out_dir=a.out,
+                        stop_after_steps=a.stop_after, checkpoint_every=a.checkpoint_every)
+    except StopRule as exc:
+        a.result.write_text(json.dumps({"stop": exc.to_record()}), encoding="utf-8")
+        return 3
+    a.result.write_text(json.dumps({"result": res.to_dict()}), encoding="utf-8")
+    return 0
+
+
+def _spawn(args: list[str], *, threads: int, workdir: Path, name: str) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONHASHSEED": "0"})
+    log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in _wait
+    proc = subprocess.Popen([sys.executable, "-m", "gpucampaign.restart", "child", *args],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc.log_file = log  # type: ignore[attr-defined]
+    proc.log_path = workdir / f"{name}.log"  # type: ignore[attr-defined]
+    proc.result_path = Path(args[args.index("--result") + 1])  # type: ignore[attr-defined]
+    return proc
+
+
+def _wait(proc: subprocess.Popen, *, run_id: str, what: str) -> dict[str, Any]:
+    rc = proc.wait()
+    proc.log_file.close()  # type: ignore[attr-defined]
+    path: Path = proc.result_path  # type: ignore[attr-defined]
+    out = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if rc != 0 or "result" not in out:
+        tail = proc.log_path.read_text(encoding="utf-8", errors="replace")[-1500:]  # type: ignore[attr-defined]
+        why = f"stop {out['stop']['rule']}: {out['stop']['reason']}" if "stop" in out else f"exit {rc}: {tail}"
+        raise NoUsableRestart(run_id, f"the {what} process failed ({why})")
+    return out["result"]
+
+
+def _write_child_spec(spec: CampaignSpec, workdir: Path) -> Path:
+    """The spec the children read. The quality floor is off there: a check that reaches the
+    last step must not fail on the run's quality, which is not what it verifies (the run ID
+    does not depend on stop rules, so the children resume the same run)."""
+    child = spec.model_copy(update={"stop_rules": spec.stop_rules.model_copy(update={"below_threshold": False})})
+    path = workdir / "spec.json"
+    path.write_text(json.dumps(child.model_dump(mode="json")), encoding="utf-8")
+    return path
+
+
+def _child_args(*, spec_json: Path, run: str, corpus: Path, out: Path, store: Path, result: Path,
+                stop_after: int, checkpoint_every: int) -> list[str]:
+    return ["--spec", str(spec_json), "--run", run, "--corpus", str(corpus), "--out", str(out),
+            "--store", str(store), "--stop-after", str(stop_after), "--checkpoint-every",
+            str(checkpoint_every), "--result", str(result)]
+
+
+# --- comparison ----------------------------------------------------------------------------
+def _leaves(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k in sorted(obj, key=str):
+            out.update(_leaves(obj[k], f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(obj, list | tuple):
+        out = {}
+        for i, v in enumerate(obj):
+            out.update(_leaves(v, f"{prefix}[{i}]"))
+        return out
+    return {prefix: obj}
+
+
+class _Comparer:
+    def __init__(self, atol: float) -> None:
+        self.atol = atol
+        self.max_abs_diff = 0.0
+        self.mismatches: list[str] = []
+        self.compared: list[str] = []
+
+    def value(self, name: str, a: Any, b: Any) -> None:
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape \
+                    or a.dtype != b.dtype:
+                self.mismatches.append(f"{name}: different shape/dtype")
+                return
+            if a.dtype.is_floating_point or a.dtype.is_complex:
+                diff = (a.double() - b.double()).abs()
+                d = float(diff.max()) if diff.numel() else 0.0
+                if math.isnan(d) or not torch.equal(a.isnan(), b.isnan()):
+                    d = math.inf if not torch.equal(a.isnan(), b.isnan()) else float(diff.nan_to_num(0).max())
+            else:
+                d = 0.0 if torch.equal(a, b) else math.inf
+            self._record(name, d)
+            return
+        if isinstance(a, float) and isinstance(b, float):
+            d = 0.0 if a == b or (math.isnan(a) and math.isnan(b)) else abs(a - b)
+            self._record(name, d)
+            return
+        if a != b:
+            self.mismatches.append(f"{name}: {a!r} != {b!r}")
+
+    def _record(self, name: str, d: float) -> None:
+        self.max_abs_diff = max(self.max_abs_diff, d)
+        if d > self.atol:
+            self.mismatches.append(f"{name}: max abs diff {d:.3g} > atol {self.atol:g}")
+
+    def tree(self, name: str, a: Any, b: Any) -> None:
+        la, lb = _leaves(a), _leaves(b)
+        if set(la) != set(lb):
+            self.mismatches.append(f"{name}: different entries {sorted(set(la) ^ set(lb))[:5]}")
+        for key in sorted(set(la) & set(lb)):
+            self.value(f"{name}.{key}", la[key], lb[key])
+        self.compared.append(name)
+
+    def losses(self, a: dict[int, float], b: dict[int, float], steps: list[int]) -> None:
+        for s in steps:
+            if s not in a or s not in b:
+                self.mismatches.append(f"loss of step {s}: missing")
+                continue
+            self.value(f"loss[{s}]", float(a[s]), float(b[s]))
+        self.compared.append(f"losses[{steps[0]}..{steps[-1]}]" if steps else "losses[]")
+
+
+def _train_losses(path: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(path) if r.get("kind") == "train"}
+
+
+def default_steps(*, planned_steps: int, steps_per_epoch: int) -> tuple[int, int]:
+    """``(n, k)``: k in the middle of the second epoch, n past the next epoch boundary."""
+    spe = max(1, steps_per_epoch)
+    k = spe + max(1, spe // 2)
+    n = 2 * spe + max(1, spe // 4)
+    if n > planned_steps:
+        n = planned_steps
+        k = max(1, n // 2)
+        if spe > 1 and k % spe == 0:
+            k -= 1
+    if not 0 < k < n:
+        raise SpecError(f"the run has only {planned_steps} planned step(s): a restart check needs at least 2.",
+                        field="control")
+    return n, k
+
+
+def _planned(spec: CampaignSpec, run: str, n_train: int) -> tuple[int, int]:
+    config = spec.run_config(run)
+    spe = math.ceil(n_train / config.batch_size)
+    planned = spe * config.epochs
+    if config.max_steps is not None:
+        planned = min(planned, config.max_steps)
+    return planned, spe
+
+
+# --- verification of a fresh run -------------------------------------------------------------
+def verify_restart(
+    spec: CampaignSpec,
+    *,
+    run: str = "control",
+    workdir: Path,
+    corpus_path: Path | None = None,
+    base_dir: str | Path | None = None,
+    n_steps: int | None = None,
+    k_steps: int | None = None,
+    check: bool = True,
+) -> RestartReport:
+    """Train n steps uninterrupted vs k steps + exit + resume to n, in fresh processes.
+
+    The reference and the first half run side by side (one thread each by default), then the
+    resume. The compared state is each side's checkpoint at step n.
+
+    Args:
+        spec: The campaign spec.
+        run: The run whose config is checked (``control`` by default).
+        workdir: An empty scratch folder.
+        corpus_path: The corpus file (checked against its pinned sha256 by every process).
+        base_dir: Or: the spec's folder, where the spec's corpus path is resolved.
+        n_steps: Steps to compare; default: past the end of the second epoch.
+        k_steps: Where the interruption happens; default: the middle of the second epoch.
+        check: Raise ``NoUsableRestart`` on any difference (default); False returns the report.
+
+    Raises:
+        NoUsableRestart: A process failed or the comparison found a difference (``check``).
+        SpecError: Invalid n/k.
+    """
+    from gpucampaign.corpus import corpus_path as spec_corpus_path
+    from gpucampaign.corpus import load_corpus
+
+    t0 = time.perf_counter()
+    if (corpus_path is None) == (base_dir is None):
+        raise SpecError("verify_restart needs exactly one of corpus_path and base_dir.", field="corpus")
+    if corpus_path is None:
+        corpus_path = spec_corpus_path(spec, base_dir=base_dir)  # type: ignore[arg-type]
+    if spec.corpus is None:
+        raise SpecError("a restart check needs the spec's corpus section.", field="corpus")
+    run_id = spec.run_id(run)
+    config = spec.run_config(run)
+    corpus = load_corpus(corpus_path, corpus_spec=spec.corpus, run_id=run_id)
+    planned, spe = _planned(spec, run, len(corpus.split("train")))
+    dn, dk = default_steps(planned_steps=planned, steps_per_epoch=spe)
+    n = n_steps or (dn if k_steps is None or k_steps < dn else min(planned, k_steps + spe))
+    k = k_steps or (dk if dk < n else max(1, n // 2))
+    if not 0 < k < n <= planned:
+        raise SpecError(f"a restart check needs 0 < k < n <= {planned} planned steps (got k={k}, n={n}).",
+                        field="k_steps")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_json = _write_child_spec(spec, workdir)
+    corpus_path = Path(corpus_path).resolve()
+    ref, rst = workdir / "reference", workdir / "restarted"
+
+    def args(side: Path, stop: int, tag: str) -> list[str]:
+        return _child_args(spec_json=spec_json, run=run, corpus=corpus_path, out=side / "run",
+                           store=side / "checkpoints", result=workdir / f"{tag}.json", stop_after=stop,
+                           checkpoint_every=n)
+
+    p_ref = _spawn(args(ref, n, "reference"), threads=config.threads, workdir=workdir, name="reference")
+    p_k = _spawn(args(rst, k, "first"), threads=config.threads, workdir=workdir, name="first")
+    first = _wait(p_k, run_id=run_id, what=f"first (train {k} steps, save, exit)")
+    p_resume = _spawn(args(rst, n, "resumed"), threads=config.threads, workdir=workdir, name="resumed")
+    _wait(p_ref, run_id=run_id, what=f"reference ({n} steps uninterrupted)")
+    resumed = _wait(p_resume, run_id=run_id, what=f"resumed (load step {k}, continue to {n})")
+    if resumed.get("resumed_from_step") != k:
+        raise NoUsableRestart(run_id, f"the resumed process started from step {resumed.get('resumed_from_step')}, "
+                              f"not from the checkpoint of step {k}", step=k)
+
+    device = resumed.get("device", "cpu")
+    cmp = _Comparer(0.0 if device == "cpu" else GPU_ATOL)
+    cmp.losses(_train_losses(ref / "run" / METRICS_FILE), _train_losses(rst / "run" / METRICS_FILE),
+               list(range(1, n + 1)))
+    cfg_sha = run_config_sha256(spec, run)
+    ck_ref, why_ref = CheckpointManager(LocalStore(ref / "checkpoints"), run_id=run_id,
+                                        config_sha256=cfg_sha).load_latest()
+    ck_rst, why_rst = CheckpointManager(LocalStore(rst / "checkpoints"), run_id=run_id,
+                                        config_sha256=cfg_sha).load_latest()
+    if ck_ref is None or ck_rst is None or ck_ref.step != n or ck_rst.step != n:
+        raise NoUsableRestart(run_id, f"no checkpoint of step {n} to compare ({why_ref + why_rst})", step=n)
+    cmp.tree("params", ck_ref.model_state, ck_rst.model_state)
+    for comp in ("optimizer", "scheduler", "scaler", "rng", "cursor"):
+        cmp.tree(comp, ck_ref.train_state[comp], ck_rst.train_state[comp])
+    counters = [{k_: v for k_, v in ck.train_state["counters"].items() if k_ not in _IGNORED_COUNTERS}
+                for ck in (ck_ref, ck_rst)]
+    cmp.tree("counters", counters[0], counters[1])
+    report = RestartReport(
+        identical=not cmp.mismatches, compared_steps=n, max_abs_diff=cmp.max_abs_diff,
+        save_s=(first["timings"]["save_s"] or [None])[-1], restore_s=resumed["timings"]["restore_s"],
+        total_s=time.perf_counter() - t0, k=k, n=n, threads=config.threads, run_id=run_id, mode="fresh",
+        device=device, atol=cmp.atol, k_mid_epoch=k % spe != 0, compared=cmp.compared,
+        mismatches=cmp.mismatches[:20],
+    )
+    if check and not report.identical:
+        raise NoUsableRestart(run_id, f"restart from step {k} is not identical to the uninterrupted run: "
+                              + "; ".join(report.mismatches[:3]), step=k)
+    return report
+
+
+# --- verification of an existing campaign output -------------------------------------------
+def verify_checkpoint_resume(
+    spec: CampaignSpec,
+    *,
+    run: str,
+    corpus_path: Path,
+    store: Store,
+    run_dir: Path,
+    workdir: Path,
+    m_steps: int = 20,
+    check: bool = True,
+) -> RestartReport:
+    """Resume a finished or running campaign's latest good checkpoint in a fresh process.
+
+    Args:
+        spec: The campaign's spec.
+        run: Run name (``control`` or a variant).
+        corpus_path: The pinned corpus file.
+        store: The campaign's checkpoint store.
+        run_dir: The original run folder ``OUT/runs/<run_id>/`` (its ``metrics.jsonl``).
+        workdir: An empty scratch folder.
+        m_steps: Steps to resume and compare.
+        check: Raise ``NoUsableRestart`` on a difference (default).
+
+    Raises:
+        NoUsableRestart: No usable checkpoint, nothing recorded to compare with, a failed
+            process, or a difference (``check``).
+    """
+    t0 = time.perf_counter()
+    assert spec.corpus is not None, "a restart check needs the spec's corpus"
+    run_id = spec.run_id(run)
+    config = spec.run_config(run)
+    cfg_sha = run_config_sha256(spec, run)
+    manager = CheckpointManager(store, run_id=run_id, config_sha256=cfg_sha, keep=10**6)
+    ck, refused = manager.load_latest()
+    if ck is None:
+        raise NoUsableRestart(run_id, "no usable checkpoint in the store" + (": " + "; ".join(refused) if refused else ""))
+    planned = int(ck.meta["planned_steps"])
+    if ck.step >= planned:
+        ck, more = manager.load_latest(max_step=ck.step - 1)
+        refused += more
+        if ck is None:
+            raise NoUsableRestart(run_id, "only the final checkpoint is kept: there is no earlier one to resume "
+                                  "(keep >= 2 checkpoints)")
+    start = ck.step
+    original = _train_losses(Path(run_dir) / METRICS_FILE)
+    n = min(planned, start + m_steps)
+    steps = [s for s in range(start + 1, n + 1) if s in original]
+    if not steps:
+        raise NoUsableRestart(run_id, f"the original run recorded no loss after step {start} to compare with",
+                              step=start)
+    n = steps[-1]
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    local = LocalStore(workdir / "checkpoints")
+    src = f"{run_id}/{step_dirname(start)}"
+    for name in (*PAYLOAD_FILES, META_FILE):
+        store.get_file(f"{src}/{name}", dst=local.root / src / name)
+    local.write_bytes(f"{run_id}/{LATEST_FILE}", data=json.dumps({
+        "step": start, "dir": step_dirname(start),
+        "meta_sha256": hashlib.sha256(local.read_bytes(f"{src}/{META_FILE}")).hexdigest()}).encode())
+    spec_json = _write_child_spec(spec, workdir)
+    proc = _spawn(_child_args(spec_json=spec_json, run=run, corpus=Path(corpus_path).resolve(),
+                              out=workdir / "run", store=local.root, result=workdir / "resumed.json",
+                              stop_after=n, checkpoint_every=n),
+                  threads=config.threads, workdir=workdir, name="resumed")
+    resumed = _wait(proc, run_id=run_id, what=f"resumed (load step {start}, continue to {n})")
+    if resumed.get("resumed_from_step") != start:
+        raise NoUsableRestart(run_id, f"the fresh process did not resume from step {start}", step=start)
+    device = resumed.get("device", "cpu")
+    cmp = _Comparer(0.0 if device == "cpu" else GPU_ATOL)
+    cmp.losses(original, _train_losses(workdir / "run" / METRICS_FILE), steps)
+    final_model = Path(run_dir) / MODEL_DIR / "model.safetensors"
+    if n == planned and final_model.is_file():
+        from safetensors.torch import load_file
+
+        cmp.tree("params", load_file(str(final_model)),
+                 load_file(str(workdir / "run" / MODEL_DIR / "model.safetensors")))
+    spe = int(ck.meta.get("steps_per_epoch") or 1)
+    report = RestartReport(
+        identical=not cmp.mismatches, compared_steps=len(steps), max_abs_diff=cmp.max_abs_diff,
+        save_s=float(ck.meta.get("write_s", 0.0)) + float(ck.meta.get("upload_s", 0.0)),
+        restore_s=resumed["timings"]["restore_s"], total_s=time.perf_counter() - t0, k=start, n=n,
+        threads=config.threads, run_id=run_id, mode="checkpoint", device=device, atol=cmp.atol,
+        k_mid_epoch=start % spe != 0, compared=cmp.compared, mismatches=cmp.mismatches[:20],
+    )
+    if check and not report.identical:
+        raise NoUsableRestart(run_id, f"resuming the checkpoint of step {start} does not reproduce the recorded "
+                              "run: " + "; ".join(report.mismatches[:3]), step=start)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gpucampaign.restart child ...`` (used by the verifications above)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "child":
+        sys.stderr.write("usage: python -m gpucampaign.restart child --spec ... (internal)\n")
+        return 2
+    return _child_main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
