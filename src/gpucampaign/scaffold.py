@@ -111,6 +111,7 @@ calendar:
     kind: human
     hours: 0.25
     after: [pilot]
+    phase: decide
     description: Decision point - continue, drop an optional variant or re-pose the question.
   - name: train-control
     kind: machine

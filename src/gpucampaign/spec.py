@@ -72,7 +72,7 @@ class Step(_Frozen):
         description="Name of the training run (control or a variant) this step executes; "
         "its hours are re-forecast from the pilot's measurements.",
     )
-    phase: Literal["audit", "pilot", "restart", "predict", "close"] | None = Field(
+    phase: Literal["audit", "pilot", "decide", "restart", "predict", "close"] | None = Field(
         default=None,
         description="Campaign phase this step stands for, so its observed time can be compared "
         "with the allotted one (R16).",

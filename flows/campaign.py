@@ -1,0 +1,189 @@
+"""The ``campaign`` flow: audit, pilot, decide, run, verify the restart, close (R1-R16).
+
+Run it with ``campaign run SPEC`` (embedded Prefect) or ``prefect deployment run campaign/main``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.states import Failed
+
+from gpucampaign import calendar
+from gpucampaign.decision import Decision
+from gpucampaign.outputs import OutputFolder
+from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
+from gpucampaign.stoprules import StopRule
+from gpucampaign.tariffs import load_catalog
+from tasks._common import artifact_key
+from tasks.audit import data_audit
+from tasks.close import close_campaign, seal
+from tasks.decide import decision_point
+from tasks.gpu_lock import embedded_api, ensure_gpu_limit
+from tasks.predict import predictions
+from tasks.restart import restart_verification
+from tasks.train import pilot, train
+
+DEFAULT_SPEC = "examples/digits/campaign.yaml"
+DEFAULT_OUT = "out/campaign"
+
+
+def _catalog(spec: CampaignSpec, base_dir: Path) -> Any:
+    return load_catalog(spec=spec, base_dir=base_dir)
+
+
+def _stop_of(future: Any) -> StopRule | None:
+    """Wait for a task; return its StopRule if it raised one (other errors propagate)."""
+    try:
+        future.result()
+    except StopRule as exc:
+        return exc
+    return None
+
+
+@flow(name="campaign", log_prints=False)
+def campaign(
+    spec: str = DEFAULT_SPEC,
+    out: str = DEFAULT_OUT,
+    decision_mode: Literal["auto", "ask"] | None = None,
+) -> dict[str, Any]:
+    """Run a whole campaign into the output folder ``out``; rerunning it resumes.
+
+    Args:
+        spec: path of the campaign YAML (relative paths in it are relative to its folder).
+        out: output folder; a rerun into the same folder repeats nothing finished.
+        decision_mode: overrides the spec's ``decision_point.mode`` ('auto' or 'ask').
+    """
+    logger = get_run_logger()
+    spec_path = Path(spec).resolve()
+    cs = load_spec(spec_path)
+    base_dir = spec_path.parent
+    folder = OutputFolder(Path(out))
+    folder.root.mkdir(parents=True, exist_ok=True)
+    _keep_spec_copy(spec_path, folder)
+
+    catalog = _catalog(cs, base_dir)
+    plan0 = calendar.plan(cs, catalog=catalog)
+    folder.write_plan_once(plan0.to_dict())
+    create_markdown_artifact(
+        markdown=calendar.render_markdown(plan0), key=artifact_key("plan", cs.name),
+        description="The plan as written at the start (plan.json is never rewritten)",
+    )
+    campaign_id = _campaign_id(cs, folder)
+    note = ensure_gpu_limit(cs.gpu_lock.name, slots=plan0.gpu_lanes, clear_stale=embedded_api())
+    if note:
+        logger.warning(note)
+
+    essential_stop: StopRule | None = None
+    decision: Decision | None = None
+    analyses: dict[str, dict[str, Any]] = {}
+    common = {"base_dir": str(base_dir), "out": str(folder.root)}
+
+    audit_stop = _stop_of(data_audit.submit(cs, **common))
+    if audit_stop is not None:
+        essential_stop = audit_stop
+    else:
+        decision, essential_stop, analyses = _experiments(cs, catalog=catalog, folder=folder, common=common,
+                                                          mode=decision_mode or cs.decision_point.mode)
+
+    closed = close_campaign(
+        cs, campaign_id=campaign_id, catalog=catalog,
+        decision=decision.model_dump(mode="json") if decision else None, analyses=analyses, **common,
+    )
+    verified = seal(cs, out=str(folder.root), closed=closed)
+    summary = {
+        "campaign_id": campaign_id,
+        "out": str(folder.root),
+        "verdict": closed["verdict"],
+        "spent_usd": closed["spent_usd"],
+        "rental_per_accepted_usd": closed["rental_per_accepted_usd"],
+        "runs": {rid: info["status"] for rid, info in closed["expected_runs"].items()},
+        "decision": decision.model_dump(mode="json") if decision else None,
+        "verified": verified["verified"],
+        "problems": verified["problems"],
+        "essential_stop": essential_stop.to_record() if essential_stop else None,
+    }
+    if essential_stop is not None:
+        return Failed(message=f"campaign stopped: {essential_stop}", data=summary)  # type: ignore[return-value]
+    if not verified["verified"]:
+        return Failed(message="the output folder did not verify: see the manifest task's log",  # type: ignore[return-value]
+                      data=summary)
+    return summary
+
+
+def _experiments(
+    cs: CampaignSpec, *, catalog: Any, folder: OutputFolder, common: dict[str, str], mode: str
+) -> tuple[Decision, StopRule | None, dict[str, dict[str, Any]]]:
+    """Pilot, decision point, the runs under the GPU lock, restart verification, predictions."""
+    logger = get_run_logger()
+    essential = [r for r in cs.run_names() if cs.tier_of(r) == "essential"]
+    measured = folder.read_json("pilot.json") or {}
+    futures = {r: pilot.submit(cs, run=r, **common) for r in essential if r not in measured}
+    pilot_stops = []
+    for run, fut in futures.items():
+        stop = _stop_of(fut)
+        if stop is None:
+            measured[run] = fut.result()
+        else:
+            pilot_stops.append({**stop.to_record(), "run": run})
+    folder.write_json("pilot.json", measured)
+
+    decision = decision_point(cs, catalog=catalog, pilot=measured, pilot_stops=pilot_stops, mode=mode,
+                              out=str(folder.root))
+    essential_stop: StopRule | None = None
+    if decision.action == "re-pose":
+        logger.warning("decision point: re-pose the question: %s", "; ".join(decision.reasons))
+        return decision, None, {}
+
+    kept = [r for r in cs.run_names() if r not in decision.dropped_runs]
+    futures = {r: train.submit(cs, run=r, run_id=cs.run_id(r), **common) for r in kept}
+    # The restart check runs beside the variants; the GPU lock orders them.
+    restart_future = restart_verification.submit(cs, run="control", **common)
+    completed = []
+    for run, fut in futures.items():
+        stop = _stop_of(fut)
+        if stop is None:
+            completed.append(run)
+        elif cs.tier_of(run) == "essential":
+            logger.error("essential run '%s' stopped: %s", run, stop)
+            essential_stop = essential_stop or stop
+        else:
+            logger.warning("optional run '%s' stopped and is recorded; the campaign goes on: %s", run, stop)
+    restart_stop = _stop_of(restart_future)
+    if restart_stop is not None and cs.stop_rules.require_restart:
+        essential_stop = essential_stop or restart_stop
+    with_model = [r for r in cs.run_names() if folder.path(f"runs/{cs.run_id(r)}/model/model.safetensors").is_file()]
+    analyses = predictions(cs, runs=with_model, **common) if with_model else {}
+    return decision, essential_stop, analyses
+
+
+def _keep_spec_copy(spec_path: Path, folder: OutputFolder) -> None:
+    """Copy the spec into the output folder; refuse a folder that belongs to another spec."""
+    target = folder.root / "spec.yaml"
+    new = spec_path.read_bytes()
+    if target.exists():
+        if target.read_bytes() != new:
+            raise SpecError(
+                f"Output folder '{folder.root}' holds another campaign (its spec.yaml differs from "
+                f"'{spec_path}'): nothing was changed there; choose a new --out or restore the spec."
+            )
+        return
+    tmp = target.with_suffix(".yaml.tmp")
+    shutil.copyfile(spec_path, tmp)
+    tmp.replace(target)
+
+
+def _campaign_id(cs: CampaignSpec, folder: OutputFolder) -> str:
+    """The campaign's ID, fixed at its first start: ``<name>-<UTC start>-<spec sha256[:8]>``."""
+    known = folder.read_json("campaign.json")
+    if known:
+        return str(known["campaign_id"])
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    cid = f"{cs.name}-{stamp}-{spec_sha256(cs)[:8]}"
+    folder.write_json("campaign.json", {"campaign_id": cid, "spec_sha256": spec_sha256(cs), "started_at": stamp})
+    return cid

@@ -1,0 +1,34 @@
+"""Data audit (essential, R2/R15): the corpus is there, as pinned, and sound."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+from gpucampaign.corpus import audit_corpus
+from gpucampaign.spec import CampaignSpec
+from gpucampaign.stoprules import StopRule
+from tasks._common import TASK_OPTIONS, artifact_key, busy, not_a_stop_rule, out_folder, record_stop
+
+
+@task(name="data-audit", retries=1, retry_condition_fn=not_a_stop_rule, **TASK_OPTIONS)
+def data_audit(spec: CampaignSpec, *, base_dir: str, out: str) -> dict[str, Any]:
+    """Audit the pinned corpus; hard findings raise a stop rule, soft ones are listed."""
+    folder = out_folder(out)
+    try:
+        with busy(folder, spec, phase="audit"):
+            report = audit_corpus(spec, base_dir=base_dir)
+    except StopRule as exc:
+        record_stop(folder, exc, run="audit", phase="audit")
+        raise
+    folder.write_json("audit.json", report)
+    findings = report.get("findings") or []
+    lines = [f"- **{f['severity']}** {f['check']}: {f['message']}" for f in findings]
+    create_markdown_artifact(
+        markdown="# Data audit\n\n" + ("\n".join(lines) or "No findings."),
+        key=artifact_key("audit", spec.name),
+        description="Corpus audit",
+    )
+    return report

@@ -1,0 +1,42 @@
+"""Restart verification (essential, R12): save early, reload in a NEW process, compare exactly."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from gpucampaign.restart import verify_restart
+from gpucampaign.spec import CampaignSpec
+from gpucampaign.stoprules import StopRule
+from tasks._common import TASK_OPTIONS, busy, not_a_stop_rule, out_folder, record_stop
+from tasks.gpu_lock import gpu_slot
+
+
+@task(
+    name="restart-verification",
+    task_run_name="restart-verification[{run}]",
+    retries=1,
+    retry_condition_fn=not_a_stop_rule,
+    **TASK_OPTIONS,
+)
+def restart_verification(spec: CampaignSpec, *, base_dir: str, out: str, run: str) -> dict[str, Any]:
+    """Verify that ``run`` resumes bit-identically in a new process; reuse a passed check."""
+    folder = out_folder(out)
+    done = folder.read_json("restart.json")
+    if done and done.get("identical") and done.get("run_id") == spec.run_id(run):
+        return done
+    try:
+        with gpu_slot(spec.gpu_lock.name, timeout_s=spec.gpu_lock.timeout_s, lease_s=spec.gpu_lock.lease_s):
+            with busy(folder, spec, phase="restart", run=run, note=spec.run_id(run)), tempfile.TemporaryDirectory(
+                prefix="gpucampaign-restart-"
+            ) as work:
+                report = verify_restart(spec, run=run, base_dir=base_dir, workdir=Path(work))
+    except StopRule as exc:
+        record_stop(folder, exc, run=run, phase="restart")
+        raise
+    result = {**report.to_dict(), "run": run, "run_id": spec.run_id(run)}
+    folder.write_json("restart.json", result)
+    return result
