@@ -124,13 +124,14 @@ def _experiments(
     essential = [r for r in cs.run_names() if cs.tier_of(r) == "essential"]
     measured = folder.read_json("pilot.json") or {}
     futures = {r: pilot.submit(cs, run=r, **common) for r in essential if r not in measured}
-    pilot_stops = []
+    pilot_stops, pilot_exc = [], []
     for run, fut in futures.items():
         stop = _stop_of(fut)
         if stop is None:
             measured[run] = fut.result()
         else:
             pilot_stops.append({**stop.to_record(), "run": run})
+            pilot_exc.append(stop)
     folder.write_json("pilot.json", measured)
 
     decision = decision_point(cs, catalog=catalog, pilot=measured, pilot_stops=pilot_stops, mode=mode,
@@ -138,7 +139,8 @@ def _experiments(
     essential_stop: StopRule | None = None
     if decision.action == "re-pose":
         logger.warning("decision point: re-pose the question: %s", "; ".join(decision.reasons))
-        return decision, None, {}
+        # A stop in an essential run's pilot is an essential stop: the flow ends Failed.
+        return decision, (pilot_exc[0] if pilot_exc else None), {}
 
     kept = [r for r in cs.run_names() if r not in decision.dropped_runs]
     futures = {r: train.submit(cs, run=r, run_id=cs.run_id(r), **common) for r in kept}

@@ -62,7 +62,7 @@ def decision_point(
     logger = get_run_logger()
     folder = out_folder(out)
     previous = [d for d in folder.read_jsonl("decisions.jsonl") if d.get("point") == "after-pilot"]
-    if previous and not pilot_stops:
+    if previous:
         logger.info("decision point: reusing the decision already taken")
         return Decision.model_validate(previous[-1]["decision"])
 

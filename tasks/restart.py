@@ -8,7 +8,7 @@ from typing import Any
 
 from prefect import task
 
-from gpucampaign.restart import verify_restart
+from gpucampaign.restart import OutputCheckTarget, verify_checkpoint_resume, verify_restart
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import StopRule
 from tasks._common import TASK_OPTIONS, busy, not_a_stop_rule, out_folder, record_stop
@@ -40,3 +40,25 @@ def restart_verification(spec: CampaignSpec, *, base_dir: str, out: str, run: st
     result = {**report.to_dict(), "run": run, "run_id": spec.run_id(run)}
     folder.write_json("restart.json", result)
     return result
+
+
+@task(
+    name="resume-check",
+    task_run_name="resume-check[{run}]",
+    retries=1,
+    retry_condition_fn=not_a_stop_rule,
+    **TASK_OPTIONS,
+)
+def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -> dict[str, Any]:
+    """Resume ``run``'s latest good checkpoint in a fresh process and compare with its record.
+
+    Nothing is written into the output folder: its manifest may already be sealed.
+    """
+    spec = target.spec
+    with gpu_slot(spec.gpu_lock.name, timeout_s=spec.gpu_lock.timeout_s, lease_s=spec.gpu_lock.lease_s), \
+            tempfile.TemporaryDirectory(prefix="gpucampaign-resume-") as work:
+        report = verify_checkpoint_resume(
+            spec, run=run, corpus_path=target.corpus_path, store=target.store,
+            run_dir=Path(out) / "runs" / target.runs[run], workdir=Path(work), m_steps=steps,
+        )
+    return {**report.to_dict(), "run": run}

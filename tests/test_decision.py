@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gpucampaign.decision import DecisionInput, apply_answer, check_decision_input, decide_auto, forecast_run_hours
+from gpucampaign.decision import (
+    DecisionInput,
+    apply_answer,
+    check_decision_input,
+    decide_auto,
+    forecast_run_hours,
+)
 from gpucampaign.spec import parse_spec
 
 SPEC = {

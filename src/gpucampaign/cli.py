@@ -188,19 +188,31 @@ def restart_check_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     n_steps: int | None = typer.Option(None, "--steps", min=2, help="Steps compared (default: ~2 epochs)."),
     k_steps: int | None = typer.Option(None, "--at", min=1, help="Step of the interruption (default: mid-epoch)."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Check this campaign output instead: resume the run's latest kept checkpoint "
+        "from its store in a new process and compare with what the run recorded."),
 ) -> None:
     """Save mid-epoch, resume in a new process, compare exactly: exit 0 identical, 3 otherwise."""
     import tempfile
 
     from gpucampaign.corpus import corpus_path
-    from gpucampaign.restart import verify_restart
+    from gpucampaign.restart import output_check_target, verify_checkpoint_resume, verify_restart
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
-    path = corpus_path(cs, base_dir=spec.resolve().parent)
     with tempfile.TemporaryDirectory(prefix="restart-check-") as tmp:
-        report = verify_restart(cs, run=run, corpus_path=path, workdir=Path(tmp), n_steps=n_steps,
-                                k_steps=k_steps, check=False)
+        if out is not None:
+            target = output_check_target(out, spec_path=spec)
+            if run not in target.runs:
+                raise SpecError(f"option '--run': run '{run}' has no checkpoint in {target.store.url}; "
+                                f"runs with checkpoints: {', '.join(target.runs)}.", field="--run")
+            report = verify_checkpoint_resume(
+                target.spec, run=run, corpus_path=target.corpus_path, store=target.store,
+                run_dir=out / "runs" / target.runs[run], workdir=Path(tmp), m_steps=n_steps or 20, check=False)
+        else:
+            path = corpus_path(cs, base_dir=spec.resolve().parent)
+            report = verify_restart(cs, run=run, corpus_path=path, workdir=Path(tmp), n_steps=n_steps,
+                                    k_steps=k_steps, check=False)
     short = {k: report.to_dict()[k] for k in ("identical", "compared_steps", "max_abs_diff", "save_s", "restore_s")}
     if as_json:
         print_json({**short, **{k: v for k, v in report.to_dict().items() if k not in short}})

@@ -432,6 +432,61 @@ def verify_checkpoint_resume(
     return report
 
 
+@dataclass(frozen=True)
+class OutputCheckTarget:
+    """What the scheduled check of an output folder needs: the spec, the pinned corpus, the runs."""
+
+    spec: CampaignSpec
+    corpus_path: Path
+    store: Store
+    runs: dict[str, str]  # run name -> run ID, for runs with checkpoints in the store
+
+
+def output_check_target(out_dir: str | Path, *, spec_path: str | Path | None = None) -> OutputCheckTarget:
+    """Find the spec, corpus and checkpointed runs of a campaign output folder.
+
+    The spec is ``OUT/spec.yaml`` (the copy kept at the start) unless ``spec_path`` is given.
+    The corpus is the first file holding the pinned sha256 among: the copy the manifest names,
+    the spec's path relative to the spec file's folder, and the same path inside ``OUT``.
+    The store is the one the spec's ``storage.url`` names (``OUT/checkpoints`` for 'local').
+
+    Raises:
+        SpecError: No spec, or no file with the pinned corpus hash.
+        NoUsableRestart: No run of the spec has a checkpoint in the store.
+    """
+    from gpucampaign.corpus import file_sha256
+    from gpucampaign.spec import load_spec, resolve_inside
+    from gpucampaign.storage import open_store
+
+    out = Path(out_dir)
+    src = Path(spec_path) if spec_path is not None else out / "spec.yaml"
+    spec = load_spec(src)
+    if spec.corpus is None:
+        raise SpecError("the spec has no 'corpus' section: a restart check resumes training on it.", field="corpus")
+    candidates: list[Path] = []
+    manifest = out / "manifest.json"
+    if manifest.is_file():
+        ref = json.loads(manifest.read_text(encoding="utf-8")).get("corpus") or {}
+        if ref.get("kind") == "copied" and ref.get("path"):
+            candidates.append(resolve_inside(out, ref["path"], field="manifest corpus.path"))
+    candidates += [resolve_inside(src.resolve().parent, spec.corpus.path, field="corpus.path"),
+                   resolve_inside(out, spec.corpus.path, field="corpus.path")]
+    corpus = next((c for c in candidates if c.is_file() and file_sha256(c) == spec.corpus.sha256), None)
+    if corpus is None:
+        raise SpecError(
+            f"field 'corpus.sha256': no file with the pinned hash {spec.corpus.sha256[:12]}... was found at "
+            + ", ".join(str(c) for c in dict.fromkeys(candidates))
+            + "; give --spec the campaign's own spec file so its corpus path resolves.",
+            field="corpus.sha256",
+        )
+    store = open_store(spec.storage.url, out_dir=out)
+    runs = {r: spec.run_id(r) for r in spec.run_names() if store.list(spec.run_id(r))}
+    if not runs:
+        raise NoUsableRestart(spec.name, f"no run of campaign '{spec.name}' has a checkpoint in {store.url}: "
+                              "nothing can be restarted before the rental ends")
+    return OutputCheckTarget(spec=spec, corpus_path=corpus, store=store, runs=runs)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m gpucampaign.restart child ...`` (used by the verifications above)."""
     argv = list(sys.argv[1:] if argv is None else argv)

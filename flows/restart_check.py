@@ -1,0 +1,79 @@
+"""The ``restart-verification`` flow (R12, "before the rental period ends"), deployed on a cron
+schedule as ``restart-verification/scheduled``.
+
+For a campaign's output folder: every run's latest good checkpoint is retrieved from the
+campaign's store, resumed in a fresh process and compared exactly with what the run recorded.
+The flow fails loudly when any run cannot be resumed, or when there is nothing to resume.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+
+from gpucampaign import calendar
+from gpucampaign.restart import output_check_target
+from gpucampaign.stoprules import NoUsableRestart, StopRule
+from gpucampaign.tariffs import load_catalog
+from tasks._common import artifact_key
+from tasks.gpu_lock import embedded_api, ensure_gpu_limit
+from tasks.restart import resume_check
+
+DEFAULT_OUT = "out/campaign"
+
+
+@flow(name="restart-verification", log_prints=False)
+def restart_verification(out: str = DEFAULT_OUT, spec: str | None = None, steps: int = 20) -> list[dict[str, Any]]:
+    """Check that the campaign in ``out`` can be restarted exactly from its checkpoints.
+
+    Args:
+        out: the campaign's output folder (its ``spec.yaml`` copy names the store and corpus).
+        spec: the campaign's spec file, when the output folder's copy is not to be used.
+        steps: optimizer steps resumed and compared per run.
+
+    Raises:
+        NoUsableRestart: a run's checkpoint is missing, refused, or does not reproduce the run;
+            or no run has a checkpoint at all.
+    """
+    logger = get_run_logger()
+    out_dir = Path(out).resolve()
+    target = output_check_target(out_dir, spec_path=spec)
+    cs = target.spec
+    lanes = calendar.plan(cs, catalog=load_catalog(spec=cs, base_dir=out_dir)).gpu_lanes
+    note = ensure_gpu_limit(cs.gpu_lock.name, slots=lanes, clear_stale=embedded_api())
+    if note:
+        logger.warning(note)
+
+    futures = {run: resume_check.submit(target, out=str(out_dir), run=run, steps=steps) for run in target.runs}
+    reports: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for run, fut in futures.items():
+        try:
+            reports.append(fut.result())
+        except StopRule as exc:
+            failures.append(f"{run}: {exc}")
+            reports.append({"run": run, "run_id": target.runs[run], "identical": False, "error": str(exc)})
+    create_markdown_artifact(
+        markdown=_markdown(cs.name, out_dir, reports), key=artifact_key("restart-check", cs.name),
+        description="Restart verification of the latest checkpoints",
+    )
+    if failures:
+        raise NoUsableRestart(cs.name, "restart verification failed for " + "; ".join(failures))
+    logger.info("restart verification: %d run(s) resume exactly: %s", len(reports), ", ".join(target.runs))
+    return reports
+
+
+def _markdown(name: str, out_dir: Path, reports: list[dict[str, Any]]) -> str:
+    lines = [f"# Restart verification: {name}", "", f"Output folder: `{out_dir}`", "",
+             "| run | run ID | identical | resumed from step | compared steps | max abs diff | restore s |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for r in reports:
+        if "error" in r:
+            lines.append(f"| {r['run']} | `{r['run_id']}` | **no**: {r['error']} | | | | |")
+        else:
+            lines.append(f"| {r['run']} | `{r['run_id']}` | {'yes' if r['identical'] else '**no**'} | {r['k']} | "
+                         f"{r['compared_steps']} | {r['max_abs_diff']:g} | {r['restore_s'] or 0:.3f} |")
+    return "\n".join(lines)

@@ -1,0 +1,189 @@
+"""The campaign flow on a real (test) Prefect server with real torch training on the digits corpus.
+
+Each test builds a tiny campaign with `campaign init` (a few dozen steps per run) and its own GPU
+lock name, since the Prefect database is shared by the session.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpucampaign.outputs import verify_output
+from gpucampaign.scaffold import init_campaign
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_PHASES = {"pilot", "train", "restart"}
+
+
+def tiny_campaign(tmp: Path, **edit: Any) -> Path:
+    """`campaign init` cut down to seconds of training, with a private GPU lock.
+
+    ``edit`` replaces top-level spec sections (a callable receives the loaded spec and edits it).
+    """
+    spec_path = init_campaign(tmp / "spec")
+    data = yaml.safe_load(spec_path.read_text())
+    data["name"] = f"t{uuid.uuid4().hex[:8]}"
+    data["gpu_lock"] = {"name": f"gpu-{uuid.uuid4().hex[:8]}", "timeout_s": 600, "lease_s": 60}
+    data["control"] = {**data["control"], "epochs": 2}
+    data["pilot"] = {"steps": 5}
+    data["decision_rule"] = {**data["decision_rule"], "threshold": 0.5, "min_gain": 0.0}
+    for key, value in edit.items():
+        if callable(value):
+            value(data)
+        else:
+            data[key] = value
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return spec_path
+
+
+def run_flow(spec: Path, out: Path, **kw: Any):
+    from flows.campaign import campaign
+
+    return campaign(spec=str(spec), out=str(out), return_state=True, **kw)
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _t(s: str) -> datetime:
+    return datetime.fromisoformat(s)
+
+
+def gpu_overlaps(timeline: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    rows = sorted((r for r in timeline if r["phase"] in GPU_PHASES), key=lambda r: r["start"])
+    return [(a["step"], b["step"]) for a, b in zip(rows, rows[1:], strict=False) if _t(b["start"]) < _t(a["end"])]
+
+
+def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness, tmp_path):
+    spec = tiny_campaign(tmp_path)
+    out = tmp_path / "out"
+    state = run_flow(spec, out)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["verified"] is True and summary["problems"] == []
+    assert set(summary["runs"].values()) == {"completed"}
+    assert summary["verdict"]["kind"] in {"adopt", "negative"}
+    assert summary["spent_usd"] == 47.14
+
+    for name in ("plan.json", "report.md", "report.html", "manifest.json", "RELOAD.md", "restart.json",
+                 "figures/calendar.png", "figures/curves.png", "figures/confusion.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    assert verify_output(out, reload=True).verified
+    assert json.loads((out / "restart.json").read_text())["identical"] is True
+    report = (out / "report.md").read_text()
+    assert summary["verdict"]["text"] in report
+
+    timeline = jsonl(out / "timeline.jsonl")
+    trained = {r["run"] for r in timeline if r["phase"] == "train" and r.get("steps", 0) > 0}
+    assert trained == {"control", "lr-high", "bf16", "short"}
+    assert {r["step"] for r in timeline if r["phase"] == "pilot"} == {"pilot"}
+    # One GPU slot: the pilot, the four runs and the restart check never overlap.
+    assert gpu_overlaps(timeline) == []
+
+    # A rerun into the same folder repeats nothing finished and keeps the plan and decision.
+    plan_before = (out / "plan.json").read_bytes()
+    n_rows, n_decisions = len(timeline), len(jsonl(out / "decisions.jsonl"))
+    state2 = run_flow(spec, out)
+    assert state2.is_completed(), state2.message
+    new_rows = jsonl(out / "timeline.jsonl")[n_rows:]
+    assert [r for r in new_rows if r.get("steps", 0) > 0 or r["phase"] in {"pilot", "restart", "decide"}] == []
+    assert len(jsonl(out / "decisions.jsonl")) == n_decisions
+    assert (out / "plan.json").read_bytes() == plan_before
+    assert verify_output(out, reload=False).verified
+
+    # The scheduled restart check of this output: every run resumes exactly in a new process ...
+    from flows.restart_check import restart_verification
+
+    reports = restart_verification(out=str(out), steps=5)
+    assert {r["run"] for r in reports} == {"control", "lr-high", "bf16", "short"}
+    assert all(r["identical"] and r["compared_steps"] == 5 for r in reports)
+    # ... and fails loudly when nothing is left to resume from.
+    shutil.rmtree(out / "checkpoints")
+    failed = restart_verification(out=str(out), return_state=True)
+    assert failed.is_failed()
+    assert "no_usable_restart" in failed.message and "no run" in failed.message
+
+
+def test_optional_stop_is_recorded_and_reduce_drops_the_exploratory_variant(prefect_harness, tmp_path):
+    def edit(data: dict[str, Any]) -> None:
+        data["variants"] = [
+            {"name": "boom", "tier": "useful", "changes": {"optimizer": "sgd", "lr": 1.0e6}, "combined": True,
+             "hypothesis": "diverges"},
+            # Re-forecast from the pilot's step time, 10^8 epochs need far more than the 72 h window.
+            {"name": "long", "tier": "exploratory", "changes": {"epochs": 100_000_000}, "hypothesis": "longer"},
+        ]
+        cal = [s for s in data["calendar"] if s.get("run") not in ("lr-high", "bf16", "short")]
+        i = next(k for k, s in enumerate(cal) if s["name"] == "train-control")
+        cal[i + 1:i + 1] = [
+            {"name": "train-boom", "kind": "machine", "resource": "gpu", "hours": 0.1,
+             "after": ["train-control"], "tier": "useful", "run": "boom"},
+            {"name": "train-long", "kind": "machine", "resource": "gpu", "hours": 0.1,
+             "after": ["train-control"], "tier": "exploratory", "run": "long"},
+        ]
+        data["calendar"] = cal
+
+    spec = tiny_campaign(tmp_path, edit=edit)
+    out = tmp_path / "out"
+    state = run_flow(spec, out)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    decision = jsonl(out / "decisions.jsonl")[-1]["decision"]
+    assert decision["action"] == "reduce" and decision["dropped_runs"] == ["long"]
+    assert decision["dropped_steps"] == ["train-long"]
+
+    stops = jsonl(out / "stops.jsonl")
+    assert [(s["run"], s["rule"]) for s in stops] == [("boom", "non_finite_loss")]
+    assert stops[0]["step"] is not None
+    manifest = json.loads((out / "manifest.json").read_text())
+    status = {v["run"]: v["status"] for v in manifest["runs"].values()}
+    assert status == {"control": "completed", "boom": "stopped", "long": "dropped"}
+    assert summary["verified"] is True
+    assert "long" not in {r["run"] for r in jsonl(out / "timeline.jsonl") if r["phase"] == "train"}
+
+
+def test_essential_stop_fails_the_flow_after_writing_a_complete_folder(prefect_harness, tmp_path):
+    spec = tiny_campaign(tmp_path, stop_rules={"non_finite_loss": True, "below_threshold": True,
+                                               "quality_floor": 0.9999, "require_restart": True})
+    out = tmp_path / "out"
+    state = run_flow(spec, out)
+    assert state.is_failed()
+    assert "below_threshold" in state.message
+    stops = jsonl(out / "stops.jsonl")
+    assert "control" in {s["run"] for s in stops}
+    report = json.loads((out / "report.json").read_text())
+    assert report["budget"]["spent_usd"] == 47.14  # a stopped campaign still shows its full cost
+    assert (out / "report.md").is_file() and (out / "manifest.json").is_file()
+    assert verify_output(out, reload=False).verified
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "campaign"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_campaign_run_cli_exit_codes(tmp_path):
+    """Embedded Prefect in a new process: bad input 2 (nothing written), a re-posed question 3."""
+    bad = _cli("run", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o1"), cwd=ROOT)
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
+    assert not (tmp_path / "o1").exists()
+
+    spec = tiny_campaign(tmp_path, edit=lambda d: d["control"].update(optimizer="sgd", lr=1.0e6))
+    out = tmp_path / "o2"
+    run = _cli("run", str(spec), "--out", str(out), cwd=ROOT)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "Re-pose the question" in run.stdout and "non_finite_loss" in run.stderr
+    assert (out / "report.md").is_file() and (out / "manifest.json").is_file()
+    assert [s["rule"] for s in jsonl(out / "stops.jsonl")] == ["non_finite_loss"]
