@@ -73,8 +73,6 @@ def _tiny_spec(dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """A private real stack on a free port; always taken down again."""
-    if not EXAMPLE.exists() or not (ROOT / "flows" / "restart_check.py").exists():
-        pytest.skip("the example campaign or the flows are not in this checkout yet")
     stack_dir = tmp_path_factory.mktemp("stack")
     port = _free_port()
     env = {
@@ -123,22 +121,16 @@ def test_gpu_limit_and_main_deployment(stack):
     assert step["directory"] == str(ROOT)
 
 
-def test_deployment_run_completes_with_outputs(stack, tmp_path):
-    spec = _tiny_spec(tmp_path / "spec")
-    out = tmp_path / "out"
-    run = subprocess.run(
-        [
-            "prefect", "deployment", "run", "campaign/main",
-            "--param", f"spec={json.dumps(str(spec))}",
-            "--param", f"out={json.dumps(str(out))}",
-        ],
-        env=stack["env"], capture_output=True, text=True, timeout=120,
-    )
+def _run_deployment(stack: dict[str, Any], name: str, **params: Any) -> tuple[str, dict[str, Any]]:
+    """`prefect deployment run NAME --param k=json`, then wait for a terminal state."""
+    args = ["prefect", "deployment", "run", name]
+    for key, value in params.items():
+        args += ["--param", f"{key}={json.dumps(value)}"]
+    run = subprocess.run(args, env=stack["env"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     found = re.search(r"UUID: ([0-9a-f-]{36})", run.stdout)
     assert found, run.stdout
     flow_run_id = found.group(1)
-
     deadline = time.monotonic() + RUN_TIMEOUT_S
     state: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -146,13 +138,35 @@ def test_deployment_run_completes_with_outputs(stack, tmp_path):
         if state.get("type") in TERMINAL:
             break
         time.sleep(3)
-    worker_log = (stack["dir"] / "worker.log").read_text(errors="replace")[-6000:]
+    return flow_run_id, state
+
+
+def _worker_log(stack: dict[str, Any]) -> str:
+    return (stack["dir"] / "worker.log").read_text(errors="replace")[-6000:]
+
+
+def test_deployment_run_completes_with_outputs(stack, tmp_path):
+    spec = _tiny_spec(tmp_path / "spec")
+    out = tmp_path / "out"
+    flow_run_id, state = _run_deployment(stack, "campaign/main", spec=str(spec), out=str(out))
     assert state.get("type") == "COMPLETED", (
         f"flow run {flow_run_id} ended {state.get('type')}: {state.get('message')}\n"
-        f"--- worker.log (tail) ---\n{worker_log}"
+        f"--- worker.log (tail) ---\n{_worker_log(stack)}"
     )
-    assert (out / "manifest.json").is_file()
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest, "manifest.json is empty"
+    assert manifest["verdict"]["kind"] in {"adopt", "negative"}
+    assert set(r["status"] for r in manifest["runs"].values()) == {"completed"}
+    assert (out / "report.md").is_file()
     # The GPU lock was taken and given back.
     assert _api(stack["api"], "GET", "/v2/concurrency_limits/gpu")["active_slots"] == 0
+
+    # The scheduled restart check, run now on this output: every run resumes exactly ...
+    check_id, check = _run_deployment(stack, "restart-verification/scheduled", out=str(out), steps=5)
+    assert check.get("type") == "COMPLETED", (
+        f"restart check {check_id} ended {check.get('type')}: {check.get('message')}\n{_worker_log(stack)}"
+    )
+    # ... and fails loudly once the checkpoints are gone.
+    shutil.rmtree(out / "checkpoints")
+    _, failed = _run_deployment(stack, "restart-verification/scheduled", out=str(out))
+    assert failed.get("type") == "FAILED"
+    assert "no_usable_restart" in (failed.get("message") or "")
