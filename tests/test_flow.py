@@ -187,3 +187,61 @@ def test_campaign_run_cli_exit_codes(tmp_path):
     assert "Re-pose the question" in run.stdout and "non_finite_loss" in run.stderr
     assert (out / "report.md").is_file() and (out / "manifest.json").is_file()
     assert [s["rule"] for s in jsonl(out / "stops.jsonl")] == ["non_finite_loss"]
+
+
+def _paused_run_of(out: Path, timeout_s: float = 240) -> Any:
+    """The flow run (of this test's output folder) once it is Paused at the decision point."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED]))))
+            for fr in runs:
+                if fr.parameters.get("out") == str(out):
+                    return fr
+            time.sleep(1)
+    raise AssertionError("the flow never paused at the decision point")
+
+
+def test_ask_mode_takes_a_persons_answer_from_the_ui(prefect_harness, tmp_path):
+    """Mode 'ask': the flow pauses for the form; the answer (drop 'short') is applied and recorded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prefect.flow_runs import resume_flow_run
+
+    spec = tiny_campaign(tmp_path, decision_point={"mode": "ask", "timeout_s": 300})
+    out = tmp_path / "out"
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(run_flow, spec, out)
+        paused = _paused_run_of(out)
+        resume_flow_run(paused.id, run_input={"action": "reduce", "drop": ["short"], "note": "no time to read it"})
+        state = running.result(timeout=600)
+    assert state.is_completed(), state.message
+    record = jsonl(out / "decisions.jsonl")[-1]
+    assert record["decision"]["action"] == "reduce" and record["decision"]["by"] == "person"
+    assert record["decision"]["dropped_runs"] == ["short"]
+    assert any("no time to read it" in r for r in record["decision"]["reasons"])
+    status = {v["run"]: v["status"] for v in json.loads((out / "manifest.json").read_text())["runs"].values()}
+    assert status["short"] == "dropped" and status["control"] == "completed"
+    decide = [r for r in jsonl(out / "timeline.jsonl") if r["phase"] == "decide"]
+    assert [r["kind"] for r in decide] == ["human"]
+
+
+def test_ask_mode_falls_back_to_the_automatic_choice_after_the_timeout(prefect_harness, tmp_path):
+    spec = tiny_campaign(tmp_path, decision_point={"mode": "ask", "timeout_s": 3})
+    out = tmp_path / "out"
+    state = run_flow(spec, out)
+    assert state.is_completed(), state.message
+    decision = jsonl(out / "decisions.jsonl")[-1]["decision"]
+    assert decision["action"] == "continue" and decision["by"] == "timeout"
+    assert "no answer in time" in decision["reasons"]
