@@ -17,33 +17,10 @@ from gpucampaign.decision import (
     DecisionInput,
     apply_answer,
     decide_auto,
-    forecast_run_hours,
+    reforecast_hours,
 )
 from gpucampaign.spec import CampaignSpec
 from tasks._common import artifact_key, busy, out_folder
-
-
-def reforecast_hours(spec: CampaignSpec, *, pilot: dict[str, dict[str, Any]]) -> dict[str, tuple[float, str]]:
-    """Hours of every run-linked calendar step, re-forecast from the pilot's measurements."""
-    hours: dict[str, tuple[float, str]] = {}
-    if not pilot:
-        return hours
-    for step in spec.calendar:
-        if step.run is None:
-            continue
-        measured = pilot.get(step.run)
-        planned = measured["planned_steps"] if measured else planned_steps_of(spec, step.run, pilot)
-        hours[step.name] = forecast_run_hours(spec, run=step.run, pilot=pilot, planned_steps=planned)
-    return hours
-
-
-def planned_steps_of(spec: CampaignSpec, run: str, pilot: dict[str, dict[str, Any]]) -> int:
-    """Planned optimizer steps of a run that was not piloted, from the train split's size."""
-    cfg = spec.run_config(run)
-    ref = pilot.get("control") or next(iter(pilot.values()))
-    n_train = ref["n_train"]
-    steps = cfg.epochs * -(-n_train // cfg.batch_size)
-    return min(steps, cfg.max_steps) if cfg.max_steps else steps
 
 
 def decision_point(

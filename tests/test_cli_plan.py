@@ -214,3 +214,31 @@ def test_installed_entry_point_runs_the_example() -> None:
         capture_output=True, text=True, check=False,
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_calibrate_from_an_earlier_campaign_replaces_the_run_steps_hours(tmp_path: Path) -> None:
+    """`plan --calibrate-from OUT`: step time x planned steps + load + evals + saves, per run."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    pilot = {"batch_size": 64, "n_train": 1000, "load_s": 36.0, "step_s": 0.5, "eval_s": 9.0, "evals": 20,
+             "save_s": 18.0, "saves": 10, "planned_steps": 320}
+    (earlier / "estimates.json").write_text(json.dumps({
+        "campaign_id": "old-1", "measured": {"load_s": 36.0, "step_s": 1.0, "eval_s": 9.0, "save_s": 18.0,
+                                             "restore_s": None},
+        "pilot": {"control": pilot}}))
+    spec = EXAMPLES / "digits" / "campaign.yaml"
+    result = runner.invoke(app, ["plan", str(spec), "--json", "--calibrate-from", str(earlier)])
+    d = json.loads(result.stdout)
+    hours = {s["name"]: s["hours"] for s in d["steps"]}
+    data = yaml.safe_load(spec.read_text())
+    n_train = 1259  # the digits corpus's train split, read from the spec's corpus
+    steps = data["control"]["epochs"] * -(-n_train // 64)
+    expected = (36.0 + steps * 1.0 + 20 * 9.0 + 10 * 18.0) / 3600
+    assert hours["train-control"] == pytest.approx(expected, rel=1e-3)
+    assert hours["train-short"] == pytest.approx(
+        (36.0 + 8 * -(-n_train // 64) * 1.0 + 20 * 9.0 + 10 * 18.0) / 3600, rel=1e-3)
+    assert hours["prepare"] == 1  # steps that train no run keep their hours
+    assert "old-1" in d["calibrated"]["train-control"]
+
+    missing = runner.invoke(app, ["plan", str(spec), "--calibrate-from", str(tmp_path / "none")])
+    assert missing.exit_code == 2 and "estimates.json" in missing.output

@@ -76,26 +76,50 @@ def plan_cmd(
     spec: Path = typer.Argument(..., help="Campaign YAML file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
     figure: Path | None = typer.Option(None, "--figure", help="Also write the Gantt chart (PNG)."),
+    calibrate_from: Path | None = typer.Option(
+        None, "--calibrate-from", help="Output folder of a closed campaign: its measured load, step, eval "
+        "and save times replace the hours of the steps that train a run."),
 ) -> None:
     """Schedule the calendar on the committed lots: exit 0 when it fits its window, 4 when not."""
     from gpucampaign import calendar
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
+    override, how = _calibration(cs, spec, calibrate_from) if calibrate_from else ({}, {})
     try:
-        result = calendar.plan(cs, base_dir=spec.resolve().parent)
+        result = calendar.plan(cs, base_dir=spec.resolve().parent, hours_override=override or None)
     except SpecError as exc:
         raise SpecError(f"Invalid campaign spec '{spec}': {exc}", field=exc.field) from None
+    if how and not as_json:
+        for name, text in how.items():
+            console.print(f"{name}: {override[name]:.4g} h ({text})", soft_wrap=True, highlight=False)
     if figure is not None:
         from gpucampaign.figures import plot_calendar
 
         plot_calendar(result, figure)
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), **({"calibrated": how} if how else {})})
     else:
         _print_plan(result, figure=figure)
     if not result.fits:
         raise typer.Exit(EXIT_NOT_FIT)
+
+
+def _calibration(cs: Any, spec: Path, out: Path) -> tuple[dict[str, float], dict[str, str]]:
+    """Hours of the run steps from an earlier campaign's ``estimates.json``, and how each was made."""
+    from gpucampaign.close import load_estimates
+    from gpucampaign.corpus import load_spec_corpus
+    from gpucampaign.decision import calibrated_hours
+
+    estimates = load_estimates(out)
+    n_train = None
+    if cs.corpus is not None:
+        try:
+            n_train = len(load_spec_corpus(cs, base_dir=spec.resolve().parent).split("train"))
+        except (SpecError, StopRule, OSError):
+            n_train = None  # planning needs no corpus: the earlier campaign's row count stands in
+    hours = calibrated_hours(cs, estimates=estimates, n_train=n_train)
+    return {k: h for k, (h, _) in hours.items()}, {k: how for k, (_, how) in hours.items()}
 
 
 def _print_plan(result: Any, *, figure: Path | None) -> None:

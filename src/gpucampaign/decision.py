@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gpucampaign.spec import CampaignSpec
+from gpucampaign.spec import CampaignSpec, SpecError
 
 Action = Literal["continue", "reduce", "re-pose"]
 
@@ -103,6 +103,63 @@ def forecast_run_hours(
         + m.get("saves", 0) * m.get("save_s", 0.0)
     )
     return seconds / 3600.0, how
+
+
+def reforecast_hours(spec: CampaignSpec, *, pilot: dict[str, dict[str, Any]]) -> dict[str, tuple[float, str]]:
+    """Hours of every run-linked calendar step, re-forecast from the pilot's measurements."""
+    hours: dict[str, tuple[float, str]] = {}
+    if not pilot:
+        return hours
+    for step in spec.calendar:
+        if step.run is None:
+            continue
+        measured = pilot.get(step.run)
+        planned = measured["planned_steps"] if measured else planned_steps_of(spec, step.run, pilot)
+        hours[step.name] = forecast_run_hours(spec, run=step.run, pilot=pilot, planned_steps=planned)
+    return hours
+
+
+def planned_steps_of(spec: CampaignSpec, run: str, pilot: dict[str, dict[str, Any]]) -> int:
+    """Planned optimizer steps of a run that was not piloted, from the train split's size."""
+    cfg = spec.run_config(run)
+    ref = pilot.get("control") or next(iter(pilot.values()))
+    n_train = ref["n_train"]
+    steps = cfg.epochs * -(-n_train // cfg.batch_size)
+    return min(steps, cfg.max_steps) if cfg.max_steps else steps
+
+
+def calibrated_hours(
+    spec: CampaignSpec, *, estimates: Mapping[str, Any], n_train: int | None = None
+) -> dict[str, tuple[float, str]]:
+    """Hours of every run-linked step of a NEW campaign from an earlier campaign's measurements.
+
+    The earlier control's pilot record gives the shape (batch size, evals, saves); its median
+    times over the whole campaign (``measured``) replace the pilot's where they were observed.
+
+    Args:
+        spec: the campaign being planned.
+        estimates: ``estimates.json`` of a closed campaign (``close.load_estimates``).
+        n_train: training rows of this spec's corpus; the earlier corpus's count when None.
+    """
+    pilots = estimates.get("pilot") or {}
+    ref = dict(pilots.get("control") or next(iter(pilots.values()), {}))
+    if not ref:
+        raise SpecError("the earlier campaign recorded no pilot measurements to calibrate from",
+                        field="calibrate_from")
+    ref.update({k: v for k, v in (estimates.get("measured") or {}).items() if v is not None and k in ref})
+    if n_train is not None:
+        ref["n_train"] = n_train
+    source = f"calibrated from {estimates.get('campaign_id', 'an earlier campaign')}"
+    out: dict[str, tuple[float, str]] = {}
+    for step in spec.calendar:
+        if step.run is None:
+            continue
+        planned = planned_steps_of(spec, step.run, {"control": ref})
+        cfg = spec.run_config(step.run)
+        m = {**ref, "step_s": ref["step_s"] * cfg.batch_size / ref["batch_size"]}
+        hours, _ = forecast_run_hours(spec, run=step.run, pilot={step.run: m}, planned_steps=planned)
+        out[step.name] = (hours, f"{source}: {m['step_s'] * 1000:.2f} ms/step x {planned} steps")
+    return out
 
 
 def decide_auto(
