@@ -245,3 +245,42 @@ def test_ask_mode_falls_back_to_the_automatic_choice_after_the_timeout(prefect_h
     decision = jsonl(out / "decisions.jsonl")[-1]["decision"]
     assert decision["action"] == "continue" and decision["by"] == "timeout"
     assert "no answer in time" in decision["reasons"]
+
+
+def max_concurrent(timeline: list[dict[str, Any]]) -> int:
+    events = sorted([(_t(r["start"]), 1) for r in timeline if r["phase"] in GPU_PHASES]
+                    + [(_t(r["end"]), -1) for r in timeline if r["phase"] in GPU_PHASES])
+    level = peak = 0
+    for _, delta in events:
+        level += delta
+        peak = max(peak, level)
+    return peak
+
+
+def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp_path):
+    """Two lots -> a lock of 2: at most two GPU phases at once, and runs that shared the process
+    still give exactly the numbers each gives alone."""
+    from prefect.client.orchestration import get_client
+
+    from gpucampaign.corpus import load_spec_corpus
+    from gpucampaign.spec import load_spec
+    from gpucampaign.storage import LocalStore
+    from gpucampaign.training import train_run
+
+    spec = tiny_campaign(tmp_path, packages=[{"gpu": "rtx4090", "days": 3, "count": 2}])
+    out = tmp_path / "out"
+    state = run_flow(spec, out)
+    assert state.is_completed(), state.message
+    cs = load_spec(spec)
+    with get_client(sync_client=True) as client:
+        assert client.read_global_concurrency_limit_by_name(cs.gpu_lock.name).limit == 2
+    peak = max_concurrent(jsonl(out / "timeline.jsonl"))
+    assert 1 <= peak <= 2
+
+    corpus = load_spec_corpus(cs, base_dir=spec.parent)
+    for run in cs.run_names():
+        rid = cs.run_id(run)
+        alone = train_run(cs, run=run, corpus=corpus, store=LocalStore(tmp_path / "alone" / "ck"),
+                          out_dir=tmp_path / "alone" / rid)
+        recorded = json.loads((out / "runs" / rid / "result.json").read_text())
+        assert recorded["metrics"] == alone.metrics, run

@@ -26,6 +26,7 @@ import math
 import os
 import random
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -161,6 +162,9 @@ def run_config_sha256(spec: CampaignSpec, run: str) -> str:
         "corpus_sha256": spec.corpus.sha256 if spec.corpus else None,
     }
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+_GLOBAL_RNG_LOCK = threading.Lock()
 
 
 def seed_everything(seed: int) -> None:
@@ -368,11 +372,14 @@ def train_run(
     device = pick_device()
     check_precision(config.precision, device)
     torch.set_num_threads(config.threads)
-    seed_everything(config.seed)
     train = corpus.split("train")
     X_train, y_train = train.tensors()
-    model = build_model(config, n_features=corpus.n_features, n_classes=corpus.n_classes)
-    fit_input_stats(model, X_train)
+    # Runs in threads of one process (GPU lock with 2+ slots) share the global generators:
+    # seeding and drawing the initial weights must not interleave with another run's.
+    with _GLOBAL_RNG_LOCK:
+        seed_everything(config.seed)
+        model = build_model(config, n_features=corpus.n_features, n_classes=corpus.n_classes)
+        fit_input_stats(model, X_train)
     model.to(device).train()
     optimizer = build_optimizer(config, model.parameters())
     generator = torch.Generator().manual_seed(config.seed)
