@@ -14,8 +14,11 @@ Measured in one run, on the example spec (or --spec), as ratios (the machine is 
 Reported: campaign / bare, (campaign - embedded start) / bare, library / bare, the per-run
 orchestration cost (campaign - embedded start - library) / number of runs, in seconds, and
 where the campaign's time went per phase (from its timeline.jsonl).
-On the demo's second-long runs the ratios are large by construction: the fixed cost per phase
-(processes, hashing, reloads) does not grow with the training, so it matters for short runs only.
+Goals (reported, not asserted): per-run orchestration under 5% of the run's training time, and
+the demo campaign under 3 minutes. On the demo's second-long runs the per-run share is large by
+construction: the fixed cost per phase (new processes for the restart check and the reload
+check, hashing, Prefect task runs) does not grow with the training, so it matters for short
+runs only; on a run of an hour, 4 s is 0.1%.
 
 Usage: python bench/overhead.py [--spec examples/digits/campaign.yaml] [--json]
 """
@@ -130,6 +133,9 @@ def main() -> None:
         "campaign_without_start_over_bare": round((campaign - start) / bare, 2),
         "library_over_bare": round(library / bare, 2),
         "orchestration_per_run_s": round((campaign - start - library) / n, 3),
+        "orchestration_per_run_over_training_per_run": round((campaign - start - library) / library, 2),
+        "goal_per_run_overhead_under_5pct": (campaign - start - library) / library < 0.05,
+        "goal_demo_under_180s": campaign < 180,
         "campaign_phases_s": {k: round(v, 3) for k, v in phases.items()},
         "outside_recorded_phases_s": round(campaign - start - sum(phases.values()), 3),
     }
@@ -142,6 +148,9 @@ def main() -> None:
     print(f"  (campaign - Prefect start) / bare:    {result['campaign_without_start_over_bare']:.2f}x")
     print(f"  library (metrics, eval, ckpt) / bare: {result['library_over_bare']:.2f}x")
     print(f"  orchestration per run (campaign - start - library) / runs: {result['orchestration_per_run_s']:.2f} s")
+    share = result["orchestration_per_run_over_training_per_run"]
+    print(f"  goal per-run overhead < 5% of training: {'met' if share < 0.05 else 'MISSED'} ({share:.0%}); "
+          f"goal demo < 3 min: {'met' if campaign < 180 else 'MISSED'} ({campaign:.0f} s)")
     print("  where the campaign's time went (timeline.jsonl, seconds): "
           + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
           + f"; outside recorded phases (Prefect tasks, manifest, fresh-process verification) "
