@@ -31,6 +31,9 @@ def not_a_stop_rule(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
+# Every phase that can fail transiently retries once; a stop rule is final (R10).
+PHASE_OPTIONS: dict[str, Any] = {**TASK_OPTIONS, "retries": 1, "retry_condition_fn": not_a_stop_rule}
+
 def calendar_step(spec: CampaignSpec, *, run: str | None = None, phase: str | None = None) -> str | None:
     """The calendar step that stands for a run or a phase, so observed time finds its forecast."""
     # A phase step (the pilot of the control) wins over the run's own step (its training).

@@ -10,10 +10,10 @@ from prefect.artifacts import create_markdown_artifact
 from gpucampaign.corpus import audit_corpus
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import StopRule
-from tasks._common import TASK_OPTIONS, artifact_key, busy, not_a_stop_rule, out_folder, record_stop
+from tasks._common import PHASE_OPTIONS, artifact_key, busy, out_folder, record_stop
 
 
-@task(name="data-audit", retries=1, retry_condition_fn=not_a_stop_rule, **TASK_OPTIONS)
+@task(name="data-audit", **PHASE_OPTIONS)
 def data_audit(spec: CampaignSpec, *, base_dir: str, out: str) -> dict[str, Any]:
     """Audit the pinned corpus; hard findings raise a stop rule, soft ones are listed."""
     folder = out_folder(out)

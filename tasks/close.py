@@ -31,7 +31,7 @@ from gpucampaign.outputs import (
 )
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.training import read_metrics
-from tasks._common import TASK_OPTIONS, artifact_key, busy, out_folder
+from tasks._common import PHASE_OPTIONS, TASK_OPTIONS, artifact_key, busy, out_folder
 
 
 def run_statuses(
@@ -84,7 +84,7 @@ def _delivery(folder: OutputFolder, rid: str, info: dict[str, Any], *, corpus: A
     return {"id": rid, "content_sha256": sha, "accepted": True, "reason": "complete; model reloads and reproduces"}
 
 
-@task(name="close", retries=1, **TASK_OPTIONS)
+@task(name="close", **PHASE_OPTIONS)
 def close_campaign(
     spec: CampaignSpec,
     *,

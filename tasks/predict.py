@@ -9,10 +9,10 @@ from prefect import task
 from gpucampaign.corpus import load_spec_corpus
 from gpucampaign.outputs import error_analysis, read_predictions, write_run_predictions
 from gpucampaign.spec import CampaignSpec
-from tasks._common import TASK_OPTIONS, busy, out_folder
+from tasks._common import PHASE_OPTIONS, busy, out_folder
 
 
-@task(name="predictions", retries=1, **TASK_OPTIONS)
+@task(name="predictions", **PHASE_OPTIONS)
 def predictions(spec: CampaignSpec, *, base_dir: str, out: str, runs: list[str]) -> dict[str, dict[str, Any]]:
     """Write ``predictions.csv`` and ``error_analysis.json`` of each run that saved a model.
 

@@ -11,16 +11,14 @@ from prefect import task
 from gpucampaign.restart import OutputCheckTarget, verify_checkpoint_resume, verify_restart
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import StopRule
-from tasks._common import TASK_OPTIONS, busy, not_a_stop_rule, out_folder, record_stop
+from tasks._common import PHASE_OPTIONS, busy, out_folder, record_stop
 from tasks.gpu_lock import gpu_slot
 
 
 @task(
     name="restart-verification",
     task_run_name="restart-verification[{run}]",
-    retries=1,
-    retry_condition_fn=not_a_stop_rule,
-    **TASK_OPTIONS,
+    **PHASE_OPTIONS,
 )
 def restart_verification(spec: CampaignSpec, *, base_dir: str, out: str, run: str) -> dict[str, Any]:
     """Verify that ``run`` resumes bit-identically in a new process; reuse a passed check."""
@@ -45,9 +43,7 @@ def restart_verification(spec: CampaignSpec, *, base_dir: str, out: str, run: st
 @task(
     name="resume-check",
     task_run_name="resume-check[{run}]",
-    retries=1,
-    retry_condition_fn=not_a_stop_rule,
-    **TASK_OPTIONS,
+    **PHASE_OPTIONS,
 )
 def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -> dict[str, Any]:
     """Resume ``run``'s latest good checkpoint in a fresh process and compare with its record.

@@ -13,7 +13,7 @@ from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import STOP_RULES, StopRule
 from gpucampaign.storage import open_store
 from gpucampaign.training import train_run
-from tasks._common import TASK_OPTIONS, artifact_key, busy, not_a_stop_rule, out_folder, record_stop
+from tasks._common import PHASE_OPTIONS, artifact_key, busy, out_folder, record_stop
 from tasks.gpu_lock import gpu_slot
 
 
@@ -107,9 +107,7 @@ def _run_training(
 @task(
     name="pilot",
     task_run_name="pilot[{run}]",
-    retries=1,
-    retry_condition_fn=not_a_stop_rule,
-    **TASK_OPTIONS,
+    **PHASE_OPTIONS,
 )
 def pilot(spec: CampaignSpec, *, base_dir: str, out: str, run: str) -> dict[str, Any]:
     """The first ``pilot.steps`` steps of a run, measured; the full run resumes from them."""
@@ -122,9 +120,7 @@ def pilot(spec: CampaignSpec, *, base_dir: str, out: str, run: str) -> dict[str,
 @task(
     name="train",
     task_run_name="train[{run_id}]",
-    retries=1,
-    retry_condition_fn=not_a_stop_rule,
-    **TASK_OPTIONS,
+    **PHASE_OPTIONS,
 )
 def train(spec: CampaignSpec, *, base_dir: str, out: str, run: str, run_id: str) -> dict[str, Any]:
     """A full training run (control or variant); resumes from its last good checkpoint."""
