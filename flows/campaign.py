@@ -5,11 +5,11 @@ Run it with ``campaign run SPEC`` (embedded Prefect) or ``prefect deployment run
 
 from __future__ import annotations
 
-import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Failed
@@ -48,26 +48,36 @@ def _stop_of(future: Any) -> StopRule | None:
 
 @flow(name="campaign", log_prints=False)
 def campaign(
-    spec: str = DEFAULT_SPEC,
+    spec: str | CampaignSpec = DEFAULT_SPEC,
     out: str = DEFAULT_OUT,
     decision_mode: Literal["auto", "ask"] | None = None,
+    base_dir: str | None = None,
 ) -> dict[str, Any]:
     """Run a whole campaign into the output folder ``out``; rerunning it resumes.
 
     Args:
-        spec: path of the campaign YAML (relative paths in it are relative to its folder).
+        spec: path of the campaign YAML (relative paths in it are relative to its folder), or
+            the spec object itself.
         out: output folder; a rerun into the same folder repeats nothing finished.
         decision_mode: overrides the spec's ``decision_point.mode`` ('auto' or 'ask').
+        base_dir: folder the paths of a spec object are relative to (default: the working
+            directory); a spec file's own folder otherwise.
     """
     logger = get_run_logger()
-    spec_path = Path(spec).resolve()
-    cs = load_spec(spec_path)
-    base_dir = spec_path.parent
+    if isinstance(spec, CampaignSpec):
+        cs, base = spec, Path(base_dir or ".").resolve()
+        text = yaml.safe_dump(cs.model_dump(mode="json"), sort_keys=False).encode()
+        source = "the spec object given"
+    else:
+        spec_path = Path(spec).resolve()
+        cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
+        text, source = spec_path.read_bytes(), f"'{spec_path}'"
+    base_dir = str(base)
     folder = OutputFolder(Path(out))
     folder.root.mkdir(parents=True, exist_ok=True)
-    _keep_spec_copy(spec_path, folder)
+    _keep_spec_copy(text, folder, source=source)
 
-    catalog = _catalog(cs, base_dir)
+    catalog = _catalog(cs, base)
     plan0 = calendar.plan(cs, catalog=catalog)
     folder.write_plan_once(plan0.to_dict())
     create_markdown_artifact(
@@ -164,19 +174,18 @@ def _experiments(
     return decision, essential_stop, analyses
 
 
-def _keep_spec_copy(spec_path: Path, folder: OutputFolder) -> None:
-    """Copy the spec into the output folder; refuse a folder that belongs to another spec."""
+def _keep_spec_copy(text: bytes, folder: OutputFolder, *, source: str) -> None:
+    """Keep the spec in the output folder; refuse a folder that belongs to another spec."""
     target = folder.root / "spec.yaml"
-    new = spec_path.read_bytes()
     if target.exists():
-        if target.read_bytes() != new:
+        if target.read_bytes() != text:
             raise SpecError(
                 f"Output folder '{folder.root}' holds another campaign (its spec.yaml differs from "
-                f"'{spec_path}'): nothing was changed there; choose a new --out or restore the spec."
+                f"{source}): nothing was changed there; choose a new --out or restore the spec."
             )
         return
     tmp = target.with_suffix(".yaml.tmp")
-    shutil.copyfile(spec_path, tmp)
+    tmp.write_bytes(text)
     tmp.replace(target)
 
 

@@ -48,10 +48,11 @@ def tiny_campaign(tmp: Path, **edit: Any) -> Path:
     return spec_path
 
 
-def run_flow(spec: Path, out: Path, **kw: Any):
+def run_flow(spec: Any, out: Path, **kw: Any):
+    """The campaign flow on a spec file (a Path) or a spec object."""
     from flows.campaign import campaign
 
-    return campaign(spec=str(spec), out=str(out), return_state=True, **kw)
+    return campaign(spec=str(spec) if isinstance(spec, Path) else spec, out=str(out), return_state=True, **kw)
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:
@@ -259,7 +260,7 @@ def max_concurrent(timeline: list[dict[str, Any]]) -> int:
 
 def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp_path):
     """Two lots -> a lock of 2: at most two GPU phases at once, and runs that shared the process
-    still give exactly the numbers each gives alone."""
+    still give exactly the numbers each gives alone. The spec is passed as an object."""
     from prefect.client.orchestration import get_client
 
     from gpucampaign.corpus import load_spec_corpus
@@ -269,9 +270,10 @@ def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp
 
     spec = tiny_campaign(tmp_path, packages=[{"gpu": "rtx4090", "days": 3, "count": 2}])
     out = tmp_path / "out"
-    state = run_flow(spec, out)
-    assert state.is_completed(), state.message
     cs = load_spec(spec)
+    state = run_flow(cs, out, base_dir=str(spec.parent))  # the flow takes the spec object too
+    assert state.is_completed(), state.message
+    assert load_spec(out / "spec.yaml") == cs
     with get_client(sync_client=True) as client:
         assert client.read_global_concurrency_limit_by_name(cs.gpu_lock.name).limit == 2
     peak = max_concurrent(jsonl(out / "timeline.jsonl"))
