@@ -278,7 +278,14 @@ def run_cmd(
     summary = state.result(raise_on_failure=False)
     if isinstance(summary, BaseException):
         raise summary
-    verdict = (summary or {}).get("verdict") or {}
+    summary = summary or {}
+    verdict = summary.get("verdict") or {}
+    runs = ", ".join(f"{rid} {status}" for rid, status in (summary.get("runs") or {}).items())
+    if runs:
+        console.print(f"runs: {runs}", soft_wrap=True, highlight=False)
+    if summary.get("spent_usd") is not None:
+        console.print(f"spent: {summary['spent_usd']:.2f} USD; output folder "
+                      + ("verified" if summary.get("verified") else "[red]NOT verified[/]"), highlight=False)
     console.print(f"[bold]verdict:[/] {verdict.get('text', 'none')}", soft_wrap=True)
     console.print(f"output folder: {target}  (report: {target / 'report.md'})")
     if state.is_failed():
