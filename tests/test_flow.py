@@ -286,3 +286,46 @@ def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp
                           out_dir=tmp_path / "alone" / rid)
         recorded = json.loads((out / "runs" / rid / "result.json").read_text())
         assert recorded["metrics"] == alone.metrics, run
+
+
+def test_a_killed_campaign_resumes_from_its_last_good_checkpoint(tmp_path):
+    """`campaign run` killed (SIGKILL) mid-training; the rerun clears the dead holder's GPU slot,
+    resumes the run from its last checkpoint instead of step 0, and completes."""
+    import os
+    import signal
+    import time
+
+    def edit(data: dict[str, Any]) -> None:
+        data["control"].update(epochs=400)  # ~8000 steps: long enough to be killed in the middle
+        data["variants"] = []
+        data["calendar"] = [s for s in data["calendar"] if s.get("run") in (None, "control")]
+        data["checkpoint"] = {"every_steps": 200, "keep": 3}
+
+    spec = tiny_campaign(tmp_path, edit=edit)
+    out = tmp_path / "out"
+    campaign_bin = str(Path(sys.executable).parent / "campaign")
+    proc = subprocess.Popen([campaign_bin, "run", str(spec), "--out", str(out)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        steps: list[int] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            steps = [int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("control-*/step-*")]
+            if [s for s in steps if s >= 400]:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the campaign ended before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert not (out / "manifest.json").exists()
+
+    rerun = _cli("run", str(spec), "--out", str(out), cwd=ROOT)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    rid = next(p.name for p in (out / "runs").iterdir())
+    result = json.loads((out / "runs" / rid / "result.json").read_text())
+    assert result["resumed_from_step"] >= 400 and result["completed"]
+    assert "stale" in rerun.stderr.lower() or "stale" in rerun.stdout.lower()
+    trained = [r for r in jsonl(out / "timeline.jsonl") if r["phase"] == "train"]
+    assert trained and trained[-1]["steps"] == result["steps_done"] - result["resumed_from_step"]
+    assert verify_output(out, reload=False).verified
