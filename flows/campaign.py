@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from prefect import flow, get_run_logger
+from prefect import allow_failure, flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Failed
 
@@ -99,6 +99,7 @@ def campaign(
         essential_stop = audit_stop
     else:
         decision, essential_stop, analyses = _experiments(cs, catalog=catalog, folder=folder, common=common,
+                                                          lanes=plan0.gpu_lanes,
                                                           mode=decision_mode or cs.decision_point.mode)
 
     closed = close_campaign(
@@ -127,7 +128,7 @@ def campaign(
 
 
 def _experiments(
-    cs: CampaignSpec, *, catalog: Any, folder: OutputFolder, common: dict[str, str], mode: str
+    cs: CampaignSpec, *, catalog: Any, folder: OutputFolder, common: dict[str, str], mode: str, lanes: int
 ) -> tuple[Decision, StopRule | None, dict[str, dict[str, Any]]]:
     """Pilot, decision point, the runs under the GPU lock, restart verification, predictions."""
     logger = get_run_logger()
@@ -152,10 +153,7 @@ def _experiments(
         # A stop in an essential run's pilot is an essential stop: the flow ends Failed.
         return decision, (pilot_exc[0] if pilot_exc else None), {}
 
-    kept = [r for r in cs.run_names() if r not in decision.dropped_runs]
-    futures = {r: train.submit(cs, run=r, run_id=cs.run_id(r), **common) for r in kept}
-    # The restart check runs beside the variants; the GPU lock orders them.
-    restart_future = restart_verification.submit(cs, run="control", **common)
+    futures, restart_future = _submit_in_lanes(cs, lanes=lanes, dropped=decision.dropped_runs, common=common)
     completed = []
     for run, fut in futures.items():
         stop = _stop_of(fut)
@@ -172,6 +170,37 @@ def _experiments(
     with_model = [r for r in cs.run_names() if folder.path(f"runs/{cs.run_id(r)}/model/model.safetensors").is_file()]
     analyses = predictions(cs, runs=with_model, **common) if with_model else {}
     return decision, essential_stop, analyses
+
+
+_TIER_RANK = {"essential": 0, "useful": 1, "exploratory": 2}
+
+
+def _submit_in_lanes(
+    cs: CampaignSpec, *, lanes: int, dropped: list[str], common: dict[str, str]
+) -> tuple[dict[str, Any], Any]:
+    """Submit the runs and the restart check as one chain per GPU lane, essential work first.
+
+    Each chain starts its next phase when the previous one ends (failed or not), so the GPU
+    lock is taken at once instead of being polled for; the lock still orders this campaign
+    against any other flow holding it. Order: the essential runs, the restart check, then
+    useful and exploratory runs; if the rental ends early, the essentials are done.
+    """
+    kept = sorted((r for r in cs.run_names() if r not in dropped), key=lambda r: _TIER_RANK[cs.tier_of(r)])
+    n_essential = sum(1 for r in kept if cs.tier_of(r) == "essential")
+    order: list[str | None] = [*kept[:n_essential], None, *kept[n_essential:]]  # None: the restart check
+    tails: list[Any] = [None] * max(1, lanes)
+    futures: dict[str, Any] = {}
+    restart_future = None
+    for i, item in enumerate(order):
+        lane = i % len(tails)
+        wait = [allow_failure(tails[lane])] if tails[lane] is not None else None
+        if item is None:
+            restart_future = restart_verification.submit(cs, run="control", wait_for=wait, **common)
+            tails[lane] = restart_future
+        else:
+            futures[item] = train.submit(cs, run=item, run_id=cs.run_id(item), wait_for=wait, **common)
+            tails[lane] = futures[item]
+    return futures, restart_future
 
 
 def _keep_spec_copy(text: bytes, folder: OutputFolder, *, source: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from gpucampaign.storage import open_store
 from gpucampaign.training import train_run
 from tasks._common import PHASE_OPTIONS, artifact_key, busy, out_folder, record_stop
 from tasks.gpu_lock import gpu_slot
+
+PROGRESS_EVERY_S = 2.0
 
 
 def recorded_stop(out: str, run_id: str) -> StopRule | None:
@@ -76,7 +79,14 @@ def _run_training(
         progress=0.0, key=artifact_key(phase, run_id), description=f"{phase} of {run_id}"
     )
 
+    last = [time.monotonic()]
+
     def progress(info: dict[str, Any]) -> None:
+        # One API call per PROGRESS_EVERY_S at most: short runs would spend more time reporting
+        # than training.
+        if time.monotonic() - last[0] < PROGRESS_EVERY_S:
+            return
+        last[0] = time.monotonic()
         done = 100.0 * info["step"] / max(1, info["planned_steps"])
         update_progress_artifact(artifact_id=artifact_id, progress=min(100.0, done))
 

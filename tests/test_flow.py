@@ -91,8 +91,12 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     trained = {r["run"] for r in timeline if r["phase"] == "train" and r.get("steps", 0) > 0}
     assert trained == {"control", "lr-high", "bf16", "short"}
     assert {r["step"] for r in timeline if r["phase"] == "pilot"} == {"pilot"}
-    # One GPU slot: the pilot, the four runs and the restart check never overlap.
+    # One GPU slot: the pilot, the four runs and the restart check never overlap, and the
+    # essential work comes first: the control, its restart check, then useful, then exploratory.
     assert gpu_overlaps(timeline) == []
+    order = [(r["phase"], r["run"]) for r in sorted(timeline, key=lambda r: r["start"]) if r["phase"] in GPU_PHASES]
+    assert order[:3] == [("pilot", "control"), ("train", "control"), ("restart", "control")]
+    assert order[-1] == ("train", "short") and {run for _, run in order[3:5]} == {"lr-high", "bf16"}
 
     # A rerun into the same folder repeats nothing finished and keeps the plan and decision.
     plan_before = (out / "plan.json").read_bytes()
