@@ -17,7 +17,7 @@ from prefect.states import Failed
 from gpucampaign import calendar
 from gpucampaign.decision import Decision
 from gpucampaign.outputs import OutputFolder
-from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
+from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
 from gpucampaign.stoprules import StopRule
 from gpucampaign.tariffs import load_catalog
 from tasks._common import artifact_key
@@ -75,7 +75,7 @@ def campaign(
     base_dir = str(base)
     folder = OutputFolder(Path(out))
     folder.root.mkdir(parents=True, exist_ok=True)
-    _keep_spec_copy(text, folder, source=source)
+    folder.keep_spec(text, source=source)
 
     catalog = _catalog(cs, base)
     plan0 = calendar.plan(cs, catalog=catalog)
@@ -201,21 +201,6 @@ def _submit_in_lanes(
             futures[item] = train.submit(cs, run=item, run_id=cs.run_id(item), wait_for=wait, **common)
             tails[lane] = futures[item]
     return futures, restart_future
-
-
-def _keep_spec_copy(text: bytes, folder: OutputFolder, *, source: str) -> None:
-    """Keep the spec in the output folder; refuse a folder that belongs to another spec."""
-    target = folder.root / "spec.yaml"
-    if target.exists():
-        if target.read_bytes() != text:
-            raise SpecError(
-                f"Output folder '{folder.root}' holds another campaign (its spec.yaml differs from "
-                f"{source}): nothing was changed there; choose a new --out or restore the spec."
-            )
-        return
-    tmp = target.with_suffix(".yaml.tmp")
-    tmp.write_bytes(text)
-    tmp.replace(target)
 
 
 def _campaign_id(cs: CampaignSpec, folder: OutputFolder) -> str:

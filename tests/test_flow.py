@@ -193,6 +193,14 @@ def test_campaign_run_cli_exit_codes(tmp_path):
     assert (out / "report.md").is_file() and (out / "manifest.json").is_file()
     assert [s["rule"] for s in jsonl(out / "stops.jsonl")] == ["non_finite_loss"]
 
+    # Another campaign into the same folder: refused before anything starts, nothing changed.
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    other = tiny_campaign(tmp_path / "other")
+    refused = _cli("run", str(other), "--out", str(out), cwd=ROOT)
+    assert refused.returncode == 2 and "holds another campaign" in refused.stderr
+    assert "Traceback" not in refused.stderr + refused.stdout
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
 
 def _paused_run_of(out: Path, timeout_s: float = 240) -> Any:
     """The flow run (of this test's output folder) once it is Paused at the decision point."""

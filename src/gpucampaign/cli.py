@@ -267,12 +267,15 @@ def run_cmd(
 ) -> None:
     """Run the whole campaign in this process (embedded Prefect, local storage); rerun to resume."""
     from gpucampaign._runner import load_flow
+    from gpucampaign.outputs import OutputFolder
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
     if decision not in (None, "auto", "ask"):
         raise SpecError(f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.")
     target = out or Path("out") / cs.name
+    # Refused before Prefect starts: a clear message, no flow-run traceback.
+    OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
     flow = load_flow("campaign", "campaign")
     state = flow(spec=str(spec), out=str(target), decision_mode=decision, return_state=True)
     summary = state.result(raise_on_failure=False)

@@ -218,6 +218,29 @@ class OutputFolder:
         os.replace(tmp, target)
         return target
 
+    def keep_spec(self, text: bytes, *, source: str, check_only: bool = False) -> None:
+        """Keep the campaign's spec as ``spec.yaml``; refuse a folder that holds another one.
+
+        Args:
+            text: the spec file's bytes (or the YAML of a spec object).
+            source: where the spec comes from, for the error message.
+            check_only: only refuse, write nothing (a check before any work starts).
+
+        Raises:
+            SpecError: ``spec.yaml`` exists with other content; nothing is changed.
+        """
+        target = self.path("spec.yaml")
+        if target.exists():
+            if target.read_bytes() != text:
+                raise SpecError(
+                    f"Output folder '{self.root}' holds another campaign (its spec.yaml differs from "
+                    f"{source}): nothing was changed there; choose a new --out or restore the spec.",
+                    field="out",
+                )
+            return
+        if not check_only:
+            self.write_bytes("spec.yaml", text)
+
     def write_plan_once(self, plan: Mapping[str, Any]) -> str:
         """Write ``plan.json`` and ``plan.sha256`` at the start; never rewrite them.
 
