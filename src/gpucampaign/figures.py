@@ -67,7 +67,11 @@ def plot_calendar(
     fig = new_figure(width=11, height=1.8 + 0.7 * max(len(lanes), 1))
     ax = fig.add_subplot()
 
-    x_end = max([plan.window_hours, plan.span_hours] + [float(a["end_hours"]) for a in actual])
+    content_end = max([plan.span_hours] + [float(a["end_hours"]) for a in actual])
+    # A calendar far shorter than its window would be a sliver at the left edge: zoom on the
+    # steps and say where the window ends instead of drawing it.
+    zoomed = content_end < 0.3 * plan.window_hours
+    x_end = content_end if zoomed else max(plan.window_hours, content_end)
     narrow = 0  # labels of bars too short for their name alternate above and below the bar
     for s in sorted(plan.steps, key=lambda s: (s.lane, s.start_hours)):
         colour = _HUMAN if s.kind == "human" else (_GPU if s.resource == "gpu" else _HOST)
@@ -93,8 +97,11 @@ def plot_calendar(
         else:
             ax.barh(row[lane] + 0.38, stop - start, left=start, height=0.14, color=_ACTUAL)
 
-    ax.axvline(plan.window_hours, color="black", linestyle="--", linewidth=1.2)
-    ax.text(plan.window_hours, -0.55, f" window end {plan.window_hours:g} h", fontsize=8, va="top")
+    if zoomed:
+        ax.text(x_end * 1.05, -0.55, f"window ends at {plan.window_hours:g} h ->", fontsize=8, va="top", ha="right")
+    else:
+        ax.axvline(plan.window_hours, color="black", linestyle="--", linewidth=1.2)
+        ax.text(plan.window_hours, -0.55, f" window end {plan.window_hours:g} h", fontsize=8, va="top")
     ax.set_xlim(0, x_end * 1.05)
     ax.set_ylim(len(lanes) - 0.4, -0.6)
     ax.set_yticks(range(len(lanes)), lanes)
