@@ -136,3 +136,14 @@ def test_manifest_lists_every_file_but_itself(tmp_path: Path):
     first = next(iter(m["runs"]))
     assert f"python -m gpucampaign.outputs reload-check . {first}" in reload_md
     assert "campaign verify ." in reload_md
+
+
+def test_written_files_follow_the_umask_not_mkstemps_0600(tmp_path):
+    import os
+
+    from gpucampaign.outputs import OutputFolder
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    path = OutputFolder(tmp_path).write_json("report.json", {"ok": True})
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask
