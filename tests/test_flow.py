@@ -320,10 +320,10 @@ def test_a_killed_campaign_resumes_from_its_last_good_checkpoint(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        steps: list[int] = []
         while time.monotonic() < deadline and proc.poll() is None:
-            steps = [int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("control-*/step-*")]
-            if [s for s in steps if s >= 400]:
+            # A checkpoint counts once LATEST points to it (a step folder alone may be half-written).
+            latest = [json.loads(p.read_text())["step"] for p in (out / "checkpoints").glob("control-*/LATEST")]
+            if latest and latest[0] >= 400:
                 break
             time.sleep(0.2)
         assert proc.poll() is None, "the campaign ended before it could be interrupted"
