@@ -13,7 +13,7 @@ from gpucampaign.stoprules import StopRule
 from tasks._common import PHASE_OPTIONS, artifact_key, busy, out_folder, record_stop
 
 
-@task(name="data-audit", **PHASE_OPTIONS)
+@task(name="data-audit", task_run_name="data-audit", **PHASE_OPTIONS)
 def data_audit(spec: CampaignSpec, *, base_dir: str, out: str) -> dict[str, Any]:
     """Audit the pinned corpus; hard findings raise a stop rule, soft ones are listed."""
     folder = out_folder(out)

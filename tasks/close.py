@@ -84,7 +84,7 @@ def _delivery(folder: OutputFolder, rid: str, info: dict[str, Any], *, corpus: A
     return {"id": rid, "content_sha256": sha, "accepted": True, "reason": "complete; model reloads and reproduces"}
 
 
-@task(name="close", **PHASE_OPTIONS)
+@task(name="close", task_run_name="close", **PHASE_OPTIONS)
 def close_campaign(
     spec: CampaignSpec,
     *,
@@ -200,7 +200,7 @@ def _aligned_intervals(plan: dict[str, Any], timeline: list[dict[str, Any]]) -> 
             for iv in actual_intervals(rows)]
 
 
-@task(name="manifest", **TASK_OPTIONS)
+@task(name="manifest", task_run_name="manifest", **TASK_OPTIONS)
 def seal(spec: CampaignSpec, *, out: str, closed: dict[str, Any]) -> dict[str, Any]:
     """Write the manifest (nothing is written into the folder after it), then verify the folder."""
     folder = out_folder(out)

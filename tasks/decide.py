@@ -57,6 +57,8 @@ def decision_point(
     }
     folder.append_jsonl("decisions.jsonl", record)
     folder.write_json("reforecast.json", full.to_dict())
+    logger.info("decision point: %s by %s: %s%s", decision.action, decision.by, "; ".join(decision.reasons),
+                f" (dropped: {', '.join(decision.dropped_runs)})" if decision.dropped_runs else "")
     create_markdown_artifact(
         markdown=_markdown(decision, forecast),
         key=artifact_key("decision", spec.name),

@@ -12,7 +12,7 @@ from gpucampaign.spec import CampaignSpec
 from tasks._common import PHASE_OPTIONS, busy, out_folder
 
 
-@task(name="predictions", **PHASE_OPTIONS)
+@task(name="predictions", task_run_name="predictions", **PHASE_OPTIONS)
 def predictions(spec: CampaignSpec, *, base_dir: str, out: str, runs: list[str]) -> dict[str, dict[str, Any]]:
     """Write ``predictions.csv`` and ``error_analysis.json`` of each run that saved a model.
 
