@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import yaml
 
 from gpucampaign.corpus import load_spec_corpus
 from gpucampaign.recipes import build_model, fit_input_stats
+from gpucampaign.scaffold import write_spec_copy
 from gpucampaign.spec import CampaignSpec, load_spec
 from gpucampaign.storage import LocalStore
 from gpucampaign.training import build_optimizer, build_scheduler, seed_everything, train_run
@@ -97,14 +97,7 @@ def control_only_spec(spec_path: Path, dest: Path) -> Path:
     variants = {v["name"] for v in data.get("variants") or []}
     data["variants"] = []
     data["calendar"] = [s for s in data["calendar"] if s.get("run") not in variants]
-    dest.mkdir(parents=True, exist_ok=True)
-    for rel in [(data.get("corpus") or {}).get("path"), data.get("catalog")]:
-        if rel:
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(spec_path.parent / rel, dest / rel)
-    out = dest / "campaign.yaml"
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return out
+    return write_spec_copy(data, source_dir=spec_path.parent, dest=dest)
 
 
 def phases_of(out: Path) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from gpucampaign.corpus import write_digits_corpus
 from gpucampaign.spec import SpecError, load_spec
@@ -199,3 +200,33 @@ def init_campaign(directory: str | Path, *, seed: int = 0) -> Path:
                          encoding="utf-8")
     load_spec(spec_path)  # the template must always validate
     return spec_path
+
+
+def write_spec_copy(data: dict[str, Any], *, source_dir: str | Path, dest: str | Path) -> Path:
+    """Write an edited spec to ``dest/campaign.yaml`` with copies of the files it names.
+
+    The corpus and the catalog are copied from ``source_dir`` (the original spec's folder) to
+    the same relative paths under ``dest``, so the copy plans and runs on its own.
+
+    Returns:
+        The path of the written spec.
+
+    Raises:
+        SpecError: a named path would leave its folder.
+    """
+    import shutil
+
+    import yaml
+
+    from gpucampaign.spec import resolve_inside
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for field, rel in (("corpus.path", (data.get("corpus") or {}).get("path")), ("catalog", data.get("catalog"))):
+        if rel:
+            target = resolve_inside(dest, rel, field=field)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(resolve_inside(source_dir, rel, field=field), target)
+    spec = dest / SPEC_NAME
+    spec.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return spec

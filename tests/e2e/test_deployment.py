@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpucampaign.scaffold import write_spec_copy
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,14 +62,7 @@ def _tiny_spec(dest: Path) -> Path:
         # 40 steps prove the plumbing, not the model: no essential run may miss the floor.
         data["decision_rule"] = {**data["decision_rule"], "threshold": 0.2}
         data["stop_rules"] = {**(data.get("stop_rules") or {}), "quality_floor": None}
-    dest.mkdir(parents=True, exist_ok=True)
-    for rel in [(data.get("corpus") or {}).get("path"), data.get("catalog")]:
-        if rel:
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(EXAMPLE.parent / rel, dest / rel)
-    spec = dest / "campaign.yaml"
-    spec.write_text(yaml.safe_dump(data, sort_keys=False))
-    return spec
+    return write_spec_copy(data, source_dir=EXAMPLE.parent, dest=dest)
 
 
 @pytest.fixture(scope="module")
