@@ -48,12 +48,6 @@ QUIET = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "PREFECT_SERV
          "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING"}
 
 
-def planned_steps(spec: CampaignSpec, run: str, n_train: int) -> int:
-    cfg = spec.run_config(run)
-    steps = cfg.epochs * -(-n_train // cfg.batch_size)
-    return min(steps, cfg.max_steps) if cfg.max_steps else steps
-
-
 def bare_loop(spec: CampaignSpec, run: str, *, X: torch.Tensor, y: torch.Tensor, n_classes: int) -> float:
     """Seconds of a plain torch training loop of ``run``: no metrics, evaluation or checkpoints."""
     cfg = spec.run_config(run)
@@ -62,7 +56,7 @@ def bare_loop(spec: CampaignSpec, run: str, *, X: torch.Tensor, y: torch.Tensor,
     model = build_model(cfg, n_features=X.shape[1], n_classes=n_classes)
     fit_input_stats(model, X)
     opt = build_optimizer(cfg, model.parameters())
-    steps = planned_steps(spec, run, len(X))
+    steps = cfg.planned_steps(len(X))
     sched = build_scheduler(cfg, opt, planned_steps=steps)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     gen = torch.Generator().manual_seed(cfg.seed)

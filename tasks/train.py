@@ -39,7 +39,7 @@ def pilot_measures(spec: CampaignSpec, *, run: str, result: dict[str, Any], n_tr
     cfg = spec.run_config(run)
     t = result["timings"]
     planned = int(result["planned_steps"])
-    steps_per_epoch = -(-n_train // cfg.batch_size)
+    steps_per_epoch = cfg.steps_per_epoch(n_train)
     evals = planned // cfg.eval_every if cfg.eval_every else -(-planned // steps_per_epoch)
     every = result.get("checkpoint_every") or planned
     return {

@@ -121,11 +121,8 @@ def reforecast_hours(spec: CampaignSpec, *, pilot: dict[str, dict[str, Any]]) ->
 
 def planned_steps_of(spec: CampaignSpec, run: str, pilot: dict[str, dict[str, Any]]) -> int:
     """Planned optimizer steps of a run that was not piloted, from the train split's size."""
-    cfg = spec.run_config(run)
     ref = pilot.get("control") or next(iter(pilot.values()))
-    n_train = ref["n_train"]
-    steps = cfg.epochs * -(-n_train // cfg.batch_size)
-    return min(steps, cfg.max_steps) if cfg.max_steps else steps
+    return spec.run_config(run).planned_steps(ref["n_train"])
 
 
 def calibrated_hours(

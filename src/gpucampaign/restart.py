@@ -230,11 +230,7 @@ def default_steps(*, planned_steps: int, steps_per_epoch: int) -> tuple[int, int
 
 def _planned(spec: CampaignSpec, run: str, n_train: int) -> tuple[int, int]:
     config = spec.run_config(run)
-    spe = math.ceil(n_train / config.batch_size)
-    planned = spe * config.epochs
-    if config.max_steps is not None:
-        planned = min(planned, config.max_steps)
-    return planned, spe
+    return config.planned_steps(n_train), config.steps_per_epoch(n_train)
 
 
 # --- verification of a fresh run -------------------------------------------------------------
@@ -455,6 +451,7 @@ def output_check_target(out_dir: str | Path, *, spec_path: str | Path | None = N
         NoUsableRestart: No run of the spec has a checkpoint in the store.
     """
     from gpucampaign.corpus import file_sha256
+    from gpucampaign.outputs import corpus_file
     from gpucampaign.spec import load_spec, resolve_inside
     from gpucampaign.storage import open_store
 
@@ -468,7 +465,7 @@ def output_check_target(out_dir: str | Path, *, spec_path: str | Path | None = N
     if manifest.is_file():
         ref = json.loads(manifest.read_text(encoding="utf-8")).get("corpus") or {}
         if ref.get("kind") == "copied" and ref.get("path"):
-            candidates.append(resolve_inside(out, ref["path"], field="manifest corpus.path"))
+            candidates.append(corpus_file(out, ref))
     candidates += [resolve_inside(src.resolve().parent, spec.corpus.path, field="corpus.path"),
                    resolve_inside(out, spec.corpus.path, field="corpus.path")]
     corpus = next((c for c in candidates if c.is_file() and file_sha256(c) == spec.corpus.sha256), None)

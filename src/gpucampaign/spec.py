@@ -126,6 +126,15 @@ class RunConfig(_Frozen):
         default=1, ge=1, description="torch CPU threads; pinned because results differ across counts."
     )
 
+    def steps_per_epoch(self, n_train: int) -> int:
+        """Optimizer steps of one epoch over ``n_train`` rows (the last batch may be short)."""
+        return -(-n_train // self.batch_size)
+
+    def planned_steps(self, n_train: int) -> int:
+        """Planned optimizer steps: ``epochs`` epochs over ``n_train`` rows, capped by ``max_steps``."""
+        steps = self.epochs * self.steps_per_epoch(n_train)
+        return min(steps, self.max_steps) if self.max_steps is not None else steps
+
 
 class Variant(_Frozen):
     """A variant of the control: the factors it changes and why (R9)."""
