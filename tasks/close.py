@@ -24,8 +24,8 @@ from gpucampaign.outputs import (
     OutputFolder,
     build_manifest,
     collect_environment,
-    read_predictions,
     reference_corpus,
+    reload_check,
     verify_output,
     write_reload_md,
 )
@@ -59,28 +59,21 @@ def run_statuses(
     return out
 
 
-def _delivery(folder: OutputFolder, rid: str, info: dict[str, Any], *, corpus: Any, split: str) -> dict[str, Any]:
+def _delivery(folder: OutputFolder, rid: str, info: dict[str, Any], *, corpus: Any) -> dict[str, Any]:
     """A run as a delivery candidate: accepted only when complete and its model reproduces its
     predictions here (the fresh-process check of ``campaign verify`` follows the manifest)."""
-    from gpucampaign.outputs import load_run_model
-    from gpucampaign.recipes import predict
-
     model_file = folder.path(f"runs/{rid}/model/model.safetensors")
     sha = hashlib.sha256(model_file.read_bytes()).hexdigest() if model_file.is_file() else hashlib.sha256(
         rid.encode()).hexdigest()
     if info["status"] != "completed":
         reason = info.get("reason") or f"{info['status']} (stop {info.get('stop_id')})"
         return {"id": rid, "content_sha256": sha, "accepted": False, "reason": reason}
-    try:
-        expected = read_predictions(folder.path(f"runs/{rid}/predictions.csv"))
-        part = corpus.split(split)
-        pred, conf = predict(load_run_model(folder.root, rid), part.X)
-        same = [str(i) for i in part.ids.tolist()] == list(expected.ids) and [int(p) for p in pred] == list(
-            expected.preds) and [float(c) for c in conf] == list(expected.confidence)
-    except Exception as exc:  # the reason is the finding
-        return {"id": rid, "content_sha256": sha, "accepted": False, "reason": f"does not reload: {exc}"[:300]}
-    if not same:
-        return {"id": rid, "content_sha256": sha, "accepted": False, "reason": "reloaded predictions differ"}
+    check = reload_check(folder.root, [rid], corpus=corpus)[rid]
+    if check["error"]:
+        return {"id": rid, "content_sha256": sha, "accepted": False, "reason": f"does not reload: {check['error']}"[:300]}
+    if not check["ok"]:
+        return {"id": rid, "content_sha256": sha, "accepted": False,
+                "reason": f"reloaded predictions differ on {check['mismatches']} row(s)"}
     return {"id": rid, "content_sha256": sha, "accepted": True, "reason": "complete; model reloads and reproduces"}
 
 
@@ -120,8 +113,7 @@ def close_campaign(
                                                           "text": "The spec has no decision rule.", "numbers": {}}
 
         corpus = load_spec_corpus(spec, base_dir=base_dir) if spec.corpus else None
-        split = rule.split if rule else "test"
-        deliveries = [_delivery(folder, rid, info, corpus=corpus, split=split) for rid, info in statuses.items()]
+        deliveries = [_delivery(folder, rid, info, corpus=corpus) for rid, info in statuses.items()]
         budget = close_budget(spec.packages, catalog=catalog, expenses=spec.expenses, deliveries=deliveries,
                               unit=spec.deliveries.unit, result_text=verdict_dict["text"])
 

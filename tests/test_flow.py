@@ -86,6 +86,8 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     assert json.loads((out / "restart.json").read_text())["identical"] is True
     report = (out / "report.md").read_text()
     assert summary["verdict"]["text"] in report
+    # Every completed run is a delivery whose model reloads and reproduces its predictions.
+    assert json.loads((out / "report.json").read_text())["budget"]["accepted_deliveries"] == 4
 
     timeline = jsonl(out / "timeline.jsonl")
     trained = {r["run"] for r in timeline if r["phase"] == "train" and r.get("steps", 0) > 0}

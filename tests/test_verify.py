@@ -194,3 +194,24 @@ def test_external_corpus_is_checked_by_hash_and_models_reload_from_it(out: Path,
     assert len(report.reloaded_runs) == 2
     elsewhere.write_text(elsewhere.read_text() + "\n")
     assert "corpus_mismatch" in verify_output(out, reload=False).codes()
+
+
+def test_reload_check_with_a_loaded_corpus_before_any_manifest(out: Path, closed: dict):
+    """The close task checks deliveries before the manifest exists: it passes the corpus itself."""
+    from gpucampaign.corpus import load_corpus
+    from gpucampaign.outputs import corpus_file, reload_check
+    from gpucampaign.spec import load_spec
+
+    ref = json.loads((out / "manifest.json").read_text())["corpus"]
+    corpus = load_corpus(corpus_file(out, ref), corpus_spec=load_spec(out / "spec.yaml").corpus)
+    (out / "manifest.json").unlink()
+    rid = closed["run_ids"]["wide"]
+    assert reload_check(out, [rid], corpus=corpus)[rid]["ok"] is True
+    path = out / "runs" / rid / "predictions.csv"
+    lines = path.read_text().splitlines()
+    row = lines[1].split(",")
+    row[3] = repr(float(row[3]) + 1e-9)
+    lines[1] = ",".join(row)
+    path.write_text("\n".join(lines) + "\n")
+    found = reload_check(out, [rid], corpus=corpus)[rid]
+    assert found["ok"] is False and found["mismatches"] == 1 and found["first_mismatch"]["id"] == row[0]

@@ -882,11 +882,12 @@ def write_run_predictions(root: str | Path, run_id: str, *, corpus: Any, split: 
     return read_predictions(path)
 
 
-def reload_check(root: str | Path, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+def reload_check(root: str | Path, run_ids: Sequence[str], *, corpus: Any = None) -> dict[str, dict[str, Any]]:
     """Reload each run's model here and compare its predictions with ``predictions.csv``.
 
     Meant to run in a fresh process (see ``verify_output``). Exactly equal means the same
-    predicted class and the same float confidence on every row.
+    predicted class and the same float confidence on every row. ``corpus``: the loaded corpus,
+    before the manifest that names it exists; by default the manifest's corpus is read.
 
     Returns:
         ``{run_id: {ok, rows, mismatches, first_mismatch, error}}``.
@@ -899,7 +900,10 @@ def reload_check(root: str | Path, run_ids: Sequence[str]) -> dict[str, dict[str
         out[rid] = res
         try:
             expected = read_predictions(OutputFolder(root).path(f"runs/{rid}/predictions.csv"))
-            ids, X, labels = features_for(root, ids=list(expected.ids))
+            ids, X, labels = (
+                features_for(root, ids=list(expected.ids)) if corpus is None
+                else _rows(corpus, ids=list(expected.ids), split="test")
+            )
             model = load_run_model(root, rid)
             pred, conf = predict(model, X)
             pred_l, conf_l = [int(v) for v in _tolist(pred)], [float(v) for v in _tolist(conf)]
