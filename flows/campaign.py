@@ -33,10 +33,6 @@ DEFAULT_SPEC = "examples/digits/campaign.yaml"
 DEFAULT_OUT = "out/campaign"
 
 
-def _catalog(spec: CampaignSpec, base_dir: Path) -> Any:
-    return load_catalog(spec=spec, base_dir=base_dir)
-
-
 def _stop_of(future: Any) -> StopRule | None:
     """Wait for a task; return its StopRule if it raised one (other errors propagate)."""
     try:
@@ -72,12 +68,11 @@ def campaign(
         spec_path = Path(spec).resolve()
         cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
         text, source = spec_path.read_bytes(), f"'{spec_path}'"
-    base_dir = str(base)
     folder = OutputFolder(Path(out))
     folder.root.mkdir(parents=True, exist_ok=True)
     folder.keep_spec(text, source=source)
 
-    catalog = _catalog(cs, base)
+    catalog = load_catalog(spec=cs, base_dir=base)
     plan0 = calendar.plan(cs, catalog=catalog)
     folder.write_plan_once(plan0.to_dict())
     create_markdown_artifact(
@@ -92,7 +87,7 @@ def campaign(
     essential_stop: StopRule | None = None
     decision: Decision | None = None
     analyses: dict[str, dict[str, Any]] = {}
-    common = {"base_dir": str(base_dir), "out": str(folder.root)}
+    common = {"base_dir": str(base), "out": str(folder.root)}
 
     audit_stop = _stop_of(data_audit.submit(cs, **common))
     if audit_stop is not None:
@@ -154,12 +149,11 @@ def _experiments(
         return decision, (pilot_exc[0] if pilot_exc else None), {}
 
     futures, restart_future = _submit_in_lanes(cs, lanes=lanes, dropped=decision.dropped_runs, common=common)
-    completed = []
     for run, fut in futures.items():
         stop = _stop_of(fut)
         if stop is None:
-            completed.append(run)
-        elif cs.tier_of(run) == "essential":
+            continue
+        if cs.tier_of(run) == "essential":
             logger.error("essential run '%s' stopped: %s", run, stop)
             essential_stop = essential_stop or stop
         else:

@@ -52,8 +52,7 @@ def decision_point(
         "point": "after-pilot",
         "time": datetime.now(UTC).isoformat(timespec="seconds"),
         "decision": decision.model_dump(mode="json"),
-        "reforecast": {name: {"hours": h, "how": how} for name, (h, how) in forecast.items()},
-        "reforecast_plan": full.to_dict(),
+        "reforecast": {name: {"hours": h, "how": how} for name, (h, how) in forecast.items()},  # plan: reforecast.json
     }
     folder.append_jsonl("decisions.jsonl", record)
     folder.write_json("reforecast.json", full.to_dict())
