@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from prefect.cache_policies import NO_CACHE
 
+from gpucampaign.files import utc_now
 from gpucampaign.outputs import OutputFolder
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import StopRule
@@ -46,10 +46,6 @@ def calendar_step(spec: CampaignSpec, *, run: str | None = None, phase: str | No
     return None
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
 @contextlib.contextmanager
 def busy(
     folder: OutputFolder,
@@ -67,7 +63,7 @@ def busy(
         "run": run,
         "phase": phase,
         "kind": kind,
-        "start": _now(),
+        "start": utc_now(),
         "note": note,
     }
     t0 = time.perf_counter()
@@ -79,14 +75,14 @@ def busy(
     else:
         row.setdefault("outcome", "ok")
     finally:
-        row["end"] = _now()
+        row["end"] = utc_now()
         row["seconds"] = time.perf_counter() - t0
         folder.append_jsonl("timeline.jsonl", row)
 
 
 def record_stop(folder: OutputFolder, exc: StopRule, *, run: str, phase: str) -> dict[str, Any]:
     """Append a stop to stops.jsonl (once per stop ID) and return its record."""
-    record = {**exc.to_record(), "run": run, "phase": phase, "time": _now()}
+    record = {**exc.to_record(), "run": run, "phase": phase, "time": utc_now()}
     known = {r.get("stop_id") for r in folder.read_jsonl("stops.jsonl")}
     if exc.stop_id not in known:
         folder.append_jsonl("stops.jsonl", record)

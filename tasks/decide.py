@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from prefect import get_run_logger
@@ -19,6 +18,7 @@ from gpucampaign.decision import (
     decide_auto,
     reforecast_hours,
 )
+from gpucampaign.files import utc_now
 from gpucampaign.spec import CampaignSpec
 from tasks._common import artifact_key, busy, out_folder
 
@@ -50,7 +50,7 @@ def decision_point(
                                            mode=mode)
     record = {
         "point": "after-pilot",
-        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "time": utc_now(timespec="seconds"),
         "decision": decision.model_dump(mode="json"),
         "reforecast": {name: {"hours": h, "how": how} for name, (h, how) in forecast.items()},  # plan: reforecast.json
     }

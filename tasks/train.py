@@ -10,6 +10,7 @@ from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from gpucampaign.corpus import load_spec_corpus
+from gpucampaign.files import median
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import STOP_RULES, StopRule
 from gpucampaign.storage import open_store
@@ -29,9 +30,9 @@ def recorded_stop(out: str, run_id: str) -> StopRule | None:
     return None
 
 
-def _median(values: Any) -> float:
-    vals = sorted(v for v in (values if isinstance(values, list) else [values]) if isinstance(v, int | float))
-    return float(vals[len(vals) // 2]) if vals else 0.0
+def _median_or_zero(values: Any) -> float:
+    vals = values if isinstance(values, list) else [values]
+    return float(median(v for v in vals if isinstance(v, int | float)) or 0.0)
 
 
 def pilot_measures(spec: CampaignSpec, *, run: str, result: dict[str, Any], n_train: int) -> dict[str, Any]:
@@ -50,8 +51,8 @@ def pilot_measures(spec: CampaignSpec, *, run: str, result: dict[str, Any], n_tr
         "n_train": n_train,
         "load_s": float(t.get("load_s") or 0.0),
         "step_s": float(t.get("step_s") or 0.0),
-        "eval_s": _median(t.get("eval_s")),
-        "save_s": _median(t.get("save_s")),
+        "eval_s": _median_or_zero(t.get("eval_s")),
+        "save_s": _median_or_zero(t.get("save_s")),
         "restore_s": float(t.get("restore_s") or 0.0),
         "evals": evals,
         "saves": max(1, -(-planned // max(1, int(every)))),

@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpucampaign.storage import TMP_PREFIX, NotFound, StorageError, Store, fsync_dir
+from gpucampaign.files import TMP_PREFIX, fsync_dir
+from gpucampaign.storage import NotFound, StorageError, Store
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -18,6 +17,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any, Literal
 
+from gpucampaign.files import median
 from gpucampaign.spec import DecisionRule, Package, SpecError
 
 VerdictKind = Literal["adopt", "keep_control", "negative", "stopped", "re-pose"]
@@ -501,7 +501,7 @@ def forecast_vs_actual(
             src = "the pilot's measurements"
             step_s = _numbers((pilot or {}).get(s["run"] or "", {}).get("step_s"))
             if step_s:
-                src += f" ({statistics.median(step_s) * 1000:.2f} ms/step)"
+                src += f" ({median(step_s) * 1000:.2f} ms/step)"
             why.append(f"re-forecast from {src}: {s['hours']:.3f} h -> {refo:.3f} h")
         if s["name"] in dropped_by:
             d = dropped_by[s["name"]]
@@ -624,7 +624,7 @@ def measured_estimates(
             for k in _MEASURES:
                 if k in r and (k != "step_s" or r.get("kind", "train") == "train"):
                     samples[k] += _numbers(r[k])
-    measured = {k: (statistics.median(v) if v else None) for k, v in samples.items()}
+    measured = {k: median(v) for k, v in samples.items()}
     return {
         "measured": measured,
         "samples": {k: len(v) for k, v in samples.items()},

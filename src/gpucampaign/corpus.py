@@ -19,21 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from gpucampaign.files import sha256_file
 from gpucampaign.spec import CampaignSpec, CorpusSpec, SpecError, resolve_inside
 from gpucampaign.stoprules import EssentialInputMissing
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 AUDIT_RUN_ID = "audit"
 DIGITS_FRACTIONS = {"test": 0.2, "val": 0.1}  # the rest is train
-
-
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a file, read in 8 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 * 1024 * 1024):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # --- the bundled corpus ------------------------------------------------------------------
@@ -239,7 +231,7 @@ def _check_hash(path: Path, spec: CorpusSpec, *, run_id: str) -> str:
         raise EssentialInputMissing(
             run_id, f"corpus file '{spec.path}' is missing (looked at {path})"
         )
-    actual = file_sha256(path)
+    actual = sha256_file(path)
     if actual != spec.sha256:
         raise EssentialInputMissing(
             run_id,

@@ -29,10 +29,19 @@ import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from gpucampaign.files import (
+    append_jsonl,
+    atomic_write_bytes,
+    git_commit,
+    json_bytes,
+    read_jsonl,
+    sha256_file,
+    utc_now,
+)
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
 
 MANIFEST = "manifest.json"
@@ -53,72 +62,6 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 class PlanRewriteError(SpecError):
     """``plan.json`` already holds a different plan: the initial plan is never rewritten (R16)."""
-
-
-# --- small helpers --------------------------------------------------------------------------
-def sha256_file(path: str | Path) -> str:
-    """sha256 (hex) of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _json_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=_json_default) + "\n").encode()
-
-
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "model_dump"):
-        return obj.model_dump(mode="json")
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return obj.as_posix()
-    if isinstance(obj, datetime):
-        return obj.isoformat()
-    try:
-        from decimal import Decimal
-
-        if isinstance(obj, Decimal):
-            return float(obj)
-    except ImportError:  # pragma: no cover
-        pass
-    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _current_umask()
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temp name in the same folder, fsync, rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp creates 0600; the output folder is meant to be copied off and shared.
-        os.fchmod(fd, 0o666 & ~_UMASK)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def utc_now() -> str:
-    """Current time, ISO 8601 UTC with milliseconds."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 # --- the folder -----------------------------------------------------------------------------
@@ -144,7 +87,7 @@ class OutputFolder:
     def write_bytes(self, relative: str, data: bytes) -> Path:
         """Write a file atomically."""
         p = self.path(relative)
-        _atomic_write(p, data)
+        atomic_write_bytes(p, data)
         return p
 
     def write_text(self, relative: str, text: str) -> Path:
@@ -153,7 +96,7 @@ class OutputFolder:
 
     def write_json(self, relative: str, obj: Any) -> Path:
         """Write JSON (indented, sorted keys) atomically."""
-        return self.write_bytes(relative, _json_bytes(obj))
+        return self.write_bytes(relative, json_bytes(obj))
 
     def read_json(self, relative: str) -> Any:
         """Parsed JSON, or None when the file does not exist."""
@@ -164,21 +107,11 @@ class OutputFolder:
 
     def append_jsonl(self, relative: str, record: Mapping[str, Any]) -> None:
         """Append one JSON line and fsync it (stops, decisions, timeline, metrics)."""
-        p = self.path(relative)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps(record, sort_keys=True, ensure_ascii=False, default=_json_default)
-        assert "\n" not in line
-        with open(p, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.path(relative), record)
 
     def read_jsonl(self, relative: str) -> list[dict[str, Any]]:
         """All records of a JSON-lines file; [] when it does not exist."""
-        p = self.path(relative)
-        if not p.is_file():
-            return []
-        return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return read_jsonl(self.path(relative))
 
     def record_timeline(
         self,
@@ -263,7 +196,7 @@ class OutputFolder:
         Raises:
             PlanRewriteError: ``plan.json`` exists with different content.
         """
-        data = _json_bytes(plan)
+        data = json_bytes(plan)
         digest = hashlib.sha256(data).hexdigest()
         target = self.path(PLAN)
         if target.exists():
@@ -298,21 +231,6 @@ def _version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-
-
-def git_commit(cwd: str | Path | None = None) -> str | None:
-    """The checkout's commit (with ``-dirty`` when files changed), or None outside git."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True,
-            text=True, timeout=10, check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head + ("-dirty" if dirty else "") if head else None
 
 
 def collect_environment(*, cwd: str | Path | None = None) -> dict[str, Any]:

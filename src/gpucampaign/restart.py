@@ -450,7 +450,7 @@ def output_check_target(out_dir: str | Path, *, spec_path: str | Path | None = N
         SpecError: No spec, or no file with the pinned corpus hash.
         NoUsableRestart: No run of the spec has a checkpoint in the store.
     """
-    from gpucampaign.corpus import file_sha256
+    from gpucampaign.files import sha256_file
     from gpucampaign.outputs import corpus_file
     from gpucampaign.spec import load_spec, resolve_inside
     from gpucampaign.storage import open_store
@@ -468,7 +468,7 @@ def output_check_target(out_dir: str | Path, *, spec_path: str | Path | None = N
             candidates.append(corpus_file(out, ref))
     candidates += [resolve_inside(src.resolve().parent, spec.corpus.path, field="corpus.path"),
                    resolve_inside(out, spec.corpus.path, field="corpus.path")]
-    corpus = next((c for c in candidates if c.is_file() and file_sha256(c) == spec.corpus.sha256), None)
+    corpus = next((c for c in candidates if c.is_file() and sha256_file(c) == spec.corpus.sha256), None)
     if corpus is None:
         raise SpecError(
             f"field 'corpus.sha256': no file with the pinned hash {spec.corpus.sha256[:12]}... was found at "

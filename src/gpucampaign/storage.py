@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Protocol, runtime_checkable
 
+from gpucampaign.files import TMP_PREFIX, atomic_write_bytes, fsync_dir
 from gpucampaign.spec import SpecError
 
-TMP_PREFIX = ".tmp-"
 _CHUNK = 8 * 1024 * 1024
 
 
@@ -85,35 +85,6 @@ class Store(Protocol):
     def local_path(self, key: str) -> Path | None:
         """Filesystem path of ``key`` when the store is a local folder, else ``None``."""
         ...
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so a rename inside it survives a crash (no-op where unsupported)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp name in the same folder, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
 
 
 class LocalStore:

@@ -25,7 +25,6 @@ import logging
 import math
 import os
 import random
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from gpucampaign.checkpoint import CheckpointManager, capture_rng, restore_rng
 from gpucampaign.corpus import Corpus
+from gpucampaign.files import atomic_write_bytes, median, read_jsonl, write_jsonl
 from gpucampaign.recipes import build_model, fit_input_stats, save_model_dir
 from gpucampaign.spec import CampaignSpec, RunConfig, SpecError, canonical_json
 from gpucampaign.stoprules import (
@@ -51,7 +51,7 @@ from gpucampaign.stoprules import (
     NonFiniteLoss,
     NoUsableRestart,
 )
-from gpucampaign.storage import Store, atomic_write_bytes
+from gpucampaign.storage import Store
 
 log = logging.getLogger(__name__)
 
@@ -279,16 +279,12 @@ class MetricsLog:
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All rows of a ``metrics.jsonl`` (empty list when absent)."""
-    p = Path(path)
-    if not p.is_file():
-        return []
-    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return read_jsonl(path)
 
 
 def truncate_metrics(path: Path, *, through_step: int) -> None:
     """Keep only rows of steps <= ``through_step`` (a resume continues from there)."""
-    rows = [r for r in read_metrics(path) if r.get("step", 0) <= through_step]
-    atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in rows).encode())
+    write_jsonl(path, [r for r in read_metrics(path) if r.get("step", 0) <= through_step])
 
 
 def _recorded_result(out_dir: Path, run_id: str) -> RunResult | None:
@@ -305,10 +301,6 @@ def _recorded_result(out_dir: Path, run_id: str) -> RunResult | None:
         cls = STOP_RULES[result.stop["rule"]]
         raise cls(run_id, result.stop["reason"], result.stop.get("step"), result.stop["stop_id"])
     return result
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -435,7 +427,7 @@ def train_run(
             metrics=kw.get("metrics", {}), eval_metrics=kw.get("eval_metrics", {}),
             timings={
                 "load_s": corpus.load_s + setup_s, "setup_s": setup_s, "corpus_load_s": corpus.load_s,
-                "step_s": _median(step_times[1:] or step_times), "steps_s_sum": steps_s_sum,
+                "step_s": median(step_times[1:] or step_times), "steps_s_sum": steps_s_sum,
                 "eval_s": eval_times, "save_s": [s.save_s for s in saves],
                 "write_s": [s.write_s for s in saves], "upload_s": [s.upload_s for s in saves],
                 "restore_s": restore_s, "train_s": kw.get("train_s", 0.0),
@@ -484,7 +476,7 @@ def train_run(
             "cursor": cursor,
             "counters": {"global_step": global_step, "samples_seen": samples_seen, "steps_s_sum": steps_s_sum},
         }
-        step_s = _median(step_times[1:] or step_times)
+        step_s = median(step_times[1:] or step_times)
         saved = manager.save(global_step, model_state=model.state_dict(), train_state=state, extra_meta={
             "epoch": cursor["epoch"], "batch_in_epoch": cursor["batch_in_epoch"], "planned_steps": planned,
             "steps_per_epoch": steps_per_epoch, "step_s": step_s, "threads": config.threads,
@@ -492,7 +484,7 @@ def train_run(
         })
         saves.append(saved)
         if not fixed and step_s:
-            interval = choose_save_interval(delta_s=_median([s.save_s for s in saves]), step_s=step_s,
+            interval = choose_save_interval(delta_s=median([s.save_s for s in saves]), step_s=step_s,
                                             mtbi_s=mtbi_s, tolerable_s=tolerable_s, planned_steps=planned)
             next_save = global_step + (interval.every_steps or planned)
         elif fixed:

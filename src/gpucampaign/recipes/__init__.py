@@ -116,7 +116,7 @@ def save_model_dir(
     """
     from safetensors.torch import save_file
 
-    from gpucampaign.storage import atomic_write_bytes, fsync_dir
+    from gpucampaign.files import atomic_write_bytes, fsync_dir
 
     dst = Path(path)
     dst.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,170 @@
+"""One helper of each kind for files: hashing, atomic writes, JSON and JSONL, UTC time, the
+checkout's commit and the median. Every module uses these instead of its own copy."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+_BLOCK = 8 * 1024 * 1024
+# Temporary names start with this; listings and stores skip them.
+TMP_PREFIX = ".tmp-"
+
+
+def sha256_file(path: str | Path) -> str:
+    """sha256 (hex) of a file's bytes, read in 8 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    """sha256 (hex) of bytes in memory."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename inside it survives a crash (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write to a temp name in the same folder, fsync, rename, fsync the folder: a reader
+    never sees half a file, and a crash leaves the old file or the new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
+    try:
+        # mkstemp creates 0600; output files are meant to be copied off and shared.
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return obj.as_posix()
+    if isinstance(obj, datetime):
+        return obj.isoformat()
+    if isinstance(obj, Decimal):
+        return float(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def json_bytes(obj: Any) -> bytes:
+    """Indented, key-sorted JSON with a final newline (pydantic models, numpy, paths allowed)."""
+    text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=_json_default)
+    return (text + "\n").encode()
+
+
+def jsonl_line(record: Mapping[str, Any]) -> str:
+    """One JSONL line (floats written exactly, so a read gives back the same numbers)."""
+    return json.dumps(record, sort_keys=True, ensure_ascii=False, default=_json_default) + "\n"
+
+
+def append_jsonl(path: str | Path, record: Mapping[str, Any]) -> None:
+    """Append one record and fsync: an append-only log survives a crash up to its last line."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(jsonl_line(record))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a JSONL file (empty when absent). A torn last line, left by a process
+    killed mid-write, is skipped; a torn line anywhere else is an error."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    lines = [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise
+    return rows
+
+
+def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]]) -> None:
+    """Replace a JSONL file atomically with ``records``."""
+    atomic_write_bytes(path, "".join(jsonl_line(r) for r in records).encode())
+
+
+def utc_now(*, timespec: str = "milliseconds") -> str:
+    """Current time, ISO 8601 UTC."""
+    return datetime.now(UTC).isoformat(timespec=timespec)
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 time as written by :func:`utc_now` (naive times are taken as UTC)."""
+    t = datetime.fromisoformat(text)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def median(values: Iterable[float]) -> float | None:
+    """The median, or None for no values."""
+    vals = list(values)
+    return statistics.median(vals) if vals else None
+
+
+def git_commit(cwd: str | Path | None = None) -> str | None:
+    """The checkout's commit (with ``-dirty`` when tracked files changed), or None outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("-dirty" if dirty else "") if head else None
