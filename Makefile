@@ -6,9 +6,6 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OUT ?= demo
 SPEC ?= examples/digits/campaign.yaml
-export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
-export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
-export DO_NOT_TRACK ?= 1
 
 .PHONY: venv install demo test test-fast lint bench stack-up stack-down clean
 
@@ -31,8 +28,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
 
+# Unit tests only: no Prefect server, no new torch process, no real service (under a minute).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -ra -m "not e2e and not slow"
+	$(BIN)/python -m pytest -q -ra -m "not e2e and not slow and not server and not process"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tasks flows tests bench

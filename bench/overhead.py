@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from gpucampaign._runner import prefect_environment
 from gpucampaign.corpus import load_spec_corpus
 from gpucampaign.recipes import build_model, fit_input_stats
 from gpucampaign.scaffold import write_spec_copy
@@ -44,8 +45,7 @@ from gpucampaign.storage import LocalStore
 from gpucampaign.training import build_optimizer, build_scheduler, seed_everything, train_run
 
 ROOT = Path(__file__).resolve().parents[1]
-QUIET = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-         "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING"}
+QUIET = prefect_environment(logging_level="WARNING")
 
 
 def bare_loop(spec: CampaignSpec, run: str, *, X: torch.Tensor, y: torch.Tensor, n_classes: int) -> float:

@@ -10,6 +10,8 @@ import os
 import shutil
 import tempfile
 
+from gpucampaign._runner import prefect_environment
+
 # A private PREFECT_HOME: tests never touch ~/.prefect, a profile, or a server the user
 # exported (after `make stack-up`, PREFECT_API_URL points at the real stack).
 _PREFECT_HOME = tempfile.mkdtemp(prefix="gpucampaign-prefect-home-")
@@ -17,10 +19,9 @@ atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
 os.environ["PREFECT_HOME"] = _PREFECT_HOME
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("PREFECT_PROFILE", None)
-os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "90"
-os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-os.environ["DO_NOT_TRACK"] = "1"
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.update(
+    prefect_environment(logging_level=os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING"))
+)
 
 import pytest  # noqa: E402
 
@@ -36,3 +37,10 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=None):
         yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that takes the Prefect server fixture starts a server: mark it so."""
+    for item in items:
+        if "prefect_harness" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.server)

@@ -15,13 +15,22 @@ from typing import Any
 from gpucampaign.spec import SpecError
 
 # Measured: a fresh PREFECT_HOME needs ~21 s to start the embedded server (default limit 20 s),
-# and the telemetry heartbeat floods stderr with SQLite lock errors.
+# and the telemetry heartbeat floods stderr with SQLite lock errors. The one home of these
+# settings: the CLI, the tests and the benches all take them from here.
 EMBEDDED_DEFAULTS = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
     "PREFECT_LOGGING_LEVEL": "INFO",  # one line per finished phase: what a long run shows
 }
+
+
+def prefect_environment(*, logging_level: str | None = None) -> dict[str, str]:
+    """The embedded-server defaults, optionally with another logging level (tests, benches)."""
+    env = dict(EMBEDDED_DEFAULTS)
+    if logging_level:
+        env["PREFECT_LOGGING_LEVEL"] = logging_level
+    return env
 
 
 def find_checkout() -> Path:

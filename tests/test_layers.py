@@ -1,0 +1,60 @@
+"""The layering holds: the library never imports Prefect, and the CLI says what is missing when
+the flows cannot be found."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpucampaign import _runner
+from gpucampaign.spec import SpecError
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "gpucampaign"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_no_library_module_imports_prefect() -> None:
+    modules = sorted(SRC.rglob("*.py"))
+    assert len(modules) > 10
+    offenders = {
+        str(p.relative_to(SRC)): sorted(m for m in _imported_modules(p) if m.split(".")[0] == "prefect")
+        for p in modules
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+@pytest.mark.process
+def test_importing_the_whole_library_loads_no_prefect() -> None:
+    names = [p.relative_to(SRC.parent).with_suffix("").as_posix().replace("/", ".")
+             for p in SRC.rglob("*.py") if p.name != "__main__.py"]
+    code = (
+        "import importlib, sys\n"
+        f"for n in {names!r}:\n"
+        "    importlib.import_module(n.removesuffix('.__init__'))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_run_without_the_flows_says_what_is_missing(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_runner, "__file__", str(tmp_path / "site-packages" / "gpucampaign" / "x.py"))
+    with pytest.raises(SpecError) as err:
+        _runner.find_checkout()
+    message = str(err.value)
+    assert "flows/" in message and "prefect deployment run campaign/main" in message
