@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
-from gpucampaign.outputs import verify_output
+from gpucampaign.verify import verify_output
 from tests._closing import build_closed_folder, reseal
 
 
@@ -178,7 +178,7 @@ def test_no_manifest(out: Path):
 
 
 def test_external_corpus_is_checked_by_hash_and_models_reload_from_it(out: Path, closed: dict, tmp_path: Path):
-    from gpucampaign.outputs import reference_corpus
+    from gpucampaign.manifest import reference_corpus
 
     copy = out / "data" / "corpus.csv"
     elsewhere = tmp_path / "big" / "corpus.csv"
@@ -199,7 +199,8 @@ def test_external_corpus_is_checked_by_hash_and_models_reload_from_it(out: Path,
 def test_reload_check_with_a_loaded_corpus_before_any_manifest(out: Path, closed: dict):
     """The close task checks deliveries before the manifest exists: it passes the corpus itself."""
     from gpucampaign.corpus import load_corpus
-    from gpucampaign.outputs import corpus_file, reload_check
+    from gpucampaign.manifest import corpus_file
+    from gpucampaign.predictions import reload_check
     from gpucampaign.spec import load_spec
 
     ref = json.loads((out / "manifest.json").read_text())["corpus"]
