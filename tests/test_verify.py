@@ -354,3 +354,25 @@ def test_a_reload_that_fails_is_named_by_the_reload_check(out: Path, closed: dic
     assert found == [("reload_failed", f"runs/{closed['run_ids']['control']}/model")]
     assert ctx.reloaded == [closed["run_ids"]["wide"]]
     assert check_models_reload(VerifyContext.open(out, reload=False)) == []
+
+
+def test_fresh_process_entry_point_checks_and_predicts_again(out: Path, closed: dict, capsys):
+    import torch
+
+    from gpucampaign.predictions import main
+
+    rid = closed["run_ids"]["wide"]
+    threads = torch.get_num_threads()  # a reload sets the run's thread count in this process
+    try:
+        assert main(["reload-check", str(out), rid]) == 0
+        assert capsys.readouterr().out == f"{rid}: {_row_count(out, rid)} rows reproduced\n"
+        again = out.parent / "again.csv"
+        assert main(["predict", str(out), rid, "--to", str(again)]) == 0
+        assert again.read_bytes() == (out / "runs" / rid / "predictions.csv").read_bytes()
+        assert main(["reload-check", str(out.parent / "nowhere")]) == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _row_count(out: Path, rid: str) -> int:
+    return len((out / "runs" / rid / "predictions.csv").read_text().splitlines()) - 1
