@@ -16,7 +16,7 @@ from prefect.states import Failed
 
 from gpucampaign import calendar
 from gpucampaign.decision import Decision
-from gpucampaign.outputs import OutputFolder
+from gpucampaign.folder import OutputFolder
 from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
 from gpucampaign.stoprules import StopRule
 from gpucampaign.tariffs import load_catalog

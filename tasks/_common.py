@@ -11,7 +11,7 @@ from typing import Any
 from prefect.cache_policies import NO_CACHE
 
 from gpucampaign.files import utc_now
-from gpucampaign.outputs import OutputFolder
+from gpucampaign.folder import OutputFolder
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import StopRule
 

@@ -20,17 +20,17 @@ from gpucampaign.close import (
     write_report,
 )
 from gpucampaign.corpus import corpus_path, load_spec_corpus
-from gpucampaign.outputs import (
-    OutputFolder,
+from gpucampaign.folder import OutputFolder
+from gpucampaign.manifest import (
     build_manifest,
     collect_environment,
     reference_corpus,
-    reload_check,
-    verify_output,
     write_reload_md,
 )
+from gpucampaign.predictions import reload_check
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.training import read_metrics
+from gpucampaign.verify import verify_output
 from tasks._common import PHASE_OPTIONS, TASK_OPTIONS, artifact_key, busy, out_folder
 
 

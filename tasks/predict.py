@@ -7,7 +7,7 @@ from typing import Any
 from prefect import task
 
 from gpucampaign.corpus import load_spec_corpus
-from gpucampaign.outputs import error_analysis, read_predictions, write_run_predictions
+from gpucampaign.predictions import error_analysis, read_predictions, write_run_predictions
 from gpucampaign.spec import CampaignSpec
 from tasks._common import PHASE_OPTIONS, busy, out_folder
 

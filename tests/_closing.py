@@ -28,16 +28,14 @@ from gpucampaign.close import (
     write_report,
 )
 from gpucampaign.corpus import load_corpus
-from gpucampaign.outputs import (
-    OutputFolder,
+from gpucampaign.folder import OutputFolder
+from gpucampaign.manifest import (
     build_manifest,
     collect_environment,
-    error_analysis,
-    read_predictions,
     reference_corpus,
     write_reload_md,
-    write_run_predictions,
 )
+from gpucampaign.predictions import error_analysis, read_predictions, write_run_predictions
 from gpucampaign.recipes import build_model, fit_input_stats, save_model_dir
 from gpucampaign.spec import load_spec
 
@@ -237,7 +235,8 @@ def build_closed_folder(
 
 def reseal(out: Path) -> None:
     """Rebuild the manifest's file list after a test changed a file on purpose."""
-    from gpucampaign.outputs import list_files, sha256_file
+    from gpucampaign.files import sha256_file
+    from gpucampaign.manifest import list_files
 
     m = json.loads((out / "manifest.json").read_text())
     m["files"] = [

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpucampaign.outputs import verify_output
 from gpucampaign.scaffold import init_campaign
+from gpucampaign.verify import verify_output
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -8,16 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpucampaign.outputs import (
-    OutputFolder,
-    PlanRewriteError,
+from gpucampaign.files import sha256_file
+from gpucampaign.folder import OutputFolder, PlanRewriteError
+from gpucampaign.manifest import list_files, reference_corpus
+from gpucampaign.predictions import (
     Predictions,
     error_analysis,
-    list_files,
     read_predictions,
-    reference_corpus,
     render_error_analysis_md,
-    sha256_file,
     write_predictions,
 )
 from gpucampaign.spec import SpecError
@@ -134,14 +132,14 @@ def test_manifest_lists_every_file_but_itself(tmp_path: Path):
     assert m["environment"]["torch"]
     reload_md = (out / "RELOAD.md").read_text()
     first = next(iter(m["runs"]))
-    assert f"python -m gpucampaign.outputs reload-check . {first}" in reload_md
+    assert f"python -m gpucampaign.predictions reload-check . {first}" in reload_md
     assert "campaign verify ." in reload_md
 
 
 def test_written_files_follow_the_umask_not_mkstemps_0600(tmp_path):
     import os
 
-    from gpucampaign.outputs import OutputFolder
+    from gpucampaign.folder import OutputFolder
 
     mask = os.umask(0o022)
     os.umask(mask)

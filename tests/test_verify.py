@@ -10,7 +10,23 @@ import pytest
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
-from gpucampaign.outputs import verify_output
+from gpucampaign.verify import (
+    CHECKS,
+    VerifyContext,
+    check_corpus,
+    check_empty_files,
+    check_escaping_paths,
+    check_expected_runs,
+    check_json,
+    check_links,
+    check_manifest_files,
+    check_manifest_readable,
+    check_models_reload,
+    check_plan_hash,
+    check_spec,
+    check_temp_paths,
+    verify_output,
+)
 from tests._closing import build_closed_folder, reseal
 
 
@@ -178,7 +194,7 @@ def test_no_manifest(out: Path):
 
 
 def test_external_corpus_is_checked_by_hash_and_models_reload_from_it(out: Path, closed: dict, tmp_path: Path):
-    from gpucampaign.outputs import reference_corpus
+    from gpucampaign.manifest import reference_corpus
 
     copy = out / "data" / "corpus.csv"
     elsewhere = tmp_path / "big" / "corpus.csv"
@@ -199,7 +215,8 @@ def test_external_corpus_is_checked_by_hash_and_models_reload_from_it(out: Path,
 def test_reload_check_with_a_loaded_corpus_before_any_manifest(out: Path, closed: dict):
     """The close task checks deliveries before the manifest exists: it passes the corpus itself."""
     from gpucampaign.corpus import load_corpus
-    from gpucampaign.outputs import corpus_file, reload_check
+    from gpucampaign.manifest import corpus_file
+    from gpucampaign.predictions import reload_check
     from gpucampaign.spec import load_spec
 
     ref = json.loads((out / "manifest.json").read_text())["corpus"]
@@ -215,3 +232,147 @@ def test_reload_check_with_a_loaded_corpus_before_any_manifest(out: Path, closed
     path.write_text("\n".join(lines) + "\n")
     found = reload_check(out, [rid], corpus=corpus)[rid]
     assert found["ok"] is False and found["mismatches"] == 1 and found["first_mismatch"]["id"] == row[0]
+
+
+# --- one check at a time ----------------------------------------------------------------------
+def _emptied(out: Path, closed: dict) -> str:
+    target = _run_dir(out, closed) / "metrics.jsonl"
+    target.write_text("")
+    return target.relative_to(out).as_posix()
+
+
+def _temp_param(out: Path, closed: dict) -> str:
+    _edit_json(_run_dir(out, closed) / "params.json", checkpoint_dir="/tmp/gpucampaign-x/ckpt")
+    return (_run_dir(out, closed) / "params.json").relative_to(out).as_posix()
+
+
+def _escaping_link(out: Path, closed: dict) -> str:
+    md = out / "report.md"
+    md.write_text(md.read_text() + "\nSee [the notes](../../notes/secret.md).\n")
+    return "report.md"
+
+
+def _broken_json(out: Path, closed: dict) -> str:
+    params = _run_dir(out, closed) / "params.json"
+    params.write_text(params.read_text()[:-5])
+    return params.relative_to(out).as_posix()
+
+
+def _link_out(out: Path, closed: dict, tmp_path: Path) -> str:
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    params = _run_dir(out, closed) / "params.json"
+    params.unlink()
+    params.symlink_to(outside)
+    return params.relative_to(out).as_posix()
+
+
+def _added_file(out: Path, closed: dict) -> str:
+    (out / "notes.txt").write_text("added later")
+    return "notes.txt"
+
+
+def _edited_plan(out: Path, closed: dict) -> str:
+    plan = json.loads((out / "plan.json").read_text())
+    plan["steps"][0]["hours"] += 10
+    (out / "plan.json").write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n")
+    return "plan.json"
+
+
+def _edited_spec(out: Path, closed: dict) -> str:
+    spec = out / "spec.yaml"
+    spec.write_text(spec.read_text().replace("closing-test", "closing-test-2", 1))
+    return "spec.yaml"
+
+
+def _unknown_stop(out: Path, closed: dict) -> str:
+    m = json.loads((out / "manifest.json").read_text())
+    m["runs"][closed["run_ids"]["wide"]].update(status="stopped", stop_id="stop-000000000000")
+    (out / "manifest.json").write_text(json.dumps(m))
+    return f"runs/{closed['run_ids']['wide']}"
+
+
+def _altered_corpus(out: Path, closed: dict) -> str:
+    corpus = out / "data" / "corpus.csv"
+    corpus.write_text(corpus.read_text().replace("r001", "r999"))
+    return "data/corpus.csv"
+
+
+def _garbled_manifest(out: Path, closed: dict) -> str:
+    (out / "manifest.json").write_text('{"files": 3}')
+    return "manifest.json"
+
+
+BREAKS = [
+    (check_empty_files, _emptied, "empty_file"),
+    (check_temp_paths, _temp_param, "temp_path"),
+    (check_escaping_paths, _escaping_link, "escaping_path"),
+    (check_json, _broken_json, "invalid_json"),
+    (check_links, _link_out, "escaping_path"),
+    (check_manifest_files, _added_file, "unlisted_file"),
+    (check_plan_hash, _edited_plan, "plan_changed"),
+    (check_spec, _edited_spec, "spec_changed"),
+    (check_expected_runs, _unknown_stop, "unknown_stop"),
+    (check_corpus, _altered_corpus, "corpus_mismatch"),
+    (check_manifest_readable, _garbled_manifest, "invalid_manifest"),
+]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_each_check_finds_nothing_in_a_clean_folder(out: Path, closed: dict, check):
+    ctx = VerifyContext.open(out, reload=check is check_models_reload)
+    assert check(ctx) == []
+    if check is check_models_reload:
+        assert sorted(ctx.reloaded) == sorted(closed["run_ids"].values())
+
+
+@pytest.mark.parametrize(
+    ("check", "damage", "code"), BREAKS, ids=[c.__name__ for c, _, _ in BREAKS]
+)
+def test_each_check_names_the_one_defect_it_owns(out: Path, closed: dict, tmp_path: Path,
+                                                 check, damage, code):
+    args = (out, closed, tmp_path) if damage is _link_out else (out, closed)
+    path = damage(*args)
+    found = [(p.code, p.path) for p in check(VerifyContext.open(out, reload=False))]
+    assert found == [(code, path)]
+
+
+def test_checks_leave_a_defect_they_do_not_own_to_its_check(out: Path, closed: dict):
+    """An emptied file is only named by check_empty_files, not also as broken JSON or a path."""
+    _emptied(out, closed)
+    ctx = VerifyContext.open(out, reload=False)
+    for check in (check_json, check_temp_paths, check_escaping_paths, check_links):
+        assert check(ctx) == [], check.__name__
+    assert [p.code for p in check_manifest_files(ctx)] == ["size_mismatch"]
+
+
+def test_a_reload_that_fails_is_named_by_the_reload_check(out: Path, closed: dict):
+    weights = _run_dir(out, closed) / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    ctx = VerifyContext.open(out)
+    found = [(p.code, p.path) for p in check_models_reload(ctx)]
+    assert found == [("reload_failed", f"runs/{closed['run_ids']['control']}/model")]
+    assert ctx.reloaded == [closed["run_ids"]["wide"]]
+    assert check_models_reload(VerifyContext.open(out, reload=False)) == []
+
+
+def test_fresh_process_entry_point_checks_and_predicts_again(out: Path, closed: dict, capsys):
+    import torch
+
+    from gpucampaign.predictions import main
+
+    rid = closed["run_ids"]["wide"]
+    threads = torch.get_num_threads()  # a reload sets the run's thread count in this process
+    try:
+        assert main(["reload-check", str(out), rid]) == 0
+        assert capsys.readouterr().out == f"{rid}: {_row_count(out, rid)} rows reproduced\n"
+        again = out.parent / "again.csv"
+        assert main(["predict", str(out), rid, "--to", str(again)]) == 0
+        assert again.read_bytes() == (out / "runs" / rid / "predictions.csv").read_bytes()
+        assert main(["reload-check", str(out.parent / "nowhere")]) == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _row_count(out: Path, rid: str) -> int:
+    return len((out / "runs" / rid / "predictions.csv").read_text().splitlines()) - 1

@@ -267,7 +267,7 @@ def run_cmd(
 ) -> None:
     """Run the whole campaign in this process (embedded Prefect, local storage); rerun to resume."""
     from gpucampaign._runner import load_flow
-    from gpucampaign.outputs import OutputFolder
+    from gpucampaign.folder import OutputFolder
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
@@ -311,7 +311,7 @@ def verify_cmd(
     ),
 ) -> None:
     """Check an output folder against its manifest and reload every model: exit 0 verified, 4 not."""
-    from gpucampaign.outputs import verify_output
+    from gpucampaign.verify import verify_output
 
     if not out.is_dir():
         raise SpecError(f"'{out}' is not a folder: give a campaign's output folder.", field="OUT")

@@ -739,7 +739,7 @@ def _hours(x: float | None) -> str:
 
 def render_report_md(report: Mapping[str, Any]) -> str:
     """``report.md``: verdict, runs, budget, forecast vs actual, decisions, stops, analysis, figures."""
-    from gpucampaign.outputs import render_error_analysis_md
+    from gpucampaign.predictions import render_error_analysis_md
 
     v = report["verdict"]
     figures = report.get("figures") or {}
@@ -860,7 +860,7 @@ def render_report_html(report_md: str, *, root: str | Path, title: str = "Closin
 
     from markdown_it import MarkdownIt
 
-    from gpucampaign.outputs import OutputFolder
+    from gpucampaign.folder import OutputFolder
 
     folder = OutputFolder(root)
     body = MarkdownIt("commonmark", {"html": False}).enable("table").render(report_md)
@@ -896,7 +896,7 @@ def write_report(root: str | Path, report: Mapping[str, Any]) -> dict[str, Path]
     Returns:
         ``{json, md, html, estimates}`` paths.
     """
-    from gpucampaign.outputs import OutputFolder
+    from gpucampaign.folder import OutputFolder
 
     folder = OutputFolder(root)
     md = render_report_md(report)

@@ -451,7 +451,7 @@ def output_check_target(out_dir: str | Path, *, spec_path: str | Path | None = N
         NoUsableRestart: No run of the spec has a checkpoint in the store.
     """
     from gpucampaign.files import sha256_file
-    from gpucampaign.outputs import corpus_file
+    from gpucampaign.manifest import corpus_file
     from gpucampaign.spec import load_spec, resolve_inside
     from gpucampaign.storage import open_store
 

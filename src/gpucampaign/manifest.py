@@ -1,0 +1,294 @@
+"""The manifest that closes an output folder, and what it records.
+
+``manifest.json`` lists every file with its size and sha256, the runs and their statuses, the
+environment a reload depends on and the corpus (copied under ``data/`` when small, else
+referenced by location and hash). ``RELOAD.md`` gives the commands to check and reload.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpucampaign.files import git_commit, sha256_file, utc_now
+from gpucampaign.folder import MANIFEST, PLAN_SHA, RELOAD, OutputFolder
+from gpucampaign.spec import CampaignSpec, SpecError, spec_sha256
+
+CORPUS_COPY_LIMIT = 50 * 1024 * 1024
+MANIFEST_FORMAT = "gpucampaign.manifest/1"
+
+
+def list_files(root: str | Path) -> list[str]:
+    """Relative posix paths of every file under ``root`` except ``manifest.json``, sorted."""
+    base = Path(root)
+    out = []
+    for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+        dirnames.sort()
+        for name in filenames:
+            rel = (Path(dirpath) / name).relative_to(base).as_posix()
+            if rel != MANIFEST:
+                out.append(rel)
+    return sorted(out)
+
+
+def read_manifest(root: str | Path) -> dict[str, Any]:
+    """The parsed ``manifest.json`` of a closed campaign's folder.
+
+    Raises:
+        SpecError: the folder has no manifest.
+    """
+    p = Path(root) / MANIFEST
+    if not p.is_file():
+        raise SpecError(
+            f"'{p}' does not exist: give the output folder of a closed campaign", field="OUT"
+        )
+    return json.loads(p.read_text(encoding="utf-8"))
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def collect_environment(*, cwd: str | Path | None = None) -> dict[str, Any]:
+    """Versions that a reload depends on; no paths, no host names, no credentials."""
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": f"{platform.system()}-{platform.machine()}",
+        "gpucampaign": _version("gpucampaign"),
+        "torch": _version("torch"),
+        "safetensors": _version("safetensors"),
+        "numpy": _version("numpy"),
+        "scikit-learn": _version("scikit-learn"),
+        "prefect": _version("prefect"),
+        "git_commit": git_commit(cwd),
+    }
+    try:
+        import torch
+
+        env["cuda"] = torch.version.cuda
+        env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return env
+
+
+def reference_corpus(
+    root: str | Path,
+    corpus_path: str | Path,
+    *,
+    sha256: str | None = None,
+    copy_limit_bytes: int = CORPUS_COPY_LIMIT,
+) -> dict[str, Any]:
+    """Keep the corpus with the outputs: a copy under ``data/`` when small, else a reference.
+
+    Args:
+        root: the output folder.
+        corpus_path: the corpus file the campaign used.
+        sha256: its pinned hash (checked when given).
+        copy_limit_bytes: files below this size are copied (50 MB by default).
+
+    Returns:
+        ``{kind: "copied", path: "data/<name>", sha256, size}`` or
+        ``{kind: "external", location: "<absolute path>", sha256, size}``.
+
+    Raises:
+        SpecError: the file is missing or does not have the pinned hash.
+    """
+    src = Path(corpus_path)
+    if not src.is_file():
+        raise SpecError(f"corpus file '{src}' does not exist", field="corpus.path")
+    digest = sha256_file(src)
+    if sha256 is not None and digest != sha256:
+        raise SpecError(
+            f"corpus file '{src}' has sha256 {digest}, not the pinned {sha256}",
+            field="corpus.sha256",
+        )
+    size = src.stat().st_size
+    ref: dict[str, Any] = {"sha256": digest, "size": size, "name": src.name}
+    if size < copy_limit_bytes:
+        rel = f"data/{src.name}"
+        folder = OutputFolder(root)
+        if not folder.path(rel).is_file() or sha256_file(folder.path(rel)) != digest:
+            folder.copy_in(src, rel)
+        return {"kind": "copied", "path": rel, **ref}
+    return {"kind": "external", "location": str(src.resolve()), **ref}
+
+
+def corpus_file(root: str | Path, corpus_ref: Mapping[str, Any]) -> Path:
+    """The corpus file a manifest's corpus reference points to."""
+    if corpus_ref.get("kind") == "copied":
+        return OutputFolder(root).path(corpus_ref["path"])
+    return Path(corpus_ref["location"])
+
+
+def build_manifest(
+    root: str | Path,
+    *,
+    spec: CampaignSpec,
+    campaign_id: str,
+    expected_runs: Mapping[str, Mapping[str, Any]],
+    verdict: Any,
+    stops: Sequence[Mapping[str, Any]],
+    decisions: Sequence[Mapping[str, Any]],
+    budget: Mapping[str, Any],
+    environment: Mapping[str, Any],
+    corpus_ref: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """Write ``manifest.json``: IDs, hashes, runs and statuses, every file with size and sha256.
+
+    Build it last: it lists every file present (except itself), so anything written after it
+    shows up in ``verify_output`` as a file missing from the manifest.
+
+    Args:
+        root: the output folder.
+        spec: the campaign spec (its sha256 is recorded).
+        campaign_id: the campaign's ID.
+        expected_runs: ``{run_id: {run, tier, status, stop_id?}}`` for every run of the spec;
+            status ``completed`` requires the run's files and a reloadable model.
+        verdict: the verdict (``Verdict`` or its dict).
+        stops: ``stops.jsonl`` records.
+        decisions: ``decisions.jsonl`` records.
+        budget: the budget close (``close_budget``).
+        environment: ``collect_environment()``.
+        corpus_ref: ``reference_corpus()``, None when the spec has no corpus.
+
+    Returns:
+        The manifest dict written.
+
+    Raises:
+        SpecError: ``plan.sha256`` (written at the start) is missing.
+    """
+    folder = OutputFolder(root)
+    plan_sha = folder.plan_sha256()
+    if plan_sha is None:
+        raise SpecError(
+            f"'{folder.path(PLAN_SHA)}' is missing: the plan must be written with "
+            "write_plan_once at the start",
+            field="out",
+        )
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "campaign_id": campaign_id,
+        "campaign": spec.name,
+        "question": spec.question,
+        "created_at": utc_now(),
+        "spec_sha256": spec_sha256(spec),
+        "plan_sha256": plan_sha,
+        "runs": {rid: dict(v) for rid, v in expected_runs.items()},
+        "verdict": verdict.to_dict() if hasattr(verdict, "to_dict") else verdict,
+        "stops": list(stops),
+        "decisions": list(decisions),
+        "budget": dict(budget),
+        "environment": dict(environment),
+        "corpus": None if corpus_ref is None else dict(corpus_ref),
+        "files": _file_entries(folder.root),
+    }
+    folder.write_json(MANIFEST, manifest)
+    return manifest
+
+
+def _file_entries(root: Path) -> list[dict[str, Any]]:
+    return [
+        {"path": rel, "size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
+        for rel in list_files(root)
+    ]
+
+
+_RELOAD_TEMPLATE = """# Reloading this campaign's models
+
+Everything below runs from this folder, on CPU, with the `gpucampaign` package installed
+(`pip install -e <checkout>` of the commit `{commit}`).
+Recorded versions: {versions}.
+
+{corpus_line}
+
+Models (safetensors weights, `config.json` with the recipe and versions):
+
+{run_lines}
+
+## 1. Check the whole folder
+
+```bash
+campaign verify . --json
+```
+
+Exit 0 means every file matches `manifest.json` (size and sha256), no path points into a
+temporary folder or out of this folder, `plan.json` is the plan written at the start, and every
+model reloaded in a fresh process reproduced its `predictions.csv` exactly.
+
+## 2. Reload one model and compare with its predictions
+
+```bash
+python -m gpucampaign.predictions reload-check . {first} --json
+```
+
+## 3. Predict with a reloaded model
+
+```bash
+python -m gpucampaign.predictions predict . {first} --to predictions-again.csv
+```
+
+or in Python:
+
+```python
+from gpucampaign.predictions import load_run_model, features_for
+from gpucampaign.recipes import predict
+
+model = load_run_model(".", "{first}")           # runs/{first}/model/ on CPU
+ids, X, y = features_for(".", ids=None)           # the decision split of the corpus
+pred, confidence = predict(model, X)
+```
+"""
+
+
+def _corpus_line(corpus_ref: Mapping[str, Any] | None) -> str:
+    if corpus_ref is None:
+        return "The spec names no corpus."
+    if corpus_ref.get("kind") == "copied":
+        return (
+            f"The corpus is copied in this folder: `{corpus_ref['path']}` "
+            f"(sha256 `{corpus_ref['sha256']}`)."
+        )
+    return (
+        f"The corpus was too large to copy ({corpus_ref['size']} bytes): it stays at "
+        f"`{corpus_ref['location']}` (sha256 `{corpus_ref['sha256']}`). Put a copy with that "
+        "hash there (or edit nothing else) before reloading; `campaign verify` checks the hash."
+    )
+
+
+def write_reload_md(
+    root: str | Path,
+    *,
+    runs: Mapping[str, str],
+    corpus_ref: Mapping[str, Any] | None,
+    environment: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``RELOAD.md``: the exact commands to check, reload a model and predict.
+
+    Args:
+        root: the output folder.
+        runs: ``{run_id: run name}`` of the runs with a saved model.
+        corpus_ref: ``reference_corpus()`` (copied under data/, or external with its sha256).
+        environment: ``collect_environment()``, for the versions to install.
+    """
+    env = environment or {}
+    keys = ("python", "torch", "safetensors", "gpucampaign")
+    versions = ", ".join(f"{k} {env[k]}" for k in keys if env.get(k))
+    run_lines = "\n".join(f"- `runs/{rid}/model/` ({name})" for rid, name in runs.items())
+    text = _RELOAD_TEMPLATE.format(
+        commit=env.get("git_commit") or "unknown",
+        versions=versions or "see manifest.json",
+        corpus_line=_corpus_line(corpus_ref),
+        run_lines=run_lines or "- (no completed run)",
+        first=next(iter(runs), "<run_id>"),
+    )
+    return OutputFolder(root).write_text(RELOAD, text)

@@ -1,0 +1,544 @@
+"""Verify a closed output folder: one function per check, each naming its problems.
+
+``verify_output`` trusts nothing it is not able to check again: sizes and hashes against the
+manifest, paths that point into a temporary folder or out of the folder, the plan against the
+hash written at the start, and every model reloaded in a fresh process that must reproduce its
+``predictions.csv`` exactly on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from gpucampaign.files import sha256_file
+from gpucampaign.folder import (
+    MANIFEST,
+    MODEL_FILES,
+    PLAN,
+    PLAN_SHA,
+    RUN_FILES,
+    SPEC_COPY,
+    STOPS,
+    OutputFolder,
+)
+from gpucampaign.manifest import list_files
+from gpucampaign.predictions import reload_in_fresh_process
+from gpucampaign.spec import SpecError, load_spec, spec_sha256
+
+_TEXT_SUFFIXES = {
+    ".json", ".jsonl", ".csv", ".md", ".txt", ".yaml", ".yml", ".html", ".sha256", ".toml",
+    ".log",
+}
+_PATH_KEY = re.compile(
+    r"(^|_)(path|paths|dir|dirs|folder|file|files|location)$", re.IGNORECASE
+)
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_MD_LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|(?:src|href)=[\"']([^\"']+)[\"']")
+_DATA_URI = re.compile(r"data:[^\"')\s]+")
+
+
+@dataclass
+class Problem:
+    """One named defect of an output folder."""
+
+    code: str
+    path: str
+    detail: str
+
+
+@dataclass
+class VerifyReport:
+    """The verdict of ``verify_output``: verified only with no problem at all."""
+
+    verified: bool
+    problems: list[Problem] = field(default_factory=list)
+    checked_files: int = 0
+    reloaded_runs: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (``campaign verify --json``)."""
+        return asdict(self)
+
+    def codes(self) -> set[str]:
+        """The problem codes found."""
+        return {p.code for p in self.problems}
+
+
+# --- paths ----------------------------------------------------------------------------------
+def _temp_roots() -> list[str]:
+    roots = {"/tmp", "/var/tmp", "/dev/shm", "/var/folders", "/private/tmp", "/private/var/folders"}
+    for r in (tempfile.gettempdir(), os.environ.get("TMPDIR")):
+        if r:
+            roots.add(str(Path(r)).rstrip("/") or "/")
+    return sorted((r for r in roots if r != "/"), key=len, reverse=True)
+
+
+def _temp_pattern() -> re.Pattern[str]:
+    alts = "|".join(re.escape(r) for r in _temp_roots())
+    # Not preceded by a path character, so "runs/x/tmp/y" (a folder named tmp inside OUT) is fine.
+    return re.compile(
+        rf"(?<![\w.~/-])(?:{alts})(?=[/\\\"'\s,;:)\]}}>]|$)|AppData[\\/]+Local[\\/]+Temp", re.I
+    )
+
+
+def _escapes(value: str) -> bool:
+    if _URL.match(value) or value.startswith(("#", "data:", "mailto:")):
+        return False
+    p = PurePosixPath(value.replace("\\", "/"))
+    return (
+        p.is_absolute()
+        or value.startswith("~")
+        or bool(re.match(r"^[A-Za-z]:", value))
+        or ".." in p.parts
+    )
+
+
+def _json_path_values(obj: Any, pointer: str = "") -> Iterable[tuple[str, str]]:
+    """(JSON pointer, value) of every string under a key that names a path."""
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            ptr = f"{pointer}/{k}"
+            if _PATH_KEY.search(str(k)):
+                if isinstance(v, str):
+                    yield ptr, v
+                elif isinstance(v, list):
+                    yield from ((f"{ptr}/{n}", x) for n, x in enumerate(v) if isinstance(x, str))
+            if isinstance(v, Mapping | list):
+                yield from _json_path_values(v, ptr)
+    elif isinstance(obj, list):
+        for n, v in enumerate(obj):
+            yield from _json_path_values(v, f"{pointer}/{n}")
+
+
+# --- what the checks share ------------------------------------------------------------------
+@dataclass
+class VerifyContext:
+    """What every check reads: the folder, its files, the parsed manifest and the options.
+
+    ``reloaded`` is filled by ``check_models_reload`` with the runs whose model reproduced
+    their predictions.
+    """
+
+    base: Path
+    present: list[str]
+    manifest: dict[str, Any] | None
+    manifest_error: str | None = None
+    reload: bool = True
+    timeout_s: float = 600
+    reloaded: list[str] = field(default_factory=list)
+    temp_re: re.Pattern[str] = field(default_factory=_temp_pattern)
+    _texts: dict[str, str | None] = field(default_factory=dict, repr=False)
+    _docs: dict[str, tuple[list[Any], str | None]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(
+        cls, root: str | Path, *, reload: bool = True, timeout_s: float = 600
+    ) -> VerifyContext:
+        """Read the manifest (when it parses) and list the files of an output folder."""
+        base = Path(root)
+        manifest, error = None, None
+        mpath = base / MANIFEST
+        if mpath.is_file():
+            try:
+                manifest = json.loads(mpath.read_text(encoding="utf-8"))
+                if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+                    raise ValueError("no 'files' list")
+            except (ValueError, UnicodeDecodeError) as exc:
+                manifest, error = None, str(exc)
+        return cls(
+            base=base, present=list_files(base), manifest=manifest, manifest_error=error,
+            reload=reload, timeout_s=timeout_s,
+        )
+
+    @property
+    def runs(self) -> dict[str, Mapping[str, Any]]:
+        """The manifest's runs (empty without a manifest)."""
+        return (self.manifest or {}).get("runs") or {}
+
+    def scanned(self) -> list[str]:
+        """Every file whose content is checked: the files present and the manifest itself."""
+        return [*self.present, MANIFEST] if (self.base / MANIFEST).is_file() else self.present
+
+    def regular(self, rel: str) -> bool:
+        """A non-empty file that is not a link (links and empty files are named elsewhere)."""
+        p = self.base / rel
+        return not p.is_symlink() and p.stat().st_size > 0
+
+    def text(self, rel: str) -> str | None:
+        """The UTF-8 text of a regular text file; None for other files or undecodable text."""
+        if rel not in self._texts:
+            p = self.base / rel
+            text = None
+            if p.suffix.lower() in _TEXT_SUFFIXES and self.regular(rel):
+                try:
+                    text = p.read_text(encoding="utf-8")
+                except UnicodeDecodeError:
+                    text = None
+            self._texts[rel] = text
+        return self._texts[rel]
+
+    def scan_text(self, rel: str) -> str | None:
+        """The text searched for paths: inline data URIs of markdown and HTML cut short."""
+        text = self.text(rel)
+        if text is not None and Path(rel).suffix.lower() in (".html", ".md"):
+            return _DATA_URI.sub("data:", text)
+        return text
+
+    def json_docs(self, rel: str) -> tuple[list[Any], str | None]:
+        """The documents of a ``.json`` or ``.jsonl`` file (up to a bad line) and the error."""
+        if rel not in self._docs:
+            text, suffix = self.text(rel), Path(rel).suffix
+            docs: list[Any] = []
+            error = None
+            if text is not None and suffix == ".json":
+                try:
+                    docs = [json.loads(text)]
+                except json.JSONDecodeError as exc:
+                    error = f"not valid JSON: {exc}"
+            elif text is not None and suffix == ".jsonl":
+                for n, line in enumerate(text.splitlines(), start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        docs.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        error = f"line {n} is not valid JSON: {exc}"
+                        break
+            self._docs[rel] = (docs, error)
+        return self._docs[rel]
+
+    def undecodable(self, rel: str) -> bool:
+        """A regular text file that is not UTF-8."""
+        p = self.base / rel
+        return p.suffix.lower() in _TEXT_SUFFIXES and self.regular(rel) and self.text(rel) is None
+
+
+# --- the checks -----------------------------------------------------------------------------
+def check_manifest_readable(ctx: VerifyContext) -> list[Problem]:
+    """``manifest.json`` exists and has a list of files."""
+    if not (ctx.base / MANIFEST).is_file():
+        detail = "no manifest.json: the campaign did not close, or it was removed"
+        return [Problem("missing_manifest", MANIFEST, detail)]
+    if ctx.manifest is None:
+        detail = f"manifest.json is not a valid manifest: {ctx.manifest_error}"
+        return [Problem("invalid_manifest", MANIFEST, detail)]
+    return []
+
+
+def check_links(ctx: VerifyContext) -> list[Problem]:
+    """No file is a link; a link out of the folder is an escaping path."""
+    problems = []
+    for rel in ctx.scanned():
+        p = ctx.base / rel
+        if p.is_symlink():
+            target = os.path.realpath(p)
+            inside = Path(target).is_relative_to(ctx.base.resolve())
+            code = "symlink" if inside else "escaping_path"
+            problems.append(Problem(code, rel, f"a link to '{target}', not a file"))
+    return problems
+
+
+def _rows_after_header(text: str | None) -> int | None:
+    return None if text is None else max(len(text.strip().splitlines()) - 1, 0)
+
+
+def check_empty_files(ctx: VerifyContext) -> list[Problem]:
+    """No file is empty, no text file is undecodable, every predictions.csv has a row."""
+    problems = []
+    for rel in ctx.scanned():
+        p = ctx.base / rel
+        if p.is_symlink():
+            continue
+        if p.stat().st_size == 0:
+            problems.append(Problem("empty_file", rel, "the file is empty"))
+        elif ctx.undecodable(rel) and p.suffix not in (".json", ".jsonl"):
+            problems.append(Problem("empty_file", rel, "not UTF-8 text"))
+        elif p.name == "predictions.csv" and _rows_after_header(ctx.text(rel)) == 0:
+            detail = "predictions.csv has a header and no prediction row"
+            problems.append(Problem("empty_file", rel, detail))
+    return problems
+
+
+def check_json(ctx: VerifyContext) -> list[Problem]:
+    """Every ``.json`` file parses, and every line of every ``.jsonl`` file."""
+    problems = []
+    for rel in ctx.scanned():
+        if Path(rel).suffix not in (".json", ".jsonl") or not ctx.regular(rel):
+            continue
+        if ctx.undecodable(rel):
+            problems.append(Problem("invalid_json", rel, "not UTF-8 text"))
+            continue
+        _, error = ctx.json_docs(rel)
+        if error:
+            problems.append(Problem("invalid_json", rel, error))
+    return problems
+
+
+def check_temp_paths(ctx: VerifyContext) -> list[Problem]:
+    """No text file points into a temporary folder (the first such place of each is named)."""
+    problems = []
+    for rel in ctx.scanned():
+        scan = ctx.scan_text(rel)
+        m = ctx.temp_re.search(scan) if scan is not None else None
+        if m:
+            line = scan.count("\n", 0, m.start()) + 1
+            snippet = scan[m.start(): m.start() + 80].split("\n")[0].split('"')[0]
+            detail = f"line {line} points into a temporary folder: '{snippet}'"
+            problems.append(Problem("temp_path", rel, detail))
+    return problems
+
+
+def _external_corpus(manifest: Mapping[str, Any] | None) -> bool:
+    corpus = (manifest or {}).get("corpus")
+    return isinstance(corpus, Mapping) and corpus.get("kind") == "external"
+
+
+def check_escaping_paths(ctx: VerifyContext) -> list[Problem]:
+    """No markdown/HTML link and no JSON path value is absolute or climbs out of the folder.
+
+    A value in a temporary folder is named by ``check_temp_paths`` instead; the manifest's
+    external corpus location is the one absolute path allowed.
+    """
+    problems = []
+    for rel in ctx.scanned():
+        scan = ctx.scan_text(rel)
+        if scan is not None and Path(rel).suffix in (".md", ".html"):
+            for mm in _MD_LINK.finditer(scan):
+                target = mm.group(1) or mm.group(2)
+                if target and _escapes(target):
+                    detail = f"links to '{target}', outside the output folder"
+                    problems.append(Problem("escaping_path", rel, detail))
+        external_ok = rel == MANIFEST and _external_corpus(ctx.manifest)
+        for doc in ctx.json_docs(rel)[0]:
+            for ptr, value in _json_path_values(doc):
+                if external_ok and ptr == "/corpus/location":
+                    continue
+                if _escapes(value) and not ctx.temp_re.match(value):
+                    detail = f"{ptr} = '{value}' is absolute or climbs out of the output folder"
+                    problems.append(Problem("escaping_path", rel, detail))
+    return problems
+
+
+def check_manifest_files(ctx: VerifyContext) -> list[Problem]:
+    """The manifest lists every file present, each with its size and sha256, and no other."""
+    if ctx.manifest is None:
+        return []
+    problems = []
+    listed: dict[str, Mapping[str, Any]] = {}
+    for entry in ctx.manifest["files"]:
+        rel = str(entry.get("path", ""))
+        if _escapes(rel) or not rel:
+            detail = f"file entry '{rel}' is absolute or climbs out of the output folder"
+            problems.append(Problem("escaping_path", MANIFEST, detail))
+            continue
+        listed[rel] = entry
+    present = set(ctx.present)
+    for rel in sorted(set(listed) - present):
+        problems.append(Problem("missing_file", rel, "listed in manifest.json but absent"))
+    for rel in sorted(present - set(listed)):
+        problems.append(Problem("unlisted_file", rel, "present but not listed in manifest.json"))
+    for rel in sorted(set(listed) & present):
+        p, entry = ctx.base / rel, listed[rel]
+        if p.is_symlink():
+            continue
+        size = p.stat().st_size
+        if size != entry.get("size"):
+            detail = f"{size} bytes, manifest says {entry.get('size')}"
+            problems.append(Problem("size_mismatch", rel, detail))
+        elif sha256_file(p) != entry.get("sha256"):
+            detail = f"sha256 differs from the manifest's {str(entry.get('sha256'))[:12]}..."
+            problems.append(Problem("hash_mismatch", rel, detail))
+    return problems
+
+
+def check_plan_hash(ctx: VerifyContext) -> list[Problem]:
+    """``plan.json`` still has the hash written at the start, and the manifest agrees."""
+    recorded = OutputFolder(ctx.base).plan_sha256()
+    if not (ctx.base / PLAN).is_file():
+        return [Problem("missing_plan", PLAN, "plan.json is missing")]
+    if recorded is None:
+        detail = "plan.sha256 (the plan's hash written at the start) is missing"
+        return [Problem("missing_plan", PLAN_SHA, detail)]
+    problems = []
+    actual = sha256_file(ctx.base / PLAN)
+    if actual != recorded:
+        detail = f"sha256 {actual[:12]}... differs from {recorded[:12]}... written at the start"
+        problems.append(Problem("plan_changed", PLAN, detail))
+    if ctx.manifest is not None and ctx.manifest.get("plan_sha256") != recorded:
+        detail = "plan_sha256 in the manifest differs from plan.sha256 written at the start"
+        problems.append(Problem("plan_changed", MANIFEST, detail))
+    return problems
+
+
+def check_spec(ctx: VerifyContext) -> list[Problem]:
+    """``spec.yaml`` loads with the manifest's hash, and every run it defines is in the manifest."""
+    if ctx.manifest is None:
+        return []
+    if not (ctx.base / SPEC_COPY).is_file():
+        return [Problem("missing_file", SPEC_COPY, "spec.yaml (the campaign's spec) is missing")]
+    try:
+        spec = load_spec(ctx.base / SPEC_COPY)
+    except SpecError as exc:
+        return [Problem("spec_changed", SPEC_COPY, f"spec.yaml no longer loads: {exc}")]
+    problems = []
+    if ctx.manifest.get("spec_sha256") != spec_sha256(spec):
+        detail = "the spec's sha256 differs from the manifest's spec_sha256"
+        problems.append(Problem("spec_changed", SPEC_COPY, detail))
+    for name in spec.run_names() if spec.control is not None else []:
+        rid = spec.run_id(name)
+        if rid not in ctx.runs:
+            detail = f"run '{name}' ({rid}) of the spec is not in the manifest"
+            problems.append(Problem("missing_run", f"runs/{rid}", detail))
+    return problems
+
+
+def _lacking_files(ctx: VerifyContext, run_id: str) -> list[str]:
+    """The files a completed run should have and does not (relative to its folder)."""
+    rdir = ctx.base / "runs" / run_id
+    lacking = [f for f in RUN_FILES if not (rdir / f).is_file()]
+    lacking += [f"model/{f}" for f in MODEL_FILES if not (rdir / "model" / f).is_file()]
+    return lacking
+
+
+def check_expected_runs(ctx: VerifyContext) -> list[Problem]:
+    """Each stopped run's stop is in ``stops.jsonl``; each completed run has all its files."""
+    if ctx.manifest is None:
+        return []
+    # The lines that parse: a bad line is named by check_json.
+    stops = ctx.json_docs(STOPS)[0] if (ctx.base / STOPS).is_file() else []
+    stop_ids = {r.get("stop_id") for r in stops if isinstance(r, Mapping)}
+    problems = []
+    for rid, info in ctx.runs.items():
+        rdir = f"runs/{rid}"
+        if info.get("stop_id") and info["stop_id"] not in stop_ids:
+            detail = f"stop {info['stop_id']} of run {rid} is not in stops.jsonl"
+            problems.append(Problem("unknown_stop", rdir, detail))
+        if info.get("status") != "completed":
+            continue
+        if not (ctx.base / rdir).is_dir():
+            detail = (
+                f"expected run {rid} ({info.get('run')}) is completed but its folder is missing"
+            )
+            problems.append(Problem("missing_run", rdir, detail))
+            continue
+        for f in _lacking_files(ctx, rid):
+            detail = f"completed run {rid} lacks {f}"
+            problems.append(Problem("missing_file", f"{rdir}/{f}", detail))
+    return problems
+
+
+def check_corpus(ctx: VerifyContext) -> list[Problem]:
+    """The corpus the predictions came from is there (copied or external) with its sha256."""
+    corpus = (ctx.manifest or {}).get("corpus")
+    if not isinstance(corpus, Mapping):
+        return []
+    if corpus.get("kind") == "copied":
+        rel, named = str(corpus.get("path", "")), str(corpus.get("path"))
+        if _escapes(rel):
+            return []  # already named by check_escaping_paths
+        if not (ctx.base / rel).is_file():
+            return [Problem("corpus_missing", named, "the corpus copy is missing")]
+        if sha256_file(ctx.base / rel) != corpus.get("sha256"):
+            detail = "the corpus copy's sha256 differs from the manifest"
+            return [Problem("corpus_mismatch", named, detail)]
+        return []
+    # A temporary location is named by check_temp_paths, from the manifest's text.
+    loc = str(corpus.get("location", ""))
+    if not Path(loc).is_file():
+        return [Problem("corpus_missing", MANIFEST, f"the external corpus '{loc}' is missing")]
+    if sha256_file(loc) != corpus.get("sha256"):
+        detail = f"the external corpus '{loc}' does not have the recorded sha256"
+        return [Problem("corpus_mismatch", MANIFEST, detail)]
+    return []
+
+
+def check_models_reload(ctx: VerifyContext) -> list[Problem]:
+    """Every completed run's model reloads in a fresh process and reproduces its predictions.
+
+    Runs without a folder, a ``predictions.csv`` or model files are skipped (named by
+    ``check_expected_runs``). The runs reproduced exactly go to ``ctx.reloaded``.
+    """
+    if ctx.manifest is None or not ctx.reload:
+        return []
+    to_reload = [
+        rid for rid, info in ctx.runs.items()
+        if info.get("status") == "completed"
+        and (ctx.base / "runs" / rid).is_dir()
+        and not any(
+            f == "predictions.csv" or f.startswith("model/") for f in _lacking_files(ctx, rid)
+        )
+    ]
+    problems = []
+    found = reload_in_fresh_process(ctx.base, to_reload, timeout_s=ctx.timeout_s)
+    for rid, res in found.items():
+        if res.get("ok"):
+            ctx.reloaded.append(rid)
+        elif res.get("error"):
+            detail = f"the model does not reload in a fresh process: {res['error']}"
+            problems.append(Problem("reload_failed", f"runs/{rid}/model", detail))
+        else:
+            fm = res.get("first_mismatch") or {}
+            detail = (
+                f"the reloaded model differs on {res.get('mismatches')} of {res.get('rows')} rows "
+                f"(first: id {fm.get('id')}: expected {fm.get('expected')}, got {fm.get('got')})"
+            )
+            problems.append(Problem("predictions_mismatch", f"runs/{rid}/predictions.csv", detail))
+    return problems
+
+
+CHECKS: tuple[Callable[[VerifyContext], list[Problem]], ...] = (
+    check_manifest_readable,
+    check_links,
+    check_empty_files,
+    check_json,
+    check_temp_paths,
+    check_escaping_paths,
+    check_manifest_files,
+    check_plan_hash,
+    check_spec,
+    check_expected_runs,
+    check_corpus,
+    check_models_reload,
+)
+
+
+def verify_output(root: str | Path, *, reload: bool = True, timeout_s: float = 600) -> VerifyReport:
+    """Check an output folder and name each problem.
+
+    Checks, in order (``CHECKS``): the manifest lists every file with its size and sha256
+    (and nothing else); no file is empty; JSON files parse; no path points into a temporary
+    folder or out of the folder; ``plan.json`` still has the hash written at the start; the
+    spec copy still has the recorded hash and every run it defines appears with a status; each
+    ``completed`` run has its files and a model; a stopped run's stop is in ``stops.jsonl``;
+    the corpus is there with its hash; and (``reload=True``) every model reloads in a fresh
+    process and reproduces its ``predictions.csv`` exactly on CPU.
+
+    Problem codes: missing_manifest, invalid_manifest, missing_file, unlisted_file,
+    size_mismatch, hash_mismatch, empty_file, invalid_json, temp_path, escaping_path, symlink,
+    missing_plan, plan_changed, spec_changed, missing_run, unknown_stop, corpus_missing,
+    corpus_mismatch, reload_failed, predictions_mismatch.
+
+    Args:
+        root: the output folder.
+        reload: also reload every completed run's model in a fresh process.
+        timeout_s: limit for the reload process.
+    """
+    base = Path(root)
+    if not base.is_dir():
+        problem = Problem("missing_manifest", ".", f"'{base}' is not a folder")
+        return VerifyReport(verified=False, problems=[problem])
+    ctx = VerifyContext.open(base, reload=reload, timeout_s=timeout_s)
+    problems = [p for check in CHECKS for p in check(ctx)]
+    return VerifyReport(
+        verified=not problems and ctx.manifest is not None,
+        problems=problems,
+        checked_files=len(ctx.present),
+        reloaded_runs=ctx.reloaded,
+    )
