@@ -17,7 +17,7 @@ from prefect.states import Failed
 from gpucampaign import calendar
 from gpucampaign.decision import Decision
 from gpucampaign.outputs import OutputFolder
-from gpucampaign.records import run_states
+from gpucampaign.records import read_pilot, run_states, write_pilot
 from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
 from gpucampaign.stoprules import StopRule
 from gpucampaign.tariffs import load_catalog
@@ -144,7 +144,7 @@ def _experiments(
     """Pilot, decision point, the runs under the GPU lock, restart verification, predictions."""
     logger = get_run_logger()
     essential = cs.essential_runs()
-    measured = folder.read_json("pilot.json") or {}
+    measured = read_pilot(folder.root)
     futures = {r: pilot.submit(cs, run=r, **common) for r in essential if r not in measured}
     pilot_stops, pilot_exc = [], []
     for run, fut in futures.items():
@@ -154,7 +154,7 @@ def _experiments(
         else:
             pilot_stops.append({**stop.to_record(), "run": run})
             pilot_exc.append(stop)
-    folder.write_json("pilot.json", measured)
+    write_pilot(folder.root, measured)
 
     decision = decision_point(
         cs,

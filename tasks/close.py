@@ -42,16 +42,7 @@ def close_campaign(
         description=f"Closing report: {closed.verdict.kind}",
     )
     create_table_artifact(
-        table=[
-            {
-                "run_id": r["run_id"],
-                "tier": r["tier"],
-                "status": r["status"],
-                "metric": "" if r["metric"] is None else f"{r['metric']:.4f}",
-                "stop": r["stop_id"] or "",
-            }
-            for r in closed.runs
-        ],
+        table=closed.table_rows(),
         key=artifact_key("runs", spec.name),
         description="Runs of the campaign",
     )

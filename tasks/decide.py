@@ -18,15 +18,7 @@ from gpucampaign.decision import (
     decision_markdown,
     on_timeout,
 )
-from gpucampaign.files import utc_now
-from gpucampaign.records import (
-    AFTER_PILOT,
-    REFORECAST_FILE,
-    DecisionRecord,
-    append_decision,
-    decision_after_pilot,
-    read_decisions,
-)
+from gpucampaign.records import decision_after_pilot, read_decisions, record_decision_after_pilot
 from gpucampaign.spec import CampaignSpec
 from tasks._common import artifact_key, busy, out_folder
 
@@ -51,34 +43,14 @@ def decision_point(
         logger.info("decision point: reusing the decision already taken")
         return previous
     # The decision is a calendar step of its own: a person's wait in 'ask' mode is observed time.
-    with busy(
-        folder,
-        spec,
-        phase="decide",
-        kind="human" if mode == "ask" else "machine",
-        note=f"decision by {mode}",
-    ):
+    kind = "human" if mode == "ask" else "machine"
+    with busy(folder, spec, phase="decide", kind=kind, note=f"decision by {mode}"):
         refo = decide_after_pilot(spec, catalog=catalog, pilot=pilot, pilot_stops=pilot_stops)
         decision = refo.decision
         if mode == "ask":
             decision = _ask(spec, auto=decision, timeout_s=spec.decision_point.timeout_s)
-    append_decision(
-        folder.root,
-        DecisionRecord(
-            point=AFTER_PILOT,
-            time=utc_now(timespec="seconds"),
-            decision=decision,
-            reforecast=refo.hours_record(),
-        ),
-    )
-    folder.write_json(REFORECAST_FILE, refo.plan.to_dict())
-    logger.info(
-        "decision point: %s by %s: %s%s",
-        decision.action,
-        decision.by,
-        "; ".join(decision.reasons),
-        f" (dropped: {', '.join(decision.dropped_runs)})" if decision.dropped_runs else "",
-    )
+    record_decision_after_pilot(folder.root, decision, reforecast=refo)
+    logger.info("decision point: %s", decision.summary())
     create_markdown_artifact(
         markdown=decision_markdown(decision, refo.hours),
         key=artifact_key("decision", spec.name),

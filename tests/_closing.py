@@ -32,6 +32,7 @@ from gpucampaign.records import (
     append_decision,
     append_stop,
     append_timeline,
+    write_pilot,
 )
 from gpucampaign.spec import load_spec
 from gpucampaign.training import RESULT_FILE, RunResult
@@ -164,8 +165,8 @@ def _write_records(folder: OutputFolder, spec: Any, corpus: Any, *, stop_variant
             decision=Decision(action="continue", reasons=["fits"]),
         ),
     )
-    folder.write_json(
-        "pilot.json",
+    write_pilot(
+        folder.root,
         {"control": {"load_s": 6.0, "step_s": 0.005, "eval_s": [0.01, 0.03], "save_s": [0.02]}},
     )
     t = t0 + timedelta(minutes=1)

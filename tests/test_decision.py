@@ -155,3 +155,27 @@ def test_decide_after_pilot_re_poses_when_an_essential_pilot_stopped():
     late = on_timeout(refo.decision, why="no answer in time")
     assert late.by == "timeout" and late.reasons[-1] == "no answer in time"
     assert late.action == "re-pose"
+
+
+def test_the_decision_after_the_pilot_is_recorded_once_in_one_shape(tmp_path):
+    import json
+
+    from gpucampaign.decision import decide_after_pilot
+    from gpucampaign.records import (
+        decision_after_pilot,
+        read_decisions,
+        read_plan,
+        record_decision_after_pilot,
+    )
+
+    spec = parse_spec(SPEC)
+    refo = decide_after_pilot(spec, catalog=None, pilot=_pilot(0.01), pilot_stops=[])
+    record_decision_after_pilot(tmp_path, refo.decision, reforecast=refo)
+    (line,) = [json.loads(x) for x in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    assert line["point"] == "after-pilot" and line["decision"]["action"] == "continue"
+    assert line["reforecast"]["c"]["hours"] == pytest.approx(refo.hours["c"][0])
+    assert decision_after_pilot(read_decisions(tmp_path)) == refo.decision
+    assert read_plan(tmp_path, relative="reforecast.json").step("c").hours == pytest.approx(
+        refo.hours["c"][0], abs=1e-6
+    )
+    assert refo.decision.summary().startswith("continue by auto: the re-forecast span")

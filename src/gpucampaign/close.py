@@ -39,6 +39,7 @@ from gpucampaign.records import (
     StopRecord,
     decision_after_pilot,
     read_decisions,
+    read_pilot,
     read_plan,
     read_stops,
     read_timeline,
@@ -72,6 +73,19 @@ class ClosedRuns:
     corpus_ref: dict[str, Any] | None
     deliveries: list[dict[str, Any]] = field(default_factory=list)
 
+    def table_rows(self) -> list[dict[str, str]]:
+        """The runs as short text cells (run ID, tier, status, metric, stop) for a UI table."""
+        return [
+            {
+                "run_id": r["run_id"],
+                "tier": r["tier"],
+                "status": r["status"],
+                "metric": "" if r["metric"] is None else f"{r['metric']:.4f}",
+                "stop": r["stop_id"] or "",
+            }
+            for r in self.runs
+        ]
+
     def summary(self, campaign_id: str) -> dict[str, Any]:
         """JSON-ready: what the flow reports and what the seal needs."""
         return {
@@ -96,7 +110,6 @@ def analyse_runs(
         The error analysis per run name (with flips against the control when it has one).
     """
     folder = OutputFolder(root)
-    split = spec.decision_rule.split if spec.decision_rule else "test"
     preds = {}
     for run in runs:
         rid = spec.run_id(run)
@@ -104,7 +117,7 @@ def analyse_runs(
         preds[run] = (
             read_predictions(path)
             if path.is_file()
-            else write_run_predictions(folder.root, rid, corpus=corpus, split=split)
+            else write_run_predictions(folder.root, rid, corpus=corpus, split=spec.decision_split)
         )
     analyses: dict[str, dict[str, Any]] = {}
     for run, pred in preds.items():
@@ -320,7 +333,7 @@ def write_closing_documents(
         timeline=timeline,
         decisions=closed.decisions,
         stops=closed.stops,
-        pilot=folder.read_json("pilot.json"),
+        pilot=read_pilot(root),
         metrics=closed.metrics,
     )
     plan0 = calendar.plan(spec, catalog=catalog, base_dir=base_dir)

@@ -52,6 +52,11 @@ class Decision(BaseModel):
     by: Literal["auto", "person", "timeout"] = "auto"
     inputs: dict[str, Any] = Field(default_factory=dict)
 
+    def summary(self) -> str:
+        """One line: the action, who took it, why, and the runs dropped."""
+        dropped = f" (dropped: {', '.join(self.dropped_runs)})" if self.dropped_runs else ""
+        return f"{self.action} by {self.by}: {'; '.join(self.reasons)}{dropped}"
+
     @property
     def kept(self) -> bool:
         """False when the campaign stops here (re-pose)."""

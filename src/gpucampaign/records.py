@@ -1,7 +1,7 @@
 """The records a campaign writes into its output folder, typed, with one reader each.
 
 ``plan.json`` (and ``reforecast.json``, same shape), ``decisions.jsonl``, ``stops.jsonl``,
-``timeline.jsonl`` and ``runs/<run_id>/result.json``. Each record has ONE shape: the one its
+``timeline.jsonl``, ``pilot.json`` and ``runs/<run_id>/result.json``. Each record has ONE shape: the one its
 writer writes. A reader that meets another shape says so instead of guessing.
 
 A run's state (completed, stopped, dropped, not run) is decided here, once, from these
@@ -16,12 +16,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from gpucampaign.decision import Decision
-from gpucampaign.files import append_jsonl, parse_time, read_jsonl
+from gpucampaign.decision import Decision, Reforecast
+from gpucampaign.files import (
+    append_jsonl,
+    atomic_write_bytes,
+    json_bytes,
+    parse_time,
+    read_jsonl,
+    utc_now,
+)
 from gpucampaign.spec import CampaignSpec, SpecError
 from gpucampaign.training import RESULT_FILE, RunResult
 
-PLAN_FILE, REFORECAST_FILE = "plan.json", "reforecast.json"
+PLAN_FILE, REFORECAST_FILE, PILOT_FILE = "plan.json", "reforecast.json", "pilot.json"
 DECISIONS_FILE, STOPS_FILE, TIMELINE_FILE = "decisions.jsonl", "stops.jsonl", "timeline.jsonl"
 MODEL_WEIGHTS = "model/model.safetensors"
 AFTER_PILOT = "after-pilot"
@@ -143,6 +150,22 @@ def append_decision(root: str | Path, record: DecisionRecord) -> None:
     append_jsonl(Path(root) / DECISIONS_FILE, record.to_dict())
 
 
+def record_decision_after_pilot(
+    root: str | Path, decision: Decision, *, reforecast: Reforecast
+) -> DecisionRecord:
+    """Append the decision taken after the pilot, with the re-forecast hours it rests on, and
+    keep the re-forecast plan in ``reforecast.json`` (``plan.json`` is never rewritten)."""
+    record = DecisionRecord(
+        point=AFTER_PILOT,
+        time=utc_now(timespec="seconds"),
+        decision=decision,
+        reforecast=reforecast.hours_record(),
+    )
+    append_decision(root, record)
+    atomic_write_bytes(Path(root) / REFORECAST_FILE, json_bytes(reforecast.plan.to_dict()))
+    return record
+
+
 def decision_after_pilot(decisions: Iterable[DecisionRecord]) -> Decision | None:
     """The last decision taken after the pilot, None when none was."""
     found = [d.decision for d in decisions if d.point == AFTER_PILOT]
@@ -222,8 +245,12 @@ class TimelineRow:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON line as written."""
-        return asdict(self)
+        """The JSON line as written; ``steps`` and ``outcome`` only when known."""
+        row = asdict(self)
+        for key in ("steps", "outcome"):
+            if row[key] is None:
+                del row[key]
+        return row
 
     @property
     def interval(self) -> tuple[datetime, datetime] | None:
@@ -241,6 +268,19 @@ def read_timeline(root: str | Path) -> list[TimelineRow]:
 def append_timeline(root: str | Path, row: TimelineRow) -> None:
     """Append one interval to ``timeline.jsonl`` (the one writer of that file)."""
     append_jsonl(Path(root) / TIMELINE_FILE, row.to_dict())
+
+
+# --- pilot.json -----------------------------------------------------------------------------
+def read_pilot(root: str | Path) -> dict[str, dict[str, Any]]:
+    """The pilot's measurements per run name (``decision.pilot_measures``); {} before the pilot."""
+    return dict(_read_json(Path(root) / PILOT_FILE) or {})
+
+
+def write_pilot(root: str | Path, measured: Mapping[str, Mapping[str, Any]]) -> None:
+    """Keep the pilot's measurements per run name (a rerun does not pilot again)."""
+    atomic_write_bytes(
+        Path(root) / PILOT_FILE, json_bytes({k: dict(v) for k, v in measured.items()})
+    )
 
 
 # --- runs/<run_id>/result.json and a run's state --------------------------------------------
