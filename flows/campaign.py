@@ -1,4 +1,4 @@
-"""The ``campaign`` flow: audit, pilot, decide, run, verify the restart, close (R1-R16).
+"""The ``campaign`` flow: audit, pilot, decide, run, verify the restart, close.
 
 Run it with ``campaign run SPEC`` (embedded Prefect) or ``prefect deployment run campaign/main``.
 """
@@ -17,6 +17,7 @@ from prefect.states import Failed
 from gpucampaign import calendar
 from gpucampaign.decision import Decision
 from gpucampaign.folder import OutputFolder
+from gpucampaign.records import read_pilot, run_states, write_pilot
 from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
 from gpucampaign.stoprules import StopRule
 from gpucampaign.tariffs import load_catalog
@@ -60,23 +61,13 @@ def campaign(
             directory); a spec file's own folder otherwise.
     """
     logger = get_run_logger()
-    if isinstance(spec, CampaignSpec):
-        cs, base = spec, Path(base_dir or ".").resolve()
-        text = yaml.safe_dump(cs.model_dump(mode="json"), sort_keys=False).encode()
-        source = "the spec object given"
-    else:
-        spec_path = Path(spec).resolve()
-        cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
-        text, source = spec_path.read_bytes(), f"'{spec_path}'"
-    folder = OutputFolder(Path(out))
-    folder.root.mkdir(parents=True, exist_ok=True)
-    folder.keep_spec(text, source=source)
-
+    cs, base, folder = _open(spec, out=out, base_dir=base_dir)
     catalog = load_catalog(spec=cs, base_dir=base)
     plan0 = calendar.plan(cs, catalog=catalog)
     folder.write_plan_once(plan0.to_dict())
     create_markdown_artifact(
-        markdown=calendar.render_markdown(plan0), key=artifact_key("plan", cs.name),
+        markdown=calendar.render_markdown(plan0),
+        key=artifact_key("plan", cs.name),
         description="The plan as written at the start (plan.json is never rewritten)",
     )
     campaign_id = _campaign_id(cs, folder)
@@ -84,22 +75,21 @@ def campaign(
     if note:
         logger.warning(note)
 
-    essential_stop: StopRule | None = None
     decision: Decision | None = None
     analyses: dict[str, dict[str, Any]] = {}
     common = {"base_dir": str(base), "out": str(folder.root)}
-
-    audit_stop = _stop_of(data_audit.submit(cs, **common))
-    if audit_stop is not None:
-        essential_stop = audit_stop
-    else:
-        decision, essential_stop, analyses = _experiments(cs, catalog=catalog, folder=folder, common=common,
-                                                          lanes=plan0.gpu_lanes,
-                                                          mode=decision_mode or cs.decision_point.mode)
-
+    essential_stop = _stop_of(data_audit.submit(cs, **common))
+    if essential_stop is None:
+        decision, essential_stop, analyses = _experiments(
+            cs,
+            catalog=catalog,
+            folder=folder,
+            common=common,
+            lanes=plan0.gpu_lanes,
+            mode=decision_mode or cs.decision_point.mode,
+        )
     closed = close_campaign(
-        cs, campaign_id=campaign_id, catalog=catalog,
-        decision=decision.model_dump(mode="json") if decision else None, analyses=analyses, **common,
+        cs, campaign_id=campaign_id, catalog=catalog, analyses=analyses, **common
     )
     verified = seal(cs, out=str(folder.root), closed=closed)
     summary = {
@@ -117,18 +107,44 @@ def campaign(
     if essential_stop is not None:
         return Failed(message=f"campaign stopped: {essential_stop}", data=summary)  # type: ignore[return-value]
     if not verified["verified"]:
-        return Failed(message="the output folder did not verify: see the manifest task's log",  # type: ignore[return-value]
-                      data=summary)
+        return Failed(
+            message="the output folder did not verify: see the manifest task's log",  # type: ignore[return-value]
+            data=summary,
+        )
     return summary
 
 
+def _open(
+    spec: str | CampaignSpec, *, out: str, base_dir: str | None
+) -> tuple[CampaignSpec, Path, OutputFolder]:
+    """The spec, the folder its paths are relative to, and the output folder keeping its copy."""
+    if isinstance(spec, CampaignSpec):
+        cs, base = spec, Path(base_dir or ".").resolve()
+        text = yaml.safe_dump(cs.model_dump(mode="json"), sort_keys=False).encode()
+        source = "the spec object given"
+    else:
+        spec_path = Path(spec).resolve()
+        cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
+        text, source = spec_path.read_bytes(), f"'{spec_path}'"
+    folder = OutputFolder(Path(out))
+    folder.root.mkdir(parents=True, exist_ok=True)
+    folder.keep_spec(text, source=source)
+    return cs, base, folder
+
+
 def _experiments(
-    cs: CampaignSpec, *, catalog: Any, folder: OutputFolder, common: dict[str, str], mode: str, lanes: int
+    cs: CampaignSpec,
+    *,
+    catalog: Any,
+    folder: OutputFolder,
+    common: dict[str, str],
+    mode: str,
+    lanes: int,
 ) -> tuple[Decision, StopRule | None, dict[str, dict[str, Any]]]:
     """Pilot, decision point, the runs under the GPU lock, restart verification, predictions."""
     logger = get_run_logger()
-    essential = [r for r in cs.run_names() if cs.tier_of(r) == "essential"]
-    measured = folder.read_json("pilot.json") or {}
+    essential = cs.essential_runs()
+    measured = read_pilot(folder.root)
     futures = {r: pilot.submit(cs, run=r, **common) for r in essential if r not in measured}
     pilot_stops, pilot_exc = [], []
     for run, fut in futures.items():
@@ -138,17 +154,25 @@ def _experiments(
         else:
             pilot_stops.append({**stop.to_record(), "run": run})
             pilot_exc.append(stop)
-    folder.write_json("pilot.json", measured)
+    write_pilot(folder.root, measured)
 
-    decision = decision_point(cs, catalog=catalog, pilot=measured, pilot_stops=pilot_stops, mode=mode,
-                              out=str(folder.root))
+    decision = decision_point(
+        cs,
+        catalog=catalog,
+        pilot=measured,
+        pilot_stops=pilot_stops,
+        mode=mode,
+        out=str(folder.root),
+    )
     essential_stop: StopRule | None = None
     if decision.action == "re-pose":
         logger.warning("decision point: re-pose the question: %s", "; ".join(decision.reasons))
         # A stop in an essential run's pilot is an essential stop: the flow ends Failed.
         return decision, (pilot_exc[0] if pilot_exc else None), {}
 
-    futures, restart_future = _submit_in_lanes(cs, lanes=lanes, dropped=decision.dropped_runs, common=common)
+    futures, restart_future = _submit_in_lanes(
+        cs, lanes=lanes, dropped=decision.dropped_runs, common=common
+    )
     for run, fut in futures.items():
         stop = _stop_of(fut)
         if stop is None:
@@ -157,16 +181,16 @@ def _experiments(
             logger.error("essential run '%s' stopped: %s", run, stop)
             essential_stop = essential_stop or stop
         else:
-            logger.warning("optional run '%s' stopped and is recorded; the campaign goes on: %s", run, stop)
+            logger.warning(
+                "optional run '%s' stopped and is recorded; the campaign goes on: %s", run, stop
+            )
     restart_stop = _stop_of(restart_future)
     if restart_stop is not None and cs.stop_rules.require_restart:
         essential_stop = essential_stop or restart_stop
-    with_model = [r for r in cs.run_names() if folder.path(f"runs/{cs.run_id(r)}/model/model.safetensors").is_file()]
+    states = run_states(cs, root=folder.root, decision=decision)
+    with_model = [s.run for s in states.values() if s.status == "completed"]
     analyses = predictions(cs, runs=with_model, **common) if with_model else {}
     return decision, essential_stop, analyses
-
-
-_TIER_RANK = {"essential": 0, "useful": 1, "exploratory": 2}
 
 
 def _submit_in_lanes(
@@ -179,9 +203,13 @@ def _submit_in_lanes(
     against any other flow holding it. Order: the essential runs, the restart check, then
     useful and exploratory runs; if the rental ends early, the essentials are done.
     """
-    kept = sorted((r for r in cs.run_names() if r not in dropped), key=lambda r: _TIER_RANK[cs.tier_of(r)])
-    n_essential = sum(1 for r in kept if cs.tier_of(r) == "essential")
-    order: list[str | None] = [*kept[:n_essential], None, *kept[n_essential:]]  # None: the restart check
+    kept = [r for r in cs.runs_by_tier() if r not in dropped]
+    n_essential = sum(1 for r in kept if r in cs.essential_runs())
+    order: list[str | None] = [
+        *kept[:n_essential],
+        None,
+        *kept[n_essential:],
+    ]  # None: the restart check
     tails: list[Any] = [None] * max(1, lanes)
     futures: dict[str, Any] = {}
     restart_future = None
@@ -192,7 +220,9 @@ def _submit_in_lanes(
             restart_future = restart_verification.submit(cs, run="control", wait_for=wait, **common)
             tails[lane] = restart_future
         else:
-            futures[item] = train.submit(cs, run=item, run_id=cs.run_id(item), wait_for=wait, **common)
+            futures[item] = train.submit(
+                cs, run=item, run_id=cs.run_id(item), wait_for=wait, **common
+            )
             tails[lane] = futures[item]
     return futures, restart_future
 
@@ -204,5 +234,7 @@ def _campaign_id(cs: CampaignSpec, folder: OutputFolder) -> str:
         return str(known["campaign_id"])
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     cid = f"{cs.name}-{stamp}-{spec_sha256(cs)[:8]}"
-    folder.write_json("campaign.json", {"campaign_id": cid, "spec_sha256": spec_sha256(cs), "started_at": stamp})
+    folder.write_json(
+        "campaign.json", {"campaign_id": cid, "spec_sha256": spec_sha256(cs), "started_at": stamp}
+    )
     return cid

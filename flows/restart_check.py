@@ -1,4 +1,4 @@
-"""The ``restart-verification`` flow (R12, "before the rental period ends"), deployed on a cron
+"""The ``restart-verification`` flow ("before the rental period ends"), deployed on a cron
 schedule as ``restart-verification/scheduled``.
 
 For a campaign's output folder: every run's latest good checkpoint is retrieved from the

@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from gpucampaign.files import utc_now
 from gpucampaign.folder import OutputFolder
+from gpucampaign.records import StopRecord, TimelineRow, append_stop, append_timeline
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import StopRule
 
@@ -21,7 +22,7 @@ TASK_OPTIONS: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": Fals
 
 
 def not_a_stop_rule(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry condition: transient errors are retried, stop rules never (R10)."""
+    """Retry condition: transient errors are retried, stop rules never."""
     try:
         state.result()
     except StopRule:
@@ -31,10 +32,17 @@ def not_a_stop_rule(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-# Every phase that can fail transiently retries once; a stop rule is final (R10).
-PHASE_OPTIONS: dict[str, Any] = {**TASK_OPTIONS, "retries": 1, "retry_condition_fn": not_a_stop_rule}
+# Every phase that can fail transiently retries once; a stop rule is final.
+PHASE_OPTIONS: dict[str, Any] = {
+    **TASK_OPTIONS,
+    "retries": 1,
+    "retry_condition_fn": not_a_stop_rule,
+}
 
-def calendar_step(spec: CampaignSpec, *, run: str | None = None, phase: str | None = None) -> str | None:
+
+def calendar_step(
+    spec: CampaignSpec, *, run: str | None = None, phase: str | None = None
+) -> str | None:
     """The calendar step that stands for a run or a phase, so observed time finds its forecast."""
     # A phase step (the pilot of the control) wins over the run's own step (its training).
     for step in spec.calendar:
@@ -55,37 +63,37 @@ def busy(
     run: str | None = None,
     note: str = "",
     kind: str = "machine",
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[TimelineRow]:
     """Record one interval (machine-busy, or a person deciding) in timeline.jsonl, even when
     the work fails."""
-    row: dict[str, Any] = {
-        "step": calendar_step(spec, run=run, phase=phase),
-        "run": run,
-        "phase": phase,
-        "kind": kind,
-        "start": utc_now(),
-        "note": note,
-    }
+    row = TimelineRow(
+        phase=phase,
+        step=calendar_step(spec, run=run, phase=phase),
+        run=run,
+        kind=kind,
+        start=utc_now(),
+        note=note,
+    )
     t0 = time.perf_counter()
     try:
         yield row
     except BaseException as exc:
-        row["outcome"] = f"failed: {exc}"[:500]
+        row.outcome = f"failed: {exc}"[:500]
         raise
     else:
-        row.setdefault("outcome", "ok")
+        row.outcome = row.outcome or "ok"
     finally:
-        row["end"] = utc_now()
-        row["seconds"] = time.perf_counter() - t0
-        folder.append_jsonl("timeline.jsonl", row)
+        row.end = utc_now()
+        row.seconds = time.perf_counter() - t0
+        append_timeline(folder.root, row)
 
 
-def record_stop(folder: OutputFolder, exc: StopRule, *, run: str, phase: str) -> dict[str, Any]:
+def record_stop(folder: OutputFolder, exc: StopRule, *, run: str, phase: str) -> StopRecord:
     """Append a stop to stops.jsonl (once per stop ID) and return its record."""
-    record = {**exc.to_record(), "run": run, "phase": phase, "time": utc_now()}
-    known = {r.get("stop_id") for r in folder.read_jsonl("stops.jsonl")}
-    if exc.stop_id not in known:
-        folder.append_jsonl("stops.jsonl", record)
+    record = StopRecord.from_dict(
+        {**exc.to_record(), "run": run, "phase": phase, "time": utc_now()}
+    )
+    append_stop(folder.root, record)
     return record
 
 

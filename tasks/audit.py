@@ -1,4 +1,4 @@
-"""Data audit (essential, R2/R15): the corpus is there, as pinned, and sound."""
+"""Data audit (essential): the corpus is there, as pinned, and sound."""
 
 from __future__ import annotations
 

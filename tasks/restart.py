@@ -1,4 +1,4 @@
-"""Restart verification (essential, R12): save early, reload in a NEW process, compare exactly."""
+"""Restart verification (essential): save early, reload in a NEW process, compare exactly."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Build a small, real, closed output folder for the close/verify tests.
 
 Two tiny MLPs (a control and a variant) are trained a few steps on a synthetic corpus, saved
-with safetensors, and their predictions written on CPU; then everything the close writes:
-plan, timeline, decisions, verdict, budget, forecast vs actual, figures, report, RELOAD.md and
-the manifest. No Prefect, no mock: the same library functions the flow calls.
+with safetensors, and their predictions written on CPU; the records a campaign writes (plan,
+timeline, decisions, stops, pilot measures, results) are written with the library's writers,
+then the folder is closed and sealed by the production close. No Prefect, no mock.
 """
 
 from __future__ import annotations
@@ -18,26 +18,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpucampaign import calendar, figures
-from gpucampaign.close import (
-    actual_intervals,
-    build_report,
-    close_budget,
-    decide_verdict,
-    forecast_vs_actual,
-    write_report,
-)
+from gpucampaign import calendar
+from gpucampaign.close import analyse_runs, close_folder, seal_folder
 from gpucampaign.corpus import load_corpus
+from gpucampaign.decision import Decision
 from gpucampaign.folder import OutputFolder
-from gpucampaign.manifest import (
-    build_manifest,
-    collect_environment,
-    reference_corpus,
-    write_reload_md,
-)
-from gpucampaign.predictions import error_analysis, read_predictions, write_run_predictions
 from gpucampaign.recipes import build_model, fit_input_stats, save_model_dir
+from gpucampaign.records import (
+    AFTER_PILOT,
+    DecisionRecord,
+    StopRecord,
+    TimelineRow,
+    append_decision,
+    append_stop,
+    append_timeline,
+    write_pilot,
+)
 from gpucampaign.spec import load_spec
+from gpucampaign.training import RESULT_FILE, RunResult
 
 SPEC_TEMPLATE = """
 name: closing-test
@@ -75,7 +73,7 @@ def write_corpus(path: Path, *, n: int = 90, seed: int = 0) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _train(spec: Any, run: str, corpus: Any, run_dir: Path, folder: OutputFolder) -> list[dict[str, Any]]:
+def _train(spec: Any, run: str, corpus: Any, run_dir: Path, folder: OutputFolder) -> None:
     cfg = spec.run_config(run)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -84,7 +82,6 @@ def _train(spec: Any, run: str, corpus: Any, run_dir: Path, folder: OutputFolder
     model = build_model(cfg, n_features=corpus.n_features, n_classes=corpus.n_classes)
     fit_input_stats(model, X)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    metrics = []
     for step in range(1, (cfg.max_steps or 4) + 1):
         idx = torch.arange((step - 1) * cfg.batch_size, step * cfg.batch_size) % len(X)
         loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
@@ -96,20 +93,111 @@ def _train(spec: Any, run: str, corpus: Any, run_dir: Path, folder: OutputFolder
             with torch.no_grad():
                 tx, ty = corpus.split("test").tensors()
                 logits = model(tx)
-                rows.append({"kind": "eval", "split": "test", "step": step, "eval_s": 0.01,
-                             "accuracy": float((logits.argmax(1) == ty).float().mean()),
-                             "loss": torch.nn.functional.cross_entropy(logits, ty).item()})
+                rows.append(
+                    {
+                        "kind": "eval",
+                        "split": "test",
+                        "step": step,
+                        "eval_s": 0.01,
+                        "accuracy": float((logits.argmax(1) == ty).float().mean()),
+                        "loss": torch.nn.functional.cross_entropy(logits, ty).item(),
+                    }
+                )
             rows.append({"kind": "checkpoint", "step": step, "save_s": 0.02, "bytes": 1234})
         for rec in rows:
-            metrics.append(rec)
             folder.append_jsonl(f"{run_dir.relative_to(folder.root).as_posix()}/metrics.jsonl", rec)
-    save_model_dir(model, run_dir / "model", config=cfg, n_features=corpus.n_features, n_classes=corpus.n_classes)
+    save_model_dir(
+        model,
+        run_dir / "model",
+        config=cfg,
+        n_features=corpus.n_features,
+        n_classes=corpus.n_classes,
+    )
     folder.write_json(
         f"{run_dir.relative_to(folder.root).as_posix()}/params.json",
         {"run": run, "run_id": spec.run_id(run), "config": cfg.model_dump(mode="json")},
     )
-    write_run_predictions(folder.root, spec.run_id(run), corpus=corpus, split="test")
-    return metrics
+    tx, ty = corpus.split("test").tensors()
+    with torch.no_grad():
+        accuracy = float((model(tx).argmax(1) == ty).float().mean())
+    steps = cfg.max_steps or 4
+    result = RunResult(
+        run_id=spec.run_id(run),
+        run=run,
+        completed=True,
+        steps_done=steps,
+        planned_steps=steps,
+        metrics={"accuracy": accuracy},
+        timings={},
+        n_checkpoints=steps // 3,
+        checkpoint_every=3,
+        save_interval=None,
+        resumed_from_step=None,
+    )
+    folder.write_json(
+        f"{run_dir.relative_to(folder.root).as_posix()}/{RESULT_FILE}", result.to_dict()
+    )
+
+
+def _interval(
+    step: str, *, phase: str, start: datetime, seconds: float, **fields: Any
+) -> TimelineRow:
+    return TimelineRow.between(
+        step, phase=phase, start=start, end=start + timedelta(seconds=seconds), **fields
+    )
+
+
+def _write_records(folder: OutputFolder, spec: Any, corpus: Any, *, stop_variant: bool) -> None:
+    """What the campaign's phases write before the close: timeline, decision, stops, runs."""
+    t0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+    append_timeline(
+        folder.root, _interval("load", phase="load", start=t0, seconds=40, note="audit")
+    )
+    append_timeline(
+        folder.root,
+        _interval("prep", phase="human", kind="human", start=t0 - timedelta(hours=1), seconds=3600),
+    )
+    append_decision(
+        folder.root,
+        DecisionRecord(
+            point=AFTER_PILOT,
+            time=t0.isoformat(),
+            decision=Decision(action="continue", reasons=["fits"]),
+        ),
+    )
+    write_pilot(
+        folder.root,
+        {"control": {"load_s": 6.0, "step_s": 0.005, "eval_s": [0.01, 0.03], "save_s": [0.02]}},
+    )
+    t = t0 + timedelta(minutes=1)
+    for run in spec.run_names():
+        rid = spec.run_id(run)
+        if run == "wide" and stop_variant:
+            append_stop(
+                folder.root,
+                StopRecord(
+                    stop_id="stop-0123456789ab",
+                    rule="non_finite_loss",
+                    run_id=rid,
+                    run=run,
+                    step=3,
+                    reason="loss became nan at step 3",
+                ),
+            )
+            append_timeline(
+                folder.root,
+                _interval(run, phase="train", run=run, start=t, seconds=30, note="stopped"),
+            )
+            continue
+        _train(spec, run, corpus, folder.run_dir(rid), folder)
+        append_timeline(
+            folder.root, _interval(run, phase="train", run=run, start=t, seconds=90, steps=6)
+        )
+        append_timeline(
+            folder.root,
+            _interval(run, phase="save", run=run, start=t + timedelta(seconds=90), seconds=2),
+        )
+        t += timedelta(minutes=3)
 
 
 def build_closed_folder(
@@ -133,104 +221,32 @@ def build_closed_folder(
     src = base / "src"
     src.mkdir(parents=True)
     sha = write_corpus(src / "corpus.csv")
-    (src / "campaign.yaml").write_text(SPEC_TEMPLATE.format(sha=sha, threshold=threshold, unit=unit))
+    (src / "campaign.yaml").write_text(
+        SPEC_TEMPLATE.format(sha=sha, threshold=threshold, unit=unit)
+    )
     spec = load_spec(src / "campaign.yaml")
     out = base / "out"
     folder = OutputFolder(out)
     folder.copy_in(src / "campaign.yaml", "spec.yaml")
-    plan0 = calendar.plan(spec)
-    folder.write_plan_once(plan0.to_dict())
+    folder.write_plan_once(calendar.plan(spec).to_dict())
     corpus = load_corpus(src / "corpus.csv", corpus_spec=spec.corpus)
-
-    t0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
-    folder.record_timeline("load", phase="load", start=t0, end=t0 + timedelta(seconds=40), note="audit")
-    folder.record_timeline("prep", phase="human", kind="human", start=t0 - timedelta(hours=1), end=t0)
-    decision = {
-        "point": "after-pilot",
-        "time": t0.isoformat(),
-        "decision": {"action": "continue", "dropped_runs": [], "dropped_steps": [], "reasons": ["fits"], "by": "auto"},
-    }
-    folder.append_jsonl("decisions.jsonl", decision)
+    _write_records(folder, spec, corpus, stop_variant=stop_variant)
 
     run_ids = {r: spec.run_id(r) for r in spec.run_names()}
-    metrics: dict[str, list[dict[str, Any]]] = {}
-    expected: dict[str, dict[str, Any]] = {}
-    stops: list[dict[str, Any]] = []
-    t = t0 + timedelta(minutes=1)
-    for run, rid in run_ids.items():
-        if run == "wide" and stop_variant:
-            stop = {"stop_id": "stop-0123456789ab", "rule": "non_finite_loss", "run_id": rid, "run": run,
-                    "step": 3, "reason": "loss became nan at step 3"}
-            folder.append_jsonl("stops.jsonl", stop)
-            stops.append(stop)
-            expected[rid] = {"run": run, "tier": spec.tier_of(run), "status": "stopped", "stop_id": stop["stop_id"]}
-            folder.record_timeline(run, phase="train", run=run, start=t, end=t + timedelta(seconds=30), note="stopped")
-            continue
-        metrics[run] = _train(spec, run, corpus, folder.run_dir(rid), folder)
-        folder.record_timeline(run, phase="train", run=run, start=t, end=t + timedelta(seconds=90), steps=6)
-        folder.record_timeline(run, phase="save", run=run, start=t + timedelta(seconds=90), end=t + timedelta(seconds=92))
-        t += timedelta(minutes=3)
-        expected[rid] = {"run": run, "tier": spec.tier_of(run), "status": "completed"}
-
-    preds = {r: read_predictions(out / "runs" / run_ids[r] / "predictions.csv") for r in metrics}
-    runs_out = []
-    for run, rid in run_ids.items():
-        analysis = None
-        if run in preds:
-            analysis = error_analysis(
-                preds[run], control=None if run == "control" else preds.get("control"),
-                class_names=[str(c) for c in corpus.classes],
-            )
-            folder.write_json(f"runs/{rid}/error_analysis.json", analysis)
-        runs_out.append({
-            "run_id": rid, "run": run, "tier": expected[rid]["tier"], "status": expected[rid]["status"],
-            "metric": None if analysis is None else analysis["accuracy"],
-            "stop_id": expected[rid].get("stop_id"), "analysis": analysis,
-        })
-    rule = spec.decision_rule
-    verdict = decide_verdict(
-        rule,
-        control_metric=runs_out[0]["metric"],
-        variant_metrics={r["run"]: r["metric"] for r in runs_out[1:]},
-        stops=stops,
+    trained = [r for r, rid in run_ids.items() if (out / "runs" / rid / RESULT_FILE).is_file()]
+    analyses = analyse_runs(spec, root=out, corpus=corpus, runs=trained)
+    closed, report = close_folder(
+        spec, root=out, base_dir=src, campaign_id="closing-test-0001", analyses=analyses
     )
-    deliveries = [
-        {"id": r["run_id"], "content_sha256": hashlib.sha256(r["run_id"].encode()).hexdigest(),
-         "accepted": r["status"] == "completed", "reason": "complete" if r["status"] == "completed" else "stopped"}
-        for r in runs_out
-    ]
-    budget = close_budget(spec.packages, expenses=spec.expenses, deliveries=deliveries,
-                          unit=spec.deliveries.unit, result_text=verdict.text)
-    fva = forecast_vs_actual(
-        folder.read_json("plan.json"), reforecast=None, timeline=folder.read_jsonl("timeline.jsonl"),
-        decisions=folder.read_jsonl("decisions.jsonl"), stops=stops, metrics=metrics,
-        pilot={"control": {"load_s": 6.0, "step_s": 0.005, "eval_s": [0.01, 0.03], "save_s": [0.02]}},
-    )
-    figs = {
-        "calendar": "figures/calendar.png",
-        "curves": "figures/curves.png",
-        "confusion": "figures/confusion.png",
+    seal_folder(spec, root=out, summary=closed.summary("closing-test-0001"))
+    return {
+        "out": out,
+        "spec": spec,
+        "run_ids": run_ids,
+        "verdict": closed.verdict,
+        "budget": closed.budget,
+        "report": report,
     }
-    figures.plot_calendar(plan0, out / figs["calendar"], actual=actual_intervals(folder.read_jsonl("timeline.jsonl")))
-    figures.plot_curves(metrics, out / figs["curves"])
-    a0 = runs_out[0]["analysis"]
-    figures.plot_confusion(a0["confusion"], a0["classes"], out / figs["confusion"], title="control")
-    report = build_report(
-        campaign_id="closing-test-0001", name=spec.name, question=spec.question, verdict=verdict,
-        budget=budget, forecast=fva, runs=runs_out, stops=stops,
-        decisions=folder.read_jsonl("decisions.jsonl"), figures=figs,
-    )
-    write_report(out, report)
-    corpus_ref = reference_corpus(out, src / "corpus.csv", sha256=sha)
-    env = collect_environment()
-    write_reload_md(out, runs={rid: r for r, rid in run_ids.items() if r in metrics}, corpus_ref=corpus_ref,
-                    environment=env)
-    build_manifest(
-        out, spec=spec, campaign_id="closing-test-0001", expected_runs=expected, verdict=verdict,
-        stops=stops, decisions=folder.read_jsonl("decisions.jsonl"), budget=budget, environment=env,
-        corpus_ref=corpus_ref,
-    )
-    return {"out": out, "spec": spec, "run_ids": run_ids, "verdict": verdict, "budget": budget, "report": report}
 
 
 def reseal(out: Path) -> None:
@@ -240,6 +256,7 @@ def reseal(out: Path) -> None:
 
     m = json.loads((out / "manifest.json").read_text())
     m["files"] = [
-        {"path": rel, "size": (out / rel).stat().st_size, "sha256": sha256_file(out / rel)} for rel in list_files(out)
+        {"path": rel, "size": (out / rel).stat().st_size, "sha256": sha256_file(out / rel)}
+        for rel in list_files(out)
     ]
     (out / "manifest.json").write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")

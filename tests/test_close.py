@@ -9,17 +9,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from gpucampaign.budget import close_budget, render_budget_md
 from gpucampaign.cli import app
-from gpucampaign.close import (
-    SUMMARY_KEYS,
-    actual_intervals,
-    close_budget,
-    decide_verdict,
-    forecast_vs_actual,
-    load_estimates,
-    render_budget_md,
-)
+from gpucampaign.forecast import actual_intervals, forecast_vs_actual, load_estimates
+from gpucampaign.records import DecisionRecord, PlanRecord, StopRecord, TimelineRow
+from gpucampaign.report import SUMMARY_KEYS
 from gpucampaign.spec import DecisionRule, Expense, Package, SpecError
+from gpucampaign.verdict import decide_verdict
 
 LOT_3D = Package(gpu="rtx4090", days=3)
 
@@ -178,8 +174,9 @@ PLAN = {
 }
 
 
-def _row(step, start, end, **kw):
-    return {"step": step, "start": f"2026-01-05T{start}:00+00:00", "end": f"2026-01-05T{end}:00+00:00", **kw}
+def _row(step, start, end, phase="train", **kw):
+    return TimelineRow(step=step, phase=phase, start=f"2026-01-05T{start}:00+00:00",
+                       end=f"2026-01-05T{end}:00+00:00", **kw)
 
 
 def test_forecast_vs_actual_per_step():
@@ -192,7 +189,9 @@ def test_forecast_vs_actual_per_step():
                                                        "reasons": ["does not fit"], "by": "auto"}}]
     stops = [{"stop_id": "stop-a", "rule": "below_threshold", "run_id": "control-0123456789", "reason": "0.4 < 0.9"}]
     plan_before = json.dumps(PLAN, sort_keys=True)
-    f = forecast_vs_actual(PLAN, reforecast=reforecast, timeline=timeline, decisions=decisions, stops=stops,
+    f = forecast_vs_actual(PlanRecord.from_dict(PLAN), reforecast=PlanRecord.from_dict(reforecast),
+                           timeline=timeline, decisions=[DecisionRecord.from_dict(d) for d in decisions],
+                           stops=[StopRecord.from_dict(s) for s in stops],
                            pilot={"control": {"step_s": 0.004, "load_s": 6.0}})
     assert json.dumps(PLAN, sort_keys=True) == plan_before  # never rewritten
     by = {s["step"]: s for s in f["steps"]}
@@ -209,17 +208,18 @@ def test_forecast_vs_actual_per_step():
 
 
 def test_unexplained_deviation_is_said_so():
-    f = forecast_vs_actual(PLAN, reforecast=None, timeline=[_row("eval", "10:00", "13:00", phase="eval")])
+    f = forecast_vs_actual(PlanRecord.from_dict(PLAN), reforecast=None,
+                           timeline=[_row("eval", "10:00", "13:00", phase="eval")])
     e = next(s for s in f["steps"] if s["step"] == "eval")
     assert e["deviation_hours"] == pytest.approx(2.0)
     assert "longer than forecast" in e["explanation"]
 
 
 def test_estimates_from_timeline_pilot_and_metrics():
-    from gpucampaign.close import measured_estimates
+    from gpucampaign.forecast import measured_estimates
 
     est = measured_estimates(
-        [{"phase": "train", "seconds": 30.0, "steps": 10}, {"phase": "restore", "seconds": 2.0}],
+        [TimelineRow(phase="train", seconds=30.0, steps=10), TimelineRow(phase="restore", seconds=2.0)],
         pilot={"control": {"load_s": 6.0, "step_s": 0.004, "eval_s": [0.5, 0.7], "save_s": []}},
         metrics={"control": [{"kind": "train", "step_s": 0.006}, {"kind": "eval", "eval_s": 0.6},
                              {"kind": "checkpoint", "save_s": 0.25}]},
@@ -264,7 +264,7 @@ def test_negative_campaign_produces_a_complete_report(tmp_path: Path):
     # The control is one accepted model; the stopped variant is an expense, never a delivery.
     assert built["budget"]["accepted_deliveries"] == 1
     assert built["budget"]["rental_per_accepted_usd"] == 47.14
-    assert built["budget"]["rejected"][0]["reason"] == "stopped"
+    assert built["budget"]["rejected"][0]["reason"] == "stopped (stop stop-0123456789ab)"
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3 and 'src="figures/' not in html
     assert load_estimates(out)["campaign_id"] == "closing-test-0001"
@@ -284,3 +284,142 @@ def test_report_of_a_folder_that_did_not_close(tmp_path: Path):
     result = CliRunner().invoke(app, ["report", str(tmp_path), "--json"])
     assert result.exit_code == 2
     assert "report.json" in result.output
+
+
+# --- records: one shape each, one reader each ------------------------------------------------
+def test_plan_reader_takes_the_written_shape_only(tmp_path: Path):
+    from gpucampaign.records import read_plan
+
+    assert read_plan(tmp_path) is None
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    plan = read_plan(tmp_path)
+    assert [s.name for s in plan.steps] == ["prep", "control", "wide", "eval"]
+    assert plan.step("control").hours == 4.0 and plan.step("control").run == "control"
+    assert plan.step("nope") is None and plan.window_hours == 72.0
+    with pytest.raises(SpecError, match="no 'steps'"):
+        PlanRecord.from_dict({"plan": PLAN})
+    with pytest.raises(SpecError, match="hours"):
+        PlanRecord.from_dict({"steps": [{"name": "a", "allotted_hours": 1.0}]})
+
+
+def test_decision_stop_and_timeline_records_round_trip(tmp_path: Path):
+    from datetime import UTC, datetime, timedelta
+
+    from gpucampaign.decision import Decision
+    from gpucampaign.records import (
+        append_decision,
+        append_stop,
+        append_timeline,
+        decision_after_pilot,
+        read_decisions,
+        read_stops,
+        read_timeline,
+    )
+
+    assert decision_after_pilot(read_decisions(tmp_path)) is None
+    rec = DecisionRecord(point="after-pilot", time="t", decision=Decision(action="reduce",
+                         dropped_runs=["w"], reasons=["slow"]), reforecast={"c": {"hours": 1.0}})
+    append_decision(tmp_path, rec)
+    assert read_decisions(tmp_path) == [rec]
+    assert decision_after_pilot(read_decisions(tmp_path)).dropped_runs == ["w"]
+    with pytest.raises(KeyError):  # a flat decision is not a decisions.jsonl line
+        DecisionRecord.from_dict({"point": "after-pilot", "action": "continue"})
+
+    stop = StopRecord(stop_id="stop-1", rule="non_finite_loss", run_id="w-0123456789", reason="nan")
+    assert append_stop(tmp_path, stop) and not append_stop(tmp_path, stop)  # once per stop ID
+    assert read_stops(tmp_path) == [stop]
+
+    t0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+    row = TimelineRow.between("c", phase="train", start=t0, end=t0 + timedelta(minutes=30), steps=3)
+    append_timeline(tmp_path, row)
+    (back,) = read_timeline(tmp_path)
+    assert back == row and back.seconds == 1800.0 and back.interval == (t0, t0 + timedelta(minutes=30))
+    assert TimelineRow(phase="close", start="2026-01-05T09:00:00+00:00").interval is None
+
+
+# --- one answer to "what became of this run?" ------------------------------------------------
+RUN_SPEC = {
+    "name": "states",
+    "packages": [{"gpu": "rtx4090", "days": 3}],
+    "calendar": [{"name": "c", "kind": "machine", "resource": "gpu", "hours": 1, "run": "control"}],
+    "control": {"batch_size": 32},
+    "variants": [{"name": "wide", "tier": "useful", "changes": {"hidden": [64]}},
+                 {"name": "big", "tier": "exploratory", "changes": {"batch_size": 64}}],
+    "decision_rule": {"metric": "accuracy", "direction": "maximize", "threshold": 0.5},
+}
+
+
+def _finish(root: Path, spec, run: str, *, accuracy: float, model: bool = True) -> None:
+    from gpucampaign.training import RunResult
+
+    rid = spec.run_id(run)
+    (root / "runs" / rid / "model").mkdir(parents=True)
+    result = RunResult(run_id=rid, run=run, completed=True, steps_done=4, planned_steps=4,
+                       metrics={"accuracy": accuracy}, timings={}, n_checkpoints=1,
+                       checkpoint_every=None, save_interval=None, resumed_from_step=None)
+    (root / "runs" / rid / "result.json").write_text(json.dumps(result.to_dict()))
+    if model:
+        (root / "runs" / rid / "model" / "model.safetensors").write_bytes(b"weights")
+
+
+def test_run_states_decide_each_run_once(tmp_path: Path):
+    from gpucampaign.close import closing_verdict, expected_runs, run_metrics, runs_table
+    from gpucampaign.decision import Decision
+    from gpucampaign.records import append_stop, read_stops, run_states
+    from gpucampaign.spec import parse_spec
+
+    spec = parse_spec(RUN_SPEC)
+    _finish(tmp_path, spec, "control", accuracy=0.8)
+    _finish(tmp_path, spec, "wide", accuracy=0.9, model=False)
+    states = run_states(spec, root=tmp_path)
+    assert [s.status for s in states.values()] == ["completed", "not_run", "not_run"]
+    assert "model was not saved" in states[spec.run_id("wide")].reason
+    assert states[spec.run_id("big")].reason == "the campaign stopped"
+
+    append_stop(tmp_path, StopRecord(stop_id="stop-w", rule="non_finite_loss",
+                                     run_id=spec.run_id("wide"), reason="nan"))
+    decision = Decision(action="reduce", dropped_runs=["big"])
+    states = run_states(spec, root=tmp_path, decision=decision)
+    c, w, b = states.values()
+    assert (c.status, w.status, w.stop_id, b.status) == ("completed", "stopped", "stop-w", "dropped")
+    assert expected_runs(states)[spec.run_id("wide")] == {
+        "run": "wide", "tier": "useful", "status": "stopped", "stop_id": "stop-w",
+        "reason": "stopped by non_finite_loss: nan"}
+    # A stopped run keeps the metric it measured; a dropped one has none.
+    metric_of = run_metrics(states, metric="accuracy")
+    assert metric_of == {"control": 0.8, "wide": 0.9, "big": None}
+    verdict = closing_verdict(spec, metric_of=metric_of, stops=read_stops(tmp_path), decision=decision)
+    assert (verdict.kind, verdict.run) == ("adopt", "wide")
+    table = runs_table(states, metric_of=metric_of, analyses={})
+    assert [(r["run"], r["status"], r["metric"]) for r in table] == [
+        ("control", "completed", 0.8), ("wide", "stopped", 0.9), ("big", "dropped", None)]
+
+    repose = Decision(action="re-pose", reasons=["too long"])
+    states = run_states(spec, root=tmp_path / "empty", decision=repose)
+    assert {s.reason for s in states.values()} == {"the question was re-posed"}
+    v = closing_verdict(spec, metric_of={"control": None}, stops=[], decision=repose)
+    assert v.kind == "re-pose" and "too long" in v.text
+
+
+def test_a_run_that_did_not_complete_is_never_an_accepted_delivery(tmp_path: Path):
+    from gpucampaign.close import delivery
+    from gpucampaign.records import RunState
+
+    stopped = RunState(run="wide", run_id="wide-0123456789", tier="useful", status="stopped",
+                       stop_id="stop-w", reason="stopped by non_finite_loss: nan")
+    d = delivery(tmp_path, stopped, corpus=None)
+    assert d["accepted"] is False and d["reason"] == "stopped (stop stop-w)"
+    dropped = RunState(run="big", run_id="big-0123456789", tier="exploratory", status="dropped",
+                       reason="dropped at the decision point")
+    assert delivery(tmp_path, dropped, corpus=None)["reason"] == "dropped at the decision point"
+
+
+def test_a_spec_without_a_decision_rule_gets_a_stopped_verdict():
+    from gpucampaign.close import closing_verdict
+    from gpucampaign.spec import parse_spec
+
+    spec = parse_spec({k: v for k, v in RUN_SPEC.items() if k != "decision_rule"})
+    v = closing_verdict(spec, metric_of={"control": 0.9}, stops=[], decision=None)
+    assert (v.kind, v.run) == ("stopped", None) and "no decision rule" in v.text
+    assert spec.essential_runs() == ["control"]
+    assert spec.runs_by_tier() == ["control", "wide", "big"]

@@ -93,3 +93,89 @@ def test_decision_input_model_validates():
     ok = apply_answer(spec, answer=DecisionInput(action="reduce", drop=["big"], note="GPU busy"), auto=_auto())
     assert ok.by == "person" and ok.dropped_runs == ["big"] and ok.dropped_steps == ["x"]
     assert "the automatic rule proposed 'continue'" in ok.reasons
+
+
+# --- the decide task's composition, as library functions -------------------------------------
+def _result(**kw):
+    from gpucampaign.training import RunResult
+
+    base = dict(run_id="control-0123456789", run="control", completed=False, steps_done=5,
+                planned_steps=2000, metrics={}, n_checkpoints=1, checkpoint_every=40,
+                save_interval=None, resumed_from_step=None,
+                timings={"load_s": 2.0, "step_s": 0.01, "eval_s": [0.4, 0.6, 0.5], "save_s": 0.2})
+    return RunResult(**{**base, **kw})
+
+
+def test_pilot_measures_count_steps_from_the_run_config():
+    from gpucampaign.decision import pilot_measures
+
+    spec = parse_spec(SPEC)
+    m = pilot_measures(spec, run="control", result=_result(), n_train=3200)
+    # 20 epochs (the default) of 3200 / 32 = 100 steps; evaluated at each epoch end.
+    assert m["planned_steps"] == spec.run_config("control").planned_steps(3200) == 2000
+    assert m["evals"] == 20 and m["saves"] == 50
+    assert (m["load_s"], m["step_s"], m["eval_s"], m["save_s"]) == (2.0, 0.01, 0.5, 0.2)
+    assert m["restore_s"] == 0.0 and m["steps_done"] == 5 and m["batch_size"] == 32
+
+
+def _pilot(step_s: float) -> dict:
+    return {"control": {**PILOT["control"], "step_s": step_s, "planned_steps": 1000}}
+
+
+def test_decide_after_pilot_continues_when_the_reforecast_fits():
+    from gpucampaign.decision import decide_after_pilot
+
+    spec = parse_spec(SPEC)
+    refo = decide_after_pilot(spec, catalog=None, pilot=_pilot(0.01), pilot_stops=[])
+    assert refo.decision.action == "continue" and refo.plan.fits
+    assert set(refo.hours) == {"c", "w", "x"}
+    assert refo.hours_record()["c"]["hours"] == pytest.approx(refo.hours["c"][0])
+
+
+def test_decide_after_pilot_drops_the_exploratory_run_first():
+    from gpucampaign.decision import decide_after_pilot, decision_markdown
+
+    spec = parse_spec(SPEC)
+    # One GPU lane, 70 s a step: control 1000 steps (19.4 h), wide 2000 steps (38.9 h), big
+    # 1000 steps of twice the batch (38.9 h): 97 h in all, 58 h without big, in a 72 h window.
+    refo = decide_after_pilot(spec, catalog=None, pilot=_pilot(70.0), pilot_stops=[])
+    assert refo.decision.action == "reduce" and refo.decision.dropped_runs == ["big"]
+    assert refo.decision.dropped_steps == ["x"] and not refo.plan.fits
+    md = decision_markdown(refo.decision, refo.hours)
+    assert "**reduce**" in md and "Dropped runs: big" in md and "| x |" in md
+
+
+def test_decide_after_pilot_re_poses_when_an_essential_pilot_stopped():
+    from gpucampaign.decision import decide_after_pilot, on_timeout
+
+    spec = parse_spec(SPEC)
+    stop = {"run": "control", "rule": "non_finite_loss", "reason": "nan"}
+    refo = decide_after_pilot(spec, catalog=None, pilot={}, pilot_stops=[stop])
+    assert refo.decision.action == "re-pose" and refo.hours == {}
+    late = on_timeout(refo.decision, why="no answer in time")
+    assert late.by == "timeout" and late.reasons[-1] == "no answer in time"
+    assert late.action == "re-pose"
+
+
+def test_the_decision_after_the_pilot_is_recorded_once_in_one_shape(tmp_path):
+    import json
+
+    from gpucampaign.decision import decide_after_pilot
+    from gpucampaign.records import (
+        decision_after_pilot,
+        read_decisions,
+        read_plan,
+        record_decision_after_pilot,
+    )
+
+    spec = parse_spec(SPEC)
+    refo = decide_after_pilot(spec, catalog=None, pilot=_pilot(0.01), pilot_stops=[])
+    record_decision_after_pilot(tmp_path, refo.decision, reforecast=refo)
+    (line,) = [json.loads(x) for x in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    assert line["point"] == "after-pilot" and line["decision"]["action"] == "continue"
+    assert line["reforecast"]["c"]["hours"] == pytest.approx(refo.hours["c"][0])
+    assert decision_after_pilot(read_decisions(tmp_path)) == refo.decision
+    assert read_plan(tmp_path, relative="reforecast.json").step("c").hours == pytest.approx(
+        refo.hours["c"][0], abs=1e-6
+    )
+    assert refo.decision.summary().startswith("continue by auto: the re-forecast span")

@@ -76,7 +76,8 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     summary = state.result()
     assert summary["verified"] is True and summary["problems"] == []
     assert set(summary["runs"].values()) == {"completed"}
-    assert summary["verdict"]["kind"] in {"adopt", "negative"}
+    # Training on CPU is deterministic: the demo adopts the short variant, every time.
+    assert (summary["verdict"]["kind"], summary["verdict"]["run"]) == ("adopt", "short")
     assert summary["spent_usd"] == 47.14
 
     for name in ("plan.json", "report.md", "report.html", "manifest.json", "RELOAD.md", "restart.json",

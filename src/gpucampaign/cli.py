@@ -107,9 +107,9 @@ def plan_cmd(
 
 def _calibration(cs: Any, spec: Path, out: Path) -> tuple[dict[str, float], dict[str, str]]:
     """Hours of the run steps from an earlier campaign's ``estimates.json``, and how each was made."""
-    from gpucampaign.close import load_estimates
     from gpucampaign.corpus import load_spec_corpus
     from gpucampaign.decision import calibrated_hours
+    from gpucampaign.forecast import load_estimates
 
     estimates = load_estimates(out)
     n_train = None
@@ -343,7 +343,7 @@ def report_cmd(
     """Print the closing report the campaign wrote (report.json / report.md); nothing is recomputed."""
     from rich.markdown import Markdown
 
-    from gpucampaign.close import REPORT_MD, read_report, report_summary
+    from gpucampaign.report import REPORT_MD, read_report, report_summary
 
     report = read_report(out)
     if as_json:

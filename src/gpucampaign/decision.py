@@ -1,4 +1,4 @@
-"""The decision point after the pilot (R3, R9): pure functions, no orchestration.
+"""The decision point after the pilot: pure functions, no orchestration.
 
 The pilot measures what a run really costs here; the calendar is re-forecast from those
 measurements (the original plan stays untouched) and the campaign either continues,
@@ -8,10 +8,12 @@ reduces itself (drops exploratory, then useful runs) until it fits, or re-poses 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gpucampaign.files import median
 from gpucampaign.spec import CampaignSpec, SpecError
 
 Action = Literal["continue", "reduce", "re-pose"]
@@ -22,8 +24,12 @@ class DecisionInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    action: Action = Field(description="continue | reduce (drop the listed runs) | re-pose (stop here)")
-    drop: list[str] = Field(default_factory=list, description="Optional runs to drop (with 'reduce').")
+    action: Action = Field(
+        description="continue | reduce (drop the listed runs) | re-pose (stop here)"
+    )
+    drop: list[str] = Field(
+        default_factory=list, description="Optional runs to drop (with 'reduce')."
+    )
     note: str = Field(default="", description="Why: kept in decisions.jsonl.")
 
     @field_validator("drop")
@@ -46,6 +52,11 @@ class Decision(BaseModel):
     by: Literal["auto", "person", "timeout"] = "auto"
     inputs: dict[str, Any] = Field(default_factory=dict)
 
+    def summary(self) -> str:
+        """One line: the action, who took it, why, and the runs dropped."""
+        dropped = f" (dropped: {', '.join(self.dropped_runs)})" if self.dropped_runs else ""
+        return f"{self.action} by {self.by}: {'; '.join(self.reasons)}{dropped}"
+
     @property
     def kept(self) -> bool:
         """False when the campaign stops here (re-pose)."""
@@ -65,7 +76,9 @@ def check_decision_input(spec: CampaignSpec, answer: DecisionInput) -> None:
         if spec.tier_of(run) == "essential":
             raise ValueError(f"drop: '{run}' is essential and cannot be dropped; re-pose instead")
     if answer.action != "reduce" and answer.drop:
-        raise ValueError("drop: only the 'reduce' action drops runs; choose 'reduce' or empty the list")
+        raise ValueError(
+            "drop: only the 'reduce' action drops runs; choose 'reduce' or empty the list"
+        )
 
 
 def forecast_run_hours(
@@ -105,7 +118,9 @@ def forecast_run_hours(
     return seconds / 3600.0, how
 
 
-def reforecast_hours(spec: CampaignSpec, *, pilot: dict[str, dict[str, Any]]) -> dict[str, tuple[float, str]]:
+def reforecast_hours(
+    spec: CampaignSpec, *, pilot: dict[str, dict[str, Any]]
+) -> dict[str, tuple[float, str]]:
     """Hours of every run-linked calendar step, re-forecast from the pilot's measurements."""
     hours: dict[str, tuple[float, str]] = {}
     if not pilot:
@@ -115,7 +130,9 @@ def reforecast_hours(spec: CampaignSpec, *, pilot: dict[str, dict[str, Any]]) ->
             continue
         measured = pilot.get(step.run)
         planned = measured["planned_steps"] if measured else planned_steps_of(spec, step.run, pilot)
-        hours[step.name] = forecast_run_hours(spec, run=step.run, pilot=pilot, planned_steps=planned)
+        hours[step.name] = forecast_run_hours(
+            spec, run=step.run, pilot=pilot, planned_steps=planned
+        )
     return hours
 
 
@@ -135,15 +152,19 @@ def calibrated_hours(
 
     Args:
         spec: the campaign being planned.
-        estimates: ``estimates.json`` of a closed campaign (``close.load_estimates``).
+        estimates: ``estimates.json`` of a closed campaign (``forecast.load_estimates``).
         n_train: training rows of this spec's corpus; the earlier corpus's count when None.
     """
     pilots = estimates.get("pilot") or {}
     ref = dict(pilots.get("control") or next(iter(pilots.values()), {}))
     if not ref:
-        raise SpecError("the earlier campaign recorded no pilot measurements to calibrate from",
-                        field="calibrate_from")
-    ref.update({k: v for k, v in (estimates.get("measured") or {}).items() if v is not None and k in ref})
+        raise SpecError(
+            "the earlier campaign recorded no pilot measurements to calibrate from",
+            field="calibrate_from",
+        )
+    ref.update(
+        {k: v for k, v in (estimates.get("measured") or {}).items() if v is not None and k in ref}
+    )
     if n_train is not None:
         ref["n_train"] = n_train
     source = f"calibrated from {estimates.get('campaign_id', 'an earlier campaign')}"
@@ -154,7 +175,9 @@ def calibrated_hours(
         planned = planned_steps_of(spec, step.run, {"control": ref})
         cfg = spec.run_config(step.run)
         m = {**ref, "step_s": ref["step_s"] * cfg.batch_size / ref["batch_size"]}
-        hours, _ = forecast_run_hours(spec, run=step.run, pilot={step.run: m}, planned_steps=planned)
+        hours, _ = forecast_run_hours(
+            spec, run=step.run, pilot={step.run: m}, planned_steps=planned
+        )
         out[step.name] = (hours, f"{source}: {m['step_s'] * 1000:.2f} ms/step x {planned} steps")
     return out
 
@@ -182,8 +205,10 @@ def decide_auto(
     if essential_stops:
         return Decision(
             action="re-pose",
-            reasons=[f"the pilot of essential run '{s['run']}' tripped {s['rule']}: {s['reason']}"
-                     for s in essential_stops],
+            reasons=[
+                f"the pilot of essential run '{s['run']}' tripped {s['rule']}: {s['reason']}"
+                for s in essential_stops
+            ],
             inputs=inputs,
         )
     if fits_all:
@@ -199,7 +224,8 @@ def decide_auto(
             dropped_steps=reduced_dropped_steps,
             reasons=[
                 f"the re-forecast span {span_hours:.2f} h exceeds the {window_hours:g} h window",
-                f"without {', '.join(reduced_dropped_steps)} it takes {reduced_span_hours:.2f} h and fits",
+                f"without {', '.join(reduced_dropped_steps)} it takes "
+                f"{reduced_span_hours:.2f} h and fits",
             ],
             inputs=inputs,
         )
@@ -228,3 +254,105 @@ def apply_answer(spec: CampaignSpec, *, answer: DecisionInput, auto: Decision) -
         by="person",
         inputs={**auto.inputs, "proposed": auto.model_dump(mode="json")},
     )
+
+
+def _median_or_zero(values: Any) -> float:
+    vals = values if isinstance(values, list) else [values]
+    return float(median(v for v in vals if isinstance(v, int | float)) or 0.0)
+
+
+def pilot_measures(spec: CampaignSpec, *, run: str, result: Any, n_train: int) -> dict[str, Any]:
+    """What the re-forecast needs from a pilot: load, step, eval and save costs and their counts.
+
+    Args:
+        spec: the campaign.
+        run: the piloted run's name.
+        result: the pilot's ``training.RunResult``.
+        n_train: rows of the corpus's train split.
+    """
+    cfg = spec.run_config(run)
+    t = result.timings
+    planned = cfg.planned_steps(n_train)
+    steps_per_epoch = cfg.steps_per_epoch(n_train)
+    evals = planned // cfg.eval_every if cfg.eval_every else -(-planned // steps_per_epoch)
+    every = result.checkpoint_every or planned
+    return {
+        "run_id": result.run_id,
+        "steps_done": result.steps_done,
+        "planned_steps": planned,
+        "batch_size": cfg.batch_size,
+        "n_train": n_train,
+        "load_s": float(t.get("load_s") or 0.0),
+        "step_s": float(t.get("step_s") or 0.0),
+        "eval_s": _median_or_zero(t.get("eval_s")),
+        "save_s": _median_or_zero(t.get("save_s")),
+        "restore_s": float(t.get("restore_s") or 0.0),
+        "evals": evals,
+        "saves": max(1, -(-planned // max(1, int(every)))),
+        "checkpoint_every": result.checkpoint_every,
+    }
+
+
+@dataclass(frozen=True)
+class Reforecast:
+    """The automatic decision after the pilot, with the re-forecast it rests on."""
+
+    decision: Decision
+    hours: dict[str, tuple[float, str]]
+    plan: Any  # calendar.Plan of every step with the re-forecast hours
+
+    def hours_record(self) -> dict[str, dict[str, Any]]:
+        """``{step: {hours, how}}``, as kept in ``decisions.jsonl``."""
+        return {name: {"hours": h, "how": how} for name, (h, how) in self.hours.items()}
+
+
+def decide_after_pilot(
+    spec: CampaignSpec,
+    *,
+    catalog: Any,
+    pilot: dict[str, dict[str, Any]],
+    pilot_stops: list[dict[str, Any]],
+) -> Reforecast:
+    """Re-forecast the calendar from the pilot, reduce it to fit if needed, decide automatically.
+
+    Args:
+        spec: the campaign.
+        catalog: the ``tariffs.Catalog`` the calendar is priced with.
+        pilot: pilot measurements per run name (``pilot_measures``).
+        pilot_stops: stop records of the pilots that stopped (with their ``run``).
+    """
+    from gpucampaign import calendar
+
+    hours = reforecast_hours(spec, pilot=pilot)
+    override = {name: h for name, (h, _) in hours.items()}
+    full = calendar.plan(spec, catalog=catalog, hours_override=override)
+    reduced, dropped_steps = calendar.reduce_to_fit(spec, catalog=catalog, hours_override=override)
+    dropped_runs = sorted({s.run for s in spec.calendar if s.name in dropped_steps and s.run})
+    decision = decide_auto(
+        fits_all=full.fits,
+        reduced_fits=reduced.fits,
+        reduced_dropped_runs=dropped_runs,
+        reduced_dropped_steps=list(dropped_steps),
+        pilot_stops=pilot_stops,
+        essential_runs=spec.essential_runs(),
+        span_hours=full.span_hours,
+        reduced_span_hours=reduced.span_hours,
+        window_hours=full.window_hours,
+    )
+    return Reforecast(decision=decision, hours=hours, plan=full)
+
+
+def decision_markdown(decision: Decision, hours: Mapping[str, tuple[float, str]]) -> str:
+    """The decision and the re-forecast as markdown (the UI shows it)."""
+    lines = [f"# Decision after the pilot: **{decision.action}** ({decision.by})", ""]
+    lines += [f"- {r}" for r in decision.reasons]
+    if decision.dropped_runs:
+        lines += ["", f"Dropped runs: {', '.join(decision.dropped_runs)}"]
+    lines += ["", "| step | re-forecast hours | how |", "|---|---:|---|"]
+    lines += [f"| {name} | {h:.4f} | {how} |" for name, (h, how) in hours.items()]
+    return "\n".join(lines)
+
+
+def on_timeout(auto: Decision, *, why: str) -> Decision:
+    """The automatic decision, taken because no valid answer came in time."""
+    return auto.model_copy(update={"by": "timeout", "reasons": [*auto.reasons, why]})

@@ -347,6 +347,19 @@ class CampaignSpec(_Frozen):
             return "essential"
         return next(v.tier for v in self.variants if v.name == run)
 
+    @property
+    def decision_split(self) -> str:
+        """The split the decision is measured on (the test split without a decision rule)."""
+        return self.decision_rule.split if self.decision_rule else "test"
+
+    def essential_runs(self) -> list[str]:
+        """The runs without which the campaign cannot decide (the control first)."""
+        return [r for r in self.run_names() if self.tier_of(r) == "essential"]
+
+    def runs_by_tier(self) -> list[str]:
+        """Every run, essential first, then useful, then exploratory (spec order within a tier)."""
+        return sorted(self.run_names(), key=lambda r: TIERS.index(self.tier_of(r)))
+
     def run_config(self, run: str) -> RunConfig:
         """The resolved configuration of a run (control, or control + a variant's changes)."""
         if self.control is None:

@@ -1,0 +1,365 @@
+"""The records a campaign writes into its output folder, typed, with one reader each.
+
+``plan.json`` (and ``reforecast.json``, same shape), ``decisions.jsonl``, ``stops.jsonl``,
+``timeline.jsonl``, ``pilot.json`` and ``runs/<run_id>/result.json``. Each record has ONE shape: the one its
+writer writes. A reader that meets another shape says so instead of guessing.
+
+A run's state (completed, stopped, dropped, not run) is decided here, once, from these
+records; the close, the manifest, the report and the flow all read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from gpucampaign.decision import Decision, Reforecast
+from gpucampaign.files import (
+    append_jsonl,
+    atomic_write_bytes,
+    json_bytes,
+    parse_time,
+    read_jsonl,
+    utc_now,
+)
+from gpucampaign.spec import CampaignSpec, SpecError
+from gpucampaign.training import RESULT_FILE, RunResult
+
+PLAN_FILE, REFORECAST_FILE, PILOT_FILE = "plan.json", "reforecast.json", "pilot.json"
+DECISIONS_FILE, STOPS_FILE, TIMELINE_FILE = "decisions.jsonl", "stops.jsonl", "timeline.jsonl"
+MODEL_WEIGHTS = "model/model.safetensors"
+AFTER_PILOT = "after-pilot"
+
+RunStatus = Literal["completed", "stopped", "dropped", "not_run"]
+
+
+def _read_json(path: Path) -> Any:
+    import json
+
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+# --- plan.json / reforecast.json ------------------------------------------------------------
+@dataclass(frozen=True)
+class PlanStep:
+    """One scheduled calendar step of a plan."""
+
+    name: str
+    hours: float
+    kind: str | None = None
+    run: str | None = None
+    phase: str | None = None
+    tier: str | None = None
+    start_hours: float | None = None
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """A plan as ``calendar.Plan.to_dict`` writes it (only what is read back)."""
+
+    steps: tuple[PlanStep, ...]
+    span_hours: float | None = None
+    window_hours: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlanRecord:
+        """Read a plan dict; each step needs ``name`` and ``hours``.
+
+        Raises:
+            SpecError: the dict is not a plan written by ``campaign plan``.
+        """
+        if not isinstance(data.get("steps"), list):
+            raise SpecError(
+                "plan.json has no 'steps': it is not a plan written by `campaign plan`",
+                field="plan",
+            )
+        try:
+            steps = tuple(
+                PlanStep(
+                    name=str(s["name"]),
+                    hours=float(s["hours"]),
+                    kind=s.get("kind"),
+                    run=s.get("run"),
+                    phase=s.get("phase"),
+                    tier=s.get("tier"),
+                    start_hours=s.get("start_hours"),
+                )
+                for s in data["steps"]
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SpecError(
+                f"plan.json: a step lacks its name or hours ({exc})", field="plan"
+            ) from None
+        return cls(
+            steps=steps, span_hours=data.get("span_hours"), window_hours=data.get("window_hours")
+        )
+
+    def step(self, name: str) -> PlanStep | None:
+        """The step of that name, None when the plan has none."""
+        return next((s for s in self.steps if s.name == name), None)
+
+
+def read_plan(root: str | Path, *, relative: str = PLAN_FILE) -> PlanRecord | None:
+    """``plan.json`` (or ``reforecast.json`` with ``relative``) of an output folder, if written."""
+    data = _read_json(Path(root) / relative)
+    return None if data is None else PlanRecord.from_dict(data)
+
+
+# --- decisions.jsonl ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One line of ``decisions.jsonl``: a decision point, when, what was decided."""
+
+    point: str
+    time: str
+    decision: Decision
+    reforecast: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DecisionRecord:
+        """Read one line (the decision nested under ``decision``)."""
+        return cls(
+            point=str(data["point"]),
+            time=str(data.get("time") or ""),
+            decision=Decision.model_validate(data["decision"]),
+            reforecast=dict(data.get("reforecast") or {}),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON line as written."""
+        return {
+            "point": self.point,
+            "time": self.time,
+            "decision": self.decision.model_dump(mode="json"),
+            "reforecast": self.reforecast,
+        }
+
+
+def read_decisions(root: str | Path) -> list[DecisionRecord]:
+    """Every decision taken, in order."""
+    return [DecisionRecord.from_dict(r) for r in read_jsonl(Path(root) / DECISIONS_FILE)]
+
+
+def append_decision(root: str | Path, record: DecisionRecord) -> None:
+    """Append a decision to ``decisions.jsonl``."""
+    append_jsonl(Path(root) / DECISIONS_FILE, record.to_dict())
+
+
+def record_decision_after_pilot(
+    root: str | Path, decision: Decision, *, reforecast: Reforecast
+) -> DecisionRecord:
+    """Append the decision taken after the pilot, with the re-forecast hours it rests on, and
+    keep the re-forecast plan in ``reforecast.json`` (``plan.json`` is never rewritten)."""
+    record = DecisionRecord(
+        point=AFTER_PILOT,
+        time=utc_now(timespec="seconds"),
+        decision=decision,
+        reforecast=reforecast.hours_record(),
+    )
+    append_decision(root, record)
+    atomic_write_bytes(Path(root) / REFORECAST_FILE, json_bytes(reforecast.plan.to_dict()))
+    return record
+
+
+def decision_after_pilot(decisions: Iterable[DecisionRecord]) -> Decision | None:
+    """The last decision taken after the pilot, None when none was."""
+    found = [d.decision for d in decisions if d.point == AFTER_PILOT]
+    return found[-1] if found else None
+
+
+# --- stops.jsonl ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StopRecord:
+    """One line of ``stops.jsonl``: a stop rule that ended a run or a phase."""
+
+    stop_id: str
+    rule: str
+    run_id: str
+    reason: str = ""
+    step: int | None = None
+    run: str | None = None
+    phase: str | None = None
+    time: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StopRecord:
+        """Read one line."""
+        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__ if k in data})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON line as written."""
+        return asdict(self)
+
+
+def read_stops(root: str | Path) -> list[StopRecord]:
+    """Every stop recorded, in order."""
+    return [StopRecord.from_dict(r) for r in read_jsonl(Path(root) / STOPS_FILE)]
+
+
+def append_stop(root: str | Path, record: StopRecord) -> bool:
+    """Append a stop unless its stop ID is already recorded; True when it was appended."""
+    if any(s.stop_id == record.stop_id for s in read_stops(root)):
+        return False
+    append_jsonl(Path(root) / STOPS_FILE, record.to_dict())
+    return True
+
+
+# --- timeline.jsonl -------------------------------------------------------------------------
+@dataclass
+class TimelineRow:
+    """One observed interval of ``timeline.jsonl`` (machine busy, or a person deciding)."""
+
+    phase: str
+    step: str | None = None
+    start: str = ""
+    end: str | None = None
+    seconds: float | None = None
+    run: str | None = None
+    kind: str = "machine"
+    note: str = ""
+    outcome: str | None = None
+    steps: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TimelineRow:
+        """Read one line."""
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+    @classmethod
+    def between(
+        cls, step: str | None, *, phase: str, start: datetime, end: datetime, **fields: Any
+    ) -> TimelineRow:
+        """A finished interval from two aware datetimes."""
+        return cls(
+            phase=phase,
+            step=step,
+            start=start.isoformat(timespec="milliseconds"),
+            end=end.isoformat(timespec="milliseconds"),
+            seconds=(end - start).total_seconds(),
+            **fields,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON line as written; ``steps`` and ``outcome`` only when known."""
+        row = asdict(self)
+        for key in ("steps", "outcome"):
+            if row[key] is None:
+                del row[key]
+        return row
+
+    @property
+    def interval(self) -> tuple[datetime, datetime] | None:
+        """(start, end) as datetimes; None while the interval is open."""
+        if not self.start or not self.end:
+            return None
+        return parse_time(self.start), parse_time(self.end)
+
+
+def read_timeline(root: str | Path) -> list[TimelineRow]:
+    """Every observed interval, in the order written."""
+    return [TimelineRow.from_dict(r) for r in read_jsonl(Path(root) / TIMELINE_FILE)]
+
+
+def append_timeline(root: str | Path, row: TimelineRow) -> None:
+    """Append one interval to ``timeline.jsonl`` (the one writer of that file)."""
+    append_jsonl(Path(root) / TIMELINE_FILE, row.to_dict())
+
+
+# --- pilot.json -----------------------------------------------------------------------------
+def read_pilot(root: str | Path) -> dict[str, dict[str, Any]]:
+    """The pilot's measurements per run name (``decision.pilot_measures``); {} before the pilot."""
+    return dict(_read_json(Path(root) / PILOT_FILE) or {})
+
+
+def write_pilot(root: str | Path, measured: Mapping[str, Mapping[str, Any]]) -> None:
+    """Keep the pilot's measurements per run name (a rerun does not pilot again)."""
+    atomic_write_bytes(
+        Path(root) / PILOT_FILE, json_bytes({k: dict(v) for k, v in measured.items()})
+    )
+
+
+# --- runs/<run_id>/result.json and a run's state --------------------------------------------
+def read_result(root: str | Path, run_id: str) -> RunResult | None:
+    """``runs/<run_id>/result.json`` as a ``RunResult``, None when the run wrote none."""
+    data = _read_json(Path(root) / "runs" / run_id / RESULT_FILE)
+    return None if data is None else RunResult.from_dict(data)
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What became of one run of the spec, and why."""
+
+    run: str
+    run_id: str
+    tier: str
+    status: RunStatus
+    reason: str = ""
+    stop_id: str | None = None
+    result: RunResult | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{run, tier, status, stop_id?, reason?}``: the manifest's entry for the run."""
+        out: dict[str, Any] = {"run": self.run, "tier": self.tier, "status": self.status}
+        if self.stop_id:
+            out["stop_id"] = self.stop_id
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+def run_state(
+    spec: CampaignSpec,
+    run: str,
+    *,
+    root: str | Path,
+    stops: Sequence[StopRecord],
+    decision: Decision | None,
+) -> RunState:
+    """The one answer to "what became of this run?".
+
+    Stopped when a stop names its run ID; dropped when the decision point dropped it;
+    completed when its ``result.json`` says every planned step ran AND its model was saved;
+    not run otherwise (the question was re-posed, or the campaign stopped first).
+    """
+    rid = spec.run_id(run)
+    base = {"run": run, "run_id": rid, "tier": spec.tier_of(run)}
+    result = read_result(root, rid)
+    stop = next((s for s in stops if s.run_id == rid), None)
+    if stop is not None:
+        return RunState(
+            **base,
+            status="stopped",
+            stop_id=stop.stop_id,
+            result=result,
+            reason=f"stopped by {stop.rule}: {stop.reason}",
+        )
+    if decision is not None and run in decision.dropped_runs:
+        return RunState(**base, status="dropped", reason="dropped at the decision point")
+    if result is not None and result.completed:
+        if (Path(root) / "runs" / rid / MODEL_WEIGHTS).is_file():
+            return RunState(**base, status="completed", result=result)
+        return RunState(
+            **base,
+            status="not_run",
+            result=result,
+            reason="result.json says complete but the model was not saved",
+        )
+    repose = decision is not None and decision.action == "re-pose"
+    why = "the question was re-posed" if repose else "the campaign stopped"
+    return RunState(**base, status="not_run", reason=why, result=result)
+
+
+def run_states(
+    spec: CampaignSpec, *, root: str | Path, decision: Decision | None = None
+) -> dict[str, RunState]:
+    """``run_state`` of every run of the spec, keyed by run ID, control first."""
+    stops = read_stops(root)
+    return {
+        spec.run_id(run): run_state(spec, run, root=root, stops=stops, decision=decision)
+        for run in spec.run_names()
+    }

@@ -1,0 +1,328 @@
+"""The closing report: built as data (``report.json``), rendered as ``report.md`` and a
+self-contained ``report.html``, read back by ``campaign report`` without recomputing anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpucampaign.budget import render_budget_md
+from gpucampaign.forecast import ESTIMATES_FILE
+from gpucampaign.records import DecisionRecord, StopRecord
+from gpucampaign.spec import SpecError
+from gpucampaign.verdict import Verdict
+
+REPORT_JSON, REPORT_MD, REPORT_HTML = "report.json", "report.md", "report.html"
+REPORT_FORMAT = "gpucampaign.report/1"
+SUMMARY_KEYS = (
+    "verdict",
+    "rental_usd",
+    "other_expenses_usd",
+    "spent_usd",
+    "accepted_deliveries",
+    "rental_per_accepted_usd",
+    "undefined_reason",
+)
+_FIGURE_TITLES = {
+    "calendar": "Calendar: planned vs actual",
+    "curves": "Loss and metric curves",
+    "confusion": "Confusion matrix of the verdict's run",
+}
+
+
+def build_report(
+    *,
+    campaign_id: str,
+    name: str,
+    question: str,
+    verdict: Verdict,
+    budget: Mapping[str, Any],
+    forecast: Mapping[str, Any],
+    runs: Sequence[Mapping[str, Any]],
+    stops: Sequence[StopRecord] = (),
+    decisions: Sequence[DecisionRecord] = (),
+    figures: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The closing report as data (``report.json``); ``render_report_md`` turns it into text.
+
+    Args:
+        campaign_id: the campaign's ID.
+        name: the campaign's name.
+        question: the decision the campaign had to reach.
+        verdict: ``decide_verdict``'s result.
+        budget: ``close_budget``'s result.
+        forecast: ``forecast_vs_actual``'s result.
+        runs: one entry per run of the spec: ``{run_id, run, tier, status, metric, stop_id?,
+            analysis?}`` where ``analysis`` is ``predictions.error_analysis``'s result.
+        stops: ``stops.jsonl`` records.
+        decisions: ``decisions.jsonl`` records.
+        figures: ``{calendar|curves|confusion: relative PNG path}`` inside the output folder.
+
+    Returns:
+        A JSON-ready dict whose top level holds the ``SUMMARY_KEYS`` (``campaign report --json``).
+    """
+    return {
+        "format": REPORT_FORMAT,
+        "campaign_id": campaign_id,
+        "campaign": name,
+        "question": question,
+        "verdict": verdict.to_dict(),
+        **{k: budget[k] for k in SUMMARY_KEYS[1:]},
+        "budget": dict(budget),
+        "runs": [dict(r) for r in runs],
+        "forecast_vs_actual": dict(forecast),
+        "stops": [s.to_dict() for s in stops],
+        "decisions": [d.to_dict() for d in decisions],
+        "figures": dict(figures or {}),
+    }
+
+
+def report_summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys ``campaign report --json`` promises, read from a report."""
+    return {"campaign_id": report.get("campaign_id"), **{k: report.get(k) for k in SUMMARY_KEYS}}
+
+
+def _cell(x: Any) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _hours(x: float | None) -> str:
+    return "not observed" if x is None else f"{x:.3f}"
+
+
+def _runs_md(report: Mapping[str, Any]) -> list[str]:
+    out = [
+        "## Runs",
+        "",
+        "| run | run ID | tier | status | metric | note |",
+        "|---|---|---|---|---:|---|",
+    ]
+    stops_by_id = {s.get("stop_id"): s for s in report.get("stops", [])}
+    for r in report["runs"]:
+        metric = "" if r.get("metric") is None else f"{r['metric']:.4f}"
+        note = ""
+        if r.get("stop_id"):
+            s = stops_by_id.get(r["stop_id"], {})
+            note = f"{r['stop_id']}: {s.get('rule', '')} {s.get('reason', '')}".strip()
+        out.append(
+            f"| {_cell(r['run'])} | `{r['run_id']}` | {r.get('tier', '')} | "
+            f"{r.get('status', '')} | {metric} | {_cell(note)} |"
+        )
+    return out
+
+
+def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
+    out = [
+        "## Forecast vs actual",
+        "",
+        "Allotted hours come from `plan.json`, untouched since the start; observed hours only "
+        "from `timeline.jsonl` (a step without a recorded interval is *not observed*, never "
+        "estimated).",
+        "",
+        "| step | allotted h | re-forecast h | observed h | deviation h | explanation |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for s in fva["steps"]:
+        refo = "" if s["reforecast_hours"] is None else f"{s['reforecast_hours']:.3f}"
+        dev = "" if s["deviation_hours"] is None else f"{s['deviation_hours']:+.3f}"
+        allotted = "" if s["allotted_hours"] is None else f"{s['allotted_hours']:.3f}"
+        out.append(
+            f"| {_cell(s['step'])} | {allotted} | {refo} | {_hours(s['observed_hours'])} | "
+            f"{dev} | {_cell(s['explanation'])} |"
+        )
+    totals = fva.get("totals", {})
+    if totals:
+        parts = [
+            f"{label} {totals[k]:g} h"
+            for k, label in (
+                ("allotted_span_hours", "planned span"),
+                ("reforecast_span_hours", "re-forecast span"),
+                ("window_hours", "window"),
+            )
+            if totals.get(k) is not None
+        ]
+        if totals.get("observed_wall_hours") is not None:
+            parts.append(f"observed busy time {totals['observed_wall_hours']:.3f} h")
+        out += ["", "Totals: " + "; ".join(parts) + "."]
+    if fva.get("unplanned_timeline_steps"):
+        out += [
+            "",
+            "Timeline intervals outside the plan's steps: "
+            + ", ".join(fva["unplanned_timeline_steps"])
+            + ".",
+        ]
+    out.append("")
+    return out
+
+
+def _decisions_and_stops_md(report: Mapping[str, Any]) -> list[str]:
+    out = ["## Decisions taken", ""]
+    decisions = report.get("decisions") or []
+    for rec in decisions:
+        d = rec["decision"]
+        reasons = "; ".join(d.get("reasons", []) or [])
+        dropped = f" (dropped: {', '.join(d['dropped_runs'])})" if d.get("dropped_runs") else ""
+        action, by = d.get("action", "?"), d.get("by", "?")
+        out.append(f"- {rec['point']}: **{action}** by {by}{dropped}: {reasons}")
+    if not decisions:
+        out.append("- none recorded")
+    out += ["", "## Stops", ""]
+    out += [
+        f"- `{s.get('stop_id')}` {s.get('rule')} on {s.get('run') or s.get('run_id')}"
+        f"{'' if s.get('step') is None else ' at step ' + str(s['step'])}: {s.get('reason')}"
+        for s in report.get("stops", [])
+    ] or ["- none"]
+    out.append("")
+    return out
+
+
+def _estimates_md(fva: Mapping[str, Any]) -> list[str]:
+    est = fva.get("estimates") or {}
+    if not est.get("measured"):
+        return []
+    out = [
+        "## Estimates for next time",
+        "",
+        "Measured here and kept in `estimates.json` (`campaign plan --calibrate-from` reads it):",
+        "",
+        "| measure | seconds | samples |",
+        "|---|---:|---:|",
+    ]
+    for k, val in est["measured"].items():
+        shown = "not observed" if val is None else f"{val:.6g}"
+        out.append(f"| {k} | {shown} | {est.get('samples', {}).get(k, 0)} |")
+    out.append("")
+    return out
+
+
+def render_report_md(report: Mapping[str, Any]) -> str:
+    """``report.md``: verdict, runs, budget, forecast vs actual, decisions, stops, analysis,
+    estimates, figures."""
+    from gpucampaign.predictions import render_error_analysis_md
+
+    v = report["verdict"]
+    out = [f"# Closing report: {report['campaign']}", ""]
+    if report.get("question"):
+        out += [f"Question: {report['question']}", ""]
+    out += [
+        f"Campaign ID: `{report['campaign_id']}`",
+        "",
+        "## Verdict",
+        "",
+        f"**{v['kind']}**: {v['text']}",
+        "",
+    ]
+    out += _runs_md(report)
+    out += ["", "## Budget", "", render_budget_md(report["budget"])]
+    out += _forecast_md(report["forecast_vs_actual"])
+    out += _decisions_and_stops_md(report)
+    analysed = [r for r in report["runs"] if r.get("analysis")]
+    if analysed:
+        out += ["## Error analysis", ""]
+        for r in analysed:
+            out.append(
+                render_error_analysis_md(r["analysis"], title=f"{r['run']} (`{r['run_id']}`)")
+            )
+    out += _estimates_md(report["forecast_vs_actual"])
+    figures = report.get("figures") or {}
+    if figures:
+        out += ["## Figures", ""]
+        for key, rel in figures.items():
+            out += [f"![{_FIGURE_TITLES.get(key, key)}]({rel})", ""]
+    out += [
+        "## Files",
+        "",
+        "`manifest.json` lists every file with its size and sha256; `RELOAD.md` gives the "
+        "commands to reload a model and predict; `campaign verify .` checks this folder.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+_IMG_SRC = re.compile(r'(<img\s[^>]*?src=")([^"]+)(")')
+_HTML_STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;"
+    "line-height:1.45}table{border-collapse:collapse;margin:1rem 0}td,th{border:1px solid #ccc;"
+    "padding:.25rem .5rem;vertical-align:top}img{max-width:100%}code{background:#f4f4f4;"
+    "padding:0 .2rem}"
+)
+
+
+def render_report_html(report_md: str, *, root: str | Path, title: str = "Closing report") -> str:
+    """A self-contained ``report.html``: the markdown rendered, figures embedded as data URIs."""
+    import base64
+    import html
+
+    from markdown_it import MarkdownIt
+
+    from gpucampaign.folder import OutputFolder
+
+    folder = OutputFolder(root)
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(report_md)
+
+    def embed(m: Any) -> str:
+        src = html.unescape(m.group(2))
+        try:
+            path = folder.path(src)
+        except ValueError:
+            return m.group(0)
+        if not path.is_file() or path.suffix.lower() != ".png":
+            return m.group(0)
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        return f"{m.group(1)}data:image/png;base64,{data}{m.group(3)}"
+
+    body = _IMG_SRC.sub(embed, body)
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_HTML_STYLE}</style></head><body>\n"
+        f"{body}</body></html>\n"
+    )
+
+
+def write_report(root: str | Path, report: Mapping[str, Any]) -> dict[str, Path]:
+    """Write ``report.json``, ``report.md``, ``report.html`` and ``estimates.json``.
+
+    ``campaign report OUT`` reads these files back: it never recomputes anything.
+
+    Returns:
+        ``{json, md, html, estimates}`` paths.
+    """
+    from gpucampaign.folder import OutputFolder
+
+    folder = OutputFolder(root)
+    md = render_report_md(report)
+    html_text = render_report_html(md, root=root, title=f"Closing report: {report['campaign']}")
+    paths = {
+        "json": folder.write_json(REPORT_JSON, report),
+        "md": folder.write_text(REPORT_MD, md),
+        "html": folder.write_text(REPORT_HTML, html_text),
+    }
+    est = (report.get("forecast_vs_actual") or {}).get("estimates") or {}
+    paths["estimates"] = folder.write_json(
+        ESTIMATES_FILE,
+        {"campaign_id": report["campaign_id"], "campaign": report["campaign"], **est},
+    )
+    return paths
+
+
+def read_report(out_dir: str | Path) -> dict[str, Any]:
+    """``report.json`` of a closed campaign.
+
+    Raises:
+        SpecError: the folder has no readable report (the campaign has not closed).
+    """
+    path = Path(out_dir) / REPORT_JSON
+    if not path.is_file():
+        raise SpecError(
+            f"'{out_dir}' has no {REPORT_JSON}: give the output folder of a closed campaign "
+            "(the close phase writes it)",
+            field="OUT",
+        )
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"'{path}' is not valid JSON ({exc})", field="OUT") from None
