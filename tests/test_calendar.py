@@ -1,4 +1,4 @@
-"""The calendar planner: lanes, span, window fit, options, warnings, ablation (R4-R9)."""
+"""The calendar planner: lanes, span, window fit, options, warnings, ablation."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from gpucampaign import calendar
 from gpucampaign.spec import SpecError, load_spec, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-# Every part an end-to-end calendar with GPU work needs (R4, R12): with these, no warning.
+# Every part an end-to-end calendar with GPU work needs: with these, no warning.
 COMPLETE = [
     {"name": "load", "kind": "machine", "resource": "cpu", "hours": 1},
     {"name": "checkpoint-save-transfer-restore", "kind": "machine", "resource": "gpu", "hours": 1},
@@ -33,7 +33,7 @@ def gpu(name: str, hours: float, **kw: Any) -> dict[str, Any]:
     return {"name": name, "kind": "machine", "resource": "gpu", "hours": hours, **kw}
 
 
-# --- lanes (R5, R7) ------------------------------------------------------------------------
+# --- lanes ------------------------------------------------------------------------
 
 
 def test_two_independent_gpu_steps_serialize_on_one_rtx4090() -> None:
@@ -44,7 +44,9 @@ def test_two_independent_gpu_steps_serialize_on_one_rtx4090() -> None:
 
 def test_a_b200_lot_gives_two_lanes() -> None:
     p = calendar.plan(
-        spec_of([gpu("a", 10), gpu("b", 10)], packages=[{"gpu": "b200", "days": 3, "price_usd": 300}])
+        spec_of(
+            [gpu("a", 10), gpu("b", 10)], packages=[{"gpu": "b200", "days": 3, "price_usd": 300}]
+        )
     )
     assert p.span_hours == 10 and p.gpu_lanes == 2
     assert sorted(s.lane for s in p.steps) == ["gpu0", "gpu1"]
@@ -52,12 +54,19 @@ def test_a_b200_lot_gives_two_lanes() -> None:
 
 
 def test_count_two_gives_two_lanes_and_costs_94_28() -> None:
-    p = calendar.plan(spec_of([gpu("a", 10), gpu("b", 10)], packages=[{"gpu": "rtx4090", "days": 3, "count": 2}]))
+    p = calendar.plan(
+        spec_of([gpu("a", 10), gpu("b", 10)], packages=[{"gpu": "rtx4090", "days": 3, "count": 2}])
+    )
     assert (p.span_hours, p.gpu_lanes, p.total_price_usd) == (10, 2, Decimal("94.28"))
 
 
 def test_a_second_lane_never_shortens_one_step() -> None:
-    p = calendar.plan(spec_of([gpu("a", 10), gpu("b", 5, after=["a"])], packages=[{"gpu": "rtx4090", "days": 3, "count": 2}]))
+    p = calendar.plan(
+        spec_of(
+            [gpu("a", 10), gpu("b", 5, after=["a"])],
+            packages=[{"gpu": "rtx4090", "days": 3, "count": 2}],
+        )
+    )
     assert p.span_hours == 15
 
 
@@ -84,11 +93,13 @@ def test_human_steps_use_people_lanes() -> None:
 
 
 def test_ready_steps_start_by_tier() -> None:
-    p = calendar.plan(spec_of([gpu("x", 1, tier="exploratory"), gpu("u", 1, tier="useful"), gpu("e", 1)]))
+    p = calendar.plan(
+        spec_of([gpu("x", 1, tier="exploratory"), gpu("u", 1, tier="useful"), gpu("e", 1)])
+    )
     assert [s.name for s in sorted(p.steps, key=lambda s: s.start_hours)] == ["e", "u", "x"]
 
 
-# --- the user's examples (R6, R7) ------------------------------------------------------------
+# --- the user's examples ------------------------------------------------------------
 
 
 def test_48h_example() -> None:
@@ -192,7 +203,7 @@ def test_infinite_hours_are_refused() -> None:
     assert err.value.field == "calendar[0].hours"
 
 
-# --- warnings (R4, R12) and ablation (R9) ------------------------------------------------------
+# --- warnings and ablation ------------------------------------------------------
 
 
 def test_complete_calendar_has_no_missing_part_warning() -> None:
@@ -226,7 +237,11 @@ def test_calendar_without_gpu_work_needs_no_checkpoint() -> None:
 
 
 def _ablation_spec(variants: list[dict[str, Any]]) -> Any:
-    cal = COMPLETE + [gpu("control", 1, run="control")] + [gpu(v["name"], 1, run=v["name"]) for v in variants]
+    cal = (
+        COMPLETE
+        + [gpu("control", 1, run="control")]
+        + [gpu(v["name"], 1, run=v["name"]) for v in variants]
+    )
     return spec_of(cal, control={"lr": 0.001, "epochs": 20}, variants=variants)
 
 
@@ -257,7 +272,10 @@ def test_declared_combination_is_not_warned_but_a_full_grid_is() -> None:
         {"name": "lr", "changes": {"lr": 0.01}},
         {"name": "bf16", "changes": {"precision": "bf16"}},
     ]
-    assert any("full grid" in w and "lr x precision" in w for w in calendar.plan(_ablation_spec(grid)).warnings)
+    assert any(
+        "full grid" in w and "lr x precision" in w
+        for w in calendar.plan(_ablation_spec(grid)).warnings
+    )
 
 
 def test_run_without_calendar_step_warns() -> None:
@@ -328,8 +346,12 @@ def test_plan_properties(case: tuple[Any, dict[str, dict[str, Any]]]) -> None:
         on_lane = sorted((s for s in p.steps if s.lane == lane), key=lambda s: s.start_hours)
         for first, second in zip(on_lane, on_lane[1:], strict=False):
             assert second.start_hours >= first.end_hours - eps
-    assert {s.lane for s in p.steps if s.resource == "gpu"} <= {f"gpu{i}" for i in range(p.gpu_lanes)}
-    assert {s.lane for s in p.steps if s.kind == "human"} <= {f"human{i}" for i in range(p.human_lanes)}
+    assert {s.lane for s in p.steps if s.resource == "gpu"} <= {
+        f"gpu{i}" for i in range(p.gpu_lanes)
+    }
+    assert {s.lane for s in p.steps if s.kind == "human"} <= {
+        f"human{i}" for i in range(p.human_lanes)
+    }
     assert p.to_dict() == calendar.plan(spec).to_dict()
 
 

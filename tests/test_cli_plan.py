@@ -1,4 +1,4 @@
-"""`campaign schema | plan | packages`: exact numbers, exit codes, and clear invalid-input messages."""
+"""`campaign schema | plan | packages`: exact numbers, exit codes, clear invalid-input messages."""
 
 from __future__ import annotations
 
@@ -35,7 +35,10 @@ def plan_json(path: Path) -> tuple[int, dict]:
 def test_48h_example_exact_numbers() -> None:
     code, d = plan_json(EXAMPLES / "calendar-48h.yaml")
     assert code == 0
-    assert {k: d[k] for k in ("span_hours", "window_hours", "uncommitted_hours", "overrun_hours", "fits")} == {
+    assert {
+        k: d[k]
+        for k in ("span_hours", "window_hours", "uncommitted_hours", "overrun_hours", "fits")
+    } == {
         "span_hours": 48,
         "window_hours": 72,
         "uncommitted_hours": 24,
@@ -44,18 +47,39 @@ def test_48h_example_exact_numbers() -> None:
     }
     assert d["total_price_usd"] == 47.14 and d["options"] == [] and d["warnings"] == []
     assert d["packages"] == [
-        {"gpu": "rtx4090", "days": 3, "gpus": 1, "count": 1, "price_usd": 47.14, "total_usd": 47.14,
-         "price_source": "catalog"}
+        {
+            "gpu": "rtx4090",
+            "days": 3,
+            "gpus": 1,
+            "count": 1,
+            "price_usd": 47.14,
+            "total_usd": 47.14,
+            "price_source": "catalog",
+        }
     ]
     step = d["steps"][0]
-    assert set(step) >= {"name", "kind", "resource", "tier", "lane", "start_hours", "end_hours", "run"}
+    assert set(step) >= {
+        "name",
+        "kind",
+        "resource",
+        "tier",
+        "lane",
+        "start_hours",
+        "end_hours",
+        "run",
+    }
     assert d["machine_hours"] + d["human_hours"] == 48
 
 
 def test_78h_example_exact_numbers_and_options() -> None:
     code, d = plan_json(EXAMPLES / "calendar-78h.yaml")
     assert code == 4
-    assert (d["span_hours"], d["overrun_hours"], d["uncommitted_hours"], d["fits"]) == (78, 6, 0, False)
+    assert (d["span_hours"], d["overrun_hours"], d["uncommitted_hours"], d["fits"]) == (
+        78,
+        6,
+        0,
+        False,
+    )
     larger = next(o for o in d["options"] if o["kind"] == "larger_package")
     assert larger["total_price_usd"] == 110 and larger["fits"] and "7-day" in larger["description"]
     smaller = next(o for o in d["options"] if o["kind"] == "smaller_protocol")
@@ -143,9 +167,18 @@ INVALID = {
         _with(calendar=_cal({"name": "a", "kind": "human", "hours": 1, "hourz": 2})),
         "calendar[0].hourz",
     ),
-    "negative hours": (_with(calendar=_cal({"name": "a", "kind": "human", "hours": -1})), "calendar[0].hours"),
-    "zero hours": (_with(calendar=_cal({"name": "a", "kind": "human", "hours": 0})), "calendar[0].hours"),
-    "infinite hours": (_with(calendar=_cal({"name": "a", "kind": "human", "hours": float("inf")})), "calendar[0].hours"),
+    "negative hours": (
+        _with(calendar=_cal({"name": "a", "kind": "human", "hours": -1})),
+        "calendar[0].hours",
+    ),
+    "zero hours": (
+        _with(calendar=_cal({"name": "a", "kind": "human", "hours": 0})),
+        "calendar[0].hours",
+    ),
+    "infinite hours": (
+        _with(calendar=_cal({"name": "a", "kind": "human", "hours": float("inf")})),
+        "calendar[0].hours",
+    ),
     "unknown step in after": (
         _with(calendar=_cal({"name": "a", "kind": "human", "hours": 1, "after": ["ghost"]})),
         "calendar",
@@ -160,12 +193,20 @@ INVALID = {
         "calendar",
     ),
     "duplicate names": (
-        _with(calendar=_cal({"name": "a", "kind": "human", "hours": 1}, {"name": "a", "kind": "human", "hours": 2})),
+        _with(
+            calendar=_cal(
+                {"name": "a", "kind": "human", "hours": 1},
+                {"name": "a", "kind": "human", "hours": 2},
+            )
+        ),
         "calendar",
     ),
     "unknown gpu": (_with(packages=[{"gpu": "a100", "days": 3}]), "packages[0].gpu"),
     "unknown duration": (_with(packages=[{"gpu": "rtx4090", "days": 5}]), "packages[0].days"),
-    "lot without a known price": (_with(packages=[{"gpu": "b200", "days": 3}]), "packages[0].price_usd"),
+    "lot without a known price": (
+        _with(packages=[{"gpu": "b200", "days": 3}]),
+        "packages[0].price_usd",
+    ),
     "window shorter than every lot": (_with(window_hours=48), "window_hours"),
     "catalog escaping the folder": (_with(catalog="../tariffs.yaml"), "catalog"),
     "absolute catalog path": (_with(catalog="/etc/passwd"), "catalog"),
@@ -204,14 +245,32 @@ def test_missing_spec_file(tmp_path: Path) -> None:
 
 def test_installed_entry_point_runs_the_example() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "gpucampaign.cli", "plan", str(EXAMPLES / "calendar-48h.yaml"), "--json"],
-        capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "gpucampaign.cli",
+            "plan",
+            str(EXAMPLES / "calendar-48h.yaml"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["uncommitted_hours"] == 24
     bad = subprocess.run(
-        [sys.executable, "-m", "gpucampaign.cli", "plan", str(EXAMPLES / "calendar-48h.yaml"), "--jsn"],
-        capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "gpucampaign.cli",
+            "plan",
+            str(EXAMPLES / "calendar-48h.yaml"),
+            "--jsn",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
 
@@ -220,12 +279,32 @@ def test_calibrate_from_an_earlier_campaign_replaces_the_run_steps_hours(tmp_pat
     """`plan --calibrate-from OUT`: step time x planned steps + load + evals + saves, per run."""
     earlier = tmp_path / "earlier"
     earlier.mkdir()
-    pilot = {"batch_size": 64, "n_train": 1000, "load_s": 36.0, "step_s": 0.5, "eval_s": 9.0, "evals": 20,
-             "save_s": 18.0, "saves": 10, "planned_steps": 320}
-    (earlier / "estimates.json").write_text(json.dumps({
-        "campaign_id": "old-1", "measured": {"load_s": 36.0, "step_s": 1.0, "eval_s": 9.0, "save_s": 18.0,
-                                             "restore_s": None},
-        "pilot": {"control": pilot}}))
+    pilot = {
+        "batch_size": 64,
+        "n_train": 1000,
+        "load_s": 36.0,
+        "step_s": 0.5,
+        "eval_s": 9.0,
+        "evals": 20,
+        "save_s": 18.0,
+        "saves": 10,
+        "planned_steps": 320,
+    }
+    (earlier / "estimates.json").write_text(
+        json.dumps(
+            {
+                "campaign_id": "old-1",
+                "measured": {
+                    "load_s": 36.0,
+                    "step_s": 1.0,
+                    "eval_s": 9.0,
+                    "save_s": 18.0,
+                    "restore_s": None,
+                },
+                "pilot": {"control": pilot},
+            }
+        )
+    )
     spec = EXAMPLES / "digits" / "campaign.yaml"
     result = runner.invoke(app, ["plan", str(spec), "--json", "--calibrate-from", str(earlier)])
     d = json.loads(result.stdout)
@@ -236,7 +315,8 @@ def test_calibrate_from_an_earlier_campaign_replaces_the_run_steps_hours(tmp_pat
     expected = (36.0 + steps * 1.0 + 20 * 9.0 + 10 * 18.0) / 3600
     assert hours["train-control"] == pytest.approx(expected, rel=1e-3)
     assert hours["train-short"] == pytest.approx(
-        (36.0 + 8 * -(-n_train // 64) * 1.0 + 20 * 9.0 + 10 * 18.0) / 3600, rel=1e-3)
+        (36.0 + 8 * -(-n_train // 64) * 1.0 + 20 * 9.0 + 10 * 18.0) / 3600, rel=1e-3
+    )
     assert hours["prepare"] == 1  # steps that train no run keep their hours
     assert "old-1" in d["calibrated"]["train-control"]
 

@@ -27,16 +27,22 @@ def test_digits_corpus_is_deterministic_and_matches_the_example(tmp_path, digits
     assert write_digits_corpus(tmp_path / "c.csv", seed=1) != sha_a
     example = yaml.safe_load((REPO / "examples/digits/campaign.yaml").read_text())
     assert example["corpus"]["sha256"] == sha_a
-    assert hashlib.sha256((REPO / "examples/digits/data/digits.csv").read_bytes()).hexdigest() == sha_a
+    assert (
+        hashlib.sha256((REPO / "examples/digits/data/digits.csv").read_bytes()).hexdigest() == sha_a
+    )
 
 
 def _spec(base: Path, rel: str, sha: str, **extra) -> object:
-    return parse_spec({
-        "name": "t", "packages": [{"gpu": "rtx4090", "days": 3}],
-        "calendar": [{"name": "p", "kind": "human", "hours": 1}],
-        "corpus": {"path": rel, "sha256": sha}, "decision_rule": {"metric": "accuracy", "threshold": 0.5},
-        **extra,
-    })
+    return parse_spec(
+        {
+            "name": "t",
+            "packages": [{"gpu": "rtx4090", "days": 3}],
+            "calendar": [{"name": "p", "kind": "human", "hours": 1}],
+            "corpus": {"path": rel, "sha256": sha},
+            "decision_rule": {"metric": "accuracy", "threshold": 0.5},
+            **extra,
+        }
+    )
 
 
 def test_load_digits(digits_file):  # noqa: F811
@@ -85,9 +91,14 @@ def _write(path: Path, rows: list[list]) -> str:
 
 
 CLEAN = [
-    ["r1", "train", 0, 0.0, 1.0], ["r2", "train", 1, 1.0, 0.0], ["r3", "train", 0, 0.1, 1.1],
-    ["r4", "train", 1, 1.1, 0.1], ["r5", "val", 0, 0.2, 1.2], ["r6", "val", 1, 1.2, 0.2],
-    ["r7", "test", 0, 0.3, 1.3], ["r8", "test", 1, 1.3, 0.3],
+    ["r1", "train", 0, 0.0, 1.0],
+    ["r2", "train", 1, 1.0, 0.0],
+    ["r3", "train", 0, 0.1, 1.1],
+    ["r4", "train", 1, 1.1, 0.1],
+    ["r5", "val", 0, 0.2, 1.2],
+    ["r6", "val", 1, 1.2, 0.2],
+    ["r7", "test", 0, 0.3, 1.3],
+    ["r8", "test", 1, 1.3, 0.3],
 ]
 
 
@@ -101,7 +112,10 @@ def _audit(tmp_path: Path, rows: list[list], *, strict: bool) -> dict:
     [
         ("duplicate_ids", CLEAN + [["r1", "test", 1, 5.0, 5.0]]),
         ("leakage_across_splits", CLEAN + [["r9", "test", 0, 0.0, 1.0]]),
-        ("non_finite_features", CLEAN + [["r9", "train", 0, "nan", 1.0], ["r10", "test", 1, "", 2.0]]),
+        (
+            "non_finite_features",
+            CLEAN + [["r9", "train", 0, "nan", 1.0], ["r10", "test", 1, "", 2.0]],
+        ),
         ("empty_split", [r for r in CLEAN if r[1] != "train"]),
         ("empty_split", [r for r in CLEAN if r[1] != "test"]),
         ("label_not_in_train", CLEAN + [["r9", "test", 2, 7.0, 7.0]]),
@@ -137,11 +151,18 @@ def test_bad_columns_are_spec_errors(tmp_path):
     sha = _write(tmp_path / "d.csv", [["r1", "holdout", 0, 1.0, 1.0]])
     with pytest.raises(SpecError, match="unknown split"):
         audit_corpus(_spec(tmp_path, "d.csv", sha), base_dir=tmp_path)
-    spec = parse_spec({
-        "name": "t", "packages": [{"gpu": "rtx4090", "days": 3}],
-        "calendar": [{"name": "p", "kind": "human", "hours": 1}],
-        "corpus": {"path": "c.csv", "sha256": _write(tmp_path / "c.csv", CLEAN), "label_column": "target"},
-    })
+    spec = parse_spec(
+        {
+            "name": "t",
+            "packages": [{"gpu": "rtx4090", "days": 3}],
+            "calendar": [{"name": "p", "kind": "human", "hours": 1}],
+            "corpus": {
+                "path": "c.csv",
+                "sha256": _write(tmp_path / "c.csv", CLEAN),
+                "label_column": "target",
+            },
+        }
+    )
     with pytest.raises(SpecError, match="target"):
         audit_corpus(spec, base_dir=tmp_path)
 
@@ -161,8 +182,15 @@ def test_parquet_corpus(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    table = pa.table({"id": [r[0] for r in CLEAN], "split": [r[1] for r in CLEAN],
-                      "label": [r[2] for r in CLEAN], "a": [r[3] for r in CLEAN], "b": [r[4] for r in CLEAN]})
+    table = pa.table(
+        {
+            "id": [r[0] for r in CLEAN],
+            "split": [r[1] for r in CLEAN],
+            "label": [r[2] for r in CLEAN],
+            "a": [r[3] for r in CLEAN],
+            "b": [r[4] for r in CLEAN],
+        }
+    )
     pq.write_table(table, tmp_path / "c.parquet")
     sha = hashlib.sha256((tmp_path / "c.parquet").read_bytes()).hexdigest()
     report = audit_corpus(_spec(tmp_path, "c.parquet", sha), base_dir=tmp_path)

@@ -17,8 +17,14 @@ MINIMAL: dict[str, Any] = {
     "calendar": [
         {"name": "prep", "kind": "human", "hours": 6},
         {"name": "load", "kind": "machine", "resource": "cpu", "hours": 1, "after": ["prep"]},
-        {"name": "control", "kind": "machine", "resource": "gpu", "hours": 10, "after": ["load"],
-         "tier": "essential"},
+        {
+            "name": "control",
+            "kind": "machine",
+            "resource": "gpu",
+            "hours": 10,
+            "after": ["load"],
+            "tier": "essential",
+        },
     ],
 }
 
@@ -34,7 +40,10 @@ def test_defaults() -> None:
     data = {
         "name": "x",
         "packages": [{"gpu": "RTX4090", "days": 7}],
-        "calendar": [{"name": "a", "kind": "machine", "hours": 1}, {"name": "b", "kind": "human", "hours": 2}],
+        "calendar": [
+            {"name": "a", "kind": "machine", "hours": 1},
+            {"name": "b", "kind": "human", "hours": 2},
+        ],
     }
     spec = parse_spec(data)
     assert spec.window == 168  # the shortest committed lot
@@ -67,7 +76,10 @@ def test_every_field_of_the_schema_has_a_description() -> None:
         ({"catalog": "../up.yaml"}, "catalog"),
         ({"calendar": [{"name": "a b", "kind": "human", "hours": 1}]}, "calendar[0].name"),
         ({"calendar": [{"name": "a", "kind": "robot", "hours": 1}]}, "calendar[0].kind"),
-        ({"calendar": [{"name": "a", "kind": "human", "hours": 1, "tier": "nice"}]}, "calendar[0].tier"),
+        (
+            {"calendar": [{"name": "a", "kind": "human", "hours": 1, "tier": "nice"}]},
+            "calendar[0].tier",
+        ),
     ],
 )
 def test_invalid_spec_names_the_field(change: dict[str, Any], field: str) -> None:
@@ -81,8 +93,12 @@ def test_variants_are_checked_against_the_control() -> None:
     with pytest.raises(SpecError, match="add 'control'"):
         parse_spec({**MINIMAL, "variants": [{"name": "v", "changes": {"lr": 0.1}}]})
     with pytest.raises(SpecError, match="unknown run setting"):
-        parse_spec({**MINIMAL, "control": {}, "variants": [{"name": "v", "changes": {"colour": 1}}]})
-    spec = parse_spec({**MINIMAL, "control": {"lr": 0.001}, "variants": [{"name": "v", "changes": {"lr": 0.01}}]})
+        parse_spec(
+            {**MINIMAL, "control": {}, "variants": [{"name": "v", "changes": {"colour": 1}}]}
+        )
+    spec = parse_spec(
+        {**MINIMAL, "control": {"lr": 0.001}, "variants": [{"name": "v", "changes": {"lr": 0.01}}]}
+    )
     assert spec.run_config("v").lr == 0.01 and spec.run_id("v") != spec.run_id("control")
 
 
@@ -99,7 +115,10 @@ def test_load_spec_errors(tmp_path: Path) -> None:
 
 def test_resolve_inside(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
-    assert resolve_inside(tmp_path, "sub/file.yaml", field="f") == (tmp_path / "sub" / "file.yaml").resolve()
+    assert (
+        resolve_inside(tmp_path, "sub/file.yaml", field="f")
+        == (tmp_path / "sub" / "file.yaml").resolve()
+    )
     for bad in ("../x", "/etc/passwd", "sub/../../x"):
         with pytest.raises(SpecError) as err:
             resolve_inside(tmp_path, bad, field="catalog")

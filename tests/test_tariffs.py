@@ -1,4 +1,4 @@
-"""The provider catalog: exact money, lots without a price, user catalogs, covering lots (R8)."""
+"""The provider catalog: exact money, lots without a price, user catalogs, covering lots."""
 
 from __future__ import annotations
 
@@ -87,7 +87,12 @@ def test_user_catalog_adds_a_model_and_prices_a_b200_lot(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     "content",
-    ["lots: [{gpu: h100, days: 3}]", "lots: [{gpu: h100, days: 3, gpus: 1, colour: red}]", "- 1", "a: ["],
+    [
+        "lots: [{gpu: h100, days: 3}]",
+        "lots: [{gpu: h100, days: 3, gpus: 1, colour: red}]",
+        "- 1",
+        "a: [",
+    ],
 )
 def test_invalid_user_catalog_is_a_spec_error(tmp_path: Path, content: str) -> None:
     (tmp_path / "cat.yaml").write_text(content)

@@ -11,7 +11,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -31,6 +31,19 @@ console = Console()
 err_console = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Arguments and options several commands share.
+SpecFile = Annotated[Path, typer.Argument(help="Campaign YAML file.")]
+OutFolder = Annotated[Path, typer.Argument(help="Output folder of a campaign.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+_CALIBRATE_HELP = (
+    "Output folder of a closed campaign: its measured load, step, eval and save times replace "
+    "the hours of the steps that train a run."
+)
+_OUTPUT_CHECK_HELP = (
+    "Check this campaign output instead: resume the run's latest kept checkpoint from its store "
+    "in a new process and compare with what the run recorded."
+)
 
 
 def handle_errors(fn: F) -> F:
@@ -55,6 +68,11 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def _say(text: str) -> None:
+    """One message on stdout, wrapped by the terminal rather than by rich."""
+    console.print(text, soft_wrap=True, highlight=False)
+
+
 # Commands are defined below, one section per phase of the campaign.
 
 
@@ -73,12 +91,10 @@ def schema_cmd() -> None:
 @app.command("plan")
 @handle_errors
 def plan_cmd(
-    spec: Path = typer.Argument(..., help="Campaign YAML file."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    spec: SpecFile,
+    as_json: AsJson = False,
     figure: Path | None = typer.Option(None, "--figure", help="Also write the Gantt chart (PNG)."),
-    calibrate_from: Path | None = typer.Option(
-        None, "--calibrate-from", help="Output folder of a closed campaign: its measured load, step, eval "
-        "and save times replace the hours of the steps that train a run."),
+    calibrate_from: Path | None = typer.Option(None, "--calibrate-from", help=_CALIBRATE_HELP),
 ) -> None:
     """Schedule the calendar on the committed lots: exit 0 when it fits its window, 4 when not."""
     from gpucampaign import calendar
@@ -92,7 +108,7 @@ def plan_cmd(
         raise SpecError(f"Invalid campaign spec '{spec}': {exc}", field=exc.field) from None
     if how and not as_json:
         for name, text in how.items():
-            console.print(f"{name}: {override[name]:.4g} h ({text})", soft_wrap=True, highlight=False)
+            _say(f"{name}: {override[name]:.4g} h ({text})")
     if figure is not None:
         from gpucampaign.figures import plot_calendar
 
@@ -106,7 +122,8 @@ def plan_cmd(
 
 
 def _calibration(cs: Any, spec: Path, out: Path) -> tuple[dict[str, float], dict[str, str]]:
-    """Hours of the run steps from an earlier campaign's ``estimates.json``, and how each was made."""
+    """The run steps' hours from an earlier campaign's ``estimates.json``, and how each was
+    measured."""
     from gpucampaign.corpus import load_spec_corpus
     from gpucampaign.decision import calibrated_hours
     from gpucampaign.forecast import load_estimates
@@ -129,32 +146,34 @@ def _print_plan(result: Any, *, figure: Path | None) -> None:
 
     d = result.to_dict()
     table = Table(title=f"calendar of {d['name']}", title_justify="left")
-    for col, justify in (("step", "left"), ("kind", "left"), ("tier", "left"), ("lane", "left"),
-                         ("start h", "right"), ("end h", "right"), ("hours", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    columns = ("step", "kind", "tier", "lane", "start h", "end h", "hours")
+    for k, col in enumerate(columns):
+        table.add_column(col, justify="left" if k < 4 else "right")
     for s in sorted(d["steps"], key=lambda s: (s["start_hours"], s["lane"])):
         kind = "human" if s["kind"] == "human" else f"machine/{s['resource']}"
-        table.add_row(s["name"], kind, s["tier"], s["lane"], f"{s['start_hours']:g}",
-                      f"{s['end_hours']:g}", f"{s['hours']:g}")
+        hours = (f"{s['start_hours']:g}", f"{s['end_hours']:g}", f"{s['hours']:g}")
+        table.add_row(s["name"], kind, s["tier"], s["lane"], *hours)
     console.print(table)
-    lots = ", ".join(f"{p['count']} x {p['days']}-day {p['gpu']} ({p['gpus']} GPU/lot)"
-                     for p in d["packages"])
-    verdict = (f"[green]fits[/], {d['uncommitted_hours']:g} h uncommitted" if d["fits"]
-               else f"[red]does not fit[/]: {d['overrun_hours']:g} h over")
-    console.print(
+    lots = ", ".join(
+        f"{p['count']} x {p['days']}-day {p['gpu']} ({p['gpus']} GPU/lot)" for p in d["packages"]
+    )
+    verdict = (
+        f"[green]fits[/], {d['uncommitted_hours']:g} h uncommitted"
+        if d["fits"]
+        else f"[red]does not fit[/]: {d['overrun_hours']:g} h over"
+    )
+    _say(
         f"span [bold]{d['span_hours']:g} h[/] in a {d['window_hours']:g} h window: {verdict}\n"
-        f"machine {d['machine_hours']:g} h (GPU {d['gpu_hours']:g} h), human {d['human_hours']:g} h; "
-        f"lots: {lots}; total {format_usd(result.total_price_usd)}",
-        soft_wrap=True, highlight=False,
+        f"machine {d['machine_hours']:g} h (GPU {d['gpu_hours']:g} h), "
+        f"human {d['human_hours']:g} h; lots: {lots}; total {format_usd(result.total_price_usd)}"
     )
     for o in d["options"]:
-        console.print(f"  option [bold]{o['kind']}[/]: {o['description']}", soft_wrap=True,
-                      highlight=False)
+        _say(f"  option [bold]{o['kind']}[/]: {o['description']}")
     for a in d["ablation"]:
-        console.print(f"  ablation {a['variant']} ({a['tier']}): "
-                      f"{', '.join(a['factors']) or 'changes nothing'}", highlight=False)
+        factors = ", ".join(a["factors"]) or "changes nothing"
+        console.print(f"  ablation {a['variant']} ({a['tier']}): {factors}", highlight=False)
     for w in d["warnings"]:
-        console.print(f"[yellow]warning:[/] {w}", soft_wrap=True, highlight=False)
+        _say(f"[yellow]warning:[/] {w}")
     if figure is not None:
         console.print(f"figure: {figure}", highlight=False)
 
@@ -165,7 +184,7 @@ def packages_cmd(
     hours: float = typer.Option(..., "--hours", help="Hours the calendar needs (its span)."),
     gpu: str | None = typer.Option(None, "--gpu", help="Only lots of this GPU model."),
     catalog: Path | None = typer.Option(None, "--catalog", help="Extra catalog YAML file."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    as_json: AsJson = False,
 ) -> None:
     """Lots and back-to-back lot combinations that cover H hours, cheapest first (exit 4: none)."""
     from rich.table import Table
@@ -180,11 +199,16 @@ def packages_cmd(
         for col in ("gpu", "lots (days)", "hours", "slack h", "price", "requires"):
             table.add_column(col, overflow="fold")
         for c in covers:
-            table.add_row(c.gpu, " + ".join(map(str, c.days)), f"{c.total_hours:g}",
-                          f"{c.slack_hours:g}", format_usd(c.price_usd), c.requires)
+            days = " + ".join(map(str, c.days))
+            price = format_usd(c.price_usd)
+            table.add_row(
+                c.gpu, days, f"{c.total_hours:g}", f"{c.slack_hours:g}", price, c.requires
+            )
         console.print(table)
     if not covers:
-        err_console.print(f"no lot or combination of up to 3 lots covers {hours:g} h", highlight=False)
+        err_console.print(
+            f"no lot or combination of up to 3 lots covers {hours:g} h", highlight=False
+        )
         raise typer.Exit(EXIT_NOT_FIT)
 
 
@@ -196,7 +220,7 @@ def packages_cmd(
 def init_cmd(
     directory: Path = typer.Argument(..., help="Folder for the new campaign (created if needed)."),
 ) -> None:
-    """Write a ready digits campaign: DIR/data/digits.csv and DIR/campaign.yaml (exit 2 if one exists)."""
+    """Write a ready digits campaign: DIR/campaign.yaml, DIR/data/digits.csv (exit 2: exists)."""
     from gpucampaign.scaffold import init_campaign
 
     spec_path = init_campaign(directory)
@@ -207,50 +231,95 @@ def init_cmd(
 @app.command("restart-check")
 @handle_errors
 def restart_check_cmd(
-    spec: Path = typer.Argument(..., help="Campaign YAML file."),
+    spec: SpecFile,
     run: str = typer.Option("control", "--run", help="Run whose configuration is checked."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    n_steps: int | None = typer.Option(None, "--steps", min=2, help="Steps compared (default: ~2 epochs)."),
-    k_steps: int | None = typer.Option(None, "--at", min=1, help="Step of the interruption (default: mid-epoch)."),
-    out: Path | None = typer.Option(
-        None, "--out", help="Check this campaign output instead: resume the run's latest kept checkpoint "
-        "from its store in a new process and compare with what the run recorded."),
+    as_json: AsJson = False,
+    n_steps: int | None = typer.Option(
+        None, "--steps", min=2, help="Steps compared (default: ~2 epochs)."
+    ),
+    k_steps: int | None = typer.Option(
+        None, "--at", min=1, help="Step of the interruption (default: mid-epoch)."
+    ),
+    out: Path | None = typer.Option(None, "--out", help=_OUTPUT_CHECK_HELP),
 ) -> None:
     """Save mid-epoch, resume in a new process, compare exactly: exit 0 identical, 3 otherwise."""
     import tempfile
 
+    with tempfile.TemporaryDirectory(prefix="restart-check-") as tmp:
+        if out is not None:
+            report = _check_output_restart(spec, out, run=run, n_steps=n_steps, workdir=Path(tmp))
+        else:
+            report = _check_fresh_restart(
+                spec, run=run, n_steps=n_steps, k_steps=k_steps, workdir=Path(tmp)
+            )
+    first = ("identical", "compared_steps", "max_abs_diff", "save_s", "restore_s")
+    if as_json:
+        d = report.to_dict()
+        print_json({**{k: d[k] for k in first}, **{k: v for k, v in d.items() if k not in first}})
+    else:
+        _print_restart(report)
+    if not report.identical:
+        raise typer.Exit(EXIT_STOPPED)
+
+
+def _check_fresh_restart(
+    spec: Path, *, run: str, n_steps: int | None, k_steps: int | None, workdir: Path
+) -> Any:
+    """Train the run from scratch, interrupt it, resume it in a new process, compare."""
     from gpucampaign.corpus import corpus_path
-    from gpucampaign.restart import output_check_target, verify_checkpoint_resume, verify_restart
+    from gpucampaign.restart import verify_restart
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
-    with tempfile.TemporaryDirectory(prefix="restart-check-") as tmp:
-        if out is not None:
-            target = output_check_target(out, spec_path=spec)
-            if run not in target.runs:
-                raise SpecError(f"option '--run': run '{run}' has no checkpoint in {target.store.url}; "
-                                f"runs with checkpoints: {', '.join(target.runs)}.", field="--run")
-            report = verify_checkpoint_resume(
-                target.spec, run=run, corpus_path=target.corpus_path, store=target.store,
-                run_dir=out / "runs" / target.runs[run], workdir=Path(tmp), m_steps=n_steps or 20, check=False)
-        else:
-            path = corpus_path(cs, base_dir=spec.resolve().parent)
-            report = verify_restart(cs, run=run, corpus_path=path, workdir=Path(tmp), n_steps=n_steps,
-                                    k_steps=k_steps, check=False)
-    short = {k: report.to_dict()[k] for k in ("identical", "compared_steps", "max_abs_diff", "save_s", "restore_s")}
-    if as_json:
-        print_json({**short, **{k: v for k, v in report.to_dict().items() if k not in short}})
-    else:
-        verdict = "[green]identical[/]" if report.identical else "[red]NOT identical[/]"
-        console.print(
-            f"{report.run_id}: {verdict} over {report.compared_steps} steps (interrupted at step {report.k}, "
-            f"{report.threads} thread(s), {report.device}); max |diff| {report.max_abs_diff:g}; "
-            f"save {report.save_s or 0:.3f} s, restore {report.restore_s or 0:.3f} s",
-            soft_wrap=True, highlight=False)
-        for m in report.mismatches[:5]:
-            console.print(f"  [red]{m}[/]", soft_wrap=True, highlight=False)
-    if not report.identical:
-        raise typer.Exit(EXIT_STOPPED)
+    path = corpus_path(cs, base_dir=spec.resolve().parent)
+    return verify_restart(
+        cs,
+        run=run,
+        corpus_path=path,
+        workdir=workdir,
+        n_steps=n_steps,
+        k_steps=k_steps,
+        check=False,
+    )
+
+
+def _check_output_restart(
+    spec: Path, out: Path, *, run: str, n_steps: int | None, workdir: Path
+) -> Any:
+    """Resume the run's latest kept checkpoint of a campaign output and compare."""
+    from gpucampaign.restart import output_check_target, verify_checkpoint_resume
+    from gpucampaign.spec import load_spec
+
+    load_spec(spec)
+    target = output_check_target(out, spec_path=spec)
+    if run not in target.runs:
+        raise SpecError(
+            f"option '--run': run '{run}' has no checkpoint in {target.store.url}; "
+            f"runs with checkpoints: {', '.join(target.runs)}.",
+            field="--run",
+        )
+    return verify_checkpoint_resume(
+        target.spec,
+        run=run,
+        corpus_path=target.corpus_path,
+        store=target.store,
+        run_dir=out / "runs" / target.runs[run],
+        workdir=workdir,
+        m_steps=n_steps or 20,
+        check=False,
+    )
+
+
+def _print_restart(report: Any) -> None:
+    verdict = "[green]identical[/]" if report.identical else "[red]NOT identical[/]"
+    _say(
+        f"{report.run_id}: {verdict} over {report.compared_steps} steps (interrupted at step "
+        f"{report.k}, {report.threads} thread(s), {report.device}); max |diff| "
+        f"{report.max_abs_diff:g}; save {report.save_s or 0:.3f} s, "
+        f"restore {report.restore_s or 0:.3f} s"
+    )
+    for m in report.mismatches[:5]:
+        _say(f"  [red]{m}[/]")
 
 
 # --- run: the whole campaign --------------------------------------------------------------
@@ -259,7 +328,7 @@ def restart_check_cmd(
 @app.command("run")
 @handle_errors
 def run_cmd(
-    spec: Path = typer.Argument(..., help="Campaign YAML file."),
+    spec: SpecFile,
     out: Path | None = typer.Option(None, "--out", help="Output folder (default: out/<name>)."),
     decision: str | None = typer.Option(
         None, "--decision", help="Override decision_point.mode: 'auto' or 'ask' (Prefect UI)."
@@ -281,21 +350,28 @@ def run_cmd(
     summary = state.result(raise_on_failure=False)
     if isinstance(summary, BaseException):
         raise summary
-    summary = summary or {}
-    verdict = summary.get("verdict") or {}
-    runs = ", ".join(f"{rid} {status}" for rid, status in (summary.get("runs") or {}).items())
-    if runs:
-        console.print(f"runs: {runs}", soft_wrap=True, highlight=False)
-    if summary.get("spent_usd") is not None:
-        console.print(f"spent: {summary['spent_usd']:.2f} USD; output folder "
-                      + ("verified" if summary.get("verified") else "[red]NOT verified[/]"), highlight=False)
-    console.print(f"[bold]verdict:[/] {verdict.get('text', 'none')}", soft_wrap=True)
-    console.print(f"output folder: {target}  (report: {target / 'report.md'})")
+    verdict = _print_run_summary(summary or {}, target=target)
     if state.is_failed():
         err_console.print(f"[bold red]stopped:[/] {state.message}", soft_wrap=True)
         raise typer.Exit(EXIT_STOPPED)
     if verdict.get("kind") == "re-pose":
         raise typer.Exit(EXIT_STOPPED)
+
+
+def _print_run_summary(summary: dict[str, Any], *, target: Path) -> dict[str, Any]:
+    """Print what the campaign flow returned; returns its verdict."""
+    verdict = summary.get("verdict") or {}
+    runs = ", ".join(f"{rid} {status}" for rid, status in (summary.get("runs") or {}).items())
+    if runs:
+        _say(f"runs: {runs}")
+    if summary.get("spent_usd") is not None:
+        folder = "verified" if summary.get("verified") else "[red]NOT verified[/]"
+        console.print(
+            f"spent: {summary['spent_usd']:.2f} USD; output folder {folder}", highlight=False
+        )
+    console.print(f"[bold]verdict:[/] {verdict.get('text', 'none')}", soft_wrap=True)
+    console.print(f"output folder: {target}  (report: {target / 'report.md'})")
+    return verdict
 
 
 # --- close: verify and report an output folder ----------------------------------------------
@@ -304,13 +380,13 @@ def run_cmd(
 @app.command("verify")
 @handle_errors
 def verify_cmd(
-    out: Path = typer.Argument(..., help="Output folder of a campaign."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    out: OutFolder,
+    as_json: AsJson = False,
     no_reload: bool = typer.Option(
         False, "--no-reload", help="Skip reloading the models (then the folder is NOT verified)."
     ),
 ) -> None:
-    """Check an output folder against its manifest and reload every model: exit 0 verified, 4 not."""
+    """Check an output folder against its manifest, reload every model: exit 0 verified, 4 not."""
     from gpucampaign.verify import verify_output
 
     if not out.is_dir():
@@ -320,27 +396,31 @@ def verify_cmd(
     if as_json:
         print_json({**report.to_dict(), "verified": verified, "reload_skipped": no_reload})
     else:
-        for p in report.problems:
-            console.print(f"[red]{p.code}[/] {p.path}: {p.detail}", soft_wrap=True, highlight=False)
-        if no_reload:
-            console.print("[yellow]models were not reloaded (--no-reload): not a verified output[/]")
-        state = "[green]verified[/]" if verified else f"[red]NOT verified[/] ({len(report.problems)} problem(s))"
-        console.print(
-            f"{out}: {state}; {report.checked_files} files checked, "
-            f"{len(report.reloaded_runs)} model(s) reloaded and reproduced",
-            soft_wrap=True, highlight=False,
-        )
+        _print_verify(report, out=out, verified=verified, no_reload=no_reload)
     if not verified:
         raise typer.Exit(EXIT_NOT_FIT)
 
 
+def _print_verify(report: Any, *, out: Path, verified: bool, no_reload: bool) -> None:
+    for p in report.problems:
+        _say(f"[red]{p.code}[/] {p.path}: {p.detail}")
+    if no_reload:
+        console.print("[yellow]models were not reloaded (--no-reload): not a verified output[/]")
+    state = (
+        "[green]verified[/]"
+        if verified
+        else f"[red]NOT verified[/] ({len(report.problems)} problem(s))"
+    )
+    _say(
+        f"{out}: {state}; {report.checked_files} files checked, "
+        f"{len(report.reloaded_runs)} model(s) reloaded and reproduced"
+    )
+
+
 @app.command("report")
 @handle_errors
-def report_cmd(
-    out: Path = typer.Argument(..., help="Output folder of a closed campaign."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
-) -> None:
-    """Print the closing report the campaign wrote (report.json / report.md); nothing is recomputed."""
+def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
+    """Print the closing report the campaign wrote (report.json, report.md); recomputes nothing."""
     from rich.markdown import Markdown
 
     from gpucampaign.report import REPORT_MD, read_report, report_summary
@@ -350,7 +430,9 @@ def report_cmd(
         print_json(report_summary(report))
         return
     md = out / REPORT_MD
-    console.print(Markdown(md.read_text(encoding="utf-8")) if md.is_file() else report_summary(report))
+    console.print(
+        Markdown(md.read_text(encoding="utf-8")) if md.is_file() else report_summary(report)
+    )
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The fixed corpus: write the bundled digits corpus, load a pinned corpus, audit it (R2, R15).
+"""The fixed corpus: write the bundled digits corpus, load a pinned corpus, audit it.
 
 A corpus is one CSV (or Parquet, when pyarrow is installed) with an ID column, a split column
 (``train``, ``val``, ``test``), a label column and numeric feature columns. The spec pins its
@@ -119,13 +119,16 @@ def read_table(path: str | Path) -> Table:
         data: dict[str, list[str]] = {h: [] for h in header}
         if len(data) != len(header):
             dup = sorted({h for h in header if header.count(h) > 1})
-            raise SpecError(f"corpus '{p.name}': duplicate column name(s) {dup}.", field="corpus.path")
+            raise SpecError(
+                f"corpus '{p.name}': duplicate column name(s) {dup}.", field="corpus.path"
+            )
         for lineno, row in enumerate(reader, start=2):
             if not row:
                 continue
             if len(row) != len(header):
                 raise SpecError(
-                    f"corpus '{p.name}' line {lineno}: {len(row)} fields, header has {len(header)}.",
+                    f"corpus '{p.name}' line {lineno}: {len(row)} fields, "
+                    f"header has {len(header)}.",
                     field="corpus.path",
                 )
             for h, v in zip(header, row, strict=True):
@@ -216,7 +219,8 @@ def _check_columns(table: Table, spec: CorpusSpec, *, source: str) -> tuple[str,
     missing = [c for c in needed if c not in table.columns]
     if missing:
         raise SpecError(
-            f"corpus {source}: column(s) {missing} not found (columns: {list(table.columns)[:8]}...); "
+            f"corpus {source}: column(s) {missing} not found "
+            f"(columns: {list(table.columns)[:8]}...); "
             "name them in corpus.id_column / split_column / label_column.",
             field="corpus",
         )
@@ -235,7 +239,8 @@ def _check_hash(path: Path, spec: CorpusSpec, *, run_id: str) -> str:
     if actual != spec.sha256:
         raise EssentialInputMissing(
             run_id,
-            f"corpus file '{spec.path}' was altered: sha256 {actual} is not the pinned {spec.sha256}",
+            f"corpus file '{spec.path}' was altered: sha256 {actual} is not the pinned "
+            f"{spec.sha256}",
         )
     return actual
 
@@ -267,7 +272,10 @@ def load_corpus(path: str | Path, *, corpus_spec: CorpusSpec, run_id: str = AUDI
         )
     labels = table.data[corpus_spec.label_column]
     if any(v == "" for v in labels):
-        raise SpecError(f"corpus {source}: empty label(s) in column '{corpus_spec.label_column}'.", field="corpus")
+        raise SpecError(
+            f"corpus {source}: empty label(s) in column '{corpus_spec.label_column}'.",
+            field="corpus",
+        )
     classes, index = _parse_label(labels)
     X = _features(table, feats, source=source).astype(np.float32)
     y = np.array([index[v] for v in labels], dtype=np.int64)
@@ -278,7 +286,11 @@ def load_corpus(path: str | Path, *, corpus_spec: CorpusSpec, run_id: str = AUDI
         m = split_arr == name
         splits[name] = Split(ids=ids[m], X=np.ascontiguousarray(X[m]), y=y[m])
     return Corpus(
-        path=p, sha256=sha, splits=splits, feature_names=feats, classes=classes,
+        path=p,
+        sha256=sha,
+        splits=splits,
+        feature_names=feats,
+        classes=classes,
         load_s=time.perf_counter() - t0,
     )
 
@@ -290,20 +302,31 @@ def corpus_path(spec: CampaignSpec, *, base_dir: str | Path) -> Path:
     return resolve_inside(base_dir, spec.corpus.path, field="corpus.path")
 
 
-def load_spec_corpus(spec: CampaignSpec, *, base_dir: str | Path, run_id: str = AUDIT_RUN_ID) -> Corpus:
+def load_spec_corpus(
+    spec: CampaignSpec, *, base_dir: str | Path, run_id: str = AUDIT_RUN_ID
+) -> Corpus:
     """``load_corpus`` for the corpus a spec pins (path relative to ``base_dir``)."""
     path = corpus_path(spec, base_dir=base_dir)
     assert spec.corpus is not None  # corpus_path raised otherwise
     return load_corpus(path, corpus_spec=spec.corpus, run_id=run_id)
 
 
-# --- the audit ---------------------------------------------------------------------------
-def _finding(check: str, severity: str, message: str, *, count: int = 0, examples: list[Any] | None = None) -> dict:
-    return {"check": check, "severity": severity, "message": message, "count": count,
-            "examples": (examples or [])[:5]}
+# --- the audit -------------------------------------------------------------------------
+def _finding(
+    check: str, severity: str, message: str, *, count: int = 0, examples: list[Any] | None = None
+) -> dict:
+    return {
+        "check": check,
+        "severity": severity,
+        "message": message,
+        "count": count,
+        "examples": (examples or [])[:5],
+    }
 
 
-def audit_corpus(spec: CampaignSpec, *, base_dir: str | Path, strict: bool = True) -> dict[str, Any]:
+def audit_corpus(
+    spec: CampaignSpec, *, base_dir: str | Path, strict: bool = True
+) -> dict[str, Any]:
     """Audit the spec's corpus and return a JSON-ready report.
 
     Hard findings (the corpus cannot give a trustworthy decision): missing file or altered hash,
@@ -328,36 +351,126 @@ def audit_corpus(spec: CampaignSpec, *, base_dir: str | Path, strict: bool = Tru
     cs = spec.corpus
     corpus = load_corpus(path, corpus_spec=cs, run_id=AUDIT_RUN_ID)
     decision_split = spec.decision_rule.split if spec.decision_rule else "test"
-    findings: list[dict] = []
+    findings = [
+        *_duplicate_ids(corpus),
+        *_empty_splits(corpus, decision_split=decision_split),
+        *_non_finite_features(corpus),
+        *_repeated_rows(corpus),
+        *_class_coverage(corpus),
+    ]
+    hard = [f for f in findings if f["severity"] == "hard"]
+    if hard and strict:
+        raise EssentialInputMissing(
+            AUDIT_RUN_ID,
+            f"corpus '{cs.path}' failed its audit: " + "; ".join(f["message"] for f in hard),
+        )
+    report = _describe(corpus, cs, size=path.stat().st_size)
+    return {
+        "ok": not hard,
+        **report,
+        "decision_split": decision_split,
+        "findings": findings,
+        "n_hard": len(hard),
+        "n_soft": len(findings) - len(hard),
+        "audit_s": round(time.perf_counter() - t0, 6),
+    }
 
+
+def _describe(corpus: Corpus, cs: CorpusSpec, *, size: int) -> dict[str, Any]:
+    """What the audit report says of the file itself: hash, columns, rows, classes."""
+    return {
+        "path": cs.path,
+        "sha256": {"pinned": cs.sha256, "actual": corpus.sha256, "match": True},
+        "bytes": size,
+        "columns": {
+            "id": cs.id_column,
+            "split": cs.split_column,
+            "label": cs.label_column,
+            "n_features": corpus.n_features,
+            "features": list(corpus.feature_names),
+        },
+        "rows": {
+            "total": int(sum(len(s) for s in corpus.splits.values())),
+            **{name: len(corpus.splits[name]) for name in SPLITS},
+        },
+        "classes": list(corpus.classes),
+        "label_counts": {
+            name: {
+                str(corpus.classes[i]): int(n)
+                for i, n in enumerate(
+                    np.bincount(corpus.splits[name].y, minlength=corpus.n_classes)
+                )
+            }
+            for name in SPLITS
+        },
+    }
+
+
+def _duplicate_ids(corpus: Corpus) -> list[dict]:
+    """Hard: an ID that occurs more than once, in one split or across splits."""
     all_ids = np.concatenate([corpus.splits[s].ids for s in SPLITS])
     dup_ids = sorted(k for k, v in Counter(all_ids.tolist()).items() if v > 1)
-    if dup_ids:
-        findings.append(_finding("duplicate_ids", "hard", f"{len(dup_ids)} ID(s) occur more than once",
-                                 count=len(dup_ids), examples=dup_ids))
+    if not dup_ids:
+        return []
+    return [
+        _finding(
+            "duplicate_ids",
+            "hard",
+            f"{len(dup_ids)} ID(s) occur more than once",
+            count=len(dup_ids),
+            examples=dup_ids,
+        )
+    ]
 
+
+def _empty_splits(corpus: Corpus, *, decision_split: str) -> list[dict]:
+    """Hard for an empty train or decision split, soft for another empty split."""
+    findings = []
     for name in SPLITS:
-        n = len(corpus.splits[name])
-        if n == 0:
-            hard = name == "train" or name == decision_split
-            why = "training needs it" if name == "train" else (
-                "the decision rule is measured on it" if hard else "only evaluation during training uses it")
-            findings.append(_finding("empty_split", "hard" if hard else "soft",
-                                     f"split '{name}' is empty ({why})", count=0, examples=[name]))
+        if len(corpus.splits[name]):
+            continue
+        hard = name in ("train", decision_split)
+        if name == "train":
+            why = "training needs it"
+        elif hard:
+            why = "the decision rule is measured on it"
+        else:
+            why = "only evaluation during training uses it"
+        findings.append(
+            _finding(
+                "empty_split",
+                "hard" if hard else "soft",
+                f"split '{name}' is empty ({why})",
+                count=0,
+                examples=[name],
+            )
+        )
+    return findings
 
-    nonfinite = {}
+
+def _non_finite_features(corpus: Corpus) -> list[dict]:
+    """Hard: rows with NaN, infinite or empty feature values."""
+    bad: list[str] = []
     for name in SPLITS:
-        X = corpus.splits[name].X
-        bad_rows = ~np.isfinite(X).all(axis=1)
-        if bad_rows.any():
-            nonfinite[name] = corpus.splits[name].ids[bad_rows].tolist()
-    if nonfinite:
-        n_bad = sum(len(v) for v in nonfinite.values())
-        findings.append(_finding("non_finite_features", "hard",
-                                 f"{n_bad} row(s) have NaN, infinite or empty feature values",
-                                 count=n_bad, examples=[i for v in nonfinite.values() for i in v]))
+        sp = corpus.splits[name]
+        bad += sp.ids[~np.isfinite(sp.X).all(axis=1)].tolist()
+    if not bad:
+        return []
+    return [
+        _finding(
+            "non_finite_features",
+            "hard",
+            f"{len(bad)} row(s) have NaN, infinite or empty feature values",
+            count=len(bad),
+            examples=bad,
+        )
+    ]
 
-    # Leakage: the same feature vector in two splits (bytes of the float32 row as the key).
+
+def _repeated_rows(corpus: Corpus) -> list[dict]:
+    """The same feature row twice: across splits (hard, leakage), inside one split (soft),
+    or with different labels (soft)."""
+    # The bytes of the float32 row are the key.
     where: dict[bytes, dict[str, list[str]]] = {}
     labels_of: dict[bytes, set[int]] = {}
     for name in SPLITS:
@@ -366,68 +479,71 @@ def audit_corpus(spec: CampaignSpec, *, base_dir: str | Path, strict: bool = Tru
             key = row.tobytes()
             where.setdefault(key, {}).setdefault(name, []).append(rid)
             labels_of.setdefault(key, set()).add(lab)
+    findings = []
     leaks = [ids for ids in where.values() if len(ids) > 1]
     if leaks:
-        findings.append(_finding(
-            "leakage_across_splits", "hard",
-            f"{len(leaks)} feature row(s) appear in more than one split",
-            count=len(leaks), examples=[{s: v[:3] for s, v in d.items()} for d in leaks]))
+        findings.append(
+            _finding(
+                "leakage_across_splits",
+                "hard",
+                f"{len(leaks)} feature row(s) appear in more than one split",
+                count=len(leaks),
+                examples=[{s: v[:3] for s, v in d.items()} for d in leaks],
+            )
+        )
     within = [d for d in where.values() if len(d) == 1 and len(next(iter(d.values()))) > 1]
     if within:
-        findings.append(_finding("duplicate_rows_within_split", "soft",
-                                 f"{len(within)} feature row(s) repeat inside one split",
-                                 count=len(within), examples=[next(iter(d.values()))[:3] for d in within]))
+        findings.append(
+            _finding(
+                "duplicate_rows_within_split",
+                "soft",
+                f"{len(within)} feature row(s) repeat inside one split",
+                count=len(within),
+                examples=[next(iter(d.values()))[:3] for d in within],
+            )
+        )
     conflicts = [k for k, labs in labels_of.items() if len(labs) > 1]
     if conflicts:
-        findings.append(_finding("conflicting_labels", "soft",
-                                 f"{len(conflicts)} feature row(s) carry different labels",
-                                 count=len(conflicts),
-                                 examples=[sorted(sum(where[k].values(), []))[:3] for k in conflicts]))
+        findings.append(
+            _finding(
+                "conflicting_labels",
+                "soft",
+                f"{len(conflicts)} feature row(s) carry different labels",
+                count=len(conflicts),
+                examples=[sorted(sum(where[k].values(), []))[:3] for k in conflicts],
+            )
+        )
+    return findings
 
+
+def _class_coverage(corpus: Corpus) -> list[dict]:
+    """A class of val/test that train never shows (hard), or absent from val/test (soft)."""
     present = {name: set(corpus.splits[name].y.tolist()) for name in SPLITS}
+    findings = []
     for name in ("val", "test"):
         if not len(corpus.splits[name]) or not len(corpus.splits["train"]):
             continue
-        unseen = sorted(present[name] - present["train"])
+        unseen = [corpus.classes[i] for i in sorted(present[name] - present["train"])]
         if unseen:
-            labs = [corpus.classes[i] for i in unseen]
-            findings.append(_finding("label_not_in_train", "hard",
-                                     f"class(es) {labs} occur in '{name}' but never in train",
-                                     count=len(labs), examples=labs))
+            findings.append(
+                _finding(
+                    "label_not_in_train",
+                    "hard",
+                    f"class(es) {unseen} occur in '{name}' but never in train",
+                    count=len(unseen),
+                    examples=unseen,
+                )
+            )
         absent = sorted(set(range(corpus.n_classes)) - present[name])
         if absent:
             labs = [corpus.classes[i] for i in absent]
-            findings.append(_finding("label_missing_from_split", "soft",
-                                     f"class(es) {labs} are absent from '{name}'",
-                                     count=len(labs), examples=labs))
-
-    hard = [f for f in findings if f["severity"] == "hard"]
-    report = {
-        "ok": not hard,
-        "path": cs.path,
-        "sha256": {"pinned": cs.sha256, "actual": corpus.sha256, "match": True},
-        "bytes": path.stat().st_size,
-        "columns": {
-            "id": cs.id_column, "split": cs.split_column, "label": cs.label_column,
-            "n_features": corpus.n_features, "features": list(corpus.feature_names),
-        },
-        "rows": {"total": int(sum(len(s) for s in corpus.splits.values())),
-                 **{name: len(corpus.splits[name]) for name in SPLITS}},
-        "classes": list(corpus.classes),
-        "label_counts": {
-            name: {str(corpus.classes[i]): int(n) for i, n in
-                   enumerate(np.bincount(corpus.splits[name].y, minlength=corpus.n_classes))}
-            for name in SPLITS
-        },
-        "decision_split": decision_split,
-        "findings": findings,
-        "n_hard": len(hard),
-        "n_soft": len(findings) - len(hard),
-        "audit_s": round(time.perf_counter() - t0, 6),
-    }
-    if hard and strict:
-        raise EssentialInputMissing(
-            AUDIT_RUN_ID,
-            f"corpus '{cs.path}' failed its audit: " + "; ".join(f["message"] for f in hard),
-        )
-    return report
+            findings.append(
+                _finding(
+                    "label_missing_from_split",
+                    "soft",
+                    f"class(es) {labs} are absent from '{name}'",
+                    count=len(labs),
+                    examples=labs,
+                )
+            )
+    return findings

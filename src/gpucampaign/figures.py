@@ -72,36 +72,9 @@ def plot_calendar(
     # steps and say where the window ends instead of drawing it.
     zoomed = content_end < 0.3 * plan.window_hours
     x_end = content_end if zoomed else max(plan.window_hours, content_end)
-    narrow = 0  # labels of bars too short for their name alternate above and below the bar
-    for s in sorted(plan.steps, key=lambda s: (s.lane, s.start_hours)):
-        colour = _HUMAN if s.kind == "human" else (_GPU if s.resource == "gpu" else _HOST)
-        y = row[s.lane]
-        ax.barh(
-            y, s.hours, left=s.start_hours, height=0.6 if actual else 0.7, color=colour,
-            edgecolor="black", linewidth=0.5, hatch=_TIER_HATCH[s.tier],
-        )
-        fits_inside = s.hours / x_end > 0.012 * len(s.name)
-        if not fits_inside:
-            narrow += 1
-        dy = 0.0 if fits_inside else (-0.45 if narrow % 2 else 0.45)
-        ax.text(
-            s.start_hours + s.hours / 2, y + dy, s.name, ha="center", va="center", fontsize=7,
-            bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0, "pad": 1},
-        )
-    for a in actual:
-        lane = planned_lane.get(a["name"], "unplanned")
-        start, stop = float(a["start_hours"]), float(a["end_hours"])
-        if lane == "unplanned":
-            ax.barh(row[lane], stop - start, left=start, height=0.3, color=_ACTUAL)
-            ax.text(start, row[lane] - 0.3, a["name"], fontsize=7, va="center")
-        else:
-            ax.barh(row[lane] + 0.38, stop - start, left=start, height=0.14, color=_ACTUAL)
-
-    if zoomed:
-        ax.text(x_end * 1.05, -0.55, f"window ends at {plan.window_hours:g} h ->", fontsize=8, va="top", ha="right")
-    else:
-        ax.axvline(plan.window_hours, color="black", linestyle="--", linewidth=1.2)
-        ax.text(plan.window_hours, -0.55, f" window end {plan.window_hours:g} h", fontsize=8, va="top")
+    _draw_planned(ax, plan, row=row, x_end=x_end, thin=bool(actual))
+    _draw_actual(ax, actual, row=row, planned_lane=planned_lane)
+    _draw_window(ax, plan, x_end=x_end, zoomed=zoomed)
     ax.set_xlim(0, x_end * 1.05)
     ax.set_ylim(len(lanes) - 0.4, -0.6)
     ax.set_yticks(range(len(lanes)), lanes)
@@ -112,6 +85,78 @@ def plot_calendar(
         fontsize=10,
     )
     ax.grid(axis="x", alpha=0.3)
+    _calendar_legend(ax, with_actual=bool(actual), n_lanes=len(lanes))
+    return save(fig, path)
+
+
+def _draw_planned(ax: Any, plan: Plan, *, row: Mapping[str, int], x_end: float, thin: bool) -> None:
+    """One bar per planned step, coloured by kind and hatched by tier, with its name."""
+    narrow = 0  # labels of bars too short for their name alternate above and below the bar
+    for s in sorted(plan.steps, key=lambda s: (s.lane, s.start_hours)):
+        colour = _HUMAN if s.kind == "human" else (_GPU if s.resource == "gpu" else _HOST)
+        y = row[s.lane]
+        ax.barh(
+            y,
+            s.hours,
+            left=s.start_hours,
+            height=0.6 if thin else 0.7,
+            color=colour,
+            edgecolor="black",
+            linewidth=0.5,
+            hatch=_TIER_HATCH[s.tier],
+        )
+        fits_inside = s.hours / x_end > 0.012 * len(s.name)
+        if not fits_inside:
+            narrow += 1
+        dy = 0.0 if fits_inside else (-0.45 if narrow % 2 else 0.45)
+        ax.text(
+            s.start_hours + s.hours / 2,
+            y + dy,
+            s.name,
+            ha="center",
+            va="center",
+            fontsize=7,
+            bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0, "pad": 1},
+        )
+
+
+def _draw_actual(
+    ax: Any,
+    actual: list[Mapping[str, Any]],
+    *,
+    row: Mapping[str, int],
+    planned_lane: Mapping[str, str],
+) -> None:
+    """Observed intervals: under their planned bar, or on the "unplanned" row."""
+    for a in actual:
+        lane = planned_lane.get(a["name"], "unplanned")
+        start, stop = float(a["start_hours"]), float(a["end_hours"])
+        if lane == "unplanned":
+            ax.barh(row[lane], stop - start, left=start, height=0.3, color=_ACTUAL)
+            ax.text(start, row[lane] - 0.3, a["name"], fontsize=7, va="center")
+        else:
+            ax.barh(row[lane] + 0.38, stop - start, left=start, height=0.14, color=_ACTUAL)
+
+
+def _draw_window(ax: Any, plan: Plan, *, x_end: float, zoomed: bool) -> None:
+    """The window's end: a dashed line, or a note when the chart is zoomed on the steps."""
+    if zoomed:
+        ax.text(
+            x_end * 1.05,
+            -0.55,
+            f"window ends at {plan.window_hours:g} h ->",
+            fontsize=8,
+            va="top",
+            ha="right",
+        )
+    else:
+        ax.axvline(plan.window_hours, color="black", linestyle="--", linewidth=1.2)
+        ax.text(
+            plan.window_hours, -0.55, f" window end {plan.window_hours:g} h", fontsize=8, va="top"
+        )
+
+
+def _calendar_legend(ax: Any, *, with_actual: bool, n_lanes: int) -> None:
     handles = [
         Patch(color=_GPU, label="machine: GPU"),
         Patch(color=_HOST, label="machine: cpu / other"),
@@ -119,17 +164,22 @@ def plot_calendar(
         Patch(facecolor="white", edgecolor="black", hatch="..", label="useful"),
         Patch(facecolor="white", edgecolor="black", hatch="//", label="exploratory"),
     ]
-    if actual:
+    if with_actual:
         handles.append(Patch(color=_ACTUAL, label="actual"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.4 / len(lanes)),
-              ncol=len(handles), fontsize=7, frameon=False)
-    return save(fig, path)
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.12 - 0.4 / n_lanes),
+        ncol=len(handles),
+        fontsize=7,
+        frameon=False,
+    )
 
 
 def _lane_order(lane: str) -> tuple[int, int]:
     kinds = ("gpu", "host", "human")
     kind = next(k for k in kinds if lane.startswith(k))
-    return kinds.index(kind), int(lane[len(kind):])
+    return kinds.index(kind), int(lane[len(kind) :])
 
 
 # --- training curves and confusion matrix (close) ------------------------------------------------
@@ -137,7 +187,9 @@ _METRIC = re.compile(r"(accuracy|f1|precision|recall|auc)$")
 _NOT_CURVE_KINDS = {"checkpoint", "restore", "progress"}
 
 
-def _series(records: Iterable[Mapping[str, Any]], *, x: str) -> dict[str, list[tuple[float, float]]]:
+def _series(
+    records: Iterable[Mapping[str, Any]], *, x: str
+) -> dict[str, list[tuple[float, float]]]:
     """Curves of metric records: ``{"<split or kind> <field>": [(x, value)]}``.
 
     Rows of ``metrics.jsonl`` carry a ``kind`` (train, eval...) and eval rows a ``split``, so
@@ -184,8 +236,15 @@ def plot_curves(
         for m, (name, pts) in enumerate(series.items()):
             ax = ax_loss if "loss" in name.split(" ")[-1] else ax_metric
             xs, ys = zip(*pts, strict=True)
-            ax.plot(xs, ys, styles[m % len(styles)], color=f"C{n % 10}",
-                    marker="o" if len(xs) < 30 else None, markersize=3, label=f"{run}: {name}")
+            ax.plot(
+                xs,
+                ys,
+                styles[m % len(styles)],
+                color=f"C{n % 10}",
+                marker="o" if len(xs) < 30 else None,
+                markersize=3,
+                label=f"{run}: {name}",
+            )
             drawn[id(ax)] = True
     for ax, title in ((ax_loss, "loss"), (ax_metric, "metrics")):
         ax.set_title(title, fontsize=10)
@@ -194,7 +253,9 @@ def plot_curves(
         if drawn[id(ax)]:
             ax.legend(fontsize=7)
         else:
-            ax.text(0.5, 0.5, f"no {title} recorded", ha="center", va="center", transform=ax.transAxes)
+            ax.text(
+                0.5, 0.5, f"no {title} recorded", ha="center", va="center", transform=ax.transAxes
+            )
     return save(fig, path)
 
 
@@ -231,8 +292,15 @@ def plot_confusion(
         for j in range(k):
             v = rows[i][j]
             if v:
-                ax.text(j, i, str(v), ha="center", va="center", fontsize=8,
-                        color="white" if v > top / 2 else "black")
+                ax.text(
+                    j,
+                    i,
+                    str(v),
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white" if v > top / 2 else "black",
+                )
     ax.set_xticks(range(k), names, fontsize=8)
     ax.set_yticks(range(k), names, fontsize=8)
     ax.set_xlabel("prediction")

@@ -12,7 +12,7 @@ CORPUS_REL = "data/digits.csv"
 SPEC_NAME = "campaign.yaml"
 
 SPEC_TEMPLATE = """\
-# A training campaign that must end in a decision (R1).
+# A training campaign that must end in a decision.
 # Written by `campaign init`; plan it with `campaign plan {spec_name}`.
 name: digits
 question: >-
@@ -25,7 +25,7 @@ packages:
 
 people: 1
 
-# The fixed corpus, pinned by its sha256 (R15). Written from scikit-learn's bundled digits.
+# The fixed corpus, pinned by its sha256. Written from scikit-learn's bundled digits.
 corpus:
   path: {corpus_rel}
   sha256: {sha256}
@@ -33,7 +33,7 @@ corpus:
   label_column: label
   split_column: split
 
-# The control: essential by definition. Each variant changes ONE factor (R9).
+# The control: essential by definition. Each variant changes ONE factor.
 control:
   recipe: mlp
   hidden: [128]
@@ -51,7 +51,8 @@ variants:
   - name: lr-high
     tier: useful
     changes: {{lr: 0.003}}
-    hypothesis: If 3x the learning rate matches the control in fewer effective steps, later campaigns can train shorter.
+    hypothesis: If 3x the learning rate matches the control in fewer effective steps, later
+      campaigns can train shorter.
   - name: bf16
     tier: useful
     changes: {{precision: bf16}}
@@ -59,7 +60,8 @@ variants:
   - name: short
     tier: exploratory
     changes: {{epochs: 8}}
-    hypothesis: If 8 of the 20 epochs already clear the threshold, later campaigns can budget less time per run.
+    hypothesis: If 8 of the 20 epochs already clear the threshold, later campaigns can budget
+      less time per run.
 
 decision_rule:
   metric: accuracy
@@ -87,7 +89,7 @@ storage:
 decision_point:
   mode: auto
 
-# The whole calendar, human and machine time (R4, R5). Hours are forecasts; steps with
+# The whole calendar, human and machine time. Hours are forecasts; steps with
 # `run:` are re-forecast from the pilot's measurements.
 calendar:
   - name: prepare
@@ -147,7 +149,7 @@ calendar:
     hours: 0.1
     after: [train-control]
     phase: restart
-    description: Save, reload in a new process, compare exactly (R12).
+    description: Save, reload in a new process, compare exactly.
   - name: predictions
     kind: machine
     resource: cpu
@@ -194,10 +196,14 @@ def init_campaign(directory: str | Path, *, seed: int = 0) -> Path:
     if existing:
         raise SpecError(
             f"'{root}' already holds a campaign ({', '.join(existing)}): refusing to overwrite it; "
-            "choose a new folder or remove those files.", field="DIR")
+            "choose a new folder or remove those files.",
+            field="DIR",
+        )
     sha = write_digits_corpus(corpus_file, seed=seed)
-    spec_path.write_text(SPEC_TEMPLATE.format(spec_name=SPEC_NAME, corpus_rel=CORPUS_REL, sha256=sha),
-                         encoding="utf-8")
+    spec_path.write_text(
+        SPEC_TEMPLATE.format(spec_name=SPEC_NAME, corpus_rel=CORPUS_REL, sha256=sha),
+        encoding="utf-8",
+    )
     load_spec(spec_path)  # the template must always validate
     return spec_path
 
@@ -222,7 +228,10 @@ def write_spec_copy(data: dict[str, Any], *, source_dir: str | Path, dest: str |
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    for field, rel in (("corpus.path", (data.get("corpus") or {}).get("path")), ("catalog", data.get("catalog"))):
+    for field, rel in (
+        ("corpus.path", (data.get("corpus") or {}).get("path")),
+        ("catalog", data.get("catalog")),
+    ):
         if rel:
             target = resolve_inside(dest, rel, field=field)
             target.parent.mkdir(parents=True, exist_ok=True)

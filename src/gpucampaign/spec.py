@@ -37,13 +37,18 @@ class _Frozen(BaseModel):
 class Package(_Frozen):
     """One committed lot from the provider's catalog."""
 
-    gpu: str = Field(description="GPU model of the lot as named in the catalog, e.g. 'rtx4090' or 'b200'.")
-    days: int = Field(gt=0, description="Duration of the lot in days (3, 7 or 30 in the IteraGPU catalog).")
+    gpu: str = Field(
+        description="GPU model of the lot as named in the catalog, e.g. 'rtx4090' or 'b200'."
+    )
+    days: int = Field(
+        gt=0, description="Duration of the lot in days (3, 7 or 30 in the IteraGPU catalog)."
+    )
     count: int = Field(default=1, ge=1, description="How many identical lots are committed.")
     price_usd: float | None = Field(
         default=None,
         gt=0,
-        description="Price of ONE lot for its whole duration in USD; taken from the catalog when absent.",
+        description="Price of ONE lot for its whole duration in USD; taken from the catalog "
+        "when absent.",
     )
 
     @field_validator("gpu")
@@ -53,20 +58,25 @@ class Package(_Frozen):
 
 
 class Step(_Frozen):
-    """One row of the end-to-end calendar (R4, R5)."""
+    """One row of the end-to-end calendar."""
 
-    name: str = Field(pattern=NAME_PATTERN, description="Unique step name (letters, digits, '_', '.', '-').")
+    name: str = Field(
+        pattern=NAME_PATTERN, description="Unique step name (letters, digits, '_', '.', '-')."
+    )
     kind: Literal["human", "machine"] = Field(
-        description="'human': preparation or analysis time of a person; 'machine': the machine is busy."
+        description="'human': preparation or analysis time of a person; 'machine': the machine "
+        "is busy."
     )
     resource: Literal["gpu", "cpu", "none"] | None = Field(
         default=None,
-        description="For machine steps: 'gpu' (takes a GPU lane), 'cpu' or 'none' (may overlap GPU work). "
-        "Defaults to 'none' for machine steps; must be absent for human steps.",
+        description="For machine steps: 'gpu' (takes a GPU lane), 'cpu' or 'none' (may overlap "
+        "GPU work). Defaults to 'none' for machine steps; must be absent for human steps.",
     )
-    hours: float = Field(gt=0, description="Allotted duration in hours (a forecast, not a provider promise).")
+    hours: float = Field(
+        gt=0, description="Allotted duration in hours (a forecast, not a provider promise)."
+    )
     after: tuple[str, ...] = Field(default=(), description="Names of the steps this one waits for.")
-    tier: Tier = Field(default="essential", description="essential | useful | exploratory (R2).")
+    tier: Tier = Field(default="essential", description="essential | useful | exploratory.")
     run: str | None = Field(
         default=None,
         description="Name of the training run (control or a variant) this step executes; "
@@ -75,7 +85,7 @@ class Step(_Frozen):
     phase: Literal["audit", "pilot", "decide", "restart", "predict", "close"] | None = Field(
         default=None,
         description="Campaign phase this step stands for, so its observed time can be compared "
-        "with the allotted one (R16).",
+        "with the allotted one.",
     )
     description: str = Field(default="", description="Free text: what the step does.")
 
@@ -92,13 +102,17 @@ class Step(_Frozen):
 
 
 class CorpusSpec(_Frozen):
-    """A fixed corpus file, pinned by its hash (R15)."""
+    """A fixed corpus file, pinned by its hash."""
 
     path: str = Field(description="CSV or Parquet file, relative to the spec file's folder.")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 the file must have (lower-case hex).")
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$", description="sha256 the file must have (lower-case hex)."
+    )
     id_column: str = Field(default="id", description="Column with the unique row identifier.")
     label_column: str = Field(default="label", description="Column with the integer class label.")
-    split_column: str = Field(default="split", description="Column with the split name: train, val or test.")
+    split_column: str = Field(
+        default="split", description="Column with the split name: train, val or test."
+    )
 
     @field_validator("path")
     @classmethod
@@ -107,23 +121,37 @@ class CorpusSpec(_Frozen):
 
 
 class RunConfig(_Frozen):
-    """Everything that defines one training run; any change gives a new run ID (R10)."""
+    """Everything that defines one training run; any change gives a new run ID."""
 
-    recipe: Literal["mlp", "cnn"] = Field(default="mlp", description="Model factory: 'mlp' or 'cnn' (8x8 images).")
-    hidden: tuple[int, ...] = Field(default=(64,), description="MLP hidden widths / CNN channel widths.")
+    recipe: Literal["mlp", "cnn"] = Field(
+        default="mlp", description="Model factory: 'mlp' or 'cnn' (8x8 images)."
+    )
+    hidden: tuple[int, ...] = Field(
+        default=(64,), description="MLP hidden widths / CNN channel widths."
+    )
     dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout probability.")
     optimizer: Literal["adam", "adamw", "sgd"] = Field(default="adam", description="Optimizer.")
     lr: float = Field(default=1e-3, gt=0, description="Peak learning rate.")
     weight_decay: float = Field(default=0.0, ge=0, description="Weight decay.")
     batch_size: int = Field(default=64, gt=0, description="Training batch size.")
     epochs: int = Field(default=20, gt=0, description="Planned epochs.")
-    max_steps: int | None = Field(default=None, gt=0, description="Optional cap on optimizer steps.")
-    precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description="Autocast precision.")
-    scheduler: Literal["none", "cosine", "step"] = Field(default="cosine", description="LR schedule.")
+    max_steps: int | None = Field(
+        default=None, gt=0, description="Optional cap on optimizer steps."
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32", description="Autocast precision."
+    )
+    scheduler: Literal["none", "cosine", "step"] = Field(
+        default="cosine", description="LR schedule."
+    )
     seed: int = Field(default=0, ge=0, description="Seed of python/numpy/torch and the data order.")
-    eval_every: int = Field(default=0, ge=0, description="Evaluate every N steps; 0 = at each epoch end.")
+    eval_every: int = Field(
+        default=0, ge=0, description="Evaluate every N steps; 0 = at each epoch end."
+    )
     threads: int = Field(
-        default=1, ge=1, description="torch CPU threads; pinned because results differ across counts."
+        default=1,
+        ge=1,
+        description="torch CPU threads; pinned because results differ across counts.",
     )
 
     def steps_per_epoch(self, n_train: int) -> int:
@@ -131,21 +159,25 @@ class RunConfig(_Frozen):
         return -(-n_train // self.batch_size)
 
     def planned_steps(self, n_train: int) -> int:
-        """Planned optimizer steps: ``epochs`` epochs over ``n_train`` rows, capped by ``max_steps``."""
+        """Planned optimizer steps: ``epochs`` epochs over ``n_train`` rows, capped by
+        ``max_steps``."""
         steps = self.epochs * self.steps_per_epoch(n_train)
         return min(steps, self.max_steps) if self.max_steps is not None else steps
 
 
 class Variant(_Frozen):
-    """A variant of the control: the factors it changes and why (R9)."""
+    """A variant of the control: the factors it changes and why."""
 
     name: str = Field(pattern=NAME_PATTERN, description="Unique run name.")
-    tier: Tier = Field(default="useful", description="essential | useful | exploratory (R2).")
-    changes: dict[str, Any] = Field(description="RunConfig fields this variant changes from the control.")
-    combined: bool = Field(
-        default=False, description="Set true to declare on purpose that several factors change at once."
+    tier: Tier = Field(default="useful", description="essential | useful | exploratory.")
+    changes: dict[str, Any] = Field(
+        description="RunConfig fields this variant changes from the control."
     )
-    hypothesis: str = Field(default="", description="Which result would change the decision (R9).")
+    combined: bool = Field(
+        default=False,
+        description="Set true to declare on purpose that several factors change at once.",
+    )
+    hypothesis: str = Field(default="", description="Which result would change the decision.")
 
     @field_validator("changes")
     @classmethod
@@ -159,13 +191,21 @@ class Variant(_Frozen):
 
 
 class DecisionRule(_Frozen):
-    """The rule that closes the campaign (R1)."""
+    """The rule that closes the campaign."""
 
-    metric: Literal["accuracy", "macro_f1", "loss"] = Field(default="accuracy", description="Metric.")
-    direction: Literal["maximize", "minimize"] = Field(default="maximize", description="Better is higher or lower.")
+    metric: Literal["accuracy", "macro_f1", "loss"] = Field(
+        default="accuracy", description="Metric."
+    )
+    direction: Literal["maximize", "minimize"] = Field(
+        default="maximize", description="Better is higher or lower."
+    )
     threshold: float = Field(description="A run must reach this value to be acceptable.")
-    min_gain: float = Field(default=0.0, ge=0, description="Gain over the control a variant needs to be adopted.")
-    split: Literal["val", "test"] = Field(default="test", description="Split the metric is measured on.")
+    min_gain: float = Field(
+        default=0.0, ge=0, description="Gain over the control a variant needs to be adopted."
+    )
+    split: Literal["val", "test"] = Field(
+        default="test", description="Split the metric is measured on."
+    )
 
     def better(self, a: float, b: float) -> bool:
         """True when value ``a`` is strictly better than ``b`` under this rule."""
@@ -177,31 +217,41 @@ class DecisionRule(_Frozen):
 
 
 class StopRules(_Frozen):
-    """Stop rules written before the experiments (R10)."""
+    """Stop rules written before the experiments."""
 
-    non_finite_loss: bool = Field(default=True, description="Stop a run whose loss is NaN or infinite.")
-    below_threshold: bool = Field(default=True, description="Stop a run whose final metric misses the floor.")
+    non_finite_loss: bool = Field(
+        default=True, description="Stop a run whose loss is NaN or infinite."
+    )
+    below_threshold: bool = Field(
+        default=True, description="Stop a run whose final metric misses the floor."
+    )
     quality_floor: float | None = Field(
         default=None, description="Floor for 'below_threshold'; defaults to the decision threshold."
     )
-    require_restart: bool = Field(default=True, description="Stop when no usable restart is verified.")
+    require_restart: bool = Field(
+        default=True, description="Stop when no usable restart is verified."
+    )
 
 
 class PilotSpec(_Frozen):
-    """The short pilot of each essential run (R3)."""
+    """The short pilot of each essential run."""
 
     steps: int = Field(default=20, gt=0, description="Optimizer steps of each pilot run.")
 
 
 class CheckpointSpec(_Frozen):
-    """Save policy (R11, R12)."""
+    """Save policy."""
 
     every_steps: int | None = Field(
-        default=None, gt=0, description="Fixed save interval in steps; absent = derived from measurements."
+        default=None,
+        gt=0,
+        description="Fixed save interval in steps; absent = derived from measurements.",
     )
     keep: int = Field(default=3, ge=1, description="How many good checkpoints to keep.")
     interruption_hours: float = Field(
-        default=24.0, gt=0, description="Expected time between interruptions M (hours), for Daly's interval."
+        default=24.0,
+        gt=0,
+        description="Expected time between interruptions M (hours), for Daly's interval.",
     )
     tolerable_loss_minutes: float = Field(
         default=30.0, gt=0, description="Most training time you accept to lose to an interruption."
@@ -213,27 +263,34 @@ class StorageSpec(_Frozen):
 
     url: str = Field(
         default="local",
-        description="'local' (inside the output folder) or 's3://bucket/prefix' (endpoint and keys from "
-        "the environment: GPUCAMPAIGN_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).",
+        description="'local' (inside the output folder) or 's3://bucket/prefix' (endpoint and "
+        "keys from the environment: GPUCAMPAIGN_S3_ENDPOINT, AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY).",
     )
 
     @field_validator("url")
     @classmethod
     def _scheme(cls, v: str) -> str:
         if v != "local" and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", v):
-            raise ValueError("use 'local' or 's3://bucket/prefix' (credentials go in the environment)")
+            raise ValueError(
+                "use 'local' or 's3://bucket/prefix' (credentials go in the environment)"
+            )
         return v
 
 
 class DecisionPointSpec(_Frozen):
-    """How the decision after the pilot is taken (R3)."""
+    """How the decision after the pilot is taken."""
 
-    mode: Literal["auto", "ask"] = Field(default="auto", description="'auto', or 'ask' a person in the UI.")
-    timeout_s: int = Field(default=600, gt=0, description="With 'ask': seconds before the automatic choice.")
+    mode: Literal["auto", "ask"] = Field(
+        default="auto", description="'auto', or 'ask' a person in the UI."
+    )
+    timeout_s: int = Field(
+        default=600, gt=0, description="With 'ask': seconds before the automatic choice."
+    )
 
 
 class Expense(_Frozen):
-    """An expense really incurred, kept apart from the rental price (R13)."""
+    """An expense really incurred, kept apart from the rental price."""
 
     name: str = Field(description="What was paid for.")
     usd: float = Field(ge=0, description="Amount in USD, as paid.")
@@ -241,7 +298,7 @@ class Expense(_Frozen):
 
 
 class DeliverySpec(_Frozen):
-    """What counts as one delivery for the budget close (R14)."""
+    """What counts as one delivery for the budget close."""
 
     unit: str | None = Field(
         default=None,
@@ -252,34 +309,57 @@ class DeliverySpec(_Frozen):
 class GpuLockSpec(_Frozen):
     """The Prefect global concurrency limit all GPU phases share."""
 
-    name: str = Field(default="gpu", pattern=NAME_PATTERN, description="Global concurrency limit name.")
+    name: str = Field(
+        default="gpu", pattern=NAME_PATTERN, description="Global concurrency limit name."
+    )
     timeout_s: float = Field(default=3600, gt=0, description="Longest wait for a GPU slot.")
-    lease_s: int = Field(default=60, ge=60, description="Lease of a held slot; a dead holder's slot returns after it.")
+    lease_s: int = Field(
+        default=60,
+        ge=60,
+        description="Lease of a held slot; a dead holder's slot returns after it.",
+    )
 
 
 class CampaignSpec(_Frozen):
     """A training campaign that must end in a decision."""
 
-    name: str = Field(pattern=NAME_PATTERN, description="Campaign name, used in IDs and folder names.")
-    question: str = Field(default="", description="The decision the campaign must reach (R1).")
+    name: str = Field(
+        pattern=NAME_PATTERN, description="Campaign name, used in IDs and folder names."
+    )
+    question: str = Field(default="", description="The decision the campaign must reach.")
     packages: tuple[Package, ...] = Field(min_length=1, description="Committed lots.")
     window_hours: float | None = Field(
-        default=None, gt=0, description="Rental window; defaults to the shortest committed lot's duration."
+        default=None,
+        gt=0,
+        description="Rental window; defaults to the shortest committed lot's duration.",
     )
     people: int = Field(default=1, ge=1, description="Number of human lanes.")
-    calendar: tuple[Step, ...] = Field(min_length=1, description="End-to-end steps, human and machine (R4).")
-    catalog: str | None = Field(default=None, description="Extra catalog YAML, relative to the spec file.")
+    calendar: tuple[Step, ...] = Field(
+        min_length=1, description="End-to-end steps, human and machine."
+    )
+    catalog: str | None = Field(
+        default=None, description="Extra catalog YAML, relative to the spec file."
+    )
     corpus: CorpusSpec | None = Field(default=None, description="The fixed corpus.")
     control: RunConfig | None = Field(default=None, description="The control run's configuration.")
-    variants: tuple[Variant, ...] = Field(default=(), description="Variants, each changing few factors.")
-    decision_rule: DecisionRule | None = Field(default=None, description="Metric, direction, threshold.")
-    stop_rules: StopRules = Field(default_factory=StopRules, description="Stop rules (R10).")
-    pilot: PilotSpec = Field(default_factory=PilotSpec, description="Pilot settings (R3).")
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Save policy (R11).")
+    variants: tuple[Variant, ...] = Field(
+        default=(), description="Variants, each changing few factors."
+    )
+    decision_rule: DecisionRule | None = Field(
+        default=None, description="Metric, direction, threshold."
+    )
+    stop_rules: StopRules = Field(default_factory=StopRules, description="Stop rules.")
+    pilot: PilotSpec = Field(default_factory=PilotSpec, description="Pilot settings.")
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec,
+        description="Save policy: interval, checkpoints kept, interruptions.",
+    )
     storage: StorageSpec = Field(default_factory=StorageSpec, description="Checkpoint storage.")
-    decision_point: DecisionPointSpec = Field(default_factory=DecisionPointSpec, description="Decision point.")
-    deliveries: DeliverySpec = Field(default_factory=DeliverySpec, description="Delivery unit (R14).")
-    expenses: tuple[Expense, ...] = Field(default=(), description="Other expenses really incurred (R13).")
+    decision_point: DecisionPointSpec = Field(
+        default_factory=DecisionPointSpec, description="Decision point."
+    )
+    deliveries: DeliverySpec = Field(default_factory=DeliverySpec, description="Delivery unit.")
+    expenses: tuple[Expense, ...] = Field(default=(), description="Other expenses really incurred.")
     gpu_lock: GpuLockSpec = Field(default_factory=GpuLockSpec, description="GPU lock settings.")
 
     @field_validator("catalog")
@@ -289,30 +369,17 @@ class CampaignSpec(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> CampaignSpec:
-        names = [s.name for s in self.calendar]
-        dup = sorted(n for n, k in Counter(names).items() if k > 1)  # linear: calendars can be long
-        if dup:
-            raise ValueError(f"calendar: duplicate step name(s) {dup}; give every step a unique name")
-        known = set(names)
-        for s in self.calendar:
-            missing = [a for a in s.after if a not in known]
-            if missing:
-                raise ValueError(
-                    f"calendar step '{s.name}': 'after' names unknown step(s) {missing}; "
-                    f"use names of steps in the calendar"
-                )
-        cycle = _find_cycle({s.name: s.after for s in self.calendar})
-        if cycle:
-            raise ValueError(
-                "calendar: the 'after' links form a cycle " + " -> ".join(cycle)
-                + "; remove one of these links"
-            )
+        _check_links(self.calendar)
         run_names = ["control"] + [v.name for v in self.variants]
         dup_runs = sorted({n for n in run_names if run_names.count(n) > 1})
         if dup_runs:
-            raise ValueError(f"variants: duplicate run name(s) {dup_runs}; give every run a unique name")
+            raise ValueError(
+                f"variants: duplicate run name(s) {dup_runs}; give every run a unique name"
+            )
         if self.variants and self.control is None:
-            raise ValueError("variants need a 'control' run configuration to change from; add 'control'")
+            raise ValueError(
+                "variants need a 'control' run configuration to change from; add 'control'"
+            )
         for v in self.variants:
             assert self.control is not None
             try:
@@ -320,12 +387,14 @@ class CampaignSpec(_Frozen):
             except ValidationError as exc:
                 err = exc.errors()[0]
                 raise ValueError(
-                    f"variant '{v.name}': change {'.'.join(map(str, err['loc']))} is invalid: {err['msg']}"
+                    f"variant '{v.name}': change {'.'.join(map(str, err['loc']))} is invalid: "
+                    f"{err['msg']}"
                 ) from None
         for s in self.calendar:
             if s.run is not None and s.run not in run_names:
                 raise ValueError(
-                    f"calendar step '{s.name}': run '{s.run}' is neither 'control' nor a variant name"
+                    f"calendar step '{s.name}': run '{s.run}' is neither 'control' nor a "
+                    "variant name"
                 )
         return self
 
@@ -363,7 +432,9 @@ class CampaignSpec(_Frozen):
     def run_config(self, run: str) -> RunConfig:
         """The resolved configuration of a run (control, or control + a variant's changes)."""
         if self.control is None:
-            raise SpecError("the spec has no 'control': add a control run configuration", field="control")
+            raise SpecError(
+                "the spec has no 'control': add a control run configuration", field="control"
+            )
         if run == "control":
             return self.control
         for v in self.variants:
@@ -379,7 +450,7 @@ class CampaignSpec(_Frozen):
 
 
 def make_run_id(name: str, config: RunConfig, *, corpus_sha256: str | None = None) -> str:
-    """Run ID: any change to the config (or the pinned corpus) gives a new ID (R10)."""
+    """Run ID: any change to the config (or the pinned corpus) gives a new ID."""
     payload = {"config": config.model_dump(mode="json"), "corpus_sha256": corpus_sha256}
     return f"{name}-{hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:10]}"
 
@@ -399,6 +470,29 @@ def check_relative_path(value: str, *, field: str) -> str:
     return value
 
 
+def _check_links(calendar: tuple[Step, ...]) -> None:
+    """Unique step names, ``after`` links to known steps, and no cycle."""
+    names = [s.name for s in calendar]
+    dup = sorted(n for n, k in Counter(names).items() if k > 1)  # linear: calendars can be long
+    if dup:
+        raise ValueError(f"calendar: duplicate step name(s) {dup}; give every step a unique name")
+    known = set(names)
+    for s in calendar:
+        missing = [a for a in s.after if a not in known]
+        if missing:
+            raise ValueError(
+                f"calendar step '{s.name}': 'after' names unknown step(s) {missing}; "
+                f"use names of steps in the calendar"
+            )
+    cycle = _find_cycle({s.name: s.after for s in calendar})
+    if cycle:
+        raise ValueError(
+            "calendar: the 'after' links form a cycle "
+            + " -> ".join(cycle)
+            + "; remove one of these links"
+        )
+
+
 def _find_cycle(graph: dict[str, tuple[str, ...]]) -> list[str]:
     color: dict[str, int] = {}
     for root in graph:
@@ -416,7 +510,7 @@ def _find_cycle(graph: dict[str, tuple[str, ...]]) -> list[str]:
                 stack.append((node, i + 1))
                 nxt = deps[i]
                 if color.get(nxt) == 1:
-                    return path[path.index(nxt):] + [nxt]
+                    return path[path.index(nxt) :] + [nxt]
                 if not color.get(nxt):
                     stack.append((nxt, 0))
             else:
@@ -443,8 +537,11 @@ def format_validation_error(exc: ValidationError, *, source: str) -> SpecError:
     errors = exc.errors()
     locs = [tuple(e["loc"]) for e in errors]
     # A container's "too short" is only the echo of its invalid item: keep the deeper error.
-    errors = [e for e, loc in zip(errors, locs, strict=True)
-              if not any(o != loc and o[: len(loc)] == loc for o in locs)]
+    errors = [
+        e
+        for e, loc in zip(errors, locs, strict=True)
+        if not any(o != loc and o[: len(loc)] == loc for o in locs)
+    ]
     for err in errors[:3]:
         loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith("function-after"))
         loc = re.sub(r"\.(\d+)", r"[\1]", loc)
@@ -455,18 +552,26 @@ def format_validation_error(exc: ValidationError, *, source: str) -> SpecError:
         first_field = first_field or loc
         fix = _FIXES.get(err["type"])
         given = err.get("input")
-        shown = "" if err["type"] in ("missing",) or isinstance(given, dict | list) else f" (got {given!r})"
+        shown = (
+            ""
+            if err["type"] in ("missing",) or isinstance(given, dict | list)
+            else f" (got {given!r})"
+        )
         head = f"field '{loc}': " if loc else ""
         parts.append(f"{head}{msg}{shown}" + (f"; fix: {fix}" if fix else ""))
     more = len(errors) - 3
     tail = f" ({more} more problem(s) after these)" if more > 0 else ""
-    return SpecError(f"Invalid campaign spec {source}: " + "; ".join(parts) + tail + ".", field=first_field)
+    return SpecError(
+        f"Invalid campaign spec {source}: " + "; ".join(parts) + tail + ".", field=first_field
+    )
 
 
 def parse_spec(data: Any, *, source: str = "<spec>") -> CampaignSpec:
     """Validate a mapping into a CampaignSpec, raising SpecError on bad input."""
     if not isinstance(data, dict):
-        raise SpecError(f"Invalid campaign spec {source}: the top level must be a mapping of fields.")
+        raise SpecError(
+            f"Invalid campaign spec {source}: the top level must be a mapping of fields."
+        )
     try:
         return CampaignSpec.model_validate(data)
     except ValidationError as exc:
@@ -477,11 +582,15 @@ def load_spec(path: str | Path) -> CampaignSpec:
     """Read and validate a YAML (or JSON) spec file."""
     p = Path(path)
     if not p.is_file():
-        raise SpecError(f"Spec file '{p}' does not exist: give the path of a campaign YAML file.", field="SPEC")
+        raise SpecError(
+            f"Spec file '{p}' does not exist: give the path of a campaign YAML file.", field="SPEC"
+        )
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise SpecError(f"Spec file '{p}' is not valid YAML ({exc}); fix the syntax at that line.") from None
+        raise SpecError(
+            f"Spec file '{p}' is not valid YAML ({exc}); fix the syntax at that line."
+        ) from None
     return parse_spec(data, source=f"'{p}'")
 
 

@@ -1,4 +1,4 @@
-"""Stop rules (R10): typed exceptions that carry the rule, the run and a stop ID.
+"""Stop rules: typed exceptions that carry the rule, the run and a stop ID.
 
 They are raised inside library code and, under Prefect, inside tasks, where they fail the
 task and are never retried. Prefect pickles task exceptions, so every constructor passes
@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+
+# The fields of a ``stops.jsonl`` line, in order.
+_RECORD_FIELDS = ("stop_id", "rule", "run_id", "step", "reason")
 
 
 def new_stop_id() -> str:
@@ -40,13 +43,7 @@ class StopRule(Exception):
 
     def to_record(self) -> dict[str, Any]:
         """The JSON line kept in ``stops.jsonl``."""
-        return {
-            "stop_id": self.stop_id,
-            "rule": self.rule,
-            "run_id": self.run_id,
-            "step": self.step,
-            "reason": self.reason,
-        }
+        return {k: getattr(self, k) for k in _RECORD_FIELDS}
 
 
 class NonFiniteLoss(StopRule):
@@ -80,5 +77,12 @@ class IncompleteRun(StopRule):
 
 
 STOP_RULES: dict[str, type[StopRule]] = {
-    c.rule: c for c in (NonFiniteLoss, BelowThreshold, EssentialInputMissing, NoUsableRestart, IncompleteRun)
+    c.rule: c
+    for c in (
+        NonFiniteLoss,
+        BelowThreshold,
+        EssentialInputMissing,
+        NoUsableRestart,
+        IncompleteRun,
+    )
 }

@@ -1,4 +1,4 @@
-"""The provider catalog: which lots exist, how many GPUs each holds, and what one costs (R8).
+"""The provider catalog: which lots exist, how many GPUs each holds, and what one costs.
 
 A lot is rented for a fixed duration at a fixed price. The price covers the whole duration:
 this module never divides it by hours, and nothing in the project shows a USD-per-hour
@@ -159,7 +159,9 @@ class _LotEntry(BaseModel):
     gpu: str = Field(description="GPU model name, e.g. 'b200'.")
     days: int = Field(gt=0, description="Duration of the lot in days.")
     gpus: int = Field(ge=1, description="GPUs in one lot.")
-    price_usd: float | None = Field(default=None, gt=0, description="Price of one lot for its duration.")
+    price_usd: float | None = Field(
+        default=None, gt=0, description="Price of one lot for its duration."
+    )
 
     @field_validator("gpu")
     @classmethod
@@ -230,7 +232,9 @@ def load_catalog(
     lots = {(lot.gpu, lot.days): lot for lot in BUILTIN_CATALOG.lots}
     for entry in parsed.lots:
         price = None if entry.price_usd is None else to_decimal(entry.price_usd)
-        lots[(entry.gpu, entry.days)] = Lot(entry.gpu, entry.days, entry.gpus, price, parsed.provider)
+        lots[(entry.gpu, entry.days)] = Lot(
+            entry.gpu, entry.days, entry.gpus, price, parsed.provider
+        )
     return Catalog(lots=tuple(sorted(lots.values(), key=lambda lot: (lot.gpu, lot.days))))
 
 
@@ -254,8 +258,8 @@ def resolve_package(pkg: Package, catalog: Catalog, *, index: int = 0) -> Resolv
     if not lots:
         raise SpecError(
             f"field '{where}.gpu': unknown GPU model '{pkg.gpu}'; use one of "
-            f"{catalog.gpu_models()}, or describe its lots (GPUs per lot, days, price) in a catalog "
-            "file named by the spec's 'catalog' field.",
+            f"{catalog.gpu_models()}, or describe its lots (GPUs per lot, days, price) in a "
+            "catalog file named by the spec's 'catalog' field.",
             field=f"{where}.gpu",
         )
     lot = catalog.find(pkg.gpu, pkg.days)
@@ -365,7 +369,8 @@ def packages_covering(
         key=lambda c: (c.price_usd, len(c.days), c.slack_hours, c.gpu),
     )
     unpriced = sorted(
-        (c for c in covers if c.price_usd is None), key=lambda c: (c.gpu, len(c.days), c.slack_hours)
+        (c for c in covers if c.price_usd is None),
+        key=lambda c: (c.gpu, len(c.days), c.slack_hours),
     )
     return priced + unpriced
 

@@ -7,12 +7,10 @@ A model folder holds ``model.safetensors`` (weights and the input statistics) an
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
 import shutil
-import subprocess
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from gpucampaign.files import TMP_PREFIX, atomic_write_bytes, fsync_dir, git_commit, sha256_file
 from gpucampaign.recipes.cnn import build_cnn
 from gpucampaign.recipes.common import Standardize
 from gpucampaign.recipes.mlp import build_mlp
@@ -44,8 +43,9 @@ def build_model(config: RunConfig, *, n_features: int, n_classes: int) -> nn.Mod
     try:
         factory = RECIPES[config.recipe]
     except KeyError:
-        raise SpecError(f"unknown recipe '{config.recipe}': use one of {sorted(RECIPES)}.",
-                        field="recipe") from None
+        raise SpecError(
+            f"unknown recipe '{config.recipe}': use one of {sorted(RECIPES)}.", field="recipe"
+        ) from None
     return factory(config, n_features=n_features, n_classes=n_classes)
 
 
@@ -56,17 +56,12 @@ def fit_input_stats(model: nn.Module, X: torch.Tensor) -> None:
     layers[0].fit(X)
 
 
-def git_commit(path: Path | None = None) -> dict[str, Any]:
-    """``{"commit": sha or None, "dirty": bool or None}`` of the repository holding ``path``."""
-    where = str(path or Path(__file__).resolve().parent)
-    try:
-        head = subprocess.run(["git", "-C", where, "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=10, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
+def _git_state() -> dict[str, Any]:
+    """``{"commit": sha or None, "dirty": bool or None}`` of the checkout holding the library."""
+    commit = git_commit(Path(__file__).resolve().parent)
+    if commit is None:
         return {"commit": None, "dirty": None}
-    return {"commit": head or None, "dirty": bool(status.strip())}
+    return {"commit": commit.removesuffix("-dirty"), "dirty": commit.endswith("-dirty")}
 
 
 def library_versions() -> dict[str, str]:
@@ -82,14 +77,6 @@ def library_versions() -> dict[str, str]:
         "numpy": np.__version__,
         "python": platform.python_version(),
     }
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 * 1024 * 1024):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def save_model_dir(
@@ -116,17 +103,16 @@ def save_model_dir(
     """
     from safetensors.torch import save_file
 
-    from gpucampaign.files import atomic_write_bytes, fsync_dir
-
     dst = Path(path)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".tmp-{dst.name}-{uuid.uuid4().hex[:8]}")
+    tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": MODEL_FORMAT})
         with open(tmp / WEIGHTS_FILE, "rb+") as f:
             os.fsync(f.fileno())
+        weights = tmp / WEIGHTS_FILE
         info = {
             "format": MODEL_FORMAT,
             "recipe": config.recipe,
@@ -134,26 +120,33 @@ def save_model_dir(
             "n_features": n_features,
             "n_classes": n_classes,
             "versions": library_versions(),
-            "git": git_commit(),
+            "git": _git_state(),
             "base_model_revision": None,
-            "files": {WEIGHTS_FILE: {"sha256": _sha256(tmp / WEIGHTS_FILE),
-                                     "bytes": (tmp / WEIGHTS_FILE).stat().st_size}},
+            "files": {
+                WEIGHTS_FILE: {"sha256": sha256_file(weights), "bytes": weights.stat().st_size}
+            },
             **(extra or {}),
         }
-        atomic_write_bytes(tmp / CONFIG_FILE, (json.dumps(info, indent=2, sort_keys=True) + "\n").encode())
+        text = json.dumps(info, indent=2, sort_keys=True) + "\n"
+        atomic_write_bytes(tmp / CONFIG_FILE, text.encode())
         fsync_dir(tmp)
-        if dst.exists():
-            old = dst.with_name(f".tmp-old-{dst.name}-{uuid.uuid4().hex[:8]}")
-            dst.rename(old)
-            tmp.rename(dst)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(dst)
-        fsync_dir(dst.parent)
+        _replace_dir(dst, tmp)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return info
+
+
+def _replace_dir(dst: Path, new: Path) -> None:
+    """Put the complete folder ``new`` at ``dst``; an old ``dst`` is moved aside, then removed."""
+    if dst.exists():
+        old = dst.with_name(f"{TMP_PREFIX}old-{dst.name}-{uuid.uuid4().hex[:8]}")
+        dst.rename(old)
+        new.rename(dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        new.rename(dst)
+    fsync_dir(dst.parent)
 
 
 def load_model_dir(path: str | Path, *, map_location: str = "cpu") -> nn.Module:
@@ -167,23 +160,33 @@ def load_model_dir(path: str | Path, *, map_location: str = "cpu") -> nn.Module:
     folder = Path(path)
     cfg_path, w_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     if not cfg_path.is_file() or not w_path.is_file():
-        raise SpecError(f"'{folder}' is not a model folder: it needs {CONFIG_FILE} and {WEIGHTS_FILE}.",
-                        field="model")
+        raise SpecError(
+            f"'{folder}' is not a model folder: it needs {CONFIG_FILE} and {WEIGHTS_FILE}.",
+            field="model",
+        )
     info = json.loads(cfg_path.read_text(encoding="utf-8"))
     if info.get("format") != MODEL_FORMAT:
-        raise SpecError(f"'{cfg_path}': unknown format {info.get('format')!r} (want {MODEL_FORMAT}).",
-                        field="model")
+        raise SpecError(
+            f"'{cfg_path}': unknown format {info.get('format')!r} (want {MODEL_FORMAT}).",
+            field="model",
+        )
     want = info.get("files", {}).get(WEIGHTS_FILE, {}).get("sha256")
-    if want and _sha256(w_path) != want:
-        raise SpecError(f"'{w_path}' does not match the sha256 recorded in {CONFIG_FILE}.", field="model")
+    if want and sha256_file(w_path) != want:
+        raise SpecError(
+            f"'{w_path}' does not match the sha256 recorded in {CONFIG_FILE}.", field="model"
+        )
     config = RunConfig.model_validate(info["run_config"])
-    model = build_model(config, n_features=int(info["n_features"]), n_classes=int(info["n_classes"]))
+    model = build_model(
+        config, n_features=int(info["n_features"]), n_classes=int(info["n_classes"])
+    )
     model.load_state_dict(load_file(str(w_path), device=map_location), strict=True)
     return model.to(map_location).eval()
 
 
 @torch.no_grad()
-def predict(model: nn.Module, X: np.ndarray | torch.Tensor, *, batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+def predict(
+    model: nn.Module, X: np.ndarray | torch.Tensor, *, batch_size: int = 4096
+) -> tuple[np.ndarray, np.ndarray]:
     """Class indices and their softmax probability, in float32 without autocast.
 
     Deterministic on CPU for a fixed thread count; the model's train/eval mode is restored.
@@ -202,12 +205,22 @@ def predict(model: nn.Module, X: np.ndarray | torch.Tensor, *, batch_size: int =
             confs.append(conf.cpu())
         if not preds:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        return torch.cat(preds).numpy().astype(np.int64), torch.cat(confs).numpy().astype(np.float32)
+        return torch.cat(preds).numpy().astype(np.int64), torch.cat(confs).numpy().astype(
+            np.float32
+        )
     finally:
         model.train(was_training)
 
 
 __all__ = [
-    "RECIPES", "build_model", "fit_input_stats", "save_model_dir", "load_model_dir", "predict",
-    "git_commit", "library_versions", "WEIGHTS_FILE", "CONFIG_FILE", "MODEL_FORMAT",
+    "RECIPES",
+    "build_model",
+    "fit_input_stats",
+    "save_model_dir",
+    "load_model_dir",
+    "predict",
+    "library_versions",
+    "WEIGHTS_FILE",
+    "CONFIG_FILE",
+    "MODEL_FORMAT",
 ]
