@@ -20,6 +20,7 @@ from gpucampaign.close import (
     write_report,
 )
 from gpucampaign.corpus import corpus_path, load_spec_corpus
+from gpucampaign.metrics import read_metrics
 from gpucampaign.outputs import (
     OutputFolder,
     build_manifest,
@@ -30,7 +31,6 @@ from gpucampaign.outputs import (
     write_reload_md,
 )
 from gpucampaign.spec import CampaignSpec
-from gpucampaign.training import read_metrics
 from tasks._common import PHASE_OPTIONS, TASK_OPTIONS, artifact_key, busy, out_folder
 
 

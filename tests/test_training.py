@@ -10,16 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gpucampaign.metrics import read_metrics
 from gpucampaign.recipes import build_model, load_model_dir, predict
+from gpucampaign.savepolicy import choose_save_interval, daly_interval
 from gpucampaign.spec import RunConfig, SpecError
 from gpucampaign.stoprules import NoUsableRestart
 from gpucampaign.storage import LocalStore
-from gpucampaign.training import (
-    choose_save_interval,
-    daly_interval,
-    read_metrics,
-    train_run,
-)
+from gpucampaign.training import train_run
 from tests._engine import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 
 

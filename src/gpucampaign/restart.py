@@ -37,10 +37,11 @@ from gpucampaign.checkpoint import (
     CheckpointManager,
     step_dirname,
 )
+from gpucampaign.metrics import read_metrics
 from gpucampaign.spec import CampaignSpec, SpecError
 from gpucampaign.stoprules import NoUsableRestart, StopRule
 from gpucampaign.storage import LocalStore, Store
-from gpucampaign.training import METRICS_FILE, MODEL_DIR, read_metrics, run_config_sha256
+from gpucampaign.training import METRICS_FILE, MODEL_DIR, run_config_sha256
 
 GPU_ATOL = 1e-5
 _IGNORED_COUNTERS = ("steps_s_sum",)  # wall-clock sums differ between runs by nature
