@@ -276,7 +276,7 @@ def test_streamed_safetensors_load_with_the_safetensors_library(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from gpucampaign.checkpoint import safetensors_buffers, write_hashed
+    from gpucampaign.tensorfiles import safetensors_buffers, write_hashed
 
     g = torch.Generator().manual_seed(0)
     tensors = {
