@@ -111,9 +111,10 @@ class _Run:
     epoch_gen_state: torch.Tensor | None = None
     samples_seen: int = 0
     steps_s_sum: float = 0.0
-    # Set by a restore until the loop has used them.
+    # Set by a restore; the loop applies them at the top of the resumed epoch.
     resume_gen_state: torch.Tensor | None = None
     pending_rng: dict[str, Any] | None = None
+    # What the restore found.
     restore_s: float = 0.0
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
