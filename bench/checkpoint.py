@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 
 from gpucampaign.checkpoint import CheckpointManager, capture_rng, step_dirname
+from gpucampaign.savepolicy import choose_save_interval
 from gpucampaign.storage import LocalStore
-from gpucampaign.training import choose_save_interval
 
 MB = 1024 * 1024
 

@@ -42,7 +42,8 @@ from gpucampaign.recipes import build_model, fit_input_stats
 from gpucampaign.scaffold import write_spec_copy
 from gpucampaign.spec import CampaignSpec, load_spec
 from gpucampaign.storage import LocalStore
-from gpucampaign.training import build_optimizer, build_scheduler, seed_everything, train_run
+from gpucampaign.torchsetup import build_optimizer, build_scheduler, seed_everything
+from gpucampaign.training import train_run
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = prefect_environment(logging_level="WARNING")

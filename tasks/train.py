@@ -12,10 +12,11 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from gpucampaign.corpus import load_spec_corpus
 from gpucampaign.decision import pilot_measures
 from gpucampaign.records import read_stops
+from gpucampaign.runresult import RunResult
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import STOP_RULES, StopRule
 from gpucampaign.storage import open_store
-from gpucampaign.training import RunResult, train_run
+from gpucampaign.training import train_run
 from tasks._common import PHASE_OPTIONS, artifact_key, busy, out_folder, record_stop
 from tasks.gpu_lock import gpu_slot
 

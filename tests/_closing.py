@@ -34,8 +34,8 @@ from gpucampaign.records import (
     append_timeline,
     write_pilot,
 )
+from gpucampaign.runresult import RESULT_FILE, RunResult
 from gpucampaign.spec import load_spec
-from gpucampaign.training import RESULT_FILE, RunResult
 
 SPEC_TEMPLATE = """
 name: closing-test

@@ -34,8 +34,12 @@ def _state(step: int, *, seed: int = 0) -> tuple[dict, dict]:
     g = torch.Generator().manual_seed(seed)
     model = {"w": torch.randn(8, 4, generator=g), "b": torch.zeros(4)}
     state = {
-        "optimizer": {"state": {0: {"exp_avg": torch.randn(8, 4, generator=g), "step": torch.tensor(float(step))}},
-                      "param_groups": [{"lr": 0.1, "betas": (0.9, 0.999), "params": [0]}]},
+        "optimizer": {
+            "state": {
+                0: {"exp_avg": torch.randn(8, 4, generator=g), "step": torch.tensor(float(step))}
+            },
+            "param_groups": [{"lr": 0.1, "betas": (0.9, 0.999), "params": [0]}],
+        },
         "scheduler": {"last_epoch": step, "base_lrs": [0.1]},
         "scaler": {},
         "rng": capture_rng(),
@@ -61,7 +65,10 @@ def test_save_and_load_round_trip(tmp_path):
     meta = json.loads(_file(tmp_path, 3, META_FILE).read_text())
     for name in (MODEL_FILE, STATE_FILE):
         data = _file(tmp_path, 3, name).read_bytes()
-        assert meta["files"][name] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        assert meta["files"][name] == {
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": len(data),
+        }
     assert meta["run_id"] == RUN and meta["config_sha256"] == CFG and meta["step"] == 3
     assert meta["planned_steps"] == 10 and meta["write_s"] > 0
     ptr = json.loads((tmp_path / RUN / LATEST_FILE).read_text())
@@ -69,7 +76,10 @@ def test_save_and_load_round_trip(tmp_path):
     ck, refused = m.load_latest()
     assert refused == [] and ck.step == 3
     assert all(torch.equal(ck.model_state[k], model[k]) for k in model)
-    assert torch.equal(ck.train_state["optimizer"]["state"][0]["exp_avg"], state["optimizer"]["state"][0]["exp_avg"])
+    assert torch.equal(
+        ck.train_state["optimizer"]["state"][0]["exp_avg"],
+        state["optimizer"]["state"][0]["exp_avg"],
+    )
     assert ck.train_state["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.999)
 
 
@@ -106,7 +116,12 @@ def test_truncated_checkpoint_falls_back(tmp_path):
     p = _file(tmp_path, 4, STATE_FILE)
     p.write_bytes(p.read_bytes()[:100])
     ck, refused = m.load_latest()
-    assert ck.step == 2 and len(refused) == 1 and "truncated" in refused[0] and STATE_FILE in refused[0]
+    assert (
+        ck.step == 2
+        and len(refused) == 1
+        and "truncated" in refused[0]
+        and STATE_FILE in refused[0]
+    )
 
 
 def test_tampered_checkpoint_falls_back(tmp_path):
@@ -138,7 +153,10 @@ def _replace_state(root: Path, step: int, payload: bytes) -> None:
     _file(root, step, STATE_FILE).write_bytes(payload)
     meta_path = _file(root, step, META_FILE)
     meta = json.loads(meta_path.read_text())
-    meta["files"][STATE_FILE] = {"sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload)}
+    meta["files"][STATE_FILE] = {
+        "sha256": hashlib.sha256(payload).hexdigest(),
+        "bytes": len(payload),
+    }
     meta_bytes = json.dumps(meta).encode()
     meta_path.write_bytes(meta_bytes)
     latest = root / RUN / LATEST_FILE
@@ -246,7 +264,11 @@ def test_store_keys_cannot_escape(tmp_path):
     with pytest.raises(StorageError, match="outside"):
         store.write_bytes("link/x", data=b"1")
     store.write_bytes("a/b.txt", data=b"hello")
-    assert store.read_bytes("a/b.txt") == b"hello" and store.list() == ["a/b.txt"] and store.size("a/b.txt") == 5
+    assert (
+        store.read_bytes("a/b.txt") == b"hello"
+        and store.list() == ["a/b.txt"]
+        and store.size("a/b.txt") == 5
+    )
     store.get_file("a/b.txt", dst=tmp_path / "copy.txt")
     store.put_file("c.txt", src=tmp_path / "copy.txt")
     store.delete("a/b.txt")
@@ -268,24 +290,32 @@ def test_a_run_resumes_from_the_previous_good_checkpoint(tmp_path, digits_file):
     res = run(spec, tmp_path)
     assert res.resumed_from_step == 6 and "truncated" in res.refused_checkpoints[0]
     assert res.metrics == whole.metrics
-    assert train_losses(run_dir(spec, tmp_path) / "metrics.jsonl") == \
-        train_losses(run_dir(spec, tmp_path, out="whole") / "metrics.jsonl")
+    assert train_losses(run_dir(spec, tmp_path) / "metrics.jsonl") == train_losses(
+        run_dir(spec, tmp_path, out="whole") / "metrics.jsonl"
+    )
 
 
 def test_streamed_safetensors_load_with_the_safetensors_library(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from gpucampaign.checkpoint import safetensors_buffers, write_hashed
+    from gpucampaign.tensorfiles import safetensors_buffers, write_hashed
 
     g = torch.Generator().manual_seed(0)
     tensors = {
-        "f32": torch.randn(3, 5, generator=g), "bf16": torch.randn(7, generator=g).to(torch.bfloat16),
-        "f16": torch.randn(2, 2, generator=g).half(), "i64": torch.arange(5), "scalar": torch.tensor(2.5),
-        "empty": torch.zeros(0, 3), "mask": torch.tensor([True, False, True]), "u8": torch.arange(3, dtype=torch.uint8),
+        "f32": torch.randn(3, 5, generator=g),
+        "bf16": torch.randn(7, generator=g).to(torch.bfloat16),
+        "f16": torch.randn(2, 2, generator=g).half(),
+        "i64": torch.arange(5),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "mask": torch.tensor([True, False, True]),
+        "u8": torch.arange(3, dtype=torch.uint8),
         "strided": torch.randn(4, 6, generator=g).t(),  # not contiguous
     }
-    digest, size = write_hashed(tmp_path / "m.safetensors", safetensors_buffers(tensors, metadata={"k": "v"}))
+    digest, size = write_hashed(
+        tmp_path / "m.safetensors", safetensors_buffers(tensors, metadata={"k": "v"})
+    )
     data = (tmp_path / "m.safetensors").read_bytes()
     assert size == len(data) and digest == hashlib.sha256(data).hexdigest()
     loaded = load_file(tmp_path / "m.safetensors")

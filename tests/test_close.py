@@ -350,7 +350,7 @@ RUN_SPEC = {
 
 
 def _finish(root: Path, spec, run: str, *, accuracy: float, model: bool = True) -> None:
-    from gpucampaign.training import RunResult
+    from gpucampaign.runresult import RunResult
 
     rid = spec.run_id(run)
     (root / "runs" / rid / "model").mkdir(parents=True)

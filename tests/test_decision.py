@@ -97,7 +97,7 @@ def test_decision_input_model_validates():
 
 # --- the decide task's composition, as library functions -------------------------------------
 def _result(**kw):
-    from gpucampaign.training import RunResult
+    from gpucampaign.runresult import RunResult
 
     base = dict(run_id="control-0123456789", run="control", completed=False, steps_done=5,
                 planned_steps=2000, metrics={}, n_checkpoints=1, checkpoint_every=40,

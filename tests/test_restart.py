@@ -1,4 +1,4 @@
-"""Restart verification in new processes (R12), the scheduled check of an existing output, the CLI."""
+"""Restart verification in new processes, the scheduled check of an existing output, the CLI."""
 
 from __future__ import annotations
 
@@ -18,11 +18,20 @@ from tests._engine import digits_file, make_spec, run, run_dir  # noqa: F401
 
 def test_resume_mid_epoch_in_a_new_process_is_bit_identical(tmp_path, digits_file):  # noqa: F811
     """bf16 autocast, cosine schedule and dropout; interrupted mid-epoch in its own process."""
-    spec = make_spec(tmp_path, digits_file, control={"precision": "bf16", "scheduler": "cosine",
-                                                     "dropout": 0.1, "epochs": 3})
-    report = verify_restart(spec, run="control", corpus_path=tmp_path / "data" / "digits.csv",
-                            workdir=tmp_path / "work")
-    assert report.identical and report.max_abs_diff == 0.0 and report.atol == 0.0 and not report.mismatches
+    spec = make_spec(
+        tmp_path,
+        digits_file,
+        control={"precision": "bf16", "scheduler": "cosine", "dropout": 0.1, "epochs": 3},
+    )
+    report = verify_restart(
+        spec, run="control", corpus_path=tmp_path / "data" / "digits.csv", workdir=tmp_path / "work"
+    )
+    assert (
+        report.identical
+        and report.max_abs_diff == 0.0
+        and report.atol == 0.0
+        and not report.mismatches
+    )
     assert (report.k, report.n) == (15, 22) and report.k_mid_epoch  # 10 steps per epoch
     assert report.compared_steps == 22 and report.threads == 1 and report.device == "cpu"
     assert {"params", "optimizer", "scheduler", "rng", "cursor"} <= set(report.compared)
@@ -46,9 +55,14 @@ def _finished_run(tmp_path, digits_file):  # noqa: F811
 def test_scheduled_check_resumes_the_previous_kept_checkpoint(tmp_path, digits_file):  # noqa: F811
     spec = _finished_run(tmp_path, digits_file)
     report = verify_checkpoint_resume(
-        spec, run="control", corpus_path=tmp_path / "data" / "digits.csv",
-        store=LocalStore(tmp_path / "out" / "checkpoints"), run_dir=run_dir(spec, tmp_path),
-        workdir=tmp_path / "work", m_steps=50)
+        spec,
+        run="control",
+        corpus_path=tmp_path / "data" / "digits.csv",
+        store=LocalStore(tmp_path / "out" / "checkpoints"),
+        run_dir=run_dir(spec, tmp_path),
+        workdir=tmp_path / "work",
+        m_steps=50,
+    )
     assert report.identical and report.mode == "checkpoint"
     assert (report.k, report.n, report.compared_steps) == (14, 20, 6)
     assert "params" in report.compared  # it reached the end: final weights compared with model/
@@ -62,8 +76,13 @@ def test_scheduled_check_detects_a_run_it_cannot_reproduce(tmp_path, digits_file
         if r["kind"] == "train" and r["step"] == 16:
             r["loss"] = r["loss"] + 1e-7
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = dict(run="control", corpus_path=tmp_path / "data" / "digits.csv",
-                store=LocalStore(tmp_path / "out" / "checkpoints"), run_dir=run_dir(spec, tmp_path), m_steps=3)
+    args = dict(
+        run="control",
+        corpus_path=tmp_path / "data" / "digits.csv",
+        store=LocalStore(tmp_path / "out" / "checkpoints"),
+        run_dir=run_dir(spec, tmp_path),
+        m_steps=3,
+    )
     with pytest.raises(NoUsableRestart, match=r"loss\[16\]") as exc:
         verify_checkpoint_resume(spec, workdir=tmp_path / "w1", **args)
     assert exc.value.step == 14
@@ -74,8 +93,14 @@ def test_scheduled_check_detects_a_run_it_cannot_reproduce(tmp_path, digits_file
 def test_scheduled_check_without_checkpoints(tmp_path, digits_file):  # noqa: F811
     spec = make_spec(tmp_path, digits_file)
     with pytest.raises(NoUsableRestart, match="no usable checkpoint"):
-        verify_checkpoint_resume(spec, run="control", corpus_path=tmp_path / "data" / "digits.csv",
-                                 store=LocalStore(tmp_path / "empty"), run_dir=tmp_path, workdir=tmp_path / "w")
+        verify_checkpoint_resume(
+            spec,
+            run="control",
+            corpus_path=tmp_path / "data" / "digits.csv",
+            store=LocalStore(tmp_path / "empty"),
+            run_dir=tmp_path,
+            workdir=tmp_path / "w",
+        )
 
 
 def test_cli_init_and_restart_check(tmp_path):
@@ -86,8 +111,20 @@ def test_cli_init_and_restart_check(tmp_path):
     assert (target / "campaign.yaml").is_file() and (target / "data" / "digits.csv").is_file()
     again = runner.invoke(app, ["init", str(target)])
     assert again.exit_code == 2 and "refusing to overwrite" in again.output
-    res = runner.invoke(app, ["restart-check", str(target / "campaign.yaml"), "--run", "short", "--json",
-                              "--steps", "12", "--at", "5"])
+    res = runner.invoke(
+        app,
+        [
+            "restart-check",
+            str(target / "campaign.yaml"),
+            "--run",
+            "short",
+            "--json",
+            "--steps",
+            "12",
+            "--at",
+            "5",
+        ],
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["identical"] is True and doc["compared_steps"] == 12 and doc["max_abs_diff"] == 0.0
@@ -102,8 +139,11 @@ def test_cli_init_and_restart_check(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_restart_on_gpu_within_the_recorded_tolerance(tmp_path, digits_file):  # noqa: F811
-    spec = make_spec(tmp_path, digits_file, control={"precision": "bf16", "dropout": 0.1, "epochs": 3})
-    report = verify_restart(spec, corpus_path=tmp_path / "data" / "digits.csv", workdir=tmp_path / "work",
-                            check=False)
+    spec = make_spec(
+        tmp_path, digits_file, control={"precision": "bf16", "dropout": 0.1, "epochs": 3}
+    )
+    report = verify_restart(
+        spec, corpus_path=tmp_path / "data" / "digits.csv", workdir=tmp_path / "work", check=False
+    )
     assert report.device == "cuda" and report.atol > 0
     assert report.identical, report.mismatches

@@ -10,6 +10,8 @@ import pytest
 
 from gpucampaign.checkpoint import MODEL_FILE, step_dirname
 from gpucampaign.corpus import write_digits_corpus
+from gpucampaign.metrics import read_metrics
+from gpucampaign.runresult import require_complete
 from gpucampaign.stoprules import (
     STOP_RULES,
     BelowThreshold,
@@ -18,7 +20,6 @@ from gpucampaign.stoprules import (
     NonFiniteLoss,
     NoUsableRestart,
 )
-from gpucampaign.training import read_metrics, require_complete
 from tests._engine import corpus_of, digits_file, make_spec, run, run_dir  # noqa: F401
 
 

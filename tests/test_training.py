@@ -1,4 +1,5 @@
-"""The training loop: output files, resume from the pilot, recipes, schedules, precisions, save interval."""
+"""The training loop: output files, resume from the pilot, recipes, schedules, precisions,
+save interval."""
 
 from __future__ import annotations
 
@@ -10,16 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gpucampaign.metrics import read_metrics
 from gpucampaign.recipes import build_model, load_model_dir, predict
+from gpucampaign.savepolicy import choose_save_interval, daly_interval
 from gpucampaign.spec import RunConfig, SpecError
 from gpucampaign.stoprules import NoUsableRestart
 from gpucampaign.storage import LocalStore
-from gpucampaign.training import (
-    choose_save_interval,
-    daly_interval,
-    read_metrics,
-    train_run,
-)
+from gpucampaign.training import train_run
 from tests._engine import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 
 
@@ -28,10 +26,15 @@ def test_a_run_writes_its_folder(tmp_path, digits_file):  # noqa: F811
     res = run(spec, tmp_path)
     folder = run_dir(spec, tmp_path)
     assert res.completed and res.steps_done == res.planned_steps == 20 and not res.reused
-    assert set(res.metrics) == {"accuracy", "macro_f1", "loss"} and res.metrics == res.eval_metrics["test"]
+    assert (
+        set(res.metrics) == {"accuracy", "macro_f1", "loss"}
+        and res.metrics == res.eval_metrics["test"]
+    )
     params = json.loads((folder / "params.json").read_text())
     assert params["run_id"] == res.run_id == spec.run_id("control")
-    assert params["config"] == spec.control.model_dump(mode="json") and params["planned_steps"] == 20
+    assert (
+        params["config"] == spec.control.model_dump(mode="json") and params["planned_steps"] == 20
+    )
     rows = read_metrics(folder / "metrics.jsonl")
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 21))
@@ -44,13 +47,18 @@ def test_a_run_writes_its_folder(tmp_path, digits_file):  # noqa: F811
     assert [r["step"] for r in rows if r["kind"] == "checkpoint"] == [5, 20]  # early save, final
     assert (folder / "model" / "model.safetensors").is_file()
     cfg = json.loads((folder / "model" / "config.json").read_text())
-    assert cfg["run_config"] == spec.control.model_dump(mode="json") and cfg["base_model_revision"] is None
+    assert (
+        cfg["run_config"] == spec.control.model_dump(mode="json")
+        and cfg["base_model_revision"] is None
+    )
     assert cfg["versions"]["torch"] == torch.__version__ and "commit" in cfg["git"]
     recorded = json.loads((folder / "result.json").read_text())
     assert recorded["run_id"] == res.run_id and recorded["completed"]
     t = res.timings
     assert t["load_s"] > 0 and t["step_s"] > 0 and len(t["eval_s"]) == 4 and len(t["save_s"]) == 2
-    assert t["restore_s"] == 0 and t["total_s"] >= t["train_s"] > 0 and res.resumed_from_step is None
+    assert (
+        t["restore_s"] == 0 and t["total_s"] >= t["train_s"] > 0 and res.resumed_from_step is None
+    )
 
 
 def test_rerunning_a_completed_run_returns_the_record(tmp_path, digits_file):  # noqa: F811
@@ -67,14 +75,19 @@ def test_the_pilot_is_the_start_of_the_real_run(tmp_path, digits_file):  # noqa:
     spec = make_spec(tmp_path, digits_file, control=control)
     whole = run(spec, tmp_path, out="whole")
     pilot = run(spec, tmp_path, out="split", stop_after_steps=7)  # mid-epoch
-    assert not pilot.completed and pilot.steps_done == 7 and pilot.n_checkpoints == 2  # early save at 5
+    # The early save at step 5, then the pilot's own at 7.
+    assert not pilot.completed and pilot.steps_done == 7 and pilot.n_checkpoints == 2
     assert not (run_dir(spec, tmp_path, out="split") / "result.json").exists()
-    again = run(spec, tmp_path, out="split", stop_after_steps=7)  # a rerun of the pilot trains nothing
-    assert again.steps_done == 7 and again.resumed_from_step == 7 and again.timings["train_s"] == 0.0
+    # A rerun of the pilot trains nothing.
+    again = run(spec, tmp_path, out="split", stop_after_steps=7)
+    assert (
+        again.steps_done == 7 and again.resumed_from_step == 7 and again.timings["train_s"] == 0.0
+    )
     rest = run(spec, tmp_path, out="split")
     assert rest.completed and rest.resumed_from_step == 7 and rest.timings["restore_s"] > 0
-    assert train_losses(run_dir(spec, tmp_path, out="split") / "metrics.jsonl") == \
-        train_losses(run_dir(spec, tmp_path, out="whole") / "metrics.jsonl")
+    assert train_losses(run_dir(spec, tmp_path, out="split") / "metrics.jsonl") == train_losses(
+        run_dir(spec, tmp_path, out="whole") / "metrics.jsonl"
+    )
     a = load_file(run_dir(spec, tmp_path, out="whole") / "model" / "model.safetensors")
     b = load_file(run_dir(spec, tmp_path, out="split") / "model" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -102,9 +115,15 @@ def test_another_configs_checkpoint_is_never_resumed(tmp_path, digits_file):  # 
     (ck / a.run_id("control")).rename(ck / b.run_id("control"))  # planted under b's run ID
     with pytest.raises(NoUsableRestart, match="belongs to run"):
         run(b, tmp_path)
-    fresh = make_spec(tmp_path, digits_file, control={"lr": 0.02}, stop_rules={"require_restart": False})
+    fresh = make_spec(
+        tmp_path, digits_file, control={"lr": 0.02}, stop_rules={"require_restart": False}
+    )
     res = run(fresh, tmp_path)
-    assert res.completed and res.resumed_from_step is None and "belongs to run" in res.refused_checkpoints[0]
+    assert (
+        res.completed
+        and res.resumed_from_step is None
+        and "belongs to run" in res.refused_checkpoints[0]
+    )
 
 
 def test_saved_model_reloads_and_predicts_deterministically(tmp_path, digits_file):  # noqa: F811
@@ -123,7 +142,9 @@ def test_saved_model_reloads_and_predicts_deterministically(tmp_path, digits_fil
 
 
 def test_cnn_recipe(tmp_path, digits_file):  # noqa: F811
-    spec = make_spec(tmp_path, digits_file, control={"recipe": "cnn", "hidden": [4, 8], "max_steps": 6})
+    spec = make_spec(
+        tmp_path, digits_file, control={"recipe": "cnn", "hidden": [4, 8], "max_steps": 6}
+    )
     res = run(spec, tmp_path)
     assert res.completed and res.steps_done == 6
     model = load_model_dir(run_dir(spec, tmp_path) / "model")
@@ -136,11 +157,17 @@ def test_cnn_recipe(tmp_path, digits_file):  # noqa: F811
 def test_schedulers(tmp_path, digits_file, scheduler):  # noqa: F811
     spec = make_spec(tmp_path, digits_file, control={"scheduler": scheduler, "max_steps": 9})
     run(spec, tmp_path)
-    lrs = [r["lr"] for r in read_metrics(run_dir(spec, tmp_path) / "metrics.jsonl") if r["kind"] == "train"]
+    lrs = [
+        r["lr"]
+        for r in read_metrics(run_dir(spec, tmp_path) / "metrics.jsonl")
+        if r["kind"] == "train"
+    ]
     if scheduler == "none":
         assert set(lrs) == {0.01}
     elif scheduler == "step":  # x0.1 every third of the 9 planned steps
-        assert lrs[:3] == [0.01] * 3 and math.isclose(lrs[3], 0.001) and math.isclose(lrs[6], 0.0001)
+        assert (
+            lrs[:3] == [0.01] * 3 and math.isclose(lrs[3], 0.001) and math.isclose(lrs[6], 0.0001)
+        )
     else:
         assert lrs[0] == 0.01 and all(a > b for a, b in zip(lrs, lrs[1:], strict=False))
 
@@ -157,7 +184,9 @@ def test_reduced_precision_on_cpu(tmp_path, digits_file, precision):  # noqa: F8
     spec = make_spec(tmp_path, digits_file, control={"precision": precision, "max_steps": 8})
     res = run(spec, tmp_path)
     assert res.completed and res.precision == precision
-    assert all(math.isfinite(loss) for _, loss in train_losses(run_dir(spec, tmp_path) / "metrics.jsonl"))
+    assert all(
+        math.isfinite(loss) for _, loss in train_losses(run_dir(spec, tmp_path) / "metrics.jsonl")
+    )
 
 
 def test_progress_callback(tmp_path, digits_file):  # noqa: F811
@@ -173,14 +202,21 @@ def test_bad_arguments(tmp_path, digits_file):  # noqa: F811
     with pytest.raises(SpecError, match="stop_after_steps"):
         run(spec, tmp_path, stop_after_steps=0)
     with pytest.raises(SpecError, match="no run named"):
-        train_run(spec, run="nope", corpus=corpus_of(tmp_path, spec), store=LocalStore(tmp_path / "s"),
-                  out_dir=tmp_path / "o")
+        train_run(
+            spec,
+            run="nope",
+            corpus=corpus_of(tmp_path, spec),
+            store=LocalStore(tmp_path / "s"),
+            out_dir=tmp_path / "o",
+        )
 
 
 def test_daly_interval():
     delta, m = 30.0, 24 * 3600.0
     r = delta / (2 * m)
-    assert daly_interval(delta, m) == pytest.approx(math.sqrt(2 * delta * m) * (1 + math.sqrt(r) / 3 + r / 9) - delta)
+    assert daly_interval(delta, m) == pytest.approx(
+        math.sqrt(2 * delta * m) * (1 + math.sqrt(r) / 3 + r / 9) - delta
+    )
     assert daly_interval(3 * m, m) == m and daly_interval(2 * m, m) == m
     # Young's first-order sqrt(2 delta M) is the leading term for small delta.
     assert daly_interval(0.01, m) == pytest.approx(math.sqrt(2 * 0.01 * m), rel=1e-3)
@@ -190,11 +226,19 @@ def test_daly_interval():
 
 def test_save_interval_is_the_smaller_of_daly_and_tolerable_loss():
     m = 24 * 3600.0
-    by_daly = choose_save_interval(delta_s=1.0, step_s=0.5, mtbi_s=m, tolerable_s=3600, planned_steps=10**6)
-    assert by_daly.tau_s == by_daly.daly_s < 3600 and by_daly.every_steps == int(by_daly.tau_s // 0.5)
-    by_loss = choose_save_interval(delta_s=60.0, step_s=0.5, mtbi_s=m, tolerable_s=600, planned_steps=10**6)
+    by_daly = choose_save_interval(
+        delta_s=1.0, step_s=0.5, mtbi_s=m, tolerable_s=3600, planned_steps=10**6
+    )
+    assert by_daly.tau_s == by_daly.daly_s < 3600 and by_daly.every_steps == int(
+        by_daly.tau_s // 0.5
+    )
+    by_loss = choose_save_interval(
+        delta_s=60.0, step_s=0.5, mtbi_s=m, tolerable_s=600, planned_steps=10**6
+    )
     assert by_loss.tau_s == 600 < by_loss.daly_s and by_loss.every_steps == 1200
-    capped = choose_save_interval(delta_s=1.0, step_s=0.5, mtbi_s=m, tolerable_s=600, planned_steps=50)
+    capped = choose_save_interval(
+        delta_s=1.0, step_s=0.5, mtbi_s=m, tolerable_s=600, planned_steps=50
+    )
     assert capped.every_steps == 50
 
 
@@ -205,8 +249,15 @@ def test_run_records_its_save_interval(tmp_path, digits_file):  # noqa: F811
     assert si["source"] == "measured" and si["tau_s"] == si["tolerable_s"] == pytest.approx(60e-5)
     assert si["delta_s"] > 0 and si["step_s"] > 0 and si["mtbi_s"] == 24 * 3600
     assert si["every_steps"] == max(1, min(20, int(si["tau_s"] // si["step_s"])))
-    fixed = run(make_spec(tmp_path, digits_file, control={"lr": 0.02}, checkpoint={"every_steps": 4}), tmp_path)
-    assert fixed.save_interval["source"] == "spec" and fixed.checkpoint_every == 4 and fixed.n_checkpoints == 5
+    fixed = run(
+        make_spec(tmp_path, digits_file, control={"lr": 0.02}, checkpoint={"every_steps": 4}),
+        tmp_path,
+    )
+    assert (
+        fixed.save_interval["source"] == "spec"
+        and fixed.checkpoint_every == 4
+        and fixed.n_checkpoints == 5
+    )
 
 
 def test_a_crash_after_the_final_save_finishes_without_training(tmp_path, digits_file):  # noqa: F811

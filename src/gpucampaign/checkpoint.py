@@ -1,4 +1,4 @@
-"""Full-state checkpoints as transactions (R11, R12).
+"""Full-state checkpoints as transactions.
 
 One checkpoint is a folder ``<run_id>/step-<9 digits>/`` in a ``Store``:
 
@@ -26,11 +26,9 @@ import os
 import random
 import re
 import shutil
-import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +39,12 @@ import torch
 
 from gpucampaign.files import TMP_PREFIX, fsync_dir
 from gpucampaign.storage import NotFound, StorageError, Store
+from gpucampaign.tensorfiles import (
+    read_hashed,
+    safetensors_buffers,
+    serialize_state,
+    write_hashed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,6 @@ REQUIRED_STATE: dict[str, tuple[str, ...]] = {
     "cursor": ("epoch", "batch_in_epoch", "epoch_generator_state"),
     "counters": ("global_step",),
 }
-_CHUNK = 16 * 1024 * 1024
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
 
 
@@ -87,10 +90,12 @@ def capture_rng() -> dict[str, Any]:
     ``[name, int64 tensor of the key, pos, has_gauss, cached_gaussian]``.
     """
     name, key, pos, has_gauss, cached = np.random.get_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    cuda_ready = torch.cuda.is_available() and torch.cuda.is_initialized()
+    cuda = torch.cuda.get_rng_state_all() if cuda_ready else []
     return {
         "python": random.getstate(),
-        "numpy": [str(name), torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "numpy": [str(name), torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss),
+                  float(cached)],
         "torch": torch.get_rng_state(),
         "cuda": list(cuda),
     }
@@ -101,98 +106,76 @@ def restore_rng(state: dict[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, key, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, key.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    np.random.set_state(
+        (name, key.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-# --- hashed I/O ----------------------------------------------------------------------------
-def _write_all(f: Any, chunk: memoryview) -> None:
-    while chunk:
-        n = f.write(chunk)
-        chunk = chunk[n:]
+# --- writing and reading one checkpoint's files -----------------------------------
+def _write_payload(
+    work: Path, *, model_state: dict[str, torch.Tensor], train_state: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Write the model and state files into ``work``; ``{name: {sha256, bytes}}``."""
+    files = {}
+    # Both files at once: sha256 (one core each) is slower than a fast disk.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        model_job = pool.submit(write_hashed, work / MODEL_FILE,
+                                safetensors_buffers(model_state, metadata={"format": FORMAT}))
+        state_job = pool.submit(lambda: write_hashed(work / STATE_FILE,
+                                                     serialize_state(train_state)))
+        for name, job in ((MODEL_FILE, model_job), (STATE_FILE, state_job)):
+            digest, size = job.result()
+            files[name] = {"sha256": digest, "bytes": size}
+    return files
 
 
-def write_hashed(path: Path, data: bytes | bytearray | memoryview | Iterable[Any]) -> tuple[str, int]:
-    """Write one buffer (or several, back to back) to ``path`` with fsync; return (sha256, size).
-
-    The hash runs in a second thread over the same in-memory buffers while they are written
-    and fsynced: sha256 runs at about disk speed, and most of a write's real I/O happens in
-    the fsync, so the two overlap instead of adding up (FACTS: a second hashing pass costs
-    30-40% of a save). The buffers must stay unchanged until the call returns.
-    """
-    views = [memoryview(b).cast("B") for b in
-             ([data] if isinstance(data, bytes | bytearray | memoryview) else data)]
-
-    def digest() -> str:
-        h = hashlib.sha256()
-        for mv in views:
-            for off in range(0, len(mv), _CHUNK):
-                h.update(mv[off : off + _CHUNK])
-        return h.hexdigest()
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = pool.submit(digest)
-        with open(path, "wb", buffering=0) as f:
-            for mv in views:
-                for off in range(0, len(mv), _CHUNK):
-                    _write_all(f, mv[off : off + _CHUNK])
-            os.fsync(f.fileno())
-        return hashing.result(), sum(len(mv) for mv in views)
+def _commit_local(work: Path, final: Path, *, meta_bytes: bytes) -> None:
+    """Add ``meta.json`` to ``work`` and rename it to ``final``, durably."""
+    write_hashed(work / META_FILE, meta_bytes)  # fsynced like the rest
+    fsync_dir(work)
+    if final.exists():  # a refused checkpoint of the same step: replace it
+        shutil.rmtree(final)
+    os.rename(work, final)
+    fsync_dir(final.parent)
 
 
-def read_hashed(path: Path) -> tuple[bytes, str]:
-    """The content of ``path`` and its sha256 (one read; the two files load in parallel)."""
-    data = path.read_bytes()
-    return data, hashlib.sha256(data).hexdigest()
+def _deserialize(key: str, blobs: dict[str, bytes]) -> tuple[dict[str, torch.Tensor], Any]:
+    """The model state (safetensors) and the train state (``weights_only`` unpickling)."""
+    from safetensors.torch import load as st_load
 
-
-def serialize_state(train_state: dict[str, Any]) -> memoryview:
-    """``torch.save`` into memory, without its CRC32 pass (every file is sha256-hashed anyway)."""
-    buf = io.BytesIO()
-    previous = torch.serialization.get_crc32_options()
-    torch.serialization.set_crc32_options(False)
     try:
-        torch.save(train_state, buf)
-    finally:
-        torch.serialization.set_crc32_options(previous)
-    return buf.getbuffer()
+        model_state = st_load(blobs[MODEL_FILE])
+    except Exception as exc:  # safetensors raises its own error types
+        raise CheckpointInvalid(key, f"{MODEL_FILE} is not valid safetensors ({exc})") from None
+    try:
+        train_state = torch.load(io.BytesIO(blobs[STATE_FILE]), map_location="cpu",
+                                 weights_only=True)
+    except Exception as exc:  # UnpicklingError for payloads, RuntimeError for bad zips
+        first_line = str(exc).splitlines()[0][:200]
+        raise CheckpointInvalid(
+            key, f"{STATE_FILE} refused by torch.load(weights_only=True): {first_line}"
+        ) from None
+    return model_state, train_state
 
 
-_ST_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
+def _check_state(key: str, train_state: Any, *, step: int) -> None:
+    """Refuse a train state that lacks a component of ``REQUIRED_STATE`` or another step's."""
+    if not isinstance(train_state, dict):
+        raise CheckpointInvalid(key, f"{STATE_FILE} does not hold a mapping")
+    for comp, subkeys in REQUIRED_STATE.items():
+        if comp not in train_state:
+            raise CheckpointInvalid(key, f"component '{comp}' is missing from {STATE_FILE}")
+        sub = train_state[comp]
+        gone = [s for s in subkeys if not isinstance(sub, dict) or s not in sub]
+        if gone:
+            raise CheckpointInvalid(key, f"component '{comp}' lacks {gone}")
+    if train_state["counters"]["global_step"] != step:
+        raise CheckpointInvalid(key, f"state says step {train_state['counters']['global_step']}")
 
 
-def safetensors_buffers(model_state: dict[str, torch.Tensor], *, metadata: dict[str, str]) -> list[Any]:
-    """The bytes of a safetensors file as buffers: header, then each tensor's own memory.
-
-    Writing the tensors' memory directly (instead of ``safetensors.torch.save``, which builds
-    the whole file in memory first) makes the save about as fast as a raw write. The layout
-    is the documented one: u64 little-endian header size, JSON header padded with spaces to
-    8 bytes, tensors back to back; ``safetensors`` itself loads and validates it.
-    """
-    assert sys.byteorder == "little", "safetensors stores little-endian data"
-    header: dict[str, Any] = {"__metadata__": metadata}
-    arrays, offset = [], 0
-    for name in sorted(model_state):
-        t = model_state[name].detach().to("cpu").contiguous()
-        if t.dtype not in _ST_DTYPES:
-            raise TypeError(f"tensor '{name}': dtype {t.dtype} cannot be checkpointed")
-        raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, dtype=np.uint8)
-        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + raw.nbytes]}
-        offset += raw.nbytes
-        arrays.append(raw)
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
-    return [len(head).to_bytes(8, "little"), head, *arrays]
-
-
-# --- results# --- results -------------------------------------------------------------------------------
+# --- results ------------------------------------------------------------------------------
 @dataclass
 class SavedCheckpoint:
     """What one save did and cost."""
@@ -304,6 +287,19 @@ class CheckpointManager:
     ) -> SavedCheckpoint:
         """Save a checkpoint of ``step`` as a transaction and move ``LATEST`` to it.
 
+        The files are written under a temp name with fsync, then renamed (local store) or
+        uploaded (remote store); what the store holds is verified, and only then does
+        ``LATEST`` move. Checkpoints beyond ``keep`` are deleted afterwards.
+
+        Args:
+            step: The global step the state belongs to.
+            model_state: The model's ``state_dict``.
+            train_state: Every component of ``REQUIRED_STATE``.
+            extra_meta: More fields for ``meta.json``.
+
+        Returns:
+            What the save did and what each part cost.
+
         Raises:
             StorageError: A write, upload or verification failed; ``LATEST`` did not move.
         """
@@ -313,56 +309,21 @@ class CheckpointManager:
         final_key = self._key(dirname)
         t0 = time.perf_counter()
         local_final = self.store.local_path(final_key)
-        if local_final is not None:
-            work = local_final.parent / f"{TMP_PREFIX}{dirname}-{uuid.uuid4().hex[:8]}"
-        else:
-            base = self.staging_dir or Path(tempfile.gettempdir())
-            base.mkdir(parents=True, exist_ok=True)
-            work = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{dirname}-", dir=base))
+        work = self._work_dir(dirname, local_final=local_final)
         try:
             work.mkdir(parents=True, exist_ok=True)
-            files = {}
-            # Both files at once: sha256 (one core each) is slower than a fast disk.
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                model_job = pool.submit(write_hashed, work / MODEL_FILE,
-                                        safetensors_buffers(model_state, metadata={"format": FORMAT}))
-                state_job = pool.submit(lambda: write_hashed(work / STATE_FILE, serialize_state(train_state)))
-                for name, job in ((MODEL_FILE, model_job), (STATE_FILE, state_job)):
-                    digest, size = job.result()
-                    files[name] = {"sha256": digest, "bytes": size}
+            files = _write_payload(work, model_state=model_state, train_state=train_state)
             write_s = time.perf_counter() - t0
-            upload_s = 0.0
-            if local_final is None:
-                t1 = time.perf_counter()
-                for name in PAYLOAD_FILES:
-                    self.store.put_file(f"{final_key}/{name}", src=work / name)
-                upload_s = time.perf_counter() - t1
-            meta = {
-                "format": FORMAT,
-                "run_id": self.run_id,
-                "config_sha256": self.config_sha256,
-                "step": step,
-                "files": files,
-                "write_s": write_s,
-                "upload_s": upload_s,
-                "torch": torch.__version__,
-                "created_unix": time.time(),
-                **(extra_meta or {}),
-            }
-            meta_bytes = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+            upload_s = 0.0 if local_final is not None else self._upload(work, final_key)
+            meta_bytes = self._meta_bytes(step, files=files, write_s=write_s,
+                                          upload_s=upload_s, extra_meta=extra_meta)
             t2 = time.perf_counter()
             if local_final is not None:
-                write_hashed(work / META_FILE, meta_bytes)  # fsynced like the rest
-                fsync_dir(work)
-                if local_final.exists():  # a refused checkpoint of the same step: replace it
-                    shutil.rmtree(local_final)
-                os.rename(work, local_final)
-                fsync_dir(local_final.parent)
+                _commit_local(work, local_final, meta_bytes=meta_bytes)
             else:
                 self.store.write_bytes(f"{final_key}/{META_FILE}", data=meta_bytes)
             self._verify_stored(final_key, files, meta_bytes)
-            pointer = {"step": step, "dir": dirname, "meta_sha256": hashlib.sha256(meta_bytes).hexdigest()}
-            self.store.write_bytes(self._key(LATEST_FILE), data=json.dumps(pointer).encode())
+            self._move_latest(step, meta_bytes)
             commit_s = time.perf_counter() - t2
             self._prune(step)
             prune_s = time.perf_counter() - t2 - commit_s
@@ -374,11 +335,56 @@ class CheckpointManager:
             bytes=sum(f["bytes"] for f in files.values()), files=files, prune_s=prune_s,
         )
 
-    def _verify_stored(self, final_key: str, files: dict[str, dict[str, Any]], meta_bytes: bytes) -> None:
+    def _work_dir(self, dirname: str, *, local_final: Path | None) -> Path:
+        """The temp folder the files are written in: beside the final one in a local store
+        (so a rename commits it), else in the staging folder before upload."""
+        if local_final is not None:
+            return local_final.parent / f"{TMP_PREFIX}{dirname}-{uuid.uuid4().hex[:8]}"
+        base = self.staging_dir or Path(tempfile.gettempdir())
+        base.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{dirname}-", dir=base))
+
+    def _upload(self, work: Path, final_key: str) -> float:
+        """Upload the payload files to a remote store; returns the seconds it took."""
+        t0 = time.perf_counter()
+        for name in PAYLOAD_FILES:
+            self.store.put_file(f"{final_key}/{name}", src=work / name)
+        return time.perf_counter() - t0
+
+    def _meta_bytes(
+        self, step: int, *, files: dict[str, dict[str, Any]], write_s: float, upload_s: float,
+        extra_meta: dict[str, Any] | None,
+    ) -> bytes:
+        """The content of ``meta.json``: whose checkpoint it is, and each file's hash and size."""
+        meta = {
+            "format": FORMAT,
+            "run_id": self.run_id,
+            "config_sha256": self.config_sha256,
+            "step": step,
+            "files": files,
+            "write_s": write_s,
+            "upload_s": upload_s,
+            "torch": torch.__version__,
+            "created_unix": time.time(),
+            **(extra_meta or {}),
+        }
+        return (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+
+    def _move_latest(self, step: int, meta_bytes: bytes) -> None:
+        """Point ``LATEST`` at the checkpoint of ``step``, pinning its meta's hash."""
+        pointer = {"step": step, "dir": step_dirname(step),
+                   "meta_sha256": hashlib.sha256(meta_bytes).hexdigest()}
+        self.store.write_bytes(self._key(LATEST_FILE), data=json.dumps(pointer).encode())
+
+    def _verify_stored(
+        self, final_key: str, files: dict[str, dict[str, Any]], meta_bytes: bytes
+    ) -> None:
+        """Raise ``StorageError`` unless the store holds every file as written."""
         for name, info in files.items():
             size = self.store.size(f"{final_key}/{name}")
             if size != info["bytes"]:
-                raise StorageError(f"{final_key}/{name}: store holds {size} bytes, wrote {info['bytes']}")
+                raise StorageError(
+                    f"{final_key}/{name}: store holds {size} bytes, wrote {info['bytes']}")
         if self.store.read_bytes(f"{final_key}/{META_FILE}") != meta_bytes:
             raise StorageError(f"{final_key}/{META_FILE}: store does not hold what was written")
 
@@ -404,12 +410,27 @@ class CheckpointManager:
     def load(self, step: int, *, meta_sha256: str | None = None) -> LoadedCheckpoint:
         """Load and fully verify the checkpoint of ``step``.
 
+        Args:
+            step: The checkpoint's step.
+            meta_sha256: The hash ``LATEST`` pins for its meta, when loading its target.
+
+        Returns:
+            The checkpoint, deserialized on CPU.
+
         Raises:
             CheckpointInvalid: Any check failed (the reason names it).
         """
-        dirname = step_dirname(step)
-        key = self._key(dirname)
+        key = self._key(step_dirname(step))
         t0 = time.perf_counter()
+        meta = self._read_meta(key, step=step, meta_sha256=meta_sha256)
+        blobs = self._fetch_payload(key, files=meta["files"])
+        model_state, train_state = _deserialize(key, blobs)
+        _check_state(key, train_state, step=step)
+        return LoadedCheckpoint(step=step, key=key, meta=meta, model_state=model_state,
+                                train_state=train_state, read_s=time.perf_counter() - t0)
+
+    def _read_meta(self, key: str, *, step: int, meta_sha256: str | None) -> dict[str, Any]:
+        """``meta.json`` of ``key``, refused unless it is this run's and config's, of ``step``."""
         try:
             meta_bytes = self.store.read_bytes(f"{key}/{META_FILE}")
         except NotFound:
@@ -424,14 +445,20 @@ class CheckpointManager:
             raise CheckpointInvalid(key, f"unknown format {meta.get('format')!r}")
         if meta.get("run_id") != self.run_id or meta.get("config_sha256") != self.config_sha256:
             raise CheckpointInvalid(
-                key, f"it belongs to run {meta.get('run_id')!r} / config {str(meta.get('config_sha256'))[:10]}, "
+                key, f"it belongs to run {meta.get('run_id')!r} / config "
+                f"{str(meta.get('config_sha256'))[:10]}, "
                 f"not {self.run_id} / {self.config_sha256[:10]}")
         if meta.get("step") != step:
             raise CheckpointInvalid(key, f"meta says step {meta.get('step')}, folder says {step}")
-        files = meta.get("files", {})
-        lacking = [n for n in PAYLOAD_FILES if n not in files]
+        lacking = [n for n in PAYLOAD_FILES if n not in meta.get("files", {})]
         if lacking:
             raise CheckpointInvalid(key, f"meta lists no {lacking}")
+        return meta
+
+    def _fetch_payload(
+        self, key: str, *, files: dict[str, dict[str, Any]]
+    ) -> dict[str, bytes]:
+        """The payload files of ``key`` (read in parallel), each checked for size and hash."""
 
         def fetch(name: str) -> tuple[str, bytes, str]:
             local = self.store.local_path(f"{key}/{name}")
@@ -448,40 +475,19 @@ class CheckpointManager:
             return name, data, digest
 
         with ThreadPoolExecutor(max_workers=len(PAYLOAD_FILES)) as pool:
-            blobs = {name: (data, digest) for name, data, digest in pool.map(fetch, PAYLOAD_FILES)}
-        for name, (data, digest) in blobs.items():
+            fetched = list(pool.map(fetch, PAYLOAD_FILES))
+        for name, data, digest in fetched:
             want = files[name]
             if len(data) != want.get("bytes"):
-                raise CheckpointInvalid(key, f"{name} has {len(data)} bytes, meta says {want.get('bytes')} (truncated?)")
+                raise CheckpointInvalid(key, f"{name} has {len(data)} bytes, meta says "
+                                        f"{want.get('bytes')} (truncated?)")
             if digest != want.get("sha256"):
                 raise CheckpointInvalid(key, f"{name} fails its sha256 (altered)")
-        from safetensors.torch import load as st_load
+        return {name: data for name, data, _ in fetched}
 
-        try:
-            model_state = st_load(blobs[MODEL_FILE][0])
-        except Exception as exc:  # safetensors raises its own error types
-            raise CheckpointInvalid(key, f"{MODEL_FILE} is not valid safetensors ({exc})") from None
-        try:
-            train_state = torch.load(io.BytesIO(blobs[STATE_FILE][0]), map_location="cpu", weights_only=True)
-        except Exception as exc:  # UnpicklingError for payloads, RuntimeError for bad zips
-            raise CheckpointInvalid(
-                key, f"{STATE_FILE} refused by torch.load(weights_only=True): {str(exc).splitlines()[0][:200]}"
-            ) from None
-        if not isinstance(train_state, dict):
-            raise CheckpointInvalid(key, f"{STATE_FILE} does not hold a mapping")
-        for comp, subkeys in REQUIRED_STATE.items():
-            if comp not in train_state:
-                raise CheckpointInvalid(key, f"component '{comp}' is missing from {STATE_FILE}")
-            sub = train_state[comp]
-            gone = [s for s in subkeys if not isinstance(sub, dict) or s not in sub]
-            if gone:
-                raise CheckpointInvalid(key, f"component '{comp}' lacks {gone}")
-        if train_state["counters"]["global_step"] != step:
-            raise CheckpointInvalid(key, f"state says step {train_state['counters']['global_step']}")
-        return LoadedCheckpoint(step=step, key=key, meta=meta, model_state=model_state,
-                                train_state=train_state, read_s=time.perf_counter() - t0)
-
-    def load_latest(self, *, max_step: int | None = None) -> tuple[LoadedCheckpoint | None, list[str]]:
+    def load_latest(
+        self, *, max_step: int | None = None
+    ) -> tuple[LoadedCheckpoint | None, list[str]]:
         """The newest good checkpoint and the reasons others were refused.
 
         Tries ``LATEST``'s target, then older kept checkpoints, newest first. Folders newer than
@@ -510,14 +516,17 @@ class CheckpointManager:
             candidates = [s for s in candidates if s <= max_step]
         for s in candidates:
             try:
-                ck = self.load(s, meta_sha256=ptr["meta_sha256"] if ptr and s == int(ptr["step"]) else None)
+                pinned = ptr["meta_sha256"] if ptr and s == int(ptr["step"]) else None
+                ck = self.load(s, meta_sha256=pinned)
             except (CheckpointInvalid, StorageError) as exc:
-                reason = str(exc) if isinstance(exc, CheckpointInvalid) else f"checkpoint step {s}: {exc}"
+                reason = (str(exc) if isinstance(exc, CheckpointInvalid)
+                          else f"checkpoint step {s}: {exc}")
                 log.warning("%s; trying the previous one", reason)
                 refused.append(reason)
                 continue
             ck.refused = refused
             if refused:
-                log.warning("run %s resumes from the checkpoint of step %d (%d refused)", self.run_id, s, len(refused))
+                log.warning("run %s resumes from the checkpoint of step %d (%d refused)",
+                            self.run_id, s, len(refused))
             return ck, refused
         return None, refused

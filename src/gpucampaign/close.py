@@ -27,6 +27,7 @@ from gpucampaign.manifest import (
     reference_corpus,
     write_reload_md,
 )
+from gpucampaign.metrics import read_metrics
 from gpucampaign.predictions import (
     error_analysis,
     read_predictions,
@@ -49,7 +50,6 @@ from gpucampaign.records import (
 )
 from gpucampaign.report import build_report, write_report
 from gpucampaign.spec import CampaignSpec
-from gpucampaign.training import read_metrics
 from gpucampaign.verdict import Verdict, decide_verdict, no_rule_verdict
 
 CALENDAR_PNG, CURVES_PNG, CONFUSION_PNG = (

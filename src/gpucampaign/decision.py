@@ -267,7 +267,7 @@ def pilot_measures(spec: CampaignSpec, *, run: str, result: Any, n_train: int) -
     Args:
         spec: the campaign.
         run: the piloted run's name.
-        result: the pilot's ``training.RunResult``.
+        result: the pilot's ``runresult.RunResult``.
         n_train: rows of the corpus's train split.
     """
     cfg = spec.run_config(run)

@@ -25,8 +25,8 @@ from gpucampaign.files import (
     read_jsonl,
     utc_now,
 )
+from gpucampaign.runresult import RESULT_FILE, RunResult
 from gpucampaign.spec import CampaignSpec, SpecError
-from gpucampaign.training import RESULT_FILE, RunResult
 
 PLAN_FILE, REFORECAST_FILE, PILOT_FILE = "plan.json", "reforecast.json", "pilot.json"
 DECISIONS_FILE, STOPS_FILE, TIMELINE_FILE = "decisions.jsonl", "stops.jsonl", "timeline.jsonl"

@@ -1,4 +1,4 @@
-"""Restart verification in NEW processes (R12).
+"""Restart verification in NEW processes.
 
 ``verify_restart``: a reference process trains n steps uninterrupted; a second process trains
 k < n steps (k inside an epoch), checkpoints and exits; a third loads that checkpoint and
@@ -35,12 +35,14 @@ from gpucampaign.checkpoint import (
     META_FILE,
     PAYLOAD_FILES,
     CheckpointManager,
+    LoadedCheckpoint,
     step_dirname,
 )
+from gpucampaign.metrics import read_metrics
 from gpucampaign.spec import CampaignSpec, SpecError
 from gpucampaign.stoprules import NoUsableRestart, StopRule
 from gpucampaign.storage import LocalStore, Store
-from gpucampaign.training import METRICS_FILE, MODEL_DIR, read_metrics, run_config_sha256
+from gpucampaign.training import METRICS_FILE, MODEL_DIR, run_config_sha256
 
 GPU_ATOL = 1e-5
 _IGNORED_COUNTERS = ("steps_s_sum",)  # wall-clock sums differ between runs by nature
@@ -103,7 +105,8 @@ def _child_main(argv: list[str]) -> int:
 
 def _spawn(args: list[str], *, threads: int, workdir: Path, name: str) -> subprocess.Popen:
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONHASHSEED": "0"})
+    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+                "PYTHONHASHSEED": "0"})
     log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in _wait
     proc = subprocess.Popen([sys.executable, "-m", "gpucampaign.restart", "child", *args],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -119,8 +122,10 @@ def _wait(proc: subprocess.Popen, *, run_id: str, what: str) -> dict[str, Any]:
     path: Path = proc.result_path  # type: ignore[attr-defined]
     out = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     if rc != 0 or "result" not in out:
-        tail = proc.log_path.read_text(encoding="utf-8", errors="replace")[-1500:]  # type: ignore[attr-defined]
-        why = f"stop {out['stop']['rule']}: {out['stop']['reason']}" if "stop" in out else f"exit {rc}: {tail}"
+        log_path: Path = proc.log_path  # type: ignore[attr-defined]
+        tail = log_path.read_text(encoding="utf-8", errors="replace")[-1500:]
+        why = (f"stop {out['stop']['rule']}: {out['stop']['reason']}" if "stop" in out
+               else f"exit {rc}: {tail}")
         raise NoUsableRestart(run_id, f"the {what} process failed ({why})")
     return out["result"]
 
@@ -129,7 +134,8 @@ def _write_child_spec(spec: CampaignSpec, workdir: Path) -> Path:
     """The spec the children read. The quality floor is off there: a check that reaches the
     last step must not fail on the run's quality, which is not what it verifies (the run ID
     does not depend on stop rules, so the children resume the same run)."""
-    child = spec.model_copy(update={"stop_rules": spec.stop_rules.model_copy(update={"below_threshold": False})})
+    rules = spec.stop_rules.model_copy(update={"below_threshold": False})
+    child = spec.model_copy(update={"stop_rules": rules})
     path = workdir / "spec.json"
     path.write_text(json.dumps(child.model_dump(mode="json")), encoding="utf-8")
     return path
@@ -166,15 +172,16 @@ class _Comparer:
 
     def value(self, name: str, a: Any, b: Any) -> None:
         if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape \
-                    or a.dtype != b.dtype:
+            both = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            if not both or a.shape != b.shape or a.dtype != b.dtype:
                 self.mismatches.append(f"{name}: different shape/dtype")
                 return
             if a.dtype.is_floating_point or a.dtype.is_complex:
                 diff = (a.double() - b.double()).abs()
                 d = float(diff.max()) if diff.numel() else 0.0
                 if math.isnan(d) or not torch.equal(a.isnan(), b.isnan()):
-                    d = math.inf if not torch.equal(a.isnan(), b.isnan()) else float(diff.nan_to_num(0).max())
+                    same_nans = torch.equal(a.isnan(), b.isnan())
+                    d = float(diff.nan_to_num(0).max()) if same_nans else math.inf
             else:
                 d = 0.0 if torch.equal(a, b) else math.inf
             self._record(name, d)
@@ -223,7 +230,8 @@ def default_steps(*, planned_steps: int, steps_per_epoch: int) -> tuple[int, int
         if spe > 1 and k % spe == 0:
             k -= 1
     if not 0 < k < n:
-        raise SpecError(f"the run has only {planned_steps} planned step(s): a restart check needs at least 2.",
+        raise SpecError(f"the run has only {planned_steps} planned step(s): "
+                        "a restart check needs at least 2.",
                         field="control")
     return n, k
 
@@ -264,75 +272,119 @@ def verify_restart(
         NoUsableRestart: A process failed or the comparison found a difference (``check``).
         SpecError: Invalid n/k.
     """
-    from gpucampaign.corpus import corpus_path as spec_corpus_path
-    from gpucampaign.corpus import load_corpus
-
     t0 = time.perf_counter()
+    corpus_path = _restart_corpus(spec, corpus_path=corpus_path, base_dir=base_dir)
+    run_id = spec.run_id(run)
+    config = spec.run_config(run)
+    n, k, spe = _fresh_steps(spec, run=run, corpus_path=corpus_path, n_steps=n_steps,
+                             k_steps=k_steps)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ref, rst = workdir / "reference", workdir / "restarted"
+    first, resumed = _run_three_processes(spec, run=run, workdir=workdir, corpus_path=corpus_path,
+                                          ref=ref, rst=rst, n=n, k=k)
+    device = resumed.get("device", "cpu")
+    cmp = _Comparer(0.0 if device == "cpu" else GPU_ATOL)
+    cmp.losses(_train_losses(ref / "run" / METRICS_FILE),
+               _train_losses(rst / "run" / METRICS_FILE), list(range(1, n + 1)))
+    _compare_checkpoints(cmp, spec, run=run, ref=ref / "checkpoints",
+                         rst=rst / "checkpoints", n=n)
+    report = RestartReport(
+        identical=not cmp.mismatches, compared_steps=n, max_abs_diff=cmp.max_abs_diff,
+        save_s=(first["timings"]["save_s"] or [None])[-1],
+        restore_s=resumed["timings"]["restore_s"], total_s=time.perf_counter() - t0, k=k, n=n,
+        threads=config.threads, run_id=run_id, mode="fresh", device=device, atol=cmp.atol,
+        k_mid_epoch=k % spe != 0, compared=cmp.compared, mismatches=cmp.mismatches[:20],
+    )
+    if check and not report.identical:
+        raise NoUsableRestart(
+            run_id, f"restart from step {k} is not identical to the uninterrupted run: "
+            + "; ".join(report.mismatches[:3]), step=k)
+    return report
+
+
+def _restart_corpus(
+    spec: CampaignSpec, *, corpus_path: Path | None, base_dir: str | Path | None
+) -> Path:
+    """The corpus file a restart check trains on: given, or resolved from the spec's folder."""
+    from gpucampaign.corpus import corpus_path as spec_corpus_path
+
     if (corpus_path is None) == (base_dir is None):
-        raise SpecError("verify_restart needs exactly one of corpus_path and base_dir.", field="corpus")
+        raise SpecError("verify_restart needs exactly one of corpus_path and base_dir.",
+                        field="corpus")
     if corpus_path is None:
         corpus_path = spec_corpus_path(spec, base_dir=base_dir)  # type: ignore[arg-type]
     if spec.corpus is None:
         raise SpecError("a restart check needs the spec's corpus section.", field="corpus")
-    run_id = spec.run_id(run)
-    config = spec.run_config(run)
-    corpus = load_corpus(corpus_path, corpus_spec=spec.corpus, run_id=run_id)
+    return Path(corpus_path).resolve()
+
+
+def _fresh_steps(
+    spec: CampaignSpec, *, run: str, corpus_path: Path, n_steps: int | None,
+    k_steps: int | None,
+) -> tuple[int, int, int]:
+    """``(n, k, steps_per_epoch)``: the given steps, or the defaults for this run's size."""
+    from gpucampaign.corpus import load_corpus
+
+    assert spec.corpus is not None
+    corpus = load_corpus(corpus_path, corpus_spec=spec.corpus, run_id=spec.run_id(run))
     planned, spe = _planned(spec, run, len(corpus.split("train")))
     dn, dk = default_steps(planned_steps=planned, steps_per_epoch=spe)
     n = n_steps or (dn if k_steps is None or k_steps < dn else min(planned, k_steps + spe))
     k = k_steps or (dk if dk < n else max(1, n // 2))
     if not 0 < k < n <= planned:
-        raise SpecError(f"a restart check needs 0 < k < n <= {planned} planned steps (got k={k}, n={n}).",
-                        field="k_steps")
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+        raise SpecError(f"a restart check needs 0 < k < n <= {planned} planned steps "
+                        f"(got k={k}, n={n}).", field="k_steps")
+    return n, k, spe
+
+
+def _run_three_processes(
+    spec: CampaignSpec, *, run: str, workdir: Path, corpus_path: Path, ref: Path, rst: Path,
+    n: int, k: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Reference to n beside first half to k, then the resume to n; the first and resumed
+    processes' results."""
+    run_id = spec.run_id(run)
+    threads = spec.run_config(run).threads
     spec_json = _write_child_spec(spec, workdir)
-    corpus_path = Path(corpus_path).resolve()
-    ref, rst = workdir / "reference", workdir / "restarted"
 
     def args(side: Path, stop: int, tag: str) -> list[str]:
         return _child_args(spec_json=spec_json, run=run, corpus=corpus_path, out=side / "run",
-                           store=side / "checkpoints", result=workdir / f"{tag}.json", stop_after=stop,
-                           checkpoint_every=n)
+                           store=side / "checkpoints", result=workdir / f"{tag}.json",
+                           stop_after=stop, checkpoint_every=n)
 
-    p_ref = _spawn(args(ref, n, "reference"), threads=config.threads, workdir=workdir, name="reference")
-    p_k = _spawn(args(rst, k, "first"), threads=config.threads, workdir=workdir, name="first")
+    p_ref = _spawn(args(ref, n, "reference"), threads=threads, workdir=workdir, name="reference")
+    p_k = _spawn(args(rst, k, "first"), threads=threads, workdir=workdir, name="first")
     first = _wait(p_k, run_id=run_id, what=f"first (train {k} steps, save, exit)")
-    p_resume = _spawn(args(rst, n, "resumed"), threads=config.threads, workdir=workdir, name="resumed")
+    p_resume = _spawn(args(rst, n, "resumed"), threads=threads, workdir=workdir, name="resumed")
     _wait(p_ref, run_id=run_id, what=f"reference ({n} steps uninterrupted)")
     resumed = _wait(p_resume, run_id=run_id, what=f"resumed (load step {k}, continue to {n})")
     if resumed.get("resumed_from_step") != k:
-        raise NoUsableRestart(run_id, f"the resumed process started from step {resumed.get('resumed_from_step')}, "
-                              f"not from the checkpoint of step {k}", step=k)
+        raise NoUsableRestart(
+            run_id, f"the resumed process started from step {resumed.get('resumed_from_step')}, "
+            f"not from the checkpoint of step {k}", step=k)
+    return first, resumed
 
-    device = resumed.get("device", "cpu")
-    cmp = _Comparer(0.0 if device == "cpu" else GPU_ATOL)
-    cmp.losses(_train_losses(ref / "run" / METRICS_FILE), _train_losses(rst / "run" / METRICS_FILE),
-               list(range(1, n + 1)))
+
+def _compare_checkpoints(
+    cmp: _Comparer, spec: CampaignSpec, *, run: str, ref: Path, rst: Path, n: int
+) -> None:
+    """Compare the two sides' checkpoints of step n: parameters and every train state part."""
+    run_id = spec.run_id(run)
     cfg_sha = run_config_sha256(spec, run)
-    ck_ref, why_ref = CheckpointManager(LocalStore(ref / "checkpoints"), run_id=run_id,
+    ck_ref, why_ref = CheckpointManager(LocalStore(ref), run_id=run_id,
                                         config_sha256=cfg_sha).load_latest()
-    ck_rst, why_rst = CheckpointManager(LocalStore(rst / "checkpoints"), run_id=run_id,
+    ck_rst, why_rst = CheckpointManager(LocalStore(rst), run_id=run_id,
                                         config_sha256=cfg_sha).load_latest()
     if ck_ref is None or ck_rst is None or ck_ref.step != n or ck_rst.step != n:
-        raise NoUsableRestart(run_id, f"no checkpoint of step {n} to compare ({why_ref + why_rst})", step=n)
+        raise NoUsableRestart(
+            run_id, f"no checkpoint of step {n} to compare ({why_ref + why_rst})", step=n)
     cmp.tree("params", ck_ref.model_state, ck_rst.model_state)
     for comp in ("optimizer", "scheduler", "scaler", "rng", "cursor"):
         cmp.tree(comp, ck_ref.train_state[comp], ck_rst.train_state[comp])
-    counters = [{k_: v for k_, v in ck.train_state["counters"].items() if k_ not in _IGNORED_COUNTERS}
-                for ck in (ck_ref, ck_rst)]
+    counters = [{c: v for c, v in ck.train_state["counters"].items()
+                 if c not in _IGNORED_COUNTERS} for ck in (ck_ref, ck_rst)]
     cmp.tree("counters", counters[0], counters[1])
-    report = RestartReport(
-        identical=not cmp.mismatches, compared_steps=n, max_abs_diff=cmp.max_abs_diff,
-        save_s=(first["timings"]["save_s"] or [None])[-1], restore_s=resumed["timings"]["restore_s"],
-        total_s=time.perf_counter() - t0, k=k, n=n, threads=config.threads, run_id=run_id, mode="fresh",
-        device=device, atol=cmp.atol, k_mid_epoch=k % spe != 0, compared=cmp.compared,
-        mismatches=cmp.mismatches[:20],
-    )
-    if check and not report.identical:
-        raise NoUsableRestart(run_id, f"restart from step {k} is not identical to the uninterrupted run: "
-                              + "; ".join(report.mismatches[:3]), step=k)
-    return report
 
 
 # --- verification of an existing campaign output -------------------------------------------
@@ -367,65 +419,95 @@ def verify_checkpoint_resume(
     assert spec.corpus is not None, "a restart check needs the spec's corpus"
     run_id = spec.run_id(run)
     config = spec.run_config(run)
-    cfg_sha = run_config_sha256(spec, run)
-    manager = CheckpointManager(store, run_id=run_id, config_sha256=cfg_sha, keep=10**6)
-    ck, refused = manager.load_latest()
-    if ck is None:
-        raise NoUsableRestart(run_id, "no usable checkpoint in the store" + (": " + "; ".join(refused) if refused else ""))
-    planned = int(ck.meta["planned_steps"])
-    if ck.step >= planned:
-        ck, more = manager.load_latest(max_step=ck.step - 1)
-        refused += more
-        if ck is None:
-            raise NoUsableRestart(run_id, "only the final checkpoint is kept: there is no earlier one to resume "
-                                  "(keep >= 2 checkpoints)")
-    start = ck.step
+    ck = _resume_point(spec, run=run, store=store)
+    start, planned = ck.step, int(ck.meta["planned_steps"])
     original = _train_losses(Path(run_dir) / METRICS_FILE)
-    n = min(planned, start + m_steps)
-    steps = [s for s in range(start + 1, n + 1) if s in original]
+    steps = [s for s in range(start + 1, min(planned, start + m_steps) + 1) if s in original]
     if not steps:
-        raise NoUsableRestart(run_id, f"the original run recorded no loss after step {start} to compare with",
-                              step=start)
+        raise NoUsableRestart(
+            run_id, f"the original run recorded no loss after step {start} to compare with",
+            step=start)
     n = steps[-1]
-
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    local = LocalStore(workdir / "checkpoints")
-    src = f"{run_id}/{step_dirname(start)}"
-    for name in (*PAYLOAD_FILES, META_FILE):
-        store.get_file(f"{src}/{name}", dst=local.root / src / name)
-    local.write_bytes(f"{run_id}/{LATEST_FILE}", data=json.dumps({
-        "step": start, "dir": step_dirname(start),
-        "meta_sha256": hashlib.sha256(local.read_bytes(f"{src}/{META_FILE}")).hexdigest()}).encode())
-    spec_json = _write_child_spec(spec, workdir)
-    proc = _spawn(_child_args(spec_json=spec_json, run=run, corpus=Path(corpus_path).resolve(),
-                              out=workdir / "run", store=local.root, result=workdir / "resumed.json",
-                              stop_after=n, checkpoint_every=n),
-                  threads=config.threads, workdir=workdir, name="resumed")
-    resumed = _wait(proc, run_id=run_id, what=f"resumed (load step {start}, continue to {n})")
-    if resumed.get("resumed_from_step") != start:
-        raise NoUsableRestart(run_id, f"the fresh process did not resume from step {start}", step=start)
+    local = _copy_checkpoint(store, run_id=run_id, step=start, dst=workdir / "checkpoints")
+    resumed = _resume_in_child(spec, run=run, corpus_path=Path(corpus_path), store=local,
+                               workdir=workdir, start=start, n=n)
     device = resumed.get("device", "cpu")
     cmp = _Comparer(0.0 if device == "cpu" else GPU_ATOL)
     cmp.losses(original, _train_losses(workdir / "run" / METRICS_FILE), steps)
-    final_model = Path(run_dir) / MODEL_DIR / "model.safetensors"
-    if n == planned and final_model.is_file():
-        from safetensors.torch import load_file
-
-        cmp.tree("params", load_file(str(final_model)),
-                 load_file(str(workdir / "run" / MODEL_DIR / "model.safetensors")))
-    spe = int(ck.meta.get("steps_per_epoch") or 1)
+    if n == planned:
+        _compare_final_models(cmp, Path(run_dir) / MODEL_DIR, workdir / "run" / MODEL_DIR)
     report = RestartReport(
         identical=not cmp.mismatches, compared_steps=len(steps), max_abs_diff=cmp.max_abs_diff,
         save_s=float(ck.meta.get("write_s", 0.0)) + float(ck.meta.get("upload_s", 0.0)),
-        restore_s=resumed["timings"]["restore_s"], total_s=time.perf_counter() - t0, k=start, n=n,
-        threads=config.threads, run_id=run_id, mode="checkpoint", device=device, atol=cmp.atol,
-        k_mid_epoch=start % spe != 0, compared=cmp.compared, mismatches=cmp.mismatches[:20],
+        restore_s=resumed["timings"]["restore_s"], total_s=time.perf_counter() - t0, k=start,
+        n=n, threads=config.threads, run_id=run_id, mode="checkpoint", device=device,
+        atol=cmp.atol, k_mid_epoch=start % int(ck.meta.get("steps_per_epoch") or 1) != 0,
+        compared=cmp.compared, mismatches=cmp.mismatches[:20],
     )
     if check and not report.identical:
-        raise NoUsableRestart(run_id, f"resuming the checkpoint of step {start} does not reproduce the recorded "
-                              "run: " + "; ".join(report.mismatches[:3]), step=start)
+        raise NoUsableRestart(
+            run_id, f"resuming the checkpoint of step {start} does not reproduce the recorded "
+            "run: " + "; ".join(report.mismatches[:3]), step=start)
     return report
+
+
+def _resume_point(spec: CampaignSpec, *, run: str, store: Store) -> LoadedCheckpoint:
+    """The latest good checkpoint, or the previous kept one when the latest is the final step
+    (resuming the final step would train nothing)."""
+    run_id = spec.run_id(run)
+    manager = CheckpointManager(store, run_id=run_id, config_sha256=run_config_sha256(spec, run),
+                                keep=10**6)
+    ck, refused = manager.load_latest()
+    if ck is None:
+        raise NoUsableRestart(run_id, "no usable checkpoint in the store"
+                              + (": " + "; ".join(refused) if refused else ""))
+    if ck.step >= int(ck.meta["planned_steps"]):
+        ck, _ = manager.load_latest(max_step=ck.step - 1)
+        if ck is None:
+            raise NoUsableRestart(run_id, "only the final checkpoint is kept: there is no "
+                                  "earlier one to resume (keep >= 2 checkpoints)")
+    return ck
+
+
+def _copy_checkpoint(store: Store, *, run_id: str, step: int, dst: Path) -> LocalStore:
+    """A local store holding only the checkpoint of ``step``, with ``LATEST`` pointing at it."""
+    local = LocalStore(dst)
+    src = f"{run_id}/{step_dirname(step)}"
+    for name in (*PAYLOAD_FILES, META_FILE):
+        store.get_file(f"{src}/{name}", dst=local.root / src / name)
+    meta_sha = hashlib.sha256(local.read_bytes(f"{src}/{META_FILE}")).hexdigest()
+    pointer = {"step": step, "dir": step_dirname(step), "meta_sha256": meta_sha}
+    local.write_bytes(f"{run_id}/{LATEST_FILE}", data=json.dumps(pointer).encode())
+    return local
+
+
+def _resume_in_child(
+    spec: CampaignSpec, *, run: str, corpus_path: Path, store: LocalStore, workdir: Path,
+    start: int, n: int,
+) -> dict[str, Any]:
+    """Resume the checkpoint of ``start`` to ``n`` in a fresh process; its result."""
+    run_id = spec.run_id(run)
+    proc = _spawn(_child_args(spec_json=_write_child_spec(spec, workdir), run=run,
+                              corpus=corpus_path.resolve(), out=workdir / "run",
+                              store=store.root, result=workdir / "resumed.json",
+                              stop_after=n, checkpoint_every=n),
+                  threads=spec.run_config(run).threads, workdir=workdir, name="resumed")
+    resumed = _wait(proc, run_id=run_id, what=f"resumed (load step {start}, continue to {n})")
+    if resumed.get("resumed_from_step") != start:
+        raise NoUsableRestart(run_id, f"the fresh process did not resume from step {start}",
+                              step=start)
+    return resumed
+
+
+def _compare_final_models(cmp: _Comparer, original: Path, resumed: Path) -> None:
+    """Compare the final model weights, when the original run kept its model folder."""
+    from safetensors.torch import load_file
+
+    if (original / "model.safetensors").is_file():
+        cmp.tree("params", load_file(str(original / "model.safetensors")),
+                 load_file(str(resumed / "model.safetensors")))
 
 
 @dataclass(frozen=True)
@@ -438,7 +520,9 @@ class OutputCheckTarget:
     runs: dict[str, str]  # run name -> run ID, for runs with checkpoints in the store
 
 
-def output_check_target(out_dir: str | Path, *, spec_path: str | Path | None = None) -> OutputCheckTarget:
+def output_check_target(
+    out_dir: str | Path, *, spec_path: str | Path | None = None
+) -> OutputCheckTarget:
     """Find the spec, corpus and checkpointed runs of a campaign output folder.
 
     The spec is ``OUT/spec.yaml`` (the copy kept at the start) unless ``spec_path`` is given.
@@ -459,7 +543,8 @@ def output_check_target(out_dir: str | Path, *, spec_path: str | Path | None = N
     src = Path(spec_path) if spec_path is not None else out / "spec.yaml"
     spec = load_spec(src)
     if spec.corpus is None:
-        raise SpecError("the spec has no 'corpus' section: a restart check resumes training on it.", field="corpus")
+        raise SpecError("the spec has no 'corpus' section: a restart check resumes training "
+                        "on it.", field="corpus")
     candidates: list[Path] = []
     manifest = out / "manifest.json"
     if manifest.is_file():
@@ -468,10 +553,11 @@ def output_check_target(out_dir: str | Path, *, spec_path: str | Path | None = N
             candidates.append(corpus_file(out, ref))
     candidates += [resolve_inside(src.resolve().parent, spec.corpus.path, field="corpus.path"),
                    resolve_inside(out, spec.corpus.path, field="corpus.path")]
-    corpus = next((c for c in candidates if c.is_file() and sha256_file(c) == spec.corpus.sha256), None)
+    pinned = spec.corpus.sha256
+    corpus = next((c for c in candidates if c.is_file() and sha256_file(c) == pinned), None)
     if corpus is None:
         raise SpecError(
-            f"field 'corpus.sha256': no file with the pinned hash {spec.corpus.sha256[:12]}... was found at "
+            f"field 'corpus.sha256': no file with the pinned hash {pinned[:12]}... was found at "
             + ", ".join(str(c) for c in dict.fromkeys(candidates))
             + "; give --spec the campaign's own spec file so its corpus path resolves.",
             field="corpus.sha256",
@@ -479,7 +565,8 @@ def output_check_target(out_dir: str | Path, *, spec_path: str | Path | None = N
     store = open_store(spec.storage.url, out_dir=out)
     runs = {r: spec.run_id(r) for r in spec.run_names() if store.list(spec.run_id(r))}
     if not runs:
-        raise NoUsableRestart(spec.name, f"no run of campaign '{spec.name}' has a checkpoint in {store.url}: "
+        raise NoUsableRestart(spec.name, f"no run of campaign '{spec.name}' has a checkpoint "
+                              f"in {store.url}: "
                               "nothing can be restarted before the rental ends")
     return OutputCheckTarget(spec=spec, corpus_path=corpus, store=store, runs=runs)
 

@@ -1,160 +1,74 @@
-"""One training run, top to bottom: setup, resume, the loop, stop rules, checkpoints, completion.
+"""One training run, top to bottom: setup, restore, save policy, the loop, finish.
 
 ``train_run`` is the only entry point. It writes into the run folder ``OUT/runs/<run_id>/``:
 
 - ``params.json``: the resolved config, run ID, planned steps (written at every start);
-- ``metrics.jsonl``: one JSON row per event, each with a ``kind``: ``train`` (step, epoch,
-  loss, lr, step_s, samples_per_s), ``eval`` (split, accuracy, macro_f1, loss, eval_s, final),
-  ``checkpoint`` (step, save_s, write_s, upload_s, bytes, every_steps) and ``restore``;
-  on resume, rows after the restored step are dropped, so the file always tells one timeline;
-- at completion ``model/`` (``save_model_dir``) and ``result.json`` (``RunResult``).
+- ``metrics.jsonl``: one JSON row per event (see ``metrics.py``); on resume, rows after the
+  restored step are dropped, so the file always tells one timeline;
+- at completion ``model/`` (the reloadable model folder) and ``result.json`` (``RunResult``).
 
-Checkpoints go to the ``Store`` under ``<run_id>/`` (see ``checkpoint.py``).
+Checkpoints go to the ``Store`` under ``<run_id>/`` (see ``checkpoint.py``). The loop reaches
+the model, data, loss and evaluation only through the run's work object (``tabular.py``).
 
-Determinism (measured, FACTS.md): python/numpy/torch seeded, a seeded DataLoader generator,
-a pinned thread count; the checkpoint keeps the generator state from the TOP of the epoch,
-and a resume re-draws that epoch's order and skips the consumed batches before restoring the
-global RNGs. On CPU a resumed run is bit-identical to an uninterrupted one.
+Determinism: python/numpy/torch seeded, a seeded DataLoader generator, a pinned thread
+count; the checkpoint keeps the generator state from the TOP of the epoch, and a resume
+re-draws that epoch's order and skips the consumed batches before restoring the global RNGs.
+On CPU a resumed run is bit-identical to an uninterrupted one.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import logging
 import math
-import os
-import random
-import threading
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
-from gpucampaign.checkpoint import CheckpointManager, capture_rng, restore_rng
+from gpucampaign.checkpoint import (
+    CheckpointManager,
+    LoadedCheckpoint,
+    SavedCheckpoint,
+    capture_rng,
+    restore_rng,
+)
 from gpucampaign.corpus import Corpus
-from gpucampaign.files import atomic_write_bytes, median, read_jsonl, write_jsonl
-from gpucampaign.recipes import build_model, fit_input_stats, save_model_dir
+from gpucampaign.files import atomic_write_bytes, json_bytes, median
+from gpucampaign.metrics import MetricsLog, truncate_metrics
+from gpucampaign.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
+from gpucampaign.savepolicy import SavePolicy
 from gpucampaign.spec import CampaignSpec, RunConfig, SpecError, canonical_json
 from gpucampaign.stoprules import (
-    STOP_RULES,
     BelowThreshold,
     EssentialInputMissing,
-    IncompleteRun,
     NonFiniteLoss,
     NoUsableRestart,
 )
 from gpucampaign.storage import Store
-
-log = logging.getLogger(__name__)
+from gpucampaign.tabular import TabularClassifier
+from gpucampaign.torchsetup import (
+    AMP_DTYPES,
+    GLOBAL_RNG_LOCK,
+    build_optimizer,
+    build_scheduler,
+    check_precision,
+    pick_device,
+    seed_everything,
+)
 
 PARAMS_FILE = "params.json"
 METRICS_FILE = "metrics.jsonl"
-RESULT_FILE = "result.json"
 MODEL_DIR = "model"
 EVAL_SPLITS: tuple[str, ...] = ("val", "test")
 
-
-# --- save interval (R12) ---------------------------------------------------------------------
-def daly_interval(delta_s: float, mtbi_s: float) -> float:
-    """Daly's optimal compute time between checkpoints.
-
-    ``tau = sqrt(2 delta M) (1 + sqrt(delta/(2M))/3 + (delta/(2M))/9) - delta`` when
-    ``delta < 2M``, else ``M``.
-
-    Args:
-        delta_s: Cost of one save (write + upload), seconds.
-        mtbi_s: Expected time between interruptions M, seconds.
-    """
-    if delta_s < 0 or mtbi_s <= 0:
-        raise ValueError(f"need delta_s >= 0 and mtbi_s > 0 (got {delta_s}, {mtbi_s})")
-    if delta_s >= 2 * mtbi_s:
-        return mtbi_s
-    r = delta_s / (2 * mtbi_s)
-    return math.sqrt(2 * delta_s * mtbi_s) * (1 + math.sqrt(r) / 3 + r / 9) - delta_s
+ProgressFn = Callable[[dict[str, Any]], None]
 
 
-@dataclass
-class SaveInterval:
-    """How often to save, and from what.
-
-    ``source``: ``argument`` / ``spec`` (a fixed step count), ``first-save`` (the early save
-    at the pilot's step count, before any save was measured) or ``measured`` (Daly from the
-    measured save cost, capped by the tolerable lost work, in steps of the measured step time).
-    """
-
-    source: str
-    every_steps: int | None
-    delta_s: float | None = None
-    step_s: float | None = None
-    mtbi_s: float | None = None
-    tolerable_s: float | None = None
-    daly_s: float | None = None
-    tau_s: float | None = None
-
-
-def choose_save_interval(
-    *, delta_s: float, step_s: float, mtbi_s: float, tolerable_s: float, planned_steps: int
-) -> SaveInterval:
-    """``tau = min(Daly(delta, M), tolerable lost work)``, converted to whole steps."""
-    daly = daly_interval(delta_s, mtbi_s)
-    tau = min(daly, tolerable_s)
-    every = planned_steps if step_s <= 0 else int(tau // step_s)
-    every = max(1, min(every, planned_steps))
-    return SaveInterval("measured", every, delta_s, step_s, mtbi_s, tolerable_s, daly, tau)
-
-
-# --- the result --------------------------------------------------------------------------------
-@dataclass
-class RunResult:
-    """What one ``train_run`` call did (a recorded result when ``reused``)."""
-
-    run_id: str
-    run: str
-    completed: bool
-    steps_done: int
-    planned_steps: int
-    metrics: dict[str, float]
-    timings: dict[str, Any]
-    n_checkpoints: int
-    checkpoint_every: int | None
-    save_interval: dict[str, Any] | None
-    resumed_from_step: int | None
-    refused_checkpoints: list[str] = field(default_factory=list)
-    eval_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    stop: dict[str, Any] | None = None
-    device: str = "cpu"
-    threads: int = 1
-    precision: str = "fp32"
-    reused: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (``from_dict`` reads it back)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunResult:
-        """Rebuild from ``to_dict``'s output."""
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-
-
-def require_complete(run_id: str, *, steps_done: int, planned_steps: int) -> None:
-    """Raise ``IncompleteRun`` unless every planned step ran (R10: never a delivery otherwise)."""
-    if steps_done < planned_steps:
-        raise IncompleteRun(
-            run_id, f"the run did {steps_done} of its {planned_steps} planned steps; it cannot be called complete",
-            step=steps_done,
-        )
-
-
-# --- helpers ---------------------------------------------------------------------------------
 def run_config_sha256(spec: CampaignSpec, run: str) -> str:
     """Full sha256 over the same payload as the run ID (config + pinned corpus)."""
     payload = {
@@ -164,143 +78,385 @@ def run_config_sha256(spec: CampaignSpec, run: str) -> str:
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
-_GLOBAL_RNG_LOCK = threading.Lock()
+# --- one start of a run -----------------------------------------------------------------------
+@dataclass
+class _Run:
+    """What one start of a run builds, and the cursor and counters its loop moves."""
+
+    spec: CampaignSpec
+    run: str
+    run_id: str
+    config: RunConfig
+    config_sha256: str
+    corpus: Corpus
+    out_dir: Path
+    t_call: float
+    device: torch.device
+    work: TabularClassifier
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    autocast: AbstractContextManager
+    generator: torch.Generator
+    loader: DataLoader
+    planned: int
+    target: int
+    manager: CheckpointManager
+    setup_s: float = 0.0
+    # The data cursor and counters; a checkpoint holds them.
+    global_step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    epoch_gen_state: torch.Tensor | None = None
+    samples_seen: int = 0
+    steps_s_sum: float = 0.0
+    # Set by a restore; the loop applies them at the top of the resumed epoch.
+    resume_gen_state: torch.Tensor | None = None
+    pending_rng: dict[str, Any] | None = None
+    # What the restore found.
+    restore_s: float = 0.0
+    resumed_from: int | None = None
+    refused: list[str] = field(default_factory=list)
+    # Measurements and the save policy.
+    step_times: list[float] = field(default_factory=list)
+    eval_times: list[float] = field(default_factory=list)
+    saves: list[SavedCheckpoint] = field(default_factory=list)
+    policy: SavePolicy | None = None
+    mlog: MetricsLog | None = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.loader)
+
+    def step_s(self) -> float | None:
+        """Median step time, without the first step (warm-up) when there are others."""
+        return median(self.step_times[1:] or self.step_times)
 
 
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+def _check_arguments(
+    spec: CampaignSpec, *, run: str, corpus: Corpus, stop_after_steps: int | None,
+    checkpoint_every: int | None,
+) -> str:
+    """The run ID, once the arguments and the corpus are checked."""
+    spec.run_config(run)
+    run_id = spec.run_id(run)
+    if stop_after_steps is not None and stop_after_steps < 1:
+        raise SpecError(f"stop_after_steps must be >= 1 (got {stop_after_steps}).",
+                        field="stop_after_steps")
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise SpecError(f"checkpoint_every must be >= 1 (got {checkpoint_every}).",
+                        field="checkpoint_every")
+    if spec.corpus is not None and corpus.sha256 != spec.corpus.sha256:
+        raise EssentialInputMissing(
+            run_id, f"the corpus given has sha256 {corpus.sha256}, "
+            f"the spec pins {spec.corpus.sha256}")
+    return run_id
 
 
-def pick_device() -> torch.device:
-    """CUDA when present (deterministic cuDNN), else CPU."""
-    if torch.cuda.is_available():
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-        return torch.device("cuda")
-    return torch.device("cpu")
+def _setup(
+    spec: CampaignSpec, *, run: str, corpus: Corpus, store: Store, out_dir: Path,
+    stop_after_steps: int | None, t_call: float,
+) -> _Run:
+    """Build everything in the same order on every start, resumed or not."""
+    config = spec.run_config(run)
+    run_id = spec.run_id(run)
+    config_sha = run_config_sha256(spec, run)
+    device = pick_device()
+    check_precision(config.precision, device)
+    torch.set_num_threads(config.threads)
+    work = TabularClassifier(config, corpus)
+    train = work.datasets()["train"]
+    with GLOBAL_RNG_LOCK:
+        seed_everything(config.seed)
+        model = work.model()
+    model.to(device).train()
+    optimizer = build_optimizer(config, model.parameters())
+    generator = torch.Generator().manual_seed(config.seed)
+    loader = DataLoader(train, batch_size=config.batch_size, shuffle=True, generator=generator,
+                        num_workers=0)
+    planned = config.planned_steps(len(train))
+    amp_dtype = AMP_DTYPES[config.precision]
+    r = _Run(
+        spec=spec, run=run, run_id=run_id, config=config, config_sha256=config_sha,
+        corpus=corpus, out_dir=out_dir, t_call=t_call, device=device, work=work, model=model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(config, optimizer, planned_steps=planned),
+        scaler=torch.amp.GradScaler(device.type, enabled=config.precision == "fp16"),
+        autocast=(torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None
+                  else nullcontext()),
+        generator=generator, loader=loader, planned=planned,
+        target=planned if stop_after_steps is None else min(stop_after_steps, planned),
+        manager=CheckpointManager(store, run_id=run_id, config_sha256=config_sha,
+                                  keep=spec.checkpoint.keep, staging_dir=out_dir / ".staging"),
+    )
+    _write_params(r)
+    r.setup_s = time.perf_counter() - t_call
+    return r
 
 
-AMP_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+def _write_params(r: _Run) -> None:
+    """``params.json``: what this start of the run is (rewritten at every start)."""
+    spec = r.spec
+    params = {
+        "run_id": r.run_id, "run": r.run, "tier": spec.tier_of(r.run),
+        "config": r.config.model_dump(mode="json"), "config_sha256": r.config_sha256,
+        "corpus_sha256": r.corpus.sha256, "planned_steps": r.planned,
+        "steps_per_epoch": r.steps_per_epoch, **r.work.describe(), "device": r.device.type,
+        "threads": r.config.threads, "torch": torch.__version__,
+        "decision_rule": (spec.decision_rule.model_dump(mode="json")
+                          if spec.decision_rule else None),
+        "stop_rules": spec.stop_rules.model_dump(mode="json"),
+    }
+    atomic_write_bytes(r.out_dir / PARAMS_FILE, json_bytes(params))
 
 
-def check_precision(precision: str, device: torch.device) -> None:
-    """Refuse (SpecError) a precision this device's autocast cannot run."""
-    dtype = AMP_DTYPES[precision]
-    if dtype is None:
-        return
-    try:
-        with torch.autocast(device.type, dtype=dtype):
-            out = torch.nn.functional.linear(torch.ones(2, 2, device=device), torch.ones(2, 2, device=device))
-        ok = out.dtype == dtype
-    except (RuntimeError, TypeError) as exc:
-        raise SpecError(
-            f"precision '{precision}' is not supported by autocast on {device.type} ({exc}); "
-            "use 'fp32' or 'bf16' there.", field="precision") from None
-    if not ok:
-        raise SpecError(
-            f"precision '{precision}': autocast on {device.type} does not compute in {dtype}; "
-            "use 'fp32' or 'bf16' there.", field="precision")
+def _restore(r: _Run) -> LoadedCheckpoint | None:
+    """Resume from LATEST when this run (same config hash) has a good checkpoint.
 
-
-def build_optimizer(config: RunConfig, params: Any) -> torch.optim.Optimizer:
-    """adam / adamw / sgd (momentum 0.9)."""
-    if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(params, lr=config.lr, momentum=0.9, weight_decay=config.weight_decay)
-
-
-def build_scheduler(config: RunConfig, optimizer: torch.optim.Optimizer, *, planned_steps: int) -> Any:
-    """Per-step schedule: none, cosine to 0 over the planned steps, or step (x0.1 every third)."""
-    if config.scheduler == "cosine":
-        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=planned_steps)
-    if config.scheduler == "step":
-        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=max(1, planned_steps // 3), gamma=0.1)
-    return None
-
-
-def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, *, n_classes: int) -> dict[str, float]:
-    """Accuracy and macro F1 (over the classes present in truth or prediction, as scikit-learn)."""
-    if len(y_true) == 0:
-        return {"accuracy": math.nan, "macro_f1": math.nan}
-    cm = np.zeros((n_classes, n_classes), dtype=np.int64)
-    np.add.at(cm, (y_true, y_pred), 1)
-    tp = np.diag(cm).astype(float)
-    support, predicted = cm.sum(axis=1), cm.sum(axis=0)
-    present = (support + predicted) > 0
-    denom = support + predicted
-    f1 = np.divide(2 * tp, denom, out=np.zeros_like(tp), where=denom > 0)
-    return {"accuracy": float(tp.sum() / len(y_true)), "macro_f1": float(f1[present].mean())}
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, *, n_classes: int,
-             device: torch.device) -> dict[str, float]:
-    """Metrics of ``model`` on (X, y), in float32 like ``recipes.predict``; train mode restored."""
-    was_training = model.training
-    model.eval()
-    try:
-        losses, preds = [], []
-        for start in range(0, len(X), 4096):
-            xb, yb = X[start : start + 4096].to(device), y[start : start + 4096].to(device)
-            logits = model(xb).float()
-            losses.append(F.cross_entropy(logits, yb, reduction="sum").item())
-            preds.append(logits.argmax(dim=1).cpu())
-        pred = torch.cat(preds).numpy() if preds else np.zeros(0, dtype=np.int64)
-        out = classification_metrics(y.numpy(), pred, n_classes=n_classes)
-        out["loss"] = sum(losses) / len(X) if len(X) else math.nan
-        return out
-    finally:
-        model.train(was_training)
-
-
-class MetricsLog:
-    """Append-only ``metrics.jsonl``; floats are written with repr (exact round trip)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
-
-    def write(self, row: dict[str, Any]) -> None:
-        self._f.write(json.dumps(row, allow_nan=True) + "\n")
-        self._f.flush()
-
-    def sync(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        self._f.close()
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All rows of a ``metrics.jsonl`` (empty list when absent)."""
-    return read_jsonl(path)
-
-
-def truncate_metrics(path: Path, *, through_step: int) -> None:
-    """Keep only rows of steps <= ``through_step`` (a resume continues from there)."""
-    write_jsonl(path, [r for r in read_metrics(path) if r.get("step", 0) <= through_step])
-
-
-def _recorded_result(out_dir: Path, run_id: str) -> RunResult | None:
-    path = out_dir / RESULT_FILE
-    if not path.is_file():
+    The global RNG states are kept in ``pending_rng`` and the epoch's sampler state in
+    ``resume_gen_state``: the loop applies them at the top of the resumed epoch.
+    """
+    t0 = time.perf_counter()
+    ck, r.refused = r.manager.load_latest()
+    if ck is None and r.refused and r.spec.stop_rules.require_restart:
+        raise NoUsableRestart(
+            r.run_id, "checkpoints exist but none is usable: " + "; ".join(r.refused))
+    if ck is None:
         return None
-    result = RunResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    if result.run_id != run_id:
-        raise SpecError(f"'{out_dir}' holds run {result.run_id}, not {run_id}: give each run its own folder.",
-                        field="out_dir")
-    require_complete(run_id, steps_done=result.steps_done, planned_steps=result.planned_steps)
-    result.reused = True
-    if result.stop:
-        cls = STOP_RULES[result.stop["rule"]]
-        raise cls(run_id, result.stop["reason"], result.stop.get("step"), result.stop["stop_id"])
-    return result
+    state = ck.train_state
+    r.model.load_state_dict(ck.model_state, strict=True)
+    r.optimizer.load_state_dict(state["optimizer"])
+    if r.scheduler is not None:
+        r.scheduler.load_state_dict(state["scheduler"])
+    if state["scaler"]:
+        r.scaler.load_state_dict(state["scaler"])
+    cursor, counters = state["cursor"], state["counters"]
+    r.global_step, r.epoch = int(counters["global_step"]), int(cursor["epoch"])
+    r.batch_in_epoch = int(cursor["batch_in_epoch"])
+    r.resume_gen_state = cursor["epoch_generator_state"]
+    r.samples_seen = int(counters.get("samples_seen", 0))
+    r.steps_s_sum = float(counters.get("steps_s_sum", 0.0))
+    r.pending_rng = state["rng"]
+    r.restore_s = time.perf_counter() - t0
+    r.resumed_from = ck.step
+    return ck
+
+
+def _save_policy(r: _Run, ck: LoadedCheckpoint | None, *, checkpoint_every: int | None
+                 ) -> SavePolicy:
+    """Fixed (argument, then spec), else Daly's from the restored or an early measured save."""
+    cp = r.spec.checkpoint
+    return SavePolicy.start(
+        r.global_step, fixed=checkpoint_every or cp.every_steps,
+        fixed_source="argument" if checkpoint_every else "spec",
+        restored_meta=ck.meta if ck is not None else None, first_save=r.spec.pilot.steps,
+        mtbi_s=cp.interruption_hours * 3600, tolerable_s=cp.tolerable_loss_minutes * 60,
+        planned_steps=r.planned)
+
+
+def _open_metrics(r: _Run, *, restored: bool) -> None:
+    """Open ``metrics.jsonl`` for appending, dropping the rows after the restored step."""
+    truncate_metrics(r.out_dir / METRICS_FILE, through_step=r.global_step)
+    r.mlog = MetricsLog(r.out_dir / METRICS_FILE)
+    if restored:
+        r.mlog.write({"kind": "restore", "step": r.global_step, "restore_s": r.restore_s,
+                      "refused": r.refused})
+
+
+# --- the loop ------------------------------------------------------------------------------------
+def _start_epoch(r: _Run) -> Iterator[Any]:
+    """The current epoch's batches; after a restore, the same order with the consumed ones skipped.
+
+    The sampler's generator goes back to its state at the top of the epoch, so the epoch's
+    order is drawn again and the batches already trained on are fetched and dropped. The
+    global RNGs are restored after that skip: fetching batches must not move them.
+    """
+    skip = 0
+    if r.resume_gen_state is not None:
+        r.generator.set_state(r.resume_gen_state)
+        skip, r.resume_gen_state = r.batch_in_epoch, None
+    r.epoch_gen_state = r.generator.get_state()
+    if r.pending_rng is not None and skip == 0:
+        restore_rng(r.pending_rng)
+        r.pending_rng = None
+    batches = iter(r.loader)
+    for _ in range(skip):
+        next(batches)
+    if r.pending_rng is not None:
+        restore_rng(r.pending_rng)
+        r.pending_rng = None
+    r.batch_in_epoch = skip
+    return batches
+
+
+def _train_step(r: _Run, batches: Iterator[Any]) -> dict[str, Any]:
+    """One optimizer step on the next batch; returns its ``train`` row."""
+    t0 = time.perf_counter()
+    batch = tuple(t.to(r.device, non_blocking=True) for t in next(batches))
+    lr = r.optimizer.param_groups[0]["lr"]
+    with r.autocast:
+        loss = r.work.loss(r.model, batch)
+    loss_value = loss.item()
+    if not math.isfinite(loss_value) and r.spec.stop_rules.non_finite_loss:
+        raise NonFiniteLoss(
+            r.run_id, f"training loss is {loss_value} at step {r.global_step + 1} "
+            f"(epoch {r.epoch}, lr {lr:g}); the step was not applied", step=r.global_step + 1)
+    r.optimizer.zero_grad(set_to_none=True)
+    r.scaler.scale(loss).backward()
+    r.scaler.step(r.optimizer)
+    r.scaler.update()
+    if r.scheduler is not None:
+        r.scheduler.step()
+    n = len(batch[0])
+    r.global_step += 1
+    r.batch_in_epoch += 1
+    r.samples_seen += n
+    step_s = time.perf_counter() - t0
+    r.step_times.append(step_s)
+    r.steps_s_sum += step_s
+    return {"kind": "train", "step": r.global_step, "epoch": r.epoch, "loss": loss_value,
+            "lr": lr, "step_s": step_s, "samples_per_s": n / step_s if step_s > 0 else None}
+
+
+def _run_epoch(r: _Run, *, progress: ProgressFn | None, bar: Any) -> None:
+    """Train the rest of the current epoch, or up to the target step."""
+    batches = _start_epoch(r)
+    while r.batch_in_epoch < r.steps_per_epoch:
+        row = _train_step(r, batches)
+        r.mlog.write(row)
+        end_of_epoch = r.batch_in_epoch == r.steps_per_epoch
+        every = r.config.eval_every
+        if (every and r.global_step % every == 0) or (not every and end_of_epoch):
+            _evaluate(r, "val", final=False)
+        if r.policy.due(r.global_step, target=r.target):
+            _save(r)
+        _report(r, row, progress=progress, bar=bar)
+        if r.global_step >= r.target:
+            break
+    if r.batch_in_epoch == r.steps_per_epoch:
+        r.epoch += 1
+
+
+def _save(r: _Run) -> None:
+    """Checkpoint the current step (after the metrics so far are durable); re-plan the next."""
+    r.mlog.sync()
+    state = {
+        "optimizer": r.optimizer.state_dict(),
+        "scheduler": r.scheduler.state_dict() if r.scheduler is not None else None,
+        "scaler": r.scaler.state_dict(),
+        "rng": capture_rng(),
+        "cursor": {"epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch,
+                   "epoch_generator_state": r.epoch_gen_state},
+        "counters": {"global_step": r.global_step, "samples_seen": r.samples_seen,
+                     "steps_s_sum": r.steps_s_sum},
+    }
+    step_s = r.step_s()
+    saved = r.manager.save(r.global_step, model_state=r.model.state_dict(), train_state=state,
+                           extra_meta={
+                               "epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch,
+                               "planned_steps": r.planned, "steps_per_epoch": r.steps_per_epoch,
+                               "step_s": step_s, "threads": r.config.threads,
+                               "device": r.device.type, "precision": r.config.precision})
+    r.saves.append(saved)
+    r.policy.saved(r.global_step, save_costs=[s.save_s for s in r.saves], step_s=step_s)
+    r.mlog.write({
+        "kind": "checkpoint", "step": r.global_step, "save_s": saved.save_s,
+        "write_s": saved.write_s, "upload_s": saved.upload_s, "commit_s": saved.commit_s,
+        "bytes": saved.bytes, "key": saved.key, "every_steps": r.policy.interval.every_steps,
+        "interval_source": r.policy.interval.source})
+
+
+def _evaluate(r: _Run, split: str, *, final: bool) -> dict[str, float] | None:
+    """Evaluate on ``split`` and log an ``eval`` row; None when the split is empty."""
+    dataset = r.work.datasets().get(split)
+    if dataset is None or len(dataset) == 0:
+        return None
+    t0 = time.perf_counter()
+    metrics = r.work.evaluate(r.model, dataset, device=r.device)
+    r.eval_times.append(time.perf_counter() - t0)
+    r.mlog.write({"kind": "eval", "step": r.global_step, "epoch": r.epoch, "split": split,
+                  **metrics, "eval_s": r.eval_times[-1], "final": final})
+    return metrics
+
+
+def _report(r: _Run, row: dict[str, Any], *, progress: ProgressFn | None, bar: Any) -> None:
+    """Move the progress bar; call ``progress`` every ~2% of the run and at the target."""
+    if bar is not None:
+        bar.update(bar.task_ids[0], completed=r.global_step)
+    every = max(1, r.planned // 50)
+    if progress is not None and (r.global_step % every == 0 or r.global_step == r.target):
+        progress({"run_id": r.run_id, "run": r.run, "step": r.global_step,
+                  "planned_steps": r.planned, "target_steps": r.target, "epoch": r.epoch,
+                  "loss": row["loss"], "lr": row["lr"], "fraction": r.global_step / r.planned,
+                  "elapsed_s": time.perf_counter() - r.t_call})
+
+
+# --- the end --------------------------------------------------------------------------------------
+def _finish(r: _Run, *, train_s: float) -> RunResult:
+    """Final evaluation, the model folder, the quality floor, then ``result.json``.
+
+    Raises:
+        BelowThreshold: The final metric misses the floor (after everything is written).
+    """
+    require_complete(r.run_id, steps_done=r.global_step, planned_steps=r.planned)
+    # The last step always saves (target == planned here), unless it was restored as is.
+    assert (r.saves and r.saves[-1].step == r.global_step) or r.resumed_from == r.global_step
+    eval_metrics = {s: m for s in EVAL_SPLITS if (m := _evaluate(r, s, final=True)) is not None}
+    rule = r.spec.decision_rule
+    metrics = eval_metrics.get(rule.split if rule else "test", {})
+    r.work.save_model(r.model, r.out_dir / MODEL_DIR, extra={
+        "run_id": r.run_id, "run": r.run, "steps": r.global_step, "metrics": metrics})
+    stop = _quality_stop(r.spec, r.run_id, metrics, step=r.global_step)
+    res = _result(r, completed=True, metrics=metrics, eval_metrics=eval_metrics, train_s=train_s,
+                  stop=stop.to_record() if stop else None)
+    r.mlog.sync()
+    atomic_write_bytes(r.out_dir / RESULT_FILE, json_bytes(res.to_dict()))
+    if stop is not None:
+        raise stop
+    return res
+
+
+def _quality_stop(spec: CampaignSpec, run_id: str, metrics: dict[str, float], *, step: int
+                  ) -> BelowThreshold | None:
+    """The stop when the decision metric misses the quality floor, when that rule is on."""
+    rule = spec.decision_rule
+    if rule is None or not spec.stop_rules.below_threshold:
+        return None
+    floor = (spec.stop_rules.quality_floor if spec.stop_rules.quality_floor is not None
+             else rule.threshold)
+    value = metrics.get(rule.metric, math.nan)
+    meets = value >= floor if rule.direction == "maximize" else value <= floor
+    if meets:
+        return None
+    side = "below" if rule.direction == "maximize" else "above"
+    return BelowThreshold(
+        run_id, f"final {rule.metric} on {rule.split} is {value:.6g}, {side} the floor {floor:g}",
+        step=step)
+
+
+def _result(
+    r: _Run, *, completed: bool, metrics: dict[str, float] | None = None,
+    eval_metrics: dict[str, dict[str, float]] | None = None, train_s: float = 0.0,
+    stop: dict[str, Any] | None = None,
+) -> RunResult:
+    """The ``RunResult`` of this call so far."""
+    saves = r.saves
+    timings = {
+        "load_s": r.corpus.load_s + r.setup_s, "setup_s": r.setup_s,
+        "corpus_load_s": r.corpus.load_s, "step_s": r.step_s(), "steps_s_sum": r.steps_s_sum,
+        "eval_s": r.eval_times, "save_s": [s.save_s for s in saves],
+        "write_s": [s.write_s for s in saves], "upload_s": [s.upload_s for s in saves],
+        "restore_s": r.restore_s, "train_s": train_s,
+        "total_s": time.perf_counter() - r.t_call,
+    }
+    return RunResult(
+        run_id=r.run_id, run=r.run, completed=completed, steps_done=r.global_step,
+        planned_steps=r.planned, metrics=metrics or {}, eval_metrics=eval_metrics or {},
+        timings=timings, n_checkpoints=len(saves), checkpoint_every=r.policy.interval.every_steps,
+        save_interval=asdict(r.policy.interval), resumed_from_step=r.resumed_from,
+        refused_checkpoints=r.refused, stop=stop, device=r.device.type,
+        threads=r.config.threads, precision=r.config.precision)
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -313,7 +469,7 @@ def train_run(
     out_dir: Path,
     stop_after_steps: int | None = None,
     checkpoint_every: int | None = None,
-    progress: Callable[[dict], None] | None = None,
+    progress: ProgressFn | None = None,
     show_progress: bool = False,
 ) -> RunResult:
     """Train (or resume, or return the recorded result of) one run of the campaign.
@@ -344,269 +500,32 @@ def train_run(
         SpecError: Invalid arguments or an unsupported precision on this device.
     """
     t_call = time.perf_counter()
-    config = spec.run_config(run)
-    run_id = spec.run_id(run)
-    config_sha = run_config_sha256(spec, run)
+    run_id = _check_arguments(spec, run=run, corpus=corpus, stop_after_steps=stop_after_steps,
+                              checkpoint_every=checkpoint_every)
     out_dir = Path(out_dir)
-    if stop_after_steps is not None and stop_after_steps < 1:
-        raise SpecError(f"stop_after_steps must be >= 1 (got {stop_after_steps}).", field="stop_after_steps")
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise SpecError(f"checkpoint_every must be >= 1 (got {checkpoint_every}).", field="checkpoint_every")
-    if spec.corpus is not None and corpus.sha256 != spec.corpus.sha256:
-        raise EssentialInputMissing(
-            run_id, f"the corpus given has sha256 {corpus.sha256}, the spec pins {spec.corpus.sha256}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    recorded = _recorded_result(out_dir, run_id)
+    recorded = recorded_result(out_dir, run_id)
     if recorded is not None:
         return recorded
 
-    # 1. Setup: everything is built in the same order on every start, resumed or not.
-    device = pick_device()
-    check_precision(config.precision, device)
-    torch.set_num_threads(config.threads)
-    train = corpus.split("train")
-    X_train, y_train = train.tensors()
-    # Runs in threads of one process (GPU lock with 2+ slots) share the global generators:
-    # seeding and drawing the initial weights must not interleave with another run's.
-    with _GLOBAL_RNG_LOCK:
-        seed_everything(config.seed)
-        model = build_model(config, n_features=corpus.n_features, n_classes=corpus.n_classes)
-        fit_input_stats(model, X_train)
-    model.to(device).train()
-    optimizer = build_optimizer(config, model.parameters())
-    generator = torch.Generator().manual_seed(config.seed)
-    loader = DataLoader(TensorDataset(X_train, y_train), batch_size=config.batch_size, shuffle=True,
-                        generator=generator, num_workers=0)
-    steps_per_epoch = len(loader)
-    planned = steps_per_epoch * config.epochs
-    if config.max_steps is not None:
-        planned = min(planned, config.max_steps)
-    target = planned if stop_after_steps is None else min(stop_after_steps, planned)
-    scheduler = build_scheduler(config, optimizer, planned_steps=planned)
-    scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
-    amp_dtype = AMP_DTYPES[config.precision]
-    manager = CheckpointManager(store, run_id=run_id, config_sha256=config_sha, keep=spec.checkpoint.keep,
-                                staging_dir=out_dir / ".staging")
-    params = {
-        "run_id": run_id, "run": run, "tier": spec.tier_of(run), "config": config.model_dump(mode="json"),
-        "config_sha256": config_sha, "corpus_sha256": corpus.sha256, "planned_steps": planned,
-        "steps_per_epoch": steps_per_epoch, "n_features": corpus.n_features, "n_classes": corpus.n_classes,
-        "classes": list(corpus.classes), "device": device.type, "threads": config.threads,
-        "torch": torch.__version__,
-        "decision_rule": spec.decision_rule.model_dump(mode="json") if spec.decision_rule else None,
-        "stop_rules": spec.stop_rules.model_dump(mode="json"),
-    }
-    atomic_write_bytes(out_dir / PARAMS_FILE, (json.dumps(params, indent=2) + "\n").encode())
-    setup_s = time.perf_counter() - t_call
-
-    # 2. Resume from LATEST when this run (same config hash) has a good checkpoint.
-    t_restore = time.perf_counter()
-    ck, refused = manager.load_latest()
-    if ck is None and refused and spec.stop_rules.require_restart:
-        raise NoUsableRestart(run_id, "checkpoints exist but none is usable: " + "; ".join(refused))
-    global_step, epoch, batch_in_epoch, resume_gen_state = 0, 0, 0, None
-    samples_seen, steps_s_sum, pending_rng = 0, 0.0, None
-    if ck is not None:
-        model.load_state_dict(ck.model_state, strict=True)
-        optimizer.load_state_dict(ck.train_state["optimizer"])
-        if scheduler is not None:
-            scheduler.load_state_dict(ck.train_state["scheduler"])
-        if ck.train_state["scaler"]:
-            scaler.load_state_dict(ck.train_state["scaler"])
-        cursor, counters = ck.train_state["cursor"], ck.train_state["counters"]
-        global_step, epoch = int(counters["global_step"]), int(cursor["epoch"])
-        batch_in_epoch, resume_gen_state = int(cursor["batch_in_epoch"]), cursor["epoch_generator_state"]
-        samples_seen, steps_s_sum = int(counters.get("samples_seen", 0)), float(counters.get("steps_s_sum", 0.0))
-        pending_rng = ck.train_state["rng"]
-    restore_s = time.perf_counter() - t_restore if ck is not None else 0.0
-    resumed_from = ck.step if ck is not None else None
-
-    def result(completed: bool, **kw: Any) -> RunResult:
-        return RunResult(
-            run_id=run_id, run=run, completed=completed, steps_done=global_step, planned_steps=planned,
-            metrics=kw.get("metrics", {}), eval_metrics=kw.get("eval_metrics", {}),
-            timings={
-                "load_s": corpus.load_s + setup_s, "setup_s": setup_s, "corpus_load_s": corpus.load_s,
-                "step_s": median(step_times[1:] or step_times), "steps_s_sum": steps_s_sum,
-                "eval_s": eval_times, "save_s": [s.save_s for s in saves],
-                "write_s": [s.write_s for s in saves], "upload_s": [s.upload_s for s in saves],
-                "restore_s": restore_s, "train_s": kw.get("train_s", 0.0),
-                "total_s": time.perf_counter() - t_call,
-            },
-            n_checkpoints=len(saves), checkpoint_every=interval.every_steps,
-            save_interval=asdict(interval), resumed_from_step=resumed_from, refused_checkpoints=refused,
-            stop=kw.get("stop"), device=device.type, threads=config.threads, precision=config.precision,
-        )
-
-    step_times: list[float] = []
-    eval_times: list[float] = []
-    saves: list = []
-
-    # 3. The save interval: fixed, or Daly's from measurements (an early save measures it).
-    mtbi_s = spec.checkpoint.interruption_hours * 3600
-    tolerable_s = spec.checkpoint.tolerable_loss_minutes * 60
-    fixed = checkpoint_every or spec.checkpoint.every_steps
-    if fixed:
-        interval = SaveInterval("argument" if checkpoint_every else "spec", fixed)
-        next_save = (global_step // fixed + 1) * fixed
-    elif ck is not None and ck.meta.get("step_s"):
-        interval = choose_save_interval(delta_s=ck.meta["write_s"] + ck.meta["upload_s"], step_s=ck.meta["step_s"],
-                                        mtbi_s=mtbi_s, tolerable_s=tolerable_s, planned_steps=planned)
-        next_save = global_step + (interval.every_steps or planned)
-    else:
-        first = min(spec.pilot.steps, planned)
-        interval = SaveInterval("first-save", None, mtbi_s=mtbi_s, tolerable_s=tolerable_s)
-        next_save = first if global_step < first else global_step + 1
-
-    if ck is not None and global_step >= target and target < planned:
-        return result(False)  # the pilot already ran: nothing to do
-    truncate_metrics(out_dir / METRICS_FILE, through_step=global_step)
-    mlog = MetricsLog(out_dir / METRICS_FILE)
-    if ck is not None:
-        mlog.write({"kind": "restore", "step": global_step, "restore_s": restore_s, "refused": refused})
-
-    def save_checkpoint(cursor: dict[str, Any]) -> None:
-        nonlocal interval, next_save
-        mlog.sync()
-        state = {
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "scaler": scaler.state_dict(),
-            "rng": capture_rng(),
-            "cursor": cursor,
-            "counters": {"global_step": global_step, "samples_seen": samples_seen, "steps_s_sum": steps_s_sum},
-        }
-        step_s = median(step_times[1:] or step_times)
-        saved = manager.save(global_step, model_state=model.state_dict(), train_state=state, extra_meta={
-            "epoch": cursor["epoch"], "batch_in_epoch": cursor["batch_in_epoch"], "planned_steps": planned,
-            "steps_per_epoch": steps_per_epoch, "step_s": step_s, "threads": config.threads,
-            "device": device.type, "precision": config.precision,
-        })
-        saves.append(saved)
-        if not fixed and step_s:
-            interval = choose_save_interval(delta_s=median([s.save_s for s in saves]), step_s=step_s,
-                                            mtbi_s=mtbi_s, tolerable_s=tolerable_s, planned_steps=planned)
-            next_save = global_step + (interval.every_steps or planned)
-        elif fixed:
-            next_save = (global_step // fixed + 1) * fixed
-        mlog.write({"kind": "checkpoint", "step": global_step, "save_s": saved.save_s, "write_s": saved.write_s,
-                    "upload_s": saved.upload_s, "commit_s": saved.commit_s, "bytes": saved.bytes,
-                    "key": saved.key, "every_steps": interval.every_steps, "interval_source": interval.source})
-
-    def eval_split(split: str, *, final: bool) -> dict[str, float] | None:
-        sp = corpus.split(split)
-        if len(sp) == 0:
-            return None
-        t0 = time.perf_counter()
-        X, y = sp.tensors()
-        m = evaluate(model, X, y, n_classes=corpus.n_classes, device=device)
-        eval_times.append(time.perf_counter() - t0)
-        mlog.write({"kind": "eval", "step": global_step, "epoch": epoch, "split": split, **m,
-                    "eval_s": eval_times[-1], "final": final})
-        return m
-
-    bar = _progress_bar(show_progress, run_id, planned, global_step)
-    report_every = max(1, planned // 50)
-    autocast = (torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext())
+    r = _setup(spec, run=run, corpus=corpus, store=store, out_dir=out_dir,
+               stop_after_steps=stop_after_steps, t_call=t_call)
+    ck = _restore(r)
+    r.policy = _save_policy(r, ck, checkpoint_every=checkpoint_every)
+    if ck is not None and r.global_step >= r.target and r.target < r.planned:
+        return _result(r, completed=False)  # the pilot already ran: nothing to do
+    _open_metrics(r, restored=ck is not None)
+    bar = _progress_bar(show_progress, run_id, r.planned, r.global_step)
     t_loop = time.perf_counter()
     try:
-        # 4. The loop.
-        while global_step < target:
-            skip = 0
-            if resume_gen_state is not None:  # resuming inside (or at the end of) this epoch
-                generator.set_state(resume_gen_state)
-                skip, resume_gen_state = batch_in_epoch, None
-            epoch_gen_state = generator.get_state()
-            if pending_rng is not None and skip == 0:
-                restore_rng(pending_rng)
-                pending_rng = None
-            it = iter(loader)
-            for _ in range(skip):
-                next(it)
-            if pending_rng is not None:  # after the skip: re-fetching must not move the RNGs
-                restore_rng(pending_rng)
-                pending_rng = None
-            done_in_epoch = skip
-            for _ in range(skip, steps_per_epoch):
-                t0 = time.perf_counter()
-                xb, yb = next(it)
-                xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-                lr = optimizer.param_groups[0]["lr"]
-                with autocast:
-                    logits = model(xb)
-                loss = F.cross_entropy(logits.float(), yb)
-                loss_value = loss.item()
-                if not math.isfinite(loss_value) and spec.stop_rules.non_finite_loss:
-                    raise NonFiniteLoss(
-                        run_id, f"training loss is {loss_value} at step {global_step + 1} (epoch {epoch}, "
-                        f"lr {lr:g}); the step was not applied", step=global_step + 1)
-                optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-                if scheduler is not None:
-                    scheduler.step()
-                global_step += 1
-                done_in_epoch += 1
-                samples_seen += len(yb)
-                step_s = time.perf_counter() - t0
-                step_times.append(step_s)
-                steps_s_sum += step_s
-                mlog.write({"kind": "train", "step": global_step, "epoch": epoch, "loss": loss_value, "lr": lr,
-                            "step_s": step_s, "samples_per_s": len(yb) / step_s if step_s > 0 else None})
-                end_of_epoch = done_in_epoch == steps_per_epoch
-                if (config.eval_every and global_step % config.eval_every == 0) or (
-                        not config.eval_every and end_of_epoch):
-                    eval_split("val", final=False)
-                if global_step in (next_save, target):
-                    save_checkpoint({"epoch": epoch, "batch_in_epoch": done_in_epoch,
-                                     "epoch_generator_state": epoch_gen_state})
-                if bar is not None:
-                    bar.update(bar.task_ids[0], completed=global_step)
-                if progress is not None and (global_step % report_every == 0 or global_step == target):
-                    progress({"run_id": run_id, "run": run, "step": global_step, "planned_steps": planned,
-                              "target_steps": target, "epoch": epoch, "loss": loss_value, "lr": lr,
-                              "fraction": global_step / planned, "elapsed_s": time.perf_counter() - t_call})
-                if global_step >= target:
-                    break
-            if done_in_epoch == steps_per_epoch:
-                epoch += 1
+        while r.global_step < r.target:
+            _run_epoch(r, progress=progress, bar=bar)
         train_s = time.perf_counter() - t_loop
-        if global_step < planned:
-            return result(False, train_s=train_s)
-
-        # 5. Completion: final evaluation, the model folder, the stop rule on quality.
-        require_complete(run_id, steps_done=global_step, planned_steps=planned)
-        # The last step always saves (target == planned here), unless it was restored as is.
-        assert (saves and saves[-1].step == global_step) or resumed_from == global_step
-        eval_metrics = {s: m for s in EVAL_SPLITS if (m := eval_split(s, final=True)) is not None}
-        rule = spec.decision_rule
-        decision_split = rule.split if rule else "test"
-        metrics = eval_metrics.get(decision_split, {})
-        save_model_dir(model, out_dir / MODEL_DIR, config=config, n_features=corpus.n_features,
-                       n_classes=corpus.n_classes, extra={
-                           "run_id": run_id, "run": run, "classes": list(corpus.classes),
-                           "feature_names": list(corpus.feature_names), "corpus_sha256": corpus.sha256,
-                           "steps": global_step, "metrics": metrics})
-        stop = None
-        if rule is not None and spec.stop_rules.below_threshold:
-            floor = spec.stop_rules.quality_floor if spec.stop_rules.quality_floor is not None else rule.threshold
-            value = metrics.get(rule.metric, math.nan)
-            meets = value >= floor if rule.direction == "maximize" else value <= floor
-            if not meets:
-                stop = BelowThreshold(
-                    run_id, f"final {rule.metric} on {decision_split} is {value:.6g}, "
-                    f"{'below' if rule.direction == 'maximize' else 'above'} the floor {floor:g}",
-                    step=global_step)
-        res = result(True, metrics=metrics, eval_metrics=eval_metrics, train_s=train_s,
-                     stop=stop.to_record() if stop else None)
-        mlog.sync()
-        atomic_write_bytes(out_dir / RESULT_FILE, (json.dumps(res.to_dict(), indent=2) + "\n").encode())
-        if stop is not None:
-            raise stop
-        return res
+        if r.global_step < r.planned:
+            return _result(r, completed=False, train_s=train_s)
+        return _finish(r, train_s=train_s)
     finally:
-        mlog.close()
+        r.mlog.close()
         if bar is not None:
             bar.stop()
 
@@ -627,8 +546,8 @@ def _progress_bar(show: bool, run_id: str, total: int, done: int) -> Any:
     console = Console(stderr=True)
     if not console.is_terminal:
         return None
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                   console=console, transient=True)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn(), console=console, transient=True)
     bar.add_task(run_id, total=total, completed=done)
     bar.start()
     return bar

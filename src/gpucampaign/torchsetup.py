@@ -1,0 +1,81 @@
+"""The torch pieces every run builds the same way: seeds, device, precision, optimizer, schedule."""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpucampaign.spec import RunConfig, SpecError
+
+# Runs in threads of one process (GPU lock with 2+ slots) share the global generators:
+# seeding and drawing the initial weights must not interleave with another run's.
+GLOBAL_RNG_LOCK = threading.Lock()
+
+AMP_DTYPES: dict[str, torch.dtype | None] = {
+    "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16,
+}
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def pick_device() -> torch.device:
+    """CUDA when present (deterministic cuDNN), else CPU."""
+    if torch.cuda.is_available():
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    """Refuse a precision this device's autocast cannot run.
+
+    Raises:
+        SpecError: Autocast fails, or does not compute in the precision's dtype.
+    """
+    dtype = AMP_DTYPES[precision]
+    if dtype is None:
+        return
+    try:
+        ones = torch.ones(2, 2, device=device)
+        with torch.autocast(device.type, dtype=dtype):
+            out = torch.nn.functional.linear(ones, ones)
+        ok = out.dtype == dtype
+    except (RuntimeError, TypeError) as exc:
+        raise SpecError(
+            f"precision '{precision}' is not supported by autocast on {device.type} ({exc}); "
+            "use 'fp32' or 'bf16' there.", field="precision") from None
+    if not ok:
+        raise SpecError(
+            f"precision '{precision}': autocast on {device.type} does not compute in {dtype}; "
+            "use 'fp32' or 'bf16' there.", field="precision")
+
+
+def build_optimizer(config: RunConfig, params: Any) -> torch.optim.Optimizer:
+    """adam / adamw / sgd (momentum 0.9)."""
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.SGD(params, lr=config.lr, momentum=0.9, weight_decay=config.weight_decay)
+
+
+def build_scheduler(
+    config: RunConfig, optimizer: torch.optim.Optimizer, *, planned_steps: int
+) -> Any:
+    """Per-step schedule: none, cosine to 0 over the planned steps, or step (x0.1 every third)."""
+    if config.scheduler == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=planned_steps)
+    if config.scheduler == "step":
+        step_size = max(1, planned_steps // 3)
+        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=step_size, gamma=0.1)
+    return None
