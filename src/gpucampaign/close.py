@@ -651,9 +651,9 @@ def load_estimates(out_dir: str | Path) -> dict[str, Any]:
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
         raise SpecError(f"'{path}' is not readable JSON ({exc})", field="calibrate_from") from None
-    measured = data.get("measured")
+    measured = data.get("measured") if isinstance(data, dict) else None
     if not isinstance(measured, dict):
         raise SpecError(f"'{path}' has no 'measured' mapping", field="calibrate_from")
     for k, v in measured.items():
@@ -928,6 +928,9 @@ def read_report(out_dir: str | Path) -> dict[str, Any]:
             field="OUT",
         )
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise SpecError(f"'{path}' is not valid JSON ({exc})", field="OUT") from None
+    if not isinstance(report, dict):
+        raise SpecError(f"'{path}' is not a report: it holds no JSON object", field="OUT")
+    return report

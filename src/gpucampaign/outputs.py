@@ -1056,6 +1056,9 @@ def verify_output(root: str | Path, *, reload: bool = True, timeout_s: float = 6
     if manifest is not None:
         listed: dict[str, Mapping[str, Any]] = {}
         for entry in manifest["files"]:
+            if not isinstance(entry, Mapping):
+                add("invalid_manifest", MANIFEST, f"file entry {entry!r} is not an object")
+                continue
             rel = str(entry.get("path", ""))
             if _escapes(rel) or not rel:
                 add("escaping_path", MANIFEST, f"file entry '{rel}' is absolute or climbs out of the output folder")
@@ -1094,6 +1097,9 @@ def verify_output(root: str | Path, *, reload: bool = True, timeout_s: float = 6
 
     # Expected runs: the spec's runs, each with a status; completed runs with their files.
     runs: dict[str, Mapping[str, Any]] = manifest.get("runs") or {}
+    if not isinstance(runs, Mapping):
+        add("invalid_manifest", MANIFEST, "'runs' is not an object")
+        runs = {}
     if (base / SPEC_COPY).is_file():
         try:
             spec = load_spec(base / SPEC_COPY)
@@ -1113,6 +1119,12 @@ def verify_output(root: str | Path, *, reload: bool = True, timeout_s: float = 6
     to_reload = []
     for rid, info in runs.items():
         rdir = f"runs/{rid}"
+        if not isinstance(info, Mapping):
+            add("invalid_manifest", MANIFEST, f"run {rid!r} is not an object")
+            continue
+        if "/" in rid or "\\" in rid or rid in ("", ".", ".."):
+            add("escaping_path", MANIFEST, f"run ID {rid!r} is not a folder name inside runs/")
+            continue
         status = info.get("status")
         if info.get("stop_id") and info["stop_id"] not in stop_ids:
             add("unknown_stop", rdir, f"stop {info['stop_id']} of run {rid} is not in stops.jsonl")

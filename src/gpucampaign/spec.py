@@ -469,6 +469,8 @@ def load_spec(path: str | Path) -> CampaignSpec:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise SpecError(f"Spec file '{p}' is not valid YAML ({exc}); fix the syntax at that line.") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"Spec file '{p}' is not UTF-8 text ({exc}); save it as UTF-8.") from None
     return parse_spec(data, source=f"'{p}'")
 
 
