@@ -537,6 +537,15 @@ def list_files(root: str | Path) -> list[str]:
     return sorted(out)
 
 
+def _linked_dirs(root: Path) -> list[str]:
+    """Relative posix paths of the links to folders under ``root`` (never followed)."""
+    out = []
+    for dirpath, dirnames, _ in os.walk(root, followlinks=False):
+        out += [(Path(dirpath) / d).relative_to(root).as_posix() for d in dirnames
+                if (Path(dirpath) / d).is_symlink()]
+    return sorted(out)
+
+
 def build_manifest(
     root: str | Path,
     *,
@@ -992,8 +1001,9 @@ def verify_output(root: str | Path, *, reload: bool = True, timeout_s: float = 6
     present = list_files(base)
     temp_re = _temp_pattern()
 
-    # Every file: links, emptiness, JSON validity, temp and escaping paths.
-    for rel in [*present, MANIFEST] if mpath.is_file() else present:
+    # Every file: links, emptiness, JSON validity, temp and escaping paths. Links to folders
+    # are not walked (the walk does not follow them), only named.
+    for rel in [*present, *_linked_dirs(base), *([MANIFEST] if mpath.is_file() else [])]:
         p = base / rel
         if p.is_symlink():
             target = os.path.realpath(p)
