@@ -116,6 +116,18 @@ def invoke(faults, args: list[str], *, codes: tuple[int, ...] = (2,)) -> Any:
     return result
 
 
+def load(faults, path: Path) -> Any:
+    """``load_spec(path)``: a spec, or a ``SpecError`` returned; anything else is a traceback."""
+    faults.add("fuzzed_inputs")
+    try:
+        return load_spec(path)
+    except SpecError as exc:
+        return exc
+    except Exception:
+        faults.add("tracebacks")
+        raise
+
+
 def _write(path: Path, data: Any) -> Path:
     path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
     return path
@@ -126,10 +138,8 @@ def _write(path: Path, data: Any) -> Path:
 @given(data=YAML_DATA)
 def test_random_yaml_is_a_spec_error(tmp_path_factory, faults, data):
     path = _write(tmp_path_factory.mktemp("spec") / "campaign.yaml", data)
-    faults.add("fuzzed_inputs")
-    with pytest.raises(SpecError) as err:
-        load_spec(path)
-    assert "campaign.yaml" in str(err.value)
+    err = load(faults, path)
+    assert isinstance(err, SpecError) and "campaign.yaml" in str(err)
 
 
 @FUZZ
@@ -137,20 +147,16 @@ def test_random_yaml_is_a_spec_error(tmp_path_factory, faults, data):
 def test_random_bytes_are_a_spec_error(tmp_path_factory, faults, raw):
     path = tmp_path_factory.mktemp("spec") / "campaign.yaml"
     path.write_bytes(raw)
-    faults.add("fuzzed_inputs")
-    with pytest.raises(SpecError) as err:
-        load_spec(path)
-    assert "campaign.yaml" in str(err.value)
+    err = load(faults, path)
+    assert isinstance(err, SpecError) and "campaign.yaml" in str(err)
 
 
 @FUZZ
 @given(path=st.sampled_from(PATHS), value=BAD_VALUES)
 def test_a_bad_field_is_named(tmp_path_factory, faults, path, value):
     spec = _write(tmp_path_factory.mktemp("spec") / "campaign.yaml", _replace(BASE, path, value))
-    faults.add("fuzzed_inputs")
-    try:
-        load_spec(spec)
-    except SpecError as exc:
+    exc = load(faults, spec)
+    if isinstance(exc, SpecError):
         top = str(path[0]).removesuffix("s")  # "variant 'bf16': ..." names a variant
         assert top in str(exc) or top in exc.field, (path, value, str(exc))
 
@@ -163,11 +169,7 @@ def test_plan_and_run_refuse_a_bad_spec(tmp_path_factory, faults, no_prefect, ou
     spec = _write(base / "campaign.yaml", _replace(BASE, path, value))
     before = _folder_hashes(out_folder)
     invoke(faults, ["plan", str(spec), "--json"], codes=(0, 2, 4))
-    try:
-        load_spec(spec)
-        valid = True
-    except SpecError:
-        valid = False
+    valid = not isinstance(load(faults, spec), SpecError)
     result = invoke(faults, ["run", str(spec), "--out", str(out_folder)])
     # A spec other than the one the folder holds is refused before Prefect starts.
     assert not isinstance(result.exception, PrefectWouldStart)
@@ -211,6 +213,7 @@ def test_folder_arguments_with_path_tricks(faults, out_folder, no_prefect, trick
     invoke(faults, ["report", trick], codes=(2,))
     invoke(faults, ["plan", trick], codes=(2,))
     invoke(faults, ["restart-check", trick], codes=(2,))
+    invoke(faults, ["restart-check", str(EXAMPLE), "--out", trick], codes=(2, 3))
     invoke(faults, ["run", trick, "--out", str(out_folder)], codes=(2,))
     invoke(faults, ["packages", "--hours", "10", "--catalog", trick], codes=(2,))
     invoke(faults, ["plan", str(EXAMPLE), "--calibrate-from", trick], codes=(2,))

@@ -173,28 +173,33 @@ def test_a_link_in_the_spec_folder_does_not_reach_outside(tmp_path):
 def campaign_out(tmp_path_factory) -> tuple[Path, str]:
     """``campaign run`` of the digits example with canary secrets in the environment."""
     out = tmp_path_factory.mktemp("campaign") / "out"
+    home = tmp_path_factory.mktemp("prefect-home")
     env = {**os.environ, **CANARIES,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),
-           "PREFECT_HOME": str(tmp_path_factory.mktemp("prefect-home"))}
+           "PREFECT_HOME": str(home)}
     proc = subprocess.run([sys.executable, "-m", "gpucampaign.cli", "run", str(EXAMPLE), "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, proc.stdout + proc.stderr
+    return out, home, proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.process
 def test_no_secret_reaches_the_output_folder_or_the_log(campaign_out, faults):
-    out, log = campaign_out
+    """The output folder, the command's output and Prefect's own database (its logs,
+    artifacts and run parameters) hold none of the canaries."""
+    out, home, log = campaign_out
     leaks = []
-    for p in sorted(out.rglob("*")):
-        if p.is_file():
-            data = p.read_bytes()
-            leaks += [f"{p.relative_to(out)}: {k}" for k, v in CANARIES.items() if v.encode() in data]
+    for root in (out, home):
+        for p in sorted(root.rglob("*")):
+            if p.is_file():
+                data = p.read_bytes()
+                leaks += [f"{p}: {k}" for k, v in CANARIES.items() if v.encode() in data]
     leaks += [f"log: {k}" for k, v in CANARIES.items() if v in log]
     faults.add("secrets_leaked", len(leaks))
     assert leaks == []
     assert (out / "manifest.json").is_file() and len(list(out.rglob("*"))) > 10
+    assert any(p.suffix == ".db" for p in home.rglob("*")), "Prefect's database was not scanned"
 
 
 @pytest.mark.slow
