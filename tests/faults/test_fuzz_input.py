@@ -270,3 +270,16 @@ def test_a_manifest_of_the_wrong_shape(tmp_path_factory, faults, manifest):
     before = _folder_hashes(root)
     invoke(faults, ["verify", str(root), "--no-reload", "--json"], codes=(4,))
     assert _folder_hashes(root) == before
+
+
+@FEW
+@given(name=WEIRD_TEXT, big=st.integers(min_value=401) | st.integers(max_value=1))
+def test_bad_options_are_refused_before_any_work(tmp_path_factory, faults, no_prefect, name, big):
+    """Unknown run and decision names, step counts out of range: exit 2, nothing trained or written."""
+    assume(name not in ("control", "lr-high", "bf16", "short", "auto", "ask") and not name.startswith("-"))
+    out = tmp_path_factory.mktemp("out") / "new"
+    invoke(faults, ["restart-check", str(EXAMPLE), "--run", name])
+    invoke(faults, ["restart-check", str(EXAMPLE), "--steps", str(big)])
+    invoke(faults, ["restart-check", str(EXAMPLE), "--at", str(-abs(big))])
+    result = invoke(faults, ["run", str(EXAMPLE), "--out", str(out), "--decision", name])
+    assert not isinstance(result.exception, PrefectWouldStart) and not out.exists()
