@@ -104,8 +104,13 @@ def main(base: Path) -> None:
         install(point, int(n))
     spec = parse_spec(json.loads((base / "spec.json").read_text(encoding="utf-8")))
     corpus = load_corpus(base / spec.corpus.path, corpus_spec=spec.corpus)
-    res = train_run(spec, run="control", corpus=corpus, store=LocalStore(base / "out" / "checkpoints"),
-                    out_dir=base / "out" / "runs" / spec.run_id("control"))
+    res = train_run(
+        spec,
+        run="control",
+        corpus=corpus,
+        store=LocalStore(base / "out" / "checkpoints"),
+        out_dir=base / "out" / "runs" / spec.run_id("control"),
+    )
     print(json.dumps({"steps_done": res.steps_done, "resumed_from_step": res.resumed_from_step}))
 
 

@@ -12,8 +12,14 @@ import pytest
 
 COUNTS: Counter[str] = Counter()
 SUMMARY_KEYS = (
-    "signals_sent", "kill_points_tried", "kill_points_survived", "faults_injected",
-    "faults_survived", "fuzzed_inputs", "tracebacks", "secrets_leaked",
+    "signals_sent",
+    "kill_points_tried",
+    "kill_points_survived",
+    "faults_injected",
+    "faults_survived",
+    "fuzzed_inputs",
+    "tracebacks",
+    "secrets_leaked",
 )
 
 

@@ -24,21 +24,50 @@ from gpucampaign.spec import SpecError, load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits" / "campaign.yaml"
-FUZZ = settings(max_examples=40, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 FEW = settings(FUZZ, max_examples=15)
 
 # Values of the wrong kind for any field.
 WEIRD_TEXT = st.text(
     alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=20
-) | st.sampled_from([
-    "../../etc/passwd", "/etc/passwd", "~", "~/x", "a/../../b", "\u202eevil", "x\ty", "x\ny",
-    "\x1b[31mred", "ünïcødé", "名前", "C:\\Windows", "\\\\server\\share", "", " ", "NaN", "-1",
-])
-BAD_NUMBERS = st.sampled_from([-1, 0, -(10**30), 10**30, 1e308, -1e308, 1e-308, 2**63, -(2**63)]) | \
-    st.floats(allow_nan=True, allow_infinity=True) | st.integers()
-BAD_VALUES = WEIRD_TEXT | BAD_NUMBERS | st.booleans() | st.none() | \
-    st.lists(st.integers(), max_size=3) | st.dictionaries(st.text(max_size=5), st.integers(), max_size=2)
+) | st.sampled_from(
+    [
+        "../../etc/passwd",
+        "/etc/passwd",
+        "~",
+        "~/x",
+        "a/../../b",
+        "\u202eevil",
+        "x\ty",
+        "x\ny",
+        "\x1b[31mred",
+        "ünïcødé",
+        "名前",
+        "C:\\Windows",
+        "\\\\server\\share",
+        "",
+        " ",
+        "NaN",
+        "-1",
+    ]
+)
+BAD_NUMBERS = (
+    st.sampled_from([-1, 0, -(10**30), 10**30, 1e308, -1e308, 1e-308, 2**63, -(2**63)])
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.integers()
+)
+BAD_VALUES = (
+    WEIRD_TEXT
+    | BAD_NUMBERS
+    | st.booleans()
+    | st.none()
+    | st.lists(st.integers(), max_size=3)
+    | st.dictionaries(st.text(max_size=5), st.integers(), max_size=2)
+)
 YAML_DATA = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | WEIRD_TEXT,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(WEIRD_TEXT, inner, max_size=4),
@@ -72,8 +101,11 @@ def _replace(data: Any, path: tuple, value: Any) -> Any:
 
 
 def _folder_hashes(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 class PrefectWouldStart(Exception):
@@ -95,7 +127,9 @@ def out_folder(tmp_path_factory) -> Path:
     (root / "spec.yaml").write_bytes(EXAMPLE.read_bytes())
     (root / "plan.json").write_text(json.dumps({"name": "digits", "steps": []}))
     (root / "runs" / "control-0123456789").mkdir(parents=True)
-    (root / "runs" / "control-0123456789" / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
+    (root / "runs" / "control-0123456789" / "metrics.jsonl").write_text(
+        '{"kind": "train", "step": 1}\n'
+    )
     (root / "report.json").write_text(json.dumps({"campaign_id": "digits-x", "verdict": {}}))
     return root
 
@@ -108,7 +142,9 @@ def invoke(faults, args: list[str], *, codes: tuple[int, ...] = (2,)) -> Any:
     if exc is not None and not isinstance(exc, SystemExit | PrefectWouldStart):
         faults.add("tracebacks")
         raise AssertionError(f"campaign {args!r} raised {exc!r}") from exc
-    text = result.output + (getattr(result, "stderr", "") if result.stderr_bytes is not None else "")
+    text = result.output + (
+        getattr(result, "stderr", "") if result.stderr_bytes is not None else ""
+    )
     assert "Traceback" not in text, text
     if isinstance(exc, PrefectWouldStart):
         return result
@@ -143,7 +179,9 @@ def test_random_yaml_is_a_spec_error(tmp_path_factory, faults, data):
 
 
 @FUZZ
-@given(raw=st.binary(max_size=200) | st.text(max_size=200).map(lambda s: s.encode("utf-8", "replace")))
+@given(
+    raw=st.binary(max_size=200) | st.text(max_size=200).map(lambda s: s.encode("utf-8", "replace"))
+)
 def test_random_bytes_are_a_spec_error(tmp_path_factory, faults, raw):
     path = tmp_path_factory.mktemp("spec") / "campaign.yaml"
     path.write_bytes(raw)
@@ -164,7 +202,9 @@ def test_a_bad_field_is_named(tmp_path_factory, faults, path, value):
 # --- the commands that take a spec ------------------------------------------------------------
 @FEW
 @given(path=st.sampled_from(PATHS), value=BAD_VALUES)
-def test_plan_and_run_refuse_a_bad_spec(tmp_path_factory, faults, no_prefect, out_folder, path, value):
+def test_plan_and_run_refuse_a_bad_spec(
+    tmp_path_factory, faults, no_prefect, out_folder, path, value
+):
     base = tmp_path_factory.mktemp("spec")
     spec = _write(base / "campaign.yaml", _replace(BASE, path, value))
     before = _folder_hashes(out_folder)
@@ -198,10 +238,28 @@ def test_run_refuses_an_out_that_is_a_file(tmp_path, faults, no_prefect):
 
 
 # --- path tricks for every argument that names a file or a folder ---------------------------
-PATH_TRICKS = st.sampled_from([
-    "../../../../etc", "/etc", "/", "~", "~root", "/dev/null", "/proc/self", "a\x00b",
-    "..", ".", "nonexistent/../../x", "\u202e", "x\x1by", "名前", " ", "-",
-]) | st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=12)
+PATH_TRICKS = st.sampled_from(
+    [
+        "../../../../etc",
+        "/etc",
+        "/",
+        "~",
+        "~root",
+        "/dev/null",
+        "/proc/self",
+        "a\x00b",
+        "..",
+        ".",
+        "nonexistent/../../x",
+        "\u202e",
+        "x\x1by",
+        "名前",
+        " ",
+        "-",
+    ]
+) | st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=12
+)
 
 
 @FUZZ
@@ -221,7 +279,10 @@ def test_folder_arguments_with_path_tricks(faults, out_folder, no_prefect, trick
 
 
 @FUZZ
-@given(hours=st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, -0.0, 1e308, 5e-324]))
+@given(
+    hours=st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from([0.0, -0.0, 1e308, 5e-324])
+)
 def test_packages_hours(faults, hours):
     result = invoke(faults, ["packages", "--hours", repr(hours), "--json"], codes=(0, 2, 4))
     if not (math.isfinite(hours) and hours > 0):
@@ -230,8 +291,12 @@ def test_packages_hours(faults, hours):
 
 # --- files inside an output folder that are not what they claim ------------------------------
 @FUZZ
-@given(name=st.sampled_from(["report.json", "manifest.json", "estimates.json", "report.md", "plan.json"]),
-       content=st.binary(max_size=64) | YAML_DATA.map(lambda d: json.dumps(d).encode()))
+@given(
+    name=st.sampled_from(
+        ["report.json", "manifest.json", "estimates.json", "report.md", "plan.json"]
+    ),
+    content=st.binary(max_size=64) | YAML_DATA.map(lambda d: json.dumps(d).encode()),
+)
 def test_a_corrupt_file_in_the_output_folder(tmp_path_factory, faults, name, content):
     root = tmp_path_factory.mktemp("out")
     (root / "spec.yaml").write_bytes(EXAMPLE.read_bytes())
@@ -243,7 +308,9 @@ def test_a_corrupt_file_in_the_output_folder(tmp_path_factory, faults, name, con
     assert _folder_hashes(root) == before
 
 
-def test_no_command_writes_in_a_folder_named_by_path_tricks(tmp_path, faults, no_prefect, monkeypatch):
+def test_no_command_writes_in_a_folder_named_by_path_tricks(
+    tmp_path, faults, no_prefect, monkeypatch
+):
     """Relative tricks run from an empty folder create nothing there or above it."""
     work = tmp_path / "a" / "b"
     work.mkdir(parents=True)
@@ -255,10 +322,23 @@ def test_no_command_writes_in_a_folder_named_by_path_tricks(tmp_path, faults, no
     assert os.listdir(work) == []
 
 
-MANIFEST_PARTS = st.fixed_dictionaries({
-    "files": st.lists(YAML_DATA | st.fixed_dictionaries(
-        {"path": WEIRD_TEXT | PATH_TRICKS, "size": BAD_NUMBERS, "sha256": WEIRD_TEXT}), max_size=4),
-}, optional={"runs": YAML_DATA, "corpus": YAML_DATA, "plan_sha256": YAML_DATA, "spec_sha256": YAML_DATA})
+MANIFEST_PARTS = st.fixed_dictionaries(
+    {
+        "files": st.lists(
+            YAML_DATA
+            | st.fixed_dictionaries(
+                {"path": WEIRD_TEXT | PATH_TRICKS, "size": BAD_NUMBERS, "sha256": WEIRD_TEXT}
+            ),
+            max_size=4,
+        ),
+    },
+    optional={
+        "runs": YAML_DATA,
+        "corpus": YAML_DATA,
+        "plan_sha256": YAML_DATA,
+        "spec_sha256": YAML_DATA,
+    },
+)
 
 
 @FUZZ
@@ -275,8 +355,11 @@ def test_a_manifest_of_the_wrong_shape(tmp_path_factory, faults, manifest):
 @FEW
 @given(name=WEIRD_TEXT, big=st.integers(min_value=401) | st.integers(max_value=1))
 def test_bad_options_are_refused_before_any_work(tmp_path_factory, faults, no_prefect, name, big):
-    """Unknown run and decision names, step counts out of range: exit 2, nothing trained or written."""
-    assume(name not in ("control", "lr-high", "bf16", "short", "auto", "ask") and not name.startswith("-"))
+    """Unknown run or decision names, step counts out of range: exit 2, nothing trained."""
+    assume(
+        name not in ("control", "lr-high", "bf16", "short", "auto", "ask")
+        and not name.startswith("-")
+    )
     out = tmp_path_factory.mktemp("out") / "new"
     invoke(faults, ["restart-check", str(EXAMPLE), "--run", name])
     invoke(faults, ["restart-check", str(EXAMPLE), "--steps", str(big)])

@@ -33,8 +33,15 @@ SPEC: dict[str, Any] = {
     "name": "faults",
     "packages": [{"gpu": "rtx4090", "days": 3}],
     "calendar": [{"name": "prep", "kind": "human", "hours": 1}],
-    "control": {"recipe": "mlp", "hidden": [16], "batch_size": 128, "epochs": 3, "lr": 0.01,
-                "threads": 1, "scheduler": "cosine"},
+    "control": {
+        "recipe": "mlp",
+        "hidden": [16],
+        "batch_size": 128,
+        "epochs": 3,
+        "lr": 0.01,
+        "threads": 1,
+        "scheduler": "cosine",
+    },
     "decision_rule": {"metric": "accuracy", "threshold": 0.0},
     "checkpoint": {"every_steps": 4, "keep": 2},
 }
@@ -59,8 +66,14 @@ def campaign(base: Path, digits: tuple[Path, str]) -> CampaignSpec:
 def train(spec: CampaignSpec, base: Path, **kw: Any):
     """The control run in this process, in the layout the child uses."""
     corpus = load_corpus(base / spec.corpus.path, corpus_spec=spec.corpus)
-    return train_run(spec, run="control", corpus=corpus, store=LocalStore(base / "out" / "checkpoints"),
-                     out_dir=run_folder(spec, base), **kw)
+    return train_run(
+        spec,
+        run="control",
+        corpus=corpus,
+        store=LocalStore(base / "out" / "checkpoints"),
+        out_dir=run_folder(spec, base),
+        **kw,
+    )
 
 
 def run_folder(spec: CampaignSpec, base: Path) -> Path:
@@ -69,8 +82,12 @@ def run_folder(spec: CampaignSpec, base: Path) -> Path:
 
 def manager(spec: CampaignSpec, base: Path) -> CheckpointManager:
     params = json.loads((run_folder(spec, base) / "params.json").read_text())
-    return CheckpointManager(LocalStore(base / "out" / "checkpoints"), run_id=spec.run_id("control"),
-                             config_sha256=params["config_sha256"], keep=2)
+    return CheckpointManager(
+        LocalStore(base / "out" / "checkpoints"),
+        run_id=spec.run_id("control"),
+        config_sha256=params["config_sha256"],
+        keep=2,
+    )
 
 
 def latest_is_good(spec: CampaignSpec, base: Path) -> int | None:
@@ -112,11 +129,27 @@ def same_as_reference(spec: CampaignSpec, base: Path, reference) -> None:
 
 def kill_child(base: Path, point: str, n: int, faults) -> None:
     """Run the child with ``FAULT_KILL=point:n``; it must die of SIGKILL."""
-    env = {**os.environ, "FAULT_KILL": f"{point}:{n}",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, str(HERE / "_killrun.py"), str(base)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, (point, n, proc.returncode, proc.stdout, proc.stderr[-2000:])
+    env = {
+        **os.environ,
+        "FAULT_KILL": f"{point}:{n}",
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])
+        ),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "_killrun.py"), str(base)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == -signal.SIGKILL, (
+        point,
+        n,
+        proc.returncode,
+        proc.stdout,
+        proc.stderr[-2000:],
+    )
     faults.add("signals_sent")
     faults.add("kill_points_tried")
 
@@ -124,8 +157,13 @@ def kill_child(base: Path, point: str, n: int, faults) -> None:
 # Points and the call at which the child dies: a mid-epoch step; half a buffer inside the
 # second save's files; the second save's folder committed but not LATEST; LATEST's temp file
 # before its rename; the first delete of an old checkpoint (third save, keep 2).
-KILL_POINTS = [("train-step", 7), ("inside-write", 12), ("after-rename", 2), ("inside-latest", 2),
-               ("prune", 1)]
+KILL_POINTS = [
+    ("train-step", 7),
+    ("inside-write", 12),
+    ("after-rename", 2),
+    ("inside-latest", 2),
+    ("prune", 1),
+]
 
 
 def check_where_it_died(spec: CampaignSpec, base: Path, point: str, latest: int) -> None:
@@ -143,7 +181,9 @@ def check_where_it_died(spec: CampaignSpec, base: Path, point: str, latest: int)
         assert any(n.startswith(".tmp-LATEST") for n in names) and max(steps) > latest, names
     elif point == "prune":
         files = ("meta.json", "model.safetensors", "state.pt")
-        broken = [s for s in steps if not all((folder / f"step-{s:09d}" / f).is_file() for f in files)]
+        broken = [
+            s for s in steps if not all((folder / f"step-{s:09d}" / f).is_file() for f in files)
+        ]
         assert broken and min(broken) < latest, names
 
 
@@ -257,7 +297,9 @@ def test_a_corpus_changed_after_pinning_stops_the_audit_and_the_run(tmp_path, di
     rid = spec.run_id("control")
     with pytest.raises(EssentialInputMissing) as err:
         load_corpus(path, corpus_spec=spec.corpus, run_id=rid)
-    assert err.value.to_record()["run_id"] == rid and "was altered" in err.value.to_record()["reason"]
+    assert (
+        err.value.to_record()["run_id"] == rid and "was altered" in err.value.to_record()["reason"]
+    )
     faults.add("faults_survived")
 
 
@@ -270,8 +312,12 @@ def test_a_truncated_corpus_stops_the_audit(tmp_path, digits, faults, repinned):
     if repinned:  # someone re-pinned the cut file: the audit still refuses its broken row
         from gpucampaign.files import sha256_file
 
-        spec = parse_spec({**json.loads((tmp_path / "spec.json").read_text()),
-                           "corpus": {"path": "data/digits.csv", "sha256": sha256_file(path)}})
+        spec = parse_spec(
+            {
+                **json.loads((tmp_path / "spec.json").read_text()),
+                "corpus": {"path": "data/digits.csv", "sha256": sha256_file(path)},
+            }
+        )
     faults.add("faults_injected")
     with pytest.raises((EssentialInputMissing, SpecError)) as err:
         audit_corpus(spec, base_dir=tmp_path)
@@ -300,12 +346,20 @@ def test_labels_outside_the_trained_classes_stop_the_audit(tmp_path, digits, fau
     path.write_text(header + "".join(rows))
     from gpucampaign.files import sha256_file
 
-    spec = parse_spec({**json.loads((tmp_path / "spec.json").read_text()),
-                       "corpus": {"path": "data/digits.csv", "sha256": sha256_file(path)}})
+    spec = parse_spec(
+        {
+            **json.loads((tmp_path / "spec.json").read_text()),
+            "corpus": {"path": "data/digits.csv", "sha256": sha256_file(path)},
+        }
+    )
     faults.add("faults_injected")
     with pytest.raises(EssentialInputMissing) as err:
         audit_corpus(spec, base_dir=tmp_path)
-    assert err.value.run_id == "audit" and "[99]" in err.value.reason and "never in train" in err.value.reason
+    assert (
+        err.value.run_id == "audit"
+        and "[99]" in err.value.reason
+        and "never in train" in err.value.reason
+    )
     report = audit_corpus(spec, base_dir=tmp_path, strict=False)
     finding = next(f for f in report["findings"] if f["check"] == "label_not_in_train")
     assert finding["severity"] == "hard" and finding["examples"] == [99]

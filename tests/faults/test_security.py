@@ -23,8 +23,11 @@ from gpucampaign.storage import LocalStore, StorageError
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits" / "campaign.yaml"
-CANARIES = {"AWS_SECRET_ACCESS_KEY": "canary-aws-5e1f0c9d", "SOME_TOKEN": "canary-token-b7a24e63",
-            "GPUCAMPAIGN_S3_SECRET": "canary-s3-0d9c8b7a"}
+CANARIES = {
+    "AWS_SECRET_ACCESS_KEY": "canary-aws-5e1f0c9d",
+    "SOME_TOKEN": "canary-token-b7a24e63",
+    "GPUCAMPAIGN_S3_SECRET": "canary-s3-0d9c8b7a",
+}
 
 
 class Payload:
@@ -42,7 +45,8 @@ def _state(step: int) -> tuple[dict, dict]:
     model = {"w": torch.randn(4, 3, generator=g)}
     state = {
         "optimizer": {"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]},
-        "scheduler": None, "scaler": {},
+        "scheduler": None,
+        "scaler": {},
         "rng": {"python": None, "numpy": None, "torch": torch.get_rng_state(), "cuda": []},
         "cursor": {"epoch": 0, "batch_in_epoch": step, "epoch_generator_state": g.get_state()},
         "counters": {"global_step": step},
@@ -59,7 +63,11 @@ def _plant_state(manager: CheckpointManager, step: int, data: bytes) -> None:
     meta["files"]["state.pt"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     meta_bytes = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
     (folder / "meta.json").write_bytes(meta_bytes)
-    pointer = {"step": step, "dir": folder.name, "meta_sha256": hashlib.sha256(meta_bytes).hexdigest()}
+    pointer = {
+        "step": step,
+        "dir": folder.name,
+        "meta_sha256": hashlib.sha256(meta_bytes).hexdigest(),
+    }
     manager.store.write_bytes(f"{manager.run_id}/LATEST", data=json.dumps(pointer).encode())
 
 
@@ -73,8 +81,9 @@ def test_a_pickle_payload_in_a_state_file_is_refused(tmp_path, faults, form):
     torch.load(io.BytesIO(probe.getvalue()), weights_only=False)
     assert (tmp_path / "probe").exists()
 
-    manager = CheckpointManager(LocalStore(tmp_path / "store"), run_id="control-0123456789",
-                                config_sha256="ab" * 32)
+    manager = CheckpointManager(
+        LocalStore(tmp_path / "store"), run_id="control-0123456789", config_sha256="ab" * 32
+    )
     model, state = _state(4)
     manager.save(4, model_state=model, train_state=state)
     evil = dict(state, optimizer=Payload(marker))
@@ -96,26 +105,49 @@ def test_a_pickle_payload_in_a_state_file_is_refused(tmp_path, faults, form):
 
 
 # --- names and paths stay inside their folder -----------------------------------------------
-KEY_TRICKS = st.sampled_from([
-    "../x", "../../etc/passwd", "/etc/passwd", "a/../../x", "a/./b", "a//b", "", ".", "..",
-    "a\x00b", "a\\..\\..\\x", "~/x", "run/../../x",
-]) | st.lists(st.sampled_from(["..", ".", "a", "", "~", "/", "\\"]), min_size=1, max_size=5).map("/".join)
+KEY_TRICKS = st.sampled_from(
+    [
+        "../x",
+        "../../etc/passwd",
+        "/etc/passwd",
+        "a/../../x",
+        "a/./b",
+        "a//b",
+        "",
+        ".",
+        "..",
+        "a\x00b",
+        "a\\..\\..\\x",
+        "~/x",
+        "run/../../x",
+    ]
+) | st.lists(st.sampled_from(["..", ".", "a", "", "~", "/", "\\"]), min_size=1, max_size=5).map(
+    "/".join
+)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(key=KEY_TRICKS)
 def test_a_store_key_never_leaves_the_store(tmp_path, faults, key):
     root = tmp_path / "inside" / "store"
     root.mkdir(parents=True, exist_ok=True)
     store = LocalStore(root)
     faults.add("fuzzed_inputs")
-    for op in (lambda: store.write_bytes(key, data=b"x"), lambda: store.read_bytes(key),
-               lambda: store.put_file(key, src=EXAMPLE), lambda: store.delete(key)):
+    for op in (
+        lambda: store.write_bytes(key, data=b"x"),
+        lambda: store.read_bytes(key),
+        lambda: store.put_file(key, src=EXAMPLE),
+        lambda: store.delete(key),
+    ):
         try:
             op()
         except StorageError:
             pass
-    outside = [p for p in tmp_path.rglob("*") if root not in p.parents and p != root and p.is_file()]
+    outside = [
+        p for p in tmp_path.rglob("*") if root not in p.parents and p != root and p.is_file()
+    ]
     assert outside == []
     for p in root.rglob("*"):
         assert p.resolve().is_relative_to(root.resolve())
@@ -139,7 +171,9 @@ def test_a_link_planted_in_the_store_is_not_followed(tmp_path, faults):
 
 
 def test_a_run_id_that_climbs_is_refused_by_the_store(tmp_path):
-    manager = CheckpointManager(LocalStore(tmp_path / "store"), run_id="../escape", config_sha256="ab" * 32)
+    manager = CheckpointManager(
+        LocalStore(tmp_path / "store"), run_id="../escape", config_sha256="ab" * 32
+    )
     model, state = _state(1)
     with pytest.raises(StorageError):
         manager.save(1, model_state=model, train_state=state)
@@ -174,11 +208,22 @@ def campaign_out(tmp_path_factory) -> tuple[Path, str]:
     """``campaign run`` of the digits example with canary secrets in the environment."""
     out = tmp_path_factory.mktemp("campaign") / "out"
     home = tmp_path_factory.mktemp("prefect-home")
-    env = {**os.environ, **CANARIES,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),
-           "PREFECT_HOME": str(home)}
-    proc = subprocess.run([sys.executable, "-m", "gpucampaign.cli", "run", str(EXAMPLE), "--out", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        **CANARIES,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])
+        ),
+        "PREFECT_HOME": str(home),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucampaign.cli", "run", str(EXAMPLE), "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, home, proc.stdout + proc.stderr
 
@@ -224,4 +269,28 @@ def test_verify_names_a_planted_link_and_does_not_follow_it(campaign_out, tmp_pa
     named = [p for p in report["problems"] if p["path"] == "runs/planted"]
     assert named and named[0]["code"] == "escaping_path", report["problems"]
     assert (outside / "secret.txt").read_text() == "not yours" and len(list(outside.iterdir())) == 1
+    faults.add("faults_survived")
+
+
+@pytest.mark.parametrize("rid", ["../../victim", "/abs/victim", "..", "a/../../victim"])
+def test_a_manifest_run_id_or_file_that_climbs_is_named_not_read(tmp_path, faults, rid):
+    from gpucampaign.outputs import verify_output
+
+    victim = tmp_path / "victim"
+    (victim / "model").mkdir(parents=True)
+    (victim / "predictions.csv").write_text("id,pred\n1,0\n")
+    out = tmp_path / "a" / "out"
+    out.mkdir(parents=True)
+    (out / "spec.yaml").write_bytes(EXAMPLE.read_bytes())
+    manifest = {
+        "files": [{"path": "../../victim/predictions.csv", "size": 1, "sha256": "0" * 64}],
+        "runs": {rid: {"run": "control", "status": "completed"}},
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    faults.add("faults_injected")
+    report = verify_output(out, reload=True, timeout_s=60)
+    escaping = [p.detail for p in report.problems if p.code == "escaping_path"]
+    assert any(rid in d for d in escaping) and any("victim/predictions.csv" in d for d in escaping)
+    assert report.reloaded_runs == [] and not report.verified
+    assert sorted(p.name for p in victim.rglob("*")) == ["model", "predictions.csv"]
     faults.add("faults_survived")
