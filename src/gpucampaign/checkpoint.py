@@ -327,6 +327,11 @@ class CheckpointManager:
             commit_s = time.perf_counter() - t2
             self._prune(step)
             prune_s = time.perf_counter() - t2 - commit_s
+        except StorageError:
+            raise
+        except OSError as exc:  # a full disk, an I/O error: name the checkpoint, keep LATEST
+            raise StorageError(f"checkpoint {final_key} was not saved ({exc}); {LATEST_FILE} still "
+                               "names the previous one") from exc
         finally:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)

@@ -343,6 +343,9 @@ def run_cmd(
     if decision not in (None, "auto", "ask"):
         raise SpecError(f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.")
     target = out or Path("out") / cs.name
+    if target.exists() and not target.is_dir():
+        raise SpecError(f"option '--out': '{target}' is a file, not a folder; give a new or "
+                        "existing output folder.", field="--out")
     # Refused before Prefect starts: a clear message, no flow-run traceback.
     OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
     flow = load_flow("campaign", "campaign")
@@ -391,6 +394,10 @@ def verify_cmd(
 
     if not out.is_dir():
         raise SpecError(f"'{out}' is not a folder: give a campaign's output folder.", field="OUT")
+    if not any((out / name).is_file() for name in ("manifest.json", "spec.yaml", "plan.json")):
+        # Not a campaign's folder (a home folder, '/'): refused rather than walked.
+        raise SpecError(f"'{out}' is not a campaign output folder (no manifest.json, spec.yaml or "
+                        "plan.json): give the folder that `campaign run --out` wrote.", field="OUT")
     report = verify_output(out, reload=not no_reload)
     verified = report.verified and not no_reload
     if as_json:

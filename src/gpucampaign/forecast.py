@@ -278,9 +278,9 @@ def load_estimates(out_dir: str | Path) -> dict[str, Any]:
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
         raise SpecError(f"'{path}' is not readable JSON ({exc})", field="calibrate_from") from None
-    measured = data.get("measured")
+    measured = data.get("measured") if isinstance(data, dict) else None
     if not isinstance(measured, dict):
         raise SpecError(f"'{path}' has no 'measured' mapping", field="calibrate_from")
     for k, v in measured.items():

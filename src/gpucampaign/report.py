@@ -323,6 +323,9 @@ def read_report(out_dir: str | Path) -> dict[str, Any]:
             field="OUT",
         )
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise SpecError(f"'{path}' is not valid JSON ({exc})", field="OUT") from None
+    if not isinstance(report, dict):
+        raise SpecError(f"'{path}' is not a report: it holds no JSON object", field="OUT")
+    return report

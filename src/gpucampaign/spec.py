@@ -591,6 +591,8 @@ def load_spec(path: str | Path) -> CampaignSpec:
         raise SpecError(
             f"Spec file '{p}' is not valid YAML ({exc}); fix the syntax at that line."
         ) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"Spec file '{p}' is not UTF-8 text ({exc}); save it as UTF-8.") from None
     return parse_spec(data, source=f"'{p}'")
 
 

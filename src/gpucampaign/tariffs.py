@@ -214,7 +214,7 @@ def load_catalog(
         )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise SpecError(
             f"field 'catalog': '{path}' is not valid YAML ({exc}); fix the syntax.", field="catalog"
         ) from None

@@ -117,6 +117,19 @@ def _json_path_values(obj: Any, pointer: str = "") -> Iterable[tuple[str, str]]:
             yield from _json_path_values(v, f"{pointer}/{n}")
 
 
+def _linked_dirs(root: Path) -> list[str]:
+    """Relative posix paths of the links to folders under ``root`` (never followed)."""
+    out = []
+    for dirpath, dirnames, _ in os.walk(root, followlinks=False):
+        out += [(Path(dirpath) / d).relative_to(root).as_posix() for d in dirnames
+                if (Path(dirpath) / d).is_symlink()]
+    return sorted(out)
+
+
+def _run_id_is_a_name(rid: str) -> bool:
+    return "/" not in rid and "\\" not in rid and rid not in ("", ".", "..")
+
+
 # --- what the checks share ------------------------------------------------------------------
 @dataclass
 class VerifyContext:
@@ -159,12 +172,19 @@ class VerifyContext:
 
     @property
     def runs(self) -> dict[str, Mapping[str, Any]]:
-        """The manifest's runs (empty without a manifest)."""
-        return (self.manifest or {}).get("runs") or {}
+        """The manifest's well-formed runs (empty without a manifest); the others are named
+        by ``check_manifest_runs`` and never read."""
+        runs = (self.manifest or {}).get("runs") or {}
+        if not isinstance(runs, Mapping):
+            return {}
+        return {rid: info for rid, info in runs.items()
+                if isinstance(info, Mapping) and _run_id_is_a_name(rid)}
 
     def scanned(self) -> list[str]:
-        """Every file whose content is checked: the files present and the manifest itself."""
-        return [*self.present, MANIFEST] if (self.base / MANIFEST).is_file() else self.present
+        """Every file whose content is checked: the files present, the links to folders (the
+        walk does not follow them, so they are only named) and the manifest itself."""
+        manifest = [MANIFEST] if (self.base / MANIFEST).is_file() else []
+        return [*self.present, *_linked_dirs(self.base), *manifest]
 
     def regular(self, rel: str) -> bool:
         """A non-empty file that is not a link (links and empty files are named elsewhere)."""
@@ -333,6 +353,10 @@ def check_manifest_files(ctx: VerifyContext) -> list[Problem]:
     problems = []
     listed: dict[str, Mapping[str, Any]] = {}
     for entry in ctx.manifest["files"]:
+        if not isinstance(entry, Mapping):
+            detail = f"file entry {entry!r} is not an object"
+            problems.append(Problem("invalid_manifest", MANIFEST, detail))
+            continue
         rel = str(entry.get("path", ""))
         if _escapes(rel) or not rel:
             detail = f"file entry '{rel}' is absolute or climbs out of the output folder"
@@ -396,6 +420,21 @@ def check_spec(ctx: VerifyContext) -> list[Problem]:
         if rid not in ctx.runs:
             detail = f"run '{name}' ({rid}) of the spec is not in the manifest"
             problems.append(Problem("missing_run", f"runs/{rid}", detail))
+    return problems
+
+
+def check_manifest_runs(ctx: VerifyContext) -> list[Problem]:
+    """The manifest's runs are objects keyed by a folder name inside ``runs/``."""
+    runs = (ctx.manifest or {}).get("runs") or {}
+    if not isinstance(runs, Mapping):
+        return [Problem("invalid_manifest", MANIFEST, "'runs' is not an object")]
+    problems = []
+    for rid, info in runs.items():
+        if not isinstance(info, Mapping):
+            problems.append(Problem("invalid_manifest", MANIFEST, f"run {rid!r} is not an object"))
+        elif not _run_id_is_a_name(rid):
+            detail = f"run ID {rid!r} is not a folder name inside runs/"
+            problems.append(Problem("escaping_path", MANIFEST, detail))
     return problems
 
 
@@ -503,6 +542,7 @@ CHECKS: tuple[Callable[[VerifyContext], list[Problem]], ...] = (
     check_manifest_files,
     check_plan_hash,
     check_spec,
+    check_manifest_runs,
     check_expected_runs,
     check_corpus,
     check_models_reload,

@@ -1,0 +1,296 @@
+"""Security: pickle payloads are refused, names and paths stay inside their folder, links
+planted in an output folder are named rather than followed, and secrets never reach a file."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpucampaign.checkpoint import CheckpointManager
+from gpucampaign.spec import SpecError, load_spec, resolve_inside
+from gpucampaign.storage import LocalStore, StorageError
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "digits" / "campaign.yaml"
+CANARIES = {
+    "AWS_SECRET_ACCESS_KEY": "canary-aws-5e1f0c9d",
+    "SOME_TOKEN": "canary-token-b7a24e63",
+    "GPUCAMPAIGN_S3_SECRET": "canary-s3-0d9c8b7a",
+}
+
+
+class Payload:
+    """Unpickling this creates the file ``marker``: the test that it is refused is a real one."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _state(step: int) -> tuple[dict, dict]:
+    g = torch.Generator().manual_seed(step)
+    model = {"w": torch.randn(4, 3, generator=g)}
+    state = {
+        "optimizer": {"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+        "scheduler": None,
+        "scaler": {},
+        "rng": {"python": None, "numpy": None, "torch": torch.get_rng_state(), "cuda": []},
+        "cursor": {"epoch": 0, "batch_in_epoch": step, "epoch_generator_state": g.get_state()},
+        "counters": {"global_step": step},
+    }
+    return model, state
+
+
+def _plant_state(manager: CheckpointManager, step: int, data: bytes) -> None:
+    """Replace ``state.pt`` of a committed checkpoint and re-sign its meta and LATEST, so that
+    only the unpickling itself can refuse it (hashes and sizes all match)."""
+    folder = manager.store.local_path(f"{manager.run_id}/step-{step:09d}")
+    (folder / "state.pt").write_bytes(data)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["files"]["state.pt"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    meta_bytes = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+    (folder / "meta.json").write_bytes(meta_bytes)
+    pointer = {
+        "step": step,
+        "dir": folder.name,
+        "meta_sha256": hashlib.sha256(meta_bytes).hexdigest(),
+    }
+    manager.store.write_bytes(f"{manager.run_id}/LATEST", data=json.dumps(pointer).encode())
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+@pytest.mark.parametrize("form", ["torch-zip", "raw-pickle"])
+def test_a_pickle_payload_in_a_state_file_is_refused(tmp_path, faults, form):
+    marker = tmp_path / "pwned"
+    # The payload is real: loading it without weights_only creates the marker.
+    probe = io.BytesIO()
+    torch.save({"x": Payload(tmp_path / "probe")}, probe)
+    torch.load(io.BytesIO(probe.getvalue()), weights_only=False)
+    assert (tmp_path / "probe").exists()
+
+    manager = CheckpointManager(
+        LocalStore(tmp_path / "store"), run_id="control-0123456789", config_sha256="ab" * 32
+    )
+    model, state = _state(4)
+    manager.save(4, model_state=model, train_state=state)
+    evil = dict(state, optimizer=Payload(marker))
+    if form == "torch-zip":
+        buf = io.BytesIO()
+        torch.save(evil, buf)
+        data = buf.getvalue()
+    else:
+        import pickle
+
+        data = pickle.dumps(evil)
+    _plant_state(manager, 4, data)
+    faults.add("faults_injected")
+    ck, refused = manager.load_latest()
+    assert ck is None and len(refused) == 1
+    assert "state.pt refused by torch.load(weights_only=True)" in refused[0], refused
+    assert not marker.exists()
+    faults.add("faults_survived")
+
+
+# --- names and paths stay inside their folder -----------------------------------------------
+KEY_TRICKS = st.sampled_from(
+    [
+        "../x",
+        "../../etc/passwd",
+        "/etc/passwd",
+        "a/../../x",
+        "a/./b",
+        "a//b",
+        "",
+        ".",
+        "..",
+        "a\x00b",
+        "a\\..\\..\\x",
+        "~/x",
+        "run/../../x",
+    ]
+) | st.lists(st.sampled_from(["..", ".", "a", "", "~", "/", "\\"]), min_size=1, max_size=5).map(
+    "/".join
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(key=KEY_TRICKS)
+def test_a_store_key_never_leaves_the_store(tmp_path, faults, key):
+    root = tmp_path / "inside" / "store"
+    root.mkdir(parents=True, exist_ok=True)
+    store = LocalStore(root)
+    faults.add("fuzzed_inputs")
+    for op in (
+        lambda: store.write_bytes(key, data=b"x"),
+        lambda: store.read_bytes(key),
+        lambda: store.put_file(key, src=EXAMPLE),
+        lambda: store.delete(key),
+    ):
+        try:
+            op()
+        except StorageError:
+            pass
+    outside = [
+        p for p in tmp_path.rglob("*") if root not in p.parents and p != root and p.is_file()
+    ]
+    assert outside == []
+    for p in root.rglob("*"):
+        assert p.resolve().is_relative_to(root.resolve())
+
+
+def test_a_link_planted_in_the_store_is_not_followed(tmp_path, faults):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    store = LocalStore(tmp_path / "store")
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "control-0123456789").symlink_to(outside, target_is_directory=True)
+    manager = CheckpointManager(store, run_id="control-0123456789", config_sha256="ab" * 32)
+    model, state = _state(2)
+    faults.add("faults_injected")
+    with pytest.raises(StorageError, match="outside the store root"):
+        manager.save(2, model_state=model, train_state=state)
+    with pytest.raises(StorageError):
+        store.read_bytes("control-0123456789/LATEST")
+    assert list(outside.iterdir()) == []
+    faults.add("faults_survived")
+
+
+def test_a_run_id_that_climbs_is_refused_by_the_store(tmp_path):
+    manager = CheckpointManager(
+        LocalStore(tmp_path / "store"), run_id="../escape", config_sha256="ab" * 32
+    )
+    model, state = _state(1)
+    with pytest.raises(StorageError):
+        manager.save(1, model_state=model, train_state=state)
+    assert not (tmp_path / "escape").exists()
+
+
+@pytest.mark.parametrize("value", ["../data.csv", "/etc/passwd", "data/../../x.csv", "C:\\x.csv"])
+@pytest.mark.parametrize("field", ["corpus.path", "catalog"])
+def test_spec_paths_must_stay_in_the_spec_folder(tmp_path, field, value):
+    text = EXAMPLE.read_text(encoding="utf-8")
+    if field == "corpus.path":
+        text = text.replace("path: data/digits.csv", f"path: '{value}'")
+    else:
+        text += f"\ncatalog: '{value}'\n"
+    (tmp_path / "campaign.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(SpecError, match=field.split(".")[0]):
+        load_spec(tmp_path / "campaign.yaml")
+
+
+def test_a_link_in_the_spec_folder_does_not_reach_outside(tmp_path):
+    (tmp_path / "secret.csv").write_text("id,label\n")
+    spec_dir = tmp_path / "campaign"
+    spec_dir.mkdir()
+    (spec_dir / "data.csv").symlink_to(tmp_path / "secret.csv")
+    with pytest.raises(SpecError, match="outside"):
+        resolve_inside(spec_dir, "data.csv", field="corpus.path")
+
+
+# --- a real campaign: links planted in its folder, secrets in its environment ------------------
+@pytest.fixture(scope="module")
+def campaign_out(tmp_path_factory) -> tuple[Path, str]:
+    """``campaign run`` of the digits example with canary secrets in the environment."""
+    out = tmp_path_factory.mktemp("campaign") / "out"
+    home = tmp_path_factory.mktemp("prefect-home")
+    env = {
+        **os.environ,
+        **CANARIES,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])
+        ),
+        "PREFECT_HOME": str(home),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucampaign.cli", "run", str(EXAMPLE), "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, home, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.process
+def test_no_secret_reaches_the_output_folder_or_the_log(campaign_out, faults):
+    """The output folder, the command's output and Prefect's own database (its logs,
+    artifacts and run parameters) hold none of the canaries."""
+    out, home, log = campaign_out
+    leaks = []
+    for root in (out, home):
+        for p in sorted(root.rglob("*")):
+            if p.is_file():
+                data = p.read_bytes()
+                leaks += [f"{p}: {k}" for k, v in CANARIES.items() if v.encode() in data]
+    leaks += [f"log: {k}" for k, v in CANARIES.items() if v in log]
+    faults.add("secrets_leaked", len(leaks))
+    assert leaks == []
+    assert (out / "manifest.json").is_file() and len(list(out.rglob("*"))) > 10
+    assert any(p.suffix == ".db" for p in home.rglob("*")), "Prefect's database was not scanned"
+
+
+@pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_verify_names_a_planted_link_and_does_not_follow_it(campaign_out, tmp_path, faults, kind):
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+
+    out = tmp_path / "out"
+    shutil.copytree(campaign_out[0], out, symlinks=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not yours")
+    link = out / "runs" / "planted"
+    link.symlink_to(outside / "secret.txt" if kind == "file" else outside)
+    faults.add("faults_injected")
+    result = CliRunner().invoke(app, ["verify", str(out), "--no-reload", "--json"])
+    assert result.exit_code == 4, result.output
+    report = json.loads(result.output)
+    named = [p for p in report["problems"] if p["path"] == "runs/planted"]
+    assert named and named[0]["code"] == "escaping_path", report["problems"]
+    assert (outside / "secret.txt").read_text() == "not yours" and len(list(outside.iterdir())) == 1
+    faults.add("faults_survived")
+
+
+@pytest.mark.parametrize("rid", ["../../victim", "/abs/victim", "..", "a/../../victim"])
+def test_a_manifest_run_id_or_file_that_climbs_is_named_not_read(tmp_path, faults, rid):
+    from gpucampaign.verify import verify_output
+
+    victim = tmp_path / "victim"
+    (victim / "model").mkdir(parents=True)
+    (victim / "predictions.csv").write_text("id,pred\n1,0\n")
+    out = tmp_path / "a" / "out"
+    out.mkdir(parents=True)
+    (out / "spec.yaml").write_bytes(EXAMPLE.read_bytes())
+    manifest = {
+        "files": [{"path": "../../victim/predictions.csv", "size": 1, "sha256": "0" * 64}],
+        "runs": {rid: {"run": "control", "status": "completed"}},
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    faults.add("faults_injected")
+    report = verify_output(out, reload=True, timeout_s=60)
+    escaping = [p.detail for p in report.problems if p.code == "escaping_path"]
+    assert any(rid in d for d in escaping) and any("victim/predictions.csv" in d for d in escaping)
+    assert report.reloaded_runs == [] and not report.verified
+    assert sorted(p.name for p in victim.rglob("*")) == ["model", "predictions.csv"]
+    faults.add("faults_survived")
