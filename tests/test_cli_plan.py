@@ -243,6 +243,7 @@ def test_missing_spec_file(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "does not exist" in result.stderr
 
 
+@pytest.mark.process
 def test_installed_entry_point_runs_the_example() -> None:
     out = subprocess.run(
         [

@@ -16,6 +16,7 @@ from gpucampaign.storage import LocalStore
 from tests._engine import digits_file, make_spec, run, run_dir  # noqa: F401
 
 
+@pytest.mark.process
 def test_resume_mid_epoch_in_a_new_process_is_bit_identical(tmp_path, digits_file):  # noqa: F811
     """bf16 autocast, cosine schedule and dropout; interrupted mid-epoch in its own process."""
     spec = make_spec(
@@ -52,6 +53,7 @@ def _finished_run(tmp_path, digits_file):  # noqa: F811
     return spec
 
 
+@pytest.mark.process
 def test_scheduled_check_resumes_the_previous_kept_checkpoint(tmp_path, digits_file):  # noqa: F811
     spec = _finished_run(tmp_path, digits_file)
     report = verify_checkpoint_resume(
@@ -68,6 +70,7 @@ def test_scheduled_check_resumes_the_previous_kept_checkpoint(tmp_path, digits_f
     assert "params" in report.compared  # it reached the end: final weights compared with model/
 
 
+@pytest.mark.process
 def test_scheduled_check_detects_a_run_it_cannot_reproduce(tmp_path, digits_file):  # noqa: F811
     spec = _finished_run(tmp_path, digits_file)
     metrics = run_dir(spec, tmp_path) / "metrics.jsonl"
@@ -103,6 +106,7 @@ def test_scheduled_check_without_checkpoints(tmp_path, digits_file):  # noqa: F8
         )
 
 
+@pytest.mark.process
 def test_cli_init_and_restart_check(tmp_path):
     runner = CliRunner()
     target = tmp_path / "camp"

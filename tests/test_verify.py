@@ -51,6 +51,7 @@ def _edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps(data, indent=2))
 
 
+@pytest.mark.process
 def test_clean_folder_is_verified_with_every_model_reloaded(out: Path, closed: dict):
     report = verify_output(out)
     assert report.problems == []
@@ -59,6 +60,7 @@ def test_clean_folder_is_verified_with_every_model_reloaded(out: Path, closed: d
     assert report.checked_files >= 20
 
 
+@pytest.mark.process
 def test_cli_verify_exit_codes(out: Path, closed: dict):
     ok = CliRunner().invoke(app, ["verify", str(out), "--json"])
     assert ok.exit_code == 0, ok.output
@@ -151,6 +153,7 @@ def test_edited_plan(out: Path):
     assert report.codes() == {"plan_changed"}
 
 
+@pytest.mark.process
 def test_model_that_no_longer_reloads(out: Path, closed: dict):
     weights = _run_dir(out, closed) / "model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
@@ -160,6 +163,7 @@ def test_model_that_no_longer_reloads(out: Path, closed: dict):
     assert report.reloaded_runs == [closed["run_ids"]["wide"]]
 
 
+@pytest.mark.process
 def test_predictions_the_model_does_not_reproduce(out: Path, closed: dict):
     path = _run_dir(out, closed, "wide") / "predictions.csv"
     lines = path.read_text().splitlines()
@@ -193,6 +197,7 @@ def test_no_manifest(out: Path):
     assert "missing_manifest" in report.codes() and not report.verified
 
 
+@pytest.mark.process
 def test_external_corpus_is_checked_by_hash_and_models_reload_from_it(out: Path, closed: dict, tmp_path: Path):
     from gpucampaign.manifest import reference_corpus
 
@@ -346,6 +351,7 @@ def test_checks_leave_a_defect_they_do_not_own_to_its_check(out: Path, closed: d
     assert [p.code for p in check_manifest_files(ctx)] == ["size_mismatch"]
 
 
+@pytest.mark.process
 def test_a_reload_that_fails_is_named_by_the_reload_check(out: Path, closed: dict):
     weights = _run_dir(out, closed) / "model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
