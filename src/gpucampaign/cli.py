@@ -18,6 +18,7 @@ from rich.console import Console
 
 from gpucampaign.spec import SpecError
 from gpucampaign.stoprules import StopRule
+from gpucampaign.storage import check_storage
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_INVALID, EXIT_STOPPED, EXIT_NOT_FIT = 0, 1, 2, 3, 4
 
@@ -85,6 +86,7 @@ def plan_cmd(
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
+    check_storage(cs.storage.url)
     override, how = _calibration(cs, spec, calibrate_from) if calibrate_from else ({}, {})
     try:
         result = calendar.plan(cs, base_dir=spec.resolve().parent, hours_override=override or None)
@@ -271,6 +273,7 @@ def run_cmd(
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
+    check_storage(cs.storage.url)
     if decision not in (None, "auto", "ask"):
         raise SpecError(f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.")
     target = out or Path("out") / cs.name

@@ -1,26 +1,29 @@
-"""Where checkpoints live: a small ``Store`` interface and its local implementation.
+"""Where checkpoints live: a small ``Store`` interface, a local folder and an S3 bucket.
 
 Keys are relative POSIX paths (``<run_id>/step-000000020/model.safetensors``); a key that is
 absolute, empty, or climbs with ``..`` is refused before any file is touched. Vendor and OS
 errors are turned into our own types (``StorageError``, ``NotFound``) so callers never
 depend on a backend's exceptions.
 
-Backends: ``LocalStore`` (a folder, atomic writes with fsync). An S3 backend plugs in by
-implementing the same protocol (``local_path`` returns ``None`` there, which makes the
-checkpoint code stage files locally and upload them with ``put_file``); ``open_store`` is
-the one place that maps a spec's ``storage.url`` to a backend.
+Backends: ``LocalStore`` (a folder, atomic writes with fsync) and ``S3Store`` (boto3; its
+``local_path`` returns ``None``, which makes the checkpoint code stage files locally and
+upload them with ``put_file``). ``open_store`` is the one place that maps a spec's
+``storage.url`` to a backend; ``check_storage`` tries the URL, the credentials and the bucket
+before anything trains.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import shutil
 import uuid
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from gpucampaign.files import TMP_PREFIX, atomic_write_bytes, fsync_dir
+from gpucampaign.files import TMP_PREFIX, atomic_write_bytes, fsync_dir, sha256_bytes, sha256_file
 from gpucampaign.spec import SpecError
 
 _CHUNK = 8 * 1024 * 1024
@@ -204,24 +207,343 @@ class LocalStore:
             raise StorageError(f"cannot write {key!r} in {self.root}: {exc}") from exc
 
 
+_MIB = 1024 * 1024
+_PROBE_PREFIX = ".gpucampaign-probe-"
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """``('bucket', 'prefix')`` of ``s3://bucket/prefix`` (the prefix without slashes around it).
+
+    Raises:
+        SpecError: The URL is not ``s3://bucket[/prefix]`` or its prefix is not a safe key.
+    """
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/")
+    if not url.startswith("s3://") or not bucket:
+        raise SpecError(f"'{url}' is not an S3 URL: use s3://bucket/prefix.", field="storage.url")
+    if prefix:
+        try:
+            check_key(prefix)
+        except StorageError:
+            raise SpecError(f"'{url}': the prefix must be a relative path without '.', '..' or '//'.",
+                            field="storage.url") from None
+    return bucket, prefix
+
+
+def s3_client(env: Mapping[str, str] | None = None, *, max_attempts: int = 5, timeout_s: float = 60.0):
+    """A boto3 S3 client from the standard AWS variables of ``env`` (default: the environment).
+
+    ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``), ``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION`` and
+    ``AWS_PROFILE`` are read; without keys boto3's own chain (profile, instance role) applies.
+    Transient errors are retried with exponential backoff (``max_attempts`` in all).
+    """
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError
+
+    env = os.environ if env is None else env
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
+    try:
+        session = boto3.session.Session(
+            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
+            aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+            aws_session_token=env.get("AWS_SESSION_TOKEN") or None,
+            region_name=env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION") or "us-east-1",
+            profile_name=env.get("AWS_PROFILE") or None,
+        )
+        return session.client("s3", endpoint_url=endpoint, config=Config(
+            retries={"mode": "standard", "max_attempts": max_attempts},
+            s3={"addressing_style": "path"} if endpoint else {},
+            # Whole-file hashes are checked after each transfer; per-request CRCs only slow it.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            connect_timeout=min(timeout_s, 10.0), read_timeout=timeout_s,
+            max_pool_connections=16,
+        ))
+    except (BotoCoreError, ValueError) as exc:
+        raise StorageError(f"cannot configure the S3 client: {type(exc).__name__}: {exc}") from None
+
+
+def _etag(part_md5s: list[bytes]) -> str:
+    if len(part_md5s) == 1:
+        return part_md5s[0].hex()
+    return f"{hashlib.md5(b''.join(part_md5s)).hexdigest()}-{len(part_md5s)}"
+
+
+def _file_digests(path: Path, *, part_size: int | None) -> tuple[str, int, str]:
+    """sha256, size and the ETag S3 computes for ``path`` uploaded in parts of ``part_size``
+    (``None``: one PUT), in one read of the file."""
+    sha, md5s, size = hashlib.sha256(), [], 0
+    block = part_size or 8 * _MIB
+    part = hashlib.md5()
+    with open(path, "rb") as f:
+        while data := f.read(block):
+            sha.update(data)
+            part.update(data)
+            size += len(data)
+            if part_size:
+                md5s.append(part.digest())
+                part = hashlib.md5()
+    if not part_size or not md5s:
+        md5s = [part.digest()]
+    return sha.hexdigest(), size, _etag(md5s)
+
+
+class S3Store:
+    """A store in an S3 bucket under a prefix (``s3://bucket/prefix``).
+
+    Every object carries its sha256 and size in its metadata. ``put_file`` and
+    ``write_bytes`` return only once the bucket holds the object with the right size and the
+    ETag the server computed from the bytes it received matches the local bytes; reads check
+    size and sha256 against the metadata. Large files go up in parallel parts through boto3's
+    transfer manager.
+
+    Args:
+        url: ``s3://bucket/prefix``.
+        env: The AWS variables (default: the environment); see ``s3_client``.
+        client: A ready boto3 client instead (``env`` is then ignored).
+        multipart_threshold: Files from this size go up in parts.
+        part_size: Size of each part.
+        max_concurrency: Parts transferred at once.
+        max_attempts: Attempts per request (retries with backoff on transient errors).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        client: Any = None,
+        multipart_threshold: int = 64 * _MIB,
+        part_size: int = 16 * _MIB,
+        max_concurrency: int = 8,
+        max_attempts: int = 5,
+    ) -> None:
+        from boto3.s3.transfer import TransferConfig
+
+        self.bucket, self.prefix = parse_s3_url(url)
+        self.url = f"s3://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        self._client = client or s3_client(env, max_attempts=max_attempts)
+        self.endpoint = self._client.meta.endpoint_url
+        self._transfer = TransferConfig(
+            multipart_threshold=multipart_threshold, multipart_chunksize=part_size,
+            max_concurrency=max_concurrency, num_download_attempts=max_attempts,
+        )
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
+
+    def __reduce__(self) -> Any:  # a pickled client would carry the keys: refuse it
+        raise TypeError("an S3Store is not picklable: open it where it is used (open_store)")
+
+    def _obj(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _error(self, exc: Exception, *, what: str, key: str | None = None) -> StorageError:
+        """Our error for a botocore/boto3 exception; never the keys, only the URL and endpoint."""
+        from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+        where = f"{self.url}/{key}" if key else self.url
+        if isinstance(exc, ClientError):
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("NoSuchKey", "404", "NotFound") and key is not None:
+                return NotFound(f"{where} not found")
+            if code in ("NoSuchBucket",) or (code in ("404", "NotFound") and key is None):
+                return StorageError(f"{what} {where}: bucket '{self.bucket}' does not exist at "
+                                    f"{self.endpoint}")
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403") \
+                    or status == 403:
+                return StorageError(
+                    f"{what} {where}: access denied by {self.endpoint} ({code}); check "
+                    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE and the bucket's policy")
+            message = str(err.get("Message", ""))[:200]
+            return StorageError(f"{what} {where}: S3 error {code or status}: {message}")
+        if isinstance(exc, NoCredentialsError):
+            return StorageError(f"{what} {where}: no S3 credentials: set AWS_ACCESS_KEY_ID and "
+                                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE")
+        if isinstance(exc, EndpointConnectionError):
+            return StorageError(f"{what} {where}: cannot reach the S3 endpoint {self.endpoint}")
+        return StorageError(f"{what} {where}: {type(exc).__name__}: {exc}")
+
+    def _call(self, what: str, key: str | None, fn: Any, /, **kwargs: Any) -> Any:
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn(**kwargs)
+        except (ClientError, BotoCoreError, Boto3Error) as exc:
+            raise self._error(exc, what=what, key=key) from None
+
+    def _head(self, key: str) -> dict[str, Any]:
+        return self._call("cannot read", key, self._client.head_object,
+                          Bucket=self.bucket, Key=self._obj(key))
+
+    def _verify(self, key: str, *, sha256: str, size: int, etag: str) -> None:
+        head = self._head(key)
+        got_etag = str(head.get("ETag", "")).strip('"')
+        meta = head.get("Metadata", {})
+        if head.get("ContentLength") != size or meta.get("sha256") != sha256 or got_etag != etag:
+            raise StorageError(
+                f"{self.url}/{key}: the bucket does not hold what was uploaded "
+                f"({head.get('ContentLength')} bytes, ETag {got_etag}; sent {size} bytes, ETag {etag})")
+
+    def _upload(self, src: Path, key: str, *, extra: dict[str, Any]) -> None:
+        """One upload through the transfer manager (parts above the threshold)."""
+        from boto3.s3.transfer import S3Transfer
+
+        S3Transfer(self._client, self._transfer).upload_file(
+            str(src), self.bucket, self._obj(key), extra_args=extra)
+
+    def put_file(self, key: str, *, src: Path) -> None:
+        """Upload ``src`` to ``key`` and verify the bucket holds exactly its bytes."""
+        from s3transfer.utils import ChunksizeAdjuster
+
+        src = Path(src)
+        if not src.is_file():
+            raise NotFound(f"local file {src} does not exist")
+        size = src.stat().st_size
+        part = None
+        if size >= self._transfer.multipart_threshold:
+            part = ChunksizeAdjuster().adjust_chunksize(self._transfer.multipart_chunksize, size)
+        sha256, size, etag = _file_digests(src, part_size=part)
+        extra = {"Metadata": {"sha256": sha256, "size": str(size)}}
+        self._call("cannot upload to", key, self._upload, src=src, key=key, extra=extra)
+        self._verify(key, sha256=sha256, size=size, etag=etag)
+
+    def get_file(self, key: str, *, dst: Path) -> None:
+        """Download ``key`` into ``dst`` atomically, checking size and sha256 first."""
+        from boto3.s3.transfer import S3Transfer
+
+        head = self._head(key)
+        dst = Path(dst)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}.{uuid.uuid4().hex[:8]}")
+        try:
+            self._call("cannot download", key, S3Transfer(self._client, self._transfer).download_file,
+                       bucket=self.bucket, key=self._obj(key), filename=str(tmp))
+            self._check_content(key, head, size=tmp.stat().st_size, sha256=lambda: sha256_file(tmp))
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, dst)
+        except OSError as exc:
+            if isinstance(exc, StorageError):
+                raise
+            raise StorageError(f"cannot write {dst} from {self.url}/{key}: {exc}") from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _check_content(self, key: str, head: Mapping[str, Any], *, size: int, sha256: Any) -> None:
+        meta = head.get("Metadata") or {}
+        want = head.get("ContentLength")
+        if want is not None and size != want:
+            raise StorageError(f"{self.url}/{key}: got {size} bytes, the bucket lists {want}")
+        if "size" in meta and str(size) != meta["size"]:
+            raise StorageError(f"{self.url}/{key}: {size} bytes, its metadata says {meta['size']}")
+        if "sha256" in meta and sha256() != meta["sha256"]:
+            raise StorageError(f"{self.url}/{key}: content fails the sha256 of its metadata (altered)")
+
+    def exists(self, key: str) -> bool:
+        """True when ``key`` exists."""
+        try:
+            self._head(key)
+        except NotFound:
+            return False
+        return True
+
+    def size(self, key: str) -> int:
+        """Size of ``key`` in bytes."""
+        return int(self._head(key)["ContentLength"])
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Sorted keys under the folder-like ``prefix`` ('' for all)."""
+        base = self._obj(prefix) + "/" if prefix else (f"{self.prefix}/" if self.prefix else "")
+        keys: list[str] = []
+        pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base)
+        for page in self._call("cannot list", prefix or None, lambda: list(pages)):
+            keys.extend(obj["Key"][len(self.prefix) + 1 if self.prefix else 0:]
+                        for obj in page.get("Contents", []))
+        return sorted(k for k in keys if not k.startswith(_PROBE_PREFIX))
+
+    def delete(self, key: str) -> None:
+        """Delete ``key``; a missing key is not an error."""
+        self._call("cannot delete", key, self._client.delete_object, Bucket=self.bucket, Key=self._obj(key))
+
+    def read_bytes(self, key: str) -> bytes:
+        """The whole object, checked against its size and sha256."""
+        resp = self._call("cannot read", key, self._client.get_object,
+                          Bucket=self.bucket, Key=self._obj(key))
+        data = self._call("cannot read", key, resp["Body"].read)
+        self._check_content(key, resp, size=len(data), sha256=lambda: sha256_bytes(data))
+        return data
+
+    def write_bytes(self, key: str, *, data: bytes) -> None:
+        """Write ``data`` to ``key`` in one PUT (atomic in S3) and verify it."""
+        digest = hashlib.md5(data)
+        sha256 = sha256_bytes(data)
+        self._call("cannot write", key, self._client.put_object, Bucket=self.bucket, Key=self._obj(key),
+                   Body=data, ContentMD5=base64.b64encode(digest.digest()).decode(),
+                   Metadata={"sha256": sha256, "size": str(len(data))})
+        self._verify(key, sha256=sha256, size=len(data), etag=digest.hexdigest())
+
+    def local_path(self, key: str) -> Path | None:
+        """Always ``None``: objects are not files here."""
+        check_key(key)
+        return None
+
+    def check(self) -> None:
+        """Reach the endpoint, prove the keys, and write, read and delete a probe object.
+
+        Raises:
+            StorageError: What failed, with the URL and the endpoint (never the keys).
+        """
+        self._call("cannot open", None, self._client.head_bucket, Bucket=self.bucket)
+        probe = f"{_PROBE_PREFIX}{uuid.uuid4().hex[:12]}"
+        payload = uuid.uuid4().bytes
+        self.write_bytes(probe, data=payload)
+        try:
+            if self.read_bytes(probe) != payload:
+                raise StorageError(f"{self.url}: a probe object did not read back as written")
+        finally:
+            self.delete(probe)
+
+
 def open_store(url: str, *, out_dir: str | Path, env: Mapping[str, str] | None = None) -> Store:
     """The store named by a spec's ``storage.url``.
 
     Args:
         url: ``'local'`` (checkpoints in ``out_dir/checkpoints``) or ``'s3://bucket/prefix'``.
         out_dir: The campaign's output folder.
-        env: Environment with the S3 endpoint and keys (read by an S3 backend only).
+        env: The AWS variables for an S3 store (default: the environment).
 
     Raises:
-        SpecError: For ``s3://`` URLs: this build has no S3 backend yet.
+        SpecError: The URL names no known storage.
+        StorageError: The S3 client cannot be configured (a missing profile, say).
     """
-    del env  # only an S3 backend reads it
     if url == "local":
         return LocalStore(Path(out_dir) / "checkpoints")
     if url.startswith("s3://"):
-        raise SpecError(
-            f"field 'storage.url': '{url}' needs the S3 backend, which this build does not have yet "
-            "(it comes with the services issue); use storage.url: local for now.",
-            field="storage.url",
-        )
-    raise SpecError(f"field 'storage.url': unknown storage '{url}'; use 'local'.", field="storage.url")
+        return S3Store(url, env=env)
+    raise SpecError(f"field 'storage.url': unknown storage '{url}'; use 'local' or 's3://bucket/prefix'.",
+                    field="storage.url")
+
+
+def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
+    """Before anything trains: the URL, the credentials and the bucket of ``storage.url``.
+
+    ``'local'`` needs no check. For ``s3://`` a probe object is written, read back and deleted.
+
+    Raises:
+        SpecError: What is wrong, naming the URL and the endpoint (never a key).
+    """
+    if url == "local":
+        return
+    try:
+        store = open_store(url, out_dir=".", env=env)
+        if isinstance(store, S3Store):
+            store.check()
+    except StorageError as exc:
+        raise SpecError(f"field 'storage.url': {url} is not usable: {exc}", field="storage.url") from None
