@@ -162,6 +162,8 @@ def _command(root: Path, identities: Path, ports: list[int]) -> list[str]:
         f"-volume.port={volume}", f"-filer.port={filer}", f"-s3.port={s3}",
         f"-admin.port={admin}", "-admin.ui=false", "-webdav=false",
         "-s3.port.iceberg=0", "-s3.port.lance=0",
+        # Like a real S3: an upload to a missing bucket fails instead of creating it.
+        "-s3.autoCreateBucket=false", "-s3.allowDeleteBucketNotEmpty=false",
         f"-filer.localSocket={root / 'filer.sock'}",
     ]
 

@@ -343,8 +343,15 @@ class S3Store:
 
     def _error(self, exc: Exception, *, what: str, key: str | None = None) -> StorageError:
         """Our error for a botocore/boto3 exception; never the keys, only the URL and endpoint."""
+        from boto3.exceptions import Boto3Error
         from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
+        # The transfer manager wraps the client's error (S3UploadFailedError, RetriesExceeded).
+        while isinstance(exc, Boto3Error):
+            inner = getattr(exc, "last_exception", None) or exc.__cause__ or exc.__context__
+            if not isinstance(inner, Exception):
+                break
+            exc = inner
         where = f"{self.url}/{key}" if key else self.url
         if isinstance(exc, ClientError):
             err = exc.response.get("Error", {})
