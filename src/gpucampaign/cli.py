@@ -356,6 +356,28 @@ def report_cmd(
     console.print(Markdown(md.read_text(encoding="utf-8")) if md.is_file() else report_summary(report))
 
 
+# --- retrieve: bring a mirrored campaign back ----------------------------------------------
+
+
+@app.command("retrieve")
+@handle_errors
+def retrieve_cmd(
+    url: str = typer.Argument(..., help="Where the campaign was mirrored: s3://bucket/prefix."),
+    to: Path = typer.Option(..., "--to", help="New (or empty) folder to bring it into."),
+) -> None:
+    """Download a mirrored output folder, every file checked by size and sha256 (exit 2: bad input)."""
+    from gpucampaign.storage import StorageError, open_store, parse_s3_url, retrieve_folder
+
+    parse_s3_url(url)
+    try:
+        done = retrieve_folder(open_store(url, out_dir=to), dest=to)
+    except StorageError as exc:
+        raise SpecError(f"cannot retrieve {url}: {exc}", field="URL") from None
+    console.print(f"retrieved {done['files']} files ({done['bytes']} bytes) from {url} into {to}",
+                  highlight=False)
+    console.print(f"next: campaign verify {to}", highlight=False)
+
+
 def main() -> None:
     """Entry point of the ``campaign`` script."""
     app()

@@ -18,7 +18,14 @@ import yaml
 from gpucampaign.checkpoint import LATEST_FILE, STATE_FILE, CheckpointManager, step_dirname
 from gpucampaign.scaffold import write_spec_copy
 from gpucampaign.spec import SpecError
-from gpucampaign.storage import NotFound, S3Store, StorageError, check_storage
+from gpucampaign.storage import (
+    MIRROR_INDEX,
+    NotFound,
+    S3Store,
+    StorageError,
+    check_storage,
+    mirror_folder,
+)
 from infra.s3server import S3Server, start_server
 from tests.test_checkpoint import CFG, RUN, _state
 
@@ -222,3 +229,41 @@ def test_plan_refuses_wrong_keys_without_printing_the_secret(server, tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["fits"] is True
+
+
+def _cli(*args: str, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpucampaign.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_mirror_retrieve_verify(server, tmp_path):
+    env = {**os.environ, **server.env(), "PYTHONPATH": os.pathsep.join(sys.path),
+           "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    out = tmp_path / "out"
+    proc = _cli("run", str(EXAMPLE), "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    store = _store(server, "campaigns/digits")
+    first = mirror_folder(out, store=store)
+    manifest = json.loads((out / "manifest.json").read_bytes())
+    assert first["files"] == len(manifest["files"]) + 1 == first["uploaded"]
+    # Checked with plain boto3: every file of the folder is in the bucket under the prefix.
+    listed = server.client().list_objects_v2(Bucket=server.bucket, Prefix="campaigns/digits/",
+                                             MaxKeys=1000)
+    keys = {o["Key"].removeprefix("campaigns/digits/") for o in listed["Contents"]}
+    assert {"manifest.json", MIRROR_INDEX} | {f["path"] for f in manifest["files"]} <= keys
+    assert mirror_folder(out, store=store)["uploaded"] == 0  # nothing changed, nothing sent
+
+    url = f"s3://{server.bucket}/campaigns/digits"
+    back = tmp_path / "elsewhere" / "digits"
+    proc = _cli("retrieve", url, "--to", str(back), env=env)
+    assert proc.returncode == 0, proc.stderr
+    proc = _cli("verify", str(back), env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not any(p.name.startswith(".tmp-") for p in back.parent.iterdir())
+
+    assert _cli("retrieve", url, "--to", str(back), env=env).returncode == 2  # not empty
+    assert _cli("retrieve", "gs://bucket/x", "--to", str(tmp_path / "n"), env=env).returncode == 2
+    proc = _cli("retrieve", f"s3://{server.bucket}/nothing-here", "--to", str(tmp_path / "n"), env=env)
+    assert proc.returncode == 2 and "no mirrored output folder" in proc.stderr
+    assert not (tmp_path / "n").exists()
