@@ -299,6 +299,29 @@ def _file_digests(path: Path, *, part_size: int | None) -> tuple[str, int, str]:
     return sha.hexdigest(), size, _etag(md5s)
 
 
+class _HashingSink:
+    """A write-only, non-seekable target: the transfer manager then writes the parts in order,
+    so the sha256 is computed while the next parts are still downloading."""
+
+    def __init__(self, target: Any = None) -> None:
+        self.sha = hashlib.sha256()
+        self.size = 0
+        self.target = target
+        self.chunks: list[bytes] = []
+
+    def seekable(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        if self.target is None:
+            self.chunks.append(bytes(data))
+        else:
+            self.target.write(data)
+        return len(data)
+
+
 class S3Store:
     """A store in an S3 bucket under a prefix (``s3://bucket/prefix``).
 
@@ -430,19 +453,25 @@ class S3Store:
         self._call("cannot upload to", key, self._upload, src=src, key=key, extra=extra)
         self._verify(key, sha256=sha256, size=size, etag=etag)
 
-    def get_file(self, key: str, *, dst: Path) -> None:
-        """Download ``key`` into ``dst`` atomically, checking size and sha256 first."""
-        from boto3.s3.transfer import S3Transfer
-
+    def _fetch(self, key: str, target: Any = None) -> _HashingSink:
+        """Download ``key`` in parallel ranges into ``target`` (a file, or memory when None),
+        checked against the size and sha256 its metadata records."""
         head = self._head(key)
+        sink = _HashingSink(target)
+        self._call("cannot download", key, self._client.download_fileobj, Bucket=self.bucket,
+                   Key=self._obj(key), Fileobj=sink, Config=self._transfer)
+        self._check_content(key, head, size=sink.size, sha256=sink.sha.hexdigest)
+        return sink
+
+    def get_file(self, key: str, *, dst: Path) -> None:
+        """Download ``key`` into ``dst`` atomically; a file failing its size or sha256 is not kept."""
         dst = Path(dst)
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}.{uuid.uuid4().hex[:8]}")
         try:
-            self._call("cannot download", key, S3Transfer(self._client, self._transfer).download_file,
-                       bucket=self.bucket, key=self._obj(key), filename=str(tmp))
-            self._check_content(key, head, size=tmp.stat().st_size, sha256=lambda: sha256_file(tmp))
-            with open(tmp, "rb+") as f:
+            with open(tmp, "wb") as f:
+                self._fetch(key, f)
+                f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, dst)
         except OSError as exc:
@@ -490,11 +519,7 @@ class S3Store:
 
     def read_bytes(self, key: str) -> bytes:
         """The whole object, checked against its size and sha256."""
-        resp = self._call("cannot read", key, self._client.get_object,
-                          Bucket=self.bucket, Key=self._obj(key))
-        data = self._call("cannot read", key, resp["Body"].read)
-        self._check_content(key, resp, size=len(data), sha256=lambda: sha256_bytes(data))
-        return data
+        return b"".join(self._fetch(key).chunks)
 
     def write_bytes(self, key: str, *, data: bytes) -> None:
         """Write ``data`` to ``key`` in one PUT (atomic in S3) and verify it."""
