@@ -267,3 +267,37 @@ def test_mirror_retrieve_verify(server, tmp_path):
     proc = _cli("retrieve", f"s3://{server.bucket}/nothing-here", "--to", str(tmp_path / "n"), env=env)
     assert proc.returncode == 2 and "no mirrored output folder" in proc.stderr
     assert not (tmp_path / "n").exists()
+
+
+def test_the_server_script_keeps_its_keys_private_and_stops_by_pid(tmp_path):
+    script = [sys.executable, str(ROOT / "infra" / "s3server.py")]
+    folder = tmp_path / "srv"
+
+    def call(action: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*script, action, str(folder)], capture_output=True, text=True, timeout=180)
+
+    try:
+        first = call("start")
+        assert first.returncode == 0, first.stderr
+        env = dict(line.removeprefix("export ").split("=", 1) for line in first.stdout.splitlines())
+        assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+        secret = env["AWS_SECRET_ACCESS_KEY"]
+        for name in ("s3keys.json", "identities.json", "security.toml"):
+            assert (folder / name).stat().st_mode & 0o077 == 0, name
+        for name in ("s3server.json", "weed.log"):
+            assert secret not in (folder / name).read_text(errors="replace"), name
+        again = call("start")  # already running: the same server, the same keys
+        assert again.stdout == first.stdout
+        store = S3Store("s3://gpucampaign/script", env=env)
+        store.write_bytes("k", data=b"v")
+        assert call("status").returncode == 0
+    finally:
+        assert call("stop").returncode == 0
+    assert call("status").returncode == 1
+    restarted = call("start")  # a restart keeps the data and the keys (new ports)
+    try:
+        env2 = dict(line.removeprefix("export ").split("=", 1) for line in restarted.stdout.splitlines())
+        assert env2["AWS_SECRET_ACCESS_KEY"] == secret
+        assert S3Store("s3://gpucampaign/script", env=env2).read_bytes("k") == b"v"
+    finally:
+        call("stop")
