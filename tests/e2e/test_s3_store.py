@@ -237,12 +237,25 @@ def _cli(*args: str, env: dict[str, str], timeout: int = 600) -> subprocess.Comp
 
 
 @pytest.mark.slow
-def test_mirror_retrieve_verify(server, tmp_path):
+def test_a_campaign_on_s3_then_mirror_retrieve_verify(server, tmp_path):
+    """The digits example with its checkpoints in the bucket; its output folder mirrored to the
+    same prefix, retrieved into a new folder elsewhere, and verified there."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["storage"] = {"url": f"s3://{server.bucket}/campaigns/digits"}
+    spec = write_spec_copy(data, source_dir=EXAMPLE.parent, dest=tmp_path / "spec")
     env = {**os.environ, **server.env(), "PYTHONPATH": os.pathsep.join(sys.path),
            "PREFECT_HOME": str(tmp_path / "prefect-home")}
     out = tmp_path / "out"
-    proc = _cli("run", str(EXAMPLE), "--out", str(out), env=env)
+    proc = _cli("run", str(spec), "--out", str(out), env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert not (out / "checkpoints").exists()
+    client = server.client()
+    for run_dir in (out / "runs").iterdir():  # every run's LATEST is in the bucket
+        pointer = client.get_object(Bucket=server.bucket,
+                                    Key=f"campaigns/digits/{run_dir.name}/{LATEST_FILE}")
+        step = json.loads(pointer["Body"].read())["dir"]
+        client.head_object(Bucket=server.bucket,
+                           Key=f"campaigns/digits/{run_dir.name}/{step}/model.safetensors")
     store = _store(server, "campaigns/digits")
     first = mirror_folder(out, store=store)
     manifest = json.loads((out / "manifest.json").read_bytes())
