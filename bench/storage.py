@@ -7,7 +7,8 @@ In one run, against a local SeaweedFS started for the bench (or the server of
 
 - S3Store: ``put_file`` of each file (sha256 + the expected ETag computed, multipart upload,
   then size, sha256 metadata and ETag verified) and ``get_file`` (download, size and sha256
-  checked, fsync, rename);
+  checked, fsync, rename); also ``read_bytes``, the restore path of ``CheckpointManager.load``
+  for a remote store (into memory, size and sha256 checked);
 - plain boto3, default client: ``upload_file``/``download_file`` with boto3's defaults
   (which add a CRC32 to every request);
 - plain boto3, same client settings as S3Store (no per-request checksum): the strict baseline;
@@ -95,6 +96,8 @@ def contenders(env: dict[str, str], *, bucket: str, local: Path, files: list[Pat
     return {
         "s3store": (lambda: [store.put_file(f.name, src=f) for f in files],
                     lambda: [store.get_file(f.name, dst=back / f.name) for f in files]),
+        # How CheckpointManager.load restores from a remote store: into memory, hash checked.
+        "s3store_read_bytes": (None, lambda: [store.read_bytes(f.name) for f in files]),
         "boto3_default": plain(default, "bench/default"),
         "boto3_same_config": plain(same, "bench/same"),
         "local_disk": (lambda: [disk.put_file(f.name, src=f) for f in files],
@@ -111,14 +114,18 @@ def run(env: dict[str, str], *, bucket: str, mb: int, repeats: int, work: Path) 
     times: dict[str, dict[str, list[float]]] = {k: {"upload": [], "restore": []} for k in runs}
     for _ in range(repeats):
         for name, (up, down) in runs.items():  # alternated: drift hits every contender alike
-            times[name]["upload"].append(_timed(up))
+            if up is not None:
+                times[name]["upload"].append(_timed(up))
             times[name]["restore"].append(_timed(down))
-    med = {k: {op: statistics.median(v) for op, v in ops.items()} for k, ops in times.items()}
+    med = {k: {op: statistics.median(v) for op, v in ops.items() if v} for k, ops in times.items()}
     result = {"files": [f.name for f in files], "bytes": total, "repeats": repeats,
               "median_s": med, "mb_s": {k: {op: total / MB / s for op, s in ops.items()}
                                         for k, ops in med.items()}}
     result["s3store_vs"] = {k: {op: med[k][op] / med["s3store"][op] for op in ("upload", "restore")}
                             for k in ("boto3_default", "boto3_same_config", "local_disk")}
+    result["s3store_read_bytes_vs_download_file"] = {
+        k: med[k]["restore"] / med["s3store_read_bytes"]["restore"]
+        for k in ("boto3_default", "boto3_same_config")}
     strict = result["s3store_vs"]["boto3_same_config"]
     result["goal_met"] = min(strict.values()) >= 0.9
     return result
@@ -152,9 +159,12 @@ def main() -> int:
         return 0
     print(f"checkpoint {r['bytes'] / MB:.0f} MB in {len(r['files'])} files, median of {r['repeats']}")
     for name, ops in r["mb_s"].items():
-        print(f"  {name:18s} upload {ops['upload']:7.0f} MB/s   restore {ops['restore']:7.0f} MB/s")
+        up = f"{ops['upload']:7.0f} MB/s" if "upload" in ops else "      -     "
+        print(f"  {name:18s} upload {up}   restore {ops['restore']:7.0f} MB/s")
     for name, ops in r["s3store_vs"].items():
         print(f"  S3Store vs {name:18s} upload {ops['upload']:.2f}x   restore {ops['restore']:.2f}x")
+    for name, ratio in r["s3store_read_bytes_vs_download_file"].items():
+        print(f"  S3Store.read_bytes vs {name:18s} download_file {ratio:.2f}x")
     verdict = "met" if r["goal_met"] else "NOT met"
     print(f"goal S3Store >= 0.9x plain boto3 with the same client settings: {verdict}")
     return 0
