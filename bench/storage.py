@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # infra/ is a plain folder of the checkout
 
 from gpucampaign.checkpoint import CheckpointManager, capture_rng, step_dirname  # noqa: E402
-from gpucampaign.storage import LocalStore, S3Store, s3_client  # noqa: E402
+from gpucampaign.s3client import s3_client  # noqa: E402
+from gpucampaign.storage import LocalStore, S3Store  # noqa: E402
 
 MB = 1024 * 1024
 
@@ -84,13 +85,19 @@ def contenders(env: dict[str, str], *, bucket: str, local: Path, files: list[Pat
                            region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"))
     same = s3_client(env)
     # The same part size and parallelism as S3Store, so only the extra work differs.
-    cfg = TransferConfig(multipart_threshold=64 * MB, multipart_chunksize=16 * MB, max_concurrency=8)
+    cfg = TransferConfig(multipart_threshold=64 * MB, multipart_chunksize=16 * MB,
+                         max_concurrency=8)
     disk = LocalStore(local)
 
     def plain(client, prefix):
-        up = lambda: [client.upload_file(str(f), bucket, f"{prefix}/{f.name}", Config=cfg) for f in files]  # noqa: E731
-        down = lambda: [client.download_file(bucket, f"{prefix}/{f.name}", str(back / f.name), Config=cfg)  # noqa: E731
-                        for f in files]
+        def up():
+            for f in files:
+                client.upload_file(str(f), bucket, f"{prefix}/{f.name}", Config=cfg)
+
+        def down():
+            for f in files:
+                client.download_file(bucket, f"{prefix}/{f.name}", str(back / f.name), Config=cfg)
+
         return up, down
 
     return {
@@ -136,14 +143,16 @@ def main() -> int:
     ap.add_argument("--mb", type=int, default=128, help="checkpoint size in MB")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--env", action="store_true", help="use AWS_ENDPOINT_URL and the AWS keys "
-                    "of the environment (bucket from GPUCAMPAIGN_BENCH_BUCKET, default gpucampaign)")
+                    "of the environment (bucket from GPUCAMPAIGN_BENCH_BUCKET, default "
+                    "gpucampaign)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-storage-"))
     server = None
     try:
         if a.env:
-            env, bucket = dict(os.environ), os.environ.get("GPUCAMPAIGN_BENCH_BUCKET", "gpucampaign")
+            env = dict(os.environ)
+            bucket = env.get("GPUCAMPAIGN_BENCH_BUCKET", "gpucampaign")
         else:
             from infra.s3server import start_server
 
@@ -157,12 +166,14 @@ def main() -> int:
     if a.json:
         print(json.dumps(r, indent=2))
         return 0
-    print(f"checkpoint {r['bytes'] / MB:.0f} MB in {len(r['files'])} files, median of {r['repeats']}")
+    print(f"checkpoint {r['bytes'] / MB:.0f} MB in {len(r['files'])} files, "
+          f"median of {r['repeats']}")
     for name, ops in r["mb_s"].items():
         up = f"{ops['upload']:7.0f} MB/s" if "upload" in ops else "      -     "
         print(f"  {name:18s} upload {up}   restore {ops['restore']:7.0f} MB/s")
     for name, ops in r["s3store_vs"].items():
-        print(f"  S3Store vs {name:18s} upload {ops['upload']:.2f}x   restore {ops['restore']:.2f}x")
+        print(f"  S3Store vs {name:18s} upload {ops['upload']:.2f}x   "
+              f"restore {ops['restore']:.2f}x")
     for name, ratio in r["s3store_read_bytes_vs_download_file"].items():
         print(f"  S3Store.read_bytes vs {name:18s} download_file {ratio:.2f}x")
     verdict = "met" if r["goal_met"] else "NOT met"

@@ -1,4 +1,4 @@
-"""mirror_folder / retrieve_folder on a local store (the S3 path is in tests/e2e/test_s3_store.py)."""
+"""mirror_folder / retrieve_folder on a local store (the S3 path is tested end to end)."""
 
 from __future__ import annotations
 

@@ -5,11 +5,12 @@ absolute, empty, or climbs with ``..`` is refused before any file is touched. Ve
 errors are turned into our own types (``StorageError``, ``NotFound``) so callers never
 depend on a backend's exceptions.
 
-Backends: ``LocalStore`` (a folder, atomic writes with fsync) and ``S3Store`` (boto3; its
-``local_path`` returns ``None``, which makes the checkpoint code stage files locally and
-upload them with ``put_file``). ``open_store`` is the one place that maps a spec's
-``storage.url`` to a backend; ``check_storage`` tries the URL, the credentials and the bucket
-before anything trains.
+Backends: ``LocalStore`` (a folder, atomic writes with fsync) and ``S3Store`` (boto3, with
+its client and hashing helpers in ``s3client``; its ``local_path`` returns ``None``, which
+makes the checkpoint code stage files locally and upload them with ``put_file``).
+``open_store`` is the one place that maps a spec's ``storage.url`` to a backend;
+``check_storage`` tries the URL, the credentials and the bucket before anything trains;
+``mirror_folder`` and ``retrieve_folder`` copy a whole output folder to a store and back.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from gpucampaign.files import (
     sha256_file,
     utc_now,
 )
+from gpucampaign.s3client import HashingSink, file_digests, s3_client
 from gpucampaign.spec import SpecError
 
 _CHUNK = 8 * 1024 * 1024
@@ -234,95 +236,9 @@ def parse_s3_url(url: str) -> tuple[str, str]:
         try:
             check_key(prefix)
         except StorageError:
-            raise SpecError(f"'{url}': the prefix must be a relative path without '.', '..' or '//'.",
-                            field="storage.url") from None
+            raise SpecError(f"'{url}': the prefix must be a relative path without '.', '..' "
+                            "or '//'.", field="storage.url") from None
     return bucket, prefix
-
-
-def s3_client(env: Mapping[str, str] | None = None, *, max_attempts: int = 5, timeout_s: float = 60.0):
-    """A boto3 S3 client from the standard AWS variables of ``env`` (default: the environment).
-
-    ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``), ``AWS_ACCESS_KEY_ID``,
-    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION`` and
-    ``AWS_PROFILE`` are read; without keys boto3's own chain (profile, instance role) applies.
-    Transient errors are retried with exponential backoff (``max_attempts`` in all).
-    """
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError
-
-    env = os.environ if env is None else env
-    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
-    try:
-        session = boto3.session.Session(
-            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
-            aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
-            aws_session_token=env.get("AWS_SESSION_TOKEN") or None,
-            region_name=env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION") or "us-east-1",
-            profile_name=env.get("AWS_PROFILE") or None,
-        )
-        return session.client("s3", endpoint_url=endpoint, config=Config(
-            retries={"mode": "standard", "max_attempts": max_attempts},
-            s3={"addressing_style": "path"} if endpoint else {},
-            # Whole-file hashes are checked after each transfer; per-request CRCs only slow it.
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-            connect_timeout=min(timeout_s, 10.0), read_timeout=timeout_s,
-            max_pool_connections=16,
-        ))
-    except (BotoCoreError, ValueError) as exc:
-        raise StorageError(f"cannot configure the S3 client: {type(exc).__name__}: {exc}") from None
-
-
-def _etag(part_md5s: list[bytes]) -> str:
-    if len(part_md5s) == 1:
-        return part_md5s[0].hex()
-    return f"{hashlib.md5(b''.join(part_md5s), usedforsecurity=False).hexdigest()}-{len(part_md5s)}"
-
-
-def _file_digests(path: Path, *, part_size: int | None) -> tuple[str, int, str]:
-    """sha256, size and the ETag S3 computes for ``path`` uploaded in parts of ``part_size``
-    (``None``: one PUT), in one read of the file; the two hashes run on two cores."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    sha, md5s, size = hashlib.sha256(), [], 0
-    block = part_size or 8 * _MIB
-    part = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f, ThreadPoolExecutor(max_workers=1) as pool:
-        while data := f.read(block):
-            job = pool.submit(sha.update, data)  # hashlib releases the GIL on large buffers
-            part.update(data)
-            size += len(data)
-            if part_size:
-                md5s.append(part.digest())
-                part = hashlib.md5(usedforsecurity=False)
-            job.result()
-    if not part_size or not md5s:
-        md5s = [part.digest()]
-    return sha.hexdigest(), size, _etag(md5s)
-
-
-class _HashingSink:
-    """A write-only, non-seekable target: the transfer manager then writes the parts in order,
-    so the sha256 is computed while the next parts are still downloading."""
-
-    def __init__(self, target: Any = None) -> None:
-        self.sha = hashlib.sha256()
-        self.size = 0
-        self.target = target
-        self.chunks: list[bytes] = []
-
-    def seekable(self) -> bool:
-        return False
-
-    def write(self, data: bytes) -> int:
-        self.sha.update(data)
-        self.size += len(data)
-        if self.target is None:
-            self.chunks.append(bytes(data))
-        else:
-            self.target.write(data)
-        return len(data)
 
 
 class S3Store:
@@ -359,7 +275,10 @@ class S3Store:
 
         self.bucket, self.prefix = parse_s3_url(url)
         self.url = f"s3://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
-        self._client = client or s3_client(env, max_attempts=max_attempts)
+        try:
+            self._client = client or s3_client(env, max_attempts=max_attempts)
+        except ValueError as exc:
+            raise StorageError(str(exc)) from None
         self.endpoint = self._client.meta.endpoint_url
         self._transfer = TransferConfig(
             multipart_threshold=multipart_threshold, multipart_chunksize=part_size,
@@ -401,7 +320,8 @@ class S3Store:
                     or status == 403:
                 return StorageError(
                     f"{what} {where}: access denied by {self.endpoint} ({code}); check "
-                    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE and the bucket's policy")
+                    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE and the bucket's "
+                    "policy")
             message = str(err.get("Message", ""))[:200]
             return StorageError(f"{what} {where}: S3 error {code or status}: {message}")
         if isinstance(exc, NoCredentialsError):
@@ -433,7 +353,8 @@ class S3Store:
         if head.get("ContentLength") != size or meta.get("sha256") != sha256 or got_etag != etag:
             raise StorageError(
                 f"{self.url}/{key}: the bucket does not hold what was uploaded "
-                f"({head.get('ContentLength')} bytes, ETag {got_etag}; sent {size} bytes, ETag {etag})")
+                f"({head.get('ContentLength')} bytes, ETag {got_etag}; "
+                f"sent {size} bytes, ETag {etag})")
 
     def _upload(self, src: Path, key: str, *, extra: dict[str, Any]) -> None:
         """One upload through the transfer manager (parts above the threshold)."""
@@ -453,23 +374,24 @@ class S3Store:
         part = None
         if size >= self._transfer.multipart_threshold:
             part = ChunksizeAdjuster().adjust_chunksize(self._transfer.multipart_chunksize, size)
-        sha256, size, etag = _file_digests(src, part_size=part)
+        sha256, size, etag = file_digests(src, part_size=part)
         extra = {"Metadata": {"sha256": sha256, "size": str(size)}}
         self._call("cannot upload to", key, self._upload, src=src, key=key, extra=extra)
         self._verify(key, sha256=sha256, size=size, etag=etag)
 
-    def _fetch(self, key: str, target: Any = None) -> _HashingSink:
+    def _fetch(self, key: str, target: Any = None) -> HashingSink:
         """Download ``key`` in parallel ranges into ``target`` (a file, or memory when None),
         checked against the size and sha256 its metadata records."""
         head = self._head(key)
-        sink = _HashingSink(target)
+        sink = HashingSink(target)
         self._call("cannot download", key, self._client.download_fileobj, Bucket=self.bucket,
                    Key=self._obj(key), Fileobj=sink, Config=self._transfer)
         self._check_content(key, head, size=sink.size, sha256=sink.sha.hexdigest)
         return sink
 
     def get_file(self, key: str, *, dst: Path) -> None:
-        """Download ``key`` into ``dst`` atomically; a file failing its size or sha256 is not kept."""
+        """Download ``key`` into ``dst`` atomically; a file failing its size or sha256 is not
+        kept."""
         dst = Path(dst)
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}.{uuid.uuid4().hex[:8]}")
@@ -494,7 +416,8 @@ class S3Store:
         if "size" in meta and str(size) != meta["size"]:
             raise StorageError(f"{self.url}/{key}: {size} bytes, its metadata says {meta['size']}")
         if "sha256" in meta and sha256() != meta["sha256"]:
-            raise StorageError(f"{self.url}/{key}: content fails the sha256 of its metadata (altered)")
+            raise StorageError(f"{self.url}/{key}: content fails the sha256 of its metadata "
+                               "(altered)")
 
     def exists(self, key: str) -> bool:
         """True when ``key`` exists."""
@@ -512,7 +435,8 @@ class S3Store:
         """Sorted keys under the folder-like ``prefix`` ('' for all)."""
         base = self._obj(prefix) + "/" if prefix else (f"{self.prefix}/" if self.prefix else "")
         keys: list[str] = []
-        pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base)
+        paginator = self._client.get_paginator("list_objects_v2")
+        pages = paginator.paginate(Bucket=self.bucket, Prefix=base)
         for page in self._call("cannot list", prefix or None, lambda: list(pages)):
             keys.extend(obj["Key"][len(self.prefix) + 1 if self.prefix else 0:]
                         for obj in page.get("Contents", []))
@@ -520,7 +444,8 @@ class S3Store:
 
     def delete(self, key: str) -> None:
         """Delete ``key``; a missing key is not an error."""
-        self._call("cannot delete", key, self._client.delete_object, Bucket=self.bucket, Key=self._obj(key))
+        self._call("cannot delete", key, self._client.delete_object, Bucket=self.bucket,
+                   Key=self._obj(key))
 
     def read_bytes(self, key: str) -> bytes:
         """The whole object, checked against its size and sha256."""
@@ -530,8 +455,9 @@ class S3Store:
         """Write ``data`` to ``key`` in one PUT (atomic in S3) and verify it."""
         digest = hashlib.md5(data, usedforsecurity=False)
         sha256 = sha256_bytes(data)
-        self._call("cannot write", key, self._client.put_object, Bucket=self.bucket, Key=self._obj(key),
-                   Body=data, ContentMD5=base64.b64encode(digest.digest()).decode(),
+        self._call("cannot write", key, self._client.put_object, Bucket=self.bucket,
+                   Key=self._obj(key), Body=data,
+                   ContentMD5=base64.b64encode(digest.digest()).decode(),
                    Metadata={"sha256": sha256, "size": str(len(data))})
         self._verify(key, sha256=sha256, size=len(data), etag=digest.hexdigest())
 
@@ -626,7 +552,8 @@ def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict
     try:
         files = json.loads(store.read_bytes(MIRROR_INDEX))["files"]
     except NotFound:
-        raise StorageError(f"{store.url} holds no mirrored output folder (no {MIRROR_INDEX})") from None
+        msg = f"{store.url} holds no mirrored output folder (no {MIRROR_INDEX})"
+        raise StorageError(msg) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise StorageError(f"{store.url}/{MIRROR_INDEX} is not a mirror index ({exc})") from None
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -670,8 +597,8 @@ def open_store(url: str, *, out_dir: str | Path, env: Mapping[str, str] | None =
         return LocalStore(Path(out_dir) / "checkpoints")
     if url.startswith("s3://"):
         return S3Store(url, env=env)
-    raise SpecError(f"field 'storage.url': unknown storage '{url}'; use 'local' or 's3://bucket/prefix'.",
-                    field="storage.url")
+    raise SpecError(f"field 'storage.url': unknown storage '{url}'; use 'local' or "
+                    "'s3://bucket/prefix'.", field="storage.url")
 
 
 def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
@@ -689,4 +616,5 @@ def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
         if isinstance(store, S3Store):
             store.check()
     except StorageError as exc:
-        raise SpecError(f"field 'storage.url': {url} is not usable: {exc}", field="storage.url") from None
+        raise SpecError(f"field 'storage.url': {url} is not usable: {exc}",
+                        field="storage.url") from None

@@ -168,7 +168,8 @@ def test_wrong_keys_missing_bucket_and_a_server_that_is_down(server, tmp_path):
 
 def test_checkpoints_through_the_manager(server, tmp_path):
     store = _store(server, "ckpt/camp", multipart_threshold=5 * MIB, part_size=5 * MIB)
-    manager = CheckpointManager(store, run_id=RUN, config_sha256=CFG, keep=2, staging_dir=tmp_path / "stage")
+    manager = CheckpointManager(store, run_id=RUN, config_sha256=CFG, keep=2,
+                                staging_dir=tmp_path / "stage")
     for step in (2, 4, 6):
         model, state = _state(step)
         saved = manager.save(step, model_state=model, train_state=state)
@@ -200,7 +201,8 @@ def test_a_failed_upload_never_moves_latest(server, tmp_path):
     good = CheckpointManager(S3Store(url, env=server.env()), run_id=RUN, config_sha256=CFG)
     model, state = _state(3)
     good.save(3, model_state=model, train_state=state)
-    failing = CheckpointManager(_FailingStateStore(url, env=server.env()), run_id=RUN, config_sha256=CFG)
+    failing = CheckpointManager(_FailingStateStore(url, env=server.env()), run_id=RUN,
+                                config_sha256=CFG)
     wrong_keys = CheckpointManager(S3Store(url, env=_bad_env(server), max_attempts=2),
                                    run_id=RUN, config_sha256=CFG)
     for manager, reason in ((failing, "does not hold"), (wrong_keys, "access denied")):
@@ -277,7 +279,8 @@ def test_a_campaign_on_s3_then_mirror_retrieve_verify(server, tmp_path):
 
     assert _cli("retrieve", url, "--to", str(back), env=env).returncode == 2  # not empty
     assert _cli("retrieve", "gs://bucket/x", "--to", str(tmp_path / "n"), env=env).returncode == 2
-    proc = _cli("retrieve", f"s3://{server.bucket}/nothing-here", "--to", str(tmp_path / "n"), env=env)
+    proc = _cli("retrieve", f"s3://{server.bucket}/nothing-here", "--to", str(tmp_path / "n"),
+                env=env)
     assert proc.returncode == 2 and "no mirrored output folder" in proc.stderr
     assert not (tmp_path / "n").exists()
 
@@ -287,12 +290,16 @@ def test_the_server_script_keeps_its_keys_private_and_stops_by_pid(tmp_path):
     folder = tmp_path / "srv"
 
     def call(action: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*script, action, str(folder)], capture_output=True, text=True, timeout=180)
+        return subprocess.run([*script, action, str(folder)], capture_output=True, text=True,
+                              timeout=180)
+
+    def exports(proc: subprocess.CompletedProcess) -> dict[str, str]:
+        return dict(line.removeprefix("export ").split("=", 1) for line in proc.stdout.splitlines())
 
     try:
         first = call("start")
         assert first.returncode == 0, first.stderr
-        env = dict(line.removeprefix("export ").split("=", 1) for line in first.stdout.splitlines())
+        env = exports(first)
         assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
         secret = env["AWS_SECRET_ACCESS_KEY"]
         for name in ("s3keys.json", "identities.json", "security.toml"):
@@ -309,7 +316,7 @@ def test_the_server_script_keeps_its_keys_private_and_stops_by_pid(tmp_path):
     assert call("status").returncode == 1
     restarted = call("start")  # a restart keeps the data and the keys (new ports)
     try:
-        env2 = dict(line.removeprefix("export ").split("=", 1) for line in restarted.stdout.splitlines())
+        env2 = exports(restarted)
         assert env2["AWS_SECRET_ACCESS_KEY"] == secret
         assert S3Store("s3://gpucampaign/script", env=env2).read_bytes("k") == b"v"
     finally:
