@@ -226,6 +226,13 @@ def test_plan_refuses_wrong_keys_without_printing_the_secret(server, tmp_path):
     assert proc.returncode == 2, out
     assert f"s3://{server.bucket}/plans/digits" in " ".join(out.split()) and "access denied" in out
     assert _bad_env(server)["AWS_SECRET_ACCESS_KEY"] not in out and "Traceback" not in out
+    proc = subprocess.run([sys.executable, "-m", "gpucampaign.cli", "run", str(spec), "--out",
+                           str(tmp_path / "out")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "access denied" in out, out
+    assert _bad_env(server)["AWS_SECRET_ACCESS_KEY"] not in out
+    assert not (tmp_path / "out").exists()  # refused before anything was written or trained
     env = {**os.environ, **server.env(), "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, "-m", "gpucampaign.cli", "plan", str(spec), "--json"],
                           env=env, capture_output=True, text=True, timeout=120)
