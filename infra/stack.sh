@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The local real Prefect stack: a Prefect server (SQLite under .stack/), the GPU global
-# concurrency limit, the process work pool, both deployments, and one worker.
+# concurrency limit, the process work pool, both deployments, one worker, and a local S3
+# server (SeaweedFS, bucket gpucampaign) for storage.url: s3://gpucampaign/...
 #
-#   infra/stack.sh up       start (or complete) the stack; prints the PREFECT_API_URL to export
-#   infra/stack.sh down     stop the worker (and its flow runs) and the server, by recorded PID
+#   infra/stack.sh up       start (or complete) the stack; writes $STACK_DIR/env to source
+#   infra/stack.sh down     stop the worker (and its flow runs), the server and the S3 server
 #   infra/stack.sh status   what runs, and whether the API answers
 #   infra/stack.sh setup    only the GPU lock, work pool and deployments, on the server at
 #                           PREFECT_API_URL (a shared server, compose, Kubernetes)
 #
 # Settings (environment):
 #   GPUCAMPAIGN_PREFECT_PORT  server port (default 4200; the server listens on 127.0.0.1 only)
-#   STACK_DIR                 PIDs, logs and PREFECT_HOME (default: <repo>/.stack)
+#   STACK_DIR                 PIDs, logs, PREFECT_HOME, the S3 data and keys, and the env file
+#                             (default: <repo>/.stack)
 #   GPUCAMPAIGN_GPU_SLOTS     size of the GPU lock: GPUs of the committed lots (default 1)
 #   GPUCAMPAIGN_GPU_LIMIT     name of the GPU lock (default gpu; spec field gpu_lock.name)
 #   GPUCAMPAIGN_POOL          work pool name (default gpucampaign, as in deployments/prefect.yaml)
@@ -110,6 +112,30 @@ PYEOF
 
 healthy() { http GET /health 2>/dev/null | grep -q true; }
 
+# The S3 server: infra/s3server.py picks free ports, generates the keys at the first start
+# (kept in $STACK_DIR/s3, mode 0600), creates the bucket and waits until it serves data.
+S3_DIR="$STACK_DIR/s3"
+s3_up() {
+  local exports
+  exports="$("$PY" "$ROOT/infra/s3server.py" start "$S3_DIR")" \
+    || die "the S3 server did not start (see $S3_DIR/weed.log)"
+  eval "$exports"
+  export AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_DEFAULT_REGION
+  say "S3 server at $AWS_ENDPOINT_URL, bucket gpucampaign (data and log in $S3_DIR)"
+}
+
+write_env() {  # the exports a user sources: mode 0600, since it holds the S3 secret key
+  local env="$STACK_DIR/env"
+  (umask 077; {
+    echo "export PATH=\"$(dirname "$PY"):\$PATH\""
+    echo "export PREFECT_API_URL=$API"
+    for name in AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_DEFAULT_REGION; do
+      echo "export $name=${!name}"
+    done
+  } >"$env")
+  chmod 600 "$env"
+}
+
 port_free() {
   # SO_REUSEADDR as the server sets it: a port in TIME_WAIT after a `down` counts as free.
   "$PY" -c 'import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1]))); s.close()' "$PORT" 2>/dev/null
@@ -168,6 +194,7 @@ setup() {  # the GPU lock, the work pool and both deployments; the API must answ
 up() {
   local pid
   [[ "$POOL_TYPE" == process ]] || die "up runs a process worker: unset GPUCAMPAIGN_POOL_TYPE (use 'setup' for other pools)"
+  s3_up  # first: the worker and its flow runs inherit the AWS_* variables
   if pid="$(live_pid server)"; then
     say "server already running (pid $pid)"
   else
@@ -188,9 +215,10 @@ up() {
   fi
   wait_for "worker '$WORKER_NAME'" worker worker_registered
 
-  echo "export PREFECT_API_URL=$API" >"$STACK_DIR/env"
+  write_env
   say "up. UI: http://$HOST:$PORT   Run the example campaign with:"
-  echo "  export PREFECT_API_URL=$API"
+  echo "  . $STACK_DIR/env   # the venv first on PATH, PREFECT_API_URL and the AWS_* of the S3 server"
+  echo "  export PREFECT_API_URL=$API   # (what that file sets for Prefect)"
   echo "  prefect deployment run campaign/main --watch"
 }
 
@@ -229,6 +257,11 @@ down() {
     stopped=1
   fi
   rm -f "$(pidfile server)" "$STACK_DIR/env"
+  if "$PY" "$ROOT/infra/s3server.py" status "$S3_DIR" >/dev/null 2>&1; then
+    say "stopping the S3 server"
+    "$PY" "$ROOT/infra/s3server.py" stop "$S3_DIR"
+    stopped=1
+  fi
   ((stopped)) && say "down" || say "nothing was running (stack dir $STACK_DIR)"
 }
 
@@ -238,6 +271,9 @@ status() {
     if pid="$(live_pid "$comp")"; then say "$comp running (pid $pid)"; else say "$comp stopped"; rc=1; fi
   done
   if healthy; then say "API healthy at $API"; else say "API not answering at $API"; rc=1; fi
+  local s3
+  if s3="$("$PY" "$ROOT/infra/s3server.py" status "$S3_DIR")"; then say "S3 server $s3"
+  else say "S3 server stopped"; rc=1; fi
   return $rc
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import pickle
 import random
 from pathlib import Path
 
@@ -23,7 +24,14 @@ from gpucampaign.checkpoint import (
     step_dirname,
 )
 from gpucampaign.spec import SpecError
-from gpucampaign.storage import LocalStore, StorageError, check_key, open_store
+from gpucampaign.storage import (
+    LocalStore,
+    S3Store,
+    StorageError,
+    check_key,
+    check_storage,
+    open_store,
+)
 from tests._engine import digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 
 RUN = "control-0123456789"
@@ -277,8 +285,28 @@ def test_store_keys_cannot_escape(tmp_path):
 
 def test_open_store(tmp_path):
     assert isinstance(open_store("local", out_dir=tmp_path), LocalStore)
-    with pytest.raises(SpecError, match="S3 backend"):
-        open_store("s3://bucket/prefix", out_dir=tmp_path, env={})
+    env = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "very-secret-value",
+           "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    s3 = open_store("s3://bucket/some/prefix/", out_dir=tmp_path, env=env)
+    assert isinstance(s3, S3Store) and (s3.bucket, s3.prefix) == ("bucket", "some/prefix")
+    assert s3.local_path("run/LATEST") is None and "very-secret" not in repr(s3)
+    with pytest.raises(TypeError, match="not picklable"):
+        pickle.dumps(s3)
+    with pytest.raises(SpecError, match="unknown storage"):
+        open_store("gs://bucket/prefix", out_dir=tmp_path, env={})
+    with pytest.raises(SpecError, match="prefix"):
+        open_store("s3://bucket/a/../b", out_dir=tmp_path, env=env)
+
+
+def test_check_storage_on_a_dead_endpoint_names_the_url_not_the_secret():
+    env = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "very-secret-value",
+           "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}  # port 9 (discard): nothing listens
+    check_storage("local", env=env)
+    with pytest.raises(SpecError) as info:
+        check_storage("s3://bucket/prefix", env=env)
+    text = str(info.value)
+    assert "s3://bucket/prefix" in text and "cannot reach" in text
+    assert "very-secret" not in text and "AKIDEXAMPLE" not in text
 
 
 def test_a_run_resumes_from_the_previous_good_checkpoint(tmp_path, digits_file):  # noqa: F811

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from gpucampaign.spec import SpecError
 from gpucampaign.stoprules import StopRule
+from gpucampaign.storage import check_storage
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_INVALID, EXIT_STOPPED, EXIT_NOT_FIT = 0, 1, 2, 3, 4
 
@@ -101,6 +102,7 @@ def plan_cmd(
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
+    check_storage(cs.storage.url)
     override, how = _calibration(cs, spec, calibrate_from) if calibrate_from else ({}, {})
     try:
         result = calendar.plan(cs, base_dir=spec.resolve().parent, hours_override=override or None)
@@ -340,6 +342,7 @@ def run_cmd(
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
+    check_storage(cs.storage.url)
     if decision not in (None, "auto", "ask"):
         raise SpecError(f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.")
     target = out or Path("out") / cs.name
@@ -440,6 +443,28 @@ def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
     console.print(
         Markdown(md.read_text(encoding="utf-8")) if md.is_file() else report_summary(report)
     )
+
+
+# --- retrieve: bring a mirrored campaign back ----------------------------------------------
+
+
+@app.command("retrieve")
+@handle_errors
+def retrieve_cmd(
+    url: str = typer.Argument(..., help="Where the campaign was mirrored: s3://bucket/prefix."),
+    to: Path = typer.Option(..., "--to", help="New (or empty) folder to bring it into."),
+) -> None:
+    """Download a mirrored output folder, every file checked by size and sha256 (exit 2: bad input)."""
+    from gpucampaign.storage import StorageError, open_store, parse_s3_url, retrieve_folder
+
+    parse_s3_url(url)
+    try:
+        done = retrieve_folder(open_store(url, out_dir=to), dest=to)
+    except StorageError as exc:
+        raise SpecError(f"cannot retrieve {url}: {exc}", field="URL") from None
+    console.print(f"retrieved {done['files']} files ({done['bytes']} bytes) from {url} into {to}",
+                  highlight=False)
+    console.print(f"next: campaign verify {to}", highlight=False)
 
 
 def main() -> None:

@@ -1,26 +1,40 @@
-"""Where checkpoints live: a small ``Store`` interface and its local implementation.
+"""Where checkpoints live: a small ``Store`` interface, a local folder and an S3 bucket.
 
 Keys are relative POSIX paths (``<run_id>/step-000000020/model.safetensors``); a key that is
 absolute, empty, or climbs with ``..`` is refused before any file is touched. Vendor and OS
 errors are turned into our own types (``StorageError``, ``NotFound``) so callers never
 depend on a backend's exceptions.
 
-Backends: ``LocalStore`` (a folder, atomic writes with fsync). An S3 backend plugs in by
-implementing the same protocol (``local_path`` returns ``None`` there, which makes the
-checkpoint code stage files locally and upload them with ``put_file``); ``open_store`` is
-the one place that maps a spec's ``storage.url`` to a backend.
+Backends: ``LocalStore`` (a folder, atomic writes with fsync) and ``S3Store`` (boto3, with
+its client and hashing helpers in ``s3client``; its ``local_path`` returns ``None``, which
+makes the checkpoint code stage files locally and upload them with ``put_file``).
+``open_store`` is the one place that maps a spec's ``storage.url`` to a backend;
+``check_storage`` tries the URL, the credentials and the bucket before anything trains;
+``mirror_folder`` and ``retrieve_folder`` copy a whole output folder to a store and back.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import os
 import shutil
 import uuid
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from gpucampaign.files import TMP_PREFIX, atomic_write_bytes, fsync_dir
+from gpucampaign.files import (
+    TMP_PREFIX,
+    atomic_write_bytes,
+    fsync_dir,
+    json_bytes,
+    sha256_bytes,
+    sha256_file,
+    utc_now,
+)
+from gpucampaign.s3client import HashingSink, file_digests, s3_client
 from gpucampaign.spec import SpecError
 
 _CHUNK = 8 * 1024 * 1024
@@ -204,24 +218,403 @@ class LocalStore:
             raise StorageError(f"cannot write {key!r} in {self.root}: {exc}") from exc
 
 
+_MIB = 1024 * 1024
+_PROBE_PREFIX = ".gpucampaign-probe-"
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """``('bucket', 'prefix')`` of ``s3://bucket/prefix`` (the prefix without slashes around it).
+
+    Raises:
+        SpecError: The URL is not ``s3://bucket[/prefix]`` or its prefix is not a safe key.
+    """
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/")
+    if not url.startswith("s3://") or not bucket:
+        raise SpecError(f"'{url}' is not an S3 URL: use s3://bucket/prefix.", field="storage.url")
+    if prefix:
+        try:
+            check_key(prefix)
+        except StorageError:
+            raise SpecError(f"'{url}': the prefix must be a relative path without '.', '..' "
+                            "or '//'.", field="storage.url") from None
+    return bucket, prefix
+
+
+class S3Store:
+    """A store in an S3 bucket under a prefix (``s3://bucket/prefix``).
+
+    Every object carries its sha256 and size in its metadata. ``put_file`` and
+    ``write_bytes`` return only once the bucket holds the object with the right size and the
+    ETag the server computed from the bytes it received matches the local bytes; reads check
+    size and sha256 against the metadata. Large files go up in parallel parts through boto3's
+    transfer manager.
+
+    Args:
+        url: ``s3://bucket/prefix``.
+        env: The AWS variables (default: the environment); see ``s3_client``.
+        client: A ready boto3 client instead (``env`` is then ignored).
+        multipart_threshold: Files from this size go up in parts.
+        part_size: Size of each part.
+        max_concurrency: Parts transferred at once.
+        max_attempts: Attempts per request (retries with backoff on transient errors).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        client: Any = None,
+        multipart_threshold: int = 64 * _MIB,
+        part_size: int = 16 * _MIB,
+        max_concurrency: int = 8,
+        max_attempts: int = 5,
+    ) -> None:
+        from boto3.s3.transfer import TransferConfig
+
+        self.bucket, self.prefix = parse_s3_url(url)
+        self.url = f"s3://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        try:
+            self._client = client or s3_client(env, max_attempts=max_attempts)
+        except ValueError as exc:
+            raise StorageError(str(exc)) from None
+        self.endpoint = self._client.meta.endpoint_url
+        self._transfer = TransferConfig(
+            multipart_threshold=multipart_threshold, multipart_chunksize=part_size,
+            max_concurrency=max_concurrency, num_download_attempts=max_attempts,
+        )
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
+
+    def __reduce__(self) -> Any:  # a pickled client would carry the keys: refuse it
+        raise TypeError("an S3Store is not picklable: open it where it is used (open_store)")
+
+    def _obj(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _error(self, exc: Exception, *, what: str, key: str | None = None) -> StorageError:
+        """Our error for a botocore/boto3 exception; never the keys, only the URL and endpoint."""
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+        # The transfer manager wraps the client's error (S3UploadFailedError, RetriesExceeded).
+        while isinstance(exc, Boto3Error):
+            inner = getattr(exc, "last_exception", None) or exc.__cause__ or exc.__context__
+            if not isinstance(inner, Exception):
+                break
+            exc = inner
+        where = f"{self.url}/{key}" if key else self.url
+        if isinstance(exc, ClientError):
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("NoSuchKey", "404", "NotFound") and key is not None:
+                return NotFound(f"{where} not found")
+            if code in ("NoSuchBucket",) or (code in ("404", "NotFound") and key is None):
+                return StorageError(f"{what} {where}: bucket '{self.bucket}' does not exist at "
+                                    f"{self.endpoint}")
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403") \
+                    or status == 403:
+                return StorageError(
+                    f"{what} {where}: access denied by {self.endpoint} ({code}); check "
+                    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE and the bucket's "
+                    "policy")
+            message = str(err.get("Message", ""))[:200]
+            return StorageError(f"{what} {where}: S3 error {code or status}: {message}")
+        if isinstance(exc, NoCredentialsError):
+            return StorageError(f"{what} {where}: no S3 credentials: set AWS_ACCESS_KEY_ID and "
+                                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE")
+        if isinstance(exc, EndpointConnectionError):
+            return StorageError(f"{what} {where}: cannot reach the S3 endpoint {self.endpoint}")
+        return StorageError(f"{what} {where}: {type(exc).__name__}: {exc}")
+
+    def _call(self, what: str, key: str | None, fn: Any, /, **kwargs: Any) -> Any:
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn(**kwargs)
+        except (ClientError, BotoCoreError, Boto3Error) as exc:
+            raise self._error(exc, what=what, key=key) from None
+
+    def _head(self, key: str) -> dict[str, Any]:
+        return self._call("cannot read", key, self._client.head_object,
+                          Bucket=self.bucket, Key=self._obj(key))
+
+    def _verify(self, key: str, *, sha256: str, size: int, etag: str) -> None:
+        head = self._head(key)
+        got_etag = str(head.get("ETag", "")).strip('"')
+        if head.get("ServerSideEncryption") == "aws:kms" or head.get("SSECustomerAlgorithm"):
+            got_etag = etag  # with these the ETag is not an MD5 of the bytes: size and hash only
+        meta = head.get("Metadata", {})
+        if head.get("ContentLength") != size or meta.get("sha256") != sha256 or got_etag != etag:
+            raise StorageError(
+                f"{self.url}/{key}: the bucket does not hold what was uploaded "
+                f"({head.get('ContentLength')} bytes, ETag {got_etag}; "
+                f"sent {size} bytes, ETag {etag})")
+
+    def _upload(self, src: Path, key: str, *, extra: dict[str, Any]) -> None:
+        """One upload through the transfer manager (parts above the threshold)."""
+        from boto3.s3.transfer import S3Transfer
+
+        S3Transfer(self._client, self._transfer).upload_file(
+            str(src), self.bucket, self._obj(key), extra_args=extra)
+
+    def put_file(self, key: str, *, src: Path) -> None:
+        """Upload ``src`` to ``key`` and verify the bucket holds exactly its bytes."""
+        from s3transfer.utils import ChunksizeAdjuster
+
+        src = Path(src)
+        if not src.is_file():
+            raise NotFound(f"local file {src} does not exist")
+        size = src.stat().st_size
+        part = None
+        if size >= self._transfer.multipart_threshold:
+            part = ChunksizeAdjuster().adjust_chunksize(self._transfer.multipart_chunksize, size)
+        sha256, size, etag = file_digests(src, part_size=part)
+        extra = {"Metadata": {"sha256": sha256, "size": str(size)}}
+        self._call("cannot upload to", key, self._upload, src=src, key=key, extra=extra)
+        self._verify(key, sha256=sha256, size=size, etag=etag)
+
+    def _fetch(self, key: str, target: Any = None) -> HashingSink:
+        """Download ``key`` in parallel ranges into ``target`` (a file, or memory when None),
+        checked against the size and sha256 its metadata records."""
+        head = self._head(key)
+        sink = HashingSink(target)
+        self._call("cannot download", key, self._client.download_fileobj, Bucket=self.bucket,
+                   Key=self._obj(key), Fileobj=sink, Config=self._transfer)
+        self._check_content(key, head, size=sink.size, sha256=sink.sha.hexdigest)
+        return sink
+
+    def get_file(self, key: str, *, dst: Path) -> None:
+        """Download ``key`` into ``dst`` atomically; a file failing its size or sha256 is not
+        kept."""
+        dst = Path(dst)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}.{uuid.uuid4().hex[:8]}")
+        try:
+            with open(tmp, "wb") as f:
+                self._fetch(key, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, dst)
+        except OSError as exc:
+            if isinstance(exc, StorageError):
+                raise
+            raise StorageError(f"cannot write {dst} from {self.url}/{key}: {exc}") from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _check_content(self, key: str, head: Mapping[str, Any], *, size: int, sha256: Any) -> None:
+        meta = head.get("Metadata") or {}
+        want = head.get("ContentLength")
+        if want is not None and size != want:
+            raise StorageError(f"{self.url}/{key}: got {size} bytes, the bucket lists {want}")
+        if "size" in meta and str(size) != meta["size"]:
+            raise StorageError(f"{self.url}/{key}: {size} bytes, its metadata says {meta['size']}")
+        if "sha256" in meta and sha256() != meta["sha256"]:
+            raise StorageError(f"{self.url}/{key}: content fails the sha256 of its metadata "
+                               "(altered)")
+
+    def exists(self, key: str) -> bool:
+        """True when ``key`` exists."""
+        try:
+            self._head(key)
+        except NotFound:
+            return False
+        return True
+
+    def size(self, key: str) -> int:
+        """Size of ``key`` in bytes."""
+        return int(self._head(key)["ContentLength"])
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Sorted keys under the folder-like ``prefix`` ('' for all)."""
+        base = self._obj(prefix) + "/" if prefix else (f"{self.prefix}/" if self.prefix else "")
+        keys: list[str] = []
+        paginator = self._client.get_paginator("list_objects_v2")
+        pages = paginator.paginate(Bucket=self.bucket, Prefix=base)
+        for page in self._call("cannot list", prefix or None, lambda: list(pages)):
+            keys.extend(obj["Key"][len(self.prefix) + 1 if self.prefix else 0:]
+                        for obj in page.get("Contents", []))
+        return sorted(k for k in keys if not k.startswith(_PROBE_PREFIX))
+
+    def delete(self, key: str) -> None:
+        """Delete ``key``; a missing key is not an error."""
+        self._call("cannot delete", key, self._client.delete_object, Bucket=self.bucket,
+                   Key=self._obj(key))
+
+    def read_bytes(self, key: str) -> bytes:
+        """The whole object, checked against its size and sha256."""
+        return b"".join(self._fetch(key).chunks)
+
+    def write_bytes(self, key: str, *, data: bytes) -> None:
+        """Write ``data`` to ``key`` in one PUT (atomic in S3) and verify it."""
+        digest = hashlib.md5(data, usedforsecurity=False)
+        sha256 = sha256_bytes(data)
+        self._call("cannot write", key, self._client.put_object, Bucket=self.bucket,
+                   Key=self._obj(key), Body=data,
+                   ContentMD5=base64.b64encode(digest.digest()).decode(),
+                   Metadata={"sha256": sha256, "size": str(len(data))})
+        self._verify(key, sha256=sha256, size=len(data), etag=digest.hexdigest())
+
+    def local_path(self, key: str) -> Path | None:
+        """Always ``None``: objects are not files here."""
+        check_key(key)
+        return None
+
+    def check(self) -> None:
+        """Reach the endpoint, prove the keys, and write, read and delete a probe object.
+
+        Raises:
+            StorageError: What failed, with the URL and the endpoint (never the keys).
+        """
+        self._call("cannot open", None, self._client.head_bucket, Bucket=self.bucket)
+        probe = f"{_PROBE_PREFIX}{uuid.uuid4().hex[:12]}"
+        payload = uuid.uuid4().bytes
+        self.write_bytes(probe, data=payload)
+        try:
+            if self.read_bytes(probe) != payload:
+                raise StorageError(f"{self.url}: a probe object did not read back as written")
+        finally:
+            self.delete(probe)
+
+
+MIRROR_INDEX = "mirror-index.json"
+_MIRROR_FORMAT = "gpucampaign-mirror/1"
+
+
+def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict[str, Any]:
+    """Copy every file of ``folder`` to the same relative keys in ``store``, then its index.
+
+    Each upload is verified by the store before the index (``mirror-index.json``: every
+    file with its size and sha256) is written; a file the previous index lists with the same
+    hash and the store holds with the same size is not sent again. The index is what
+    ``retrieve_folder`` brings back, so a mirror interrupted half-way leaves the previous
+    complete one readable. Temporary files of unfinished writes are skipped.
+
+    Returns:
+        ``{"url", "files", "uploaded", "bytes"}``.
+
+    Raises:
+        StorageError: An upload failed or was not verified; the index did not move.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = Path(folder)
+    if not root.is_dir():
+        raise StorageError(f"cannot mirror {root}: not a folder")
+    rels = [r for r in LocalStore(root).list() if r != MIRROR_INDEX and not (root / r).is_symlink()]
+    try:
+        previous = json.loads(store.read_bytes(MIRROR_INDEX)).get("files", {})
+    except (NotFound, ValueError, AttributeError):
+        previous = {}
+
+    def send(rel: str) -> tuple[str, dict[str, Any], bool]:
+        info = {"bytes": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
+        if previous.get(rel) == info and store.exists(rel) and store.size(rel) == info["bytes"]:
+            return rel, info, False
+        store.put_file(rel, src=root / rel)
+        return rel, info, True
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        done = list(pool.map(send, rels))
+    index = {"format": _MIRROR_FORMAT, "mirrored_at": utc_now(),
+             "files": {rel: info for rel, info, _ in done}}
+    store.write_bytes(MIRROR_INDEX, data=json_bytes(index))
+    return {"url": store.url, "files": len(done), "uploaded": sum(sent for *_, sent in done),
+            "bytes": sum(info["bytes"] for _, info, _ in done)}
+
+
+def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict[str, Any]:
+    """Bring a mirrored output folder back from ``store`` into the new folder ``dest``.
+
+    Every file of the mirror's index is downloaded and checked against the size and sha256
+    the index holds; the files land in a temporary folder beside ``dest`` that is renamed to
+    ``dest`` only when all of them are there, so a failed retrieve leaves no half folder.
+
+    Returns:
+        ``{"url", "dest", "files", "bytes"}``.
+
+    Raises:
+        SpecError: ``dest`` exists and is not an empty folder.
+        StorageError: No mirror under the store's URL, or a file is missing or altered.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    dest = Path(dest)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise SpecError(f"'{dest}' exists and is not an empty folder: retrieve into a new one.",
+                        field="--to")
+    try:
+        files = json.loads(store.read_bytes(MIRROR_INDEX))["files"]
+    except NotFound:
+        msg = f"{store.url} holds no mirrored output folder (no {MIRROR_INDEX})"
+        raise StorageError(msg) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StorageError(f"{store.url}/{MIRROR_INDEX} is not a mirror index ({exc})") from None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = dest.parent / f"{TMP_PREFIX}{dest.name}-{uuid.uuid4().hex[:8]}"
+
+    def fetch(rel: str) -> int:
+        target = work / check_key(rel)
+        store.get_file(rel, dst=target)
+        want = files[rel]
+        size, digest = target.stat().st_size, sha256_file(target)
+        if size != want["bytes"] or digest != want["sha256"]:
+            raise StorageError(f"{store.url}/{rel}: {size} bytes / sha256 {digest[:12]}, "
+                               f"the mirror index says {want['bytes']} / {want['sha256'][:12]}")
+        return size
+
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            total = sum(pool.map(fetch, sorted(files)))
+        if dest.exists():
+            dest.rmdir()
+        os.rename(work, dest)
+        fsync_dir(dest.parent)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"url": store.url, "dest": str(dest), "files": len(files), "bytes": total}
+
+
 def open_store(url: str, *, out_dir: str | Path, env: Mapping[str, str] | None = None) -> Store:
     """The store named by a spec's ``storage.url``.
 
     Args:
         url: ``'local'`` (checkpoints in ``out_dir/checkpoints``) or ``'s3://bucket/prefix'``.
         out_dir: The campaign's output folder.
-        env: Environment with the S3 endpoint and keys (read by an S3 backend only).
+        env: The AWS variables for an S3 store (default: the environment).
 
     Raises:
-        SpecError: For ``s3://`` URLs: this build has no S3 backend yet.
+        SpecError: The URL names no known storage.
+        StorageError: The S3 client cannot be configured (a missing profile, say).
     """
-    del env  # only an S3 backend reads it
     if url == "local":
         return LocalStore(Path(out_dir) / "checkpoints")
     if url.startswith("s3://"):
-        raise SpecError(
-            f"field 'storage.url': '{url}' needs the S3 backend, which this build does not have yet "
-            "(it comes with the services issue); use storage.url: local for now.",
-            field="storage.url",
-        )
-    raise SpecError(f"field 'storage.url': unknown storage '{url}'; use 'local'.", field="storage.url")
+        return S3Store(url, env=env)
+    raise SpecError(f"field 'storage.url': unknown storage '{url}'; use 'local' or "
+                    "'s3://bucket/prefix'.", field="storage.url")
+
+
+def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
+    """Before anything trains: the URL, the credentials and the bucket of ``storage.url``.
+
+    ``'local'`` needs no check. For ``s3://`` a probe object is written, read back and deleted.
+
+    Raises:
+        SpecError: What is wrong, naming the URL and the endpoint (never a key).
+    """
+    if url == "local":
+        return
+    try:
+        store = open_store(url, out_dir=".", env=env)
+        if isinstance(store, S3Store):
+            store.check()
+    except StorageError as exc:
+        raise SpecError(f"field 'storage.url': {url} is not usable: {exc}",
+                        field="storage.url") from None

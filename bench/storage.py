@@ -1,0 +1,185 @@
+"""S3 storage bench: a checkpoint's files uploaded and restored through ``S3Store`` against
+plain boto3 ``upload_file``/``download_file`` of the same bytes to the same server.
+
+In one run, against a local SeaweedFS started for the bench (or the server of
+``AWS_ENDPOINT_URL`` and the AWS keys with ``--env``), alternating the contenders, medians of
+``--repeats``:
+
+- S3Store: ``put_file`` of each file (sha256 + the expected ETag computed, multipart upload,
+  then size, sha256 metadata and ETag verified) and ``get_file`` (download, size and sha256
+  checked, fsync, rename); also ``read_bytes``, the restore path of ``CheckpointManager.load``
+  for a remote store (into memory, size and sha256 checked);
+- plain boto3, default client: ``upload_file``/``download_file`` with boto3's defaults
+  (which add a CRC32 to every request);
+- plain boto3, same client settings as S3Store (no per-request checksum): the strict baseline;
+- local disk: ``LocalStore.put_file``/``get_file`` (reported only).
+
+Ratios are throughput relative to S3Store (>= 1 means S3Store is at least as fast); the goal
+is S3Store >= 0.9x the strict plain-boto3 baseline.
+
+Usage: python bench/storage.py [--mb 128] [--repeats 3] [--env] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # infra/ is a plain folder of the checkout
+
+from gpucampaign.checkpoint import CheckpointManager, capture_rng, step_dirname  # noqa: E402
+from gpucampaign.s3client import s3_client  # noqa: E402
+from gpucampaign.storage import LocalStore, S3Store  # noqa: E402
+
+MB = 1024 * 1024
+
+
+def checkpoint_files(folder: Path, *, total_mb: int) -> list[Path]:
+    """A real checkpoint (model + Adam state of ~total_mb) saved to a local folder."""
+    torch.manual_seed(0)
+    width = 1024
+    n = max(1, total_mb * MB // 4 // 3 // (width * width))
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(n)])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    state = {
+        "optimizer": opt.state_dict(), "scheduler": {}, "scaler": {}, "rng": capture_rng(),
+        "cursor": {"epoch": 0, "batch_in_epoch": 1,
+                   "epoch_generator_state": torch.Generator().get_state()},
+        "counters": {"global_step": 1},
+    }
+    mgr = CheckpointManager(LocalStore(folder), run_id="bench-run", config_sha256="0" * 64)
+    mgr.save(1, model_state=model.state_dict(), train_state=state)
+    step = folder / "bench-run" / step_dirname(1)
+    return sorted(p for p in step.iterdir() if p.name != "meta.json")
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def contenders(env: dict[str, str], *, bucket: str, local: Path, files: list[Path], back: Path):
+    """name -> (upload(), download()) over the same files, each under its own prefix."""
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+
+    store = S3Store(f"s3://{bucket}/bench/s3store", env=env)
+    default = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"],
+                           aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                           aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                           region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"))
+    same = s3_client(env)
+    # The same part size and parallelism as S3Store, so only the extra work differs.
+    cfg = TransferConfig(multipart_threshold=64 * MB, multipart_chunksize=16 * MB,
+                         max_concurrency=8)
+    disk = LocalStore(local)
+
+    def plain(client, prefix):
+        def up():
+            for f in files:
+                client.upload_file(str(f), bucket, f"{prefix}/{f.name}", Config=cfg)
+
+        def down():
+            for f in files:
+                client.download_file(bucket, f"{prefix}/{f.name}", str(back / f.name), Config=cfg)
+
+        return up, down
+
+    return {
+        "s3store": (lambda: [store.put_file(f.name, src=f) for f in files],
+                    lambda: [store.get_file(f.name, dst=back / f.name) for f in files]),
+        # How CheckpointManager.load restores from a remote store: into memory, hash checked.
+        "s3store_read_bytes": (None, lambda: [store.read_bytes(f.name) for f in files]),
+        "boto3_default": plain(default, "bench/default"),
+        "boto3_same_config": plain(same, "bench/same"),
+        "local_disk": (lambda: [disk.put_file(f.name, src=f) for f in files],
+                       lambda: [disk.get_file(f.name, dst=back / f.name) for f in files]),
+    }
+
+
+def run(env: dict[str, str], *, bucket: str, mb: int, repeats: int, work: Path) -> dict:
+    files = checkpoint_files(work / "ckpt", total_mb=mb)
+    total = sum(f.stat().st_size for f in files)
+    back = work / "back"
+    back.mkdir()
+    runs = contenders(env, bucket=bucket, local=work / "local", files=files, back=back)
+    times: dict[str, dict[str, list[float]]] = {k: {"upload": [], "restore": []} for k in runs}
+    for _ in range(repeats):
+        for name, (up, down) in runs.items():  # alternated: drift hits every contender alike
+            if up is not None:
+                times[name]["upload"].append(_timed(up))
+            times[name]["restore"].append(_timed(down))
+    med = {k: {op: statistics.median(v) for op, v in ops.items() if v} for k, ops in times.items()}
+    result = {"files": [f.name for f in files], "bytes": total, "repeats": repeats,
+              "median_s": med, "mb_s": {k: {op: total / MB / s for op, s in ops.items()}
+                                        for k, ops in med.items()}}
+    result["s3store_vs"] = {k: {op: med[k][op] / med["s3store"][op] for op in ("upload", "restore")}
+                            for k in ("boto3_default", "boto3_same_config", "local_disk")}
+    result["s3store_read_bytes_vs_download_file"] = {
+        k: med[k]["restore"] / med["s3store_read_bytes"]["restore"]
+        for k in ("boto3_default", "boto3_same_config")}
+    strict = result["s3store_vs"]["boto3_same_config"]
+    result["goal_met"] = min(strict.values()) >= 0.9
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=128, help="checkpoint size in MB")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--env", action="store_true", help="use AWS_ENDPOINT_URL and the AWS keys "
+                    "of the environment (bucket from GPUCAMPAIGN_BENCH_BUCKET, default "
+                    "gpucampaign)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-storage-"))
+    server = None
+    try:
+        if a.env:
+            env = dict(os.environ)
+            bucket = env.get("GPUCAMPAIGN_BENCH_BUCKET", "gpucampaign")
+        else:
+            from infra.s3server import start_server
+
+            server = start_server(work / "s3server")
+            env, bucket = server.env(), server.bucket
+        r = run(env, bucket=bucket, mb=a.mb, repeats=a.repeats, work=work)
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    if a.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"checkpoint {r['bytes'] / MB:.0f} MB in {len(r['files'])} files, "
+          f"median of {r['repeats']}")
+    for name, ops in r["mb_s"].items():
+        up = f"{ops['upload']:7.0f} MB/s" if "upload" in ops else "      -     "
+        print(f"  {name:18s} upload {up}   restore {ops['restore']:7.0f} MB/s")
+    for name, ops in r["s3store_vs"].items():
+        print(f"  S3Store vs {name:18s} upload {ops['upload']:.2f}x   "
+              f"restore {ops['restore']:.2f}x")
+    for name, ratio in r["s3store_read_bytes_vs_download_file"].items():
+        print(f"  S3Store.read_bytes vs {name:18s} download_file {ratio:.2f}x")
+    verdict = "met" if r["goal_met"] else "NOT met"
+    print(f"goal S3Store >= 0.9x plain boto3 with the same client settings: {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
