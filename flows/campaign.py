@@ -23,7 +23,7 @@ from gpucampaign.stoprules import StopRule
 from gpucampaign.tariffs import load_catalog
 from tasks._common import artifact_key
 from tasks.audit import data_audit
-from tasks.close import close_campaign, seal
+from tasks.close import close_campaign, mirror, seal
 from tasks.decide import decision_point
 from tasks.gpu_lock import embedded_api, ensure_gpu_limit
 from tasks.predict import predictions
@@ -92,6 +92,7 @@ def campaign(
         cs, campaign_id=campaign_id, catalog=catalog, analyses=analyses, **common
     )
     verified = seal(cs, out=str(folder.root), closed=closed)
+    mirrored = mirror(cs, out=str(folder.root))
     summary = {
         "campaign_id": campaign_id,
         "out": str(folder.root),
@@ -102,6 +103,7 @@ def campaign(
         "decision": decision.model_dump(mode="json") if decision else None,
         "verified": verified["verified"],
         "problems": verified["problems"],
+        "mirrored": mirrored,
         "essential_stop": essential_stop.to_record() if essential_stop else None,
     }
     if essential_stop is not None:

@@ -12,6 +12,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from gpucampaign.close import close_runs, seal_folder, write_closing_documents
 from gpucampaign.report import render_report_md
 from gpucampaign.spec import CampaignSpec
+from gpucampaign.storage import mirror_output
 from gpucampaign.verify import verify_output
 from tasks._common import PHASE_OPTIONS, TASK_OPTIONS, artifact_key, busy, out_folder
 
@@ -68,3 +69,17 @@ def seal(spec: CampaignSpec, *, out: str, closed: dict[str, Any]) -> dict[str, A
             "; ".join(f"{p.code} {p.path}" for p in report.problems),
         )
     return report.to_dict()
+
+
+@task(name="mirror", task_run_name="mirror", **TASK_OPTIONS)
+def mirror(spec: CampaignSpec, *, out: str) -> dict[str, Any]:
+    """Copy the sealed output folder to the campaign's store, so it outlives the rental."""
+    result = mirror_output(out_folder(out).root, url=spec.storage.url)
+    logger = get_run_logger()
+    if "error" in result:
+        logger.error("output folder NOT mirrored to %s, it is only on this machine: %s",
+                     result["url"], result["error"])
+    elif result["url"] != "local":
+        logger.info("output folder mirrored to %s: %s files (%s sent)", result["url"],
+                    result["files"], result["uploaded"])
+    return result

@@ -377,6 +377,13 @@ def _print_run_summary(summary: dict[str, Any], *, target: Path) -> dict[str, An
         )
     console.print(f"[bold]verdict:[/] {verdict.get('text', 'none')}", soft_wrap=True)
     console.print(f"output folder: {target}  (report: {target / 'report.md'})")
+    mirrored = summary.get("mirrored") or {}
+    if mirrored.get("error"):
+        err_console.print(f"[bold red]not mirrored[/] to {mirrored['url']}: the folder is only on "
+                          f"this machine ({mirrored['error']})", soft_wrap=True)
+    elif mirrored.get("url", "local") != "local":
+        _say(f"mirrored to {mirrored['url']}; bring it back anywhere with "
+             f"`campaign retrieve {mirrored['url']} --to DIR`")
     return verdict
 
 

@@ -601,6 +601,22 @@ def open_store(url: str, *, out_dir: str | Path, env: Mapping[str, str] | None =
                     "'s3://bucket/prefix'.", field="storage.url")
 
 
+def mirror_output(root: str | Path, *, url: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Mirror a closed output folder to the campaign's S3 store (nothing to do for 'local').
+
+    Returns:
+        ``{"url", "files", "uploaded", "bytes"}`` after a mirror, ``{"url": "local"}`` when the
+        files stay on this machine, or ``{"url", "error"}`` when the store refused: the folder
+        is complete here but not yet off the machine, and a later ``mirror`` can finish it.
+    """
+    if url == "local":
+        return {"url": "local"}
+    try:
+        return mirror_folder(root, store=open_store(url, out_dir=root, env=env))
+    except StorageError as exc:
+        return {"url": url, "error": str(exc)}
+
+
 def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
     """Before anything trains: the URL, the credentials and the bucket of ``storage.url``.
 
