@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -75,6 +76,30 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_copy(src: str | Path, dst: str | Path) -> Path:
+    """Copy a file through a temp name beside ``dst``: copy, fsync, rename, fsync the folder.
+
+    Raises:
+        FileNotFoundError: ``src`` does not exist (``dst`` is untouched).
+        OSError: the copy failed; no temp file is left and ``dst`` is untouched.
+    """
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{dst.name}.", dir=dst.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
+            shutil.copyfileobj(fin, fout, _BLOCK)
+            fout.flush()
+            os.fsync(fout.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(dst.parent)
+    return dst
 
 
 def _json_default(obj: Any) -> Any:

@@ -9,19 +9,15 @@ Layout: ``manifest.json``, ``plan.json`` (never rewritten) with ``plan.sha256``,
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpucampaign.files import (
-    TMP_PREFIX,
     append_jsonl,
+    atomic_copy,
     atomic_write_bytes,
-    fsync_dir,
     json_bytes,
     read_jsonl,
     sha256_bytes,
@@ -135,19 +131,7 @@ class OutputFolder:
 
     def copy_in(self, source: str | Path, relative: str) -> Path:
         """Copy a file into the folder: a temporary name, fsync, then a rename."""
-        target = self.path(relative)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f"{TMP_PREFIX}{target.name}.{uuid.uuid4().hex[:8]}")
-        try:
-            shutil.copyfile(source, tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync_dir(target.parent)
-        return target
+        return atomic_copy(source, self.path(relative))
 
     def keep_spec(self, text: bytes, *, source: str, check_only: bool = False) -> None:
         """Keep the campaign's spec as ``spec.yaml``; refuse a folder that holds another one.

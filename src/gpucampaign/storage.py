@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from gpucampaign.files import (
     TMP_PREFIX,
+    atomic_copy,
     atomic_write_bytes,
     fsync_dir,
     json_bytes,
@@ -125,21 +126,12 @@ class LocalStore:
     def put_file(self, key: str, *, src: Path) -> None:
         """Copy ``src`` to ``key`` (temp name, fsync, rename)."""
         dst = self._path(key)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}.{uuid.uuid4().hex[:8]}")
         try:
-            with open(src, "rb") as fin, open(tmp, "wb") as fout:
-                shutil.copyfileobj(fin, fout, _CHUNK)
-                fout.flush()
-                os.fsync(fout.fileno())
-            os.replace(tmp, dst)
+            atomic_copy(src, dst)
         except FileNotFoundError as exc:
             raise NotFound(f"local file {src} does not exist") from exc
         except OSError as exc:
             raise StorageError(f"cannot write {key!r} in {self.root}: {exc}") from exc
-        finally:
-            tmp.unlink(missing_ok=True)
-        fsync_dir(dst.parent)
 
     def get_file(self, key: str, *, dst: Path) -> None:
         """Copy ``key`` to the local file ``dst`` atomically."""
@@ -147,18 +139,10 @@ class LocalStore:
         if not src.is_file():
             raise NotFound(f"{key!r} not found in {self.root}")
         dst = Path(dst)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}.{uuid.uuid4().hex[:8]}")
         try:
-            with open(src, "rb") as fin, open(tmp, "wb") as fout:
-                shutil.copyfileobj(fin, fout, _CHUNK)
-                fout.flush()
-                os.fsync(fout.fileno())
-            os.replace(tmp, dst)
+            atomic_copy(src, dst)
         except OSError as exc:
             raise StorageError(f"cannot copy {key!r} to {dst}: {exc}") from exc
-        finally:
-            tmp.unlink(missing_ok=True)
 
     def exists(self, key: str) -> bool:
         """True when ``key`` is a file in the store."""
