@@ -3,6 +3,7 @@ checkout's commit and the median. Every module uses these instead of its own cop
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -10,11 +11,11 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 _BLOCK = 8 * 1024 * 1024
 # Temporary names start with this; listings and stores skip them.
@@ -58,17 +59,17 @@ def _current_umask() -> int:
 _UMASK = _current_umask()
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write to a temp name in the same folder, fsync, rename, fsync the folder: a reader
-    never sees half a file, and a crash leaves the old file or the new one."""
-    path = Path(path)
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[BinaryIO]:
+    """A file opened under a temp name beside ``path``; on success fsynced and renamed over
+    ``path`` (and the folder fsynced), on failure removed, leaving ``path`` as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
     try:
         # mkstemp creates 0600; output files are meant to be copied off and shared.
         os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -78,27 +79,23 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write through a temp name, fsync, rename, fsync the folder: a reader never sees half a
+    file, and a crash leaves the old file or the new one."""
+    with _replacing(Path(path)) as f:
+        f.write(data)
+
+
 def atomic_copy(src: str | Path, dst: str | Path) -> Path:
-    """Copy a file through a temp name beside ``dst``: copy, fsync, rename, fsync the folder.
+    """Copy a file the same way as :func:`atomic_write_bytes` writes one.
 
     Raises:
         FileNotFoundError: ``src`` does not exist (``dst`` is untouched).
         OSError: the copy failed; no temp file is left and ``dst`` is untouched.
     """
     dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{dst.name}.", dir=dst.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)
-        with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
-            shutil.copyfileobj(fin, fout, _BLOCK)
-            fout.flush()
-            os.fsync(fout.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(dst.parent)
+    with open(src, "rb") as fin, _replacing(dst) as fout:
+        shutil.copyfileobj(fin, fout, _BLOCK)
     return dst
 
 
