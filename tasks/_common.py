@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from gpucampaign.files import utc_now
 from gpucampaign.folder import OutputFolder
+from gpucampaign.interrupt import Interrupted
 from gpucampaign.records import StopRecord, TimelineRow, append_stop, append_timeline
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import StopRule
@@ -22,10 +23,10 @@ TASK_OPTIONS: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": Fals
 
 
 def not_a_stop_rule(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry condition: transient errors are retried, stop rules never."""
+    """Retry condition: transient errors are retried, stop rules and interruptions never."""
     try:
         state.result()
-    except StopRule:
+    except (StopRule, Interrupted):
         return False
     except Exception:
         return True
@@ -77,6 +78,9 @@ def busy(
     t0 = time.perf_counter()
     try:
         yield row
+    except Interrupted as exc:
+        row.outcome = f"interrupted: {exc}"[:500]
+        raise
     except BaseException as exc:
         row.outcome = f"failed: {exc}"[:500]
         raise

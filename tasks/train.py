@@ -11,6 +11,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from gpucampaign.corpus import load_spec_corpus
 from gpucampaign.decision import pilot_measures
+from gpucampaign.interrupt import raise_if_stopped
 from gpucampaign.records import read_stops
 from gpucampaign.runresult import RunResult
 from gpucampaign.spec import CampaignSpec
@@ -62,6 +63,7 @@ def _run_training(
     of training rows."""
     folder = out_folder(out)
     run_id = spec.run_id(run)
+    raise_if_stopped(what=f"{phase} of {run_id}")
     stopped = recorded_stop(out, run_id)
     if stopped is not None:
         raise stopped

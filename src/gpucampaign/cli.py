@@ -1,7 +1,8 @@
 """The ``campaign`` command (typer + rich).
 
 Exit codes: 0 success; 2 invalid input; 3 stopped by a stop rule; 4 plan does not fit its
-window (plan) or output not verified (verify); 1 unexpected.
+window (plan) or output not verified (verify); 130 / 143 interrupted by SIGINT / SIGTERM
+(saved; rerun to resume); 1 unexpected.
 """
 
 from __future__ import annotations
@@ -333,10 +334,18 @@ def run_cmd(
     decision: str | None = typer.Option(
         None, "--decision", help="Override decision_point.mode: 'auto' or 'ask' (Prefect UI)."
     ),
+    grace: float = typer.Option(
+        20.0, "--grace", help="Seconds a Ctrl-C or SIGTERM may take to save and stop.", min=0.1
+    ),
 ) -> None:
-    """Run the whole campaign in this process (embedded Prefect, local storage); rerun to resume."""
-    from gpucampaign._runner import load_flow
+    """Run the whole campaign in this process (embedded Prefect, local storage); rerun to resume.
+
+    Ctrl-C or SIGTERM saves a checkpoint at the next step, stops and exits 130 or 143; a
+    second Ctrl-C exits at once.
+    """
+    from gpucampaign._runner import interruptible_run, load_flow
     from gpucampaign.folder import OutputFolder
+    from gpucampaign.interrupt import exit_code, stop_requested
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
@@ -346,7 +355,20 @@ def run_cmd(
     # Refused before Prefect starts: a clear message, no flow-run traceback.
     OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
     flow = load_flow("campaign", "campaign")
-    state = flow(spec=str(spec), out=str(target), decision_mode=decision, return_state=True)
+    state = None
+    try:
+        with interruptible_run(grace_s=grace):
+            state = flow(spec=str(spec), out=str(target), decision_mode=decision,
+                         return_state=True)
+    except BaseException:
+        if stop_requested() is None:
+            raise
+    if (reason := stop_requested()) is not None:
+        err_console.print(
+            f"[bold yellow]interrupted by {reason}:[/] the running training saved a checkpoint "
+            f"and stopped; its segment is recorded in {target / 'timeline.jsonl'}. Rerun the same "
+            "command to resume.", soft_wrap=True, highlight=False)
+        raise typer.Exit(exit_code(reason))
     summary = state.result(raise_on_failure=False)
     if isinstance(summary, BaseException):
         raise summary
