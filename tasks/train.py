@@ -14,6 +14,7 @@ from gpucampaign.decision import pilot_measures
 from gpucampaign.interrupt import raise_if_stopped
 from gpucampaign.records import read_stops
 from gpucampaign.runresult import RunResult
+from gpucampaign.segments import heartbeat
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import STOP_RULES, StopRule
 from gpucampaign.storage import open_store
@@ -84,6 +85,7 @@ def _run_training(
                 out_dir=folder.run_dir(run_id),
                 stop_after_steps=stop_after_steps,
                 progress=progress,
+                on_save=lambda info: heartbeat(folder.root, row, checkpoint_step=info["step"]),
             )
             row.steps = 0 if result.reused else result.steps_done - (result.resumed_from_step or 0)
             if result.reused:

@@ -19,6 +19,7 @@ import pytest
 from gpucampaign import interrupt
 from gpucampaign.interrupt import Interrupted
 from gpucampaign.metrics import read_metrics
+from gpucampaign.records import read_timeline
 from tests._engine import digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,9 +166,9 @@ def test_a_signalled_campaign_saves_stops_and_resumes(tmp_path, sig, code):
 
     latest = json.loads(next((out / "checkpoints").glob("control-*/LATEST")).read_text())
     assert latest["step"] > 5  # past the pilot's checkpoint
-    rows = [json.loads(x) for x in (out / "timeline.jsonl").read_text().splitlines()]
-    cut = [r for r in rows if r["phase"] == "train"]
-    assert cut and cut[-1]["outcome"].startswith(f"interrupted: interrupted by {sig.name}")
+    cut = [r for r in read_timeline(out) if r.phase == "train"]
+    assert cut and cut[-1].interrupted and f"interrupted by {sig.name}" in cut[-1].outcome
+    assert cut[-1].checkpoint_step == latest["step"] and cut[-1].end is not None
     assert not (out / "manifest.json").exists()
 
     rerun = subprocess.run([campaign_bin, "run", str(spec), "--out", str(out)], cwd=ROOT,
