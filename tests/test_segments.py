@@ -80,3 +80,19 @@ def test_an_interrupted_segment_says_so_and_resumes_are_counted(tmp_path):
     assert [r.interrupted for r in rows] == [True, True, True, False]
     assert "SIGTERM" in rows[0].outcome
     assert interruptions(rows)["resumes"] == {"control": 3}
+
+
+def test_the_report_shows_interruptions_resumes_and_lost_work(tmp_path):
+    from gpucampaign.report import _interruptions_md
+
+    folder = out_folder(tmp_path)
+    for _ in range(3):
+        with pytest.raises(Interrupted), busy(folder, SPEC, phase="train", run="control") as row:
+            heartbeat(tmp_path, row, checkpoint_step=40)
+            raise Interrupted("SIGINT", step=40)
+    with busy(folder, SPEC, phase="train", run="control"):
+        pass
+    md = "\n".join(_interruptions_md({"interruptions": interruptions(read_timeline(tmp_path))}))
+    assert "## Interruptions" in md and "control resumed 3 times" in md
+    assert md.count("interrupted by SIGINT") == 3 and "| 40 |" in md
+    assert _interruptions_md({"interruptions": interruptions([])}) == []

@@ -159,6 +159,32 @@ def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _interruptions_md(fva: Mapping[str, Any]) -> list[str]:
+    """Interrupted segments, resumes per run and the work lost (nothing when none)."""
+    info = fva.get("interruptions") or {}
+    cut = info.get("segments") or []
+    if not cut:
+        return []
+    out = ["## Interruptions", ""]
+    resumes = info.get("resumes") or {}
+    out += [f"- {run} resumed {n} time{'s' if n != 1 else ''}" for run, n in resumes.items()]
+    out += [
+        f"- lost work: {info.get('lost_steps', 0)} step(s) trained after the last checkpoint, "
+        f"{_hours(info.get('lost_hours'))} h",
+        "",
+        "| phase | run | start | end | last checkpoint | steps lost | outcome |",
+        "|---|---|---|---|---:|---:|---|",
+    ]
+    for c in cut:
+        out.append(
+            f"| {c['phase']} | {_cell(c.get('run') or '')} | {c.get('start') or ''} | "
+            f"{c.get('end') or ''} | {_cell(c.get('checkpoint_step') or '')} | "
+            f"{_cell(c.get('lost_steps') or 0)} | {_cell(c.get('outcome') or '')} |"
+        )
+    out.append("")
+    return out
+
+
 def _decisions_and_stops_md(report: Mapping[str, Any]) -> list[str]:
     out = ["## Decisions taken", ""]
     decisions = report.get("decisions") or []
@@ -219,6 +245,7 @@ def render_report_md(report: Mapping[str, Any]) -> str:
     out += _runs_md(report)
     out += ["", "## Budget", "", render_budget_md(report["budget"])]
     out += _forecast_md(report["forecast_vs_actual"])
+    out += _interruptions_md(report["forecast_vs_actual"])
     out += _decisions_and_stops_md(report)
     analysed = [r for r in report["runs"] if r.get("analysis")]
     if analysed:
