@@ -442,12 +442,18 @@ def _print_verify(report: Any, *, out: Path, verified: bool, no_reload: bool) ->
 @app.command("report")
 @handle_errors
 def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
-    """Print the closing report the campaign wrote (report.json, report.md); recomputes nothing."""
+    """Print the closing report the campaign wrote (report.json, report.md); only the budget is
+    recomputed, with the expenses recorded by `campaign expense` since."""
     from rich.markdown import Markdown
 
-    from gpucampaign.report import REPORT_MD, read_report, report_summary
+    from gpucampaign.budget import render_budget_md
+    from gpucampaign.ledger import budget_with_ledger
+    from gpucampaign.report import REPORT_MD, read_report, report_summary, with_budget
 
     report = read_report(out)
+    budget = budget_with_ledger(out, report["budget"])
+    changed = budget["expenses"] != report["budget"].get("expenses")
+    report = with_budget(report, budget)
     if as_json:
         print_json(report_summary(report))
         return
@@ -455,6 +461,33 @@ def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
     console.print(
         Markdown(md.read_text(encoding="utf-8")) if md.is_file() else report_summary(report)
     )
+    if changed:
+        console.print(Markdown(
+            "## Budget with the ledger (recomputed now)\n\nExpenses were recorded with "
+            "`campaign expense` after the close; the budget above is the one closed.\n\n"
+            + render_budget_md(budget)))
+
+
+@app.command("expense")
+@handle_errors
+def expense_cmd(
+    out: OutFolder,
+    usd: float = typer.Option(..., "--usd", help="Amount paid in USD, as on the receipt."),
+    what: str = typer.Option(..., "--what", help="What was paid for (one line)."),
+    order_ref: str | None = typer.Option(
+        None, "--order-ref", help="The provider's order reference, to match the invoice."
+    ),
+) -> None:
+    """Record an expense paid after the start (egress, storage, another lot) in ledger.jsonl.
+
+    The close and `campaign report` add it to the budget, apart from the rental; the spec is
+    never edited for it.
+    """
+    from gpucampaign.ledger import add_expense
+
+    entry = add_expense(out, usd=usd, what=what, order_ref=order_ref)
+    ref = f" (order {entry.order_ref})" if entry.order_ref else ""
+    _say(f"recorded in {out / 'ledger.jsonl'}: {entry.usd:.2f} USD for {entry.what}{ref}")
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from gpucampaign.decision import Decision
 from gpucampaign.files import sha256_bytes, sha256_file
 from gpucampaign.folder import OutputFolder
 from gpucampaign.forecast import aligned_intervals, forecast_vs_actual
+from gpucampaign.ledger import read_ledger
 from gpucampaign.manifest import (
     build_manifest,
     collect_environment,
@@ -275,7 +276,7 @@ def close_runs(
     budget = close_budget(
         spec.packages,
         catalog=catalog,
-        expenses=spec.expenses,
+        expenses=[*spec.expenses, *(e.as_expense() for e in read_ledger(root))],
         deliveries=deliveries,
         unit=spec.deliveries.unit,
         result_text=verdict.text,

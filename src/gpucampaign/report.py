@@ -81,6 +81,11 @@ def build_report(
     }
 
 
+def with_budget(report: Mapping[str, Any], budget: Mapping[str, Any]) -> dict[str, Any]:
+    """The report with another budget (recomputed with expenses recorded after the close)."""
+    return {**report, **{k: budget[k] for k in SUMMARY_KEYS[1:]}, "budget": dict(budget)}
+
+
 def report_summary(report: Mapping[str, Any]) -> dict[str, Any]:
     """The keys ``campaign report --json`` promises, read from a report."""
     return {"campaign_id": report.get("campaign_id"), **{k: report.get(k) for k in SUMMARY_KEYS}}

@@ -50,6 +50,12 @@ class Package(_Frozen):
         description="Price of ONE lot for its whole duration in USD; taken from the catalog "
         "when absent.",
     )
+    order_ref: str | None = Field(
+        default=None,
+        max_length=80,
+        description="The provider's order reference of this lot, shown in the report's budget "
+        "to match against the invoice.",
+    )
 
     @field_validator("gpu")
     @classmethod
