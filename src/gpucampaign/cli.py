@@ -319,6 +319,7 @@ def _print_restart(report: Any) -> None:
         f"{report.max_abs_diff:g}; save {report.save_s or 0:.3f} s, "
         f"restore {report.restore_s or 0:.3f} s"
     )
+    _say(f"  {report.applies}")
     for m in report.mismatches[:5]:
         _say(f"  [red]{m}[/]")
 

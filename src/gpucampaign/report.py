@@ -190,6 +190,19 @@ def _interruptions_md(fva: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _resume_md(report: Mapping[str, Any]) -> list[str]:
+    """Which restart applies to each run after an interruption (its config's ``resume``)."""
+    from gpucampaign.restart import resume_text
+
+    runs = [r for r in report.get("runs", []) if r.get("resume")]
+    if not runs:
+        return []
+    out = ["## Restart after an interruption", ""]
+    out += [f"- {r['run']} (`{r['run_id']}`): {resume_text(r['resume'])}" for r in runs]
+    out.append("")
+    return out
+
+
 def _decisions_and_stops_md(report: Mapping[str, Any]) -> list[str]:
     out = ["## Decisions taken", ""]
     decisions = report.get("decisions") or []
@@ -251,6 +264,7 @@ def render_report_md(report: Mapping[str, Any]) -> str:
     out += ["", "## Budget", "", render_budget_md(report["budget"])]
     out += _forecast_md(report["forecast_vs_actual"])
     out += _interruptions_md(report["forecast_vs_actual"])
+    out += _resume_md(report)
     out += _decisions_and_stops_md(report)
     analysed = [r for r in report["runs"] if r.get("analysis")]
     if analysed:

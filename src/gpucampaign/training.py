@@ -43,7 +43,7 @@ from gpucampaign.interrupt import Interrupted, stop_requested
 from gpucampaign.metrics import MetricsLog, truncate_metrics
 from gpucampaign.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
 from gpucampaign.savepolicy import SavePolicy
-from gpucampaign.spec import CampaignSpec, RunConfig, SpecError, canonical_json
+from gpucampaign.spec import NOT_IN_RUN_ID, CampaignSpec, RunConfig, SpecError, canonical_json
 from gpucampaign.stoprules import (
     BelowThreshold,
     EssentialInputMissing,
@@ -74,7 +74,7 @@ SaveFn = Callable[[dict[str, Any]], None]
 def run_config_sha256(spec: CampaignSpec, run: str) -> str:
     """Full sha256 over the same payload as the run ID (config + pinned corpus)."""
     payload = {
-        "config": spec.run_config(run).model_dump(mode="json"),
+        "config": spec.run_config(run).model_dump(mode="json", exclude=NOT_IN_RUN_ID),
         "corpus_sha256": spec.corpus.sha256 if spec.corpus else None,
     }
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
