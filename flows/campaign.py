@@ -5,6 +5,7 @@ Run it with ``campaign run SPEC`` (embedded Prefect) or ``prefect deployment run
 
 from __future__ import annotations
 
+import signal
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +18,7 @@ from prefect.states import Failed
 from gpucampaign import calendar
 from gpucampaign.decision import Decision
 from gpucampaign.folder import OutputFolder
+from gpucampaign.interrupt import Interrupted, graceful_signals
 from gpucampaign.records import read_pilot, run_states, write_pilot
 from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
 from gpucampaign.stoprules import StopRule
@@ -60,6 +62,28 @@ def campaign(
         base_dir: folder the paths of a spec object are relative to (default: the working
             directory); a spec file's own folder otherwise.
     """
+    # SIGINT and SIGTERM become a stop request: the running training saves at its next step
+    # boundary and raises Interrupted, which ends every phase still waiting.
+    with graceful_signals() as previous:
+        try:
+            return _campaign(spec, out=out, decision_mode=decision_mode, base_dir=base_dir)
+        except Interrupted as exc:
+            get_run_logger().warning("campaign %s; rerun to resume", exc)
+            if exc.reason == "SIGTERM" and callable(previous.get(signal.SIGTERM)):
+                # Hand the SIGTERM, now that the work is saved, to the handler it replaced
+                # (Prefect's): a cancellation from the UI then ends the flow run Cancelled.
+                previous[signal.SIGTERM](signal.SIGTERM, None)
+            raise
+
+
+def _campaign(
+    spec: str | CampaignSpec,
+    *,
+    out: str,
+    decision_mode: Literal["auto", "ask"] | None,
+    base_dir: str | None,
+) -> dict[str, Any]:
+    """The flow's body (see ``campaign``)."""
     logger = get_run_logger()
     cs, base, folder = _open(spec, out=out, base_dir=base_dir)
     catalog = load_catalog(spec=cs, base_dir=base)

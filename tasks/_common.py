@@ -12,7 +12,9 @@ from prefect.cache_policies import NO_CACHE
 
 from gpucampaign.files import utc_now
 from gpucampaign.folder import OutputFolder
+from gpucampaign.interrupt import Interrupted
 from gpucampaign.records import StopRecord, TimelineRow, append_stop, append_timeline
+from gpucampaign.segments import close_cut_segments, new_segment
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import StopRule
 
@@ -22,15 +24,17 @@ TASK_OPTIONS: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": Fals
 
 
 def not_a_stop_rule(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry condition: transient errors are retried, stop rules never."""
+    """Retry condition: transient errors are retried, stop rules and interruptions never."""
     try:
         state.result()
-    except StopRule:
+    except (StopRule, Interrupted):
         return False
     except Exception:
         return True
     return False
 
+
+TRAINING_PHASES = ("pilot", "train")
 
 # Every phase that can fail transiently retries once; a stop rule is final.
 PHASE_OPTIONS: dict[str, Any] = {
@@ -64,28 +68,47 @@ def busy(
     note: str = "",
     kind: str = "machine",
 ) -> Iterator[TimelineRow]:
-    """Record one interval (machine-busy, or a person deciding) in timeline.jsonl, even when
-    the work fails."""
-    row = TimelineRow(
-        phase=phase,
-        step=calendar_step(spec, run=run, phase=phase),
-        run=run,
-        kind=kind,
-        start=utc_now(),
-        note=note,
+    """Record one segment (machine-busy, or a person deciding) in timeline.jsonl as it
+    happens: a start line now, an end line even when the work fails.
+
+    A segment an earlier process left open (killed before its end line) is closed first, as
+    interrupted, with the work it lost since its last checkpoint.
+    """
+    close_cut_segments(folder.root, run_dir=lambda cut: _trained_in(folder, spec, cut))
+    row = new_segment(
+        TimelineRow(
+            phase=phase,
+            step=calendar_step(spec, run=run, phase=phase),
+            run=run,
+            kind=kind,
+            start=utc_now(),
+            note=note,
+        )
     )
+    append_timeline(folder.root, row)
     t0 = time.perf_counter()
     try:
         yield row
+    except Interrupted as exc:
+        row.outcome = f"interrupted: {exc}"[:500]
+        raise
     except BaseException as exc:
         row.outcome = f"failed: {exc}"[:500]
         raise
     else:
         row.outcome = row.outcome or "ok"
     finally:
+        row.event = "end"
         row.end = utc_now()
         row.seconds = time.perf_counter() - t0
         append_timeline(folder.root, row)
+
+
+def _trained_in(folder: OutputFolder, spec: CampaignSpec, row: TimelineRow) -> Path | None:
+    """The run folder whose metrics a cut pilot or training segment wrote."""
+    if row.phase not in TRAINING_PHASES or row.run not in spec.run_names():
+        return None
+    return folder.path(f"runs/{spec.run_id(row.run)}")
 
 
 def record_stop(folder: OutputFolder, exc: StopRule, *, run: str, phase: str) -> StopRecord:

@@ -8,6 +8,7 @@ from typing import Any
 
 from prefect import task
 
+from gpucampaign.interrupt import raise_if_stopped
 from gpucampaign.restart import OutputCheckTarget, verify_checkpoint_resume, verify_restart
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import StopRule
@@ -23,6 +24,7 @@ from tasks.gpu_lock import gpu_slot
 def restart_verification(spec: CampaignSpec, *, base_dir: str, out: str, run: str) -> dict[str, Any]:
     """Verify that ``run`` resumes bit-identically in a new process; reuse a passed check."""
     folder = out_folder(out)
+    raise_if_stopped(what=f"restart check of {run}")
     done = folder.read_json("restart.json")
     if done and done.get("identical") and done.get("run_id") == spec.run_id(run):
         return done

@@ -11,8 +11,10 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from gpucampaign.corpus import load_spec_corpus
 from gpucampaign.decision import pilot_measures
+from gpucampaign.interrupt import raise_if_stopped
 from gpucampaign.records import read_stops
 from gpucampaign.runresult import RunResult
+from gpucampaign.segments import heartbeat
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import STOP_RULES, StopRule
 from gpucampaign.storage import open_store
@@ -62,6 +64,7 @@ def _run_training(
     of training rows."""
     folder = out_folder(out)
     run_id = spec.run_id(run)
+    raise_if_stopped(what=f"{phase} of {run_id}")
     stopped = recorded_stop(out, run_id)
     if stopped is not None:
         raise stopped
@@ -82,6 +85,7 @@ def _run_training(
                 out_dir=folder.run_dir(run_id),
                 stop_after_steps=stop_after_steps,
                 progress=progress,
+                on_save=lambda info: heartbeat(folder.root, row, checkpoint_step=info["step"]),
             )
             row.steps = 0 if result.reused else result.steps_done - (result.resumed_from_step or 0)
             if result.reused:

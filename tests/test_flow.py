@@ -90,7 +90,7 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     # Every completed run is a delivery whose model reloads and reproduces its predictions.
     assert json.loads((out / "report.json").read_text())["budget"]["accepted_deliveries"] == 4
 
-    timeline = jsonl(out / "timeline.jsonl")
+    timeline = timeline_rows(out)
     trained = {r["run"] for r in timeline if r["phase"] == "train" and r.get("steps", 0) > 0}
     assert trained == {"control", "lr-high", "bf16", "short"}
     assert {r["step"] for r in timeline if r["phase"] == "pilot"} == {"pilot"}
@@ -106,7 +106,7 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     n_rows, n_decisions = len(timeline), len(jsonl(out / "decisions.jsonl"))
     state2 = run_flow(spec, out)
     assert state2.is_completed(), state2.message
-    new_rows = jsonl(out / "timeline.jsonl")[n_rows:]
+    new_rows = timeline_rows(out)[n_rows:]
     assert [r for r in new_rows if r.get("steps", 0) > 0 or r["phase"] in {"pilot", "restart", "decide"}] == []
     assert len(jsonl(out / "decisions.jsonl")) == n_decisions
     assert (out / "plan.json").read_bytes() == plan_before
@@ -159,7 +159,7 @@ def test_optional_stop_is_recorded_and_reduce_drops_the_exploratory_variant(pref
     status = {v["run"]: v["status"] for v in manifest["runs"].values()}
     assert status == {"control": "completed", "boom": "stopped", "long": "dropped"}
     assert summary["verified"] is True
-    assert "long" not in {r["run"] for r in jsonl(out / "timeline.jsonl") if r["phase"] == "train"}
+    assert "long" not in {r["run"] for r in timeline_rows(out) if r["phase"] == "train"}
 
 
 def test_essential_stop_fails_the_flow_after_writing_a_complete_folder(prefect_harness, tmp_path):
@@ -175,6 +175,13 @@ def test_essential_stop_fails_the_flow_after_writing_a_complete_folder(prefect_h
     assert report["budget"]["spent_usd"] == 47.14  # a stopped campaign still shows its full cost
     assert (out / "report.md").is_file() and (out / "manifest.json").is_file()
     assert verify_output(out, reload=False).verified
+
+
+def timeline_rows(out: Path) -> list[dict[str, Any]]:
+    """One row per segment of timeline.jsonl (its start, heartbeat and end lines folded)."""
+    from gpucampaign.records import read_timeline
+
+    return [r.to_dict() for r in read_timeline(out)]
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -249,7 +256,7 @@ def test_ask_mode_takes_a_persons_answer_from_the_ui(prefect_harness, tmp_path):
     assert any("no time to read it" in r for r in record["decision"]["reasons"])
     status = {v["run"]: v["status"] for v in json.loads((out / "manifest.json").read_text())["runs"].values()}
     assert status["short"] == "dropped" and status["control"] == "completed"
-    decide = [r for r in jsonl(out / "timeline.jsonl") if r["phase"] == "decide"]
+    decide = [r for r in timeline_rows(out) if r["phase"] == "decide"]
     assert [r["kind"] for r in decide] == ["human"]
 
 
@@ -291,7 +298,7 @@ def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp
     assert load_spec(out / "spec.yaml") == cs
     with get_client(sync_client=True) as client:
         assert client.read_global_concurrency_limit_by_name(cs.gpu_lock.name).limit == 2
-    peak = max_concurrent(jsonl(out / "timeline.jsonl"))
+    peak = max_concurrent(timeline_rows(out))
     assert 1 <= peak <= 2
 
     corpus = load_spec_corpus(cs, base_dir=spec.parent)
@@ -341,6 +348,6 @@ def test_a_killed_campaign_resumes_from_its_last_good_checkpoint(tmp_path):
     result = json.loads((out / "runs" / rid / "result.json").read_text())
     assert result["resumed_from_step"] >= 400 and result["completed"]
     assert "stale" in rerun.stderr.lower() or "stale" in rerun.stdout.lower()
-    trained = [r for r in jsonl(out / "timeline.jsonl") if r["phase"] == "train"]
+    trained = [r for r in timeline_rows(out) if r["phase"] == "train"]
     assert trained and trained[-1]["steps"] == result["steps_done"] - result["resumed_from_step"]
     assert verify_output(out, reload=False).verified

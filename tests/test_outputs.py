@@ -132,8 +132,8 @@ def test_manifest_lists_every_file_but_itself(tmp_path: Path):
     assert m["environment"]["torch"]
     reload_md = (out / "RELOAD.md").read_text()
     first = next(iter(m["runs"]))
-    assert f"python -m gpucampaign.predictions reload-check . {first}" in reload_md
-    assert "campaign verify ." in reload_md
+    assert f'python -m gpucampaign.predictions reload-check "$OUT" {first}' in reload_md
+    assert 'campaign verify "$OUT"' in reload_md
 
 
 def test_written_files_follow_the_umask_not_mkstemps_0600(tmp_path):

@@ -6,12 +6,15 @@ set quiet embedded-server defaults, then import the flow.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gpucampaign import interrupt
 from gpucampaign.spec import SpecError
 
 # Measured: a fresh PREFECT_HOME needs ~21 s to start the embedded server (default limit 20 s),
@@ -53,3 +56,20 @@ def load_flow(module: str, name: str) -> Any:
     if root not in sys.path:
         sys.path.insert(0, root)
     return getattr(importlib.import_module(f"flows.{module}"), name)
+
+
+@contextlib.contextmanager
+def interruptible_run(*, grace_s: float = interrupt.DEFAULT_GRACE_S) -> Iterator[None]:
+    """Run a flow in this process so that SIGINT and SIGTERM stop it gracefully.
+
+    The embedded server starts first, in its own session (the terminal's Ctrl-C must not
+    reach it). It stops at the interpreter's exit, after Prefect has sent its last logs and
+    events to it, or at once when the grace runs out or on a second Ctrl-C. The signals
+    become a stop request the training honours at its next step.
+    """
+    start, stop = load_flow("_embedded", "start_detached"), load_flow("_embedded", "stop")
+    interrupt.clear_stop()
+    with interrupt.graceful_signals(grace_s=grace_s):
+        server = start()
+        interrupt.on_force(lambda: stop(server, wait=False))
+        yield

@@ -64,6 +64,7 @@ def resolve_packages(packages: Iterable[Any], *, catalog: Any = None) -> list[di
                     "gpus": r.gpus_per_lot,
                     "count": r.count,
                     "price_usd": r.price_usd,
+                    "order_ref": p.order_ref,
                 }
             )
             continue
@@ -81,6 +82,7 @@ def resolve_packages(packages: Iterable[Any], *, catalog: Any = None) -> list[di
                 "gpus": d.get("gpus"),
                 "count": int(d.get("count", 1)),
                 "price_usd": _usd(d["price_usd"]),
+                "order_ref": d.get("order_ref"),
             }
         )
     return out
@@ -148,13 +150,7 @@ def close_budget(
         total = p["price_usd"] * p["count"]
         rental += total
         lines.append({**p, "price_usd": _cents(p["price_usd"]), "total_usd": _cents(total)})
-    exp_lines = []
-    other = Decimal(0)
-    for e in expenses:
-        d = _as_dict(e)
-        amount = _usd(d["usd"])
-        other += amount
-        exp_lines.append({"name": d["name"], "usd": _cents(amount), "note": d.get("note", "")})
+    exp_lines, other = _expense_lines(expenses)
     spent = rental + other
     accepted, rejected, replays = _dedupe_deliveries(deliveries)
 
@@ -190,13 +186,25 @@ def close_budget(
     }
 
 
+def _expense_lines(expenses: Iterable[Any]) -> tuple[list[dict[str, Any]], Decimal]:
+    """The other expenses as ``{name, usd, note}`` lines, and their sum."""
+    lines, other = [], Decimal(0)
+    for e in expenses:
+        d = _as_dict(e)
+        amount = _usd(d["usd"])
+        other += amount
+        lines.append({"name": d["name"], "usd": _cents(amount), "note": d.get("note", "")})
+    return lines, other
+
+
 def _budget_lines(budget: Mapping[str, Any]) -> list[str]:
     """The lots table, the other expenses and the money spent."""
     out = ["| Committed lot | Count | Price per lot (USD) | Total (USD) |", "|---|---:|---:|---:|"]
     for p in budget["packages"]:
         gpus = f", {p['gpus']} GPU(s) per lot" if p.get("gpus") else ""
+        ref = f", order {p['order_ref']}" if p.get("order_ref") else ""
         out.append(
-            f"| {p['gpu']} {p['days']} days{gpus} | {p['count']} | {p['price_usd']:.2f} | "
+            f"| {p['gpu']} {p['days']} days{gpus}{ref} | {p['count']} | {p['price_usd']:.2f} | "
             f"{p['total_usd']:.2f} |"
         )
     out.append(f"| **Rental** | | | **{budget['rental_usd']:.2f}** |")
@@ -218,6 +226,18 @@ def _budget_lines(budget: Mapping[str, Any]) -> list[str]:
         "",
     ]
     return out
+
+
+def with_expenses(budget: Mapping[str, Any], expenses: Iterable[Any]) -> dict[str, Any]:
+    """A closed budget with its other expenses replaced (the spec's and the ledger's).
+
+    The rental, the deliveries and the rental per accepted delivery stay as closed; the other
+    expenses and the money spent are recomputed. Nothing is added that was not recorded.
+    """
+    lines, other = _expense_lines(expenses)
+    spent = _usd(budget["rental_usd"]) + other
+    return {**budget, "expenses": lines, "other_expenses_usd": _cents(other),
+            "spent_usd": _cents(spent)}
 
 
 def render_budget_md(budget: Mapping[str, Any]) -> str:

@@ -1,7 +1,8 @@
 """The ``campaign`` command (typer + rich).
 
 Exit codes: 0 success; 2 invalid input; 3 stopped by a stop rule; 4 plan does not fit its
-window (plan) or output not verified (verify); 1 unexpected.
+window (plan) or output not verified (verify); 130 / 143 interrupted by SIGINT / SIGTERM
+(saved; rerun to resume); 1 unexpected.
 """
 
 from __future__ import annotations
@@ -320,6 +321,7 @@ def _print_restart(report: Any) -> None:
         f"{report.max_abs_diff:g}; save {report.save_s or 0:.3f} s, "
         f"restore {report.restore_s or 0:.3f} s"
     )
+    _say(f"  {report.applies}")
     for m in report.mismatches[:5]:
         _say(f"  [red]{m}[/]")
 
@@ -335,10 +337,18 @@ def run_cmd(
     decision: str | None = typer.Option(
         None, "--decision", help="Override decision_point.mode: 'auto' or 'ask' (Prefect UI)."
     ),
+    grace: float = typer.Option(
+        20.0, "--grace", help="Seconds a Ctrl-C or SIGTERM may take to save and stop.", min=0.1
+    ),
 ) -> None:
-    """Run the whole campaign in this process (embedded Prefect, local storage); rerun to resume."""
-    from gpucampaign._runner import load_flow
+    """Run the whole campaign in this process (embedded Prefect, local storage); rerun to resume.
+
+    Ctrl-C or SIGTERM saves a checkpoint at the next step, stops and exits 130 or 143; a
+    second Ctrl-C exits at once.
+    """
+    from gpucampaign._runner import interruptible_run, load_flow
     from gpucampaign.folder import OutputFolder
+    from gpucampaign.interrupt import exit_code, stop_requested
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
@@ -352,7 +362,20 @@ def run_cmd(
     # Refused before Prefect starts: a clear message, no flow-run traceback.
     OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
     flow = load_flow("campaign", "campaign")
-    state = flow(spec=str(spec), out=str(target), decision_mode=decision, return_state=True)
+    state = None
+    try:
+        with interruptible_run(grace_s=grace):
+            state = flow(spec=str(spec), out=str(target), decision_mode=decision,
+                         return_state=True)
+    except BaseException:
+        if stop_requested() is None:
+            raise
+    if (reason := stop_requested()) is not None:
+        err_console.print(
+            f"[bold yellow]interrupted by {reason}:[/] the running training saved a checkpoint "
+            f"and stopped; its segment is recorded in {target / 'timeline.jsonl'}. Rerun the same "
+            "command to resume.", soft_wrap=True, highlight=False)
+        raise typer.Exit(exit_code(reason))
     summary = state.result(raise_on_failure=False)
     if isinstance(summary, BaseException):
         raise summary
@@ -437,12 +460,18 @@ def _print_verify(report: Any, *, out: Path, verified: bool, no_reload: bool) ->
 @app.command("report")
 @handle_errors
 def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
-    """Print the closing report the campaign wrote (report.json, report.md); recomputes nothing."""
+    """Print the closing report the campaign wrote (report.json, report.md); only the budget is
+    recomputed, with the expenses recorded by `campaign expense` since."""
     from rich.markdown import Markdown
 
-    from gpucampaign.report import REPORT_MD, read_report, report_summary
+    from gpucampaign.budget import render_budget_md
+    from gpucampaign.ledger import budget_with_ledger
+    from gpucampaign.report import REPORT_MD, read_report, report_summary, with_budget
 
     report = read_report(out)
+    budget = budget_with_ledger(out, report["budget"])
+    changed = budget["expenses"] != report["budget"].get("expenses")
+    report = with_budget(report, budget)
     if as_json:
         print_json(report_summary(report))
         return
@@ -450,6 +479,33 @@ def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
     console.print(
         Markdown(md.read_text(encoding="utf-8")) if md.is_file() else report_summary(report)
     )
+    if changed:
+        console.print(Markdown(
+            "## Budget with the ledger (recomputed now)\n\nExpenses were recorded with "
+            "`campaign expense` after the close; the budget above is the one closed.\n\n"
+            + render_budget_md(budget)))
+
+
+@app.command("expense")
+@handle_errors
+def expense_cmd(
+    out: OutFolder,
+    usd: float = typer.Option(..., "--usd", help="Amount paid in USD, as on the receipt."),
+    what: str = typer.Option(..., "--what", help="What was paid for (one line)."),
+    order_ref: str | None = typer.Option(
+        None, "--order-ref", help="The provider's order reference, to match the invoice."
+    ),
+) -> None:
+    """Record an expense paid after the start (egress, storage, another lot) in ledger.jsonl.
+
+    The close and `campaign report` add it to the budget, apart from the rental; the spec is
+    never edited for it.
+    """
+    from gpucampaign.ledger import add_expense
+
+    entry = add_expense(out, usd=usd, what=what, order_ref=order_ref)
+    ref = f" (order {entry.order_ref})" if entry.order_ref else ""
+    _say(f"recorded in {out / 'ledger.jsonl'}: {entry.usd:.2f} USD for {entry.what}{ref}")
 
 
 # --- retrieve: bring a mirrored campaign back ----------------------------------------------

@@ -21,6 +21,7 @@ from gpucampaign.decision import Decision
 from gpucampaign.files import sha256_bytes, sha256_file
 from gpucampaign.folder import OutputFolder
 from gpucampaign.forecast import aligned_intervals, forecast_vs_actual
+from gpucampaign.ledger import read_ledger
 from gpucampaign.manifest import (
     build_manifest,
     collect_environment,
@@ -229,8 +230,10 @@ def runs_table(
     *,
     metric_of: Mapping[str, float | None],
     analyses: Mapping[str, Any],
+    resume_of: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The report's runs: ``{run_id, run, tier, status, metric, stop_id, analysis}``."""
+    """The report's runs: ``{run_id, run, tier, status, metric, stop_id, analysis, resume}``
+    (``resume``: the run config's choice after an interruption, ``training`` by default)."""
     return [
         {
             "run_id": rid,
@@ -240,6 +243,7 @@ def runs_table(
             "metric": metric_of.get(s.run),
             "stop_id": s.stop_id,
             "analysis": analyses.get(s.run),
+            "resume": (resume_of or {}).get(s.run, "training"),
         }
         for rid, s in states.items()
     ]
@@ -275,7 +279,7 @@ def close_runs(
     budget = close_budget(
         spec.packages,
         catalog=catalog,
-        expenses=spec.expenses,
+        expenses=[*spec.expenses, *(e.as_expense() for e in read_ledger(root))],
         deliveries=deliveries,
         unit=spec.deliveries.unit,
         result_text=verdict.text,
@@ -300,7 +304,8 @@ def close_runs(
         states=states,
         verdict=verdict,
         budget=budget,
-        runs=runs_table(states, metric_of=metric_of, analyses=analyses),
+        runs=runs_table(states, metric_of=metric_of, analyses=analyses,
+                        resume_of={r: spec.run_config(r).resume for r in spec.run_names()}),
         metrics=metrics,
         figures=figs,
         stops=stops,

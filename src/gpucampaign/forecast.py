@@ -15,6 +15,7 @@ from typing import Any
 
 from gpucampaign.files import median, parse_time
 from gpucampaign.records import DecisionRecord, PlanRecord, PlanStep, StopRecord, TimelineRow
+from gpucampaign.segments import interruptions
 from gpucampaign.spec import SpecError
 from gpucampaign.verdict import stops_of
 
@@ -147,7 +148,8 @@ def forecast_vs_actual(
         metrics: ``metrics.jsonl`` rows per run, for the measured estimates.
 
     Returns:
-        ``{steps: [...], decisions: [...], stops: [...], estimates: {...}, totals: {...}}``.
+        ``{steps: [...], decisions: [...], stops: [...], estimates: {...}, totals: {...},
+        interruptions: {...}}`` (``segments.interruptions``).
     """
     timeline, decisions, stops = list(timeline), list(decisions), list(stops)
     dropped_by = {name: rec.decision for rec in decisions for name in rec.decision.dropped_steps}
@@ -177,6 +179,7 @@ def forecast_vs_actual(
             "window_hours": plan.window_hours,
         },
         "estimates": measured_estimates(timeline, pilot=pilot, metrics=metrics),
+        "interruptions": interruptions(timeline),
     }
 
 

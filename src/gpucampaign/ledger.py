@@ -87,6 +87,20 @@ def read_ledger(root: str | Path) -> list[LedgerExpense]:
     return [LedgerExpense(**row) for row in read_jsonl(Path(root) / LEDGER)]
 
 
+def budget_with_ledger(root: str | Path, budget: dict[str, Any]) -> dict[str, Any]:
+    """A closed budget recomputed with the spec's expenses and every expense of the ledger.
+
+    Args:
+        root: The campaign's output folder (its ``spec.yaml`` and ``ledger.jsonl``).
+        budget: The budget as closed (``report.json``'s ``budget``).
+    """
+    from gpucampaign.budget import with_expenses
+    from gpucampaign.spec import load_spec
+
+    spec = load_spec(Path(root) / "spec.yaml")
+    return with_expenses(budget, [*spec.expenses, *(e.as_expense() for e in read_ledger(root))])
+
+
 def sealed_prefix_intact(data: bytes, *, size: int, sha256: str) -> bool:
     """Whether the ledger's first ``size`` bytes are the ones sealed in the manifest."""
     return len(data) >= size and sha256_bytes(data[:size]) == sha256

@@ -205,8 +205,12 @@ def _file_entries(root: Path) -> list[dict[str, Any]]:
 
 _RELOAD_TEMPLATE = """# Reloading this campaign's models
 
-Everything below runs from this folder, on CPU, with the `gpucampaign` package installed
-(`pip install -e <checkout>` of the commit `{commit}`).
+The commands below run from any folder, on CPU, with the `gpucampaign` package installed
+(`pip install -e <checkout>` of the commit `{commit}`). They read this folder and write nothing
+into it (its files are sealed in `manifest.json`). First set `OUT` to this folder, e.g.
+`export OUT=$HOME/campaigns/this-campaign`, and, if you like, `PRED_DIR` to the folder new
+predictions go to (outside `OUT`; `/tmp` when unset).
+
 Recorded versions: {versions}.
 
 {corpus_line}
@@ -218,7 +222,7 @@ Models (safetensors weights, `config.json` with the recipe and versions):
 ## 1. Check the whole folder
 
 ```bash
-campaign verify . --json
+campaign verify "$OUT" --json
 ```
 
 Exit 0 means every file matches `manifest.json` (size and sha256), no path points into a
@@ -228,23 +232,26 @@ model reloaded in a fresh process reproduced its `predictions.csv` exactly.
 ## 2. Reload one model and compare with its predictions
 
 ```bash
-python -m gpucampaign.predictions reload-check . {first} --json
+python -m gpucampaign.predictions reload-check "$OUT" {first} --json
 ```
 
 ## 3. Predict with a reloaded model
 
 ```bash
-python -m gpucampaign.predictions predict . {first} --to predictions-again.csv
+python -m gpucampaign.predictions predict "$OUT" {first} --to "${{PRED_DIR:-/tmp}}/{first}.csv"
 ```
 
 or in Python:
 
 ```python
+import os
+
 from gpucampaign.predictions import load_run_model, features_for
 from gpucampaign.recipes import predict
 
-model = load_run_model(".", "{first}")           # runs/{first}/model/ on CPU
-ids, X, y = features_for(".", ids=None)           # the decision split of the corpus
+out = os.environ["OUT"]
+model = load_run_model(out, "{first}")           # runs/{first}/model/ on CPU
+ids, X, y = features_for(out, ids=None)           # the decision split of the corpus
 pred, confidence = predict(model, X)
 ```
 """

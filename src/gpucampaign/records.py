@@ -11,7 +11,7 @@ records; the close, the manifest, the report and the flow all read it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -210,9 +210,21 @@ def append_stop(root: str | Path, record: StopRecord) -> bool:
 
 
 # --- timeline.jsonl -------------------------------------------------------------------------
+#: The optional fields a line carries only when known.
+_TIMELINE_OPTIONAL = ("steps", "outcome", "segment", "event", "checkpoint_step", "seen",
+                      "lost_steps", "lost_seconds")
+
+
 @dataclass
 class TimelineRow:
-    """One observed interval of ``timeline.jsonl`` (machine busy, or a person deciding)."""
+    """One observed interval of ``timeline.jsonl`` (machine busy, or a person deciding).
+
+    A segment (``segment`` set) is written as it happens: a ``start`` line, a ``heartbeat``
+    line at each checkpoint (``checkpoint_step``, ``seen``), an ``end`` line. ``read_timeline``
+    folds them into one row per segment; a segment without its end line stays open
+    (``end`` None) until the next start closes it as interrupted, with the steps trained
+    since its last checkpoint (``lost_steps``) and their time (``lost_seconds``).
+    """
 
     phase: str
     step: str | None = None
@@ -224,6 +236,17 @@ class TimelineRow:
     note: str = ""
     outcome: str | None = None
     steps: int | None = None
+    segment: str | None = None
+    event: str | None = None
+    checkpoint_step: int | None = None
+    seen: str | None = None
+    lost_steps: int | None = None
+    lost_seconds: float | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        """True when the segment ended by an interruption (a signal, a kill, a lost machine)."""
+        return (self.outcome or "").startswith("interrupted")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TimelineRow:
@@ -245,9 +268,9 @@ class TimelineRow:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON line as written; ``steps`` and ``outcome`` only when known."""
+        """The JSON line as written; the optional fields only when known."""
         row = asdict(self)
-        for key in ("steps", "outcome"):
+        for key in _TIMELINE_OPTIONAL:
             if row[key] is None:
                 del row[key]
         return row
@@ -261,8 +284,28 @@ class TimelineRow:
 
 
 def read_timeline(root: str | Path) -> list[TimelineRow]:
-    """Every observed interval, in the order written."""
-    return [TimelineRow.from_dict(r) for r in read_jsonl(Path(root) / TIMELINE_FILE)]
+    """Every observed interval, one row per segment, in the order the segments started."""
+    return fold_segments(TimelineRow.from_dict(r) for r in read_jsonl(Path(root) / TIMELINE_FILE))
+
+
+def fold_segments(lines: Iterable[TimelineRow]) -> list[TimelineRow]:
+    """One row per segment from its start, heartbeat and end lines (rows without a segment
+    pass through): the end line when written, else the start with the last heartbeat."""
+    rows: list[TimelineRow] = []
+    where: dict[str, int] = {}
+    for line in lines:
+        if line.segment is None:
+            rows.append(line)
+        elif line.segment not in where:
+            where[line.segment] = len(rows)
+            rows.append(line if line.event != "heartbeat" else replace(line, end=None))
+        elif line.event == "heartbeat":
+            i = where[line.segment]
+            if rows[i].event != "end":
+                rows[i] = replace(rows[i], checkpoint_step=line.checkpoint_step, seen=line.seen)
+        else:
+            rows[where[line.segment]] = line
+    return rows
 
 
 def append_timeline(root: str | Path, row: TimelineRow) -> None:

@@ -81,6 +81,11 @@ def build_report(
     }
 
 
+def with_budget(report: Mapping[str, Any], budget: Mapping[str, Any]) -> dict[str, Any]:
+    """The report with another budget (recomputed with expenses recorded after the close)."""
+    return {**report, **{k: budget[k] for k in SUMMARY_KEYS[1:]}, "budget": dict(budget)}
+
+
 def report_summary(report: Mapping[str, Any]) -> dict[str, Any]:
     """The keys ``campaign report --json`` promises, read from a report."""
     return {"campaign_id": report.get("campaign_id"), **{k: report.get(k) for k in SUMMARY_KEYS}}
@@ -159,6 +164,45 @@ def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _interruptions_md(fva: Mapping[str, Any]) -> list[str]:
+    """Interrupted segments, resumes per run and the work lost (nothing when none)."""
+    info = fva.get("interruptions") or {}
+    cut = info.get("segments") or []
+    if not cut:
+        return []
+    out = ["## Interruptions", ""]
+    resumes = info.get("resumes") or {}
+    out += [f"- {run} resumed {n} time{'s' if n != 1 else ''}" for run, n in resumes.items()]
+    out += [
+        f"- lost work: {info.get('lost_steps', 0)} step(s) trained after the last checkpoint, "
+        f"{_hours(info.get('lost_hours'))} h",
+        "",
+        "| phase | run | start | end | last checkpoint | steps lost | outcome |",
+        "|---|---|---|---|---:|---:|---|",
+    ]
+    for c in cut:
+        out.append(
+            f"| {c['phase']} | {_cell(c.get('run') or '')} | {c.get('start') or ''} | "
+            f"{c.get('end') or ''} | {_cell(c.get('checkpoint_step') or '')} | "
+            f"{_cell(c.get('lost_steps') or 0)} | {_cell(c.get('outcome') or '')} |"
+        )
+    out.append("")
+    return out
+
+
+def _resume_md(report: Mapping[str, Any]) -> list[str]:
+    """Which restart applies to each run after an interruption (its config's ``resume``)."""
+    from gpucampaign.restart import resume_text
+
+    runs = [r for r in report.get("runs", []) if r.get("resume")]
+    if not runs:
+        return []
+    out = ["## Restart after an interruption", ""]
+    out += [f"- {r['run']} (`{r['run_id']}`): {resume_text(r['resume'])}" for r in runs]
+    out.append("")
+    return out
+
+
 def _decisions_and_stops_md(report: Mapping[str, Any]) -> list[str]:
     out = ["## Decisions taken", ""]
     decisions = report.get("decisions") or []
@@ -219,6 +263,8 @@ def render_report_md(report: Mapping[str, Any]) -> str:
     out += _runs_md(report)
     out += ["", "## Budget", "", render_budget_md(report["budget"])]
     out += _forecast_md(report["forecast_vs_actual"])
+    out += _interruptions_md(report["forecast_vs_actual"])
+    out += _resume_md(report)
     out += _decisions_and_stops_md(report)
     analysed = [r for r in report["runs"] if r.get("analysis")]
     if analysed:

@@ -63,6 +63,7 @@ class RestartReport:
     threads: int
     run_id: str = ""
     mode: str = "fresh"
+    resume: str = "training"
     device: str = "cpu"
     atol: float = 0.0
     k_mid_epoch: bool = True
@@ -72,6 +73,20 @@ class RestartReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return asdict(self)
+
+    @property
+    def applies(self) -> str:
+        """Which restart applies to this run after an interruption, in one sentence."""
+        return resume_text(self.resume)
+
+
+def resume_text(resume: str) -> str:
+    """What an interruption leads to under a run config's ``resume`` choice."""
+    if resume == "inference":
+        return ("resume: inference: an interruption restarts inference from the last good "
+                "model; learning is not resumed")
+    return ("resume: training: an interruption resumes learning from the full saved state "
+            "(model, optimizer, data order, RNG), checked bit for bit")
 
 
 # --- the child process ---------------------------------------------------------------------
@@ -293,7 +308,8 @@ def verify_restart(
         identical=not cmp.mismatches, compared_steps=n, max_abs_diff=cmp.max_abs_diff,
         save_s=(first["timings"]["save_s"] or [None])[-1],
         restore_s=resumed["timings"]["restore_s"], total_s=time.perf_counter() - t0, k=k, n=n,
-        threads=config.threads, run_id=run_id, mode="fresh", device=device, atol=cmp.atol,
+        threads=config.threads, run_id=run_id, mode="fresh", resume=config.resume,
+        device=device, atol=cmp.atol,
         k_mid_epoch=k % spe != 0, compared=cmp.compared, mismatches=cmp.mismatches[:20],
     )
     if check and not report.identical:
@@ -442,7 +458,8 @@ def verify_checkpoint_resume(
         identical=not cmp.mismatches, compared_steps=len(steps), max_abs_diff=cmp.max_abs_diff,
         save_s=float(ck.meta.get("write_s", 0.0)) + float(ck.meta.get("upload_s", 0.0)),
         restore_s=resumed["timings"]["restore_s"], total_s=time.perf_counter() - t0, k=start,
-        n=n, threads=config.threads, run_id=run_id, mode="checkpoint", device=device,
+        n=n, threads=config.threads, run_id=run_id, mode="checkpoint", resume=config.resume,
+        device=device,
         atol=cmp.atol, k_mid_epoch=start % int(ck.meta.get("steps_per_epoch") or 1) != 0,
         compared=cmp.compared, mismatches=cmp.mismatches[:20],
     )

@@ -50,6 +50,12 @@ class Package(_Frozen):
         description="Price of ONE lot for its whole duration in USD; taken from the catalog "
         "when absent.",
     )
+    order_ref: str | None = Field(
+        default=None,
+        max_length=80,
+        description="The provider's order reference of this lot, shown in the report's budget "
+        "to match against the invoice.",
+    )
 
     @field_validator("gpu")
     @classmethod
@@ -152,6 +158,12 @@ class RunConfig(_Frozen):
         default=1,
         ge=1,
         description="torch CPU threads; pinned because results differ across counts.",
+    )
+    resume: Literal["training", "inference"] = Field(
+        default="training",
+        description="After an interruption: 'training' resumes learning from the full saved "
+        "state (model, optimizer, data order, RNG); 'inference' only restarts inference from "
+        "the last good model. Not part of the run ID: it changes no result.",
     )
 
     def steps_per_epoch(self, n_train: int) -> int:
@@ -449,9 +461,14 @@ class CampaignSpec(_Frozen):
         )
 
 
+#: Run-config fields that change no result, so no run ID or checkpoint config hash.
+NOT_IN_RUN_ID = frozenset({"resume"})
+
+
 def make_run_id(name: str, config: RunConfig, *, corpus_sha256: str | None = None) -> str:
     """Run ID: any change to the config (or the pinned corpus) gives a new ID."""
-    payload = {"config": config.model_dump(mode="json"), "corpus_sha256": corpus_sha256}
+    payload = {"config": config.model_dump(mode="json", exclude=NOT_IN_RUN_ID),
+               "corpus_sha256": corpus_sha256}
     return f"{name}-{hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:10]}"
 
 

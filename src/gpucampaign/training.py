@@ -39,10 +39,11 @@ from gpucampaign.checkpoint import (
 )
 from gpucampaign.corpus import Corpus
 from gpucampaign.files import atomic_write_bytes, json_bytes, median
+from gpucampaign.interrupt import Interrupted, stop_requested
 from gpucampaign.metrics import MetricsLog, truncate_metrics
 from gpucampaign.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
 from gpucampaign.savepolicy import SavePolicy
-from gpucampaign.spec import CampaignSpec, RunConfig, SpecError, canonical_json
+from gpucampaign.spec import NOT_IN_RUN_ID, CampaignSpec, RunConfig, SpecError, canonical_json
 from gpucampaign.stoprules import (
     BelowThreshold,
     EssentialInputMissing,
@@ -67,12 +68,13 @@ MODEL_DIR = "model"
 EVAL_SPLITS: tuple[str, ...] = ("val", "test")
 
 ProgressFn = Callable[[dict[str, Any]], None]
+SaveFn = Callable[[dict[str, Any]], None]
 
 
 def run_config_sha256(spec: CampaignSpec, run: str) -> str:
     """Full sha256 over the same payload as the run ID (config + pinned corpus)."""
     payload = {
-        "config": spec.run_config(run).model_dump(mode="json"),
+        "config": spec.run_config(run).model_dump(mode="json", exclude=NOT_IN_RUN_ID),
         "corpus_sha256": spec.corpus.sha256 if spec.corpus else None,
     }
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
@@ -124,6 +126,7 @@ class _Run:
     saves: list[SavedCheckpoint] = field(default_factory=list)
     policy: SavePolicy | None = None
     mlog: MetricsLog | None = None
+    on_save: SaveFn | None = None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -332,6 +335,8 @@ def _run_epoch(r: _Run, *, progress: ProgressFn | None, bar: Any) -> None:
         if r.policy.due(r.global_step, target=r.target):
             _save(r)
         _report(r, row, progress=progress, bar=bar)
+        if stop_requested() is not None:
+            _stop_now(r)
         if r.global_step >= r.target:
             break
     if r.batch_in_epoch == r.steps_per_epoch:
@@ -365,6 +370,19 @@ def _save(r: _Run) -> None:
         "write_s": saved.write_s, "upload_s": saved.upload_s, "commit_s": saved.commit_s,
         "bytes": saved.bytes, "key": saved.key, "every_steps": r.policy.interval.every_steps,
         "interval_source": r.policy.interval.source})
+    if r.on_save is not None:
+        r.on_save({"run_id": r.run_id, "step": r.global_step, "planned_steps": r.planned,
+                   "save_s": saved.save_s, "key": saved.key})
+
+
+def _stop_now(r: _Run) -> None:
+    """A stop was requested: checkpoint this step (unless just saved), then raise."""
+    reason = stop_requested() or "stop"
+    if not (r.saves and r.saves[-1].step == r.global_step):
+        _save(r)
+    r.mlog.write({"kind": "interrupt", "step": r.global_step, "reason": reason})
+    r.mlog.sync()
+    raise Interrupted(reason, step=r.global_step)
 
 
 def _evaluate(r: _Run, split: str, *, final: bool) -> dict[str, float] | None:
@@ -471,6 +489,7 @@ def train_run(
     checkpoint_every: int | None = None,
     progress: ProgressFn | None = None,
     show_progress: bool = False,
+    on_save: SaveFn | None = None,
 ) -> RunResult:
     """Train (or resume, or return the recorded result of) one run of the campaign.
 
@@ -487,6 +506,8 @@ def train_run(
             interval).
         progress: Called with ``{run_id, step, planned_steps, loss, ...}`` every ~2% of the run.
         show_progress: Show a rich progress bar when stderr is a terminal.
+        on_save: Called with ``{run_id, step, planned_steps, save_s, key}`` after each
+            checkpoint is committed (the timeline's heartbeat).
 
     Returns:
         The ``RunResult`` (``completed`` False after a pilot stop).
@@ -497,6 +518,7 @@ def train_run(
         EssentialInputMissing: The corpus is not the pinned one.
         NoUsableRestart: Checkpoints exist but none is usable, and ``require_restart`` is on.
         IncompleteRun: A recorded or finished run has fewer steps than planned.
+        Interrupted: A stop was requested (SIGINT, SIGTERM): the step reached is saved first.
         SpecError: Invalid arguments or an unsupported precision on this device.
     """
     t_call = time.perf_counter()
@@ -512,6 +534,7 @@ def train_run(
                stop_after_steps=stop_after_steps, t_call=t_call)
     ck = _restore(r)
     r.policy = _save_policy(r, ck, checkpoint_every=checkpoint_every)
+    r.on_save = on_save
     if ck is not None and r.global_step >= r.target and r.target < r.planned:
         return _result(r, completed=False)  # the pilot already ran: nothing to do
     _open_metrics(r, restored=ck is not None)

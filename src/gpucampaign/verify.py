@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gpucampaign.files import sha256_file
+from gpucampaign.files import sha256_bytes, sha256_file
 from gpucampaign.folder import (
     MANIFEST,
     MODEL_FILES,
@@ -28,6 +28,7 @@ from gpucampaign.folder import (
     STOPS,
     OutputFolder,
 )
+from gpucampaign.ledger import LEDGER, sealed_prefix_intact
 from gpucampaign.manifest import list_files
 from gpucampaign.predictions import reload_in_fresh_process
 from gpucampaign.spec import SpecError, load_spec, spec_sha256
@@ -367,10 +368,14 @@ def check_manifest_files(ctx: VerifyContext) -> list[Problem]:
     for rel in sorted(set(listed) - present):
         problems.append(Problem("missing_file", rel, "listed in manifest.json but absent"))
     for rel in sorted(present - set(listed)):
+        if rel == LEDGER and _ledger_grew(ctx.base / rel, size=0, sha256=sha256_bytes(b"")):
+            continue  # a ledger started after the seal: growth from nothing
         problems.append(Problem("unlisted_file", rel, "present but not listed in manifest.json"))
     for rel in sorted(set(listed) & present):
         p, entry = ctx.base / rel, listed[rel]
         if p.is_symlink():
+            continue
+        if rel == LEDGER and _ledger_grew(p, size=entry.get("size"), sha256=entry.get("sha256")):
             continue
         size = p.stat().st_size
         if size != entry.get("size"):
@@ -380,6 +385,13 @@ def check_manifest_files(ctx: VerifyContext) -> list[Problem]:
             detail = f"sha256 differs from the manifest's {str(entry.get('sha256'))[:12]}..."
             problems.append(Problem("hash_mismatch", rel, detail))
     return problems
+
+
+def _ledger_grew(path: Path, *, size: Any, sha256: Any) -> bool:
+    """The ledger only had expenses appended after the seal: its sealed bytes are intact."""
+    if not isinstance(size, int) or not isinstance(sha256, str) or path.is_symlink():
+        return False
+    return sealed_prefix_intact(path.read_bytes(), size=size, sha256=sha256)
 
 
 def check_plan_hash(ctx: VerifyContext) -> list[Problem]:
