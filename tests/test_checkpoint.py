@@ -324,3 +324,31 @@ def test_streamed_safetensors_load_with_the_safetensors_library(tmp_path):
         assert loaded[k].dtype == v.dtype and torch.equal(loaded[k], v), k
     with safe_open(tmp_path / "m.safetensors", framework="pt") as f:
         assert f.metadata() == {"k": "v"}
+
+
+def test_read_hashed_and_the_zero_copy_safetensors_reader(tmp_path):
+    from safetensors.torch import save
+
+    from gpucampaign.tensorfiles import load_safetensors_buffer, read_hashed
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "f32": torch.randn(3, 5, generator=g),
+        "bf16": torch.randn(7, generator=g).to(torch.bfloat16),
+        "i64": torch.arange(5),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "mask": torch.tensor([True, False, True]),
+    }
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(save(tensors, metadata={"k": "v"}))  # written by the library itself
+    buf, digest = read_hashed(path)
+    assert bytes(buf) == path.read_bytes() and digest == hashlib.sha256(buf).hexdigest()
+    loaded = load_safetensors_buffer(buf)
+    assert loaded.keys() == tensors.keys()
+    for k, v in tensors.items():
+        assert loaded[k].dtype == v.dtype and loaded[k].shape == v.shape, k
+        assert torch.equal(loaded[k], v), k
+    for bad in (buf[:4], buf[:-3], bytearray(b"\xff" * 8) + buf[8:]):
+        with pytest.raises(ValueError):
+            load_safetensors_buffer(bytearray(bad))

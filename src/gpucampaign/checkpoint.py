@@ -40,6 +40,7 @@ import torch
 from gpucampaign.files import TMP_PREFIX, fsync_dir
 from gpucampaign.storage import NotFound, StorageError, Store
 from gpucampaign.tensorfiles import (
+    load_safetensors_buffer,
     read_hashed,
     safetensors_buffers,
     serialize_state,
@@ -141,13 +142,16 @@ def _commit_local(work: Path, final: Path, *, meta_bytes: bytes) -> None:
     fsync_dir(final.parent)
 
 
-def _deserialize(key: str, blobs: dict[str, bytes]) -> tuple[dict[str, torch.Tensor], Any]:
-    """The model state (safetensors) and the train state (``weights_only`` unpickling)."""
-    from safetensors.torch import load as st_load
-
+def _deserialize(
+    key: str, blobs: dict[str, bytes | bytearray]
+) -> tuple[dict[str, torch.Tensor], Any]:
+    """The model state (safetensors, as views of the read buffer) and the train state
+    (``weights_only`` unpickling)."""
     try:
-        model_state = st_load(blobs[MODEL_FILE])
-    except Exception as exc:  # safetensors raises its own error types
+        model_state = load_safetensors_buffer(bytearray(blobs[MODEL_FILE])
+                                              if isinstance(blobs[MODEL_FILE], bytes)
+                                              else blobs[MODEL_FILE])
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise CheckpointInvalid(key, f"{MODEL_FILE} is not valid safetensors ({exc})") from None
     try:
         train_state = torch.load(io.BytesIO(blobs[STATE_FILE]), map_location="cpu",
