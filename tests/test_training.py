@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -248,7 +249,10 @@ def test_run_records_its_save_interval(tmp_path, digits_file):  # noqa: F811
     si = res.save_interval
     assert si["source"] == "measured" and si["tau_s"] == si["tolerable_s"] == pytest.approx(60e-5)
     assert si["delta_s"] > 0 and si["step_s"] > 0 and si["mtbi_s"] == 24 * 3600
-    assert si["every_steps"] == max(1, min(20, int(si["tau_s"] // si["step_s"])))
+    # Daly's steps, but never fewer than the measured background write takes.
+    write_floor = min(20, math.ceil(si["write_s"] / si["step_s"])) if si["write_s"] else 1
+    assert si["every_steps"] == max(1, min(20, int(si["tau_s"] // si["step_s"])), write_floor)
+    assert si["delta_s"] == pytest.approx(statistics.median(res.timings["stall_s"]))
     fixed = run(
         make_spec(tmp_path, digits_file, control={"lr": 0.02}, checkpoint={"every_steps": 4}),
         tmp_path,

@@ -31,11 +31,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from gpucampaign.checkpoint import (
+    BackgroundSaves,
     CheckpointManager,
     LoadedCheckpoint,
     SavedCheckpoint,
     capture_rng,
     restore_rng,
+    snapshot,
 )
 from gpucampaign.corpus import Corpus
 from gpucampaign.files import atomic_write_bytes, json_bytes, median
@@ -122,6 +124,8 @@ class _Run:
     step_times: list[float] = field(default_factory=list)
     eval_times: list[float] = field(default_factory=list)
     saves: list[SavedCheckpoint] = field(default_factory=list)
+    stalls: list[float] = field(default_factory=list)  # per save, in the loop's time
+    saver: BackgroundSaves = field(default_factory=BackgroundSaves)
     policy: SavePolicy | None = None
     mlog: MetricsLog | None = None
 
@@ -339,7 +343,14 @@ def _run_epoch(r: _Run, *, progress: ProgressFn | None, bar: Any) -> None:
 
 
 def _save(r: _Run) -> None:
-    """Checkpoint the current step (after the metrics so far are durable); re-plan the next."""
+    """Checkpoint the current step in the background; re-plan the next save.
+
+    The loop stalls only to collect the previous save (never two in flight) and to snapshot
+    the state to host memory, after the metrics so far are durable; the write, the
+    verification and the move of ``LATEST`` happen in the background thread.
+    """
+    t0 = time.perf_counter()
+    _collect_save(r)
     r.mlog.sync()
     state = {
         "optimizer": r.optimizer.state_dict(),
@@ -351,19 +362,34 @@ def _save(r: _Run) -> None:
         "counters": {"global_step": r.global_step, "samples_seen": r.samples_seen,
                      "steps_s_sum": r.steps_s_sum},
     }
-    step_s = r.step_s()
-    saved = r.manager.save(r.global_step, model_state=r.model.state_dict(), train_state=state,
-                           extra_meta={
-                               "epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch,
-                               "planned_steps": r.planned, "steps_per_epoch": r.steps_per_epoch,
-                               "step_s": step_s, "threads": r.config.threads,
-                               "device": r.device.type, "precision": r.config.precision})
+    model_state, state = snapshot(r.model.state_dict()), snapshot(state)
+    if r.device.type == "cuda":
+        torch.cuda.synchronize()  # the pinned copies are complete before the thread reads
+    stall_s = time.perf_counter() - t0
+    r.stalls.append(stall_s)
+    step, step_s = r.global_step, r.step_s()
+    extra = {"epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch, "planned_steps": r.planned,
+             "steps_per_epoch": r.steps_per_epoch, "step_s": step_s, "stall_s": stall_s,
+             "threads": r.config.threads, "device": r.device.type,
+             "precision": r.config.precision}
+    r.saver.submit(lambda: r.manager.save(step, model_state=model_state, train_state=state,
+                                          extra_meta=extra))
+    writes = [s.durable_s for s in r.saves]
+    r.policy.saved(step, save_costs=r.stalls, step_s=step_s,
+                   write_s=median(writes) if writes else None)
+
+
+def _collect_save(r: _Run) -> None:
+    """Wait for the save in flight, if any, and log its ``checkpoint`` row."""
+    saved = r.saver.wait()
+    if saved is None:
+        return
     r.saves.append(saved)
-    r.policy.saved(r.global_step, save_costs=[s.save_s for s in r.saves], step_s=step_s)
     r.mlog.write({
-        "kind": "checkpoint", "step": r.global_step, "save_s": saved.save_s,
-        "write_s": saved.write_s, "upload_s": saved.upload_s, "commit_s": saved.commit_s,
-        "bytes": saved.bytes, "key": saved.key, "every_steps": r.policy.interval.every_steps,
+        "kind": "checkpoint", "step": saved.step, "save_s": saved.save_s,
+        "stall_s": r.stalls[len(r.saves) - 1], "write_s": saved.write_s,
+        "upload_s": saved.upload_s, "commit_s": saved.commit_s, "bytes": saved.bytes,
+        "key": saved.key, "every_steps": r.policy.interval.every_steps,
         "interval_source": r.policy.interval.source})
 
 
@@ -445,7 +471,7 @@ def _result(
     timings = {
         "load_s": r.corpus.load_s + r.setup_s, "setup_s": r.setup_s,
         "corpus_load_s": r.corpus.load_s, "step_s": r.step_s(), "steps_s_sum": r.steps_s_sum,
-        "eval_s": r.eval_times, "save_s": [s.save_s for s in saves],
+        "eval_s": r.eval_times, "save_s": [s.save_s for s in saves], "stall_s": r.stalls,
         "write_s": [s.write_s for s in saves], "upload_s": [s.upload_s for s in saves],
         "restore_s": r.restore_s, "train_s": train_s,
         "total_s": time.perf_counter() - r.t_call,
@@ -520,11 +546,13 @@ def train_run(
     try:
         while r.global_step < r.target:
             _run_epoch(r, progress=progress, bar=bar)
+        _collect_save(r)  # the last save of this call is durable before it returns
         train_s = time.perf_counter() - t_loop
         if r.global_step < r.planned:
             return _result(r, completed=False, train_s=train_s)
         return _finish(r, train_s=train_s)
     finally:
+        r.saver.close()
         r.mlog.close()
         if bar is not None:
             bar.stop()
