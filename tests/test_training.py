@@ -276,3 +276,17 @@ def test_a_crash_after_the_final_save_finishes_without_training(tmp_path, digits
     assert again.completed and again.resumed_from_step == 20
     assert again.timings["steps_s_sum"] == first.timings["steps_s_sum"]  # no step ran again
     assert again.metrics == first.metrics and (folder / "model" / "model.safetensors").is_file()
+
+
+def test_data_loader_workers_give_the_same_run(tmp_path, digits_file):  # noqa: F811
+    """Workers only fetch batches: same run ID, same losses, bit for bit."""
+    plain = make_spec(tmp_path, digits_file, control={"epochs": 1})
+    loaded = make_spec(tmp_path, digits_file,
+                       control={"epochs": 1, "num_workers": 2, "persistent_workers": True})
+    assert loaded.run_id("control") == plain.run_id("control")
+    assert loaded.run_config("control").num_workers == 2
+    run(plain, tmp_path, out="a")
+    run(loaded, tmp_path, out="b")
+    a = train_losses(run_dir(plain, tmp_path, out="a") / "metrics.jsonl")
+    b = train_losses(run_dir(loaded, tmp_path, out="b") / "metrics.jsonl")
+    assert len(a) == 10 and a == b

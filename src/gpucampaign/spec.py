@@ -120,6 +120,9 @@ class CorpusSpec(_Frozen):
         return check_relative_path(v, field="corpus.path")
 
 
+DATA_PATH_FIELDS: tuple[str, ...] = ("num_workers", "persistent_workers")
+
+
 class RunConfig(_Frozen):
     """Everything that defines one training run; any change gives a new run ID."""
 
@@ -153,6 +156,17 @@ class RunConfig(_Frozen):
         ge=1,
         description="torch CPU threads; pinned because results differ across counts.",
     )
+    num_workers: int = Field(
+        default=0, ge=0, description="DataLoader worker processes (0: load in the loop)."
+    )
+    persistent_workers: bool = Field(
+        default=False, description="Keep the DataLoader workers between epochs."
+    )
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that define the run's numbers: all but the data path's knobs (the
+        batches and their order are the same whoever loads them)."""
+        return self.model_dump(mode="json", exclude=set(DATA_PATH_FIELDS))
 
     def steps_per_epoch(self, n_train: int) -> int:
         """Optimizer steps of one epoch over ``n_train`` rows (the last batch may be short)."""
@@ -451,7 +465,7 @@ class CampaignSpec(_Frozen):
 
 def make_run_id(name: str, config: RunConfig, *, corpus_sha256: str | None = None) -> str:
     """Run ID: any change to the config (or the pinned corpus) gives a new ID."""
-    payload = {"config": config.model_dump(mode="json"), "corpus_sha256": corpus_sha256}
+    payload = {"config": config.identity(), "corpus_sha256": corpus_sha256}
     return f"{name}-{hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:10]}"
 
 

@@ -74,7 +74,7 @@ ProgressFn = Callable[[dict[str, Any]], None]
 def run_config_sha256(spec: CampaignSpec, run: str) -> str:
     """Full sha256 over the same payload as the run ID (config + pinned corpus)."""
     payload = {
-        "config": spec.run_config(run).model_dump(mode="json"),
+        "config": spec.run_config(run).identity(),
         "corpus_sha256": spec.corpus.sha256 if spec.corpus else None,
     }
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
@@ -177,8 +177,11 @@ def _setup(
     model.to(device).train()
     optimizer = build_optimizer(config, model.parameters())
     generator = torch.Generator().manual_seed(config.seed)
+    # The sampler (and its generator) stays in this process: workers only fetch batches.
     loader = DataLoader(train, batch_size=config.batch_size, shuffle=True, generator=generator,
-                        num_workers=0)
+                        num_workers=config.num_workers,
+                        persistent_workers=config.persistent_workers and config.num_workers > 0,
+                        pin_memory=device.type == "cuda")
     planned = config.planned_steps(len(train))
     amp_dtype = AMP_DTYPES[config.precision]
     r = _Run(
