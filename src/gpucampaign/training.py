@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
 from gpucampaign.checkpoint import (
     BackgroundSaves,
@@ -177,11 +177,7 @@ def _setup(
     model.to(device).train()
     optimizer = build_optimizer(config, model.parameters())
     generator = torch.Generator().manual_seed(config.seed)
-    # The sampler (and its generator) stays in this process: workers only fetch batches.
-    loader = DataLoader(train, batch_size=config.batch_size, shuffle=True, generator=generator,
-                        num_workers=config.num_workers,
-                        persistent_workers=config.persistent_workers and config.num_workers > 0,
-                        pin_memory=device.type == "cuda")
+    loader = _loader(train, config=config, generator=generator, device=device)
     planned = config.planned_steps(len(train))
     amp_dtype = AMP_DTYPES[config.precision]
     r = _Run(
@@ -200,6 +196,26 @@ def _setup(
     _write_params(r)
     r.setup_s = time.perf_counter() - t_call
     return r
+
+
+def _loader(
+    train: Any, *, config: RunConfig, generator: torch.Generator, device: torch.device
+) -> DataLoader:
+    """The training batches, shuffled by ``generator``.
+
+    A ``TensorDataset`` is indexed one batch at a time (one gather per tensor instead of a
+    fetch per row and a stack): the same sampler draws the same order, so the batches are
+    the same values. The sampler stays in this process; workers only fetch batches.
+    """
+    kw: dict[str, Any] = {
+        "num_workers": config.num_workers, "pin_memory": device.type == "cuda",
+        "persistent_workers": config.persistent_workers and config.num_workers > 0}
+    if isinstance(train, TensorDataset):
+        batches = BatchSampler(RandomSampler(train, generator=generator),
+                               batch_size=config.batch_size, drop_last=False)
+        return DataLoader(train, sampler=batches, batch_size=None, **kw)
+    return DataLoader(train, batch_size=config.batch_size, shuffle=True, generator=generator,
+                      **kw)
 
 
 def _write_params(r: _Run) -> None:
