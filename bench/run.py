@@ -40,13 +40,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import checkpoint as ckbench  # noqa: E402  (bench/checkpoint.py)
 import overhead  # noqa: E402  (bench/overhead.py)
-from plan_scaling import make_spec as plan_spec  # noqa: E402
 
-from gpucampaign import calendar  # noqa: E402
 from gpucampaign.corpus import load_spec_corpus  # noqa: E402
 from gpucampaign.earlysave import verify_early_save  # noqa: E402
 from gpucampaign.scaffold import init_campaign, write_spec_copy  # noqa: E402
-from gpucampaign.spec import load_spec, parse_spec  # noqa: E402
+from gpucampaign.spec import load_spec  # noqa: E402
 from gpucampaign.storage import LocalStore  # noqa: E402
 from gpucampaign.training import train_run  # noqa: E402
 
@@ -227,16 +225,30 @@ def bench_campaigns(tmp: Path, counts: list[int], res: Results) -> None:
 
 
 # --- the planner ----------------------------------------------------------------------------
-def bench_planner(sizes: list[tuple[int, int]], res: Results) -> None:
+def plan_seconds(n: int, *, limit_s: float) -> float | None:
+    """Seconds to validate and plan ``n`` steps, in a child process; None past ``limit_s``."""
+    code = ("import sys, time; sys.path.insert(0, sys.argv[2])\n"
+            "from plan_scaling import make_spec\nfrom gpucampaign import calendar\n"
+            "from gpucampaign.spec import parse_spec\n"
+            "data = make_spec(int(sys.argv[1]), seed=0, window_days=30)\n"
+            "t0 = time.perf_counter(); calendar.plan(parse_spec(data))\n"
+            "print(time.perf_counter() - t0)\n")
+    try:
+        out = subprocess.run([sys.executable, "-c", code, str(n), str(ROOT / "bench")],
+                             capture_output=True, text=True, timeout=limit_s, check=True)
+    except subprocess.TimeoutExpired:
+        return None
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def bench_planner(sizes: list[tuple[int, int]], res: Results, *, limit_s: float) -> None:
     table = [["steps", "repeats", "min", "median", "max"]]
     for n, reps in sizes:
-        data = plan_spec(n, seed=0, window_days=30)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            calendar.plan(parse_spec(data))
-            times.append(time.perf_counter() - t0)
-        lo, med, hi = spread(times)
+        times = [plan_seconds(n, limit_s=limit_s) for _ in range(reps)]
+        if None in times:
+            table.append([f"{n:,}", str(reps), f"> {limit_s:.0f} s (stopped)", "-", "-"])
+            continue
+        lo, med, hi = spread([t for t in times if t is not None])
         table.append([f"{n:,}", str(reps), f"{lo:.2f} s", f"{med:.2f} s", f"{hi:.2f} s"])
     res.tables["Planner time (validate + plan) by calendar size"] = table
 
@@ -274,9 +286,9 @@ def main() -> int:
         bench_training(tmp, reps, res)
         bench_io(tmp, [(64, reps), (256, reps)] if a.quick
                  else [(64, 3), (256, 3), (1024, 2)], res)
-        bench_restart(tmp, reps, res)
+        bench_restart(tmp, 2, res)
         bench_campaigns(tmp, [1, 3, 6], res)
-        bench_planner([(1000, 3), (10_000, reps), (100_000, 1)], res)
+        bench_planner([(1000, 3), (10_000, reps), (100_000, 1)], res, limit_s=90)
     storage = ROOT / "bench" / "storage.py"
     res.rows.append(Row("S3Store vs plain boto3, same bytes", "boto3", [], ">= 0.9x", None,
                         note="see bench/storage.py" + ("" if storage.is_file()
