@@ -36,9 +36,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tasks flows tests bench
 
 bench: $(STAMP)
-	$(BIN)/python bench/plan_scaling.py
-	$(BIN)/python bench/checkpoint.py
-	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/run.py
+	$(BIN)/python bench/gpu.py
 
 stack-up: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash infra/stack.sh up

@@ -242,8 +242,12 @@ def _submit_in_lanes(
     for i, item in enumerate(order):
         lane = i % len(tails)
         wait = [allow_failure(tails[lane])] if tails[lane] is not None else None
-        if item is None:
-            restart_future = restart_verification.submit(cs, run="control", wait_for=wait, **common)
+        if item is None:  # it resumes the control's own early save: after the control
+            control = futures.get("control")
+            wait = [*(wait or []), *([allow_failure(control)] if control is not None else [])]
+            restart_future = restart_verification.submit(
+                cs, run="control", wait_for=wait or None, **common
+            )
             tails[lane] = restart_future
         else:
             futures[item] = train.submit(

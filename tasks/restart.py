@@ -1,4 +1,4 @@
-"""Restart verification (essential): save early, reload in a NEW process, compare exactly."""
+"""Restart verification (essential): resume the control's early save in a NEW process, compare."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 
 from prefect import task
 
+from gpucampaign.earlysave import campaign_restart_check
 from gpucampaign.interrupt import raise_if_stopped
-from gpucampaign.restart import OutputCheckTarget, verify_checkpoint_resume, verify_restart
+from gpucampaign.restart import OutputCheckTarget, verify_checkpoint_resume
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import StopRule
 from tasks._common import PHASE_OPTIONS, busy, out_folder, record_stop
@@ -22,7 +23,7 @@ from tasks.gpu_lock import gpu_slot
     **PHASE_OPTIONS,
 )
 def restart_verification(spec: CampaignSpec, *, base_dir: str, out: str, run: str) -> dict[str, Any]:
-    """Verify that ``run`` resumes bit-identically in a new process; reuse a passed check."""
+    """Verify that ``run``'s early save resumes exactly in a new process; reuse a passed check."""
     folder = out_folder(out)
     raise_if_stopped(what=f"restart check of {run}")
     done = folder.read_json("restart.json")
@@ -33,7 +34,8 @@ def restart_verification(spec: CampaignSpec, *, base_dir: str, out: str, run: st
             with busy(folder, spec, phase="restart", run=run, note=spec.run_id(run)), tempfile.TemporaryDirectory(
                 prefix="gpucampaign-restart-"
             ) as work:
-                report = verify_restart(spec, run=run, base_dir=base_dir, workdir=Path(work))
+                report = campaign_restart_check(spec, run=run, base_dir=base_dir, out_dir=out,
+                                                workdir=Path(work))
     except StopRule as exc:
         record_stop(folder, exc, run=run, phase="restart")
         raise

@@ -352,3 +352,68 @@ def test_streamed_safetensors_load_with_the_safetensors_library(tmp_path):
         assert loaded[k].dtype == v.dtype and torch.equal(loaded[k], v), k
     with safe_open(tmp_path / "m.safetensors", framework="pt") as f:
         assert f.metadata() == {"k": "v"}
+
+
+def test_read_hashed_and_the_zero_copy_safetensors_reader(tmp_path):
+    from safetensors.torch import save
+
+    from gpucampaign.tensorfiles import load_safetensors_buffer, read_hashed
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "f32": torch.randn(3, 5, generator=g),
+        "bf16": torch.randn(7, generator=g).to(torch.bfloat16),
+        "i64": torch.arange(5),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "mask": torch.tensor([True, False, True]),
+    }
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(save(tensors, metadata={"k": "v"}))  # written by the library itself
+    buf, digest = read_hashed(path)
+    assert bytes(buf) == path.read_bytes() and digest == hashlib.sha256(buf).hexdigest()
+    loaded = load_safetensors_buffer(buf)
+    assert loaded.keys() == tensors.keys()
+    for k, v in tensors.items():
+        assert loaded[k].dtype == v.dtype and loaded[k].shape == v.shape, k
+        assert torch.equal(loaded[k], v), k
+    for bad in (buf[:4], buf[:-3], bytearray(b"\xff" * 8) + buf[8:]):
+        with pytest.raises(ValueError):
+            load_safetensors_buffer(bytearray(bad))
+
+
+def test_background_saves_snapshot_and_one_in_flight(tmp_path):
+    import threading
+
+    from gpucampaign.checkpoint import BackgroundSaves, snapshot
+
+    model = torch.nn.Linear(3, 2)
+    state = {"params": model.state_dict(), "nested": [torch.ones(2), ("x", 3)]}
+    snap = snapshot(state)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+        state["nested"][0].add_(1.0)
+    assert not torch.equal(snap["params"]["weight"], model.weight)  # a copy, not a view
+    assert torch.equal(snap["nested"][0], torch.ones(2)) and snap["nested"][1] == ("x", 3)
+
+    saves, release = BackgroundSaves(), threading.Event()
+    saves.submit(lambda: release.wait(5) and "saved")
+    assert saves.in_flight
+    with pytest.raises(AssertionError, match="in flight"):
+        saves.submit(lambda: "second")  # never two in flight
+    release.set()
+    assert saves.wait() == "saved" and not saves.in_flight and saves.wait() is None
+    saves.submit(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        saves.wait()  # a failed save surfaces in the loop
+    saves.close()
+
+
+def test_a_run_logs_the_stall_and_the_write_of_each_save(tmp_path, digits_file):  # noqa: F811
+    spec = make_spec(tmp_path, digits_file, checkpoint={"every_steps": 7})
+    res = run(spec, tmp_path)
+    rows = [json.loads(line) for line in (run_dir(spec, tmp_path) / "metrics.jsonl").open()]
+    saves = [r for r in rows if r["kind"] == "checkpoint"]
+    assert [r["step"] for r in saves] == [7, 14, 20] and res.n_checkpoints == 3
+    assert all(r["stall_s"] > 0 and r["write_s"] > 0 for r in saves)
+    assert res.timings["stall_s"] == [r["stall_s"] for r in saves]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -248,7 +249,10 @@ def test_run_records_its_save_interval(tmp_path, digits_file):  # noqa: F811
     si = res.save_interval
     assert si["source"] == "measured" and si["tau_s"] == si["tolerable_s"] == pytest.approx(60e-5)
     assert si["delta_s"] > 0 and si["step_s"] > 0 and si["mtbi_s"] == 24 * 3600
-    assert si["every_steps"] == max(1, min(20, int(si["tau_s"] // si["step_s"])))
+    # Daly's steps, but never fewer than the measured background write takes.
+    write_floor = min(20, math.ceil(si["write_s"] / si["step_s"])) if si["write_s"] else 1
+    assert si["every_steps"] == max(1, min(20, int(si["tau_s"] // si["step_s"])), write_floor)
+    assert si["delta_s"] == pytest.approx(statistics.median(res.timings["stall_s"]))
     fixed = run(
         make_spec(tmp_path, digits_file, control={"lr": 0.02}, checkpoint={"every_steps": 4}),
         tmp_path,
@@ -272,3 +276,17 @@ def test_a_crash_after_the_final_save_finishes_without_training(tmp_path, digits
     assert again.completed and again.resumed_from_step == 20
     assert again.timings["steps_s_sum"] == first.timings["steps_s_sum"]  # no step ran again
     assert again.metrics == first.metrics and (folder / "model" / "model.safetensors").is_file()
+
+
+def test_data_loader_workers_give_the_same_run(tmp_path, digits_file):  # noqa: F811
+    """Workers only fetch batches: same run ID, same losses, bit for bit."""
+    plain = make_spec(tmp_path, digits_file, control={"epochs": 1})
+    loaded = make_spec(tmp_path, digits_file,
+                       control={"epochs": 1, "num_workers": 2, "persistent_workers": True})
+    assert loaded.run_id("control") == plain.run_id("control")
+    assert loaded.run_config("control").num_workers == 2
+    run(plain, tmp_path, out="a")
+    run(loaded, tmp_path, out="b")
+    a = train_losses(run_dir(plain, tmp_path, out="a") / "metrics.jsonl")
+    b = train_losses(run_dir(loaded, tmp_path, out="b") / "metrics.jsonl")
+    assert len(a) == 10 and a == b

@@ -40,6 +40,7 @@ import torch
 from gpucampaign.files import TMP_PREFIX, fsync_dir
 from gpucampaign.storage import NotFound, StorageError, Store
 from gpucampaign.tensorfiles import (
+    load_safetensors_buffer,
     read_hashed,
     safetensors_buffers,
     serialize_state,
@@ -113,6 +114,58 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# --- snapshots and saves in the background --------------------------------------------------
+def snapshot(obj: Any) -> Any:
+    """A copy of a state tree whose tensors are copied to host memory (pinned from a GPU).
+
+    What the training loop stalls for: after it returns, the model and optimizer may move on
+    while the copy is written.
+    """
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        if t.device.type == "cpu":
+            return t.clone()
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())
+        return host.copy_(t, non_blocking=True)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        items = [snapshot(v) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj  # numbers, strings, None: immutable
+
+
+class BackgroundSaves:
+    """Runs one save at a time in a background thread; never two in flight."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending: Any = None
+
+    @property
+    def in_flight(self) -> bool:
+        """True while a submitted save has not been collected by ``wait``."""
+        return self._pending is not None
+
+    def submit(self, save: Any) -> None:
+        """Start ``save()`` in the background; the previous one must have been collected."""
+        assert self._pending is None, "a save is still in flight: wait() first"
+        self._pending = self._pool.submit(save)
+
+    def wait(self) -> Any:
+        """The in-flight save's result (None when there is none); re-raises its error."""
+        pending, self._pending = self._pending, None
+        return None if pending is None else pending.result()
+
+    def close(self) -> None:
+        """Let the in-flight save finish, then stop the thread (its result is dropped)."""
+        try:
+            self.wait()
+        except Exception as exc:  # the caller is already failing; the save did not commit
+            log.warning("the last background save failed: %s", exc)
+        self._pool.shutdown(wait=True)
+
+
 # --- writing and reading one checkpoint's files -----------------------------------
 def _write_payload(
     work: Path, *, model_state: dict[str, torch.Tensor], train_state: dict[str, Any]
@@ -141,13 +194,16 @@ def _commit_local(work: Path, final: Path, *, meta_bytes: bytes) -> None:
     fsync_dir(final.parent)
 
 
-def _deserialize(key: str, blobs: dict[str, bytes]) -> tuple[dict[str, torch.Tensor], Any]:
-    """The model state (safetensors) and the train state (``weights_only`` unpickling)."""
-    from safetensors.torch import load as st_load
-
+def _deserialize(
+    key: str, blobs: dict[str, bytes | bytearray]
+) -> tuple[dict[str, torch.Tensor], Any]:
+    """The model state (safetensors, as views of the read buffer) and the train state
+    (``weights_only`` unpickling)."""
     try:
-        model_state = st_load(blobs[MODEL_FILE])
-    except Exception as exc:  # safetensors raises its own error types
+        model_state = load_safetensors_buffer(bytearray(blobs[MODEL_FILE])
+                                              if isinstance(blobs[MODEL_FILE], bytes)
+                                              else blobs[MODEL_FILE])
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise CheckpointInvalid(key, f"{MODEL_FILE} is not valid safetensors ({exc})") from None
     try:
         train_state = torch.load(io.BytesIO(blobs[STATE_FILE]), map_location="cpu",

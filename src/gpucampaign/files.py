@@ -11,6 +11,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -22,13 +23,36 @@ _BLOCK = 8 * 1024 * 1024
 TMP_PREFIX = ".tmp-"
 
 
+# (device, inode, size, mtime_ns, ctime_ns) -> sha256: a file is hashed once per process.
+_HASHED: dict[tuple[int, int, int, int, int], str] = {}
+# A file changed less than this before its hash started may change again within the
+# filesystem's timestamp granularity without its key changing: its hash is not cached.
+_RACY_NS = 2_000_000_000
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def sha256_file(path: str | Path) -> str:
-    """sha256 (hex) of a file's bytes, read in 8 MiB blocks."""
-    h = hashlib.sha256()
+    """sha256 (hex) of a file's bytes, read in 8 MiB blocks; cached per process.
+
+    The cache is keyed by device, inode, size, mtime and ctime, so any write or replacement
+    of the file misses it; a file modified in the last two seconds is hashed every time.
+    """
+    started = time.time_ns()
     with open(path, "rb") as f:
+        key = _stat_key(os.fstat(f.fileno()))
+        if key in _HASHED:
+            return _HASHED[key]
+        h = hashlib.sha256()
         while block := f.read(_BLOCK):
             h.update(block)
-    return h.hexdigest()
+        after = _stat_key(os.fstat(f.fileno()))
+    digest = h.hexdigest()
+    if after == key and key[3] < started - _RACY_NS and key[4] < started - _RACY_NS:
+        _HASHED[key] = digest
+    return digest
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -2,7 +2,9 @@
 
 Without a fixed count, a run saves early (at the pilot's step count) to measure what a save
 costs, then every ``min(Daly(save cost, time between interruptions), tolerable lost work)``,
-in whole steps of the measured step time; each save re-measures.
+in whole steps of the measured step time; each save re-measures. Saves run in the
+background: the cost in Daly's formula is the measured stall of the loop, and the interval is
+never shorter than the measured time a save takes to become durable.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class SaveInterval:
     tolerable_s: float | None = None
     daly_s: float | None = None
     tau_s: float | None = None
+    write_s: float | None = None
 
 
 def choose_save_interval(
@@ -120,8 +123,10 @@ class SavePolicy:
             interval = SaveInterval(fixed_source, fixed)
             return cls(interval, (step // fixed + 1) * fixed, **kw)
         if restored_meta is not None and restored_meta.get("step_s"):
+            stall = restored_meta.get("stall_s")  # absent from checkpoints saved in the loop
             interval = choose_save_interval(
-                delta_s=restored_meta["write_s"] + restored_meta["upload_s"],
+                delta_s=(stall if stall is not None
+                         else restored_meta["write_s"] + restored_meta["upload_s"]),
                 step_s=restored_meta["step_s"], mtbi_s=mtbi_s, tolerable_s=tolerable_s,
                 planned_steps=planned_steps)
             return cls(interval, step + (interval.every_steps or planned_steps), **kw)
@@ -133,12 +138,27 @@ class SavePolicy:
         """True when ``step`` must save: the next save, or the last step of this call."""
         return step in (self.next_save, target)
 
-    def saved(self, step: int, *, save_costs: list[float], step_s: float | None) -> None:
-        """Move on after a save at ``step``, re-measuring from all saves' costs so far."""
+    def saved(
+        self, step: int, *, save_costs: list[float], step_s: float | None,
+        write_s: float | None = None,
+    ) -> None:
+        """Move on after a save at ``step``, re-measuring from all saves' costs so far.
+
+        Args:
+            step: The step just saved.
+            save_costs: What each save so far cost the loop (its stall), seconds.
+            step_s: The measured step time, seconds.
+            write_s: The measured time a background save takes to become durable; the
+                interval is at least that long, so a save rarely waits for the previous one.
+        """
         if not self.fixed and step_s:
             self.interval = choose_save_interval(
                 delta_s=median(save_costs), step_s=step_s, mtbi_s=self.mtbi_s,
                 tolerable_s=self.tolerable_s, planned_steps=self.planned_steps)
+            if write_s:
+                self.interval.write_s = write_s
+                floor = min(self.planned_steps, math.ceil(write_s / step_s))
+                self.interval.every_steps = max(self.interval.every_steps or 1, floor)
             self.next_save = step + (self.interval.every_steps or self.planned_steps)
         elif self.fixed:
             self.next_save = (step // self.fixed + 1) * self.fixed

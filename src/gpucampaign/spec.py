@@ -126,6 +126,11 @@ class CorpusSpec(_Frozen):
         return check_relative_path(v, field="corpus.path")
 
 
+DATA_PATH_FIELDS: tuple[str, ...] = ("num_workers", "persistent_workers")
+# Fields that change no number of a run: they are left out of its ID.
+NOT_IN_RUN_ID = frozenset({"resume", *DATA_PATH_FIELDS})
+
+
 class RunConfig(_Frozen):
     """Everything that defines one training run; any change gives a new run ID."""
 
@@ -165,6 +170,17 @@ class RunConfig(_Frozen):
         "state (model, optimizer, data order, RNG); 'inference' only restarts inference from "
         "the last good model. Not part of the run ID: it changes no result.",
     )
+    num_workers: int = Field(
+        default=0, ge=0, description="DataLoader worker processes (0: load in the loop)."
+    )
+    persistent_workers: bool = Field(
+        default=False, description="Keep the DataLoader workers between epochs."
+    )
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that define the run's numbers: all but the data path's knobs (the
+        batches and their order are the same whoever loads them) and the resume mode."""
+        return self.model_dump(mode="json", exclude=set(NOT_IN_RUN_ID))
 
     def steps_per_epoch(self, n_train: int) -> int:
         """Optimizer steps of one epoch over ``n_train`` rows (the last batch may be short)."""
@@ -461,14 +477,9 @@ class CampaignSpec(_Frozen):
         )
 
 
-#: Run-config fields that change no result, so no run ID or checkpoint config hash.
-NOT_IN_RUN_ID = frozenset({"resume"})
-
-
 def make_run_id(name: str, config: RunConfig, *, corpus_sha256: str | None = None) -> str:
     """Run ID: any change to the config (or the pinned corpus) gives a new ID."""
-    payload = {"config": config.model_dump(mode="json", exclude=NOT_IN_RUN_ID),
-               "corpus_sha256": corpus_sha256}
+    payload = {"config": config.identity(), "corpus_sha256": corpus_sha256}
     return f"{name}-{hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:10]}"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import sys
 from collections.abc import Iterable
@@ -59,10 +60,35 @@ def write_hashed(
         return hashing.result(), sum(len(mv) for mv in views)
 
 
-def read_hashed(path: Path) -> tuple[bytes, str]:
-    """The content of ``path`` and its sha256 (one read; the two files load in parallel)."""
-    data = path.read_bytes()
-    return data, hashlib.sha256(data).hexdigest()
+def read_hashed(path: Path) -> tuple[bytearray, str]:
+    """The content of ``path`` and its sha256, hashed while it is read.
+
+    The file is read in chunks into one buffer; each chunk is hashed in a second thread while
+    the next one is read (hashlib releases the GIL), so a restore costs about the slower of
+    the read and the hash instead of their sum.
+    """
+    size = os.path.getsize(path)
+    buf = bytearray(size)
+    mv = memoryview(buf)
+    h = hashlib.sha256()
+    off = 0
+    with ThreadPoolExecutor(max_workers=1) as pool, open(path, "rb", buffering=0) as f:
+        pending = None
+        while off < size:
+            n = f.readinto(mv[off : off + _CHUNK])
+            if not n:
+                break
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(h.update, mv[off : off + n])
+            off += n
+        extra = f.read(1)  # the file grew since its size was taken
+        if pending is not None:
+            pending.result()
+    if extra or off < size:
+        data = bytearray(path.read_bytes())
+        return data, hashlib.sha256(data).hexdigest()
+    return buf, h.hexdigest()
 
 
 def serialize_state(train_state: dict[str, Any]) -> memoryview:
@@ -77,7 +103,7 @@ def serialize_state(train_state: dict[str, Any]) -> memoryview:
     return buf.getbuffer()
 
 
-_ST_DTYPES = {
+_ST_DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
     torch.bool: "BOOL",
@@ -109,3 +135,46 @@ def safetensors_buffers(
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
     return [len(head).to_bytes(8, "little"), head, *arrays]
+
+
+_ST_TORCH = {name: dtype for dtype, name in _ST_DTYPES.items()}
+
+
+def load_safetensors_buffer(buf: bytearray) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file held in ``buf``, as views of its memory (no copy).
+
+    Checks what ``safetensors`` checks: a header inside the buffer, known dtypes, each
+    tensor's byte range matching its shape, and ranges that tile the data area exactly.
+
+    Raises:
+        ValueError: The buffer is not a valid safetensors file.
+    """
+    if len(buf) < 8:
+        raise ValueError("shorter than a safetensors header")
+    n = int.from_bytes(buf[:8], "little")
+    if n > len(buf) - 8:
+        raise ValueError("header size beyond the end of the file")
+    try:
+        header = json.loads(bytes(buf[8 : 8 + n]))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise ValueError("header is not a mapping")
+    header.pop("__metadata__", None)
+    start, end_expected, out = 8 + n, 0, {}
+    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        dtype = _ST_TORCH.get(info.get("dtype"))
+        begin, end = (int(x) for x in info["data_offsets"])
+        if dtype is None:
+            raise ValueError(f"tensor '{name}': unknown dtype {info.get('dtype')!r}")
+        shape = [int(d) for d in info["shape"]]
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        if begin != end_expected or end - begin != math.prod(shape) * itemsize:
+            raise ValueError(f"tensor '{name}': byte range {begin}..{end} does not fit")
+        end_expected = end
+        numel = math.prod(shape)
+        out[name] = (torch.frombuffer(buf, dtype=dtype, offset=start + begin, count=numel)
+                     .reshape(shape) if numel else torch.empty(shape, dtype=dtype))
+    if start + end_expected != len(buf):
+        raise ValueError("the tensors do not cover the data area")
+    return out

@@ -28,14 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
 from gpucampaign.checkpoint import (
+    BackgroundSaves,
     CheckpointManager,
     LoadedCheckpoint,
     SavedCheckpoint,
     capture_rng,
     restore_rng,
+    snapshot,
 )
 from gpucampaign.corpus import Corpus
 from gpucampaign.files import atomic_write_bytes, json_bytes, median
@@ -43,7 +45,7 @@ from gpucampaign.interrupt import Interrupted, stop_requested
 from gpucampaign.metrics import MetricsLog, truncate_metrics
 from gpucampaign.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
 from gpucampaign.savepolicy import SavePolicy
-from gpucampaign.spec import NOT_IN_RUN_ID, CampaignSpec, RunConfig, SpecError, canonical_json
+from gpucampaign.spec import CampaignSpec, RunConfig, SpecError, canonical_json
 from gpucampaign.stoprules import (
     BelowThreshold,
     EssentialInputMissing,
@@ -74,7 +76,7 @@ SaveFn = Callable[[dict[str, Any]], None]
 def run_config_sha256(spec: CampaignSpec, run: str) -> str:
     """Full sha256 over the same payload as the run ID (config + pinned corpus)."""
     payload = {
-        "config": spec.run_config(run).model_dump(mode="json", exclude=NOT_IN_RUN_ID),
+        "config": spec.run_config(run).identity(),
         "corpus_sha256": spec.corpus.sha256 if spec.corpus else None,
     }
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
@@ -124,6 +126,8 @@ class _Run:
     step_times: list[float] = field(default_factory=list)
     eval_times: list[float] = field(default_factory=list)
     saves: list[SavedCheckpoint] = field(default_factory=list)
+    stalls: list[float] = field(default_factory=list)  # per save, in the loop's time
+    saver: BackgroundSaves = field(default_factory=BackgroundSaves)
     policy: SavePolicy | None = None
     mlog: MetricsLog | None = None
     on_save: SaveFn | None = None
@@ -176,8 +180,7 @@ def _setup(
     model.to(device).train()
     optimizer = build_optimizer(config, model.parameters())
     generator = torch.Generator().manual_seed(config.seed)
-    loader = DataLoader(train, batch_size=config.batch_size, shuffle=True, generator=generator,
-                        num_workers=0)
+    loader = _loader(train, config=config, generator=generator, device=device)
     planned = config.planned_steps(len(train))
     amp_dtype = AMP_DTYPES[config.precision]
     r = _Run(
@@ -196,6 +199,26 @@ def _setup(
     _write_params(r)
     r.setup_s = time.perf_counter() - t_call
     return r
+
+
+def _loader(
+    train: Any, *, config: RunConfig, generator: torch.Generator, device: torch.device
+) -> DataLoader:
+    """The training batches, shuffled by ``generator``.
+
+    A ``TensorDataset`` is indexed one batch at a time (one gather per tensor instead of a
+    fetch per row and a stack): the same sampler draws the same order, so the batches are
+    the same values. The sampler stays in this process; workers only fetch batches.
+    """
+    kw: dict[str, Any] = {
+        "num_workers": config.num_workers, "pin_memory": device.type == "cuda",
+        "persistent_workers": config.persistent_workers and config.num_workers > 0}
+    if isinstance(train, TensorDataset):
+        batches = BatchSampler(RandomSampler(train, generator=generator),
+                               batch_size=config.batch_size, drop_last=False)
+        return DataLoader(train, sampler=batches, batch_size=None, **kw)
+    return DataLoader(train, batch_size=config.batch_size, shuffle=True, generator=generator,
+                      **kw)
 
 
 def _write_params(r: _Run) -> None:
@@ -344,7 +367,14 @@ def _run_epoch(r: _Run, *, progress: ProgressFn | None, bar: Any) -> None:
 
 
 def _save(r: _Run) -> None:
-    """Checkpoint the current step (after the metrics so far are durable); re-plan the next."""
+    """Checkpoint the current step in the background; re-plan the next save.
+
+    The loop stalls only to collect the previous save (never two in flight) and to snapshot
+    the state to host memory, after the metrics so far are durable; the write, the
+    verification and the move of ``LATEST`` happen in the background thread.
+    """
+    t0 = time.perf_counter()
+    _collect_save(r)
     r.mlog.sync()
     state = {
         "optimizer": r.optimizer.state_dict(),
@@ -356,19 +386,34 @@ def _save(r: _Run) -> None:
         "counters": {"global_step": r.global_step, "samples_seen": r.samples_seen,
                      "steps_s_sum": r.steps_s_sum},
     }
-    step_s = r.step_s()
-    saved = r.manager.save(r.global_step, model_state=r.model.state_dict(), train_state=state,
-                           extra_meta={
-                               "epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch,
-                               "planned_steps": r.planned, "steps_per_epoch": r.steps_per_epoch,
-                               "step_s": step_s, "threads": r.config.threads,
-                               "device": r.device.type, "precision": r.config.precision})
+    model_state, state = snapshot(r.model.state_dict()), snapshot(state)
+    if r.device.type == "cuda":
+        torch.cuda.synchronize()  # the pinned copies are complete before the thread reads
+    stall_s = time.perf_counter() - t0
+    r.stalls.append(stall_s)
+    step, step_s = r.global_step, r.step_s()
+    extra = {"epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch, "planned_steps": r.planned,
+             "steps_per_epoch": r.steps_per_epoch, "step_s": step_s, "stall_s": stall_s,
+             "threads": r.config.threads, "device": r.device.type,
+             "precision": r.config.precision}
+    r.saver.submit(lambda: r.manager.save(step, model_state=model_state, train_state=state,
+                                          extra_meta=extra))
+    writes = [s.durable_s for s in r.saves]
+    r.policy.saved(step, save_costs=r.stalls, step_s=step_s,
+                   write_s=median(writes) if writes else None)
+
+
+def _collect_save(r: _Run) -> None:
+    """Wait for the save in flight, if any, and log its ``checkpoint`` row."""
+    saved = r.saver.wait()
+    if saved is None:
+        return
     r.saves.append(saved)
-    r.policy.saved(r.global_step, save_costs=[s.save_s for s in r.saves], step_s=step_s)
     r.mlog.write({
-        "kind": "checkpoint", "step": r.global_step, "save_s": saved.save_s,
-        "write_s": saved.write_s, "upload_s": saved.upload_s, "commit_s": saved.commit_s,
-        "bytes": saved.bytes, "key": saved.key, "every_steps": r.policy.interval.every_steps,
+        "kind": "checkpoint", "step": saved.step, "save_s": saved.save_s,
+        "stall_s": r.stalls[len(r.saves) - 1], "write_s": saved.write_s,
+        "upload_s": saved.upload_s, "commit_s": saved.commit_s, "bytes": saved.bytes,
+        "key": saved.key, "every_steps": r.policy.interval.every_steps,
         "interval_source": r.policy.interval.source})
     if r.on_save is not None:
         r.on_save({"run_id": r.run_id, "step": r.global_step, "planned_steps": r.planned,
@@ -463,7 +508,7 @@ def _result(
     timings = {
         "load_s": r.corpus.load_s + r.setup_s, "setup_s": r.setup_s,
         "corpus_load_s": r.corpus.load_s, "step_s": r.step_s(), "steps_s_sum": r.steps_s_sum,
-        "eval_s": r.eval_times, "save_s": [s.save_s for s in saves],
+        "eval_s": r.eval_times, "save_s": [s.save_s for s in saves], "stall_s": r.stalls,
         "write_s": [s.write_s for s in saves], "upload_s": [s.upload_s for s in saves],
         "restore_s": r.restore_s, "train_s": train_s,
         "total_s": time.perf_counter() - r.t_call,
@@ -543,11 +588,13 @@ def train_run(
     try:
         while r.global_step < r.target:
             _run_epoch(r, progress=progress, bar=bar)
+        _collect_save(r)  # the last save of this call is durable before it returns
         train_s = time.perf_counter() - t_loop
         if r.global_step < r.planned:
             return _result(r, completed=False, train_s=train_s)
         return _finish(r, train_s=train_s)
     finally:
+        r.saver.close()
         r.mlog.close()
         if bar is not None:
             bar.stop()
