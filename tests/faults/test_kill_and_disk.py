@@ -227,6 +227,7 @@ class Disk:
     def __init__(self) -> None:
         self.full = False
         self.refused = 0
+        self.kept: int | None = None
 
     def check(self) -> None:
         if self.full:
@@ -261,21 +262,25 @@ def test_a_full_disk_during_a_save(tmp_path, digits, reference, faults, monkeypa
 
         monkeypatch.setattr(LocalStore, "write_bytes", write_pointer)
 
+    # Saves are written in the background: the disk fills once a checkpoint is committed, so
+    # there is a previous good one to keep.
     def fill_at_step_6(info: dict) -> None:
-        if info["step"] == 6:
-            disk.full = True
+        if info["step"] >= 6 and not disk.full:
+            ptr = manager(spec, tmp_path).latest_pointer()
+            if ptr is not None:
+                disk.kept, disk.full = int(ptr["step"]), True
 
     faults.add("faults_injected")
     with pytest.raises(StorageError) as err:
         train(spec, tmp_path, progress=fill_at_step_6)
     assert "No space left on device" in str(err.value) and spec.run_id("control") in str(err.value)
     assert disk.refused >= 1
-    assert latest_is_good(spec, tmp_path) == 4  # the previous checkpoint is intact
+    assert latest_is_good(spec, tmp_path) == disk.kept  # the previous checkpoint is intact
     leftovers = [p.name for p in (tmp_path / "out" / "checkpoints").rglob(".tmp-*")]
     assert leftovers == []
     disk.full = False  # space freed
     res = train(spec, tmp_path)
-    assert res.completed and res.resumed_from_step == 4 and res.refused_checkpoints == []
+    assert res.completed and res.resumed_from_step == disk.kept and res.refused_checkpoints == []
     same_as_reference(spec, tmp_path, reference)
     faults.add("faults_survived")
 
