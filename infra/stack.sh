@@ -11,7 +11,8 @@
 #                           PREFECT_API_URL (a shared server, compose, Kubernetes)
 #
 # Settings (environment):
-#   GPUCAMPAIGN_PREFECT_PORT  server port (default 4200; the server listens on 127.0.0.1 only)
+#   GPUCAMPAIGN_PREFECT_PORT  server port (default: the running stack's, else 4200; the server
+#                             listens on 127.0.0.1 only)
 #   STACK_DIR                 PIDs, logs, PREFECT_HOME, the S3 data and keys, and the env file
 #                             (default: <repo>/.stack)
 #   GPUCAMPAIGN_GPU_SLOTS     size of the GPU lock: GPUs of the committed lots (default 1)
@@ -28,7 +29,8 @@ set -euo pipefail
 ROOT="${GPUCAMPAIGN_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 ROOT="$(cd "$ROOT" && pwd)"
 STACK_DIR="${STACK_DIR:-$ROOT/.stack}"
-PORT="${GPUCAMPAIGN_PREFECT_PORT:-4200}"
+# A running stack's port is recorded: `status` and `down` find it without the variable.
+PORT="${GPUCAMPAIGN_PREFECT_PORT:-$(cat "$STACK_DIR/server.port" 2>/dev/null || echo 4200)}"
 HOST=127.0.0.1
 POOL="${GPUCAMPAIGN_POOL:-gpucampaign}"
 POOL_TYPE="${GPUCAMPAIGN_POOL_TYPE:-process}"
@@ -306,6 +308,7 @@ up() {
     say "starting the Prefect server on $HOST:$PORT (PREFECT_HOME=$PREFECT_HOME, log $STACK_DIR/server.log)"
     PREFECT_SERVER_DATABASE_CONNECTION_URL="$DB_URL" \
       launch server "$PREFECT" server start --host "$HOST" --port "$PORT"
+    echo "$PORT" >"$STACK_DIR/server.port"
   fi
   wait_for "Prefect API at $API" server healthy
   say "API healthy at $API"
@@ -361,7 +364,7 @@ down() {
     stop_group server "$pid"
     stopped=1
   fi
-  rm -f "$(pidfile server)" "$STACK_DIR/env"
+  rm -f "$(pidfile server)" "$STACK_DIR/env" "$STACK_DIR/server.port"
   pg_down && stopped=1
   if "$PY" "$ROOT/infra/s3server.py" status "$S3_DIR" >/dev/null 2>&1; then
     say "stopping the S3 server"
