@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 OUT ?= demo
 SPEC ?= examples/digits/campaign.yaml
 
-.PHONY: venv install demo test test-fast lint bench stack-up stack-down clean
+.PHONY: venv install demo test test-fast lint bench stack-up stack-down stack-status clean
 
 venv: $(STAMP)
 
@@ -44,6 +44,9 @@ stack-up: $(STAMP)
 
 stack-down:
 	PATH="$(abspath $(BIN)):$$PATH" bash infra/stack.sh down
+
+stack-status:
+	PATH="$(abspath $(BIN)):$$PATH" bash infra/stack.sh status
 
 clean:
 	rm -rf $(VENV) demo .pytest_cache .ruff_cache

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The local real Prefect stack: a Prefect server (SQLite under .stack/), the GPU global
-# concurrency limit, the process work pool, both deployments, one worker, and a local S3
+# The local real Prefect stack: PostgreSQL (Debian's postgresql, data under .stack/), a Prefect
+# server on it, the GPU global concurrency limit, the process work pool, both deployments, one worker, and a local S3
 # server (SeaweedFS, bucket gpucampaign) for storage.url: s3://gpucampaign/...
 #
 #   infra/stack.sh up       start (or complete) the stack; writes $STACK_DIR/env to source
-#   infra/stack.sh down     stop the worker (and its flow runs), the server and the S3 server
+#   infra/stack.sh down     stop the worker (and its flow runs), the server, PostgreSQL and the
+#                           S3 server
 #   infra/stack.sh status   what runs, and whether the API answers
 #   infra/stack.sh setup    only the GPU lock, work pool and deployments, on the server at
 #                           PREFECT_API_URL (a shared server, compose, Kubernetes)
 #
 # Settings (environment):
-#   GPUCAMPAIGN_PREFECT_PORT  server port (default 4200; the server listens on 127.0.0.1 only)
+#   GPUCAMPAIGN_PREFECT_PORT  server port (default: the running stack's, else 4200; the server
+#                             listens on 127.0.0.1 only)
 #   STACK_DIR                 PIDs, logs, PREFECT_HOME, the S3 data and keys, and the env file
 #                             (default: <repo>/.stack)
 #   GPUCAMPAIGN_GPU_SLOTS     size of the GPU lock: GPUs of the committed lots (default 1)
@@ -19,13 +21,16 @@
 #   GPUCAMPAIGN_POOL_TYPE     work pool type when `setup` creates it (default process)
 #   GPUCAMPAIGN_ROOT          project root to deploy from (default: the repo holding this script)
 #   GPUCAMPAIGN_STACK_TIMEOUT seconds to wait for the server and the worker (default 180)
-#   PREFECT_API_DATABASE_CONNECTION_URL  passed through: PostgreSQL instead of SQLite
+#   PREFECT_SERVER_DATABASE_CONNECTION_URL  (or PREFECT_API_DATABASE_CONNECTION_URL) a database
+#                             you run: passed to the server, and no local PostgreSQL is started
+#   GPUCAMPAIGN_PG_BIN        folder of initdb/pg_ctl (default: the newest /usr/lib/postgresql/*/bin)
 set -euo pipefail
 
 ROOT="${GPUCAMPAIGN_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 ROOT="$(cd "$ROOT" && pwd)"
 STACK_DIR="${STACK_DIR:-$ROOT/.stack}"
-PORT="${GPUCAMPAIGN_PREFECT_PORT:-4200}"
+# A running stack's port is recorded: `status` and `down` find it without the variable.
+PORT="${GPUCAMPAIGN_PREFECT_PORT:-$(cat "$STACK_DIR/server.port" 2>/dev/null || echo 4200)}"
 HOST=127.0.0.1
 POOL="${GPUCAMPAIGN_POOL:-gpucampaign}"
 POOL_TYPE="${GPUCAMPAIGN_POOL_TYPE:-process}"
@@ -66,7 +71,8 @@ export GPUCAMPAIGN_ROOT="$ROOT"
 
 pidfile() { echo "$STACK_DIR/$1.pid"; }
 
-# The PID recorded for a component, if that process still runs a prefect command.
+# The PID recorded for a component, if that process still runs the expected command
+# (prefect, unless a second argument names another word of its command line).
 live_pid() {
   local f pid
   f="$(pidfile "$1")"
@@ -74,7 +80,7 @@ live_pid() {
   pid="$(cat "$f")"
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   kill -0 "$pid" 2>/dev/null || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q prefect || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "${2:-prefect}" || return 1
   echo "$pid"
 }
 
@@ -136,9 +142,108 @@ write_env() {  # the exports a user sources: mode 0600, since it holds the S3 se
   chmod 600 "$env"
 }
 
-port_free() {
+port_free() {  # port_free [PORT]: the Prefect port unless another is named
   # SO_REUSEADDR as the server sets it: a port in TIME_WAIT after a `down` counts as free.
-  "$PY" -c 'import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1]))); s.close()' "$PORT" 2>/dev/null
+  "$PY" -c 'import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1]))); s.close()' "${1:-$PORT}" 2>/dev/null
+}
+
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# PostgreSQL for the Prefect server (SQLite locks up once a run pauses for a person): data in
+# $STACK_DIR/postgres, TCP on 127.0.0.1 only, no Unix socket, password auth for every
+# connection. PostgreSQL refuses to run as root: as root it runs as the user postgres.
+PG_DIR="$STACK_DIR/postgres"
+PG_PASSWORD_FILE="$STACK_DIR/postgres.password"
+PG_PORT_FILE="$STACK_DIR/postgres.port"
+EXTERNAL_DB="${PREFECT_SERVER_DATABASE_CONNECTION_URL:-${PREFECT_API_DATABASE_CONNECTION_URL:-}}"
+# Only the server gets the URL (it holds the password): not the worker, nor its flow runs.
+unset PREFECT_API_DATABASE_CONNECTION_URL PREFECT_SERVER_DATABASE_CONNECTION_URL
+DB_URL=""
+
+pg_bindir() {
+  local dir
+  if [[ -n "${GPUCAMPAIGN_PG_BIN:-}" ]]; then echo "$GPUCAMPAIGN_PG_BIN"; return; fi
+  dir="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"
+  [[ -n "$dir" ]] || dir="$(dirname "$(command -v initdb 2>/dev/null || echo /nonexistent/x)")"
+  [[ -x "$dir/initdb" && -x "$dir/pg_ctl" ]] || return 1
+  echo "$dir"
+}
+
+as_pg() { if ((EUID == 0)); then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+pg_prepare() {  # the data folder, owned by the user that runs the server, and the password
+  mkdir -p "$PG_DIR"
+  if ((EUID == 0)); then
+    id postgres >/dev/null 2>&1 || die "running as root needs the user 'postgres' (apt-get install -y postgresql)"
+    chown postgres: "$PG_DIR"
+    as_pg test -w "$PG_DIR" \
+      || die "the user postgres cannot reach $PG_DIR: make every folder above it searchable (chmod o+x) or set STACK_DIR elsewhere"
+  fi
+  chmod 700 "$PG_DIR"
+  if [[ ! -s "$PG_PASSWORD_FILE" ]]; then
+    (umask 077; "$PY" -c 'import secrets; print(secrets.token_hex(24))' >"$PG_PASSWORD_FILE")
+  fi
+}
+
+pg_init() {  # initdb once: superuser gpucampaign, scram-sha-256 for every connection
+  local bin=$1 pwfile="$PG_DIR/initdb.pw"
+  [[ -f "$PG_DIR/data/PG_VERSION" ]] && return 0
+  say "initialising PostgreSQL in $PG_DIR/data"
+  (umask 077; cp "$PG_PASSWORD_FILE" "$pwfile")
+  ((EUID == 0)) && chown postgres: "$pwfile"
+  if ! as_pg "$bin/initdb" -D "$PG_DIR/data" -U gpucampaign --auth=scram-sha-256 \
+      --pwfile="$pwfile" -E UTF8 --no-instructions >"$STACK_DIR/initdb.log" 2>&1; then
+    rm -f "$pwfile"
+    tail -n 20 "$STACK_DIR/initdb.log" >&2
+    die "initdb failed (see $STACK_DIR/initdb.log)"
+  fi
+  rm -f "$pwfile"
+}
+
+pg_up() {
+  local bin pid port password
+  if [[ -n "$EXTERNAL_DB" ]]; then
+    say "the server uses the database of PREFECT_SERVER_DATABASE_CONNECTION_URL"
+    DB_URL="$EXTERNAL_DB"
+    return
+  fi
+  bin="$(pg_bindir)" || die "no PostgreSQL server found: apt-get install -y postgresql (or set GPUCAMPAIGN_PG_BIN)"
+  pg_prepare
+  pg_init "$bin"
+  password="$(cat "$PG_PASSWORD_FILE")"
+  if pid="$(live_pid postgres postgres)"; then
+    port="$(cat "$PG_PORT_FILE")"
+    say "PostgreSQL already running (pid $pid, port $port)"
+  else
+    port="$(cat "$PG_PORT_FILE" 2>/dev/null || true)"
+    [[ "$port" =~ ^[0-9]+$ ]] && port_free "$port" || port="$(free_port)"
+    echo "$port" >"$PG_PORT_FILE"
+    say "starting PostgreSQL on $HOST:$port (log $PG_DIR/postgres.log)"
+    as_pg "$bin/pg_ctl" start -w -t "$TIMEOUT" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" \
+      -o "-c listen_addresses=$HOST -p $port -c unix_socket_directories=''" >/dev/null \
+      || { tail -n 20 "$PG_DIR/postgres.log" >&2; die "PostgreSQL did not start (see $PG_DIR/postgres.log)"; }
+    head -n 1 "$PG_DIR/data/postmaster.pid" >"$(pidfile postgres)"
+  fi
+  if ! PGPASSWORD="$password" "$bin/psql" -h "$HOST" -p "$port" -U gpucampaign -d postgres -tAc \
+      "SELECT 1 FROM pg_database WHERE datname = 'prefect'" | grep -q 1; then
+    PGPASSWORD="$password" "$bin/createdb" -h "$HOST" -p "$port" -U gpucampaign prefect \
+      || die "could not create the database 'prefect'"
+  fi
+  DB_URL="postgresql+asyncpg://gpucampaign:$password@$HOST:$port/prefect"
+}
+
+pg_down() {  # fast shutdown (SIGINT) by the recorded PID; SIGQUIT (immediate) after 30 s
+  local pid
+  pid="$(live_pid postgres postgres)" || { rm -f "$(pidfile postgres)"; return 1; }
+  say "stopping PostgreSQL (pid $pid)"
+  kill -INT "$pid" 2>/dev/null || true
+  local deadline=$((SECONDS + 30))
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.5; done
+  if kill -0 "$pid" 2>/dev/null; then
+    say "PostgreSQL (pid $pid) still running after 30s: immediate shutdown"
+    kill -QUIT "$pid" 2>/dev/null || true
+  fi
+  rm -f "$(pidfile postgres)"
 }
 
 wait_for() {  # wait_for WHAT COMPONENT CHECK...: until CHECK succeeds, the component dies, or timeout
@@ -195,12 +300,15 @@ up() {
   local pid
   [[ "$POOL_TYPE" == process ]] || die "up runs a process worker: unset GPUCAMPAIGN_POOL_TYPE (use 'setup' for other pools)"
   s3_up  # first: the worker and its flow runs inherit the AWS_* variables
+  pg_up
   if pid="$(live_pid server)"; then
     say "server already running (pid $pid)"
   else
     port_free || die "port $PORT on $HOST is taken by another process: stop it or set GPUCAMPAIGN_PREFECT_PORT"
     say "starting the Prefect server on $HOST:$PORT (PREFECT_HOME=$PREFECT_HOME, log $STACK_DIR/server.log)"
-    launch server "$PREFECT" server start --host "$HOST" --port "$PORT"
+    PREFECT_SERVER_DATABASE_CONNECTION_URL="$DB_URL" \
+      launch server "$PREFECT" server start --host "$HOST" --port "$PORT"
+    echo "$PORT" >"$STACK_DIR/server.port"
   fi
   wait_for "Prefect API at $API" server healthy
   say "API healthy at $API"
@@ -256,7 +364,8 @@ down() {
     stop_group server "$pid"
     stopped=1
   fi
-  rm -f "$(pidfile server)" "$STACK_DIR/env"
+  rm -f "$(pidfile server)" "$STACK_DIR/env" "$STACK_DIR/server.port"
+  pg_down && stopped=1
   if "$PY" "$ROOT/infra/s3server.py" status "$S3_DIR" >/dev/null 2>&1; then
     say "stopping the S3 server"
     "$PY" "$ROOT/infra/s3server.py" stop "$S3_DIR"
@@ -270,6 +379,9 @@ status() {
   for comp in server worker; do
     if pid="$(live_pid "$comp")"; then say "$comp running (pid $pid)"; else say "$comp stopped"; rc=1; fi
   done
+  if [[ -n "$EXTERNAL_DB" ]]; then say "database: PREFECT_SERVER_DATABASE_CONNECTION_URL (not started here)"
+  elif pid="$(live_pid postgres postgres)"; then say "PostgreSQL running (pid $pid, port $(cat "$PG_PORT_FILE"))"
+  else say "PostgreSQL stopped"; rc=1; fi
   if healthy; then say "API healthy at $API"; else say "API not answering at $API"; rc=1; fi
   local s3
   if s3="$("$PY" "$ROOT/infra/s3server.py" status "$S3_DIR")"; then say "S3 server $s3"

@@ -1,0 +1,119 @@
+"""Helpers of the end-to-end tests on the real stack (infra/stack.sh): the Prefect REST API,
+`prefect deployment run`, the tiny example spec, and headless Chromium on the UI."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpucampaign.scaffold import write_spec_copy
+
+ROOT = Path(__file__).resolve().parents[2]
+STACK = ROOT / "infra" / "stack.sh"
+EXAMPLE = ROOT / "examples" / "digits" / "campaign.yaml"
+RUN_TIMEOUT_S = 600
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--window-size=1400,1000", "--virtual-time-budget=15000",
+)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def api(base: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """One call of the Prefect REST API; the decoded JSON answer (None when empty)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw else None
+
+
+def tiny_spec(dest: Path) -> Path:
+    """The digits example cut down to a few steps, with the files it names copied beside it."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["name"] = f"{data['name']}-e2e"
+    data["control"] = {**(data.get("control") or {}), "epochs": 1, "max_steps": 40}
+    data["variants"] = [
+        {**v, "changes": {**v.get("changes", {}), "max_steps": 40}} for v in data.get("variants", [])
+    ]
+    data["pilot"] = {**(data.get("pilot") or {}), "steps": 10}
+    data["decision_point"] = {**(data.get("decision_point") or {}), "mode": "auto"}
+    if data.get("decision_rule"):
+        # 40 steps prove the plumbing, not the model: no essential run may miss the floor.
+        data["decision_rule"] = {**data["decision_rule"], "threshold": 0.2}
+        data["stop_rules"] = {**(data.get("stop_rules") or {}), "quality_floor": None}
+    return write_spec_copy(data, source_dir=EXAMPLE.parent, dest=dest)
+
+
+def wait_flow_run(stack: dict[str, Any], flow_run_id: str) -> dict[str, Any]:
+    """Poll a flow run until it reaches a terminal state (or RUN_TIMEOUT_S); its last state."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    state: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        state = api(stack["api"], "GET", f"/flow_runs/{flow_run_id}")["state"] or {}
+        if state.get("type") in TERMINAL:
+            break
+        time.sleep(3)
+    return state
+
+
+def run_deployment(stack: dict[str, Any], name: str, **params: Any) -> tuple[str, dict[str, Any]]:
+    """`prefect deployment run NAME --param k=json`, then wait for a terminal state."""
+    args = ["prefect", "deployment", "run", name]
+    for key, value in params.items():
+        args += ["--param", f"{key}={json.dumps(value)}"]
+    run = subprocess.run(args, env=stack["env"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    found = re.search(r"UUID: ([0-9a-f-]{36})", run.stdout)
+    assert found, run.stdout
+    return found.group(1), wait_flow_run(stack, found.group(1))
+
+
+def worker_log(stack: dict[str, Any], name: str = "worker.log") -> str:
+    """The tail of a log of the stack folder, for an assertion message."""
+    path = stack["dir"] / name
+    return path.read_text(errors="replace")[-6000:] if path.exists() else f"({name} missing)"
+
+
+def page_text(dom: str) -> str:
+    """The visible text of a dumped DOM: scripts and styles dropped, tags removed, spaces joined."""
+    dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S | re.I)
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", dom))).strip()
+
+
+def chromium(url: str, *, dump_dom: bool = False, screenshot: Path | None = None) -> str:
+    """Open URL in headless Chromium with a throwaway profile; the DOM text (or '')."""
+    profile = tempfile.mkdtemp(prefix="gpucampaign-chromium-")
+    try:
+        args = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
+        if screenshot is not None:
+            args.append(f"--screenshot={screenshot}")
+        if dump_dom:
+            args.append("--dump-dom")
+        done = subprocess.run(args + [url], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"chromium failed on {url}:\n{done.stderr[-3000:]}"
+        return page_text(done.stdout) if dump_dom else ""
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
