@@ -203,9 +203,32 @@ class DecisionRule(_Frozen):
     min_gain: float = Field(
         default=0.0, ge=0, description="Gain over the control a variant needs to be adopted."
     )
-    split: Literal["val", "test"] = Field(
-        default="test", description="Split the metric is measured on."
+    select_split: Literal["val", "test"] = Field(
+        default="val", description="Split the winner is chosen on (never the report split)."
     )
+    report_split: Literal["val", "test"] = Field(
+        default="test", description="Split the chosen run's gain is reported and confirmed on."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_single_split(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "split" in data:
+            raise ValueError(
+                "decision_rule.split: one split for choosing and reporting makes the reported "
+                "gain optimistic; remove 'split' and use select_split (default val) and "
+                "report_split (default test)"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _distinct_splits(self) -> DecisionRule:
+        if self.select_split == self.report_split:
+            raise ValueError(
+                f"decision_rule: select_split and report_split are both '{self.report_split}'; "
+                "choose on 'val' and report on 'test'"
+            )
+        return self
 
     def better(self, a: float, b: float) -> bool:
         """True when value ``a`` is strictly better than ``b`` under this rule."""
@@ -418,8 +441,13 @@ class CampaignSpec(_Frozen):
 
     @property
     def decision_split(self) -> str:
-        """The split the decision is measured on (the test split without a decision rule)."""
-        return self.decision_rule.split if self.decision_rule else "test"
+        """The split the decision is reported on (the test split without a decision rule)."""
+        return self.decision_rule.report_split if self.decision_rule else "test"
+
+    @property
+    def selection_split(self) -> str:
+        """The split the winner is chosen on (val without a decision rule)."""
+        return self.decision_rule.select_split if self.decision_rule else "val"
 
     def essential_runs(self) -> list[str]:
         """The runs without which the campaign cannot decide (the control first)."""
