@@ -147,7 +147,9 @@ def to_resolve(g: Gain, *, min_gain: float) -> dict[str, Any]:
 
     The interval's half-width shrinks as one over the square root of the evidence, so the
     evidence must grow by ``(half-width / |gain - min_gain|)^2``: that many times the examples
-    of the split, or that many times the seeds of each run.
+    of the split, or that many times the seeds of each run. The seed figure assumes the width
+    comes from run-to-run noise; when it comes from which examples were drawn, only more
+    examples narrow it, so the examples figure is the one to trust.
 
     Returns:
         ``{factor, more_examples, more_seeds}``; None values when the gain equals ``min_gain``
