@@ -186,3 +186,18 @@ def test_evidence_needed_scales_with_the_square_of_the_ratio(n: int, reps: int):
     need = to_resolve(g, min_gain=0.0)
     assert need["factor"] == pytest.approx(4.0)
     assert need["more_examples"] == 3 * n and need["more_seeds"] == 3 * reps
+
+
+def test_seed_replicates_run_as_their_own_runs_and_the_verdict_uses_them(tmp_path: Path):
+    sha = write_table(tmp_path / "corpus.csv", n={"train": 200, "val": 80, "test": 80})
+    got = campaign(tmp_path, sha=sha,
+                   variants=[{"name": "wide", "changes": {"hidden": [16]}, "seeds": [0, 1]}],
+                   rule={"threshold": 0.3, "min_gain": 0.05}, control={"seeds": [0, 1]})
+    spec, v = got["spec"], got["verdict"]
+    assert spec.run_names() == ["control", "control.s1", "wide", "wide.s1"]
+    assert spec.run_config("wide.s1").seed == 1 and spec.run_config("wide").hidden == (16,)
+    assert len({spec.run_id(r) for r in spec.run_names()}) == 4
+    assert spec.tier_of("control.s1") == "useful" and spec.tier_of("wide.s1") == "useful"
+    assert v.variants["wide"]["test"]["replicates"] == 2
+    states = json.loads((got["out"] / "manifest.json").read_text())["runs"]
+    assert {info["status"] for info in states.values()} == {"completed"}

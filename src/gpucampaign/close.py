@@ -148,8 +148,31 @@ def run_evidence(
 
     A split's value comes from the run's saved predictions when it has them (the very rows the
     intervals resample), otherwise from the evaluation in ``result.json``. Only a run that
-    completed, or stopped after measuring, has values.
+    completed, or stopped after measuring, has values. Replicates (``<run>.s<seed>``) are
+    folded into their base run: every replicate's predictions, and the mean of their values.
     """
+    single = _single_run_evidence(spec, root=root, states=states)
+    out: dict[str, RunEvidence] = {}
+    for base in spec.base_names():
+        reps = [e for run, e in single.items() if (spec.replicate_of(run) or (run,))[0] == base]
+        if base not in single:
+            continue
+        values = {}
+        for split in _verdict_splits(spec):
+            got = [e.values[split] for e in reps if e.values.get(split) is not None]
+            values[split] = round(sum(got) / len(got), 12) if got else None
+        preds = {
+            split: tuple(p for e in reps for p in e.predictions.get(split, ()))
+            for split in _verdict_splits(spec)
+        }
+        out[base] = RunEvidence(values=values, predictions=preds, status=single[base].status)
+    return out
+
+
+def _single_run_evidence(
+    spec: CampaignSpec, *, root: str | Path, states: Mapping[str, RunState]
+) -> dict[str, RunEvidence]:
+    """``run_evidence`` of each run on its own, replicates apart."""
     folder = OutputFolder(root)
     metric = spec.decision_rule.metric if spec.decision_rule else None
     out: dict[str, RunEvidence] = {}

@@ -153,6 +153,12 @@ class RunConfig(_Frozen):
         ge=1,
         description="torch CPU threads; pinned because results differ across counts.",
     )
+    seeds: tuple[int, ...] = Field(
+        default=(),
+        exclude=True,
+        description="Replicate seeds of the control: the first is the run itself, each other "
+        "runs as its own run ID '<name>.s<seed>'; the verdict uses them all.",
+    )
 
     def steps_per_epoch(self, n_train: int) -> int:
         """Optimizer steps of one epoch over ``n_train`` rows (the last batch may be short)."""
@@ -178,6 +184,11 @@ class Variant(_Frozen):
         description="Set true to declare on purpose that several factors change at once.",
     )
     hypothesis: str = Field(default="", description="Which result would change the decision.")
+    seeds: tuple[int, ...] = Field(
+        default=(),
+        description="Replicate seeds: the first is the run itself, each other runs as its own "
+        "run ID '<name>.s<seed>'; the verdict uses them all.",
+    )
 
     @field_validator("changes")
     @classmethod
@@ -399,6 +410,14 @@ class CampaignSpec(_Frozen):
             raise ValueError(
                 f"variants: duplicate run name(s) {dup_runs}; give every run a unique name"
             )
+        for run, seeds in [("control", self.control.seeds if self.control else ())] + [
+            (v.name, v.seeds) for v in self.variants
+        ]:
+            if len(set(seeds)) != len(seeds) or any(k < 0 for k in seeds):
+                raise ValueError(
+                    f"seeds of '{run}': {list(seeds)} repeats a seed or has a negative one; "
+                    "give distinct seeds >= 0"
+                )
         if self.variants and self.control is None:
             raise ValueError(
                 "variants need a 'control' run configuration to change from; add 'control'"
@@ -429,12 +448,37 @@ class CampaignSpec(_Frozen):
             return self.window_hours
         return float(min(p.days for p in self.packages) * 24)
 
-    def run_names(self) -> list[str]:
-        """Control first, then variants in spec order."""
+    def base_names(self) -> list[str]:
+        """Control first, then variants in spec order (no replicates)."""
         return (["control"] if self.control is not None else []) + [v.name for v in self.variants]
 
+    def seeds_of(self, run: str) -> tuple[int, ...]:
+        """The replicate seeds a base run asks for (empty: one run, its own seed)."""
+        if run == "control":
+            return self.control.seeds if self.control is not None else ()
+        return next((v.seeds for v in self.variants if v.name == run), ())
+
+    def replicate_of(self, run: str) -> tuple[str, int] | None:
+        """``(base run, seed)`` of a replicate run name ``<base>.s<seed>``; None otherwise."""
+        base, sep, seed = run.rpartition(".s")
+        if sep and seed.isdigit() and int(seed) in self.seeds_of(base)[1:]:
+            return base, int(seed)
+        return None
+
+    def run_names(self) -> list[str]:
+        """Control first, then variants in spec order, each followed by its replicates."""
+        return [
+            name
+            for base in self.base_names()
+            for name in [base, *(f"{base}.s{k}" for k in self.seeds_of(base)[1:])]
+        ]
+
     def tier_of(self, run: str) -> str:
-        """Tier of a run: the control is always essential."""
+        """Tier of a run: the control is always essential; a replicate has its base's tier,
+        except the control's replicates, which are useful (a missing one stops nothing)."""
+        rep = self.replicate_of(run)
+        if rep is not None:
+            return "useful" if rep[0] == "control" else self.tier_of(rep[0])
         if run == "control":
             return "essential"
         return next(v.tier for v in self.variants if v.name == run)
@@ -463,11 +507,16 @@ class CampaignSpec(_Frozen):
             raise SpecError(
                 "the spec has no 'control': add a control run configuration", field="control"
             )
+        rep = self.replicate_of(run)
+        if rep is not None:
+            return self.run_config(rep[0]).model_copy(update={"seed": rep[1]})
+        seeds = self.seeds_of(run)
         if run == "control":
-            return self.control
+            return self.control.model_copy(update={"seed": seeds[0]}) if seeds else self.control
         for v in self.variants:
             if v.name == run:
-                return RunConfig.model_validate({**self.control.model_dump(), **v.changes})
+                cfg = RunConfig.model_validate({**self.control.model_dump(), **v.changes})
+                return cfg.model_copy(update={"seed": seeds[0]}) if seeds else cfg
         raise SpecError(f"no run named '{run}': use one of {self.run_names()}", field="run")
 
     def run_id(self, run: str) -> str:
