@@ -240,7 +240,22 @@ def test_unexplained_deviation_is_said_so():
                            timeline=[_row("eval", "10:00", "13:00", phase="eval")])
     e = next(s for s in f["steps"] if s["step"] == "eval")
     assert e["deviation_hours"] == pytest.approx(2.0)
-    assert "longer than forecast" in e["explanation"]
+    assert "longer than forecast: not explained" in e["explanation"]
+
+
+def test_a_resume_explains_a_deviation():
+    f = forecast_vs_actual(PlanRecord.from_dict(PLAN), reforecast=None, timeline=[
+        _row("control", "10:00", "11:00", run="control"), _row("control", "12:00", "15:00", run="control")])
+    c = next(s for s in f["steps"] if s["step"] == "control")
+    assert "resumed: 2 training intervals" in c["explanation"] and "not explained" not in c["explanation"]
+
+
+@pytest.mark.parametrize(("hours", "text"), [(0.0001, "0.36 s"), (0.01, "36 s"), (0.5, "30 min"),
+                                             (3.05091, "3.05 h"), (3.3, "3.3 h")])
+def test_durations_have_sensible_precision(hours, text):
+    from gpucampaign.forecast import say_duration
+
+    assert say_duration(hours) == text
 
 
 def test_estimates_from_timeline_pilot_and_metrics():
@@ -288,6 +303,12 @@ def test_negative_campaign_produces_a_complete_report(tmp_path: Path):
                     "## Stops", "## Error analysis", "## Estimates for next time", "## Figures"):
         assert section in md
     assert "no variant meets the threshold" in md
+    first = md.split("\n\n")[1]  # the paragraph after the title answers the question
+    assert first.startswith("**Question:** Does a wider hidden layer beat the control")
+    assert "**Answer: negative**" in first and "no run is adopted" in first
+    assert "47.14 USD spent" in first  # the stopped variant has no gain to quote
+    table = md.split("## Forecast vs actual")[1].split("\n\n")[2]
+    assert "| 40 s |" in table and "| 1.53 min |" in table and ".000" not in table
     assert "stop-0123456789ab" in md  # the stopped variant keeps its stop ID and reason
     # The control is one accepted model; the stopped variant is an expense, never a delivery.
     assert built["budget"]["accepted_deliveries"] == 1
