@@ -65,12 +65,12 @@ def campaign(
     catalog = load_catalog(spec=cs, base_dir=base)
     plan0 = calendar.plan(cs, catalog=catalog)
     folder.write_plan_once(plan0.to_dict())
-    create_markdown_artifact(
-        markdown=calendar.render_markdown(plan0),
-        key=artifact_key("plan", cs.name),
-        description="The plan as written at the start (plan.json is never rewritten)",
-    )
     campaign_id = _campaign_id(cs, folder)
+    create_markdown_artifact(
+        markdown=f"Output folder: `{folder.root}`\n\n" + calendar.render_markdown(plan0),
+        key=artifact_key("plan", cs.name, campaign_id),
+        description=f"The plan as written at the start, never rewritten ({folder.root})",
+    )
     note = ensure_gpu_limit(cs.gpu_lock.name, slots=plan0.gpu_lanes, clear_stale=embedded_api())
     if note:
         logger.warning(note)
@@ -87,11 +87,15 @@ def campaign(
             common=common,
             lanes=plan0.gpu_lanes,
             mode=decision_mode or cs.decision_point.mode,
+            campaign_id=campaign_id,
         )
     closed = close_campaign(
         cs, campaign_id=campaign_id, catalog=catalog, analyses=analyses, **common
     )
     verified = seal(cs, out=str(folder.root), closed=closed)
+    logger.info(
+        "verdict of %s: %s: %s", campaign_id, closed["verdict"]["kind"], closed["verdict"]["text"]
+    )
     summary = {
         "campaign_id": campaign_id,
         "out": str(folder.root),
@@ -140,20 +144,22 @@ def _experiments(
     common: dict[str, str],
     mode: str,
     lanes: int,
+    campaign_id: str,
 ) -> tuple[Decision, StopRule | None, dict[str, dict[str, Any]]]:
     """Pilot, decision point, the runs under the GPU lock, restart verification, predictions."""
     logger = get_run_logger()
-    essential = cs.essential_runs()
     measured = read_pilot(folder.root)
-    futures = {r: pilot.submit(cs, run=r, **common) for r in essential if r not in measured}
-    pilot_stops, pilot_exc = [], []
+    # Every run gets a short pilot (essential runs first, under the GPU lock): each one is
+    # re-forecast from its own step time, and its early curve is compared with the control's.
+    futures = {r: pilot.submit(cs, run=r, **common) for r in cs.runs_by_tier() if r not in measured}
+    pilot_stops, pilot_exc = [], {}
     for run, fut in futures.items():
         stop = _stop_of(fut)
         if stop is None:
             measured[run] = fut.result()
         else:
             pilot_stops.append({**stop.to_record(), "run": run})
-            pilot_exc.append(stop)
+            pilot_exc[run] = stop
     write_pilot(folder.root, measured)
 
     decision = decision_point(
@@ -163,12 +169,14 @@ def _experiments(
         pilot_stops=pilot_stops,
         mode=mode,
         out=str(folder.root),
+        campaign_id=campaign_id,
     )
     essential_stop: StopRule | None = None
     if decision.action == "re-pose":
         logger.warning("decision point: re-pose the question: %s", "; ".join(decision.reasons))
         # A stop in an essential run's pilot is an essential stop: the flow ends Failed.
-        return decision, (pilot_exc[0] if pilot_exc else None), {}
+        stops = [e for r, e in pilot_exc.items() if cs.tier_of(r) == "essential"]
+        return decision, (stops[0] if stops else None), {}
 
     futures, restart_future = _submit_in_lanes(
         cs, lanes=lanes, dropped=decision.dropped_runs, common=common

@@ -204,3 +204,77 @@ def test_seed_replicates_run_as_their_own_runs_and_the_verdict_uses_them(tmp_pat
     assert v.variants["wide"]["test"]["replicates"] == 2
     states = json.loads((got["out"] / "manifest.json").read_text())["runs"]
     assert {info["status"] for info in states.values()} == {"completed"}
+
+
+# --- the decision point uses the pilots' evidence ---------------------------------------------
+def _pilots(base: Path, *, variants: list[dict[str, Any]], steps: int = 6) -> tuple[Any, dict]:
+    """Pilot every run of a small campaign for real; returns the spec and the measures."""
+    from gpucampaign.decision import early_losses, pilot_measures
+    from gpucampaign.metrics import read_metrics
+
+    sha = write_table(base / "corpus.csv", n={"train": 200, "val": 60, "test": 60})
+    data = {
+        "name": "pilots", "packages": [{"gpu": "rtx4090", "days": 3}],
+        "corpus": {"path": "corpus.csv", "sha256": sha}, "control": LEARNS, "variants": variants,
+        "decision_rule": {"metric": "accuracy", "threshold": 0.5}, "pilot": {"steps": steps},
+        "calendar": [{"name": "control", "kind": "machine", "resource": "gpu", "hours": 2,
+                      "run": "control"}]
+        + [{"name": v["name"], "kind": "machine", "resource": "gpu", "hours": 1,
+            "run": v["name"], "tier": v.get("tier", "useful")} for v in variants],
+    }
+    (base / "campaign.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = load_spec(base / "campaign.yaml")
+    corpus = load_corpus(base / "corpus.csv", corpus_spec=spec.corpus)
+    folder = OutputFolder(base / "out")
+    measured = {}
+    for run in spec.run_names():
+        rdir = folder.run_dir(spec.run_id(run))
+        result = train_run(spec, run=run, corpus=corpus, store=LocalStore(base / "out" / "ckpt"),
+                           out_dir=rdir, stop_after_steps=steps)
+        losses = early_losses(read_metrics(rdir / "metrics.jsonl"), steps=steps)
+        measured[run] = pilot_measures(spec, run=run, result=result, n_train=200, losses=losses)
+    return spec, measured
+
+
+def test_a_copy_of_the_control_in_effect_is_flagged_low_information(tmp_path: Path):
+    from gpucampaign.decision import decide_after_pilot, decision_markdown
+
+    # A cap of 10^6 steps never binds: the variant trains exactly as the control does.
+    spec, measured = _pilots(tmp_path, variants=[
+        {"name": "same", "changes": {"max_steps": 1000000}},
+        {"name": "faster", "changes": {"lr": 0.2}},
+    ])
+    assert len(measured["same"]["early_losses"]) == 6
+    refo = decide_after_pilot(spec, catalog=None, pilot=measured, pilot_stops=[])
+    d = refo.decision
+    assert d.action == "continue" and d.inputs["low_information"] == ["same"]
+    assert any(r.startswith("low information: the early loss curve of 'same'") for r in d.reasons)
+    md = decision_markdown(d, refo.hours, pilot=measured)
+    assert "| same |" in md and "low information: same curve as the control" in md
+    # Each run is re-forecast from its own pilot, not scaled from the control's.
+    assert all(f"pilot of '{s.run}'" in refo.hours[s.name][1] for s in spec.calendar)
+
+
+def test_an_optional_run_whose_pilot_tripped_a_stop_is_dropped_and_the_form_offers_choices(
+    tmp_path: Path,
+):
+    from gpucampaign.decision import decide_after_pilot, decision_form
+
+    spec, measured = _pilots(tmp_path, variants=[
+        {"name": "wide", "changes": {"hidden": [16]}},
+        {"name": "odd", "changes": {"lr": 0.3}, "tier": "exploratory"},
+    ])
+    stop = {"stop_id": "stop-x", "rule": "non_finite_loss", "run": "odd", "reason": "nan at 3"}
+    d = decide_after_pilot(spec, catalog=None, pilot=measured, pilot_stops=[stop]).decision
+    assert (d.action, d.dropped_runs, d.dropped_steps) == ("reduce", ["odd"], ["odd"])
+    assert d.inputs["low_information"] == []  # a wider layer learns differently from step 1
+    assert "its pilot tripped non_finite_loss (nan at 3), so it cannot change the choice" in (
+        "; ".join(d.reasons))
+
+    form = decision_form(spec, auto=d)
+    filled = form()
+    assert (filled.action, filled.drop) == ("reduce", ["odd"])  # the proposal pre-selected
+    schema = form.model_json_schema()
+    assert schema["properties"]["drop"]["items"]["enum"] == ["wide", "odd"]  # never the control
+    with pytest.raises(ValueError, match="control"):
+        form(action="reduce", drop=["control"])
