@@ -149,9 +149,12 @@ def _experiments(
     """Pilot, decision point, the runs under the GPU lock, restart verification, predictions."""
     logger = get_run_logger()
     measured = read_pilot(folder.root)
-    # Every run gets a short pilot (essential runs first, under the GPU lock): each one is
-    # re-forecast from its own step time, and its early curve is compared with the control's.
-    futures = {r: pilot.submit(cs, run=r, **common) for r in cs.runs_by_tier() if r not in measured}
+    # Every run gets a short pilot, chained so the essential runs go first under the GPU lock:
+    # each run is re-forecast from its own step time, its early curve compared with the control's.
+    futures: dict[str, Any] = {}
+    for r in [r for r in cs.runs_by_tier() if r not in measured]:
+        before = [allow_failure(f) for f in list(futures.values())[-1:]] or None
+        futures[r] = pilot.submit(cs, run=r, wait_for=before, **common)
     pilot_stops, pilot_exc = [], {}
     for run, fut in futures.items():
         stop = _stop_of(fut)
