@@ -149,20 +149,8 @@ def _experiments(
     """Pilot, decision point, the runs under the GPU lock, restart verification, predictions."""
     logger = get_run_logger()
     measured = read_pilot(folder.root)
-    # Every run gets a short pilot, chained so the essential runs go first under the GPU lock:
-    # each run is re-forecast from its own step time, its early curve compared with the control's.
-    futures: dict[str, Any] = {}
-    for r in [r for r in cs.runs_by_tier() if r not in measured]:
-        before = [allow_failure(f) for f in list(futures.values())[-1:]] or None
-        futures[r] = pilot.submit(cs, run=r, wait_for=before, **common)
-    pilot_stops, pilot_exc = [], {}
-    for run, fut in futures.items():
-        stop = _stop_of(fut)
-        if stop is None:
-            measured[run] = fut.result()
-        else:
-            pilot_stops.append({**stop.to_record(), "run": run})
-            pilot_exc[run] = stop
+    pilot_exc = _pilot_every_run(cs, measured=measured, common=common)
+    pilot_stops = [{**stop.to_record(), "run": run} for run, stop in pilot_exc.items()]
     write_pilot(folder.root, measured)
 
     decision = decision_point(
@@ -202,6 +190,38 @@ def _experiments(
     with_model = [s.run for s in states.values() if s.status == "completed"]
     analyses = predictions(cs, runs=with_model, **common) if with_model else {}
     return decision, essential_stop, analyses
+
+
+def _pilot_every_run(
+    cs: CampaignSpec, *, measured: dict[str, Any], common: dict[str, str]
+) -> dict[str, StopRule]:
+    """A short pilot of every run not yet measured, one after the other under the GPU lock:
+    the essential runs first, then (unless one of them stopped, which re-poses the question
+    whatever the others show) the optional ones. Each run is re-forecast from its own step
+    time and its early curve compared with the control's.
+
+    Returns:
+        The stop of each pilot that tripped a stop rule; ``measured`` gains the others.
+    """
+    stops: dict[str, StopRule] = {}
+    tail: Any = None
+    optional = [r for r in cs.runs_by_tier() if cs.tier_of(r) != "essential"]
+    for group in (cs.essential_runs(), optional):
+        if stops:
+            break
+        futures = {}
+        for r in [r for r in group if r not in measured]:
+            futures[r] = pilot.submit(
+                cs, run=r, wait_for=[allow_failure(tail)] if tail is not None else None, **common
+            )
+            tail = futures[r]
+        for run, fut in futures.items():
+            stop = _stop_of(fut)
+            if stop is None:
+                measured[run] = fut.result()
+            else:
+                stops[run] = stop
+    return stops
 
 
 def _submit_in_lanes(

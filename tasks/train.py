@@ -102,7 +102,8 @@ def pilot(spec: CampaignSpec, *, base_dir: str, out: str, run: str) -> dict[str,
         spec, base_dir=base_dir, out=out, run=run, phase="pilot", stop_after_steps=spec.pilot.steps
     )
     metrics = out_folder(out).run_dir(spec.run_id(run)) / "metrics.jsonl"
-    losses = early_losses(read_metrics(metrics), steps=spec.pilot.steps) if metrics.is_file() else []
+    rows = read_metrics(metrics) if metrics.is_file() else []
+    losses = early_losses(rows, steps=spec.pilot.steps)
     return pilot_measures(spec, run=run, result=result, n_train=n_train, losses=losses)
 
 

@@ -160,8 +160,10 @@ def test_optional_stop_is_recorded_and_reduce_drops_the_exploratory_variant(pref
     assert state.is_completed(), state.message
     summary = state.result()
     decision = jsonl(out / "decisions.jsonl")[-1]["decision"]
-    assert decision["action"] == "reduce" and decision["dropped_runs"] == ["long"]
-    assert decision["dropped_steps"] == ["train-long"]
+    # 'boom' diverges in its pilot already: it cannot change the choice, so it is dropped too.
+    assert decision["action"] == "reduce" and decision["dropped_runs"] == ["boom", "long"]
+    assert decision["dropped_steps"] == ["train-boom", "train-long"]
+    assert any("'boom' is dropped: its pilot tripped non_finite_loss" in r for r in decision["reasons"])
 
     stops = jsonl(out / "stops.jsonl")
     assert [(s["run"], s["rule"]) for s in stops] == [("boom", "non_finite_loss")]

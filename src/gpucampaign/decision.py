@@ -393,9 +393,9 @@ def with_pilot_evidence(
     and flag each variant whose early curve equals the control's as low information."""
     if decision.action == "re-pose":
         return decision
+    stopped = {str(s["run"]) for s in pilot_stops if s.get("run")}
     tripped = sorted(
-        {str(s["run"]) for s in pilot_stops if s.get("run") and spec.tier_of(s["run"]) != "essential"}
-        - set(decision.dropped_runs)
+        {r for r in stopped if spec.tier_of(r) != "essential"} - set(decision.dropped_runs)
     )
     flagged = [r for r in low_information(pilot) if r not in tripped]
     reasons = list(decision.reasons)

@@ -122,7 +122,9 @@ def answer_paragraph(report: Mapping[str, Any]) -> str:
     else:
         parts.append("; no run is adopted")
     if shown is not None and sel and rep:
-        label = "its gain" if shown == v.get("run") else f"the best variant on {sel}, '{shown}', gains"
+        label = (
+            "its gain" if shown == v.get("run") else f"the best variant on {sel}, '{shown}', gains"
+        )
         parts.append(
             f". {label[0].upper()}{label[1:]} over the control: "
             f"{_gain_phrase(variants[shown].get(sel), sel)}, "
