@@ -89,12 +89,12 @@ def _campaign(
     catalog = load_catalog(spec=cs, base_dir=base)
     plan0 = calendar.plan(cs, catalog=catalog)
     folder.write_plan_once(plan0.to_dict())
-    create_markdown_artifact(
-        markdown=calendar.render_markdown(plan0),
-        key=artifact_key("plan", cs.name),
-        description="The plan as written at the start (plan.json is never rewritten)",
-    )
     campaign_id = _campaign_id(cs, folder)
+    create_markdown_artifact(
+        markdown=f"Output folder: `{folder.root}`\n\n" + calendar.render_markdown(plan0),
+        key=artifact_key("plan", cs.name, campaign_id),
+        description=f"The plan as written at the start, never rewritten ({folder.root})",
+    )
     note = ensure_gpu_limit(cs.gpu_lock.name, slots=plan0.gpu_lanes, clear_stale=embedded_api())
     if note:
         logger.warning(note)
@@ -111,12 +111,16 @@ def _campaign(
             common=common,
             lanes=plan0.gpu_lanes,
             mode=decision_mode or cs.decision_point.mode,
+            campaign_id=campaign_id,
         )
     closed = close_campaign(
         cs, campaign_id=campaign_id, catalog=catalog, analyses=analyses, **common
     )
     verified = seal(cs, out=str(folder.root), closed=closed)
     mirrored = mirror(cs, out=str(folder.root))
+    logger.info(
+        "verdict of %s: %s: %s", campaign_id, closed["verdict"]["kind"], closed["verdict"]["text"]
+    )
     summary = {
         "campaign_id": campaign_id,
         "out": str(folder.root),
@@ -166,20 +170,13 @@ def _experiments(
     common: dict[str, str],
     mode: str,
     lanes: int,
+    campaign_id: str,
 ) -> tuple[Decision, StopRule | None, dict[str, dict[str, Any]]]:
     """Pilot, decision point, the runs under the GPU lock, restart verification, predictions."""
     logger = get_run_logger()
-    essential = cs.essential_runs()
     measured = read_pilot(folder.root)
-    futures = {r: pilot.submit(cs, run=r, **common) for r in essential if r not in measured}
-    pilot_stops, pilot_exc = [], []
-    for run, fut in futures.items():
-        stop = _stop_of(fut)
-        if stop is None:
-            measured[run] = fut.result()
-        else:
-            pilot_stops.append({**stop.to_record(), "run": run})
-            pilot_exc.append(stop)
+    pilot_exc = _pilot_every_run(cs, measured=measured, common=common)
+    pilot_stops = [{**stop.to_record(), "run": run} for run, stop in pilot_exc.items()]
     write_pilot(folder.root, measured)
 
     decision = decision_point(
@@ -189,12 +186,14 @@ def _experiments(
         pilot_stops=pilot_stops,
         mode=mode,
         out=str(folder.root),
+        campaign_id=campaign_id,
     )
     essential_stop: StopRule | None = None
     if decision.action == "re-pose":
         logger.warning("decision point: re-pose the question: %s", "; ".join(decision.reasons))
         # A stop in an essential run's pilot is an essential stop: the flow ends Failed.
-        return decision, (pilot_exc[0] if pilot_exc else None), {}
+        stops = [e for r, e in pilot_exc.items() if cs.tier_of(r) == "essential"]
+        return decision, (stops[0] if stops else None), {}
 
     futures, restart_future = _submit_in_lanes(
         cs, lanes=lanes, dropped=decision.dropped_runs, common=common
@@ -217,6 +216,38 @@ def _experiments(
     with_model = [s.run for s in states.values() if s.status == "completed"]
     analyses = predictions(cs, runs=with_model, **common) if with_model else {}
     return decision, essential_stop, analyses
+
+
+def _pilot_every_run(
+    cs: CampaignSpec, *, measured: dict[str, Any], common: dict[str, str]
+) -> dict[str, StopRule]:
+    """A short pilot of every run not yet measured, one after the other under the GPU lock:
+    the essential runs first, then (unless one of them stopped, which re-poses the question
+    whatever the others show) the optional ones. Each run is re-forecast from its own step
+    time and its early curve compared with the control's.
+
+    Returns:
+        The stop of each pilot that tripped a stop rule; ``measured`` gains the others.
+    """
+    stops: dict[str, StopRule] = {}
+    tail: Any = None
+    optional = [r for r in cs.runs_by_tier() if cs.tier_of(r) != "essential"]
+    for group in (cs.essential_runs(), optional):
+        if stops:
+            break
+        futures = {}
+        for r in [r for r in group if r not in measured]:
+            futures[r] = pilot.submit(
+                cs, run=r, wait_for=[allow_failure(tail)] if tail is not None else None, **common
+            )
+            tail = futures[r]
+        for run, fut in futures.items():
+            stop = _stop_of(fut)
+            if stop is None:
+                measured[run] = fut.result()
+            else:
+                stops[run] = stop
+    return stops
 
 
 def _submit_in_lanes(

@@ -38,14 +38,14 @@ def close_campaign(
         spec, closed, root=folder.root, base_dir=base_dir, campaign_id=campaign_id, catalog=catalog
     )
     create_markdown_artifact(
-        markdown=render_report_md(report),
-        key=artifact_key("report", spec.name),
-        description=f"Closing report: {closed.verdict.kind}",
+        markdown=f"Output folder: `{folder.root}`\n\n" + render_report_md(report),
+        key=artifact_key("report", spec.name, campaign_id),
+        description=f"Closing report: {closed.verdict.kind} ({folder.root})",
     )
     create_table_artifact(
         table=closed.table_rows(),
-        key=artifact_key("runs", spec.name),
-        description="Runs of the campaign",
+        key=artifact_key("runs", spec.name, campaign_id),
+        description=f"Runs of the campaign, output folder {folder.root}",
     )
     return closed.summary(campaign_id)
 

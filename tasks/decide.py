@@ -9,13 +9,17 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.context import FlowRunContext
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
+from prefect.input import RunInput
 
 from gpucampaign.decision import (
     Decision,
     DecisionInput,
     apply_answer,
+    ask_description,
     decide_after_pilot,
+    decision_form,
     decision_markdown,
+    droppable_runs,
     on_timeout,
 )
 from gpucampaign.records import decision_after_pilot, read_decisions, record_decision_after_pilot
@@ -31,6 +35,7 @@ def decision_point(
     pilot_stops: list[dict[str, Any]],
     mode: str,
     out: str,
+    campaign_id: str = "",
 ) -> Decision:
     """Re-forecast, decide, record the decision (decisions.jsonl + a UI artifact) and return it.
 
@@ -48,31 +53,43 @@ def decision_point(
         refo = decide_after_pilot(spec, catalog=catalog, pilot=pilot, pilot_stops=pilot_stops)
         decision = refo.decision
         if mode == "ask":
-            decision = _ask(spec, auto=decision, timeout_s=spec.decision_point.timeout_s)
+            evidence = decision_markdown(decision, refo.hours, pilot=pilot)
+            decision = _ask(spec, auto=decision, evidence=evidence)
     record_decision_after_pilot(folder.root, decision, reforecast=refo)
     logger.info("decision point: %s", decision.summary())
     create_markdown_artifact(
-        markdown=decision_markdown(decision, refo.hours),
-        key=artifact_key("decision", spec.name),
-        description=f"Decision after the pilot: {decision.action}",
+        markdown=f"Output folder: `{folder.root}`\n\n"
+        + decision_markdown(decision, refo.hours, pilot=pilot),
+        key=artifact_key("decision", spec.name, campaign_id),
+        description=f"Decision after the pilot: {decision.action} ({folder.root})",
     )
     return decision
 
 
-def _ask(spec: CampaignSpec, *, auto: Decision, timeout_s: int) -> Decision:
+def _ask(spec: CampaignSpec, *, auto: Decision, evidence: str) -> Decision:
     logger = get_run_logger()
+    timeout_s = spec.decision_point.timeout_s
     logger.warning(
         "decision point: waiting up to %ss for a person in the Prefect UI; proposed: %s (%s)",
         timeout_s,
         auto.action,
         "; ".join(auto.reasons),
     )
+    form = RunInput.subclass_from_base_model_type(decision_form(spec, auto=auto))
+    form = form.with_initial_data(
+        description=ask_description(evidence, auto=auto, timeout_s=timeout_s),
+        action=auto.action,
+        drop=[r for r in auto.dropped_runs if r in droppable_runs(spec)],
+    )
     try:
-        answer = pause_flow_run(wait_for_input=DecisionInput, timeout=timeout_s, poll_interval=2)
+        got = pause_flow_run(wait_for_input=form, timeout=timeout_s, poll_interval=2)
     except FlowPauseTimeout:
         _resume_self()
         return on_timeout(auto, why="no answer in time")
     try:
+        answer = DecisionInput(
+            action=got.action, drop=[r for r in got.drop if r != "(none)"], note=got.note
+        )
         return apply_answer(spec, answer=answer, auto=auto)
     except ValueError as exc:
         logger.error(

@@ -10,8 +10,9 @@ from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from gpucampaign.corpus import load_spec_corpus
-from gpucampaign.decision import pilot_measures
+from gpucampaign.decision import early_losses, pilot_measures
 from gpucampaign.interrupt import raise_if_stopped
+from gpucampaign.metrics import read_metrics
 from gpucampaign.records import read_stops
 from gpucampaign.runresult import RunResult
 from gpucampaign.segments import heartbeat
@@ -99,11 +100,15 @@ def _run_training(
 
 @task(name="pilot", task_run_name="pilot[{run}]", **PHASE_OPTIONS)
 def pilot(spec: CampaignSpec, *, base_dir: str, out: str, run: str) -> dict[str, Any]:
-    """The first ``pilot.steps`` steps of a run, measured; the full run resumes from them."""
+    """The first ``pilot.steps`` steps of a run, measured (costs and early losses); the full
+    run resumes from them."""
     result, n_train = _run_training(
         spec, base_dir=base_dir, out=out, run=run, phase="pilot", stop_after_steps=spec.pilot.steps
     )
-    return pilot_measures(spec, run=run, result=result, n_train=n_train)
+    metrics = out_folder(out).run_dir(spec.run_id(run)) / "metrics.jsonl"
+    rows = read_metrics(metrics) if metrics.is_file() else []
+    losses = early_losses(rows, steps=spec.pilot.steps)
+    return pilot_measures(spec, run=run, result=result, n_train=n_train, losses=losses)
 
 
 @task(name="train", task_run_name="train[{run_id}]", **PHASE_OPTIONS)

@@ -45,7 +45,7 @@ packages:
 control: {{recipe: mlp, hidden: [8], lr: 0.05, epochs: 1, max_steps: 6, batch_size: 16, threads: 1}}
 variants:
   - {{name: wide, tier: useful, changes: {{hidden: [16]}}}}
-decision_rule: {{metric: accuracy, direction: maximize, threshold: {threshold}, min_gain: 0.02, split: test}}
+decision_rule: {{metric: accuracy, direction: maximize, threshold: {threshold}, min_gain: 0.02}}
 corpus: {{path: corpus.csv, sha256: "{sha}"}}
 deliveries: {{unit: {unit}}}
 calendar:

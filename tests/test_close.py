@@ -14,8 +14,8 @@ from gpucampaign.cli import app
 from gpucampaign.forecast import actual_intervals, forecast_vs_actual, load_estimates
 from gpucampaign.records import DecisionRecord, PlanRecord, StopRecord, TimelineRow
 from gpucampaign.report import SUMMARY_KEYS
-from gpucampaign.spec import DecisionRule, Expense, Package, SpecError
-from gpucampaign.verdict import decide_verdict
+from gpucampaign.spec import DecisionRule, Expense, Package, SpecError, parse_spec
+from gpucampaign.verdict import RunEvidence, decide_verdict
 
 LOT_3D = Package(gpu="rtx4090", days=3)
 
@@ -114,51 +114,79 @@ def test_resolved_dict_packages_and_missing_price():
 RULE = DecisionRule(metric="accuracy", threshold=0.9, min_gain=0.02)
 
 
+def _ev(val: float | None, test: float | None, *, status: str = "completed") -> RunEvidence:
+    """Evidence of values only (no predictions, so no interval)."""
+    return RunEvidence(values={"val": val, "test": test}, status=status)
+
+
+def _verdict(rule, control, **variants):
+    return decide_verdict(rule, control=control, variants=variants)
+
+
 def test_adopts_the_best_variant_that_meets_threshold_and_gain():
-    v = decide_verdict(RULE, control_metric=0.92, variant_metrics={"a": 0.95, "b": 0.97, "c": 0.93})
+    v = _verdict(RULE, _ev(0.92, 0.92), a=_ev(0.95, 0.95), b=_ev(0.97, 0.97), c=_ev(0.93, 0.93))
     assert (v.kind, v.run) == ("adopt", "b")
     assert "0.9700" in v.text and "0.9200" in v.text
-    assert v.numbers["gains_over_control"]["c"] == pytest.approx(0.01)
+    assert v.variants["c"]["test"]["gain"] == pytest.approx(0.01)
+    assert (v.select_split, v.report_split) == ("val", "test")
 
 
 def test_gain_exactly_min_gain_is_enough_despite_float_noise():
     # 0.96 - 0.94 is 0.019999999999999907 in binary floating point.
-    v = decide_verdict(RULE, control_metric=0.94, variant_metrics={"a": 0.96})
+    v = _verdict(RULE, _ev(0.94, 0.94), a=_ev(0.96, 0.96))
     assert v.kind == "adopt"
 
 
-def test_keep_control_when_no_variant_beats_it_enough():
-    v = decide_verdict(RULE, control_metric=0.95, variant_metrics={"a": 0.96})
-    assert (v.kind, v.run) == ("keep_control", "control")
-    assert "min gain" in v.text
+def test_negative_keeps_the_control_when_no_variant_beats_it_enough():
+    v = _verdict(RULE, _ev(0.95, 0.95), a=_ev(0.96, 0.96))
+    assert (v.kind, v.run) == ("negative", "control")
+    assert "min gain" in v.text and "keep the control" in v.text
 
 
 def test_negative_result_states_the_numbers():
-    v = decide_verdict(RULE, control_metric=0.5, variant_metrics={"a": 0.6, "b": None},
+    v = decide_verdict(RULE, control=_ev(0.5, 0.5), variants={"a": _ev(0.6, 0.6), "b": None},
                        stops=[{"stop_id": "stop-1", "rule": "non_finite_loss", "run_id": "b-0123456789",
                                "reason": "nan at step 4"}])
     assert v.kind == "negative" and v.run is None
     assert "no variant meets the threshold" in v.text
     for number in ("0.5000", "0.6000", "threshold 0.9", "nan at step 4"):
         assert number in v.text
-    assert v.numbers["meets_threshold"] == {"control": False, "a": False, "b": None}
+
+
+def test_a_dropped_run_is_reported_as_dropped():
+    v = _verdict(RULE, _ev(0.95, 0.95), a=_ev(None, None, status="dropped"))
+    assert "a dropped at the decision point" in v.text and "stopped (no metric)" not in v.text
 
 
 def test_minimize_direction():
     rule = DecisionRule(metric="loss", direction="minimize", threshold=0.5, min_gain=0.05)
-    v = decide_verdict(rule, control_metric=0.4, variant_metrics={"a": 0.3, "b": 0.38})
+    v = _verdict(rule, _ev(0.4, 0.4), a=_ev(0.3, 0.3), b=_ev(0.38, 0.38))
     assert (v.kind, v.run) == ("adopt", "a")
 
 
 def test_stopped_control_gives_no_comparison():
-    v = decide_verdict(RULE, control_metric=None, variant_metrics={"a": 0.97},
+    v = decide_verdict(RULE, control=None, variants={"a": _ev(0.97, 0.97)},
                        stops=[{"stop_id": "stop-9", "rule": "no_usable_restart", "run": "control", "reason": "no restore"}])
     assert v.kind == "stopped" and "stop-9" in v.text
 
 
 def test_re_pose_verdict():
-    v = decide_verdict(RULE, control_metric=None, variant_metrics={}, repose_reason="essential steps take 90 h")
+    v = decide_verdict(RULE, control=None, variants={}, repose_reason="essential steps take 90 h")
     assert v.kind == "re-pose" and "90 h" in v.text
+
+
+def test_choice_follows_val_and_says_when_test_disagrees():
+    v = _verdict(RULE, _ev(0.90, 0.90), a=_ev(0.95, 0.91), b=_ev(0.93, 0.96))
+    assert (v.kind, v.run) == ("negative", None)  # 'a', chosen on val, is not confirmed on test
+    assert v.test_disagrees and "on test 'b' would be chosen, on val 'a'" in v.text
+
+
+def test_same_split_for_choice_and_report_is_a_spec_error():
+    with pytest.raises(ValueError, match="both 'test'"):
+        DecisionRule(metric="accuracy", threshold=0.5, select_split="test")
+    spec = {**RUN_SPEC, "decision_rule": {"metric": "accuracy", "threshold": 0.5, "split": "test"}}
+    with pytest.raises(SpecError, match="select_split .default val. and report_split"):
+        parse_spec(spec)
 
 
 # --- forecast vs actual ---------------------------------------------------------------------
@@ -212,7 +240,22 @@ def test_unexplained_deviation_is_said_so():
                            timeline=[_row("eval", "10:00", "13:00", phase="eval")])
     e = next(s for s in f["steps"] if s["step"] == "eval")
     assert e["deviation_hours"] == pytest.approx(2.0)
-    assert "longer than forecast" in e["explanation"]
+    assert "longer than forecast: not explained" in e["explanation"]
+
+
+def test_a_resume_explains_a_deviation():
+    f = forecast_vs_actual(PlanRecord.from_dict(PLAN), reforecast=None, timeline=[
+        _row("control", "10:00", "11:00", run="control"), _row("control", "12:00", "15:00", run="control")])
+    c = next(s for s in f["steps"] if s["step"] == "control")
+    assert "resumed: 2 training intervals" in c["explanation"] and "not explained" not in c["explanation"]
+
+
+@pytest.mark.parametrize(("hours", "text"), [(0.0001, "0.36 s"), (0.01, "36 s"), (0.5, "30 min"),
+                                             (3.05091, "3.05 h"), (3.3, "3.3 h")])
+def test_durations_have_sensible_precision(hours, text):
+    from gpucampaign.forecast import say_duration
+
+    assert say_duration(hours) == text
 
 
 def test_estimates_from_timeline_pilot_and_metrics():
@@ -260,6 +303,12 @@ def test_negative_campaign_produces_a_complete_report(tmp_path: Path):
                     "## Stops", "## Error analysis", "## Estimates for next time", "## Figures"):
         assert section in md
     assert "no variant meets the threshold" in md
+    first = md.split("\n\n")[1]  # the paragraph after the title answers the question
+    assert first.startswith("**Question:** Does a wider hidden layer beat the control")
+    assert "**Answer: negative**" in first and "no run is adopted" in first
+    assert "47.14 USD spent" in first  # the stopped variant has no gain to quote
+    table = md.split("## Forecast vs actual")[1].split("\n\n")[2]
+    assert "| 40 s |" in table and "| 1.53 min |" in table and ".000" not in table
     assert "stop-0123456789ab" in md  # the stopped variant keeps its stop ID and reason
     # The control is one accepted model; the stopped variant is an expense, never a delivery.
     assert built["budget"]["accepted_deliveries"] == 1
@@ -356,6 +405,7 @@ def _finish(root: Path, spec, run: str, *, accuracy: float, model: bool = True) 
     (root / "runs" / rid / "model").mkdir(parents=True)
     result = RunResult(run_id=rid, run=run, completed=True, steps_done=4, planned_steps=4,
                        metrics={"accuracy": accuracy}, timings={}, n_checkpoints=1,
+                       eval_metrics={"val": {"accuracy": accuracy}, "test": {"accuracy": accuracy}},
                        checkpoint_every=None, save_interval=None, resumed_from_step=None)
     (root / "runs" / rid / "result.json").write_text(json.dumps(result.to_dict()))
     if model:
@@ -363,7 +413,13 @@ def _finish(root: Path, spec, run: str, *, accuracy: float, model: bool = True) 
 
 
 def test_run_states_decide_each_run_once(tmp_path: Path):
-    from gpucampaign.close import closing_verdict, expected_runs, run_metrics, runs_table
+    from gpucampaign.close import (
+        closing_verdict,
+        expected_runs,
+        run_evidence,
+        run_metrics,
+        runs_table,
+    )
     from gpucampaign.decision import Decision
     from gpucampaign.records import append_stop, read_stops, run_states
     from gpucampaign.spec import parse_spec
@@ -388,8 +444,10 @@ def test_run_states_decide_each_run_once(tmp_path: Path):
     # A stopped run keeps the metric it measured; a dropped one has none.
     metric_of = run_metrics(states, metric="accuracy")
     assert metric_of == {"control": 0.8, "wide": 0.9, "big": None}
-    verdict = closing_verdict(spec, metric_of=metric_of, stops=read_stops(tmp_path), decision=decision)
+    evidence = run_evidence(spec, root=tmp_path, states=states)
+    verdict = closing_verdict(spec, evidence=evidence, stops=read_stops(tmp_path), decision=decision)
     assert (verdict.kind, verdict.run) == ("adopt", "wide")
+    assert "big dropped at the decision point" in verdict.text
     table = runs_table(states, metric_of=metric_of, analyses={})
     assert [(r["run"], r["status"], r["metric"]) for r in table] == [
         ("control", "completed", 0.8), ("wide", "stopped", 0.9), ("big", "dropped", None)]
@@ -397,7 +455,7 @@ def test_run_states_decide_each_run_once(tmp_path: Path):
     repose = Decision(action="re-pose", reasons=["too long"])
     states = run_states(spec, root=tmp_path / "empty", decision=repose)
     assert {s.reason for s in states.values()} == {"the question was re-posed"}
-    v = closing_verdict(spec, metric_of={"control": None}, stops=[], decision=repose)
+    v = closing_verdict(spec, evidence={}, stops=[], decision=repose)
     assert v.kind == "re-pose" and "too long" in v.text
 
 
@@ -419,7 +477,7 @@ def test_a_spec_without_a_decision_rule_gets_a_stopped_verdict():
     from gpucampaign.spec import parse_spec
 
     spec = parse_spec({k: v for k, v in RUN_SPEC.items() if k != "decision_rule"})
-    v = closing_verdict(spec, metric_of={"control": 0.9}, stops=[], decision=None)
+    v = closing_verdict(spec, evidence={}, stops=[], decision=None)
     assert (v.kind, v.run) == ("stopped", None) and "no decision rule" in v.text
     assert spec.essential_runs() == ["control"]
     assert spec.runs_by_tier() == ["control", "wide", "big"]

@@ -135,13 +135,24 @@ def test_hard_findings_raise(tmp_path, check, rows):
         ("label_missing_from_split", [r for r in CLEAN if r[0] != "r6"]),
         ("duplicate_rows_within_split", CLEAN + [["r9", "train", 0, 0.0, 1.0]]),
         ("conflicting_labels", CLEAN + [["r9", "train", 1, 0.0, 1.0]]),
-        ("empty_split", [r for r in CLEAN if r[1] != "val"]),
     ],
 )
 def test_soft_findings_are_listed(tmp_path, check, rows):
     report = _audit(tmp_path, rows, strict=True)
     assert report["ok"] and report["n_hard"] == 0
     assert any(f["check"] == check and f["severity"] == "soft" for f in report["findings"])
+
+
+def test_a_corpus_without_val_is_a_spec_error_with_the_fix(tmp_path):
+    rows = [r for r in CLEAN if r[1] != "val"]
+    with pytest.raises(SpecError, match="no 'val' rows.*fix: mark some training rows") as err:
+        _audit(tmp_path, rows, strict=True)
+    assert err.value.field == "decision_rule.select_split"
+    report = _audit(tmp_path, rows, strict=False)
+    assert any(
+        f["check"] == "empty_split" and f["severity"] == "hard" and "chooses the winner" in
+        f["message"] for f in report["findings"]
+    )
 
 
 def test_bad_columns_are_spec_errors(tmp_path):

@@ -78,6 +78,12 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     assert set(summary["runs"].values()) == {"completed"}
     # Training on CPU is deterministic: the demo adopts the short variant, every time.
     assert (summary["verdict"]["kind"], summary["verdict"]["run"]) == ("adopt", "short")
+    # Chosen on val, confirmed on test: the verdict prints the interval it rests on.
+    verdict = summary["verdict"]
+    assert (verdict["select_split"], verdict["report_split"]) == ("val", "test")
+    low, high = verdict["variants"]["short"]["test"]["gain_ci95"]
+    assert 0 < low <= verdict["variants"]["short"]["test"]["gain"] <= high
+    assert "[95% CI " in verdict["text"]
     assert summary["spent_usd"] == 47.14
 
     for name in ("plan.json", "report.md", "report.html", "manifest.json", "RELOAD.md", "restart.json",
@@ -98,8 +104,13 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     # essential work comes first: the control, its restart check, then useful, then exploratory.
     assert gpu_overlaps(timeline) == []
     order = [(r["phase"], r["run"]) for r in sorted(timeline, key=lambda r: r["start"]) if r["phase"] in GPU_PHASES]
-    assert order[:3] == [("pilot", "control"), ("train", "control"), ("restart", "control")]
-    assert order[-1] == ("train", "short") and {run for _, run in order[3:5]} == {"lr-high", "bf16"}
+    # Every run is piloted first (essential, useful, exploratory), each re-forecast on its own.
+    assert order[:6] == [("pilot", "control"), ("pilot", "lr-high"), ("pilot", "bf16"), ("pilot", "short"),
+                         ("train", "control"), ("restart", "control")]
+    assert order[-1] == ("train", "short") and {run for _, run in order[6:8]} == {"lr-high", "bf16"}
+    pilots = json.loads((out / "pilot.json").read_text())
+    assert set(pilots) == {"control", "lr-high", "bf16", "short"}
+    assert all(len(m["early_losses"]) == 5 for m in pilots.values())
 
     # A rerun into the same folder repeats nothing finished and keeps the plan and decision.
     plan_before = (out / "plan.json").read_bytes()
@@ -149,8 +160,10 @@ def test_optional_stop_is_recorded_and_reduce_drops_the_exploratory_variant(pref
     assert state.is_completed(), state.message
     summary = state.result()
     decision = jsonl(out / "decisions.jsonl")[-1]["decision"]
-    assert decision["action"] == "reduce" and decision["dropped_runs"] == ["long"]
-    assert decision["dropped_steps"] == ["train-long"]
+    # 'boom' diverges in its pilot already: it cannot change the choice, so it is dropped too.
+    assert decision["action"] == "reduce" and decision["dropped_runs"] == ["boom", "long"]
+    assert decision["dropped_steps"] == ["train-boom", "train-long"]
+    assert any("'boom' is dropped: its pilot tripped non_finite_loss" in r for r in decision["reasons"])
 
     stops = jsonl(out / "stops.jsonl")
     assert [(s["run"], s["rule"]) for s in stops] == [("boom", "non_finite_loss")]

@@ -156,3 +156,14 @@ def test_packages_covering_refuses_bad_hours(hours: float) -> None:
 def test_no_usd_per_hour_anywhere() -> None:
     text = json.dumps([c.to_dict() for c in packages_covering(78)]).lower()
     assert "per_hour" not in text and "/h" not in text and "per hour" not in text
+
+
+def test_back_to_back_lots_say_they_need_the_state_moved_and_cost_the_recorded_restore() -> None:
+    unknown = packages_covering(78, gpu="rtx4090")[0]
+    assert "state (checkpoints and outputs) moved off each lot" in unknown.requires
+    assert "restart from the last checkpoint on the new lot" in unknown.requires
+    assert "restore whose time is not recorded yet" in unknown.requires
+    measured = packages_covering(78, gpu="rtx4090", restore_s=4.2)[0]
+    assert "1 switch(es), each costing the recorded restore time of 4.2 s" in measured.requires
+    b200 = [c for c in packages_covering(60) if c.gpu == "b200"]
+    assert b200 and all("neither is assumed" in c.requires for c in b200)

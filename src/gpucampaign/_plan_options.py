@@ -35,6 +35,7 @@ class Option:
     total_price_usd: Decimal | None
     fits: bool
     dropped: tuple[str, ...] = ()
+    requires: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The ``options[]`` entry of ``campaign plan --json``."""
@@ -80,6 +81,10 @@ def _smaller_protocol(ctx: Context, dropped: frozenset[str]) -> Option | None:
         total_price_usd=ctx.price,
         fits=ctx.fits(rsched),
         dropped=newly,
+        requires=(
+            "nothing more to rent; the question each dropped step would have answered stays "
+            "open, and the report says so"
+        ),
     )
 
 
@@ -118,6 +123,11 @@ def _larger_package(ctx: Context, span: float) -> Option | None:
         window_hours=window,
         total_price_usd=price if known else None,
         fits=ok,
+        requires=(
+            "one rental long enough for the whole calendar: no state to move between lots"
+            + ("" if known else "; the price comes from your catalog (give price_usd), "
+               "never assumed")
+        ),
     )
 
 
@@ -141,6 +151,10 @@ def _second_lot(ctx: Context, dropped: frozenset[str]) -> Option | None:
         window_hours=ctx.window,
         total_price_usd=price,
         fits=ctx.fits(sched),
+        requires=(
+            f"a second {p.gpu} lot rented for the same dates, the corpus and code copied to it, "
+            f"the GPU lock raised to {lanes} slots, and its outputs moved back before it ends"
+        ),
     )
 
 

@@ -382,7 +382,10 @@ def render_markdown(plan: Plan) -> str:
         lines += ["", f"Dropped: {', '.join(plan.dropped)}."]
     if plan.options:
         lines += ["", "### Options", ""]
-        lines += [f"- **{o.kind}**: {o.description}" for o in plan.options]
+        lines += [
+            f"- **{o.kind}**: {o.description}" + (f" Requires: {o.requires}." if o.requires else "")
+            for o in plan.options
+        ]
     if plan.ablation:
         lines += ["", "### Ablation", ""] + [
             f"- `{a.variant}` ({a.tier}): {', '.join(a.factors) or 'changes nothing'}"

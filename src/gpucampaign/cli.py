@@ -171,7 +171,7 @@ def _print_plan(result: Any, *, figure: Path | None) -> None:
         f"human {d['human_hours']:g} h; lots: {lots}; total {format_usd(result.total_price_usd)}"
     )
     for o in d["options"]:
-        _say(f"  option [bold]{o['kind']}[/]: {o['description']}")
+        _say(f"  option [bold]{o['kind']}[/]: {o['description']}; requires: {o['requires']}")
     for a in d["ablation"]:
         factors = ", ".join(a["factors"]) or "changes nothing"
         console.print(f"  ablation {a['variant']} ({a['tier']}): {factors}", highlight=False)
@@ -187,14 +187,24 @@ def packages_cmd(
     hours: float = typer.Option(..., "--hours", help="Hours the calendar needs (its span)."),
     gpu: str | None = typer.Option(None, "--gpu", help="Only lots of this GPU model."),
     catalog: Path | None = typer.Option(None, "--catalog", help="Extra catalog YAML file."),
+    calibrate_from: Path | None = typer.Option(
+        None, "--calibrate-from", help="Output folder of a closed campaign: its recorded "
+        "restore time prices each switch between back-to-back lots."
+    ),
     as_json: AsJson = False,
 ) -> None:
     """Lots and back-to-back lot combinations that cover H hours, cheapest first (exit 4: none)."""
     from rich.table import Table
 
+    from gpucampaign.forecast import load_estimates
     from gpucampaign.tariffs import format_usd, load_catalog, packages_covering
 
-    covers = packages_covering(hours, gpu=gpu, catalog=load_catalog(catalog))
+    restore_s = None
+    if calibrate_from is not None:
+        restore_s = (load_estimates(calibrate_from).get("measured") or {}).get("restore_s")
+    covers = packages_covering(
+        hours, gpu=gpu, catalog=load_catalog(catalog), restore_s=restore_s
+    )
     if as_json:
         print_json({"hours": hours, "gpu": gpu, "covers": [c.to_dict() for c in covers]})
     elif covers:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign import calendar, figures
+from gpucampaign.bootstrap import metric_value
 from gpucampaign.budget import close_budget
 from gpucampaign.corpus import corpus_path, load_spec_corpus
 from gpucampaign.decision import Decision
@@ -31,6 +32,7 @@ from gpucampaign.manifest import (
 from gpucampaign.metrics import read_metrics
 from gpucampaign.predictions import (
     error_analysis,
+    predictions_file,
     read_predictions,
     reload_check,
     write_run_predictions,
@@ -51,7 +53,7 @@ from gpucampaign.records import (
 )
 from gpucampaign.report import build_report, write_report
 from gpucampaign.spec import CampaignSpec
-from gpucampaign.verdict import Verdict, decide_verdict, no_rule_verdict
+from gpucampaign.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
 
 CALENDAR_PNG, CURVES_PNG, CONFUSION_PNG = (
     "figures/calendar.png",
@@ -116,12 +118,15 @@ def analyse_runs(
     preds = {}
     for run in runs:
         rid = spec.run_id(run)
-        path = folder.run_dir(rid) / "predictions.csv"
-        preds[run] = (
-            read_predictions(path)
-            if path.is_file()
-            else write_run_predictions(folder.root, rid, corpus=corpus, split=spec.decision_split)
-        )
+        for split in _verdict_splits(spec):
+            name = predictions_file(split, report_split=spec.decision_split)
+            path = folder.run_dir(rid) / name
+            if path.is_file():
+                got = read_predictions(path)
+            else:
+                got = write_run_predictions(folder.root, rid, corpus=corpus, split=split, name=name)
+            if split == spec.decision_split:
+                preds[run] = got
     analyses: dict[str, dict[str, Any]] = {}
     for run, pred in preds.items():
         control = None if run == "control" else preds.get("control")
@@ -130,6 +135,65 @@ def analyse_runs(
         )
         folder.write_json(f"runs/{spec.run_id(run)}/error_analysis.json", analyses[run])
     return analyses
+
+
+def _verdict_splits(spec: CampaignSpec) -> list[str]:
+    """The report split (``predictions.csv``), then the selection split when there is a rule."""
+    return [spec.decision_split] + ([spec.selection_split] if spec.decision_rule else [])
+
+
+def run_evidence(
+    spec: CampaignSpec, *, root: str | Path, states: Mapping[str, RunState]
+) -> dict[str, RunEvidence]:
+    """Each run's metric and predictions on the selection and report splits.
+
+    A split's value comes from the run's saved predictions when it has them (the very rows the
+    intervals resample), otherwise from the evaluation in ``result.json``. Only a run that
+    completed, or stopped after measuring, has values. Replicates (``<run>.s<seed>``) are
+    folded into their base run: every replicate's predictions, and the mean of their values.
+    """
+    single = _single_run_evidence(spec, root=root, states=states)
+    out: dict[str, RunEvidence] = {}
+    for base in spec.base_names():
+        reps = [e for run, e in single.items() if (spec.replicate_of(run) or (run,))[0] == base]
+        if base not in single:
+            continue
+        values = {}
+        for split in _verdict_splits(spec):
+            got = [e.values[split] for e in reps if e.values.get(split) is not None]
+            values[split] = round(sum(got) / len(got), 12) if got else None
+        preds = {
+            split: tuple(p for e in reps for p in e.predictions.get(split, ()))
+            for split in _verdict_splits(spec)
+        }
+        out[base] = RunEvidence(values=values, predictions=preds, status=single[base].status)
+    return out
+
+
+def _single_run_evidence(
+    spec: CampaignSpec, *, root: str | Path, states: Mapping[str, RunState]
+) -> dict[str, RunEvidence]:
+    """``run_evidence`` of each run on its own, replicates apart."""
+    folder = OutputFolder(root)
+    metric = spec.decision_rule.metric if spec.decision_rule else None
+    out: dict[str, RunEvidence] = {}
+    for rid, s in states.items():
+        values: dict[str, float | None] = {}
+        preds: dict[str, tuple[Any, ...]] = {}
+        measured = metric and s.result is not None and s.status in ("completed", "stopped")
+        for split in _verdict_splits(spec) if measured else []:
+            assert s.result is not None and metric is not None
+            path = folder.run_dir(rid) / predictions_file(split, report_split=spec.decision_split)
+            if path.is_file():
+                preds[split] = (read_predictions(path),)
+            value = metric_value(preds.get(split, ()), metric=metric)
+            if value is None:
+                value = s.result.eval_metrics.get(split, {}).get(metric)
+            if value is None and split == spec.decision_split:
+                value = s.result.metrics.get(metric)
+            values[split] = value
+        out[s.run] = RunEvidence(values=values, predictions=preds, status=s.status)
+    return out
 
 
 def expected_runs(states: Mapping[str, RunState]) -> dict[str, dict[str, Any]]:
@@ -152,11 +216,11 @@ def run_metrics(states: Mapping[str, RunState], *, metric: str | None) -> dict[s
 def closing_verdict(
     spec: CampaignSpec,
     *,
-    metric_of: Mapping[str, float | None],
+    evidence: Mapping[str, RunEvidence],
     stops: list[StopRecord],
     decision: Decision | None,
 ) -> Verdict:
-    """The spec's decision rule applied to the runs' metrics (re-pose when the decision point
+    """The spec's decision rule applied to the runs' evidence (re-pose when the decision point
     re-posed the question)."""
     rule = spec.decision_rule
     if rule is None:
@@ -164,10 +228,11 @@ def closing_verdict(
     repose = "; ".join(decision.reasons) if decision and decision.action == "re-pose" else None
     return decide_verdict(
         rule,
-        control_metric=metric_of.get("control"),
-        variant_metrics={r: v for r, v in metric_of.items() if r != "control"},
+        control=evidence.get("control"),
+        variants={r: e for r, e in evidence.items() if r != "control"},
         stops=[s.to_dict() for s in stops],
         repose_reason=repose,
+        run_hours={s.run: s.hours for s in spec.calendar if s.run is not None},
     )
 
 
@@ -273,7 +338,8 @@ def close_runs(
     metric_of = run_metrics(
         states, metric=spec.decision_rule.metric if spec.decision_rule else None
     )
-    verdict = closing_verdict(spec, metric_of=metric_of, stops=stops, decision=decision)
+    evidence = run_evidence(spec, root=root, states=states)
+    verdict = closing_verdict(spec, evidence=evidence, stops=stops, decision=decision)
     corpus = load_spec_corpus(spec, base_dir=base_dir) if spec.corpus else None
     deliveries = [delivery(root, s, corpus=corpus) for s in states.values()]
     budget = close_budget(

@@ -350,10 +350,12 @@ def audit_corpus(
     assert spec.corpus is not None
     cs = spec.corpus
     corpus = load_corpus(path, corpus_spec=cs, run_id=AUDIT_RUN_ID)
-    decision_split = spec.decision_rule.split if spec.decision_rule else "test"
+    decision_split = spec.decision_split
+    if spec.decision_rule is not None and strict:
+        _require_selection_split(corpus, split=spec.selection_split, source=cs.path)
     findings = [
         *_duplicate_ids(corpus),
-        *_empty_splits(corpus, decision_split=decision_split),
+        *_empty_splits(corpus, decision_split=decision_split, select_split=spec.selection_split),
         *_non_finite_features(corpus),
         *_repeated_rows(corpus),
         *_class_coverage(corpus),
@@ -423,17 +425,31 @@ def _duplicate_ids(corpus: Corpus) -> list[dict]:
     ]
 
 
-def _empty_splits(corpus: Corpus, *, decision_split: str) -> list[dict]:
-    """Hard for an empty train or decision split, soft for another empty split."""
+def _require_selection_split(corpus: Corpus, *, split: str, source: str) -> None:
+    """A spec error, with its fix, when the split the winner is chosen on has no row."""
+    if len(corpus.splits[split]):
+        return
+    raise SpecError(
+        f"corpus '{source}' has no '{split}' rows, and decision_rule.select_split chooses the "
+        f"winner on '{split}'; fix: mark some training rows (e.g. 15%) with split '{split}' "
+        "in the corpus, re-pin its sha256, and keep the test rows for the report",
+        field="decision_rule.select_split",
+    )
+
+
+def _empty_splits(corpus: Corpus, *, decision_split: str, select_split: str = "val") -> list[dict]:
+    """Hard for an empty train, selection or decision split, soft for another empty split."""
     findings = []
     for name in SPLITS:
         if len(corpus.splits[name]):
             continue
-        hard = name in ("train", decision_split)
+        hard = name in ("train", decision_split, select_split)
         if name == "train":
             why = "training needs it"
+        elif name == select_split:
+            why = "the decision rule chooses the winner on it"
         elif hard:
-            why = "the decision rule is measured on it"
+            why = "the decision rule reports on it"
         else:
             why = "only evaluation during training uses it"
         findings.append(

@@ -7,16 +7,18 @@ reduces itself (drops exploratory, then useful runs) until it fits, or re-poses 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from gpucampaign.files import median
 from gpucampaign.spec import CampaignSpec, SpecError
 
 Action = Literal["continue", "reduce", "re-pose"]
+# Early curves closer than this (relative to the control's largest loss) count as the same.
+LOW_INFO_RTOL = 1e-3
 
 
 class DecisionInput(BaseModel):
@@ -261,14 +263,29 @@ def _median_or_zero(values: Any) -> float:
     return float(median(v for v in vals if isinstance(v, int | float)) or 0.0)
 
 
-def pilot_measures(spec: CampaignSpec, *, run: str, result: Any, n_train: int) -> dict[str, Any]:
-    """What the re-forecast needs from a pilot: load, step, eval and save costs and their counts.
+def early_losses(metrics: Sequence[Mapping[str, Any]], *, steps: int) -> list[float]:
+    """The training losses of the first ``steps`` steps, in step order (a pilot's curve)."""
+    by_step = {
+        int(r["step"]): float(r["loss"])
+        for r in metrics
+        if r.get("kind") == "train" and r.get("loss") is not None and int(r["step"]) <= steps
+    }
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def pilot_measures(
+    spec: CampaignSpec, *, run: str, result: Any, n_train: int,
+    losses: Sequence[float] = (),
+) -> dict[str, Any]:
+    """What the re-forecast needs from a pilot: load, step, eval and save costs and their counts,
+    and the early loss curve the decision point compares with the control's.
 
     Args:
         spec: the campaign.
         run: the piloted run's name.
         result: the pilot's ``runresult.RunResult``.
         n_train: rows of the corpus's train split.
+        losses: the pilot's training losses (``early_losses``).
     """
     cfg = spec.run_config(run)
     t = result.timings
@@ -290,7 +307,29 @@ def pilot_measures(spec: CampaignSpec, *, run: str, result: Any, n_train: int) -
         "evals": evals,
         "saves": max(1, -(-planned // max(1, int(every)))),
         "checkpoint_every": result.checkpoint_every,
+        "early_losses": [float(x) for x in losses],
     }
+
+
+def low_information(
+    pilot: Mapping[str, Mapping[str, Any]], *, rtol: float = LOW_INFO_RTOL
+) -> list[str]:
+    """Runs whose early loss curve cannot be told from the control's.
+
+    Such a variant is, in effect, a copy of the control: running it in full teaches little
+    that a control isolating one cause would not. Curves are compared over their common steps.
+    """
+    ref = list((pilot.get("control") or {}).get("early_losses") or [])
+    out = []
+    for run, m in pilot.items():
+        curve = list(m.get("early_losses") or [])
+        n = min(len(ref), len(curve))
+        if run == "control" or n == 0:
+            continue
+        scale = max(1e-12, max(abs(x) for x in ref[:n]))
+        if max(abs(a - b) for a, b in zip(ref[:n], curve[:n], strict=True)) <= rtol * scale:
+            out.append(run)
+    return out
 
 
 @dataclass(frozen=True)
@@ -339,18 +378,106 @@ def decide_after_pilot(
         reduced_span_hours=reduced.span_hours,
         window_hours=full.window_hours,
     )
+    decision = with_pilot_evidence(spec, decision, pilot=pilot, pilot_stops=pilot_stops)
     return Reforecast(decision=decision, hours=hours, plan=full)
 
 
-def decision_markdown(decision: Decision, hours: Mapping[str, tuple[float, str]]) -> str:
-    """The decision and the re-forecast as markdown (the UI shows it)."""
+def with_pilot_evidence(
+    spec: CampaignSpec,
+    decision: Decision,
+    *,
+    pilot: Mapping[str, Mapping[str, Any]],
+    pilot_stops: list[dict[str, Any]],
+) -> Decision:
+    """Drop each optional run whose pilot tripped a stop rule (it cannot change the choice),
+    and flag each variant whose early curve equals the control's as low information."""
+    if decision.action == "re-pose":
+        return decision
+    stopped = {str(s["run"]) for s in pilot_stops if s.get("run")}
+    tripped = sorted(
+        {r for r in stopped if spec.tier_of(r) != "essential"} - set(decision.dropped_runs)
+    )
+    flagged = [r for r in low_information(pilot) if r not in tripped]
+    reasons = list(decision.reasons)
+    reasons += [
+        f"optional run '{s['run']}' is dropped: its pilot tripped {s['rule']} ({s['reason']}), "
+        "so it cannot change the choice"
+        for s in pilot_stops if s.get("run") in tripped
+    ]
+    reasons += [
+        f"low information: the early loss curve of '{r}' cannot be told from the control's "
+        f"(within {LOW_INFO_RTOL:g} over {len(pilot[r].get('early_losses') or [])} steps); "
+        "a variant that isolates one cause would teach more"
+        for r in flagged
+    ]
+    dropped = sorted({*decision.dropped_runs, *tripped})
+    return decision.model_copy(update={
+        "action": "reduce" if dropped else decision.action,
+        "dropped_runs": dropped,
+        "dropped_steps": sorted(
+            {*decision.dropped_steps, *(s.name for s in spec.calendar if s.run in tripped)}
+        ),
+        "reasons": reasons,
+        "inputs": {**decision.inputs, "low_information": flagged},
+    })
+
+
+def decision_markdown(
+    decision: Decision,
+    hours: Mapping[str, tuple[float, str]],
+    *,
+    pilot: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str:
+    """The decision, the per-run re-forecast and the pilots' early losses as markdown (the UI
+    shows it, as the decision artifact and as the description of the 'ask' form)."""
+    from gpucampaign.forecast import say_duration
+
     lines = [f"# Decision after the pilot: **{decision.action}** ({decision.by})", ""]
     lines += [f"- {r}" for r in decision.reasons]
     if decision.dropped_runs:
         lines += ["", f"Dropped runs: {', '.join(decision.dropped_runs)}"]
-    lines += ["", "| step | re-forecast hours | how |", "|---|---:|---|"]
-    lines += [f"| {name} | {h:.4f} | {how} |" for name, (h, how) in hours.items()]
+    lines += ["", "| step | re-forecast | how |", "|---|---:|---|"]
+    lines += [f"| {name} | {say_duration(h)} | {how} |" for name, (h, how) in hours.items()]
+    curves = {r: m.get("early_losses") or [] for r, m in (pilot or {}).items()}
+    if any(curves.values()):
+        flagged = set(decision.inputs.get("low_information") or [])
+        lines += ["", "| run | early losses (first, middle, last pilot step) | note |",
+                  "|---|---|---|"]
+        for run, c in curves.items():
+            shown = ", ".join(f"{x:.4f}" for x in (c[0], c[len(c) // 2], c[-1])) if c else ""
+            note = "low information: same curve as the control" if run in flagged else ""
+            lines.append(f"| {run} | {shown} | {note} |")
     return "\n".join(lines)
+
+
+def droppable_runs(spec: CampaignSpec) -> list[str]:
+    """The runs a person may drop at the decision point: every non-essential run."""
+    return [r for r in spec.run_names() if spec.tier_of(r) != "essential"]
+
+
+def decision_form(spec: CampaignSpec, *, auto: Decision) -> type[BaseModel]:
+    """The 'ask' form: the automatic proposal pre-selected, ``drop`` a choice among the
+    droppable runs (never free text)."""
+    choices = droppable_runs(spec) or ["(none)"]
+    return create_model(
+        "DecisionInput",
+        __config__=ConfigDict(extra="forbid"),
+        action=(Action, Field(default=auto.action, description=DecisionInput.model_fields[
+            "action"].description)),
+        drop=(list[Literal[tuple(choices)]], Field(  # type: ignore[valid-type]
+            default=[r for r in auto.dropped_runs if r in choices],
+            description="Optional runs to drop (with 'reduce'); the essential runs cannot be.",
+        )),
+        note=(str, Field(default="", description="Why: kept in decisions.jsonl.")),
+    )
+
+
+def ask_description(decision_md: str, *, auto: Decision, timeout_s: int) -> str:
+    """The form's markdown: the evidence, the proposal and when it is taken without an answer."""
+    return (
+        f"{decision_md}\n\n**Proposed: {auto.action}** (pre-selected below). Without an answer "
+        f"within {timeout_s} s the proposal is taken. `drop` takes effect with `reduce`."
+    )
 
 
 def on_timeout(auto: Decision, *, why: str) -> Decision:

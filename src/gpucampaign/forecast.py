@@ -24,6 +24,19 @@ _PHASE_KEYS = {"load": "load_s", "eval": "eval_s", "save": "save_s", "restore": 
 _MEASURES = ("load_s", "step_s", "eval_s", "save_s", "restore_s")
 
 
+def say_duration(hours: float | None, *, signed: bool = False, missing: str = "") -> str:
+    """A duration with the precision it deserves: ``42 s``, ``12.5 min``, ``3.05 h``."""
+    if hours is None:
+        return missing
+    sign = "+" if signed and hours >= 0 else ("-" if hours < 0 else "")
+    h = abs(hours)
+    if h * 3600 < 59.95:
+        return f"{sign}{h * 3600:.3g} s"
+    if h < 1:
+        return f"{sign}{h * 60:.3g} min"
+    return f"{sign}{h:.3g} h"
+
+
 def _union_seconds(intervals: Sequence[tuple[datetime, datetime]]) -> float:
     """Busy time of possibly overlapping intervals, each second counted once."""
     total = 0.0
@@ -79,13 +92,16 @@ def _explain(
         step_s = _numbers(pilot.get(s.run or "", {}).get("step_s"))
         if step_s:
             src += f" ({median(step_s) * 1000:.2f} ms/step)"
-        why.append(f"re-forecast from {src}: {s.hours:.3f} h -> {refo:.3f} h")
+        why.append(f"re-forecast from {src}: {say_duration(s.hours)} -> {say_duration(refo)}")
     if s.name in dropped_by:
         d = dropped_by[s.name]
         why.append(f"dropped at the decision point ({d.action}): " + "; ".join(d.reasons))
     if s.run:
         for st in stops_of(s.run, [x.to_dict() for x in stops]):
             why.append(f"stopped by {st.get('rule')} ({st.get('stop_id')}): {st.get('reason')}")
+    trained = [r for r in rows if r.phase == "train"]
+    if len(trained) > 1:
+        why.append(f"resumed: {len(trained)} training intervals on the timeline")
     why += sorted({r.note for r in rows if r.note})
     return why
 
@@ -107,7 +123,10 @@ def _step_row(
             why.append("within 5% of the forecast")
         else:
             word = "shorter" if deviation < 0 else "longer"
-            why.append(f"{word} than forecast; no decision, stop or note recorded explains it")
+            why.append(
+                f"{word} than forecast: not explained (no re-forecast, resume, drop, stop or "
+                "note is recorded for it)"
+            )
     return {
         "step": s.name,
         "kind": s.kind,

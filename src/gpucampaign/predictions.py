@@ -25,6 +25,13 @@ from gpucampaign.manifest import corpus_file, read_manifest
 from gpucampaign.spec import SpecError, load_spec
 
 PREDICTION_COLUMNS = ("id", "label", "prediction", "confidence")
+PREDICTIONS_FILE = "predictions.csv"
+
+
+def predictions_file(split: str, *, report_split: str) -> str:
+    """The file of a run's predictions on ``split``: ``predictions.csv`` on the report split
+    (the one the reload check reproduces), ``predictions-<split>.csv`` on another split."""
+    return PREDICTIONS_FILE if split == report_split else f"predictions-{split}.csv"
 
 
 @dataclass(frozen=True)
@@ -77,8 +84,9 @@ def write_predictions(
     labels: Sequence[int] | Any,
     preds: Sequence[int] | Any,
     confidence: Sequence[float] | Any,
+    name: str = PREDICTIONS_FILE,
 ) -> Path:
-    """Write ``predictions.csv`` (id, label, prediction, confidence).
+    """Write ``predictions.csv`` (id, label, prediction, confidence), or ``name``.
 
     Confidences are written with ``repr`` of the Python float, so reading the file back gives
     the very same floats: the reload check compares them exactly. Compute them on CPU with the
@@ -100,7 +108,7 @@ def write_predictions(
             "predictions: no rows to write; an empty predictions file is not an output"
         )
     text = _predictions_csv(ids_l, labels=labels_l, preds=preds_l, confidence=conf_l)
-    return OutputFolder(run_dir).write_text("predictions.csv", text)
+    return OutputFolder(run_dir).write_text(name, text)
 
 
 def read_predictions(path: str | Path) -> Predictions:
@@ -317,8 +325,7 @@ def features_for(
     if spec.corpus is None or manifest.get("corpus") is None:
         raise SpecError("this campaign has no corpus to predict on", field="corpus")
     corpus = load_corpus(corpus_file(root, manifest["corpus"]), corpus_spec=spec.corpus)
-    split = spec.decision_rule.split if spec.decision_rule else "test"
-    return _rows(corpus, ids=ids, split=split)
+    return _rows(corpus, ids=ids, split=spec.decision_split)
 
 
 def _rows(
@@ -365,7 +372,8 @@ def load_run_model(root: str | Path, run_id: str) -> Any:
 
 
 def write_run_predictions(
-    root: str | Path, run_id: str, *, corpus: Any, split: str = "test"
+    root: str | Path, run_id: str, *, corpus: Any, split: str = "test",
+    name: str = PREDICTIONS_FILE,
 ) -> Predictions:
     """Predict ``split`` with the SAVED model of a run, on CPU, and write its ``predictions.csv``.
 
@@ -377,7 +385,8 @@ def write_run_predictions(
         root: the output folder.
         run_id: a completed run with ``runs/<run_id>/model/``.
         corpus: the loaded corpus (``gpucampaign.corpus.load_corpus``).
-        split: the decision split.
+        split: the split to predict (the decision split for ``predictions.csv``).
+        name: the file name inside ``runs/<run_id>/``.
 
     Returns:
         The predictions written.
@@ -395,7 +404,7 @@ def write_run_predictions(
         torch.set_num_threads(threads)
     path = write_predictions(
         OutputFolder(root).path(f"runs/{run_id}"), ids=[str(i) for i in part.ids.tolist()],
-        labels=part.y, preds=pred, confidence=conf,
+        labels=part.y, preds=pred, confidence=conf, name=name,
     )
     return read_predictions(path)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.budget import render_budget_md
-from gpucampaign.forecast import ESTIMATES_FILE
+from gpucampaign.forecast import ESTIMATES_FILE, say_duration
 from gpucampaign.records import DecisionRecord, StopRecord
 from gpucampaign.spec import SpecError
 from gpucampaign.verdict import Verdict
@@ -96,7 +96,57 @@ def _cell(x: Any) -> str:
 
 
 def _hours(x: float | None) -> str:
-    return "not observed" if x is None else f"{x:.3f}"
+    return say_duration(x, missing="not observed")
+
+
+def _gain_phrase(entry: Mapping[str, Any] | None, split: str) -> str:
+    if not entry or entry.get("gain") is None:
+        return f"no gain measured on {split}"
+    ci = entry.get("gain_ci95")
+    ci_text = "no interval" if ci is None else f"95% CI [{ci[0]:+.4f}, {ci[1]:+.4f}]"
+    return f"{entry['gain']:+.4f} on {split} ({ci_text})"
+
+
+def answer_paragraph(report: Mapping[str, Any]) -> str:
+    """The report's first paragraph: the question, the verdict kind, the chosen run, its gain
+    with the interval on both splits, and the cost."""
+    v = report["verdict"]
+    question = report.get("question") or "(the spec states no question)"
+    parts = [f"**Question:** {question} **Answer: {v['kind']}**"]
+    variants = v.get("variants") or {}
+    sel, rep = v.get("select_split"), v.get("report_split")
+    shown = v.get("run") if v.get("run") in variants else None
+    if shown is None and variants and sel:
+        # Without a chosen variant, the best one on the selection split is the one to quote.
+        scored = [n for n in variants if (variants[n].get(sel) or {}).get("gain") is not None]
+        shown = max(scored, key=lambda n: variants[n][sel]["gain"], default=None)
+    if v.get("run") == "control":
+        parts.append("; keep the control")
+    elif v.get("run"):
+        parts.append(f"; chosen run: '{v['run']}'")
+    else:
+        parts.append("; no run is adopted")
+    if shown is not None and sel and rep:
+        label = (
+            "its gain" if shown == v.get("run") else f"the best variant on {sel}, '{shown}', gains"
+        )
+        parts.append(
+            f". {label[0].upper()}{label[1:]} over the control: "
+            f"{_gain_phrase(variants[shown].get(sel), sel)}, "
+            f"{_gain_phrase(variants[shown].get(rep), rep)}"
+        )
+    if v.get("test_disagrees"):
+        parts.append(f"; the {rep} split disagrees with the choice made on {sel}")
+    spent = report.get("spent_usd")
+    observed = ((report.get("forecast_vs_actual") or {}).get("totals") or {}).get(
+        "observed_wall_hours"
+    )
+    cost = [] if spent is None else [f"{spent:.2f} USD spent"]
+    if observed is not None:
+        cost.append(f"{say_duration(observed)} of observed busy time")
+    if cost:
+        parts.append(". Cost: " + ", ".join(cost))
+    return "".join(parts) + "."
 
 
 def _runs_md(report: Mapping[str, Any]) -> list[str]:
@@ -128,13 +178,13 @@ def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
         "from `timeline.jsonl` (a step without a recorded interval is *not observed*, never "
         "estimated).",
         "",
-        "| step | allotted h | re-forecast h | observed h | deviation h | explanation |",
+        "| step | allotted | re-forecast | observed | deviation | explanation |",
         "|---|---:|---:|---:|---:|---|",
     ]
     for s in fva["steps"]:
-        refo = "" if s["reforecast_hours"] is None else f"{s['reforecast_hours']:.3f}"
-        dev = "" if s["deviation_hours"] is None else f"{s['deviation_hours']:+.3f}"
-        allotted = "" if s["allotted_hours"] is None else f"{s['allotted_hours']:.3f}"
+        refo = say_duration(s["reforecast_hours"])
+        dev = say_duration(s["deviation_hours"], signed=True)
+        allotted = say_duration(s["allotted_hours"])
         out.append(
             f"| {_cell(s['step'])} | {allotted} | {refo} | {_hours(s['observed_hours'])} | "
             f"{dev} | {_cell(s['explanation'])} |"
@@ -142,7 +192,7 @@ def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
     totals = fva.get("totals", {})
     if totals:
         parts = [
-            f"{label} {totals[k]:g} h"
+            f"{label} {say_duration(totals[k])}"
             for k, label in (
                 ("allotted_span_hours", "planned span"),
                 ("reforecast_span_hours", "re-forecast span"),
@@ -151,7 +201,7 @@ def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
             if totals.get(k) is not None
         ]
         if totals.get("observed_wall_hours") is not None:
-            parts.append(f"observed busy time {totals['observed_wall_hours']:.3f} h")
+            parts.append(f"observed busy time {say_duration(totals['observed_wall_hours'])}")
         out += ["", "Totals: " + "; ".join(parts) + "."]
     if fva.get("unplanned_timeline_steps"):
         out += [
@@ -249,9 +299,7 @@ def render_report_md(report: Mapping[str, Any]) -> str:
     from gpucampaign.predictions import render_error_analysis_md
 
     v = report["verdict"]
-    out = [f"# Closing report: {report['campaign']}", ""]
-    if report.get("question"):
-        out += [f"Question: {report['question']}", ""]
+    out = [f"# Closing report: {report['campaign']}", "", answer_paragraph(report), ""]
     out += [
         f"Campaign ID: `{report['campaign_id']}`",
         "",

@@ -68,7 +68,8 @@ decision_rule:
   direction: maximize
   threshold: 0.9
   min_gain: 0.005
-  split: test
+  select_split: val
+  report_split: test
 
 stop_rules:
   non_finite_loss: true

@@ -177,6 +177,13 @@ class RunConfig(_Frozen):
         default=False, description="Keep the DataLoader workers between epochs."
     )
 
+    seeds: tuple[int, ...] = Field(
+        default=(),
+        exclude=True,
+        description="Replicate seeds of the control: the first is the run itself, each other "
+        "runs as its own run ID '<name>.s<seed>'; the verdict uses them all.",
+    )
+
     def identity(self) -> dict[str, Any]:
         """The fields that define the run's numbers: all but the data path's knobs (the
         batches and their order are the same whoever loads them) and the resume mode."""
@@ -206,6 +213,11 @@ class Variant(_Frozen):
         description="Set true to declare on purpose that several factors change at once.",
     )
     hypothesis: str = Field(default="", description="Which result would change the decision.")
+    seeds: tuple[int, ...] = Field(
+        default=(),
+        description="Replicate seeds: the first is the run itself, each other runs as its own "
+        "run ID '<name>.s<seed>'; the verdict uses them all.",
+    )
 
     @field_validator("changes")
     @classmethod
@@ -231,9 +243,32 @@ class DecisionRule(_Frozen):
     min_gain: float = Field(
         default=0.0, ge=0, description="Gain over the control a variant needs to be adopted."
     )
-    split: Literal["val", "test"] = Field(
-        default="test", description="Split the metric is measured on."
+    select_split: Literal["val", "test"] = Field(
+        default="val", description="Split the winner is chosen on (never the report split)."
     )
+    report_split: Literal["val", "test"] = Field(
+        default="test", description="Split the chosen run's gain is reported and confirmed on."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_single_split(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "split" in data:
+            raise ValueError(
+                "decision_rule.split: one split for choosing and reporting makes the reported "
+                "gain optimistic; remove 'split' and use select_split (default val) and "
+                "report_split (default test)"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _distinct_splits(self) -> DecisionRule:
+        if self.select_split == self.report_split:
+            raise ValueError(
+                f"decision_rule: select_split and report_split are both '{self.report_split}'; "
+                "choose on 'val' and report on 'test'"
+            )
+        return self
 
     def better(self, a: float, b: float) -> bool:
         """True when value ``a`` is strictly better than ``b`` under this rule."""
@@ -404,6 +439,14 @@ class CampaignSpec(_Frozen):
             raise ValueError(
                 f"variants: duplicate run name(s) {dup_runs}; give every run a unique name"
             )
+        for run, seeds in [("control", self.control.seeds if self.control else ())] + [
+            (v.name, v.seeds) for v in self.variants
+        ]:
+            if len(set(seeds)) != len(seeds) or any(k < 0 for k in seeds):
+                raise ValueError(
+                    f"seeds of '{run}': {list(seeds)} repeats a seed or has a negative one; "
+                    "give distinct seeds >= 0"
+                )
         if self.variants and self.control is None:
             raise ValueError(
                 "variants need a 'control' run configuration to change from; add 'control'"
@@ -434,20 +477,50 @@ class CampaignSpec(_Frozen):
             return self.window_hours
         return float(min(p.days for p in self.packages) * 24)
 
-    def run_names(self) -> list[str]:
-        """Control first, then variants in spec order."""
+    def base_names(self) -> list[str]:
+        """Control first, then variants in spec order (no replicates)."""
         return (["control"] if self.control is not None else []) + [v.name for v in self.variants]
 
+    def seeds_of(self, run: str) -> tuple[int, ...]:
+        """The replicate seeds a base run asks for (empty: one run, its own seed)."""
+        if run == "control":
+            return self.control.seeds if self.control is not None else ()
+        return next((v.seeds for v in self.variants if v.name == run), ())
+
+    def replicate_of(self, run: str) -> tuple[str, int] | None:
+        """``(base run, seed)`` of a replicate run name ``<base>.s<seed>``; None otherwise."""
+        base, sep, seed = run.rpartition(".s")
+        if sep and seed.isdigit() and int(seed) in self.seeds_of(base)[1:]:
+            return base, int(seed)
+        return None
+
+    def run_names(self) -> list[str]:
+        """Control first, then variants in spec order, each followed by its replicates."""
+        return [
+            name
+            for base in self.base_names()
+            for name in [base, *(f"{base}.s{k}" for k in self.seeds_of(base)[1:])]
+        ]
+
     def tier_of(self, run: str) -> str:
-        """Tier of a run: the control is always essential."""
+        """Tier of a run: the control is always essential; a replicate has its base's tier,
+        except the control's replicates, which are useful (a missing one stops nothing)."""
+        rep = self.replicate_of(run)
+        if rep is not None:
+            return "useful" if rep[0] == "control" else self.tier_of(rep[0])
         if run == "control":
             return "essential"
         return next(v.tier for v in self.variants if v.name == run)
 
     @property
     def decision_split(self) -> str:
-        """The split the decision is measured on (the test split without a decision rule)."""
-        return self.decision_rule.split if self.decision_rule else "test"
+        """The split the decision is reported on (the test split without a decision rule)."""
+        return self.decision_rule.report_split if self.decision_rule else "test"
+
+    @property
+    def selection_split(self) -> str:
+        """The split the winner is chosen on (val without a decision rule)."""
+        return self.decision_rule.select_split if self.decision_rule else "val"
 
     def essential_runs(self) -> list[str]:
         """The runs without which the campaign cannot decide (the control first)."""
@@ -463,11 +536,16 @@ class CampaignSpec(_Frozen):
             raise SpecError(
                 "the spec has no 'control': add a control run configuration", field="control"
             )
+        rep = self.replicate_of(run)
+        if rep is not None:
+            return self.run_config(rep[0]).model_copy(update={"seed": rep[1]})
+        seeds = self.seeds_of(run)
         if run == "control":
-            return self.control
+            return self.control.model_copy(update={"seed": seeds[0]}) if seeds else self.control
         for v in self.variants:
             if v.name == run:
-                return RunConfig.model_validate({**self.control.model_dump(), **v.changes})
+                cfg = RunConfig.model_validate({**self.control.model_dump(), **v.changes})
+                return cfg.model_copy(update={"seed": seeds[0]}) if seeds else cfg
         raise SpecError(f"no run named '{run}': use one of {self.run_names()}", field="run")
 
     def run_id(self, run: str) -> str:

@@ -321,7 +321,11 @@ class Cover:
 
 
 def packages_covering(
-    hours: float, *, gpu: str | None = None, catalog: Catalog | None = None
+    hours: float,
+    *,
+    gpu: str | None = None,
+    catalog: Catalog | None = None,
+    restore_s: float | None = None,
 ) -> list[Cover]:
     """Lots and back-to-back combinations (up to three lots of one GPU model) covering ``hours``.
 
@@ -331,6 +335,8 @@ def packages_covering(
         hours: Hours the calendar needs (its span).
         gpu: Restrict to one GPU model.
         catalog: Catalog to use; the built-in one by default.
+        restore_s: The restore time a campaign recorded (``estimates.json``): what each switch
+            to the next back-to-back lot costs; None when not yet measured.
 
     Returns:
         Priced covers cheapest first (then fewest lots, then least slack), followed by covers
@@ -363,7 +369,7 @@ def packages_covering(
                 total = sum(lot.hours for lot in combo)
                 if total < hours or total - min(lot.hours for lot in combo) >= hours:
                     continue  # does not cover, or is not minimal
-                covers.append(_cover(combo, hours))
+                covers.append(_cover(combo, hours, restore_s=restore_s))
     priced = sorted(
         (c for c in covers if c.price_usd is not None),
         key=lambda c: (c.price_usd, len(c.days), c.slack_hours, c.gpu),
@@ -375,7 +381,20 @@ def packages_covering(
     return priced + unpriced
 
 
-def _cover(combo: Sequence[Lot], hours: float) -> Cover:
+def _switch_cost(n_switches: int, *, restore_s: float | None) -> str:
+    """What moving to the next lot costs, from the recorded restore time only."""
+    if restore_s is None:
+        return (
+            "each switch costs a restore whose time is not recorded yet (run `campaign "
+            "restart-check`, or give --calibrate-from OUT of a closed campaign)"
+        )
+    return (
+        f"{n_switches} switch(es), each costing the recorded restore time of {restore_s:.3g} s "
+        "plus moving the state"
+    )
+
+
+def _cover(combo: Sequence[Lot], hours: float, *, restore_s: float | None = None) -> Cover:
     first = combo[0]
     total = sum(lot.hours for lot in combo)
     known = all(lot.price_usd is not None for lot in combo)
@@ -390,11 +409,15 @@ def _cover(combo: Sequence[Lot], hours: float) -> Cover:
         else:
             what = " + ".join(f"{lot.days}-day" for lot in combo) + f" {first.gpu} lots"
         requires = (
-            f"{what} back to back{gpus}: restartable from a checkpoint on the next lot, with "
-            "checkpoints and outputs moved off each lot before it ends"
+            f"{what} back to back{gpus}: the state (checkpoints and outputs) moved off each lot "
+            "before it ends and a restart from the last checkpoint on the new lot; "
+            + _switch_cost(len(combo) - 1, restore_s=restore_s)
         )
     if not known:
-        requires += "; price not in catalog: give price_usd"
+        requires += (
+            f"; price not in catalog: give price_usd in your catalog (--catalog), where the "
+            f"{first.gpu} lot durations are confirmed too: neither is assumed"
+        )
     return Cover(
         gpu=first.gpu,
         days=tuple(lot.days for lot in combo),

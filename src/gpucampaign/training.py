@@ -466,11 +466,12 @@ def _finish(r: _Run, *, train_s: float) -> RunResult:
     # The last step always saves (target == planned here), unless it was restored as is.
     assert (r.saves and r.saves[-1].step == r.global_step) or r.resumed_from == r.global_step
     eval_metrics = {s: m for s in EVAL_SPLITS if (m := _evaluate(r, s, final=True)) is not None}
-    rule = r.spec.decision_rule
-    metrics = eval_metrics.get(rule.split if rule else "test", {})
+    metrics = eval_metrics.get(r.spec.decision_split, {})
     r.work.save_model(r.model, r.out_dir / MODEL_DIR, extra={
         "run_id": r.run_id, "run": r.run, "steps": r.global_step, "metrics": metrics})
-    stop = _quality_stop(r.spec, r.run_id, metrics, step=r.global_step)
+    # The floor is a decision, so it reads the selection split: the report split decides nothing.
+    selected = eval_metrics.get(r.spec.selection_split, metrics)
+    stop = _quality_stop(r.spec, r.run_id, selected, step=r.global_step)
     res = _result(r, completed=True, metrics=metrics, eval_metrics=eval_metrics, train_s=train_s,
                   stop=stop.to_record() if stop else None)
     r.mlog.sync()
@@ -494,7 +495,7 @@ def _quality_stop(spec: CampaignSpec, run_id: str, metrics: dict[str, float], *,
         return None
     side = "below" if rule.direction == "maximize" else "above"
     return BelowThreshold(
-        run_id, f"final {rule.metric} on {rule.split} is {value:.6g}, {side} the floor {floor:g}",
+        run_id, f"final {rule.metric} on {rule.select_split} is {value:.6g}, {side} the floor {floor:g}",
         step=step)
 
 
