@@ -452,6 +452,22 @@ def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
     )
 
 
+# --- status: what is off the machine, how long the rental has left -------------------------
+
+
+@app.command("status")
+@handle_errors
+def status_cmd(out: OutFolder, as_json: AsJson = False) -> None:
+    """Time left on the rental, what is in the store and what is only local, how to retrieve it."""
+    from gpucampaign.status import campaign_status, render_status
+
+    status = campaign_status(out)
+    if as_json:
+        print_json(status)
+    else:
+        console.print(render_status(status), highlight=False, markup=False, soft_wrap=True)
+
+
 # --- retrieve: bring a mirrored campaign back ----------------------------------------------
 
 

@@ -581,6 +581,14 @@ def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict
     return {"url": store.url, "dest": str(dest), "files": len(files), "bytes": total}
 
 
+SPOOL_DIR = "spool"
+
+
+def spooled_keys(out_dir: str | Path) -> list[str]:
+    """Checkpoint files of an output folder waiting in its spool: not yet in the S3 store."""
+    return LocalStore(Path(out_dir) / SPOOL_DIR).list()
+
+
 def open_store(url: str, *, out_dir: str | Path, env: Mapping[str, str] | None = None) -> Store:
     """The store named by a spec's ``storage.url``.
 
