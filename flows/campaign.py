@@ -17,6 +17,7 @@ from prefect.states import Failed
 from gpucampaign import calendar
 from gpucampaign.decision import Decision
 from gpucampaign.folder import OutputFolder
+from gpucampaign.manifest import keep_inputs
 from gpucampaign.records import read_pilot, run_states, write_pilot
 from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
 from gpucampaign.stoprules import StopRule
@@ -65,6 +66,7 @@ def campaign(
     catalog = load_catalog(spec=cs, base_dir=base)
     plan0 = calendar.plan(cs, catalog=catalog)
     folder.write_plan_once(plan0.to_dict())
+    keep_inputs(folder.root, cs, base_dir=base)
     create_markdown_artifact(
         markdown=calendar.render_markdown(plan0),
         key=artifact_key("plan", cs.name),
