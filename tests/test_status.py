@@ -6,12 +6,18 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from _closing import SPEC_TEMPLATE
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
 from gpucampaign.spec import load_spec
-from gpucampaign.status import campaign_status
+from gpucampaign.status import (
+    RentalEnding,
+    campaign_status,
+    check_rental_margin,
+    folder_to_check,
+)
 from gpucampaign.storage import SPOOL_DIR, LocalStore, mirror_folder
 
 NOW = datetime(2026, 3, 3, 9, 0, tzinfo=UTC)
@@ -71,3 +77,28 @@ def test_cli_status_json_and_not_a_campaign_folder(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     res = CliRunner().invoke(app, ["status", str(tmp_path / "empty")])
     assert res.exit_code == 2 and "not a campaign output folder" in res.output
+
+
+def test_the_margin_fails_loudly_only_when_something_is_only_local(tmp_path: Path) -> None:
+    out = _folder(tmp_path / "out", storage="s3://bucket/camp", starts_at="2026-03-02T09:00:00Z")
+    bucket = LocalStore(tmp_path / "bucket")
+    late = datetime(2026, 3, 5, 0, 0, tzinfo=UTC)  # 9 h before the end
+    with pytest.raises(RentalEnding, match=r"9\.0 h left, under the 12 h margin") as err:
+        check_rental_margin(out, now=late, store=bucket)
+    assert "campaign retrieve s3://bucket/camp --to DIR" in str(err.value)
+    assert check_rental_margin(out, now=NOW, store=bucket)["hours_left"] == 48.0
+    assert check_rental_margin(out, now=late, store=bucket, margin_hours=6)["safe"] is False
+    mirror_folder(out, store=bucket)
+    assert check_rental_margin(out, now=late, store=bucket)["safe"] is True
+
+
+def test_the_scheduled_check_reads_a_fresh_copy_from_the_store(tmp_path: Path) -> None:
+    out = _folder(tmp_path / "out", storage="s3://bucket/camp", starts_at=None)
+    bucket = LocalStore(tmp_path / "bucket")
+    assert folder_to_check(out, dest=tmp_path / "fresh", store=bucket) == out  # no mirror yet
+    mirror_folder(out, store=bucket)
+    got = folder_to_check(out, dest=tmp_path / "fresh", store=bucket)
+    assert got == tmp_path / "fresh"
+    assert (got / "runs" / "r1" / "params.json").read_text() == '{"lr": 0.1}\n'
+    local = _folder(tmp_path / "local", storage="local", starts_at=None)
+    assert folder_to_check(local, dest=tmp_path / "fresh2") == local

@@ -25,6 +25,7 @@ from gpucampaign.storage import (
     NotFound,
     StorageError,
     open_store,
+    retrieve_folder,
     spooled_keys,
 )
 
@@ -158,3 +159,63 @@ def render_status(status: Mapping[str, Any]) -> str:
     lines.append("everything is off the machine" if status["safe"]
                  else "NOT everything is off the machine")
     return "\n".join(lines)
+
+
+class RentalEnding(RuntimeError):
+    """The rental ends within the margin while some files are still only on this machine."""
+
+
+def check_rental_margin(
+    out: str | Path,
+    *,
+    margin_hours: float = 12.0,
+    now: datetime | None = None,
+    env: Mapping[str, str] | None = None,
+    store: Any = None,
+) -> dict[str, Any]:
+    """The campaign's status, after checking that nothing is at risk of being lost.
+
+    Returns:
+        ``campaign_status(out)``.
+
+    Raises:
+        RentalEnding: Less than ``margin_hours`` remain (or the rental has ended) while a
+            checkpoint or an output file exists only on this machine.
+    """
+    status = campaign_status(out, now=now, env=env, store=store)
+    left = status["hours_left"]
+    if left is None or left >= margin_hours or status["safe"]:
+        return status
+    only = status["checkpoints"]["only_local"] + status["outputs"]["only_local"]
+    where = (f"copy the folder off now ({status['storage']} keeps everything on this machine)"
+             if status["retrieve"] is None else
+             f"mirror it to {status['storage']} now; then `{status['retrieve']}`")
+    raise RentalEnding(
+        f"the rental of '{status['name']}' ends at {status['ends_at']} ({status['time_left']} "
+        f"left, under the {margin_hours:g} h margin) and {len(only)} file(s) are only on this "
+        f"machine, e.g. {', '.join(only[:3])}: {where}"
+        + (f"; the store is unreachable: {status['store_error']}" if status["store_error"] else ""))
+
+
+def folder_to_check(
+    out: str | Path, *, dest: str | Path, env: Mapping[str, str] | None = None, store: Any = None
+) -> Path:
+    """The folder a scheduled check reads: a fresh copy retrieved from the store, not the disk.
+
+    For an S3 store that holds a mirror of the folder, the mirror is retrieved into ``dest``
+    (every file checked by size and sha256) and ``dest`` is returned; otherwise (local storage,
+    or no mirror yet while the campaign runs) ``out`` itself, whose checkpoints the check
+    still reads from the store. ``store`` replaces the one ``storage.url`` names.
+
+    Raises:
+        SpecError: ``out`` is not a campaign's output folder.
+        StorageError: The store holds a mirror that cannot be retrieved.
+    """
+    spec = campaign_folder_spec(out)
+    if spec.storage.url == "local":
+        return Path(out)
+    store = store or open_store(spec.storage.url, out_dir=out, env=env)
+    if not store.exists(MIRROR_INDEX):
+        return Path(out)
+    retrieve_folder(store, dest=dest)
+    return Path(dest)
