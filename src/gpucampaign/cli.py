@@ -482,7 +482,7 @@ def retrieve_cmd(
 
     parse_s3_url(url)
     try:
-        done = retrieve_folder(open_store(url, out_dir=to), dest=to)
+        done = retrieve_folder(open_store(url, out_dir=to, spool=False), dest=to)
     except StorageError as exc:
         raise SpecError(f"cannot retrieve {url}: {exc}", field="URL") from None
     console.print(f"retrieved {done['files']} files ({done['bytes']} bytes) from {url} into {to}",

@@ -27,14 +27,17 @@ MANIFEST_FORMAT = "gpucampaign.manifest/1"
 
 
 def list_files(root: str | Path) -> list[str]:
-    """Relative posix paths of every file under ``root`` except ``manifest.json``, sorted."""
+    """Relative posix paths of every file under ``root`` except ``manifest.json``, sorted.
+
+    The checkpoint spool (files waiting for the S3 server, deleted once uploaded) is not a
+    file of the campaign's output and is left out."""
     base = Path(root)
     out = []
     for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
         dirnames.sort()
         for name in filenames:
             rel = (Path(dirpath) / name).relative_to(base).as_posix()
-            if rel != MANIFEST:
+            if rel != MANIFEST and not rel.startswith("spool/"):
                 out.append(rel)
     return sorted(out)
 

@@ -115,7 +115,7 @@ def campaign_status(
     else:
         ck_local = spooled_keys(root)
         try:
-            store = store or open_store(url, out_dir=root, env=env)
+            store = store or open_store(url, out_dir=root, env=env, spool=False)
             ck_store = [k for rid in run_ids for k in store.list(rid) if k not in ck_local]
             index = _mirrored(store)
         except StorageError as exc:
@@ -214,7 +214,7 @@ def folder_to_check(
     spec = campaign_folder_spec(out)
     if spec.storage.url == "local":
         return Path(out)
-    store = store or open_store(spec.storage.url, out_dir=out, env=env)
+    store = store or open_store(spec.storage.url, out_dir=out, env=env, spool=False)
     if not store.exists(MIRROR_INDEX):
         return Path(out)
     retrieve_folder(store, dest=dest)

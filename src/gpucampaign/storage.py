@@ -38,6 +38,7 @@ from gpucampaign.s3client import HashingSink, file_digests, s3_client
 from gpucampaign.spec import SpecError
 
 _CHUNK = 8 * 1024 * 1024
+SPOOL_DIR = "spool"  # in an output folder: checkpoint files waiting for the S3 server
 
 
 class StorageError(OSError):
@@ -507,7 +508,8 @@ def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict
     root = Path(folder)
     if not root.is_dir():
         raise StorageError(f"cannot mirror {root}: not a folder")
-    rels = [r for r in LocalStore(root).list() if r != MIRROR_INDEX and not (root / r).is_symlink()]
+    rels = [r for r in LocalStore(root).list() if r != MIRROR_INDEX
+            and not r.startswith(f"{SPOOL_DIR}/") and not (root / r).is_symlink()]
     try:
         previous = json.loads(store.read_bytes(MIRROR_INDEX)).get("files", {})
     except (NotFound, ValueError, AttributeError):
@@ -581,21 +583,22 @@ def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict
     return {"url": store.url, "dest": str(dest), "files": len(files), "bytes": total}
 
 
-SPOOL_DIR = "spool"
-
-
 def spooled_keys(out_dir: str | Path) -> list[str]:
     """Checkpoint files of an output folder waiting in its spool: not yet in the S3 store."""
     return LocalStore(Path(out_dir) / SPOOL_DIR).list()
 
 
-def open_store(url: str, *, out_dir: str | Path, env: Mapping[str, str] | None = None) -> Store:
+def open_store(
+    url: str, *, out_dir: str | Path, env: Mapping[str, str] | None = None, spool: bool = True
+) -> Store:
     """The store named by a spec's ``storage.url``.
 
     Args:
         url: ``'local'`` (checkpoints in ``out_dir/checkpoints``) or ``'s3://bucket/prefix'``.
         out_dir: The campaign's output folder.
         env: The AWS variables for an S3 store (default: the environment).
+        spool: For S3, keep what the server cannot take now in ``out_dir/spool`` and upload it
+            in the background (``spool.SpoolingStore``); ``False`` for the bare ``S3Store``.
 
     Raises:
         SpecError: The URL names no known storage.
@@ -604,25 +607,47 @@ def open_store(url: str, *, out_dir: str | Path, env: Mapping[str, str] | None =
     if url == "local":
         return LocalStore(Path(out_dir) / "checkpoints")
     if url.startswith("s3://"):
-        return S3Store(url, env=env)
+        if not spool:
+            return S3Store(url, env=env)
+        from gpucampaign.spool import SpoolingStore
+
+        return SpoolingStore(S3Store(url, env=env), spool_dir=Path(out_dir) / SPOOL_DIR)
     raise SpecError(f"field 'storage.url': unknown storage '{url}'; use 'local' or "
                     "'s3://bucket/prefix'.", field="storage.url")
 
 
-def mirror_output(root: str | Path, *, url: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+def mirror_output(
+    root: str | Path, *, url: str, env: Mapping[str, str] | None = None, drain_s: float = 60.0
+) -> dict[str, Any]:
     """Mirror a closed output folder to the campaign's S3 store (nothing to do for 'local').
+
+    Checkpoint files still waiting in the folder's spool are uploaded first (for up to
+    ``drain_s`` seconds); those that remain are named in the result.
 
     Returns:
         ``{"url", "files", "uploaded", "bytes"}`` after a mirror, ``{"url": "local"}`` when the
-        files stay on this machine, or ``{"url", "error"}`` when the store refused: the folder
-        is complete here but not yet off the machine, and a later ``mirror`` can finish it.
+        files stay on this machine, or ``{"url", "error", "spooled"}`` when the store refused
+        the folder or some checkpoint files: they are complete here but not yet off the
+        machine, and a later ``mirror`` can finish it.
     """
     if url == "local":
         return {"url": "local"}
     try:
-        return mirror_folder(root, store=open_store(url, out_dir=root, env=env))
+        store = open_store(url, out_dir=root, env=env, spool=False)
+        pending = spooled_keys(root)
+        if pending:
+            from gpucampaign.spool import SpoolingStore
+
+            spooling = SpoolingStore(store, spool_dir=Path(root) / SPOOL_DIR)
+            pending = spooling.drain(timeout_s=drain_s)
+        done = mirror_folder(root, store=store)
     except StorageError as exc:
-        return {"url": url, "error": str(exc)}
+        return {"url": url, "error": str(exc), "spooled": spooled_keys(root)}
+    if pending:
+        done.update(spooled=pending, error=(
+            f"{len(pending)} checkpoint file(s) are still only on this machine in "
+            f"{Path(root) / SPOOL_DIR}: the S3 server did not take them yet"))
+    return done
 
 
 def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
@@ -636,7 +661,7 @@ def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
     if url == "local":
         return
     try:
-        store = open_store(url, out_dir=".", env=env)
+        store = open_store(url, out_dir=".", env=env, spool=False)
         if isinstance(store, S3Store):
             store.check()
     except StorageError as exc:
