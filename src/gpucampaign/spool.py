@@ -50,6 +50,7 @@ class SpoolingStore:
         self.max_retry_s = max_retry_s
         self.last_error: str | None = None
         self._lock = threading.RLock()
+        self._draining = threading.Lock()  # one upload round at a time (thread or drain())
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         if self.pending():
@@ -90,15 +91,16 @@ class SpoolingStore:
         Returns:
             True when this round uploaded something or the spool is empty.
         """
-        keys = self.pending()
-        files = [k for k in keys if not _is_pointer(k)]
         moved = False
-        try:
-            for key in files + [k for k in keys if _is_pointer(k)]:
-                moved |= self._upload(key)
-        except StorageError as exc:
-            self.last_error = str(exc)
-            return moved
+        with self._draining:
+            keys = self.pending()
+            files = [k for k in keys if not _is_pointer(k)]
+            try:
+                for key in files + [k for k in keys if _is_pointer(k)]:
+                    moved |= self._upload(key)
+            except OSError as exc:  # StorageError, or a spooled file replaced meanwhile
+                self.last_error = str(exc)
+                return moved
         self.last_error = None
         return moved or not self.pending()
 
