@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 
 from gpucampaign.checkpoint import LATEST_FILE, CheckpointManager, capture_rng, step_dirname
+from gpucampaign.mirror import mirror_output
 from gpucampaign.spool import SpoolingStore
 from gpucampaign.status import campaign_status
-from gpucampaign.storage import LocalStore, StorageError, mirror_output, spooled_keys
+from gpucampaign.storage import LocalStore, StorageError, spooled_keys
 
 RUN = "control-0123456789"
 CFG = "ab" * 32

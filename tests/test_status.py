@@ -11,6 +11,7 @@ from _closing import SPEC_TEMPLATE
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
+from gpucampaign.mirror import mirror_folder
 from gpucampaign.spec import load_spec
 from gpucampaign.status import (
     RentalEnding,
@@ -18,7 +19,7 @@ from gpucampaign.status import (
     check_rental_margin,
     folder_to_check,
 )
-from gpucampaign.storage import SPOOL_DIR, LocalStore, mirror_folder
+from gpucampaign.storage import SPOOL_DIR, LocalStore
 
 NOW = datetime(2026, 3, 3, 9, 0, tzinfo=UTC)
 

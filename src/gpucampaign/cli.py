@@ -478,7 +478,8 @@ def retrieve_cmd(
     to: Path = typer.Option(..., "--to", help="New (or empty) folder to bring it into."),
 ) -> None:
     """Download a mirrored output folder, every file checked by size and sha256 (exit 2: bad input)."""
-    from gpucampaign.storage import StorageError, open_store, parse_s3_url, retrieve_folder
+    from gpucampaign.mirror import retrieve_folder
+    from gpucampaign.storage import StorageError, open_store, parse_s3_url
 
     parse_s3_url(url)
     try:

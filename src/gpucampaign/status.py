@@ -16,16 +16,15 @@ from typing import Any
 
 from gpucampaign.files import sha256_file
 from gpucampaign.folder import MANIFEST, PLAN, SPEC_COPY
+from gpucampaign.mirror import MIRROR_INDEX, retrieve_folder
 from gpucampaign.rental import iso, rental_of
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec
 from gpucampaign.storage import (
-    MIRROR_INDEX,
     SPOOL_DIR,
     LocalStore,
     NotFound,
     StorageError,
     open_store,
-    retrieve_folder,
     spooled_keys,
 )
 
