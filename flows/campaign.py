@@ -19,6 +19,7 @@ from gpucampaign import calendar
 from gpucampaign.decision import Decision
 from gpucampaign.folder import OutputFolder
 from gpucampaign.interrupt import Interrupted, graceful_signals
+from gpucampaign.manifest import keep_inputs
 from gpucampaign.records import read_pilot, run_states, write_pilot
 from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
 from gpucampaign.stoprules import StopRule
@@ -89,6 +90,7 @@ def _campaign(
     catalog = load_catalog(spec=cs, base_dir=base)
     plan0 = calendar.plan(cs, catalog=catalog)
     folder.write_plan_once(plan0.to_dict())
+    keep_inputs(folder.root, cs, base_dir=base)
     campaign_id = _campaign_id(cs, folder)
     create_markdown_artifact(
         markdown=f"Output folder: `{folder.root}`\n\n" + calendar.render_markdown(plan0),

@@ -3,11 +3,15 @@ schedule as ``restart-verification/scheduled``.
 
 For a campaign's output folder: every run's latest good checkpoint is retrieved from the
 campaign's store, resumed in a fresh process and compared exactly with what the run recorded.
-The flow fails loudly when any run cannot be resumed, or when there is nothing to resume.
+With an S3 store that holds the folder's mirror, the folder itself is first retrieved into a
+fresh one, so the check reads what a user would get back, not the local disk.
+The flow fails loudly when any run cannot be resumed, when there is nothing to resume, or
+when the rental ends within the margin while some files are only on this machine.
 """
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from gpucampaign import calendar
 from gpucampaign.restart import output_check_target
+from gpucampaign.status import RentalEnding, check_rental_margin, folder_to_check
 from gpucampaign.stoprules import NoUsableRestart, StopRule
 from gpucampaign.tariffs import load_catalog
 from tasks._common import artifact_key
@@ -26,20 +31,46 @@ DEFAULT_OUT = "out/campaign"
 
 
 @flow(name="restart-verification", log_prints=False)
-def restart_verification(out: str = DEFAULT_OUT, spec: str | None = None, steps: int = 20) -> list[dict[str, Any]]:
+def restart_verification(
+    out: str = DEFAULT_OUT, spec: str | None = None, steps: int = 20, margin_hours: float = 12.0
+) -> list[dict[str, Any]]:
     """Check that the campaign in ``out`` can be restarted exactly from its checkpoints.
 
     Args:
         out: the campaign's output folder (its ``spec.yaml`` copy names the store and corpus).
         spec: the campaign's spec file, when the output folder's copy is not to be used.
         steps: optimizer steps resumed and compared per run.
+        margin_hours: fail when fewer hours than this remain before the rental ends while a
+            checkpoint or an output file is only on this machine.
 
     Raises:
         NoUsableRestart: a run's checkpoint is missing, refused, or does not reproduce the run;
             or no run has a checkpoint at all.
+        RentalEnding: the rental ends within ``margin_hours`` and something is only local.
     """
     logger = get_run_logger()
     out_dir = Path(out).resolve()
+    ending = None
+    kept = (out_dir / "spec.yaml").is_file()  # else only --spec names the store and the lots
+    try:
+        if kept:
+            check_rental_margin(out_dir, margin_hours=margin_hours)
+    except RentalEnding as exc:
+        logger.error("%s", exc)
+        ending = exc
+    with tempfile.TemporaryDirectory(prefix="gpucampaign-scheduled-") as work:
+        checked = folder_to_check(out_dir, dest=Path(work) / "out") if kept else out_dir
+        checked = checked.resolve()
+        if checked != out_dir:
+            logger.info("checking a fresh copy retrieved from the store into %s", checked)
+        reports = _check(checked, spec=spec, steps=steps)
+    if ending is not None:
+        raise ending
+    return reports
+
+
+def _check(out_dir: Path, *, spec: str | None, steps: int) -> list[dict[str, Any]]:
+    logger = get_run_logger()
     target = output_check_target(out_dir, spec_path=spec)
     cs = target.spec
     lanes = calendar.plan(cs, catalog=load_catalog(spec=cs, base_dir=out_dir)).gpu_lanes

@@ -10,9 +10,9 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from gpucampaign.close import close_runs, seal_folder, write_closing_documents
+from gpucampaign.mirror import mirror_output
 from gpucampaign.report import render_report_md
 from gpucampaign.spec import CampaignSpec
-from gpucampaign.storage import mirror_output
 from gpucampaign.verify import verify_output
 from tasks._common import PHASE_OPTIONS, TASK_OPTIONS, artifact_key, busy, out_folder
 

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from gpucampaign.corpus import load_spec_corpus
@@ -18,7 +18,7 @@ from gpucampaign.runresult import RunResult
 from gpucampaign.segments import heartbeat
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import STOP_RULES, StopRule
-from gpucampaign.storage import open_store
+from gpucampaign.storage import open_store, spooled_keys
 from gpucampaign.training import train_run
 from tasks._common import PHASE_OPTIONS, artifact_key, busy, out_folder, record_stop
 from tasks.gpu_lock import gpu_slot
@@ -119,4 +119,9 @@ def train(spec: CampaignSpec, *, base_dir: str, out: str, run: str, run_id: str)
     result, n_train = _run_training(
         spec, base_dir=base_dir, out=out, run=run, phase="train", stop_after_steps=None
     )
-    return {**result.to_dict(), "n_train": n_train}
+    spooled = spooled_keys(out)
+    if spooled:
+        get_run_logger().warning("%d checkpoint file(s) are not yet off the machine (the S3 "
+                                 "server is unreachable; spooled in %s/spool, retried in the "
+                                 "background)", len(spooled), out)
+    return {**result.to_dict(), "n_train": n_train, "spooled": spooled}

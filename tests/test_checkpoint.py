@@ -287,8 +287,13 @@ def test_open_store(tmp_path):
     assert isinstance(open_store("local", out_dir=tmp_path), LocalStore)
     env = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "very-secret-value",
            "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
-    s3 = open_store("s3://bucket/some/prefix/", out_dir=tmp_path, env=env)
+    s3 = open_store("s3://bucket/some/prefix/", out_dir=tmp_path, env=env, spool=False)
     assert isinstance(s3, S3Store) and (s3.bucket, s3.prefix) == ("bucket", "some/prefix")
+    spooling = open_store("s3://bucket/some/prefix/", out_dir=tmp_path, env=env)
+    assert isinstance(spooling.remote, S3Store) and spooling.url == s3.url
+    assert "very-secret" not in repr(spooling) and not (tmp_path / "spool").exists()
+    with pytest.raises(TypeError, match="not picklable"):
+        pickle.dumps(spooling)
     assert s3.local_path("run/LATEST") is None and "very-secret" not in repr(s3)
     with pytest.raises(TypeError, match="not picklable"):
         pickle.dumps(s3)

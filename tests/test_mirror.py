@@ -6,14 +6,9 @@ import json
 
 import pytest
 
+from gpucampaign.mirror import MIRROR_INDEX, mirror_folder, retrieve_folder
 from gpucampaign.spec import SpecError
-from gpucampaign.storage import (
-    MIRROR_INDEX,
-    LocalStore,
-    StorageError,
-    mirror_folder,
-    retrieve_folder,
-)
+from gpucampaign.storage import LocalStore, StorageError
 
 
 def _folder(root):

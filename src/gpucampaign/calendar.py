@@ -38,6 +38,7 @@ from gpucampaign._planner import (
     round_hours,
     say_hours,
 )
+from gpucampaign.rental import RETRIEVAL_WORDS, Rental, deadline_warnings, rental_of
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.tariffs import Catalog, ResolvedPackage, format_usd, usd
 
@@ -76,7 +77,7 @@ _REQUIRED_PARTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ),
     (
         "results retrieval",
-        ("retriev", "download", "collect", "get back"),
+        RETRIEVAL_WORDS,
         "getting the files back before the lot ends",
     ),
 )
@@ -130,6 +131,7 @@ class Plan:
     ablation: tuple[VariantFactors, ...] = ()
     dropped: tuple[str, ...] = ()
     hours_override: tuple[tuple[str, float], ...] = field(default=())
+    rental: Rental | None = None
 
     @property
     def fits(self) -> bool:
@@ -175,6 +177,9 @@ class Plan:
             "ablation": [a.to_dict() for a in self.ablation],
             "dropped": list(self.dropped),
             "hours_override": {k: round_hours(v) for k, v in self.hours_override},
+            "starts_at": self.rental.to_dict()["starts_at"] if self.rental else None,
+            "ends_at": self.rental.to_dict()["ends_at"] if self.rental else None,
+            "rental": self.rental.to_dict() if self.rental else None,
         }
 
 
@@ -216,6 +221,8 @@ def plan(
     warnings = [*ctx.warnings, *_dropped_warnings(ctx, dropped), *_missing_parts(ctx, dropped)]
     warnings += ablation_warnings + _runs_without_steps(spec)
     kept = [t for t in ctx.tasks if t.name not in dropped]
+    rental = rental_of(spec)
+    warnings += _deadline(spec, rental, kept=kept, steps=sched.steps)
     return Plan(
         name=spec.name,
         window_hours=ctx.window,
@@ -233,6 +240,7 @@ def plan(
         ablation=ablation,
         dropped=tuple(t.name for t in ctx.tasks if t.name in dropped),
         hours_override=tuple(sorted(ctx.overrides.items())),
+        rental=rental,
     )
 
 
@@ -343,6 +351,15 @@ def _missing_parts(ctx: Context, dropped: frozenset[str]) -> list[str]:
         for part, words, why in _REQUIRED_PARTS
         if not any(w in t.text for t in kept for w in words)
     ]
+
+
+def _deadline(
+    spec: CampaignSpec, rental: Rental | None, *, kept: list[Any], steps: tuple[ScheduledStep, ...]
+) -> list[str]:
+    names = {t.name for t in kept if any(w in t.text for w in RETRIEVAL_WORDS)}
+    ends = {s.name: s.end_hours for s in steps if s.name in names}
+    undated = sum(1 for p in spec.packages if p.starts_at is None)
+    return deadline_warnings(rental, retrieval=ends, undated=undated)
 
 
 def _dropped_warnings(ctx: Context, dropped: frozenset[str]) -> list[str]:

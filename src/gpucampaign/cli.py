@@ -518,6 +518,22 @@ def expense_cmd(
     _say(f"recorded in {out / 'ledger.jsonl'}: {entry.usd:.2f} USD for {entry.what}{ref}")
 
 
+# --- status: what is off the machine, how long the rental has left -------------------------
+
+
+@app.command("status")
+@handle_errors
+def status_cmd(out: OutFolder, as_json: AsJson = False) -> None:
+    """Time left on the rental, what is in the store and what is only local, how to retrieve it."""
+    from gpucampaign.status import campaign_status, render_status
+
+    status = campaign_status(out)
+    if as_json:
+        print_json(status)
+    else:
+        console.print(render_status(status), highlight=False, markup=False, soft_wrap=True)
+
+
 # --- retrieve: bring a mirrored campaign back ----------------------------------------------
 
 
@@ -528,11 +544,12 @@ def retrieve_cmd(
     to: Path = typer.Option(..., "--to", help="New (or empty) folder to bring it into."),
 ) -> None:
     """Download a mirrored output folder, every file checked by size and sha256 (exit 2: bad input)."""
-    from gpucampaign.storage import StorageError, open_store, parse_s3_url, retrieve_folder
+    from gpucampaign.mirror import retrieve_folder
+    from gpucampaign.storage import StorageError, open_store, parse_s3_url
 
     parse_s3_url(url)
     try:
-        done = retrieve_folder(open_store(url, out_dir=to), dest=to)
+        done = retrieve_folder(open_store(url, out_dir=to, spool=False), dest=to)
     except StorageError as exc:
         raise SpecError(f"cannot retrieve {url}: {exc}", field="URL") from None
     console.print(f"retrieved {done['files']} files ({done['bytes']} bytes) from {url} into {to}",

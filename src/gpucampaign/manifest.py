@@ -16,21 +16,28 @@ from typing import Any
 
 from gpucampaign.files import git_commit, sha256_file, utc_now
 from gpucampaign.folder import MANIFEST, PLAN_SHA, RELOAD, OutputFolder
-from gpucampaign.spec import CampaignSpec, SpecError, spec_sha256
+from gpucampaign.spec import CampaignSpec, SpecError, resolve_inside, spec_sha256
 
 CORPUS_COPY_LIMIT = 50 * 1024 * 1024
+INPUTS = "inputs.json"
+# Names the output folder writes itself: a catalog copied in must not land on one of them.
+_RESERVED_TOPS = ("runs", "checkpoints", "spool", "data", "figures", "spec.yaml", "plan.json",
+                  "plan.sha256", "manifest.json", INPUTS)
 MANIFEST_FORMAT = "gpucampaign.manifest/1"
 
 
 def list_files(root: str | Path) -> list[str]:
-    """Relative posix paths of every file under ``root`` except ``manifest.json``, sorted."""
+    """Relative posix paths of every file under ``root`` except ``manifest.json``, sorted.
+
+    The checkpoint spool (files waiting for the S3 server, deleted once uploaded) is not a
+    file of the campaign's output and is left out."""
     base = Path(root)
     out = []
     for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
         dirnames.sort()
         for name in filenames:
             rel = (Path(dirpath) / name).relative_to(base).as_posix()
-            if rel != MANIFEST:
+            if rel != MANIFEST and not rel.startswith("spool/"):
                 out.append(rel)
     return sorted(out)
 
@@ -123,6 +130,48 @@ def reference_corpus(
     return {"kind": "external", "location": str(src.resolve()), **ref}
 
 
+def keep_inputs(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -> dict[str, Any]:
+    """Copy the files the spec names into the output folder and record them in ``inputs.json``.
+
+    The catalog lands at the same relative path as the spec names it, so the ``spec.yaml``
+    kept in the folder resolves it there; the corpus is kept as ``reference_corpus`` keeps it
+    (copied under ``data/`` when small). A corpus that is missing or fails its pinned hash is
+    left to the data audit, which stops the campaign with its own record.
+
+    Returns:
+        ``{"catalog": {path, sha256, size} | None, "corpus": reference_corpus() | None}``.
+
+    Raises:
+        SpecError: The catalog file is missing, or its path would overwrite a campaign record.
+    """
+    folder = OutputFolder(root)
+    kept: dict[str, Any] = {"catalog": None, "corpus": None}
+    if spec.catalog is not None:
+        rel = Path(spec.catalog).as_posix()
+        if rel.split("/")[0] in _RESERVED_TOPS:
+            raise SpecError(f"field 'catalog': '{rel}' is a name the output folder uses; move "
+                            "the catalog file to another name.", field="catalog")
+        src = resolve_inside(base_dir, spec.catalog, field="catalog")
+        if not src.is_file():
+            raise SpecError(f"field 'catalog': catalog file '{src}' does not exist.",
+                            field="catalog")
+        digest = sha256_file(src)
+        target = folder.path(rel)
+        if target.resolve() != src.resolve() and (
+                not target.is_file() or sha256_file(target) != digest):
+            folder.copy_in(src, rel)
+        kept["catalog"] = {"path": rel, "sha256": digest, "size": src.stat().st_size}
+    if spec.corpus is not None:
+        try:
+            kept["corpus"] = reference_corpus(
+                root, resolve_inside(base_dir, spec.corpus.path, field="corpus.path"),
+                sha256=spec.corpus.sha256)
+        except SpecError:
+            kept["corpus"] = None
+    folder.write_json(INPUTS, kept)
+    return kept
+
+
 def corpus_file(root: str | Path, corpus_ref: Mapping[str, Any]) -> Path:
     """The corpus file a manifest's corpus reference points to."""
     if corpus_ref.get("kind") == "copied":
@@ -190,6 +239,7 @@ def build_manifest(
         "budget": dict(budget),
         "environment": dict(environment),
         "corpus": None if corpus_ref is None else dict(corpus_ref),
+        "inputs": folder.read_json(INPUTS),
         "files": _file_entries(folder.root),
     }
     folder.write_json(MANIFEST, manifest)

@@ -554,8 +554,9 @@ def output_check_target(
     """Find the spec, corpus and checkpointed runs of a campaign output folder.
 
     The spec is ``OUT/spec.yaml`` (the copy kept at the start) unless ``spec_path`` is given.
-    The corpus is the first file holding the pinned sha256 among: the copy the manifest names,
-    the spec's path relative to the spec file's folder, and the same path inside ``OUT``.
+    The corpus is the first file holding the pinned sha256 among: the copy the manifest (or
+    ``inputs.json``, written at the start) names, the spec's path relative to the spec file's
+    folder, and the same path inside ``OUT``.
     The store is the one the spec's ``storage.url`` names (``OUT/checkpoints`` for 'local').
 
     Raises:
@@ -563,7 +564,7 @@ def output_check_target(
         NoUsableRestart: No run of the spec has a checkpoint in the store.
     """
     from gpucampaign.files import sha256_file
-    from gpucampaign.manifest import corpus_file
+    from gpucampaign.manifest import INPUTS, corpus_file
     from gpucampaign.spec import load_spec, resolve_inside
     from gpucampaign.storage import open_store
 
@@ -574,11 +575,11 @@ def output_check_target(
         raise SpecError("the spec has no 'corpus' section: a restart check resumes training "
                         "on it.", field="corpus")
     candidates: list[Path] = []
-    manifest = out / "manifest.json"
-    if manifest.is_file():
-        ref = json.loads(manifest.read_text(encoding="utf-8")).get("corpus") or {}
-        if ref.get("kind") == "copied" and ref.get("path"):
-            candidates.append(corpus_file(out, ref))
+    for record, key in (("manifest.json", "corpus"), (INPUTS, "corpus")):
+        if (out / record).is_file():
+            ref = json.loads((out / record).read_text(encoding="utf-8")).get(key) or {}
+            if ref.get("kind") == "copied" and ref.get("path"):
+                candidates.append(corpus_file(out, ref))
     candidates += [resolve_inside(src.resolve().parent, spec.corpus.path, field="corpus.path"),
                    resolve_inside(out, spec.corpus.path, field="corpus.path")]
     pinned = spec.corpus.sha256

@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -57,10 +58,33 @@ class Package(_Frozen):
         "to match against the invoice.",
     )
 
+    starts_at: datetime | None = Field(
+        default=None,
+        description="When the lot starts (ISO 8601, e.g. '2026-03-02T09:00:00Z'; a time "
+        "without a zone is read as UTC). Gives the rental's end: starts_at + days.",
+    )
+    order_ref: str | None = Field(
+        default=None,
+        max_length=200,
+        description="The provider's order reference of the lot (for the expense ledger).",
+    )
+
     @field_validator("gpu")
     @classmethod
     def _lower(cls, v: str) -> str:
         return v.strip().lower()
+
+    @field_validator("starts_at")
+    @classmethod
+    def _utc(cls, v: datetime | None) -> datetime | None:
+        if v is None:
+            return None
+        return v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
+
+    @property
+    def ends_at(self) -> datetime | None:
+        """When the lot ends (``starts_at`` + ``days``), or ``None`` without ``starts_at``."""
+        return None if self.starts_at is None else self.starts_at + timedelta(days=self.days)
 
 
 class Step(_Frozen):

@@ -9,17 +9,16 @@ Backends: ``LocalStore`` (a folder, atomic writes with fsync) and ``S3Store`` (b
 its client and hashing helpers in ``s3client``; its ``local_path`` returns ``None``, which
 makes the checkpoint code stage files locally and upload them with ``put_file``).
 ``open_store`` is the one place that maps a spec's ``storage.url`` to a backend;
-``check_storage`` tries the URL, the credentials and the bucket before anything trains;
-``mirror_folder`` and ``retrieve_folder`` copy a whole output folder to a store and back.
+``check_storage`` tries the URL, the credentials and the bucket before anything trains.
+Copying a whole output folder to a store and back lives in ``mirror``; the spool that keeps
+checkpoints while S3 is unreachable in ``spool``.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
-import shutil
 import uuid
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -29,16 +28,13 @@ from gpucampaign.files import (
     TMP_PREFIX,
     atomic_copy,
     atomic_write_bytes,
-    fsync_dir,
-    json_bytes,
     sha256_bytes,
-    sha256_file,
-    utc_now,
 )
 from gpucampaign.s3client import HashingSink, file_digests, s3_client
 from gpucampaign.spec import SpecError
 
 _CHUNK = 8 * 1024 * 1024
+SPOOL_DIR = "spool"  # in an output folder: checkpoint files waiting for the S3 server
 
 
 class StorageError(OSError):
@@ -467,111 +463,22 @@ class S3Store:
             self.delete(probe)
 
 
-MIRROR_INDEX = "mirror-index.json"
-_MIRROR_FORMAT = "gpucampaign-mirror/1"
+def spooled_keys(out_dir: str | Path) -> list[str]:
+    """Checkpoint files of an output folder waiting in its spool: not yet in the S3 store."""
+    return LocalStore(Path(out_dir) / SPOOL_DIR).list()
 
 
-def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict[str, Any]:
-    """Copy every file of ``folder`` to the same relative keys in ``store``, then its index.
-
-    Each upload is verified by the store before the index (``mirror-index.json``: every
-    file with its size and sha256) is written; a file the previous index lists with the same
-    hash and the store holds with the same size is not sent again. The index is what
-    ``retrieve_folder`` brings back, so a mirror interrupted half-way leaves the previous
-    complete one readable. Temporary files of unfinished writes are skipped.
-
-    Returns:
-        ``{"url", "files", "uploaded", "bytes"}``.
-
-    Raises:
-        StorageError: An upload failed or was not verified; the index did not move.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    root = Path(folder)
-    if not root.is_dir():
-        raise StorageError(f"cannot mirror {root}: not a folder")
-    rels = [r for r in LocalStore(root).list() if r != MIRROR_INDEX and not (root / r).is_symlink()]
-    try:
-        previous = json.loads(store.read_bytes(MIRROR_INDEX)).get("files", {})
-    except (NotFound, ValueError, AttributeError):
-        previous = {}
-
-    def send(rel: str) -> tuple[str, dict[str, Any], bool]:
-        info = {"bytes": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
-        if previous.get(rel) == info and store.exists(rel) and store.size(rel) == info["bytes"]:
-            return rel, info, False
-        store.put_file(rel, src=root / rel)
-        return rel, info, True
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        done = list(pool.map(send, rels))
-    index = {"format": _MIRROR_FORMAT, "mirrored_at": utc_now(),
-             "files": {rel: info for rel, info, _ in done}}
-    store.write_bytes(MIRROR_INDEX, data=json_bytes(index))
-    return {"url": store.url, "files": len(done), "uploaded": sum(sent for *_, sent in done),
-            "bytes": sum(info["bytes"] for _, info, _ in done)}
-
-
-def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict[str, Any]:
-    """Bring a mirrored output folder back from ``store`` into the new folder ``dest``.
-
-    Every file of the mirror's index is downloaded and checked against the size and sha256
-    the index holds; the files land in a temporary folder beside ``dest`` that is renamed to
-    ``dest`` only when all of them are there, so a failed retrieve leaves no half folder.
-
-    Returns:
-        ``{"url", "dest", "files", "bytes"}``.
-
-    Raises:
-        SpecError: ``dest`` exists and is not an empty folder.
-        StorageError: No mirror under the store's URL, or a file is missing or altered.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    dest = Path(dest)
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise SpecError(f"'{dest}' exists and is not an empty folder: retrieve into a new one.",
-                        field="--to")
-    try:
-        files = json.loads(store.read_bytes(MIRROR_INDEX))["files"]
-    except NotFound:
-        msg = f"{store.url} holds no mirrored output folder (no {MIRROR_INDEX})"
-        raise StorageError(msg) from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise StorageError(f"{store.url}/{MIRROR_INDEX} is not a mirror index ({exc})") from None
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    work = dest.parent / f"{TMP_PREFIX}{dest.name}-{uuid.uuid4().hex[:8]}"
-
-    def fetch(rel: str) -> int:
-        target = work / check_key(rel)
-        store.get_file(rel, dst=target)
-        want = files[rel]
-        size, digest = target.stat().st_size, sha256_file(target)
-        if size != want["bytes"] or digest != want["sha256"]:
-            raise StorageError(f"{store.url}/{rel}: {size} bytes / sha256 {digest[:12]}, "
-                               f"the mirror index says {want['bytes']} / {want['sha256'][:12]}")
-        return size
-
-    try:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            total = sum(pool.map(fetch, sorted(files)))
-        if dest.exists():
-            dest.rmdir()
-        os.rename(work, dest)
-        fsync_dir(dest.parent)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return {"url": store.url, "dest": str(dest), "files": len(files), "bytes": total}
-
-
-def open_store(url: str, *, out_dir: str | Path, env: Mapping[str, str] | None = None) -> Store:
+def open_store(
+    url: str, *, out_dir: str | Path, env: Mapping[str, str] | None = None, spool: bool = True
+) -> Store:
     """The store named by a spec's ``storage.url``.
 
     Args:
         url: ``'local'`` (checkpoints in ``out_dir/checkpoints``) or ``'s3://bucket/prefix'``.
         out_dir: The campaign's output folder.
         env: The AWS variables for an S3 store (default: the environment).
+        spool: For S3, keep what the server cannot take now in ``out_dir/spool`` and upload it
+            in the background (``spool.SpoolingStore``); ``False`` for the bare ``S3Store``.
 
     Raises:
         SpecError: The URL names no known storage.
@@ -580,25 +487,13 @@ def open_store(url: str, *, out_dir: str | Path, env: Mapping[str, str] | None =
     if url == "local":
         return LocalStore(Path(out_dir) / "checkpoints")
     if url.startswith("s3://"):
-        return S3Store(url, env=env)
+        if not spool:
+            return S3Store(url, env=env)
+        from gpucampaign.spool import SpoolingStore
+
+        return SpoolingStore(S3Store(url, env=env), spool_dir=Path(out_dir) / SPOOL_DIR)
     raise SpecError(f"field 'storage.url': unknown storage '{url}'; use 'local' or "
                     "'s3://bucket/prefix'.", field="storage.url")
-
-
-def mirror_output(root: str | Path, *, url: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Mirror a closed output folder to the campaign's S3 store (nothing to do for 'local').
-
-    Returns:
-        ``{"url", "files", "uploaded", "bytes"}`` after a mirror, ``{"url": "local"}`` when the
-        files stay on this machine, or ``{"url", "error"}`` when the store refused: the folder
-        is complete here but not yet off the machine, and a later ``mirror`` can finish it.
-    """
-    if url == "local":
-        return {"url": "local"}
-    try:
-        return mirror_folder(root, store=open_store(url, out_dir=root, env=env))
-    except StorageError as exc:
-        return {"url": url, "error": str(exc)}
 
 
 def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
@@ -612,7 +507,7 @@ def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
     if url == "local":
         return
     try:
-        store = open_store(url, out_dir=".", env=env)
+        store = open_store(url, out_dir=".", env=env, spool=False)
         if isinstance(store, S3Store):
             store.check()
     except StorageError as exc:

@@ -1,0 +1,100 @@
+"""The output folder is self-contained: the files the spec names are copied in, so the
+scheduled restart check, `campaign report` and `campaign verify` work on a moved copy."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from _closing import build_closed_folder
+from _engine import TINY, digits_file  # noqa: F401  (a pytest fixture)
+from typer.testing import CliRunner
+
+from gpucampaign import calendar
+from gpucampaign.cli import app
+from gpucampaign.corpus import load_corpus
+from gpucampaign.folder import OutputFolder
+from gpucampaign.manifest import INPUTS, keep_inputs
+from gpucampaign.restart import output_check_target
+from gpucampaign.spec import SpecError, load_spec
+from gpucampaign.storage import LocalStore
+from gpucampaign.tariffs import load_catalog
+from gpucampaign.training import train_run
+
+CATALOG = "provider: MyCloud\nlots:\n  - {gpu: h100, days: 3, gpus: 1, price_usd: 99.5}\n"
+
+
+def _campaign(src: Path, digits: tuple[Path, str]) -> Path:
+    (src / "data").mkdir(parents=True)
+    shutil.copyfile(digits[0], src / "data" / "digits.csv")
+    (src / "prices").mkdir()
+    (src / "prices" / "mycatalog.yaml").write_text(CATALOG)
+    spec = {
+        "name": "moved", "catalog": "prices/mycatalog.yaml",
+        "packages": [{"gpu": "h100", "days": 3}],
+        "calendar": [{"name": "prep", "kind": "human", "hours": 1}],
+        "corpus": {"path": "data/digits.csv", "sha256": digits[1]},
+        "control": {**TINY, "max_steps": 4},
+        "decision_rule": {"metric": "accuracy", "threshold": 0.0},
+    }
+    (src / "campaign.yaml").write_text(yaml.safe_dump(spec))
+    return src / "campaign.yaml"
+
+
+def test_a_moved_folder_resolves_its_catalog_and_corpus_for_the_scheduled_check(
+    tmp_path: Path, digits_file: tuple[Path, str]  # noqa: F811
+) -> None:
+    spec_file = _campaign(tmp_path / "src", digits_file)
+    spec = load_spec(spec_file)
+    out = tmp_path / "out"
+    folder = OutputFolder(out)
+    folder.keep_spec(spec_file.read_bytes(), source="test")
+    kept = keep_inputs(out, spec, base_dir=spec_file.parent)  # what the flow does at its start
+    assert kept["catalog"]["path"] == "prices/mycatalog.yaml"
+    assert kept["corpus"]["kind"] == "copied"
+    assert json.loads((out / INPUTS).read_text()) == kept
+    corpus = load_corpus(spec_file.parent / "data" / "digits.csv", corpus_spec=spec.corpus)
+    rid = spec.run_id("control")
+    train_run(spec, run="control", corpus=corpus, store=LocalStore(out / "checkpoints"),
+              out_dir=out / "runs" / rid)
+
+    moved = tmp_path / "elsewhere" / "out"
+    shutil.copytree(out, moved)
+    shutil.rmtree(tmp_path / "src")
+    shutil.rmtree(out)
+    target = output_check_target(moved)
+    assert target.runs == {"control": rid}
+    assert moved in target.corpus_path.parents
+    cat = load_catalog(spec=target.spec, base_dir=moved)
+    assert calendar.plan(target.spec, catalog=cat).total_price_usd == cat.find("h100", 3).price_usd
+
+
+def test_a_catalog_path_on_a_record_name_is_refused(
+    tmp_path: Path, digits_file: tuple[Path, str]  # noqa: F811
+) -> None:
+    spec_file = _campaign(tmp_path / "src", digits_file)
+    (spec_file.parent / "runs").mkdir()
+    shutil.copyfile(spec_file.parent / "prices" / "mycatalog.yaml",
+                    spec_file.parent / "runs" / "c.yaml")
+    text = spec_file.read_text().replace("prices/mycatalog.yaml", "runs/c.yaml")
+    spec_file.write_text(text)
+    with pytest.raises(SpecError, match="name the output folder uses"):
+        keep_inputs(tmp_path / "out", load_spec(spec_file), base_dir=spec_file.parent)
+
+
+def test_report_and_verify_work_on_a_closed_folder_moved_without_its_spec_folder(
+    tmp_path: Path,
+) -> None:
+    built = build_closed_folder(tmp_path / "a")
+    moved = tmp_path / "b" / "out"
+    shutil.copytree(built["out"], moved)
+    shutil.rmtree(tmp_path / "a")
+    res = CliRunner().invoke(app, ["report", str(moved), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)
+    res = CliRunner().invoke(app, ["verify", str(moved), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["verified"] is True

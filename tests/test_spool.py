@@ -1,0 +1,128 @@
+"""The spool: checkpoints keep being saved while the remote store is down, and go up later."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from gpucampaign.checkpoint import LATEST_FILE, CheckpointManager, capture_rng, step_dirname
+from gpucampaign.mirror import mirror_output
+from gpucampaign.spool import SpoolingStore
+from gpucampaign.status import campaign_status
+from gpucampaign.storage import LocalStore, StorageError, spooled_keys
+
+RUN = "control-0123456789"
+CFG = "ab" * 32
+
+
+class FlakyStore(LocalStore):
+    """A local folder standing in for a remote store that can be switched off."""
+
+    down = False
+    refuse: tuple[str, ...] = ()
+
+    def _gate(self, key: str = "") -> None:
+        if self.down or any(r in key for r in self.refuse):
+            raise StorageError(f"cannot reach the S3 endpoint for {key!r}")
+
+    def put_file(self, key: str, *, src: Path) -> None:
+        self._gate(key)
+        super().put_file(key, src=src)
+
+    def write_bytes(self, key: str, *, data: bytes) -> None:
+        self._gate(key)
+        super().write_bytes(key, data=data)
+
+    def list(self, prefix: str = "") -> list[str]:
+        self._gate()
+        return super().list(prefix)
+
+    def delete(self, key: str) -> None:
+        self._gate(key)
+        super().delete(key)
+
+    def local_path(self, key: str) -> Path | None:
+        return None
+
+
+def _save(store, step: int) -> None:
+    model = {"w": torch.full((4, 2), float(step))}
+    state = {"optimizer": {"state": {}, "param_groups": []}, "scheduler": {}, "scaler": {},
+             "rng": capture_rng(), "counters": {"global_step": step},
+             "cursor": {"epoch": 0, "batch_in_epoch": step,
+                        "epoch_generator_state": torch.Generator().get_state()}}
+    CheckpointManager(store, run_id=RUN, config_sha256=CFG, keep=2).save(
+        step, model_state=model, train_state=state)
+
+
+def _latest_step(store) -> int | None:
+    loaded, _ = CheckpointManager(store, run_id=RUN, config_sha256=CFG).load_latest()
+    return None if loaded is None else loaded.step
+
+
+def test_saves_go_on_while_the_remote_is_down_and_the_spool_drains(tmp_path: Path) -> None:
+    remote = FlakyStore(tmp_path / "bucket")
+    out = tmp_path / "out"
+    store = SpoolingStore(remote, spool_dir=out / "spool", retry_s=0.05, max_retry_s=0.2)
+    _save(store, 2)
+    assert store.pending() == [] and _latest_step(remote) == 2
+    remote.down = True
+    _save(store, 4)
+    _save(store, 6)  # the prune of step 2 cannot reach the remote: nothing breaks
+    assert _latest_step(store) == 6  # the spool serves the newest checkpoint
+    assert f"{RUN}/{LATEST_FILE}" in store.pending() and store.last_error
+    assert spooled_keys(out) == store.pending()
+    remote.down = False
+    deadline = time.monotonic() + 20
+    while store.pending() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store.pending() == []
+    assert _latest_step(remote) == 6  # everything is up, LATEST last
+    for step in (4, 6):
+        assert remote.exists(f"{RUN}/{step_dirname(step)}/meta.json")
+
+
+def test_latest_waits_for_the_files_it_names(tmp_path: Path) -> None:
+    remote = FlakyStore(tmp_path / "bucket")
+    store = SpoolingStore(remote, spool_dir=tmp_path / "spool", retry_s=10)
+    remote.down = True
+    _save(store, 3)
+    remote.down = False
+    remote.refuse = ("model.safetensors",)
+    assert store.drain_once() is True  # other files went up ...
+    assert not remote.exists(f"{RUN}/{LATEST_FILE}")  # ... but not a LATEST naming a missing one
+    remote.refuse = ()
+    assert store.drain(timeout_s=5) == []
+    assert json.loads(remote.read_bytes(f"{RUN}/{LATEST_FILE}"))["step"] == 3
+
+
+def test_nothing_spooled_is_deleted_before_its_upload(tmp_path: Path) -> None:
+    remote = FlakyStore(tmp_path / "bucket")
+    store = SpoolingStore(remote, spool_dir=tmp_path / "spool", retry_s=10)
+    remote.down = True
+    store.write_bytes("a/b.bin", data=b"only here")
+    store.delete("a/b.bin")
+    assert store.pending() == ["a/b.bin"]
+    remote.down = False
+    assert store.drain(timeout_s=5) == [] and remote.read_bytes("a/b.bin") == b"only here"
+
+
+def test_status_and_close_say_what_is_not_off_the_machine(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "spec.yaml").write_text(
+        "name: t\npackages: [{gpu: rtx4090, days: 3}]\n"
+        "calendar: [{name: prep, kind: human, hours: 1}]\n"
+        "storage: {url: 's3://bucket/camp'}\n")
+    LocalStore(out / "spool").write_bytes(f"{RUN}/{LATEST_FILE}", data=b"{}")
+    st = campaign_status(out, store=LocalStore(tmp_path / "bucket"))
+    assert st["checkpoints"]["only_local"] == [f"{RUN}/{LATEST_FILE}"] and not st["safe"]
+    assert "spool/" not in " ".join(st["outputs"]["only_local"])
+    env = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "very-secret-value",
+           "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}  # nothing listens
+    done = mirror_output(out, url="s3://bucket/camp", env=env, drain_s=0)
+    assert done["spooled"] == [f"{RUN}/{LATEST_FILE}"] and "very-secret" not in done["error"]
+    assert (out / "spool" / RUN / LATEST_FILE).is_file()
