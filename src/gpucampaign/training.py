@@ -8,7 +8,8 @@
 - at completion ``model/`` (the reloadable model folder) and ``result.json`` (``RunResult``).
 
 Checkpoints go to the ``Store`` under ``<run_id>/`` (see ``checkpoint.py``). The loop reaches
-the model, data, loss and evaluation only through the run's work object (``tabular.py``).
+the model, data, loss and evaluation only through the run's ``Recipe`` (``recipe.py``; the
+built-in ``mlp`` and ``cnn`` are recipes too, in ``recipes/tabular.py``).
 
 Determinism: python/numpy/torch seeded, a seeded DataLoader generator, a pinned thread
 count; the checkpoint keeps the generator state from the TOP of the epoch, and a resume
@@ -18,7 +19,6 @@ On CPU a resumed run is bit-identical to an uninterrupted one.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -37,12 +37,22 @@ from gpucampaign.checkpoint import (
     capture_rng,
     restore_rng,
 )
-from gpucampaign.corpus import Corpus
 from gpucampaign.files import atomic_write_bytes, json_bytes, median
 from gpucampaign.metrics import MetricsLog, truncate_metrics
+from gpucampaign.recipe import (
+    Recipe,
+    RecipeContext,
+    call,
+    check_datasets,
+    check_loss,
+    check_metrics,
+    load_recipe,
+    recipe_file,
+    recipe_file_sha256,
+)
 from gpucampaign.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
 from gpucampaign.savepolicy import SavePolicy
-from gpucampaign.spec import CampaignSpec, RunConfig, SpecError, canonical_json
+from gpucampaign.spec import CampaignSpec, RunConfig, SpecError
 from gpucampaign.stoprules import (
     BelowThreshold,
     EssentialInputMissing,
@@ -50,13 +60,13 @@ from gpucampaign.stoprules import (
     NoUsableRestart,
 )
 from gpucampaign.storage import Store
-from gpucampaign.tabular import TabularClassifier
 from gpucampaign.torchsetup import (
     AMP_DTYPES,
     GLOBAL_RNG_LOCK,
     build_optimizer,
     build_scheduler,
     check_precision,
+    device_settings,
     pick_device,
     seed_everything,
 )
@@ -70,12 +80,8 @@ ProgressFn = Callable[[dict[str, Any]], None]
 
 
 def run_config_sha256(spec: CampaignSpec, run: str) -> str:
-    """Full sha256 over the same payload as the run ID (config + pinned corpus)."""
-    payload = {
-        "config": spec.run_config(run).model_dump(mode="json"),
-        "corpus_sha256": spec.corpus.sha256 if spec.corpus else None,
-    }
-    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+    """Full sha256 over the same payload as the run ID (config, pinned corpus, recipe file)."""
+    return spec.run_sha256(run)
 
 
 # --- one start of a run -----------------------------------------------------------------------
@@ -88,11 +94,14 @@ class _Run:
     run_id: str
     config: RunConfig
     config_sha256: str
-    corpus: Corpus
+    corpus: Any
     out_dir: Path
     t_call: float
     device: torch.device
-    work: TabularClassifier
+    recipe: Recipe
+    ctx: RecipeContext
+    datasets: dict[str, Any]
+    described: dict[str, Any]
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -135,7 +144,7 @@ class _Run:
 
 
 def _check_arguments(
-    spec: CampaignSpec, *, run: str, corpus: Corpus, stop_after_steps: int | None,
+    spec: CampaignSpec, *, run: str, corpus: Any, stop_after_steps: int | None,
     checkpoint_every: int | None,
 ) -> str:
     """The run ID, once the arguments and the corpus are checked."""
@@ -154,33 +163,58 @@ def _check_arguments(
     return run_id
 
 
+def recipe_context(config: RunConfig, *, corpus: Any, run_id: str, device: torch.device
+                   ) -> RecipeContext:
+    """The ``ctx`` a run's recipe receives; ``corpus`` is a table ``Corpus`` or a ``Pinned``."""
+    from gpucampaign.recipe import Pinned
+
+    pinned = (Pinned(path=Path(corpus.path), sha256=corpus.sha256,
+                     kind=getattr(corpus, "kind", "file")) if corpus is not None else None)
+    return RecipeContext(args=dict(config.args), corpus=pinned, device=device, seed=config.seed,
+                         run_id=run_id, inputs=dict(getattr(corpus, "inputs", None) or {}),
+                         config=config, table=corpus if hasattr(corpus, "splits") else None)
+
+
+def build_datasets(recipe: Recipe, config: RunConfig, ctx: RecipeContext) -> dict[str, Any]:
+    """The recipe's splits, checked (``train`` present and non-empty)."""
+    if config.builtin and ctx.table is None:
+        raise SpecError(f"recipe '{config.recipe}' trains on a feature table (CSV/Parquet "
+                        "with id, split and label columns); give one as the corpus.",
+                        field="corpus.path")
+    return check_datasets(config.recipe, call(config.recipe, "datasets", recipe.datasets, ctx))
+
+
 def _setup(
-    spec: CampaignSpec, *, run: str, corpus: Corpus, store: Store, out_dir: Path,
+    spec: CampaignSpec, *, run: str, corpus: Any, store: Store, out_dir: Path,
     stop_after_steps: int | None, t_call: float,
 ) -> _Run:
     """Build everything in the same order on every start, resumed or not."""
     config = spec.run_config(run)
     run_id = spec.run_id(run)
     config_sha = run_config_sha256(spec, run)
-    device = pick_device()
+    device = pick_device(config.device)
     check_precision(config.precision, device)
     torch.set_num_threads(config.threads)
-    work = TabularClassifier(config, corpus)
-    train = work.datasets()["train"]
+    recipe = load_recipe(config.recipe)
+    ctx = recipe_context(config, corpus=corpus, run_id=run_id, device=device)
     with GLOBAL_RNG_LOCK:
         seed_everything(config.seed)
-        model = work.model()
+        datasets = build_datasets(recipe, config, ctx)
+        model = call(config.recipe, "model", recipe.model, ctx)
     model.to(device).train()
     optimizer = build_optimizer(config, model.parameters())
     generator = torch.Generator().manual_seed(config.seed)
+    train = datasets["train"]
     loader = DataLoader(train, batch_size=config.batch_size, shuffle=True, generator=generator,
-                        num_workers=0)
+                        num_workers=0, collate_fn=recipe.collate_fn)
     planned = config.planned_steps(len(train))
     amp_dtype = AMP_DTYPES[config.precision]
     r = _Run(
         spec=spec, run=run, run_id=run_id, config=config, config_sha256=config_sha,
-        corpus=corpus, out_dir=out_dir, t_call=t_call, device=device, work=work, model=model,
-        optimizer=optimizer,
+        corpus=corpus, out_dir=out_dir, t_call=t_call, device=device, recipe=recipe, ctx=ctx,
+        datasets=datasets, described=call(config.recipe, "describe", recipe.describe, ctx,
+                                          datasets),
+        model=model, optimizer=optimizer,
         scheduler=build_scheduler(config, optimizer, planned_steps=planned),
         scaler=torch.amp.GradScaler(device.type, enabled=config.precision == "fp16"),
         autocast=(torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None
@@ -202,13 +236,26 @@ def _write_params(r: _Run) -> None:
         "run_id": r.run_id, "run": r.run, "tier": spec.tier_of(r.run),
         "config": r.config.model_dump(mode="json"), "config_sha256": r.config_sha256,
         "corpus_sha256": r.corpus.sha256, "planned_steps": r.planned,
-        "steps_per_epoch": r.steps_per_epoch, **r.work.describe(), "device": r.device.type,
+        "steps_per_epoch": r.steps_per_epoch, "n_train": len(r.datasets["train"]),
+        **recipe_record(r.config), **r.described, **device_settings(r.device),
         "threads": r.config.threads, "torch": torch.__version__,
         "decision_rule": (spec.decision_rule.model_dump(mode="json")
                           if spec.decision_rule else None),
         "stop_rules": spec.stop_rules.model_dump(mode="json"),
     }
     atomic_write_bytes(r.out_dir / PARAMS_FILE, json_bytes(params))
+
+
+def recipe_record(config: RunConfig) -> dict[str, Any]:
+    """The recipe, its arguments and its file's hash and folder (built-ins: no file)."""
+    if config.builtin:
+        return {"recipe": config.recipe, "args": config.args}
+    path = recipe_file(config.recipe)
+    depth = config.recipe.partition(":")[0].count(".")
+    return {"recipe": config.recipe, "args": config.args,
+            "recipe_sha256": recipe_file_sha256(config.recipe),
+            "recipe_dir": str(path.parents[depth]) if path.name != "__init__.py"
+            else str(path.parents[depth + 1])}
 
 
 def _restore(r: _Run) -> LoadedCheckpoint | None:
@@ -231,6 +278,8 @@ def _restore(r: _Run) -> LoadedCheckpoint | None:
         r.scheduler.load_state_dict(state["scheduler"])
     if state["scaler"]:
         r.scaler.load_state_dict(state["scaler"])
+    if state.get("recipe"):
+        r.recipe.load_state_dict(state["recipe"])
     cursor, counters = state["cursor"], state["counters"]
     r.global_step, r.epoch = int(counters["global_step"]), int(cursor["epoch"])
     r.batch_in_epoch = int(cursor["batch_in_epoch"])
@@ -293,10 +342,11 @@ def _start_epoch(r: _Run) -> Iterator[Any]:
 def _train_step(r: _Run, batches: Iterator[Any]) -> dict[str, Any]:
     """One optimizer step on the next batch; returns its ``train`` row."""
     t0 = time.perf_counter()
-    batch = tuple(t.to(r.device, non_blocking=True) for t in next(batches))
+    batch = to_device(next(batches), r.device)
     lr = r.optimizer.param_groups[0]["lr"]
+    name = r.config.recipe
     with r.autocast:
-        loss = r.work.loss(r.model, batch)
+        loss = check_loss(name, call(name, "loss", r.recipe.loss, r.model, batch))
     loss_value = loss.item()
     if not math.isfinite(loss_value) and r.spec.stop_rules.non_finite_loss:
         raise NonFiniteLoss(
@@ -308,7 +358,7 @@ def _train_step(r: _Run, batches: Iterator[Any]) -> dict[str, Any]:
     r.scaler.update()
     if r.scheduler is not None:
         r.scheduler.step()
-    n = len(batch[0])
+    n = batch_len(batch)
     r.global_step += 1
     r.batch_in_epoch += 1
     r.samples_seen += n
@@ -345,6 +395,7 @@ def _save(r: _Run) -> None:
         "optimizer": r.optimizer.state_dict(),
         "scheduler": r.scheduler.state_dict() if r.scheduler is not None else None,
         "scaler": r.scaler.state_dict(),
+        "recipe": r.recipe.state_dict(),
         "rng": capture_rng(),
         "cursor": {"epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch,
                    "epoch_generator_state": r.epoch_gen_state},
@@ -357,7 +408,7 @@ def _save(r: _Run) -> None:
                                "epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch,
                                "planned_steps": r.planned, "steps_per_epoch": r.steps_per_epoch,
                                "step_s": step_s, "threads": r.config.threads,
-                               "device": r.device.type, "precision": r.config.precision})
+                               "device": str(r.device), "precision": r.config.precision})
     r.saves.append(saved)
     r.policy.saved(r.global_step, save_costs=[s.save_s for s in r.saves], step_s=step_s)
     r.mlog.write({
@@ -369,15 +420,55 @@ def _save(r: _Run) -> None:
 
 def _evaluate(r: _Run, split: str, *, final: bool) -> dict[str, float] | None:
     """Evaluate on ``split`` and log an ``eval`` row; None when the split is empty."""
-    dataset = r.work.datasets().get(split)
+    dataset = r.datasets.get(split)
     if dataset is None or len(dataset) == 0:
         return None
     t0 = time.perf_counter()
-    metrics = r.work.evaluate(r.model, dataset, device=r.device)
+    rule = r.spec.decision_rule
+    metrics = evaluate_split(r.recipe, r.model, dataset, config=r.config, device=r.device,
+                             need=rule.metric if rule else None)
     r.eval_times.append(time.perf_counter() - t0)
     r.mlog.write({"kind": "eval", "step": r.global_step, "epoch": r.epoch, "split": split,
                   **metrics, "eval_s": r.eval_times[-1], "final": final})
     return metrics
+
+
+def evaluate_split(recipe: Recipe, model: torch.nn.Module, dataset: Any, *, config: RunConfig,
+                   device: torch.device, need: str | None) -> dict[str, float]:
+    """The recipe's metrics over one split: batches in order, eval mode, no gradient, fp32."""
+    loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=False, num_workers=0,
+                        collate_fn=recipe.collate_fn)
+    batches = (to_device(b, device) for b in loader)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = call(config.recipe, "evaluate", recipe.evaluate, model, batches)
+    finally:
+        model.train(was_training)
+    return check_metrics(config.recipe, out, need=need)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor in it (tuples, lists, dicts) moved to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def batch_len(batch: Any) -> int:
+    """Examples in a batch: the first dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.ndim else 1
+    if isinstance(batch, dict):
+        return batch_len(next(iter(batch.values()))) if batch else 0
+    if isinstance(batch, list | tuple):
+        return batch_len(batch[0]) if batch else 0
+    return 1
 
 
 def _report(r: _Run, row: dict[str, Any], *, progress: ProgressFn | None, bar: Any) -> None:
@@ -405,8 +496,7 @@ def _finish(r: _Run, *, train_s: float) -> RunResult:
     eval_metrics = {s: m for s in EVAL_SPLITS if (m := _evaluate(r, s, final=True)) is not None}
     rule = r.spec.decision_rule
     metrics = eval_metrics.get(rule.split if rule else "test", {})
-    r.work.save_model(r.model, r.out_dir / MODEL_DIR, extra={
-        "run_id": r.run_id, "run": r.run, "steps": r.global_step, "metrics": metrics})
+    _save_model(r, metrics)
     stop = _quality_stop(r.spec, r.run_id, metrics, step=r.global_step)
     res = _result(r, completed=True, metrics=metrics, eval_metrics=eval_metrics, train_s=train_s,
                   stop=stop.to_record() if stop else None)
@@ -415,6 +505,20 @@ def _finish(r: _Run, *, train_s: float) -> RunResult:
     if stop is not None:
         raise stop
     return res
+
+
+def _save_model(r: _Run, metrics: dict[str, float]) -> None:
+    """The reloadable model folder: weights, and a config naming recipe, args and inputs."""
+    from gpucampaign.recipes import save_model_dir
+
+    pins = {name: {"path": str(p.path), "sha256": p.sha256, "kind": p.kind}
+            for name, p in r.ctx.inputs.items()}
+    corpus = r.ctx.corpus
+    save_model_dir(r.model, r.out_dir / MODEL_DIR, config=r.config, extra={
+        **r.described, **recipe_record(r.config), "corpus_sha256": r.corpus.sha256,
+        "corpus": {"path": str(corpus.path), "sha256": corpus.sha256, "kind": corpus.kind},
+        "inputs": pins, "run_id": r.run_id, "run": r.run, "steps": r.global_step,
+        "metrics": metrics})
 
 
 def _quality_stop(spec: CampaignSpec, run_id: str, metrics: dict[str, float], *, step: int
@@ -464,7 +568,7 @@ def train_run(
     spec: CampaignSpec,
     *,
     run: str,
-    corpus: Corpus,
+    corpus: Any,
     store: Store,
     out_dir: Path,
     stop_after_steps: int | None = None,
@@ -477,7 +581,8 @@ def train_run(
     Args:
         spec: The campaign spec.
         run: ``control`` or a variant name.
-        corpus: The loaded corpus (its sha256 must be the pinned one).
+        corpus: The loaded corpus (its sha256 must be the pinned one): a table ``Corpus`` for
+            the built-in recipes, a ``Pinned`` file or folder for the others.
         store: Checkpoint store; ``<run_id>/LATEST`` there is resumed from when valid.
         out_dir: The run folder ``OUT/runs/<run_id>/``.
         stop_after_steps: Pilot mode: stop at this global step, checkpoint, return with

@@ -84,8 +84,8 @@ def save_model_dir(
     path: str | Path,
     *,
     config: RunConfig,
-    n_features: int,
-    n_classes: int,
+    n_features: int | None = None,
+    n_classes: int | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write ``path/model.safetensors`` and ``path/config.json``, replacing ``path`` atomically.
@@ -94,9 +94,10 @@ def save_model_dir(
         model: The trained model (any device).
         path: The model folder to create (e.g. ``OUT/runs/<run_id>/model``).
         config: The run config that built the model.
-        n_features: Input width.
-        n_classes: Number of classes.
-        extra: More JSON fields for ``config.json`` (run_id, classes, corpus sha256...).
+        n_features: Input width (built-in recipes).
+        n_classes: Number of classes (built-in recipes).
+        extra: More JSON fields for ``config.json`` (run_id, classes, corpus sha256, the
+            recipe's args and file hash...).
 
     Returns:
         The content written to ``config.json``.
@@ -116,9 +117,9 @@ def save_model_dir(
         info = {
             "format": MODEL_FORMAT,
             "recipe": config.recipe,
+            "args": config.args,
             "run_config": config.model_dump(mode="json"),
-            "n_features": n_features,
-            "n_classes": n_classes,
+            **({"n_features": n_features, "n_classes": n_classes} if n_features else {}),
             "versions": library_versions(),
             "git": _git_state(),
             "base_model_revision": None,
@@ -176,11 +177,51 @@ def load_model_dir(path: str | Path, *, map_location: str = "cpu") -> nn.Module:
             f"'{w_path}' does not match the sha256 recorded in {CONFIG_FILE}.", field="model"
         )
     config = RunConfig.model_validate(info["run_config"])
-    model = build_model(
-        config, n_features=int(info["n_features"]), n_classes=int(info["n_classes"])
-    )
+    if config.builtin:
+        model = build_model(
+            config, n_features=int(info["n_features"]), n_classes=int(info["n_classes"])
+        )
+    else:
+        model = rebuild_recipe_model(info, config=config, device=map_location)
     model.load_state_dict(load_file(str(w_path), device=map_location), strict=True)
     return model.to(map_location).eval()
+
+
+def rebuild_recipe_model(info: dict[str, Any], *, config: RunConfig, device: str) -> nn.Module:
+    """The untrained model of a user's recipe, rebuilt through the recipe from ``config.json``.
+
+    The recipe's folder recorded there is put on ``sys.path``; its module file must still have
+    the recorded sha256, so the weights meet the code that made them.
+
+    Raises:
+        SpecError: The recipe does not import, or its file changed since the model was saved.
+    """
+    from gpucampaign.recipe import (
+        Pinned,
+        RecipeContext,
+        call,
+        load_recipe,
+        recipe_file_sha256,
+        use_recipe_dir,
+    )
+
+    if info.get("recipe_dir"):
+        use_recipe_dir(info["recipe_dir"])
+    want = info.get("recipe_sha256")
+    if want and recipe_file_sha256(config.recipe) != want:
+        raise SpecError(f"recipe '{config.recipe}': its file changed since the model was saved "
+                        f"(recorded sha256 {want}); restore that version to reload.",
+                        field="model")
+    recipe = load_recipe(config.recipe)
+    pins = {name: Pinned(path=Path(p["path"]), sha256=p["sha256"], kind=p.get("kind", "file"))
+            for name, p in (info.get("inputs") or {}).items()}
+    corpus = info.get("corpus")
+    ctx = RecipeContext(
+        args=dict(config.args), device=torch.device(device), seed=config.seed,
+        run_id=str(info.get("run_id", "")), inputs=pins, config=config,
+        corpus=(Pinned(path=Path(corpus["path"]), sha256=corpus["sha256"],
+                       kind=corpus.get("kind", "file")) if corpus else None))
+    return call(config.recipe, "model", recipe.model, ctx)
 
 
 @torch.no_grad()
