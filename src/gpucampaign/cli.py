@@ -345,6 +345,7 @@ def run_cmd(
     target = out or Path("out") / cs.name
     # Refused before Prefect starts: a clear message, no flow-run traceback.
     OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
+    _preflight_recipes(cs, base_dir=spec.resolve().parent)
     flow = load_flow("campaign", "campaign")
     state = flow(spec=str(spec), out=str(target), decision_mode=decision, return_state=True)
     summary = state.result(raise_on_failure=False)
@@ -356,6 +357,23 @@ def run_cmd(
         raise typer.Exit(EXIT_STOPPED)
     if verdict.get("kind") == "re-pose":
         raise typer.Exit(EXIT_STOPPED)
+
+
+def _preflight_recipes(cs: Any, *, base_dir: Path) -> None:
+    """Try a spec's own recipes once before Prefect starts: a bad one is exit 2, no traceback.
+
+    A missing or changed corpus is left to the flow, whose audit records the stop.
+    """
+    from gpucampaign.corpus import load_spec_corpus
+    from gpucampaign.recipe_runtime import preflight
+
+    if cs.control is None or cs.corpus is None or cs.needs_table():
+        return
+    try:
+        corpus = load_spec_corpus(cs, base_dir=base_dir)
+    except StopRule:
+        return
+    preflight(cs, corpus=corpus)
 
 
 def _print_run_summary(summary: dict[str, Any], *, target: Path) -> dict[str, Any]:

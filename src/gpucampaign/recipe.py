@@ -40,12 +40,16 @@ class RecipeError(SpecError):
 
 @dataclass(frozen=True)
 class Pinned:
-    """A pinned input (the corpus or one of ``inputs``): a file or a folder, verified."""
+    """A pinned input (the corpus or one of ``inputs``): a file or a folder, verified.
+
+    A corpus loaded for a run also carries the spec's other pinned ``inputs``.
+    """
 
     path: Path
     sha256: str
     kind: str = "file"
-    load_s: float = 0.0
+    load_s: float = field(default=0.0, compare=False)
+    inputs: dict[str, Pinned] = field(default_factory=dict, compare=False)
 
 
 @dataclass

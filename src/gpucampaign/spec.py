@@ -109,9 +109,13 @@ class Step(_Frozen):
 class CorpusSpec(_Frozen):
     """A fixed corpus file, pinned by its hash."""
 
-    path: str = Field(description="CSV or Parquet file, relative to the spec file's folder.")
+    path: str = Field(
+        description="Relative to the spec file's folder: a CSV or Parquet table for the built-in "
+        "recipes; any file, or a folder pinned by its manifest, for your own recipe."
+    )
     sha256: str = Field(
-        pattern=r"^[0-9a-f]{64}$", description="sha256 the file must have (lower-case hex)."
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 the file must have, or of a folder's manifest (lower-case hex).",
     )
     id_column: str = Field(default="id", description="Column with the unique row identifier.")
     label_column: str = Field(default="label", description="Column with the integer class label.")
@@ -123,6 +127,21 @@ class CorpusSpec(_Frozen):
     @classmethod
     def _inside(cls, v: str) -> str:
         return check_relative_path(v, field="corpus.path")
+
+
+class InputSpec(_Frozen):
+    """A pinned input beyond the corpus (a base model, an adapter): a file or a folder."""
+
+    path: str = Field(description="File or folder, relative to the spec file's folder.")
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 of the file, or of a folder's manifest (`campaign pin PATH`).",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, v: str) -> str:
+        return check_relative_path(v, field="inputs.path")
 
 
 class RunConfig(_Frozen):
@@ -376,6 +395,11 @@ class CampaignSpec(_Frozen):
         default=None, description="Extra catalog YAML, relative to the spec file."
     )
     corpus: CorpusSpec | None = Field(default=None, description="The fixed corpus.")
+    inputs: dict[str, InputSpec] = Field(
+        default_factory=dict,
+        description="More pinned inputs by name (e.g. a base model), given to recipes as "
+        "ctx.inputs[name].",
+    )
     control: RunConfig | None = Field(default=None, description="The control run's configuration.")
     variants: tuple[Variant, ...] = Field(
         default=(), description="Variants, each changing few factors."
@@ -484,8 +508,13 @@ class CampaignSpec(_Frozen):
     def run_sha256(self, run: str) -> str:
         """Full sha256 over the run's payload: config, pinned corpus and recipe file."""
         return run_payload_sha256(
-            self.run_config(run), corpus_sha256=self.corpus.sha256 if self.corpus else None
+            self.run_config(run), corpus_sha256=self.corpus.sha256 if self.corpus else None,
+            inputs={k: v.sha256 for k, v in self.inputs.items()},
         )
+
+    def needs_table(self) -> bool:
+        """True when a run uses a built-in recipe, which reads the corpus as a feature table."""
+        return any(self.run_config(r).builtin for r in self.run_names()) or self.control is None
 
 
 def merge_changes(control: RunConfig, changes: dict[str, Any]) -> RunConfig:
@@ -496,7 +525,9 @@ def merge_changes(control: RunConfig, changes: dict[str, Any]) -> RunConfig:
     return RunConfig.model_validate(data)
 
 
-def run_payload_sha256(config: RunConfig, *, corpus_sha256: str | None = None) -> str:
+def run_payload_sha256(
+    config: RunConfig, *, corpus_sha256: str | None = None, inputs: dict[str, str] | None = None
+) -> str:
     """sha256 of what defines a run: the config, the pinned corpus and the recipe's file.
 
     The recipe file's hash enters only for recipes given by import path, so editing that code
@@ -504,6 +535,8 @@ def run_payload_sha256(config: RunConfig, *, corpus_sha256: str | None = None) -
     """
     payload: dict[str, Any] = {"config": config.model_dump(mode="json"),
                                "corpus_sha256": corpus_sha256}
+    if inputs:
+        payload["inputs"] = dict(inputs)
     if not config.builtin:
         from gpucampaign.recipe import recipe_file_sha256
 

@@ -19,6 +19,7 @@ On CPU a resumed run is bit-identical to an uninterrupted one.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -39,16 +40,14 @@ from gpucampaign.checkpoint import (
 )
 from gpucampaign.files import atomic_write_bytes, json_bytes, median
 from gpucampaign.metrics import MetricsLog, truncate_metrics
-from gpucampaign.recipe import (
-    Recipe,
-    RecipeContext,
-    call,
-    check_datasets,
-    check_loss,
-    check_metrics,
-    load_recipe,
-    recipe_file,
-    recipe_file_sha256,
+from gpucampaign.recipe import Recipe, RecipeContext, call, check_loss, load_recipe
+from gpucampaign.recipe_runtime import (
+    batch_len,
+    build_datasets,
+    evaluate_split,
+    recipe_context,
+    recipe_record,
+    to_device,
 )
 from gpucampaign.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
 from gpucampaign.savepolicy import SavePolicy
@@ -163,25 +162,10 @@ def _check_arguments(
     return run_id
 
 
-def recipe_context(config: RunConfig, *, corpus: Any, run_id: str, device: torch.device
-                   ) -> RecipeContext:
-    """The ``ctx`` a run's recipe receives; ``corpus`` is a table ``Corpus`` or a ``Pinned``."""
-    from gpucampaign.recipe import Pinned
-
-    pinned = (Pinned(path=Path(corpus.path), sha256=corpus.sha256,
-                     kind=getattr(corpus, "kind", "file")) if corpus is not None else None)
-    return RecipeContext(args=dict(config.args), corpus=pinned, device=device, seed=config.seed,
-                         run_id=run_id, inputs=dict(getattr(corpus, "inputs", None) or {}),
-                         config=config, table=corpus if hasattr(corpus, "splits") else None)
-
-
-def build_datasets(recipe: Recipe, config: RunConfig, ctx: RecipeContext) -> dict[str, Any]:
-    """The recipe's splits, checked (``train`` present and non-empty)."""
-    if config.builtin and ctx.table is None:
-        raise SpecError(f"recipe '{config.recipe}' trains on a feature table (CSV/Parquet "
-                        "with id, split and label columns); give one as the corpus.",
-                        field="corpus.path")
-    return check_datasets(config.recipe, call(config.recipe, "datasets", recipe.datasets, ctx))
+def read_params(out_dir: str | Path) -> dict[str, Any]:
+    """A run folder's ``params.json`` (empty when the run never started)."""
+    path = Path(out_dir) / PARAMS_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def _setup(
@@ -244,18 +228,6 @@ def _write_params(r: _Run) -> None:
         "stop_rules": spec.stop_rules.model_dump(mode="json"),
     }
     atomic_write_bytes(r.out_dir / PARAMS_FILE, json_bytes(params))
-
-
-def recipe_record(config: RunConfig) -> dict[str, Any]:
-    """The recipe, its arguments and its file's hash and folder (built-ins: no file)."""
-    if config.builtin:
-        return {"recipe": config.recipe, "args": config.args}
-    path = recipe_file(config.recipe)
-    depth = config.recipe.partition(":")[0].count(".")
-    return {"recipe": config.recipe, "args": config.args,
-            "recipe_sha256": recipe_file_sha256(config.recipe),
-            "recipe_dir": str(path.parents[depth]) if path.name != "__init__.py"
-            else str(path.parents[depth + 1])}
 
 
 def _restore(r: _Run) -> LoadedCheckpoint | None:
@@ -431,44 +403,6 @@ def _evaluate(r: _Run, split: str, *, final: bool) -> dict[str, float] | None:
     r.mlog.write({"kind": "eval", "step": r.global_step, "epoch": r.epoch, "split": split,
                   **metrics, "eval_s": r.eval_times[-1], "final": final})
     return metrics
-
-
-def evaluate_split(recipe: Recipe, model: torch.nn.Module, dataset: Any, *, config: RunConfig,
-                   device: torch.device, need: str | None) -> dict[str, float]:
-    """The recipe's metrics over one split: batches in order, eval mode, no gradient, fp32."""
-    loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=False, num_workers=0,
-                        collate_fn=recipe.collate_fn)
-    batches = (to_device(b, device) for b in loader)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = call(config.recipe, "evaluate", recipe.evaluate, model, batches)
-    finally:
-        model.train(was_training)
-    return check_metrics(config.recipe, out, need=need)
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """``batch`` with every tensor in it (tuples, lists, dicts) moved to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, list | tuple):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
-
-
-def batch_len(batch: Any) -> int:
-    """Examples in a batch: the first dimension of its first tensor."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.ndim else 1
-    if isinstance(batch, dict):
-        return batch_len(next(iter(batch.values()))) if batch else 0
-    if isinstance(batch, list | tuple):
-        return batch_len(batch[0]) if batch else 0
-    return 1
 
 
 def _report(r: _Run, row: dict[str, Any], *, progress: ProgressFn | None, bar: Any) -> None:
