@@ -219,12 +219,19 @@ def packages_cmd(
 @handle_errors
 def init_cmd(
     directory: Path = typer.Argument(..., help="Folder for the new campaign (created if needed)."),
+    example: str = typer.Option(
+        "digits", "--example", help="'digits' (built-in MLP on a table) or 'textlm' (your own "
+        "recipe: a character-level transformer on a text file)."),
 ) -> None:
-    """Write a ready digits campaign: DIR/campaign.yaml, DIR/data/digits.csv (exit 2: exists)."""
+    """Write a ready campaign: DIR/campaign.yaml and its pinned corpus (exit 2: exists)."""
     from gpucampaign.scaffold import init_campaign
+    from gpucampaign.scaffold_textlm import init_textlm
 
-    spec_path = init_campaign(directory)
-    console.print(f"wrote {spec_path} and {directory / 'data' / 'digits.csv'}", highlight=False)
+    if example not in ("digits", "textlm"):
+        raise SpecError(f"option '--example': '{example}' is not an example; use 'digits' or "
+                        "'textlm'.", field="--example")
+    spec_path = init_textlm(directory) if example == "textlm" else init_campaign(directory)
+    console.print(f"wrote {spec_path} and its corpus under {directory / 'data'}", highlight=False)
     console.print(f"next: campaign plan {spec_path}", highlight=False)
 
 

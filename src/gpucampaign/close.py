@@ -113,15 +113,18 @@ def analyse_runs(
     """
     folder = OutputFolder(root)
     preds = {}
+    analyses: dict[str, dict[str, Any]] = {}
     for run in runs:
         rid = spec.run_id(run)
+        if not spec.run_config(run).builtin:
+            _analyse_recipe_run(folder, rid, corpus=corpus, split=spec.decision_split)
+            continue
         path = folder.run_dir(rid) / "predictions.csv"
         preds[run] = (
             read_predictions(path)
             if path.is_file()
             else write_run_predictions(folder.root, rid, corpus=corpus, split=spec.decision_split)
         )
-    analyses: dict[str, dict[str, Any]] = {}
     for run, pred in preds.items():
         control = None if run == "control" else preds.get("control")
         analyses[run] = error_analysis(
@@ -129,6 +132,14 @@ def analyse_runs(
         )
         folder.write_json(f"runs/{spec.run_id(run)}/error_analysis.json", analyses[run])
     return analyses
+
+
+def _analyse_recipe_run(folder: OutputFolder, run_id: str, *, corpus: Any, split: str) -> None:
+    """A user's recipe run: its predictions file and what it holds (no classifier analysis)."""
+    from gpucampaign.recipe_predictions import recipe_analysis, write_recipe_predictions
+
+    rows = write_recipe_predictions(folder.root, run_id, corpus=corpus, split=split)
+    folder.write_json(f"runs/{run_id}/error_analysis.json", recipe_analysis(rows, split=split))
 
 
 def expected_runs(states: Mapping[str, RunState]) -> dict[str, dict[str, Any]]:

@@ -377,6 +377,10 @@ def audit_corpus(
         EssentialInputMissing: File missing or altered, or (strict) any hard finding.
         SpecError: No corpus section, a path escaping ``base_dir``, unreadable columns.
     """
+    if spec.corpus is not None and not spec.needs_table():
+        from gpucampaign.recipe_runtime import audit_recipe_corpus
+
+        return audit_recipe_corpus(spec, base_dir=base_dir, strict=strict)
     t0 = time.perf_counter()
     path = corpus_path(spec, base_dir=base_dir)
     assert spec.corpus is not None
