@@ -4,6 +4,7 @@ resumed exactly, reloaded without pickle; every bad-recipe class gives a clear e
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 import uuid
 from pathlib import Path
@@ -121,14 +122,44 @@ def test_a_recipe_trains_end_to_end_and_reloads(tmp_path: Path) -> None:
     params = json.loads((folder / "params.json").read_text())
     assert params["recipe"] == f"{module}:Regress" and params["args"] == {"width": 4}
     assert params["recipe_sha256"] == sha256_file(tmp_path / f"{module}.py")
+    assert params["recipe_file"] == f"{module}.py" and str(tmp_path) not in json.dumps(params)
     assert params["n_train"] == 48 and params["device"] == "cpu"
     cfg = json.loads((folder / "model" / "config.json").read_text())
     assert cfg["recipe"] == f"{module}:Regress" and cfg["args"] == {"width": 4}
     assert cfg["recipe_sha256"] == params["recipe_sha256"]
-    assert cfg["corpus"]["sha256"] == spec.corpus.sha256
+    assert cfg["corpus"] == {"path": "points.txt", "sha256": spec.corpus.sha256, "kind": "file"}
+    kept = folder / "model" / "recipe" / f"{module}.py"
+    assert sha256_file(kept) == cfg["recipe_sha256"] == cfg["files"][f"recipe/{module}.py"]["sha256"]
+    assert str(tmp_path) not in (folder / "model" / "config.json").read_text()
     model = load_model_dir(folder / "model")
     x = torch.tensor([[0.5, 0.25]])
     assert model(x).shape == (1, 1)
+
+
+def test_a_recipe_model_folder_reloads_on_its_own_and_reproduces_its_predictions(
+    tmp_path: Path,
+) -> None:
+    import sys
+
+    from gpucampaign.recipe_predictions import recipe_reload_check, write_recipe_predictions
+
+    module = write_recipe(tmp_path)
+    spec = make_spec(tmp_path, module)
+    res = train(spec, tmp_path)
+    out = tmp_path / "out"
+    corpus = load_spec_corpus(spec, base_dir=tmp_path)
+    rows = write_recipe_predictions(out, res.run_id, corpus=corpus, split="test")
+    assert len(rows) == 3 and set(rows[0]) == {"batch", "rows", "mse"}  # 24 rows, batch 8
+    weights = torch.nn.Sequential(*load_model_dir(out / "runs" / res.run_id / "model"))
+    (tmp_path / f"{module}.py").unlink()  # the user's file is gone: the folder's copy serves
+    sys.modules.pop(module, None)
+    again = load_model_dir(out / "runs" / res.run_id / "model")
+    assert all(torch.equal(a, b) for a, b in zip(weights.state_dict().values(),
+                                                  again.state_dict().values(), strict=True))
+    check = recipe_reload_check(out, res.run_id, corpus=corpus)
+    assert check["ok"] and check["rows"] == 3 and check["mismatches"] == 0
+    (out / "runs" / res.run_id / "predictions.csv").write_text("batch,rows,mse\n0,8,0.5\n")
+    assert not recipe_reload_check(out, res.run_id, corpus=corpus)["ok"]
 
 
 def test_a_variant_changes_args_and_the_recipe_file_is_in_the_run_id(tmp_path: Path) -> None:
@@ -190,9 +221,7 @@ def test_a_base_model_input_is_pinned_and_given_to_the_recipe(tmp_path: Path) ->
     base_model = first / "out" / "runs" / res1.run_id / "model"
     second = tmp_path / "second"
     second.mkdir()
-    (second / "base").mkdir()
-    for f in base_model.iterdir():
-        (second / "base" / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(base_model, second / "base")  # the earlier campaign's model folder
     tuned = write_recipe(second, RECIPE + '''
 
 class FineTune(Regress):

@@ -77,12 +77,6 @@ def pin_inputs(spec: CampaignSpec, *, base_dir: str | Path, run_id: str) -> dict
     }
 
 
-def pin_recorded(record: dict[str, Any], *, run_id: str = "reload") -> Pinned:
-    """A pinned input as a model's ``config.json`` recorded it, checked again."""
-    return pin(Path(record["path"]), sha256=record["sha256"], run_id=run_id,
-               label=f"input '{record['path']}'")
-
-
 def describe_pin(p: Pinned) -> dict[str, Any]:
     """What the manifest and a model's ``config.json`` record of a pinned input."""
     out: dict[str, Any] = {"path": str(p.path), "sha256": p.sha256, "kind": p.kind}

@@ -95,7 +95,6 @@ def _model_and_data(root: str | Path, run_id: str, *, corpus: Any, split: str
 def _corpus_for(root: str | Path, info: dict[str, Any], corpus: Any) -> Any:
     """The corpus given, else the manifest's copy, else the path the model recorded."""
     from gpucampaign.manifest import corpus_file, read_manifest
-    from gpucampaign.pins import pin_recorded
 
     if corpus is not None:
         return corpus
@@ -104,8 +103,9 @@ def _corpus_for(root: str | Path, info: dict[str, Any], corpus: Any) -> Any:
         ref = read_manifest(root).get("corpus")
     except (OSError, ValueError):
         ref = None
-    path = corpus_file(root, ref) if ref else Path(recorded["path"])
-    inputs = {name: pin_recorded(p) for name, p in (info.get("inputs") or {}).items()}
+    path = corpus_file(root, ref) if ref else Path(recorded.get("path") or ".")
+    inputs = {name: Pinned(path=Path(p["path"]), sha256=p["sha256"], kind=p.get("kind", "file"))
+              for name, p in (info.get("inputs") or {}).items()}
     return Pinned(path=path, sha256=recorded.get("sha256", ""), kind=recorded.get("kind", "file"),
                   inputs=inputs)
 

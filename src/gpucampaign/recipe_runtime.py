@@ -57,15 +57,25 @@ def train_rows(spec: CampaignSpec, *, run: str, corpus: Any) -> int:
 
 
 def recipe_record(config: RunConfig) -> dict[str, Any]:
-    """The recipe, its arguments and its file's hash and folder (built-ins: no file)."""
+    """The recipe, its arguments and its file's name and hash (built-ins: no file).
+
+    No absolute path is recorded: the output folder must not point outside itself.
+    """
     if config.builtin:
         return {"recipe": config.recipe, "args": config.args}
-    path = recipe_file(config.recipe)
-    depth = config.recipe.partition(":")[0].count(".")
     return {"recipe": config.recipe, "args": config.args,
-            "recipe_sha256": recipe_file_sha256(config.recipe),
-            "recipe_dir": str(path.parents[depth]) if path.name != "__init__.py"
-            else str(path.parents[depth + 1])}
+            "recipe_file": recipe_module_path(config.recipe),
+            "recipe_sha256": recipe_file_sha256(config.recipe)}
+
+
+def recipe_module_path(recipe: str) -> str:
+    """The recipe file's path relative to its ``sys.path`` folder (``pkg/mod.py``)."""
+    module = recipe.partition(":")[0]
+    path = recipe_file(recipe)
+    parts = module.split(".")
+    if path.name == "__init__.py":
+        parts.append("__init__")
+    return "/".join(parts[:-1] + [parts[-1] + path.suffix])
 
 
 def evaluate_split(recipe: Recipe, model: torch.nn.Module, dataset: Any, *, config: RunConfig,

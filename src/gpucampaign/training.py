@@ -40,7 +40,7 @@ from gpucampaign.checkpoint import (
 )
 from gpucampaign.files import atomic_write_bytes, json_bytes, median
 from gpucampaign.metrics import MetricsLog, truncate_metrics
-from gpucampaign.recipe import Recipe, RecipeContext, call, check_loss, load_recipe
+from gpucampaign.recipe import Recipe, RecipeContext, call, check_loss, load_recipe, recipe_file
 from gpucampaign.recipe_runtime import (
     batch_len,
     build_datasets,
@@ -445,12 +445,17 @@ def _save_model(r: _Run, metrics: dict[str, float]) -> None:
     """The reloadable model folder: weights, and a config naming recipe, args and inputs."""
     from gpucampaign.recipes import save_model_dir
 
-    pins = {name: {"path": str(p.path), "sha256": p.sha256, "kind": p.kind}
+    spec, record = r.spec, recipe_record(r.config)
+    # Paths as the spec gives them (relative to its folder): never an absolute path.
+    pins = {name: {"path": spec.inputs[name].path, "sha256": p.sha256, "kind": p.kind}
             for name, p in r.ctx.inputs.items()}
     corpus = r.ctx.corpus
-    save_model_dir(r.model, r.out_dir / MODEL_DIR, config=r.config, extra={
-        **r.described, **recipe_record(r.config), "corpus_sha256": r.corpus.sha256,
-        "corpus": {"path": str(corpus.path), "sha256": corpus.sha256, "kind": corpus.kind},
+    sources = ({f"recipe/{record['recipe_file']}": recipe_file(r.config.recipe)}
+               if "recipe_file" in record else {})
+    save_model_dir(r.model, r.out_dir / MODEL_DIR, config=r.config, sources=sources, extra={
+        **r.described, **record, "corpus_sha256": r.corpus.sha256,
+        "corpus": {"path": spec.corpus.path if spec.corpus else None, "sha256": corpus.sha256,
+                   "kind": corpus.kind},
         "inputs": pins, "run_id": r.run_id, "run": r.run, "steps": r.global_step,
         "metrics": metrics})
 

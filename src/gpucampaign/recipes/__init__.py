@@ -87,6 +87,7 @@ def save_model_dir(
     n_features: int | None = None,
     n_classes: int | None = None,
     extra: dict[str, Any] | None = None,
+    sources: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """Write ``path/model.safetensors`` and ``path/config.json``, replacing ``path`` atomically.
 
@@ -98,6 +99,8 @@ def save_model_dir(
         n_classes: Number of classes (built-in recipes).
         extra: More JSON fields for ``config.json`` (run_id, classes, corpus sha256, the
             recipe's args and file hash...).
+        sources: Files copied into the folder at these relative paths (a user's recipe
+            source, so the folder rebuilds its model on its own); hashed in ``files``.
 
     Returns:
         The content written to ``config.json``.
@@ -114,6 +117,11 @@ def save_model_dir(
         with open(tmp / WEIGHTS_FILE, "rb+") as f:
             os.fsync(f.fileno())
         weights = tmp / WEIGHTS_FILE
+        copied = {}
+        for rel, src in (sources or {}).items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, tmp / rel)
+            copied[rel] = {"sha256": sha256_file(tmp / rel), "bytes": (tmp / rel).stat().st_size}
         info = {
             "format": MODEL_FORMAT,
             "recipe": config.recipe,
@@ -124,7 +132,8 @@ def save_model_dir(
             "git": _git_state(),
             "base_model_revision": None,
             "files": {
-                WEIGHTS_FILE: {"sha256": sha256_file(weights), "bytes": weights.stat().st_size}
+                WEIGHTS_FILE: {"sha256": sha256_file(weights), "bytes": weights.stat().st_size},
+                **copied,
             },
             **(extra or {}),
         }
@@ -182,16 +191,19 @@ def load_model_dir(path: str | Path, *, map_location: str = "cpu") -> nn.Module:
             config, n_features=int(info["n_features"]), n_classes=int(info["n_classes"])
         )
     else:
-        model = rebuild_recipe_model(info, config=config, device=map_location)
+        model = rebuild_recipe_model(info, config=config, folder=folder, device=map_location)
     model.load_state_dict(load_file(str(w_path), device=map_location), strict=True)
     return model.to(map_location).eval()
 
 
-def rebuild_recipe_model(info: dict[str, Any], *, config: RunConfig, device: str) -> nn.Module:
+def rebuild_recipe_model(
+    info: dict[str, Any], *, config: RunConfig, folder: Path, device: str
+) -> nn.Module:
     """The untrained model of a user's recipe, rebuilt through the recipe from ``config.json``.
 
-    The recipe's folder recorded there is put on ``sys.path``; its module file must still have
-    the recorded sha256, so the weights meet the code that made them.
+    The copy of the recipe's source kept in ``folder/recipe/`` is put first on ``sys.path``
+    (else the recipe is imported as installed); its file must have the recorded sha256, so
+    the weights meet the code that made them. Pinned paths are the spec's (relative).
 
     Raises:
         SpecError: The recipe does not import, or its file changed since the model was saved.
@@ -205,8 +217,8 @@ def rebuild_recipe_model(info: dict[str, Any], *, config: RunConfig, device: str
         use_recipe_dir,
     )
 
-    if info.get("recipe_dir"):
-        use_recipe_dir(info["recipe_dir"])
+    if (folder / "recipe").is_dir():
+        use_recipe_dir(folder / "recipe")
     want = info.get("recipe_sha256")
     if want and recipe_file_sha256(config.recipe) != want:
         raise SpecError(f"recipe '{config.recipe}': its file changed since the model was saved "
@@ -220,7 +232,8 @@ def rebuild_recipe_model(info: dict[str, Any], *, config: RunConfig, device: str
         args=dict(config.args), device=torch.device(device), seed=config.seed,
         run_id=str(info.get("run_id", "")), inputs=pins, config=config,
         corpus=(Pinned(path=Path(corpus["path"]), sha256=corpus["sha256"],
-                       kind=corpus.get("kind", "file")) if corpus else None))
+                       kind=corpus.get("kind", "file")) if corpus and corpus.get("path")
+                else None))
     return call(config.recipe, "model", recipe.model, ctx)
 
 
