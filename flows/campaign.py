@@ -17,6 +17,7 @@ from prefect.states import Failed
 from gpucampaign import calendar
 from gpucampaign.decision import Decision
 from gpucampaign.folder import OutputFolder
+from gpucampaign.recipe import use_recipe_dir
 from gpucampaign.records import read_pilot, run_states, write_pilot
 from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
 from gpucampaign.stoprules import StopRule
@@ -120,6 +121,7 @@ def _open(
     """The spec, the folder its paths are relative to, and the output folder keeping its copy."""
     if isinstance(spec, CampaignSpec):
         cs, base = spec, Path(base_dir or ".").resolve()
+        use_recipe_dir(base)  # a spec file's folder is put there by load_spec
         text = yaml.safe_dump(cs.model_dump(mode="json"), sort_keys=False).encode()
         source = "the spec object given"
     else:
@@ -145,7 +147,8 @@ def _experiments(
     logger = get_run_logger()
     essential = cs.essential_runs()
     measured = read_pilot(folder.root)
-    futures = {r: pilot.submit(cs, run=r, **common) for r in essential if r not in measured}
+    futures = {r: pilot.submit(cs, run=r, lane=i % max(1, lanes), **common)
+               for i, r in enumerate(essential) if r not in measured}
     pilot_stops, pilot_exc = [], []
     for run, fut in futures.items():
         stop = _stop_of(fut)
@@ -221,7 +224,7 @@ def _submit_in_lanes(
             tails[lane] = restart_future
         else:
             futures[item] = train.submit(
-                cs, run=item, run_id=cs.run_id(item), wait_for=wait, **common
+                cs, run=item, run_id=cs.run_id(item), lane=lane, wait_for=wait, **common
             )
             tails[lane] = futures[item]
     return futures, restart_future

@@ -57,6 +57,7 @@ def _run_training(
     run: str,
     phase: str,
     stop_after_steps: int | None,
+    lane: int = 0,
 ) -> tuple[RunResult, int]:
     """Train under the GPU slot with the busy time recorded; returns the result and the number
     of training rows."""
@@ -82,6 +83,7 @@ def _run_training(
                 out_dir=folder.run_dir(run_id),
                 stop_after_steps=stop_after_steps,
                 progress=progress,
+                lane=lane,
             )
             row.steps = 0 if result.reused else result.steps_done - (result.resumed_from_step or 0)
             if result.reused:
@@ -94,20 +96,27 @@ def _run_training(
 
 
 @task(name="pilot", task_run_name="pilot[{run}]", **PHASE_OPTIONS)
-def pilot(spec: CampaignSpec, *, base_dir: str, out: str, run: str) -> dict[str, Any]:
+def pilot(
+    spec: CampaignSpec, *, base_dir: str, out: str, run: str, lane: int = 0
+) -> dict[str, Any]:
     """The first ``pilot.steps`` steps of a run, measured; the full run resumes from them."""
     result, n_train = _run_training(
-        spec, base_dir=base_dir, out=out, run=run, phase="pilot", stop_after_steps=spec.pilot.steps
+        spec, base_dir=base_dir, out=out, run=run, phase="pilot",
+        stop_after_steps=spec.pilot.steps, lane=lane,
     )
     return pilot_measures(spec, run=run, result=result, n_train=n_train)
 
 
 @task(name="train", task_run_name="train[{run_id}]", **PHASE_OPTIONS)
-def train(spec: CampaignSpec, *, base_dir: str, out: str, run: str, run_id: str) -> dict[str, Any]:
-    """A full training run (control or variant); resumes from its last good checkpoint."""
+def train(
+    spec: CampaignSpec, *, base_dir: str, out: str, run: str, run_id: str, lane: int = 0
+) -> dict[str, Any]:
+    """A full training run (control or variant) on its lane's GPU; resumes from its last good
+    checkpoint."""
     if run_id != spec.run_id(run):
         raise ValueError(f"run_id {run_id} is not the ID of run '{run}' ({spec.run_id(run)})")
     result, n_train = _run_training(
-        spec, base_dir=base_dir, out=out, run=run, phase="train", stop_after_steps=None
+        spec, base_dir=base_dir, out=out, run=run, phase="train", stop_after_steps=None,
+        lane=lane,
     )
     return {**result.to_dict(), "n_train": n_train}

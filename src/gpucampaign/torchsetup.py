@@ -27,9 +27,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def pick_device(requested: str = "auto") -> torch.device:
+def pick_device(requested: str = "auto", *, lane: int = 0) -> torch.device:
     """The run config's ``device``: ``auto`` is CUDA when present, else CPU.
 
+    ``auto`` and ``cuda`` without an index take the GPU of the plan's lane (``lane`` modulo
+    the devices present), so two lanes never share device 0; ``cuda:N`` is taken as given.
     On CUDA, cuDNN is made deterministic (no benchmark autotuning).
 
     Raises:
@@ -40,7 +42,7 @@ def pick_device(requested: str = "auto") -> torch.device:
     device = torch.device(requested)
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        index = device.index or 0
+        index = device.index if device.index is not None else lane % max(1, count)
         if index >= count:
             raise SpecError(f"device '{requested}' is not available here ({count} CUDA "
                             "device(s)); use 'auto' or 'cpu'.", field="device")

@@ -170,13 +170,13 @@ def read_params(out_dir: str | Path) -> dict[str, Any]:
 
 def _setup(
     spec: CampaignSpec, *, run: str, corpus: Any, store: Store, out_dir: Path,
-    stop_after_steps: int | None, t_call: float,
+    stop_after_steps: int | None, t_call: float, lane: int = 0,
 ) -> _Run:
     """Build everything in the same order on every start, resumed or not."""
     config = spec.run_config(run)
     run_id = spec.run_id(run)
     config_sha = run_config_sha256(spec, run)
-    device = pick_device(config.device)
+    device = pick_device(config.device, lane=lane)
     check_precision(config.precision, device)
     torch.set_num_threads(config.threads)
     recipe = load_recipe(config.recipe)
@@ -514,6 +514,7 @@ def train_run(
     checkpoint_every: int | None = None,
     progress: ProgressFn | None = None,
     show_progress: bool = False,
+    lane: int = 0,
 ) -> RunResult:
     """Train (or resume, or return the recorded result of) one run of the campaign.
 
@@ -531,6 +532,8 @@ def train_run(
             interval).
         progress: Called with ``{run_id, step, planned_steps, loss, ...}`` every ~2% of the run.
         show_progress: Show a rich progress bar when stderr is a terminal.
+        lane: The plan's GPU lane running this call; picks its CUDA device (see
+            ``torchsetup.pick_device``). Not part of the run ID.
 
     Returns:
         The ``RunResult`` (``completed`` False after a pilot stop).
@@ -553,7 +556,7 @@ def train_run(
         return recorded
 
     r = _setup(spec, run=run, corpus=corpus, store=store, out_dir=out_dir,
-               stop_after_steps=stop_after_steps, t_call=t_call)
+               stop_after_steps=stop_after_steps, t_call=t_call, lane=lane)
     ck = _restore(r)
     r.policy = _save_policy(r, ck, checkpoint_every=checkpoint_every)
     if ck is not None and r.global_step >= r.target and r.target < r.planned:
