@@ -301,3 +301,34 @@ def test_the_cli_reports_a_bad_recipe_with_exit_2_and_no_traceback(tmp_path: Pat
     assert "Traceback" not in proc.stderr + proc.stdout
     said = " ".join((proc.stderr + proc.stdout).split())
     assert f"{module}:Regress" in said and BAD[case][2] in said
+
+
+def test_pin_prints_the_sha256_of_a_file_or_a_folder(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x.txt").write_text("x")
+    got = CliRunner().invoke(app, ["pin", str(tmp_path / "d")])
+    assert got.exit_code == 0 and got.output.strip() == input_sha256(tmp_path / "d")
+    assert CliRunner().invoke(app, ["pin", str(tmp_path / "nope")]).exit_code == 2
+
+
+def test_the_audit_checks_the_recipe_splits(tmp_path: Path) -> None:
+    from gpucampaign.corpus import audit_corpus
+
+    module = write_recipe(tmp_path)
+    spec = make_spec(tmp_path, module, variants=[])
+    report = audit_corpus(spec, base_dir=tmp_path)
+    assert report["ok"] and report["rows"] == {"total": 96, "train": 48, "val": 24, "test": 24}
+    assert report["kind"] == "file" and report["bytes"] > 0 and report["n_hard"] == 0
+    shared = write_recipe(tmp_path, RECIPE.replace(
+        "        return {\"train\": TensorDataset",
+        "        for ds in (a := TensorDataset(X, y), b := TensorDataset(X, y)):\n"
+        "            ds.ids = list(range(len(X)))\n"
+        "        return {\"train\": a, \"val\": b}\n"
+        "        return {\"train\": TensorDataset"))
+    spec = make_spec(tmp_path, shared, variants=[])
+    with pytest.raises(EssentialInputMissing, match="in two splits"):
+        audit_corpus(spec, base_dir=tmp_path)

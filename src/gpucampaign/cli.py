@@ -235,6 +235,23 @@ def init_cmd(
     console.print(f"next: campaign plan {spec_path}", highlight=False)
 
 
+@app.command("pin")
+@handle_errors
+def pin_cmd(path: Path = typer.Argument(..., help="A file or a folder to pin."),
+            as_json: AsJson = False) -> None:
+    """Print the sha256 that pins PATH in a spec (a folder: the sha256 of its manifest)."""
+    from gpucampaign.pins import folder_manifest, input_sha256
+
+    if not path.exists():
+        raise SpecError(f"'{path}' does not exist: give a file or a folder.", field="PATH")
+    sha = input_sha256(path)
+    if as_json:
+        rows = folder_manifest(path) if path.is_dir() else None
+        print_json({"path": str(path), "sha256": sha, "files": rows})
+        return
+    _say(sha)
+
+
 @app.command("restart-check")
 @handle_errors
 def restart_check_cmd(
