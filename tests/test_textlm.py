@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -60,6 +62,12 @@ def test_textlm_is_planned_and_run_to_a_verified_folder(prefect_harness, tmp_pat
     report = verify_output(out)
     completed = [r for r, s in statuses.items() if s == "completed"]
     assert report.verified and sorted(report.reloaded_runs) == sorted(completed)
+    # A fresh process knows nothing of the spec's folder: the output folder alone resolves
+    # the recipe (its copy beside spec.yaml) and the run IDs.
+    again = subprocess.run([sys.executable, "-m", "gpucampaign.cli", "verify", str(out)],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (out / "textlm.py").read_bytes() == (tmp_path / "tl" / "textlm.py").read_bytes()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["corpus"]["sha256"] == data["corpus"]["sha256"]
     rid = next(r for r, v in manifest["runs"].items() if v["run"] == "control")
