@@ -16,7 +16,7 @@ from gpucampaign.runresult import RunResult
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import STOP_RULES, StopRule
 from gpucampaign.storage import open_store
-from gpucampaign.training import read_params, train_run
+from gpucampaign.training import n_train_of, train_run
 from tasks._common import PHASE_OPTIONS, artifact_key, busy, out_folder, record_stop
 from tasks.gpu_lock import gpu_slot
 
@@ -92,7 +92,7 @@ def _run_training(
         record_stop(folder, exc, run=run, phase=phase)
         raise
     update_progress_artifact(artifact_id=progress.id, progress=100.0)
-    return result, int(read_params(folder.run_dir(run_id))["n_train"])
+    return result, n_train_of(folder.run_dir(run_id), spec=spec, run=run, corpus=corpus)
 
 
 @task(name="pilot", task_run_name="pilot[{run}]", **PHASE_OPTIONS)

@@ -48,6 +48,7 @@ from gpucampaign.recipe_runtime import (
     recipe_context,
     recipe_record,
     to_device,
+    train_rows,
 )
 from gpucampaign.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
 from gpucampaign.savepolicy import SavePolicy
@@ -166,6 +167,12 @@ def read_params(out_dir: str | Path) -> dict[str, Any]:
     """A run folder's ``params.json`` (empty when the run never started)."""
     path = Path(out_dir) / PARAMS_FILE
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def n_train_of(out_dir: str | Path, *, spec: CampaignSpec, run: str, corpus: Any) -> int:
+    """Examples in the run's train split: as ``params.json`` recorded, else counted."""
+    recorded = read_params(out_dir).get("n_train")
+    return int(recorded) if recorded is not None else train_rows(spec, run=run, corpus=corpus)
 
 
 def _setup(
