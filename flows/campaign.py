@@ -20,6 +20,7 @@ from gpucampaign.decision import Decision
 from gpucampaign.folder import OutputFolder
 from gpucampaign.interrupt import Interrupted, graceful_signals
 from gpucampaign.manifest import keep_inputs
+from gpucampaign.recipe import use_recipe_dir
 from gpucampaign.records import read_pilot, run_states, write_pilot
 from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
 from gpucampaign.stoprules import StopRule
@@ -152,6 +153,7 @@ def _open(
     """The spec, the folder its paths are relative to, and the output folder keeping its copy."""
     if isinstance(spec, CampaignSpec):
         cs, base = spec, Path(base_dir or ".").resolve()
+        use_recipe_dir(base)  # a spec file's folder is put there by load_spec
         text = yaml.safe_dump(cs.model_dump(mode="json"), sort_keys=False).encode()
         source = "the spec object given"
     else:
@@ -284,7 +286,7 @@ def _submit_in_lanes(
             tails[lane] = restart_future
         else:
             futures[item] = train.submit(
-                cs, run=item, run_id=cs.run_id(item), wait_for=wait, **common
+                cs, run=item, run_id=cs.run_id(item), lane=lane, wait_for=wait, **common
             )
             tails[lane] = futures[item]
     return futures, restart_future

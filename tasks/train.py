@@ -19,7 +19,7 @@ from gpucampaign.segments import heartbeat
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import STOP_RULES, StopRule
 from gpucampaign.storage import open_store, spooled_keys
-from gpucampaign.training import train_run
+from gpucampaign.training import n_train_of, train_run
 from tasks._common import PHASE_OPTIONS, artifact_key, busy, out_folder, record_stop
 from tasks.gpu_lock import gpu_slot
 
@@ -60,6 +60,7 @@ def _run_training(
     run: str,
     phase: str,
     stop_after_steps: int | None,
+    lane: int = 0,
 ) -> tuple[RunResult, int]:
     """Train under the GPU slot with the busy time recorded; returns the result and the number
     of training rows."""
@@ -87,6 +88,7 @@ def _run_training(
                 stop_after_steps=stop_after_steps,
                 progress=progress,
                 on_save=lambda info: heartbeat(folder.root, row, checkpoint_step=info["step"]),
+                lane=lane,
             )
             row.steps = 0 if result.reused else result.steps_done - (result.resumed_from_step or 0)
             if result.reused:
@@ -95,15 +97,18 @@ def _run_training(
         record_stop(folder, exc, run=run, phase=phase)
         raise
     update_progress_artifact(artifact_id=progress.id, progress=100.0)
-    return result, len(corpus.split("train"))
+    return result, n_train_of(folder.run_dir(run_id), spec=spec, run=run, corpus=corpus)
 
 
 @task(name="pilot", task_run_name="pilot[{run}]", **PHASE_OPTIONS)
-def pilot(spec: CampaignSpec, *, base_dir: str, out: str, run: str) -> dict[str, Any]:
+def pilot(
+    spec: CampaignSpec, *, base_dir: str, out: str, run: str, lane: int = 0
+) -> dict[str, Any]:
     """The first ``pilot.steps`` steps of a run, measured (costs and early losses); the full
     run resumes from them."""
     result, n_train = _run_training(
-        spec, base_dir=base_dir, out=out, run=run, phase="pilot", stop_after_steps=spec.pilot.steps
+        spec, base_dir=base_dir, out=out, run=run, phase="pilot",
+        stop_after_steps=spec.pilot.steps, lane=lane,
     )
     metrics = out_folder(out).run_dir(spec.run_id(run)) / "metrics.jsonl"
     rows = read_metrics(metrics) if metrics.is_file() else []
@@ -112,12 +117,16 @@ def pilot(spec: CampaignSpec, *, base_dir: str, out: str, run: str) -> dict[str,
 
 
 @task(name="train", task_run_name="train[{run_id}]", **PHASE_OPTIONS)
-def train(spec: CampaignSpec, *, base_dir: str, out: str, run: str, run_id: str) -> dict[str, Any]:
-    """A full training run (control or variant); resumes from its last good checkpoint."""
+def train(
+    spec: CampaignSpec, *, base_dir: str, out: str, run: str, run_id: str, lane: int = 0
+) -> dict[str, Any]:
+    """A full training run (control or variant) on its lane's GPU; resumes from its last good
+    checkpoint."""
     if run_id != spec.run_id(run):
         raise ValueError(f"run_id {run_id} is not the ID of run '{run}' ({spec.run_id(run)})")
     result, n_train = _run_training(
-        spec, base_dir=base_dir, out=out, run=run, phase="train", stop_after_steps=None
+        spec, base_dir=base_dir, out=out, run=run, phase="train", stop_after_steps=None,
+        lane=lane,
     )
     spooled = spooled_keys(out)
     if spooled:

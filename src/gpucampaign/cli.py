@@ -232,13 +232,37 @@ def packages_cmd(
 @handle_errors
 def init_cmd(
     directory: Path = typer.Argument(..., help="Folder for the new campaign (created if needed)."),
+    example: str = typer.Option(
+        "digits", "--example", help="'digits' (built-in MLP on a table) or 'textlm' (your own "
+        "recipe: a character-level transformer on a text file)."),
 ) -> None:
-    """Write a ready digits campaign: DIR/campaign.yaml, DIR/data/digits.csv (exit 2: exists)."""
+    """Write a ready campaign: DIR/campaign.yaml and its pinned corpus (exit 2: exists)."""
     from gpucampaign.scaffold import init_campaign
+    from gpucampaign.scaffold_textlm import init_textlm
 
-    spec_path = init_campaign(directory)
-    console.print(f"wrote {spec_path} and {directory / 'data' / 'digits.csv'}", highlight=False)
+    if example not in ("digits", "textlm"):
+        raise SpecError(f"option '--example': '{example}' is not an example; use 'digits' or "
+                        "'textlm'.", field="--example")
+    spec_path = init_textlm(directory) if example == "textlm" else init_campaign(directory)
+    console.print(f"wrote {spec_path} and its corpus under {directory / 'data'}", highlight=False)
     console.print(f"next: campaign plan {spec_path}", highlight=False)
+
+
+@app.command("pin")
+@handle_errors
+def pin_cmd(path: Path = typer.Argument(..., help="A file or a folder to pin."),
+            as_json: AsJson = False) -> None:
+    """Print the sha256 that pins PATH in a spec (a folder: the sha256 of its manifest)."""
+    from gpucampaign.pins import folder_manifest, input_sha256
+
+    if not path.exists():
+        raise SpecError(f"'{path}' does not exist: give a file or a folder.", field="PATH")
+    sha = input_sha256(path)
+    if as_json:
+        rows = folder_manifest(path) if path.is_dir() else None
+        print_json({"path": str(path), "sha256": sha, "files": rows})
+        return
+    _say(sha)
 
 
 @app.command("restart-check")
@@ -371,6 +395,7 @@ def run_cmd(
                         "existing output folder.", field="--out")
     # Refused before Prefect starts: a clear message, no flow-run traceback.
     OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
+    _preflight_recipes(cs, base_dir=spec.resolve().parent)
     flow = load_flow("campaign", "campaign")
     state = None
     try:
@@ -395,6 +420,23 @@ def run_cmd(
         raise typer.Exit(EXIT_STOPPED)
     if verdict.get("kind") == "re-pose":
         raise typer.Exit(EXIT_STOPPED)
+
+
+def _preflight_recipes(cs: Any, *, base_dir: Path) -> None:
+    """Try a spec's own recipes once before Prefect starts: a bad one is exit 2, no traceback.
+
+    A missing or changed corpus is left to the flow, whose audit records the stop.
+    """
+    from gpucampaign.corpus import load_spec_corpus
+    from gpucampaign.recipe_runtime import preflight
+
+    if cs.control is None or cs.corpus is None or cs.needs_table():
+        return
+    try:
+        corpus = load_spec_corpus(cs, base_dir=base_dir)
+    except StopRule:
+        return
+    preflight(cs, corpus=corpus)
 
 
 def _print_run_summary(summary: dict[str, Any], *, target: Path) -> dict[str, Any]:

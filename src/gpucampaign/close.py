@@ -116,8 +116,12 @@ def analyse_runs(
     """
     folder = OutputFolder(root)
     preds = {}
+    analyses: dict[str, dict[str, Any]] = {}
     for run in runs:
         rid = spec.run_id(run)
+        if not spec.run_config(run).builtin:
+            _analyse_recipe_run(folder, rid, corpus=corpus, split=spec.decision_split)
+            continue
         for split in _verdict_splits(spec):
             name = predictions_file(split, report_split=spec.decision_split)
             path = folder.run_dir(rid) / name
@@ -194,6 +198,37 @@ def _single_run_evidence(
             values[split] = value
         out[s.run] = RunEvidence(values=values, predictions=preds, status=s.status)
     return out
+
+
+def _analyse_recipe_run(folder: OutputFolder, run_id: str, *, corpus: Any, split: str) -> None:
+    """A user's recipe run: its predictions file and what it holds (no classifier analysis)."""
+    from gpucampaign.recipe_predictions import recipe_analysis, write_recipe_predictions
+
+    rows = write_recipe_predictions(folder.root, run_id, corpus=corpus, split=split)
+    folder.write_json(f"runs/{run_id}/error_analysis.json", recipe_analysis(rows, split=split))
+
+
+def keep_recipe_sources(spec: CampaignSpec, *, root: str | Path) -> list[str]:
+    """Copy each user's recipe file next to the folder's ``spec.yaml``, at its module path.
+
+    The copy is byte for byte the file the run IDs hash, so the kept spec resolves its recipes
+    and its run IDs from the output folder alone (``campaign verify``, ``status``, a reload).
+    """
+    from gpucampaign.recipe import recipe_file
+    from gpucampaign.recipe_runtime import recipe_module_path
+
+    folder = OutputFolder(root)
+    kept = []
+    for run in spec.run_names():
+        config = spec.run_config(run)
+        rel = None if config.builtin else recipe_module_path(config.recipe)
+        if rel is None or rel in kept:
+            continue
+        source = recipe_file(config.recipe)
+        if source.resolve() != folder.path(rel).resolve():
+            folder.copy_in(source, rel)
+        kept.append(rel)
+    return kept
 
 
 def expected_runs(states: Mapping[str, RunState]) -> dict[str, dict[str, Any]]:
@@ -359,6 +394,7 @@ def close_runs(
         corpus_ref = reference_corpus(
             root, corpus_path(spec, base_dir=base_dir), sha256=spec.corpus.sha256
         )
+    keep_recipe_sources(spec, root=root)
     environment = collect_environment(cwd=base_dir)
     write_reload_md(
         root,

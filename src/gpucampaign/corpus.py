@@ -13,7 +13,7 @@ import io
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +164,7 @@ class Corpus:
     feature_names: tuple[str, ...]
     classes: tuple[Any, ...]
     load_s: float = field(default=0.0, compare=False)
+    inputs: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def n_features(self) -> int:
@@ -296,7 +297,13 @@ def load_corpus(path: str | Path, *, corpus_spec: CorpusSpec, run_id: str = AUDI
 
 
 def corpus_path(spec: CampaignSpec, *, base_dir: str | Path) -> Path:
-    """The corpus file of ``spec``, resolved inside ``base_dir`` (the spec's folder)."""
+    """The corpus file of ``spec``, resolved inside ``base_dir`` (the spec's folder).
+
+    The folder is also put on ``sys.path``, where the spec's recipes are imported from.
+    """
+    from gpucampaign.recipe import use_recipe_dir
+
+    use_recipe_dir(base_dir)
     if spec.corpus is None:
         raise SpecError("the spec has no 'corpus' section: add path and sha256.", field="corpus")
     return resolve_inside(base_dir, spec.corpus.path, field="corpus.path")
@@ -304,11 +311,36 @@ def corpus_path(spec: CampaignSpec, *, base_dir: str | Path) -> Path:
 
 def load_spec_corpus(
     spec: CampaignSpec, *, base_dir: str | Path, run_id: str = AUDIT_RUN_ID
-) -> Corpus:
-    """``load_corpus`` for the corpus a spec pins (path relative to ``base_dir``)."""
+) -> Any:
+    """The corpus a spec pins (path relative to ``base_dir``), with its other pinned inputs.
+
+    A table ``Corpus`` when a run uses a built-in recipe; otherwise a ``Pinned`` file or
+    folder that the recipe reads itself.
+    """
     path = corpus_path(spec, base_dir=base_dir)
-    assert spec.corpus is not None  # corpus_path raised otherwise
-    return load_corpus(path, corpus_spec=spec.corpus, run_id=run_id)
+    return open_corpus(path, spec=spec, base_dir=base_dir, run_id=run_id)
+
+
+def open_corpus(path: str | Path, *, spec: CampaignSpec, base_dir: str | Path | None,
+                run_id: str = AUDIT_RUN_ID) -> Any:
+    """``load_spec_corpus`` for a corpus already resolved to ``path``.
+
+    Raises:
+        EssentialInputMissing: The corpus or an input is missing or not the pinned one.
+    """
+    from gpucampaign.pins import pin, pin_inputs
+
+    assert spec.corpus is not None
+    if spec.inputs and base_dir is None:
+        raise SpecError("the spec pins 'inputs': their paths need the spec's folder.",
+                        field="inputs")
+    inputs = pin_inputs(spec, base_dir=base_dir, run_id=run_id) if spec.inputs else {}
+    if spec.needs_table():
+        corpus = load_corpus(path, corpus_spec=spec.corpus, run_id=run_id)
+        return replace(corpus, inputs=inputs)
+    pinned = pin(Path(path), sha256=spec.corpus.sha256, run_id=run_id,
+                 label=f"corpus '{spec.corpus.path}'")
+    return replace(pinned, inputs=inputs)
 
 
 # --- the audit -------------------------------------------------------------------------
@@ -345,6 +377,10 @@ def audit_corpus(
         EssentialInputMissing: File missing or altered, or (strict) any hard finding.
         SpecError: No corpus section, a path escaping ``base_dir``, unreadable columns.
     """
+    if spec.corpus is not None and not spec.needs_table():
+        from gpucampaign.recipe_runtime import audit_recipe_corpus
+
+        return audit_recipe_corpus(spec, base_dir=base_dir, strict=strict)
     t0 = time.perf_counter()
     path = corpus_path(spec, base_dir=base_dir)
     assert spec.corpus is not None

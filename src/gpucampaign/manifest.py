@@ -111,6 +111,8 @@ def reference_corpus(
         SpecError: the file is missing or does not have the pinned hash.
     """
     src = Path(corpus_path)
+    if src.is_dir():
+        return _reference_folder(root, src, sha256=sha256, copy_limit_bytes=copy_limit_bytes)
     if not src.is_file():
         raise SpecError(f"corpus file '{src}' does not exist", field="corpus.path")
     digest = sha256_file(src)
@@ -170,6 +172,30 @@ def keep_inputs(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -
             kept["corpus"] = None
     folder.write_json(INPUTS, kept)
     return kept
+
+
+def _reference_folder(
+    root: str | Path, src: Path, *, sha256: str | None, copy_limit_bytes: int
+) -> dict[str, Any]:
+    """``reference_corpus`` for a folder corpus pinned by its manifest."""
+    from gpucampaign.pins import folder_manifest, manifest_sha256
+
+    rows = folder_manifest(src)
+    digest = manifest_sha256(rows)
+    if sha256 is not None and digest != sha256:
+        raise SpecError(f"corpus folder '{src}' has manifest sha256 {digest}, not the pinned "
+                        f"{sha256}", field="corpus.sha256")
+    size = sum(r["size"] for r in rows)
+    ref: dict[str, Any] = {"sha256": digest, "size": size, "name": src.name, "kind_of": "folder",
+                           "files": len(rows)}
+    if size >= copy_limit_bytes:
+        return {"kind": "external", "location": str(src.resolve()), **ref}
+    folder = OutputFolder(root)
+    for r in rows:
+        rel = f"data/{src.name}/{r['path']}"
+        if not folder.path(rel).is_file() or sha256_file(folder.path(rel)) != r["sha256"]:
+            folder.copy_in(src / r["path"], rel)
+    return {"kind": "copied", "path": f"data/{src.name}", **ref}
 
 
 def corpus_file(root: str | Path, corpus_ref: Mapping[str, Any]) -> Path:
@@ -303,6 +329,17 @@ out = os.environ["OUT"]
 model = load_run_model(out, "{first}")           # runs/{first}/model/ on CPU
 ids, X, y = features_for(out, ids=None)           # the decision split of the corpus
 pred, confidence = predict(model, X)
+```
+
+A model trained by your own recipe (`recipe: module:Class` in its `config.json`) is rebuilt
+through that recipe: `load_run_model` puts the recorded `recipe_dir` on `sys.path`, checks that
+the recipe file still has the recorded `recipe_sha256`, calls the recipe's `model(ctx)` with the
+recorded `args` (and pinned `inputs`), then loads the safetensors weights. Predict with it as
+your recipe does (`recipe.predict(model, batch)`), or rebuild the whole file:
+
+```python
+from gpucampaign.recipe_predictions import recipe_reload_check
+print(recipe_reload_check(".", "{first}"))        # rebuilt, predicted, compared line by line
 ```
 """
 

@@ -464,6 +464,9 @@ def reload_check(
             "ok": False, "rows": 0, "mismatches": None, "first_mismatch": None, "error": None,
         }
         out[rid] = res
+        if not _builtin_model(root, rid):
+            res.update(_recipe_check(root, rid, corpus=corpus))
+            continue
         try:
             expected = read_predictions(OutputFolder(root).path(f"runs/{rid}/predictions.csv"))
             want = list(expected.ids)
@@ -480,6 +483,27 @@ def reload_check(
         res.update(_compare(expected, ids=ids, labels=labels, pred=pred_l, conf=conf_l))
         res["ok"] = not res["mismatches"] and res["error"] is None
     return out
+
+
+def _builtin_model(root: str | Path, run_id: str) -> bool:
+    """True unless the run's model ``config.json`` names a user's recipe."""
+    from gpucampaign.spec import BUILTIN_RECIPES
+
+    try:
+        info = OutputFolder(root).read_json(f"runs/{run_id}/model/config.json")
+    except (OSError, ValueError):
+        return True  # the builtin path reports the unreadable folder by name
+    return not isinstance(info, Mapping) or info.get("recipe", "mlp") in BUILTIN_RECIPES
+
+
+def _recipe_check(root: str | Path, run_id: str, *, corpus: Any) -> dict[str, Any]:
+    """``recipe_reload_check``, with any failure reported as the finding."""
+    from gpucampaign.recipe_predictions import recipe_reload_check
+
+    try:
+        return recipe_reload_check(root, run_id, corpus=corpus)
+    except Exception as exc:  # any failure to reload is the finding, reported by name
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:1000]}
 
 
 def reload_in_fresh_process(

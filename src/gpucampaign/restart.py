@@ -39,6 +39,7 @@ from gpucampaign.checkpoint import (
     step_dirname,
 )
 from gpucampaign.metrics import read_metrics
+from gpucampaign.recipe import RECIPE_DIRS
 from gpucampaign.spec import CampaignSpec, SpecError
 from gpucampaign.stoprules import NoUsableRestart, StopRule
 from gpucampaign.storage import LocalStore, Store
@@ -95,7 +96,7 @@ def resume_text(resume: str) -> str:
 
 # --- the child process ---------------------------------------------------------------------
 def _child_main(argv: list[str]) -> int:
-    from gpucampaign.corpus import load_corpus
+    from gpucampaign.corpus import open_corpus
     from gpucampaign.spec import parse_spec
     from gpucampaign.training import train_run
 
@@ -112,7 +113,7 @@ def _child_main(argv: list[str]) -> int:
     spec = parse_spec(json.loads(a.spec.read_text(encoding="utf-8")), source=str(a.spec))
     assert spec.corpus is not None
     try:
-        corpus = load_corpus(a.corpus, corpus_spec=spec.corpus, run_id=spec.run_id(a.run))
+        corpus = open_corpus(a.corpus, spec=spec, base_dir=None, run_id=spec.run_id(a.run))
         res = train_run(spec, run=a.run, corpus=corpus, store=LocalStore(a.store), out_dir=a.out,
                         stop_after_steps=a.stop_after, checkpoint_every=a.checkpoint_every)
     except StopRule as exc:
@@ -126,6 +127,8 @@ def _spawn(args: list[str], *, threads: int, workdir: Path, name: str) -> subpro
     env = dict(os.environ)
     env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                 "PYTHONHASHSEED": "0"})
+    # The spec's recipe folders, so a child imports the same recipe file.
+    env["PYTHONPATH"] = os.pathsep.join([*RECIPE_DIRS, *filter(None, [env.get("PYTHONPATH")])])
     log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in _wait
     proc = subprocess.Popen([sys.executable, "-m", "gpucampaign.restart", "child", *args],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -345,11 +348,12 @@ def _fresh_steps(
     k_steps: int | None,
 ) -> tuple[int, int, int]:
     """``(n, k, steps_per_epoch)``: the given steps, or the defaults for this run's size."""
-    from gpucampaign.corpus import load_corpus
+    from gpucampaign.corpus import open_corpus
+    from gpucampaign.recipe_runtime import train_rows
 
     assert spec.corpus is not None
-    corpus = load_corpus(corpus_path, corpus_spec=spec.corpus, run_id=spec.run_id(run))
-    planned, spe = _planned(spec, run, len(corpus.split("train")))
+    corpus = open_corpus(corpus_path, spec=spec, base_dir=None, run_id=spec.run_id(run))
+    planned, spe = _planned(spec, run, train_rows(spec, run=run, corpus=corpus))
     dn, dk = default_steps(planned_steps=planned, steps_per_epoch=spe)
     n = n_steps or (dn if k_steps is None or k_steps < dn else min(planned, k_steps + spe))
     k = k_steps or (dk if dk < n else max(1, n // 2))
@@ -563,8 +567,8 @@ def output_check_target(
         SpecError: No spec, or no file with the pinned corpus hash.
         NoUsableRestart: No run of the spec has a checkpoint in the store.
     """
-    from gpucampaign.files import sha256_file
     from gpucampaign.manifest import INPUTS, corpus_file
+    from gpucampaign.pins import input_sha256
     from gpucampaign.spec import load_spec, resolve_inside
     from gpucampaign.storage import open_store
 
@@ -583,7 +587,7 @@ def output_check_target(
     candidates += [resolve_inside(src.resolve().parent, spec.corpus.path, field="corpus.path"),
                    resolve_inside(out, spec.corpus.path, field="corpus.path")]
     pinned = spec.corpus.sha256
-    corpus = next((c for c in candidates if c.is_file() and sha256_file(c) == pinned), None)
+    corpus = next((c for c in candidates if c.exists() and input_sha256(c) == pinned), None)
     if corpus is None:
         raise SpecError(
             f"field 'corpus.sha256': no file with the pinned hash {pinned[:12]}... was found at "

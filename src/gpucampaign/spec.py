@@ -21,6 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 Tier = Literal["essential", "useful", "exploratory"]
 TIERS: tuple[str, ...] = ("essential", "useful", "exploratory")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+RECIPE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+BUILTIN_RECIPES: dict[str, str] = {
+    "mlp": "gpucampaign.recipes.tabular:MLP",
+    "cnn": "gpucampaign.recipes.tabular:CNN",
+}
 
 
 class SpecError(ValueError):
@@ -134,9 +139,13 @@ class Step(_Frozen):
 class CorpusSpec(_Frozen):
     """A fixed corpus file, pinned by its hash."""
 
-    path: str = Field(description="CSV or Parquet file, relative to the spec file's folder.")
+    path: str = Field(
+        description="Relative to the spec file's folder: a CSV or Parquet table for the built-in "
+        "recipes; any file, or a folder pinned by its manifest, for your own recipe."
+    )
     sha256: str = Field(
-        pattern=r"^[0-9a-f]{64}$", description="sha256 the file must have (lower-case hex)."
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 the file must have, or of a folder's manifest (lower-case hex).",
     )
     id_column: str = Field(default="id", description="Column with the unique row identifier.")
     label_column: str = Field(default="label", description="Column with the integer class label.")
@@ -155,11 +164,38 @@ DATA_PATH_FIELDS: tuple[str, ...] = ("num_workers", "persistent_workers")
 NOT_IN_RUN_ID = frozenset({"resume", *DATA_PATH_FIELDS})
 
 
+class InputSpec(_Frozen):
+    """A pinned input beyond the corpus (a base model, an adapter): a file or a folder."""
+
+    path: str = Field(description="File or folder, relative to the spec file's folder.")
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 of the file, or of a folder's manifest (`campaign pin PATH`).",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, v: str) -> str:
+        return check_relative_path(v, field="inputs.path")
+
+
 class RunConfig(_Frozen):
     """Everything that defines one training run; any change gives a new run ID."""
 
-    recipe: Literal["mlp", "cnn"] = Field(
-        default="mlp", description="Model factory: 'mlp' or 'cnn' (8x8 images)."
+    recipe: str = Field(
+        default="mlp",
+        description="'mlp' or 'cnn' (built in, over a feature table), or your own recipe by "
+        "import path 'module.path:ClassName' (a gpucampaign.Recipe; the spec's folder is on "
+        "sys.path first).",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Arguments of the recipe (ctx.args); a variant's 'args' merge into these.",
+    )
+    device: str = Field(
+        default="auto",
+        pattern=r"^(auto|cpu|cuda|cuda:\d+)$",
+        description="'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'.",
     )
     hidden: tuple[int, ...] = Field(
         default=(64,), description="MLP hidden widths / CNN channel widths."
@@ -213,6 +249,21 @@ class RunConfig(_Frozen):
         batches and their order are the same whoever loads them) and the resume mode."""
         return self.model_dump(mode="json", exclude=set(NOT_IN_RUN_ID))
 
+    @field_validator("recipe")
+    @classmethod
+    def _recipe_name(cls, v: str) -> str:
+        if v in BUILTIN_RECIPES or re.match(RECIPE_PATTERN, v):
+            return v
+        raise ValueError(
+            f"recipe '{v}' is neither a built-in recipe {sorted(BUILTIN_RECIPES)} nor an import "
+            "path 'module.path:ClassName'"
+        )
+
+    @property
+    def builtin(self) -> bool:
+        """True for the built-in table recipes (``mlp``, ``cnn``)."""
+        return self.recipe in BUILTIN_RECIPES
+
     def steps_per_epoch(self, n_train: int) -> int:
         """Optimizer steps of one epoch over ``n_train`` rows (the last batch may be short)."""
         return -(-n_train // self.batch_size)
@@ -257,8 +308,11 @@ class Variant(_Frozen):
 class DecisionRule(_Frozen):
     """The rule that closes the campaign."""
 
-    metric: Literal["accuracy", "macro_f1", "loss"] = Field(
-        default="accuracy", description="Metric."
+    metric: str = Field(
+        default="accuracy",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$",
+        description="Metric: 'accuracy', 'macro_f1' or 'loss' for the built-in recipes; any "
+        "name your recipe's evaluate() returns.",
     )
     direction: Literal["maximize", "minimize"] = Field(
         default="maximize", description="Better is higher or lower."
@@ -428,6 +482,11 @@ class CampaignSpec(_Frozen):
         default=None, description="Extra catalog YAML, relative to the spec file."
     )
     corpus: CorpusSpec | None = Field(default=None, description="The fixed corpus.")
+    inputs: dict[str, InputSpec] = Field(
+        default_factory=dict,
+        description="More pinned inputs by name (e.g. a base model), given to recipes as "
+        "ctx.inputs[name].",
+    )
     control: RunConfig | None = Field(default=None, description="The control run's configuration.")
     variants: tuple[Variant, ...] = Field(
         default=(), description="Variants, each changing few factors."
@@ -478,7 +537,7 @@ class CampaignSpec(_Frozen):
         for v in self.variants:
             assert self.control is not None
             try:
-                RunConfig.model_validate({**self.control.model_dump(), **v.changes})
+                merge_changes(self.control, v.changes)
             except ValidationError as exc:
                 err = exc.errors()[0]
                 raise ValueError(
@@ -568,21 +627,55 @@ class CampaignSpec(_Frozen):
             return self.control.model_copy(update={"seed": seeds[0]}) if seeds else self.control
         for v in self.variants:
             if v.name == run:
-                cfg = RunConfig.model_validate({**self.control.model_dump(), **v.changes})
+                cfg = merge_changes(self.control, v.changes)
                 return cfg.model_copy(update={"seed": seeds[0]}) if seeds else cfg
         raise SpecError(f"no run named '{run}': use one of {self.run_names()}", field="run")
 
     def run_id(self, run: str) -> str:
         """``<name>-<10 hex of sha256(canonical JSON of the resolved run config)>``."""
-        return make_run_id(
-            run, self.run_config(run), corpus_sha256=self.corpus.sha256 if self.corpus else None
+        return f"{run}-{self.run_sha256(run)[:10]}"
+
+    def run_sha256(self, run: str) -> str:
+        """Full sha256 over the run's payload: config, pinned corpus and recipe file."""
+        return run_payload_sha256(
+            self.run_config(run), corpus_sha256=self.corpus.sha256 if self.corpus else None,
+            inputs={k: v.sha256 for k, v in self.inputs.items()},
         )
+
+    def needs_table(self) -> bool:
+        """True when a run uses a built-in recipe, which reads the corpus as a feature table."""
+        return any(self.run_config(r).builtin for r in self.run_names()) or self.control is None
+
+
+def merge_changes(control: RunConfig, changes: dict[str, Any]) -> RunConfig:
+    """The control with a variant's ``changes``; ``args`` merge key by key into the control's."""
+    data = {**control.model_dump(), **changes}
+    if "args" in changes:
+        data["args"] = {**control.args, **(changes["args"] or {})}
+    return RunConfig.model_validate(data)
+
+
+def run_payload_sha256(
+    config: RunConfig, *, corpus_sha256: str | None = None, inputs: dict[str, str] | None = None
+) -> str:
+    """sha256 of what defines a run: the config, the pinned corpus and the recipe's file.
+
+    The recipe file's hash enters only for recipes given by import path, so editing that code
+    gives a new run ID while the built-in recipes keep theirs.
+    """
+    payload: dict[str, Any] = {"config": config.identity(), "corpus_sha256": corpus_sha256}
+    if inputs:
+        payload["inputs"] = dict(inputs)
+    if not config.builtin:
+        from gpucampaign.recipe import recipe_file_sha256
+
+        payload["recipe_sha256"] = recipe_file_sha256(config.recipe)
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
 def make_run_id(name: str, config: RunConfig, *, corpus_sha256: str | None = None) -> str:
-    """Run ID: any change to the config (or the pinned corpus) gives a new ID."""
-    payload = {"config": config.identity(), "corpus_sha256": corpus_sha256}
-    return f"{name}-{hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:10]}"
+    """Run ID: any change to the config, the pinned corpus or the recipe file gives a new ID."""
+    return f"{name}-{run_payload_sha256(config, corpus_sha256=corpus_sha256)[:10]}"
 
 
 def canonical_json(obj: Any) -> str:
@@ -715,6 +808,9 @@ def load_spec(path: str | Path) -> CampaignSpec:
         raise SpecError(
             f"Spec file '{p}' does not exist: give the path of a campaign YAML file.", field="SPEC"
         )
+    from gpucampaign.recipe import use_recipe_dir
+
+    use_recipe_dir(p.resolve().parent)
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

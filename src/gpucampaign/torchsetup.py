@@ -27,13 +27,39 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def pick_device() -> torch.device:
-    """CUDA when present (deterministic cuDNN), else CPU."""
-    if torch.cuda.is_available():
+def pick_device(requested: str = "auto", *, lane: int = 0) -> torch.device:
+    """The run config's ``device``: ``auto`` is CUDA when present, else CPU.
+
+    ``auto`` and ``cuda`` without an index take the GPU of the plan's lane (``lane`` modulo
+    the devices present), so two lanes never share device 0; ``cuda:N`` is taken as given.
+    On CUDA, cuDNN is made deterministic (no benchmark autotuning).
+
+    Raises:
+        SpecError: A CUDA device is asked for and is not there.
+    """
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(requested)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = device.index if device.index is not None else lane % max(1, count)
+        if index >= count:
+            raise SpecError(f"device '{requested}' is not available here ({count} CUDA "
+                            "device(s)); use 'auto' or 'cpu'.", field="device")
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
-        return torch.device("cuda")
-    return torch.device("cpu")
+        device = torch.device("cuda", index)
+    return device
+
+
+def device_settings(device: torch.device) -> dict[str, Any]:
+    """What a run records about its device: name and the determinism settings in force."""
+    info: dict[str, Any] = {"device": str(device), "device_type": device.type}
+    if device.type == "cuda":
+        info.update(device_name=torch.cuda.get_device_name(device),
+                    cudnn_deterministic=torch.backends.cudnn.deterministic,
+                    cudnn_benchmark=torch.backends.cudnn.benchmark)
+    return info
 
 
 def check_precision(precision: str, device: torch.device) -> None:

@@ -8,7 +8,8 @@
 - at completion ``model/`` (the reloadable model folder) and ``result.json`` (``RunResult``).
 
 Checkpoints go to the ``Store`` under ``<run_id>/`` (see ``checkpoint.py``). The loop reaches
-the model, data, loss and evaluation only through the run's work object (``tabular.py``).
+the model, data, loss and evaluation only through the run's ``Recipe`` (``recipe.py``; the
+built-in ``mlp`` and ``cnn`` are recipes too, in ``recipes/tabular.py``).
 
 Determinism: python/numpy/torch seeded, a seeded DataLoader generator, a pinned thread
 count; the checkpoint keeps the generator state from the TOP of the epoch, and a resume
@@ -18,7 +19,7 @@ On CPU a resumed run is bit-identical to an uninterrupted one.
 
 from __future__ import annotations
 
-import hashlib
+import json
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -39,13 +40,22 @@ from gpucampaign.checkpoint import (
     restore_rng,
     snapshot,
 )
-from gpucampaign.corpus import Corpus
 from gpucampaign.files import atomic_write_bytes, json_bytes, median
 from gpucampaign.interrupt import Interrupted, stop_requested
 from gpucampaign.metrics import MetricsLog, truncate_metrics
+from gpucampaign.recipe import Recipe, RecipeContext, call, check_loss, load_recipe, recipe_file
+from gpucampaign.recipe_runtime import (
+    batch_len,
+    build_datasets,
+    evaluate_split,
+    recipe_context,
+    recipe_record,
+    to_device,
+    train_rows,
+)
 from gpucampaign.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
 from gpucampaign.savepolicy import SavePolicy
-from gpucampaign.spec import CampaignSpec, RunConfig, SpecError, canonical_json
+from gpucampaign.spec import CampaignSpec, RunConfig, SpecError
 from gpucampaign.stoprules import (
     BelowThreshold,
     EssentialInputMissing,
@@ -53,13 +63,13 @@ from gpucampaign.stoprules import (
     NoUsableRestart,
 )
 from gpucampaign.storage import Store
-from gpucampaign.tabular import TabularClassifier
 from gpucampaign.torchsetup import (
     AMP_DTYPES,
     GLOBAL_RNG_LOCK,
     build_optimizer,
     build_scheduler,
     check_precision,
+    device_settings,
     pick_device,
     seed_everything,
 )
@@ -74,12 +84,8 @@ SaveFn = Callable[[dict[str, Any]], None]
 
 
 def run_config_sha256(spec: CampaignSpec, run: str) -> str:
-    """Full sha256 over the same payload as the run ID (config + pinned corpus)."""
-    payload = {
-        "config": spec.run_config(run).identity(),
-        "corpus_sha256": spec.corpus.sha256 if spec.corpus else None,
-    }
-    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+    """Full sha256 over the same payload as the run ID (config, pinned corpus, recipe file)."""
+    return spec.run_sha256(run)
 
 
 # --- one start of a run -----------------------------------------------------------------------
@@ -92,11 +98,14 @@ class _Run:
     run_id: str
     config: RunConfig
     config_sha256: str
-    corpus: Corpus
+    corpus: Any
     out_dir: Path
     t_call: float
     device: torch.device
-    work: TabularClassifier
+    recipe: Recipe
+    ctx: RecipeContext
+    datasets: dict[str, Any]
+    described: dict[str, Any]
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -142,7 +151,7 @@ class _Run:
 
 
 def _check_arguments(
-    spec: CampaignSpec, *, run: str, corpus: Corpus, stop_after_steps: int | None,
+    spec: CampaignSpec, *, run: str, corpus: Any, stop_after_steps: int | None,
     checkpoint_every: int | None,
 ) -> str:
     """The run ID, once the arguments and the corpus are checked."""
@@ -161,32 +170,49 @@ def _check_arguments(
     return run_id
 
 
+def read_params(out_dir: str | Path) -> dict[str, Any]:
+    """A run folder's ``params.json`` (empty when the run never started)."""
+    path = Path(out_dir) / PARAMS_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def n_train_of(out_dir: str | Path, *, spec: CampaignSpec, run: str, corpus: Any) -> int:
+    """Examples in the run's train split: as ``params.json`` recorded, else counted."""
+    recorded = read_params(out_dir).get("n_train")
+    return int(recorded) if recorded is not None else train_rows(spec, run=run, corpus=corpus)
+
+
 def _setup(
-    spec: CampaignSpec, *, run: str, corpus: Corpus, store: Store, out_dir: Path,
-    stop_after_steps: int | None, t_call: float,
+    spec: CampaignSpec, *, run: str, corpus: Any, store: Store, out_dir: Path,
+    stop_after_steps: int | None, t_call: float, lane: int = 0,
 ) -> _Run:
     """Build everything in the same order on every start, resumed or not."""
     config = spec.run_config(run)
     run_id = spec.run_id(run)
     config_sha = run_config_sha256(spec, run)
-    device = pick_device()
+    device = pick_device(config.device, lane=lane)
     check_precision(config.precision, device)
     torch.set_num_threads(config.threads)
-    work = TabularClassifier(config, corpus)
-    train = work.datasets()["train"]
+    recipe = load_recipe(config.recipe)
+    ctx = recipe_context(config, corpus=corpus, run_id=run_id, device=device)
     with GLOBAL_RNG_LOCK:
         seed_everything(config.seed)
-        model = work.model()
+        datasets = build_datasets(recipe, config, ctx)
+        model = call(config.recipe, "model", recipe.model, ctx)
     model.to(device).train()
     optimizer = build_optimizer(config, model.parameters())
     generator = torch.Generator().manual_seed(config.seed)
-    loader = _loader(train, config=config, generator=generator, device=device)
+    train = datasets["train"]
+    loader = _loader(train, config=config, generator=generator, device=device,
+                     collate_fn=recipe.collate_fn)
     planned = config.planned_steps(len(train))
     amp_dtype = AMP_DTYPES[config.precision]
     r = _Run(
         spec=spec, run=run, run_id=run_id, config=config, config_sha256=config_sha,
-        corpus=corpus, out_dir=out_dir, t_call=t_call, device=device, work=work, model=model,
-        optimizer=optimizer,
+        corpus=corpus, out_dir=out_dir, t_call=t_call, device=device, recipe=recipe, ctx=ctx,
+        datasets=datasets, described=call(config.recipe, "describe", recipe.describe, ctx,
+                                          datasets),
+        model=model, optimizer=optimizer,
         scheduler=build_scheduler(config, optimizer, planned_steps=planned),
         scaler=torch.amp.GradScaler(device.type, enabled=config.precision == "fp16"),
         autocast=(torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None
@@ -202,7 +228,8 @@ def _setup(
 
 
 def _loader(
-    train: Any, *, config: RunConfig, generator: torch.Generator, device: torch.device
+    train: Any, *, config: RunConfig, generator: torch.Generator, device: torch.device,
+    collate_fn: Any = None,
 ) -> DataLoader:
     """The training batches, shuffled by ``generator``.
 
@@ -213,12 +240,12 @@ def _loader(
     kw: dict[str, Any] = {
         "num_workers": config.num_workers, "pin_memory": device.type == "cuda",
         "persistent_workers": config.persistent_workers and config.num_workers > 0}
-    if isinstance(train, TensorDataset):
+    if isinstance(train, TensorDataset) and collate_fn is None:
         batches = BatchSampler(RandomSampler(train, generator=generator),
                                batch_size=config.batch_size, drop_last=False)
         return DataLoader(train, sampler=batches, batch_size=None, **kw)
     return DataLoader(train, batch_size=config.batch_size, shuffle=True, generator=generator,
-                      **kw)
+                      collate_fn=collate_fn, **kw)
 
 
 def _write_params(r: _Run) -> None:
@@ -228,7 +255,8 @@ def _write_params(r: _Run) -> None:
         "run_id": r.run_id, "run": r.run, "tier": spec.tier_of(r.run),
         "config": r.config.model_dump(mode="json"), "config_sha256": r.config_sha256,
         "corpus_sha256": r.corpus.sha256, "planned_steps": r.planned,
-        "steps_per_epoch": r.steps_per_epoch, **r.work.describe(), "device": r.device.type,
+        "steps_per_epoch": r.steps_per_epoch, "n_train": len(r.datasets["train"]),
+        **recipe_record(r.config), **r.described, **device_settings(r.device),
         "threads": r.config.threads, "torch": torch.__version__,
         "decision_rule": (spec.decision_rule.model_dump(mode="json")
                           if spec.decision_rule else None),
@@ -257,6 +285,8 @@ def _restore(r: _Run) -> LoadedCheckpoint | None:
         r.scheduler.load_state_dict(state["scheduler"])
     if state["scaler"]:
         r.scaler.load_state_dict(state["scaler"])
+    if state.get("recipe"):
+        r.recipe.load_state_dict(state["recipe"])
     cursor, counters = state["cursor"], state["counters"]
     r.global_step, r.epoch = int(counters["global_step"]), int(cursor["epoch"])
     r.batch_in_epoch = int(cursor["batch_in_epoch"])
@@ -319,10 +349,11 @@ def _start_epoch(r: _Run) -> Iterator[Any]:
 def _train_step(r: _Run, batches: Iterator[Any]) -> dict[str, Any]:
     """One optimizer step on the next batch; returns its ``train`` row."""
     t0 = time.perf_counter()
-    batch = tuple(t.to(r.device, non_blocking=True) for t in next(batches))
+    batch = to_device(next(batches), r.device)
     lr = r.optimizer.param_groups[0]["lr"]
+    name = r.config.recipe
     with r.autocast:
-        loss = r.work.loss(r.model, batch)
+        loss = check_loss(name, call(name, "loss", r.recipe.loss, r.model, batch))
     loss_value = loss.item()
     if not math.isfinite(loss_value) and r.spec.stop_rules.non_finite_loss:
         raise NonFiniteLoss(
@@ -334,7 +365,7 @@ def _train_step(r: _Run, batches: Iterator[Any]) -> dict[str, Any]:
     r.scaler.update()
     if r.scheduler is not None:
         r.scheduler.step()
-    n = len(batch[0])
+    n = batch_len(batch)
     r.global_step += 1
     r.batch_in_epoch += 1
     r.samples_seen += n
@@ -380,6 +411,7 @@ def _save(r: _Run) -> None:
         "optimizer": r.optimizer.state_dict(),
         "scheduler": r.scheduler.state_dict() if r.scheduler is not None else None,
         "scaler": r.scaler.state_dict(),
+        "recipe": r.recipe.state_dict(),
         "rng": capture_rng(),
         "cursor": {"epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch,
                    "epoch_generator_state": r.epoch_gen_state},
@@ -394,7 +426,7 @@ def _save(r: _Run) -> None:
     step, step_s = r.global_step, r.step_s()
     extra = {"epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch, "planned_steps": r.planned,
              "steps_per_epoch": r.steps_per_epoch, "step_s": step_s, "stall_s": stall_s,
-             "threads": r.config.threads, "device": r.device.type,
+             "threads": r.config.threads, "device": str(r.device),
              "precision": r.config.precision}
     r.saver.submit(lambda: r.manager.save(step, model_state=model_state, train_state=state,
                                           extra_meta=extra))
@@ -432,11 +464,13 @@ def _stop_now(r: _Run) -> None:
 
 def _evaluate(r: _Run, split: str, *, final: bool) -> dict[str, float] | None:
     """Evaluate on ``split`` and log an ``eval`` row; None when the split is empty."""
-    dataset = r.work.datasets().get(split)
+    dataset = r.datasets.get(split)
     if dataset is None or len(dataset) == 0:
         return None
     t0 = time.perf_counter()
-    metrics = r.work.evaluate(r.model, dataset, device=r.device)
+    rule = r.spec.decision_rule
+    metrics = evaluate_split(r.recipe, r.model, dataset, config=r.config, device=r.device,
+                             need=rule.metric if rule else None)
     r.eval_times.append(time.perf_counter() - t0)
     r.mlog.write({"kind": "eval", "step": r.global_step, "epoch": r.epoch, "split": split,
                   **metrics, "eval_s": r.eval_times[-1], "final": final})
@@ -467,8 +501,7 @@ def _finish(r: _Run, *, train_s: float) -> RunResult:
     assert (r.saves and r.saves[-1].step == r.global_step) or r.resumed_from == r.global_step
     eval_metrics = {s: m for s in EVAL_SPLITS if (m := _evaluate(r, s, final=True)) is not None}
     metrics = eval_metrics.get(r.spec.decision_split, {})
-    r.work.save_model(r.model, r.out_dir / MODEL_DIR, extra={
-        "run_id": r.run_id, "run": r.run, "steps": r.global_step, "metrics": metrics})
+    _save_model(r, metrics)
     # The floor is a decision, so it reads the selection split: the report split decides nothing.
     selected = eval_metrics.get(r.spec.selection_split, metrics)
     stop = _quality_stop(r.spec, r.run_id, selected, step=r.global_step)
@@ -479,6 +512,25 @@ def _finish(r: _Run, *, train_s: float) -> RunResult:
     if stop is not None:
         raise stop
     return res
+
+
+def _save_model(r: _Run, metrics: dict[str, float]) -> None:
+    """The reloadable model folder: weights, and a config naming recipe, args and inputs."""
+    from gpucampaign.recipes import save_model_dir
+
+    spec, record = r.spec, recipe_record(r.config)
+    # Paths as the spec gives them (relative to its folder): never an absolute path.
+    pins = {name: {"path": spec.inputs[name].path, "sha256": p.sha256, "kind": p.kind}
+            for name, p in r.ctx.inputs.items()}
+    corpus = r.ctx.corpus
+    sources = ({f"recipe/{record['recipe_file']}": recipe_file(r.config.recipe)}
+               if "recipe_file" in record else {})
+    save_model_dir(r.model, r.out_dir / MODEL_DIR, config=r.config, sources=sources, extra={
+        **r.described, **record, "corpus_sha256": r.corpus.sha256,
+        "corpus": {"path": spec.corpus.path if spec.corpus else None, "sha256": corpus.sha256,
+                   "kind": corpus.kind},
+        "inputs": pins, "run_id": r.run_id, "run": r.run, "steps": r.global_step,
+        "metrics": metrics})
 
 
 def _quality_stop(spec: CampaignSpec, run_id: str, metrics: dict[str, float], *, step: int
@@ -528,7 +580,7 @@ def train_run(
     spec: CampaignSpec,
     *,
     run: str,
-    corpus: Corpus,
+    corpus: Any,
     store: Store,
     out_dir: Path,
     stop_after_steps: int | None = None,
@@ -536,13 +588,15 @@ def train_run(
     progress: ProgressFn | None = None,
     show_progress: bool = False,
     on_save: SaveFn | None = None,
+    lane: int = 0,
 ) -> RunResult:
     """Train (or resume, or return the recorded result of) one run of the campaign.
 
     Args:
         spec: The campaign spec.
         run: ``control`` or a variant name.
-        corpus: The loaded corpus (its sha256 must be the pinned one).
+        corpus: The loaded corpus (its sha256 must be the pinned one): a table ``Corpus`` for
+            the built-in recipes, a ``Pinned`` file or folder for the others.
         store: Checkpoint store; ``<run_id>/LATEST`` there is resumed from when valid.
         out_dir: The run folder ``OUT/runs/<run_id>/``.
         stop_after_steps: Pilot mode: stop at this global step, checkpoint, return with
@@ -554,6 +608,8 @@ def train_run(
         show_progress: Show a rich progress bar when stderr is a terminal.
         on_save: Called with ``{run_id, step, planned_steps, save_s, key}`` after each
             checkpoint is committed (the timeline's heartbeat).
+        lane: The plan's GPU lane running this call; picks its CUDA device (see
+            ``torchsetup.pick_device``). Not part of the run ID.
 
     Returns:
         The ``RunResult`` (``completed`` False after a pilot stop).
@@ -577,7 +633,7 @@ def train_run(
         return recorded
 
     r = _setup(spec, run=run, corpus=corpus, store=store, out_dir=out_dir,
-               stop_after_steps=stop_after_steps, t_call=t_call)
+               stop_after_steps=stop_after_steps, t_call=t_call, lane=lane)
     ck = _restore(r)
     r.policy = _save_policy(r, ck, checkpoint_every=checkpoint_every)
     r.on_save = on_save

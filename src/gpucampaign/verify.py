@@ -30,6 +30,7 @@ from gpucampaign.folder import (
 )
 from gpucampaign.ledger import LEDGER, sealed_prefix_intact
 from gpucampaign.manifest import list_files
+from gpucampaign.pins import input_sha256
 from gpucampaign.predictions import reload_in_fresh_process
 from gpucampaign.spec import SpecError, load_spec, spec_sha256
 
@@ -494,17 +495,17 @@ def check_corpus(ctx: VerifyContext) -> list[Problem]:
         rel, named = str(corpus.get("path", "")), str(corpus.get("path"))
         if _escapes(rel):
             return []  # already named by check_escaping_paths
-        if not (ctx.base / rel).is_file():
+        if not (ctx.base / rel).exists():
             return [Problem("corpus_missing", named, "the corpus copy is missing")]
-        if sha256_file(ctx.base / rel) != corpus.get("sha256"):
+        if input_sha256(ctx.base / rel) != corpus.get("sha256"):
             detail = "the corpus copy's sha256 differs from the manifest"
             return [Problem("corpus_mismatch", named, detail)]
         return []
     # A temporary location is named by check_temp_paths, from the manifest's text.
     loc = str(corpus.get("location", ""))
-    if not Path(loc).is_file():
+    if not Path(loc).exists():
         return [Problem("corpus_missing", MANIFEST, f"the external corpus '{loc}' is missing")]
-    if sha256_file(loc) != corpus.get("sha256"):
+    if input_sha256(loc) != corpus.get("sha256"):
         detail = f"the external corpus '{loc}' does not have the recorded sha256"
         return [Problem("corpus_mismatch", MANIFEST, detail)]
     return []

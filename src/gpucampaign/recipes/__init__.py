@@ -84,9 +84,10 @@ def save_model_dir(
     path: str | Path,
     *,
     config: RunConfig,
-    n_features: int,
-    n_classes: int,
+    n_features: int | None = None,
+    n_classes: int | None = None,
     extra: dict[str, Any] | None = None,
+    sources: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """Write ``path/model.safetensors`` and ``path/config.json``, replacing ``path`` atomically.
 
@@ -94,9 +95,12 @@ def save_model_dir(
         model: The trained model (any device).
         path: The model folder to create (e.g. ``OUT/runs/<run_id>/model``).
         config: The run config that built the model.
-        n_features: Input width.
-        n_classes: Number of classes.
-        extra: More JSON fields for ``config.json`` (run_id, classes, corpus sha256...).
+        n_features: Input width (built-in recipes).
+        n_classes: Number of classes (built-in recipes).
+        extra: More JSON fields for ``config.json`` (run_id, classes, corpus sha256, the
+            recipe's args and file hash...).
+        sources: Files copied into the folder at these relative paths (a user's recipe
+            source, so the folder rebuilds its model on its own); hashed in ``files``.
 
     Returns:
         The content written to ``config.json``.
@@ -113,17 +117,19 @@ def save_model_dir(
         with open(tmp / WEIGHTS_FILE, "rb+") as f:
             os.fsync(f.fileno())
         weights = tmp / WEIGHTS_FILE
+        copied = _copy_sources(tmp, sources or {})
         info = {
             "format": MODEL_FORMAT,
             "recipe": config.recipe,
+            "args": config.args,
             "run_config": config.model_dump(mode="json"),
-            "n_features": n_features,
-            "n_classes": n_classes,
+            **({"n_features": n_features, "n_classes": n_classes} if n_features else {}),
             "versions": library_versions(),
             "git": _git_state(),
             "base_model_revision": None,
             "files": {
-                WEIGHTS_FILE: {"sha256": sha256_file(weights), "bytes": weights.stat().st_size}
+                WEIGHTS_FILE: {"sha256": sha256_file(weights), "bytes": weights.stat().st_size},
+                **copied,
             },
             **(extra or {}),
         }
@@ -135,6 +141,16 @@ def save_model_dir(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return info
+
+
+def _copy_sources(folder: Path, sources: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """Copy ``sources`` into ``folder`` at their relative paths; their ``files`` entries."""
+    copied = {}
+    for rel, src in sources.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, folder / rel)
+        copied[rel] = {"sha256": sha256_file(folder / rel), "bytes": (folder / rel).stat().st_size}
+    return copied
 
 
 def _replace_dir(dst: Path, new: Path) -> None:
@@ -176,11 +192,55 @@ def load_model_dir(path: str | Path, *, map_location: str = "cpu") -> nn.Module:
             f"'{w_path}' does not match the sha256 recorded in {CONFIG_FILE}.", field="model"
         )
     config = RunConfig.model_validate(info["run_config"])
-    model = build_model(
-        config, n_features=int(info["n_features"]), n_classes=int(info["n_classes"])
-    )
+    if config.builtin:
+        model = build_model(
+            config, n_features=int(info["n_features"]), n_classes=int(info["n_classes"])
+        )
+    else:
+        model = rebuild_recipe_model(info, config=config, folder=folder, device=map_location)
     model.load_state_dict(load_file(str(w_path), device=map_location), strict=True)
     return model.to(map_location).eval()
+
+
+def rebuild_recipe_model(
+    info: dict[str, Any], *, config: RunConfig, folder: Path, device: str
+) -> nn.Module:
+    """The untrained model of a user's recipe, rebuilt through the recipe from ``config.json``.
+
+    The copy of the recipe's source kept in ``folder/recipe/`` is put first on ``sys.path``
+    (else the recipe is imported as installed); its file must have the recorded sha256, so
+    the weights meet the code that made them. Pinned paths are the spec's (relative).
+
+    Raises:
+        SpecError: The recipe does not import, or its file changed since the model was saved.
+    """
+    from gpucampaign.recipe import (
+        Pinned,
+        RecipeContext,
+        call,
+        load_recipe,
+        recipe_file_sha256,
+        use_recipe_dir,
+    )
+
+    if (folder / "recipe").is_dir():
+        use_recipe_dir(folder / "recipe")
+    want = info.get("recipe_sha256")
+    if want and recipe_file_sha256(config.recipe) != want:
+        raise SpecError(f"recipe '{config.recipe}': its file changed since the model was saved "
+                        f"(recorded sha256 {want}); restore that version to reload.",
+                        field="model")
+    recipe = load_recipe(config.recipe)
+    pins = {name: Pinned(path=Path(p["path"]), sha256=p["sha256"], kind=p.get("kind", "file"))
+            for name, p in (info.get("inputs") or {}).items()}
+    corpus = info.get("corpus")
+    ctx = RecipeContext(
+        args=dict(config.args), device=torch.device(device), seed=config.seed,
+        run_id=str(info.get("run_id", "")), inputs=pins, config=config,
+        corpus=(Pinned(path=Path(corpus["path"]), sha256=corpus["sha256"],
+                       kind=corpus.get("kind", "file")) if corpus and corpus.get("path")
+                else None))
+    return call(config.recipe, "model", recipe.model, ctx)
 
 
 @torch.no_grad()
