@@ -95,7 +95,7 @@ def make_spec(base: Path, module: str, *, control: dict | None = None, **extra: 
                     "epochs": 2, "lr": 0.05, "threads": 1, **(control or {})},
         "variants": [{"name": "wide", "changes": {"args": {"width": 8}}}],
         "decision_rule": {"metric": "mse", "direction": "minimize", "threshold": 10.0,
-                          "split": "val"},
+                          "select_split": "val"},
         "pilot": {"steps": 3},
         **extra,
     }

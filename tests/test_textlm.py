@@ -28,7 +28,7 @@ def test_init_writes_the_example_the_repository_keeps(tmp_path: Path) -> None:
     assert spec_path.read_text() == (REPO / "examples" / "textlm" / "campaign.yaml").read_text()
     spec = load_spec(spec_path)
     assert spec.control.recipe == "textlm:CharLM" and spec.decision_rule.metric == "loss"
-    assert spec.decision_rule.direction == "minimize" and spec.decision_rule.split == "val"
+    assert spec.decision_rule.direction == "minimize" and spec.decision_rule.select_split == "val"
     assert [v.changes for v in spec.variants] == [{"args": {"width": 64}}, {"lr": 0.003}]
     assert spec.run_config("narrow").args["layers"] == 2  # args merge into the control's
     with pytest.raises(Exception, match="refusing to overwrite"):

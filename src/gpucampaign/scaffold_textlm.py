@@ -64,7 +64,7 @@ decision_rule:
   direction: minimize
   threshold: 3.5
   min_gain: 0.01
-  split: val
+  select_split: val
 
 pilot:
   steps: 10
