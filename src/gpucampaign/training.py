@@ -213,7 +213,9 @@ def _loader(
     if isinstance(train, TensorDataset):
         batches = BatchSampler(RandomSampler(train, generator=generator),
                                batch_size=config.batch_size, drop_last=False)
-        return DataLoader(train, sampler=batches, batch_size=None, **kw)
+        # The generator also draws each epoch's base seed, as with shuffle=True: the global
+        # torch RNG (dropout) is left alone.
+        return DataLoader(train, sampler=batches, batch_size=None, generator=generator, **kw)
     return DataLoader(train, batch_size=config.batch_size, shuffle=True, generator=generator,
                       **kw)
 
