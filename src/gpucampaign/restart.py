@@ -407,11 +407,20 @@ def _compare_checkpoints(
     compare_states(cmp, ck_ref, ck_rst)
 
 
-def compare_states(cmp: _Comparer, a: LoadedCheckpoint, b: LoadedCheckpoint) -> None:
-    """Compare two checkpoints' parameters and every train state part (wall-clock sums aside)."""
+def compare_states(
+    cmp: _Comparer, a: LoadedCheckpoint, b: LoadedCheckpoint, *, skip_rng: tuple[str, ...] = ()
+) -> None:
+    """Compare two checkpoints' parameters and every train state part (wall-clock sums aside).
+
+    ``skip_rng`` names global generators left out, for a side that trained in a process whose
+    other threads may draw from them.
+    """
     cmp.tree("params", a.model_state, b.model_state)
     for comp in ("optimizer", "scheduler", "scaler", "rng", "cursor"):
-        cmp.tree(comp, a.train_state[comp], b.train_state[comp])
+        sides = [ck.train_state[comp] for ck in (a, b)]
+        if comp == "rng" and skip_rng:
+            sides = [{k: v for k, v in s.items() if k not in skip_rng} for s in sides]
+        cmp.tree(comp, sides[0], sides[1])
     counters = [{c: v for c, v in ck.train_state["counters"].items()
                  if c not in _IGNORED_COUNTERS} for ck in (a, b)]
     cmp.tree("counters", counters[0], counters[1])

@@ -243,7 +243,9 @@ def _loader(
     if isinstance(train, TensorDataset) and collate_fn is None:
         batches = BatchSampler(RandomSampler(train, generator=generator),
                                batch_size=config.batch_size, drop_last=False)
-        return DataLoader(train, sampler=batches, batch_size=None, **kw)
+        # The generator also draws each epoch's base seed, as with shuffle=True: the global
+        # torch RNG (dropout) is left alone.
+        return DataLoader(train, sampler=batches, batch_size=None, generator=generator, **kw)
     return DataLoader(train, batch_size=config.batch_size, shuffle=True, generator=generator,
                       collate_fn=collate_fn, **kw)
 
