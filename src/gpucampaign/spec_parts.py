@@ -1,0 +1,474 @@
+"""The parts of a campaign spec: lots, calendar steps, corpus, run configuration, rules and
+settings (pydantic v2, frozen, unknown fields refused). ``spec`` assembles them."""
+
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Tier = Literal["essential", "useful", "exploratory"]
+
+TIERS: tuple[str, ...] = ("essential", "useful", "exploratory")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+RECIPE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+BUILTIN_RECIPES: dict[str, str] = {
+    "mlp": "gpucampaign.recipes.tabular:MLP",
+    "cnn": "gpucampaign.recipes.tabular:CNN",
+}
+
+
+class SpecError(ValueError):
+    """Invalid user input: one paragraph that names the field and the fix (CLI exit 2)."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Package(_Frozen):
+    """One committed lot from the provider's catalog."""
+
+    gpu: str = Field(
+        description="GPU model of the lot as named in the catalog, e.g. 'rtx4090' or 'b200'."
+    )
+    days: int = Field(
+        gt=0, description="Duration of the lot in days (3, 7 or 30 in the IteraGPU catalog)."
+    )
+    count: int = Field(default=1, ge=1, description="How many identical lots are committed.")
+    price_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="Price of ONE lot for its whole duration in USD; taken from the catalog "
+        "when absent.",
+    )
+    order_ref: str | None = Field(
+        default=None,
+        max_length=80,
+        description="The provider's order reference of this lot, shown in the report's budget "
+        "to match against the invoice.",
+    )
+
+    starts_at: datetime | None = Field(
+        default=None,
+        description="When the lot starts (ISO 8601, e.g. '2026-03-02T09:00:00Z'; a time "
+        "without a zone is read as UTC). Gives the rental's end: starts_at + days.",
+    )
+    order_ref: str | None = Field(
+        default=None,
+        max_length=200,
+        description="The provider's order reference of the lot (for the expense ledger).",
+    )
+
+    @field_validator("gpu")
+    @classmethod
+    def _lower(cls, v: str) -> str:
+        return v.strip().lower()
+
+    @field_validator("starts_at")
+    @classmethod
+    def _utc(cls, v: datetime | None) -> datetime | None:
+        if v is None:
+            return None
+        return v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
+
+    @property
+    def ends_at(self) -> datetime | None:
+        """When the lot ends (``starts_at`` + ``days``), or ``None`` without ``starts_at``."""
+        return None if self.starts_at is None else self.starts_at + timedelta(days=self.days)
+
+
+class Step(_Frozen):
+    """One row of the end-to-end calendar."""
+
+    name: str = Field(
+        pattern=NAME_PATTERN, description="Unique step name (letters, digits, '_', '.', '-')."
+    )
+    kind: Literal["human", "machine"] = Field(
+        description="'human': preparation or analysis time of a person; 'machine': the machine "
+        "is busy."
+    )
+    resource: Literal["gpu", "cpu", "none"] | None = Field(
+        default=None,
+        description="For machine steps: 'gpu' (takes a GPU lane), 'cpu' or 'none' (may overlap "
+        "GPU work). Defaults to 'none' for machine steps; must be absent for human steps.",
+    )
+    hours: float = Field(
+        gt=0, description="Allotted duration in hours (a forecast, not a provider promise)."
+    )
+    after: tuple[str, ...] = Field(default=(), description="Names of the steps this one waits for.")
+    tier: Tier = Field(default="essential", description="essential | useful | exploratory.")
+    run: str | None = Field(
+        default=None,
+        description="Name of the training run (control or a variant) this step executes; "
+        "its hours are re-forecast from the pilot's measurements.",
+    )
+    phase: Literal["audit", "pilot", "decide", "restart", "predict", "close"] | None = Field(
+        default=None,
+        description="Campaign phase this step stands for, so its observed time can be compared "
+        "with the allotted one.",
+    )
+    description: str = Field(default="", description="Free text: what the step does.")
+
+    @model_validator(mode="after")
+    def _resource(self) -> Step:
+        if self.kind == "human" and self.resource not in (None, "none"):
+            raise ValueError(
+                f"step '{self.name}' is a human step but names resource '{self.resource}': "
+                "remove 'resource' or make it a machine step"
+            )
+        if self.kind == "machine" and self.resource is None:
+            object.__setattr__(self, "resource", "none")
+        return self
+
+
+class CorpusSpec(_Frozen):
+    """A fixed corpus file, pinned by its hash."""
+
+    path: str = Field(
+        description="Relative to the spec file's folder: a CSV or Parquet table for the built-in "
+        "recipes; any file, or a folder pinned by its manifest, for your own recipe."
+    )
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 the file must have, or of a folder's manifest (lower-case hex).",
+    )
+    id_column: str = Field(default="id", description="Column with the unique row identifier.")
+    label_column: str = Field(default="label", description="Column with the integer class label.")
+    split_column: str = Field(
+        default="split", description="Column with the split name: train, val or test."
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, v: str) -> str:
+        return check_relative_path(v, field="corpus.path")
+
+
+DATA_PATH_FIELDS: tuple[str, ...] = ("num_workers", "persistent_workers")
+# Fields that change no number of a run: they are left out of its ID.
+NOT_IN_RUN_ID = frozenset({"resume", *DATA_PATH_FIELDS})
+
+
+class InputSpec(_Frozen):
+    """A pinned input beyond the corpus (a base model, an adapter): a file or a folder."""
+
+    path: str = Field(description="File or folder, relative to the spec file's folder.")
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 of the file, or of a folder's manifest (`campaign pin PATH`).",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, v: str) -> str:
+        return check_relative_path(v, field="inputs.path")
+
+
+class RunConfig(_Frozen):
+    """Everything that defines one training run; any change gives a new run ID."""
+
+    recipe: str = Field(
+        default="mlp",
+        description="'mlp' or 'cnn' (built in, over a feature table), or your own recipe by "
+        "import path 'module.path:ClassName' (a gpucampaign.Recipe; the spec's folder is on "
+        "sys.path first).",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Arguments of the recipe (ctx.args); a variant's 'args' merge into these.",
+    )
+    device: str = Field(
+        default="auto",
+        pattern=r"^(auto|cpu|cuda|cuda:\d+)$",
+        description="'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'.",
+    )
+    hidden: tuple[int, ...] = Field(
+        default=(64,), description="MLP hidden widths / CNN channel widths."
+    )
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout probability.")
+    optimizer: Literal["adam", "adamw", "sgd"] = Field(default="adam", description="Optimizer.")
+    lr: float = Field(default=1e-3, gt=0, description="Peak learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0, description="Weight decay.")
+    batch_size: int = Field(default=64, gt=0, description="Training batch size.")
+    epochs: int = Field(default=20, gt=0, description="Planned epochs.")
+    max_steps: int | None = Field(
+        default=None, gt=0, description="Optional cap on optimizer steps."
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32", description="Autocast precision."
+    )
+    scheduler: Literal["none", "cosine", "step"] = Field(
+        default="cosine", description="LR schedule."
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of python/numpy/torch and the data order.")
+    eval_every: int = Field(
+        default=0, ge=0, description="Evaluate every N steps; 0 = at each epoch end."
+    )
+    threads: int = Field(
+        default=1,
+        ge=1,
+        description="torch CPU threads; pinned because results differ across counts.",
+    )
+    resume: Literal["training", "inference"] = Field(
+        default="training",
+        description="After an interruption: 'training' resumes learning from the full saved "
+        "state (model, optimizer, data order, RNG); 'inference' only restarts inference from "
+        "the last good model. Not part of the run ID: it changes no result.",
+    )
+    num_workers: int = Field(
+        default=0, ge=0, description="DataLoader worker processes (0: load in the loop)."
+    )
+    persistent_workers: bool = Field(
+        default=False, description="Keep the DataLoader workers between epochs."
+    )
+
+    seeds: tuple[int, ...] = Field(
+        default=(),
+        exclude=True,
+        description="Replicate seeds of the control: the first is the run itself, each other "
+        "runs as its own run ID '<name>.s<seed>'; the verdict uses them all.",
+    )
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that define the run's numbers: all but the data path's knobs (the
+        batches and their order are the same whoever loads them) and the resume mode."""
+        return self.model_dump(mode="json", exclude=set(NOT_IN_RUN_ID))
+
+    @field_validator("recipe")
+    @classmethod
+    def _recipe_name(cls, v: str) -> str:
+        if v in BUILTIN_RECIPES or re.match(RECIPE_PATTERN, v):
+            return v
+        raise ValueError(
+            f"recipe '{v}' is neither a built-in recipe {sorted(BUILTIN_RECIPES)} nor an import "
+            "path 'module.path:ClassName'"
+        )
+
+    @property
+    def builtin(self) -> bool:
+        """True for the built-in table recipes (``mlp``, ``cnn``)."""
+        return self.recipe in BUILTIN_RECIPES
+
+    def steps_per_epoch(self, n_train: int) -> int:
+        """Optimizer steps of one epoch over ``n_train`` rows (the last batch may be short)."""
+        return -(-n_train // self.batch_size)
+
+    def planned_steps(self, n_train: int) -> int:
+        """Planned optimizer steps: ``epochs`` epochs over ``n_train`` rows, capped by
+        ``max_steps``."""
+        steps = self.epochs * self.steps_per_epoch(n_train)
+        return min(steps, self.max_steps) if self.max_steps is not None else steps
+
+
+class Variant(_Frozen):
+    """A variant of the control: the factors it changes and why."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="Unique run name.")
+    tier: Tier = Field(default="useful", description="essential | useful | exploratory.")
+    changes: dict[str, Any] = Field(
+        description="RunConfig fields this variant changes from the control."
+    )
+    combined: bool = Field(
+        default=False,
+        description="Set true to declare on purpose that several factors change at once.",
+    )
+    hypothesis: str = Field(default="", description="Which result would change the decision.")
+    seeds: tuple[int, ...] = Field(
+        default=(),
+        description="Replicate seeds: the first is the run itself, each other runs as its own "
+        "run ID '<name>.s<seed>'; the verdict uses them all.",
+    )
+
+    @field_validator("changes")
+    @classmethod
+    def _known(cls, v: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(v) - set(RunConfig.model_fields))
+        if unknown:
+            raise ValueError(
+                f"unknown run setting(s) {unknown}; use some of {sorted(RunConfig.model_fields)}"
+            )
+        return v
+
+
+class DecisionRule(_Frozen):
+    """The rule that closes the campaign."""
+
+    metric: str = Field(
+        default="accuracy",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$",
+        description="Metric: 'accuracy', 'macro_f1' or 'loss' for the built-in recipes; any "
+        "name your recipe's evaluate() returns.",
+    )
+    direction: Literal["maximize", "minimize"] = Field(
+        default="maximize", description="Better is higher or lower."
+    )
+    threshold: float = Field(description="A run must reach this value to be acceptable.")
+    min_gain: float = Field(
+        default=0.0, ge=0, description="Gain over the control a variant needs to be adopted."
+    )
+    select_split: Literal["val", "test"] = Field(
+        default="val", description="Split the winner is chosen on (never the report split)."
+    )
+    report_split: Literal["val", "test"] = Field(
+        default="test", description="Split the chosen run's gain is reported and confirmed on."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_single_split(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "split" in data:
+            raise ValueError(
+                "decision_rule.split: one split for choosing and reporting makes the reported "
+                "gain optimistic; remove 'split' and use select_split (default val) and "
+                "report_split (default test)"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _distinct_splits(self) -> DecisionRule:
+        if self.select_split == self.report_split:
+            raise ValueError(
+                f"decision_rule: select_split and report_split are both '{self.report_split}'; "
+                "choose on 'val' and report on 'test'"
+            )
+        return self
+
+    def better(self, a: float, b: float) -> bool:
+        """True when value ``a`` is strictly better than ``b`` under this rule."""
+        return a > b if self.direction == "maximize" else a < b
+
+    def meets(self, value: float) -> bool:
+        """True when ``value`` reaches the threshold."""
+        return value >= self.threshold if self.direction == "maximize" else value <= self.threshold
+
+
+class StopRules(_Frozen):
+    """Stop rules written before the experiments."""
+
+    non_finite_loss: bool = Field(
+        default=True, description="Stop a run whose loss is NaN or infinite."
+    )
+    below_threshold: bool = Field(
+        default=True, description="Stop a run whose final metric misses the floor."
+    )
+    quality_floor: float | None = Field(
+        default=None, description="Floor for 'below_threshold'; defaults to the decision threshold."
+    )
+    require_restart: bool = Field(
+        default=True, description="Stop when no usable restart is verified."
+    )
+
+
+class PilotSpec(_Frozen):
+    """The short pilot of each essential run."""
+
+    steps: int = Field(default=20, gt=0, description="Optimizer steps of each pilot run.")
+
+
+class CheckpointSpec(_Frozen):
+    """Save policy."""
+
+    every_steps: int | None = Field(
+        default=None,
+        gt=0,
+        description="Fixed save interval in steps; absent = derived from measurements.",
+    )
+    keep: int = Field(default=3, ge=1, description="How many good checkpoints to keep.")
+    interruption_hours: float = Field(
+        default=24.0,
+        gt=0,
+        description="Expected time between interruptions M (hours), for Daly's interval.",
+    )
+    tolerable_loss_minutes: float = Field(
+        default=30.0, gt=0, description="Most training time you accept to lose to an interruption."
+    )
+
+
+class StorageSpec(_Frozen):
+    """Where checkpoints go; credentials never live here (environment only)."""
+
+    url: str = Field(
+        default="local",
+        description="'local' (inside the output folder) or 's3://bucket/prefix' (endpoint and "
+        "keys from the environment: GPUCAMPAIGN_S3_ENDPOINT, AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY).",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        if v != "local" and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", v):
+            raise ValueError(
+                "use 'local' or 's3://bucket/prefix' (credentials go in the environment)"
+            )
+        return v
+
+
+class DecisionPointSpec(_Frozen):
+    """How the decision after the pilot is taken."""
+
+    mode: Literal["auto", "ask"] = Field(
+        default="auto", description="'auto', or 'ask' a person in the UI."
+    )
+    timeout_s: int = Field(
+        default=600, gt=0, description="With 'ask': seconds before the automatic choice."
+    )
+
+
+class Expense(_Frozen):
+    """An expense really incurred, kept apart from the rental price."""
+
+    name: str = Field(description="What was paid for.")
+    usd: float = Field(ge=0, description="Amount in USD, as paid.")
+    note: str = Field(default="", description="Receipt or order reference.")
+
+
+class DeliverySpec(_Frozen):
+    """What counts as one delivery for the budget close."""
+
+    unit: str | None = Field(
+        default=None,
+        description="Name of one delivered unit (e.g. 'corpus'); absent for a research decision.",
+    )
+
+
+class GpuLockSpec(_Frozen):
+    """The Prefect global concurrency limit all GPU phases share."""
+
+    name: str = Field(
+        default="gpu", pattern=NAME_PATTERN, description="Global concurrency limit name."
+    )
+    timeout_s: float = Field(default=3600, gt=0, description="Longest wait for a GPU slot.")
+    lease_s: int = Field(
+        default=60,
+        ge=60,
+        description="Lease of a held slot; a dead holder's slot returns after it.",
+    )
+
+
+
+def canonical_json(obj: Any) -> str:
+    """Sorted keys, no spaces: the form every hash in the project is taken over."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def check_relative_path(value: str, *, field: str) -> str:
+    """Refuse a path that is absolute or climbs out of its folder."""
+    p = PurePosixPath(value.replace("\\", "/"))
+    if not value or p.is_absolute() or ".." in p.parts or re.match(r"^[A-Za-z]:", value):
+        raise ValueError(
+            f"path '{value}' must stay inside the spec's folder: give a relative path without '..'"
+        )
+    return value
+
+
