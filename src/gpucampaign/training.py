@@ -19,7 +19,6 @@ On CPU a resumed run is bit-identical to an uninterrupted one.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -29,21 +28,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+from torch.utils.data import DataLoader
 
 from gpucampaign.checkpoint import (
     BackgroundSaves,
     CheckpointManager,
     LoadedCheckpoint,
     SavedCheckpoint,
-    capture_rng,
     restore_rng,
-    snapshot,
 )
 from gpucampaign.files import atomic_write_bytes, json_bytes, median
 from gpucampaign.interrupt import Interrupted, stop_requested
+from gpucampaign.loopparts import make_loader, n_train_of, progress_bar, read_params  # noqa: F401
 from gpucampaign.metrics import MetricsLog, truncate_metrics
-from gpucampaign.recipe import Recipe, RecipeContext, call, check_loss, load_recipe, recipe_file
+from gpucampaign.recipe import Recipe, RecipeContext, call, check_loss, load_recipe
 from gpucampaign.recipe_runtime import (
     batch_len,
     build_datasets,
@@ -51,7 +49,6 @@ from gpucampaign.recipe_runtime import (
     recipe_context,
     recipe_record,
     to_device,
-    train_rows,
 )
 from gpucampaign.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
 from gpucampaign.savepolicy import SavePolicy
@@ -73,10 +70,9 @@ from gpucampaign.torchsetup import (
     pick_device,
     seed_everything,
 )
+from gpucampaign.training_files import METRICS_FILE, MODEL_DIR, PARAMS_FILE  # noqa: F401
+from gpucampaign.trainsave import collect_save, save_checkpoint, save_model
 
-PARAMS_FILE = "params.json"
-METRICS_FILE = "metrics.jsonl"
-MODEL_DIR = "model"
 EVAL_SPLITS: tuple[str, ...] = ("val", "test")
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -170,18 +166,6 @@ def _check_arguments(
     return run_id
 
 
-def read_params(out_dir: str | Path) -> dict[str, Any]:
-    """A run folder's ``params.json`` (empty when the run never started)."""
-    path = Path(out_dir) / PARAMS_FILE
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def n_train_of(out_dir: str | Path, *, spec: CampaignSpec, run: str, corpus: Any) -> int:
-    """Examples in the run's train split: as ``params.json`` recorded, else counted."""
-    recorded = read_params(out_dir).get("n_train")
-    return int(recorded) if recorded is not None else train_rows(spec, run=run, corpus=corpus)
-
-
 def _setup(
     spec: CampaignSpec, *, run: str, corpus: Any, store: Store, out_dir: Path,
     stop_after_steps: int | None, t_call: float, lane: int = 0,
@@ -203,7 +187,7 @@ def _setup(
     optimizer = build_optimizer(config, model.parameters())
     generator = torch.Generator().manual_seed(config.seed)
     train = datasets["train"]
-    loader = _loader(train, config=config, generator=generator, device=device,
+    loader = make_loader(train, config=config, generator=generator, device=device,
                      collate_fn=recipe.collate_fn)
     planned = config.planned_steps(len(train))
     amp_dtype = AMP_DTYPES[config.precision]
@@ -225,29 +209,6 @@ def _setup(
     _write_params(r)
     r.setup_s = time.perf_counter() - t_call
     return r
-
-
-def _loader(
-    train: Any, *, config: RunConfig, generator: torch.Generator, device: torch.device,
-    collate_fn: Any = None,
-) -> DataLoader:
-    """The training batches, shuffled by ``generator``.
-
-    A ``TensorDataset`` is indexed one batch at a time (one gather per tensor instead of a
-    fetch per row and a stack): the same sampler draws the same order, so the batches are
-    the same values. The sampler stays in this process; workers only fetch batches.
-    """
-    kw: dict[str, Any] = {
-        "num_workers": config.num_workers, "pin_memory": device.type == "cuda",
-        "persistent_workers": config.persistent_workers and config.num_workers > 0}
-    if isinstance(train, TensorDataset) and collate_fn is None:
-        batches = BatchSampler(RandomSampler(train, generator=generator),
-                               batch_size=config.batch_size, drop_last=False)
-        # The generator also draws each epoch's base seed, as with shuffle=True: the global
-        # torch RNG (dropout) is left alone.
-        return DataLoader(train, sampler=batches, batch_size=None, generator=generator, **kw)
-    return DataLoader(train, batch_size=config.batch_size, shuffle=True, generator=generator,
-                      collate_fn=collate_fn, **kw)
 
 
 def _write_params(r: _Run) -> None:
@@ -389,7 +350,7 @@ def _run_epoch(r: _Run, *, progress: ProgressFn | None, bar: Any) -> None:
         if (every and r.global_step % every == 0) or (not every and end_of_epoch):
             _evaluate(r, "val", final=False)
         if r.policy.due(r.global_step, target=r.target):
-            _save(r)
+            save_checkpoint(r)
         _report(r, row, progress=progress, bar=bar)
         if stop_requested() is not None:
             _stop_now(r)
@@ -399,66 +360,11 @@ def _run_epoch(r: _Run, *, progress: ProgressFn | None, bar: Any) -> None:
         r.epoch += 1
 
 
-def _save(r: _Run) -> None:
-    """Checkpoint the current step in the background; re-plan the next save.
-
-    The loop stalls only to collect the previous save (never two in flight) and to snapshot
-    the state to host memory, after the metrics so far are durable; the write, the
-    verification and the move of ``LATEST`` happen in the background thread.
-    """
-    t0 = time.perf_counter()
-    _collect_save(r)
-    r.mlog.sync()
-    state = {
-        "optimizer": r.optimizer.state_dict(),
-        "scheduler": r.scheduler.state_dict() if r.scheduler is not None else None,
-        "scaler": r.scaler.state_dict(),
-        "recipe": r.recipe.state_dict(),
-        "rng": capture_rng(),
-        "cursor": {"epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch,
-                   "epoch_generator_state": r.epoch_gen_state},
-        "counters": {"global_step": r.global_step, "samples_seen": r.samples_seen,
-                     "steps_s_sum": r.steps_s_sum},
-    }
-    model_state, state = snapshot(r.model.state_dict()), snapshot(state)
-    if r.device.type == "cuda":
-        torch.cuda.synchronize()  # the pinned copies are complete before the thread reads
-    stall_s = time.perf_counter() - t0
-    r.stalls.append(stall_s)
-    step, step_s = r.global_step, r.step_s()
-    extra = {"epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch, "planned_steps": r.planned,
-             "steps_per_epoch": r.steps_per_epoch, "step_s": step_s, "stall_s": stall_s,
-             "threads": r.config.threads, "device": str(r.device),
-             "precision": r.config.precision}
-    r.saver.submit(lambda: r.manager.save(step, model_state=model_state, train_state=state,
-                                          extra_meta=extra))
-    writes = [s.durable_s for s in r.saves]
-    r.policy.saved(step, save_costs=r.stalls, step_s=step_s,
-                   write_s=median(writes) if writes else None)
-
-
-def _collect_save(r: _Run) -> None:
-    """Wait for the save in flight, if any, and log its ``checkpoint`` row."""
-    saved = r.saver.wait()
-    if saved is None:
-        return
-    r.saves.append(saved)
-    r.mlog.write({
-        "kind": "checkpoint", "step": saved.step, "save_s": saved.save_s,
-        "stall_s": r.stalls[len(r.saves) - 1], "write_s": saved.write_s,
-        "upload_s": saved.upload_s, "commit_s": saved.commit_s, "bytes": saved.bytes,
-        "key": saved.key, "every_steps": r.policy.interval.every_steps,
-        "interval_source": r.policy.interval.source})
-    if r.on_save is not None:
-        r.on_save({"run_id": r.run_id, "step": r.global_step, "planned_steps": r.planned,
-                   "save_s": saved.save_s, "key": saved.key})
-
-
 def _stop_now(r: _Run) -> None:
     """A stop was requested: checkpoint this step (unless just saved), then raise."""
     reason = stop_requested() or "stop"
     if not (r.saves and r.saves[-1].step == r.global_step):
-        _save(r)
+        save_checkpoint(r)
     r.mlog.write({"kind": "interrupt", "step": r.global_step, "reason": reason})
     r.mlog.sync()
     raise Interrupted(reason, step=r.global_step)
@@ -503,7 +409,7 @@ def _finish(r: _Run, *, train_s: float) -> RunResult:
     assert (r.saves and r.saves[-1].step == r.global_step) or r.resumed_from == r.global_step
     eval_metrics = {s: m for s in EVAL_SPLITS if (m := _evaluate(r, s, final=True)) is not None}
     metrics = eval_metrics.get(r.spec.decision_split, {})
-    _save_model(r, metrics)
+    save_model(r, metrics)
     # The floor is a decision, so it reads the selection split: the report split decides nothing.
     selected = eval_metrics.get(r.spec.selection_split, metrics)
     stop = _quality_stop(r.spec, r.run_id, selected, step=r.global_step)
@@ -514,25 +420,6 @@ def _finish(r: _Run, *, train_s: float) -> RunResult:
     if stop is not None:
         raise stop
     return res
-
-
-def _save_model(r: _Run, metrics: dict[str, float]) -> None:
-    """The reloadable model folder: weights, and a config naming recipe, args and inputs."""
-    from gpucampaign.recipes import save_model_dir
-
-    spec, record = r.spec, recipe_record(r.config)
-    # Paths as the spec gives them (relative to its folder): never an absolute path.
-    pins = {name: {"path": spec.inputs[name].path, "sha256": p.sha256, "kind": p.kind}
-            for name, p in r.ctx.inputs.items()}
-    corpus = r.ctx.corpus
-    sources = ({f"recipe/{record['recipe_file']}": recipe_file(r.config.recipe)}
-               if "recipe_file" in record else {})
-    save_model_dir(r.model, r.out_dir / MODEL_DIR, config=r.config, sources=sources, extra={
-        **r.described, **record, "corpus_sha256": r.corpus.sha256,
-        "corpus": {"path": spec.corpus.path if spec.corpus else None, "sha256": corpus.sha256,
-                   "kind": corpus.kind},
-        "inputs": pins, "run_id": r.run_id, "run": r.run, "steps": r.global_step,
-        "metrics": metrics})
 
 
 def _quality_stop(spec: CampaignSpec, run_id: str, metrics: dict[str, float], *, step: int
@@ -642,12 +529,12 @@ def train_run(
     if ck is not None and r.global_step >= r.target and r.target < r.planned:
         return _result(r, completed=False)  # the pilot already ran: nothing to do
     _open_metrics(r, restored=ck is not None)
-    bar = _progress_bar(show_progress, run_id, r.planned, r.global_step)
+    bar = progress_bar(show_progress, run_id, r.planned, r.global_step)
     t_loop = time.perf_counter()
     try:
         while r.global_step < r.target:
             _run_epoch(r, progress=progress, bar=bar)
-        _collect_save(r)  # the last save of this call is durable before it returns
+        collect_save(r)  # the last save of this call is durable before it returns
         train_s = time.perf_counter() - t_loop
         if r.global_step < r.planned:
             return _result(r, completed=False, train_s=train_s)
@@ -659,24 +546,3 @@ def train_run(
             bar.stop()
 
 
-def _progress_bar(show: bool, run_id: str, total: int, done: int) -> Any:
-    """A started rich progress bar, or None when not asked for or not interactive."""
-    if not show:
-        return None
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        return None
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeRemainingColumn(), console=console, transient=True)
-    bar.add_task(run_id, total=total, completed=done)
-    bar.start()
-    return bar
