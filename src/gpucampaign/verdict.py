@@ -213,24 +213,7 @@ def decide_verdict(
         n: {s: _split_entry(rule, s, control=ctrl, variant=e, seed=seed) for s in (sel, rep)}
         for n, e in evidence.items()
     }
-    base = {
-        "select_split": sel, "report_split": rep, "variants": table,
-        "control": {s: ctrl.values.get(s) for s in (sel, rep)},
-        "numbers": {
-            "metric": rule.metric, "direction": rule.direction, "threshold": rule.threshold,
-            "min_gain": rule.min_gain, "select_split": sel, "report_split": rep,
-        },
-    }
-    head = (
-        f"{rule.metric} ({rule.direction}, threshold {rule.threshold:g}, min gain "
-        f"{rule.min_gain:g}), chosen on {sel}, reported on {rep}"
-    )
-    listing = _listing(rule, control=ctrl, table=table,
-                       status={n: e.status for n, e in evidence.items()})
-    missing = [n for n, row in table.items()
-               if row[sel]["value"] is None and evidence[n].status == "stopped"]
-    stop_note = ("; " + "; ".join(_stop_text(n, stops) for n in missing)) if missing else ""
-    tail = f"{head}: {listing}{stop_note}."
+    base, tail = _frame(rule, control=ctrl, evidence=evidence, table=table, stops=stops)
 
     if repose_reason is not None:
         text = (
@@ -253,6 +236,34 @@ def decide_verdict(
         rule, chosen, table=table, tail=tail, disagree=disagree, base=base,
         run_hours=run_hours or {},
     )
+
+
+def _frame(
+    rule: DecisionRule, *, control: RunEvidence, evidence: Mapping[str, RunEvidence],
+    table: dict[str, dict[str, dict[str, Any]]], stops: list[Mapping[str, Any]],
+) -> tuple[dict[str, Any], str]:
+    """What every verdict carries (splits, per-variant table, numbers) and the text's tail
+    that states every number and why a run has none."""
+    sel, rep, ctrl = rule.select_split, rule.report_split, control
+    base = {
+        "select_split": sel, "report_split": rep, "variants": table,
+        "control": {s: ctrl.values.get(s) for s in (sel, rep)},
+        "numbers": {
+            "metric": rule.metric, "direction": rule.direction, "threshold": rule.threshold,
+            "min_gain": rule.min_gain, "select_split": sel, "report_split": rep,
+        },
+    }
+    head = (
+        f"{rule.metric} ({rule.direction}, threshold {rule.threshold:g}, min gain "
+        f"{rule.min_gain:g}), chosen on {sel}, reported on {rep}"
+    )
+    listing = _listing(rule, control=ctrl, table=table,
+                       status={n: e.status for n, e in evidence.items()})
+    missing = [n for n, row in table.items()
+               if row[sel]["value"] is None and evidence[n].status == "stopped"]
+    stop_note = ("; " + "; ".join(_stop_text(n, stops) for n in missing)) if missing else ""
+    tail = f"{head}: {listing}{stop_note}."
+    return base, tail
 
 
 def _disagreement(chosen: str | None, on_report: str | None, *, sel: str, rep: str) -> str:
