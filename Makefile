@@ -33,7 +33,8 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not e2e and not slow and not server and not process"
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tasks flows tests bench
+	$(BIN)/ruff check src tasks flows tests bench infra
+	$(BIN)/ruff format --check src tasks flows tests bench infra
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

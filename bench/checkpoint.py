@@ -95,8 +95,15 @@ def raw_read(path: Path) -> float:
 
 def train_state(opt: torch.optim.Optimizer, step: int) -> dict:
     return {
-        "optimizer": opt.state_dict(), "scheduler": None, "scaler": {}, "rng": capture_rng(),
-        "cursor": {"epoch": 0, "batch_in_epoch": step, "epoch_generator_state": torch.Generator().get_state()},
+        "optimizer": opt.state_dict(),
+        "scheduler": None,
+        "scaler": {},
+        "rng": capture_rng(),
+        "cursor": {
+            "epoch": 0,
+            "batch_in_epoch": step,
+            "epoch_generator_state": torch.Generator().get_state(),
+        },
         "counters": {"global_step": step},
     }
 
@@ -124,14 +131,18 @@ def bench_io(total_mb: int, repeats: int, workdir: Path, *, settle_s: float) -> 
         # another one is measured 2-4x slower whatever it is.
         if i % 2:
             settle(settle_s)
-            saved = mgr.save(i + 1, model_state=model.state_dict(), train_state=train_state(opt, i + 1))
+            saved = mgr.save(
+                i + 1, model_state=model.state_dict(), train_state=train_state(opt, i + 1)
+            )
             settle(settle_s)
             t_raw = raw_write(raw, payload)
         else:
             settle(settle_s)
             t_raw = raw_write(raw, payload)
             settle(settle_s)
-            saved = mgr.save(i + 1, model_state=model.state_dict(), train_state=train_state(opt, i + 1))
+            saved = mgr.save(
+                i + 1, model_state=model.state_dict(), train_state=train_state(opt, i + 1)
+            )
         t_read = raw_read(raw)
         raw.unlink()
         settle(settle_s)
@@ -151,8 +162,12 @@ def bench_io(total_mb: int, repeats: int, workdir: Path, *, settle_s: float) -> 
             list(pool.map(lambda p: hashlib.sha256(p.read_bytes()).digest(), files))
         t_hash = time.perf_counter() - t0
         if os.environ.get("BENCH_TRACE"):
-            print(f"  round {i}: raw write {t_raw:.3f} s, save {saved.write_s:.3f}+{saved.commit_s:.3f}"
-                  f"+{saved.prune_s:.3f} s, raw read {t_read:.3f} s, restore {t_load:.3f} s", file=sys.stderr)
+            print(
+                f"  round {i}: raw write {t_raw:.3f} s, save "
+                f"{saved.write_s:.3f}+{saved.commit_s:.3f}"
+                f"+{saved.prune_s:.3f} s, raw read {t_read:.3f} s, restore {t_load:.3f} s",
+                file=sys.stderr,
+            )
         if i == 0:
             continue
         w.append(t_raw)
@@ -165,26 +180,43 @@ def bench_io(total_mb: int, repeats: int, workdir: Path, *, settle_s: float) -> 
         hashed.append(t_hash)
     med = statistics.median
     out = {
-        "state_mb": nbytes / MB, "checkpoint_file_mb": file_bytes / MB, "repeats": repeats,
-        "raw_write_mb_s": nbytes / MB / med(w), "raw_read_mb_s": nbytes / MB / med(r),
-        "save_mb_s": file_bytes / MB / med(s), "restore_mb_s": file_bytes / MB / med(ld),
+        "state_mb": nbytes / MB,
+        "checkpoint_file_mb": file_bytes / MB,
+        "repeats": repeats,
+        "raw_write_mb_s": nbytes / MB / med(w),
+        "raw_read_mb_s": nbytes / MB / med(r),
+        "save_mb_s": file_bytes / MB / med(s),
+        "restore_mb_s": file_bytes / MB / med(ld),
         "restore_into_model_mb_s": file_bytes / MB / med(ld_apply),
-        "save_durable_s": med(s), "save_s": med(stall), "restore_s": med(ld), "raw_write_s": med(w), "raw_read_s": med(r),
-        "verify_read_sha256_s": med(hashed), "settle_s": settle_s,
+        "save_durable_s": med(s),
+        "save_s": med(stall),
+        "restore_s": med(ld),
+        "raw_write_s": med(w),
+        "raw_read_s": med(r),
+        "verify_read_sha256_s": med(hashed),
+        "settle_s": settle_s,
         # Per repeat, for min/median/max: the same bytes' raw time over the library's time.
         "save_ratios": [file_bytes / nbytes * wi / si for wi, si in zip(w, s, strict=True)],
         "restore_ratios": [file_bytes / nbytes * ri / li for ri, li in zip(r, ld, strict=True)],
-        "save_s_all": s, "restore_s_all": ld,
+        "save_s_all": s,
+        "restore_s_all": ld,
     }
     out["save_vs_raw_write"] = out["save_mb_s"] / out["raw_write_mb_s"]
     out["restore_vs_raw_read"] = out["restore_mb_s"] / out["raw_read_mb_s"]
     out["restore_into_model_vs_raw_read"] = out["restore_into_model_mb_s"] / out["raw_read_mb_s"]
     mtbi, tolerable = 24 * 3600.0, 30 * 60.0
     for step_s in (0.1, 1.0):
-        si = choose_save_interval(delta_s=out["save_s"], step_s=step_s, mtbi_s=mtbi, tolerable_s=tolerable,
-                                  planned_steps=10**9)
+        si = choose_save_interval(
+            delta_s=out["save_s"],
+            step_s=step_s,
+            mtbi_s=mtbi,
+            tolerable_s=tolerable,
+            planned_steps=10**9,
+        )
         out[f"stall_at_step_{step_s:g}s"] = {
-            "every_steps": si.every_steps, "tau_s": si.tau_s, "daly_s": si.daly_s,
+            "every_steps": si.every_steps,
+            "tau_s": si.tau_s,
+            "daly_s": si.daly_s,
             "stall_fraction": out["save_s"] / (si.every_steps * step_s + out["save_s"]),
         }
     return out
@@ -200,15 +232,25 @@ def bench_digits(workdir: Path) -> dict:
     spec_path = init_campaign(workdir / "digits")
     spec = load_spec(spec_path)
     corpus = load_spec_corpus(spec, base_dir=spec_path.parent)
-    res = train_run(spec, run="control", corpus=corpus, store=LocalStore(workdir / "digits-out" / "checkpoints"),
-                    out_dir=workdir / "digits-out" / "run")
+    res = train_run(
+        spec,
+        run="control",
+        corpus=corpus,
+        store=LocalStore(workdir / "digits-out" / "checkpoints"),
+        out_dir=workdir / "digits-out" / "run",
+    )
     t = res.timings
     return {
-        "planned_steps": res.planned_steps, "step_s": t["step_s"], "save_s": t["save_s"],
-        "n_checkpoints": res.n_checkpoints, "save_interval": res.save_interval,
+        "planned_steps": res.planned_steps,
+        "step_s": t["step_s"],
+        "save_s": t["save_s"],
+        "n_checkpoints": res.n_checkpoints,
+        "save_interval": res.save_interval,
         "stall_fraction_of_train_s": sum(t["save_s"]) / t["train_s"],
-        "stall_at_interval": (statistics.median(t["save_s"])
-                              / (res.save_interval["every_steps"] * t["step_s"] + statistics.median(t["save_s"]))),
+        "stall_at_interval": (
+            statistics.median(t["save_s"])
+            / (res.save_interval["every_steps"] * t["step_s"] + statistics.median(t["save_s"]))
+        ),
     }
 
 
@@ -216,9 +258,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=256, help="Size of model + Adam state in MB.")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dir", type=Path, default=None, help="Scratch folder (default: a temp folder).")
+    ap.add_argument(
+        "--dir", type=Path, default=None, help="Scratch folder (default: a temp folder)."
+    )
     ap.add_argument("--json", action="store_true", help="Print one JSON object only.")
-    ap.add_argument("--settle", type=float, default=3.0, help="Seconds of rest before each timed write.")
+    ap.add_argument(
+        "--settle", type=float, default=3.0, help="Seconds of rest before each timed write."
+    )
     a = ap.parse_args()
     torch.set_num_threads(1)
     workdir = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=a.dir))
@@ -227,29 +273,54 @@ def main() -> int:
         digits = bench_digits(workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    result = {"io": io_res, "digits_control": digits, "torch": torch.__version__, "cpus": os.cpu_count()}
+    result = {
+        "io": io_res,
+        "digits_control": digits,
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+    }
     if a.json:
         print(json.dumps(result, indent=2))
         return 0
     r = io_res
-    print(f"state {r['state_mb']:.0f} MB (checkpoint files {r['checkpoint_file_mb']:.0f} MB), median of {r['repeats']}")
-    print(f"  raw write+fsync  {r['raw_write_mb_s']:7.0f} MB/s   save     {r['save_mb_s']:7.0f} MB/s"
-          f"   ratio {r['save_vs_raw_write']:.2f}x (goal >= 0.8x; durable in {r['save_durable_s']:.2f} s, "
-          f"stall incl. deleting the old one {r['save_s']:.2f} s)")
-    print(f"  raw read         {r['raw_read_mb_s']:7.0f} MB/s   restore  {r['restore_mb_s']:7.0f} MB/s"
-          f"   ratio {r['restore_vs_raw_read']:.2f}x (goal >= 0.8x; with load_state_dict "
-          f"{r['restore_into_model_vs_raw_read']:.2f}x)")
-    print(f"  of the restore, reading + sha256-verifying the files alone takes {r['verify_read_sha256_s']:.2f} s "
-          f"of {r['restore_s']:.2f} s")
+    print(
+        f"state {r['state_mb']:.0f} MB (checkpoint files {r['checkpoint_file_mb']:.0f} MB), "
+        f"median of {r['repeats']}"
+    )
+    print(
+        f"  raw write+fsync  {r['raw_write_mb_s']:7.0f} MB/s   save     {r['save_mb_s']:7.0f} MB/s"
+        f"   ratio {r['save_vs_raw_write']:.2f}x (goal >= 0.8x; durable in "
+        f"{r['save_durable_s']:.2f} s, "
+        f"stall incl. deleting the old one {r['save_s']:.2f} s)"
+    )
+    print(
+        f"  raw read         {r['raw_read_mb_s']:7.0f} MB/s   restore  {r['restore_mb_s']:7.0f} "
+        "MB/s"
+        f"   ratio {r['restore_vs_raw_read']:.2f}x (goal >= 0.8x; with load_state_dict "
+        f"{r['restore_into_model_vs_raw_read']:.2f}x)"
+    )
+    print(
+        "  of the restore, reading + sha256-verifying the files alone takes "
+        f"{r['verify_read_sha256_s']:.2f} s "
+        f"of {r['restore_s']:.2f} s"
+    )
     for key in ("stall_at_step_0.1s", "stall_at_step_1s"):
         s = r[key]
-        print(f"  {key}: save {r['save_s']:.2f} s every {s['every_steps']} steps (tau {s['tau_s']:.0f} s, "
-              f"Daly {s['daly_s']:.0f} s): stall {100 * s['stall_fraction']:.2f}%")
+        print(
+            f"  {key}: save {r['save_s']:.2f} s every {s['every_steps']} steps (tau "
+            f"{s['tau_s']:.0f} s, "
+            f"Daly {s['daly_s']:.0f} s): stall {100 * s['stall_fraction']:.2f}%"
+        )
     d = digits
-    print(f"digits control: {d['planned_steps']} steps at {1000 * d['step_s']:.2f} ms, {d['n_checkpoints']} saves "
-          f"({', '.join(f'{1000 * x:.1f}' for x in d['save_s'])} ms), interval {d['save_interval']['every_steps']} "
-          f"steps ({d['save_interval']['source']}): stall {100 * d['stall_fraction_of_train_s']:.1f}% of train time, "
-          f"{100 * d['stall_at_interval']:.2f}% at the chosen interval")
+    print(
+        f"digits control: {d['planned_steps']} steps at {1000 * d['step_s']:.2f} ms, "
+        f"{d['n_checkpoints']} saves "
+        f"({', '.join(f'{1000 * x:.1f}' for x in d['save_s'])} ms), interval "
+        f"{d['save_interval']['every_steps']} "
+        f"steps ({d['save_interval']['source']}): stall "
+        f"{100 * d['stall_fraction_of_train_s']:.1f}% of train time, "
+        f"{100 * d['stall_at_interval']:.2f}% at the chosen interval"
+    )
     print(json.dumps(result), file=sys.stderr if not a.json else sys.stdout)
     return 0
 

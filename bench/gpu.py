@@ -76,16 +76,22 @@ def bench_training(tmp: Path, *, hidden: int, layers: int, repeats: int) -> list
 
     src = init_campaign(tmp / "init")
     data = yaml.safe_load(src.read_text())
-    data["control"].update({"hidden": [hidden] * layers, "batch_size": 256, "epochs": 20,
-                            "eval_every": 10**6})
+    data["control"].update(
+        {"hidden": [hidden] * layers, "batch_size": 256, "epochs": 20, "eval_every": 10**6}
+    )
     path = write_spec_copy(data, source_dir=src.parent, dest=tmp / "gpu")
     spec = load_spec(path)
     corpus = load_spec_corpus(spec, base_dir=path.parent)
     params = sum(p.numel() for p in torch.nn.Linear(hidden, hidden).parameters()) * layers
     ratios, stalls, saves = [], [], []
     for i in range(repeats):
-        res = train_run(spec, run="control", corpus=corpus,
-                        store=LocalStore(tmp / f"ck-{i}"), out_dir=tmp / f"run-{i}")
+        res = train_run(
+            spec,
+            run="control",
+            corpus=corpus,
+            store=LocalStore(tmp / f"ck-{i}"),
+            out_dir=tmp / f"run-{i}",
+        )
         bare = bare_loop_cuda(spec, corpus, res.planned_steps)
         ratios.append(bare / res.timings["train_s"])
         stalls.append(sum(res.timings["save_s"]) / res.timings["train_s"])
@@ -128,11 +134,14 @@ def main() -> int:
         print("bench/gpu.py: skipped, no CUDA device on this machine")
         return 0
     name = torch.cuda.get_device_name(0)
-    lines = [f"# GPU bench on {name}", "",
-             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, torch {torch.__version__}", ""]
+    lines = [
+        f"# GPU bench on {name}",
+        "",
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, torch {torch.__version__}",
+        "",
+    ]
     with tempfile.TemporaryDirectory(prefix="gpucampaign-gpubench-") as tmp:
-        lines += bench_training(Path(tmp), hidden=a.hidden, layers=a.layers,
-                                repeats=a.repeats)
+        lines += bench_training(Path(tmp), hidden=a.hidden, layers=a.layers, repeats=a.repeats)
         lines += bench_io(Path(tmp), mb=a.mb, repeats=a.repeats)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     out = a.out or ROOT / "bench" / "results" / f"gpu-{slug}.md"

@@ -8,7 +8,8 @@ Measured in one run, on the example spec (or --spec), as ratios (the machine is 
 - start-up: a trivial flow in a new process: Prefect's temporary server, paid once per
   `campaign run` (a long-lived server removes most of it);
 - campaign: ``campaign run`` in a new process, with the control only and with the control and
-  every variant, --repeats times each (alternated; medians, with the spread printed). The difference, per added run, is the per-run cost; what the
+  every variant, --repeats times each (alternated; medians, with the spread printed). The
+  difference, per added run, is the per-run cost; what the
   control-only campaign spends beyond start-up and its training is the fixed cost of a
   campaign (audit, pilot, restart verification in new processes, close, manifest, and the
   fresh-process verification of the output folder).
@@ -49,7 +50,9 @@ ROOT = Path(__file__).resolve().parents[1]
 QUIET = prefect_environment(logging_level="WARNING")
 
 
-def bare_loop(spec: CampaignSpec, run: str, *, X: torch.Tensor, y: torch.Tensor, n_classes: int) -> float:
+def bare_loop(
+    spec: CampaignSpec, run: str, *, X: torch.Tensor, y: torch.Tensor, n_classes: int
+) -> float:
     """Seconds of a plain torch training loop of ``run``: no metrics, evaluation or checkpoints."""
     cfg = spec.run_config(run)
     torch.set_num_threads(cfg.threads)
@@ -83,7 +86,9 @@ def timed(cmd: list[str], *, cwd: Path) -> float:
     proc = subprocess.run(cmd, cwd=cwd, env={**os.environ, **QUIET}, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise SystemExit(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
     return wall
 
 
@@ -108,13 +113,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", default=str(ROOT / "examples" / "digits" / "campaign.yaml"))
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--repeats", type=int, default=3, help="campaign runs of each kind (medians)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="campaign runs of each kind (medians)"
+    )
     args = parser.parse_args()
     spec_path = Path(args.spec).resolve()
     spec = load_spec(spec_path)
     runs = spec.run_names()
     if len(runs) < 2:
-        raise SystemExit("the spec needs at least one variant: the per-run cost is the slope over runs")
+        raise SystemExit(
+            "the spec needs at least one variant: the per-run cost is the slope over runs"
+        )
     corpus = load_spec_corpus(spec, base_dir=spec_path.parent)
     train = corpus.split("train")
     X = torch.as_tensor(train.X, dtype=torch.float32)
@@ -127,15 +136,37 @@ def main() -> None:
         for r in runs:
             rid = spec.run_id(r)
             t0 = time.perf_counter()
-            train_run(spec, run=r, corpus=corpus, store=LocalStore(Path(tmp) / "ck"), out_dir=Path(tmp) / rid)
+            train_run(
+                spec,
+                run=r,
+                corpus=corpus,
+                store=LocalStore(Path(tmp) / "ck"),
+                out_dir=Path(tmp) / rid,
+            )
             library[r] = time.perf_counter() - t0
-        start = timed([sys.executable, "-c", "from prefect import flow\n@flow\ndef noop():\n    return 1\n"
-                       "assert noop() == 1\n"], cwd=ROOT)
+        start = timed(
+            [
+                sys.executable,
+                "-c",
+                "from prefect import flow\n@flow\ndef noop():\n    return 1\nassert noop() == 1\n",
+            ],
+            cwd=ROOT,
+        )
         single = control_only_spec(spec_path, Path(tmp) / "single")
         ones, fulls = [], []
         for k in range(args.repeats):  # alternated, so drift on a shared machine hits both alike
-            ones.append(timed([campaign_bin, "run", str(single), "--out", str(Path(tmp) / f"out1-{k}")], cwd=ROOT))
-            fulls.append(timed([campaign_bin, "run", str(spec_path), "--out", str(Path(tmp) / f"out-{k}")], cwd=ROOT))
+            ones.append(
+                timed(
+                    [campaign_bin, "run", str(single), "--out", str(Path(tmp) / f"out1-{k}")],
+                    cwd=ROOT,
+                )
+            )
+            fulls.append(
+                timed(
+                    [campaign_bin, "run", str(spec_path), "--out", str(Path(tmp) / f"out-{k}")],
+                    cwd=ROOT,
+                )
+            )
         one, full = statistics.median(ones), statistics.median(fulls)
         phases = phases_of(Path(tmp) / "out-0")
 
@@ -169,18 +200,31 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         return
     share = result["per_run_overhead_over_training"]
-    print(f"{n} runs of {spec.name}: bare torch loops {sum(bare.values()):.2f} s, library {sum(library.values()):.2f} s; "
-          f"campaign median {full:.2f} s of {_spread(fulls)} (control only {one:.2f} s of {_spread(ones)}); "
-          f"Prefect start-up {start:.2f} s")
+    print(
+        f"{n} runs of {spec.name}: bare torch loops {sum(bare.values()):.2f} s, library "
+        f"{sum(library.values()):.2f} s; "
+        f"campaign median {full:.2f} s of {_spread(fulls)} (control only {one:.2f} s of "
+        f"{_spread(ones)}); "
+        f"Prefect start-up {start:.2f} s"
+    )
     print(f"  library (metrics, eval, checkpoints) / bare loop: {result['library_over_bare']:.2f}x")
-    print(f"  whole campaign / bare loops:                      {result['campaign_over_bare']:.2f}x")
+    print(
+        f"  whole campaign / bare loops:                      {result['campaign_over_bare']:.2f}x"
+    )
     print(f"  fixed cost of a campaign beyond start-up and training: {fixed:.2f} s")
-    print(f"  per added run: {per_run_total:.2f} s, of which training {per_run_library:.2f} s and orchestration "
-          f"{per_run_overhead:.2f} s ({share:.0%} of its training)")
-    print(f"  goal per-run overhead < 5% of training: {result['goal_per_run_overhead_under_5pct']}; "
-          f"goal demo < 3 min: {'met' if full < 180 else 'MISSED'} ({full:.0f} s)")
-    print("  where the full campaign's recorded time went (timeline.jsonl, s): "
-          + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
+    print(
+        f"  per added run: {per_run_total:.2f} s, of which training {per_run_library:.2f} s and "
+        "orchestration "
+        f"{per_run_overhead:.2f} s ({share:.0%} of its training)"
+    )
+    print(
+        f"  goal per-run overhead < 5% of training: {result['goal_per_run_overhead_under_5pct']}; "
+        f"goal demo < 3 min: {'met' if full < 180 else 'MISSED'} ({full:.0f} s)"
+    )
+    print(
+        "  where the full campaign's recorded time went (timeline.jsonl, s): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+    )
 
 
 def _spread(values: list[float]) -> str:

@@ -27,7 +27,9 @@ def make_spec(n: int, *, seed: int, window_days: int) -> dict[str, Any]:
             "kind": "human" if kind == "human" else "machine",
             "hours": rng.choice([0.05, 0.1, 0.25, 0.5]),
             "tier": rng.choice(["essential", "essential", "useful", "exploratory"]),
-            "after": sorted({f"s{rng.randrange(max(0, i - 50), i)}" for _ in range(rng.randint(0, 3))})
+            "after": sorted(
+                {f"s{rng.randrange(max(0, i - 50), i)}" for _ in range(rng.randint(0, 3))}
+            )
             if i
             else [],
         }
@@ -62,8 +64,10 @@ def main() -> None:
 
     tight = parse_spec({**data, "packages": [{"gpu": "rtx4090", "days": 3, "count": 8}]})
     plan = timed("plan (does not fit: options, reduce, second lot)", lambda: calendar.plan(tight))
-    print(f"  span {plan.span_hours:.1f} h in {plan.window_hours:g} h; options: "
-          + ", ".join(f"{o.kind} ({len(o.dropped)} dropped)" for o in plan.options))
+    print(
+        f"  span {plan.span_hours:.1f} h in {plan.window_hours:g} h; options: "
+        + ", ".join(f"{o.kind} ({len(o.dropped)} dropped)" for o in plan.options)
+    )
     print("goal: plan under 1 s for 10,000 steps (reported, not asserted)")
 
 

@@ -66,10 +66,20 @@ class Row:
     def cells(self) -> list[str]:
         fmt = (lambda v: f"{100 * v:.2f}%") if self.unit == "%" else (lambda v: f"{v:.2f}x")
         lo, med, hi = (fmt(v) for v in spread(self.samples)) if self.samples else ("-",) * 3
-        status = {True: "met", False: "**missed**",
-                  None: "not measured" if not self.samples else "not measurable"}[self.met]
-        return [self.figure, self.baseline, lo, med, hi, f"{self.goal}: {status} ({med})",
-                self.note]
+        status = {
+            True: "met",
+            False: "**missed**",
+            None: "not measured" if not self.samples else "not measurable",
+        }[self.met]
+        return [
+            self.figure,
+            self.baseline,
+            lo,
+            med,
+            hi,
+            f"{self.goal}: {status} ({med})",
+            self.note,
+        ]
 
 
 @dataclass
@@ -93,23 +103,42 @@ def machine() -> dict[str, str]:
     except OSError:
         pass
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (no GPU)"
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "torch": torch.__version__,
-            "python": platform.python_version(), "device": device,
-            "load average at start": " ".join(f"{x:.1f}" for x in os.getloadavg())}
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": device,
+        "load average at start": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+    }
 
 
-def demo_spec(tmp: Path, name: str, *, control: dict[str, Any], variants: int = -1,
-              epochs_variants: int | None = None) -> Path:
+def demo_spec(
+    tmp: Path,
+    name: str,
+    *,
+    control: dict[str, Any],
+    variants: int = -1,
+    epochs_variants: int | None = None,
+) -> Path:
     """The demo campaign with its control changed; ``variants`` >= 0 keeps that many
     variants (each a different learning rate)."""
     src = init_campaign(tmp / f"init-{name}")
     data = yaml.safe_load(src.read_text())
     data["control"].update(control)
     if variants >= 0:
-        data["variants"] = [{"name": f"lr{i}", "tier": "useful", "changes": {"lr": 0.001 * (i + 2)},
-                             "hypothesis": "a bench variant"} for i in range(variants)]
-        data["calendar"] = [s for s in data["calendar"] if not s.get("run")
-                            or s["run"] == "control"]
+        data["variants"] = [
+            {
+                "name": f"lr{i}",
+                "tier": "useful",
+                "changes": {"lr": 0.001 * (i + 2)},
+                "hypothesis": "a bench variant",
+            }
+            for i in range(variants)
+        ]
+        data["calendar"] = [
+            s for s in data["calendar"] if not s.get("run") or s["run"] == "control"
+        ]
     return write_spec_copy(data, source_dir=src.parent, dest=tmp / name)
 
 
@@ -126,42 +155,81 @@ def bench_training(tmp: Path, repeats: int, res: Results) -> None:
     for i in range(repeats):  # alternated, so drift on a shared machine hits both alike
         bare = overhead.bare_loop(spec, "control", X=X, y=y, n_classes=len(corpus.classes))
         out = tmp / f"throughput-{i}"
-        r = train_run(spec, run="control", corpus=corpus, store=LocalStore(out / "ck"),
-                      out_dir=out / "run")
+        r = train_run(
+            spec, run="control", corpus=corpus, store=LocalStore(out / "ck"), out_dir=out / "run"
+        )
         t = r.timings
         ratios.append(bare / t["train_s"])
         stalls.append(sum(t["save_s"]) / t["train_s"])
         steps_ms.append(1000 * t["step_s"])
-    note = (f"{r.planned_steps} steps of {statistics.median(steps_ms):.1f} ms (MLP 512x512, "
-            f"batch 512, 1 thread); {r.n_checkpoints} saves, interval "
-            f"{r.save_interval['every_steps']} steps ({r.save_interval['source']})")
-    res.rows.append(Row("training throughput, campaign run", "bare PyTorch loop", ratios,
-                        ">= 0.97x", statistics.median(ratios) >= 0.97, note=note))
-    res.rows.append(Row("checkpoint stall / training time", "training time", stalls, "< 1%",
-                        statistics.median(stalls) < 0.01, unit="%",
-                        note="every save of the run, the first (measuring) one included"))
+    note = (
+        f"{r.planned_steps} steps of {statistics.median(steps_ms):.1f} ms (MLP 512x512, "
+        f"batch 512, 1 thread); {r.n_checkpoints} saves, interval "
+        f"{r.save_interval['every_steps']} steps ({r.save_interval['source']})"
+    )
+    res.rows.append(
+        Row(
+            "training throughput, campaign run",
+            "bare PyTorch loop",
+            ratios,
+            ">= 0.97x",
+            statistics.median(ratios) >= 0.97,
+            note=note,
+        )
+    )
+    res.rows.append(
+        Row(
+            "checkpoint stall / training time",
+            "training time",
+            stalls,
+            "< 1%",
+            statistics.median(stalls) < 0.01,
+            unit="%",
+            note="every save of the run, the first (measuring) one included",
+        )
+    )
 
 
 # --- checkpoint I/O ------------------------------------------------------------------------
 def bench_io(tmp: Path, sizes: list[tuple[int, int]], res: Results) -> None:
-    table = [["state", "repeats", "raw write", "save", "save/raw", "raw read", "restore",
-              "restore/raw"]]
+    table = [
+        ["state", "repeats", "raw write", "save", "save/raw", "raw read", "restore", "restore/raw"]
+    ]
     for mb, reps in sizes:
         (tmp / f"io-{mb}").mkdir()
         r = ckbench.bench_io(mb, reps, tmp / f"io-{mb}", settle_s=1.0)
-        table.append([f"{mb} MB", str(reps), f"{r['raw_write_s']:.2f} s", f"{r['save_s']:.2f} s",
-                      f"{statistics.median(r['save_ratios']):.2f}x", f"{r['raw_read_s']:.2f} s",
-                      f"{r['restore_s']:.2f} s",
-                      f"{statistics.median(r['restore_ratios']):.2f}x"])
+        table.append(
+            [
+                f"{mb} MB",
+                str(reps),
+                f"{r['raw_write_s']:.2f} s",
+                f"{r['save_s']:.2f} s",
+                f"{statistics.median(r['save_ratios']):.2f}x",
+                f"{r['raw_read_s']:.2f} s",
+                f"{r['restore_s']:.2f} s",
+                f"{statistics.median(r['restore_ratios']):.2f}x",
+            ]
+        )
         if mb == 256:
-            res.rows.append(Row("checkpoint save (256 MB state)", "raw write + fsync",
-                                r["save_ratios"], ">= 0.8x",
-                                statistics.median(r["save_ratios"]) >= 0.8))
-            res.rows.append(Row("checkpoint restore (256 MB state)", "raw read (cold)",
-                                r["restore_ratios"], ">= 0.8x",
-                                statistics.median(r["restore_ratios"]) >= 0.8,
-                                note="integrity verified: sha256 of each file, hashed while "
-                                     "it is read"))
+            res.rows.append(
+                Row(
+                    "checkpoint save (256 MB state)",
+                    "raw write + fsync",
+                    r["save_ratios"],
+                    ">= 0.8x",
+                    statistics.median(r["save_ratios"]) >= 0.8,
+                )
+            )
+            res.rows.append(
+                Row(
+                    "checkpoint restore (256 MB state)",
+                    "raw read (cold)",
+                    r["restore_ratios"],
+                    ">= 0.8x",
+                    statistics.median(r["restore_ratios"]) >= 0.8,
+                    note="integrity verified: sha256 of each file, hashed while it is read",
+                )
+            )
         shutil.rmtree(tmp / f"io-{mb}", ignore_errors=True)
     res.tables["Save and restore by state size (medians; ratios are same-bytes speeds)"] = table
 
@@ -175,24 +243,47 @@ def bench_restart(tmp: Path, repeats: int, res: Results) -> None:
         spec = load_spec(path)
         corpus = load_spec_corpus(spec, base_dir=path.parent)
         out = tmp / f"restart-{factor}-out"
-        r = train_run(spec, run="control", corpus=corpus, store=LocalStore(out / "ck"),
-                      out_dir=out / "run")
+        r = train_run(
+            spec, run="control", corpus=corpus, store=LocalStore(out / "ck"), out_dir=out / "run"
+        )
         shares[factor] = []
         for i in range(repeats):
-            rep = verify_early_save(spec, corpus_path=corpus.path, store=LocalStore(out / "ck"),
-                                    run_dir=out / "run", workdir=out / f"check-{i}")
+            rep = verify_early_save(
+                spec,
+                corpus_path=corpus.path,
+                store=LocalStore(out / "ck"),
+                run_dir=out / "run",
+                workdir=out / f"check-{i}",
+            )
             shares[factor].append(rep.total_s / r.timings["train_s"])
         costs[factor] = statistics.median(shares[factor]) * r.timings["train_s"]
-        note = (f"{r.planned_steps} steps, training {r.timings['train_s']:.1f} s; the check "
-                f"replays {rep.compared_steps} steps from step {rep.k} in "
-                f"{costs[factor]:.2f} s")
-        res.rows.append(Row(f"restart check / control training, {factor}x the demo",
-                            "the control's training time", shares[factor], "< 5%",
-                            statistics.median(shares[factor]) < 0.05, unit="%", note=note))
+        note = (
+            f"{r.planned_steps} steps, training {r.timings['train_s']:.1f} s; the check "
+            f"replays {rep.compared_steps} steps from step {rep.k} in "
+            f"{costs[factor]:.2f} s"
+        )
+        res.rows.append(
+            Row(
+                f"restart check / control training, {factor}x the demo",
+                "the control's training time",
+                shares[factor],
+                "< 5%",
+                statistics.median(shares[factor]) < 0.05,
+                unit="%",
+                note=note,
+            )
+        )
     flat = costs[20] / costs[10]
-    res.rows.append(Row("restart check cost when the run doubles", "the check at 10x",
-                        [flat], "flat (<= 1.2x)", flat <= 1.2,
-                        note="cost of the check at 20x over its cost at 10x"))
+    res.rows.append(
+        Row(
+            "restart check cost when the run doubles",
+            "the check at 10x",
+            [flat],
+            "flat (<= 1.2x)",
+            flat <= 1.2,
+            note="cost of the check at 20x over its cost at 10x",
+        )
+    )
 
 
 # --- campaigns: orchestration per run and the scaling table ---------------------------------
@@ -203,13 +294,15 @@ def bench_campaigns(tmp: Path, counts: list[int], res: Results) -> None:
         out = tmp / f"camp-{k}-out"
         cmd = [sys.executable, "-m", "gpucampaign.cli", "run", str(path), "--out", str(out)]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **overhead.QUIET},
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env={**os.environ, **overhead.QUIET}, capture_output=True, text=True
+        )
         walls[k] = time.perf_counter() - t0
         if proc.returncode not in (0, 3):
             raise SystemExit(f"campaign run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        training[k] = sum(json.loads(p.read_text())["timings"]["total_s"]
-                          for p in out.glob("runs/*/result.json"))
+        training[k] = sum(
+            json.loads(p.read_text())["timings"]["total_s"] for p in out.glob("runs/*/result.json")
+        )
     table = [["variants", "runs", "campaign wall time", "of which training (library)"]]
     table += [[str(k), str(k + 1), f"{walls[k]:.1f} s", f"{training[k]:.1f} s"] for k in counts]
     res.tables["Campaign wall time by number of variants (demo recipe, 5 epochs)"] = table
@@ -219,26 +312,41 @@ def bench_campaigns(tmp: Path, counts: list[int], res: Results) -> None:
     shares = [x / RUN_S for x in per_run]
     med = statistics.median(shares)
     # A negative estimate means the noise exceeds the per-run cost: not a measurement.
-    res.rows.append(Row("orchestration per run / a 60 s run", "the run's training time",
-                        shares, "< 5%", None if med < 0 else med < 0.05, unit="%",
-                        note=f"per added run: {statistics.median(per_run):.2f} s of Prefect "
-                             "task, GPU lock, artifacts, prediction and closing beyond its "
-                             "training (slopes between the campaigns above); it does not grow "
-                             "with training, so its share of a 60 s run is that over 60 s"))
+    res.rows.append(
+        Row(
+            "orchestration per run / a 60 s run",
+            "the run's training time",
+            shares,
+            "< 5%",
+            None if med < 0 else med < 0.05,
+            unit="%",
+            note=f"per added run: {statistics.median(per_run):.2f} s of Prefect "
+            "task, GPU lock, artifacts, prediction and closing beyond its "
+            "training (slopes between the campaigns above); it does not grow "
+            "with training, so its share of a 60 s run is that over 60 s",
+        )
+    )
 
 
 # --- the planner ----------------------------------------------------------------------------
 def plan_seconds(n: int, *, limit_s: float) -> float | None:
     """Seconds to validate and plan ``n`` steps, in a child process; None past ``limit_s``."""
-    code = ("import sys, time; sys.path.insert(0, sys.argv[2])\n"
-            "from plan_scaling import make_spec\nfrom gpucampaign import calendar\n"
-            "from gpucampaign.spec import parse_spec\n"
-            "data = make_spec(int(sys.argv[1]), seed=0, window_days=30)\n"
-            "t0 = time.perf_counter(); calendar.plan(parse_spec(data))\n"
-            "print(time.perf_counter() - t0)\n")
+    code = (
+        "import sys, time; sys.path.insert(0, sys.argv[2])\n"
+        "from plan_scaling import make_spec\nfrom gpucampaign import calendar\n"
+        "from gpucampaign.spec import parse_spec\n"
+        "data = make_spec(int(sys.argv[1]), seed=0, window_days=30)\n"
+        "t0 = time.perf_counter(); calendar.plan(parse_spec(data))\n"
+        "print(time.perf_counter() - t0)\n"
+    )
     try:
-        out = subprocess.run([sys.executable, "-c", code, str(n), str(ROOT / "bench")],
-                             capture_output=True, text=True, timeout=limit_s, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(n), str(ROOT / "bench")],
+            capture_output=True,
+            text=True,
+            timeout=limit_s,
+            check=True,
+        )
     except subprocess.TimeoutExpired:
         return None
     return float(out.stdout.strip().splitlines()[-1])
@@ -258,17 +366,31 @@ def bench_planner(sizes: list[tuple[int, int]], res: Results, *, limit_s: float)
 
 # --- RESULTS.md --------------------------------------------------------------------------------
 def render(res: Results, info: dict[str, str], *, started: datetime, wall_s: float) -> str:
-    lines = ["# Benchmark results", "",
-             f"Written by `make bench` (`bench/run.py`) on {started:%Y-%m-%d %H:%M} UTC in "
-             f"{wall_s / 60:.1f} min. Every figure is a ratio (or a share) against a baseline "
-             "measured in the same run; min / median / max over the repeats.", ""]
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Written by `make bench` (`bench/run.py`) on {started:%Y-%m-%d %H:%M} UTC in "
+        f"{wall_s / 60:.1f} min. Every figure is a ratio (or a share) against a baseline "
+        "measured in the same run; min / median / max over the repeats.",
+        "",
+    ]
     lines += [f"- {k}: {v}" for k, v in info.items()]
-    lines += ["", *res.notes, "", "| figure | baseline | min | median | max | goal | notes |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        *res.notes,
+        "",
+        "| figure | baseline | min | median | max | goal | notes |",
+        "|---|---|---|---|---|---|---|",
+    ]
     lines += ["| " + " | ".join(r.cells()) + " |" for r in res.rows]
     for title, table in res.tables.items():
-        lines += ["", f"## {title}", "", "| " + " | ".join(table[0]) + " |",
-                  "|" + "---|" * len(table[0])]
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            "| " + " | ".join(table[0]) + " |",
+            "|" + "---|" * len(table[0]),
+        ]
         lines += ["| " + " | ".join(row) + " |" for row in table[1:]]
     return "\n".join(lines) + "\n"
 
@@ -287,19 +409,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpucampaign-bench-") as tmp_name:
         tmp = Path(tmp_name)
         bench_training(tmp, reps, res)
-        bench_io(tmp, [(64, reps), (256, reps)] if a.quick
-                 else [(64, 3), (256, 3), (1024, 2)], res)
+        bench_io(tmp, [(64, reps), (256, reps)] if a.quick else [(64, 3), (256, 3), (1024, 2)], res)
         bench_restart(tmp, 2, res)
         bench_campaigns(tmp, [1, 3, 6], res)
         bench_planner([(1000, 3), (10_000, reps), (100_000, 1)], res, limit_s=90)
     storage = ROOT / "bench" / "storage.py"
-    res.rows.append(Row("S3Store vs plain boto3, same bytes", "boto3", [], ">= 0.9x", None,
-                        note="see bench/storage.py" + ("" if storage.is_file()
-                                                       else " (written on another branch)")))
+    res.rows.append(
+        Row(
+            "S3Store vs plain boto3, same bytes",
+            "boto3",
+            [],
+            ">= 0.9x",
+            None,
+            note="see bench/storage.py"
+            + ("" if storage.is_file() else " (written on another branch)"),
+        )
+    )
     gpu = sorted((ROOT / "bench" / "results").glob("gpu-*.md"))
-    res.notes.append("GPU figures (`bench/gpu.py`, skipped without a GPU): "
-                     + (", ".join(f"`{p.relative_to(ROOT)}`" for p in gpu) if gpu
-                        else "none recorded yet."))
+    res.notes.append(
+        "GPU figures (`bench/gpu.py`, skipped without a GPU): "
+        + (", ".join(f"`{p.relative_to(ROOT)}`" for p in gpu) if gpu else "none recorded yet.")
+    )
     a.out.write_text(render(res, info, started=started, wall_s=time.perf_counter() - t0))
     print(a.out.read_text())
     return 0

@@ -56,9 +56,15 @@ def checkpoint_files(folder: Path, *, total_mb: int) -> list[Path]:
         p.grad = torch.randn_like(p)
     opt.step()
     state = {
-        "optimizer": opt.state_dict(), "scheduler": {}, "scaler": {}, "rng": capture_rng(),
-        "cursor": {"epoch": 0, "batch_in_epoch": 1,
-                   "epoch_generator_state": torch.Generator().get_state()},
+        "optimizer": opt.state_dict(),
+        "scheduler": {},
+        "scaler": {},
+        "rng": capture_rng(),
+        "cursor": {
+            "epoch": 0,
+            "batch_in_epoch": 1,
+            "epoch_generator_state": torch.Generator().get_state(),
+        },
         "counters": {"global_step": 1},
     }
     mgr = CheckpointManager(LocalStore(folder), run_id="bench-run", config_sha256="0" * 64)
@@ -79,14 +85,18 @@ def contenders(env: dict[str, str], *, bucket: str, local: Path, files: list[Pat
     from boto3.s3.transfer import TransferConfig
 
     store = S3Store(f"s3://{bucket}/bench/s3store", env=env)
-    default = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"],
-                           aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                           aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-                           region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"))
+    default = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
+    )
     same = s3_client(env)
     # The same part size and parallelism as S3Store, so only the extra work differs.
-    cfg = TransferConfig(multipart_threshold=64 * MB, multipart_chunksize=16 * MB,
-                         max_concurrency=8)
+    cfg = TransferConfig(
+        multipart_threshold=64 * MB, multipart_chunksize=16 * MB, max_concurrency=8
+    )
     disk = LocalStore(local)
 
     def plain(client, prefix):
@@ -101,14 +111,18 @@ def contenders(env: dict[str, str], *, bucket: str, local: Path, files: list[Pat
         return up, down
 
     return {
-        "s3store": (lambda: [store.put_file(f.name, src=f) for f in files],
-                    lambda: [store.get_file(f.name, dst=back / f.name) for f in files]),
+        "s3store": (
+            lambda: [store.put_file(f.name, src=f) for f in files],
+            lambda: [store.get_file(f.name, dst=back / f.name) for f in files],
+        ),
         # How CheckpointManager.load restores from a remote store: into memory, hash checked.
         "s3store_read_bytes": (None, lambda: [store.read_bytes(f.name) for f in files]),
         "boto3_default": plain(default, "bench/default"),
         "boto3_same_config": plain(same, "bench/same"),
-        "local_disk": (lambda: [disk.put_file(f.name, src=f) for f in files],
-                       lambda: [disk.get_file(f.name, dst=back / f.name) for f in files]),
+        "local_disk": (
+            lambda: [disk.put_file(f.name, src=f) for f in files],
+            lambda: [disk.get_file(f.name, dst=back / f.name) for f in files],
+        ),
     }
 
 
@@ -125,14 +139,21 @@ def run(env: dict[str, str], *, bucket: str, mb: int, repeats: int, work: Path) 
                 times[name]["upload"].append(_timed(up))
             times[name]["restore"].append(_timed(down))
     med = {k: {op: statistics.median(v) for op, v in ops.items() if v} for k, ops in times.items()}
-    result = {"files": [f.name for f in files], "bytes": total, "repeats": repeats,
-              "median_s": med, "mb_s": {k: {op: total / MB / s for op, s in ops.items()}
-                                        for k, ops in med.items()}}
-    result["s3store_vs"] = {k: {op: med[k][op] / med["s3store"][op] for op in ("upload", "restore")}
-                            for k in ("boto3_default", "boto3_same_config", "local_disk")}
+    result = {
+        "files": [f.name for f in files],
+        "bytes": total,
+        "repeats": repeats,
+        "median_s": med,
+        "mb_s": {k: {op: total / MB / s for op, s in ops.items()} for k, ops in med.items()},
+    }
+    result["s3store_vs"] = {
+        k: {op: med[k][op] / med["s3store"][op] for op in ("upload", "restore")}
+        for k in ("boto3_default", "boto3_same_config", "local_disk")
+    }
     result["s3store_read_bytes_vs_download_file"] = {
         k: med[k]["restore"] / med["s3store_read_bytes"]["restore"]
-        for k in ("boto3_default", "boto3_same_config")}
+        for k in ("boto3_default", "boto3_same_config")
+    }
     strict = result["s3store_vs"]["boto3_same_config"]
     result["goal_met"] = min(strict.values()) >= 0.9
     return result
@@ -142,9 +163,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=128, help="checkpoint size in MB")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--env", action="store_true", help="use AWS_ENDPOINT_URL and the AWS keys "
-                    "of the environment (bucket from GPUCAMPAIGN_BENCH_BUCKET, default "
-                    "gpucampaign)")
+    ap.add_argument(
+        "--env",
+        action="store_true",
+        help="use AWS_ENDPOINT_URL and the AWS keys "
+        "of the environment (bucket from GPUCAMPAIGN_BENCH_BUCKET, default "
+        "gpucampaign)",
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-storage-"))
@@ -166,14 +191,16 @@ def main() -> int:
     if a.json:
         print(json.dumps(r, indent=2))
         return 0
-    print(f"checkpoint {r['bytes'] / MB:.0f} MB in {len(r['files'])} files, "
-          f"median of {r['repeats']}")
+    print(
+        f"checkpoint {r['bytes'] / MB:.0f} MB in {len(r['files'])} files, median of {r['repeats']}"
+    )
     for name, ops in r["mb_s"].items():
         up = f"{ops['upload']:7.0f} MB/s" if "upload" in ops else "      -     "
         print(f"  {name:18s} upload {up}   restore {ops['restore']:7.0f} MB/s")
     for name, ops in r["s3store_vs"].items():
-        print(f"  S3Store vs {name:18s} upload {ops['upload']:.2f}x   "
-              f"restore {ops['restore']:.2f}x")
+        print(
+            f"  S3Store vs {name:18s} upload {ops['upload']:.2f}x   restore {ops['restore']:.2f}x"
+        )
     for name, ratio in r["s3store_read_bytes_vs_download_file"].items():
         print(f"  S3Store.read_bytes vs {name:18s} download_file {ratio:.2f}x")
     verdict = "met" if r["goal_met"] else "NOT met"

@@ -78,7 +78,10 @@ def _check(out_dir: Path, *, spec: str | None, steps: int) -> list[dict[str, Any
     if note:
         logger.warning(note)
 
-    futures = {run: resume_check.submit(target, out=str(out_dir), run=run, steps=steps) for run in target.runs}
+    futures = {
+        run: resume_check.submit(target, out=str(out_dir), run=run, steps=steps)
+        for run in target.runs
+    }
     reports: list[dict[str, Any]] = []
     failures: list[str] = []
     for run, fut in futures.items():
@@ -86,25 +89,39 @@ def _check(out_dir: Path, *, spec: str | None, steps: int) -> list[dict[str, Any
             reports.append(fut.result())
         except StopRule as exc:
             failures.append(f"{run}: {exc}")
-            reports.append({"run": run, "run_id": target.runs[run], "identical": False, "error": str(exc)})
+            reports.append(
+                {"run": run, "run_id": target.runs[run], "identical": False, "error": str(exc)}
+            )
     create_markdown_artifact(
-        markdown=_markdown(cs.name, out_dir, reports), key=artifact_key("restart-check", cs.name),
+        markdown=_markdown(cs.name, out_dir, reports),
+        key=artifact_key("restart-check", cs.name),
         description="Restart verification of the latest checkpoints",
     )
     if failures:
         raise NoUsableRestart(cs.name, "restart verification failed for " + "; ".join(failures))
-    logger.info("restart verification: %d run(s) resume exactly: %s", len(reports), ", ".join(target.runs))
+    logger.info(
+        "restart verification: %d run(s) resume exactly: %s", len(reports), ", ".join(target.runs)
+    )
     return reports
 
 
 def _markdown(name: str, out_dir: Path, reports: list[dict[str, Any]]) -> str:
-    lines = [f"# Restart verification: {name}", "", f"Output folder: `{out_dir}`", "",
-             "| run | run ID | identical | resumed from step | compared steps | max abs diff | restore s |",
-             "|---|---|---|---:|---:|---:|---:|"]
+    lines = [
+        f"# Restart verification: {name}",
+        "",
+        f"Output folder: `{out_dir}`",
+        "",
+        "| run | run ID | identical | resumed from step | compared steps | max abs diff | restore "
+        "s |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
     for r in reports:
         if "error" in r:
             lines.append(f"| {r['run']} | `{r['run_id']}` | **no**: {r['error']} | | | | |")
         else:
-            lines.append(f"| {r['run']} | `{r['run_id']}` | {'yes' if r['identical'] else '**no**'} | {r['k']} | "
-                         f"{r['compared_steps']} | {r['max_abs_diff']:g} | {r['restore_s'] or 0:.3f} |")
+            lines.append(
+                f"| {r['run']} | `{r['run_id']}` | {'yes' if r['identical'] else '**no**'} | "
+                f"{r['k']} | "
+                f"{r['compared_steps']} | {r['max_abs_diff']:g} | {r['restore_s'] or 0:.3f} |"
+            )
     return "\n".join(lines)

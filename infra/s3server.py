@@ -83,10 +83,17 @@ def _client(endpoint: str, access_key: str, secret_key: str):
     from botocore.config import Config
 
     return boto3.client(
-        "s3", endpoint_url=endpoint, aws_access_key_id=access_key,
-        aws_secret_access_key=secret_key, region_name=REGION,
-        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1},
-                      connect_timeout=2, read_timeout=10),
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+        region_name=REGION,
+        config=Config(
+            s3={"addressing_style": "path"},
+            retries={"max_attempts": 1},
+            connect_timeout=2,
+            read_timeout=10,
+        ),
     )
 
 
@@ -141,29 +148,49 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def _write_config(root: Path, access: str, secret: str) -> Path:
-    identities = {"identities": [{
-        "name": "gpucampaign",
-        "credentials": [{"accessKey": access, "secretKey": secret}],
-        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-    }]}
+    identities = {
+        "identities": [
+            {
+                "name": "gpucampaign",
+                "credentials": [{"accessKey": access, "secretKey": secret}],
+                "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+            }
+        ]
+    }
     _write_private(root / "identities.json", json.dumps(identities))
     sections = ("jwt.signing", "jwt.signing.read", "jwt.filer_signing", "jwt.filer_signing.read")
-    _write_private(root / "security.toml", "".join(
-        f'[{name}]\nkey = "{secrets.token_hex(32)}"\nexpires_after_seconds = 60\n\n'
-        for name in sections))
+    _write_private(
+        root / "security.toml",
+        "".join(
+            f'[{name}]\nkey = "{secrets.token_hex(32)}"\nexpires_after_seconds = 60\n\n'
+            for name in sections
+        ),
+    )
     return root / "identities.json"
 
 
 def _command(root: Path, identities: Path, ports: list[int]) -> list[str]:
     master, volume, filer, s3, admin = ports
     return [
-        weed_binary(), "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-        "-master.telemetry=false", f"-s3.config={identities}", f"-master.port={master}",
-        f"-volume.port={volume}", f"-filer.port={filer}", f"-s3.port={s3}",
-        f"-admin.port={admin}", "-admin.ui=false", "-webdav=false",
-        "-s3.port.iceberg=0", "-s3.port.lance=0",
+        weed_binary(),
+        "mini",
+        f"-dir={root / 'data'}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        "-master.telemetry=false",
+        f"-s3.config={identities}",
+        f"-master.port={master}",
+        f"-volume.port={volume}",
+        f"-filer.port={filer}",
+        f"-s3.port={s3}",
+        f"-admin.port={admin}",
+        "-admin.ui=false",
+        "-webdav=false",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
         # Like a real S3: an upload to a missing bucket fails instead of creating it.
-        "-s3.autoCreateBucket=false", "-s3.allowDeleteBucketNotEmpty=false",
+        "-s3.autoCreateBucket=false",
+        "-s3.allowDeleteBucketNotEmpty=false",
         f"-filer.localSocket={root / 'filer.sock'}",
     ]
 
@@ -189,7 +216,11 @@ def _ready(server: S3Server, *, create_bucket: bool) -> bool:
 
 
 def start_server(
-    root: Path, *, bucket: str = BUCKET, timeout_s: float = 120.0, ports: list[int] | None = None,
+    root: Path,
+    *,
+    bucket: str = BUCKET,
+    timeout_s: float = 120.0,
+    ports: list[int] | None = None,
 ) -> S3Server:
     """Start SeaweedFS with its data, keys and log in ``root``; return once it serves data.
 
@@ -211,11 +242,22 @@ def start_server(
     env = {**os.environ, "GOMEMLIMIT": os.environ.get("GOMEMLIMIT", "1GiB")}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(  # cwd=root: weed reads security.toml from its working folder
-            _command(root, identities, ports), cwd=root, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            _command(root, identities, ports),
+            cwd=root,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
-    server = S3Server(root=str(root), pid=proc.pid, endpoint=f"http://127.0.0.1:{ports[3]}",
-                      access_key=access, secret_key=secret, bucket=bucket)
+    server = S3Server(
+        root=str(root),
+        pid=proc.pid,
+        endpoint=f"http://127.0.0.1:{ports[3]}",
+        access_key=access,
+        secret_key=secret,
+        bucket=bucket,
+    )
     deadline = time.monotonic() + timeout_s
     while not _ready(server, create_bucket=True):
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -77,9 +77,16 @@ def mirror(spec: CampaignSpec, *, out: str) -> dict[str, Any]:
     result = mirror_output(out_folder(out).root, url=spec.storage.url)
     logger = get_run_logger()
     if "error" in result:
-        logger.error("output folder NOT mirrored to %s, it is only on this machine: %s",
-                     result["url"], result["error"])
+        logger.error(
+            "output folder NOT mirrored to %s, it is only on this machine: %s",
+            result["url"],
+            result["error"],
+        )
     elif result["url"] != "local":
-        logger.info("output folder mirrored to %s: %s files (%s sent)", result["url"],
-                    result["files"], result["uploaded"])
+        logger.info(
+            "output folder mirrored to %s: %s files (%s sent)",
+            result["url"],
+            result["files"],
+            result["uploaded"],
+        )
     return result

@@ -149,7 +149,9 @@ def gpu_slot(name: str, *, timeout_s: float, lease_s: float) -> Iterator[SlotHol
         prefect.concurrency._asyncio.ConcurrencySlotAcquisitionError: the limit does not exist.
     """
     t0 = monotonic()
-    with concurrency(name, occupy=1, strict=True, timeout_seconds=timeout_s, lease_duration=lease_s):
+    with concurrency(
+        name, occupy=1, strict=True, timeout_seconds=timeout_s, lease_duration=lease_s
+    ):
         yield SlotHold(name=name, waited_s=monotonic() - t0)
 
 

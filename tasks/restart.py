@@ -22,7 +22,9 @@ from tasks.gpu_lock import gpu_slot
     task_run_name="restart-verification[{run}]",
     **PHASE_OPTIONS,
 )
-def restart_verification(spec: CampaignSpec, *, base_dir: str, out: str, run: str) -> dict[str, Any]:
+def restart_verification(
+    spec: CampaignSpec, *, base_dir: str, out: str, run: str
+) -> dict[str, Any]:
     """Verify that ``run``'s early save resumes exactly in a new process; reuse a passed check."""
     folder = out_folder(out)
     raise_if_stopped(what=f"restart check of {run}")
@@ -30,12 +32,16 @@ def restart_verification(spec: CampaignSpec, *, base_dir: str, out: str, run: st
     if done and done.get("identical") and done.get("run_id") == spec.run_id(run):
         return done
     try:
-        with gpu_slot(spec.gpu_lock.name, timeout_s=spec.gpu_lock.timeout_s, lease_s=spec.gpu_lock.lease_s):
-            with busy(folder, spec, phase="restart", run=run, note=spec.run_id(run)), tempfile.TemporaryDirectory(
-                prefix="gpucampaign-restart-"
-            ) as work:
-                report = campaign_restart_check(spec, run=run, base_dir=base_dir, out_dir=out,
-                                                workdir=Path(work))
+        with gpu_slot(
+            spec.gpu_lock.name, timeout_s=spec.gpu_lock.timeout_s, lease_s=spec.gpu_lock.lease_s
+        ):
+            with (
+                busy(folder, spec, phase="restart", run=run, note=spec.run_id(run)),
+                tempfile.TemporaryDirectory(prefix="gpucampaign-restart-") as work,
+            ):
+                report = campaign_restart_check(
+                    spec, run=run, base_dir=base_dir, out_dir=out, workdir=Path(work)
+                )
     except StopRule as exc:
         record_stop(folder, exc, run=run, phase="restart")
         raise
@@ -55,10 +61,19 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
     Nothing is written into the output folder: its manifest may already be sealed.
     """
     spec = target.spec
-    with gpu_slot(spec.gpu_lock.name, timeout_s=spec.gpu_lock.timeout_s, lease_s=spec.gpu_lock.lease_s), \
-            tempfile.TemporaryDirectory(prefix="gpucampaign-resume-") as work:
+    with (
+        gpu_slot(
+            spec.gpu_lock.name, timeout_s=spec.gpu_lock.timeout_s, lease_s=spec.gpu_lock.lease_s
+        ),
+        tempfile.TemporaryDirectory(prefix="gpucampaign-resume-") as work,
+    ):
         report = verify_checkpoint_resume(
-            spec, run=run, corpus_path=target.corpus_path, store=target.store,
-            run_dir=Path(out) / "runs" / target.runs[run], workdir=Path(work), m_steps=steps,
+            spec,
+            run=run,
+            corpus_path=target.corpus_path,
+            store=target.store,
+            run_dir=Path(out) / "runs" / target.runs[run],
+            workdir=Path(work),
+            m_steps=steps,
         )
     return {**report.to_dict(), "run": run}

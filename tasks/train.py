@@ -107,8 +107,13 @@ def pilot(
     """The first ``pilot.steps`` steps of a run, measured (costs and early losses); the full
     run resumes from them."""
     result, n_train = _run_training(
-        spec, base_dir=base_dir, out=out, run=run, phase="pilot",
-        stop_after_steps=spec.pilot.steps, lane=lane,
+        spec,
+        base_dir=base_dir,
+        out=out,
+        run=run,
+        phase="pilot",
+        stop_after_steps=spec.pilot.steps,
+        lane=lane,
     )
     metrics = out_folder(out).run_dir(spec.run_id(run)) / "metrics.jsonl"
     rows = read_metrics(metrics) if metrics.is_file() else []
@@ -125,12 +130,21 @@ def train(
     if run_id != spec.run_id(run):
         raise ValueError(f"run_id {run_id} is not the ID of run '{run}' ({spec.run_id(run)})")
     result, n_train = _run_training(
-        spec, base_dir=base_dir, out=out, run=run, phase="train", stop_after_steps=None,
+        spec,
+        base_dir=base_dir,
+        out=out,
+        run=run,
+        phase="train",
+        stop_after_steps=None,
         lane=lane,
     )
     spooled = spooled_keys(out)
     if spooled:
-        get_run_logger().warning("%d checkpoint file(s) are not yet off the machine (the S3 "
-                                 "server is unreachable; spooled in %s/spool, retried in the "
-                                 "background)", len(spooled), out)
+        get_run_logger().warning(
+            "%d checkpoint file(s) are not yet off the machine (the S3 "
+            "server is unreachable; spooled in %s/spool, retried in the "
+            "background)",
+            len(spooled),
+            out,
+        )
     return {**result.to_dict(), "n_train": n_train, "spooled": spooled}

@@ -52,10 +52,18 @@ def corpus_of(base: Path, spec: CampaignSpec) -> Corpus:
     return load_corpus(base / spec.corpus.path, corpus_spec=spec.corpus)
 
 
-def run(spec: CampaignSpec, base: Path, *, name: str = "control", out: str = "out", **kw: Any) -> RunResult:
+def run(
+    spec: CampaignSpec, base: Path, *, name: str = "control", out: str = "out", **kw: Any
+) -> RunResult:
     """``train_run`` with the campaign layout ``base/out/{checkpoints, runs/<run_id>}``."""
-    return train_run(spec, run=name, corpus=corpus_of(base, spec), store=LocalStore(base / out / "checkpoints"),
-                     out_dir=run_dir(spec, base, name=name, out=out), **kw)
+    return train_run(
+        spec,
+        run=name,
+        corpus=corpus_of(base, spec),
+        store=LocalStore(base / out / "checkpoints"),
+        out_dir=run_dir(spec, base, name=name, out=out),
+        **kw,
+    )
 
 
 def run_dir(spec: CampaignSpec, base: Path, *, name: str = "control", out: str = "out") -> Path:

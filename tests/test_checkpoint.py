@@ -285,8 +285,11 @@ def test_store_keys_cannot_escape(tmp_path):
 
 def test_open_store(tmp_path):
     assert isinstance(open_store("local", out_dir=tmp_path), LocalStore)
-    env = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "very-secret-value",
-           "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    env = {
+        "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "very-secret-value",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    }
     s3 = open_store("s3://bucket/some/prefix/", out_dir=tmp_path, env=env, spool=False)
     assert isinstance(s3, S3Store) and (s3.bucket, s3.prefix) == ("bucket", "some/prefix")
     spooling = open_store("s3://bucket/some/prefix/", out_dir=tmp_path, env=env)
@@ -304,8 +307,11 @@ def test_open_store(tmp_path):
 
 
 def test_check_storage_on_a_dead_endpoint_names_the_url_not_the_secret():
-    env = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "very-secret-value",
-           "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}  # port 9 (discard): nothing listens
+    env = {
+        "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "very-secret-value",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    }  # port 9 (discard): nothing listens
     check_storage("local", env=env)
     with pytest.raises(SpecError) as info:
         check_storage("s3://bucket/prefix", env=env)

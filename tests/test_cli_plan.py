@@ -85,8 +85,15 @@ def test_78h_example_exact_numbers_and_options() -> None:
     smaller = next(o for o in d["options"] if o["kind"] == "smaller_protocol")
     assert smaller["dropped"] == ["variant-long"] and smaller["fits"]
     for o in d["options"]:
-        assert set(o) >= {"kind", "description", "span_hours", "total_price_usd", "fits", "dropped",
-                          "requires"}
+        assert set(o) >= {
+            "kind",
+            "description",
+            "span_hours",
+            "total_price_usd",
+            "fits",
+            "dropped",
+            "requires",
+        }
     assert "no state to move between lots" in larger["requires"]
     assert "stays open" in smaller["requires"]
 

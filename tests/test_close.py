@@ -26,18 +26,25 @@ def _deliveries(*specs: tuple[str, str, bool, str]) -> list[dict]:
 
 # --- budget: the MISSION's numbers come out exactly -----------------------------------------
 def test_two_three_day_lots_cost_94_28():
-    b = close_budget([Package(gpu="rtx4090", days=3, count=2)], unit="corpus",
-                     deliveries=_deliveries(("c1", "a" * 64, True, "passed")))
+    b = close_budget(
+        [Package(gpu="rtx4090", days=3, count=2)],
+        unit="corpus",
+        deliveries=_deliveries(("c1", "a" * 64, True, "passed")),
+    )
     assert Decimal(repr(b["rental_usd"])) == Decimal("94.28")
     assert b["packages"][0]["price_usd"] == 47.14 and b["packages"][0]["count"] == 2
     assert b["spent_usd"] == 94.28
 
 
 def test_two_accepted_deliveries_give_23_57_each():
-    b = close_budget([LOT_3D], unit="corpus", deliveries=_deliveries(
-        ("c1", "a" * 64, True, "passed the announced checks"),
-        ("c2", "b" * 64, True, "passed the announced checks"),
-    ))
+    b = close_budget(
+        [LOT_3D],
+        unit="corpus",
+        deliveries=_deliveries(
+            ("c1", "a" * 64, True, "passed the announced checks"),
+            ("c2", "b" * 64, True, "passed the announced checks"),
+        ),
+    )
     assert b["accepted_deliveries"] == 2
     assert Decimal(repr(b["rental_per_accepted_usd"])) == Decimal("23.57")
     assert b["undefined_reason"] is None
@@ -46,17 +53,23 @@ def test_two_accepted_deliveries_give_23_57_each():
 
 def test_replays_of_the_same_content_count_once():
     replays = [(f"timing-{k}", "a" * 64, True, "passed") for k in range(5)]
-    b = close_budget([LOT_3D], unit="corpus", deliveries=_deliveries(*replays, ("c2", "b" * 64, True, "passed")))
+    b = close_budget(
+        [LOT_3D], unit="corpus", deliveries=_deliveries(*replays, ("c2", "b" * 64, True, "passed"))
+    )
     assert b["accepted_deliveries"] == 2
     assert len(b["replays"]) == 4 and all(r["replay_of"] == "timing-0" for r in b["replays"])
     assert b["rental_per_accepted_usd"] == 23.57
 
 
 def test_zero_accepted_is_undefined_and_shows_the_money_and_each_reason():
-    b = close_budget([LOT_3D], unit="corpus", deliveries=_deliveries(
-        ("c1", "a" * 64, False, "stopped: non-finite loss at step 12"),
-        ("c2", "b" * 64, False, "audit: 14 rows leak between train and test"),
-    ))
+    b = close_budget(
+        [LOT_3D],
+        unit="corpus",
+        deliveries=_deliveries(
+            ("c1", "a" * 64, False, "stopped: non-finite loss at step 12"),
+            ("c2", "b" * 64, False, "audit: 14 rows leak between train and test"),
+        ),
+    )
     assert b["rental_per_accepted_usd"] is None
     assert b["spent_usd"] == 47.14 and b["rental_usd"] == 47.14
     assert "non-finite loss at step 12" in b["undefined_reason"]
@@ -64,7 +77,11 @@ def test_zero_accepted_is_undefined_and_shows_the_money_and_each_reason():
     assert "47.14" in b["undefined_reason"]
     assert [r["id"] for r in b["rejected"]] == ["c1", "c2"]
     md = render_budget_md(b)
-    assert "undefined" in md and "47.14" in md and "0.00 USD" not in md.split("Spent")[1].split("\n")[0]
+    assert (
+        "undefined" in md
+        and "47.14" in md
+        and "0.00 USD" not in md.split("Spent")[1].split("\n")[0]
+    )
 
 
 def test_no_delivery_at_all_is_still_undefined_not_zero():
@@ -74,8 +91,12 @@ def test_no_delivery_at_all_is_still_undefined_not_zero():
 
 
 def test_other_expenses_stay_apart_and_never_change_the_rental_ratio():
-    b = close_budget([LOT_3D], unit="corpus", expenses=[Expense(name="egress of 20 GB", usd=1.8, note="inv-7")],
-                     deliveries=_deliveries(("c1", "a" * 64, True, "ok"), ("c2", "b" * 64, True, "ok")))
+    b = close_budget(
+        [LOT_3D],
+        unit="corpus",
+        expenses=[Expense(name="egress of 20 GB", usd=1.8, note="inv-7")],
+        deliveries=_deliveries(("c1", "a" * 64, True, "ok"), ("c2", "b" * 64, True, "ok")),
+    )
     assert b["other_expenses_usd"] == 1.8
     assert b["spent_usd"] == 48.94
     assert b["rental_per_accepted_usd"] == 23.57
@@ -84,7 +105,9 @@ def test_other_expenses_stay_apart_and_never_change_the_rental_ratio():
 
 def test_no_invented_costs_or_hourly_rates():
     b = close_budget([LOT_3D], unit="corpus", deliveries=_deliveries(("c1", "a" * 64, True, "ok")))
-    assert b["expenses"] == [] and b["other_expenses_usd"] == 0.0 and b["spent_usd"] == b["rental_usd"]
+    assert (
+        b["expenses"] == [] and b["other_expenses_usd"] == 0.0 and b["spent_usd"] == b["rental_usd"]
+    )
     text = (render_budget_md(b) + json.dumps(b)).lower()
     assert "no tax or transfer cost is assumed" in text
     for word in ("per hour", "usd/h", "/ h", "hourly"):
@@ -92,8 +115,12 @@ def test_no_invented_costs_or_hourly_rates():
 
 
 def test_research_decision_describes_the_result_instead_of_a_unit():
-    b = close_budget([LOT_3D], unit=None, result_text="Keep the control: no variant meets the threshold",
-                     deliveries=_deliveries(("r", "a" * 64, True, "ok")))
+    b = close_budget(
+        [LOT_3D],
+        unit=None,
+        result_text="Keep the control: no variant meets the threshold",
+        deliveries=_deliveries(("r", "a" * 64, True, "ok")),
+    )
     assert b["rental_per_accepted_usd"] is None
     assert "research decision" in b["undefined_reason"]
     assert b["result"] == "Keep the control: no variant meets the threshold"
@@ -102,9 +129,13 @@ def test_research_decision_describes_the_result_instead_of_a_unit():
 
 
 def test_resolved_dict_packages_and_missing_price():
-    b = close_budget([{"gpu": "rtx4090", "days": 7, "count": 1, "price_usd": 110}], unit="corpus",
-                     deliveries=_deliveries(("c1", "a" * 64, True, "ok"), ("c2", "b" * 64, True, "ok"),
-                                            ("c3", "c" * 64, True, "ok")))
+    b = close_budget(
+        [{"gpu": "rtx4090", "days": 7, "count": 1, "price_usd": 110}],
+        unit="corpus",
+        deliveries=_deliveries(
+            ("c1", "a" * 64, True, "ok"), ("c2", "b" * 64, True, "ok"), ("c3", "c" * 64, True, "ok")
+        ),
+    )
     assert b["rental_per_accepted_usd"] == 36.67  # 110 / 3 rounded half-up to cents
     with pytest.raises(SpecError, match="price"):
         close_budget([Package(gpu="b200", days=3)], unit="corpus")
@@ -144,9 +175,19 @@ def test_negative_keeps_the_control_when_no_variant_beats_it_enough():
 
 
 def test_negative_result_states_the_numbers():
-    v = decide_verdict(RULE, control=_ev(0.5, 0.5), variants={"a": _ev(0.6, 0.6), "b": None},
-                       stops=[{"stop_id": "stop-1", "rule": "non_finite_loss", "run_id": "b-0123456789",
-                               "reason": "nan at step 4"}])
+    v = decide_verdict(
+        RULE,
+        control=_ev(0.5, 0.5),
+        variants={"a": _ev(0.6, 0.6), "b": None},
+        stops=[
+            {
+                "stop_id": "stop-1",
+                "rule": "non_finite_loss",
+                "run_id": "b-0123456789",
+                "reason": "nan at step 4",
+            }
+        ],
+    )
     assert v.kind == "negative" and v.run is None
     assert "no variant meets the threshold" in v.text
     for number in ("0.5000", "0.6000", "threshold 0.9", "nan at step 4"):
@@ -165,8 +206,19 @@ def test_minimize_direction():
 
 
 def test_stopped_control_gives_no_comparison():
-    v = decide_verdict(RULE, control=None, variants={"a": _ev(0.97, 0.97)},
-                       stops=[{"stop_id": "stop-9", "rule": "no_usable_restart", "run": "control", "reason": "no restore"}])
+    v = decide_verdict(
+        RULE,
+        control=None,
+        variants={"a": _ev(0.97, 0.97)},
+        stops=[
+            {
+                "stop_id": "stop-9",
+                "rule": "no_usable_restart",
+                "run": "control",
+                "reason": "no restore",
+            }
+        ],
+    )
     assert v.kind == "stopped" and "stop-9" in v.text
 
 
@@ -203,24 +255,52 @@ PLAN = {
 
 
 def _row(step, start, end, phase="train", **kw):
-    return TimelineRow(step=step, phase=phase, start=f"2026-01-05T{start}:00+00:00",
-                       end=f"2026-01-05T{end}:00+00:00", **kw)
+    return TimelineRow(
+        step=step,
+        phase=phase,
+        start=f"2026-01-05T{start}:00+00:00",
+        end=f"2026-01-05T{end}:00+00:00",
+        **kw,
+    )
 
 
 def test_forecast_vs_actual_per_step():
-    reforecast = {"span_hours": 7.0, "steps": [dict(s, hours=3.0) if s["name"] == "control" else s for s in PLAN["steps"]]}
+    reforecast = {
+        "span_hours": 7.0,
+        "steps": [dict(s, hours=3.0) if s["name"] == "control" else s for s in PLAN["steps"]],
+    }
     timeline = [
         _row("control", "10:00", "12:00", phase="train", run="control"),
         _row("control", "11:00", "13:30", phase="eval", run="control"),  # overlaps: counted once
     ]
-    decisions = [{"point": "after-pilot", "decision": {"action": "reduce", "dropped_steps": ["wide"],
-                                                       "reasons": ["does not fit"], "by": "auto"}}]
-    stops = [{"stop_id": "stop-a", "rule": "below_threshold", "run_id": "control-0123456789", "reason": "0.4 < 0.9"}]
+    decisions = [
+        {
+            "point": "after-pilot",
+            "decision": {
+                "action": "reduce",
+                "dropped_steps": ["wide"],
+                "reasons": ["does not fit"],
+                "by": "auto",
+            },
+        }
+    ]
+    stops = [
+        {
+            "stop_id": "stop-a",
+            "rule": "below_threshold",
+            "run_id": "control-0123456789",
+            "reason": "0.4 < 0.9",
+        }
+    ]
     plan_before = json.dumps(PLAN, sort_keys=True)
-    f = forecast_vs_actual(PlanRecord.from_dict(PLAN), reforecast=PlanRecord.from_dict(reforecast),
-                           timeline=timeline, decisions=[DecisionRecord.from_dict(d) for d in decisions],
-                           stops=[StopRecord.from_dict(s) for s in stops],
-                           pilot={"control": {"step_s": 0.004, "load_s": 6.0}})
+    f = forecast_vs_actual(
+        PlanRecord.from_dict(PLAN),
+        reforecast=PlanRecord.from_dict(reforecast),
+        timeline=timeline,
+        decisions=[DecisionRecord.from_dict(d) for d in decisions],
+        stops=[StopRecord.from_dict(s) for s in stops],
+        pilot={"control": {"step_s": 0.004, "load_s": 6.0}},
+    )
     assert json.dumps(PLAN, sort_keys=True) == plan_before  # never rewritten
     by = {s["step"]: s for s in f["steps"]}
     c = by["control"]
@@ -236,22 +316,36 @@ def test_forecast_vs_actual_per_step():
 
 
 def test_unexplained_deviation_is_said_so():
-    f = forecast_vs_actual(PlanRecord.from_dict(PLAN), reforecast=None,
-                           timeline=[_row("eval", "10:00", "13:00", phase="eval")])
+    f = forecast_vs_actual(
+        PlanRecord.from_dict(PLAN),
+        reforecast=None,
+        timeline=[_row("eval", "10:00", "13:00", phase="eval")],
+    )
     e = next(s for s in f["steps"] if s["step"] == "eval")
     assert e["deviation_hours"] == pytest.approx(2.0)
     assert "longer than forecast: not explained" in e["explanation"]
 
 
 def test_a_resume_explains_a_deviation():
-    f = forecast_vs_actual(PlanRecord.from_dict(PLAN), reforecast=None, timeline=[
-        _row("control", "10:00", "11:00", run="control"), _row("control", "12:00", "15:00", run="control")])
+    f = forecast_vs_actual(
+        PlanRecord.from_dict(PLAN),
+        reforecast=None,
+        timeline=[
+            _row("control", "10:00", "11:00", run="control"),
+            _row("control", "12:00", "15:00", run="control"),
+        ],
+    )
     c = next(s for s in f["steps"] if s["step"] == "control")
-    assert "resumed: 2 training intervals" in c["explanation"] and "not explained" not in c["explanation"]
+    assert (
+        "resumed: 2 training intervals" in c["explanation"]
+        and "not explained" not in c["explanation"]
+    )
 
 
-@pytest.mark.parametrize(("hours", "text"), [(0.0001, "0.36 s"), (0.01, "36 s"), (0.5, "30 min"),
-                                             (3.05091, "3.05 h"), (3.3, "3.3 h")])
+@pytest.mark.parametrize(
+    ("hours", "text"),
+    [(0.0001, "0.36 s"), (0.01, "36 s"), (0.5, "30 min"), (3.05091, "3.05 h"), (3.3, "3.3 h")],
+)
 def test_durations_have_sensible_precision(hours, text):
     from gpucampaign.forecast import say_duration
 
@@ -262,16 +356,30 @@ def test_estimates_from_timeline_pilot_and_metrics():
     from gpucampaign.forecast import measured_estimates
 
     est = measured_estimates(
-        [TimelineRow(phase="train", seconds=30.0, steps=10), TimelineRow(phase="restore", seconds=2.0)],
+        [
+            TimelineRow(phase="train", seconds=30.0, steps=10),
+            TimelineRow(phase="restore", seconds=2.0),
+        ],
         pilot={"control": {"load_s": 6.0, "step_s": 0.004, "eval_s": [0.5, 0.7], "save_s": []}},
-        metrics={"control": [{"kind": "train", "step_s": 0.006}, {"kind": "eval", "eval_s": 0.6},
-                             {"kind": "checkpoint", "save_s": 0.25}]},
+        metrics={
+            "control": [
+                {"kind": "train", "step_s": 0.006},
+                {"kind": "eval", "eval_s": 0.6},
+                {"kind": "checkpoint", "save_s": 0.25},
+            ]
+        },
     )
     m = est["measured"]
     assert m["step_s"] == pytest.approx(0.006)  # median of 3.0, 0.004, 0.006
     assert m["eval_s"] == pytest.approx(0.6) and m["save_s"] == 0.25 and m["restore_s"] == 2.0
     assert m["load_s"] == 6.0 and est["not_observed"] == []
-    assert measured_estimates([])["not_observed"] == ["eval_s", "load_s", "restore_s", "save_s", "step_s"]
+    assert measured_estimates([])["not_observed"] == [
+        "eval_s",
+        "load_s",
+        "restore_s",
+        "save_s",
+        "step_s",
+    ]
 
 
 def test_actual_intervals_for_the_gantt():
@@ -284,7 +392,9 @@ def test_actual_intervals_for_the_gantt():
 def test_load_estimates(tmp_path: Path):
     with pytest.raises(SpecError, match="estimates.json"):
         load_estimates(tmp_path)
-    (tmp_path / "estimates.json").write_text(json.dumps({"campaign_id": "x", "measured": {"step_s": 0.004, "eval_s": None}}))
+    (tmp_path / "estimates.json").write_text(
+        json.dumps({"campaign_id": "x", "measured": {"step_s": 0.004, "eval_s": None}})
+    )
     assert load_estimates(tmp_path)["measured"] == {"step_s": 0.004, "eval_s": None}
     (tmp_path / "estimates.json").write_text(json.dumps({"measured": {"step_s": -1}}))
     with pytest.raises(SpecError, match="step_s"):
@@ -299,8 +409,17 @@ def test_negative_campaign_produces_a_complete_report(tmp_path: Path):
     out = built["out"]
     assert built["verdict"].kind == "negative"
     md = (out / "report.md").read_text()
-    for section in ("## Verdict", "## Runs", "## Budget", "## Forecast vs actual", "## Decisions taken",
-                    "## Stops", "## Error analysis", "## Estimates for next time", "## Figures"):
+    for section in (
+        "## Verdict",
+        "## Runs",
+        "## Budget",
+        "## Forecast vs actual",
+        "## Decisions taken",
+        "## Stops",
+        "## Error analysis",
+        "## Estimates for next time",
+        "## Figures",
+    ):
         assert section in md
     assert "no variant meets the threshold" in md
     first = md.split("\n\n")[1]  # the paragraph after the title answers the question
@@ -366,8 +485,12 @@ def test_decision_stop_and_timeline_records_round_trip(tmp_path: Path):
     )
 
     assert decision_after_pilot(read_decisions(tmp_path)) is None
-    rec = DecisionRecord(point="after-pilot", time="t", decision=Decision(action="reduce",
-                         dropped_runs=["w"], reasons=["slow"]), reforecast={"c": {"hours": 1.0}})
+    rec = DecisionRecord(
+        point="after-pilot",
+        time="t",
+        decision=Decision(action="reduce", dropped_runs=["w"], reasons=["slow"]),
+        reforecast={"c": {"hours": 1.0}},
+    )
     append_decision(tmp_path, rec)
     assert read_decisions(tmp_path) == [rec]
     assert decision_after_pilot(read_decisions(tmp_path)).dropped_runs == ["w"]
@@ -382,7 +505,9 @@ def test_decision_stop_and_timeline_records_round_trip(tmp_path: Path):
     row = TimelineRow.between("c", phase="train", start=t0, end=t0 + timedelta(minutes=30), steps=3)
     append_timeline(tmp_path, row)
     (back,) = read_timeline(tmp_path)
-    assert back == row and back.seconds == 1800.0 and back.interval == (t0, t0 + timedelta(minutes=30))
+    assert (
+        back == row and back.seconds == 1800.0 and back.interval == (t0, t0 + timedelta(minutes=30))
+    )
     assert TimelineRow(phase="close", start="2026-01-05T09:00:00+00:00").interval is None
 
 
@@ -392,8 +517,10 @@ RUN_SPEC = {
     "packages": [{"gpu": "rtx4090", "days": 3}],
     "calendar": [{"name": "c", "kind": "machine", "resource": "gpu", "hours": 1, "run": "control"}],
     "control": {"batch_size": 32},
-    "variants": [{"name": "wide", "tier": "useful", "changes": {"hidden": [64]}},
-                 {"name": "big", "tier": "exploratory", "changes": {"batch_size": 64}}],
+    "variants": [
+        {"name": "wide", "tier": "useful", "changes": {"hidden": [64]}},
+        {"name": "big", "tier": "exploratory", "changes": {"batch_size": 64}},
+    ],
     "decision_rule": {"metric": "accuracy", "direction": "maximize", "threshold": 0.5},
 }
 
@@ -403,10 +530,20 @@ def _finish(root: Path, spec, run: str, *, accuracy: float, model: bool = True) 
 
     rid = spec.run_id(run)
     (root / "runs" / rid / "model").mkdir(parents=True)
-    result = RunResult(run_id=rid, run=run, completed=True, steps_done=4, planned_steps=4,
-                       metrics={"accuracy": accuracy}, timings={}, n_checkpoints=1,
-                       eval_metrics={"val": {"accuracy": accuracy}, "test": {"accuracy": accuracy}},
-                       checkpoint_every=None, save_interval=None, resumed_from_step=None)
+    result = RunResult(
+        run_id=rid,
+        run=run,
+        completed=True,
+        steps_done=4,
+        planned_steps=4,
+        metrics={"accuracy": accuracy},
+        timings={},
+        n_checkpoints=1,
+        eval_metrics={"val": {"accuracy": accuracy}, "test": {"accuracy": accuracy}},
+        checkpoint_every=None,
+        save_interval=None,
+        resumed_from_step=None,
+    )
     (root / "runs" / rid / "result.json").write_text(json.dumps(result.to_dict()))
     if model:
         (root / "runs" / rid / "model" / "model.safetensors").write_bytes(b"weights")
@@ -432,25 +569,43 @@ def test_run_states_decide_each_run_once(tmp_path: Path):
     assert "model was not saved" in states[spec.run_id("wide")].reason
     assert states[spec.run_id("big")].reason == "the campaign stopped"
 
-    append_stop(tmp_path, StopRecord(stop_id="stop-w", rule="non_finite_loss",
-                                     run_id=spec.run_id("wide"), reason="nan"))
+    append_stop(
+        tmp_path,
+        StopRecord(
+            stop_id="stop-w", rule="non_finite_loss", run_id=spec.run_id("wide"), reason="nan"
+        ),
+    )
     decision = Decision(action="reduce", dropped_runs=["big"])
     states = run_states(spec, root=tmp_path, decision=decision)
     c, w, b = states.values()
-    assert (c.status, w.status, w.stop_id, b.status) == ("completed", "stopped", "stop-w", "dropped")
+    assert (c.status, w.status, w.stop_id, b.status) == (
+        "completed",
+        "stopped",
+        "stop-w",
+        "dropped",
+    )
     assert expected_runs(states)[spec.run_id("wide")] == {
-        "run": "wide", "tier": "useful", "status": "stopped", "stop_id": "stop-w",
-        "reason": "stopped by non_finite_loss: nan"}
+        "run": "wide",
+        "tier": "useful",
+        "status": "stopped",
+        "stop_id": "stop-w",
+        "reason": "stopped by non_finite_loss: nan",
+    }
     # A stopped run keeps the metric it measured; a dropped one has none.
     metric_of = run_metrics(states, metric="accuracy")
     assert metric_of == {"control": 0.8, "wide": 0.9, "big": None}
     evidence = run_evidence(spec, root=tmp_path, states=states)
-    verdict = closing_verdict(spec, evidence=evidence, stops=read_stops(tmp_path), decision=decision)
+    verdict = closing_verdict(
+        spec, evidence=evidence, stops=read_stops(tmp_path), decision=decision
+    )
     assert (verdict.kind, verdict.run) == ("adopt", "wide")
     assert "big dropped at the decision point" in verdict.text
     table = runs_table(states, metric_of=metric_of, analyses={})
     assert [(r["run"], r["status"], r["metric"]) for r in table] == [
-        ("control", "completed", 0.8), ("wide", "stopped", 0.9), ("big", "dropped", None)]
+        ("control", "completed", 0.8),
+        ("wide", "stopped", 0.9),
+        ("big", "dropped", None),
+    ]
 
     repose = Decision(action="re-pose", reasons=["too long"])
     states = run_states(spec, root=tmp_path / "empty", decision=repose)
@@ -463,12 +618,23 @@ def test_a_run_that_did_not_complete_is_never_an_accepted_delivery(tmp_path: Pat
     from gpucampaign.close import delivery
     from gpucampaign.records import RunState
 
-    stopped = RunState(run="wide", run_id="wide-0123456789", tier="useful", status="stopped",
-                       stop_id="stop-w", reason="stopped by non_finite_loss: nan")
+    stopped = RunState(
+        run="wide",
+        run_id="wide-0123456789",
+        tier="useful",
+        status="stopped",
+        stop_id="stop-w",
+        reason="stopped by non_finite_loss: nan",
+    )
     d = delivery(tmp_path, stopped, corpus=None)
     assert d["accepted"] is False and d["reason"] == "stopped (stop stop-w)"
-    dropped = RunState(run="big", run_id="big-0123456789", tier="exploratory", status="dropped",
-                       reason="dropped at the decision point")
+    dropped = RunState(
+        run="big",
+        run_id="big-0123456789",
+        tier="exploratory",
+        status="dropped",
+        reason="dropped at the decision point",
+    )
     assert delivery(tmp_path, dropped, corpus=None)["reason"] == "dropped at the decision point"
 
 

@@ -150,8 +150,10 @@ def test_a_corpus_without_val_is_a_spec_error_with_the_fix(tmp_path):
     assert err.value.field == "decision_rule.select_split"
     report = _audit(tmp_path, rows, strict=False)
     assert any(
-        f["check"] == "empty_split" and f["severity"] == "hard" and "chooses the winner" in
-        f["message"] for f in report["findings"]
+        f["check"] == "empty_split"
+        and f["severity"] == "hard"
+        and "chooses the winner" in f["message"]
+        for f in report["findings"]
     )
 
 

@@ -19,8 +19,22 @@ SPEC = {
     "packages": [{"gpu": "rtx4090", "days": 3}],
     "calendar": [
         {"name": "c", "kind": "machine", "resource": "gpu", "hours": 1, "run": "control"},
-        {"name": "w", "kind": "machine", "resource": "gpu", "hours": 1, "run": "wide", "tier": "useful"},
-        {"name": "x", "kind": "machine", "resource": "gpu", "hours": 1, "run": "big", "tier": "exploratory"},
+        {
+            "name": "w",
+            "kind": "machine",
+            "resource": "gpu",
+            "hours": 1,
+            "run": "wide",
+            "tier": "useful",
+        },
+        {
+            "name": "x",
+            "kind": "machine",
+            "resource": "gpu",
+            "hours": 1,
+            "run": "big",
+            "tier": "exploratory",
+        },
     ],
     "control": {"batch_size": 32},
     "variants": [
@@ -28,14 +42,33 @@ SPEC = {
         {"name": "big", "tier": "exploratory", "changes": {"batch_size": 64}},
     ],
 }
-PILOT = {"control": {"load_s": 2.0, "step_s": 0.01, "eval_s": 0.5, "save_s": 0.2, "evals": 4, "saves": 2,
-                     "batch_size": 32, "planned_steps": 100, "n_train": 3200}}
+PILOT = {
+    "control": {
+        "load_s": 2.0,
+        "step_s": 0.01,
+        "eval_s": 0.5,
+        "save_s": 0.2,
+        "evals": 4,
+        "saves": 2,
+        "batch_size": 32,
+        "planned_steps": 100,
+        "n_train": 3200,
+    }
+}
 
 
 def _auto(**kw):
-    base = dict(fits_all=True, reduced_fits=True, reduced_dropped_runs=[], reduced_dropped_steps=[],
-                pilot_stops=[], essential_runs=["control"], span_hours=10, reduced_span_hours=10,
-                window_hours=72)
+    base = dict(
+        fits_all=True,
+        reduced_fits=True,
+        reduced_dropped_runs=[],
+        reduced_dropped_steps=[],
+        pilot_stops=[],
+        essential_runs=["control"],
+        span_hours=10,
+        reduced_span_hours=10,
+        window_hours=72,
+    )
     return decide_auto(**{**base, **kw})
 
 
@@ -45,8 +78,13 @@ def test_continue_when_it_fits():
 
 
 def test_reduce_names_what_it_drops():
-    d = _auto(fits_all=False, reduced_dropped_runs=["big"], reduced_dropped_steps=["x"],
-              span_hours=80, reduced_span_hours=60)
+    d = _auto(
+        fits_all=False,
+        reduced_dropped_runs=["big"],
+        reduced_dropped_steps=["x"],
+        span_hours=80,
+        reduced_span_hours=60,
+    )
     assert d.action == "reduce"
     assert d.dropped_runs == ["big"]
     assert "80.00 h exceeds the 72 h window" in d.reasons[0]
@@ -90,7 +128,9 @@ def test_decision_input_model_validates():
         check_decision_input(spec, DecisionInput(action="reduce", drop=["nope"]))
     with pytest.raises(ValueError, match="only the 'reduce'"):
         check_decision_input(spec, DecisionInput(action="continue", drop=["big"]))
-    ok = apply_answer(spec, answer=DecisionInput(action="reduce", drop=["big"], note="GPU busy"), auto=_auto())
+    ok = apply_answer(
+        spec, answer=DecisionInput(action="reduce", drop=["big"], note="GPU busy"), auto=_auto()
+    )
     assert ok.by == "person" and ok.dropped_runs == ["big"] and ok.dropped_steps == ["x"]
     assert "the automatic rule proposed 'continue'" in ok.reasons
 
@@ -99,10 +139,19 @@ def test_decision_input_model_validates():
 def _result(**kw):
     from gpucampaign.runresult import RunResult
 
-    base = dict(run_id="control-0123456789", run="control", completed=False, steps_done=5,
-                planned_steps=2000, metrics={}, n_checkpoints=1, checkpoint_every=40,
-                save_interval=None, resumed_from_step=None,
-                timings={"load_s": 2.0, "step_s": 0.01, "eval_s": [0.4, 0.6, 0.5], "save_s": 0.2})
+    base = dict(
+        run_id="control-0123456789",
+        run="control",
+        completed=False,
+        steps_done=5,
+        planned_steps=2000,
+        metrics={},
+        n_checkpoints=1,
+        checkpoint_every=40,
+        save_interval=None,
+        resumed_from_step=None,
+        timings={"load_s": 2.0, "step_s": 0.01, "eval_s": [0.4, 0.6, 0.5], "save_s": 0.2},
+    )
     return RunResult(**{**base, **kw})
 
 

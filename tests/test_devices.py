@@ -43,8 +43,12 @@ def test_a_cpu_run_records_its_device(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @needs_cuda
 def test_a_recipe_trains_on_cuda_in_bf16_and_records_it(tmp_path: Path) -> None:
-    spec = make_spec(tmp_path, write_recipe(tmp_path),
-                     control={"device": "cuda", "precision": "bf16"}, variants=[])
+    spec = make_spec(
+        tmp_path,
+        write_recipe(tmp_path),
+        control={"device": "cuda", "precision": "bf16"},
+        variants=[],
+    )
     res = train(spec, tmp_path)
     params = json.loads((tmp_path / "out" / "runs" / res.run_id / "params.json").read_text())
     assert res.completed and params["device"] == "cuda:0" and params["cudnn_deterministic"]

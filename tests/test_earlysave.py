@@ -19,8 +19,9 @@ from tests._engine import digits_file, make_spec, run, run_dir  # noqa: F401
 
 def _live_run(tmp_path, digits_file):  # noqa: F811
     """A finished control with dropout: saves at 5 (the early save, mid-epoch), 7, 14, 20."""
-    spec = make_spec(tmp_path, digits_file, control={"dropout": 0.1},
-                     checkpoint={"keep": 4, "every_steps": 7})
+    spec = make_spec(
+        tmp_path, digits_file, control={"dropout": 0.1}, checkpoint={"keep": 4, "every_steps": 7}
+    )
     assert run(spec, tmp_path, stop_after_steps=5).completed is False  # the pilot's save
     assert run(spec, tmp_path).completed
     return spec
@@ -28,9 +29,13 @@ def _live_run(tmp_path, digits_file):  # noqa: F811
 
 def _check(spec, tmp_path, work="work", **kw):
     return verify_early_save(
-        spec, corpus_path=tmp_path / "data" / "digits.csv",
-        store=LocalStore(tmp_path / "out" / "checkpoints"), run_dir=run_dir(spec, tmp_path),
-        workdir=tmp_path / work, **kw)
+        spec,
+        corpus_path=tmp_path / "data" / "digits.csv",
+        store=LocalStore(tmp_path / "out" / "checkpoints"),
+        run_dir=run_dir(spec, tmp_path),
+        workdir=tmp_path / work,
+        **kw,
+    )
 
 
 def test_early_save_replays_to_the_next_save_exactly(tmp_path, digits_file):  # noqa: F811
@@ -84,6 +89,7 @@ def test_early_save_check_catches_a_broken_resume(tmp_path, digits_file, change)
 def test_campaign_check_falls_back_to_three_processes(tmp_path, digits_file):  # noqa: F811
     spec = make_spec(tmp_path, digits_file, checkpoint={"keep": 1})
     assert run(spec, tmp_path).completed  # only the final checkpoint is kept
-    report = campaign_restart_check(spec, run="control", base_dir=tmp_path,
-                                    out_dir=tmp_path / "out", workdir=tmp_path / "work")
+    report = campaign_restart_check(
+        spec, run="control", base_dir=tmp_path, out_dir=tmp_path / "out", workdir=tmp_path / "work"
+    )
     assert report.identical and report.mode == "fresh"

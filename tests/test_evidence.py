@@ -34,8 +34,9 @@ LEARNS = {"recipe": "mlp", "hidden": [8], "lr": 0.05, "epochs": 4, "batch_size":
 LEARNS_NOTHING = {"lr": 1e-9}
 
 
-def write_table(path: Path, *, n: dict[str, int], flip_test: bool = False, noise: float = 0.0,
-                seed: int = 0) -> str:
+def write_table(
+    path: Path, *, n: dict[str, int], flip_test: bool = False, noise: float = 0.0, seed: int = 0
+) -> str:
     """A two-class table: the label is ``f0 > 0`` (flipped with probability ``noise``; every
     test label flipped with ``flip_test``). Returns the file's sha256."""
     rng = np.random.RandomState(seed)
@@ -54,9 +55,15 @@ def write_table(path: Path, *, n: dict[str, int], flip_test: bool = False, noise
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def campaign(base: Path, *, sha: str, variants: list[dict[str, Any]], rule: dict[str, Any],
-             stop_rules: dict[str, Any] | None = None,
-             control: dict[str, Any] | None = None) -> dict[str, Any]:
+def campaign(
+    base: Path,
+    *,
+    sha: str,
+    variants: list[dict[str, Any]],
+    rule: dict[str, Any],
+    stop_rules: dict[str, Any] | None = None,
+    control: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Train every run of a small campaign for real, then close and seal its output folder."""
     spec_data = {
         "name": "evidence",
@@ -69,8 +76,17 @@ def campaign(base: Path, *, sha: str, variants: list[dict[str, Any]], rule: dict
         "stop_rules": {"require_restart": False, **(stop_rules or {})},
         "calendar": [
             {"name": "control", "kind": "machine", "resource": "gpu", "hours": 2, "run": "control"},
-            *[{"name": v["name"], "kind": "machine", "resource": "gpu", "hours": 1,
-               "run": v["name"], "tier": "useful"} for v in variants],
+            *[
+                {
+                    "name": v["name"],
+                    "kind": "machine",
+                    "resource": "gpu",
+                    "hours": 1,
+                    "run": v["name"],
+                    "tier": "useful",
+                }
+                for v in variants
+            ],
         ],
     }
     (base / "campaign.yaml").write_text(yaml.safe_dump(spec_data, sort_keys=False))
@@ -83,14 +99,20 @@ def campaign(base: Path, *, sha: str, variants: list[dict[str, Any]], rule: dict
     trained = []
     for run in spec.run_names():
         try:
-            train_run(spec, run=run, corpus=corpus, store=LocalStore(out / "checkpoints"),
-                      out_dir=folder.run_dir(spec.run_id(run)))
+            train_run(
+                spec,
+                run=run,
+                corpus=corpus,
+                store=LocalStore(out / "checkpoints"),
+                out_dir=folder.run_dir(spec.run_id(run)),
+            )
         except StopRule as stop:
             folder.append_jsonl("stops.jsonl", stop.to_record())
         trained.append(run)
     analyses = analyse_runs(spec, root=out, corpus=corpus, runs=trained)
-    closed, report = close_folder(spec, root=out, base_dir=base, campaign_id="evidence-0001",
-                                  analyses=analyses)
+    closed, report = close_folder(
+        spec, root=out, base_dir=base, campaign_id="evidence-0001", analyses=analyses
+    )
     seal_folder(spec, root=out, summary=closed.summary("evidence-0001"))
     return {"out": out, "verdict": closed.verdict, "report": report, "spec": spec}
 
@@ -98,10 +120,15 @@ def campaign(base: Path, *, sha: str, variants: list[dict[str, Any]], rule: dict
 def test_the_verdict_follows_val_and_says_when_test_disagrees(tmp_path: Path):
     # Test labels are the opposite of train/val: the control, which learns, is best on val;
     # the variant, which learns nothing, is best on test.
-    sha = write_table(tmp_path / "corpus.csv", n={"train": 200, "val": 100, "test": 100},
-                      flip_test=True)
-    got = campaign(tmp_path, sha=sha, variants=[{"name": "idle", "changes": LEARNS_NOTHING}],
-                   rule={"threshold": 0.3, "min_gain": 0.05})
+    sha = write_table(
+        tmp_path / "corpus.csv", n={"train": 200, "val": 100, "test": 100}, flip_test=True
+    )
+    got = campaign(
+        tmp_path,
+        sha=sha,
+        variants=[{"name": "idle", "changes": LEARNS_NOTHING}],
+        rule={"threshold": 0.3, "min_gain": 0.05},
+    )
     v = got["verdict"]
     assert v.kind == "negative" and v.run == "control"
     assert v.variants["idle"]["val"]["gain"] < 0 < v.variants["idle"]["test"]["gain"] - 0.05
@@ -111,8 +138,12 @@ def test_the_verdict_follows_val_and_says_when_test_disagrees(tmp_path: Path):
 
 def test_a_gain_below_min_gain_is_negative(tmp_path: Path):
     sha = write_table(tmp_path / "corpus.csv", n={"train": 200, "val": 100, "test": 100})
-    got = campaign(tmp_path, sha=sha, variants=[{"name": "seed1", "changes": {"seed": 1}}],
-                   rule={"threshold": 0.5, "min_gain": 0.2})
+    got = campaign(
+        tmp_path,
+        sha=sha,
+        variants=[{"name": "seed1", "changes": {"seed": 1}}],
+        rule={"threshold": 0.5, "min_gain": 0.2},
+    )
     v = got["verdict"]
     assert (v.kind, v.run) == ("negative", "control")
     assert abs(v.variants["seed1"]["val"]["gain"]) < 0.2
@@ -123,9 +154,13 @@ def test_an_unreachable_threshold_without_the_stop_is_negative_and_the_folder_ve
     tmp_path: Path,
 ):
     sha = write_table(tmp_path / "corpus.csv", n={"train": 200, "val": 60, "test": 60})
-    got = campaign(tmp_path, sha=sha, variants=[{"name": "wide", "changes": {"hidden": [16]}}],
-                   rule={"threshold": 1.01, "min_gain": 0.0},
-                   stop_rules={"below_threshold": False})
+    got = campaign(
+        tmp_path,
+        sha=sha,
+        variants=[{"name": "wide", "changes": {"hidden": [16]}}],
+        rule={"threshold": 1.01, "min_gain": 0.0},
+        stop_rules={"below_threshold": False},
+    )
     v = got["verdict"]
     assert (v.kind, v.run) == ("negative", None)
     assert "no variant meets the threshold on val, and neither does the control" in v.text
@@ -138,7 +173,10 @@ def test_an_unreachable_threshold_without_the_stop_is_negative_and_the_folder_ve
     summary = json.loads(CliRunner().invoke(app, ["report", str(got["out"]), "--json"]).output)
     verdict = summary["verdict"]
     assert (verdict["kind"], verdict["select_split"], verdict["report_split"]) == (
-        "negative", "val", "test")
+        "negative",
+        "val",
+        "test",
+    )
     for split in ("val", "test"):
         entry = verdict["variants"]["wide"][split]
         low, high = entry["gain_ci95"]
@@ -148,11 +186,16 @@ def test_an_unreachable_threshold_without_the_stop_is_negative_and_the_folder_ve
 def test_a_straddling_interval_is_inconclusive_with_the_evidence_needed(tmp_path: Path):
     # Noisy labels and a small test split: the variant learns, the control does not; the
     # gain on test is real but its interval is wide.
-    sha = write_table(tmp_path / "corpus.csv", n={"train": 300, "val": 300, "test": 40},
-                      noise=0.3, seed=3)
-    got = campaign(tmp_path, sha=sha,
-                   variants=[{"name": "learns", "changes": {"lr": 0.05}}],
-                   rule={"threshold": 0.3, "min_gain": 0.1}, control=LEARNS_NOTHING)
+    sha = write_table(
+        tmp_path / "corpus.csv", n={"train": 300, "val": 300, "test": 40}, noise=0.3, seed=3
+    )
+    got = campaign(
+        tmp_path,
+        sha=sha,
+        variants=[{"name": "learns", "changes": {"lr": 0.05}}],
+        rule={"threshold": 0.3, "min_gain": 0.1},
+        control=LEARNS_NOTHING,
+    )
     v = got["verdict"]
     assert (v.kind, v.run) == ("inconclusive", "learns"), v.text
     low, high = v.variants["learns"]["test"]["gain_ci95"]
@@ -165,8 +208,12 @@ def test_a_straddling_interval_is_inconclusive_with_the_evidence_needed(tmp_path
 # --- the bootstrap itself ----------------------------------------------------------------------
 def _preds(correct: list[bool]) -> Predictions:
     n = len(correct)
-    return Predictions(tuple(f"r{i}" for i in range(n)), (1,) * n,
-                       tuple(1 if c else 0 for c in correct), (0.9,) * n)
+    return Predictions(
+        tuple(f"r{i}" for i in range(n)),
+        (1,) * n,
+        tuple(1 if c else 0 for c in correct),
+        (0.9,) * n,
+    )
 
 
 def test_paired_bootstrap_is_seeded_and_exact_for_a_copy():
@@ -193,9 +240,13 @@ def test_evidence_needed_scales_with_the_square_of_the_ratio(n: int, reps: int):
 
 def test_seed_replicates_run_as_their_own_runs_and_the_verdict_uses_them(tmp_path: Path):
     sha = write_table(tmp_path / "corpus.csv", n={"train": 200, "val": 80, "test": 80})
-    got = campaign(tmp_path, sha=sha,
-                   variants=[{"name": "wide", "changes": {"hidden": [16]}, "seeds": [0, 1]}],
-                   rule={"threshold": 0.3, "min_gain": 0.05}, control={"seeds": [0, 1]})
+    got = campaign(
+        tmp_path,
+        sha=sha,
+        variants=[{"name": "wide", "changes": {"hidden": [16]}, "seeds": [0, 1]}],
+        rule={"threshold": 0.3, "min_gain": 0.05},
+        control={"seeds": [0, 1]},
+    )
     spec, v = got["spec"], got["verdict"]
     assert spec.run_names() == ["control", "control.s1", "wide", "wide.s1"]
     assert spec.run_config("wide.s1").seed == 1 and spec.run_config("wide").hidden == (16,)
@@ -214,13 +265,27 @@ def _pilots(base: Path, *, variants: list[dict[str, Any]], steps: int = 6) -> tu
 
     sha = write_table(base / "corpus.csv", n={"train": 200, "val": 60, "test": 60})
     data = {
-        "name": "pilots", "packages": [{"gpu": "rtx4090", "days": 3}],
-        "corpus": {"path": "corpus.csv", "sha256": sha}, "control": LEARNS, "variants": variants,
-        "decision_rule": {"metric": "accuracy", "threshold": 0.5}, "pilot": {"steps": steps},
-        "calendar": [{"name": "control", "kind": "machine", "resource": "gpu", "hours": 2,
-                      "run": "control"}]
-        + [{"name": v["name"], "kind": "machine", "resource": "gpu", "hours": 1,
-            "run": v["name"], "tier": v.get("tier", "useful")} for v in variants],
+        "name": "pilots",
+        "packages": [{"gpu": "rtx4090", "days": 3}],
+        "corpus": {"path": "corpus.csv", "sha256": sha},
+        "control": LEARNS,
+        "variants": variants,
+        "decision_rule": {"metric": "accuracy", "threshold": 0.5},
+        "pilot": {"steps": steps},
+        "calendar": [
+            {"name": "control", "kind": "machine", "resource": "gpu", "hours": 2, "run": "control"}
+        ]
+        + [
+            {
+                "name": v["name"],
+                "kind": "machine",
+                "resource": "gpu",
+                "hours": 1,
+                "run": v["name"],
+                "tier": v.get("tier", "useful"),
+            }
+            for v in variants
+        ],
     }
     (base / "campaign.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     spec = load_spec(base / "campaign.yaml")
@@ -229,8 +294,14 @@ def _pilots(base: Path, *, variants: list[dict[str, Any]], steps: int = 6) -> tu
     measured = {}
     for run in spec.run_names():
         rdir = folder.run_dir(spec.run_id(run))
-        result = train_run(spec, run=run, corpus=corpus, store=LocalStore(base / "out" / "ckpt"),
-                           out_dir=rdir, stop_after_steps=steps)
+        result = train_run(
+            spec,
+            run=run,
+            corpus=corpus,
+            store=LocalStore(base / "out" / "ckpt"),
+            out_dir=rdir,
+            stop_after_steps=steps,
+        )
         losses = early_losses(read_metrics(rdir / "metrics.jsonl"), steps=steps)
         measured[run] = pilot_measures(spec, run=run, result=result, n_train=200, losses=losses)
     return spec, measured
@@ -240,10 +311,13 @@ def test_a_copy_of_the_control_in_effect_is_flagged_low_information(tmp_path: Pa
     from gpucampaign.decision import decide_after_pilot, decision_markdown
 
     # A cap of 10^6 steps never binds: the variant trains exactly as the control does.
-    spec, measured = _pilots(tmp_path, variants=[
-        {"name": "same", "changes": {"max_steps": 1000000}},
-        {"name": "faster", "changes": {"lr": 0.2}},
-    ])
+    spec, measured = _pilots(
+        tmp_path,
+        variants=[
+            {"name": "same", "changes": {"max_steps": 1000000}},
+            {"name": "faster", "changes": {"lr": 0.2}},
+        ],
+    )
     assert len(measured["same"]["early_losses"]) == 6
     refo = decide_after_pilot(spec, catalog=None, pilot=measured, pilot_stops=[])
     d = refo.decision
@@ -260,16 +334,20 @@ def test_an_optional_run_whose_pilot_tripped_a_stop_is_dropped_and_the_form_offe
 ):
     from gpucampaign.decision import decide_after_pilot, decision_form
 
-    spec, measured = _pilots(tmp_path, variants=[
-        {"name": "wide", "changes": {"hidden": [16]}},
-        {"name": "odd", "changes": {"lr": 0.3}, "tier": "exploratory"},
-    ])
+    spec, measured = _pilots(
+        tmp_path,
+        variants=[
+            {"name": "wide", "changes": {"hidden": [16]}},
+            {"name": "odd", "changes": {"lr": 0.3}, "tier": "exploratory"},
+        ],
+    )
     stop = {"stop_id": "stop-x", "rule": "non_finite_loss", "run": "odd", "reason": "nan at 3"}
     d = decide_after_pilot(spec, catalog=None, pilot=measured, pilot_stops=[stop]).decision
     assert (d.action, d.dropped_runs, d.dropped_steps) == ("reduce", ["odd"], ["odd"])
     assert d.inputs["low_information"] == []  # a wider layer learns differently from step 1
     assert "its pilot tripped non_finite_loss (nan at 3), so it cannot change the choice" in (
-        "; ".join(d.reasons))
+        "; ".join(d.reasons)
+    )
 
     form = decision_form(spec, auto=d)
     filled = form()

@@ -38,13 +38,17 @@ def _expense(out: Path, *args: str):
 
 def test_an_expense_is_recorded_and_the_report_recomputes_the_budget(out: Path, closed: dict):
     spent = closed["budget"]["spent_usd"]
-    res = _expense(out, "--usd", "12.5", "--what", "egress of the checkpoints",
-                   "--order-ref", "INV-2026-001")
+    res = _expense(
+        out, "--usd", "12.5", "--what", "egress of the checkpoints", "--order-ref", "INV-2026-001"
+    )
     assert res.exit_code == 0, res.output
     assert "12.50 USD" in res.output and "INV-2026-001" in res.output
     (entry,) = read_ledger(out)
-    assert (entry.usd, entry.what, entry.order_ref) == (12.5, "egress of the checkpoints",
-                                                        "INV-2026-001")
+    assert (entry.usd, entry.what, entry.order_ref) == (
+        12.5,
+        "egress of the checkpoints",
+        "INV-2026-001",
+    )
     summary = json.loads(runner.invoke(app, ["report", str(out), "--json"]).output)
     assert summary["spent_usd"] == pytest.approx(spent + 12.5)
     assert summary["rental_usd"] == closed["budget"]["rental_usd"]  # kept apart from the rental
@@ -58,8 +62,9 @@ def test_the_close_counts_the_ledger(out: Path, closed: dict):
     _expense(out, "--usd", "30", "--what", "a second lot bought mid-campaign")
     spec = closed["spec"]
     src = Path(closed["out"]).parent / "src"
-    closed2, _ = close_folder(spec, root=out, base_dir=src, campaign_id="closing-test-0001",
-                              analyses={})
+    closed2, _ = close_folder(
+        spec, root=out, base_dir=src, campaign_id="closing-test-0001", analyses={}
+    )
     names = [e["name"] for e in closed2.budget["expenses"]]
     assert "a second lot bought mid-campaign" in names
     assert closed2.budget["spent_usd"] == pytest.approx(closed["budget"]["spent_usd"] + 30)
@@ -80,13 +85,16 @@ def test_verify_accepts_the_ledgers_growth_only_with_its_sealed_part_intact(out:
     assert "ledger.jsonl" in {p.path for p in report.problems}
 
 
-@pytest.mark.parametrize(("args", "option"), [
-    (["--usd", "-3", "--what", "x"], "--usd"),
-    (["--usd", "abc", "--what", "x"], "--usd"),
-    (["--usd", "3", "--what", "  "], "--what"),
-    (["--usd", "3", "--what", "x", "--order-ref", "../../etc"], "--order-ref"),
-    (["--what", "x"], "--usd"),
-])
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--usd", "-3", "--what", "x"], "--usd"),
+        (["--usd", "abc", "--what", "x"], "--usd"),
+        (["--usd", "3", "--what", "  "], "--what"),
+        (["--usd", "3", "--what", "x", "--order-ref", "../../etc"], "--order-ref"),
+        (["--what", "x"], "--usd"),
+    ],
+)
 def test_bad_input_exits_2_naming_the_option_and_changes_nothing(out: Path, args, option):
     res = _expense(out, *args)
     assert res.exit_code == 2 and option in res.output, res.output
@@ -99,7 +107,10 @@ def test_an_expense_needs_an_output_folder(tmp_path: Path):
 
 
 def test_the_budget_lists_each_lot_with_its_order_reference():
-    budget = close_budget([Package(gpu="rtx4090", days=3, price_usd=47.14, order_ref="ORD-77")],
-                          expenses=[{"name": "egress", "usd": 2.0, "note": ""}], unit=None)
+    budget = close_budget(
+        [Package(gpu="rtx4090", days=3, price_usd=47.14, order_ref="ORD-77")],
+        expenses=[{"name": "egress", "usd": 2.0, "note": ""}],
+        unit=None,
+    )
     md = render_budget_md(budget)
     assert "order ORD-77" in md and "egress: 2.00 USD" in md and budget["spent_usd"] == 49.14

@@ -20,7 +20,9 @@ def _valid_png(path: Path) -> None:
 
 def test_curves(tmp_path: Path):
     runs = {
-        "control": [{"step": s, "loss": 2.0 / s, "val_accuracy": 0.5 + s / 100} for s in range(1, 11)],
+        "control": [
+            {"step": s, "loss": 2.0 / s, "val_accuracy": 0.5 + s / 100} for s in range(1, 11)
+        ],
         "wide": [{"step": s, "loss": 1.8 / s, "train_loss": 1.9 / s} for s in range(1, 11)],
     }
     _valid_png(plot_curves(runs, tmp_path / "figures" / "curves.png"))
@@ -36,7 +38,9 @@ def test_curves_from_metrics_jsonl_rows(tmp_path: Path):
         {"kind": "train", "step": 2, "loss": float("nan"), "lr": 0.1, "step_s": 0.004},
     ]
     assert _series(rows, x="step") == {
-        "train loss": [(1.0, 2.3)], "val loss": [(1.0, 2.1)], "val accuracy": [(1.0, 0.3)],
+        "train loss": [(1.0, 2.3)],
+        "val loss": [(1.0, 2.1)],
+        "val accuracy": [(1.0, 0.3)],
     }
     _valid_png(plot_curves({"control": rows}, tmp_path / "rows.png"))
 

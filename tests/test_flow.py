@@ -52,11 +52,17 @@ def run_flow(spec: Any, out: Path, **kw: Any):
     """The campaign flow on a spec file (a Path) or a spec object."""
     from flows.campaign import campaign
 
-    return campaign(spec=str(spec) if isinstance(spec, Path) else spec, out=str(out), return_state=True, **kw)
+    return campaign(
+        spec=str(spec) if isinstance(spec, Path) else spec, out=str(out), return_state=True, **kw
+    )
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if path.exists()
+        else []
+    )
 
 
 def _t(s: str) -> datetime:
@@ -65,7 +71,11 @@ def _t(s: str) -> datetime:
 
 def gpu_overlaps(timeline: list[dict[str, Any]]) -> list[tuple[str, str]]:
     rows = sorted((r for r in timeline if r["phase"] in GPU_PHASES), key=lambda r: r["start"])
-    return [(a["step"], b["step"]) for a, b in zip(rows, rows[1:], strict=False) if _t(b["start"]) < _t(a["end"])]
+    return [
+        (a["step"], b["step"])
+        for a, b in zip(rows, rows[1:], strict=False)
+        if _t(b["start"]) < _t(a["end"])
+    ]
 
 
 def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness, tmp_path):
@@ -86,8 +96,17 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     assert "[95% CI " in verdict["text"]
     assert summary["spent_usd"] == 47.14
 
-    for name in ("plan.json", "report.md", "report.html", "manifest.json", "RELOAD.md", "restart.json",
-                 "figures/calendar.png", "figures/curves.png", "figures/confusion.png"):
+    for name in (
+        "plan.json",
+        "report.md",
+        "report.html",
+        "manifest.json",
+        "RELOAD.md",
+        "restart.json",
+        "figures/calendar.png",
+        "figures/curves.png",
+        "figures/confusion.png",
+    ):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     assert verify_output(out, reload=True).verified
     assert json.loads((out / "restart.json").read_text())["identical"] is True
@@ -103,10 +122,20 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     # One GPU slot: the pilot, the four runs and the restart check never overlap, and the
     # essential work comes first: the control, its restart check, then useful, then exploratory.
     assert gpu_overlaps(timeline) == []
-    order = [(r["phase"], r["run"]) for r in sorted(timeline, key=lambda r: r["start"]) if r["phase"] in GPU_PHASES]
+    order = [
+        (r["phase"], r["run"])
+        for r in sorted(timeline, key=lambda r: r["start"])
+        if r["phase"] in GPU_PHASES
+    ]
     # Every run is piloted first (essential, useful, exploratory), each re-forecast on its own.
-    assert order[:6] == [("pilot", "control"), ("pilot", "lr-high"), ("pilot", "bf16"), ("pilot", "short"),
-                         ("train", "control"), ("restart", "control")]
+    assert order[:6] == [
+        ("pilot", "control"),
+        ("pilot", "lr-high"),
+        ("pilot", "bf16"),
+        ("pilot", "short"),
+        ("train", "control"),
+        ("restart", "control"),
+    ]
     assert order[-1] == ("train", "short") and {run for _, run in order[6:8]} == {"lr-high", "bf16"}
     pilots = json.loads((out / "pilot.json").read_text())
     assert set(pilots) == {"control", "lr-high", "bf16", "short"}
@@ -118,7 +147,9 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     state2 = run_flow(spec, out)
     assert state2.is_completed(), state2.message
     new_rows = timeline_rows(out)[n_rows:]
-    assert [r for r in new_rows if r.get("steps", 0) > 0 or r["phase"] in {"pilot", "restart", "decide"}] == []
+    assert [
+        r for r in new_rows if r.get("steps", 0) > 0 or r["phase"] in {"pilot", "restart", "decide"}
+    ] == []
     assert len(jsonl(out / "decisions.jsonl")) == n_decisions
     assert (out / "plan.json").read_bytes() == plan_before
     assert verify_output(out, reload=False).verified
@@ -136,21 +167,48 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     assert "no_usable_restart" in failed.message and "no run" in failed.message
 
 
-def test_optional_stop_is_recorded_and_reduce_drops_the_exploratory_variant(prefect_harness, tmp_path):
+def test_optional_stop_is_recorded_and_reduce_drops_the_exploratory_variant(
+    prefect_harness, tmp_path
+):
     def edit(data: dict[str, Any]) -> None:
         data["variants"] = [
-            {"name": "boom", "tier": "useful", "changes": {"optimizer": "sgd", "lr": 1.0e6}, "combined": True,
-             "hypothesis": "diverges"},
-            # Re-forecast from the pilot's step time, 10^8 epochs need far more than the 72 h window.
-            {"name": "long", "tier": "exploratory", "changes": {"epochs": 100_000_000}, "hypothesis": "longer"},
+            {
+                "name": "boom",
+                "tier": "useful",
+                "changes": {"optimizer": "sgd", "lr": 1.0e6},
+                "combined": True,
+                "hypothesis": "diverges",
+            },
+            # Re-forecast from the pilot's step time, 10^8 epochs need far more than the 72 h
+            # window.
+            {
+                "name": "long",
+                "tier": "exploratory",
+                "changes": {"epochs": 100_000_000},
+                "hypothesis": "longer",
+            },
         ]
         cal = [s for s in data["calendar"] if s.get("run") not in ("lr-high", "bf16", "short")]
         i = next(k for k, s in enumerate(cal) if s["name"] == "train-control")
-        cal[i + 1:i + 1] = [
-            {"name": "train-boom", "kind": "machine", "resource": "gpu", "hours": 0.1,
-             "after": ["train-control"], "tier": "useful", "run": "boom"},
-            {"name": "train-long", "kind": "machine", "resource": "gpu", "hours": 0.1,
-             "after": ["train-control"], "tier": "exploratory", "run": "long"},
+        cal[i + 1 : i + 1] = [
+            {
+                "name": "train-boom",
+                "kind": "machine",
+                "resource": "gpu",
+                "hours": 0.1,
+                "after": ["train-control"],
+                "tier": "useful",
+                "run": "boom",
+            },
+            {
+                "name": "train-long",
+                "kind": "machine",
+                "resource": "gpu",
+                "hours": 0.1,
+                "after": ["train-control"],
+                "tier": "exploratory",
+                "run": "long",
+            },
         ]
         data["calendar"] = cal
 
@@ -163,7 +221,9 @@ def test_optional_stop_is_recorded_and_reduce_drops_the_exploratory_variant(pref
     # 'boom' diverges in its pilot already: it cannot change the choice, so it is dropped too.
     assert decision["action"] == "reduce" and decision["dropped_runs"] == ["boom", "long"]
     assert decision["dropped_steps"] == ["train-boom", "train-long"]
-    assert any("'boom' is dropped: its pilot tripped non_finite_loss" in r for r in decision["reasons"])
+    assert any(
+        "'boom' is dropped: its pilot tripped non_finite_loss" in r for r in decision["reasons"]
+    )
 
     stops = jsonl(out / "stops.jsonl")
     assert [(s["run"], s["rule"]) for s in stops] == [("boom", "non_finite_loss")]
@@ -176,8 +236,15 @@ def test_optional_stop_is_recorded_and_reduce_drops_the_exploratory_variant(pref
 
 
 def test_essential_stop_fails_the_flow_after_writing_a_complete_folder(prefect_harness, tmp_path):
-    spec = tiny_campaign(tmp_path, stop_rules={"non_finite_loss": True, "below_threshold": True,
-                                               "quality_floor": 0.9999, "require_restart": True})
+    spec = tiny_campaign(
+        tmp_path,
+        stop_rules={
+            "non_finite_loss": True,
+            "below_threshold": True,
+            "quality_floor": 0.9999,
+            "require_restart": True,
+        },
+    )
     out = tmp_path / "out"
     state = run_flow(spec, out)
     assert state.is_failed()
@@ -198,8 +265,13 @@ def timeline_rows(out: Path) -> list[dict[str, Any]]:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).parent / "campaign"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "campaign"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_campaign_run_cli_exit_codes(tmp_path):
@@ -240,8 +312,11 @@ def _paused_run_of(out: Path, timeout_s: float = 240) -> Any:
     deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
-            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED]))))
+            runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED]))
+                )
+            )
             for fr in runs:
                 if fr.parameters.get("out") == str(out):
                     return fr
@@ -250,7 +325,8 @@ def _paused_run_of(out: Path, timeout_s: float = 240) -> Any:
 
 
 def test_ask_mode_takes_a_persons_answer_from_the_ui(prefect_harness, tmp_path):
-    """Mode 'ask': the flow pauses for the form; the answer (drop 'short') is applied and recorded."""
+    """Mode 'ask': the flow pauses for the form; the answer (drop 'short') is applied and
+    recorded."""
     from concurrent.futures import ThreadPoolExecutor
 
     from prefect.flow_runs import resume_flow_run
@@ -260,14 +336,20 @@ def test_ask_mode_takes_a_persons_answer_from_the_ui(prefect_harness, tmp_path):
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(run_flow, spec, out)
         paused = _paused_run_of(out)
-        resume_flow_run(paused.id, run_input={"action": "reduce", "drop": ["short"], "note": "no time to read it"})
+        resume_flow_run(
+            paused.id,
+            run_input={"action": "reduce", "drop": ["short"], "note": "no time to read it"},
+        )
         state = running.result(timeout=600)
     assert state.is_completed(), state.message
     record = jsonl(out / "decisions.jsonl")[-1]
     assert record["decision"]["action"] == "reduce" and record["decision"]["by"] == "person"
     assert record["decision"]["dropped_runs"] == ["short"]
     assert any("no time to read it" in r for r in record["decision"]["reasons"])
-    status = {v["run"]: v["status"] for v in json.loads((out / "manifest.json").read_text())["runs"].values()}
+    status = {
+        v["run"]: v["status"]
+        for v in json.loads((out / "manifest.json").read_text())["runs"].values()
+    }
     assert status["short"] == "dropped" and status["control"] == "completed"
     decide = [r for r in timeline_rows(out) if r["phase"] == "decide"]
     assert [r["kind"] for r in decide] == ["human"]
@@ -284,8 +366,10 @@ def test_ask_mode_falls_back_to_the_automatic_choice_after_the_timeout(prefect_h
 
 
 def max_concurrent(timeline: list[dict[str, Any]]) -> int:
-    events = sorted([(_t(r["start"]), 1) for r in timeline if r["phase"] in GPU_PHASES]
-                    + [(_t(r["end"]), -1) for r in timeline if r["phase"] in GPU_PHASES])
+    events = sorted(
+        [(_t(r["start"]), 1) for r in timeline if r["phase"] in GPU_PHASES]
+        + [(_t(r["end"]), -1) for r in timeline if r["phase"] in GPU_PHASES]
+    )
     level = peak = 0
     for _, delta in events:
         level += delta
@@ -317,8 +401,13 @@ def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp
     corpus = load_spec_corpus(cs, base_dir=spec.parent)
     for run in cs.run_names():
         rid = cs.run_id(run)
-        alone = train_run(cs, run=run, corpus=corpus, store=LocalStore(tmp_path / "alone" / "ck"),
-                          out_dir=tmp_path / "alone" / rid)
+        alone = train_run(
+            cs,
+            run=run,
+            corpus=corpus,
+            store=LocalStore(tmp_path / "alone" / "ck"),
+            out_dir=tmp_path / "alone" / rid,
+        )
         recorded = json.loads((out / "runs" / rid / "result.json").read_text())
         assert recorded["metrics"] == alone.metrics, run
 
@@ -339,13 +428,22 @@ def test_a_killed_campaign_resumes_from_its_last_good_checkpoint(tmp_path):
     spec = tiny_campaign(tmp_path, edit=edit)
     out = tmp_path / "out"
     campaign_bin = str(Path(sys.executable).parent / "campaign")
-    proc = subprocess.Popen([campaign_bin, "run", str(spec), "--out", str(out)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [campaign_bin, "run", str(spec), "--out", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
-            # A checkpoint counts once LATEST points to it (a step folder alone may be half-written).
-            latest = [json.loads(p.read_text())["step"] for p in (out / "checkpoints").glob("control-*/LATEST")]
+            # A checkpoint counts once LATEST points to it (a step folder alone may be
+            # half-written).
+            latest = [
+                json.loads(p.read_text())["step"]
+                for p in (out / "checkpoints").glob("control-*/LATEST")
+            ]
             if latest and latest[0] >= 400:
                 break
             time.sleep(0.2)

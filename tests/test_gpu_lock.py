@@ -32,7 +32,9 @@ def _limit(name: str):
 
 def _set_active(name: str, active: int) -> None:
     with get_client(sync_client=True) as client:
-        client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=active))
+        client.update_global_concurrency_limit(
+            name, GlobalConcurrencyLimitUpdate(active_slots=active)
+        )
 
 
 def _run_threads(*targets) -> list[BaseException]:
@@ -196,8 +198,12 @@ def test_slot_of_a_dead_stamped_flow_run_is_cleared():
     flow_name = _name("dead-flow")
     ensure_gpu_limit(name, 1, clear_stale=False)
     _set_active(name, 1)
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     dead_pid = int(gone.stdout)
 
     @flow(name=flow_name)
@@ -206,7 +212,9 @@ def test_slot_of_a_dead_stamped_flow_run_is_cleared():
 
     with get_client(sync_client=True) as client:
         run = client.create_flow_run(orphan, state=Running())
-        client.update_flow_run(run.id, infrastructure_pid=f"{_STAMP}:{socket.gethostname()}:{dead_pid}")
+        client.update_flow_run(
+            run.id, infrastructure_pid=f"{_STAMP}:{socket.gethostname()}:{dead_pid}"
+        )
     note = ensure_gpu_limit(name, 1, clear_stale=True, flow_names=(flow_name,))
     assert "cleared 1 stale slot" in note
     assert _limit(name).active_slots == 0
@@ -216,7 +224,9 @@ def test_embedded_api_tells_own_server_from_shared_one():
     assert embedded_api() is False  # the harness server is reached through PREFECT_API_URL
     probe = subprocess.run(
         [sys.executable, "-c", "from tasks.gpu_lock import embedded_api; print(embedded_api())"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
         env={k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
     )
     assert probe.stdout.strip().splitlines()[-1] == "True"

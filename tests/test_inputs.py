@@ -33,7 +33,8 @@ def _campaign(src: Path, digits: tuple[Path, str]) -> Path:
     (src / "prices").mkdir()
     (src / "prices" / "mycatalog.yaml").write_text(CATALOG)
     spec = {
-        "name": "moved", "catalog": "prices/mycatalog.yaml",
+        "name": "moved",
+        "catalog": "prices/mycatalog.yaml",
         "packages": [{"gpu": "h100", "days": 3}],
         "calendar": [{"name": "prep", "kind": "human", "hours": 1}],
         "corpus": {"path": "data/digits.csv", "sha256": digits[1]},
@@ -45,7 +46,8 @@ def _campaign(src: Path, digits: tuple[Path, str]) -> Path:
 
 
 def test_a_moved_folder_resolves_its_catalog_and_corpus_for_the_scheduled_check(
-    tmp_path: Path, digits_file: tuple[Path, str]  # noqa: F811
+    tmp_path: Path,
+    digits_file: tuple[Path, str],  # noqa: F811
 ) -> None:
     spec_file = _campaign(tmp_path / "src", digits_file)
     spec = load_spec(spec_file)
@@ -58,8 +60,13 @@ def test_a_moved_folder_resolves_its_catalog_and_corpus_for_the_scheduled_check(
     assert json.loads((out / INPUTS).read_text()) == kept
     corpus = load_corpus(spec_file.parent / "data" / "digits.csv", corpus_spec=spec.corpus)
     rid = spec.run_id("control")
-    train_run(spec, run="control", corpus=corpus, store=LocalStore(out / "checkpoints"),
-              out_dir=out / "runs" / rid)
+    train_run(
+        spec,
+        run="control",
+        corpus=corpus,
+        store=LocalStore(out / "checkpoints"),
+        out_dir=out / "runs" / rid,
+    )
 
     moved = tmp_path / "elsewhere" / "out"
     shutil.copytree(out, moved)
@@ -73,12 +80,14 @@ def test_a_moved_folder_resolves_its_catalog_and_corpus_for_the_scheduled_check(
 
 
 def test_a_catalog_path_on_a_record_name_is_refused(
-    tmp_path: Path, digits_file: tuple[Path, str]  # noqa: F811
+    tmp_path: Path,
+    digits_file: tuple[Path, str],  # noqa: F811
 ) -> None:
     spec_file = _campaign(tmp_path / "src", digits_file)
     (spec_file.parent / "runs").mkdir()
-    shutil.copyfile(spec_file.parent / "prices" / "mycatalog.yaml",
-                    spec_file.parent / "runs" / "c.yaml")
+    shutil.copyfile(
+        spec_file.parent / "prices" / "mycatalog.yaml", spec_file.parent / "runs" / "c.yaml"
+    )
     text = spec_file.read_text().replace("prices/mycatalog.yaml", "runs/c.yaml")
     spec_file.write_text(text)
     with pytest.raises(SpecError, match="name the output folder uses"):

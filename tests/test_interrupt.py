@@ -38,7 +38,10 @@ def test_interrupted_keeps_its_reason_step_and_exit_code_through_pickle():
     assert (back.reason, back.step, str(back)) == ("SIGTERM", 42, str(exc))
     assert "step 42" in str(exc)
     assert (Interrupted("SIGINT").exit_code, back.exit_code, Interrupted("other").exit_code) == (
-        130, 143, 1)
+        130,
+        143,
+        1,
+    )
 
 
 def test_a_stop_request_keeps_its_first_reason_and_stops_work_not_started():
@@ -84,19 +87,22 @@ def test_a_stop_saves_the_step_reached_and_the_rerun_resumes_identically(tmp_pat
     step = err.value.step
     assert err.value.reason == "SIGINT" and step is not None and 7 <= step < 20
     assert saved[-1] == step  # the heartbeat callback saw the stop's checkpoint
-    latest = json.loads((tmp_path / "out" / "checkpoints" / spec.run_id("control") / "LATEST")
-                        .read_text())
+    latest = json.loads(
+        (tmp_path / "out" / "checkpoints" / spec.run_id("control") / "LATEST").read_text()
+    )
     assert latest["step"] == step
     rows = read_metrics(run_dir(spec, tmp_path) / "metrics.jsonl")
     assert {"kind": "interrupt", "step": step, "reason": "SIGINT"} in [
-        {k: r.get(k) for k in ("kind", "step", "reason")} for r in rows]
+        {k: r.get(k) for k in ("kind", "step", "reason")} for r in rows
+    ]
 
     interrupt.clear_stop()
     res = run(spec, tmp_path)
     assert res.completed and res.resumed_from_step == step
     assert res.metrics == alone.metrics
     assert train_losses(run_dir(spec, tmp_path) / "metrics.jsonl") == train_losses(
-        run_dir(spec, tmp_path, out="alone") / "metrics.jsonl")
+        run_dir(spec, tmp_path, out="alone") / "metrics.jsonl"
+    )
 
 
 # --- a real `campaign run` in a terminal-like process group ------------------------------------
@@ -120,15 +126,21 @@ def _trained_steps(out: Path) -> int:
 def _session_alive(sid: int) -> list[str]:
     """Processes (other than zombies) still in session ``sid``."""
     ps = subprocess.run(["ps", "-eo", "sid=,stat=,pid=,args="], capture_output=True, text=True)
-    return [line for line in ps.stdout.splitlines()
-            if line.split()[0] == str(sid) and not line.split()[1].startswith("Z")]
+    return [
+        line
+        for line in ps.stdout.splitlines()
+        if line.split()[0] == str(sid) and not line.split()[1].startswith("Z")
+    ]
 
 
 def _server_sessions(pid: int) -> list[int]:
     """Session IDs of the uvicorn processes whose parent is ``pid``."""
     ps = subprocess.run(["ps", "-eo", "ppid=,sid=,args="], capture_output=True, text=True)
-    return [int(line.split()[1]) for line in ps.stdout.splitlines()
-            if line.split()[0] == str(pid) and "uvicorn" in line]
+    return [
+        int(line.split()[1])
+        for line in ps.stdout.splitlines()
+        if line.split()[0] == str(pid) and "uvicorn" in line
+    ]
 
 
 @pytest.mark.slow
@@ -138,9 +150,14 @@ def test_a_signalled_campaign_saves_stops_and_resumes(tmp_path, sig, code):
     spec, out = _long_campaign(tmp_path), tmp_path / "out"
     campaign_bin = str(Path(sys.executable).parent / "campaign")
     # A session of its own, like a terminal's foreground group: the signal goes to the group.
-    proc = subprocess.Popen([campaign_bin, "run", str(spec), "--out", str(out)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [campaign_bin, "run", str(spec), "--out", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     servers: list[int] = []
     try:
         deadline = time.monotonic() + 300
@@ -171,8 +188,13 @@ def test_a_signalled_campaign_saves_stops_and_resumes(tmp_path, sig, code):
     assert cut[-1].checkpoint_step == latest["step"] and cut[-1].end is not None
     assert not (out / "manifest.json").exists()
 
-    rerun = subprocess.run([campaign_bin, "run", str(spec), "--out", str(out)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=600)
+    rerun = subprocess.run(
+        [campaign_bin, "run", str(spec), "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-3000:]
     result = json.loads(next((out / "runs").glob("control-*/result.json")).read_text())
     assert result["completed"] and result["resumed_from_step"] == latest["step"]

@@ -30,7 +30,9 @@ def test_no_library_module_imports_prefect() -> None:
     modules = sorted(SRC.rglob("*.py"))
     assert len(modules) > 10
     offenders = {
-        str(p.relative_to(SRC)): sorted(m for m in _imported_modules(p) if m.split(".")[0] == "prefect")
+        str(p.relative_to(SRC)): sorted(
+            m for m in _imported_modules(p) if m.split(".")[0] == "prefect"
+        )
         for p in modules
     }
     assert {k: v for k, v in offenders.items() if v} == {}
@@ -38,8 +40,11 @@ def test_no_library_module_imports_prefect() -> None:
 
 @pytest.mark.process
 def test_importing_the_whole_library_loads_no_prefect() -> None:
-    names = [p.relative_to(SRC.parent).with_suffix("").as_posix().replace("/", ".")
-             for p in SRC.rglob("*.py") if p.name != "__main__.py"]
+    names = [
+        p.relative_to(SRC.parent).with_suffix("").as_posix().replace("/", ".")
+        for p in SRC.rglob("*.py")
+        if p.name != "__main__.py"
+    ]
     code = (
         "import importlib, sys\n"
         f"for n in {names!r}:\n"
@@ -53,8 +58,22 @@ def test_importing_the_whole_library_loads_no_prefect() -> None:
 
 def test_run_without_the_flows_says_what_is_missing(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(_runner, "__file__", str(tmp_path / "site-packages" / "gpucampaign" / "x.py"))
+    monkeypatch.setattr(
+        _runner, "__file__", str(tmp_path / "site-packages" / "gpucampaign" / "x.py")
+    )
     with pytest.raises(SpecError) as err:
         _runner.find_checkout()
     message = str(err.value)
     assert "flows/" in message and "prefect deployment run campaign/main" in message
+
+
+def test_ruff_passes_with_its_line_length() -> None:
+    ruff = Path(sys.executable).parent / "ruff"
+    if not ruff.is_file():
+        pytest.skip("ruff is not installed beside this Python (pip install -e '.[dev]')")
+    root = SRC.parents[1]
+    folders = ["src", "tasks", "flows", "tests", "bench", "infra"]
+    out = subprocess.run(
+        [str(ruff), "check", *folders], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout[-3000:]

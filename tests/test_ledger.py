@@ -20,18 +20,23 @@ def test_expenses_append_in_order_and_read_back(out) -> None:
     add_expense(out, usd=47.14, what="a second 3-day lot")
     rows = read_ledger(out)
     assert [(r.usd, r.what, r.order_ref) for r in rows] == [
-        (12.5, "egress of the checkpoints", "ITG-2026-0042"), (47.14, "a second 3-day lot", None)]
+        (12.5, "egress of the checkpoints", "ITG-2026-0042"),
+        (47.14, "a second 3-day lot", None),
+    ]
     assert rows[0].as_expense()["note"].startswith("order ITG-2026-0042; recorded ")
 
 
-@pytest.mark.parametrize(("kw", "option"), [
-    ({"usd": 0, "what": "x"}, "--usd"),
-    ({"usd": -3, "what": "x"}, "--usd"),
-    ({"usd": float("nan"), "what": "x"}, "--usd"),
-    ({"usd": 1, "what": "  "}, "--what"),
-    ({"usd": 1, "what": "two\nlines"}, "--what"),
-    ({"usd": 1, "what": "x", "order_ref": "../etc"}, "--order-ref"),
-])
+@pytest.mark.parametrize(
+    ("kw", "option"),
+    [
+        ({"usd": 0, "what": "x"}, "--usd"),
+        ({"usd": -3, "what": "x"}, "--usd"),
+        ({"usd": float("nan"), "what": "x"}, "--usd"),
+        ({"usd": 1, "what": "  "}, "--what"),
+        ({"usd": 1, "what": "two\nlines"}, "--what"),
+        ({"usd": 1, "what": "x", "order_ref": "../etc"}, "--order-ref"),
+    ],
+)
 def test_bad_expense_names_the_option_and_writes_nothing(out, kw, option) -> None:
     with pytest.raises(SpecError) as err:
         add_expense(out, **kw)

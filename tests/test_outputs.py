@@ -26,7 +26,9 @@ def test_plan_is_written_once_and_never_rewritten(tmp_path: Path):
     digest = f.write_plan_once({"steps": [{"name": "a", "hours": 1.0}]})
     assert (tmp_path / "plan.sha256").read_text() == f"{digest}  plan.json\n"
     assert sha256_file(tmp_path / "plan.json") == digest == f.plan_sha256()
-    assert f.write_plan_once({"steps": [{"name": "a", "hours": 1.0}]}) == digest  # a resumed campaign
+    assert (
+        f.write_plan_once({"steps": [{"name": "a", "hours": 1.0}]}) == digest
+    )  # a resumed campaign
     before = (tmp_path / "plan.json").read_bytes()
     with pytest.raises(PlanRewriteError, match="never rewritten"):
         f.write_plan_once({"steps": [{"name": "a", "hours": 2.0}]})
@@ -47,8 +49,14 @@ def test_json_lines_and_atomic_json(tmp_path: Path):
 
 def test_timeline_rows(tmp_path: Path):
     f = OutputFolder(tmp_path)
-    row = f.record_timeline("control", phase="train", run="control", start="2026-01-05T10:00:00+00:00",
-                            end="2026-01-05T10:01:30+00:00", steps=20)
+    row = f.record_timeline(
+        "control",
+        phase="train",
+        run="control",
+        start="2026-01-05T10:00:00+00:00",
+        end="2026-01-05T10:01:30+00:00",
+        steps=20,
+    )
     assert row["seconds"] == 90.0 and row["steps"] == 20
     assert f.read_jsonl("timeline.jsonl") == [row]
 
@@ -61,7 +69,13 @@ def test_paths_stay_inside(tmp_path: Path, bad: str):
 
 def test_predictions_round_trip_exactly(tmp_path: Path):
     conf = np.array([0.1, 1 / 3, 0.7], dtype=np.float32)
-    write_predictions(tmp_path, ids=["a", "b,c", "d"], labels=np.array([0, 1, 2]), preds=[0, 2, 2], confidence=conf)
+    write_predictions(
+        tmp_path,
+        ids=["a", "b,c", "d"],
+        labels=np.array([0, 1, 2]),
+        preds=[0, 2, 2],
+        confidence=conf,
+    )
     back = read_predictions(tmp_path / "predictions.csv")
     assert back.ids == ("a", "b,c", "d")
     assert back.preds == (0, 2, 2)
@@ -74,13 +88,17 @@ def test_predictions_round_trip_exactly(tmp_path: Path):
 
 def test_error_analysis_by_hand():
     # labels 0 0 1 1 2 ; run predicts 0 1 1 1 0 ; control predicts 0 0 0 1 2
-    run = Predictions(("a", "b", "c", "d", "e"), (0, 0, 1, 1, 2), (0, 1, 1, 1, 0), (0.9, 0.8, 0.6, 0.7, 0.95))
+    run = Predictions(
+        ("a", "b", "c", "d", "e"), (0, 0, 1, 1, 2), (0, 1, 1, 1, 0), (0.9, 0.8, 0.6, 0.7, 0.95)
+    )
     control = Predictions(("a", "b", "c", "d", "e"), (0, 0, 1, 1, 2), (0, 0, 0, 1, 2), (0.5,) * 5)
     a = error_analysis(run, control=control)
     assert a["confusion"] == [[1, 1, 0], [0, 2, 0], [1, 0, 0]]
     assert a["accuracy"] == pytest.approx(3 / 5)
     per = {c["class"]: c for c in a["per_class"]}
-    assert per["0"]["precision"] == pytest.approx(1 / 2) and per["0"]["recall"] == pytest.approx(1 / 2)
+    assert per["0"]["precision"] == pytest.approx(1 / 2) and per["0"]["recall"] == pytest.approx(
+        1 / 2
+    )
     assert per["1"]["precision"] == pytest.approx(2 / 3) and per["1"]["recall"] == 1.0
     assert per["2"]["precision"] is None and per["2"]["recall"] == 0.0
     assert [e["id"] for e in a["most_confident_errors"]] == ["e", "b"]  # by confidence
@@ -93,7 +111,9 @@ def test_error_analysis_by_hand():
 
 def test_top_errors_are_capped():
     n = 30
-    p = Predictions(tuple(f"i{k:02d}" for k in range(n)), (0,) * n, (1,) * n, tuple(k / n for k in range(n)))
+    p = Predictions(
+        tuple(f"i{k:02d}" for k in range(n)), (0,) * n, (1,) * n, tuple(k / n for k in range(n))
+    )
     top = error_analysis(p, top_k=10)["most_confident_errors"]
     assert [e["id"] for e in top] == [f"i{k:02d}" for k in range(n - 1, n - 11, -1)]
 
@@ -118,12 +138,25 @@ def test_manifest_lists_every_file_but_itself(tmp_path: Path):
     m = json.loads((out / "manifest.json").read_text())
     listed = {e["path"]: e for e in m["files"]}
     assert set(listed) == set(list_files(out)) and "manifest.json" not in listed
-    for rel in ("plan.json", "plan.sha256", "spec.yaml", "report.md", "report.html", "report.json",
-                "RELOAD.md", "estimates.json", "timeline.jsonl", "decisions.jsonl", "data/corpus.csv",
-                "figures/confusion.png"):
+    for rel in (
+        "plan.json",
+        "plan.sha256",
+        "spec.yaml",
+        "report.md",
+        "report.html",
+        "report.json",
+        "RELOAD.md",
+        "estimates.json",
+        "timeline.jsonl",
+        "decisions.jsonl",
+        "data/corpus.csv",
+        "figures/confusion.png",
+    ):
         assert rel in listed, rel
     e = listed["report.md"]
-    assert e["size"] == (out / "report.md").stat().st_size and e["sha256"] == sha256_file(out / "report.md")
+    assert e["size"] == (out / "report.md").stat().st_size and e["sha256"] == sha256_file(
+        out / "report.md"
+    )
     assert m["plan_sha256"] == (out / "plan.sha256").read_text().split()[0]
     assert {v["status"] for v in m["runs"].values()} == {"completed"}
     assert m["verdict"]["kind"] in ("adopt", "negative", "inconclusive")

@@ -25,7 +25,7 @@ from gpucampaign.storage import LocalStore
 from gpucampaign.training import train_run
 
 # A linear regression read from a text file of "x1 x2 y" lines: the user's code, not src/.
-RECIPE = '''
+RECIPE = """
 import torch
 from torch.utils.data import TensorDataset
 from gpucampaign import Recipe
@@ -59,7 +59,7 @@ class Regress(Recipe):
             se += float(((model(x) - y) ** 2).sum())
             n += len(y)
         return {"mse": se / n}
-'''
+"""
 
 
 def write_recipe(folder: Path, body: str = RECIPE) -> str:
@@ -79,23 +79,38 @@ def write_corpus(folder: Path, n: int = 96) -> str:
     return sha256_file(path)
 
 
-def make_spec(base: Path, module: str, *, control: dict | None = None, **extra: Any
-              ) -> CampaignSpec:
+def make_spec(
+    base: Path, module: str, *, control: dict | None = None, **extra: Any
+) -> CampaignSpec:
     from gpucampaign.recipe import use_recipe_dir
 
     use_recipe_dir(base)  # what load_spec does for a spec file
-    sha = write_corpus(base) if not (base / "points.txt").exists() else sha256_file(
-        base / "points.txt")
+    sha = (
+        write_corpus(base)
+        if not (base / "points.txt").exists()
+        else sha256_file(base / "points.txt")
+    )
     data: dict[str, Any] = {
         "name": "byo",
         "packages": [{"gpu": "rtx4090", "days": 3}],
         "calendar": [{"name": "prep", "kind": "human", "hours": 1}],
         "corpus": {"path": "points.txt", "sha256": sha},
-        "control": {"recipe": f"{module}:Regress", "args": {"width": 4}, "batch_size": 8,
-                    "epochs": 2, "lr": 0.05, "threads": 1, **(control or {})},
+        "control": {
+            "recipe": f"{module}:Regress",
+            "args": {"width": 4},
+            "batch_size": 8,
+            "epochs": 2,
+            "lr": 0.05,
+            "threads": 1,
+            **(control or {}),
+        },
         "variants": [{"name": "wide", "changes": {"args": {"width": 8}}}],
-        "decision_rule": {"metric": "mse", "direction": "minimize", "threshold": 10.0,
-                          "select_split": "val"},
+        "decision_rule": {
+            "metric": "mse",
+            "direction": "minimize",
+            "threshold": 10.0,
+            "select_split": "val",
+        },
         "pilot": {"steps": 3},
         **extra,
     }
@@ -104,8 +119,14 @@ def make_spec(base: Path, module: str, *, control: dict | None = None, **extra: 
 
 def train(spec: CampaignSpec, base: Path, run: str = "control", **kw: Any):
     corpus = load_spec_corpus(spec, base_dir=base, run_id=spec.run_id(run))
-    return train_run(spec, run=run, corpus=corpus, store=LocalStore(base / "out" / "ck"),
-                     out_dir=base / "out" / "runs" / spec.run_id(run), **kw)
+    return train_run(
+        spec,
+        run=run,
+        corpus=corpus,
+        store=LocalStore(base / "out" / "ck"),
+        out_dir=base / "out" / "runs" / spec.run_id(run),
+        **kw,
+    )
 
 
 def test_recipe_is_public() -> None:
@@ -155,8 +176,10 @@ def test_a_recipe_model_folder_reloads_on_its_own_and_reproduces_its_predictions
     (tmp_path / f"{module}.py").unlink()  # the user's file is gone: the folder's copy serves
     sys.modules.pop(module, None)
     again = load_model_dir(out / "runs" / res.run_id / "model")
-    assert all(torch.equal(a, b) for a, b in zip(weights.state_dict().values(),
-                                                  again.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(weights.state_dict().values(), again.state_dict().values(), strict=True)
+    )
     check = recipe_reload_check(out, res.run_id, corpus=corpus)
     assert check["ok"] and check["rows"] == 3 and check["mismatches"] == 0
     (out / "runs" / res.run_id / "predictions.csv").write_text("batch,rows,mse\n0,8,0.5\n")
@@ -200,12 +223,19 @@ def test_a_folder_corpus_is_pinned_by_its_manifest(tmp_path: Path) -> None:
     (data / "sub").mkdir(parents=True)
     (data / "a.txt").write_text("0.1 0.2 0.0\n0.3 0.4 0.2\n")
     (data / "sub" / "b.txt").write_text("0.5 0.6 0.4\n0.7 0.8 0.6\n")
-    module = write_recipe(tmp_path, RECIPE.replace(
-        "ctx.corpus.path.read_text()",
-        "''.join(p.read_text() for p in sorted(ctx.corpus.path.rglob('*.txt')))"))
-    spec = make_spec(tmp_path, module,
-                     corpus={"path": "data", "sha256": input_sha256(data)},
-                     control={"batch_size": 1, "epochs": 1})
+    module = write_recipe(
+        tmp_path,
+        RECIPE.replace(
+            "ctx.corpus.path.read_text()",
+            "''.join(p.read_text() for p in sorted(ctx.corpus.path.rglob('*.txt')))",
+        ),
+    )
+    spec = make_spec(
+        tmp_path,
+        module,
+        corpus={"path": "data", "sha256": input_sha256(data)},
+        control={"batch_size": 1, "epochs": 1},
+    )
     res = train(spec, tmp_path)
     assert res.completed and res.steps_done == 2
     (data / "sub" / "b.txt").write_text("0.5 0.6 0.4\n0.7 0.8 0.7\n")
@@ -223,7 +253,10 @@ def test_a_base_model_input_is_pinned_and_given_to_the_recipe(tmp_path: Path) ->
     second = tmp_path / "second"
     second.mkdir()
     shutil.copytree(base_model, second / "base")  # the earlier campaign's model folder
-    tuned = write_recipe(second, RECIPE + '''
+    tuned = write_recipe(
+        second,
+        RECIPE
+        + """
 
 class FineTune(Regress):
     def model(self, ctx):
@@ -231,10 +264,15 @@ class FineTune(Regress):
         m = super().model(ctx)
         m.load_state_dict(load_file(str(ctx.inputs["base"].path / "model.safetensors")))
         return m
-''')
+""",
+    )
     pin = input_sha256(second / "base")
-    spec2 = make_spec(second, tuned, control={"recipe": f"{tuned}:FineTune", "epochs": 1},
-                      inputs={"base": {"path": "base", "sha256": pin}})
+    spec2 = make_spec(
+        second,
+        tuned,
+        control={"recipe": f"{tuned}:FineTune", "epochs": 1},
+        inputs={"base": {"path": "base", "sha256": pin}},
+    )
     res2 = train(spec2, second)
     assert res2.completed
     cfg = json.loads((second / "out" / "runs" / res2.run_id / "model" / "config.json").read_text())
@@ -248,14 +286,22 @@ class FineTune(Regress):
 BAD = {
     "import": ("does_not_exist_xyz:Nope", None, "does not import"),
     "not a Recipe": (None, "class Regress:\n    pass\n", "not a subclass of gpucampaign.Recipe"),
-    "missing method": (None, "from gpucampaign import Recipe\nclass Regress(Recipe):\n"
-                       "    def model(self, ctx):\n        return None\n",
-                       "datasets(): the method is missing"),
-    "non-scalar loss": (None, RECIPE.replace("mse_loss(model(x), y)",
-                                             "mse_loss(model(x), y, reduction='none')"),
-                        "loss(): must return a scalar tensor"),
-    "wrong metric": (None, RECIPE.replace('return {"mse": se / n}', 'return {"mae": se / n}'),
-                     "evaluate(): did not return 'mse'"),
+    "missing method": (
+        None,
+        "from gpucampaign import Recipe\nclass Regress(Recipe):\n"
+        "    def model(self, ctx):\n        return None\n",
+        "datasets(): the method is missing",
+    ),
+    "non-scalar loss": (
+        None,
+        RECIPE.replace("mse_loss(model(x), y)", "mse_loss(model(x), y, reduction='none')"),
+        "loss(): must return a scalar tensor",
+    ),
+    "wrong metric": (
+        None,
+        RECIPE.replace('return {"mse": se / n}', 'return {"mae": se / n}'),
+        "evaluate(): did not return 'mse'",
+    ),
     "broken module": (None, "raise RuntimeError('boom')\n", "does not import (RuntimeError: boom)"),
 }
 
@@ -266,8 +312,9 @@ def test_a_bad_recipe_names_the_recipe_and_the_method(tmp_path: Path, case: str)
     if recipe is None:
         recipe = f"{write_recipe(tmp_path, body)}:Regress"
     with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)")) as exc:
-        spec = make_spec(tmp_path, recipe.partition(":")[0],
-                         control={"recipe": recipe}, variants=[])
+        spec = make_spec(
+            tmp_path, recipe.partition(":")[0], control={"recipe": recipe}, variants=[]
+        )
         train(spec, tmp_path)
     assert recipe in str(exc.value) and isinstance(exc.value, SpecError)
 
@@ -283,8 +330,9 @@ def test_the_datasets_without_train_are_refused(tmp_path: Path) -> None:
 
 @pytest.mark.process
 @pytest.mark.parametrize("case", ["not a Recipe", "wrong metric", "non-scalar loss"])
-def test_the_cli_reports_a_bad_recipe_with_exit_2_and_no_traceback(tmp_path: Path, case: str
-                                                                   ) -> None:
+def test_the_cli_reports_a_bad_recipe_with_exit_2_and_no_traceback(
+    tmp_path: Path, case: str
+) -> None:
     import subprocess
     import sys
 
@@ -294,9 +342,19 @@ def test_the_cli_reports_a_bad_recipe_with_exit_2_and_no_traceback(tmp_path: Pat
     spec = make_spec(tmp_path, module, variants=[])
     data = spec.model_dump(mode="json")
     (tmp_path / "campaign.yaml").write_text(yaml.safe_dump(data))
-    proc = subprocess.run([sys.executable, "-m", "gpucampaign.cli", "run",
-                           str(tmp_path / "campaign.yaml"), "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpucampaign.cli",
+            "run",
+            str(tmp_path / "campaign.yaml"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     said = " ".join((proc.stderr + proc.stdout).split())
@@ -323,12 +381,16 @@ def test_the_audit_checks_the_recipe_splits(tmp_path: Path) -> None:
     report = audit_corpus(spec, base_dir=tmp_path)
     assert report["ok"] and report["rows"] == {"total": 96, "train": 48, "val": 24, "test": 24}
     assert report["kind"] == "file" and report["bytes"] > 0 and report["n_hard"] == 0
-    shared = write_recipe(tmp_path, RECIPE.replace(
-        "        return {\"train\": TensorDataset",
-        "        for ds in (a := TensorDataset(X, y), b := TensorDataset(X, y)):\n"
-        "            ds.ids = list(range(len(X)))\n"
-        "        return {\"train\": a, \"val\": b}\n"
-        "        return {\"train\": TensorDataset"))
+    shared = write_recipe(
+        tmp_path,
+        RECIPE.replace(
+            '        return {"train": TensorDataset',
+            "        for ds in (a := TensorDataset(X, y), b := TensorDataset(X, y)):\n"
+            "            ds.ids = list(range(len(X)))\n"
+            '        return {"train": a, "val": b}\n'
+            '        return {"train": TensorDataset',
+        ),
+    )
     spec = make_spec(tmp_path, shared, variants=[])
     with pytest.raises(EssentialInputMissing, match="in two splits"):
         audit_corpus(spec, base_dir=tmp_path)

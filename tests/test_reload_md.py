@@ -27,12 +27,17 @@ def test_every_reload_md_command_leaves_the_folder_verified(tmp_path: Path):
     elsewhere.mkdir()
     preds.mkdir()
     bindir = str(Path(sys.executable).parent)
-    env = {**os.environ, "OUT": str(out), "PRED_DIR": str(preds),
-           "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PRED_DIR": str(preds),
+        "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+    }
     for kind, code in blocks:
         args = ["bash", "-c", code] if kind == "bash" else [sys.executable, "-c", code]
-        done = subprocess.run(args, cwd=elsewhere, env=env, capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run(
+            args, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300
+        )
         assert done.returncode == 0, (code, done.stdout[-2000:], done.stderr[-2000:])
     assert list(preds.glob("*.csv")), "the prediction went to the folder the reader chose"
     assert list(elsewhere.iterdir()) == []

@@ -15,21 +15,43 @@ from gpucampaign.spec import parse_spec
 
 
 def _spec(hours_before_retrieval: float, **lot: Any) -> Any:
-    return parse_spec({
-        "name": "t",
-        "packages": [{"gpu": "rtx4090", "days": 3, **lot}],
-        "calendar": [
-            {"name": "load", "kind": "machine", "resource": "cpu", "hours": 1},
-            {"name": "checkpoint-save-transfer-restore", "kind": "machine", "resource": "gpu",
-             "hours": 1, "after": ["load"]},
-            {"name": "eval", "kind": "machine", "resource": "gpu",
-             "hours": hours_before_retrieval, "after": ["checkpoint-save-transfer-restore"]},
-            {"name": "outputs", "kind": "machine", "resource": "cpu", "hours": 1,
-             "after": ["eval"]},
-            {"name": "retrieve", "kind": "machine", "resource": "none", "hours": 2,
-             "after": ["outputs"]},
-        ],
-    })
+    return parse_spec(
+        {
+            "name": "t",
+            "packages": [{"gpu": "rtx4090", "days": 3, **lot}],
+            "calendar": [
+                {"name": "load", "kind": "machine", "resource": "cpu", "hours": 1},
+                {
+                    "name": "checkpoint-save-transfer-restore",
+                    "kind": "machine",
+                    "resource": "gpu",
+                    "hours": 1,
+                    "after": ["load"],
+                },
+                {
+                    "name": "eval",
+                    "kind": "machine",
+                    "resource": "gpu",
+                    "hours": hours_before_retrieval,
+                    "after": ["checkpoint-save-transfer-restore"],
+                },
+                {
+                    "name": "outputs",
+                    "kind": "machine",
+                    "resource": "cpu",
+                    "hours": 1,
+                    "after": ["eval"],
+                },
+                {
+                    "name": "retrieve",
+                    "kind": "machine",
+                    "resource": "none",
+                    "hours": 2,
+                    "after": ["outputs"],
+                },
+            ],
+        }
+    )
 
 
 def test_a_lot_with_starts_at_gives_ends_at_in_the_plan() -> None:
@@ -43,8 +65,10 @@ def test_a_lot_with_starts_at_gives_ends_at_in_the_plan() -> None:
 
 
 def test_a_naive_time_is_read_as_utc_and_an_offset_is_converted() -> None:
-    assert _spec(1, starts_at="2026-03-02T09:00:00").packages[0].ends_at.isoformat() == \
-        "2026-03-05T09:00:00+00:00"
+    assert (
+        _spec(1, starts_at="2026-03-02T09:00:00").packages[0].ends_at.isoformat()
+        == "2026-03-05T09:00:00+00:00"
+    )
     assert _spec(1, starts_at="2026-03-02T11:00:00+02:00").packages[0].starts_at.hour == 9
 
 

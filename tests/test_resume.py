@@ -10,7 +10,8 @@ from gpucampaign.restart import RestartReport
 from gpucampaign.spec import SpecError, parse_spec
 
 BASE = {
-    "name": "x", "packages": [{"gpu": "rtx4090", "days": 3}],
+    "name": "x",
+    "packages": [{"gpu": "rtx4090", "days": 3}],
     "calendar": [{"name": "prep", "kind": "human", "hours": 1}],
     "control": {"recipe": "mlp", "hidden": [16], "epochs": 1},
 }
@@ -27,14 +28,30 @@ def test_resume_changes_no_run_id_and_rejects_other_values():
 
 
 def test_the_restart_check_and_the_report_say_which_restart_applies():
-    report = RestartReport(identical=True, compared_steps=4, max_abs_diff=0.0, save_s=None,
-                           restore_s=None, total_s=1.0, k=2, n=4, threads=1, resume="inference")
+    report = RestartReport(
+        identical=True,
+        compared_steps=4,
+        max_abs_diff=0.0,
+        save_s=None,
+        restore_s=None,
+        total_s=1.0,
+        k=2,
+        n=4,
+        threads=1,
+        resume="inference",
+    )
     assert "restarts inference from the last good model" in report.applies
     assert report.to_dict()["resume"] == "inference"
-    md = "\n".join(_resume_md({"runs": [
-        {"run": "control", "run_id": "control-0123456789", "resume": "training"},
-        {"run": "wide", "run_id": "wide-0123456789", "resume": "inference"},
-    ]}))
+    md = "\n".join(
+        _resume_md(
+            {
+                "runs": [
+                    {"run": "control", "run_id": "control-0123456789", "resume": "training"},
+                    {"run": "wide", "run_id": "wide-0123456789", "resume": "inference"},
+                ]
+            }
+        )
+    )
     assert "## Restart after an interruption" in md
     assert "control (`control-0123456789`): resume: training" in md
     assert "wide (`wide-0123456789`): resume: inference" in md

@@ -14,12 +14,22 @@ from gpucampaign.segments import heartbeat, interruptions
 from gpucampaign.spec import parse_spec
 from tasks._common import busy, out_folder
 
-SPEC = parse_spec({
-    "name": "x", "packages": [{"gpu": "rtx4090", "days": 3}],
-    "calendar": [{"name": "train-control", "kind": "machine", "resource": "gpu", "hours": 1,
-                  "run": "control"}],
-    "control": {"recipe": "mlp", "hidden": [16], "batch_size": 128, "epochs": 2, "lr": 0.01},
-})
+SPEC = parse_spec(
+    {
+        "name": "x",
+        "packages": [{"gpu": "rtx4090", "days": 3}],
+        "calendar": [
+            {
+                "name": "train-control",
+                "kind": "machine",
+                "resource": "gpu",
+                "hours": 1,
+                "run": "control",
+            }
+        ],
+        "control": {"recipe": "mlp", "hidden": [16], "batch_size": 128, "epochs": 2, "lr": 0.01},
+    }
+)
 
 
 def _metrics(path, rows):
@@ -48,11 +58,14 @@ def test_a_cut_segment_is_closed_on_the_next_start_with_the_steps_it_lost(tmp_pa
     gen = busy(folder, SPEC, phase="train", run="control")
     row = gen.__enter__()
     heartbeat(tmp_path, row, checkpoint_step=4)
-    _metrics(tmp_path / "runs" / rid / "metrics.jsonl", [
-        *({"kind": "train", "step": s, "step_s": 0.5} for s in range(1, 5)),
-        {"kind": "checkpoint", "step": 4},
-        *({"kind": "train", "step": s, "step_s": 0.25} for s in range(5, 8)),
-    ])
+    _metrics(
+        tmp_path / "runs" / rid / "metrics.jsonl",
+        [
+            *({"kind": "train", "step": s, "step_s": 0.5} for s in range(1, 5)),
+            {"kind": "checkpoint", "step": 4},
+            *({"kind": "train", "step": s, "step_s": 0.25} for s in range(5, 8)),
+        ],
+    )
     (open_row,) = read_timeline(tmp_path)
     assert open_row.end is None and open_row.checkpoint_step == 4
 

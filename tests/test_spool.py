@@ -50,12 +50,21 @@ class FlakyStore(LocalStore):
 
 def _save(store, step: int) -> None:
     model = {"w": torch.full((4, 2), float(step))}
-    state = {"optimizer": {"state": {}, "param_groups": []}, "scheduler": {}, "scaler": {},
-             "rng": capture_rng(), "counters": {"global_step": step},
-             "cursor": {"epoch": 0, "batch_in_epoch": step,
-                        "epoch_generator_state": torch.Generator().get_state()}}
+    state = {
+        "optimizer": {"state": {}, "param_groups": []},
+        "scheduler": {},
+        "scaler": {},
+        "rng": capture_rng(),
+        "counters": {"global_step": step},
+        "cursor": {
+            "epoch": 0,
+            "batch_in_epoch": step,
+            "epoch_generator_state": torch.Generator().get_state(),
+        },
+    }
     CheckpointManager(store, run_id=RUN, config_sha256=CFG, keep=2).save(
-        step, model_state=model, train_state=state)
+        step, model_state=model, train_state=state
+    )
 
 
 def _latest_step(store) -> int | None:
@@ -116,13 +125,17 @@ def test_status_and_close_say_what_is_not_off_the_machine(tmp_path: Path) -> Non
     (out / "spec.yaml").write_text(
         "name: t\npackages: [{gpu: rtx4090, days: 3}]\n"
         "calendar: [{name: prep, kind: human, hours: 1}]\n"
-        "storage: {url: 's3://bucket/camp'}\n")
+        "storage: {url: 's3://bucket/camp'}\n"
+    )
     LocalStore(out / "spool").write_bytes(f"{RUN}/{LATEST_FILE}", data=b"{}")
     st = campaign_status(out, store=LocalStore(tmp_path / "bucket"))
     assert st["checkpoints"]["only_local"] == [f"{RUN}/{LATEST_FILE}"] and not st["safe"]
     assert "spool/" not in " ".join(st["outputs"]["only_local"])
-    env = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "very-secret-value",
-           "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}  # nothing listens
+    env = {
+        "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "very-secret-value",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    }  # nothing listens
     done = mirror_output(out, url="s3://bucket/camp", env=env, drain_s=0)
     assert done["spooled"] == [f"{RUN}/{LATEST_FILE}"] and "very-secret" not in done["error"]
     assert (out / "spool" / RUN / LATEST_FILE).is_file()

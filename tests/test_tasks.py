@@ -1,4 +1,5 @@
-"""Task-level contracts of the phase tasks: stop rules fail a task at once, transient errors retry."""
+"""Task-level contracts of the phase tasks: stop rules fail a task at once, transient errors
+retry."""
 
 from __future__ import annotations
 
@@ -37,17 +38,33 @@ def test_a_stop_rule_is_never_retried_and_a_transient_error_is(prefect_harness):
 
 def test_artifact_keys_and_calendar_steps():
     assert artifact_key("train", "bf16-3F2A_x") == "train-bf16-3f2a-x"
-    spec = parse_spec({
-        "name": "x", "packages": [{"gpu": "rtx4090", "days": 3}],
-        "calendar": [{"name": "pilot", "kind": "machine", "resource": "gpu", "hours": 1, "phase": "pilot"},
-                     {"name": "train-control", "kind": "machine", "resource": "gpu", "hours": 1,
-                      "run": "control", "after": ["pilot"]}],
-    })
+    spec = parse_spec(
+        {
+            "name": "x",
+            "packages": [{"gpu": "rtx4090", "days": 3}],
+            "calendar": [
+                {
+                    "name": "pilot",
+                    "kind": "machine",
+                    "resource": "gpu",
+                    "hours": 1,
+                    "phase": "pilot",
+                },
+                {
+                    "name": "train-control",
+                    "kind": "machine",
+                    "resource": "gpu",
+                    "hours": 1,
+                    "run": "control",
+                    "after": ["pilot"],
+                },
+            ],
+        }
+    )
     # The pilot of the control is observed time of the pilot step; its training, of its own step.
     assert calendar_step(spec, run="control", phase="pilot") == "pilot"
     assert calendar_step(spec, run="control", phase="train") == "train-control"
     assert calendar_step(spec, phase="close") is None
-
 
 
 def test_busy_time_and_stops_go_through_the_library_writers(tmp_path):
@@ -56,18 +73,34 @@ def test_busy_time_and_stops_go_through_the_library_writers(tmp_path):
     from gpucampaign.records import read_stops, read_timeline
     from tasks._common import busy, out_folder, record_stop
 
-    spec = parse_spec({
-        "name": "x", "packages": [{"gpu": "rtx4090", "days": 3}],
-        "calendar": [{"name": "train-control", "kind": "machine", "resource": "gpu", "hours": 1,
-                      "run": "control"}],
-    })
+    spec = parse_spec(
+        {
+            "name": "x",
+            "packages": [{"gpu": "rtx4090", "days": 3}],
+            "calendar": [
+                {
+                    "name": "train-control",
+                    "kind": "machine",
+                    "resource": "gpu",
+                    "hours": 1,
+                    "run": "control",
+                }
+            ],
+        }
+    )
     folder = out_folder(tmp_path)
     with busy(folder, spec, phase="train", run="control", note="c") as row:
         row.steps = 3
     with pytest.raises(RuntimeError), busy(folder, spec, phase="close"):
         raise RuntimeError("disk full")
     ok, failed = read_timeline(tmp_path)
-    assert (ok.step, ok.run, ok.steps, ok.outcome, ok.note) == ("train-control", "control", 3, "ok", "c")
+    assert (ok.step, ok.run, ok.steps, ok.outcome, ok.note) == (
+        "train-control",
+        "control",
+        3,
+        "ok",
+        "c",
+    )
     assert ok.interval is not None and ok.seconds >= 0
     assert failed.step is None and failed.outcome == "failed: disk full" and failed.end
 
@@ -75,5 +108,9 @@ def test_busy_time_and_stops_go_through_the_library_writers(tmp_path):
     first = record_stop(folder, exc, run="control", phase="train")
     record_stop(folder, exc, run="control", phase="train")
     assert read_stops(tmp_path) == [first]
-    assert (first.rule, first.run_id, first.step, first.run) == ("non_finite_loss", "control-abc", 7,
-                                                                 "control")
+    assert (first.rule, first.run_id, first.step, first.run) == (
+        "non_finite_loss",
+        "control-abc",
+        7,
+        "control",
+    )

@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_init_writes_the_example_the_repository_keeps(tmp_path: Path) -> None:
     spec_path = init_textlm(tmp_path / "tl")
     assert sha256_file(tmp_path / "tl" / CORPUS_REL) == sha256_file(
-        REPO / "examples" / "textlm" / CORPUS_REL)
+        REPO / "examples" / "textlm" / CORPUS_REL
+    )
     assert spec_path.read_text() == (REPO / "examples" / "textlm" / "campaign.yaml").read_text()
     spec = load_spec(spec_path)
     assert spec.control.recipe == "textlm:CharLM" and spec.decision_rule.metric == "loss"
@@ -64,8 +65,12 @@ def test_textlm_is_planned_and_run_to_a_verified_folder(prefect_harness, tmp_pat
     assert report.verified and sorted(report.reloaded_runs) == sorted(completed)
     # A fresh process knows nothing of the spec's folder: the output folder alone resolves
     # the recipe (its copy beside spec.yaml) and the run IDs.
-    again = subprocess.run([sys.executable, "-m", "gpucampaign.cli", "verify", str(out)],
-                           capture_output=True, text=True, cwd=tmp_path)
+    again = subprocess.run(
+        [sys.executable, "-m", "gpucampaign.cli", "verify", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert (out / "textlm.py").read_bytes() == (tmp_path / "tl" / "textlm.py").read_bytes()
     manifest = json.loads((out / "manifest.json").read_text())
@@ -73,5 +78,6 @@ def test_textlm_is_planned_and_run_to_a_verified_folder(prefect_harness, tmp_pat
     rid = next(r for r, v in manifest["runs"].items() if v["run"] == "control")
     cfg = json.loads((out / "runs" / rid / "model" / "config.json").read_text())
     assert cfg["recipe"] == "textlm:CharLM" and cfg["recipe_sha256"] == sha256_file(
-        tmp_path / "tl" / "textlm.py")
+        tmp_path / "tl" / "textlm.py"
+    )
     assert (out / "runs" / rid / "predictions.csv").read_text().startswith("batch,rows,loss")

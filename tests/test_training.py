@@ -281,8 +281,9 @@ def test_a_crash_after_the_final_save_finishes_without_training(tmp_path, digits
 def test_data_loader_workers_give_the_same_run(tmp_path, digits_file):  # noqa: F811
     """Workers only fetch batches: same run ID, same losses, bit for bit."""
     plain = make_spec(tmp_path, digits_file, control={"epochs": 1})
-    loaded = make_spec(tmp_path, digits_file,
-                       control={"epochs": 1, "num_workers": 2, "persistent_workers": True})
+    loaded = make_spec(
+        tmp_path, digits_file, control={"epochs": 1, "num_workers": 2, "persistent_workers": True}
+    )
     assert loaded.run_id("control") == plain.run_id("control")
     assert loaded.run_config("control").num_workers == 2
     run(plain, tmp_path, out="a")

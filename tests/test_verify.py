@@ -77,7 +77,9 @@ def test_emptied_file(out: Path, closed: dict):
     reseal(out)  # even with a manifest that agrees, an empty file is not an output
     report = verify_output(out, reload=False)
     assert not report.verified
-    assert [(p.code, p.path) for p in report.problems] == [("empty_file", target.relative_to(out).as_posix())]
+    assert [(p.code, p.path) for p in report.problems] == [
+        ("empty_file", target.relative_to(out).as_posix())
+    ]
 
 
 def test_predictions_without_rows(out: Path, closed: dict):
@@ -198,7 +200,9 @@ def test_no_manifest(out: Path):
 
 
 @pytest.mark.process
-def test_external_corpus_is_checked_by_hash_and_models_reload_from_it(out: Path, closed: dict, tmp_path: Path):
+def test_external_corpus_is_checked_by_hash_and_models_reload_from_it(
+    out: Path, closed: dict, tmp_path: Path
+):
     from gpucampaign.manifest import reference_corpus
 
     copy = out / "data" / "corpus.csv"
@@ -236,7 +240,11 @@ def test_reload_check_with_a_loaded_corpus_before_any_manifest(out: Path, closed
     lines[1] = ",".join(row)
     path.write_text("\n".join(lines) + "\n")
     found = reload_check(out, [rid], corpus=corpus)[rid]
-    assert found["ok"] is False and found["mismatches"] == 1 and found["first_mismatch"]["id"] == row[0]
+    assert (
+        found["ok"] is False
+        and found["mismatches"] == 1
+        and found["first_mismatch"]["id"] == row[0]
+    )
 
 
 # --- one check at a time ----------------------------------------------------------------------
@@ -334,8 +342,9 @@ def test_each_check_finds_nothing_in_a_clean_folder(out: Path, closed: dict, che
 @pytest.mark.parametrize(
     ("check", "damage", "code"), BREAKS, ids=[c.__name__ for c, _, _ in BREAKS]
 )
-def test_each_check_names_the_one_defect_it_owns(out: Path, closed: dict, tmp_path: Path,
-                                                 check, damage, code):
+def test_each_check_names_the_one_defect_it_owns(
+    out: Path, closed: dict, tmp_path: Path, check, damage, code
+):
     args = (out, closed, tmp_path) if damage is _link_out else (out, closed)
     path = damage(*args)
     found = [(p.code, p.path) for p in check(VerifyContext.open(out, reload=False))]

@@ -125,8 +125,11 @@ def _larger_package(ctx: Context, span: float) -> Option | None:
         fits=ok,
         requires=(
             "one rental long enough for the whole calendar: no state to move between lots"
-            + ("" if known else "; the price comes from your catalog (give price_usd), "
-               "never assumed")
+            + (
+                ""
+                if known
+                else "; the price comes from your catalog (give price_usd), never assumed"
+            )
         ),
     )
 

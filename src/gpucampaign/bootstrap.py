@@ -176,6 +176,7 @@ def metric_value(predictions: Sequence[Any], *, metric: str) -> float | None:
     for p in predictions:
         labels, preds = np.asarray(p.labels), np.asarray(p.preds)
         k = int(max(labels.max(), preds.max())) + 1
-        values.append(_score_rows(labels, preds[None, :], np.arange(len(labels)),
-                                  metric=metric, k=k))
+        values.append(
+            _score_rows(labels, preds[None, :], np.arange(len(labels)), metric=metric, k=k)
+        )
     return round(float(np.mean(values)), 12)

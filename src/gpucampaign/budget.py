@@ -236,8 +236,12 @@ def with_expenses(budget: Mapping[str, Any], expenses: Iterable[Any]) -> dict[st
     """
     lines, other = _expense_lines(expenses)
     spent = _usd(budget["rental_usd"]) + other
-    return {**budget, "expenses": lines, "other_expenses_usd": _cents(other),
-            "spent_usd": _cents(spent)}
+    return {
+        **budget,
+        "expenses": lines,
+        "other_expenses_usd": _cents(other),
+        "spent_usd": _cents(spent),
+    }
 
 
 def render_budget_md(budget: Mapping[str, Any]) -> str:

@@ -95,8 +95,13 @@ def capture_rng() -> dict[str, Any]:
     cuda = torch.cuda.get_rng_state_all() if cuda_ready else []
     return {
         "python": random.getstate(),
-        "numpy": [str(name), torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss),
-                  float(cached)],
+        "numpy": [
+            str(name),
+            torch.from_numpy(key.astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ],
         "torch": torch.get_rng_state(),
         "cuda": list(cuda),
     }
@@ -108,7 +113,8 @@ def restore_rng(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
     name, key, pos, has_gauss, cached = state["numpy"]
     np.random.set_state(
-        (name, key.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+        (name, key.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached))
+    )
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -174,10 +180,14 @@ def _write_payload(
     files = {}
     # Both files at once: sha256 (one core each) is slower than a fast disk.
     with ThreadPoolExecutor(max_workers=2) as pool:
-        model_job = pool.submit(write_hashed, work / MODEL_FILE,
-                                safetensors_buffers(model_state, metadata={"format": FORMAT}))
-        state_job = pool.submit(lambda: write_hashed(work / STATE_FILE,
-                                                     serialize_state(train_state)))
+        model_job = pool.submit(
+            write_hashed,
+            work / MODEL_FILE,
+            safetensors_buffers(model_state, metadata={"format": FORMAT}),
+        )
+        state_job = pool.submit(
+            lambda: write_hashed(work / STATE_FILE, serialize_state(train_state))
+        )
         for name, job in ((MODEL_FILE, model_job), (STATE_FILE, state_job)):
             digest, size = job.result()
             files[name] = {"sha256": digest, "bytes": size}
@@ -200,14 +210,17 @@ def _deserialize(
     """The model state (safetensors, as views of the read buffer) and the train state
     (``weights_only`` unpickling)."""
     try:
-        model_state = load_safetensors_buffer(bytearray(blobs[MODEL_FILE])
-                                              if isinstance(blobs[MODEL_FILE], bytes)
-                                              else blobs[MODEL_FILE])
+        model_state = load_safetensors_buffer(
+            bytearray(blobs[MODEL_FILE])
+            if isinstance(blobs[MODEL_FILE], bytes)
+            else blobs[MODEL_FILE]
+        )
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise CheckpointInvalid(key, f"{MODEL_FILE} is not valid safetensors ({exc})") from None
     try:
-        train_state = torch.load(io.BytesIO(blobs[STATE_FILE]), map_location="cpu",
-                                 weights_only=True)
+        train_state = torch.load(
+            io.BytesIO(blobs[STATE_FILE]), map_location="cpu", weights_only=True
+        )
     except Exception as exc:  # UnpicklingError for payloads, RuntimeError for bad zips
         first_line = str(exc).splitlines()[0][:200]
         raise CheckpointInvalid(
@@ -371,8 +384,9 @@ class CheckpointManager:
             files = _write_payload(work, model_state=model_state, train_state=train_state)
             write_s = time.perf_counter() - t0
             upload_s = 0.0 if local_final is not None else self._upload(work, final_key)
-            meta_bytes = self._meta_bytes(step, files=files, write_s=write_s,
-                                          upload_s=upload_s, extra_meta=extra_meta)
+            meta_bytes = self._meta_bytes(
+                step, files=files, write_s=write_s, upload_s=upload_s, extra_meta=extra_meta
+            )
             t2 = time.perf_counter()
             if local_final is not None:
                 _commit_local(work, local_final, meta_bytes=meta_bytes)
@@ -386,14 +400,22 @@ class CheckpointManager:
         except StorageError:
             raise
         except OSError as exc:  # a full disk, an I/O error: name the checkpoint, keep LATEST
-            raise StorageError(f"checkpoint {final_key} was not saved ({exc}); {LATEST_FILE} still "
-                               "names the previous one") from exc
+            raise StorageError(
+                f"checkpoint {final_key} was not saved ({exc}); {LATEST_FILE} still "
+                "names the previous one"
+            ) from exc
         finally:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
         return SavedCheckpoint(
-            step=step, key=final_key, write_s=write_s, upload_s=upload_s, commit_s=commit_s,
-            bytes=sum(f["bytes"] for f in files.values()), files=files, prune_s=prune_s,
+            step=step,
+            key=final_key,
+            write_s=write_s,
+            upload_s=upload_s,
+            commit_s=commit_s,
+            bytes=sum(f["bytes"] for f in files.values()),
+            files=files,
+            prune_s=prune_s,
         )
 
     def _work_dir(self, dirname: str, *, local_final: Path | None) -> Path:
@@ -413,7 +435,12 @@ class CheckpointManager:
         return time.perf_counter() - t0
 
     def _meta_bytes(
-        self, step: int, *, files: dict[str, dict[str, Any]], write_s: float, upload_s: float,
+        self,
+        step: int,
+        *,
+        files: dict[str, dict[str, Any]],
+        write_s: float,
+        upload_s: float,
         extra_meta: dict[str, Any] | None,
     ) -> bytes:
         """The content of ``meta.json``: whose checkpoint it is, and each file's hash and size."""
@@ -433,8 +460,11 @@ class CheckpointManager:
 
     def _move_latest(self, step: int, meta_bytes: bytes) -> None:
         """Point ``LATEST`` at the checkpoint of ``step``, pinning its meta's hash."""
-        pointer = {"step": step, "dir": step_dirname(step),
-                   "meta_sha256": hashlib.sha256(meta_bytes).hexdigest()}
+        pointer = {
+            "step": step,
+            "dir": step_dirname(step),
+            "meta_sha256": hashlib.sha256(meta_bytes).hexdigest(),
+        }
         self.store.write_bytes(self._key(LATEST_FILE), data=json.dumps(pointer).encode())
 
     def _verify_stored(
@@ -445,7 +475,8 @@ class CheckpointManager:
             size = self.store.size(f"{final_key}/{name}")
             if size != info["bytes"]:
                 raise StorageError(
-                    f"{final_key}/{name}: store holds {size} bytes, wrote {info['bytes']}")
+                    f"{final_key}/{name}: store holds {size} bytes, wrote {info['bytes']}"
+                )
         if self.store.read_bytes(f"{final_key}/{META_FILE}") != meta_bytes:
             raise StorageError(f"{final_key}/{META_FILE}: store does not hold what was written")
 
@@ -487,8 +518,14 @@ class CheckpointManager:
         blobs = self._fetch_payload(key, files=meta["files"])
         model_state, train_state = _deserialize(key, blobs)
         _check_state(key, train_state, step=step)
-        return LoadedCheckpoint(step=step, key=key, meta=meta, model_state=model_state,
-                                train_state=train_state, read_s=time.perf_counter() - t0)
+        return LoadedCheckpoint(
+            step=step,
+            key=key,
+            meta=meta,
+            model_state=model_state,
+            train_state=train_state,
+            read_s=time.perf_counter() - t0,
+        )
 
     def _read_meta(self, key: str, *, step: int, meta_sha256: str | None) -> dict[str, Any]:
         """``meta.json`` of ``key``, refused unless it is this run's and config's, of ``step``."""
@@ -506,9 +543,11 @@ class CheckpointManager:
             raise CheckpointInvalid(key, f"unknown format {meta.get('format')!r}")
         if meta.get("run_id") != self.run_id or meta.get("config_sha256") != self.config_sha256:
             raise CheckpointInvalid(
-                key, f"it belongs to run {meta.get('run_id')!r} / config "
+                key,
+                f"it belongs to run {meta.get('run_id')!r} / config "
                 f"{str(meta.get('config_sha256'))[:10]}, "
-                f"not {self.run_id} / {self.config_sha256[:10]}")
+                f"not {self.run_id} / {self.config_sha256[:10]}",
+            )
         if meta.get("step") != step:
             raise CheckpointInvalid(key, f"meta says step {meta.get('step')}, folder says {step}")
         lacking = [n for n in PAYLOAD_FILES if n not in meta.get("files", {})]
@@ -516,9 +555,7 @@ class CheckpointManager:
             raise CheckpointInvalid(key, f"meta lists no {lacking}")
         return meta
 
-    def _fetch_payload(
-        self, key: str, *, files: dict[str, dict[str, Any]]
-    ) -> dict[str, bytes]:
+    def _fetch_payload(self, key: str, *, files: dict[str, dict[str, Any]]) -> dict[str, bytes]:
         """The payload files of ``key`` (read in parallel), each checked for size and hash."""
 
         def fetch(name: str) -> tuple[str, bytes, str]:
@@ -540,8 +577,9 @@ class CheckpointManager:
         for name, data, digest in fetched:
             want = files[name]
             if len(data) != want.get("bytes"):
-                raise CheckpointInvalid(key, f"{name} has {len(data)} bytes, meta says "
-                                        f"{want.get('bytes')} (truncated?)")
+                raise CheckpointInvalid(
+                    key, f"{name} has {len(data)} bytes, meta says {want.get('bytes')} (truncated?)"
+                )
             if digest != want.get("sha256"):
                 raise CheckpointInvalid(key, f"{name} fails its sha256 (altered)")
         return {name: data for name, data, _ in fetched}
@@ -580,14 +618,21 @@ class CheckpointManager:
                 pinned = ptr["meta_sha256"] if ptr and s == int(ptr["step"]) else None
                 ck = self.load(s, meta_sha256=pinned)
             except (CheckpointInvalid, StorageError) as exc:
-                reason = (str(exc) if isinstance(exc, CheckpointInvalid)
-                          else f"checkpoint step {s}: {exc}")
+                reason = (
+                    str(exc)
+                    if isinstance(exc, CheckpointInvalid)
+                    else f"checkpoint step {s}: {exc}"
+                )
                 log.warning("%s; trying the previous one", reason)
                 refused.append(reason)
                 continue
             ck.refused = refused
             if refused:
-                log.warning("run %s resumes from the checkpoint of step %d (%d refused)",
-                            self.run_id, s, len(refused))
+                log.warning(
+                    "run %s resumes from the checkpoint of step %d (%d refused)",
+                    self.run_id,
+                    s,
+                    len(refused),
+                )
             return ck, refused
         return None, refused

@@ -188,8 +188,10 @@ def packages_cmd(
     gpu: str | None = typer.Option(None, "--gpu", help="Only lots of this GPU model."),
     catalog: Path | None = typer.Option(None, "--catalog", help="Extra catalog YAML file."),
     calibrate_from: Path | None = typer.Option(
-        None, "--calibrate-from", help="Output folder of a closed campaign: its recorded "
-        "restore time prices each switch between back-to-back lots."
+        None,
+        "--calibrate-from",
+        help="Output folder of a closed campaign: its recorded "
+        "restore time prices each switch between back-to-back lots.",
     ),
     as_json: AsJson = False,
 ) -> None:
@@ -202,9 +204,7 @@ def packages_cmd(
     restore_s = None
     if calibrate_from is not None:
         restore_s = (load_estimates(calibrate_from).get("measured") or {}).get("restore_s")
-    covers = packages_covering(
-        hours, gpu=gpu, catalog=load_catalog(catalog), restore_s=restore_s
-    )
+    covers = packages_covering(hours, gpu=gpu, catalog=load_catalog(catalog), restore_s=restore_s)
     if as_json:
         print_json({"hours": hours, "gpu": gpu, "covers": [c.to_dict() for c in covers]})
     elif covers:
@@ -233,16 +233,21 @@ def packages_cmd(
 def init_cmd(
     directory: Path = typer.Argument(..., help="Folder for the new campaign (created if needed)."),
     example: str = typer.Option(
-        "digits", "--example", help="'digits' (built-in MLP on a table) or 'textlm' (your own "
-        "recipe: a character-level transformer on a text file)."),
+        "digits",
+        "--example",
+        help="'digits' (built-in MLP on a table) or 'textlm' (your own "
+        "recipe: a character-level transformer on a text file).",
+    ),
 ) -> None:
     """Write a ready campaign: DIR/campaign.yaml and its pinned corpus (exit 2: exists)."""
     from gpucampaign.scaffold import init_campaign
     from gpucampaign.scaffold_textlm import init_textlm
 
     if example not in ("digits", "textlm"):
-        raise SpecError(f"option '--example': '{example}' is not an example; use 'digits' or "
-                        "'textlm'.", field="--example")
+        raise SpecError(
+            f"option '--example': '{example}' is not an example; use 'digits' or 'textlm'.",
+            field="--example",
+        )
     spec_path = init_textlm(directory) if example == "textlm" else init_campaign(directory)
     console.print(f"wrote {spec_path} and its corpus under {directory / 'data'}", highlight=False)
     console.print(f"next: campaign plan {spec_path}", highlight=False)
@@ -250,8 +255,9 @@ def init_cmd(
 
 @app.command("pin")
 @handle_errors
-def pin_cmd(path: Path = typer.Argument(..., help="A file or a folder to pin."),
-            as_json: AsJson = False) -> None:
+def pin_cmd(
+    path: Path = typer.Argument(..., help="A file or a folder to pin."), as_json: AsJson = False
+) -> None:
     """Print the sha256 that pins PATH in a spec (a folder: the sha256 of its manifest)."""
     from gpucampaign.pins import folder_manifest, input_sha256
 
@@ -391,8 +397,11 @@ def run_cmd(
         raise SpecError(f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.")
     target = out or Path("out") / cs.name
     if target.exists() and not target.is_dir():
-        raise SpecError(f"option '--out': '{target}' is a file, not a folder; give a new or "
-                        "existing output folder.", field="--out")
+        raise SpecError(
+            f"option '--out': '{target}' is a file, not a folder; give a new or "
+            "existing output folder.",
+            field="--out",
+        )
     # Refused before Prefect starts: a clear message, no flow-run traceback.
     OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
     _preflight_recipes(cs, base_dir=spec.resolve().parent)
@@ -400,8 +409,7 @@ def run_cmd(
     state = None
     try:
         with interruptible_run(grace_s=grace):
-            state = flow(spec=str(spec), out=str(target), decision_mode=decision,
-                         return_state=True)
+            state = flow(spec=str(spec), out=str(target), decision_mode=decision, return_state=True)
     except BaseException:
         if stop_requested() is None:
             raise
@@ -409,7 +417,10 @@ def run_cmd(
         err_console.print(
             f"[bold yellow]interrupted by {reason}:[/] the running training saved a checkpoint "
             f"and stopped; its segment is recorded in {target / 'timeline.jsonl'}. Rerun the same "
-            "command to resume.", soft_wrap=True, highlight=False)
+            "command to resume.",
+            soft_wrap=True,
+            highlight=False,
+        )
         raise typer.Exit(exit_code(reason))
     summary = state.result(raise_on_failure=False)
     if isinstance(summary, BaseException):
@@ -454,11 +465,16 @@ def _print_run_summary(summary: dict[str, Any], *, target: Path) -> dict[str, An
     console.print(f"output folder: {target}  (report: {target / 'report.md'})")
     mirrored = summary.get("mirrored") or {}
     if mirrored.get("error"):
-        err_console.print(f"[bold red]not mirrored[/] to {mirrored['url']}: the folder is only on "
-                          f"this machine ({mirrored['error']})", soft_wrap=True)
+        err_console.print(
+            f"[bold red]not mirrored[/] to {mirrored['url']}: the folder is only on "
+            f"this machine ({mirrored['error']})",
+            soft_wrap=True,
+        )
     elif mirrored.get("url", "local") != "local":
-        _say(f"mirrored to {mirrored['url']}; bring it back anywhere with "
-             f"`campaign retrieve {mirrored['url']} --to DIR`")
+        _say(
+            f"mirrored to {mirrored['url']}; bring it back anywhere with "
+            f"`campaign retrieve {mirrored['url']} --to DIR`"
+        )
     return verdict
 
 
@@ -481,8 +497,11 @@ def verify_cmd(
         raise SpecError(f"'{out}' is not a folder: give a campaign's output folder.", field="OUT")
     if not any((out / name).is_file() for name in ("manifest.json", "spec.yaml", "plan.json")):
         # Not a campaign's folder (a home folder, '/'): refused rather than walked.
-        raise SpecError(f"'{out}' is not a campaign output folder (no manifest.json, spec.yaml or "
-                        "plan.json): give the folder that `campaign run --out` wrote.", field="OUT")
+        raise SpecError(
+            f"'{out}' is not a campaign output folder (no manifest.json, spec.yaml or "
+            "plan.json): give the folder that `campaign run --out` wrote.",
+            field="OUT",
+        )
     report = verify_output(out, reload=not no_reload)
     verified = report.verified and not no_reload
     if as_json:
@@ -532,10 +551,13 @@ def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
         Markdown(md.read_text(encoding="utf-8")) if md.is_file() else report_summary(report)
     )
     if changed:
-        console.print(Markdown(
-            "## Budget with the ledger (recomputed now)\n\nExpenses were recorded with "
-            "`campaign expense` after the close; the budget above is the one closed.\n\n"
-            + render_budget_md(budget)))
+        console.print(
+            Markdown(
+                "## Budget with the ledger (recomputed now)\n\nExpenses were recorded with "
+                "`campaign expense` after the close; the budget above is the one closed.\n\n"
+                + render_budget_md(budget)
+            )
+        )
 
 
 @app.command("expense")
@@ -585,7 +607,8 @@ def retrieve_cmd(
     url: str = typer.Argument(..., help="Where the campaign was mirrored: s3://bucket/prefix."),
     to: Path = typer.Option(..., "--to", help="New (or empty) folder to bring it into."),
 ) -> None:
-    """Download a mirrored output folder, every file checked by size and sha256 (exit 2: bad input)."""
+    """Download a mirrored output folder, every file checked by size and sha256 (exit 2: bad
+    input)."""
     from gpucampaign.mirror import retrieve_folder
     from gpucampaign.storage import StorageError, open_store, parse_s3_url
 
@@ -594,8 +617,10 @@ def retrieve_cmd(
         done = retrieve_folder(open_store(url, out_dir=to, spool=False), dest=to)
     except StorageError as exc:
         raise SpecError(f"cannot retrieve {url}: {exc}", field="URL") from None
-    console.print(f"retrieved {done['files']} files ({done['bytes']} bytes) from {url} into {to}",
-                  highlight=False)
+    console.print(
+        f"retrieved {done['files']} files ({done['bytes']} bytes) from {url} into {to}",
+        highlight=False,
+    )
     console.print(f"next: campaign verify {to}", highlight=False)
 
 

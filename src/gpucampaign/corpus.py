@@ -321,8 +321,9 @@ def load_spec_corpus(
     return open_corpus(path, spec=spec, base_dir=base_dir, run_id=run_id)
 
 
-def open_corpus(path: str | Path, *, spec: CampaignSpec, base_dir: str | Path | None,
-                run_id: str = AUDIT_RUN_ID) -> Any:
+def open_corpus(
+    path: str | Path, *, spec: CampaignSpec, base_dir: str | Path | None, run_id: str = AUDIT_RUN_ID
+) -> Any:
     """``load_spec_corpus`` for a corpus already resolved to ``path``.
 
     Raises:
@@ -332,14 +333,16 @@ def open_corpus(path: str | Path, *, spec: CampaignSpec, base_dir: str | Path | 
 
     assert spec.corpus is not None
     if spec.inputs and base_dir is None:
-        raise SpecError("the spec pins 'inputs': their paths need the spec's folder.",
-                        field="inputs")
+        raise SpecError(
+            "the spec pins 'inputs': their paths need the spec's folder.", field="inputs"
+        )
     inputs = pin_inputs(spec, base_dir=base_dir, run_id=run_id) if spec.inputs else {}
     if spec.needs_table():
         corpus = load_corpus(path, corpus_spec=spec.corpus, run_id=run_id)
         return replace(corpus, inputs=inputs)
-    pinned = pin(Path(path), sha256=spec.corpus.sha256, run_id=run_id,
-                 label=f"corpus '{spec.corpus.path}'")
+    pinned = pin(
+        Path(path), sha256=spec.corpus.sha256, run_id=run_id, label=f"corpus '{spec.corpus.path}'"
+    )
     return replace(pinned, inputs=inputs)
 
 

@@ -274,7 +274,11 @@ def early_losses(metrics: Sequence[Mapping[str, Any]], *, steps: int) -> list[fl
 
 
 def pilot_measures(
-    spec: CampaignSpec, *, run: str, result: Any, n_train: int,
+    spec: CampaignSpec,
+    *,
+    run: str,
+    result: Any,
+    n_train: int,
     losses: Sequence[float] = (),
 ) -> dict[str, Any]:
     """What the re-forecast needs from a pilot: load, step, eval and save costs and their counts,
@@ -402,7 +406,8 @@ def with_pilot_evidence(
     reasons += [
         f"optional run '{s['run']}' is dropped: its pilot tripped {s['rule']} ({s['reason']}), "
         "so it cannot change the choice"
-        for s in pilot_stops if s.get("run") in tripped
+        for s in pilot_stops
+        if s.get("run") in tripped
     ]
     reasons += [
         f"low information: the early loss curve of '{r}' cannot be told from the control's "
@@ -411,15 +416,17 @@ def with_pilot_evidence(
         for r in flagged
     ]
     dropped = sorted({*decision.dropped_runs, *tripped})
-    return decision.model_copy(update={
-        "action": "reduce" if dropped else decision.action,
-        "dropped_runs": dropped,
-        "dropped_steps": sorted(
-            {*decision.dropped_steps, *(s.name for s in spec.calendar if s.run in tripped)}
-        ),
-        "reasons": reasons,
-        "inputs": {**decision.inputs, "low_information": flagged},
-    })
+    return decision.model_copy(
+        update={
+            "action": "reduce" if dropped else decision.action,
+            "dropped_runs": dropped,
+            "dropped_steps": sorted(
+                {*decision.dropped_steps, *(s.name for s in spec.calendar if s.run in tripped)}
+            ),
+            "reasons": reasons,
+            "inputs": {**decision.inputs, "low_information": flagged},
+        }
+    )
 
 
 def decision_markdown(
@@ -441,8 +448,11 @@ def decision_markdown(
     curves = {r: m.get("early_losses") or [] for r, m in (pilot or {}).items()}
     if any(curves.values()):
         flagged = set(decision.inputs.get("low_information") or [])
-        lines += ["", "| run | early losses (first, middle, last pilot step) | note |",
-                  "|---|---|---|"]
+        lines += [
+            "",
+            "| run | early losses (first, middle, last pilot step) | note |",
+            "|---|---|---|",
+        ]
         for run, c in curves.items():
             shown = ", ".join(f"{x:.4f}" for x in (c[0], c[len(c) // 2], c[-1])) if c else ""
             note = "low information: same curve as the control" if run in flagged else ""
@@ -462,12 +472,19 @@ def decision_form(spec: CampaignSpec, *, auto: Decision) -> type[BaseModel]:
     return create_model(
         "DecisionInput",
         __config__=ConfigDict(extra="forbid"),
-        action=(Action, Field(default=auto.action, description=DecisionInput.model_fields[
-            "action"].description)),
-        drop=(list[Literal[tuple(choices)]], Field(  # type: ignore[valid-type]
-            default=[r for r in auto.dropped_runs if r in choices],
-            description="Optional runs to drop (with 'reduce'); the essential runs cannot be.",
-        )),
+        action=(
+            Action,
+            Field(
+                default=auto.action, description=DecisionInput.model_fields["action"].description
+            ),
+        ),
+        drop=(
+            list[Literal[tuple(choices)]],
+            Field(  # type: ignore[valid-type]
+                default=[r for r in auto.dropped_runs if r in choices],
+                description="Optional runs to drop (with 'reduce'); the essential runs cannot be.",
+            ),
+        ),
         note=(str, Field(default="", description="Why: kept in decisions.jsonl.")),
     )
 

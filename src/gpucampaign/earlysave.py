@@ -101,13 +101,17 @@ def verify_early_save(
     original = _train_losses(Path(run_dir) / METRICS_FILE)
     steps = list(range(start + 1, n + 1))
     if not all(s in original for s in steps):
-        raise NoUsableRestart(run_id, f"the live run recorded no loss for steps {start + 1}..{n}"
-                              " to compare with", step=start)
+        raise NoUsableRestart(
+            run_id,
+            f"the live run recorded no loss for steps {start + 1}..{n} to compare with",
+            step=start,
+        )
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     local = _copy_checkpoint(store, run_id=run_id, step=start, dst=workdir / "checkpoints")
-    resumed = _resume_in_child(spec, run=run, corpus_path=Path(corpus_path), store=local,
-                               workdir=workdir, start=start, n=n)
+    resumed = _resume_in_child(
+        spec, run=run, corpus_path=Path(corpus_path), store=local, workdir=workdir, start=start, n=n
+    )
     device = resumed.get("device", "cpu")
     cmp = _Comparer(0.0 if device == "cpu" else GPU_ATOL)
     cmp.losses(original, _train_losses(workdir / "run" / METRICS_FILE), steps)
@@ -119,21 +123,38 @@ def verify_early_save(
         compare_states(cmp, manager.load(n), replayed, skip_rng=("python", "numpy"))
     elif n == planned:
         _compare_final_models(cmp, Path(run_dir) / MODEL_DIR, workdir / "run" / MODEL_DIR)
-    spe = int(json.loads(local.read_bytes(f"{run_id}/{step_dirname(start)}/{META_FILE}"))
-              .get("steps_per_epoch") or 1)
+    spe = int(
+        json.loads(local.read_bytes(f"{run_id}/{step_dirname(start)}/{META_FILE}")).get(
+            "steps_per_epoch"
+        )
+        or 1
+    )
     report = RestartReport(
-        identical=not cmp.mismatches, compared_steps=len(steps), max_abs_diff=cmp.max_abs_diff,
-        save_s=None, restore_s=resumed["timings"]["restore_s"],
-        total_s=time.perf_counter() - t0, k=start, n=n, threads=spec.run_config(run).threads,
-        run_id=run_id, mode="early-save", device=device, atol=cmp.atol,
+        identical=not cmp.mismatches,
+        compared_steps=len(steps),
+        max_abs_diff=cmp.max_abs_diff,
+        save_s=None,
+        restore_s=resumed["timings"]["restore_s"],
+        total_s=time.perf_counter() - t0,
+        k=start,
+        n=n,
+        threads=spec.run_config(run).threads,
+        run_id=run_id,
+        mode="early-save",
+        device=device,
+        atol=cmp.atol,
         k_mid_epoch=start % spe != 0,
         tolerance_reason=GPU_TOLERANCE_REASON if cmp.atol else "",
-        compared=cmp.compared, mismatches=cmp.mismatches[:20],
+        compared=cmp.compared,
+        mismatches=cmp.mismatches[:20],
     )
     if check and not report.identical:
         raise NoUsableRestart(
-            run_id, f"resuming the early save of step {start} in a fresh process does not "
-            "reproduce the live run: " + "; ".join(report.mismatches[:3]), step=start)
+            run_id,
+            f"resuming the early save of step {start} in a fresh process does not "
+            "reproduce the live run: " + "; ".join(report.mismatches[:3]),
+            step=start,
+        )
     return report
 
 
@@ -158,10 +179,17 @@ def campaign_restart_check(
 
     path = corpus_path(spec, base_dir=base_dir)
     store = open_store(spec.storage.url, out_dir=Path(out_dir))
-    manager = CheckpointManager(store, run_id=spec.run_id(run),
-                                config_sha256=run_config_sha256(spec, run))
+    manager = CheckpointManager(
+        store, run_id=spec.run_id(run), config_sha256=run_config_sha256(spec, run)
+    )
     if early_resume_point(manager) is None:
         return verify_restart(spec, run=run, corpus_path=path, workdir=workdir)
-    return verify_early_save(spec, run=run, corpus_path=path, store=store,
-                             run_dir=Path(out_dir) / "runs" / spec.run_id(run),
-                             workdir=workdir, max_steps=max_steps)
+    return verify_early_save(
+        spec,
+        run=run,
+        corpus_path=path,
+        store=store,
+        run_dir=Path(out_dir) / "runs" / spec.run_id(run),
+        workdir=workdir,
+        max_steps=max_steps,
+    )

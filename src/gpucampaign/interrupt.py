@@ -134,9 +134,14 @@ def _handle(signum: int, frame: Any) -> None:
     with _lock:
         if _timer is None:
             _timer = threading.Timer(
-                _grace_s, _force_exit,
-                args=(name, f"{name}: not stopped within the grace of {_grace_s:g} s; "
-                      "ending now (the last saved checkpoint is kept)"))
+                _grace_s,
+                _force_exit,
+                args=(
+                    name,
+                    f"{name}: not stopped within the grace of {_grace_s:g} s; "
+                    "ending now (the last saved checkpoint is kept)",
+                ),
+            )
             _timer.daemon = True
             _timer.start()
 

@@ -60,7 +60,9 @@ class LedgerExpense(BaseModel):
         return {"name": self.what, "usd": self.usd, "note": f"{note}recorded {self.time}"}
 
 
-def add_expense(root: str | Path, *, usd: float, what: str, order_ref: str | None = None) -> LedgerExpense:
+def add_expense(
+    root: str | Path, *, usd: float, what: str, order_ref: str | None = None
+) -> LedgerExpense:
     """Append one expense to the ledger of the campaign folder ``root``.
 
     Raises:
@@ -71,7 +73,9 @@ def add_expense(root: str | Path, *, usd: float, what: str, order_ref: str | Non
     if not (folder / "spec.yaml").is_file():
         raise SpecError(
             f"'{folder}' is not a campaign's output folder (no spec.yaml): give the folder "
-            "that `campaign run` wrote.", field="OUT")
+            "that `campaign run` wrote.",
+            field="OUT",
+        )
     try:
         entry = LedgerExpense(usd=usd, what=what, order_ref=order_ref)
     except ValidationError as exc:

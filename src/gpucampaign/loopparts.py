@@ -30,7 +30,11 @@ def n_train_of(out_dir: str | Path, *, spec: CampaignSpec, run: str, corpus: Any
 
 
 def make_loader(
-    train: Any, *, config: RunConfig, generator: torch.Generator, device: torch.device,
+    train: Any,
+    *,
+    config: RunConfig,
+    generator: torch.Generator,
+    device: torch.device,
     collate_fn: Any = None,
 ) -> DataLoader:
     """The training batches, shuffled by ``generator``.
@@ -40,16 +44,25 @@ def make_loader(
     the same values. The sampler stays in this process; workers only fetch batches.
     """
     kw: dict[str, Any] = {
-        "num_workers": config.num_workers, "pin_memory": device.type == "cuda",
-        "persistent_workers": config.persistent_workers and config.num_workers > 0}
+        "num_workers": config.num_workers,
+        "pin_memory": device.type == "cuda",
+        "persistent_workers": config.persistent_workers and config.num_workers > 0,
+    }
     if isinstance(train, TensorDataset) and collate_fn is None:
-        batches = BatchSampler(RandomSampler(train, generator=generator),
-                               batch_size=config.batch_size, drop_last=False)
+        batches = BatchSampler(
+            RandomSampler(train, generator=generator), batch_size=config.batch_size, drop_last=False
+        )
         # The generator also draws each epoch's base seed, as with shuffle=True: the global
         # torch RNG (dropout) is left alone.
         return DataLoader(train, sampler=batches, batch_size=None, generator=generator, **kw)
-    return DataLoader(train, batch_size=config.batch_size, shuffle=True, generator=generator,
-                      collate_fn=collate_fn, **kw)
+    return DataLoader(
+        train,
+        batch_size=config.batch_size,
+        shuffle=True,
+        generator=generator,
+        collate_fn=collate_fn,
+        **kw,
+    )
 
 
 def progress_bar(show: bool, run_id: str, total: int, done: int) -> Any:
@@ -68,8 +81,14 @@ def progress_bar(show: bool, run_id: str, total: int, done: int) -> Any:
     console = Console(stderr=True)
     if not console.is_terminal:
         return None
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeRemainingColumn(), console=console, transient=True)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
     bar.add_task(run_id, total=total, completed=done)
     bar.start()
     return bar

@@ -21,8 +21,18 @@ from gpucampaign.spec import CampaignSpec, SpecError, resolve_inside, spec_sha25
 CORPUS_COPY_LIMIT = 50 * 1024 * 1024
 INPUTS = "inputs.json"
 # Names the output folder writes itself: a catalog copied in must not land on one of them.
-_RESERVED_TOPS = ("runs", "checkpoints", "spool", "data", "figures", "spec.yaml", "plan.json",
-                  "plan.sha256", "manifest.json", INPUTS)
+_RESERVED_TOPS = (
+    "runs",
+    "checkpoints",
+    "spool",
+    "data",
+    "figures",
+    "spec.yaml",
+    "plan.json",
+    "plan.sha256",
+    "manifest.json",
+    INPUTS,
+)
 MANIFEST_FORMAT = "gpucampaign.manifest/1"
 
 
@@ -151,23 +161,30 @@ def keep_inputs(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -
     if spec.catalog is not None:
         rel = Path(spec.catalog).as_posix()
         if rel.split("/")[0] in _RESERVED_TOPS:
-            raise SpecError(f"field 'catalog': '{rel}' is a name the output folder uses; move "
-                            "the catalog file to another name.", field="catalog")
+            raise SpecError(
+                f"field 'catalog': '{rel}' is a name the output folder uses; move "
+                "the catalog file to another name.",
+                field="catalog",
+            )
         src = resolve_inside(base_dir, spec.catalog, field="catalog")
         if not src.is_file():
-            raise SpecError(f"field 'catalog': catalog file '{src}' does not exist.",
-                            field="catalog")
+            raise SpecError(
+                f"field 'catalog': catalog file '{src}' does not exist.", field="catalog"
+            )
         digest = sha256_file(src)
         target = folder.path(rel)
         if target.resolve() != src.resolve() and (
-                not target.is_file() or sha256_file(target) != digest):
+            not target.is_file() or sha256_file(target) != digest
+        ):
             folder.copy_in(src, rel)
         kept["catalog"] = {"path": rel, "sha256": digest, "size": src.stat().st_size}
     if spec.corpus is not None:
         try:
             kept["corpus"] = reference_corpus(
-                root, resolve_inside(base_dir, spec.corpus.path, field="corpus.path"),
-                sha256=spec.corpus.sha256)
+                root,
+                resolve_inside(base_dir, spec.corpus.path, field="corpus.path"),
+                sha256=spec.corpus.sha256,
+            )
         except SpecError:
             kept["corpus"] = None
     folder.write_json(INPUTS, kept)
@@ -183,11 +200,18 @@ def _reference_folder(
     rows = folder_manifest(src)
     digest = manifest_sha256(rows)
     if sha256 is not None and digest != sha256:
-        raise SpecError(f"corpus folder '{src}' has manifest sha256 {digest}, not the pinned "
-                        f"{sha256}", field="corpus.sha256")
+        raise SpecError(
+            f"corpus folder '{src}' has manifest sha256 {digest}, not the pinned {sha256}",
+            field="corpus.sha256",
+        )
     size = sum(r["size"] for r in rows)
-    ref: dict[str, Any] = {"sha256": digest, "size": size, "name": src.name, "kind_of": "folder",
-                           "files": len(rows)}
+    ref: dict[str, Any] = {
+        "sha256": digest,
+        "size": size,
+        "name": src.name,
+        "kind_of": "folder",
+        "files": len(rows),
+    }
     if size >= copy_limit_bytes:
         return {"kind": "external", "location": str(src.resolve()), **ref}
     folder = OutputFolder(root)

@@ -70,7 +70,11 @@ def classification_metrics(
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, *, n_classes: int,
+    model: torch.nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    n_classes: int,
     device: torch.device,
 ) -> dict[str, float]:
     """Accuracy, macro F1 and mean cross-entropy of ``model`` on (X, y).

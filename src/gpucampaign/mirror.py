@@ -53,8 +53,11 @@ def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict
     root = Path(folder)
     if not root.is_dir():
         raise StorageError(f"cannot mirror {root}: not a folder")
-    rels = [r for r in LocalStore(root).list() if r != MIRROR_INDEX
-            and not r.startswith(f"{SPOOL_DIR}/") and not (root / r).is_symlink()]
+    rels = [
+        r
+        for r in LocalStore(root).list()
+        if r != MIRROR_INDEX and not r.startswith(f"{SPOOL_DIR}/") and not (root / r).is_symlink()
+    ]
     try:
         previous = json.loads(store.read_bytes(MIRROR_INDEX)).get("files", {})
     except (NotFound, ValueError, AttributeError):
@@ -69,11 +72,18 @@ def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         done = list(pool.map(send, rels))
-    index = {"format": _MIRROR_FORMAT, "mirrored_at": utc_now(),
-             "files": {rel: info for rel, info, _ in done}}
+    index = {
+        "format": _MIRROR_FORMAT,
+        "mirrored_at": utc_now(),
+        "files": {rel: info for rel, info, _ in done},
+    }
     store.write_bytes(MIRROR_INDEX, data=json_bytes(index))
-    return {"url": store.url, "files": len(done), "uploaded": sum(sent for *_, sent in done),
-            "bytes": sum(info["bytes"] for _, info, _ in done)}
+    return {
+        "url": store.url,
+        "files": len(done),
+        "uploaded": sum(sent for *_, sent in done),
+        "bytes": sum(info["bytes"] for _, info, _ in done),
+    }
 
 
 def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict[str, Any]:
@@ -94,8 +104,9 @@ def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict
 
     dest = Path(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise SpecError(f"'{dest}' exists and is not an empty folder: retrieve into a new one.",
-                        field="--to")
+        raise SpecError(
+            f"'{dest}' exists and is not an empty folder: retrieve into a new one.", field="--to"
+        )
     try:
         files = json.loads(store.read_bytes(MIRROR_INDEX))["files"]
     except NotFound:
@@ -112,8 +123,10 @@ def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict
         want = files[rel]
         size, digest = target.stat().st_size, sha256_file(target)
         if size != want["bytes"] or digest != want["sha256"]:
-            raise StorageError(f"{store.url}/{rel}: {size} bytes / sha256 {digest[:12]}, "
-                               f"the mirror index says {want['bytes']} / {want['sha256'][:12]}")
+            raise StorageError(
+                f"{store.url}/{rel}: {size} bytes / sha256 {digest[:12]}, "
+                f"the mirror index says {want['bytes']} / {want['sha256'][:12]}"
+            )
         return size
 
     try:
@@ -154,7 +167,11 @@ def mirror_output(
     except StorageError as exc:
         return {"url": url, "error": str(exc), "spooled": spooled_keys(root)}
     if pending:
-        done.update(spooled=pending, error=(
-            f"{len(pending)} checkpoint file(s) are still only on this machine in "
-            f"{Path(root) / SPOOL_DIR}: the S3 server did not take them yet"))
+        done.update(
+            spooled=pending,
+            error=(
+                f"{len(pending)} checkpoint file(s) are still only on this machine in "
+                f"{Path(root) / SPOOL_DIR}: the S3 server did not take them yet"
+            ),
+        )
     return done

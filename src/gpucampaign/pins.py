@@ -53,10 +53,14 @@ def pin(path: Path, *, sha256: str, run_id: str, label: str) -> Pinned:
     kind = "folder" if path.is_dir() else "file"
     actual = input_sha256(path)
     if actual != sha256:
-        what = "a file in the folder was added, removed or changed" if kind == "folder" else (
-            "the file was altered")
+        what = (
+            "a file in the folder was added, removed or changed"
+            if kind == "folder"
+            else ("the file was altered")
+        )
         raise EssentialInputMissing(
-            run_id, f"{label} changed ({what}): sha256 {actual} is not the pinned {sha256}")
+            run_id, f"{label} changed ({what}): sha256 {actual} is not the pinned {sha256}"
+        )
     return Pinned(path=path, sha256=actual, kind=kind, load_s=time.perf_counter() - t0)
 
 
@@ -64,15 +68,18 @@ def pin_corpus(spec: CampaignSpec, *, base_dir: str | Path, run_id: str) -> Pinn
     """The spec's corpus as a pinned file or folder (for recipes that read it themselves)."""
     assert spec.corpus is not None
     path = resolve_inside(base_dir, spec.corpus.path, field="corpus.path")
-    return pin(path, sha256=spec.corpus.sha256, run_id=run_id,
-               label=f"corpus '{spec.corpus.path}'")
+    return pin(path, sha256=spec.corpus.sha256, run_id=run_id, label=f"corpus '{spec.corpus.path}'")
 
 
 def pin_inputs(spec: CampaignSpec, *, base_dir: str | Path, run_id: str) -> dict[str, Pinned]:
     """Every pinned input of ``spec.inputs``, checked, by name."""
     return {
-        name: pin(resolve_inside(base_dir, item.path, field=f"inputs.{name}.path"),
-                  sha256=item.sha256, run_id=run_id, label=f"input '{name}' ('{item.path}')")
+        name: pin(
+            resolve_inside(base_dir, item.path, field=f"inputs.{name}.path"),
+            sha256=item.sha256,
+            run_id=run_id,
+            label=f"input '{name}' ('{item.path}')",
+        )
         for name, item in spec.inputs.items()
     }
 

@@ -121,9 +121,7 @@ def read_predictions(path: str | Path) -> Predictions:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None or tuple(header) != PREDICTION_COLUMNS:
-            raise ValueError(
-                f"{path}: header must be {','.join(PREDICTION_COLUMNS)}, got {header}"
-            )
+            raise ValueError(f"{path}: header must be {','.join(PREDICTION_COLUMNS)}, got {header}")
         ids, labels, preds, conf = [], [], [], []
         for n, row in enumerate(reader, start=2):
             if len(row) != 4:
@@ -158,10 +156,16 @@ def _per_class(confusion: list[list[int]], *, names: Sequence[str]) -> list[dict
             if precision is not None and recall is not None and precision + recall > 0
             else 0.0
         )
-        rows.append({
-            "class": names[c], "support": support, "predicted": predicted,
-            "precision": precision, "recall": recall, "f1": f1,
-        })
+        rows.append(
+            {
+                "class": names[c],
+                "support": support,
+                "predicted": predicted,
+                "precision": precision,
+                "recall": recall,
+                "f1": f1,
+            }
+        )
     return rows
 
 
@@ -254,9 +258,7 @@ def _id_list(xs: Sequence[str], *, max_ids: int) -> str:
     return (shown + more) if xs else "none"
 
 
-def render_error_analysis_md(
-    analysis: Mapping[str, Any], *, title: str, max_ids: int = 20
-) -> str:
+def render_error_analysis_md(analysis: Mapping[str, Any], *, title: str, max_ids: int = 20) -> str:
     """A short markdown section for one run's error analysis."""
     a = analysis
     lines = [
@@ -372,7 +374,11 @@ def load_run_model(root: str | Path, run_id: str) -> Any:
 
 
 def write_run_predictions(
-    root: str | Path, run_id: str, *, corpus: Any, split: str = "test",
+    root: str | Path,
+    run_id: str,
+    *,
+    corpus: Any,
+    split: str = "test",
     name: str = PREDICTIONS_FILE,
 ) -> Predictions:
     """Predict ``split`` with the SAVED model of a run, on CPU, and write its ``predictions.csv``.
@@ -403,14 +409,22 @@ def write_run_predictions(
     finally:
         torch.set_num_threads(threads)
     path = write_predictions(
-        OutputFolder(root).path(f"runs/{run_id}"), ids=[str(i) for i in part.ids.tolist()],
-        labels=part.y, preds=pred, confidence=conf, name=name,
+        OutputFolder(root).path(f"runs/{run_id}"),
+        ids=[str(i) for i in part.ids.tolist()],
+        labels=part.y,
+        preds=pred,
+        confidence=conf,
+        name=name,
     )
     return read_predictions(path)
 
 
 def _compare(
-    expected: Predictions, *, ids: list[str], labels: list[int], pred: list[int],
+    expected: Predictions,
+    *,
+    ids: list[str],
+    labels: list[int],
+    pred: list[int],
     conf: list[float],
 ) -> dict[str, Any]:
     """``{rows, mismatches, first_mismatch, error}`` of a reload against the written file."""
@@ -461,7 +475,11 @@ def reload_check(
     out: dict[str, dict[str, Any]] = {}
     for rid in run_ids:
         res: dict[str, Any] = {
-            "ok": False, "rows": 0, "mismatches": None, "first_mismatch": None, "error": None,
+            "ok": False,
+            "rows": 0,
+            "mismatches": None,
+            "first_mismatch": None,
+            "error": None,
         }
         out[rid] = res
         if not _builtin_model(root, rid):
@@ -471,7 +489,8 @@ def reload_check(
             expected = read_predictions(OutputFolder(root).path(f"runs/{rid}/predictions.csv"))
             want = list(expected.ids)
             ids, X, labels = (
-                features_for(root, ids=want) if corpus is None
+                features_for(root, ids=want)
+                if corpus is None
                 else _rows(corpus, ids=want, split="test")
             )
             model = load_run_model(root, rid)
@@ -514,8 +533,13 @@ def reload_in_fresh_process(
         return {}
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     cmd = [
-        sys.executable, "-m", "gpucampaign.predictions", "reload-check",
-        str(Path(root).resolve()), *run_ids, "--json",
+        sys.executable,
+        "-m",
+        "gpucampaign.predictions",
+        "reload-check",
+        str(Path(root).resolve()),
+        *run_ids,
+        "--json",
     ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)

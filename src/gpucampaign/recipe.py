@@ -172,8 +172,12 @@ def recipe_file(recipe: str) -> Path:
     else:
         why = "no such module on sys.path"
     if found is None or not found.origin or not Path(found.origin).is_file():
-        raise RecipeError(recipe, "import", f"module '{module}' does not import ({why}); put "
-                          f"{module.replace('.', '/')}.py next to the spec file or install it")
+        raise RecipeError(
+            recipe,
+            "import",
+            f"module '{module}' does not import ({why}); put "
+            f"{module.replace('.', '/')}.py next to the spec file or install it",
+        )
     return Path(found.origin)
 
 
@@ -197,18 +201,29 @@ def load_recipe(recipe: str) -> Recipe:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any error in the user's module is reported, not raised
-        raise RecipeError(recipe, "import", f"module '{module_name}' does not import "
-                          f"({type(exc).__name__}: {exc})") from None
+        raise RecipeError(
+            recipe,
+            "import",
+            f"module '{module_name}' does not import ({type(exc).__name__}: {exc})",
+        ) from None
     cls = getattr(module, class_name, None)
     if cls is None:
         raise RecipeError(recipe, "import", f"module '{module_name}' has no '{class_name}'")
     if not (isinstance(cls, type) and issubclass(cls, Recipe)):
-        raise RecipeError(recipe, "class", f"'{class_name}' is not a subclass of "
-                          "gpucampaign.Recipe; write `class {class_name}(Recipe): ...`")
+        raise RecipeError(
+            recipe,
+            "class",
+            f"'{class_name}' is not a subclass of "
+            "gpucampaign.Recipe; write `class {class_name}(Recipe): ...`",
+        )
     missing = [m for m in REQUIRED_METHODS if getattr(cls, m) is getattr(Recipe, m)]
     if missing:
-        raise RecipeError(recipe, f"{missing[0]}()", "the method is missing; a recipe defines "
-                          + ", ".join(f"{m}()" for m in REQUIRED_METHODS))
+        raise RecipeError(
+            recipe,
+            f"{missing[0]}()",
+            "the method is missing; a recipe defines "
+            + ", ".join(f"{m}()" for m in REQUIRED_METHODS),
+        )
     try:
         return cls()
     except Exception as exc:
@@ -229,18 +244,21 @@ def call(recipe: str, method: str, fn: Any, *args: Any) -> Any:
 def check_datasets(recipe: str, datasets: Any) -> dict[str, Any]:
     """``datasets()``'s result: a mapping with a non-empty ``train`` and sized splits."""
     if not isinstance(datasets, dict):
-        raise RecipeError(recipe, "datasets()", f"must return a dict of splits, got "
-                          f"{type(datasets).__name__}")
+        raise RecipeError(
+            recipe, "datasets()", f"must return a dict of splits, got {type(datasets).__name__}"
+        )
     unknown = sorted(set(datasets) - {"train", "val", "test"})
     if unknown:
-        raise RecipeError(recipe, "datasets()", f"unknown split(s) {unknown}; use train, val, "
-                          "test")
+        raise RecipeError(recipe, "datasets()", f"unknown split(s) {unknown}; use train, val, test")
     if "train" not in datasets:
         raise RecipeError(recipe, "datasets()", "returned no 'train' split")
     for name, ds in datasets.items():
         if not hasattr(ds, "__len__") or not hasattr(ds, "__getitem__"):
-            raise RecipeError(recipe, "datasets()", f"split '{name}' is not a map-style "
-                              "Dataset (it needs __len__ and __getitem__)")
+            raise RecipeError(
+                recipe,
+                "datasets()",
+                f"split '{name}' is not a map-style Dataset (it needs __len__ and __getitem__)",
+            )
     if len(datasets["train"]) == 0:
         raise RecipeError(recipe, "datasets()", "the 'train' split is empty")
     return datasets
@@ -259,11 +277,15 @@ def check_loss(recipe: str, loss: Any) -> torch.Tensor:
 def check_metrics(recipe: str, metrics: Any, *, need: str | None) -> dict[str, float]:
     """``evaluate()``'s result: names to floats, with the metric the decision rule names."""
     if not isinstance(metrics, dict):
-        raise RecipeError(recipe, "evaluate()", f"must return a dict of metrics, got "
-                          f"{type(metrics).__name__}")
+        raise RecipeError(
+            recipe, "evaluate()", f"must return a dict of metrics, got {type(metrics).__name__}"
+        )
     if need is not None and need not in metrics:
-        raise RecipeError(recipe, "evaluate()", f"did not return '{need}', the metric the "
-                          f"decision rule names (got {sorted(metrics)})")
+        raise RecipeError(
+            recipe,
+            "evaluate()",
+            f"did not return '{need}', the metric the decision rule names (got {sorted(metrics)})",
+        )
     try:
         return {str(k): float(v) for k, v in metrics.items()}
     except (TypeError, ValueError) as exc:

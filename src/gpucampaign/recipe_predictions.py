@@ -26,8 +26,9 @@ def _has_predict(recipe: Recipe) -> bool:
     return type(recipe).predict is not Recipe.predict
 
 
-def prediction_rows(recipe: Recipe, model: Any, dataset: Any, *, config: RunConfig
-                    ) -> list[dict[str, Any]]:
+def prediction_rows(
+    recipe: Recipe, model: Any, dataset: Any, *, config: RunConfig
+) -> list[dict[str, Any]]:
     """The rows of ``predictions.csv`` for one split, on CPU, batches in order, no gradient."""
     import torch
     from torch.utils.data import DataLoader
@@ -35,8 +36,13 @@ def prediction_rows(recipe: Recipe, model: Any, dataset: Any, *, config: RunConf
     from gpucampaign.recipe_runtime import batch_len
 
     rows: list[dict[str, Any]] = []
-    loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=False, num_workers=0,
-                        collate_fn=recipe.collate_fn)
+    loader = DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        shuffle=False,
+        num_workers=0,
+        collate_fn=recipe.collate_fn,
+    )
     model.eval()
     name = config.recipe
     with torch.no_grad():
@@ -44,8 +50,9 @@ def prediction_rows(recipe: Recipe, model: Any, dataset: Any, *, config: RunConf
             if _has_predict(recipe):
                 rows.extend(dict(r) for r in call(name, "predict", recipe.predict, model, batch))
             else:
-                metrics = check_metrics(name, call(name, "evaluate", recipe.evaluate, model,
-                                                   [batch]), need=None)
+                metrics = check_metrics(
+                    name, call(name, "evaluate", recipe.evaluate, model, [batch]), need=None
+                )
                 rows.append({"batch": i, "rows": batch_len(batch), **metrics})
     return rows
 
@@ -73,8 +80,9 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _model_and_data(root: str | Path, run_id: str, *, corpus: Any, split: str
-                    ) -> tuple[Recipe, Any, Any, RunConfig]:
+def _model_and_data(
+    root: str | Path, run_id: str, *, corpus: Any, split: str
+) -> tuple[Recipe, Any, Any, RunConfig]:
     """The reloaded model, its recipe, the split's dataset and the run config."""
     import torch
 
@@ -104,14 +112,21 @@ def _corpus_for(root: str | Path, info: dict[str, Any], corpus: Any) -> Any:
     except (OSError, ValueError):
         ref = None
     path = corpus_file(root, ref) if ref else Path(recorded.get("path") or ".")
-    inputs = {name: Pinned(path=Path(p["path"]), sha256=p["sha256"], kind=p.get("kind", "file"))
-              for name, p in (info.get("inputs") or {}).items()}
-    return Pinned(path=path, sha256=recorded.get("sha256", ""), kind=recorded.get("kind", "file"),
-                  inputs=inputs)
+    inputs = {
+        name: Pinned(path=Path(p["path"]), sha256=p["sha256"], kind=p.get("kind", "file"))
+        for name, p in (info.get("inputs") or {}).items()
+    }
+    return Pinned(
+        path=path,
+        sha256=recorded.get("sha256", ""),
+        kind=recorded.get("kind", "file"),
+        inputs=inputs,
+    )
 
 
-def write_recipe_predictions(root: str | Path, run_id: str, *, corpus: Any, split: str
-                             ) -> list[dict[str, Any]]:
+def write_recipe_predictions(
+    root: str | Path, run_id: str, *, corpus: Any, split: str
+) -> list[dict[str, Any]]:
     """Write ``runs/<run_id>/predictions.csv`` from the saved model; its rows."""
     recipe, model, dataset, config = _model_and_data(root, run_id, corpus=corpus, split=split)
     rows = prediction_rows(recipe, model, dataset, config=config)
@@ -133,17 +148,31 @@ def recipe_reload_check(root: str | Path, run_id: str, *, corpus: Any = None) ->
     folder = OutputFolder(root)
     expected = folder.path(f"runs/{run_id}/{PREDICTIONS_FILE}").read_text(encoding="utf-8")
     analysis = folder.path(f"runs/{run_id}/error_analysis.json")
-    split = (json.loads(analysis.read_text(encoding="utf-8")).get("split", "test")
-             if analysis.is_file() else "test")
+    split = (
+        json.loads(analysis.read_text(encoding="utf-8")).get("split", "test")
+        if analysis.is_file()
+        else "test"
+    )
     recipe, model, dataset, config = _model_and_data(root, run_id, corpus=corpus, split=split)
     got = predictions_text(prediction_rows(recipe, model, dataset, config=config))
     want_lines, got_lines = expected.splitlines(), got.splitlines()
-    bad = [n for n in range(max(len(want_lines), len(got_lines)))
-           if n >= len(want_lines) or n >= len(got_lines) or want_lines[n] != got_lines[n]]
+    bad = [
+        n
+        for n in range(max(len(want_lines), len(got_lines)))
+        if n >= len(want_lines) or n >= len(got_lines) or want_lines[n] != got_lines[n]
+    ]
     first = None
     if bad:
         n = bad[0]
-        first = {"line": n + 1, "expected": want_lines[n] if n < len(want_lines) else None,
-                 "got": got_lines[n] if n < len(got_lines) else None}
-    return {"ok": not bad, "rows": max(0, len(want_lines) - 1), "mismatches": len(bad),
-            "first_mismatch": first, "error": None}
+        first = {
+            "line": n + 1,
+            "expected": want_lines[n] if n < len(want_lines) else None,
+            "got": got_lines[n] if n < len(got_lines) else None,
+        }
+    return {
+        "ok": not bad,
+        "rows": max(0, len(want_lines) - 1),
+        "mismatches": len(bad),
+        "first_mismatch": first,
+        "error": None,
+    }

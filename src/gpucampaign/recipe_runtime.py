@@ -26,22 +26,36 @@ from gpucampaign.recipe import (
 from gpucampaign.spec import CampaignSpec, RunConfig, SpecError
 
 
-def recipe_context(config: RunConfig, *, corpus: Any, run_id: str, device: torch.device
-                   ) -> RecipeContext:
+def recipe_context(
+    config: RunConfig, *, corpus: Any, run_id: str, device: torch.device
+) -> RecipeContext:
     """The ``ctx`` a run's recipe receives; ``corpus`` is a table ``Corpus`` or a ``Pinned``."""
-    pinned = Pinned(path=Path(corpus.path), sha256=corpus.sha256,
-                    kind=getattr(corpus, "kind", "file"), load_s=corpus.load_s)
-    return RecipeContext(args=dict(config.args), corpus=pinned, device=device, seed=config.seed,
-                         run_id=run_id, inputs=dict(corpus.inputs), config=config,
-                         table=corpus if hasattr(corpus, "splits") else None)
+    pinned = Pinned(
+        path=Path(corpus.path),
+        sha256=corpus.sha256,
+        kind=getattr(corpus, "kind", "file"),
+        load_s=corpus.load_s,
+    )
+    return RecipeContext(
+        args=dict(config.args),
+        corpus=pinned,
+        device=device,
+        seed=config.seed,
+        run_id=run_id,
+        inputs=dict(corpus.inputs),
+        config=config,
+        table=corpus if hasattr(corpus, "splits") else None,
+    )
 
 
 def build_datasets(recipe: Recipe, config: RunConfig, ctx: RecipeContext) -> dict[str, Any]:
     """The recipe's splits, checked (``train`` present and non-empty)."""
     if config.builtin and ctx.table is None:
-        raise SpecError(f"recipe '{config.recipe}' trains on a feature table (CSV/Parquet "
-                        "with id, split and label columns); give one as the corpus.",
-                        field="corpus.path")
+        raise SpecError(
+            f"recipe '{config.recipe}' trains on a feature table (CSV/Parquet "
+            "with id, split and label columns); give one as the corpus.",
+            field="corpus.path",
+        )
     return check_datasets(config.recipe, call(config.recipe, "datasets", recipe.datasets, ctx))
 
 
@@ -51,8 +65,7 @@ def train_rows(spec: CampaignSpec, *, run: str, corpus: Any) -> int:
     if config.builtin:
         return len(corpus.split("train"))
     recipe = load_recipe(config.recipe)
-    ctx = recipe_context(config, corpus=corpus, run_id=spec.run_id(run),
-                         device=torch.device("cpu"))
+    ctx = recipe_context(config, corpus=corpus, run_id=spec.run_id(run), device=torch.device("cpu"))
     return len(build_datasets(recipe, config, ctx)["train"])
 
 
@@ -63,9 +76,12 @@ def recipe_record(config: RunConfig) -> dict[str, Any]:
     """
     if config.builtin:
         return {"recipe": config.recipe, "args": config.args}
-    return {"recipe": config.recipe, "args": config.args,
-            "recipe_file": recipe_module_path(config.recipe),
-            "recipe_sha256": recipe_file_sha256(config.recipe)}
+    return {
+        "recipe": config.recipe,
+        "args": config.args,
+        "recipe_file": recipe_module_path(config.recipe),
+        "recipe_sha256": recipe_file_sha256(config.recipe),
+    }
 
 
 def recipe_module_path(recipe: str) -> str:
@@ -78,15 +94,27 @@ def recipe_module_path(recipe: str) -> str:
     return "/".join(parts[:-1] + [parts[-1] + path.suffix])
 
 
-def evaluate_split(recipe: Recipe, model: torch.nn.Module, dataset: Any, *, config: RunConfig,
-                   device: torch.device, need: str | None, limit: int | None = None
-                   ) -> dict[str, float]:
+def evaluate_split(
+    recipe: Recipe,
+    model: torch.nn.Module,
+    dataset: Any,
+    *,
+    config: RunConfig,
+    device: torch.device,
+    need: str | None,
+    limit: int | None = None,
+) -> dict[str, float]:
     """The recipe's metrics over one split: batches in order, eval mode, no gradient, fp32.
 
     ``limit``: only the first batches (the preflight).
     """
-    loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=False, num_workers=0,
-                        collate_fn=recipe.collate_fn)
+    loader = DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        shuffle=False,
+        num_workers=0,
+        collate_fn=recipe.collate_fn,
+    )
     batches = (to_device(b, device) for i, b in enumerate(loader) if limit is None or i < limit)
     was_training = model.training
     model.eval()
@@ -120,8 +148,9 @@ def batch_len(batch: Any) -> int:
     return 1
 
 
-def audit_recipe_corpus(spec: CampaignSpec, *, base_dir: str | Path, strict: bool = True
-                        ) -> dict[str, Any]:
+def audit_recipe_corpus(
+    spec: CampaignSpec, *, base_dir: str | Path, strict: bool = True
+) -> dict[str, Any]:
     """The audit of a corpus a recipe reads: the pin, the inputs, the splits it returns.
 
     Hard findings: an empty train split or decision split; the same ID in two splits, when
@@ -144,23 +173,38 @@ def audit_recipe_corpus(spec: CampaignSpec, *, base_dir: str | Path, strict: boo
     ctx = recipe_context(config, corpus=corpus, run_id=AUDIT_RUN_ID, device=torch.device("cpu"))
     datasets = build_datasets(recipe, config, ctx)
     sizes = {name: len(ds) for name, ds in datasets.items()}
-    findings = [{"check": "empty_split", "severity": "hard", "count": 0, "examples": [],
-                 "message": f"the {name} split is empty"}
-                for name in ("train", spec.decision_split) if not sizes.get(name)]
+    findings = [
+        {
+            "check": "empty_split",
+            "severity": "hard",
+            "count": 0,
+            "examples": [],
+            "message": f"the {name} split is empty",
+        }
+        for name in ("train", spec.decision_split)
+        if not sizes.get(name)
+    ]
     findings += _shared_ids(datasets)
     hard = [f for f in findings if f["severity"] == "hard"]
     if hard and strict:
-        raise EssentialInputMissing(AUDIT_RUN_ID, "corpus failed its audit: "
-                                    + "; ".join(f["message"] for f in hard))
+        raise EssentialInputMissing(
+            AUDIT_RUN_ID, "corpus failed its audit: " + "; ".join(f["message"] for f in hard)
+        )
     pin = describe_pin(corpus)
     return {
-        "ok": not hard, "path": spec.corpus.path if spec.corpus else None,
+        "ok": not hard,
+        "path": spec.corpus.path if spec.corpus else None,
         "sha256": {"pinned": corpus.sha256, "actual": corpus.sha256, "match": True},
-        "bytes": pin["bytes"], "kind": pin["kind"], "recipe": config.recipe,
+        "bytes": pin["bytes"],
+        "kind": pin["kind"],
+        "recipe": config.recipe,
         "rows": {"total": sum(sizes.values()), **sizes},
         "inputs": {name: describe_pin(p) for name, p in corpus.inputs.items()},
-        "decision_split": spec.decision_split, "findings": findings, "n_hard": len(hard),
-        "n_soft": len(findings) - len(hard), "audit_s": round(time.perf_counter() - t0, 6),
+        "decision_split": spec.decision_split,
+        "findings": findings,
+        "n_hard": len(hard),
+        "n_soft": len(findings) - len(hard),
+        "audit_s": round(time.perf_counter() - t0, 6),
     }
 
 
@@ -176,8 +220,15 @@ def _shared_ids(datasets: dict[str, Any]) -> list[dict[str, Any]]:
             seen.setdefault(key, name)
     if not shared:
         return []
-    return [{"check": "shared_ids", "severity": "hard", "count": len(shared),
-             "examples": shared[:5], "message": f"{len(shared)} ID(s) are in two splits"}]
+    return [
+        {
+            "check": "shared_ids",
+            "severity": "hard",
+            "count": len(shared),
+            "examples": shared[:5],
+            "message": f"{len(shared)} ID(s) are in two splits",
+        }
+    ]
 
 
 def preflight(spec: CampaignSpec, *, corpus: Any) -> list[str]:
@@ -196,14 +247,29 @@ def preflight(spec: CampaignSpec, *, corpus: Any) -> list[str]:
             continue
         seen.append(key)
         recipe = load_recipe(config.recipe)
-        ctx = recipe_context(config, corpus=corpus, run_id=spec.run_id(run),
-                             device=torch.device("cpu"))
+        ctx = recipe_context(
+            config, corpus=corpus, run_id=spec.run_id(run), device=torch.device("cpu")
+        )
         datasets = build_datasets(recipe, config, ctx)
         model = call(config.recipe, "model", recipe.model, ctx)
-        batch = next(iter(DataLoader(datasets["train"], batch_size=min(2, config.batch_size),
-                                     collate_fn=recipe.collate_fn)))
+        batch = next(
+            iter(
+                DataLoader(
+                    datasets["train"],
+                    batch_size=min(2, config.batch_size),
+                    collate_fn=recipe.collate_fn,
+                )
+            )
+        )
         check_loss(config.recipe, call(config.recipe, "loss", recipe.loss, model, batch))
         split = next(s for s in ("val", "test", "train") if len(datasets.get(s) or ()) > 0)
-        evaluate_split(recipe, model, datasets[split], config=config, device=ctx.device,
-                       need=rule.metric if rule else None, limit=1)
+        evaluate_split(
+            recipe,
+            model,
+            datasets[split],
+            config=config,
+            device=ctx.device,
+            need=rule.metric if rule else None,
+            limit=1,
+        )
     return seen

@@ -1,8 +1,8 @@
 """The records a campaign writes into its output folder, typed, with one reader each.
 
 ``plan.json`` (and ``reforecast.json``, same shape), ``decisions.jsonl``, ``stops.jsonl``,
-``timeline.jsonl``, ``pilot.json`` and ``runs/<run_id>/result.json``. Each record has ONE shape: the one its
-writer writes. A reader that meets another shape says so instead of guessing.
+``timeline.jsonl``, ``pilot.json`` and ``runs/<run_id>/result.json``. Each record has ONE
+shape: the one its writer writes. A reader that meets another shape says so instead of guessing.
 
 A run's state (completed, stopped, dropped, not run) is decided here, once, from these
 records; the close, the manifest, the report and the flow all read it.
@@ -211,8 +211,16 @@ def append_stop(root: str | Path, record: StopRecord) -> bool:
 
 # --- timeline.jsonl -------------------------------------------------------------------------
 #: The optional fields a line carries only when known.
-_TIMELINE_OPTIONAL = ("steps", "outcome", "segment", "event", "checkpoint_step", "seen",
-                      "lost_steps", "lost_seconds")
+_TIMELINE_OPTIONAL = (
+    "steps",
+    "outcome",
+    "segment",
+    "event",
+    "checkpoint_step",
+    "seen",
+    "lost_steps",
+    "lost_seconds",
+)
 
 
 @dataclass

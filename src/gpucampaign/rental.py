@@ -34,8 +34,11 @@ class Rental:
 
     def to_dict(self) -> dict[str, object]:
         """``{"starts_at", "ends_at", "lots"}`` with ISO times."""
-        return {"starts_at": iso(self.starts_at), "ends_at": iso(self.ends_at),
-                "lots": [dict(lot) for lot in self.lots]}
+        return {
+            "starts_at": iso(self.starts_at),
+            "ends_at": iso(self.ends_at),
+            "lots": [dict(lot) for lot in self.lots],
+        }
 
 
 def rental_of(spec: CampaignSpec) -> Rental | None:
@@ -44,14 +47,23 @@ def rental_of(spec: CampaignSpec) -> Rental | None:
     for i, p in enumerate(spec.packages):
         if p.starts_at is None or p.ends_at is None:
             continue
-        lots.append({"package": i, "gpu": p.gpu, "starts_at": iso(p.starts_at),
-                     "ends_at": iso(p.ends_at), "order_ref": p.order_ref})
+        lots.append(
+            {
+                "package": i,
+                "gpu": p.gpu,
+                "starts_at": iso(p.starts_at),
+                "ends_at": iso(p.ends_at),
+                "order_ref": p.order_ref,
+            }
+        )
     dated = [p for p in spec.packages if p.starts_at is not None and p.ends_at is not None]
     if not dated:
         return None
-    return Rental(starts_at=min(p.starts_at for p in dated),  # type: ignore[type-var]
-                  ends_at=max(p.ends_at for p in dated),  # type: ignore[type-var]
-                  lots=tuple(lots))
+    return Rental(
+        starts_at=min(p.starts_at for p in dated),  # type: ignore[type-var]
+        ends_at=max(p.ends_at for p in dated),  # type: ignore[type-var]
+        lots=tuple(lots),
+    )
 
 
 def deadline_warnings(
@@ -68,8 +80,10 @@ def deadline_warnings(
         return []
     warnings = []
     if undated:
-        warnings.append(f"{undated} lot(s) have no starts_at: the rental's end "
-                        f"{iso(rental.ends_at)} is computed from the dated lots only.")
+        warnings.append(
+            f"{undated} lot(s) have no starts_at: the rental's end "
+            f"{iso(rental.ends_at)} is computed from the dated lots only."
+        )
     for name, end_hours in sorted(retrieval.items()):
         done = rental.starts_at + timedelta(hours=end_hours)
         if done > rental.ends_at:
@@ -77,5 +91,6 @@ def deadline_warnings(
             warnings.append(
                 f"retrieval step '{name}' ends at {iso(done)}, {late:.4g} h after the rental "
                 f"ends ({iso(rental.ends_at)}): the files would be lost with the machine; "
-                "shorten the calendar, start earlier or rent longer.")
+                "shorten the calendar, start earlier or rent longer."
+            )
     return warnings

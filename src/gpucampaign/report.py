@@ -423,6 +423,9 @@ def read_report(out_dir: str | Path) -> dict[str, Any]:
     if not isinstance(report, dict):
         raise SpecError(f"'{path}' is not a report: it holds no JSON object", field="OUT")
     if not isinstance(report.get("budget"), dict) or not isinstance(report.get("verdict"), dict):
-        raise SpecError(f"'{path}' is not a closing report (no verdict or budget): rerun "
-                        "`campaign run` on the folder to close it again", field="OUT")
+        raise SpecError(
+            f"'{path}' is not a closing report (no verdict or budget): rerun "
+            "`campaign run` on the folder to close it again",
+            field="OUT",
+        )
     return report

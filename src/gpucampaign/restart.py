@@ -48,7 +48,8 @@ from gpucampaign.training import METRICS_FILE, MODEL_DIR, run_config_sha256
 GPU_ATOL = 1e-5
 GPU_TOLERANCE_REASON = (
     "on a GPU, cuBLAS/cuDNN kernels may pick different reduction orders between processes, "
-    "so bit-identity is not guaranteed; differences up to the recorded atol are accepted")
+    "so bit-identity is not guaranteed; differences up to the recorded atol are accepted"
+)
 _IGNORED_COUNTERS = ("steps_s_sum",)  # wall-clock sums differ between runs by nature
 
 
@@ -88,10 +89,14 @@ class RestartReport:
 def resume_text(resume: str) -> str:
     """What an interruption leads to under a run config's ``resume`` choice."""
     if resume == "inference":
-        return ("resume: inference: an interruption restarts inference from the last good "
-                "model; learning is not resumed")
-    return ("resume: training: an interruption resumes learning from the full saved state "
-            "(model, optimizer, data order, RNG), checked bit for bit")
+        return (
+            "resume: inference: an interruption restarts inference from the last good "
+            "model; learning is not resumed"
+        )
+    return (
+        "resume: training: an interruption resumes learning from the full saved state "
+        "(model, optimizer, data order, RNG), checked bit for bit"
+    )
 
 
 # --- the child process ---------------------------------------------------------------------
@@ -114,8 +119,15 @@ def _child_main(argv: list[str]) -> int:
     assert spec.corpus is not None
     try:
         corpus = open_corpus(a.corpus, spec=spec, base_dir=None, run_id=spec.run_id(a.run))
-        res = train_run(spec, run=a.run, corpus=corpus, store=LocalStore(a.store), out_dir=a.out,
-                        stop_after_steps=a.stop_after, checkpoint_every=a.checkpoint_every)
+        res = train_run(
+            spec,
+            run=a.run,
+            corpus=corpus,
+            store=LocalStore(a.store),
+            out_dir=a.out,
+            stop_after_steps=a.stop_after,
+            checkpoint_every=a.checkpoint_every,
+        )
     except StopRule as exc:
         a.result.write_text(json.dumps({"stop": exc.to_record()}), encoding="utf-8")
         return 3
@@ -125,13 +137,18 @@ def _child_main(argv: list[str]) -> int:
 
 def _spawn(args: list[str], *, threads: int, workdir: Path, name: str) -> subprocess.Popen:
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-                "PYTHONHASHSEED": "0"})
+    env.update(
+        {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONHASHSEED": "0"}
+    )
     # The spec's recipe folders, so a child imports the same recipe file.
     env["PYTHONPATH"] = os.pathsep.join([*RECIPE_DIRS, *filter(None, [env.get("PYTHONPATH")])])
     log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in _wait
-    proc = subprocess.Popen([sys.executable, "-m", "gpucampaign.restart", "child", *args],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpucampaign.restart", "child", *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     proc.log_file = log  # type: ignore[attr-defined]
     proc.log_path = workdir / f"{name}.log"  # type: ignore[attr-defined]
     proc.result_path = Path(args[args.index("--result") + 1])  # type: ignore[attr-defined]
@@ -146,8 +163,11 @@ def _wait(proc: subprocess.Popen, *, run_id: str, what: str) -> dict[str, Any]:
     if rc != 0 or "result" not in out:
         log_path: Path = proc.log_path  # type: ignore[attr-defined]
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-1500:]
-        why = (f"stop {out['stop']['rule']}: {out['stop']['reason']}" if "stop" in out
-               else f"exit {rc}: {tail}")
+        why = (
+            f"stop {out['stop']['rule']}: {out['stop']['reason']}"
+            if "stop" in out
+            else f"exit {rc}: {tail}"
+        )
         raise NoUsableRestart(run_id, f"the {what} process failed ({why})")
     return out["result"]
 
@@ -163,11 +183,35 @@ def _write_child_spec(spec: CampaignSpec, workdir: Path) -> Path:
     return path
 
 
-def _child_args(*, spec_json: Path, run: str, corpus: Path, out: Path, store: Path, result: Path,
-                stop_after: int, checkpoint_every: int) -> list[str]:
-    return ["--spec", str(spec_json), "--run", run, "--corpus", str(corpus), "--out", str(out),
-            "--store", str(store), "--stop-after", str(stop_after), "--checkpoint-every",
-            str(checkpoint_every), "--result", str(result)]
+def _child_args(
+    *,
+    spec_json: Path,
+    run: str,
+    corpus: Path,
+    out: Path,
+    store: Path,
+    result: Path,
+    stop_after: int,
+    checkpoint_every: int,
+) -> list[str]:
+    return [
+        "--spec",
+        str(spec_json),
+        "--run",
+        run,
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(out),
+        "--store",
+        str(store),
+        "--stop-after",
+        str(stop_after),
+        "--checkpoint-every",
+        str(checkpoint_every),
+        "--result",
+        str(result),
+    ]
 
 
 # --- comparison ----------------------------------------------------------------------------
@@ -252,9 +296,10 @@ def default_steps(*, planned_steps: int, steps_per_epoch: int) -> tuple[int, int
         if spe > 1 and k % spe == 0:
             k -= 1
     if not 0 < k < n:
-        raise SpecError(f"the run has only {planned_steps} planned step(s): "
-                        "a restart check needs at least 2.",
-                        field="control")
+        raise SpecError(
+            f"the run has only {planned_steps} planned step(s): a restart check needs at least 2.",
+            field="control",
+        )
     return n, k
 
 
@@ -298,32 +343,50 @@ def verify_restart(
     corpus_path = _restart_corpus(spec, corpus_path=corpus_path, base_dir=base_dir)
     run_id = spec.run_id(run)
     config = spec.run_config(run)
-    n, k, spe = _fresh_steps(spec, run=run, corpus_path=corpus_path, n_steps=n_steps,
-                             k_steps=k_steps)
+    n, k, spe = _fresh_steps(
+        spec, run=run, corpus_path=corpus_path, n_steps=n_steps, k_steps=k_steps
+    )
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     ref, rst = workdir / "reference", workdir / "restarted"
-    first, resumed = _run_three_processes(spec, run=run, workdir=workdir, corpus_path=corpus_path,
-                                          ref=ref, rst=rst, n=n, k=k)
+    first, resumed = _run_three_processes(
+        spec, run=run, workdir=workdir, corpus_path=corpus_path, ref=ref, rst=rst, n=n, k=k
+    )
     device = resumed.get("device", "cpu")
     cmp = _Comparer(0.0 if device == "cpu" else GPU_ATOL)
-    cmp.losses(_train_losses(ref / "run" / METRICS_FILE),
-               _train_losses(rst / "run" / METRICS_FILE), list(range(1, n + 1)))
-    _compare_checkpoints(cmp, spec, run=run, ref=ref / "checkpoints",
-                         rst=rst / "checkpoints", n=n)
+    cmp.losses(
+        _train_losses(ref / "run" / METRICS_FILE),
+        _train_losses(rst / "run" / METRICS_FILE),
+        list(range(1, n + 1)),
+    )
+    _compare_checkpoints(cmp, spec, run=run, ref=ref / "checkpoints", rst=rst / "checkpoints", n=n)
     report = RestartReport(
-        identical=not cmp.mismatches, compared_steps=n, max_abs_diff=cmp.max_abs_diff,
+        identical=not cmp.mismatches,
+        compared_steps=n,
+        max_abs_diff=cmp.max_abs_diff,
         save_s=(first["timings"]["save_s"] or [None])[-1],
-        restore_s=resumed["timings"]["restore_s"], total_s=time.perf_counter() - t0, k=k, n=n,
-        threads=config.threads, run_id=run_id, mode="fresh", resume=config.resume,
-        device=device, atol=cmp.atol,
+        restore_s=resumed["timings"]["restore_s"],
+        total_s=time.perf_counter() - t0,
+        k=k,
+        n=n,
+        threads=config.threads,
+        run_id=run_id,
+        mode="fresh",
+        resume=config.resume,
+        device=device,
+        atol=cmp.atol,
         tolerance_reason=GPU_TOLERANCE_REASON if cmp.atol else "",
-        k_mid_epoch=k % spe != 0, compared=cmp.compared, mismatches=cmp.mismatches[:20],
+        k_mid_epoch=k % spe != 0,
+        compared=cmp.compared,
+        mismatches=cmp.mismatches[:20],
     )
     if check and not report.identical:
         raise NoUsableRestart(
-            run_id, f"restart from step {k} is not identical to the uninterrupted run: "
-            + "; ".join(report.mismatches[:3]), step=k)
+            run_id,
+            f"restart from step {k} is not identical to the uninterrupted run: "
+            + "; ".join(report.mismatches[:3]),
+            step=k,
+        )
     return report
 
 
@@ -334,8 +397,9 @@ def _restart_corpus(
     from gpucampaign.corpus import corpus_path as spec_corpus_path
 
     if (corpus_path is None) == (base_dir is None):
-        raise SpecError("verify_restart needs exactly one of corpus_path and base_dir.",
-                        field="corpus")
+        raise SpecError(
+            "verify_restart needs exactly one of corpus_path and base_dir.", field="corpus"
+        )
     if corpus_path is None:
         corpus_path = spec_corpus_path(spec, base_dir=base_dir)  # type: ignore[arg-type]
     if spec.corpus is None:
@@ -344,7 +408,11 @@ def _restart_corpus(
 
 
 def _fresh_steps(
-    spec: CampaignSpec, *, run: str, corpus_path: Path, n_steps: int | None,
+    spec: CampaignSpec,
+    *,
+    run: str,
+    corpus_path: Path,
+    n_steps: int | None,
     k_steps: int | None,
 ) -> tuple[int, int, int]:
     """``(n, k, steps_per_epoch)``: the given steps, or the defaults for this run's size."""
@@ -358,14 +426,23 @@ def _fresh_steps(
     n = n_steps or (dn if k_steps is None or k_steps < dn else min(planned, k_steps + spe))
     k = k_steps or (dk if dk < n else max(1, n // 2))
     if not 0 < k < n <= planned:
-        raise SpecError(f"a restart check needs 0 < k < n <= {planned} planned steps "
-                        f"(got k={k}, n={n}).", field="k_steps")
+        raise SpecError(
+            f"a restart check needs 0 < k < n <= {planned} planned steps (got k={k}, n={n}).",
+            field="k_steps",
+        )
     return n, k, spe
 
 
 def _run_three_processes(
-    spec: CampaignSpec, *, run: str, workdir: Path, corpus_path: Path, ref: Path, rst: Path,
-    n: int, k: int,
+    spec: CampaignSpec,
+    *,
+    run: str,
+    workdir: Path,
+    corpus_path: Path,
+    ref: Path,
+    rst: Path,
+    n: int,
+    k: int,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Reference to n beside first half to k, then the resume to n; the first and resumed
     processes' results."""
@@ -374,9 +451,16 @@ def _run_three_processes(
     spec_json = _write_child_spec(spec, workdir)
 
     def args(side: Path, stop: int, tag: str) -> list[str]:
-        return _child_args(spec_json=spec_json, run=run, corpus=corpus_path, out=side / "run",
-                           store=side / "checkpoints", result=workdir / f"{tag}.json",
-                           stop_after=stop, checkpoint_every=n)
+        return _child_args(
+            spec_json=spec_json,
+            run=run,
+            corpus=corpus_path,
+            out=side / "run",
+            store=side / "checkpoints",
+            result=workdir / f"{tag}.json",
+            stop_after=stop,
+            checkpoint_every=n,
+        )
 
     p_ref = _spawn(args(ref, n, "reference"), threads=threads, workdir=workdir, name="reference")
     p_k = _spawn(args(rst, k, "first"), threads=threads, workdir=workdir, name="first")
@@ -386,8 +470,11 @@ def _run_three_processes(
     resumed = _wait(p_resume, run_id=run_id, what=f"resumed (load step {k}, continue to {n})")
     if resumed.get("resumed_from_step") != k:
         raise NoUsableRestart(
-            run_id, f"the resumed process started from step {resumed.get('resumed_from_step')}, "
-            f"not from the checkpoint of step {k}", step=k)
+            run_id,
+            f"the resumed process started from step {resumed.get('resumed_from_step')}, "
+            f"not from the checkpoint of step {k}",
+            step=k,
+        )
     return first, resumed
 
 
@@ -397,13 +484,16 @@ def _compare_checkpoints(
     """Compare the two sides' checkpoints of step n: parameters and every train state part."""
     run_id = spec.run_id(run)
     cfg_sha = run_config_sha256(spec, run)
-    ck_ref, why_ref = CheckpointManager(LocalStore(ref), run_id=run_id,
-                                        config_sha256=cfg_sha).load_latest()
-    ck_rst, why_rst = CheckpointManager(LocalStore(rst), run_id=run_id,
-                                        config_sha256=cfg_sha).load_latest()
+    ck_ref, why_ref = CheckpointManager(
+        LocalStore(ref), run_id=run_id, config_sha256=cfg_sha
+    ).load_latest()
+    ck_rst, why_rst = CheckpointManager(
+        LocalStore(rst), run_id=run_id, config_sha256=cfg_sha
+    ).load_latest()
     if ck_ref is None or ck_rst is None or ck_ref.step != n or ck_rst.step != n:
         raise NoUsableRestart(
-            run_id, f"no checkpoint of step {n} to compare ({why_ref + why_rst})", step=n)
+            run_id, f"no checkpoint of step {n} to compare ({why_ref + why_rst})", step=n
+        )
     compare_states(cmp, ck_ref, ck_rst)
 
 
@@ -421,8 +511,10 @@ def compare_states(
         if comp == "rng" and skip_rng:
             sides = [{k: v for k, v in s.items() if k not in skip_rng} for s in sides]
         cmp.tree(comp, sides[0], sides[1])
-    counters = [{c: v for c, v in ck.train_state["counters"].items()
-                 if c not in _IGNORED_COUNTERS} for ck in (a, b)]
+    counters = [
+        {c: v for c, v in ck.train_state["counters"].items() if c not in _IGNORED_COUNTERS}
+        for ck in (a, b)
+    ]
     cmp.tree("counters", counters[0], counters[1])
 
 
@@ -464,33 +556,49 @@ def verify_checkpoint_resume(
     steps = [s for s in range(start + 1, min(planned, start + m_steps) + 1) if s in original]
     if not steps:
         raise NoUsableRestart(
-            run_id, f"the original run recorded no loss after step {start} to compare with",
-            step=start)
+            run_id,
+            f"the original run recorded no loss after step {start} to compare with",
+            step=start,
+        )
     n = steps[-1]
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     local = _copy_checkpoint(store, run_id=run_id, step=start, dst=workdir / "checkpoints")
-    resumed = _resume_in_child(spec, run=run, corpus_path=Path(corpus_path), store=local,
-                               workdir=workdir, start=start, n=n)
+    resumed = _resume_in_child(
+        spec, run=run, corpus_path=Path(corpus_path), store=local, workdir=workdir, start=start, n=n
+    )
     device = resumed.get("device", "cpu")
     cmp = _Comparer(0.0 if device == "cpu" else GPU_ATOL)
     cmp.losses(original, _train_losses(workdir / "run" / METRICS_FILE), steps)
     if n == planned:
         _compare_final_models(cmp, Path(run_dir) / MODEL_DIR, workdir / "run" / MODEL_DIR)
     report = RestartReport(
-        identical=not cmp.mismatches, compared_steps=len(steps), max_abs_diff=cmp.max_abs_diff,
+        identical=not cmp.mismatches,
+        compared_steps=len(steps),
+        max_abs_diff=cmp.max_abs_diff,
         save_s=float(ck.meta.get("write_s", 0.0)) + float(ck.meta.get("upload_s", 0.0)),
-        restore_s=resumed["timings"]["restore_s"], total_s=time.perf_counter() - t0, k=start,
-        n=n, threads=config.threads, run_id=run_id, mode="checkpoint", resume=config.resume,
+        restore_s=resumed["timings"]["restore_s"],
+        total_s=time.perf_counter() - t0,
+        k=start,
+        n=n,
+        threads=config.threads,
+        run_id=run_id,
+        mode="checkpoint",
+        resume=config.resume,
         device=device,
-        atol=cmp.atol, k_mid_epoch=start % int(ck.meta.get("steps_per_epoch") or 1) != 0,
+        atol=cmp.atol,
+        k_mid_epoch=start % int(ck.meta.get("steps_per_epoch") or 1) != 0,
         tolerance_reason=GPU_TOLERANCE_REASON if cmp.atol else "",
-        compared=cmp.compared, mismatches=cmp.mismatches[:20],
+        compared=cmp.compared,
+        mismatches=cmp.mismatches[:20],
     )
     if check and not report.identical:
         raise NoUsableRestart(
-            run_id, f"resuming the checkpoint of step {start} does not reproduce the recorded "
-            "run: " + "; ".join(report.mismatches[:3]), step=start)
+            run_id,
+            f"resuming the checkpoint of step {start} does not reproduce the recorded "
+            "run: " + "; ".join(report.mismatches[:3]),
+            step=start,
+        )
     return report
 
 
@@ -498,17 +606,23 @@ def _resume_point(spec: CampaignSpec, *, run: str, store: Store) -> LoadedCheckp
     """The latest good checkpoint, or the previous kept one when the latest is the final step
     (resuming the final step would train nothing)."""
     run_id = spec.run_id(run)
-    manager = CheckpointManager(store, run_id=run_id, config_sha256=run_config_sha256(spec, run),
-                                keep=10**6)
+    manager = CheckpointManager(
+        store, run_id=run_id, config_sha256=run_config_sha256(spec, run), keep=10**6
+    )
     ck, refused = manager.load_latest()
     if ck is None:
-        raise NoUsableRestart(run_id, "no usable checkpoint in the store"
-                              + (": " + "; ".join(refused) if refused else ""))
+        raise NoUsableRestart(
+            run_id,
+            "no usable checkpoint in the store" + (": " + "; ".join(refused) if refused else ""),
+        )
     if ck.step >= int(ck.meta["planned_steps"]):
         ck, _ = manager.load_latest(max_step=ck.step - 1)
         if ck is None:
-            raise NoUsableRestart(run_id, "only the final checkpoint is kept: there is no "
-                                  "earlier one to resume (keep >= 2 checkpoints)")
+            raise NoUsableRestart(
+                run_id,
+                "only the final checkpoint is kept: there is no "
+                "earlier one to resume (keep >= 2 checkpoints)",
+            )
     return ck
 
 
@@ -525,20 +639,37 @@ def _copy_checkpoint(store: Store, *, run_id: str, step: int, dst: Path) -> Loca
 
 
 def _resume_in_child(
-    spec: CampaignSpec, *, run: str, corpus_path: Path, store: LocalStore, workdir: Path,
-    start: int, n: int,
+    spec: CampaignSpec,
+    *,
+    run: str,
+    corpus_path: Path,
+    store: LocalStore,
+    workdir: Path,
+    start: int,
+    n: int,
 ) -> dict[str, Any]:
     """Resume the checkpoint of ``start`` to ``n`` in a fresh process; its result."""
     run_id = spec.run_id(run)
-    proc = _spawn(_child_args(spec_json=_write_child_spec(spec, workdir), run=run,
-                              corpus=corpus_path.resolve(), out=workdir / "run",
-                              store=store.root, result=workdir / "resumed.json",
-                              stop_after=n, checkpoint_every=n),
-                  threads=spec.run_config(run).threads, workdir=workdir, name="resumed")
+    proc = _spawn(
+        _child_args(
+            spec_json=_write_child_spec(spec, workdir),
+            run=run,
+            corpus=corpus_path.resolve(),
+            out=workdir / "run",
+            store=store.root,
+            result=workdir / "resumed.json",
+            stop_after=n,
+            checkpoint_every=n,
+        ),
+        threads=spec.run_config(run).threads,
+        workdir=workdir,
+        name="resumed",
+    )
     resumed = _wait(proc, run_id=run_id, what=f"resumed (load step {start}, continue to {n})")
     if resumed.get("resumed_from_step") != start:
-        raise NoUsableRestart(run_id, f"the fresh process did not resume from step {start}",
-                              step=start)
+        raise NoUsableRestart(
+            run_id, f"the fresh process did not resume from step {start}", step=start
+        )
     return resumed
 
 
@@ -547,8 +678,11 @@ def _compare_final_models(cmp: _Comparer, original: Path, resumed: Path) -> None
     from safetensors.torch import load_file
 
     if (original / "model.safetensors").is_file():
-        cmp.tree("params", load_file(str(original / "model.safetensors")),
-                 load_file(str(resumed / "model.safetensors")))
+        cmp.tree(
+            "params",
+            load_file(str(original / "model.safetensors")),
+            load_file(str(resumed / "model.safetensors")),
+        )
 
 
 @dataclass(frozen=True)
@@ -585,16 +719,20 @@ def output_check_target(
     src = Path(spec_path) if spec_path is not None else out / "spec.yaml"
     spec = load_spec(src)
     if spec.corpus is None:
-        raise SpecError("the spec has no 'corpus' section: a restart check resumes training "
-                        "on it.", field="corpus")
+        raise SpecError(
+            "the spec has no 'corpus' section: a restart check resumes training on it.",
+            field="corpus",
+        )
     candidates: list[Path] = []
     for record, key in (("manifest.json", "corpus"), (INPUTS, "corpus")):
         if (out / record).is_file():
             ref = json.loads((out / record).read_text(encoding="utf-8")).get(key) or {}
             if ref.get("kind") == "copied" and ref.get("path"):
                 candidates.append(corpus_file(out, ref))
-    candidates += [resolve_inside(src.resolve().parent, spec.corpus.path, field="corpus.path"),
-                   resolve_inside(out, spec.corpus.path, field="corpus.path")]
+    candidates += [
+        resolve_inside(src.resolve().parent, spec.corpus.path, field="corpus.path"),
+        resolve_inside(out, spec.corpus.path, field="corpus.path"),
+    ]
     pinned = spec.corpus.sha256
     corpus = next((c for c in candidates if c.exists() and input_sha256(c) == pinned), None)
     if corpus is None:
@@ -607,9 +745,12 @@ def output_check_target(
     store = open_store(spec.storage.url, out_dir=out)
     runs = {r: spec.run_id(r) for r in spec.run_names() if store.list(spec.run_id(r))}
     if not runs:
-        raise NoUsableRestart(spec.name, f"no run of campaign '{spec.name}' has a checkpoint "
-                              f"in {store.url}: "
-                              "nothing can be restarted before the rental ends")
+        raise NoUsableRestart(
+            spec.name,
+            f"no run of campaign '{spec.name}' has a checkpoint "
+            f"in {store.url}: "
+            "nothing can be restarted before the rental ends",
+        )
     return OutputCheckTarget(spec=spec, corpus_path=corpus, store=store, runs=runs)
 
 

@@ -54,9 +54,11 @@ def require_complete(run_id: str, *, steps_done: int, planned_steps: int) -> Non
     """Raise ``IncompleteRun`` unless every planned step ran (never a delivery otherwise)."""
     if steps_done < planned_steps:
         raise IncompleteRun(
-            run_id, f"the run did {steps_done} of its {planned_steps} planned steps; "
-            "it cannot be called complete", step=steps_done)
-
+            run_id,
+            f"the run did {steps_done} of its {planned_steps} planned steps; "
+            "it cannot be called complete",
+            step=steps_done,
+        )
 
 
 def recorded_result(out_dir: Path, run_id: str) -> RunResult | None:
@@ -79,8 +81,10 @@ def recorded_result(out_dir: Path, run_id: str) -> RunResult | None:
         return None
     result = RunResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
     if result.run_id != run_id:
-        raise SpecError(f"'{out_dir}' holds run {result.run_id}, not {run_id}: "
-                        "give each run its own folder.", field="out_dir")
+        raise SpecError(
+            f"'{out_dir}' holds run {result.run_id}, not {run_id}: give each run its own folder.",
+            field="out_dir",
+        )
     require_complete(run_id, steps_done=result.steps_done, planned_steps=result.planned_steps)
     result.reused = True
     if result.stop:

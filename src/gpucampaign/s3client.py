@@ -37,15 +37,20 @@ def s3_client(
             region_name=env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION") or "us-east-1",
             profile_name=env.get("AWS_PROFILE") or None,
         )
-        return session.client("s3", endpoint_url=endpoint, config=Config(
-            retries={"mode": "standard", "max_attempts": max_attempts},
-            s3={"addressing_style": "path"} if endpoint else {},
-            # Whole-file hashes are checked after each transfer; per-request CRCs only slow it.
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-            connect_timeout=min(timeout_s, 10.0), read_timeout=timeout_s,
-            max_pool_connections=16,
-        ))
+        return session.client(
+            "s3",
+            endpoint_url=endpoint,
+            config=Config(
+                retries={"mode": "standard", "max_attempts": max_attempts},
+                s3={"addressing_style": "path"} if endpoint else {},
+                # Whole-file hashes are checked after each transfer; per-request CRCs only slow it.
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+                connect_timeout=min(timeout_s, 10.0),
+                read_timeout=timeout_s,
+                max_pool_connections=16,
+            ),
+        )
     except (BotoCoreError, ValueError) as exc:
         raise ValueError(f"cannot configure the S3 client: {type(exc).__name__}: {exc}") from None
 

@@ -117,18 +117,28 @@ class SavePolicy:
             tolerable_s: The most training time one interruption may lose, seconds.
             planned_steps: The run's planned steps.
         """
-        kw = {"fixed": fixed, "mtbi_s": mtbi_s, "tolerable_s": tolerable_s,
-              "planned_steps": planned_steps}
+        kw = {
+            "fixed": fixed,
+            "mtbi_s": mtbi_s,
+            "tolerable_s": tolerable_s,
+            "planned_steps": planned_steps,
+        }
         if fixed:
             interval = SaveInterval(fixed_source, fixed)
             return cls(interval, (step // fixed + 1) * fixed, **kw)
         if restored_meta is not None and restored_meta.get("step_s"):
             stall = restored_meta.get("stall_s")  # absent from checkpoints saved in the loop
             interval = choose_save_interval(
-                delta_s=(stall if stall is not None
-                         else restored_meta["write_s"] + restored_meta["upload_s"]),
-                step_s=restored_meta["step_s"], mtbi_s=mtbi_s, tolerable_s=tolerable_s,
-                planned_steps=planned_steps)
+                delta_s=(
+                    stall
+                    if stall is not None
+                    else restored_meta["write_s"] + restored_meta["upload_s"]
+                ),
+                step_s=restored_meta["step_s"],
+                mtbi_s=mtbi_s,
+                tolerable_s=tolerable_s,
+                planned_steps=planned_steps,
+            )
             return cls(interval, step + (interval.every_steps or planned_steps), **kw)
         first = min(first_save, planned_steps)
         interval = SaveInterval("first-save", None, mtbi_s=mtbi_s, tolerable_s=tolerable_s)
@@ -139,7 +149,11 @@ class SavePolicy:
         return step in (self.next_save, target)
 
     def saved(
-        self, step: int, *, save_costs: list[float], step_s: float | None,
+        self,
+        step: int,
+        *,
+        save_costs: list[float],
+        step_s: float | None,
         write_s: float | None = None,
     ) -> None:
         """Move on after a save at ``step``, re-measuring from all saves' costs so far.
@@ -153,8 +167,12 @@ class SavePolicy:
         """
         if not self.fixed and step_s:
             self.interval = choose_save_interval(
-                delta_s=median(save_costs), step_s=step_s, mtbi_s=self.mtbi_s,
-                tolerable_s=self.tolerable_s, planned_steps=self.planned_steps)
+                delta_s=median(save_costs),
+                step_s=step_s,
+                mtbi_s=self.mtbi_s,
+                tolerable_s=self.tolerable_s,
+                planned_steps=self.planned_steps,
+            )
             if write_s:
                 self.interval.write_s = write_s
                 floor = min(self.planned_steps, math.ceil(write_s / step_s))

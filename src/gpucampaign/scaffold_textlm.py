@@ -97,8 +97,9 @@ def write_textlm_corpus(path: str | Path) -> str:
     descr = Path(sklearn.__file__).resolve().parent / "datasets" / "descr"
     files = sorted(descr.glob("*.rst"), key=lambda p: p.name)
     if not files:
-        raise SpecError(f"no dataset descriptions found in {descr}: is scikit-learn installed?",
-                        field="example")
+        raise SpecError(
+            f"no dataset descriptions found in {descr}: is scikit-learn installed?", field="example"
+        )
     raw = b"".join(f.read_bytes().rstrip(b"\n") + b"\n\n" for f in files)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -112,8 +113,11 @@ def example_recipe() -> Path:
         candidate = root / "examples" / "textlm" / RECIPE_FILE
         if candidate.is_file():
             return candidate
-    raise SpecError("examples/textlm/textlm.py was not found: run `campaign init --example "
-                    "textlm` from the project checkout.", field="example")
+    raise SpecError(
+        "examples/textlm/textlm.py was not found: run `campaign init --example "
+        "textlm` from the project checkout.",
+        field="example",
+    )
 
 
 def init_textlm(directory: str | Path) -> Path:
@@ -126,14 +130,18 @@ def init_textlm(directory: str | Path) -> Path:
     targets = (root / SPEC_NAME, root / CORPUS_REL, root / RECIPE_FILE)
     existing = [str(p) for p in targets if p.exists()]
     if existing:
-        raise SpecError(f"'{root}' already holds a campaign ({', '.join(existing)}): refusing "
-                        "to overwrite it; choose a new folder or remove those files.",
-                        field="DIR")
+        raise SpecError(
+            f"'{root}' already holds a campaign ({', '.join(existing)}): refusing "
+            "to overwrite it; choose a new folder or remove those files.",
+            field="DIR",
+        )
     recipe = example_recipe()
     sha = write_textlm_corpus(root / CORPUS_REL)
     shutil.copyfile(recipe, root / RECIPE_FILE)
     spec_path = root / SPEC_NAME
-    spec_path.write_text(SPEC_TEMPLATE.format(spec_name=SPEC_NAME, corpus_rel=CORPUS_REL,
-                                              sha256=sha), encoding="utf-8")
+    spec_path.write_text(
+        SPEC_TEMPLATE.format(spec_name=SPEC_NAME, corpus_rel=CORPUS_REL, sha256=sha),
+        encoding="utf-8",
+    )
     load_spec(spec_path)  # the template must always validate
     return spec_path

@@ -20,8 +20,10 @@ from gpucampaign.files import parse_time, read_jsonl, utc_now
 from gpucampaign.records import TimelineRow, append_timeline, read_timeline
 
 METRICS_FILE = "metrics.jsonl"
-CUT_OUTCOME = ("interrupted: the process ended without recording its end (killed, out of "
-               "memory or the machine lost)")
+CUT_OUTCOME = (
+    "interrupted: the process ended without recording its end (killed, out of "
+    "memory or the machine lost)"
+)
 
 
 def new_segment(row: TimelineRow) -> TimelineRow:
@@ -41,8 +43,9 @@ def heartbeat(root: str | Path, row: TimelineRow, *, checkpoint_step: int) -> No
 def lost_since_checkpoint(metrics_path: Path) -> tuple[int, float]:
     """Steps trained after the last checkpoint (or restore) of a run, and their seconds."""
     rows = read_jsonl(metrics_path)
-    kept = max((int(r["step"]) for r in rows if r.get("kind") in ("checkpoint", "restore")),
-               default=0)
+    kept = max(
+        (int(r["step"]) for r in rows if r.get("kind") in ("checkpoint", "restore")), default=0
+    )
     lost = [r for r in rows if r.get("kind") == "train" and int(r.get("step", 0)) > kept]
     return len(lost), float(sum(r.get("step_s") or 0.0 for r in lost))
 
@@ -62,14 +65,19 @@ def close_cut_segments(
             continue
         folder = run_dir(row)
         metrics = folder / METRICS_FILE if folder is not None else None
-        lost_steps, lost_s = (lost_since_checkpoint(metrics) if metrics is not None
-                              else (0, 0.0))
+        lost_steps, lost_s = lost_since_checkpoint(metrics) if metrics is not None else (0, 0.0)
         end = _last_sign_of_life(row, metrics)
         seconds = max(0.0, (end - parse_time(row.start)).total_seconds())
         note = f"{lost_steps} step(s) since the last checkpoint lost" if lost_steps else ""
-        done = replace(row, event="end", end=end.isoformat(timespec="milliseconds"),
-                       seconds=seconds, outcome=CUT_OUTCOME + (f"; {note}" if note else ""),
-                       lost_steps=lost_steps, lost_seconds=lost_s)
+        done = replace(
+            row,
+            event="end",
+            end=end.isoformat(timespec="milliseconds"),
+            seconds=seconds,
+            outcome=CUT_OUTCOME + (f"; {note}" if note else ""),
+            lost_steps=lost_steps,
+            lost_seconds=lost_s,
+        )
         append_timeline(root, done)
         closed.append(done)
     return closed
@@ -104,9 +112,19 @@ def interruptions(timeline: Iterable[TimelineRow]) -> dict[str, Any]:
         if r.interrupted:
             after_cut.add(key)
     return {
-        "segments": [{"phase": r.phase, "run": r.run, "start": r.start, "end": r.end,
-                      "outcome": r.outcome, "checkpoint_step": r.checkpoint_step,
-                      "lost_steps": r.lost_steps, "lost_seconds": r.lost_seconds} for r in cut],
+        "segments": [
+            {
+                "phase": r.phase,
+                "run": r.run,
+                "start": r.start,
+                "end": r.end,
+                "outcome": r.outcome,
+                "checkpoint_step": r.checkpoint_step,
+                "lost_steps": r.lost_steps,
+                "lost_seconds": r.lost_seconds,
+            }
+            for r in cut
+        ],
         "resumes": resumes,
         "lost_steps": sum(r.lost_steps or 0 for r in cut),
         "lost_hours": sum(r.lost_seconds or 0.0 for r in cut) / 3600.0,

@@ -222,7 +222,8 @@ class CampaignSpec(_Frozen):
     def run_sha256(self, run: str) -> str:
         """Full sha256 over the run's payload: config, pinned corpus and recipe file."""
         return run_payload_sha256(
-            self.run_config(run), corpus_sha256=self.corpus.sha256 if self.corpus else None,
+            self.run_config(run),
+            corpus_sha256=self.corpus.sha256 if self.corpus else None,
             inputs={k: v.sha256 for k, v in self.inputs.items()},
         )
 

@@ -1,7 +1,6 @@
 """The parts of a campaign spec: lots, calendar steps, corpus, run configuration, rules and
 settings (pydantic v2, frozen, unknown fields refused). ``spec`` assembles them."""
 
-
 from __future__ import annotations
 
 import json
@@ -456,7 +455,6 @@ class GpuLockSpec(_Frozen):
     )
 
 
-
 def canonical_json(obj: Any) -> str:
     """Sorted keys, no spaces: the form every hash in the project is taken over."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -470,5 +468,3 @@ def check_relative_path(value: str, *, field: str) -> str:
             f"path '{value}' must stay inside the spec's folder: give a relative path without '..'"
         )
     return value
-
-

@@ -40,7 +40,11 @@ class SpoolingStore:
     """
 
     def __init__(
-        self, remote: Store, *, spool_dir: str | Path, retry_s: float = 2.0,
+        self,
+        remote: Store,
+        *,
+        spool_dir: str | Path,
+        retry_s: float = 2.0,
         max_retry_s: float = 60.0,
     ) -> None:
         self.remote = remote
@@ -70,8 +74,9 @@ class SpoolingStore:
     def _start(self) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._drain_loop, daemon=True,
-                                                name="gpucampaign-spool")
+                self._thread = threading.Thread(
+                    target=self._drain_loop, daemon=True, name="gpucampaign-spool"
+                )
                 self._thread.start()
         self._wake.set()
 
@@ -164,13 +169,19 @@ class SpoolingStore:
         """Upload ``src``; when the remote refuses, keep it in the spool (verified locally)."""
         if not Path(src).is_file():
             raise NotFound(f"local file {src} does not exist")
-        self._spool_or_remote(key, lambda: self.remote.put_file(key, src=src),
-                              lambda: self.spool.put_file(key, src=src))
+        self._spool_or_remote(
+            key,
+            lambda: self.remote.put_file(key, src=src),
+            lambda: self.spool.put_file(key, src=src),
+        )
 
     def write_bytes(self, key: str, *, data: bytes) -> None:
         """Write ``data``; when the remote refuses, keep it in the spool."""
-        self._spool_or_remote(key, lambda: self.remote.write_bytes(key, data=data),
-                              lambda: self.spool.write_bytes(key, data=data))
+        self._spool_or_remote(
+            key,
+            lambda: self.remote.write_bytes(key, data=data),
+            lambda: self.spool.write_bytes(key, data=data),
+        )
 
     def get_file(self, key: str, *, dst: Path) -> None:
         """Download ``key`` (from the spool when it waits there)."""

@@ -50,12 +50,13 @@ def campaign_folder_spec(out: str | Path) -> CampaignSpec:
     """
     root = Path(out)
     if not root.is_dir() or not any((root / n).is_file() for n in (SPEC_COPY, PLAN, MANIFEST)):
-        raise SpecError(f"'{out}' is not a campaign output folder (no spec.yaml, plan.json or "
-                        "manifest.json): give the folder that `campaign run --out` wrote.",
-                        field="OUT")
+        raise SpecError(
+            f"'{out}' is not a campaign output folder (no spec.yaml, plan.json or "
+            "manifest.json): give the folder that `campaign run --out` wrote.",
+            field="OUT",
+        )
     if not (root / SPEC_COPY).is_file():
-        raise SpecError(f"'{out}' has no spec.yaml: its storage and lots are unknown.",
-                        field="OUT")
+        raise SpecError(f"'{out}' has no spec.yaml: its storage and lots are unknown.", field="OUT")
     return load_spec(root / SPEC_COPY)
 
 
@@ -119,11 +120,14 @@ def campaign_status(
             index = _mirrored(store)
         except StorageError as exc:
             error, index = str(exc), {}
-        out_store = [r for r in outputs
-                     if r in index and index[r].get("sha256") == sha256_file(root / r)]
+        out_store = [
+            r for r in outputs if r in index and index[r].get("sha256") == sha256_file(root / r)
+        ]
         out_local = [r for r in outputs if r not in set(out_store)]
     return {
-        "out": str(root), "name": spec.name, "storage": url,
+        "out": str(root),
+        "name": spec.name,
+        "storage": url,
         "ends_at": iso(rental.ends_at) if rental else None,
         "hours_left": None if hours_left is None else round(hours_left, 2),
         "time_left": say_left(hours_left),
@@ -138,25 +142,34 @@ def campaign_status(
 def render_status(status: Mapping[str, Any]) -> str:
     """The status as a few lines of text for a person."""
     ck, outs = status["checkpoints"], status["outputs"]
-    lines = [f"campaign {status['name']} in {status['out']}",
-             f"rental ends: {status['ends_at'] or 'unknown (no starts_at on the lots)'}; "
-             f"time left: {status['time_left']}",
-             f"storage: {status['storage']}"]
+    lines = [
+        f"campaign {status['name']} in {status['out']}",
+        f"rental ends: {status['ends_at'] or 'unknown (no starts_at on the lots)'}; "
+        f"time left: {status['time_left']}",
+        f"storage: {status['storage']}",
+    ]
     if status["store_error"]:
         lines.append(f"store unreachable: {status['store_error']}")
-    lines.append(f"checkpoints: {len(ck['in_store'])} file(s) in the store, "
-                 f"{len(ck['only_local'])} only on this machine")
-    lines.append(f"output files: {len(outs['in_store'])} in the store, "
-                 f"{len(outs['only_local'])} only on this machine")
+    lines.append(
+        f"checkpoints: {len(ck['in_store'])} file(s) in the store, "
+        f"{len(ck['only_local'])} only on this machine"
+    )
+    lines.append(
+        f"output files: {len(outs['in_store'])} in the store, "
+        f"{len(outs['only_local'])} only on this machine"
+    )
     for key in (ck["only_local"] + outs["only_local"])[:20]:
         lines.append(f"  only local: {key}")
     if status["retrieve"]:
         lines.append(f"retrieve: {status['retrieve']}")
     else:
-        lines.append("storage is 'local': every file is on this machine only; copy the folder "
-                     "off before the rental ends, or use storage.url: s3://bucket/prefix")
-    lines.append("everything is off the machine" if status["safe"]
-                 else "NOT everything is off the machine")
+        lines.append(
+            "storage is 'local': every file is on this machine only; copy the folder "
+            "off before the rental ends, or use storage.url: s3://bucket/prefix"
+        )
+    lines.append(
+        "everything is off the machine" if status["safe"] else "NOT everything is off the machine"
+    )
     return "\n".join(lines)
 
 
@@ -186,14 +199,17 @@ def check_rental_margin(
     if left is None or left >= margin_hours or status["safe"]:
         return status
     only = status["checkpoints"]["only_local"] + status["outputs"]["only_local"]
-    where = (f"copy the folder off now ({status['storage']} keeps everything on this machine)"
-             if status["retrieve"] is None else
-             f"mirror it to {status['storage']} now; then `{status['retrieve']}`")
+    where = (
+        f"copy the folder off now ({status['storage']} keeps everything on this machine)"
+        if status["retrieve"] is None
+        else f"mirror it to {status['storage']} now; then `{status['retrieve']}`"
+    )
     raise RentalEnding(
         f"the rental of '{status['name']}' ends at {status['ends_at']} ({status['time_left']} "
         f"left, under the {margin_hours:g} h margin) and {len(only)} file(s) are only on this "
         f"machine, e.g. {', '.join(only[:3])}: {where}"
-        + (f"; the store is unreachable: {status['store_error']}" if status["store_error"] else ""))
+        + (f"; the store is unreachable: {status['store_error']}" if status["store_error"] else "")
+    )
 
 
 def folder_to_check(

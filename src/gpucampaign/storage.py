@@ -51,7 +51,9 @@ def check_key(key: str) -> str:
         raise StorageError(f"invalid store key {key!r}: use a non-empty relative POSIX path")
     p = PurePosixPath(key)
     if p.is_absolute() or any(part in ("..", ".", "") for part in key.split("/")):
-        raise StorageError(f"store key {key!r} must be relative and must not contain '.', '..' or '//'")
+        raise StorageError(
+            f"store key {key!r} must be relative and must not contain '.', '..' or '//'"
+        )
     return key
 
 
@@ -112,7 +114,9 @@ class LocalStore:
         target = self.root / check_key(key)
         resolved = target.resolve()
         if resolved != self.root and self.root not in resolved.parents:
-            raise StorageError(f"store key {key!r} resolves outside the store root (through a link?)")
+            raise StorageError(
+                f"store key {key!r} resolves outside the store root (through a link?)"
+            )
         return target
 
     def local_path(self, key: str) -> Path | None:
@@ -216,8 +220,10 @@ def parse_s3_url(url: str) -> tuple[str, str]:
         try:
             check_key(prefix)
         except StorageError:
-            raise SpecError(f"'{url}': the prefix must be a relative path without '.', '..' "
-                            "or '//'.", field="storage.url") from None
+            raise SpecError(
+                f"'{url}': the prefix must be a relative path without '.', '..' or '//'.",
+                field="storage.url",
+            ) from None
     return bucket, prefix
 
 
@@ -261,8 +267,10 @@ class S3Store:
             raise StorageError(str(exc)) from None
         self.endpoint = self._client.meta.endpoint_url
         self._transfer = TransferConfig(
-            multipart_threshold=multipart_threshold, multipart_chunksize=part_size,
-            max_concurrency=max_concurrency, num_download_attempts=max_attempts,
+            multipart_threshold=multipart_threshold,
+            multipart_chunksize=part_size,
+            max_concurrency=max_concurrency,
+            num_download_attempts=max_attempts,
         )
 
     def __repr__(self) -> str:
@@ -294,19 +302,25 @@ class S3Store:
             if code in ("NoSuchKey", "404", "NotFound") and key is not None:
                 return NotFound(f"{where} not found")
             if code in ("NoSuchBucket",) or (code in ("404", "NotFound") and key is None):
-                return StorageError(f"{what} {where}: bucket '{self.bucket}' does not exist at "
-                                    f"{self.endpoint}")
-            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403") \
-                    or status == 403:
+                return StorageError(
+                    f"{what} {where}: bucket '{self.bucket}' does not exist at {self.endpoint}"
+                )
+            if (
+                code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403")
+                or status == 403
+            ):
                 return StorageError(
                     f"{what} {where}: access denied by {self.endpoint} ({code}); check "
                     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE and the bucket's "
-                    "policy")
+                    "policy"
+                )
             message = str(err.get("Message", ""))[:200]
             return StorageError(f"{what} {where}: S3 error {code or status}: {message}")
         if isinstance(exc, NoCredentialsError):
-            return StorageError(f"{what} {where}: no S3 credentials: set AWS_ACCESS_KEY_ID and "
-                                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE")
+            return StorageError(
+                f"{what} {where}: no S3 credentials: set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
+            )
         if isinstance(exc, EndpointConnectionError):
             return StorageError(f"{what} {where}: cannot reach the S3 endpoint {self.endpoint}")
         return StorageError(f"{what} {where}: {type(exc).__name__}: {exc}")
@@ -321,8 +335,9 @@ class S3Store:
             raise self._error(exc, what=what, key=key) from None
 
     def _head(self, key: str) -> dict[str, Any]:
-        return self._call("cannot read", key, self._client.head_object,
-                          Bucket=self.bucket, Key=self._obj(key))
+        return self._call(
+            "cannot read", key, self._client.head_object, Bucket=self.bucket, Key=self._obj(key)
+        )
 
     def _verify(self, key: str, *, sha256: str, size: int, etag: str) -> None:
         head = self._head(key)
@@ -334,14 +349,16 @@ class S3Store:
             raise StorageError(
                 f"{self.url}/{key}: the bucket does not hold what was uploaded "
                 f"({head.get('ContentLength')} bytes, ETag {got_etag}; "
-                f"sent {size} bytes, ETag {etag})")
+                f"sent {size} bytes, ETag {etag})"
+            )
 
     def _upload(self, src: Path, key: str, *, extra: dict[str, Any]) -> None:
         """One upload through the transfer manager (parts above the threshold)."""
         from boto3.s3.transfer import S3Transfer
 
         S3Transfer(self._client, self._transfer).upload_file(
-            str(src), self.bucket, self._obj(key), extra_args=extra)
+            str(src), self.bucket, self._obj(key), extra_args=extra
+        )
 
     def put_file(self, key: str, *, src: Path) -> None:
         """Upload ``src`` to ``key`` and verify the bucket holds exactly its bytes."""
@@ -364,8 +381,15 @@ class S3Store:
         checked against the size and sha256 its metadata records."""
         head = self._head(key)
         sink = HashingSink(target)
-        self._call("cannot download", key, self._client.download_fileobj, Bucket=self.bucket,
-                   Key=self._obj(key), Fileobj=sink, Config=self._transfer)
+        self._call(
+            "cannot download",
+            key,
+            self._client.download_fileobj,
+            Bucket=self.bucket,
+            Key=self._obj(key),
+            Fileobj=sink,
+            Config=self._transfer,
+        )
         self._check_content(key, head, size=sink.size, sha256=sink.sha.hexdigest)
         return sink
 
@@ -396,8 +420,9 @@ class S3Store:
         if "size" in meta and str(size) != meta["size"]:
             raise StorageError(f"{self.url}/{key}: {size} bytes, its metadata says {meta['size']}")
         if "sha256" in meta and sha256() != meta["sha256"]:
-            raise StorageError(f"{self.url}/{key}: content fails the sha256 of its metadata "
-                               "(altered)")
+            raise StorageError(
+                f"{self.url}/{key}: content fails the sha256 of its metadata (altered)"
+            )
 
     def exists(self, key: str) -> bool:
         """True when ``key`` exists."""
@@ -418,14 +443,17 @@ class S3Store:
         paginator = self._client.get_paginator("list_objects_v2")
         pages = paginator.paginate(Bucket=self.bucket, Prefix=base)
         for page in self._call("cannot list", prefix or None, lambda: list(pages)):
-            keys.extend(obj["Key"][len(self.prefix) + 1 if self.prefix else 0:]
-                        for obj in page.get("Contents", []))
+            keys.extend(
+                obj["Key"][len(self.prefix) + 1 if self.prefix else 0 :]
+                for obj in page.get("Contents", [])
+            )
         return sorted(k for k in keys if not k.startswith(_PROBE_PREFIX))
 
     def delete(self, key: str) -> None:
         """Delete ``key``; a missing key is not an error."""
-        self._call("cannot delete", key, self._client.delete_object, Bucket=self.bucket,
-                   Key=self._obj(key))
+        self._call(
+            "cannot delete", key, self._client.delete_object, Bucket=self.bucket, Key=self._obj(key)
+        )
 
     def read_bytes(self, key: str) -> bytes:
         """The whole object, checked against its size and sha256."""
@@ -435,10 +463,16 @@ class S3Store:
         """Write ``data`` to ``key`` in one PUT (atomic in S3) and verify it."""
         digest = hashlib.md5(data, usedforsecurity=False)
         sha256 = sha256_bytes(data)
-        self._call("cannot write", key, self._client.put_object, Bucket=self.bucket,
-                   Key=self._obj(key), Body=data,
-                   ContentMD5=base64.b64encode(digest.digest()).decode(),
-                   Metadata={"sha256": sha256, "size": str(len(data))})
+        self._call(
+            "cannot write",
+            key,
+            self._client.put_object,
+            Bucket=self.bucket,
+            Key=self._obj(key),
+            Body=data,
+            ContentMD5=base64.b64encode(digest.digest()).decode(),
+            Metadata={"sha256": sha256, "size": str(len(data))},
+        )
         self._verify(key, sha256=sha256, size=len(data), etag=digest.hexdigest())
 
     def local_path(self, key: str) -> Path | None:
@@ -492,8 +526,10 @@ def open_store(
         from gpucampaign.spool import SpoolingStore
 
         return SpoolingStore(S3Store(url, env=env), spool_dir=Path(out_dir) / SPOOL_DIR)
-    raise SpecError(f"field 'storage.url': unknown storage '{url}'; use 'local' or "
-                    "'s3://bucket/prefix'.", field="storage.url")
+    raise SpecError(
+        f"field 'storage.url': unknown storage '{url}'; use 'local' or 's3://bucket/prefix'.",
+        field="storage.url",
+    )
 
 
 def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
@@ -511,5 +547,6 @@ def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
         if isinstance(store, S3Store):
             store.check()
     except StorageError as exc:
-        raise SpecError(f"field 'storage.url': {url} is not usable: {exc}",
-                        field="storage.url") from None
+        raise SpecError(
+            f"field 'storage.url': {url} is not usable: {exc}", field="storage.url"
+        ) from None

@@ -40,8 +40,10 @@ def write_hashed(
     the fsync, so the two overlap instead of adding up (a second hashing pass measured 30-40%
     of a save). The buffers must stay unchanged until the call returns.
     """
-    views = [memoryview(b).cast("B") for b in
-             ([data] if isinstance(data, bytes | bytearray | memoryview) else data)]
+    views = [
+        memoryview(b).cast("B")
+        for b in ([data] if isinstance(data, bytes | bytearray | memoryview) else data)
+    ]
 
     def digest() -> str:
         h = hashlib.sha256()
@@ -104,8 +106,15 @@ def serialize_state(train_state: dict[str, Any]) -> memoryview:
 
 
 _ST_DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
     torch.bool: "BOOL",
 }
 
@@ -128,8 +137,11 @@ def safetensors_buffers(
         if t.dtype not in _ST_DTYPES:
             raise TypeError(f"tensor '{name}': dtype {t.dtype} cannot be checkpointed")
         raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, dtype=np.uint8)
-        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + raw.nbytes]}
+        header[name] = {
+            "dtype": _ST_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + raw.nbytes],
+        }
         offset += raw.nbytes
         arrays.append(raw)
     head = json.dumps(header, separators=(",", ":")).encode()
@@ -173,8 +185,11 @@ def load_safetensors_buffer(buf: bytearray) -> dict[str, torch.Tensor]:
             raise ValueError(f"tensor '{name}': byte range {begin}..{end} does not fit")
         end_expected = end
         numel = math.prod(shape)
-        out[name] = (torch.frombuffer(buf, dtype=dtype, offset=start + begin, count=numel)
-                     .reshape(shape) if numel else torch.empty(shape, dtype=dtype))
+        out[name] = (
+            torch.frombuffer(buf, dtype=dtype, offset=start + begin, count=numel).reshape(shape)
+            if numel
+            else torch.empty(shape, dtype=dtype)
+        )
     if start + end_expected != len(buf):
         raise ValueError("the tensors do not cover the data area")
     return out

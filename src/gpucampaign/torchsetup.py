@@ -16,7 +16,9 @@ from gpucampaign.spec import RunConfig, SpecError
 GLOBAL_RNG_LOCK = threading.Lock()
 
 AMP_DTYPES: dict[str, torch.dtype | None] = {
-    "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16,
+    "fp32": None,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
 }
 
 
@@ -44,8 +46,11 @@ def pick_device(requested: str = "auto", *, lane: int = 0) -> torch.device:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = device.index if device.index is not None else lane % max(1, count)
         if index >= count:
-            raise SpecError(f"device '{requested}' is not available here ({count} CUDA "
-                            "device(s)); use 'auto' or 'cpu'.", field="device")
+            raise SpecError(
+                f"device '{requested}' is not available here ({count} CUDA "
+                "device(s)); use 'auto' or 'cpu'.",
+                field="device",
+            )
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
         device = torch.device("cuda", index)
@@ -56,9 +61,11 @@ def device_settings(device: torch.device) -> dict[str, Any]:
     """What a run records about its device: name and the determinism settings in force."""
     info: dict[str, Any] = {"device": str(device), "device_type": device.type}
     if device.type == "cuda":
-        info.update(device_name=torch.cuda.get_device_name(device),
-                    cudnn_deterministic=torch.backends.cudnn.deterministic,
-                    cudnn_benchmark=torch.backends.cudnn.benchmark)
+        info.update(
+            device_name=torch.cuda.get_device_name(device),
+            cudnn_deterministic=torch.backends.cudnn.deterministic,
+            cudnn_benchmark=torch.backends.cudnn.benchmark,
+        )
     return info
 
 
@@ -79,11 +86,15 @@ def check_precision(precision: str, device: torch.device) -> None:
     except (RuntimeError, TypeError) as exc:
         raise SpecError(
             f"precision '{precision}' is not supported by autocast on {device.type} ({exc}); "
-            "use 'fp32' or 'bf16' there.", field="precision") from None
+            "use 'fp32' or 'bf16' there.",
+            field="precision",
+        ) from None
     if not ok:
         raise SpecError(
             f"precision '{precision}': autocast on {device.type} does not compute in {dtype}; "
-            "use 'fp32' or 'bf16' there.", field="precision")
+            "use 'fp32' or 'bf16' there.",
+            field="precision",
+        )
 
 
 def build_optimizer(config: RunConfig, params: Any) -> torch.optim.Optimizer:

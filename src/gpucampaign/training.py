@@ -147,28 +147,42 @@ class _Run:
 
 
 def _check_arguments(
-    spec: CampaignSpec, *, run: str, corpus: Any, stop_after_steps: int | None,
+    spec: CampaignSpec,
+    *,
+    run: str,
+    corpus: Any,
+    stop_after_steps: int | None,
     checkpoint_every: int | None,
 ) -> str:
     """The run ID, once the arguments and the corpus are checked."""
     spec.run_config(run)
     run_id = spec.run_id(run)
     if stop_after_steps is not None and stop_after_steps < 1:
-        raise SpecError(f"stop_after_steps must be >= 1 (got {stop_after_steps}).",
-                        field="stop_after_steps")
+        raise SpecError(
+            f"stop_after_steps must be >= 1 (got {stop_after_steps}).", field="stop_after_steps"
+        )
     if checkpoint_every is not None and checkpoint_every < 1:
-        raise SpecError(f"checkpoint_every must be >= 1 (got {checkpoint_every}).",
-                        field="checkpoint_every")
+        raise SpecError(
+            f"checkpoint_every must be >= 1 (got {checkpoint_every}).", field="checkpoint_every"
+        )
     if spec.corpus is not None and corpus.sha256 != spec.corpus.sha256:
         raise EssentialInputMissing(
-            run_id, f"the corpus given has sha256 {corpus.sha256}, "
-            f"the spec pins {spec.corpus.sha256}")
+            run_id,
+            f"the corpus given has sha256 {corpus.sha256}, the spec pins {spec.corpus.sha256}",
+        )
     return run_id
 
 
 def _setup(
-    spec: CampaignSpec, *, run: str, corpus: Any, store: Store, out_dir: Path,
-    stop_after_steps: int | None, t_call: float, lane: int = 0,
+    spec: CampaignSpec,
+    *,
+    run: str,
+    corpus: Any,
+    store: Store,
+    out_dir: Path,
+    stop_after_steps: int | None,
+    t_call: float,
+    lane: int = 0,
 ) -> _Run:
     """Build everything in the same order on every start, resumed or not."""
     config = spec.run_config(run)
@@ -187,24 +201,43 @@ def _setup(
     optimizer = build_optimizer(config, model.parameters())
     generator = torch.Generator().manual_seed(config.seed)
     train = datasets["train"]
-    loader = make_loader(train, config=config, generator=generator, device=device,
-                     collate_fn=recipe.collate_fn)
+    loader = make_loader(
+        train, config=config, generator=generator, device=device, collate_fn=recipe.collate_fn
+    )
     planned = config.planned_steps(len(train))
     amp_dtype = AMP_DTYPES[config.precision]
     r = _Run(
-        spec=spec, run=run, run_id=run_id, config=config, config_sha256=config_sha,
-        corpus=corpus, out_dir=out_dir, t_call=t_call, device=device, recipe=recipe, ctx=ctx,
-        datasets=datasets, described=call(config.recipe, "describe", recipe.describe, ctx,
-                                          datasets),
-        model=model, optimizer=optimizer,
+        spec=spec,
+        run=run,
+        run_id=run_id,
+        config=config,
+        config_sha256=config_sha,
+        corpus=corpus,
+        out_dir=out_dir,
+        t_call=t_call,
+        device=device,
+        recipe=recipe,
+        ctx=ctx,
+        datasets=datasets,
+        described=call(config.recipe, "describe", recipe.describe, ctx, datasets),
+        model=model,
+        optimizer=optimizer,
         scheduler=build_scheduler(config, optimizer, planned_steps=planned),
         scaler=torch.amp.GradScaler(device.type, enabled=config.precision == "fp16"),
-        autocast=(torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None
-                  else nullcontext()),
-        generator=generator, loader=loader, planned=planned,
+        autocast=(
+            torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+        ),
+        generator=generator,
+        loader=loader,
+        planned=planned,
         target=planned if stop_after_steps is None else min(stop_after_steps, planned),
-        manager=CheckpointManager(store, run_id=run_id, config_sha256=config_sha,
-                                  keep=spec.checkpoint.keep, staging_dir=out_dir / ".staging"),
+        manager=CheckpointManager(
+            store,
+            run_id=run_id,
+            config_sha256=config_sha,
+            keep=spec.checkpoint.keep,
+            staging_dir=out_dir / ".staging",
+        ),
     )
     _write_params(r)
     r.setup_s = time.perf_counter() - t_call
@@ -215,14 +248,23 @@ def _write_params(r: _Run) -> None:
     """``params.json``: what this start of the run is (rewritten at every start)."""
     spec = r.spec
     params = {
-        "run_id": r.run_id, "run": r.run, "tier": spec.tier_of(r.run),
-        "config": r.config.model_dump(mode="json"), "config_sha256": r.config_sha256,
-        "corpus_sha256": r.corpus.sha256, "planned_steps": r.planned,
-        "steps_per_epoch": r.steps_per_epoch, "n_train": len(r.datasets["train"]),
-        **recipe_record(r.config), **r.described, **device_settings(r.device),
-        "threads": r.config.threads, "torch": torch.__version__,
-        "decision_rule": (spec.decision_rule.model_dump(mode="json")
-                          if spec.decision_rule else None),
+        "run_id": r.run_id,
+        "run": r.run,
+        "tier": spec.tier_of(r.run),
+        "config": r.config.model_dump(mode="json"),
+        "config_sha256": r.config_sha256,
+        "corpus_sha256": r.corpus.sha256,
+        "planned_steps": r.planned,
+        "steps_per_epoch": r.steps_per_epoch,
+        "n_train": len(r.datasets["train"]),
+        **recipe_record(r.config),
+        **r.described,
+        **device_settings(r.device),
+        "threads": r.config.threads,
+        "torch": torch.__version__,
+        "decision_rule": (
+            spec.decision_rule.model_dump(mode="json") if spec.decision_rule else None
+        ),
         "stop_rules": spec.stop_rules.model_dump(mode="json"),
     }
     atomic_write_bytes(r.out_dir / PARAMS_FILE, json_bytes(params))
@@ -238,7 +280,8 @@ def _restore(r: _Run) -> LoadedCheckpoint | None:
     ck, r.refused = r.manager.load_latest()
     if ck is None and r.refused and r.spec.stop_rules.require_restart:
         raise NoUsableRestart(
-            r.run_id, "checkpoints exist but none is usable: " + "; ".join(r.refused))
+            r.run_id, "checkpoints exist but none is usable: " + "; ".join(r.refused)
+        )
     if ck is None:
         return None
     state = ck.train_state
@@ -262,16 +305,21 @@ def _restore(r: _Run) -> LoadedCheckpoint | None:
     return ck
 
 
-def _save_policy(r: _Run, ck: LoadedCheckpoint | None, *, checkpoint_every: int | None
-                 ) -> SavePolicy:
+def _save_policy(
+    r: _Run, ck: LoadedCheckpoint | None, *, checkpoint_every: int | None
+) -> SavePolicy:
     """Fixed (argument, then spec), else Daly's from the restored or an early measured save."""
     cp = r.spec.checkpoint
     return SavePolicy.start(
-        r.global_step, fixed=checkpoint_every or cp.every_steps,
+        r.global_step,
+        fixed=checkpoint_every or cp.every_steps,
         fixed_source="argument" if checkpoint_every else "spec",
-        restored_meta=ck.meta if ck is not None else None, first_save=r.spec.pilot.steps,
-        mtbi_s=cp.interruption_hours * 3600, tolerable_s=cp.tolerable_loss_minutes * 60,
-        planned_steps=r.planned)
+        restored_meta=ck.meta if ck is not None else None,
+        first_save=r.spec.pilot.steps,
+        mtbi_s=cp.interruption_hours * 3600,
+        tolerable_s=cp.tolerable_loss_minutes * 60,
+        planned_steps=r.planned,
+    )
 
 
 def _open_metrics(r: _Run, *, restored: bool) -> None:
@@ -279,8 +327,14 @@ def _open_metrics(r: _Run, *, restored: bool) -> None:
     truncate_metrics(r.out_dir / METRICS_FILE, through_step=r.global_step)
     r.mlog = MetricsLog(r.out_dir / METRICS_FILE)
     if restored:
-        r.mlog.write({"kind": "restore", "step": r.global_step, "restore_s": r.restore_s,
-                      "refused": r.refused})
+        r.mlog.write(
+            {
+                "kind": "restore",
+                "step": r.global_step,
+                "restore_s": r.restore_s,
+                "refused": r.refused,
+            }
+        )
 
 
 # --- the loop ------------------------------------------------------------------------------------
@@ -320,8 +374,11 @@ def _train_step(r: _Run, batches: Iterator[Any]) -> dict[str, Any]:
     loss_value = loss.item()
     if not math.isfinite(loss_value) and r.spec.stop_rules.non_finite_loss:
         raise NonFiniteLoss(
-            r.run_id, f"training loss is {loss_value} at step {r.global_step + 1} "
-            f"(epoch {r.epoch}, lr {lr:g}); the step was not applied", step=r.global_step + 1)
+            r.run_id,
+            f"training loss is {loss_value} at step {r.global_step + 1} "
+            f"(epoch {r.epoch}, lr {lr:g}); the step was not applied",
+            step=r.global_step + 1,
+        )
     r.optimizer.zero_grad(set_to_none=True)
     r.scaler.scale(loss).backward()
     r.scaler.step(r.optimizer)
@@ -335,8 +392,15 @@ def _train_step(r: _Run, batches: Iterator[Any]) -> dict[str, Any]:
     step_s = time.perf_counter() - t0
     r.step_times.append(step_s)
     r.steps_s_sum += step_s
-    return {"kind": "train", "step": r.global_step, "epoch": r.epoch, "loss": loss_value,
-            "lr": lr, "step_s": step_s, "samples_per_s": n / step_s if step_s > 0 else None}
+    return {
+        "kind": "train",
+        "step": r.global_step,
+        "epoch": r.epoch,
+        "loss": loss_value,
+        "lr": lr,
+        "step_s": step_s,
+        "samples_per_s": n / step_s if step_s > 0 else None,
+    }
 
 
 def _run_epoch(r: _Run, *, progress: ProgressFn | None, bar: Any) -> None:
@@ -377,11 +441,26 @@ def _evaluate(r: _Run, split: str, *, final: bool) -> dict[str, float] | None:
         return None
     t0 = time.perf_counter()
     rule = r.spec.decision_rule
-    metrics = evaluate_split(r.recipe, r.model, dataset, config=r.config, device=r.device,
-                             need=rule.metric if rule else None)
+    metrics = evaluate_split(
+        r.recipe,
+        r.model,
+        dataset,
+        config=r.config,
+        device=r.device,
+        need=rule.metric if rule else None,
+    )
     r.eval_times.append(time.perf_counter() - t0)
-    r.mlog.write({"kind": "eval", "step": r.global_step, "epoch": r.epoch, "split": split,
-                  **metrics, "eval_s": r.eval_times[-1], "final": final})
+    r.mlog.write(
+        {
+            "kind": "eval",
+            "step": r.global_step,
+            "epoch": r.epoch,
+            "split": split,
+            **metrics,
+            "eval_s": r.eval_times[-1],
+            "final": final,
+        }
+    )
     return metrics
 
 
@@ -391,10 +470,20 @@ def _report(r: _Run, row: dict[str, Any], *, progress: ProgressFn | None, bar: A
         bar.update(bar.task_ids[0], completed=r.global_step)
     every = max(1, r.planned // 50)
     if progress is not None and (r.global_step % every == 0 or r.global_step == r.target):
-        progress({"run_id": r.run_id, "run": r.run, "step": r.global_step,
-                  "planned_steps": r.planned, "target_steps": r.target, "epoch": r.epoch,
-                  "loss": row["loss"], "lr": row["lr"], "fraction": r.global_step / r.planned,
-                  "elapsed_s": time.perf_counter() - r.t_call})
+        progress(
+            {
+                "run_id": r.run_id,
+                "run": r.run,
+                "step": r.global_step,
+                "planned_steps": r.planned,
+                "target_steps": r.target,
+                "epoch": r.epoch,
+                "loss": row["loss"],
+                "lr": row["lr"],
+                "fraction": r.global_step / r.planned,
+                "elapsed_s": time.perf_counter() - r.t_call,
+            }
+        )
 
 
 # --- the end --------------------------------------------------------------------------------------
@@ -413,8 +502,14 @@ def _finish(r: _Run, *, train_s: float) -> RunResult:
     # The floor is a decision, so it reads the selection split: the report split decides nothing.
     selected = eval_metrics.get(r.spec.selection_split, metrics)
     stop = _quality_stop(r.spec, r.run_id, selected, step=r.global_step)
-    res = _result(r, completed=True, metrics=metrics, eval_metrics=eval_metrics, train_s=train_s,
-                  stop=stop.to_record() if stop else None)
+    res = _result(
+        r,
+        completed=True,
+        metrics=metrics,
+        eval_metrics=eval_metrics,
+        train_s=train_s,
+        stop=stop.to_record() if stop else None,
+    )
     r.mlog.sync()
     atomic_write_bytes(r.out_dir / RESULT_FILE, json_bytes(res.to_dict()))
     if stop is not None:
@@ -422,46 +517,75 @@ def _finish(r: _Run, *, train_s: float) -> RunResult:
     return res
 
 
-def _quality_stop(spec: CampaignSpec, run_id: str, metrics: dict[str, float], *, step: int
-                  ) -> BelowThreshold | None:
+def _quality_stop(
+    spec: CampaignSpec, run_id: str, metrics: dict[str, float], *, step: int
+) -> BelowThreshold | None:
     """The stop when the decision metric misses the quality floor, when that rule is on."""
     rule = spec.decision_rule
     if rule is None or not spec.stop_rules.below_threshold:
         return None
-    floor = (spec.stop_rules.quality_floor if spec.stop_rules.quality_floor is not None
-             else rule.threshold)
+    floor = (
+        spec.stop_rules.quality_floor
+        if spec.stop_rules.quality_floor is not None
+        else rule.threshold
+    )
     value = metrics.get(rule.metric, math.nan)
     meets = value >= floor if rule.direction == "maximize" else value <= floor
     if meets:
         return None
     side = "below" if rule.direction == "maximize" else "above"
     return BelowThreshold(
-        run_id, f"final {rule.metric} on {rule.select_split} is {value:.6g}, {side} the floor {floor:g}",
-        step=step)
+        run_id,
+        f"final {rule.metric} on {rule.select_split} is {value:.6g}, {side} the floor {floor:g}",
+        step=step,
+    )
 
 
 def _result(
-    r: _Run, *, completed: bool, metrics: dict[str, float] | None = None,
-    eval_metrics: dict[str, dict[str, float]] | None = None, train_s: float = 0.0,
+    r: _Run,
+    *,
+    completed: bool,
+    metrics: dict[str, float] | None = None,
+    eval_metrics: dict[str, dict[str, float]] | None = None,
+    train_s: float = 0.0,
     stop: dict[str, Any] | None = None,
 ) -> RunResult:
     """The ``RunResult`` of this call so far."""
     saves = r.saves
     timings = {
-        "load_s": r.corpus.load_s + r.setup_s, "setup_s": r.setup_s,
-        "corpus_load_s": r.corpus.load_s, "step_s": r.step_s(), "steps_s_sum": r.steps_s_sum,
-        "eval_s": r.eval_times, "save_s": [s.save_s for s in saves], "stall_s": r.stalls,
-        "write_s": [s.write_s for s in saves], "upload_s": [s.upload_s for s in saves],
-        "restore_s": r.restore_s, "train_s": train_s,
+        "load_s": r.corpus.load_s + r.setup_s,
+        "setup_s": r.setup_s,
+        "corpus_load_s": r.corpus.load_s,
+        "step_s": r.step_s(),
+        "steps_s_sum": r.steps_s_sum,
+        "eval_s": r.eval_times,
+        "save_s": [s.save_s for s in saves],
+        "stall_s": r.stalls,
+        "write_s": [s.write_s for s in saves],
+        "upload_s": [s.upload_s for s in saves],
+        "restore_s": r.restore_s,
+        "train_s": train_s,
         "total_s": time.perf_counter() - r.t_call,
     }
     return RunResult(
-        run_id=r.run_id, run=r.run, completed=completed, steps_done=r.global_step,
-        planned_steps=r.planned, metrics=metrics or {}, eval_metrics=eval_metrics or {},
-        timings=timings, n_checkpoints=len(saves), checkpoint_every=r.policy.interval.every_steps,
-        save_interval=asdict(r.policy.interval), resumed_from_step=r.resumed_from,
-        refused_checkpoints=r.refused, stop=stop, device=r.device.type,
-        threads=r.config.threads, precision=r.config.precision)
+        run_id=r.run_id,
+        run=r.run,
+        completed=completed,
+        steps_done=r.global_step,
+        planned_steps=r.planned,
+        metrics=metrics or {},
+        eval_metrics=eval_metrics or {},
+        timings=timings,
+        n_checkpoints=len(saves),
+        checkpoint_every=r.policy.interval.every_steps,
+        save_interval=asdict(r.policy.interval),
+        resumed_from_step=r.resumed_from,
+        refused_checkpoints=r.refused,
+        stop=stop,
+        device=r.device.type,
+        threads=r.config.threads,
+        precision=r.config.precision,
+    )
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -513,16 +637,29 @@ def train_run(
         SpecError: Invalid arguments or an unsupported precision on this device.
     """
     t_call = time.perf_counter()
-    run_id = _check_arguments(spec, run=run, corpus=corpus, stop_after_steps=stop_after_steps,
-                              checkpoint_every=checkpoint_every)
+    run_id = _check_arguments(
+        spec,
+        run=run,
+        corpus=corpus,
+        stop_after_steps=stop_after_steps,
+        checkpoint_every=checkpoint_every,
+    )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     recorded = recorded_result(out_dir, run_id)
     if recorded is not None:
         return recorded
 
-    r = _setup(spec, run=run, corpus=corpus, store=store, out_dir=out_dir,
-               stop_after_steps=stop_after_steps, t_call=t_call, lane=lane)
+    r = _setup(
+        spec,
+        run=run,
+        corpus=corpus,
+        store=store,
+        out_dir=out_dir,
+        stop_after_steps=stop_after_steps,
+        t_call=t_call,
+        lane=lane,
+    )
     ck = _restore(r)
     r.policy = _save_policy(r, ck, checkpoint_every=checkpoint_every)
     r.on_save = on_save
@@ -544,5 +681,3 @@ def train_run(
         r.mlog.close()
         if bar is not None:
             bar.stop()
-
-

@@ -39,10 +39,16 @@ def save_checkpoint(r: _Run) -> None:
         "scaler": r.scaler.state_dict(),
         "recipe": r.recipe.state_dict(),
         "rng": capture_rng(),
-        "cursor": {"epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch,
-                   "epoch_generator_state": r.epoch_gen_state},
-        "counters": {"global_step": r.global_step, "samples_seen": r.samples_seen,
-                     "steps_s_sum": r.steps_s_sum},
+        "cursor": {
+            "epoch": r.epoch,
+            "batch_in_epoch": r.batch_in_epoch,
+            "epoch_generator_state": r.epoch_gen_state,
+        },
+        "counters": {
+            "global_step": r.global_step,
+            "samples_seen": r.samples_seen,
+            "steps_s_sum": r.steps_s_sum,
+        },
     }
     model_state, state = snapshot(r.model.state_dict()), snapshot(state)
     if r.device.type == "cuda":
@@ -50,15 +56,24 @@ def save_checkpoint(r: _Run) -> None:
     stall_s = time.perf_counter() - t0
     r.stalls.append(stall_s)
     step, step_s = r.global_step, r.step_s()
-    extra = {"epoch": r.epoch, "batch_in_epoch": r.batch_in_epoch, "planned_steps": r.planned,
-             "steps_per_epoch": r.steps_per_epoch, "step_s": step_s, "stall_s": stall_s,
-             "threads": r.config.threads, "device": str(r.device),
-             "precision": r.config.precision}
-    r.saver.submit(lambda: r.manager.save(step, model_state=model_state, train_state=state,
-                                          extra_meta=extra))
+    extra = {
+        "epoch": r.epoch,
+        "batch_in_epoch": r.batch_in_epoch,
+        "planned_steps": r.planned,
+        "steps_per_epoch": r.steps_per_epoch,
+        "step_s": step_s,
+        "stall_s": stall_s,
+        "threads": r.config.threads,
+        "device": str(r.device),
+        "precision": r.config.precision,
+    }
+    r.saver.submit(
+        lambda: r.manager.save(step, model_state=model_state, train_state=state, extra_meta=extra)
+    )
     writes = [s.durable_s for s in r.saves]
-    r.policy.saved(step, save_costs=r.stalls, step_s=step_s,
-                   write_s=median(writes) if writes else None)
+    r.policy.saved(
+        step, save_costs=r.stalls, step_s=step_s, write_s=median(writes) if writes else None
+    )
 
 
 def collect_save(r: _Run) -> None:
@@ -67,15 +82,31 @@ def collect_save(r: _Run) -> None:
     if saved is None:
         return
     r.saves.append(saved)
-    r.mlog.write({
-        "kind": "checkpoint", "step": saved.step, "save_s": saved.save_s,
-        "stall_s": r.stalls[len(r.saves) - 1], "write_s": saved.write_s,
-        "upload_s": saved.upload_s, "commit_s": saved.commit_s, "bytes": saved.bytes,
-        "key": saved.key, "every_steps": r.policy.interval.every_steps,
-        "interval_source": r.policy.interval.source})
+    r.mlog.write(
+        {
+            "kind": "checkpoint",
+            "step": saved.step,
+            "save_s": saved.save_s,
+            "stall_s": r.stalls[len(r.saves) - 1],
+            "write_s": saved.write_s,
+            "upload_s": saved.upload_s,
+            "commit_s": saved.commit_s,
+            "bytes": saved.bytes,
+            "key": saved.key,
+            "every_steps": r.policy.interval.every_steps,
+            "interval_source": r.policy.interval.source,
+        }
+    )
     if r.on_save is not None:
-        r.on_save({"run_id": r.run_id, "step": r.global_step, "planned_steps": r.planned,
-                   "save_s": saved.save_s, "key": saved.key})
+        r.on_save(
+            {
+                "run_id": r.run_id,
+                "step": r.global_step,
+                "planned_steps": r.planned,
+                "save_s": saved.save_s,
+                "key": saved.key,
+            }
+        )
 
 
 def save_model(r: _Run, metrics: dict[str, float]) -> None:
@@ -84,14 +115,34 @@ def save_model(r: _Run, metrics: dict[str, float]) -> None:
 
     spec, record = r.spec, recipe_record(r.config)
     # Paths as the spec gives them (relative to its folder): never an absolute path.
-    pins = {name: {"path": spec.inputs[name].path, "sha256": p.sha256, "kind": p.kind}
-            for name, p in r.ctx.inputs.items()}
+    pins = {
+        name: {"path": spec.inputs[name].path, "sha256": p.sha256, "kind": p.kind}
+        for name, p in r.ctx.inputs.items()
+    }
     corpus = r.ctx.corpus
-    sources = ({f"recipe/{record['recipe_file']}": recipe_file(r.config.recipe)}
-               if "recipe_file" in record else {})
-    save_model_dir(r.model, r.out_dir / MODEL_DIR, config=r.config, sources=sources, extra={
-        **r.described, **record, "corpus_sha256": r.corpus.sha256,
-        "corpus": {"path": spec.corpus.path if spec.corpus else None, "sha256": corpus.sha256,
-                   "kind": corpus.kind},
-        "inputs": pins, "run_id": r.run_id, "run": r.run, "steps": r.global_step,
-        "metrics": metrics})
+    sources = (
+        {f"recipe/{record['recipe_file']}": recipe_file(r.config.recipe)}
+        if "recipe_file" in record
+        else {}
+    )
+    save_model_dir(
+        r.model,
+        r.out_dir / MODEL_DIR,
+        config=r.config,
+        sources=sources,
+        extra={
+            **r.described,
+            **record,
+            "corpus_sha256": r.corpus.sha256,
+            "corpus": {
+                "path": spec.corpus.path if spec.corpus else None,
+                "sha256": corpus.sha256,
+                "kind": corpus.kind,
+            },
+            "inputs": pins,
+            "run_id": r.run_id,
+            "run": r.run,
+            "steps": r.global_step,
+            "metrics": metrics,
+        },
+    )

@@ -130,8 +130,12 @@ def _split_entry(
         )
     if g is not None:
         lo, hi = sorted((sign * g.ci95[0], sign * g.ci95[1]))
-        return {**g.to_dict(), "value": v, "gain": round(sign * g.gain, _GAIN_DIGITS),
-                "gain_ci95": [lo, hi]}
+        return {
+            **g.to_dict(),
+            "value": v,
+            "gain": round(sign * g.gain, _GAIN_DIGITS),
+            "gain_ci95": [lo, hi],
+        }
     gain = None if v is None or c is None else round(sign * (v - c), _GAIN_DIGITS)
     return {"value": v, "gain": gain, "gain_ci95": None, "n": None, "replicates": None}
 
@@ -149,7 +153,10 @@ def _choose(rule: DecisionRule, table: Mapping[str, Mapping[str, Any]], split: s
 
 
 def _listing(
-    rule: DecisionRule, *, control: RunEvidence, table: Mapping[str, Any],
+    rule: DecisionRule,
+    *,
+    control: RunEvidence,
+    table: Mapping[str, Any],
     status: Mapping[str, str],
 ) -> str:
     """Every value, gain and interval on both splits, the control first."""
@@ -233,34 +240,53 @@ def decide_verdict(
     if chosen is None:
         return _negative(rule, control=ctrl, table=table, tail=tail, disagree=disagree, base=base)
     return _confirm(
-        rule, chosen, table=table, tail=tail, disagree=disagree, base=base,
+        rule,
+        chosen,
+        table=table,
+        tail=tail,
+        disagree=disagree,
+        base=base,
         run_hours=run_hours or {},
     )
 
 
 def _frame(
-    rule: DecisionRule, *, control: RunEvidence, evidence: Mapping[str, RunEvidence],
-    table: dict[str, dict[str, dict[str, Any]]], stops: list[Mapping[str, Any]],
+    rule: DecisionRule,
+    *,
+    control: RunEvidence,
+    evidence: Mapping[str, RunEvidence],
+    table: dict[str, dict[str, dict[str, Any]]],
+    stops: list[Mapping[str, Any]],
 ) -> tuple[dict[str, Any], str]:
     """What every verdict carries (splits, per-variant table, numbers) and the text's tail
     that states every number and why a run has none."""
     sel, rep, ctrl = rule.select_split, rule.report_split, control
     base = {
-        "select_split": sel, "report_split": rep, "variants": table,
+        "select_split": sel,
+        "report_split": rep,
+        "variants": table,
         "control": {s: ctrl.values.get(s) for s in (sel, rep)},
         "numbers": {
-            "metric": rule.metric, "direction": rule.direction, "threshold": rule.threshold,
-            "min_gain": rule.min_gain, "select_split": sel, "report_split": rep,
+            "metric": rule.metric,
+            "direction": rule.direction,
+            "threshold": rule.threshold,
+            "min_gain": rule.min_gain,
+            "select_split": sel,
+            "report_split": rep,
         },
     }
     head = (
         f"{rule.metric} ({rule.direction}, threshold {rule.threshold:g}, min gain "
         f"{rule.min_gain:g}), chosen on {sel}, reported on {rep}"
     )
-    listing = _listing(rule, control=ctrl, table=table,
-                       status={n: e.status for n, e in evidence.items()})
-    missing = [n for n, row in table.items()
-               if row[sel]["value"] is None and evidence[n].status == "stopped"]
+    listing = _listing(
+        rule, control=ctrl, table=table, status={n: e.status for n, e in evidence.items()}
+    )
+    missing = [
+        n
+        for n, row in table.items()
+        if row[sel]["value"] is None and evidence[n].status == "stopped"
+    ]
     stop_note = ("; " + "; ".join(_stop_text(n, stops) for n in missing)) if missing else ""
     tail = f"{head}: {listing}{stop_note}."
     return base, tail
@@ -279,13 +305,21 @@ def _disagreement(chosen: str | None, on_report: str | None, *, sel: str, rep: s
 
 
 def _negative(
-    rule: DecisionRule, *, control: RunEvidence, table: Mapping[str, Any], tail: str,
-    disagree: str, base: dict[str, Any],
+    rule: DecisionRule,
+    *,
+    control: RunEvidence,
+    table: Mapping[str, Any],
+    tail: str,
+    disagree: str,
+    base: dict[str, Any],
 ) -> Verdict:
     """No variant clears the min gain on the selection split: a complete negative result."""
     sel = rule.select_split
-    meeting = [n for n, row in table.items()
-               if row[sel]["value"] is not None and rule.meets(row[sel]["value"])]
+    meeting = [
+        n
+        for n, row in table.items()
+        if row[sel]["value"] is not None and rule.meets(row[sel]["value"])
+    ]
     why = (
         f"variant(s) {', '.join(repr(n) for n in meeting)} meet the threshold on {sel} but do "
         f"not beat the control by the min gain {rule.min_gain:g}"
@@ -295,20 +329,33 @@ def _negative(
     c = control.values[sel]
     assert c is not None
     keeps = rule.meets(c)
-    also = f"; the control meets it ({c:.4f}): keep the control" if keeps else (
-        ", and neither does the control"
+    also = (
+        f"; the control meets it ({c:.4f}): keep the control"
+        if keeps
+        else (", and neither does the control")
     )
     text = (
         f"Negative result (complete): {why}{also}. {tail}{disagree} This answers the question: "
         "a longer campaign on these variants is not justified."
     )
-    return Verdict(kind="negative", run="control" if keeps else None, text=text,
-                   test_disagrees=bool(disagree), **base)
+    return Verdict(
+        kind="negative",
+        run="control" if keeps else None,
+        text=text,
+        test_disagrees=bool(disagree),
+        **base,
+    )
 
 
 def _confirm(
-    rule: DecisionRule, chosen: str, *, table: Mapping[str, Any], tail: str, disagree: str,
-    base: dict[str, Any], run_hours: Mapping[str, float],
+    rule: DecisionRule,
+    chosen: str,
+    *,
+    table: Mapping[str, Any],
+    tail: str,
+    disagree: str,
+    base: dict[str, Any],
+    run_hours: Mapping[str, float],
 ) -> Verdict:
     """The chosen variant's report-split interval against the min gain: adopt, negative or
     inconclusive."""
@@ -319,20 +366,22 @@ def _confirm(
     picked = f"'{chosen}' is best on {sel} ({_ci_text(table[chosen][sel])})"
     if value is None or gain is None:
         text = f"Inconclusive: {picked} but has no {rep} metric. {tail}{disagree}"
-        return Verdict(kind="inconclusive", run=chosen, text=text,
-                       test_disagrees=bool(disagree), **base)
+        return Verdict(
+            kind="inconclusive", run=chosen, text=text, test_disagrees=bool(disagree), **base
+        )
     if lo >= rule.min_gain and lo > 0 and rule.meets(value):
         text = (
             f"Adopt '{chosen}': chosen on {sel}; on {rep} {rule.metric} {value:.4f}, "
             f"{_ci_text(entry)}, the lower end clears the min gain {rule.min_gain:g} (threshold "
             f"{rule.threshold:g} met). {tail}{disagree}"
         )
-        return Verdict(kind="adopt", run=chosen, text=text, test_disagrees=bool(disagree),
-                       **base)
+        return Verdict(kind="adopt", run=chosen, text=text, test_disagrees=bool(disagree), **base)
     if hi < rule.min_gain or hi <= 0 or not rule.meets(value):
-        why = (f"its {rep} value {value:.4f} misses the threshold {rule.threshold:g}"
-               if not rule.meets(value) else
-               f"on {rep} its {_ci_text(entry)} stays under the min gain {rule.min_gain:g}")
+        why = (
+            f"its {rep} value {value:.4f} misses the threshold {rule.threshold:g}"
+            if not rule.meets(value)
+            else f"on {rep} its {_ci_text(entry)} stays under the min gain {rule.min_gain:g}"
+        )
         disagree = disagree or f" The {rep} split does not confirm the choice made on {sel}."
         text = f"Negative result (complete): {picked}, but {why}. {tail}{disagree}"
         return Verdict(kind="negative", run=None, text=text, test_disagrees=True, **base)
@@ -341,8 +390,14 @@ def _confirm(
         f"Inconclusive: {picked}; on {rep} its {_ci_text(entry)} straddles the min gain "
         f"{rule.min_gain:g}. {resolve['text']} {tail}{disagree}"
     )
-    return Verdict(kind="inconclusive", run=chosen, text=text, resolve=resolve,
-                   test_disagrees=bool(disagree), **base)
+    return Verdict(
+        kind="inconclusive",
+        run=chosen,
+        text=text,
+        resolve=resolve,
+        test_disagrees=bool(disagree),
+        **base,
+    )
 
 
 def _resolve(
@@ -350,18 +405,32 @@ def _resolve(
 ) -> dict[str, Any]:
     """How many more examples or seeds would settle an inconclusive verdict, and the cost."""
     if entry.get("n") is None:
-        return {"more_examples": None, "more_seeds": None, "seed_hours": None,
-                "text": "No per-example predictions: no estimate of the evidence needed."}
-    g = Gain(gain=entry["gain"], ci95=tuple(entry["gain_ci95"]), n=entry["n"],
-             replicates=entry["replicates"] or 1)
+        return {
+            "more_examples": None,
+            "more_seeds": None,
+            "seed_hours": None,
+            "text": "No per-example predictions: no estimate of the evidence needed.",
+        }
+    g = Gain(
+        gain=entry["gain"],
+        ci95=tuple(entry["gain_ci95"]),
+        n=entry["n"],
+        replicates=entry["replicates"] or 1,
+    )
     need = to_resolve(g, min_gain=max(rule.min_gain, 1e-12))
     if need["factor"] is None:
-        return {**need, "seed_hours": None,
-                "text": "The gain equals the min gain: no amount of evidence separates them."}
+        return {
+            **need,
+            "seed_hours": None,
+            "text": "The gain equals the min gain: no amount of evidence separates them.",
+        }
     per_seed = run_hours.get("control", 0.0) + run_hours.get(chosen, 0.0)
     hours = round(need["more_seeds"] * per_seed, 4) if per_seed else None
-    cost = (f" ({need['more_seeds']} x {per_seed:g} h = {hours:g} h of GPU time in the "
-            "calendar)" if hours is not None else " (run hours not planned)")
+    cost = (
+        f" ({need['more_seeds']} x {per_seed:g} h = {hours:g} h of GPU time in the calendar)"
+        if hours is not None
+        else " (run hours not planned)"
+    )
     text = (
         f"To resolve it: about {need['more_examples']} more {rule.report_split} examples "
         f"({need['factor']:.2f} x the {g.n} there; evaluating them costs minutes, labelling "

@@ -35,12 +35,19 @@ from gpucampaign.predictions import reload_in_fresh_process
 from gpucampaign.spec import SpecError, load_spec, spec_sha256
 
 _TEXT_SUFFIXES = {
-    ".json", ".jsonl", ".csv", ".md", ".txt", ".yaml", ".yml", ".html", ".sha256", ".toml",
+    ".json",
+    ".jsonl",
+    ".csv",
+    ".md",
+    ".txt",
+    ".yaml",
+    ".yml",
+    ".html",
+    ".sha256",
+    ".toml",
     ".log",
 }
-_PATH_KEY = re.compile(
-    r"(^|_)(path|paths|dir|dirs|folder|file|files|location)$", re.IGNORECASE
-)
+_PATH_KEY = re.compile(r"(^|_)(path|paths|dir|dirs|folder|file|files|location)$", re.IGNORECASE)
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _MD_LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|(?:src|href)=[\"']([^\"']+)[\"']")
 _DATA_URI = re.compile(r"data:[^\"')\s]+")
@@ -123,8 +130,11 @@ def _linked_dirs(root: Path) -> list[str]:
     """Relative posix paths of the links to folders under ``root`` (never followed)."""
     out = []
     for dirpath, dirnames, _ in os.walk(root, followlinks=False):
-        out += [(Path(dirpath) / d).relative_to(root).as_posix() for d in dirnames
-                if (Path(dirpath) / d).is_symlink()]
+        out += [
+            (Path(dirpath) / d).relative_to(root).as_posix()
+            for d in dirnames
+            if (Path(dirpath) / d).is_symlink()
+        ]
     return sorted(out)
 
 
@@ -168,8 +178,12 @@ class VerifyContext:
             except (ValueError, UnicodeDecodeError) as exc:
                 manifest, error = None, str(exc)
         return cls(
-            base=base, present=list_files(base), manifest=manifest, manifest_error=error,
-            reload=reload, timeout_s=timeout_s,
+            base=base,
+            present=list_files(base),
+            manifest=manifest,
+            manifest_error=error,
+            reload=reload,
+            timeout_s=timeout_s,
         )
 
     @property
@@ -179,8 +193,11 @@ class VerifyContext:
         runs = (self.manifest or {}).get("runs") or {}
         if not isinstance(runs, Mapping):
             return {}
-        return {rid: info for rid, info in runs.items()
-                if isinstance(info, Mapping) and _run_id_is_a_name(rid)}
+        return {
+            rid: info
+            for rid, info in runs.items()
+            if isinstance(info, Mapping) and _run_id_is_a_name(rid)
+        }
 
     def scanned(self) -> list[str]:
         """Every file whose content is checked: the files present, the links to folders (the
@@ -311,7 +328,7 @@ def check_temp_paths(ctx: VerifyContext) -> list[Problem]:
         m = ctx.temp_re.search(scan) if scan is not None else None
         if m:
             line = scan.count("\n", 0, m.start()) + 1
-            snippet = scan[m.start(): m.start() + 80].split("\n")[0].split('"')[0]
+            snippet = scan[m.start() : m.start() + 80].split("\n")[0].split('"')[0]
             detail = f"line {line} points into a temporary folder: '{snippet}'"
             problems.append(Problem("temp_path", rel, detail))
     return problems
@@ -520,7 +537,8 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
     if ctx.manifest is None or not ctx.reload:
         return []
     to_reload = [
-        rid for rid, info in ctx.runs.items()
+        rid
+        for rid, info in ctx.runs.items()
         if info.get("status") == "completed"
         and (ctx.base / "runs" / rid).is_dir()
         and not any(

@@ -46,8 +46,7 @@ def stack():
         assert up.returncode == 0, f"stack up failed:\n{up.stdout}\n{up.stderr}"
         api = f"http://127.0.0.1:{port}/api"
         assert f"export PREFECT_API_URL={api}" in up.stdout
-        yield {"api": api, "env": {**env, "PREFECT_API_URL": api}, "dir": stack_dir,
-               "port": port}
+        yield {"api": api, "env": {**env, "PREFECT_API_URL": api}, "dir": stack_dir, "port": port}
     finally:
         down = subprocess.run(
             ["bash", str(STACK), "down"], env=env, capture_output=True, text=True, timeout=180

@@ -26,9 +26,16 @@ RUN_TIMEOUT_S = 600
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--window-size=1400,1000", "--virtual-time-budget=15000",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,1000",
+    "--virtual-time-budget=15000",
 )
 
 
@@ -56,7 +63,8 @@ def tiny_spec(dest: Path) -> Path:
     data["name"] = f"{data['name']}-e2e"
     data["control"] = {**(data.get("control") or {}), "epochs": 1, "max_steps": 40}
     data["variants"] = [
-        {**v, "changes": {**v.get("changes", {}), "max_steps": 40}} for v in data.get("variants", [])
+        {**v, "changes": {**v.get("changes", {}), "max_steps": 40}}
+        for v in data.get("variants", [])
     ]
     data["pilot"] = {**(data.get("pilot") or {}), "steps": 10}
     data["decision_point"] = {**(data.get("decision_point") or {}), "mode": "auto"}

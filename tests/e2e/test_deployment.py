@@ -26,8 +26,12 @@ def test_scheduled_restart_verification_is_deployed(stack):
     assert dep["parameters"] == {"out": "out/campaign"}
     assert dep["work_pool_name"] == "gpucampaign"
     # This stack is throwaway: no scheduled check may fire into the repo while the test runs.
-    api(stack["api"], "PATCH", f"/deployments/{dep['id']}/schedules/{schedules[0]['id']}",
-         {"active": False})
+    api(
+        stack["api"],
+        "PATCH",
+        f"/deployments/{dep['id']}/schedules/{schedules[0]['id']}",
+        {"active": False},
+    )
 
 
 def test_server_runs_on_postgresql(stack):
@@ -46,8 +50,10 @@ def test_server_runs_on_postgresql(stack):
     assert password not in env_file.read_text()
     # Only the server knows the database URL; the worker and its flow runs never see it.
     server_env = Path(f"/proc/{server_pid}/environ").read_bytes().split(b"\0")
-    assert any(e.startswith(b"PREFECT_SERVER_DATABASE_CONNECTION_URL=postgresql+asyncpg://")
-               for e in server_env)
+    assert any(
+        e.startswith(b"PREFECT_SERVER_DATABASE_CONNECTION_URL=postgresql+asyncpg://")
+        for e in server_env
+    )
     worker_pid = int((stack["dir"] / "worker.pid").read_text())
     assert password.encode() not in Path(f"/proc/{worker_pid}/environ").read_bytes()
 
@@ -78,7 +84,8 @@ def test_deployment_run_completes_with_outputs(stack, finished_campaign):
     # The scheduled restart check, run now on this output: every run resumes exactly ...
     check_id, check = run_deployment(stack, "restart-verification/scheduled", out=str(out), steps=5)
     assert check.get("type") == "COMPLETED", (
-        f"restart check {check_id} ended {check.get('type')}: {check.get('message')}\n{worker_log(stack)}"
+        f"restart check {check_id} ended {check.get('type')}: "
+        f"{check.get('message')}\n{worker_log(stack)}"
     )
     # ... and fails loudly once the checkpoints are gone.
     shutil.rmtree(out / "checkpoints")

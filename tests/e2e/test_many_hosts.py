@@ -27,10 +27,25 @@ GPU_PHASES = {"pilot", "train", "restart"}
 def _start_worker(stack: dict[str, Any], name: str, log: Path) -> subprocess.Popen:
     with log.open("ab") as sink:
         return subprocess.Popen(
-            ["prefect", "worker", "start", "--pool", POOL, "--type", "process",
-             "--name", name, "--limit", "1"],
-            cwd=ROOT, env=stack["env"], stdout=sink, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            [
+                "prefect",
+                "worker",
+                "start",
+                "--pool",
+                POOL,
+                "--type",
+                "process",
+                "--name",
+                name,
+                "--limit",
+                "1",
+            ],
+            cwd=ROOT,
+            env=stack["env"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
 
@@ -47,27 +62,50 @@ def _stop_worker(proc: subprocess.Popen) -> None:
 def _hosts_deployment(stack: dict[str, Any]) -> str:
     """campaign/main again, on the pool of the two host workers; its ID."""
     main = api(stack["api"], "GET", "/deployments/name/campaign/main")
-    body = {key: main[key] for key in ("flow_id", "entrypoint", "path", "pull_steps",
-                                       "parameters", "parameter_openapi_schema", "job_variables")}
-    return api(stack["api"], "POST", "/deployments/",
-               {**body, "name": "hosts", "work_pool_name": POOL})["id"]
+    body = {
+        key: main[key]
+        for key in (
+            "flow_id",
+            "entrypoint",
+            "path",
+            "pull_steps",
+            "parameters",
+            "parameter_openapi_schema",
+            "job_variables",
+        )
+    }
+    return api(
+        stack["api"], "POST", "/deployments/", {**body, "name": "hosts", "work_pool_name": POOL}
+    )["id"]
 
 
 def _gpu_intervals(out: Path) -> list[tuple[datetime, datetime]]:
     rows = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
-    return [(datetime.fromisoformat(r["start"]), datetime.fromisoformat(r["end"]))
-            for r in rows if r["phase"] in GPU_PHASES]
+    return [
+        (datetime.fromisoformat(r["start"]), datetime.fromisoformat(r["end"]))
+        for r in rows
+        if r["phase"] in GPU_PHASES
+    ]
 
 
 def _submitted_by(stack: dict[str, Any], flow_run_id: str) -> set[str]:
-    logs = api(stack["api"], "POST", "/logs/filter",
-               {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200})
+    logs = api(
+        stack["api"],
+        "POST",
+        "/logs/filter",
+        {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200},
+    )
     return {h for h in HOSTS for log in logs if f"Worker '{h}' submitting" in log["message"]}
 
 
 def test_two_workers_sharing_one_gpu_slot_never_overlap(stack, tmp_path):
-    created = subprocess.run(["prefect", "work-pool", "create", POOL, "--type", "process"],
-                             env=stack["env"], capture_output=True, text=True, timeout=120)
+    created = subprocess.run(
+        ["prefect", "work-pool", "create", POOL, "--type", "process"],
+        env=stack["env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert created.returncode == 0, created.stdout + created.stderr
     deployment_id = _hosts_deployment(stack)
     spec = tiny_spec(tmp_path / "spec")
@@ -75,8 +113,12 @@ def test_two_workers_sharing_one_gpu_slot_never_overlap(stack, tmp_path):
     try:
         outs = [tmp_path / f"out-{h}" for h in HOSTS]
         run_ids = [
-            api(stack["api"], "POST", f"/deployments/{deployment_id}/create_flow_run",
-                {"parameters": {"spec": str(spec), "out": str(out)}})["id"]
+            api(
+                stack["api"],
+                "POST",
+                f"/deployments/{deployment_id}/create_flow_run",
+                {"parameters": {"spec": str(spec), "out": str(out)}},
+            )["id"]
             for out in outs
         ]
         states = [wait_flow_run(stack, run_id) for run_id in run_ids]
@@ -105,19 +147,26 @@ def test_two_workers_sharing_one_gpu_slot_never_overlap(stack, tmp_path):
 def test_the_kubernetes_gpu_template_is_a_valid_work_pool(stack):
     """The server accepts infra/k8s/gpu-job-template.json (no cluster here: no Job is run)."""
     template = json.loads((ROOT / "infra" / "k8s" / "gpu-job-template.json").read_text())
-    pool = api(stack["api"], "POST", "/work_pools/",
-               {"name": "gpu-k8s-e2e", "type": "kubernetes", "base_job_template": template})
+    pool = api(
+        stack["api"],
+        "POST",
+        "/work_pools/",
+        {"name": "gpu-k8s-e2e", "type": "kubernetes", "base_job_template": template},
+    )
     stored = pool["base_job_template"]
     container = stored["job_configuration"]["job_manifest"]["spec"]["template"]["spec"][
-        "containers"][0]
+        "containers"
+    ][0]
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "{{ gpus }}"}
     assert stored["variables"]["properties"]["gpus"]["default"] == 1
     api(stack["api"], "DELETE", "/work_pools/gpu-k8s-e2e")
     # Rendered as a worker renders it: the GPU count lands as a number, the keys in a Secret.
     from prefect.utilities.templating import apply_values
 
-    job = apply_values(template["job_configuration"], {"gpus": 2, "name": "c", "image": "i:1",
-                                                        "s3_secret": "s3", "namespace": "n"})
+    job = apply_values(
+        template["job_configuration"],
+        {"gpus": 2, "name": "c", "image": "i:1", "s3_secret": "s3", "namespace": "n"},
+    )
     pod = job["job_manifest"]["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 2}
     assert pod["containers"][0]["envFrom"] == [{"secretRef": {"name": "s3"}}]

@@ -105,8 +105,9 @@ def test_altered_or_truncated_objects_are_detected(server, tmp_path):
     with pytest.raises(StorageError, match="sha256"):
         store.get_file("f.bin", dst=tmp_path / "out.bin")
     assert not (tmp_path / "out.bin").exists()  # nothing half-checked is left behind
-    client.put_object(Bucket=server.bucket, Key="corrupt/f.bin", Body=src.read_bytes()[:99_000],
-                      Metadata=meta)
+    client.put_object(
+        Bucket=server.bucket, Key="corrupt/f.bin", Body=src.read_bytes()[:99_000], Metadata=meta
+    )
     with pytest.raises(StorageError, match="99000 bytes"):
         store.read_bytes("f.bin")
 
@@ -124,8 +125,12 @@ class _CorruptingStore(S3Store):
 
 def test_an_upload_that_does_not_arrive_intact_fails(server, tmp_path):
     for threshold in (64 * MIB, 5 * MIB):  # one PUT, then parts
-        store = _CorruptingStore(f"s3://{server.bucket}/intransit", env=server.env(),
-                                 multipart_threshold=threshold, part_size=5 * MIB)
+        store = _CorruptingStore(
+            f"s3://{server.bucket}/intransit",
+            env=server.env(),
+            multipart_threshold=threshold,
+            part_size=5 * MIB,
+        )
         src = tmp_path / "f.bin"
         src.write_bytes(os.urandom(6 * MIB))
         with pytest.raises(StorageError, match="does not hold what was uploaded"):
@@ -162,8 +167,9 @@ def test_wrong_keys_missing_bucket_and_a_server_that_is_down(server, tmp_path):
 
 def test_checkpoints_through_the_manager(server, tmp_path):
     store = _store(server, "ckpt/camp", multipart_threshold=5 * MIB, part_size=5 * MIB)
-    manager = CheckpointManager(store, run_id=RUN, config_sha256=CFG, keep=2,
-                                staging_dir=tmp_path / "stage")
+    manager = CheckpointManager(
+        store, run_id=RUN, config_sha256=CFG, keep=2, staging_dir=tmp_path / "stage"
+    )
     for step in (2, 4, 6):
         model, state = _state(step)
         saved = manager.save(step, model_state=model, train_state=state)
@@ -195,10 +201,12 @@ def test_a_failed_upload_never_moves_latest(server, tmp_path):
     good = CheckpointManager(S3Store(url, env=server.env()), run_id=RUN, config_sha256=CFG)
     model, state = _state(3)
     good.save(3, model_state=model, train_state=state)
-    failing = CheckpointManager(_FailingStateStore(url, env=server.env()), run_id=RUN,
-                                config_sha256=CFG)
-    wrong_keys = CheckpointManager(S3Store(url, env=_bad_env(server), max_attempts=2),
-                                   run_id=RUN, config_sha256=CFG)
+    failing = CheckpointManager(
+        _FailingStateStore(url, env=server.env()), run_id=RUN, config_sha256=CFG
+    )
+    wrong_keys = CheckpointManager(
+        S3Store(url, env=_bad_env(server), max_attempts=2), run_id=RUN, config_sha256=CFG
+    )
     for manager, reason in ((failing, "does not hold"), (wrong_keys, "access denied")):
         model, state = _state(5)
         with pytest.raises(StorageError, match=reason):
@@ -214,29 +222,49 @@ def test_plan_refuses_wrong_keys_without_printing_the_secret(server, tmp_path):
     data["storage"] = {"url": f"s3://{server.bucket}/plans/digits"}
     spec = write_spec_copy(data, source_dir=EXAMPLE.parent, dest=tmp_path / "spec")
     env = {**os.environ, **_bad_env(server), "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.run([sys.executable, "-m", "gpucampaign.cli", "plan", str(spec)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucampaign.cli", "plan", str(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert f"s3://{server.bucket}/plans/digits" in " ".join(out.split()) and "access denied" in out
     assert _bad_env(server)["AWS_SECRET_ACCESS_KEY"] not in out and "Traceback" not in out
-    proc = subprocess.run([sys.executable, "-m", "gpucampaign.cli", "run", str(spec), "--out",
-                           str(tmp_path / "out")], env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucampaign.cli", "run", str(spec), "--out", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "access denied" in out, out
     assert _bad_env(server)["AWS_SECRET_ACCESS_KEY"] not in out
     assert not (tmp_path / "out").exists()  # refused before anything was written or trained
     env = {**os.environ, **server.env(), "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.run([sys.executable, "-m", "gpucampaign.cli", "plan", str(spec), "--json"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucampaign.cli", "plan", str(spec), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["fits"] is True
 
 
 def _cli(*args: str, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpucampaign.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpucampaign.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
@@ -246,19 +274,25 @@ def test_a_campaign_on_s3_then_mirror_retrieve_verify(server, tmp_path):
     data = yaml.safe_load(EXAMPLE.read_text())
     data["storage"] = {"url": f"s3://{server.bucket}/campaigns/digits"}
     spec = write_spec_copy(data, source_dir=EXAMPLE.parent, dest=tmp_path / "spec")
-    env = {**os.environ, **server.env(), "PYTHONPATH": os.pathsep.join(sys.path),
-           "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    env = {
+        **os.environ,
+        **server.env(),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+    }
     out = tmp_path / "out"
     proc = _cli("run", str(spec), "--out", str(out), env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert not (out / "checkpoints").exists()
     client = server.client()
     for run_dir in (out / "runs").iterdir():  # every run's LATEST is in the bucket
-        pointer = client.get_object(Bucket=server.bucket,
-                                    Key=f"campaigns/digits/{run_dir.name}/{LATEST_FILE}")
+        pointer = client.get_object(
+            Bucket=server.bucket, Key=f"campaigns/digits/{run_dir.name}/{LATEST_FILE}"
+        )
         step = json.loads(pointer["Body"].read())["dir"]
-        client.head_object(Bucket=server.bucket,
-                           Key=f"campaigns/digits/{run_dir.name}/{step}/model.safetensors")
+        client.head_object(
+            Bucket=server.bucket, Key=f"campaigns/digits/{run_dir.name}/{step}/model.safetensors"
+        )
     # The flow mirrored the sealed folder at its close; a second mirror sends nothing.
     assert f"mirrored to s3://{server.bucket}/campaigns/digits" in proc.stdout
     store = _store(server, "campaigns/digits")
@@ -266,8 +300,9 @@ def test_a_campaign_on_s3_then_mirror_retrieve_verify(server, tmp_path):
     manifest = json.loads((out / "manifest.json").read_bytes())
     assert again["files"] == len(manifest["files"]) + 1 and again["uploaded"] == 0
     # Checked with plain boto3: every file of the folder is in the bucket under the prefix.
-    listed = server.client().list_objects_v2(Bucket=server.bucket, Prefix="campaigns/digits/",
-                                             MaxKeys=1000)
+    listed = server.client().list_objects_v2(
+        Bucket=server.bucket, Prefix="campaigns/digits/", MaxKeys=1000
+    )
     keys = {o["Key"].removeprefix("campaigns/digits/") for o in listed["Contents"]}
     assert {"manifest.json", MIRROR_INDEX} | {f["path"] for f in manifest["files"]} <= keys
 
@@ -281,8 +316,9 @@ def test_a_campaign_on_s3_then_mirror_retrieve_verify(server, tmp_path):
 
     assert _cli("retrieve", url, "--to", str(back), env=env).returncode == 2  # not empty
     assert _cli("retrieve", "gs://bucket/x", "--to", str(tmp_path / "n"), env=env).returncode == 2
-    proc = _cli("retrieve", f"s3://{server.bucket}/nothing-here", "--to", str(tmp_path / "n"),
-                env=env)
+    proc = _cli(
+        "retrieve", f"s3://{server.bucket}/nothing-here", "--to", str(tmp_path / "n"), env=env
+    )
     assert proc.returncode == 2 and "no mirrored output folder" in proc.stderr
     assert not (tmp_path / "n").exists()
 
@@ -292,8 +328,9 @@ def test_the_server_script_keeps_its_keys_private_and_stops_by_pid(tmp_path):
     folder = tmp_path / "srv"
 
     def call(action: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*script, action, str(folder)], capture_output=True, text=True,
-                              timeout=180)
+        return subprocess.run(
+            [*script, action, str(folder)], capture_output=True, text=True, timeout=180
+        )
 
     def exports(proc: subprocess.CompletedProcess) -> dict[str, str]:
         return dict(line.removeprefix("export ").split("=", 1) for line in proc.stdout.splitlines())

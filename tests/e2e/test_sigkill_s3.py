@@ -43,16 +43,26 @@ print(json.dumps({"resumed_from_step": result.resumed_from_step, "steps": result
 
 
 def _campaign(tmp_path: Path, digits, *, prefix: str) -> Path:
-    spec = make_spec(tmp_path, digits, control={"epochs": 12}, checkpoint={"every_steps": 10},
-                     storage={"url": f"s3://gpucampaign/{prefix}"})
+    spec = make_spec(
+        tmp_path,
+        digits,
+        control={"epochs": 12},
+        checkpoint={"every_steps": 10},
+        storage={"url": f"s3://gpucampaign/{prefix}"},
+    )
     path = tmp_path / f"{prefix}.yaml"
     path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
     return path
 
 
 def _worker(spec: Path, out: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", WORKER, str(spec), str(out)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(spec), str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _params(out: Path, spec: Path) -> dict:
@@ -75,7 +85,8 @@ def test_sigkilled_worker_resumes_on_a_fresh_folder_from_s3(tmp_path, digits_fil
         while step < 30 and time.monotonic() < deadline and first.poll() is None:
             try:
                 step = json.loads(client.get_object(Bucket=srv.bucket, Key=key)["Body"].read())[
-                    "step"]
+                    "step"
+                ]
             except client.exceptions.NoSuchKey:
                 pass
             time.sleep(0.05)

@@ -26,8 +26,12 @@ def test_server_down_mid_run_nothing_lost_and_the_spool_drains(tmp_path, digits_
     ports = json.loads((Path(srv.root) / STATE_FILE).read_text())["ports"]
     spec = make_spec(tmp_path, digits_file, checkpoint={"every_steps": 2, "keep": 3})
     url = f"s3://{srv.bucket}/spooltest"
-    store = SpoolingStore(S3Store(url, env=srv.env(), max_attempts=2), spool_dir=tmp_path / "out"
-                          / "spool", retry_s=0.5, max_retry_s=2.0)
+    store = SpoolingStore(
+        S3Store(url, env=srv.env(), max_attempts=2),
+        spool_dir=tmp_path / "out" / "spool",
+        retry_s=0.5,
+        max_retry_s=2.0,
+    )
     seen: dict[str, object] = {}
 
     def progress(row: dict) -> None:
@@ -40,8 +44,14 @@ def test_server_down_mid_run_nothing_lost_and_the_spool_drains(tmp_path, digits_
             srv = start_server(tmp_path / "s3", ports=ports)
 
     try:
-        result = train_run(spec, run="control", corpus=corpus_of(tmp_path, spec), store=store,
-                           out_dir=run_dir(spec, tmp_path), progress=progress)
+        result = train_run(
+            spec,
+            run="control",
+            corpus=corpus_of(tmp_path, spec),
+            store=store,
+            out_dir=run_dir(spec, tmp_path),
+            progress=progress,
+        )
         assert result.steps_done == 20
         assert any(k.endswith(LATEST_FILE) for k in seen["pending"])  # saved while it was down
         assert store.drain(timeout_s=120) == []
@@ -49,15 +59,23 @@ def test_server_down_mid_run_nothing_lost_and_the_spool_drains(tmp_path, digits_
 
         rid = spec.run_id("control")
         client = srv.client()
-        latest = json.loads(client.get_object(
-            Bucket=srv.bucket, Key=f"spooltest/{rid}/{LATEST_FILE}")["Body"].read())
+        latest = json.loads(
+            client.get_object(Bucket=srv.bucket, Key=f"spooltest/{rid}/{LATEST_FILE}")[
+                "Body"
+            ].read()
+        )
         assert latest["dir"] == step_dirname(20)
-        keys = {o["Key"] for o in client.list_objects_v2(
-            Bucket=srv.bucket, Prefix=f"spooltest/{rid}/{step_dirname(20)}/")["Contents"]}
+        keys = {
+            o["Key"]
+            for o in client.list_objects_v2(
+                Bucket=srv.bucket, Prefix=f"spooltest/{rid}/{step_dirname(20)}/"
+            )["Contents"]
+        }
         assert len(keys) >= 3
         bare = S3Store(url, env=srv.env())
         loaded, refused = CheckpointManager(
-            bare, run_id=rid, config_sha256=run_config_sha256(spec, "control")).load_latest()
+            bare, run_id=rid, config_sha256=run_config_sha256(spec, "control")
+        ).load_latest()
         assert loaded is not None and loaded.step == 20 and refused == []
     finally:
         srv.stop()

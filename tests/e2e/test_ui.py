@@ -39,8 +39,9 @@ def test_flow_run_page_shows_task_runs_and_the_closing_report(stack, finished_ca
     assert finished_campaign["state"].get("type") == "COMPLETED", finished_campaign["state"]
     ui = f"http://127.0.0.1:{stack['port']}"
     flow_run = api(stack["api"], "GET", f"/flow_runs/{flow_run_id}")
-    task_runs = api(stack["api"], "POST", "/task_runs/filter",
-                    {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+    task_runs = api(
+        stack["api"], "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}}
+    )
     names = {t["name"] for t in task_runs}
     assert {"close", "manifest", "predictions"} <= names
     assert any(n.startswith("train[") for n in names)
@@ -60,8 +61,9 @@ def test_flow_run_page_shows_task_runs_and_the_closing_report(stack, finished_ca
         assert name in text, f"{name!r} not on the flow-run page:\n{text[:3000]}"
     assert any(n in text for n in names if n.startswith("train["))
 
-    artifacts = api(stack["api"], "POST", "/artifacts/filter",
-                    {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+    artifacts = api(
+        stack["api"], "POST", "/artifacts/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}}
+    )
     report = [a for a in artifacts if a["key"] and a["key"].startswith("report-")]
     assert len(report) == 1, [a["key"] for a in artifacts]
     page = chromium(f"{ui}/artifacts/artifact/{report[0]['id']}", dump_dom=True)

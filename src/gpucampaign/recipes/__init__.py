@@ -227,19 +227,32 @@ def rebuild_recipe_model(
         use_recipe_dir(folder / "recipe")
     want = info.get("recipe_sha256")
     if want and recipe_file_sha256(config.recipe) != want:
-        raise SpecError(f"recipe '{config.recipe}': its file changed since the model was saved "
-                        f"(recorded sha256 {want}); restore that version to reload.",
-                        field="model")
+        raise SpecError(
+            f"recipe '{config.recipe}': its file changed since the model was saved "
+            f"(recorded sha256 {want}); restore that version to reload.",
+            field="model",
+        )
     recipe = load_recipe(config.recipe)
-    pins = {name: Pinned(path=Path(p["path"]), sha256=p["sha256"], kind=p.get("kind", "file"))
-            for name, p in (info.get("inputs") or {}).items()}
+    pins = {
+        name: Pinned(path=Path(p["path"]), sha256=p["sha256"], kind=p.get("kind", "file"))
+        for name, p in (info.get("inputs") or {}).items()
+    }
     corpus = info.get("corpus")
     ctx = RecipeContext(
-        args=dict(config.args), device=torch.device(device), seed=config.seed,
-        run_id=str(info.get("run_id", "")), inputs=pins, config=config,
-        corpus=(Pinned(path=Path(corpus["path"]), sha256=corpus["sha256"],
-                       kind=corpus.get("kind", "file")) if corpus and corpus.get("path")
-                else None))
+        args=dict(config.args),
+        device=torch.device(device),
+        seed=config.seed,
+        run_id=str(info.get("run_id", "")),
+        inputs=pins,
+        config=config,
+        corpus=(
+            Pinned(
+                path=Path(corpus["path"]), sha256=corpus["sha256"], kind=corpus.get("kind", "file")
+            )
+            if corpus and corpus.get("path")
+            else None
+        ),
+    )
     return call(config.recipe, "model", recipe.model, ctx)
 
 

@@ -34,21 +34,31 @@ class TabularClassifier(Recipe):
     def describe(self, ctx: RecipeContext, datasets: dict[str, Any]) -> dict[str, Any]:
         """Sizes, class names and feature names: ``params.json`` and the model's config."""
         table = ctx.table
-        return {"n_features": table.n_features, "n_classes": table.n_classes,
-                "classes": list(table.classes), "feature_names": list(table.feature_names)}
+        return {
+            "n_features": table.n_features,
+            "n_classes": table.n_classes,
+            "classes": list(table.classes),
+            "feature_names": list(table.feature_names),
+        }
 
     def datasets(self, ctx: RecipeContext) -> dict[str, TensorDataset]:
         """``{train, val, test}``: each split's (features, class index) rows."""
         table = ctx.table
         self.n_classes = table.n_classes
-        return {name: TensorDataset(*table.splits[name].tensors())
-                for name in SPLITS if name in table.splits}
+        return {
+            name: TensorDataset(*table.splits[name].tensors())
+            for name in SPLITS
+            if name in table.splits
+        }
 
     def model(self, ctx: RecipeContext) -> nn.Module:
         """The untrained model, its input statistics fitted on the train split."""
         table = ctx.table
-        model = build_model(ctx.config.model_copy(update={"recipe": self.name}),
-                            n_features=table.n_features, n_classes=table.n_classes)
+        model = build_model(
+            ctx.config.model_copy(update={"recipe": self.name}),
+            n_features=table.n_features,
+            n_classes=table.n_classes,
+        )
         fit_input_stats(model, torch.as_tensor(table.splits["train"].X))
         return model
 
