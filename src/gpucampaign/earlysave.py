@@ -32,6 +32,7 @@ from gpucampaign.restart import (
     _resume_in_child,
     _train_losses,
     compare_states,
+    require_identical,
     verify_restart,
 )
 from gpucampaign.spec import CampaignSpec
@@ -148,14 +149,13 @@ def verify_early_save(
         compared=cmp.compared,
         mismatches=cmp.mismatches[:20],
     )
-    if check and not report.identical:
-        raise NoUsableRestart(
-            run_id,
-            f"resuming the early save of step {start} in a fresh process does not "
-            "reproduce the live run: " + "; ".join(report.mismatches[:3]),
-            step=start,
-        )
-    return report
+    return require_identical(
+        report,
+        check=check,
+        start=start,
+        what=f"resuming the early save of step {start} in a fresh process does not reproduce "
+        "the live run",
+    )
 
 
 def campaign_restart_check(

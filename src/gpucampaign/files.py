@@ -202,23 +202,16 @@ def median(values: Iterable[float]) -> float | None:
 
 def git_commit(cwd: str | Path | None = None) -> str | None:
     """The checkout's commit (with ``-dirty`` when tracked files changed), or None outside git."""
+
+    def git(*args: str) -> str:
+        out = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        )
+        return out.stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("-dirty" if dirty else "") if head else None

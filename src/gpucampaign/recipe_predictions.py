@@ -31,18 +31,11 @@ def prediction_rows(
 ) -> list[dict[str, Any]]:
     """The rows of ``predictions.csv`` for one split, on CPU, batches in order, no gradient."""
     import torch
-    from torch.utils.data import DataLoader
 
-    from gpucampaign.recipe_runtime import batch_len
+    from gpucampaign.recipe_runtime import batch_len, ordered_loader
 
     rows: list[dict[str, Any]] = []
-    loader = DataLoader(
-        dataset,
-        batch_size=config.batch_size,
-        shuffle=False,
-        num_workers=0,
-        collate_fn=recipe.collate_fn,
-    )
+    loader = ordered_loader(recipe, dataset, config=config)
     model.eval()
     name = config.recipe
     with torch.no_grad():

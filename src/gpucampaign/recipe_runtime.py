@@ -94,6 +94,17 @@ def recipe_module_path(recipe: str) -> str:
     return "/".join(parts[:-1] + [parts[-1] + path.suffix])
 
 
+def ordered_loader(recipe: Recipe, dataset: Any, *, config: RunConfig) -> DataLoader:
+    """One split's batches in order, in this process (evaluation and predictions)."""
+    return DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        shuffle=False,
+        num_workers=0,
+        collate_fn=recipe.collate_fn,
+    )
+
+
 def evaluate_split(
     recipe: Recipe,
     model: torch.nn.Module,
@@ -108,13 +119,7 @@ def evaluate_split(
 
     ``limit``: only the first batches (the preflight).
     """
-    loader = DataLoader(
-        dataset,
-        batch_size=config.batch_size,
-        shuffle=False,
-        num_workers=0,
-        collate_fn=recipe.collate_fn,
-    )
+    loader = ordered_loader(recipe, dataset, config=config)
     batches = (to_device(b, device) for i, b in enumerate(loader) if limit is None or i < limit)
     was_training = model.training
     model.eval()

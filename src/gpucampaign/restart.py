@@ -592,13 +592,22 @@ def verify_checkpoint_resume(
         compared=cmp.compared,
         mismatches=cmp.mismatches[:20],
     )
+    return require_identical(
+        report,
+        check=check,
+        start=start,
+        what=f"resuming the checkpoint of step {start} does not reproduce the recorded run",
+    )
+
+
+def require_identical(
+    report: RestartReport, *, check: bool, start: int, what: str
+) -> RestartReport:
+    """The report, or with ``check`` a ``NoUsableRestart`` naming ``what`` and the first
+    mismatches when the resumed run differs."""
     if check and not report.identical:
-        raise NoUsableRestart(
-            run_id,
-            f"resuming the checkpoint of step {start} does not reproduce the recorded "
-            "run: " + "; ".join(report.mismatches[:3]),
-            step=start,
-        )
+        reason = f"{what}: " + "; ".join(report.mismatches[:3])
+        raise NoUsableRestart(report.run_id, reason, step=start)
     return report
 
 
