@@ -31,7 +31,16 @@ class Countdown:
             die()
 
 
-def install(point: str, n: int) -> None:
+def wait_for(path: Path, *, timeout_s: float = 60.0) -> None:
+    """Wait until ``path`` exists: a save written in the background has committed."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def install(point: str, n: int, *, latest: Path) -> None:
     """Wrap the function that ``point`` names so the process dies at its Nth call."""
     from gpucampaign import checkpoint, metrics, storage, tensorfiles
 
@@ -41,6 +50,8 @@ def install(point: str, n: int) -> None:
 
         def train_row(self, row):
             if row.get("kind") == "train":
+                if count.left == 1:  # die mid-epoch once the first save has committed
+                    wait_for(latest)
                 count.tick()
             return write(self, row)
 
@@ -98,11 +109,12 @@ def main(base: Path) -> None:
     from gpucampaign.storage import LocalStore
     from gpucampaign.training import train_run
 
+    spec = parse_spec(json.loads((base / "spec.json").read_text(encoding="utf-8")))
     kill = os.environ.get("FAULT_KILL")
     if kill:
         point, _, n = kill.partition(":")
-        install(point, int(n))
-    spec = parse_spec(json.loads((base / "spec.json").read_text(encoding="utf-8")))
+        latest = base / "out" / "checkpoints" / spec.run_id("control") / "LATEST"
+        install(point, int(n), latest=latest)
     corpus = load_corpus(base / spec.corpus.path, corpus_spec=spec.corpus)
     res = train_run(
         spec,
