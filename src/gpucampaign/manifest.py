@@ -354,7 +354,10 @@ model = load_run_model(out, "{first}")           # runs/{first}/model/ on CPU
 ids, X, y = features_for(out, ids=None)           # the decision split of the corpus
 pred, confidence = predict(model, X)
 ```
+"""
 
+
+_RECIPE_RELOAD = """
 A model trained by your own recipe (`recipe: module:Class` in its `config.json`) is rebuilt
 through that recipe: `load_run_model` puts the recorded `recipe_dir` on `sys.path`, checks that
 the recipe file still has the recorded `recipe_sha256`, calls the recipe's `model(ctx)` with the
@@ -362,8 +365,12 @@ recorded `args` (and pinned `inputs`), then loads the safetensors weights. Predi
 your recipe does (`recipe.predict(model, batch)`), or rebuild the whole file:
 
 ```python
+import os
+
 from gpucampaign.recipe_predictions import recipe_reload_check
-print(recipe_reload_check(".", "{first}"))        # rebuilt, predicted, compared line by line
+
+# rebuilt, predicted, compared line by line with its predictions.csv
+print(recipe_reload_check(os.environ["OUT"], "{first}"))
 ```
 """
 
@@ -409,4 +416,17 @@ def write_reload_md(
         run_lines=run_lines or "- (no completed run)",
         first=next(iter(runs), "<run_id>"),
     )
+    recipe_runs = [rid for rid in runs if _trained_by_a_recipe(Path(root), rid)]
+    if recipe_runs:
+        text += _RECIPE_RELOAD.format(first=recipe_runs[0])
     return OutputFolder(root).write_text(RELOAD, text)
+
+
+def _trained_by_a_recipe(root: Path, run_id: str) -> bool:
+    """Whether the run's model names a user's recipe (``module:Class``), not a built-in one."""
+    path = root / "runs" / run_id / "model" / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return ":" in str(config.get("recipe") or "")

@@ -427,8 +427,10 @@ def _run_epoch(r: _Run, *, progress: ProgressFn | None, bar: Any) -> None:
 def _stop_now(r: _Run) -> None:
     """A stop was requested: checkpoint this step (unless just saved), then raise."""
     reason = stop_requested() or "stop"
+    collect_save(r)  # the save in flight, if any, is committed and recorded first
     if not (r.saves and r.saves[-1].step == r.global_step):
         save_checkpoint(r)
+        collect_save(r)  # written and recorded (the timeline's heartbeat) before stopping
     r.mlog.write({"kind": "interrupt", "step": r.global_step, "reason": reason})
     r.mlog.sync()
     raise Interrupted(reason, step=r.global_step)
