@@ -23,15 +23,12 @@ from pathlib import Path
 
 from gpucampaign.checkpoint import META_FILE, CheckpointManager, step_dirname
 from gpucampaign.restart import (
-    GPU_ATOL,
     GPU_TOLERANCE_REASON,
     RestartReport,
     _compare_final_models,
-    _Comparer,
-    _copy_checkpoint,
-    _resume_in_child,
     _train_losses,
     compare_states,
+    replay,
     require_identical,
     verify_restart,
 )
@@ -107,15 +104,19 @@ def verify_early_save(
             f"the live run recorded no loss for steps {start + 1}..{n} to compare with",
             step=start,
         )
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    local = _copy_checkpoint(store, run_id=run_id, step=start, dst=workdir / "checkpoints")
-    resumed = _resume_in_child(
-        spec, run=run, corpus_path=Path(corpus_path), store=local, workdir=workdir, start=start, n=n
+    local, resumed, cmp = replay(
+        spec,
+        run=run,
+        run_id=run_id,
+        corpus_path=corpus_path,
+        store=store,
+        workdir=workdir,
+        start=start,
+        n=n,
+        original=original,
+        steps=steps,
     )
     device = resumed.get("device", "cpu")
-    cmp = _Comparer(0.0 if device == "cpu" else GPU_ATOL)
-    cmp.losses(original, _train_losses(workdir / "run" / METRICS_FILE), steps)
     if n == later:
         replayed = CheckpointManager(local, run_id=run_id, config_sha256=cfg_sha).load(n)
         # The live run shared its process with the orchestrator, whose threads may draw from

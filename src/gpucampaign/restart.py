@@ -561,15 +561,19 @@ def verify_checkpoint_resume(
             step=start,
         )
     n = steps[-1]
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    local = _copy_checkpoint(store, run_id=run_id, step=start, dst=workdir / "checkpoints")
-    resumed = _resume_in_child(
-        spec, run=run, corpus_path=Path(corpus_path), store=local, workdir=workdir, start=start, n=n
+    local, resumed, cmp = replay(
+        spec,
+        run=run,
+        run_id=run_id,
+        corpus_path=corpus_path,
+        store=store,
+        workdir=workdir,
+        start=start,
+        n=n,
+        original=original,
+        steps=steps,
     )
     device = resumed.get("device", "cpu")
-    cmp = _Comparer(0.0 if device == "cpu" else GPU_ATOL)
-    cmp.losses(original, _train_losses(workdir / "run" / METRICS_FILE), steps)
     if n == planned:
         _compare_final_models(cmp, Path(run_dir) / MODEL_DIR, workdir / "run" / MODEL_DIR)
     report = RestartReport(
@@ -598,6 +602,37 @@ def verify_checkpoint_resume(
         start=start,
         what=f"resuming the checkpoint of step {start} does not reproduce the recorded run",
     )
+
+
+def replay(
+    spec: CampaignSpec,
+    *,
+    run: str,
+    run_id: str,
+    corpus_path: str | Path,
+    store: Store,
+    workdir: str | Path,
+    start: int,
+    n: int,
+    original: dict[int, float],
+    steps: list[int],
+) -> tuple[LocalStore, dict[str, Any], _Comparer]:
+    """Copy the checkpoint of ``start`` out of the store, resume it in a fresh process up to
+    step ``n``, and compare its losses at ``steps`` with the ``original`` run's: exactly on
+    CPU, within ``GPU_ATOL`` on a GPU.
+
+    Returns:
+        The local copy of the checkpoints, the child's result and the comparer (for more).
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    local = _copy_checkpoint(store, run_id=run_id, step=start, dst=workdir / "checkpoints")
+    resumed = _resume_in_child(
+        spec, run=run, corpus_path=Path(corpus_path), store=local, workdir=workdir, start=start, n=n
+    )
+    cmp = _Comparer(0.0 if resumed.get("device", "cpu") == "cpu" else GPU_ATOL)
+    cmp.losses(original, _train_losses(workdir / "run" / METRICS_FILE), steps)
+    return local, resumed, cmp
 
 
 def require_identical(
