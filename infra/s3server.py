@@ -216,11 +216,7 @@ def _ready(server: S3Server, *, create_bucket: bool) -> bool:
 
 
 def start_server(
-    root: Path,
-    *,
-    bucket: str = BUCKET,
-    timeout_s: float = 120.0,
-    ports: list[int] | None = None,
+    root: Path, *, bucket: str = BUCKET, timeout_s: float = 120.0, ports: list[int] | None = None
 ) -> S3Server:
     """Start SeaweedFS with its data, keys and log in ``root``; return once it serves data.
 

@@ -60,11 +60,7 @@ def embedded_api() -> bool:
 
 
 def ensure_gpu_limit(
-    name: str,
-    slots: int,
-    *,
-    clear_stale: bool,
-    flow_names: Iterable[str] = OUR_FLOWS,
+    name: str, slots: int, *, clear_stale: bool, flow_names: Iterable[str] = OUR_FLOWS
 ) -> str:
     """Create the GPU global concurrency limit when missing; optionally clear a stale slot.
 

@@ -17,11 +17,7 @@ from tasks._common import PHASE_OPTIONS, busy, out_folder, record_stop
 from tasks.gpu_lock import gpu_slot
 
 
-@task(
-    name="restart-verification",
-    task_run_name="restart-verification[{run}]",
-    **PHASE_OPTIONS,
-)
+@task(name="restart-verification", task_run_name="restart-verification[{run}]", **PHASE_OPTIONS)
 def restart_verification(
     spec: CampaignSpec, *, base_dir: str, out: str, run: str
 ) -> dict[str, Any]:
@@ -50,11 +46,7 @@ def restart_verification(
     return result
 
 
-@task(
-    name="resume-check",
-    task_run_name="resume-check[{run}]",
-    **PHASE_OPTIONS,
-)
+@task(name="resume-check", task_run_name="resume-check[{run}]", **PHASE_OPTIONS)
 def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -> dict[str, Any]:
     """Resume ``run``'s latest good checkpoint in a fresh process and compare with its record.
 

@@ -130,13 +130,7 @@ def train(
     if run_id != spec.run_id(run):
         raise ValueError(f"run_id {run_id} is not the ID of run '{run}' ({spec.run_id(run)})")
     result, n_train = _run_training(
-        spec,
-        base_dir=base_dir,
-        out=out,
-        run=run,
-        phase="train",
-        stop_after_steps=None,
-        lane=lane,
+        spec, base_dir=base_dir, out=out, run=run, phase="train", stop_after_steps=None, lane=lane
     )
     spooled = spooled_keys(out)
     if spooled:

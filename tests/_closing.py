@@ -201,11 +201,7 @@ def _write_records(folder: OutputFolder, spec: Any, corpus: Any, *, stop_variant
 
 
 def build_closed_folder(
-    base: Path,
-    *,
-    threshold: float = 0.2,
-    unit: str = "null",
-    stop_variant: bool = False,
+    base: Path, *, threshold: float = 0.2, unit: str = "null", stop_variant: bool = False
 ) -> dict[str, Any]:
     """Write a spec + corpus under ``base/src`` and a closed output folder at ``base/out``.
 

@@ -101,8 +101,7 @@ def _larger_package(ctx: Context, span: float) -> Option | None:
         replaced.append((p, lot))
     known = all(lot.price_usd is not None for _, lot in replaced)
     price = sum(
-        (lot.price_usd * p.count for p, lot in replaced if lot.price_usd is not None),
-        Decimal(0),
+        (lot.price_usd * p.count for p, lot in replaced if lot.price_usd is not None), Decimal(0)
     )
     window = min(lot.hours for _, lot in replaced)
     what = " + ".join(

@@ -16,13 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.spec import CampaignSpec, SpecError
-from gpucampaign.tariffs import (
-    Catalog,
-    ResolvedPackage,
-    format_usd,
-    load_catalog,
-    resolve_package,
-)
+from gpucampaign.tariffs import Catalog, ResolvedPackage, format_usd, load_catalog, resolve_package
 
 TIER_RANK = {"essential": 0, "useful": 1, "exploratory": 2}
 EPS = 1e-9

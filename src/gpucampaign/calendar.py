@@ -70,16 +70,8 @@ _REQUIRED_PARTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
         ("transfer", "upload", "sync", "backup", "copy"),
         "moving checkpoints to storage",
     ),
-    (
-        "checkpoint restore",
-        ("restore", "reload", "resume", "restart"),
-        "a reload in a new process",
-    ),
-    (
-        "results retrieval",
-        RETRIEVAL_WORDS,
-        "getting the files back before the lot ends",
-    ),
+    ("checkpoint restore", ("restore", "reload", "resume", "restart"), "a reload in a new process"),
+    ("results retrieval", RETRIEVAL_WORDS, "getting the files back before the lot ends"),
 )
 
 
@@ -269,10 +261,7 @@ def reduce_to_fit(
     ctx = Context.build(spec, catalog=catalog, base_dir=base_dir, hours_override=hours_override)
     dropped, _ = reduce_drops(ctx, frozenset())
     names = [t.name for t in ctx.tasks if t.name in dropped]
-    return (
-        plan(spec, catalog=ctx.catalog, hours_override=hours_override, drop=names),
-        names,
-    )
+    return (plan(spec, catalog=ctx.catalog, hours_override=hours_override, drop=names), names)
 
 
 def ablation_of(spec: CampaignSpec) -> tuple[tuple[VariantFactors, ...], list[str]]:

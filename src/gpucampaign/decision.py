@@ -84,11 +84,7 @@ def check_decision_input(spec: CampaignSpec, answer: DecisionInput) -> None:
 
 
 def forecast_run_hours(
-    spec: CampaignSpec,
-    *,
-    run: str,
-    pilot: Mapping[str, Mapping[str, Any]],
-    planned_steps: int,
+    spec: CampaignSpec, *, run: str, pilot: Mapping[str, Mapping[str, Any]], planned_steps: int
 ) -> tuple[float, str]:
     """Forecast a run's machine time from pilot measurements, in hours, with how it was made.
 
@@ -274,12 +270,7 @@ def early_losses(metrics: Sequence[Mapping[str, Any]], *, steps: int) -> list[fl
 
 
 def pilot_measures(
-    spec: CampaignSpec,
-    *,
-    run: str,
-    result: Any,
-    n_train: int,
-    losses: Sequence[float] = (),
+    spec: CampaignSpec, *, run: str, result: Any, n_train: int, losses: Sequence[float] = ()
 ) -> dict[str, Any]:
     """What the re-forecast needs from a pilot: load, step, eval and save costs and their counts,
     and the early loss curve the decision point compares with the control's.

@@ -42,10 +42,7 @@ def save(fig: Figure, path: str | Path, *, dpi: int = 120) -> Path:
 
 
 def plot_calendar(
-    plan: Plan,
-    path: str | Path,
-    *,
-    actual: Iterable[Mapping[str, Any]] | None = None,
+    plan: Plan, path: str | Path, *, actual: Iterable[Mapping[str, Any]] | None = None
 ) -> Path:
     """Gantt chart of a plan: one row per lane, human vs machine colours, the window's end.
 
@@ -209,10 +206,7 @@ def _series(
 
 
 def plot_curves(
-    runs_metrics: Mapping[str, Iterable[Mapping[str, Any]]],
-    path: str | Path,
-    *,
-    x: str = "step",
+    runs_metrics: Mapping[str, Iterable[Mapping[str, Any]]], path: str | Path, *, x: str = "step"
 ) -> Path:
     """Loss and metric curves of every run, side by side (one colour per run).
 

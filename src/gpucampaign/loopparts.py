@@ -10,9 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
-from gpucampaign.recipe_runtime import (
-    train_rows,
-)
+from gpucampaign.recipe_runtime import train_rows
 from gpucampaign.spec import CampaignSpec, RunConfig
 from gpucampaign.training_files import PARAMS_FILE
 

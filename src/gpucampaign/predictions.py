@@ -374,12 +374,7 @@ def load_run_model(root: str | Path, run_id: str) -> Any:
 
 
 def write_run_predictions(
-    root: str | Path,
-    run_id: str,
-    *,
-    corpus: Any,
-    split: str = "test",
-    name: str = PREDICTIONS_FILE,
+    root: str | Path, run_id: str, *, corpus: Any, split: str = "test", name: str = PREDICTIONS_FILE
 ) -> Predictions:
     """Predict ``split`` with the SAVED model of a run, on CPU, and write its ``predictions.csv``.
 
@@ -420,12 +415,7 @@ def write_run_predictions(
 
 
 def _compare(
-    expected: Predictions,
-    *,
-    ids: list[str],
-    labels: list[int],
-    pred: list[int],
-    conf: list[float],
+    expected: Predictions, *, ids: list[str], labels: list[int], pred: list[int], conf: list[float]
 ) -> dict[str, Any]:
     """``{rows, mismatches, first_mismatch, error}`` of a reload against the written file."""
     res: dict[str, Any] = {"rows": len(ids), "error": None, "first_mismatch": None}

@@ -408,12 +408,7 @@ def _restart_corpus(
 
 
 def _fresh_steps(
-    spec: CampaignSpec,
-    *,
-    run: str,
-    corpus_path: Path,
-    n_steps: int | None,
-    k_steps: int | None,
+    spec: CampaignSpec, *, run: str, corpus_path: Path, n_steps: int | None, k_steps: int | None
 ) -> tuple[int, int, int]:
     """``(n, k, steps_per_epoch)``: the given steps, or the defaults for this run's size."""
     from gpucampaign.corpus import open_corpus

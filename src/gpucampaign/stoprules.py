@@ -25,11 +25,7 @@ class StopRule(Exception):
     rule: str = "stop"
 
     def __init__(
-        self,
-        run_id: str,
-        reason: str,
-        step: int | None = None,
-        stop_id: str | None = None,
+        self, run_id: str, reason: str, step: int | None = None, stop_id: str | None = None
     ) -> None:
         stop_id = stop_id or new_stop_id()
         super().__init__(run_id, reason, step, stop_id)
@@ -78,11 +74,5 @@ class IncompleteRun(StopRule):
 
 STOP_RULES: dict[str, type[StopRule]] = {
     c.rule: c
-    for c in (
-        NonFiniteLoss,
-        BelowThreshold,
-        EssentialInputMissing,
-        NoUsableRestart,
-        IncompleteRun,
-    )
+    for c in (NonFiniteLoss, BelowThreshold, EssentialInputMissing, NoUsableRestart, IncompleteRun)
 }

@@ -24,12 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 
-from gpucampaign.files import (
-    TMP_PREFIX,
-    atomic_copy,
-    atomic_write_bytes,
-    sha256_bytes,
-)
+from gpucampaign.files import TMP_PREFIX, atomic_copy, atomic_write_bytes, sha256_bytes
 from gpucampaign.s3client import HashingSink, file_digests, s3_client
 from gpucampaign.spec import SpecError
 

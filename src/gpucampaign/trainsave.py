@@ -8,15 +8,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpucampaign.checkpoint import (
-    capture_rng,
-    snapshot,
-)
+from gpucampaign.checkpoint import capture_rng, snapshot
 from gpucampaign.files import median
 from gpucampaign.recipe import recipe_file
-from gpucampaign.recipe_runtime import (
-    recipe_record,
-)
+from gpucampaign.recipe_runtime import recipe_record
 from gpucampaign.training_files import MODEL_DIR
 
 if TYPE_CHECKING:

@@ -110,12 +110,7 @@ def _stop_text(run: str, stops: Iterable[Mapping[str, Any]]) -> str:
 
 
 def _split_entry(
-    rule: DecisionRule,
-    split: str,
-    *,
-    control: RunEvidence,
-    variant: RunEvidence,
-    seed: int,
+    rule: DecisionRule, split: str, *, control: RunEvidence, variant: RunEvidence, seed: int
 ) -> dict[str, Any]:
     """``{value, gain, gain_ci95, n, replicates}`` of a variant on one split."""
     sign = 1.0 if rule.direction == "maximize" else -1.0
@@ -153,11 +148,7 @@ def _choose(rule: DecisionRule, table: Mapping[str, Mapping[str, Any]], split: s
 
 
 def _listing(
-    rule: DecisionRule,
-    *,
-    control: RunEvidence,
-    table: Mapping[str, Any],
-    status: Mapping[str, str],
+    rule: DecisionRule, *, control: RunEvidence, table: Mapping[str, Any], status: Mapping[str, str]
 ) -> str:
     """Every value, gain and interval on both splits, the control first."""
     sel, rep = rule.select_split, rule.report_split

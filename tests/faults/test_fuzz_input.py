@@ -330,7 +330,7 @@ MANIFEST_PARTS = st.fixed_dictionaries(
                 {"path": WEIRD_TEXT | PATH_TRICKS, "size": BAD_NUMBERS, "sha256": WEIRD_TEXT}
             ),
             max_size=4,
-        ),
+        )
     },
     optional={
         "runs": YAML_DATA,
