@@ -185,10 +185,13 @@ def _single_run_evidence(
         values: dict[str, float | None] = {}
         preds: dict[str, tuple[Any, ...]] = {}
         measured = metric and s.result is not None and s.status in ("completed", "stopped")
+        # A user's recipe writes its own predictions columns: its values come from its
+        # evaluation, without per-example rows to resample.
+        per_example = spec.run_config(s.run).builtin
         for split in _verdict_splits(spec) if measured else []:
             assert s.result is not None and metric is not None
             path = folder.run_dir(rid) / predictions_file(split, report_split=spec.decision_split)
-            if path.is_file():
+            if per_example and path.is_file():
                 preds[split] = (read_predictions(path),)
             value = metric_value(preds.get(split, ()), metric=metric)
             if value is None:
