@@ -107,3 +107,31 @@ def test_report_and_verify_work_on_a_closed_folder_moved_without_its_spec_folder
     res = CliRunner().invoke(app, ["verify", str(moved), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["verified"] is True
+
+
+def test_pinned_inputs_and_devices_are_in_the_manifest(tmp_path, digits_file):  # noqa: F811
+    from gpucampaign.files import sha256_file
+    from gpucampaign.manifest import _device_of
+
+    src = _campaign(tmp_path / "src", digits_file)
+    base = src.parent / "base.bin"
+    base.write_bytes(b"weights of an earlier campaign")
+    data = yaml.safe_load(src.read_text())
+    data["inputs"] = {"base": {"path": "base.bin", "sha256": sha256_file(base)}}
+    src.write_text(yaml.safe_dump(data))
+    spec = load_spec(src)
+    out = tmp_path / "out"
+    kept = keep_inputs(out, spec, base_dir=src.parent)
+    assert kept["pinned"] == {"base": {"path": "base.bin", "sha256": sha256_file(base)}}
+    # The manifest's run entries carry the device each run recorded in its params.json.
+    corpus = load_corpus(src.parent / spec.corpus.path, corpus_spec=spec.corpus)
+    rid = spec.run_id("control")
+    train_run(
+        spec,
+        run="control",
+        corpus=corpus,
+        store=LocalStore(out / "ck"),
+        out_dir=out / "runs" / rid,
+        stop_after_steps=2,
+    )
+    assert _device_of(OutputFolder(out), rid) == {"device": "cpu"}

@@ -187,6 +187,9 @@ def keep_inputs(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -
             )
         except SpecError:
             kept["corpus"] = None
+    # Pinned inputs (a base model, an adapter) by their exact hash: the revision each model of
+    # this campaign was trained from.
+    kept["pinned"] = {n: {"path": i.path, "sha256": i.sha256} for n, i in spec.inputs.items()}
     folder.write_json(INPUTS, kept)
     return kept
 
@@ -282,7 +285,7 @@ def build_manifest(
         "created_at": utc_now(),
         "spec_sha256": spec_sha256(spec),
         "plan_sha256": plan_sha,
-        "runs": {rid: dict(v) for rid, v in expected_runs.items()},
+        "runs": {rid: {**v, **_device_of(folder, rid)} for rid, v in expected_runs.items()},
         "verdict": verdict.to_dict() if hasattr(verdict, "to_dict") else verdict,
         "stops": list(stops),
         "decisions": list(decisions),
@@ -294,6 +297,12 @@ def build_manifest(
     }
     folder.write_json(MANIFEST, manifest)
     return manifest
+
+
+def _device_of(folder: OutputFolder, run_id: str) -> dict[str, Any]:
+    """``{"device": ...}`` as the run's ``params.json`` recorded it (empty when it never ran)."""
+    params = folder.read_json(f"runs/{run_id}/params.json") or {}
+    return {"device": params["device"]} if params.get("device") else {}
 
 
 def _file_entries(root: Path) -> list[dict[str, Any]]:
