@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gpucampaign.records import read_timeline
 from tests.e2e.stack_helpers import ROOT, api, tiny_spec, wait_flow_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -80,11 +81,11 @@ def _hosts_deployment(stack: dict[str, Any]) -> str:
 
 
 def _gpu_intervals(out: Path) -> list[tuple[datetime, datetime]]:
-    rows = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
+    # One row per segment (its start, heartbeat and end lines folded), as the report reads it.
     return [
-        (datetime.fromisoformat(r["start"]), datetime.fromisoformat(r["end"]))
-        for r in rows
-        if r["phase"] in GPU_PHASES
+        (datetime.fromisoformat(r.start), datetime.fromisoformat(r.end))
+        for r in read_timeline(out)
+        if r.phase in GPU_PHASES and r.start and r.end
     ]
 
 
