@@ -16,6 +16,9 @@ from gpucampaign.storage import LocalStore
 from gpucampaign.tensorfiles import serialize_state
 from tests._engine import digits_file, make_spec, run, run_dir  # noqa: F401
 
+# Every check here resumes a save in a fresh process.
+pytestmark = pytest.mark.process
+
 
 def _live_run(tmp_path, digits_file):  # noqa: F811
     """A finished control with dropout: saves at 5 (the early save, mid-epoch), 7, 14, 20."""

@@ -201,6 +201,7 @@ def test_a_variant_changes_args_and_the_recipe_file_is_in_the_run_id(tmp_path: P
     assert spec.run_id("control") != before
 
 
+@pytest.mark.process
 def test_a_resumed_recipe_run_is_identical(tmp_path: Path) -> None:
     from gpucampaign.restart import verify_restart
 

@@ -341,6 +341,7 @@ MANIFEST_PARTS = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(manifest=MANIFEST_PARTS)
 def test_a_manifest_of_the_wrong_shape(tmp_path_factory, faults, manifest):
