@@ -16,7 +16,7 @@ from typing import Any
 
 from gpucampaign.files import git_commit, sha256_file, utc_now
 from gpucampaign.folder import MANIFEST, PLAN_SHA, RELOAD, OutputFolder
-from gpucampaign.spec import CampaignSpec, SpecError, resolve_inside, spec_sha256
+from gpucampaign.spec import BUILTIN_RECIPES, CampaignSpec, SpecError, resolve_inside, spec_sha256
 
 CORPUS_COPY_LIMIT = 50 * 1024 * 1024
 INPUTS = "inputs.json"
@@ -432,10 +432,11 @@ def write_reload_md(
 
 
 def _trained_by_a_recipe(root: Path, run_id: str) -> bool:
-    """Whether the run's model names a user's recipe (``module:Class``), not a built-in one."""
+    """Whether the run's model names a user's recipe, by the rule of ``RunConfig.builtin``."""
     path = root / "runs" / run_id / "model" / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return ":" in str(config.get("recipe") or "")
+    recipe = config.get("recipe")
+    return recipe is not None and recipe not in BUILTIN_RECIPES
