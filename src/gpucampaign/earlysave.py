@@ -18,24 +18,16 @@ when the store keeps no checkpoint before the final step.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from gpucampaign.checkpoint import META_FILE, CheckpointManager, step_dirname
-from gpucampaign.restart import (
-    GPU_TOLERANCE_REASON,
-    RestartReport,
-    _compare_final_models,
-    _train_losses,
-    compare_states,
-    replay,
-    require_identical,
-    verify_restart,
-)
+from gpucampaign.restart import verify_restart
+from gpucampaign.restart_compare import RestartReport, compare_states, require_identical
+from gpucampaign.resume_check import ReplayCheck
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.stoprules import NoUsableRestart
 from gpucampaign.storage import NotFound, Store
-from gpucampaign.training import METRICS_FILE, MODEL_DIR, run_config_sha256
+from gpucampaign.trainsetup import run_config_sha256
 
 DEFAULT_MAX_STEPS = 200
 
@@ -87,71 +79,35 @@ def verify_early_save(
         NoUsableRestart: No save before the final step, nothing recorded to compare with, a
             failed or non-resuming process, or a difference (``check``).
     """
-    t0 = time.perf_counter()
-    run_id = spec.run_id(run)
+    replay = ReplayCheck(
+        spec=spec, run=run, corpus_path=corpus_path, store=store, run_dir=run_dir, workdir=workdir
+    )
     cfg_sha = run_config_sha256(spec, run)
-    manager = CheckpointManager(store, run_id=run_id, config_sha256=cfg_sha, keep=10**6)
+    manager = CheckpointManager(store, run_id=replay.run_id, config_sha256=cfg_sha, keep=10**6)
     point = early_resume_point(manager)
     if point is None:
-        raise NoUsableRestart(run_id, "no checkpoint before the final step is kept")
+        raise NoUsableRestart(replay.run_id, "no checkpoint before the final step is kept")
     start, planned, later = point
     n = min(later or planned, start + max(1, max_steps), planned)
-    original = _train_losses(Path(run_dir) / METRICS_FILE)
+    original = replay.original()
     steps = list(range(start + 1, n + 1))
     if not all(s in original for s in steps):
         raise NoUsableRestart(
-            run_id,
+            replay.run_id,
             f"the live run recorded no loss for steps {start + 1}..{n} to compare with",
             step=start,
         )
-    local, resumed, cmp = replay(
-        spec,
-        run=run,
-        run_id=run_id,
-        corpus_path=corpus_path,
-        store=store,
-        workdir=workdir,
-        start=start,
-        n=n,
-        original=original,
-        steps=steps,
-    )
-    device = resumed.get("device", "cpu")
+    rep = replay.replay(start=start, original=original, steps=steps)
     if n == later:
-        replayed = CheckpointManager(local, run_id=run_id, config_sha256=cfg_sha).load(n)
+        replayed = CheckpointManager(rep.local, run_id=replay.run_id, config_sha256=cfg_sha)
         # The live run shared its process with the orchestrator, whose threads may draw from
         # python's and numpy's generators; training does not, and any draw it made would
         # show in the losses and parameters compared here.
-        compare_states(cmp, manager.load(n), replayed, skip_rng=("python", "numpy"))
+        compare_states(rep.cmp, manager.load(n), replayed.load(n), skip_rng=("python", "numpy"))
     elif n == planned:
-        _compare_final_models(cmp, Path(run_dir) / MODEL_DIR, workdir / "run" / MODEL_DIR)
-    spe = int(
-        json.loads(local.read_bytes(f"{run_id}/{step_dirname(start)}/{META_FILE}")).get(
-            "steps_per_epoch"
-        )
-        or 1
-    )
-    report = RestartReport(
-        identical=not cmp.mismatches,
-        compared_steps=len(steps),
-        max_abs_diff=cmp.max_abs_diff,
-        save_s=None,
-        restore_s=resumed["timings"]["restore_s"],
-        total_s=time.perf_counter() - t0,
-        k=start,
-        n=n,
-        threads=spec.run_config(run).threads,
-        run_id=run_id,
-        mode="early-save",
-        device=device,
-        atol=cmp.atol,
-        k_mid_epoch=start % spe != 0,
-        tolerance_reason=GPU_TOLERANCE_REASON if cmp.atol else "",
-        compared=cmp.compared,
-        mismatches=cmp.mismatches[:20],
-    )
+        replay.compare_final_models(rep)
     return require_identical(
-        report,
+        replay.report(rep, mode="early-save", save_s=None),
         check=check,
         start=start,
         what=f"resuming the early save of step {start} in a fresh process does not reproduce "

@@ -7,6 +7,13 @@
   restored step are dropped, so the file always tells one timeline;
 - at completion ``model/`` (the reloadable model folder) and ``result.json`` (``RunResult``).
 
+The corpus given is the loaded one, checked against the spec's pinned sha256: a table
+``Corpus`` for the built-in recipes, a ``Pinned`` file or folder for the others. A call with
+``stop_after_steps`` (the pilot) stops at that global step, checkpoints and returns with
+``completed=False``; a later call resumes from that checkpoint. Neither that nor the GPU
+``lane`` is part of the config, so neither is part of the run ID. ``on_save`` is called after
+each checkpoint is committed (the timeline's heartbeat).
+
 Checkpoints go to the ``Store`` under ``<run_id>/`` (see ``checkpoint.py``). The loop reaches
 the model, data, loss and evaluation only through the run's ``Recipe`` (``recipe.py``; the
 built-in ``mlp`` and ``cnn`` are recipes too, in ``recipes/tabular.py``).
@@ -22,255 +29,38 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils.data import DataLoader
-
-from gpucampaign.checkpoint import (
-    BackgroundSaves,
-    CheckpointManager,
-    LoadedCheckpoint,
-    SavedCheckpoint,
-    restore_rng,
-)
-from gpucampaign.files import atomic_write_bytes, json_bytes, median
+from gpucampaign.checkpoint import LoadedCheckpoint, restore_rng
+from gpucampaign.files import atomic_write_bytes, json_bytes
 from gpucampaign.interrupt import Interrupted, stop_requested
 from gpucampaign.loopparts import make_loader, n_train_of, progress_bar, read_params  # noqa: F401
 from gpucampaign.metrics import MetricsLog, truncate_metrics
-from gpucampaign.recipe import Recipe, RecipeContext, call, check_loss, load_recipe
-from gpucampaign.recipe_runtime import (
-    batch_len,
-    build_datasets,
-    evaluate_split,
-    recipe_context,
-    recipe_record,
-    to_device,
-)
+from gpucampaign.recipe import call, check_loss
+from gpucampaign.recipe_runtime import batch_len, evaluate_split, to_device
 from gpucampaign.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
 from gpucampaign.savepolicy import SavePolicy
-from gpucampaign.spec import CampaignSpec, RunConfig, SpecError
-from gpucampaign.stoprules import (
-    BelowThreshold,
-    EssentialInputMissing,
-    NonFiniteLoss,
-    NoUsableRestart,
-)
+from gpucampaign.spec import CampaignSpec
+from gpucampaign.stoprules import BelowThreshold, NonFiniteLoss, NoUsableRestart
 from gpucampaign.storage import Store
-from gpucampaign.torchsetup import (
-    AMP_DTYPES,
-    GLOBAL_RNG_LOCK,
-    build_optimizer,
-    build_scheduler,
-    check_precision,
-    device_settings,
-    pick_device,
-    seed_everything,
-)
 from gpucampaign.training_files import METRICS_FILE, MODEL_DIR, PARAMS_FILE  # noqa: F401
 from gpucampaign.trainsave import collect_save, save_checkpoint, save_model
+from gpucampaign.trainsetup import (
+    RunState,
+    SaveFn,
+    check_arguments,
+    run_config_sha256,  # noqa: F401 - importers use it from here
+    setup_run,
+)
 
 EVAL_SPLITS: tuple[str, ...] = ("val", "test")
 
 ProgressFn = Callable[[dict[str, Any]], None]
-SaveFn = Callable[[dict[str, Any]], None]
 
 
-def run_config_sha256(spec: CampaignSpec, run: str) -> str:
-    """Full sha256 over the same payload as the run ID (config, pinned corpus, recipe file)."""
-    return spec.run_sha256(run)
-
-
-# --- one start of a run -----------------------------------------------------------------------
-@dataclass
-class _Run:
-    """What one start of a run builds, and the cursor and counters its loop moves."""
-
-    spec: CampaignSpec
-    run: str
-    run_id: str
-    config: RunConfig
-    config_sha256: str
-    corpus: Any
-    out_dir: Path
-    t_call: float
-    device: torch.device
-    recipe: Recipe
-    ctx: RecipeContext
-    datasets: dict[str, Any]
-    described: dict[str, Any]
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    scaler: torch.amp.GradScaler
-    autocast: AbstractContextManager
-    generator: torch.Generator
-    loader: DataLoader
-    planned: int
-    target: int
-    manager: CheckpointManager
-    setup_s: float = 0.0
-    # The data cursor and counters; a checkpoint holds them.
-    global_step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    epoch_gen_state: torch.Tensor | None = None
-    samples_seen: int = 0
-    steps_s_sum: float = 0.0
-    # Set by a restore; the loop applies them at the top of the resumed epoch.
-    resume_gen_state: torch.Tensor | None = None
-    pending_rng: dict[str, Any] | None = None
-    # What the restore found.
-    restore_s: float = 0.0
-    resumed_from: int | None = None
-    refused: list[str] = field(default_factory=list)
-    # Measurements and the save policy.
-    step_times: list[float] = field(default_factory=list)
-    eval_times: list[float] = field(default_factory=list)
-    saves: list[SavedCheckpoint] = field(default_factory=list)
-    stalls: list[float] = field(default_factory=list)  # per save, in the loop's time
-    saver: BackgroundSaves = field(default_factory=BackgroundSaves)
-    policy: SavePolicy | None = None
-    mlog: MetricsLog | None = None
-    on_save: SaveFn | None = None
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return len(self.loader)
-
-    def step_s(self) -> float | None:
-        """Median step time, without the first step (warm-up) when there are others."""
-        return median(self.step_times[1:] or self.step_times)
-
-
-def _check_arguments(
-    spec: CampaignSpec,
-    *,
-    run: str,
-    corpus: Any,
-    stop_after_steps: int | None,
-    checkpoint_every: int | None,
-) -> str:
-    """The run ID, once the arguments and the corpus are checked."""
-    spec.run_config(run)
-    run_id = spec.run_id(run)
-    if stop_after_steps is not None and stop_after_steps < 1:
-        raise SpecError(
-            f"stop_after_steps must be >= 1 (got {stop_after_steps}).", field="stop_after_steps"
-        )
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise SpecError(
-            f"checkpoint_every must be >= 1 (got {checkpoint_every}).", field="checkpoint_every"
-        )
-    if spec.corpus is not None and corpus.sha256 != spec.corpus.sha256:
-        raise EssentialInputMissing(
-            run_id,
-            f"the corpus given has sha256 {corpus.sha256}, the spec pins {spec.corpus.sha256}",
-        )
-    return run_id
-
-
-def _setup(
-    spec: CampaignSpec,
-    *,
-    run: str,
-    corpus: Any,
-    store: Store,
-    out_dir: Path,
-    stop_after_steps: int | None,
-    t_call: float,
-    lane: int = 0,
-) -> _Run:
-    """Build everything in the same order on every start, resumed or not."""
-    config = spec.run_config(run)
-    run_id = spec.run_id(run)
-    config_sha = run_config_sha256(spec, run)
-    device = pick_device(config.device, lane=lane)
-    check_precision(config.precision, device)
-    torch.set_num_threads(config.threads)
-    recipe = load_recipe(config.recipe)
-    ctx = recipe_context(config, corpus=corpus, run_id=run_id, device=device)
-    with GLOBAL_RNG_LOCK:
-        seed_everything(config.seed)
-        datasets = build_datasets(recipe, config, ctx)
-        model = call(config.recipe, "model", recipe.model, ctx)
-    model.to(device).train()
-    optimizer = build_optimizer(config, model.parameters())
-    generator = torch.Generator().manual_seed(config.seed)
-    train = datasets["train"]
-    loader = make_loader(
-        train, config=config, generator=generator, device=device, collate_fn=recipe.collate_fn
-    )
-    planned = config.planned_steps(len(train))
-    amp_dtype = AMP_DTYPES[config.precision]
-    r = _Run(
-        spec=spec,
-        run=run,
-        run_id=run_id,
-        config=config,
-        config_sha256=config_sha,
-        corpus=corpus,
-        out_dir=out_dir,
-        t_call=t_call,
-        device=device,
-        recipe=recipe,
-        ctx=ctx,
-        datasets=datasets,
-        described=call(config.recipe, "describe", recipe.describe, ctx, datasets),
-        model=model,
-        optimizer=optimizer,
-        scheduler=build_scheduler(config, optimizer, planned_steps=planned),
-        scaler=torch.amp.GradScaler(device.type, enabled=config.precision == "fp16"),
-        autocast=(
-            torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
-        ),
-        generator=generator,
-        loader=loader,
-        planned=planned,
-        target=planned if stop_after_steps is None else min(stop_after_steps, planned),
-        manager=CheckpointManager(
-            store,
-            run_id=run_id,
-            config_sha256=config_sha,
-            keep=spec.checkpoint.keep,
-            staging_dir=out_dir / ".staging",
-        ),
-    )
-    _write_params(r)
-    r.setup_s = time.perf_counter() - t_call
-    return r
-
-
-def _write_params(r: _Run) -> None:
-    """``params.json``: what this start of the run is (rewritten at every start)."""
-    spec = r.spec
-    params = {
-        "run_id": r.run_id,
-        "run": r.run,
-        "tier": spec.tier_of(r.run),
-        "config": r.config.model_dump(mode="json"),
-        "config_sha256": r.config_sha256,
-        "corpus_sha256": r.corpus.sha256,
-        "planned_steps": r.planned,
-        "steps_per_epoch": r.steps_per_epoch,
-        "n_train": len(r.datasets["train"]),
-        **recipe_record(r.config),
-        **r.described,
-        **device_settings(r.device),
-        "threads": r.config.threads,
-        "torch": torch.__version__,
-        "decision_rule": (
-            spec.decision_rule.model_dump(mode="json") if spec.decision_rule else None
-        ),
-        "stop_rules": spec.stop_rules.model_dump(mode="json"),
-    }
-    atomic_write_bytes(r.out_dir / PARAMS_FILE, json_bytes(params))
-
-
-def _restore(r: _Run) -> LoadedCheckpoint | None:
+def _restore(r: RunState) -> LoadedCheckpoint | None:
     """Resume from LATEST when this run (same config hash) has a good checkpoint.
 
     The global RNG states are kept in ``pending_rng`` and the epoch's sampler state in
@@ -306,7 +96,7 @@ def _restore(r: _Run) -> LoadedCheckpoint | None:
 
 
 def _save_policy(
-    r: _Run, ck: LoadedCheckpoint | None, *, checkpoint_every: int | None
+    r: RunState, ck: LoadedCheckpoint | None, *, checkpoint_every: int | None
 ) -> SavePolicy:
     """Fixed (argument, then spec), else Daly's from the restored or an early measured save."""
     cp = r.spec.checkpoint
@@ -322,7 +112,7 @@ def _save_policy(
     )
 
 
-def _open_metrics(r: _Run, *, restored: bool) -> None:
+def _open_metrics(r: RunState, *, restored: bool) -> None:
     """Open ``metrics.jsonl`` for appending, dropping the rows after the restored step."""
     truncate_metrics(r.out_dir / METRICS_FILE, through_step=r.global_step)
     r.mlog = MetricsLog(r.out_dir / METRICS_FILE)
@@ -338,7 +128,7 @@ def _open_metrics(r: _Run, *, restored: bool) -> None:
 
 
 # --- the loop ------------------------------------------------------------------------------------
-def _start_epoch(r: _Run) -> Iterator[Any]:
+def _start_epoch(r: RunState) -> Iterator[Any]:
     """The current epoch's batches; after a restore, the same order with the consumed ones skipped.
 
     The sampler's generator goes back to its state at the top of the epoch, so the epoch's
@@ -363,7 +153,7 @@ def _start_epoch(r: _Run) -> Iterator[Any]:
     return batches
 
 
-def _train_step(r: _Run, batches: Iterator[Any]) -> dict[str, Any]:
+def _train_step(r: RunState, batches: Iterator[Any]) -> dict[str, Any]:
     """One optimizer step on the next batch; returns its ``train`` row."""
     t0 = time.perf_counter()
     batch = to_device(next(batches), r.device)
@@ -403,7 +193,7 @@ def _train_step(r: _Run, batches: Iterator[Any]) -> dict[str, Any]:
     }
 
 
-def _run_epoch(r: _Run, *, progress: ProgressFn | None, bar: Any) -> None:
+def _run_epoch(r: RunState, *, progress: ProgressFn | None, bar: Any) -> None:
     """Train the rest of the current epoch, or up to the target step."""
     batches = _start_epoch(r)
     while r.batch_in_epoch < r.steps_per_epoch:
@@ -424,7 +214,7 @@ def _run_epoch(r: _Run, *, progress: ProgressFn | None, bar: Any) -> None:
         r.epoch += 1
 
 
-def _stop_now(r: _Run) -> None:
+def _stop_now(r: RunState) -> None:
     """A stop was requested: checkpoint this step (unless just saved), then raise."""
     reason = stop_requested() or "stop"
     collect_save(r)  # the save in flight, if any, is committed and recorded first
@@ -436,7 +226,7 @@ def _stop_now(r: _Run) -> None:
     raise Interrupted(reason, step=r.global_step)
 
 
-def _evaluate(r: _Run, split: str, *, final: bool) -> dict[str, float] | None:
+def _evaluate(r: RunState, split: str, *, final: bool) -> dict[str, float] | None:
     """Evaluate on ``split`` and log an ``eval`` row; None when the split is empty."""
     dataset = r.datasets.get(split)
     if dataset is None or len(dataset) == 0:
@@ -466,7 +256,7 @@ def _evaluate(r: _Run, split: str, *, final: bool) -> dict[str, float] | None:
     return metrics
 
 
-def _report(r: _Run, row: dict[str, Any], *, progress: ProgressFn | None, bar: Any) -> None:
+def _report(r: RunState, row: dict[str, Any], *, progress: ProgressFn | None, bar: Any) -> None:
     """Move the progress bar; call ``progress`` every ~2% of the run and at the target."""
     if bar is not None:
         bar.update(bar.task_ids[0], completed=r.global_step)
@@ -489,7 +279,7 @@ def _report(r: _Run, row: dict[str, Any], *, progress: ProgressFn | None, bar: A
 
 
 # --- the end --------------------------------------------------------------------------------------
-def _finish(r: _Run, *, train_s: float) -> RunResult:
+def _finish(r: RunState, *, train_s: float) -> RunResult:
     """Final evaluation, the model folder, the quality floor, then ``result.json``.
 
     Raises:
@@ -544,7 +334,7 @@ def _quality_stop(
 
 
 def _result(
-    r: _Run,
+    r: RunState,
     *,
     completed: bool,
     metrics: dict[str, float] | None = None,
@@ -610,36 +400,27 @@ def train_run(
     Args:
         spec: The campaign spec.
         run: ``control`` or a variant name.
-        corpus: The loaded corpus (its sha256 must be the pinned one): a table ``Corpus`` for
-            the built-in recipes, a ``Pinned`` file or folder for the others.
+        corpus: The loaded corpus, the pinned one (see the module docstring).
         store: Checkpoint store; ``<run_id>/LATEST`` there is resumed from when valid.
         out_dir: The run folder ``OUT/runs/<run_id>/``.
-        stop_after_steps: Pilot mode: stop at this global step, checkpoint, return with
-            ``completed=False``; a later call resumes from that checkpoint. Not part of the
-            config, so not part of the run ID.
-        checkpoint_every: Fixed save interval in steps (overrides the spec and the measured
-            interval).
+        stop_after_steps: Pilot mode: stop at this step, checkpoint, return uncompleted.
+        checkpoint_every: Fixed save interval in steps (overrides the spec and the measure).
         progress: Called with ``{run_id, step, planned_steps, loss, ...}`` every ~2% of the run.
         show_progress: Show a rich progress bar when stderr is a terminal.
-        on_save: Called with ``{run_id, step, planned_steps, save_s, key}`` after each
-            checkpoint is committed (the timeline's heartbeat).
-        lane: The plan's GPU lane running this call; picks its CUDA device (see
-            ``torchsetup.pick_device``). Not part of the run ID.
+        on_save: Called with ``{run_id, step, planned_steps, save_s, key}`` after each save.
+        lane: The plan's GPU lane running this call (``torchsetup.pick_device``).
 
     Returns:
         The ``RunResult`` (``completed`` False after a pilot stop).
 
     Raises:
-        NonFiniteLoss: A NaN or infinite loss (with its step), when the rule is on.
-        BelowThreshold: The final metric misses the floor (after the model is saved).
-        EssentialInputMissing: The corpus is not the pinned one.
-        NoUsableRestart: Checkpoints exist but none is usable, and ``require_restart`` is on.
-        IncompleteRun: A recorded or finished run has fewer steps than planned.
+        StopRule: ``NonFiniteLoss``, ``BelowThreshold`` (after the model is saved),
+            ``EssentialInputMissing``, ``NoUsableRestart``, ``IncompleteRun``.
         Interrupted: A stop was requested (SIGINT, SIGTERM): the step reached is saved first.
         SpecError: Invalid arguments or an unsupported precision on this device.
     """
     t_call = time.perf_counter()
-    run_id = _check_arguments(
+    run_id = check_arguments(
         spec,
         run=run,
         corpus=corpus,
@@ -652,7 +433,7 @@ def train_run(
     if recorded is not None:
         return recorded
 
-    r = _setup(
+    r = setup_run(
         spec,
         run=run,
         corpus=corpus,
@@ -668,7 +449,12 @@ def train_run(
     if ck is not None and r.global_step >= r.target and r.target < r.planned:
         return _result(r, completed=False)  # the pilot already ran: nothing to do
     _open_metrics(r, restored=ck is not None)
-    bar = progress_bar(show_progress, run_id, r.planned, r.global_step)
+    return _train(r, progress=progress, show_progress=show_progress)
+
+
+def _train(r: RunState, *, progress: ProgressFn | None, show_progress: bool) -> RunResult:
+    """Run the loop up to the target step; finish the run when that is its last step."""
+    bar = progress_bar(show_progress, r.run_id, r.planned, r.global_step)
     t_loop = time.perf_counter()
     try:
         while r.global_step < r.target:
