@@ -79,35 +79,35 @@ def verify_early_save(
         NoUsableRestart: No save before the final step, nothing recorded to compare with, a
             failed or non-resuming process, or a difference (``check``).
     """
-    replay = ReplayCheck(
+    probe = ReplayCheck(
         spec=spec, run=run, corpus_path=corpus_path, store=store, run_dir=run_dir, workdir=workdir
     )
     cfg_sha = run_config_sha256(spec, run)
-    manager = CheckpointManager(store, run_id=replay.run_id, config_sha256=cfg_sha, keep=10**6)
+    manager = CheckpointManager(store, run_id=probe.run_id, config_sha256=cfg_sha, keep=10**6)
     point = early_resume_point(manager)
     if point is None:
-        raise NoUsableRestart(replay.run_id, "no checkpoint before the final step is kept")
+        raise NoUsableRestart(probe.run_id, "no checkpoint before the final step is kept")
     start, planned, later = point
     n = min(later or planned, start + max(1, max_steps), planned)
-    original = replay.original()
+    original = probe.original()
     steps = list(range(start + 1, n + 1))
     if not all(s in original for s in steps):
         raise NoUsableRestart(
-            replay.run_id,
+            probe.run_id,
             f"the live run recorded no loss for steps {start + 1}..{n} to compare with",
             step=start,
         )
-    rep = replay.replay(start=start, original=original, steps=steps)
+    rep = probe.replay(start=start, original=original, steps=steps)
     if n == later:
-        replayed = CheckpointManager(rep.local, run_id=replay.run_id, config_sha256=cfg_sha)
+        replayed = CheckpointManager(rep.local, run_id=probe.run_id, config_sha256=cfg_sha)
         # The live run shared its process with the orchestrator, whose threads may draw from
         # python's and numpy's generators; training does not, and any draw it made would
         # show in the losses and parameters compared here.
         compare_states(rep.cmp, manager.load(n), replayed.load(n), skip_rng=("python", "numpy"))
     elif n == planned:
-        replay.compare_final_models(rep)
+        probe.compare_final_models(rep)
     return require_identical(
-        replay.report(rep, mode="early-save", save_s=None),
+        probe.report(rep, mode="early-save", save_s=None),
         check=check,
         start=start,
         what=f"resuming the early save of step {start} in a fresh process does not reproduce "

@@ -148,25 +148,25 @@ def verify_checkpoint_resume(
             process, or a difference (``check``).
     """
     assert spec.corpus is not None, "a restart check needs the spec's corpus"
-    replay = ReplayCheck(
+    probe = ReplayCheck(
         spec=spec, run=run, corpus_path=corpus_path, store=store, run_dir=run_dir, workdir=workdir
     )
     ck = _resume_point(spec, run=run, store=store)
     start, planned = ck.step, int(ck.meta["planned_steps"])
-    original = replay.original()
+    original = probe.original()
     steps = [s for s in range(start + 1, min(planned, start + m_steps) + 1) if s in original]
     if not steps:
         raise NoUsableRestart(
-            replay.run_id,
+            probe.run_id,
             f"the original run recorded no loss after step {start} to compare with",
             step=start,
         )
-    rep = replay.replay(start=start, original=original, steps=steps)
+    rep = probe.replay(start=start, original=original, steps=steps)
     if rep.n == planned:
-        replay.compare_final_models(rep)
+        probe.compare_final_models(rep)
     save_s = float(ck.meta.get("write_s", 0.0)) + float(ck.meta.get("upload_s", 0.0))
     return require_identical(
-        replay.report(rep, mode="checkpoint", save_s=save_s),
+        probe.report(rep, mode="checkpoint", save_s=save_s),
         check=check,
         start=start,
         what=f"resuming the checkpoint of step {start} does not reproduce the recorded run",
