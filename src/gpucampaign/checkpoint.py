@@ -23,7 +23,6 @@ import io
 import json
 import logging
 import os
-import random
 import re
 import shutil
 import tempfile
@@ -34,9 +33,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+# Re-exported: the training loop and the benches import them from here.
+from gpucampaign.checkpoint_state import BackgroundSaves, capture_rng, restore_rng, snapshot  # noqa: F401
 from gpucampaign.files import TMP_PREFIX, fsync_dir
 from gpucampaign.storage import NotFound, StorageError, Store
 from gpucampaign.tensorfiles import (
@@ -81,95 +81,6 @@ class CheckpointInvalid(Exception):
 def step_dirname(step: int) -> str:
     """``step-000000020``: sorts by step as text."""
     return f"step-{step:09d}"
-
-
-# --- RNG states ----------------------------------------------------------------------------
-def capture_rng() -> dict[str, Any]:
-    """python, numpy, torch and cuda RNG states in a ``weights_only``-loadable form.
-
-    numpy's state holds an ndarray, which ``weights_only`` refuses: it is kept as
-    ``[name, int64 tensor of the key, pos, has_gauss, cached_gaussian]``.
-    """
-    name, key, pos, has_gauss, cached = np.random.get_state()
-    cuda_ready = torch.cuda.is_available() and torch.cuda.is_initialized()
-    cuda = torch.cuda.get_rng_state_all() if cuda_ready else []
-    return {
-        "python": random.getstate(),
-        "numpy": [
-            str(name),
-            torch.from_numpy(key.astype(np.int64)),
-            int(pos),
-            int(has_gauss),
-            float(cached),
-        ],
-        "torch": torch.get_rng_state(),
-        "cuda": list(cuda),
-    }
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    """Set the global generators back to ``capture_rng``'s result."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, key, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state(
-        (name, key.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached))
-    )
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# --- snapshots and saves in the background --------------------------------------------------
-def snapshot(obj: Any) -> Any:
-    """A copy of a state tree whose tensors are copied to host memory (pinned from a GPU).
-
-    What the training loop stalls for: after it returns, the model and optimizer may move on
-    while the copy is written.
-    """
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach()
-        if t.device.type == "cpu":
-            return t.clone()
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())
-        return host.copy_(t, non_blocking=True)
-    if isinstance(obj, dict):
-        return {k: snapshot(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        items = [snapshot(v) for v in obj]
-        return items if isinstance(obj, list) else tuple(items)
-    return obj  # numbers, strings, None: immutable
-
-
-class BackgroundSaves:
-    """Runs one save at a time in a background thread; never two in flight."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-        self._pending: Any = None
-
-    @property
-    def in_flight(self) -> bool:
-        """True while a submitted save has not been collected by ``wait``."""
-        return self._pending is not None
-
-    def submit(self, save: Any) -> None:
-        """Start ``save()`` in the background; the previous one must have been collected."""
-        assert self._pending is None, "a save is still in flight: wait() first"
-        self._pending = self._pool.submit(save)
-
-    def wait(self) -> Any:
-        """The in-flight save's result (None when there is none); re-raises its error."""
-        pending, self._pending = self._pending, None
-        return None if pending is None else pending.result()
-
-    def close(self) -> None:
-        """Let the in-flight save finish, then stop the thread (its result is dropped)."""
-        try:
-            self.wait()
-        except Exception as exc:  # the caller is already failing; the save did not commit
-            log.warning("the last background save failed: %s", exc)
-        self._pool.shutdown(wait=True)
 
 
 # --- writing and reading one checkpoint's files -----------------------------------

@@ -3,41 +3,34 @@
 Exit codes: 0 success; 2 invalid input; 3 stopped by a stop rule; 4 plan does not fit its
 window (plan) or output not verified (verify); 130 / 143 interrupted by SIGINT / SIGTERM
 (saved; rerun to resume); 1 unexpected.
+
+The commands on an output folder are in ``cli_output``; what the commands share (the app, the
+consoles, the exit codes) in ``cli_common``.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Any
 
 import typer
-from rich.console import Console
 
+from gpucampaign.cli_common import (
+    EXIT_NOT_FIT,
+    EXIT_STOPPED,
+    AsJson,
+    SpecFile,
+    app,
+    console,
+    err_console,
+    handle_errors,
+    print_json,
+    say,
+)
 from gpucampaign.spec import SpecError
 from gpucampaign.stoprules import StopRule
 from gpucampaign.storage import check_storage
 
-EXIT_OK, EXIT_UNEXPECTED, EXIT_INVALID, EXIT_STOPPED, EXIT_NOT_FIT = 0, 1, 2, 3, 4
-
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    help="Training campaigns on a rented GPU lot that end in a decision.",
-)
-console = Console()
-err_console = Console(stderr=True)
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-# Arguments and options several commands share.
-SpecFile = Annotated[Path, typer.Argument(help="Campaign YAML file.")]
-OutFolder = Annotated[Path, typer.Argument(help="Output folder of a campaign.")]
-AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 _CALIBRATE_HELP = (
     "Output folder of a closed campaign: its measured load, step, eval and save times replace "
     "the hours of the steps that train a run."
@@ -46,33 +39,6 @@ _OUTPUT_CHECK_HELP = (
     "Check this campaign output instead: resume the run's latest kept checkpoint from its store "
     "in a new process and compare with what the run recorded."
 )
-
-
-def handle_errors(fn: F) -> F:
-    """Map our typed errors to the documented exit codes, without a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except SpecError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True, highlight=False)
-            raise typer.Exit(EXIT_INVALID) from None
-        except StopRule as exc:
-            err_console.print(f"[bold red]stopped:[/] {exc}", soft_wrap=True, highlight=False)
-            raise typer.Exit(EXIT_STOPPED) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def print_json(obj: Any) -> None:
-    """One JSON object on stdout, nothing else."""
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
-
-
-def _say(text: str) -> None:
-    """One message on stdout, wrapped by the terminal rather than by rich."""
-    console.print(text, soft_wrap=True, highlight=False)
 
 
 # Commands are defined below, one section per phase of the campaign.
@@ -111,7 +77,7 @@ def plan_cmd(
         raise SpecError(f"Invalid campaign spec '{spec}': {exc}", field=exc.field) from None
     if how and not as_json:
         for name, text in how.items():
-            _say(f"{name}: {override[name]:.4g} h ({text})")
+            say(f"{name}: {override[name]:.4g} h ({text})")
     if figure is not None:
         from gpucampaign.figures import plot_calendar
 
@@ -165,18 +131,18 @@ def _print_plan(result: Any, *, figure: Path | None) -> None:
         if d["fits"]
         else f"[red]does not fit[/]: {d['overrun_hours']:g} h over"
     )
-    _say(
+    say(
         f"span [bold]{d['span_hours']:g} h[/] in a {d['window_hours']:g} h window: {verdict}\n"
         f"machine {d['machine_hours']:g} h (GPU {d['gpu_hours']:g} h), "
         f"human {d['human_hours']:g} h; lots: {lots}; total {format_usd(result.total_price_usd)}"
     )
     for o in d["options"]:
-        _say(f"  option [bold]{o['kind']}[/]: {o['description']}; requires: {o['requires']}")
+        say(f"  option [bold]{o['kind']}[/]: {o['description']}; requires: {o['requires']}")
     for a in d["ablation"]:
         factors = ", ".join(a["factors"]) or "changes nothing"
         console.print(f"  ablation {a['variant']} ({a['tier']}): {factors}", highlight=False)
     for w in d["warnings"]:
-        _say(f"[yellow]warning:[/] {w}")
+        say(f"[yellow]warning:[/] {w}")
     if figure is not None:
         console.print(f"figure: {figure}", highlight=False)
 
@@ -268,7 +234,7 @@ def pin_cmd(
         rows = folder_manifest(path) if path.is_dir() else None
         print_json({"path": str(path), "sha256": sha, "files": rows})
         return
-    _say(sha)
+    say(sha)
 
 
 @app.command("restart-check")
@@ -355,15 +321,15 @@ def _check_output_restart(
 
 def _print_restart(report: Any) -> None:
     verdict = "[green]identical[/]" if report.identical else "[red]NOT identical[/]"
-    _say(
+    say(
         f"{report.run_id}: {verdict} over {report.compared_steps} steps (interrupted at step "
         f"{report.k}, {report.threads} thread(s), {report.device}); max |diff| "
         f"{report.max_abs_diff:g}; save {report.save_s or 0:.3f} s, "
         f"restore {report.restore_s or 0:.3f} s"
     )
-    _say(f"  {report.applies}")
+    say(f"  {report.applies}")
     for m in report.mismatches[:5]:
-        _say(f"  [red]{m}[/]")
+        say(f"  [red]{m}[/]")
 
 
 # --- run: the whole campaign --------------------------------------------------------------
@@ -455,7 +421,7 @@ def _print_run_summary(summary: dict[str, Any], *, target: Path) -> dict[str, An
     verdict = summary.get("verdict") or {}
     runs = ", ".join(f"{rid} {status}" for rid, status in (summary.get("runs") or {}).items())
     if runs:
-        _say(f"runs: {runs}")
+        say(f"runs: {runs}")
     if summary.get("spent_usd") is not None:
         folder = "verified" if summary.get("verified") else "[red]NOT verified[/]"
         console.print(
@@ -471,157 +437,16 @@ def _print_run_summary(summary: dict[str, Any], *, target: Path) -> dict[str, An
             soft_wrap=True,
         )
     elif mirrored.get("url", "local") != "local":
-        _say(
+        say(
             f"mirrored to {mirrored['url']}; bring it back anywhere with "
             f"`campaign retrieve {mirrored['url']} --to DIR`"
         )
     return verdict
 
 
-# --- close: verify and report an output folder ----------------------------------------------
-
-
-@app.command("verify")
-@handle_errors
-def verify_cmd(
-    out: OutFolder,
-    as_json: AsJson = False,
-    no_reload: bool = typer.Option(
-        False, "--no-reload", help="Skip reloading the models (then the folder is NOT verified)."
-    ),
-) -> None:
-    """Check an output folder against its manifest, reload every model: exit 0 verified, 4 not."""
-    from gpucampaign.verify import verify_output
-
-    if not out.is_dir():
-        raise SpecError(f"'{out}' is not a folder: give a campaign's output folder.", field="OUT")
-    if not any((out / name).is_file() for name in ("manifest.json", "spec.yaml", "plan.json")):
-        # Not a campaign's folder (a home folder, '/'): refused rather than walked.
-        raise SpecError(
-            f"'{out}' is not a campaign output folder (no manifest.json, spec.yaml or "
-            "plan.json): give the folder that `campaign run --out` wrote.",
-            field="OUT",
-        )
-    report = verify_output(out, reload=not no_reload)
-    verified = report.verified and not no_reload
-    if as_json:
-        print_json({**report.to_dict(), "verified": verified, "reload_skipped": no_reload})
-    else:
-        _print_verify(report, out=out, verified=verified, no_reload=no_reload)
-    if not verified:
-        raise typer.Exit(EXIT_NOT_FIT)
-
-
-def _print_verify(report: Any, *, out: Path, verified: bool, no_reload: bool) -> None:
-    for p in report.problems:
-        _say(f"[red]{p.code}[/] {p.path}: {p.detail}")
-    if no_reload:
-        console.print("[yellow]models were not reloaded (--no-reload): not a verified output[/]")
-    state = (
-        "[green]verified[/]"
-        if verified
-        else f"[red]NOT verified[/] ({len(report.problems)} problem(s))"
-    )
-    _say(
-        f"{out}: {state}; {report.checked_files} files checked, "
-        f"{len(report.reloaded_runs)} model(s) reloaded and reproduced"
-    )
-
-
-@app.command("report")
-@handle_errors
-def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
-    """Print the closing report the campaign wrote (report.json, report.md); only the budget is
-    recomputed, with the expenses recorded by `campaign expense` since."""
-    from rich.markdown import Markdown
-
-    from gpucampaign.budget import render_budget_md
-    from gpucampaign.ledger import budget_with_ledger
-    from gpucampaign.report import REPORT_MD, read_report, report_summary, with_budget
-
-    report = read_report(out)
-    budget = budget_with_ledger(out, report["budget"])
-    changed = budget["expenses"] != report["budget"].get("expenses")
-    report = with_budget(report, budget)
-    if as_json:
-        print_json(report_summary(report))
-        return
-    md = out / REPORT_MD
-    console.print(
-        Markdown(md.read_text(encoding="utf-8")) if md.is_file() else report_summary(report)
-    )
-    if changed:
-        console.print(
-            Markdown(
-                "## Budget with the ledger (recomputed now)\n\nExpenses were recorded with "
-                "`campaign expense` after the close; the budget above is the one closed.\n\n"
-                + render_budget_md(budget)
-            )
-        )
-
-
-@app.command("expense")
-@handle_errors
-def expense_cmd(
-    out: OutFolder,
-    usd: float = typer.Option(..., "--usd", help="Amount paid in USD, as on the receipt."),
-    what: str = typer.Option(..., "--what", help="What was paid for (one line)."),
-    order_ref: str | None = typer.Option(
-        None, "--order-ref", help="The provider's order reference, to match the invoice."
-    ),
-) -> None:
-    """Record an expense paid after the start (egress, storage, another lot) in ledger.jsonl.
-
-    The close and `campaign report` add it to the budget, apart from the rental; the spec is
-    never edited for it.
-    """
-    from gpucampaign.ledger import add_expense
-
-    entry = add_expense(out, usd=usd, what=what, order_ref=order_ref)
-    ref = f" (order {entry.order_ref})" if entry.order_ref else ""
-    _say(f"recorded in {out / 'ledger.jsonl'}: {entry.usd:.2f} USD for {entry.what}{ref}")
-
-
-# --- status: what is off the machine, how long the rental has left -------------------------
-
-
-@app.command("status")
-@handle_errors
-def status_cmd(out: OutFolder, as_json: AsJson = False) -> None:
-    """Time left on the rental, what is in the store and what is only local, how to retrieve it."""
-    from gpucampaign.status import campaign_status, render_status
-
-    status = campaign_status(out)
-    if as_json:
-        print_json(status)
-    else:
-        console.print(render_status(status), highlight=False, markup=False, soft_wrap=True)
-
-
-# --- retrieve: bring a mirrored campaign back ----------------------------------------------
-
-
-@app.command("retrieve")
-@handle_errors
-def retrieve_cmd(
-    url: str = typer.Argument(..., help="Where the campaign was mirrored: s3://bucket/prefix."),
-    to: Path = typer.Option(..., "--to", help="New (or empty) folder to bring it into."),
-) -> None:
-    """Download a mirrored output folder, every file checked by size and sha256 (exit 2: bad
-    input)."""
-    from gpucampaign.mirror import retrieve_folder
-    from gpucampaign.storage import StorageError, open_store, parse_s3_url
-
-    parse_s3_url(url)
-    try:
-        done = retrieve_folder(open_store(url, out_dir=to, spool=False), dest=to)
-    except StorageError as exc:
-        raise SpecError(f"cannot retrieve {url}: {exc}", field="URL") from None
-    console.print(
-        f"retrieved {done['files']} files ({done['bytes']} bytes) from {url} into {to}",
-        highlight=False,
-    )
-    console.print(f"next: campaign verify {to}", highlight=False)
+# The commands on an output folder: imported here, after the commands above, so that
+# `campaign --help` lists them in the order of the campaign.
+from gpucampaign import cli_output  # noqa: E402, F401
 
 
 def main() -> None:
