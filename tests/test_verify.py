@@ -27,18 +27,7 @@ from gpucampaign.verify import (
     check_temp_paths,
     verify_output,
 )
-from tests._closing import build_closed_folder, reseal
-
-
-@pytest.fixture(scope="module")
-def closed(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return build_closed_folder(tmp_path_factory.mktemp("closed"))
-
-
-@pytest.fixture
-def out(closed: dict, tmp_path: Path) -> Path:
-    """A private copy of the clean folder for one test to damage."""
-    return Path(shutil.copytree(closed["out"], tmp_path / "out"))
+from tests._closing import reseal
 
 
 def _run_dir(out: Path, closed: dict, run: str = "control") -> Path:
