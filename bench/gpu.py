@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def bare_loop_cuda(spec, corpus, steps: int) -> float:  # noqa: ANN001
     """Seconds of a plain loop on the device: same model, optimizer, batch, steps and seed."""
+    from overhead import plain_steps
+
     from gpucampaign.recipes import build_model, fit_input_stats
     from gpucampaign.torchsetup import build_optimizer, build_scheduler, seed_everything
 
@@ -46,21 +48,9 @@ def bare_loop_cuda(spec, corpus, steps: int) -> float:  # noqa: ANN001
     X, y = X.cuda(), y.cuda()
     opt = build_optimizer(cfg, model.parameters())
     sched = build_scheduler(cfg, opt, planned_steps=steps)
-    gen = torch.Generator().manual_seed(cfg.seed)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    done = 0
-    while done < steps:
-        for idx in torch.randperm(len(X), generator=gen).split(cfg.batch_size):
-            loss = torch.nn.functional.cross_entropy(model(X[idx.cuda()]), y[idx.cuda()])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if sched is not None:
-                sched.step()
-            done += 1
-            if done == steps:
-                break
+    plain_steps(model, opt, sched, X, y, steps=steps, batch_size=cfg.batch_size, seed=cfg.seed)
     torch.cuda.synchronize()
     return time.perf_counter() - t0
 

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -63,12 +64,33 @@ def bare_loop(
     steps = cfg.planned_steps(len(X))
     sched = build_scheduler(cfg, opt, planned_steps=steps)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
-    gen = torch.Generator().manual_seed(cfg.seed)
     t0 = time.perf_counter()
+    plain_steps(
+        model, opt, sched, X, y, steps=steps, batch_size=cfg.batch_size, seed=cfg.seed, dtype=dtype
+    )
+    return time.perf_counter() - t0
+
+
+def plain_steps(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    steps: int,
+    batch_size: int,
+    seed: int,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """``steps`` optimizer steps over shuffled batches of ``(X, y)`` on X's device, and nothing
+    else (no metrics, evaluation or checkpoints); ``dtype``: autocast to it, if given."""
+    gen = torch.Generator().manual_seed(seed)
     done = 0
     while done < steps:
-        for idx in torch.randperm(len(X), generator=gen).split(cfg.batch_size):
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        for idx in torch.randperm(len(X), generator=gen).split(batch_size):
+            idx = idx.to(X.device)
+            with torch.autocast(X.device.type, dtype=dtype, enabled=dtype is not None):
                 loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -77,8 +99,7 @@ def bare_loop(
                 sched.step()
             done += 1
             if done == steps:
-                break
-    return time.perf_counter() - t0
+                return
 
 
 def timed(cmd: list[str], *, cwd: Path) -> float:

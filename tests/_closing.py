@@ -200,6 +200,29 @@ def _write_records(folder: OutputFolder, spec: Any, corpus: Any, *, stop_variant
         t += timedelta(minutes=3)
 
 
+def start_folder(spec_file: Path, *, corpus_file: Path, out: Path) -> tuple[Any, Any, OutputFolder]:
+    """What a campaign's start leaves: ``(spec, corpus, folder)``, the output folder ``out``
+    holding the spec's copy and the plan."""
+    spec = load_spec(spec_file)
+    folder = OutputFolder(out)
+    folder.copy_in(spec_file, "spec.yaml")
+    folder.write_plan_once(calendar.plan(spec).to_dict())
+    return spec, load_corpus(corpus_file, corpus_spec=spec.corpus), folder
+
+
+def close_and_seal(
+    spec: Any, *, out: Path, base_dir: Path, corpus: Any, trained: list[str], campaign_id: str
+) -> tuple[Any, Any]:
+    """The production close of ``out`` (the trained runs analysed, then closed and sealed);
+    ``(closed, report)``."""
+    analyses = analyse_runs(spec, root=out, corpus=corpus, runs=trained)
+    closed, report = close_folder(
+        spec, root=out, base_dir=base_dir, campaign_id=campaign_id, analyses=analyses
+    )
+    seal_folder(spec, root=out, summary=closed.summary(campaign_id))
+    return closed, report
+
+
 def build_closed_folder(
     base: Path, *, threshold: float = 0.2, unit: str = "null", stop_variant: bool = False
 ) -> dict[str, Any]:
@@ -220,21 +243,17 @@ def build_closed_folder(
     (src / "campaign.yaml").write_text(
         SPEC_TEMPLATE.format(sha=sha, threshold=threshold, unit=unit)
     )
-    spec = load_spec(src / "campaign.yaml")
     out = base / "out"
-    folder = OutputFolder(out)
-    folder.copy_in(src / "campaign.yaml", "spec.yaml")
-    folder.write_plan_once(calendar.plan(spec).to_dict())
-    corpus = load_corpus(src / "corpus.csv", corpus_spec=spec.corpus)
+    spec, corpus, folder = start_folder(
+        src / "campaign.yaml", corpus_file=src / "corpus.csv", out=out
+    )
     _write_records(folder, spec, corpus, stop_variant=stop_variant)
 
     run_ids = {r: spec.run_id(r) for r in spec.run_names()}
     trained = [r for r, rid in run_ids.items() if (out / "runs" / rid / RESULT_FILE).is_file()]
-    analyses = analyse_runs(spec, root=out, corpus=corpus, runs=trained)
-    closed, report = close_folder(
-        spec, root=out, base_dir=src, campaign_id="closing-test-0001", analyses=analyses
+    closed, report = close_and_seal(
+        spec, out=out, base_dir=src, corpus=corpus, trained=trained, campaign_id="closing-test-0001"
     )
-    seal_folder(spec, root=out, summary=closed.summary("closing-test-0001"))
     return {
         "out": out,
         "spec": spec,

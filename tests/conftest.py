@@ -39,6 +39,22 @@ def prefect_harness():
         yield
 
 
+@pytest.fixture(scope="module")
+def closed(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A clean closed output folder, built once per test module (``build_closed_folder``)."""
+    from tests._closing import build_closed_folder
+
+    return build_closed_folder(tmp_path_factory.mktemp("closed"))
+
+
+@pytest.fixture
+def out(closed: dict, tmp_path):
+    """A private copy of the ``closed`` folder for one test to change."""
+    from pathlib import Path
+
+    return Path(shutil.copytree(closed["out"], tmp_path / "out"))
+
+
 def pytest_collection_modifyitems(config, items):
     """A test that takes the Prefect server fixture starts a server: mark it so."""
     for item in items:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -20,16 +21,28 @@ from gpucampaign.verdict import RunEvidence, decide_verdict
 LOT_3D = Package(gpu="rtx4090", days=3)
 
 
-def _deliveries(*specs: tuple[str, str, bool, str]) -> list[dict]:
-    return [{"id": i, "content_sha256": h, "accepted": a, "reason": r} for i, h, a, r in specs]
+def _budget(
+    *deliveries: tuple[str, str, bool, str],
+    packages: list[Any] | None = None,
+    unit: str | None = "corpus",
+    **kw: Any,
+) -> dict[str, Any]:
+    """``close_budget`` of these ``(id, content sha256, accepted, reason)`` deliveries, on one
+    3-day lot unless ``packages`` says otherwise."""
+    return close_budget(
+        packages or [LOT_3D],
+        unit=unit,
+        deliveries=[
+            {"id": i, "content_sha256": h, "accepted": a, "reason": r} for i, h, a, r in deliveries
+        ],
+        **kw,
+    )
 
 
 # --- budget: the MISSION's numbers come out exactly -----------------------------------------
 def test_two_three_day_lots_cost_94_28():
-    b = close_budget(
-        [Package(gpu="rtx4090", days=3, count=2)],
-        unit="corpus",
-        deliveries=_deliveries(("c1", "a" * 64, True, "passed")),
+    b = _budget(
+        ("c1", "a" * 64, True, "passed"), packages=[Package(gpu="rtx4090", days=3, count=2)]
     )
     assert Decimal(repr(b["rental_usd"])) == Decimal("94.28")
     assert b["packages"][0]["price_usd"] == 47.14 and b["packages"][0]["count"] == 2
@@ -37,13 +50,9 @@ def test_two_three_day_lots_cost_94_28():
 
 
 def test_two_accepted_deliveries_give_23_57_each():
-    b = close_budget(
-        [LOT_3D],
-        unit="corpus",
-        deliveries=_deliveries(
-            ("c1", "a" * 64, True, "passed the announced checks"),
-            ("c2", "b" * 64, True, "passed the announced checks"),
-        ),
+    b = _budget(
+        ("c1", "a" * 64, True, "passed the announced checks"),
+        ("c2", "b" * 64, True, "passed the announced checks"),
     )
     assert b["accepted_deliveries"] == 2
     assert Decimal(repr(b["rental_per_accepted_usd"])) == Decimal("23.57")
@@ -53,22 +62,16 @@ def test_two_accepted_deliveries_give_23_57_each():
 
 def test_replays_of_the_same_content_count_once():
     replays = [(f"timing-{k}", "a" * 64, True, "passed") for k in range(5)]
-    b = close_budget(
-        [LOT_3D], unit="corpus", deliveries=_deliveries(*replays, ("c2", "b" * 64, True, "passed"))
-    )
+    b = _budget(*replays, ("c2", "b" * 64, True, "passed"))
     assert b["accepted_deliveries"] == 2
     assert len(b["replays"]) == 4 and all(r["replay_of"] == "timing-0" for r in b["replays"])
     assert b["rental_per_accepted_usd"] == 23.57
 
 
 def test_zero_accepted_is_undefined_and_shows_the_money_and_each_reason():
-    b = close_budget(
-        [LOT_3D],
-        unit="corpus",
-        deliveries=_deliveries(
-            ("c1", "a" * 64, False, "stopped: non-finite loss at step 12"),
-            ("c2", "b" * 64, False, "audit: 14 rows leak between train and test"),
-        ),
+    b = _budget(
+        ("c1", "a" * 64, False, "stopped: non-finite loss at step 12"),
+        ("c2", "b" * 64, False, "audit: 14 rows leak between train and test"),
     )
     assert b["rental_per_accepted_usd"] is None
     assert b["spent_usd"] == 47.14 and b["rental_usd"] == 47.14
@@ -85,17 +88,16 @@ def test_zero_accepted_is_undefined_and_shows_the_money_and_each_reason():
 
 
 def test_no_delivery_at_all_is_still_undefined_not_zero():
-    b = close_budget([LOT_3D], unit="model", deliveries=[])
+    b = _budget(unit="model")
     assert b["rental_per_accepted_usd"] is None and b["spent_usd"] == 47.14
     assert "no delivery was produced" in b["undefined_reason"]
 
 
 def test_other_expenses_stay_apart_and_never_change_the_rental_ratio():
-    b = close_budget(
-        [LOT_3D],
-        unit="corpus",
+    b = _budget(
+        ("c1", "a" * 64, True, "ok"),
+        ("c2", "b" * 64, True, "ok"),
         expenses=[Expense(name="egress of 20 GB", usd=1.8, note="inv-7")],
-        deliveries=_deliveries(("c1", "a" * 64, True, "ok"), ("c2", "b" * 64, True, "ok")),
     )
     assert b["other_expenses_usd"] == 1.8
     assert b["spent_usd"] == 48.94
@@ -104,7 +106,7 @@ def test_other_expenses_stay_apart_and_never_change_the_rental_ratio():
 
 
 def test_no_invented_costs_or_hourly_rates():
-    b = close_budget([LOT_3D], unit="corpus", deliveries=_deliveries(("c1", "a" * 64, True, "ok")))
+    b = _budget(("c1", "a" * 64, True, "ok"))
     assert (
         b["expenses"] == [] and b["other_expenses_usd"] == 0.0 and b["spent_usd"] == b["rental_usd"]
     )
@@ -115,11 +117,10 @@ def test_no_invented_costs_or_hourly_rates():
 
 
 def test_research_decision_describes_the_result_instead_of_a_unit():
-    b = close_budget(
-        [LOT_3D],
+    b = _budget(
+        ("r", "a" * 64, True, "ok"),
         unit=None,
         result_text="Keep the control: no variant meets the threshold",
-        deliveries=_deliveries(("r", "a" * 64, True, "ok")),
     )
     assert b["rental_per_accepted_usd"] is None
     assert "research decision" in b["undefined_reason"]
@@ -129,12 +130,11 @@ def test_research_decision_describes_the_result_instead_of_a_unit():
 
 
 def test_resolved_dict_packages_and_missing_price():
-    b = close_budget(
-        [{"gpu": "rtx4090", "days": 7, "count": 1, "price_usd": 110}],
-        unit="corpus",
-        deliveries=_deliveries(
-            ("c1", "a" * 64, True, "ok"), ("c2", "b" * 64, True, "ok"), ("c3", "c" * 64, True, "ok")
-        ),
+    b = _budget(
+        ("c1", "a" * 64, True, "ok"),
+        ("c2", "b" * 64, True, "ok"),
+        ("c3", "c" * 64, True, "ok"),
+        packages=[{"gpu": "rtx4090", "days": 7, "count": 1, "price_usd": 110}],
     )
     assert b["rental_per_accepted_usd"] == 36.67  # 110 / 3 rounded half-up to cents
     with pytest.raises(SpecError, match="price"):
@@ -618,24 +618,12 @@ def test_a_run_that_did_not_complete_is_never_an_accepted_delivery(tmp_path: Pat
     from gpucampaign.close import delivery
     from gpucampaign.records import RunState
 
-    stopped = RunState(
-        run="wide",
-        run_id="wide-0123456789",
-        tier="useful",
-        status="stopped",
-        stop_id="stop-w",
-        reason="stopped by non_finite_loss: nan",
-    )
-    d = delivery(tmp_path, stopped, corpus=None)
-    assert d["accepted"] is False and d["reason"] == "stopped (stop stop-w)"
-    dropped = RunState(
-        run="big",
-        run_id="big-0123456789",
-        tier="exploratory",
-        status="dropped",
-        reason="dropped at the decision point",
-    )
-    assert delivery(tmp_path, dropped, corpus=None)["reason"] == "dropped at the decision point"
+    nan, at_point = "stopped by non_finite_loss: nan", "dropped at the decision point"
+    stopped = RunState("wide", "wide-0123456789", "useful", "stopped", nan, stop_id="stop-w")
+    dropped = RunState("big", "big-0123456789", "exploratory", "dropped", at_point)
+    for state, reason in ((stopped, "stopped (stop stop-w)"), (dropped, at_point)):
+        d = delivery(tmp_path, state, corpus=None)
+        assert d["accepted"] is False and d["reason"] == reason
 
 
 def test_a_spec_without_a_decision_rule_gets_a_stopped_verdict():

@@ -17,10 +17,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gpucampaign import calendar
 from gpucampaign.bootstrap import Gain, paired_gain, to_resolve
 from gpucampaign.cli import app
-from gpucampaign.close import analyse_runs, close_folder, seal_folder
 from gpucampaign.corpus import load_corpus
 from gpucampaign.folder import OutputFolder
 from gpucampaign.predictions import Predictions
@@ -29,6 +27,7 @@ from gpucampaign.stoprules import StopRule
 from gpucampaign.storage import LocalStore
 from gpucampaign.training import train_run
 from gpucampaign.verify import verify_output
+from tests._closing import close_and_seal, start_folder
 
 LEARNS = {"recipe": "mlp", "hidden": [8], "lr": 0.05, "epochs": 4, "batch_size": 32, "threads": 1}
 LEARNS_NOTHING = {"lr": 1e-9}
@@ -90,12 +89,10 @@ def campaign(
         ],
     }
     (base / "campaign.yaml").write_text(yaml.safe_dump(spec_data, sort_keys=False))
-    spec = load_spec(base / "campaign.yaml")
     out = base / "out"
-    folder = OutputFolder(out)
-    folder.copy_in(base / "campaign.yaml", "spec.yaml")
-    folder.write_plan_once(calendar.plan(spec).to_dict())
-    corpus = load_corpus(base / "corpus.csv", corpus_spec=spec.corpus)
+    spec, corpus, folder = start_folder(
+        base / "campaign.yaml", corpus_file=base / "corpus.csv", out=out
+    )
     trained = []
     for run in spec.run_names():
         try:
@@ -109,11 +106,9 @@ def campaign(
         except StopRule as stop:
             folder.append_jsonl("stops.jsonl", stop.to_record())
         trained.append(run)
-    analyses = analyse_runs(spec, root=out, corpus=corpus, runs=trained)
-    closed, report = close_folder(
-        spec, root=out, base_dir=base, campaign_id="evidence-0001", analyses=analyses
+    closed, report = close_and_seal(
+        spec, out=out, base_dir=base, corpus=corpus, trained=trained, campaign_id="evidence-0001"
     )
-    seal_folder(spec, root=out, summary=closed.summary("evidence-0001"))
     return {"out": out, "verdict": closed.verdict, "report": report, "spec": spec}
 
 

@@ -5,7 +5,6 @@ ledger's growth only while its sealed part is intact."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,19 +16,9 @@ from gpucampaign.close import close_folder
 from gpucampaign.ledger import budget_with_ledger, read_ledger
 from gpucampaign.spec import Package
 from gpucampaign.verify import verify_output
-from tests._closing import build_closed_folder, reseal
+from tests._closing import reseal
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def closed(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return build_closed_folder(tmp_path_factory.mktemp("closed"))
-
-
-@pytest.fixture
-def out(closed: dict, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(closed["out"], tmp_path / "out"))
 
 
 def _expense(out: Path, *args: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -19,7 +20,7 @@ from gpucampaign.corpus import load_corpus
 from gpucampaign.folder import OutputFolder
 from gpucampaign.manifest import INPUTS, keep_inputs
 from gpucampaign.restart import output_check_target
-from gpucampaign.spec import SpecError, load_spec
+from gpucampaign.spec import CampaignSpec, SpecError, load_spec
 from gpucampaign.storage import LocalStore
 from gpucampaign.tariffs import load_catalog
 from gpucampaign.training import train_run
@@ -45,6 +46,15 @@ def _campaign(src: Path, digits: tuple[Path, str]) -> Path:
     return src / "campaign.yaml"
 
 
+def _train_control(spec: CampaignSpec, *, src: Path, out: Path, **kw: Any) -> str:
+    """Train the control of the campaign in ``src`` into the output folder ``out``; its run ID."""
+    corpus = load_corpus(src / spec.corpus.path, corpus_spec=spec.corpus)
+    rid = spec.run_id("control")
+    store = LocalStore(out / "checkpoints")
+    train_run(spec, run="control", corpus=corpus, store=store, out_dir=out / "runs" / rid, **kw)
+    return rid
+
+
 def test_a_moved_folder_resolves_its_catalog_and_corpus_for_the_scheduled_check(
     tmp_path: Path,
     digits_file: tuple[Path, str],  # noqa: F811
@@ -58,15 +68,7 @@ def test_a_moved_folder_resolves_its_catalog_and_corpus_for_the_scheduled_check(
     assert kept["catalog"]["path"] == "prices/mycatalog.yaml"
     assert kept["corpus"]["kind"] == "copied"
     assert json.loads((out / INPUTS).read_text()) == kept
-    corpus = load_corpus(spec_file.parent / "data" / "digits.csv", corpus_spec=spec.corpus)
-    rid = spec.run_id("control")
-    train_run(
-        spec,
-        run="control",
-        corpus=corpus,
-        store=LocalStore(out / "checkpoints"),
-        out_dir=out / "runs" / rid,
-    )
+    rid = _train_control(spec, src=spec_file.parent, out=out)
 
     moved = tmp_path / "elsewhere" / "out"
     shutil.copytree(out, moved)
@@ -124,14 +126,5 @@ def test_pinned_inputs_and_devices_are_in_the_manifest(tmp_path, digits_file):  
     kept = keep_inputs(out, spec, base_dir=src.parent)
     assert kept["pinned"] == {"base": {"path": "base.bin", "sha256": sha256_file(base)}}
     # The manifest's run entries carry the device each run recorded in its params.json.
-    corpus = load_corpus(src.parent / spec.corpus.path, corpus_spec=spec.corpus)
-    rid = spec.run_id("control")
-    train_run(
-        spec,
-        run="control",
-        corpus=corpus,
-        store=LocalStore(out / "ck"),
-        out_dir=out / "runs" / rid,
-        stop_after_steps=2,
-    )
+    rid = _train_control(spec, src=src.parent, out=out, stop_after_steps=2)
     assert _device_of(OutputFolder(out), rid) == {"device": "cpu"}

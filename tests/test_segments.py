@@ -11,25 +11,10 @@ from gpucampaign.files import read_jsonl
 from gpucampaign.interrupt import Interrupted
 from gpucampaign.records import read_timeline
 from gpucampaign.segments import heartbeat, interruptions
-from gpucampaign.spec import parse_spec
 from tasks._common import busy, out_folder
+from tests._specs import TRAIN_CONTROL, one_lot_spec
 
-SPEC = parse_spec(
-    {
-        "name": "x",
-        "packages": [{"gpu": "rtx4090", "days": 3}],
-        "calendar": [
-            {
-                "name": "train-control",
-                "kind": "machine",
-                "resource": "gpu",
-                "hours": 1,
-                "run": "control",
-            }
-        ],
-        "control": {"recipe": "mlp", "hidden": [16], "batch_size": 128, "epochs": 2, "lr": 0.01},
-    }
-)
+SPEC = one_lot_spec(TRAIN_CONTROL)
 
 
 def _metrics(path, rows):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from prefect import flow, task
 
-from gpucampaign.spec import parse_spec
 from gpucampaign.stoprules import NonFiniteLoss
 from tasks._common import PHASE_OPTIONS, artifact_key, calendar_step
+from tests._specs import TRAIN_CONTROL, one_lot_spec
 
 
 def test_a_stop_rule_is_never_retried_and_a_transient_error_is(prefect_harness):
@@ -38,29 +38,7 @@ def test_a_stop_rule_is_never_retried_and_a_transient_error_is(prefect_harness):
 
 def test_artifact_keys_and_calendar_steps():
     assert artifact_key("train", "bf16-3F2A_x") == "train-bf16-3f2a-x"
-    spec = parse_spec(
-        {
-            "name": "x",
-            "packages": [{"gpu": "rtx4090", "days": 3}],
-            "calendar": [
-                {
-                    "name": "pilot",
-                    "kind": "machine",
-                    "resource": "gpu",
-                    "hours": 1,
-                    "phase": "pilot",
-                },
-                {
-                    "name": "train-control",
-                    "kind": "machine",
-                    "resource": "gpu",
-                    "hours": 1,
-                    "run": "control",
-                    "after": ["pilot"],
-                },
-            ],
-        }
-    )
+    spec = one_lot_spec({"name": "pilot", "phase": "pilot"}, {**TRAIN_CONTROL, "after": ["pilot"]})
     # The pilot of the control is observed time of the pilot step; its training, of its own step.
     assert calendar_step(spec, run="control", phase="pilot") == "pilot"
     assert calendar_step(spec, run="control", phase="train") == "train-control"
@@ -73,21 +51,7 @@ def test_busy_time_and_stops_go_through_the_library_writers(tmp_path):
     from gpucampaign.records import read_stops, read_timeline
     from tasks._common import busy, out_folder, record_stop
 
-    spec = parse_spec(
-        {
-            "name": "x",
-            "packages": [{"gpu": "rtx4090", "days": 3}],
-            "calendar": [
-                {
-                    "name": "train-control",
-                    "kind": "machine",
-                    "resource": "gpu",
-                    "hours": 1,
-                    "run": "control",
-                }
-            ],
-        }
-    )
+    spec = one_lot_spec(TRAIN_CONTROL)
     folder = out_folder(tmp_path)
     with busy(folder, spec, phase="train", run="control", note="c") as row:
         row.steps = 3

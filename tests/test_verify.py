@@ -27,18 +27,7 @@ from gpucampaign.verify import (
     check_temp_paths,
     verify_output,
 )
-from tests._closing import build_closed_folder, reseal
-
-
-@pytest.fixture(scope="module")
-def closed(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return build_closed_folder(tmp_path_factory.mktemp("closed"))
-
-
-@pytest.fixture
-def out(closed: dict, tmp_path: Path) -> Path:
-    """A private copy of the clean folder for one test to damage."""
-    return Path(shutil.copytree(closed["out"], tmp_path / "out"))
+from tests._closing import reseal
 
 
 def _run_dir(out: Path, closed: dict, run: str = "control") -> Path:
@@ -88,20 +77,20 @@ def test_predictions_without_rows(out: Path, closed: dict):
     assert "empty_file" in verify_output(out, reload=False).codes()
 
 
-def test_temp_path(out: Path, closed: dict):
-    _edit_json(_run_dir(out, closed) / "params.json", checkpoint_dir="/tmp/gpucampaign-x/ckpt")
+@pytest.mark.parametrize(
+    ("change", "code", "named"),
+    [
+        ({"checkpoint_dir": "/tmp/gpucampaign-x/ckpt"}, "temp_path", "/tmp/gpucampaign-x"),
+        ({"corpus_path": "../../elsewhere/corpus.csv"}, "escaping_path", "corpus_path"),
+    ],
+    ids=["temp_path", "path_escaping_the_folder"],
+)
+def test_a_path_in_params_outside_the_folder(out: Path, closed: dict, change, code, named):
+    _edit_json(_run_dir(out, closed) / "params.json", **change)
     reseal(out)
     report = verify_output(out, reload=False)
-    assert report.codes() == {"temp_path"}
-    assert "/tmp/gpucampaign-x" in report.problems[0].detail
-
-
-def test_path_escaping_the_folder(out: Path, closed: dict):
-    _edit_json(_run_dir(out, closed) / "params.json", corpus_path="../../elsewhere/corpus.csv")
-    reseal(out)
-    report = verify_output(out, reload=False)
-    assert report.codes() == {"escaping_path"}
-    assert "corpus_path" in report.problems[0].detail
+    assert report.codes() == {code}
+    assert named in report.problems[0].detail
 
 
 def test_missing_run_id(out: Path, closed: dict):

@@ -373,51 +373,56 @@ def decide_after_pilot(
         reduced_span_hours=reduced.span_hours,
         window_hours=full.window_hours,
     )
-    decision = with_pilot_evidence(spec, decision, pilot=pilot, pilot_stops=pilot_stops)
+    if decision.action != "re-pose":
+        decision, tripped = _drop_tripped_runs(spec, decision, pilot_stops=pilot_stops)
+        decision = _flag_low_information(decision, pilot=pilot, tripped=tripped)
     return Reforecast(decision=decision, hours=hours, plan=full)
 
 
-def with_pilot_evidence(
-    spec: CampaignSpec,
-    decision: Decision,
-    *,
-    pilot: Mapping[str, Mapping[str, Any]],
-    pilot_stops: list[dict[str, Any]],
-) -> Decision:
-    """Drop each optional run whose pilot tripped a stop rule (it cannot change the choice),
-    and flag each variant whose early curve equals the control's as low information."""
-    if decision.action == "re-pose":
-        return decision
+def _drop_tripped_runs(
+    spec: CampaignSpec, decision: Decision, *, pilot_stops: list[dict[str, Any]]
+) -> tuple[Decision, list[str]]:
+    """Drop each optional run whose pilot tripped a stop rule (it cannot change the choice);
+    returns the decision and the runs it drops for that."""
     stopped = {str(s["run"]) for s in pilot_stops if s.get("run")}
     tripped = sorted(
         {r for r in stopped if spec.tier_of(r) != "essential"} - set(decision.dropped_runs)
     )
-    flagged = [r for r in low_information(pilot) if r not in tripped]
-    reasons = list(decision.reasons)
-    reasons += [
+    reasons = [
         f"optional run '{s['run']}' is dropped: its pilot tripped {s['rule']} ({s['reason']}), "
         "so it cannot change the choice"
         for s in pilot_stops
         if s.get("run") in tripped
     ]
-    reasons += [
+    dropped = sorted({*decision.dropped_runs, *tripped})
+    update = {
+        "action": "reduce" if dropped else decision.action,
+        "dropped_runs": dropped,
+        "dropped_steps": sorted(
+            {*decision.dropped_steps, *(s.name for s in spec.calendar if s.run in tripped)}
+        ),
+        "reasons": [*decision.reasons, *reasons],
+    }
+    return decision.model_copy(update=update), tripped
+
+
+def _flag_low_information(
+    decision: Decision, *, pilot: Mapping[str, Mapping[str, Any]], tripped: list[str]
+) -> Decision:
+    """Flag each variant whose early curve equals the control's as low information (unless it
+    was dropped for its tripped pilot)."""
+    flagged = [r for r in low_information(pilot) if r not in tripped]
+    reasons = [
         f"low information: the early loss curve of '{r}' cannot be told from the control's "
         f"(within {LOW_INFO_RTOL:g} over {len(pilot[r].get('early_losses') or [])} steps); "
         "a variant that isolates one cause would teach more"
         for r in flagged
     ]
-    dropped = sorted({*decision.dropped_runs, *tripped})
-    return decision.model_copy(
-        update={
-            "action": "reduce" if dropped else decision.action,
-            "dropped_runs": dropped,
-            "dropped_steps": sorted(
-                {*decision.dropped_steps, *(s.name for s in spec.calendar if s.run in tripped)}
-            ),
-            "reasons": reasons,
-            "inputs": {**decision.inputs, "low_information": flagged},
-        }
-    )
+    update = {
+        "reasons": [*decision.reasons, *reasons],
+        "inputs": {**decision.inputs, "low_information": flagged},
+    }
+    return decision.model_copy(update=update)
 
 
 def decision_markdown(

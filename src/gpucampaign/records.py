@@ -10,7 +10,7 @@ records; the close, the manifest, the report and the flow all read it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -36,12 +36,13 @@ AFTER_PILOT = "after-pilot"
 RunStatus = Literal["completed", "stopped", "dropped", "not_run"]
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path, into: Callable[[Any], Any] | None = None) -> Any:
+    """The JSON document at ``path`` (read ``into`` a record when given); None when there is
+    no such file."""
     import json
 
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    return data if data is None or into is None else into(data)
 
 
 # --- plan.json / reforecast.json ------------------------------------------------------------
@@ -106,8 +107,7 @@ class PlanRecord:
 
 def read_plan(root: str | Path, *, relative: str = PLAN_FILE) -> PlanRecord | None:
     """``plan.json`` (or ``reforecast.json`` with ``relative``) of an output folder, if written."""
-    data = _read_json(Path(root) / relative)
-    return None if data is None else PlanRecord.from_dict(data)
+    return _read_json(Path(root) / relative, PlanRecord.from_dict)
 
 
 # --- decisions.jsonl ------------------------------------------------------------------------
@@ -210,17 +210,9 @@ def append_stop(root: str | Path, record: StopRecord) -> bool:
 
 
 # --- timeline.jsonl -------------------------------------------------------------------------
-#: The optional fields a line carries only when known.
-_TIMELINE_OPTIONAL = (
-    "steps",
-    "outcome",
-    "segment",
-    "event",
-    "checkpoint_step",
-    "seen",
-    "lost_steps",
-    "lost_seconds",
-)
+def _when_known() -> Any:
+    """An optional field of a line: None by default, and left out of the line while None."""
+    return field(default=None, metadata={"when_known": True})
 
 
 @dataclass
@@ -242,14 +234,14 @@ class TimelineRow:
     run: str | None = None
     kind: str = "machine"
     note: str = ""
-    outcome: str | None = None
-    steps: int | None = None
-    segment: str | None = None
-    event: str | None = None
-    checkpoint_step: int | None = None
-    seen: str | None = None
-    lost_steps: int | None = None
-    lost_seconds: float | None = None
+    outcome: str | None = _when_known()
+    steps: int | None = _when_known()
+    segment: str | None = _when_known()
+    event: str | None = _when_known()
+    checkpoint_step: int | None = _when_known()
+    seen: str | None = _when_known()
+    lost_steps: int | None = _when_known()
+    lost_seconds: float | None = _when_known()
 
     @property
     def interrupted(self) -> bool:
@@ -278,9 +270,9 @@ class TimelineRow:
     def to_dict(self) -> dict[str, Any]:
         """The JSON line as written; the optional fields only when known."""
         row = asdict(self)
-        for key in _TIMELINE_OPTIONAL:
-            if row[key] is None:
-                del row[key]
+        for f in self.__dataclass_fields__.values():
+            if f.metadata.get("when_known") and row[f.name] is None:
+                del row[f.name]
         return row
 
     @property
@@ -337,8 +329,7 @@ def write_pilot(root: str | Path, measured: Mapping[str, Mapping[str, Any]]) -> 
 # --- runs/<run_id>/result.json and a run's state --------------------------------------------
 def read_result(root: str | Path, run_id: str) -> RunResult | None:
     """``runs/<run_id>/result.json`` as a ``RunResult``, None when the run wrote none."""
-    data = _read_json(Path(root) / "runs" / run_id / RESULT_FILE)
-    return None if data is None else RunResult.from_dict(data)
+    return _read_json(Path(root) / "runs" / run_id / RESULT_FILE, RunResult.from_dict)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ self-contained ``report.html``, read back by ``campaign report`` without recompu
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 from gpucampaign.budget import render_budget_md
 from gpucampaign.forecast import ESTIMATES_FILE, say_duration
 from gpucampaign.records import DecisionRecord, StopRecord
-from gpucampaign.spec import SpecError
+from gpucampaign.spec import SpecError, read_mapping_file
 from gpucampaign.verdict import Verdict
 
 REPORT_JSON, REPORT_MD, REPORT_HTML = "report.json", "report.md", "report.html"
@@ -410,18 +409,14 @@ def read_report(out_dir: str | Path) -> dict[str, Any]:
         SpecError: the folder has no readable report (the campaign has not closed).
     """
     path = Path(out_dir) / REPORT_JSON
-    if not path.is_file():
-        raise SpecError(
-            f"'{out_dir}' has no {REPORT_JSON}: give the output folder of a closed campaign "
-            "(the close phase writes it)",
-            field="OUT",
-        )
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise SpecError(f"'{path}' is not valid JSON ({exc})", field="OUT") from None
-    if not isinstance(report, dict):
-        raise SpecError(f"'{path}' is not a report: it holds no JSON object", field="OUT")
+    missing = (
+        f"'{out_dir}' has no {REPORT_JSON}: give the output folder of a closed campaign "
+        "(the close phase writes it)"
+    )
+    not_report = "is not a report: it holds no JSON object"
+    report = read_mapping_file(
+        path, field="OUT", missing=missing, not_mapping=not_report, fmt="JSON"
+    )
     if not isinstance(report.get("budget"), dict) or not isinstance(report.get("verdict"), dict):
         raise SpecError(
             f"'{path}' is not a closing report (no verdict or budget): rerun "

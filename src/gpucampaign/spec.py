@@ -8,8 +8,10 @@ rule...) may be absent until the campaign is run.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -390,6 +392,42 @@ def load_spec(path: str | Path) -> CampaignSpec:
     except UnicodeDecodeError as exc:
         raise SpecError(f"Spec file '{p}' is not UTF-8 text ({exc}); save it as UTF-8.") from None
     return parse_spec(data, source=f"'{p}'")
+
+
+#: How a user-named file of each format is parsed, the errors that mean it does not parse, and
+#: the hint said with them.
+_PARSERS: dict[str, tuple[Callable[[str], Any], tuple[type[Exception], ...], str]] = {
+    "JSON": (json.loads, (ValueError,), ""),
+    "YAML": (yaml.safe_load, (yaml.YAMLError, UnicodeDecodeError), "; fix the syntax."),
+}
+
+
+def read_mapping_file(
+    path: Path, *, field: str, missing: str, not_mapping: str, fmt: str = "YAML", where: str = ""
+) -> dict[str, Any]:
+    """The mapping a user-named JSON or YAML file holds.
+
+    Args:
+        path: the file.
+        field: the field (or CLI argument) the errors name.
+        missing: the error when the file does not exist.
+        not_mapping: what the error says of ``path`` when it holds no mapping.
+        fmt: ``JSON`` or ``YAML``.
+        where: the start of every error (e.g. ``field 'catalog': ``).
+
+    Raises:
+        SpecError: the file is missing, does not parse, or holds no mapping.
+    """
+    if not path.is_file():
+        raise SpecError(f"{where}{missing}", field=field)
+    parse, errors, hint = _PARSERS[fmt]
+    try:
+        data = parse(path.read_text(encoding="utf-8"))
+    except errors as exc:
+        raise SpecError(f"{where}'{path}' is not valid {fmt} ({exc}){hint}", field=field) from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}'{path}' {not_mapping}", field=field)
+    return data
 
 
 def resolve_inside(base: str | Path, relative: str, *, field: str) -> Path:

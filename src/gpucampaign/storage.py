@@ -199,6 +199,13 @@ class LocalStore:
 
 _MIB = 1024 * 1024
 _PROBE_PREFIX = ".gpucampaign-probe-"
+#: The S3 client's operations on one object, and what their failure is said to be.
+_OBJECT_OPS = {
+    "head_object": "cannot read",
+    "download_fileobj": "cannot download",
+    "put_object": "cannot write",
+    "delete_object": "cannot delete",
+}
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -329,10 +336,16 @@ class S3Store:
         except (ClientError, BotoCoreError, Boto3Error) as exc:
             raise self._error(exc, what=what, key=key) from None
 
-    def _head(self, key: str) -> dict[str, Any]:
+    def _on_object(self, op: str, key: str, /, **kwargs: Any) -> Any:
+        """``_call`` of the client operation ``op`` (a key of ``_OBJECT_OPS``) on the object of
+        ``key``, its bucket and full key filled in."""
+        fn = getattr(self._client, op)
         return self._call(
-            "cannot read", key, self._client.head_object, Bucket=self.bucket, Key=self._obj(key)
+            _OBJECT_OPS[op], key, fn, Bucket=self.bucket, Key=self._obj(key), **kwargs
         )
+
+    def _head(self, key: str) -> dict[str, Any]:
+        return self._on_object("head_object", key)
 
     def _verify(self, key: str, *, sha256: str, size: int, etag: str) -> None:
         head = self._head(key)
@@ -376,15 +389,7 @@ class S3Store:
         checked against the size and sha256 its metadata records."""
         head = self._head(key)
         sink = HashingSink(target)
-        self._call(
-            "cannot download",
-            key,
-            self._client.download_fileobj,
-            Bucket=self.bucket,
-            Key=self._obj(key),
-            Fileobj=sink,
-            Config=self._transfer,
-        )
+        self._on_object("download_fileobj", key, Fileobj=sink, Config=self._transfer)
         self._check_content(key, head, size=sink.size, sha256=sink.sha.hexdigest)
         return sink
 
@@ -446,9 +451,7 @@ class S3Store:
 
     def delete(self, key: str) -> None:
         """Delete ``key``; a missing key is not an error."""
-        self._call(
-            "cannot delete", key, self._client.delete_object, Bucket=self.bucket, Key=self._obj(key)
-        )
+        self._on_object("delete_object", key)
 
     def read_bytes(self, key: str) -> bytes:
         """The whole object, checked against its size and sha256."""
@@ -458,12 +461,9 @@ class S3Store:
         """Write ``data`` to ``key`` in one PUT (atomic in S3) and verify it."""
         digest = hashlib.md5(data, usedforsecurity=False)
         sha256 = sha256_bytes(data)
-        self._call(
-            "cannot write",
+        self._on_object(
+            "put_object",
             key,
-            self._client.put_object,
-            Bucket=self.bucket,
-            Key=self._obj(key),
             Body=data,
             ContentMD5=base64.b64encode(digest.digest()).decode(),
             Metadata={"sha256": sha256, "size": str(len(data))},

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpucampaign.spec import (
@@ -33,6 +32,7 @@ from gpucampaign.spec import (
     Package,
     SpecError,
     format_validation_error,
+    read_mapping_file,
     resolve_inside,
 )
 
@@ -206,24 +206,15 @@ def load_catalog(
     if extra is None:
         return BUILTIN_CATALOG
     path = Path(extra)
-    if not path.is_file():
-        raise SpecError(
-            f"field 'catalog': catalog file '{path}' does not exist; give the path of a YAML "
-            "catalog file relative to the spec's folder, or remove 'catalog'.",
-            field="catalog",
-        )
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise SpecError(
-            f"field 'catalog': '{path}' is not valid YAML ({exc}); fix the syntax.", field="catalog"
-        ) from None
-    if not isinstance(data, dict):
-        raise SpecError(
-            f"field 'catalog': '{path}' must be a mapping with a 'lots' list; see the tariffs "
-            "module docstring for the format.",
-            field="catalog",
-        )
+    data = read_mapping_file(
+        path,
+        field="catalog",
+        where="field 'catalog': ",
+        missing=f"catalog file '{path}' does not exist; give the path of a YAML "
+        "catalog file relative to the spec's folder, or remove 'catalog'.",
+        not_mapping="must be a mapping with a 'lots' list; see the tariffs module docstring for "
+        "the format.",
+    )
     try:
         parsed = _CatalogFile.model_validate(data)
     except ValidationError as exc:

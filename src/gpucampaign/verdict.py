@@ -9,7 +9,7 @@ re-measured.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from gpucampaign.bootstrap import BOOT_SEED, Gain, paired_gain, to_resolve
@@ -61,6 +61,30 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (kept in manifest.json and report.json)."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """One comparison under the rule: the per-variant ``table``, what every verdict of it
+    carries (``base``: splits, table, numbers), the text's ``tail`` that states every number,
+    and ``disagree``, the note said when the report split would choose otherwise."""
+
+    rule: DecisionRule
+    table: Mapping[str, Any]
+    base: dict[str, Any]
+    tail: str
+    disagree: str = ""
+
+    @property
+    def ending(self) -> str:
+        """The end of a verdict's text: the tail, then the disagreement note."""
+        return f"{self.tail}{self.disagree}"
+
+    def verdict(self, kind: VerdictKind, run: str | None, text: str, **fields: Any) -> Verdict:
+        """A verdict of this comparison; it disagrees when a disagreement note is said."""
+        return Verdict(
+            kind=kind, run=run, text=text, test_disagrees=bool(self.disagree), **fields, **self.base
+        )
 
 
 def no_rule_verdict() -> Verdict:
@@ -211,34 +235,26 @@ def decide_verdict(
         n: {s: _split_entry(rule, s, control=ctrl, variant=e, seed=seed) for s in (sel, rep)}
         for n, e in evidence.items()
     }
-    base, tail = _frame(rule, control=ctrl, evidence=evidence, table=table, stops=stops)
+    frame = _frame(rule, control=ctrl, evidence=evidence, table=table, stops=stops)
 
     if repose_reason is not None:
         text = (
             f"Re-pose the question: the decision point after the pilot stopped the campaign "
-            f"({repose_reason}). No variant was compared. {tail}"
+            f"({repose_reason}). No variant was compared. {frame.tail}"
         )
-        return Verdict(kind="re-pose", run=None, text=text, **base)
+        return frame.verdict("re-pose", None, text)
     if ctrl.values.get(sel) is None:
         text = (
             f"No decision: the control, the essential reference, has no metric "
-            f"({_stop_text('control', stops)}); nothing can be compared. {tail}"
+            f"({_stop_text('control', stops)}); nothing can be compared. {frame.tail}"
         )
-        return Verdict(kind="stopped", run=None, text=text, **base)
+        return frame.verdict("stopped", None, text)
     chosen = _choose(rule, table, sel)
     on_report = _choose(rule, table, rep)
-    disagree = _disagreement(chosen, on_report, sel=sel, rep=rep)
+    frame = replace(frame, disagree=_disagreement(chosen, on_report, sel=sel, rep=rep))
     if chosen is None:
-        return _negative(rule, control=ctrl, table=table, tail=tail, disagree=disagree, base=base)
-    return _confirm(
-        rule,
-        chosen,
-        table=table,
-        tail=tail,
-        disagree=disagree,
-        base=base,
-        run_hours=run_hours or {},
-    )
+        return _negative(frame, control=ctrl)
+    return _confirm(frame, chosen, run_hours=run_hours or {})
 
 
 def _frame(
@@ -248,9 +264,9 @@ def _frame(
     evidence: Mapping[str, RunEvidence],
     table: dict[str, dict[str, dict[str, Any]]],
     stops: list[Mapping[str, Any]],
-) -> tuple[dict[str, Any], str]:
-    """What every verdict carries (splits, per-variant table, numbers) and the text's tail
-    that states every number and why a run has none."""
+) -> _Frame:
+    """The comparison's frame: what every verdict carries (splits, per-variant table, numbers)
+    and the text's tail that states every number and why a run has none."""
     sel, rep, ctrl = rule.select_split, rule.report_split, control
     base = {
         "select_split": sel,
@@ -279,8 +295,7 @@ def _frame(
         if row[sel]["value"] is None and evidence[n].status == "stopped"
     ]
     stop_note = ("; " + "; ".join(_stop_text(n, stops) for n in missing)) if missing else ""
-    tail = f"{head}: {listing}{stop_note}."
-    return base, tail
+    return _Frame(rule, table, base, tail=f"{head}: {listing}{stop_note}.")
 
 
 def _disagreement(chosen: str | None, on_report: str | None, *, sel: str, rep: str) -> str:
@@ -295,20 +310,12 @@ def _disagreement(chosen: str | None, on_report: str | None, *, sel: str, rep: s
     )
 
 
-def _negative(
-    rule: DecisionRule,
-    *,
-    control: RunEvidence,
-    table: Mapping[str, Any],
-    tail: str,
-    disagree: str,
-    base: dict[str, Any],
-) -> Verdict:
+def _negative(frame: _Frame, *, control: RunEvidence) -> Verdict:
     """No variant clears the min gain on the selection split: a complete negative result."""
-    sel = rule.select_split
+    rule, sel = frame.rule, frame.rule.select_split
     meeting = [
         n
-        for n, row in table.items()
+        for n, row in frame.table.items()
         if row[sel]["value"] is not None and rule.meets(row[sel]["value"])
     ]
     why = (
@@ -326,69 +333,47 @@ def _negative(
         else (", and neither does the control")
     )
     text = (
-        f"Negative result (complete): {why}{also}. {tail}{disagree} This answers the question: "
-        "a longer campaign on these variants is not justified."
+        f"Negative result (complete): {why}{also}. {frame.ending} This answers the "
+        "question: a longer campaign on these variants is not justified."
     )
-    return Verdict(
-        kind="negative",
-        run="control" if keeps else None,
-        text=text,
-        test_disagrees=bool(disagree),
-        **base,
-    )
+    return frame.verdict("negative", "control" if keeps else None, text)
 
 
-def _confirm(
-    rule: DecisionRule,
-    chosen: str,
-    *,
-    table: Mapping[str, Any],
-    tail: str,
-    disagree: str,
-    base: dict[str, Any],
-    run_hours: Mapping[str, float],
-) -> Verdict:
+def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> Verdict:
     """The chosen variant's report-split interval against the min gain: adopt, negative or
     inconclusive."""
+    rule, table = frame.rule, frame.table
     sel, rep = rule.select_split, rule.report_split
     entry = table[chosen][rep]
     value, gain, ci = entry["value"], entry["gain"], entry["gain_ci95"]
     lo, hi = (gain, gain) if ci is None else ci
     picked = f"'{chosen}' is best on {sel} ({_ci_text(table[chosen][sel])})"
     if value is None or gain is None:
-        text = f"Inconclusive: {picked} but has no {rep} metric. {tail}{disagree}"
-        return Verdict(
-            kind="inconclusive", run=chosen, text=text, test_disagrees=bool(disagree), **base
-        )
+        text = f"Inconclusive: {picked} but has no {rep} metric. {frame.ending}"
+        return frame.verdict("inconclusive", chosen, text)
     if lo >= rule.min_gain and lo > 0 and rule.meets(value):
         text = (
             f"Adopt '{chosen}': chosen on {sel}; on {rep} {rule.metric} {value:.4f}, "
             f"{_ci_text(entry)}, the lower end clears the min gain {rule.min_gain:g} (threshold "
-            f"{rule.threshold:g} met). {tail}{disagree}"
+            f"{rule.threshold:g} met). {frame.ending}"
         )
-        return Verdict(kind="adopt", run=chosen, text=text, test_disagrees=bool(disagree), **base)
+        return frame.verdict("adopt", chosen, text)
     if hi < rule.min_gain or hi <= 0 or not rule.meets(value):
         why = (
             f"its {rep} value {value:.4f} misses the threshold {rule.threshold:g}"
             if not rule.meets(value)
             else f"on {rep} its {_ci_text(entry)} stays under the min gain {rule.min_gain:g}"
         )
-        disagree = disagree or f" The {rep} split does not confirm the choice made on {sel}."
-        text = f"Negative result (complete): {picked}, but {why}. {tail}{disagree}"
-        return Verdict(kind="negative", run=None, text=text, test_disagrees=True, **base)
+        unconfirmed = f" The {rep} split does not confirm the choice made on {sel}."
+        frame = replace(frame, disagree=frame.disagree or unconfirmed)
+        text = f"Negative result (complete): {picked}, but {why}. {frame.ending}"
+        return frame.verdict("negative", None, text)
     resolve = _resolve(rule, chosen, entry=entry, run_hours=run_hours)
     text = (
         f"Inconclusive: {picked}; on {rep} its {_ci_text(entry)} straddles the min gain "
-        f"{rule.min_gain:g}. {resolve['text']} {tail}{disagree}"
+        f"{rule.min_gain:g}. {resolve['text']} {frame.ending}"
     )
-    return Verdict(
-        kind="inconclusive",
-        run=chosen,
-        text=text,
-        resolve=resolve,
-        test_disagrees=bool(disagree),
-        **base,
-    )
+    return frame.verdict("inconclusive", chosen, text, resolve=resolve)
 
 
 def _resolve(
