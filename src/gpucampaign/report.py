@@ -248,7 +248,16 @@ def _resume_md(report: Mapping[str, Any]) -> list[str]:
     if not runs:
         return []
     out = ["## Restart after an interruption", ""]
-    out += [f"- {r['run']} (`{r['run_id']}`): {resume_text(r['resume'])}" for r in runs]
+    for r in runs:
+        out.append(f"- {r['run']} (`{r['run_id']}`): {resume_text(r['resume'])}")
+        cut = r.get("interrupted")
+        if cut:
+            out.append(
+                f"  - here: interrupted at step {cut['reached_step']} of {cut['planned_steps']} "
+                f"({cut['reason']}); inference restarted from the checkpoint of step "
+                f"{cut['checkpoint_step']} ({cut['lost_steps']} step(s) lost); its metric is "
+                "evidence at that step, not an accepted delivery"
+            )
     out.append("")
     return out
 

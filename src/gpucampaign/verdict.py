@@ -25,13 +25,15 @@ class RunEvidence:
     """What one run measured: its metric per split, and its predictions per split (one per
     replicate seed), from which the paired intervals are drawn.
 
-    ``status`` is the run's state (``completed``, ``stopped``, ``dropped``, ``not_run``): a
-    run without a metric is described by it.
+    ``status`` is the run's state (``completed``, ``stopped``, ``interrupted``, ``dropped``,
+    ``not_run``): a run without a metric is described by it. ``note`` qualifies its values
+    (an interrupted run's are those of its last good model, at that step).
     """
 
     values: Mapping[str, float | None] = field(default_factory=dict)
     predictions: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     status: str = "completed"
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,13 +150,20 @@ def _choose(rule: DecisionRule, table: Mapping[str, Mapping[str, Any]], split: s
 
 
 def _listing(
-    rule: DecisionRule, *, control: RunEvidence, table: Mapping[str, Any], status: Mapping[str, str]
+    rule: DecisionRule,
+    *,
+    control: RunEvidence,
+    table: Mapping[str, Any],
+    status: Mapping[str, str],
+    notes: Mapping[str, str] | None = None,
 ) -> str:
     """Every value, gain and interval on both splits, the control first."""
     sel, rep = rule.select_split, rule.report_split
+    notes = notes or {}
     parts = [
         f"control {sel} {_fmt(control.values.get(sel), status=control.status)}, "
         f"{rep} {_fmt(control.values.get(rep), status=control.status)}"
+        + (f" ({control.note})" if control.note else "")
     ]
     for name, row in table.items():
         st = status.get(name, "stopped")
@@ -164,6 +173,7 @@ def _listing(
         parts.append(
             f"{name} {sel} {_fmt(row[sel]['value'], status=st)} ({_ci_text(row[sel])}), "
             f"{rep} {_fmt(row[rep]['value'], status=st)} ({_ci_text(row[rep])})"
+            + (f" ({notes[name]})" if notes.get(name) else "")
         )
     return "; ".join(parts)
 
@@ -271,12 +281,16 @@ def _frame(
         f"{rule.min_gain:g}), chosen on {sel}, reported on {rep}"
     )
     listing = _listing(
-        rule, control=ctrl, table=table, status={n: e.status for n, e in evidence.items()}
+        rule,
+        control=ctrl,
+        table=table,
+        status={n: e.status for n, e in evidence.items()},
+        notes={n: e.note for n, e in evidence.items()},
     )
     missing = [
         n
         for n, row in table.items()
-        if row[sel]["value"] is None and evidence[n].status == "stopped"
+        if row[sel]["value"] is None and evidence[n].status in ("stopped", "interrupted")
     ]
     stop_note = ("; " + "; ".join(_stop_text(n, stops) for n in missing)) if missing else ""
     tail = f"{head}: {listing}{stop_note}."
