@@ -279,3 +279,43 @@ def test_a_campaign_restarts_inference_of_an_interrupted_variant_and_verifies(
     verified = verify_output(out)
     assert verified.verified, verified.problems
     assert rid in verified.reloaded_runs  # its kept model reloads and reproduces its predictions
+
+
+# --- the verdict on an interrupted run's evidence ------------------------------------------------
+def test_the_verdict_reads_an_interrupted_run_as_evidence_at_its_step():
+    from gpucampaign.spec import DecisionRule
+    from gpucampaign.verdict import RunEvidence, decide_verdict
+
+    rule = DecisionRule(metric="accuracy", threshold=0.9, min_gain=0.02)
+    done = RunEvidence(values={"val": 0.92, "test": 0.92})
+    note = "interrupted: the model of step 50 of 300"
+
+    def cut(v: float) -> RunEvidence:
+        return RunEvidence(values={"val": v, "test": v}, status="interrupted", note=note)
+
+    # Already clearing the rule at step 50: decisive, and the text says at which step.
+    adopt = decide_verdict(rule, control=done, variants={"a": cut(0.97)})
+    assert (adopt.kind, adopt.run) == ("adopt", "a") and note in adopt.text
+    # Not clearing it at step 50 proves nothing about a complete run: not a complete negative.
+    short = decide_verdict(rule, control=done, variants={"a": cut(0.91)})
+    assert short.kind == "inconclusive" and "'a' stopped learning early" in short.text
+    assert "Negative result (complete)" not in short.text
+    # An interrupted control is no reference to compare with.
+    ref = decide_verdict(rule, control=cut(0.92), variants={"a": done})
+    assert ref.kind == "stopped" and "the control, the essential reference, was interrupted" in (
+        ref.text
+    )
+
+
+def test_the_interruptions_count_an_inference_restart_apart_from_resumes():
+    from gpucampaign.records import TimelineRow
+    from gpucampaign.segments import interruptions
+
+    rows = [
+        TimelineRow(phase="train", run="a", outcome="interrupted: interrupted by SIGINT"),
+        TimelineRow(phase="train", run="a", outcome="failed: interrupted: interrupted at step 5"),
+        TimelineRow(phase="train", run="b", outcome="interrupted: killed"),
+        TimelineRow(phase="train", run="b", outcome="ok"),
+    ]
+    info = interruptions(rows)
+    assert info["resumes"] == {"b": 1} and info["inference_restarts"] == {"a": 1}

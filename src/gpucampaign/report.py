@@ -224,6 +224,11 @@ def _interruptions_md(fva: Mapping[str, Any]) -> list[str]:
     resumes = info.get("resumes") or {}
     out += [f"- {run} resumed {n} time{'s' if n != 1 else ''}" for run, n in resumes.items()]
     out += [
+        f"- {run}: inference restarted from its last good model (resume: inference), "
+        "learning not resumed"
+        for run in info.get("inference_restarts") or {}
+    ]
+    out += [
         f"- lost work: {info.get('lost_steps', 0)} step(s) trained after the last checkpoint, "
         f"{_hours(info.get('lost_hours'))} h",
         "",

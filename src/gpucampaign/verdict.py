@@ -44,9 +44,13 @@ class Verdict:
     report split's interval clears the minimum gain), ``negative`` (no variant clears the
     minimum gain, or none meets the threshold: a complete result; ``run`` is the control when it
     meets the threshold), ``inconclusive`` (the chosen variant's interval straddles the minimum
-    gain; ``resolve`` says what would settle it), ``stopped`` (the control has no metric, so
-    nothing can be compared) or ``re-pose`` (the decision point after the pilot re-posed the
-    question). ``variants`` holds, per variant and split, ``value``, ``gain`` and ``gain_ci95``.
+    gain; ``resolve`` says what would settle it; or no variant clears it but one was
+    interrupted under ``resume: inference``, so a complete run might), ``stopped`` (the
+    control has no metric, or was interrupted, so nothing can be compared) or ``re-pose`` (the
+    decision point after the pilot re-posed the question). ``variants`` holds, per variant and
+    split, ``value``, ``gain`` and ``gain_ci95``. An interrupted variant's values are those of
+    its last good model: it can be chosen (its evidence at that step already clears the rule)
+    and the text says at which step.
     """
 
     kind: VerdictKind
@@ -235,11 +239,21 @@ def decide_verdict(
             f"({_stop_text('control', stops)}); nothing can be compared. {tail}"
         )
         return Verdict(kind="stopped", run=None, text=text, **base)
+    if ctrl.status == "interrupted":
+        text = (
+            f"No decision: the control, the essential reference, was interrupted "
+            f"({ctrl.note}); its values are evidence at that step only, and no variant is "
+            f"compared with a partly trained reference. {tail}"
+        )
+        return Verdict(kind="stopped", run=None, text=text, **base)
     chosen = _choose(rule, table, sel)
     on_report = _choose(rule, table, rep)
     disagree = _disagreement(chosen, on_report, sel=sel, rep=rep)
     if chosen is None:
-        return _negative(rule, control=ctrl, table=table, tail=tail, disagree=disagree, base=base)
+        cut = [n for n, e in evidence.items() if e.status == "interrupted"]
+        return _negative(
+            rule, control=ctrl, table=table, tail=tail, disagree=disagree, base=base, cut=cut
+        )
     return _confirm(
         rule,
         chosen,
@@ -317,8 +331,11 @@ def _negative(
     tail: str,
     disagree: str,
     base: dict[str, Any],
+    cut: Sequence[str] = (),
 ) -> Verdict:
-    """No variant clears the min gain on the selection split: a complete negative result."""
+    """No variant clears the min gain on the selection split: a complete negative result,
+    unless a variant was interrupted (``cut``): its values are those of an earlier step, so a
+    complete run might still clear the rule, and the result is inconclusive."""
     sel = rule.select_split
     meeting = [
         n
@@ -339,6 +356,15 @@ def _negative(
         if keeps
         else (", and neither does the control")
     )
+    if cut:
+        names = ", ".join(repr(n) for n in cut)
+        text = (
+            f"Inconclusive: {why}{also}; but {names} stopped learning early (interrupted, "
+            f"resume: inference): a complete run might still clear the rule. {tail}{disagree}"
+        )
+        return Verdict(
+            kind="inconclusive", run=None, text=text, test_disagrees=bool(disagree), **base
+        )
     text = (
         f"Negative result (complete): {why}{also}. {tail}{disagree} This answers the question: "
         "a longer campaign on these variants is not justified."
