@@ -5,12 +5,12 @@ A run config chooses what its next start does after an interruption (``RunConfig
 there. The rules of ``inference``:
 
 - An interruption is the end of a training call without it finishing: a stop request (SIGINT,
-  SIGTERM: the loop saves its step first) or the death of the process (SIGKILL, out of memory,
-  a lost machine: nothing is saved then). An error raised in the loop is a failure, not an
-  interruption (it is retried, or stops the run, as before). A call in progress keeps a mark
-  in its run folder (``in_progress.json``: the step it started from and its target step),
-  removed when the call ends in any other way; a mark found at the next start is an
-  interruption.
+  SIGTERM: the loop saves its step first; a bare Ctrl-C) or the death of the process (SIGKILL,
+  out of memory, a lost machine: nothing is saved then). An error raised in the loop is a
+  failure, not an interruption (it is retried, or stops the run, as before). A call in
+  progress keeps a mark in its run folder (``in_progress.json``: the step it started from and
+  its target step), removed when the call ends in any other way; a mark found at the next
+  start is an interruption.
 - The next start trains no further: the weights of the latest verified checkpoint (step K,
   loaded through safetensors and ``weights_only``) are evaluated on the val and test splits,
   written as the run's ``model/``, and ``result.json`` records the run as interrupted
@@ -18,9 +18,12 @@ there. The rules of ``inference``:
   K and the steps lost) with an ``interrupted`` stop (``stoprules.InterruptedRun``), which is
   raised. The campaign keeps that stop in ``stops.jsonl``; the run's state is ``interrupted``;
   its predictions are written with the other runs' and reload in ``campaign verify``; the
-  verdict reads its metric as evidence at step K (and says so); it is never an accepted
-  delivery; its machine time stays on the timeline and in the budget. Later starts raise the
-  same stop again (same stop ID): the run is finished.
+  verdict reads its metric as evidence at step K and says so (a variant that already clears
+  the rule there can be chosen; one that does not makes the result inconclusive rather than a
+  complete negative; an interrupted control compares nothing); it is never an accepted
+  delivery; its machine time stays on the timeline and in the budget; in the flow, an
+  interrupted essential run is an essential stop (the campaign closes, then ends Failed).
+  Later starts raise the same stop again (same stop ID): the run is finished.
 - Nothing to restart from, nothing lost: with no usable checkpoint the run starts from step 0
   as a fresh run; when the last good checkpoint is at the interrupted call's target (the step
   was saved just before the process ended) the run goes on as if it had not been cut.
@@ -96,7 +99,8 @@ class TrainingMark:
     """The mark of a training call in progress, in its run folder.
 
     ``close`` (in the call's ``finally``) removes it unless the call is ending by a stop
-    request (``Interrupted``); a process that dies cannot remove it.
+    request (``Interrupted``, or a bare ``KeyboardInterrupt`` where no signal handler is
+    installed); a process that dies cannot remove it.
     """
 
     def __init__(self, out_dir: Path) -> None:
@@ -111,8 +115,9 @@ class TrainingMark:
         return mark
 
     def close(self) -> None:
-        """Remove the mark, unless an ``Interrupted`` is on its way out of the call."""
-        if isinstance(sys.exc_info()[1], Interrupted):
+        """Remove the mark, unless an interruption is on its way out of the call (called in
+        its ``finally``, where ``sys.exc_info`` is the exception leaving it)."""
+        if isinstance(sys.exc_info()[1], (Interrupted, KeyboardInterrupt)):
             return
         self.path.unlink(missing_ok=True)
 
