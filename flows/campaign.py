@@ -21,7 +21,7 @@ from gpucampaign.folder import OutputFolder
 from gpucampaign.interrupt import Interrupted, graceful_signals
 from gpucampaign.manifest import keep_inputs
 from gpucampaign.recipe import use_recipe_dir
-from gpucampaign.records import read_pilot, run_states, write_pilot
+from gpucampaign.records import read_pilot, run_states, runs_with_model, write_pilot
 from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
 from gpucampaign.stoprules import StopRule
 from gpucampaign.tariffs import load_catalog
@@ -217,7 +217,7 @@ def _experiments(
     if restart_stop is not None and cs.stop_rules.require_restart:
         essential_stop = essential_stop or restart_stop
     states = run_states(cs, root=folder.root, decision=decision)
-    with_model = [s.run for s in states.values() if s.status == "completed"]
+    with_model = runs_with_model(states, root=folder.root)
     analyses = predictions(cs, runs=with_model, **common) if with_model else {}
     return decision, essential_stop, analyses
 

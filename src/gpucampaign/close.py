@@ -55,6 +55,9 @@ from gpucampaign.report import build_report, write_report
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
 
+#: The run states whose recorded evaluation is evidence: a stopped run that measured, and an
+#: interrupted one (``resume: inference``: its last good model, at its step).
+MEASURED = ("completed", "stopped", "interrupted")
 CALENDAR_PNG, CURVES_PNG, CONFUSION_PNG = (
     "figures/calendar.png",
     "figures/curves.png",
@@ -153,7 +156,8 @@ def run_evidence(
 
     A split's value comes from the run's saved predictions when it has them (the very rows the
     intervals resample), otherwise from the evaluation in ``result.json``. Only a run that
-    completed, or stopped after measuring, has values. Replicates (``<run>.s<seed>``) are
+    completed, stopped after measuring, or was interrupted under ``resume: inference`` (its
+    last good model, noted as such) has values. Replicates (``<run>.s<seed>``) are
     folded into their base run: every replicate's predictions, and the mean of their values.
     """
     single = _single_run_evidence(spec, root=root, states=states)
@@ -170,7 +174,10 @@ def run_evidence(
             split: tuple(p for e in reps for p in e.predictions.get(split, ()))
             for split in _verdict_splits(spec)
         }
-        out[base] = RunEvidence(values=values, predictions=preds, status=single[base].status)
+        note = "; ".join(dict.fromkeys(e.note for e in reps if e.note))
+        out[base] = RunEvidence(
+            values=values, predictions=preds, status=single[base].status, note=note
+        )
     return out
 
 
@@ -184,7 +191,7 @@ def _single_run_evidence(
     for rid, s in states.items():
         values: dict[str, float | None] = {}
         preds: dict[str, tuple[Any, ...]] = {}
-        measured = metric and s.result is not None and s.status in ("completed", "stopped")
+        measured = metric and s.result is not None and s.status in MEASURED
         # A user's recipe writes its own predictions columns: its values come from its
         # evaluation, without per-example rows to resample.
         per_example = spec.run_config(s.run).builtin
@@ -199,8 +206,18 @@ def _single_run_evidence(
             if value is None and split == spec.decision_split:
                 value = s.result.metrics.get(metric)
             values[split] = value
-        out[s.run] = RunEvidence(values=values, predictions=preds, status=s.status)
+        out[s.run] = RunEvidence(
+            values=values, predictions=preds, status=s.status, note=_evidence_note(s)
+        )
     return out
+
+
+def _evidence_note(state: RunState) -> str:
+    """What the verdict must say of a run's values: an interrupted run's are at step K."""
+    res = state.result
+    if state.status != "interrupted" or res is None:
+        return ""
+    return f"interrupted: the model of step {res.steps_done} of {res.planned_steps}"
 
 
 def _analyse_recipe_run(folder: OutputFolder, run_id: str, *, corpus: Any, split: str) -> None:
@@ -245,7 +262,7 @@ def run_metrics(states: Mapping[str, RunState], *, metric: str | None) -> dict[s
     out: dict[str, float | None] = {}
     for s in states.values():
         value = None
-        if metric and s.result is not None and s.status in ("completed", "stopped"):
+        if metric and s.result is not None and s.status in MEASURED:
             value = s.result.metrics.get(metric)
         out[s.run] = value
     return out
@@ -335,8 +352,9 @@ def runs_table(
     analyses: Mapping[str, Any],
     resume_of: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The report's runs: ``{run_id, run, tier, status, metric, stop_id, analysis, resume}``
-    (``resume``: the run config's choice after an interruption, ``training`` by default)."""
+    """The report's runs: ``{run_id, run, tier, status, metric, stop_id, analysis, resume,
+    interrupted}`` (``resume``: the run config's choice after an interruption, ``training`` by
+    default; ``interrupted``: what an inference restart recorded, else None)."""
     return [
         {
             "run_id": rid,
@@ -347,6 +365,7 @@ def runs_table(
             "stop_id": s.stop_id,
             "analysis": analyses.get(s.run),
             "resume": (resume_of or {}).get(s.run, "training"),
+            "interrupted": s.result.interrupted if s.result is not None else None,
         }
         for rid, s in states.items()
     ]

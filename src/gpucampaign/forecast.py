@@ -15,7 +15,7 @@ from typing import Any
 
 from gpucampaign.files import median, parse_time
 from gpucampaign.records import DecisionRecord, PlanRecord, PlanStep, StopRecord, TimelineRow
-from gpucampaign.segments import interruptions
+from gpucampaign.segments import inference_restarted, interruptions
 from gpucampaign.spec import SpecError
 from gpucampaign.verdict import stops_of
 
@@ -101,7 +101,12 @@ def _explain(
             why.append(f"stopped by {st.get('rule')} ({st.get('stop_id')}): {st.get('reason')}")
     trained = [r for r in rows if r.phase == "train"]
     if len(trained) > 1:
-        why.append(f"resumed: {len(trained)} training intervals on the timeline")
+        how = (
+            "interrupted, then inference restarted from the last good model"
+            if any(inference_restarted(r) for r in trained)
+            else "resumed"
+        )
+        why.append(f"{how}: {len(trained)} training intervals on the timeline")
     why += sorted({r.note for r in rows if r.note})
     return why
 

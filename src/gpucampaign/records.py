@@ -27,13 +27,14 @@ from gpucampaign.files import (
 )
 from gpucampaign.runresult import RESULT_FILE, RunResult
 from gpucampaign.spec import CampaignSpec, SpecError
+from gpucampaign.stoprules import InterruptedRun
 
 PLAN_FILE, REFORECAST_FILE, PILOT_FILE = "plan.json", "reforecast.json", "pilot.json"
 DECISIONS_FILE, STOPS_FILE, TIMELINE_FILE = "decisions.jsonl", "stops.jsonl", "timeline.jsonl"
 MODEL_WEIGHTS = "model/model.safetensors"
 AFTER_PILOT = "after-pilot"
 
-RunStatus = Literal["completed", "stopped", "dropped", "not_run"]
+RunStatus = Literal["completed", "stopped", "interrupted", "dropped", "not_run"]
 
 
 def _read_json(path: Path, into: Callable[[Any], Any] | None = None) -> Any:
@@ -364,14 +365,20 @@ def run_state(
 ) -> RunState:
     """The one answer to "what became of this run?".
 
-    Stopped when a stop names its run ID; dropped when the decision point dropped it;
-    completed when its ``result.json`` says every planned step ran AND its model was saved;
-    not run otherwise (the question was re-posed, or the campaign stopped first).
+    Stopped when a stop names its run ID (interrupted when that stop is the ``interrupted``
+    one of a ``resume: inference`` run: its model of the last good checkpoint is evidence, never
+    a delivery); dropped when the decision point dropped it; completed when its ``result.json``
+    says every planned step ran AND its model was saved; not run otherwise (the question was
+    re-posed, or the campaign stopped first).
     """
     rid = spec.run_id(run)
     base = {"run": run, "run_id": rid, "tier": spec.tier_of(run)}
     result = read_result(root, rid)
     stop = next((s for s in stops if s.run_id == rid), None)
+    if stop is not None and stop.rule == InterruptedRun.rule:
+        return RunState(
+            **base, status="interrupted", stop_id=stop.stop_id, result=result, reason=stop.reason
+        )
     if stop is not None:
         return RunState(
             **base,
@@ -405,3 +412,16 @@ def run_states(
         spec.run_id(run): run_state(spec, run, root=root, stops=stops, decision=decision)
         for run in spec.run_names()
     }
+
+
+def runs_with_model(states: Mapping[str, RunState], *, root: str | Path) -> list[str]:
+    """The run names whose model gets predictions: every completed run, and every interrupted
+    run whose last good model was kept (evidence at its step, not a delivery)."""
+    return [
+        s.run
+        for s in states.values()
+        if s.status == "completed"
+        or (
+            s.status == "interrupted" and (Path(root) / "runs" / s.run_id / MODEL_WEIGHTS).is_file()
+        )
+    ]

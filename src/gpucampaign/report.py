@@ -223,6 +223,11 @@ def _interruptions_md(fva: Mapping[str, Any]) -> list[str]:
     resumes = info.get("resumes") or {}
     out += [f"- {run} resumed {n} time{'s' if n != 1 else ''}" for run, n in resumes.items()]
     out += [
+        f"- {run}: inference restarted from its last good model (resume: inference), "
+        "learning not resumed"
+        for run in info.get("inference_restarts") or {}
+    ]
+    out += [
         f"- lost work: {info.get('lost_steps', 0)} step(s) trained after the last checkpoint, "
         f"{_hours(info.get('lost_hours'))} h",
         "",
@@ -247,7 +252,16 @@ def _resume_md(report: Mapping[str, Any]) -> list[str]:
     if not runs:
         return []
     out = ["## Restart after an interruption", ""]
-    out += [f"- {r['run']} (`{r['run_id']}`): {resume_text(r['resume'])}" for r in runs]
+    for r in runs:
+        out.append(f"- {r['run']} (`{r['run_id']}`): {resume_text(r['resume'])}")
+        cut = r.get("interrupted")
+        if cut:
+            out.append(
+                f"  - here: interrupted at step {cut['reached_step']} of {cut['planned_steps']} "
+                f"({cut['reason']}); inference restarted from the checkpoint of step "
+                f"{cut['checkpoint_step']} ({cut['lost_steps']} step(s) lost); its metric is "
+                "evidence at that step, not an accepted delivery"
+            )
     out.append("")
     return out
 

@@ -105,7 +105,9 @@ def resume_text(resume: str) -> str:
     if resume == "inference":
         return (
             "resume: inference: an interruption restarts inference from the last good "
-            "model; learning is not resumed"
+            "model; learning is not resumed: the next start evaluates the latest verified "
+            "checkpoint's model and records the run as interrupted (evidence at that step, "
+            "never an accepted delivery)"
         )
     return (
         "resume: training: an interruption resumes learning from the full saved state "

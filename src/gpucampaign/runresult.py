@@ -38,6 +38,7 @@ class RunResult:
     device: str = "cpu"
     threads: int = 1
     precision: str = "fp32"
+    interrupted: dict[str, Any] | None = None
     reused: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,9 +86,11 @@ def recorded_result(out_dir: Path, run_id: str) -> RunResult | None:
             f"'{out_dir}' holds run {result.run_id}, not {run_id}: give each run its own folder.",
             field="out_dir",
         )
-    require_complete(run_id, steps_done=result.steps_done, planned_steps=result.planned_steps)
-    result.reused = True
+    # A recorded stop first: an interrupted run (``resume: inference``) is recorded short of
+    # its planned steps, and is that stop, not an incomplete run.
     if result.stop:
         cls = STOP_RULES[result.stop["rule"]]
         raise cls(run_id, result.stop["reason"], result.stop.get("step"), result.stop["stop_id"])
+    require_complete(run_id, steps_done=result.steps_done, planned_steps=result.planned_steps)
+    result.reused = True
     return result

@@ -18,6 +18,7 @@ from typing import Any
 
 from gpucampaign.files import parse_time, read_jsonl, utc_now
 from gpucampaign.records import TimelineRow, append_timeline, read_timeline
+from gpucampaign.stoprules import InterruptedRun
 
 METRICS_FILE = "metrics.jsonl"
 CUT_OUTCOME = (
@@ -93,21 +94,31 @@ def _last_sign_of_life(row: TimelineRow, metrics: Path | None) -> datetime:
     return max(times)
 
 
+def inference_restarted(row: TimelineRow) -> bool:
+    """True for the segment that ended a ``resume: inference`` run by an inference restart
+    (the phase failed with the ``interrupted`` stop: nothing was trained)."""
+    return (row.outcome or "").startswith(f"failed: {InterruptedRun.rule}: ")
+
+
 def interruptions(timeline: Iterable[TimelineRow]) -> dict[str, Any]:
     """The interrupted segments, the resumes per run and the work they lost.
 
     Returns:
-        ``{segments: [...], resumes: {run: n}, lost_steps, lost_hours}``: a resume is a
-        segment of a run's training that follows an interrupted one.
+        ``{segments: [...], resumes: {run: n}, inference_restarts: {run: n}, lost_steps,
+        lost_hours}``: a resume is a segment of a run's training that follows an interrupted
+        one; an inference restart is such a segment that trained nothing and kept the last
+        good model instead (``resume: inference``).
     """
     rows = list(timeline)
     cut = [r for r in rows if r.interrupted]
     resumes: dict[str, int] = {}
+    restarts: dict[str, int] = {}
     after_cut: set[tuple[str, str | None]] = set()
     for r in rows:
         key = (r.phase, r.run)
         if r.run is not None and key in after_cut:
-            resumes[r.run] = resumes.get(r.run, 0) + 1
+            counts = restarts if inference_restarted(r) else resumes
+            counts[r.run] = counts.get(r.run, 0) + 1
             after_cut.discard(key)
         if r.interrupted:
             after_cut.add(key)
@@ -126,6 +137,7 @@ def interruptions(timeline: Iterable[TimelineRow]) -> dict[str, Any]:
             for r in cut
         ],
         "resumes": resumes,
+        "inference_restarts": restarts,
         "lost_steps": sum(r.lost_steps or 0 for r in cut),
         "lost_hours": sum(r.lost_seconds or 0.0 for r in cut) / 3600.0,
     }

@@ -222,7 +222,10 @@ class RunConfig(_Frozen):
         default="training",
         description="After an interruption: 'training' resumes learning from the full saved "
         "state (model, optimizer, data order, RNG); 'inference' only restarts inference from "
-        "the last good model. Not part of the run ID: it changes no result.",
+        "the last good model: the next start trains no further, keeps the latest verified "
+        "checkpoint's model with its evaluation and predictions, and records the run as "
+        "interrupted (evidence at that step, never an accepted delivery). Not part of the run "
+        "ID: it changes no result of a run that is not interrupted.",
     )
     num_workers: int = Field(
         default=0, ge=0, description="DataLoader worker processes (0: load in the loop)."

@@ -72,7 +72,22 @@ class IncompleteRun(StopRule):
     rule = "incomplete_run"
 
 
+class InterruptedRun(StopRule):
+    """A run whose config says ``resume: inference`` was interrupted: its learning ends at its
+    last good checkpoint, whose model is kept and evaluated as evidence at that step, never as
+    an accepted delivery."""
+
+    rule = "interrupted"
+
+
 STOP_RULES: dict[str, type[StopRule]] = {
     c.rule: c
-    for c in (NonFiniteLoss, BelowThreshold, EssentialInputMissing, NoUsableRestart, IncompleteRun)
+    for c in (
+        NonFiniteLoss,
+        BelowThreshold,
+        EssentialInputMissing,
+        NoUsableRestart,
+        IncompleteRun,
+        InterruptedRun,
+    )
 }

@@ -35,6 +35,7 @@ from typing import Any
 
 from gpucampaign.checkpoint import LoadedCheckpoint, restore_rng
 from gpucampaign.files import atomic_write_bytes, json_bytes
+from gpucampaign.inference_restart import TrainingMark, find_interruption, restart_inference
 from gpucampaign.interrupt import Interrupted, stop_requested
 from gpucampaign.loopparts import make_loader, n_train_of, progress_bar, read_params  # noqa: F401
 from gpucampaign.metrics import MetricsLog, truncate_metrics
@@ -417,6 +418,9 @@ def train_run(
         StopRule: ``NonFiniteLoss``, ``BelowThreshold`` (after the model is saved),
             ``EssentialInputMissing``, ``NoUsableRestart``, ``IncompleteRun``.
         Interrupted: A stop was requested (SIGINT, SIGTERM): the step reached is saved first.
+        InterruptedRun: The previous call was interrupted and the config says
+            ``resume: inference``: nothing is trained, the last good checkpoint's model is
+            kept and evaluated (see ``inference_restart``).
         SpecError: Invalid arguments or an unsupported precision on this device.
     """
     t_call = time.perf_counter()
@@ -448,12 +452,18 @@ def train_run(
     r.on_save = on_save
     if ck is not None and r.global_step >= r.target and r.target < r.planned:
         return _result(r, completed=False)  # the pilot already ran: nothing to do
+    cut = find_interruption(
+        out_dir, resume=r.config.resume, checkpoint_step=r.resumed_from, planned_steps=r.planned
+    )
     _open_metrics(r, restored=ck is not None)
+    if cut is not None:  # resume: inference
+        restart_inference(r, cut, evaluate=_evaluate, result=_result, splits=EVAL_SPLITS)
     return _train(r, progress=progress, show_progress=show_progress)
 
 
 def _train(r: RunState, *, progress: ProgressFn | None, show_progress: bool) -> RunResult:
     """Run the loop up to the target step; finish the run when that is its last step."""
+    mark = TrainingMark.open(r.out_dir, run_id=r.run_id, from_step=r.global_step, target=r.target)
     bar = progress_bar(show_progress, r.run_id, r.planned, r.global_step)
     t_loop = time.perf_counter()
     try:
@@ -465,6 +475,7 @@ def _train(r: RunState, *, progress: ProgressFn | None, show_progress: bool) -> 
             return _result(r, completed=False, train_s=train_s)
         return _finish(r, train_s=train_s)
     finally:
+        mark.close()  # kept only when a stop request interrupts the call
         r.saver.close()
         r.mlog.close()
         if bar is not None:

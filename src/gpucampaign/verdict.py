@@ -25,13 +25,15 @@ class RunEvidence:
     """What one run measured: its metric per split, and its predictions per split (one per
     replicate seed), from which the paired intervals are drawn.
 
-    ``status`` is the run's state (``completed``, ``stopped``, ``dropped``, ``not_run``): a
-    run without a metric is described by it.
+    ``status`` is the run's state (``completed``, ``stopped``, ``interrupted``, ``dropped``,
+    ``not_run``): a run without a metric is described by it. ``note`` qualifies its values
+    (an interrupted run's are those of its last good model, at that step).
     """
 
     values: Mapping[str, float | None] = field(default_factory=dict)
     predictions: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     status: str = "completed"
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,13 @@ class Verdict:
     report split's interval clears the minimum gain), ``negative`` (no variant clears the
     minimum gain, or none meets the threshold: a complete result; ``run`` is the control when it
     meets the threshold), ``inconclusive`` (the chosen variant's interval straddles the minimum
-    gain; ``resolve`` says what would settle it), ``stopped`` (the control has no metric, so
-    nothing can be compared) or ``re-pose`` (the decision point after the pilot re-posed the
-    question). ``variants`` holds, per variant and split, ``value``, ``gain`` and ``gain_ci95``.
+    gain; ``resolve`` says what would settle it; or no variant clears it but one was
+    interrupted under ``resume: inference``, so a complete run might), ``stopped`` (the
+    control has no metric, or was interrupted, so nothing can be compared) or ``re-pose`` (the
+    decision point after the pilot re-posed the question). ``variants`` holds, per variant and
+    split, ``value``, ``gain`` and ``gain_ci95``. An interrupted variant's values are those of
+    its last good model: it can be chosen (its evidence at that step already clears the rule)
+    and the text says at which step.
     """
 
     kind: VerdictKind
@@ -172,13 +178,20 @@ def _choose(rule: DecisionRule, table: Mapping[str, Mapping[str, Any]], split: s
 
 
 def _listing(
-    rule: DecisionRule, *, control: RunEvidence, table: Mapping[str, Any], status: Mapping[str, str]
+    rule: DecisionRule,
+    *,
+    control: RunEvidence,
+    table: Mapping[str, Any],
+    status: Mapping[str, str],
+    notes: Mapping[str, str] | None = None,
 ) -> str:
     """Every value, gain and interval on both splits, the control first."""
     sel, rep = rule.select_split, rule.report_split
+    notes = notes or {}
     parts = [
         f"control {sel} {_fmt(control.values.get(sel), status=control.status)}, "
         f"{rep} {_fmt(control.values.get(rep), status=control.status)}"
+        + (f" ({control.note})" if control.note else "")
     ]
     for name, row in table.items():
         st = status.get(name, "stopped")
@@ -188,6 +201,7 @@ def _listing(
         parts.append(
             f"{name} {sel} {_fmt(row[sel]['value'], status=st)} ({_ci_text(row[sel])}), "
             f"{rep} {_fmt(row[rep]['value'], status=st)} ({_ci_text(row[rep])})"
+            + (f" ({notes[name]})" if notes.get(name) else "")
         )
     return "; ".join(parts)
 
@@ -249,11 +263,19 @@ def decide_verdict(
             f"({_stop_text('control', stops)}); nothing can be compared. {frame.tail}"
         )
         return frame.verdict("stopped", None, text)
+    if ctrl.status == "interrupted":
+        text = (
+            f"No decision: the control, the essential reference, was interrupted "
+            f"({ctrl.note}); its values are evidence at that step only, and no variant is "
+            f"compared with a partly trained reference. {frame.tail}"
+        )
+        return frame.verdict("stopped", None, text)
     chosen = _choose(rule, table, sel)
     on_report = _choose(rule, table, rep)
     frame = replace(frame, disagree=_disagreement(chosen, on_report, sel=sel, rep=rep))
     if chosen is None:
-        return _negative(frame, control=ctrl)
+        cut = [n for n, e in evidence.items() if e.status == "interrupted"]
+        return _negative(frame, control=ctrl, cut=cut)
     return _confirm(frame, chosen, run_hours=run_hours or {})
 
 
@@ -287,12 +309,16 @@ def _frame(
         f"{rule.min_gain:g}), chosen on {sel}, reported on {rep}"
     )
     listing = _listing(
-        rule, control=ctrl, table=table, status={n: e.status for n, e in evidence.items()}
+        rule,
+        control=ctrl,
+        table=table,
+        status={n: e.status for n, e in evidence.items()},
+        notes={n: e.note for n, e in evidence.items()},
     )
     missing = [
         n
         for n, row in table.items()
-        if row[sel]["value"] is None and evidence[n].status == "stopped"
+        if row[sel]["value"] is None and evidence[n].status in ("stopped", "interrupted")
     ]
     stop_note = ("; " + "; ".join(_stop_text(n, stops) for n in missing)) if missing else ""
     return _Frame(rule, table, base, tail=f"{head}: {listing}{stop_note}.")
@@ -310,8 +336,10 @@ def _disagreement(chosen: str | None, on_report: str | None, *, sel: str, rep: s
     )
 
 
-def _negative(frame: _Frame, *, control: RunEvidence) -> Verdict:
-    """No variant clears the min gain on the selection split: a complete negative result."""
+def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -> Verdict:
+    """No variant clears the min gain on the selection split: a complete negative result,
+    unless a variant was interrupted (``cut``): its values are those of an earlier step, so a
+    complete run might still clear the rule, and the result is inconclusive."""
     rule, sel = frame.rule, frame.rule.select_split
     meeting = [
         n
@@ -332,6 +360,13 @@ def _negative(frame: _Frame, *, control: RunEvidence) -> Verdict:
         if keeps
         else (", and neither does the control")
     )
+    if cut:
+        names = ", ".join(repr(n) for n in cut)
+        text = (
+            f"Inconclusive: {why}{also}; but {names} stopped learning early (interrupted, "
+            f"resume: inference): a complete run might still clear the rule. {frame.ending}"
+        )
+        return frame.verdict("inconclusive", None, text)
     text = (
         f"Negative result (complete): {why}{also}. {frame.ending} This answers the "
         "question: a longer campaign on these variants is not justified."

@@ -354,18 +354,25 @@ def check_corpus(ctx: VerifyContext) -> list[Problem]:
     return []
 
 
+#: The run states whose model must reload: completed runs, and runs interrupted under
+#: ``resume: inference`` whose last good model and predictions were written (evidence).
+RELOADED_STATES = ("completed", "interrupted")
+
+
 def check_models_reload(ctx: VerifyContext) -> list[Problem]:
-    """Every completed run's model reloads in a fresh process and reproduces its predictions.
+    """Every completed run's model (and an interrupted run's kept model) reloads in a fresh
+    process and reproduces its predictions.
 
     Runs without a folder, a ``predictions.csv`` or model files are skipped (named by
-    ``check_expected_runs``). The runs reproduced exactly go to ``ctx.reloaded``.
+    ``check_expected_runs`` for a completed run; an interrupted run need not have them). The
+    runs reproduced exactly go to ``ctx.reloaded``.
     """
     if ctx.manifest is None or not ctx.reload:
         return []
     to_reload = [
         rid
         for rid, info in ctx.runs.items()
-        if info.get("status") == "completed"
+        if info.get("status") in RELOADED_STATES
         and (ctx.base / "runs" / rid).is_dir()
         and not any(
             f == "predictions.csv" or f.startswith("model/") for f in _lacking_files(ctx, rid)
