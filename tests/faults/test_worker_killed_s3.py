@@ -28,7 +28,7 @@ import pytest
 from safetensors.torch import load_file
 
 from gpucampaign.checkpoint import LATEST_FILE
-from gpucampaign.records import read_result, read_timeline
+from gpucampaign.records import read_pilot, read_result, read_timeline
 from gpucampaign.spec import load_spec
 from gpucampaign.training import MODEL_DIR
 from tests.e2e.stack_helpers import (
@@ -236,6 +236,8 @@ def test_worker_killed_holding_the_gpu_resumes_from_s3_on_a_fresh_folder(stack, 
     assert result is not None and result.completed
     assert result.resumed_from_step == at_kill, (result.resumed_from_step, at_kill)
     assert result.steps_done == CONTROL_STEPS
+    # Its pilot trained nothing here: the re-forecast takes the costs the checkpoint measured.
+    assert read_pilot(out)["control"]["step_s"] > 0
 
     # (c) Bit for bit the parameters of the uninterrupted run.
     a, b = _params(tmp_path / "reference", rid), _params(out, rid)
