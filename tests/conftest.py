@@ -25,6 +25,10 @@ os.environ.update(
 
 import pytest  # noqa: E402
 
+# The real stack and the campaign run on it, defined once here so tests/e2e and tests/faults
+# share one stack per session (a fixture defined in two conftests would start two).
+from tests.e2e.fixtures import finished_campaign, stack  # noqa: E402, F401
+
 
 @pytest.fixture(scope="session")
 def prefect_harness():

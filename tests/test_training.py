@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gpucampaign.decision import pilot_measures
 from gpucampaign.metrics import read_metrics
 from gpucampaign.recipes import build_model, load_model_dir, predict
 from gpucampaign.savepolicy import choose_save_interval, daly_interval
@@ -93,6 +94,35 @@ def test_the_pilot_is_the_start_of_the_real_run(tmp_path, digits_file):  # noqa:
     b = load_file(run_dir(spec, tmp_path, out="split") / "model" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert rest.metrics == whole.metrics
+
+
+def test_a_pilot_on_a_fresh_folder_past_its_checkpoint_keeps_the_measured_costs(
+    tmp_path,
+    digits_file,  # noqa: F811
+):
+    # Host a trained past the pilot; host b (a fresh folder, the same store) reruns the pilot.
+    spec = make_spec(tmp_path, digits_file, control={"epochs": 3}, checkpoint={"every_steps": 5})
+    store = LocalStore(tmp_path / "shared-store")
+    corpus = corpus_of(tmp_path, spec)
+
+    def pilot(host: str, steps: int):
+        return train_run(
+            spec,
+            run="control",
+            corpus=corpus,
+            store=store,
+            out_dir=tmp_path / host / "runs" / spec.run_id("control"),
+            stop_after_steps=steps,
+        )
+
+    trained = pilot("host-a", 15)
+    again = pilot("host-b", 5)
+    assert again.resumed_from_step == 15 and again.n_checkpoints == 0
+    assert again.timings["train_s"] == 0.0
+    measured = pilot_measures(spec, run="control", result=again, n_train=1259)
+    # Not 0 (which would re-forecast the training as free): the checkpoint's own measures.
+    assert measured["step_s"] == trained.timings["step_s"] > 0
+    assert measured["save_s"] > 0
 
 
 def test_rows_after_the_checkpoint_are_dropped_on_resume(tmp_path, digits_file):  # noqa: F811

@@ -334,6 +334,19 @@ def _quality_stop(
     )
 
 
+def _costs_of_checkpoint(meta: dict[str, Any]) -> dict[str, Any]:
+    """Step time and save cost as a checkpoint's meta recorded them (absent ones left out)."""
+    costs: dict[str, Any] = {}
+    if isinstance(meta.get("step_s"), int | float):
+        costs["step_s"] = float(meta["step_s"])
+    write_s, upload_s = meta.get("write_s"), meta.get("upload_s")
+    if isinstance(write_s, int | float) and isinstance(upload_s, int | float):
+        costs.update(save_s=[write_s + upload_s], write_s=[write_s], upload_s=[upload_s])
+    if isinstance(meta.get("stall_s"), int | float):
+        costs["stall_s"] = [float(meta["stall_s"])]
+    return costs
+
+
 def _result(
     r: RunState,
     *,
@@ -342,8 +355,13 @@ def _result(
     eval_metrics: dict[str, dict[str, float]] | None = None,
     train_s: float = 0.0,
     stop: dict[str, Any] | None = None,
+    measured: dict[str, Any] | None = None,
 ) -> RunResult:
-    """The ``RunResult`` of this call so far."""
+    """The ``RunResult`` of this call so far.
+
+    ``measured``: the restored checkpoint's meta, for a call that trained nothing; its step
+    time and save cost stand in for the ones this call could not measure.
+    """
     saves = r.saves
     timings = {
         "load_s": r.corpus.load_s + r.setup_s,
@@ -360,6 +378,8 @@ def _result(
         "train_s": train_s,
         "total_s": time.perf_counter() - r.t_call,
     }
+    if measured is not None and not r.step_times and not saves:
+        timings.update(_costs_of_checkpoint(measured))
     return RunResult(
         run_id=r.run_id,
         run=r.run,
@@ -416,11 +436,9 @@ def train_run(
 
     Raises:
         StopRule: ``NonFiniteLoss``, ``BelowThreshold`` (after the model is saved),
-            ``EssentialInputMissing``, ``NoUsableRestart``, ``IncompleteRun``.
+            ``EssentialInputMissing``, ``NoUsableRestart``, ``IncompleteRun``, and
+            ``InterruptedRun`` (``resume: inference`` after a cut: see ``inference_restart``).
         Interrupted: A stop was requested (SIGINT, SIGTERM): the step reached is saved first.
-        InterruptedRun: The previous call was interrupted and the config says
-            ``resume: inference``: nothing is trained, the last good checkpoint's model is
-            kept and evaluated (see ``inference_restart``).
         SpecError: Invalid arguments or an unsupported precision on this device.
     """
     t_call = time.perf_counter()
@@ -451,7 +469,9 @@ def train_run(
     r.policy = _save_policy(r, ck, checkpoint_every=checkpoint_every)
     r.on_save = on_save
     if ck is not None and r.global_step >= r.target and r.target < r.planned:
-        return _result(r, completed=False)  # the pilot already ran: nothing to do
+        # The pilot already ran, maybe on another host into another folder (resumed from S3):
+        # nothing trains here, so its costs are the ones the checkpoint measured.
+        return _result(r, completed=False, measured=ck.meta)
     cut = find_interruption(
         out_dir, resume=r.config.resume, checkpoint_step=r.resumed_from, planned_steps=r.planned
     )

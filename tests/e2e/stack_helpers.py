@@ -1,12 +1,15 @@
 """Helpers of the end-to-end tests on the real stack (infra/stack.sh): the Prefect REST API,
-`prefect deployment run`, the tiny example spec, and headless Chromium on the UI."""
+`prefect deployment run`, extra process workers on a work pool of their own, the stack's S3
+server through plain boto3, the tiny example spec, and headless Chromium on the UI."""
 
 from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -22,6 +25,7 @@ from gpucampaign.scaffold import write_spec_copy
 ROOT = Path(__file__).resolve().parents[2]
 STACK = ROOT / "infra" / "stack.sh"
 EXAMPLE = ROOT / "examples" / "digits" / "campaign.yaml"
+S3_BUCKET = "gpucampaign"  # the bucket infra/s3server.py creates
 RUN_TIMEOUT_S = 600
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 CHROMIUM = "/usr/bin/chromium"
@@ -57,8 +61,12 @@ def api(base: str, method: str, path: str, body: dict[str, Any] | None = None) -
     return json.loads(raw) if raw else None
 
 
-def tiny_spec(dest: Path) -> Path:
-    """The digits example cut down to a few steps, with the files it names copied beside it."""
+def tiny_spec(dest: Path, **fields: Any) -> Path:
+    """The digits example cut down to a few steps, with the files it names copied beside it.
+
+    ``fields`` replace top-level fields of the result (``storage``, ``checkpoint``, ...);
+    ``control`` is merged into the cut-down control.
+    """
     data = yaml.safe_load(EXAMPLE.read_text())
     data["name"] = f"{data['name']}-e2e"
     data["control"] = {**(data.get("control") or {}), "epochs": 1, "max_steps": 40}
@@ -72,6 +80,8 @@ def tiny_spec(dest: Path) -> Path:
         # 40 steps prove the plumbing, not the model: no essential run may miss the floor.
         data["decision_rule"] = {**data["decision_rule"], "threshold": 0.2}
         data["stop_rules"] = {**(data.get("stop_rules") or {}), "quality_floor": None}
+    data["control"] = {**data["control"], **fields.pop("control", {})}
+    data.update(fields)
     return write_spec_copy(data, source_dir=EXAMPLE.parent, dest=dest)
 
 
@@ -97,6 +107,112 @@ def run_deployment(stack: dict[str, Any], name: str, **params: Any) -> tuple[str
     found = re.search(r"UUID: ([0-9a-f-]{36})", run.stdout)
     assert found, run.stdout
     return found.group(1), wait_flow_run(stack, found.group(1))
+
+
+def stack_s3_env(stack_dir: Path) -> dict[str, str]:
+    """The AWS_* variables of the stack's S3 server, read from ``$STACK_DIR/env`` as a user
+    sources them."""
+    found = {}
+    for line in (stack_dir / "env").read_text().splitlines():
+        name, sep, value = line.removeprefix("export ").partition("=")
+        if sep and name.startswith("AWS_"):
+            found[name] = value
+    return found
+
+
+def s3_client(stack: dict[str, Any]):
+    """A plain boto3 client on the stack's S3 server (path-style, as the server needs)."""
+    import boto3
+    from botocore.config import Config
+
+    env = stack["env"]
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+        config=Config(s3={"addressing_style": "path"}),
+    )
+
+
+def bucket_keys(stack: dict[str, Any], prefix: str) -> set[str]:
+    """Every key under ``prefix/`` of the bucket ``gpucampaign``, without the prefix."""
+    client, keys = s3_client(stack), set()
+    for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=S3_BUCKET, Prefix=f"{prefix}/"
+    ):
+        keys |= {o["Key"].removeprefix(f"{prefix}/") for o in page.get("Contents", [])}
+    return keys
+
+
+def create_pool(stack: dict[str, Any], pool: str) -> None:
+    """A process work pool of its own, so the stack's worker never picks its runs up."""
+    created = subprocess.run(
+        ["prefect", "work-pool", "create", pool, "--type", "process"],
+        env=stack["env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert created.returncode == 0, created.stdout + created.stderr
+
+
+def pool_deployment(stack: dict[str, Any], *, pool: str, name: str) -> str:
+    """campaign/main again, as deployment ``campaign/NAME`` on the work pool ``pool``; its ID."""
+    main = api(stack["api"], "GET", "/deployments/name/campaign/main")
+    body = {
+        key: main[key]
+        for key in (
+            "flow_id",
+            "entrypoint",
+            "path",
+            "pull_steps",
+            "parameters",
+            "parameter_openapi_schema",
+            "job_variables",
+        )
+    }
+    return api(
+        stack["api"], "POST", "/deployments/", {**body, "name": name, "work_pool_name": pool}
+    )["id"]
+
+
+def start_worker(stack: dict[str, Any], *, pool: str, name: str, log: Path) -> subprocess.Popen:
+    """`prefect worker start` on ``pool`` (one flow run at a time), in a session of its own."""
+    with log.open("ab") as sink:
+        return subprocess.Popen(
+            [
+                "prefect",
+                "worker",
+                "start",
+                "--pool",
+                pool,
+                "--type",
+                "process",
+                "--name",
+                name,
+                "--limit",
+                "1",
+            ],
+            cwd=ROOT,
+            env=stack["env"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    """Stop a worker of ``start_worker``: SIGINT to its group, SIGKILL after 30 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
 
 def worker_log(stack: dict[str, Any], name: str = "worker.log") -> str:

@@ -8,12 +8,22 @@ and the campaign are session fixtures (conftest.py), shared with the other tests
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.stack_helpers import ROOT, api, run_deployment, worker_log
+from gpucampaign.checkpoint import LATEST_FILE, META_FILE, MODEL_FILE, STATE_FILE
+from gpucampaign.mirror import MIRROR_INDEX
+from gpucampaign.spec import load_spec
+from tests.e2e.stack_helpers import (
+    ROOT,
+    S3_BUCKET,
+    api,
+    bucket_keys,
+    run_deployment,
+    s3_client,
+    worker_log,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
@@ -80,15 +90,45 @@ def test_deployment_run_completes_with_outputs(stack, finished_campaign):
     assert (out / "report.md").is_file()
     # The GPU lock was taken and given back.
     assert api(stack["api"], "GET", "/v2/concurrency_limits/gpu")["active_slots"] == 0
+    prefix = finished_campaign["prefix"]
+    control = load_spec(finished_campaign["spec"]).run_id("control")
+    _assert_in_the_bucket(stack, prefix=prefix, manifest=manifest, control=control)
 
-    # The scheduled restart check, run now on this output: every run resumes exactly ...
+    # The scheduled restart check, run now on this output (a fresh copy retrieved from the
+    # bucket, its checkpoints read from there): every run resumes exactly ...
     check_id, check = run_deployment(stack, "restart-verification/scheduled", out=str(out), steps=5)
     assert check.get("type") == "COMPLETED", (
         f"restart check {check_id} ended {check.get('type')}: "
         f"{check.get('message')}\n{worker_log(stack)}"
     )
-    # ... and fails loudly once the checkpoints are gone.
-    shutil.rmtree(out / "checkpoints")
+    # ... and fails loudly once the checkpoints are gone from the bucket.
+    client = s3_client(stack)
+    for rid in manifest["runs"]:
+        for key in bucket_keys(stack, f"{prefix}/{rid}"):
+            client.delete_object(Bucket=S3_BUCKET, Key=f"{prefix}/{rid}/{key}")
     _, failed = run_deployment(stack, "restart-verification/scheduled", out=str(out))
     assert failed.get("type") == "FAILED"
     assert "no_usable_restart" in (failed.get("message") or "")
+
+
+def _assert_in_the_bucket(stack, *, prefix: str, manifest: dict, control: str) -> None:
+    """Checked with plain boto3: the checkpoints (every file of the one LATEST names) and the
+    mirrored output folder are under the campaign's prefix."""
+    # The stack's worker (and so its flow runs) got the S3 server's variables from stack.sh.
+    worker_pid = int((stack["dir"] / "worker.pid").read_text())
+    environ = Path(f"/proc/{worker_pid}/environ").read_bytes().split(b"\0")
+    endpoint = f"AWS_ENDPOINT_URL={stack['env']['AWS_ENDPOINT_URL']}".encode()
+    assert endpoint in environ
+    assert any(e.startswith(b"AWS_SECRET_ACCESS_KEY=") for e in environ)
+
+    keys = bucket_keys(stack, prefix)
+    client = s3_client(stack)
+    for rid in manifest["runs"]:
+        body = client.get_object(Bucket=S3_BUCKET, Key=f"{prefix}/{rid}/{LATEST_FILE}")["Body"]
+        latest = json.loads(body.read())
+        step_dir = f"{rid}/step-{latest['step']:09d}"
+        assert {f"{step_dir}/{n}" for n in (MODEL_FILE, STATE_FILE, META_FILE)} <= keys, rid
+    assert f"{control}/{LATEST_FILE}" in keys
+    # The mirrored output folder: every file the manifest lists, the manifest and its index.
+    assert {"manifest.json", MIRROR_INDEX, "report.md", "RELOAD.md"} <= keys
+    assert {f["path"] for f in manifest["files"]} <= keys

@@ -6,9 +6,6 @@ GPU limit `gpu` of one slot, so their GPU phases (pilot, train, restart) never o
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -16,68 +13,22 @@ from typing import Any
 import pytest
 
 from gpucampaign.records import read_timeline
-from tests.e2e.stack_helpers import ROOT, api, tiny_spec, wait_flow_run
+from tests.e2e.stack_helpers import (
+    ROOT,
+    api,
+    create_pool,
+    pool_deployment,
+    start_worker,
+    stop_worker,
+    tiny_spec,
+    wait_flow_run,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 POOL = "gpucampaign-hosts"
 HOSTS = ("host-a", "host-b")
 GPU_PHASES = {"pilot", "train", "restart"}
-
-
-def _start_worker(stack: dict[str, Any], name: str, log: Path) -> subprocess.Popen:
-    with log.open("ab") as sink:
-        return subprocess.Popen(
-            [
-                "prefect",
-                "worker",
-                "start",
-                "--pool",
-                POOL,
-                "--type",
-                "process",
-                "--name",
-                name,
-                "--limit",
-                "1",
-            ],
-            cwd=ROOT,
-            env=stack["env"],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-
-def _stop_worker(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-
-def _hosts_deployment(stack: dict[str, Any]) -> str:
-    """campaign/main again, on the pool of the two host workers; its ID."""
-    main = api(stack["api"], "GET", "/deployments/name/campaign/main")
-    body = {
-        key: main[key]
-        for key in (
-            "flow_id",
-            "entrypoint",
-            "path",
-            "pull_steps",
-            "parameters",
-            "parameter_openapi_schema",
-            "job_variables",
-        )
-    }
-    return api(
-        stack["api"], "POST", "/deployments/", {**body, "name": "hosts", "work_pool_name": POOL}
-    )["id"]
 
 
 def _gpu_intervals(out: Path) -> list[tuple[datetime, datetime]]:
@@ -100,17 +51,10 @@ def _submitted_by(stack: dict[str, Any], flow_run_id: str) -> set[str]:
 
 
 def test_two_workers_sharing_one_gpu_slot_never_overlap(stack, tmp_path):
-    created = subprocess.run(
-        ["prefect", "work-pool", "create", POOL, "--type", "process"],
-        env=stack["env"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert created.returncode == 0, created.stdout + created.stderr
-    deployment_id = _hosts_deployment(stack)
+    create_pool(stack, POOL)
+    deployment_id = pool_deployment(stack, pool=POOL, name="hosts")
     spec = tiny_spec(tmp_path / "spec")
-    workers = [_start_worker(stack, h, tmp_path / f"{h}.log") for h in HOSTS]
+    workers = [start_worker(stack, pool=POOL, name=h, log=tmp_path / f"{h}.log") for h in HOSTS]
     try:
         outs = [tmp_path / f"out-{h}" for h in HOSTS]
         run_ids = [
@@ -125,7 +69,7 @@ def test_two_workers_sharing_one_gpu_slot_never_overlap(stack, tmp_path):
         states = [wait_flow_run(stack, run_id) for run_id in run_ids]
     finally:
         for proc in workers:
-            _stop_worker(proc)
+            stop_worker(proc)
     logs = "\n".join((tmp_path / f"{h}.log").read_text(errors="replace")[-3000:] for h in HOSTS)
     assert [s.get("type") for s in states] == ["COMPLETED", "COMPLETED"], f"{states}\n{logs}"
     # Each worker ("host") ran one of the two campaigns.

@@ -1,5 +1,9 @@
-"""Fixtures of the end-to-end tests: one real stack per session (infra/stack.sh: S3 server,
-PostgreSQL, Prefect server, worker) and one tiny campaign run on it through its deployment."""
+"""Fixtures of the tests on the real stack: one stack per session (infra/stack.sh: S3 server,
+PostgreSQL, Prefect server, worker) and one tiny campaign run on it through its deployment,
+its checkpoints and outputs on the stack's S3 server.
+
+tests/conftest.py imports them, so tests/e2e and tests/faults share the one stack.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +17,11 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.stack_helpers import STACK, free_port, run_deployment, tiny_spec
+from tests.e2e.stack_helpers import STACK, free_port, run_deployment, stack_s3_env, tiny_spec
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Where the session's campaign keeps its checkpoints and its mirrored output folder.
+FINISHED_PREFIX = "e2e/finished"
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +52,14 @@ def stack():
         assert up.returncode == 0, f"stack up failed:\n{up.stdout}\n{up.stderr}"
         api = f"http://127.0.0.1:{port}/api"
         assert f"export PREFECT_API_URL={api}" in up.stdout
-        yield {"api": api, "env": {**env, "PREFECT_API_URL": api}, "dir": stack_dir, "port": port}
+        # What a user sources (`. .stack/env`): workers started by the tests get the S3 keys.
+        s3 = stack_s3_env(stack_dir)
+        yield {
+            "api": api,
+            "env": {**env, **s3, "PREFECT_API_URL": api},
+            "dir": stack_dir,
+            "port": port,
+        }
     finally:
         down = subprocess.run(
             ["bash", str(STACK), "down"], env=env, capture_output=True, text=True, timeout=180
@@ -57,13 +70,15 @@ def stack():
 
 @pytest.fixture(scope="session")
 def finished_campaign(stack, tmp_path_factory) -> dict[str, Any]:
-    """`prefect deployment run campaign/main` of the tiny spec, run once for the session.
+    """`prefect deployment run campaign/main` of the tiny spec with its storage on the stack's
+    S3 server (``s3://gpucampaign/e2e/finished``), run once for the session.
 
-    Returns the flow run ID, its last state and the output folder; tests that change the
-    folder must leave what the others read (manifest, report, the flow run) in place.
+    Returns the flow run ID, its last state, the output folder and the bucket prefix; tests
+    that change the folder or the bucket must leave what the others read (manifest, report,
+    the flow run) in place.
     """
     base = tmp_path_factory.mktemp("campaign")
-    spec = tiny_spec(base / "spec")
+    spec = tiny_spec(base / "spec", storage={"url": f"s3://gpucampaign/{FINISHED_PREFIX}"})
     out = base / "out"
     flow_run_id, state = run_deployment(stack, "campaign/main", spec=str(spec), out=str(out))
-    return {"id": flow_run_id, "state": state, "out": out, "spec": spec}
+    return {"id": flow_run_id, "state": state, "out": out, "spec": spec, "prefix": FINISHED_PREFIX}

@@ -1,0 +1,247 @@
+"""A real Prefect process worker SIGKILLed mid-training while it holds the GPU slot, its
+checkpoints on the stack's S3 server (issues #12, #13).
+
+`prefect worker start` runs a `campaign` deployment run; once the control run's LATEST in the
+bucket has passed step ``KILL_AT``, the worker and its flow-run process are killed with
+SIGKILL (their process groups), with no chance to save, record or give anything back. A fresh
+worker then runs the same spec into a FRESH output folder ("another host"): the dead
+holder's GPU slot comes back by its lease (no one clears it), the control run resumes from the
+S3 checkpoint, and its final parameters equal those of an uninterrupted run bit for bit.
+
+Real services only (the session's stack: PostgreSQL, Prefect server, SeaweedFS); the test has
+a work pool, a deployment and a GPU limit of its own, so the stack's worker never takes its runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors.torch import load_file
+
+from gpucampaign.checkpoint import LATEST_FILE
+from gpucampaign.records import read_pilot, read_result, read_timeline
+from gpucampaign.spec import load_spec
+from gpucampaign.training import MODEL_DIR
+from tests.e2e.stack_helpers import (
+    ROOT,
+    RUN_TIMEOUT_S,
+    S3_BUCKET,
+    TERMINAL,
+    api,
+    create_pool,
+    pool_deployment,
+    s3_client,
+    start_worker,
+    stop_worker,
+    tiny_spec,
+    wait_flow_run,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+POOL = "gpucampaign-faults"
+LIMIT = "gpu-faults"
+LEASE_S = 60  # the smallest lease the spec accepts
+PREFIX = "faults/worker-kill"
+KILL_AT = 60  # the control run's LATEST step in the bucket before the kill
+CONTROL_STEPS = 400
+GPU_PHASES = {"pilot", "train", "restart"}
+
+# The uninterrupted reference: the same control run, trained in one plain process.
+REFERENCE = """
+import sys
+from pathlib import Path
+from gpucampaign.corpus import load_spec_corpus
+from gpucampaign.spec import load_spec
+from gpucampaign.storage import open_store
+from gpucampaign.training import train_run
+spec_file, out = Path(sys.argv[1]), Path(sys.argv[2])
+spec = load_spec(spec_file)
+rid = spec.run_id("control")
+train_run(spec, run="control", corpus=load_spec_corpus(spec, base_dir=spec_file.parent, run_id=rid),
+          store=open_store("local", out_dir=out), out_dir=out / "runs" / rid)
+"""
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every living process below ``pid`` (from /proc: the flow-run process and its children)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _sigkill_worker(worker: subprocess.Popen) -> list[int]:
+    """SIGKILL the worker's process group, then each group its flow-run processes run in (the
+    process worker may start a flow run in a session of its own); the PIDs killed."""
+    below = _descendants(worker.pid)
+    os.killpg(worker.pid, signal.SIGKILL)
+    for pid in below:
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    worker.wait(timeout=30)
+    return [worker.pid, *below]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _latest_step(client: Any, run_id: str) -> int | None:
+    try:
+        body = client.get_object(Bucket=S3_BUCKET, Key=f"{PREFIX}/{run_id}/{LATEST_FILE}")["Body"]
+    except client.exceptions.NoSuchKey:
+        return None
+    return int(json.loads(body.read())["step"])
+
+
+def _slots(stack: dict[str, Any]) -> int:
+    return api(stack["api"], "GET", f"/v2/concurrency_limits/{LIMIT}")["active_slots"]
+
+
+def _flow_run(stack: dict[str, Any], deployment_id: str, *, spec: Path, out: Path) -> str:
+    return api(
+        stack["api"],
+        "POST",
+        f"/deployments/{deployment_id}/create_flow_run",
+        {"parameters": {"spec": str(spec), "out": str(out)}},
+    )["id"]
+
+
+def _params(out: Path, run_id: str) -> dict:
+    return load_file(str(out / "runs" / run_id / MODEL_DIR / "model.safetensors"))
+
+
+def test_worker_killed_holding_the_gpu_resumes_from_s3_on_a_fresh_folder(stack, tmp_path, faults):
+    create_pool(stack, POOL)
+    deployment_id = pool_deployment(stack, pool=POOL, name="faults")
+    # Sized by the operator as infra/stack.sh sizes `gpu`: one slot.
+    api(stack["api"], "POST", "/v2/concurrency_limits/", {"name": LIMIT, "limit": 1})
+    spec = tiny_spec(
+        tmp_path / "spec",
+        storage={"url": f"s3://{S3_BUCKET}/{PREFIX}"},
+        checkpoint={"every_steps": 10, "keep": 3},
+        # A wait longer than 2 leases would fail the GPU phase (and no retry is allowed below).
+        gpu_lock={"name": LIMIT, "lease_s": LEASE_S, "timeout_s": 2 * LEASE_S},
+        control={"epochs": 30, "max_steps": CONTROL_STEPS},
+    )
+    rid = load_spec(spec).run_id("control")
+    client = s3_client(stack)
+    logs = {h: tmp_path / f"worker-{h}.log" for h in ("a", "b")}
+
+    def worker_logs() -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs.values()
+        )
+
+    # Host a: the worker is killed while the control run trains under the GPU slot.
+    worker = start_worker(stack, pool=POOL, name="faults-a", log=logs["a"])
+    try:
+        first = _flow_run(stack, deployment_id, spec=spec, out=tmp_path / "host-a")
+        step, state = None, {}
+        give_up = time.monotonic() + RUN_TIMEOUT_S
+        while (step or 0) < KILL_AT and state.get("type") not in TERMINAL:
+            assert worker.poll() is None, f"the worker exited\n{worker_logs()}"
+            assert time.monotonic() < give_up, f"LATEST at {step}, {state}\n{worker_logs()}"
+            step = _latest_step(client, rid)
+            state = api(stack["api"], "GET", f"/flow_runs/{first}")["state"] or {}
+            time.sleep(0.05)
+        assert state.get("type") not in TERMINAL, f"run ended before the kill: {state}"
+        held = _slots(stack)
+        killed = _sigkill_worker(worker)
+        killed_at = datetime.now(UTC)
+    finally:
+        if worker.poll() is None:
+            stop_worker(worker)
+    faults.add("signals_sent")
+    faults.add("kill_points_tried")
+    faults.add("faults_injected")
+    assert held == 1, "the control run did not hold the GPU slot when it was killed"
+    while not all(_gone(pid) for pid in killed):
+        time.sleep(0.1)
+    at_kill = _latest_step(client, rid)
+    assert at_kill is not None and KILL_AT <= at_kill < CONTROL_STEPS, at_kill
+    assert not (tmp_path / "host-a" / "runs" / rid / "result.json").exists()
+    # Nothing gave the slot back: the dead holder keeps it until its lease runs out.
+    assert _slots(stack) == 1
+
+    reference = subprocess.Popen(
+        [sys.executable, "-c", REFERENCE, str(spec), str(tmp_path / "reference")],
+        env={**stack["env"], "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    # Host b: a fresh worker, the same spec and storage prefix, a fresh output folder.
+    worker = start_worker(stack, pool=POOL, name="faults-b", log=logs["b"])
+    try:
+        second = _flow_run(stack, deployment_id, spec=spec, out=tmp_path / "host-b")
+        state = wait_flow_run(stack, second)
+    finally:
+        stop_worker(worker)
+        ref_out, _ = reference.communicate(timeout=600)
+        # The stale run stays Running on the server (nothing is left to report its end).
+        api(
+            stack["api"],
+            "POST",
+            f"/flow_runs/{first}/set_state",
+            {"state": {"type": "CRASHED", "message": "worker killed by the test"}, "force": True},
+        )
+    assert state.get("type") == "COMPLETED", f"{state}\n{worker_logs()}"
+    assert reference.returncode == 0, ref_out[-3000:]
+
+    # (a) The slot came back by its lease: every GPU phase got it within its first wait
+    # (timeout_s, no retry), and nothing holds it at the end.
+    task_runs = api(
+        stack["api"], "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [second]}}}
+    )
+    assert all(t["run_count"] <= 1 for t in task_runs), [
+        (t["name"], t["run_count"]) for t in task_runs
+    ]
+    assert _slots(stack) == 0
+    out = tmp_path / "host-b"
+    gpu = [r for r in read_timeline(out) if r.phase in GPU_PHASES and r.start]
+    first_gpu = min(datetime.fromisoformat(r.start) for r in gpu)
+    waited = (first_gpu - killed_at).total_seconds()
+    print(f"killed at LATEST step {at_kill}; host b's first GPU phase began {waited:.0f} s later")
+
+    # (b) The control run resumed from the checkpoint the dead worker left in the bucket.
+    result = read_result(out, rid)
+    assert result is not None and result.completed
+    assert result.resumed_from_step == at_kill, (result.resumed_from_step, at_kill)
+    assert result.steps_done == CONTROL_STEPS
+    # Its pilot trained nothing here: the re-forecast takes the costs the checkpoint measured.
+    assert read_pilot(out)["control"]["step_s"] > 0
+
+    # (c) Bit for bit the parameters of the uninterrupted run.
+    a, b = _params(tmp_path / "reference", rid), _params(out, rid)
+    assert a.keys() == b.keys()
+    assert all((a[k] == b[k]).all() for k in a)  # atol = 0
+    faults.add("kill_points_survived")
+    faults.add("faults_survived")
