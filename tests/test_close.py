@@ -616,11 +616,12 @@ def test_run_states_decide_each_run_once(tmp_path: Path):
 
 def test_a_run_that_did_not_complete_is_never_an_accepted_delivery(tmp_path: Path):
     from gpucampaign.close import delivery
-    from gpucampaign.records import RunState
+    from gpucampaign.records import RunState, StopRecord
 
     nan, at_point = "stopped by non_finite_loss: nan", "dropped at the decision point"
-    stopped = RunState("wide", "wide-0123456789", "useful", "stopped", nan, stop_id="stop-w")
-    dropped = RunState("big", "big-0123456789", "exploratory", "dropped", at_point)
+    stop = StopRecord(stop_id="stop-w", rule="non_finite_loss", run_id="wide-0123456789")
+    stopped = RunState("wide", "wide-0123456789", "useful", "stopped", stop=stop, reason=nan)
+    dropped = RunState("big", "big-0123456789", "exploratory", "dropped", reason=at_point)
     for state, reason in ((stopped, "stopped (stop stop-w)"), (dropped, at_point)):
         d = delivery(tmp_path, state, corpus=None)
         assert d["accepted"] is False and d["reason"] == reason

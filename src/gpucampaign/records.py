@@ -341,9 +341,14 @@ class RunState:
     run_id: str
     tier: str
     status: RunStatus
-    reason: str = ""
-    stop_id: str | None = None
     result: RunResult | None = None
+    stop: StopRecord | None = None  # the stop that decided the state, when one did
+    reason: str = ""
+
+    @property
+    def stop_id(self) -> str | None:
+        """The ID of the stop that decided the state, None when none did."""
+        return self.stop.stop_id if self.stop is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         """``{run, tier, status, stop_id?, reason?}``: the manifest's entry for the run."""
@@ -376,14 +381,12 @@ def run_state(
     result = read_result(root, rid)
     stop = next((s for s in stops if s.run_id == rid), None)
     if stop is not None and stop.rule == InterruptedRun.rule:
-        return RunState(
-            **base, status="interrupted", stop_id=stop.stop_id, result=result, reason=stop.reason
-        )
+        return RunState(**base, status="interrupted", stop=stop, result=result, reason=stop.reason)
     if stop is not None:
         return RunState(
             **base,
             status="stopped",
-            stop_id=stop.stop_id,
+            stop=stop,
             result=result,
             reason=f"stopped by {stop.rule}: {stop.reason}",
         )

@@ -49,7 +49,7 @@ from gpucampaign.storage import Store
 from gpucampaign.training_files import METRICS_FILE, MODEL_DIR, PARAMS_FILE  # noqa: F401
 from gpucampaign.trainsave import collect_save, save_checkpoint, save_model
 from gpucampaign.trainsetup import (
-    RunState,
+    LiveRun,
     SaveFn,
     check_arguments,
     run_config_sha256,  # noqa: F401 - importers use it from here
@@ -61,7 +61,7 @@ EVAL_SPLITS: tuple[str, ...] = ("val", "test")
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-def _restore(r: RunState) -> LoadedCheckpoint | None:
+def _restore(r: LiveRun) -> LoadedCheckpoint | None:
     """Resume from LATEST when this run (same config hash) has a good checkpoint.
 
     The global RNG states are kept in ``pending_rng`` and the epoch's sampler state in
@@ -97,7 +97,7 @@ def _restore(r: RunState) -> LoadedCheckpoint | None:
 
 
 def _save_policy(
-    r: RunState, ck: LoadedCheckpoint | None, *, checkpoint_every: int | None
+    r: LiveRun, ck: LoadedCheckpoint | None, *, checkpoint_every: int | None
 ) -> SavePolicy:
     """Fixed (argument, then spec), else Daly's from the restored or an early measured save."""
     cp = r.spec.checkpoint
@@ -113,7 +113,7 @@ def _save_policy(
     )
 
 
-def _open_metrics(r: RunState, *, restored: bool) -> None:
+def _open_metrics(r: LiveRun, *, restored: bool) -> None:
     """Open ``metrics.jsonl`` for appending, dropping the rows after the restored step."""
     truncate_metrics(r.out_dir / METRICS_FILE, through_step=r.global_step)
     r.mlog = MetricsLog(r.out_dir / METRICS_FILE)
@@ -129,7 +129,7 @@ def _open_metrics(r: RunState, *, restored: bool) -> None:
 
 
 # --- the loop ------------------------------------------------------------------------------------
-def _start_epoch(r: RunState) -> Iterator[Any]:
+def _start_epoch(r: LiveRun) -> Iterator[Any]:
     """The current epoch's batches; after a restore, the same order with the consumed ones skipped.
 
     The sampler's generator goes back to its state at the top of the epoch, so the epoch's
@@ -154,7 +154,7 @@ def _start_epoch(r: RunState) -> Iterator[Any]:
     return batches
 
 
-def _train_step(r: RunState, batches: Iterator[Any]) -> dict[str, Any]:
+def _train_step(r: LiveRun, batches: Iterator[Any]) -> dict[str, Any]:
     """One optimizer step on the next batch; returns its ``train`` row."""
     t0 = time.perf_counter()
     batch = to_device(next(batches), r.device)
@@ -194,7 +194,7 @@ def _train_step(r: RunState, batches: Iterator[Any]) -> dict[str, Any]:
     }
 
 
-def _run_epoch(r: RunState, *, progress: ProgressFn | None, bar: Any) -> None:
+def _run_epoch(r: LiveRun, *, progress: ProgressFn | None, bar: Any) -> None:
     """Train the rest of the current epoch, or up to the target step."""
     batches = _start_epoch(r)
     while r.batch_in_epoch < r.steps_per_epoch:
@@ -215,7 +215,7 @@ def _run_epoch(r: RunState, *, progress: ProgressFn | None, bar: Any) -> None:
         r.epoch += 1
 
 
-def _stop_now(r: RunState) -> None:
+def _stop_now(r: LiveRun) -> None:
     """A stop was requested: checkpoint this step (unless just saved), then raise."""
     reason = stop_requested() or "stop"
     collect_save(r)  # the save in flight, if any, is committed and recorded first
@@ -227,7 +227,7 @@ def _stop_now(r: RunState) -> None:
     raise Interrupted(reason, step=r.global_step)
 
 
-def _evaluate(r: RunState, split: str, *, final: bool) -> dict[str, float] | None:
+def _evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
     """Evaluate on ``split`` and log an ``eval`` row; None when the split is empty."""
     dataset = r.datasets.get(split)
     if dataset is None or len(dataset) == 0:
@@ -257,7 +257,7 @@ def _evaluate(r: RunState, split: str, *, final: bool) -> dict[str, float] | Non
     return metrics
 
 
-def _report(r: RunState, row: dict[str, Any], *, progress: ProgressFn | None, bar: Any) -> None:
+def _report(r: LiveRun, row: dict[str, Any], *, progress: ProgressFn | None, bar: Any) -> None:
     """Move the progress bar; call ``progress`` every ~2% of the run and at the target."""
     if bar is not None:
         bar.update(bar.task_ids[0], completed=r.global_step)
@@ -280,7 +280,7 @@ def _report(r: RunState, row: dict[str, Any], *, progress: ProgressFn | None, ba
 
 
 # --- the end --------------------------------------------------------------------------------------
-def _finish(r: RunState, *, train_s: float) -> RunResult:
+def _finish(r: LiveRun, *, train_s: float) -> RunResult:
     """Final evaluation, the model folder, the quality floor, then ``result.json``.
 
     Raises:
@@ -348,7 +348,7 @@ def _costs_of_checkpoint(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def _result(
-    r: RunState,
+    r: LiveRun,
     *,
     completed: bool,
     metrics: dict[str, float] | None = None,
@@ -481,7 +481,7 @@ def train_run(
     return _train(r, progress=progress, show_progress=show_progress)
 
 
-def _train(r: RunState, *, progress: ProgressFn | None, show_progress: bool) -> RunResult:
+def _train(r: LiveRun, *, progress: ProgressFn | None, show_progress: bool) -> RunResult:
     """Run the loop up to the target step; finish the run when that is its last step."""
     mark = TrainingMark.open(r.out_dir, run_id=r.run_id, from_step=r.global_step, target=r.target)
     bar = progress_bar(show_progress, r.run_id, r.planned, r.global_step)

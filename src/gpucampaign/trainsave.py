@@ -15,10 +15,10 @@ from gpucampaign.recipe_runtime import recipe_record
 from gpucampaign.training_files import MODEL_DIR
 
 if TYPE_CHECKING:
-    from gpucampaign.trainsetup import RunState
+    from gpucampaign.trainsetup import LiveRun
 
 
-def save_checkpoint(r: RunState) -> None:
+def save_checkpoint(r: LiveRun) -> None:
     """Checkpoint the current step in the background; re-plan the next save.
 
     The loop stalls only to collect the previous save (never two in flight) and to snapshot
@@ -71,7 +71,7 @@ def save_checkpoint(r: RunState) -> None:
     )
 
 
-def collect_save(r: RunState) -> None:
+def collect_save(r: LiveRun) -> None:
     """Wait for the save in flight, if any, and log its ``checkpoint`` row."""
     saved = r.saver.wait()
     if saved is None:
@@ -104,7 +104,7 @@ def collect_save(r: RunState) -> None:
         )
 
 
-def save_model(r: RunState, metrics: dict[str, float]) -> None:
+def save_model(r: LiveRun, metrics: dict[str, float]) -> None:
     """The reloadable model folder: weights, and a config naming recipe, args and inputs."""
     from gpucampaign.recipes import save_model_dir
 

@@ -2,7 +2,7 @@
 
 ``setup_run`` builds everything in the same order on every start, resumed or not (seeded
 python/numpy/torch, the recipe's datasets and model, the optimizer, scheduler, scaler, a seeded
-DataLoader generator, the checkpoint manager) into a ``RunState``, the object the loop in
+DataLoader generator, the checkpoint manager) into a ``LiveRun``, the object the loop in
 ``training.py`` moves forward.
 """
 
@@ -49,7 +49,7 @@ def run_config_sha256(spec: CampaignSpec, run: str) -> str:
 
 
 @dataclass
-class RunState:
+class LiveRun:
     """What one start of a run builds, and the cursor and counters its loop moves."""
 
     spec: CampaignSpec
@@ -146,7 +146,7 @@ def setup_run(
     stop_after_steps: int | None,
     t_call: float,
     lane: int = 0,
-) -> RunState:
+) -> LiveRun:
     """Build everything in the same order on every start, resumed or not."""
     config = spec.run_config(run)
     run_id = spec.run_id(run)
@@ -169,7 +169,7 @@ def setup_run(
     )
     planned = config.planned_steps(len(train))
     amp_dtype = AMP_DTYPES[config.precision]
-    r = RunState(
+    r = LiveRun(
         spec=spec,
         run=run,
         run_id=run_id,
@@ -207,7 +207,7 @@ def setup_run(
     return r
 
 
-def _write_params(r: RunState) -> None:
+def _write_params(r: LiveRun) -> None:
     """``params.json``: what this start of the run is (rewritten at every start)."""
     spec = r.spec
     params = {
