@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -177,7 +178,9 @@ def test_a_cancel_from_the_ui_saves_ends_cancelled_frees_the_slot_and_resumes(
         timeout=120,
     )
     assert started.returncode == 0, started.stdout + started.stderr
-    flow_run_id = next(w for w in started.stdout.split() if len(w) == 36 and w.count("-") == 4)
+    found = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout)
+    assert found, started.stdout
+    flow_run_id = found.group(1)
     deadline = time.monotonic() + 300
     state: dict[str, Any] = {}
     while time.monotonic() < deadline and _trained_steps(out) < 200:
