@@ -13,7 +13,9 @@ from typing import Any, Literal
 import yaml
 from prefect import allow_failure, flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.states import Failed
+from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
+from prefect.states import Cancelled, Failed
 
 from gpucampaign import calendar
 from gpucampaign.decision import Decision
@@ -71,11 +73,35 @@ def campaign(
             return _campaign(spec, out=out, decision_mode=decision_mode, base_dir=base_dir)
         except Interrupted as exc:
             get_run_logger().warning("campaign %s; rerun to resume", exc)
+            if exc.reason == "SIGTERM" and _cancelling():
+                # A cancellation (UI, `prefect flow-run cancel`): the worker sent this SIGTERM
+                # and, once the process is gone, marks the run Cancelled unless it already is.
+                return Cancelled(message=f"cancelled: {exc}; rerun to resume")  # type: ignore[return-value]
             if exc.reason == "SIGTERM" and callable(previous.get(signal.SIGTERM)):
-                # Hand the SIGTERM, now that the work is saved, to the handler it replaced
-                # (Prefect's): a cancellation from the UI then ends the flow run Cancelled.
+                # Any other SIGTERM (the machine shutting down), now that the work is saved,
+                # goes on to the handler it replaced (Prefect's: the run ends Crashed).
                 previous[signal.SIGTERM](signal.SIGTERM, None)
             raise
+
+
+def _cancelling() -> bool:
+    """True when this flow run is being cancelled on the Prefect server (or already is).
+
+    Prefect's own cancellation path cannot take this SIGTERM: the worker asks the flow-run
+    process to acknowledge the cancel before it signals, and the engine acknowledges only while
+    its own SIGTERM handler is installed, which ``graceful_signals`` replaced so that the
+    training can save first. Without an acknowledgement the engine ends the run Crashed; the
+    flow ends it Cancelled itself, since the server says a cancel was asked.
+    """
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return False
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(ctx.flow_run.id).state
+    except Exception:  # the server unreachable: not a cancellation we can confirm
+        return False
+    return state is not None and (state.is_cancelling() or state.is_cancelled())
 
 
 def _campaign(

@@ -1,6 +1,7 @@
-"""Graceful interruption: a stop request saves at the next step and raises; SIGINT/SIGTERM
-to a real `campaign run` save, record the segment, stop the server, exit 130/143; the rerun
-resumes."""
+"""Graceful interruption: a stop request saves at the next step and raises; the rerun resumes.
+
+SIGINT/SIGTERM to a real `campaign run`, and a cancellation from the Prefect UI, are in the fault
+suite (tests/faults/test_signals.py), which counts the signals and the runs saved in the grace."""
 
 from __future__ import annotations
 
@@ -8,10 +9,7 @@ import json
 import os
 import pickle
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,10 +17,7 @@ import pytest
 from gpucampaign import interrupt
 from gpucampaign.interrupt import Interrupted
 from gpucampaign.metrics import read_metrics
-from gpucampaign.records import read_timeline
 from tests._engine import digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -103,98 +98,3 @@ def test_a_stop_saves_the_step_reached_and_the_rerun_resumes_identically(tmp_pat
     assert train_losses(run_dir(spec, tmp_path) / "metrics.jsonl") == train_losses(
         run_dir(spec, tmp_path, out="alone") / "metrics.jsonl"
     )
-
-
-# --- a real `campaign run` in a terminal-like process group ------------------------------------
-def _long_campaign(tmp: Path) -> Path:
-    from tests.test_flow import tiny_campaign
-
-    def edit(data: dict[str, Any]) -> None:
-        data["control"].update(epochs=400)  # ~8000 steps: long enough to be interrupted
-        data["variants"] = []
-        data["calendar"] = [s for s in data["calendar"] if s.get("run") in (None, "control")]
-        data["checkpoint"] = {"every_steps": 5000, "keep": 3}  # no save near the signal
-
-    return tiny_campaign(tmp, edit=edit)
-
-
-def _trained_steps(out: Path) -> int:
-    files = list((out / "runs").glob("*/metrics.jsonl")) if (out / "runs").exists() else []
-    return sum(1 for p in files for r in read_metrics(p) if r["kind"] == "train")
-
-
-def _session_alive(sid: int) -> list[str]:
-    """Processes (other than zombies) still in session ``sid``."""
-    ps = subprocess.run(["ps", "-eo", "sid=,stat=,pid=,args="], capture_output=True, text=True)
-    return [
-        line
-        for line in ps.stdout.splitlines()
-        if line.split()[0] == str(sid) and not line.split()[1].startswith("Z")
-    ]
-
-
-def _server_sessions(pid: int) -> list[int]:
-    """Session IDs of the uvicorn processes whose parent is ``pid``."""
-    ps = subprocess.run(["ps", "-eo", "ppid=,sid=,args="], capture_output=True, text=True)
-    return [
-        int(line.split()[1])
-        for line in ps.stdout.splitlines()
-        if line.split()[0] == str(pid) and "uvicorn" in line
-    ]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signalled_campaign_saves_stops_and_resumes(tmp_path, sig, code):
-    spec, out = _long_campaign(tmp_path), tmp_path / "out"
-    campaign_bin = str(Path(sys.executable).parent / "campaign")
-    # A session of its own, like a terminal's foreground group: the signal goes to the group.
-    proc = subprocess.Popen(
-        [campaign_bin, "run", str(spec), "--out", str(out)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    servers: list[int] = []
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None and _trained_steps(out) < 200:
-            servers = servers or _server_sessions(proc.pid)
-            time.sleep(0.1)
-        assert proc.poll() is None, "the campaign ended before it could be interrupted"
-        sent = time.monotonic()
-        os.killpg(proc.pid, sig)
-        output, _ = proc.communicate(timeout=60)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == code, output[-3000:]
-    assert took < 20, took
-    assert f"interrupted by {sig.name}" in output and "Rerun the same command" in output
-    assert servers and all(s != proc.pid for s in servers)  # the server had its own session
-    time.sleep(1)
-    assert [_session_alive(s) for s in servers] == [[] for _ in servers]  # no orphan server
-    assert _session_alive(proc.pid) == []
-
-    latest = json.loads(next((out / "checkpoints").glob("control-*/LATEST")).read_text())
-    assert latest["step"] > 5  # past the pilot's checkpoint
-    cut = [r for r in read_timeline(out) if r.phase == "train"]
-    assert cut and cut[-1].interrupted and f"interrupted by {sig.name}" in cut[-1].outcome
-    assert cut[-1].checkpoint_step == latest["step"] and cut[-1].end is not None
-    assert not (out / "manifest.json").exists()
-
-    rerun = subprocess.run(
-        [campaign_bin, "run", str(spec), "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-3000:]
-    result = json.loads(next((out / "runs").glob("control-*/result.json")).read_text())
-    assert result["completed"] and result["resumed_from_step"] == latest["step"]

@@ -13,6 +13,8 @@ import pytest
 COUNTS: Counter[str] = Counter()
 SUMMARY_KEYS = (
     "signals_sent",
+    "stop_signals_sent",
+    "saved_within_grace",
     "kill_points_tried",
     "kill_points_survived",
     "faults_injected",
@@ -24,12 +26,18 @@ SUMMARY_KEYS = (
 
 
 class FaultCounter:
-    """What the fault suite did: signals, kill points, injected faults, fuzzed inputs, leaks."""
+    """What the fault suite did: signals and saves, kill points, injected faults, inputs, leaks."""
 
     def add(self, key: str, n: int = 1) -> None:
         """Add ``n`` to the count ``key`` (one of ``SUMMARY_KEYS``)."""
         assert key in SUMMARY_KEYS, key
         COUNTS[key] += n
+
+    def sent(self, signal_name: str) -> None:
+        """Count one signal sent; SIGINT and SIGTERM (a cancellation's too) ask for a save."""
+        self.add("signals_sent")
+        if signal_name in ("SIGINT", "SIGTERM"):
+            self.add("stop_signals_sent")
 
     def get(self, key: str) -> int:
         """The count ``key`` so far in this session."""
@@ -43,10 +51,14 @@ def faults() -> FaultCounter:
 
 
 def summary_line() -> str:
-    """``faults: signals sent N, kill points tried/survived N/N, ...``"""
+    """``faults: signals sent N (N SIGINT/SIGTERM, N SIGKILL), runs saved within the grace
+    N/N, kill points tried/survived N/N, ...``"""
     c = COUNTS
+    stops = c["stop_signals_sent"]
     return (
-        f"faults: signals sent {c['signals_sent']}, kill points tried/survived "
+        f"faults: signals sent {c['signals_sent']} ({stops} SIGINT/SIGTERM, "
+        f"{c['signals_sent'] - stops} SIGKILL), runs saved within the grace "
+        f"{c['saved_within_grace']}/{stops}, kill points tried/survived "
         f"{c['kill_points_tried']}/{c['kill_points_survived']}, faults injected/survived "
         f"{c['faults_injected']}/{c['faults_survived']}, fuzzed inputs tried {c['fuzzed_inputs']}, "
         f"tracebacks seen {c['tracebacks']}, secrets leaked {c['secrets_leaked']}"

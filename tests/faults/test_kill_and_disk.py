@@ -151,7 +151,7 @@ def kill_child(base: Path, point: str, n: int, faults) -> None:
         proc.stdout,
         proc.stderr[-2000:],
     )
-    faults.add("signals_sent")
+    faults.sent("SIGKILL")
     faults.add("kill_points_tried")
 
 

@@ -179,7 +179,7 @@ def test_worker_killed_holding_the_gpu_resumes_from_s3_on_a_fresh_folder(stack, 
     finally:
         if worker.poll() is None:
             stop_worker(worker)
-    faults.add("signals_sent")
+    faults.sent("SIGKILL")
     faults.add("kill_points_tried")
     faults.add("faults_injected")
     assert held == 1, "the control run did not hold the GPU slot when it was killed"
