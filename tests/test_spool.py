@@ -28,7 +28,7 @@ class FlakyStore(LocalStore):
         if self.down or any(r in key for r in self.refuse):
             raise StorageError(f"cannot reach the S3 endpoint for {key!r}")
 
-    def put_file(self, key: str, *, src: Path) -> None:
+    def put_file(self, key: str, *, src: Path, sha256: str | None = None) -> None:
         self._gate(key)
         super().put_file(key, src=src)
 

@@ -294,7 +294,7 @@ class CheckpointManager:
             work.mkdir(parents=True, exist_ok=True)
             files = _write_payload(work, model_state=model_state, train_state=train_state)
             write_s = time.perf_counter() - t0
-            upload_s = 0.0 if local_final is not None else self._upload(work, final_key)
+            upload_s = 0.0 if local_final is not None else self._upload(work, final_key, files)
             meta_bytes = self._meta_bytes(
                 step, files=files, write_s=write_s, upload_s=upload_s, extra_meta=extra_meta
             )
@@ -338,11 +338,13 @@ class CheckpointManager:
         base.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{dirname}-", dir=base))
 
-    def _upload(self, work: Path, final_key: str) -> float:
-        """Upload the payload files to a remote store; returns the seconds it took."""
+    def _upload(self, work: Path, final_key: str, files: dict[str, dict[str, Any]]) -> float:
+        """Upload the payload files to a remote store (with the hashes taken as they were
+        written); returns the seconds it took."""
         t0 = time.perf_counter()
         for name in PAYLOAD_FILES:
-            self.store.put_file(f"{final_key}/{name}", src=work / name)
+            sha256 = files[name]["sha256"]
+            self.store.put_file(f"{final_key}/{name}", src=work / name, sha256=sha256)
         return time.perf_counter() - t0
 
     def _meta_bytes(
@@ -426,7 +428,7 @@ class CheckpointManager:
         key = self._key(step_dirname(step))
         t0 = time.perf_counter()
         meta = self._read_meta(key, step=step, meta_sha256=meta_sha256)
-        blobs = self._fetch_payload(key, files=meta["files"])
+        blobs = self.fetch_payload(key, files=meta["files"])
         model_state, train_state = _deserialize(key, blobs)
         _check_state(key, train_state, step=step)
         return LoadedCheckpoint(
@@ -466,7 +468,7 @@ class CheckpointManager:
             raise CheckpointInvalid(key, f"meta lists no {lacking}")
         return meta
 
-    def _fetch_payload(self, key: str, *, files: dict[str, dict[str, Any]]) -> dict[str, bytes]:
+    def fetch_payload(self, key: str, *, files: dict[str, dict[str, Any]]) -> dict[str, bytes]:
         """The payload files of ``key`` (read in parallel), each checked for size and hash."""
 
         def fetch(name: str) -> tuple[str, bytes, str]:
@@ -477,8 +479,7 @@ class CheckpointManager:
                         raise NotFound(name)
                     data, digest = read_hashed(local)
                 else:
-                    data = self.store.read_bytes(f"{key}/{name}")
-                    digest = hashlib.sha256(data).hexdigest()
+                    data, digest = self.store.read_hashed(f"{key}/{name}")
             except (NotFound, FileNotFoundError):
                 raise CheckpointInvalid(key, f"component {name} is missing") from None
             return name, data, digest

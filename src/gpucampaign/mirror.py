@@ -67,7 +67,7 @@ def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict
         info = {"bytes": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
         if previous.get(rel) == info and store.exists(rel) and store.size(rel) == info["bytes"]:
             return rel, info, False
-        store.put_file(rel, src=root / rel)
+        store.put_file(rel, src=root / rel, sha256=info["sha256"])
         return rel, info, True
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -120,6 +120,8 @@ def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict
     def fetch(rel: str) -> int:
         target = work / check_key(rel)
         store.get_file(rel, dst=target)
+        with open(target, "rb") as f:  # get_file does not fsync; the folder is kept for good
+            os.fsync(f.fileno())
         want = files[rel]
         size, digest = target.stat().st_size, sha256_file(target)
         if size != want["bytes"] or digest != want["sha256"]:

@@ -3,11 +3,16 @@ an upload is verified with, and a download target that hashes while the parts ar
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import mmap
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+_BLOCK = 8 * 1024 * 1024
 
 
 def s3_client(
@@ -61,46 +66,182 @@ def expected_etag(part_md5s: list[bytes]) -> str:
     return f"{hashlib.md5(b''.join(part_md5s), usedforsecurity=False).hexdigest()}-{len(part_md5s)}"
 
 
-def file_digests(path: Path, *, part_size: int | None) -> tuple[str, int, str]:
-    """sha256, size and the ETag S3 computes for ``path`` uploaded in parts of ``part_size``
-    (``None``: one PUT), in one read of the file; the two hashes run on two cores."""
+def _each_part(path: Path, *, part_size: int | None, fn: Callable[[memoryview], None]) -> None:
+    """Call ``fn`` on the file's bytes in the parts it goes up in (``None``: one PUT, in
+    blocks), as views of a mapping of the file: hashing them copies nothing. A view is valid
+    only during its call."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            fn(memoryview(b""))
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            step = part_size or _BLOCK
+            for start in range(0, size, step):
+                with memoryview(mapped)[start : start + step] as part:
+                    fn(part)
+
+
+def file_etag(path: Path, *, part_size: int | None) -> str:
+    """The ETag S3 computes (an MD5, or an MD5 of part MD5s) for ``path`` uploaded in parts of
+    ``part_size`` (``None``: one PUT)."""
+    md5s: list[bytes] = []
+    whole = hashlib.md5(usedforsecurity=False)
+
+    def add(data: memoryview) -> None:
+        if part_size:
+            md5s.append(hashlib.md5(data, usedforsecurity=False).digest())
+        else:
+            whole.update(data)
+
+    _each_part(path, part_size=part_size, fn=add)
+    return expected_etag(md5s or [whole.digest()])
+
+
+def _b64_crc(crc: int) -> str:
+    return base64.b64encode(crc.to_bytes(4, "big")).decode()
+
+
+@dataclass(frozen=True)
+class FileDigests:
+    """What an upload of one file is verified with."""
+
+    sha256: str | None  # None when the caller already knew it
+    size: int
+    crc32c: str  # as S3 reports ``ChecksumCRC32C``: of the bytes, or of the part CRCs + "-N"
+
+
+def file_digests(path: Path, *, part_size: int | None, sha256: bool = True) -> FileDigests:
+    """The CRC32C checksum S3 reports for ``path`` uploaded in parts of ``part_size``
+    (``None``: one PUT), its size and (with ``sha256``) its sha256, in one read of the file;
+    the sha256 runs on a second core, the CRC32C in hardware (awscrt, as botocore uses)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    sha, md5s, size = hashlib.sha256(), [], 0
-    block = part_size or 8 * 1024 * 1024
-    part = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f, ThreadPoolExecutor(max_workers=1) as pool:
-        while data := f.read(block):
-            job = pool.submit(sha.update, data)  # hashlib releases the GIL on large buffers
-            part.update(data)
-            size += len(data)
-            if part_size:
-                md5s.append(part.digest())
-                part = hashlib.md5(usedforsecurity=False)
+    from awscrt.checksums import crc32c
+
+    sha = hashlib.sha256() if sha256 else None
+    crcs: list[int] = []
+    crc, size = 0, 0
+
+    def add(data: memoryview) -> None:
+        nonlocal crc, size
+        job = pool.submit(sha.update, data) if sha else None  # hashlib releases the GIL
+        if part_size:
+            crcs.append(crc32c(data))
+        else:
+            crc = crc32c(data, crc)
+        size += len(data)
+        if job:
             job.result()
-    if not part_size or not md5s:
-        md5s = [part.digest()]
-    return sha.hexdigest(), size, expected_etag(md5s)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        _each_part(path, part_size=part_size, fn=add)
+    if part_size and crcs:
+        whole = crc32c(b"".join(c.to_bytes(4, "big") for c in crcs))
+        checksum = f"{_b64_crc(whole)}-{len(crcs)}"
+    else:
+        checksum = _b64_crc(crc)
+    return FileDigests(sha256=sha.hexdigest() if sha else None, size=size, crc32c=checksum)
 
 
 class HashingSink:
-    """A write-only, non-seekable target: the transfer manager then writes the parts in order,
-    so the sha256 is computed while the next parts are still downloading."""
+    """A download target that hashes what it is given, in order, on a thread of its own.
 
-    def __init__(self, target: Any = None) -> None:
-        self.sha = hashlib.sha256()
+    It is seekable, so the transfer manager writes each range where it belongs as soon as it
+    arrives (as ``download_file`` does); the hash follows the part written without a gap.
+    All writes come from the transfer manager's one I/O thread. With a ``target`` file, ranges
+    that arrive ahead of the hash wait in memory for it; with none, the bytes go into one
+    buffer of ``size`` bytes (``data()``) and are hashed from it, copied once. Use it as a
+    context manager.
+    """
+
+    _BATCH = 8 * 1024 * 1024
+
+    def __init__(self, target: Any = None, *, size: int = 0) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._sha = hashlib.sha256()
+        self._hasher = ThreadPoolExecutor(max_workers=1)  # one worker: updates stay in order
+        self._buffer = bytearray(size) if target is None else None
+        self._view = memoryview(self._buffer) if self._buffer is not None else None
+        self._early: dict[int, Any] = {}  # offset -> what arrived ahead of the hash
+        self._hashed_to = 0  # written without a gap up to here
+        self._queued_to = 0  # handed to the hashing thread up to here
+        self._batch: list[Any] = []
+        self._offset = 0
+        self._digest: str | None = None
         self.size = 0
         self.target = target
-        self.chunks: list[bytes] = []
+
+    def __enter__(self) -> HashingSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hasher.shutdown(wait=True)
 
     def seekable(self) -> bool:
-        return False
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence != 0:
+            raise OSError("a HashingSink seeks to absolute offsets only")
+        self._offset = offset
+        return offset
+
+    def tell(self) -> int:
+        return self._offset
+
+    def _hash(self, batch: list[Any]) -> None:
+        # One large update when the pieces are separate: the GIL is dropped once per batch,
+        # not retaken per 256 KiB chunk while the download threads hold it.
+        self._sha.update(batch[0] if len(batch) == 1 else b"".join(batch))
 
     def write(self, data: bytes) -> int:
-        self.sha.update(data)
-        self.size += len(data)
-        if self.target is None:
-            self.chunks.append(bytes(data))
+        start, n = self._offset, len(data)
+        if self._view is not None:
+            if start + n > len(self._view):
+                raise OSError(f"more bytes arrived than the {len(self._view)} listed")
+            self._view[start : start + n] = data
+            self._early[start] = n
         else:
+            self.target.seek(start)
             self.target.write(data)
-        return len(data)
+            self._early[start] = bytes(data)
+        self._offset += n
+        self.size += n
+        self._advance()
+        return n
+
+    def _advance(self) -> None:
+        """Queue for the hash what now follows the hashed part without a gap."""
+        while self._hashed_to in self._early:
+            piece = self._early.pop(self._hashed_to)
+            if self._view is None:
+                self._batch.append(piece)
+                self._hashed_to += len(piece)
+            else:
+                self._hashed_to += piece
+        if self._hashed_to - self._queued_to >= self._BATCH:
+            self._queue()
+
+    def _queue(self) -> None:
+        if self._view is not None:
+            self._batch = [self._view[self._queued_to : self._hashed_to]]
+        if self._batch:
+            self._hasher.submit(self._hash, self._batch)
+        self._batch, self._queued_to = [], self._hashed_to
+
+    def hexdigest(self) -> str:
+        """The sha256 of everything written, once the writing is over (waits for the hashing
+        thread); a gap in what was written hashes as a mismatch."""
+        if self._digest is None:
+            self._queue()
+            self._hasher.submit(lambda: None).result()
+            gap = "incomplete:" if self._early else ""  # bytes after a gap: not in order
+            self._digest = gap + self._sha.hexdigest()
+        return self._digest
+
+    def data(self) -> bytearray:
+        """The bytes kept in memory (no ``target``)."""
+        assert self._buffer is not None
+        return self._buffer if self.size == len(self._buffer) else self._buffer[: self.size]

@@ -122,7 +122,7 @@ class SpoolingStore:
                 return False
             self.remote.write_bytes(key, data=data)
         else:
-            self.remote.put_file(key, src=path)
+            self.remote.put_file(key, src=path, sha256=digest)
         with self._lock:  # delete only the bytes that went up, not a newer version
             try:
                 same = sha256_file(path) == digest
@@ -165,13 +165,13 @@ class SpoolingStore:
         self._start()
 
     # --- the Store interface -----------------------------------------------------------
-    def put_file(self, key: str, *, src: Path) -> None:
+    def put_file(self, key: str, *, src: Path, sha256: str | None = None) -> None:
         """Upload ``src``; when the remote refuses, keep it in the spool (verified locally)."""
         if not Path(src).is_file():
             raise NotFound(f"local file {src} does not exist")
         self._spool_or_remote(
             key,
-            lambda: self.remote.put_file(key, src=src),
+            lambda: self.remote.put_file(key, src=src, sha256=sha256),
             lambda: self.spool.put_file(key, src=src),
         )
 
@@ -221,6 +221,12 @@ class SpoolingStore:
         if self.spool.exists(key):
             return self.spool.read_bytes(key)
         return self.remote.read_bytes(key)
+
+    def read_hashed(self, key: str) -> tuple[bytes | bytearray, str]:
+        """The object and its sha256 (the spooled version when there is one)."""
+        if self.spool.exists(key):
+            return self.spool.read_hashed(key)
+        return self.remote.read_hashed(key)
 
     def local_path(self, key: str) -> Path | None:
         """Always ``None``: the checkpoint code stages files and uploads them."""

@@ -20,12 +20,12 @@ import base64
 import hashlib
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 
 from gpucampaign.files import TMP_PREFIX, atomic_copy, atomic_write_bytes, sha256_bytes
-from gpucampaign.s3client import HashingSink, file_digests, s3_client
+from gpucampaign.s3client import HashingSink, file_digests, file_etag, s3_client
 from gpucampaign.spec import SpecError
 
 _CHUNK = 8 * 1024 * 1024
@@ -58,8 +58,9 @@ class Store(Protocol):
 
     url: str
 
-    def put_file(self, key: str, *, src: Path) -> None:
-        """Upload the local file ``src`` to ``key``."""
+    def put_file(self, key: str, *, src: Path, sha256: str | None = None) -> None:
+        """Upload the local file ``src`` to ``key``; ``sha256`` is its hash when the caller
+        already has it (a remote store then records it without reading the file twice)."""
         ...
 
     def get_file(self, key: str, *, dst: Path) -> None:
@@ -84,6 +85,11 @@ class Store(Protocol):
 
     def read_bytes(self, key: str) -> bytes:
         """The whole object; ``NotFound`` when absent."""
+        ...
+
+    def read_hashed(self, key: str) -> tuple[bytes | bytearray, str]:
+        """The whole object and its sha256 (a remote store's download was checked with it, so
+        the caller need not hash it again); ``NotFound`` when absent."""
         ...
 
     def write_bytes(self, key: str, *, data: bytes) -> None:
@@ -118,8 +124,8 @@ class LocalStore:
         """Filesystem path of ``key`` (it may not exist yet)."""
         return self._path(key)
 
-    def put_file(self, key: str, *, src: Path) -> None:
-        """Copy ``src`` to ``key`` (temp name, fsync, rename)."""
+    def put_file(self, key: str, *, src: Path, sha256: str | None = None) -> None:
+        """Copy ``src`` to ``key`` (temp name, fsync, rename); ``sha256`` is not needed here."""
         dst = self._path(key)
         try:
             atomic_copy(src, dst)
@@ -178,6 +184,11 @@ class LocalStore:
         while parent != self.root and parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()
             parent = parent.parent
+
+    def read_hashed(self, key: str) -> tuple[bytes | bytearray, str]:
+        """The content of ``key`` and its sha256."""
+        data = self.read_bytes(key)
+        return data, sha256_bytes(data)
 
     def read_bytes(self, key: str) -> bytes:
         """The content of ``key``."""
@@ -347,17 +358,25 @@ class S3Store:
     def _head(self, key: str) -> dict[str, Any]:
         return self._on_object("head_object", key)
 
-    def _verify(self, key: str, *, sha256: str, size: int, etag: str) -> None:
-        head = self._head(key)
-        got_etag = str(head.get("ETag", "")).strip('"')
-        if head.get("ServerSideEncryption") == "aws:kms" or head.get("SSECustomerAlgorithm"):
-            got_etag = etag  # with these the ETag is not an MD5 of the bytes: size and hash only
+    def _verify(
+        self, key: str, *, sha256: str, size: int, crc32c: str | None, etag: Callable[[], str]
+    ) -> None:
+        """Raise unless the bucket's object has ``size``, ``sha256`` in its metadata, and the
+        checksum the server computed from the bytes it received equals ours: its CRC32C when
+        it keeps one, else its ETag (an MD5 of the bytes, computed here only then)."""
+        head = self._on_object("head_object", key, ChecksumMode="ENABLED")
         meta = head.get("Metadata", {})
-        if head.get("ContentLength") != size or meta.get("sha256") != sha256 or got_etag != etag:
+        got_crc = head.get("ChecksumCRC32C")
+        if crc32c is not None and got_crc:
+            sent, got = f"CRC32C {crc32c}", f"CRC32C {got_crc}"
+        elif head.get("ServerSideEncryption") == "aws:kms" or head.get("SSECustomerAlgorithm"):
+            sent = got = "-"  # with these the ETag is not an MD5 of the bytes: size and hash only
+        else:
+            sent, got = f"ETag {etag()}", f"ETag {str(head.get('ETag', '')).strip(chr(34))}"
+        if head.get("ContentLength") != size or meta.get("sha256") != sha256 or got != sent:
             raise StorageError(
                 f"{self.url}/{key}: the bucket does not hold what was uploaded "
-                f"({head.get('ContentLength')} bytes, ETag {got_etag}; "
-                f"sent {size} bytes, ETag {etag})"
+                f"({head.get('ContentLength')} bytes, {got}; sent {size} bytes, {sent})"
             )
 
     def _upload(self, src: Path, key: str, *, extra: dict[str, Any]) -> None:
@@ -368,8 +387,17 @@ class S3Store:
             str(src), self.bucket, self._obj(key), extra_args=extra
         )
 
-    def put_file(self, key: str, *, src: Path) -> None:
-        """Upload ``src`` to ``key`` and verify the bucket holds exactly its bytes."""
+    def put_file(self, key: str, *, src: Path, sha256: str | None = None) -> None:
+        """Upload ``src`` to ``key`` and verify the bucket holds exactly its bytes.
+
+        Each request carries a CRC32C the server checks (it refuses a part that arrives
+        altered); afterwards the object's checksum must equal the one computed here from a
+        separate read of the file, so bytes read wrongly for the upload are caught too.
+        ``sha256``, when the caller knows it, goes into the metadata without hashing the file
+        again; the local checksum is then computed while the upload runs.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
         from s3transfer.utils import ChunksizeAdjuster
 
         src = Path(src)
@@ -379,31 +407,47 @@ class S3Store:
         part = None
         if size >= self._transfer.multipart_threshold:
             part = ChunksizeAdjuster().adjust_chunksize(self._transfer.multipart_chunksize, size)
-        sha256, size, etag = file_digests(src, part_size=part)
-        extra = {"Metadata": {"sha256": sha256, "size": str(size)}}
-        self._call("cannot upload to", key, self._upload, src=src, key=key, extra=extra)
-        self._verify(key, sha256=sha256, size=size, etag=etag)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            local = pool.submit(file_digests, src, part_size=part, sha256=sha256 is None)
+            sha256 = sha256 or str(local.result().sha256)
+            extra = {
+                "Metadata": {"sha256": sha256, "size": str(size)},
+                "ChecksumAlgorithm": "CRC32C",
+            }
+            self._call("cannot upload to", key, self._upload, src=src, key=key, extra=extra)
+            digests = local.result()
+        self._verify(
+            key,
+            sha256=sha256,
+            size=digests.size,
+            crc32c=digests.crc32c,
+            etag=lambda: file_etag(src, part_size=part),
+        )
 
     def _fetch(self, key: str, target: Any = None) -> HashingSink:
         """Download ``key`` in parallel ranges into ``target`` (a file, or memory when None),
         checked against the size and sha256 its metadata records."""
         head = self._head(key)
-        sink = HashingSink(target)
-        self._on_object("download_fileobj", key, Fileobj=sink, Config=self._transfer)
-        self._check_content(key, head, size=sink.size, sha256=sink.sha.hexdigest)
+        with HashingSink(target, size=int(head.get("ContentLength") or 0)) as sink:
+            try:
+                self._on_object("download_fileobj", key, Fileobj=sink, Config=self._transfer)
+            except StorageError:
+                raise
+            except OSError as exc:  # the object changed under the download
+                raise StorageError(f"{self.url}/{key}: {exc}") from None
+            self._check_content(key, head, size=sink.size, sha256=sink.hexdigest)
         return sink
 
     def get_file(self, key: str, *, dst: Path) -> None:
         """Download ``key`` into ``dst`` atomically; a file failing its size or sha256 is not
-        kept."""
+        kept. Like boto3's ``download_file`` it does not fsync: the bucket keeps the object, and
+        a caller that keeps the copy makes it durable (``mirror.retrieve`` does)."""
         dst = Path(dst)
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}.{uuid.uuid4().hex[:8]}")
         try:
             with open(tmp, "wb") as f:
                 self._fetch(key, f)
-                f.flush()
-                os.fsync(f.fileno())
             os.replace(tmp, dst)
         except OSError as exc:
             if isinstance(exc, StorageError):
@@ -455,7 +499,12 @@ class S3Store:
 
     def read_bytes(self, key: str) -> bytes:
         """The whole object, checked against its size and sha256."""
-        return b"".join(self._fetch(key).chunks)
+        return bytes(self._fetch(key).data())
+
+    def read_hashed(self, key: str) -> tuple[bytes | bytearray, str]:
+        """The whole object and the sha256 it was checked with."""
+        sink = self._fetch(key)
+        return sink.data(), sink.hexdigest()
 
     def write_bytes(self, key: str, *, data: bytes) -> None:
         """Write ``data`` to ``key`` in one PUT (atomic in S3) and verify it."""
@@ -468,7 +517,7 @@ class S3Store:
             ContentMD5=base64.b64encode(digest.digest()).decode(),
             Metadata={"sha256": sha256, "size": str(len(data))},
         )
-        self._verify(key, sha256=sha256, size=len(data), etag=digest.hexdigest())
+        self._verify(key, sha256=sha256, size=len(data), crc32c=None, etag=digest.hexdigest)
 
     def local_path(self, key: str) -> Path | None:
         """Always ``None``: objects are not files here."""

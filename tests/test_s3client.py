@@ -1,0 +1,79 @@
+"""The hashes an S3 upload and download are checked with, without a server."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+
+from awscrt.checksums import crc32c
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpucampaign.s3client import HashingSink, file_digests, file_etag
+
+MIB = 1024 * 1024
+
+
+def _write_ranges(sink: HashingSink, data: bytes, *, chunk: int, order: list[int]) -> None:
+    """Write ``data`` in ``chunk``-sized ranges in ``order``, as parallel ranged GETs do."""
+    starts = list(range(0, len(data), chunk))
+    for i in order:
+        sink.seek(starts[i])
+        sink.write(data[starts[i] : starts[i] + chunk])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.binary(min_size=1, max_size=5000),
+    chunk=st.integers(min_value=1, max_value=700),
+    seed=st.randoms(use_true_random=False),
+    to_file=st.booleans(),
+)
+def test_a_sink_hashes_ranges_written_in_any_order(data, chunk, seed, to_file):
+    order = list(range(len(range(0, len(data), chunk))))
+    seed.shuffle(order)
+    target = io.BytesIO() if to_file else None
+    with HashingSink(target, size=len(data)) as sink:
+        sink._BATCH = 256  # several hash batches even for small inputs
+        _write_ranges(sink, data, chunk=chunk, order=order)
+        assert sink.hexdigest() == hashlib.sha256(data).hexdigest()
+        assert sink.size == len(data)
+        kept = target.getvalue() if target is not None else bytes(sink.data())
+    assert kept == data
+
+
+def test_a_gap_or_extra_bytes_do_not_pass_for_the_object():
+    data = bytes(range(256)) * 40
+    with HashingSink(None, size=len(data)) as sink:
+        _write_ranges(sink, data, chunk=1000, order=[0, 2, 3])  # range 1 never arrived
+        assert sink.hexdigest() != hashlib.sha256(data).hexdigest()
+    with HashingSink(None, size=10) as sink:
+        try:
+            sink.write(b"x" * 11)
+        except OSError as exc:
+            assert "more bytes" in str(exc)
+        else:
+            raise AssertionError("a sink took more bytes than the object lists")
+
+
+def test_file_digests_are_what_s3_reports(tmp_path):
+    data = bytes(range(256)) * (12 * MIB // 256) + b"tail"
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    part = 5 * MIB
+    parts = [data[i : i + part] for i in range(0, len(data), part)]
+    whole = file_digests(path, part_size=None)
+    assert whole.sha256 == hashlib.sha256(data).hexdigest() and whole.size == len(data)
+    assert whole.crc32c == base64.b64encode(crc32c(data).to_bytes(4, "big")).decode()
+    # In parts: the CRC32C of the parts' CRC32Cs and their count, as S3 reports a composite.
+    crcs = b"".join(crc32c(p).to_bytes(4, "big") for p in parts)
+    composite = base64.b64encode(crc32c(crcs).to_bytes(4, "big")).decode()
+    in_parts = file_digests(path, part_size=part, sha256=False)
+    assert in_parts.crc32c == f"{composite}-3" and in_parts.sha256 is None
+    md5s = b"".join(hashlib.md5(p).digest() for p in parts)
+    assert file_etag(path, part_size=part) == f"{hashlib.md5(md5s).hexdigest()}-3"
+    assert file_etag(path, part_size=None) == hashlib.md5(data).hexdigest()
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert file_digests(empty, part_size=None).sha256 == hashlib.sha256(b"").hexdigest()
