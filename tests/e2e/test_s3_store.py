@@ -5,6 +5,7 @@ No fakes on this path: every request goes over HTTP to the server, checked with 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -123,18 +124,56 @@ class _CorruptingStore(S3Store):
         super()._upload(bad, key, extra=extra)
 
 
+class _NoChecksumStore(S3Store):
+    """A server that keeps no flexible checksums: only the ETag tells what it received."""
+
+    def _on_object(self, op: str, key: str, /, **kwargs):
+        head = super()._on_object(op, key, **kwargs)
+        if op == "head_object":
+            head = {k: v for k, v in head.items() if not k.startswith("Checksum")}
+        return head
+
+
+class _CorruptingNoChecksumStore(_CorruptingStore, _NoChecksumStore):
+    pass
+
+
 def test_an_upload_that_does_not_arrive_intact_fails(server, tmp_path):
+    src = tmp_path / "f.bin"
+    src.write_bytes(os.urandom(6 * MIB))
+    sha256 = hashlib.sha256(src.read_bytes()).hexdigest()
     for threshold in (64 * MIB, 5 * MIB):  # one PUT, then parts
-        store = _CorruptingStore(
-            f"s3://{server.bucket}/intransit",
+        for cls in (_CorruptingStore, _CorruptingNoChecksumStore):
+            store = cls(
+                f"s3://{server.bucket}/intransit",
+                env=server.env(),
+                multipart_threshold=threshold,
+                part_size=5 * MIB,
+            )
+            # Also when the caller passes the hash it took: the file is read again to check.
+            for known in (None, sha256):
+                with pytest.raises(StorageError, match="does not hold what was uploaded"):
+                    store.put_file("f.bin", src=src, sha256=known)
+
+
+def test_an_upload_is_checked_by_crc32c_or_else_by_the_etag(server, tmp_path):
+    src = tmp_path / "f.bin"
+    src.write_bytes(os.urandom(6 * MIB + 7))
+    sha256 = hashlib.sha256(src.read_bytes()).hexdigest()
+    client = server.client()
+    for cls in (S3Store, _NoChecksumStore):
+        store = cls(
+            f"s3://{server.bucket}/checked",
             env=server.env(),
-            multipart_threshold=threshold,
+            multipart_threshold=5 * MIB,
             part_size=5 * MIB,
         )
-        src = tmp_path / "f.bin"
-        src.write_bytes(os.urandom(6 * MIB))
-        with pytest.raises(StorageError, match="does not hold what was uploaded"):
-            store.put_file("f.bin", src=src)
+        store.put_file("f.bin", src=src, sha256=sha256)
+        head = client.head_object(Bucket=server.bucket, Key="checked/f.bin", ChecksumMode="ENABLED")
+        assert head["Metadata"]["sha256"] == sha256
+        assert head["ChecksumCRC32C"].endswith("-2")  # the server checked each part's CRC32C
+        data, digest = store.read_hashed("f.bin")
+        assert digest == sha256 and bytes(data) == src.read_bytes()
 
 
 def test_wrong_keys_missing_bucket_and_a_server_that_is_down(server, tmp_path):
