@@ -413,7 +413,6 @@ def main() -> int:
         bench_restart(tmp, 2, res)
         bench_campaigns(tmp, [1, 3, 6], res)
         bench_planner([(1000, 3), (10_000, reps), (100_000, 1)], res, limit_s=90)
-    storage = ROOT / "bench" / "storage.py"
     res.rows.append(
         Row(
             "S3Store vs plain boto3, same bytes",
@@ -421,8 +420,8 @@ def main() -> int:
             [],
             ">= 0.9x",
             None,
-            note="see bench/storage.py"
-            + ("" if storage.is_file() else " (written on another branch)"),
+            note="measured apart from `make bench` (it starts its own S3 server): "
+            "`python bench/storage.py --out bench/results/storage.md`; see that page",
         )
     )
     gpu = sorted((ROOT / "bench" / "results").glob("gpu-*.md"))

@@ -24,7 +24,8 @@ strict baseline; local disk (``LocalStore``, reported only).
 Ratios are throughput relative to S3Store (>= 1 means S3Store is at least as fast); the goal
 is S3Store >= 0.9x the strict plain-boto3 baseline for the checkpoint's upload and restore.
 
-Usage: python bench/storage.py [--mb 128] [--repeats 9] [--env] [--json]
+Usage: python bench/storage.py [--mb 128] [--repeats 9] [--env] [--json] [--out FILE]
+(``--out bench/results/storage.md`` is the recorded run.)
 """
 
 from __future__ import annotations
@@ -195,13 +196,56 @@ def run(env: dict[str, str], *, bucket: str, mb: int, repeats: int, work: Path) 
         "median_s": med,
         "mb_s": {k: {op: total / MB / s for op, s in ops.items()} for k, ops in med.items()},
     }
-    result["s3store_vs"] = {
-        k: {op: med[k][op] / med["s3store"][op] for op in OPS}
-        for k in ("boto3_default", "boto3_same_config", "local_disk")
+    others = ("boto3_default", "boto3_same_config", "local_disk")
+    result["s3store_vs"] = {k: {op: med[k][op] / med["s3store"][op] for op in OPS} for k in others}
+    # The same ratio repeat by repeat (min, median, max): how far the noise moves it.
+    result["per_repeat"] = {
+        k: {
+            op: _spread([b / a for a, b in zip(times["s3store"][op], times[k][op], strict=True)])
+            for op in OPS
+        }
+        for k in others
     }
     strict = result["s3store_vs"]["boto3_same_config"]
     result["goal_met"] = min(strict["upload"], strict["restore"]) >= 0.9
     return result
+
+
+def _spread(values: list[float]) -> list[float]:
+    return [min(values), statistics.median(values), max(values)]
+
+
+def markdown(r: dict, *, load: str) -> str:
+    """The run as a page for ``bench/results/storage.md``."""
+    lines = [
+        "# S3Store vs plain boto3 (`python bench/storage.py`)",
+        "",
+        f"Checkpoint of {r['bytes'] / MB:.0f} MB in {len(r['files'])} files "
+        f"({', '.join(r['files'])}), {r['repeats']} alternated repeats, local SeaweedFS; "
+        f"load average before the run: {load}. Ratios are S3Store's throughput over the "
+        "contender's: the median of each side's times, then (min / median / max) the ratio "
+        "repeat by repeat.",
+        "",
+        "| S3Store vs | " + " | ".join(OPS) + " |",
+        "|---" * (len(OPS) + 1) + "|",
+    ]
+    for name, ops in r["s3store_vs"].items():
+        cells = [
+            f"{ops[op]:.2f}x ({' / '.join(f'{v:.2f}' for v in r['per_repeat'][name][op])})"
+            for op in OPS
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "| MB/s | " + " | ".join(OPS) + " |", "|---" * (len(OPS) + 1) + "|"]
+    for name, ops in r["mb_s"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{ops[op]:.0f}" for op in OPS) + " |")
+    verdict = "met" if r["goal_met"] else "**not met**"
+    lines += [
+        "",
+        "Goal: S3Store >= 0.9x plain boto3 with the same client settings for the checkpoint's "
+        f"upload and restore: {verdict}.",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -216,7 +260,9 @@ def main() -> int:
         "gpucampaign)",
     )
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", type=Path, help="also write the run as markdown here")
     a = ap.parse_args()
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     work = Path(tempfile.mkdtemp(prefix="bench-storage-"))
     server = None
     try:
@@ -233,6 +279,9 @@ def main() -> int:
         if server is not None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(markdown(r, load=load))
     if a.json:
         print(json.dumps(r, indent=2))
         return 0
