@@ -245,9 +245,10 @@ class S3Store:
 
     Every object carries its sha256 and size in its metadata. ``put_file`` and
     ``write_bytes`` return only once the bucket holds the object with the right size and the
-    ETag the server computed from the bytes it received matches the local bytes; reads check
-    size and sha256 against the metadata. Large files go up in parallel parts through boto3's
-    transfer manager.
+    checksum the server computed from the bytes it received matches the local bytes (the
+    CRC32C of ``put_file``'s parts, the ETag of ``write_bytes``' one PUT); reads check size and
+    sha256 against the metadata, hashing while the ranges arrive. Large files go up and down
+    in parallel parts through boto3's transfer manager.
 
     Args:
         url: ``s3://bucket/prefix``.
