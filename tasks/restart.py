@@ -63,6 +63,7 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
             spec,
             run=run,
             corpus_path=target.corpus_path,
+            inputs=target.inputs,
             store=target.store,
             run_dir=Path(out) / "runs" / target.runs[run],
             workdir=Path(work),

@@ -124,7 +124,69 @@ def test_pinned_inputs_and_devices_are_in_the_manifest(tmp_path, digits_file):  
     spec = load_spec(src)
     out = tmp_path / "out"
     kept = keep_inputs(out, spec, base_dir=src.parent)
-    assert kept["pinned"] == {"base": {"path": "base.bin", "sha256": sha256_file(base)}}
+    digest = sha256_file(base)
+    assert kept["pinned"]["base"] | {"size": 0} == {
+        "spec_path": "base.bin",
+        "kind": "copied",
+        "path": "inputs/base/base.bin",
+        "name": "base.bin",
+        "sha256": digest,
+        "size": 0,
+    }
+    assert sha256_file(out / "inputs" / "base" / "base.bin") == digest  # kept in the folder
     # The manifest's run entries carry the device each run recorded in its params.json.
     rid = _train_control(spec, src=src.parent, out=out, stop_after_steps=2)
     assert _device_of(OutputFolder(out), rid) == {"device": "cpu"}
+
+
+@pytest.mark.process
+def test_a_moved_folder_resumes_a_campaign_with_pinned_inputs_from_its_copies(
+    tmp_path: Path,
+    digits_file: tuple[Path, str],  # noqa: F811
+) -> None:
+    from gpucampaign.files import sha256_file
+    from gpucampaign.restart import verify_checkpoint_resume
+
+    spec_file = _campaign(tmp_path / "src", digits_file)
+    base = spec_file.parent / "models" / "base.bin"
+    base.parent.mkdir()
+    base.write_bytes(b"weights of an earlier campaign")
+    data = yaml.safe_load(spec_file.read_text())
+    data["inputs"] = {"base": {"path": "models/base.bin", "sha256": sha256_file(base)}}
+    spec_file.write_text(yaml.safe_dump(data))
+    spec = load_spec(spec_file)
+    out = tmp_path / "out"
+    OutputFolder(out).keep_spec(spec_file.read_bytes(), source="test")
+    keep_inputs(out, spec, base_dir=spec_file.parent)
+    rid = _train_control(spec, src=spec_file.parent, out=out, checkpoint_every=2)
+
+    moved = tmp_path / "elsewhere" / "out"
+    shutil.copytree(out, moved)
+    shutil.rmtree(tmp_path / "src")  # the spec's folder, with the input, is gone
+    shutil.rmtree(out)
+    target = output_check_target(moved)
+    assert target.inputs == {"base": moved / "inputs" / "base" / "base.bin"}
+    report = verify_checkpoint_resume(
+        target.spec,
+        run="control",
+        corpus_path=target.corpus_path,
+        inputs=target.inputs,
+        store=target.store,
+        run_dir=moved / "runs" / rid,
+        workdir=tmp_path / "work",
+        m_steps=2,
+    )
+    assert report.identical
+    # Without the copies the check says which input it could not find.
+    (moved / "inputs" / "base" / "base.bin").write_bytes(b"altered")
+    with pytest.raises(Exception, match="input 'base'"):
+        verify_checkpoint_resume(
+            target.spec,
+            run="control",
+            corpus_path=target.corpus_path,
+            inputs=output_check_target(moved).inputs,
+            store=target.store,
+            run_dir=moved / "runs" / rid,
+            workdir=tmp_path / "work2",
+            m_steps=2,
+        )

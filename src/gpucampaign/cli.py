@@ -276,6 +276,7 @@ def _check_fresh_restart(
 ) -> Any:
     """Train the run from scratch, interrupt it, resume it in a new process, compare."""
     from gpucampaign.corpus import corpus_path
+    from gpucampaign.pins import resolve_inputs
     from gpucampaign.restart import verify_restart
     from gpucampaign.spec import load_spec
 
@@ -285,6 +286,7 @@ def _check_fresh_restart(
         cs,
         run=run,
         corpus_path=path,
+        inputs=resolve_inputs(cs, base_dir=spec.resolve().parent),
         workdir=workdir,
         n_steps=n_steps,
         k_steps=k_steps,
@@ -311,6 +313,7 @@ def _check_output_restart(
         target.spec,
         run=run,
         corpus_path=target.corpus_path,
+        inputs=target.inputs,
         store=target.store,
         run_dir=out / "runs" / target.runs[run],
         workdir=workdir,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -209,21 +210,27 @@ def load_spec_corpus(
 
 
 def open_corpus(
-    path: str | Path, *, spec: CampaignSpec, base_dir: str | Path | None, run_id: str = AUDIT_RUN_ID
+    path: str | Path,
+    *,
+    spec: CampaignSpec,
+    base_dir: str | Path | None,
+    run_id: str = AUDIT_RUN_ID,
+    input_paths: Mapping[str, Path] | None = None,
 ) -> Any:
-    """``load_spec_corpus`` for a corpus already resolved to ``path``.
+    """``load_spec_corpus`` for a corpus already resolved to ``path``; the pinned inputs are
+    at ``input_paths`` (``pins.resolve_inputs``), or resolved from ``base_dir``.
 
     Raises:
         EssentialInputMissing: The corpus or an input is missing or not the pinned one.
+        SpecError: The spec pins inputs and neither ``input_paths`` nor ``base_dir`` is given.
     """
-    from gpucampaign.pins import pin, pin_inputs
+    from gpucampaign.pins import pin, pin_inputs, resolve_inputs
 
     assert spec.corpus is not None
-    if spec.inputs and base_dir is None:
-        raise SpecError(
-            "the spec pins 'inputs': their paths need the spec's folder.", field="inputs"
-        )
-    inputs = pin_inputs(spec, base_dir=base_dir, run_id=run_id) if spec.inputs else {}
+    inputs = {}
+    if spec.inputs:
+        paths = input_paths if input_paths is not None else resolve_inputs(spec, base_dir=base_dir)
+        inputs = pin_inputs(spec, paths=paths, run_id=run_id)
     if spec.needs_table():
         corpus = load_corpus(path, corpus_spec=spec.corpus, run_id=run_id)
         return replace(corpus, inputs=inputs)

@@ -18,6 +18,7 @@ when the store keeps no checkpoint before the final step.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from gpucampaign.checkpoint import META_FILE, CheckpointManager, step_dirname
@@ -60,6 +61,7 @@ def verify_early_save(
     store: Store,
     run_dir: Path,
     workdir: Path,
+    inputs: Mapping[str, Path] | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
     check: bool = True,
 ) -> RestartReport:
@@ -70,6 +72,7 @@ def verify_early_save(
         run: The run whose save is checked (``control`` by default).
         corpus_path: The pinned corpus file (the fresh process checks its hash once).
         store: The campaign's checkpoint store.
+        inputs: Where the spec's pinned inputs are (``pins.resolve_inputs``).
         run_dir: The live run's folder ``OUT/runs/<run_id>/`` (its ``metrics.jsonl``).
         workdir: An empty scratch folder.
         max_steps: The most steps replayed (the cap on the cost).
@@ -80,7 +83,13 @@ def verify_early_save(
             failed or non-resuming process, or a difference (``check``).
     """
     probe = ReplayCheck(
-        spec=spec, run=run, corpus_path=corpus_path, store=store, run_dir=run_dir, workdir=workdir
+        spec=spec,
+        run=run,
+        corpus_path=corpus_path,
+        store=store,
+        run_dir=run_dir,
+        workdir=workdir,
+        inputs=dict(inputs or {}),
     )
     cfg_sha = run_config_sha256(spec, run)
     manager = CheckpointManager(store, run_id=probe.run_id, config_sha256=cfg_sha, keep=10**6)
@@ -132,19 +141,22 @@ def campaign_restart_check(
         NoUsableRestart: The check failed.
     """
     from gpucampaign.corpus import corpus_path
+    from gpucampaign.pins import resolve_inputs
     from gpucampaign.storage import open_store
 
     path = corpus_path(spec, base_dir=base_dir)
+    inputs = resolve_inputs(spec, base_dir=base_dir, out_dir=out_dir)
     store = open_store(spec.storage.url, out_dir=Path(out_dir))
     manager = CheckpointManager(
         store, run_id=spec.run_id(run), config_sha256=run_config_sha256(spec, run)
     )
     if early_resume_point(manager) is None:
-        return verify_restart(spec, run=run, corpus_path=path, workdir=workdir)
+        return verify_restart(spec, run=run, corpus_path=path, inputs=inputs, workdir=workdir)
     return verify_early_save(
         spec,
         run=run,
         corpus_path=path,
+        inputs=inputs,
         store=store,
         run_dir=Path(out_dir) / "runs" / spec.run_id(run),
         workdir=workdir,

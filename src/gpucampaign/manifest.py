@@ -26,6 +26,7 @@ _RESERVED_TOPS = (
     "checkpoints",
     "spool",
     "data",
+    "inputs",
     "figures",
     "spec.yaml",
     "plan.json",
@@ -104,17 +105,21 @@ def reference_corpus(
     *,
     sha256: str | None = None,
     copy_limit_bytes: int = CORPUS_COPY_LIMIT,
+    under: str = "data",
+    what: str = "corpus",
 ) -> dict[str, Any]:
     """Keep the corpus with the outputs: a copy under ``data/`` when small, else a reference.
 
     Args:
         root: the output folder.
-        corpus_path: the corpus file the campaign used.
+        corpus_path: the corpus file (or pinned folder) the campaign used.
         sha256: its pinned hash (checked when given).
         copy_limit_bytes: files below this size are copied (50 MB by default).
+        under: the folder of the copy (a pinned input: ``inputs/<name>``).
+        what: the spec field it comes from, for errors (``corpus``, ``inputs.<name>``).
 
     Returns:
-        ``{kind: "copied", path: "data/<name>", sha256, size}`` or
+        ``{kind: "copied", path: "<under>/<name>", sha256, size}`` or
         ``{kind: "external", location: "<absolute path>", sha256, size}``.
 
     Raises:
@@ -122,19 +127,21 @@ def reference_corpus(
     """
     src = Path(corpus_path)
     if src.is_dir():
-        return _reference_folder(root, src, sha256=sha256, copy_limit_bytes=copy_limit_bytes)
+        return _reference_folder(
+            root, src, sha256=sha256, copy_limit_bytes=copy_limit_bytes, under=under, what=what
+        )
     if not src.is_file():
-        raise SpecError(f"corpus file '{src}' does not exist", field="corpus.path")
+        raise SpecError(f"{what} file '{src}' does not exist", field=f"{what}.path")
     digest = sha256_file(src)
     if sha256 is not None and digest != sha256:
         raise SpecError(
-            f"corpus file '{src}' has sha256 {digest}, not the pinned {sha256}",
-            field="corpus.sha256",
+            f"{what} file '{src}' has sha256 {digest}, not the pinned {sha256}",
+            field=f"{what}.sha256",
         )
     size = src.stat().st_size
     ref: dict[str, Any] = {"sha256": digest, "size": size, "name": src.name}
     if size < copy_limit_bytes:
-        rel = f"data/{src.name}"
+        rel = f"{under}/{src.name}"
         folder = OutputFolder(root)
         if not folder.path(rel).is_file() or sha256_file(folder.path(rel)) != digest:
             folder.copy_in(src, rel)
@@ -151,7 +158,10 @@ def keep_inputs(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -
     left to the data audit, which stops the campaign with its own record.
 
     Returns:
-        ``{"catalog": {path, sha256, size} | None, "corpus": reference_corpus() | None}``.
+        ``{"catalog": {path, sha256, size} | None, "corpus": reference_corpus() | None,
+        "pinned": {name: {spec_path, sha256, kind: copied | external | missing, ...}}}``; a
+        pinned input is kept as ``reference_corpus`` keeps the corpus, under
+        ``inputs/<name>/``.
 
     Raises:
         SpecError: The catalog file is missing, or its path would overwrite a campaign record.
@@ -188,24 +198,34 @@ def keep_inputs(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -
         except SpecError:
             kept["corpus"] = None
     # Pinned inputs (a base model, an adapter) by their exact hash: the revision each model of
-    # this campaign was trained from.
-    kept["pinned"] = {n: {"path": i.path, "sha256": i.sha256} for n, i in spec.inputs.items()}
+    # this campaign was trained from, kept like the corpus (copied when small).
+    kept["pinned"] = {}
+    for name, item in spec.inputs.items():
+        ref: dict[str, Any] = {"spec_path": item.path, "sha256": item.sha256, "kind": "missing"}
+        try:
+            src = resolve_inside(base_dir, item.path, field=f"inputs.{name}.path")
+            ref |= reference_corpus(
+                root, src, sha256=item.sha256, under=f"inputs/{name}", what=f"inputs.{name}"
+            )
+        except SpecError:
+            pass  # missing or altered: the run that needs it stops with its own record
+        kept["pinned"][name] = ref
     folder.write_json(INPUTS, kept)
     return kept
 
 
 def _reference_folder(
-    root: str | Path, src: Path, *, sha256: str | None, copy_limit_bytes: int
+    root: str | Path, src: Path, *, sha256: str | None, copy_limit_bytes: int, under: str, what: str
 ) -> dict[str, Any]:
-    """``reference_corpus`` for a folder corpus pinned by its manifest."""
+    """``reference_corpus`` for a folder pinned by its manifest."""
     from gpucampaign.pins import folder_manifest, manifest_sha256
 
     rows = folder_manifest(src)
     digest = manifest_sha256(rows)
     if sha256 is not None and digest != sha256:
         raise SpecError(
-            f"corpus folder '{src}' has manifest sha256 {digest}, not the pinned {sha256}",
-            field="corpus.sha256",
+            f"{what} folder '{src}' has manifest sha256 {digest}, not the pinned {sha256}",
+            field=f"{what}.sha256",
         )
     size = sum(r["size"] for r in rows)
     ref: dict[str, Any] = {
@@ -219,10 +239,10 @@ def _reference_folder(
         return {"kind": "external", "location": str(src.resolve()), **ref}
     folder = OutputFolder(root)
     for r in rows:
-        rel = f"data/{src.name}/{r['path']}"
+        rel = f"{under}/{src.name}/{r['path']}"
         if not folder.path(rel).is_file() or sha256_file(folder.path(rel)) != r["sha256"]:
             folder.copy_in(src / r["path"], rel)
-    return {"kind": "copied", "path": f"data/{src.name}", **ref}
+    return {"kind": "copied", "path": f"{under}/{src.name}", **ref}
 
 
 def corpus_file(root: str | Path, corpus_ref: Mapping[str, Any]) -> Path:

@@ -9,12 +9,13 @@ A missing or changed input is the essential-input stop.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from gpucampaign.files import TMP_PREFIX, sha256_bytes, sha256_file
 from gpucampaign.recipe import Pinned
-from gpucampaign.spec import CampaignSpec, canonical_json, resolve_inside
+from gpucampaign.spec import CampaignSpec, SpecError, canonical_json, resolve_inside
 from gpucampaign.stoprules import EssentialInputMissing
 
 
@@ -71,11 +72,49 @@ def pin_corpus(spec: CampaignSpec, *, base_dir: str | Path, run_id: str) -> Pinn
     return pin(path, sha256=spec.corpus.sha256, run_id=run_id, label=f"corpus '{spec.corpus.path}'")
 
 
-def pin_inputs(spec: CampaignSpec, *, base_dir: str | Path, run_id: str) -> dict[str, Pinned]:
-    """Every pinned input of ``spec.inputs``, checked, by name."""
+def resolve_inputs(
+    spec: CampaignSpec, *, base_dir: str | Path | None = None, out_dir: str | Path | None = None
+) -> dict[str, Path]:
+    """Where each pinned input of ``spec`` is, by name: the first place holding its pinned hash
+    among the copy an output folder keeps (its ``inputs.json``), the spec's path from the
+    spec's folder ``base_dir``, and the same path inside ``out_dir``; else the first of them
+    (pinning it then says what is wrong).
+
+    Raises:
+        SpecError: The spec pins inputs and neither folder is given.
+    """
+    import json
+
+    from gpucampaign.manifest import INPUTS, corpus_file
+
+    if spec.inputs and base_dir is None and out_dir is None:
+        raise SpecError(
+            "the spec pins 'inputs': their paths need the spec's folder or the campaign's "
+            "output folder.",
+            field="inputs",
+        )
+    kept: dict[str, Any] = {}
+    record = Path(out_dir) / INPUTS if out_dir is not None else None
+    if record is not None and record.is_file():
+        kept = json.loads(record.read_text(encoding="utf-8")).get("pinned") or {}
+    found: dict[str, Path] = {}
+    for name, item in spec.inputs.items():
+        field = f"inputs.{name}.path"
+        ref = kept.get(name) or {}
+        places = [corpus_file(out_dir, ref)] if ref.get("kind") in ("copied", "external") else []
+        places += [resolve_inside(d, item.path, field=field) for d in (base_dir, out_dir) if d]
+        found[name] = next(
+            (p for p in places if p.exists() and input_sha256(p) == item.sha256), places[0]
+        )
+    return found
+
+
+def pin_inputs(spec: CampaignSpec, *, paths: Mapping[str, Path], run_id: str) -> dict[str, Pinned]:
+    """Every pinned input of ``spec.inputs`` at its resolved path (``resolve_inputs``),
+    checked, by name."""
     return {
         name: pin(
-            resolve_inside(base_dir, item.path, field=f"inputs.{name}.path"),
+            Path(paths[name]),
             sha256=item.sha256,
             run_id=run_id,
             label=f"input '{name}' ('{item.path}')",

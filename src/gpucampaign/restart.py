@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from gpucampaign.checkpoint import CheckpointManager
+from gpucampaign.pins import resolve_inputs
 from gpucampaign.restart_child import child_args, main, spawn, wait, write_child_spec
 from gpucampaign.restart_compare import (
     GPU_ATOL,
@@ -87,6 +89,7 @@ def verify_restart(
     workdir: Path,
     corpus_path: Path | None = None,
     base_dir: str | Path | None = None,
+    inputs: Mapping[str, Path] | None = None,
     n_steps: int | None = None,
     k_steps: int | None = None,
     check: bool = True,
@@ -102,6 +105,8 @@ def verify_restart(
         workdir: An empty scratch folder.
         corpus_path: The corpus file (checked against its pinned sha256 by every process).
         base_dir: Or: the spec's folder, where the spec's corpus path is resolved.
+        inputs: Where the spec's pinned inputs are (``pins.resolve_inputs``); by default
+            resolved from ``base_dir``.
         n_steps: Steps to compare; default: past the end of the second epoch.
         k_steps: Where the interruption happens; default: the middle of the second epoch.
         check: Raise ``NoUsableRestart`` on any difference (default); False returns the report.
@@ -112,14 +117,24 @@ def verify_restart(
     """
     t0 = time.perf_counter()
     corpus_path = _restart_corpus(spec, corpus_path=corpus_path, base_dir=base_dir)
+    if inputs is None:
+        inputs = resolve_inputs(spec, base_dir=base_dir) if spec.inputs else {}
     n, k, spe = _fresh_steps(
-        spec, run=run, corpus_path=corpus_path, n_steps=n_steps, k_steps=k_steps
+        spec, run=run, corpus_path=corpus_path, inputs=inputs, n_steps=n_steps, k_steps=k_steps
     )
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     ref, rst = workdir / "reference", workdir / "restarted"
     first, resumed = _run_three_processes(
-        spec, run=run, workdir=workdir, corpus_path=corpus_path, ref=ref, rst=rst, n=n, k=k
+        spec,
+        run=run,
+        workdir=workdir,
+        corpus_path=corpus_path,
+        inputs=inputs,
+        ref=ref,
+        rst=rst,
+        n=n,
+        k=k,
     )
     cmp = Comparer.for_device(resumed.get("device", "cpu"))
     cmp.losses(
@@ -166,14 +181,22 @@ def _restart_corpus(
 
 
 def _fresh_steps(
-    spec: CampaignSpec, *, run: str, corpus_path: Path, n_steps: int | None, k_steps: int | None
+    spec: CampaignSpec,
+    *,
+    run: str,
+    corpus_path: Path,
+    inputs: Mapping[str, Path],
+    n_steps: int | None,
+    k_steps: int | None,
 ) -> tuple[int, int, int]:
     """``(n, k, steps_per_epoch)``: the given steps, or the defaults for this run's size."""
     from gpucampaign.corpus import open_corpus
     from gpucampaign.recipe_runtime import train_rows
 
     assert spec.corpus is not None
-    corpus = open_corpus(corpus_path, spec=spec, base_dir=None, run_id=spec.run_id(run))
+    corpus = open_corpus(
+        corpus_path, spec=spec, base_dir=None, run_id=spec.run_id(run), input_paths=inputs
+    )
     planned, spe = _planned(spec, run, train_rows(spec, run=run, corpus=corpus))
     dn, dk = default_steps(planned_steps=planned, steps_per_epoch=spe)
     n = n_steps or (dn if k_steps is None or k_steps < dn else min(planned, k_steps + spe))
@@ -192,6 +215,7 @@ def _run_three_processes(
     run: str,
     workdir: Path,
     corpus_path: Path,
+    inputs: Mapping[str, Path],
     ref: Path,
     rst: Path,
     n: int,
@@ -208,6 +232,7 @@ def _run_three_processes(
             spec_json=spec_json,
             run=run,
             corpus=corpus_path,
+            inputs=inputs,
             out=side / "run",
             store=side / "checkpoints",
             result=workdir / f"{tag}.json",

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ def _child_main(argv: list[str]) -> int:
     p.add_argument("--spec", required=True, type=Path)
     p.add_argument("--run", required=True)
     p.add_argument("--corpus", required=True, type=Path)
+    p.add_argument("--input", action="append", default=[], help="NAME=PATH of a pinned input")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--store", required=True, type=Path)
     p.add_argument("--stop-after", type=int, default=None)
@@ -40,7 +42,10 @@ def _child_main(argv: list[str]) -> int:
     spec = parse_spec(json.loads(a.spec.read_text(encoding="utf-8")), source=str(a.spec))
     assert spec.corpus is not None
     try:
-        corpus = open_corpus(a.corpus, spec=spec, base_dir=None, run_id=spec.run_id(a.run))
+        inputs = {k: Path(v) for k, _, v in (item.partition("=") for item in a.input)}
+        corpus = open_corpus(
+            a.corpus, spec=spec, base_dir=None, run_id=spec.run_id(a.run), input_paths=inputs
+        )
         res = train_run(
             spec,
             run=a.run,
@@ -121,9 +126,12 @@ def child_args(
     result: Path,
     stop_after: int,
     checkpoint_every: int,
+    inputs: Mapping[str, Path] | None = None,
 ) -> list[str]:
-    """The command line of a child that trains ``run`` up to step ``stop_after``."""
-    return [
+    """The command line of a child that trains ``run`` up to step ``stop_after``; ``inputs``
+    are where the spec's pinned inputs are (``pins.resolve_inputs``)."""
+    pinned = [a for name, p in (inputs or {}).items() for a in ("--input", f"{name}={p}")]
+    return pinned + [
         "--spec",
         str(spec_json),
         "--run",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ class ReplayCheck:
     store: Store
     run_dir: Path
     workdir: Path
+    inputs: Mapping[str, Path] = field(default_factory=dict)  # pins.resolve_inputs
     t0: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
@@ -89,6 +91,7 @@ class ReplayCheck:
             self.spec,
             run=self.run,
             corpus_path=self.corpus_path,
+            inputs=self.inputs,
             store=local,
             workdir=self.workdir,
             start=start,
@@ -128,6 +131,7 @@ def verify_checkpoint_resume(
     store: Store,
     run_dir: Path,
     workdir: Path,
+    inputs: Mapping[str, Path] | None = None,
     m_steps: int = 20,
     check: bool = True,
 ) -> RestartReport:
@@ -138,6 +142,7 @@ def verify_checkpoint_resume(
         run: Run name (``control`` or a variant).
         corpus_path: The pinned corpus file.
         store: The campaign's checkpoint store.
+        inputs: Where the spec's pinned inputs are (``OutputCheckTarget.inputs``).
         run_dir: The original run folder ``OUT/runs/<run_id>/`` (its ``metrics.jsonl``).
         workdir: An empty scratch folder.
         m_steps: Steps to resume and compare.
@@ -149,7 +154,13 @@ def verify_checkpoint_resume(
     """
     assert spec.corpus is not None, "a restart check needs the spec's corpus"
     probe = ReplayCheck(
-        spec=spec, run=run, corpus_path=corpus_path, store=store, run_dir=run_dir, workdir=workdir
+        spec=spec,
+        run=run,
+        corpus_path=corpus_path,
+        store=store,
+        run_dir=run_dir,
+        workdir=workdir,
+        inputs=dict(inputs or {}),
     )
     ck = _resume_point(spec, run=run, store=store)
     start, planned = ck.step, int(ck.meta["planned_steps"])
@@ -214,6 +225,7 @@ def _resume_in_child(
     *,
     run: str,
     corpus_path: Path,
+    inputs: Mapping[str, Path],
     store: LocalStore,
     workdir: Path,
     start: int,
@@ -226,6 +238,7 @@ def _resume_in_child(
             spec_json=write_child_spec(spec, workdir),
             run=run,
             corpus=corpus_path.resolve(),
+            inputs=inputs,
             out=workdir / "run",
             store=store.root,
             result=workdir / "resumed.json",
@@ -252,6 +265,7 @@ class OutputCheckTarget:
     corpus_path: Path
     store: Store
     runs: dict[str, str]  # run name -> run ID, for runs with checkpoints in the store
+    inputs: dict[str, Path] = field(default_factory=dict)  # pinned input name -> its file
 
 
 def output_check_target(
@@ -264,13 +278,14 @@ def output_check_target(
     ``inputs.json``, written at the start) names, the spec's path relative to the spec file's
     folder, and the same path inside ``OUT``.
     The store is the one the spec's ``storage.url`` names (``OUT/checkpoints`` for 'local').
+    Pinned inputs are found as ``pins.resolve_inputs`` finds them (the copies in ``OUT`` first).
 
     Raises:
         SpecError: No spec, or no file with the pinned corpus hash.
         NoUsableRestart: No run of the spec has a checkpoint in the store.
     """
     from gpucampaign.manifest import INPUTS, corpus_file
-    from gpucampaign.pins import input_sha256
+    from gpucampaign.pins import input_sha256, resolve_inputs
     from gpucampaign.spec import load_spec, resolve_inside
     from gpucampaign.storage import open_store
 
@@ -310,4 +325,5 @@ def output_check_target(
             f"in {store.url}: "
             "nothing can be restarted before the rental ends",
         )
-    return OutputCheckTarget(spec=spec, corpus_path=corpus, store=store, runs=runs)
+    inputs = resolve_inputs(spec, base_dir=src.resolve().parent, out_dir=out)
+    return OutputCheckTarget(spec=spec, corpus_path=corpus, store=store, runs=runs, inputs=inputs)
