@@ -74,6 +74,7 @@ def test_every_field_of_the_schema_has_a_description() -> None:
         ({"people": 0}, "people"),
         ({"window_hours": -5}, "window_hours"),
         ({"catalog": "../up.yaml"}, "catalog"),
+        ({"gpu_lock": {"name": "gpu/host1"}}, "gpu_lock.name"),
         ({"calendar": [{"name": "a b", "kind": "human", "hours": 1}]}, "calendar[0].name"),
         ({"calendar": [{"name": "a", "kind": "robot", "hours": 1}]}, "calendar[0].kind"),
         (
@@ -87,6 +88,10 @@ def test_invalid_spec_names_the_field(change: dict[str, Any], field: str) -> Non
         parse_spec({**MINIMAL, **change})
     assert err.value.field == field
     assert field in str(err.value)
+
+
+def test_a_gpu_limit_per_host_is_named_gpu_colon_host() -> None:
+    assert parse_spec({**MINIMAL, "gpu_lock": {"name": "gpu:node-7"}}).gpu_lock.name == "gpu:node-7"
 
 
 def test_variants_are_checked_against_the_control() -> None:

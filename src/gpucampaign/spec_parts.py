@@ -15,6 +15,8 @@ Tier = Literal["essential", "useful", "exploratory"]
 
 TIERS: tuple[str, ...] = ("essential", "useful", "exploratory")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+# A Prefect limit name may also hold ':' (``gpu:<host>``, one limit per GPU host).
+LIMIT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
 RECIPE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 BUILTIN_RECIPES: dict[str, str] = {
     "mlp": "gpucampaign.recipes.tabular:MLP",
@@ -448,7 +450,9 @@ class GpuLockSpec(_Frozen):
     """The Prefect global concurrency limit all GPU phases share."""
 
     name: str = Field(
-        default="gpu", pattern=NAME_PATTERN, description="Global concurrency limit name."
+        default="gpu",
+        pattern=LIMIT_NAME_PATTERN,
+        description="Global concurrency limit name ('gpu', or 'gpu:<host>' per GPU host).",
     )
     timeout_s: float = Field(default=3600, gt=0, description="Longest wait for a GPU slot.")
     lease_s: int = Field(

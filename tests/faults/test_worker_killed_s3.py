@@ -49,7 +49,7 @@ from tests.e2e.stack_helpers import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 POOL = "gpucampaign-faults"
-LIMIT = "gpu-faults"
+LIMIT = "gpu:faults-host"  # one limit per GPU host, named as infra/README.md says
 LEASE_S = 60  # the smallest lease the spec accepts
 PREFIX = "faults/worker-kill"
 KILL_AT = 60  # the control run's LATEST step in the bucket before the kill
