@@ -43,6 +43,24 @@ def test_a_sink_hashes_ranges_written_in_any_order(data, chunk, seed, to_file):
     assert kept == data
 
 
+def test_a_retried_range_written_again_changes_nothing():
+    data = bytes(range(256)) * 40
+    for target in (None, io.BytesIO()):
+        with HashingSink(target, size=len(data)) as sink:
+            sink._BATCH = 512
+            _write_ranges(sink, data, chunk=1000, order=[0, 1, 2])
+            _write_ranges(sink, data, chunk=1000, order=[1, 2])  # range 1 retried from its start
+            sink.seek(2500)  # a retry whose chunks start inside what is hashed
+            sink.write(data[2500:3600])
+            sink.seek(5000)  # a short piece ahead of the hash, then the whole range
+            sink.write(data[5000:5100])
+            _write_ranges(sink, data, chunk=1000, order=[5, 3, 4, 6, 7, 8, 9, 10])
+            assert sink.hexdigest() == hashlib.sha256(data).hexdigest()
+            assert sink.size == len(data)
+            kept = target.getvalue() if target is not None else bytes(sink.data())
+        assert kept == data
+
+
 def test_a_gap_or_extra_bytes_do_not_pass_for_the_object():
     data = bytes(range(256)) * 40
     with HashingSink(None, size=len(data)) as sink:

@@ -144,6 +144,10 @@ def file_digests(path: Path, *, part_size: int | None, sha256: bool = True) -> F
     return FileDigests(sha256=sha.hexdigest() if sha else None, size=size, crc32c=checksum)
 
 
+def _length(piece: int | bytes) -> int:
+    return piece if isinstance(piece, int) else len(piece)
+
+
 class HashingSink:
     """A download target that hashes what it is given, in order, on a thread of its own.
 
@@ -198,6 +202,18 @@ class HashingSink:
 
     def write(self, data: bytes) -> int:
         start, n = self._offset, len(data)
+        given = n
+        self._offset = start + n
+        # A retried range is written again from its start: keep what is here, take only the
+        # bytes beyond the hashed part (a hashed byte is never replaced).
+        have = self._early.get(start)
+        if start + n <= self._hashed_to or (have is not None and _length(have) >= n):
+            return given
+        if start < self._hashed_to:
+            data, start = memoryview(data)[self._hashed_to - start :], self._hashed_to
+            n = len(data)
+        if have is not None:  # a longer piece replaces a shorter one not hashed yet
+            self.size -= _length(have)
         if self._view is not None:
             if start + n > len(self._view):
                 raise OSError(f"more bytes arrived than the {len(self._view)} listed")
@@ -207,10 +223,9 @@ class HashingSink:
             self.target.seek(start)
             self.target.write(data)
             self._early[start] = bytes(data)
-        self._offset += n
         self.size += n
         self._advance()
-        return n
+        return given
 
     def _advance(self) -> None:
         """Queue for the hash what now follows the hashed part without a gap."""
@@ -218,9 +233,7 @@ class HashingSink:
             piece = self._early.pop(self._hashed_to)
             if self._view is None:
                 self._batch.append(piece)
-                self._hashed_to += len(piece)
-            else:
-                self._hashed_to += piece
+            self._hashed_to += _length(piece)
         if self._hashed_to - self._queued_to >= self._BATCH:
             self._queue()
 
