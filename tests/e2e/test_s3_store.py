@@ -163,13 +163,13 @@ def test_an_upload_is_checked_by_crc32c_or_else_by_the_etag(server, tmp_path):
     client = server.client()
     for cls in (S3Store, _NoChecksumStore):
         store = cls(
-            f"s3://{server.bucket}/checked",
+            f"s3://{server.bucket}/crc32c",
             env=server.env(),
             multipart_threshold=5 * MIB,
             part_size=5 * MIB,
         )
         store.put_file("f.bin", src=src, sha256=sha256)
-        head = client.head_object(Bucket=server.bucket, Key="checked/f.bin", ChecksumMode="ENABLED")
+        head = client.head_object(Bucket=server.bucket, Key="crc32c/f.bin", ChecksumMode="ENABLED")
         assert head["Metadata"]["sha256"] == sha256
         assert head["ChecksumCRC32C"].endswith("-2")  # the server checked each part's CRC32C
         data, digest = store.read_hashed("f.bin")
