@@ -526,15 +526,21 @@ class S3Store:
         return None
 
     def check(self) -> None:
-        """Reach the endpoint, prove the keys, and write, read and delete a probe object.
+        """Reach the endpoint, prove the keys, and write, read and delete a probe object, sent
+        as checkpoint files are (``put_file``: a server that refuses its checksum says so
+        here, before anything trains).
 
         Raises:
             StorageError: What failed, with the URL and the endpoint (never the keys).
         """
+        import tempfile
+
         self._call("cannot open", None, self._client.head_bucket, Bucket=self.bucket)
         probe = f"{_PROBE_PREFIX}{uuid.uuid4().hex[:12]}"
         payload = uuid.uuid4().bytes
-        self.write_bytes(probe, data=payload)
+        with tempfile.TemporaryDirectory(prefix="gpucampaign-probe-") as tmp:
+            (Path(tmp) / "probe").write_bytes(payload)
+            self.put_file(probe, src=Path(tmp) / "probe")
         try:
             if self.read_bytes(probe) != payload:
                 raise StorageError(f"{self.url}: a probe object did not read back as written")
