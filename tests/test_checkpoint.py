@@ -368,7 +368,8 @@ def test_streamed_safetensors_load_with_the_safetensors_library(tmp_path):
 def test_read_hashed_and_the_zero_copy_safetensors_reader(tmp_path):
     from safetensors.torch import save
 
-    from gpucampaign.tensorfiles import load_safetensors_buffer, read_hashed
+    from gpucampaign.files import read_hashed
+    from gpucampaign.tensorfiles import load_safetensors_buffer
 
     g = torch.Generator().manual_seed(0)
     tensors = {

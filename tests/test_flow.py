@@ -27,6 +27,19 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU_PHASES = {"pilot", "train", "restart"}
 
 
+def start_campaign_run(spec: Path, *, out: Path) -> subprocess.Popen:
+    """``campaign run SPEC --out OUT`` in a session of its own, like a terminal's foreground
+    group: a signal sent to the group reaches it and the embedded server it starts."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "campaign"), "run", str(spec), "--out", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def tiny_campaign(tmp: Path, **edit: Any) -> Path:
     """`campaign init` cut down to seconds of training, with a private GPU lock.
 
@@ -264,7 +277,8 @@ def timeline_rows(out: Path) -> list[dict[str, Any]]:
     return [r.to_dict() for r in read_timeline(out)]
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def campaign_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`campaign ARGS` in a new process, its output captured."""
     return subprocess.run(
         [str(Path(sys.executable).parent / "campaign"), *args],
         cwd=cwd,
@@ -276,13 +290,15 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_campaign_run_cli_exit_codes(tmp_path):
     """Embedded Prefect in a new process: bad input 2 (nothing written), a re-posed question 3."""
-    bad = _cli("run", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o1"), cwd=ROOT)
+    bad = campaign_cli(
+        "run", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o1"), cwd=ROOT
+    )
     assert bad.returncode == 2 and "does not exist" in bad.stderr
     assert not (tmp_path / "o1").exists()
 
     spec = tiny_campaign(tmp_path, edit=lambda d: d["control"].update(optimizer="sgd", lr=1.0e6))
     out = tmp_path / "o2"
-    run = _cli("run", str(spec), "--out", str(out), cwd=ROOT)
+    run = campaign_cli("run", str(spec), "--out", str(out), cwd=ROOT)
     assert run.returncode == 3, run.stdout + run.stderr
     assert "Re-pose the question" in run.stdout and "non_finite_loss" in run.stderr
     assert (out / "report.md").is_file() and (out / "manifest.json").is_file()
@@ -291,7 +307,7 @@ def test_campaign_run_cli_exit_codes(tmp_path):
     # Another campaign into the same folder: refused before anything starts, nothing changed.
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     other = tiny_campaign(tmp_path / "other")
-    refused = _cli("run", str(other), "--out", str(out), cwd=ROOT)
+    refused = campaign_cli("run", str(other), "--out", str(out), cwd=ROOT)
     assert refused.returncode == 2 and "holds another campaign" in refused.stderr
     assert "Traceback" not in refused.stderr + refused.stdout
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
@@ -427,14 +443,7 @@ def test_a_killed_campaign_resumes_from_its_last_good_checkpoint(tmp_path):
 
     spec = tiny_campaign(tmp_path, edit=edit)
     out = tmp_path / "out"
-    campaign_bin = str(Path(sys.executable).parent / "campaign")
-    proc = subprocess.Popen(
-        [campaign_bin, "run", str(spec), "--out", str(out)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = start_campaign_run(spec, out=out)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
@@ -453,7 +462,7 @@ def test_a_killed_campaign_resumes_from_its_last_good_checkpoint(tmp_path):
         proc.wait(timeout=60)
     assert not (out / "manifest.json").exists()
 
-    rerun = _cli("run", str(spec), "--out", str(out), cwd=ROOT)
+    rerun = campaign_cli("run", str(spec), "--out", str(out), cwd=ROOT)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     rid = next(p.name for p in (out / "runs").iterdir())
     result = json.loads((out / "runs" / rid / "result.json").read_text())

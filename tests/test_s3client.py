@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+from collections.abc import Callable
 
 from awscrt.checksums import crc32c
 from hypothesis import given, settings
@@ -23,6 +24,19 @@ def _write_ranges(sink: HashingSink, data: bytes, *, chunk: int, order: list[int
         sink.write(data[starts[i] : starts[i] + chunk])
 
 
+def _assert_sink_holds(data: bytes, *, to_file: bool, write: Callable[[HashingSink], None]):
+    """A sink (over a file, or into memory) given ``write`` holds exactly ``data``: its bytes,
+    size and sha256. Small hash batches, so that several are queued even for small inputs."""
+    target = io.BytesIO() if to_file else None
+    with HashingSink(target, size=len(data)) as sink:
+        sink._BATCH = 256
+        write(sink)
+        assert sink.hexdigest() == hashlib.sha256(data).hexdigest()
+        assert sink.size == len(data)
+        kept = target.getvalue() if target is not None else bytes(sink.data())
+    assert kept == data
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     data=st.binary(min_size=1, max_size=5000),
@@ -33,32 +47,25 @@ def _write_ranges(sink: HashingSink, data: bytes, *, chunk: int, order: list[int
 def test_a_sink_hashes_ranges_written_in_any_order(data, chunk, seed, to_file):
     order = list(range(len(range(0, len(data), chunk))))
     seed.shuffle(order)
-    target = io.BytesIO() if to_file else None
-    with HashingSink(target, size=len(data)) as sink:
-        sink._BATCH = 256  # several hash batches even for small inputs
-        _write_ranges(sink, data, chunk=chunk, order=order)
-        assert sink.hexdigest() == hashlib.sha256(data).hexdigest()
-        assert sink.size == len(data)
-        kept = target.getvalue() if target is not None else bytes(sink.data())
-    assert kept == data
+    _assert_sink_holds(
+        data, to_file=to_file, write=lambda s: _write_ranges(s, data, chunk=chunk, order=order)
+    )
 
 
 def test_a_retried_range_written_again_changes_nothing():
     data = bytes(range(256)) * 40
-    for target in (None, io.BytesIO()):
-        with HashingSink(target, size=len(data)) as sink:
-            sink._BATCH = 512
-            _write_ranges(sink, data, chunk=1000, order=[0, 1, 2])
-            _write_ranges(sink, data, chunk=1000, order=[1, 2])  # range 1 retried from its start
-            sink.seek(2500)  # a retry whose chunks start inside what is hashed
-            sink.write(data[2500:3600])
-            sink.seek(5000)  # a short piece ahead of the hash, then the whole range
-            sink.write(data[5000:5100])
-            _write_ranges(sink, data, chunk=1000, order=[5, 3, 4, 6, 7, 8, 9, 10])
-            assert sink.hexdigest() == hashlib.sha256(data).hexdigest()
-            assert sink.size == len(data)
-            kept = target.getvalue() if target is not None else bytes(sink.data())
-        assert kept == data
+
+    def write(sink: HashingSink) -> None:
+        _write_ranges(sink, data, chunk=1000, order=[0, 1, 2])
+        _write_ranges(sink, data, chunk=1000, order=[1, 2])  # range 1 retried from its start
+        sink.seek(2500)  # a retry whose chunks start inside what is hashed
+        sink.write(data[2500:3600])
+        sink.seek(5000)  # a short piece ahead of the hash, then the whole range
+        sink.write(data[5000:5100])
+        _write_ranges(sink, data, chunk=1000, order=[5, 3, 4, 6, 7, 8, 9, 10])
+
+    for to_file in (False, True):
+        _assert_sink_holds(data, to_file=to_file, write=write)
 
 
 def test_a_gap_or_extra_bytes_do_not_pass_for_the_object():

@@ -41,7 +41,6 @@ from gpucampaign.files import TMP_PREFIX, fsync_dir
 from gpucampaign.storage import NotFound, StorageError, Store
 from gpucampaign.tensorfiles import (
     load_safetensors_buffer,
-    read_hashed,
     safetensors_buffers,
     serialize_state,
     write_hashed,
@@ -472,15 +471,9 @@ class CheckpointManager:
         """The payload files of ``key`` (read in parallel), each checked for size and hash."""
 
         def fetch(name: str) -> tuple[str, bytes, str]:
-            local = self.store.local_path(f"{key}/{name}")
             try:
-                if local is not None:
-                    if not local.is_file():
-                        raise NotFound(name)
-                    data, digest = read_hashed(local)
-                else:
-                    data, digest = self.store.read_hashed(f"{key}/{name}")
-            except (NotFound, FileNotFoundError):
+                data, digest = self.store.read_hashed(f"{key}/{name}")
+            except NotFound:
                 raise CheckpointInvalid(key, f"component {name} is missing") from None
             return name, data, digest
 

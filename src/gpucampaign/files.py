@@ -13,12 +13,14 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, BinaryIO
 
 _BLOCK = 8 * 1024 * 1024
+_READ_CHUNK = 16 * 1024 * 1024  # read_hashed: one chunk read while the one before is hashed
 # Temporary names start with this; listings and stores skip them.
 TMP_PREFIX = ".tmp-"
 
@@ -53,6 +55,37 @@ def sha256_file(path: str | Path) -> str:
     if after == key and key[3] < started - _RACY_NS and key[4] < started - _RACY_NS:
         _HASHED[key] = digest
     return digest
+
+
+def read_hashed(path: Path) -> tuple[bytearray, str]:
+    """The content of ``path`` and its sha256, hashed while it is read.
+
+    The file is read in chunks into one buffer; each chunk is hashed in a second thread while
+    the next one is read (hashlib releases the GIL), so a restore costs about the slower of
+    the read and the hash instead of their sum.
+    """
+    size = os.path.getsize(path)
+    buf = bytearray(size)
+    mv = memoryview(buf)
+    h = hashlib.sha256()
+    off = 0
+    with ThreadPoolExecutor(max_workers=1) as pool, open(path, "rb", buffering=0) as f:
+        pending = None
+        while off < size:
+            n = f.readinto(mv[off : off + _READ_CHUNK])
+            if not n:
+                break
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(h.update, mv[off : off + n])
+            off += n
+        extra = f.read(1)  # the file grew since its size was taken
+        if pending is not None:
+            pending.result()
+    if extra or off < size:
+        data = bytearray(path.read_bytes())
+        return data, hashlib.sha256(data).hexdigest()
+    return buf, h.hexdigest()
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -118,7 +118,7 @@ def verify_restart(
     t0 = time.perf_counter()
     corpus_path = _restart_corpus(spec, corpus_path=corpus_path, base_dir=base_dir)
     if inputs is None:
-        inputs = resolve_inputs(spec, base_dir=base_dir) if spec.inputs else {}
+        inputs = resolve_inputs(spec, base_dir=base_dir)
     n, k, spe = _fresh_steps(
         spec, run=run, corpus_path=corpus_path, inputs=inputs, n_steps=n_steps, k_steps=k_steps
     )

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 
-from gpucampaign.files import TMP_PREFIX, atomic_copy, atomic_write_bytes, sha256_bytes
+from gpucampaign.files import TMP_PREFIX, atomic_copy, atomic_write_bytes, read_hashed, sha256_bytes
 from gpucampaign.s3client import HashingSink, file_digests, file_etag, s3_client
 from gpucampaign.spec import SpecError
 
@@ -186,9 +186,16 @@ class LocalStore:
             parent = parent.parent
 
     def read_hashed(self, key: str) -> tuple[bytes | bytearray, str]:
-        """The content of ``key`` and its sha256."""
-        data = self.read_bytes(key)
-        return data, sha256_bytes(data)
+        """The content of ``key`` and its sha256, hashed while it is read."""
+        p = self._path(key)
+        if not p.is_file():
+            raise NotFound(f"{key!r} not found in {self.root}")
+        try:
+            return read_hashed(p)
+        except FileNotFoundError:
+            raise NotFound(f"{key!r} not found in {self.root}") from None
+        except OSError as exc:
+            raise StorageError(f"cannot read {key!r}: {exc}") from exc
 
     def read_bytes(self, key: str) -> bytes:
         """The content of ``key``."""

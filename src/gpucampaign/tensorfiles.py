@@ -62,37 +62,6 @@ def write_hashed(
         return hashing.result(), sum(len(mv) for mv in views)
 
 
-def read_hashed(path: Path) -> tuple[bytearray, str]:
-    """The content of ``path`` and its sha256, hashed while it is read.
-
-    The file is read in chunks into one buffer; each chunk is hashed in a second thread while
-    the next one is read (hashlib releases the GIL), so a restore costs about the slower of
-    the read and the hash instead of their sum.
-    """
-    size = os.path.getsize(path)
-    buf = bytearray(size)
-    mv = memoryview(buf)
-    h = hashlib.sha256()
-    off = 0
-    with ThreadPoolExecutor(max_workers=1) as pool, open(path, "rb", buffering=0) as f:
-        pending = None
-        while off < size:
-            n = f.readinto(mv[off : off + _CHUNK])
-            if not n:
-                break
-            if pending is not None:
-                pending.result()
-            pending = pool.submit(h.update, mv[off : off + n])
-            off += n
-        extra = f.read(1)  # the file grew since its size was taken
-        if pending is not None:
-            pending.result()
-    if extra or off < size:
-        data = bytearray(path.read_bytes())
-        return data, hashlib.sha256(data).hexdigest()
-    return buf, h.hexdigest()
-
-
 def serialize_state(train_state: dict[str, Any]) -> memoryview:
     """``torch.save`` into memory, without its CRC32 pass (every file is sha256-hashed anyway)."""
     buf = io.BytesIO()

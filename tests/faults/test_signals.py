@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import yaml
 from gpucampaign.metrics import read_metrics
 from gpucampaign.records import read_timeline
 from tests.e2e.stack_helpers import api, run_deployment, wait_flow_run, worker_log
-from tests.test_flow import tiny_campaign
+from tests.test_flow import campaign_cli, start_campaign_run, tiny_campaign
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,16 +102,7 @@ def _server_sessions(pid: int) -> list[int]:
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signalled_campaign_saves_stops_and_resumes(tmp_path, sig, code, faults):
     spec, out = _long_campaign(tmp_path), tmp_path / "out"
-    campaign_bin = str(Path(sys.executable).parent / "campaign")
-    # A session of its own, like a terminal's foreground group: the signal goes to the group.
-    proc = subprocess.Popen(
-        [campaign_bin, "run", str(spec), "--out", str(out)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_campaign_run(spec, out=out)  # a session of its own: the signal goes to the group
     servers: list[int] = []
     try:
         deadline = time.monotonic() + 300
@@ -138,13 +128,7 @@ def test_a_signalled_campaign_saves_stops_and_resumes(tmp_path, sig, code, fault
     faults.add("saved_within_grace")
     assert not (out / "manifest.json").exists()
 
-    rerun = subprocess.run(
-        [campaign_bin, "run", str(spec), "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    rerun = campaign_cli("run", str(spec), "--out", str(out), cwd=ROOT)
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-3000:]
     assert _resumed_from(out) == saved
 
