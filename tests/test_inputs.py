@@ -46,6 +46,19 @@ def _campaign(src: Path, digits: tuple[Path, str]) -> Path:
     return src / "campaign.yaml"
 
 
+def _pin_base_model(spec_file: Path, rel: str) -> Path:
+    """Write a small base model at ``rel`` beside the spec and pin it as input ``base``."""
+    from gpucampaign.files import sha256_file
+
+    base = spec_file.parent / rel
+    base.parent.mkdir(parents=True, exist_ok=True)
+    base.write_bytes(b"weights of an earlier campaign")
+    data = yaml.safe_load(spec_file.read_text())
+    data["inputs"] = {"base": {"path": rel, "sha256": sha256_file(base)}}
+    spec_file.write_text(yaml.safe_dump(data))
+    return base
+
+
 def _train_control(spec: CampaignSpec, *, src: Path, out: Path, **kw: Any) -> str:
     """Train the control of the campaign in ``src`` into the output folder ``out``; its run ID."""
     corpus = load_corpus(src / spec.corpus.path, corpus_spec=spec.corpus)
@@ -116,11 +129,7 @@ def test_pinned_inputs_and_devices_are_in_the_manifest(tmp_path, digits_file):  
     from gpucampaign.manifest import _device_of
 
     src = _campaign(tmp_path / "src", digits_file)
-    base = src.parent / "base.bin"
-    base.write_bytes(b"weights of an earlier campaign")
-    data = yaml.safe_load(src.read_text())
-    data["inputs"] = {"base": {"path": "base.bin", "sha256": sha256_file(base)}}
-    src.write_text(yaml.safe_dump(data))
+    base = _pin_base_model(src, "base.bin")
     spec = load_spec(src)
     out = tmp_path / "out"
     kept = keep_inputs(out, spec, base_dir=src.parent)
@@ -144,16 +153,10 @@ def test_a_moved_folder_resumes_a_campaign_with_pinned_inputs_from_its_copies(
     tmp_path: Path,
     digits_file: tuple[Path, str],  # noqa: F811
 ) -> None:
-    from gpucampaign.files import sha256_file
     from gpucampaign.restart import verify_checkpoint_resume
 
     spec_file = _campaign(tmp_path / "src", digits_file)
-    base = spec_file.parent / "models" / "base.bin"
-    base.parent.mkdir()
-    base.write_bytes(b"weights of an earlier campaign")
-    data = yaml.safe_load(spec_file.read_text())
-    data["inputs"] = {"base": {"path": "models/base.bin", "sha256": sha256_file(base)}}
-    spec_file.write_text(yaml.safe_dump(data))
+    _pin_base_model(spec_file, "models/base.bin")
     spec = load_spec(spec_file)
     out = tmp_path / "out"
     OutputFolder(out).keep_spec(spec_file.read_bytes(), source="test")
