@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from gpucampaign.checkpoint import CheckpointManager, capture_rng, step_dirname
-from gpucampaign.savepolicy import choose_save_interval
+from gpucampaign.checkpoint.manager import CheckpointManager, capture_rng, step_dirname
+from gpucampaign.checkpoint.savepolicy import choose_save_interval
 from gpucampaign.storage import LocalStore
 
 MB = 1024 * 1024
@@ -224,10 +224,10 @@ def bench_io(total_mb: int, repeats: int, workdir: Path, *, settle_s: float) -> 
 
 def bench_digits(workdir: Path) -> dict:
     """The example campaign's control run: the stall its checkpoints actually caused."""
-    from gpucampaign.corpus import load_spec_corpus
-    from gpucampaign.scaffold import init_campaign
+    from gpucampaign.cli.scaffold import init_campaign
+    from gpucampaign.data.corpus import load_spec_corpus
+    from gpucampaign.engine.loop import train_run
     from gpucampaign.spec import load_spec
-    from gpucampaign.training import train_run
 
     spec_path = init_campaign(workdir / "digits")
     spec = load_spec(spec_path)

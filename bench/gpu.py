@@ -34,8 +34,8 @@ def bare_loop_cuda(spec, corpus, steps: int) -> float:  # noqa: ANN001
     """Seconds of a plain loop on the device: same model, optimizer, batch, steps and seed."""
     from overhead import plain_steps
 
+    from gpucampaign.engine.devices import build_optimizer, build_scheduler, seed_everything
     from gpucampaign.recipes import build_model, fit_input_stats
-    from gpucampaign.torchsetup import build_optimizer, build_scheduler, seed_everything
 
     cfg = spec.run_config("control")
     train = corpus.split("train")
@@ -58,11 +58,11 @@ def bare_loop_cuda(spec, corpus, steps: int) -> float:  # noqa: ANN001
 def bench_training(tmp: Path, *, hidden: int, layers: int, repeats: int) -> list[str]:
     import yaml
 
-    from gpucampaign.corpus import load_spec_corpus
-    from gpucampaign.scaffold import init_campaign, write_spec_copy
+    from gpucampaign.cli.scaffold import init_campaign, write_spec_copy
+    from gpucampaign.data.corpus import load_spec_corpus
+    from gpucampaign.engine.loop import train_run
     from gpucampaign.spec import load_spec
     from gpucampaign.storage import LocalStore
-    from gpucampaign.training import train_run
 
     src = init_campaign(tmp / "init")
     data = yaml.safe_load(src.read_text())

@@ -38,14 +38,14 @@ from typing import Any
 import torch
 import yaml
 
-from gpucampaign._runner import prefect_environment
-from gpucampaign.corpus import load_spec_corpus
+from gpucampaign.cli.runner import prefect_environment
+from gpucampaign.cli.scaffold import write_spec_copy
+from gpucampaign.data.corpus import load_spec_corpus
+from gpucampaign.engine.devices import build_optimizer, build_scheduler, seed_everything
+from gpucampaign.engine.loop import train_run
 from gpucampaign.recipes import build_model, fit_input_stats
-from gpucampaign.scaffold import write_spec_copy
 from gpucampaign.spec import CampaignSpec, load_spec
 from gpucampaign.storage import LocalStore
-from gpucampaign.torchsetup import build_optimizer, build_scheduler, seed_everything
-from gpucampaign.training import train_run
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = prefect_environment(logging_level="WARNING")

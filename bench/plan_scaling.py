@@ -12,7 +12,7 @@ import random
 import time
 from typing import Any
 
-from gpucampaign import calendar
+from gpucampaign.plan import calendar
 from gpucampaign.spec import parse_spec
 
 

@@ -41,12 +41,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 import checkpoint as ckbench  # noqa: E402  (bench/checkpoint.py)
 import overhead  # noqa: E402  (bench/overhead.py)
 
-from gpucampaign.corpus import load_spec_corpus  # noqa: E402
-from gpucampaign.earlysave import verify_early_save  # noqa: E402
-from gpucampaign.scaffold import init_campaign, write_spec_copy  # noqa: E402
+from gpucampaign.cli.scaffold import init_campaign, write_spec_copy  # noqa: E402
+from gpucampaign.data.corpus import load_spec_corpus  # noqa: E402
+from gpucampaign.engine.loop import train_run  # noqa: E402
+from gpucampaign.restartcheck.earlysave import verify_early_save  # noqa: E402
 from gpucampaign.spec import load_spec  # noqa: E402
 from gpucampaign.storage import LocalStore  # noqa: E402
-from gpucampaign.training import train_run  # noqa: E402
 
 RUN_S = 60.0  # the run length the orchestration goal is stated for
 

@@ -17,16 +17,16 @@ from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.states import Cancelled, Failed
 
-from gpucampaign import calendar
-from gpucampaign.decision import Decision
-from gpucampaign.folder import OutputFolder
-from gpucampaign.interrupt import Interrupted, graceful_signals
-from gpucampaign.manifest import keep_inputs
-from gpucampaign.recipe import use_recipe_dir
-from gpucampaign.records import read_pilot, run_states, runs_with_model, write_pilot
+from gpucampaign.close.manifest import keep_inputs
+from gpucampaign.core.interrupt import Interrupted, graceful_signals
+from gpucampaign.core.stoprules import StopRule
+from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.records import read_pilot, run_states, runs_with_model, write_pilot
+from gpucampaign.plan import calendar
+from gpucampaign.plan.decision import Decision
+from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
-from gpucampaign.stoprules import StopRule
-from gpucampaign.tariffs import load_catalog
+from gpucampaign.spec.recipefile import use_recipe_dir
 from tasks._common import artifact_key
 from tasks.audit import data_audit
 from tasks.close import close_campaign, mirror, seal

@@ -18,11 +18,11 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from gpucampaign import calendar
-from gpucampaign.restart import output_check_target
-from gpucampaign.status import RentalEnding, check_rental_margin, folder_to_check
-from gpucampaign.stoprules import NoUsableRestart, StopRule
-from gpucampaign.tariffs import load_catalog
+from gpucampaign.core.stoprules import NoUsableRestart, StopRule
+from gpucampaign.plan import calendar
+from gpucampaign.plan.tariffs import load_catalog
+from gpucampaign.restartcheck.check import output_check_target
+from gpucampaign.storage.status import RentalEnding, check_rental_margin, folder_to_check
 from tasks._common import artifact_key
 from tasks.gpu_lock import embedded_api, ensure_gpu_limit
 from tasks.restart import resume_check

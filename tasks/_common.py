@@ -10,13 +10,13 @@ from typing import Any
 
 from prefect.cache_policies import NO_CACHE
 
-from gpucampaign.files import utc_now
-from gpucampaign.folder import OutputFolder
-from gpucampaign.interrupt import Interrupted
-from gpucampaign.records import StopRecord, TimelineRow, append_stop, append_timeline
-from gpucampaign.segments import close_cut_segments, new_segment
+from gpucampaign.core.files import utc_now
+from gpucampaign.core.interrupt import Interrupted
+from gpucampaign.core.stoprules import StopRule
+from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.records import StopRecord, TimelineRow, append_stop, append_timeline
+from gpucampaign.folder.segments import close_cut_segments, new_segment
 from gpucampaign.spec import CampaignSpec
-from gpucampaign.stoprules import StopRule
 
 # Inputs hold numpy arrays and the spec: hashing them for a cache key is wasted work,
 # and a campaign phase must never be skipped because a cache says it ran.

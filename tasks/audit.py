@@ -7,9 +7,9 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from gpucampaign.corpus import audit_corpus
+from gpucampaign.core.stoprules import StopRule
+from gpucampaign.recipe.audit import audit_corpus
 from gpucampaign.spec import CampaignSpec
-from gpucampaign.stoprules import StopRule
 from tasks._common import PHASE_OPTIONS, artifact_key, busy, out_folder, record_stop
 
 

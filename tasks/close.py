@@ -1,4 +1,4 @@
-"""Closing the campaign: the close itself is ``gpucampaign.close``; here its busy time, the
+"""Closing the campaign: the close itself is ``gpucampaign.close.closing``; here its busy time, the
 UI artifacts, then the manifest (always last) and the verification of the folder in a fresh
 process."""
 
@@ -9,11 +9,11 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from gpucampaign.close import close_runs, seal_folder, write_closing_documents
-from gpucampaign.mirror import mirror_output
-from gpucampaign.report import render_report_md
+from gpucampaign.close.closing import close_runs, seal_folder, write_closing_documents
+from gpucampaign.close.report import render_report_md
 from gpucampaign.spec import CampaignSpec
-from gpucampaign.verify import verify_output
+from gpucampaign.storage.mirror import mirror_output
+from gpucampaign.verify.checks import verify_output
 from tasks._common import PHASE_OPTIONS, TASK_OPTIONS, artifact_key, busy, out_folder
 
 

@@ -11,7 +11,12 @@ from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
-from gpucampaign.decision import (
+from gpucampaign.folder.records import (
+    decision_after_pilot,
+    read_decisions,
+    record_decision_after_pilot,
+)
+from gpucampaign.plan.decision import (
     Decision,
     DecisionInput,
     apply_answer,
@@ -22,7 +27,6 @@ from gpucampaign.decision import (
     droppable_runs,
     on_timeout,
 )
-from gpucampaign.records import decision_after_pilot, read_decisions, record_decision_after_pilot
 from gpucampaign.spec import CampaignSpec
 from tasks._common import artifact_key, busy, out_folder
 

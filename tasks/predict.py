@@ -6,8 +6,8 @@ from typing import Any
 
 from prefect import task
 
-from gpucampaign.close import analyse_runs
-from gpucampaign.corpus import load_spec_corpus
+from gpucampaign.close.closing import analyse_runs
+from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.spec import CampaignSpec
 from tasks._common import PHASE_OPTIONS, busy, out_folder
 

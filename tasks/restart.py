@@ -8,11 +8,11 @@ from typing import Any
 
 from prefect import task
 
-from gpucampaign.earlysave import campaign_restart_check
-from gpucampaign.interrupt import raise_if_stopped
-from gpucampaign.restart import OutputCheckTarget, verify_checkpoint_resume
+from gpucampaign.core.interrupt import raise_if_stopped
+from gpucampaign.core.stoprules import StopRule
+from gpucampaign.restartcheck.check import OutputCheckTarget, verify_checkpoint_resume
+from gpucampaign.restartcheck.earlysave import campaign_restart_check
 from gpucampaign.spec import CampaignSpec
-from gpucampaign.stoprules import StopRule
 from tasks._common import PHASE_OPTIONS, busy, out_folder, record_stop
 from tasks.gpu_lock import gpu_slot
 

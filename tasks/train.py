@@ -9,17 +9,17 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from gpucampaign.corpus import load_spec_corpus
-from gpucampaign.decision import early_losses, pilot_measures
-from gpucampaign.interrupt import raise_if_stopped
-from gpucampaign.metrics import read_metrics
-from gpucampaign.records import read_stops
-from gpucampaign.runresult import RunResult
-from gpucampaign.segments import heartbeat
+from gpucampaign.core.interrupt import raise_if_stopped
+from gpucampaign.core.stoprules import STOP_RULES, StopRule
+from gpucampaign.data.corpus import load_spec_corpus
+from gpucampaign.engine.loop import n_train_of, train_run
+from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.folder.records import read_stops
+from gpucampaign.folder.runresult import RunResult
+from gpucampaign.folder.segments import heartbeat
+from gpucampaign.plan.decision import early_losses, pilot_measures
 from gpucampaign.spec import CampaignSpec
-from gpucampaign.stoprules import STOP_RULES, StopRule
 from gpucampaign.storage import open_store, spooled_keys
-from gpucampaign.training import n_train_of, train_run
 from tasks._common import PHASE_OPTIONS, artifact_key, busy, out_folder, record_stop
 from tasks.gpu_lock import gpu_slot
 

@@ -18,13 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpucampaign import calendar
-from gpucampaign.close import analyse_runs, close_folder, seal_folder
-from gpucampaign.corpus import load_corpus
-from gpucampaign.decision import Decision
-from gpucampaign.folder import OutputFolder
-from gpucampaign.recipes import build_model, fit_input_stats, save_model_dir
-from gpucampaign.records import (
+from gpucampaign.close.closing import analyse_runs, close_folder, seal_folder
+from gpucampaign.data.corpus import load_corpus
+from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.records import (
     AFTER_PILOT,
     DecisionRecord,
     StopRecord,
@@ -34,7 +31,10 @@ from gpucampaign.records import (
     append_timeline,
     write_pilot,
 )
-from gpucampaign.runresult import RESULT_FILE, RunResult
+from gpucampaign.folder.runresult import RESULT_FILE, RunResult
+from gpucampaign.plan import calendar
+from gpucampaign.plan.decision import Decision
+from gpucampaign.recipes import build_model, fit_input_stats, save_model_dir
 from gpucampaign.spec import load_spec
 
 SPEC_TEMPLATE = """
@@ -266,8 +266,8 @@ def build_closed_folder(
 
 def reseal(out: Path) -> None:
     """Rebuild the manifest's file list after a test changed a file on purpose."""
-    from gpucampaign.files import sha256_file
-    from gpucampaign.manifest import list_files
+    from gpucampaign.close.manifest import list_files
+    from gpucampaign.core.files import sha256_file
 
     m = json.loads((out / "manifest.json").read_text())
     m["files"] = [

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from gpucampaign.corpus import Corpus, load_corpus, write_digits_corpus
-from gpucampaign.metrics import read_metrics
-from gpucampaign.runresult import RunResult
+from gpucampaign.data.corpus import Corpus, load_corpus, write_digits_corpus
+from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.folder.runresult import RunResult
 from gpucampaign.spec import CampaignSpec, parse_spec
 from gpucampaign.storage import LocalStore
-from gpucampaign.training import train_run
 
 # Tiny but real: 1259 train rows at batch 128 = 10 steps per epoch.
 TINY = {"recipe": "mlp", "hidden": [16], "batch_size": 128, "epochs": 2, "lr": 0.01, "threads": 1}

@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 
-from gpucampaign._runner import prefect_environment
+from gpucampaign.cli.runner import prefect_environment
 
 # A private PREFECT_HOME: tests never touch ~/.prefect, a profile, or a server the user
 # exported (after `make stack-up`, PREFECT_API_URL points at the real stack).

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpucampaign import calendar
+from gpucampaign.plan import calendar
 from gpucampaign.spec import SpecError, load_spec, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -369,7 +369,7 @@ def test_reduce_to_fit_properties(case: tuple[Any, dict[str, dict[str, Any]]]) -
 
 
 def test_gantt_with_planned_and_actual_bars(tmp_path: Path) -> None:
-    from gpucampaign.figures import plot_calendar
+    from gpucampaign.close.figures import plot_calendar
 
     p = calendar.plan(load_spec(EXAMPLES / "calendar-48h.yaml"))
     actual = [

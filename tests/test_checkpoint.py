@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpucampaign.checkpoint import (
+from gpucampaign.checkpoint.manager import (
     LATEST_FILE,
     META_FILE,
     MODEL_FILE,
@@ -338,7 +338,7 @@ def test_streamed_safetensors_load_with_the_safetensors_library(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from gpucampaign.tensorfiles import safetensors_buffers, write_hashed
+    from gpucampaign.checkpoint.tensorfiles import safetensors_buffers, write_hashed
 
     g = torch.Generator().manual_seed(0)
     tensors = {
@@ -368,8 +368,8 @@ def test_streamed_safetensors_load_with_the_safetensors_library(tmp_path):
 def test_read_hashed_and_the_zero_copy_safetensors_reader(tmp_path):
     from safetensors.torch import save
 
-    from gpucampaign.files import read_hashed
-    from gpucampaign.tensorfiles import load_safetensors_buffer
+    from gpucampaign.checkpoint.tensorfiles import load_safetensors_buffer
+    from gpucampaign.core.files import read_hashed
 
     g = torch.Generator().manual_seed(0)
     tensors = {
@@ -397,7 +397,7 @@ def test_read_hashed_and_the_zero_copy_safetensors_reader(tmp_path):
 def test_background_saves_snapshot_and_one_in_flight(tmp_path):
     import threading
 
-    from gpucampaign.checkpoint import BackgroundSaves, snapshot
+    from gpucampaign.checkpoint.manager import BackgroundSaves, snapshot
 
     model = torch.nn.Linear(3, 2)
     state = {"params": model.state_dict(), "nested": [torch.ones(2), ("x", 3)]}

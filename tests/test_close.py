@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gpucampaign.budget import close_budget, render_budget_md
 from gpucampaign.cli import app
-from gpucampaign.forecast import actual_intervals, forecast_vs_actual, load_estimates
-from gpucampaign.records import DecisionRecord, PlanRecord, StopRecord, TimelineRow
-from gpucampaign.report import SUMMARY_KEYS
+from gpucampaign.close.budget import close_budget, render_budget_md
+from gpucampaign.close.forecast import actual_intervals, forecast_vs_actual, load_estimates
+from gpucampaign.close.report import SUMMARY_KEYS
+from gpucampaign.close.verdict import RunEvidence, decide_verdict
+from gpucampaign.folder.records import DecisionRecord, PlanRecord, StopRecord, TimelineRow
 from gpucampaign.spec import DecisionRule, Expense, Package, SpecError, parse_spec
-from gpucampaign.verdict import RunEvidence, decide_verdict
 
 LOT_3D = Package(gpu="rtx4090", days=3)
 
@@ -347,13 +347,13 @@ def test_a_resume_explains_a_deviation():
     [(0.0001, "0.36 s"), (0.01, "36 s"), (0.5, "30 min"), (3.05091, "3.05 h"), (3.3, "3.3 h")],
 )
 def test_durations_have_sensible_precision(hours, text):
-    from gpucampaign.forecast import say_duration
+    from gpucampaign.core.text import say_duration
 
     assert say_duration(hours) == text
 
 
 def test_estimates_from_timeline_pilot_and_metrics():
-    from gpucampaign.forecast import measured_estimates
+    from gpucampaign.close.forecast import measured_estimates
 
     est = measured_estimates(
         [
@@ -456,7 +456,7 @@ def test_report_of_a_folder_that_did_not_close(tmp_path: Path):
 
 # --- records: one shape each, one reader each ------------------------------------------------
 def test_plan_reader_takes_the_written_shape_only(tmp_path: Path):
-    from gpucampaign.records import read_plan
+    from gpucampaign.folder.records import read_plan
 
     assert read_plan(tmp_path) is None
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
@@ -473,8 +473,7 @@ def test_plan_reader_takes_the_written_shape_only(tmp_path: Path):
 def test_decision_stop_and_timeline_records_round_trip(tmp_path: Path):
     from datetime import UTC, datetime, timedelta
 
-    from gpucampaign.decision import Decision
-    from gpucampaign.records import (
+    from gpucampaign.folder.records import (
         append_decision,
         append_stop,
         append_timeline,
@@ -483,6 +482,7 @@ def test_decision_stop_and_timeline_records_round_trip(tmp_path: Path):
         read_stops,
         read_timeline,
     )
+    from gpucampaign.plan.decision import Decision
 
     assert decision_after_pilot(read_decisions(tmp_path)) is None
     rec = DecisionRecord(
@@ -526,7 +526,7 @@ RUN_SPEC = {
 
 
 def _finish(root: Path, spec, run: str, *, accuracy: float, model: bool = True) -> None:
-    from gpucampaign.runresult import RunResult
+    from gpucampaign.folder.runresult import RunResult
 
     rid = spec.run_id(run)
     (root / "runs" / rid / "model").mkdir(parents=True)
@@ -550,15 +550,15 @@ def _finish(root: Path, spec, run: str, *, accuracy: float, model: bool = True) 
 
 
 def test_run_states_decide_each_run_once(tmp_path: Path):
-    from gpucampaign.close import (
+    from gpucampaign.close.closing import (
         closing_verdict,
         expected_runs,
         run_evidence,
         run_metrics,
         runs_table,
     )
-    from gpucampaign.decision import Decision
-    from gpucampaign.records import append_stop, read_stops, run_states
+    from gpucampaign.folder.records import append_stop, read_stops, run_states
+    from gpucampaign.plan.decision import Decision
     from gpucampaign.spec import parse_spec
 
     spec = parse_spec(RUN_SPEC)
@@ -615,8 +615,8 @@ def test_run_states_decide_each_run_once(tmp_path: Path):
 
 
 def test_a_run_that_did_not_complete_is_never_an_accepted_delivery(tmp_path: Path):
-    from gpucampaign.close import delivery
-    from gpucampaign.records import RunState, StopRecord
+    from gpucampaign.close.closing import delivery
+    from gpucampaign.folder.records import RunState, StopRecord
 
     nan, at_point = "stopped by non_finite_loss: nan", "dropped at the decision point"
     stop = StopRecord(stop_id="stop-w", rule="non_finite_loss", run_id="wide-0123456789")
@@ -628,7 +628,7 @@ def test_a_run_that_did_not_complete_is_never_an_accepted_delivery(tmp_path: Pat
 
 
 def test_a_spec_without_a_decision_rule_gets_a_stopped_verdict():
-    from gpucampaign.close import closing_verdict
+    from gpucampaign.close.closing import closing_verdict
     from gpucampaign.spec import parse_spec
 
     spec = parse_spec({k: v for k, v in RUN_SPEC.items() if k != "decision_rule"})

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import yaml
 
-from gpucampaign.corpus import audit_corpus, load_corpus, write_digits_corpus
+from gpucampaign.core.stoprules import EssentialInputMissing
+from gpucampaign.data.corpus import load_corpus, write_digits_corpus
+from gpucampaign.recipe.audit import audit_corpus
 from gpucampaign.spec import SpecError, parse_spec
-from gpucampaign.stoprules import EssentialInputMissing
 from tests._engine import digits_file  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parents[1]

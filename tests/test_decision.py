@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gpucampaign.decision import (
+from gpucampaign.plan.decision import (
     DecisionInput,
     apply_answer,
     check_decision_input,
@@ -137,7 +137,7 @@ def test_decision_input_model_validates():
 
 # --- the decide task's composition, as library functions -------------------------------------
 def _result(**kw):
-    from gpucampaign.runresult import RunResult
+    from gpucampaign.folder.runresult import RunResult
 
     base = dict(
         run_id="control-0123456789",
@@ -156,7 +156,7 @@ def _result(**kw):
 
 
 def test_pilot_measures_count_steps_from_the_run_config():
-    from gpucampaign.decision import pilot_measures
+    from gpucampaign.plan.decision import pilot_measures
 
     spec = parse_spec(SPEC)
     m = pilot_measures(spec, run="control", result=_result(), n_train=3200)
@@ -172,7 +172,7 @@ def _pilot(step_s: float) -> dict:
 
 
 def test_decide_after_pilot_continues_when_the_reforecast_fits():
-    from gpucampaign.decision import decide_after_pilot
+    from gpucampaign.plan.decision import decide_after_pilot
 
     spec = parse_spec(SPEC)
     refo = decide_after_pilot(spec, catalog=None, pilot=_pilot(0.01), pilot_stops=[])
@@ -182,7 +182,7 @@ def test_decide_after_pilot_continues_when_the_reforecast_fits():
 
 
 def test_decide_after_pilot_drops_the_exploratory_run_first():
-    from gpucampaign.decision import decide_after_pilot, decision_markdown
+    from gpucampaign.plan.decision import decide_after_pilot, decision_markdown
 
     spec = parse_spec(SPEC)
     # One GPU lane, 70 s a step: control 1000 steps (19.4 h), wide 2000 steps (38.9 h), big
@@ -195,7 +195,7 @@ def test_decide_after_pilot_drops_the_exploratory_run_first():
 
 
 def test_decide_after_pilot_re_poses_when_an_essential_pilot_stopped():
-    from gpucampaign.decision import decide_after_pilot, on_timeout
+    from gpucampaign.plan.decision import decide_after_pilot, on_timeout
 
     spec = parse_spec(SPEC)
     stop = {"run": "control", "rule": "non_finite_loss", "reason": "nan"}
@@ -209,13 +209,13 @@ def test_decide_after_pilot_re_poses_when_an_essential_pilot_stopped():
 def test_the_decision_after_the_pilot_is_recorded_once_in_one_shape(tmp_path):
     import json
 
-    from gpucampaign.decision import decide_after_pilot
-    from gpucampaign.records import (
+    from gpucampaign.folder.records import (
         decision_after_pilot,
         read_decisions,
         read_plan,
         record_decision_after_pilot,
     )
+    from gpucampaign.plan.decision import decide_after_pilot
 
     spec = parse_spec(SPEC)
     refo = decide_after_pilot(spec, catalog=None, pilot=_pilot(0.01), pilot_stops=[])

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpucampaign.engine.devices import device_settings, pick_device
 from gpucampaign.spec import RunConfig, SpecError
-from gpucampaign.torchsetup import device_settings, pick_device
 from tests.test_recipe import make_spec, train, write_recipe
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -76,7 +76,7 @@ def test_two_lanes_train_on_two_gpus(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @needs_cuda
 def test_the_restart_check_on_cuda_is_within_tolerance(tmp_path: Path) -> None:
-    from gpucampaign.restart import verify_restart
+    from gpucampaign.restartcheck.check import verify_restart
 
     spec = make_spec(tmp_path, write_recipe(tmp_path), control={"device": "cuda"}, variants=[])
     report = verify_restart(spec, run="control", base_dir=tmp_path, workdir=tmp_path / "rc")

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from gpucampaign.checkpoint import STATE_FILE, step_dirname
-from gpucampaign.earlysave import campaign_restart_check, verify_early_save
-from gpucampaign.files import sha256_bytes
-from gpucampaign.stoprules import NoUsableRestart
+from gpucampaign.checkpoint.manager import STATE_FILE, step_dirname
+from gpucampaign.checkpoint.tensorfiles import serialize_state
+from gpucampaign.core.files import sha256_bytes
+from gpucampaign.core.stoprules import NoUsableRestart
+from gpucampaign.restartcheck.earlysave import campaign_restart_check, verify_early_save
 from gpucampaign.storage import LocalStore
-from gpucampaign.tensorfiles import serialize_state
 from tests._engine import digits_file, make_spec, run, run_dir  # noqa: F401
 
 # Every check here resumes a save in a fresh process.

@@ -17,16 +17,16 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gpucampaign.bootstrap import Gain, paired_gain, to_resolve
 from gpucampaign.cli import app
-from gpucampaign.corpus import load_corpus
-from gpucampaign.folder import OutputFolder
-from gpucampaign.predictions import Predictions
+from gpucampaign.close.bootstrap import Gain, paired_gain, to_resolve
+from gpucampaign.close.predictions import Predictions
+from gpucampaign.core.stoprules import StopRule
+from gpucampaign.data.corpus import load_corpus
+from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.spec import load_spec
-from gpucampaign.stoprules import StopRule
 from gpucampaign.storage import LocalStore
-from gpucampaign.training import train_run
-from gpucampaign.verify import verify_output
+from gpucampaign.verify.checks import verify_output
 from tests._closing import close_and_seal, start_folder
 
 LEARNS = {"recipe": "mlp", "hidden": [8], "lr": 0.05, "epochs": 4, "batch_size": 32, "threads": 1}
@@ -255,8 +255,8 @@ def test_seed_replicates_run_as_their_own_runs_and_the_verdict_uses_them(tmp_pat
 # --- the decision point uses the pilots' evidence ---------------------------------------------
 def _pilots(base: Path, *, variants: list[dict[str, Any]], steps: int = 6) -> tuple[Any, dict]:
     """Pilot every run of a small campaign for real; returns the spec and the measures."""
-    from gpucampaign.decision import early_losses, pilot_measures
-    from gpucampaign.metrics import read_metrics
+    from gpucampaign.folder.metrics import read_metrics
+    from gpucampaign.plan.decision import early_losses, pilot_measures
 
     sha = write_table(base / "corpus.csv", n={"train": 200, "val": 60, "test": 60})
     data = {
@@ -303,7 +303,7 @@ def _pilots(base: Path, *, variants: list[dict[str, Any]], steps: int = 6) -> tu
 
 
 def test_a_copy_of_the_control_in_effect_is_flagged_low_information(tmp_path: Path):
-    from gpucampaign.decision import decide_after_pilot, decision_markdown
+    from gpucampaign.plan.decision import decide_after_pilot, decision_markdown
 
     # A cap of 10^6 steps never binds: the variant trains exactly as the control does.
     spec, measured = _pilots(
@@ -327,7 +327,7 @@ def test_a_copy_of_the_control_in_effect_is_flagged_low_information(tmp_path: Pa
 def test_an_optional_run_whose_pilot_tripped_a_stop_is_dropped_and_the_form_offers_choices(
     tmp_path: Path,
 ):
-    from gpucampaign.decision import decide_after_pilot, decision_form
+    from gpucampaign.plan.decision import decide_after_pilot, decision_form
 
     spec, measured = _pilots(
         tmp_path,

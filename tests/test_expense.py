@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gpucampaign.budget import close_budget, render_budget_md
 from gpucampaign.cli import app
-from gpucampaign.close import close_folder
-from gpucampaign.ledger import budget_with_ledger, read_ledger
+from gpucampaign.close.budget import close_budget, render_budget_md
+from gpucampaign.close.closing import close_folder
+from gpucampaign.close.ledger import budget_with_ledger, read_ledger
 from gpucampaign.spec import Package
-from gpucampaign.verify import verify_output
+from gpucampaign.verify.checks import verify_output
 from tests._closing import reseal
 
 runner = CliRunner()

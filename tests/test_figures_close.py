@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 
-from gpucampaign.figures import plot_confusion, plot_curves
+from gpucampaign.close.figures import plot_confusion, plot_curves
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -29,7 +29,7 @@ def test_curves(tmp_path: Path):
 
 
 def test_curves_from_metrics_jsonl_rows(tmp_path: Path):
-    from gpucampaign.figures import _series
+    from gpucampaign.close.figures import _series
 
     rows = [
         {"kind": "train", "step": 1, "loss": 2.3, "lr": 0.1, "step_s": 0.004},

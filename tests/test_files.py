@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 
-from gpucampaign import files
-from gpucampaign.files import sha256_file
+from gpucampaign.core import files
+from gpucampaign.core.files import sha256_file
 
 
 def test_a_file_is_hashed_once_until_it_changes(tmp_path, monkeypatch):

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpucampaign.scaffold import init_campaign
-from gpucampaign.verify import verify_output
+from gpucampaign.cli.scaffold import init_campaign
+from gpucampaign.verify.checks import verify_output
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -272,7 +272,7 @@ def test_essential_stop_fails_the_flow_after_writing_a_complete_folder(prefect_h
 
 def timeline_rows(out: Path) -> list[dict[str, Any]]:
     """One row per segment of timeline.jsonl (its start, heartbeat and end lines folded)."""
-    from gpucampaign.records import read_timeline
+    from gpucampaign.folder.records import read_timeline
 
     return [r.to_dict() for r in read_timeline(out)]
 
@@ -398,10 +398,10 @@ def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp
     still give exactly the numbers each gives alone. The spec is passed as an object."""
     from prefect.client.orchestration import get_client
 
-    from gpucampaign.corpus import load_spec_corpus
+    from gpucampaign.data.corpus import load_spec_corpus
+    from gpucampaign.engine.loop import train_run
     from gpucampaign.spec import load_spec
     from gpucampaign.storage import LocalStore
-    from gpucampaign.training import train_run
 
     spec = tiny_campaign(tmp_path, packages=[{"gpu": "rtx4090", "days": 3, "count": 2}])
     out = tmp_path / "out"

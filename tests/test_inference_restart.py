@@ -17,14 +17,20 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpucampaign import interrupt
-from gpucampaign.close import analyse_runs, delivery, run_evidence
-from gpucampaign.files import utc_now
-from gpucampaign.inference_restart import MARK_FILE
-from gpucampaign.interrupt import Interrupted
-from gpucampaign.records import StopRecord, append_stop, read_stops, run_states, runs_with_model
-from gpucampaign.report import _resume_md
-from gpucampaign.stoprules import InterruptedRun
+from gpucampaign.close.closing import analyse_runs, delivery, run_evidence
+from gpucampaign.close.report import _resume_md
+from gpucampaign.core import interrupt
+from gpucampaign.core.files import utc_now
+from gpucampaign.core.interrupt import Interrupted
+from gpucampaign.core.stoprules import InterruptedRun
+from gpucampaign.engine.inference_restart import MARK_FILE
+from gpucampaign.folder.records import (
+    StopRecord,
+    append_stop,
+    read_stops,
+    run_states,
+    runs_with_model,
+)
 from tests._engine import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,7 +217,7 @@ def test_resume_inference_after_a_sigkill(tmp_path, digits_file):  # noqa: F811
 # --- the whole campaign: interrupted, started again, closed and verified -------------------------
 def _stop_when_trained(rdir: Path, *, steps: int, done: threading.Event) -> None:
     """Request a stop (as Ctrl-C does) once ``rdir`` has trained ``steps`` steps."""
-    from gpucampaign.metrics import read_metrics
+    from gpucampaign.folder.metrics import read_metrics
 
     while not done.is_set():
         path = rdir / "metrics.jsonl"
@@ -228,7 +234,7 @@ def test_a_campaign_restarts_inference_of_an_interrupted_variant_and_verifies(
     prefect_harness, tmp_path
 ):
     from gpucampaign.spec import load_spec
-    from gpucampaign.verify import verify_output
+    from gpucampaign.verify.checks import verify_output
     from tests.test_flow import run_flow, tiny_campaign
 
     def edit(data: dict[str, Any]) -> None:
@@ -283,8 +289,8 @@ def test_a_campaign_restarts_inference_of_an_interrupted_variant_and_verifies(
 
 # --- the verdict on an interrupted run's evidence ------------------------------------------------
 def test_the_verdict_reads_an_interrupted_run_as_evidence_at_its_step():
+    from gpucampaign.close.verdict import RunEvidence, decide_verdict
     from gpucampaign.spec import DecisionRule
-    from gpucampaign.verdict import RunEvidence, decide_verdict
 
     rule = DecisionRule(metric="accuracy", threshold=0.9, min_gain=0.02)
     done = RunEvidence(values={"val": 0.92, "test": 0.92})
@@ -308,8 +314,8 @@ def test_the_verdict_reads_an_interrupted_run_as_evidence_at_its_step():
 
 
 def test_the_interruptions_count_an_inference_restart_apart_from_resumes():
-    from gpucampaign.records import TimelineRow
-    from gpucampaign.segments import interruptions
+    from gpucampaign.folder.records import TimelineRow
+    from gpucampaign.folder.segments import interruptions
 
     rows = [
         TimelineRow(phase="train", run="a", outcome="interrupted: interrupted by SIGINT"),

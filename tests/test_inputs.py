@@ -14,16 +14,16 @@ from _closing import build_closed_folder
 from _engine import TINY, digits_file  # noqa: F401  (a pytest fixture)
 from typer.testing import CliRunner
 
-from gpucampaign import calendar
 from gpucampaign.cli import app
-from gpucampaign.corpus import load_corpus
-from gpucampaign.folder import OutputFolder
-from gpucampaign.manifest import INPUTS, keep_inputs
-from gpucampaign.restart import output_check_target
+from gpucampaign.close.manifest import keep_inputs
+from gpucampaign.data.corpus import load_corpus
+from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.layout import INPUTS, OutputFolder
+from gpucampaign.plan import calendar
+from gpucampaign.plan.tariffs import load_catalog
+from gpucampaign.restartcheck.check import output_check_target
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec
 from gpucampaign.storage import LocalStore
-from gpucampaign.tariffs import load_catalog
-from gpucampaign.training import train_run
 
 CATALOG = "provider: MyCloud\nlots:\n  - {gpu: h100, days: 3, gpus: 1, price_usd: 99.5}\n"
 
@@ -48,7 +48,7 @@ def _campaign(src: Path, digits: tuple[Path, str]) -> Path:
 
 def _pin_base_model(spec_file: Path, rel: str) -> Path:
     """Write a small base model at ``rel`` beside the spec and pin it as input ``base``."""
-    from gpucampaign.files import sha256_file
+    from gpucampaign.core.files import sha256_file
 
     base = spec_file.parent / rel
     base.parent.mkdir(parents=True, exist_ok=True)
@@ -125,8 +125,8 @@ def test_report_and_verify_work_on_a_closed_folder_moved_without_its_spec_folder
 
 
 def test_pinned_inputs_and_devices_are_in_the_manifest(tmp_path, digits_file):  # noqa: F811
-    from gpucampaign.files import sha256_file
-    from gpucampaign.manifest import _device_of
+    from gpucampaign.close.manifest import _device_of
+    from gpucampaign.core.files import sha256_file
 
     src = _campaign(tmp_path / "src", digits_file)
     base = _pin_base_model(src, "base.bin")
@@ -153,7 +153,7 @@ def test_a_moved_folder_resumes_a_campaign_with_pinned_inputs_from_its_copies(
     tmp_path: Path,
     digits_file: tuple[Path, str],  # noqa: F811
 ) -> None:
-    from gpucampaign.restart import verify_checkpoint_resume
+    from gpucampaign.restartcheck.check import verify_checkpoint_resume
 
     spec_file = _campaign(tmp_path / "src", digits_file)
     _pin_base_model(spec_file, "models/base.bin")

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from gpucampaign import interrupt
-from gpucampaign.interrupt import Interrupted
-from gpucampaign.metrics import read_metrics
+from gpucampaign.core import interrupt
+from gpucampaign.core.interrupt import Interrupted
+from gpucampaign.folder.metrics import read_metrics
 from tests._engine import digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 
 

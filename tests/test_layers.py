@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucampaign import _runner
+from gpucampaign.cli import runner as _runner
 from gpucampaign.spec import SpecError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpucampaign"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpucampaign.files import sha256_bytes
-from gpucampaign.ledger import LEDGER, add_expense, read_ledger, sealed_prefix_intact
+from gpucampaign.close.ledger import LEDGER, add_expense, read_ledger, sealed_prefix_intact
+from gpucampaign.core.files import sha256_bytes
 from gpucampaign.spec import SpecError
 
 

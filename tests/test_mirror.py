@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from gpucampaign.mirror import MIRROR_INDEX, mirror_folder, retrieve_folder
 from gpucampaign.spec import SpecError
 from gpucampaign.storage import LocalStore, StorageError
+from gpucampaign.storage.mirror import MIRROR_INDEX, mirror_folder, retrieve_folder
 
 
 def _folder(root):

@@ -8,16 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpucampaign.files import sha256_file
-from gpucampaign.folder import OutputFolder, PlanRewriteError
-from gpucampaign.manifest import list_files, reference_corpus
-from gpucampaign.predictions import (
+from gpucampaign.close.manifest import list_files, reference_corpus
+from gpucampaign.close.predictions import (
     Predictions,
     error_analysis,
     read_predictions,
     render_error_analysis_md,
     write_predictions,
 )
+from gpucampaign.core.files import sha256_file
+from gpucampaign.folder.layout import OutputFolder, PlanRewriteError
 from gpucampaign.spec import SpecError
 
 
@@ -172,7 +172,7 @@ def test_manifest_lists_every_file_but_itself(tmp_path: Path):
 def test_written_files_follow_the_umask_not_mkstemps_0600(tmp_path):
     import os
 
-    from gpucampaign.folder import OutputFolder
+    from gpucampaign.folder.layout import OutputFolder
 
     mask = os.umask(0o022)
     os.umask(mask)

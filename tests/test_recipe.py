@@ -14,15 +14,15 @@ import pytest
 import torch
 
 import gpucampaign
-from gpucampaign.corpus import load_spec_corpus
-from gpucampaign.files import sha256_file
-from gpucampaign.pins import input_sha256
-from gpucampaign.recipe import RecipeError, load_recipe
+from gpucampaign.core.files import sha256_file
+from gpucampaign.core.stoprules import EssentialInputMissing
+from gpucampaign.data.corpus import load_spec_corpus
+from gpucampaign.data.pins import input_sha256
+from gpucampaign.engine.loop import train_run
+from gpucampaign.recipe.contract import RecipeError, load_recipe
 from gpucampaign.recipes import load_model_dir
 from gpucampaign.spec import CampaignSpec, SpecError, parse_spec
-from gpucampaign.stoprules import EssentialInputMissing
 from gpucampaign.storage import LocalStore
-from gpucampaign.training import train_run
 
 # A linear regression read from a text file of "x1 x2 y" lines: the user's code, not src/.
 RECIPE = """
@@ -82,7 +82,7 @@ def write_corpus(folder: Path, n: int = 96) -> str:
 def make_spec(
     base: Path, module: str, *, control: dict | None = None, **extra: Any
 ) -> CampaignSpec:
-    from gpucampaign.recipe import use_recipe_dir
+    from gpucampaign.spec.recipefile import use_recipe_dir
 
     use_recipe_dir(base)  # what load_spec does for a spec file
     sha = (
@@ -163,7 +163,7 @@ def test_a_recipe_model_folder_reloads_on_its_own_and_reproduces_its_predictions
 ) -> None:
     import sys
 
-    from gpucampaign.recipe_predictions import recipe_reload_check, write_recipe_predictions
+    from gpucampaign.close.recipe_reload import recipe_reload_check, write_recipe_predictions
 
     module = write_recipe(tmp_path)
     spec = make_spec(tmp_path, module)
@@ -203,7 +203,7 @@ def test_a_variant_changes_args_and_the_recipe_file_is_in_the_run_id(tmp_path: P
 
 @pytest.mark.process
 def test_a_resumed_recipe_run_is_identical(tmp_path: Path) -> None:
-    from gpucampaign.restart import verify_restart
+    from gpucampaign.restartcheck.check import verify_restart
 
     module = write_recipe(tmp_path)
     spec = make_spec(tmp_path, module)
@@ -375,7 +375,7 @@ def test_pin_prints_the_sha256_of_a_file_or_a_folder(tmp_path: Path) -> None:
 
 
 def test_the_audit_checks_the_recipe_splits(tmp_path: Path) -> None:
-    from gpucampaign.corpus import audit_corpus
+    from gpucampaign.recipe.audit import audit_corpus
 
     module = write_recipe(tmp_path)
     spec = make_spec(tmp_path, module, variants=[])

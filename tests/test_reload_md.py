@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucampaign.verify import verify_output
+from gpucampaign.verify.checks import verify_output
 from tests._closing import build_closed_folder
 
 BLOCK = re.compile(r"```(bash|python)\n(.*?)```", re.S)

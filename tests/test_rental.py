@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 from typer.testing import CliRunner
 
-from gpucampaign import calendar
 from gpucampaign.cli import app
+from gpucampaign.plan import calendar
 from gpucampaign.spec import parse_spec
 
 

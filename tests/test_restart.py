@@ -10,8 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
-from gpucampaign.restart import default_steps, verify_checkpoint_resume, verify_restart
-from gpucampaign.stoprules import NoUsableRestart
+from gpucampaign.core.stoprules import NoUsableRestart
+from gpucampaign.restartcheck.check import default_steps, verify_checkpoint_resume, verify_restart
 from gpucampaign.storage import LocalStore
 from tests._engine import digits_file, make_spec, run, run_dir  # noqa: F401
 

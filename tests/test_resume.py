@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpucampaign.report import _resume_md
-from gpucampaign.restart import RestartReport
+from gpucampaign.close.report import _resume_md
+from gpucampaign.restartcheck.check import RestartReport
 from gpucampaign.spec import SpecError, parse_spec
 
 BASE = {

@@ -11,7 +11,7 @@ from awscrt.checksums import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpucampaign.s3client import HashingSink, file_digests, file_etag
+from gpucampaign.storage.s3client import HashingSink, file_digests, file_etag
 
 MIB = 1024 * 1024
 

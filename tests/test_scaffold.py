@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gpucampaign.corpus import audit_corpus
-from gpucampaign.scaffold import init_campaign, write_spec_copy
+from gpucampaign.cli.scaffold import init_campaign, write_spec_copy
+from gpucampaign.recipe.audit import audit_corpus
 from gpucampaign.spec import SpecError, load_spec
 
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from gpucampaign.files import read_jsonl
-from gpucampaign.interrupt import Interrupted
-from gpucampaign.records import read_timeline
-from gpucampaign.segments import heartbeat, interruptions
+from gpucampaign.core.files import read_jsonl
+from gpucampaign.core.interrupt import Interrupted
+from gpucampaign.folder.records import read_timeline
+from gpucampaign.folder.segments import heartbeat, interruptions
 from tasks._common import busy, out_folder
 from tests._specs import TRAIN_CONTROL, one_lot_spec
 
@@ -81,7 +81,7 @@ def test_an_interrupted_segment_says_so_and_resumes_are_counted(tmp_path):
 
 
 def test_the_report_shows_interruptions_resumes_and_lost_work(tmp_path):
-    from gpucampaign.report import _interruptions_md
+    from gpucampaign.close.report import _interruptions_md
 
     folder = out_folder(tmp_path)
     for _ in range(3):

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
-from gpucampaign.checkpoint import LATEST_FILE, CheckpointManager, capture_rng, step_dirname
-from gpucampaign.mirror import mirror_output
-from gpucampaign.spool import SpoolingStore
-from gpucampaign.status import campaign_status
+from gpucampaign.checkpoint.manager import LATEST_FILE, CheckpointManager, capture_rng, step_dirname
 from gpucampaign.storage import LocalStore, StorageError, spooled_keys
+from gpucampaign.storage.mirror import mirror_output
+from gpucampaign.storage.spool import SpoolingStore
+from gpucampaign.storage.status import campaign_status
 
 RUN = "control-0123456789"
 CFG = "ab" * 32

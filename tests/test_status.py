@@ -11,10 +11,15 @@ from _closing import SPEC_TEMPLATE
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
-from gpucampaign.mirror import mirror_folder
 from gpucampaign.spec import load_spec
-from gpucampaign.status import RentalEnding, campaign_status, check_rental_margin, folder_to_check
 from gpucampaign.storage import SPOOL_DIR, LocalStore
+from gpucampaign.storage.mirror import mirror_folder
+from gpucampaign.storage.status import (
+    RentalEnding,
+    campaign_status,
+    check_rental_margin,
+    folder_to_check,
+)
 
 NOW = datetime(2026, 3, 3, 9, 0, tzinfo=UTC)
 

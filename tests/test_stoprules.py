@@ -8,11 +8,8 @@ import pickle
 
 import pytest
 
-from gpucampaign.checkpoint import MODEL_FILE, step_dirname
-from gpucampaign.corpus import write_digits_corpus
-from gpucampaign.metrics import read_metrics
-from gpucampaign.runresult import require_complete
-from gpucampaign.stoprules import (
+from gpucampaign.checkpoint.manager import MODEL_FILE, step_dirname
+from gpucampaign.core.stoprules import (
     STOP_RULES,
     BelowThreshold,
     EssentialInputMissing,
@@ -20,6 +17,9 @@ from gpucampaign.stoprules import (
     NonFiniteLoss,
     NoUsableRestart,
 )
+from gpucampaign.data.corpus import write_digits_corpus
+from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.folder.runresult import require_complete
 from tests._engine import corpus_of, digits_file, make_spec, run, run_dir  # noqa: F401
 
 
@@ -89,8 +89,8 @@ def test_corpus_that_is_not_the_pinned_one(tmp_path, digits_file):  # noqa: F811
     other.mkdir()
     sha = write_digits_corpus(other / "data" / "digits.csv", seed=7)
     wrong = corpus_of(other, make_spec(other, (other / "data" / "digits.csv", sha)))
+    from gpucampaign.engine.loop import train_run
     from gpucampaign.storage import LocalStore
-    from gpucampaign.training import train_run
 
     with pytest.raises(EssentialInputMissing, match="pins"):
         train_run(

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucampaign.spec import Package, SpecError, parse_spec
-from gpucampaign.tariffs import (
+from gpucampaign.plan.tariffs import (
     BUILTIN_CATALOG,
     format_usd,
     load_catalog,
@@ -17,6 +16,7 @@ from gpucampaign.tariffs import (
     resolve_package,
     usd,
 )
+from gpucampaign.spec import Package, SpecError, parse_spec
 
 
 def test_builtin_rtx4090_tariffs() -> None:

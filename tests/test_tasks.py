@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prefect import flow, task
 
-from gpucampaign.stoprules import NonFiniteLoss
+from gpucampaign.core.stoprules import NonFiniteLoss
 from tasks._common import PHASE_OPTIONS, artifact_key, calendar_step
 from tests._specs import TRAIN_CONTROL, one_lot_spec
 
@@ -48,7 +48,7 @@ def test_artifact_keys_and_calendar_steps():
 def test_busy_time_and_stops_go_through_the_library_writers(tmp_path):
     import pytest
 
-    from gpucampaign.records import read_stops, read_timeline
+    from gpucampaign.folder.records import read_stops, read_timeline
     from tasks._common import busy, out_folder, record_stop
 
     spec = one_lot_spec(TRAIN_CONTROL)

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from gpucampaign.cli import app
-from gpucampaign.files import sha256_file
-from gpucampaign.scaffold_textlm import CORPUS_REL, init_textlm
+from gpucampaign.cli.scaffold_textlm import CORPUS_REL, init_textlm
+from gpucampaign.core.files import sha256_file
 from gpucampaign.spec import load_spec
-from gpucampaign.verify import verify_output
+from gpucampaign.verify.checks import verify_output
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,14 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpucampaign.decision import pilot_measures
-from gpucampaign.metrics import read_metrics
+from gpucampaign.checkpoint.savepolicy import choose_save_interval, daly_interval
+from gpucampaign.core.stoprules import NoUsableRestart
+from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.plan.decision import pilot_measures
 from gpucampaign.recipes import build_model, load_model_dir, predict
-from gpucampaign.savepolicy import choose_save_interval, daly_interval
 from gpucampaign.spec import RunConfig, SpecError
-from gpucampaign.stoprules import NoUsableRestart
 from gpucampaign.storage import LocalStore
-from gpucampaign.training import train_run
 from tests._engine import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gpucampaign import calendar
 from gpucampaign.cli import app
+from gpucampaign.plan import calendar
 from gpucampaign.spec import parse_spec
 
 SRC = Path(__file__).resolve().parents[1] / "src"

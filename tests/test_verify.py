@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
-from gpucampaign.verify import (
+from gpucampaign.verify.checks import (
     CHECKS,
     VerifyContext,
     check_corpus,
@@ -192,7 +192,7 @@ def test_no_manifest(out: Path):
 def test_external_corpus_is_checked_by_hash_and_models_reload_from_it(
     out: Path, closed: dict, tmp_path: Path
 ):
-    from gpucampaign.manifest import reference_corpus
+    from gpucampaign.close.manifest import reference_corpus
 
     copy = out / "data" / "corpus.csv"
     elsewhere = tmp_path / "big" / "corpus.csv"
@@ -212,9 +212,9 @@ def test_external_corpus_is_checked_by_hash_and_models_reload_from_it(
 
 def test_reload_check_with_a_loaded_corpus_before_any_manifest(out: Path, closed: dict):
     """The close task checks deliveries before the manifest exists: it passes the corpus itself."""
-    from gpucampaign.corpus import load_corpus
-    from gpucampaign.manifest import corpus_file
-    from gpucampaign.predictions import reload_check
+    from gpucampaign.close.predictions import reload_check
+    from gpucampaign.data.corpus import load_corpus
+    from gpucampaign.folder.layout import corpus_file
     from gpucampaign.spec import load_spec
 
     ref = json.loads((out / "manifest.json").read_text())["corpus"]
@@ -363,7 +363,7 @@ def test_a_reload_that_fails_is_named_by_the_reload_check(out: Path, closed: dic
 def test_fresh_process_entry_point_checks_and_predicts_again(out: Path, closed: dict, capsys):
     import torch
 
-    from gpucampaign.predictions import main
+    from gpucampaign.close.predictions import main
 
     rid = closed["run_ids"]["wide"]
     threads = torch.get_num_threads()  # a reload sets the run's thread count in this process

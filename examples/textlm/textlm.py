@@ -48,8 +48,9 @@ class Block(nn.Module):
         self.heads = heads
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
-                                 nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
@@ -92,14 +93,20 @@ class CharLM(Recipe):
         context = int(ctx.args.get("context", 64))
         a = int(len(data) * FRACTIONS[0])
         b = a + int(len(data) * FRACTIONS[1])
-        return {"train": Windows(data[:a], context=context, offset=0),
-                "val": Windows(data[a:b], context=context, offset=a),
-                "test": Windows(data[b:], context=context, offset=b)}
+        return {
+            "train": Windows(data[:a], context=context, offset=0),
+            "val": Windows(data[a:b], context=context, offset=a),
+            "test": Windows(data[b:], context=context, offset=b),
+        }
 
     def model(self, ctx):
         args = ctx.args
-        return TinyGPT(width=int(args.get("width", 128)), layers=int(args.get("layers", 2)),
-                       heads=int(args.get("heads", 4)), context=int(args.get("context", 64)))
+        return TinyGPT(
+            width=int(args.get("width", 128)),
+            layers=int(args.get("layers", 2)),
+            heads=int(args.get("heads", 4)),
+            context=int(args.get("context", 64)),
+        )
 
     def loss(self, model, batch):
         x, y = batch

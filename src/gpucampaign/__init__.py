@@ -1,7 +1,6 @@
 """gpucampaign: a training campaign on a rented GPU lot that ends in a decision."""
 
-__version__ = "0.1.0"
-
-from gpucampaign.recipe import Recipe, RecipeContext  # noqa: E402
+from gpucampaign.core.version import __version__
+from gpucampaign.recipe.contract import Recipe, RecipeContext
 
 __all__ = ["Recipe", "RecipeContext", "__version__"]

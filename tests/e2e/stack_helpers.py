@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from gpucampaign.scaffold import write_spec_copy
+from gpucampaign.cli.scaffold import write_spec_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK = ROOT / "infra" / "stack.sh"

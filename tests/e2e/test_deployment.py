@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpucampaign.checkpoint import LATEST_FILE, META_FILE, MODEL_FILE, STATE_FILE
-from gpucampaign.mirror import MIRROR_INDEX
+from gpucampaign.checkpoint.manager import LATEST_FILE, META_FILE, MODEL_FILE, STATE_FILE
 from gpucampaign.spec import load_spec
+from gpucampaign.storage.mirror import MIRROR_INDEX
 from tests.e2e.stack_helpers import (
     ROOT,
     S3_BUCKET,

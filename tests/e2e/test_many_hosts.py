@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpucampaign.records import read_timeline
+from gpucampaign.folder.records import read_timeline
 from tests.e2e.stack_helpers import (
     ROOT,
     api,

@@ -16,11 +16,11 @@ import pytest
 import torch
 import yaml
 
-from gpucampaign.checkpoint import LATEST_FILE, STATE_FILE, CheckpointManager, step_dirname
-from gpucampaign.mirror import MIRROR_INDEX, mirror_folder
-from gpucampaign.scaffold import write_spec_copy
+from gpucampaign.checkpoint.manager import LATEST_FILE, STATE_FILE, CheckpointManager, step_dirname
+from gpucampaign.cli.scaffold import write_spec_copy
 from gpucampaign.spec import SpecError
 from gpucampaign.storage import NotFound, S3Store, StorageError, check_storage
+from gpucampaign.storage.mirror import MIRROR_INDEX, mirror_folder
 from infra.s3server import S3Server, start_server
 from tests.test_checkpoint import CFG, RUN, _state
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpucampaign.checkpoint import LATEST_FILE, CheckpointManager, step_dirname
-from gpucampaign.spool import SpoolingStore
+from gpucampaign.checkpoint.manager import LATEST_FILE, CheckpointManager, step_dirname
+from gpucampaign.engine.loop import run_config_sha256, train_run
 from gpucampaign.storage import S3Store
-from gpucampaign.training import run_config_sha256, train_run
+from gpucampaign.storage.spool import SpoolingStore
 from infra.s3server import STATE_FILE, start_server
 from tests._engine import corpus_of, digits_file, make_spec, run_dir  # noqa: F401
 

@@ -42,7 +42,10 @@ def wait_for(path: Path, *, timeout_s: float = 60.0) -> None:
 
 def install(point: str, n: int, *, latest: Path) -> None:
     """Wrap the function that ``point`` names so the process dies at its Nth call."""
-    from gpucampaign import checkpoint, metrics, storage, tensorfiles
+    from gpucampaign.checkpoint import manager as checkpoint
+    from gpucampaign.checkpoint import tensorfiles
+    from gpucampaign.folder import metrics
+    from gpucampaign.storage import base as storage
 
     count = Countdown(n)
     if point == "train-step":  # after the optimizer step, before its metrics row and any save
@@ -104,10 +107,10 @@ def install(point: str, n: int, *, latest: Path) -> None:
 
 
 def main(base: Path) -> None:
-    from gpucampaign.corpus import load_corpus
+    from gpucampaign.data.corpus import load_corpus
+    from gpucampaign.engine.loop import train_run
     from gpucampaign.spec import parse_spec
     from gpucampaign.storage import LocalStore
-    from gpucampaign.training import train_run
 
     spec = parse_spec(json.loads((base / "spec.json").read_text(encoding="utf-8")))
     kill = os.environ.get("FAULT_KILL")

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import gpucampaign._runner
+import gpucampaign.cli.runner
 from gpucampaign.cli import app
 from gpucampaign.spec import SpecError, load_spec
 
@@ -117,7 +117,7 @@ def no_prefect(monkeypatch):
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise PrefectWouldStart()
 
-    monkeypatch.setattr(gpucampaign._runner, "load_flow", refuse)
+    monkeypatch.setattr(gpucampaign.cli.runner, "load_flow", refuse)
 
 
 @pytest.fixture

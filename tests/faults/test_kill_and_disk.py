@@ -18,14 +18,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpucampaign import tensorfiles
-from gpucampaign.checkpoint import CheckpointManager
-from gpucampaign.corpus import audit_corpus, load_corpus, write_digits_corpus
-from gpucampaign.metrics import read_metrics
+from gpucampaign.checkpoint import tensorfiles
+from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.core.stoprules import EssentialInputMissing
+from gpucampaign.data.corpus import load_corpus, write_digits_corpus
+from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.recipe.audit import audit_corpus
 from gpucampaign.spec import CampaignSpec, SpecError, parse_spec
-from gpucampaign.stoprules import EssentialInputMissing
 from gpucampaign.storage import LocalStore, StorageError
-from gpucampaign.training import train_run
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -316,7 +317,7 @@ def test_a_truncated_corpus_stops_the_audit(tmp_path, digits, faults, repinned):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])  # cut in the middle of a row
     if repinned:  # someone re-pinned the cut file: the audit still refuses its broken row
-        from gpucampaign.files import sha256_file
+        from gpucampaign.core.files import sha256_file
 
         spec = parse_spec(
             {
@@ -350,7 +351,7 @@ def test_labels_outside_the_trained_classes_stop_the_audit(tmp_path, digits, fau
             changed.append(cells[cols.index("id")])
             rows[i] = ",".join(cells) + "\n"
     path.write_text(header + "".join(rows))
-    from gpucampaign.files import sha256_file
+    from gpucampaign.core.files import sha256_file
 
     spec = parse_spec(
         {

@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpucampaign.checkpoint import CheckpointManager
+from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.spec import SpecError, load_spec, resolve_inside
 from gpucampaign.storage import LocalStore, StorageError
 
@@ -274,7 +274,7 @@ def test_verify_names_a_planted_link_and_does_not_follow_it(campaign_out, tmp_pa
 
 @pytest.mark.parametrize("rid", ["../../victim", "/abs/victim", "..", "a/../../victim"])
 def test_a_manifest_run_id_or_file_that_climbs_is_named_not_read(tmp_path, faults, rid):
-    from gpucampaign.verify import verify_output
+    from gpucampaign.verify.checks import verify_output
 
     victim = tmp_path / "victim"
     (victim / "model").mkdir(parents=True)

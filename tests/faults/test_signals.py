@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpucampaign.metrics import read_metrics
-from gpucampaign.records import read_timeline
+from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.folder.records import read_timeline
 from tests.e2e.stack_helpers import api, run_deployment, wait_flow_run, worker_log
 from tests.test_flow import campaign_cli, start_campaign_run, tiny_campaign
 

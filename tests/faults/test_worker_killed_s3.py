@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file
 
-from gpucampaign.checkpoint import LATEST_FILE
-from gpucampaign.records import read_pilot, read_result, read_timeline
+from gpucampaign.checkpoint.manager import LATEST_FILE
+from gpucampaign.engine.loop import MODEL_DIR
+from gpucampaign.folder.records import read_pilot, read_result, read_timeline
 from gpucampaign.spec import load_spec
-from gpucampaign.training import MODEL_DIR
 from tests.e2e.stack_helpers import (
     ROOT,
     RUN_TIMEOUT_S,
@@ -60,10 +60,10 @@ GPU_PHASES = {"pilot", "train", "restart"}
 REFERENCE = """
 import sys
 from pathlib import Path
-from gpucampaign.corpus import load_spec_corpus
+from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.spec import load_spec
 from gpucampaign.storage import open_store
-from gpucampaign.training import train_run
+from gpucampaign.engine.loop import train_run
 spec_file, out = Path(sys.argv[1]), Path(sys.argv[2])
 spec = load_spec(spec_file)
 rid = spec.run_id("control")

@@ -12,7 +12,7 @@ import os
 import platform
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpucampaign.files import TMP_PREFIX, atomic_write_bytes, fsync_dir, git_commit, sha256_file
+from gpucampaign.core.files import (
+    TMP_PREFIX,
+    atomic_write_bytes,
+    fsync_dir,
+    git_commit,
+    sha256_file,
+)
+from gpucampaign.core.version import __version__
+from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.recipes.cnn import build_cnn
 from gpucampaign.recipes.common import Standardize
 from gpucampaign.recipes.mlp import build_mlp
@@ -68,10 +76,8 @@ def library_versions() -> dict[str, str]:
     """Versions that a reload must match or at least know about."""
     import safetensors
 
-    import gpucampaign
-
     return {
-        "gpucampaign": gpucampaign.__version__,
+        "gpucampaign": __version__,
         "torch": torch.__version__,
         "safetensors": safetensors.__version__,
         "numpy": np.__version__,
@@ -214,14 +220,8 @@ def rebuild_recipe_model(
     Raises:
         SpecError: The recipe does not import, or its file changed since the model was saved.
     """
-    from gpucampaign.recipe import (
-        Pinned,
-        RecipeContext,
-        call,
-        load_recipe,
-        recipe_file_sha256,
-        use_recipe_dir,
-    )
+    from gpucampaign.recipe.contract import Pinned, RecipeContext, call, load_recipe
+    from gpucampaign.spec.recipefile import recipe_file_sha256, use_recipe_dir
 
     if (folder / "recipe").is_dir():
         use_recipe_dir(folder / "recipe")
@@ -297,3 +297,34 @@ __all__ = [
     "CONFIG_FILE",
     "MODEL_FORMAT",
 ]
+
+
+def _threads_of(*docs: Any) -> int:
+    """The run's torch thread count (model config.json or params.json); 1 when absent."""
+    for doc in docs:
+        if not isinstance(doc, Mapping):
+            continue
+        if isinstance(doc.get("threads"), int):
+            return int(doc["threads"])
+        for key in ("run_config", "config"):
+            if isinstance(doc.get(key), Mapping) and isinstance(doc[key].get("threads"), int):
+                return int(doc[key]["threads"])
+    return 1
+
+
+def load_run_model(root: str | Path, run_id: str) -> Any:
+    """Load ``runs/<run_id>/model/`` on CPU with the run's recorded thread count."""
+    import torch
+
+    folder = OutputFolder(root)
+    docs = []
+    for rel in (f"runs/{run_id}/model/config.json", f"runs/{run_id}/params.json"):
+        try:
+            docs.append(folder.read_json(rel))
+        except ValueError:
+            docs.append(None)  # an unreadable file is named by load_model_dir / the verifier
+    torch.set_num_threads(_threads_of(*docs))
+    model = load_model_dir(folder.path(f"runs/{run_id}/model"))
+    if hasattr(model, "eval"):
+        model.eval()
+    return model

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from gpucampaign.metrics import evaluate
-from gpucampaign.recipe import Recipe, RecipeContext
+from gpucampaign.folder.metrics import evaluate
+from gpucampaign.recipe.contract import Recipe, RecipeContext
 from gpucampaign.recipes import build_model, fit_input_stats
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")

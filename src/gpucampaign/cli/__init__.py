@@ -1,0 +1,5 @@
+"""The ``campaign`` command."""
+
+from gpucampaign.cli.commands import app, main
+
+__all__ = ["app", "main"]

@@ -1,0 +1,461 @@
+"""The ``campaign`` command (typer + rich).
+
+Exit codes: 0 success; 2 invalid input; 3 stopped by a stop rule; 4 plan does not fit its
+window (plan) or output not verified (verify); 130 / 143 interrupted by SIGINT / SIGTERM
+(saved; rerun to resume); 1 unexpected.
+
+The commands on an output folder are in ``cli_output``; what the commands share (the app, the
+consoles, the exit codes) in ``cli_common``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpucampaign.cli.common import (
+    EXIT_NOT_FIT,
+    EXIT_STOPPED,
+    AsJson,
+    SpecFile,
+    app,
+    console,
+    err_console,
+    handle_errors,
+    print_json,
+    say,
+)
+from gpucampaign.core.stoprules import StopRule
+from gpucampaign.spec import SpecError
+from gpucampaign.storage import check_storage
+
+_CALIBRATE_HELP = (
+    "Output folder of a closed campaign: its measured load, step, eval and save times replace "
+    "the hours of the steps that train a run."
+)
+_OUTPUT_CHECK_HELP = (
+    "Check this campaign output instead: resume the run's latest kept checkpoint from its store "
+    "in a new process and compare with what the run recorded."
+)
+
+
+# Commands are defined below, one section per phase of the campaign.
+
+
+# --- planning: schema, plan, packages ------------------------------------------------------
+
+
+@app.command("schema")
+@handle_errors
+def schema_cmd() -> None:
+    """Print the JSON schema of a campaign spec (every field with its description)."""
+    from gpucampaign.spec import CampaignSpec
+
+    print_json(CampaignSpec.model_json_schema())
+
+
+@app.command("plan")
+@handle_errors
+def plan_cmd(
+    spec: SpecFile,
+    as_json: AsJson = False,
+    figure: Path | None = typer.Option(None, "--figure", help="Also write the Gantt chart (PNG)."),
+    calibrate_from: Path | None = typer.Option(None, "--calibrate-from", help=_CALIBRATE_HELP),
+) -> None:
+    """Schedule the calendar on the committed lots: exit 0 when it fits its window, 4 when not."""
+    from gpucampaign.plan import calendar
+    from gpucampaign.spec import load_spec
+
+    cs = load_spec(spec)
+    check_storage(cs.storage.url)
+    override, how = _calibration(cs, spec, calibrate_from) if calibrate_from else ({}, {})
+    try:
+        result = calendar.plan(cs, base_dir=spec.resolve().parent, hours_override=override or None)
+    except SpecError as exc:
+        raise SpecError(f"Invalid campaign spec '{spec}': {exc}", field=exc.field) from None
+    if how and not as_json:
+        for name, text in how.items():
+            say(f"{name}: {override[name]:.4g} h ({text})")
+    if figure is not None:
+        from gpucampaign.close.figures import plot_calendar
+
+        plot_calendar(result, figure)
+    if as_json:
+        print_json({**result.to_dict(), **({"calibrated": how} if how else {})})
+    else:
+        _print_plan(result, figure=figure)
+    if not result.fits:
+        raise typer.Exit(EXIT_NOT_FIT)
+
+
+def _calibration(cs: Any, spec: Path, out: Path) -> tuple[dict[str, float], dict[str, str]]:
+    """The run steps' hours from an earlier campaign's ``estimates.json``, and how each was
+    measured."""
+    from gpucampaign.close.forecast import load_estimates
+    from gpucampaign.data.corpus import load_spec_corpus
+    from gpucampaign.plan.decision import calibrated_hours
+
+    estimates = load_estimates(out)
+    n_train = None
+    if cs.corpus is not None:
+        try:
+            n_train = len(load_spec_corpus(cs, base_dir=spec.resolve().parent).split("train"))
+        except (SpecError, StopRule, OSError):
+            n_train = None  # planning needs no corpus: the earlier campaign's row count stands in
+    hours = calibrated_hours(cs, estimates=estimates, n_train=n_train)
+    return {k: h for k, (h, _) in hours.items()}, {k: how for k, (_, how) in hours.items()}
+
+
+def _print_plan(result: Any, *, figure: Path | None) -> None:
+    from rich.table import Table
+
+    from gpucampaign.plan.tariffs import format_usd
+
+    d = result.to_dict()
+    table = Table(title=f"calendar of {d['name']}", title_justify="left")
+    columns = ("step", "kind", "tier", "lane", "start h", "end h", "hours")
+    for k, col in enumerate(columns):
+        table.add_column(col, justify="left" if k < 4 else "right")
+    for s in sorted(d["steps"], key=lambda s: (s["start_hours"], s["lane"])):
+        kind = "human" if s["kind"] == "human" else f"machine/{s['resource']}"
+        hours = (f"{s['start_hours']:g}", f"{s['end_hours']:g}", f"{s['hours']:g}")
+        table.add_row(s["name"], kind, s["tier"], s["lane"], *hours)
+    console.print(table)
+    lots = ", ".join(
+        f"{p['count']} x {p['days']}-day {p['gpu']} ({p['gpus']} GPU/lot)" for p in d["packages"]
+    )
+    verdict = (
+        f"[green]fits[/], {d['uncommitted_hours']:g} h uncommitted"
+        if d["fits"]
+        else f"[red]does not fit[/]: {d['overrun_hours']:g} h over"
+    )
+    say(
+        f"span [bold]{d['span_hours']:g} h[/] in a {d['window_hours']:g} h window: {verdict}\n"
+        f"machine {d['machine_hours']:g} h (GPU {d['gpu_hours']:g} h), "
+        f"human {d['human_hours']:g} h; lots: {lots}; total {format_usd(result.total_price_usd)}"
+    )
+    for o in d["options"]:
+        say(f"  option [bold]{o['kind']}[/]: {o['description']}; requires: {o['requires']}")
+    for a in d["ablation"]:
+        factors = ", ".join(a["factors"]) or "changes nothing"
+        console.print(f"  ablation {a['variant']} ({a['tier']}): {factors}", highlight=False)
+    for w in d["warnings"]:
+        say(f"[yellow]warning:[/] {w}")
+    if figure is not None:
+        console.print(f"figure: {figure}", highlight=False)
+
+
+@app.command("packages")
+@handle_errors
+def packages_cmd(
+    hours: float = typer.Option(..., "--hours", help="Hours the calendar needs (its span)."),
+    gpu: str | None = typer.Option(None, "--gpu", help="Only lots of this GPU model."),
+    catalog: Path | None = typer.Option(None, "--catalog", help="Extra catalog YAML file."),
+    calibrate_from: Path | None = typer.Option(
+        None,
+        "--calibrate-from",
+        help="Output folder of a closed campaign: its recorded "
+        "restore time prices each switch between back-to-back lots.",
+    ),
+    as_json: AsJson = False,
+) -> None:
+    """Lots and back-to-back lot combinations that cover H hours, cheapest first (exit 4: none)."""
+    from rich.table import Table
+
+    from gpucampaign.close.forecast import load_estimates
+    from gpucampaign.plan.tariffs import format_usd, load_catalog, packages_covering
+
+    restore_s = None
+    if calibrate_from is not None:
+        restore_s = (load_estimates(calibrate_from).get("measured") or {}).get("restore_s")
+    covers = packages_covering(hours, gpu=gpu, catalog=load_catalog(catalog), restore_s=restore_s)
+    if as_json:
+        print_json({"hours": hours, "gpu": gpu, "covers": [c.to_dict() for c in covers]})
+    elif covers:
+        table = Table(title=f"lots covering {hours:g} h, cheapest first", title_justify="left")
+        for col in ("gpu", "lots (days)", "hours", "slack h", "price", "requires"):
+            table.add_column(col, overflow="fold")
+        for c in covers:
+            days = " + ".join(map(str, c.days))
+            price = format_usd(c.price_usd)
+            table.add_row(
+                c.gpu, days, f"{c.total_hours:g}", f"{c.slack_hours:g}", price, c.requires
+            )
+        console.print(table)
+    if not covers:
+        err_console.print(
+            f"no lot or combination of up to 3 lots covers {hours:g} h", highlight=False
+        )
+        raise typer.Exit(EXIT_NOT_FIT)
+
+
+# --- engine: init, restart-check ------------------------------------------------------------
+
+
+@app.command("init")
+@handle_errors
+def init_cmd(
+    directory: Path = typer.Argument(..., help="Folder for the new campaign (created if needed)."),
+    example: str = typer.Option(
+        "digits",
+        "--example",
+        help="'digits' (built-in MLP on a table) or 'textlm' (your own "
+        "recipe: a character-level transformer on a text file).",
+    ),
+) -> None:
+    """Write a ready campaign: DIR/campaign.yaml and its pinned corpus (exit 2: exists)."""
+    from gpucampaign.cli.scaffold import init_campaign
+    from gpucampaign.cli.scaffold_textlm import init_textlm
+
+    if example not in ("digits", "textlm"):
+        raise SpecError(
+            f"option '--example': '{example}' is not an example; use 'digits' or 'textlm'.",
+            field="--example",
+        )
+    spec_path = init_textlm(directory) if example == "textlm" else init_campaign(directory)
+    console.print(f"wrote {spec_path} and its corpus under {directory / 'data'}", highlight=False)
+    console.print(f"next: campaign plan {spec_path}", highlight=False)
+
+
+@app.command("pin")
+@handle_errors
+def pin_cmd(
+    path: Path = typer.Argument(..., help="A file or a folder to pin."), as_json: AsJson = False
+) -> None:
+    """Print the sha256 that pins PATH in a spec (a folder: the sha256 of its manifest)."""
+    from gpucampaign.data.pins import folder_manifest, input_sha256
+
+    if not path.exists():
+        raise SpecError(f"'{path}' does not exist: give a file or a folder.", field="PATH")
+    sha = input_sha256(path)
+    if as_json:
+        rows = folder_manifest(path) if path.is_dir() else None
+        print_json({"path": str(path), "sha256": sha, "files": rows})
+        return
+    say(sha)
+
+
+@app.command("restart-check")
+@handle_errors
+def restart_check_cmd(
+    spec: SpecFile,
+    run: str = typer.Option("control", "--run", help="Run whose configuration is checked."),
+    as_json: AsJson = False,
+    n_steps: int | None = typer.Option(
+        None, "--steps", min=2, help="Steps compared (default: ~2 epochs)."
+    ),
+    k_steps: int | None = typer.Option(
+        None, "--at", min=1, help="Step of the interruption (default: mid-epoch)."
+    ),
+    out: Path | None = typer.Option(None, "--out", help=_OUTPUT_CHECK_HELP),
+) -> None:
+    """Save mid-epoch, resume in a new process, compare exactly: exit 0 identical, 3 otherwise."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="restart-check-") as tmp:
+        if out is not None:
+            report = _check_output_restart(spec, out, run=run, n_steps=n_steps, workdir=Path(tmp))
+        else:
+            report = _check_fresh_restart(
+                spec, run=run, n_steps=n_steps, k_steps=k_steps, workdir=Path(tmp)
+            )
+    first = ("identical", "compared_steps", "max_abs_diff", "save_s", "restore_s")
+    if as_json:
+        d = report.to_dict()
+        print_json({**{k: d[k] for k in first}, **{k: v for k, v in d.items() if k not in first}})
+    else:
+        _print_restart(report)
+    if not report.identical:
+        raise typer.Exit(EXIT_STOPPED)
+
+
+def _check_fresh_restart(
+    spec: Path, *, run: str, n_steps: int | None, k_steps: int | None, workdir: Path
+) -> Any:
+    """Train the run from scratch, interrupt it, resume it in a new process, compare."""
+    from gpucampaign.data.corpus import corpus_path
+    from gpucampaign.data.pins import resolve_inputs
+    from gpucampaign.restartcheck.check import verify_restart
+    from gpucampaign.spec import load_spec
+
+    cs = load_spec(spec)
+    path = corpus_path(cs, base_dir=spec.resolve().parent)
+    return verify_restart(
+        cs,
+        run=run,
+        corpus_path=path,
+        inputs=resolve_inputs(cs, base_dir=spec.resolve().parent),
+        workdir=workdir,
+        n_steps=n_steps,
+        k_steps=k_steps,
+        check=False,
+    )
+
+
+def _check_output_restart(
+    spec: Path, out: Path, *, run: str, n_steps: int | None, workdir: Path
+) -> Any:
+    """Resume the run's latest kept checkpoint of a campaign output and compare."""
+    from gpucampaign.restartcheck.check import output_check_target, verify_checkpoint_resume
+    from gpucampaign.spec import load_spec
+
+    load_spec(spec)
+    target = output_check_target(out, spec_path=spec)
+    if run not in target.runs:
+        raise SpecError(
+            f"option '--run': run '{run}' has no checkpoint in {target.store.url}; "
+            f"runs with checkpoints: {', '.join(target.runs)}.",
+            field="--run",
+        )
+    return verify_checkpoint_resume(
+        target.spec,
+        run=run,
+        corpus_path=target.corpus_path,
+        inputs=target.inputs,
+        store=target.store,
+        run_dir=out / "runs" / target.runs[run],
+        workdir=workdir,
+        m_steps=n_steps or 20,
+        check=False,
+    )
+
+
+def _print_restart(report: Any) -> None:
+    verdict = "[green]identical[/]" if report.identical else "[red]NOT identical[/]"
+    say(
+        f"{report.run_id}: {verdict} over {report.compared_steps} steps (interrupted at step "
+        f"{report.k}, {report.threads} thread(s), {report.device}); max |diff| "
+        f"{report.max_abs_diff:g}; save {report.save_s or 0:.3f} s, "
+        f"restore {report.restore_s or 0:.3f} s"
+    )
+    say(f"  {report.applies}")
+    for m in report.mismatches[:5]:
+        say(f"  [red]{m}[/]")
+
+
+# --- run: the whole campaign --------------------------------------------------------------
+
+
+@app.command("run")
+@handle_errors
+def run_cmd(
+    spec: SpecFile,
+    out: Path | None = typer.Option(None, "--out", help="Output folder (default: out/<name>)."),
+    decision: str | None = typer.Option(
+        None, "--decision", help="Override decision_point.mode: 'auto' or 'ask' (Prefect UI)."
+    ),
+    grace: float = typer.Option(
+        20.0, "--grace", help="Seconds a Ctrl-C or SIGTERM may take to save and stop.", min=0.1
+    ),
+) -> None:
+    """Run the whole campaign in this process (embedded Prefect, local storage); rerun to resume.
+
+    Ctrl-C or SIGTERM saves a checkpoint at the next step, stops and exits 130 or 143; a
+    second Ctrl-C exits at once.
+    """
+    from gpucampaign.cli.runner import interruptible_run, load_flow
+    from gpucampaign.core.interrupt import exit_code, stop_requested
+    from gpucampaign.folder.layout import OutputFolder
+    from gpucampaign.spec import load_spec
+
+    cs = load_spec(spec)
+    check_storage(cs.storage.url)
+    if decision not in (None, "auto", "ask"):
+        raise SpecError(f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.")
+    target = out or Path("out") / cs.name
+    if target.exists() and not target.is_dir():
+        raise SpecError(
+            f"option '--out': '{target}' is a file, not a folder; give a new or "
+            "existing output folder.",
+            field="--out",
+        )
+    # Refused before Prefect starts: a clear message, no flow-run traceback.
+    OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
+    _preflight_recipes(cs, base_dir=spec.resolve().parent)
+    flow = load_flow("campaign", "campaign")
+    state = None
+    try:
+        with interruptible_run(grace_s=grace):
+            state = flow(spec=str(spec), out=str(target), decision_mode=decision, return_state=True)
+    except BaseException:
+        if stop_requested() is None:
+            raise
+    if (reason := stop_requested()) is not None:
+        err_console.print(
+            f"[bold yellow]interrupted by {reason}:[/] the running training saved a checkpoint "
+            f"and stopped; its segment is recorded in {target / 'timeline.jsonl'}. Rerun the same "
+            "command to resume.",
+            soft_wrap=True,
+            highlight=False,
+        )
+        raise typer.Exit(exit_code(reason))
+    summary = state.result(raise_on_failure=False)
+    if isinstance(summary, BaseException):
+        raise summary
+    verdict = _print_run_summary(summary or {}, target=target)
+    if state.is_failed():
+        err_console.print(f"[bold red]stopped:[/] {state.message}", soft_wrap=True)
+        raise typer.Exit(EXIT_STOPPED)
+    if verdict.get("kind") == "re-pose":
+        raise typer.Exit(EXIT_STOPPED)
+
+
+def _preflight_recipes(cs: Any, *, base_dir: Path) -> None:
+    """Try a spec's own recipes once before Prefect starts: a bad one is exit 2, no traceback.
+
+    A missing or changed corpus is left to the flow, whose audit records the stop.
+    """
+    from gpucampaign.data.corpus import load_spec_corpus
+    from gpucampaign.recipe.runtime import preflight
+
+    if cs.control is None or cs.corpus is None or cs.needs_table():
+        return
+    try:
+        corpus = load_spec_corpus(cs, base_dir=base_dir)
+    except StopRule:
+        return
+    preflight(cs, corpus=corpus)
+
+
+def _print_run_summary(summary: dict[str, Any], *, target: Path) -> dict[str, Any]:
+    """Print what the campaign flow returned; returns its verdict."""
+    verdict = summary.get("verdict") or {}
+    runs = ", ".join(f"{rid} {status}" for rid, status in (summary.get("runs") or {}).items())
+    if runs:
+        say(f"runs: {runs}")
+    if summary.get("spent_usd") is not None:
+        folder = "verified" if summary.get("verified") else "[red]NOT verified[/]"
+        console.print(
+            f"spent: {summary['spent_usd']:.2f} USD; output folder {folder}", highlight=False
+        )
+    console.print(f"[bold]verdict:[/] {verdict.get('text', 'none')}", soft_wrap=True)
+    console.print(f"output folder: {target}  (report: {target / 'report.md'})")
+    mirrored = summary.get("mirrored") or {}
+    if mirrored.get("error"):
+        err_console.print(
+            f"[bold red]not mirrored[/] to {mirrored['url']}: the folder is only on "
+            f"this machine ({mirrored['error']})",
+            soft_wrap=True,
+        )
+    elif mirrored.get("url", "local") != "local":
+        say(
+            f"mirrored to {mirrored['url']}; bring it back anywhere with "
+            f"`campaign retrieve {mirrored['url']} --to DIR`"
+        )
+    return verdict
+
+
+# The commands on an output folder: imported here, after the commands above, so that
+# `campaign --help` lists them in the order of the campaign.
+import gpucampaign.cli.output  # noqa: E402, F401
+
+
+def main() -> None:
+    """Entry point of the ``campaign`` script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""What the ``campaign`` commands share: the typer app, the consoles, the exit codes, the
+arguments several commands take, and the mapping of typed errors to exit codes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from gpucampaign.core.stoprules import StopRule
+from gpucampaign.spec import SpecError
+
+EXIT_OK, EXIT_UNEXPECTED, EXIT_INVALID, EXIT_STOPPED, EXIT_NOT_FIT = 0, 1, 2, 3, 4
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Training campaigns on a rented GPU lot that end in a decision.",
+)
+console = Console()
+err_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Arguments and options several commands share.
+SpecFile = Annotated[Path, typer.Argument(help="Campaign YAML file.")]
+OutFolder = Annotated[Path, typer.Argument(help="Output folder of a campaign.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+
+
+def handle_errors(fn: F) -> F:
+    """Map our typed errors to the documented exit codes, without a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SpecError as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True, highlight=False)
+            raise typer.Exit(EXIT_INVALID) from None
+        except StopRule as exc:
+            err_console.print(f"[bold red]stopped:[/] {exc}", soft_wrap=True, highlight=False)
+            raise typer.Exit(EXIT_STOPPED) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(obj: Any) -> None:
+    """One JSON object on stdout, nothing else."""
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def say(text: str) -> None:
+    """One message on stdout, wrapped by the terminal rather than by rich."""
+    console.print(text, soft_wrap=True, highlight=False)

@@ -1,0 +1,168 @@
+"""The ``campaign`` commands on an output folder: verify, report, expense, status, retrieve.
+
+They are registered on the one ``app`` of ``cli_common`` when ``cli`` imports this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpucampaign.cli.common import (
+    EXIT_NOT_FIT,
+    AsJson,
+    OutFolder,
+    app,
+    console,
+    handle_errors,
+    print_json,
+    say,
+)
+from gpucampaign.spec import SpecError
+
+# --- close: verify and report an output folder ----------------------------------------------
+
+
+@app.command("verify")
+@handle_errors
+def verify_cmd(
+    out: OutFolder,
+    as_json: AsJson = False,
+    no_reload: bool = typer.Option(
+        False, "--no-reload", help="Skip reloading the models (then the folder is NOT verified)."
+    ),
+) -> None:
+    """Check an output folder against its manifest, reload every model: exit 0 verified, 4 not."""
+    from gpucampaign.verify.checks import verify_output
+
+    if not out.is_dir():
+        raise SpecError(f"'{out}' is not a folder: give a campaign's output folder.", field="OUT")
+    if not any((out / name).is_file() for name in ("manifest.json", "spec.yaml", "plan.json")):
+        # Not a campaign's folder (a home folder, '/'): refused rather than walked.
+        raise SpecError(
+            f"'{out}' is not a campaign output folder (no manifest.json, spec.yaml or "
+            "plan.json): give the folder that `campaign run --out` wrote.",
+            field="OUT",
+        )
+    report = verify_output(out, reload=not no_reload)
+    verified = report.verified and not no_reload
+    if as_json:
+        print_json({**report.to_dict(), "verified": verified, "reload_skipped": no_reload})
+    else:
+        _print_verify(report, out=out, verified=verified, no_reload=no_reload)
+    if not verified:
+        raise typer.Exit(EXIT_NOT_FIT)
+
+
+def _print_verify(report: Any, *, out: Path, verified: bool, no_reload: bool) -> None:
+    for p in report.problems:
+        say(f"[red]{p.code}[/] {p.path}: {p.detail}")
+    if no_reload:
+        console.print("[yellow]models were not reloaded (--no-reload): not a verified output[/]")
+    state = (
+        "[green]verified[/]"
+        if verified
+        else f"[red]NOT verified[/] ({len(report.problems)} problem(s))"
+    )
+    say(
+        f"{out}: {state}; {report.checked_files} files checked, "
+        f"{len(report.reloaded_runs)} model(s) reloaded and reproduced"
+    )
+
+
+@app.command("report")
+@handle_errors
+def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
+    """Print the closing report the campaign wrote (report.json, report.md); only the budget is
+    recomputed, with the expenses recorded by `campaign expense` since."""
+    from rich.markdown import Markdown
+
+    from gpucampaign.close.budget import render_budget_md
+    from gpucampaign.close.ledger import budget_with_ledger
+    from gpucampaign.close.report import REPORT_MD, read_report, report_summary, with_budget
+
+    report = read_report(out)
+    budget = budget_with_ledger(out, report["budget"])
+    changed = budget["expenses"] != report["budget"].get("expenses")
+    report = with_budget(report, budget)
+    if as_json:
+        print_json(report_summary(report))
+        return
+    md = out / REPORT_MD
+    console.print(
+        Markdown(md.read_text(encoding="utf-8")) if md.is_file() else report_summary(report)
+    )
+    if changed:
+        console.print(
+            Markdown(
+                "## Budget with the ledger (recomputed now)\n\nExpenses were recorded with "
+                "`campaign expense` after the close; the budget above is the one closed.\n\n"
+                + render_budget_md(budget)
+            )
+        )
+
+
+@app.command("expense")
+@handle_errors
+def expense_cmd(
+    out: OutFolder,
+    usd: float = typer.Option(..., "--usd", help="Amount paid in USD, as on the receipt."),
+    what: str = typer.Option(..., "--what", help="What was paid for (one line)."),
+    order_ref: str | None = typer.Option(
+        None, "--order-ref", help="The provider's order reference, to match the invoice."
+    ),
+) -> None:
+    """Record an expense paid after the start (egress, storage, another lot) in ledger.jsonl.
+
+    The close and `campaign report` add it to the budget, apart from the rental; the spec is
+    never edited for it.
+    """
+    from gpucampaign.close.ledger import add_expense
+
+    entry = add_expense(out, usd=usd, what=what, order_ref=order_ref)
+    ref = f" (order {entry.order_ref})" if entry.order_ref else ""
+    say(f"recorded in {out / 'ledger.jsonl'}: {entry.usd:.2f} USD for {entry.what}{ref}")
+
+
+# --- status: what is off the machine, how long the rental has left -------------------------
+
+
+@app.command("status")
+@handle_errors
+def status_cmd(out: OutFolder, as_json: AsJson = False) -> None:
+    """Time left on the rental, what is in the store and what is only local, how to retrieve it."""
+    from gpucampaign.storage.status import campaign_status, render_status
+
+    status = campaign_status(out)
+    if as_json:
+        print_json(status)
+    else:
+        console.print(render_status(status), highlight=False, markup=False, soft_wrap=True)
+
+
+# --- retrieve: bring a mirrored campaign back ----------------------------------------------
+
+
+@app.command("retrieve")
+@handle_errors
+def retrieve_cmd(
+    url: str = typer.Argument(..., help="Where the campaign was mirrored: s3://bucket/prefix."),
+    to: Path = typer.Option(..., "--to", help="New (or empty) folder to bring it into."),
+) -> None:
+    """Download a mirrored output folder, every file checked by size and sha256 (exit 2: bad
+    input)."""
+    from gpucampaign.storage import StorageError, open_store, parse_s3_url
+    from gpucampaign.storage.mirror import retrieve_folder
+
+    parse_s3_url(url)
+    try:
+        done = retrieve_folder(open_store(url, out_dir=to, spool=False), dest=to)
+    except StorageError as exc:
+        raise SpecError(f"cannot retrieve {url}: {exc}", field="URL") from None
+    console.print(
+        f"retrieved {done['files']} files ({done['bytes']} bytes) from {url} into {to}",
+        highlight=False,
+    )
+    console.print(f"next: campaign verify {to}", highlight=False)

@@ -1,0 +1,75 @@
+"""Start the Prefect flows from the CLI without the library importing Prefect itself.
+
+The flows live in the checkout's ``flows/`` package (never installed): find the checkout,
+set quiet embedded-server defaults, then import the flow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gpucampaign.core import interrupt
+from gpucampaign.spec import SpecError
+
+# Measured: a fresh PREFECT_HOME needs ~21 s to start the embedded server (default limit 20 s),
+# and the telemetry heartbeat floods stderr with SQLite lock errors. The one home of these
+# settings: the CLI, the tests and the benches all take them from here.
+EMBEDDED_DEFAULTS = {
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_LOGGING_LEVEL": "INFO",  # one line per finished phase: what a long run shows
+}
+
+
+def prefect_environment(*, logging_level: str | None = None) -> dict[str, str]:
+    """The embedded-server defaults, optionally with another logging level (tests, benches)."""
+    env = dict(EMBEDDED_DEFAULTS)
+    if logging_level:
+        env["PREFECT_LOGGING_LEVEL"] = logging_level
+    return env
+
+
+def find_checkout() -> Path:
+    """The folder that holds ``flows/campaign.py``: the current folder or the source checkout."""
+    candidates = [Path.cwd(), *Path.cwd().parents, Path(__file__).resolve().parents[2]]
+    for folder in candidates:
+        if (folder / "flows" / "campaign.py").is_file() and (folder / "tasks").is_dir():
+            return folder
+    raise SpecError(
+        "`campaign run` needs the project checkout (its flows/ and tasks/ folders): run it from "
+        "the repository root, or use `prefect deployment run campaign/main` against a worker."
+    )
+
+
+def load_flow(module: str, name: str) -> Any:
+    """Import ``flows.<module>`` from the checkout and return the flow object ``name``."""
+    for key, value in EMBEDDED_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    root = str(find_checkout())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return getattr(importlib.import_module(f"flows.{module}"), name)
+
+
+@contextlib.contextmanager
+def interruptible_run(*, grace_s: float = interrupt.DEFAULT_GRACE_S) -> Iterator[None]:
+    """Run a flow in this process so that SIGINT and SIGTERM stop it gracefully.
+
+    The embedded server starts first, in its own session (the terminal's Ctrl-C must not
+    reach it). It stops at the interpreter's exit, after Prefect has sent its last logs and
+    events to it, or at once when the grace runs out or on a second Ctrl-C. The signals
+    become a stop request the training honours at its next step.
+    """
+    start, stop = load_flow("_embedded", "start_detached"), load_flow("_embedded", "stop")
+    interrupt.clear_stop()
+    with interrupt.graceful_signals(grace_s=grace_s):
+        server = start()
+        interrupt.on_force(lambda: stop(server, wait=False))
+        yield

@@ -1,0 +1,541 @@
+"""Closing a campaign's output folder: run states, deliveries, metrics, verdict, figures, the
+runs table, RELOAD.md, the closing report and, last, the manifest.
+
+A pure function of the records the campaign wrote and of the spec: nothing is re-measured.
+``close_runs`` does the work that counts as the close phase's busy time; the closing
+documents follow once that interval is on the timeline (so the close step is observed);
+``close_folder`` does both, and ``seal_folder`` writes the manifest after everything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpucampaign.close import figures
+from gpucampaign.close.bootstrap import metric_value
+from gpucampaign.close.budget import close_budget
+from gpucampaign.close.forecast import aligned_intervals, forecast_vs_actual
+from gpucampaign.close.ledger import read_ledger
+from gpucampaign.close.manifest import (
+    build_manifest,
+    collect_environment,
+    reference_corpus,
+    write_reload_md,
+)
+from gpucampaign.close.predictions import (
+    error_analysis,
+    predictions_file,
+    read_predictions,
+    reload_check,
+    write_run_predictions,
+)
+from gpucampaign.close.report import build_report, write_report
+from gpucampaign.close.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
+from gpucampaign.core.files import sha256_bytes, sha256_file
+from gpucampaign.data.corpus import corpus_path, load_spec_corpus
+from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.folder.records import (
+    MODEL_WEIGHTS,
+    REFORECAST_FILE,
+    DecisionRecord,
+    RunState,
+    StopRecord,
+    decision_after_pilot,
+    read_decisions,
+    read_pilot,
+    read_plan,
+    read_stops,
+    read_timeline,
+    run_states,
+)
+from gpucampaign.plan import calendar
+from gpucampaign.plan.decision import Decision
+from gpucampaign.spec import CampaignSpec
+
+#: The run states whose recorded evaluation is evidence: a stopped run that measured, and an
+#: interrupted one (``resume: inference``: its last good model, at its step).
+MEASURED = ("completed", "stopped", "interrupted")
+CALENDAR_PNG, CURVES_PNG, CONFUSION_PNG = (
+    "figures/calendar.png",
+    "figures/curves.png",
+    "figures/confusion.png",
+)
+
+
+@dataclass
+class ClosedRuns:
+    """What ``close_runs`` established; ``write_closing_documents`` and the seal read it."""
+
+    states: dict[str, RunState]
+    verdict: Verdict
+    budget: dict[str, Any]
+    runs: list[dict[str, Any]]
+    metrics: dict[str, list[dict[str, Any]]]
+    figures: dict[str, str]
+    stops: list[StopRecord]
+    decisions: list[DecisionRecord]
+    environment: dict[str, Any]
+    corpus_ref: dict[str, Any] | None
+    deliveries: list[dict[str, Any]] = field(default_factory=list)
+
+    def table_rows(self) -> list[dict[str, str]]:
+        """The runs as short text cells (run ID, tier, status, metric, stop) for a UI table."""
+        return [
+            {
+                "run_id": r["run_id"],
+                "tier": r["tier"],
+                "status": r["status"],
+                "metric": "" if r["metric"] is None else f"{r['metric']:.4f}",
+                "stop": r["stop_id"] or "",
+            }
+            for r in self.runs
+        ]
+
+    def summary(self, campaign_id: str) -> dict[str, Any]:
+        """JSON-ready: what the flow reports and what the seal needs."""
+        return {
+            "campaign_id": campaign_id,
+            "verdict": self.verdict.to_dict(),
+            "expected_runs": expected_runs(self.states),
+            "budget": self.budget,
+            "environment": self.environment,
+            "corpus_ref": self.corpus_ref,
+            "spent_usd": self.budget["spent_usd"],
+            "rental_per_accepted_usd": self.budget["rental_per_accepted_usd"],
+        }
+
+
+def analyse_runs(
+    spec: CampaignSpec, *, root: str | Path, corpus: Any, runs: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Write ``predictions.csv`` (unless already written) and ``error_analysis.json`` of each
+    run that saved a model, on the decision split.
+
+    Returns:
+        The error analysis per run name (with flips against the control when it has one).
+    """
+    folder = OutputFolder(root)
+    preds = {}
+    analyses: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        rid = spec.run_id(run)
+        if not spec.run_config(run).builtin:
+            _analyse_recipe_run(folder, rid, corpus=corpus, split=spec.decision_split)
+            continue
+        for split in _verdict_splits(spec):
+            name = predictions_file(split, report_split=spec.decision_split)
+            path = folder.run_dir(rid) / name
+            if path.is_file():
+                got = read_predictions(path)
+            else:
+                got = write_run_predictions(folder.root, rid, corpus=corpus, split=split, name=name)
+            if split == spec.decision_split:
+                preds[run] = got
+    analyses: dict[str, dict[str, Any]] = {}
+    for run, pred in preds.items():
+        control = None if run == "control" else preds.get("control")
+        analyses[run] = error_analysis(
+            pred, control=control, class_names=[str(c) for c in corpus.classes]
+        )
+        folder.write_json(f"runs/{spec.run_id(run)}/error_analysis.json", analyses[run])
+    return analyses
+
+
+def _verdict_splits(spec: CampaignSpec) -> list[str]:
+    """The report split (``predictions.csv``), then the selection split when there is a rule."""
+    return [spec.decision_split] + ([spec.selection_split] if spec.decision_rule else [])
+
+
+def run_evidence(
+    spec: CampaignSpec, *, root: str | Path, states: Mapping[str, RunState]
+) -> dict[str, RunEvidence]:
+    """Each run's metric and predictions on the selection and report splits.
+
+    A split's value comes from the run's saved predictions when it has them (the very rows the
+    intervals resample), otherwise from the evaluation in ``result.json``. Only a run that
+    completed, stopped after measuring, or was interrupted under ``resume: inference`` (its
+    last good model, noted as such) has values. Replicates (``<run>.s<seed>``) are
+    folded into their base run: every replicate's predictions, and the mean of their values.
+    """
+    single = _single_run_evidence(spec, root=root, states=states)
+    out: dict[str, RunEvidence] = {}
+    for base in spec.base_names():
+        reps = [e for run, e in single.items() if (spec.replicate_of(run) or (run,))[0] == base]
+        if base not in single:
+            continue
+        values = {}
+        for split in _verdict_splits(spec):
+            got = [e.values[split] for e in reps if e.values.get(split) is not None]
+            values[split] = round(sum(got) / len(got), 12) if got else None
+        preds = {
+            split: tuple(p for e in reps for p in e.predictions.get(split, ()))
+            for split in _verdict_splits(spec)
+        }
+        note = "; ".join(dict.fromkeys(e.note for e in reps if e.note))
+        out[base] = RunEvidence(
+            values=values, predictions=preds, status=single[base].status, note=note
+        )
+    return out
+
+
+def _single_run_evidence(
+    spec: CampaignSpec, *, root: str | Path, states: Mapping[str, RunState]
+) -> dict[str, RunEvidence]:
+    """``run_evidence`` of each run on its own, replicates apart."""
+    folder = OutputFolder(root)
+    metric = spec.decision_rule.metric if spec.decision_rule else None
+    out: dict[str, RunEvidence] = {}
+    for rid, s in states.items():
+        values: dict[str, float | None] = {}
+        preds: dict[str, tuple[Any, ...]] = {}
+        measured = metric and s.result is not None and s.status in MEASURED
+        # A user's recipe writes its own predictions columns: its values come from its
+        # evaluation, without per-example rows to resample.
+        per_example = spec.run_config(s.run).builtin
+        for split in _verdict_splits(spec) if measured else []:
+            assert s.result is not None and metric is not None
+            path = folder.run_dir(rid) / predictions_file(split, report_split=spec.decision_split)
+            if per_example and path.is_file():
+                preds[split] = (read_predictions(path),)
+            value = metric_value(preds.get(split, ()), metric=metric)
+            if value is None:
+                value = s.result.eval_metrics.get(split, {}).get(metric)
+            if value is None and split == spec.decision_split:
+                value = s.result.metrics.get(metric)
+            values[split] = value
+        out[s.run] = RunEvidence(
+            values=values, predictions=preds, status=s.status, note=_evidence_note(s)
+        )
+    return out
+
+
+def _evidence_note(state: RunState) -> str:
+    """What the verdict must say of a run's values: an interrupted run's are at step K."""
+    res = state.result
+    if state.status != "interrupted" or res is None:
+        return ""
+    return f"interrupted: the model of step {res.steps_done} of {res.planned_steps}"
+
+
+def _analyse_recipe_run(folder: OutputFolder, run_id: str, *, corpus: Any, split: str) -> None:
+    """A user's recipe run: its predictions file and what it holds (no classifier analysis)."""
+    from gpucampaign.close.recipe_reload import recipe_analysis, write_recipe_predictions
+
+    rows = write_recipe_predictions(folder.root, run_id, corpus=corpus, split=split)
+    folder.write_json(f"runs/{run_id}/error_analysis.json", recipe_analysis(rows, split=split))
+
+
+def keep_recipe_sources(spec: CampaignSpec, *, root: str | Path) -> list[str]:
+    """Copy each user's recipe file next to the folder's ``spec.yaml``, at its module path.
+
+    The copy is byte for byte the file the run IDs hash, so the kept spec resolves its recipes
+    and its run IDs from the output folder alone (``campaign verify``, ``status``, a reload).
+    """
+    from gpucampaign.recipe.runtime import recipe_module_path
+    from gpucampaign.spec.recipefile import recipe_file
+
+    folder = OutputFolder(root)
+    kept = []
+    for run in spec.run_names():
+        config = spec.run_config(run)
+        rel = None if config.builtin else recipe_module_path(config.recipe)
+        if rel is None or rel in kept:
+            continue
+        source = recipe_file(config.recipe)
+        if source.resolve() != folder.path(rel).resolve():
+            folder.copy_in(source, rel)
+        kept.append(rel)
+    return kept
+
+
+def expected_runs(states: Mapping[str, RunState]) -> dict[str, dict[str, Any]]:
+    """The manifest's ``runs``: ``{run_id: {run, tier, status, stop_id?, reason?}}``."""
+    return {rid: s.to_dict() for rid, s in states.items()}
+
+
+def run_metrics(states: Mapping[str, RunState], *, metric: str | None) -> dict[str, float | None]:
+    """The decision metric per run name; None for a run that neither completed nor stopped
+    after measuring it."""
+    out: dict[str, float | None] = {}
+    for s in states.values():
+        value = None
+        if metric and s.result is not None and s.status in MEASURED:
+            value = s.result.metrics.get(metric)
+        out[s.run] = value
+    return out
+
+
+def closing_verdict(
+    spec: CampaignSpec,
+    *,
+    evidence: Mapping[str, RunEvidence],
+    stops: list[StopRecord],
+    decision: Decision | None,
+) -> Verdict:
+    """The spec's decision rule applied to the runs' evidence (re-pose when the decision point
+    re-posed the question)."""
+    rule = spec.decision_rule
+    if rule is None:
+        return no_rule_verdict()
+    repose = "; ".join(decision.reasons) if decision and decision.action == "re-pose" else None
+    return decide_verdict(
+        rule,
+        control=evidence.get("control"),
+        variants={r: e for r, e in evidence.items() if r != "control"},
+        stops=[s.to_dict() for s in stops],
+        repose_reason=repose,
+        run_hours={s.run: s.hours for s in spec.calendar if s.run is not None},
+    )
+
+
+def delivery(root: str | Path, state: RunState, *, corpus: Any) -> dict[str, Any]:
+    """A run as a delivery candidate: accepted only when complete and its model reproduces its
+    predictions here (the fresh-process check of ``campaign verify`` follows the manifest)."""
+    model_file = Path(root) / "runs" / state.run_id / MODEL_WEIGHTS
+    sha = sha256_file(model_file) if model_file.is_file() else sha256_bytes(state.run_id.encode())
+    out = {"id": state.run_id, "content_sha256": sha, "accepted": False}
+    if state.status != "completed":
+        reason = state.reason or state.status
+        if state.stop_id:
+            reason = f"{state.status} (stop {state.stop_id})"
+        return {**out, "reason": reason}
+    check = reload_check(root, [state.run_id], corpus=corpus)[state.run_id]
+    if check["error"]:
+        return {**out, "reason": f"does not reload: {check['error']}"[:300]}
+    if not check["ok"]:
+        return {**out, "reason": f"reloaded predictions differ on {check['mismatches']} row(s)"}
+    return {**out, "accepted": True, "reason": "complete; model reloads and reproduces"}
+
+
+def read_run_metrics(
+    root: str | Path, states: Mapping[str, RunState]
+) -> dict[str, list[dict[str, Any]]]:
+    """``metrics.jsonl`` rows per run name, for the runs that wrote one."""
+    out = {}
+    for rid, s in states.items():
+        path = Path(root) / "runs" / rid / "metrics.jsonl"
+        if path.is_file():
+            out[s.run] = read_metrics(path)
+    return out
+
+
+def draw_run_figures(
+    root: str | Path,
+    *,
+    metrics: Mapping[str, list[dict[str, Any]]],
+    analyses: Mapping[str, Mapping[str, Any]],
+    shown: str,
+) -> dict[str, str]:
+    """Curves of every run and the confusion matrix of ``shown`` (when it was analysed);
+    returns ``{calendar, curves?, confusion?}`` relative paths (the calendar is drawn last)."""
+    folder = OutputFolder(root)
+    figs = {"calendar": CALENDAR_PNG}
+    if metrics:
+        figs["curves"] = CURVES_PNG
+        figures.plot_curves(dict(metrics), folder.path(CURVES_PNG))
+    if shown in analyses:
+        figs["confusion"] = CONFUSION_PNG
+        a = analyses[shown]
+        figures.plot_confusion(
+            a["confusion"], a["classes"], folder.path(CONFUSION_PNG), title=shown
+        )
+    return figs
+
+
+def runs_table(
+    states: Mapping[str, RunState],
+    *,
+    metric_of: Mapping[str, float | None],
+    analyses: Mapping[str, Any],
+    resume_of: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """The report's runs: ``{run_id, run, tier, status, metric, stop_id, analysis, resume,
+    interrupted}`` (``resume``: the run config's choice after an interruption, ``training`` by
+    default; ``interrupted``: what an inference restart recorded, else None)."""
+    return [
+        {
+            "run_id": rid,
+            "run": s.run,
+            "tier": s.tier,
+            "status": s.status,
+            "metric": metric_of.get(s.run),
+            "stop_id": s.stop_id,
+            "analysis": analyses.get(s.run),
+            "resume": (resume_of or {}).get(s.run, "training"),
+            "interrupted": s.result.interrupted if s.result is not None else None,
+        }
+        for rid, s in states.items()
+    ]
+
+
+def close_runs(
+    spec: CampaignSpec,
+    *,
+    root: str | Path,
+    base_dir: str | Path,
+    catalog: Any = None,
+    analyses: Mapping[str, Mapping[str, Any]],
+) -> ClosedRuns:
+    """Run states, verdict, deliveries, budget, figures of the runs, the runs table, RELOAD.md.
+
+    Args:
+        spec: the campaign.
+        root: its output folder.
+        base_dir: the folder the spec's paths are relative to.
+        catalog: the ``tariffs.Catalog`` to price the packages with.
+        analyses: ``predictions.error_analysis`` results per run name.
+    """
+    decisions = read_decisions(root)
+    decision = decision_after_pilot(decisions)
+    stops = read_stops(root)
+    states = run_states(spec, root=root, decision=decision)
+    metric_of = run_metrics(
+        states, metric=spec.decision_rule.metric if spec.decision_rule else None
+    )
+    evidence = run_evidence(spec, root=root, states=states)
+    verdict = closing_verdict(spec, evidence=evidence, stops=stops, decision=decision)
+    corpus = load_spec_corpus(spec, base_dir=base_dir) if spec.corpus else None
+    deliveries = [delivery(root, s, corpus=corpus) for s in states.values()]
+    budget = close_budget(
+        spec.packages,
+        catalog=catalog,
+        expenses=[*spec.expenses, *(e.as_expense() for e in read_ledger(root))],
+        deliveries=deliveries,
+        unit=spec.deliveries.unit,
+        result_text=verdict.text,
+    )
+    metrics = read_run_metrics(root, states)
+    figs = draw_run_figures(
+        root, metrics=metrics, analyses=analyses, shown=verdict.run or "control"
+    )
+    corpus_ref = None
+    if spec.corpus:
+        corpus_ref = reference_corpus(
+            root, corpus_path(spec, base_dir=base_dir), sha256=spec.corpus.sha256
+        )
+    keep_recipe_sources(spec, root=root)
+    environment = collect_environment(cwd=base_dir)
+    write_reload_md(
+        root,
+        runs={rid: s.run for rid, s in states.items() if s.status == "completed"},
+        corpus_ref=corpus_ref,
+        environment=environment,
+    )
+    return ClosedRuns(
+        states=states,
+        verdict=verdict,
+        budget=budget,
+        runs=runs_table(
+            states,
+            metric_of=metric_of,
+            analyses=analyses,
+            resume_of={r: spec.run_config(r).resume for r in spec.run_names()},
+        ),
+        metrics=metrics,
+        figures=figs,
+        stops=stops,
+        decisions=decisions,
+        environment=environment,
+        corpus_ref=corpus_ref,
+        deliveries=deliveries,
+    )
+
+
+def write_closing_documents(
+    spec: CampaignSpec,
+    closed: ClosedRuns,
+    *,
+    root: str | Path,
+    base_dir: str | Path,
+    campaign_id: str,
+    catalog: Any = None,
+) -> dict[str, Any]:
+    """Forecast vs actual, the calendar figure (planned vs observed) and the report files.
+
+    Returns:
+        The report (``report.json``'s content).
+    """
+    folder = OutputFolder(root)
+    plan = read_plan(root)
+    assert plan is not None, "plan.json is written at the campaign's start"
+    timeline = read_timeline(root)
+    forecast = forecast_vs_actual(
+        plan,
+        reforecast=read_plan(root, relative=REFORECAST_FILE),
+        timeline=timeline,
+        decisions=closed.decisions,
+        stops=closed.stops,
+        pilot=read_pilot(root),
+        metrics=closed.metrics,
+    )
+    plan0 = calendar.plan(spec, catalog=catalog, base_dir=base_dir)
+    figures.plot_calendar(
+        plan0, folder.path(CALENDAR_PNG), actual=aligned_intervals(plan, timeline)
+    )
+    report = build_report(
+        campaign_id=campaign_id,
+        name=spec.name,
+        question=spec.question,
+        verdict=closed.verdict,
+        budget=closed.budget,
+        forecast=forecast,
+        runs=closed.runs,
+        stops=closed.stops,
+        decisions=closed.decisions,
+        figures=closed.figures,
+    )
+    write_report(root, report)
+    return report
+
+
+def close_folder(
+    spec: CampaignSpec,
+    *,
+    root: str | Path,
+    base_dir: str | Path,
+    campaign_id: str,
+    catalog: Any = None,
+    analyses: Mapping[str, Mapping[str, Any]],
+) -> tuple[ClosedRuns, dict[str, Any]]:
+    """The whole close of an output folder but the manifest: ``close_runs`` then
+    ``write_closing_documents``.
+
+    Returns:
+        What ``close_runs`` established, and the report.
+    """
+    closed = close_runs(spec, root=root, base_dir=base_dir, catalog=catalog, analyses=analyses)
+    report = write_closing_documents(
+        spec, closed, root=root, base_dir=base_dir, campaign_id=campaign_id, catalog=catalog
+    )
+    return closed, report
+
+
+def seal_folder(
+    spec: CampaignSpec, *, root: str | Path, summary: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Write the manifest (nothing may be written into the folder after it).
+
+    Args:
+        spec: the campaign.
+        root: its output folder.
+        summary: ``ClosedRuns.summary``'s result.
+
+    Returns:
+        The manifest written.
+    """
+    return build_manifest(
+        root,
+        spec=spec,
+        campaign_id=summary["campaign_id"],
+        expected_runs=summary["expected_runs"],
+        verdict=summary["verdict"],
+        stops=[s.to_dict() for s in read_stops(root)],
+        decisions=[d.to_dict() for d in read_decisions(root)],
+        budget=summary["budget"],
+        environment=summary["environment"],
+        corpus_ref=summary["corpus_ref"],
+    )

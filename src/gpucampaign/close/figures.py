@@ -1,0 +1,303 @@
+"""PNG figures of a campaign: the calendar Gantt chart (planned vs actual), and more below.
+
+Figures are drawn on ``matplotlib.figure.Figure`` objects rendered by the Agg backend, never
+through pyplot's global state, so they work headless and from several threads. New plot
+functions: ``fig = new_figure(...)``, draw, then ``return save(fig, path)``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from gpucampaign.plan.calendar import Plan
+
+_GPU = "#d62728"
+_HOST = "#ff9896"
+_HUMAN = "#1f77b4"
+_ACTUAL = "#333333"
+_TIER_HATCH = {"essential": "", "useful": "..", "exploratory": "//"}
+
+
+def new_figure(*, width: float = 10.0, height: float = 5.0) -> Figure:
+    """A figure bound to the Agg canvas (no pyplot, no display)."""
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save(fig: Figure, path: str | Path, *, dpi: int = 120) -> Path:
+    """Write ``fig`` as PNG, creating the folder; returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi, format="png", bbox_inches="tight")
+    return out
+
+
+def plot_calendar(
+    plan: Plan, path: str | Path, *, actual: Iterable[Mapping[str, Any]] | None = None
+) -> Path:
+    """Gantt chart of a plan: one row per lane, human vs machine colours, the window's end.
+
+    Args:
+        plan: The plan to draw.
+        path: PNG file to write.
+        actual: Optional observed intervals, each ``{name, start_hours, end_hours}``; drawn as
+            a thin dark bar under the planned bar of the same step (or on an "unplanned" row).
+
+    Returns:
+        The path written.
+    """
+    lanes = sorted({s.lane for s in plan.steps}, key=_lane_order)
+    actual = list(actual or [])
+    planned_lane = {s.name: s.lane for s in plan.steps}
+    if any(a["name"] not in planned_lane for a in actual):
+        lanes.append("unplanned")
+    row = {lane: k for k, lane in enumerate(lanes)}
+    fig = new_figure(width=11, height=1.8 + 0.7 * max(len(lanes), 1))
+    ax = fig.add_subplot()
+
+    content_end = max([plan.span_hours] + [float(a["end_hours"]) for a in actual])
+    # A calendar far shorter than its window would be a sliver at the left edge: zoom on the
+    # steps and say where the window ends instead of drawing it.
+    zoomed = content_end < 0.3 * plan.window_hours
+    x_end = content_end if zoomed else max(plan.window_hours, content_end)
+    _draw_planned(ax, plan, row=row, x_end=x_end, thin=bool(actual))
+    _draw_actual(ax, actual, row=row, planned_lane=planned_lane)
+    _draw_window(ax, plan, x_end=x_end, zoomed=zoomed)
+    ax.set_xlim(0, x_end * 1.05)
+    ax.set_ylim(len(lanes) - 0.4, -0.6)
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.set_xlabel("hours from the start of preparation")
+    verdict = "fits" if plan.fits else f"{plan.overrun_hours:g} h over"
+    ax.set_title(
+        f"{plan.name}: span {plan.span_hours:g} h in a {plan.window_hours:g} h window ({verdict})",
+        fontsize=10,
+    )
+    ax.grid(axis="x", alpha=0.3)
+    _calendar_legend(ax, with_actual=bool(actual), n_lanes=len(lanes))
+    return save(fig, path)
+
+
+def _draw_planned(ax: Any, plan: Plan, *, row: Mapping[str, int], x_end: float, thin: bool) -> None:
+    """One bar per planned step, coloured by kind and hatched by tier, with its name."""
+    narrow = 0  # labels of bars too short for their name alternate above and below the bar
+    for s in sorted(plan.steps, key=lambda s: (s.lane, s.start_hours)):
+        colour = _HUMAN if s.kind == "human" else (_GPU if s.resource == "gpu" else _HOST)
+        y = row[s.lane]
+        ax.barh(
+            y,
+            s.hours,
+            left=s.start_hours,
+            height=0.6 if thin else 0.7,
+            color=colour,
+            edgecolor="black",
+            linewidth=0.5,
+            hatch=_TIER_HATCH[s.tier],
+        )
+        fits_inside = s.hours / x_end > 0.012 * len(s.name)
+        if not fits_inside:
+            narrow += 1
+        dy = 0.0 if fits_inside else (-0.45 if narrow % 2 else 0.45)
+        ax.text(
+            s.start_hours + s.hours / 2,
+            y + dy,
+            s.name,
+            ha="center",
+            va="center",
+            fontsize=7,
+            bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0, "pad": 1},
+        )
+
+
+def _draw_actual(
+    ax: Any,
+    actual: list[Mapping[str, Any]],
+    *,
+    row: Mapping[str, int],
+    planned_lane: Mapping[str, str],
+) -> None:
+    """Observed intervals: under their planned bar, or on the "unplanned" row."""
+    for a in actual:
+        lane = planned_lane.get(a["name"], "unplanned")
+        start, stop = float(a["start_hours"]), float(a["end_hours"])
+        if lane == "unplanned":
+            ax.barh(row[lane], stop - start, left=start, height=0.3, color=_ACTUAL)
+            ax.text(start, row[lane] - 0.3, a["name"], fontsize=7, va="center")
+        else:
+            ax.barh(row[lane] + 0.38, stop - start, left=start, height=0.14, color=_ACTUAL)
+
+
+def _draw_window(ax: Any, plan: Plan, *, x_end: float, zoomed: bool) -> None:
+    """The window's end: a dashed line, or a note when the chart is zoomed on the steps."""
+    if zoomed:
+        ax.text(
+            x_end * 1.05,
+            -0.55,
+            f"window ends at {plan.window_hours:g} h ->",
+            fontsize=8,
+            va="top",
+            ha="right",
+        )
+    else:
+        ax.axvline(plan.window_hours, color="black", linestyle="--", linewidth=1.2)
+        ax.text(
+            plan.window_hours, -0.55, f" window end {plan.window_hours:g} h", fontsize=8, va="top"
+        )
+
+
+def _calendar_legend(ax: Any, *, with_actual: bool, n_lanes: int) -> None:
+    handles = [
+        Patch(color=_GPU, label="machine: GPU"),
+        Patch(color=_HOST, label="machine: cpu / other"),
+        Patch(color=_HUMAN, label="human"),
+        Patch(facecolor="white", edgecolor="black", hatch="..", label="useful"),
+        Patch(facecolor="white", edgecolor="black", hatch="//", label="exploratory"),
+    ]
+    if with_actual:
+        handles.append(Patch(color=_ACTUAL, label="actual"))
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.12 - 0.4 / n_lanes),
+        ncol=len(handles),
+        fontsize=7,
+        frameon=False,
+    )
+
+
+def _lane_order(lane: str) -> tuple[int, int]:
+    kinds = ("gpu", "host", "human")
+    kind = next(k for k in kinds if lane.startswith(k))
+    return kinds.index(kind), int(lane[len(kind) :])
+
+
+# --- training curves and confusion matrix (close) ------------------------------------------------
+_METRIC = re.compile(r"(accuracy|f1|precision|recall|auc)$")
+_NOT_CURVE_KINDS = {"checkpoint", "restore", "progress"}
+
+
+def _series(
+    records: Iterable[Mapping[str, Any]], *, x: str
+) -> dict[str, list[tuple[float, float]]]:
+    """Curves of metric records: ``{"<split or kind> <field>": [(x, value)]}``.
+
+    Rows of ``metrics.jsonl`` carry a ``kind`` (train, eval...) and eval rows a ``split``, so
+    a training loss and a validation loss never end up on one line.
+    """
+    out: dict[str, list[tuple[float, float]]] = {}
+    for r in records:
+        if r.get("kind") in _NOT_CURVE_KINDS or not isinstance(r.get(x), int | float):
+            continue
+        prefix = str(r.get("split") or r.get("kind") or "").strip()
+        for k, v in r.items():
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                continue
+            if "loss" in k or _METRIC.search(k):
+                out.setdefault(f"{prefix} {k}".strip(), []).append((float(r[x]), float(v)))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def plot_curves(
+    runs_metrics: Mapping[str, Iterable[Mapping[str, Any]]], path: str | Path, *, x: str = "step"
+) -> Path:
+    """Loss and metric curves of every run, side by side (one colour per run).
+
+    Args:
+        runs_metrics: ``{run label: metrics.jsonl rows}``; each row has ``x`` (``step``) and
+            numeric fields. Fields with "loss" in their name go to the left panel, accuracy /
+            F1 / precision / recall / AUC to the right one, named by the row's ``split`` (eval
+            rows) or ``kind``; checkpoint and restore rows are skipped. One line style per series.
+        path: PNG file to write.
+        x: the row field on the horizontal axis.
+
+    Returns:
+        The path written.
+    """
+    fig = new_figure(width=11, height=4.2)
+    ax_loss, ax_metric = fig.subplots(1, 2)
+    styles = ["-", "--", ":", "-."]
+    drawn = {id(ax_loss): False, id(ax_metric): False}
+    for n, (run, records) in enumerate(runs_metrics.items()):
+        series = _series(records, x=x)
+        for m, (name, pts) in enumerate(series.items()):
+            ax = ax_loss if "loss" in name.split(" ")[-1] else ax_metric
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(
+                xs,
+                ys,
+                styles[m % len(styles)],
+                color=f"C{n % 10}",
+                marker="o" if len(xs) < 30 else None,
+                markersize=3,
+                label=f"{run}: {name}",
+            )
+            drawn[id(ax)] = True
+    for ax, title in ((ax_loss, "loss"), (ax_metric, "metrics")):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(x)
+        ax.grid(alpha=0.3)
+        if drawn[id(ax)]:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(
+                0.5, 0.5, f"no {title} recorded", ha="center", va="center", transform=ax.transAxes
+            )
+    return save(fig, path)
+
+
+def plot_confusion(
+    matrix: Iterable[Iterable[int]],
+    labels: Iterable[Any],
+    path: str | Path,
+    *,
+    title: str = "confusion matrix",
+) -> Path:
+    """Confusion matrix as a heat map with counts (rows: label, columns: prediction).
+
+    Args:
+        matrix: ``matrix[i][j]`` counts label ``labels[i]`` predicted as ``labels[j]``.
+        labels: class names, in matrix order.
+        path: PNG file to write.
+        title: figure title (e.g. the verdict's run).
+
+    Returns:
+        The path written.
+    """
+    rows = [list(r) for r in matrix]
+    names = [str(v) for v in labels]
+    if len(rows) != len(names) or any(len(r) != len(names) for r in rows):
+        raise ValueError(f"confusion matrix must be {len(names)}x{len(names)} to match its labels")
+    k = len(names)
+    side = min(12.0, 2.5 + 0.45 * k)
+    fig = new_figure(width=side + 1.0, height=side)
+    ax = fig.add_subplot()
+    image = ax.imshow(rows, cmap="Blues", vmin=0)
+    fig.colorbar(image, ax=ax, shrink=0.8)
+    top = max((max(r) for r in rows if r), default=0)
+    for i in range(k):
+        for j in range(k):
+            v = rows[i][j]
+            if v:
+                ax.text(
+                    j,
+                    i,
+                    str(v),
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white" if v > top / 2 else "black",
+                )
+    ax.set_xticks(range(k), names, fontsize=8)
+    ax.set_yticks(range(k), names, fontsize=8)
+    ax.set_xlabel("prediction")
+    ax.set_ylabel("label")
+    ax.set_title(title, fontsize=10)
+    return save(fig, path)

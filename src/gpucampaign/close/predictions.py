@@ -1,0 +1,387 @@
+"""Predictions on the decision split, and reloading a saved model (their error analysis: see
+``prediction_errors``).
+
+Each completed run writes ``predictions.csv`` from its SAVED model on CPU; a reload in a fresh
+process must reproduce that file exactly. This module is also that fresh process::
+
+    python -m gpucampaign.predictions reload-check OUT [RUN_ID ...] [--json]
+    python -m gpucampaign.predictions predict OUT RUN_ID [--to FILE.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# Re-exported: callers import the error analysis from here.
+from gpucampaign.close.errors import Predictions, error_analysis, render_error_analysis_md  # noqa: F401
+from gpucampaign.folder.layout import SPEC_COPY, OutputFolder, corpus_file, read_manifest
+from gpucampaign.recipes import load_run_model
+from gpucampaign.spec import SpecError, load_spec
+
+PREDICTION_COLUMNS = ("id", "label", "prediction", "confidence")
+PREDICTIONS_FILE = "predictions.csv"
+
+
+def predictions_file(split: str, *, report_split: str) -> str:
+    """The file of a run's predictions on ``split``: ``predictions.csv`` on the report split
+    (the one the reload check reproduces), ``predictions-<split>.csv`` on another split."""
+    return PREDICTIONS_FILE if split == report_split else f"predictions-{split}.csv"
+
+
+def _tolist(x: Any) -> list[Any]:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu()
+    if hasattr(x, "tolist"):
+        return list(x.tolist())
+    return list(x)
+
+
+def _csv_cell(s: str) -> str:
+    if any(ch in s for ch in ',"\n\r'):
+        return '"' + s.replace('"', '""') + '"'
+    return s
+
+
+def _predictions_csv(
+    ids: Sequence[Any], *, labels: Sequence[Any], preds: Sequence[Any], confidence: Sequence[Any]
+) -> str:
+    """The CSV text; ``repr`` of each float confidence, so a read gives back the same floats."""
+    lines = [",".join(PREDICTION_COLUMNS)]
+    for i, y, p, c in zip(ids, labels, preds, confidence, strict=True):
+        lines.append(f"{_csv_cell(str(i))},{int(y)},{int(p)},{float(c)!r}")
+    return "\n".join(lines) + "\n"
+
+
+def write_predictions(
+    run_dir: str | Path,
+    *,
+    ids: Sequence[Any],
+    labels: Sequence[int] | Any,
+    preds: Sequence[int] | Any,
+    confidence: Sequence[float] | Any,
+    name: str = PREDICTIONS_FILE,
+) -> Path:
+    """Write ``predictions.csv`` (id, label, prediction, confidence), or ``name``.
+
+    Confidences are written with ``repr`` of the Python float, so reading the file back gives
+    the very same floats: the reload check compares them exactly. Compute them on CPU with the
+    run's thread count, as the check will.
+
+    Returns:
+        The path written.
+    """
+    ids_l, labels_l = _tolist(ids), _tolist(labels)
+    preds_l, conf_l = _tolist(preds), _tolist(confidence)
+    n = len(ids_l)
+    if not (len(labels_l) == len(preds_l) == len(conf_l) == n):
+        raise ValueError(
+            f"predictions: ids ({n}), labels ({len(labels_l)}), preds ({len(preds_l)}) and "
+            f"confidence ({len(conf_l)}) must have the same length"
+        )
+    if n == 0:
+        raise ValueError(
+            "predictions: no rows to write; an empty predictions file is not an output"
+        )
+    text = _predictions_csv(ids_l, labels=labels_l, preds=preds_l, confidence=conf_l)
+    return OutputFolder(run_dir).write_text(name, text)
+
+
+def read_predictions(path: str | Path) -> Predictions:
+    """Read a ``predictions.csv`` back.
+
+    Raises:
+        ValueError: the header or a row is malformed.
+    """
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None or tuple(header) != PREDICTION_COLUMNS:
+            raise ValueError(f"{path}: header must be {','.join(PREDICTION_COLUMNS)}, got {header}")
+        ids, labels, preds, conf = [], [], [], []
+        for n, row in enumerate(reader, start=2):
+            if len(row) != 4:
+                raise ValueError(f"{path}: line {n} has {len(row)} fields, expected 4")
+            ids.append(row[0])
+            labels.append(int(row[1]))
+            preds.append(int(row[2]))
+            conf.append(float(row[3]))
+    return Predictions(tuple(ids), tuple(labels), tuple(preds), tuple(conf))
+
+
+# --- reloading a saved model ----------------------------------------------------------------
+def features_for(
+    root: str | Path, *, ids: Sequence[str] | None
+) -> tuple[list[str], Any, list[int]]:
+    """Features of the corpus rows with these IDs (in that order), from the manifest's corpus.
+
+    With ``ids=None``: the rows of the decision split named by the spec's decision rule.
+
+    Returns:
+        ``(ids, X, labels)``.
+    """
+    from gpucampaign.data.corpus import load_corpus
+
+    manifest = read_manifest(root)
+    spec = load_spec(OutputFolder(root).path(SPEC_COPY))
+    if spec.corpus is None or manifest.get("corpus") is None:
+        raise SpecError("this campaign has no corpus to predict on", field="corpus")
+    corpus = load_corpus(corpus_file(root, manifest["corpus"]), corpus_spec=spec.corpus)
+    return _rows(corpus, ids=ids, split=spec.decision_split)
+
+
+def _rows(
+    corpus: Any, *, ids: Sequence[str] | None, split: str
+) -> tuple[list[str], Any, list[int]]:
+    """Rows of a loaded corpus by ID, whatever split they are in (or a whole split)."""
+    import numpy as np
+
+    if ids is None:
+        part = corpus.split(split)
+        return [str(i) for i in part.ids.tolist()], part.X, [int(v) for v in part.y.tolist()]
+    names = [n for n in ("train", "val", "test") if n in corpus.splits]
+    all_ids = [str(i) for n in names for i in corpus.split(n).ids.tolist()]
+    X = np.concatenate([corpus.split(n).X for n in names])
+    y = [int(v) for n in names for v in corpus.split(n).y.tolist()]
+    index = {i: n for n, i in enumerate(all_ids)}
+    missing = [i for i in ids if i not in index]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} prediction ID(s) are not in the corpus, e.g. {missing[:5]}"
+        )
+    rows = [index[i] for i in ids]
+    return list(ids), X[rows], [y[r] for r in rows]
+
+
+def write_run_predictions(
+    root: str | Path, run_id: str, *, corpus: Any, split: str = "test", name: str = PREDICTIONS_FILE
+) -> Predictions:
+    """Predict ``split`` with the SAVED model of a run, on CPU, and write its ``predictions.csv``.
+
+    Going through the saved ``model/`` folder (not the in-memory model, which may sit on a GPU)
+    with the run's thread count is what makes the verifier's fresh-process reload reproduce the
+    file exactly. The process's torch thread count is restored afterwards.
+
+    Args:
+        root: the output folder.
+        run_id: a completed run with ``runs/<run_id>/model/``.
+        corpus: the loaded corpus (``gpucampaign.data.corpus.load_corpus``).
+        split: the split to predict (the decision split for ``predictions.csv``).
+        name: the file name inside ``runs/<run_id>/``.
+
+    Returns:
+        The predictions written.
+    """
+    import torch
+
+    from gpucampaign.recipes import predict
+
+    threads = torch.get_num_threads()
+    try:
+        model = load_run_model(root, run_id)
+        part = corpus.split(split)
+        pred, conf = predict(model, part.X)
+    finally:
+        torch.set_num_threads(threads)
+    path = write_predictions(
+        OutputFolder(root).path(f"runs/{run_id}"),
+        ids=[str(i) for i in part.ids.tolist()],
+        labels=part.y,
+        preds=pred,
+        confidence=conf,
+        name=name,
+    )
+    return read_predictions(path)
+
+
+def _compare(
+    expected: Predictions, *, ids: list[str], labels: list[int], pred: list[int], conf: list[float]
+) -> dict[str, Any]:
+    """``{rows, mismatches, first_mismatch, error}`` of a reload against the written file."""
+    res: dict[str, Any] = {"rows": len(ids), "error": None, "first_mismatch": None}
+    bad = [
+        n
+        for n in range(len(ids))
+        if n >= len(pred)
+        or pred[n] != expected.preds[n]
+        or conf[n] != expected.confidence[n]
+        or labels[n] != expected.labels[n]
+    ]
+    if len(pred) != len(ids):
+        res["error"] = f"predict returned {len(pred)} rows for {len(ids)} inputs"
+    res["mismatches"] = len(bad)
+    if bad:
+        n = bad[0]
+        res["first_mismatch"] = {
+            "id": ids[n],
+            "expected": {
+                "label": expected.labels[n],
+                "prediction": expected.preds[n],
+                "confidence": expected.confidence[n],
+            },
+            "got": {
+                "label": labels[n],
+                "prediction": pred[n] if n < len(pred) else None,
+                "confidence": conf[n] if n < len(conf) else None,
+            },
+        }
+    return res
+
+
+def reload_check(
+    root: str | Path, run_ids: Sequence[str], *, corpus: Any = None
+) -> dict[str, dict[str, Any]]:
+    """Reload each run's model here and compare its predictions with ``predictions.csv``.
+
+    Meant to run in a fresh process (see ``verify_output``). Exactly equal means the same
+    predicted class and the same float confidence on every row. ``corpus``: the loaded corpus,
+    before the manifest that names it exists; by default the manifest's corpus is read.
+
+    Returns:
+        ``{run_id: {ok, rows, mismatches, first_mismatch, error}}``.
+    """
+    from gpucampaign.recipes import predict
+
+    out: dict[str, dict[str, Any]] = {}
+    for rid in run_ids:
+        res: dict[str, Any] = {
+            "ok": False,
+            "rows": 0,
+            "mismatches": None,
+            "first_mismatch": None,
+            "error": None,
+        }
+        out[rid] = res
+        if not _builtin_model(root, rid):
+            res.update(_recipe_check(root, rid, corpus=corpus))
+            continue
+        try:
+            expected = read_predictions(OutputFolder(root).path(f"runs/{rid}/predictions.csv"))
+            want = list(expected.ids)
+            ids, X, labels = (
+                features_for(root, ids=want)
+                if corpus is None
+                else _rows(corpus, ids=want, split="test")
+            )
+            model = load_run_model(root, rid)
+            pred, conf = predict(model, X)
+            pred_l, conf_l = [int(v) for v in _tolist(pred)], [float(v) for v in _tolist(conf)]
+        except Exception as exc:  # any failure to reload is the finding, reported by name
+            res["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+            continue
+        res.update(_compare(expected, ids=ids, labels=labels, pred=pred_l, conf=conf_l))
+        res["ok"] = not res["mismatches"] and res["error"] is None
+    return out
+
+
+def _builtin_model(root: str | Path, run_id: str) -> bool:
+    """True unless the run's model ``config.json`` names a user's recipe."""
+    from gpucampaign.spec import BUILTIN_RECIPES
+
+    try:
+        info = OutputFolder(root).read_json(f"runs/{run_id}/model/config.json")
+    except (OSError, ValueError):
+        return True  # the builtin path reports the unreadable folder by name
+    return not isinstance(info, Mapping) or info.get("recipe", "mlp") in BUILTIN_RECIPES
+
+
+def _recipe_check(root: str | Path, run_id: str, *, corpus: Any) -> dict[str, Any]:
+    """``recipe_reload_check``, with any failure reported as the finding."""
+    from gpucampaign.close.recipe_reload import recipe_reload_check
+
+    try:
+        return recipe_reload_check(root, run_id, corpus=corpus)
+    except Exception as exc:  # any failure to reload is the finding, reported by name
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:1000]}
+
+
+def reload_in_fresh_process(
+    root: str | Path, run_ids: Sequence[str], *, timeout_s: float = 600
+) -> dict[str, dict[str, Any]]:
+    """Run ``reload_check`` in a new Python process on CPU and return its findings."""
+    if not run_ids:
+        return {}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpucampaign.close.predictions",
+        "reload-check",
+        str(Path(root).resolve()),
+        *run_ids,
+        "--json",
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        error = f"the reload process ran past {timeout_s:g} s"
+        return {rid: {"ok": False, "error": error} for rid in run_ids}
+    try:
+        found = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        tail = (proc.stderr or proc.stdout)[-800:]
+        error = f"the reload process failed (exit {proc.returncode}): {tail}"
+        return {rid: {"ok": False, "error": error} for rid in run_ids}
+    return {rid: found.get(rid, {"ok": False, "error": "not checked"}) for rid in run_ids}
+
+
+# --- the fresh process ----------------------------------------------------------------------
+def _main_reload_check(out: str, run_ids: Sequence[str], *, as_json: bool) -> int:
+    runs = read_manifest(out).get("runs") or {}
+    ids = list(run_ids) or [rid for rid, v in runs.items() if v.get("status") == "completed"]
+    found = reload_check(out, ids)
+    if as_json:
+        sys.stdout.write(json.dumps(found, indent=2) + "\n")
+    else:
+        for rid, res in found.items():
+            failure = res["error"] or f"{res['mismatches']} mismatches"
+            state = "reproduced" if res["ok"] else f"FAILED: {failure}"
+            sys.stdout.write(f"{rid}: {res['rows']} rows {state}\n")
+    return 0 if all(r["ok"] for r in found.values()) else 4
+
+
+def _main_predict(out: str, run_id: str, *, to: str) -> int:
+    from gpucampaign.recipes import predict
+
+    ids, X, labels = features_for(out, ids=None)
+    model = load_run_model(out, run_id)
+    pred, conf = predict(model, X)
+    text = _predictions_csv(ids, labels=labels, preds=_tolist(pred), confidence=_tolist(conf))
+    if to == "-":
+        sys.stdout.write(text)
+    else:
+        Path(to).write_text(text, encoding="utf-8")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gpucampaign.predictions reload-check|predict ...``"""
+    parser = argparse.ArgumentParser(prog="python -m gpucampaign.predictions")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    rc = sub.add_parser("reload-check", help="reload models and compare with predictions.csv")
+    rc.add_argument("out")
+    rc.add_argument("run_ids", nargs="*", help="default: every completed run of the manifest")
+    rc.add_argument("--json", action="store_true")
+    pr = sub.add_parser("predict", help="reload a model and predict the decision split")
+    pr.add_argument("out")
+    pr.add_argument("run_id")
+    pr.add_argument("--to", default="-", help="CSV file to write (default: stdout)")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "reload-check":
+            return _main_reload_check(args.out, args.run_ids, as_json=args.json)
+        return _main_predict(args.out, args.run_id, to=args.to)
+    except SpecError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,171 @@
+"""Predictions of a user's recipe: ``predictions.csv`` written from the SAVED model, and the
+reload check that rebuilds the model through the recipe in a fresh process and compares.
+
+A recipe with ``predict(model, batch) -> list[dict]`` gives the rows; without it, each row is
+one batch of the decision split with the recipe's ``evaluate`` on that batch. Either way the
+file is made on CPU, in order, from the reloaded model, so a reload reproduces it byte for
+byte. The built-in table recipes keep their classifier predictions (``predictions.py``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.recipe.contract import Pinned, Recipe, call, check_metrics, load_recipe
+from gpucampaign.spec import RunConfig
+
+PREDICTIONS_FILE = "predictions.csv"
+
+
+def _has_predict(recipe: Recipe) -> bool:
+    return type(recipe).predict is not Recipe.predict
+
+
+def prediction_rows(
+    recipe: Recipe, model: Any, dataset: Any, *, config: RunConfig
+) -> list[dict[str, Any]]:
+    """The rows of ``predictions.csv`` for one split, on CPU, batches in order, no gradient."""
+    import torch
+
+    from gpucampaign.recipe.runtime import batch_len, ordered_loader
+
+    rows: list[dict[str, Any]] = []
+    loader = ordered_loader(recipe, dataset, config=config)
+    model.eval()
+    name = config.recipe
+    with torch.no_grad():
+        for i, batch in enumerate(loader):
+            if _has_predict(recipe):
+                rows.extend(dict(r) for r in call(name, "predict", recipe.predict, model, batch))
+            else:
+                metrics = check_metrics(
+                    name, call(name, "evaluate", recipe.evaluate, model, [batch]), need=None
+                )
+                rows.append({"batch": i, "rows": batch_len(batch), **metrics})
+    return rows
+
+
+def predictions_text(rows: list[dict[str, Any]]) -> str:
+    """CSV text: the columns in first-seen order; floats written with ``repr`` (exact)."""
+    columns: list[str] = []
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for r in rows:
+        writer.writerow([_cell(r.get(c)) for c in columns])
+    return buf.getvalue()
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v)
+    if hasattr(v, "item"):
+        return _cell(v.item())
+    return str(v)
+
+
+def _model_and_data(
+    root: str | Path, run_id: str, *, corpus: Any, split: str
+) -> tuple[Recipe, Any, Any, RunConfig]:
+    """The reloaded model, its recipe, the split's dataset and the run config."""
+    import torch
+
+    from gpucampaign.recipe.runtime import build_datasets, recipe_context
+    from gpucampaign.recipes import load_run_model
+
+    folder = OutputFolder(root)
+    info = json.loads(folder.path(f"runs/{run_id}/model/config.json").read_text("utf-8"))
+    config = RunConfig.model_validate(info["run_config"])
+    model = load_run_model(root, run_id)  # checks the recipe file's hash, puts it on sys.path
+    recipe = load_recipe(config.recipe)
+    pinned = _corpus_for(root, info, corpus)
+    ctx = recipe_context(config, corpus=pinned, run_id=run_id, device=torch.device("cpu"))
+    datasets = build_datasets(recipe, config, ctx)
+    return recipe, model, datasets.get(split) or datasets["train"], config
+
+
+def _corpus_for(root: str | Path, info: dict[str, Any], corpus: Any) -> Any:
+    """The corpus given, else the manifest's copy, else the path the model recorded."""
+    from gpucampaign.folder.layout import corpus_file, read_manifest
+
+    if corpus is not None:
+        return corpus
+    recorded = info.get("corpus") or {}
+    try:
+        ref = read_manifest(root).get("corpus")
+    except (OSError, ValueError):
+        ref = None
+    path = corpus_file(root, ref) if ref else Path(recorded.get("path") or ".")
+    inputs = {
+        name: Pinned(path=Path(p["path"]), sha256=p["sha256"], kind=p.get("kind", "file"))
+        for name, p in (info.get("inputs") or {}).items()
+    }
+    return Pinned(
+        path=path,
+        sha256=recorded.get("sha256", ""),
+        kind=recorded.get("kind", "file"),
+        inputs=inputs,
+    )
+
+
+def write_recipe_predictions(
+    root: str | Path, run_id: str, *, corpus: Any, split: str
+) -> list[dict[str, Any]]:
+    """Write ``runs/<run_id>/predictions.csv`` from the saved model; its rows."""
+    recipe, model, dataset, config = _model_and_data(root, run_id, corpus=corpus, split=split)
+    rows = prediction_rows(recipe, model, dataset, config=config)
+    OutputFolder(root).write_text(f"runs/{run_id}/{PREDICTIONS_FILE}", predictions_text(rows))
+    return rows
+
+
+def recipe_analysis(rows: list[dict[str, Any]], *, split: str) -> dict[str, Any]:
+    """``error_analysis.json`` of a recipe run: what the predictions file holds."""
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    return {"kind": "recipe", "split": split, "rows": len(rows), "columns": columns}
+
+
+def recipe_reload_check(root: str | Path, run_id: str, *, corpus: Any = None) -> dict[str, Any]:
+    """Rebuild the model through its recipe, predict again, compare with the file exactly.
+
+    The split is the one ``error_analysis.json`` recorded when the file was written.
+    """
+    folder = OutputFolder(root)
+    expected = folder.path(f"runs/{run_id}/{PREDICTIONS_FILE}").read_text(encoding="utf-8")
+    analysis = folder.path(f"runs/{run_id}/error_analysis.json")
+    split = (
+        json.loads(analysis.read_text(encoding="utf-8")).get("split", "test")
+        if analysis.is_file()
+        else "test"
+    )
+    recipe, model, dataset, config = _model_and_data(root, run_id, corpus=corpus, split=split)
+    got = predictions_text(prediction_rows(recipe, model, dataset, config=config))
+    want_lines, got_lines = expected.splitlines(), got.splitlines()
+    bad = [
+        n
+        for n in range(max(len(want_lines), len(got_lines)))
+        if n >= len(want_lines) or n >= len(got_lines) or want_lines[n] != got_lines[n]
+    ]
+    first = None
+    if bad:
+        n = bad[0]
+        first = {
+            "line": n + 1,
+            "expected": want_lines[n] if n < len(want_lines) else None,
+            "got": got_lines[n] if n < len(got_lines) else None,
+        }
+    return {
+        "ok": not bad,
+        "rows": max(0, len(want_lines) - 1),
+        "mismatches": len(bad),
+        "first_mismatch": first,
+        "error": None,
+    }

@@ -1,0 +1,441 @@
+"""The closing report: built as data (``report.json``), rendered as ``report.md`` and a
+self-contained ``report.html``, read back by ``campaign report`` without recomputing anything.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpucampaign.close.budget import render_budget_md
+from gpucampaign.close.forecast import ESTIMATES_FILE
+from gpucampaign.close.verdict import Verdict
+from gpucampaign.core.text import say_duration
+from gpucampaign.folder.records import DecisionRecord, StopRecord
+from gpucampaign.spec import SpecError, read_mapping_file
+
+REPORT_JSON, REPORT_MD, REPORT_HTML = "report.json", "report.md", "report.html"
+REPORT_FORMAT = "gpucampaign.report/1"
+SUMMARY_KEYS = (
+    "verdict",
+    "rental_usd",
+    "other_expenses_usd",
+    "spent_usd",
+    "accepted_deliveries",
+    "rental_per_accepted_usd",
+    "undefined_reason",
+)
+_FIGURE_TITLES = {
+    "calendar": "Calendar: planned vs actual",
+    "curves": "Loss and metric curves",
+    "confusion": "Confusion matrix of the verdict's run",
+}
+
+
+def build_report(
+    *,
+    campaign_id: str,
+    name: str,
+    question: str,
+    verdict: Verdict,
+    budget: Mapping[str, Any],
+    forecast: Mapping[str, Any],
+    runs: Sequence[Mapping[str, Any]],
+    stops: Sequence[StopRecord] = (),
+    decisions: Sequence[DecisionRecord] = (),
+    figures: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The closing report as data (``report.json``); ``render_report_md`` turns it into text.
+
+    Args:
+        campaign_id: the campaign's ID.
+        name: the campaign's name.
+        question: the decision the campaign had to reach.
+        verdict: ``decide_verdict``'s result.
+        budget: ``close_budget``'s result.
+        forecast: ``forecast_vs_actual``'s result.
+        runs: one entry per run of the spec: ``{run_id, run, tier, status, metric, stop_id?,
+            analysis?}`` where ``analysis`` is ``predictions.error_analysis``'s result.
+        stops: ``stops.jsonl`` records.
+        decisions: ``decisions.jsonl`` records.
+        figures: ``{calendar|curves|confusion: relative PNG path}`` inside the output folder.
+
+    Returns:
+        A JSON-ready dict whose top level holds the ``SUMMARY_KEYS`` (``campaign report --json``).
+    """
+    return {
+        "format": REPORT_FORMAT,
+        "campaign_id": campaign_id,
+        "campaign": name,
+        "question": question,
+        "verdict": verdict.to_dict(),
+        **{k: budget[k] for k in SUMMARY_KEYS[1:]},
+        "budget": dict(budget),
+        "runs": [dict(r) for r in runs],
+        "forecast_vs_actual": dict(forecast),
+        "stops": [s.to_dict() for s in stops],
+        "decisions": [d.to_dict() for d in decisions],
+        "figures": dict(figures or {}),
+    }
+
+
+def with_budget(report: Mapping[str, Any], budget: Mapping[str, Any]) -> dict[str, Any]:
+    """The report with another budget (recomputed with expenses recorded after the close)."""
+    return {**report, **{k: budget[k] for k in SUMMARY_KEYS[1:]}, "budget": dict(budget)}
+
+
+def report_summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys ``campaign report --json`` promises, read from a report."""
+    return {"campaign_id": report.get("campaign_id"), **{k: report.get(k) for k in SUMMARY_KEYS}}
+
+
+def _cell(x: Any) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _hours(x: float | None) -> str:
+    return say_duration(x, missing="not observed")
+
+
+def _gain_phrase(entry: Mapping[str, Any] | None, split: str) -> str:
+    if not entry or entry.get("gain") is None:
+        return f"no gain measured on {split}"
+    ci = entry.get("gain_ci95")
+    ci_text = "no interval" if ci is None else f"95% CI [{ci[0]:+.4f}, {ci[1]:+.4f}]"
+    return f"{entry['gain']:+.4f} on {split} ({ci_text})"
+
+
+def answer_paragraph(report: Mapping[str, Any]) -> str:
+    """The report's first paragraph: the question, the verdict kind, the chosen run, its gain
+    with the interval on both splits, and the cost."""
+    v = report["verdict"]
+    question = report.get("question") or "(the spec states no question)"
+    parts = [f"**Question:** {question} **Answer: {v['kind']}**"]
+    variants = v.get("variants") or {}
+    sel, rep = v.get("select_split"), v.get("report_split")
+    shown = v.get("run") if v.get("run") in variants else None
+    if shown is None and variants and sel:
+        # Without a chosen variant, the best one on the selection split is the one to quote.
+        scored = [n for n in variants if (variants[n].get(sel) or {}).get("gain") is not None]
+        shown = max(scored, key=lambda n: variants[n][sel]["gain"], default=None)
+    if v.get("run") == "control":
+        parts.append("; keep the control")
+    elif v.get("run"):
+        parts.append(f"; chosen run: '{v['run']}'")
+    else:
+        parts.append("; no run is adopted")
+    if shown is not None and sel and rep:
+        label = (
+            "its gain" if shown == v.get("run") else f"the best variant on {sel}, '{shown}', gains"
+        )
+        parts.append(
+            f". {label[0].upper()}{label[1:]} over the control: "
+            f"{_gain_phrase(variants[shown].get(sel), sel)}, "
+            f"{_gain_phrase(variants[shown].get(rep), rep)}"
+        )
+    if v.get("test_disagrees"):
+        parts.append(f"; the {rep} split disagrees with the choice made on {sel}")
+    spent = report.get("spent_usd")
+    observed = ((report.get("forecast_vs_actual") or {}).get("totals") or {}).get(
+        "observed_wall_hours"
+    )
+    cost = [] if spent is None else [f"{spent:.2f} USD spent"]
+    if observed is not None:
+        cost.append(f"{say_duration(observed)} of observed busy time")
+    if cost:
+        parts.append(". Cost: " + ", ".join(cost))
+    return "".join(parts) + "."
+
+
+def _runs_md(report: Mapping[str, Any]) -> list[str]:
+    out = [
+        "## Runs",
+        "",
+        "| run | run ID | tier | status | metric | note |",
+        "|---|---|---|---|---:|---|",
+    ]
+    stops_by_id = {s.get("stop_id"): s for s in report.get("stops", [])}
+    for r in report["runs"]:
+        metric = "" if r.get("metric") is None else f"{r['metric']:.4f}"
+        note = ""
+        if r.get("stop_id"):
+            s = stops_by_id.get(r["stop_id"], {})
+            note = f"{r['stop_id']}: {s.get('rule', '')} {s.get('reason', '')}".strip()
+        out.append(
+            f"| {_cell(r['run'])} | `{r['run_id']}` | {r.get('tier', '')} | "
+            f"{r.get('status', '')} | {metric} | {_cell(note)} |"
+        )
+    return out
+
+
+def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
+    out = [
+        "## Forecast vs actual",
+        "",
+        "Allotted hours come from `plan.json`, untouched since the start; observed hours only "
+        "from `timeline.jsonl` (a step without a recorded interval is *not observed*, never "
+        "estimated).",
+        "",
+        "| step | allotted | re-forecast | observed | deviation | explanation |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for s in fva["steps"]:
+        refo = say_duration(s["reforecast_hours"])
+        dev = say_duration(s["deviation_hours"], signed=True)
+        allotted = say_duration(s["allotted_hours"])
+        out.append(
+            f"| {_cell(s['step'])} | {allotted} | {refo} | {_hours(s['observed_hours'])} | "
+            f"{dev} | {_cell(s['explanation'])} |"
+        )
+    totals = fva.get("totals", {})
+    if totals:
+        parts = [
+            f"{label} {say_duration(totals[k])}"
+            for k, label in (
+                ("allotted_span_hours", "planned span"),
+                ("reforecast_span_hours", "re-forecast span"),
+                ("window_hours", "window"),
+            )
+            if totals.get(k) is not None
+        ]
+        if totals.get("observed_wall_hours") is not None:
+            parts.append(f"observed busy time {say_duration(totals['observed_wall_hours'])}")
+        out += ["", "Totals: " + "; ".join(parts) + "."]
+    if fva.get("unplanned_timeline_steps"):
+        out += [
+            "",
+            "Timeline intervals outside the plan's steps: "
+            + ", ".join(fva["unplanned_timeline_steps"])
+            + ".",
+        ]
+    out.append("")
+    return out
+
+
+def _interruptions_md(fva: Mapping[str, Any]) -> list[str]:
+    """Interrupted segments, resumes per run and the work lost (nothing when none)."""
+    info = fva.get("interruptions") or {}
+    cut = info.get("segments") or []
+    if not cut:
+        return []
+    out = ["## Interruptions", ""]
+    resumes = info.get("resumes") or {}
+    out += [f"- {run} resumed {n} time{'s' if n != 1 else ''}" for run, n in resumes.items()]
+    out += [
+        f"- {run}: inference restarted from its last good model (resume: inference), "
+        "learning not resumed"
+        for run in info.get("inference_restarts") or {}
+    ]
+    out += [
+        f"- lost work: {info.get('lost_steps', 0)} step(s) trained after the last checkpoint, "
+        f"{_hours(info.get('lost_hours'))} h",
+        "",
+        "| phase | run | start | end | last checkpoint | steps lost | outcome |",
+        "|---|---|---|---|---:|---:|---|",
+    ]
+    for c in cut:
+        out.append(
+            f"| {c['phase']} | {_cell(c.get('run') or '')} | {c.get('start') or ''} | "
+            f"{c.get('end') or ''} | {_cell(c.get('checkpoint_step') or '')} | "
+            f"{_cell(c.get('lost_steps') or 0)} | {_cell(c.get('outcome') or '')} |"
+        )
+    out.append("")
+    return out
+
+
+def _resume_md(report: Mapping[str, Any]) -> list[str]:
+    """Which restart applies to each run after an interruption (its config's ``resume``)."""
+    from gpucampaign.restartcheck.check import resume_text
+
+    runs = [r for r in report.get("runs", []) if r.get("resume")]
+    if not runs:
+        return []
+    out = ["## Restart after an interruption", ""]
+    for r in runs:
+        out.append(f"- {r['run']} (`{r['run_id']}`): {resume_text(r['resume'])}")
+        cut = r.get("interrupted")
+        if cut:
+            out.append(
+                f"  - here: interrupted at step {cut['reached_step']} of {cut['planned_steps']} "
+                f"({cut['reason']}); inference restarted from the checkpoint of step "
+                f"{cut['checkpoint_step']} ({cut['lost_steps']} step(s) lost); its metric is "
+                "evidence at that step, not an accepted delivery"
+            )
+    out.append("")
+    return out
+
+
+def _decisions_and_stops_md(report: Mapping[str, Any]) -> list[str]:
+    out = ["## Decisions taken", ""]
+    decisions = report.get("decisions") or []
+    for rec in decisions:
+        d = rec["decision"]
+        reasons = "; ".join(d.get("reasons", []) or [])
+        dropped = f" (dropped: {', '.join(d['dropped_runs'])})" if d.get("dropped_runs") else ""
+        action, by = d.get("action", "?"), d.get("by", "?")
+        out.append(f"- {rec['point']}: **{action}** by {by}{dropped}: {reasons}")
+    if not decisions:
+        out.append("- none recorded")
+    out += ["", "## Stops", ""]
+    out += [
+        f"- `{s.get('stop_id')}` {s.get('rule')} on {s.get('run') or s.get('run_id')}"
+        f"{'' if s.get('step') is None else ' at step ' + str(s['step'])}: {s.get('reason')}"
+        for s in report.get("stops", [])
+    ] or ["- none"]
+    out.append("")
+    return out
+
+
+def _estimates_md(fva: Mapping[str, Any]) -> list[str]:
+    est = fva.get("estimates") or {}
+    if not est.get("measured"):
+        return []
+    out = [
+        "## Estimates for next time",
+        "",
+        "Measured here and kept in `estimates.json` (`campaign plan --calibrate-from` reads it):",
+        "",
+        "| measure | seconds | samples |",
+        "|---|---:|---:|",
+    ]
+    for k, val in est["measured"].items():
+        shown = "not observed" if val is None else f"{val:.6g}"
+        out.append(f"| {k} | {shown} | {est.get('samples', {}).get(k, 0)} |")
+    out.append("")
+    return out
+
+
+def render_report_md(report: Mapping[str, Any]) -> str:
+    """``report.md``: verdict, runs, budget, forecast vs actual, decisions, stops, analysis,
+    estimates, figures."""
+    from gpucampaign.close.predictions import render_error_analysis_md
+
+    v = report["verdict"]
+    out = [f"# Closing report: {report['campaign']}", "", answer_paragraph(report), ""]
+    out += [
+        f"Campaign ID: `{report['campaign_id']}`",
+        "",
+        "## Verdict",
+        "",
+        f"**{v['kind']}**: {v['text']}",
+        "",
+    ]
+    out += _runs_md(report)
+    out += ["", "## Budget", "", render_budget_md(report["budget"])]
+    out += _forecast_md(report["forecast_vs_actual"])
+    out += _interruptions_md(report["forecast_vs_actual"])
+    out += _resume_md(report)
+    out += _decisions_and_stops_md(report)
+    analysed = [r for r in report["runs"] if r.get("analysis")]
+    if analysed:
+        out += ["## Error analysis", ""]
+        for r in analysed:
+            out.append(
+                render_error_analysis_md(r["analysis"], title=f"{r['run']} (`{r['run_id']}`)")
+            )
+    out += _estimates_md(report["forecast_vs_actual"])
+    figures = report.get("figures") or {}
+    if figures:
+        out += ["## Figures", ""]
+        for key, rel in figures.items():
+            out += [f"![{_FIGURE_TITLES.get(key, key)}]({rel})", ""]
+    out += [
+        "## Files",
+        "",
+        "`manifest.json` lists every file with its size and sha256; `RELOAD.md` gives the "
+        "commands to reload a model and predict; `campaign verify .` checks this folder.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+_IMG_SRC = re.compile(r'(<img\s[^>]*?src=")([^"]+)(")')
+_HTML_STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;"
+    "line-height:1.45}table{border-collapse:collapse;margin:1rem 0}td,th{border:1px solid #ccc;"
+    "padding:.25rem .5rem;vertical-align:top}img{max-width:100%}code{background:#f4f4f4;"
+    "padding:0 .2rem}"
+)
+
+
+def render_report_html(report_md: str, *, root: str | Path, title: str = "Closing report") -> str:
+    """A self-contained ``report.html``: the markdown rendered, figures embedded as data URIs."""
+    import base64
+    import html
+
+    from markdown_it import MarkdownIt
+
+    from gpucampaign.folder.layout import OutputFolder
+
+    folder = OutputFolder(root)
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(report_md)
+
+    def embed(m: Any) -> str:
+        src = html.unescape(m.group(2))
+        try:
+            path = folder.path(src)
+        except ValueError:
+            return m.group(0)
+        if not path.is_file() or path.suffix.lower() != ".png":
+            return m.group(0)
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        return f"{m.group(1)}data:image/png;base64,{data}{m.group(3)}"
+
+    body = _IMG_SRC.sub(embed, body)
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_HTML_STYLE}</style></head><body>\n"
+        f"{body}</body></html>\n"
+    )
+
+
+def write_report(root: str | Path, report: Mapping[str, Any]) -> dict[str, Path]:
+    """Write ``report.json``, ``report.md``, ``report.html`` and ``estimates.json``.
+
+    ``campaign report OUT`` reads these files back: it never recomputes anything.
+
+    Returns:
+        ``{json, md, html, estimates}`` paths.
+    """
+    from gpucampaign.folder.layout import OutputFolder
+
+    folder = OutputFolder(root)
+    md = render_report_md(report)
+    html_text = render_report_html(md, root=root, title=f"Closing report: {report['campaign']}")
+    paths = {
+        "json": folder.write_json(REPORT_JSON, report),
+        "md": folder.write_text(REPORT_MD, md),
+        "html": folder.write_text(REPORT_HTML, html_text),
+    }
+    est = (report.get("forecast_vs_actual") or {}).get("estimates") or {}
+    paths["estimates"] = folder.write_json(
+        ESTIMATES_FILE,
+        {"campaign_id": report["campaign_id"], "campaign": report["campaign"], **est},
+    )
+    return paths
+
+
+def read_report(out_dir: str | Path) -> dict[str, Any]:
+    """``report.json`` of a closed campaign.
+
+    Raises:
+        SpecError: the folder has no readable report (the campaign has not closed).
+    """
+    path = Path(out_dir) / REPORT_JSON
+    missing = (
+        f"'{out_dir}' has no {REPORT_JSON}: give the output folder of a closed campaign "
+        "(the close phase writes it)"
+    )
+    not_report = "is not a report: it holds no JSON object"
+    report = read_mapping_file(
+        path, field="OUT", missing=missing, not_mapping=not_report, fmt="JSON"
+    )
+    if not isinstance(report.get("budget"), dict) or not isinstance(report.get("verdict"), dict):
+        raise SpecError(
+            f"'{path}' is not a closing report (no verdict or budget): rerun "
+            "`campaign run` on the folder to close it again",
+            field="OUT",
+        )
+    return report

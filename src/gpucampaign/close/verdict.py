@@ -1,0 +1,451 @@
+"""The verdict: the spec's decision rule applied to the measured evidence.
+
+The winner is chosen on the selection split only; its gain over the control is then reported,
+with a paired-bootstrap 95% interval, on the report split, which decides how sure the verdict
+is. A pure function of the metrics, the predictions and the stop records: nothing is
+re-measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from gpucampaign.close.bootstrap import BOOT_SEED, Gain, paired_gain, to_resolve
+from gpucampaign.spec import DecisionRule
+
+VerdictKind = Literal["adopt", "negative", "inconclusive", "stopped", "re-pose"]
+# A gain computed as a float difference of two k/n accuracies can land 1e-17 under min_gain.
+_GAIN_DIGITS = 12
+
+
+@dataclass(frozen=True)
+class RunEvidence:
+    """What one run measured: its metric per split, and its predictions per split (one per
+    replicate seed), from which the paired intervals are drawn.
+
+    ``status`` is the run's state (``completed``, ``stopped``, ``interrupted``, ``dropped``,
+    ``not_run``): a run without a metric is described by it. ``note`` qualifies its values
+    (an interrupted run's are those of its last good model, at that step).
+    """
+
+    values: Mapping[str, float | None] = field(default_factory=dict)
+    predictions: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    status: str = "completed"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The decision the campaign reached, with the numbers it rests on.
+
+    ``kind``: ``adopt`` (``run`` is the variant to adopt: chosen on the selection split, and the
+    report split's interval clears the minimum gain), ``negative`` (no variant clears the
+    minimum gain, or none meets the threshold: a complete result; ``run`` is the control when it
+    meets the threshold), ``inconclusive`` (the chosen variant's interval straddles the minimum
+    gain; ``resolve`` says what would settle it; or no variant clears it but one was
+    interrupted under ``resume: inference``, so a complete run might), ``stopped`` (the
+    control has no metric, or was interrupted, so nothing can be compared) or ``re-pose`` (the
+    decision point after the pilot re-posed the question). ``variants`` holds, per variant and
+    split, ``value``, ``gain`` and ``gain_ci95``. An interrupted variant's values are those of
+    its last good model: it can be chosen (its evidence at that step already clears the rule)
+    and the text says at which step.
+    """
+
+    kind: VerdictKind
+    run: str | None
+    text: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+    select_split: str | None = None
+    report_split: str | None = None
+    control: dict[str, float | None] = field(default_factory=dict)
+    variants: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    test_disagrees: bool = False
+    resolve: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (kept in manifest.json and report.json)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """One comparison under the rule: the per-variant ``table``, what every verdict of it
+    carries (``base``: splits, table, numbers), the text's ``tail`` that states every number,
+    and ``disagree``, the note said when the report split would choose otherwise."""
+
+    rule: DecisionRule
+    table: Mapping[str, Any]
+    base: dict[str, Any]
+    tail: str
+    disagree: str = ""
+
+    @property
+    def ending(self) -> str:
+        """The end of a verdict's text: the tail, then the disagreement note."""
+        return f"{self.tail}{self.disagree}"
+
+    def verdict(self, kind: VerdictKind, run: str | None, text: str, **fields: Any) -> Verdict:
+        """A verdict of this comparison; it disagrees when a disagreement note is said."""
+        return Verdict(
+            kind=kind, run=run, text=text, test_disagrees=bool(self.disagree), **fields, **self.base
+        )
+
+
+def no_rule_verdict() -> Verdict:
+    """The verdict of a spec without a decision rule: nothing can be decided."""
+    return Verdict(kind="stopped", run=None, text="The spec has no decision rule.")
+
+
+def _fmt(x: float | None, *, status: str = "stopped") -> str:
+    if x is not None:
+        return f"{x:.4f}"
+    if status == "dropped":
+        return "dropped at the decision point"
+    if status == "not_run":
+        return "not run"
+    return "stopped (no metric)"
+
+
+def _ci_text(entry: Mapping[str, Any]) -> str:
+    """``gain +0.0100 [95% CI -0.0050, +0.0250]``, or the gain alone without an interval."""
+    if entry.get("gain") is None:
+        return "no gain"
+    ci = entry.get("gain_ci95")
+    if ci is None:
+        return f"gain {entry['gain']:+.4f} (no interval)"
+    return f"gain {entry['gain']:+.4f} [95% CI {ci[0]:+.4f}, {ci[1]:+.4f}]"
+
+
+def stops_of(run: str, stops: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Stop records of a run, matched by name or by run ID ``<name>-<10 hex>``."""
+    out = []
+    for s in stops:
+        rid = str(s.get("run_id") or "")
+        if s.get("run") == run or (rid and rid.rsplit("-", 1)[0] == run):
+            out.append(s)
+    return out
+
+
+def _stop_text(run: str, stops: Iterable[Mapping[str, Any]]) -> str:
+    found = stops_of(run, stops)
+    if not found:
+        return f"'{run}' has no metric (no stop recorded)"
+    return "; ".join(
+        f"'{run}' stopped by {s.get('rule', 'stop')} ({s.get('stop_id', '?')}): "
+        f"{s.get('reason', '')}"
+        for s in found
+    )
+
+
+def _split_entry(
+    rule: DecisionRule, split: str, *, control: RunEvidence, variant: RunEvidence, seed: int
+) -> dict[str, Any]:
+    """``{value, gain, gain_ci95, n, replicates}`` of a variant on one split."""
+    sign = 1.0 if rule.direction == "maximize" else -1.0
+    v, c = variant.values.get(split), control.values.get(split)
+    g: Gain | None = None
+    if v is not None:
+        g = paired_gain(
+            control.predictions.get(split, ()),
+            variant.predictions.get(split, ()),
+            metric=rule.metric,
+            seed=seed,
+        )
+    if g is not None:
+        lo, hi = sorted((sign * g.ci95[0], sign * g.ci95[1]))
+        return {
+            **g.to_dict(),
+            "value": v,
+            "gain": round(sign * g.gain, _GAIN_DIGITS),
+            "gain_ci95": [lo, hi],
+        }
+    gain = None if v is None or c is None else round(sign * (v - c), _GAIN_DIGITS)
+    return {"value": v, "gain": gain, "gain_ci95": None, "n": None, "replicates": None}
+
+
+def _choose(rule: DecisionRule, table: Mapping[str, Mapping[str, Any]], split: str) -> str | None:
+    """The best variant on ``split`` that meets the threshold and gains the min gain there."""
+    best = None
+    for name, row in table.items():
+        v, g = row[split]["value"], row[split]["gain"]
+        if v is None or g is None or not rule.meets(v) or g < rule.min_gain or g <= 0:
+            continue
+        if best is None or rule.better(v, table[best][split]["value"]):
+            best = name
+    return best
+
+
+def _listing(
+    rule: DecisionRule,
+    *,
+    control: RunEvidence,
+    table: Mapping[str, Any],
+    status: Mapping[str, str],
+    notes: Mapping[str, str] | None = None,
+) -> str:
+    """Every value, gain and interval on both splits, the control first."""
+    sel, rep = rule.select_split, rule.report_split
+    notes = notes or {}
+    parts = [
+        f"control {sel} {_fmt(control.values.get(sel), status=control.status)}, "
+        f"{rep} {_fmt(control.values.get(rep), status=control.status)}"
+        + (f" ({control.note})" if control.note else "")
+    ]
+    for name, row in table.items():
+        st = status.get(name, "stopped")
+        if row[sel]["value"] is None and row[rep]["value"] is None:
+            parts.append(f"{name} {_fmt(None, status=st)}")
+            continue
+        parts.append(
+            f"{name} {sel} {_fmt(row[sel]['value'], status=st)} ({_ci_text(row[sel])}), "
+            f"{rep} {_fmt(row[rep]['value'], status=st)} ({_ci_text(row[rep])})"
+            + (f" ({notes[name]})" if notes.get(name) else "")
+        )
+    return "; ".join(parts)
+
+
+def decide_verdict(
+    rule: DecisionRule,
+    *,
+    control: RunEvidence | None,
+    variants: Mapping[str, RunEvidence | None],
+    stops: Iterable[Mapping[str, Any]] = (),
+    repose_reason: str | None = None,
+    run_hours: Mapping[str, float] | None = None,
+    seed: int = BOOT_SEED,
+) -> Verdict:
+    """Apply the spec's decision rule to the measured evidence.
+
+    The winner is the best variant on ``rule.select_split`` that meets the threshold and beats
+    the control by at least ``min_gain`` (strictly better when ``min_gain`` is 0). Its gain on
+    ``rule.report_split``, with a paired-bootstrap 95% interval, then decides the kind:
+    ``adopt`` when the interval's lower end clears ``min_gain``, ``negative`` when its upper
+    end does not, ``inconclusive`` when it straddles it. Without a winner the result is
+    ``negative``. The text states every number, and says when the report split disagrees
+    with the choice made on the selection split.
+
+    Args:
+        rule: the spec's decision rule.
+        control: the control's evidence; None (or no value on the selection split) when it
+            has no metric.
+        variants: evidence per variant name; None for a run that measured nothing.
+        stops: stop records (``stops.jsonl`` lines) to explain missing metrics.
+        repose_reason: the reasons, when the decision point re-posed the question (no run was
+            trained after the pilot): the verdict is then ``re-pose``.
+        run_hours: planned hours per run name, to cost the extra seeds of an inconclusive
+            verdict.
+        seed: the bootstrap's seed.
+
+    Returns:
+        The verdict.
+    """
+    stops = list(stops)
+    sel, rep = rule.select_split, rule.report_split
+    ctrl = control or RunEvidence(status="stopped")
+    evidence = {n: e or RunEvidence(status="stopped") for n, e in variants.items()}
+    table = {
+        n: {s: _split_entry(rule, s, control=ctrl, variant=e, seed=seed) for s in (sel, rep)}
+        for n, e in evidence.items()
+    }
+    frame = _frame(rule, control=ctrl, evidence=evidence, table=table, stops=stops)
+
+    if repose_reason is not None:
+        text = (
+            f"Re-pose the question: the decision point after the pilot stopped the campaign "
+            f"({repose_reason}). No variant was compared. {frame.tail}"
+        )
+        return frame.verdict("re-pose", None, text)
+    if ctrl.values.get(sel) is None:
+        text = (
+            f"No decision: the control, the essential reference, has no metric "
+            f"({_stop_text('control', stops)}); nothing can be compared. {frame.tail}"
+        )
+        return frame.verdict("stopped", None, text)
+    if ctrl.status == "interrupted":
+        text = (
+            f"No decision: the control, the essential reference, was interrupted "
+            f"({ctrl.note}); its values are evidence at that step only, and no variant is "
+            f"compared with a partly trained reference. {frame.tail}"
+        )
+        return frame.verdict("stopped", None, text)
+    chosen = _choose(rule, table, sel)
+    on_report = _choose(rule, table, rep)
+    frame = replace(frame, disagree=_disagreement(chosen, on_report, sel=sel, rep=rep))
+    if chosen is None:
+        cut = [n for n, e in evidence.items() if e.status == "interrupted"]
+        return _negative(frame, control=ctrl, cut=cut)
+    return _confirm(frame, chosen, run_hours=run_hours or {})
+
+
+def _frame(
+    rule: DecisionRule,
+    *,
+    control: RunEvidence,
+    evidence: Mapping[str, RunEvidence],
+    table: dict[str, dict[str, dict[str, Any]]],
+    stops: list[Mapping[str, Any]],
+) -> _Frame:
+    """The comparison's frame: what every verdict carries (splits, per-variant table, numbers)
+    and the text's tail that states every number and why a run has none."""
+    sel, rep, ctrl = rule.select_split, rule.report_split, control
+    base = {
+        "select_split": sel,
+        "report_split": rep,
+        "variants": table,
+        "control": {s: ctrl.values.get(s) for s in (sel, rep)},
+        "numbers": {
+            "metric": rule.metric,
+            "direction": rule.direction,
+            "threshold": rule.threshold,
+            "min_gain": rule.min_gain,
+            "select_split": sel,
+            "report_split": rep,
+        },
+    }
+    head = (
+        f"{rule.metric} ({rule.direction}, threshold {rule.threshold:g}, min gain "
+        f"{rule.min_gain:g}), chosen on {sel}, reported on {rep}"
+    )
+    listing = _listing(
+        rule,
+        control=ctrl,
+        table=table,
+        status={n: e.status for n, e in evidence.items()},
+        notes={n: e.note for n, e in evidence.items()},
+    )
+    missing = [
+        n
+        for n, row in table.items()
+        if row[sel]["value"] is None and evidence[n].status in ("stopped", "interrupted")
+    ]
+    stop_note = ("; " + "; ".join(_stop_text(n, stops) for n in missing)) if missing else ""
+    return _Frame(rule, table, base, tail=f"{head}: {listing}{stop_note}.")
+
+
+def _disagreement(chosen: str | None, on_report: str | None, *, sel: str, rep: str) -> str:
+    if chosen == on_report:
+        return ""
+    picked = f"'{chosen}'" if chosen else "no variant"
+    other = f"'{on_report}'" if on_report else "no variant"
+    return (
+        f" The {rep} split disagrees with the choice made on {sel}: on {rep} {other} would be "
+        f"chosen, on {sel} {picked}; the verdict follows {sel} (choosing on {rep} would make "
+        f"the reported gain optimistic)."
+    )
+
+
+def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -> Verdict:
+    """No variant clears the min gain on the selection split: a complete negative result,
+    unless a variant was interrupted (``cut``): its values are those of an earlier step, so a
+    complete run might still clear the rule, and the result is inconclusive."""
+    rule, sel = frame.rule, frame.rule.select_split
+    meeting = [
+        n
+        for n, row in frame.table.items()
+        if row[sel]["value"] is not None and rule.meets(row[sel]["value"])
+    ]
+    why = (
+        f"variant(s) {', '.join(repr(n) for n in meeting)} meet the threshold on {sel} but do "
+        f"not beat the control by the min gain {rule.min_gain:g}"
+        if meeting
+        else f"no variant meets the threshold on {sel}"
+    )
+    c = control.values[sel]
+    assert c is not None
+    keeps = rule.meets(c)
+    also = (
+        f"; the control meets it ({c:.4f}): keep the control"
+        if keeps
+        else (", and neither does the control")
+    )
+    if cut:
+        names = ", ".join(repr(n) for n in cut)
+        text = (
+            f"Inconclusive: {why}{also}; but {names} stopped learning early (interrupted, "
+            f"resume: inference): a complete run might still clear the rule. {frame.ending}"
+        )
+        return frame.verdict("inconclusive", None, text)
+    text = (
+        f"Negative result (complete): {why}{also}. {frame.ending} This answers the "
+        "question: a longer campaign on these variants is not justified."
+    )
+    return frame.verdict("negative", "control" if keeps else None, text)
+
+
+def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> Verdict:
+    """The chosen variant's report-split interval against the min gain: adopt, negative or
+    inconclusive."""
+    rule, table = frame.rule, frame.table
+    sel, rep = rule.select_split, rule.report_split
+    entry = table[chosen][rep]
+    value, gain, ci = entry["value"], entry["gain"], entry["gain_ci95"]
+    lo, hi = (gain, gain) if ci is None else ci
+    picked = f"'{chosen}' is best on {sel} ({_ci_text(table[chosen][sel])})"
+    if value is None or gain is None:
+        text = f"Inconclusive: {picked} but has no {rep} metric. {frame.ending}"
+        return frame.verdict("inconclusive", chosen, text)
+    if lo >= rule.min_gain and lo > 0 and rule.meets(value):
+        text = (
+            f"Adopt '{chosen}': chosen on {sel}; on {rep} {rule.metric} {value:.4f}, "
+            f"{_ci_text(entry)}, the lower end clears the min gain {rule.min_gain:g} (threshold "
+            f"{rule.threshold:g} met). {frame.ending}"
+        )
+        return frame.verdict("adopt", chosen, text)
+    if hi < rule.min_gain or hi <= 0 or not rule.meets(value):
+        why = (
+            f"its {rep} value {value:.4f} misses the threshold {rule.threshold:g}"
+            if not rule.meets(value)
+            else f"on {rep} its {_ci_text(entry)} stays under the min gain {rule.min_gain:g}"
+        )
+        unconfirmed = f" The {rep} split does not confirm the choice made on {sel}."
+        frame = replace(frame, disagree=frame.disagree or unconfirmed)
+        text = f"Negative result (complete): {picked}, but {why}. {frame.ending}"
+        return frame.verdict("negative", None, text)
+    resolve = _resolve(rule, chosen, entry=entry, run_hours=run_hours)
+    text = (
+        f"Inconclusive: {picked}; on {rep} its {_ci_text(entry)} straddles the min gain "
+        f"{rule.min_gain:g}. {resolve['text']} {frame.ending}"
+    )
+    return frame.verdict("inconclusive", chosen, text, resolve=resolve)
+
+
+def _resolve(
+    rule: DecisionRule, chosen: str, *, entry: Mapping[str, Any], run_hours: Mapping[str, float]
+) -> dict[str, Any]:
+    """How many more examples or seeds would settle an inconclusive verdict, and the cost."""
+    if entry.get("n") is None:
+        return {
+            "more_examples": None,
+            "more_seeds": None,
+            "seed_hours": None,
+            "text": "No per-example predictions: no estimate of the evidence needed.",
+        }
+    g = Gain(
+        gain=entry["gain"],
+        ci95=tuple(entry["gain_ci95"]),
+        n=entry["n"],
+        replicates=entry["replicates"] or 1,
+    )
+    need = to_resolve(g, min_gain=max(rule.min_gain, 1e-12))
+    if need["factor"] is None:
+        return {
+            **need,
+            "seed_hours": None,
+            "text": "The gain equals the min gain: no amount of evidence separates them.",
+        }
+    per_seed = run_hours.get("control", 0.0) + run_hours.get(chosen, 0.0)
+    hours = round(need["more_seeds"] * per_seed, 4) if per_seed else None
+    cost = (
+        f" ({need['more_seeds']} x {per_seed:g} h = {hours:g} h of GPU time in the calendar)"
+        if hours is not None
+        else " (run hours not planned)"
+    )
+    text = (
+        f"To resolve it: about {need['more_examples']} more {rule.report_split} examples "
+        f"({need['factor']:.2f} x the {g.n} there; evaluating them costs minutes, labelling "
+        f"them is a human step), or {need['more_seeds']} more seed(s) of both 'control' and "
+        f"'{chosen}'{cost}."
+    )
+    return {**need, "seed_hours": hours, "text": text}

@@ -1,0 +1,26 @@
+"""The ground floor: file helpers, stop requests (signals), stop rules, durations in words."""
+
+from gpucampaign.core.interrupt import Interrupted, stop_requested
+from gpucampaign.core.stoprules import (
+    STOP_RULES,
+    BelowThreshold,
+    EssentialInputMissing,
+    IncompleteRun,
+    InterruptedRun,
+    NonFiniteLoss,
+    NoUsableRestart,
+    StopRule,
+)
+
+__all__ = [
+    "BelowThreshold",
+    "EssentialInputMissing",
+    "IncompleteRun",
+    "Interrupted",
+    "InterruptedRun",
+    "NoUsableRestart",
+    "NonFiniteLoss",
+    "STOP_RULES",
+    "StopRule",
+    "stop_requested",
+]

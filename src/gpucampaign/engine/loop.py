@@ -1,0 +1,403 @@
+"""One training run, top to bottom: setup, restore, save policy, the loop, finish.
+
+``train_run`` is the only entry point. It writes into the run folder ``OUT/runs/<run_id>/``:
+
+- ``params.json``: the resolved config, run ID, planned steps (written at every start);
+- ``metrics.jsonl``: one JSON row per event (see ``metrics.py``); on resume, rows after the
+  restored step are dropped, so the file always tells one timeline;
+- at completion ``model/`` (the reloadable model folder) and ``result.json`` (``RunResult``).
+
+The corpus given is the loaded one, checked against the spec's pinned sha256: a table
+``Corpus`` for the built-in recipes, a ``Pinned`` file or folder for the others. A call with
+``stop_after_steps`` (the pilot) stops at that global step, checkpoints and returns with
+``completed=False``; a later call resumes from that checkpoint. Neither that nor the GPU
+``lane`` is part of the config, so neither is part of the run ID. ``on_save`` is called after
+each checkpoint is committed (the timeline's heartbeat).
+
+Checkpoints go to the ``Store`` under ``<run_id>/`` (see ``checkpoint.py``). The loop reaches
+the model, data, loss and evaluation only through the run's ``Recipe`` (``recipe.py``; the
+built-in ``mlp`` and ``cnn`` are recipes too, in ``recipes/tabular.py``).
+
+Determinism: python/numpy/torch seeded, a seeded DataLoader generator, a pinned thread
+count; the checkpoint keeps the generator state from the TOP of the epoch, and a resume
+re-draws that epoch's order and skips the consumed batches before restoring the global RNGs.
+On CPU a resumed run is bit-identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from gpucampaign.checkpoint.manager import LoadedCheckpoint, restore_rng
+from gpucampaign.checkpoint.savepolicy import SavePolicy
+from gpucampaign.core.files import atomic_write_bytes, json_bytes
+from gpucampaign.core.interrupt import Interrupted, stop_requested
+from gpucampaign.core.stoprules import BelowThreshold, NonFiniteLoss, NoUsableRestart
+from gpucampaign.engine.inference_restart import TrainingMark, find_interruption, restart_inference
+from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
+from gpucampaign.engine.parts import make_loader, n_train_of, progress_bar, read_params  # noqa: F401
+from gpucampaign.engine.save import collect_save, save_checkpoint, save_model
+from gpucampaign.engine.setup import (
+    LiveRun,
+    SaveFn,
+    check_arguments,
+    run_config_sha256,  # noqa: F401 - importers use it from here
+    setup_run,
+)
+from gpucampaign.folder.layout import METRICS_FILE, MODEL_DIR, PARAMS_FILE  # noqa: F401
+from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
+from gpucampaign.folder.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
+from gpucampaign.recipe.contract import call, check_loss
+from gpucampaign.recipe.runtime import batch_len, to_device
+from gpucampaign.spec import CampaignSpec
+from gpucampaign.storage import Store
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+def _restore(r: LiveRun) -> LoadedCheckpoint | None:
+    """Resume from LATEST when this run (same config hash) has a good checkpoint.
+
+    The global RNG states are kept in ``pending_rng`` and the epoch's sampler state in
+    ``resume_gen_state``: the loop applies them at the top of the resumed epoch.
+    """
+    t0 = time.perf_counter()
+    ck, r.refused = r.manager.load_latest()
+    if ck is None and r.refused and r.spec.stop_rules.require_restart:
+        raise NoUsableRestart(
+            r.run_id, "checkpoints exist but none is usable: " + "; ".join(r.refused)
+        )
+    if ck is None:
+        return None
+    state = ck.train_state
+    r.model.load_state_dict(ck.model_state, strict=True)
+    r.optimizer.load_state_dict(state["optimizer"])
+    if r.scheduler is not None:
+        r.scheduler.load_state_dict(state["scheduler"])
+    if state["scaler"]:
+        r.scaler.load_state_dict(state["scaler"])
+    if state.get("recipe"):
+        r.recipe.load_state_dict(state["recipe"])
+    cursor, counters = state["cursor"], state["counters"]
+    r.global_step, r.epoch = int(counters["global_step"]), int(cursor["epoch"])
+    r.batch_in_epoch = int(cursor["batch_in_epoch"])
+    r.resume_gen_state = cursor["epoch_generator_state"]
+    r.samples_seen = int(counters.get("samples_seen", 0))
+    r.steps_s_sum = float(counters.get("steps_s_sum", 0.0))
+    r.pending_rng = state["rng"]
+    r.restore_s = time.perf_counter() - t0
+    r.resumed_from = ck.step
+    return ck
+
+
+def _save_policy(
+    r: LiveRun, ck: LoadedCheckpoint | None, *, checkpoint_every: int | None
+) -> SavePolicy:
+    """Fixed (argument, then spec), else Daly's from the restored or an early measured save."""
+    cp = r.spec.checkpoint
+    return SavePolicy.start(
+        r.global_step,
+        fixed=checkpoint_every or cp.every_steps,
+        fixed_source="argument" if checkpoint_every else "spec",
+        restored_meta=ck.meta if ck is not None else None,
+        first_save=r.spec.pilot.steps,
+        mtbi_s=cp.interruption_hours * 3600,
+        tolerable_s=cp.tolerable_loss_minutes * 60,
+        planned_steps=r.planned,
+    )
+
+
+def _open_metrics(r: LiveRun, *, restored: bool) -> None:
+    """Open ``metrics.jsonl`` for appending, dropping the rows after the restored step."""
+    truncate_metrics(r.out_dir / METRICS_FILE, through_step=r.global_step)
+    r.mlog = MetricsLog(r.out_dir / METRICS_FILE)
+    if restored:
+        r.mlog.write(
+            {
+                "kind": "restore",
+                "step": r.global_step,
+                "restore_s": r.restore_s,
+                "refused": r.refused,
+            }
+        )
+
+
+# --- the loop ------------------------------------------------------------------------------------
+def _start_epoch(r: LiveRun) -> Iterator[Any]:
+    """The current epoch's batches; after a restore, the same order with the consumed ones skipped.
+
+    The sampler's generator goes back to its state at the top of the epoch, so the epoch's
+    order is drawn again and the batches already trained on are fetched and dropped. The
+    global RNGs are restored after that skip: fetching batches must not move them.
+    """
+    skip = 0
+    if r.resume_gen_state is not None:
+        r.generator.set_state(r.resume_gen_state)
+        skip, r.resume_gen_state = r.batch_in_epoch, None
+    r.epoch_gen_state = r.generator.get_state()
+    if r.pending_rng is not None and skip == 0:
+        restore_rng(r.pending_rng)
+        r.pending_rng = None
+    batches = iter(r.loader)
+    for _ in range(skip):
+        next(batches)
+    if r.pending_rng is not None:
+        restore_rng(r.pending_rng)
+        r.pending_rng = None
+    r.batch_in_epoch = skip
+    return batches
+
+
+def _train_step(r: LiveRun, batches: Iterator[Any]) -> dict[str, Any]:
+    """One optimizer step on the next batch; returns its ``train`` row."""
+    t0 = time.perf_counter()
+    batch = to_device(next(batches), r.device)
+    lr = r.optimizer.param_groups[0]["lr"]
+    name = r.config.recipe
+    with r.autocast:
+        loss = check_loss(name, call(name, "loss", r.recipe.loss, r.model, batch))
+    loss_value = loss.item()
+    if not math.isfinite(loss_value) and r.spec.stop_rules.non_finite_loss:
+        raise NonFiniteLoss(
+            r.run_id,
+            f"training loss is {loss_value} at step {r.global_step + 1} "
+            f"(epoch {r.epoch}, lr {lr:g}); the step was not applied",
+            step=r.global_step + 1,
+        )
+    r.optimizer.zero_grad(set_to_none=True)
+    r.scaler.scale(loss).backward()
+    r.scaler.step(r.optimizer)
+    r.scaler.update()
+    if r.scheduler is not None:
+        r.scheduler.step()
+    n = batch_len(batch)
+    r.global_step += 1
+    r.batch_in_epoch += 1
+    r.samples_seen += n
+    step_s = time.perf_counter() - t0
+    r.step_times.append(step_s)
+    r.steps_s_sum += step_s
+    return {
+        "kind": "train",
+        "step": r.global_step,
+        "epoch": r.epoch,
+        "loss": loss_value,
+        "lr": lr,
+        "step_s": step_s,
+        "samples_per_s": n / step_s if step_s > 0 else None,
+    }
+
+
+def _run_epoch(r: LiveRun, *, progress: ProgressFn | None, bar: Any) -> None:
+    """Train the rest of the current epoch, or up to the target step."""
+    batches = _start_epoch(r)
+    while r.batch_in_epoch < r.steps_per_epoch:
+        row = _train_step(r, batches)
+        r.mlog.write(row)
+        end_of_epoch = r.batch_in_epoch == r.steps_per_epoch
+        every = r.config.eval_every
+        if (every and r.global_step % every == 0) or (not every and end_of_epoch):
+            evaluate(r, "val", final=False)
+        if r.policy.due(r.global_step, target=r.target):
+            save_checkpoint(r)
+        _report(r, row, progress=progress, bar=bar)
+        if stop_requested() is not None:
+            _stop_now(r)
+        if r.global_step >= r.target:
+            break
+    if r.batch_in_epoch == r.steps_per_epoch:
+        r.epoch += 1
+
+
+def _stop_now(r: LiveRun) -> None:
+    """A stop was requested: checkpoint this step (unless just saved), then raise."""
+    reason = stop_requested() or "stop"
+    collect_save(r)  # the save in flight, if any, is committed and recorded first
+    if not (r.saves and r.saves[-1].step == r.global_step):
+        save_checkpoint(r)
+        collect_save(r)  # written and recorded (the timeline's heartbeat) before stopping
+    r.mlog.write({"kind": "interrupt", "step": r.global_step, "reason": reason})
+    r.mlog.sync()
+    raise Interrupted(reason, step=r.global_step)
+
+
+def _report(r: LiveRun, row: dict[str, Any], *, progress: ProgressFn | None, bar: Any) -> None:
+    """Move the progress bar; call ``progress`` every ~2% of the run and at the target."""
+    if bar is not None:
+        bar.update(bar.task_ids[0], completed=r.global_step)
+    every = max(1, r.planned // 50)
+    if progress is not None and (r.global_step % every == 0 or r.global_step == r.target):
+        progress(
+            {
+                "run_id": r.run_id,
+                "run": r.run,
+                "step": r.global_step,
+                "planned_steps": r.planned,
+                "target_steps": r.target,
+                "epoch": r.epoch,
+                "loss": row["loss"],
+                "lr": row["lr"],
+                "fraction": r.global_step / r.planned,
+                "elapsed_s": time.perf_counter() - r.t_call,
+            }
+        )
+
+
+# --- the end --------------------------------------------------------------------------------------
+def _finish(r: LiveRun, *, train_s: float) -> RunResult:
+    """Final evaluation, the model folder, the quality floor, then ``result.json``.
+
+    Raises:
+        BelowThreshold: The final metric misses the floor (after everything is written).
+    """
+    require_complete(r.run_id, steps_done=r.global_step, planned_steps=r.planned)
+    # The last step always saves (target == planned here), unless it was restored as is.
+    assert (r.saves and r.saves[-1].step == r.global_step) or r.resumed_from == r.global_step
+    eval_metrics = {s: m for s in EVAL_SPLITS if (m := evaluate(r, s, final=True)) is not None}
+    metrics = eval_metrics.get(r.spec.decision_split, {})
+    save_model(r, metrics)
+    # The floor is a decision, so it reads the selection split: the report split decides nothing.
+    selected = eval_metrics.get(r.spec.selection_split, metrics)
+    stop = _quality_stop(r.spec, r.run_id, selected, step=r.global_step)
+    res = run_result(
+        r,
+        completed=True,
+        metrics=metrics,
+        eval_metrics=eval_metrics,
+        train_s=train_s,
+        stop=stop.to_record() if stop else None,
+    )
+    r.mlog.sync()
+    atomic_write_bytes(r.out_dir / RESULT_FILE, json_bytes(res.to_dict()))
+    if stop is not None:
+        raise stop
+    return res
+
+
+def _quality_stop(
+    spec: CampaignSpec, run_id: str, metrics: dict[str, float], *, step: int
+) -> BelowThreshold | None:
+    """The stop when the decision metric misses the quality floor, when that rule is on."""
+    rule = spec.decision_rule
+    if rule is None or not spec.stop_rules.below_threshold:
+        return None
+    floor = (
+        spec.stop_rules.quality_floor
+        if spec.stop_rules.quality_floor is not None
+        else rule.threshold
+    )
+    value = metrics.get(rule.metric, math.nan)
+    meets = value >= floor if rule.direction == "maximize" else value <= floor
+    if meets:
+        return None
+    side = "below" if rule.direction == "maximize" else "above"
+    return BelowThreshold(
+        run_id,
+        f"final {rule.metric} on {rule.select_split} is {value:.6g}, {side} the floor {floor:g}",
+        step=step,
+    )
+
+
+# --- the run ---------------------------------------------------------------------------------
+def train_run(
+    spec: CampaignSpec,
+    *,
+    run: str,
+    corpus: Any,
+    store: Store,
+    out_dir: Path,
+    stop_after_steps: int | None = None,
+    checkpoint_every: int | None = None,
+    progress: ProgressFn | None = None,
+    show_progress: bool = False,
+    on_save: SaveFn | None = None,
+    lane: int = 0,
+) -> RunResult:
+    """Train (or resume, or return the recorded result of) one run of the campaign.
+
+    Args:
+        spec: The campaign spec.
+        run: ``control`` or a variant name.
+        corpus: The loaded corpus, the pinned one (see the module docstring).
+        store: Checkpoint store; ``<run_id>/LATEST`` there is resumed from when valid.
+        out_dir: The run folder ``OUT/runs/<run_id>/``.
+        stop_after_steps: Pilot mode: stop at this step, checkpoint, return uncompleted.
+        checkpoint_every: Fixed save interval in steps (overrides the spec and the measure).
+        progress: Called with ``{run_id, step, planned_steps, loss, ...}`` every ~2% of the run.
+        show_progress: Show a rich progress bar when stderr is a terminal.
+        on_save: Called with ``{run_id, step, planned_steps, save_s, key}`` after each save.
+        lane: The plan's GPU lane running this call (``torchsetup.pick_device``).
+
+    Returns:
+        The ``RunResult`` (``completed`` False after a pilot stop).
+
+    Raises:
+        StopRule: ``NonFiniteLoss``, ``BelowThreshold`` (after the model is saved),
+            ``EssentialInputMissing``, ``NoUsableRestart``, ``IncompleteRun``, and
+            ``InterruptedRun`` (``resume: inference`` after a cut: see ``inference_restart``).
+        Interrupted: A stop was requested (SIGINT, SIGTERM): the step reached is saved first.
+        SpecError: Invalid arguments or an unsupported precision on this device.
+    """
+    t_call = time.perf_counter()
+    run_id = check_arguments(
+        spec,
+        run=run,
+        corpus=corpus,
+        stop_after_steps=stop_after_steps,
+        checkpoint_every=checkpoint_every,
+    )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    recorded = recorded_result(out_dir, run_id)
+    if recorded is not None:
+        return recorded
+
+    r = setup_run(
+        spec,
+        run=run,
+        corpus=corpus,
+        store=store,
+        out_dir=out_dir,
+        stop_after_steps=stop_after_steps,
+        t_call=t_call,
+        lane=lane,
+    )
+    ck = _restore(r)
+    r.policy = _save_policy(r, ck, checkpoint_every=checkpoint_every)
+    r.on_save = on_save
+    if ck is not None and r.global_step >= r.target and r.target < r.planned:
+        # The pilot already ran, maybe on another host into another folder (resumed from S3):
+        # nothing trains here, so its costs are the ones the checkpoint measured.
+        return run_result(r, completed=False, measured=ck.meta)
+    cut = find_interruption(
+        out_dir, resume=r.config.resume, checkpoint_step=r.resumed_from, planned_steps=r.planned
+    )
+    _open_metrics(r, restored=ck is not None)
+    if cut is not None:  # resume: inference
+        restart_inference(r, cut)
+    return _train(r, progress=progress, show_progress=show_progress)
+
+
+def _train(r: LiveRun, *, progress: ProgressFn | None, show_progress: bool) -> RunResult:
+    """Run the loop up to the target step; finish the run when that is its last step."""
+    mark = TrainingMark.open(r.out_dir, run_id=r.run_id, from_step=r.global_step, target=r.target)
+    bar = progress_bar(show_progress, r.run_id, r.planned, r.global_step)
+    t_loop = time.perf_counter()
+    try:
+        while r.global_step < r.target:
+            _run_epoch(r, progress=progress, bar=bar)
+        collect_save(r)  # the last save of this call is durable before it returns
+        train_s = time.perf_counter() - t_loop
+        if r.global_step < r.planned:
+            return run_result(r, completed=False, train_s=train_s)
+        return _finish(r, train_s=train_s)
+    finally:
+        mark.close()  # kept only when a stop request interrupts the call
+        r.saver.close()
+        r.mlog.close()
+        if bar is not None:
+            bar.stop()

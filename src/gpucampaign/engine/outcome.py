@@ -1,0 +1,113 @@
+"""What one call of a run produced: an evaluation row, and the ``RunResult`` of the call.
+
+Shared by the training loop and the inference restart (``resume: inference``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from gpucampaign.engine.setup import LiveRun
+from gpucampaign.folder.runresult import RunResult
+from gpucampaign.recipe.runtime import evaluate_split
+
+EVAL_SPLITS: tuple[str, ...] = ("val", "test")
+
+
+def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
+    """Evaluate on ``split`` and log an ``eval`` row; None when the split is empty."""
+    dataset = r.datasets.get(split)
+    if dataset is None or len(dataset) == 0:
+        return None
+    t0 = time.perf_counter()
+    rule = r.spec.decision_rule
+    metrics = evaluate_split(
+        r.recipe,
+        r.model,
+        dataset,
+        config=r.config,
+        device=r.device,
+        need=rule.metric if rule else None,
+    )
+    r.eval_times.append(time.perf_counter() - t0)
+    r.mlog.write(
+        {
+            "kind": "eval",
+            "step": r.global_step,
+            "epoch": r.epoch,
+            "split": split,
+            **metrics,
+            "eval_s": r.eval_times[-1],
+            "final": final,
+        }
+    )
+    return metrics
+
+
+def _costs_of_checkpoint(meta: dict[str, Any]) -> dict[str, Any]:
+    """Step time and save cost as a checkpoint's meta recorded them (absent ones left out)."""
+    costs: dict[str, Any] = {}
+    if isinstance(meta.get("step_s"), int | float):
+        costs["step_s"] = float(meta["step_s"])
+    write_s, upload_s = meta.get("write_s"), meta.get("upload_s")
+    if isinstance(write_s, int | float) and isinstance(upload_s, int | float):
+        costs.update(save_s=[write_s + upload_s], write_s=[write_s], upload_s=[upload_s])
+    if isinstance(meta.get("stall_s"), int | float):
+        costs["stall_s"] = [float(meta["stall_s"])]
+    return costs
+
+
+def run_result(
+    r: LiveRun,
+    *,
+    completed: bool,
+    metrics: dict[str, float] | None = None,
+    eval_metrics: dict[str, dict[str, float]] | None = None,
+    train_s: float = 0.0,
+    stop: dict[str, Any] | None = None,
+    measured: dict[str, Any] | None = None,
+) -> RunResult:
+    """The ``RunResult`` of this call so far.
+
+    ``measured``: the restored checkpoint's meta, for a call that trained nothing; its step
+    time and save cost stand in for the ones this call could not measure.
+    """
+    saves = r.saves
+    timings = {
+        "load_s": r.corpus.load_s + r.setup_s,
+        "setup_s": r.setup_s,
+        "corpus_load_s": r.corpus.load_s,
+        "step_s": r.step_s(),
+        "steps_s_sum": r.steps_s_sum,
+        "eval_s": r.eval_times,
+        "save_s": [s.save_s for s in saves],
+        "stall_s": r.stalls,
+        "write_s": [s.write_s for s in saves],
+        "upload_s": [s.upload_s for s in saves],
+        "restore_s": r.restore_s,
+        "train_s": train_s,
+        "total_s": time.perf_counter() - r.t_call,
+    }
+    if measured is not None and not r.step_times and not saves:
+        timings.update(_costs_of_checkpoint(measured))
+    return RunResult(
+        run_id=r.run_id,
+        run=r.run,
+        completed=completed,
+        steps_done=r.global_step,
+        planned_steps=r.planned,
+        metrics=metrics or {},
+        eval_metrics=eval_metrics or {},
+        timings=timings,
+        n_checkpoints=len(saves),
+        checkpoint_every=r.policy.interval.every_steps,
+        save_interval=asdict(r.policy.interval),
+        resumed_from_step=r.resumed_from,
+        refused_checkpoints=r.refused,
+        stop=stop,
+        device=r.device.type,
+        threads=r.config.threads,
+        precision=r.config.precision,
+    )

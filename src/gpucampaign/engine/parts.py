@@ -1,0 +1,92 @@
+"""Pieces of the training loop that need none of its state: the run folder's params, the
+training batches and the progress bar."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+
+from gpucampaign.folder.layout import PARAMS_FILE
+from gpucampaign.recipe.runtime import train_rows
+from gpucampaign.spec import CampaignSpec, RunConfig
+
+
+def read_params(out_dir: str | Path) -> dict[str, Any]:
+    """A run folder's ``params.json`` (empty when the run never started)."""
+    path = Path(out_dir) / PARAMS_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def n_train_of(out_dir: str | Path, *, spec: CampaignSpec, run: str, corpus: Any) -> int:
+    """Examples in the run's train split: as ``params.json`` recorded, else counted."""
+    recorded = read_params(out_dir).get("n_train")
+    return int(recorded) if recorded is not None else train_rows(spec, run=run, corpus=corpus)
+
+
+def make_loader(
+    train: Any,
+    *,
+    config: RunConfig,
+    generator: torch.Generator,
+    device: torch.device,
+    collate_fn: Any = None,
+) -> DataLoader:
+    """The training batches, shuffled by ``generator``.
+
+    A ``TensorDataset`` is indexed one batch at a time (one gather per tensor instead of a
+    fetch per row and a stack): the same sampler draws the same order, so the batches are
+    the same values. The sampler stays in this process; workers only fetch batches.
+    """
+    kw: dict[str, Any] = {
+        "num_workers": config.num_workers,
+        "pin_memory": device.type == "cuda",
+        "persistent_workers": config.persistent_workers and config.num_workers > 0,
+    }
+    if isinstance(train, TensorDataset) and collate_fn is None:
+        batches = BatchSampler(
+            RandomSampler(train, generator=generator), batch_size=config.batch_size, drop_last=False
+        )
+        # The generator also draws each epoch's base seed, as with shuffle=True: the global
+        # torch RNG (dropout) is left alone.
+        return DataLoader(train, sampler=batches, batch_size=None, generator=generator, **kw)
+    return DataLoader(
+        train,
+        batch_size=config.batch_size,
+        shuffle=True,
+        generator=generator,
+        collate_fn=collate_fn,
+        **kw,
+    )
+
+
+def progress_bar(show: bool, run_id: str, total: int, done: int) -> Any:
+    """A started rich progress bar, or None when not asked for or not interactive."""
+    if not show:
+        return None
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        return None
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
+    bar.add_task(run_id, total=total, completed=done)
+    bar.start()
+    return bar

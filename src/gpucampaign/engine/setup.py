@@ -1,0 +1,233 @@
+"""One start of a training run: the arguments checked, the run built, ``params.json`` written.
+
+``setup_run`` builds everything in the same order on every start, resumed or not (seeded
+python/numpy/torch, the recipe's datasets and model, the optimizer, scheduler, scaler, a seeded
+DataLoader generator, the checkpoint manager) into a ``LiveRun``, the object the loop in
+``training.py`` moves forward.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from gpucampaign.checkpoint.manager import BackgroundSaves, CheckpointManager, SavedCheckpoint
+from gpucampaign.checkpoint.savepolicy import SavePolicy
+from gpucampaign.core.files import atomic_write_bytes, json_bytes, median
+from gpucampaign.core.stoprules import EssentialInputMissing
+from gpucampaign.engine.devices import (
+    AMP_DTYPES,
+    GLOBAL_RNG_LOCK,
+    build_optimizer,
+    build_scheduler,
+    check_precision,
+    device_settings,
+    pick_device,
+    seed_everything,
+)
+from gpucampaign.engine.parts import make_loader
+from gpucampaign.folder.layout import PARAMS_FILE
+from gpucampaign.folder.metrics import MetricsLog
+from gpucampaign.recipe.contract import Recipe, RecipeContext, call, load_recipe
+from gpucampaign.recipe.runtime import build_datasets, recipe_context, recipe_record
+from gpucampaign.spec import CampaignSpec, RunConfig, SpecError
+from gpucampaign.storage import Store
+
+SaveFn = Callable[[dict[str, Any]], None]
+
+
+def run_config_sha256(spec: CampaignSpec, run: str) -> str:
+    """Full sha256 over the same payload as the run ID (config, pinned corpus, recipe file)."""
+    return spec.run_sha256(run)
+
+
+@dataclass
+class LiveRun:
+    """What one start of a run builds, and the cursor and counters its loop moves."""
+
+    spec: CampaignSpec
+    run: str
+    run_id: str
+    config: RunConfig
+    config_sha256: str
+    corpus: Any
+    out_dir: Path
+    t_call: float
+    device: torch.device
+    recipe: Recipe
+    ctx: RecipeContext
+    datasets: dict[str, Any]
+    described: dict[str, Any]
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    autocast: AbstractContextManager
+    generator: torch.Generator
+    loader: DataLoader
+    planned: int
+    target: int
+    manager: CheckpointManager
+    setup_s: float = 0.0
+    # The data cursor and counters; a checkpoint holds them.
+    global_step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    epoch_gen_state: torch.Tensor | None = None
+    samples_seen: int = 0
+    steps_s_sum: float = 0.0
+    # Set by a restore; the loop applies them at the top of the resumed epoch.
+    resume_gen_state: torch.Tensor | None = None
+    pending_rng: dict[str, Any] | None = None
+    # What the restore found.
+    restore_s: float = 0.0
+    resumed_from: int | None = None
+    refused: list[str] = field(default_factory=list)
+    # Measurements and the save policy.
+    step_times: list[float] = field(default_factory=list)
+    eval_times: list[float] = field(default_factory=list)
+    saves: list[SavedCheckpoint] = field(default_factory=list)
+    stalls: list[float] = field(default_factory=list)  # per save, in the loop's time
+    saver: BackgroundSaves = field(default_factory=BackgroundSaves)
+    policy: SavePolicy | None = None
+    mlog: MetricsLog | None = None
+    on_save: SaveFn | None = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.loader)
+
+    def step_s(self) -> float | None:
+        """Median step time, without the first step (warm-up) when there are others."""
+        return median(self.step_times[1:] or self.step_times)
+
+
+def check_arguments(
+    spec: CampaignSpec,
+    *,
+    run: str,
+    corpus: Any,
+    stop_after_steps: int | None,
+    checkpoint_every: int | None,
+) -> str:
+    """The run ID, once the arguments and the corpus are checked."""
+    spec.run_config(run)
+    run_id = spec.run_id(run)
+    if stop_after_steps is not None and stop_after_steps < 1:
+        raise SpecError(
+            f"stop_after_steps must be >= 1 (got {stop_after_steps}).", field="stop_after_steps"
+        )
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise SpecError(
+            f"checkpoint_every must be >= 1 (got {checkpoint_every}).", field="checkpoint_every"
+        )
+    if spec.corpus is not None and corpus.sha256 != spec.corpus.sha256:
+        raise EssentialInputMissing(
+            run_id,
+            f"the corpus given has sha256 {corpus.sha256}, the spec pins {spec.corpus.sha256}",
+        )
+    return run_id
+
+
+def setup_run(
+    spec: CampaignSpec,
+    *,
+    run: str,
+    corpus: Any,
+    store: Store,
+    out_dir: Path,
+    stop_after_steps: int | None,
+    t_call: float,
+    lane: int = 0,
+) -> LiveRun:
+    """Build everything in the same order on every start, resumed or not."""
+    config = spec.run_config(run)
+    run_id = spec.run_id(run)
+    config_sha = run_config_sha256(spec, run)
+    device = pick_device(config.device, lane=lane)
+    check_precision(config.precision, device)
+    torch.set_num_threads(config.threads)
+    recipe = load_recipe(config.recipe)
+    ctx = recipe_context(config, corpus=corpus, run_id=run_id, device=device)
+    with GLOBAL_RNG_LOCK:
+        seed_everything(config.seed)
+        datasets = build_datasets(recipe, config, ctx)
+        model = call(config.recipe, "model", recipe.model, ctx)
+    model.to(device).train()
+    optimizer = build_optimizer(config, model.parameters())
+    generator = torch.Generator().manual_seed(config.seed)
+    train = datasets["train"]
+    loader = make_loader(
+        train, config=config, generator=generator, device=device, collate_fn=recipe.collate_fn
+    )
+    planned = config.planned_steps(len(train))
+    amp_dtype = AMP_DTYPES[config.precision]
+    r = LiveRun(
+        spec=spec,
+        run=run,
+        run_id=run_id,
+        config=config,
+        config_sha256=config_sha,
+        corpus=corpus,
+        out_dir=out_dir,
+        t_call=t_call,
+        device=device,
+        recipe=recipe,
+        ctx=ctx,
+        datasets=datasets,
+        described=call(config.recipe, "describe", recipe.describe, ctx, datasets),
+        model=model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(config, optimizer, planned_steps=planned),
+        scaler=torch.amp.GradScaler(device.type, enabled=config.precision == "fp16"),
+        autocast=(
+            torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+        ),
+        generator=generator,
+        loader=loader,
+        planned=planned,
+        target=planned if stop_after_steps is None else min(stop_after_steps, planned),
+        manager=CheckpointManager(
+            store,
+            run_id=run_id,
+            config_sha256=config_sha,
+            keep=spec.checkpoint.keep,
+            staging_dir=out_dir / ".staging",
+        ),
+    )
+    _write_params(r)
+    r.setup_s = time.perf_counter() - t_call
+    return r
+
+
+def _write_params(r: LiveRun) -> None:
+    """``params.json``: what this start of the run is (rewritten at every start)."""
+    spec = r.spec
+    params = {
+        "run_id": r.run_id,
+        "run": r.run,
+        "tier": spec.tier_of(r.run),
+        "config": r.config.model_dump(mode="json"),
+        "config_sha256": r.config_sha256,
+        "corpus_sha256": r.corpus.sha256,
+        "planned_steps": r.planned,
+        "steps_per_epoch": r.steps_per_epoch,
+        "n_train": len(r.datasets["train"]),
+        **recipe_record(r.config),
+        **r.described,
+        **device_settings(r.device),
+        "threads": r.config.threads,
+        "torch": torch.__version__,
+        "decision_rule": (
+            spec.decision_rule.model_dump(mode="json") if spec.decision_rule else None
+        ),
+        "stop_rules": spec.stop_rules.model_dump(mode="json"),
+    }
+    atomic_write_bytes(r.out_dir / PARAMS_FILE, json_bytes(params))

@@ -1,0 +1,223 @@
+"""The campaign's output folder: its file names and its atomic writes.
+
+Layout: ``manifest.json``, ``plan.json`` (never rewritten) with ``plan.sha256``, ``spec.yaml``,
+``runs/<run_id>/{params.json, metrics.jsonl, predictions.csv, error_analysis.json, model/}``,
+``stops.jsonl``, ``decisions.jsonl``, ``timeline.jsonl``, ``report.md``, ``RELOAD.md``,
+``figures/*.png`` and ``data/`` (a corpus copy when small).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from gpucampaign.core.files import (
+    append_jsonl,
+    atomic_copy,
+    atomic_write_bytes,
+    json_bytes,
+    read_jsonl,
+    sha256_bytes,
+    sha256_file,
+)
+from gpucampaign.spec import SpecError
+
+MANIFEST = "manifest.json"
+PLAN = "plan.json"
+PLAN_SHA = "plan.sha256"
+SPEC_COPY = "spec.yaml"
+RELOAD = "RELOAD.md"
+INPUTS = "inputs.json"
+STOPS, DECISIONS, TIMELINE = "stops.jsonl", "decisions.jsonl", "timeline.jsonl"
+PARAMS_FILE = "params.json"
+METRICS_FILE = "metrics.jsonl"
+PREDICTIONS_FILE = "predictions.csv"
+ERROR_ANALYSIS_FILE = "error_analysis.json"
+MODEL_DIR = "model"
+CHECKPOINTS_DIR = "checkpoints"  # a local store's checkpoints, inside the output folder
+RUN_FILES = (PARAMS_FILE, METRICS_FILE, PREDICTIONS_FILE, ERROR_ANALYSIS_FILE)
+MODEL_FILES = ("model.safetensors", "config.json")
+
+
+class PlanRewriteError(SpecError):
+    """``plan.json`` already holds a different plan: the initial plan is never rewritten."""
+
+
+class OutputFolder:
+    """The campaign's output folder; every path given to it stays inside it."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def path(self, relative: str) -> Path:
+        """``root/relative``, refusing an absolute path or one that climbs out."""
+        p = PurePosixPath(str(relative).replace("\\", "/"))
+        if not str(relative) or p.is_absolute() or ".." in p.parts:
+            raise SpecError(
+                f"'{relative}' must be a relative path inside the output folder", field="out"
+            )
+        return self.root / Path(*p.parts)
+
+    def run_dir(self, run_id: str) -> Path:
+        """``runs/<run_id>/``, created."""
+        d = self.path(f"runs/{run_id}")
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def write_bytes(self, relative: str, data: bytes) -> Path:
+        """Write a file atomically."""
+        p = self.path(relative)
+        atomic_write_bytes(p, data)
+        return p
+
+    def write_text(self, relative: str, text: str) -> Path:
+        """Write a UTF-8 text file atomically."""
+        return self.write_bytes(relative, text.encode("utf-8"))
+
+    def write_json(self, relative: str, obj: Any) -> Path:
+        """Write JSON (indented, sorted keys) atomically."""
+        return self.write_bytes(relative, json_bytes(obj))
+
+    def read_json(self, relative: str) -> Any:
+        """Parsed JSON, or None when the file does not exist."""
+        p = self.path(relative)
+        if not p.is_file():
+            return None
+        return json.loads(p.read_text(encoding="utf-8"))
+
+    def append_jsonl(self, relative: str, record: Mapping[str, Any]) -> None:
+        """Append one JSON line and fsync it (stops, decisions, timeline, metrics)."""
+        append_jsonl(self.path(relative), record)
+
+    def read_jsonl(self, relative: str) -> list[dict[str, Any]]:
+        """All records of a JSON-lines file; [] when it does not exist."""
+        return read_jsonl(self.path(relative))
+
+    def record_timeline(
+        self,
+        step: str | None,
+        *,
+        phase: str,
+        start: datetime | str,
+        end: datetime | str,
+        run: str | None = None,
+        note: str = "",
+        kind: str = "machine",
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """Append one observed interval to ``timeline.jsonl`` and return the row.
+
+        Args:
+            step: calendar step name the interval belongs to.
+            phase: what ran (load, train, eval, save, restore, audit, human...).
+            start: start time (aware datetime or ISO string, UTC).
+            end: end time.
+            run: run name, when the interval belongs to a run.
+            note: free text kept with the row.
+            kind: "machine" or "human" (human time is only ever observed, never assumed).
+            **extra: more fields (e.g. ``steps`` for a train row).
+        """
+        s = start if isinstance(start, datetime) else datetime.fromisoformat(start)
+        e = end if isinstance(end, datetime) else datetime.fromisoformat(end)
+        row = {
+            "step": step,
+            "run": run,
+            "phase": phase,
+            "kind": kind,
+            "start": s.isoformat(timespec="milliseconds"),
+            "end": e.isoformat(timespec="milliseconds"),
+            "seconds": (e - s).total_seconds(),
+            "note": note,
+            **extra,
+        }
+        self.append_jsonl(TIMELINE, row)
+        return row
+
+    def copy_in(self, source: str | Path, relative: str) -> Path:
+        """Copy a file into the folder: a temporary name, fsync, then a rename."""
+        return atomic_copy(source, self.path(relative))
+
+    def keep_spec(self, text: bytes, *, source: str, check_only: bool = False) -> None:
+        """Keep the campaign's spec as ``spec.yaml``; refuse a folder that holds another one.
+
+        Args:
+            text: the spec file's bytes (or the YAML of a spec object).
+            source: where the spec comes from, for the error message.
+            check_only: only refuse, write nothing (a check before any work starts).
+
+        Raises:
+            SpecError: ``spec.yaml`` exists with other content; nothing is changed.
+        """
+        target = self.path(SPEC_COPY)
+        if target.exists():
+            if target.read_bytes() != text:
+                raise SpecError(
+                    f"Output folder '{self.root}' holds another campaign (its spec.yaml differs "
+                    f"from {source}): nothing was changed there; choose a new --out or restore "
+                    "the spec.",
+                    field="out",
+                )
+            return
+        if not check_only:
+            self.write_bytes(SPEC_COPY, text)
+
+    def write_plan_once(self, plan: Mapping[str, Any]) -> str:
+        """Write ``plan.json`` and ``plan.sha256`` at the start; never rewrite them.
+
+        Writing the same plan again (a resumed campaign) is a no-op.
+
+        Returns:
+            The plan's sha256 (of the file's bytes).
+
+        Raises:
+            PlanRewriteError: ``plan.json`` exists with different content.
+        """
+        data = json_bytes(plan)
+        digest = sha256_bytes(data)
+        target = self.path(PLAN)
+        if target.exists():
+            old = sha256_file(target)
+            if old != digest:
+                raise PlanRewriteError(
+                    f"'{target}' already holds another plan (sha256 {old[:12]}...); the initial "
+                    "plan is never rewritten: use a new output folder for a new plan",
+                    field="out",
+                )
+            if not self.path(PLAN_SHA).exists():
+                self.write_text(PLAN_SHA, f"{digest}  {PLAN}\n")
+            return digest
+        self.write_bytes(PLAN, data)
+        self.write_text(PLAN_SHA, f"{digest}  {PLAN}\n")
+        return digest
+
+    def plan_sha256(self) -> str | None:
+        """The plan hash recorded at the start (``plan.sha256``), or None."""
+        p = self.path(PLAN_SHA)
+        if not p.is_file():
+            return None
+        text = p.read_text(encoding="utf-8").split()
+        return text[0] if text else None
+
+
+def read_manifest(root: str | Path) -> dict[str, Any]:
+    """The parsed ``manifest.json`` of a closed campaign's folder.
+
+    Raises:
+        SpecError: the folder has no manifest.
+    """
+    p = Path(root) / MANIFEST
+    if not p.is_file():
+        raise SpecError(
+            f"'{p}' does not exist: give the output folder of a closed campaign", field="OUT"
+        )
+    return json.loads(p.read_text(encoding="utf-8"))
+
+
+def corpus_file(root: str | Path, corpus_ref: Mapping[str, Any]) -> Path:
+    """The corpus file a manifest's corpus reference points to."""
+    if corpus_ref.get("kind") == "copied":
+        return OutputFolder(root).path(corpus_ref["path"])
+    return Path(corpus_ref["location"])

@@ -1,0 +1,430 @@
+"""The records a campaign writes into its output folder, typed, with one reader each.
+
+``plan.json`` (and ``reforecast.json``, same shape), ``decisions.jsonl``, ``stops.jsonl``,
+``timeline.jsonl``, ``pilot.json`` and ``runs/<run_id>/result.json``. Each record has ONE
+shape: the one its writer writes. A reader that meets another shape says so instead of guessing.
+
+A run's state (completed, stopped, dropped, not run) is decided here, once, from these
+records; the close, the manifest, the report and the flow all read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from gpucampaign.core.files import (
+    append_jsonl,
+    atomic_write_bytes,
+    json_bytes,
+    parse_time,
+    read_jsonl,
+    utc_now,
+)
+from gpucampaign.core.stoprules import InterruptedRun
+from gpucampaign.folder.runresult import RESULT_FILE, RunResult
+from gpucampaign.plan.decision import Decision, Reforecast
+from gpucampaign.spec import CampaignSpec, SpecError
+
+PLAN_FILE, REFORECAST_FILE, PILOT_FILE = "plan.json", "reforecast.json", "pilot.json"
+DECISIONS_FILE, STOPS_FILE, TIMELINE_FILE = "decisions.jsonl", "stops.jsonl", "timeline.jsonl"
+MODEL_WEIGHTS = "model/model.safetensors"
+AFTER_PILOT = "after-pilot"
+
+RunStatus = Literal["completed", "stopped", "interrupted", "dropped", "not_run"]
+
+
+def _read_json(path: Path, into: Callable[[Any], Any] | None = None) -> Any:
+    """The JSON document at ``path`` (read ``into`` a record when given); None when there is
+    no such file."""
+    import json
+
+    data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    return data if data is None or into is None else into(data)
+
+
+# --- plan.json / reforecast.json ------------------------------------------------------------
+@dataclass(frozen=True)
+class PlanStep:
+    """One scheduled calendar step of a plan."""
+
+    name: str
+    hours: float
+    kind: str | None = None
+    run: str | None = None
+    phase: str | None = None
+    tier: str | None = None
+    start_hours: float | None = None
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """A plan as ``calendar.Plan.to_dict`` writes it (only what is read back)."""
+
+    steps: tuple[PlanStep, ...]
+    span_hours: float | None = None
+    window_hours: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlanRecord:
+        """Read a plan dict; each step needs ``name`` and ``hours``.
+
+        Raises:
+            SpecError: the dict is not a plan written by ``campaign plan``.
+        """
+        if not isinstance(data.get("steps"), list):
+            raise SpecError(
+                "plan.json has no 'steps': it is not a plan written by `campaign plan`",
+                field="plan",
+            )
+        try:
+            steps = tuple(
+                PlanStep(
+                    name=str(s["name"]),
+                    hours=float(s["hours"]),
+                    kind=s.get("kind"),
+                    run=s.get("run"),
+                    phase=s.get("phase"),
+                    tier=s.get("tier"),
+                    start_hours=s.get("start_hours"),
+                )
+                for s in data["steps"]
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SpecError(
+                f"plan.json: a step lacks its name or hours ({exc})", field="plan"
+            ) from None
+        return cls(
+            steps=steps, span_hours=data.get("span_hours"), window_hours=data.get("window_hours")
+        )
+
+    def step(self, name: str) -> PlanStep | None:
+        """The step of that name, None when the plan has none."""
+        return next((s for s in self.steps if s.name == name), None)
+
+
+def read_plan(root: str | Path, *, relative: str = PLAN_FILE) -> PlanRecord | None:
+    """``plan.json`` (or ``reforecast.json`` with ``relative``) of an output folder, if written."""
+    return _read_json(Path(root) / relative, PlanRecord.from_dict)
+
+
+# --- decisions.jsonl ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One line of ``decisions.jsonl``: a decision point, when, what was decided."""
+
+    point: str
+    time: str
+    decision: Decision
+    reforecast: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DecisionRecord:
+        """Read one line (the decision nested under ``decision``)."""
+        return cls(
+            point=str(data["point"]),
+            time=str(data.get("time") or ""),
+            decision=Decision.model_validate(data["decision"]),
+            reforecast=dict(data.get("reforecast") or {}),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON line as written."""
+        return {
+            "point": self.point,
+            "time": self.time,
+            "decision": self.decision.model_dump(mode="json"),
+            "reforecast": self.reforecast,
+        }
+
+
+def read_decisions(root: str | Path) -> list[DecisionRecord]:
+    """Every decision taken, in order."""
+    return [DecisionRecord.from_dict(r) for r in read_jsonl(Path(root) / DECISIONS_FILE)]
+
+
+def append_decision(root: str | Path, record: DecisionRecord) -> None:
+    """Append a decision to ``decisions.jsonl``."""
+    append_jsonl(Path(root) / DECISIONS_FILE, record.to_dict())
+
+
+def record_decision_after_pilot(
+    root: str | Path, decision: Decision, *, reforecast: Reforecast
+) -> DecisionRecord:
+    """Append the decision taken after the pilot, with the re-forecast hours it rests on, and
+    keep the re-forecast plan in ``reforecast.json`` (``plan.json`` is never rewritten)."""
+    record = DecisionRecord(
+        point=AFTER_PILOT,
+        time=utc_now(timespec="seconds"),
+        decision=decision,
+        reforecast=reforecast.hours_record(),
+    )
+    append_decision(root, record)
+    atomic_write_bytes(Path(root) / REFORECAST_FILE, json_bytes(reforecast.plan.to_dict()))
+    return record
+
+
+def decision_after_pilot(decisions: Iterable[DecisionRecord]) -> Decision | None:
+    """The last decision taken after the pilot, None when none was."""
+    found = [d.decision for d in decisions if d.point == AFTER_PILOT]
+    return found[-1] if found else None
+
+
+# --- stops.jsonl ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StopRecord:
+    """One line of ``stops.jsonl``: a stop rule that ended a run or a phase."""
+
+    stop_id: str
+    rule: str
+    run_id: str
+    reason: str = ""
+    step: int | None = None
+    run: str | None = None
+    phase: str | None = None
+    time: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StopRecord:
+        """Read one line."""
+        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__ if k in data})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON line as written."""
+        return asdict(self)
+
+
+def read_stops(root: str | Path) -> list[StopRecord]:
+    """Every stop recorded, in order."""
+    return [StopRecord.from_dict(r) for r in read_jsonl(Path(root) / STOPS_FILE)]
+
+
+def append_stop(root: str | Path, record: StopRecord) -> bool:
+    """Append a stop unless its stop ID is already recorded; True when it was appended."""
+    if any(s.stop_id == record.stop_id for s in read_stops(root)):
+        return False
+    append_jsonl(Path(root) / STOPS_FILE, record.to_dict())
+    return True
+
+
+# --- timeline.jsonl -------------------------------------------------------------------------
+def _when_known() -> Any:
+    """An optional field of a line: None by default, and left out of the line while None."""
+    return field(default=None, metadata={"when_known": True})
+
+
+@dataclass
+class TimelineRow:
+    """One observed interval of ``timeline.jsonl`` (machine busy, or a person deciding).
+
+    A segment (``segment`` set) is written as it happens: a ``start`` line, a ``heartbeat``
+    line at each checkpoint (``checkpoint_step``, ``seen``), an ``end`` line. ``read_timeline``
+    folds them into one row per segment; a segment without its end line stays open
+    (``end`` None) until the next start closes it as interrupted, with the steps trained
+    since its last checkpoint (``lost_steps``) and their time (``lost_seconds``).
+    """
+
+    phase: str
+    step: str | None = None
+    start: str = ""
+    end: str | None = None
+    seconds: float | None = None
+    run: str | None = None
+    kind: str = "machine"
+    note: str = ""
+    outcome: str | None = _when_known()
+    steps: int | None = _when_known()
+    segment: str | None = _when_known()
+    event: str | None = _when_known()
+    checkpoint_step: int | None = _when_known()
+    seen: str | None = _when_known()
+    lost_steps: int | None = _when_known()
+    lost_seconds: float | None = _when_known()
+
+    @property
+    def interrupted(self) -> bool:
+        """True when the segment ended by an interruption (a signal, a kill, a lost machine)."""
+        return (self.outcome or "").startswith("interrupted")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TimelineRow:
+        """Read one line."""
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+    @classmethod
+    def between(
+        cls, step: str | None, *, phase: str, start: datetime, end: datetime, **fields: Any
+    ) -> TimelineRow:
+        """A finished interval from two aware datetimes."""
+        return cls(
+            phase=phase,
+            step=step,
+            start=start.isoformat(timespec="milliseconds"),
+            end=end.isoformat(timespec="milliseconds"),
+            seconds=(end - start).total_seconds(),
+            **fields,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON line as written; the optional fields only when known."""
+        row = asdict(self)
+        for f in self.__dataclass_fields__.values():
+            if f.metadata.get("when_known") and row[f.name] is None:
+                del row[f.name]
+        return row
+
+    @property
+    def interval(self) -> tuple[datetime, datetime] | None:
+        """(start, end) as datetimes; None while the interval is open."""
+        if not self.start or not self.end:
+            return None
+        return parse_time(self.start), parse_time(self.end)
+
+
+def read_timeline(root: str | Path) -> list[TimelineRow]:
+    """Every observed interval, one row per segment, in the order the segments started."""
+    return fold_segments(TimelineRow.from_dict(r) for r in read_jsonl(Path(root) / TIMELINE_FILE))
+
+
+def fold_segments(lines: Iterable[TimelineRow]) -> list[TimelineRow]:
+    """One row per segment from its start, heartbeat and end lines (rows without a segment
+    pass through): the end line when written, else the start with the last heartbeat."""
+    rows: list[TimelineRow] = []
+    where: dict[str, int] = {}
+    for line in lines:
+        if line.segment is None:
+            rows.append(line)
+        elif line.segment not in where:
+            where[line.segment] = len(rows)
+            rows.append(line if line.event != "heartbeat" else replace(line, end=None))
+        elif line.event == "heartbeat":
+            i = where[line.segment]
+            if rows[i].event != "end":
+                rows[i] = replace(rows[i], checkpoint_step=line.checkpoint_step, seen=line.seen)
+        else:
+            rows[where[line.segment]] = line
+    return rows
+
+
+def append_timeline(root: str | Path, row: TimelineRow) -> None:
+    """Append one interval to ``timeline.jsonl`` (the one writer of that file)."""
+    append_jsonl(Path(root) / TIMELINE_FILE, row.to_dict())
+
+
+# --- pilot.json -----------------------------------------------------------------------------
+def read_pilot(root: str | Path) -> dict[str, dict[str, Any]]:
+    """The pilot's measurements per run name (``decision.pilot_measures``); {} before the pilot."""
+    return dict(_read_json(Path(root) / PILOT_FILE) or {})
+
+
+def write_pilot(root: str | Path, measured: Mapping[str, Mapping[str, Any]]) -> None:
+    """Keep the pilot's measurements per run name (a rerun does not pilot again)."""
+    atomic_write_bytes(
+        Path(root) / PILOT_FILE, json_bytes({k: dict(v) for k, v in measured.items()})
+    )
+
+
+# --- runs/<run_id>/result.json and a run's state --------------------------------------------
+def read_result(root: str | Path, run_id: str) -> RunResult | None:
+    """``runs/<run_id>/result.json`` as a ``RunResult``, None when the run wrote none."""
+    return _read_json(Path(root) / "runs" / run_id / RESULT_FILE, RunResult.from_dict)
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What became of one run of the spec, and why."""
+
+    run: str
+    run_id: str
+    tier: str
+    status: RunStatus
+    result: RunResult | None = None
+    stop: StopRecord | None = None  # the stop that decided the state, when one did
+    reason: str = ""
+
+    @property
+    def stop_id(self) -> str | None:
+        """The ID of the stop that decided the state, None when none did."""
+        return self.stop.stop_id if self.stop is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{run, tier, status, stop_id?, reason?}``: the manifest's entry for the run."""
+        out: dict[str, Any] = {"run": self.run, "tier": self.tier, "status": self.status}
+        if self.stop_id:
+            out["stop_id"] = self.stop_id
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+def run_state(
+    spec: CampaignSpec,
+    run: str,
+    *,
+    root: str | Path,
+    stops: Sequence[StopRecord],
+    decision: Decision | None,
+) -> RunState:
+    """The one answer to "what became of this run?".
+
+    Stopped when a stop names its run ID (interrupted when that stop is the ``interrupted``
+    one of a ``resume: inference`` run: its model of the last good checkpoint is evidence, never
+    a delivery); dropped when the decision point dropped it; completed when its ``result.json``
+    says every planned step ran AND its model was saved; not run otherwise (the question was
+    re-posed, or the campaign stopped first).
+    """
+    rid = spec.run_id(run)
+    base = {"run": run, "run_id": rid, "tier": spec.tier_of(run)}
+    result = read_result(root, rid)
+    stop = next((s for s in stops if s.run_id == rid), None)
+    if stop is not None and stop.rule == InterruptedRun.rule:
+        return RunState(**base, status="interrupted", stop=stop, result=result, reason=stop.reason)
+    if stop is not None:
+        return RunState(
+            **base,
+            status="stopped",
+            stop=stop,
+            result=result,
+            reason=f"stopped by {stop.rule}: {stop.reason}",
+        )
+    if decision is not None and run in decision.dropped_runs:
+        return RunState(**base, status="dropped", reason="dropped at the decision point")
+    if result is not None and result.completed:
+        if (Path(root) / "runs" / rid / MODEL_WEIGHTS).is_file():
+            return RunState(**base, status="completed", result=result)
+        return RunState(
+            **base,
+            status="not_run",
+            result=result,
+            reason="result.json says complete but the model was not saved",
+        )
+    repose = decision is not None and decision.action == "re-pose"
+    why = "the question was re-posed" if repose else "the campaign stopped"
+    return RunState(**base, status="not_run", reason=why, result=result)
+
+
+def run_states(
+    spec: CampaignSpec, *, root: str | Path, decision: Decision | None = None
+) -> dict[str, RunState]:
+    """``run_state`` of every run of the spec, keyed by run ID, control first."""
+    stops = read_stops(root)
+    return {
+        spec.run_id(run): run_state(spec, run, root=root, stops=stops, decision=decision)
+        for run in spec.run_names()
+    }
+
+
+def runs_with_model(states: Mapping[str, RunState], *, root: str | Path) -> list[str]:
+    """The run names whose model gets predictions: every completed run, and every interrupted
+    run whose last good model was kept (evidence at its step, not a delivery)."""
+    return [
+        s.run
+        for s in states.values()
+        if s.status == "completed"
+        or (
+            s.status == "interrupted" and (Path(root) / "runs" / s.run_id / MODEL_WEIGHTS).is_file()
+        )
+    ]

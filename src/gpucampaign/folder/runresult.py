@@ -1,0 +1,96 @@
+"""A run's record: ``RunResult``, kept as ``result.json`` in the run folder.
+
+Only a run that did every planned step is complete (``require_complete``); a recorded result
+is reused as is by a later call, stop rule included.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpucampaign.core.stoprules import STOP_RULES, IncompleteRun
+from gpucampaign.spec import SpecError
+
+RESULT_FILE = "result.json"
+
+
+@dataclass
+class RunResult:
+    """What one ``train_run`` call did (a recorded result when ``reused``)."""
+
+    run_id: str
+    run: str
+    completed: bool
+    steps_done: int
+    planned_steps: int
+    metrics: dict[str, float]
+    timings: dict[str, Any]
+    n_checkpoints: int
+    checkpoint_every: int | None
+    save_interval: dict[str, Any] | None
+    resumed_from_step: int | None
+    refused_checkpoints: list[str] = field(default_factory=list)
+    eval_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    stop: dict[str, Any] | None = None
+    device: str = "cpu"
+    threads: int = 1
+    precision: str = "fp32"
+    interrupted: dict[str, Any] | None = None
+    reused: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``from_dict`` reads it back)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunResult:
+        """Rebuild from ``to_dict``'s output."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def require_complete(run_id: str, *, steps_done: int, planned_steps: int) -> None:
+    """Raise ``IncompleteRun`` unless every planned step ran (never a delivery otherwise)."""
+    if steps_done < planned_steps:
+        raise IncompleteRun(
+            run_id,
+            f"the run did {steps_done} of its {planned_steps} planned steps; "
+            "it cannot be called complete",
+            step=steps_done,
+        )
+
+
+def recorded_result(out_dir: Path, run_id: str) -> RunResult | None:
+    """The result a finished call recorded in ``out_dir``, or None when there is none.
+
+    Args:
+        out_dir: The run folder.
+        run_id: The run expected there.
+
+    Returns:
+        The recorded ``RunResult`` with ``reused`` set.
+
+    Raises:
+        SpecError: The folder holds another run.
+        IncompleteRun: The record has fewer steps than planned.
+        StopRule: The recorded run stopped on a rule (raised again, same stop ID).
+    """
+    path = out_dir / RESULT_FILE
+    if not path.is_file():
+        return None
+    result = RunResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    if result.run_id != run_id:
+        raise SpecError(
+            f"'{out_dir}' holds run {result.run_id}, not {run_id}: give each run its own folder.",
+            field="out_dir",
+        )
+    # A recorded stop first: an interrupted run (``resume: inference``) is recorded short of
+    # its planned steps, and is that stop, not an incomplete run.
+    if result.stop:
+        cls = STOP_RULES[result.stop["rule"]]
+        raise cls(run_id, result.stop["reason"], result.stop.get("step"), result.stop["stop_id"])
+    require_complete(run_id, steps_done=result.steps_done, planned_steps=result.planned_steps)
+    result.reused = True
+    return result

@@ -1,0 +1,143 @@
+"""Machine segments as they happen: heartbeats, cut segments closed, interruptions counted.
+
+A segment is one stretch of machine (or person) time in ``timeline.jsonl``: a start line, a
+heartbeat at each checkpoint, an end line (``records.TimelineRow``). A process killed outright
+(SIGKILL, out of memory, a lost machine) writes no end line; the next start closes its
+segment as interrupted, with the steps trained since the last checkpoint and their time,
+read from the run's ``metrics.jsonl`` before the resume truncates it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpucampaign.core.files import parse_time, read_jsonl, utc_now
+from gpucampaign.core.stoprules import InterruptedRun
+from gpucampaign.folder.records import TimelineRow, append_timeline, read_timeline
+
+METRICS_FILE = "metrics.jsonl"
+CUT_OUTCOME = (
+    "interrupted: the process ended without recording its end (killed, out of "
+    "memory or the machine lost)"
+)
+
+
+def new_segment(row: TimelineRow) -> TimelineRow:
+    """``row`` as the start line of a new segment (a fresh segment ID)."""
+    return replace(row, segment=uuid.uuid4().hex[:12], event="start", end=None)
+
+
+def heartbeat(root: str | Path, row: TimelineRow, *, checkpoint_step: int) -> None:
+    """Append a heartbeat of segment ``row``: a checkpoint of ``checkpoint_step`` is kept.
+
+    ``row`` (the segment's live row) keeps the step and the time too, for its end line.
+    """
+    row.seen, row.checkpoint_step = utc_now(), checkpoint_step
+    append_timeline(root, replace(row, event="heartbeat", end=row.seen, outcome=None))
+
+
+def lost_since_checkpoint(metrics_path: Path) -> tuple[int, float]:
+    """Steps trained after the last checkpoint (or restore) of a run, and their seconds."""
+    rows = read_jsonl(metrics_path)
+    kept = max(
+        (int(r["step"]) for r in rows if r.get("kind") in ("checkpoint", "restore")), default=0
+    )
+    lost = [r for r in rows if r.get("kind") == "train" and int(r.get("step", 0)) > kept]
+    return len(lost), float(sum(r.get("step_s") or 0.0 for r in lost))
+
+
+def close_cut_segments(
+    root: str | Path, *, run_dir: Callable[[TimelineRow], Path | None]
+) -> list[TimelineRow]:
+    """Close every open segment as interrupted and return the end lines appended.
+
+    Args:
+        root: The output folder.
+        run_dir: The run folder a segment trained in (None when it trained none).
+    """
+    closed = []
+    for row in read_timeline(root):
+        if row.segment is None or row.end is not None:
+            continue
+        folder = run_dir(row)
+        metrics = folder / METRICS_FILE if folder is not None else None
+        lost_steps, lost_s = lost_since_checkpoint(metrics) if metrics is not None else (0, 0.0)
+        end = _last_sign_of_life(row, metrics)
+        seconds = max(0.0, (end - parse_time(row.start)).total_seconds())
+        note = f"{lost_steps} step(s) since the last checkpoint lost" if lost_steps else ""
+        done = replace(
+            row,
+            event="end",
+            end=end.isoformat(timespec="milliseconds"),
+            seconds=seconds,
+            outcome=CUT_OUTCOME + (f"; {note}" if note else ""),
+            lost_steps=lost_steps,
+            lost_seconds=lost_s,
+        )
+        append_timeline(root, done)
+        closed.append(done)
+    return closed
+
+
+def _last_sign_of_life(row: TimelineRow, metrics: Path | None) -> datetime:
+    """The latest of the segment's start, its last heartbeat and its run's last metrics row."""
+    times = [parse_time(row.start)]
+    if row.seen:
+        times.append(parse_time(row.seen))
+    if metrics is not None and metrics.is_file():
+        times.append(datetime.fromtimestamp(metrics.stat().st_mtime, tz=UTC))
+    return max(times)
+
+
+def inference_restarted(row: TimelineRow) -> bool:
+    """True for the segment that ended a ``resume: inference`` run by an inference restart
+    (the phase failed with the ``interrupted`` stop: nothing was trained)."""
+    return (row.outcome or "").startswith(f"failed: {InterruptedRun.rule}: ")
+
+
+def interruptions(timeline: Iterable[TimelineRow]) -> dict[str, Any]:
+    """The interrupted segments, the resumes per run and the work they lost.
+
+    Returns:
+        ``{segments: [...], resumes: {run: n}, inference_restarts: {run: n}, lost_steps,
+        lost_hours}``: a resume is a segment of a run's training that follows an interrupted
+        one; an inference restart is such a segment that trained nothing and kept the last
+        good model instead (``resume: inference``).
+    """
+    rows = list(timeline)
+    cut = [r for r in rows if r.interrupted]
+    resumes: dict[str, int] = {}
+    restarts: dict[str, int] = {}
+    after_cut: set[tuple[str, str | None]] = set()
+    for r in rows:
+        key = (r.phase, r.run)
+        if r.run is not None and key in after_cut:
+            counts = restarts if inference_restarted(r) else resumes
+            counts[r.run] = counts.get(r.run, 0) + 1
+            after_cut.discard(key)
+        if r.interrupted:
+            after_cut.add(key)
+    return {
+        "segments": [
+            {
+                "phase": r.phase,
+                "run": r.run,
+                "start": r.start,
+                "end": r.end,
+                "outcome": r.outcome,
+                "checkpoint_step": r.checkpoint_step,
+                "lost_steps": r.lost_steps,
+                "lost_seconds": r.lost_seconds,
+            }
+            for r in cut
+        ],
+        "resumes": resumes,
+        "inference_restarts": restarts,
+        "lost_steps": sum(r.lost_steps or 0 for r in cut),
+        "lost_hours": sum(r.lost_seconds or 0.0 for r in cut) / 3600.0,
+    }

@@ -1,0 +1,498 @@
+"""The decision point after the pilot: pure functions, no orchestration.
+
+The pilot measures what a run really costs here; the calendar is re-forecast from those
+measurements (the original plan stays untouched) and the campaign either continues,
+reduces itself (drops exploratory, then useful runs) until it fits, or re-poses the question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+
+from gpucampaign.core.files import median
+from gpucampaign.spec import CampaignSpec, SpecError
+
+Action = Literal["continue", "reduce", "re-pose"]
+# Early curves closer than this (relative to the control's largest loss) count as the same.
+LOW_INFO_RTOL = 1e-3
+
+
+class DecisionInput(BaseModel):
+    """What a person answers at the decision point (Prefect UI form in 'ask' mode)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Action = Field(
+        description="continue | reduce (drop the listed runs) | re-pose (stop here)"
+    )
+    drop: list[str] = Field(
+        default_factory=list, description="Optional runs to drop (with 'reduce')."
+    )
+    note: str = Field(default="", description="Why: kept in decisions.jsonl.")
+
+    @field_validator("drop")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("list each run to drop once")
+        return v
+
+
+class Decision(BaseModel):
+    """The decision taken, with its inputs and reasons (one line of decisions.jsonl)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    action: Action
+    dropped_runs: list[str] = Field(default_factory=list)
+    dropped_steps: list[str] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)
+    by: Literal["auto", "person", "timeout"] = "auto"
+    inputs: dict[str, Any] = Field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line: the action, who took it, why, and the runs dropped."""
+        dropped = f" (dropped: {', '.join(self.dropped_runs)})" if self.dropped_runs else ""
+        return f"{self.action} by {self.by}: {'; '.join(self.reasons)}{dropped}"
+
+    @property
+    def kept(self) -> bool:
+        """False when the campaign stops here (re-pose)."""
+        return self.action != "re-pose"
+
+
+def check_decision_input(spec: CampaignSpec, answer: DecisionInput) -> None:
+    """Refuse an answer that drops an essential run or names an unknown one.
+
+    Raises:
+        ValueError: naming the offending run and the fix.
+    """
+    known = spec.run_names()
+    for run in answer.drop:
+        if run not in known:
+            raise ValueError(f"drop: '{run}' is not a run of this campaign; use some of {known}")
+        if spec.tier_of(run) == "essential":
+            raise ValueError(f"drop: '{run}' is essential and cannot be dropped; re-pose instead")
+    if answer.action != "reduce" and answer.drop:
+        raise ValueError(
+            "drop: only the 'reduce' action drops runs; choose 'reduce' or empty the list"
+        )
+
+
+def forecast_run_hours(
+    spec: CampaignSpec, *, run: str, pilot: Mapping[str, Mapping[str, Any]], planned_steps: int
+) -> tuple[float, str]:
+    """Forecast a run's machine time from pilot measurements, in hours, with how it was made.
+
+    A piloted run uses its own measurements. Others use the control's cost per sample,
+    scaled by their planned samples: said so in the explanation.
+
+    Args:
+        spec: the campaign.
+        run: run name.
+        pilot: pilot measurements per run name (``load_s``, ``step_s``, ``eval_s``, ``save_s``,
+            ``evals``, ``saves``, ``batch_size``).
+        planned_steps: the run's planned optimizer steps.
+    """
+    cfg = spec.run_config(run)
+    if run in pilot:
+        m = pilot[run]
+        how = f"pilot of '{run}': {m['step_s'] * 1000:.2f} ms/step"
+    else:
+        ref = pilot.get("control") or next(iter(pilot.values()))
+        m = dict(ref)
+        m["step_s"] = ref["step_s"] * cfg.batch_size / ref["batch_size"]
+        how = "not piloted: control's cost per sample scaled to this run's batch size"
+    seconds = (
+        m["load_s"]
+        + planned_steps * m["step_s"]
+        + m.get("evals", 0) * m.get("eval_s", 0.0)
+        + m.get("saves", 0) * m.get("save_s", 0.0)
+    )
+    return seconds / 3600.0, how
+
+
+def reforecast_hours(
+    spec: CampaignSpec, *, pilot: dict[str, dict[str, Any]]
+) -> dict[str, tuple[float, str]]:
+    """Hours of every run-linked calendar step, re-forecast from the pilot's measurements."""
+    hours: dict[str, tuple[float, str]] = {}
+    if not pilot:
+        return hours
+    for step in spec.calendar:
+        if step.run is None:
+            continue
+        measured = pilot.get(step.run)
+        planned = measured["planned_steps"] if measured else planned_steps_of(spec, step.run, pilot)
+        hours[step.name] = forecast_run_hours(
+            spec, run=step.run, pilot=pilot, planned_steps=planned
+        )
+    return hours
+
+
+def planned_steps_of(spec: CampaignSpec, run: str, pilot: dict[str, dict[str, Any]]) -> int:
+    """Planned optimizer steps of a run that was not piloted, from the train split's size."""
+    ref = pilot.get("control") or next(iter(pilot.values()))
+    return spec.run_config(run).planned_steps(ref["n_train"])
+
+
+def calibrated_hours(
+    spec: CampaignSpec, *, estimates: Mapping[str, Any], n_train: int | None = None
+) -> dict[str, tuple[float, str]]:
+    """Hours of every run-linked step of a NEW campaign from an earlier campaign's measurements.
+
+    The earlier control's pilot record gives the shape (batch size, evals, saves); its median
+    times over the whole campaign (``measured``) replace the pilot's where they were observed.
+
+    Args:
+        spec: the campaign being planned.
+        estimates: ``estimates.json`` of a closed campaign (``forecast.load_estimates``).
+        n_train: training rows of this spec's corpus; the earlier corpus's count when None.
+    """
+    pilots = estimates.get("pilot") or {}
+    ref = dict(pilots.get("control") or next(iter(pilots.values()), {}))
+    if not ref:
+        raise SpecError(
+            "the earlier campaign recorded no pilot measurements to calibrate from",
+            field="calibrate_from",
+        )
+    ref.update(
+        {k: v for k, v in (estimates.get("measured") or {}).items() if v is not None and k in ref}
+    )
+    if n_train is not None:
+        ref["n_train"] = n_train
+    source = f"calibrated from {estimates.get('campaign_id', 'an earlier campaign')}"
+    out: dict[str, tuple[float, str]] = {}
+    for step in spec.calendar:
+        if step.run is None:
+            continue
+        planned = planned_steps_of(spec, step.run, {"control": ref})
+        cfg = spec.run_config(step.run)
+        m = {**ref, "step_s": ref["step_s"] * cfg.batch_size / ref["batch_size"]}
+        hours, _ = forecast_run_hours(
+            spec, run=step.run, pilot={step.run: m}, planned_steps=planned
+        )
+        out[step.name] = (hours, f"{source}: {m['step_s'] * 1000:.2f} ms/step x {planned} steps")
+    return out
+
+
+def decide_auto(
+    *,
+    fits_all: bool,
+    reduced_fits: bool,
+    reduced_dropped_runs: list[str],
+    reduced_dropped_steps: list[str],
+    pilot_stops: list[dict[str, Any]],
+    essential_runs: list[str],
+    span_hours: float,
+    reduced_span_hours: float,
+    window_hours: float,
+) -> Decision:
+    """The automatic rule: continue if it fits, reduce until it fits, else re-pose."""
+    inputs = {
+        "span_hours": round(span_hours, 6),
+        "reduced_span_hours": round(reduced_span_hours, 6),
+        "window_hours": window_hours,
+        "pilot_stops": pilot_stops,
+    }
+    essential_stops = [s for s in pilot_stops if s.get("run") in essential_runs]
+    if essential_stops:
+        return Decision(
+            action="re-pose",
+            reasons=[
+                f"the pilot of essential run '{s['run']}' tripped {s['rule']}: {s['reason']}"
+                for s in essential_stops
+            ],
+            inputs=inputs,
+        )
+    if fits_all:
+        return Decision(
+            action="continue",
+            reasons=[f"the re-forecast span {span_hours:.2f} h fits the {window_hours:g} h window"],
+            inputs=inputs,
+        )
+    if reduced_fits:
+        return Decision(
+            action="reduce",
+            dropped_runs=reduced_dropped_runs,
+            dropped_steps=reduced_dropped_steps,
+            reasons=[
+                f"the re-forecast span {span_hours:.2f} h exceeds the {window_hours:g} h window",
+                f"without {', '.join(reduced_dropped_steps)} it takes "
+                f"{reduced_span_hours:.2f} h and fits",
+            ],
+            inputs=inputs,
+        )
+    return Decision(
+        action="re-pose",
+        reasons=[
+            f"even the essential steps alone take {reduced_span_hours:.2f} h, more than the "
+            f"{window_hours:g} h window: re-pose the question (smaller protocol or a longer lot)"
+        ],
+        inputs=inputs,
+    )
+
+
+def apply_answer(spec: CampaignSpec, *, answer: DecisionInput, auto: Decision) -> Decision:
+    """Turn a person's validated answer into a Decision, keeping the automatic one as input."""
+    check_decision_input(spec, answer)
+    dropped_steps = [s.name for s in spec.calendar if s.run in answer.drop]
+    reasons = [f"chosen by a person: {answer.note or 'no note'}"]
+    if answer.action != auto.action:
+        reasons.append(f"the automatic rule proposed '{auto.action}'")
+    return Decision(
+        action=answer.action,
+        dropped_runs=list(answer.drop),
+        dropped_steps=dropped_steps,
+        reasons=reasons,
+        by="person",
+        inputs={**auto.inputs, "proposed": auto.model_dump(mode="json")},
+    )
+
+
+def _median_or_zero(values: Any) -> float:
+    vals = values if isinstance(values, list) else [values]
+    return float(median(v for v in vals if isinstance(v, int | float)) or 0.0)
+
+
+def early_losses(metrics: Sequence[Mapping[str, Any]], *, steps: int) -> list[float]:
+    """The training losses of the first ``steps`` steps, in step order (a pilot's curve)."""
+    by_step = {
+        int(r["step"]): float(r["loss"])
+        for r in metrics
+        if r.get("kind") == "train" and r.get("loss") is not None and int(r["step"]) <= steps
+    }
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def pilot_measures(
+    spec: CampaignSpec, *, run: str, result: Any, n_train: int, losses: Sequence[float] = ()
+) -> dict[str, Any]:
+    """What the re-forecast needs from a pilot: load, step, eval and save costs and their counts,
+    and the early loss curve the decision point compares with the control's.
+
+    Args:
+        spec: the campaign.
+        run: the piloted run's name.
+        result: the pilot's ``runresult.RunResult``.
+        n_train: rows of the corpus's train split.
+        losses: the pilot's training losses (``early_losses``).
+    """
+    cfg = spec.run_config(run)
+    t = result.timings
+    planned = cfg.planned_steps(n_train)
+    steps_per_epoch = cfg.steps_per_epoch(n_train)
+    evals = planned // cfg.eval_every if cfg.eval_every else -(-planned // steps_per_epoch)
+    every = result.checkpoint_every or planned
+    return {
+        "run_id": result.run_id,
+        "steps_done": result.steps_done,
+        "planned_steps": planned,
+        "batch_size": cfg.batch_size,
+        "n_train": n_train,
+        "load_s": float(t.get("load_s") or 0.0),
+        "step_s": float(t.get("step_s") or 0.0),
+        "eval_s": _median_or_zero(t.get("eval_s")),
+        "save_s": _median_or_zero(t.get("save_s")),
+        "restore_s": float(t.get("restore_s") or 0.0),
+        "evals": evals,
+        "saves": max(1, -(-planned // max(1, int(every)))),
+        "checkpoint_every": result.checkpoint_every,
+        "early_losses": [float(x) for x in losses],
+    }
+
+
+def low_information(
+    pilot: Mapping[str, Mapping[str, Any]], *, rtol: float = LOW_INFO_RTOL
+) -> list[str]:
+    """Runs whose early loss curve cannot be told from the control's.
+
+    Such a variant is, in effect, a copy of the control: running it in full teaches little
+    that a control isolating one cause would not. Curves are compared over their common steps.
+    """
+    ref = list((pilot.get("control") or {}).get("early_losses") or [])
+    out = []
+    for run, m in pilot.items():
+        curve = list(m.get("early_losses") or [])
+        n = min(len(ref), len(curve))
+        if run == "control" or n == 0:
+            continue
+        scale = max(1e-12, max(abs(x) for x in ref[:n]))
+        if max(abs(a - b) for a, b in zip(ref[:n], curve[:n], strict=True)) <= rtol * scale:
+            out.append(run)
+    return out
+
+
+@dataclass(frozen=True)
+class Reforecast:
+    """The automatic decision after the pilot, with the re-forecast it rests on."""
+
+    decision: Decision
+    hours: dict[str, tuple[float, str]]
+    plan: Any  # calendar.Plan of every step with the re-forecast hours
+
+    def hours_record(self) -> dict[str, dict[str, Any]]:
+        """``{step: {hours, how}}``, as kept in ``decisions.jsonl``."""
+        return {name: {"hours": h, "how": how} for name, (h, how) in self.hours.items()}
+
+
+def decide_after_pilot(
+    spec: CampaignSpec,
+    *,
+    catalog: Any,
+    pilot: dict[str, dict[str, Any]],
+    pilot_stops: list[dict[str, Any]],
+) -> Reforecast:
+    """Re-forecast the calendar from the pilot, reduce it to fit if needed, decide automatically.
+
+    Args:
+        spec: the campaign.
+        catalog: the ``tariffs.Catalog`` the calendar is priced with.
+        pilot: pilot measurements per run name (``pilot_measures``).
+        pilot_stops: stop records of the pilots that stopped (with their ``run``).
+    """
+    from gpucampaign.plan import calendar
+
+    hours = reforecast_hours(spec, pilot=pilot)
+    override = {name: h for name, (h, _) in hours.items()}
+    full = calendar.plan(spec, catalog=catalog, hours_override=override)
+    reduced, dropped_steps = calendar.reduce_to_fit(spec, catalog=catalog, hours_override=override)
+    dropped_runs = sorted({s.run for s in spec.calendar if s.name in dropped_steps and s.run})
+    decision = decide_auto(
+        fits_all=full.fits,
+        reduced_fits=reduced.fits,
+        reduced_dropped_runs=dropped_runs,
+        reduced_dropped_steps=list(dropped_steps),
+        pilot_stops=pilot_stops,
+        essential_runs=spec.essential_runs(),
+        span_hours=full.span_hours,
+        reduced_span_hours=reduced.span_hours,
+        window_hours=full.window_hours,
+    )
+    if decision.action != "re-pose":
+        decision, tripped = _drop_tripped_runs(spec, decision, pilot_stops=pilot_stops)
+        decision = _flag_low_information(decision, pilot=pilot, tripped=tripped)
+    return Reforecast(decision=decision, hours=hours, plan=full)
+
+
+def _drop_tripped_runs(
+    spec: CampaignSpec, decision: Decision, *, pilot_stops: list[dict[str, Any]]
+) -> tuple[Decision, list[str]]:
+    """Drop each optional run whose pilot tripped a stop rule (it cannot change the choice);
+    returns the decision and the runs it drops for that."""
+    stopped = {str(s["run"]) for s in pilot_stops if s.get("run")}
+    tripped = sorted(
+        {r for r in stopped if spec.tier_of(r) != "essential"} - set(decision.dropped_runs)
+    )
+    reasons = [
+        f"optional run '{s['run']}' is dropped: its pilot tripped {s['rule']} ({s['reason']}), "
+        "so it cannot change the choice"
+        for s in pilot_stops
+        if s.get("run") in tripped
+    ]
+    dropped = sorted({*decision.dropped_runs, *tripped})
+    update = {
+        "action": "reduce" if dropped else decision.action,
+        "dropped_runs": dropped,
+        "dropped_steps": sorted(
+            {*decision.dropped_steps, *(s.name for s in spec.calendar if s.run in tripped)}
+        ),
+        "reasons": [*decision.reasons, *reasons],
+    }
+    return decision.model_copy(update=update), tripped
+
+
+def _flag_low_information(
+    decision: Decision, *, pilot: Mapping[str, Mapping[str, Any]], tripped: list[str]
+) -> Decision:
+    """Flag each variant whose early curve equals the control's as low information (unless it
+    was dropped for its tripped pilot)."""
+    flagged = [r for r in low_information(pilot) if r not in tripped]
+    reasons = [
+        f"low information: the early loss curve of '{r}' cannot be told from the control's "
+        f"(within {LOW_INFO_RTOL:g} over {len(pilot[r].get('early_losses') or [])} steps); "
+        "a variant that isolates one cause would teach more"
+        for r in flagged
+    ]
+    update = {
+        "reasons": [*decision.reasons, *reasons],
+        "inputs": {**decision.inputs, "low_information": flagged},
+    }
+    return decision.model_copy(update=update)
+
+
+def decision_markdown(
+    decision: Decision,
+    hours: Mapping[str, tuple[float, str]],
+    *,
+    pilot: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str:
+    """The decision, the per-run re-forecast and the pilots' early losses as markdown (the UI
+    shows it, as the decision artifact and as the description of the 'ask' form)."""
+    from gpucampaign.core.text import say_duration
+
+    lines = [f"# Decision after the pilot: **{decision.action}** ({decision.by})", ""]
+    lines += [f"- {r}" for r in decision.reasons]
+    if decision.dropped_runs:
+        lines += ["", f"Dropped runs: {', '.join(decision.dropped_runs)}"]
+    lines += ["", "| step | re-forecast | how |", "|---|---:|---|"]
+    lines += [f"| {name} | {say_duration(h)} | {how} |" for name, (h, how) in hours.items()]
+    curves = {r: m.get("early_losses") or [] for r, m in (pilot or {}).items()}
+    if any(curves.values()):
+        flagged = set(decision.inputs.get("low_information") or [])
+        lines += [
+            "",
+            "| run | early losses (first, middle, last pilot step) | note |",
+            "|---|---|---|",
+        ]
+        for run, c in curves.items():
+            shown = ", ".join(f"{x:.4f}" for x in (c[0], c[len(c) // 2], c[-1])) if c else ""
+            note = "low information: same curve as the control" if run in flagged else ""
+            lines.append(f"| {run} | {shown} | {note} |")
+    return "\n".join(lines)
+
+
+def droppable_runs(spec: CampaignSpec) -> list[str]:
+    """The runs a person may drop at the decision point: every non-essential run."""
+    return [r for r in spec.run_names() if spec.tier_of(r) != "essential"]
+
+
+def decision_form(spec: CampaignSpec, *, auto: Decision) -> type[BaseModel]:
+    """The 'ask' form: the automatic proposal pre-selected, ``drop`` a choice among the
+    droppable runs (never free text)."""
+    choices = droppable_runs(spec) or ["(none)"]
+    return create_model(
+        "DecisionInput",
+        __config__=ConfigDict(extra="forbid"),
+        action=(
+            Action,
+            Field(
+                default=auto.action, description=DecisionInput.model_fields["action"].description
+            ),
+        ),
+        drop=(
+            list[Literal[tuple(choices)]],
+            Field(  # type: ignore[valid-type]
+                default=[r for r in auto.dropped_runs if r in choices],
+                description="Optional runs to drop (with 'reduce'); the essential runs cannot be.",
+            ),
+        ),
+        note=(str, Field(default="", description="Why: kept in decisions.jsonl.")),
+    )
+
+
+def ask_description(decision_md: str, *, auto: Decision, timeout_s: int) -> str:
+    """The form's markdown: the evidence, the proposal and when it is taken without an answer."""
+    return (
+        f"{decision_md}\n\n**Proposed: {auto.action}** (pre-selected below). Without an answer "
+        f"within {timeout_s} s the proposal is taken. `drop` takes effect with `reduce`."
+    )
+
+
+def on_timeout(auto: Decision, *, why: str) -> Decision:
+    """The automatic decision, taken because no valid answer came in time."""
+    return auto.model_copy(update={"by": "timeout", "reasons": [*auto.reasons, why]})

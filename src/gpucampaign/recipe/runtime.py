@@ -1,0 +1,196 @@
+"""How the framework calls a recipe: its context, its checked datasets, the device moves,
+the evaluation of one split, the record of which recipe ran, and a preflight that tries every
+method once before a campaign starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from gpucampaign.recipe.contract import (
+    Pinned,
+    Recipe,
+    RecipeContext,
+    call,
+    check_datasets,
+    check_loss,
+    check_metrics,
+    load_recipe,
+)
+from gpucampaign.spec import CampaignSpec, RunConfig, SpecError
+from gpucampaign.spec.recipefile import recipe_file, recipe_file_sha256
+
+
+def recipe_context(
+    config: RunConfig, *, corpus: Any, run_id: str, device: torch.device
+) -> RecipeContext:
+    """The ``ctx`` a run's recipe receives; ``corpus`` is a table ``Corpus`` or a ``Pinned``."""
+    pinned = Pinned(
+        path=Path(corpus.path),
+        sha256=corpus.sha256,
+        kind=getattr(corpus, "kind", "file"),
+        load_s=corpus.load_s,
+    )
+    return RecipeContext(
+        args=dict(config.args),
+        corpus=pinned,
+        device=device,
+        seed=config.seed,
+        run_id=run_id,
+        inputs=dict(corpus.inputs),
+        config=config,
+        table=corpus if hasattr(corpus, "splits") else None,
+    )
+
+
+def build_datasets(recipe: Recipe, config: RunConfig, ctx: RecipeContext) -> dict[str, Any]:
+    """The recipe's splits, checked (``train`` present and non-empty)."""
+    if config.builtin and ctx.table is None:
+        raise SpecError(
+            f"recipe '{config.recipe}' trains on a feature table (CSV/Parquet "
+            "with id, split and label columns); give one as the corpus.",
+            field="corpus.path",
+        )
+    return check_datasets(config.recipe, call(config.recipe, "datasets", recipe.datasets, ctx))
+
+
+def train_rows(spec: CampaignSpec, *, run: str, corpus: Any) -> int:
+    """Examples in the run's train split (a recipe's datasets are built to count them)."""
+    config = spec.run_config(run)
+    if config.builtin:
+        return len(corpus.split("train"))
+    recipe = load_recipe(config.recipe)
+    ctx = recipe_context(config, corpus=corpus, run_id=spec.run_id(run), device=torch.device("cpu"))
+    return len(build_datasets(recipe, config, ctx)["train"])
+
+
+def recipe_record(config: RunConfig) -> dict[str, Any]:
+    """The recipe, its arguments and its file's name and hash (built-ins: no file).
+
+    No absolute path is recorded: the output folder must not point outside itself.
+    """
+    if config.builtin:
+        return {"recipe": config.recipe, "args": config.args}
+    return {
+        "recipe": config.recipe,
+        "args": config.args,
+        "recipe_file": recipe_module_path(config.recipe),
+        "recipe_sha256": recipe_file_sha256(config.recipe),
+    }
+
+
+def recipe_module_path(recipe: str) -> str:
+    """The recipe file's path relative to its ``sys.path`` folder (``pkg/mod.py``)."""
+    module = recipe.partition(":")[0]
+    path = recipe_file(recipe)
+    parts = module.split(".")
+    if path.name == "__init__.py":
+        parts.append("__init__")
+    return "/".join(parts[:-1] + [parts[-1] + path.suffix])
+
+
+def ordered_loader(recipe: Recipe, dataset: Any, *, config: RunConfig) -> DataLoader:
+    """One split's batches in order, in this process (evaluation and predictions)."""
+    return DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        shuffle=False,
+        num_workers=0,
+        collate_fn=recipe.collate_fn,
+    )
+
+
+def evaluate_split(
+    recipe: Recipe,
+    model: torch.nn.Module,
+    dataset: Any,
+    *,
+    config: RunConfig,
+    device: torch.device,
+    need: str | None,
+    limit: int | None = None,
+) -> dict[str, float]:
+    """The recipe's metrics over one split: batches in order, eval mode, no gradient, fp32.
+
+    ``limit``: only the first batches (the preflight).
+    """
+    loader = ordered_loader(recipe, dataset, config=config)
+    batches = (to_device(b, device) for i, b in enumerate(loader) if limit is None or i < limit)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = call(config.recipe, "evaluate", recipe.evaluate, model, batches)
+    finally:
+        model.train(was_training)
+    return check_metrics(config.recipe, out, need=need)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor in it (tuples, lists, dicts) moved to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def batch_len(batch: Any) -> int:
+    """Examples in a batch: the first dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.ndim else 1
+    if isinstance(batch, dict):
+        return batch_len(next(iter(batch.values()))) if batch else 0
+    if isinstance(batch, list | tuple):
+        return batch_len(batch[0]) if batch else 0
+    return 1
+
+
+def preflight(spec: CampaignSpec, *, corpus: Any) -> list[str]:
+    """Try each distinct recipe of the spec once on CPU: datasets, model, one loss, one
+    evaluation; the recipes checked.
+
+    Raises:
+        RecipeError: A method fails or returns what the contract refuses.
+    """
+    rule = spec.decision_rule
+    seen: list[str] = []
+    for run in spec.run_names():
+        config = spec.run_config(run)
+        key = f"{config.recipe} {sorted(config.args.items())}"
+        if key in seen:
+            continue
+        seen.append(key)
+        recipe = load_recipe(config.recipe)
+        ctx = recipe_context(
+            config, corpus=corpus, run_id=spec.run_id(run), device=torch.device("cpu")
+        )
+        datasets = build_datasets(recipe, config, ctx)
+        model = call(config.recipe, "model", recipe.model, ctx)
+        batch = next(
+            iter(
+                DataLoader(
+                    datasets["train"],
+                    batch_size=min(2, config.batch_size),
+                    collate_fn=recipe.collate_fn,
+                )
+            )
+        )
+        check_loss(config.recipe, call(config.recipe, "loss", recipe.loss, model, batch))
+        split = next(s for s in ("val", "test", "train") if len(datasets.get(s) or ()) > 0)
+        evaluate_split(
+            recipe,
+            model,
+            datasets[split],
+            config=config,
+            device=ctx.device,
+            need=rule.metric if rule else None,
+            limit=1,
+        )
+    return seen

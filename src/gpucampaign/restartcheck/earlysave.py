@@ -1,0 +1,164 @@
+"""The bounded restart check of a campaign: resume the control's own early save.
+
+The live run already saved early (its first, measuring save) and recorded every step's loss.
+``verify_early_save`` copies that checkpoint out of the store, resumes it in one fresh
+process (which loads and verifies it as a real resume would), replays ``m`` steps (up to the
+run's next kept save, capped) and compares:
+
+- the replayed losses with the ones the live run recorded at those steps;
+- the parameters and the whole train state with the live run's checkpoint of the last
+  replayed step (or its final model folder when that step is the last one).
+
+Exact on CPU; a recorded tolerance, with its reason, on a GPU. The cost is one process start
+plus ``m`` steps plus one checkpoint read: it does not grow with the length of the run.
+``campaign_restart_check`` falls back to the three-process check (``restart.verify_restart``)
+when the store keeps no checkpoint before the final step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from gpucampaign.checkpoint.manager import META_FILE, CheckpointManager, step_dirname
+from gpucampaign.core.stoprules import NoUsableRestart
+from gpucampaign.engine.setup import run_config_sha256
+from gpucampaign.restartcheck.check import verify_restart
+from gpucampaign.restartcheck.compare import RestartReport, compare_states, require_identical
+from gpucampaign.restartcheck.scheduled import ReplayCheck
+from gpucampaign.spec import CampaignSpec
+from gpucampaign.storage import NotFound, Store
+
+DEFAULT_MAX_STEPS = 200
+
+
+def early_resume_point(manager: CheckpointManager) -> tuple[int, int, int | None] | None:
+    """``(start, planned, next kept save)`` of the earliest kept save before the final step.
+
+    Only ``meta.json`` is read here: the fresh process verifies the payload when it loads it.
+    None when the store keeps no checkpoint before the final step.
+    """
+    steps = manager.step_dirs()
+    for i, step in enumerate(steps):
+        key = f"{manager.run_id}/{step_dirname(step)}/{META_FILE}"
+        try:
+            meta = json.loads(manager.store.read_bytes(key))
+        except (NotFound, ValueError):
+            continue
+        planned = int(meta.get("planned_steps") or 0)
+        if step < planned:
+            later = steps[i + 1] if i + 1 < len(steps) else None
+            return step, planned, later
+    return None
+
+
+def verify_early_save(
+    spec: CampaignSpec,
+    *,
+    run: str = "control",
+    corpus_path: Path,
+    store: Store,
+    run_dir: Path,
+    workdir: Path,
+    inputs: Mapping[str, Path] | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    check: bool = True,
+) -> RestartReport:
+    """Resume the run's earliest kept save in a fresh process and replay up to its next save.
+
+    Args:
+        spec: The campaign's spec.
+        run: The run whose save is checked (``control`` by default).
+        corpus_path: The pinned corpus file (the fresh process checks its hash once).
+        store: The campaign's checkpoint store.
+        inputs: Where the spec's pinned inputs are (``pins.resolve_inputs``).
+        run_dir: The live run's folder ``OUT/runs/<run_id>/`` (its ``metrics.jsonl``).
+        workdir: An empty scratch folder.
+        max_steps: The most steps replayed (the cap on the cost).
+        check: Raise ``NoUsableRestart`` on a difference (default).
+
+    Raises:
+        NoUsableRestart: No save before the final step, nothing recorded to compare with, a
+            failed or non-resuming process, or a difference (``check``).
+    """
+    probe = ReplayCheck(
+        spec=spec,
+        run=run,
+        corpus_path=corpus_path,
+        store=store,
+        run_dir=run_dir,
+        workdir=workdir,
+        inputs=dict(inputs or {}),
+    )
+    cfg_sha = run_config_sha256(spec, run)
+    manager = CheckpointManager(store, run_id=probe.run_id, config_sha256=cfg_sha, keep=10**6)
+    point = early_resume_point(manager)
+    if point is None:
+        raise NoUsableRestart(probe.run_id, "no checkpoint before the final step is kept")
+    start, planned, later = point
+    n = min(later or planned, start + max(1, max_steps), planned)
+    original = probe.original()
+    steps = list(range(start + 1, n + 1))
+    if not all(s in original for s in steps):
+        raise NoUsableRestart(
+            probe.run_id,
+            f"the live run recorded no loss for steps {start + 1}..{n} to compare with",
+            step=start,
+        )
+    rep = probe.replay(start=start, original=original, steps=steps)
+    if n == later:
+        replayed = CheckpointManager(rep.local, run_id=probe.run_id, config_sha256=cfg_sha)
+        # The live run shared its process with the orchestrator, whose threads may draw from
+        # python's and numpy's generators; training does not, and any draw it made would
+        # show in the losses and parameters compared here.
+        compare_states(rep.cmp, manager.load(n), replayed.load(n), skip_rng=("python", "numpy"))
+    elif n == planned:
+        probe.compare_final_models(rep)
+    return require_identical(
+        probe.report(rep, mode="early-save", save_s=None),
+        check=check,
+        start=start,
+        what=f"resuming the early save of step {start} in a fresh process does not reproduce "
+        "the live run",
+    )
+
+
+def campaign_restart_check(
+    spec: CampaignSpec,
+    *,
+    run: str,
+    base_dir: str | Path,
+    out_dir: str | Path,
+    workdir: Path,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> RestartReport:
+    """The restart phase of a campaign: the bounded check of the run's early save.
+
+    Falls back to the three-process check when no save before the final step is kept.
+
+    Raises:
+        NoUsableRestart: The check failed.
+    """
+    from gpucampaign.data.corpus import corpus_path
+    from gpucampaign.data.pins import resolve_inputs
+    from gpucampaign.storage import open_store
+
+    path = corpus_path(spec, base_dir=base_dir)
+    inputs = resolve_inputs(spec, base_dir=base_dir, out_dir=out_dir)
+    store = open_store(spec.storage.url, out_dir=Path(out_dir))
+    manager = CheckpointManager(
+        store, run_id=spec.run_id(run), config_sha256=run_config_sha256(spec, run)
+    )
+    if early_resume_point(manager) is None:
+        return verify_restart(spec, run=run, corpus_path=path, inputs=inputs, workdir=workdir)
+    return verify_early_save(
+        spec,
+        run=run,
+        corpus_path=path,
+        inputs=inputs,
+        store=store,
+        run_dir=Path(out_dir) / "runs" / spec.run_id(run),
+        workdir=workdir,
+        max_steps=max_steps,
+    )

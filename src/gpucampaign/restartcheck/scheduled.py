@@ -1,0 +1,329 @@
+"""The scheduled check of an existing campaign output: resume a kept checkpoint, replay.
+
+``verify_checkpoint_resume`` fetches the run's latest good checkpoint from its store (the
+previous kept one when the latest is the final step), resumes m steps in a fresh process and
+compares with the losses the original run recorded after that step. ``ReplayCheck`` is the
+part it shares with the campaign's early-save check (``earlysave.verify_early_save``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpucampaign.checkpoint.manager import (
+    LATEST_FILE,
+    META_FILE,
+    PAYLOAD_FILES,
+    CheckpointManager,
+    LoadedCheckpoint,
+    step_dirname,
+)
+from gpucampaign.core.stoprules import NoUsableRestart
+from gpucampaign.engine.setup import run_config_sha256
+from gpucampaign.folder.layout import METRICS_FILE, MODEL_DIR
+from gpucampaign.restartcheck.child import child_args, spawn, wait, write_child_spec
+from gpucampaign.restartcheck.compare import (
+    Comparer,
+    RestartReport,
+    compare_final_models,
+    require_identical,
+    train_losses,
+)
+from gpucampaign.spec import CampaignSpec, SpecError
+from gpucampaign.storage import LocalStore, Store
+
+
+@dataclass
+class Replay:
+    """A kept checkpoint resumed in a fresh process from ``start`` to ``n``."""
+
+    local: LocalStore  # the copy of the checkpoint of ``start``, and the replay's own saves
+    resumed: dict[str, Any]  # the fresh process's ``RunResult``
+    cmp: Comparer  # its losses compared with the original run's; more comparisons go here
+    start: int
+    n: int
+
+
+@dataclass
+class ReplayCheck:
+    """Resume kept checkpoints of ``run`` from ``store`` in fresh processes (in ``workdir``)
+    and compare them with what the original run recorded in ``run_dir``."""
+
+    spec: CampaignSpec
+    run: str
+    corpus_path: Path
+    store: Store
+    run_dir: Path
+    workdir: Path
+    inputs: Mapping[str, Path] = field(default_factory=dict)  # pins.resolve_inputs
+    t0: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.corpus_path = Path(self.corpus_path)
+        self.run_dir = Path(self.run_dir)
+        self.workdir = Path(self.workdir)
+
+    @property
+    def run_id(self) -> str:
+        """The run's ID."""
+        return self.spec.run_id(self.run)
+
+    def original(self) -> dict[int, float]:
+        """Step -> the training loss the original run recorded."""
+        return train_losses(self.run_dir / METRICS_FILE)
+
+    def replay(self, *, start: int, original: dict[int, float], steps: list[int]) -> Replay:
+        """Copy the checkpoint of ``start`` out of the store, resume it in a fresh process up
+        to the last of ``steps``, and compare its losses there with the ``original`` run's:
+        exactly on CPU, within ``GPU_ATOL`` on a GPU."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        local = _copy_checkpoint(
+            self.store, run_id=self.run_id, step=start, dst=self.workdir / "checkpoints"
+        )
+        n = steps[-1]
+        resumed = _resume_in_child(
+            self.spec,
+            run=self.run,
+            corpus_path=self.corpus_path,
+            inputs=self.inputs,
+            store=local,
+            workdir=self.workdir,
+            start=start,
+            n=n,
+        )
+        cmp = Comparer.for_device(resumed.get("device", "cpu"))
+        cmp.losses(original, train_losses(self.workdir / "run" / METRICS_FILE), steps)
+        return Replay(local=local, resumed=resumed, cmp=cmp, start=start, n=n)
+
+    def compare_final_models(self, rep: Replay) -> None:
+        """Compare the replay's final model with the original run's (when it kept one)."""
+        compare_final_models(rep.cmp, self.run_dir / MODEL_DIR, self.workdir / "run" / MODEL_DIR)
+
+    def report(self, rep: Replay, *, mode: str, save_s: float | None) -> RestartReport:
+        """The report of ``rep``; ``save_s``: the recorded cost of the resumed save, if known."""
+        key = f"{self.run_id}/{step_dirname(rep.start)}/{META_FILE}"
+        spe = int(json.loads(rep.local.read_bytes(key)).get("steps_per_epoch") or 1)
+        return RestartReport.from_check(
+            rep.cmp,
+            rep.resumed,
+            spec=self.spec,
+            run=self.run,
+            mode=mode,
+            k=rep.start,
+            n=rep.n,
+            steps_per_epoch=spe,
+            save_s=save_s,
+            t0=self.t0,
+        )
+
+
+def verify_checkpoint_resume(
+    spec: CampaignSpec,
+    *,
+    run: str,
+    corpus_path: Path,
+    store: Store,
+    run_dir: Path,
+    workdir: Path,
+    inputs: Mapping[str, Path] | None = None,
+    m_steps: int = 20,
+    check: bool = True,
+) -> RestartReport:
+    """Resume a finished or running campaign's latest good checkpoint in a fresh process.
+
+    Args:
+        spec: The campaign's spec.
+        run: Run name (``control`` or a variant).
+        corpus_path: The pinned corpus file.
+        store: The campaign's checkpoint store.
+        inputs: Where the spec's pinned inputs are (``OutputCheckTarget.inputs``).
+        run_dir: The original run folder ``OUT/runs/<run_id>/`` (its ``metrics.jsonl``).
+        workdir: An empty scratch folder.
+        m_steps: Steps to resume and compare.
+        check: Raise ``NoUsableRestart`` on a difference (default).
+
+    Raises:
+        NoUsableRestart: No usable checkpoint, nothing recorded to compare with, a failed
+            process, or a difference (``check``).
+    """
+    assert spec.corpus is not None, "a restart check needs the spec's corpus"
+    probe = ReplayCheck(
+        spec=spec,
+        run=run,
+        corpus_path=corpus_path,
+        store=store,
+        run_dir=run_dir,
+        workdir=workdir,
+        inputs=dict(inputs or {}),
+    )
+    ck = _resume_point(spec, run=run, store=store)
+    start, planned = ck.step, int(ck.meta["planned_steps"])
+    original = probe.original()
+    steps = [s for s in range(start + 1, min(planned, start + m_steps) + 1) if s in original]
+    if not steps:
+        raise NoUsableRestart(
+            probe.run_id,
+            f"the original run recorded no loss after step {start} to compare with",
+            step=start,
+        )
+    rep = probe.replay(start=start, original=original, steps=steps)
+    if rep.n == planned:
+        probe.compare_final_models(rep)
+    save_s = float(ck.meta.get("write_s", 0.0)) + float(ck.meta.get("upload_s", 0.0))
+    return require_identical(
+        probe.report(rep, mode="checkpoint", save_s=save_s),
+        check=check,
+        start=start,
+        what=f"resuming the checkpoint of step {start} does not reproduce the recorded run",
+    )
+
+
+def _resume_point(spec: CampaignSpec, *, run: str, store: Store) -> LoadedCheckpoint:
+    """The latest good checkpoint, or the previous kept one when the latest is the final step
+    (resuming the final step would train nothing)."""
+    run_id = spec.run_id(run)
+    manager = CheckpointManager(
+        store, run_id=run_id, config_sha256=run_config_sha256(spec, run), keep=10**6
+    )
+    ck, refused = manager.load_latest()
+    if ck is None:
+        raise NoUsableRestart(
+            run_id,
+            "no usable checkpoint in the store" + (": " + "; ".join(refused) if refused else ""),
+        )
+    if ck.step >= int(ck.meta["planned_steps"]):
+        ck, _ = manager.load_latest(max_step=ck.step - 1)
+        if ck is None:
+            raise NoUsableRestart(
+                run_id,
+                "only the final checkpoint is kept: there is no "
+                "earlier one to resume (keep >= 2 checkpoints)",
+            )
+    return ck
+
+
+def _copy_checkpoint(store: Store, *, run_id: str, step: int, dst: Path) -> LocalStore:
+    """A local store holding only the checkpoint of ``step``, with ``LATEST`` pointing at it."""
+    local = LocalStore(dst)
+    src = f"{run_id}/{step_dirname(step)}"
+    for name in (*PAYLOAD_FILES, META_FILE):
+        store.get_file(f"{src}/{name}", dst=local.root / src / name)
+    meta_sha = hashlib.sha256(local.read_bytes(f"{src}/{META_FILE}")).hexdigest()
+    pointer = {"step": step, "dir": step_dirname(step), "meta_sha256": meta_sha}
+    local.write_bytes(f"{run_id}/{LATEST_FILE}", data=json.dumps(pointer).encode())
+    return local
+
+
+def _resume_in_child(
+    spec: CampaignSpec,
+    *,
+    run: str,
+    corpus_path: Path,
+    inputs: Mapping[str, Path],
+    store: LocalStore,
+    workdir: Path,
+    start: int,
+    n: int,
+) -> dict[str, Any]:
+    """Resume the checkpoint of ``start`` to ``n`` in a fresh process; its result."""
+    run_id = spec.run_id(run)
+    proc = spawn(
+        child_args(
+            spec_json=write_child_spec(spec, workdir),
+            run=run,
+            corpus=corpus_path.resolve(),
+            inputs=inputs,
+            out=workdir / "run",
+            store=store.root,
+            result=workdir / "resumed.json",
+            stop_after=n,
+            checkpoint_every=n,
+        ),
+        threads=spec.run_config(run).threads,
+        workdir=workdir,
+        name="resumed",
+    )
+    resumed = wait(proc, run_id=run_id, what=f"resumed (load step {start}, continue to {n})")
+    if resumed.get("resumed_from_step") != start:
+        raise NoUsableRestart(
+            run_id, f"the fresh process did not resume from step {start}", step=start
+        )
+    return resumed
+
+
+@dataclass(frozen=True)
+class OutputCheckTarget:
+    """What the scheduled check of an output folder needs: the spec, the pinned corpus, the runs."""
+
+    spec: CampaignSpec
+    corpus_path: Path
+    store: Store
+    runs: dict[str, str]  # run name -> run ID, for runs with checkpoints in the store
+    inputs: dict[str, Path] = field(default_factory=dict)  # pinned input name -> its file
+
+
+def output_check_target(
+    out_dir: str | Path, *, spec_path: str | Path | None = None
+) -> OutputCheckTarget:
+    """Find the spec, corpus and checkpointed runs of a campaign output folder.
+
+    The spec is ``OUT/spec.yaml`` (the copy kept at the start) unless ``spec_path`` is given.
+    The corpus is the first file holding the pinned sha256 among: the copy the manifest (or
+    ``inputs.json``, written at the start) names, the spec's path relative to the spec file's
+    folder, and the same path inside ``OUT``.
+    The store is the one the spec's ``storage.url`` names (``OUT/checkpoints`` for 'local').
+    Pinned inputs are found as ``pins.resolve_inputs`` finds them (the copies in ``OUT`` first).
+
+    Raises:
+        SpecError: No spec, or no file with the pinned corpus hash.
+        NoUsableRestart: No run of the spec has a checkpoint in the store.
+    """
+    from gpucampaign.data.pins import input_sha256, resolve_inputs
+    from gpucampaign.folder.layout import INPUTS, corpus_file
+    from gpucampaign.spec import load_spec, resolve_inside
+    from gpucampaign.storage import open_store
+
+    out = Path(out_dir)
+    src = Path(spec_path) if spec_path is not None else out / "spec.yaml"
+    spec = load_spec(src)
+    if spec.corpus is None:
+        raise SpecError(
+            "the spec has no 'corpus' section: a restart check resumes training on it.",
+            field="corpus",
+        )
+    candidates: list[Path] = []
+    for record, key in (("manifest.json", "corpus"), (INPUTS, "corpus")):
+        if (out / record).is_file():
+            ref = json.loads((out / record).read_text(encoding="utf-8")).get(key) or {}
+            if ref.get("kind") == "copied" and ref.get("path"):
+                candidates.append(corpus_file(out, ref))
+    candidates += [
+        resolve_inside(src.resolve().parent, spec.corpus.path, field="corpus.path"),
+        resolve_inside(out, spec.corpus.path, field="corpus.path"),
+    ]
+    pinned = spec.corpus.sha256
+    corpus = next((c for c in candidates if c.exists() and input_sha256(c) == pinned), None)
+    if corpus is None:
+        raise SpecError(
+            f"field 'corpus.sha256': no file with the pinned hash {pinned[:12]}... was found at "
+            + ", ".join(str(c) for c in dict.fromkeys(candidates))
+            + "; give --spec the campaign's own spec file so its corpus path resolves.",
+            field="corpus.sha256",
+        )
+    store = open_store(spec.storage.url, out_dir=out)
+    runs = {r: spec.run_id(r) for r in spec.run_names() if store.list(spec.run_id(r))}
+    if not runs:
+        raise NoUsableRestart(
+            spec.name,
+            f"no run of campaign '{spec.name}' has a checkpoint "
+            f"in {store.url}: "
+            "nothing can be restarted before the rental ends",
+        )
+    inputs = resolve_inputs(spec, base_dir=src.resolve().parent, out_dir=out)
+    return OutputCheckTarget(spec=spec, corpus_path=corpus, store=store, runs=runs, inputs=inputs)

@@ -1,0 +1,452 @@
+"""The campaign spec: one frozen pydantic object that every phase receives.
+
+A spec is a YAML file. Only ``name``, ``packages``, ``window_hours`` (optional) and
+``calendar`` are needed to plan; the training parts (corpus, control, variants, decision
+rule...) may be absent until the campaign is run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from gpucampaign.spec.parts import (  # noqa: F401 - the spec's parts are imported from here too
+    BUILTIN_RECIPES,
+    DATA_PATH_FIELDS,
+    NAME_PATTERN,
+    NOT_IN_RUN_ID,
+    RECIPE_PATTERN,
+    TIERS,
+    CheckpointSpec,
+    CorpusSpec,
+    DecisionPointSpec,
+    DecisionRule,
+    DeliverySpec,
+    Expense,
+    GpuLockSpec,
+    InputSpec,
+    Package,
+    PilotSpec,
+    RunConfig,
+    SpecError,
+    Step,
+    StopRules,
+    StorageSpec,
+    Variant,
+    _Frozen,
+    canonical_json,
+    check_relative_path,
+)
+
+
+class CampaignSpec(_Frozen):
+    """A training campaign that must end in a decision."""
+
+    name: str = Field(
+        pattern=NAME_PATTERN, description="Campaign name, used in IDs and folder names."
+    )
+    question: str = Field(default="", description="The decision the campaign must reach.")
+    packages: tuple[Package, ...] = Field(min_length=1, description="Committed lots.")
+    window_hours: float | None = Field(
+        default=None,
+        gt=0,
+        description="Rental window; defaults to the shortest committed lot's duration.",
+    )
+    people: int = Field(default=1, ge=1, description="Number of human lanes.")
+    calendar: tuple[Step, ...] = Field(
+        min_length=1, description="End-to-end steps, human and machine."
+    )
+    catalog: str | None = Field(
+        default=None, description="Extra catalog YAML, relative to the spec file."
+    )
+    corpus: CorpusSpec | None = Field(default=None, description="The fixed corpus.")
+    inputs: dict[str, InputSpec] = Field(
+        default_factory=dict,
+        description="More pinned inputs by name (e.g. a base model), given to recipes as "
+        "ctx.inputs[name].",
+    )
+    control: RunConfig | None = Field(default=None, description="The control run's configuration.")
+    variants: tuple[Variant, ...] = Field(
+        default=(), description="Variants, each changing few factors."
+    )
+    decision_rule: DecisionRule | None = Field(
+        default=None, description="Metric, direction, threshold."
+    )
+    stop_rules: StopRules = Field(default_factory=StopRules, description="Stop rules.")
+    pilot: PilotSpec = Field(default_factory=PilotSpec, description="Pilot settings.")
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec,
+        description="Save policy: interval, checkpoints kept, interruptions.",
+    )
+    storage: StorageSpec = Field(default_factory=StorageSpec, description="Checkpoint storage.")
+    decision_point: DecisionPointSpec = Field(
+        default_factory=DecisionPointSpec, description="Decision point."
+    )
+    deliveries: DeliverySpec = Field(default_factory=DeliverySpec, description="Delivery unit.")
+    expenses: tuple[Expense, ...] = Field(default=(), description="Other expenses really incurred.")
+    gpu_lock: GpuLockSpec = Field(default_factory=GpuLockSpec, description="GPU lock settings.")
+
+    @field_validator("catalog")
+    @classmethod
+    def _catalog_inside(cls, v: str | None) -> str | None:
+        return None if v is None else check_relative_path(v, field="catalog")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CampaignSpec:
+        _check_links(self.calendar)
+        run_names = ["control"] + [v.name for v in self.variants]
+        dup_runs = sorted({n for n in run_names if run_names.count(n) > 1})
+        if dup_runs:
+            raise ValueError(
+                f"variants: duplicate run name(s) {dup_runs}; give every run a unique name"
+            )
+        for run, seeds in [("control", self.control.seeds if self.control else ())] + [
+            (v.name, v.seeds) for v in self.variants
+        ]:
+            if len(set(seeds)) != len(seeds) or any(k < 0 for k in seeds):
+                raise ValueError(
+                    f"seeds of '{run}': {list(seeds)} repeats a seed or has a negative one; "
+                    "give distinct seeds >= 0"
+                )
+        if self.variants and self.control is None:
+            raise ValueError(
+                "variants need a 'control' run configuration to change from; add 'control'"
+            )
+        for v in self.variants:
+            assert self.control is not None
+            try:
+                merge_changes(self.control, v.changes)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise ValueError(
+                    f"variant '{v.name}': change {'.'.join(map(str, err['loc']))} is invalid: "
+                    f"{err['msg']}"
+                ) from None
+        for s in self.calendar:
+            if s.run is not None and s.run not in run_names:
+                raise ValueError(
+                    f"calendar step '{s.name}': run '{s.run}' is neither 'control' nor a "
+                    "variant name"
+                )
+        return self
+
+    # --- derived values -------------------------------------------------------------------
+    @property
+    def window(self) -> float:
+        """The rental window in hours (explicit, or the shortest committed lot)."""
+        if self.window_hours is not None:
+            return self.window_hours
+        return float(min(p.days for p in self.packages) * 24)
+
+    def base_names(self) -> list[str]:
+        """Control first, then variants in spec order (no replicates)."""
+        return (["control"] if self.control is not None else []) + [v.name for v in self.variants]
+
+    def seeds_of(self, run: str) -> tuple[int, ...]:
+        """The replicate seeds a base run asks for (empty: one run, its own seed)."""
+        if run == "control":
+            return self.control.seeds if self.control is not None else ()
+        return next((v.seeds for v in self.variants if v.name == run), ())
+
+    def replicate_of(self, run: str) -> tuple[str, int] | None:
+        """``(base run, seed)`` of a replicate run name ``<base>.s<seed>``; None otherwise."""
+        base, sep, seed = run.rpartition(".s")
+        if sep and seed.isdigit() and int(seed) in self.seeds_of(base)[1:]:
+            return base, int(seed)
+        return None
+
+    def run_names(self) -> list[str]:
+        """Control first, then variants in spec order, each followed by its replicates."""
+        return [
+            name
+            for base in self.base_names()
+            for name in [base, *(f"{base}.s{k}" for k in self.seeds_of(base)[1:])]
+        ]
+
+    def tier_of(self, run: str) -> str:
+        """Tier of a run: the control is always essential; a replicate has its base's tier,
+        except the control's replicates, which are useful (a missing one stops nothing)."""
+        rep = self.replicate_of(run)
+        if rep is not None:
+            return "useful" if rep[0] == "control" else self.tier_of(rep[0])
+        if run == "control":
+            return "essential"
+        return next(v.tier for v in self.variants if v.name == run)
+
+    @property
+    def decision_split(self) -> str:
+        """The split the decision is reported on (the test split without a decision rule)."""
+        return self.decision_rule.report_split if self.decision_rule else "test"
+
+    @property
+    def selection_split(self) -> str:
+        """The split the winner is chosen on (val without a decision rule)."""
+        return self.decision_rule.select_split if self.decision_rule else "val"
+
+    def essential_runs(self) -> list[str]:
+        """The runs without which the campaign cannot decide (the control first)."""
+        return [r for r in self.run_names() if self.tier_of(r) == "essential"]
+
+    def runs_by_tier(self) -> list[str]:
+        """Every run, essential first, then useful, then exploratory (spec order within a tier)."""
+        return sorted(self.run_names(), key=lambda r: TIERS.index(self.tier_of(r)))
+
+    def run_config(self, run: str) -> RunConfig:
+        """The resolved configuration of a run (control, or control + a variant's changes)."""
+        if self.control is None:
+            raise SpecError(
+                "the spec has no 'control': add a control run configuration", field="control"
+            )
+        rep = self.replicate_of(run)
+        if rep is not None:
+            return self.run_config(rep[0]).model_copy(update={"seed": rep[1]})
+        seeds = self.seeds_of(run)
+        if run == "control":
+            return self.control.model_copy(update={"seed": seeds[0]}) if seeds else self.control
+        for v in self.variants:
+            if v.name == run:
+                cfg = merge_changes(self.control, v.changes)
+                return cfg.model_copy(update={"seed": seeds[0]}) if seeds else cfg
+        raise SpecError(f"no run named '{run}': use one of {self.run_names()}", field="run")
+
+    def run_id(self, run: str) -> str:
+        """``<name>-<10 hex of sha256(canonical JSON of the resolved run config)>``."""
+        return f"{run}-{self.run_sha256(run)[:10]}"
+
+    def run_sha256(self, run: str) -> str:
+        """Full sha256 over the run's payload: config, pinned corpus and recipe file."""
+        return run_payload_sha256(
+            self.run_config(run),
+            corpus_sha256=self.corpus.sha256 if self.corpus else None,
+            inputs={k: v.sha256 for k, v in self.inputs.items()},
+        )
+
+    def needs_table(self) -> bool:
+        """True when a run uses a built-in recipe, which reads the corpus as a feature table."""
+        return any(self.run_config(r).builtin for r in self.run_names()) or self.control is None
+
+
+def merge_changes(control: RunConfig, changes: dict[str, Any]) -> RunConfig:
+    """The control with a variant's ``changes``; ``args`` merge key by key into the control's."""
+    data = {**control.model_dump(), **changes}
+    if "args" in changes:
+        data["args"] = {**control.args, **(changes["args"] or {})}
+    return RunConfig.model_validate(data)
+
+
+def run_payload_sha256(
+    config: RunConfig, *, corpus_sha256: str | None = None, inputs: dict[str, str] | None = None
+) -> str:
+    """sha256 of what defines a run: the config, the pinned corpus and the recipe's file.
+
+    The recipe file's hash enters only for recipes given by import path, so editing that code
+    gives a new run ID while the built-in recipes keep theirs.
+    """
+    payload: dict[str, Any] = {"config": config.identity(), "corpus_sha256": corpus_sha256}
+    if inputs:
+        payload["inputs"] = dict(inputs)
+    if not config.builtin:
+        from gpucampaign.spec.recipefile import recipe_file_sha256
+
+        payload["recipe_sha256"] = recipe_file_sha256(config.recipe)
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+def make_run_id(name: str, config: RunConfig, *, corpus_sha256: str | None = None) -> str:
+    """Run ID: any change to the config, the pinned corpus or the recipe file gives a new ID."""
+    return f"{name}-{run_payload_sha256(config, corpus_sha256=corpus_sha256)[:10]}"
+
+
+def _check_links(calendar: tuple[Step, ...]) -> None:
+    """Unique step names, ``after`` links to known steps, and no cycle."""
+    names = [s.name for s in calendar]
+    dup = sorted(n for n, k in Counter(names).items() if k > 1)  # linear: calendars can be long
+    if dup:
+        raise ValueError(f"calendar: duplicate step name(s) {dup}; give every step a unique name")
+    known = set(names)
+    for s in calendar:
+        missing = [a for a in s.after if a not in known]
+        if missing:
+            raise ValueError(
+                f"calendar step '{s.name}': 'after' names unknown step(s) {missing}; "
+                f"use names of steps in the calendar"
+            )
+    cycle = _find_cycle({s.name: s.after for s in calendar})
+    if cycle:
+        raise ValueError(
+            "calendar: the 'after' links form a cycle "
+            + " -> ".join(cycle)
+            + "; remove one of these links"
+        )
+
+
+def _find_cycle(graph: dict[str, tuple[str, ...]]) -> list[str]:
+    color: dict[str, int] = {}
+    for root in graph:
+        if color.get(root):
+            continue
+        stack: list[tuple[str, int]] = [(root, 0)]
+        path: list[str] = []
+        while stack:
+            node, i = stack.pop()
+            if i == 0:
+                color[node] = 1
+                path.append(node)
+            deps = graph[node]
+            if i < len(deps):
+                stack.append((node, i + 1))
+                nxt = deps[i]
+                if color.get(nxt) == 1:
+                    return path[path.index(nxt) :] + [nxt]
+                if not color.get(nxt):
+                    stack.append((nxt, 0))
+            else:
+                color[node] = 2
+                path.pop()
+    return []
+
+
+_FIXES = {
+    "extra_forbidden": "remove it or check its spelling (see `campaign schema`)",
+    "missing": "add it",
+    "greater_than": "give a positive number",
+    "greater_than_equal": "give a larger number",
+    "literal_error": "use one of the allowed values",
+    "string_pattern_mismatch": "use letters, digits, '_', '.' or '-' (hashes: 64 lower-case hex)",
+    "too_short": "give at least one entry",
+}
+
+
+def format_validation_error(exc: ValidationError, *, source: str) -> SpecError:
+    """Turn pydantic's report into one paragraph that names the field and the fix."""
+    parts = []
+    first_field = ""
+    errors = exc.errors()
+    locs = [tuple(e["loc"]) for e in errors]
+    # A container's "too short" is only the echo of its invalid item: keep the deeper error.
+    errors = [
+        e
+        for e, loc in zip(errors, locs, strict=True)
+        if not any(o != loc and o[: len(loc)] == loc for o in locs)
+    ]
+    for err in errors[:3]:
+        loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith("function-after"))
+        loc = re.sub(r"\.(\d+)", r"[\1]", loc)
+        msg = err["msg"].removeprefix("Value error, ")
+        if not loc:
+            # Cross-field checks start their message with the field they concern.
+            first_field = first_field or msg.split(":")[0].split(" ")[0]
+        first_field = first_field or loc
+        fix = _FIXES.get(err["type"])
+        given = err.get("input")
+        shown = (
+            ""
+            if err["type"] in ("missing",) or isinstance(given, dict | list)
+            else f" (got {given!r})"
+        )
+        head = f"field '{loc}': " if loc else ""
+        parts.append(f"{head}{msg}{shown}" + (f"; fix: {fix}" if fix else ""))
+    more = len(errors) - 3
+    tail = f" ({more} more problem(s) after these)" if more > 0 else ""
+    return SpecError(
+        f"Invalid campaign spec {source}: " + "; ".join(parts) + tail + ".", field=first_field
+    )
+
+
+def parse_spec(data: Any, *, source: str = "<spec>") -> CampaignSpec:
+    """Validate a mapping into a CampaignSpec, raising SpecError on bad input."""
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"Invalid campaign spec {source}: the top level must be a mapping of fields."
+        )
+    try:
+        return CampaignSpec.model_validate(data)
+    except ValidationError as exc:
+        raise format_validation_error(exc, source=source) from None
+
+
+def load_spec(path: str | Path) -> CampaignSpec:
+    """Read and validate a YAML (or JSON) spec file."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(
+            f"Spec file '{p}' does not exist: give the path of a campaign YAML file.", field="SPEC"
+        )
+    from gpucampaign.spec.recipefile import use_recipe_dir
+
+    use_recipe_dir(p.resolve().parent)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SpecError(
+            f"Spec file '{p}' is not valid YAML ({exc}); fix the syntax at that line."
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"Spec file '{p}' is not UTF-8 text ({exc}); save it as UTF-8.") from None
+    return parse_spec(data, source=f"'{p}'")
+
+
+#: How a user-named file of each format is parsed, the errors that mean it does not parse, and
+#: the hint said with them.
+_PARSERS: dict[str, tuple[Callable[[str], Any], tuple[type[Exception], ...], str]] = {
+    "JSON": (json.loads, (ValueError,), ""),
+    "YAML": (yaml.safe_load, (yaml.YAMLError, UnicodeDecodeError), "; fix the syntax."),
+}
+
+
+def read_mapping_file(
+    path: Path, *, field: str, missing: str, not_mapping: str, fmt: str = "YAML", where: str = ""
+) -> dict[str, Any]:
+    """The mapping a user-named JSON or YAML file holds.
+
+    Args:
+        path: the file.
+        field: the field (or CLI argument) the errors name.
+        missing: the error when the file does not exist.
+        not_mapping: what the error says of ``path`` when it holds no mapping.
+        fmt: ``JSON`` or ``YAML``.
+        where: the start of every error (e.g. ``field 'catalog': ``).
+
+    Raises:
+        SpecError: the file is missing, does not parse, or holds no mapping.
+    """
+    if not path.is_file():
+        raise SpecError(f"{where}{missing}", field=field)
+    parse, errors, hint = _PARSERS[fmt]
+    try:
+        data = parse(path.read_text(encoding="utf-8"))
+    except errors as exc:
+        raise SpecError(f"{where}'{path}' is not valid {fmt} ({exc}){hint}", field=field) from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}'{path}' {not_mapping}", field=field)
+    return data
+
+
+def resolve_inside(base: str | Path, relative: str, *, field: str) -> Path:
+    """Resolve ``relative`` under ``base``; raise SpecError when it would escape ``base``."""
+    root = Path(base).resolve()
+    try:
+        check_relative_path(relative, field=field)
+    except ValueError as exc:
+        raise SpecError(f"field '{field}': {exc}.", field=field) from None
+    target = (root / relative).resolve()
+    if target != root and root not in target.parents:
+        raise SpecError(
+            f"field '{field}': '{relative}' resolves outside '{root}' (through a link?); "
+            "keep the file inside the spec's folder.",
+            field=field,
+        )
+    return target
+
+
+def spec_sha256(spec: CampaignSpec) -> str:
+    """Hash of the validated spec's canonical JSON."""
+    return hashlib.sha256(canonical_json(spec.model_dump(mode="json")).encode()).hexdigest()

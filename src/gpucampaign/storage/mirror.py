@@ -1,0 +1,171 @@
+"""Copy a whole output folder to a store and back: ``mirror_folder``, ``retrieve_folder``,
+and ``mirror_output`` (the close's mirror to the campaign's S3 store, after the spool).
+
+The mirror's index (``mirror-index.json``: every file with its size and sha256) is written
+last, so an interrupted mirror leaves the previous complete one readable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gpucampaign.core.files import TMP_PREFIX, fsync_dir, json_bytes, sha256_file, utc_now
+from gpucampaign.spec import SpecError
+from gpucampaign.storage.base import SPOOL_DIR, LocalStore, NotFound, StorageError, Store, check_key
+from gpucampaign.storage.open import open_store
+from gpucampaign.storage.spool import SpoolingStore, spooled_keys
+
+MIRROR_INDEX = "mirror-index.json"
+_MIRROR_FORMAT = "gpucampaign-mirror/1"
+
+
+def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict[str, Any]:
+    """Copy every file of ``folder`` to the same relative keys in ``store``, then its index.
+
+    Each upload is verified by the store before the index (``mirror-index.json``: every
+    file with its size and sha256) is written; a file the previous index lists with the same
+    hash and the store holds with the same size is not sent again. The index is what
+    ``retrieve_folder`` brings back, so a mirror interrupted half-way leaves the previous
+    complete one readable. Temporary files of unfinished writes are skipped.
+
+    Returns:
+        ``{"url", "files", "uploaded", "bytes"}``.
+
+    Raises:
+        StorageError: An upload failed or was not verified; the index did not move.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = Path(folder)
+    if not root.is_dir():
+        raise StorageError(f"cannot mirror {root}: not a folder")
+    rels = [
+        r
+        for r in LocalStore(root).list()
+        if r != MIRROR_INDEX and not r.startswith(f"{SPOOL_DIR}/") and not (root / r).is_symlink()
+    ]
+    try:
+        previous = json.loads(store.read_bytes(MIRROR_INDEX)).get("files", {})
+    except (NotFound, ValueError, AttributeError):
+        previous = {}
+
+    def send(rel: str) -> tuple[str, dict[str, Any], bool]:
+        info = {"bytes": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
+        if previous.get(rel) == info and store.exists(rel) and store.size(rel) == info["bytes"]:
+            return rel, info, False
+        store.put_file(rel, src=root / rel, sha256=info["sha256"])
+        return rel, info, True
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        done = list(pool.map(send, rels))
+    index = {
+        "format": _MIRROR_FORMAT,
+        "mirrored_at": utc_now(),
+        "files": {rel: info for rel, info, _ in done},
+    }
+    store.write_bytes(MIRROR_INDEX, data=json_bytes(index))
+    return {
+        "url": store.url,
+        "files": len(done),
+        "uploaded": sum(sent for *_, sent in done),
+        "bytes": sum(info["bytes"] for _, info, _ in done),
+    }
+
+
+def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict[str, Any]:
+    """Bring a mirrored output folder back from ``store`` into the new folder ``dest``.
+
+    Every file of the mirror's index is downloaded and checked against the size and sha256
+    the index holds; the files land in a temporary folder beside ``dest`` that is renamed to
+    ``dest`` only when all of them are there, so a failed retrieve leaves no half folder.
+
+    Returns:
+        ``{"url", "dest", "files", "bytes"}``.
+
+    Raises:
+        SpecError: ``dest`` exists and is not an empty folder.
+        StorageError: No mirror under the store's URL, or a file is missing or altered.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    dest = Path(dest)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise SpecError(
+            f"'{dest}' exists and is not an empty folder: retrieve into a new one.", field="--to"
+        )
+    try:
+        files = json.loads(store.read_bytes(MIRROR_INDEX))["files"]
+    except NotFound:
+        msg = f"{store.url} holds no mirrored output folder (no {MIRROR_INDEX})"
+        raise StorageError(msg) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StorageError(f"{store.url}/{MIRROR_INDEX} is not a mirror index ({exc})") from None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = dest.parent / f"{TMP_PREFIX}{dest.name}-{uuid.uuid4().hex[:8]}"
+
+    def fetch(rel: str) -> int:
+        target = work / check_key(rel)
+        store.get_file(rel, dst=target)
+        with open(target, "rb") as f:  # get_file does not fsync; the folder is kept for good
+            os.fsync(f.fileno())
+        want = files[rel]
+        size, digest = target.stat().st_size, sha256_file(target)
+        if size != want["bytes"] or digest != want["sha256"]:
+            raise StorageError(
+                f"{store.url}/{rel}: {size} bytes / sha256 {digest[:12]}, "
+                f"the mirror index says {want['bytes']} / {want['sha256'][:12]}"
+            )
+        return size
+
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            total = sum(pool.map(fetch, sorted(files)))
+        if dest.exists():
+            dest.rmdir()
+        os.rename(work, dest)
+        fsync_dir(dest.parent)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"url": store.url, "dest": str(dest), "files": len(files), "bytes": total}
+
+
+def mirror_output(
+    root: str | Path, *, url: str, env: Mapping[str, str] | None = None, drain_s: float = 60.0
+) -> dict[str, Any]:
+    """Mirror a closed output folder to the campaign's S3 store (nothing to do for 'local').
+
+    Checkpoint files still waiting in the folder's spool are uploaded first (for up to
+    ``drain_s`` seconds); those that remain are named in the result.
+
+    Returns:
+        ``{"url", "files", "uploaded", "bytes"}`` after a mirror, ``{"url": "local"}`` when the
+        files stay on this machine, or ``{"url", "error", "spooled"}`` when the store refused
+        the folder or some checkpoint files: they are complete here but not yet off the
+        machine, and a later ``mirror`` can finish it.
+    """
+    if url == "local":
+        return {"url": "local"}
+    try:
+        store = open_store(url, out_dir=root, env=env, spool=False)
+        pending = spooled_keys(root)
+        if pending:
+            spooling = SpoolingStore(store, spool_dir=Path(root) / SPOOL_DIR)
+            pending = spooling.drain(timeout_s=drain_s)
+        done = mirror_folder(root, store=store)
+    except StorageError as exc:
+        return {"url": url, "error": str(exc), "spooled": spooled_keys(root)}
+    if pending:
+        done.update(
+            spooled=pending,
+            error=(
+                f"{len(pending)} checkpoint file(s) are still only on this machine in "
+                f"{Path(root) / SPOOL_DIR}: the S3 server did not take them yet"
+            ),
+        )
+    return done

@@ -1,0 +1,64 @@
+"""From a spec's ``storage.url`` to a store: the one place that maps a URL to a backend.
+
+``check_storage`` tries the URL, the credentials and the bucket before anything trains. It
+sits above both backends and the spool, which it wraps around an S3 store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from gpucampaign.folder.layout import CHECKPOINTS_DIR
+from gpucampaign.spec import SpecError
+from gpucampaign.storage.base import SPOOL_DIR, LocalStore, StorageError, Store
+from gpucampaign.storage.s3 import S3Store
+from gpucampaign.storage.spool import SpoolingStore
+
+
+def open_store(
+    url: str, *, out_dir: str | Path, env: Mapping[str, str] | None = None, spool: bool = True
+) -> Store:
+    """The store named by a spec's ``storage.url``.
+
+    Args:
+        url: ``'local'`` (checkpoints in ``out_dir/checkpoints``) or ``'s3://bucket/prefix'``.
+        out_dir: The campaign's output folder.
+        env: The AWS variables for an S3 store (default: the environment).
+        spool: For S3, keep what the server cannot take now in ``out_dir/spool`` and upload it
+            in the background (``spool.SpoolingStore``); ``False`` for the bare ``S3Store``.
+
+    Raises:
+        SpecError: The URL names no known storage.
+        StorageError: The S3 client cannot be configured (a missing profile, say).
+    """
+    if url == "local":
+        return LocalStore(Path(out_dir) / CHECKPOINTS_DIR)
+    if url.startswith("s3://"):
+        if not spool:
+            return S3Store(url, env=env)
+        return SpoolingStore(S3Store(url, env=env), spool_dir=Path(out_dir) / SPOOL_DIR)
+    raise SpecError(
+        f"field 'storage.url': unknown storage '{url}'; use 'local' or 's3://bucket/prefix'.",
+        field="storage.url",
+    )
+
+
+def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
+    """Before anything trains: the URL, the credentials and the bucket of ``storage.url``.
+
+    ``'local'`` needs no check. For ``s3://`` a probe object is written, read back and deleted.
+
+    Raises:
+        SpecError: What is wrong, naming the URL and the endpoint (never a key).
+    """
+    if url == "local":
+        return
+    try:
+        store = open_store(url, out_dir=".", env=env, spool=False)
+        if isinstance(store, S3Store):
+            store.check()
+    except StorageError as exc:
+        raise SpecError(
+            f"field 'storage.url': {url} is not usable: {exc}", field="storage.url"
+        ) from None

@@ -1,0 +1,448 @@
+"""Verify a closed output folder: one function per check, each naming its problems.
+
+``verify_output`` trusts nothing it is not able to check again: sizes and hashes against the
+manifest, paths that point into a temporary folder or out of the folder, the plan against the
+hash written at the start, and every model reloaded in a fresh process that must reproduce its
+``predictions.csv`` exactly on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from gpucampaign.close.ledger import LEDGER, sealed_prefix_intact
+from gpucampaign.close.predictions import reload_in_fresh_process
+from gpucampaign.core.files import sha256_bytes, sha256_file
+from gpucampaign.data.pins import input_sha256
+from gpucampaign.folder.layout import (
+    MANIFEST,
+    MODEL_FILES,
+    PLAN,
+    PLAN_SHA,
+    RUN_FILES,
+    SPEC_COPY,
+    STOPS,
+    OutputFolder,
+)
+from gpucampaign.spec import SpecError, load_spec, spec_sha256
+from gpucampaign.verify.context import Problem, VerifyContext, run_id_is_a_name
+
+_PATH_KEY = re.compile(r"(^|_)(path|paths|dir|dirs|folder|file|files|location)$", re.IGNORECASE)
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_MD_LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|(?:src|href)=[\"']([^\"']+)[\"']")
+
+
+@dataclass
+class VerifyReport:
+    """The verdict of ``verify_output``: verified only with no problem at all."""
+
+    verified: bool
+    problems: list[Problem] = field(default_factory=list)
+    checked_files: int = 0
+    reloaded_runs: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (``campaign verify --json``)."""
+        return asdict(self)
+
+    def codes(self) -> set[str]:
+        """The problem codes found."""
+        return {p.code for p in self.problems}
+
+
+# --- paths ----------------------------------------------------------------------------------
+def _escapes(value: str) -> bool:
+    if _URL.match(value) or value.startswith(("#", "data:", "mailto:")):
+        return False
+    p = PurePosixPath(value.replace("\\", "/"))
+    return (
+        p.is_absolute()
+        or value.startswith("~")
+        or bool(re.match(r"^[A-Za-z]:", value))
+        or ".." in p.parts
+    )
+
+
+def _json_path_values(obj: Any, pointer: str = "") -> Iterable[tuple[str, str]]:
+    """(JSON pointer, value) of every string under a key that names a path."""
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            ptr = f"{pointer}/{k}"
+            if _PATH_KEY.search(str(k)):
+                if isinstance(v, str):
+                    yield ptr, v
+                elif isinstance(v, list):
+                    yield from ((f"{ptr}/{n}", x) for n, x in enumerate(v) if isinstance(x, str))
+            if isinstance(v, Mapping | list):
+                yield from _json_path_values(v, ptr)
+    elif isinstance(obj, list):
+        for n, v in enumerate(obj):
+            yield from _json_path_values(v, f"{pointer}/{n}")
+
+
+# --- the checks -----------------------------------------------------------------------------
+def check_manifest_readable(ctx: VerifyContext) -> list[Problem]:
+    """``manifest.json`` exists and has a list of files."""
+    if not (ctx.base / MANIFEST).is_file():
+        detail = "no manifest.json: the campaign did not close, or it was removed"
+        return [Problem("missing_manifest", MANIFEST, detail)]
+    if ctx.manifest is None:
+        detail = f"manifest.json is not a valid manifest: {ctx.manifest_error}"
+        return [Problem("invalid_manifest", MANIFEST, detail)]
+    return []
+
+
+def check_links(ctx: VerifyContext) -> list[Problem]:
+    """No file is a link; a link out of the folder is an escaping path."""
+    problems = []
+    for rel in ctx.scanned():
+        p = ctx.base / rel
+        if p.is_symlink():
+            target = os.path.realpath(p)
+            inside = Path(target).is_relative_to(ctx.base.resolve())
+            code = "symlink" if inside else "escaping_path"
+            problems.append(Problem(code, rel, f"a link to '{target}', not a file"))
+    return problems
+
+
+def _rows_after_header(text: str | None) -> int | None:
+    return None if text is None else max(len(text.strip().splitlines()) - 1, 0)
+
+
+def check_empty_files(ctx: VerifyContext) -> list[Problem]:
+    """No file is empty, no text file is undecodable, every predictions.csv has a row."""
+    problems = []
+    for rel in ctx.scanned():
+        p = ctx.base / rel
+        if p.is_symlink():
+            continue
+        if p.stat().st_size == 0:
+            problems.append(Problem("empty_file", rel, "the file is empty"))
+        elif ctx.undecodable(rel) and p.suffix not in (".json", ".jsonl"):
+            problems.append(Problem("empty_file", rel, "not UTF-8 text"))
+        elif p.name == "predictions.csv" and _rows_after_header(ctx.text(rel)) == 0:
+            detail = "predictions.csv has a header and no prediction row"
+            problems.append(Problem("empty_file", rel, detail))
+    return problems
+
+
+def check_json(ctx: VerifyContext) -> list[Problem]:
+    """Every ``.json`` file parses, and every line of every ``.jsonl`` file."""
+    problems = []
+    for rel in ctx.scanned():
+        if Path(rel).suffix not in (".json", ".jsonl") or not ctx.regular(rel):
+            continue
+        if ctx.undecodable(rel):
+            problems.append(Problem("invalid_json", rel, "not UTF-8 text"))
+            continue
+        _, error = ctx.json_docs(rel)
+        if error:
+            problems.append(Problem("invalid_json", rel, error))
+    return problems
+
+
+def check_temp_paths(ctx: VerifyContext) -> list[Problem]:
+    """No text file points into a temporary folder (the first such place of each is named)."""
+    problems = []
+    for rel in ctx.scanned():
+        scan = ctx.scan_text(rel)
+        m = ctx.temp_re.search(scan) if scan is not None else None
+        if m:
+            line = scan.count("\n", 0, m.start()) + 1
+            snippet = scan[m.start() : m.start() + 80].split("\n")[0].split('"')[0]
+            detail = f"line {line} points into a temporary folder: '{snippet}'"
+            problems.append(Problem("temp_path", rel, detail))
+    return problems
+
+
+def _external_corpus(manifest: Mapping[str, Any] | None) -> bool:
+    corpus = (manifest or {}).get("corpus")
+    return isinstance(corpus, Mapping) and corpus.get("kind") == "external"
+
+
+def check_escaping_paths(ctx: VerifyContext) -> list[Problem]:
+    """No markdown/HTML link and no JSON path value is absolute or climbs out of the folder.
+
+    A value in a temporary folder is named by ``check_temp_paths`` instead; the manifest's
+    external corpus location is the one absolute path allowed.
+    """
+    problems = []
+    for rel in ctx.scanned():
+        scan = ctx.scan_text(rel)
+        if scan is not None and Path(rel).suffix in (".md", ".html"):
+            for mm in _MD_LINK.finditer(scan):
+                target = mm.group(1) or mm.group(2)
+                if target and _escapes(target):
+                    detail = f"links to '{target}', outside the output folder"
+                    problems.append(Problem("escaping_path", rel, detail))
+        external_ok = rel == MANIFEST and _external_corpus(ctx.manifest)
+        for doc in ctx.json_docs(rel)[0]:
+            for ptr, value in _json_path_values(doc):
+                if external_ok and ptr == "/corpus/location":
+                    continue
+                if _escapes(value) and not ctx.temp_re.match(value):
+                    detail = f"{ptr} = '{value}' is absolute or climbs out of the output folder"
+                    problems.append(Problem("escaping_path", rel, detail))
+    return problems
+
+
+def check_manifest_files(ctx: VerifyContext) -> list[Problem]:
+    """The manifest lists every file present, each with its size and sha256, and no other."""
+    if ctx.manifest is None:
+        return []
+    problems = []
+    listed: dict[str, Mapping[str, Any]] = {}
+    for entry in ctx.manifest["files"]:
+        if not isinstance(entry, Mapping):
+            detail = f"file entry {entry!r} is not an object"
+            problems.append(Problem("invalid_manifest", MANIFEST, detail))
+            continue
+        rel = str(entry.get("path", ""))
+        if _escapes(rel) or not rel:
+            detail = f"file entry '{rel}' is absolute or climbs out of the output folder"
+            problems.append(Problem("escaping_path", MANIFEST, detail))
+            continue
+        listed[rel] = entry
+    present = set(ctx.present)
+    for rel in sorted(set(listed) - present):
+        problems.append(Problem("missing_file", rel, "listed in manifest.json but absent"))
+    for rel in sorted(present - set(listed)):
+        if rel == LEDGER and _ledger_grew(ctx.base / rel, size=0, sha256=sha256_bytes(b"")):
+            continue  # a ledger started after the seal: growth from nothing
+        problems.append(Problem("unlisted_file", rel, "present but not listed in manifest.json"))
+    for rel in sorted(set(listed) & present):
+        p, entry = ctx.base / rel, listed[rel]
+        if p.is_symlink():
+            continue
+        if rel == LEDGER and _ledger_grew(p, size=entry.get("size"), sha256=entry.get("sha256")):
+            continue
+        size = p.stat().st_size
+        if size != entry.get("size"):
+            detail = f"{size} bytes, manifest says {entry.get('size')}"
+            problems.append(Problem("size_mismatch", rel, detail))
+        elif sha256_file(p) != entry.get("sha256"):
+            detail = f"sha256 differs from the manifest's {str(entry.get('sha256'))[:12]}..."
+            problems.append(Problem("hash_mismatch", rel, detail))
+    return problems
+
+
+def _ledger_grew(path: Path, *, size: Any, sha256: Any) -> bool:
+    """The ledger only had expenses appended after the seal: its sealed bytes are intact."""
+    if not isinstance(size, int) or not isinstance(sha256, str) or path.is_symlink():
+        return False
+    return sealed_prefix_intact(path.read_bytes(), size=size, sha256=sha256)
+
+
+def check_plan_hash(ctx: VerifyContext) -> list[Problem]:
+    """``plan.json`` still has the hash written at the start, and the manifest agrees."""
+    recorded = OutputFolder(ctx.base).plan_sha256()
+    if not (ctx.base / PLAN).is_file():
+        return [Problem("missing_plan", PLAN, "plan.json is missing")]
+    if recorded is None:
+        detail = "plan.sha256 (the plan's hash written at the start) is missing"
+        return [Problem("missing_plan", PLAN_SHA, detail)]
+    problems = []
+    actual = sha256_file(ctx.base / PLAN)
+    if actual != recorded:
+        detail = f"sha256 {actual[:12]}... differs from {recorded[:12]}... written at the start"
+        problems.append(Problem("plan_changed", PLAN, detail))
+    if ctx.manifest is not None and ctx.manifest.get("plan_sha256") != recorded:
+        detail = "plan_sha256 in the manifest differs from plan.sha256 written at the start"
+        problems.append(Problem("plan_changed", MANIFEST, detail))
+    return problems
+
+
+def check_spec(ctx: VerifyContext) -> list[Problem]:
+    """``spec.yaml`` loads with the manifest's hash, and every run it defines is in the manifest."""
+    if ctx.manifest is None:
+        return []
+    if not (ctx.base / SPEC_COPY).is_file():
+        return [Problem("missing_file", SPEC_COPY, "spec.yaml (the campaign's spec) is missing")]
+    try:
+        spec = load_spec(ctx.base / SPEC_COPY)
+    except SpecError as exc:
+        return [Problem("spec_changed", SPEC_COPY, f"spec.yaml no longer loads: {exc}")]
+    problems = []
+    if ctx.manifest.get("spec_sha256") != spec_sha256(spec):
+        detail = "the spec's sha256 differs from the manifest's spec_sha256"
+        problems.append(Problem("spec_changed", SPEC_COPY, detail))
+    for name in spec.run_names() if spec.control is not None else []:
+        rid = spec.run_id(name)
+        if rid not in ctx.runs:
+            detail = f"run '{name}' ({rid}) of the spec is not in the manifest"
+            problems.append(Problem("missing_run", f"runs/{rid}", detail))
+    return problems
+
+
+def check_manifest_runs(ctx: VerifyContext) -> list[Problem]:
+    """The manifest's runs are objects keyed by a folder name inside ``runs/``."""
+    runs = (ctx.manifest or {}).get("runs") or {}
+    if not isinstance(runs, Mapping):
+        return [Problem("invalid_manifest", MANIFEST, "'runs' is not an object")]
+    problems = []
+    for rid, info in runs.items():
+        if not isinstance(info, Mapping):
+            problems.append(Problem("invalid_manifest", MANIFEST, f"run {rid!r} is not an object"))
+        elif not run_id_is_a_name(rid):
+            detail = f"run ID {rid!r} is not a folder name inside runs/"
+            problems.append(Problem("escaping_path", MANIFEST, detail))
+    return problems
+
+
+def _lacking_files(ctx: VerifyContext, run_id: str) -> list[str]:
+    """The files a completed run should have and does not (relative to its folder)."""
+    rdir = ctx.base / "runs" / run_id
+    lacking = [f for f in RUN_FILES if not (rdir / f).is_file()]
+    lacking += [f"model/{f}" for f in MODEL_FILES if not (rdir / "model" / f).is_file()]
+    return lacking
+
+
+def check_expected_runs(ctx: VerifyContext) -> list[Problem]:
+    """Each stopped run's stop is in ``stops.jsonl``; each completed run has all its files."""
+    if ctx.manifest is None:
+        return []
+    # The lines that parse: a bad line is named by check_json.
+    stops = ctx.json_docs(STOPS)[0] if (ctx.base / STOPS).is_file() else []
+    stop_ids = {r.get("stop_id") for r in stops if isinstance(r, Mapping)}
+    problems = []
+    for rid, info in ctx.runs.items():
+        rdir = f"runs/{rid}"
+        if info.get("stop_id") and info["stop_id"] not in stop_ids:
+            detail = f"stop {info['stop_id']} of run {rid} is not in stops.jsonl"
+            problems.append(Problem("unknown_stop", rdir, detail))
+        if info.get("status") != "completed":
+            continue
+        if not (ctx.base / rdir).is_dir():
+            detail = (
+                f"expected run {rid} ({info.get('run')}) is completed but its folder is missing"
+            )
+            problems.append(Problem("missing_run", rdir, detail))
+            continue
+        for f in _lacking_files(ctx, rid):
+            detail = f"completed run {rid} lacks {f}"
+            problems.append(Problem("missing_file", f"{rdir}/{f}", detail))
+    return problems
+
+
+def check_corpus(ctx: VerifyContext) -> list[Problem]:
+    """The corpus the predictions came from is there (copied or external) with its sha256."""
+    corpus = (ctx.manifest or {}).get("corpus")
+    if not isinstance(corpus, Mapping):
+        return []
+    if corpus.get("kind") == "copied":
+        rel, named = str(corpus.get("path", "")), str(corpus.get("path"))
+        if _escapes(rel):
+            return []  # already named by check_escaping_paths
+        if not (ctx.base / rel).exists():
+            return [Problem("corpus_missing", named, "the corpus copy is missing")]
+        if input_sha256(ctx.base / rel) != corpus.get("sha256"):
+            detail = "the corpus copy's sha256 differs from the manifest"
+            return [Problem("corpus_mismatch", named, detail)]
+        return []
+    # A temporary location is named by check_temp_paths, from the manifest's text.
+    loc = str(corpus.get("location", ""))
+    if not Path(loc).exists():
+        return [Problem("corpus_missing", MANIFEST, f"the external corpus '{loc}' is missing")]
+    if input_sha256(loc) != corpus.get("sha256"):
+        detail = f"the external corpus '{loc}' does not have the recorded sha256"
+        return [Problem("corpus_mismatch", MANIFEST, detail)]
+    return []
+
+
+#: The run states whose model must reload: completed runs, and runs interrupted under
+#: ``resume: inference`` whose last good model and predictions were written (evidence).
+RELOADED_STATES = ("completed", "interrupted")
+
+
+def check_models_reload(ctx: VerifyContext) -> list[Problem]:
+    """Every completed run's model (and an interrupted run's kept model) reloads in a fresh
+    process and reproduces its predictions.
+
+    Runs without a folder, a ``predictions.csv`` or model files are skipped (named by
+    ``check_expected_runs`` for a completed run; an interrupted run need not have them). The
+    runs reproduced exactly go to ``ctx.reloaded``.
+    """
+    if ctx.manifest is None or not ctx.reload:
+        return []
+    to_reload = [
+        rid
+        for rid, info in ctx.runs.items()
+        if info.get("status") in RELOADED_STATES
+        and (ctx.base / "runs" / rid).is_dir()
+        and not any(
+            f == "predictions.csv" or f.startswith("model/") for f in _lacking_files(ctx, rid)
+        )
+    ]
+    problems = []
+    found = reload_in_fresh_process(ctx.base, to_reload, timeout_s=ctx.timeout_s)
+    for rid, res in found.items():
+        if res.get("ok"):
+            ctx.reloaded.append(rid)
+        elif res.get("error"):
+            detail = f"the model does not reload in a fresh process: {res['error']}"
+            problems.append(Problem("reload_failed", f"runs/{rid}/model", detail))
+        else:
+            fm = res.get("first_mismatch") or {}
+            detail = (
+                f"the reloaded model differs on {res.get('mismatches')} of {res.get('rows')} rows "
+                f"(first: id {fm.get('id')}: expected {fm.get('expected')}, got {fm.get('got')})"
+            )
+            problems.append(Problem("predictions_mismatch", f"runs/{rid}/predictions.csv", detail))
+    return problems
+
+
+CHECKS: tuple[Callable[[VerifyContext], list[Problem]], ...] = (
+    check_manifest_readable,
+    check_links,
+    check_empty_files,
+    check_json,
+    check_temp_paths,
+    check_escaping_paths,
+    check_manifest_files,
+    check_plan_hash,
+    check_spec,
+    check_manifest_runs,
+    check_expected_runs,
+    check_corpus,
+    check_models_reload,
+)
+
+
+def verify_output(root: str | Path, *, reload: bool = True, timeout_s: float = 600) -> VerifyReport:
+    """Check an output folder and name each problem.
+
+    Checks, in order (``CHECKS``): the manifest lists every file with its size and sha256
+    (and nothing else); no file is empty; JSON files parse; no path points into a temporary
+    folder or out of the folder; ``plan.json`` still has the hash written at the start; the
+    spec copy still has the recorded hash and every run it defines appears with a status; each
+    ``completed`` run has its files and a model; a stopped run's stop is in ``stops.jsonl``;
+    the corpus is there with its hash; and (``reload=True``) every model reloads in a fresh
+    process and reproduces its ``predictions.csv`` exactly on CPU.
+
+    Problem codes: missing_manifest, invalid_manifest, missing_file, unlisted_file,
+    size_mismatch, hash_mismatch, empty_file, invalid_json, temp_path, escaping_path, symlink,
+    missing_plan, plan_changed, spec_changed, missing_run, unknown_stop, corpus_missing,
+    corpus_mismatch, reload_failed, predictions_mismatch.
+
+    Args:
+        root: the output folder.
+        reload: also reload every completed run's model in a fresh process.
+        timeout_s: limit for the reload process.
+    """
+    base = Path(root)
+    if not base.is_dir():
+        problem = Problem("missing_manifest", ".", f"'{base}' is not a folder")
+        return VerifyReport(verified=False, problems=[problem])
+    ctx = VerifyContext.open(base, reload=reload, timeout_s=timeout_s)
+    problems = [p for check in CHECKS for p in check(ctx)]
+    return VerifyReport(
+        verified=not problems and ctx.manifest is not None,
+        problems=problems,
+        checked_files=len(ctx.present),
+        reloaded_runs=ctx.reloaded,
+    )
