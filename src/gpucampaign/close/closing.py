@@ -36,7 +36,7 @@ from gpucampaign.close.report import build_report, write_report
 from gpucampaign.close.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.data.corpus import corpus_path, load_spec_corpus
-from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.layout import METRICS_FILE, OutputFolder, run_file
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import (
     MODEL_WEIGHTS,
@@ -317,7 +317,7 @@ def read_run_metrics(
     """``metrics.jsonl`` rows per run name, for the runs that wrote one."""
     out = {}
     for rid, s in states.items():
-        path = Path(root) / "runs" / rid / "metrics.jsonl"
+        path = Path(root) / run_file(rid, METRICS_FILE)
         if path.is_file():
             out[s.run] = read_metrics(path)
     return out

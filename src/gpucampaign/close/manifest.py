@@ -15,14 +15,22 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import git_commit, sha256_file, utc_now
-from gpucampaign.folder.layout import INPUTS, MANIFEST, PLAN_SHA, RELOAD, OutputFolder
+from gpucampaign.folder.layout import (
+    CHECKPOINTS_DIR,
+    INPUTS,
+    MANIFEST,
+    PLAN_SHA,
+    RELOAD,
+    OutputFolder,
+    model_config,
+)
 from gpucampaign.spec import BUILTIN_RECIPES, CampaignSpec, SpecError, resolve_inside, spec_sha256
 
 CORPUS_COPY_LIMIT = 50 * 1024 * 1024
 # Names the output folder writes itself: a catalog copied in must not land on one of them.
 _RESERVED_TOPS = (
     "runs",
-    "checkpoints",
+    CHECKPOINTS_DIR,
     "spool",
     "data",
     "inputs",
@@ -431,7 +439,7 @@ def write_reload_md(
 
 def _trained_by_a_recipe(root: Path, run_id: str) -> bool:
     """Whether the run's model names a user's recipe, by the rule of ``RunConfig.builtin``."""
-    path = root / "runs" / run_id / "model" / "config.json"
+    path = root / model_config(run_id)
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

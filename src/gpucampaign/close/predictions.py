@@ -22,12 +22,20 @@ from typing import Any
 
 # Re-exported: callers import the error analysis from here.
 from gpucampaign.close.errors import Predictions, error_analysis, render_error_analysis_md  # noqa: F401
-from gpucampaign.folder.layout import SPEC_COPY, OutputFolder, corpus_file, read_manifest
+from gpucampaign.core.files import csv_text
+from gpucampaign.folder.layout import (
+    PREDICTIONS_FILE,
+    SPEC_COPY,
+    OutputFolder,
+    corpus_file,
+    model_config,
+    read_manifest,
+    run_file,
+)
 from gpucampaign.recipes import load_run_model
 from gpucampaign.spec import SpecError, load_spec
 
 PREDICTION_COLUMNS = ("id", "label", "prediction", "confidence")
-PREDICTIONS_FILE = "predictions.csv"
 
 
 def predictions_file(split: str, *, report_split: str) -> str:
@@ -44,20 +52,15 @@ def _tolist(x: Any) -> list[Any]:
     return list(x)
 
 
-def _csv_cell(s: str) -> str:
-    if any(ch in s for ch in ',"\n\r'):
-        return '"' + s.replace('"', '""') + '"'
-    return s
-
-
 def _predictions_csv(
     ids: Sequence[Any], *, labels: Sequence[Any], preds: Sequence[Any], confidence: Sequence[Any]
 ) -> str:
     """The CSV text; ``repr`` of each float confidence, so a read gives back the same floats."""
-    lines = [",".join(PREDICTION_COLUMNS)]
-    for i, y, p, c in zip(ids, labels, preds, confidence, strict=True):
-        lines.append(f"{_csv_cell(str(i))},{int(y)},{int(p)},{float(c)!r}")
-    return "\n".join(lines) + "\n"
+    rows = [
+        {"id": str(i), "label": int(y), "prediction": int(p), "confidence": float(c)}
+        for i, y, p, c in zip(ids, labels, preds, confidence, strict=True)
+    ]
+    return csv_text(rows, columns=PREDICTION_COLUMNS)
 
 
 def write_predictions(
@@ -263,7 +266,7 @@ def reload_check(
             res.update(_recipe_check(root, rid, corpus=corpus))
             continue
         try:
-            expected = read_predictions(OutputFolder(root).path(f"runs/{rid}/predictions.csv"))
+            expected = read_predictions(OutputFolder(root).path(run_file(rid, PREDICTIONS_FILE)))
             want = list(expected.ids)
             ids, X, labels = (
                 features_for(root, ids=want)
@@ -286,7 +289,7 @@ def _builtin_model(root: str | Path, run_id: str) -> bool:
     from gpucampaign.spec import BUILTIN_RECIPES
 
     try:
-        info = OutputFolder(root).read_json(f"runs/{run_id}/model/config.json")
+        info = OutputFolder(root).read_json(model_config(run_id))
     except (OSError, ValueError):
         return True  # the builtin path reports the unreadable folder by name
     return not isinstance(info, Mapping) or info.get("recipe", "mlp") in BUILTIN_RECIPES

@@ -9,17 +9,14 @@ byte. The built-in table recipes keep their classifier predictions (``prediction
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 from typing import Any
 
-from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.core.files import csv_text
+from gpucampaign.folder.layout import PREDICTIONS_FILE, OutputFolder, model_config, run_file
 from gpucampaign.recipe.contract import Pinned, Recipe, call, check_metrics, load_recipe
 from gpucampaign.spec import RunConfig
-
-PREDICTIONS_FILE = "predictions.csv"
 
 
 def _has_predict(recipe: Recipe) -> bool:
@@ -50,29 +47,6 @@ def prediction_rows(
     return rows
 
 
-def predictions_text(rows: list[dict[str, Any]]) -> str:
-    """CSV text: the columns in first-seen order; floats written with ``repr`` (exact)."""
-    columns: list[str] = []
-    for r in rows:
-        columns += [k for k in r if k not in columns]
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(columns)
-    for r in rows:
-        writer.writerow([_cell(r.get(c)) for c in columns])
-    return buf.getvalue()
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return repr(v)
-    if hasattr(v, "item"):
-        return _cell(v.item())
-    return str(v)
-
-
 def _model_and_data(
     root: str | Path, run_id: str, *, corpus: Any, split: str
 ) -> tuple[Recipe, Any, Any, RunConfig]:
@@ -83,7 +57,7 @@ def _model_and_data(
     from gpucampaign.recipes import load_run_model
 
     folder = OutputFolder(root)
-    info = json.loads(folder.path(f"runs/{run_id}/model/config.json").read_text("utf-8"))
+    info = json.loads(folder.path(model_config(run_id)).read_text("utf-8"))
     config = RunConfig.model_validate(info["run_config"])
     model = load_run_model(root, run_id)  # checks the recipe file's hash, puts it on sys.path
     recipe = load_recipe(config.recipe)
@@ -123,7 +97,7 @@ def write_recipe_predictions(
     """Write ``runs/<run_id>/predictions.csv`` from the saved model; its rows."""
     recipe, model, dataset, config = _model_and_data(root, run_id, corpus=corpus, split=split)
     rows = prediction_rows(recipe, model, dataset, config=config)
-    OutputFolder(root).write_text(f"runs/{run_id}/{PREDICTIONS_FILE}", predictions_text(rows))
+    OutputFolder(root).write_text(run_file(run_id, PREDICTIONS_FILE), csv_text(rows))
     return rows
 
 
@@ -139,7 +113,7 @@ def recipe_reload_check(root: str | Path, run_id: str, *, corpus: Any = None) ->
     The split is the one ``error_analysis.json`` recorded when the file was written.
     """
     folder = OutputFolder(root)
-    expected = folder.path(f"runs/{run_id}/{PREDICTIONS_FILE}").read_text(encoding="utf-8")
+    expected = folder.path(run_file(run_id, PREDICTIONS_FILE)).read_text(encoding="utf-8")
     analysis = folder.path(f"runs/{run_id}/error_analysis.json")
     split = (
         json.loads(analysis.read_text(encoding="utf-8")).get("split", "test")
@@ -147,7 +121,7 @@ def recipe_reload_check(root: str | Path, run_id: str, *, corpus: Any = None) ->
         else "test"
     )
     recipe, model, dataset, config = _model_and_data(root, run_id, corpus=corpus, split=split)
-    got = predictions_text(prediction_rows(recipe, model, dataset, config=config))
+    got = csv_text(prediction_rows(recipe, model, dataset, config=config))
     want_lines, got_lines = expected.splitlines(), got.splitlines()
     bad = [
         n

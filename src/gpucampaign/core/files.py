@@ -4,7 +4,9 @@ checkout's commit and the median. Every module uses these instead of its own cop
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -12,7 +14,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -248,3 +250,28 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("-dirty" if dirty else "") if head else None
+
+
+def csv_text(rows: Sequence[Mapping[str, Any]], *, columns: Sequence[str] = ()) -> str:
+    """CSV text: ``columns``, else the rows' keys in first-seen order; floats written with
+    ``repr``, so a read gives back the same floats (the reload check compares them exactly).
+    """
+    columns = list(columns)
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for r in rows:
+        writer.writerow([_cell(r.get(c)) for c in columns])
+    return buf.getvalue()
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v)
+    if hasattr(v, "item"):
+        return _cell(v.item())
+    return str(v)

@@ -37,9 +37,20 @@ METRICS_FILE = "metrics.jsonl"
 PREDICTIONS_FILE = "predictions.csv"
 ERROR_ANALYSIS_FILE = "error_analysis.json"
 MODEL_DIR = "model"
+MODEL_CONFIG = "config.json"  # in MODEL_DIR: the run config, recipe, sizes, hashes
 CHECKPOINTS_DIR = "checkpoints"  # a local store's checkpoints, inside the output folder
 RUN_FILES = (PARAMS_FILE, METRICS_FILE, PREDICTIONS_FILE, ERROR_ANALYSIS_FILE)
-MODEL_FILES = ("model.safetensors", "config.json")
+MODEL_FILES = ("model.safetensors", MODEL_CONFIG)
+
+
+def run_file(run_id: str, *names: str) -> str:
+    """``runs/<run_id>/<names...>``: a run's file, relative to the output folder."""
+    return "/".join(("runs", run_id, *names))
+
+
+def model_config(run_id: str) -> str:
+    """``runs/<run_id>/model/config.json``, relative to the output folder."""
+    return run_file(run_id, MODEL_DIR, MODEL_CONFIG)
 
 
 class PlanRewriteError(SpecError):

@@ -18,9 +18,9 @@ from typing import Any
 
 from gpucampaign.core.files import parse_time, read_jsonl, utc_now
 from gpucampaign.core.stoprules import InterruptedRun
+from gpucampaign.folder.layout import METRICS_FILE
 from gpucampaign.folder.records import TimelineRow, append_timeline, read_timeline
 
-METRICS_FILE = "metrics.jsonl"
 CUT_OUTCOME = (
     "interrupted: the process ended without recording its end (killed, out of "
     "memory or the machine lost)"

@@ -28,7 +28,14 @@ from gpucampaign.core.files import (
     sha256_file,
 )
 from gpucampaign.core.version import __version__
-from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.layout import (
+    MODEL_CONFIG,
+    MODEL_DIR,
+    PARAMS_FILE,
+    OutputFolder,
+    model_config,
+    run_file,
+)
 from gpucampaign.recipes.cnn import build_cnn
 from gpucampaign.recipes.common import Standardize
 from gpucampaign.recipes.mlp import build_mlp
@@ -36,7 +43,7 @@ from gpucampaign.spec import RunConfig, SpecError
 
 MODEL_FORMAT = "gpucampaign-model/1"
 WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
+CONFIG_FILE = MODEL_CONFIG
 
 RECIPES: dict[str, Callable[..., nn.Module]] = {"mlp": build_mlp, "cnn": build_cnn}
 
@@ -318,13 +325,13 @@ def load_run_model(root: str | Path, run_id: str) -> Any:
 
     folder = OutputFolder(root)
     docs = []
-    for rel in (f"runs/{run_id}/model/config.json", f"runs/{run_id}/params.json"):
+    for rel in (model_config(run_id), run_file(run_id, PARAMS_FILE)):
         try:
             docs.append(folder.read_json(rel))
         except ValueError:
             docs.append(None)  # an unreadable file is named by load_model_dir / the verifier
     torch.set_num_threads(_threads_of(*docs))
-    model = load_model_dir(folder.path(f"runs/{run_id}/model"))
+    model = load_model_dir(folder.path(run_file(run_id, MODEL_DIR)))
     if hasattr(model, "eval"):
         model.eval()
     return model

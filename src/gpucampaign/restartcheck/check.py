@@ -21,7 +21,7 @@ from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.data.pins import resolve_inputs
 from gpucampaign.engine.setup import run_config_sha256
-from gpucampaign.folder.layout import METRICS_FILE
+from gpucampaign.folder.layout import CHECKPOINTS_DIR, METRICS_FILE
 from gpucampaign.restartcheck.child import child_args, spawn, wait, write_child_spec
 from gpucampaign.restartcheck.compare import (
     GPU_ATOL,
@@ -140,7 +140,9 @@ def verify_restart(
         train_losses(rst / "run" / METRICS_FILE),
         list(range(1, n + 1)),
     )
-    _compare_checkpoints(cmp, spec, run=run, ref=ref / "checkpoints", rst=rst / "checkpoints", n=n)
+    _compare_checkpoints(
+        cmp, spec, run=run, ref=ref / CHECKPOINTS_DIR, rst=rst / CHECKPOINTS_DIR, n=n
+    )
     report = RestartReport.from_check(
         cmp,
         resumed,
@@ -232,7 +234,7 @@ def _run_three_processes(
             corpus=corpus_path,
             inputs=inputs,
             out=side / "run",
-            store=side / "checkpoints",
+            store=side / CHECKPOINTS_DIR,
             result=workdir / f"{tag}.json",
             stop_after=stop,
             checkpoint_every=n,

@@ -26,7 +26,7 @@ from gpucampaign.checkpoint.manager import (
 )
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.engine.setup import run_config_sha256
-from gpucampaign.folder.layout import METRICS_FILE, MODEL_DIR
+from gpucampaign.folder.layout import CHECKPOINTS_DIR, METRICS_FILE, MODEL_DIR
 from gpucampaign.restartcheck.child import child_args, spawn, wait, write_child_spec
 from gpucampaign.restartcheck.compare import (
     Comparer,
@@ -84,7 +84,7 @@ class ReplayCheck:
         exactly on CPU, within ``GPU_ATOL`` on a GPU."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         local = _copy_checkpoint(
-            self.store, run_id=self.run_id, step=start, dst=self.workdir / "checkpoints"
+            self.store, run_id=self.run_id, step=start, dst=self.workdir / CHECKPOINTS_DIR
         )
         n = steps[-1]
         resumed = _resume_in_child(

@@ -18,12 +18,8 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gpucampaign.spec.parts import (  # noqa: F401 - the spec's parts are imported from here too
-    BUILTIN_RECIPES,
-    DATA_PATH_FIELDS,
+from gpucampaign.spec.parts import (
     NAME_PATTERN,
-    NOT_IN_RUN_ID,
-    RECIPE_PATTERN,
     TIERS,
     CheckpointSpec,
     CorpusSpec,

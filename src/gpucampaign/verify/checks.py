@@ -21,9 +21,11 @@ from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.data.pins import input_sha256
 from gpucampaign.folder.layout import (
     MANIFEST,
+    MODEL_DIR,
     MODEL_FILES,
     PLAN,
     PLAN_SHA,
+    PREDICTIONS_FILE,
     RUN_FILES,
     SPEC_COPY,
     STOPS,
@@ -125,7 +127,7 @@ def check_empty_files(ctx: VerifyContext) -> list[Problem]:
             problems.append(Problem("empty_file", rel, "the file is empty"))
         elif ctx.undecodable(rel) and p.suffix not in (".json", ".jsonl"):
             problems.append(Problem("empty_file", rel, "not UTF-8 text"))
-        elif p.name == "predictions.csv" and _rows_after_header(ctx.text(rel)) == 0:
+        elif p.name == PREDICTIONS_FILE and _rows_after_header(ctx.text(rel)) == 0:
             detail = "predictions.csv has a header and no prediction row"
             problems.append(Problem("empty_file", rel, detail))
     return problems
@@ -375,7 +377,7 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
         if info.get("status") in RELOADED_STATES
         and (ctx.base / "runs" / rid).is_dir()
         and not any(
-            f == "predictions.csv" or f.startswith("model/") for f in _lacking_files(ctx, rid)
+            f == PREDICTIONS_FILE or f.startswith(f"{MODEL_DIR}/") for f in _lacking_files(ctx, rid)
         )
     ]
     problems = []
