@@ -32,7 +32,7 @@ from gpucampaign.storage import (
     check_storage,
     open_store,
 )
-from tests._engine import digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
+from tests.helpers import digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 
 RUN = "control-0123456789"
 CFG = "ab" * 32

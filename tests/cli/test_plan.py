@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from gpucampaign.cli import app
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 runner = CliRunner()
 MINIMAL = """\
 name: example

@@ -403,7 +403,7 @@ def test_load_estimates(tmp_path: Path):
 
 # --- a whole close, negative and stopped ------------------------------------------------------
 def test_negative_campaign_produces_a_complete_report(tmp_path: Path):
-    from tests._closing import build_closed_folder
+    from tests.helpers import build_closed_folder
 
     built = build_closed_folder(tmp_path, threshold=1.5, unit="model", stop_variant=True)
     out = built["out"]

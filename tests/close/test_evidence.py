@@ -27,7 +27,7 @@ from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.spec import load_spec
 from gpucampaign.storage import LocalStore
 from gpucampaign.verify.checks import verify_output
-from tests._closing import close_and_seal, start_folder
+from tests.helpers import close_and_seal, start_folder
 
 LEARNS = {"recipe": "mlp", "hidden": [8], "lr": 0.05, "epochs": 4, "batch_size": 32, "threads": 1}
 LEARNS_NOTHING = {"lr": 1e-9}

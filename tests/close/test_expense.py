@@ -16,7 +16,7 @@ from gpucampaign.close.closing import close_folder
 from gpucampaign.close.ledger import budget_with_ledger, read_ledger
 from gpucampaign.spec import Package
 from gpucampaign.verify.checks import verify_output
-from tests._closing import reseal
+from tests.helpers import reseal
 
 runner = CliRunner()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpucampaign.verify.checks import verify_output
-from tests._closing import build_closed_folder
+from tests.helpers import build_closed_folder
 
 BLOCK = re.compile(r"```(bash|python)\n(.*?)```", re.S)
 

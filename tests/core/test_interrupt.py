@@ -17,7 +17,7 @@ import pytest
 from gpucampaign.core import interrupt
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.folder.metrics import read_metrics
-from tests._engine import digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
+from tests.helpers import digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 
 
 @pytest.fixture(autouse=True)

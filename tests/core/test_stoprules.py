@@ -20,7 +20,7 @@ from gpucampaign.core.stoprules import (
 from gpucampaign.data.corpus import write_digits_corpus
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.runresult import require_complete
-from tests._engine import corpus_of, digits_file, make_spec, run, run_dir  # noqa: F401
+from tests.helpers import corpus_of, digits_file, make_spec, run, run_dir  # noqa: F401
 
 
 def test_exploding_learning_rate_gives_non_finite_loss_with_its_step(tmp_path, digits_file):  # noqa: F811

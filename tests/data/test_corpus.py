@@ -15,9 +15,9 @@ from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.corpus import load_corpus, write_digits_corpus
 from gpucampaign.recipe.audit import audit_corpus
 from gpucampaign.spec import SpecError, parse_spec
-from tests._engine import digits_file  # noqa: F401  (fixture)
+from tests.helpers import digits_file  # noqa: F401  (fixture)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_digits_corpus_is_deterministic_and_matches_the_example(tmp_path, digits_file):  # noqa: F811

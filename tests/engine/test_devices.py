@@ -11,7 +11,7 @@ import torch
 
 from gpucampaign.engine.devices import device_settings, pick_device
 from gpucampaign.spec import RunConfig, SpecError
-from tests.test_recipe import make_spec, train, write_recipe
+from tests.recipe.test_recipe import make_spec, train, write_recipe
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 needs_two = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")

@@ -31,9 +31,9 @@ from gpucampaign.folder.records import (
     run_states,
     runs_with_model,
 )
-from tests._engine import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
+from tests.helpers import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -192,7 +192,7 @@ def test_resume_inference_after_a_sigkill(tmp_path, digits_file):  # noqa: F811
         ),
     }
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "faults" / "_killrun.py"), str(tmp_path)],
+        [sys.executable, str(ROOT / "tests" / "helpers" / "killrun.py"), str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,
@@ -235,7 +235,7 @@ def test_a_campaign_restarts_inference_of_an_interrupted_variant_and_verifies(
 ):
     from gpucampaign.spec import load_spec
     from gpucampaign.verify.checks import verify_output
-    from tests.test_flow import run_flow, tiny_campaign
+    from tests.flows.test_campaign import run_flow, tiny_campaign
 
     def edit(data: dict[str, Any]) -> None:
         first = data["variants"][0]

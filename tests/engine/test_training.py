@@ -20,7 +20,7 @@ from gpucampaign.plan.decision import pilot_measures
 from gpucampaign.recipes import build_model, load_model_dir, predict
 from gpucampaign.spec import RunConfig, SpecError
 from gpucampaign.storage import LocalStore
-from tests._engine import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
+from tests.helpers import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 
 
 def test_a_run_writes_its_folder(tmp_path, digits_file):  # noqa: F811

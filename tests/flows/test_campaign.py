@@ -23,7 +23,7 @@ from gpucampaign.verify.checks import verify_output
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPU_PHASES = {"pilot", "train", "restart"}
 
 

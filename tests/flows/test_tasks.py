@@ -7,7 +7,7 @@ from prefect import flow, task
 
 from gpucampaign.core.stoprules import NonFiniteLoss
 from tasks._common import PHASE_OPTIONS, artifact_key, calendar_step
-from tests._specs import TRAIN_CONTROL, one_lot_spec
+from tests.helpers import TRAIN_CONTROL, one_lot_spec
 
 
 def test_a_stop_rule_is_never_retried_and_a_transient_error_is(prefect_harness):

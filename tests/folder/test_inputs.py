@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 import yaml
-from _closing import build_closed_folder
-from _engine import TINY, digits_file  # noqa: F401  (a pytest fixture)
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
@@ -24,6 +22,7 @@ from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.restartcheck.check import output_check_target
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec
 from gpucampaign.storage import LocalStore
+from tests.helpers import TINY, build_closed_folder, digits_file  # noqa: F401  (a pytest fixture)
 
 CATALOG = "provider: MyCloud\nlots:\n  - {gpu: h100, days: 3, gpus: 1, price_usd: 99.5}\n"
 

@@ -132,7 +132,7 @@ def test_corpus_is_copied_when_small_else_referenced(tmp_path: Path):
 
 
 def test_manifest_lists_every_file_but_itself(tmp_path: Path):
-    from tests._closing import build_closed_folder
+    from tests.helpers import build_closed_folder
 
     out = build_closed_folder(tmp_path)["out"]
     m = json.loads((out / "manifest.json").read_text())

@@ -12,7 +12,7 @@ from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.folder.records import read_timeline
 from gpucampaign.folder.segments import heartbeat, interruptions
 from tasks._common import busy, out_folder
-from tests._specs import TRAIN_CONTROL, one_lot_spec
+from tests.helpers import TRAIN_CONTROL, one_lot_spec
 
 SPEC = one_lot_spec(TRAIN_CONTROL)
 

@@ -1,8 +1,9 @@
 """Child process of the kill tests: train the control run of a spec and SIGKILL itself at the
 Nth call of one chosen point, given as ``FAULT_KILL=<point>:<N>`` (no variable: no kill).
 
-Usage: ``python _killrun.py BASE`` where ``BASE/spec.json`` holds the spec and the campaign
-layout is ``BASE/out/{checkpoints, runs/<run_id>}``. Prints one JSON line when it finishes.
+Usage: ``python tests/helpers/killrun.py BASE`` where ``BASE/spec.json`` holds the spec and the
+campaign layout is ``BASE/out/{checkpoints, runs/<run_id>}``. Prints one JSON line when it
+finishes.
 """
 
 from __future__ import annotations

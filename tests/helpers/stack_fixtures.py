@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.stack_helpers import STACK, free_port, run_deployment, stack_s3_env, tiny_spec
+from tests.helpers.stack import STACK, free_port, run_deployment, stack_s3_env, tiny_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Where the session's campaign keeps its checkpoints and its mirrored output folder.

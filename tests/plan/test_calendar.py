@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gpucampaign.plan import calendar
 from gpucampaign.spec import SpecError, load_spec, parse_spec
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # Every part an end-to-end calendar with GPU work needs: with these, no warning.
 COMPLETE = [
     {"name": "load", "kind": "machine", "resource": "cpu", "hours": 1},

@@ -18,7 +18,7 @@ from gpucampaign.core.files import sha256_file
 from gpucampaign.spec import load_spec
 from gpucampaign.verify.checks import verify_output
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_init_writes_the_example_the_repository_keeps(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from gpucampaign.core.files import sha256_bytes
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.restartcheck.earlysave import campaign_restart_check, verify_early_save
 from gpucampaign.storage import LocalStore
-from tests._engine import digits_file, make_spec, run, run_dir  # noqa: F401
+from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
 
 # Every check here resumes a save in a fresh process.
 pytestmark = pytest.mark.process

@@ -13,7 +13,7 @@ from gpucampaign.cli import app
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.restartcheck.check import default_steps, verify_checkpoint_resume, verify_restart
 from gpucampaign.storage import LocalStore
-from tests._engine import digits_file, make_spec, run, run_dir  # noqa: F401
+from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
 
 
 @pytest.mark.process

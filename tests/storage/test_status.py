@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from _closing import SPEC_TEMPLATE
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
@@ -20,6 +19,7 @@ from gpucampaign.storage.status import (
     check_rental_margin,
     folder_to_check,
 )
+from tests.helpers import SPEC_TEMPLATE
 
 NOW = datetime(2026, 3, 3, 9, 0, tzinfo=UTC)
 

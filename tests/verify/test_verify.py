@@ -27,7 +27,7 @@ from gpucampaign.verify.checks import (
     check_temp_paths,
     verify_output,
 )
-from tests._closing import reseal
+from tests.helpers import reseal
 
 
 def _run_dir(out: Path, closed: dict, run: str = "control") -> Path:
