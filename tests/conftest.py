@@ -27,7 +27,7 @@ import pytest  # noqa: E402
 
 # The real stack and the campaign run on it, defined once here so tests/e2e and tests/faults
 # share one stack per session (a fixture defined in two conftests would start two).
-from tests.e2e.fixtures import finished_campaign, stack  # noqa: E402, F401
+from tests.helpers.stack_fixtures import finished_campaign, stack  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +46,7 @@ def prefect_harness():
 @pytest.fixture(scope="module")
 def closed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A clean closed output folder, built once per test module (``build_closed_folder``)."""
-    from tests._closing import build_closed_folder
+    from tests.helpers import build_closed_folder
 
     return build_closed_folder(tmp_path_factory.mktemp("closed"))
 

@@ -15,15 +15,7 @@ import pytest
 from gpucampaign.checkpoint.manager import LATEST_FILE, META_FILE, MODEL_FILE, STATE_FILE
 from gpucampaign.spec import load_spec
 from gpucampaign.storage.mirror import MIRROR_INDEX
-from tests.e2e.stack_helpers import (
-    ROOT,
-    S3_BUCKET,
-    api,
-    bucket_keys,
-    run_deployment,
-    s3_client,
-    worker_log,
-)
+from tests.helpers import ROOT, S3_BUCKET, api, bucket_keys, run_deployment, s3_client, worker_log
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 

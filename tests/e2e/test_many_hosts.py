@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpucampaign.folder.records import read_timeline
-from tests.e2e.stack_helpers import (
+from tests.helpers import (
     ROOT,
     api,
     create_pool,

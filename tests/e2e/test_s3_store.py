@@ -22,7 +22,7 @@ from gpucampaign.spec import SpecError
 from gpucampaign.storage import NotFound, S3Store, StorageError, check_storage
 from gpucampaign.storage.mirror import MIRROR_INDEX, mirror_folder
 from infra.s3server import S3Server, start_server
-from tests.test_checkpoint import CFG, RUN, _state
+from tests.checkpoint.test_checkpoint import CFG, RUN, _state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

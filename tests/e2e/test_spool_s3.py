@@ -16,7 +16,7 @@ from gpucampaign.engine.loop import run_config_sha256, train_run
 from gpucampaign.storage import S3Store
 from gpucampaign.storage.spool import SpoolingStore
 from infra.s3server import STATE_FILE, start_server
-from tests._engine import corpus_of, digits_file, make_spec, run_dir  # noqa: F401
+from tests.helpers import corpus_of, digits_file, make_spec, run_dir  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

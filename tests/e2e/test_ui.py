@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.stack_helpers import CHROMIUM, api, chromium
+from tests.helpers import CHROMIUM, api, chromium
 
 pytestmark = [
     pytest.mark.e2e,

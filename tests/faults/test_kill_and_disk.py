@@ -139,7 +139,7 @@ def kill_child(base: Path, point: str, n: int, faults) -> None:
         ),
     }
     proc = subprocess.run(
-        [sys.executable, str(HERE / "_killrun.py"), str(base)],
+        [sys.executable, str(REPO / "tests" / "helpers" / "killrun.py"), str(base)],
         env=env,
         capture_output=True,
         text=True,

@@ -23,8 +23,8 @@ import yaml
 
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import read_timeline
-from tests.e2e.stack_helpers import api, run_deployment, wait_flow_run, worker_log
-from tests.test_flow import campaign_cli, start_campaign_run, tiny_campaign
+from tests.flows.test_campaign import campaign_cli, start_campaign_run, tiny_campaign
+from tests.helpers import api, run_deployment, wait_flow_run, worker_log
 
 ROOT = Path(__file__).resolve().parents[2]
 

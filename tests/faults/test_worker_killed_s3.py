@@ -31,7 +31,7 @@ from gpucampaign.checkpoint.manager import LATEST_FILE
 from gpucampaign.engine.loop import MODEL_DIR
 from gpucampaign.folder.records import read_pilot, read_result, read_timeline
 from gpucampaign.spec import load_spec
-from tests.e2e.stack_helpers import (
+from tests.helpers import (
     ROOT,
     RUN_TIMEOUT_S,
     S3_BUCKET,

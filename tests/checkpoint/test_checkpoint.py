@@ -1,0 +1,431 @@
+"""Checkpoints as transactions: full state, hashes, fallback to the previous good one, refusals."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gpucampaign.checkpoint.manager import (
+    LATEST_FILE,
+    META_FILE,
+    MODEL_FILE,
+    STATE_FILE,
+    CheckpointManager,
+    capture_rng,
+    restore_rng,
+    step_dirname,
+)
+from gpucampaign.spec import SpecError
+from gpucampaign.storage import (
+    LocalStore,
+    S3Store,
+    StorageError,
+    check_key,
+    check_storage,
+    open_store,
+)
+from tests.helpers import digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
+
+RUN = "control-0123456789"
+CFG = "ab" * 32
+
+
+def _state(step: int, *, seed: int = 0) -> tuple[dict, dict]:
+    g = torch.Generator().manual_seed(seed)
+    model = {"w": torch.randn(8, 4, generator=g), "b": torch.zeros(4)}
+    state = {
+        "optimizer": {
+            "state": {
+                0: {"exp_avg": torch.randn(8, 4, generator=g), "step": torch.tensor(float(step))}
+            },
+            "param_groups": [{"lr": 0.1, "betas": (0.9, 0.999), "params": [0]}],
+        },
+        "scheduler": {"last_epoch": step, "base_lrs": [0.1]},
+        "scaler": {},
+        "rng": capture_rng(),
+        "cursor": {"epoch": 0, "batch_in_epoch": step, "epoch_generator_state": g.get_state()},
+        "counters": {"global_step": step},
+    }
+    return model, state
+
+
+def _manager(root: Path, *, keep: int = 3, store=None) -> CheckpointManager:
+    return CheckpointManager(store or LocalStore(root), run_id=RUN, config_sha256=CFG, keep=keep)
+
+
+def _file(root: Path, step: int, name: str) -> Path:
+    return root / RUN / step_dirname(step) / name
+
+
+def test_save_and_load_round_trip(tmp_path):
+    m = _manager(tmp_path)
+    model, state = _state(3)
+    saved = m.save(3, model_state=model, train_state=state, extra_meta={"planned_steps": 10})
+    assert saved.save_s >= saved.write_s > 0 and saved.upload_s == 0
+    meta = json.loads(_file(tmp_path, 3, META_FILE).read_text())
+    for name in (MODEL_FILE, STATE_FILE):
+        data = _file(tmp_path, 3, name).read_bytes()
+        assert meta["files"][name] == {
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": len(data),
+        }
+    assert meta["run_id"] == RUN and meta["config_sha256"] == CFG and meta["step"] == 3
+    assert meta["planned_steps"] == 10 and meta["write_s"] > 0
+    ptr = json.loads((tmp_path / RUN / LATEST_FILE).read_text())
+    assert ptr["step"] == 3
+    ck, refused = m.load_latest()
+    assert refused == [] and ck.step == 3
+    assert all(torch.equal(ck.model_state[k], model[k]) for k in model)
+    assert torch.equal(
+        ck.train_state["optimizer"]["state"][0]["exp_avg"],
+        state["optimizer"]["state"][0]["exp_avg"],
+    )
+    assert ck.train_state["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.999)
+
+
+def test_rng_states_round_trip_through_weights_only(tmp_path):
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    saved = capture_rng()
+    buf = io.BytesIO()
+    torch.save(saved, buf)
+    loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    restore_rng(loaded)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_keeps_the_last_k(tmp_path):
+    m = _manager(tmp_path, keep=2)
+    for step in (1, 2, 3, 4):
+        m.save(step, model_state=_state(step)[0], train_state=_state(step)[1])
+    assert m.step_dirs() == [3, 4]
+    assert json.loads((tmp_path / RUN / LATEST_FILE).read_text())["step"] == 4
+
+
+def _two(tmp_path: Path) -> CheckpointManager:
+    m = _manager(tmp_path)
+    for step in (2, 4):
+        model, state = _state(step, seed=step)
+        m.save(step, model_state=model, train_state=state)
+    return m
+
+
+def test_truncated_checkpoint_falls_back(tmp_path):
+    m = _two(tmp_path)
+    p = _file(tmp_path, 4, STATE_FILE)
+    p.write_bytes(p.read_bytes()[:100])
+    ck, refused = m.load_latest()
+    assert (
+        ck.step == 2
+        and len(refused) == 1
+        and "truncated" in refused[0]
+        and STATE_FILE in refused[0]
+    )
+
+
+def test_tampered_checkpoint_falls_back(tmp_path):
+    m = _two(tmp_path)
+    p = _file(tmp_path, 4, MODEL_FILE)
+    data = bytearray(p.read_bytes())
+    data[-1] ^= 0x01  # same size, one bit changed in the weights
+    p.write_bytes(bytes(data))
+    ck, refused = m.load_latest()
+    assert ck.step == 2 and "altered" in refused[0]
+    assert torch.equal(ck.model_state["w"], _state(2, seed=2)[0]["w"])
+
+
+def test_missing_file_or_tampered_meta_falls_back(tmp_path):
+    m = _two(tmp_path)
+    _file(tmp_path, 4, STATE_FILE).unlink()
+    ck, refused = m.load_latest()
+    assert ck.step == 2 and "missing" in refused[0]
+    m2 = _two(tmp_path / "b")
+    meta = _file(tmp_path / "b", 4, META_FILE)
+    meta.write_text(meta.read_text().replace('"step": 4', '"step":  4'))
+    ck, refused = m2.load_latest()
+    assert ck.step == 2 and "LATEST" in refused[0]
+
+
+def _replace_state(root: Path, step: int, payload: bytes) -> None:
+    """Write ``payload`` as the state file and make meta and LATEST agree with it, so only
+    the content (not a hash) can refuse it."""
+    _file(root, step, STATE_FILE).write_bytes(payload)
+    meta_path = _file(root, step, META_FILE)
+    meta = json.loads(meta_path.read_text())
+    meta["files"][STATE_FILE] = {
+        "sha256": hashlib.sha256(payload).hexdigest(),
+        "bytes": len(payload),
+    }
+    meta_bytes = json.dumps(meta).encode()
+    meta_path.write_bytes(meta_bytes)
+    latest = root / RUN / LATEST_FILE
+    ptr = json.loads(latest.read_text())
+    if ptr["step"] == step:
+        ptr["meta_sha256"] = hashlib.sha256(meta_bytes).hexdigest()
+        latest.write_text(json.dumps(ptr))
+
+
+class _Payload:
+    """A pickle that would create a file when unpickled (a stand-in for arbitrary code)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_pickle_with_a_payload_is_refused(tmp_path):
+    m = _two(tmp_path)
+    marker = tmp_path / "pwned"
+    _, state = _state(4)
+    state["counters"] = {"global_step": 4, "evil": _Payload(marker)}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    _replace_state(tmp_path, 4, buf.getvalue())
+    ck, refused = m.load_latest()
+    assert ck.step == 2 and "weights_only" in refused[0]
+    assert not marker.exists()
+    # The payload is live: a plain unpickler runs it.
+    torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    assert marker.exists()
+
+
+def test_a_state_without_a_component_is_refused(tmp_path):
+    m = _two(tmp_path)
+    _, state = _state(4)
+    del state["scaler"]
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    _replace_state(tmp_path, 4, buf.getvalue())
+    ck, refused = m.load_latest()
+    assert ck.step == 2 and "'scaler' is missing" in refused[0]
+
+
+def test_nothing_usable(tmp_path):
+    m = _manager(tmp_path)
+    assert m.load_latest() == (None, []) and not m.has_any()
+    m.save(2, model_state=_state(2)[0], train_state=_state(2)[1])
+    _file(tmp_path, 2, MODEL_FILE).write_bytes(b"")
+    ck, refused = m.load_latest()
+    assert ck is None and len(refused) == 1 and m.has_any()
+
+
+def test_other_run_or_config_is_refused(tmp_path):
+    _two(tmp_path)
+    other = CheckpointManager(LocalStore(tmp_path), run_id=RUN, config_sha256="cd" * 32)
+    ck, refused = other.load_latest()
+    assert ck is None and all("belongs to run" in r for r in refused)
+
+
+def test_unfinished_saves_are_ignored_and_cleaned(tmp_path):
+    m = _two(tmp_path)
+    crashed = tmp_path / RUN / ".tmp-step-000000006-deadbeef"  # a save killed before its rename
+    crashed.mkdir()
+    (crashed / MODEL_FILE).write_bytes(b"partial")
+    uncommitted = tmp_path / RUN / step_dirname(8)  # renamed, but LATEST never moved
+    import shutil
+
+    shutil.copytree(tmp_path / RUN / step_dirname(4), uncommitted)
+    ck, _ = m.load_latest()
+    assert ck.step == 4  # LATEST decides, not the newest folder
+    assert not any(".tmp-" in k for k in LocalStore(tmp_path).list(RUN))
+    m.save(6, model_state=_state(6)[0], train_state=_state(6)[1])
+    assert not crashed.exists() and m.step_dirs() == [2, 4, 6]
+
+
+class StagedStore(LocalStore):
+    """A real store that, like a remote one, offers no local path: files are staged and uploaded."""
+
+    def local_path(self, key: str) -> Path | None:
+        return None
+
+
+def test_remote_style_store_uploads_then_commits(tmp_path):
+    store = StagedStore(tmp_path / "remote")
+    m = CheckpointManager(store, run_id=RUN, config_sha256=CFG, staging_dir=tmp_path / "staging")
+    model, state = _state(5)
+    saved = m.save(5, model_state=model, train_state=state)
+    assert saved.upload_s > 0 and not any((tmp_path / "staging").iterdir())
+    assert store.exists(f"{RUN}/{step_dirname(5)}/{STATE_FILE}")
+    ck, refused = m.load_latest()
+    assert ck.step == 5 and not refused and torch.equal(ck.model_state["w"], model["w"])
+
+
+def test_store_keys_cannot_escape(tmp_path):
+    store = LocalStore(tmp_path / "root")
+    for bad in ("../x", "/etc/passwd", "a/../../x", "", "a//b", "a\\b", "./a"):
+        with pytest.raises(StorageError):
+            check_key(bad)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "link").symlink_to(tmp_path / "outside")
+    with pytest.raises(StorageError, match="outside"):
+        store.write_bytes("link/x", data=b"1")
+    store.write_bytes("a/b.txt", data=b"hello")
+    assert (
+        store.read_bytes("a/b.txt") == b"hello"
+        and store.list() == ["a/b.txt"]
+        and store.size("a/b.txt") == 5
+    )
+    store.get_file("a/b.txt", dst=tmp_path / "copy.txt")
+    store.put_file("c.txt", src=tmp_path / "copy.txt")
+    store.delete("a/b.txt")
+    assert store.list() == ["c.txt"] and not (tmp_path / "root" / "a").exists()
+
+
+def test_open_store(tmp_path):
+    assert isinstance(open_store("local", out_dir=tmp_path), LocalStore)
+    env = {
+        "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "very-secret-value",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    }
+    s3 = open_store("s3://bucket/some/prefix/", out_dir=tmp_path, env=env, spool=False)
+    assert isinstance(s3, S3Store) and (s3.bucket, s3.prefix) == ("bucket", "some/prefix")
+    spooling = open_store("s3://bucket/some/prefix/", out_dir=tmp_path, env=env)
+    assert isinstance(spooling.remote, S3Store) and spooling.url == s3.url
+    assert "very-secret" not in repr(spooling) and not (tmp_path / "spool").exists()
+    with pytest.raises(TypeError, match="not picklable"):
+        pickle.dumps(spooling)
+    assert s3.local_path("run/LATEST") is None and "very-secret" not in repr(s3)
+    with pytest.raises(TypeError, match="not picklable"):
+        pickle.dumps(s3)
+    with pytest.raises(SpecError, match="unknown storage"):
+        open_store("gs://bucket/prefix", out_dir=tmp_path, env={})
+    with pytest.raises(SpecError, match="prefix"):
+        open_store("s3://bucket/a/../b", out_dir=tmp_path, env=env)
+
+
+def test_check_storage_on_a_dead_endpoint_names_the_url_not_the_secret():
+    env = {
+        "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "very-secret-value",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    }  # port 9 (discard): nothing listens
+    check_storage("local", env=env)
+    with pytest.raises(SpecError) as info:
+        check_storage("s3://bucket/prefix", env=env)
+    text = str(info.value)
+    assert "s3://bucket/prefix" in text and "cannot reach" in text
+    assert "very-secret" not in text and "AKIDEXAMPLE" not in text
+
+
+def test_a_run_resumes_from_the_previous_good_checkpoint(tmp_path, digits_file):  # noqa: F811
+    spec = make_spec(tmp_path, digits_file, control={"dropout": 0.1})
+    whole = run(spec, tmp_path, out="whole")
+    run(spec, tmp_path, stop_after_steps=8, checkpoint_every=3)  # saves at 3, 6, 8
+    state = tmp_path / "out" / "checkpoints" / spec.run_id("control") / step_dirname(8) / STATE_FILE
+    state.write_bytes(state.read_bytes()[:-10])
+    res = run(spec, tmp_path)
+    assert res.resumed_from_step == 6 and "truncated" in res.refused_checkpoints[0]
+    assert res.metrics == whole.metrics
+    assert train_losses(run_dir(spec, tmp_path) / "metrics.jsonl") == train_losses(
+        run_dir(spec, tmp_path, out="whole") / "metrics.jsonl"
+    )
+
+
+def test_streamed_safetensors_load_with_the_safetensors_library(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from gpucampaign.checkpoint.tensorfiles import safetensors_buffers, write_hashed
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "f32": torch.randn(3, 5, generator=g),
+        "bf16": torch.randn(7, generator=g).to(torch.bfloat16),
+        "f16": torch.randn(2, 2, generator=g).half(),
+        "i64": torch.arange(5),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "mask": torch.tensor([True, False, True]),
+        "u8": torch.arange(3, dtype=torch.uint8),
+        "strided": torch.randn(4, 6, generator=g).t(),  # not contiguous
+    }
+    digest, size = write_hashed(
+        tmp_path / "m.safetensors", safetensors_buffers(tensors, metadata={"k": "v"})
+    )
+    data = (tmp_path / "m.safetensors").read_bytes()
+    assert size == len(data) and digest == hashlib.sha256(data).hexdigest()
+    loaded = load_file(tmp_path / "m.safetensors")
+    assert loaded.keys() == tensors.keys()
+    for k, v in tensors.items():
+        assert loaded[k].dtype == v.dtype and torch.equal(loaded[k], v), k
+    with safe_open(tmp_path / "m.safetensors", framework="pt") as f:
+        assert f.metadata() == {"k": "v"}
+
+
+def test_read_hashed_and_the_zero_copy_safetensors_reader(tmp_path):
+    from safetensors.torch import save
+
+    from gpucampaign.checkpoint.tensorfiles import load_safetensors_buffer
+    from gpucampaign.core.files import read_hashed
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "f32": torch.randn(3, 5, generator=g),
+        "bf16": torch.randn(7, generator=g).to(torch.bfloat16),
+        "i64": torch.arange(5),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "mask": torch.tensor([True, False, True]),
+    }
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(save(tensors, metadata={"k": "v"}))  # written by the library itself
+    buf, digest = read_hashed(path)
+    assert bytes(buf) == path.read_bytes() and digest == hashlib.sha256(buf).hexdigest()
+    loaded = load_safetensors_buffer(buf)
+    assert loaded.keys() == tensors.keys()
+    for k, v in tensors.items():
+        assert loaded[k].dtype == v.dtype and loaded[k].shape == v.shape, k
+        assert torch.equal(loaded[k], v), k
+    for bad in (buf[:4], buf[:-3], bytearray(b"\xff" * 8) + buf[8:]):
+        with pytest.raises(ValueError):
+            load_safetensors_buffer(bytearray(bad))
+
+
+def test_background_saves_snapshot_and_one_in_flight(tmp_path):
+    import threading
+
+    from gpucampaign.checkpoint.manager import BackgroundSaves, snapshot
+
+    model = torch.nn.Linear(3, 2)
+    state = {"params": model.state_dict(), "nested": [torch.ones(2), ("x", 3)]}
+    snap = snapshot(state)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+        state["nested"][0].add_(1.0)
+    assert not torch.equal(snap["params"]["weight"], model.weight)  # a copy, not a view
+    assert torch.equal(snap["nested"][0], torch.ones(2)) and snap["nested"][1] == ("x", 3)
+
+    saves, release = BackgroundSaves(), threading.Event()
+    saves.submit(lambda: release.wait(5) and "saved")
+    assert saves.in_flight
+    with pytest.raises(AssertionError, match="in flight"):
+        saves.submit(lambda: "second")  # never two in flight
+    release.set()
+    assert saves.wait() == "saved" and not saves.in_flight and saves.wait() is None
+    saves.submit(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        saves.wait()  # a failed save surfaces in the loop
+    saves.close()
+
+
+def test_a_run_logs_the_stall_and_the_write_of_each_save(tmp_path, digits_file):  # noqa: F811
+    spec = make_spec(tmp_path, digits_file, checkpoint={"every_steps": 7})
+    res = run(spec, tmp_path)
+    rows = [json.loads(line) for line in (run_dir(spec, tmp_path) / "metrics.jsonl").open()]
+    saves = [r for r in rows if r["kind"] == "checkpoint"]
+    assert [r["step"] for r in saves] == [7, 14, 20] and res.n_checkpoints == 3
+    assert all(r["stall_s"] > 0 and r["write_s"] > 0 for r in saves)
+    assert res.timings["stall_s"] == [r["stall_s"] for r in saves]

@@ -1,0 +1,473 @@
+"""The campaign flow on a real (test) Prefect server with real torch training on the digits corpus.
+
+Each test builds a tiny campaign with `campaign init` (a few dozen steps per run) and its own GPU
+lock name, since the Prefect database is shared by the session.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpucampaign.cli.scaffold import init_campaign
+from gpucampaign.verify.checks import verify_output
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_PHASES = {"pilot", "train", "restart"}
+
+
+def start_campaign_run(spec: Path, *, out: Path) -> subprocess.Popen:
+    """``campaign run SPEC --out OUT`` in a session of its own, like a terminal's foreground
+    group: a signal sent to the group reaches it and the embedded server it starts."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "campaign"), "run", str(spec), "--out", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def tiny_campaign(tmp: Path, **edit: Any) -> Path:
+    """`campaign init` cut down to seconds of training, with a private GPU lock.
+
+    ``edit`` replaces top-level spec sections (a callable receives the loaded spec and edits it).
+    """
+    spec_path = init_campaign(tmp / "spec")
+    data = yaml.safe_load(spec_path.read_text())
+    data["name"] = f"t{uuid.uuid4().hex[:8]}"
+    data["gpu_lock"] = {"name": f"gpu-{uuid.uuid4().hex[:8]}", "timeout_s": 600, "lease_s": 60}
+    data["control"] = {**data["control"], "epochs": 2}
+    data["pilot"] = {"steps": 5}
+    data["decision_rule"] = {**data["decision_rule"], "threshold": 0.5, "min_gain": 0.0}
+    for key, value in edit.items():
+        if callable(value):
+            value(data)
+        else:
+            data[key] = value
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return spec_path
+
+
+def run_flow(spec: Any, out: Path, **kw: Any):
+    """The campaign flow on a spec file (a Path) or a spec object."""
+    from flows.campaign import campaign
+
+    return campaign(
+        spec=str(spec) if isinstance(spec, Path) else spec, out=str(out), return_state=True, **kw
+    )
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if path.exists()
+        else []
+    )
+
+
+def _t(s: str) -> datetime:
+    return datetime.fromisoformat(s)
+
+
+def gpu_overlaps(timeline: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    rows = sorted((r for r in timeline if r["phase"] in GPU_PHASES), key=lambda r: r["start"])
+    return [
+        (a["step"], b["step"])
+        for a, b in zip(rows, rows[1:], strict=False)
+        if _t(b["start"]) < _t(a["end"])
+    ]
+
+
+def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness, tmp_path):
+    spec = tiny_campaign(tmp_path)
+    out = tmp_path / "out"
+    state = run_flow(spec, out)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["verified"] is True and summary["problems"] == []
+    assert set(summary["runs"].values()) == {"completed"}
+    # Training on CPU is deterministic: the demo adopts the short variant, every time.
+    assert (summary["verdict"]["kind"], summary["verdict"]["run"]) == ("adopt", "short")
+    # Chosen on val, confirmed on test: the verdict prints the interval it rests on.
+    verdict = summary["verdict"]
+    assert (verdict["select_split"], verdict["report_split"]) == ("val", "test")
+    low, high = verdict["variants"]["short"]["test"]["gain_ci95"]
+    assert 0 < low <= verdict["variants"]["short"]["test"]["gain"] <= high
+    assert "[95% CI " in verdict["text"]
+    assert summary["spent_usd"] == 47.14
+
+    for name in (
+        "plan.json",
+        "report.md",
+        "report.html",
+        "manifest.json",
+        "RELOAD.md",
+        "restart.json",
+        "figures/calendar.png",
+        "figures/curves.png",
+        "figures/confusion.png",
+    ):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    assert verify_output(out, reload=True).verified
+    assert json.loads((out / "restart.json").read_text())["identical"] is True
+    report = (out / "report.md").read_text()
+    assert summary["verdict"]["text"] in report
+    # Every completed run is a delivery whose model reloads and reproduces its predictions.
+    assert json.loads((out / "report.json").read_text())["budget"]["accepted_deliveries"] == 4
+
+    timeline = timeline_rows(out)
+    trained = {r["run"] for r in timeline if r["phase"] == "train" and r.get("steps", 0) > 0}
+    assert trained == {"control", "lr-high", "bf16", "short"}
+    assert {r["step"] for r in timeline if r["phase"] == "pilot"} == {"pilot"}
+    # One GPU slot: the pilot, the four runs and the restart check never overlap, and the
+    # essential work comes first: the control, its restart check, then useful, then exploratory.
+    assert gpu_overlaps(timeline) == []
+    order = [
+        (r["phase"], r["run"])
+        for r in sorted(timeline, key=lambda r: r["start"])
+        if r["phase"] in GPU_PHASES
+    ]
+    # Every run is piloted first (essential, useful, exploratory), each re-forecast on its own.
+    assert order[:6] == [
+        ("pilot", "control"),
+        ("pilot", "lr-high"),
+        ("pilot", "bf16"),
+        ("pilot", "short"),
+        ("train", "control"),
+        ("restart", "control"),
+    ]
+    assert order[-1] == ("train", "short") and {run for _, run in order[6:8]} == {"lr-high", "bf16"}
+    pilots = json.loads((out / "pilot.json").read_text())
+    assert set(pilots) == {"control", "lr-high", "bf16", "short"}
+    assert all(len(m["early_losses"]) == 5 for m in pilots.values())
+
+    # A rerun into the same folder repeats nothing finished and keeps the plan and decision.
+    plan_before = (out / "plan.json").read_bytes()
+    n_rows, n_decisions = len(timeline), len(jsonl(out / "decisions.jsonl"))
+    state2 = run_flow(spec, out)
+    assert state2.is_completed(), state2.message
+    new_rows = timeline_rows(out)[n_rows:]
+    assert [
+        r for r in new_rows if r.get("steps", 0) > 0 or r["phase"] in {"pilot", "restart", "decide"}
+    ] == []
+    assert len(jsonl(out / "decisions.jsonl")) == n_decisions
+    assert (out / "plan.json").read_bytes() == plan_before
+    assert verify_output(out, reload=False).verified
+
+    # The scheduled restart check of this output: every run resumes exactly in a new process ...
+    from flows.restart_check import restart_verification
+
+    reports = restart_verification(out=str(out), steps=5)
+    assert {r["run"] for r in reports} == {"control", "lr-high", "bf16", "short"}
+    assert all(r["identical"] and r["compared_steps"] == 5 for r in reports)
+    # ... and fails loudly when nothing is left to resume from.
+    shutil.rmtree(out / "checkpoints")
+    failed = restart_verification(out=str(out), return_state=True)
+    assert failed.is_failed()
+    assert "no_usable_restart" in failed.message and "no run" in failed.message
+
+
+def test_optional_stop_is_recorded_and_reduce_drops_the_exploratory_variant(
+    prefect_harness, tmp_path
+):
+    def edit(data: dict[str, Any]) -> None:
+        data["variants"] = [
+            {
+                "name": "boom",
+                "tier": "useful",
+                "changes": {"optimizer": "sgd", "lr": 1.0e6},
+                "combined": True,
+                "hypothesis": "diverges",
+            },
+            # Re-forecast from the pilot's step time, 10^8 epochs need far more than the 72 h
+            # window.
+            {
+                "name": "long",
+                "tier": "exploratory",
+                "changes": {"epochs": 100_000_000},
+                "hypothesis": "longer",
+            },
+        ]
+        cal = [s for s in data["calendar"] if s.get("run") not in ("lr-high", "bf16", "short")]
+        i = next(k for k, s in enumerate(cal) if s["name"] == "train-control")
+        cal[i + 1 : i + 1] = [
+            {
+                "name": "train-boom",
+                "kind": "machine",
+                "resource": "gpu",
+                "hours": 0.1,
+                "after": ["train-control"],
+                "tier": "useful",
+                "run": "boom",
+            },
+            {
+                "name": "train-long",
+                "kind": "machine",
+                "resource": "gpu",
+                "hours": 0.1,
+                "after": ["train-control"],
+                "tier": "exploratory",
+                "run": "long",
+            },
+        ]
+        data["calendar"] = cal
+
+    spec = tiny_campaign(tmp_path, edit=edit)
+    out = tmp_path / "out"
+    state = run_flow(spec, out)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    decision = jsonl(out / "decisions.jsonl")[-1]["decision"]
+    # 'boom' diverges in its pilot already: it cannot change the choice, so it is dropped too.
+    assert decision["action"] == "reduce" and decision["dropped_runs"] == ["boom", "long"]
+    assert decision["dropped_steps"] == ["train-boom", "train-long"]
+    assert any(
+        "'boom' is dropped: its pilot tripped non_finite_loss" in r for r in decision["reasons"]
+    )
+
+    stops = jsonl(out / "stops.jsonl")
+    assert [(s["run"], s["rule"]) for s in stops] == [("boom", "non_finite_loss")]
+    assert stops[0]["step"] is not None
+    manifest = json.loads((out / "manifest.json").read_text())
+    status = {v["run"]: v["status"] for v in manifest["runs"].values()}
+    assert status == {"control": "completed", "boom": "stopped", "long": "dropped"}
+    assert summary["verified"] is True
+    assert "long" not in {r["run"] for r in timeline_rows(out) if r["phase"] == "train"}
+
+
+def test_essential_stop_fails_the_flow_after_writing_a_complete_folder(prefect_harness, tmp_path):
+    spec = tiny_campaign(
+        tmp_path,
+        stop_rules={
+            "non_finite_loss": True,
+            "below_threshold": True,
+            "quality_floor": 0.9999,
+            "require_restart": True,
+        },
+    )
+    out = tmp_path / "out"
+    state = run_flow(spec, out)
+    assert state.is_failed()
+    assert "below_threshold" in state.message
+    stops = jsonl(out / "stops.jsonl")
+    assert "control" in {s["run"] for s in stops}
+    report = json.loads((out / "report.json").read_text())
+    assert report["budget"]["spent_usd"] == 47.14  # a stopped campaign still shows its full cost
+    assert (out / "report.md").is_file() and (out / "manifest.json").is_file()
+    assert verify_output(out, reload=False).verified
+
+
+def timeline_rows(out: Path) -> list[dict[str, Any]]:
+    """One row per segment of timeline.jsonl (its start, heartbeat and end lines folded)."""
+    from gpucampaign.folder.records import read_timeline
+
+    return [r.to_dict() for r in read_timeline(out)]
+
+
+def campaign_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`campaign ARGS` in a new process, its output captured."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "campaign"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_campaign_run_cli_exit_codes(tmp_path):
+    """Embedded Prefect in a new process: bad input 2 (nothing written), a re-posed question 3."""
+    bad = campaign_cli(
+        "run", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o1"), cwd=ROOT
+    )
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
+    assert not (tmp_path / "o1").exists()
+
+    spec = tiny_campaign(tmp_path, edit=lambda d: d["control"].update(optimizer="sgd", lr=1.0e6))
+    out = tmp_path / "o2"
+    run = campaign_cli("run", str(spec), "--out", str(out), cwd=ROOT)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "Re-pose the question" in run.stdout and "non_finite_loss" in run.stderr
+    assert (out / "report.md").is_file() and (out / "manifest.json").is_file()
+    assert [s["rule"] for s in jsonl(out / "stops.jsonl")] == ["non_finite_loss"]
+
+    # Another campaign into the same folder: refused before anything starts, nothing changed.
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    other = tiny_campaign(tmp_path / "other")
+    refused = campaign_cli("run", str(other), "--out", str(out), cwd=ROOT)
+    assert refused.returncode == 2 and "holds another campaign" in refused.stderr
+    assert "Traceback" not in refused.stderr + refused.stdout
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def _paused_run_of(out: Path, timeout_s: float = 240) -> Any:
+    """The flow run (of this test's output folder) once it is Paused at the decision point."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED]))
+                )
+            )
+            for fr in runs:
+                if fr.parameters.get("out") == str(out):
+                    return fr
+            time.sleep(1)
+    raise AssertionError("the flow never paused at the decision point")
+
+
+def test_ask_mode_takes_a_persons_answer_from_the_ui(prefect_harness, tmp_path):
+    """Mode 'ask': the flow pauses for the form; the answer (drop 'short') is applied and
+    recorded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prefect.flow_runs import resume_flow_run
+
+    spec = tiny_campaign(tmp_path, decision_point={"mode": "ask", "timeout_s": 300})
+    out = tmp_path / "out"
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(run_flow, spec, out)
+        paused = _paused_run_of(out)
+        resume_flow_run(
+            paused.id,
+            run_input={"action": "reduce", "drop": ["short"], "note": "no time to read it"},
+        )
+        state = running.result(timeout=600)
+    assert state.is_completed(), state.message
+    record = jsonl(out / "decisions.jsonl")[-1]
+    assert record["decision"]["action"] == "reduce" and record["decision"]["by"] == "person"
+    assert record["decision"]["dropped_runs"] == ["short"]
+    assert any("no time to read it" in r for r in record["decision"]["reasons"])
+    status = {
+        v["run"]: v["status"]
+        for v in json.loads((out / "manifest.json").read_text())["runs"].values()
+    }
+    assert status["short"] == "dropped" and status["control"] == "completed"
+    decide = [r for r in timeline_rows(out) if r["phase"] == "decide"]
+    assert [r["kind"] for r in decide] == ["human"]
+
+
+def test_ask_mode_falls_back_to_the_automatic_choice_after_the_timeout(prefect_harness, tmp_path):
+    spec = tiny_campaign(tmp_path, decision_point={"mode": "ask", "timeout_s": 3})
+    out = tmp_path / "out"
+    state = run_flow(spec, out)
+    assert state.is_completed(), state.message
+    decision = jsonl(out / "decisions.jsonl")[-1]["decision"]
+    assert decision["action"] == "continue" and decision["by"] == "timeout"
+    assert "no answer in time" in decision["reasons"]
+
+
+def max_concurrent(timeline: list[dict[str, Any]]) -> int:
+    events = sorted(
+        [(_t(r["start"]), 1) for r in timeline if r["phase"] in GPU_PHASES]
+        + [(_t(r["end"]), -1) for r in timeline if r["phase"] in GPU_PHASES]
+    )
+    level = peak = 0
+    for _, delta in events:
+        level += delta
+        peak = max(peak, level)
+    return peak
+
+
+def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp_path):
+    """Two lots -> a lock of 2: at most two GPU phases at once, and runs that shared the process
+    still give exactly the numbers each gives alone. The spec is passed as an object."""
+    from prefect.client.orchestration import get_client
+
+    from gpucampaign.data.corpus import load_spec_corpus
+    from gpucampaign.engine.loop import train_run
+    from gpucampaign.spec import load_spec
+    from gpucampaign.storage import LocalStore
+
+    spec = tiny_campaign(tmp_path, packages=[{"gpu": "rtx4090", "days": 3, "count": 2}])
+    out = tmp_path / "out"
+    cs = load_spec(spec)
+    state = run_flow(cs, out, base_dir=str(spec.parent))  # the flow takes the spec object too
+    assert state.is_completed(), state.message
+    assert load_spec(out / "spec.yaml") == cs
+    with get_client(sync_client=True) as client:
+        assert client.read_global_concurrency_limit_by_name(cs.gpu_lock.name).limit == 2
+    peak = max_concurrent(timeline_rows(out))
+    assert 1 <= peak <= 2
+
+    corpus = load_spec_corpus(cs, base_dir=spec.parent)
+    for run in cs.run_names():
+        rid = cs.run_id(run)
+        alone = train_run(
+            cs,
+            run=run,
+            corpus=corpus,
+            store=LocalStore(tmp_path / "alone" / "ck"),
+            out_dir=tmp_path / "alone" / rid,
+        )
+        recorded = json.loads((out / "runs" / rid / "result.json").read_text())
+        assert recorded["metrics"] == alone.metrics, run
+
+
+def test_a_killed_campaign_resumes_from_its_last_good_checkpoint(tmp_path):
+    """`campaign run` killed (SIGKILL) mid-training; the rerun clears the dead holder's GPU slot,
+    resumes the run from its last checkpoint instead of step 0, and completes."""
+    import os
+    import signal
+    import time
+
+    def edit(data: dict[str, Any]) -> None:
+        data["control"].update(epochs=400)  # ~8000 steps: long enough to be killed in the middle
+        data["variants"] = []
+        data["calendar"] = [s for s in data["calendar"] if s.get("run") in (None, "control")]
+        data["checkpoint"] = {"every_steps": 200, "keep": 3}
+
+    spec = tiny_campaign(tmp_path, edit=edit)
+    out = tmp_path / "out"
+    proc = start_campaign_run(spec, out=out)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            # A checkpoint counts once LATEST points to it (a step folder alone may be
+            # half-written).
+            latest = [
+                json.loads(p.read_text())["step"]
+                for p in (out / "checkpoints").glob("control-*/LATEST")
+            ]
+            if latest and latest[0] >= 400:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the campaign ended before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert not (out / "manifest.json").exists()
+
+    rerun = campaign_cli("run", str(spec), "--out", str(out), cwd=ROOT)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    rid = next(p.name for p in (out / "runs").iterdir())
+    result = json.loads((out / "runs" / rid / "result.json").read_text())
+    assert result["resumed_from_step"] >= 400 and result["completed"]
+    assert "stale" in rerun.stderr.lower() or "stale" in rerun.stdout.lower()
+    trained = [r for r in timeline_rows(out) if r["phase"] == "train"]
+    assert trained and trained[-1]["steps"] == result["steps_done"] - result["resumed_from_step"]
+    assert verify_output(out, reload=False).verified

@@ -1,0 +1,96 @@
+"""Machine segments as they happen: start, heartbeats, end; a cut segment is closed on the
+next start with the work it lost; interruptions and resumes are counted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpucampaign.core.files import read_jsonl
+from gpucampaign.core.interrupt import Interrupted
+from gpucampaign.folder.records import read_timeline
+from gpucampaign.folder.segments import heartbeat, interruptions
+from tasks._common import busy, out_folder
+from tests.helpers import TRAIN_CONTROL, one_lot_spec
+
+SPEC = one_lot_spec(TRAIN_CONTROL)
+
+
+def _metrics(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_segment_writes_start_heartbeats_and_end_lines_and_reads_back_as_one(tmp_path):
+    folder = out_folder(tmp_path)
+    with busy(folder, SPEC, phase="train", run="control") as row:
+        heartbeat(tmp_path, row, checkpoint_step=10)
+        heartbeat(tmp_path, row, checkpoint_step=20)
+        row.steps = 20
+    lines = read_jsonl(tmp_path / "timeline.jsonl")
+    assert [x["event"] for x in lines] == ["start", "heartbeat", "heartbeat", "end"]
+    assert len({x["segment"] for x in lines}) == 1
+    (one,) = read_timeline(tmp_path)
+    assert (one.outcome, one.steps, one.checkpoint_step) == ("ok", 20, 20)
+    assert one.interval is not None and not one.interrupted
+
+
+def test_a_cut_segment_is_closed_on_the_next_start_with_the_steps_it_lost(tmp_path):
+    folder = out_folder(tmp_path)
+    rid = SPEC.run_id("control")
+    # A process killed after its checkpoint of step 4: the start and a heartbeat, no end line.
+    gen = busy(folder, SPEC, phase="train", run="control")
+    row = gen.__enter__()
+    heartbeat(tmp_path, row, checkpoint_step=4)
+    _metrics(
+        tmp_path / "runs" / rid / "metrics.jsonl",
+        [
+            *({"kind": "train", "step": s, "step_s": 0.5} for s in range(1, 5)),
+            {"kind": "checkpoint", "step": 4},
+            *({"kind": "train", "step": s, "step_s": 0.25} for s in range(5, 8)),
+        ],
+    )
+    (open_row,) = read_timeline(tmp_path)
+    assert open_row.end is None and open_row.checkpoint_step == 4
+
+    with busy(folder, SPEC, phase="train", run="control") as again:
+        again.steps = 16
+    cut, resumed = read_timeline(tmp_path)
+    assert cut.interrupted and "killed" in cut.outcome and "3 step(s)" in cut.outcome
+    assert (cut.lost_steps, cut.lost_seconds, cut.checkpoint_step) == (3, 0.75, 4)
+    assert cut.end is not None and cut.seconds >= 0
+    assert resumed.outcome == "ok" and not resumed.interrupted
+    summary = interruptions(read_timeline(tmp_path))
+    assert summary["resumes"] == {"control": 1}
+    assert summary["lost_steps"] == 3 and summary["lost_hours"] == pytest.approx(0.75 / 3600)
+    assert [s["run"] for s in summary["segments"]] == ["control"]
+
+
+def test_an_interrupted_segment_says_so_and_resumes_are_counted(tmp_path):
+    folder = out_folder(tmp_path)
+    for _ in range(3):
+        with pytest.raises(Interrupted), busy(folder, SPEC, phase="train", run="control"):
+            raise Interrupted("SIGTERM", step=8)
+    with busy(folder, SPEC, phase="train", run="control"):
+        pass
+    rows = read_timeline(tmp_path)
+    assert [r.interrupted for r in rows] == [True, True, True, False]
+    assert "SIGTERM" in rows[0].outcome
+    assert interruptions(rows)["resumes"] == {"control": 3}
+
+
+def test_the_report_shows_interruptions_resumes_and_lost_work(tmp_path):
+    from gpucampaign.close.report import _interruptions_md
+
+    folder = out_folder(tmp_path)
+    for _ in range(3):
+        with pytest.raises(Interrupted), busy(folder, SPEC, phase="train", run="control") as row:
+            heartbeat(tmp_path, row, checkpoint_step=40)
+            raise Interrupted("SIGINT", step=40)
+    with busy(folder, SPEC, phase="train", run="control"):
+        pass
+    md = "\n".join(_interruptions_md({"interruptions": interruptions(read_timeline(tmp_path))}))
+    assert "## Interruptions" in md and "control resumed 3 times" in md
+    assert md.count("interrupted by SIGINT") == 3 and "| 40 |" in md
+    assert _interruptions_md({"interruptions": interruptions([])}) == []

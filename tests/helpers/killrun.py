@@ -1,0 +1,134 @@
+"""Child process of the kill tests: train the control run of a spec and SIGKILL itself at the
+Nth call of one chosen point, given as ``FAULT_KILL=<point>:<N>`` (no variable: no kill).
+
+Usage: ``python tests/helpers/killrun.py BASE`` where ``BASE/spec.json`` holds the spec and the
+campaign layout is ``BASE/out/{checkpoints, runs/<run_id>}``. Prints one JSON line when it
+finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+
+def die() -> None:
+    """SIGKILL: no handler, no cleanup, no flush; exactly what a lost machine does."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Countdown:
+    """Calls ``die`` on the Nth ``tick``."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+    def tick(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            die()
+
+
+def wait_for(path: Path, *, timeout_s: float = 60.0) -> None:
+    """Wait until ``path`` exists: a save written in the background has committed."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def install(point: str, n: int, *, latest: Path) -> None:
+    """Wrap the function that ``point`` names so the process dies at its Nth call."""
+    from gpucampaign.checkpoint import manager as checkpoint
+    from gpucampaign.checkpoint import tensorfiles
+    from gpucampaign.folder import metrics
+    from gpucampaign.storage import base as storage
+
+    count = Countdown(n)
+    if point == "train-step":  # after the optimizer step, before its metrics row and any save
+        write = metrics.MetricsLog.write
+
+        def train_row(self, row):
+            if row.get("kind") == "train":
+                if count.left == 1:  # die mid-epoch once the first save has committed
+                    wait_for(latest)
+                count.tick()
+            return write(self, row)
+
+        metrics.MetricsLog.write = train_row
+    elif point == "inside-write":  # half a buffer written, no fsync, no rename
+        write_all = tensorfiles._write_all
+
+        def half_then_die(f, chunk):
+            if count.left == 1:
+                f.write(chunk[: max(1, len(chunk) // 2)])
+            count.tick()
+            return write_all(f, chunk)
+
+        tensorfiles._write_all = half_then_die
+    elif point == "after-rename":  # the step folder is in place, LATEST not moved yet
+        verify = checkpoint.CheckpointManager._verify_stored
+
+        def verified_then_die(self, *args, **kwargs):
+            verify(self, *args, **kwargs)
+            count.tick()
+
+        checkpoint.CheckpointManager._verify_stored = verified_then_die
+    elif point == "inside-latest":  # LATEST's temp file written and fsynced, not renamed
+        replace = os.replace
+
+        def replace_or_die(src, dst, *args, **kwargs):
+            if Path(dst).name == checkpoint.LATEST_FILE:
+                count.tick()
+            return replace(src, dst, *args, **kwargs)
+
+        os.replace = replace_or_die
+    elif point == "prune":  # one file of an old checkpoint deleted, the rest still there
+        delete = storage.LocalStore.delete
+
+        def deleted_then_die(self, key):
+            delete(self, key)
+            count.tick()
+
+        storage.LocalStore.delete = deleted_then_die
+    elif point == "restore":  # while the checkpoint is being read back
+        load = checkpoint.CheckpointManager.load
+
+        def die_in_load(self, *args, **kwargs):
+            count.tick()
+            return load(self, *args, **kwargs)
+
+        checkpoint.CheckpointManager.load = die_in_load
+    else:
+        raise SystemExit(f"unknown kill point {point!r}")
+
+
+def main(base: Path) -> None:
+    from gpucampaign.data.corpus import load_corpus
+    from gpucampaign.engine.loop import train_run
+    from gpucampaign.spec import parse_spec
+    from gpucampaign.storage import LocalStore
+
+    spec = parse_spec(json.loads((base / "spec.json").read_text(encoding="utf-8")))
+    kill = os.environ.get("FAULT_KILL")
+    if kill:
+        point, _, n = kill.partition(":")
+        latest = base / "out" / "checkpoints" / spec.run_id("control") / "LATEST"
+        install(point, int(n), latest=latest)
+    corpus = load_corpus(base / spec.corpus.path, corpus_spec=spec.corpus)
+    res = train_run(
+        spec,
+        run="control",
+        corpus=corpus,
+        store=LocalStore(base / "out" / "checkpoints"),
+        out_dir=base / "out" / "runs" / spec.run_id("control"),
+    )
+    print(json.dumps({"steps_done": res.steps_done, "resumed_from_step": res.resumed_from_step}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

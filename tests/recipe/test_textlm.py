@@ -1,0 +1,83 @@
+"""The second example: a character-level transformer written as the user's own recipe
+(``examples/textlm/textlm.py``), planned and run by the campaign flow to a verified folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpucampaign.cli import app
+from gpucampaign.cli.scaffold_textlm import CORPUS_REL, init_textlm
+from gpucampaign.core.files import sha256_file
+from gpucampaign.spec import load_spec
+from gpucampaign.verify.checks import verify_output
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_init_writes_the_example_the_repository_keeps(tmp_path: Path) -> None:
+    spec_path = init_textlm(tmp_path / "tl")
+    assert sha256_file(tmp_path / "tl" / CORPUS_REL) == sha256_file(
+        REPO / "examples" / "textlm" / CORPUS_REL
+    )
+    assert spec_path.read_text() == (REPO / "examples" / "textlm" / "campaign.yaml").read_text()
+    spec = load_spec(spec_path)
+    assert spec.control.recipe == "textlm:CharLM" and spec.decision_rule.metric == "loss"
+    assert spec.decision_rule.direction == "minimize" and spec.decision_rule.select_split == "val"
+    assert [v.changes for v in spec.variants] == [{"args": {"width": 64}}, {"lr": 0.003}]
+    assert spec.run_config("narrow").args["layers"] == 2  # args merge into the control's
+    with pytest.raises(Exception, match="refusing to overwrite"):
+        init_textlm(tmp_path / "tl")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_textlm_is_planned_and_run_to_a_verified_folder(prefect_harness, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from flows.campaign import campaign
+
+    spec_path = init_textlm(tmp_path / "tl")
+    data = yaml.safe_load(spec_path.read_text())
+    data["gpu_lock"] = {"name": f"gpu-{uuid.uuid4().hex[:8]}", "timeout_s": 900, "lease_s": 60}
+    data["control"]["epochs"] = 2
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    planned = CliRunner().invoke(app, ["plan", str(spec_path)])
+    assert planned.exit_code == 0, planned.output
+    out = tmp_path / "out"
+    state = campaign(spec=str(spec_path), out=str(out), return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["verified"] is True and summary["problems"] == []
+    statuses = summary["runs"]
+    assert statuses[next(r for r in statuses if r.startswith("control-"))] == "completed"
+    # Cut to 2 epochs here, a variant may miss the loss floor: a recorded stop, not a failure.
+    assert set(statuses.values()) <= {"completed", "stopped"}
+    assert "loss" in summary["verdict"]["text"]
+    report = verify_output(out)
+    completed = [r for r, s in statuses.items() if s == "completed"]
+    assert report.verified and sorted(report.reloaded_runs) == sorted(completed)
+    # A fresh process knows nothing of the spec's folder: the output folder alone resolves
+    # the recipe (its copy beside spec.yaml) and the run IDs.
+    again = subprocess.run(
+        [sys.executable, "-m", "gpucampaign.cli", "verify", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (out / "textlm.py").read_bytes() == (tmp_path / "tl" / "textlm.py").read_bytes()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["corpus"]["sha256"] == data["corpus"]["sha256"]
+    rid = next(r for r, v in manifest["runs"].items() if v["run"] == "control")
+    cfg = json.loads((out / "runs" / rid / "model" / "config.json").read_text())
+    assert cfg["recipe"] == "textlm:CharLM" and cfg["recipe_sha256"] == sha256_file(
+        tmp_path / "tl" / "textlm.py"
+    )
+    assert (out / "runs" / rid / "predictions.csv").read_text().startswith("batch,rows,loss")

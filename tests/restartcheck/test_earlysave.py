@@ -1,0 +1,98 @@
+"""The bounded restart check: the live run's early save, resumed in a fresh process."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from gpucampaign.checkpoint.manager import STATE_FILE, step_dirname
+from gpucampaign.checkpoint.tensorfiles import serialize_state
+from gpucampaign.core.files import sha256_bytes
+from gpucampaign.core.stoprules import NoUsableRestart
+from gpucampaign.restartcheck.earlysave import campaign_restart_check, verify_early_save
+from gpucampaign.storage import LocalStore
+from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
+
+# Every check here resumes a save in a fresh process.
+pytestmark = pytest.mark.process
+
+
+def _live_run(tmp_path, digits_file):  # noqa: F811
+    """A finished control with dropout: saves at 5 (the early save, mid-epoch), 7, 14, 20."""
+    spec = make_spec(
+        tmp_path, digits_file, control={"dropout": 0.1}, checkpoint={"keep": 4, "every_steps": 7}
+    )
+    assert run(spec, tmp_path, stop_after_steps=5).completed is False  # the pilot's save
+    assert run(spec, tmp_path).completed
+    return spec
+
+
+def _check(spec, tmp_path, work="work", **kw):
+    return verify_early_save(
+        spec,
+        corpus_path=tmp_path / "data" / "digits.csv",
+        store=LocalStore(tmp_path / "out" / "checkpoints"),
+        run_dir=run_dir(spec, tmp_path),
+        workdir=tmp_path / work,
+        **kw,
+    )
+
+
+def test_early_save_replays_to_the_next_save_exactly(tmp_path, digits_file):  # noqa: F811
+    spec = _live_run(tmp_path, digits_file)
+    report = _check(spec, tmp_path)
+    assert report.identical and report.mode == "early-save" and report.max_abs_diff == 0.0
+    assert (report.k, report.n, report.compared_steps) == (5, 7, 2) and report.k_mid_epoch
+    assert {"params", "optimizer", "rng", "cursor", "counters"} <= set(report.compared)
+    capped = _check(spec, tmp_path, work="w2", max_steps=1)
+    assert capped.identical and (capped.k, capped.n) == (5, 6)
+    assert "params" not in capped.compared  # nothing the live run recorded at step 6
+
+
+def _tamper(spec, tmp_path, step, change):
+    """Rewrite the train state of the checkpoint of ``step`` (and its meta's hash, so that
+    the checkpoint still loads): a save that wrote the wrong state."""
+    folder = tmp_path / "out" / "checkpoints" / spec.run_id("control") / step_dirname(step)
+    state = torch.load(io.BytesIO((folder / STATE_FILE).read_bytes()), weights_only=True)
+    change(state)
+    data = bytes(serialize_state(state))
+    (folder / STATE_FILE).write_bytes(data)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["files"][STATE_FILE] = {"sha256": sha256_bytes(data), "bytes": len(data)}
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def _drop_optimizer_state(state):
+    state["optimizer"]["state"] = {}
+
+
+def _cursor_off_by_one(state):
+    state["cursor"]["batch_in_epoch"] += 1
+
+
+def _reseeded_rng(state):
+    torch.manual_seed(1234)
+    state["rng"]["torch"] = torch.get_rng_state()
+
+
+@pytest.mark.parametrize("change", [_drop_optimizer_state, _cursor_off_by_one, _reseeded_rng])
+def test_early_save_check_catches_a_broken_resume(tmp_path, digits_file, change):  # noqa: F811
+    spec = _live_run(tmp_path, digits_file)
+    _tamper(spec, tmp_path, 5, change)
+    with pytest.raises(NoUsableRestart, match="does not reproduce the live run") as exc:
+        _check(spec, tmp_path)
+    assert exc.value.step == 5
+    report = _check(spec, tmp_path, work="w2", check=False)
+    assert not report.identical and report.max_abs_diff > 0
+
+
+def test_campaign_check_falls_back_to_three_processes(tmp_path, digits_file):  # noqa: F811
+    spec = make_spec(tmp_path, digits_file, checkpoint={"keep": 1})
+    assert run(spec, tmp_path).completed  # only the final checkpoint is kept
+    report = campaign_restart_check(
+        spec, run="control", base_dir=tmp_path, out_dir=tmp_path / "out", workdir=tmp_path / "work"
+    )
+    assert report.identical and report.mode == "fresh"

@@ -1,0 +1,382 @@
+"""`campaign verify` names each defect of an output folder and passes a clean one (R15)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpucampaign.cli import app
+from gpucampaign.verify.checks import (
+    CHECKS,
+    VerifyContext,
+    check_corpus,
+    check_empty_files,
+    check_escaping_paths,
+    check_expected_runs,
+    check_json,
+    check_links,
+    check_manifest_files,
+    check_manifest_readable,
+    check_models_reload,
+    check_plan_hash,
+    check_spec,
+    check_temp_paths,
+    verify_output,
+)
+from tests.helpers import reseal
+
+
+def _run_dir(out: Path, closed: dict, run: str = "control") -> Path:
+    return out / "runs" / closed["run_ids"][run]
+
+
+def _edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data, indent=2))
+
+
+@pytest.mark.process
+def test_clean_folder_is_verified_with_every_model_reloaded(out: Path, closed: dict):
+    report = verify_output(out)
+    assert report.problems == []
+    assert report.verified
+    assert sorted(report.reloaded_runs) == sorted(closed["run_ids"].values())
+    assert report.checked_files >= 20
+
+
+@pytest.mark.process
+def test_cli_verify_exit_codes(out: Path, closed: dict):
+    ok = CliRunner().invoke(app, ["verify", str(out), "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output)["verified"] is True
+    (_run_dir(out, closed) / "metrics.jsonl").write_text("")
+    bad = CliRunner().invoke(app, ["verify", str(out)])
+    assert bad.exit_code == 4
+    assert "empty_file" in bad.output and "metrics.jsonl" in bad.output
+
+
+def test_emptied_file(out: Path, closed: dict):
+    target = _run_dir(out, closed) / "metrics.jsonl"
+    target.write_text("")
+    reseal(out)  # even with a manifest that agrees, an empty file is not an output
+    report = verify_output(out, reload=False)
+    assert not report.verified
+    assert [(p.code, p.path) for p in report.problems] == [
+        ("empty_file", target.relative_to(out).as_posix())
+    ]
+
+
+def test_predictions_without_rows(out: Path, closed: dict):
+    (_run_dir(out, closed) / "predictions.csv").write_text("id,label,prediction,confidence\n")
+    reseal(out)
+    assert "empty_file" in verify_output(out, reload=False).codes()
+
+
+@pytest.mark.parametrize(
+    ("change", "code", "named"),
+    [
+        ({"checkpoint_dir": "/tmp/gpucampaign-x/ckpt"}, "temp_path", "/tmp/gpucampaign-x"),
+        ({"corpus_path": "../../elsewhere/corpus.csv"}, "escaping_path", "corpus_path"),
+    ],
+    ids=["temp_path", "path_escaping_the_folder"],
+)
+def test_a_path_in_params_outside_the_folder(out: Path, closed: dict, change, code, named):
+    _edit_json(_run_dir(out, closed) / "params.json", **change)
+    reseal(out)
+    report = verify_output(out, reload=False)
+    assert report.codes() == {code}
+    assert named in report.problems[0].detail
+
+
+def test_missing_run_id(out: Path, closed: dict):
+    shutil.rmtree(_run_dir(out, closed, "wide"))
+    reseal(out)
+    report = verify_output(out, reload=False)
+    assert report.codes() == {"missing_run"}
+    assert closed["run_ids"]["wide"] in report.problems[0].path
+
+
+def test_run_dropped_from_the_manifest_is_still_expected_from_the_spec(out: Path, closed: dict):
+    m = json.loads((out / "manifest.json").read_text())
+    del m["runs"][closed["run_ids"]["wide"]]
+    (out / "manifest.json").write_text(json.dumps(m))
+    report = verify_output(out, reload=False)
+    assert report.codes() == {"missing_run"}
+
+
+def test_missing_file_of_a_completed_run(out: Path, closed: dict):
+    (_run_dir(out, closed) / "error_analysis.json").unlink()
+    reseal(out)
+    report = verify_output(out, reload=False)
+    assert report.codes() == {"missing_file"}
+
+
+def test_tampered_file(out: Path):
+    md = out / "report.md"
+    md.write_text(md.read_text().replace("Verdict", "Verdicт"))
+    report = verify_output(out, reload=False)
+    assert {(p.code, p.path) for p in report.problems} == {("size_mismatch", "report.md")}
+    data = bytearray((out / "figures/curves.png").read_bytes())
+    data[-20] ^= 0xFF  # same size, different bytes
+    (out / "figures/curves.png").write_bytes(bytes(data))
+    codes = {(p.code, p.path) for p in verify_output(out, reload=False).problems}
+    assert ("hash_mismatch", "figures/curves.png") in codes
+
+
+def test_files_added_or_removed_after_the_manifest(out: Path):
+    (out / "notes.txt").write_text("added later")
+    (out / "figures/calendar.png").unlink()
+    codes = {(p.code, p.path) for p in verify_output(out, reload=False).problems}
+    assert codes == {("unlisted_file", "notes.txt"), ("missing_file", "figures/calendar.png")}
+
+
+def test_edited_plan(out: Path):
+    plan = json.loads((out / "plan.json").read_text())
+    plan["steps"][0]["hours"] += 10
+    (out / "plan.json").write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n")
+    reseal(out)  # a manifest rebuilt afterwards does not hide it: plan.sha256 is from the start
+    report = verify_output(out, reload=False)
+    assert report.codes() == {"plan_changed"}
+
+
+@pytest.mark.process
+def test_model_that_no_longer_reloads(out: Path, closed: dict):
+    weights = _run_dir(out, closed) / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    reseal(out)  # the listing agrees with the files, but the file is not a model any more
+    report = verify_output(out)
+    assert report.codes() == {"reload_failed"}
+    assert report.reloaded_runs == [closed["run_ids"]["wide"]]
+
+
+@pytest.mark.process
+def test_predictions_the_model_does_not_reproduce(out: Path, closed: dict):
+    path = _run_dir(out, closed, "wide") / "predictions.csv"
+    lines = path.read_text().splitlines()
+    row = lines[1].split(",")
+    row[3] = repr(float(row[3]) + 1e-9)
+    lines[1] = ",".join(row)
+    path.write_text("\n".join(lines) + "\n")
+    reseal(out)
+    report = verify_output(out)
+    assert report.codes() == {"predictions_mismatch"}
+    assert row[0] in report.problems[0].detail
+
+
+def test_stop_id_not_in_stops(out: Path, closed: dict):
+    m = json.loads((out / "manifest.json").read_text())
+    m["runs"][closed["run_ids"]["wide"]].update(status="stopped", stop_id="stop-000000000000")
+    (out / "manifest.json").write_text(json.dumps(m))
+    assert verify_output(out, reload=False).codes() == {"unknown_stop"}
+
+
+def test_altered_corpus_copy(out: Path):
+    corpus = out / "data" / "corpus.csv"
+    corpus.write_text(corpus.read_text().replace("r001", "r999"))
+    reseal(out)
+    assert verify_output(out, reload=False).codes() == {"corpus_mismatch"}
+
+
+def test_no_manifest(out: Path):
+    (out / "manifest.json").unlink()
+    report = verify_output(out, reload=False)
+    assert "missing_manifest" in report.codes() and not report.verified
+
+
+@pytest.mark.process
+def test_external_corpus_is_checked_by_hash_and_models_reload_from_it(
+    out: Path, closed: dict, tmp_path: Path
+):
+    from gpucampaign.close.manifest import reference_corpus
+
+    copy = out / "data" / "corpus.csv"
+    elsewhere = tmp_path / "big" / "corpus.csv"
+    elsewhere.parent.mkdir()
+    shutil.move(copy, elsewhere)
+    m = json.loads((out / "manifest.json").read_text())
+    m["corpus"] = reference_corpus(out, elsewhere, copy_limit_bytes=10)
+    (out / "manifest.json").write_text(json.dumps(m))
+    reseal(out)
+    report = verify_output(out)
+    # The models reload from the external file; its location, in a temporary folder here, is named.
+    assert report.codes() == {"temp_path"} and report.problems[0].path == "manifest.json"
+    assert len(report.reloaded_runs) == 2
+    elsewhere.write_text(elsewhere.read_text() + "\n")
+    assert "corpus_mismatch" in verify_output(out, reload=False).codes()
+
+
+def test_reload_check_with_a_loaded_corpus_before_any_manifest(out: Path, closed: dict):
+    """The close task checks deliveries before the manifest exists: it passes the corpus itself."""
+    from gpucampaign.close.predictions import reload_check
+    from gpucampaign.data.corpus import load_corpus
+    from gpucampaign.folder.layout import corpus_file
+    from gpucampaign.spec import load_spec
+
+    ref = json.loads((out / "manifest.json").read_text())["corpus"]
+    corpus = load_corpus(corpus_file(out, ref), corpus_spec=load_spec(out / "spec.yaml").corpus)
+    (out / "manifest.json").unlink()
+    rid = closed["run_ids"]["wide"]
+    assert reload_check(out, [rid], corpus=corpus)[rid]["ok"] is True
+    path = out / "runs" / rid / "predictions.csv"
+    lines = path.read_text().splitlines()
+    row = lines[1].split(",")
+    row[3] = repr(float(row[3]) + 1e-9)
+    lines[1] = ",".join(row)
+    path.write_text("\n".join(lines) + "\n")
+    found = reload_check(out, [rid], corpus=corpus)[rid]
+    assert (
+        found["ok"] is False
+        and found["mismatches"] == 1
+        and found["first_mismatch"]["id"] == row[0]
+    )
+
+
+# --- one check at a time ----------------------------------------------------------------------
+def _emptied(out: Path, closed: dict) -> str:
+    target = _run_dir(out, closed) / "metrics.jsonl"
+    target.write_text("")
+    return target.relative_to(out).as_posix()
+
+
+def _temp_param(out: Path, closed: dict) -> str:
+    _edit_json(_run_dir(out, closed) / "params.json", checkpoint_dir="/tmp/gpucampaign-x/ckpt")
+    return (_run_dir(out, closed) / "params.json").relative_to(out).as_posix()
+
+
+def _escaping_link(out: Path, closed: dict) -> str:
+    md = out / "report.md"
+    md.write_text(md.read_text() + "\nSee [the notes](../../notes/secret.md).\n")
+    return "report.md"
+
+
+def _broken_json(out: Path, closed: dict) -> str:
+    params = _run_dir(out, closed) / "params.json"
+    params.write_text(params.read_text()[:-5])
+    return params.relative_to(out).as_posix()
+
+
+def _link_out(out: Path, closed: dict, tmp_path: Path) -> str:
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    params = _run_dir(out, closed) / "params.json"
+    params.unlink()
+    params.symlink_to(outside)
+    return params.relative_to(out).as_posix()
+
+
+def _added_file(out: Path, closed: dict) -> str:
+    (out / "notes.txt").write_text("added later")
+    return "notes.txt"
+
+
+def _edited_plan(out: Path, closed: dict) -> str:
+    plan = json.loads((out / "plan.json").read_text())
+    plan["steps"][0]["hours"] += 10
+    (out / "plan.json").write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n")
+    return "plan.json"
+
+
+def _edited_spec(out: Path, closed: dict) -> str:
+    spec = out / "spec.yaml"
+    spec.write_text(spec.read_text().replace("closing-test", "closing-test-2", 1))
+    return "spec.yaml"
+
+
+def _unknown_stop(out: Path, closed: dict) -> str:
+    m = json.loads((out / "manifest.json").read_text())
+    m["runs"][closed["run_ids"]["wide"]].update(status="stopped", stop_id="stop-000000000000")
+    (out / "manifest.json").write_text(json.dumps(m))
+    return f"runs/{closed['run_ids']['wide']}"
+
+
+def _altered_corpus(out: Path, closed: dict) -> str:
+    corpus = out / "data" / "corpus.csv"
+    corpus.write_text(corpus.read_text().replace("r001", "r999"))
+    return "data/corpus.csv"
+
+
+def _garbled_manifest(out: Path, closed: dict) -> str:
+    (out / "manifest.json").write_text('{"files": 3}')
+    return "manifest.json"
+
+
+BREAKS = [
+    (check_empty_files, _emptied, "empty_file"),
+    (check_temp_paths, _temp_param, "temp_path"),
+    (check_escaping_paths, _escaping_link, "escaping_path"),
+    (check_json, _broken_json, "invalid_json"),
+    (check_links, _link_out, "escaping_path"),
+    (check_manifest_files, _added_file, "unlisted_file"),
+    (check_plan_hash, _edited_plan, "plan_changed"),
+    (check_spec, _edited_spec, "spec_changed"),
+    (check_expected_runs, _unknown_stop, "unknown_stop"),
+    (check_corpus, _altered_corpus, "corpus_mismatch"),
+    (check_manifest_readable, _garbled_manifest, "invalid_manifest"),
+]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_each_check_finds_nothing_in_a_clean_folder(out: Path, closed: dict, check):
+    ctx = VerifyContext.open(out, reload=check is check_models_reload)
+    assert check(ctx) == []
+    if check is check_models_reload:
+        assert sorted(ctx.reloaded) == sorted(closed["run_ids"].values())
+
+
+@pytest.mark.parametrize(
+    ("check", "damage", "code"), BREAKS, ids=[c.__name__ for c, _, _ in BREAKS]
+)
+def test_each_check_names_the_one_defect_it_owns(
+    out: Path, closed: dict, tmp_path: Path, check, damage, code
+):
+    args = (out, closed, tmp_path) if damage is _link_out else (out, closed)
+    path = damage(*args)
+    found = [(p.code, p.path) for p in check(VerifyContext.open(out, reload=False))]
+    assert found == [(code, path)]
+
+
+def test_checks_leave_a_defect_they_do_not_own_to_its_check(out: Path, closed: dict):
+    """An emptied file is only named by check_empty_files, not also as broken JSON or a path."""
+    _emptied(out, closed)
+    ctx = VerifyContext.open(out, reload=False)
+    for check in (check_json, check_temp_paths, check_escaping_paths, check_links):
+        assert check(ctx) == [], check.__name__
+    assert [p.code for p in check_manifest_files(ctx)] == ["size_mismatch"]
+
+
+@pytest.mark.process
+def test_a_reload_that_fails_is_named_by_the_reload_check(out: Path, closed: dict):
+    weights = _run_dir(out, closed) / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    ctx = VerifyContext.open(out)
+    found = [(p.code, p.path) for p in check_models_reload(ctx)]
+    assert found == [("reload_failed", f"runs/{closed['run_ids']['control']}/model")]
+    assert ctx.reloaded == [closed["run_ids"]["wide"]]
+    assert check_models_reload(VerifyContext.open(out, reload=False)) == []
+
+
+def test_fresh_process_entry_point_checks_and_predicts_again(out: Path, closed: dict, capsys):
+    import torch
+
+    from gpucampaign.close.predictions import main
+
+    rid = closed["run_ids"]["wide"]
+    threads = torch.get_num_threads()  # a reload sets the run's thread count in this process
+    try:
+        assert main(["reload-check", str(out), rid]) == 0
+        assert capsys.readouterr().out == f"{rid}: {_row_count(out, rid)} rows reproduced\n"
+        again = out.parent / "again.csv"
+        assert main(["predict", str(out), rid, "--to", str(again)]) == 0
+        assert again.read_bytes() == (out / "runs" / rid / "predictions.csv").read_bytes()
+        assert main(["reload-check", str(out.parent / "nowhere")]) == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _row_count(out: Path, rid: str) -> int:
+    return len((out / "runs" / rid / "predictions.csv").read_text().splitlines()) - 1
