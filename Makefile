@@ -35,6 +35,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tasks flows tests bench infra
 	$(BIN)/ruff format --check src tasks flows tests bench infra
+	$(BIN)/mypy src/gpucampaign tasks flows
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
@@ -50,4 +51,4 @@ stack-status:
 	PATH="$(abspath $(BIN)):$$PATH" bash infra/stack.sh status
 
 clean:
-	rm -rf $(VENV) demo .pytest_cache .ruff_cache
+	rm -rf $(VENV) demo .pytest_cache .ruff_cache .mypy_cache

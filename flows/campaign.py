@@ -268,7 +268,11 @@ def _pilot_every_run(
         futures = {}
         for r in [r for r in group if r not in measured]:
             futures[r] = pilot.submit(
-                cs, run=r, wait_for=[allow_failure(tail)] if tail is not None else None, **common
+                cs,
+                run=r,
+                return_state=False,  # Prefect's overloads take wait_for only beside it
+                wait_for=[allow_failure(tail)] if tail is not None else None,
+                **common,
             )
             tail = futures[r]
         for run, fut in futures.items():
@@ -307,12 +311,18 @@ def _submit_in_lanes(
             control = futures.get("control")
             wait = [*(wait or []), *([allow_failure(control)] if control is not None else [])]
             restart_future = restart_verification.submit(
-                cs, run="control", wait_for=wait or None, **common
+                cs, run="control", return_state=False, wait_for=wait or None, **common
             )
             tails[lane] = restart_future
         else:
             futures[item] = train.submit(
-                cs, run=item, run_id=cs.run_id(item), lane=lane, wait_for=wait, **common
+                cs,
+                run=item,
+                run_id=cs.run_id(item),
+                lane=lane,
+                return_state=False,
+                wait_for=wait,
+                **common,
             )
             tails[lane] = futures[item]
     return futures, restart_future

@@ -86,7 +86,8 @@ def _ask(spec: CampaignSpec, *, auto: Decision, evidence: str) -> Decision:
         drop=[r for r in auto.dropped_runs if r in droppable_runs(spec)],
     )
     try:
-        got = pause_flow_run(wait_for_input=form, timeout=timeout_s, poll_interval=2)
+        # A RunInput subclass built at run time from DecisionInput: action, drop, note.
+        got: Any = pause_flow_run(wait_for_input=form, timeout=timeout_s, poll_interval=2)
     except FlowPauseTimeout:
         _resume_self()
         return on_timeout(auto, why="no answer in time")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+from uuid import UUID
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -39,8 +40,12 @@ class _Progress:
     would otherwise spend more time reporting than training."""
 
     def __init__(self, phase: str, run_id: str) -> None:
-        self.id = create_progress_artifact(
-            progress=0.0, key=artifact_key(phase, run_id), description=f"{phase} of {run_id}"
+        # sync_compatible: called from sync code, it returns the UUID, not a coroutine.
+        self.id = cast(
+            UUID,
+            create_progress_artifact(
+                progress=0.0, key=artifact_key(phase, run_id), description=f"{phase} of {run_id}"
+            ),
         )
         self.last = time.monotonic()
 

@@ -77,3 +77,19 @@ def test_ruff_passes_with_its_line_length() -> None:
         [str(ruff), "check", *folders], cwd=root, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_mypy_passes_on_the_library_tasks_and_flows() -> None:
+    mypy = Path(sys.executable).parent / "mypy"
+    if not mypy.is_file():
+        pytest.skip("mypy is not installed beside this Python (pip install -e '.[dev]')")
+    root = SRC.parents[1]
+    out = subprocess.run(
+        [str(mypy), "src/gpucampaign", "tasks", "flows"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-1000:]

@@ -120,11 +120,8 @@ def _deserialize(
     """The model state (safetensors, as views of the read buffer) and the train state
     (``weights_only`` unpickling)."""
     try:
-        model_state = load_safetensors_buffer(
-            bytearray(blobs[MODEL_FILE])
-            if isinstance(blobs[MODEL_FILE], bytes)
-            else blobs[MODEL_FILE]
-        )
+        blob = blobs[MODEL_FILE]
+        model_state = load_safetensors_buffer(bytearray(blob) if isinstance(blob, bytes) else blob)
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise CheckpointInvalid(key, f"{MODEL_FILE} is not valid safetensors ({exc})") from None
     try:
@@ -467,10 +464,12 @@ class CheckpointManager:
             raise CheckpointInvalid(key, f"meta lists no {lacking}")
         return meta
 
-    def fetch_payload(self, key: str, *, files: dict[str, dict[str, Any]]) -> dict[str, bytes]:
+    def fetch_payload(
+        self, key: str, *, files: dict[str, dict[str, Any]]
+    ) -> dict[str, bytes | bytearray]:
         """The payload files of ``key`` (read in parallel), each checked for size and hash."""
 
-        def fetch(name: str) -> tuple[str, bytes, str]:
+        def fetch(name: str) -> tuple[str, bytes | bytearray, str]:
             try:
                 data, digest = self.store.read_hashed(f"{key}/{name}")
             except NotFound:

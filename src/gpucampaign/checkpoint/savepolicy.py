@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from gpucampaign.core.files import median
 
@@ -117,7 +118,7 @@ class SavePolicy:
             tolerable_s: The most training time one interruption may lose, seconds.
             planned_steps: The run's planned steps.
         """
-        kw = {
+        kw: dict[str, Any] = {
             "fixed": fixed,
             "mtbi_s": mtbi_s,
             "tolerable_s": tolerable_s,
@@ -165,9 +166,10 @@ class SavePolicy:
             write_s: The measured time a background save takes to become durable; the
                 interval is at least that long, so a save rarely waits for the previous one.
         """
-        if not self.fixed and step_s:
+        delta_s = median(save_costs)  # None only before any save: the caller passes this one's
+        if not self.fixed and step_s and delta_s is not None:
             self.interval = choose_save_interval(
-                delta_s=median(save_costs),
+                delta_s=delta_s,
                 step_s=step_s,
                 mtbi_s=self.mtbi_s,
                 tolerable_s=self.tolerable_s,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import random
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -23,7 +23,9 @@ def capture_rng() -> dict[str, Any]:
     numpy's state holds an ndarray, which ``weights_only`` refuses: it is kept as
     ``[name, int64 tensor of the key, pos, has_gauss, cached_gaussian]``.
     """
-    name, key, pos, has_gauss, cached = np.random.get_state()
+    # legacy=True, the default, gives this tuple; numpy's stub picks the dict overload.
+    legacy = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    name, key, pos, has_gauss, cached = legacy
     cuda_ready = torch.cuda.is_available() and torch.cuda.is_initialized()
     cuda = torch.cuda.get_rng_state_all() if cuda_ready else []
     return {

@@ -40,10 +40,8 @@ def write_hashed(
     the fsync, so the two overlap instead of adding up (a second hashing pass measured 30-40%
     of a save). The buffers must stay unchanged until the call returns.
     """
-    views = [
-        memoryview(b).cast("B")
-        for b in ([data] if isinstance(data, bytes | bytearray | memoryview) else data)
-    ]
+    chunks: Iterable[Any] = [data] if isinstance(data, bytes | bytearray | memoryview) else data
+    views = [memoryview(b).cast("B") for b in chunks]
 
     def digest() -> str:
         h = hashlib.sha256()

@@ -391,6 +391,7 @@ def run_cmd(
             highlight=False,
         )
         raise typer.Exit(exit_code(reason))
+    assert state is not None  # the flow returned: had it raised, the block above re-raised
     summary = state.result(raise_on_failure=False)
     if isinstance(summary, BaseException):
         raise summary

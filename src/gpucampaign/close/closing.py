@@ -120,7 +120,6 @@ def analyse_runs(
     """
     folder = OutputFolder(root)
     preds = {}
-    analyses: dict[str, dict[str, Any]] = {}
     for run in runs:
         rid = spec.run_id(run)
         if not spec.run_config(run).builtin:
@@ -169,7 +168,7 @@ def run_evidence(
             continue
         values = {}
         for split in _verdict_splits(spec):
-            got = [e.values[split] for e in reps if e.values.get(split) is not None]
+            got = [v for e in reps if (v := e.values.get(split)) is not None]
             values[split] = round(sum(got) / len(got), 12) if got else None
         preds = {
             split: tuple(p for e in reps for p in e.predictions.get(split, ()))

@@ -66,7 +66,7 @@ def _per_class(confusion: list[list[int]], *, names: Sequence[str]) -> list[dict
 def _errors_by_confidence(predictions: Predictions) -> list[dict[str, Any]]:
     """The wrong rows, most confident first (ties by ID)."""
     p = predictions
-    errors = [
+    errors: list[dict[str, Any]] = [
         {"id": i, "label": y, "prediction": pr, "confidence": c}
         for i, y, pr, c, ok in zip(p.ids, p.labels, p.preds, p.confidence, p.correct, strict=True)
         if not ok

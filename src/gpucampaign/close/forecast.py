@@ -77,9 +77,9 @@ def _explain(
     why = []
     if reforecast is not None and refo is not None and abs(refo - s.hours) > 1e-9:
         src = "the pilot's measurements"
-        step_s = _numbers(pilot.get(s.run or "", {}).get("step_s"))
-        if step_s:
-            src += f" ({median(step_s) * 1000:.2f} ms/step)"
+        step_s = median(_numbers(pilot.get(s.run or "", {}).get("step_s")))
+        if step_s is not None:
+            src += f" ({step_s * 1000:.2f} ms/step)"
         why.append(f"re-forecast from {src}: {say_duration(s.hours)} -> {say_duration(refo)}")
     if s.name in dropped_by:
         d = dropped_by[s.name]

@@ -245,7 +245,7 @@ def decide_verdict(
     sel, rep = rule.select_split, rule.report_split
     ctrl = control or RunEvidence(status="stopped")
     evidence = {n: e or RunEvidence(status="stopped") for n, e in variants.items()}
-    table = {
+    table: dict[str, dict[str, dict[str, Any]]] = {
         n: {s: _split_entry(rule, s, control=ctrl, variant=e, seed=seed) for s in (sel, rep)}
         for n, e in evidence.items()
     }

@@ -168,6 +168,6 @@ def graceful_signals(*, grace_s: float | None = None) -> Iterator[dict[int, Any]
     try:
         yield previous
     finally:
-        for sig, handler in previous.items():
+        for signum, handler in previous.items():
             if handler is not None:  # None: a handler not installed from Python
-                signal.signal(sig, handler)
+                signal.signal(signum, handler)

@@ -115,7 +115,11 @@ def resolve_inputs(
     for name, item in spec.inputs.items():
         field = f"inputs.{name}.path"
         ref = kept.get(name) or {}
-        places = [corpus_file(out_dir, ref)] if ref.get("kind") in ("copied", "external") else []
+        places = (
+            [corpus_file(out_dir, ref)]
+            if out_dir is not None and ref.get("kind") in ("copied", "external")
+            else []
+        )
         places += [resolve_inside(d, item.path, field=field) for d in (base_dir, out_dir) if d]
         found[name] = next(
             (p for p in places if p.exists() and input_sha256(p) == item.sha256), places[0]

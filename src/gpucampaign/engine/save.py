@@ -115,6 +115,7 @@ def save_model(r: LiveRun, metrics: dict[str, float]) -> None:
         for name, p in r.ctx.inputs.items()
     }
     corpus = r.ctx.corpus
+    assert corpus is not None  # a training run's context always pins its corpus
     sources = (
         {f"recipe/{record['recipe_file']}": recipe_file(r.config.recipe)}
         if "recipe_file" in record

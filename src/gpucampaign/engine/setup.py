@@ -96,8 +96,10 @@ class LiveRun:
     saves: list[SavedCheckpoint] = field(default_factory=list)
     stalls: list[float] = field(default_factory=list)  # per save, in the loop's time
     saver: BackgroundSaves = field(default_factory=BackgroundSaves)
-    policy: SavePolicy | None = None
-    mlog: MetricsLog | None = None
+    # Set by the loop before the first step: the policy once the restore is known, the log
+    # once metrics.jsonl is open.
+    policy: SavePolicy = field(init=False, repr=False)
+    mlog: MetricsLog = field(init=False, repr=False)
     on_save: SaveFn | None = None
 
     @property

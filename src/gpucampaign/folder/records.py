@@ -190,7 +190,8 @@ class StopRecord:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StopRecord:
         """Read one line."""
-        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__ if k in data})
+        known: dict[str, Any] = {k: data.get(k) for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON line as written."""
@@ -377,7 +378,7 @@ def run_state(
     re-posed, or the campaign stopped first).
     """
     rid = spec.run_id(run)
-    base = {"run": run, "run_id": rid, "tier": spec.tier_of(run)}
+    base: dict[str, Any] = {"run": run, "run_id": rid, "tier": spec.tier_of(run)}
     result = read_result(root, rid)
     stop = next((s for s in stops if s.run_id == rid), None)
     if stop is not None and stop.rule == InterruptedRun.rule:

@@ -465,6 +465,8 @@ def decision_form(spec: CampaignSpec, *, auto: Decision) -> type[BaseModel]:
     """The 'ask' form: the automatic proposal pre-selected, ``drop`` a choice among the
     droppable runs (never free text)."""
     choices = droppable_runs(spec) or ["(none)"]
+    # A Literal of the runs known only at run time: no static type names it.
+    drop_type: Any = list[Literal[tuple(choices)]]  # type: ignore[misc]
     return create_model(
         "DecisionInput",
         __config__=ConfigDict(extra="forbid"),
@@ -475,8 +477,8 @@ def decision_form(spec: CampaignSpec, *, auto: Decision) -> type[BaseModel]:
             ),
         ),
         drop=(
-            list[Literal[tuple(choices)]],
-            Field(  # type: ignore[valid-type]
+            drop_type,
+            Field(
                 default=[r for r in auto.dropped_runs if r in choices],
                 description="Optional runs to drop (with 'reduce'); the essential runs cannot be.",
             ),

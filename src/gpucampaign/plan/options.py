@@ -68,7 +68,7 @@ def _smaller_protocol(ctx: Context, dropped: frozenset[str]) -> Option | None:
     newly = tuple(t.name for t in ctx.tasks if t.name in reduced and t.name not in dropped)
     if not newly:
         return None
-    tiers = sorted({t.tier for t in ctx.tasks if t.name in newly}, key=TIER_RANK.get)
+    tiers = sorted({t.tier for t in ctx.tasks if t.name in newly}, key=TIER_RANK.__getitem__)
     return Option(
         kind="smaller_protocol",
         description=(

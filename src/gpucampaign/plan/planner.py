@@ -432,9 +432,11 @@ def reduce_drops(ctx: Context, base: frozenset[str]) -> tuple[frozenset[str], Sc
             if not fits(dropped | set(names)):
                 dropped |= set(names)
                 continue
-            dropped |= set(
-                _smallest_prefix(names, lambda more, d=frozenset(dropped): fits(d | more))
-            )
+
+            def fits_with(more: set[str], d: frozenset[str] = frozenset(dropped)) -> bool:
+                return fits(d | more)
+
+            dropped |= set(_smallest_prefix(names, fits_with))
             break
         added = [t for t in ctx.tasks if t.name in dropped and t.name not in base]
         if fits(dropped) and len(added) <= _PRUNE_LIMIT:

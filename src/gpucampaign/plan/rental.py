@@ -56,14 +56,11 @@ def rental_of(spec: CampaignSpec) -> Rental | None:
                 "order_ref": p.order_ref,
             }
         )
-    dated = [p for p in spec.packages if p.starts_at is not None and p.ends_at is not None]
-    if not dated:
+    starts = [p.starts_at for p in spec.packages if p.starts_at is not None]
+    ends = [p.ends_at for p in spec.packages if p.ends_at is not None]
+    if not lots:
         return None
-    return Rental(
-        starts_at=min(p.starts_at for p in dated),  # type: ignore[type-var]
-        ends_at=max(p.ends_at for p in dated),  # type: ignore[type-var]
-        lots=tuple(lots),
-    )
+    return Rental(starts_at=min(starts), ends_at=max(ends), lots=tuple(lots))
 
 
 def deadline_warnings(

@@ -54,7 +54,7 @@ def audit_recipe_corpus(
     ctx = recipe_context(config, corpus=corpus, run_id=AUDIT_RUN_ID, device=torch.device("cpu"))
     datasets = build_datasets(recipe, config, ctx)
     sizes = {name: len(ds) for name, ds in datasets.items()}
-    findings = [
+    findings: list[dict[str, Any]] = [
         {
             "check": "empty_split",
             "severity": "hard",

@@ -12,6 +12,9 @@ class Standardize(nn.Module):
     The statistics are saved with the weights, so a reloaded model needs no side file.
     """
 
+    mean: torch.Tensor  # buffers, registered in __init__
+    std: torch.Tensor
+
     def __init__(self, n_features: int) -> None:
         super().__init__()
         self.register_buffer("mean", torch.zeros(n_features))

@@ -54,20 +54,15 @@ class Package(_Frozen):
     )
     order_ref: str | None = Field(
         default=None,
-        max_length=80,
+        max_length=200,
         description="The provider's order reference of this lot, shown in the report's budget "
-        "to match against the invoice.",
+        "to match against the invoice (and in the expense ledger).",
     )
 
     starts_at: datetime | None = Field(
         default=None,
         description="When the lot starts (ISO 8601, e.g. '2026-03-02T09:00:00Z'; a time "
         "without a zone is read as UTC). Gives the rental's end: starts_at + days.",
-    )
-    order_ref: str | None = Field(
-        default=None,
-        max_length=200,
-        description="The provider's order reference of the lot (for the expense ledger).",
     )
 
     @field_validator("gpu")

@@ -56,7 +56,10 @@ def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict
         previous = {}
 
     def send(rel: str) -> tuple[str, dict[str, Any], bool]:
-        info = {"bytes": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
+        info: dict[str, Any] = {
+            "bytes": (root / rel).stat().st_size,
+            "sha256": sha256_file(root / rel),
+        }
         if previous.get(rel) == info and store.exists(rel) and store.size(rel) == info["bytes"]:
             return rel, info, False
         store.put_file(rel, src=root / rel, sha256=info["sha256"])

@@ -195,7 +195,8 @@ class S3Store:
         """One upload through the transfer manager (parts above the threshold)."""
         from boto3.s3.transfer import S3Transfer
 
-        S3Transfer(self._client, self._transfer).upload_file(
+        # boto3-stubs types S3Transfer's config as botocore's Config; boto3 takes a TransferConfig.
+        S3Transfer(self._client, self._transfer).upload_file(  # type: ignore[arg-type]
             str(src), self.bucket, self._obj(key), extra_args=extra
         )
 

@@ -200,7 +200,7 @@ class HashingSink:
         # not retaken per 256 KiB chunk while the download threads hold it.
         self._sha.update(batch[0] if len(batch) == 1 else b"".join(batch))
 
-    def write(self, data: bytes) -> int:
+    def write(self, data: bytes | memoryview) -> int:
         start, n = self._offset, len(data)
         given = n
         self._offset = start + n

@@ -153,7 +153,9 @@ def check_temp_paths(ctx: VerifyContext) -> list[Problem]:
     problems = []
     for rel in ctx.scanned():
         scan = ctx.scan_text(rel)
-        m = ctx.temp_re.search(scan) if scan is not None else None
+        if scan is None:
+            continue
+        m = ctx.temp_re.search(scan)
         if m:
             line = scan.count("\n", 0, m.start()) + 1
             snippet = scan[m.start() : m.start() + 80].split("\n")[0].split('"')[0]
