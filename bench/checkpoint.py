@@ -234,7 +234,7 @@ def bench_digits(workdir: Path) -> dict:
     corpus = load_spec_corpus(spec, base_dir=spec_path.parent)
     res = train_run(
         spec,
-        run="control",
+        run=spec.resolve_run("control"),
         corpus=corpus,
         store=LocalStore(workdir / "digits-out" / "checkpoints"),
         out_dir=workdir / "digits-out" / "run",

@@ -77,7 +77,7 @@ def bench_training(tmp: Path, *, hidden: int, layers: int, repeats: int) -> list
     for i in range(repeats):
         res = train_run(
             spec,
-            run="control",
+            run=spec.resolve_run("control"),
             corpus=corpus,
             store=LocalStore(tmp / f"ck-{i}"),
             out_dir=tmp / f"run-{i}",

@@ -159,7 +159,7 @@ def main() -> None:
             t0 = time.perf_counter()
             train_run(
                 spec,
-                run=r,
+                run=spec.resolve_run(r),
                 corpus=corpus,
                 store=LocalStore(Path(tmp) / "ck"),
                 out_dir=Path(tmp) / rid,

@@ -156,7 +156,11 @@ def bench_training(tmp: Path, repeats: int, res: Results) -> None:
         bare = overhead.bare_loop(spec, "control", X=X, y=y, n_classes=len(corpus.classes))
         out = tmp / f"throughput-{i}"
         r = train_run(
-            spec, run="control", corpus=corpus, store=LocalStore(out / "ck"), out_dir=out / "run"
+            spec,
+            run=spec.resolve_run("control"),
+            corpus=corpus,
+            store=LocalStore(out / "ck"),
+            out_dir=out / "run",
         )
         t = r.timings
         ratios.append(bare / t["train_s"])
@@ -244,12 +248,17 @@ def bench_restart(tmp: Path, repeats: int, res: Results) -> None:
         corpus = load_spec_corpus(spec, base_dir=path.parent)
         out = tmp / f"restart-{factor}-out"
         r = train_run(
-            spec, run="control", corpus=corpus, store=LocalStore(out / "ck"), out_dir=out / "run"
+            spec,
+            run=spec.resolve_run("control"),
+            corpus=corpus,
+            store=LocalStore(out / "ck"),
+            out_dir=out / "run",
         )
         shares[factor] = []
         for i in range(repeats):
             rep = verify_early_save(
                 spec,
+                run=spec.resolve_run("control"),
                 corpus_path=corpus.path,
                 store=LocalStore(out / "ck"),
                 run_dir=out / "run",

@@ -24,24 +24,25 @@ def restart_verification(
     """Verify that ``run``'s early save resumes exactly in a new process; reuse a passed check."""
     folder = out_folder(out)
     raise_if_stopped(what=f"restart check of {run}")
+    resolved = spec.resolve_run(run)
     done = folder.read_json("restart.json")
-    if done and done.get("identical") and done.get("run_id") == spec.run_id(run):
+    if done and done.get("identical") and done.get("run_id") == resolved.run_id:
         return done
     try:
         with gpu_slot(
             spec.gpu_lock.name, timeout_s=spec.gpu_lock.timeout_s, lease_s=spec.gpu_lock.lease_s
         ):
             with (
-                busy(folder, spec, phase="restart", run=run, note=spec.run_id(run)),
+                busy(folder, spec, phase="restart", run=run, note=resolved.run_id),
                 tempfile.TemporaryDirectory(prefix="gpucampaign-restart-") as work,
             ):
                 report = campaign_restart_check(
-                    spec, run=run, base_dir=base_dir, out_dir=out, workdir=Path(work)
+                    spec, run=resolved, base_dir=base_dir, out_dir=out, workdir=Path(work)
                 )
     except StopRule as exc:
         record_stop(folder, exc, run=run, phase="restart")
         raise
-    result = {**report.to_dict(), "run": run, "run_id": spec.run_id(run)}
+    result = {**report.to_dict(), "run": run, "run_id": resolved.run_id}
     folder.write_json("restart.json", result)
     return result
 
@@ -61,7 +62,7 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
     ):
         report = verify_checkpoint_resume(
             spec,
-            run=run,
+            run=spec.resolve_run(run),
             corpus_path=target.corpus_path,
             inputs=target.inputs,
             store=target.store,

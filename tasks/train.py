@@ -19,7 +19,7 @@ from gpucampaign.folder.records import read_stops
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.folder.segments import heartbeat
 from gpucampaign.plan.decision import early_losses, pilot_measures
-from gpucampaign.spec import CampaignSpec
+from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import open_store, spooled_keys
 from tasks._common import PHASE_OPTIONS, artifact_key, busy, out_folder, record_stop
 from tasks.gpu_lock import gpu_slot
@@ -62,7 +62,7 @@ def _run_training(
     *,
     base_dir: str,
     out: str,
-    run: str,
+    run: ResolvedRun,
     phase: str,
     stop_after_steps: int | None,
     lane: int = 0,
@@ -70,7 +70,7 @@ def _run_training(
     """Train under the GPU slot with the busy time recorded; returns the result and the number
     of training rows."""
     folder = out_folder(out)
-    run_id = spec.run_id(run)
+    run_id = run.run_id
     raise_if_stopped(what=f"{phase} of {run_id}")
     stopped = recorded_stop(out, run_id)
     if stopped is not None:
@@ -82,7 +82,7 @@ def _run_training(
     try:
         with (
             gpu_slot(lock.name, timeout_s=lock.timeout_s, lease_s=lock.lease_s),
-            busy(folder, spec, phase=phase, run=run, note=run_id) as row,
+            busy(folder, spec, phase=phase, run=run.name, note=run_id) as row,
         ):
             result = train_run(
                 spec,
@@ -99,10 +99,10 @@ def _run_training(
             if result.reused:
                 row.note = f"{run_id}: recorded result reused, nothing trained"
     except StopRule as exc:
-        record_stop(folder, exc, run=run, phase=phase)
+        record_stop(folder, exc, run=run.name, phase=phase)
         raise
     update_progress_artifact(artifact_id=progress.id, progress=100.0)
-    return result, n_train_of(folder.run_dir(run_id), spec=spec, run=run, corpus=corpus)
+    return result, n_train_of(folder.run_dir(run_id), run=run, corpus=corpus)
 
 
 @task(name="pilot", task_run_name="pilot[{run}]", **PHASE_OPTIONS)
@@ -111,19 +111,20 @@ def pilot(
 ) -> dict[str, Any]:
     """The first ``pilot.steps`` steps of a run, measured (costs and early losses); the full
     run resumes from them."""
+    resolved = spec.resolve_run(run)
     result, n_train = _run_training(
         spec,
         base_dir=base_dir,
         out=out,
-        run=run,
+        run=resolved,
         phase="pilot",
         stop_after_steps=spec.pilot.steps,
         lane=lane,
     )
-    metrics = out_folder(out).run_dir(spec.run_id(run)) / "metrics.jsonl"
+    metrics = out_folder(out).run_dir(resolved.run_id) / "metrics.jsonl"
     rows = read_metrics(metrics) if metrics.is_file() else []
     losses = early_losses(rows, steps=spec.pilot.steps)
-    return pilot_measures(spec, run=run, result=result, n_train=n_train, losses=losses)
+    return pilot_measures(resolved, result=result, n_train=n_train, losses=losses)
 
 
 @task(name="train", task_run_name="train[{run_id}]", **PHASE_OPTIONS)
@@ -132,10 +133,17 @@ def train(
 ) -> dict[str, Any]:
     """A full training run (control or variant) on its lane's GPU; resumes from its last good
     checkpoint."""
-    if run_id != spec.run_id(run):
-        raise ValueError(f"run_id {run_id} is not the ID of run '{run}' ({spec.run_id(run)})")
+    resolved = spec.resolve_run(run)
+    if run_id != resolved.run_id:
+        raise ValueError(f"run_id {run_id} is not the ID of run '{run}' ({resolved.run_id})")
     result, n_train = _run_training(
-        spec, base_dir=base_dir, out=out, run=run, phase="train", stop_after_steps=None, lane=lane
+        spec,
+        base_dir=base_dir,
+        out=out,
+        run=resolved,
+        phase="train",
+        stop_after_steps=None,
+        lane=lane,
     )
     spooled = spooled_keys(out)
     if spooled:

@@ -98,7 +98,7 @@ def campaign(
         try:
             train_run(
                 spec,
-                run=run,
+                run=spec.resolve_run(run),
                 corpus=corpus,
                 store=LocalStore(out / "checkpoints"),
                 out_dir=folder.run_dir(spec.run_id(run)),
@@ -291,14 +291,16 @@ def _pilots(base: Path, *, variants: list[dict[str, Any]], steps: int = 6) -> tu
         rdir = folder.run_dir(spec.run_id(run))
         result = train_run(
             spec,
-            run=run,
+            run=spec.resolve_run(run),
             corpus=corpus,
             store=LocalStore(base / "out" / "ckpt"),
             out_dir=rdir,
             stop_after_steps=steps,
         )
         losses = early_losses(read_metrics(rdir / "metrics.jsonl"), steps=steps)
-        measured[run] = pilot_measures(spec, run=run, result=result, n_train=200, losses=losses)
+        measured[run] = pilot_measures(
+            spec.resolve_run(run), result=result, n_train=200, losses=losses
+        )
     return spec, measured
 
 

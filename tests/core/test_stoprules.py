@@ -95,7 +95,7 @@ def test_corpus_that_is_not_the_pinned_one(tmp_path, digits_file):  # noqa: F811
     with pytest.raises(EssentialInputMissing, match="pins"):
         train_run(
             spec,
-            run="control",
+            run=spec.resolve_run("control"),
             corpus=wrong,
             store=LocalStore(tmp_path / "s"),
             out_dir=tmp_path / "o",

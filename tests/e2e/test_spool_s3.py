@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpucampaign.checkpoint.manager import LATEST_FILE, CheckpointManager, step_dirname
-from gpucampaign.engine.loop import run_config_sha256, train_run
+from gpucampaign.engine.loop import train_run
 from gpucampaign.storage import S3Store
 from gpucampaign.storage.spool import SpoolingStore
 from infra.s3server import STATE_FILE, start_server
@@ -46,7 +46,7 @@ def test_server_down_mid_run_nothing_lost_and_the_spool_drains(tmp_path, digits_
     try:
         result = train_run(
             spec,
-            run="control",
+            run=spec.resolve_run("control"),
             corpus=corpus_of(tmp_path, spec),
             store=store,
             out_dir=run_dir(spec, tmp_path),
@@ -74,7 +74,7 @@ def test_server_down_mid_run_nothing_lost_and_the_spool_drains(tmp_path, digits_
         assert len(keys) >= 3
         bare = S3Store(url, env=srv.env())
         loaded, refused = CheckpointManager(
-            bare, run_id=rid, config_sha256=run_config_sha256(spec, "control")
+            bare, run_id=rid, config_sha256=spec.run_sha256("control")
         ).load_latest()
         assert loaded is not None and loaded.step == 20 and refused == []
     finally:

@@ -79,5 +79,7 @@ def test_the_restart_check_on_cuda_is_within_tolerance(tmp_path: Path) -> None:
     from gpucampaign.restartcheck.check import verify_restart
 
     spec = make_spec(tmp_path, write_recipe(tmp_path), control={"device": "cuda"}, variants=[])
-    report = verify_restart(spec, run="control", base_dir=tmp_path, workdir=tmp_path / "rc")
+    report = verify_restart(
+        spec, run=spec.resolve_run("control"), base_dir=tmp_path, workdir=tmp_path / "rc"
+    )
     assert report.identical and report.device == "cuda"

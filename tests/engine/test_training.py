@@ -108,7 +108,7 @@ def test_a_pilot_on_a_fresh_folder_past_its_checkpoint_keeps_the_measured_costs(
     def pilot(host: str, steps: int):
         return train_run(
             spec,
-            run="control",
+            run=spec.resolve_run("control"),
             corpus=corpus,
             store=store,
             out_dir=tmp_path / host / "runs" / spec.run_id("control"),
@@ -119,7 +119,7 @@ def test_a_pilot_on_a_fresh_folder_past_its_checkpoint_keeps_the_measured_costs(
     again = pilot("host-b", 5)
     assert again.resumed_from_step == 15 and again.n_checkpoints == 0
     assert again.timings["train_s"] == 0.0
-    measured = pilot_measures(spec, run="control", result=again, n_train=1259)
+    measured = pilot_measures(spec.resolve_run("control"), result=again, n_train=1259)
     # Not 0 (which would re-forecast the training as free): the checkpoint's own measures.
     assert measured["step_s"] == trained.timings["step_s"] > 0
     assert measured["save_s"] > 0
@@ -235,7 +235,7 @@ def test_bad_arguments(tmp_path, digits_file):  # noqa: F811
     with pytest.raises(SpecError, match="no run named"):
         train_run(
             spec,
-            run="nope",
+            run=spec.resolve_run("nope"),
             corpus=corpus_of(tmp_path, spec),
             store=LocalStore(tmp_path / "s"),
             out_dir=tmp_path / "o",

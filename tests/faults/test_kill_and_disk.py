@@ -70,7 +70,7 @@ def train(spec: CampaignSpec, base: Path, **kw: Any):
     corpus = load_corpus(base / spec.corpus.path, corpus_spec=spec.corpus)
     return train_run(
         spec,
-        run="control",
+        run=spec.resolve_run("control"),
         corpus=corpus,
         store=LocalStore(base / "out" / "checkpoints"),
         out_dir=run_folder(spec, base),

@@ -66,9 +66,10 @@ from gpucampaign.storage import open_store
 from gpucampaign.engine.loop import train_run
 spec_file, out = Path(sys.argv[1]), Path(sys.argv[2])
 spec = load_spec(spec_file)
-rid = spec.run_id("control")
-train_run(spec, run="control", corpus=load_spec_corpus(spec, base_dir=spec_file.parent, run_id=rid),
-          store=open_store("local", out_dir=out), out_dir=out / "runs" / rid)
+run = spec.resolve_run("control")
+corpus = load_spec_corpus(spec, base_dir=spec_file.parent, run_id=run.run_id)
+train_run(spec, run=run, corpus=corpus, store=open_store("local", out_dir=out),
+          out_dir=out / "runs" / run.run_id)
 """
 
 

@@ -419,7 +419,7 @@ def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp
         rid = cs.run_id(run)
         alone = train_run(
             cs,
-            run=run,
+            run=cs.resolve_run(run),
             corpus=corpus,
             store=LocalStore(tmp_path / "alone" / "ck"),
             out_dir=tmp_path / "alone" / rid,

@@ -61,10 +61,10 @@ def _pin_base_model(spec_file: Path, rel: str) -> Path:
 def _train_control(spec: CampaignSpec, *, src: Path, out: Path, **kw: Any) -> str:
     """Train the control of the campaign in ``src`` into the output folder ``out``; its run ID."""
     corpus = load_corpus(src / spec.corpus.path, corpus_spec=spec.corpus)
-    rid = spec.run_id("control")
+    run = spec.resolve_run("control")
     store = LocalStore(out / "checkpoints")
-    train_run(spec, run="control", corpus=corpus, store=store, out_dir=out / "runs" / rid, **kw)
-    return rid
+    train_run(spec, run=run, corpus=corpus, store=store, out_dir=out / "runs" / run.run_id, **kw)
+    return run.run_id
 
 
 def test_a_moved_folder_resolves_its_catalog_and_corpus_for_the_scheduled_check(
@@ -170,7 +170,7 @@ def test_a_moved_folder_resumes_a_campaign_with_pinned_inputs_from_its_copies(
     assert target.inputs == {"base": moved / "inputs" / "base" / "base.bin"}
     report = verify_checkpoint_resume(
         target.spec,
-        run="control",
+        run=target.spec.resolve_run("control"),
         corpus_path=target.corpus_path,
         inputs=target.inputs,
         store=target.store,
@@ -184,7 +184,7 @@ def test_a_moved_folder_resumes_a_campaign_with_pinned_inputs_from_its_copies(
     with pytest.raises(Exception, match="input 'base'"):
         verify_checkpoint_resume(
             target.spec,
-            run="control",
+            run=target.spec.resolve_run("control"),
             corpus_path=target.corpus_path,
             inputs=output_check_target(moved).inputs,
             store=target.store,

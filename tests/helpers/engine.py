@@ -58,7 +58,7 @@ def run(
     """``train_run`` with the campaign layout ``base/out/{checkpoints, runs/<run_id>}``."""
     return train_run(
         spec,
-        run=name,
+        run=spec.resolve_run(name),
         corpus=corpus_of(base, spec),
         store=LocalStore(base / out / "checkpoints"),
         out_dir=run_dir(spec, base, name=name, out=out),

@@ -122,7 +122,7 @@ def main(base: Path) -> None:
     corpus = load_corpus(base / spec.corpus.path, corpus_spec=spec.corpus)
     res = train_run(
         spec,
-        run="control",
+        run=spec.resolve_run("control"),
         corpus=corpus,
         store=LocalStore(base / "out" / "checkpoints"),
         out_dir=base / "out" / "runs" / spec.run_id("control"),

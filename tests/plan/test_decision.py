@@ -159,7 +159,7 @@ def test_pilot_measures_count_steps_from_the_run_config():
     from gpucampaign.plan.decision import pilot_measures
 
     spec = parse_spec(SPEC)
-    m = pilot_measures(spec, run="control", result=_result(), n_train=3200)
+    m = pilot_measures(spec.resolve_run("control"), result=_result(), n_train=3200)
     # 20 epochs (the default) of 3200 / 32 = 100 steps; evaluated at each epoch end.
     assert m["planned_steps"] == spec.run_config("control").planned_steps(3200) == 2000
     assert m["evals"] == 20 and m["saves"] == 50

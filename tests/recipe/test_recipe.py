@@ -118,13 +118,14 @@ def make_spec(
 
 
 def train(spec: CampaignSpec, base: Path, run: str = "control", **kw: Any):
-    corpus = load_spec_corpus(spec, base_dir=base, run_id=spec.run_id(run))
+    resolved = spec.resolve_run(run)
+    corpus = load_spec_corpus(spec, base_dir=base, run_id=resolved.run_id)
     return train_run(
         spec,
-        run=run,
+        run=resolved,
         corpus=corpus,
         store=LocalStore(base / "out" / "ck"),
-        out_dir=base / "out" / "runs" / spec.run_id(run),
+        out_dir=base / "out" / "runs" / resolved.run_id,
         **kw,
     )
 
@@ -207,7 +208,9 @@ def test_a_resumed_recipe_run_is_identical(tmp_path: Path) -> None:
 
     module = write_recipe(tmp_path)
     spec = make_spec(tmp_path, module)
-    report = verify_restart(spec, run="control", base_dir=tmp_path, workdir=tmp_path / "rc")
+    report = verify_restart(
+        spec, run=spec.resolve_run("control"), base_dir=tmp_path, workdir=tmp_path / "rc"
+    )
     assert report.identical and report.k_mid_epoch and len(report.compared) > 0
 
 

@@ -33,6 +33,7 @@ def _live_run(tmp_path, digits_file):  # noqa: F811
 def _check(spec, tmp_path, work="work", **kw):
     return verify_early_save(
         spec,
+        run=spec.resolve_run("control"),
         corpus_path=tmp_path / "data" / "digits.csv",
         store=LocalStore(tmp_path / "out" / "checkpoints"),
         run_dir=run_dir(spec, tmp_path),
@@ -93,6 +94,10 @@ def test_campaign_check_falls_back_to_three_processes(tmp_path, digits_file):  #
     spec = make_spec(tmp_path, digits_file, checkpoint={"keep": 1})
     assert run(spec, tmp_path).completed  # only the final checkpoint is kept
     report = campaign_restart_check(
-        spec, run="control", base_dir=tmp_path, out_dir=tmp_path / "out", workdir=tmp_path / "work"
+        spec,
+        run=spec.resolve_run("control"),
+        base_dir=tmp_path,
+        out_dir=tmp_path / "out",
+        workdir=tmp_path / "work",
     )
     assert report.identical and report.mode == "fresh"

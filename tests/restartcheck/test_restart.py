@@ -25,7 +25,10 @@ def test_resume_mid_epoch_in_a_new_process_is_bit_identical(tmp_path, digits_fil
         control={"precision": "bf16", "scheduler": "cosine", "dropout": 0.1, "epochs": 3},
     )
     report = verify_restart(
-        spec, run="control", corpus_path=tmp_path / "data" / "digits.csv", workdir=tmp_path / "work"
+        spec,
+        run=spec.resolve_run("control"),
+        corpus_path=tmp_path / "data" / "digits.csv",
+        workdir=tmp_path / "work",
     )
     assert (
         report.identical
@@ -58,7 +61,7 @@ def test_scheduled_check_resumes_the_previous_kept_checkpoint(tmp_path, digits_f
     spec = _finished_run(tmp_path, digits_file)
     report = verify_checkpoint_resume(
         spec,
-        run="control",
+        run=spec.resolve_run("control"),
         corpus_path=tmp_path / "data" / "digits.csv",
         store=LocalStore(tmp_path / "out" / "checkpoints"),
         run_dir=run_dir(spec, tmp_path),
@@ -80,7 +83,7 @@ def test_scheduled_check_detects_a_run_it_cannot_reproduce(tmp_path, digits_file
             r["loss"] = r["loss"] + 1e-7
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     args = dict(
-        run="control",
+        run=spec.resolve_run("control"),
         corpus_path=tmp_path / "data" / "digits.csv",
         store=LocalStore(tmp_path / "out" / "checkpoints"),
         run_dir=run_dir(spec, tmp_path),
@@ -98,7 +101,7 @@ def test_scheduled_check_without_checkpoints(tmp_path, digits_file):  # noqa: F8
     with pytest.raises(NoUsableRestart, match="no usable checkpoint"):
         verify_checkpoint_resume(
             spec,
-            run="control",
+            run=spec.resolve_run("control"),
             corpus_path=tmp_path / "data" / "digits.csv",
             store=LocalStore(tmp_path / "empty"),
             run_dir=tmp_path,
@@ -147,7 +150,11 @@ def test_restart_on_gpu_within_the_recorded_tolerance(tmp_path, digits_file):  #
         tmp_path, digits_file, control={"precision": "bf16", "dropout": 0.1, "epochs": 3}
     )
     report = verify_restart(
-        spec, corpus_path=tmp_path / "data" / "digits.csv", workdir=tmp_path / "work", check=False
+        spec,
+        run=spec.resolve_run("control"),
+        corpus_path=tmp_path / "data" / "digits.csv",
+        workdir=tmp_path / "work",
+        check=False,
     )
     assert report.device == "cuda" and report.atol > 0
     assert report.identical, report.mismatches

@@ -284,7 +284,7 @@ def _check_fresh_restart(
     path = corpus_path(cs, base_dir=spec.resolve().parent)
     return verify_restart(
         cs,
-        run=run,
+        run=cs.resolve_run(run),
         corpus_path=path,
         inputs=resolve_inputs(cs, base_dir=spec.resolve().parent),
         workdir=workdir,
@@ -311,7 +311,7 @@ def _check_output_restart(
         )
     return verify_checkpoint_resume(
         target.spec,
-        run=run,
+        run=target.spec.resolve_run(run),
         corpus_path=target.corpus_path,
         inputs=target.inputs,
         store=target.store,

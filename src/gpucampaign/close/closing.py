@@ -120,9 +120,10 @@ def analyse_runs(
     """
     folder = OutputFolder(root)
     preds = {}
+    resolved = {run: spec.resolve_run(run) for run in runs}
     for run in runs:
-        rid = spec.run_id(run)
-        if not spec.run_config(run).builtin:
+        rid = resolved[run].run_id
+        if not resolved[run].config.builtin:
             _analyse_recipe_run(folder, rid, corpus=corpus, split=spec.decision_split)
             continue
         for split in _verdict_splits(spec):
@@ -140,7 +141,7 @@ def analyse_runs(
         analyses[run] = error_analysis(
             pred, control=control, class_names=[str(c) for c in corpus.classes]
         )
-        folder.write_json(f"runs/{spec.run_id(run)}/error_analysis.json", analyses[run])
+        folder.write_json(f"runs/{resolved[run].run_id}/error_analysis.json", analyses[run])
     return analyses
 
 

@@ -41,19 +41,13 @@ from gpucampaign.engine.inference_restart import TrainingMark, find_interruption
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
 from gpucampaign.engine.parts import make_loader, n_train_of, progress_bar, read_params  # noqa: F401
 from gpucampaign.engine.save import collect_save, save_checkpoint, save_model
-from gpucampaign.engine.setup import (
-    LiveRun,
-    SaveFn,
-    check_arguments,
-    run_config_sha256,  # noqa: F401 - importers use it from here
-    setup_run,
-)
+from gpucampaign.engine.setup import LiveRun, SaveFn, check_arguments, setup_run
 from gpucampaign.folder.layout import METRICS_FILE, MODEL_DIR, PARAMS_FILE  # noqa: F401
 from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
 from gpucampaign.folder.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
 from gpucampaign.recipe.contract import call, check_loss
 from gpucampaign.recipe.runtime import batch_len, to_device
-from gpucampaign.spec import CampaignSpec
+from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import Store
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -306,7 +300,7 @@ def _quality_stop(
 def train_run(
     spec: CampaignSpec,
     *,
-    run: str,
+    run: ResolvedRun,
     corpus: Any,
     store: Store,
     out_dir: Path,
@@ -321,7 +315,7 @@ def train_run(
 
     Args:
         spec: The campaign spec.
-        run: ``control`` or a variant name.
+        run: The run (``CampaignSpec.resolve_run``): its config and ID, resolved once.
         corpus: The loaded corpus, the pinned one (see the module docstring).
         store: Checkpoint store; ``<run_id>/LATEST`` there is resumed from when valid.
         out_dir: The run folder ``OUT/runs/<run_id>/``.
@@ -343,7 +337,7 @@ def train_run(
         SpecError: Invalid arguments or an unsupported precision on this device.
     """
     t_call = time.perf_counter()
-    run_id = check_arguments(
+    check_arguments(
         spec,
         run=run,
         corpus=corpus,
@@ -352,7 +346,7 @@ def train_run(
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    recorded = recorded_result(out_dir, run_id)
+    recorded = recorded_result(out_dir, run.run_id)
     if recorded is not None:
         return recorded
 

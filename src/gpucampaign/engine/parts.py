@@ -12,7 +12,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorData
 
 from gpucampaign.folder.layout import PARAMS_FILE
 from gpucampaign.recipe.runtime import train_rows
-from gpucampaign.spec import CampaignSpec, RunConfig
+from gpucampaign.spec import ResolvedRun, RunConfig
 
 
 def read_params(out_dir: str | Path) -> dict[str, Any]:
@@ -21,10 +21,10 @@ def read_params(out_dir: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def n_train_of(out_dir: str | Path, *, spec: CampaignSpec, run: str, corpus: Any) -> int:
+def n_train_of(out_dir: str | Path, *, run: ResolvedRun, corpus: Any) -> int:
     """Examples in the run's train split: as ``params.json`` recorded, else counted."""
     recorded = read_params(out_dir).get("n_train")
-    return int(recorded) if recorded is not None else train_rows(spec, run=run, corpus=corpus)
+    return int(recorded) if recorded is not None else train_rows(run, corpus=corpus)
 
 
 def make_loader(

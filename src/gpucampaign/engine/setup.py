@@ -37,26 +37,22 @@ from gpucampaign.folder.layout import PARAMS_FILE
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.recipe.contract import Recipe, RecipeContext, call, load_recipe
 from gpucampaign.recipe.runtime import build_datasets, recipe_context, recipe_record
-from gpucampaign.spec import CampaignSpec, RunConfig, SpecError
+from gpucampaign.spec import CampaignSpec, ResolvedRun, RunConfig, SpecError
 from gpucampaign.storage import Store
 
 SaveFn = Callable[[dict[str, Any]], None]
 
 
-def run_config_sha256(spec: CampaignSpec, run: str) -> str:
-    """Full sha256 over the same payload as the run ID (config, pinned corpus, recipe file)."""
-    return spec.run_sha256(run)
-
-
 @dataclass
 class LiveRun:
-    """What one start of a run builds, and the cursor and counters its loop moves."""
+    """What one start of a run builds, and the cursor and counters its loop moves.
+
+    The run's identity is ``resolved`` (built once by the caller); ``run``, ``run_id``,
+    ``config`` and ``config_sha256`` read from it.
+    """
 
     spec: CampaignSpec
-    run: str
-    run_id: str
-    config: RunConfig
-    config_sha256: str
+    resolved: ResolvedRun
     corpus: Any
     out_dir: Path
     t_call: float
@@ -103,6 +99,23 @@ class LiveRun:
     on_save: SaveFn | None = None
 
     @property
+    def run(self) -> str:
+        """The run's name."""
+        return self.resolved.name
+
+    @property
+    def run_id(self) -> str:
+        return self.resolved.run_id
+
+    @property
+    def config(self) -> RunConfig:
+        return self.resolved.config
+
+    @property
+    def config_sha256(self) -> str:
+        return self.resolved.config_sha256
+
+    @property
     def steps_per_epoch(self) -> int:
         return len(self.loader)
 
@@ -114,14 +127,12 @@ class LiveRun:
 def check_arguments(
     spec: CampaignSpec,
     *,
-    run: str,
+    run: ResolvedRun,
     corpus: Any,
     stop_after_steps: int | None,
     checkpoint_every: int | None,
-) -> str:
-    """The run ID, once the arguments and the corpus are checked."""
-    spec.run_config(run)
-    run_id = spec.run_id(run)
+) -> None:
+    """Check the arguments of a training call and the corpus against the spec's pin."""
     if stop_after_steps is not None and stop_after_steps < 1:
         raise SpecError(
             f"stop_after_steps must be >= 1 (got {stop_after_steps}).", field="stop_after_steps"
@@ -132,16 +143,15 @@ def check_arguments(
         )
     if spec.corpus is not None and corpus.sha256 != spec.corpus.sha256:
         raise EssentialInputMissing(
-            run_id,
+            run.run_id,
             f"the corpus given has sha256 {corpus.sha256}, the spec pins {spec.corpus.sha256}",
         )
-    return run_id
 
 
 def setup_run(
     spec: CampaignSpec,
     *,
-    run: str,
+    run: ResolvedRun,
     corpus: Any,
     store: Store,
     out_dir: Path,
@@ -150,10 +160,8 @@ def setup_run(
     lane: int = 0,
 ) -> LiveRun:
     """Build everything in the same order on every start, resumed or not."""
-    config = spec.run_config(run)
-    run_id = spec.run_id(run)
-    config_sha = run_config_sha256(spec, run)
-    device = pick_device(config.device, lane=lane)
+    config, run_id = run.config, run.run_id
+    device = pick_device(run.device, lane=lane)
     check_precision(config.precision, device)
     torch.set_num_threads(config.threads)
     recipe = load_recipe(config.recipe)
@@ -173,10 +181,7 @@ def setup_run(
     amp_dtype = AMP_DTYPES[config.precision]
     r = LiveRun(
         spec=spec,
-        run=run,
-        run_id=run_id,
-        config=config,
-        config_sha256=config_sha,
+        resolved=run,
         corpus=corpus,
         out_dir=out_dir,
         t_call=t_call,
@@ -199,7 +204,7 @@ def setup_run(
         manager=CheckpointManager(
             store,
             run_id=run_id,
-            config_sha256=config_sha,
+            config_sha256=run.config_sha256,
             keep=spec.checkpoint.keep,
             staging_dir=out_dir / ".staging",
         ),
@@ -222,7 +227,7 @@ def _write_params(r: LiveRun) -> None:
         "planned_steps": r.planned,
         "steps_per_epoch": r.steps_per_epoch,
         "n_train": len(r.datasets["train"]),
-        **recipe_record(r.config),
+        **recipe_record(r.resolved),
         **r.described,
         **device_settings(r.device),
         "threads": r.config.threads,

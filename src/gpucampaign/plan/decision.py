@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from gpucampaign.core.files import median
-from gpucampaign.spec import CampaignSpec, SpecError
+from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 
 Action = Literal["continue", "reduce", "re-pose"]
 # Early curves closer than this (relative to the control's largest loss) count as the same.
@@ -270,19 +270,18 @@ def early_losses(metrics: Sequence[Mapping[str, Any]], *, steps: int) -> list[fl
 
 
 def pilot_measures(
-    spec: CampaignSpec, *, run: str, result: Any, n_train: int, losses: Sequence[float] = ()
+    run: ResolvedRun, *, result: Any, n_train: int, losses: Sequence[float] = ()
 ) -> dict[str, Any]:
     """What the re-forecast needs from a pilot: load, step, eval and save costs and their counts,
     and the early loss curve the decision point compares with the control's.
 
     Args:
-        spec: the campaign.
-        run: the piloted run's name.
+        run: the piloted run (``CampaignSpec.resolve_run``).
         result: the pilot's ``runresult.RunResult``.
         n_train: rows of the corpus's train split.
         losses: the pilot's training losses (``early_losses``).
     """
-    cfg = spec.run_config(run)
+    cfg = run.config
     t = result.timings
     planned = cfg.planned_steps(n_train)
     steps_per_epoch = cfg.steps_per_epoch(n_train)

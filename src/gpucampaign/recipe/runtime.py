@@ -21,8 +21,8 @@ from gpucampaign.recipe.contract import (
     check_metrics,
     load_recipe,
 )
-from gpucampaign.spec import CampaignSpec, RunConfig, SpecError
-from gpucampaign.spec.recipefile import recipe_file, recipe_file_sha256
+from gpucampaign.spec import CampaignSpec, ResolvedRun, RunConfig, SpecError
+from gpucampaign.spec.recipefile import recipe_file
 
 
 def recipe_context(
@@ -58,28 +58,30 @@ def build_datasets(recipe: Recipe, config: RunConfig, ctx: RecipeContext) -> dic
     return check_datasets(config.recipe, call(config.recipe, "datasets", recipe.datasets, ctx))
 
 
-def train_rows(spec: CampaignSpec, *, run: str, corpus: Any) -> int:
+def train_rows(run: ResolvedRun, *, corpus: Any) -> int:
     """Examples in the run's train split (a recipe's datasets are built to count them)."""
-    config = spec.run_config(run)
+    config = run.config
     if config.builtin:
         return len(corpus.split("train"))
     recipe = load_recipe(config.recipe)
-    ctx = recipe_context(config, corpus=corpus, run_id=spec.run_id(run), device=torch.device("cpu"))
+    ctx = recipe_context(config, corpus=corpus, run_id=run.run_id, device=torch.device("cpu"))
     return len(build_datasets(recipe, config, ctx)["train"])
 
 
-def recipe_record(config: RunConfig) -> dict[str, Any]:
+def recipe_record(run: ResolvedRun) -> dict[str, Any]:
     """The recipe, its arguments and its file's name and hash (built-ins: no file).
 
-    No absolute path is recorded: the output folder must not point outside itself.
+    The hash is the one in the run's ID. No absolute path is recorded: the output folder
+    must not point outside itself.
     """
+    config = run.config
     if config.builtin:
         return {"recipe": config.recipe, "args": config.args}
     return {
         "recipe": config.recipe,
         "args": config.args,
         "recipe_file": recipe_module_path(config.recipe),
-        "recipe_sha256": recipe_file_sha256(config.recipe),
+        "recipe_sha256": run.recipe_sha256,
     }
 
 

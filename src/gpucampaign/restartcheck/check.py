@@ -20,7 +20,6 @@ from typing import Any
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.data.pins import resolve_inputs
-from gpucampaign.engine.setup import run_config_sha256
 from gpucampaign.folder.layout import CHECKPOINTS_DIR, METRICS_FILE
 from gpucampaign.restartcheck.child import child_args, spawn, wait, write_child_spec
 from gpucampaign.restartcheck.compare import (
@@ -38,7 +37,7 @@ from gpucampaign.restartcheck.scheduled import (
     output_check_target,
     verify_checkpoint_resume,
 )
-from gpucampaign.spec import CampaignSpec, SpecError
+from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 from gpucampaign.storage import LocalStore
 
 __all__ = [
@@ -74,16 +73,11 @@ def default_steps(*, planned_steps: int, steps_per_epoch: int) -> tuple[int, int
     return n, k
 
 
-def _planned(spec: CampaignSpec, run: str, n_train: int) -> tuple[int, int]:
-    config = spec.run_config(run)
-    return config.planned_steps(n_train), config.steps_per_epoch(n_train)
-
-
 # --- verification of a fresh run -------------------------------------------------------------
 def verify_restart(
     spec: CampaignSpec,
     *,
-    run: str = "control",
+    run: ResolvedRun,
     workdir: Path,
     corpus_path: Path | None = None,
     base_dir: str | Path | None = None,
@@ -99,7 +93,7 @@ def verify_restart(
 
     Args:
         spec: The campaign spec.
-        run: The run whose config is checked (``control`` by default).
+        run: The run whose config is checked (``spec.resolve_run("control")`` usually).
         workdir: An empty scratch folder.
         corpus_path: The corpus file (checked against its pinned sha256 by every process).
         base_dir: Or: the spec's folder, where the spec's corpus path is resolved.
@@ -140,13 +134,10 @@ def verify_restart(
         train_losses(rst / "run" / METRICS_FILE),
         list(range(1, n + 1)),
     )
-    _compare_checkpoints(
-        cmp, spec, run=run, ref=ref / CHECKPOINTS_DIR, rst=rst / CHECKPOINTS_DIR, n=n
-    )
+    _compare_checkpoints(cmp, run=run, ref=ref / CHECKPOINTS_DIR, rst=rst / CHECKPOINTS_DIR, n=n)
     report = RestartReport.from_check(
         cmp,
         resumed,
-        spec=spec,
         run=run,
         mode="fresh",
         k=k,
@@ -183,7 +174,7 @@ def _restart_corpus(
 def _fresh_steps(
     spec: CampaignSpec,
     *,
-    run: str,
+    run: ResolvedRun,
     corpus_path: Path,
     inputs: Mapping[str, Path],
     n_steps: int | None,
@@ -195,9 +186,10 @@ def _fresh_steps(
 
     assert spec.corpus is not None
     corpus = open_corpus(
-        corpus_path, spec=spec, base_dir=None, run_id=spec.run_id(run), input_paths=inputs
+        corpus_path, spec=spec, base_dir=None, run_id=run.run_id, input_paths=inputs
     )
-    planned, spe = _planned(spec, run, train_rows(spec, run=run, corpus=corpus))
+    n_train = train_rows(run, corpus=corpus)
+    planned, spe = run.config.planned_steps(n_train), run.config.steps_per_epoch(n_train)
     dn, dk = default_steps(planned_steps=planned, steps_per_epoch=spe)
     n = n_steps or (dn if k_steps is None or k_steps < dn else min(planned, k_steps + spe))
     k = k_steps or (dk if dk < n else max(1, n // 2))
@@ -212,7 +204,7 @@ def _fresh_steps(
 def _run_three_processes(
     spec: CampaignSpec,
     *,
-    run: str,
+    run: ResolvedRun,
     workdir: Path,
     corpus_path: Path,
     inputs: Mapping[str, Path],
@@ -223,14 +215,13 @@ def _run_three_processes(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Reference to n beside first half to k, then the resume to n; the first and resumed
     processes' results."""
-    run_id = spec.run_id(run)
-    threads = spec.run_config(run).threads
+    run_id, threads = run.run_id, run.config.threads
     spec_json = write_child_spec(spec, workdir)
 
     def args(side: Path, stop: int, tag: str) -> list[str]:
         return child_args(
             spec_json=spec_json,
-            run=run,
+            run=run.name,
             corpus=corpus_path,
             inputs=inputs,
             out=side / "run",
@@ -256,12 +247,9 @@ def _run_three_processes(
     return first, resumed
 
 
-def _compare_checkpoints(
-    cmp: Comparer, spec: CampaignSpec, *, run: str, ref: Path, rst: Path, n: int
-) -> None:
+def _compare_checkpoints(cmp: Comparer, *, run: ResolvedRun, ref: Path, rst: Path, n: int) -> None:
     """Compare the two sides' checkpoints of step n: parameters and every train state part."""
-    run_id = spec.run_id(run)
-    cfg_sha = run_config_sha256(spec, run)
+    run_id, cfg_sha = run.run_id, run.config_sha256
     ck_ref, why_ref = CheckpointManager(
         LocalStore(ref), run_id=run_id, config_sha256=cfg_sha
     ).load_latest()

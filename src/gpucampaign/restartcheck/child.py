@@ -42,13 +42,14 @@ def _child_main(argv: list[str]) -> int:
     spec = parse_spec(json.loads(a.spec.read_text(encoding="utf-8")), source=str(a.spec))
     assert spec.corpus is not None
     try:
+        run = spec.resolve_run(a.run)
         inputs = {k: Path(v) for k, _, v in (item.partition("=") for item in a.input)}
         corpus = open_corpus(
-            a.corpus, spec=spec, base_dir=None, run_id=spec.run_id(a.run), input_paths=inputs
+            a.corpus, spec=spec, base_dir=None, run_id=run.run_id, input_paths=inputs
         )
         res = train_run(
             spec,
-            run=a.run,
+            run=run,
             corpus=corpus,
             store=LocalStore(a.store),
             out_dir=a.out,

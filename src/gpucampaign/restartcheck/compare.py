@@ -18,7 +18,7 @@ import torch
 from gpucampaign.checkpoint.manager import LoadedCheckpoint
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.folder.metrics import read_metrics
-from gpucampaign.spec import CampaignSpec
+from gpucampaign.spec import ResolvedRun
 
 GPU_ATOL = 1e-5
 GPU_TOLERANCE_REASON = (
@@ -66,8 +66,7 @@ class RestartReport:
         cmp: Comparer,
         resumed: dict[str, Any],
         *,
-        spec: CampaignSpec,
-        run: str,
+        run: ResolvedRun,
         mode: str,
         k: int,
         n: int,
@@ -77,7 +76,7 @@ class RestartReport:
     ) -> RestartReport:
         """The report of a check that resumed step ``k`` of ``run`` up to ``n`` in a fresh
         process (``resumed``: that process's result) and compared it with ``cmp``."""
-        config = spec.run_config(run)
+        config = run.config
         return cls(
             identical=not cmp.mismatches,
             compared_steps=cmp.loss_steps,
@@ -88,7 +87,7 @@ class RestartReport:
             k=k,
             n=n,
             threads=config.threads,
-            run_id=spec.run_id(run),
+            run_id=run.run_id,
             mode=mode,
             resume=config.resume,
             device=resumed.get("device", "cpu"),

@@ -23,11 +23,10 @@ from pathlib import Path
 
 from gpucampaign.checkpoint.manager import META_FILE, CheckpointManager, step_dirname
 from gpucampaign.core.stoprules import NoUsableRestart
-from gpucampaign.engine.setup import run_config_sha256
 from gpucampaign.restartcheck.check import verify_restart
 from gpucampaign.restartcheck.compare import RestartReport, compare_states, require_identical
 from gpucampaign.restartcheck.scheduled import ReplayCheck
-from gpucampaign.spec import CampaignSpec
+from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import NotFound, Store
 
 DEFAULT_MAX_STEPS = 200
@@ -56,7 +55,7 @@ def early_resume_point(manager: CheckpointManager) -> tuple[int, int, int | None
 def verify_early_save(
     spec: CampaignSpec,
     *,
-    run: str = "control",
+    run: ResolvedRun,
     corpus_path: Path,
     store: Store,
     run_dir: Path,
@@ -69,7 +68,7 @@ def verify_early_save(
 
     Args:
         spec: The campaign's spec.
-        run: The run whose save is checked (``control`` by default).
+        run: The run whose save is checked (``spec.resolve_run("control")`` usually).
         corpus_path: The pinned corpus file (the fresh process checks its hash once).
         store: The campaign's checkpoint store.
         inputs: Where the spec's pinned inputs are (``pins.resolve_inputs``).
@@ -91,8 +90,8 @@ def verify_early_save(
         workdir=workdir,
         inputs=dict(inputs or {}),
     )
-    cfg_sha = run_config_sha256(spec, run)
-    manager = CheckpointManager(store, run_id=probe.run_id, config_sha256=cfg_sha, keep=10**6)
+    cfg_sha = run.config_sha256
+    manager = CheckpointManager(store, run_id=run.run_id, config_sha256=cfg_sha, keep=10**6)
     point = early_resume_point(manager)
     if point is None:
         raise NoUsableRestart(probe.run_id, "no checkpoint before the final step is kept")
@@ -127,7 +126,7 @@ def verify_early_save(
 def campaign_restart_check(
     spec: CampaignSpec,
     *,
-    run: str,
+    run: ResolvedRun,
     base_dir: str | Path,
     out_dir: str | Path,
     workdir: Path,
@@ -147,9 +146,7 @@ def campaign_restart_check(
     path = corpus_path(spec, base_dir=base_dir)
     inputs = resolve_inputs(spec, base_dir=base_dir, out_dir=out_dir)
     store = open_store(spec.storage.url, out_dir=Path(out_dir))
-    manager = CheckpointManager(
-        store, run_id=spec.run_id(run), config_sha256=run_config_sha256(spec, run)
-    )
+    manager = CheckpointManager(store, run_id=run.run_id, config_sha256=run.config_sha256)
     if early_resume_point(manager) is None:
         return verify_restart(spec, run=run, corpus_path=path, inputs=inputs, workdir=workdir)
     return verify_early_save(
@@ -158,7 +155,7 @@ def campaign_restart_check(
         corpus_path=path,
         inputs=inputs,
         store=store,
-        run_dir=Path(out_dir) / "runs" / spec.run_id(run),
+        run_dir=Path(out_dir) / "runs" / run.run_id,
         workdir=workdir,
         max_steps=max_steps,
     )

@@ -25,7 +25,6 @@ from gpucampaign.checkpoint.manager import (
     step_dirname,
 )
 from gpucampaign.core.stoprules import NoUsableRestart
-from gpucampaign.engine.setup import run_config_sha256
 from gpucampaign.folder.layout import CHECKPOINTS_DIR, METRICS_FILE, MODEL_DIR
 from gpucampaign.restartcheck.child import child_args, spawn, wait, write_child_spec
 from gpucampaign.restartcheck.compare import (
@@ -35,7 +34,7 @@ from gpucampaign.restartcheck.compare import (
     require_identical,
     train_losses,
 )
-from gpucampaign.spec import CampaignSpec, SpecError
+from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 from gpucampaign.storage import LocalStore, Store
 
 
@@ -56,7 +55,7 @@ class ReplayCheck:
     and compare them with what the original run recorded in ``run_dir``."""
 
     spec: CampaignSpec
-    run: str
+    run: ResolvedRun
     corpus_path: Path
     store: Store
     run_dir: Path
@@ -72,7 +71,7 @@ class ReplayCheck:
     @property
     def run_id(self) -> str:
         """The run's ID."""
-        return self.spec.run_id(self.run)
+        return self.run.run_id
 
     def original(self) -> dict[int, float]:
         """Step -> the training loss the original run recorded."""
@@ -112,7 +111,6 @@ class ReplayCheck:
         return RestartReport.from_check(
             rep.cmp,
             rep.resumed,
-            spec=self.spec,
             run=self.run,
             mode=mode,
             k=rep.start,
@@ -126,7 +124,7 @@ class ReplayCheck:
 def verify_checkpoint_resume(
     spec: CampaignSpec,
     *,
-    run: str,
+    run: ResolvedRun,
     corpus_path: Path,
     store: Store,
     run_dir: Path,
@@ -139,7 +137,7 @@ def verify_checkpoint_resume(
 
     Args:
         spec: The campaign's spec.
-        run: Run name (``control`` or a variant).
+        run: The run (``spec.resolve_run(name)``).
         corpus_path: The pinned corpus file.
         store: The campaign's checkpoint store.
         inputs: Where the spec's pinned inputs are (``OutputCheckTarget.inputs``).
@@ -162,7 +160,7 @@ def verify_checkpoint_resume(
         workdir=workdir,
         inputs=dict(inputs or {}),
     )
-    ck = _resume_point(spec, run=run, store=store)
+    ck = _resume_point(run, store=store)
     start, planned = ck.step, int(ck.meta["planned_steps"])
     original = probe.original()
     steps = [s for s in range(start + 1, min(planned, start + m_steps) + 1) if s in original]
@@ -184,13 +182,11 @@ def verify_checkpoint_resume(
     )
 
 
-def _resume_point(spec: CampaignSpec, *, run: str, store: Store) -> LoadedCheckpoint:
+def _resume_point(run: ResolvedRun, *, store: Store) -> LoadedCheckpoint:
     """The latest good checkpoint, or the previous kept one when the latest is the final step
     (resuming the final step would train nothing)."""
-    run_id = spec.run_id(run)
-    manager = CheckpointManager(
-        store, run_id=run_id, config_sha256=run_config_sha256(spec, run), keep=10**6
-    )
+    run_id = run.run_id
+    manager = CheckpointManager(store, run_id=run_id, config_sha256=run.config_sha256, keep=10**6)
     ck, refused = manager.load_latest()
     if ck is None:
         raise NoUsableRestart(
@@ -223,7 +219,7 @@ def _copy_checkpoint(store: Store, *, run_id: str, step: int, dst: Path) -> Loca
 def _resume_in_child(
     spec: CampaignSpec,
     *,
-    run: str,
+    run: ResolvedRun,
     corpus_path: Path,
     inputs: Mapping[str, Path],
     store: LocalStore,
@@ -232,11 +228,11 @@ def _resume_in_child(
     n: int,
 ) -> dict[str, Any]:
     """Resume the checkpoint of ``start`` to ``n`` in a fresh process; its result."""
-    run_id = spec.run_id(run)
+    run_id = run.run_id
     proc = spawn(
         child_args(
             spec_json=write_child_spec(spec, workdir),
-            run=run,
+            run=run.name,
             corpus=corpus_path.resolve(),
             inputs=inputs,
             out=workdir / "run",
@@ -245,7 +241,7 @@ def _resume_in_child(
             stop_after=n,
             checkpoint_every=n,
         ),
-        threads=spec.run_config(run).threads,
+        threads=run.config.threads,
         workdir=workdir,
         name="resumed",
     )
@@ -317,7 +313,8 @@ def output_check_target(
             field="corpus.sha256",
         )
     store = open_store(spec.storage.url, out_dir=out)
-    runs = {r: spec.run_id(r) for r in spec.run_names() if store.list(spec.run_id(r))}
+    ids = {r: spec.run_id(r) for r in spec.run_names()}
+    runs = {r: rid for r, rid in ids.items() if store.list(rid)}
     if not runs:
         raise NoUsableRestart(
             spec.name,

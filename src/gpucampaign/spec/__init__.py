@@ -29,6 +29,7 @@ from gpucampaign.spec.parts import (
     Variant,
     canonical_json,
 )
+from gpucampaign.spec.resolved import ResolvedRun
 
 __all__ = [
     "BUILTIN_RECIPES",
@@ -43,6 +44,7 @@ __all__ = [
     "InputSpec",
     "Package",
     "PilotSpec",
+    "ResolvedRun",
     "RunConfig",
     "SpecError",
     "Step",

@@ -41,6 +41,8 @@ from gpucampaign.spec.parts import (
     canonical_json,
     check_relative_path,
 )
+from gpucampaign.spec.recipefile import recipe_file_sha256
+from gpucampaign.spec.resolved import ResolvedRun
 
 
 class CampaignSpec(_Frozen):
@@ -213,17 +215,36 @@ class CampaignSpec(_Frozen):
                 return cfg.model_copy(update={"seed": seeds[0]}) if seeds else cfg
         raise SpecError(f"no run named '{run}': use one of {self.run_names()}", field="run")
 
+    def resolve_run(self, run: str) -> ResolvedRun:
+        """The run's config, ID and hashes, computed once (the recipe file read once).
+
+        Raises:
+            SpecError: No run of that name, or no control.
+            RecipeError: A recipe given by import path whose module cannot be found.
+        """
+        config = self.run_config(run)
+        recipe_sha = None if config.builtin else recipe_file_sha256(config.recipe)
+        sha = run_payload_sha256(
+            config,
+            corpus_sha256=self.corpus.sha256 if self.corpus else None,
+            inputs={k: v.sha256 for k, v in self.inputs.items()},
+            recipe_sha256=recipe_sha,
+        )
+        return ResolvedRun(
+            name=run,
+            config=config,
+            run_id=f"{run}-{sha[:10]}",
+            config_sha256=sha,
+            recipe_sha256=recipe_sha,
+        )
+
     def run_id(self, run: str) -> str:
         """``<name>-<10 hex of sha256(canonical JSON of the resolved run config)>``."""
-        return f"{run}-{self.run_sha256(run)[:10]}"
+        return self.resolve_run(run).run_id
 
     def run_sha256(self, run: str) -> str:
         """Full sha256 over the run's payload: config, pinned corpus and recipe file."""
-        return run_payload_sha256(
-            self.run_config(run),
-            corpus_sha256=self.corpus.sha256 if self.corpus else None,
-            inputs={k: v.sha256 for k, v in self.inputs.items()},
-        )
+        return self.resolve_run(run).config_sha256
 
     def needs_table(self) -> bool:
         """True when a run uses a built-in recipe, which reads the corpus as a feature table."""
@@ -239,20 +260,23 @@ def merge_changes(control: RunConfig, changes: dict[str, Any]) -> RunConfig:
 
 
 def run_payload_sha256(
-    config: RunConfig, *, corpus_sha256: str | None = None, inputs: dict[str, str] | None = None
+    config: RunConfig,
+    *,
+    corpus_sha256: str | None = None,
+    inputs: dict[str, str] | None = None,
+    recipe_sha256: str | None = None,
 ) -> str:
     """sha256 of what defines a run: the config, the pinned corpus and the recipe's file.
 
     The recipe file's hash enters only for recipes given by import path, so editing that code
-    gives a new run ID while the built-in recipes keep theirs.
+    gives a new run ID while the built-in recipes keep theirs; ``recipe_sha256`` is that hash
+    when the caller has it already (else the file is hashed here).
     """
     payload: dict[str, Any] = {"config": config.identity(), "corpus_sha256": corpus_sha256}
     if inputs:
         payload["inputs"] = dict(inputs)
     if not config.builtin:
-        from gpucampaign.spec.recipefile import recipe_file_sha256
-
-        payload["recipe_sha256"] = recipe_file_sha256(config.recipe)
+        payload["recipe_sha256"] = recipe_sha256 or recipe_file_sha256(config.recipe)
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 

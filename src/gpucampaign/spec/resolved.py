@@ -1,0 +1,44 @@
+"""One run of a campaign, resolved once: ``ResolvedRun``.
+
+A run name means nothing without its spec: its config is the control merged with a variant's
+changes (and a replicate's seed), its ID hashes that config with the pinned corpus, the pinned
+inputs and, for a recipe given by import path, the recipe's source file. ``CampaignSpec.
+resolve_run`` does that work once where a phase starts (a task, a restart check's process, a
+CLI command); everything below it receives the ``ResolvedRun`` instead of ``(spec, run)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpucampaign.spec.parts import RunConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedRun:
+    """A run's identity, computed once: its name, config, ID and the hashes behind the ID.
+
+    Attributes:
+        name: The run's name in the spec (``control``, a variant, ``<base>.s<seed>``).
+        config: The resolved ``RunConfig`` (control + the variant's changes + the seed).
+        run_id: ``<name>-<10 hex of config_sha256>``: the run folder and checkpoint prefix.
+        config_sha256: Full sha256 over the run's payload (config identity, pinned corpus,
+            pinned inputs, recipe file); a checkpoint of another payload is refused.
+        recipe_sha256: sha256 of the recipe's source file, part of the payload; None for the
+            built-in recipes, whose run IDs do not depend on the installed code.
+    """
+
+    name: str
+    config: RunConfig
+    run_id: str
+    config_sha256: str
+    recipe_sha256: str | None
+
+    @property
+    def device(self) -> str:
+        """The device the config asks for (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
+
+        The torch device is chosen from it, and from the GPU lane, by the engine when the run
+        starts (``engine.devices.pick_device``): this package does not import torch.
+        """
+        return self.config.device

@@ -1,0 +1,145 @@
+"""A run is resolved once: ``CampaignSpec.resolve_run`` gives the run IDs runs always had, a
+training task resolves its run once, and a recipe file is read once per process."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from contextlib import nullcontext
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpucampaign.core import files
+from gpucampaign.spec import CampaignSpec, ResolvedRun, canonical_json, load_spec
+from gpucampaign.spec import recipefile as recipefile_module
+from tests.test_recipe import make_spec, write_recipe
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+# The IDs of the digits example's runs before runs were resolved once: they must not change.
+DIGITS_IDS = {
+    "control": "control-d5aa9d6bd3",
+    "lr-high": "lr-high-29bdaa0198",
+    "bf16": "bf16-16fcf305c4",
+    "short": "short-c355eed5f6",
+}
+
+
+def test_a_resolved_run_has_the_run_id_runs_always_had(tmp_path: Path) -> None:
+    spec = load_spec(EXAMPLES / "digits" / "campaign.yaml")
+    for name, rid in DIGITS_IDS.items():
+        run = spec.resolve_run(name)
+        assert (run.name, run.run_id, run.config) == (name, rid, spec.run_config(name))
+        assert run.config_sha256.startswith(rid.rpartition("-")[2]) and len(run.config_sha256) == 64
+        assert run.recipe_sha256 is None and run.device == run.config.device == "auto"
+        assert spec.run_id(name) == rid and spec.run_sha256(name) == run.config_sha256
+
+    # A recipe given by import path: its file's hash is in the ID, computed as it always was.
+    module = write_recipe(tmp_path)
+    spec = make_spec(tmp_path, module)
+    for name in ("control", "wide"):
+        run = spec.resolve_run(name)
+        recipe_sha = hashlib.sha256((tmp_path / f"{module}.py").read_bytes()).hexdigest()
+        payload = {
+            "config": spec.run_config(name).identity(),
+            "corpus_sha256": spec.corpus.sha256,
+            "recipe_sha256": recipe_sha,
+        }
+        sha = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+        assert (run.run_id, run.config_sha256, run.recipe_sha256) == (
+            f"{name}-{sha[:10]}",
+            sha,
+            recipe_sha,
+        )
+
+
+def test_a_resolved_run_is_a_frozen_keyword_only_value() -> None:
+    run = load_spec(EXAMPLES / "digits" / "campaign.yaml").resolve_run("control")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.run_id = "control-0000000000"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        ResolvedRun("control", run.config, run.run_id, run.config_sha256, None)  # type: ignore[misc]
+    assert ResolvedRun(**dataclasses.asdict(run) | {"config": run.config}) == run
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, counts: dict) -> None:
+    """Count the calls of ``owner.name`` (by first argument) in ``counts[name]``."""
+    real = getattr(owner, name)
+    calls = counts.setdefault(name, [])
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        calls.append(args[-1] if args else None)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(owner, name, counted)
+
+
+class _NoProgress:
+    """The progress artifact of a task, without a Prefect server."""
+
+    id = None
+
+    def __init__(self, phase: str, run_id: str) -> None:
+        pass
+
+    def __call__(self, info: dict[str, Any]) -> None:
+        pass
+
+
+def test_a_training_task_resolves_its_run_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pilot task and the train task of one run: each resolves the run once and asks for
+    the recipe file's hash once; nothing below them resolves it again."""
+    import tasks.train as train_tasks
+
+    module = write_recipe(tmp_path)
+    spec = make_spec(tmp_path, module)
+    recipe = tmp_path / f"{module}.py"
+    # The task's Prefect parts (the GPU lock, the progress artifact) are not what is counted.
+    monkeypatch.setattr(train_tasks, "gpu_slot", lambda *a, **kw: nullcontext())
+    monkeypatch.setattr(train_tasks, "_Progress", _NoProgress)
+    monkeypatch.setattr(train_tasks, "update_progress_artifact", lambda **kw: None)
+    counts: dict[str, list] = {}
+    for name in ("resolve_run", "run_id", "run_sha256"):
+        _count_calls(monkeypatch, CampaignSpec, name, counts)
+    _count_calls(monkeypatch, recipefile_module, "sha256_file", counts)
+
+    common = {"base_dir": str(tmp_path), "out": str(tmp_path / "out"), "run": "control"}
+    measured = train_tasks.pilot.fn(spec, **common)
+    once = {"resolve_run": ["control"], "run_id": [], "run_sha256": [], "sha256_file": [recipe]}
+    assert counts == once
+    run_id = spec.resolve_run("control").run_id
+    assert measured["run_id"] == run_id
+    for calls in counts.values():
+        calls.clear()
+
+    result = train_tasks.train.fn(spec, **common, run_id=run_id)
+    assert result["completed"] and result["run_id"] == run_id
+    assert result["resumed_from_step"] == spec.pilot.steps
+    assert counts == once
+
+
+def test_a_recipe_file_is_read_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every run of a recipe hashes the same file: it is read once, until it changes."""
+    module = write_recipe(tmp_path)
+    spec = make_spec(tmp_path, module)
+    monkeypatch.setattr(files, "_RACY_NS", 0)  # the file was just written: cache it anyway
+    reads: list[int] = []
+
+    def counting_sha256(*args: Any) -> Any:
+        reads.append(1)
+        return hashlib.sha256(*args)
+
+    monkeypatch.setattr(files, "hashlib", SimpleNamespace(sha256=counting_sha256))
+    first = {name: spec.resolve_run(name).run_id for name in ("control", "wide")}
+    again = {name: spec.run_id(name) for name in ("control", "wide", "control")}
+    assert again == first and len(reads) == 1
+    recipe = tmp_path / f"{module}.py"
+    recipe.write_text(recipe.read_text() + "\n# edited\n")
+    assert spec.run_id("control") != first["control"] and len(reads) == 2
