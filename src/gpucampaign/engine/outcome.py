@@ -25,7 +25,7 @@ def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
     rule = r.spec.decision_rule
     metrics = evaluate_split(
         r.recipe,
-        r.model,
+        r.state.model,
         dataset,
         config=r.config,
         device=r.device,
@@ -35,8 +35,8 @@ def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
     r.mlog.write(
         {
             "kind": "eval",
-            "step": r.global_step,
-            "epoch": r.epoch,
+            "step": r.state.global_step,
+            "epoch": r.state.epoch,
             "split": split,
             **metrics,
             "eval_s": r.eval_times[-1],
@@ -80,7 +80,7 @@ def run_result(
         "setup_s": r.setup_s,
         "corpus_load_s": r.corpus.load_s,
         "step_s": r.step_s(),
-        "steps_s_sum": r.steps_s_sum,
+        "steps_s_sum": r.state.steps_s_sum,
         "eval_s": r.eval_times,
         "save_s": [s.save_s for s in saves],
         "stall_s": r.stalls,
@@ -96,7 +96,7 @@ def run_result(
         run_id=r.run_id,
         run=r.run,
         completed=completed,
-        steps_done=r.global_step,
+        steps_done=r.state.global_step,
         planned_steps=r.planned,
         metrics=metrics or {},
         eval_metrics=eval_metrics or {},

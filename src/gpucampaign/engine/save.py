@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpucampaign.checkpoint.manager import capture_rng, snapshot
+from gpucampaign.checkpoint.manager import snapshot
+from gpucampaign.checkpoint.trainstate import MODEL
 from gpucampaign.core.files import median
 from gpucampaign.folder.layout import MODEL_DIR
 from gpucampaign.recipe.runtime import recipe_record
@@ -28,32 +29,16 @@ def save_checkpoint(r: LiveRun) -> None:
     t0 = time.perf_counter()
     collect_save(r)
     r.mlog.sync()
-    state = {
-        "optimizer": r.optimizer.state_dict(),
-        "scheduler": r.scheduler.state_dict() if r.scheduler is not None else None,
-        "scaler": r.scaler.state_dict(),
-        "recipe": r.recipe.state_dict(),
-        "rng": capture_rng(),
-        "cursor": {
-            "epoch": r.epoch,
-            "batch_in_epoch": r.batch_in_epoch,
-            "epoch_generator_state": r.epoch_gen_state,
-        },
-        "counters": {
-            "global_step": r.global_step,
-            "samples_seen": r.samples_seen,
-            "steps_s_sum": r.steps_s_sum,
-        },
-    }
-    model_state, state = snapshot(r.model.state_dict()), snapshot(state)
+    state = snapshot(r.state.state_dict())
+    model_state = state.pop(MODEL)
     if r.device.type == "cuda":
         torch.cuda.synchronize()  # the pinned copies are complete before the thread reads
     stall_s = time.perf_counter() - t0
     r.stalls.append(stall_s)
-    step, step_s = r.global_step, r.step_s()
+    step, step_s = r.state.global_step, r.step_s()
     extra = {
-        "epoch": r.epoch,
-        "batch_in_epoch": r.batch_in_epoch,
+        "epoch": r.state.epoch,
+        "batch_in_epoch": r.state.batch_in_epoch,
         "planned_steps": r.planned,
         "steps_per_epoch": r.steps_per_epoch,
         "step_s": step_s,
@@ -96,7 +81,7 @@ def collect_save(r: LiveRun) -> None:
         r.on_save(
             {
                 "run_id": r.run_id,
-                "step": r.global_step,
+                "step": r.state.global_step,
                 "planned_steps": r.planned,
                 "save_s": saved.save_s,
                 "key": saved.key,
@@ -121,7 +106,7 @@ def save_model(r: LiveRun, metrics: dict[str, float]) -> None:
         else {}
     )
     save_model_dir(
-        r.model,
+        r.state.model,
         r.out_dir / MODEL_DIR,
         config=r.config,
         sources=sources,
@@ -137,7 +122,7 @@ def save_model(r: LiveRun, metrics: dict[str, float]) -> None:
             "inputs": pins,
             "run_id": r.run_id,
             "run": r.run,
-            "steps": r.global_step,
+            "steps": r.state.global_step,
             "metrics": metrics,
         },
     )

@@ -3,7 +3,7 @@
 ``setup_run`` builds everything in the same order on every start, resumed or not (seeded
 python/numpy/torch, the recipe's datasets and model, the optimizer, scheduler, scaler, a seeded
 DataLoader generator, the checkpoint manager) into a ``LiveRun``, the object the loop in
-``training.py`` moves forward.
+``loop.py`` moves forward; what a checkpoint holds of it is its ``TrainState``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from gpucampaign.checkpoint.manager import BackgroundSaves, CheckpointManager, SavedCheckpoint
 from gpucampaign.checkpoint.savepolicy import SavePolicy
+from gpucampaign.checkpoint.trainstate import TrainState
 from gpucampaign.core.files import atomic_write_bytes, json_bytes, median
 from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.engine.devices import (
@@ -50,7 +51,7 @@ def run_config_sha256(spec: CampaignSpec, run: str) -> str:
 
 @dataclass
 class LiveRun:
-    """What one start of a run builds, and the cursor and counters its loop moves."""
+    """What one start of a run builds; ``state`` is what its loop moves and a checkpoint holds."""
 
     spec: CampaignSpec
     run: str
@@ -61,31 +62,17 @@ class LiveRun:
     out_dir: Path
     t_call: float
     device: torch.device
-    recipe: Recipe
+    recipe: Recipe  # its state, with the model's and the optimizer's, is in ``state``
     ctx: RecipeContext
     datasets: dict[str, Any]
     described: dict[str, Any]
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    scaler: torch.amp.GradScaler
+    state: TrainState
     autocast: AbstractContextManager
-    generator: torch.Generator
     loader: DataLoader
     planned: int
     target: int
     manager: CheckpointManager
     setup_s: float = 0.0
-    # The data cursor and counters; a checkpoint holds them.
-    global_step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    epoch_gen_state: torch.Tensor | None = None
-    samples_seen: int = 0
-    steps_s_sum: float = 0.0
-    # Set by a restore; the loop applies them at the top of the resumed epoch.
-    resume_gen_state: torch.Tensor | None = None
-    pending_rng: dict[str, Any] | None = None
     # What the restore found.
     restore_s: float = 0.0
     resumed_from: int | None = None
@@ -183,14 +170,17 @@ def setup_run(
         ctx=ctx,
         datasets=datasets,
         described=call(config.recipe, "describe", recipe.describe, ctx, datasets),
-        model=model,
-        optimizer=optimizer,
-        scheduler=build_scheduler(config, optimizer, planned_steps=planned),
-        scaler=torch.amp.GradScaler(device.type, enabled=config.precision == "fp16"),
+        state=TrainState(
+            model=model,
+            optimizer=optimizer,
+            scheduler=build_scheduler(config, optimizer, planned_steps=planned),
+            scaler=torch.amp.GradScaler(device.type, enabled=config.precision == "fp16"),
+            recipe=recipe,
+            generator=generator,
+        ),
         autocast=(
             torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
         ),
-        generator=generator,
         loader=loader,
         planned=planned,
         target=planned if stop_after_steps is None else min(stop_after_steps, planned),
