@@ -34,18 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.checkpoint.manager import LoadedCheckpoint
-from gpucampaign.checkpoint.savepolicy import SavePolicy
 from gpucampaign.checkpoint.trainstate import MODEL
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
 from gpucampaign.core.interrupt import Interrupted, stop_requested
 from gpucampaign.core.stoprules import BelowThreshold, NonFiniteLoss, NoUsableRestart
+from gpucampaign.engine.checkpointer import Checkpointer, SaveFn
 from gpucampaign.engine.inference_restart import TrainingMark, find_interruption, restart_inference
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
 from gpucampaign.engine.parts import make_loader, n_train_of, progress_bar, read_params  # noqa: F401
-from gpucampaign.engine.save import collect_save, save_checkpoint, save_model
+from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import (
     LiveRun,
-    SaveFn,
     check_arguments,
     run_config_sha256,  # noqa: F401 - importers use it from here
     setup_run,
@@ -79,23 +78,6 @@ def _restore(r: LiveRun) -> LoadedCheckpoint | None:
     r.restore_s = time.perf_counter() - t0
     r.resumed_from = ck.step
     return ck
-
-
-def _save_policy(
-    r: LiveRun, ck: LoadedCheckpoint | None, *, checkpoint_every: int | None
-) -> SavePolicy:
-    """Fixed (argument, then spec), else Daly's from the restored or an early measured save."""
-    cp = r.spec.checkpoint
-    return SavePolicy.start(
-        r.state.global_step,
-        fixed=checkpoint_every or cp.every_steps,
-        fixed_source="argument" if checkpoint_every else "spec",
-        restored_meta=ck.meta if ck is not None else None,
-        first_save=r.spec.pilot.steps,
-        mtbi_s=cp.interruption_hours * 3600,
-        tolerable_s=cp.tolerable_loss_minutes * 60,
-        planned_steps=r.planned,
-    )
 
 
 def _open_metrics(r: LiveRun, *, restored: bool) -> None:
@@ -166,8 +148,7 @@ def _run_epoch(r: LiveRun, *, progress: ProgressFn | None, bar: Any) -> None:
         every = r.config.eval_every
         if (every and s.global_step % every == 0) or (not every and end_of_epoch):
             evaluate(r, "val", final=False)
-        if r.policy.due(s.global_step, target=r.target):
-            save_checkpoint(r)
+        r.saver.save(s.global_step, last_step=s.global_step == r.target)
         _report(r, row, progress=progress, bar=bar)
         if stop_requested() is not None:
             _stop_now(r)
@@ -181,10 +162,8 @@ def _stop_now(r: LiveRun) -> None:
     """A stop was requested: checkpoint this step (unless just saved), then raise."""
     reason = stop_requested() or "stop"
     step = r.state.global_step
-    collect_save(r)  # the save in flight, if any, is committed and recorded first
-    if not (r.saves and r.saves[-1].step == step):
-        save_checkpoint(r)
-        collect_save(r)  # written and recorded (the timeline's heartbeat) before stopping
+    r.saver.save(step, last_step=True)
+    r.saver.wait()  # written and recorded (the timeline's heartbeat) before stopping
     r.mlog.write({"kind": "interrupt", "step": step, "reason": reason})
     r.mlog.sync()
     raise Interrupted(reason, step=step)
@@ -219,7 +198,7 @@ def _finish(r: LiveRun, *, train_s: float) -> RunResult:
     Raises:
         BelowThreshold: The final metric misses the floor (after everything is written).
     """
-    step, saves = r.state.global_step, r.saves
+    step, saves = r.state.global_step, r.saver.saves
     require_complete(r.run_id, steps_done=step, planned_steps=r.planned)
     # The last step always saves (target == planned here), unless it was restored as is.
     assert (saves and saves[-1].step == step) or r.resumed_from == step
@@ -333,8 +312,12 @@ def train_run(
         lane=lane,
     )
     ck = _restore(r)
-    r.policy = _save_policy(r, ck, checkpoint_every=checkpoint_every)
-    r.on_save = on_save
+    r.saver = Checkpointer(
+        r,
+        restored_meta=ck.meta if ck is not None else None,
+        checkpoint_every=checkpoint_every,
+        on_save=on_save,
+    )
     if ck is not None and r.state.global_step >= r.target and r.target < r.planned:
         # The pilot already ran, maybe on another host into another folder (resumed from S3):
         # nothing trains here, so its costs are the ones the checkpoint measured.
@@ -357,7 +340,7 @@ def _train(r: LiveRun, *, progress: ProgressFn | None, show_progress: bool) -> R
     try:
         while s.global_step < r.target:
             _run_epoch(r, progress=progress, bar=bar)
-        collect_save(r)  # the last save of this call is durable before it returns
+        r.saver.wait()  # the last save of this call is durable before it returns
         train_s = time.perf_counter() - t_loop
         if s.global_step < r.planned:
             return run_result(r, completed=False, train_s=train_s)

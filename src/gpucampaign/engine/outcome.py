@@ -74,7 +74,8 @@ def run_result(
     ``measured``: the restored checkpoint's meta, for a call that trained nothing; its step
     time and save cost stand in for the ones this call could not measure.
     """
-    saves = r.saves
+    assert r.saver is not None
+    saves, interval = r.saver.saves, r.saver.policy.interval
     timings = {
         "load_s": r.corpus.load_s + r.setup_s,
         "setup_s": r.setup_s,
@@ -83,7 +84,7 @@ def run_result(
         "steps_s_sum": r.state.steps_s_sum,
         "eval_s": r.eval_times,
         "save_s": [s.save_s for s in saves],
-        "stall_s": r.stalls,
+        "stall_s": r.saver.stalls,
         "write_s": [s.write_s for s in saves],
         "upload_s": [s.upload_s for s in saves],
         "restore_s": r.restore_s,
@@ -102,8 +103,8 @@ def run_result(
         eval_metrics=eval_metrics or {},
         timings=timings,
         n_checkpoints=len(saves),
-        checkpoint_every=r.policy.interval.every_steps,
-        save_interval=asdict(r.policy.interval),
+        checkpoint_every=interval.every_steps,
+        save_interval=asdict(interval),
         resumed_from_step=r.resumed_from,
         refused_checkpoints=r.refused,
         stop=stop,

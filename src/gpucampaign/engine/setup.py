@@ -9,7 +9,6 @@ DataLoader generator, the checkpoint manager) into a ``LiveRun``, the object the
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +17,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from gpucampaign.checkpoint.manager import BackgroundSaves, CheckpointManager, SavedCheckpoint
-from gpucampaign.checkpoint.savepolicy import SavePolicy
+from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.checkpoint.trainstate import TrainState
 from gpucampaign.core.files import atomic_write_bytes, json_bytes, median
 from gpucampaign.core.stoprules import EssentialInputMissing
+from gpucampaign.engine.checkpointer import Checkpointer
 from gpucampaign.engine.devices import (
     AMP_DTYPES,
     GLOBAL_RNG_LOCK,
@@ -40,8 +39,6 @@ from gpucampaign.recipe.contract import Recipe, RecipeContext, call, load_recipe
 from gpucampaign.recipe.runtime import build_datasets, recipe_context, recipe_record
 from gpucampaign.spec import CampaignSpec, RunConfig, SpecError
 from gpucampaign.storage import Store
-
-SaveFn = Callable[[dict[str, Any]], None]
 
 
 def run_config_sha256(spec: CampaignSpec, run: str) -> str:
@@ -77,15 +74,11 @@ class LiveRun:
     restore_s: float = 0.0
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
-    # Measurements and the save policy.
+    # Measurements, the metrics log and the saves.
     step_times: list[float] = field(default_factory=list)
     eval_times: list[float] = field(default_factory=list)
-    saves: list[SavedCheckpoint] = field(default_factory=list)
-    stalls: list[float] = field(default_factory=list)  # per save, in the loop's time
-    saver: BackgroundSaves = field(default_factory=BackgroundSaves)
-    policy: SavePolicy | None = None
     mlog: MetricsLog | None = None
-    on_save: SaveFn | None = None
+    saver: Checkpointer | None = None
 
     @property
     def steps_per_epoch(self) -> int:
