@@ -1,5 +1,24 @@
 """One training run, top to bottom: setup, restore, save policy, the loop, finish.
 
+One call of ``train_run``, as pseudocode::
+
+    result.json there?  return it                 # a finished run is not trained again
+    r = setup_run(); _restore(r)                  # the same seeded build; LATEST -> r.state
+    r.saver = Checkpointer()                      # the policy: fixed, or from measured costs
+    pilot already done here?  return it uncompleted
+    _open_metrics                                 # the rows after the restored step dropped
+    resume: inference after a cut?  evaluate, keep that model, raise InterruptedRun
+    TrainingMark.open                             # in_progress.json; an interruption keeps it
+    while step < target:                                            # _run_epoch
+        batches = r.state.start_epoch(loader)     # the order re-drawn, consumed ones skipped
+        for each batch left in the epoch, up to the target:
+            _train_step                           # NonFiniteLoss: the step is not applied
+            evaluate("val") at eval_every, else at the epoch's end
+            r.saver.save(step, last_step=step == target)   # the saver decides if it is due
+            stop requested?  save this step, wait for it, raise Interrupted
+    r.saver.wait(); step < planned?  return uncompleted (the pilot)
+    _finish                                       # final evals, model/, the floor, result.json
+
 ``train_run`` is the only entry point. It writes into the run folder ``OUT/runs/<run_id>/``:
 
 - ``params.json``: the resolved config, run ID, planned steps (written at every start);
