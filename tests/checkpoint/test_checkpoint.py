@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from gpucampaign.checkpoint.manager import (
     LATEST_FILE,
@@ -22,6 +23,12 @@ from gpucampaign.checkpoint.manager import (
     capture_rng,
     restore_rng,
     step_dirname,
+)
+from gpucampaign.checkpoint.trainstate import (
+    MODEL,
+    REQUIRED_STATE,
+    SERIALIZED_ATTRIBUTES,
+    TrainState,
 )
 from gpucampaign.spec import SpecError
 from gpucampaign.storage import (
@@ -200,15 +207,106 @@ def test_a_pickle_with_a_payload_is_refused(tmp_path):
     assert marker.exists()
 
 
-def test_a_state_without_a_component_is_refused(tmp_path):
+_REQUIRED = [(comp, None) for comp in REQUIRED_STATE] + [
+    (comp, sub) for comp, subs in REQUIRED_STATE.items() for sub in subs
+]
+
+
+@pytest.mark.parametrize(("comp", "sub"), _REQUIRED, ids=lambda v: v or "")
+def test_a_state_without_a_required_key_is_refused(tmp_path, comp, sub):
     m = _two(tmp_path)
     _, state = _state(4)
-    del state["scaler"]
+    if sub is None:
+        del state[comp]
+    else:
+        del state[comp][sub]
     buf = io.BytesIO()
     torch.save(state, buf)
     _replace_state(tmp_path, 4, buf.getvalue())
     ck, refused = m.load_latest()
-    assert ck.step == 2 and "'scaler' is missing" in refused[0]
+    why = f"'{comp}' is missing" if sub is None else f"'{comp}' lacks ['{sub}']"
+    assert ck.step == 2 and why in refused[0]
+
+
+class _Recipe:
+    """A recipe's own state: a count kept in every checkpoint."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def state_dict(self) -> dict:
+        return {"calls": torch.tensor(self.calls)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = int(state["calls"])
+
+
+def _train_state(seed: int) -> tuple[TrainState, DataLoader]:
+    """A small TrainState (Adam, a step scheduler) and its loader of 3 batches per epoch."""
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(seed)
+    state = TrainState(
+        model=model,
+        optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=2),
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        recipe=_Recipe(),
+        generator=generator,
+    )
+    data = TensorDataset(torch.arange(48, dtype=torch.float32).reshape(12, 4))
+    return state, DataLoader(data, batch_size=4, shuffle=True, generator=generator)
+
+
+def _same(a, b, path: str = "") -> None:
+    if isinstance(a, dict):
+        assert list(a) == list(b), path
+        for k in a:
+            _same(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    else:
+        assert a == b, path
+
+
+def test_the_train_state_round_trips_every_required_key(tmp_path):
+    """``state_dict`` holds every key the manager requires; a checkpoint of it, loaded into a
+    fresh state, gives back the same ``state_dict`` once the resumed epoch starts."""
+    state, loader = _train_state(seed=0)
+    for _ in range(2):  # an epoch and a third, so the cursor is mid-epoch
+        batches = state.start_epoch(loader)
+        while state.batch_in_epoch < len(loader) and state.global_step < 4:
+            (x,) = next(batches)
+            state.optimizer.zero_grad()
+            state.model(x).square().mean().backward()
+            state.optimizer.step()
+            state.scheduler.step()
+            state.recipe.calls += 1
+            state.global_step += 1
+            state.batch_in_epoch += 1
+            state.samples_seen += len(x)
+            state.steps_s_sum += 0.25
+        if state.batch_in_epoch == len(loader):
+            state.epoch += 1
+    saved = state.state_dict()
+    assert list(saved) == [MODEL, *SERIALIZED_ATTRIBUTES]
+    for comp, subs in REQUIRED_STATE.items():
+        assert all(s in saved[comp] for s in subs), comp
+    assert (saved["cursor"]["epoch"], saved["cursor"]["batch_in_epoch"]) == (1, 1)
+
+    m = _manager(tmp_path)
+    train_state = dict(saved)
+    m.save(4, model_state=train_state.pop(MODEL), train_state=train_state)
+    ck = m.load(4)
+    fresh, fresh_loader = _train_state(seed=1)
+    fresh.load_state_dict({MODEL: ck.model_state, **ck.train_state})
+    fresh.start_epoch(fresh_loader)  # the generator and the global RNGs come back here
+    _same(saved, fresh.state_dict())
 
 
 def test_nothing_usable(tmp_path):

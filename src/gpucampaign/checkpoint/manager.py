@@ -4,9 +4,10 @@ One checkpoint is a folder ``<run_id>/step-<9 digits>/`` in a ``Store``:
 
 - ``model.safetensors``: the model's weights and buffers;
 - ``state.pt``: everything else, loadable with ``torch.load(weights_only=True)``: optimizer,
-  LR scheduler, AMP GradScaler, RNG states (python, numpy as plain tensors, torch, cuda),
-  the data cursor (epoch, batches consumed in it, the sampler generator's state taken at the
-  TOP of the epoch) and counters;
+  LR scheduler, AMP GradScaler, the recipe's state, RNG states (python, numpy as plain
+  tensors, torch, cuda), the data cursor (epoch, batches consumed in it, the sampler
+  generator's state taken at the TOP of the epoch) and counters: ``TrainState``'s serialized
+  attributes (``trainstate.py``), checked against its ``REQUIRED_STATE``;
 - ``meta.json``: run ID, config hash, step, sha256 and size of each file, write/upload seconds.
 
 A save writes to a temp name, fsyncs, renames (local) or uploads (remote), verifies what the
@@ -43,6 +44,7 @@ from gpucampaign.checkpoint.tensorfiles import (
     serialize_state,
     write_hashed,
 )
+from gpucampaign.checkpoint.trainstate import REQUIRED_STATE
 from gpucampaign.core.files import TMP_PREFIX, fsync_dir
 from gpucampaign.storage import NotFound, StorageError, Store
 
@@ -54,14 +56,6 @@ STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 LATEST_FILE = "LATEST"
 PAYLOAD_FILES: tuple[str, ...] = (MODEL_FILE, STATE_FILE)
-REQUIRED_STATE: dict[str, tuple[str, ...]] = {
-    "optimizer": (),
-    "scheduler": (),
-    "scaler": (),
-    "rng": ("python", "numpy", "torch", "cuda"),
-    "cursor": ("epoch", "batch_in_epoch", "epoch_generator_state"),
-    "counters": ("global_step",),
-}
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
 
 

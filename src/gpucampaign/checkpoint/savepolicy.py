@@ -145,9 +145,9 @@ class SavePolicy:
         interval = SaveInterval("first-save", None, mtbi_s=mtbi_s, tolerable_s=tolerable_s)
         return cls(interval, first if step < first else step + 1, **kw)
 
-    def due(self, step: int, *, target: int) -> bool:
+    def due(self, step: int, *, last_step: bool) -> bool:
         """True when ``step`` must save: the next save, or the last step of this call."""
-        return step in (self.next_save, target)
+        return last_step or step == self.next_save
 
     def saved(
         self,

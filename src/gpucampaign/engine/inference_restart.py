@@ -182,7 +182,7 @@ def restart_inference(r: LiveRun, cut: Interruption) -> NoReturn:
         InterruptedRun: Always, once ``model/`` and ``result.json`` are written.
     """
     try:
-        r.mlog.write({"kind": "inference_restart", "step": r.global_step, **cut.to_dict()})
+        r.mlog.write({"kind": "inference_restart", "step": r.state.global_step, **cut.to_dict()})
         eval_metrics = {s: m for s in EVAL_SPLITS if (m := evaluate(r, s, final=True)) is not None}
         metrics = eval_metrics.get(r.spec.decision_split, {})
         save_model(r, metrics)

@@ -1,5 +1,24 @@
 """One training run, top to bottom: setup, restore, save policy, the loop, finish.
 
+One call of ``train_run``, as pseudocode::
+
+    result.json there?  return it                 # a finished run is not trained again
+    r = setup_run(); _restore(r)                  # the same seeded build; LATEST -> r.state
+    r.saver = Checkpointer()                      # the policy: fixed, or from measured costs
+    pilot already done here?  return it uncompleted
+    _open_metrics                                 # the rows after the restored step dropped
+    resume: inference after a cut?  evaluate, keep that model, raise InterruptedRun
+    TrainingMark.open                             # in_progress.json; an interruption keeps it
+    while step < target:                                            # _run_epoch
+        batches = r.state.start_epoch(loader)     # the order re-drawn, consumed ones skipped
+        for each batch left in the epoch, up to the target:
+            _train_step                           # NonFiniteLoss: the step is not applied
+            evaluate("val") at eval_every, else at the epoch's end
+            r.saver.save(step, last_step=step == target)   # the saver decides if it is due
+            stop requested?  save this step, wait for it, raise Interrupted
+    r.saver.wait(); step < planned?  return uncompleted (the pilot)
+    _finish                                       # final evals, model/, the floor, result.json
+
 ``train_run`` is the only entry point. It writes into the run folder ``OUT/runs/<run_id>/``:
 
 - ``params.json``: the resolved config, run ID, planned steps (written at every start);
@@ -14,7 +33,8 @@ The corpus given is the loaded one, checked against the spec's pinned sha256: a 
 ``lane`` is part of the config, so neither is part of the run ID. ``on_save`` is called after
 each checkpoint is committed (the timeline's heartbeat).
 
-Checkpoints go to the ``Store`` under ``<run_id>/`` (see ``checkpoint.py``). The loop reaches
+Checkpoints go to the ``Store`` under ``<run_id>/`` (``checkpoint/manager.py``); what they
+hold is the run's ``TrainState`` (``checkpoint/trainstate.py``). The loop reaches
 the model, data, loss and evaluation only through the run's ``Recipe`` (``recipe.py``; the
 built-in ``mlp`` and ``cnn`` are recipes too, in ``recipes/tabular.py``).
 
@@ -32,16 +52,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from gpucampaign.checkpoint.manager import LoadedCheckpoint, restore_rng
-from gpucampaign.checkpoint.savepolicy import SavePolicy
+from gpucampaign.checkpoint.manager import LoadedCheckpoint
+from gpucampaign.checkpoint.trainstate import MODEL
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
 from gpucampaign.core.interrupt import Interrupted, stop_requested
 from gpucampaign.core.stoprules import BelowThreshold, NonFiniteLoss, NoUsableRestart
+from gpucampaign.engine.checkpointer import Checkpointer, SaveFn
 from gpucampaign.engine.inference_restart import TrainingMark, find_interruption, restart_inference
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
 from gpucampaign.engine.parts import make_loader, n_train_of, progress_bar, read_params  # noqa: F401
-from gpucampaign.engine.save import collect_save, save_checkpoint, save_model
-from gpucampaign.engine.setup import LiveRun, SaveFn, check_arguments, setup_run
+from gpucampaign.engine.save import save_model
+from gpucampaign.engine.setup import LiveRun, check_arguments, setup_run
 from gpucampaign.folder.layout import METRICS_FILE, MODEL_DIR, PARAMS_FILE  # noqa: F401
 from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
 from gpucampaign.folder.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
@@ -56,8 +77,8 @@ ProgressFn = Callable[[dict[str, Any]], None]
 def _restore(r: LiveRun) -> LoadedCheckpoint | None:
     """Resume from LATEST when this run (same config hash) has a good checkpoint.
 
-    The global RNG states are kept in ``pending_rng`` and the epoch's sampler state in
-    ``resume_gen_state``: the loop applies them at the top of the resumed epoch.
+    The sampler's generator state and the global RNG states are applied at the top of the
+    resumed epoch (``TrainState.start_epoch``).
     """
     t0 = time.perf_counter()
     ck, r.refused = r.manager.load_latest()
@@ -67,53 +88,21 @@ def _restore(r: LiveRun) -> LoadedCheckpoint | None:
         )
     if ck is None:
         return None
-    state = ck.train_state
-    r.model.load_state_dict(ck.model_state, strict=True)
-    r.optimizer.load_state_dict(state["optimizer"])
-    if r.scheduler is not None:
-        r.scheduler.load_state_dict(state["scheduler"])
-    if state["scaler"]:
-        r.scaler.load_state_dict(state["scaler"])
-    if state.get("recipe"):
-        r.recipe.load_state_dict(state["recipe"])
-    cursor, counters = state["cursor"], state["counters"]
-    r.global_step, r.epoch = int(counters["global_step"]), int(cursor["epoch"])
-    r.batch_in_epoch = int(cursor["batch_in_epoch"])
-    r.resume_gen_state = cursor["epoch_generator_state"]
-    r.samples_seen = int(counters.get("samples_seen", 0))
-    r.steps_s_sum = float(counters.get("steps_s_sum", 0.0))
-    r.pending_rng = state["rng"]
+    r.state.load_state_dict({MODEL: ck.model_state, **ck.train_state})
     r.restore_s = time.perf_counter() - t0
     r.resumed_from = ck.step
     return ck
 
 
-def _save_policy(
-    r: LiveRun, ck: LoadedCheckpoint | None, *, checkpoint_every: int | None
-) -> SavePolicy:
-    """Fixed (argument, then spec), else Daly's from the restored or an early measured save."""
-    cp = r.spec.checkpoint
-    return SavePolicy.start(
-        r.global_step,
-        fixed=checkpoint_every or cp.every_steps,
-        fixed_source="argument" if checkpoint_every else "spec",
-        restored_meta=ck.meta if ck is not None else None,
-        first_save=r.spec.pilot.steps,
-        mtbi_s=cp.interruption_hours * 3600,
-        tolerable_s=cp.tolerable_loss_minutes * 60,
-        planned_steps=r.planned,
-    )
-
-
 def _open_metrics(r: LiveRun, *, restored: bool) -> None:
     """Open ``metrics.jsonl`` for appending, dropping the rows after the restored step."""
-    truncate_metrics(r.out_dir / METRICS_FILE, through_step=r.global_step)
+    truncate_metrics(r.out_dir / METRICS_FILE, through_step=r.state.global_step)
     r.mlog = MetricsLog(r.out_dir / METRICS_FILE)
     if restored:
         r.mlog.write(
             {
                 "kind": "restore",
-                "step": r.global_step,
+                "step": r.state.global_step,
                 "restore_s": r.restore_s,
                 "refused": r.refused,
             }
@@ -121,64 +110,40 @@ def _open_metrics(r: LiveRun, *, restored: bool) -> None:
 
 
 # --- the loop ------------------------------------------------------------------------------------
-def _start_epoch(r: LiveRun) -> Iterator[Any]:
-    """The current epoch's batches; after a restore, the same order with the consumed ones skipped.
-
-    The sampler's generator goes back to its state at the top of the epoch, so the epoch's
-    order is drawn again and the batches already trained on are fetched and dropped. The
-    global RNGs are restored after that skip: fetching batches must not move them.
-    """
-    skip = 0
-    if r.resume_gen_state is not None:
-        r.generator.set_state(r.resume_gen_state)
-        skip, r.resume_gen_state = r.batch_in_epoch, None
-    r.epoch_gen_state = r.generator.get_state()
-    if r.pending_rng is not None and skip == 0:
-        restore_rng(r.pending_rng)
-        r.pending_rng = None
-    batches = iter(r.loader)
-    for _ in range(skip):
-        next(batches)
-    if r.pending_rng is not None:
-        restore_rng(r.pending_rng)
-        r.pending_rng = None
-    r.batch_in_epoch = skip
-    return batches
-
-
 def _train_step(r: LiveRun, batches: Iterator[Any]) -> dict[str, Any]:
     """One optimizer step on the next batch; returns its ``train`` row."""
     t0 = time.perf_counter()
+    s = r.state
     batch = to_device(next(batches), r.device)
-    lr = r.optimizer.param_groups[0]["lr"]
+    lr = s.optimizer.param_groups[0]["lr"]
     name = r.config.recipe
     with r.autocast:
-        loss = check_loss(name, call(name, "loss", r.recipe.loss, r.model, batch))
+        loss = check_loss(name, call(name, "loss", r.recipe.loss, s.model, batch))
     loss_value = loss.item()
     if not math.isfinite(loss_value) and r.spec.stop_rules.non_finite_loss:
         raise NonFiniteLoss(
             r.run_id,
-            f"training loss is {loss_value} at step {r.global_step + 1} "
-            f"(epoch {r.epoch}, lr {lr:g}); the step was not applied",
-            step=r.global_step + 1,
+            f"training loss is {loss_value} at step {s.global_step + 1} "
+            f"(epoch {s.epoch}, lr {lr:g}); the step was not applied",
+            step=s.global_step + 1,
         )
-    r.optimizer.zero_grad(set_to_none=True)
-    r.scaler.scale(loss).backward()
-    r.scaler.step(r.optimizer)
-    r.scaler.update()
-    if r.scheduler is not None:
-        r.scheduler.step()
+    s.optimizer.zero_grad(set_to_none=True)
+    s.scaler.scale(loss).backward()
+    s.scaler.step(s.optimizer)
+    s.scaler.update()
+    if s.scheduler is not None:
+        s.scheduler.step()
     n = batch_len(batch)
-    r.global_step += 1
-    r.batch_in_epoch += 1
-    r.samples_seen += n
+    s.global_step += 1
+    s.batch_in_epoch += 1
+    s.samples_seen += n
     step_s = time.perf_counter() - t0
     r.step_times.append(step_s)
-    r.steps_s_sum += step_s
+    s.steps_s_sum += step_s
     return {
         "kind": "train",
-        "step": r.global_step,
-        "epoch": r.epoch,
+        "step": s.global_step,
+        "epoch": s.epoch,
         "loss": loss_value,
         "lr": lr,
         "step_s": step_s,
@@ -188,54 +153,53 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> dict[str, Any]:
 
 def _run_epoch(r: LiveRun, *, progress: ProgressFn | None, bar: Any) -> None:
     """Train the rest of the current epoch, or up to the target step."""
-    batches = _start_epoch(r)
-    while r.batch_in_epoch < r.steps_per_epoch:
+    s = r.state
+    batches = s.start_epoch(r.loader)
+    while s.batch_in_epoch < r.steps_per_epoch:
         row = _train_step(r, batches)
         r.mlog.write(row)
-        end_of_epoch = r.batch_in_epoch == r.steps_per_epoch
+        end_of_epoch = s.batch_in_epoch == r.steps_per_epoch
         every = r.config.eval_every
-        if (every and r.global_step % every == 0) or (not every and end_of_epoch):
+        if (every and s.global_step % every == 0) or (not every and end_of_epoch):
             evaluate(r, "val", final=False)
-        if r.policy.due(r.global_step, target=r.target):
-            save_checkpoint(r)
+        r.saver.save(s.global_step, last_step=s.global_step == r.target)
         _report(r, row, progress=progress, bar=bar)
         if stop_requested() is not None:
             _stop_now(r)
-        if r.global_step >= r.target:
+        if s.global_step >= r.target:
             break
-    if r.batch_in_epoch == r.steps_per_epoch:
-        r.epoch += 1
+    if s.batch_in_epoch == r.steps_per_epoch:
+        s.epoch += 1
 
 
 def _stop_now(r: LiveRun) -> None:
     """A stop was requested: checkpoint this step (unless just saved), then raise."""
     reason = stop_requested() or "stop"
-    collect_save(r)  # the save in flight, if any, is committed and recorded first
-    if not (r.saves and r.saves[-1].step == r.global_step):
-        save_checkpoint(r)
-        collect_save(r)  # written and recorded (the timeline's heartbeat) before stopping
-    r.mlog.write({"kind": "interrupt", "step": r.global_step, "reason": reason})
+    step = r.state.global_step
+    r.saver.save(step, last_step=True)
+    r.saver.wait()  # written and recorded (the timeline's heartbeat) before stopping
+    r.mlog.write({"kind": "interrupt", "step": step, "reason": reason})
     r.mlog.sync()
-    raise Interrupted(reason, step=r.global_step)
+    raise Interrupted(reason, step=step)
 
 
 def _report(r: LiveRun, row: dict[str, Any], *, progress: ProgressFn | None, bar: Any) -> None:
     """Move the progress bar; call ``progress`` every ~2% of the run and at the target."""
     if bar is not None:
-        bar.update(bar.task_ids[0], completed=r.global_step)
-    every = max(1, r.planned // 50)
-    if progress is not None and (r.global_step % every == 0 or r.global_step == r.target):
+        bar.update(bar.task_ids[0], completed=r.state.global_step)
+    every, step = max(1, r.planned // 50), r.state.global_step
+    if progress is not None and (step % every == 0 or step == r.target):
         progress(
             {
                 "run_id": r.run_id,
                 "run": r.run,
-                "step": r.global_step,
+                "step": step,
                 "planned_steps": r.planned,
                 "target_steps": r.target,
-                "epoch": r.epoch,
+                "epoch": r.state.epoch,
                 "loss": row["loss"],
                 "lr": row["lr"],
-                "fraction": r.global_step / r.planned,
+                "fraction": step / r.planned,
                 "elapsed_s": time.perf_counter() - r.t_call,
             }
         )
@@ -248,15 +212,16 @@ def _finish(r: LiveRun, *, train_s: float) -> RunResult:
     Raises:
         BelowThreshold: The final metric misses the floor (after everything is written).
     """
-    require_complete(r.run_id, steps_done=r.global_step, planned_steps=r.planned)
+    step, saves = r.state.global_step, r.saver.saves
+    require_complete(r.run_id, steps_done=step, planned_steps=r.planned)
     # The last step always saves (target == planned here), unless it was restored as is.
-    assert (r.saves and r.saves[-1].step == r.global_step) or r.resumed_from == r.global_step
+    assert (saves and saves[-1].step == step) or r.resumed_from == step
     eval_metrics = {s: m for s in EVAL_SPLITS if (m := evaluate(r, s, final=True)) is not None}
     metrics = eval_metrics.get(r.spec.decision_split, {})
     save_model(r, metrics)
     # The floor is a decision, so it reads the selection split: the report split decides nothing.
     selected = eval_metrics.get(r.spec.selection_split, metrics)
-    stop = _quality_stop(r.spec, r.run_id, selected, step=r.global_step)
+    stop = _quality_stop(r.spec, r.run_id, selected, step=step)
     res = run_result(
         r,
         completed=True,
@@ -361,9 +326,13 @@ def train_run(
         lane=lane,
     )
     ck = _restore(r)
-    r.policy = _save_policy(r, ck, checkpoint_every=checkpoint_every)
-    r.on_save = on_save
-    if ck is not None and r.global_step >= r.target and r.target < r.planned:
+    r.saver = Checkpointer(
+        r,
+        restored_meta=ck.meta if ck is not None else None,
+        checkpoint_every=checkpoint_every,
+        on_save=on_save,
+    )
+    if ck is not None and r.state.global_step >= r.target and r.target < r.planned:
         # The pilot already ran, maybe on another host into another folder (resumed from S3):
         # nothing trains here, so its costs are the ones the checkpoint measured.
         return run_result(r, completed=False, measured=ck.meta)
@@ -378,15 +347,16 @@ def train_run(
 
 def _train(r: LiveRun, *, progress: ProgressFn | None, show_progress: bool) -> RunResult:
     """Run the loop up to the target step; finish the run when that is its last step."""
-    mark = TrainingMark.open(r.out_dir, run_id=r.run_id, from_step=r.global_step, target=r.target)
-    bar = progress_bar(show_progress, r.run_id, r.planned, r.global_step)
+    s = r.state
+    mark = TrainingMark.open(r.out_dir, run_id=r.run_id, from_step=s.global_step, target=r.target)
+    bar = progress_bar(show_progress, r.run_id, r.planned, s.global_step)
     t_loop = time.perf_counter()
     try:
-        while r.global_step < r.target:
+        while s.global_step < r.target:
             _run_epoch(r, progress=progress, bar=bar)
-        collect_save(r)  # the last save of this call is durable before it returns
+        r.saver.wait()  # the last save of this call is durable before it returns
         train_s = time.perf_counter() - t_loop
-        if r.global_step < r.planned:
+        if s.global_step < r.planned:
             return run_result(r, completed=False, train_s=train_s)
         return _finish(r, train_s=train_s)
     finally:

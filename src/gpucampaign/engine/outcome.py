@@ -25,7 +25,7 @@ def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
     rule = r.spec.decision_rule
     metrics = evaluate_split(
         r.recipe,
-        r.model,
+        r.state.model,
         dataset,
         config=r.config,
         device=r.device,
@@ -35,8 +35,8 @@ def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
     r.mlog.write(
         {
             "kind": "eval",
-            "step": r.global_step,
-            "epoch": r.epoch,
+            "step": r.state.global_step,
+            "epoch": r.state.epoch,
             "split": split,
             **metrics,
             "eval_s": r.eval_times[-1],
@@ -74,16 +74,16 @@ def run_result(
     ``measured``: the restored checkpoint's meta, for a call that trained nothing; its step
     time and save cost stand in for the ones this call could not measure.
     """
-    saves = r.saves
+    saves, interval = r.saver.saves, r.saver.policy.interval
     timings = {
         "load_s": r.corpus.load_s + r.setup_s,
         "setup_s": r.setup_s,
         "corpus_load_s": r.corpus.load_s,
         "step_s": r.step_s(),
-        "steps_s_sum": r.steps_s_sum,
+        "steps_s_sum": r.state.steps_s_sum,
         "eval_s": r.eval_times,
         "save_s": [s.save_s for s in saves],
-        "stall_s": r.stalls,
+        "stall_s": r.saver.stalls,
         "write_s": [s.write_s for s in saves],
         "upload_s": [s.upload_s for s in saves],
         "restore_s": r.restore_s,
@@ -96,14 +96,14 @@ def run_result(
         run_id=r.run_id,
         run=r.run,
         completed=completed,
-        steps_done=r.global_step,
+        steps_done=r.state.global_step,
         planned_steps=r.planned,
         metrics=metrics or {},
         eval_metrics=eval_metrics or {},
         timings=timings,
         n_checkpoints=len(saves),
-        checkpoint_every=r.policy.interval.every_steps,
-        save_interval=asdict(r.policy.interval),
+        checkpoint_every=interval.every_steps,
+        save_interval=asdict(interval),
         resumed_from_step=r.resumed_from,
         refused_checkpoints=r.refused,
         stop=stop,

@@ -1,107 +1,15 @@
-"""The save side of a training run: a checkpoint snapshot handed to the background writer,
-its row in ``metrics.jsonl`` once written, and the reloadable model folder at the end."""
+"""The reloadable model folder a run leaves at the end (``model/``)."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
-import torch
-
-from gpucampaign.checkpoint.manager import capture_rng, snapshot
-from gpucampaign.core.files import median
 from gpucampaign.folder.layout import MODEL_DIR
 from gpucampaign.recipe.runtime import recipe_record
 from gpucampaign.spec.recipefile import recipe_file
 
 if TYPE_CHECKING:
     from gpucampaign.engine.setup import LiveRun
-
-
-def save_checkpoint(r: LiveRun) -> None:
-    """Checkpoint the current step in the background; re-plan the next save.
-
-    The loop stalls only to collect the previous save (never two in flight) and to snapshot
-    the state to host memory, after the metrics so far are durable; the write, the
-    verification and the move of ``LATEST`` happen in the background thread.
-    """
-    t0 = time.perf_counter()
-    collect_save(r)
-    r.mlog.sync()
-    state = {
-        "optimizer": r.optimizer.state_dict(),
-        "scheduler": r.scheduler.state_dict() if r.scheduler is not None else None,
-        "scaler": r.scaler.state_dict(),
-        "recipe": r.recipe.state_dict(),
-        "rng": capture_rng(),
-        "cursor": {
-            "epoch": r.epoch,
-            "batch_in_epoch": r.batch_in_epoch,
-            "epoch_generator_state": r.epoch_gen_state,
-        },
-        "counters": {
-            "global_step": r.global_step,
-            "samples_seen": r.samples_seen,
-            "steps_s_sum": r.steps_s_sum,
-        },
-    }
-    model_state, state = snapshot(r.model.state_dict()), snapshot(state)
-    if r.device.type == "cuda":
-        torch.cuda.synchronize()  # the pinned copies are complete before the thread reads
-    stall_s = time.perf_counter() - t0
-    r.stalls.append(stall_s)
-    step, step_s = r.global_step, r.step_s()
-    extra = {
-        "epoch": r.epoch,
-        "batch_in_epoch": r.batch_in_epoch,
-        "planned_steps": r.planned,
-        "steps_per_epoch": r.steps_per_epoch,
-        "step_s": step_s,
-        "stall_s": stall_s,
-        "threads": r.config.threads,
-        "device": str(r.device),
-        "precision": r.config.precision,
-    }
-    r.saver.submit(
-        lambda: r.manager.save(step, model_state=model_state, train_state=state, extra_meta=extra)
-    )
-    writes = [s.durable_s for s in r.saves]
-    r.policy.saved(
-        step, save_costs=r.stalls, step_s=step_s, write_s=median(writes) if writes else None
-    )
-
-
-def collect_save(r: LiveRun) -> None:
-    """Wait for the save in flight, if any, and log its ``checkpoint`` row."""
-    saved = r.saver.wait()
-    if saved is None:
-        return
-    r.saves.append(saved)
-    r.mlog.write(
-        {
-            "kind": "checkpoint",
-            "step": saved.step,
-            "save_s": saved.save_s,
-            "stall_s": r.stalls[len(r.saves) - 1],
-            "write_s": saved.write_s,
-            "upload_s": saved.upload_s,
-            "commit_s": saved.commit_s,
-            "bytes": saved.bytes,
-            "key": saved.key,
-            "every_steps": r.policy.interval.every_steps,
-            "interval_source": r.policy.interval.source,
-        }
-    )
-    if r.on_save is not None:
-        r.on_save(
-            {
-                "run_id": r.run_id,
-                "step": r.global_step,
-                "planned_steps": r.planned,
-                "save_s": saved.save_s,
-                "key": saved.key,
-            }
-        )
 
 
 def save_model(r: LiveRun, metrics: dict[str, float]) -> None:
@@ -122,7 +30,7 @@ def save_model(r: LiveRun, metrics: dict[str, float]) -> None:
         else {}
     )
     save_model_dir(
-        r.model,
+        r.state.model,
         r.out_dir / MODEL_DIR,
         config=r.config,
         sources=sources,
@@ -138,7 +46,7 @@ def save_model(r: LiveRun, metrics: dict[str, float]) -> None:
             "inputs": pins,
             "run_id": r.run_id,
             "run": r.run,
-            "steps": r.global_step,
+            "steps": r.state.global_step,
             "metrics": metrics,
         },
     )

@@ -3,13 +3,12 @@
 ``setup_run`` builds everything in the same order on every start, resumed or not (seeded
 python/numpy/torch, the recipe's datasets and model, the optimizer, scheduler, scaler, a seeded
 DataLoader generator, the checkpoint manager) into a ``LiveRun``, the object the loop in
-``training.py`` moves forward.
+``loop.py`` moves forward; what a checkpoint holds of it is its ``TrainState``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +17,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from gpucampaign.checkpoint.manager import BackgroundSaves, CheckpointManager, SavedCheckpoint
-from gpucampaign.checkpoint.savepolicy import SavePolicy
+from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.checkpoint.trainstate import TrainState
 from gpucampaign.core.files import atomic_write_bytes, json_bytes, median
 from gpucampaign.core.stoprules import EssentialInputMissing
+from gpucampaign.engine.checkpointer import Checkpointer
 from gpucampaign.engine.devices import (
     AMP_DTYPES,
     GLOBAL_RNG_LOCK,
@@ -40,12 +40,10 @@ from gpucampaign.recipe.runtime import build_datasets, recipe_context, recipe_re
 from gpucampaign.spec import CampaignSpec, ResolvedRun, RunConfig, SpecError
 from gpucampaign.storage import Store
 
-SaveFn = Callable[[dict[str, Any]], None]
-
 
 @dataclass
 class LiveRun:
-    """What one start of a run builds, and the cursor and counters its loop moves.
+    """What one start of a run builds; ``state`` is what its loop moves and a checkpoint holds.
 
     The run's identity is ``resolved`` (built once by the caller); ``run``, ``run_id``,
     ``config`` and ``config_sha256`` read from it.
@@ -57,46 +55,28 @@ class LiveRun:
     out_dir: Path
     t_call: float
     device: torch.device
-    recipe: Recipe
+    recipe: Recipe  # its state, with the model's and the optimizer's, is in ``state``
     ctx: RecipeContext
     datasets: dict[str, Any]
     described: dict[str, Any]
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    scaler: torch.amp.GradScaler
+    state: TrainState
     autocast: AbstractContextManager
-    generator: torch.Generator
     loader: DataLoader
     planned: int
     target: int
     manager: CheckpointManager
     setup_s: float = 0.0
-    # The data cursor and counters; a checkpoint holds them.
-    global_step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    epoch_gen_state: torch.Tensor | None = None
-    samples_seen: int = 0
-    steps_s_sum: float = 0.0
-    # Set by a restore; the loop applies them at the top of the resumed epoch.
-    resume_gen_state: torch.Tensor | None = None
-    pending_rng: dict[str, Any] | None = None
     # What the restore found.
     restore_s: float = 0.0
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
-    # Measurements and the save policy.
+    # Measurements, the metrics log and the saves.
     step_times: list[float] = field(default_factory=list)
     eval_times: list[float] = field(default_factory=list)
-    saves: list[SavedCheckpoint] = field(default_factory=list)
-    stalls: list[float] = field(default_factory=list)  # per save, in the loop's time
-    saver: BackgroundSaves = field(default_factory=BackgroundSaves)
-    # Set by the loop before the first step: the policy once the restore is known, the log
-    # once metrics.jsonl is open.
-    policy: SavePolicy = field(init=False, repr=False)
+    # Set by the loop before the first step: the log once metrics.jsonl is open, the saver
+    # once the restore is known.
     mlog: MetricsLog = field(init=False, repr=False)
-    on_save: SaveFn | None = None
+    saver: Checkpointer = field(init=False, repr=False)
 
     @property
     def run(self) -> str:
@@ -190,14 +170,17 @@ def setup_run(
         ctx=ctx,
         datasets=datasets,
         described=call(config.recipe, "describe", recipe.describe, ctx, datasets),
-        model=model,
-        optimizer=optimizer,
-        scheduler=build_scheduler(config, optimizer, planned_steps=planned),
-        scaler=torch.amp.GradScaler(device.type, enabled=config.precision == "fp16"),
+        state=TrainState(
+            model=model,
+            optimizer=optimizer,
+            scheduler=build_scheduler(config, optimizer, planned_steps=planned),
+            scaler=torch.amp.GradScaler(device.type, enabled=config.precision == "fp16"),
+            recipe=recipe,
+            generator=generator,
+        ),
         autocast=(
             torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
         ),
-        generator=generator,
         loader=loader,
         planned=planned,
         target=planned if stop_after_steps is None else min(stop_after_steps, planned),

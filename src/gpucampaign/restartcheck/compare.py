@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from gpucampaign.checkpoint.manager import LoadedCheckpoint
+from gpucampaign.checkpoint.trainstate import REQUIRED_STATE
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.spec import ResolvedRun
@@ -218,7 +219,7 @@ def compare_states(
     other threads may draw from them.
     """
     cmp.tree("params", a.model_state, b.model_state)
-    for comp in ("optimizer", "scheduler", "scaler", "rng", "cursor"):
+    for comp in (c for c in REQUIRED_STATE if c != "counters"):
         sides = [ck.train_state[comp] for ck in (a, b)]
         if comp == "rng" and skip_rng:
             sides = [{k: v for k, v in s.items() if k not in skip_rng} for s in sides]

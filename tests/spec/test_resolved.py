@@ -15,9 +15,9 @@ import pytest
 from gpucampaign.core import files
 from gpucampaign.spec import CampaignSpec, ResolvedRun, canonical_json, load_spec
 from gpucampaign.spec import recipefile as recipefile_module
-from tests.test_recipe import make_spec, write_recipe
+from tests.recipe.test_recipe import make_spec, write_recipe
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # The IDs of the digits example's runs before runs were resolved once: they must not change.
 DIGITS_IDS = {

@@ -1,0 +1,180 @@
+"""When a run saves, and the save: the ``Checkpointer`` the loop calls after every step.
+
+Behind it: the save policy (``checkpoint/savepolicy.py``: a fixed interval, else Daly's from
+the measured costs), one save at a time in a background thread, and the collection of each
+save's result (its ``checkpoint`` row in ``metrics.jsonl``, then ``on_save``: the timeline's
+heartbeat).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from gpucampaign.checkpoint.manager import (
+    BackgroundSaves,
+    CheckpointManager,
+    SavedCheckpoint,
+    snapshot,
+)
+from gpucampaign.checkpoint.savepolicy import SavePolicy
+from gpucampaign.checkpoint.trainstate import MODEL, TrainState
+from gpucampaign.core.files import median
+from gpucampaign.folder.metrics import MetricsLog
+from gpucampaign.spec import CampaignSpec, RunConfig
+
+SaveFn = Callable[[dict[str, Any]], None]
+
+
+class SavingRun(Protocol):
+    """What the checkpointer reads of the run (``setup.LiveRun``)."""
+
+    spec: CampaignSpec
+    device: torch.device
+    planned: int
+    manager: CheckpointManager
+    state: TrainState
+    mlog: MetricsLog
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def config(self) -> RunConfig: ...
+
+    @property
+    def steps_per_epoch(self) -> int: ...
+
+    def step_s(self) -> float | None: ...
+
+
+class Checkpointer:
+    """Decides when the run saves, and saves: the loop calls ``save`` after every step and
+    ``wait`` before it returns.
+
+    Args:
+        r: The run, restored (its step is where the policy starts).
+        restored_meta: The restored checkpoint's meta (its measured costs), if any.
+        checkpoint_every: A fixed interval in steps (overrides the spec and the measure).
+        on_save: Called with ``{run_id, step, planned_steps, save_s, key}`` after each save.
+    """
+
+    def __init__(
+        self,
+        r: SavingRun,
+        *,
+        restored_meta: dict[str, Any] | None,
+        checkpoint_every: int | None,
+        on_save: SaveFn | None,
+    ) -> None:
+        cp = r.spec.checkpoint
+        self.policy = SavePolicy.start(
+            r.state.global_step,
+            fixed=checkpoint_every or cp.every_steps,
+            fixed_source="argument" if checkpoint_every else "spec",
+            restored_meta=restored_meta,
+            first_save=r.spec.pilot.steps,
+            mtbi_s=cp.interruption_hours * 3600,
+            tolerable_s=cp.tolerable_loss_minutes * 60,
+            planned_steps=r.planned,
+        )
+        self.saves: list[SavedCheckpoint] = []
+        self.stalls: list[float] = []  # per save, in the loop's time
+        self._r = r
+        self._on_save = on_save
+        self._background = BackgroundSaves()
+        self._submitted: int | None = None  # the step of the last save started
+
+    def save(self, step: int, *, last_step: bool = False) -> bool:
+        """Checkpoint ``step`` when it is due: the policy's next save, or the last step.
+
+        ``last_step``: the last step of this call (its target, or a stop request). A step
+        already saved is not saved again. The save runs in the background; ``wait`` collects it.
+
+        Returns:
+            True when a save of ``step`` started.
+        """
+        if step == self._submitted or not self.policy.due(step, last_step=last_step):
+            return False
+        self._submit(step)
+        return True
+
+    def _submit(self, step: int) -> None:
+        """Snapshot the train state and hand it to the background writer; re-plan the next save.
+
+        The loop stalls only to collect the previous save (never two in flight) and to snapshot
+        the state to host memory, after the metrics so far are durable; the write, the
+        verification and the move of ``LATEST`` happen in the background thread.
+        """
+        r = self._r
+        t0 = time.perf_counter()
+        self.wait()
+        r.mlog.sync()
+        state = snapshot(r.state.state_dict())
+        model_state = state.pop(MODEL)
+        if r.device.type == "cuda":
+            torch.cuda.synchronize()  # the pinned copies are complete before the thread reads
+        stall_s = time.perf_counter() - t0
+        self.stalls.append(stall_s)
+        step_s = r.step_s()
+        extra = {
+            "epoch": r.state.epoch,
+            "batch_in_epoch": r.state.batch_in_epoch,
+            "planned_steps": r.planned,
+            "steps_per_epoch": r.steps_per_epoch,
+            "step_s": step_s,
+            "stall_s": stall_s,
+            "threads": r.config.threads,
+            "device": str(r.device),
+            "precision": r.config.precision,
+        }
+        manager = r.manager
+        self._background.submit(
+            lambda: manager.save(step, model_state=model_state, train_state=state, extra_meta=extra)
+        )
+        self._submitted = step
+        writes = [s.durable_s for s in self.saves]
+        self.policy.saved(
+            step, save_costs=self.stalls, step_s=step_s, write_s=median(writes) if writes else None
+        )
+
+    def wait(self) -> None:
+        """Wait for the save in flight, if any, and log its ``checkpoint`` row."""
+        saved = self._background.wait()
+        if saved is None:
+            return
+        r = self._r
+        self.saves.append(saved)
+        r.mlog.write(
+            {
+                "kind": "checkpoint",
+                "step": saved.step,
+                "save_s": saved.save_s,
+                "stall_s": self.stalls[len(self.saves) - 1],
+                "write_s": saved.write_s,
+                "upload_s": saved.upload_s,
+                "commit_s": saved.commit_s,
+                "bytes": saved.bytes,
+                "key": saved.key,
+                "every_steps": self.policy.interval.every_steps,
+                "interval_source": self.policy.interval.source,
+            }
+        )
+        if self._on_save is not None:
+            self._on_save(
+                {
+                    "run_id": r.run_id,
+                    "step": r.state.global_step,
+                    "planned_steps": r.planned,
+                    "save_s": saved.save_s,
+                    "key": saved.key,
+                }
+            )
+
+    def close(self) -> None:
+        """Let the save in flight finish, then stop the background thread (its result is
+        dropped: the caller is already failing, or collected it with ``wait``)."""
+        self._background.close()

@@ -1,0 +1,73 @@
+"""The checkpointer decides when a run saves: the loop calls it after every step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpucampaign.engine.checkpointer import Checkpointer
+from gpucampaign.folder.layout import METRICS_FILE
+from gpucampaign.folder.metrics import read_metrics
+from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Record each ``Checkpointer.save`` call: its step, ``last_step``, the policy's next save
+    before it, and whether it saved."""
+    calls: list[dict[str, Any]] = []
+    save = Checkpointer.save
+
+    def spy(self: Checkpointer, step: int, *, last_step: bool = False) -> bool:
+        due = self.policy.next_save
+        saved = save(self, step, last_step=last_step)
+        calls.append({"step": step, "last": last_step, "due": due, "saved": saved})
+        return saved
+
+    monkeypatch.setattr(Checkpointer, "save", spy)
+    return calls
+
+
+def _checkpoint_rows(spec, base) -> list[int]:
+    rows = read_metrics(run_dir(spec, base) / METRICS_FILE)
+    return [r["step"] for r in rows if r["kind"] == "checkpoint"]
+
+
+def test_the_saver_is_called_every_step_and_saves_at_the_policys_steps(
+    tmp_path,
+    digits_file,  # noqa: F811
+    monkeypatch,
+):
+    """Daly's policy (the early save at the pilot's step count, then measured intervals):
+    whatever the policy says, the saver saves exactly at its next save and at the last step."""
+    calls = _spy(monkeypatch)
+    spec = make_spec(tmp_path, digits_file)
+    res = run(spec, tmp_path)
+    assert res.completed and res.steps_done == 20
+    assert [c["step"] for c in calls] == list(range(1, 21))
+    assert [c["step"] for c in calls if c["last"]] == [20]
+    for c in calls:
+        assert c["saved"] == (c["step"] == c["due"] or c["last"]), c
+    saved = [c["step"] for c in calls if c["saved"]]
+    assert saved[0] == spec.pilot.steps and saved[-1] == 20
+    assert _checkpoint_rows(spec, tmp_path) == saved
+    assert res.n_checkpoints == len(saved)
+
+
+def test_a_fixed_interval_saves_at_its_multiples_and_at_each_calls_last_step(
+    tmp_path,
+    digits_file,  # noqa: F811
+    monkeypatch,
+):
+    """Every 3 steps, a pilot call up to step 7 and a resumed one to the end: the last step of
+    each call saves too."""
+    calls = _spy(monkeypatch)
+    spec = make_spec(tmp_path, digits_file)
+    run(spec, tmp_path, checkpoint_every=3, stop_after_steps=7)
+    assert [(c["step"], c["last"]) for c in calls] == [(s, s == 7) for s in range(1, 8)]
+    assert [c["step"] for c in calls if c["saved"]] == [3, 6, 7]
+    calls.clear()
+    run(spec, tmp_path, checkpoint_every=3)
+    assert [c["step"] for c in calls] == list(range(8, 21))
+    assert [c["step"] for c in calls if c["saved"]] == [9, 12, 15, 18, 20]
+    assert _checkpoint_rows(spec, tmp_path) == [3, 6, 7, 9, 12, 15, 18, 20]
