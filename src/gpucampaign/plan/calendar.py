@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -73,6 +74,9 @@ _REQUIRED_PARTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("checkpoint restore", ("restore", "reload", "resume", "restart"), "a reload in a new process"),
     ("results retrieval", RETRIEVAL_WORDS, "getting the files back before the lot ends"),
 )
+
+
+_RETRIEVAL = re.compile("|".join(map(re.escape, RETRIEVAL_WORDS)))
 
 
 # --- results -----------------------------------------------------------------------------
@@ -337,7 +341,7 @@ def _missing_parts(ctx: Context, dropped: frozenset[str]) -> list[str]:
         return []
     # One string of every kept step's text: a word (no newline in it) is in that string
     # exactly when it is in one step's text. One substring search per word, not per step.
-    texts = "\n".join(ctx.text(i) for i in kept)
+    texts = "\n".join(map(ctx.texts().__getitem__, kept))
     return [
         f"the calendar has GPU steps but no {part} step ({why}); add one with its own hours "
         f"(steps are matched by name/description words such as '{words[0]}')."
@@ -354,7 +358,8 @@ def _deadline(
     kept: list[int],
     steps: tuple[ScheduledStep, ...],
 ) -> list[str]:
-    names = {ctx.names[i] for i in kept if any(w in ctx.text(i) for w in RETRIEVAL_WORDS)}
+    texts = ctx.texts()
+    names = {ctx.names[i] for i in kept if _RETRIEVAL.search(texts[i])}
     ends = {s.name: s.end_hours for s in steps if s.name in names}
     undated = sum(1 for p in spec.packages if p.starts_at is None)
     return deadline_warnings(rental, retrieval=ends, undated=undated)

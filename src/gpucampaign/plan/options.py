@@ -176,7 +176,8 @@ def _has_independent_gpu_steps(ctx: Context, dropped: frozenset[str]) -> bool:
         stack, seen = [b], {b}
         found = False
         while stack and not found:
-            for d in deps[stack.pop()]:
+            node = stack.pop()
+            for d in deps[node] if node in deps else ctx.links(node):
                 if d == a:
                     found = True
                     break

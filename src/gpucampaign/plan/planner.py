@@ -32,7 +32,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from decimal import Decimal
-from itertools import accumulate, compress
+from itertools import accumulate, compress, pairwise
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -125,14 +126,18 @@ class Context:
     runs: list[str | None]
     phases: list[str | None]
     descriptions: list[str]
-    after: list[tuple[int, ...]]  # links as indices, repeats removed, in the table's order
+    after: list[tuple[str, ...]]  # the spec's links, repeats removed, in the table's order
     pools: list[int]  # index into POOLS
+    tier_ranks: list[int]  # TIER_RANK of each step's tier
     topo: list[int]  # a topological order of step indices
     overrides: dict[str, float]
     warnings: list[str]
-    # Who waits for step i: dependents[offsets[i]:offsets[i + 1]]. Two flat lists of ints
-    # rather than one list per step: cheaper to build, and nothing for the garbage collector
-    # to walk.
+    # The links as indices, each a slice of one flat list of ints rather than a tuple per
+    # step (cheaper to build, and nothing for the garbage collector to walk): step i waits
+    # for link_targets[link_offsets[i]:link_offsets[i + 1]], and steps
+    # dependents[offsets[i]:offsets[i + 1]] wait for it.
+    link_offsets: list[int]
+    link_targets: list[int]
     offsets: list[int]
     dependents: list[int]
 
@@ -156,13 +161,21 @@ class Context:
         warnings = _price_warnings(packages)
         window = _window(spec, packages, warnings)
         cal = spec.calendar
-        names = [s.name for s in cal]
+
+        def column(field: str) -> list[Any]:
+            return list(map(attrgetter(field), cal))
+
+        names = column("name")
         index = {n: i for i, n in enumerate(names)}
         overrides = _check_overrides(hours_override, index)
-        kinds = [s.kind for s in cal]
-        resources = [s.resource if s.kind == "machine" else None for s in cal]
-        after = [_link_indices(s.after, index) for s in cal]
-        offsets, dependents = _dependents_of(after)
+        kinds, tiers = column("kind"), column("tier")
+        resources = [
+            r if k == "machine" else None for k, r in zip(kinds, column("resource"), strict=True)
+        ]
+        after = _unique_links(column("after"))
+        link_offsets = list(accumulate(map(len, after), initial=0))
+        link_targets = [index[a] for links in after for a in links]
+        offsets, dependents = _dependents_of(link_offsets, link_targets)
         return cls(
             catalog=catalog,
             packages=packages,
@@ -172,19 +185,22 @@ class Context:
             names=names,
             kinds=kinds,
             resources=resources,
-            tiers=[s.tier for s in cal],
-            hours=_hours(spec, overrides),
-            runs=[s.run for s in cal],
-            phases=[s.phase for s in cal],
-            descriptions=[s.description for s in cal],
+            tiers=tiers,
+            tier_ranks=[TIER_RANK[t] for t in tiers],
+            hours=_hours(spec, column("hours"), overrides, index),
+            runs=column("run"),
+            phases=column("phase"),
+            descriptions=column("description"),
             after=after,
             pools=[
                 _HUMAN if k == "human" else _GPU if r == "gpu" else _HOST
                 for k, r in zip(kinds, resources, strict=True)
             ],
-            topo=_topological_order(after, offsets, dependents),
+            topo=_topological_order(link_offsets, link_targets, offsets, dependents),
             overrides=overrides,
             warnings=warnings,
+            link_offsets=link_offsets,
+            link_targets=link_targets,
             offsets=offsets,
             dependents=dependents,
         )
@@ -206,32 +222,41 @@ class Context:
             return list(range(len(self.names)))
         return [i for i, n in enumerate(self.names) if n not in dropped]
 
-    def text(self, i: int) -> str:
-        """Lower-case name and description of step ``i``, for keyword checks."""
-        return f"{self.names[i]} {self.descriptions[i]}".lower()
+    def texts(self) -> list[str]:
+        """Each step's lower-case name and description, for keyword checks (built once)."""
+        texts = self.__dict__.get("_texts")
+        if texts is None:
+            texts = [f"{n} {d}".lower() for n, d in zip(self.names, self.descriptions, strict=True)]
+            self.__dict__["_texts"] = texts
+        return texts
 
-    def effective_deps(self, dropped: frozenset[str]) -> list[tuple[int, ...]]:
+    def links(self, i: int) -> tuple[int, ...]:
+        """The steps step ``i`` waits for, as indices."""
+        return tuple(self.link_targets[self.link_offsets[i] : self.link_offsets[i + 1]])
+
+    def effective_deps(self, dropped: frozenset[str]) -> dict[int, tuple[int, ...]]:
         """Dependencies with dropped steps bridged: waiting for a dropped step means waiting
         for what it waited for.
 
-        Only the steps that wait for a dropped step are rewritten, in topological order.
+        Only for the steps that wait for a dropped step (rewritten in topological order);
+        every other step ``i`` waits for :meth:`links` ``(i)``.
         """
-        deps = list(self.after)
         if not dropped:
-            return deps
-        after, offsets, dependents = self.after, self.offsets, self.dependents
+            return {}
+        offsets, dependents = self.offsets, self.dependents
         keep = self.keep_mask(dropped)
         touched: set[int] = set()
         for d, kept in enumerate(keep):
             if not kept:
                 touched.update(dependents[offsets[d] : offsets[d + 1]])
+        deps: dict[int, tuple[int, ...]] = {}
         for i in sorted(touched, key=self._position().__getitem__):
             out: dict[int, None] = {}
-            for d in after[i]:
+            for d in self.links(i):
                 if keep[d]:
                     out[d] = None
                 else:
-                    out.update(dict.fromkeys(deps[d]))
+                    out.update(dict.fromkeys(deps[d] if d in deps else self.links(d)))
             deps[i] = tuple(out)
         return deps
 
@@ -274,9 +299,12 @@ class Context:
         return position
 
 
-def _link_indices(after: tuple[str, ...], index: Mapping[str, int]) -> tuple[int, ...]:
-    links = tuple(index[a] for a in after)
-    return tuple(dict.fromkeys(links)) if len(links) > 1 else links
+def _unique_links(after: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """Each step's ``after``, a name given twice kept once (the spec's own tuples otherwise)."""
+    for i, links in enumerate(after):
+        if len(links) > 1 and len(set(links)) < len(links):
+            after[i] = tuple(dict.fromkeys(links))
+    return after
 
 
 def _price_warnings(packages: tuple[ResolvedPackage, ...]) -> list[str]:
@@ -291,8 +319,12 @@ def _price_warnings(packages: tuple[ResolvedPackage, ...]) -> list[str]:
     ]
 
 
-def _hours(spec: CampaignSpec, overrides: Mapping[str, float]) -> list[float]:
-    hours = [float(overrides.get(s.name, s.hours)) for s in spec.calendar]
+def _hours(
+    spec: CampaignSpec, hours: list[float], overrides: Mapping[str, float], index: Mapping[str, int]
+) -> list[float]:
+    hours = list(map(float, hours))
+    for name, h in overrides.items():
+        hours[index[name]] = h
     if not all(map(math.isfinite, hours)):
         i = next(i for i, h in enumerate(hours) if not math.isfinite(h))
         s = spec.calendar[i]
@@ -354,37 +386,39 @@ def _check_overrides(
 
 
 def _topological_order(
-    after: list[tuple[int, ...]], offsets: list[int], dependents: list[int]
+    link_offsets: list[int], link_targets: list[int], offsets: list[int], dependents: list[int]
 ) -> list[int]:
     """The table order when every link points up the table, else Kahn's algorithm (the spec
     already refused cycles)."""
-    if all(d < i for i, a in enumerate(after) for d in a):
-        return list(range(len(after)))
-    indegree = [len(a) for a in after]
-    queue = [i for i, n in enumerate(indegree) if n == 0]
+    n = len(offsets) - 1
+    waits = [b - a for a, b in pairwise(link_offsets)]
+    owners = [i for i, k in enumerate(waits) for _ in range(k)]
+    if all(map(int.__lt__, link_targets, owners)):
+        return list(range(n))
+    queue = [i for i, k in enumerate(waits) if k == 0]
     order = []
     while queue:
         i = queue.pop()
         order.append(i)
         for j in dependents[offsets[i] : offsets[i + 1]]:
-            indegree[j] -= 1
-            if indegree[j] == 0:
+            waits[j] -= 1
+            if waits[j] == 0:
                 queue.append(j)
-    assert len(order) == len(after), "cycle in a validated calendar"
+    assert len(order) == n, "cycle in a validated calendar"
     return order
 
 
-def _dependents_of(after: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
-    """Who waits for each step, as offsets into one flat list (counting sort by step)."""
-    counts = [0] * (len(after) + 1)
-    for a in after:
-        for d in a:
-            counts[d + 1] += 1
+def _dependents_of(link_offsets: list[int], link_targets: list[int]) -> tuple[list[int], list[int]]:
+    """Who waits for each step, as offsets into one flat list (a counting sort of the links)."""
+    n = len(link_offsets) - 1
+    counts = [0] * (n + 1)
+    for d in link_targets:
+        counts[d + 1] += 1
     offsets = list(accumulate(counts))
     fill = offsets[:-1]
-    dependents = [0] * offsets[-1]
-    for i, a in enumerate(after):
-        for d in a:
+    dependents = [0] * len(link_targets)
+    for i, (a, b) in enumerate(pairwise(link_offsets)):
+        for d in link_targets[a:b]:
             dependents[fill[d]] = i
             fill[d] += 1
     return offsets, dependents
@@ -415,7 +449,7 @@ def _list_schedule(
     """
     n = len(keep)
     hours, pools, offsets, dependents = ctx.hours, ctx.pools, ctx.offsets, ctx.dependents
-    waiting = [len(a) for a in ctx.after]
+    waiting = [b - a for a, b in pairwise(ctx.link_offsets)]
     # Longest remaining chain (hours) from each step, the second priority key; a dropped step
     # adds no hours.
     tail = [0.0] * n
@@ -425,7 +459,7 @@ def _list_schedule(
             if tail[j] > longest:
                 longest = tail[j]
         tail[i] = hours[i] + longest if keep[i] else longest
-    ranks = [TIER_RANK[t] for t in ctx.tiers]
+    ranks = ctx.tier_ranks
     kept = list(compress(range(n), keep))
     # Stable sorts: tier ascending, then tail descending, then table order.
     order = sorted(sorted(kept, key=tail.__getitem__, reverse=True), key=ranks.__getitem__)
@@ -518,24 +552,41 @@ def _placed(
     lane_of: list[int],
 ) -> tuple[ScheduledStep, ...]:
     """The kept steps at their start hours and lanes, in table order."""
-    names, hours = ctx.names, ctx.hours
-    deps = ctx.effective_deps(dropped)
+    names = ctx.names
+    bridged = ctx.effective_deps(dropped)
+    step = ScheduledStep
+    rows = zip(
+        range(len(keep)),
+        names,
+        ctx.kinds,
+        ctx.resources,
+        ctx.tiers,
+        ctx.pools,
+        lane_of,
+        start,
+        ctx.hours,
+        ctx.runs,
+        ctx.phases,
+        ctx.after,
+        strict=True,
+    )
     return tuple(
-        ScheduledStep(
-            name=names[i],
-            kind=ctx.kinds[i],
-            resource=ctx.resources[i],
-            tier=ctx.tiers[i],
-            lane=f"{POOLS[ctx.pools[i]]}{lane_of[i]}",
-            start_hours=start[i],
-            end_hours=start[i] + hours[i],
-            hours=hours[i],
-            run=ctx.runs[i],
-            phase=ctx.phases[i],
-            after=tuple(names[d] for d in deps[i]),
+        step(
+            name,
+            kind,
+            resource,
+            tier,
+            f"{POOLS[pool]}{lane}",
+            begin,
+            begin + hours,
+            hours,
+            run,
+            phase,
+            tuple(names[d] for d in bridged[i]) if i in bridged else after,
         )
-        for i in range(len(keep))
-        if keep[i]
+        for i, name, kind, resource, tier, pool, lane, begin, hours, run, phase, after in compress(
+            rows, keep
+        )
     )
 
 
