@@ -7,19 +7,24 @@ checks. A second column plans the same calendar on a 3-day lot of 8 GPUs, which 
 then the plan also computes its options (a larger lot, a smaller protocol found by a binary
 search over the steps to drop, each try one more schedule, and a second lot).
 
-Reported, not asserted (the machine is shared and noisy); writes the table to
-``bench/results/plan_scaling.md`` with the load average before and after. Usage:
+Each size runs in a fresh process (``--repeats`` times up to 100,000 steps, once above; the
+table gives the median). Reported, not asserted (the machine is shared and noisy); writes the
+table to ``bench/results/plan_scaling.md`` with the load average before and after. Usage:
 
     .venv/bin/python bench/plan_scaling.py [--sizes 1000,10000,100000,1000000]
-        [--tight-max 100000] [--seed 0] [--out bench/results/plan_scaling.md]
+        [--repeats 3] [--tight-max 100000] [--seed 0] [--out bench/results/plan_scaling.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
+import statistics
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -107,8 +112,9 @@ def render(rows: list[dict[str, Any]], *, before: str, after: str, wall_s: float
         "",
         f"Recorded {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} "
         f"({os.cpu_count()} cores, Python {platform.python_version()}) in {wall_s:.0f} s. "
-        f"Load average (1, 5, 15 min) before: {before}; after: {after}. Wall-clock seconds of "
-        "one run per size; the machine may be shared, so read the ratios as well as the times.",
+        f"Load average (1, 5, 15 min) before: {before}; after: {after}. Wall-clock seconds, "
+        "each size in a fresh process, the median of the repeats (in brackets); the machine "
+        "may be shared, so read the CPU seconds and the ratios as well as the times.",
         "",
         "Calendar: each step waits for up to 3 of the 50 steps before it; one 30-day lot of "
         "max(8, n / 1250) RTX 4090s, so every size fits its window (validate = `parse_spec`, "
@@ -128,7 +134,8 @@ def render(rows: list[dict[str, Any]], *, before: str, after: str, wall_s: float
         cpu = f"{r['cpu']:.2f} s" + (f" ({r['cpu'] / prev[1]:.1f}x)" if prev else "")
         tight = f"{r['tight']:.2f} s ({r['tight_note']})" if "tight" in r else "not run"
         lines.append(
-            f"| {r['n']:,} | {r['validate']:.2f} s | {r['plan']:.2f} s | {total:.2f} s | "
+            f"| {r['n']:,} ({r['repeats']}) | {r['validate']:.2f} s | {r['plan']:.2f} s | "
+            f"{total:.2f} s | "
             f"{ratio} | {cpu} | {total / r['n'] * 1e6:.1f} us | {tight} |"
         )
         prev = (total, r["cpu"])
@@ -145,18 +152,44 @@ def render(rows: list[dict[str, Any]], *, before: str, after: str, wall_s: float
     return "\n".join(lines) + "\n"
 
 
+def median_row(n: int, *, seed: int, tight: bool, repeats: int) -> dict[str, Any]:
+    """``row`` in ``repeats`` fresh processes; the median of each time."""
+    runs = []
+    for _ in range(repeats):
+        args = [sys.executable, __file__, "--child", str(n), "--seed", str(seed)]
+        out = subprocess.run(
+            [*args, *(["--tight-max", str(n)] if tight else ["--tight-max", "0"])],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    r = dict(runs[0], repeats=repeats)
+    for k in ("validate", "plan", "cpu", "tight"):
+        if k in r:
+            r[k] = statistics.median(x[k] for x in runs)
+    return r
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000,100000,1000000")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tight-max", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan_scaling.md")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        r = row(args.child, seed=args.seed, tight=args.child <= args.tight_max)
+        print(json.dumps(r))
+        return
 
     before, start = load(), time.perf_counter()
     rows = []
     for n in (int(x) for x in args.sizes.split(",")):
-        r = row(n, seed=args.seed, tight=n <= args.tight_max)
+        repeats = args.repeats if n <= GOAL_STEPS else 1
+        r = median_row(n, seed=args.seed, tight=n <= args.tight_max, repeats=repeats)
         print(
             f"{n:>9,} steps: validate {r['validate']:.3f} s, plan {r['plan']:.3f} s "
             f"(fits={r['fits']}, span {r['span']:.1f} h on {r['lanes']} GPU lanes)"
