@@ -341,7 +341,7 @@ def _missing_parts(ctx: Context, dropped: frozenset[str]) -> list[str]:
         return []
     # One string of every kept step's text: a word (no newline in it) is in that string
     # exactly when it is in one step's text. One substring search per word, not per step.
-    texts = "\n".join(map(ctx.texts().__getitem__, kept))
+    texts = "\n".join(map(ctx.texts.__getitem__, kept))
     return [
         f"the calendar has GPU steps but no {part} step ({why}); add one with its own hours "
         f"(steps are matched by name/description words such as '{words[0]}')."
@@ -358,7 +358,7 @@ def _deadline(
     kept: list[int],
     steps: tuple[ScheduledStep, ...],
 ) -> list[str]:
-    texts = ctx.texts()
+    texts = ctx.texts
     names = {ctx.names[i] for i in kept if _RETRIEVAL.search(texts[i])}
     ends = {s.name: s.end_hours for s in steps if s.name in names}
     undated = sum(1 for p in spec.packages if p.starts_at is None)

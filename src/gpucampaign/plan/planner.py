@@ -37,6 +37,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from decimal import Decimal
+from functools import cached_property
 from itertools import accumulate, compress, pairwise
 from operator import attrgetter
 from pathlib import Path
@@ -227,13 +228,10 @@ class Context:
             return list(range(len(self.names)))
         return [i for i, n in enumerate(self.names) if n not in dropped]
 
+    @cached_property
     def texts(self) -> list[str]:
         """Each step's lower-case name and description, for keyword checks (built once)."""
-        texts = self.__dict__.get("_texts")
-        if texts is None:
-            texts = [f"{n} {d}".lower() for n, d in zip(self.names, self.descriptions, strict=True)]
-            self.__dict__["_texts"] = texts
-        return texts
+        return [f"{n} {d}".lower() for n, d in zip(self.names, self.descriptions, strict=True)]
 
     def links(self, i: int) -> tuple[int, ...]:
         """The steps step ``i`` waits for, as indices."""
