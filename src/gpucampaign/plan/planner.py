@@ -431,7 +431,13 @@ def _dependents_of(link_offsets: list[int], link_targets: list[int]) -> tuple[li
 
 
 def _list_schedule(
-    ctx: Context, keep: list[bool], *, gpu_lanes: int, human_lanes: int, lanes: bool
+    ctx: Context,
+    keep: list[bool],
+    *,
+    gpu_lanes: int,
+    human_lanes: int,
+    lanes: bool,
+    chain_cap: float = math.inf,
 ) -> tuple[list[float], list[int], float]:
     """Event-driven list scheduling, O((steps + links) log steps).
 
@@ -446,6 +452,9 @@ def _list_schedule(
 
     With ``lanes`` False only free-lane counts are kept (which lane of a kind a step takes
     changes no time) and the returned lanes are all -1.
+
+    When the longest chain of kept steps exceeds ``chain_cap``, no span can be shorter: the
+    loop is skipped and the span returned is infinite.
 
     Returns:
         Start hour and lane number of each step (by index), and the span.
@@ -462,6 +471,8 @@ def _list_schedule(
             if tail[j] > longest:
                 longest = tail[j]
         tail[i] = hours[i] + longest if keep[i] else longest
+    if chain_cap < math.inf and max(tail, default=0.0) > chain_cap:
+        return [], [], math.inf
     ranks = ctx.tier_ranks
     kept = list(compress(range(n), keep))
     # Stable sorts: tier ascending, then tail descending, then table order.
@@ -637,10 +648,11 @@ def reduce_drops(ctx: Context, base: frozenset[str]) -> tuple[frozenset[str], Sc
 class _FitTest:
     """Whether the calendar without some steps fits its window, as cheaply as can be told.
 
-    Every GPU (human) lane works at most the span, so a span is never shorter than the kept
-    GPU (human) hours divided by the lanes: when that bound (exact sums, with a margin far above
-    float rounding) already overruns the window, the answer is no without scheduling.
-    Otherwise the span is computed (without lanes).
+    A span is never shorter than the kept GPU (human) hours divided by the lanes (every lane
+    works at most the span), nor than the longest chain of kept steps. When the first bound
+    (exact sums) overruns the window by more than a margin far above float rounding, the answer
+    is no without scheduling; the second is checked once the chains are known, before the
+    event loop. Otherwise the span is computed (without lanes).
     """
 
     def __init__(self, ctx: Context) -> None:
@@ -658,7 +670,16 @@ class _FitTest:
         margin = self.limit * (1 + _BOUND_SLACK) + _BOUND_SLACK
         if any(math.fsum(compress(h, keep)) / lanes > margin for h, lanes in self.loads):
             return False
-        return self.ctx.span(drop) <= self.limit
+        ctx = self.ctx
+        _, _, span = _list_schedule(
+            ctx,
+            keep,
+            gpu_lanes=ctx.gpu_lanes,
+            human_lanes=ctx.human_lanes,
+            lanes=False,
+            chain_cap=margin,
+        )
+        return span <= self.limit
 
 
 def _smallest_prefix(names: list[str], fits: Callable[[set[str]], bool]) -> list[str]:
