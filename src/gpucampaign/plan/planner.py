@@ -21,10 +21,11 @@ Complexity, for ``n`` steps and ``e`` links (``after`` entries):
 * :func:`reduce_drops` runs at most 4 + log2(m) + ``_PRUNE_LIMIT`` spans (m: optional steps
   of one tier) and one schedule: a binary search over the drop order, then the put-back pass
   when at most ``_PRUNE_LIMIT`` steps were dropped. A try whose kept GPU or human hours
-  divided by that kind's lanes already exceed the window is refused without scheduling (no
-  span is shorter). So O((log n + 64) (n + e) log n): near-linear, with that factor. It is
-  the slow path left: a 100,000-step calendar that overruns its window by 2 h drops 12 steps
-  and pays the put-back pass, about 40 spans (20 s on the shared machine).
+  divided by that kind's lanes already exceed the window is refused without scheduling, and
+  one whose longest chain does is refused before the event loop (no span is shorter). So
+  O((log n + 64) (n + e) log n): near-linear, with that factor. It is the slow path left: a
+  100,000-step calendar that overruns its window by 2 h drops 12 steps and pays the put-back
+  pass, 33 spans in all (12 s on the shared machine).
 
 Measured (bench/results/plan_scaling.md): validate + plan of 100,000 steps in about 2 s on a
 shared 2-core machine, 1,000,000 in about 30 s.
