@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -73,6 +74,9 @@ _REQUIRED_PARTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("checkpoint restore", ("restore", "reload", "resume", "restart"), "a reload in a new process"),
     ("results retrieval", RETRIEVAL_WORDS, "getting the files back before the lot ends"),
 )
+
+
+_RETRIEVAL = re.compile("|".join(map(re.escape, RETRIEVAL_WORDS)))
 
 
 # --- results -----------------------------------------------------------------------------
@@ -212,16 +216,17 @@ def plan(
     ablation, ablation_warnings = ablation_of(spec)
     warnings = [*ctx.warnings, *_dropped_warnings(ctx, dropped), *_missing_parts(ctx, dropped)]
     warnings += ablation_warnings + _runs_without_steps(spec)
-    kept = [t for t in ctx.tasks if t.name not in dropped]
+    kept = ctx.kept(dropped)
     rental = rental_of(spec)
-    warnings += _deadline(spec, rental, kept=kept, steps=sched.steps)
+    warnings += _deadline(spec, rental, ctx=ctx, kept=kept, steps=sched.steps)
+    hours, kinds, resources = ctx.hours, ctx.kinds, ctx.resources
     return Plan(
         name=spec.name,
         window_hours=ctx.window,
         span_hours=sched.span,
-        machine_hours=sum(t.hours for t in kept if t.kind == "machine"),
-        gpu_hours=sum(t.hours for t in kept if t.resource == "gpu"),
-        human_hours=sum(t.hours for t in kept if t.kind == "human"),
+        machine_hours=sum(hours[i] for i in kept if kinds[i] == "machine"),
+        gpu_hours=sum(hours[i] for i in kept if resources[i] == "gpu"),
+        human_hours=sum(hours[i] for i in kept if kinds[i] == "human"),
         total_price_usd=ctx.price,
         gpu_lanes=ctx.gpu_lanes,
         human_lanes=ctx.human_lanes,
@@ -230,7 +235,7 @@ def plan(
         options=options,
         warnings=tuple(warnings),
         ablation=ablation,
-        dropped=tuple(t.name for t in ctx.tasks if t.name in dropped),
+        dropped=tuple(n for n in ctx.names if n in dropped) if dropped else (),
         hours_override=tuple(sorted(ctx.overrides.items())),
         rental=rental,
     )
@@ -260,7 +265,7 @@ def reduce_to_fit(
     """
     ctx = Context.build(spec, catalog=catalog, base_dir=base_dir, hours_override=hours_override)
     dropped, _ = reduce_drops(ctx, frozenset())
-    names = [t.name for t in ctx.tasks if t.name in dropped]
+    names = [n for n in ctx.names if n in dropped]
     return (plan(spec, catalog=ctx.catalog, hours_override=hours_override, drop=names), names)
 
 
@@ -331,21 +336,30 @@ def _key(value: Any) -> str:
 
 
 def _missing_parts(ctx: Context, dropped: frozenset[str]) -> list[str]:
-    kept = [t for t in ctx.tasks if t.name not in dropped]
-    if not any(t.resource == "gpu" for t in kept):
+    kept = ctx.kept(dropped)
+    if not any(ctx.resources[i] == "gpu" for i in kept):
         return []
+    # One string of every kept step's text: a word (no newline in it) is in that string
+    # exactly when it is in one step's text. One substring search per word, not per step.
+    texts = "\n".join(map(ctx.texts.__getitem__, kept))
     return [
         f"the calendar has GPU steps but no {part} step ({why}); add one with its own hours "
         f"(steps are matched by name/description words such as '{words[0]}')."
         for part, words, why in _REQUIRED_PARTS
-        if not any(w in t.text for t in kept for w in words)
+        if not any(w in texts for w in words)
     ]
 
 
 def _deadline(
-    spec: CampaignSpec, rental: Rental | None, *, kept: list[Any], steps: tuple[ScheduledStep, ...]
+    spec: CampaignSpec,
+    rental: Rental | None,
+    *,
+    ctx: Context,
+    kept: list[int],
+    steps: tuple[ScheduledStep, ...],
 ) -> list[str]:
-    names = {t.name for t in kept if any(w in t.text for w in RETRIEVAL_WORDS)}
+    texts = ctx.texts
+    names = {ctx.names[i] for i in kept if _RETRIEVAL.search(texts[i])}
     ends = {s.name: s.end_hours for s in steps if s.name in names}
     undated = sum(1 for p in spec.packages if p.starts_at is None)
     return deadline_warnings(rental, retrieval=ends, undated=undated)
@@ -353,9 +367,9 @@ def _deadline(
 
 def _dropped_warnings(ctx: Context, dropped: frozenset[str]) -> list[str]:
     return [
-        f"essential step '{t.name}' is dropped: the campaign may not reach its decision."
-        for t in ctx.tasks
-        if t.name in dropped and t.tier == "essential"
+        f"essential step '{n}' is dropped: the campaign may not reach its decision."
+        for n, tier in zip(ctx.names, ctx.tiers, strict=True)
+        if n in dropped and tier == "essential"
     ]
 
 

@@ -65,10 +65,14 @@ def _over(ctx: Context, span: float) -> str:
 def _smaller_protocol(ctx: Context, dropped: frozenset[str]) -> Option | None:
     """The same lots with optional steps dropped until the calendar fits."""
     reduced, rsched = reduce_drops(ctx, dropped)
-    newly = tuple(t.name for t in ctx.tasks if t.name in reduced and t.name not in dropped)
+    newly = tuple(n for n in ctx.names if n in reduced and n not in dropped)
     if not newly:
         return None
-    tiers = sorted({t.tier for t in ctx.tasks if t.name in newly}, key=TIER_RANK.__getitem__)
+    fresh = set(newly)
+    tiers = sorted(
+        {t for n, t in zip(ctx.names, ctx.tiers, strict=True) if n in fresh},
+        key=TIER_RANK.__getitem__,
+    )
     return Option(
         kind="smaller_protocol",
         description=(
@@ -139,20 +143,20 @@ def _second_lot(ctx: Context, dropped: frozenset[str]) -> Option | None:
         return None
     p = ctx.packages[0]
     lanes = ctx.gpu_lanes + p.gpus_per_lot
-    sched = ctx.schedule(dropped, gpu_lanes=lanes)
+    span = ctx.span(dropped, gpu_lanes=lanes)
     price = ctx.price + p.price_usd
     return Option(
         kind="second_lot",
         description=(
             f"one more {p.days}-day {p.gpu} lot in parallel ({lanes} GPU lanes): independent "
-            f"GPU steps run side by side, span {say_hours(sched.span)} h, "
-            f"{_over(ctx, sched.span)}; {format_usd(price)}. It does not shorten any single "
+            f"GPU steps run side by side, span {say_hours(span)} h, "
+            f"{_over(ctx, span)}; {format_usd(price)}. It does not shorten any single "
             "step nor merge GPU memory."
         ),
-        span_hours=sched.span,
+        span_hours=span,
         window_hours=ctx.window,
         total_price_usd=price,
-        fits=ctx.fits(sched),
+        fits=span <= ctx.window + EPS,
         requires=(
             f"a second {p.gpu} lot rented for the same dates, the corpus and code copied to it, "
             f"the GPU lock raised to {lanes} slots, and its outputs moved back before it ends"
@@ -168,14 +172,13 @@ def _has_independent_gpu_steps(ctx: Context, dropped: frozenset[str]) -> bool:
     """
     deps = ctx.effective_deps(dropped)
     position = {i: k for k, i in enumerate(ctx.topo)}
-    gpu = [
-        i for i in ctx.topo if ctx.tasks[i].resource == "gpu" and ctx.tasks[i].name not in dropped
-    ]
+    gpu = [i for i in ctx.topo if ctx.resources[i] == "gpu" and ctx.names[i] not in dropped]
     for a, b in pairwise(gpu):
         stack, seen = [b], {b}
         found = False
         while stack and not found:
-            for d in deps[stack.pop()]:
+            node = stack.pop()
+            for d in deps[node] if node in deps else ctx.links(node):
                 if d == a:
                     found = True
                     break

@@ -3,6 +3,32 @@
 Pure functions, no Prefect. :class:`Context` validates a spec once (lots, window, hours,
 dependencies); :meth:`Context.schedule` places the kept steps on lanes; :func:`reduce_drops`
 finds the smallest set of optional steps to drop so that the calendar fits its window.
+
+Complexity, for ``n`` steps and ``e`` links (``after`` entries):
+
+* :meth:`Context.build` is O(n + e): columns read once, links and dependents as flat index
+  lists (a counting sort), and a topological order that is the table order itself when every
+  link points up the table, else Kahn's algorithm.
+* :meth:`Context.schedule` is O((n + e) log n): each step's longest remaining chain in one
+  reverse topological pass, one sort for the priority (tier, longest chain, table order), then
+  an event loop in which each step enters and leaves a ready heap, the running heap and a lane
+  heap once, and each link is looked at once, when its step ends. A dropped step passes
+  through (it ends when what it waited for has ended), so no links are rebuilt per drop set;
+  the bridged ``after`` of the output rows is computed only for steps that wait for a dropped
+  one.
+* :meth:`Context.span` is the same loop without lane numbers or output rows (lanes of one kind
+  are interchangeable: which one a step takes changes no time).
+* :func:`reduce_drops` runs at most 4 + log2(m) + ``_PRUNE_LIMIT`` spans (m: optional steps
+  of one tier) and one schedule: a binary search over the drop order, then the put-back pass
+  when at most ``_PRUNE_LIMIT`` steps were dropped. A try whose kept GPU or human hours
+  divided by that kind's lanes already exceed the window is refused without scheduling, and
+  one whose longest chain does is refused before the event loop (no span is shorter). So
+  O((log n + 64) (n + e) log n): near-linear, with that factor. It is the slow path left: a
+  100,000-step calendar that overruns its window by 2 h drops 12 steps and pays the put-back
+  pass, 33 spans in all (12 s on the shared machine).
+
+Measured (bench/results/plan_scaling.md): validate + plan of 100,000 steps in about 2 s on a
+shared 2-core machine, 1,000,000 in about 30 s.
 """
 
 from __future__ import annotations
@@ -12,6 +38,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from decimal import Decimal
+from functools import cached_property
+from itertools import accumulate, compress, pairwise
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +58,12 @@ EPS = 1e-9
 # Above this many newly dropped steps, reduce_drops skips the pass that puts back steps whose
 # removal turned out unnecessary: each try is a full re-plan, and such a set is large anyway.
 _PRUNE_LIMIT = 64
+# The kinds of lane, by index: a GPU step takes a GPU lane, a human step a human lane, any
+# other machine step a host lane (host lanes are not scarce: a new one opens when all are busy).
+POOLS = ("gpu", "human", "host")
+_GPU, _HUMAN, _HOST = 0, 1, 2
+# Relative slack for the load bound in reduce_drops, far above float rounding of the sums.
+_BOUND_SLACK = 1e-7
 
 
 def round_hours(x: float) -> float:
@@ -70,29 +105,6 @@ class ScheduledStep:
 
 
 @dataclass(frozen=True)
-class Task:
-    """A calendar step as the scheduler sees it (dependencies as indices)."""
-
-    index: int
-    name: str
-    kind: str
-    resource: str | None
-    tier: str
-    hours: float
-    after: tuple[int, ...]
-    run: str | None
-    phase: str | None
-    text: str  # lower-case name + description, for keyword checks
-
-    @property
-    def pool(self) -> str:
-        """The kind of lane the step takes: ``gpu``, ``human`` or ``host``."""
-        if self.kind == "human":
-            return "human"
-        return "gpu" if self.resource == "gpu" else "host"
-
-
-@dataclass(frozen=True)
 class Schedule:
     """The kept steps on their lanes and the span they make."""
 
@@ -102,17 +114,39 @@ class Schedule:
 
 @dataclass
 class Context:
-    """Everything the scheduler needs, validated once."""
+    """Everything the scheduler needs, validated once.
+
+    The calendar's steps are held as columns indexed by table position (``names[i]``,
+    ``hours[i]``...): a 100,000-step calendar is a few lists, not 100,000 objects.
+    """
 
     catalog: Catalog
     packages: tuple[ResolvedPackage, ...]
     window: float
     gpu_lanes: int
     human_lanes: int
-    tasks: list[Task]
-    topo: list[int]  # a topological order of task indices
+    names: list[str]
+    kinds: list[str]
+    resources: list[str | None]  # None for human steps
+    tiers: list[str]
+    hours: list[float]  # after hours_override
+    runs: list[str | None]
+    phases: list[str | None]
+    descriptions: list[str]
+    after: list[tuple[str, ...]]  # the spec's links, repeats removed, in the table's order
+    pools: list[int]  # index into POOLS
+    tier_ranks: list[int]  # TIER_RANK of each step's tier
+    topo: list[int]  # a topological order of step indices
     overrides: dict[str, float]
     warnings: list[str]
+    # The links as indices, each a slice of one flat list of ints rather than a tuple per
+    # step (cheaper to build, and nothing for the garbage collector to walk): step i waits
+    # for link_targets[link_offsets[i]:link_offsets[i + 1]], and steps
+    # dependents[offsets[i]:offsets[i + 1]] wait for it.
+    link_offsets: list[int]
+    link_targets: list[int]
+    offsets: list[int]
+    dependents: list[int]
 
     @property
     def price(self) -> Decimal:
@@ -133,26 +167,55 @@ class Context:
         packages = tuple(resolve_package(p, catalog, index=i) for i, p in enumerate(spec.packages))
         warnings = _price_warnings(packages)
         window = _window(spec, packages, warnings)
-        index = {s.name: i for i, s in enumerate(spec.calendar)}
+        cal = spec.calendar
+
+        def column(field: str) -> list[Any]:
+            return list(map(attrgetter(field), cal))
+
+        names = column("name")
+        index = {n: i for i, n in enumerate(names)}
         overrides = _check_overrides(hours_override, index)
-        tasks = _tasks(spec, index, overrides)
+        kinds, tiers = column("kind"), column("tier")
+        resources = [
+            r if k == "machine" else None for k, r in zip(kinds, column("resource"), strict=True)
+        ]
+        after = _unique_links(column("after"))
+        link_offsets = list(accumulate(map(len, after), initial=0))
+        link_targets = [index[a] for links in after for a in links]
+        offsets, dependents = _dependents_of(link_offsets, link_targets)
         return cls(
             catalog=catalog,
             packages=packages,
             window=window,
             gpu_lanes=sum(p.lanes for p in packages),
             human_lanes=spec.people,
-            tasks=tasks,
-            topo=_topological_order(tasks),
+            names=names,
+            kinds=kinds,
+            resources=resources,
+            tiers=tiers,
+            tier_ranks=[TIER_RANK[t] for t in tiers],
+            hours=_hours(spec, column("hours"), overrides, index),
+            runs=column("run"),
+            phases=column("phase"),
+            descriptions=column("description"),
+            after=after,
+            pools=[
+                _HUMAN if k == "human" else _GPU if r == "gpu" else _HOST
+                for k, r in zip(kinds, resources, strict=True)
+            ],
+            topo=_topological_order(link_offsets, link_targets, offsets, dependents),
             overrides=overrides,
             warnings=warnings,
+            link_offsets=link_offsets,
+            link_targets=link_targets,
+            offsets=offsets,
+            dependents=dependents,
         )
 
     def check_names(self, names: Iterable[str], *, field: str) -> frozenset[str]:
         """``names`` as a set, after checking that each is a calendar step."""
-        known = {t.name for t in self.tasks}
         names = frozenset(names)
-        unknown = sorted(names - known)
+        unknown = sorted(names.difference(self.names))
         if unknown:
             raise SpecError(
                 f"field '{field}': unknown step(s) {unknown}; use names of calendar steps.",
@@ -160,32 +223,92 @@ class Context:
             )
         return names
 
-    def effective_deps(self, dropped: frozenset[str]) -> list[tuple[int, ...]]:
+    def kept(self, dropped: frozenset[str]) -> list[int]:
+        """Indices of the steps not in ``dropped``, in table order."""
+        if not dropped:
+            return list(range(len(self.names)))
+        return [i for i, n in enumerate(self.names) if n not in dropped]
+
+    @cached_property
+    def texts(self) -> list[str]:
+        """Each step's lower-case name and description, for keyword checks (built once)."""
+        return [f"{n} {d}".lower() for n, d in zip(self.names, self.descriptions, strict=True)]
+
+    def links(self, i: int) -> tuple[int, ...]:
+        """The steps step ``i`` waits for, as indices."""
+        return tuple(self.link_targets[self.link_offsets[i] : self.link_offsets[i + 1]])
+
+    def effective_deps(self, dropped: frozenset[str]) -> dict[int, tuple[int, ...]]:
         """Dependencies with dropped steps bridged: waiting for a dropped step means waiting
-        for what it waited for."""
-        deps: list[tuple[int, ...]] = [()] * len(self.tasks)
-        for i in self.topo:
+        for what it waited for.
+
+        Only for the steps that wait for a dropped step (rewritten in topological order);
+        every other step ``i`` waits for :meth:`links` ``(i)``.
+        """
+        if not dropped:
+            return {}
+        offsets, dependents = self.offsets, self.dependents
+        keep = self.keep_mask(dropped)
+        touched: set[int] = set()
+        for d, kept in enumerate(keep):
+            if not kept:
+                touched.update(dependents[offsets[d] : offsets[d + 1]])
+        deps: dict[int, tuple[int, ...]] = {}
+        for i in sorted(touched, key=self._position().__getitem__):
             out: dict[int, None] = {}
-            for d in self.tasks[i].after:
-                if self.tasks[d].name in dropped:
-                    out.update(dict.fromkeys(deps[d]))
-                else:
+            for d in self.links(i):
+                if keep[d]:
                     out[d] = None
+                else:
+                    out.update(dict.fromkeys(deps[d] if d in deps else self.links(d)))
             deps[i] = tuple(out)
         return deps
 
+    def keep_mask(self, dropped: frozenset[str]) -> list[bool]:
+        """For each step, whether it is kept."""
+        if not dropped:
+            return [True] * len(self.names)
+        return [n not in dropped for n in self.names]
+
     def schedule(self, dropped: frozenset[str], *, gpu_lanes: int | None = None) -> Schedule:
         """Place every step not in ``dropped``; ``gpu_lanes`` overrides the lots' lanes."""
+        keep = self.keep_mask(dropped)
+        lanes = self.gpu_lanes if gpu_lanes is None else gpu_lanes
+        start, lane_of, span = _list_schedule(
+            self, keep, gpu_lanes=lanes, human_lanes=self.human_lanes, lanes=True
+        )
+        steps = _placed(self, keep, dropped, start=start, lane_of=lane_of)
+        return Schedule(span=span, steps=steps)
+
+    def span(self, dropped: frozenset[str], *, gpu_lanes: int | None = None) -> float:
+        """The span :meth:`schedule` would give, without placing the steps on lanes."""
+        lanes = self.gpu_lanes if gpu_lanes is None else gpu_lanes
         return _list_schedule(
             self,
-            dropped,
-            gpu_lanes=self.gpu_lanes if gpu_lanes is None else gpu_lanes,
+            self.keep_mask(dropped),
+            gpu_lanes=lanes,
             human_lanes=self.human_lanes,
-        )
+            lanes=False,
+        )[2]
 
     def fits(self, schedule: Schedule) -> bool:
         """True when the schedule's span fits inside the window."""
         return schedule.span <= self.window + EPS
+
+    def _position(self) -> list[int]:
+        """Each step's place in ``topo``."""
+        position = [0] * len(self.topo)
+        for k, i in enumerate(self.topo):
+            position[i] = k
+        return position
+
+
+def _unique_links(after: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """Each step's ``after``, a name given twice kept once (the spec's own tuples otherwise)."""
+    for i, links in enumerate(after):
+        if len(links) > 1 and len(set(links)) < len(links):
+            after[i] = tuple(dict.fromkeys(links))
+    return after
 
 
 def _price_warnings(packages: tuple[ResolvedPackage, ...]) -> list[str]:
@@ -200,33 +323,21 @@ def _price_warnings(packages: tuple[ResolvedPackage, ...]) -> list[str]:
     ]
 
 
-def _tasks(
-    spec: CampaignSpec, index: Mapping[str, int], overrides: Mapping[str, float]
-) -> list[Task]:
-    tasks = []
-    for i, s in enumerate(spec.calendar):
-        hours = overrides.get(s.name, s.hours)
-        if not math.isfinite(hours):
-            raise SpecError(
-                f"field 'calendar[{i}].hours': step '{s.name}' has {hours} hours; give a "
-                "finite positive number of hours.",
-                field=f"calendar[{i}].hours",
-            )
-        tasks.append(
-            Task(
-                index=i,
-                name=s.name,
-                kind=s.kind,
-                resource=s.resource if s.kind == "machine" else None,
-                tier=s.tier,
-                hours=float(hours),
-                after=tuple(index[a] for a in s.after),
-                run=s.run,
-                phase=s.phase,
-                text=f"{s.name} {s.description}".lower(),
-            )
+def _hours(
+    spec: CampaignSpec, hours: list[float], overrides: Mapping[str, float], index: Mapping[str, int]
+) -> list[float]:
+    hours = list(map(float, hours))
+    for name, h in overrides.items():
+        hours[index[name]] = h
+    if not all(map(math.isfinite, hours)):
+        i = next(i for i, h in enumerate(hours) if not math.isfinite(h))
+        s = spec.calendar[i]
+        raise SpecError(
+            f"field 'calendar[{i}].hours': step '{s.name}' has {overrides.get(s.name, s.hours)} "
+            "hours; give a finite positive number of hours.",
+            field=f"calendar[{i}].hours",
         )
-    return tasks
+    return hours
 
 
 def _window(
@@ -278,126 +389,220 @@ def _check_overrides(
     return {k: float(v) for k, v in overrides.items()}
 
 
-def _topological_order(tasks: list[Task]) -> list[int]:
-    """Kahn's algorithm; the spec already refused cycles."""
-    indegree = [len(t.after) for t in tasks]
-    dependents: list[list[int]] = [[] for _ in tasks]
-    for t in tasks:
-        for d in t.after:
-            dependents[d].append(t.index)
-    queue = [i for i, n in enumerate(indegree) if n == 0]
+def _topological_order(
+    link_offsets: list[int], link_targets: list[int], offsets: list[int], dependents: list[int]
+) -> list[int]:
+    """The table order when every link points up the table, else Kahn's algorithm (the spec
+    already refused cycles)."""
+    n = len(offsets) - 1
+    waits = [b - a for a, b in pairwise(link_offsets)]
+    owners = [i for i, k in enumerate(waits) for _ in range(k)]
+    if all(map(int.__lt__, link_targets, owners)):
+        return list(range(n))
+    queue = [i for i, k in enumerate(waits) if k == 0]
     order = []
     while queue:
         i = queue.pop()
         order.append(i)
-        for j in dependents[i]:
-            indegree[j] -= 1
-            if indegree[j] == 0:
+        for j in dependents[offsets[i] : offsets[i + 1]]:
+            waits[j] -= 1
+            if waits[j] == 0:
                 queue.append(j)
-    assert len(order) == len(tasks), "cycle in a validated calendar"
+    assert len(order) == n, "cycle in a validated calendar"
     return order
+
+
+def _dependents_of(link_offsets: list[int], link_targets: list[int]) -> tuple[list[int], list[int]]:
+    """Who waits for each step, as offsets into one flat list (a counting sort of the links)."""
+    n = len(link_offsets) - 1
+    counts = [0] * (n + 1)
+    for d in link_targets:
+        counts[d + 1] += 1
+    offsets = list(accumulate(counts))
+    fill = offsets[:-1]
+    dependents = [0] * len(link_targets)
+    for i, (a, b) in enumerate(pairwise(link_offsets)):
+        for d in link_targets[a:b]:
+            dependents[fill[d]] = i
+            fill[d] += 1
+    return offsets, dependents
 
 
 # --- scheduling --------------------------------------------------------------------------
 
 
-@dataclass
-class _Graph:
-    """The kept steps' links: who waits for whom, and each step's longest remaining chain."""
-
-    keep: list[bool]
-    deps: list[tuple[int, ...]]
-    dependents: list[list[int]]
-    waiting: list[int]
-    tail: list[float]
-
-    @classmethod
-    def of(cls, ctx: Context, dropped: frozenset[str]) -> _Graph:
-        tasks = ctx.tasks
-        keep = [t.name not in dropped for t in tasks]
-        deps = ctx.effective_deps(dropped)
-        dependents: list[list[int]] = [[] for _ in tasks]
-        waiting = [0] * len(tasks)
-        for i, ds in enumerate(deps):
-            if keep[i]:
-                waiting[i] = len(ds)
-                for d in ds:
-                    dependents[d].append(i)
-        # Longest remaining chain (hours) from each step, the second priority key.
-        tail = [0.0] * len(tasks)
-        for i in reversed(ctx.topo):
-            if keep[i]:
-                tail[i] = tasks[i].hours + max((tail[j] for j in dependents[i]), default=0.0)
-        return cls(keep, deps, dependents, waiting, tail)
-
-
 def _list_schedule(
-    ctx: Context, dropped: frozenset[str], *, gpu_lanes: int, human_lanes: int
-) -> Schedule:
-    """Event-driven list scheduling, O((steps + links) log steps)."""
-    tasks = ctx.tasks
-    g = _Graph.of(ctx, dropped)
-    ready: dict[str, list[tuple[int, float, int]]] = {"gpu": [], "human": [], "host": []}
-    free = {"gpu": list(range(gpu_lanes)), "human": list(range(human_lanes)), "host": []}
+    ctx: Context,
+    keep: list[bool],
+    *,
+    gpu_lanes: int,
+    human_lanes: int,
+    lanes: bool,
+    chain_cap: float = math.inf,
+) -> tuple[list[float], list[int], float]:
+    """Event-driven list scheduling, O((steps + links) log steps).
+
+    A step is ready when every step it waits for has ended; at each event (hour 0, then each
+    end) ready steps start while a lane of their kind is free, best priority first: tier, then
+    the longest remaining chain (hours), then table order. The priority is one sort, so the
+    heaps hold integers.
+
+    A dropped step is a pass-through: it ends the moment everything it waits for has ended and
+    takes no lane and no time, so a step that waited for it starts when what it waited for
+    has ended (the bridged links of :meth:`Context.effective_deps`, without building them).
+
+    With ``lanes`` False only free-lane counts are kept (which lane of a kind a step takes
+    changes no time) and the returned lanes are all -1.
+
+    When the longest chain of kept steps exceeds ``chain_cap``, no span can be shorter: the
+    loop is skipped and the span returned is infinite.
+
+    Returns:
+        Start hour and lane number of each step (by index), and the span.
+    """
+    n = len(keep)
+    hours, pools, offsets, dependents = ctx.hours, ctx.pools, ctx.offsets, ctx.dependents
+    waiting = [b - a for a, b in pairwise(ctx.link_offsets)]
+    # Longest remaining chain (hours) from each step, the second priority key; a dropped step
+    # adds no hours.
+    tail = [0.0] * n
+    for i in reversed(ctx.topo):
+        longest = 0.0
+        for j in dependents[offsets[i] : offsets[i + 1]]:
+            if tail[j] > longest:
+                longest = tail[j]
+        tail[i] = hours[i] + longest if keep[i] else longest
+    if chain_cap < math.inf and max(tail, default=0.0) > chain_cap:
+        return [], [], math.inf
+    ranks = ctx.tier_ranks
+    kept = list(compress(range(n), keep))
+    # Stable sorts: tier ascending, then tail descending, then table order.
+    order = sorted(sorted(kept, key=tail.__getitem__, reverse=True), key=ranks.__getitem__)
+    rank = [0] * n
+    for r, i in enumerate(order):
+        rank[i] = r
+
+    ready: list[list[int]] = [[], [], []]
+    free_count = [gpu_lanes, human_lanes]
+    free: list[list[int]] = [list(range(gpu_lanes)), list(range(human_lanes)), []]
     host_lanes = 0
+    start = [0.0] * n
+    lane_of = [-1] * n
     running: list[tuple[float, int]] = []
-    start = [0.0] * len(tasks)
-    lane_of = [-1] * len(tasks)
+    heappush, heappop = heapq.heappush, heapq.heappop
 
-    def make_ready(i: int) -> None:
-        heapq.heappush(ready[tasks[i].pool], (TIER_RANK[tasks[i].tier], -g.tail[i], i))
+    def release(i: int) -> None:
+        """Dropped step ``i`` passes through: wake whoever waited only for it."""
+        stack = [i]
+        while stack:
+            k = stack.pop()
+            for j in dependents[offsets[k] : offsets[k + 1]]:
+                waiting[j] -= 1
+                if waiting[j] == 0:
+                    if keep[j]:
+                        heappush(ready[pools[j]], rank[j])
+                    else:
+                        stack.append(j)
 
-    for i in range(len(tasks)):
-        if g.keep[i] and g.waiting[i] == 0:
-            make_ready(i)
+    for i in [i for i in range(n) if waiting[i] == 0]:
+        if keep[i]:
+            ready[pools[i]].append(rank[i])
+        else:
+            release(i)
+    for queue in ready:
+        heapq.heapify(queue)
     now = 0.0
+    started = 0
     while True:
-        for pool, queue in ready.items():
-            while queue:
-                if not free[pool]:
-                    if pool != "host":
-                        break
-                    free["host"].append(host_lanes)  # host lanes are not scarce
-                    host_lanes += 1
-                i = heapq.heappop(queue)[2]
-                lane_of[i] = heapq.heappop(free[pool])
+        for pool in (_GPU, _HUMAN):
+            queue = ready[pool]
+            while queue and free_count[pool]:
+                i = order[heappop(queue)]
+                free_count[pool] -= 1
+                if lanes:
+                    lane_of[i] = heappop(free[pool])
                 start[i] = now
-                heapq.heappush(running, (now + tasks[i].hours, i))
+                heappush(running, (now + hours[i], i))
+                started += 1
+        queue = ready[_HOST]
+        while queue:  # host lanes are not scarce
+            i = order[heappop(queue)]
+            if lanes:
+                if free[_HOST]:
+                    lane_of[i] = heappop(free[_HOST])
+                else:
+                    lane_of[i] = host_lanes
+                    host_lanes += 1
+            start[i] = now
+            heappush(running, (now + hours[i], i))
+            started += 1
         if not running:
             break
         now = running[0][0]
         while running and running[0][0] == now:
-            i = heapq.heappop(running)[1]
-            heapq.heappush(free[tasks[i].pool], lane_of[i])
-            for j in g.dependents[i]:
-                g.waiting[j] -= 1
-                if g.waiting[j] == 0:
-                    make_ready(j)
-    return _placed(ctx, g, start=start, lane_of=lane_of)
+            i = heappop(running)[1]
+            pool = pools[i]
+            if pool != _HOST:
+                free_count[pool] += 1
+            if lanes:
+                heappush(free[pool], lane_of[i])
+            for j in dependents[offsets[i] : offsets[i + 1]]:
+                waiting[j] -= 1
+                if waiting[j] == 0:
+                    if keep[j]:
+                        heappush(ready[pools[j]], rank[j])
+                    else:
+                        release(j)
+    assert started == len(kept), "a step never started"
+    span = max((start[i] + hours[i] for i in kept), default=0.0)
+    return start, lane_of, span
 
 
-def _placed(ctx: Context, g: _Graph, *, start: list[float], lane_of: list[int]) -> Schedule:
-    """The kept steps at their start hours and lanes."""
-    tasks = ctx.tasks
-    assert all(lane_of[i] >= 0 for i in range(len(tasks)) if g.keep[i]), "a step never started"
-    steps = tuple(
-        ScheduledStep(
-            name=t.name,
-            kind=t.kind,
-            resource=t.resource,
-            tier=t.tier,
-            lane=f"{t.pool}{lane_of[t.index]}",
-            start_hours=start[t.index],
-            end_hours=start[t.index] + t.hours,
-            hours=t.hours,
-            run=t.run,
-            phase=t.phase,
-            after=tuple(tasks[d].name for d in g.deps[t.index]),
-        )
-        for t in tasks
-        if g.keep[t.index]
+def _placed(
+    ctx: Context,
+    keep: list[bool],
+    dropped: frozenset[str],
+    *,
+    start: list[float],
+    lane_of: list[int],
+) -> tuple[ScheduledStep, ...]:
+    """The kept steps at their start hours and lanes, in table order."""
+    names = ctx.names
+    bridged = ctx.effective_deps(dropped)
+    step = ScheduledStep
+    rows = zip(
+        range(len(keep)),
+        names,
+        ctx.kinds,
+        ctx.resources,
+        ctx.tiers,
+        ctx.pools,
+        lane_of,
+        start,
+        ctx.hours,
+        ctx.runs,
+        ctx.phases,
+        ctx.after,
+        strict=True,
     )
-    return Schedule(span=max((s.end_hours for s in steps), default=0.0), steps=steps)
+    return tuple(
+        step(
+            name,
+            kind,
+            resource,
+            tier,
+            f"{POOLS[pool]}{lane}",
+            begin,
+            begin + hours,
+            hours,
+            run,
+            phase,
+            tuple(names[d] for d in bridged[i]) if i in bridged else after,
+        )
+        for i, name, kind, resource, tier, pool, lane, begin, hours, run, phase, after in compress(
+            rows, keep
+        )
+    )
 
 
 # --- reduction ---------------------------------------------------------------------------
@@ -413,20 +618,15 @@ def reduce_drops(ctx: Context, base: frozenset[str]) -> tuple[frozenset[str], Sc
         The dropped names (``base`` included) and the schedule without them; that schedule
         may still overrun when even the essential steps alone do not fit.
     """
-
-    def fits(drop: set[str] | frozenset[str]) -> bool:
-        return ctx.fits(ctx.schedule(frozenset(drop)))
-
+    fits = _FitTest(ctx)
     dropped = set(base)
     if not fits(dropped):
         for tier in ("exploratory", "useful"):
-            names = [
-                t.name
-                for t in sorted(
-                    (t for t in ctx.tasks if t.tier == tier and t.name not in dropped),
-                    key=lambda t: (-t.hours, -t.index),
-                )
+            candidates = [
+                i for i, t in enumerate(ctx.tiers) if t == tier and ctx.names[i] not in dropped
             ]
+            candidates.sort(key=lambda i: (-ctx.hours[i], -i))
+            names = [ctx.names[i] for i in candidates]
             if not names:
                 continue
             if not fits(dropped | set(names)):
@@ -438,14 +638,51 @@ def reduce_drops(ctx: Context, base: frozenset[str]) -> tuple[frozenset[str], Sc
 
             dropped |= set(_smallest_prefix(names, fits_with))
             break
-        added = [t for t in ctx.tasks if t.name in dropped and t.name not in base]
+        added = [i for i in ctx.kept(frozenset(base)) if ctx.names[i] in dropped]
         if fits(dropped) and len(added) <= _PRUNE_LIMIT:
             # Put back what was not needed: useful steps first, shortest first.
-            for t in sorted(added, key=lambda t: (TIER_RANK[t.tier], t.hours, t.index)):
-                if fits(dropped - {t.name}):
-                    dropped.discard(t.name)
+            for i in sorted(added, key=lambda i: (TIER_RANK[ctx.tiers[i]], ctx.hours[i], i)):
+                if fits(dropped - {ctx.names[i]}):
+                    dropped.discard(ctx.names[i])
     final = frozenset(dropped)
     return final, ctx.schedule(final)
+
+
+class _FitTest:
+    """Whether the calendar without some steps fits its window, as cheaply as can be told.
+
+    A span is never shorter than the kept GPU (human) hours divided by the lanes (every lane
+    works at most the span), nor than the longest chain of kept steps. When the first bound
+    (exact sums) overruns the window by more than a margin far above float rounding, the answer
+    is no without scheduling; the second is checked once the chains are known, before the
+    event loop. Otherwise the span is computed (without lanes).
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.limit = ctx.window + EPS
+        self.loads = [
+            ([h if p == pool else 0.0 for h, p in zip(ctx.hours, ctx.pools, strict=True)], lanes)
+            for pool, lanes in ((_GPU, ctx.gpu_lanes), (_HUMAN, ctx.human_lanes))
+            if lanes > 0
+        ]
+
+    def __call__(self, drop: set[str] | frozenset[str]) -> bool:
+        drop = frozenset(drop)
+        keep = [n not in drop for n in self.ctx.names]
+        margin = self.limit * (1 + _BOUND_SLACK) + _BOUND_SLACK
+        if any(math.fsum(compress(h, keep)) / lanes > margin for h, lanes in self.loads):
+            return False
+        ctx = self.ctx
+        _, _, span = _list_schedule(
+            ctx,
+            keep,
+            gpu_lanes=ctx.gpu_lanes,
+            human_lanes=ctx.human_lanes,
+            lanes=False,
+            chain_cap=margin,
+        )
+        return span <= self.limit
 
 
 def _smallest_prefix(names: list[str], fits: Callable[[set[str]], bool]) -> list[str]:
