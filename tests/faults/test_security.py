@@ -294,3 +294,123 @@ def test_a_manifest_run_id_or_file_that_climbs_is_named_not_read(tmp_path, fault
     assert report.reloaded_runs == [] and not report.verified
     assert sorted(p.name for p in victim.rglob("*")) == ["model", "predictions.csv"]
     faults.add("faults_survived")
+
+
+# --- one writer per output folder -------------------------------------------------------------
+_HOLD = """
+import sys, time
+from gpucampaign.folder.lock import writer_lock
+with writer_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def _hold_lock(folder: Path) -> subprocess.Popen:
+    """Another process that holds the writer lock of ``folder`` until killed."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(folder)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+_OUT = {"capture_output": True, "text": True, "check": True}
+
+
+def _closed_copy(closed: dict, tmp_path: Path) -> tuple[Path, Path]:
+    """A private copy of the closed campaign: ``(spec file, output folder)``."""
+    src = shutil.copytree(closed["out"].parent / "src", tmp_path / "src")
+    out = shutil.copytree(closed["out"], tmp_path / "out")
+    return Path(src) / "campaign.yaml", Path(out)
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_second_writer_is_refused_naming_the_holder(closed, tmp_path, faults):
+    import socket
+
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+    from gpucampaign.folder.lock import FolderLocked, writer_lock
+
+    spec, _ = _closed_copy(closed, tmp_path)
+    out = tmp_path / "fresh"
+    holder = _hold_lock(out)
+    try:
+        before = _hashes(out)
+        with pytest.raises(FolderLocked, match=f"PID {holder.pid} on host"):
+            with writer_lock(out):
+                pass
+        faults.add("two_writers_refused")
+        got = CliRunner().invoke(app, ["run", str(spec), "--out", str(out)])
+        said = " ".join(got.output.split())
+        assert got.exit_code == 2, got.output
+        assert f"PID {holder.pid} on host {socket.gethostname()}" in said and "since" in said
+        assert "Traceback" not in got.output and _hashes(out) == before
+        faults.add("two_writers_refused")
+    finally:
+        holder.kill()
+        holder.wait()
+    with writer_lock(out) as note:  # the holder died: the kernel released its lock
+        assert note is None or str(holder.pid) in note
+
+
+def test_a_stale_lock_of_a_dead_pid_is_taken_over(tmp_path, faults):
+    import socket
+
+    from gpucampaign.folder.lock import LOCK_FILE, read_holder, writer_lock
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], **_OUT)
+    pid = int(dead.stdout)
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = {"pid": pid, "host": socket.gethostname(), "since": "2026-01-01T00:00:00Z"}
+    (out / LOCK_FILE).write_text(json.dumps(holder))
+    with writer_lock(out) as note:
+        assert note is not None and f"PID {pid}" in note and "gone" in note
+        assert read_holder(out)["pid"] == os.getpid()
+    faults.add("stale_locks_taken_over")
+
+
+def test_an_expense_goes_in_while_a_campaign_holds_the_folder(closed, tmp_path):
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+
+    _, out = _closed_copy(closed, tmp_path)
+    holder = _hold_lock(out)
+    try:
+        got = CliRunner().invoke(app, ["expense", str(out), "--usd", "3", "--what", "egress"])
+        assert got.exit_code == 0, got.output
+    finally:
+        holder.kill()
+        holder.wait()
+    assert "egress" in (out / "ledger.jsonl").read_text()
+
+
+def test_a_sealed_folder_is_not_rewritten_after_its_corpus_changed(closed, tmp_path, faults):
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+
+    spec, out = _closed_copy(closed, tmp_path)
+    before = _hashes(out)
+    corpus = spec.parent / "corpus.csv"
+    corpus.write_text(corpus.read_text().replace("r001", "r999"))
+    faults.add("faults_injected")
+    got = CliRunner().invoke(app, ["run", str(spec), "--out", str(out)])
+    said = " ".join(got.output.split())
+    assert got.exit_code == 2, got.output
+    assert "sealed" in said and "corpus 'corpus.csv'" in said and "new --out" in said
+    assert "Traceback" not in got.output
+    assert _hashes(out) == before
+    faults.add("faults_survived")
