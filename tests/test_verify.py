@@ -380,3 +380,43 @@ def test_fresh_process_entry_point_checks_and_predicts_again(out: Path, closed: 
 
 def _row_count(out: Path, rid: str) -> int:
     return len((out / "runs" / rid / "predictions.csv").read_text().splitlines()) - 1
+
+
+# --- integrity before trust -------------------------------------------------------------------
+def _plant_recipe(out: Path, closed: dict, marker: Path) -> Path:
+    """Make the control's model name a recipe whose copy in the folder writes ``marker`` when
+    imported; the folder is resealed, so only its integrity decides whether it runs."""
+    model = _run_dir(out, closed) / "model"
+    (model / "recipe").mkdir(exist_ok=True)
+    (model / "recipe" / "planted_recipe.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\n"
+        "from gpucampaign.recipes.tabular import MLP as Planted\n"
+    )
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["recipe"] = "planted_recipe:Planted"
+    cfg["run_config"]["recipe"] = "planted_recipe:Planted"
+    (model / "config.json").write_text(json.dumps(cfg, indent=2))
+    reseal(out)
+    return model
+
+
+@pytest.mark.process
+def test_a_tampered_folder_is_verified_without_running_its_code(
+    out: Path, closed: dict, tmp_path: Path
+):
+    marker = tmp_path / "recipe-imported"
+    model = _plant_recipe(out, closed, marker)
+    weights = model / "model.safetensors"
+    original = weights.read_bytes()
+    data = bytearray(original)
+    data[-4] ^= 0xFF  # a model file changed after the seal
+    weights.write_bytes(bytes(data))
+    got = CliRunner().invoke(app, ["verify", str(out)])
+    assert got.exit_code == 4, got.output
+    assert "hash_mismatch" in got.output and weights.relative_to(out).as_posix() in got.output
+    assert "no recipe copy was imported" in " ".join(got.output.split())
+    assert not marker.exists()
+    # The payload is real: the folder as sealed does run it when its models reload.
+    weights.write_bytes(original)
+    verify_output(out)
+    assert marker.read_text() == "imported"

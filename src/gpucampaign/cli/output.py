@@ -59,6 +59,8 @@ def verify_cmd(
 def _print_verify(report: Any, *, out: Path, verified: bool, no_reload: bool) -> None:
     for p in report.problems:
         say(f"[red]{p.code}[/] {p.path}: {p.detail}")
+    for reason in report.skipped:
+        say(f"[yellow]skipped:[/] {reason}")
     if no_reload:
         console.print("[yellow]models were not reloaded (--no-reload): not a verified output[/]")
     state = (
