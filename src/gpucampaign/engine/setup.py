@@ -200,6 +200,7 @@ def setup_run(
             config_sha256=config_sha,
             keep=spec.checkpoint.keep,
             staging_dir=out_dir / ".staging",
+            expect_tensors={k: tuple(v.shape) for k, v in model.state_dict().items()},
         ),
     )
     _write_params(r)
