@@ -26,7 +26,6 @@ SUMMARY_KEYS = (
     "tampered_verified_without_code",
     "two_writers_refused",
     "stale_locks_taken_over",
-    "bad_headers_refused",
 )
 
 
@@ -69,8 +68,7 @@ def summary_line() -> str:
         f"tracebacks seen {c['tracebacks']}, secrets leaked {c['secrets_leaked']}, "
         f"links refused {c['links_refused']}, tampered folders verified without running their "
         f"code {c['tampered_verified_without_code']}, two-writer attempts refused "
-        f"{c['two_writers_refused']}, stale locks taken over {c['stale_locks_taken_over']}, "
-        f"bad checkpoint headers refused {c['bad_headers_refused']}"
+        f"{c['two_writers_refused']}, stale locks taken over {c['stale_locks_taken_over']}"
     )
 
 

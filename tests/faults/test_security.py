@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.spec import SpecError, load_spec, resolve_inside
 from gpucampaign.storage import LocalStore, StorageError
+from tests._closing import reseal
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits" / "campaign.yaml"
@@ -413,4 +414,114 @@ def test_a_sealed_folder_is_not_rewritten_after_its_corpus_changed(closed, tmp_p
     assert "sealed" in said and "corpus 'corpus.csv'" in said and "new --out" in said
     assert "Traceback" not in got.output
     assert _hashes(out) == before
+    faults.add("faults_survived")
+
+
+# --- links are refused, never followed ----------------------------------------------------------
+def test_a_folder_corpus_holding_a_link_out_is_refused_at_pin_time(tmp_path, faults):
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+    from gpucampaign.close.manifest import reference_corpus
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0\n")
+    corpus = tmp_path / "campaign" / "data"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "a.txt").write_text("0.1 0.2 0.0\n")
+    (corpus / "sub" / "passwd").symlink_to(secret)
+    got = CliRunner().invoke(app, ["pin", str(corpus)])
+    assert got.exit_code == 2 and "Traceback" not in got.output
+    assert "sub/passwd" in got.output and "link" in got.output
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(SpecError, match="sub/passwd"):
+        reference_corpus(out, corpus)
+    assert list(out.rglob("*")) == []  # nothing copied
+    faults.add("links_refused")
+
+
+def test_a_recipe_file_that_links_out_of_the_spec_folder_is_refused(tmp_path, faults):
+    from gpucampaign.spec.recipefile import RecipeError
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    marker = tmp_path / "imported"
+    (elsewhere / "theirs.py").write_text(f"open({str(marker)!r}, 'w')\n")
+    spec_dir = tmp_path / "campaign"
+    spec_dir.mkdir()
+    (spec_dir / "linked_recipe_3f9a.py").symlink_to(elsewhere / "theirs.py")
+    text = EXAMPLE.read_text(encoding="utf-8")
+    text = text.replace("recipe: mlp", "recipe: linked_recipe_3f9a:R")
+    assert "linked_recipe_3f9a" in text
+    (spec_dir / "campaign.yaml").write_text(text)
+    spec = load_spec(spec_dir / "campaign.yaml")
+    with pytest.raises(RecipeError, match="link") as err:
+        spec.run_id("control")
+    assert "linked_recipe_3f9a.py" in str(err.value) and not marker.exists()
+    faults.add("links_refused")
+
+
+def test_report_refuses_a_report_md_that_links_out(closed, tmp_path, faults):
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+
+    secret = tmp_path / "passwd"
+    secret.write_text("root:x:0:0:canary-passwd-line\n")
+    out = Path(shutil.copytree(closed["out"], tmp_path / "out"))
+    (out / "report.md").unlink()
+    (out / "report.md").symlink_to(secret)
+    got = CliRunner().invoke(app, ["report", str(out)])
+    assert got.exit_code == 2, got.output
+    assert "canary-passwd-line" not in got.output and "Traceback" not in got.output
+    assert "report.md" in got.output and "link" in got.output
+    faults.add("links_refused")
+
+
+# --- integrity before trust -------------------------------------------------------------------
+def _plant_recipe(out: Path, closed: dict, marker: Path) -> Path:
+    """Make the control's model name a recipe whose copy in the folder writes ``marker`` when
+    imported; the folder is resealed, so only its integrity decides whether it runs."""
+    model = out / "runs" / closed["run_ids"]["control"] / "model"
+    (model / "recipe").mkdir(exist_ok=True)
+    (model / "recipe" / "planted_recipe.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\n"
+        "from gpucampaign.recipes.tabular import MLP as Planted\n"
+    )
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["recipe"] = "planted_recipe:Planted"
+    cfg["run_config"]["recipe"] = "planted_recipe:Planted"
+    (model / "config.json").write_text(json.dumps(cfg, indent=2))
+    reseal(out)
+    return model
+
+
+@pytest.mark.process
+def test_a_tampered_folder_is_verified_without_running_its_code(
+    out: Path, closed: dict, tmp_path: Path, faults
+):
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+    from gpucampaign.verify.checks import verify_output
+
+    marker = tmp_path / "recipe-imported"
+    model = _plant_recipe(out, closed, marker)
+    weights = model / "model.safetensors"
+    original = weights.read_bytes()
+    data = bytearray(original)
+    data[-4] ^= 0xFF  # a model file changed after the seal
+    weights.write_bytes(bytes(data))
+    faults.add("faults_injected")
+    got = CliRunner().invoke(app, ["verify", str(out)])
+    assert got.exit_code == 4, got.output
+    assert "hash_mismatch" in got.output and weights.relative_to(out).as_posix() in got.output
+    assert "no recipe copy was imported" in " ".join(got.output.split())
+    assert not marker.exists()
+    faults.add("tampered_verified_without_code")
+    # The payload is real: the folder as sealed does run it when its models reload.
+    weights.write_bytes(original)
+    verify_output(out)
+    assert marker.read_text() == "imported"
     faults.add("faults_survived")

@@ -84,7 +84,9 @@ def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
     from gpucampaign.close.budget import render_budget_md
     from gpucampaign.close.ledger import budget_with_ledger
     from gpucampaign.close.report import REPORT_MD, read_report, report_summary, with_budget
+    from gpucampaign.folder.layout import OutputFolder
 
+    md = OutputFolder(out).path(REPORT_MD)  # a link out of the folder is refused, not printed
     report = read_report(out)
     budget = budget_with_ledger(out, report["budget"])
     changed = budget["expenses"] != report["budget"].get("expenses")
@@ -92,7 +94,6 @@ def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
     if as_json:
         print_json(report_summary(report))
         return
-    md = out / REPORT_MD
     console.print(
         Markdown(md.read_text(encoding="utf-8")) if md.is_file() else report_summary(report)
     )

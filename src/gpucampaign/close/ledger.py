@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpucampaign.core.files import jsonl_line, read_jsonl, sha256_bytes, utc_now
+from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.spec import SpecError
 
 LEDGER = "ledger.jsonl"
@@ -84,7 +85,7 @@ def add_expense(
         err = exc.errors()[0]
         option = {"usd": "--usd", "what": "--what", "order_ref": "--order-ref"}[str(err["loc"][0])]
         raise SpecError(f"option '{option}': {err['msg']}.", field=option) from None
-    _append_locked(folder / LEDGER, jsonl_line(entry.model_dump()))
+    _append_locked(OutputFolder(folder).path(LEDGER), jsonl_line(entry.model_dump()))
     return entry
 
 
@@ -113,7 +114,7 @@ def _append_locked(path: Path, line: str) -> None:
 
 def read_ledger(root: str | Path) -> list[LedgerExpense]:
     """Every expense of the ledger, in the order recorded (empty when there is none)."""
-    return [LedgerExpense(**row) for row in read_jsonl(Path(root) / LEDGER)]
+    return [LedgerExpense(**row) for row in read_jsonl(OutputFolder(root).path(LEDGER))]
 
 
 def budget_with_ledger(root: str | Path, budget: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +127,7 @@ def budget_with_ledger(root: str | Path, budget: dict[str, Any]) -> dict[str, An
     from gpucampaign.close.budget import with_expenses
     from gpucampaign.spec import load_spec
 
-    spec = load_spec(Path(root) / "spec.yaml")
+    spec = load_spec(OutputFolder(root).path("spec.yaml"))
     return with_expenses(budget, [*spec.expenses, *(e.as_expense() for e in read_ledger(root))])
 
 

@@ -13,6 +13,7 @@ from gpucampaign.close.budget import render_budget_md
 from gpucampaign.close.forecast import ESTIMATES_FILE
 from gpucampaign.close.verdict import Verdict
 from gpucampaign.core.text import say_duration
+from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.records import DecisionRecord, StopRecord
 from gpucampaign.spec import SpecError, read_mapping_file
 
@@ -423,7 +424,7 @@ def read_report(out_dir: str | Path) -> dict[str, Any]:
     Raises:
         SpecError: the folder has no readable report (the campaign has not closed).
     """
-    path = Path(out_dir) / REPORT_JSON
+    path = OutputFolder(out_dir).path(REPORT_JSON)  # a link out of the folder is refused
     missing = (
         f"'{out_dir}' has no {REPORT_JSON}: give the output folder of a closed campaign "
         "(the close phase writes it)"

@@ -243,7 +243,10 @@ def _ledger_grew(path: Path, *, size: Any, sha256: Any) -> bool:
 
 def check_plan_hash(ctx: VerifyContext) -> list[Problem]:
     """``plan.json`` still has the hash written at the start, and the manifest agrees."""
-    recorded = OutputFolder(ctx.base).plan_sha256()
+    try:
+        recorded = OutputFolder(ctx.base).plan_sha256()
+    except SpecError:
+        return []  # plan.sha256 is a link out of the folder, named by check_links
     if not (ctx.base / PLAN).is_file():
         return [Problem("missing_plan", PLAN, "plan.json is missing")]
     if recorded is None:
