@@ -525,3 +525,48 @@ def test_a_tampered_folder_is_verified_without_running_its_code(
     verify_output(out)
     assert marker.read_text() == "imported"
     faults.add("faults_survived")
+
+
+# --- no secret in a message, no terminal escape in a report -------------------------------------
+def test_a_password_in_the_endpoint_url_is_never_echoed(tmp_path, faults, monkeypatch):
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+
+    password = "pw-canary-71c3e9"
+    text = EXAMPLE.read_text(encoding="utf-8").replace("url: local", "url: s3://bucket/x")
+    (tmp_path / "campaign.yaml").write_text(text)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://user:{password}@127.0.0.1:9")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "key")
+    got = CliRunner().invoke(app, ["plan", str(tmp_path / "campaign.yaml")])
+    assert got.exit_code == 2, got.output
+    assert "http://user:***@127.0.0.1:9" in got.output  # the endpoint is named, its password not
+    faults.add("secrets_leaked", got.output.count(password))
+    assert password not in got.output
+
+
+def test_terminal_escapes_in_a_stop_reason_never_reach_the_report(out, closed, faults):
+    from gpucampaign.close.closing import close_folder
+    from gpucampaign.folder.records import StopRecord, append_stop
+
+    torch_error = "\x1b[31mRuntimeError\x1b[0m: CUDA error\x07\n\x1b]0;owned\x07at step 3"
+    rid = closed["run_ids"]["wide"]
+    append_stop(out, StopRecord("stop-aaaaaaaaaaaa", "non_finite_loss", rid, torch_error, 3))
+    # A line written by hand (or by an older version), as it came.
+    line = {"stop_id": "stop-bbbbbbbbbbbb", "rule": "non_finite_loss", "run_id": rid}
+    with open(out / "stops.jsonl", "a") as f:
+        f.write(json.dumps({**line, "reason": torch_error}) + "\n")
+    faults.add("faults_injected")
+    close_folder(
+        closed["spec"],
+        root=out,
+        base_dir=closed["out"].parent / "src",
+        campaign_id="closing-test-0001",
+        analyses={},
+    )
+    for name in ("report.md", "report.html"):
+        text = (out / name).read_text()
+        assert "\x1b" not in text and "\x07" not in text, name
+    assert "RuntimeError: CUDA error" in (out / "report.md").read_text()
+    faults.add("faults_survived")

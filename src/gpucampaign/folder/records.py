@@ -25,6 +25,7 @@ from gpucampaign.core.files import (
     utc_now,
 )
 from gpucampaign.core.stoprules import InterruptedRun
+from gpucampaign.core.text import printable
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.runresult import RESULT_FILE, RunResult
 from gpucampaign.plan.decision import Decision, Reforecast
@@ -192,6 +193,11 @@ class StopRecord:
     run: str | None = None
     phase: str | None = None
     time: str | None = None
+
+    def __post_init__(self) -> None:
+        # The reason often quotes a library's error (torch's, with its colours): one line of
+        # plain text, whatever it held, before it reaches a file or a report.
+        object.__setattr__(self, "reason", printable(str(self.reason or "")))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StopRecord:
