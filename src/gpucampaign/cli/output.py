@@ -168,4 +168,26 @@ def retrieve_cmd(
         f"retrieved {done['files']} files ({done['bytes']} bytes) from {url} into {to}",
         highlight=False,
     )
+    _check_retrieved(to)
     console.print(f"next: campaign verify {to}", highlight=False)
+
+
+def _check_retrieved(to: Path) -> None:
+    """Every retrieved file against the folder's manifest, before anything of it is trusted:
+    a bucket someone else wrote is named file by file (exit 4) and nothing of it runs."""
+    from gpucampaign.folder.layout import MANIFEST
+    from gpucampaign.verify.checks import seal_problems
+
+    if not (to / MANIFEST).is_file():
+        say(f"{to} has no {MANIFEST} (the campaign was not sealed): nothing to check it against")
+        return
+    problems = seal_problems(to)
+    for p in problems:
+        say(f"[red]{p.code}[/] {p.path}: {p.detail}")
+    if problems:
+        say(
+            f"[red]{to} is NOT the folder its manifest sealed[/] ({len(problems)} problem(s)): "
+            "do not reload its models or import its recipe copies."
+        )
+        raise typer.Exit(EXIT_NOT_FIT)
+    say(f"every file of {to} has the size and sha256 its manifest.json records")

@@ -436,6 +436,14 @@ TRUSTING_CHECKS: tuple[Callable[[VerifyContext], list[Problem]], ...] = (
 CHECKS = INTEGRITY_CHECKS + TRUSTING_CHECKS
 
 
+def seal_problems(root: str | Path) -> list[Problem]:
+    """What says a folder is not the one its manifest sealed (a file changed, added, removed
+    or linked, the plan or the corpus changed), read from its bytes alone: nothing of the
+    folder is opened as code or as tensors. Empty for an intact folder."""
+    ctx = VerifyContext.open(Path(root), reload=False)
+    return [p for check in SEAL_CHECKS for p in check(ctx)]
+
+
 def verify_output(root: str | Path, *, reload: bool = True, timeout_s: float = 600) -> VerifyReport:
     """Check an output folder and name each problem.
 
