@@ -397,3 +397,18 @@ def test_seal_problems_read_bytes_only_and_name_each_changed_file(out: Path, clo
         ("hash_mismatch", weights.relative_to(out).as_posix()),
         ("unlisted_file", "notes.txt"),
     }
+
+
+def test_the_reload_entry_point_refuses_a_run_whose_files_are_not_the_sealed_ones(
+    out: Path, closed: dict
+):
+    """`python -m gpucampaign.predictions reload-check` (RELOAD.md) checks the run's files
+    against the manifest before it imports or reads anything of them."""
+    from gpucampaign.close.predictions import reload_check
+
+    rid = closed["run_ids"]["control"]
+    (out / "runs" / rid / "model" / "recipe").mkdir()
+    (out / "runs" / rid / "model" / "recipe" / "planted.py").write_text("raise SystemExit(9)\n")
+    found = reload_check(out, [rid])[rid]
+    assert found["ok"] is False and "planted.py" in found["error"]
+    assert found["error"].startswith("not reloaded")
