@@ -365,6 +365,24 @@ def test_a_second_writer_is_refused_naming_the_holder(closed, tmp_path, faults):
         assert note is None or str(holder.pid) in note
 
 
+def test_the_deployment_flow_refuses_a_second_writer_before_writing(closed, tmp_path, faults):
+    from flows.campaign import campaign
+    from gpucampaign.folder.lock import FolderLocked
+
+    spec, _ = _closed_copy(closed, tmp_path)
+    out = tmp_path / "fresh"
+    holder = _hold_lock(out)
+    try:
+        before = _hashes(out)
+        with pytest.raises(FolderLocked, match=f"PID {holder.pid} on host"):
+            campaign.fn(spec=str(spec), out=str(out))
+        assert _hashes(out) == before
+        faults.add("two_writers_refused")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_stale_lock_of_a_dead_pid_is_taken_over(tmp_path, faults):
     import socket
 
