@@ -17,10 +17,11 @@ from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.states import Cancelled, Failed
 
-from gpucampaign.close.manifest import keep_inputs
+from gpucampaign.close.manifest import keep_inputs, refuse_sealed_rewrite
 from gpucampaign.core.interrupt import Interrupted, graceful_signals
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.lock import writer_lock
 from gpucampaign.folder.records import read_pilot, run_states, runs_with_model, write_pilot
 from gpucampaign.plan import calendar
 from gpucampaign.plan.decision import Decision
@@ -70,7 +71,12 @@ def campaign(
     # boundary and raises Interrupted, which ends every phase still waiting.
     with graceful_signals() as previous:
         try:
-            return _campaign(spec, out=out, decision_mode=decision_mode, base_dir=base_dir)
+            # One writer per output folder, for the whole campaign (`campaign run` holds it
+            # already: the lock is re-entrant in its process).
+            with writer_lock(out) as took_over:
+                if took_over:
+                    get_run_logger().warning(took_over)
+                return _campaign(spec, out=out, decision_mode=decision_mode, base_dir=base_dir)
         except Interrupted as exc:
             get_run_logger().warning("campaign %s; rerun to resume", exc)
             if exc.reason == "SIGTERM" and _cancelling():
@@ -187,6 +193,8 @@ def _open(
         cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
         text, source = spec_path.read_bytes(), f"'{spec_path}'"
     folder = OutputFolder(Path(out))
+    folder.keep_spec(text, source=source, check_only=True)
+    refuse_sealed_rewrite(folder.root, cs, base_dir=base)
     folder.root.mkdir(parents=True, exist_ok=True)
     folder.keep_spec(text, source=source)
     return cs, base, folder

@@ -527,3 +527,62 @@ def test_a_run_logs_the_stall_and_the_write_of_each_save(tmp_path, digits_file):
     assert [r["step"] for r in saves] == [7, 14, 20] and res.n_checkpoints == 3
     assert all(r["stall_s"] > 0 and r["write_s"] > 0 for r in saves)
     assert res.timings["stall_s"] == [r["stall_s"] for r in saves]
+
+
+# --- headers checked for bounds before a checkpoint counts --------------------------------------
+def _safetensors(header: dict, data: bytes = b"") -> bytes:
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    return len(head).to_bytes(8, "little") + head + data
+
+
+def _plant_model(m: CheckpointManager, root: Path, step: int, data: bytes) -> None:
+    """Replace the model file of a committed checkpoint and re-sign its meta and ``LATEST``:
+    hashes and sizes all match, so only the header's own checks can refuse it."""
+    _file(root, step, MODEL_FILE).write_bytes(data)
+    meta = json.loads(_file(root, step, META_FILE).read_text())
+    meta["files"][MODEL_FILE] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    meta_bytes = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+    _file(root, step, META_FILE).write_bytes(meta_bytes)
+    ptr = {"step": step, "dir": step_dirname(step), "meta_sha256": hashlib.sha256(meta_bytes)}
+    ptr["meta_sha256"] = ptr["meta_sha256"].hexdigest()
+    m.store.write_bytes(f"{RUN}/{LATEST_FILE}", data=json.dumps(ptr).encode())
+
+
+BAD_HEADERS = {
+    "offsets beyond any number": (
+        _safetensors({"w": {"dtype": "F32", "shape": [8, 4], "data_offsets": [0, 1e999]}}),
+        "data_offsets",
+    ),
+    "offsets as floats": (
+        _safetensors({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0.0, 4.0]}}, b"\0" * 4),
+        "data_offsets",
+    ),
+    "a 60 MB header and no tensor": (
+        _safetensors({"__metadata__": {"pad": "x" * 60_000_000}}),
+        "over the limit",
+    ),
+    "no tensor": (_safetensors({"__metadata__": {"format": "x"}}), "no tensor"),
+    "a negative size": (
+        _safetensors({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4),
+        "shape",
+    ),
+    "another model's tensors": (
+        _safetensors({"v": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4),
+        "lacks tensors ['b', 'w']",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_HEADERS))
+def test_a_checkpoint_with_a_bad_header_is_refused_and_the_previous_one_used(tmp_path, case):
+    data, reason = BAD_HEADERS[case]
+    m = _manager(tmp_path)
+    for step in (2, 4):
+        model, state = _state(step)
+        m.save(step, model_state=model, train_state=state)
+    m.expect_tensors = {k: tuple(v.shape) for k, v in _state(0)[0].items()}
+    _plant_model(m, tmp_path, 4, data)
+    ck, refused = m.load_latest()
+    assert ck is not None and ck.step == 2
+    assert len(refused) == 1 and MODEL_FILE in refused[0] and reason in refused[0], refused

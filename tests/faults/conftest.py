@@ -22,6 +22,10 @@ SUMMARY_KEYS = (
     "fuzzed_inputs",
     "tracebacks",
     "secrets_leaked",
+    "links_refused",
+    "tampered_verified_without_code",
+    "two_writers_refused",
+    "stale_locks_taken_over",
 )
 
 
@@ -61,7 +65,10 @@ def summary_line() -> str:
         f"{c['saved_within_grace']}/{stops}, kill points tried/survived "
         f"{c['kill_points_tried']}/{c['kill_points_survived']}, faults injected/survived "
         f"{c['faults_injected']}/{c['faults_survived']}, fuzzed inputs tried {c['fuzzed_inputs']}, "
-        f"tracebacks seen {c['tracebacks']}, secrets leaked {c['secrets_leaked']}"
+        f"tracebacks seen {c['tracebacks']}, secrets leaked {c['secrets_leaked']}, "
+        f"links refused {c['links_refused']}, tampered folders verified without running their "
+        f"code {c['tampered_verified_without_code']}, two-writer attempts refused "
+        f"{c['two_writers_refused']}, stale locks taken over {c['stale_locks_taken_over']}"
     )
 
 

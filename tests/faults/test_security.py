@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.spec import SpecError, load_spec, resolve_inside
 from gpucampaign.storage import LocalStore, StorageError
+from tests.helpers import reseal
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits" / "campaign.yaml"
@@ -293,4 +294,297 @@ def test_a_manifest_run_id_or_file_that_climbs_is_named_not_read(tmp_path, fault
     assert any(rid in d for d in escaping) and any("victim/predictions.csv" in d for d in escaping)
     assert report.reloaded_runs == [] and not report.verified
     assert sorted(p.name for p in victim.rglob("*")) == ["model", "predictions.csv"]
+    faults.add("faults_survived")
+
+
+# --- one writer per output folder -------------------------------------------------------------
+_HOLD = """
+import sys, time
+from gpucampaign.folder.lock import writer_lock
+with writer_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def _hold_lock(folder: Path) -> subprocess.Popen:
+    """Another process that holds the writer lock of ``folder`` until killed."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(folder)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+_OUT = {"capture_output": True, "text": True, "check": True}
+
+
+def _closed_copy(closed: dict, tmp_path: Path) -> tuple[Path, Path]:
+    """A private copy of the closed campaign: ``(spec file, output folder)``."""
+    src = shutil.copytree(closed["out"].parent / "src", tmp_path / "src")
+    out = shutil.copytree(closed["out"], tmp_path / "out")
+    return Path(src) / "campaign.yaml", Path(out)
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_second_writer_is_refused_naming_the_holder(closed, tmp_path, faults):
+    import socket
+
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+    from gpucampaign.folder.lock import FolderLocked, writer_lock
+
+    spec, _ = _closed_copy(closed, tmp_path)
+    out = tmp_path / "fresh"
+    holder = _hold_lock(out)
+    try:
+        before = _hashes(out)
+        with pytest.raises(FolderLocked, match=f"PID {holder.pid} on host"):
+            with writer_lock(out):
+                pass
+        faults.add("two_writers_refused")
+        got = CliRunner().invoke(app, ["run", str(spec), "--out", str(out)])
+        said = " ".join(got.output.split())
+        assert got.exit_code == 2, got.output
+        assert f"PID {holder.pid} on host {socket.gethostname()}" in said and "since" in said
+        assert "Traceback" not in got.output and _hashes(out) == before
+        faults.add("two_writers_refused")
+    finally:
+        holder.kill()
+        holder.wait()
+    with writer_lock(out) as note:  # the holder died: the kernel released its lock
+        assert note is None or str(holder.pid) in note
+
+
+def test_the_deployment_flow_refuses_a_second_writer_before_writing(closed, tmp_path, faults):
+    from flows.campaign import campaign
+    from gpucampaign.folder.lock import FolderLocked
+
+    spec, _ = _closed_copy(closed, tmp_path)
+    out = tmp_path / "fresh"
+    holder = _hold_lock(out)
+    try:
+        before = _hashes(out)
+        with pytest.raises(FolderLocked, match=f"PID {holder.pid} on host"):
+            campaign.fn(spec=str(spec), out=str(out))
+        assert _hashes(out) == before
+        faults.add("two_writers_refused")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_stale_lock_of_a_dead_pid_is_taken_over(tmp_path, faults):
+    import socket
+
+    from gpucampaign.folder.lock import LOCK_FILE, read_holder, writer_lock
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], **_OUT)
+    pid = int(dead.stdout)
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = {"pid": pid, "host": socket.gethostname(), "since": "2026-01-01T00:00:00Z"}
+    (out / LOCK_FILE).write_text(json.dumps(holder))
+    with writer_lock(out) as note:
+        assert note is not None and f"PID {pid}" in note and "gone" in note
+        assert read_holder(out)["pid"] == os.getpid()
+    faults.add("stale_locks_taken_over")
+
+
+def test_an_expense_goes_in_while_a_campaign_holds_the_folder(closed, tmp_path):
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+
+    _, out = _closed_copy(closed, tmp_path)
+    holder = _hold_lock(out)
+    try:
+        got = CliRunner().invoke(app, ["expense", str(out), "--usd", "3", "--what", "egress"])
+        assert got.exit_code == 0, got.output
+    finally:
+        holder.kill()
+        holder.wait()
+    assert "egress" in (out / "ledger.jsonl").read_text()
+
+
+def test_a_sealed_folder_is_not_rewritten_after_its_corpus_changed(closed, tmp_path, faults):
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+
+    spec, out = _closed_copy(closed, tmp_path)
+    before = _hashes(out)
+    corpus = spec.parent / "corpus.csv"
+    corpus.write_text(corpus.read_text().replace("r001", "r999"))
+    faults.add("faults_injected")
+    got = CliRunner().invoke(app, ["run", str(spec), "--out", str(out)])
+    said = " ".join(got.output.split())
+    assert got.exit_code == 2, got.output
+    assert "sealed" in said and "corpus 'corpus.csv'" in said and "new --out" in said
+    assert "Traceback" not in got.output
+    assert _hashes(out) == before
+    faults.add("faults_survived")
+
+
+# --- links are refused, never followed ----------------------------------------------------------
+def test_a_folder_corpus_holding_a_link_out_is_refused_at_pin_time(tmp_path, faults):
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+    from gpucampaign.close.manifest import reference_corpus
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0\n")
+    corpus = tmp_path / "campaign" / "data"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "a.txt").write_text("0.1 0.2 0.0\n")
+    (corpus / "sub" / "passwd").symlink_to(secret)
+    got = CliRunner().invoke(app, ["pin", str(corpus)])
+    assert got.exit_code == 2 and "Traceback" not in got.output
+    assert "sub/passwd" in got.output and "link" in got.output
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(SpecError, match="sub/passwd"):
+        reference_corpus(out, corpus)
+    assert list(out.rglob("*")) == []  # nothing copied
+    faults.add("links_refused")
+
+
+def test_a_recipe_file_that_links_out_of_the_spec_folder_is_refused(tmp_path, faults):
+    from gpucampaign.spec.recipefile import RecipeError
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    marker = tmp_path / "imported"
+    (elsewhere / "theirs.py").write_text(f"open({str(marker)!r}, 'w')\n")
+    spec_dir = tmp_path / "campaign"
+    spec_dir.mkdir()
+    (spec_dir / "linked_recipe_3f9a.py").symlink_to(elsewhere / "theirs.py")
+    text = EXAMPLE.read_text(encoding="utf-8")
+    text = text.replace("recipe: mlp", "recipe: linked_recipe_3f9a:R")
+    assert "linked_recipe_3f9a" in text
+    (spec_dir / "campaign.yaml").write_text(text)
+    spec = load_spec(spec_dir / "campaign.yaml")
+    with pytest.raises(RecipeError, match="link") as err:
+        spec.run_id("control")
+    assert "linked_recipe_3f9a.py" in str(err.value) and not marker.exists()
+    faults.add("links_refused")
+
+
+def test_report_refuses_a_report_md_that_links_out(closed, tmp_path, faults):
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+
+    secret = tmp_path / "passwd"
+    secret.write_text("root:x:0:0:canary-passwd-line\n")
+    out = Path(shutil.copytree(closed["out"], tmp_path / "out"))
+    (out / "report.md").unlink()
+    (out / "report.md").symlink_to(secret)
+    got = CliRunner().invoke(app, ["report", str(out)])
+    assert got.exit_code == 2, got.output
+    assert "canary-passwd-line" not in got.output and "Traceback" not in got.output
+    assert "report.md" in got.output and "link" in got.output
+    faults.add("links_refused")
+
+
+# --- integrity before trust -------------------------------------------------------------------
+def _plant_recipe(out: Path, closed: dict, marker: Path) -> Path:
+    """Make the control's model name a recipe whose copy in the folder writes ``marker`` when
+    imported; the folder is resealed, so only its integrity decides whether it runs."""
+    model = out / "runs" / closed["run_ids"]["control"] / "model"
+    (model / "recipe").mkdir(exist_ok=True)
+    (model / "recipe" / "planted_recipe.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\n"
+        "from gpucampaign.recipes.tabular import MLP as Planted\n"
+    )
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["recipe"] = "planted_recipe:Planted"
+    cfg["run_config"]["recipe"] = "planted_recipe:Planted"
+    (model / "config.json").write_text(json.dumps(cfg, indent=2))
+    reseal(out)
+    return model
+
+
+@pytest.mark.process
+def test_a_tampered_folder_is_verified_without_running_its_code(
+    out: Path, closed: dict, tmp_path: Path, faults
+):
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+    from gpucampaign.verify.checks import verify_output
+
+    marker = tmp_path / "recipe-imported"
+    model = _plant_recipe(out, closed, marker)
+    weights = model / "model.safetensors"
+    original = weights.read_bytes()
+    data = bytearray(original)
+    data[-4] ^= 0xFF  # a model file changed after the seal
+    weights.write_bytes(bytes(data))
+    faults.add("faults_injected")
+    got = CliRunner().invoke(app, ["verify", str(out)])
+    assert got.exit_code == 4, got.output
+    assert "hash_mismatch" in got.output and weights.relative_to(out).as_posix() in got.output
+    assert "no recipe copy was imported" in " ".join(got.output.split())
+    assert not marker.exists()
+    faults.add("tampered_verified_without_code")
+    # The payload is real: the folder as sealed does run it when its models reload.
+    weights.write_bytes(original)
+    verify_output(out)
+    assert marker.read_text() == "imported"
+    faults.add("faults_survived")
+
+
+# --- no secret in a message, no terminal escape in a report -------------------------------------
+def test_a_password_in_the_endpoint_url_is_never_echoed(tmp_path, faults, monkeypatch):
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+
+    password = "pw-canary-71c3e9"
+    text = EXAMPLE.read_text(encoding="utf-8").replace("url: local", "url: s3://bucket/x")
+    (tmp_path / "campaign.yaml").write_text(text)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://user:{password}@127.0.0.1:9")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "key")
+    got = CliRunner().invoke(app, ["plan", str(tmp_path / "campaign.yaml")])
+    assert got.exit_code == 2, got.output
+    assert "http://user:***@127.0.0.1:9" in got.output  # the endpoint is named, its password not
+    faults.add("secrets_leaked", got.output.count(password))
+    assert password not in got.output
+
+
+def test_terminal_escapes_in_a_stop_reason_never_reach_the_report(out, closed, faults):
+    from gpucampaign.close.closing import close_folder
+    from gpucampaign.folder.records import StopRecord, append_stop
+
+    torch_error = "\x1b[31mRuntimeError\x1b[0m: CUDA error\x07\n\x1b]0;owned\x07at step 3"
+    rid = closed["run_ids"]["wide"]
+    append_stop(out, StopRecord("stop-aaaaaaaaaaaa", "non_finite_loss", rid, torch_error, 3))
+    # A line written by hand (or by an older version), as it came.
+    line = {"stop_id": "stop-bbbbbbbbbbbb", "rule": "non_finite_loss", "run_id": rid}
+    with open(out / "stops.jsonl", "a") as f:
+        f.write(json.dumps({**line, "reason": torch_error}) + "\n")
+    faults.add("faults_injected")
+    close_folder(
+        closed["spec"],
+        root=out,
+        base_dir=closed["out"].parent / "src",
+        campaign_id="closing-test-0001",
+        analyses={},
+    )
+    for name in ("report.md", "report.html"):
+        text = (out / name).read_text()
+        assert "\x1b" not in text and "\x07" not in text, name
+    assert "RuntimeError: CUDA error" in (out / "report.md").read_text()
     faults.add("faults_survived")

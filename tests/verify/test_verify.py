@@ -380,3 +380,35 @@ def test_fresh_process_entry_point_checks_and_predicts_again(out: Path, closed: 
 
 def _row_count(out: Path, rid: str) -> int:
     return len((out / "runs" / rid / "predictions.csv").read_text().splitlines()) - 1
+
+
+def test_seal_problems_read_bytes_only_and_name_each_changed_file(out: Path, closed: dict):
+    """What `campaign retrieve` checks before anything of a retrieved folder is trusted."""
+    from gpucampaign.verify.checks import seal_problems
+
+    assert seal_problems(out) == []
+    weights = _run_dir(out, closed) / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-4] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    (out / "notes.txt").write_text("added")
+    found = {(p.code, p.path) for p in seal_problems(out)}
+    assert found == {
+        ("hash_mismatch", weights.relative_to(out).as_posix()),
+        ("unlisted_file", "notes.txt"),
+    }
+
+
+def test_the_reload_entry_point_refuses_a_run_whose_files_are_not_the_sealed_ones(
+    out: Path, closed: dict
+):
+    """`python -m gpucampaign.predictions reload-check` (RELOAD.md) checks the run's files
+    against the manifest before it imports or reads anything of them."""
+    from gpucampaign.close.predictions import reload_check
+
+    rid = closed["run_ids"]["control"]
+    (out / "runs" / rid / "model" / "recipe").mkdir()
+    (out / "runs" / rid / "model" / "recipe" / "planted.py").write_text("raise SystemExit(9)\n")
+    found = reload_check(out, [rid])[rid]
+    assert found["ok"] is False and "planted.py" in found["error"]
+    assert found["error"].startswith("not reloaded")

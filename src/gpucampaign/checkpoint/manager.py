@@ -116,7 +116,7 @@ def _deserialize(
     try:
         blob = blobs[MODEL_FILE]
         model_state = load_safetensors_buffer(bytearray(blob) if isinstance(blob, bytes) else blob)
-    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+    except (ValueError, KeyError, TypeError, RuntimeError, OverflowError) as exc:
         raise CheckpointInvalid(key, f"{MODEL_FILE} is not valid safetensors ({exc})") from None
     try:
         train_state = torch.load(
@@ -128,6 +128,27 @@ def _deserialize(
             key, f"{STATE_FILE} refused by torch.load(weights_only=True): {first_line}"
         ) from None
     return model_state, train_state
+
+
+def _check_tensors(
+    key: str, model_state: dict[str, torch.Tensor], *, expected: dict[str, tuple[int, ...]] | None
+) -> None:
+    """Refuse weights that are not the model's: a tensor lacking, added or of another shape."""
+    if expected is None:
+        return
+    lacking = sorted(set(expected) - set(model_state))
+    extra = sorted(set(model_state) - set(expected))
+    if lacking or extra:
+        raise CheckpointInvalid(
+            key, f"{MODEL_FILE} lacks tensors {lacking[:5]} / has unknown {extra[:5]}"
+        )
+    for name, shape in expected.items():
+        if tuple(model_state[name].shape) != tuple(shape):
+            raise CheckpointInvalid(
+                key,
+                f"{MODEL_FILE}: tensor '{name}' has shape {list(model_state[name].shape)}, "
+                f"the model's is {list(shape)}",
+            )
 
 
 def _check_state(key: str, train_state: Any, *, step: int) -> None:
@@ -197,6 +218,8 @@ class CheckpointManager:
             names another one is never restored.
         keep: How many committed checkpoints to keep.
         staging_dir: Local folder for files of a remote store before upload.
+        expect_tensors: The model's tensors by name with their shapes; a checkpoint whose
+            weights lack one, add one or change a shape is refused like a missing one.
     """
 
     def __init__(
@@ -207,8 +230,10 @@ class CheckpointManager:
         config_sha256: str,
         keep: int = 3,
         staging_dir: Path | None = None,
+        expect_tensors: dict[str, tuple[int, ...]] | None = None,
     ) -> None:
         assert keep >= 1
+        self.expect_tensors = expect_tensors
         self.store = store
         self.run_id = run_id
         self.config_sha256 = config_sha256
@@ -420,6 +445,7 @@ class CheckpointManager:
         meta = self._read_meta(key, step=step, meta_sha256=meta_sha256)
         blobs = self.fetch_payload(key, files=meta["files"])
         model_state, train_state = _deserialize(key, blobs)
+        _check_tensors(key, model_state, expected=self.expect_tensors)
         _check_state(key, train_state, step=step)
         return LoadedCheckpoint(
             step=step,

@@ -119,36 +119,78 @@ def safetensors_buffers(
 _ST_TORCH = {name: dtype for dtype, name in _ST_DTYPES.items()}
 
 
+#: The largest header a checkpoint's safetensors file may have (a few hundred bytes per
+#: tensor: a million tensors fit); a bigger one is refused before it is parsed.
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+
+
+def _is_int(x: Any) -> bool:
+    return type(x) is int  # not a bool, not a float such as 1e999 (inf)
+
+
+def _tensor_layout(
+    name: str, info: Any, *, data_bytes: int
+) -> tuple[torch.dtype, list[int], int, int]:
+    """``(dtype, shape, begin, end)`` of one header entry, every field checked for bounds."""
+    if not isinstance(info, dict):
+        raise ValueError(f"tensor '{name}': its entry is not a mapping")
+    dtype = _ST_TORCH.get(info.get("dtype"))  # type: ignore[arg-type]
+    if dtype is None:
+        raise ValueError(f"tensor '{name}': unknown dtype {info.get('dtype')!r}")
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise ValueError(f"tensor '{name}': shape {shape!r} is not a list of sizes")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_int(x) and 0 <= x <= data_bytes for x in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise ValueError(
+            f"tensor '{name}': data_offsets {str(offsets)[:80]} are not two whole numbers "
+            f"within the {data_bytes} bytes of data"
+        )
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    if offsets[1] - offsets[0] != math.prod(shape) * itemsize:
+        raise ValueError(f"tensor '{name}': byte range {offsets[0]}..{offsets[1]} does not fit")
+    return dtype, shape, offsets[0], offsets[1]
+
+
 def load_safetensors_buffer(buf: bytearray) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file held in ``buf``, as views of its memory (no copy).
 
-    Checks what ``safetensors`` checks: a header inside the buffer, known dtypes, each
-    tensor's byte range matching its shape, and ranges that tile the data area exactly.
+    Checks what ``safetensors`` checks, with every number bounded before it is used: a header
+    of at most ``MAX_HEADER_BYTES`` inside the buffer, a mapping of tensors with known dtypes,
+    shapes of whole sizes, ``data_offsets`` of two whole numbers inside the data area, each
+    range matching its shape, and ranges that tile the data area exactly; at least one tensor.
 
     Raises:
-        ValueError: The buffer is not a valid safetensors file.
+        ValueError: The buffer is not a valid safetensors file (the reason names the tensor).
     """
     if len(buf) < 8:
         raise ValueError("shorter than a safetensors header")
     n = int.from_bytes(buf[:8], "little")
+    if n > MAX_HEADER_BYTES:
+        raise ValueError(f"header of {n} bytes is over the limit of {MAX_HEADER_BYTES}")
     if n > len(buf) - 8:
         raise ValueError("header size beyond the end of the file")
     try:
         header = json.loads(bytes(buf[8 : 8 + n]))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"header is not JSON ({exc})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"header is not JSON ({str(exc)[:200]})") from None
     if not isinstance(header, dict):
         raise ValueError("header is not a mapping")
     header.pop("__metadata__", None)
-    start, end_expected, out = 8 + n, 0, {}
-    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-        dtype = _ST_TORCH.get(info.get("dtype"))
-        begin, end = (int(x) for x in info["data_offsets"])
-        if dtype is None:
-            raise ValueError(f"tensor '{name}': unknown dtype {info.get('dtype')!r}")
-        shape = [int(d) for d in info["shape"]]
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        if begin != end_expected or end - begin != math.prod(shape) * itemsize:
+    if not header:
+        raise ValueError("the header names no tensor")
+    start = 8 + n
+    layout = {
+        name: _tensor_layout(name, info, data_bytes=len(buf) - start)
+        for name, info in header.items()
+    }
+    end_expected, out = 0, {}
+    for name, (dtype, shape, begin, end) in sorted(layout.items(), key=lambda kv: kv[1][2:]):
+        if begin != end_expected:
             raise ValueError(f"tensor '{name}': byte range {begin}..{end} does not fit")
         end_expected = end
         numel = math.prod(shape)

@@ -356,8 +356,10 @@ def run_cmd(
     second Ctrl-C exits at once.
     """
     from gpucampaign.cli.runner import interruptible_run, load_flow
+    from gpucampaign.close.manifest import refuse_sealed_rewrite
     from gpucampaign.core.interrupt import exit_code, stop_requested
     from gpucampaign.folder.layout import OutputFolder
+    from gpucampaign.folder.lock import writer_lock
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
@@ -373,11 +375,14 @@ def run_cmd(
         )
     # Refused before Prefect starts: a clear message, no flow-run traceback.
     OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
+    refuse_sealed_rewrite(target, cs, base_dir=spec.resolve().parent)
     _preflight_recipes(cs, base_dir=spec.resolve().parent)
     flow = load_flow("campaign", "campaign")
     state = None
     try:
-        with interruptible_run(grace_s=grace):
+        with writer_lock(target) as took_over, interruptible_run(grace_s=grace):
+            if took_over:
+                err_console.print(f"[yellow]note:[/] {took_over}", soft_wrap=True)
             state = flow(spec=str(spec), out=str(target), decision_mode=decision, return_state=True)
     except BaseException:
         if stop_requested() is None:

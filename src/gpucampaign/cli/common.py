@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from gpucampaign.core.stoprules import StopRule
+from gpucampaign.core.text import redact_secrets, strip_ansi
 from gpucampaign.spec import SpecError
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_INVALID, EXIT_STOPPED, EXIT_NOT_FIT = 0, 1, 2, 3, 4
@@ -44,13 +45,20 @@ def handle_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except SpecError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True, highlight=False)
+            err_console.print(f"[bold red]error:[/] {_said(exc)}", soft_wrap=True, highlight=False)
             raise typer.Exit(EXIT_INVALID) from None
         except StopRule as exc:
-            err_console.print(f"[bold red]stopped:[/] {exc}", soft_wrap=True, highlight=False)
+            err_console.print(
+                f"[bold red]stopped:[/] {_said(exc)}", soft_wrap=True, highlight=False
+            )
             raise typer.Exit(EXIT_STOPPED) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _said(exc: Exception) -> str:
+    """An error's message as printed: no URL password, no terminal escape."""
+    return redact_secrets(strip_ansi(str(exc)))
 
 
 def print_json(obj: Any) -> None:

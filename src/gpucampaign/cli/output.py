@@ -59,6 +59,8 @@ def verify_cmd(
 def _print_verify(report: Any, *, out: Path, verified: bool, no_reload: bool) -> None:
     for p in report.problems:
         say(f"[red]{p.code}[/] {p.path}: {p.detail}")
+    for reason in report.skipped:
+        say(f"[yellow]skipped:[/] {reason}")
     if no_reload:
         console.print("[yellow]models were not reloaded (--no-reload): not a verified output[/]")
     state = (
@@ -82,7 +84,9 @@ def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
     from gpucampaign.close.budget import render_budget_md
     from gpucampaign.close.ledger import budget_with_ledger
     from gpucampaign.close.report import REPORT_MD, read_report, report_summary, with_budget
+    from gpucampaign.folder.layout import OutputFolder
 
+    md = OutputFolder(out).path(REPORT_MD)  # a link out of the folder is refused, not printed
     report = read_report(out)
     budget = budget_with_ledger(out, report["budget"])
     changed = budget["expenses"] != report["budget"].get("expenses")
@@ -90,7 +94,6 @@ def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
     if as_json:
         print_json(report_summary(report))
         return
-    md = out / REPORT_MD
     console.print(
         Markdown(md.read_text(encoding="utf-8")) if md.is_file() else report_summary(report)
     )
@@ -165,4 +168,26 @@ def retrieve_cmd(
         f"retrieved {done['files']} files ({done['bytes']} bytes) from {url} into {to}",
         highlight=False,
     )
+    _check_retrieved(to)
     console.print(f"next: campaign verify {to}", highlight=False)
+
+
+def _check_retrieved(to: Path) -> None:
+    """Every retrieved file against the folder's manifest, before anything of it is trusted:
+    a bucket someone else wrote is named file by file (exit 4) and nothing of it runs."""
+    from gpucampaign.folder.layout import MANIFEST
+    from gpucampaign.verify.checks import seal_problems
+
+    if not (to / MANIFEST).is_file():
+        say(f"{to} has no {MANIFEST} (the campaign was not sealed): nothing to check it against")
+        return
+    problems = seal_problems(to)
+    for p in problems:
+        say(f"[red]{p.code}[/] {p.path}: {p.detail}")
+    if problems:
+        say(
+            f"[red]{to} is NOT the folder its manifest sealed[/] ({len(problems)} problem(s)): "
+            "do not reload its models or import its recipe copies."
+        )
+        raise typer.Exit(EXIT_NOT_FIT)
+    say(f"every file of {to} has the size and sha256 its manifest.json records")

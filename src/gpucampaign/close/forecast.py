@@ -16,6 +16,7 @@ from typing import Any
 from gpucampaign.close.verdict import stops_of
 from gpucampaign.core.files import median, parse_time
 from gpucampaign.core.text import say_duration
+from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.records import DecisionRecord, PlanRecord, PlanStep, StopRecord, TimelineRow
 from gpucampaign.folder.segments import inference_restarted, interruptions
 from gpucampaign.spec import SpecError
@@ -285,7 +286,7 @@ def load_estimates(out_dir: str | Path) -> dict[str, Any]:
     Raises:
         SpecError: the folder has no readable ``estimates.json``.
     """
-    path = Path(out_dir) / ESTIMATES_FILE
+    path = OutputFolder(out_dir).path(ESTIMATES_FILE)  # a link out of the folder is refused
     if not path.is_file():
         raise SpecError(
             f"'{out_dir}' has no {ESTIMATES_FILE}: give the output folder of a closed campaign",

@@ -8,14 +8,17 @@ spec's expenses and the ledger together; no tax or transfer cost is ever added t
 
 from __future__ import annotations
 
+import fcntl
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpucampaign.core.files import append_jsonl, read_jsonl, sha256_bytes, utc_now
+from gpucampaign.core.files import jsonl_line, read_jsonl, sha256_bytes, utc_now
+from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.spec import SpecError
 
 LEDGER = "ledger.jsonl"
@@ -82,13 +85,36 @@ def add_expense(
         err = exc.errors()[0]
         option = {"usd": "--usd", "what": "--what", "order_ref": "--order-ref"}[str(err["loc"][0])]
         raise SpecError(f"option '{option}': {err['msg']}.", field=option) from None
-    append_jsonl(folder / LEDGER, entry.model_dump())
+    _append_locked(OutputFolder(folder).path(LEDGER), jsonl_line(entry.model_dump()))
     return entry
+
+
+def _append_locked(path: Path, line: str) -> None:
+    """Append one line under the ledger's own short lock, fsynced.
+
+    The ledger is append-only and only ``campaign expense`` writes it, so an expense needs no
+    lock on the whole folder: it goes in while a campaign runs (whose close reads the ledger
+    then) or after the seal (which accepts a ledger that only grew). The lock orders two
+    expenses added at once; a link planted as the ledger is not followed.
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise SpecError(f"cannot append to '{path}': {exc.strerror}.", field="OUT") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        data = line.encode("utf-8")
+        while data:
+            data = data[os.write(fd, data) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def read_ledger(root: str | Path) -> list[LedgerExpense]:
     """Every expense of the ledger, in the order recorded (empty when there is none)."""
-    return [LedgerExpense(**row) for row in read_jsonl(Path(root) / LEDGER)]
+    return [LedgerExpense(**row) for row in read_jsonl(OutputFolder(root).path(LEDGER))]
 
 
 def budget_with_ledger(root: str | Path, budget: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +127,7 @@ def budget_with_ledger(root: str | Path, budget: dict[str, Any]) -> dict[str, An
     from gpucampaign.close.budget import with_expenses
     from gpucampaign.spec import load_spec
 
-    spec = load_spec(Path(root) / "spec.yaml")
+    spec = load_spec(OutputFolder(root).path("spec.yaml"))
     return with_expenses(budget, [*spec.expenses, *(e.as_expense() for e in read_ledger(root))])
 
 

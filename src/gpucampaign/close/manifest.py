@@ -24,6 +24,7 @@ from gpucampaign.folder.layout import (
     OutputFolder,
     model_config,
 )
+from gpucampaign.folder.lock import LOCK_FILE
 from gpucampaign.spec import BUILTIN_RECIPES, CampaignSpec, SpecError, resolve_inside, spec_sha256
 
 CORPUS_COPY_LIMIT = 50 * 1024 * 1024
@@ -47,15 +48,15 @@ MANIFEST_FORMAT = "gpucampaign.manifest/1"
 def list_files(root: str | Path) -> list[str]:
     """Relative posix paths of every file under ``root`` except ``manifest.json``, sorted.
 
-    The checkpoint spool (files waiting for the S3 server, deleted once uploaded) is not a
-    file of the campaign's output and is left out."""
+    The checkpoint spool (files waiting for the S3 server, deleted once uploaded) and the
+    writer's lock file are not files of the campaign's output and are left out."""
     base = Path(root)
     out = []
     for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
         dirnames.sort()
         for name in filenames:
             rel = (Path(dirpath) / name).relative_to(base).as_posix()
-            if rel != MANIFEST and not rel.startswith("spool/"):
+            if rel not in (MANIFEST, LOCK_FILE) and not rel.startswith("spool/"):
                 out.append(rel)
     return sorted(out)
 
@@ -205,6 +206,56 @@ def keep_inputs(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -
         kept["pinned"][name] = ref
     folder.write_json(INPUTS, kept)
     return kept
+
+
+def refuse_sealed_rewrite(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -> None:
+    """Refuse, before anything is written, a rerun into a sealed folder whose inputs changed.
+
+    A folder with ``manifest.json`` is sealed: a rerun with the same spec and the same inputs
+    may go over it again (it repeats nothing finished), but one whose corpus, pinned input or
+    catalog no longer has the hash the campaign was sealed with would rewrite its records.
+
+    Raises:
+        SpecError: The folder is sealed and an input changed; the message says how to start
+            a new campaign.
+    """
+    from gpucampaign.data.pins import input_sha256
+
+    folder = OutputFolder(root)
+    if not folder.path(MANIFEST).is_file():
+        return
+    try:
+        sealed = json.loads(folder.path(MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        sealed = {}
+    kept = (sealed.get("inputs") if isinstance(sealed, dict) else None) or {}
+    pins: list[tuple[str, str, str | None]] = []
+    if spec.corpus is not None:
+        pins.append((f"corpus '{spec.corpus.path}'", spec.corpus.path, spec.corpus.sha256))
+    pins += [(f"input '{n}' ('{i.path}')", i.path, i.sha256) for n, i in spec.inputs.items()]
+    if spec.catalog is not None and isinstance(kept.get("catalog"), dict):
+        pins.append((f"catalog '{spec.catalog}'", spec.catalog, kept["catalog"].get("sha256")))
+    changed = []
+    for label, rel, want in pins:
+        try:
+            path = resolve_inside(base_dir, rel, field="out")
+            now = input_sha256(path) if path.exists() else None
+        except (SpecError, OSError) as exc:
+            changed.append(f"{label} can no longer be read ({exc})")
+            continue
+        if now is None:
+            changed.append(f"{label} is missing")
+        elif want is not None and now != want:
+            changed.append(f"{label} has sha256 {now}, the campaign was sealed with {want}")
+    if changed:
+        raise SpecError(
+            f"Output folder '{folder.root}' holds a sealed campaign (manifest.json) and its "
+            f"inputs changed since: {'; '.join(changed)}. A sealed folder is never rewritten; "
+            "nothing was changed there. To train on the new inputs, start a new campaign: pin "
+            "them again (`campaign pin PATH` prints the sha256 for the spec) and run with a "
+            "new --out.",
+            field="out",
+        )
 
 
 def _reference_folder(

@@ -262,6 +262,11 @@ def reload_check(
             "error": None,
         }
         out[rid] = res
+        # The close checks its own fresh folder (it passes the corpus); any other reload reads
+        # a sealed folder, and only the files it sealed are trusted.
+        if corpus is None and (unsealed := _unsealed_run_files(root, rid)):
+            res["error"] = f"not reloaded: its files are not the ones sealed ({unsealed})"
+            continue
         if not _builtin_model(root, rid):
             res.update(_recipe_check(root, rid, corpus=corpus))
             continue
@@ -282,6 +287,36 @@ def reload_check(
         res.update(_compare(expected, ids=ids, labels=labels, pred=pred_l, conf=conf_l))
         res["ok"] = not res["mismatches"] and res["error"] is None
     return out
+
+
+def _unsealed_run_files(root: str | Path, run_id: str) -> str:
+    """What differs between a run's folder and the folder's manifest ('' when it agrees, or
+    when there is no manifest yet): checked here, in the process that reloads, right before
+    anything of the run is imported or read as tensors."""
+    from gpucampaign.core.files import sha256_file
+
+    folder = OutputFolder(root)
+    try:
+        listed = {
+            e["path"]: e
+            for e in read_manifest(root).get("files", [])
+            if isinstance(e, Mapping) and str(e.get("path", "")).startswith(f"runs/{run_id}/")
+        }
+    except SpecError:
+        return ""  # before the seal (the close's own check): nothing to compare with
+    except (ValueError, TypeError, AttributeError):
+        return "manifest.json is not a valid manifest"
+    run_dir = folder.path(f"runs/{run_id}")
+    present = {p.relative_to(folder.root).as_posix() for p in run_dir.rglob("*") if not p.is_dir()}
+    wrong = sorted(set(listed) ^ present)
+    wrong += [
+        rel
+        for rel in sorted(set(listed) & present)
+        if (folder.root / rel).is_symlink()
+        or (folder.root / rel).stat().st_size != listed[rel].get("size")
+        or sha256_file(folder.root / rel) != listed[rel].get("sha256")
+    ]
+    return ", ".join(wrong[:5]) + (f" and {len(wrong) - 5} more" if len(wrong) > 5 else "")
 
 
 def _builtin_model(root: str | Path, run_id: str) -> bool:

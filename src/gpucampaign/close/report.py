@@ -12,7 +12,8 @@ from typing import Any
 from gpucampaign.close.budget import render_budget_md
 from gpucampaign.close.forecast import ESTIMATES_FILE
 from gpucampaign.close.verdict import Verdict
-from gpucampaign.core.text import say_duration
+from gpucampaign.core.text import say_duration, strip_controls
+from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.records import DecisionRecord, StopRecord
 from gpucampaign.spec import SpecError, read_mapping_file
 
@@ -402,7 +403,8 @@ def write_report(root: str | Path, report: Mapping[str, Any]) -> dict[str, Path]
     from gpucampaign.folder.layout import OutputFolder
 
     folder = OutputFolder(root)
-    md = render_report_md(report)
+    # Text from elsewhere (a library's error in a stop reason) is shown, never interpreted.
+    md = strip_controls(render_report_md(report))
     html_text = render_report_html(md, root=root, title=f"Closing report: {report['campaign']}")
     paths = {
         "json": folder.write_json(REPORT_JSON, report),
@@ -423,7 +425,7 @@ def read_report(out_dir: str | Path) -> dict[str, Any]:
     Raises:
         SpecError: the folder has no readable report (the campaign has not closed).
     """
-    path = Path(out_dir) / REPORT_JSON
+    path = OutputFolder(out_dir).path(REPORT_JSON)  # a link out of the folder is refused
     missing = (
         f"'{out_dir}' has no {REPORT_JSON}: give the output folder of a closed campaign "
         "(the close phase writes it)"

@@ -8,6 +8,7 @@ A missing or changed input is the essential-input stop.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,15 +35,35 @@ class Pinned:
 
 
 def folder_manifest(folder: str | Path) -> list[dict[str, Any]]:
-    """``[{path, size, sha256}]`` of every file under ``folder`` (sorted; temp files skipped)."""
+    """``[{path, size, sha256}]`` of every file under ``folder`` (sorted; temp files skipped).
+
+    A link is never followed: a pinned folder holds its own files, so a link in it (to a
+    file or a folder, inside or out) is refused with its name before anything is read.
+
+    Raises:
+        SpecError: The folder holds a link.
+    """
     root = Path(folder)
     rows = []
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root)
-        if not p.is_file() or any(part.startswith(TMP_PREFIX) for part in rel.parts):
-            continue
-        rows.append({"path": rel.as_posix(), "size": p.stat().st_size, "sha256": sha256_file(p)})
-    return rows
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in sorted(dirnames + filenames):
+            p = Path(dirpath) / name
+            if p.is_symlink():
+                raise SpecError(
+                    f"'{p}' in the pinned folder '{root}' is a link (to '{os.readlink(p)}'): a "
+                    "pinned folder holds its own files and no link is followed; copy the file "
+                    "in instead.",
+                    field="path",
+                )
+        for name in filenames:
+            p = Path(dirpath) / name
+            rel = p.relative_to(root)
+            if not p.is_file() or any(part.startswith(TMP_PREFIX) for part in rel.parts):
+                continue
+            rows.append(
+                {"path": rel.as_posix(), "size": p.stat().st_size, "sha256": sha256_file(p)}
+            )
+    return sorted(rows, key=lambda r: r["path"].split("/"))  # the order Path sorts in
 
 
 def manifest_sha256(rows: list[dict[str, Any]]) -> str:

@@ -190,6 +190,7 @@ def setup_run(
             config_sha256=run.config_sha256,
             keep=spec.checkpoint.keep,
             staging_dir=out_dir / ".staging",
+            expect_tensors={k: tuple(v.shape) for k, v in model.state_dict().items()},
         ),
     )
     _write_params(r)

@@ -64,13 +64,22 @@ class OutputFolder:
         self.root = Path(root)
 
     def path(self, relative: str) -> Path:
-        """``root/relative``, refusing an absolute path or one that climbs out."""
+        """``root/relative``, refusing an absolute path, one that climbs out, and one that a
+        link in the folder takes out of it (the link is named, never followed)."""
         p = PurePosixPath(str(relative).replace("\\", "/"))
         if not str(relative) or p.is_absolute() or ".." in p.parts:
             raise SpecError(
                 f"'{relative}' must be a relative path inside the output folder", field="out"
             )
-        return self.root / Path(*p.parts)
+        target = self.root / Path(*p.parts)
+        real, root = target.resolve(), self.root.resolve()
+        if real != root and not real.is_relative_to(root):
+            raise SpecError(
+                f"'{target}' leads out of the output folder '{self.root}' through a link (to "
+                f"'{real}'): refused, not followed; remove the link.",
+                field="out",
+            )
+        return target
 
     def run_dir(self, run_id: str) -> Path:
         """``runs/<run_id>/``, created."""
@@ -219,7 +228,7 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
     Raises:
         SpecError: the folder has no manifest.
     """
-    p = Path(root) / MANIFEST
+    p = OutputFolder(root).path(MANIFEST)
     if not p.is_file():
         raise SpecError(
             f"'{p}' does not exist: give the output folder of a closed campaign", field="OUT"

@@ -25,6 +25,8 @@ from gpucampaign.core.files import (
     utc_now,
 )
 from gpucampaign.core.stoprules import InterruptedRun
+from gpucampaign.core.text import printable
+from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.runresult import RESULT_FILE, RunResult
 from gpucampaign.plan.decision import Decision, Reforecast
 from gpucampaign.spec import CampaignSpec, SpecError
@@ -35,6 +37,11 @@ MODEL_WEIGHTS = "model/model.safetensors"
 AFTER_PILOT = "after-pilot"
 
 RunStatus = Literal["completed", "stopped", "interrupted", "dropped", "not_run"]
+
+
+def _in(root: str | Path, relative: str) -> Path:
+    """A record's file in the output folder, refused when a link takes it out of the folder."""
+    return OutputFolder(root).path(relative)
 
 
 def _read_json(path: Path, into: Callable[[Any], Any] | None = None) -> Any:
@@ -108,7 +115,7 @@ class PlanRecord:
 
 def read_plan(root: str | Path, *, relative: str = PLAN_FILE) -> PlanRecord | None:
     """``plan.json`` (or ``reforecast.json`` with ``relative``) of an output folder, if written."""
-    return _read_json(Path(root) / relative, PlanRecord.from_dict)
+    return _read_json(_in(root, relative), PlanRecord.from_dict)
 
 
 # --- decisions.jsonl ------------------------------------------------------------------------
@@ -143,12 +150,12 @@ class DecisionRecord:
 
 def read_decisions(root: str | Path) -> list[DecisionRecord]:
     """Every decision taken, in order."""
-    return [DecisionRecord.from_dict(r) for r in read_jsonl(Path(root) / DECISIONS_FILE)]
+    return [DecisionRecord.from_dict(r) for r in read_jsonl(_in(root, DECISIONS_FILE))]
 
 
 def append_decision(root: str | Path, record: DecisionRecord) -> None:
     """Append a decision to ``decisions.jsonl``."""
-    append_jsonl(Path(root) / DECISIONS_FILE, record.to_dict())
+    append_jsonl(_in(root, DECISIONS_FILE), record.to_dict())
 
 
 def record_decision_after_pilot(
@@ -163,7 +170,7 @@ def record_decision_after_pilot(
         reforecast=reforecast.hours_record(),
     )
     append_decision(root, record)
-    atomic_write_bytes(Path(root) / REFORECAST_FILE, json_bytes(reforecast.plan.to_dict()))
+    atomic_write_bytes(_in(root, REFORECAST_FILE), json_bytes(reforecast.plan.to_dict()))
     return record
 
 
@@ -187,6 +194,11 @@ class StopRecord:
     phase: str | None = None
     time: str | None = None
 
+    def __post_init__(self) -> None:
+        # The reason often quotes a library's error (torch's, with its colours): one line of
+        # plain text, whatever it held, before it reaches a file or a report.
+        object.__setattr__(self, "reason", printable(str(self.reason or "")))
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StopRecord:
         """Read one line."""
@@ -200,14 +212,14 @@ class StopRecord:
 
 def read_stops(root: str | Path) -> list[StopRecord]:
     """Every stop recorded, in order."""
-    return [StopRecord.from_dict(r) for r in read_jsonl(Path(root) / STOPS_FILE)]
+    return [StopRecord.from_dict(r) for r in read_jsonl(_in(root, STOPS_FILE))]
 
 
 def append_stop(root: str | Path, record: StopRecord) -> bool:
     """Append a stop unless its stop ID is already recorded; True when it was appended."""
     if any(s.stop_id == record.stop_id for s in read_stops(root)):
         return False
-    append_jsonl(Path(root) / STOPS_FILE, record.to_dict())
+    append_jsonl(_in(root, STOPS_FILE), record.to_dict())
     return True
 
 
@@ -287,7 +299,7 @@ class TimelineRow:
 
 def read_timeline(root: str | Path) -> list[TimelineRow]:
     """Every observed interval, one row per segment, in the order the segments started."""
-    return fold_segments(TimelineRow.from_dict(r) for r in read_jsonl(Path(root) / TIMELINE_FILE))
+    return fold_segments(TimelineRow.from_dict(r) for r in read_jsonl(_in(root, TIMELINE_FILE)))
 
 
 def fold_segments(lines: Iterable[TimelineRow]) -> list[TimelineRow]:
@@ -312,26 +324,24 @@ def fold_segments(lines: Iterable[TimelineRow]) -> list[TimelineRow]:
 
 def append_timeline(root: str | Path, row: TimelineRow) -> None:
     """Append one interval to ``timeline.jsonl`` (the one writer of that file)."""
-    append_jsonl(Path(root) / TIMELINE_FILE, row.to_dict())
+    append_jsonl(_in(root, TIMELINE_FILE), row.to_dict())
 
 
 # --- pilot.json -----------------------------------------------------------------------------
 def read_pilot(root: str | Path) -> dict[str, dict[str, Any]]:
     """The pilot's measurements per run name (``decision.pilot_measures``); {} before the pilot."""
-    return dict(_read_json(Path(root) / PILOT_FILE) or {})
+    return dict(_read_json(_in(root, PILOT_FILE)) or {})
 
 
 def write_pilot(root: str | Path, measured: Mapping[str, Mapping[str, Any]]) -> None:
     """Keep the pilot's measurements per run name (a rerun does not pilot again)."""
-    atomic_write_bytes(
-        Path(root) / PILOT_FILE, json_bytes({k: dict(v) for k, v in measured.items()})
-    )
+    atomic_write_bytes(_in(root, PILOT_FILE), json_bytes({k: dict(v) for k, v in measured.items()}))
 
 
 # --- runs/<run_id>/result.json and a run's state --------------------------------------------
 def read_result(root: str | Path, run_id: str) -> RunResult | None:
     """``runs/<run_id>/result.json`` as a ``RunResult``, None when the run wrote none."""
-    return _read_json(Path(root) / "runs" / run_id / RESULT_FILE, RunResult.from_dict)
+    return _read_json(_in(root, f"runs/{run_id}/{RESULT_FILE}"), RunResult.from_dict)
 
 
 @dataclass(frozen=True)
@@ -394,7 +404,7 @@ def run_state(
     if decision is not None and run in decision.dropped_runs:
         return RunState(**base, status="dropped", reason="dropped at the decision point")
     if result is not None and result.completed:
-        if (Path(root) / "runs" / rid / MODEL_WEIGHTS).is_file():
+        if _in(root, f"runs/{rid}/{MODEL_WEIGHTS}").is_file():
             return RunState(**base, status="completed", result=result)
         return RunState(
             **base,
@@ -425,7 +435,5 @@ def runs_with_model(states: Mapping[str, RunState], *, root: str | Path) -> list
         s.run
         for s in states.values()
         if s.status == "completed"
-        or (
-            s.status == "interrupted" and (Path(root) / "runs" / s.run_id / MODEL_WEIGHTS).is_file()
-        )
+        or (s.status == "interrupted" and _in(root, f"runs/{s.run_id}/{MODEL_WEIGHTS}").is_file())
     ]

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpucampaign.core.text import redact_secrets
+
 Tier = Literal["essential", "useful", "exploratory"]
 
 TIERS: tuple[str, ...] = ("essential", "useful", "exploratory")
@@ -28,7 +30,7 @@ class SpecError(ValueError):
     """Invalid user input: one paragraph that names the field and the fix (CLI exit 2)."""
 
     def __init__(self, message: str, *, field: str = "") -> None:
-        super().__init__(message)
+        super().__init__(redact_secrets(message))  # never a URL's password
         self.field = field
 
 

@@ -61,7 +61,23 @@ def recipe_file(recipe: str) -> Path:
             f"module '{module}' does not import ({why}); put "
             f"{module.replace('.', '/')}.py next to the spec file or install it",
         )
-    return Path(found.origin)
+    origin = Path(found.origin)
+    _refuse_link_out(recipe, origin)
+    return origin
+
+
+def _refuse_link_out(recipe: str, origin: Path) -> None:
+    """A recipe file found in a spec's folder that is a link to a file outside that folder is
+    refused: the code a run ID hashes and an output folder keeps is the folder's own."""
+    for folder in RECIPE_DIRS:
+        if origin.is_relative_to(folder) and not origin.resolve().is_relative_to(folder):
+            raise RecipeError(
+                recipe,
+                "import",
+                f"'{origin}' is a link to '{origin.resolve()}', outside the folder '{folder}' "
+                "it is found in; put the file itself there (a link out of the spec's folder is "
+                "never followed)",
+            )
 
 
 def recipe_file_sha256(recipe: str) -> str:

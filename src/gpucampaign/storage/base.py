@@ -18,16 +18,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path, PurePosixPath
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from gpucampaign.core.files import TMP_PREFIX, atomic_copy, atomic_write_bytes, read_hashed
+from gpucampaign.core.text import redact_secrets
 
 _CHUNK = 8 * 1024 * 1024
 SPOOL_DIR = "spool"  # in an output folder: checkpoint files waiting for the S3 server
 
 
 class StorageError(OSError):
-    """A store operation failed (I/O error, refused key, backend error)."""
+    """A store operation failed (I/O error, refused key, backend error).
+
+    Its message never holds the password of a URL (an endpoint given as
+    ``http://user:password@host`` is said as ``http://user:***@host``).
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact_secrets(a) if isinstance(a, str) else a for a in args))
 
 
 class NotFound(StorageError):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import TMP_PREFIX, fsync_dir, json_bytes, sha256_file, utc_now
+from gpucampaign.folder.lock import LOCK_FILE
 from gpucampaign.spec import SpecError
 from gpucampaign.storage.base import SPOOL_DIR, LocalStore, NotFound, StorageError, Store, check_key
 from gpucampaign.storage.open import open_store
@@ -48,7 +49,9 @@ def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict
     rels = [
         r
         for r in LocalStore(root).list()
-        if r != MIRROR_INDEX and not r.startswith(f"{SPOOL_DIR}/") and not (root / r).is_symlink()
+        if r not in (MIRROR_INDEX, LOCK_FILE)
+        and not r.startswith(f"{SPOOL_DIR}/")
+        and not (root / r).is_symlink()
     ]
     try:
         previous = json.loads(store.read_bytes(MIRROR_INDEX)).get("files", {})

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import TMP_PREFIX, sha256_bytes
+from gpucampaign.core.text import redact_secrets
 from gpucampaign.spec import SpecError
 from gpucampaign.storage.base import NotFound, StorageError, check_key
 from gpucampaign.storage.s3client import HashingSink, file_digests, file_etag, s3_client
@@ -90,7 +91,7 @@ class S3Store:
             self._client = client or s3_client(env, max_attempts=max_attempts)
         except ValueError as exc:
             raise StorageError(str(exc)) from None
-        self.endpoint = self._client.meta.endpoint_url
+        self.endpoint = redact_secrets(str(self._client.meta.endpoint_url))  # said, not used
         self._transfer = TransferConfig(
             multipart_threshold=multipart_threshold,
             multipart_chunksize=part_size,

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.core.text import redact_secrets
+
 _BLOCK = 8 * 1024 * 1024
 
 
@@ -57,7 +59,8 @@ def s3_client(
             ),
         )
     except (BotoCoreError, ValueError) as exc:
-        raise ValueError(f"cannot configure the S3 client: {type(exc).__name__}: {exc}") from None
+        message = f"cannot configure the S3 client: {type(exc).__name__}: {exc}"
+        raise ValueError(redact_secrets(message)) from None
 
 
 def expected_etag(part_md5s: list[bytes]) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpucampaign.core.files import sha256_file
 from gpucampaign.folder.layout import CHECKPOINTS_DIR as CHECKPOINT_DIR
-from gpucampaign.folder.layout import MANIFEST, PLAN, SPEC_COPY
+from gpucampaign.folder.layout import MANIFEST, PLAN, SPEC_COPY, OutputFolder
 from gpucampaign.plan.rental import iso, rental_of
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec
 from gpucampaign.storage.base import SPOOL_DIR, LocalStore, NotFound, StorageError
@@ -49,9 +49,10 @@ def campaign_folder_spec(out: str | Path) -> CampaignSpec:
             "manifest.json): give the folder that `campaign run --out` wrote.",
             field="OUT",
         )
-    if not (root / SPEC_COPY).is_file():
+    spec = OutputFolder(root).path(SPEC_COPY)  # a link out of the folder is refused
+    if not spec.is_file():
         raise SpecError(f"'{out}' has no spec.yaml: its storage and lots are unknown.", field="OUT")
-    return load_spec(root / SPEC_COPY)
+    return load_spec(spec)
 
 
 def _output_files(root: Path) -> list[str]:
@@ -115,7 +116,9 @@ def campaign_status(
         except StorageError as exc:
             error, index = str(exc), {}
         out_store = [
-            r for r in outputs if r in index and index[r].get("sha256") == sha256_file(root / r)
+            r
+            for r in outputs
+            if r in index and index[r].get("sha256") == sha256_file(OutputFolder(root).path(r))
         ]
         out_local = [r for r in outputs if r not in set(out_store)]
     return {

@@ -47,6 +47,7 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     checked_files: int = 0
     reloaded_runs: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (``campaign verify --json``)."""
@@ -244,7 +245,10 @@ def _ledger_grew(path: Path, *, size: Any, sha256: Any) -> bool:
 
 def check_plan_hash(ctx: VerifyContext) -> list[Problem]:
     """``plan.json`` still has the hash written at the start, and the manifest agrees."""
-    recorded = OutputFolder(ctx.base).plan_sha256()
+    try:
+        recorded = OutputFolder(ctx.base).plan_sha256()
+    except SpecError:
+        return []  # plan.sha256 is a link out of the folder, named by check_links
     if not (ctx.base / PLAN).is_file():
         return [Problem("missing_plan", PLAN, "plan.json is missing")]
     if recorded is None:
@@ -400,7 +404,8 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
     return problems
 
 
-CHECKS: tuple[Callable[[VerifyContext], list[Problem]], ...] = (
+#: The checks that only read bytes: nothing of the folder runs as code.
+INTEGRITY_CHECKS: tuple[Callable[[VerifyContext], list[Problem]], ...] = (
     check_manifest_readable,
     check_links,
     check_empty_files,
@@ -409,18 +414,44 @@ CHECKS: tuple[Callable[[VerifyContext], list[Problem]], ...] = (
     check_escaping_paths,
     check_manifest_files,
     check_plan_hash,
-    check_spec,
     check_manifest_runs,
     check_expected_runs,
     check_corpus,
+)
+#: Those of them whose problems say the folder is not the one sealed (a file changed, added,
+#: removed or linked; no manifest to check against): its code is then never run.
+SEAL_CHECKS = (
+    check_manifest_readable,
+    check_links,
+    check_manifest_files,
+    check_plan_hash,
+    check_manifest_runs,
+    check_corpus,
+)
+#: The checks that trust the folder: the spec copy is loaded (its recipe modules are looked up
+#: on a path that starts at the folder) and every model is rebuilt (a recipe copy imported,
+#: weights read) in a child process. They run only on a folder whose integrity checks passed.
+TRUSTING_CHECKS: tuple[Callable[[VerifyContext], list[Problem]], ...] = (
+    check_spec,
     check_models_reload,
 )
+CHECKS = INTEGRITY_CHECKS + TRUSTING_CHECKS
+
+
+def seal_problems(root: str | Path) -> list[Problem]:
+    """What says a folder is not the one its manifest sealed (a file changed, added, removed
+    or linked, the plan or the corpus changed), read from its bytes alone: nothing of the
+    folder is opened as code or as tensors. Empty for an intact folder."""
+    ctx = VerifyContext.open(Path(root), reload=False)
+    return [p for check in SEAL_CHECKS for p in check(ctx)]
 
 
 def verify_output(root: str | Path, *, reload: bool = True, timeout_s: float = 600) -> VerifyReport:
     """Check an output folder and name each problem.
 
-    Checks, in order (``CHECKS``): the manifest lists every file with its size and sha256
+    The integrity checks come first and read bytes only; the spec copy is loaded and the
+    models reloaded (``TRUSTING_CHECKS``) only when they found nothing, else ``skipped`` says
+    why. Checks, in order (``CHECKS``): the manifest lists every file with its size and sha256
     (and nothing else); no file is empty; JSON files parse; no path points into a temporary
     folder or out of the folder; ``plan.json`` still has the hash written at the start; the
     spec copy still has the recorded hash and every run it defines appears with a status; each
@@ -443,10 +474,24 @@ def verify_output(root: str | Path, *, reload: bool = True, timeout_s: float = 6
         problem = Problem("missing_manifest", ".", f"'{base}' is not a folder")
         return VerifyReport(verified=False, problems=[problem])
     ctx = VerifyContext.open(base, reload=reload, timeout_s=timeout_s)
-    problems = [p for check in CHECKS for p in check(ctx)]
+    found = {check: check(ctx) for check in INTEGRITY_CHECKS}
+    problems = [p for ps in found.values() for p in ps]
+    unsealed = sum(len(found[check]) for check in SEAL_CHECKS)
+    skipped = []
+    if unsealed or ctx.manifest is None:
+        # Integrity before trust: a folder that is not the one sealed may hold anyone's code;
+        # none of it is imported and no model is reloaded.
+        skipped.append(
+            f"the spec copy and the models were not loaded: {unsealed} problem(s) say the "
+            "folder is not the one its manifest.json sealed; no recipe copy was imported and "
+            "no model reloaded"
+        )
+    else:
+        problems += [p for check in TRUSTING_CHECKS for p in check(ctx)]
     return VerifyReport(
         verified=not problems and ctx.manifest is not None,
         problems=problems,
         checked_files=len(ctx.present),
         reloaded_runs=ctx.reloaded,
+        skipped=skipped,
     )
