@@ -33,10 +33,17 @@ from gpucampaign.close.predictions import (
     write_run_predictions,
 )
 from gpucampaign.close.report import build_report, write_report
+from gpucampaign.close.scores import no_scores_reason, read_scores, write_run_scores
 from gpucampaign.close.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.data.corpus import corpus_path, load_spec_corpus
-from gpucampaign.folder.layout import METRICS_FILE, OutputFolder, run_file
+from gpucampaign.folder.layout import (
+    METRICS_FILE,
+    SCORES_ERROR_FILE,
+    OutputFolder,
+    run_file,
+    scores_file,
+)
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import (
     MODEL_WEIGHTS,
@@ -113,7 +120,8 @@ def analyse_runs(
     spec: CampaignSpec, *, root: str | Path, corpus: Any, runs: list[str]
 ) -> dict[str, dict[str, Any]]:
     """Write ``predictions.csv`` (unless already written) and ``error_analysis.json`` of each
-    run that saved a model, on the decision split.
+    run that saved a model, on the decision split, and (with a decision rule, when its recipe
+    has ``score``) its per-example scores on the selection and report splits.
 
     Returns:
         The error analysis per run name (with flips against the control when it has one).
@@ -123,6 +131,8 @@ def analyse_runs(
     analyses: dict[str, dict[str, Any]] = {}
     for run in runs:
         rid = spec.run_id(run)
+        if spec.decision_rule:
+            _score_run(spec, folder, run, corpus=corpus)
         if not spec.run_config(run).builtin:
             _analyse_recipe_run(folder, rid, corpus=corpus, split=spec.decision_split)
             continue
@@ -145,6 +155,23 @@ def analyse_runs(
     return analyses
 
 
+def _score_run(spec: CampaignSpec, folder: OutputFolder, run: str, *, corpus: Any) -> None:
+    """The run's per-example scores on the verdict's splits; a ``score`` that fails here
+    leaves them out (the verdict then says the run has no interval, and why)."""
+    from gpucampaign.recipe.contract import RecipeError
+
+    try:
+        write_run_scores(
+            folder.root,
+            spec.run_id(run),
+            config=spec.run_config(run),
+            corpus=corpus,
+            splits=_verdict_splits(spec),
+        )
+    except RecipeError as exc:
+        folder.write_text(run_file(spec.run_id(run), SCORES_ERROR_FILE), f"{exc}\n")
+
+
 def _verdict_splits(spec: CampaignSpec) -> list[str]:
     """The report split (``predictions.csv``), then the selection split when there is a rule."""
     return [spec.decision_split] + ([spec.selection_split] if spec.decision_rule else [])
@@ -153,13 +180,15 @@ def _verdict_splits(spec: CampaignSpec) -> list[str]:
 def run_evidence(
     spec: CampaignSpec, *, root: str | Path, states: Mapping[str, RunState]
 ) -> dict[str, RunEvidence]:
-    """Each run's metric and predictions on the selection and report splits.
+    """Each run's metric, predictions and per-example scores on the selection and report
+    splits.
 
-    A split's value comes from the run's saved predictions when it has them (the very rows the
-    intervals resample), otherwise from the evaluation in ``result.json``. Only a run that
-    completed, stopped after measuring, or was interrupted under ``resume: inference`` (its
-    last good model, noted as such) has values. Replicates (``<run>.s<seed>``) are
-    folded into their base run: every replicate's predictions, and the mean of their values.
+    A split's value comes from the run's saved predictions or per-example scores when it has
+    them (the very rows the intervals resample), otherwise from the evaluation in
+    ``result.json``. Only a run that completed, stopped after measuring, or was interrupted
+    under ``resume: inference`` (its last good model, noted as such) has values. Replicates
+    (``<run>.s<seed>``) are folded into their base run: every replicate's rows, the mean of
+    their values, the sum of their measured training times.
     """
     single = _single_run_evidence(spec, root=root, states=states)
     out: dict[str, RunEvidence] = {}
@@ -175,9 +204,19 @@ def run_evidence(
             split: tuple(p for e in reps for p in e.predictions.get(split, ()))
             for split in _verdict_splits(spec)
         }
-        note = "; ".join(dict.fromkeys(e.note for e in reps if e.note))
+        scores = {
+            split: tuple(p for e in reps for p in e.scores.get(split, ()))
+            for split in _verdict_splits(spec)
+        }
+        times = [e.train_s for e in reps]
         out[base] = RunEvidence(
-            values=values, predictions=preds, status=single[base].status, note=note
+            values=values,
+            predictions=preds,
+            scores=scores,
+            status=single[base].status,
+            note="; ".join(dict.fromkeys(e.note for e in reps if e.note)),
+            no_interval="; ".join(dict.fromkeys(e.no_interval for e in reps if e.no_interval)),
+            train_s=None if None in times else round(sum(t for t in times if t is not None), 6),
         )
     return out
 
@@ -192,23 +231,46 @@ def _single_run_evidence(
     for rid, s in states.items():
         values: dict[str, float | None] = {}
         preds: dict[str, tuple[Any, ...]] = {}
+        scores: dict[str, tuple[Any, ...]] = {}
         measured = metric and s.result is not None and s.status in MEASURED
-        # A user's recipe writes its own predictions columns: its values come from its
-        # evaluation, without per-example rows to resample.
-        per_example = spec.run_config(s.run).builtin
+        # Classifier predictions are the built-in recipes' own rows; any recipe's per-example
+        # scores are read where its score() wrote them.
+        builtin = spec.run_config(s.run).builtin
         for split in _verdict_splits(spec) if measured else []:
             assert s.result is not None and metric is not None
             path = folder.run_dir(rid) / predictions_file(split, report_split=spec.decision_split)
-            if per_example and path.is_file():
+            if builtin and path.is_file():
                 preds[split] = (read_predictions(path),)
+            scored = folder.run_dir(rid) / scores_file(split)
+            if scored.is_file() and metric in (got := read_scores(scored)).values:
+                scores[split] = (got,)
             value = metric_value(preds.get(split, ()), metric=metric)
+            if value is None and split in scores:
+                value = scores[split][0].mean(metric)
             if value is None:
                 value = s.result.eval_metrics.get(split, {}).get(metric)
             if value is None and split == spec.decision_split:
                 value = s.result.metrics.get(metric)
             values[split] = value
+        rows = any(metric_value(p, metric=metric or "") is not None for p in preds.values())
+        no_interval = ""
+        if measured and not rows and not scores:
+            assert metric is not None
+            error = folder.path(run_file(rid, SCORES_ERROR_FILE))
+            no_interval = (
+                f"its score() failed at the close: {error.read_text('utf-8').strip()}"
+                if error.is_file()
+                else no_scores_reason(spec.run_config(s.run), metric=metric)
+            )
+        train_s = (s.result.timings or {}).get("steps_s_sum") if s.result is not None else None
         out[s.run] = RunEvidence(
-            values=values, predictions=preds, status=s.status, note=_evidence_note(s)
+            values=values,
+            predictions=preds,
+            scores=scores,
+            status=s.status,
+            note=_evidence_note(s),
+            no_interval=no_interval,
+            train_s=None if train_s is None else float(train_s),
         )
     return out
 

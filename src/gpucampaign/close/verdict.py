@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from gpucampaign.close.bootstrap import BOOT_SEED, Gain, paired_gain, to_resolve
+from gpucampaign.close.bootstrap import BOOT_SEED, Gain, paired_gain, paired_mean_gain, to_resolve
 from gpucampaign.spec import DecisionRule
 
 VerdictKind = Literal["adopt", "negative", "inconclusive", "stopped", "re-pose"]
@@ -22,18 +22,24 @@ _GAIN_DIGITS = 12
 
 @dataclass(frozen=True)
 class RunEvidence:
-    """What one run measured: its metric per split, and its predictions per split (one per
-    replicate seed), from which the paired intervals are drawn.
+    """What one run measured: its metric per split, and its predictions and per-example
+    scores per split (one per replicate seed), from which the paired intervals are drawn.
 
     ``status`` is the run's state (``completed``, ``stopped``, ``interrupted``, ``dropped``,
     ``not_run``): a run without a metric is described by it. ``note`` qualifies its values
-    (an interrupted run's are those of its last good model, at that step).
+    (an interrupted run's are those of its last good model, at that step). ``no_interval``
+    says why a run that measured has no per-example rows for the metric (then its gains are
+    point estimates). ``train_s``: its measured training time (the sum of its step times),
+    which breaks a tie on the selection split.
     """
 
     values: Mapping[str, float | None] = field(default_factory=dict)
     predictions: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    scores: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     status: str = "completed"
     note: str = ""
+    no_interval: str = ""
+    train_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,13 @@ def _split_entry(
             metric=rule.metric,
             seed=seed,
         )
+        if g is None:
+            g = paired_mean_gain(
+                control.scores.get(split, ()),
+                variant.scores.get(split, ()),
+                metric=rule.metric,
+                seed=seed,
+            )
     if g is not None:
         lo, hi = sorted((sign * g.ci95[0], sign * g.ci95[1]))
         return {
@@ -162,7 +175,15 @@ def _split_entry(
             "gain_ci95": [lo, hi],
         }
     gain = None if v is None or c is None else round(sign * (v - c), _GAIN_DIGITS)
-    return {"value": v, "gain": gain, "gain_ci95": None, "n": None, "replicates": None}
+    missing = dict.fromkeys(e.no_interval for e in (control, variant) if e.no_interval)
+    return {
+        "value": v,
+        "gain": gain,
+        "gain_ci95": None,
+        "n": None,
+        "replicates": None,
+        "no_interval": "; ".join(missing) or None,
+    }
 
 
 def _choose(rule: DecisionRule, table: Mapping[str, Mapping[str, Any]], split: str) -> str | None:
@@ -376,7 +397,8 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
 
 def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> Verdict:
     """The chosen variant's report-split interval against the min gain: adopt, negative or
-    inconclusive."""
+    inconclusive. Without an interval (no per-example rows) a minimum gain cannot be shown
+    cleared by one point estimate: inconclusive, saying what is missing."""
     rule, table = frame.rule, frame.table
     sel, rep = rule.select_split, rule.report_split
     entry = table[chosen][rep]
@@ -386,11 +408,23 @@ def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> V
     if value is None or gain is None:
         text = f"Inconclusive: {picked} but has no {rep} metric. {frame.ending}"
         return frame.verdict("inconclusive", chosen, text)
+    if ci is None and rule.min_gain > 0 and rule.meets(value):
+        resolve = _no_interval(rule, entry)
+        text = (
+            f"Inconclusive: {picked}; on {rep} its gain {entry['gain']:+.4f} has no interval, "
+            f"so it cannot show that the gain clears the min gain {rule.min_gain:g}. "
+            f"{resolve['text']} {frame.ending}"
+        )
+        return frame.verdict("inconclusive", chosen, text, resolve=resolve)
     if lo >= rule.min_gain and lo > 0 and rule.meets(value):
+        clears = (
+            f"the lower end clears the min gain {rule.min_gain:g}"
+            if ci is not None
+            else f"a point estimate above the min gain 0 ({_no_interval(rule, entry)['why']})"
+        )
         text = (
             f"Adopt '{chosen}': chosen on {sel}; on {rep} {rule.metric} {value:.4f}, "
-            f"{_ci_text(entry)}, the lower end clears the min gain {rule.min_gain:g} (threshold "
-            f"{rule.threshold:g} met). {frame.ending}"
+            f"{_ci_text(entry)}, {clears} (threshold {rule.threshold:g} met). {frame.ending}"
         )
         return frame.verdict("adopt", chosen, text)
     if hi < rule.min_gain or hi <= 0 or not rule.meets(value):
@@ -411,17 +445,32 @@ def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> V
     return frame.verdict("inconclusive", chosen, text, resolve=resolve)
 
 
+def _no_interval(rule: DecisionRule, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """What a gain without an interval lacks, and what to add to get one."""
+    why = (
+        f"no per-example {rule.metric} on {rule.report_split}: "
+        f"{entry.get('no_interval') or 'no run has per-example rows'}"
+    )
+    return {
+        "more_examples": None,
+        "more_seeds": None,
+        "seed_hours": None,
+        "missing": "per-example scores",
+        "why": why,
+        "text": (
+            f"Missing: {why}. To get an interval, add to the recipe a score(model, batch) that "
+            f"returns {{'{rule.metric}': one value per example}} (see the README's recipe "
+            "section) and run the campaign again (the edited recipe gives new run IDs)."
+        ),
+    }
+
+
 def _resolve(
     rule: DecisionRule, chosen: str, *, entry: Mapping[str, Any], run_hours: Mapping[str, float]
 ) -> dict[str, Any]:
     """How many more examples or seeds would settle an inconclusive verdict, and the cost."""
     if entry.get("n") is None:
-        return {
-            "more_examples": None,
-            "more_seeds": None,
-            "seed_hours": None,
-            "text": "No per-example predictions: no estimate of the evidence needed.",
-        }
+        return _no_interval(rule, entry)
     g = Gain(
         gain=entry["gain"],
         ci95=tuple(entry["gain_ci95"]),
