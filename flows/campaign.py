@@ -147,9 +147,8 @@ def _campaign(
     )
     verified = seal(cs, out=str(folder.root), closed=closed)
     mirrored = mirror(cs, out=str(folder.root))
-    logger.info(
-        "verdict of %s: %s: %s", campaign_id, closed["verdict"]["kind"], closed["verdict"]["text"]
-    )
+    logger.info("answer of %s: %s", campaign_id, closed["verdict"].get("answer"))
+    logger.info("verdict of %s: %s", campaign_id, closed["verdict"]["text"])
     summary = {
         "campaign_id": campaign_id,
         "out": str(folder.root),

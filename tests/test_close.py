@@ -163,6 +163,84 @@ def _verdict(rule, control, **variants):
     return decide_verdict(rule, control=control, variants=variants)
 
 
+def _spread(val: float, test: float, *, by: float) -> RunEvidence:
+    """Evidence whose per-example scores scatter by ``by`` around the value: a wide interval."""
+    from gpucampaign.close.scores import Scores
+
+    ids = tuple(f"r{i}" for i in range(20))
+    scores = {
+        split: (Scores(ids, {"accuracy": tuple(x + (by if i % 2 else -by) for i in range(20))}),)
+        for split, x in (("val", val), ("test", test))
+    }
+    return RunEvidence(values={"val": val, "test": test}, scores=scores)
+
+
+ANSWERS = {
+    "adopt": (
+        lambda: _verdict(RULE, _ev(0.92, 0.92), a=_ev(0.97, 0.96)),
+        "Yes: 'a' improves accuracy over the control by +0.0400 on test (95% CI [+0.0400, "
+        "+0.0400]), clearing the min gain 0.02, and reaches 0.9600 against the threshold 0.9. "
+        "Verdict: adopt.",
+    ),
+    "negative, the control kept": (
+        lambda: _verdict(RULE, _ev(0.95, 0.95), a=_ev(0.96, 0.96)),
+        "No: no variant improves accuracy over the control by the min gain 0.02 on val (the "
+        "best on val: 'a' improves accuracy over the control by +0.0100 on test (95% CI "
+        "[+0.0100, +0.0100])); keep the control (accuracy 0.9500 on val, threshold 0.9 met). "
+        "Verdict: negative.",
+    ),
+    "negative, under the threshold": (
+        lambda: _verdict(RULE, _ev(0.5, 0.5), a=_ev(0.6, 0.6)),
+        "No: no variant reaches the threshold 0.9 in accuracy on val (the best on val: 'a' "
+        "improves accuracy over the control by +0.1000 on test (95% CI [+0.1000, +0.1000])); "
+        "neither does the control (0.5000 on val). Verdict: negative.",
+    ),
+    "negative, not confirmed on test": (
+        lambda: _verdict(RULE, _ev(0.92, 0.92), a=_ev(0.96, 0.93)),
+        "No: 'a' improves accuracy over the control by +0.0100 on test (95% CI [+0.0100, "
+        "+0.0100]), under the min gain 0.02; keep the control. Verdict: negative.",
+    ),
+    "inconclusive, a straddling interval": (
+        lambda: _verdict(RULE, _ev(0.92, 0.92), a=_spread(0.96, 0.95, by=0.2)),
+        "Not yet: 'a' improves accuracy over the control by +0.0300 on test (95% CI [",
+    ),
+    "inconclusive, no interval": (
+        lambda: _verdict(
+            RULE,
+            RunEvidence(
+                values={"val": 0.92, "test": 0.92}, no_interval="recipe 'm:R' defines no score()"
+            ),
+            a=RunEvidence(
+                values={"val": 0.97, "test": 0.97}, no_interval="recipe 'm:R' defines no score()"
+            ),
+        ),
+        "Not yet: 'a' improves accuracy over the control by +0.0500 on test (a point estimate, "
+        "no interval), and without an interval (no per-example accuracy on test: recipe 'm:R' "
+        "defines no score()) a point estimate cannot show the min gain 0.02 cleared. Verdict: "
+        "inconclusive.",
+    ),
+    "stopped": (
+        lambda: decide_verdict(RULE, control=None, variants={"a": _ev(0.97, 0.97)}),
+        "Not answered: the control has no accuracy to compare with ('control' has no metric "
+        "(no stop recorded)). Verdict: stopped.",
+    ),
+    "re-pose": (
+        lambda: decide_verdict(RULE, control=None, variants={}, repose_reason="it takes 90 h"),
+        "Not answered: re-pose the question; the decision point after the pilot stopped the "
+        "campaign (it takes 90 h). Verdict: re-pose.",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ANSWERS))
+def test_the_answer_says_yes_no_or_not_yet_in_one_sentence_then_the_kind(case: str):
+    make, expected = ANSWERS[case]
+    v = make()
+    assert v.answer.startswith(expected), v.answer
+    assert v.answer.endswith(f"Verdict: {v.kind}.") and case.startswith(v.kind)
+    assert v.answer.count(". ") == 1  # one sentence, then the kind
+
+
 def test_adopts_the_best_variant_that_meets_threshold_and_gain():
     v = _verdict(RULE, _ev(0.92, 0.92), a=_ev(0.95, 0.95), b=_ev(0.97, 0.97), c=_ev(0.93, 0.93))
     assert (v.kind, v.run) == ("adopt", "b")
@@ -431,10 +509,14 @@ def test_negative_campaign_produces_a_complete_report(tmp_path: Path):
     ):
         assert section in md
     assert "no variant meets the threshold" in md
-    first = md.split("\n\n")[1]  # the paragraph after the title answers the question
-    assert first.startswith("**Question:** Does a wider hidden layer beat the control")
-    assert "**Answer: negative**" in first and "no run is adopted" in first
-    assert "47.14 USD spent" in first  # the stopped variant has no gain to quote
+    question, answer, cost = md.split("\n\n")[1:4]  # after the title: the question answered
+    assert question.startswith("**Question:** Does a wider hidden layer beat the control")
+    assert answer == (
+        "**Answer:** No: no variant reaches the threshold 1.5 in accuracy on val; neither does "
+        f"the control ({built['verdict'].control['val']:.4f} on val). Verdict: negative."
+    )
+    assert cost.startswith("Cost: 47.14 USD spent")  # the stopped variant has no gain to quote
+    assert md.count(answer.removeprefix("**Answer:** ")) == 1  # said once, never repeated
     table = md.split("## Forecast vs actual")[1].split("\n\n")[2]
     assert "| 40 s |" in table and "| 1.53 min |" in table and ".000" not in table
     assert "stop-0123456789ab" in md  # the stopped variant keeps its stop ID and reason

@@ -159,9 +159,10 @@ def test_an_unreachable_threshold_without_the_stop_is_negative_and_the_folder_ve
     v = got["verdict"]
     assert (v.kind, v.run) == ("negative", None)
     assert "no variant meets the threshold on val, and neither does the control" in v.text
-    first = (got["out"] / "report.md").read_text().split("\n\n")[1]
-    assert "**Answer: negative**" in first and "The best variant on val, 'wide', gains" in first
-    assert "on val (95% CI [" in first and "on test (95% CI [" in first
+    answer = (got["out"] / "report.md").read_text().split("\n\n")[2]
+    assert answer.startswith("**Answer:** No: no variant reaches the threshold 1.01")
+    assert "(the best on val: 'wide' improves accuracy over the control by" in answer
+    assert "on test (95% CI [" in answer and answer.endswith("Verdict: negative.")
     report = verify_output(got["out"], reload=True)
     assert report.verified, report.problems
 

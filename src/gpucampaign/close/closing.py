@@ -468,7 +468,7 @@ def close_runs(
         expenses=[*spec.expenses, *(e.as_expense() for e in read_ledger(root))],
         deliveries=deliveries,
         unit=spec.deliveries.unit,
-        result_text=verdict.text,
+        result_text=verdict.answer or verdict.text,
     )
     metrics = read_run_metrics(root, states)
     figs = draw_run_figures(

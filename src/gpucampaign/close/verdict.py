@@ -46,6 +46,11 @@ class RunEvidence:
 class Verdict:
     """The decision the campaign reached, with the numbers it rests on.
 
+    ``answer`` is one sentence that answers the spec's question in its own terms: yes, no or
+    not yet (not answered when nothing was compared), the chosen run, its gain with the
+    interval on the report split, the threshold, then the kind; ``text`` is the verdict
+    paragraph with every number.
+
     ``kind``: ``adopt`` (``run`` is the variant to adopt: chosen on the selection split, and the
     report split's interval clears the minimum gain), ``negative`` (no variant clears the
     minimum gain, or none meets the threshold: a complete result; ``run`` is the control when it
@@ -69,6 +74,7 @@ class Verdict:
     variants: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     test_disagrees: bool = False
     resolve: dict[str, Any] | None = None
+    answer: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (kept in manifest.json and report.json)."""
@@ -101,12 +107,40 @@ class _Frame:
 
 def no_rule_verdict() -> Verdict:
     """The verdict of a spec without a decision rule: nothing can be decided."""
-    return Verdict(kind="stopped", run=None, text="The spec has no decision rule.")
+    return Verdict(
+        kind="stopped",
+        run=None,
+        text="The spec has no decision rule.",
+        answer="Not answered: the spec has no decision rule. Verdict: stopped.",
+    )
+
+
+def _num(x: float) -> str:
+    return f"{x:.4f}"
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.4f}"
+
+
+def _improves(rule: DecisionRule, name: str, entry: Mapping[str, Any], split: str) -> str:
+    """``'b' improves accuracy over the control by +0.0500 on test (95% CI [+0.04, +0.06])``."""
+    better = " (lower is better)" if rule.direction == "minimize" else ""
+    ci = entry.get("gain_ci95")
+    interval = (
+        f"95% CI [{_signed(ci[0])}, {_signed(ci[1])}]"
+        if ci is not None
+        else "a point estimate, no interval"
+    )
+    return (
+        f"'{name}' improves {rule.metric}{better} over the control by "
+        f"{_signed(entry['gain'])} on {split} ({interval})"
+    )
 
 
 def _fmt(x: float | None, *, status: str = "stopped") -> str:
     if x is not None:
-        return f"{x:.4f}"
+        return _num(x)
     if status == "dropped":
         return "dropped at the decision point"
     if status == "not_run":
@@ -120,8 +154,8 @@ def _ci_text(entry: Mapping[str, Any]) -> str:
         return "no gain"
     ci = entry.get("gain_ci95")
     if ci is None:
-        return f"gain {entry['gain']:+.4f} (no interval)"
-    return f"gain {entry['gain']:+.4f} [95% CI {ci[0]:+.4f}, {ci[1]:+.4f}]"
+        return f"gain {_signed(entry['gain'])} (no interval)"
+    return f"gain {_signed(entry['gain'])} [95% CI {_signed(ci[0])}, {_signed(ci[1])}]"
 
 
 def stops_of(run: str, stops: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -277,20 +311,32 @@ def decide_verdict(
             f"Re-pose the question: the decision point after the pilot stopped the campaign "
             f"({repose_reason}). No variant was compared. {frame.tail}"
         )
-        return frame.verdict("re-pose", None, text)
+        answer = (
+            "Not answered: re-pose the question; the decision point after the pilot stopped "
+            f"the campaign ({repose_reason}). Verdict: re-pose."
+        )
+        return frame.verdict("re-pose", None, text, answer=answer)
     if ctrl.values.get(sel) is None:
         text = (
             f"No decision: the control, the essential reference, has no metric "
             f"({_stop_text('control', stops)}); nothing can be compared. {frame.tail}"
         )
-        return frame.verdict("stopped", None, text)
+        answer = (
+            f"Not answered: the control has no {rule.metric} to compare with "
+            f"({_stop_text('control', stops)}). Verdict: stopped."
+        )
+        return frame.verdict("stopped", None, text, answer=answer)
     if ctrl.status == "interrupted":
         text = (
             f"No decision: the control, the essential reference, was interrupted "
             f"({ctrl.note}); its values are evidence at that step only, and no variant is "
             f"compared with a partly trained reference. {frame.tail}"
         )
-        return frame.verdict("stopped", None, text)
+        answer = (
+            f"Not answered: the control was interrupted ({ctrl.note}), so no variant is "
+            "compared with it. Verdict: stopped."
+        )
+        return frame.verdict("stopped", None, text, answer=answer)
     chosen = _choose(rule, table, sel)
     on_report = _choose(rule, table, rep)
     frame = replace(frame, disagree=_disagreement(chosen, on_report, sel=sel, rep=rep))
@@ -377,9 +423,27 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
     assert c is not None
     keeps = rule.meets(c)
     also = (
-        f"; the control meets it ({c:.4f}): keep the control"
+        f"; the control meets it ({_num(c)}): keep the control"
         if keeps
         else (", and neither does the control")
+    )
+    gains = {n: row[sel]["gain"] for n, row in frame.table.items() if row[sel]["gain"] is not None}
+    best = max(gains, key=lambda n: gains[n], default=None)
+    short = (
+        f"no variant improves {rule.metric} over the control by the min gain "
+        f"{rule.min_gain:g} on {sel}"
+        if meeting
+        else f"no variant reaches the threshold {rule.threshold:g} in {rule.metric} on {sel}"
+    )
+    quote = ""
+    if best is not None:
+        rep = rule.report_split
+        split = rep if frame.table[best][rep]["gain"] is not None else sel
+        quote = f" (the best on {sel}: {_improves(rule, best, frame.table[best][split], split)})"
+    control_says = (
+        f"keep the control ({rule.metric} {_num(c)} on {sel}, threshold {rule.threshold:g} met)"
+        if keeps
+        else f"neither does the control ({_num(c)} on {sel})"
     )
     if cut:
         names = ", ".join(repr(n) for n in cut)
@@ -387,12 +451,17 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
             f"Inconclusive: {why}{also}; but {names} stopped learning early (interrupted, "
             f"resume: inference): a complete run might still clear the rule. {frame.ending}"
         )
-        return frame.verdict("inconclusive", None, text)
+        answer = (
+            f"Not yet: {short}{quote}, but {names} stopped learning early (interrupted): a "
+            "complete run might still clear the rule. Verdict: inconclusive."
+        )
+        return frame.verdict("inconclusive", None, text, answer=answer)
     text = (
         f"Negative result (complete): {why}{also}. {frame.ending} This answers the "
         "question: a longer campaign on these variants is not justified."
     )
-    return frame.verdict("negative", "control" if keeps else None, text)
+    answer = f"No: {short}{quote}; {control_says}. Verdict: negative."
+    return frame.verdict("negative", "control" if keeps else None, text, answer=answer)
 
 
 def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> Verdict:
@@ -407,15 +476,25 @@ def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> V
     picked = f"'{chosen}' is best on {sel} ({_ci_text(table[chosen][sel])})"
     if value is None or gain is None:
         text = f"Inconclusive: {picked} but has no {rep} metric. {frame.ending}"
-        return frame.verdict("inconclusive", chosen, text)
+        answer = (
+            f"Not yet: '{chosen}' is best on {sel} but has no {rep} {rule.metric} to confirm "
+            "it. Verdict: inconclusive."
+        )
+        return frame.verdict("inconclusive", chosen, text, answer=answer)
+    improves = _improves(rule, chosen, entry, rep)
+    reaches = f"reaches {_num(value)} against the threshold {rule.threshold:g}"
     if ci is None and rule.min_gain > 0 and rule.meets(value):
         resolve = _no_interval(rule, entry)
         text = (
-            f"Inconclusive: {picked}; on {rep} its gain {entry['gain']:+.4f} has no interval, "
+            f"Inconclusive: {picked}; on {rep} its gain {_signed(gain)} has no interval, "
             f"so it cannot show that the gain clears the min gain {rule.min_gain:g}. "
             f"{resolve['text']} {frame.ending}"
         )
-        return frame.verdict("inconclusive", chosen, text, resolve=resolve)
+        answer = (
+            f"Not yet: {improves}, and without an interval ({resolve['why']}) a point "
+            f"estimate cannot show the min gain {rule.min_gain:g} cleared. Verdict: inconclusive."
+        )
+        return frame.verdict("inconclusive", chosen, text, resolve=resolve, answer=answer)
     if lo >= rule.min_gain and lo > 0 and rule.meets(value):
         clears = (
             f"the lower end clears the min gain {rule.min_gain:g}"
@@ -423,26 +502,43 @@ def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> V
             else f"a point estimate above the min gain 0 ({_no_interval(rule, entry)['why']})"
         )
         text = (
-            f"Adopt '{chosen}': chosen on {sel}; on {rep} {rule.metric} {value:.4f}, "
+            f"Adopt '{chosen}': chosen on {sel}; on {rep} {rule.metric} {_num(value)}, "
             f"{_ci_text(entry)}, {clears} (threshold {rule.threshold:g} met). {frame.ending}"
         )
-        return frame.verdict("adopt", chosen, text)
+        above = (
+            f"clearing the min gain {rule.min_gain:g}"
+            if ci is not None
+            else "above the min gain 0 on a point estimate"
+        )
+        answer = f"Yes: {improves}, {above}, and {reaches}. Verdict: adopt."
+        return frame.verdict("adopt", chosen, text, answer=answer)
     if hi < rule.min_gain or hi <= 0 or not rule.meets(value):
         why = (
-            f"its {rep} value {value:.4f} misses the threshold {rule.threshold:g}"
+            f"its {rep} value {_num(value)} misses the threshold {rule.threshold:g}"
             if not rule.meets(value)
             else f"on {rep} its {_ci_text(entry)} stays under the min gain {rule.min_gain:g}"
         )
+        c = frame.base["control"].get(sel)
+        keep = "; keep the control" if c is not None and rule.meets(c) else ""
         unconfirmed = f" The {rep} split does not confirm the choice made on {sel}."
         frame = replace(frame, disagree=frame.disagree or unconfirmed)
         text = f"Negative result (complete): {picked}, but {why}. {frame.ending}"
-        return frame.verdict("negative", None, text)
+        answer = (
+            f"No: '{chosen}', the best on {sel}, {reaches} on {rep}, which misses it"
+            if not rule.meets(value)
+            else f"No: {improves}, under the min gain {rule.min_gain:g}"
+        ) + f"{keep}. Verdict: negative."
+        return frame.verdict("negative", None, text, answer=answer)
     resolve = _resolve(rule, chosen, entry=entry, run_hours=run_hours)
     text = (
         f"Inconclusive: {picked}; on {rep} its {_ci_text(entry)} straddles the min gain "
         f"{rule.min_gain:g}. {resolve['text']} {frame.ending}"
     )
-    return frame.verdict("inconclusive", chosen, text, resolve=resolve)
+    answer = (
+        f"Not yet: {improves}, an interval that straddles the min gain {rule.min_gain:g}; "
+        "more evidence would settle it (see the verdict). Verdict: inconclusive."
+    )
+    return frame.verdict("inconclusive", chosen, text, resolve=resolve, answer=answer)
 
 
 def _no_interval(rule: DecisionRule, entry: Mapping[str, Any]) -> dict[str, Any]:
