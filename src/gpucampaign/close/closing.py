@@ -36,6 +36,7 @@ from gpucampaign.close.report import build_report, write_report
 from gpucampaign.close.scores import no_scores_reason, read_scores, write_run_scores
 from gpucampaign.close.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
 from gpucampaign.core.files import sha256_bytes, sha256_file
+from gpucampaign.core.text import say_number
 from gpucampaign.data.corpus import corpus_path, load_spec_corpus
 from gpucampaign.folder.layout import (
     METRICS_FILE,
@@ -90,13 +91,15 @@ class ClosedRuns:
     deliveries: list[dict[str, Any]] = field(default_factory=list)
 
     def table_rows(self) -> list[dict[str, str]]:
-        """The runs as short text cells (run ID, tier, status, metric, stop) for a UI table."""
+        """The runs as short text cells (run ID, tier, status, metric, stop) for a UI table;
+        a metric has the digits that show how it compares with the threshold."""
+        limit = self.verdict.numbers.get("threshold")
         return [
             {
                 "run_id": r["run_id"],
                 "tier": r["tier"],
                 "status": r["status"],
-                "metric": "" if r["metric"] is None else f"{r['metric']:.4f}",
+                "metric": "" if r["metric"] is None else say_number(r["metric"], against=limit),
                 "stop": r["stop_id"] or "",
             }
             for r in self.runs

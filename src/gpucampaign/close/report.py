@@ -12,7 +12,7 @@ from typing import Any
 from gpucampaign.close.budget import render_budget_md
 from gpucampaign.close.forecast import ESTIMATES_FILE
 from gpucampaign.close.verdict import Verdict
-from gpucampaign.core.text import say_duration
+from gpucampaign.core.text import say_duration, say_number
 from gpucampaign.folder.records import DecisionRecord, StopRecord
 from gpucampaign.spec import SpecError, read_mapping_file
 
@@ -127,8 +127,9 @@ def _runs_md(report: Mapping[str, Any]) -> list[str]:
         "|---|---|---|---|---:|---|",
     ]
     stops_by_id = {s.get("stop_id"): s for s in report.get("stops", [])}
+    threshold = (report["verdict"].get("numbers") or {}).get("threshold")
     for r in report["runs"]:
-        metric = "" if r.get("metric") is None else f"{r['metric']:.4f}"
+        metric = "" if r.get("metric") is None else say_number(r["metric"], against=threshold)
         note = ""
         if r.get("stop_id"):
             s = stops_by_id.get(r["stop_id"], {})

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from gpucampaign.close.bootstrap import BOOT_SEED, Gain, paired_gain, paired_mean_gain, to_resolve
+from gpucampaign.core.text import say_exact, say_number
 from gpucampaign.spec import DecisionRule
 
 VerdictKind = Literal["adopt", "negative", "inconclusive", "stopped", "re-pose"]
@@ -85,18 +86,21 @@ class Verdict:
 class _Frame:
     """One comparison under the rule: the per-variant ``table``, what every verdict of it
     carries (``base``: splits, table, numbers), the text's ``tail`` that states every number,
-    and ``disagree``, the note said when the report split would choose otherwise."""
+    ``tie``, how a tie on the selection split was broken, and ``disagree``, the note said when
+    the report split would choose otherwise."""
 
     rule: DecisionRule
     table: Mapping[str, Any]
     base: dict[str, Any]
     tail: str
     disagree: str = ""
+    tie: str = ""
 
     @property
     def ending(self) -> str:
-        """The end of a verdict's text: the tail, then the disagreement note."""
-        return f"{self.tail}{self.disagree}"
+        """The end of a verdict's text: the tail, how a tie was broken, then the
+        disagreement note."""
+        return f"{self.tail}{self.tie}{self.disagree}"
 
     def verdict(self, kind: VerdictKind, run: str | None, text: str, **fields: Any) -> Verdict:
         """A verdict of this comparison; it disagrees when a disagreement note is said."""
@@ -115,12 +119,15 @@ def no_rule_verdict() -> Verdict:
     )
 
 
-def _num(x: float) -> str:
-    return f"{x:.4f}"
+def _num(x: float, rule: DecisionRule) -> str:
+    """A metric value, with the digits that show how it compares with the threshold."""
+    return say_number(x, against=rule.threshold)
 
 
-def _signed(x: float) -> str:
-    return f"{x:+.4f}"
+def _signed(x: float, rule: DecisionRule) -> str:
+    """A gain (or an interval's end), with the digits that show how it compares with the
+    minimum gain."""
+    return say_number(x, against=rule.min_gain, signed=True)
 
 
 def _improves(rule: DecisionRule, name: str, entry: Mapping[str, Any], split: str) -> str:
@@ -128,19 +135,19 @@ def _improves(rule: DecisionRule, name: str, entry: Mapping[str, Any], split: st
     better = " (lower is better)" if rule.direction == "minimize" else ""
     ci = entry.get("gain_ci95")
     interval = (
-        f"95% CI [{_signed(ci[0])}, {_signed(ci[1])}]"
+        f"95% CI [{_signed(ci[0], rule)}, {_signed(ci[1], rule)}]"
         if ci is not None
         else "a point estimate, no interval"
     )
     return (
         f"'{name}' improves {rule.metric}{better} over the control by "
-        f"{_signed(entry['gain'])} on {split} ({interval})"
+        f"{_signed(entry['gain'], rule)} on {split} ({interval})"
     )
 
 
-def _fmt(x: float | None, *, status: str = "stopped") -> str:
+def _fmt(x: float | None, rule: DecisionRule, *, status: str = "stopped") -> str:
     if x is not None:
-        return _num(x)
+        return _num(x, rule)
     if status == "dropped":
         return "dropped at the decision point"
     if status == "not_run":
@@ -148,14 +155,15 @@ def _fmt(x: float | None, *, status: str = "stopped") -> str:
     return "stopped (no metric)"
 
 
-def _ci_text(entry: Mapping[str, Any]) -> str:
+def _ci_text(entry: Mapping[str, Any], rule: DecisionRule) -> str:
     """``gain +0.0100 [95% CI -0.0050, +0.0250]``, or the gain alone without an interval."""
     if entry.get("gain") is None:
         return "no gain"
     ci = entry.get("gain_ci95")
     if ci is None:
-        return f"gain {_signed(entry['gain'])} (no interval)"
-    return f"gain {_signed(entry['gain'])} [95% CI {_signed(ci[0])}, {_signed(ci[1])}]"
+        return f"gain {_signed(entry['gain'], rule)} (no interval)"
+    low, high = _signed(ci[0], rule), _signed(ci[1], rule)
+    return f"gain {_signed(entry['gain'], rule)} [95% CI {low}, {high}]"
 
 
 def stops_of(run: str, stops: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -220,16 +228,71 @@ def _split_entry(
     }
 
 
-def _choose(rule: DecisionRule, table: Mapping[str, Mapping[str, Any]], split: str) -> str | None:
-    """The best variant on ``split`` that meets the threshold and gains the min gain there."""
-    best = None
+#: How a tie on the selection split is broken, as the verdict states it.
+TIE_RULE = "the cheaper run by measured training time, then the first in the spec"
+
+
+def _choose(
+    rule: DecisionRule,
+    table: Mapping[str, Mapping[str, Any]],
+    split: str,
+    *,
+    train_s: Mapping[str, float | None] | None = None,
+) -> tuple[str | None, list[str]]:
+    """The best variant on ``split`` that meets the threshold and gains the min gain there,
+    and the variants tied with it (empty when it is alone at its value).
+
+    A tie (the same value) goes to the cheaper run by measured training time, then to the
+    first in the spec's order. A variant that only ties the control gains nothing and is never
+    chosen: the control is kept.
+    """
+    ok = []
     for name, row in table.items():
         v, g = row[split]["value"], row[split]["gain"]
         if v is None or g is None or not rule.meets(v) or g < rule.min_gain or g <= 0:
             continue
-        if best is None or rule.better(v, table[best][split]["value"]):
+        ok.append(name)
+    best = None
+    for name in ok:
+        if best is None or rule.better(table[name][split]["value"], table[best][split]["value"]):
             best = name
-    return best
+    if best is None:
+        return None, []
+    tied = [n for n in ok if table[n][split]["value"] == table[best][split]["value"]]
+    if len(tied) == 1:
+        return best, []
+    times = train_s or {}
+    order = list(table)
+
+    def cost(name: str) -> tuple[bool, float, int]:
+        t = times.get(name)
+        return (t is None, t if t is not None else 0.0, order.index(name))
+
+    return min(tied, key=cost), tied
+
+
+def _tie_text(
+    rule: DecisionRule,
+    chosen: str,
+    tied: Sequence[str],
+    *,
+    table: Mapping[str, Any],
+    train_s: Mapping[str, float | None],
+) -> str:
+    """The tie on the selection split and how it was broken (empty without a tie)."""
+    if not tied:
+        return ""
+    sel = rule.select_split
+    value = _num(table[chosen][sel]["value"], rule)
+
+    def took(name: str) -> str:
+        t = train_s.get(name)
+        return f"'{name}' {'not measured' if t is None else f'{t:.3g} s'}"
+
+    return (
+        f" Tie on {sel}: {', '.join(repr(n) for n in tied)} all reach {value}; broken by the "
+        f"stated rule ({TIE_RULE}): '{chosen}' (training time {', '.join(map(took, tied))})."
+    )
 
 
 def _listing(
@@ -244,18 +307,19 @@ def _listing(
     sel, rep = rule.select_split, rule.report_split
     notes = notes or {}
     parts = [
-        f"control {sel} {_fmt(control.values.get(sel), status=control.status)}, "
-        f"{rep} {_fmt(control.values.get(rep), status=control.status)}"
+        f"control {sel} {_fmt(control.values.get(sel), rule, status=control.status)}, "
+        f"{rep} {_fmt(control.values.get(rep), rule, status=control.status)}"
         + (f" ({control.note})" if control.note else "")
     ]
     for name, row in table.items():
         st = status.get(name, "stopped")
         if row[sel]["value"] is None and row[rep]["value"] is None:
-            parts.append(f"{name} {_fmt(None, status=st)}")
+            parts.append(f"{name} {_fmt(None, rule, status=st)}")
             continue
         parts.append(
-            f"{name} {sel} {_fmt(row[sel]['value'], status=st)} ({_ci_text(row[sel])}), "
-            f"{rep} {_fmt(row[rep]['value'], status=st)} ({_ci_text(row[rep])})"
+            f"{name} {sel} {_fmt(row[sel]['value'], rule, status=st)} "
+            f"({_ci_text(row[sel], rule)}), "
+            f"{rep} {_fmt(row[rep]['value'], rule, status=st)} ({_ci_text(row[rep], rule)})"
             + (f" ({notes[name]})" if notes.get(name) else "")
         )
     return "; ".join(parts)
@@ -337,9 +401,16 @@ def decide_verdict(
             "compared with it. Verdict: stopped."
         )
         return frame.verdict("stopped", None, text, answer=answer)
-    chosen = _choose(rule, table, sel)
-    on_report = _choose(rule, table, rep)
-    frame = replace(frame, disagree=_disagreement(chosen, on_report, sel=sel, rep=rep))
+    times = {n: e.train_s for n, e in evidence.items()}
+    chosen, tied = _choose(rule, table, sel, train_s=times)
+    on_report, _ = _choose(rule, table, rep, train_s=times)
+    frame = replace(
+        frame,
+        disagree=_disagreement(chosen, on_report, sel=sel, rep=rep),
+        tie=_tie_text(rule, chosen, tied, table=table, train_s=times) if chosen else "",
+    )
+    if tied:
+        frame.base["numbers"]["tie"] = {"tied": tied, "chosen": chosen, "rule": TIE_RULE}
     if chosen is None:
         cut = [n for n, e in evidence.items() if e.status == "interrupted"]
         return _negative(frame, control=ctrl, cut=cut)
@@ -372,8 +443,8 @@ def _frame(
         },
     }
     head = (
-        f"{rule.metric} ({rule.direction}, threshold {rule.threshold:g}, min gain "
-        f"{rule.min_gain:g}), chosen on {sel}, reported on {rep}"
+        f"{rule.metric} ({rule.direction}, threshold {say_exact(rule.threshold)}, min gain "
+        f"{say_exact(rule.min_gain)}), chosen on {sel}, reported on {rep}"
     )
     listing = _listing(
         rule,
@@ -408,6 +479,7 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
     unless a variant was interrupted (``cut``): its values are those of an earlier step, so a
     complete run might still clear the rule, and the result is inconclusive."""
     rule, sel = frame.rule, frame.rule.select_split
+    thr, mg = say_exact(rule.threshold), say_exact(rule.min_gain)
     meeting = [
         n
         for n, row in frame.table.items()
@@ -415,7 +487,7 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
     ]
     why = (
         f"variant(s) {', '.join(repr(n) for n in meeting)} meet the threshold on {sel} but do "
-        f"not beat the control by the min gain {rule.min_gain:g}"
+        f"not beat the control by the min gain {mg}"
         if meeting
         else f"no variant meets the threshold on {sel}"
     )
@@ -423,17 +495,16 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
     assert c is not None
     keeps = rule.meets(c)
     also = (
-        f"; the control meets it ({_num(c)}): keep the control"
+        f"; the control meets it ({_num(c, rule)}): keep the control"
         if keeps
         else (", and neither does the control")
     )
     gains = {n: row[sel]["gain"] for n, row in frame.table.items() if row[sel]["gain"] is not None}
     best = max(gains, key=lambda n: gains[n], default=None)
     short = (
-        f"no variant improves {rule.metric} over the control by the min gain "
-        f"{rule.min_gain:g} on {sel}"
+        f"no variant improves {rule.metric} over the control by the min gain {mg} on {sel}"
         if meeting
-        else f"no variant reaches the threshold {rule.threshold:g} in {rule.metric} on {sel}"
+        else f"no variant reaches the threshold {thr} in {rule.metric} on {sel}"
     )
     quote = ""
     if best is not None:
@@ -441,9 +512,9 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
         split = rep if frame.table[best][rep]["gain"] is not None else sel
         quote = f" (the best on {sel}: {_improves(rule, best, frame.table[best][split], split)})"
     control_says = (
-        f"keep the control ({rule.metric} {_num(c)} on {sel}, threshold {rule.threshold:g} met)"
+        f"keep the control ({rule.metric} {_num(c, rule)} on {sel}, threshold {thr} met)"
         if keeps
-        else f"neither does the control ({_num(c)} on {sel})"
+        else f"neither does the control ({_num(c, rule)} on {sel})"
     )
     if cut:
         names = ", ".join(repr(n) for n in cut)
@@ -470,10 +541,11 @@ def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> V
     cleared by one point estimate: inconclusive, saying what is missing."""
     rule, table = frame.rule, frame.table
     sel, rep = rule.select_split, rule.report_split
+    thr, mg = say_exact(rule.threshold), say_exact(rule.min_gain)
     entry = table[chosen][rep]
     value, gain, ci = entry["value"], entry["gain"], entry["gain_ci95"]
     lo, hi = (gain, gain) if ci is None else ci
-    picked = f"'{chosen}' is best on {sel} ({_ci_text(table[chosen][sel])})"
+    picked = f"'{chosen}' is best on {sel} ({_ci_text(table[chosen][sel], rule)})"
     if value is None or gain is None:
         text = f"Inconclusive: {picked} but has no {rep} metric. {frame.ending}"
         answer = (
@@ -482,31 +554,31 @@ def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> V
         )
         return frame.verdict("inconclusive", chosen, text, answer=answer)
     improves = _improves(rule, chosen, entry, rep)
-    reaches = f"reaches {_num(value)} against the threshold {rule.threshold:g}"
+    reaches = f"reaches {_num(value, rule)} against the threshold {thr}"
     if ci is None and rule.min_gain > 0 and rule.meets(value):
         resolve = _no_interval(rule, entry)
         text = (
-            f"Inconclusive: {picked}; on {rep} its gain {_signed(gain)} has no interval, "
-            f"so it cannot show that the gain clears the min gain {rule.min_gain:g}. "
+            f"Inconclusive: {picked}; on {rep} its gain {_signed(gain, rule)} has no interval, "
+            f"so it cannot show that the gain clears the min gain {mg}. "
             f"{resolve['text']} {frame.ending}"
         )
         answer = (
             f"Not yet: {improves}, and without an interval ({resolve['why']}) a point "
-            f"estimate cannot show the min gain {rule.min_gain:g} cleared. Verdict: inconclusive."
+            f"estimate cannot show the min gain {mg} cleared. Verdict: inconclusive."
         )
         return frame.verdict("inconclusive", chosen, text, resolve=resolve, answer=answer)
     if lo >= rule.min_gain and lo > 0 and rule.meets(value):
         clears = (
-            f"the lower end clears the min gain {rule.min_gain:g}"
+            f"the lower end clears the min gain {mg}"
             if ci is not None
             else f"a point estimate above the min gain 0 ({_no_interval(rule, entry)['why']})"
         )
         text = (
-            f"Adopt '{chosen}': chosen on {sel}; on {rep} {rule.metric} {_num(value)}, "
-            f"{_ci_text(entry)}, {clears} (threshold {rule.threshold:g} met). {frame.ending}"
+            f"Adopt '{chosen}': chosen on {sel}; on {rep} {rule.metric} {_num(value, rule)}, "
+            f"{_ci_text(entry, rule)}, {clears} (threshold {thr} met). {frame.ending}"
         )
         above = (
-            f"clearing the min gain {rule.min_gain:g}"
+            f"clearing the min gain {mg}"
             if ci is not None
             else "above the min gain 0 on a point estimate"
         )
@@ -514,9 +586,9 @@ def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> V
         return frame.verdict("adopt", chosen, text, answer=answer)
     if hi < rule.min_gain or hi <= 0 or not rule.meets(value):
         why = (
-            f"its {rep} value {_num(value)} misses the threshold {rule.threshold:g}"
+            f"its {rep} value {_num(value, rule)} misses the threshold {thr}"
             if not rule.meets(value)
-            else f"on {rep} its {_ci_text(entry)} stays under the min gain {rule.min_gain:g}"
+            else f"on {rep} its {_ci_text(entry, rule)} stays under the min gain {mg}"
         )
         c = frame.base["control"].get(sel)
         keep = "; keep the control" if c is not None and rule.meets(c) else ""
@@ -526,16 +598,16 @@ def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> V
         answer = (
             f"No: '{chosen}', the best on {sel}, {reaches} on {rep}, which misses it"
             if not rule.meets(value)
-            else f"No: {improves}, under the min gain {rule.min_gain:g}"
+            else f"No: {improves}, under the min gain {mg}"
         ) + f"{keep}. Verdict: negative."
         return frame.verdict("negative", None, text, answer=answer)
     resolve = _resolve(rule, chosen, entry=entry, run_hours=run_hours)
     text = (
-        f"Inconclusive: {picked}; on {rep} its {_ci_text(entry)} straddles the min gain "
-        f"{rule.min_gain:g}. {resolve['text']} {frame.ending}"
+        f"Inconclusive: {picked}; on {rep} its {_ci_text(entry, rule)} straddles the min gain "
+        f"{mg}. {resolve['text']} {frame.ending}"
     )
     answer = (
-        f"Not yet: {improves}, an interval that straddles the min gain {rule.min_gain:g}; "
+        f"Not yet: {improves}, an interval that straddles the min gain {mg}; "
         "more evidence would settle it (see the verdict). Verdict: inconclusive."
     )
     return frame.verdict("inconclusive", chosen, text, resolve=resolve, answer=answer)
