@@ -19,7 +19,7 @@ from prefect.states import Cancelled, Failed
 
 from gpucampaign.close.manifest import keep_inputs
 from gpucampaign.core.interrupt import Interrupted, graceful_signals
-from gpucampaign.core.stoprules import StopRule
+from gpucampaign.core.stoprules import StopRule, stops_the_campaign
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.records import read_pilot, run_states, runs_with_model, write_pilot
 from gpucampaign.plan import calendar
@@ -231,7 +231,14 @@ def _experiments(
         stop = _stop_of(fut)
         if stop is None:
             continue
-        if cs.tier_of(run) == "essential":
+        if cs.tier_of(run) == "essential" and not stops_the_campaign(stop):
+            logger.warning(
+                "essential run '%s' stopped after measuring: its values are evidence for the "
+                "verdict, the campaign goes on to its decision: %s",
+                run,
+                stop,
+            )
+        elif cs.tier_of(run) == "essential":
             logger.error("essential run '%s' stopped: %s", run, stop)
             essential_stop = essential_stop or stop
         else:

@@ -352,3 +352,37 @@ def test_an_optional_run_whose_pilot_tripped_a_stop_is_dropped_and_the_form_offe
     assert schema["properties"]["drop"]["items"]["enum"] == ["wide", "odd"]  # never the control
     with pytest.raises(ValueError, match="control"):
         form(action="reduce", drop=["control"])
+
+
+def test_a_control_stopped_by_the_quality_floor_is_evidence_with_predictions_and_a_reload(
+    tmp_path: Path,
+):
+    from gpucampaign.core.stoprules import STOP_RULES, NonFiniteLoss, stops_the_campaign
+
+    sha = write_table(tmp_path / "corpus.csv", n={"train": 200, "val": 80, "test": 80})
+    got = campaign(
+        tmp_path,
+        sha=sha,
+        variants=[{"name": "learns", "changes": {"lr": 0.05}}],
+        rule={"threshold": 0.8, "min_gain": 0.05},
+        control=LEARNS_NOTHING,  # the control misses the threshold: the floor stops it
+    )
+    out, spec, v = got["out"], got["spec"], got["verdict"]
+    stops = [json.loads(line) for line in (out / "stops.jsonl").read_text().splitlines()]
+    assert [s["rule"] for s in stops] == ["below_threshold"]
+    assert stops[0]["run_id"] == spec.run_id("control")
+    # A decision all the same: the stopped control's values are evidence, and the stop is said.
+    assert (v.kind, v.run) == ("adopt", "learns"), v.text
+    assert v.answer.startswith("Yes: 'learns' improves accuracy over the control by")
+    assert f"'control' stopped by below_threshold ({stops[0]['stop_id']})" in v.text
+    assert "below the floor 0.8" in v.text
+    # Its model got predictions and scores, and reloads in a fresh process like any other.
+    rdir = out / "runs" / spec.run_id("control")
+    assert (rdir / "predictions.csv").is_file() and (rdir / "scores-val.csv").is_file()
+    report = verify_output(out, reload=True)
+    assert report.verified, report.problems
+    assert sorted(report.reloaded_runs) == sorted(spec.run_id(r) for r in spec.run_names())
+    # The flow stops the campaign only for a stop that leaves no evidence.
+    recorded = STOP_RULES[stops[0]["rule"]](stops[0]["run_id"], stops[0]["reason"])
+    assert not stops_the_campaign(recorded)
+    assert stops_the_campaign(NonFiniteLoss("control-0123456789", "loss is nan"))

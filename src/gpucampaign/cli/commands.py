@@ -1,8 +1,8 @@
 """The ``campaign`` command (typer + rich).
 
-Exit codes: 0 success; 2 invalid input; 3 stopped by a stop rule; 4 plan does not fit its
-window (plan) or output not verified (verify); 130 / 143 interrupted by SIGINT / SIGTERM
-(saved; rerun to resume); 1 unexpected.
+Exit codes: 0 success; 2 invalid input; 3 stopped by a stop rule before a decision; 4 plan
+does not fit its window (plan) or output not verified (verify); 130 / 143 interrupted by SIGINT
+/ SIGTERM (saved; rerun to resume); 1 unexpected.
 
 The commands on an output folder are in ``cli_output``; what the commands share (the app, the
 consoles, the exit codes) in ``cli_common``.

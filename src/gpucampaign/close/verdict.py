@@ -453,12 +453,16 @@ def _frame(
         status={n: e.status for n, e in evidence.items()},
         notes={n: e.note for n, e in evidence.items()},
     )
-    missing = [
+    # Every stop that ended a run early is evidence said with the verdict: why a run has no
+    # metric, or why its values are those of the model it reached (the control's missing
+    # metric is said by the verdict itself).
+    stopped = [
         n
-        for n, row in table.items()
-        if row[sel]["value"] is None and evidence[n].status in ("stopped", "interrupted")
+        for n, e in (("control", control), *evidence.items())
+        if e.status in ("stopped", "interrupted")
+        and not (n == "control" and control.values.get(sel) is None)
     ]
-    stop_note = ("; " + "; ".join(_stop_text(n, stops) for n in missing)) if missing else ""
+    stop_note = ("; " + "; ".join(_stop_text(n, stops) for n in stopped)) if stopped else ""
     return _Frame(rule, table, base, tail=f"{head}: {listing}{stop_note}.")
 
 
