@@ -197,8 +197,25 @@ def test_a_straddling_interval_is_inconclusive_with_the_evidence_needed(tmp_path
     low, high = v.variants["learns"]["test"]["gain_ci95"]
     assert low < 0.1 < high
     assert v.resolve["more_examples"] > 0 and v.resolve["more_seeds"] > 0
-    assert v.resolve["seed_hours"] == v.resolve["more_seeds"] * 3  # control 2 h + variant 1 h
-    assert "more test examples" in v.text and "h of GPU time in the calendar" in v.text
+    # Priced from the runs' measured training time, not from the calendar's allotted hours.
+    spec, out = got["spec"], got["out"]
+    measured = [
+        json.loads((out / "runs" / spec.run_id(r) / "result.json").read_text())["timings"][
+            "steps_s_sum"
+        ]
+        for r in ("control", "learns")
+    ]
+    assert v.resolve["seed_s"] == pytest.approx(sum(measured), rel=1e-5)
+    gpu_hours = v.resolve["more_seeds"] * sum(measured) / 3600
+    assert v.resolve["gpu_hours"] == pytest.approx(gpu_hours, rel=1e-5)
+    assert gpu_hours < 0.01  # seconds of training, where the calendar allotted 3 h a seed
+    # ... and as the share of the lot's price: a 3-day rtx4090 lot, 72 GPU hours.
+    lot = 47.14
+    assert v.resolve["usd"] == pytest.approx(gpu_hours * lot / 72, rel=1e-5)
+    assert v.resolve["lot_share"] == pytest.approx(gpu_hours / 72, rel=1e-4)
+    assert "more test examples" in v.text and "s of measured training) = " in v.text
+    assert f"of the {lot:.2f} USD for 72 GPU hours" in v.text and "calendar" not in v.text
+    assert f"or {v.resolve['more_seeds']} more seed(s), " in v.answer
 
 
 # --- the bootstrap itself ----------------------------------------------------------------------

@@ -191,7 +191,7 @@ def run_evidence(
     ``result.json``. Only a run that completed, stopped after measuring, or was interrupted
     under ``resume: inference`` (its last good model, noted as such) has values. Replicates
     (``<run>.s<seed>``) are folded into their base run: every replicate's rows, the mean of
-    their values, the sum of their measured training times.
+    their values, the mean of their measured training times (one seed's).
     """
     single = _single_run_evidence(spec, root=root, states=states)
     out: dict[str, RunEvidence] = {}
@@ -211,7 +211,7 @@ def run_evidence(
             split: tuple(p for e in reps for p in e.scores.get(split, ()))
             for split in _verdict_splits(spec)
         }
-        times = [e.train_s for e in reps]
+        times = [e.train_s for e in reps]  # one seed's measured training time: their mean
         out[base] = RunEvidence(
             values=values,
             predictions=preds,
@@ -219,7 +219,9 @@ def run_evidence(
             status=single[base].status,
             note="; ".join(dict.fromkeys(e.note for e in reps if e.note)),
             no_interval="; ".join(dict.fromkeys(e.no_interval for e in reps if e.no_interval)),
-            train_s=None if None in times else round(sum(t for t in times if t is not None), 6),
+            train_s=None
+            if None in times or not times
+            else round(sum(t for t in times if t is not None) / len(times), 6),
         )
     return out
 
@@ -340,9 +342,10 @@ def closing_verdict(
     evidence: Mapping[str, RunEvidence],
     stops: list[StopRecord],
     decision: Decision | None,
+    catalog: Any = None,
 ) -> Verdict:
     """The spec's decision rule applied to the runs' evidence (re-pose when the decision point
-    re-posed the question)."""
+    re-posed the question); more evidence is priced at the rented lots' price."""
     rule = spec.decision_rule
     if rule is None:
         return no_rule_verdict()
@@ -353,8 +356,18 @@ def closing_verdict(
         variants={r: e for r, e in evidence.items() if r != "control"},
         stops=[s.to_dict() for s in stops],
         repose_reason=repose,
-        run_hours={s.run: s.hours for s in spec.calendar if s.run is not None},
+        lot=lot_price(spec, catalog=catalog),
     )
+
+
+def lot_price(spec: CampaignSpec, *, catalog: Any = None) -> dict[str, float] | None:
+    """The rented lots' price and GPU hours: ``{usd, gpu_hours}``; None without a lot."""
+    from gpucampaign.close.budget import resolve_packages
+
+    lots = resolve_packages(spec.packages, catalog=catalog)
+    usd = sum(float(p["price_usd"]) * p["count"] for p in lots)
+    gpu_hours = sum(p["days"] * 24 * p["count"] * (p.get("gpus") or 1) for p in lots)
+    return {"usd": round(usd, 2), "gpu_hours": float(gpu_hours)} if lots else None
 
 
 def delivery(root: str | Path, state: RunState, *, corpus: Any) -> dict[str, Any]:
@@ -462,7 +475,9 @@ def close_runs(
         states, metric=spec.decision_rule.metric if spec.decision_rule else None
     )
     evidence = run_evidence(spec, root=root, states=states)
-    verdict = closing_verdict(spec, evidence=evidence, stops=stops, decision=decision)
+    verdict = closing_verdict(
+        spec, evidence=evidence, stops=stops, decision=decision, catalog=catalog
+    )
     corpus = load_spec_corpus(spec, base_dir=base_dir) if spec.corpus else None
     deliveries = [delivery(root, s, corpus=corpus) for s in states.values()]
     budget = close_budget(

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from gpucampaign.close.bootstrap import BOOT_SEED, Gain, paired_gain, paired_mean_gain, to_resolve
-from gpucampaign.core.text import say_exact, say_number
+from gpucampaign.core.text import say_duration, say_exact, say_number
 from gpucampaign.spec import DecisionRule
 
 VerdictKind = Literal["adopt", "negative", "inconclusive", "stopped", "re-pose"]
@@ -30,8 +30,8 @@ class RunEvidence:
     ``not_run``): a run without a metric is described by it. ``note`` qualifies its values
     (an interrupted run's are those of its last good model, at that step). ``no_interval``
     says why a run that measured has no per-example rows for the metric (then its gains are
-    point estimates). ``train_s``: its measured training time (the sum of its step times),
-    which breaks a tie on the selection split.
+    point estimates). ``train_s``: one seed's measured training time (the sum of its step
+    times), which breaks a tie on the selection split and prices more seeds.
     """
 
     values: Mapping[str, float | None] = field(default_factory=dict)
@@ -332,7 +332,7 @@ def decide_verdict(
     variants: Mapping[str, RunEvidence | None],
     stops: Iterable[Mapping[str, Any]] = (),
     repose_reason: str | None = None,
-    run_hours: Mapping[str, float] | None = None,
+    lot: Mapping[str, float] | None = None,
     seed: int = BOOT_SEED,
 ) -> Verdict:
     """Apply the spec's decision rule to the measured evidence.
@@ -353,8 +353,8 @@ def decide_verdict(
         stops: stop records (``stops.jsonl`` lines) to explain missing metrics.
         repose_reason: the reasons, when the decision point re-posed the question (no run was
             trained after the pilot): the verdict is then ``re-pose``.
-        run_hours: planned hours per run name, to cost the extra seeds of an inconclusive
-            verdict.
+        lot: the rented lots' price and GPU hours (``usd``, ``gpu_hours``), to price the extra
+            seeds of an inconclusive verdict (from each run's measured training time).
         seed: the bootstrap's seed.
 
     Returns:
@@ -414,7 +414,8 @@ def decide_verdict(
     if chosen is None:
         cut = [n for n, e in evidence.items() if e.status == "interrupted"]
         return _negative(frame, control=ctrl, cut=cut)
-    return _confirm(frame, chosen, run_hours=run_hours or {})
+    seconds = {"control": ctrl.train_s, **times}
+    return _confirm(frame, chosen, seconds=seconds, lot=lot)
 
 
 def _frame(
@@ -539,7 +540,13 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
     return frame.verdict("negative", "control" if keeps else None, text, answer=answer)
 
 
-def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> Verdict:
+def _confirm(
+    frame: _Frame,
+    chosen: str,
+    *,
+    seconds: Mapping[str, float | None],
+    lot: Mapping[str, float] | None,
+) -> Verdict:
     """The chosen variant's report-split interval against the min gain: adopt, negative or
     inconclusive. Without an interval (no per-example rows) a minimum gain cannot be shown
     cleared by one point estimate: inconclusive, saying what is missing."""
@@ -605,14 +612,25 @@ def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> V
             else f"No: {improves}, under the min gain {mg}"
         ) + f"{keep}. Verdict: negative."
         return frame.verdict("negative", None, text, answer=answer)
-    resolve = _resolve(rule, chosen, entry=entry, run_hours=run_hours)
+    resolve = _resolve(rule, chosen, entry=entry, seconds=seconds, lot=lot)
     text = (
         f"Inconclusive: {picked}; on {rep} its {_ci_text(entry, rule)} straddles the min gain "
         f"{mg}. {resolve['text']} {frame.ending}"
     )
+    settle = "more evidence would settle it"
+    if resolve.get("more_seeds") is not None:
+        priced = (
+            f", {say_duration(resolve['gpu_hours'])} of GPU time"
+            if resolve.get("gpu_hours") is not None
+            else ""
+        )
+        settle = (
+            f"about {resolve['more_examples']} more {rep} examples or {resolve['more_seeds']} "
+            f"more seed(s){priced} would settle it"
+        )
     answer = (
-        f"Not yet: {improves}, an interval that straddles the min gain {mg}; "
-        "more evidence would settle it (see the verdict). Verdict: inconclusive."
+        f"Not yet: {improves}, an interval that straddles the min gain {mg}; {settle}. "
+        "Verdict: inconclusive."
     )
     return frame.verdict("inconclusive", chosen, text, resolve=resolve, answer=answer)
 
@@ -638,9 +656,17 @@ def _no_interval(rule: DecisionRule, entry: Mapping[str, Any]) -> dict[str, Any]
 
 
 def _resolve(
-    rule: DecisionRule, chosen: str, *, entry: Mapping[str, Any], run_hours: Mapping[str, float]
+    rule: DecisionRule,
+    chosen: str,
+    *,
+    entry: Mapping[str, Any],
+    seconds: Mapping[str, float | None],
+    lot: Mapping[str, float] | None,
 ) -> dict[str, Any]:
-    """How many more examples or seeds would settle an inconclusive verdict, and the cost."""
+    """How many more examples or seeds would settle an inconclusive verdict, and what the
+    seeds cost: priced from the runs' measured training time (``seconds`` per seed), as GPU
+    time and as the share of the rented lot's price it takes (``lot``: ``usd``, ``gpu_hours``).
+    """
     if entry.get("n") is None:
         return _no_interval(rule, entry)
     g = Gain(
@@ -650,23 +676,36 @@ def _resolve(
         replicates=entry["replicates"] or 1,
     )
     need = to_resolve(g, min_gain=max(rule.min_gain, 1e-12))
+    none = {"seed_s": None, "gpu_hours": None, "usd": None, "lot_share": None}
     if need["factor"] is None:
         return {
             **need,
-            "seed_hours": None,
+            **none,
             "text": "The gain equals the min gain: no amount of evidence separates them.",
         }
-    per_seed = run_hours.get("control", 0.0) + run_hours.get(chosen, 0.0)
-    hours = round(need["more_seeds"] * per_seed, 4) if per_seed else None
-    cost = (
-        f" ({need['more_seeds']} x {per_seed:g} h = {hours:g} h of GPU time in the calendar)"
-        if hours is not None
-        else " (run hours not planned)"
-    )
+    c, v = seconds.get("control"), seconds.get(chosen)
+    priced = dict(none)
+    cost = " (their training time was not measured)"
+    if c is not None and v is not None:
+        per_seed = c + v
+        gpu_h = need["more_seeds"] * per_seed / 3600
+        priced.update(seed_s=round(per_seed, 9), gpu_hours=round(gpu_h, 12))
+        cost = (
+            f": {need['more_seeds']} x ({c:.3g} s + {v:.3g} s of measured training) = "
+            f"{say_duration(gpu_h)} of GPU time"
+        )
+        if lot and lot.get("gpu_hours"):
+            usd = gpu_h * lot["usd"] / lot["gpu_hours"]
+            share = usd / lot["usd"] if lot["usd"] else 0.0
+            priced.update(usd=round(usd, 12), lot_share=round(share, 12))
+            money = f"{usd:.2f} USD" if usd >= 0.005 else "under 0.01 USD"
+            cost += (
+                f", {money} at the lot's price ({say_number(100 * share, digits=2)}% of the "
+                f"{lot['usd']:.2f} USD for {lot['gpu_hours']:g} GPU hours)"
+            )
     text = (
         f"To resolve it: about {need['more_examples']} more {rule.report_split} examples "
-        f"({need['factor']:.2f} x the {g.n} there; evaluating them costs minutes, labelling "
-        f"them is a human step), or {need['more_seeds']} more seed(s) of both 'control' and "
-        f"'{chosen}'{cost}."
+        f"({need['factor']:.2f} x the {g.n} there; labelling them is a human step), or "
+        f"{need['more_seeds']} more seed(s) of both 'control' and '{chosen}'{cost}."
     )
-    return {**need, "seed_hours": hours, "text": text}
+    return {**need, **priced, "text": text}
