@@ -407,19 +407,35 @@ def draw_run_figures(
     metrics: Mapping[str, list[dict[str, Any]]],
     analyses: Mapping[str, Mapping[str, Any]],
     shown: str,
+    verdict: Verdict | None = None,
+    split: str = "test",
 ) -> dict[str, str]:
-    """Curves of every run and the confusion matrix of ``shown`` (when it was analysed);
-    returns ``{calendar, curves?, confusion?}`` relative paths (the calendar is drawn last)."""
+    """Curves of every run (with the verdict's threshold and the control's final value on
+    the selection split) and the confusion matrix of ``shown`` on ``split`` (when it was
+    analysed); returns ``{calendar, curves?, confusion?}`` relative paths (the calendar is
+    drawn last)."""
     folder = OutputFolder(root)
     figs = {"calendar": CALENDAR_PNG}
+    numbers = verdict.numbers if verdict is not None else {}
     if metrics:
         figs["curves"] = CURVES_PNG
-        figures.plot_curves(dict(metrics), folder.path(CURVES_PNG))
+        sel = numbers.get("select_split")
+        figures.plot_curves(
+            dict(metrics),
+            folder.path(CURVES_PNG),
+            metric=numbers.get("metric"),
+            threshold=numbers.get("threshold"),
+            control_final=verdict.control.get(sel) if verdict is not None and sel else None,
+            split=sel,
+        )
     if shown in analyses:
         figs["confusion"] = CONFUSION_PNG
         a = analyses[shown]
         figures.plot_confusion(
-            a["confusion"], a["classes"], folder.path(CONFUSION_PNG), title=shown
+            a["confusion"],
+            a["classes"],
+            folder.path(CONFUSION_PNG),
+            title=f"confusion matrix of '{shown}' on {split}",
         )
     return figs
 
@@ -490,7 +506,12 @@ def close_runs(
     )
     metrics = read_run_metrics(root, states)
     figs = draw_run_figures(
-        root, metrics=metrics, analyses=analyses, shown=verdict.run or "control"
+        root,
+        metrics=metrics,
+        analyses=analyses,
+        shown=verdict.run or "control",
+        verdict=verdict,
+        split=spec.decision_split,
     )
     corpus_ref = None
     if spec.corpus:

@@ -28,9 +28,9 @@ SUMMARY_KEYS = (
     "undefined_reason",
 )
 _FIGURE_TITLES = {
-    "calendar": "Calendar: planned vs actual",
-    "curves": "Loss and metric curves",
-    "confusion": "Confusion matrix of the verdict's run",
+    "calendar": "Calendar: planned, then actual on its own scale",
+    "curves": "Loss and metric curves by split, with the threshold and the control's final value",
+    "confusion": "Confusion matrix of the verdict's run on the report split",
 }
 
 
