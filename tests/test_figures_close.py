@@ -143,3 +143,16 @@ def test_the_confusion_matrix_names_its_run_and_split(tmp_path: Path, monkeypatc
     analyses = {"wide": {"confusion": [[1, 0], [0, 1]], "classes": ["a", "b"]}}
     closing.draw_run_figures(tmp_path, metrics={}, analyses=analyses, shown="wide", split="test")
     assert drawn["title"] == "confusion matrix of 'wide' on test"
+
+
+def test_curves_mark_where_a_run_was_interrupted_and_resumed():
+    from gpucampaign.close.figures import draw_curves
+
+    rows = _rows(2.0, 0.9) + [
+        {"kind": "interrupt", "step": 2, "reason": "SIGTERM"},
+        {"kind": "restore", "step": 2, "restore_s": 0.1, "refused": []},
+    ]
+    ax_loss = draw_curves({"control": rows}).axes[0]
+    marks = {line.get_label(): list(line.get_xdata()) for line in ax_loss.get_lines()}
+    assert marks["control interrupted at step 2"] == [2.0, 2.0]
+    assert marks["control resumed at step 2"] == [2.0, 2.0]

@@ -262,7 +262,8 @@ def draw_curves(
     and restore rows are skipped. Each panel's title names the splits it shows. Runs whose
     curve is identical share one line and one legend entry (``a = b: val loss``). The decision
     ``metric``'s panel carries the ``threshold`` and the control's final value on ``split``
-    as horizontal lines.
+    as horizontal lines; where a run was interrupted or resumed (its ``interrupt`` and
+    ``restore`` rows), the loss panel has a vertical line.
 
     Args:
         runs_metrics: ``{run label: metrics.jsonl rows}``; each row has ``x`` (``step``).
@@ -301,6 +302,17 @@ def draw_curves(
             markersize=3,
             label=f"{' = '.join(runs)}: {name}",
         )
+    for run, records in runs_metrics.items():
+        for r in records:
+            what = {"interrupt": "interrupted", "restore": "resumed"}.get(str(r.get("kind")))
+            if what is not None and isinstance(r.get(x), int | float):
+                ax_loss.axvline(
+                    float(r[x]),
+                    color=f"C{colour[run] % 10}",
+                    linestyle="-." if what == "resumed" else (0, (1, 3)),
+                    linewidth=1,
+                    label=f"{run} {what} at {x} {r[x]}",
+                )
     if metric is not None:
         ax = _panel(metric, ax_loss=ax_loss, ax_metric=ax_metric)
         if threshold is not None:
