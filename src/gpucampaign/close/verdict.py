@@ -2,8 +2,8 @@
 
 The winner is chosen on the selection split only; its gain over the control is then reported,
 with a paired-bootstrap 95% interval, on the report split, which decides how sure the verdict
-is. A pure function of the metrics, the predictions and the stop records: nothing is
-re-measured.
+is. A pure function of the metrics, the predictions, the per-example scores and the stop
+records: nothing is re-measured.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def _signed(x: float, rule: DecisionRule) -> str:
 
 
 def _improves(rule: DecisionRule, name: str, entry: Mapping[str, Any], split: str) -> str:
-    """``'b' improves accuracy over the control by +0.0500 on test (95% CI [+0.04, +0.06])``."""
+    """``'b' improves accuracy over the control by +0.05 on test (95% CI [+0.04, +0.06])``."""
     better = " (lower is better)" if rule.direction == "minimize" else ""
     ci = entry.get("gain_ci95")
     interval = (
@@ -156,7 +156,7 @@ def _fmt(x: float | None, rule: DecisionRule, *, status: str = "stopped") -> str
 
 
 def _ci_text(entry: Mapping[str, Any], rule: DecisionRule) -> str:
-    """``gain +0.0100 [95% CI -0.0050, +0.0250]``, or the gain alone without an interval."""
+    """``gain +0.01 [95% CI -0.005, +0.025]``, or the gain alone without an interval."""
     if entry.get("gain") is None:
         return "no gain"
     ci = entry.get("gain_ci95")
@@ -338,12 +338,16 @@ def decide_verdict(
     """Apply the spec's decision rule to the measured evidence.
 
     The winner is the best variant on ``rule.select_split`` that meets the threshold and beats
-    the control by at least ``min_gain`` (strictly better when ``min_gain`` is 0). Its gain on
-    ``rule.report_split``, with a paired-bootstrap 95% interval, then decides the kind:
-    ``adopt`` when the interval's lower end clears ``min_gain``, ``negative`` when its upper
-    end does not, ``inconclusive`` when it straddles it. Without a winner the result is
-    ``negative``. The text states every number, and says when the report split disagrees
-    with the choice made on the selection split.
+    the control by at least ``min_gain`` (strictly better when ``min_gain`` is 0); a tie goes
+    to the cheaper run by measured training time, then the first in the spec (``TIE_RULE``).
+    Its gain on ``rule.report_split``, with a paired-bootstrap 95% interval (over predictions
+    or per-example scores), then decides the kind: ``adopt`` when the interval's lower end
+    clears ``min_gain``, ``negative`` when its upper end does not, ``inconclusive`` when it
+    straddles it, or when there is no interval and ``min_gain`` is above 0 (a point estimate
+    cannot show it cleared). Without a winner the result is ``negative``. The text states
+    every number and every stop, how a tie was broken, and when the report split disagrees
+    with the choice made on the selection split; ``answer`` answers the question in one
+    sentence.
 
     Args:
         rule: the spec's decision rule.
