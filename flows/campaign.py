@@ -19,7 +19,7 @@ from prefect.states import Cancelled, Failed
 
 from gpucampaign.close.manifest import keep_inputs, refuse_sealed_rewrite
 from gpucampaign.core.interrupt import Interrupted, graceful_signals
-from gpucampaign.core.stoprules import StopRule
+from gpucampaign.core.stoprules import StopRule, stops_the_campaign
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.lock import writer_lock
 from gpucampaign.folder.records import read_pilot, run_states, runs_with_model, write_pilot
@@ -153,9 +153,8 @@ def _campaign(
     )
     verified = seal(cs, out=str(folder.root), closed=closed)
     mirrored = mirror(cs, out=str(folder.root))
-    logger.info(
-        "verdict of %s: %s: %s", campaign_id, closed["verdict"]["kind"], closed["verdict"]["text"]
-    )
+    logger.info("answer of %s: %s", campaign_id, closed["verdict"].get("answer"))
+    logger.info("verdict of %s: %s", campaign_id, closed["verdict"]["text"])
     summary = {
         "campaign_id": campaign_id,
         "out": str(folder.root),
@@ -240,7 +239,14 @@ def _experiments(
         stop = _stop_of(fut)
         if stop is None:
             continue
-        if cs.tier_of(run) == "essential":
+        if cs.tier_of(run) == "essential" and not stops_the_campaign(stop):
+            logger.warning(
+                "essential run '%s' stopped after measuring: its values are evidence for the "
+                "verdict, the campaign goes on to its decision: %s",
+                run,
+                stop,
+            )
+        elif cs.tier_of(run) == "essential":
             logger.error("essential run '%s' stopped: %s", run, stop)
             essential_stop = essential_stop or stop
         else:

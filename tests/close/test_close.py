@@ -146,18 +146,105 @@ RULE = DecisionRule(metric="accuracy", threshold=0.9, min_gain=0.02)
 
 
 def _ev(val: float | None, test: float | None, *, status: str = "completed") -> RunEvidence:
-    """Evidence of values only (no predictions, so no interval)."""
-    return RunEvidence(values={"val": val, "test": test}, status=status)
+    """Evidence whose per-example scores all equal the value: a zero-width interval on it."""
+    from gpucampaign.close.scores import Scores
+
+    values = {"val": val, "test": test}
+    ids = tuple(f"r{i}" for i in range(20))
+    scores = {
+        split: (Scores(ids, {"accuracy": (x,) * 20, "loss": (x,) * 20}),)
+        for split, x in values.items()
+        if x is not None
+    }
+    return RunEvidence(values=values, scores=scores, status=status)
 
 
 def _verdict(rule, control, **variants):
     return decide_verdict(rule, control=control, variants=variants)
 
 
+def _spread(val: float, test: float, *, by: float) -> RunEvidence:
+    """Evidence whose per-example scores scatter by ``by`` around the value: a wide interval."""
+    from gpucampaign.close.scores import Scores
+
+    ids = tuple(f"r{i}" for i in range(20))
+    scores = {
+        split: (Scores(ids, {"accuracy": tuple(x + (by if i % 2 else -by) for i in range(20))}),)
+        for split, x in (("val", val), ("test", test))
+    }
+    return RunEvidence(values={"val": val, "test": test}, scores=scores)
+
+
+ANSWERS = {
+    "adopt": (
+        lambda: _verdict(RULE, _ev(0.92, 0.92), a=_ev(0.97, 0.96)),
+        "Yes: 'a' improves accuracy over the control by +0.04 on test (95% CI [+0.04, "
+        "+0.04]), clearing the min gain 0.02, and reaches 0.96 against the threshold 0.9. "
+        "Verdict: adopt.",
+    ),
+    "negative, the control kept": (
+        lambda: _verdict(RULE, _ev(0.95, 0.95), a=_ev(0.96, 0.96)),
+        "No: no variant improves accuracy over the control by the min gain 0.02 on val (the "
+        "best on val: 'a' improves accuracy over the control by +0.01 on test (95% CI "
+        "[+0.01, +0.01])); keep the control (accuracy 0.95 on val, threshold 0.9 met). "
+        "Verdict: negative.",
+    ),
+    "negative, under the threshold": (
+        lambda: _verdict(RULE, _ev(0.5, 0.5), a=_ev(0.6, 0.6)),
+        "No: no variant reaches the threshold 0.9 in accuracy on val (the best on val: 'a' "
+        "improves accuracy over the control by +0.1 on test (95% CI [+0.1, +0.1])); "
+        "neither does the control (0.5 on val). Verdict: negative.",
+    ),
+    "negative, not confirmed on test": (
+        lambda: _verdict(RULE, _ev(0.92, 0.92), a=_ev(0.96, 0.93)),
+        "No: 'a' improves accuracy over the control by +0.01 on test (95% CI [+0.01, "
+        "+0.01]), under the min gain 0.02; keep the control. Verdict: negative.",
+    ),
+    "inconclusive, a straddling interval": (
+        lambda: _verdict(RULE, _ev(0.92, 0.92), a=_spread(0.96, 0.95, by=0.2)),
+        "Not yet: 'a' improves accuracy over the control by +0.03 on test (95% CI [",
+    ),
+    "inconclusive, no interval": (
+        lambda: _verdict(
+            RULE,
+            RunEvidence(
+                values={"val": 0.92, "test": 0.92}, no_interval="recipe 'm:R' defines no score()"
+            ),
+            a=RunEvidence(
+                values={"val": 0.97, "test": 0.97}, no_interval="recipe 'm:R' defines no score()"
+            ),
+        ),
+        "Not yet: 'a' improves accuracy over the control by +0.05 on test (a point estimate, "
+        "no interval), and without an interval (no per-example accuracy on test: recipe 'm:R' "
+        "defines no score()) a point estimate cannot show the min gain 0.02 cleared. Verdict: "
+        "inconclusive.",
+    ),
+    "stopped": (
+        lambda: decide_verdict(RULE, control=None, variants={"a": _ev(0.97, 0.97)}),
+        "Not answered: the control has no accuracy to compare with ('control' has no metric "
+        "(no stop recorded)). Verdict: stopped.",
+    ),
+    "re-pose": (
+        lambda: decide_verdict(RULE, control=None, variants={}, repose_reason="it takes 90 h"),
+        "Not answered: re-pose the question; the decision point after the pilot stopped the "
+        "campaign (it takes 90 h). Verdict: re-pose.",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ANSWERS))
+def test_the_answer_says_yes_no_or_not_yet_in_one_sentence_then_the_kind(case: str):
+    make, expected = ANSWERS[case]
+    v = make()
+    assert v.answer.startswith(expected), v.answer
+    assert v.answer.endswith(f"Verdict: {v.kind}.") and case.startswith(v.kind)
+    assert v.answer.count(". ") == 1  # one sentence, then the kind
+
+
 def test_adopts_the_best_variant_that_meets_threshold_and_gain():
     v = _verdict(RULE, _ev(0.92, 0.92), a=_ev(0.95, 0.95), b=_ev(0.97, 0.97), c=_ev(0.93, 0.93))
     assert (v.kind, v.run) == ("adopt", "b")
-    assert "0.9700" in v.text and "0.9200" in v.text
+    assert "accuracy 0.97, gain +0.05" in v.text and "control val 0.92" in v.text
     assert v.variants["c"]["test"]["gain"] == pytest.approx(0.01)
     assert (v.select_split, v.report_split) == ("val", "test")
 
@@ -190,7 +277,7 @@ def test_negative_result_states_the_numbers():
     )
     assert v.kind == "negative" and v.run is None
     assert "no variant meets the threshold" in v.text
-    for number in ("0.5000", "0.6000", "threshold 0.9", "nan at step 4"):
+    for number in ("control val 0.5,", "a val 0.6 ", "threshold 0.9", "nan at step 4"):
         assert number in v.text
 
 
@@ -403,6 +490,7 @@ def test_load_estimates(tmp_path: Path):
 
 # --- a whole close, negative and stopped ------------------------------------------------------
 def test_negative_campaign_produces_a_complete_report(tmp_path: Path):
+    from gpucampaign.core.text import say_number
     from tests.helpers import build_closed_folder
 
     built = build_closed_folder(tmp_path, threshold=1.5, unit="model", stop_variant=True)
@@ -422,10 +510,14 @@ def test_negative_campaign_produces_a_complete_report(tmp_path: Path):
     ):
         assert section in md
     assert "no variant meets the threshold" in md
-    first = md.split("\n\n")[1]  # the paragraph after the title answers the question
-    assert first.startswith("**Question:** Does a wider hidden layer beat the control")
-    assert "**Answer: negative**" in first and "no run is adopted" in first
-    assert "47.14 USD spent" in first  # the stopped variant has no gain to quote
+    question, answer, cost = md.split("\n\n")[1:4]  # after the title: the question answered
+    assert question.startswith("**Question:** Does a wider hidden layer beat the control")
+    assert answer == (
+        "**Answer:** No: no variant reaches the threshold 1.5 in accuracy on val; neither does "
+        f"the control ({say_number(built['verdict'].control['val'])} on val). Verdict: negative."
+    )
+    assert cost.startswith("Cost: 47.14 USD spent")  # the stopped variant has no gain to quote
+    assert md.count(answer.removeprefix("**Answer:** ")) == 1  # said once, never repeated
     table = md.split("## Forecast vs actual")[1].split("\n\n")[2]
     assert "| 40 s |" in table and "| 1.53 min |" in table and ".000" not in table
     assert "stop-0123456789ab" in md  # the stopped variant keeps its stop ID and reason
@@ -636,3 +728,59 @@ def test_a_spec_without_a_decision_rule_gets_a_stopped_verdict():
     assert (v.kind, v.run) == ("stopped", None) and "no decision rule" in v.text
     assert spec.essential_runs() == ["control"]
     assert spec.runs_by_tier() == ["control", "wide", "big"]
+
+
+# --- numbers as they are, ties ----------------------------------------------------------------
+def test_a_value_is_never_rounded_onto_the_threshold_it_misses():
+    from types import SimpleNamespace
+
+    from gpucampaign.core.text import say_exact, say_number
+    from gpucampaign.engine.loop import _quality_stop
+
+    assert say_number(0.000241, against=0.0002) == "0.000241"
+    assert say_number(0.00020004, against=0.0002) == "0.00020004"  # not "0.0002"
+    assert say_number(0.9888, against=0.95) == "0.9888" and say_number(2.72) == "2.72"
+    assert say_number(0.019999, against=0.02, signed=True) == "+0.019999"
+    assert say_exact(0.0002) == "0.0002" and say_exact(0.1 + 0.2) == repr(0.1 + 0.2)
+
+    rule = DecisionRule(metric="mse", direction="minimize", threshold=0.0002, min_gain=0.00001)
+    v = _verdict(rule, _ev(0.00015, 0.00015), **{"lr-high": _ev(0.00020004, 0.000241)})
+    assert "lr-high val 0.00020004 " in v.text and "test 0.000241 " in v.text
+    assert "threshold 0.0002," in v.text and "0.0002 (" not in v.text
+    spec = SimpleNamespace(
+        decision_rule=rule, stop_rules=SimpleNamespace(below_threshold=True, quality_floor=None)
+    )
+    stop = _quality_stop(spec, "lr-high-0123456789", {"mse": 0.000241}, step=7)
+    assert stop is not None
+    assert stop.reason == "final mse on val is 0.000241, above the ceiling 0.0002"
+    floor = DecisionRule(metric="accuracy", threshold=0.95)
+    low = SimpleNamespace(decision_rule=floor, stop_rules=spec.stop_rules)
+    assert (
+        "is 0.94999, below the floor 0.95"
+        in _quality_stop(low, "c", {"accuracy": 0.94999}, step=1).reason
+    )
+
+
+def test_a_tie_on_the_selection_split_is_broken_by_the_stated_rule():
+    from dataclasses import replace
+
+    from gpucampaign.close.verdict import TIE_RULE
+
+    a, b = _ev(0.9888, 0.97), _ev(0.9888, 0.98)
+    v = _verdict(RULE, _ev(0.92, 0.92), a=replace(a, train_s=0.46), b=replace(b, train_s=0.41))
+    assert (v.kind, v.run) == ("adopt", "b")  # the cheaper of the two
+    assert f"Tie on val: 'a', 'b' all reach 0.9888; broken by the stated rule ({TIE_RULE})" in (
+        v.text
+    )
+    assert "'b' (training time 'a' 0.46 s, 'b' 0.41 s)" in v.text
+    assert v.numbers["tie"] == {"tied": ["a", "b"], "chosen": "b", "rule": TIE_RULE}
+    # Same measured time (or none): the first in the spec's order.
+    same = _verdict(RULE, _ev(0.92, 0.92), a=a, b=b)
+    assert same.run == "a" and "Tie on val" in same.text
+    # No tie, nothing said.
+    assert "Tie" not in _verdict(RULE, _ev(0.92, 0.92), a=a).text
+    # A variant that only ties the control gains nothing: the control is kept.
+    kept = _verdict(
+        DecisionRule(metric="accuracy", threshold=0.9), _ev(0.95, 0.95), a=_ev(0.95, 0.95)
+    )
+    assert (kept.kind, kept.run) == ("negative", "control")

@@ -159,9 +159,10 @@ def test_an_unreachable_threshold_without_the_stop_is_negative_and_the_folder_ve
     v = got["verdict"]
     assert (v.kind, v.run) == ("negative", None)
     assert "no variant meets the threshold on val, and neither does the control" in v.text
-    first = (got["out"] / "report.md").read_text().split("\n\n")[1]
-    assert "**Answer: negative**" in first and "The best variant on val, 'wide', gains" in first
-    assert "on val (95% CI [" in first and "on test (95% CI [" in first
+    answer = (got["out"] / "report.md").read_text().split("\n\n")[2]
+    assert answer.startswith("**Answer:** No: no variant reaches the threshold 1.01")
+    assert "(the best on val: 'wide' improves accuracy over the control by" in answer
+    assert "on test (95% CI [" in answer and answer.endswith("Verdict: negative.")
     report = verify_output(got["out"], reload=True)
     assert report.verified, report.problems
 
@@ -196,8 +197,25 @@ def test_a_straddling_interval_is_inconclusive_with_the_evidence_needed(tmp_path
     low, high = v.variants["learns"]["test"]["gain_ci95"]
     assert low < 0.1 < high
     assert v.resolve["more_examples"] > 0 and v.resolve["more_seeds"] > 0
-    assert v.resolve["seed_hours"] == v.resolve["more_seeds"] * 3  # control 2 h + variant 1 h
-    assert "more test examples" in v.text and "h of GPU time in the calendar" in v.text
+    # Priced from the runs' measured training time, not from the calendar's allotted hours.
+    spec, out = got["spec"], got["out"]
+    measured = [
+        json.loads((out / "runs" / spec.run_id(r) / "result.json").read_text())["timings"][
+            "steps_s_sum"
+        ]
+        for r in ("control", "learns")
+    ]
+    assert v.resolve["seed_s"] == pytest.approx(sum(measured), rel=1e-5)
+    gpu_hours = v.resolve["more_seeds"] * sum(measured) / 3600
+    assert v.resolve["gpu_hours"] == pytest.approx(gpu_hours, rel=1e-5)
+    assert gpu_hours < 0.01  # seconds of training, where the calendar allotted 3 h a seed
+    # ... and as the share of the lot's price: a 3-day rtx4090 lot, 72 GPU hours.
+    lot = 47.14
+    assert v.resolve["usd"] == pytest.approx(gpu_hours * lot / 72, rel=1e-5)
+    assert v.resolve["lot_share"] == pytest.approx(gpu_hours / 72, rel=1e-4)
+    assert "more test examples" in v.text and "s of measured training) = " in v.text
+    assert f"of the {lot:.2f} USD for 72 GPU hours" in v.text and "calendar" not in v.text
+    assert f"or {v.resolve['more_seeds']} more seed(s), " in v.answer
 
 
 # --- the bootstrap itself ----------------------------------------------------------------------
@@ -353,3 +371,37 @@ def test_an_optional_run_whose_pilot_tripped_a_stop_is_dropped_and_the_form_offe
     assert schema["properties"]["drop"]["items"]["enum"] == ["wide", "odd"]  # never the control
     with pytest.raises(ValueError, match="control"):
         form(action="reduce", drop=["control"])
+
+
+def test_a_control_stopped_by_the_quality_floor_is_evidence_with_predictions_and_a_reload(
+    tmp_path: Path,
+):
+    from gpucampaign.core.stoprules import STOP_RULES, NonFiniteLoss, stops_the_campaign
+
+    sha = write_table(tmp_path / "corpus.csv", n={"train": 200, "val": 80, "test": 80})
+    got = campaign(
+        tmp_path,
+        sha=sha,
+        variants=[{"name": "learns", "changes": {"lr": 0.05}}],
+        rule={"threshold": 0.8, "min_gain": 0.05},
+        control=LEARNS_NOTHING,  # the control misses the threshold: the floor stops it
+    )
+    out, spec, v = got["out"], got["spec"], got["verdict"]
+    stops = [json.loads(line) for line in (out / "stops.jsonl").read_text().splitlines()]
+    assert [s["rule"] for s in stops] == ["below_threshold"]
+    assert stops[0]["run_id"] == spec.run_id("control")
+    # A decision all the same: the stopped control's values are evidence, and the stop is said.
+    assert (v.kind, v.run) == ("adopt", "learns"), v.text
+    assert v.answer.startswith("Yes: 'learns' improves accuracy over the control by")
+    assert f"'control' stopped by below_threshold ({stops[0]['stop_id']})" in v.text
+    assert "below the floor 0.8" in v.text
+    # Its model got predictions and scores, and reloads in a fresh process like any other.
+    rdir = out / "runs" / spec.run_id("control")
+    assert (rdir / "predictions.csv").is_file() and (rdir / "scores-val.csv").is_file()
+    report = verify_output(out, reload=True)
+    assert report.verified, report.problems
+    assert sorted(report.reloaded_runs) == sorted(spec.run_id(r) for r in spec.run_names())
+    # The flow stops the campaign only for a stop that leaves no evidence.
+    recorded = STOP_RULES[stops[0]["rule"]](stops[0]["run_id"], stops[0]["reason"])
+    assert not stops_the_campaign(recorded)
+    assert stops_the_campaign(NonFiniteLoss("control-0123456789", "loss is nan"))

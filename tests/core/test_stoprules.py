@@ -71,7 +71,7 @@ def test_below_threshold_is_direction_aware_and_can_be_off(tmp_path, digits_file
         digits_file,
         decision_rule={"metric": "loss", "direction": "minimize", "threshold": 1e-9},
     )
-    with pytest.raises(BelowThreshold, match="above the floor"):
+    with pytest.raises(BelowThreshold, match="above the ceiling 1e-09"):
         run(spec, tmp_path)
     off = make_spec(
         tmp_path,

@@ -289,15 +289,22 @@ def test_a_campaign_restarts_inference_of_an_interrupted_variant_and_verifies(
 
 # --- the verdict on an interrupted run's evidence ------------------------------------------------
 def test_the_verdict_reads_an_interrupted_run_as_evidence_at_its_step():
+    from gpucampaign.close.scores import Scores
     from gpucampaign.close.verdict import RunEvidence, decide_verdict
     from gpucampaign.spec import DecisionRule
 
     rule = DecisionRule(metric="accuracy", threshold=0.9, min_gain=0.02)
-    done = RunEvidence(values={"val": 0.92, "test": 0.92})
     note = "interrupted: the model of step 50 of 300"
 
+    def evidence(v: float, **kw: str) -> RunEvidence:
+        # Every example scores the value: a zero-width interval on it.
+        rows = (Scores(("r0", "r1"), {"accuracy": (v, v)}),)
+        return RunEvidence(values={"val": v, "test": v}, scores={"val": rows, "test": rows}, **kw)
+
     def cut(v: float) -> RunEvidence:
-        return RunEvidence(values={"val": v, "test": v}, status="interrupted", note=note)
+        return evidence(v, status="interrupted", note=note)
+
+    done = evidence(0.92)
 
     # Already clearing the rule at step 50: decisive, and the text says at which step.
     adopt = decide_verdict(rule, control=done, variants={"a": cut(0.97)})

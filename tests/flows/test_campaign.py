@@ -248,7 +248,9 @@ def test_optional_stop_is_recorded_and_reduce_drops_the_exploratory_variant(
     assert "long" not in {r["run"] for r in timeline_rows(out) if r["phase"] == "train"}
 
 
-def test_essential_stop_fails_the_flow_after_writing_a_complete_folder(prefect_harness, tmp_path):
+def test_a_control_stopped_by_the_quality_floor_still_ends_with_the_decision(
+    prefect_harness, tmp_path
+):
     spec = tiny_campaign(
         tmp_path,
         stop_rules={
@@ -260,14 +262,20 @@ def test_essential_stop_fails_the_flow_after_writing_a_complete_folder(prefect_h
     )
     out = tmp_path / "out"
     state = run_flow(spec, out)
-    assert state.is_failed()
-    assert "below_threshold" in state.message
+    assert state.is_completed(), state.message  # a decision is reached: not a failed campaign
+    summary = state.result()
     stops = jsonl(out / "stops.jsonl")
-    assert "control" in {s["run"] for s in stops}
+    control = next(s for s in stops if s["run"] == "control")
+    assert control["rule"] == "below_threshold"
+    verdict = summary["verdict"]
+    assert verdict["kind"] in ("adopt", "negative", "inconclusive")
+    assert f"'control' stopped by below_threshold ({control['stop_id']})" in verdict["text"]
+    assert summary["essential_stop"] is None and summary["verified"] is True
     report = json.loads((out / "report.json").read_text())
-    assert report["budget"]["spent_usd"] == 47.14  # a stopped campaign still shows its full cost
-    assert (out / "report.md").is_file() and (out / "manifest.json").is_file()
-    assert verify_output(out, reload=False).verified
+    assert report["budget"]["spent_usd"] == 47.14  # a stopped run still shows its full cost
+    rid = next(r for r, v in summary["runs"].items() if r.startswith("control-"))
+    assert (out / "runs" / rid / "predictions.csv").is_file()  # the model it reached
+    assert rid in verify_output(out, reload=True).reloaded_runs
 
 
 def timeline_rows(out: Path) -> list[dict[str, Any]]:
@@ -311,6 +319,22 @@ def test_campaign_run_cli_exit_codes(tmp_path):
     assert refused.returncode == 2 and "holds another campaign" in refused.stderr
     assert "Traceback" not in refused.stderr + refused.stdout
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_campaign_run_exits_0_when_a_stopped_control_still_gives_the_decision(tmp_path):
+    spec = tiny_campaign(
+        tmp_path,
+        stop_rules={"below_threshold": True, "quality_floor": 0.9999, "require_restart": False},
+    )
+    out = tmp_path / "out"
+    run = campaign_cli("run", str(spec), "--out", str(out), cwd=ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    said = " ".join(run.stdout.split())
+    # The closing lines open with the question and its answer, then the runs and the verdict.
+    assert said.index("question: ") < said.index("answer: ") < said.index("runs: ")
+    assert said.index("answer: ") < said.index("Verdict: ") < said.index("verdict: ")
+    assert "below_threshold" in said  # the stop is shown with the verdict
+    assert [s["run"] for s in jsonl(out / "stops.jsonl")].count("control") == 1
 
 
 def _paused_run_of(out: Path, timeout_s: float = 240) -> Any:

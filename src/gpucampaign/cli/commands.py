@@ -1,8 +1,8 @@
 """The ``campaign`` command (typer + rich).
 
-Exit codes: 0 success; 2 invalid input; 3 stopped by a stop rule; 4 plan does not fit its
-window (plan) or output not verified (verify); 130 / 143 interrupted by SIGINT / SIGTERM
-(saved; rerun to resume); 1 unexpected.
+Exit codes: 0 success; 2 invalid input; 3 stopped by a stop rule before a decision; 4 plan
+does not fit its window (plan) or output not verified (verify); 130 / 143 interrupted by SIGINT
+/ SIGTERM (saved; rerun to resume); 1 unexpected.
 
 The commands on an output folder are in ``cli_output``; what the commands share (the app, the
 consoles, the exit codes) in ``cli_common``.
@@ -400,7 +400,7 @@ def run_cmd(
     summary = state.result(raise_on_failure=False)
     if isinstance(summary, BaseException):
         raise summary
-    verdict = _print_run_summary(summary or {}, target=target)
+    verdict = _print_run_summary(summary or {}, target=target, question=cs.question)
     if state.is_failed():
         err_console.print(f"[bold red]stopped:[/] {state.message}", soft_wrap=True)
         raise typer.Exit(EXIT_STOPPED)
@@ -425,9 +425,20 @@ def _preflight_recipes(cs: Any, *, base_dir: Path) -> None:
     preflight(cs, corpus=corpus)
 
 
-def _print_run_summary(summary: dict[str, Any], *, target: Path) -> dict[str, Any]:
-    """Print what the campaign flow returned; returns its verdict."""
+def _print_run_summary(
+    summary: dict[str, Any], *, target: Path, question: str | None = None
+) -> dict[str, Any]:
+    """Print what the campaign flow returned, the answer to the spec's question first;
+    returns its verdict."""
+    from rich.markup import escape
+
     verdict = summary.get("verdict") or {}
+    if question:
+        console.print(f"[bold]question:[/] {escape(question)}", soft_wrap=True, highlight=False)
+    if verdict.get("answer"):
+        console.print(
+            f"[bold]answer:[/] {escape(verdict['answer'])}", soft_wrap=True, highlight=False
+        )
     runs = ", ".join(f"{rid} {status}" for rid, status in (summary.get("runs") or {}).items())
     if runs:
         say(f"runs: {runs}")

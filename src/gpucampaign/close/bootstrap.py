@@ -2,7 +2,9 @@
 
 Both runs predicted the same rows, so each resample draws rows (the same rows for both runs)
 and recomputes the gain: what varies is which examples were in the split, not which run saw
-them. Replicates (several seeds of one run) are averaged per example before resampling.
+them. Replicates (several seeds of one run) are averaged per example before resampling. The
+rows are predictions (accuracy, macro F1 of a classifier) or per-example scores (any metric
+that is a mean over examples: ``paired_mean_gain``).
 Seeded with numpy's PCG64, so the same predictions give the same interval on every machine.
 """
 
@@ -136,6 +138,67 @@ def paired_gain(
     low, high = np.percentile(np.asarray(draws), [2.5, 97.5])
     return Gain(
         gain=round(gain, 12),
+        ci95=(round(float(low), 12), round(float(high), 12)),
+        n=n,
+        replicates=min(len(control), len(variant)),
+    )
+
+
+def paired_mean_gain(
+    control: Sequence[Any],
+    variant: Sequence[Any],
+    *,
+    metric: str,
+    samples: int = BOOT_SAMPLES,
+    seed: int = BOOT_SEED,
+) -> Gain | None:
+    """The variant's gain over the control in a metric that is a mean over examples, from
+    per-example scores, with a 95% paired-bootstrap interval.
+
+    The gain is the raw difference ``variant - control`` (the caller signs it by direction):
+    the mean over the common examples of each example's difference, replicates averaged.
+
+    Args:
+        control: the control's ``scores.Scores``, one per replicate (seed).
+        variant: the variant's, one per replicate.
+        metric: the column of the scores to compare.
+        samples: bootstrap resamples.
+        seed: the resampling seed.
+
+    Returns:
+        The gain, or None when a side has no scores of ``metric``, they share no example, or
+        a value is not finite.
+    """
+    sides = [*control, *variant]
+    if not control or not variant or any(metric not in s.values for s in sides):
+        return None
+    common = set(control[0].ids)
+    for s in sides[1:]:
+        common &= set(s.ids)
+    ids = [i for i in control[0].ids if i in common]
+    if not ids:
+        return None
+
+    def side(reps: Sequence[Any]) -> np.ndarray:
+        rows = []
+        for s in reps:
+            pos = {i: n for n, i in enumerate(s.ids)}
+            values = s.values[metric]
+            rows.append([values[pos[i]] for i in ids])
+        return np.asarray(rows, dtype=np.float64).mean(axis=0)
+
+    diff = side(variant) - side(control)
+    if not np.isfinite(diff).all():
+        return None
+    n = len(ids)
+    rng = np.random.default_rng(seed)
+    draws: list[float] = []
+    for start in range(0, samples, _CHUNK):
+        idx = rng.integers(0, n, size=(min(_CHUNK, samples - start), n))
+        draws += diff[idx].mean(axis=1).tolist()
+    low, high = np.percentile(np.asarray(draws), [2.5, 97.5])
+    return Gain(
+        gain=round(float(diff.mean()), 12),
         ci95=(round(float(low), 12), round(float(high), 12)),
         n=n,
         replicates=min(len(control), len(variant)),

@@ -244,8 +244,9 @@ def with_expenses(budget: Mapping[str, Any], expenses: Iterable[Any]) -> dict[st
     }
 
 
-def render_budget_md(budget: Mapping[str, Any]) -> str:
-    """The budget close as a short markdown section."""
+def render_budget_md(budget: Mapping[str, Any], *, result: str | None = None) -> str:
+    """The budget close as a short markdown section; ``result`` names the result obtained in
+    place of the budget's own words (the report, which states it once, above)."""
     out = _budget_lines(budget)
     unit = budget["unit"]
     if budget["rental_per_accepted_usd"] is not None:
@@ -257,7 +258,7 @@ def render_budget_md(budget: Mapping[str, Any]) -> str:
         out.append(
             "No delivery unit (a research decision): no rental per unit is made up. "
             f"Result obtained for {budget['spent_usd']:.2f} USD: "
-            f"{budget.get('result') or 'see the verdict'}"
+            f"{result or budget.get('result') or 'see the verdict'}"
         )
     else:
         out.append(f"Accepted deliveries ({unit}): {budget['accepted_deliveries']}.")

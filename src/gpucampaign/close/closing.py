@@ -33,10 +33,18 @@ from gpucampaign.close.predictions import (
     write_run_predictions,
 )
 from gpucampaign.close.report import build_report, write_report
+from gpucampaign.close.scores import no_scores_reason, read_scores, write_run_scores
 from gpucampaign.close.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
 from gpucampaign.core.files import sha256_bytes, sha256_file
+from gpucampaign.core.text import say_number
 from gpucampaign.data.corpus import corpus_path, load_spec_corpus
-from gpucampaign.folder.layout import METRICS_FILE, OutputFolder, run_file
+from gpucampaign.folder.layout import (
+    METRICS_FILE,
+    SCORES_ERROR_FILE,
+    OutputFolder,
+    run_file,
+    scores_file,
+)
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import (
     MODEL_WEIGHTS,
@@ -83,13 +91,15 @@ class ClosedRuns:
     deliveries: list[dict[str, Any]] = field(default_factory=list)
 
     def table_rows(self) -> list[dict[str, str]]:
-        """The runs as short text cells (run ID, tier, status, metric, stop) for a UI table."""
+        """The runs as short text cells (run ID, tier, status, metric, stop) for a UI table;
+        a metric has the digits that show how it compares with the threshold."""
+        limit = self.verdict.numbers.get("threshold")
         return [
             {
                 "run_id": r["run_id"],
                 "tier": r["tier"],
                 "status": r["status"],
-                "metric": "" if r["metric"] is None else f"{r['metric']:.4f}",
+                "metric": "" if r["metric"] is None else say_number(r["metric"], against=limit),
                 "stop": r["stop_id"] or "",
             }
             for r in self.runs
@@ -113,7 +123,8 @@ def analyse_runs(
     spec: CampaignSpec, *, root: str | Path, corpus: Any, runs: list[str]
 ) -> dict[str, dict[str, Any]]:
     """Write ``predictions.csv`` (unless already written) and ``error_analysis.json`` of each
-    run that saved a model, on the decision split.
+    run that saved a model, on the decision split, and (with a decision rule, when its recipe
+    has ``score``) its per-example scores on the selection and report splits.
 
     Returns:
         The error analysis per run name (with flips against the control when it has one).
@@ -123,6 +134,8 @@ def analyse_runs(
     resolved = {run: spec.resolve_run(run) for run in runs}
     for run in runs:
         rid = resolved[run].run_id
+        if spec.decision_rule:
+            _score_run(spec, folder, run, corpus=corpus)
         if not resolved[run].config.builtin:
             _analyse_recipe_run(folder, rid, corpus=corpus, split=spec.decision_split)
             continue
@@ -145,6 +158,23 @@ def analyse_runs(
     return analyses
 
 
+def _score_run(spec: CampaignSpec, folder: OutputFolder, run: str, *, corpus: Any) -> None:
+    """The run's per-example scores on the verdict's splits; a ``score`` that fails here
+    leaves them out (the verdict then says the run has no interval, and why)."""
+    from gpucampaign.recipe.contract import RecipeError
+
+    try:
+        write_run_scores(
+            folder.root,
+            spec.run_id(run),
+            config=spec.run_config(run),
+            corpus=corpus,
+            splits=_verdict_splits(spec),
+        )
+    except RecipeError as exc:
+        folder.write_text(run_file(spec.run_id(run), SCORES_ERROR_FILE), f"{exc}\n")
+
+
 def _verdict_splits(spec: CampaignSpec) -> list[str]:
     """The report split (``predictions.csv``), then the selection split when there is a rule."""
     return [spec.decision_split] + ([spec.selection_split] if spec.decision_rule else [])
@@ -153,13 +183,15 @@ def _verdict_splits(spec: CampaignSpec) -> list[str]:
 def run_evidence(
     spec: CampaignSpec, *, root: str | Path, states: Mapping[str, RunState]
 ) -> dict[str, RunEvidence]:
-    """Each run's metric and predictions on the selection and report splits.
+    """Each run's metric, predictions and per-example scores on the selection and report
+    splits.
 
-    A split's value comes from the run's saved predictions when it has them (the very rows the
-    intervals resample), otherwise from the evaluation in ``result.json``. Only a run that
-    completed, stopped after measuring, or was interrupted under ``resume: inference`` (its
-    last good model, noted as such) has values. Replicates (``<run>.s<seed>``) are
-    folded into their base run: every replicate's predictions, and the mean of their values.
+    A split's value comes from the run's saved predictions or per-example scores when it has
+    them (the very rows the intervals resample), otherwise from the evaluation in
+    ``result.json``. Only a run that completed, stopped after measuring, or was interrupted
+    under ``resume: inference`` (its last good model, noted as such) has values. Replicates
+    (``<run>.s<seed>``) are folded into their base run: every replicate's rows, the mean of
+    their values, the mean of their measured training times (one seed's).
     """
     single = _single_run_evidence(spec, root=root, states=states)
     out: dict[str, RunEvidence] = {}
@@ -175,9 +207,21 @@ def run_evidence(
             split: tuple(p for e in reps for p in e.predictions.get(split, ()))
             for split in _verdict_splits(spec)
         }
-        note = "; ".join(dict.fromkeys(e.note for e in reps if e.note))
+        scores = {
+            split: tuple(p for e in reps for p in e.scores.get(split, ()))
+            for split in _verdict_splits(spec)
+        }
+        times = [e.train_s for e in reps]  # one seed's measured training time: their mean
         out[base] = RunEvidence(
-            values=values, predictions=preds, status=single[base].status, note=note
+            values=values,
+            predictions=preds,
+            scores=scores,
+            status=single[base].status,
+            note="; ".join(dict.fromkeys(e.note for e in reps if e.note)),
+            no_interval="; ".join(dict.fromkeys(e.no_interval for e in reps if e.no_interval)),
+            train_s=None
+            if None in times or not times
+            else round(sum(t for t in times if t is not None) / len(times), 6),
         )
     return out
 
@@ -192,23 +236,46 @@ def _single_run_evidence(
     for rid, s in states.items():
         values: dict[str, float | None] = {}
         preds: dict[str, tuple[Any, ...]] = {}
+        scores: dict[str, tuple[Any, ...]] = {}
         measured = metric and s.result is not None and s.status in MEASURED
-        # A user's recipe writes its own predictions columns: its values come from its
-        # evaluation, without per-example rows to resample.
-        per_example = spec.run_config(s.run).builtin
+        # Classifier predictions are the built-in recipes' own rows; any recipe's per-example
+        # scores are read where its score() wrote them.
+        builtin = spec.run_config(s.run).builtin
         for split in _verdict_splits(spec) if measured else []:
             assert s.result is not None and metric is not None
             path = folder.run_dir(rid) / predictions_file(split, report_split=spec.decision_split)
-            if per_example and path.is_file():
+            if builtin and path.is_file():
                 preds[split] = (read_predictions(path),)
+            scored = folder.run_dir(rid) / scores_file(split)
+            if scored.is_file() and metric in (got := read_scores(scored)).values:
+                scores[split] = (got,)
             value = metric_value(preds.get(split, ()), metric=metric)
+            if value is None and split in scores:
+                value = scores[split][0].mean(metric)
             if value is None:
                 value = s.result.eval_metrics.get(split, {}).get(metric)
             if value is None and split == spec.decision_split:
                 value = s.result.metrics.get(metric)
             values[split] = value
+        rows = any(metric_value(p, metric=metric or "") is not None for p in preds.values())
+        no_interval = ""
+        if measured and not rows and not scores:
+            assert metric is not None
+            error = folder.path(run_file(rid, SCORES_ERROR_FILE))
+            no_interval = (
+                f"its score() failed at the close: {error.read_text('utf-8').strip()}"
+                if error.is_file()
+                else no_scores_reason(spec.run_config(s.run), metric=metric)
+            )
+        train_s = (s.result.timings or {}).get("steps_s_sum") if s.result is not None else None
         out[s.run] = RunEvidence(
-            values=values, predictions=preds, status=s.status, note=_evidence_note(s)
+            values=values,
+            predictions=preds,
+            scores=scores,
+            status=s.status,
+            note=_evidence_note(s),
+            no_interval=no_interval,
+            train_s=None if train_s is None else float(train_s),
         )
     return out
 
@@ -275,9 +342,10 @@ def closing_verdict(
     evidence: Mapping[str, RunEvidence],
     stops: list[StopRecord],
     decision: Decision | None,
+    catalog: Any = None,
 ) -> Verdict:
     """The spec's decision rule applied to the runs' evidence (re-pose when the decision point
-    re-posed the question)."""
+    re-posed the question); more evidence is priced at the rented lots' price."""
     rule = spec.decision_rule
     if rule is None:
         return no_rule_verdict()
@@ -288,8 +356,18 @@ def closing_verdict(
         variants={r: e for r, e in evidence.items() if r != "control"},
         stops=[s.to_dict() for s in stops],
         repose_reason=repose,
-        run_hours={s.run: s.hours for s in spec.calendar if s.run is not None},
+        lot=lot_price(spec, catalog=catalog),
     )
+
+
+def lot_price(spec: CampaignSpec, *, catalog: Any = None) -> dict[str, float] | None:
+    """The rented lots' price and GPU hours: ``{usd, gpu_hours}``; None without a lot."""
+    from gpucampaign.close.budget import resolve_packages
+
+    lots = resolve_packages(spec.packages, catalog=catalog)
+    usd = sum(float(p["price_usd"]) * p["count"] for p in lots)
+    gpu_hours = sum(p["days"] * 24 * p["count"] * (p.get("gpus") or 1) for p in lots)
+    return {"usd": round(usd, 2), "gpu_hours": float(gpu_hours)} if lots else None
 
 
 def delivery(root: str | Path, state: RunState, *, corpus: Any) -> dict[str, Any]:
@@ -329,19 +407,35 @@ def draw_run_figures(
     metrics: Mapping[str, list[dict[str, Any]]],
     analyses: Mapping[str, Mapping[str, Any]],
     shown: str,
+    verdict: Verdict | None = None,
+    split: str = "test",
 ) -> dict[str, str]:
-    """Curves of every run and the confusion matrix of ``shown`` (when it was analysed);
-    returns ``{calendar, curves?, confusion?}`` relative paths (the calendar is drawn last)."""
+    """Curves of every run (with the verdict's threshold and the control's final value on
+    the selection split) and the confusion matrix of ``shown`` on ``split`` (when it was
+    analysed); returns ``{calendar, curves?, confusion?}`` relative paths (the calendar is
+    drawn last)."""
     folder = OutputFolder(root)
     figs = {"calendar": CALENDAR_PNG}
+    numbers = verdict.numbers if verdict is not None else {}
     if metrics:
         figs["curves"] = CURVES_PNG
-        figures.plot_curves(dict(metrics), folder.path(CURVES_PNG))
+        sel = numbers.get("select_split")
+        figures.plot_curves(
+            dict(metrics),
+            folder.path(CURVES_PNG),
+            metric=numbers.get("metric"),
+            threshold=numbers.get("threshold"),
+            control_final=verdict.control.get(sel) if verdict is not None and sel else None,
+            split=sel,
+        )
     if shown in analyses:
         figs["confusion"] = CONFUSION_PNG
         a = analyses[shown]
         figures.plot_confusion(
-            a["confusion"], a["classes"], folder.path(CONFUSION_PNG), title=shown
+            a["confusion"],
+            a["classes"],
+            folder.path(CONFUSION_PNG),
+            title=f"confusion matrix of '{shown}' on {split}",
         )
     return figs
 
@@ -397,7 +491,9 @@ def close_runs(
         states, metric=spec.decision_rule.metric if spec.decision_rule else None
     )
     evidence = run_evidence(spec, root=root, states=states)
-    verdict = closing_verdict(spec, evidence=evidence, stops=stops, decision=decision)
+    verdict = closing_verdict(
+        spec, evidence=evidence, stops=stops, decision=decision, catalog=catalog
+    )
     corpus = load_spec_corpus(spec, base_dir=base_dir) if spec.corpus else None
     deliveries = [delivery(root, s, corpus=corpus) for s in states.values()]
     budget = close_budget(
@@ -406,11 +502,16 @@ def close_runs(
         expenses=[*spec.expenses, *(e.as_expense() for e in read_ledger(root))],
         deliveries=deliveries,
         unit=spec.deliveries.unit,
-        result_text=verdict.text,
+        result_text=verdict.answer or verdict.text,
     )
     metrics = read_run_metrics(root, states)
     figs = draw_run_figures(
-        root, metrics=metrics, analyses=analyses, shown=verdict.run or "control"
+        root,
+        metrics=metrics,
+        analyses=analyses,
+        shown=verdict.run or "control",
+        verdict=verdict,
+        split=spec.decision_split,
     )
     corpus_ref = None
     if spec.corpus:

@@ -17,6 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from gpucampaign.core.text import say_exact, say_number
 from gpucampaign.plan.calendar import Plan
 
 _GPU = "#d62728"
@@ -44,33 +45,34 @@ def save(fig: Figure, path: str | Path, *, dpi: int = 120) -> Path:
 def plot_calendar(
     plan: Plan, path: str | Path, *, actual: Iterable[Mapping[str, Any]] | None = None
 ) -> Path:
+    """Write ``draw_calendar``'s figure as a PNG; returns the path."""
+    return save(draw_calendar(plan, actual=actual), path)
+
+
+def draw_calendar(plan: Plan, *, actual: Iterable[Mapping[str, Any]] | None = None) -> Figure:
     """Gantt chart of a plan: one row per lane, human vs machine colours, the window's end.
 
-    Args:
-        plan: The plan to draw.
-        path: PNG file to write.
-        actual: Optional observed intervals, each ``{name, start_hours, end_hours}``; drawn as
-            a thin dark bar under the planned bar of the same step (or on an "unplanned" row).
+    With ``actual`` (observed intervals, each ``{name, start_hours, end_hours}``), a second
+    panel draws them on their own time scale, one row per lane of their planned step (or an
+    "unplanned" row): seconds of training would be invisible on a calendar of hours.
 
     Returns:
-        The path written.
+        The figure (the planned panel first).
     """
     lanes = sorted({s.lane for s in plan.steps}, key=_lane_order)
     actual = list(actual or [])
     planned_lane = {s.name: s.lane for s in plan.steps}
-    if any(a["name"] not in planned_lane for a in actual):
-        lanes.append("unplanned")
     row = {lane: k for k, lane in enumerate(lanes)}
-    fig = new_figure(width=11, height=1.8 + 0.7 * max(len(lanes), 1))
-    ax = fig.add_subplot()
+    height = 1.8 + 0.7 * max(len(lanes), 1)
+    fig = new_figure(width=11, height=height * (2.1 if actual else 1))
+    ax = fig.add_subplot(2, 1, 1) if actual else fig.add_subplot()
 
-    content_end = max([plan.span_hours] + [float(a["end_hours"]) for a in actual])
+    content_end = plan.span_hours
     # A calendar far shorter than its window would be a sliver at the left edge: zoom on the
     # steps and say where the window ends instead of drawing it.
     zoomed = content_end < 0.3 * plan.window_hours
     x_end = content_end if zoomed else max(plan.window_hours, content_end)
-    _draw_planned(ax, plan, row=row, x_end=x_end, thin=bool(actual))
-    _draw_actual(ax, actual, row=row, planned_lane=planned_lane)
+    _draw_planned(ax, plan, row=row, x_end=x_end, thin=False)
     _draw_window(ax, plan, x_end=x_end, zoomed=zoomed)
     ax.set_xlim(0, x_end * 1.05)
     ax.set_ylim(len(lanes) - 0.4, -0.6)
@@ -78,12 +80,16 @@ def plot_calendar(
     ax.set_xlabel("hours from the start of preparation")
     verdict = "fits" if plan.fits else f"{plan.overrun_hours:g} h over"
     ax.set_title(
-        f"{plan.name}: span {plan.span_hours:g} h in a {plan.window_hours:g} h window ({verdict})",
+        f"planned: {plan.name}, span {plan.span_hours:g} h in a {plan.window_hours:g} h window "
+        f"({verdict})",
         fontsize=10,
     )
     ax.grid(axis="x", alpha=0.3)
-    _calendar_legend(ax, with_actual=bool(actual), n_lanes=len(lanes))
-    return save(fig, path)
+    _calendar_legend(ax, n_lanes=len(lanes))
+    if actual:
+        _draw_actual(fig.add_subplot(2, 1, 2), actual, lanes=lanes, planned_lane=planned_lane)
+    fig.subplots_adjust(hspace=0.9)
+    return fig
 
 
 def _draw_planned(ax: Any, plan: Plan, *, row: Mapping[str, int], x_end: float, thin: bool) -> None:
@@ -117,22 +123,48 @@ def _draw_planned(ax: Any, plan: Plan, *, row: Mapping[str, int], x_end: float, 
         )
 
 
+#: The unit of the actual panel: the first whose span stays under 120 of it.
+_UNITS = (("s", 3600.0), ("min", 60.0), ("h", 1.0))
+
+
 def _draw_actual(
-    ax: Any,
-    actual: list[Mapping[str, Any]],
-    *,
-    row: Mapping[str, int],
-    planned_lane: Mapping[str, str],
+    ax: Any, actual: list[Mapping[str, Any]], *, lanes: list[str], planned_lane: Mapping[str, str]
 ) -> None:
-    """Observed intervals: under their planned bar, or on the "unplanned" row."""
-    for a in actual:
-        lane = planned_lane.get(a["name"], "unplanned")
-        start, stop = float(a["start_hours"]), float(a["end_hours"])
-        if lane == "unplanned":
-            ax.barh(row[lane], stop - start, left=start, height=0.3, color=_ACTUAL)
-            ax.text(start, row[lane] - 0.3, a["name"], fontsize=7, va="center")
-        else:
-            ax.barh(row[lane] + 0.38, stop - start, left=start, height=0.14, color=_ACTUAL)
+    """Observed intervals on their own scale (seconds, minutes or hours from the first one),
+    one row per lane of their planned step, or an "unplanned" row."""
+    rows = list(lanes) + (
+        ["unplanned"] if any(a["name"] not in planned_lane for a in actual) else []
+    )
+    row = {lane: k for k, lane in enumerate(rows)}
+    t0 = min(float(a["start_hours"]) for a in actual)
+    span = max(float(a["end_hours"]) for a in actual) - t0
+    unit, scale = next(((u, k) for u, k in _UNITS if span * k < 120), _UNITS[-1])
+    seen: dict[int, int] = {}
+    for a in sorted(actual, key=lambda a: float(a["start_hours"])):
+        start, stop = float(a["start_hours"]) - t0, float(a["end_hours"]) - t0
+        y = row[planned_lane.get(a["name"], "unplanned")]
+        seen[y] = seen.get(y, 0) + 1  # labels on one row alternate above and below its bars
+        ax.barh(
+            y,
+            (stop - start) * scale,
+            left=start * scale,
+            height=0.5,
+            color=_ACTUAL,
+            edgecolor="black",
+            linewidth=0.5,
+        )
+        dy = -0.35 if seen[y] % 2 else 0.35
+        ax.text(start * scale, y + dy, a["name"], fontsize=7, va="center")
+    ax.set_xlim(0, max(span * scale, 1e-9) * 1.05)
+    ax.set_ylim(len(rows) - 0.4, -0.7)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xlabel(f"{unit} from the first observed interval")
+    ax.set_title(
+        f"actual: {len(actual)} observed interval(s) over {span * scale:.3g} {unit} "
+        "(timeline.jsonl), on their own scale",
+        fontsize=10,
+    )
+    ax.grid(axis="x", alpha=0.3)
 
 
 def _draw_window(ax: Any, plan: Plan, *, x_end: float, zoomed: bool) -> None:
@@ -153,7 +185,7 @@ def _draw_window(ax: Any, plan: Plan, *, x_end: float, zoomed: bool) -> None:
         )
 
 
-def _calendar_legend(ax: Any, *, with_actual: bool, n_lanes: int) -> None:
+def _calendar_legend(ax: Any, *, n_lanes: int) -> None:
     handles = [
         Patch(color=_GPU, label="machine: GPU"),
         Patch(color=_HOST, label="machine: cpu / other"),
@@ -161,8 +193,6 @@ def _calendar_legend(ax: Any, *, with_actual: bool, n_lanes: int) -> None:
         Patch(facecolor="white", edgecolor="black", hatch="..", label="useful"),
         Patch(facecolor="white", edgecolor="black", hatch="//", label="exploratory"),
     ]
-    if with_actual:
-        handles.append(Patch(color=_ACTUAL, label="actual"))
     ax.legend(
         handles=handles,
         loc="upper center",
@@ -206,51 +236,118 @@ def _series(
 
 
 def plot_curves(
-    runs_metrics: Mapping[str, Iterable[Mapping[str, Any]]], path: str | Path, *, x: str = "step"
+    runs_metrics: Mapping[str, Iterable[Mapping[str, Any]]],
+    path: str | Path,
+    *,
+    x: str = "step",
+    **marks: Any,
 ) -> Path:
+    """Write ``draw_curves``'s figure as a PNG (``marks``: its keyword arguments)."""
+    return save(draw_curves(runs_metrics, x=x, **marks), path)
+
+
+def draw_curves(
+    runs_metrics: Mapping[str, Iterable[Mapping[str, Any]]],
+    *,
+    x: str = "step",
+    metric: str | None = None,
+    threshold: float | None = None,
+    control_final: float | None = None,
+    split: str | None = None,
+) -> Figure:
     """Loss and metric curves of every run, side by side (one colour per run).
 
+    Fields with "loss" in their name go to the left panel, accuracy / F1 / precision / recall
+    / AUC to the right one, named by the row's ``split`` (eval rows) or ``kind``; checkpoint
+    and restore rows are skipped. Each panel's title names the splits it shows. Runs whose
+    curve is identical share one line and one legend entry (``a = b: val loss``). The decision
+    ``metric``'s panel carries the ``threshold`` and the control's final value on ``split``
+    as horizontal lines; where a run was interrupted or resumed (its ``interrupt`` and
+    ``restore`` rows), the loss panel has a vertical line.
+
     Args:
-        runs_metrics: ``{run label: metrics.jsonl rows}``; each row has ``x`` (``step``) and
-            numeric fields. Fields with "loss" in their name go to the left panel, accuracy /
-            F1 / precision / recall / AUC to the right one, named by the row's ``split`` (eval
-            rows) or ``kind``; checkpoint and restore rows are skipped. One line style per series.
-        path: PNG file to write.
+        runs_metrics: ``{run label: metrics.jsonl rows}``; each row has ``x`` (``step``).
         x: the row field on the horizontal axis.
+        metric: the decision metric (its panel gets the lines below).
+        threshold: the decision threshold.
+        control_final: the control's final value of ``metric`` on ``split``.
+        split: the split ``control_final`` was measured on (the selection split).
 
     Returns:
-        The path written.
+        The figure.
     """
     fig = new_figure(width=11, height=4.2)
     ax_loss, ax_metric = fig.subplots(1, 2)
     styles = ["-", "--", ":", "-."]
-    drawn = {id(ax_loss): False, id(ax_metric): False}
+    # One line per distinct curve: identical curves of several runs are drawn once.
+    curves: dict[tuple[str, tuple[tuple[float, float], ...]], list[str]] = {}
+    colour: dict[str, int] = {}
     for n, (run, records) in enumerate(runs_metrics.items()):
-        series = _series(records, x=x)
-        for m, (name, pts) in enumerate(series.items()):
-            ax = ax_loss if "loss" in name.split(" ")[-1] else ax_metric
-            xs, ys = zip(*pts, strict=True)
-            ax.plot(
-                xs,
-                ys,
-                styles[m % len(styles)],
-                color=f"C{n % 10}",
-                marker="o" if len(xs) < 30 else None,
-                markersize=3,
-                label=f"{run}: {name}",
+        colour[run] = n
+        for name, pts in _series(records, x=x).items():
+            curves.setdefault((name, tuple(pts)), []).append(run)
+    names = list(dict.fromkeys(name for name, _ in curves))
+    splits: dict[int, list[str]] = {id(ax_loss): [], id(ax_metric): []}
+    for (name, curve), runs in curves.items():
+        ax = _panel(name, ax_loss=ax_loss, ax_metric=ax_metric)
+        if " " in name:
+            splits[id(ax)].append(name.split(" ")[0])
+        xs, ys = zip(*curve, strict=True)
+        ax.plot(
+            xs,
+            ys,
+            styles[names.index(name) % len(styles)],
+            color=f"C{colour[runs[0]] % 10}",
+            marker="o" if len(xs) < 30 else None,
+            markersize=3,
+            label=f"{' = '.join(runs)}: {name}",
+        )
+    for run, records in runs_metrics.items():
+        for r in records:
+            what = {"interrupt": "interrupted", "restore": "resumed"}.get(str(r.get("kind")))
+            if what is not None and isinstance(r.get(x), int | float):
+                ax_loss.axvline(
+                    float(r[x]),
+                    color=f"C{colour[run] % 10}",
+                    linestyle="-." if what == "resumed" else (0, (1, 3)),
+                    linewidth=1,
+                    label=f"{run} {what} at {x} {r[x]}",
+                )
+    if metric is not None:
+        ax = _panel(metric, ax_loss=ax_loss, ax_metric=ax_metric)
+        if threshold is not None:
+            ax.axhline(
+                threshold,
+                color="black",
+                linestyle="--",
+                linewidth=1,
+                label=f"threshold {say_exact(threshold)}",
             )
-            drawn[id(ax)] = True
+        if control_final is not None:
+            ax.axhline(
+                control_final,
+                color="C0",
+                linestyle=":",
+                linewidth=1.2,
+                label=f"control final {metric} on {split}: {say_number(control_final)}",
+            )
     for ax, title in ((ax_loss, "loss"), (ax_metric, "metrics")):
-        ax.set_title(title, fontsize=10)
+        shown = list(dict.fromkeys(splits[id(ax)]))
+        ax.set_title(f"{title}: {', '.join(shown)}" if shown else title, fontsize=10)
         ax.set_xlabel(x)
         ax.grid(alpha=0.3)
-        if drawn[id(ax)]:
+        if ax.get_lines():
             ax.legend(fontsize=7)
         else:
             ax.text(
                 0.5, 0.5, f"no {title} recorded", ha="center", va="center", transform=ax.transAxes
             )
-    return save(fig, path)
+    return fig
+
+
+def _panel(name: str, *, ax_loss: Any, ax_metric: Any) -> Any:
+    """The loss panel for a series whose field has "loss" in its name, else the metric one."""
+    return ax_loss if "loss" in name.split(" ")[-1] else ax_metric
 
 
 def plot_confusion(
@@ -260,16 +357,22 @@ def plot_confusion(
     *,
     title: str = "confusion matrix",
 ) -> Path:
+    """Write ``draw_confusion``'s figure as a PNG; returns the path."""
+    return save(draw_confusion(matrix, labels, title=title), path)
+
+
+def draw_confusion(
+    matrix: Iterable[Iterable[int]], labels: Iterable[Any], *, title: str = "confusion matrix"
+) -> Figure:
     """Confusion matrix as a heat map with counts (rows: label, columns: prediction).
 
     Args:
         matrix: ``matrix[i][j]`` counts label ``labels[i]`` predicted as ``labels[j]``.
         labels: class names, in matrix order.
-        path: PNG file to write.
-        title: figure title (e.g. the verdict's run).
+        title: figure title: the run and the split the predictions are on.
 
     Returns:
-        The path written.
+        The figure.
     """
     rows = [list(r) for r in matrix]
     names = [str(v) for v in labels]
@@ -300,4 +403,4 @@ def plot_confusion(
     ax.set_xlabel("prediction")
     ax.set_ylabel("label")
     ax.set_title(title, fontsize=10)
-    return save(fig, path)
+    return fig

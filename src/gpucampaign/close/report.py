@@ -12,7 +12,7 @@ from typing import Any
 from gpucampaign.close.budget import render_budget_md
 from gpucampaign.close.forecast import ESTIMATES_FILE
 from gpucampaign.close.verdict import Verdict
-from gpucampaign.core.text import say_duration, strip_controls
+from gpucampaign.core.text import say_duration, say_number, strip_controls
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.records import DecisionRecord, StopRecord
 from gpucampaign.spec import SpecError, read_mapping_file
@@ -29,9 +29,9 @@ SUMMARY_KEYS = (
     "undefined_reason",
 )
 _FIGURE_TITLES = {
-    "calendar": "Calendar: planned vs actual",
-    "curves": "Loss and metric curves",
-    "confusion": "Confusion matrix of the verdict's run",
+    "calendar": "Calendar: planned, then actual on its own scale",
+    "curves": "Loss and metric curves by split, with the threshold and the control's final value",
+    "confusion": "Confusion matrix of the verdict's run on the report split",
 }
 
 
@@ -100,44 +100,14 @@ def _hours(x: float | None) -> str:
     return say_duration(x, missing="not observed")
 
 
-def _gain_phrase(entry: Mapping[str, Any] | None, split: str) -> str:
-    if not entry or entry.get("gain") is None:
-        return f"no gain measured on {split}"
-    ci = entry.get("gain_ci95")
-    ci_text = "no interval" if ci is None else f"95% CI [{ci[0]:+.4f}, {ci[1]:+.4f}]"
-    return f"{entry['gain']:+.4f} on {split} ({ci_text})"
-
-
 def answer_paragraph(report: Mapping[str, Any]) -> str:
-    """The report's first paragraph: the question, the verdict kind, the chosen run, its gain
-    with the interval on both splits, and the cost."""
+    """The report's opening: the spec's question, then the one sentence that answers it (yes,
+    no or not yet, the chosen run, its gain and interval on the report split, the threshold,
+    the kind), then what it cost."""
     v = report["verdict"]
     question = report.get("question") or "(the spec states no question)"
-    parts = [f"**Question:** {question} **Answer: {v['kind']}**"]
-    variants = v.get("variants") or {}
-    sel, rep = v.get("select_split"), v.get("report_split")
-    shown = v.get("run") if v.get("run") in variants else None
-    if shown is None and variants and sel:
-        # Without a chosen variant, the best one on the selection split is the one to quote.
-        scored = [n for n in variants if (variants[n].get(sel) or {}).get("gain") is not None]
-        shown = max(scored, key=lambda n: variants[n][sel]["gain"], default=None)
-    if v.get("run") == "control":
-        parts.append("; keep the control")
-    elif v.get("run"):
-        parts.append(f"; chosen run: '{v['run']}'")
-    else:
-        parts.append("; no run is adopted")
-    if shown is not None and sel and rep:
-        label = (
-            "its gain" if shown == v.get("run") else f"the best variant on {sel}, '{shown}', gains"
-        )
-        parts.append(
-            f". {label[0].upper()}{label[1:]} over the control: "
-            f"{_gain_phrase(variants[shown].get(sel), sel)}, "
-            f"{_gain_phrase(variants[shown].get(rep), rep)}"
-        )
-    if v.get("test_disagrees"):
-        parts.append(f"; the {rep} split disagrees with the choice made on {sel}")
+    answer = v.get("answer") or f"Verdict: {v['kind']}."
+    lines = [f"**Question:** {question}", "", f"**Answer:** {answer}"]
     spent = report.get("spent_usd")
     observed = ((report.get("forecast_vs_actual") or {}).get("totals") or {}).get(
         "observed_wall_hours"
@@ -146,8 +116,8 @@ def answer_paragraph(report: Mapping[str, Any]) -> str:
     if observed is not None:
         cost.append(f"{say_duration(observed)} of observed busy time")
     if cost:
-        parts.append(". Cost: " + ", ".join(cost))
-    return "".join(parts) + "."
+        lines += ["", "Cost: " + ", ".join(cost) + "."]
+    return "\n".join(lines)
 
 
 def _runs_md(report: Mapping[str, Any]) -> list[str]:
@@ -158,8 +128,9 @@ def _runs_md(report: Mapping[str, Any]) -> list[str]:
         "|---|---|---|---|---:|---|",
     ]
     stops_by_id = {s.get("stop_id"): s for s in report.get("stops", [])}
+    threshold = (report["verdict"].get("numbers") or {}).get("threshold")
     for r in report["runs"]:
-        metric = "" if r.get("metric") is None else f"{r['metric']:.4f}"
+        metric = "" if r.get("metric") is None else say_number(r["metric"], against=threshold)
         note = ""
         if r.get("stop_id"):
             s = stops_by_id.get(r["stop_id"], {})
@@ -315,16 +286,9 @@ def render_report_md(report: Mapping[str, Any]) -> str:
 
     v = report["verdict"]
     out = [f"# Closing report: {report['campaign']}", "", answer_paragraph(report), ""]
-    out += [
-        f"Campaign ID: `{report['campaign_id']}`",
-        "",
-        "## Verdict",
-        "",
-        f"**{v['kind']}**: {v['text']}",
-        "",
-    ]
+    out += [f"Campaign ID: `{report['campaign_id']}`", "", "## Verdict", "", v["text"], ""]
     out += _runs_md(report)
-    out += ["", "## Budget", "", render_budget_md(report["budget"])]
+    out += ["", "## Budget", "", render_budget_md(report["budget"], result="the answer above")]
     out += _forecast_md(report["forecast_vs_actual"])
     out += _interruptions_md(report["forecast_vs_actual"])
     out += _resume_md(report)

@@ -2,8 +2,8 @@
 
 The winner is chosen on the selection split only; its gain over the control is then reported,
 with a paired-bootstrap 95% interval, on the report split, which decides how sure the verdict
-is. A pure function of the metrics, the predictions and the stop records: nothing is
-re-measured.
+is. A pure function of the metrics, the predictions, the per-example scores and the stop
+records: nothing is re-measured.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from gpucampaign.close.bootstrap import BOOT_SEED, Gain, paired_gain, to_resolve
+from gpucampaign.close.bootstrap import BOOT_SEED, Gain, paired_gain, paired_mean_gain, to_resolve
+from gpucampaign.core.text import say_duration, say_exact, say_number
 from gpucampaign.spec import DecisionRule
 
 VerdictKind = Literal["adopt", "negative", "inconclusive", "stopped", "re-pose"]
@@ -22,23 +23,34 @@ _GAIN_DIGITS = 12
 
 @dataclass(frozen=True)
 class RunEvidence:
-    """What one run measured: its metric per split, and its predictions per split (one per
-    replicate seed), from which the paired intervals are drawn.
+    """What one run measured: its metric per split, and its predictions and per-example
+    scores per split (one per replicate seed), from which the paired intervals are drawn.
 
     ``status`` is the run's state (``completed``, ``stopped``, ``interrupted``, ``dropped``,
     ``not_run``): a run without a metric is described by it. ``note`` qualifies its values
-    (an interrupted run's are those of its last good model, at that step).
+    (an interrupted run's are those of its last good model, at that step). ``no_interval``
+    says why a run that measured has no per-example rows for the metric (then its gains are
+    point estimates). ``train_s``: one seed's measured training time (the sum of its step
+    times), which breaks a tie on the selection split and prices more seeds.
     """
 
     values: Mapping[str, float | None] = field(default_factory=dict)
     predictions: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    scores: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     status: str = "completed"
     note: str = ""
+    no_interval: str = ""
+    train_s: float | None = None
 
 
 @dataclass(frozen=True)
 class Verdict:
     """The decision the campaign reached, with the numbers it rests on.
+
+    ``answer`` is one sentence that answers the spec's question in its own terms: yes, no or
+    not yet (not answered when nothing was compared), the chosen run, its gain with the
+    interval on the report split, the threshold, then the kind; ``text`` is the verdict
+    paragraph with every number.
 
     ``kind``: ``adopt`` (``run`` is the variant to adopt: chosen on the selection split, and the
     report split's interval clears the minimum gain), ``negative`` (no variant clears the
@@ -63,6 +75,7 @@ class Verdict:
     variants: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     test_disagrees: bool = False
     resolve: dict[str, Any] | None = None
+    answer: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (kept in manifest.json and report.json)."""
@@ -73,18 +86,21 @@ class Verdict:
 class _Frame:
     """One comparison under the rule: the per-variant ``table``, what every verdict of it
     carries (``base``: splits, table, numbers), the text's ``tail`` that states every number,
-    and ``disagree``, the note said when the report split would choose otherwise."""
+    ``tie``, how a tie on the selection split was broken, and ``disagree``, the note said when
+    the report split would choose otherwise."""
 
     rule: DecisionRule
     table: Mapping[str, Any]
     base: dict[str, Any]
     tail: str
     disagree: str = ""
+    tie: str = ""
 
     @property
     def ending(self) -> str:
-        """The end of a verdict's text: the tail, then the disagreement note."""
-        return f"{self.tail}{self.disagree}"
+        """The end of a verdict's text: the tail, how a tie was broken, then the
+        disagreement note."""
+        return f"{self.tail}{self.tie}{self.disagree}"
 
     def verdict(self, kind: VerdictKind, run: str | None, text: str, **fields: Any) -> Verdict:
         """A verdict of this comparison; it disagrees when a disagreement note is said."""
@@ -95,12 +111,43 @@ class _Frame:
 
 def no_rule_verdict() -> Verdict:
     """The verdict of a spec without a decision rule: nothing can be decided."""
-    return Verdict(kind="stopped", run=None, text="The spec has no decision rule.")
+    return Verdict(
+        kind="stopped",
+        run=None,
+        text="The spec has no decision rule.",
+        answer="Not answered: the spec has no decision rule. Verdict: stopped.",
+    )
 
 
-def _fmt(x: float | None, *, status: str = "stopped") -> str:
+def _num(x: float, rule: DecisionRule) -> str:
+    """A metric value, with the digits that show how it compares with the threshold."""
+    return say_number(x, against=rule.threshold)
+
+
+def _signed(x: float, rule: DecisionRule) -> str:
+    """A gain (or an interval's end), with the digits that show how it compares with the
+    minimum gain."""
+    return say_number(x, against=rule.min_gain, signed=True)
+
+
+def _improves(rule: DecisionRule, name: str, entry: Mapping[str, Any], split: str) -> str:
+    """``'b' improves accuracy over the control by +0.05 on test (95% CI [+0.04, +0.06])``."""
+    better = " (lower is better)" if rule.direction == "minimize" else ""
+    ci = entry.get("gain_ci95")
+    interval = (
+        f"95% CI [{_signed(ci[0], rule)}, {_signed(ci[1], rule)}]"
+        if ci is not None
+        else "a point estimate, no interval"
+    )
+    return (
+        f"'{name}' improves {rule.metric}{better} over the control by "
+        f"{_signed(entry['gain'], rule)} on {split} ({interval})"
+    )
+
+
+def _fmt(x: float | None, rule: DecisionRule, *, status: str = "stopped") -> str:
     if x is not None:
-        return f"{x:.4f}"
+        return _num(x, rule)
     if status == "dropped":
         return "dropped at the decision point"
     if status == "not_run":
@@ -108,14 +155,15 @@ def _fmt(x: float | None, *, status: str = "stopped") -> str:
     return "stopped (no metric)"
 
 
-def _ci_text(entry: Mapping[str, Any]) -> str:
-    """``gain +0.0100 [95% CI -0.0050, +0.0250]``, or the gain alone without an interval."""
+def _ci_text(entry: Mapping[str, Any], rule: DecisionRule) -> str:
+    """``gain +0.01 [95% CI -0.005, +0.025]``, or the gain alone without an interval."""
     if entry.get("gain") is None:
         return "no gain"
     ci = entry.get("gain_ci95")
     if ci is None:
-        return f"gain {entry['gain']:+.4f} (no interval)"
-    return f"gain {entry['gain']:+.4f} [95% CI {ci[0]:+.4f}, {ci[1]:+.4f}]"
+        return f"gain {_signed(entry['gain'], rule)} (no interval)"
+    low, high = _signed(ci[0], rule), _signed(ci[1], rule)
+    return f"gain {_signed(entry['gain'], rule)} [95% CI {low}, {high}]"
 
 
 def stops_of(run: str, stops: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -153,6 +201,13 @@ def _split_entry(
             metric=rule.metric,
             seed=seed,
         )
+        if g is None:
+            g = paired_mean_gain(
+                control.scores.get(split, ()),
+                variant.scores.get(split, ()),
+                metric=rule.metric,
+                seed=seed,
+            )
     if g is not None:
         lo, hi = sorted((sign * g.ci95[0], sign * g.ci95[1]))
         return {
@@ -162,19 +217,82 @@ def _split_entry(
             "gain_ci95": [lo, hi],
         }
     gain = None if v is None or c is None else round(sign * (v - c), _GAIN_DIGITS)
-    return {"value": v, "gain": gain, "gain_ci95": None, "n": None, "replicates": None}
+    missing = dict.fromkeys(e.no_interval for e in (control, variant) if e.no_interval)
+    return {
+        "value": v,
+        "gain": gain,
+        "gain_ci95": None,
+        "n": None,
+        "replicates": None,
+        "no_interval": "; ".join(missing) or None,
+    }
 
 
-def _choose(rule: DecisionRule, table: Mapping[str, Mapping[str, Any]], split: str) -> str | None:
-    """The best variant on ``split`` that meets the threshold and gains the min gain there."""
-    best = None
+#: How a tie on the selection split is broken, as the verdict states it.
+TIE_RULE = "the cheaper run by measured training time, then the first in the spec"
+
+
+def _choose(
+    rule: DecisionRule,
+    table: Mapping[str, Mapping[str, Any]],
+    split: str,
+    *,
+    train_s: Mapping[str, float | None] | None = None,
+) -> tuple[str | None, list[str]]:
+    """The best variant on ``split`` that meets the threshold and gains the min gain there,
+    and the variants tied with it (empty when it is alone at its value).
+
+    A tie (the same value) goes to the cheaper run by measured training time, then to the
+    first in the spec's order. A variant that only ties the control gains nothing and is never
+    chosen: the control is kept.
+    """
+    ok = []
     for name, row in table.items():
         v, g = row[split]["value"], row[split]["gain"]
         if v is None or g is None or not rule.meets(v) or g < rule.min_gain or g <= 0:
             continue
-        if best is None or rule.better(v, table[best][split]["value"]):
+        ok.append(name)
+    best = None
+    for name in ok:
+        if best is None or rule.better(table[name][split]["value"], table[best][split]["value"]):
             best = name
-    return best
+    if best is None:
+        return None, []
+    tied = [n for n in ok if table[n][split]["value"] == table[best][split]["value"]]
+    if len(tied) == 1:
+        return best, []
+    times = train_s or {}
+    order = list(table)
+
+    def cost(name: str) -> tuple[bool, float, int]:
+        t = times.get(name)
+        return (t is None, t if t is not None else 0.0, order.index(name))
+
+    return min(tied, key=cost), tied
+
+
+def _tie_text(
+    rule: DecisionRule,
+    chosen: str,
+    tied: Sequence[str],
+    *,
+    table: Mapping[str, Any],
+    train_s: Mapping[str, float | None],
+) -> str:
+    """The tie on the selection split and how it was broken (empty without a tie)."""
+    if not tied:
+        return ""
+    sel = rule.select_split
+    value = _num(table[chosen][sel]["value"], rule)
+
+    def took(name: str) -> str:
+        t = train_s.get(name)
+        return f"'{name}' {'not measured' if t is None else f'{t:.3g} s'}"
+
+    return (
+        f" Tie on {sel}: {', '.join(repr(n) for n in tied)} all reach {value}; broken by the "
+        f"stated rule ({TIE_RULE}): '{chosen}' (training time {', '.join(map(took, tied))})."
+    )
 
 
 def _listing(
@@ -189,18 +307,19 @@ def _listing(
     sel, rep = rule.select_split, rule.report_split
     notes = notes or {}
     parts = [
-        f"control {sel} {_fmt(control.values.get(sel), status=control.status)}, "
-        f"{rep} {_fmt(control.values.get(rep), status=control.status)}"
+        f"control {sel} {_fmt(control.values.get(sel), rule, status=control.status)}, "
+        f"{rep} {_fmt(control.values.get(rep), rule, status=control.status)}"
         + (f" ({control.note})" if control.note else "")
     ]
     for name, row in table.items():
         st = status.get(name, "stopped")
         if row[sel]["value"] is None and row[rep]["value"] is None:
-            parts.append(f"{name} {_fmt(None, status=st)}")
+            parts.append(f"{name} {_fmt(None, rule, status=st)}")
             continue
         parts.append(
-            f"{name} {sel} {_fmt(row[sel]['value'], status=st)} ({_ci_text(row[sel])}), "
-            f"{rep} {_fmt(row[rep]['value'], status=st)} ({_ci_text(row[rep])})"
+            f"{name} {sel} {_fmt(row[sel]['value'], rule, status=st)} "
+            f"({_ci_text(row[sel], rule)}), "
+            f"{rep} {_fmt(row[rep]['value'], rule, status=st)} ({_ci_text(row[rep], rule)})"
             + (f" ({notes[name]})" if notes.get(name) else "")
         )
     return "; ".join(parts)
@@ -213,18 +332,22 @@ def decide_verdict(
     variants: Mapping[str, RunEvidence | None],
     stops: Iterable[Mapping[str, Any]] = (),
     repose_reason: str | None = None,
-    run_hours: Mapping[str, float] | None = None,
+    lot: Mapping[str, float] | None = None,
     seed: int = BOOT_SEED,
 ) -> Verdict:
     """Apply the spec's decision rule to the measured evidence.
 
     The winner is the best variant on ``rule.select_split`` that meets the threshold and beats
-    the control by at least ``min_gain`` (strictly better when ``min_gain`` is 0). Its gain on
-    ``rule.report_split``, with a paired-bootstrap 95% interval, then decides the kind:
-    ``adopt`` when the interval's lower end clears ``min_gain``, ``negative`` when its upper
-    end does not, ``inconclusive`` when it straddles it. Without a winner the result is
-    ``negative``. The text states every number, and says when the report split disagrees
-    with the choice made on the selection split.
+    the control by at least ``min_gain`` (strictly better when ``min_gain`` is 0); a tie goes
+    to the cheaper run by measured training time, then the first in the spec (``TIE_RULE``).
+    Its gain on ``rule.report_split``, with a paired-bootstrap 95% interval (over predictions
+    or per-example scores), then decides the kind: ``adopt`` when the interval's lower end
+    clears ``min_gain``, ``negative`` when its upper end does not, ``inconclusive`` when it
+    straddles it, or when there is no interval and ``min_gain`` is above 0 (a point estimate
+    cannot show it cleared). Without a winner the result is ``negative``. The text states
+    every number and every stop, how a tie was broken, and when the report split disagrees
+    with the choice made on the selection split; ``answer`` answers the question in one
+    sentence.
 
     Args:
         rule: the spec's decision rule.
@@ -234,8 +357,8 @@ def decide_verdict(
         stops: stop records (``stops.jsonl`` lines) to explain missing metrics.
         repose_reason: the reasons, when the decision point re-posed the question (no run was
             trained after the pilot): the verdict is then ``re-pose``.
-        run_hours: planned hours per run name, to cost the extra seeds of an inconclusive
-            verdict.
+        lot: the rented lots' price and GPU hours (``usd``, ``gpu_hours``), to price the extra
+            seeds of an inconclusive verdict (from each run's measured training time).
         seed: the bootstrap's seed.
 
     Returns:
@@ -256,27 +379,47 @@ def decide_verdict(
             f"Re-pose the question: the decision point after the pilot stopped the campaign "
             f"({repose_reason}). No variant was compared. {frame.tail}"
         )
-        return frame.verdict("re-pose", None, text)
+        answer = (
+            "Not answered: re-pose the question; the decision point after the pilot stopped "
+            f"the campaign ({repose_reason}). Verdict: re-pose."
+        )
+        return frame.verdict("re-pose", None, text, answer=answer)
     if ctrl.values.get(sel) is None:
         text = (
             f"No decision: the control, the essential reference, has no metric "
             f"({_stop_text('control', stops)}); nothing can be compared. {frame.tail}"
         )
-        return frame.verdict("stopped", None, text)
+        answer = (
+            f"Not answered: the control has no {rule.metric} to compare with "
+            f"({_stop_text('control', stops)}). Verdict: stopped."
+        )
+        return frame.verdict("stopped", None, text, answer=answer)
     if ctrl.status == "interrupted":
         text = (
             f"No decision: the control, the essential reference, was interrupted "
             f"({ctrl.note}); its values are evidence at that step only, and no variant is "
             f"compared with a partly trained reference. {frame.tail}"
         )
-        return frame.verdict("stopped", None, text)
-    chosen = _choose(rule, table, sel)
-    on_report = _choose(rule, table, rep)
-    frame = replace(frame, disagree=_disagreement(chosen, on_report, sel=sel, rep=rep))
+        answer = (
+            f"Not answered: the control was interrupted ({ctrl.note}), so no variant is "
+            "compared with it. Verdict: stopped."
+        )
+        return frame.verdict("stopped", None, text, answer=answer)
+    times = {n: e.train_s for n, e in evidence.items()}
+    chosen, tied = _choose(rule, table, sel, train_s=times)
+    on_report, _ = _choose(rule, table, rep, train_s=times)
+    frame = replace(
+        frame,
+        disagree=_disagreement(chosen, on_report, sel=sel, rep=rep),
+        tie=_tie_text(rule, chosen, tied, table=table, train_s=times) if chosen else "",
+    )
+    if tied:
+        frame.base["numbers"]["tie"] = {"tied": tied, "chosen": chosen, "rule": TIE_RULE}
     if chosen is None:
         cut = [n for n, e in evidence.items() if e.status == "interrupted"]
         return _negative(frame, control=ctrl, cut=cut)
-    return _confirm(frame, chosen, run_hours=run_hours or {})
+    seconds = {"control": ctrl.train_s, **times}
+    return _confirm(frame, chosen, seconds=seconds, lot=lot)
 
 
 def _frame(
@@ -305,8 +448,8 @@ def _frame(
         },
     }
     head = (
-        f"{rule.metric} ({rule.direction}, threshold {rule.threshold:g}, min gain "
-        f"{rule.min_gain:g}), chosen on {sel}, reported on {rep}"
+        f"{rule.metric} ({rule.direction}, threshold {say_exact(rule.threshold)}, min gain "
+        f"{say_exact(rule.min_gain)}), chosen on {sel}, reported on {rep}"
     )
     listing = _listing(
         rule,
@@ -315,12 +458,16 @@ def _frame(
         status={n: e.status for n, e in evidence.items()},
         notes={n: e.note for n, e in evidence.items()},
     )
-    missing = [
+    # Every stop that ended a run early is evidence said with the verdict: why a run has no
+    # metric, or why its values are those of the model it reached (the control's missing
+    # metric is said by the verdict itself).
+    stopped = [
         n
-        for n, row in table.items()
-        if row[sel]["value"] is None and evidence[n].status in ("stopped", "interrupted")
+        for n, e in (("control", control), *evidence.items())
+        if e.status in ("stopped", "interrupted")
+        and not (n == "control" and control.values.get(sel) is None)
     ]
-    stop_note = ("; " + "; ".join(_stop_text(n, stops) for n in missing)) if missing else ""
+    stop_note = ("; " + "; ".join(_stop_text(n, stops) for n in stopped)) if stopped else ""
     return _Frame(rule, table, base, tail=f"{head}: {listing}{stop_note}.")
 
 
@@ -341,6 +488,7 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
     unless a variant was interrupted (``cut``): its values are those of an earlier step, so a
     complete run might still clear the rule, and the result is inconclusive."""
     rule, sel = frame.rule, frame.rule.select_split
+    thr, mg = say_exact(rule.threshold), say_exact(rule.min_gain)
     meeting = [
         n
         for n, row in frame.table.items()
@@ -348,7 +496,7 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
     ]
     why = (
         f"variant(s) {', '.join(repr(n) for n in meeting)} meet the threshold on {sel} but do "
-        f"not beat the control by the min gain {rule.min_gain:g}"
+        f"not beat the control by the min gain {mg}"
         if meeting
         else f"no variant meets the threshold on {sel}"
     )
@@ -356,9 +504,26 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
     assert c is not None
     keeps = rule.meets(c)
     also = (
-        f"; the control meets it ({c:.4f}): keep the control"
+        f"; the control meets it ({_num(c, rule)}): keep the control"
         if keeps
         else (", and neither does the control")
+    )
+    gains = {n: row[sel]["gain"] for n, row in frame.table.items() if row[sel]["gain"] is not None}
+    best = max(gains, key=lambda n: gains[n], default=None)
+    short = (
+        f"no variant improves {rule.metric} over the control by the min gain {mg} on {sel}"
+        if meeting
+        else f"no variant reaches the threshold {thr} in {rule.metric} on {sel}"
+    )
+    quote = ""
+    if best is not None:
+        rep = rule.report_split
+        split = rep if frame.table[best][rep]["gain"] is not None else sel
+        quote = f" (the best on {sel}: {_improves(rule, best, frame.table[best][split], split)})"
+    control_says = (
+        f"keep the control ({rule.metric} {_num(c, rule)} on {sel}, threshold {thr} met)"
+        if keeps
+        else f"neither does the control ({_num(c, rule)} on {sel})"
     )
     if cut:
         names = ", ".join(repr(n) for n in cut)
@@ -366,62 +531,148 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
             f"Inconclusive: {why}{also}; but {names} stopped learning early (interrupted, "
             f"resume: inference): a complete run might still clear the rule. {frame.ending}"
         )
-        return frame.verdict("inconclusive", None, text)
+        answer = (
+            f"Not yet: {short}{quote}, but {names} stopped learning early (interrupted): a "
+            "complete run might still clear the rule. Verdict: inconclusive."
+        )
+        return frame.verdict("inconclusive", None, text, answer=answer)
     text = (
         f"Negative result (complete): {why}{also}. {frame.ending} This answers the "
         "question: a longer campaign on these variants is not justified."
     )
-    return frame.verdict("negative", "control" if keeps else None, text)
+    answer = f"No: {short}{quote}; {control_says}. Verdict: negative."
+    return frame.verdict("negative", "control" if keeps else None, text, answer=answer)
 
 
-def _confirm(frame: _Frame, chosen: str, *, run_hours: Mapping[str, float]) -> Verdict:
+def _confirm(
+    frame: _Frame,
+    chosen: str,
+    *,
+    seconds: Mapping[str, float | None],
+    lot: Mapping[str, float] | None,
+) -> Verdict:
     """The chosen variant's report-split interval against the min gain: adopt, negative or
-    inconclusive."""
+    inconclusive. Without an interval (no per-example rows) a minimum gain cannot be shown
+    cleared by one point estimate: inconclusive, saying what is missing."""
     rule, table = frame.rule, frame.table
     sel, rep = rule.select_split, rule.report_split
+    thr, mg = say_exact(rule.threshold), say_exact(rule.min_gain)
     entry = table[chosen][rep]
     value, gain, ci = entry["value"], entry["gain"], entry["gain_ci95"]
     lo, hi = (gain, gain) if ci is None else ci
-    picked = f"'{chosen}' is best on {sel} ({_ci_text(table[chosen][sel])})"
+    picked = f"'{chosen}' is best on {sel} ({_ci_text(table[chosen][sel], rule)})"
     if value is None or gain is None:
         text = f"Inconclusive: {picked} but has no {rep} metric. {frame.ending}"
-        return frame.verdict("inconclusive", chosen, text)
-    if lo >= rule.min_gain and lo > 0 and rule.meets(value):
-        text = (
-            f"Adopt '{chosen}': chosen on {sel}; on {rep} {rule.metric} {value:.4f}, "
-            f"{_ci_text(entry)}, the lower end clears the min gain {rule.min_gain:g} (threshold "
-            f"{rule.threshold:g} met). {frame.ending}"
+        answer = (
+            f"Not yet: '{chosen}' is best on {sel} but has no {rep} {rule.metric} to confirm "
+            "it. Verdict: inconclusive."
         )
-        return frame.verdict("adopt", chosen, text)
+        return frame.verdict("inconclusive", chosen, text, answer=answer)
+    improves = _improves(rule, chosen, entry, rep)
+    reaches = f"reaches {_num(value, rule)} against the threshold {thr}"
+    if ci is None and rule.min_gain > 0 and rule.meets(value):
+        resolve = _no_interval(rule, entry)
+        text = (
+            f"Inconclusive: {picked}; on {rep} its gain {_signed(gain, rule)} has no interval, "
+            f"so it cannot show that the gain clears the min gain {mg}. "
+            f"{resolve['text']} {frame.ending}"
+        )
+        answer = (
+            f"Not yet: {improves}, and without an interval ({resolve['why']}) a point "
+            f"estimate cannot show the min gain {mg} cleared. Verdict: inconclusive."
+        )
+        return frame.verdict("inconclusive", chosen, text, resolve=resolve, answer=answer)
+    if lo >= rule.min_gain and lo > 0 and rule.meets(value):
+        clears = (
+            f"the lower end clears the min gain {mg}"
+            if ci is not None
+            else f"a point estimate above the min gain 0 ({_no_interval(rule, entry)['why']})"
+        )
+        text = (
+            f"Adopt '{chosen}': chosen on {sel}; on {rep} {rule.metric} {_num(value, rule)}, "
+            f"{_ci_text(entry, rule)}, {clears} (threshold {thr} met). {frame.ending}"
+        )
+        above = (
+            f"clearing the min gain {mg}"
+            if ci is not None
+            else "above the min gain 0 on a point estimate"
+        )
+        answer = f"Yes: {improves}, {above}, and {reaches}. Verdict: adopt."
+        return frame.verdict("adopt", chosen, text, answer=answer)
     if hi < rule.min_gain or hi <= 0 or not rule.meets(value):
         why = (
-            f"its {rep} value {value:.4f} misses the threshold {rule.threshold:g}"
+            f"its {rep} value {_num(value, rule)} misses the threshold {thr}"
             if not rule.meets(value)
-            else f"on {rep} its {_ci_text(entry)} stays under the min gain {rule.min_gain:g}"
+            else f"on {rep} its {_ci_text(entry, rule)} stays under the min gain {mg}"
         )
+        c = frame.base["control"].get(sel)
+        keep = "; keep the control" if c is not None and rule.meets(c) else ""
         unconfirmed = f" The {rep} split does not confirm the choice made on {sel}."
         frame = replace(frame, disagree=frame.disagree or unconfirmed)
         text = f"Negative result (complete): {picked}, but {why}. {frame.ending}"
-        return frame.verdict("negative", None, text)
-    resolve = _resolve(rule, chosen, entry=entry, run_hours=run_hours)
+        answer = (
+            f"No: '{chosen}', the best on {sel}, {reaches} on {rep}, which misses it"
+            if not rule.meets(value)
+            else f"No: {improves}, under the min gain {mg}"
+        ) + f"{keep}. Verdict: negative."
+        return frame.verdict("negative", None, text, answer=answer)
+    resolve = _resolve(rule, chosen, entry=entry, seconds=seconds, lot=lot)
     text = (
-        f"Inconclusive: {picked}; on {rep} its {_ci_text(entry)} straddles the min gain "
-        f"{rule.min_gain:g}. {resolve['text']} {frame.ending}"
+        f"Inconclusive: {picked}; on {rep} its {_ci_text(entry, rule)} straddles the min gain "
+        f"{mg}. {resolve['text']} {frame.ending}"
     )
-    return frame.verdict("inconclusive", chosen, text, resolve=resolve)
+    settle = "more evidence would settle it"
+    if resolve.get("more_seeds") is not None:
+        priced = (
+            f", {say_duration(resolve['gpu_hours'])} of GPU time"
+            if resolve.get("gpu_hours") is not None
+            else ""
+        )
+        settle = (
+            f"about {resolve['more_examples']} more {rep} examples or {resolve['more_seeds']} "
+            f"more seed(s){priced} would settle it"
+        )
+    answer = (
+        f"Not yet: {improves}, an interval that straddles the min gain {mg}; {settle}. "
+        "Verdict: inconclusive."
+    )
+    return frame.verdict("inconclusive", chosen, text, resolve=resolve, answer=answer)
+
+
+def _no_interval(rule: DecisionRule, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """What a gain without an interval lacks, and what to add to get one."""
+    why = (
+        f"no per-example {rule.metric} on {rule.report_split}: "
+        f"{entry.get('no_interval') or 'no run has per-example rows'}"
+    )
+    return {
+        "more_examples": None,
+        "more_seeds": None,
+        "seed_hours": None,
+        "missing": "per-example scores",
+        "why": why,
+        "text": (
+            f"Missing: {why}. To get an interval, add to the recipe a score(model, batch) that "
+            f"returns {{'{rule.metric}': one value per example}} (see the README's recipe "
+            "section) and run the campaign again (the edited recipe gives new run IDs)."
+        ),
+    }
 
 
 def _resolve(
-    rule: DecisionRule, chosen: str, *, entry: Mapping[str, Any], run_hours: Mapping[str, float]
+    rule: DecisionRule,
+    chosen: str,
+    *,
+    entry: Mapping[str, Any],
+    seconds: Mapping[str, float | None],
+    lot: Mapping[str, float] | None,
 ) -> dict[str, Any]:
-    """How many more examples or seeds would settle an inconclusive verdict, and the cost."""
+    """How many more examples or seeds would settle an inconclusive verdict, and what the
+    seeds cost: priced from the runs' measured training time (``seconds`` per seed), as GPU
+    time and as the share of the rented lot's price it takes (``lot``: ``usd``, ``gpu_hours``).
+    """
     if entry.get("n") is None:
-        return {
-            "more_examples": None,
-            "more_seeds": None,
-            "seed_hours": None,
-            "text": "No per-example predictions: no estimate of the evidence needed.",
-        }
+        return _no_interval(rule, entry)
     g = Gain(
         gain=entry["gain"],
         ci95=tuple(entry["gain_ci95"]),
@@ -429,23 +680,36 @@ def _resolve(
         replicates=entry["replicates"] or 1,
     )
     need = to_resolve(g, min_gain=max(rule.min_gain, 1e-12))
+    none = {"seed_s": None, "gpu_hours": None, "usd": None, "lot_share": None}
     if need["factor"] is None:
         return {
             **need,
-            "seed_hours": None,
+            **none,
             "text": "The gain equals the min gain: no amount of evidence separates them.",
         }
-    per_seed = run_hours.get("control", 0.0) + run_hours.get(chosen, 0.0)
-    hours = round(need["more_seeds"] * per_seed, 4) if per_seed else None
-    cost = (
-        f" ({need['more_seeds']} x {per_seed:g} h = {hours:g} h of GPU time in the calendar)"
-        if hours is not None
-        else " (run hours not planned)"
-    )
+    c, v = seconds.get("control"), seconds.get(chosen)
+    priced: dict[str, Any] = dict(none)
+    cost = " (their training time was not measured)"
+    if c is not None and v is not None:
+        per_seed = c + v
+        gpu_h = need["more_seeds"] * per_seed / 3600
+        priced.update(seed_s=round(per_seed, 9), gpu_hours=round(gpu_h, 12))
+        cost = (
+            f": {need['more_seeds']} x ({c:.3g} s + {v:.3g} s of measured training) = "
+            f"{say_duration(gpu_h)} of GPU time"
+        )
+        if lot and lot.get("gpu_hours"):
+            usd = gpu_h * lot["usd"] / lot["gpu_hours"]
+            share = usd / lot["usd"] if lot["usd"] else 0.0
+            priced.update(usd=round(usd, 12), lot_share=round(share, 12))
+            money = f"{usd:.2f} USD" if usd >= 0.005 else "under 0.01 USD"
+            cost += (
+                f", {money} at the lot's price ({say_number(100 * share, digits=2)}% of the "
+                f"{lot['usd']:.2f} USD for {lot['gpu_hours']:g} GPU hours)"
+            )
     text = (
         f"To resolve it: about {need['more_examples']} more {rule.report_split} examples "
-        f"({need['factor']:.2f} x the {g.n} there; evaluating them costs minutes, labelling "
-        f"them is a human step), or {need['more_seeds']} more seed(s) of both 'control' and "
-        f"'{chosen}'{cost}."
+        f"({need['factor']:.2f} x the {g.n} there; labelling them is a human step), or "
+        f"{need['more_seeds']} more seed(s) of both 'control' and '{chosen}'{cost}."
     )
-    return {**need, "seed_hours": hours, "text": text}
+    return {**need, **priced, "text": text}

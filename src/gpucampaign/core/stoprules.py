@@ -54,6 +54,18 @@ class BelowThreshold(StopRule):
     rule = "below_threshold"
 
 
+#: The stop rules that end a run after it measured its metric and wrote its model: the run's
+#: values are evidence the verdict reads, so such a stop of an essential run does not stop the
+#: campaign (it ends with its decision; the stop is shown with the verdict).
+EVIDENCE_RULES: tuple[str, ...] = (BelowThreshold.rule,)
+
+
+def stops_the_campaign(stop: StopRule) -> bool:
+    """Whether this stop of an essential run ends the campaign without a decision (every
+    stop but those of ``EVIDENCE_RULES``)."""
+    return stop.rule not in EVIDENCE_RULES
+
+
 class EssentialInputMissing(StopRule):
     """An essential input is missing, cut off or altered (hash mismatch)."""
 

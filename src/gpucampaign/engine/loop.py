@@ -57,6 +57,7 @@ from gpucampaign.checkpoint.trainstate import MODEL
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
 from gpucampaign.core.interrupt import Interrupted, stop_requested
 from gpucampaign.core.stoprules import BelowThreshold, NonFiniteLoss, NoUsableRestart
+from gpucampaign.core.text import say_exact, say_number
 from gpucampaign.engine.checkpointer import Checkpointer, SaveFn
 from gpucampaign.engine.inference_restart import TrainingMark, find_interruption, restart_inference
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
@@ -253,10 +254,11 @@ def _quality_stop(
     meets = value >= floor if rule.direction == "maximize" else value <= floor
     if meets:
         return None
-    side = "below" if rule.direction == "maximize" else "above"
+    side = "below the floor" if rule.direction == "maximize" else "above the ceiling"
     return BelowThreshold(
         run_id,
-        f"final {rule.metric} on {rule.select_split} is {value:.6g}, {side} the floor {floor:g}",
+        f"final {rule.metric} on {rule.select_split} is {say_number(value, against=floor)}, "
+        f"{side} {say_exact(floor)}",
         step=step,
     )
 

@@ -1,7 +1,8 @@
 """The campaign's output folder: its file names and its atomic writes.
 
 Layout: ``manifest.json``, ``plan.json`` (never rewritten) with ``plan.sha256``, ``spec.yaml``,
-``runs/<run_id>/{params.json, metrics.jsonl, predictions.csv, error_analysis.json, model/}``,
+``runs/<run_id>/{params.json, metrics.jsonl, predictions.csv, scores-<split>.csv,
+error_analysis.json, model/}``,
 ``stops.jsonl``, ``decisions.jsonl``, ``timeline.jsonl``, ``report.md``, ``RELOAD.md``,
 ``figures/*.png`` and ``data/`` (a corpus copy when small).
 """
@@ -35,6 +36,8 @@ STOPS, DECISIONS, TIMELINE = "stops.jsonl", "decisions.jsonl", "timeline.jsonl"
 PARAMS_FILE = "params.json"
 METRICS_FILE = "metrics.jsonl"
 PREDICTIONS_FILE = "predictions.csv"
+SCORES_PREFIX = "scores-"  # scores-<split>.csv: per-example scores (see scores_file)
+SCORES_ERROR_FILE = "scores-error.txt"  # why a recipe's score() wrote no scores at the close
 ERROR_ANALYSIS_FILE = "error_analysis.json"
 MODEL_DIR = "model"
 MODEL_CONFIG = "config.json"  # in MODEL_DIR: the run config, recipe, sizes, hashes
@@ -46,6 +49,12 @@ MODEL_FILES = ("model.safetensors", MODEL_CONFIG)
 def run_file(run_id: str, *names: str) -> str:
     """``runs/<run_id>/<names...>``: a run's file, relative to the output folder."""
     return "/".join(("runs", run_id, *names))
+
+
+def scores_file(split: str) -> str:
+    """``scores-<split>.csv``: a run's per-example scores on one split (the recipe's
+    ``score``), which the verdict's paired bootstrap resamples."""
+    return f"{SCORES_PREFIX}{split}.csv"
 
 
 def model_config(run_id: str) -> str:

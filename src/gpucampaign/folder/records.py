@@ -429,11 +429,15 @@ def run_states(
 
 
 def runs_with_model(states: Mapping[str, RunState], *, root: str | Path) -> list[str]:
-    """The run names whose model gets predictions: every completed run, and every interrupted
-    run whose last good model was kept (evidence at its step, not a delivery)."""
+    """The run names whose model gets predictions: every completed run, every run a stop rule
+    ended after it wrote its model (the quality floor: the model it reached), and every
+    interrupted run whose last good model was kept (evidence at its step, not a delivery)."""
     return [
         s.run
         for s in states.values()
         if s.status == "completed"
-        or (s.status == "interrupted" and _in(root, f"runs/{s.run_id}/{MODEL_WEIGHTS}").is_file())
+        or (
+            s.status in ("stopped", "interrupted")
+            and _in(root, f"runs/{s.run_id}/{MODEL_WEIGHTS}").is_file()
+        )
     ]

@@ -69,12 +69,21 @@ class Recipe:
             def loss(self, model, batch): ...         # a scalar tensor
             def evaluate(self, model, batches): ...   # {"mse": 0.12, ...} over one split
             def predict(self, model, batch): ...      # optional: rows for predictions.csv
+            def score(self, model, batch): ...        # optional: {"mse": one value per example}
 
     ``ctx`` is a :class:`RecipeContext` (``args``, ``corpus.path``, ``corpus.sha256``,
     ``device``, ``seed``, ``run_id``, ``inputs``). ``model`` draws its initial weights from
     torch's global RNG, which the framework seeded. ``evaluate`` gets an iterable of batches of
     one split (already on the device, model in eval mode, no gradient), made by the framework's
     loader from the recipe's dataset.
+
+    ``score`` (optional) gives the verdict its interval: for a metric that is a mean over
+    examples (accuracy, loss, mse, mae, per-token loss), one value per example of the batch,
+    whose mean over a split is that split's metric. The close calls it on the selection and
+    the report splits with each run's saved model and keeps the values, keyed by the dataset's
+    ``ids`` attribute when it has one (else the position in the split), in
+    ``scores-<split>.csv``; the paired bootstrap resamples them. Without it, the verdict has
+    point estimates only and never adopts on one when the rule asks for a minimum gain.
 
     The framework keeps: seeding, the optimizer and scheduler, precision (autocast,
     GradScaler), the loop, the data order and cursor, full-state checkpoints, the stop rules
@@ -108,6 +117,10 @@ class Recipe:
 
     def predict(self, model: torch.nn.Module, batch: Any) -> list[dict[str, Any]]:
         """Optional: one row per example of ``batch`` for ``predictions.csv``."""
+        raise NotImplementedError
+
+    def score(self, model: torch.nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        """Optional: metric name -> one value per example of ``batch`` (a 1-D tensor)."""
         raise NotImplementedError
 
     def describe(self, ctx: RecipeContext, datasets: dict[str, Any]) -> dict[str, Any]:
@@ -164,6 +177,11 @@ def load_recipe(recipe: str) -> Recipe:
         return cls()
     except Exception as exc:
         raise RecipeError(recipe, "__init__()", f"{type(exc).__name__}: {exc}") from None
+
+
+def has_score(recipe: Recipe) -> bool:
+    """Whether the recipe defines the optional ``score`` (per-example values)."""
+    return type(recipe).score is not Recipe.score
 
 
 def call(recipe: str, method: str, fn: Any, *args: Any) -> Any:
@@ -228,6 +246,31 @@ def check_metrics(recipe: str, metrics: Any, *, need: str | None) -> dict[str, f
         raise RecipeError(recipe, "evaluate()", f"metric values must be numbers ({exc})") from None
 
 
+def check_scores(recipe: str, scores: Any, *, rows: int) -> dict[str, list[float]]:
+    """``score()``'s result: metric names to one number per example of the batch."""
+    if not isinstance(scores, dict) or not scores:
+        raise RecipeError(
+            recipe,
+            "score()",
+            f"must return a dict of metric name -> per-example values, got {scores!r:.80}",
+        )
+    out = {}
+    for name, values in scores.items():
+        if hasattr(values, "detach"):
+            values = values.detach().cpu().reshape(-1).tolist()
+        try:
+            got = [float(v) for v in values]
+        except (TypeError, ValueError):
+            got = None
+        if got is None or len(got) != rows:
+            size = "not numbers" if got is None else f"{len(got)} values"
+            raise RecipeError(
+                recipe, "score()", f"'{name}' must hold one number per example ({rows}), got {size}"
+            )
+        out[str(name)] = got
+    return out
+
+
 __all__ = [
     "Recipe",
     "RecipeContext",
@@ -240,4 +283,6 @@ __all__ = [
     "check_datasets",
     "check_loss",
     "check_metrics",
+    "check_scores",
+    "has_score",
 ]

@@ -15,10 +15,13 @@ from gpucampaign.recipe.contract import (
     Pinned,
     Recipe,
     RecipeContext,
+    RecipeError,
     call,
     check_datasets,
     check_loss,
     check_metrics,
+    check_scores,
+    has_score,
     load_recipe,
 )
 from gpucampaign.spec import CampaignSpec, ResolvedRun, RunConfig, SpecError
@@ -132,6 +135,43 @@ def evaluate_split(
     return check_metrics(config.recipe, out, need=need)
 
 
+def example_ids(dataset: Any) -> list[str]:
+    """The examples' IDs: the dataset's ``ids`` when it has one per example, else positions."""
+    ids = getattr(dataset, "ids", None)
+    if ids is not None and len(ids) == len(dataset):
+        return [str(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+    return [str(i) for i in range(len(dataset))]
+
+
+def score_split(
+    recipe: Recipe, model: torch.nn.Module, dataset: Any, *, config: RunConfig
+) -> tuple[list[str], dict[str, list[float]]]:
+    """The recipe's per-example scores over one split, batches in order, eval mode, no
+    gradient: ``(ids, {metric: values})``, the same metrics for every batch.
+
+    Raises:
+        RecipeError: ``score`` fails, or returns other metrics or another count than a batch.
+    """
+    columns: dict[str, list[float]] = {}
+    model.eval()
+    with torch.no_grad():
+        for batch in ordered_loader(recipe, dataset, config=config):
+            got = check_scores(
+                config.recipe,
+                call(config.recipe, "score", recipe.score, model, batch),
+                rows=batch_len(batch),
+            )
+            if columns and set(got) != set(columns):
+                raise RecipeError(
+                    config.recipe,
+                    "score()",
+                    f"returned {sorted(got)} for one batch and {sorted(columns)} for another",
+                )
+            for name, values in got.items():
+                columns.setdefault(name, []).extend(values)
+    return example_ids(dataset), columns
+
+
 def to_device(batch: Any, device: torch.device) -> Any:
     """``batch`` with every tensor in it (tuples, lists, dicts) moved to ``device``."""
     if isinstance(batch, torch.Tensor):
@@ -155,8 +195,8 @@ def batch_len(batch: Any) -> int:
 
 
 def preflight(spec: CampaignSpec, *, corpus: Any) -> list[str]:
-    """Try each distinct recipe of the spec once on CPU: datasets, model, one loss, one
-    evaluation; the recipes checked.
+    """Try each distinct recipe of the spec once on CPU: datasets, model, one loss, its
+    per-example scores (when it has ``score``), one evaluation; the recipes checked.
 
     Raises:
         RecipeError: A method fails or returns what the contract refuses.
@@ -185,6 +225,10 @@ def preflight(spec: CampaignSpec, *, corpus: Any) -> list[str]:
             )
         )
         check_loss(config.recipe, call(config.recipe, "loss", recipe.loss, model, batch))
+        if has_score(recipe):
+            with torch.no_grad():
+                scores = call(config.recipe, "score", recipe.score, model, batch)
+            check_scores(config.recipe, scores, rows=batch_len(batch))
         split = next(s for s in ("val", "test", "train") if len(datasets.get(s) or ()) > 0)
         evaluate_split(
             recipe,

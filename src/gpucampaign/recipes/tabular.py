@@ -42,14 +42,17 @@ class TabularClassifier(Recipe):
         }
 
     def datasets(self, ctx: RecipeContext) -> dict[str, TensorDataset]:
-        """``{train, val, test}``: each split's (features, class index) rows."""
+        """``{train, val, test}``: each split's (features, class index) rows, with the
+        table's row IDs as ``ids``."""
         table = ctx.table
         self.n_classes = table.n_classes
-        return {
-            name: TensorDataset(*table.splits[name].tensors())
-            for name in SPLITS
-            if name in table.splits
-        }
+        out = {}
+        for name in SPLITS:
+            if name in table.splits:
+                part = table.splits[name]
+                out[name] = TensorDataset(*part.tensors())
+                out[name].ids = [str(i) for i in part.ids.tolist()]  # type: ignore[attr-defined]
+        return out
 
     def model(self, ctx: RecipeContext) -> nn.Module:
         """The untrained model, its input statistics fitted on the train split."""
@@ -66,6 +69,16 @@ class TabularClassifier(Recipe):
         """Mean cross-entropy of one batch, computed in float32 from the model's logits."""
         xb, yb = batch
         return F.cross_entropy(model(xb).float(), yb)
+
+    def score(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+        """Per example: ``accuracy`` (1 when the class is right) and ``loss`` (cross-entropy),
+        whose means over a split are its accuracy and loss."""
+        xb, yb = batch
+        logits = model(xb).float()
+        return {
+            "accuracy": (logits.argmax(dim=1) == yb).float(),
+            "loss": F.cross_entropy(logits, yb, reduction="none"),
+        }
 
     def evaluate(self, model: nn.Module, batches: Iterable[Any]) -> dict[str, float]:
         """Accuracy, macro F1 and loss of ``model`` over the split's batches."""

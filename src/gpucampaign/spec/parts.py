@@ -360,7 +360,11 @@ class StopRules(_Frozen):
         default=True, description="Stop a run whose loss is NaN or infinite."
     )
     below_threshold: bool = Field(
-        default=True, description="Stop a run whose final metric misses the floor."
+        default=True,
+        description=(
+            "Stop a run whose final metric is below the floor (maximize) or above the ceiling "
+            "(minimize); its model and metric are kept as evidence for the verdict."
+        ),
     )
     quality_floor: float | None = Field(
         default=None, description="Floor for 'below_threshold'; defaults to the decision threshold."

@@ -362,18 +362,19 @@ def check_corpus(ctx: VerifyContext) -> list[Problem]:
     return []
 
 
-#: The run states whose model must reload: completed runs, and runs interrupted under
-#: ``resume: inference`` whose last good model and predictions were written (evidence).
-RELOADED_STATES = ("completed", "interrupted")
+#: The run states whose model must reload: completed runs, runs a stop rule ended after their
+#: model was written (the quality floor), and runs interrupted under ``resume: inference``
+#: whose last good model and predictions were written (evidence).
+RELOADED_STATES = ("completed", "stopped", "interrupted")
 
 
 def check_models_reload(ctx: VerifyContext) -> list[Problem]:
-    """Every completed run's model (and an interrupted run's kept model) reloads in a fresh
-    process and reproduces its predictions.
+    """Every completed run's model (and a stopped or interrupted run's kept model) reloads in
+    a fresh process and reproduces its predictions.
 
     Runs without a folder, a ``predictions.csv`` or model files are skipped (named by
-    ``check_expected_runs`` for a completed run; an interrupted run need not have them). The
-    runs reproduced exactly go to ``ctx.reloaded``.
+    ``check_expected_runs`` for a completed run; a stopped or interrupted run need not have
+    them). The runs reproduced exactly go to ``ctx.reloaded``.
     """
     if ctx.manifest is None or not ctx.reload:
         return []
