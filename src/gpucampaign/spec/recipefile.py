@@ -6,6 +6,7 @@ checking the recipe itself is ``recipe.contract.load_recipe``.
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 from pathlib import Path
@@ -49,7 +50,14 @@ def recipe_file(recipe: str) -> Path:
     """
     module = import_path(recipe).partition(":")[0]
     try:
-        found = importlib.util.find_spec(module)
+        # A top-level module is looked up on sys.path itself: ``find_spec`` would answer with
+        # a module of that name imported earlier from another spec's folder.
+        top = "." not in module
+        found = (
+            importlib.machinery.PathFinder.find_spec(module)
+            if top
+            else importlib.util.find_spec(module)
+        )
     except (ImportError, ValueError) as exc:
         found, why = None, f"{type(exc).__name__}: {exc}"
     else:
