@@ -20,6 +20,7 @@ SUMMARY_KEYS = (
     "faults_injected",
     "faults_survived",
     "fuzzed_inputs",
+    "preflight_refusals",
     "tracebacks",
     "secrets_leaked",
 )
@@ -61,7 +62,8 @@ def summary_line() -> str:
         f"{c['saved_within_grace']}/{stops}, kill points tried/survived "
         f"{c['kill_points_tried']}/{c['kill_points_survived']}, faults injected/survived "
         f"{c['faults_injected']}/{c['faults_survived']}, fuzzed inputs tried {c['fuzzed_inputs']}, "
-        f"tracebacks seen {c['tracebacks']}, secrets leaked {c['secrets_leaked']}"
+        f"preflight refusals {c['preflight_refusals']}, tracebacks seen {c['tracebacks']}, "
+        f"secrets leaked {c['secrets_leaked']}"
     )
 
 
