@@ -80,13 +80,23 @@ def preflight(
     if spec.corpus is not None:
         corpus_path = resolve_inside(base, spec.corpus.path, field="corpus.path")
         what = check_pinned(
-            corpus_path, sha256=spec.corpus.sha256, field="corpus", shown=spec.corpus.path
+            corpus_path,
+            sha256=spec.corpus.sha256,
+            field="corpus",
+            shown=spec.corpus.path,
+            label="corpus",
         )
         checked.append(f"corpus '{spec.corpus.path}': {what}, sha256 as pinned, no link out")
     input_paths = _input_paths(spec, base=base, out_dir=out_dir)
     for name, path in input_paths.items():
         item = spec.inputs[name]
-        what = check_pinned(path, sha256=item.sha256, field=f"inputs.{name}", shown=item.path)
+        what = check_pinned(
+            path,
+            sha256=item.sha256,
+            field=f"inputs.{name}",
+            shown=item.path,
+            label=f"input '{name}'",
+        )
         checked.append(f"input '{name}' ('{item.path}'): {what}, sha256 as pinned, no link out")
     if corpus_path is not None:
         checked += _corpus_and_recipes(spec, path=corpus_path, base=base, inputs=input_paths)

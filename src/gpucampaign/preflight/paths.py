@@ -54,7 +54,7 @@ def pin_command(path: Path) -> str:
     return f"campaign pin {shlex.quote(str(shown))}"
 
 
-def check_pinned(path: Path, *, sha256: str, field: str, shown: str) -> str:
+def check_pinned(path: Path, *, sha256: str, field: str, shown: str, label: str) -> str:
     """``path`` (already resolved inside the spec's folder) exists, is not empty, has no link
     out of its folder, and has the pinned ``sha256``; what it is, in a few words.
 
@@ -63,6 +63,7 @@ def check_pinned(path: Path, *, sha256: str, field: str, shown: str) -> str:
         sha256: The pin the spec gives.
         field: The spec field of the path (``corpus``, ``inputs.base``).
         shown: The path as the spec writes it.
+        label: What the path is (``corpus``, ``input 'base'``).
 
     Raises:
         SpecError: Missing, empty, a link out of its folder, or another sha256 (the message
@@ -82,17 +83,17 @@ def check_pinned(path: Path, *, sha256: str, field: str, shown: str) -> str:
         what = f"file of {path.stat().st_size} bytes"
     if not files:
         raise SpecError(
-            f"field '{field}.path': '{shown}' is empty ({what}); give the {field.split('.')[0]} "
-            "its data, or the path of the file or folder that holds it.",
+            f"field '{field}.path': '{shown}' is empty ({what}); give the {label} its data, or "
+            "the path of the file or folder that holds it.",
             field=f"{field}.path",
         )
     actual = input_sha256(path)
     if actual != sha256:
         raise SpecError(
-            f"field '{field}.sha256': '{shown}' is not the pinned {field.split('.')[0]}: its "
+            f"field '{field}.sha256': '{shown}' is not the pinned {label}: its "
             f"sha256 is {actual}, the spec pins {sha256}. If '{shown}' is the one you mean, "
             f"`{pin_command(path)}` prints the sha256 to put in {field}.sha256 (a new pin "
-            "starts a new campaign); otherwise put the pinned file back.",
+            "starts a new campaign); otherwise restore what was pinned.",
             field=f"{field}.sha256",
         )
     return what

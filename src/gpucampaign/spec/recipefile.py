@@ -30,8 +30,10 @@ class RecipeError(SpecError):
 def use_recipe_dir(folder: str | Path) -> None:
     """Put ``folder`` (a spec's folder) first on ``sys.path``, once."""
     path = str(Path(folder).resolve())
-    if path not in RECIPE_DIRS:
-        RECIPE_DIRS.append(path)
+    # Latest first, as on sys.path: a child process finds the module this process would.
+    if path in RECIPE_DIRS:
+        RECIPE_DIRS.remove(path)
+    RECIPE_DIRS.insert(0, path)
     if path in sys.path:
         sys.path.remove(path)
     sys.path.insert(0, path)
