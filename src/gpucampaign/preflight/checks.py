@@ -121,7 +121,7 @@ def _recipe_files(spec: CampaignSpec, *, base: Path) -> list[str]:
     for recipe in recipes:
         path = recipe_file(recipe)
         found_here = base == path.parent or base in path.parents
-        if found_here and not inside(path, base):
+        if found_here and not inside(path, root=base):
             raise RecipeError(
                 recipe,
                 "import",

@@ -12,7 +12,7 @@ from gpucampaign.data.pins import input_sha256
 from gpucampaign.spec import SpecError
 
 
-def inside(path: Path, root: Path) -> bool:
+def inside(path: Path, *, root: Path) -> bool:
     """True when ``path`` (resolved) is ``root`` (resolved) or under it."""
     target, top = path.resolve(), root.resolve()
     return target == top or top in target.parents
@@ -34,7 +34,7 @@ def refuse_links_out(folder: Path, *, field: str, shown: str) -> int:
                 files += name in filenames
                 continue
             rel = p.relative_to(folder).as_posix()
-            if not p.exists() or not inside(p, folder):
+            if not p.exists() or not inside(p, root=folder):
                 raise SpecError(
                     f"field '{field}': '{shown}/{rel}' is a link to '{os.readlink(p)}', outside "
                     f"the pinned folder '{shown}' (or to nothing); copy the file into the folder "
