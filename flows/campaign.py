@@ -26,7 +26,8 @@ from gpucampaign.folder.records import read_pilot, run_states, runs_with_model, 
 from gpucampaign.plan import calendar
 from gpucampaign.plan.decision import Decision
 from gpucampaign.plan.tariffs import load_catalog
-from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
+from gpucampaign.preflight import preflight
+from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
 from gpucampaign.spec.recipefile import use_recipe_dir
 from tasks._common import artifact_key
 from tasks.audit import data_audit
@@ -119,7 +120,11 @@ def _campaign(
 ) -> dict[str, Any]:
     """The flow's body (see ``campaign``)."""
     logger = get_run_logger()
-    cs, base, folder = _open(spec, out=out, base_dir=base_dir)
+    try:
+        cs, base, folder = _open(spec, out=out, base_dir=base_dir)
+    except SpecError as exc:  # the preflight's paragraph is the whole story: no traceback
+        logger.error("refused before anything started: %s", exc)
+        return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
     catalog = load_catalog(spec=cs, base_dir=base)
     plan0 = calendar.plan(cs, catalog=catalog)
     folder.write_plan_once(plan0.to_dict())
@@ -191,6 +196,8 @@ def _open(
         spec_path = Path(spec).resolve()
         cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
         text, source = spec_path.read_bytes(), f"'{spec_path}'"
+    # Before the folder is written and before the audit: the spec's files, corpus, recipes, store.
+    preflight(cs, base_dir=base, out_dir=out)
     folder = OutputFolder(Path(out))
     folder.keep_spec(text, source=source, check_only=True)
     refuse_sealed_rewrite(folder.root, cs, base_dir=base)

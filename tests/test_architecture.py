@@ -24,6 +24,7 @@ RANKS = (
     "checkpoint",
     "recipe",
     "recipes",
+    "preflight",
     "engine",
     "restartcheck",
     "close",

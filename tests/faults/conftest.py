@@ -20,6 +20,7 @@ SUMMARY_KEYS = (
     "faults_injected",
     "faults_survived",
     "fuzzed_inputs",
+    "preflight_refusals",
     "tracebacks",
     "secrets_leaked",
     "links_refused",
@@ -65,7 +66,8 @@ def summary_line() -> str:
         f"{c['saved_within_grace']}/{stops}, kill points tried/survived "
         f"{c['kill_points_tried']}/{c['kill_points_survived']}, faults injected/survived "
         f"{c['faults_injected']}/{c['faults_survived']}, fuzzed inputs tried {c['fuzzed_inputs']}, "
-        f"tracebacks seen {c['tracebacks']}, secrets leaked {c['secrets_leaked']}, "
+        f"preflight refusals {c['preflight_refusals']}, tracebacks seen {c['tracebacks']}, "
+        f"secrets leaked {c['secrets_leaked']}, "
         f"links refused {c['links_refused']}, tampered folders verified without running their "
         f"code {c['tampered_verified_without_code']}, two-writer attempts refused "
         f"{c['two_writers_refused']}, stale locks taken over {c['stale_locks_taken_over']}"

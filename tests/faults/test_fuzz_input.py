@@ -1,6 +1,11 @@
 """Bad input, fuzzed: random YAML, wrong types, huge and negative numbers, unicode and control
 characters, path tricks. Every command answers with a message and its documented exit code,
-never a traceback, and an existing output folder is left exactly as it was."""
+never a traceback, and an existing output folder is left exactly as it was.
+
+Every numeric field of the spec's JSON schema (read from the schema, not from an example) takes
+any value within its bounds and refuses NaN, the infinities and anything past its bounds. The
+draws are derandomized: a failure replays the same way anywhere.
+"""
 
 from __future__ import annotations
 
@@ -20,13 +25,14 @@ from typer.testing import CliRunner
 
 import gpucampaign.cli.runner
 from gpucampaign.cli import app
-from gpucampaign.spec import SpecError, load_spec
+from gpucampaign.spec import CampaignSpec, SpecError, load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits" / "campaign.yaml"
 FUZZ = settings(
     max_examples=40,
     deadline=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 FEW = settings(FUZZ, max_examples=15)
@@ -197,6 +203,157 @@ def test_a_bad_field_is_named(tmp_path_factory, faults, path, value):
     if isinstance(exc, SpecError):
         top = str(path[0]).removesuffix("s")  # "variant 'bf16': ..." names a variant
         assert top in str(exc) or top in exc.field, (path, value, str(exc))
+
+
+# --- every numeric field of the schema ---------------------------------------------------------
+def numeric_fields(schema: dict[str, Any]) -> dict[tuple, dict[str, Any]]:
+    """``{path: its schema}`` of every number and integer the JSON schema describes; a path
+    steps into the first item of a list (``0``) and any entry of a mapping (``"*"``)."""
+    defs = schema.get("$defs", {})
+    found: dict[tuple, dict[str, Any]] = {}
+
+    def walk(node: dict[str, Any], path: tuple) -> None:
+        if "$ref" in node:
+            node = defs[node["$ref"].rsplit("/", 1)[-1]]
+        for alt in node.get("anyOf", ()):  # an optional field: its type and null
+            walk(alt, path)
+        kind = node.get("type")
+        if kind in ("number", "integer"):
+            found[path] = node
+        for key, sub in (node.get("properties") or {}).items():
+            walk(sub, (*path, key))
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"], (*path, "*"))
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], (*path, 0))
+
+    walk(schema, ())
+    return found
+
+
+NUMERIC = numeric_fields(CampaignSpec.model_json_schema())
+#: The example spec with every list and mapping the schema's numbers live in filled.
+FULL = {
+    **BASE,
+    "window_hours": 72,
+    "inputs": {"base": {"path": "base.bin", "sha256": "0" * 64}},
+    "expenses": [{"name": "egress", "usd": 1.5}],
+    "control": {**BASE["control"], "max_steps": 1000, "seeds": [0, 1]},
+    "variants": [{**BASE["variants"][0], "seeds": [3]}, *BASE["variants"][1:]],
+    "checkpoint": {**BASE["checkpoint"], "every_steps": 50},
+    "stop_rules": {**BASE["stop_rules"], "quality_floor": 0.8},
+}
+
+
+def _put(data: Any, path: tuple, value: Any) -> Any:
+    """``data`` with ``value`` at the schema ``path`` (missing mappings made on the way)."""
+    data = copy.deepcopy(data)
+    node = data
+    for key, nxt in zip(path[:-1], path[1:], strict=True):
+        if key == "*":
+            key = next(iter(node))
+        child = node[key] if isinstance(node, list) else node.get(key)
+        if child is None:
+            child = [] if nxt == 0 else {}
+            node[key] = child
+        node = child
+    last = path[-1]
+    if isinstance(node, list) and not node:
+        node.append(value)
+    else:
+        node[last] = value
+    return data
+
+
+def _named(path: tuple) -> str:
+    """A schema path as the spec errors name it: ``calendar[0].hours``."""
+    text = ""
+    for key in path:
+        text += f"[{key}]" if isinstance(key, int) else ("." if text else "") + str(key)
+    return text
+
+
+def _bounds(node: dict[str, Any]) -> tuple[Any, Any]:
+    """The lowest and highest value ``node`` accepts (``None``: unbounded)."""
+    step = 1 if node["type"] == "integer" else 0
+    low = node.get("minimum", None if "exclusiveMinimum" not in node else node["exclusiveMinimum"])
+    high = node.get("maximum", None if "exclusiveMaximum" not in node else node["exclusiveMaximum"])
+    if "exclusiveMinimum" in node:
+        low += step
+    if "exclusiveMaximum" in node:
+        high -= step
+    return low, high
+
+
+def within(node: dict[str, Any]) -> st.SearchStrategy:
+    """Values the field must take."""
+    low, high = _bounds(node)
+    if node["type"] == "integer":
+        return st.integers(min_value=low, max_value=high) | st.sampled_from([low, high])
+    finite = st.floats(
+        min_value=low,
+        max_value=high,
+        exclude_min="exclusiveMinimum" in node,
+        exclude_max="exclusiveMaximum" in node,
+        allow_nan=False,
+        allow_infinity=False,
+    )
+    edges = [
+        x
+        for x, key in ((low, "minimum"), (high, "maximum"))
+        if x is not None and key in node  # an inclusive bound is a value the field takes
+    ]
+    return finite | st.sampled_from(edges or [1.0])
+
+
+def beyond(node: dict[str, Any]) -> st.SearchStrategy:
+    """Values the field must refuse: not numbers, and anything past its bounds."""
+    low, high = _bounds(node)
+    out = [math.nan, math.inf, -math.inf]
+    if high is not None:
+        out += [high + 1, high * 2 + 1, 2**63, 10**30]
+    if low is not None and not (node["type"] == "number" and "exclusiveMinimum" not in node):
+        out += [low - 1, -(2**63)]
+    elif low is not None:
+        out += [low - 1.0]
+    return st.sampled_from(out)
+
+
+def test_the_schema_bounds_every_count():
+    """Every integer of the schema has an upper limit; every field is reached below."""
+    assert len(NUMERIC) >= 30, sorted(NUMERIC)
+    unbounded = [
+        _named(p) for p, n in NUMERIC.items() if n["type"] == "integer" and None in _bounds(n)
+    ]
+    assert not unbounded, unbounded
+    for path in NUMERIC:  # FULL holds every container a numeric field lives in
+        _put(FULL, path, 1)
+    assert not isinstance(load_spec(_write_tmp(FULL)), SpecError)
+
+
+def _write_tmp(data: Any) -> Path:
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="fuzz-spec-"))
+    return _write(folder / "campaign.yaml", data)
+
+
+@pytest.mark.parametrize("path", sorted(NUMERIC, key=_named), ids=_named)
+@settings(FUZZ, max_examples=8)
+@given(data=st.data())
+def test_every_numeric_field_takes_its_range_and_refuses_the_rest(
+    tmp_path_factory, faults, path, data
+):
+    node = NUMERIC[path]
+    folder = tmp_path_factory.mktemp("spec")
+    good = data.draw(within(node), label="within")
+    got = load(faults, _write(folder / "campaign.yaml", _put(FULL, path, good)))
+    assert not isinstance(got, SpecError), (_named(path), good, str(got))
+    bad = data.draw(beyond(node), label="beyond")
+    err = load(faults, _write(folder / "campaign.yaml", _put(FULL, path, bad)))
+    assert isinstance(err, SpecError), f"{_named(path)} = {bad!r} was accepted"
+    assert f"field '{_named(path)}'" in str(err), (bad, str(err))
+    faults.add("preflight_refusals")
 
 
 # --- the commands that take a spec ------------------------------------------------------------

@@ -29,7 +29,6 @@ from gpucampaign.cli.common import (
 )
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.spec import SpecError
-from gpucampaign.storage import check_storage
 
 _CALIBRATE_HELP = (
     "Output folder of a closed campaign: its measured load, step, eval and save times replace "
@@ -66,15 +65,19 @@ def plan_cmd(
 ) -> None:
     """Schedule the calendar on the committed lots: exit 0 when it fits its window, 4 when not."""
     from gpucampaign.plan import calendar
+    from gpucampaign.preflight import preflight
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
-    check_storage(cs.storage.url)
+    checked = preflight(cs, base_dir=spec.resolve().parent)
     override, how = _calibration(cs, spec, calibrate_from) if calibrate_from else ({}, {})
     try:
         result = calendar.plan(cs, base_dir=spec.resolve().parent, hours_override=override or None)
     except SpecError as exc:
         raise SpecError(f"Invalid campaign spec '{spec}': {exc}", field=exc.field) from None
+    if not as_json:
+        for line in checked.checked:
+            say(f"checked: {line}")
     if how and not as_json:
         for name, text in how.items():
             say(f"{name}: {override[name]:.4g} h ({text})")
@@ -83,7 +86,8 @@ def plan_cmd(
 
         plot_calendar(result, figure)
     if as_json:
-        print_json({**result.to_dict(), **({"calibrated": how} if how else {})})
+        calibrated = {"calibrated": how} if how else {}
+        print_json({**result.to_dict(), **calibrated, "preflight": checked.to_dict()})
     else:
         _print_plan(result, figure=figure)
     if not result.fits:
@@ -360,10 +364,10 @@ def run_cmd(
     from gpucampaign.core.interrupt import exit_code, stop_requested
     from gpucampaign.folder.layout import OutputFolder
     from gpucampaign.folder.lock import writer_lock
+    from gpucampaign.preflight import preflight
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
-    check_storage(cs.storage.url)
     if decision not in (None, "auto", "ask"):
         raise SpecError(f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.")
     target = out or Path("out") / cs.name
@@ -373,10 +377,10 @@ def run_cmd(
             "existing output folder.",
             field="--out",
         )
-    # Refused before Prefect starts: a clear message, no flow-run traceback.
+    # Refused before Prefect starts and before the folder is written: one paragraph, exit 2.
     OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
     refuse_sealed_rewrite(target, cs, base_dir=spec.resolve().parent)
-    _preflight_recipes(cs, base_dir=spec.resolve().parent)
+    preflight(cs, base_dir=spec.resolve().parent, out_dir=target)
     flow = load_flow("campaign", "campaign")
     state = None
     try:
@@ -406,23 +410,6 @@ def run_cmd(
         raise typer.Exit(EXIT_STOPPED)
     if verdict.get("kind") == "re-pose":
         raise typer.Exit(EXIT_STOPPED)
-
-
-def _preflight_recipes(cs: Any, *, base_dir: Path) -> None:
-    """Try a spec's own recipes once before Prefect starts: a bad one is exit 2, no traceback.
-
-    A missing or changed corpus is left to the flow, whose audit records the stop.
-    """
-    from gpucampaign.data.corpus import load_spec_corpus
-    from gpucampaign.recipe.runtime import preflight
-
-    if cs.control is None or cs.corpus is None or cs.needs_table():
-        return
-    try:
-        corpus = load_spec_corpus(cs, base_dir=base_dir)
-    except StopRule:
-        return
-    preflight(cs, corpus=corpus)
 
 
 def _print_run_summary(

@@ -285,7 +285,7 @@ def audit_table_corpus(
         _require_selection_split(corpus, split=spec.selection_split, source=cs.path)
     findings = [
         *_duplicate_ids(corpus),
-        *_empty_splits(corpus, decision_split=decision_split, select_split=spec.selection_split),
+        *empty_splits(corpus, decision_split=decision_split, select_split=spec.selection_split),
         *_non_finite_features(corpus),
         *_repeated_rows(corpus),
         *_class_coverage(corpus),
@@ -367,7 +367,7 @@ def _require_selection_split(corpus: Corpus, *, split: str, source: str) -> None
     )
 
 
-def _empty_splits(corpus: Corpus, *, decision_split: str, select_split: str = "val") -> list[dict]:
+def empty_splits(corpus: Corpus, *, decision_split: str, select_split: str = "val") -> list[dict]:
     """Hard for an empty train, selection or decision split, soft for another empty split."""
     findings = []
     for name in SPLITS:

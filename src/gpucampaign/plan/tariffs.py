@@ -35,8 +35,10 @@ from gpucampaign.spec import (
     read_mapping_file,
     resolve_inside,
 )
+from gpucampaign.spec.parts import MAX_LOT_DAYS, MAX_USD
 
 CENT = Decimal("0.01")
+MAX_GPUS_PER_LOT = 1024
 MAX_LOTS_IN_COMBINATION = 3
 _COUNT_WORDS = {1: "one", 2: "two", 3: "three"}
 
@@ -154,13 +156,13 @@ def to_decimal(value: float | int | str | Decimal) -> Decimal:
 
 
 class _LotEntry(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     gpu: str = Field(description="GPU model name, e.g. 'b200'.")
-    days: int = Field(gt=0, description="Duration of the lot in days.")
-    gpus: int = Field(ge=1, description="GPUs in one lot.")
+    days: int = Field(gt=0, le=MAX_LOT_DAYS, description="Duration of the lot in days.")
+    gpus: int = Field(ge=1, le=MAX_GPUS_PER_LOT, description="GPUs in one lot.")
     price_usd: float | None = Field(
-        default=None, gt=0, description="Price of one lot for its duration."
+        default=None, gt=0, le=MAX_USD, description="Price of one lot for its duration."
     )
 
     @field_validator("gpu")

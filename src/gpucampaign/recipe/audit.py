@@ -17,7 +17,7 @@ from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.corpus import AUDIT_RUN_ID, audit_table_corpus, load_spec_corpus
 from gpucampaign.data.pins import describe_pin
 from gpucampaign.recipe.contract import load_recipe
-from gpucampaign.recipe.runtime import build_datasets, recipe_context
+from gpucampaign.recipe.runtime import build_datasets, recipe_context, required_splits
 from gpucampaign.spec import CampaignSpec
 
 
@@ -62,7 +62,7 @@ def audit_recipe_corpus(
             "examples": [],
             "message": f"the {name} split is empty",
         }
-        for name in ("train", spec.decision_split)
+        for name in required_splits(spec)
         if not sizes.get(name)
     ]
     findings += _shared_ids(datasets)

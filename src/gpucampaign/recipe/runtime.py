@@ -194,26 +194,45 @@ def batch_len(batch: Any) -> int:
     return 1
 
 
-def preflight(spec: CampaignSpec, *, corpus: Any) -> list[str]:
-    """Try each distinct recipe of the spec once on CPU: datasets, model, one loss, its
-    per-example scores (when it has ``score``), one evaluation; the recipes checked.
+def required_splits(spec: CampaignSpec) -> tuple[str, ...]:
+    """The splits a recipe's ``datasets`` must fill: train, and the one the decision is
+    reported on."""
+    return ("train", spec.decision_split)
+
+
+def preflight(spec: CampaignSpec, *, corpus: Any) -> list[dict[str, Any]]:
+    """Try each distinct recipe of the spec once on CPU: datasets (the splits the campaign
+    needs filled), model, one loss, its per-example scores (when it has ``score``), one
+    evaluation returning the decision metric.
+
+    Returns:
+        One entry per recipe and args tried: ``recipe``, ``runs``, ``splits`` (sizes) and
+        ``metrics`` (the names ``evaluate`` returned).
 
     Raises:
         RecipeError: A method fails or returns what the contract refuses.
     """
     rule = spec.decision_rule
-    seen: list[str] = []
+    tried: dict[str, dict[str, Any]] = {}
     for run in spec.run_names():
         config = spec.run_config(run)
         key = f"{config.recipe} {sorted(config.args.items())}"
-        if key in seen:
+        if key in tried:
+            tried[key]["runs"].append(run)
             continue
-        seen.append(key)
         recipe = load_recipe(config.recipe)
         ctx = recipe_context(
             config, corpus=corpus, run_id=spec.run_id(run), device=torch.device("cpu")
         )
         datasets = build_datasets(recipe, config, ctx)
+        for name in required_splits(spec)[1:]:
+            if not len(datasets.get(name) or ()):
+                raise RecipeError(
+                    config.recipe,
+                    "datasets()",
+                    f"the '{name}' split is missing or empty, and the decision is reported on "
+                    f"it; return a '{name}' split with examples",
+                )
         model = call(config.recipe, "model", recipe.model, ctx)
         batch = next(
             iter(
@@ -230,7 +249,7 @@ def preflight(spec: CampaignSpec, *, corpus: Any) -> list[str]:
                 scores = call(config.recipe, "score", recipe.score, model, batch)
             check_scores(config.recipe, scores, rows=batch_len(batch))
         split = next(s for s in ("val", "test", "train") if len(datasets.get(s) or ()) > 0)
-        evaluate_split(
+        metrics = evaluate_split(
             recipe,
             model,
             datasets[split],
@@ -239,4 +258,10 @@ def preflight(spec: CampaignSpec, *, corpus: Any) -> list[str]:
             need=rule.metric if rule else None,
             limit=1,
         )
-    return seen
+        tried[key] = {
+            "recipe": config.recipe,
+            "runs": [run],
+            "splits": {name: len(ds) for name, ds in datasets.items()},
+            "metrics": sorted(metrics),
+        }
+    return list(tried.values())

@@ -19,6 +19,8 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gpucampaign.spec.parts import (
+    MAX_HOURS,
+    MAX_PEOPLE,
     NAME_PATTERN,
     TIERS,
     CheckpointSpec,
@@ -56,9 +58,10 @@ class CampaignSpec(_Frozen):
     window_hours: float | None = Field(
         default=None,
         gt=0,
+        le=MAX_HOURS,
         description="Rental window; defaults to the shortest committed lot's duration.",
     )
-    people: int = Field(default=1, ge=1, description="Number of human lanes.")
+    people: int = Field(default=1, ge=1, le=MAX_PEOPLE, description="Number of human lanes.")
     calendar: tuple[Step, ...] = Field(
         min_length=1, description="End-to-end steps, human and machine."
     )
@@ -374,6 +377,11 @@ _FIXES = {
     "missing": "add it",
     "greater_than": "give a positive number",
     "greater_than_equal": "give a larger number",
+    "less_than_equal": "give a number within that limit",
+    "less_than": "give a number below that limit",
+    "finite_number": "give a finite number (.nan and .inf are not numbers)",
+    "int_parsing_size": "give a number within the field's limit (see `campaign schema`)",
+    "too_long": "give fewer entries",
     "literal_error": "use one of the allowed values",
     "string_pattern_mismatch": "use letters, digits, '_', '.' or '-' (hashes: 64 lower-case hex)",
     "too_short": "give at least one entry",
@@ -405,7 +413,7 @@ def format_validation_error(exc: ValidationError, *, source: str) -> SpecError:
         shown = (
             ""
             if err["type"] in ("missing",) or isinstance(given, dict | list)
-            else f" (got {given!r})"
+            else f" (got {_short(given)})"
         )
         head = f"field '{loc}': " if loc else ""
         parts.append(f"{head}{msg}{shown}" + (f"; fix: {fix}" if fix else ""))
@@ -414,6 +422,108 @@ def format_validation_error(exc: ValidationError, *, source: str) -> SpecError:
     return SpecError(
         f"Invalid campaign spec {source}: " + "; ".join(parts) + tail + ".", field=first_field
     )
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a huge value stays out of the message)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+#: The largest spec (or catalog) file read: a spec is a page of YAML, never megabytes.
+MAX_SPEC_BYTES = 1_000_000
+#: The deepest nesting of mappings and lists a spec file may have.
+MAX_SPEC_DEPTH = 64
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` without aliases and with bounded nesting.
+
+    An alias (``*name``) repeats a node without repeating its text: a few lines of nested
+    aliases expand into billions of values that validation, hashing and printing would walk.
+    A spec has no need of them, so they are refused, as is nesting deeper than
+    ``MAX_SPEC_DEPTH``.
+    """
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"found the alias '*{event.anchor}': aliases are refused in a campaign file "
+                "(a few of them can expand into billions of values); write the value out",
+                event.start_mark,
+            )
+        self.depth += 1
+        try:
+            if self.depth > MAX_SPEC_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"nested deeper than {MAX_SPEC_DEPTH} levels",
+                    self.peek_event().start_mark,
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def load_yaml(text: str) -> Any:
+    """YAML text as Python data, aliases refused and nesting bounded (``_SpecLoader``).
+
+    Raises:
+        yaml.YAMLError: The text does not parse, holds an alias or nests too deep.
+        ValueError: A number in it is too long to convert (over 4300 digits).
+    """
+    loader = _SpecLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def parse_problem(exc: Exception) -> str:
+    """One line of what a parser refused and where (YAML's marks: line and column)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        context = f"{exc.context} " if exc.context else ""
+        return f"{context}{exc.problem} at line {mark.line + 1}, column {mark.column + 1}"
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        return "a number of more than 4300 digits"
+    return " ".join(str(exc).split())
+
+
+def read_user_text(path: Path, *, what: str, field: str) -> str:
+    """The text of a user-named file, refused above ``MAX_SPEC_BYTES`` before it is read.
+
+    Raises:
+        SpecError: The file is too large or is not UTF-8.
+    """
+    size = path.stat().st_size
+    if size > MAX_SPEC_BYTES:
+        raise SpecError(
+            f"{what} '{path}' is {size} bytes, more than the {MAX_SPEC_BYTES} bytes a campaign "
+            "file may have; keep data in the corpus and inputs, not in the spec.",
+            field=field,
+        )
+    with path.open("rb") as f:
+        raw = f.read(MAX_SPEC_BYTES + 1)
+    if len(raw) > MAX_SPEC_BYTES:  # it grew while read
+        raise SpecError(
+            f"{what} '{path}' is more than the {MAX_SPEC_BYTES} bytes a campaign file may have.",
+            field=field,
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"{what} '{path}' is not UTF-8 text ({exc}); save it as UTF-8.", field=field
+        ) from None
 
 
 def parse_spec(data: Any, *, source: str = "<spec>") -> CampaignSpec:
@@ -438,22 +548,21 @@ def load_spec(path: str | Path) -> CampaignSpec:
     from gpucampaign.spec.recipefile import use_recipe_dir
 
     use_recipe_dir(p.resolve().parent)
+    text = read_user_text(p, what="Spec file", field="SPEC")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
+        data = load_yaml(text)
+    except (yaml.YAMLError, ValueError) as exc:
         raise SpecError(
-            f"Spec file '{p}' is not valid YAML ({exc}); fix the syntax at that line."
+            f"Spec file '{p}' is not valid YAML ({parse_problem(exc)}); fix it there.", field="SPEC"
         ) from None
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"Spec file '{p}' is not UTF-8 text ({exc}); save it as UTF-8.") from None
     return parse_spec(data, source=f"'{p}'")
 
 
 #: How a user-named file of each format is parsed, the errors that mean it does not parse, and
 #: the hint said with them.
 _PARSERS: dict[str, tuple[Callable[[str], Any], tuple[type[Exception], ...], str]] = {
-    "JSON": (json.loads, (ValueError,), ""),
-    "YAML": (yaml.safe_load, (yaml.YAMLError, UnicodeDecodeError), "; fix the syntax."),
+    "JSON": (json.loads, (ValueError, RecursionError), ""),
+    "YAML": (load_yaml, (yaml.YAMLError, ValueError), "; fix the syntax."),
 }
 
 
@@ -476,10 +585,14 @@ def read_mapping_file(
     if not path.is_file():
         raise SpecError(f"{where}{missing}", field=field)
     parse, errors, hint = _PARSERS[fmt]
+    # A YAML file is written by a person: its size is bounded like a spec's.
+    text = read_user_text(path, what=f"{where}file", field=field) if fmt == "YAML" else None
     try:
-        data = parse(path.read_text(encoding="utf-8"))
+        data = parse(path.read_text(encoding="utf-8") if text is None else text)
     except errors as exc:
-        raise SpecError(f"{where}'{path}' is not valid {fmt} ({exc}){hint}", field=field) from None
+        raise SpecError(
+            f"{where}'{path}' is not valid {fmt} ({parse_problem(exc)}){hint}", field=field
+        ) from None
     if not isinstance(data, dict):
         raise SpecError(f"{where}'{path}' {not_mapping}", field=field)
     return data

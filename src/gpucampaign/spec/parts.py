@@ -7,7 +7,7 @@ import json
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -20,6 +20,28 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # A Prefect limit name may also hold ':' (``gpu:<host>``, one limit per GPU host).
 LIMIT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
 RECIPE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+# The limits of the spec's counts, sizes and durations: generous for any real campaign, small
+# enough that no number overflows what uses it (a timedelta, a Decimal, numpy's seed, a loader).
+MAX_BATCH_SIZE = 2**20
+MAX_EPOCHS = 1_000_000
+MAX_STEPS = 10**9
+MAX_THREADS = 1024
+MAX_WORKERS = 256
+MAX_KEEP = 1000
+MAX_PEOPLE = 1000
+MAX_WIDTH = 2**16
+MAX_LAYERS = 64
+MAX_SEED = 2**32 - 1
+MAX_LOT_DAYS = 3650
+MAX_LOTS = 1000
+MAX_HOURS = 87_600.0
+MAX_USD = 1e9
+MAX_WAIT_S = 30 * 86_400
+MAX_LEASE_S = 86_400
+
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
+
 BUILTIN_RECIPES: dict[str, str] = {
     "mlp": "gpucampaign.recipes.tabular:MLP",
     "cnn": "gpucampaign.recipes.tabular:CNN",
@@ -35,7 +57,8 @@ class SpecError(ValueError):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Every float of the spec is finite: NaN and infinities are refused where they are read.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Package(_Frozen):
@@ -45,12 +68,17 @@ class Package(_Frozen):
         description="GPU model of the lot as named in the catalog, e.g. 'rtx4090' or 'b200'."
     )
     days: int = Field(
-        gt=0, description="Duration of the lot in days (3, 7 or 30 in the IteraGPU catalog)."
+        gt=0,
+        le=MAX_LOT_DAYS,
+        description="Duration of the lot in days (3, 7 or 30 in the IteraGPU catalog).",
     )
-    count: int = Field(default=1, ge=1, description="How many identical lots are committed.")
+    count: int = Field(
+        default=1, ge=1, le=MAX_LOTS, description="How many identical lots are committed."
+    )
     price_usd: float | None = Field(
         default=None,
         gt=0,
+        le=MAX_USD,
         description="Price of ONE lot for its whole duration in USD; taken from the catalog "
         "when absent.",
     )
@@ -101,7 +129,9 @@ class Step(_Frozen):
         "GPU work). Defaults to 'none' for machine steps; must be absent for human steps.",
     )
     hours: float = Field(
-        gt=0, description="Allotted duration in hours (a forecast, not a provider promise)."
+        gt=0,
+        le=MAX_HOURS,
+        description="Allotted duration in hours (a forecast, not a provider promise).",
     )
     after: tuple[str, ...] = Field(default=(), description="Names of the steps this one waits for.")
     tier: Tier = Field(default="essential", description="essential | useful | exploratory.")
@@ -190,17 +220,17 @@ class RunConfig(_Frozen):
         pattern=r"^(auto|cpu|cuda|cuda:\d+)$",
         description="'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'.",
     )
-    hidden: tuple[int, ...] = Field(
-        default=(64,), description="MLP hidden widths / CNN channel widths."
+    hidden: tuple[Width, ...] = Field(
+        default=(64,), max_length=MAX_LAYERS, description="MLP hidden widths / CNN channel widths."
     )
     dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout probability.")
     optimizer: Literal["adam", "adamw", "sgd"] = Field(default="adam", description="Optimizer.")
     lr: float = Field(default=1e-3, gt=0, description="Peak learning rate.")
     weight_decay: float = Field(default=0.0, ge=0, description="Weight decay.")
-    batch_size: int = Field(default=64, gt=0, description="Training batch size.")
-    epochs: int = Field(default=20, gt=0, description="Planned epochs.")
+    batch_size: int = Field(default=64, gt=0, le=MAX_BATCH_SIZE, description="Training batch size.")
+    epochs: int = Field(default=20, gt=0, le=MAX_EPOCHS, description="Planned epochs.")
     max_steps: int | None = Field(
-        default=None, gt=0, description="Optional cap on optimizer steps."
+        default=None, gt=0, le=MAX_STEPS, description="Optional cap on optimizer steps."
     )
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         default="fp32", description="Autocast precision."
@@ -208,13 +238,16 @@ class RunConfig(_Frozen):
     scheduler: Literal["none", "cosine", "step"] = Field(
         default="cosine", description="LR schedule."
     )
-    seed: int = Field(default=0, ge=0, description="Seed of python/numpy/torch and the data order.")
+    seed: int = Field(
+        default=0, ge=0, le=MAX_SEED, description="Seed of python/numpy/torch and the data order."
+    )
     eval_every: int = Field(
-        default=0, ge=0, description="Evaluate every N steps; 0 = at each epoch end."
+        default=0, ge=0, le=MAX_STEPS, description="Evaluate every N steps; 0 = at each epoch end."
     )
     threads: int = Field(
         default=1,
         ge=1,
+        le=MAX_THREADS,
         description="torch CPU threads; pinned because results differ across counts.",
     )
     resume: Literal["training", "inference"] = Field(
@@ -227,13 +260,16 @@ class RunConfig(_Frozen):
         "ID: it changes no result of a run that is not interrupted.",
     )
     num_workers: int = Field(
-        default=0, ge=0, description="DataLoader worker processes (0: load in the loop)."
+        default=0,
+        ge=0,
+        le=MAX_WORKERS,
+        description="DataLoader worker processes (0: load in the loop).",
     )
     persistent_workers: bool = Field(
         default=False, description="Keep the DataLoader workers between epochs."
     )
 
-    seeds: tuple[int, ...] = Field(
+    seeds: tuple[Seed, ...] = Field(
         default=(),
         exclude=True,
         description="Replicate seeds of the control: the first is the run itself, each other "
@@ -284,7 +320,7 @@ class Variant(_Frozen):
         description="Set true to declare on purpose that several factors change at once.",
     )
     hypothesis: str = Field(default="", description="Which result would change the decision.")
-    seeds: tuple[int, ...] = Field(
+    seeds: tuple[Seed, ...] = Field(
         default=(),
         description="Replicate seeds: the first is the run itself, each other runs as its own "
         "run ID '<name>.s<seed>'; the verdict uses them all.",
@@ -377,7 +413,9 @@ class StopRules(_Frozen):
 class PilotSpec(_Frozen):
     """The short pilot of each essential run."""
 
-    steps: int = Field(default=20, gt=0, description="Optimizer steps of each pilot run.")
+    steps: int = Field(
+        default=20, gt=0, le=MAX_STEPS, description="Optimizer steps of each pilot run."
+    )
 
 
 class CheckpointSpec(_Frozen):
@@ -386,16 +424,23 @@ class CheckpointSpec(_Frozen):
     every_steps: int | None = Field(
         default=None,
         gt=0,
+        le=MAX_STEPS,
         description="Fixed save interval in steps; absent = derived from measurements.",
     )
-    keep: int = Field(default=3, ge=1, description="How many good checkpoints to keep.")
+    keep: int = Field(
+        default=3, ge=1, le=MAX_KEEP, description="How many good checkpoints to keep."
+    )
     interruption_hours: float = Field(
         default=24.0,
         gt=0,
+        le=MAX_HOURS,
         description="Expected time between interruptions M (hours), for Daly's interval.",
     )
     tolerable_loss_minutes: float = Field(
-        default=30.0, gt=0, description="Most training time you accept to lose to an interruption."
+        default=30.0,
+        gt=0,
+        le=MAX_HOURS * 60,
+        description="Most training time you accept to lose to an interruption.",
     )
 
 
@@ -426,7 +471,10 @@ class DecisionPointSpec(_Frozen):
         default="auto", description="'auto', or 'ask' a person in the UI."
     )
     timeout_s: int = Field(
-        default=600, gt=0, description="With 'ask': seconds before the automatic choice."
+        default=600,
+        gt=0,
+        le=MAX_WAIT_S,
+        description="With 'ask': seconds before the automatic choice.",
     )
 
 
@@ -434,7 +482,7 @@ class Expense(_Frozen):
     """An expense really incurred, kept apart from the rental price."""
 
     name: str = Field(description="What was paid for.")
-    usd: float = Field(ge=0, description="Amount in USD, as paid.")
+    usd: float = Field(ge=0, le=MAX_USD, description="Amount in USD, as paid.")
     note: str = Field(default="", description="Receipt or order reference.")
 
 
@@ -455,10 +503,13 @@ class GpuLockSpec(_Frozen):
         pattern=LIMIT_NAME_PATTERN,
         description="Global concurrency limit name ('gpu', or 'gpu:<host>' per GPU host).",
     )
-    timeout_s: float = Field(default=3600, gt=0, description="Longest wait for a GPU slot.")
+    timeout_s: float = Field(
+        default=3600, gt=0, le=MAX_WAIT_S, description="Longest wait for a GPU slot."
+    )
     lease_s: int = Field(
         default=60,
         ge=60,
+        le=MAX_LEASE_S,
         description="Lease of a held slot; a dead holder's slot returns after it.",
     )
 

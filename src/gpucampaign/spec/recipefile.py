@@ -6,6 +6,7 @@ checking the recipe itself is ``recipe.contract.load_recipe``.
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 from pathlib import Path
@@ -29,8 +30,10 @@ class RecipeError(SpecError):
 def use_recipe_dir(folder: str | Path) -> None:
     """Put ``folder`` (a spec's folder) first on ``sys.path``, once."""
     path = str(Path(folder).resolve())
-    if path not in RECIPE_DIRS:
-        RECIPE_DIRS.append(path)
+    # Latest first, as on sys.path: a child process finds the module this process would.
+    if path in RECIPE_DIRS:
+        RECIPE_DIRS.remove(path)
+    RECIPE_DIRS.insert(0, path)
     if path in sys.path:
         sys.path.remove(path)
     sys.path.insert(0, path)
@@ -49,7 +52,14 @@ def recipe_file(recipe: str) -> Path:
     """
     module = import_path(recipe).partition(":")[0]
     try:
-        found = importlib.util.find_spec(module)
+        # A top-level module is looked up on sys.path itself: ``find_spec`` would answer with
+        # a module of that name imported earlier from another spec's folder.
+        top = "." not in module
+        found = (
+            importlib.machinery.PathFinder.find_spec(module)
+            if top
+            else importlib.util.find_spec(module)
+        )
     except (ImportError, ValueError) as exc:
         found, why = None, f"{type(exc).__name__}: {exc}"
     else:

@@ -1,0 +1,192 @@
+"""The preflight: everything a campaign needs from its inputs, checked before anything starts.
+
+``campaign plan``, ``campaign run`` (before the embedded Prefect server starts and before the
+output folder is written) and the deployment flow (before its audit) call ``preflight``. It
+writes nothing and raises ``SpecError`` (exit 2, one paragraph) at the first problem:
+
+1. the spec (loaded by ``load_spec``: size, no YAML alias, every number finite and within
+   its limit, run IDs computable);
+2. the catalog file it names;
+3. every pinned path: inside the spec's folder, no link out of it (a folder's files
+   included), not empty, the pinned sha256 (a mismatch names both hashes and the
+   ``campaign pin`` command that prints the right one); the recipe files are found without
+   running them and may not be links out of the spec's folder either;
+4. the corpus table's columns and the splits the campaign needs;
+5. each distinct recipe: imports, class, methods, and one batch through ``datasets``,
+   ``model``, ``loss`` and ``evaluate`` (which must return the decision metric), on the CPU;
+6. the store: ``local``, or the URL, keys, bucket and a probe object of ``s3://``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpucampaign.core.stoprules import StopRule
+from gpucampaign.data.corpus import empty_splits, open_corpus
+from gpucampaign.data.pins import resolve_inputs
+from gpucampaign.plan.tariffs import load_catalog
+from gpucampaign.preflight.paths import check_pinned, inside
+from gpucampaign.recipe.contract import load_recipe
+from gpucampaign.spec import BUILTIN_RECIPES, CampaignSpec, SpecError, resolve_inside
+from gpucampaign.spec.recipefile import RecipeError, recipe_file, use_recipe_dir
+from gpucampaign.storage import check_storage
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the preflight checked, one short line per item (``campaign plan`` prints them)."""
+
+    checked: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``preflight`` entry of ``campaign plan --json``."""
+        return {"checked": list(self.checked)}
+
+
+def preflight(
+    spec: CampaignSpec,
+    *,
+    base_dir: str | Path,
+    out_dir: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Preflight:
+    """Check everything ``spec`` names before a campaign starts; nothing is written.
+
+    Args:
+        spec: The validated spec (``load_spec`` has checked the file itself).
+        base_dir: The spec's folder: its paths are relative to it, its recipes import from it.
+        out_dir: The output folder of a rerun, whose kept copies of the pinned inputs count.
+        env: The environment the store's variables come from (default: ``os.environ``).
+
+    Raises:
+        SpecError: The first problem found, in one paragraph naming the field or file and
+            the fix (a bad recipe is a ``RecipeError``).
+    """
+    base = Path(base_dir).resolve()
+    use_recipe_dir(base)
+    runs = spec.run_names()
+    checked = [
+        f"spec '{spec.name}': {len(spec.calendar)} calendar step(s), {len(runs)} run(s); "
+        "every number finite and within its limit"
+    ]
+    if spec.catalog is not None:
+        lots = load_catalog(spec=spec, base_dir=base).lots
+        checked.append(f"catalog '{spec.catalog}': inside the spec's folder, {len(lots)} lot(s)")
+    checked += _recipe_files(spec, base=base)
+    corpus_path = None
+    if spec.corpus is not None:
+        corpus_path = resolve_inside(base, spec.corpus.path, field="corpus.path")
+        what = check_pinned(
+            corpus_path,
+            sha256=spec.corpus.sha256,
+            field="corpus",
+            shown=spec.corpus.path,
+            label="corpus",
+        )
+        checked.append(f"corpus '{spec.corpus.path}': {what}, sha256 as pinned, no link out")
+    input_paths = _input_paths(spec, base=base, out_dir=out_dir)
+    for name, path in input_paths.items():
+        item = spec.inputs[name]
+        what = check_pinned(
+            path,
+            sha256=item.sha256,
+            field=f"inputs.{name}",
+            shown=item.path,
+            label=f"input '{name}'",
+        )
+        checked.append(f"input '{name}' ('{item.path}'): {what}, sha256 as pinned, no link out")
+    if corpus_path is not None:
+        checked += _corpus_and_recipes(spec, path=corpus_path, base=base, inputs=input_paths)
+    elif spec.control is not None:
+        for recipe in sorted({spec.run_config(r).recipe for r in runs}):
+            load_recipe(recipe)
+            checked.append(f"recipe '{recipe}': imports, class and methods (no corpus to try)")
+    check_storage(spec.storage.url, env=env)
+    checked.append(
+        "storage local: checkpoints in the output folder"
+        if spec.storage.url == "local"
+        else f"storage {spec.storage.url}: URL, keys and bucket answered a probe object"
+    )
+    return Preflight(checked=tuple(checked))
+
+
+def _recipe_files(spec: CampaignSpec, *, base: Path) -> list[str]:
+    """The spec's own recipe files, found without running them: a file found in the spec's
+    folder may not be a link out of it (installed packages are outside it by design)."""
+    lines = []
+    recipes = sorted({spec.run_config(r).recipe for r in spec.run_names()} - set(BUILTIN_RECIPES))
+    for recipe in recipes:
+        path = recipe_file(recipe)
+        found_here = base == path.parent or base in path.parents
+        if found_here and not inside(path, root=base):
+            raise RecipeError(
+                recipe,
+                "import",
+                f"'{path.relative_to(base).as_posix()}' is a link to '{path.resolve()}', outside "
+                "the spec's folder; copy the file into the folder instead of linking it",
+            )
+        where = path.relative_to(base).as_posix() if found_here else str(path)
+        lines.append(f"recipe file of '{recipe}': {where}")
+    return lines
+
+
+def _input_paths(spec: CampaignSpec, *, base: Path, out_dir: str | Path | None) -> dict[str, Path]:
+    """Where each pinned input is (``pins.resolve_inputs``): the spec's folder, or the copy
+    a rerun's output folder keeps."""
+    if not spec.inputs:
+        return {}
+    out = Path(out_dir) if out_dir is not None and Path(out_dir).is_dir() else None
+    return resolve_inputs(spec, base_dir=base, out_dir=out)
+
+
+def _corpus_and_recipes(
+    spec: CampaignSpec, *, path: Path, base: Path, inputs: dict[str, Path]
+) -> list[str]:
+    """The corpus opened as the runs will open it (a table: its columns and splits), and
+    each distinct recipe tried on one batch of it."""
+    assert spec.corpus is not None
+    try:
+        corpus = open_corpus(path, spec=spec, base_dir=base, input_paths=inputs)
+    except StopRule as exc:  # the pins were checked above; a file changed since
+        raise SpecError(
+            f"field 'corpus': {exc.reason}; rerun once the files stay put.", field="corpus"
+        ) from None
+    lines = []
+    if hasattr(corpus, "splits"):
+        hard = [
+            f["message"]
+            for f in empty_splits(
+                corpus, decision_split=spec.decision_split, select_split=spec.selection_split
+            )
+            if f["severity"] == "hard"
+        ]
+        if hard:
+            raise SpecError(
+                f"field 'corpus': the table '{spec.corpus.path}' has no rows for what the "
+                f"campaign needs: {'; '.join(hard)}; fix: mark rows of the table with these "
+                f"splits in column '{spec.corpus.split_column}' (train, val, test) and pin it "
+                "again.",
+                field="corpus",
+            )
+        sizes = ", ".join(f"{n} {len(s)}" for n, s in corpus.splits.items())
+        checked = (
+            f"corpus table: columns {spec.corpus.id_column}, {spec.corpus.split_column}, "
+            f"{spec.corpus.label_column} + {corpus.n_features} feature(s); rows {sizes}"
+        )
+        lines.append(checked)
+    if spec.control is None:
+        return lines
+    from gpucampaign.recipe.runtime import preflight as try_recipes
+
+    metric = spec.decision_rule.metric if spec.decision_rule else None
+    for tried in try_recipes(spec, corpus=corpus):
+        sizes = ", ".join(f"{n} {k}" for n, k in tried["splits"].items())
+        returns = f"evaluate returns '{metric}'" if metric else "evaluate ran"
+        lines.append(
+            f"recipe '{tried['recipe']}' ({', '.join(tried['runs'])}): imports, datasets "
+            f"({sizes}), model, one batch through loss, {returns} (on the CPU)"
+        )
+    return lines
