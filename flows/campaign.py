@@ -72,6 +72,11 @@ def campaign(
     # boundary and raises Interrupted, which ends every phase still waiting.
     with graceful_signals() as previous:
         try:
+            try:  # before the folder is written (the lock writes it) and before the audit
+                _preflight(spec, out=out, base_dir=base_dir)
+            except SpecError as exc:  # the preflight's paragraph is the whole story
+                get_run_logger().error("refused before anything started: %s", exc)
+                return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
             # One writer per output folder, for the whole campaign (`campaign run` holds it
             # already: the lock is re-entrant in its process).
             with writer_lock(out) as took_over:
@@ -183,6 +188,16 @@ def _campaign(
     return summary
 
 
+def _preflight(spec: str | CampaignSpec, *, out: str, base_dir: str | None) -> None:
+    """The spec's files, corpus, recipes and store, checked before anything is written."""
+    if isinstance(spec, CampaignSpec):
+        cs, base = spec, Path(base_dir or ".").resolve()
+    else:
+        spec_path = Path(spec).resolve()
+        cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
+    preflight(cs, base_dir=base, out_dir=out)
+
+
 def _open(
     spec: str | CampaignSpec, *, out: str, base_dir: str | None
 ) -> tuple[CampaignSpec, Path, OutputFolder]:
@@ -196,8 +211,6 @@ def _open(
         spec_path = Path(spec).resolve()
         cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
         text, source = spec_path.read_bytes(), f"'{spec_path}'"
-    # Before the folder is written and before the audit: the spec's files, corpus, recipes, store.
-    preflight(cs, base_dir=base, out_dir=out)
     folder = OutputFolder(Path(out))
     folder.keep_spec(text, source=source, check_only=True)
     refuse_sealed_rewrite(folder.root, cs, base_dir=base)

@@ -121,7 +121,7 @@ def regression_campaign(
         try:
             train_run(
                 spec,
-                run=run,
+                run=spec.resolve_run(run),
                 corpus=corpus,
                 store=LocalStore(out / "checkpoints"),
                 out_dir=folder.run_dir(spec.run_id(run)),

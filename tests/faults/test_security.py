@@ -554,6 +554,7 @@ def test_a_password_in_the_endpoint_url_is_never_echoed(tmp_path, faults, monkey
     password = "pw-canary-71c3e9"
     text = EXAMPLE.read_text(encoding="utf-8").replace("url: local", "url: s3://bucket/x")
     (tmp_path / "campaign.yaml").write_text(text)
+    shutil.copytree(EXAMPLE.parent / "data", tmp_path / "data")  # the preflight reaches the store
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://user:{password}@127.0.0.1:9")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "id")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "key")

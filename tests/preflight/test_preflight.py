@@ -108,7 +108,7 @@ def test_a_recipe_file_that_links_out_of_the_spec_folder(textlm: Path, tmp_path:
     outside.mkdir()
     (textlm.parent / "textlm.py").rename(outside / "textlm.py")
     (textlm.parent / "textlm.py").symlink_to(outside / "textlm.py")
-    text = refused(textlm, tmp_path, "textlm:CharLM", "textlm.py", "outside the spec's folder")
+    text = refused(textlm, tmp_path, "textlm:CharLM", "textlm.py", "link out of the spec's folder")
     assert str(outside / "textlm.py") in text
 
 
@@ -145,8 +145,9 @@ def test_a_folder_corpus_with_a_link_out_of_it(textlm: Path, tmp_path: Path) -> 
     (textlm.parent / "data" / "sklearn-docs.txt").rename(docs / "a.txt")
     secret = tmp_path / "secret.txt"
     secret.write_text("not for the corpus\n")
-    (docs / "b.txt").symlink_to(secret)
+    # Pinned first, then a link planted in the pinned folder.
     edit(textlm, lambda d: d["corpus"].update(path="docs", sha256=input_sha256(docs)))
+    (docs / "b.txt").symlink_to(secret)
     refused(textlm, tmp_path, "corpus.path", "docs/b.txt", "is a link", str(secret))
 
 
