@@ -192,12 +192,12 @@ def test_optional_stop_is_recorded_and_reduce_drops_the_exploratory_variant(
                 "combined": True,
                 "hypothesis": "diverges",
             },
-            # Re-forecast from the pilot's step time, 10^8 epochs need far more than the 72 h
+            # Re-forecast from the pilot's step time, 10^9 epochs need far more than the 72 h
             # window.
             {
                 "name": "long",
                 "tier": "exploratory",
-                "changes": {"epochs": 100_000_000},
+                "changes": {"epochs": 1_000_000_000},
                 "hypothesis": "longer",
             },
         ]

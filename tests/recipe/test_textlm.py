@@ -112,7 +112,7 @@ def test_textlm_reaches_a_verdict_with_an_interval_on_validation_loss(tmp_path: 
         try:
             train_run(
                 spec,
-                run=run,
+                run=spec.resolve_run(run),
                 corpus=corpus,
                 store=LocalStore(out / "checkpoints"),
                 out_dir=folder.run_dir(spec.run_id(run)),

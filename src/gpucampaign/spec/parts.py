@@ -23,7 +23,7 @@ RECIPE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][
 # The limits of the spec's counts, sizes and durations: generous for any real campaign, small
 # enough that no number overflows what uses it (a timedelta, a Decimal, numpy's seed, a loader).
 MAX_BATCH_SIZE = 2**20
-MAX_EPOCHS = 1_000_000
+MAX_EPOCHS = 1_000_000_000
 MAX_STEPS = 10**9
 MAX_THREADS = 1024
 MAX_WORKERS = 256
