@@ -20,14 +20,13 @@ from typer.testing import CliRunner
 from gpucampaign.cli import app
 from gpucampaign.close.bootstrap import Gain, paired_gain, to_resolve
 from gpucampaign.close.predictions import Predictions
-from gpucampaign.core.stoprules import StopRule
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.spec import load_spec
 from gpucampaign.storage import LocalStore
 from gpucampaign.verify.checks import verify_output
-from tests.helpers import close_and_seal, start_folder
+from tests.helpers import close_and_seal, start_folder, train_every_run
 
 LEARNS = {"recipe": "mlp", "hidden": [8], "lr": 0.05, "epochs": 4, "batch_size": 32, "threads": 1}
 LEARNS_NOTHING = {"lr": 1e-9}
@@ -93,19 +92,7 @@ def campaign(
     spec, corpus, folder = start_folder(
         base / "campaign.yaml", corpus_file=base / "corpus.csv", out=out
     )
-    trained = []
-    for run in spec.run_names():
-        try:
-            train_run(
-                spec,
-                run=spec.resolve_run(run),
-                corpus=corpus,
-                store=LocalStore(out / "checkpoints"),
-                out_dir=folder.run_dir(spec.run_id(run)),
-            )
-        except StopRule as stop:
-            folder.append_jsonl("stops.jsonl", stop.to_record())
-        trained.append(run)
+    trained = train_every_run(spec, folder=folder, corpus=corpus)
     closed, report = close_and_seal(
         spec, out=out, base_dir=base, corpus=corpus, trained=trained, campaign_id="evidence-0001"
     )

@@ -17,14 +17,11 @@ import yaml
 from gpucampaign.close.bootstrap import paired_mean_gain
 from gpucampaign.close.scores import Scores, read_scores
 from gpucampaign.core.files import sha256_file
-from gpucampaign.core.stoprules import StopRule
 from gpucampaign.data.corpus import load_spec_corpus
-from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import OutputFolder, run_file, scores_file
 from gpucampaign.plan import calendar
 from gpucampaign.spec import load_spec
-from gpucampaign.storage import LocalStore
-from tests.helpers import close_and_seal
+from tests.helpers import close_and_seal, train_every_run
 
 # y = 2 x0 - x1 + noise, read from a .npy file of rows (x0, x1, y): the user's code, not src/.
 REGRESSION = """
@@ -117,17 +114,7 @@ def regression_campaign(
     folder.copy_in(base / "campaign.yaml", "spec.yaml")
     folder.write_plan_once(calendar.plan(spec).to_dict())
     corpus = load_spec_corpus(spec, base_dir=base)
-    for run in spec.run_names():
-        try:
-            train_run(
-                spec,
-                run=spec.resolve_run(run),
-                corpus=corpus,
-                store=LocalStore(out / "checkpoints"),
-                out_dir=folder.run_dir(spec.run_id(run)),
-            )
-        except StopRule as stop:
-            folder.append_jsonl("stops.jsonl", stop.to_record())
+    train_every_run(spec, folder=folder, corpus=corpus)
     closed, report = close_and_seal(
         spec,
         out=out,

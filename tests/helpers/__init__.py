@@ -13,6 +13,7 @@ from tests.helpers.closing import (
     close_and_seal,
     reseal,
     start_folder,
+    train_every_run,
     write_corpus,
 )
 from tests.helpers.engine import TINY, corpus_of, digits_file, make_spec, run, run_dir, train_losses
@@ -73,6 +74,7 @@ __all__ = [
     "s3_client",
     "stack_s3_env",
     "start_folder",
+    "train_every_run",
     "start_worker",
     "stop_worker",
     "tiny_spec",

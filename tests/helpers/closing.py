@@ -275,3 +275,25 @@ def reseal(out: Path) -> None:
         for rel in list_files(out)
     ]
     (out / "manifest.json").write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")
+
+
+def train_every_run(spec: Any, *, folder: Any, corpus: Any) -> list[str]:
+    """Train each run of ``spec`` into ``folder`` (checkpoints in its ``checkpoints/``); a stop
+    rule is recorded in ``stops.jsonl``, as the campaign's task does. Returns the runs trained."""
+    from gpucampaign.core.stoprules import StopRule
+    from gpucampaign.engine.loop import train_run
+    from gpucampaign.storage import LocalStore
+
+    for run in spec.run_names():
+        resolved = spec.resolve_run(run)
+        try:
+            train_run(
+                spec,
+                run=resolved,
+                corpus=corpus,
+                store=LocalStore(folder.root / "checkpoints"),
+                out_dir=folder.run_dir(resolved.run_id),
+            )
+        except StopRule as stop:
+            folder.append_jsonl("stops.jsonl", stop.to_record())
+    return spec.run_names()

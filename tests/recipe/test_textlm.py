@@ -88,13 +88,10 @@ def test_textlm_is_planned_and_run_to_a_verified_folder(prefect_harness, tmp_pat
 def test_textlm_reaches_a_verdict_with_an_interval_on_validation_loss(tmp_path: Path) -> None:
     """The example's recipe scores each text window: the close draws the verdict's interval
     on validation (and test) loss from them. Trained small here, without Prefect."""
-    from gpucampaign.core.stoprules import StopRule
     from gpucampaign.data.corpus import load_spec_corpus
-    from gpucampaign.engine.loop import train_run
     from gpucampaign.folder.layout import OutputFolder
     from gpucampaign.plan import calendar
-    from gpucampaign.storage import LocalStore
-    from tests.helpers import close_and_seal
+    from tests.helpers import close_and_seal, train_every_run
 
     spec_path = init_textlm(tmp_path / "tl")
     data = yaml.safe_load(spec_path.read_text())
@@ -108,17 +105,7 @@ def test_textlm_reaches_a_verdict_with_an_interval_on_validation_loss(tmp_path: 
     folder.copy_in(spec_path, "spec.yaml")
     folder.write_plan_once(calendar.plan(spec).to_dict())
     corpus = load_spec_corpus(spec, base_dir=spec_path.parent)
-    for run in spec.run_names():
-        try:
-            train_run(
-                spec,
-                run=spec.resolve_run(run),
-                corpus=corpus,
-                store=LocalStore(out / "checkpoints"),
-                out_dir=folder.run_dir(spec.run_id(run)),
-            )
-        except StopRule as stop:
-            folder.append_jsonl("stops.jsonl", stop.to_record())
+    train_every_run(spec, folder=folder, corpus=corpus)
     closed, _ = close_and_seal(
         spec,
         out=out,
