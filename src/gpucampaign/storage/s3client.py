@@ -177,6 +177,7 @@ class HashingSink:
         self._batch: list[Any] = []
         self._offset = 0
         self._digest: str | None = None
+        self._closed = False
         self.size = 0
         self.target = target
 
@@ -184,7 +185,14 @@ class HashingSink:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._hasher.shutdown(wait=True)
+        # The digest is taken before the hashing thread stops: ``hexdigest`` stays valid after
+        # the block (a caller that never asked inside it got a shut-down pool before).
+        try:
+            if exc[0] is None:
+                self.hexdigest()
+        finally:
+            self._closed = True
+            self._hasher.shutdown(wait=True)
 
     def seekable(self) -> bool:
         return True
@@ -251,8 +259,15 @@ class HashingSink:
         """The sha256 of everything written, once the writing is over (waits for the hashing
         thread); a gap in what was written hashes as a mismatch."""
         if self._digest is None:
-            self._queue()
-            self._hasher.submit(lambda: None).result()
+            if self._closed:  # left the block on an error: hash what is left, here
+                if self._view is not None:
+                    self._batch = [self._view[self._queued_to : self._hashed_to]]
+                if self._batch:
+                    self._hash(self._batch)
+                self._batch, self._queued_to = [], self._hashed_to
+            else:
+                self._queue()
+                self._hasher.submit(lambda: None).result()
             gap = "incomplete:" if self._early else ""  # bytes after a gap: not in order
             self._digest = gap + self._sha.hexdigest()
         return self._digest
