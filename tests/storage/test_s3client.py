@@ -158,3 +158,48 @@ def test_an_object_altered_in_the_bucket_is_read_with_its_hash_or_refused_naming
         assert (exc.expected, exc.actual) == (want, got) and want in str(exc) and got in str(exc)
     else:
         raise AssertionError("an altered object was read as good")
+
+
+def test_the_client_times_out_like_a_refused_server():
+    """A frozen server (it took the connection and answers nothing) fails a request within the
+    read timeout, so the spool takes the checkpoint; both timeouts come from the environment."""
+    import pytest
+
+    from gpucampaign.storage.open import SPOOLED_ATTEMPTS, open_store
+    from gpucampaign.storage.s3client import s3_client
+
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k"}
+    config = s3_client({**env, "AWS_SECRET_ACCESS_KEY": "s"}).meta.config
+    assert (config.connect_timeout, config.read_timeout) == (5.0, 30.0)
+    tuned = {
+        **env,
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "GPUCAMPAIGN_S3_CONNECT_TIMEOUT_S": "2",
+        "GPUCAMPAIGN_S3_READ_TIMEOUT_S": "7.5",
+    }
+    config = s3_client(tuned).meta.config
+    assert (config.connect_timeout, config.read_timeout) == (2.0, 7.5)
+    for bad in ("0", "nan", "inf", "soon"):
+        with pytest.raises(ValueError, match="GPUCAMPAIGN_S3_READ_TIMEOUT_S"):
+            s3_client({**tuned, "GPUCAMPAIGN_S3_READ_TIMEOUT_S": bad})
+    # With the spool behind it a request gives up after two attempts: at most ~1 min frozen.
+    store = open_store("s3://bucket/p", out_dir=".", env={**env, "AWS_SECRET_ACCESS_KEY": "s"})
+    client = store.remote._client  # type: ignore[attr-defined]
+    assert client.meta.config.retries["total_max_attempts"] == SPOOLED_ATTEMPTS == 2
+    assert SPOOLED_ATTEMPTS * client.meta.config.read_timeout <= 60
+
+
+def test_the_schema_and_compose_name_the_variables_the_code_reads():
+    import json
+    from pathlib import Path
+
+    from gpucampaign.spec import CampaignSpec
+    from gpucampaign.storage.s3client import S3_VARIABLES
+
+    schema = json.dumps(CampaignSpec.model_json_schema())
+    compose = (Path(__file__).parents[2] / "infra" / "compose.yaml").read_text()
+    for name in S3_VARIABLES:
+        assert name in schema, name
+    for name in ("AWS_ENDPOINT_URL:", "AWS_ACCESS_KEY_ID:", "GPUCAMPAIGN_S3_READ_TIMEOUT_S:"):
+        assert name in compose, name
+    assert "GPUCAMPAIGN_S3_ENDPOINT" not in schema + compose  # read by nothing
