@@ -170,7 +170,7 @@ def test_the_client_times_out_like_a_refused_server():
 
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k"}
     config = s3_client({**env, "AWS_SECRET_ACCESS_KEY": "s"}).meta.config
-    assert (config.connect_timeout, config.read_timeout) == (5.0, 30.0)
+    assert (config.connect_timeout, config.read_timeout) == (5.0, 25.0)
     tuned = {
         **env,
         "AWS_SECRET_ACCESS_KEY": "s",
@@ -186,7 +186,7 @@ def test_the_client_times_out_like_a_refused_server():
     store = open_store("s3://bucket/p", out_dir=".", env={**env, "AWS_SECRET_ACCESS_KEY": "s"})
     client = store.remote._client  # type: ignore[attr-defined]
     assert client.meta.config.retries["total_max_attempts"] == SPOOLED_ATTEMPTS == 2
-    assert SPOOLED_ATTEMPTS * client.meta.config.read_timeout <= 60
+    assert SPOOLED_ATTEMPTS * client.meta.config.read_timeout < 60  # spooled within a minute
 
 
 def test_the_schema_and_compose_name_the_variables_the_code_reads():

@@ -453,7 +453,7 @@ class StorageSpec(_Frozen):
         "keys from the environment: AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3), "
         "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_DEFAULT_REGION, "
         "AWS_PROFILE; request timeouts GPUCAMPAIGN_S3_CONNECT_TIMEOUT_S (default 5) and "
-        "GPUCAMPAIGN_S3_READ_TIMEOUT_S (default 30)).",
+        "GPUCAMPAIGN_S3_READ_TIMEOUT_S (default 25)).",
     )
 
     @field_validator("url")

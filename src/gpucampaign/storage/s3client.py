@@ -30,7 +30,7 @@ S3_VARIABLES: tuple[str, ...] = (
     "GPUCAMPAIGN_S3_READ_TIMEOUT_S",
 )
 CONNECT_TIMEOUT_S = 5.0  # a server that does not answer the connection
-READ_TIMEOUT_S = 30.0  # a server that took the connection and stopped answering (frozen)
+READ_TIMEOUT_S = 25.0  # a server that took the connection and stopped answering (frozen)
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
@@ -47,7 +47,7 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
 
 
 def timeouts(env: Mapping[str, str] | None = None) -> tuple[float, float]:
-    """``(connect, read)`` timeouts in seconds of the S3 client: 5 s and 30 s, or
+    """``(connect, read)`` timeouts in seconds of the S3 client: 5 s and 25 s, or
     ``GPUCAMPAIGN_S3_CONNECT_TIMEOUT_S`` / ``GPUCAMPAIGN_S3_READ_TIMEOUT_S`` of ``env``.
 
     Raises:
@@ -67,7 +67,7 @@ def s3_client(env: Mapping[str, str] | None = None, *, max_attempts: int = 5) ->
     ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION`` and
     ``AWS_PROFILE`` are read; without keys boto3's own chain (profile, instance role) applies.
     Transient errors are retried with exponential backoff (``max_attempts`` in all). Requests
-    time out (``timeouts``: 5 s to connect, 30 s without an answer), so a frozen server fails
+    time out (``timeouts``: 5 s to connect, 25 s without an answer), so a frozen server fails
     a request as a refused one does, and the spool takes the checkpoint.
 
     Raises:
