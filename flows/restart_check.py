@@ -6,7 +6,10 @@ campaign's store, resumed in a fresh process and compared exactly with what the 
 With an S3 store that holds the folder's mirror, the folder itself is first retrieved into a
 fresh one, so the check reads what a user would get back, not the local disk.
 The flow fails loudly when any run cannot be resumed, when there is nothing to resume, or
-when the rental ends within the margin while some files are only on this machine.
+when the rental ends within the margin while some files are only on this machine. It never
+passes on an older checkpoint: the latest kept one is checked, and the report artifact names
+per run the checkpoint expected, what was wrong (missing object, sha256 mismatch with both
+hashes, not resumable) and the older checkpoint that would still resume.
 """
 
 from __future__ import annotations
@@ -83,20 +86,19 @@ def _check(out_dir: Path, *, spec: str | None, steps: int) -> list[dict[str, Any
         for run in target.runs
     }
     reports: list[dict[str, Any]] = []
-    failures: list[str] = []
     for run, fut in futures.items():
         try:
             reports.append(fut.result())
-        except StopRule as exc:
-            failures.append(f"{run}: {exc}")
-            reports.append(
-                {"run": run, "run_id": target.runs[run], "identical": False, "error": str(exc)}
-            )
+        except Exception as exc:  # noqa: BLE001 - every run gets its line in the report
+            reports.append(_error_row(run, target.runs[run], exc))
+    failures = [r["summary"] for r in reports if not r.get("ok")]
     create_markdown_artifact(
-        markdown=_markdown(cs.name, out_dir, reports),
+        markdown=restart_markdown(cs.name, out_dir, reports),
         key=artifact_key("restart-check", cs.name),
         description="Restart verification of the latest checkpoints",
     )
+    for line in failures:
+        logger.error("restart verification: %s", line)
     if failures:
         raise NoUsableRestart(cs.name, "restart verification failed for " + "; ".join(failures))
     logger.info(
@@ -105,23 +107,71 @@ def _check(out_dir: Path, *, spec: str | None, steps: int) -> list[dict[str, Any
     return reports
 
 
-def _markdown(name: str, out_dir: Path, reports: list[dict[str, Any]]) -> str:
+def _error_row(run: str, run_id: str, exc: BaseException) -> dict[str, Any]:
+    """A report row for a run whose check raised instead of answering."""
+    reason = exc.reason if isinstance(exc, StopRule) else f"{type(exc).__name__}: {exc}"
+    return {
+        "run": run,
+        "run_id": run_id,
+        "ok": False,
+        "identical": False,
+        "expected_step": None,
+        "problem": {"kind": "error", "detail": reason},
+        "resumes_from": None,
+        "summary": f"{run}: {reason}",
+    }
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def restart_markdown(name: str, out_dir: Path, reports: list[dict[str, Any]]) -> str:
+    """The report artifact: per run the checkpoint expected (the latest kept), what was wrong
+    with it, and the older checkpoint that would still resume."""
+    bad = sum(1 for r in reports if not r.get("ok"))
     lines = [
         f"# Restart verification: {name}",
         "",
         f"Output folder: `{out_dir}`",
         "",
-        "| run | run ID | identical | resumed from step | compared steps | max abs diff | restore "
-        "s |",
-        "|---|---|---|---:|---:|---:|---:|",
+        f"**{'FAILED' if bad else 'passed'}**: {len(reports) - bad} of {len(reports)} run(s) "
+        "resume exactly from their latest kept checkpoint.",
+        "",
+        "| run | run ID | expected checkpoint | result | what was wrong | still resumes from | "
+        "compared steps | max abs diff |",
+        "|---|---|---:|---|---|---:|---:|---:|",
     ]
     for r in reports:
-        if "error" in r:
-            lines.append(f"| {r['run']} | `{r['run_id']}` | **no**: {r['error']} | | | | |")
+        problem = r.get("problem") or {}
+        wrong = _problem_text(problem) if problem else ""
+        if r.get("ok"):
+            result = "resumes exactly"
+        elif problem:
+            result = f"**{problem.get('kind')}**"
         else:
-            lines.append(
-                f"| {r['run']} | `{r['run_id']}` | {'yes' if r['identical'] else '**no**'} | "
-                f"{r['k']} | "
-                f"{r['compared_steps']} | {r['max_abs_diff']:g} | {r['restore_s'] or 0:.3f} |"
-            )
+            result = "**not identical**"
+        expected = r.get("expected_step")
+        older = r.get("resumes_from")
+        still = "" if r.get("ok") else (f"step {older}" if older is not None else "none")
+        diff = r.get("max_abs_diff")
+        lines.append(
+            f"| {_cell(r['run'])} | `{r['run_id']}` | "
+            f"{'step ' + str(expected) if expected is not None else '?'} | {result} | "
+            f"{_cell(wrong)} | {still} | {r.get('compared_steps', '')} | "
+            f"{'' if diff is None else format(diff, 'g')} |"
+        )
     return "\n".join(lines)
+
+
+def _problem_text(problem: dict[str, Any]) -> str:
+    kind = problem.get("kind")
+    obj = f" `{problem['obj']}`" if problem.get("obj") else ""
+    if kind == "sha256 mismatch":
+        return (
+            f"sha256 mismatch{obj}: expected `{problem.get('expected_sha256')}`, "
+            f"got `{problem.get('actual_sha256')}`"
+        )
+    if kind == "missing object":
+        return f"missing object{obj}"
+    return f"{kind}{obj}: {problem.get('detail', '')}"

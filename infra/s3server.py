@@ -16,7 +16,13 @@ Use from Python (tests)::
 or as a script (``infra/stack.sh``)::
 
     python infra/s3server.py start DIR    # prints the env lines; DIR keeps data, keys, PID
+    python infra/s3server.py restart DIR  # stop, then start on the same ports
     python infra/s3server.py stop DIR
+
+The ports picked at the first start are recorded in ``DIR/s3ports.json`` and reused by every
+later start (and ``restart``): a worker that holds ``AWS_ENDPOINT_URL`` finds the server again
+after a restart, and its spool drains. Only when a recorded port is taken by another process
+are new ports picked, and that is said on stderr.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ BUCKET = "gpucampaign"
 REGION = "us-east-1"
 STATE_FILE = "s3server.json"
 KEYS_FILE = "s3keys.json"
+PORTS_FILE = "s3ports.json"  # kept across stops: the next start reuses the ports
 _GRPC_OFFSET = 10000  # SeaweedFS puts each gRPC port at its HTTP port + 10000
 
 
@@ -97,9 +104,13 @@ def _client(endpoint: str, access_key: str, secret_key: str):
     )
 
 
-def _port_pair_free(port: int) -> bool:
+def _port_pair_free(port: int, *, reuse: bool = False) -> bool:
+    """Nothing listens on ``port`` and its gRPC port; with ``reuse`` a port in TIME_WAIT (the
+    server just stopped) counts as free, as it is for weed, which binds with SO_REUSEADDR."""
     for p in (port, port + _GRPC_OFFSET):
         with socket.socket() as s:
+            if reuse:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", p))
             except OSError:
@@ -233,7 +244,7 @@ def start_server(
     (root / "data").mkdir(parents=True, exist_ok=True)
     access, secret = _keys(root)
     identities = _write_config(root, access, secret)
-    ports = ports or free_ports(5)
+    ports = ports or _recorded_or_free_ports(root)
     log_path = root / "weed.log"
     env = {**os.environ, "GOMEMLIMIT": os.environ.get("GOMEMLIMIT", "1GiB")}
     with open(log_path, "ab") as log:
@@ -264,7 +275,39 @@ def start_server(
         time.sleep(0.5)
     state = {k: v for k, v in asdict(server).items() if k not in ("access_key", "secret_key")}
     _write_private(root / STATE_FILE, json.dumps({**state, "ports": ports}))
+    _write_private(root / PORTS_FILE, json.dumps(ports))
     return server
+
+
+def recorded_ports(root: Path) -> list[int] | None:
+    """The ports the server of ``root`` was last started on (``None``: never started)."""
+    try:
+        ports = [int(p) for p in json.loads((Path(root) / PORTS_FILE).read_text())]
+    except (OSError, ValueError, TypeError):
+        return None
+    return ports if len(ports) == 5 else None
+
+
+def _recorded_or_free_ports(root: Path) -> list[int]:
+    """The recorded ports when they are all free again, else new free ones (said on stderr)."""
+    recorded = recorded_ports(root)
+    if recorded is None:
+        return free_ports(5)
+    deadline = time.monotonic() + 10  # a server that was just stopped lets go of its ports
+    while busy := [p for p in recorded if not _port_pair_free(p, reuse=True)]:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if not busy:
+        return recorded
+    ports = free_ports(5)
+    print(
+        f"s3server: recorded port(s) {', '.join(map(str, busy))} are taken by another process: "
+        f"starting on new ports; the S3 endpoint is now http://127.0.0.1:{ports[3]} (restart "
+        "the processes that hold the old AWS_ENDPOINT_URL)",
+        file=sys.stderr,
+    )
+    return ports
 
 
 def _alive(pid: int) -> bool:
@@ -315,7 +358,7 @@ def load_server(root: Path) -> S3Server | None:
 
 def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["start", "stop", "status"])
+    parser.add_argument("action", choices=["start", "restart", "stop", "status"])
     parser.add_argument("dir", type=Path, help="folder of the server (data, keys, PID, log)")
     parser.add_argument("--bucket", default=BUCKET)
     args = parser.parse_args(argv)
@@ -328,6 +371,9 @@ def _main(argv: list[str] | None = None) -> int:
     if args.action == "status":
         print(f"running (pid {server.pid}) at {server.endpoint}" if server else "stopped")
         return 0 if server else 1
+    if args.action == "restart" and server is not None:
+        server.stop()
+        server = None
     if server is None:
         server = start_server(args.dir, bucket=args.bucket)
     for name, value in server.env().items():

@@ -7,6 +7,8 @@
 #   infra/stack.sh down     stop the worker (and its flow runs), the server, PostgreSQL and the
 #                           S3 server
 #   infra/stack.sh status   what runs, and whether the API answers
+#   infra/stack.sh restart s3  stop and start the S3 server on the same ports (recorded in
+#                           $STACK_DIR/s3/s3ports.json): the worker keeps its endpoint
 #   infra/stack.sh setup    only the GPU lock, work pool and deployments, on the server at
 #                           PREFECT_API_URL (a shared server, compose, Kubernetes)
 #
@@ -118,9 +120,23 @@ PYEOF
 
 healthy() { http GET /health 2>/dev/null | grep -q true; }
 
-# The S3 server: infra/s3server.py picks free ports, generates the keys at the first start
-# (kept in $STACK_DIR/s3, mode 0600), creates the bucket and waits until it serves data.
+# The S3 server: infra/s3server.py picks free ports and generates the keys at the first start
+# (kept in $STACK_DIR/s3, mode 0600; the ports are reused by every later start), creates the
+# bucket and waits until it serves data.
 S3_DIR="$STACK_DIR/s3"
+s3_restart() {
+  local before="" exports
+  [[ -f "$STACK_DIR/env" ]] && before="$(grep '^export AWS_ENDPOINT_URL=' "$STACK_DIR/env" || true)"
+  say "restarting the S3 server (same ports)"
+  exports="$("$PY" "$ROOT/infra/s3server.py" restart "$S3_DIR")" \
+    || die "the S3 server did not start (see $S3_DIR/weed.log)"
+  eval "$exports"
+  say "S3 server at $AWS_ENDPOINT_URL, serving data"
+  if [[ -n "$before" && "$before" != "export AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL" ]]; then
+    say "the S3 endpoint changed (a recorded port was taken): run infra/stack.sh down, then up"
+    return 1
+  fi
+}
 s3_up() {
   local exports
   exports="$("$PY" "$ROOT/infra/s3server.py" start "$S3_DIR")" \
@@ -394,5 +410,8 @@ case "$CMD" in
   setup) setup ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: $0 up|down|status|setup" >&2; exit 2 ;;
+  restart)
+    [[ "${2:-}" == s3 ]] || { echo "usage: $0 restart s3" >&2; exit 2; }
+    s3_restart ;;
+  *) echo "usage: $0 up|down|status|setup|restart s3" >&2; exit 2 ;;
 esac

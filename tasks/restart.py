@@ -10,7 +10,7 @@ from prefect import task
 
 from gpucampaign.core.interrupt import raise_if_stopped
 from gpucampaign.core.stoprules import StopRule
-from gpucampaign.restartcheck.check import OutputCheckTarget, verify_checkpoint_resume
+from gpucampaign.restartcheck.check import OutputCheckTarget, check_latest_checkpoint
 from gpucampaign.restartcheck.earlysave import campaign_restart_check
 from gpucampaign.spec import CampaignSpec
 from tasks._common import PHASE_OPTIONS, busy, out_folder, record_stop
@@ -49,8 +49,10 @@ def restart_verification(
 
 @task(name="resume-check", task_run_name="resume-check[{run}]", **PHASE_OPTIONS)
 def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -> dict[str, Any]:
-    """Resume ``run``'s latest good checkpoint in a fresh process and compare with its record.
+    """Resume ``run``'s latest kept checkpoint in a fresh process and compare with its record.
 
+    Returns what was found (``ScheduledCheck.to_dict``): ``ok``, the expected checkpoint, the
+    problem and the older checkpoint that would still resume; the flow fails on it.
     Nothing is written into the output folder: its manifest may already be sealed.
     """
     spec = target.spec
@@ -60,7 +62,7 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
         ),
         tempfile.TemporaryDirectory(prefix="gpucampaign-resume-") as work,
     ):
-        report = verify_checkpoint_resume(
+        found = check_latest_checkpoint(
             spec,
             run=spec.resolve_run(run),
             corpus_path=target.corpus_path,
@@ -70,4 +72,4 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
             workdir=Path(work),
             m_steps=steps,
         )
-    return {**report.to_dict(), "run": run}
+    return found.to_dict()

@@ -100,8 +100,8 @@ def test_latest_waits_for_the_files_it_names(tmp_path: Path) -> None:
     remote.down = True
     _save(store, 3)
     remote.down = False
-    remote.refuse = ("model.safetensors",)
-    assert store.drain_once() is True  # other files went up ...
+    remote.refuse = ("state.pt",)
+    assert store.drain_once() is True  # the files before it went up (model.safetensors) ...
     assert not remote.exists(f"{RUN}/{LATEST_FILE}")  # ... but not a LATEST naming a missing one
     remote.refuse = ()
     assert store.drain(timeout_s=5) == []
@@ -109,14 +109,72 @@ def test_latest_waits_for_the_files_it_names(tmp_path: Path) -> None:
 
 
 def test_nothing_spooled_is_deleted_before_its_upload(tmp_path: Path) -> None:
-    remote = FlakyStore(tmp_path / "bucket")
+    remote = RecordingStore(tmp_path / "bucket")
     store = SpoolingStore(remote, spool_dir=tmp_path / "spool", retry_s=10)
     remote.down = True
     store.write_bytes("a/b.bin", data=b"only here")
     store.delete("a/b.bin")
-    assert store.pending() == ["a/b.bin"]
+    assert store.pending() == ["a/b.bin"] and store.waiting_deletes() == ["a/b.bin"]
     remote.down = False
-    assert store.drain(timeout_s=5) == [] and remote.read_bytes("a/b.bin") == b"only here"
+    assert store.drain(timeout_s=5) == [] and store.waiting_deletes() == []
+    # It went up (verified), and only then was the delete asked for applied.
+    assert remote.calls == [("write", "a/b.bin"), ("delete", "a/b.bin")]
+    assert not remote.exists("a/b.bin")
+
+
+class RecordingStore(FlakyStore):
+    """A flaky remote that records every write and delete it took, in order."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.calls: list[tuple[str, str]] = []
+
+    def put_file(self, key: str, *, src: Path, sha256: str | None = None) -> None:
+        super().put_file(key, src=src)
+        self.calls.append(("write", key))
+
+    def write_bytes(self, key: str, *, data: bytes) -> None:
+        super().write_bytes(key, data=data)
+        self.calls.append(("write", key))
+
+    def delete(self, key: str) -> None:
+        super().delete(key)
+        self.calls.append(("delete", key))
+
+
+def _steps_in(store: LocalStore) -> list[int]:
+    return sorted({int(k.split("/")[1][5:]) for k in store.list(RUN) if "/step-" in f"/{k}"})
+
+
+def test_the_spool_drains_in_order_and_keep_applies_after_draining(tmp_path: Path) -> None:
+    """An outage over many saves of a run that keeps 2: once the remote is back the spool goes
+    up checkpoint by checkpoint (payload, then meta, then LATEST), and the bucket ends with the
+    2 checkpoints ``keep`` says, not every one saved meanwhile."""
+    remote = RecordingStore(tmp_path / "bucket")
+    store = SpoolingStore(remote, spool_dir=tmp_path / "spool", retry_s=10)
+    _save(store, 2)
+    _save(store, 4)
+    assert _steps_in(remote) == [2, 4]
+    remote.down = True
+    for step in range(6, 26, 2):  # ten saves while the remote is down
+        _save(store, step)
+    assert _latest_step(store) == 24
+    remote.down = False
+    remote.calls.clear()
+    assert store.drain(timeout_s=10) == [] and store.waiting_deletes() == []
+
+    assert _steps_in(remote) == [22, 24]  # keep=2, after draining
+    assert _latest_step(remote) == 24
+    writes = [k for op, k in remote.calls if op == "write"]
+    deletes = [k for op, k in remote.calls if op == "delete"]
+    assert remote.calls == [("write", k) for k in writes] + [("delete", k) for k in deletes]
+    assert writes[-1] == f"{RUN}/{LATEST_FILE}"
+    folders = [k.split("/")[1] for k in writes[:-1]]
+    assert folders == sorted(folders)  # oldest checkpoint first
+    for folder in set(folders):
+        names = [k.rsplit("/", 1)[1] for k in writes if f"/{folder}/" in k]
+        assert names[-1] == "meta.json" and len(names) == 3  # the payload before its meta
+    assert {k.split("/")[1] for k in deletes} == {step_dirname(s) for s in range(2, 22, 2)}
 
 
 def test_status_and_close_say_what_is_not_off_the_machine(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ from gpucampaign.checkpoint.tensorfiles import (
 )
 from gpucampaign.checkpoint.trainstate import REQUIRED_STATE
 from gpucampaign.core.files import TMP_PREFIX, fsync_dir
-from gpucampaign.storage import NotFound, StorageError, Store
+from gpucampaign.storage import ContentMismatch, NotFound, StorageError, Store
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,33 @@ PAYLOAD_FILES: tuple[str, ...] = (MODEL_FILE, STATE_FILE)
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
 
 
-class CheckpointInvalid(Exception):
-    """One checkpoint cannot be used; ``reason`` says why (the caller falls back)."""
+#: What was wrong with a refused checkpoint (``CheckpointInvalid.kind``).
+MISSING, SHA256_MISMATCH, INVALID = "missing object", "sha256 mismatch", "invalid"
 
-    def __init__(self, key: str, reason: str) -> None:
-        super().__init__(key, reason)
+
+class CheckpointInvalid(Exception):
+    """One checkpoint cannot be used; ``reason`` says why (the caller falls back).
+
+    ``kind`` is ``MISSING`` (``obj`` names the missing object), ``SHA256_MISMATCH`` (``obj``,
+    with the ``expected`` and ``actual`` sha256) or ``INVALID`` (anything else).
+    """
+
+    def __init__(
+        self,
+        key: str,
+        reason: str,
+        kind: str = INVALID,
+        obj: str | None = None,
+        expected: str | None = None,
+        actual: str | None = None,
+    ) -> None:
+        super().__init__(key, reason, kind, obj, expected, actual)
         self.key = key
         self.reason = reason
+        self.kind = kind
+        self.obj = obj
+        self.expected = expected
+        self.actual = actual
 
     def __str__(self) -> str:
         return f"checkpoint {self.key} refused: {self.reason}"
@@ -461,9 +481,20 @@ class CheckpointManager:
         try:
             meta_bytes = self.store.read_bytes(f"{key}/{META_FILE}")
         except NotFound:
-            raise CheckpointInvalid(key, f"{META_FILE} is missing") from None
-        if meta_sha256 is not None and hashlib.sha256(meta_bytes).hexdigest() != meta_sha256:
-            raise CheckpointInvalid(key, f"{META_FILE} does not match the hash in {LATEST_FILE}")
+            raise CheckpointInvalid(
+                key, f"{META_FILE} is missing", MISSING, f"{key}/{META_FILE}"
+            ) from None
+        got = hashlib.sha256(meta_bytes).hexdigest()
+        if meta_sha256 is not None and got != meta_sha256:
+            raise CheckpointInvalid(
+                key,
+                f"{META_FILE} does not match the hash in {LATEST_FILE} "
+                f"(sha256 {got}, {LATEST_FILE} pins {meta_sha256})",
+                SHA256_MISMATCH,
+                f"{key}/{META_FILE}",
+                meta_sha256,
+                got,
+            )
         try:
             meta = json.loads(meta_bytes)
         except ValueError as exc:
@@ -490,10 +521,22 @@ class CheckpointManager:
         """The payload files of ``key`` (read in parallel), each checked for size and hash."""
 
         def fetch(name: str) -> tuple[str, bytes | bytearray, str]:
+            obj = f"{key}/{name}"
             try:
-                data, digest = self.store.read_hashed(f"{key}/{name}")
+                data, digest = self.store.read_hashed(obj)
             except NotFound:
-                raise CheckpointInvalid(key, f"component {name} is missing") from None
+                raise CheckpointInvalid(key, f"component {name} is missing", MISSING, obj) from None
+            except ContentMismatch as exc:  # the store's own record of the object's hash
+                want = str(files[name].get("sha256"))
+                raise CheckpointInvalid(
+                    key,
+                    f"{name} fails its sha256 (altered): sha256 {exc.actual}, meta.json says "
+                    f"{want}",
+                    SHA256_MISMATCH,
+                    obj,
+                    want,
+                    exc.actual,
+                ) from None
             return name, data, digest
 
         with ThreadPoolExecutor(max_workers=len(PAYLOAD_FILES)) as pool:
@@ -505,7 +548,15 @@ class CheckpointManager:
                     key, f"{name} has {len(data)} bytes, meta says {want.get('bytes')} (truncated?)"
                 )
             if digest != want.get("sha256"):
-                raise CheckpointInvalid(key, f"{name} fails its sha256 (altered)")
+                raise CheckpointInvalid(
+                    key,
+                    f"{name} fails its sha256 (altered): sha256 {digest}, meta.json says "
+                    f"{want.get('sha256')}",
+                    SHA256_MISMATCH,
+                    f"{key}/{name}",
+                    str(want.get("sha256")),
+                    digest,
+                )
         return {name: data for name, data, _ in fetched}
 
     def load_latest(

@@ -33,7 +33,11 @@ from gpucampaign.restartcheck.compare import (
     train_losses,
 )
 from gpucampaign.restartcheck.scheduled import (
+    CheckpointCheckFailed,
+    CheckpointProblem,
     OutputCheckTarget,
+    ScheduledCheck,
+    check_latest_checkpoint,
     output_check_target,
     verify_checkpoint_resume,
 )
@@ -41,10 +45,14 @@ from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 from gpucampaign.storage import LocalStore
 
 __all__ = [
+    "CheckpointCheckFailed",
+    "CheckpointProblem",
     "GPU_ATOL",
     "GPU_TOLERANCE_REASON",
     "OutputCheckTarget",
     "RestartReport",
+    "ScheduledCheck",
+    "check_latest_checkpoint",
     "compare_states",
     "default_steps",
     "output_check_target",

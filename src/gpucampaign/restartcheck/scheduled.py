@@ -1,9 +1,13 @@
 """The scheduled check of an existing campaign output: resume a kept checkpoint, replay.
 
-``verify_checkpoint_resume`` fetches the run's latest good checkpoint from its store (the
+``verify_checkpoint_resume`` fetches the run's latest kept checkpoint from its store (and the
 previous kept one when the latest is the final step), resumes m steps in a fresh process and
-compares with the losses the original run recorded after that step. ``ReplayCheck`` is the
-part it shares with the campaign's early-save check (``earlysave.verify_early_save``).
+compares with the losses the original run recorded after that step. It never falls back to an
+older checkpoint: a check of the latest fails when the latest is missing or altered
+(``CheckpointCheckFailed``, its ``problem`` says what). ``check_latest_checkpoint`` returns the
+same answer as a ``ScheduledCheck``, naming the older checkpoint a resume would still use.
+``ReplayCheck`` is the part it shares with the campaign's early-save check
+(``earlysave.verify_early_save``).
 """
 
 from __future__ import annotations
@@ -12,14 +16,17 @@ import hashlib
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpucampaign.checkpoint.manager import (
     LATEST_FILE,
     META_FILE,
+    MISSING,
     PAYLOAD_FILES,
+    SHA256_MISMATCH,
+    CheckpointInvalid,
     CheckpointManager,
     LoadedCheckpoint,
     step_dirname,
@@ -35,7 +42,7 @@ from gpucampaign.restartcheck.compare import (
     train_losses,
 )
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
-from gpucampaign.storage import LocalStore, Store
+from gpucampaign.storage import LocalStore, StorageError, Store
 
 
 @dataclass
@@ -182,26 +189,221 @@ def verify_checkpoint_resume(
     )
 
 
+@dataclass(frozen=True)
+class CheckpointProblem:
+    """What is wrong with the checkpoint a scheduled check expected.
+
+    ``kind``: ``"missing object"``, ``"sha256 mismatch"`` (with both hashes), ``"invalid"``
+    (refused for another reason: the pointer, the meta, the tensors), ``"unreadable"`` (the
+    store failed), ``"no checkpoint"`` or ``"not resumable"`` (the fresh process failed or
+    did not reproduce the run).
+    """
+
+    kind: str
+    detail: str
+    step: int | None = None  # the checkpoint found wrong
+    obj: str | None = None  # the object at fault (a key in the store)
+    expected_sha256: str | None = None
+    actual_sha256: str | None = None
+
+    def describe(self) -> str:
+        """One line: what, where, and both hashes of a mismatch."""
+        where = f" {self.obj}" if self.obj else ""
+        text = f"{self.kind}{where}"
+        if self.kind == SHA256_MISMATCH:
+            text += f" (expected sha256 {self.expected_sha256}, got {self.actual_sha256})"
+        elif self.kind != MISSING:
+            text += f": {self.detail}"
+        return text
+
+
+class CheckpointCheckFailed(NoUsableRestart):
+    """The checkpoint a check expected is not usable (``problem`` says what, when known)."""
+
+    problem: CheckpointProblem | None = None
+
+
+def _refused(exc: Exception, *, step: int | None) -> CheckpointProblem:
+    if isinstance(exc, CheckpointInvalid):
+        return CheckpointProblem(
+            kind=exc.kind,
+            detail=exc.reason,
+            step=step,
+            obj=exc.obj,
+            expected_sha256=exc.expected,
+            actual_sha256=exc.actual,
+        )
+    return CheckpointProblem(kind="unreadable", detail=str(exc), step=step)
+
+
+def _fail(run_id: str, problem: CheckpointProblem) -> CheckpointCheckFailed:
+    err = CheckpointCheckFailed(run_id, problem.describe(), step=problem.step)
+    err.problem = problem
+    return err
+
+
 def _resume_point(run: ResolvedRun, *, store: Store) -> LoadedCheckpoint:
-    """The latest good checkpoint, or the previous kept one when the latest is the final step
-    (resuming the final step would train nothing)."""
+    """The checkpoint ``LATEST`` names, or the kept one just before it when it is the final
+    step (resuming the final step would train nothing); both must load, without falling back:
+    a check of the latest never passes on an older checkpoint.
+
+    Raises:
+        CheckpointCheckFailed: With the problem found (missing object, sha256 mismatch, ...).
+    """
     run_id = run.run_id
     manager = CheckpointManager(store, run_id=run_id, config_sha256=run.config_sha256, keep=10**6)
-    ck, refused = manager.load_latest()
-    if ck is None:
-        raise NoUsableRestart(
-            run_id,
-            "no usable checkpoint in the store" + (": " + "; ".join(refused) if refused else ""),
-        )
-    if ck.step >= int(ck.meta["planned_steps"]):
-        ck, _ = manager.load_latest(max_step=ck.step - 1)
-        if ck is None:
-            raise NoUsableRestart(
+    try:
+        ptr = manager.latest_pointer()
+    except CheckpointInvalid as exc:
+        raise _fail(run_id, _refused(exc, step=None)) from None
+    except StorageError as exc:
+        raise _fail(run_id, CheckpointProblem(kind="unreadable", detail=str(exc))) from None
+    if ptr is None:
+        steps = manager.step_dirs()
+        if not steps:
+            raise _fail(
                 run_id,
-                "only the final checkpoint is kept: there is no "
-                "earlier one to resume (keep >= 2 checkpoints)",
+                CheckpointProblem(kind="no checkpoint", detail="no usable checkpoint in the store"),
             )
+        raise _fail(
+            run_id,
+            CheckpointProblem(
+                kind=MISSING,
+                detail=f"{LATEST_FILE} is missing",
+                obj=f"{run_id}/{LATEST_FILE}",
+                step=steps[-1],
+            ),
+        )
+    latest = int(ptr["step"])
+    try:
+        ck = manager.load(latest, meta_sha256=str(ptr["meta_sha256"]))
+    except (CheckpointInvalid, StorageError) as exc:
+        raise _fail(run_id, _refused(exc, step=latest)) from None
+    if ck.step >= int(ck.meta["planned_steps"]):
+        before = [s for s in manager.step_dirs() if s < latest]
+        if not before:
+            raise _fail(
+                run_id,
+                CheckpointProblem(
+                    kind="not resumable",
+                    step=latest,
+                    detail="only the final checkpoint is kept: there is no earlier one to "
+                    "resume (keep >= 2 checkpoints)",
+                ),
+            )
+        try:
+            ck = manager.load(before[-1])
+        except (CheckpointInvalid, StorageError) as exc:
+            raise _fail(run_id, _refused(exc, step=before[-1])) from None
     return ck
+
+
+def _still_resumes(run: ResolvedRun, *, store: Store, below: int | None) -> int | None:
+    """The newest checkpoint before ``below`` that loads (what a resume would fall back to)."""
+    if below is None:
+        return None
+    manager = CheckpointManager(
+        store, run_id=run.run_id, config_sha256=run.config_sha256, keep=10**6
+    )
+    try:
+        ck, _ = manager.load_latest(max_step=below - 1)
+    except (CheckpointInvalid, StorageError):
+        return None
+    return ck.step if ck is not None else None
+
+
+@dataclass(frozen=True)
+class ScheduledCheck:
+    """What the scheduled check found for one run: its report when the latest kept checkpoint
+    resumes exactly, else the problem and the older checkpoint a resume would still use."""
+
+    run: str
+    run_id: str
+    expected_step: int | None  # the latest kept checkpoint (``LATEST``'s)
+    report: RestartReport | None = None
+    problem: CheckpointProblem | None = None
+    resumes_from: int | None = None  # an older checkpoint that still loads
+
+    @property
+    def ok(self) -> bool:
+        """True when the expected checkpoint resumed and reproduced the run."""
+        return self.problem is None and self.report is not None and self.report.identical
+
+    def summary(self) -> str:
+        """One line for a log or a table."""
+        if self.ok:
+            return f"{self.run}: resumes exactly"
+        problem = self.problem.describe() if self.problem else "not identical"
+        older = (
+            f"; step {self.resumes_from} would still resume"
+            if self.resumes_from is not None
+            else "; no older checkpoint would resume"
+        )
+        return f"{self.run}: checkpoint of step {self.expected_step}: {problem}{older}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the report's fields (when there is one), the verdict and the problem."""
+        out: dict[str, Any] = self.report.to_dict() if self.report is not None else {}
+        out.update(
+            run=self.run,
+            run_id=self.run_id,
+            ok=self.ok,
+            identical=self.ok,
+            expected_step=self.expected_step,
+            problem=asdict(self.problem) if self.problem else None,
+            resumes_from=self.resumes_from,
+            summary=self.summary(),
+        )
+        return out
+
+
+def check_latest_checkpoint(
+    spec: CampaignSpec,
+    *,
+    run: ResolvedRun,
+    corpus_path: Path,
+    store: Store,
+    run_dir: Path,
+    workdir: Path,
+    inputs: Mapping[str, Path] | None = None,
+    m_steps: int = 20,
+) -> ScheduledCheck:
+    """``verify_checkpoint_resume`` as a result, not an exception: the scheduled check's
+    answer for one run, naming the expected checkpoint, what was wrong with it and the older
+    checkpoint that would still resume."""
+    expected: int | None
+    try:
+        ptr = CheckpointManager(
+            store, run_id=run.run_id, config_sha256=run.config_sha256
+        ).latest_pointer()
+        expected = int(ptr["step"]) if ptr else None
+    except (CheckpointInvalid, StorageError):
+        expected = None
+    try:
+        report = verify_checkpoint_resume(
+            spec,
+            run=run,
+            corpus_path=corpus_path,
+            store=store,
+            run_dir=run_dir,
+            workdir=workdir,
+            inputs=inputs,
+            m_steps=m_steps,
+        )
+    except NoUsableRestart as exc:
+        problem = getattr(exc, "problem", None) or CheckpointProblem(
+            kind="not resumable", detail=exc.reason, step=exc.step
+        )
+        if expected is None and problem.step is not None:
+            expected = problem.step
+        return ScheduledCheck(
+            run=run.name,
+            run_id=run.run_id,
+            expected_step=expected,
+            problem=problem,
+            resumes_from=_still_resumes(run, store=store, below=problem.step),
+        )
+    return ScheduledCheck(run=run.name, run_id=run.run_id, expected_step=expected, report=report)
 
 
 def _copy_checkpoint(store: Store, *, run_id: str, step: int, dst: Path) -> LocalStore:

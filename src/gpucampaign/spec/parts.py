@@ -450,8 +450,10 @@ class StorageSpec(_Frozen):
     url: str = Field(
         default="local",
         description="'local' (inside the output folder) or 's3://bucket/prefix' (endpoint and "
-        "keys from the environment: GPUCAMPAIGN_S3_ENDPOINT, AWS_ACCESS_KEY_ID, "
-        "AWS_SECRET_ACCESS_KEY).",
+        "keys from the environment: AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3), "
+        "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_DEFAULT_REGION, "
+        "AWS_PROFILE; request timeouts GPUCAMPAIGN_S3_CONNECT_TIMEOUT_S (default 5) and "
+        "GPUCAMPAIGN_S3_READ_TIMEOUT_S (default 25)).",
     )
 
     @field_validator("url")

@@ -1,12 +1,21 @@
 """Where checkpoints and mirrored folders live: ``Store``, the local and S3 backends, the spool,
 the mirror."""
 
-from gpucampaign.storage.base import SPOOL_DIR, LocalStore, NotFound, StorageError, Store, check_key
+from gpucampaign.storage.base import (
+    SPOOL_DIR,
+    ContentMismatch,
+    LocalStore,
+    NotFound,
+    StorageError,
+    Store,
+    check_key,
+)
 from gpucampaign.storage.open import check_storage, open_store
 from gpucampaign.storage.s3 import S3Store, parse_s3_url
 from gpucampaign.storage.spool import SpoolingStore, spooled_keys
 
 __all__ = [
+    "ContentMismatch",
     "LocalStore",
     "NotFound",
     "S3Store",

@@ -42,6 +42,25 @@ class NotFound(StorageError):
     """The key does not exist in the store."""
 
 
+class ContentMismatch(StorageError):
+    """An object's bytes do not hash to the sha256 recorded with it (altered in the store).
+
+    ``expected`` is the recorded sha256, ``actual`` the sha256 of the bytes read.
+    """
+
+    def __init__(self, message: str, *, expected: str, actual: str) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.actual = actual
+
+    def __reduce__(self) -> Any:
+        return (_content_mismatch, (str(self), self.expected, self.actual))
+
+
+def _content_mismatch(message: str, expected: str, actual: str) -> ContentMismatch:
+    return ContentMismatch(message, expected=expected, actual=actual)
+
+
 def check_key(key: str) -> str:
     """Return ``key`` when it is a safe relative POSIX path, else raise ``StorageError``."""
     if not isinstance(key, str) or not key or "\\" in key or "\x00" in key:

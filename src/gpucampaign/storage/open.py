@@ -15,6 +15,8 @@ from gpucampaign.storage.base import SPOOL_DIR, LocalStore, StorageError, Store
 from gpucampaign.storage.s3 import S3Store
 from gpucampaign.storage.spool import SpoolingStore
 
+SPOOLED_ATTEMPTS = 2  # attempts per request of an S3 store with a spool behind it
+
 
 def open_store(
     url: str, *, out_dir: str | Path, env: Mapping[str, str] | None = None, spool: bool = True
@@ -37,7 +39,12 @@ def open_store(
     if url.startswith("s3://"):
         if not spool:
             return S3Store(url, env=env)
-        return SpoolingStore(S3Store(url, env=env), spool_dir=Path(out_dir) / SPOOL_DIR)
+        # The spool retries for as long as it takes: a request gives up after two attempts,
+        # so a refused or frozen server sends the checkpoint to the spool within a minute.
+        return SpoolingStore(
+            S3Store(url, env=env, max_attempts=SPOOLED_ATTEMPTS),
+            spool_dir=Path(out_dir) / SPOOL_DIR,
+        )
     raise SpecError(
         f"field 'storage.url': unknown storage '{url}'; use 'local' or 's3://bucket/prefix'.",
         field="storage.url",

@@ -17,7 +17,7 @@ from typing import Any
 from gpucampaign.core.files import TMP_PREFIX, sha256_bytes
 from gpucampaign.core.text import redact_secrets
 from gpucampaign.spec import SpecError
-from gpucampaign.storage.base import NotFound, StorageError, check_key
+from gpucampaign.storage.base import ContentMismatch, NotFound, StorageError, check_key
 from gpucampaign.storage.s3client import HashingSink, file_digests, file_etag, s3_client
 
 _MIB = 1024 * 1024
@@ -277,9 +277,12 @@ class S3Store:
             raise StorageError(f"{self.url}/{key}: got {size} bytes, the bucket lists {want}")
         if "size" in meta and str(size) != meta["size"]:
             raise StorageError(f"{self.url}/{key}: {size} bytes, its metadata says {meta['size']}")
-        if "sha256" in meta and sha256() != meta["sha256"]:
-            raise StorageError(
-                f"{self.url}/{key}: content fails the sha256 of its metadata (altered)"
+        if "sha256" in meta and (got := sha256()) != meta["sha256"]:
+            raise ContentMismatch(
+                f"{self.url}/{key}: content fails the sha256 of its metadata (altered): "
+                f"sha256 {got}, its metadata says {meta['sha256']}",
+                expected=str(meta["sha256"]),
+                actual=str(got),
             )
 
     def exists(self, key: str) -> bool:

@@ -17,15 +17,58 @@ from gpucampaign.core.text import redact_secrets
 _BLOCK = 8 * 1024 * 1024
 
 
-def s3_client(
-    env: Mapping[str, str] | None = None, *, max_attempts: int = 5, timeout_s: float = 60.0
-) -> Any:
+#: The variables the S3 store reads (``campaign schema``, ``infra/compose.yaml`` name them).
+S3_VARIABLES: tuple[str, ...] = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_PROFILE",
+    "GPUCAMPAIGN_S3_CONNECT_TIMEOUT_S",
+    "GPUCAMPAIGN_S3_READ_TIMEOUT_S",
+)
+CONNECT_TIMEOUT_S = 5.0  # a server that does not answer the connection
+READ_TIMEOUT_S = 25.0  # a server that took the connection and stopped answering (frozen)
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 3600:  # also refuses nan and inf
+        raise ValueError(f"{name}={raw!r}: give seconds, more than 0 and at most 3600")
+    return value
+
+
+def timeouts(env: Mapping[str, str] | None = None) -> tuple[float, float]:
+    """``(connect, read)`` timeouts in seconds of the S3 client: 5 s and 25 s, or
+    ``GPUCAMPAIGN_S3_CONNECT_TIMEOUT_S`` / ``GPUCAMPAIGN_S3_READ_TIMEOUT_S`` of ``env``.
+
+    Raises:
+        ValueError: A variable is not a number of seconds in (0, 3600].
+    """
+    env = os.environ if env is None else env
+    return (
+        _seconds(env, "GPUCAMPAIGN_S3_CONNECT_TIMEOUT_S", CONNECT_TIMEOUT_S),
+        _seconds(env, "GPUCAMPAIGN_S3_READ_TIMEOUT_S", READ_TIMEOUT_S),
+    )
+
+
+def s3_client(env: Mapping[str, str] | None = None, *, max_attempts: int = 5) -> Any:
     """A boto3 S3 client from the standard AWS variables of ``env`` (default: the environment).
 
     ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``), ``AWS_ACCESS_KEY_ID``,
     ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION`` and
     ``AWS_PROFILE`` are read; without keys boto3's own chain (profile, instance role) applies.
-    Transient errors are retried with exponential backoff (``max_attempts`` in all).
+    Transient errors are retried with exponential backoff (``max_attempts`` in all). Requests
+    time out (``timeouts``: 5 s to connect, 25 s without an answer), so a frozen server fails
+    a request as a refused one does, and the spool takes the checkpoint.
 
     Raises:
         ValueError: The variables name no usable configuration (a missing profile, say).
@@ -36,6 +79,7 @@ def s3_client(
 
     env = os.environ if env is None else env
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
+    connect_s, read_s = timeouts(env)
     try:
         session = boto3.session.Session(
             aws_access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
@@ -48,13 +92,13 @@ def s3_client(
             "s3",
             endpoint_url=endpoint,
             config=Config(
-                retries={"mode": "standard", "max_attempts": max_attempts},
+                retries={"mode": "standard", "total_max_attempts": max_attempts},
                 s3={"addressing_style": "path"} if endpoint else {},
                 # Whole-file hashes are checked after each transfer; per-request CRCs only slow it.
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
-                connect_timeout=min(timeout_s, 10.0),
-                read_timeout=timeout_s,
+                connect_timeout=connect_s,
+                read_timeout=read_s,
                 max_pool_connections=16,
             ),
         )
@@ -177,6 +221,7 @@ class HashingSink:
         self._batch: list[Any] = []
         self._offset = 0
         self._digest: str | None = None
+        self._closed = False
         self.size = 0
         self.target = target
 
@@ -184,7 +229,14 @@ class HashingSink:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._hasher.shutdown(wait=True)
+        # The digest is taken before the hashing thread stops: ``hexdigest`` stays valid after
+        # the block (a caller that never asked inside it got a shut-down pool before).
+        try:
+            if exc[0] is None:
+                self.hexdigest()
+        finally:
+            self._closed = True
+            self._hasher.shutdown(wait=True)
 
     def seekable(self) -> bool:
         return True
@@ -251,8 +303,15 @@ class HashingSink:
         """The sha256 of everything written, once the writing is over (waits for the hashing
         thread); a gap in what was written hashes as a mismatch."""
         if self._digest is None:
-            self._queue()
-            self._hasher.submit(lambda: None).result()
+            if self._closed:  # left the block on an error: hash what is left, here
+                if self._view is not None:
+                    self._batch = [self._view[self._queued_to : self._hashed_to]]
+                if self._batch:
+                    self._hash(self._batch)
+                self._batch, self._queued_to = [], self._hashed_to
+            else:
+                self._queue()
+                self._hasher.submit(lambda: None).result()
             gap = "incomplete:" if self._early else ""  # bytes after a gap: not in order
             self._digest = gap + self._sha.hexdigest()
         return self._digest

@@ -8,12 +8,21 @@ still holds the bytes that were uploaded.
 
 Order: while anything is spooled, every write goes to the spool, and a ``LATEST`` pointer
 goes up only when no file of the checkpoint it names is still waiting; so the bucket never
-holds a ``LATEST`` naming a file it lacks. Reads see the spool first (it is newer).
+holds a ``LATEST`` naming a file it lacks. The spool drains checkpoint by checkpoint, oldest
+first, each one's payload before its ``meta.json``, pointers last. Reads see the spool first
+(it is newer).
+
+Deletes (a checkpoint's prune, ``keep``) asked for while anything is spooled, or refused by
+the remote, wait too, and are applied once the spool is empty: after an outage the bucket
+holds what ``keep`` says, not every checkpoint saved meanwhile. While the spool is not empty
+the remote is not asked for its listing (it may be frozen): the listing is what it last
+answered plus what went up since.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -22,11 +31,28 @@ from typing import Any
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.storage.base import SPOOL_DIR, LocalStore, NotFound, StorageError, Store
 
+log = logging.getLogger(__name__)
+
 _LATEST = "LATEST"
+_META = "meta.json"
 
 
 def _is_pointer(key: str) -> bool:
     return key.rsplit("/", 1)[-1] == _LATEST
+
+
+def _drain_order(keys: list[str]) -> list[str]:
+    """Checkpoint folders oldest first (their names sort by step), each one's payload before
+    its ``meta.json``; pointers last."""
+    files = sorted(
+        (k for k in keys if not _is_pointer(k)),
+        key=lambda k: (k.rsplit("/", 1)[0] if "/" in k else "", k.endswith(_META), k),
+    )
+    return files + sorted(k for k in keys if _is_pointer(k))
+
+
+def _under(key: str, prefix: str) -> bool:
+    return not prefix or key.startswith(prefix.rstrip("/") + "/")
 
 
 class SpoolingStore:
@@ -57,6 +83,8 @@ class SpoolingStore:
         self._draining = threading.Lock()  # one upload round at a time (thread or drain())
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._deletes: dict[str, None] = {}  # remote deletes waiting for the spool to empty
+        self._remote_keys: set[str] = set()  # what the remote last listed, plus uploads since
         if self.pending():
             self._start()
 
@@ -80,9 +108,14 @@ class SpoolingStore:
                 self._thread.start()
         self._wake.set()
 
+    def waiting_deletes(self) -> list[str]:
+        """Keys to delete from the remote once the spool is empty (``keep`` after an outage)."""
+        with self._lock:
+            return list(self._deletes)
+
     def _drain_loop(self) -> None:
         wait = self.retry_s
-        while self.pending():
+        while self.pending() or self._deletes:
             if self.drain_once():
                 wait = self.retry_s
                 continue
@@ -99,15 +132,33 @@ class SpoolingStore:
         moved = False
         with self._draining:
             keys = self.pending()
-            files = [k for k in keys if not _is_pointer(k)]
             try:
-                for key in files + [k for k in keys if _is_pointer(k)]:
+                for key in _drain_order(keys):
                     moved |= self._upload(key)
+                if keys and not self.pending():
+                    log.warning(
+                        "checkpoint store %s: the spool is drained (%d file(s) uploaded)",
+                        self.url,
+                        len(keys),
+                    )
+                if not self.pending():
+                    moved |= self._apply_deletes()
             except OSError as exc:  # StorageError, or a spooled file replaced meanwhile
                 self.last_error = str(exc)
                 return moved
         self.last_error = None
-        return moved or not self.pending()
+        return moved or not (self.pending() or self._deletes)
+
+    def _apply_deletes(self) -> bool:
+        """Delete from the remote what was deleted while the spool held anything."""
+        with self._lock:
+            keys = list(self._deletes)
+        for key in keys:
+            self.remote.delete(key)
+            with self._lock:
+                self._remote_keys.discard(key)
+                self._deletes.pop(key, None)
+        return bool(keys)
 
     def _upload(self, key: str) -> bool:
         path = self.spool.local_path(key)
@@ -124,6 +175,7 @@ class SpoolingStore:
         else:
             self.remote.put_file(key, src=path, sha256=digest)
         with self._lock:  # delete only the bytes that went up, not a newer version
+            self._remote_keys.add(key)
             try:
                 same = sha256_file(path) == digest
             except FileNotFoundError:
@@ -143,7 +195,7 @@ class SpoolingStore:
     def drain(self, *, timeout_s: float = 0.0) -> list[str]:
         """Try to empty the spool now, for up to ``timeout_s`` seconds; the keys still waiting."""
         deadline = time.monotonic() + timeout_s
-        while self.pending():
+        while self.pending() or self._deletes:
             progressed = self.drain_once()
             if time.monotonic() >= deadline:
                 break
@@ -153,14 +205,24 @@ class SpoolingStore:
 
     def _spool_or_remote(self, key: str, write_remote: Any, write_spool: Any) -> None:
         with self._lock:
+            self._deletes.pop(key, None)  # written again after a delete: the write wins
             if not self.pending():
                 try:
                     write_remote()
+                    self._remote_keys.add(key)
                     return
                 except NotFound:
                     raise
                 except StorageError as exc:
                     self.last_error = str(exc)
+                    log.warning(
+                        "checkpoint store %s did not take %s (%s): it waits in the spool %s "
+                        "and goes up when the store answers again; training goes on",
+                        self.url,
+                        key,
+                        exc,
+                        self.spool.root,
+                    )
             write_spool()
         self._start()
 
@@ -201,20 +263,45 @@ class SpoolingStore:
     def list(self, prefix: str = "") -> list[str]:
         """Keys in the spool or the remote under ``prefix``; the remote's listing may fail
         while it is unreachable, then only the spool's keys are known."""
-        try:
-            remote = self.remote.list(prefix)
-        except StorageError as exc:
-            self.last_error = str(exc)
-            remote = []
-        return sorted(set(remote) | set(self.spool.list(prefix)))
+        spooled = set(self.spool.list(prefix))
+        remote: set[str]
+        if spooled or self.pending():  # the remote is down, or was: do not wait for it
+            with self._lock:
+                remote = {k for k in self._remote_keys if _under(k, prefix)}
+        else:
+            try:
+                remote = set(self.remote.list(prefix))
+                with self._lock:
+                    self._remote_keys = {
+                        k for k in self._remote_keys if not _under(k, prefix)
+                    } | remote
+            except StorageError as exc:
+                self.last_error = str(exc)
+                with self._lock:
+                    remote = {k for k in self._remote_keys if _under(k, prefix)}
+        with self._lock:
+            return sorted((remote - set(self._deletes)) | spooled)
 
     def delete(self, key: str) -> None:
-        """Delete ``key`` from the remote. A spooled copy stays until its upload is verified
-        (a later prune deletes it from the remote then); an unreachable remote keeps its copy."""
+        """Delete ``key`` from the remote. A spooled copy stays until its upload is verified;
+        while anything is spooled (or when the remote refuses) the delete waits and is applied
+        once the spool is empty."""
+        with self._lock:
+            waiting = bool(self.pending())
+            if waiting:
+                self._deletes[key] = None
+        if waiting:
+            self._start()
+            return
         try:
             self.remote.delete(key)
+            with self._lock:
+                self._remote_keys.discard(key)
         except StorageError as exc:
             self.last_error = str(exc)
+            with self._lock:
+                self._deletes[key] = None
+            self._start()
 
     def read_bytes(self, key: str) -> bytes:
         """The object (the spooled version when there is one)."""

@@ -1,0 +1,89 @@
+"""The scheduled check says what it found: the latest kept checkpoint, what is wrong with it,
+and the older checkpoint a resume would still use; it never passes on an older one."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from gpucampaign.core.stoprules import NoUsableRestart
+from gpucampaign.restartcheck.check import check_latest_checkpoint, verify_checkpoint_resume
+from gpucampaign.storage import LocalStore
+from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
+
+
+@pytest.fixture
+def finished(tmp_path, digits_file):  # noqa: F811
+    spec = make_spec(tmp_path, digits_file, checkpoint={"keep": 3})
+    res = run(spec, tmp_path, checkpoint_every=7)  # saves at 7, 14, 20: keeps all three
+    assert res.completed
+    return spec
+
+
+def _args(spec, tmp_path):
+    return dict(
+        run=spec.resolve_run("control"),
+        corpus_path=tmp_path / "data" / "digits.csv",
+        store=LocalStore(tmp_path / "out" / "checkpoints"),
+        run_dir=run_dir(spec, tmp_path),
+        workdir=tmp_path / "work",
+    )
+
+
+def _latest(spec, tmp_path):
+    return tmp_path / "out" / "checkpoints" / spec.run_id("control") / "step-000000020"
+
+
+def test_flipped_bytes_in_the_latest_fail_the_check_with_both_hashes(tmp_path, finished):
+    target = _latest(finished, tmp_path) / "model.safetensors"
+    data = bytearray(target.read_bytes())
+    before = hashlib.sha256(data).hexdigest()
+    for i in range(len(data) - 64, len(data)):
+        data[i] ^= 0xFF
+    target.write_bytes(bytes(data))
+    after = hashlib.sha256(data).hexdigest()
+
+    found = check_latest_checkpoint(finished, **_args(finished, tmp_path))
+    assert not found.ok and found.report is None
+    assert found.expected_step == 20 and found.resumes_from == 14
+    assert found.problem is not None and found.problem.kind == "sha256 mismatch"
+    assert found.problem.obj.endswith("step-000000020/model.safetensors")
+    assert (found.problem.expected_sha256, found.problem.actual_sha256) == (before, after)
+    line = found.summary()
+    assert before in line and after in line and "step 14 would still resume" in line
+    row = found.to_dict()
+    assert row["ok"] is False and row["problem"]["actual_sha256"] == after
+
+    with pytest.raises(NoUsableRestart, match=after) as exc:  # never a fallback to step 14
+        verify_checkpoint_resume(finished, **_args(finished, tmp_path))
+    assert exc.value.step == 20
+
+
+def test_the_latest_state_deleted_fails_naming_the_missing_object(tmp_path, finished):
+    (_latest(finished, tmp_path) / "state.pt").unlink()
+    found = check_latest_checkpoint(finished, **_args(finished, tmp_path))
+    assert not found.ok and found.expected_step == 20 and found.resumes_from == 14
+    assert found.problem is not None and found.problem.kind == "missing object"
+    assert found.problem.obj == f"{finished.run_id('control')}/step-000000020/state.pt"
+    assert "missing object" in found.summary() and "state.pt" in found.summary()
+
+
+def test_the_resume_point_before_a_final_latest_is_checked_too(tmp_path, finished):
+    # The final step trains nothing: the check resumes step 14, which must load as well.
+    (_latest(finished, tmp_path).parent / "step-000000014" / "state.pt").unlink()
+    found = check_latest_checkpoint(finished, **_args(finished, tmp_path))
+    assert not found.ok and found.problem is not None
+    assert found.problem.kind == "missing object" and found.problem.step == 14
+    assert found.expected_step == 20 and found.resumes_from == 7
+
+
+def test_the_flow_report_names_the_problem(tmp_path, finished):
+    pytest.importorskip("prefect")
+    from flows.restart_check import restart_markdown
+
+    (_latest(finished, tmp_path) / "state.pt").unlink()
+    row = check_latest_checkpoint(finished, **_args(finished, tmp_path)).to_dict()
+    md = restart_markdown("demo", tmp_path, [row])
+    assert "FAILED" in md and "missing object" in md and "step-000000020/state.pt" in md
+    assert "| step 20 |" in md and "| step 14 |" in md
