@@ -30,7 +30,11 @@ def restart_verification(
         return done
     try:
         with gpu_slot(
-            spec.gpu_lock.name, timeout_s=spec.gpu_lock.timeout_s, lease_s=spec.gpu_lock.lease_s
+            spec.gpu_lock.name,
+            timeout_s=spec.gpu_lock.timeout_s,
+            lease_s=spec.gpu_lock.lease_s,
+            campaign=spec.name,
+            out=out,
         ):
             with (
                 busy(folder, spec, phase="restart", run=run, note=resolved.run_id),
@@ -56,7 +60,11 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
     spec = target.spec
     with (
         gpu_slot(
-            spec.gpu_lock.name, timeout_s=spec.gpu_lock.timeout_s, lease_s=spec.gpu_lock.lease_s
+            spec.gpu_lock.name,
+            timeout_s=spec.gpu_lock.timeout_s,
+            lease_s=spec.gpu_lock.lease_s,
+            campaign=spec.name,
+            out=out,
         ),
         tempfile.TemporaryDirectory(prefix="gpucampaign-resume-") as work,
     ):

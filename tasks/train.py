@@ -81,7 +81,13 @@ def _run_training(
     lock = spec.gpu_lock
     try:
         with (
-            gpu_slot(lock.name, timeout_s=lock.timeout_s, lease_s=lock.lease_s),
+            gpu_slot(
+                lock.name,
+                timeout_s=lock.timeout_s,
+                lease_s=lock.lease_s,
+                campaign=spec.name,
+                out=out,
+            ),
             busy(folder, spec, phase=phase, run=run.name, note=run_id) as row,
         ):
             result = train_run(
