@@ -18,7 +18,7 @@ from prefect.context import FlowRunContext
 from prefect.states import Cancelled, Failed
 
 from gpucampaign.close.manifest import keep_inputs, refuse_sealed_rewrite
-from gpucampaign.core.interrupt import Interrupted, graceful_signals
+from gpucampaign.core.interrupt import Interrupted, graceful_signals, handled_outside
 from gpucampaign.core.stoprules import StopRule, stops_the_campaign
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.lock import writer_lock
@@ -89,11 +89,15 @@ def campaign(
                 # A cancellation (UI, `prefect flow-run cancel`): the worker sent this SIGTERM
                 # and, once the process is gone, marks the run Cancelled unless it already is.
                 return Cancelled(message=f"cancelled: {exc}; rerun to resume")  # type: ignore[return-value]
-            if exc.reason == "SIGTERM" and callable(previous.get(signal.SIGTERM)):
-                # Any other SIGTERM (the machine shutting down), now that the work is saved,
-                # goes on to the handler it replaced (Prefect's: the run ends Crashed).
-                previous[signal.SIGTERM](signal.SIGTERM, None)
-            raise
+            handler = previous.get(signal.SIGTERM)
+            if exc.reason == "SIGTERM" and callable(handler) and not handled_outside():
+                # Any other SIGTERM to a worker's flow-run process (the machine shutting down),
+                # now that the work is saved, goes on to the handler it replaced (Prefect's:
+                # the run ends Crashed).
+                handler(signal.SIGTERM, None)
+                raise
+            # A Ctrl-C or SIGTERM to `campaign run`: an interruption, not a failure.
+            return Cancelled(message=f"{exc}; rerun to resume")  # type: ignore[return-value]
 
 
 def _cancelling() -> bool:

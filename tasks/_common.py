@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Cancelled
 
 from gpucampaign.core.files import utc_now
 from gpucampaign.core.interrupt import Interrupted
@@ -32,6 +34,26 @@ def not_a_stop_rule(task: Any, task_run: Any, state: Any) -> bool:
     except Exception:
         return True
     return False
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def cancel_on_interrupt(fn: F) -> F:
+    """Under ``@task``: an ``Interrupted`` phase ends Cancelled (no traceback, no retry).
+
+    The state keeps the exception, so ``future.result()`` in the flow raises it again and the
+    flow stops the phases still waiting.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Interrupted as exc:
+            return Cancelled(message=f"{exc}; rerun to resume", data=exc)
+
+    return cast(F, wrapper)
 
 
 TRAINING_PHASES = ("pilot", "train")

@@ -10,10 +10,18 @@ from prefect.artifacts import create_markdown_artifact
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.recipe.audit import audit_corpus
 from gpucampaign.spec import CampaignSpec
-from tasks._common import PHASE_OPTIONS, artifact_key, busy, out_folder, record_stop
+from tasks._common import (
+    PHASE_OPTIONS,
+    artifact_key,
+    busy,
+    cancel_on_interrupt,
+    out_folder,
+    record_stop,
+)
 
 
 @task(name="data-audit", task_run_name="data-audit", **PHASE_OPTIONS)
+@cancel_on_interrupt
 def data_audit(spec: CampaignSpec, *, base_dir: str, out: str) -> dict[str, Any]:
     """Audit the pinned corpus; hard findings raise a stop rule, soft ones are listed."""
     folder = out_folder(out)

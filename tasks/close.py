@@ -14,10 +14,18 @@ from gpucampaign.close.report import render_report_md
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.storage.mirror import mirror_output
 from gpucampaign.verify.checks import verify_output
-from tasks._common import PHASE_OPTIONS, TASK_OPTIONS, artifact_key, busy, out_folder
+from tasks._common import (
+    PHASE_OPTIONS,
+    TASK_OPTIONS,
+    artifact_key,
+    busy,
+    cancel_on_interrupt,
+    out_folder,
+)
 
 
 @task(name="close", task_run_name="close", **PHASE_OPTIONS)
+@cancel_on_interrupt
 def close_campaign(
     spec: CampaignSpec,
     *,
@@ -51,6 +59,7 @@ def close_campaign(
 
 
 @task(name="manifest", task_run_name="manifest", **TASK_OPTIONS)
+@cancel_on_interrupt
 def seal(spec: CampaignSpec, *, out: str, closed: dict[str, Any]) -> dict[str, Any]:
     """Write the manifest (nothing is written into the folder after it), then verify the folder."""
     folder = out_folder(out)
@@ -72,6 +81,7 @@ def seal(spec: CampaignSpec, *, out: str, closed: dict[str, Any]) -> dict[str, A
 
 
 @task(name="mirror", task_run_name="mirror", **TASK_OPTIONS)
+@cancel_on_interrupt
 def mirror(spec: CampaignSpec, *, out: str) -> dict[str, Any]:
     """Copy the sealed output folder to the campaign's store, so it outlives the rental."""
     result = mirror_output(out_folder(out).root, url=spec.storage.url)

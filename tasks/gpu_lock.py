@@ -1,17 +1,33 @@
 """The GPU lock: a Prefect global concurrency limit shared by every GPU phase.
 
-``ensure_gpu_limit`` runs once at flow start (creates the limit, clears a stale slot);
-``gpu_slot`` wraps the machine-busy part of a phase. Never hold a slot while waiting for a person.
+``ensure_gpu_limit`` runs once at flow start (creates the limit, marks our dead flow runs
+Crashed, clears a stale slot); ``gpu_slot`` wraps the machine-busy part of a phase. Never hold
+a slot while waiting for a person.
+
+Every held slot has a holder record (``holders_dir``: one JSON file per lease, under the Prefect
+home, beside the embedded database): lease, flow run, campaign, output folder, host, PID and,
+in embedded mode, the PID of the holder's own Prefect server. A waiter reads them while it
+waits: it names the holders in its log, and frees the slot of a holder on this host whose
+process is gone. Embedded, that lease died with the holder's server, so nothing else would.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import logging
 import os
+import re
 import socket
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 from time import monotonic
+from typing import Any
 from uuid import UUID
 
 from prefect.client.orchestration import get_client
@@ -28,10 +44,15 @@ from prefect.client.schemas.filters import (
     FlowRunFilterStateType,
 )
 from prefect.client.schemas.objects import FlowRun, StateType
-from prefect.concurrency.sync import concurrency
-from prefect.context import FlowRunContext
+from prefect.concurrency._leases import maintain_concurrency_lease
+from prefect.concurrency._sync import (
+    acquire_concurrency_slots_with_lease,
+    release_concurrency_slots_with_lease,
+)
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.settings import get_current_settings
+from prefect.states import Crashed
 
 #: Flows of this project that may hold the GPU lock.
 OUR_FLOWS: tuple[str, ...] = ("campaign", "restart-verification")
@@ -64,7 +85,9 @@ def ensure_gpu_limit(
 ) -> str:
     """Create the GPU global concurrency limit when missing; optionally clear a stale slot.
 
-    Call it at flow start. An existing limit keeps its size: the operator sized it for the host
+    Call it at flow start. First, flow runs of ours left Running by a process that died on this
+    host are marked Crashed, and the slots of dead holders (``free_dead_holders``) come back.
+    An existing limit keeps its size: the operator sized it for the host
     (``infra/stack.sh``), and a campaign must not resize a lock other campaigns share.
 
     Stale slots: when the limit shows active slots while no other flow run of ``flow_names``
@@ -103,14 +126,23 @@ def ensure_gpu_limit(
                 return f"GPU lock: created global concurrency limit '{name}' with {slots} slot(s)"
             except ObjectAlreadyExists:  # another flow created it meanwhile
                 limit = client.read_global_concurrency_limit_by_name(name)
+        runs = _running_runs(client, flow_names, exclude=current)
+        for run in runs:  # left Running by a killed process: never coming back
+            if not _alive(run):
+                _mark_crashed(client, run.id, "its process died (found at a later flow start)")
+        alive = [r for r in runs if _alive(r)]
+    freed = free_dead_holders(name)
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(name)
         if limit.active_slots <= 0:
-            return ""
-        alive = [r for r in _running_runs(client, flow_names, exclude=current) if _alive(r)]
+            return _gave_back(name, freed)
         if alive:
+            holders = "; ".join(h.says() for h in read_holders(name))
             names = ", ".join(r.name for r in alive[:5])
             return (
-                f"GPU lock '{name}': {limit.active_slots}/{limit.limit} slot(s) held while "
-                f"{len(alive)} other flow run(s) run ({names}); waiting for them"
+                f"GPU lock '{name}': {limit.active_slots}/{limit.limit} slot(s) held "
+                + (f"by {holders} " if holders else "")
+                + f"while {len(alive)} other flow run(s) run ({names}); waiting for them"
             )
         if not clear_stale:
             return (
@@ -124,18 +156,113 @@ def ensure_gpu_limit(
         )
 
 
+@dataclass(frozen=True)
+class Holder:
+    """Who holds one slot of the GPU lock: one record per lease, removed at its release."""
+
+    lease_id: str
+    limit: str
+    host: str
+    pid: int
+    since: str
+    campaign: str = ""
+    out: str = ""
+    flow_run: str | None = None
+    server_pid: int | None = None  # the holder's embedded Prefect server; None: a shared one
+
+    def says(self) -> str:
+        """``campaign 'c' (output folder o, PID p on host h, since t)``."""
+        where = f"output folder {self.out}, " if self.out else ""
+        return (
+            f"campaign '{self.campaign or '?'}' ({where}PID {self.pid} on host {self.host}, "
+            f"since {self.since})"
+        )
+
+    def is_dead(self) -> bool:
+        """True when the holder ran on this host and its process (and its own server) are gone.
+
+        A holder elsewhere, or one whose PID still runs, counts as alive: its lease is the bound.
+        """
+        if self.host != socket.gethostname() or _pid_runs(self.pid):
+            return False
+        return self.server_pid is None or not _pid_runs(self.server_pid)
+
+
+def holders_dir(name: str) -> Path:
+    """The folder of the holder records of lock ``name`` on the current Prefect API."""
+    settings = get_current_settings()
+    api = settings.api.url or "embedded"
+    key = hashlib.sha256(api.encode()).hexdigest()[:12]
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
+    return Path(settings.home) / "gpu-holders" / key / safe
+
+
+def read_holders(name: str) -> list[Holder]:
+    """The recorded holders of lock ``name`` (unreadable records are skipped)."""
+    folder = holders_dir(name)
+    found = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            found.append(Holder(**json.loads(path.read_text())))
+    return found
+
+
+def free_dead_holders(name: str, *, log: Callable[[str], Any] | None = None) -> list[Holder]:
+    """Give back the slots of this host's dead holders of ``name``; mark their flow runs Crashed.
+
+    A record is claimed by removing it, so two waiters never free the same slot twice. An
+    embedded holder's lease died with its server: its slot is decremented. On a shared server
+    the holder's lease itself is released (the server would otherwise expire it later).
+
+    Returns:
+        The holders whose slots were given back.
+    """
+    freed = []
+    for holder in read_holders(name):
+        if not holder.is_dead():
+            continue
+        try:
+            (holders_dir(name) / f"{holder.lease_id}.json").unlink()
+        except FileNotFoundError:  # another waiter claimed it
+            continue
+        with get_client(sync_client=True) as client:
+            if holder.server_pid is None:
+                client.release_concurrency_slots_with_lease(UUID(holder.lease_id))
+            else:
+                client.release_concurrency_slots(names=[name], slots=1, occupancy_seconds=1.0)
+            if holder.flow_run:
+                _mark_crashed(client, UUID(holder.flow_run), f"its process (PID {holder.pid}) died")
+        freed.append(holder)
+        if log is not None:
+            log(f"GPU lock '{name}': gave back the slot of {holder.says()}: its process is gone")
+    return freed
+
+
 @contextmanager
-def gpu_slot(name: str, *, timeout_s: float, lease_s: float) -> Iterator[SlotHold]:
+def gpu_slot(
+    name: str,
+    *,
+    timeout_s: float,
+    lease_s: float,
+    campaign: str = "",
+    out: str = "",
+    recheck_s: float = 2.0,
+) -> Iterator[SlotHold]:
     """Hold one slot of the GPU lock for the machine-busy part of a phase.
 
     ``strict=True``: a missing limit is an error, never a silent run without a lock. The lease
-    is renewed while the block runs; a holder killed with its process loses the slot after
-    ``lease_s`` on a long-lived server.
+    is renewed while the block runs. While it waits, a watcher re-reads the holders every
+    ``recheck_s``: it logs who holds the lock and gives back the slot of a holder on this host
+    whose process is gone. A holder on another host loses its slot after ``lease_s`` on a
+    long-lived server.
 
     Args:
         name: name of the global concurrency limit.
         timeout_s: longest wait for a free slot.
         lease_s: lease of the held slot (Prefect renews it while the block runs).
+        campaign: the campaign's name, for the holder record.
+        out: the campaign's output folder, for the holder record.
+        recheck_s: seconds between two readings of the holders while waiting.
 
     Yields:
         A ``SlotHold`` with the seconds spent waiting for the slot.
@@ -145,15 +272,135 @@ def gpu_slot(name: str, *, timeout_s: float, lease_s: float) -> Iterator[SlotHol
         prefect.concurrency._asyncio.ConcurrencySlotAcquisitionError: the limit does not exist.
     """
     t0 = monotonic()
-    with concurrency(
-        name, occupy=1, strict=True, timeout_seconds=timeout_s, lease_duration=lease_s
-    ):
-        yield SlotHold(name=name, waited_s=monotonic() - t0)
+    log = _logger()
+    waiting = threading.Event()
+    watcher = threading.Thread(
+        target=_watch_holders, args=(name, waiting, recheck_s, log), daemon=True
+    )
+    watcher.start()
+    try:
+        granted = acquire_concurrency_slots_with_lease(
+            [name], 1, timeout_seconds=timeout_s, lease_duration=lease_s, strict=True
+        )
+    finally:
+        waiting.set()
+        watcher.join(timeout=30)
+    record = _record_holder(name, str(granted.lease_id), campaign=campaign, out=out)
+    try:
+        with maintain_concurrency_lease(
+            granted.lease_id, lease_s, raise_on_lease_renewal_failure=True
+        ):
+            yield SlotHold(name=name, waited_s=monotonic() - t0)
+    finally:
+        try:
+            release_concurrency_slots_with_lease(granted.lease_id)
+        finally:
+            record.unlink(missing_ok=True)
+
+
+def _watch_holders(
+    name: str, done: threading.Event, recheck_s: float, log: logging.LoggerAdapter | logging.Logger
+) -> None:
+    """While ``done`` is not set: free dead holders' slots, say who holds the lock when it
+    changes."""
+    said = ""
+    while not done.wait(recheck_s):
+        try:
+            free_dead_holders(name, log=log.warning)
+            holders = read_holders(name)
+        except Exception as exc:  # a watcher never breaks the wait it watches
+            log.debug("GPU lock '%s': reading the holders failed: %s", name, exc)
+            continue
+        text = "; ".join(h.says() for h in holders) or "a holder without a record"
+        if text != said:
+            said = text
+            log.info("waiting for GPU lock '%s': held by %s", name, text)
+
+
+def _record_holder(name: str, lease_id: str, *, campaign: str, out: str) -> Path:
+    """Write this process's holder record of ``lease_id``; returns its path."""
+    holder = Holder(
+        lease_id=lease_id,
+        limit=name,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        since=datetime.now(UTC).isoformat(timespec="seconds"),
+        campaign=campaign,
+        out=str(Path(out).resolve()) if out else "",
+        flow_run=str(run_id) if (run_id := _current_flow_run_id()) else None,
+        server_pid=_embedded_server_pid(),
+    )
+    folder = holders_dir(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{lease_id}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(holder)))
+    tmp.replace(path)
+    return path
+
+
+def _embedded_server_pid() -> int | None:
+    """The PID of this process's temporary Prefect server (None: a shared server)."""
+    if not embedded_api():
+        return None
+    from prefect.server.api.server import SubprocessASGIServer
+
+    for server in list(SubprocessASGIServer._instances.values()):
+        if server.running and server.server_process is not None:
+            return int(server.server_process.pid)
+    return None
+
+
+def _logger() -> logging.LoggerAdapter | logging.Logger:
+    from prefect import get_run_logger
+
+    try:
+        return get_run_logger()
+    except Exception:  # outside a run
+        return logging.getLogger("gpucampaign.gpu_lock")
+
+
+def _mark_crashed(client, flow_run_id: UUID, why: str) -> bool:
+    """Set a flow run of ours that is still Running to Crashed; True when it was."""
+    try:
+        run = client.read_flow_run(flow_run_id)
+    except ObjectNotFound:
+        return False
+    if run.state is None or run.state.is_final():
+        return False
+    client.set_flow_run_state(flow_run_id, Crashed(message=f"crashed: {why}"), force=True)
+    return True
+
+
+def _pid_runs(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _gave_back(name: str, freed: list[Holder]) -> str:
+    if not freed:
+        return ""
+    return f"GPU lock '{name}': gave back the slot(s) of " + "; ".join(
+        f"{h.says()}, whose process is gone" for h in freed
+    )
 
 
 def _current_flow_run_id() -> UUID | None:
     ctx = FlowRunContext.get()
-    return ctx.flow_run.id if ctx is not None and ctx.flow_run is not None else None
+    if ctx is not None and ctx.flow_run is not None:
+        return ctx.flow_run.id
+    task_ctx = TaskRunContext.get()
+    return task_ctx.task_run.flow_run_id if task_ctx is not None else None
 
 
 def _stamp(client, flow_run_id: UUID) -> None:

@@ -13,11 +13,12 @@ from gpucampaign.core.stoprules import StopRule
 from gpucampaign.restartcheck.check import OutputCheckTarget, check_latest_checkpoint
 from gpucampaign.restartcheck.earlysave import campaign_restart_check
 from gpucampaign.spec import CampaignSpec
-from tasks._common import PHASE_OPTIONS, busy, out_folder, record_stop
+from tasks._common import PHASE_OPTIONS, busy, cancel_on_interrupt, out_folder, record_stop
 from tasks.gpu_lock import gpu_slot
 
 
 @task(name="restart-verification", task_run_name="restart-verification[{run}]", **PHASE_OPTIONS)
+@cancel_on_interrupt
 def restart_verification(
     spec: CampaignSpec, *, base_dir: str, out: str, run: str
 ) -> dict[str, Any]:
@@ -30,7 +31,11 @@ def restart_verification(
         return done
     try:
         with gpu_slot(
-            spec.gpu_lock.name, timeout_s=spec.gpu_lock.timeout_s, lease_s=spec.gpu_lock.lease_s
+            spec.gpu_lock.name,
+            timeout_s=spec.gpu_lock.timeout_s,
+            lease_s=spec.gpu_lock.lease_s,
+            campaign=spec.name,
+            out=out,
         ):
             with (
                 busy(folder, spec, phase="restart", run=run, note=resolved.run_id),
@@ -48,6 +53,7 @@ def restart_verification(
 
 
 @task(name="resume-check", task_run_name="resume-check[{run}]", **PHASE_OPTIONS)
+@cancel_on_interrupt
 def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -> dict[str, Any]:
     """Resume ``run``'s latest kept checkpoint in a fresh process and compare with its record.
 
@@ -58,7 +64,11 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
     spec = target.spec
     with (
         gpu_slot(
-            spec.gpu_lock.name, timeout_s=spec.gpu_lock.timeout_s, lease_s=spec.gpu_lock.lease_s
+            spec.gpu_lock.name,
+            timeout_s=spec.gpu_lock.timeout_s,
+            lease_s=spec.gpu_lock.lease_s,
+            campaign=spec.name,
+            out=out,
         ),
         tempfile.TemporaryDirectory(prefix="gpucampaign-resume-") as work,
     ):

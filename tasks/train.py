@@ -21,7 +21,14 @@ from gpucampaign.folder.segments import heartbeat
 from gpucampaign.plan.decision import early_losses, pilot_measures
 from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import open_store, spooled_keys
-from tasks._common import PHASE_OPTIONS, artifact_key, busy, out_folder, record_stop
+from tasks._common import (
+    PHASE_OPTIONS,
+    artifact_key,
+    busy,
+    cancel_on_interrupt,
+    out_folder,
+    record_stop,
+)
 from tasks.gpu_lock import gpu_slot
 
 PROGRESS_EVERY_S = 2.0
@@ -81,7 +88,13 @@ def _run_training(
     lock = spec.gpu_lock
     try:
         with (
-            gpu_slot(lock.name, timeout_s=lock.timeout_s, lease_s=lock.lease_s),
+            gpu_slot(
+                lock.name,
+                timeout_s=lock.timeout_s,
+                lease_s=lock.lease_s,
+                campaign=spec.name,
+                out=out,
+            ),
             busy(folder, spec, phase=phase, run=run.name, note=run_id) as row,
         ):
             result = train_run(
@@ -106,6 +119,7 @@ def _run_training(
 
 
 @task(name="pilot", task_run_name="pilot[{run}]", **PHASE_OPTIONS)
+@cancel_on_interrupt
 def pilot(
     spec: CampaignSpec, *, base_dir: str, out: str, run: str, lane: int = 0
 ) -> dict[str, Any]:
@@ -128,6 +142,7 @@ def pilot(
 
 
 @task(name="train", task_run_name="train[{run_id}]", **PHASE_OPTIONS)
+@cancel_on_interrupt
 def train(
     spec: CampaignSpec, *, base_dir: str, out: str, run: str, run_id: str, lane: int = 0
 ) -> dict[str, Any]:

@@ -27,6 +27,8 @@ SUMMARY_KEYS = (
     "tampered_verified_without_code",
     "two_writers_refused",
     "stale_locks_taken_over",
+    "dead_holders_freed",
+    "orphan_servers_left",
 )
 
 
@@ -70,7 +72,9 @@ def summary_line() -> str:
         f"secrets leaked {c['secrets_leaked']}, "
         f"links refused {c['links_refused']}, tampered folders verified without running their "
         f"code {c['tampered_verified_without_code']}, two-writer attempts refused "
-        f"{c['two_writers_refused']}, stale locks taken over {c['stale_locks_taken_over']}"
+        f"{c['two_writers_refused']}, stale locks taken over {c['stale_locks_taken_over']}, "
+        f"dead holders whose slot came back {c['dead_holders_freed']}, orphan servers left "
+        f"{c['orphan_servers_left']}"
     )
 
 

@@ -13,8 +13,12 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
+import sys
+import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +83,9 @@ def _resumed_from(out: Path) -> int | None:
 # --- a real `campaign run` in a terminal-like process group ------------------------------------
 def _session_alive(sid: int) -> list[str]:
     """Processes (other than zombies) still in session ``sid``."""
-    ps = subprocess.run(["ps", "-eo", "sid=,stat=,pid=,args="], capture_output=True, text=True)
+    ps = subprocess.run(
+        ["ps", "-ww", "-eo", "sid=,stat=,pid=,args="], capture_output=True, text=True
+    )
     return [
         line
         for line in ps.stdout.splitlines()
@@ -89,7 +95,7 @@ def _session_alive(sid: int) -> list[str]:
 
 def _server_sessions(pid: int) -> list[int]:
     """Session IDs of the uvicorn processes whose parent is ``pid``."""
-    ps = subprocess.run(["ps", "-eo", "ppid=,sid=,args="], capture_output=True, text=True)
+    ps = subprocess.run(["ps", "-ww", "-eo", "ppid=,sid=,args="], capture_output=True, text=True)
     return [
         int(line.split()[1])
         for line in ps.stdout.splitlines()
@@ -120,6 +126,12 @@ def test_a_signalled_campaign_saves_stops_and_resumes(tmp_path, sig, code, fault
     assert proc.returncode == code, output[-3000:]
     assert f"interrupted by {sig.name}" in output and "Rerun the same command" in output
     assert "not stopped within the grace" not in output
+    assert "Traceback" not in output, output[-5000:]
+    # An interruption, not a failure: the flow run and its training task end Cancelled.
+    flow_state, tasks = _final_states(out)
+    assert flow_state == "CANCELLED", (flow_state, tasks)
+    assert [s for name, s in tasks if name.startswith("train[")] == ["CANCELLED"], tasks
+    assert "FAILED" not in {s for _, s in tasks}, tasks
     assert servers and all(s != proc.pid for s in servers)  # the server had its own session
     time.sleep(1)
     assert [_session_alive(s) for s in servers] == [[] for _ in servers]  # no orphan server
@@ -131,6 +143,141 @@ def test_a_signalled_campaign_saves_stops_and_resumes(tmp_path, sig, code, fault
     rerun = campaign_cli("run", str(spec), "--out", str(out), cwd=ROOT)
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-3000:]
     assert _resumed_from(out) == saved
+
+
+def _final_states(out: Path) -> tuple[str, list[tuple[str, str]]]:
+    """The state of the campaign flow run into ``out`` and its task runs' (name, state), read
+    from the embedded database of this session's Prefect home."""
+    db = Path(os.environ["PREFECT_HOME"]) / "prefect.db"
+    with sqlite3.connect(db) as con:
+        rows = con.execute(
+            "SELECT id, state_type FROM flow_run WHERE parameters LIKE ? ORDER BY created",
+            (f'%"{out}"%',),
+        ).fetchall()
+        assert rows, f"no flow run into {out}"
+        run_id, state = rows[-1]
+        tasks = con.execute(
+            "SELECT name, state_type FROM task_run WHERE flow_run_id = ? ORDER BY created",
+            (run_id,),
+        ).fetchall()
+    return state, [(name, task_state) for name, task_state in tasks]
+
+
+def _pid_gone(pid: int, within_s: float) -> bool:
+    """Wait up to ``within_s`` for ``pid`` to end (a zombie counts as ended)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.timeout(300)
+def test_a_sigkilled_campaign_run_leaves_no_server(tmp_path, faults):
+    """Killed without a chance to stop it (out of memory), `campaign run` takes its embedded
+    server with it: the server's lifeline sees its parent gone and stops it."""
+    spec, out = _long_campaign(tmp_path), tmp_path / "out"
+    proc = start_campaign_run(spec, out=out)
+    servers: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and not servers:
+            servers = _server_sessions(proc.pid)  # a session leader: its PID is its session
+            time.sleep(0.2)
+        if not servers:
+            proc.kill()
+            raise AssertionError(f"no embedded server came up: {proc.communicate()[0][-3000:]}")
+        time.sleep(2)  # the server answers: the flow is starting against it
+        os.kill(proc.pid, signal.SIGKILL)  # the process alone, like the out-of-memory killer
+        faults.sent("SIGKILL")
+        proc.wait(timeout=30)
+        left = [pid for pid in servers if not _pid_gone(pid, within_s=5)]
+        faults.add("orphan_servers_left", len(left))
+        assert left == [], [_session_alive(s) for s in left]
+    finally:
+        for pid in [proc.pid, *servers]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.wait(timeout=30)
+
+
+def _lock_process(role: str, lock: str, campaign: str, out: Path) -> tuple[Any, list[str]]:
+    """``tests.helpers.lockholder`` in a session of its own; its output lines, read as they
+    come."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.lockholder", role, lock, campaign, str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, lines
+
+
+def _wait_line(proc: Any, lines: list[str], prefix: str, within_s: float) -> str:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        found = [line for line in lines if line.startswith(prefix)]
+        if found:
+            return found[0]
+        assert proc.poll() is None, "\n".join(lines[-40:])
+        time.sleep(0.1)
+    raise AssertionError(f"no '{prefix}' within {within_s} s:\n" + "\n".join(lines[-40:]))
+
+
+@pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.timeout(400)
+def test_a_killed_holder_gives_the_gpu_slot_back_within_seconds(tmp_path, faults):
+    """Two campaigns of one machine, each with its own embedded server on the shared database:
+    the holder is SIGKILLed while the other waits; its slot comes back in seconds, not after
+    the 600 s lease, and the waiter said whom it was waiting for."""
+    lock = f"gpu-{uuid.uuid4().hex[:8]}"
+    holder_out, waiter_out = tmp_path / "holder-out", tmp_path / "waiter-out"
+    holder, holder_lines = _lock_process("holder", lock, "holding-campaign", holder_out)
+    waiter: Any = None
+    try:
+        holder_server = int(_wait_line(holder, holder_lines, "server ", 180).split()[1])
+        _wait_line(holder, holder_lines, "held ", 60)
+        waiter, waiter_lines = _lock_process("waiter", lock, "waiting-campaign", waiter_out)
+        said = _wait_line(waiter, waiter_lines, "waiting for GPU lock", 180)
+        assert "campaign 'holding-campaign'" in said, said
+        assert f"output folder {holder_out}" in said and f"PID {holder.pid} " in said, said
+
+        os.kill(holder.pid, signal.SIGKILL)
+        faults.sent("SIGKILL")
+        killed = time.monotonic()
+        holder.wait(timeout=30)
+        _wait_line(waiter, waiter_lines, "held ", 30)
+        waited = time.monotonic() - killed
+        assert waited < 15, waited
+        assert any("gave back the slot of campaign 'holding-campaign'" in x for x in waiter_lines)
+        assert waiter.wait(timeout=60) == 0, "\n".join(waiter_lines[-40:])
+        faults.add("dead_holders_freed")
+        assert _pid_gone(holder_server, within_s=5)  # the holder's server died with it
+    finally:
+        for proc in (holder, waiter):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
 
 
 # --- a cancellation from the Prefect UI, on the real stack ---------------------------------------

@@ -218,6 +218,55 @@ def test_slot_of_a_dead_stamped_flow_run_is_cleared():
     note = ensure_gpu_limit(name, 1, clear_stale=True, flow_names=(flow_name,))
     assert "cleared 1 stale slot" in note
     assert _limit(name).active_slots == 0
+    with get_client(sync_client=True) as client:  # no longer Running: its process is gone
+        state = client.read_flow_run(run.id).state
+    assert state is not None and state.is_crashed(), state
+
+
+def test_a_dead_holders_slot_comes_back_and_is_named(tmp_path):
+    """A holder record of a process gone from this host: its slot is given back, once."""
+    import json
+    import socket
+
+    from tasks.gpu_lock import free_dead_holders, holders_dir, read_holders
+
+    name = _name("holder")
+    ensure_gpu_limit(name, 1, clear_stale=False)
+    alive_log: list[str] = []
+    with gpu_slot(name, timeout_s=30, lease_s=60, campaign="mine", out=str(tmp_path)):
+        (holder,) = read_holders(name)
+        assert (holder.campaign, holder.out, holder.pid) == ("mine", str(tmp_path), os.getpid())
+        assert free_dead_holders(name, log=alive_log.append) == [] and alive_log == []
+        assert _limit(name).active_slots == 1
+    assert read_holders(name) == [] and _limit(name).active_slots == 0
+
+    # What a holder SIGKILLed on a shared server leaves: its lease and its record.
+    from prefect.concurrency._sync import acquire_concurrency_slots_with_lease
+
+    granted = acquire_concurrency_slots_with_lease([name], 1, lease_duration=600, strict=True)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    record = {
+        "lease_id": str(granted.lease_id),
+        "limit": name,
+        "host": socket.gethostname(),
+        "pid": int(gone.stdout),
+        "since": "2026-01-01T00:00:00+00:00",
+        "campaign": "killed",
+        "out": "/somewhere/out",
+    }
+    holders_dir(name).mkdir(parents=True, exist_ok=True)
+    (holders_dir(name) / f"{granted.lease_id}.json").write_text(json.dumps(record))
+    said: list[str] = []
+    t0 = time.monotonic()
+    with gpu_slot(name, timeout_s=60, lease_s=60, recheck_s=0.5) as hold:
+        assert hold.waited_s < 15 and time.monotonic() - t0 < 15
+    assert [h.campaign for h in free_dead_holders(name, log=said.append)] == []  # once only
+    assert _limit(name).active_slots == 0
 
 
 def test_embedded_api_tells_own_server_from_shared_one():

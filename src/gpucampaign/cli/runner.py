@@ -63,11 +63,18 @@ def interruptible_run(*, grace_s: float = interrupt.DEFAULT_GRACE_S) -> Iterator
     """Run a flow in this process so that SIGINT and SIGTERM stop it gracefully.
 
     The embedded server starts first, in its own session (the terminal's Ctrl-C must not
-    reach it). It stops at the interpreter's exit, after Prefect has sent its last logs and
-    events to it, or at once when the grace runs out or on a second Ctrl-C. The signals
-    become a stop request the training honours at its next step.
+    reach it), after the servers of earlier killed runs are ended. It stops at the
+    interpreter's exit, after Prefect has sent its last logs and events to it, or at once when
+    the grace runs out or on a second Ctrl-C; a lifeline ends it when this process is killed.
+    The signals become a stop request the training honours at its next step.
     """
     start, stop = load_flow("_embedded", "start_detached"), load_flow("_embedded", "stop")
+    reaped = load_flow("_embedded", "reap_stale")()
+    if reaped:
+        sys.stderr.write(
+            f"note: ended {len(reaped)} Prefect server(s) left running by an earlier killed "
+            f"`campaign run` (PID {', '.join(map(str, reaped))})\n"
+        )
     interrupt.clear_stop()
     with interrupt.graceful_signals(grace_s=grace_s):
         server = start()

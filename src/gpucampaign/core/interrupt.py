@@ -28,6 +28,7 @@ _reason: str | None = None
 _grace_s: float = DEFAULT_GRACE_S
 _force_callbacks: list[Callable[[], None]] = []
 _timer: threading.Timer | None = None
+_depth = 0  # graceful_signals blocks active in the main thread
 
 
 class Interrupted(Exception):
@@ -146,6 +147,12 @@ def _handle(signum: int, frame: Any) -> None:
             _timer.start()
 
 
+def handled_outside() -> bool:
+    """Whether an outer ``graceful_signals`` (``campaign run``'s) also handles the signals:
+    the process is ours, and a SIGTERM is a stop request rather than an end to pass on."""
+    return _depth > 1
+
+
 @contextlib.contextmanager
 def graceful_signals(*, grace_s: float | None = None) -> Iterator[dict[int, Any]]:
     """Handle SIGINT and SIGTERM as stop requests while the block runs (main thread only).
@@ -156,18 +163,22 @@ def graceful_signals(*, grace_s: float | None = None) -> Iterator[dict[int, Any]
     Yields:
         The handlers that were installed before, by signal number (empty off the main thread).
     """
-    global _grace_s
+    global _grace_s, _depth
     if grace_s is not None:
         if grace_s <= 0:
             raise ValueError(f"grace_s must be > 0 (got {grace_s})")
         _grace_s = grace_s
     previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
+    main = threading.current_thread() is threading.main_thread()
+    if main:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, _handle)
+        _depth += 1
     try:
         yield previous
     finally:
+        if main:
+            _depth -= 1
         for signum, handler in previous.items():
             if handler is not None:  # None: a handler not installed from Python
                 signal.signal(signum, handler)
