@@ -29,6 +29,7 @@ SUMMARY_KEYS = (
     "stale_locks_taken_over",
     "dead_holders_freed",
     "orphan_servers_left",
+    "s3_restarts_survived",
 )
 
 
@@ -74,7 +75,7 @@ def summary_line() -> str:
         f"code {c['tampered_verified_without_code']}, two-writer attempts refused "
         f"{c['two_writers_refused']}, stale locks taken over {c['stale_locks_taken_over']}, "
         f"dead holders whose slot came back {c['dead_holders_freed']}, orphan servers left "
-        f"{c['orphan_servers_left']}"
+        f"{c['orphan_servers_left']}, S3 restarts survived {c['s3_restarts_survived']}"
     )
 
 

@@ -28,7 +28,7 @@ from tests.checkpoint.test_checkpoint import CFG, RUN, _state
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
-def test_a_restart_keeps_the_ports(tmp_path, capsys):
+def test_a_restart_keeps_the_ports(tmp_path, capsys, faults):
     root = tmp_path / "s3"
     srv = start_server(root)
     try:
@@ -41,6 +41,7 @@ def test_a_restart_keeps_the_ports(tmp_path, capsys):
         assert again is not None and again.pid != srv.pid and again.endpoint == srv.endpoint
         srv = again
         assert srv.client().head_bucket(Bucket=srv.bucket)  # serves the same bucket
+        faults.add("s3_restarts_survived")
     finally:
         (load_server(root) or srv).stop()
 
