@@ -10,9 +10,11 @@ from gpucampaign.folder.progress import (
     ProgressFile,
     read_all_progress,
     read_progress,
+    relay_check_progress,
     render_line,
     say_duration,
     step_rate,
+    write_progress,
 )
 
 RECORD = {
@@ -80,3 +82,18 @@ def test_the_file_is_written_when_due_and_read_back(tmp_path):
     assert is_live_progress("runs/control-0123456789/progress.json")
     assert not is_live_progress("runs/control-0123456789/model/progress.json")
     assert read_progress(tmp_path / "nowhere") is None
+
+
+def test_a_restart_checks_progress_is_relayed_to_the_run_folder(tmp_path):
+    work, run_dir = tmp_path / "work", tmp_path / "out" / "runs" / "control-0123456789"
+    (work / "restarted" / "runs" / "x").mkdir(parents=True)
+    run_dir.mkdir(parents=True)
+    relay_check_progress(work, run_dir)  # nothing written yet by the new process: no record
+    assert read_all_progress(tmp_path / "out") == []
+    write_progress(work / "restarted" / "runs" / "x", {**RECORD, "step": 12})
+    relay_check_progress(work, run_dir)
+    relay_check_progress(work, run_dir, state="done")
+    (got,) = read_all_progress(tmp_path / "out")
+    assert got["phase"] == "restart-check" and got["step"] == 12 and got["state"] == "done"
+    assert is_live_progress("runs/control-0123456789/progress-restart.json")
+    assert render_line(got).startswith("restart-check control  12/460")

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpucampaign.folder.layout import PROGRESS_FILE
+from gpucampaign.folder.layout import CHECK_PROGRESS_FILE, PROGRESS_FILE
 
 WRITE_EVERY_S = 1.0
 RECENT_STEPS = 50  # the step times an ETA is measured from: recent, so it follows the machine
@@ -35,18 +35,20 @@ def step_rate(step_times: Sequence[float]) -> float | None:
     return len(recent) / sum(recent) if recent else None
 
 
-def write_progress(run_dir: str | Path, record: dict[str, Any]) -> None:
-    """Replace ``run_dir/progress.json`` with ``record`` (no fsync: it is rewritten anyway)."""
-    path = Path(run_dir) / PROGRESS_FILE
-    tmp = path.with_name(f".{PROGRESS_FILE}.{os.getpid()}.tmp")
+def write_progress(
+    run_dir: str | Path, record: dict[str, Any], *, name: str = PROGRESS_FILE
+) -> None:
+    """Replace ``run_dir/<name>`` with ``record`` (no fsync: it is rewritten anyway)."""
+    path = Path(run_dir) / name
+    tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record, allow_nan=False, default=str))
     os.replace(tmp, path)
 
 
-def read_progress(run_dir: str | Path) -> dict[str, Any] | None:
+def read_progress(run_dir: str | Path, *, name: str = PROGRESS_FILE) -> dict[str, Any] | None:
     """The run folder's progress record, or None when it has none (or it cannot be read)."""
     try:
-        data = json.loads((Path(run_dir) / PROGRESS_FILE).read_text())
+        data = json.loads((Path(run_dir) / name).read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -55,7 +57,12 @@ def read_progress(run_dir: str | Path) -> dict[str, Any] | None:
 def read_all_progress(out: str | Path) -> list[dict[str, Any]]:
     """Every run's progress record in an output folder, the most recently updated last."""
     runs = Path(out) / "runs"
-    found = [p for d in sorted(runs.glob("*")) if (p := read_progress(d)) is not None]
+    found = [
+        p
+        for d in sorted(runs.glob("*"))
+        for name in (PROGRESS_FILE, CHECK_PROGRESS_FILE)
+        if (p := read_progress(d, name=name)) is not None
+    ]
     return sorted(found, key=lambda r: float(r.get("updated_at") or 0.0))
 
 
@@ -101,6 +108,26 @@ def render_line(
         left = (ends_at - (now or datetime.now(UTC))).total_seconds()
         parts.append(f"lot {say_duration(left)} left" if left >= 0 else "lot ended")
     return "  ".join(parts)
+
+
+def relay_check_progress(workdir: Path, run_dir: Path, *, state: str | None = None) -> None:
+    """Copy the newest progress record a restart check's new process wrote under ``workdir``
+    to ``run_dir/progress-restart.json`` as phase ``restart-check`` (``state`` overrides its
+    state: the end of the check)."""
+    found = [p for p in Path(workdir).rglob(PROGRESS_FILE) if p.is_file()]
+    newest = max(found, key=lambda p: p.stat().st_mtime, default=None)
+    record = read_progress(newest.parent) if newest is not None else None
+    previous = read_progress(run_dir, name=CHECK_PROGRESS_FILE) or {}
+    if record is None and state is None:
+        return
+    merged = {**previous, **(record or {}), "phase": "restart-check", "updated_at": time.time()}
+    if state is not None:
+        merged["state"] = state
+    merged.setdefault("run_id", Path(run_dir).name)
+    try:
+        write_progress(run_dir, merged, name=CHECK_PROGRESS_FILE)
+    except (OSError, ValueError):
+        return
 
 
 class ProgressFile:
