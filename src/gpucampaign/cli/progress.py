@@ -24,7 +24,7 @@ from rich.text import Text
 from gpucampaign.folder.progress import read_all_progress, render_line
 
 PLAIN_EVERY_S = 30.0
-POLL_S = 0.5
+POLL_S = 0.25
 _ENDED = ("done", "stopped")
 
 
@@ -95,7 +95,7 @@ class LiveView:
     def __enter__(self) -> LiveView:
         if self.live:
             self._display = Live(
-                Group(), console=self.console, refresh_per_second=4, transient=True
+                Group(), console=self.console, refresh_per_second=8, transient=True
             )
             self._display.start()
         return self

@@ -25,7 +25,7 @@ from typing import Any
 
 from gpucampaign.folder.layout import CHECK_PROGRESS_FILE, PROGRESS_FILE
 
-WRITE_EVERY_S = 1.0
+WRITE_EVERY_S = 0.5
 RECENT_STEPS = 50  # the step times an ETA is measured from: recent, so it follows the machine
 
 
