@@ -12,18 +12,28 @@ SPEC ?= examples/digits/campaign.yaml
 venv: $(STAMP)
 
 # torch first, pinned: the CPU build lies on this disk; an unpinned torch pulls a CUDA build.
+# Said out loud: the first install takes minutes, and happens once (until pyproject.toml changes).
 $(STAMP): pyproject.toml
+	@echo "== installing into $(VENV) (once: later targets reuse it until pyproject.toml changes)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "== pip itself"
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@echo "== $(TORCH_SPEC), the CPU build (the largest download: a few minutes on a first install)"
+	$(BIN)/python -m pip install --progress-bar on "$(TORCH_SPEC)"
+	@echo "== gpucampaign and its dependencies (Prefect, pydantic, rich, boto3, ...) and the dev tools"
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev]"
 	touch $(STAMP)
+	@echo "== installed; activate it with: . $(VENV)/bin/activate"
 
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/campaign plan $(SPEC)
 	$(BIN)/campaign run $(SPEC) --out $(OUT)
+	@echo ""
+	@echo "Next: put the campaign command on PATH, then check the folder:"
+	@echo "  . $(VENV)/bin/activate"
+	@echo "  campaign verify $(OUT)"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra

@@ -17,6 +17,7 @@ from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.states import Cancelled, Failed
 
+from flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign.close.manifest import keep_inputs, refuse_sealed_rewrite
 from gpucampaign.core.interrupt import Interrupted, graceful_signals, handled_outside
 from gpucampaign.core.stoprules import StopRule, stops_the_campaign
@@ -51,7 +52,7 @@ def _stop_of(future: Any) -> StopRule | None:
     return None
 
 
-@flow(name="campaign", log_prints=False)
+@flow(name="campaign", flow_run_name=campaign_run_name, log_prints=False)
 def campaign(
     spec: str | CampaignSpec = DEFAULT_SPEC,
     out: str = DEFAULT_OUT,
@@ -134,6 +135,7 @@ def _campaign(
     except SpecError as exc:  # the preflight's paragraph is the whole story: no traceback
         logger.error("refused before anything started: %s", exc)
         return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
+    tag_flow_run(CAMPAIGN_TAG.format(name=cs.name))
     catalog = load_catalog(spec=cs, base_dir=base)
     plan0 = calendar.plan(cs, catalog=catalog)
     folder.write_plan_once(plan0.to_dict())

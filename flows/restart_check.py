@@ -21,6 +21,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+from flows._naming import CAMPAIGN_TAG, restart_check_run_name, spec_name, tag_flow_run
 from gpucampaign.core.stoprules import NoUsableRestart, StopRule
 from gpucampaign.plan import calendar
 from gpucampaign.plan.tariffs import load_catalog
@@ -33,7 +34,7 @@ from tasks.restart import resume_check
 DEFAULT_OUT = "out/campaign"
 
 
-@flow(name="restart-verification", log_prints=False)
+@flow(name="restart-verification", flow_run_name=restart_check_run_name, log_prints=False)
 def restart_verification(
     out: str = DEFAULT_OUT, spec: str | None = None, steps: int = 20, margin_hours: float = 12.0
 ) -> list[dict[str, Any]]:
@@ -53,6 +54,7 @@ def restart_verification(
     """
     logger = get_run_logger()
     out_dir = Path(out).resolve()
+    tag_flow_run(CAMPAIGN_TAG.format(name=spec_name(spec, out=out)))
     ending = None
     kept = (out_dir / "spec.yaml").is_file()  # else only --spec names the store and the lots
     try:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
-from prefect import get_run_logger
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.context import FlowRunContext
 from prefect.exceptions import FlowPauseTimeout
@@ -19,6 +21,7 @@ from gpucampaign.folder.records import (
 from gpucampaign.plan.decision import (
     Decision,
     DecisionInput,
+    Reforecast,
     apply_answer,
     ask_description,
     decide_after_pilot,
@@ -28,7 +31,22 @@ from gpucampaign.plan.decision import (
     on_timeout,
 )
 from gpucampaign.spec import CampaignSpec
-from tasks._common import artifact_key, busy, out_folder
+from tasks._common import TASK_OPTIONS, artifact_key, busy, out_folder
+
+
+@task(name="decision-point", task_run_name="decision-point[{mode}]", **TASK_OPTIONS)
+def propose(
+    spec: CampaignSpec,
+    *,
+    catalog: Any,
+    pilot: dict[str, dict[str, Any]],
+    pilot_stops: list[dict[str, Any]],
+    mode: str,
+) -> Reforecast:
+    """The decision point's node in the UI: the re-forecast from the pilot and the automatic
+    decision (a person's answer, in 'ask' mode, is waited for by the flow: a task cannot
+    pause it)."""
+    return decide_after_pilot(spec, catalog=catalog, pilot=pilot, pilot_stops=pilot_stops)
 
 
 def decision_point(
@@ -54,7 +72,7 @@ def decision_point(
     # The decision is a calendar step of its own: a person's wait in 'ask' mode is observed time.
     kind = "human" if mode == "ask" else "machine"
     with busy(folder, spec, phase="decide", kind=kind, note=f"decision by {mode}"):
-        refo = decide_after_pilot(spec, catalog=catalog, pilot=pilot, pilot_stops=pilot_stops)
+        refo = propose(spec, catalog=catalog, pilot=pilot, pilot_stops=pilot_stops, mode=mode)
         decision = refo.decision
         if mode == "ask":
             evidence = decision_markdown(decision, refo.hours, pilot=pilot)
@@ -70,6 +88,35 @@ def decision_point(
     return decision
 
 
+def ask_until_valid(
+    ask: Callable[[str, int], Any | None],
+    *,
+    check: Callable[[Any], Decision],
+    timeout_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[Decision | None, list[str]]:
+    """Ask until an answer passes ``check``, within ``timeout_s`` in all.
+
+    ``ask(refused, seconds_left)`` shows the form (with why the last answer was refused, ''
+    the first time) and returns the answer, or None when no answer came in time; ``check``
+    turns an answer into a Decision or raises ``ValueError`` with the reason.
+
+    Returns:
+        ``(decision, refusals)``: the decision is None when the time ran out.
+    """
+    deadline = clock() + timeout_s
+    refusals: list[str] = []
+    while (left := int(deadline - clock())) >= 1:
+        got = ask(refusals[-1] if refusals else "", left)
+        if got is None:
+            break
+        try:
+            return check(got), refusals
+        except ValueError as exc:
+            refusals.append(str(exc))
+    return None, refusals
+
+
 def _ask(spec: CampaignSpec, *, auto: Decision, evidence: str) -> Decision:
     logger = get_run_logger()
     timeout_s = spec.decision_point.timeout_s
@@ -79,28 +126,42 @@ def _ask(spec: CampaignSpec, *, auto: Decision, evidence: str) -> Decision:
         auto.action,
         "; ".join(auto.reasons),
     )
-    form = RunInput.subclass_from_base_model_type(decision_form(spec, auto=auto))
-    form = form.with_initial_data(
-        description=ask_description(evidence, auto=auto, timeout_s=timeout_s),
-        action=auto.action,
-        drop=[r for r in auto.dropped_runs if r in droppable_runs(spec)],
-    )
-    try:
-        # A RunInput subclass built at run time from DecisionInput: action, drop, note.
-        got: Any = pause_flow_run(wait_for_input=form, timeout=timeout_s, poll_interval=2)
-    except FlowPauseTimeout:
-        _resume_self()
-        return on_timeout(auto, why="no answer in time")
-    try:
+    # A RunInput subclass built at run time from DecisionInput: action, drop, note.
+    base = RunInput.subclass_from_base_model_type(decision_form(spec, auto=auto))
+
+    def ask(refused: str, left: int) -> Any | None:
+        description = ask_description(evidence, auto=auto, timeout_s=left)
+        if refused:
+            logger.warning("decision point: answer refused (%s); asking again", refused)
+            description = (
+                f"**Your answer was refused: {refused}.** Answer again (or wait: the proposal "
+                f"is taken in {left} s).\n\n{description}"
+            )
+        form = base.with_initial_data(
+            description=description,
+            action=auto.action,
+            drop=[r for r in auto.dropped_runs if r in droppable_runs(spec)],
+        )
+        try:
+            return pause_flow_run(wait_for_input=form, timeout=left, poll_interval=2)
+        except FlowPauseTimeout:
+            _resume_self()
+            return None
+
+    def check(got: Any) -> Decision:
         answer = DecisionInput(
             action=got.action, drop=[r for r in got.drop if r != "(none)"], note=got.note
         )
         return apply_answer(spec, answer=answer, auto=auto)
-    except ValueError as exc:
-        logger.error(
-            "decision point: the answer was refused (%s); taking the automatic choice", exc
-        )
-        return on_timeout(auto, why=f"answer refused: {exc}")
+
+    decision, refusals = ask_until_valid(ask, check=check, timeout_s=timeout_s)
+    if decision is not None:
+        return decision
+    why = "no answer in time"
+    if refusals:
+        why = f"no valid answer in time (refused: {'; '.join(refusals)})"
+    logger.error("decision point: %s; taking the automatic choice", why)
+    return on_timeout(auto, why=why)
 
 
 def _resume_self() -> None:

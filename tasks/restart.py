@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +13,7 @@ from prefect import task
 
 from gpucampaign.core.interrupt import raise_if_stopped
 from gpucampaign.core.stoprules import StopRule
+from gpucampaign.folder.progress import relay_check_progress
 from gpucampaign.restartcheck.check import OutputCheckTarget, check_latest_checkpoint
 from gpucampaign.restartcheck.earlysave import campaign_restart_check
 from gpucampaign.spec import CampaignSpec
@@ -40,6 +44,7 @@ def restart_verification(
             with (
                 busy(folder, spec, phase="restart", run=run, note=resolved.run_id),
                 tempfile.TemporaryDirectory(prefix="gpucampaign-restart-") as work,
+                _relayed(Path(work), folder.run_dir(resolved.run_id)),
             ):
                 report = campaign_restart_check(
                     spec, run=resolved, base_dir=base_dir, out_dir=out, workdir=Path(work)
@@ -50,6 +55,28 @@ def restart_verification(
     result = {**report.to_dict(), "run": run, "run_id": resolved.run_id}
     folder.write_json("restart.json", result)
     return result
+
+
+@contextlib.contextmanager
+def _relayed(work: Path, run_dir: Path, *, every_s: float = 1.0) -> Iterator[None]:
+    """While the check's new process trains under ``work``, relay its live progress to the
+    run folder (``campaign run`` and ``campaign watch`` show it as the restart-check line)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            relay_check_progress(work, run_dir)
+
+    thread = threading.Thread(target=loop, name="restart-check-progress", daemon=True)
+    thread.start()
+    state = "stopped"
+    try:
+        yield
+        state = "done"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        relay_check_progress(work, run_dir, state=state)
 
 
 @task(name="resume-check", task_run_name="resume-check[{run}]", **PHASE_OPTIONS)

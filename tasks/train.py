@@ -15,6 +15,7 @@ from gpucampaign.core.stoprules import STOP_RULES, StopRule
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.engine.loop import n_train_of, train_run
 from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.folder.progress import read_progress, render_line
 from gpucampaign.folder.records import read_stops
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.folder.segments import heartbeat
@@ -55,13 +56,24 @@ class _Progress:
             ),
         )
         self.last = time.monotonic()
+        self.description = f"{phase} of {run_id}"
 
     def __call__(self, info: dict[str, Any]) -> None:
         if time.monotonic() - self.last < PROGRESS_EVERY_S:
             return
         self.last = time.monotonic()
         done = 100.0 * info["step"] / max(1, info["planned_steps"])
-        update_progress_artifact(artifact_id=self.id, progress=min(100.0, done))
+        # The description carries what the bar cannot: loss, the last evaluation, the ETA.
+        self.description = render_line(info)
+        update_progress_artifact(
+            artifact_id=self.id, progress=min(100.0, done), description=self.description
+        )
+
+
+def _done_description(folder: Any, run_id: str) -> str:
+    """The artifact's last description: the run's final live line (its last evaluation)."""
+    record = read_progress(folder.run_dir(run_id))
+    return render_line(record) if record else f"{run_id}: done"
 
 
 def _run_training(
@@ -114,7 +126,9 @@ def _run_training(
     except StopRule as exc:
         record_stop(folder, exc, run=run.name, phase=phase)
         raise
-    update_progress_artifact(artifact_id=progress.id, progress=100.0)
+    update_progress_artifact(
+        artifact_id=progress.id, progress=100.0, description=_done_description(folder, run_id)
+    )
     return result, n_train_of(folder.run_dir(run_id), run=run, corpus=corpus)
 
 

@@ -226,6 +226,11 @@ def test_progress_callback(tmp_path, digits_file):  # noqa: F811
     run(spec, tmp_path, progress=seen.append, show_progress=True)  # not a terminal: no bar
     assert seen and seen[-1]["step"] == seen[-1]["planned_steps"] == 20
     assert {"run_id", "step", "planned_steps", "loss", "epoch", "lr", "fraction"} <= set(seen[0])
+    # The live record too: the last evaluation, the measured rate and the ETA.
+    assert {"metric", "metric_value", "metric_step", "steps_per_s", "eta_s"} <= set(seen[-1])
+    assert seen[-1]["eta_s"] == 0 and seen[-1]["steps_per_s"] > 0
+    live = json.loads((run_dir(spec, tmp_path) / "progress.json").read_text())
+    assert live["state"] == "done" and live["step"] == 20 and live["metric_value"] is not None
 
 
 def test_bad_arguments(tmp_path, digits_file):  # noqa: F811

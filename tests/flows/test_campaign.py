@@ -337,7 +337,7 @@ def test_campaign_run_exits_0_when_a_stopped_control_still_gives_the_decision(tm
     assert [s["run"] for s in jsonl(out / "stops.jsonl")].count("control") == 1
 
 
-def _paused_run_of(out: Path, timeout_s: float = 240) -> Any:
+def _paused_run_of(out: Path, timeout_s: float = 240, other_than: Any = None) -> Any:
     """The flow run (of this test's output folder) once it is Paused at the decision point."""
     import time
 
@@ -358,7 +358,7 @@ def _paused_run_of(out: Path, timeout_s: float = 240) -> Any:
                 )
             )
             for fr in runs:
-                if fr.parameters.get("out") == str(out):
+                if fr.parameters.get("out") == str(out) and fr.state.id != other_than:
                     return fr
             time.sleep(1)
     raise AssertionError("the flow never paused at the decision point")
@@ -373,9 +373,16 @@ def test_ask_mode_takes_a_persons_answer_from_the_ui(prefect_harness, tmp_path):
 
     spec = tiny_campaign(tmp_path, decision_point={"mode": "ask", "timeout_s": 300})
     out = tmp_path / "out"
+    name = yaml.safe_load(spec.read_text())["name"]
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(run_flow, spec, out)
         paused = _paused_run_of(out)
+        # The UI shows the campaign: the run's name and tag say which one and where.
+        assert paused.name == f"{name} -> {out}" and f"campaign:{name}" in paused.tags
+        # An invalid combination (drop without 'reduce') is asked again, not taken silently.
+        resume_flow_run(paused.id, run_input={"action": "continue", "drop": ["short"]})
+        again = _paused_run_of(out, other_than=paused.state.id)
+        assert again.id == paused.id
         resume_flow_run(
             paused.id,
             run_input={"action": "reduce", "drop": ["short"], "note": "no time to read it"},

@@ -27,6 +27,7 @@ from gpucampaign.cli.common import (
     print_json,
     say,
 )
+from gpucampaign.cli.progress import PLAIN_EVERY_S
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.spec import SpecError
 
@@ -353,17 +354,33 @@ def run_cmd(
     grace: float = typer.Option(
         20.0, "--grace", help="Seconds a Ctrl-C or SIGTERM may take to save and stop.", min=0.1
     ),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Show Prefect's own INFO logs (server, task runs)."
+    ),
+    progress_every: float = typer.Option(
+        PLAIN_EVERY_S,
+        "--progress-every",
+        help="Without a terminal: seconds between two progress lines of a phase.",
+        min=0.1,
+    ),
 ) -> None:
     """Run the whole campaign in this process (embedded Prefect, local storage); rerun to resume.
 
+    One live line per training phase (run, step, loss, the decision metric, steps/s, ETA, the
+    lot's time left); plain lines every --progress-every seconds without a terminal.
     Ctrl-C or SIGTERM saves a checkpoint at the next step, stops and exits 130 or 143; a
     second Ctrl-C exits at once.
     """
+    import os
+    import time
+
+    from gpucampaign.cli.progress import Background, LiveView
     from gpucampaign.cli.runner import interruptible_run, load_flow
     from gpucampaign.close.manifest import refuse_sealed_rewrite
     from gpucampaign.core.interrupt import exit_code, stop_requested
     from gpucampaign.folder.layout import OutputFolder
     from gpucampaign.folder.lock import writer_lock
+    from gpucampaign.plan.rental import rental_of
     from gpucampaign.preflight import preflight
     from gpucampaign.spec import load_spec
 
@@ -381,13 +398,27 @@ def run_cmd(
     OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
     refuse_sealed_rewrite(target, cs, base_dir=spec.resolve().parent)
     preflight(cs, base_dir=spec.resolve().parent, out_dir=target)
+    # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
+    # terminal unless asked for: the progress lines say what runs.
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
     flow = load_flow("campaign", "campaign")
+    rental = rental_of(cs)
+    view = LiveView(
+        target,
+        console=err_console,
+        ends_at=rental.ends_at if rental else None,
+        every_s=progress_every,
+        since=time.time(),
+    )
     state = None
     try:
         with writer_lock(target) as took_over, interruptible_run(grace_s=grace):
             if took_over:
                 err_console.print(f"[yellow]note:[/] {took_over}", soft_wrap=True)
-            state = flow(spec=str(spec), out=str(target), decision_mode=decision, return_state=True)
+            with Background(view):
+                state = flow(
+                    spec=str(spec), out=str(target), decision_mode=decision, return_state=True
+                )
     except BaseException:
         if stop_requested() is None:
             raise

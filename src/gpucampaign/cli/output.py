@@ -1,4 +1,5 @@
-"""The ``campaign`` commands on an output folder: verify, report, expense, status, retrieve.
+"""The ``campaign`` commands on an output folder: verify, report, expense, status, watch,
+retrieve.
 
 They are registered on the one ``app`` of ``cli_common`` when ``cli`` imports this module.
 """
@@ -143,6 +144,49 @@ def status_cmd(out: OutFolder, as_json: AsJson = False) -> None:
         print_json(status)
     else:
         console.print(render_status(status), highlight=False, markup=False, soft_wrap=True)
+
+
+# --- watch: the live view of a campaign from another terminal ---------------------------------
+
+
+def campaign_closed(out: Path) -> bool:
+    """True once the campaign's close sealed the folder after its last training progress."""
+    from gpucampaign.folder.layout import MANIFEST
+    from gpucampaign.folder.progress import read_all_progress
+
+    manifest = out / MANIFEST
+    if not manifest.is_file():
+        return False
+    records = read_all_progress(out)
+    newest = max((float(r.get("updated_at") or 0.0) for r in records), default=0.0)
+    return manifest.stat().st_mtime >= newest
+
+
+@app.command("watch")
+@handle_errors
+def watch_cmd(
+    out: OutFolder,
+    every: float = typer.Option(
+        30.0, "--every", help="Without a terminal: seconds between two lines of a phase.", min=0.1
+    ),
+    once: bool = typer.Option(False, "--once", help="Print the current lines and exit."),
+) -> None:
+    """The live progress of a campaign, read from its output folder, until it closes (Ctrl-C
+    ends the watch, never the campaign)."""
+    from gpucampaign.cli.progress import LiveView, follow
+    from gpucampaign.plan.rental import rental_of
+    from gpucampaign.storage.status import campaign_folder_spec
+
+    spec = campaign_folder_spec(out)  # exit 2 when it is not a campaign's folder
+    rental = rental_of(spec)
+    view = LiveView(out, console=console, ends_at=rental.ends_at if rental else None, every_s=every)
+    say(f"watching {spec.name} in {out} (Ctrl-C ends the watch, not the campaign)")
+    try:
+        follow(view, until=lambda: once or campaign_closed(out))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if campaign_closed(out):
+        say(f"the campaign is closed: `campaign report {out}`")
 
 
 # --- retrieve: bring a mirrored campaign back ----------------------------------------------

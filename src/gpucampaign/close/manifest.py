@@ -22,6 +22,7 @@ from gpucampaign.folder.layout import (
     PLAN_SHA,
     RELOAD,
     OutputFolder,
+    is_live_progress,
     model_config,
 )
 from gpucampaign.folder.lock import LOCK_FILE
@@ -48,14 +49,17 @@ MANIFEST_FORMAT = "gpucampaign.manifest/1"
 def list_files(root: str | Path) -> list[str]:
     """Relative posix paths of every file under ``root`` except ``manifest.json``, sorted.
 
-    The checkpoint spool (files waiting for the S3 server, deleted once uploaded) and the
-    writer's lock file are not files of the campaign's output and are left out."""
+    The checkpoint spool (files waiting for the S3 server, deleted once uploaded), the
+    writer's lock file and the runs' live ``progress.json`` are not files of the campaign's
+    output and are left out."""
     base = Path(root)
     out = []
     for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
         dirnames.sort()
         for name in filenames:
             rel = (Path(dirpath) / name).relative_to(base).as_posix()
+            if is_live_progress(rel):
+                continue  # the live progress of a training call: rewritten, never sealed
             if rel not in (MANIFEST, LOCK_FILE) and not rel.startswith("spool/"):
                 out.append(rel)
     return sorted(out)

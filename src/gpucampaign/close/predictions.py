@@ -28,6 +28,7 @@ from gpucampaign.folder.layout import (
     SPEC_COPY,
     OutputFolder,
     corpus_file,
+    is_live_progress,
     model_config,
     read_manifest,
     run_file,
@@ -307,7 +308,11 @@ def _unsealed_run_files(root: str | Path, run_id: str) -> str:
     except (ValueError, TypeError, AttributeError):
         return "manifest.json is not a valid manifest"
     run_dir = folder.path(f"runs/{run_id}")
-    present = {p.relative_to(folder.root).as_posix() for p in run_dir.rglob("*") if not p.is_dir()}
+    present = {
+        rel
+        for p in run_dir.rglob("*")
+        if not p.is_dir() and not is_live_progress(rel := p.relative_to(folder.root).as_posix())
+    }
     wrong = sorted(set(listed) ^ present)
     wrong += [
         rel

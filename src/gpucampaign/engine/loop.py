@@ -66,6 +66,7 @@ from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun, check_arguments, setup_run
 from gpucampaign.folder.layout import METRICS_FILE, MODEL_DIR, PARAMS_FILE  # noqa: F401
 from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
+from gpucampaign.folder.progress import ProgressFile, step_rate
 from gpucampaign.folder.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
 from gpucampaign.recipe.contract import call, check_loss
 from gpucampaign.recipe.runtime import batch_len, to_device
@@ -152,7 +153,9 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> dict[str, Any]:
     }
 
 
-def _run_epoch(r: LiveRun, *, progress: ProgressFn | None, bar: Any) -> None:
+def _run_epoch(
+    r: LiveRun, *, progress: ProgressFn | None, bar: Any, live: ProgressFile | None = None
+) -> None:
     """Train the rest of the current epoch, or up to the target step."""
     s = r.state
     batches = s.start_epoch(r.loader)
@@ -161,10 +164,15 @@ def _run_epoch(r: LiveRun, *, progress: ProgressFn | None, bar: Any) -> None:
         r.mlog.write(row)
         end_of_epoch = s.batch_in_epoch == r.steps_per_epoch
         every = r.config.eval_every
+        evaluated = None
         if (every and s.global_step % every == 0) or (not every and end_of_epoch):
-            evaluate(r, "val", final=False)
+            evaluated = evaluate(r, "val", final=False)
+            if evaluated is not None:
+                r.last_eval = (s.global_step, evaluated)
         r.saver.save(s.global_step, last_step=s.global_step == r.target)
         _report(r, row, progress=progress, bar=bar)
+        if live is not None:
+            live.update(live_record(r, loss=row["loss"]), force=evaluated is not None)
         if stop_requested() is not None:
             _stop_now(r)
         if s.global_step >= r.target:
@@ -192,18 +200,40 @@ def _report(r: LiveRun, row: dict[str, Any], *, progress: ProgressFn | None, bar
     if progress is not None and (step % every == 0 or step == r.target):
         progress(
             {
-                "run_id": r.run_id,
-                "run": r.run,
-                "step": step,
-                "planned_steps": r.planned,
-                "target_steps": r.target,
+                **live_record(r, loss=row["loss"]),
                 "epoch": r.state.epoch,
-                "loss": row["loss"],
                 "lr": row["lr"],
                 "fraction": step / r.planned,
-                "elapsed_s": time.perf_counter() - r.t_call,
             }
         )
+
+
+def live_record(r: LiveRun, *, loss: float | None, state: str = "running") -> dict[str, Any]:
+    """The run's live progress record (``folder/progress.py``): step, loss, the decision
+    metric at the last evaluation, the measured rate and the ETA to this call's target."""
+    step = r.state.global_step
+    rate = step_rate(r.step_times)
+    rule = r.spec.decision_rule
+    metric = rule.metric if rule else None
+    at, values = r.last_eval if r.last_eval is not None else (None, {})
+    value = values.get(metric) if metric else None
+    finite = loss is not None and math.isfinite(loss)
+    return {
+        "run_id": r.run_id,
+        "run": r.run,
+        "phase": "pilot" if r.target < r.planned else "train",
+        "state": state,
+        "step": step,
+        "target_steps": r.target,
+        "planned_steps": r.planned,
+        "loss": loss if finite else None,
+        "metric": metric,
+        "metric_value": value if value is not None and math.isfinite(value) else None,
+        "metric_step": at,
+        "steps_per_s": rate,
+        "eta_s": (r.target - step) / rate if rate else None,
+        "elapsed_s": time.perf_counter() - r.t_call,
+    }
 
 
 # --- the end --------------------------------------------------------------------------------------
@@ -288,7 +318,8 @@ def train_run(
         out_dir: The run folder ``OUT/runs/<run_id>/``.
         stop_after_steps: Pilot mode: stop at this step, checkpoint, return uncompleted.
         checkpoint_every: Fixed save interval in steps (overrides the spec and the measure).
-        progress: Called with ``{run_id, step, planned_steps, loss, ...}`` every ~2% of the run.
+        progress: Called every ~2% of the run with the live record (``live_record``: run_id,
+            step, planned_steps, loss, the last evaluation, eta_s, ...), epoch, lr, fraction.
         show_progress: Show a rich progress bar when stderr is a terminal.
         on_save: Called with ``{run_id, step, planned_steps, save_s, key}`` after each save.
         lane: The plan's GPU lane running this call (``torchsetup.pick_device``).
@@ -352,16 +383,21 @@ def _train(r: LiveRun, *, progress: ProgressFn | None, show_progress: bool) -> R
     s = r.state
     mark = TrainingMark.open(r.out_dir, run_id=r.run_id, from_step=s.global_step, target=r.target)
     bar = progress_bar(show_progress, r.run_id, r.planned, s.global_step)
+    live = ProgressFile(r.out_dir)
+    live.update(live_record(r, loss=None), force=True)
     t_loop = time.perf_counter()
     try:
         while s.global_step < r.target:
-            _run_epoch(r, progress=progress, bar=bar)
+            _run_epoch(r, progress=progress, bar=bar, live=live)
         r.saver.wait()  # the last save of this call is durable before it returns
+        live.update(live_record(r, loss=live.record.get("loss"), state="done"), force=True)
         train_s = time.perf_counter() - t_loop
         if s.global_step < r.planned:
             return run_result(r, completed=False, train_s=train_s)
         return _finish(r, train_s=train_s)
     finally:
+        if live.record.get("state") != "done":  # a stop rule, an interruption, an error
+            live.update(live_record(r, loss=live.record.get("loss"), state="stopped"), force=True)
         mark.close()  # kept only when a stop request interrupts the call
         r.saver.close()
         r.mlog.close()

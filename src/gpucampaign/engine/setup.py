@@ -73,6 +73,8 @@ class LiveRun:
     # Measurements, the metrics log and the saves.
     step_times: list[float] = field(default_factory=list)
     eval_times: list[float] = field(default_factory=list)
+    # The last evaluation during training (step, metrics on val): the live progress shows it.
+    last_eval: tuple[int, dict[str, float]] | None = None
     # Set by the loop before the first step: the log once metrics.jsonl is open, the saver
     # once the restore is known.
     mlog: MetricsLog = field(init=False, repr=False)

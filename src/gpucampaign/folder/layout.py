@@ -39,6 +39,24 @@ PREDICTIONS_FILE = "predictions.csv"
 SCORES_PREFIX = "scores-"  # scores-<split>.csv: per-example scores (see scores_file)
 SCORES_ERROR_FILE = "scores-error.txt"  # why a recipe's score() wrote no scores at the close
 ERROR_ANALYSIS_FILE = "error_analysis.json"
+# runs/<run_id>/progress.json: the live state of a training call (rewritten about once a second;
+# transient, so not in the manifest): what `campaign run` and `campaign watch` show.
+PROGRESS_FILE = "progress.json"
+# runs/<run_id>/progress-restart.json: the same for the restart check of that run (its new
+# process trains elsewhere; the check relays its progress here).
+CHECK_PROGRESS_FILE = "progress-restart.json"
+
+
+def is_live_progress(relative: str) -> bool:
+    """True for a run's live ``progress.json`` or ``progress-restart.json`` (``relative``: a
+    posix path relative to the output folder): rewritten while it trains, never sealed in the
+    manifest nor compared with it."""
+    parts = PurePosixPath(relative).parts
+    return (
+        len(parts) == 3 and parts[0] == "runs" and parts[2] in (PROGRESS_FILE, CHECK_PROGRESS_FILE)
+    )
+
+
 MODEL_DIR = "model"
 MODEL_CONFIG = "config.json"  # in MODEL_DIR: the run config, recipe, sizes, hashes
 CHECKPOINTS_DIR = "checkpoints"  # a local store's checkpoints, inside the output folder

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpucampaign.core.files import sha256_file
 from gpucampaign.folder.layout import CHECKPOINTS_DIR as CHECKPOINT_DIR
-from gpucampaign.folder.layout import MANIFEST, PLAN, SPEC_COPY, OutputFolder
+from gpucampaign.folder.layout import MANIFEST, PLAN, SPEC_COPY, OutputFolder, is_live_progress
 from gpucampaign.plan.rental import iso, rental_of
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec
 from gpucampaign.storage.base import SPOOL_DIR, LocalStore, NotFound, StorageError
@@ -57,7 +57,11 @@ def campaign_folder_spec(out: str | Path) -> CampaignSpec:
 
 def _output_files(root: Path) -> list[str]:
     skip = (f"{CHECKPOINT_DIR}/", f"{SPOOL_DIR}/")
-    return [k for k in LocalStore(root).list() if not k.startswith(skip) and k != MIRROR_INDEX]
+    return [
+        k
+        for k in LocalStore(root).list()
+        if not k.startswith(skip) and k != MIRROR_INDEX and not is_live_progress(k)
+    ]
 
 
 def _mirrored(store: Any) -> dict[str, Any]:

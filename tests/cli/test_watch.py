@@ -1,0 +1,157 @@
+"""The live view: `campaign run`'s progress lines and `campaign watch OUT`."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from gpucampaign.cli import app
+from gpucampaign.cli.progress import LiveView
+from gpucampaign.folder.progress import write_progress
+
+ROOT = Path(__file__).resolve().parents[2]
+LIVE_LINE = re.compile(r"^(pilot|train) \S+  \d+/\d+.*  loss [\d.]+  .*steps/s  ETA (\?|\d+\w+)")
+runner = CliRunner()
+
+
+def record(step: int, *, state: str = "running") -> dict:
+    return {
+        "run_id": "control-0123456789",
+        "run": "control",
+        "phase": "train",
+        "state": state,
+        "step": step,
+        "target_steps": 400,
+        "planned_steps": 400,
+        "loss": 0.5,
+        "metric": "accuracy",
+        "metric_value": 0.9,
+        "metric_step": 100,
+        "steps_per_s": 100.0,
+        "eta_s": (400 - step) / 100.0,
+        "elapsed_s": 4.0,
+        "updated_at": time.time(),
+    }
+
+
+def campaign_folder(tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    (out / "runs" / "control-0123456789").mkdir(parents=True)
+    shutil.copy(ROOT / "examples" / "digits" / "campaign.yaml", out / "spec.yaml")
+    return out
+
+
+def test_plain_mode_repeats_a_running_phase_at_most_every_n_seconds(tmp_path):
+    out = campaign_folder(tmp_path)
+    run_dir = out / "runs" / "control-0123456789"
+    buf = io.StringIO()
+    view = LiveView(out, console=Console(file=buf, width=200), every_s=3600, live=False)
+    with view:
+        write_progress(run_dir, record(100))
+        view.poll()
+        write_progress(run_dir, record(200))
+        view.poll()  # within every_s: not repeated
+        write_progress(run_dir, record(400, state="done"))
+        view.poll()  # the end of a phase is always said
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("train control  100/400  loss 0.5000  accuracy 0.9000 (step 100)")
+    assert "ETA 3s" in lines[0]
+    assert "400/400" in lines[1] and "done in 4s" in lines[1]
+
+
+def test_watch_prints_the_line_and_exits_once_the_campaign_is_closed(tmp_path):
+    out = campaign_folder(tmp_path)
+    write_progress(out / "runs" / "control-0123456789", record(400, state="done"))
+    time.sleep(0.05)
+    (out / "manifest.json").write_text("{}")  # sealed after the last progress: closed
+    got = runner.invoke(app, ["watch", str(out), "--every", "1"])
+    assert got.exit_code == 0, got.output
+    assert "train control  400/400  loss 0.5000  accuracy 0.9000" in got.output
+    assert "the campaign is closed" in got.output
+
+
+def test_watch_refuses_a_folder_that_is_no_campaigns(tmp_path):
+    got = runner.invoke(app, ["watch", str(tmp_path)])
+    assert got.exit_code == 2
+    assert "not a campaign output folder" in " ".join(got.output.split())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_campaign_run_without_a_terminal_prints_periodic_progress_lines(tmp_path):
+    """CliRunner is no terminal: plain lines, one per phase at least, and no Prefect INFO."""
+    from gpucampaign.cli.scaffold import init_campaign
+
+    spec = init_campaign(tmp_path / "spec")
+    got = runner.invoke(
+        app, ["run", str(spec), "--out", str(tmp_path / "out"), "--progress-every", "0.5"]
+    )
+    assert got.exit_code == 0, got.output
+    lines = [ln for ln in got.output.splitlines() if ln.startswith(("pilot ", "train "))]
+    assert any(ln.startswith("pilot control") and "done in" in ln for ln in lines), lines
+    assert any(ln.startswith("train control") and "done in" in ln for ln in lines), lines
+    assert all("loss" in ln and "steps/s" in ln for ln in lines)
+    assert "Starting temporary server" not in got.output
+    assert "Finished in state" not in got.output
+
+
+def _capture(session: str) -> str:
+    return subprocess.run(
+        ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True
+    ).stdout
+
+
+def _drawn_lines(stream: Path) -> list[str]:
+    """Every line the terminal was sent (the pane's byte stream, escapes removed): a live line
+    redrawn between two captures of the pane is still seen."""
+    raw = stream.read_bytes().decode("utf-8", "replace") if stream.exists() else ""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\x1b[=>]", "\n", raw)
+    return [ln.strip() for ln in re.split(r"[\r\n]", text) if ln.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_a_terminal_shows_the_live_line_mid_run(tmp_path):
+    """`campaign run examples/digits/campaign.yaml --out X` in a tmux pane: while a phase
+    trains, the pane shows its live line with the step, the loss and the ETA (read from the
+    captured pane, or from the pane's stream when a digits run, ~1 s, ends between captures)."""
+    session = f"gpc{os.getpid()}"
+    out, stream = tmp_path / "out", tmp_path / "pane.bytes"
+    cmd = (
+        f"sleep 1; cd {ROOT} && PYTHONPATH={ROOT / 'src'} {sys.executable} -m gpucampaign.cli "
+        f"run examples/digits/campaign.yaml --out {out}; echo EXIT=$?; sleep 600"
+    )
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", cmd], check=True
+    )
+    try:
+        subprocess.run(["tmux", "pipe-pane", "-t", session, f"cat >> {stream}"], check=True)
+        captured: list[str] = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            pane = _capture(session)
+            # A line read while the terminal redraws it may be cut: only a whole one counts.
+            captured += [ln for ln in pane.splitlines() if LIVE_LINE.match(ln)]
+            if "EXIT=" in pane:
+                break
+            time.sleep(0.1)
+        assert "EXIT=0" in pane, pane
+        drawn = [ln for ln in _drawn_lines(stream) if LIVE_LINE.match(ln)]
+        seen = captured or drawn
+        assert seen, f"no live line seen; the pane:\n{pane}\nthe stream:\n{_drawn_lines(stream)}"
+        assert any(" steps/s  ETA " in ln and "loss 0." in ln for ln in seen), seen
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
