@@ -525,6 +525,7 @@ class CheckpointManager:
             if kind is None:
                 raise CheckpointInvalid(key, f"meta gives {name} no checksum")
             path = self.store.local_path(f"{key}/{name}")
+            data: Any
             try:
                 if path is None:
                     # A remote store checks its download against its own sha256.

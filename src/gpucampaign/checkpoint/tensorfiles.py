@@ -117,7 +117,7 @@ def save_state(path: Path, train_state: dict[str, Any], *, kind: str) -> tuple[s
     with open(path, "wb", buffering=0) as f:
         out = _ChecksummedFile(f, h)
         with _no_torch_crc32():
-            torch.save(train_state, out)
+            torch.save(train_state, out)  # type: ignore[arg-type]  # write() is all it uses
         os.fsync(f.fileno())
     return str(h.hexdigest()), out.size
 
