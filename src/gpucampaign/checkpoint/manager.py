@@ -18,6 +18,13 @@ store holds, and only then moves the ``LATEST`` pointer; the last ``keep`` are k
 refuses a checkpoint with a missing file or component, a failed hash, another run's or
 config's meta, or a state file that ``weights_only`` unpickling rejects, and falls back to the
 previous good one, saying so.
+
+A restore from a local store maps the files instead of copying them into buffers: the
+checksum pass is the read, the weights are views of the mapping until ``load_state_dict``
+copies them into the model, and the state's tensors (Adam's moments) stay views of the mapped
+state file until the first optimizer step writes them (copy on write) or they move to a GPU.
+That is safe because a checkpoint file is never rewritten in place (temp name, rename;
+deletions only unlink).
 """
 
 from __future__ import annotations
