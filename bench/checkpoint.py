@@ -5,25 +5,30 @@ Measured in the same run, medians of --repeats:
 - raw write: the same number of bytes written with Python and fsynced;
 - raw read: the raw file read back into memory, cold (its pages evicted with
   posix_fadvise(DONTNEED) first; the VM host may still cache);
-- save: ``CheckpointManager.save`` (serialize, hash while writing, fsync, rename, verify,
-  move LATEST) of a real model + Adam state, until it is durable; deleting the checkpoint
-  beyond ``keep`` is reported apart (it is part of the stall, not of making the save safe);
-- restore: ``CheckpointManager.load`` (read, sha256 of every file, safetensors +
-  ``torch.load(weights_only=True)``), cold like the raw read, then ``load_state_dict`` into
-  the model and optimizer.
+- save: ``CheckpointManager.save`` (the weights written from the tensors' memory, the state
+  streamed by ``torch.save``, CRC32C of every byte taken while writing, fsync, rename,
+  verify, move LATEST) of a real model + Adam state, until it is durable; deleting the
+  checkpoint beyond ``keep`` is reported apart (it is part of the stall, not of making the
+  save safe);
+- restore: ``CheckpointManager.load`` (each file mapped and read by its CRC32C pass, the
+  weights as views of the mapping, ``torch.load(weights_only=True, mmap=True)`` of the
+  state), cold like the raw read, then ``load_state_dict`` into the model and optimizer
+  (reported apart: that is where the bytes are copied into the model);
+- the integrity check alone, both ways: every byte of the files read and checksummed with
+  CRC32C (what checkpoints use) and with sha256 (what pins and seals use).
 
 Goals (reported, not asserted): save >= 0.8x raw write, restore >= 0.8x raw read.
 It also reports the training stall the checkpoints cause at the chosen save interval: for
 the digits control run (measured end to end) and for the 256 MB state (Daly from its
 measured save cost, with the spec's default M = 24 h and 30 min tolerable loss).
 
-Usage: python bench/checkpoint.py [--mb 256] [--repeats 3] [--dir DIR] [--json]
+Usage: python bench/checkpoint.py [--mb 256 [1024 ...]] [--repeats 3] [--dir DIR] [--json]
+       [--out bench/results/checkpoint.md] [--no-digits]
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -38,6 +43,7 @@ import torch
 
 from gpucampaign.checkpoint.manager import CheckpointManager, capture_rng, step_dirname
 from gpucampaign.checkpoint.savepolicy import choose_save_interval
+from gpucampaign.core.files import new_checksum
 from gpucampaign.storage import LocalStore
 
 MB = 1024 * 1024
@@ -108,6 +114,15 @@ def train_state(opt: torch.optim.Optimizer, step: int) -> dict:
     }
 
 
+def checksum_file(path: Path, kind: str) -> str:
+    """Read ``path`` in 16 MB chunks and checksum it (``crc32c`` or ``sha256``)."""
+    h = new_checksum(kind)
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(16 * MB):
+            h.update(chunk)
+    return str(h.hexdigest())
+
+
 def settle(seconds: float) -> None:
     """Flush everything and let the disk rest before a timed write."""
     os.sync()
@@ -117,10 +132,11 @@ def settle(seconds: float) -> None:
 def bench_io(total_mb: int, repeats: int, workdir: Path, *, settle_s: float) -> dict:
     model, opt = make_state(total_mb)
     nbytes = state_bytes(model, opt)
-    payload = memoryview(torch.randint(0, 256, (nbytes,), dtype=torch.uint8).numpy().tobytes())
+    payload = memoryview(torch.randint(0, 256, (nbytes,), dtype=torch.uint8).numpy())
     store = LocalStore(workdir / "store")
     mgr = CheckpointManager(store, run_id="bench-0000000000", config_sha256="0" * 64, keep=1)
-    w, r, s, stall, ld, ld_apply, hashed, file_bytes = [], [], [], [], [], [], [], 0
+    w, r, s, stall, ld, ld_apply, file_bytes = [], [], [], [], [], [], 0
+    verify: dict[str, list[float]] = {"crc32c": [], "sha256": []}
     # Round 0 warms up (first-touch allocations) and is not counted; the order of raw write
     # and save alternates so neither always runs on a disk the other just filled.
     for i in range(repeats + 1):
@@ -155,12 +171,16 @@ def bench_io(total_mb: int, repeats: int, workdir: Path, *, settle_s: float) -> 
         opt.load_state_dict(ck.train_state["optimizer"])
         t_apply = time.perf_counter() - t0
         del ck
-        # The verification alone: read + sha256 of the files, two threads like the restore.
+        # The integrity check alone, cold: read + checksum of the files, two threads like the
+        # restore, with each of the two checksums.
         files = sorted((store.root / mgr.run_id / step_dirname(i + 1)).iterdir())
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda p: hashlib.sha256(p.read_bytes()).digest(), files))
-        t_hash = time.perf_counter() - t0
+        for kind in verify:
+            for p in files:
+                evict(p)
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(2) as pool:
+                list(pool.map(lambda p, k=kind: checksum_file(p, k), files))
+            verify[kind].append(time.perf_counter() - t0)
         if os.environ.get("BENCH_TRACE"):
             print(
                 f"  round {i}: raw write {t_raw:.3f} s, save "
@@ -177,7 +197,6 @@ def bench_io(total_mb: int, repeats: int, workdir: Path, *, settle_s: float) -> 
         file_bytes = saved.bytes
         ld.append(t_load)
         ld_apply.append(t_apply)
-        hashed.append(t_hash)
     med = statistics.median
     out = {
         "state_mb": nbytes / MB,
@@ -193,7 +212,8 @@ def bench_io(total_mb: int, repeats: int, workdir: Path, *, settle_s: float) -> 
         "restore_s": med(ld),
         "raw_write_s": med(w),
         "raw_read_s": med(r),
-        "verify_read_sha256_s": med(hashed),
+        "verify_read_crc32c_s": med(verify["crc32c"][1:]),
+        "verify_read_sha256_s": med(verify["sha256"][1:]),
         "settle_s": settle_s,
         # Per repeat, for min/median/max: the same bytes' raw time over the library's time.
         "save_ratios": [file_bytes / nbytes * wi / si for wi, si in zip(w, s, strict=True)],
@@ -254,9 +274,47 @@ def bench_digits(workdir: Path) -> dict:
     }
 
 
+def load_average() -> str:
+    """The ``uptime`` line: how loaded the machine was."""
+    try:
+        import subprocess
+
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "load average: " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def io_lines(r: dict) -> list[str]:
+    lines = [
+        f"state {r['state_mb']:.0f} MB (checkpoint files {r['checkpoint_file_mb']:.0f} MB), "
+        f"median of {r['repeats']}",
+        f"  raw write+fsync  {r['raw_write_mb_s']:7.0f} MB/s   save     {r['save_mb_s']:7.0f} MB/s"
+        f"   ratio {r['save_vs_raw_write']:.2f}x (per repeat "
+        f"{', '.join(f'{x:.2f}' for x in r['save_ratios'])}; goal >= 0.8x; durable in "
+        f"{r['save_durable_s']:.2f} s, stall incl. deleting the old one {r['save_s']:.2f} s)",
+        f"  raw read         {r['raw_read_mb_s']:7.0f} MB/s   restore  {r['restore_mb_s']:7.0f} "
+        f"MB/s   ratio {r['restore_vs_raw_read']:.2f}x (per repeat "
+        f"{', '.join(f'{x:.2f}' for x in r['restore_ratios'])}; goal >= 0.8x; with "
+        f"load_state_dict {r['restore_into_model_vs_raw_read']:.2f}x)",
+        "  the integrity check alone (cold read of the files + checksum): CRC32C "
+        f"{r['verify_read_crc32c_s']:.2f} s, sha256 {r['verify_read_sha256_s']:.2f} s; "
+        f"raw read {r['raw_read_s']:.2f} s, restore {r['restore_s']:.2f} s",
+    ]
+    for key in ("stall_at_step_0.1s", "stall_at_step_1s"):
+        s = r[key]
+        lines.append(
+            f"  {key}: save {r['save_s']:.2f} s every {s['every_steps']} steps (tau "
+            f"{s['tau_s']:.0f} s, Daly {s['daly_s']:.0f} s): stall "
+            f"{100 * s['stall_fraction']:.2f}%"
+        )
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=int, default=256, help="Size of model + Adam state in MB.")
+    ap.add_argument(
+        "--mb", type=int, nargs="+", default=[256], help="Sizes of model + Adam state in MB."
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(
         "--dir", type=Path, default=None, help="Scratch folder (default: a temp folder)."
@@ -265,63 +323,61 @@ def main() -> int:
     ap.add_argument(
         "--settle", type=float, default=3.0, help="Seconds of rest before each timed write."
     )
+    ap.add_argument(
+        "--out", type=Path, default=None, help="Also write the report here (with its JSON)."
+    )
+    ap.add_argument("--no-digits", action="store_true", help="Skip the digits control run.")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    load_before = load_average()
     workdir = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=a.dir))
     try:
-        io_res = bench_io(a.mb, a.repeats, workdir, settle_s=a.settle)
-        digits = bench_digits(workdir)
+        io_res = {}
+        for mb in a.mb:
+            (workdir / f"io-{mb}").mkdir()
+            io_res[mb] = bench_io(mb, a.repeats, workdir / f"io-{mb}", settle_s=a.settle)
+            shutil.rmtree(workdir / f"io-{mb}", ignore_errors=True)
+        digits = None if a.no_digits else bench_digits(workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     result = {
-        "io": io_res,
+        "io": io_res[a.mb[0]] if len(a.mb) == 1 else io_res,
         "digits_control": digits,
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
+        "uptime_before": load_before,
+        "uptime_after": load_average(),
     }
     if a.json:
         print(json.dumps(result, indent=2))
         return 0
-    r = io_res
-    print(
-        f"state {r['state_mb']:.0f} MB (checkpoint files {r['checkpoint_file_mb']:.0f} MB), "
-        f"median of {r['repeats']}"
-    )
-    print(
-        f"  raw write+fsync  {r['raw_write_mb_s']:7.0f} MB/s   save     {r['save_mb_s']:7.0f} MB/s"
-        f"   ratio {r['save_vs_raw_write']:.2f}x (goal >= 0.8x; durable in "
-        f"{r['save_durable_s']:.2f} s, "
-        f"stall incl. deleting the old one {r['save_s']:.2f} s)"
-    )
-    print(
-        f"  raw read         {r['raw_read_mb_s']:7.0f} MB/s   restore  {r['restore_mb_s']:7.0f} "
-        "MB/s"
-        f"   ratio {r['restore_vs_raw_read']:.2f}x (goal >= 0.8x; with load_state_dict "
-        f"{r['restore_into_model_vs_raw_read']:.2f}x)"
-    )
-    print(
-        "  of the restore, reading + sha256-verifying the files alone takes "
-        f"{r['verify_read_sha256_s']:.2f} s "
-        f"of {r['restore_s']:.2f} s"
-    )
-    for key in ("stall_at_step_0.1s", "stall_at_step_1s"):
-        s = r[key]
-        print(
-            f"  {key}: save {r['save_s']:.2f} s every {s['every_steps']} steps (tau "
-            f"{s['tau_s']:.0f} s, "
-            f"Daly {s['daly_s']:.0f} s): stall {100 * s['stall_fraction']:.2f}%"
-        )
+    lines = [f"before: {result['uptime_before']}", f"after:  {result['uptime_after']}"]
+    for r in io_res.values():
+        lines += io_lines(r)
     d = digits
-    print(
-        f"digits control: {d['planned_steps']} steps at {1000 * d['step_s']:.2f} ms, "
-        f"{d['n_checkpoints']} saves "
-        f"({', '.join(f'{1000 * x:.1f}' for x in d['save_s'])} ms), interval "
-        f"{d['save_interval']['every_steps']} "
-        f"steps ({d['save_interval']['source']}): stall "
-        f"{100 * d['stall_fraction_of_train_s']:.1f}% of train time, "
-        f"{100 * d['stall_at_interval']:.2f}% at the chosen interval"
-    )
-    print(json.dumps(result), file=sys.stderr if not a.json else sys.stdout)
+    if d is not None:
+        lines.append(
+            f"digits control: {d['planned_steps']} steps at {1000 * d['step_s']:.2f} ms, "
+            f"{d['n_checkpoints']} saves "
+            f"({', '.join(f'{1000 * x:.1f}' for x in d['save_s'])} ms), interval "
+            f"{d['save_interval']['every_steps']} "
+            f"steps ({d['save_interval']['source']}): stall "
+            f"{100 * d['stall_fraction_of_train_s']:.1f}% of train time, "
+            f"{100 * d['stall_at_interval']:.2f}% at the chosen interval"
+        )
+    print("\n".join(lines))
+    print(json.dumps(result), file=sys.stderr)
+    if a.out is not None:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(
+            "# Checkpoint I/O (`python bench/checkpoint.py "
+            + " ".join(sys.argv[1:])
+            + "`)\n\n```\n"
+            + "\n".join(lines)
+            + "\n```\n\n```json\n"
+            + json.dumps(result, indent=2)
+            + "\n```\n"
+        )
     return 0
 
 

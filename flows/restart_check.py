@@ -169,9 +169,10 @@ def restart_markdown(name: str, out_dir: Path, reports: list[dict[str, Any]]) ->
 def _problem_text(problem: dict[str, Any]) -> str:
     kind = problem.get("kind")
     obj = f" `{problem['obj']}`" if problem.get("obj") else ""
-    if kind == "sha256 mismatch":
+    if kind in ("sha256 mismatch", "checksum mismatch"):
+        algo = problem.get("algorithm", "sha256")
         return (
-            f"sha256 mismatch{obj}: expected `{problem.get('expected_sha256')}`, "
+            f"{kind}{obj}: expected {algo} `{problem.get('expected_sha256')}`, "
             f"got `{problem.get('actual_sha256')}`"
         )
     if kind == "missing object":

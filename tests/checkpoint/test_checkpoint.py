@@ -19,6 +19,7 @@ from gpucampaign.checkpoint.manager import (
     META_FILE,
     MODEL_FILE,
     STATE_FILE,
+    CheckpointInvalid,
     CheckpointManager,
     capture_rng,
     restore_rng,
@@ -80,10 +81,7 @@ def test_save_and_load_round_trip(tmp_path):
     meta = json.loads(_file(tmp_path, 3, META_FILE).read_text())
     for name in (MODEL_FILE, STATE_FILE):
         data = _file(tmp_path, 3, name).read_bytes()
-        assert meta["files"][name] == {
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "bytes": len(data),
-        }
+        assert meta["files"][name] == {"crc32c": _crc32c(data), "bytes": len(data)}
     assert meta["run_id"] == RUN and meta["config_sha256"] == CFG and meta["step"] == 3
     assert meta["planned_steps"] == 10 and meta["write_s"] > 0
     ptr = json.loads((tmp_path / RUN / LATEST_FILE).read_text())
@@ -96,6 +94,85 @@ def test_save_and_load_round_trip(tmp_path):
         state["optimizer"]["state"][0]["exp_avg"],
     )
     assert ck.train_state["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.999)
+
+
+def _crc32c(data: bytes) -> str:
+    from awscrt.checksums import crc32c
+
+    return f"{crc32c(data):08x}"
+
+
+@pytest.mark.parametrize("name", [MODEL_FILE, STATE_FILE])
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_one_flipped_byte_is_refused_by_the_fast_checksum(tmp_path, name, where):
+    m = _two(tmp_path)
+    p = _file(tmp_path, 4, name)
+    data = bytearray(p.read_bytes())
+    at = {"first": 0, "middle": len(data) // 2, "last": len(data) - 1}[where]
+    data[at] ^= 0xFF  # same size, one byte changed
+    p.write_bytes(bytes(data))
+    ck, refused = m.load_latest()
+    assert ck.step == 2 and len(refused) == 1
+    assert name in refused[0] and "fails its crc32c" in refused[0]
+
+
+def _as_old_sha256_meta(root: Path, step: int) -> None:
+    """Rewrite a checkpoint's meta the way it was written before CRC32C: ``sha256`` per file."""
+    meta_path = _file(root, step, META_FILE)
+    meta = json.loads(meta_path.read_text())
+    for name in (MODEL_FILE, STATE_FILE):
+        data = _file(root, step, name).read_bytes()
+        meta["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    meta_bytes = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+    meta_path.write_bytes(meta_bytes)
+    latest = root / RUN / LATEST_FILE
+    ptr = json.loads(latest.read_text())
+    if ptr["step"] == step:
+        ptr["meta_sha256"] = hashlib.sha256(meta_bytes).hexdigest()
+        latest.write_text(json.dumps(ptr))
+
+
+def test_a_checkpoint_with_a_sha256_meta_still_loads_and_is_checked(tmp_path):
+    m = _two(tmp_path)
+    _as_old_sha256_meta(tmp_path, 4)
+    ck, refused = m.load_latest()
+    assert refused == [] and ck.step == 4
+    assert torch.equal(ck.model_state["w"], _state(4, seed=4)[0]["w"])
+    p = _file(tmp_path, 4, STATE_FILE)
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    p.write_bytes(bytes(data))
+    ck, refused = m.load_latest()
+    assert ck.step == 2 and "fails its sha256" in refused[0]
+
+
+def test_a_meta_without_a_checksum_is_refused(tmp_path):
+    m = _two(tmp_path)
+    meta_path = _file(tmp_path, 4, META_FILE)
+    meta = json.loads(meta_path.read_text())
+    meta["files"][MODEL_FILE].pop("crc32c")
+    meta_path.write_text(json.dumps(meta))
+    ck, refused = m.load_latest()
+    assert ck.step == 2 and "LATEST" in refused[0]  # the pin on the meta refuses it first
+    with pytest.raises(CheckpointInvalid, match="no checksum"):
+        m.load(4)
+
+
+def test_pins_and_seals_still_use_sha256(tmp_path):
+    """The fast checksum is for checkpoint files only: LATEST pins its meta by sha256, and the
+    corpus reference of the manifest (its pin) is a sha256."""
+    from gpucampaign.close.manifest import reference_corpus
+    from gpucampaign.data.pins import input_sha256
+
+    _two(tmp_path)
+    ptr = json.loads((tmp_path / RUN / LATEST_FILE).read_text())
+    meta_bytes = _file(tmp_path, 4, META_FILE).read_bytes()
+    assert ptr["meta_sha256"] == hashlib.sha256(meta_bytes).hexdigest()
+    corpus = tmp_path / "corpus.csv"
+    corpus.write_text("text,label\na,0\n")
+    ref = reference_corpus(tmp_path / "out", corpus)
+    assert ref["sha256"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
+    assert input_sha256(corpus) == ref["sha256"]
 
 
 def test_rng_states_round_trip_through_weights_only(tmp_path):
@@ -455,6 +532,10 @@ def test_streamed_safetensors_load_with_the_safetensors_library(tmp_path):
     )
     data = (tmp_path / "m.safetensors").read_bytes()
     assert size == len(data) and digest == hashlib.sha256(data).hexdigest()
+    digest, _ = write_hashed(
+        tmp_path / "m.safetensors", safetensors_buffers(tensors, metadata={"k": "v"}), kind="crc32c"
+    )
+    assert digest == _crc32c(data)
     loaded = load_file(tmp_path / "m.safetensors")
     assert loaded.keys() == tensors.keys()
     for k, v in tensors.items():
@@ -467,7 +548,7 @@ def test_read_hashed_and_the_zero_copy_safetensors_reader(tmp_path):
     from safetensors.torch import save
 
     from gpucampaign.checkpoint.tensorfiles import load_safetensors_buffer
-    from gpucampaign.core.files import read_hashed
+    from gpucampaign.core.files import map_checked, read_hashed
 
     g = torch.Generator().manual_seed(0)
     tensors = {
@@ -490,6 +571,9 @@ def test_read_hashed_and_the_zero_copy_safetensors_reader(tmp_path):
     for bad in (buf[:4], buf[:-3], bytearray(b"\xff" * 8) + buf[8:]):
         with pytest.raises(ValueError):
             load_safetensors_buffer(bytearray(bad))
+    mapped, crc, _ = map_checked(path, kind="crc32c")
+    assert crc == _crc32c(path.read_bytes())
+    assert all(torch.equal(t, tensors[k]) for k, t in load_safetensors_buffer(mapped).items())
 
 
 def test_background_saves_snapshot_and_one_in_flight(tmp_path):

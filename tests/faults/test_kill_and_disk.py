@@ -157,11 +157,12 @@ def kill_child(base: Path, point: str, n: int, faults) -> None:
 
 
 # Points and the call at which the child dies: a mid-epoch step; half a buffer inside the
-# second save's files; the second save's folder committed but not LATEST; LATEST's temp file
-# before its rename; the first delete of an old checkpoint (third save, keep 2).
+# second save's state file (the fifth checkpoint file); the second save's folder committed but
+# not LATEST; LATEST's temp file before its rename; the first delete of an old checkpoint
+# (third save, keep 2).
 KILL_POINTS = [
     ("train-step", 7),
-    ("inside-write", 12),
+    ("inside-write", 5),
     ("after-rename", 2),
     ("inside-latest", 2),
     ("prune", 1),
@@ -211,7 +212,7 @@ def test_killed_again_and_again_every_rerun_resumes(tmp_path, digits, reference,
     """Four starts, each killed at another point, each resuming the last good checkpoint."""
     spec = campaign(tmp_path, digits)
     steps = []
-    for point, n in [("train-step", 6), ("restore", 1), ("inside-write", 10), ("after-rename", 1)]:
+    for point, n in [("train-step", 6), ("restore", 1), ("inside-write", 5), ("after-rename", 1)]:
         kill_child(tmp_path, point, n, faults)
         steps.append(latest_is_good(spec, tmp_path))
         faults.add("kill_points_survived")

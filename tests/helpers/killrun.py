@@ -61,12 +61,17 @@ def install(point: str, n: int, *, latest: Path) -> None:
 
         metrics.MetricsLog.write = train_row
     elif point == "inside-write":  # half a buffer written, no fsync, no rename
+        # N counts checkpoint files (model, state, meta of each save), not chunks: how many
+        # chunks a file takes depends on how it is written (torch.save streams many).
         write_all = tensorfiles._write_all
+        seen: list[object] = [None]
 
         def half_then_die(f, chunk):
-            if count.left == 1:
-                f.write(chunk[: max(1, len(chunk) // 2)])
-            count.tick()
+            if f is not seen[0]:
+                seen[0] = f
+                if count.left == 1:
+                    f.write(chunk[: max(1, len(chunk) // 2)])
+                count.tick()
             return write_all(f, chunk)
 
         tensorfiles._write_all = half_then_die

@@ -3,10 +3,9 @@ and the older checkpoint a resume would still use; it never passes on an older o
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 
+from gpucampaign.core.files import FAST_CHECKSUM, checksum_bytes
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.restartcheck.check import check_latest_checkpoint, verify_checkpoint_resume
 from gpucampaign.storage import LocalStore
@@ -38,16 +37,16 @@ def _latest(spec, tmp_path):
 def test_flipped_bytes_in_the_latest_fail_the_check_with_both_hashes(tmp_path, finished):
     target = _latest(finished, tmp_path) / "model.safetensors"
     data = bytearray(target.read_bytes())
-    before = hashlib.sha256(data).hexdigest()
+    before = checksum_bytes(bytes(data), kind=FAST_CHECKSUM)
     for i in range(len(data) - 64, len(data)):
         data[i] ^= 0xFF
     target.write_bytes(bytes(data))
-    after = hashlib.sha256(data).hexdigest()
+    after = checksum_bytes(bytes(data), kind=FAST_CHECKSUM)
 
     found = check_latest_checkpoint(finished, **_args(finished, tmp_path))
     assert not found.ok and found.report is None
     assert found.expected_step == 20 and found.resumes_from == 14
-    assert found.problem is not None and found.problem.kind == "sha256 mismatch"
+    assert found.problem is not None and found.problem.kind == "checksum mismatch"
     assert found.problem.obj.endswith("step-000000020/model.safetensors")
     assert (found.problem.expected_sha256, found.problem.actual_sha256) == (before, after)
     line = found.summary()

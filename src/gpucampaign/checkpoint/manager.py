@@ -8,13 +8,23 @@ One checkpoint is a folder ``<run_id>/step-<9 digits>/`` in a ``Store``:
   tensors, torch, cuda), the data cursor (epoch, batches consumed in it, the sampler
   generator's state taken at the TOP of the epoch) and counters: ``TrainState``'s serialized
   attributes (``trainstate.py``), checked against its ``REQUIRED_STATE``;
-- ``meta.json``: run ID, config hash, step, sha256 and size of each file, write/upload seconds.
+- ``meta.json``: run ID, config hash, step, the checksum and size of each file (``crc32c``:
+  CRC32C, taken while the file is written; metas written before name ``sha256``, still read),
+  write/upload seconds. ``LATEST`` pins the meta by its sha256, so a checkpoint is sealed by
+  sha256 and each file's bytes are checked against accidental corruption by CRC32C.
 
 A save writes to a temp name, fsyncs, renames (local) or uploads (remote), verifies what the
 store holds, and only then moves the ``LATEST`` pointer; the last ``keep`` are kept. A load
 refuses a checkpoint with a missing file or component, a failed hash, another run's or
 config's meta, or a state file that ``weights_only`` unpickling rejects, and falls back to the
 previous good one, saying so.
+
+A restore from a local store maps the files instead of copying them into buffers: the
+checksum pass is the read, the weights are views of the mapping until ``load_state_dict``
+copies them into the model, and the state's tensors (Adam's moments) stay views of the mapped
+state file until the first optimizer step writes them (copy on write) or they move to a GPU.
+That is safe because a checkpoint file is never rewritten in place (temp name, rename;
+deletions only unlink).
 """
 
 from __future__ import annotations
@@ -41,11 +51,18 @@ from gpucampaign.checkpoint.state import BackgroundSaves, capture_rng, restore_r
 from gpucampaign.checkpoint.tensorfiles import (
     load_safetensors_buffer,
     safetensors_buffers,
-    serialize_state,
+    save_state,
     write_hashed,
 )
 from gpucampaign.checkpoint.trainstate import REQUIRED_STATE
-from gpucampaign.core.files import TMP_PREFIX, fsync_dir
+from gpucampaign.core.files import (
+    CHECKSUMS,
+    FAST_CHECKSUM,
+    TMP_PREFIX,
+    checksum_bytes,
+    fsync_dir,
+    map_checked,
+)
 from gpucampaign.storage import ContentMismatch, NotFound, StorageError, Store
 
 log = logging.getLogger(__name__)
@@ -61,12 +78,14 @@ _STEP_DIR = re.compile(r"^step-(\d{9})$")
 
 #: What was wrong with a refused checkpoint (``CheckpointInvalid.kind``).
 MISSING, SHA256_MISMATCH, INVALID = "missing object", "sha256 mismatch", "invalid"
+CHECKSUM_MISMATCH = "checksum mismatch"  # a payload file against its meta (crc32c or sha256)
 
 
 class CheckpointInvalid(Exception):
     """One checkpoint cannot be used; ``reason`` says why (the caller falls back).
 
-    ``kind`` is ``MISSING`` (``obj`` names the missing object), ``SHA256_MISMATCH`` (``obj``,
+    ``kind`` is ``MISSING`` (``obj`` names the missing object), ``CHECKSUM_MISMATCH`` (a file
+    against its meta; ``algorithm`` names the checksum), ``SHA256_MISMATCH`` (``obj``,
     with the ``expected`` and ``actual`` sha256) or ``INVALID`` (anything else).
     """
 
@@ -78,14 +97,16 @@ class CheckpointInvalid(Exception):
         obj: str | None = None,
         expected: str | None = None,
         actual: str | None = None,
+        algorithm: str = "sha256",
     ) -> None:
-        super().__init__(key, reason, kind, obj, expected, actual)
+        super().__init__(key, reason, kind, obj, expected, actual, algorithm)
         self.key = key
         self.reason = reason
         self.kind = kind
         self.obj = obj
         self.expected = expected
         self.actual = actual
+        self.algorithm = algorithm
 
     def __str__(self) -> str:
         return f"checkpoint {self.key} refused: {self.reason}"
@@ -100,22 +121,24 @@ def step_dirname(step: int) -> str:
 def _write_payload(
     work: Path, *, model_state: dict[str, torch.Tensor], train_state: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
-    """Write the model and state files into ``work``; ``{name: {sha256, bytes}}``."""
+    """Write the model and state files into ``work``; ``{name: {crc32c, bytes}}``.
+
+    The model file is written from the tensors' memory in a second thread while
+    ``torch.save`` streams the state file; each is checksummed as it is written.
+    """
     files = {}
-    # Both files at once: sha256 (one core each) is slower than a fast disk.
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=1) as pool:
         model_job = pool.submit(
             write_hashed,
             work / MODEL_FILE,
             safetensors_buffers(model_state, metadata={"format": FORMAT}),
+            kind=FAST_CHECKSUM,
         )
-        state_job = pool.submit(
-            lambda: write_hashed(work / STATE_FILE, serialize_state(train_state))
-        )
-        for name, job in ((MODEL_FILE, model_job), (STATE_FILE, state_job)):
-            digest, size = job.result()
-            files[name] = {"sha256": digest, "bytes": size}
-    return files
+        digest, size = save_state(work / STATE_FILE, train_state, kind=FAST_CHECKSUM)
+        files[STATE_FILE] = {FAST_CHECKSUM: digest, "bytes": size}
+        digest, size = model_job.result()
+        files[MODEL_FILE] = {FAST_CHECKSUM: digest, "bytes": size}
+    return {name: files[name] for name in PAYLOAD_FILES}
 
 
 def _commit_local(work: Path, final: Path, *, meta_bytes: bytes) -> None:
@@ -129,19 +152,23 @@ def _commit_local(work: Path, final: Path, *, meta_bytes: bytes) -> None:
 
 
 def _deserialize(
-    key: str, blobs: dict[str, bytes | bytearray]
+    key: str, blobs: dict[str, Any], *, state_path: Path | None = None
 ) -> tuple[dict[str, torch.Tensor], Any]:
-    """The model state (safetensors, as views of the read buffer) and the train state
-    (``weights_only`` unpickling)."""
+    """The model state (safetensors, as views of the read buffer or mapping) and the train
+    state (``weights_only`` unpickling; with ``state_path``, its tensors map that file)."""
     try:
         blob = blobs[MODEL_FILE]
         model_state = load_safetensors_buffer(bytearray(blob) if isinstance(blob, bytes) else blob)
     except (ValueError, KeyError, TypeError, RuntimeError, OverflowError) as exc:
         raise CheckpointInvalid(key, f"{MODEL_FILE} is not valid safetensors ({exc})") from None
     try:
-        train_state = torch.load(
-            io.BytesIO(blobs[STATE_FILE]), map_location="cpu", weights_only=True
-        )
+        if state_path is not None:
+            # The file was just checked through a mapping of it: its pages are in the page
+            # cache, and a mapped load makes the tensors views of them instead of copies.
+            train_state = torch.load(state_path, map_location="cpu", weights_only=True, mmap=True)
+        else:
+            blob = blobs[STATE_FILE]
+            train_state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError for payloads, RuntimeError for bad zips
         first_line = str(exc).splitlines()[0][:200]
         raise CheckpointInvalid(
@@ -184,6 +211,10 @@ def _check_state(key: str, train_state: Any, *, step: int) -> None:
             raise CheckpointInvalid(key, f"component '{comp}' lacks {gone}")
     if train_state["counters"]["global_step"] != step:
         raise CheckpointInvalid(key, f"state says step {train_state['counters']['global_step']}")
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 # --- results ------------------------------------------------------------------------------
@@ -378,7 +409,8 @@ class CheckpointManager:
         written); returns the seconds it took."""
         t0 = time.perf_counter()
         for name in PAYLOAD_FILES:
-            sha256 = files[name]["sha256"]
+            # The store's own sha256 (an S3 object's metadata) is taken while uploading.
+            sha256 = files[name].get("sha256")
             self.store.put_file(f"{final_key}/{name}", src=work / name, sha256=sha256)
         return time.perf_counter() - t0
 
@@ -463,8 +495,11 @@ class CheckpointManager:
         key = self._key(step_dirname(step))
         t0 = time.perf_counter()
         meta = self._read_meta(key, step=step, meta_sha256=meta_sha256)
-        blobs = self.fetch_payload(key, files=meta["files"])
-        model_state, train_state = _deserialize(key, blobs)
+        blobs, stats = self._fetch(key, files=meta["files"])
+        state_path = self.store.local_path(f"{key}/{STATE_FILE}") if STATE_FILE in stats else None
+        model_state, train_state = _deserialize(key, blobs, state_path=state_path)
+        if state_path is not None and _identity(state_path.stat()) != stats[STATE_FILE]:
+            raise CheckpointInvalid(key, f"{STATE_FILE} was replaced while it was read")
         _check_tensors(key, model_state, expected=self.expect_tensors)
         _check_state(key, train_state, step=step)
         return LoadedCheckpoint(
@@ -515,49 +550,77 @@ class CheckpointManager:
             raise CheckpointInvalid(key, f"meta lists no {lacking}")
         return meta
 
-    def fetch_payload(
-        self, key: str, *, files: dict[str, dict[str, Any]]
-    ) -> dict[str, bytes | bytearray]:
-        """The payload files of ``key`` (read in parallel), each checked for size and hash."""
+    def fetch_payload(self, key: str, *, files: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """The payload files of ``key``, each checked for size and checksum: buffers, or
+        private mappings of the files in a local store."""
+        return self._fetch(key, files=files)[0]
 
-        def fetch(name: str) -> tuple[str, bytes | bytearray, str]:
-            obj = f"{key}/{name}"
+    def _fetch(
+        self, key: str, *, files: dict[str, dict[str, Any]]
+    ) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+        """The checked payload files of ``key`` and, for those mapped from a local store,
+        the identity (device, inode, size, mtime) of the file that was checked."""
+
+        def fetch(name: str) -> tuple[str, Any, tuple[int, ...] | None]:
+            want = files[name]
+            kind = next((k for k in CHECKSUMS if k in want), None)
+            if kind is None:
+                raise CheckpointInvalid(key, f"meta gives {name} no checksum")
+            path = self.store.local_path(f"{key}/{name}")
+            data: Any
             try:
-                data, digest = self.store.read_hashed(obj)
-            except NotFound:
+                if path is None:
+                    # A remote store checks its download against its own sha256.
+                    data, sha256 = self.store.read_hashed(f"{key}/{name}")
+                    digest = sha256 if kind == "sha256" else checksum_bytes(data, kind=kind)
+                    stat = None
+                else:
+                    size = path.stat().st_size
+                    if size != want.get("bytes"):
+                        raise CheckpointInvalid(
+                            key,
+                            f"{name} has {size} bytes, meta says {want.get('bytes')} (truncated?)",
+                        )
+                    data, digest, st = map_checked(path, kind=kind)
+                    stat = _identity(st)
+            except (NotFound, FileNotFoundError):
+                obj = f"{key}/{name}"
                 raise CheckpointInvalid(key, f"component {name} is missing", MISSING, obj) from None
             except ContentMismatch as exc:  # the store's own record of the object's hash
-                want = str(files[name].get("sha256"))
+                want_sha = str(want.get("sha256", exc.expected))
                 raise CheckpointInvalid(
                     key,
-                    f"{name} fails its sha256 (altered): sha256 {exc.actual}, meta.json says "
-                    f"{want}",
+                    f"{name} fails its sha256 (altered): sha256 {exc.actual}, the store's "
+                    f"record says {exc.expected}",
                     SHA256_MISMATCH,
-                    obj,
-                    want,
+                    f"{key}/{name}",
+                    want_sha,
                     exc.actual,
                 ) from None
-            return name, data, digest
-
-        with ThreadPoolExecutor(max_workers=len(PAYLOAD_FILES)) as pool:
-            fetched = list(pool.map(fetch, PAYLOAD_FILES))
-        for name, data, digest in fetched:
-            want = files[name]
+            except (OSError, ValueError) as exc:
+                raise CheckpointInvalid(key, f"{name} cannot be read ({exc})") from None
             if len(data) != want.get("bytes"):
                 raise CheckpointInvalid(
                     key, f"{name} has {len(data)} bytes, meta says {want.get('bytes')} (truncated?)"
                 )
-            if digest != want.get("sha256"):
+            if digest != want[kind]:
                 raise CheckpointInvalid(
                     key,
-                    f"{name} fails its sha256 (altered): sha256 {digest}, meta.json says "
-                    f"{want.get('sha256')}",
-                    SHA256_MISMATCH,
+                    f"{name} fails its {kind} (altered or corrupted): {kind} {digest}, "
+                    f"meta.json says {want[kind]}",
+                    CHECKSUM_MISMATCH,
                     f"{key}/{name}",
-                    str(want.get("sha256")),
-                    digest,
+                    str(want[kind]),
+                    str(digest),
+                    algorithm=kind,
                 )
-        return {name: data for name, data, _ in fetched}
+            return name, data, stat
+
+        with ThreadPoolExecutor(max_workers=len(PAYLOAD_FILES)) as pool:
+            fetched = list(pool.map(fetch, PAYLOAD_FILES))
+        blobs = {name: data for name, data, _ in fetched}
+        stats = {name: stat for name, _, stat in fetched if stat is not None}
+        return blobs, stats
 
     def load_latest(
         self, *, max_step: int | None = None

@@ -8,6 +8,7 @@ import csv
 import hashlib
 import io
 import json
+import mmap
 import os
 import shutil
 import statistics
@@ -57,6 +58,70 @@ def sha256_file(path: str | Path) -> str:
     if after == key and key[3] < started - _RACY_NS and key[4] < started - _RACY_NS:
         _HASHED[key] = digest
     return digest
+
+
+#: The checksum of checkpoint files: CRC32C (in hardware through ``awscrt``, ~20 GB/s on one
+#: core, against ~1.7 GB/s for sha256). It catches accidental corruption (a flipped bit, a
+#: torn or truncated write, a wrong block); it is no seal against someone altering a file on
+#: purpose. Pins and seals (the corpus, the manifest, the meta pinned by ``LATEST``) use sha256.
+FAST_CHECKSUM = "crc32c"
+CHECKSUMS = ("crc32c", "sha256")
+
+
+class _Crc32c:
+    """CRC32C with the ``update``/``hexdigest`` interface of a hashlib object."""
+
+    def __init__(self) -> None:
+        from awscrt.checksums import crc32c
+
+        self._crc32c = crc32c
+        self.value = 0
+
+    def update(self, data: Any) -> None:
+        self.value = self._crc32c(data, self.value)
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
+
+
+def new_checksum(kind: str) -> Any:
+    """A running checksum of ``kind`` (one of ``CHECKSUMS``): ``update(bytes)``, ``hexdigest()``."""
+    if kind == "sha256":
+        return hashlib.sha256()
+    if kind == "crc32c":
+        return _Crc32c()
+    raise ValueError(f"unknown checksum {kind!r}: use one of {CHECKSUMS}")
+
+
+def checksum_bytes(data: Any, *, kind: str) -> str:
+    """The ``kind`` checksum (hex) of bytes in memory."""
+    h = new_checksum(kind)
+    mv = memoryview(data).cast("B")
+    for off in range(0, len(mv), _READ_CHUNK):
+        h.update(mv[off : off + _READ_CHUNK])
+    return str(h.hexdigest())
+
+
+def map_checked(path: Path, *, kind: str) -> tuple[mmap.mmap, str, os.stat_result]:
+    """A private, writable mapping of ``path``, its ``kind`` checksum and the file's stat.
+
+    The checksum is what reads the file: it runs over the mapping, so every page comes from
+    the disk once, straight into the page cache, with no copy into a buffer (a read into a
+    fresh buffer costs a copy and a page fault per page on top). Tensors can be views of the
+    mapping; writes to it stay private to this process (copy on write).
+    """
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_size == 0:
+            raise ValueError(f"{path} is empty")
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    if hasattr(mapped, "madvise"):
+        mapped.madvise(mmap.MADV_SEQUENTIAL)
+    h = new_checksum(kind)
+    with memoryview(mapped) as mv:
+        for off in range(0, len(mv), _READ_CHUNK):
+            h.update(mv[off : off + _READ_CHUNK])
+    return mapped, str(h.hexdigest()), st
 
 
 def read_hashed(path: Path) -> tuple[bytearray, str]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.checkpoint.manager import (
+    CHECKSUM_MISMATCH,
     LATEST_FILE,
     META_FILE,
     MISSING,
@@ -193,7 +194,9 @@ def verify_checkpoint_resume(
 class CheckpointProblem:
     """What is wrong with the checkpoint a scheduled check expected.
 
-    ``kind``: ``"missing object"``, ``"sha256 mismatch"`` (with both hashes), ``"invalid"``
+    ``kind``: ``"missing object"``, ``"checksum mismatch"`` (a file against its meta, both
+    checksums and their ``algorithm``), ``"sha256 mismatch"`` (an object against the store's
+    record, both hashes), ``"invalid"``
     (refused for another reason: the pointer, the meta, the tensors), ``"unreadable"`` (the
     store failed), ``"no checkpoint"`` or ``"not resumable"`` (the fresh process failed or
     did not reproduce the run).
@@ -205,13 +208,15 @@ class CheckpointProblem:
     obj: str | None = None  # the object at fault (a key in the store)
     expected_sha256: str | None = None
     actual_sha256: str | None = None
+    algorithm: str = "sha256"  # of the two values above
 
     def describe(self) -> str:
         """One line: what, where, and both hashes of a mismatch."""
         where = f" {self.obj}" if self.obj else ""
         text = f"{self.kind}{where}"
-        if self.kind == SHA256_MISMATCH:
-            text += f" (expected sha256 {self.expected_sha256}, got {self.actual_sha256})"
+        if self.kind in (SHA256_MISMATCH, CHECKSUM_MISMATCH):
+            algo = self.algorithm
+            text += f" (expected {algo} {self.expected_sha256}, got {algo} {self.actual_sha256})"
         elif self.kind != MISSING:
             text += f": {self.detail}"
         return text
@@ -232,6 +237,7 @@ def _refused(exc: Exception, *, step: int | None) -> CheckpointProblem:
             obj=exc.obj,
             expected_sha256=exc.expected,
             actual_sha256=exc.actual,
+            algorithm=exc.algorithm,
         )
     return CheckpointProblem(kind="unreadable", detail=str(exc), step=step)
 
