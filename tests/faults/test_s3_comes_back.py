@@ -4,7 +4,6 @@ both hashes (the download's digest, not "cannot schedule new futures after shutd
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -14,12 +13,13 @@ import time
 import pytest
 
 from gpucampaign.checkpoint.manager import (
+    CHECKSUM_MISMATCH,
     MODEL_FILE,
-    SHA256_MISMATCH,
     CheckpointInvalid,
     CheckpointManager,
     step_dirname,
 )
+from gpucampaign.core.files import FAST_CHECKSUM, checksum_bytes
 from gpucampaign.storage import S3Store
 from gpucampaign.storage.spool import SpoolingStore
 from infra.s3server import PORTS_FILE, _main, load_server, start_server
@@ -76,7 +76,7 @@ def test_a_frozen_server_spools_within_its_timeout_and_drains(tmp_path, caplog):
         srv.stop()
 
 
-def test_an_object_altered_in_the_bucket_is_named_with_both_hashes(tmp_path):
+def test_an_object_altered_in_the_bucket_is_named_with_both_checksums(tmp_path):
     srv = start_server(tmp_path / "s3")
     try:
         store = S3Store(f"s3://{srv.bucket}/altered", env=srv.env())
@@ -87,13 +87,13 @@ def test_an_object_altered_in_the_bucket_is_named_with_both_hashes(tmp_path):
         key = f"altered/{RUN}/{step_dirname(4)}/{MODEL_FILE}"
         client = srv.client()
         data = bytearray(client.get_object(Bucket=srv.bucket, Key=key)["Body"].read())
-        want = hashlib.sha256(data).hexdigest()
+        want = checksum_bytes(bytes(data), kind=FAST_CHECKSUM)  # what meta.json records
         data[-64:] = bytes(b ^ 0xFF for b in data[-64:])
-        got = hashlib.sha256(data).hexdigest()
+        got = checksum_bytes(bytes(data), kind=FAST_CHECKSUM)
         client.put_object(Bucket=srv.bucket, Key=key, Body=bytes(data))  # as `aws s3 cp` would
         with pytest.raises(CheckpointInvalid) as exc:
             manager.load(4)
-        assert exc.value.kind == SHA256_MISMATCH
+        assert exc.value.kind == CHECKSUM_MISMATCH and exc.value.algorithm == FAST_CHECKSUM
         assert (exc.value.expected, exc.value.actual) == (want, got)
         assert want in str(exc.value) and got in str(exc.value)
         ck, refused = manager.load_latest()  # a resume falls back, saying why

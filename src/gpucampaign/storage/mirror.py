@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import TMP_PREFIX, fsync_dir, json_bytes, sha256_file, utc_now
+from gpucampaign.folder.layout import is_live_progress
 from gpucampaign.folder.lock import LOCK_FILE
 from gpucampaign.spec import SpecError
 from gpucampaign.storage.base import SPOOL_DIR, LocalStore, NotFound, StorageError, Store, check_key
@@ -51,6 +52,7 @@ def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict
         for r in LocalStore(root).list()
         if r not in (MIRROR_INDEX, LOCK_FILE)
         and not r.startswith(f"{SPOOL_DIR}/")
+        and not is_live_progress(r)  # transient, like the lock: not part of the sealed folder
         and not (root / r).is_symlink()
     ]
     try:

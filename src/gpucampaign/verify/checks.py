@@ -346,19 +346,25 @@ def check_corpus(ctx: VerifyContext) -> list[Problem]:
         rel, named = str(corpus.get("path", "")), str(corpus.get("path"))
         if _escapes(rel):
             return []  # already named by check_escaping_paths
-        if not (ctx.base / rel).exists():
+        if not rel or not (ctx.base / rel).exists():
             return [Problem("corpus_missing", named, "the corpus copy is missing")]
-        if input_sha256(ctx.base / rel) != corpus.get("sha256"):
-            detail = "the corpus copy's sha256 differs from the manifest"
-            return [Problem("corpus_mismatch", named, detail)]
-        return []
+        return _corpus_pin(ctx.base / rel, corpus, named=named, what="the corpus copy")
     # A temporary location is named by check_temp_paths, from the manifest's text.
     loc = str(corpus.get("location", ""))
-    if not Path(loc).exists():
+    if not loc or not Path(loc).exists():
         return [Problem("corpus_missing", MANIFEST, f"the external corpus '{loc}' is missing")]
-    if input_sha256(loc) != corpus.get("sha256"):
-        detail = f"the external corpus '{loc}' does not have the recorded sha256"
-        return [Problem("corpus_mismatch", MANIFEST, detail)]
+    return _corpus_pin(Path(loc), corpus, named=MANIFEST, what=f"the external corpus '{loc}'")
+
+
+def _corpus_pin(path: Path, corpus: Mapping[str, Any], *, named: str, what: str) -> list[Problem]:
+    """The corpus at ``path`` against the manifest's sha256 (a pin that cannot be taken, such
+    as a folder holding a link, is a problem of the folder, not an error of the command)."""
+    try:
+        actual = input_sha256(path)
+    except (SpecError, OSError) as exc:
+        return [Problem("corpus_mismatch", named, f"{what} cannot be pinned: {exc}")]
+    if actual != corpus.get("sha256"):
+        return [Problem("corpus_mismatch", named, f"{what} does not have the recorded sha256")]
     return []
 
 
