@@ -54,6 +54,8 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.settings import get_current_settings
 from prefect.states import Crashed
 
+from gpucampaign.folder.lock import pid_runs
+
 #: Flows of this project that may hold the GPU lock.
 OUR_FLOWS: tuple[str, ...] = ("campaign", "restart-verification")
 
@@ -183,9 +185,9 @@ class Holder:
 
         A holder elsewhere, or one whose PID still runs, counts as alive: its lease is the bound.
         """
-        if self.host != socket.gethostname() or _pid_runs(self.pid):
+        if self.host != socket.gethostname() or pid_runs(self.pid):
             return False
-        return self.server_pid is None or not _pid_runs(self.server_pid)
+        return self.server_pid is None or not pid_runs(self.server_pid)
 
 
 def holders_dir(name: str) -> Path:
@@ -370,21 +372,6 @@ def _mark_crashed(client, flow_run_id: UUID, why: str) -> bool:
         return False
     client.set_flow_run_state(flow_run_id, Crashed(message=f"crashed: {why}"), force=True)
     return True
-
-
-def _pid_runs(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host (a zombie counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _gave_back(name: str, freed: list[Holder]) -> str:

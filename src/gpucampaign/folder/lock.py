@@ -58,7 +58,9 @@ class FolderLocked(SpecError):
         self.holder = holder
 
 
-def _pid_alive(pid: Any) -> bool:
+def pid_runs(pid: Any) -> bool:
+    """Whether process ``pid`` runs on this host (a zombie counts as gone: its files, and so
+    its locks, are already closed)."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
@@ -67,7 +69,11 @@ def _pid_alive(pid: Any) -> bool:
         return False
     except PermissionError:
         return True  # it runs, as another user
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def read_holder(root: str | Path) -> dict[str, Any]:
@@ -108,7 +114,7 @@ def _acquire(root: Path, *, what: str) -> tuple[int, str | None]:
     note = None
     if not _try_flock(fd):
         os.close(fd)
-        if previous.get("host") != socket.gethostname() or _pid_alive(previous.get("pid")):
+        if previous.get("host") != socket.gethostname() or pid_runs(previous.get("pid")):
             raise FolderLocked(root, previous)
         # Held, but its recorded holder is dead on this host (a child it left keeps the open
         # file): a new lock file, so the old one no longer counts.
@@ -118,7 +124,7 @@ def _acquire(root: Path, *, what: str) -> tuple[int, str | None]:
         if not _try_flock(fd):
             os.close(fd)
             raise FolderLocked(root, read_holder(root))
-    if previous.get("pid") not in (None, os.getpid()) and not _pid_alive(previous.get("pid")):
+    if previous.get("pid") not in (None, os.getpid()) and not pid_runs(previous.get("pid")):
         note = (
             f"took over the lock of output folder '{root}' from PID {previous.get('pid')} on "
             f"{previous.get('host', '?')} (since {previous.get('since', '?')}), whose process "
