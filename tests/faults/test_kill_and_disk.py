@@ -157,9 +157,9 @@ def kill_child(base: Path, point: str, n: int, faults) -> None:
 
 
 # Points and the call at which the child dies: a mid-epoch step; half a buffer inside the
-# second save's state file (the fifth checkpoint file); the second save's folder committed but
-# not LATEST; LATEST's temp file before its rename; the first delete of an old checkpoint
-# (third save, keep 2).
+# second save's model or state file (the fifth checkpoint file; the two are written at once);
+# the second save's folder committed but not LATEST; LATEST's temp file before its rename; the
+# first delete of an old checkpoint (third save, keep 2).
 KILL_POINTS = [
     ("train-step", 7),
     ("inside-write", 5),

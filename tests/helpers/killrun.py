@@ -62,16 +62,22 @@ def install(point: str, n: int, *, latest: Path) -> None:
         metrics.MetricsLog.write = train_row
     elif point == "inside-write":  # half a buffer written, no fsync, no rename
         # N counts checkpoint files (model, state, meta of each save), not chunks: how many
-        # chunks a file takes depends on how it is written (torch.save streams many).
+        # chunks a file takes depends on how it is written (torch.save streams many). The model
+        # and state files of one save are written at once by two threads, so their chunks
+        # interleave: a file is counted when its first chunk arrives, whatever came before.
+        import threading
+
         write_all = tensorfiles._write_all
-        seen: list[object] = [None]
+        seen: list[object] = []  # the file objects met so far, kept alive so ids stay unique
+        lock = threading.Lock()
 
         def half_then_die(f, chunk):
-            if f is not seen[0]:
-                seen[0] = f
-                if count.left == 1:
-                    f.write(chunk[: max(1, len(chunk) // 2)])
-                count.tick()
+            with lock:
+                if not any(f is s for s in seen):
+                    seen.append(f)
+                    if count.left == 1:
+                        f.write(chunk[: max(1, len(chunk) // 2)])
+                    count.tick()
             return write_all(f, chunk)
 
         tensorfiles._write_all = half_then_die
