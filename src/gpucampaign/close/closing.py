@@ -10,7 +10,7 @@ documents follow once that interval is on the timeline (so the close step is obs
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -240,15 +240,17 @@ def _single_run_evidence(
         measured = metric and s.result is not None and s.status in MEASURED
         # Classifier predictions are the built-in recipes' own rows; any recipe's per-example
         # scores are read where its score() wrote them.
-        builtin = spec.run_config(s.run).builtin
+        config = spec.run_config(s.run)
+        builtin = config.builtin
         for split in _verdict_splits(spec) if measured else []:
             assert s.result is not None and metric is not None
             path = folder.run_dir(rid) / predictions_file(split, report_split=spec.decision_split)
+            # Each replicate's rows carry its seed: the verdict pairs the sides seed by seed.
             if builtin and path.is_file():
-                preds[split] = (read_predictions(path),)
+                preds[split] = (replace(read_predictions(path), seed=config.seed),)
             scored = folder.run_dir(rid) / scores_file(split)
             if scored.is_file() and metric in (got := read_scores(scored)).values:
-                scores[split] = (got,)
+                scores[split] = (replace(got, seed=config.seed),)
             value = metric_value(preds.get(split, ()), metric=metric)
             if value is None and split in scores:
                 value = scores[split][0].mean(metric)

@@ -11,12 +11,14 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Predictions:
-    """One run's predictions on the decision split, in a fixed row order."""
+    """One run's predictions on the decision split, in a fixed row order; ``seed``: the
+    training seed of the replicate that made them (None when not known)."""
 
     ids: tuple[str, ...]
     labels: tuple[int, ...]
     preds: tuple[int, ...]
     confidence: tuple[float, ...]
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         n = len(self.ids)

@@ -24,10 +24,12 @@ from gpucampaign.spec import RunConfig
 
 @dataclass(frozen=True)
 class Scores:
-    """One run's per-example scores on one split: ``values[metric][i]`` is example ``ids[i]``'s."""
+    """One run's per-example scores on one split: ``values[metric][i]`` is example ``ids[i]``'s;
+    ``seed``: the training seed of the replicate that scored them (None when not known)."""
 
     ids: tuple[str, ...]
     values: Mapping[str, tuple[float, ...]]
+    seed: int | None = None
 
     def mean(self, metric: str) -> float | None:
         """The metric over the split (the mean of its per-example values); None without it."""

@@ -12,7 +12,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from gpucampaign.close.bootstrap import BOOT_SEED, Gain, paired_gain, paired_mean_gain, to_resolve
+from gpucampaign.close.bootstrap import (
+    BOOT_SEED,
+    DOMINATES,
+    Gain,
+    paired_gain,
+    paired_mean_gain,
+    to_resolve,
+)
 from gpucampaign.core.text import say_duration, say_exact, say_number
 from gpucampaign.spec import DecisionRule
 
@@ -130,12 +137,35 @@ def _signed(x: float, rule: DecisionRule) -> str:
     return say_number(x, against=rule.min_gain, signed=True)
 
 
+def _seeds_text(entry: Mapping[str, Any]) -> str:
+    """What an interval over seeds rests on: ``3 seeds (0, 1, 2) x 80 examples``; empty
+    without replicates."""
+    seeds = entry.get("seeds")
+    if not seeds:
+        return ""
+
+    def named(ks: Sequence[int | None]) -> str:
+        return "" if None in ks else f" ({', '.join(str(k) for k in ks)})"
+
+    c, v = seeds["control"], seeds["variant"]
+    if seeds["paired"]:
+        on = f"{len(c)} seeds{named(c)}"
+    else:
+        on = (
+            f"{len(c)} control seed(s){named(c)} and {len(v)} variant seed(s){named(v)} "
+            "(resampled apart)"
+        )
+    return f"{on} x {entry['n']} examples"
+
+
 def _improves(rule: DecisionRule, name: str, entry: Mapping[str, Any], split: str) -> str:
-    """``'b' improves accuracy over the control by +0.05 on test (95% CI [+0.04, +0.06])``."""
+    """``'b' improves accuracy over the control by +0.05 on test (95% CI [+0.04, +0.06])``;
+    with replicates the interval names its seeds and examples."""
     better = " (lower is better)" if rule.direction == "minimize" else ""
     ci = entry.get("gain_ci95")
+    over = f" over {_seeds_text(entry)}" if entry.get("seeds") else ""
     interval = (
-        f"95% CI [{_signed(ci[0], rule)}, {_signed(ci[1], rule)}]"
+        f"95% CI [{_signed(ci[0], rule)}, {_signed(ci[1], rule)}]{over}"
         if ci is not None
         else "a point estimate, no interval"
     )
@@ -163,7 +193,12 @@ def _ci_text(entry: Mapping[str, Any], rule: DecisionRule) -> str:
     if ci is None:
         return f"gain {_signed(entry['gain'], rule)} (no interval)"
     low, high = _signed(ci[0], rule), _signed(ci[1], rule)
-    return f"gain {_signed(entry['gain'], rule)} [95% CI {low}, {high}]"
+    seeds = ""
+    if entry.get("seeds"):
+        seeds = f" over {_seeds_text(entry)}" + (
+            f", {entry['dominates']} dominate" if entry.get("dominates") else ""
+        )
+    return f"gain {_signed(entry['gain'], rule)} [95% CI {low}, {high}{seeds}]"
 
 
 def stops_of(run: str, stops: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -621,8 +656,8 @@ def _confirm(
         f"Inconclusive: {picked}; on {rep} its {_ci_text(entry, rule)} straddles the min gain "
         f"{mg}. {resolve['text']} {frame.ending}"
     )
-    settle = "more evidence would settle it"
-    if resolve.get("more_seeds") is not None:
+    settle = resolve.get("settle") or "more evidence would settle it"
+    if resolve.get("more_seeds") is not None and not resolve.get("settle"):
         priced = (
             f", {say_duration(resolve['gpu_hours'])} of GPU time"
             if resolve.get("gpu_hours") is not None
@@ -673,11 +708,16 @@ def _resolve(
     """
     if entry.get("n") is None:
         return _no_interval(rule, entry)
+    seeds = entry.get("seeds") or {}
     g = Gain(
         gain=entry["gain"],
         ci95=tuple(entry["gain_ci95"]),
         n=entry["n"],
         replicates=entry["replicates"] or 1,
+        control_seeds=tuple(seeds.get("control", ())),
+        variant_seeds=tuple(seeds.get("variant", ())),
+        seed_var=entry.get("seed_var"),
+        example_var=entry.get("example_var"),
     )
     need = to_resolve(g, min_gain=max(rule.min_gain, 1e-12))
     none = {"seed_s": None, "gpu_hours": None, "usd": None, "lot_share": None}
@@ -690,7 +730,7 @@ def _resolve(
     c, v = seconds.get("control"), seconds.get(chosen)
     priced: dict[str, Any] = dict(none)
     cost = " (their training time was not measured)"
-    if c is not None and v is not None:
+    if c is not None and v is not None and need["more_seeds"] is not None:
         per_seed = c + v
         gpu_h = need["more_seeds"] * per_seed / 3600
         priced.update(seed_s=round(per_seed, 9), gpu_hours=round(gpu_h, 12))
@@ -707,9 +747,48 @@ def _resolve(
                 f", {money} at the lot's price ({say_number(100 * share, digits=2)}% of the "
                 f"{lot['usd']:.2f} USD for {lot['gpu_hours']:g} GPU hours)"
             )
+    if need["dominates"] is not None:
+        return {**need, **priced, **_by_source(rule, chosen, need=need, entry=entry, cost=cost)}
     text = (
         f"To resolve it: about {need['more_examples']} more {rule.report_split} examples "
         f"({need['factor']:.2f} x the {g.n} there; labelling them is a human step), or "
         f"{need['more_seeds']} more seed(s) of both 'control' and '{chosen}'{cost}."
     )
     return {**need, **priced, "text": text}
+
+
+def _by_source(
+    rule: DecisionRule, chosen: str, *, need: Mapping[str, Any], entry: Mapping[str, Any], cost: str
+) -> dict[str, str]:
+    """With replicates: which source of variance dominates, and the evidence of that kind
+    first (``text``; ``settle``, the answer's clause)."""
+    rep, dom = rule.report_split, need["dominates"]
+    share = entry.get("seed_share")
+    said = DOMINATES[dom]
+    head = (
+        said[0].upper()
+        + said[1:]
+        + (
+            f" ({say_number(100 * share, digits=2)}% of the gain's variance comes from the seeds)"
+            if share is not None
+            else ""
+        )
+    )
+    seeds = (
+        f"{need['more_seeds']} more seed(s) of both 'control' and '{chosen}'{cost}"
+        if need["more_seeds"] is not None
+        else "more seeds alone cannot settle it (the examples' share of the variance is "
+        "already above what the interval may keep)"
+    )
+    examples = (
+        f"about {need['more_examples']} more {rep} examples (labelling them is a human step)"
+        if need["more_examples"] is not None
+        else f"more {rep} examples alone cannot settle it (the seeds' share of the variance "
+        "is already above what the interval may keep)"
+    )
+    first, second = (seeds, examples) if dom == "seeds" else (examples, seeds)
+    fits = need["more_seeds" if dom == "seeds" else "more_examples"] is not None
+    return {
+        "text": f"{head}. To resolve it: {first}; or {second}.",
+        "settle": f"{said}; {first}" + (" would settle it" if fits else ""),
+    }
