@@ -9,9 +9,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.close.bootstrap import DOMINATES
 from gpucampaign.close.budget import render_budget_md
 from gpucampaign.close.forecast import ESTIMATES_FILE
-from gpucampaign.close.verdict import Verdict
+from gpucampaign.close.verdict import Verdict, seeds_text
 from gpucampaign.core.text import say_duration, say_number, strip_controls
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.records import DecisionRecord, StopRecord
@@ -118,6 +119,29 @@ def answer_paragraph(report: Mapping[str, Any]) -> str:
     if cost:
         lines += ["", "Cost: " + ", ".join(cost) + "."]
     return "\n".join(lines)
+
+
+def _seeds_md(verdict: Mapping[str, Any]) -> list[str]:
+    """Per variant with replicates: the seeds and examples its interval rests on, which of the
+    two dominates the gain's variance, and so which more evidence to buy."""
+    rep = verdict.get("report_split")
+    out = []
+    for name, row in (verdict.get("variants") or {}).items():
+        entry = (row or {}).get(rep) or {}
+        if not entry.get("seeds"):
+            continue
+        dom, share = entry.get("dominates"), entry.get("seed_share")
+        if dom is None:
+            source = "one seed a side: the seeds' share of the variance is not measured"
+        else:
+            part = "" if share is None else f"{say_number(100 * share, digits=2)}% of the "
+            more = "add seeds (`seeds:` in the spec)" if dom == "seeds" else f"more {rep} examples"
+            source = (
+                f"{part}gain's variance comes from the seeds, so {DOMINATES[dom]} "
+                f"(for more evidence: {more})"
+            )
+        out.append(f"- '{name}' against the control on {rep}: {seeds_text(entry)}; {source}.")
+    return ["**Seeds as evidence**", "", *out, ""] if out else []
 
 
 def _runs_md(report: Mapping[str, Any]) -> list[str]:
@@ -287,6 +311,7 @@ def render_report_md(report: Mapping[str, Any]) -> str:
     v = report["verdict"]
     out = [f"# Closing report: {report['campaign']}", "", answer_paragraph(report), ""]
     out += [f"Campaign ID: `{report['campaign_id']}`", "", "## Verdict", "", v["text"], ""]
+    out += _seeds_md(v)
     out += _runs_md(report)
     out += ["", "## Budget", "", render_budget_md(report["budget"], result="the answer above")]
     out += _forecast_md(report["forecast_vs_actual"])

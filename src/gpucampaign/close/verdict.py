@@ -137,7 +137,7 @@ def _signed(x: float, rule: DecisionRule) -> str:
     return say_number(x, against=rule.min_gain, signed=True)
 
 
-def _seeds_text(entry: Mapping[str, Any]) -> str:
+def seeds_text(entry: Mapping[str, Any]) -> str:
     """What an interval over seeds rests on: ``3 seeds (0, 1, 2) x 80 examples``; empty
     without replicates."""
     seeds = entry.get("seeds")
@@ -163,7 +163,7 @@ def _improves(rule: DecisionRule, name: str, entry: Mapping[str, Any], split: st
     with replicates the interval names its seeds and examples."""
     better = " (lower is better)" if rule.direction == "minimize" else ""
     ci = entry.get("gain_ci95")
-    over = f" over {_seeds_text(entry)}" if entry.get("seeds") else ""
+    over = f" over {seeds_text(entry)}" if entry.get("seeds") else ""
     interval = (
         f"95% CI [{_signed(ci[0], rule)}, {_signed(ci[1], rule)}]{over}"
         if ci is not None
@@ -195,7 +195,7 @@ def _ci_text(entry: Mapping[str, Any], rule: DecisionRule) -> str:
     low, high = _signed(ci[0], rule), _signed(ci[1], rule)
     seeds = ""
     if entry.get("seeds"):
-        seeds = f" over {_seeds_text(entry)}" + (
+        seeds = f" over {seeds_text(entry)}" + (
             f", {entry['dominates']} dominate" if entry.get("dominates") else ""
         )
     return f"gain {_signed(entry['gain'], rule)} [95% CI {low}, {high}{seeds}]"
