@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-BOOT_SAMPLES = 2000
-BOOT_SEED = 0
+from gpucampaign.core.resample import BOOT_SAMPLES, BOOT_SEED, mean_interval
+
 _CHUNK = 250  # resamples per batch: keeps the index matrix small on large splits
 
 
@@ -191,15 +191,10 @@ def paired_mean_gain(
     if not np.isfinite(diff).all():
         return None
     n = len(ids)
-    rng = np.random.default_rng(seed)
-    draws: list[float] = []
-    for start in range(0, samples, _CHUNK):
-        idx = rng.integers(0, n, size=(min(_CHUNK, samples - start), n))
-        draws += diff[idx].mean(axis=1).tolist()
-    low, high = np.percentile(np.asarray(draws), [2.5, 97.5])
+    low, high = mean_interval(diff, samples=samples, seed=seed)
     return Gain(
         gain=round(float(diff.mean()), 12),
-        ci95=(round(float(low), 12), round(float(high), 12)),
+        ci95=(round(low, 12), round(high, 12)),
         n=n,
         replicates=min(len(control), len(variant)),
     )
