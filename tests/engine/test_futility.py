@@ -256,6 +256,7 @@ def test_the_control_is_never_stopped_as_futile(
         tmp_path / "bad",
         digits_file,
         control={"epochs": 4, "lr": 1e-7, "seeds": [0, 1]},
+        variants=[{"name": "v", "tier": "useful", "changes": {"lr": 0.01}}],
         decision_rule={"metric": "accuracy", "threshold": 0.0, "min_gain": 0.01},
     )
     target = run_dir(bad, tmp_path / "bad")
@@ -267,3 +268,8 @@ def test_the_control_is_never_stopped_as_futile(
             r.get("futile") is not True
             for r in futility_rows(run_dir(bad, tmp_path / "bad", name=name))
         )
+    # The control kept its own scores (it records, never checks): its val accuracy at step 10.
+    rows = read_metrics(target / "metrics.jsonl")
+    at10 = next(r for r in rows if r["kind"] == "eval" and r["step"] == 10)
+    record = read_eval_scores(target / "evals" / "scores-000000010.npz")
+    assert record.values.mean() == pytest.approx(at10["accuracy"])

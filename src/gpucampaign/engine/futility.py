@@ -259,12 +259,15 @@ class Futility:
     @classmethod
     def for_run(cls, r: LiveRun) -> Futility:
         """The role of this call: the control (not its replicates) records at every
-        evaluation; a variant's full training call checks; anything else is off, and why."""
+        evaluation when futility is on and there are variants; a variant's full training call
+        checks; anything else is off (and why, when the rule cannot run as asked)."""
         spec, rule = r.spec, r.spec.decision_rule
         if rule is None:
             return cls(r, role="off")
         scored = has_score(r.recipe)
         if r.run == CONTROL:
+            if not spec.stop_rules.futility or not spec.variants:
+                return cls(r, role="off")  # no variant will compare: nothing to keep
             if not scored:
                 return cls(r, role="off", off=_no_score(r))
             return cls(r, role="record")
