@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -273,3 +274,71 @@ def test_the_control_is_never_stopped_as_futile(
     at10 = next(r for r in rows if r["kind"] == "eval" and r["step"] == 10)
     record = read_eval_scores(target / "evals" / "scores-000000010.npz")
     assert record.values.mean() == pytest.approx(at10["accuracy"])
+
+
+# --- a user's recipe: minimize, and without score() -------------------------------------------
+def user_regression(base: Path, *, score: bool) -> tuple[Any, Any, Any]:
+    """A user's regression recipe (mse, minimize) written in ``base``: the control learns
+    (lr 0.05), the variant 'frozen' learns nothing (lr 1e-9). Returns (spec, folder, corpus)."""
+    import textwrap
+    import uuid
+
+    import yaml
+
+    from gpucampaign.core.files import sha256_file
+    from gpucampaign.data.corpus import load_spec_corpus
+    from gpucampaign.folder.layout import OutputFolder
+    from gpucampaign.spec import load_spec
+    from tests.close.test_scores import REGRESSION, SCORE
+
+    module = f"user_futile_{uuid.uuid4().hex[:8]}"
+    (base / f"{module}.py").write_text(textwrap.dedent(REGRESSION + (SCORE if score else "")))
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(240, 2))
+    np.save(base / "points.npy", np.column_stack([X, 2 * X[:, 0] - X[:, 1]]))
+    data = {
+        "name": "regression",
+        "packages": [{"gpu": "rtx4090", "days": 3}],
+        "corpus": {"path": "points.npy", "sha256": sha256_file(base / "points.npy")},
+        "control": {
+            "recipe": f"{module}:Regress",
+            "batch_size": 16,
+            "epochs": 3,  # 8 steps an epoch, evaluated at 8, 16 and 24
+            "lr": 0.05,
+            "threads": 1,
+        },
+        "variants": [{"name": "frozen", "changes": {"lr": 1e-9}}],
+        "decision_rule": {"metric": "mse", "direction": "minimize", "threshold": 10.0},
+        "stop_rules": {"require_restart": False},
+        "pilot": {"steps": 2},
+        "calendar": [{"name": "prep", "kind": "human", "hours": 1}],
+    }
+    (base / "campaign.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = load_spec(base / "campaign.yaml")
+    return spec, OutputFolder(base / "out"), load_spec_corpus(spec, base_dir=base)
+
+
+def test_a_minimized_metric_of_a_users_recipe_stops_the_variant_that_cannot_win(
+    tmp_path: Path,
+) -> None:
+    from tests.helpers import train_every_run
+
+    spec, folder, corpus = user_regression(tmp_path, score=True)
+    train_every_run(spec, folder=folder, corpus=corpus)
+    stops = folder.read_jsonl("stops.jsonl")
+    assert [(s["rule"], s["run_id"]) for s in stops] == [("futile", spec.run_id("frozen"))]
+    n = stops[0]["numbers"]
+    assert (n["metric"], n["direction"], n["step"], n["steps_saved"]) == ("mse", "minimize", 8, 16)
+    assert n["gain"] < 0 and n["gain_ci95"][1] < 0  # signed: the frozen variant is worse
+
+
+def test_a_recipe_without_score_is_never_stopped_as_futile_and_says_why(tmp_path: Path) -> None:
+    from tests.helpers import train_every_run
+
+    spec, folder, corpus = user_regression(tmp_path, score=False)
+    train_every_run(spec, folder=folder, corpus=corpus)
+    assert folder.read_jsonl("stops.jsonl") == []
+    for name in ("control", "frozen"):
+        rows = futility_rows(folder.run_dir(spec.run_id(name)))
+        assert len(rows) == 1 and "defines no score()" in rows[0]["off"], name
+    assert not (folder.run_dir(spec.run_id("control")) / "evals").exists()
