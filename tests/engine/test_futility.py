@@ -227,7 +227,7 @@ def test_a_variant_that_cannot_win_stops_early_with_its_model_kept(
     # A later call raises the same stop again: the run is finished.
     with pytest.raises(Futile) as again:
         run(spec, tmp_path, name="narrow")
-    assert again.value.stop_id == stop.stop_id
+    assert (again.value.stop_id, again.value.numbers) == (stop.stop_id, n)
 
 
 def test_the_spec_switch_turns_futility_off(tmp_path: Path, digits_file: tuple[Path, str]) -> None:  # noqa: F811
