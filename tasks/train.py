@@ -10,8 +10,9 @@ from uuid import UUID
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from gpucampaign.close.futility import futile_segment
 from gpucampaign.core.interrupt import raise_if_stopped
-from gpucampaign.core.stoprules import STOP_RULES, StopRule
+from gpucampaign.core.stoprules import STOP_RULES, Futile, StopRule
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.engine.loop import n_train_of, train_run
 from gpucampaign.folder.metrics import read_metrics
@@ -109,17 +110,21 @@ def _run_training(
             ),
             busy(folder, spec, phase=phase, run=run.name, note=run_id) as row,
         ):
-            result = train_run(
-                spec,
-                run=run,
-                corpus=corpus,
-                store=store,
-                out_dir=folder.run_dir(run_id),
-                stop_after_steps=stop_after_steps,
-                progress=progress,
-                on_save=lambda info: heartbeat(folder.root, row, checkpoint_step=info["step"]),
-                lane=lane,
-            )
+            try:
+                result = train_run(
+                    spec,
+                    run=run,
+                    corpus=corpus,
+                    store=store,
+                    out_dir=folder.run_dir(run_id),
+                    stop_after_steps=stop_after_steps,
+                    progress=progress,
+                    on_save=lambda info: heartbeat(folder.root, row, checkpoint_step=info["step"]),
+                    lane=lane,
+                )
+            except Futile as exc:  # the segment says what it trained before the lane was freed
+                row.steps, row.note = futile_segment(folder.root, exc)
+                raise
             row.steps = 0 if result.reused else result.steps_done - (result.resumed_from_step or 0)
             if result.reused:
                 row.note = f"{run_id}: recorded result reused, nothing trained"

@@ -246,6 +246,7 @@ def test_seed_replicates_run_as_their_own_runs_and_the_verdict_uses_them(tmp_pat
         variants=[{"name": "wide", "changes": {"hidden": [16]}, "seeds": [0, 1]}],
         rule={"threshold": 0.3, "min_gain": 0.05},
         control={"seeds": [0, 1]},
+        stop_rules={"futility": False},  # every replicate to its end ('wide' cannot gain 0.05)
     )
     spec, v = got["spec"], got["verdict"]
     assert spec.run_names() == ["control", "control.s1", "wide", "wide.s1"]

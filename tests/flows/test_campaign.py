@@ -92,7 +92,9 @@ def gpu_overlaps(timeline: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 
 def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness, tmp_path):
-    spec = tiny_campaign(tmp_path)
+    # Every run completes here: futility off, since bf16 ties the control exactly on CPU and
+    # would stop as futile (tests/flows/test_futility.py runs that rule).
+    spec = tiny_campaign(tmp_path, stop_rules={"futility": False})
     out = tmp_path / "out"
     state = run_flow(spec, out)
     assert state.is_completed(), state.message
@@ -434,7 +436,11 @@ def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp
     from gpucampaign.spec import load_spec
     from gpucampaign.storage import LocalStore
 
-    spec = tiny_campaign(tmp_path, packages=[{"gpu": "rtx4090", "days": 3, "count": 2}])
+    spec = tiny_campaign(
+        tmp_path,
+        packages=[{"gpu": "rtx4090", "days": 3, "count": 2}],
+        stop_rules={"futility": False},  # every run to its end: the numbers are compared
+    )
     out = tmp_path / "out"
     cs = load_spec(spec)
     state = run_flow(cs, out, base_dir=str(spec.parent))  # the flow takes the spec object too

@@ -75,6 +75,7 @@ stop_rules:
   non_finite_loss: true
   below_threshold: true
   require_restart: true
+  futility: true  # stop a variant that cannot win at an evaluation (README)
 
 pilot:
   steps: 20

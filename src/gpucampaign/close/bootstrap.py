@@ -24,9 +24,7 @@ from typing import Any
 
 import numpy as np
 
-BOOT_SAMPLES = 2000
-BOOT_SEED = 0
-_CHUNK = 250  # resamples per batch: keeps the index matrix small on large splits
+from gpucampaign.core.resample import BOOT_SAMPLES, BOOT_SEED, RESAMPLE_CHUNK
 
 #: What each source of variance, when it dominates, says more evidence should be.
 DOMINATES = {
@@ -165,7 +163,7 @@ def _resamples(
     seed once when not ``seeds``: the examples alone vary), and the drawn examples ``(m, n)``,
     shared by both sides (paired by example) and by every drawn seed (one split)."""
     slots = max(kc, kv)
-    chunk = max(1, _CHUNK // slots)
+    chunk = max(1, RESAMPLE_CHUNK // slots)
     for start in range(0, samples, chunk):
         m = min(chunk, samples - start)
         if not seeds or slots == 1:

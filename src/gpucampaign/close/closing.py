@@ -18,6 +18,7 @@ from gpucampaign.close import figures
 from gpucampaign.close.bootstrap import metric_value
 from gpucampaign.close.budget import close_budget
 from gpucampaign.close.forecast import aligned_intervals, forecast_vs_actual
+from gpucampaign.close.futility import futility_savings
 from gpucampaign.close.ledger import read_ledger
 from gpucampaign.close.manifest import (
     build_manifest,
@@ -590,6 +591,7 @@ def write_closing_documents(
         stops=closed.stops,
         decisions=closed.decisions,
         figures=closed.figures,
+        futility=futility_savings(root, stops=closed.stops, timeline=timeline),
     )
     write_report(root, report)
     return report

@@ -12,6 +12,7 @@ from typing import Any
 from gpucampaign.close.bootstrap import DOMINATES
 from gpucampaign.close.budget import render_budget_md
 from gpucampaign.close.forecast import ESTIMATES_FILE
+from gpucampaign.close.futility import render_futility_md
 from gpucampaign.close.verdict import Verdict, seeds_text
 from gpucampaign.core.text import say_duration, say_number, strip_controls
 from gpucampaign.folder.layout import OutputFolder
@@ -48,6 +49,7 @@ def build_report(
     stops: Sequence[StopRecord] = (),
     decisions: Sequence[DecisionRecord] = (),
     figures: Mapping[str, str] | None = None,
+    futility: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The closing report as data (``report.json``); ``render_report_md`` turns it into text.
 
@@ -63,6 +65,7 @@ def build_report(
         stops: ``stops.jsonl`` records.
         decisions: ``decisions.jsonl`` records.
         figures: ``{calendar|curves|confusion: relative PNG path}`` inside the output folder.
+        futility: ``futility.futility_savings``'s result: the GPU time the futility stops saved.
 
     Returns:
         A JSON-ready dict whose top level holds the ``SUMMARY_KEYS`` (``campaign report --json``).
@@ -80,6 +83,7 @@ def build_report(
         "stops": [s.to_dict() for s in stops],
         "decisions": [d.to_dict() for d in decisions],
         "figures": dict(figures or {}),
+        "futility": dict(futility or {"runs": [], "saved_s": None}),
     }
 
 
@@ -314,6 +318,7 @@ def render_report_md(report: Mapping[str, Any]) -> str:
     out += _seeds_md(v)
     out += _runs_md(report)
     out += ["", "## Budget", "", render_budget_md(report["budget"], result="the answer above")]
+    out += render_futility_md(report.get("futility"))
     out += _forecast_md(report["forecast_vs_actual"])
     out += _interruptions_md(report["forecast_vs_actual"])
     out += _resume_md(report)

@@ -5,6 +5,7 @@ from gpucampaign.core.stoprules import (
     STOP_RULES,
     BelowThreshold,
     EssentialInputMissing,
+    Futile,
     IncompleteRun,
     InterruptedRun,
     NonFiniteLoss,
@@ -15,6 +16,7 @@ from gpucampaign.core.stoprules import (
 __all__ = [
     "BelowThreshold",
     "EssentialInputMissing",
+    "Futile",
     "IncompleteRun",
     "Interrupted",
     "InterruptedRun",

@@ -54,10 +54,35 @@ class BelowThreshold(StopRule):
     rule = "below_threshold"
 
 
+class Futile(StopRule):
+    """A variant that cannot win: at an evaluation after the pilot, the optimistic end of its
+    paired-bootstrap interval against the control at the same step cannot clear the min gain.
+    ``numbers`` keeps what decided it (step, the control's step, gain, interval, min gain,
+    examples); its model at that step is kept and evaluated as evidence."""
+
+    rule = "futile"
+
+    def __init__(
+        self,
+        run_id: str,
+        reason: str,
+        step: int | None = None,
+        stop_id: str | None = None,
+        numbers: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(run_id, reason, step, stop_id)
+        self.numbers = dict(numbers or {})
+        self.args = (run_id, reason, step, self.stop_id, self.numbers)  # pickled whole
+
+    def to_record(self) -> dict[str, Any]:
+        """The ``stops.jsonl`` line, with the numbers that decided the stop."""
+        return {**super().to_record(), "numbers": self.numbers}
+
+
 #: The stop rules that end a run after it measured its metric and wrote its model: the run's
 #: values are evidence the verdict reads, so such a stop of an essential run does not stop the
 #: campaign (it ends with its decision; the stop is shown with the verdict).
-EVIDENCE_RULES: tuple[str, ...] = (BelowThreshold.rule,)
+EVIDENCE_RULES: tuple[str, ...] = (BelowThreshold.rule, Futile.rule)
 
 
 def stops_the_campaign(stop: StopRule) -> bool:
@@ -97,6 +122,7 @@ STOP_RULES: dict[str, type[StopRule]] = {
     for c in (
         NonFiniteLoss,
         BelowThreshold,
+        Futile,
         EssentialInputMissing,
         NoUsableRestart,
         IncompleteRun,

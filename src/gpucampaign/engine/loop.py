@@ -14,6 +14,7 @@ One call of ``train_run``, as pseudocode::
         for each batch left in the epoch, up to the target:
             _train_step                           # NonFiniteLoss: the step is not applied
             evaluate("val") at eval_every, else at the epoch's end
+              the control keeps its per-example scores; a variant that cannot win: Futile
             r.saver.save(step, last_step=step == target)   # the saver decides if it is due
             stop requested?  save this step, wait for it, raise Interrupted
     r.saver.wait(); step < planned?  return uncompleted (the pilot)
@@ -59,6 +60,7 @@ from gpucampaign.core.interrupt import Interrupted, stop_requested
 from gpucampaign.core.stoprules import BelowThreshold, NonFiniteLoss, NoUsableRestart
 from gpucampaign.core.text import say_exact, say_number
 from gpucampaign.engine.checkpointer import Checkpointer, SaveFn
+from gpucampaign.engine.futility import Futility
 from gpucampaign.engine.inference_restart import TrainingMark, find_interruption, restart_inference
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
 from gpucampaign.engine.parts import make_loader, n_train_of, progress_bar, read_params  # noqa: F401
@@ -154,7 +156,12 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> dict[str, Any]:
 
 
 def _run_epoch(
-    r: LiveRun, *, progress: ProgressFn | None, bar: Any, live: ProgressFile | None = None
+    r: LiveRun,
+    *,
+    progress: ProgressFn | None,
+    bar: Any,
+    live: ProgressFile | None = None,
+    futility: Futility | None = None,
 ) -> None:
     """Train the rest of the current epoch, or up to the target step."""
     s = r.state
@@ -169,6 +176,8 @@ def _run_epoch(
             evaluated = evaluate(r, "val", final=False)
             if evaluated is not None:
                 r.last_eval = (s.global_step, evaluated)
+                if futility is not None:  # the control records, a variant may stop: Futile
+                    futility.after_eval(r)
         r.saver.save(s.global_step, last_step=s.global_step == r.target)
         _report(r, row, progress=progress, bar=bar)
         if live is not None:
@@ -329,6 +338,7 @@ def train_run(
 
     Raises:
         StopRule: ``NonFiniteLoss``, ``BelowThreshold`` (after the model is saved),
+            ``Futile`` (a variant that cannot win, after its model is saved: ``futility``),
             ``EssentialInputMissing``, ``NoUsableRestart``, ``IncompleteRun``, and
             ``InterruptedRun`` (``resume: inference`` after a cut: see ``inference_restart``).
         Interrupted: A stop was requested (SIGINT, SIGTERM): the step reached is saved first.
@@ -385,10 +395,11 @@ def _train(r: LiveRun, *, progress: ProgressFn | None, show_progress: bool) -> R
     bar = progress_bar(show_progress, r.run_id, r.planned, s.global_step)
     live = ProgressFile(r.out_dir)
     live.update(live_record(r, loss=None), force=True)
+    futility = Futility.for_run(r)
     t_loop = time.perf_counter()
     try:
         while s.global_step < r.target:
-            _run_epoch(r, progress=progress, bar=bar, live=live)
+            _run_epoch(r, progress=progress, bar=bar, live=live, futility=futility)
         r.saver.wait()  # the last save of this call is durable before it returns
         live.update(live_record(r, loss=live.record.get("loss"), state="done"), force=True)
         train_s = time.perf_counter() - t_loop

@@ -75,6 +75,15 @@ def scores_file(split: str) -> str:
     return f"{SCORES_PREFIX}{split}.csv"
 
 
+EVAL_SCORES_DIR = "evals"  # runs/<run_id>/evals/scores-<step>.npz: the control's, per evaluation
+
+
+def eval_scores_file(step: int) -> str:
+    """``evals/scores-<step>.npz``: the control's per-example scores of the decision metric on
+    the selection split at one evaluation during training (the futility stop compares with it)."""
+    return f"{EVAL_SCORES_DIR}/{SCORES_PREFIX}{step:09d}.npz"
+
+
 def model_config(run_id: str) -> str:
     """``runs/<run_id>/model/config.json``, relative to the output folder."""
     return run_file(run_id, MODEL_DIR, MODEL_CONFIG)

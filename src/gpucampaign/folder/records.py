@@ -193,6 +193,7 @@ class StopRecord:
     run: str | None = None
     phase: str | None = None
     time: str | None = None
+    numbers: dict[str, Any] | None = None  # what decided the stop, when the rule keeps it
 
     def __post_init__(self) -> None:
         # The reason often quotes a library's error (torch's, with its colours): one line of
@@ -206,8 +207,11 @@ class StopRecord:
         return cls(**known)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON line as written."""
-        return asdict(self)
+        """The JSON line as written (``numbers`` only when the rule keeps them)."""
+        row = asdict(self)
+        if row["numbers"] is None:
+            del row["numbers"]
+        return row
 
 
 def read_stops(root: str | Path) -> list[StopRecord]:

@@ -89,8 +89,10 @@ def recorded_result(out_dir: Path, run_id: str) -> RunResult | None:
     # A recorded stop first: an interrupted run (``resume: inference``) is recorded short of
     # its planned steps, and is that stop, not an incomplete run.
     if result.stop:
-        cls = STOP_RULES[result.stop["rule"]]
-        raise cls(run_id, result.stop["reason"], result.stop.get("step"), result.stop["stop_id"])
+        stop = result.stop
+        cls = STOP_RULES[stop["rule"]]
+        kept = {"numbers": stop["numbers"]} if "numbers" in stop else {}  # a futile stop's
+        raise cls(run_id, stop["reason"], stop.get("step"), stop["stop_id"], **kept)
     require_complete(run_id, steps_done=result.steps_done, planned_steps=result.planned_steps)
     result.reused = True
     return result

@@ -144,31 +144,43 @@ def example_ids(dataset: Any) -> list[str]:
 
 
 def score_split(
-    recipe: Recipe, model: torch.nn.Module, dataset: Any, *, config: RunConfig
+    recipe: Recipe,
+    model: torch.nn.Module,
+    dataset: Any,
+    *,
+    config: RunConfig,
+    device: torch.device | None = None,
 ) -> tuple[list[str], dict[str, list[float]]]:
     """The recipe's per-example scores over one split, batches in order, eval mode, no
-    gradient: ``(ids, {metric: values})``, the same metrics for every batch.
+    gradient: ``(ids, {metric: values})``, the same metrics for every batch. ``device``: move
+    each batch there (a model in training); the model's mode is restored after.
 
     Raises:
         RecipeError: ``score`` fails, or returns other metrics or another count than a batch.
     """
     columns: dict[str, list[float]] = {}
+    was_training = model.training
     model.eval()
-    with torch.no_grad():
-        for batch in ordered_loader(recipe, dataset, config=config):
-            got = check_scores(
-                config.recipe,
-                call(config.recipe, "score", recipe.score, model, batch),
-                rows=batch_len(batch),
-            )
-            if columns and set(got) != set(columns):
-                raise RecipeError(
+    try:
+        with torch.no_grad():
+            for batch in ordered_loader(recipe, dataset, config=config):
+                if device is not None:
+                    batch = to_device(batch, device)
+                got = check_scores(
                     config.recipe,
-                    "score()",
-                    f"returned {sorted(got)} for one batch and {sorted(columns)} for another",
+                    call(config.recipe, "score", recipe.score, model, batch),
+                    rows=batch_len(batch),
                 )
-            for name, values in got.items():
-                columns.setdefault(name, []).extend(values)
+                if columns and set(got) != set(columns):
+                    raise RecipeError(
+                        config.recipe,
+                        "score()",
+                        f"returned {sorted(got)} for one batch and {sorted(columns)} for another",
+                    )
+                for name, values in got.items():
+                    columns.setdefault(name, []).extend(values)
+    finally:
+        model.train(was_training)
     return example_ids(dataset), columns
 
 

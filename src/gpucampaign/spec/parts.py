@@ -408,6 +408,15 @@ class StopRules(_Frozen):
     require_restart: bool = Field(
         default=True, description="Stop when no usable restart is verified."
     )
+    futility: bool = Field(
+        default=True,
+        description=(
+            "Stop a variant at an evaluation after the pilot when the optimistic end of its "
+            "paired-bootstrap interval against the control at the same step cannot clear the "
+            "min gain (needs a recipe with score(); never the control); its model is kept as "
+            "evidence and its GPU lane goes to the next run."
+        ),
+    )
 
 
 class PilotSpec(_Frozen):

@@ -1,0 +1,408 @@
+"""The futility stop: a variant that cannot win is stopped at an evaluation, freeing its lane.
+
+The control trains first. At each of its evaluations during training it keeps the per-example
+scores of the decision metric on the selection split (the recipe's ``score``), in
+``runs/<control>/evals/scores-<step>.npz`` (example IDs and values, with its planned steps). At
+each evaluation of a variant after the pilot and before its last step, the variant scores the
+same split and the paired bootstrap the verdict uses (``core/resample.py``) gives the interval
+of its gain over the control at the same step; when the control's training ended before that
+step, its last record stands in (the nearest earlier one: the model the verdict compares with).
+When the control has not reached that step yet (another lane still trains it) there is nothing
+to compare with at this step, and the check waits for the next evaluation.
+
+The rule is the verdict's negative read on the optimistic end: with the gain signed so that
+positive is better, the variant cannot win when the interval's upper end is below ``min_gain``
+or not above 0 (a variant that at best ties the control is never adopted). Then the step is
+saved, the model it reached is evaluated on every split and written as the run's ``model/``,
+``result.json`` records the run (``completed`` false) with the ``futile`` stop and its numbers,
+and ``Futile`` is raised: the run's GPU lane goes to the next run in its queue. Every check,
+stopping or not, is a ``futility`` row in ``metrics.jsonl``.
+
+No check without per-example scores (a recipe with no ``score``, or one that does not return
+the decision metric), without a control record, in a pilot call, for the control or its seed
+replicates, or with ``stop_rules.futility: false``; why is said once (log, and a
+``futility`` row with ``off``).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+
+from gpucampaign.core.files import atomic_write_bytes, json_bytes
+from gpucampaign.core.resample import BOOT_SAMPLES, BOOT_SEED, mean_interval
+from gpucampaign.core.stoprules import Futile
+from gpucampaign.core.text import say_exact, say_number
+from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
+from gpucampaign.engine.save import save_model
+from gpucampaign.engine.setup import LiveRun
+from gpucampaign.folder.layout import EVAL_SCORES_DIR, eval_scores_file
+from gpucampaign.folder.runresult import RESULT_FILE
+from gpucampaign.recipe.contract import has_score
+from gpucampaign.recipe.runtime import score_split
+
+log = logging.getLogger(__name__)
+
+CONTROL = "control"
+
+
+# --- the control's record -------------------------------------------------------------------
+@dataclass(frozen=True)
+class EvalScores:
+    """One run's per-example scores of the decision metric at one evaluation."""
+
+    step: int
+    planned: int
+    metric: str
+    split: str
+    ids: tuple[str, ...]
+    values: np.ndarray
+
+
+def write_eval_scores(run_dir: Path, rec: EvalScores) -> Path:
+    """Keep ``rec`` as ``run_dir/evals/scores-<step>.npz`` (atomic; a resumed run rewrites the
+    same step with the same values)."""
+    buf = io.BytesIO()
+    np.savez(
+        buf,
+        ids=np.asarray(rec.ids, dtype=np.str_),
+        values=np.asarray(rec.values, dtype=np.float64),
+        step=np.int64(rec.step),
+        planned=np.int64(rec.planned),
+        metric=np.str_(rec.metric),
+        split=np.str_(rec.split),
+    )
+    path = Path(run_dir) / eval_scores_file(rec.step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def read_eval_scores(path: Path) -> EvalScores:
+    """Read one ``scores-<step>.npz`` back (no pickled objects are loaded)."""
+    with np.load(path, allow_pickle=False) as z:
+        return EvalScores(
+            step=int(z["step"]),
+            planned=int(z["planned"]),
+            metric=str(z["metric"]),
+            split=str(z["split"]),
+            ids=tuple(str(i) for i in z["ids"]),
+            values=np.asarray(z["values"], dtype=np.float64),
+        )
+
+
+def control_scores_at(control_dir: Path, *, step: int) -> tuple[EvalScores | None, str]:
+    """The control's record to compare a variant's step ``step`` with, and which it is.
+
+    Returns:
+        ``(record, "")`` at the same step; ``(record, note)`` with the control's last record
+        when the control's training ended before ``step`` (its ``result.json`` is written);
+        ``(None, why)`` when there is none to compare with yet.
+    """
+    folder = Path(control_dir) / EVAL_SCORES_DIR
+    steps = sorted(
+        int(p.stem.rpartition("-")[2]) for p in folder.glob("scores-*.npz") if p.is_file()
+    )
+    if step in steps:
+        return read_eval_scores(folder.parent / eval_scores_file(step)), ""
+    earlier = [s for s in steps if s < step]
+    if not steps:
+        return None, "the control kept no per-example scores during training"
+    if earlier and (Path(control_dir) / RESULT_FILE).is_file():
+        last = earlier[-1]
+        note = f"the control's last evaluation (step {last}), its training ended before"
+        return read_eval_scores(folder.parent / eval_scores_file(last)), note
+    return None, f"the control has no evaluation at step {step} yet"
+
+
+# --- the decision -----------------------------------------------------------------------------
+def cannot_win(*, optimistic: float, min_gain: float) -> bool:
+    """The verdict's negative rule, read on the interval's optimistic end (the gain signed so
+    that positive is better): below the min gain, or not above 0, it can never be adopted."""
+    return optimistic < min_gain or optimistic <= 0
+
+
+@dataclass(frozen=True)
+class FutilityCheck:
+    """One comparison of a variant with the control at one evaluation.
+
+    ``gain`` and ``ci95`` are signed so that positive is better (the verdict's convention);
+    ``ci95[1]`` is the optimistic end.
+    """
+
+    step: int
+    control_step: int
+    metric: str
+    split: str
+    direction: str
+    min_gain: float
+    gain: float
+    ci95: tuple[float, float]
+    n: int
+    futile: bool
+    compared_with: str = ""
+
+    def numbers(self) -> dict[str, Any]:
+        """JSON-ready numbers (the stop record's and the ``futility`` row's)."""
+        return {
+            "step": self.step,
+            "control_step": self.control_step,
+            "metric": self.metric,
+            "split": self.split,
+            "direction": self.direction,
+            "min_gain": self.min_gain,
+            "gain": self.gain,
+            "gain_ci95": [self.ci95[0], self.ci95[1]],
+            "n": self.n,
+            "futile": self.futile,
+            **({"compared_with": self.compared_with} if self.compared_with else {}),
+        }
+
+    def reason(self) -> str:
+        """One sentence: the interval, the min gain, and why the variant cannot win."""
+        lo, hi = self.ci95
+        against = (
+            f"the control at step {self.control_step}"
+            if not self.compared_with
+            else f"{self.compared_with}"
+        )
+        why = (
+            f"its upper end {say_number(hi, against=self.min_gain)} is below the min gain "
+            f"{say_exact(self.min_gain)}"
+            if hi < self.min_gain
+            else f"its upper end {say_number(hi, against=0.0)} is not above 0"
+        )
+        return (
+            f"cannot win: at step {self.step} its gain in {self.metric} on {self.split} over "
+            f"{against} is {say_number(self.gain)} [95% CI {say_number(lo)}, "
+            f"{say_number(hi)}] over {self.n} examples; {why}"
+        )
+
+
+def futility_check(
+    control: EvalScores,
+    *,
+    ids: list[str] | tuple[str, ...],
+    values: list[float] | np.ndarray,
+    step: int,
+    direction: str,
+    min_gain: float,
+    compared_with: str = "",
+    samples: int = BOOT_SAMPLES,
+    seed: int = BOOT_SEED,
+) -> FutilityCheck | None:
+    """Compare a variant's per-example scores at ``step`` with the control's record.
+
+    Args:
+        control: the control's record (``control_scores_at``).
+        ids: the variant's example IDs on the same split.
+        values: its per-example values of the same metric, in the order of ``ids``.
+        step: the variant's step.
+        direction: ``maximize`` or ``minimize``.
+        min_gain: the decision rule's min gain.
+        compared_with: how the control's record was chosen when not at the same step.
+        samples: bootstrap resamples.
+        seed: the resampling seed (the verdict's).
+
+    Returns:
+        The check, or None when the two share no example or a value is not finite.
+    """
+    pos = {i: n for n, i in enumerate(ids)}
+    common = [(n, pos[i]) for n, i in enumerate(control.ids) if i in pos]
+    if not common:
+        return None
+    c_idx, v_idx = (np.asarray(x, dtype=np.int64) for x in zip(*common, strict=True))
+    diff = np.asarray(values, dtype=np.float64)[v_idx] - control.values[c_idx]
+    if not np.isfinite(diff).all():
+        return None
+    sign = 1.0 if direction == "maximize" else -1.0
+    low, high = mean_interval(diff, samples=samples, seed=seed)
+    lo, hi = sorted((round(sign * low, 12), round(sign * high, 12)))
+    return FutilityCheck(
+        step=step,
+        control_step=control.step,
+        metric=control.metric,
+        split=control.split,
+        direction=direction,
+        min_gain=min_gain,
+        gain=round(sign * float(diff.mean()), 12),
+        ci95=(lo, hi),
+        n=len(diff),
+        futile=cannot_win(optimistic=hi, min_gain=min_gain),
+        compared_with=compared_with,
+    )
+
+
+# --- during training --------------------------------------------------------------------------
+class Futility:
+    """One training call's part in the futility rule: the control records, a variant checks.
+
+    Built once per call (``for_run``); ``after_eval`` runs after each evaluation in the loop.
+    """
+
+    def __init__(self, r: LiveRun, *, role: str, off: str = "") -> None:
+        self.role = role  # "record", "check" or "off"
+        self.off = off
+        self._said: set[str] = set()
+        rule = r.spec.decision_rule
+        self.metric = rule.metric if rule else ""
+        self.split = r.spec.selection_split
+        if role == "off" and off:
+            self._say(r, off)
+
+    @classmethod
+    def for_run(cls, r: LiveRun) -> Futility:
+        """The role of this call: the control (not its replicates) records at every
+        evaluation when futility is on and there are variants; a variant's full training call
+        checks; anything else is off (and why, when the rule cannot run as asked)."""
+        spec, rule = r.spec, r.spec.decision_rule
+        if rule is None:
+            return cls(r, role="off")
+        scored = has_score(r.recipe)
+        if r.run == CONTROL:
+            if not spec.stop_rules.futility or not spec.variants:
+                return cls(r, role="off")  # no variant will compare: nothing to keep
+            if not scored:
+                return cls(r, role="off", off=_no_score(r))
+            return cls(r, role="record")
+        replicate = spec.replicate_of(r.run)
+        if replicate is not None and replicate[0] == CONTROL:
+            return cls(r, role="off")  # the control's seeds are never stopped as futile
+        if not spec.stop_rules.futility:
+            return cls(r, role="off", off="futility is off (stop_rules.futility: false)")
+        if r.target < r.planned:
+            return cls(r, role="off")  # the pilot: never stopped there
+        if not scored:
+            return cls(r, role="off", off=_no_score(r))
+        return cls(r, role="check")
+
+    def _say(self, r: LiveRun, why: str) -> None:
+        """Say once why this run is not checked (log and a ``futility`` row)."""
+        if why in self._said:
+            return
+        self._said.add(why)
+        log.info("futility of %s: no check: %s", r.run_id, why)
+        r.mlog.write({"kind": "futility", "step": r.state.global_step, "off": why})
+
+    def _scores(self, r: LiveRun) -> tuple[list[str], list[float]] | None:
+        """This run's per-example decision metric on the selection split, or None (said)."""
+        dataset = r.datasets.get(self.split)
+        if dataset is None or len(dataset) == 0:
+            self._say(r, f"the recipe gives no '{self.split}' split to score")
+            return None
+        ids, columns = score_split(
+            r.recipe, r.state.model, dataset, config=r.config, device=r.device
+        )
+        if self.metric not in columns:
+            self._say(r, f"the score() of recipe '{r.config.recipe}' returns no '{self.metric}'")
+            return None
+        return ids, columns[self.metric]
+
+    def after_eval(self, r: LiveRun) -> None:
+        """After an evaluation at the current step: record (control) or check (variant).
+
+        Raises:
+            Futile: The variant cannot win (after its model and ``result.json`` are written).
+        """
+        if self.role == "off":
+            return
+        step = r.state.global_step
+        if self.role == "check" and (step <= r.spec.pilot.steps or step >= r.planned):
+            return  # after the pilot, and never at the last step (nothing left to save)
+        got = self._scores(r)
+        if got is None:
+            return
+        ids, values = got
+        if self.role == "record":
+            write_eval_scores(
+                r.out_dir,
+                EvalScores(
+                    step=step,
+                    planned=r.planned,
+                    metric=self.metric,
+                    split=self.split,
+                    ids=tuple(ids),
+                    values=np.asarray(values, dtype=np.float64),
+                ),
+            )
+            return
+        control_dir = r.out_dir.parent / r.spec.run_id(CONTROL)
+        control, note = control_scores_at(control_dir, step=step)
+        if control is None:
+            r.mlog.write({"kind": "futility", "step": step, "skipped": note})
+            return
+        rule = r.spec.decision_rule
+        assert rule is not None  # role "check" needs one
+        check = futility_check(
+            control,
+            ids=ids,
+            values=values,
+            step=step,
+            direction=rule.direction,
+            min_gain=rule.min_gain,
+            compared_with=note,
+        )
+        if check is None:
+            r.mlog.write({"kind": "futility", "step": step, "skipped": "no common finite example"})
+            return
+        r.mlog.write({"kind": "futility", **check.numbers()})
+        if check.futile:
+            stop_futile(r, check)
+
+
+def _no_score(r: LiveRun) -> str:
+    return (
+        f"recipe '{r.config.recipe}' defines no score() (per-example values), so no interval "
+        "can be computed during training"
+    )
+
+
+def stop_futile(r: LiveRun, check: FutilityCheck) -> NoReturn:
+    """Save the step, keep the model it reached as evidence, record the stop, raise it.
+
+    Raises:
+        Futile: Always, once the checkpoint, ``model/`` and ``result.json`` are written.
+    """
+    step = r.state.global_step
+    r.saver.save(step, last_step=True)
+    r.saver.wait()  # durable (and on the timeline) before the lane is given up
+    eval_metrics = {s: m for s in EVAL_SPLITS if (m := evaluate(r, s, final=True)) is not None}
+    metrics = eval_metrics.get(r.spec.decision_split, {})
+    save_model(r, metrics)
+    numbers = {
+        **check.numbers(),
+        "planned_steps": r.planned,
+        "steps_saved": r.planned - step,
+        "step_s": r.step_s(),
+    }
+    stop = Futile(r.run_id, check.reason(), step=step, numbers=numbers)
+    res = run_result(
+        r,
+        completed=False,
+        metrics=metrics,
+        eval_metrics=eval_metrics,
+        train_s=sum(r.step_times),
+        stop=stop.to_record(),
+    )
+    r.mlog.sync()
+    atomic_write_bytes(r.out_dir / RESULT_FILE, json_bytes(res.to_dict()))
+    raise stop
+
+
+def saved_seconds(numbers: dict[str, Any]) -> float | None:
+    """The GPU time a futility stop saved: the steps it did not train times the measured step
+    time (None without a measured step time)."""
+    step_s, left = numbers.get("step_s"), numbers.get("steps_saved")
+    if (
+        not isinstance(step_s, int | float)
+        or not isinstance(left, int)
+        or not math.isfinite(step_s)
+    ):
+        return None
+    return left * float(step_s)

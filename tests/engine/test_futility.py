@@ -1,0 +1,344 @@
+"""The futility stop: a variant that cannot win stops at an evaluation; the control never does.
+
+The decision is checked on made-up per-example scores (a clear winner, a clear loser, one whose
+interval still reaches the min gain, both directions, the verdict's interval); the stop on
+real tiny runs of the digits corpus: a variant with a two-unit hidden layer cannot win against
+the control's 128 units.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpucampaign.close.bootstrap import paired_mean_gain
+from gpucampaign.close.scores import Scores
+from gpucampaign.core.stoprules import EVIDENCE_RULES, Futile
+from gpucampaign.engine.futility import (
+    EvalScores,
+    cannot_win,
+    control_scores_at,
+    futility_check,
+    read_eval_scores,
+    write_eval_scores,
+)
+from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.folder.runresult import RESULT_FILE
+from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401 - a fixture
+
+N = 200
+IDS = tuple(f"r{i:03d}" for i in range(N))
+
+
+def control_record(values: np.ndarray, *, step: int = 10, metric: str = "accuracy") -> EvalScores:
+    return EvalScores(
+        step=step, planned=40, metric=metric, split="val", ids=IDS, values=np.asarray(values)
+    )
+
+
+def correct(rate: float, *, seed: int) -> np.ndarray:
+    """Per-example correctness (0/1) with exactly ``rate`` of the examples right."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros(N)
+    out[rng.permutation(N)[: round(rate * N)]] = 1.0
+    return out
+
+
+# --- the decision -----------------------------------------------------------------------------
+def test_the_clear_loser_is_futile_the_clear_winner_is_not() -> None:
+    control = control_record(correct(0.80, seed=1))
+    loser = futility_check(
+        control, ids=IDS, values=correct(0.30, seed=2), step=10, direction="maximize", min_gain=0.01
+    )
+    winner = futility_check(
+        control, ids=IDS, values=correct(0.97, seed=3), step=10, direction="maximize", min_gain=0.01
+    )
+    assert loser is not None and winner is not None
+    assert loser.futile and loser.ci95[1] < 0.01 and loser.gain == pytest.approx(-0.5)
+    assert not winner.futile and winner.ci95[0] > 0.01
+    assert "cannot win: at step 10" in loser.reason() and "below the min gain 0.01" in (
+        loser.reason()
+    )
+
+
+def test_a_variant_whose_interval_still_reaches_the_min_gain_goes_on() -> None:
+    # The same correctness but on 6 examples: its gain (+0.01) is below the min gain 0.02, yet
+    # the interval's optimistic end reaches it, so it might still win: not stopped.
+    base = correct(0.80, seed=1)
+    better = base.copy()
+    wrong = np.flatnonzero(base == 0)[:4]
+    better[wrong] = 1.0
+    right = np.flatnonzero(base == 1)[:2]
+    better[right] = 0.0
+    check = futility_check(
+        control_record(base), ids=IDS, values=better, step=10, direction="maximize", min_gain=0.02
+    )
+    assert check is not None
+    assert check.gain == pytest.approx(0.01) and check.gain < 0.02 <= check.ci95[1]
+    assert not check.futile
+
+
+def test_minimize_signs_the_gain_so_that_lower_is_better() -> None:
+    rng = np.random.default_rng(0)
+    loss = rng.uniform(0.2, 0.4, size=N)
+    worse = futility_check(
+        control_record(loss, metric="mse"),
+        ids=IDS,
+        values=loss + 0.5,
+        step=10,
+        direction="minimize",
+        min_gain=0.0,
+    )
+    better = futility_check(
+        control_record(loss, metric="mse"),
+        ids=IDS,
+        values=loss - 0.1,
+        step=10,
+        direction="minimize",
+        min_gain=0.0,
+    )
+    assert worse is not None and better is not None
+    assert worse.futile and worse.gain == pytest.approx(-0.5) and worse.ci95[1] < 0
+    assert not better.futile and better.gain == pytest.approx(0.1)
+
+
+def test_a_tie_cannot_win_the_verdicts_rule_on_the_optimistic_end() -> None:
+    # A copy of the control gains nothing: the verdict never adopts it, so it is futile.
+    base = correct(0.8, seed=1)
+    same = futility_check(
+        control_record(base), ids=IDS, values=base, step=10, direction="maximize", min_gain=0.0
+    )
+    assert same is not None and same.ci95 == (0.0, 0.0) and same.futile
+    assert cannot_win(optimistic=0.005, min_gain=0.01)
+    assert cannot_win(optimistic=0.0, min_gain=0.0)
+    assert not cannot_win(optimistic=0.01, min_gain=0.01)
+
+
+def test_the_interval_is_the_verdicts_paired_bootstrap() -> None:
+    control, variant = correct(0.8, seed=1), correct(0.75, seed=4)
+    check = futility_check(
+        control_record(control),
+        ids=IDS,
+        values=variant,
+        step=10,
+        direction="maximize",
+        min_gain=0.0,
+    )
+    gain = paired_mean_gain(
+        [Scores(IDS, {"accuracy": tuple(control)})],
+        [Scores(IDS, {"accuracy": tuple(variant)})],
+        metric="accuracy",
+    )
+    assert check is not None and gain is not None
+    assert (check.gain, check.ci95, check.n) == (gain.gain, gain.ci95, gain.n)
+
+
+def test_examples_are_paired_by_id_in_any_order() -> None:
+    control = correct(0.8, seed=1)
+    order = np.random.default_rng(5).permutation(N)
+    check = futility_check(
+        control_record(control),
+        ids=[IDS[i] for i in order],
+        values=control[order],
+        step=10,
+        direction="maximize",
+        min_gain=0.0,
+    )
+    assert check is not None and check.gain == 0.0 and check.n == N
+
+
+def test_the_control_record_at_the_same_step_else_its_last_once_it_ended(tmp_path: Path) -> None:
+    for step in (10, 20):
+        write_eval_scores(tmp_path, control_record(correct(0.5, seed=step), step=step))
+    back = read_eval_scores(tmp_path / "evals" / "scores-000000020.npz")
+    assert back.step == 20 and back.ids == IDS and back.metric == "accuracy"
+    assert control_scores_at(tmp_path, step=10)[0].step == 10  # type: ignore[union-attr]
+    # Still training (no result.json): nothing to compare step 30 with yet.
+    got, why = control_scores_at(tmp_path, step=30)
+    assert got is None and "no evaluation at step 30 yet" in why
+    (tmp_path / RESULT_FILE).write_text("{}")
+    got, why = control_scores_at(tmp_path, step=30)
+    assert got is not None and got.step == 20 and "last evaluation (step 20)" in why
+
+
+def test_a_futile_stop_is_evidence_and_pickles_with_its_numbers() -> None:
+    import pickle
+
+    stop = Futile("v-1", "cannot win", step=10, numbers={"gain": -0.5})
+    again = pickle.loads(pickle.dumps(stop))
+    assert (again.rule, again.step, again.stop_id, again.numbers) == (
+        "futile",
+        10,
+        stop.stop_id,
+        {"gain": -0.5},
+    )
+    assert again.to_record()["numbers"] == {"gain": -0.5}
+    assert Futile.rule in EVIDENCE_RULES  # the campaign goes on to its verdict
+
+
+# --- on real tiny runs ------------------------------------------------------------------------
+def cannot_win_spec(base: Path, digits: tuple[Path, str], **stop_rules: bool):
+    """A control of 40 steps (evaluated every 10) and a variant with a 2-unit hidden layer."""
+    return make_spec(
+        base,
+        digits,
+        control={"epochs": 4},
+        variants=[{"name": "narrow", "tier": "useful", "changes": {"hidden": [2]}}],
+        decision_rule={"metric": "accuracy", "threshold": 0.0, "min_gain": 0.01},
+        **({"stop_rules": stop_rules} if stop_rules else {}),
+    )
+
+
+def futility_rows(path: Path) -> list[dict]:
+    return [r for r in read_metrics(path / "metrics.jsonl") if r["kind"] == "futility"]
+
+
+def test_a_variant_that_cannot_win_stops_early_with_its_model_kept(
+    tmp_path: Path,
+    digits_file: tuple[Path, str],  # noqa: F811
+) -> None:
+    spec = cannot_win_spec(tmp_path, digits_file)
+    control = run(spec, tmp_path)
+    assert control.completed and control.steps_done == 40
+    kept = sorted(p.name for p in (run_dir(spec, tmp_path) / "evals").iterdir())
+    assert kept == [f"scores-{s:09d}.npz" for s in (10, 20, 30, 40)]
+
+    with pytest.raises(Futile) as info:
+        run(spec, tmp_path, name="narrow")
+    stop = info.value
+    # The first evaluation after the pilot (5 steps): step 10 of 40, 30 steps never trained.
+    assert stop.step == 10 and stop.run_id == spec.run_id("narrow")
+    n = stop.numbers
+    assert (n["control_step"], n["planned_steps"], n["steps_saved"]) == (10, 40, 30)
+    assert n["gain_ci95"][1] < n["min_gain"] == 0.01 and n["futile"] is True
+    assert n["step_s"] > 0
+    folder = run_dir(spec, tmp_path, name="narrow")
+    result = json.loads((folder / RESULT_FILE).read_text())
+    assert (result["completed"], result["steps_done"]) == (False, 10)
+    assert result["stop"]["rule"] == "futile" and result["stop"]["numbers"] == n
+    assert set(result["eval_metrics"]) == {"val", "test"}  # evaluated as evidence
+    assert (folder / "model" / "model.safetensors").is_file()  # reloaded like any stopped run
+    assert [r["futile"] for r in futility_rows(folder)] == [True]
+    # A later call raises the same stop again: the run is finished.
+    with pytest.raises(Futile) as again:
+        run(spec, tmp_path, name="narrow")
+    assert (again.value.stop_id, again.value.numbers) == (stop.stop_id, n)
+
+
+def test_the_spec_switch_turns_futility_off(tmp_path: Path, digits_file: tuple[Path, str]) -> None:  # noqa: F811
+    spec = cannot_win_spec(tmp_path, digits_file, futility=False)
+    assert spec.stop_rules.futility is False
+    assert run(spec, tmp_path).completed
+    narrow = run(spec, tmp_path, name="narrow")
+    assert narrow.completed and narrow.steps_done == 40
+    rows = futility_rows(run_dir(spec, tmp_path, name="narrow"))
+    assert rows == [{"kind": "futility", "step": 0, "off": rows[0]["off"]}]
+    assert "stop_rules.futility: false" in rows[0]["off"]
+
+
+def test_futility_is_on_by_default(tmp_path: Path, digits_file: tuple[Path, str]) -> None:  # noqa: F811
+    assert cannot_win_spec(tmp_path, digits_file).stop_rules.futility is True
+
+
+def test_the_control_is_never_stopped_as_futile(
+    tmp_path: Path,
+    digits_file: tuple[Path, str],  # noqa: F811
+) -> None:
+    # A control that learns nothing (lr 1e-7), with seed replicates, finds the records of a
+    # far better control in its folder: it and its replicate still train every step.
+    good = cannot_win_spec(tmp_path / "good", digits_file)
+    run(good, tmp_path / "good")
+    bad = make_spec(
+        tmp_path / "bad",
+        digits_file,
+        control={"epochs": 4, "lr": 1e-7, "seeds": [0, 1]},
+        variants=[{"name": "v", "tier": "useful", "changes": {"lr": 0.01}}],
+        decision_rule={"metric": "accuracy", "threshold": 0.0, "min_gain": 0.01},
+    )
+    target = run_dir(bad, tmp_path / "bad")
+    shutil.copytree(run_dir(good, tmp_path / "good") / "evals", target / "evals")
+    for name in ("control", "control.s1"):
+        res = run(bad, tmp_path / "bad", name=name)
+        assert res.completed and res.steps_done == 40 and res.stop is None, name
+        assert all(
+            r.get("futile") is not True
+            for r in futility_rows(run_dir(bad, tmp_path / "bad", name=name))
+        )
+    # The control kept its own scores (it records, never checks): its val accuracy at step 10.
+    rows = read_metrics(target / "metrics.jsonl")
+    at10 = next(r for r in rows if r["kind"] == "eval" and r["step"] == 10)
+    record = read_eval_scores(target / "evals" / "scores-000000010.npz")
+    assert record.values.mean() == pytest.approx(at10["accuracy"])
+
+
+# --- a user's recipe: minimize, and without score() -------------------------------------------
+def user_regression(base: Path, *, score: bool) -> tuple[Any, Any, Any]:
+    """A user's regression recipe (mse, minimize) written in ``base``: the control learns
+    (lr 0.05), the variant 'frozen' learns nothing (lr 1e-9). Returns (spec, folder, corpus)."""
+    import textwrap
+    import uuid
+
+    import yaml
+
+    from gpucampaign.core.files import sha256_file
+    from gpucampaign.data.corpus import load_spec_corpus
+    from gpucampaign.folder.layout import OutputFolder
+    from gpucampaign.spec import load_spec
+    from tests.close.test_scores import REGRESSION, SCORE
+
+    module = f"user_futile_{uuid.uuid4().hex[:8]}"
+    (base / f"{module}.py").write_text(textwrap.dedent(REGRESSION + (SCORE if score else "")))
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(240, 2))
+    np.save(base / "points.npy", np.column_stack([X, 2 * X[:, 0] - X[:, 1]]))
+    data = {
+        "name": "regression",
+        "packages": [{"gpu": "rtx4090", "days": 3}],
+        "corpus": {"path": "points.npy", "sha256": sha256_file(base / "points.npy")},
+        "control": {
+            "recipe": f"{module}:Regress",
+            "batch_size": 16,
+            "epochs": 3,  # 8 steps an epoch, evaluated at 8, 16 and 24
+            "lr": 0.05,
+            "threads": 1,
+        },
+        "variants": [{"name": "frozen", "changes": {"lr": 1e-9}}],
+        "decision_rule": {"metric": "mse", "direction": "minimize", "threshold": 10.0},
+        "stop_rules": {"require_restart": False},
+        "pilot": {"steps": 2},
+        "calendar": [{"name": "prep", "kind": "human", "hours": 1}],
+    }
+    (base / "campaign.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = load_spec(base / "campaign.yaml")
+    return spec, OutputFolder(base / "out"), load_spec_corpus(spec, base_dir=base)
+
+
+def test_a_minimized_metric_of_a_users_recipe_stops_the_variant_that_cannot_win(
+    tmp_path: Path,
+) -> None:
+    from tests.helpers import train_every_run
+
+    spec, folder, corpus = user_regression(tmp_path, score=True)
+    train_every_run(spec, folder=folder, corpus=corpus)
+    stops = folder.read_jsonl("stops.jsonl")
+    assert [(s["rule"], s["run_id"]) for s in stops] == [("futile", spec.run_id("frozen"))]
+    n = stops[0]["numbers"]
+    assert (n["metric"], n["direction"], n["step"], n["steps_saved"]) == ("mse", "minimize", 8, 16)
+    assert n["gain"] < 0 and n["gain_ci95"][1] < 0  # signed: the frozen variant is worse
+
+
+def test_a_recipe_without_score_is_never_stopped_as_futile_and_says_why(tmp_path: Path) -> None:
+    from tests.helpers import train_every_run
+
+    spec, folder, corpus = user_regression(tmp_path, score=False)
+    train_every_run(spec, folder=folder, corpus=corpus)
+    assert folder.read_jsonl("stops.jsonl") == []
+    for name in ("control", "frozen"):
+        rows = futility_rows(folder.run_dir(spec.run_id(name)))
+        assert len(rows) == 1 and "defines no score()" in rows[0]["off"], name
+    assert not (folder.run_dir(spec.run_id("control")) / "evals").exists()
