@@ -9,7 +9,16 @@ from gpucampaign.tracking.mlflow import (
     STATE_FILE,
     RunTracker,
     track_close,
+    tracking_note,
     tracking_uri,
 )
 
-__all__ = ["META_KEY", "OUTBOX_FILE", "STATE_FILE", "RunTracker", "track_close", "tracking_uri"]
+__all__ = [
+    "META_KEY",
+    "OUTBOX_FILE",
+    "STATE_FILE",
+    "RunTracker",
+    "track_close",
+    "tracking_note",
+    "tracking_uri",
+]

@@ -619,3 +619,21 @@ def track_close(
     if failed:
         line += f"; still unsent: {', '.join(failed)} (kept in their {OUTBOX_FILE})"
     return line
+
+
+def tracking_note(run_folder: Path) -> str | None:
+    """What a training call left unsent to MLflow, said in one line; None when nothing is left
+    (or the run is not tracked)."""
+    folder = Path(run_folder)
+    try:
+        state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+        lines = (folder / OUTBOX_FILE).read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError):
+        return None
+    if not lines:
+        return None
+    return (
+        f"MLflow: the tracking server {state.get('uri')} did not take {len(lines)} metric "
+        f"values of {state.get('run_id')}; training went on, they are kept in "
+        f"{folder / OUTBOX_FILE} and sent by the run's next start or the campaign's close"
+    )
