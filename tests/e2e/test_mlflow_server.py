@@ -25,7 +25,8 @@ from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.storage import LocalStore
-from gpucampaign.tracking.mlflow import OUTBOX_FILE, tracking_note
+from gpucampaign.tracking.mlflow import OUTBOX_FILE, STATE_FILE, tracking_note
+from gpucampaign.verify.checks import verify_output
 from infra import mlflowserver
 from infra.s3server import start_server as start_s3
 from tests.helpers.closing import SPEC_TEMPLATE, start_folder, write_corpus
@@ -161,6 +162,9 @@ def test_a_campaign_is_tracked_across_an_interruption(servers, tmp_path):
     assert any(n.endswith(".png") for n in names) or any(
         a.path.endswith(".png") for d in names for a in client.list_artifacts(parent.info.run_id, d)
     )
+    # The tracker's files are the folder's like any other: the sealed folder verifies.
+    assert (folder.run_dir(run_id) / STATE_FILE).is_file()
+    assert verify_output(folder.root).verified
     # The artifacts went through the server to its S3 bucket.
     keys = [
         o["Key"] for o in servers["s3"].client().list_objects_v2(Bucket="gpucampaign")["Contents"]
@@ -203,5 +207,5 @@ def test_a_server_down_never_stops_the_campaign(servers, tmp_path, caplog):
     ]
     assert sorted(steps) == list(range(1, res.steps_done + 1))
     assert children["control"].info.status == "FINISHED"
-    assert (folder.run_dir(spec.run_id("control")) / OUTBOX_FILE).read_text() == ""
+    assert not (folder.run_dir(spec.run_id("control")) / OUTBOX_FILE).exists()  # all sent
     assert "gpucampaign.verdict" in parent.data.tags

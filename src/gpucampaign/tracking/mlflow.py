@@ -94,6 +94,8 @@ def make_client(uri: str) -> Any:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    # Ending a run prints its URL to stdout: not in the middle of the campaign's live lines.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     return MlflowClient(tracking_uri=uri)
 
 
@@ -460,9 +462,8 @@ class RunTracker:
             f.writelines(json.dumps(list(r)) + "\n" for r in records)
 
     def _rewrite_outbox(self) -> None:
-        path = self.folder / OUTBOX_FILE
-        if path.exists():
-            atomic_write_bytes(path, b"")
+        # Everything was sent: no outbox (an empty file would fail the folder's verification).
+        (self.folder / OUTBOX_FILE).unlink(missing_ok=True)
 
 
 def ensure_experiment(client: Any, name: str) -> str:
@@ -516,8 +517,7 @@ def replay(folder: Path, *, client: Any, uri: str) -> dict[str, Any] | None:
         state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    outbox = folder / OUTBOX_FILE
-    if state.get("ended") and not (outbox.exists() and outbox.stat().st_size):
+    if state.get("ended") and not (folder / OUTBOX_FILE).exists():
         return None
     t = RunTracker(
         client=client,
