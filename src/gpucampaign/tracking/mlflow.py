@@ -40,12 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
+from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "mlflow.json"
-OUTBOX_FILE = "mlflow-outbox.jsonl"
+STATE_FILE = MLFLOW_STATE_FILE
+OUTBOX_FILE = MLFLOW_OUTBOX_FILE
+CAMPAIGN_FILE = "campaign.json"  # written by the campaign flow at its first start
 META_KEY = "mlflow_run_id"  # in every checkpoint's meta.json
 OFF_ENV = "GPUCAMPAIGN_TRACKING"
 TAG = "gpucampaign."
@@ -102,7 +104,7 @@ def make_client(uri: str) -> Any:
 def campaign_id_of(root: Path, spec: CampaignSpec) -> str:
     """The campaign ID of output folder ``root`` (``campaign.json``), else the spec's name."""
     try:
-        return str(json.loads((root / "campaign.json").read_text(encoding="utf-8"))["campaign_id"])
+        return str(json.loads((root / CAMPAIGN_FILE).read_text(encoding="utf-8"))["campaign_id"])
     except (OSError, ValueError, KeyError, TypeError):
         return spec.name
 
@@ -202,6 +204,8 @@ class RunTracker:
         self.tags = dict(tags)
         self.params = dict(params)
         state = self._read_state()
+        if state.get("uri") not in (None, uri):  # another server: its run IDs mean nothing here
+            state, known_run_id = {}, None
         self.mlflow_run_id: str | None = known_run_id or state.get("mlflow_run_id")
         # Without our own record of what was sent, the server's metric history tells it.
         self._sent: dict[str, int] = {str(k): int(v) for k, v in state.get("sent", {}).items()}
