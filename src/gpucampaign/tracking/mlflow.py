@@ -59,6 +59,20 @@ MAX_VALUE = 5000  # params and tags are cut to this many characters
 _EVAL_FIELDS = {"kind", "step", "epoch", "split", "eval_s", "final"}
 
 Record = tuple[str, float, int, int]  # key, value, step, timestamp (ms)
+_WARNED: set[str] = set()  # the servers said to be down in this process
+
+
+def short_error(exc: BaseException) -> str:
+    """A failed request in a few words (MLflow's own message repeats the URL three times)."""
+    text = str(exc)
+    for marker, said in (
+        ("Connection refused", "connection refused"),
+        ("timed out", "timed out"),
+        ("Name or service not known", "unknown host"),
+    ):
+        if marker in text:
+            return said
+    return f"{type(exc).__name__}: {text[:200]}"
 
 
 def tracking_uri(spec: CampaignSpec) -> str | None:
@@ -93,8 +107,8 @@ def make_client(uri: str) -> Any:
             field="tracking.mlflow",
         ) from exc
     # A server that is down answers in seconds, not after MLflow's default minutes of retries.
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    # (A failed send is tried again at the next flush: no retries inside one.)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     # Ending a run prints its URL to stdout: not in the middle of the campaign's live lines.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -293,8 +307,8 @@ class RunTracker:
             self._thread.join(wait_s)
         with self._lock:
             pending = len(self._pending) + len(self._queue)
-        if pending:
-            log.warning(
+        if pending:  # said as a warning by the caller (``tracking_note``) and by ``flush``
+            log.info(
                 "MLflow: %d metric values of %s not sent to %s (%s); kept in %s, sent by the "
                 "run's next start or the campaign's close",
                 pending,
@@ -341,8 +355,9 @@ class RunTracker:
                 self.client.set_terminated(self.mlflow_run_id, status=self.status)
                 self._write_state(ended=True)
         except Exception as exc:  # noqa: BLE001 - no tracking failure may stop training
-            self.error = f"{type(exc).__name__}: {str(exc)[:300]}"
-            if not self.down:
+            self.error = short_error(exc)
+            if not self.down and self.uri not in _WARNED:
+                _WARNED.add(self.uri)  # once per process and server, not once per run
                 log.warning(
                     "MLflow: tracking server %s does not answer (%s); training goes on, the "
                     "metrics of %s are kept in %s and sent when it answers",
@@ -353,7 +368,8 @@ class RunTracker:
                 )
             self.down = True
             return False
-        if self.down:
+        if self.down or self.uri in _WARNED:
+            _WARNED.discard(self.uri)
             log.warning("MLflow: tracking server %s answers again (%s)", self.uri, self.run_id)
         self.down, self.error = False, None
         return True
@@ -609,7 +625,7 @@ def track_close(
     except Exception as exc:  # noqa: BLE001 - the close goes on without the tracking server
         return (
             f"MLflow: tracking server {uri} did not answer at the close "
-            f"({type(exc).__name__}: {str(exc)[:200]}); the verdict and report are not in "
+            f"({short_error(exc)}); the verdict and report are not in "
             "MLflow, metrics not sent stay in runs/*/" + OUTBOX_FILE
         )
     late = sum(r["sent"] for r in replays)
