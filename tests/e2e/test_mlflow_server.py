@@ -11,7 +11,9 @@ at the close once the server is back.
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from gpucampaign.verify.checks import verify_output
 from infra import mlflowserver
 from infra.s3server import start_server as start_s3
 from tests.helpers.closing import SPEC_TEMPLATE, start_folder, write_corpus
+from tests.helpers.stack import STACK, s3_client
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -209,3 +212,36 @@ def test_a_server_down_never_stops_the_campaign(servers, tmp_path, caplog):
     assert children["control"].info.status == "FINISHED"
     assert not (folder.run_dir(spec.run_id("control")) / OUTBOX_FILE).exists()  # all sent
     assert "gpucampaign.verdict" in parent.data.tags
+
+
+def test_the_stack_runs_an_mlflow_server_on_its_postgres_and_s3(stack, tmp_path):
+    """`make stack-up`'s MLflow server: its URI in the env file a user sources, its backend on
+    the stack's PostgreSQL (a database of its own), its artifacts in the stack's bucket."""
+    env = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in (stack["dir"] / "env").read_text().splitlines()
+    )
+    uri = env["MLFLOW_TRACKING_URI"]
+    assert uri.startswith("http://127.0.0.1:")
+    status = subprocess.run(
+        ["bash", str(STACK), "status"], env=stack["env"], capture_output=True, text=True
+    )
+    assert f"MLflow tracking server at {uri}" in status.stdout, status.stdout
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("stack-check")
+    run = client.create_run(exp, run_name="check").info.run_id
+    client.log_batch(run, metrics=[mlflow.entities.Metric("loss", 0.5, 0, 3)])
+    (tmp_path / "note.txt").write_text("from the test\n")
+    client.log_artifact(run, str(tmp_path / "note.txt"))
+    assert [m.step for m in client.get_metric_history(run, "loss")] == [3]
+    assert [a.path for a in client.list_artifacts(run)] == ["note.txt"]
+    keys = [o["Key"] for o in s3_client(stack).list_objects_v2(Bucket="gpucampaign")["Contents"]]
+    assert any(k.startswith("mlflow/") and k.endswith("note.txt") for k in keys)
+    # Its database: the stack's PostgreSQL; the password never on a command line or in its log.
+    password = (stack["dir"] / "postgres.password").read_text().strip()
+    pid = int(json.loads((stack["dir"] / "mlflow" / "mlflow.json").read_text())["pid"])
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+    assert "mlflow" in cmdline and password not in cmdline
+    assert password not in (stack["dir"] / "mlflow" / "mlflow.log").read_text()
+    environ = Path(f"/proc/{pid}/environ").read_bytes().decode()
+    assert "MLFLOW_BACKEND_STORE_URI=postgresql+psycopg2://" in environ
