@@ -274,3 +274,11 @@ def test_the_uri_comes_from_the_spec_else_the_environment(tmp_path, digits_file,
 def test_a_uri_with_credentials_is_refused(tmp_path, digits_file):  # noqa: F811
     with pytest.raises(SpecError, match="MLFLOW_TRACKING_PASSWORD"):
         make_spec(tmp_path, digits_file, tracking={"mlflow": {"uri": "http://u:secret@h:5000"}})
+
+
+def test_the_server_command_line_holds_no_backend_uri():
+    from infra.mlflowserver import command
+
+    cmd = command(port=5000, artifacts="s3://gpucampaign/mlflow")
+    assert cmd[1:3] == ["server", "--host"] and "--serve-artifacts" in cmd
+    assert not any("backend" in part or "postgresql" in part for part in cmd)
