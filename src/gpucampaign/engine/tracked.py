@@ -3,7 +3,8 @@
 ``track_metrics`` swaps the run's ``metrics.jsonl`` log for one that hands every row to the
 run's ``RunTracker`` as well, and puts the MLflow run ID into every checkpoint's meta. Closing
 the log (the loop always does, in its ``finally``) ends the MLflow run: FINISHED when the run
-completed or its pilot stop was reached, KILLED when a stop was requested, FAILED otherwise.
+completed or its pilot stop was reached, KILLED when a stop was requested (or ``resume:
+inference`` ended the run after a cut), FAILED otherwise (a stop rule, an error).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class TrackedLog(MetricsLog):
     def write(self, row: dict[str, Any]) -> None:
         super().write(row)
         self.tracker.write(row)
-        self._interrupted |= row.get("kind") == "interrupt"
+        # A stop request, or `resume: inference` ending the run at its last checkpoint.
+        self._interrupted |= row.get("kind") in ("interrupt", "inference_restart")
         if self.tracker.mlflow_run_id is not None:  # read on this thread, by the next save
             self._r.checkpoint_meta[META_KEY] = self.tracker.mlflow_run_id
 
