@@ -162,6 +162,8 @@ def test_a_dead_process_outbox_after_the_restored_step_is_dropped(tmp_path):
     client.down = False
     # Restored at step 4: steps 5..7 are trained again and sent then, with their new values.
     again = _tracker(folder, client, restored_step=4)
+    kept = (folder / OUTBOX_FILE).read_text().splitlines()
+    assert max(json.loads(line)[2] for line in kept) == 4  # the dead steps left the outbox
     for s in range(5, 7):
         again.write(_train(s, loss=9.0))
     assert again.flush()

@@ -229,9 +229,10 @@ class RunTracker:
         self.down = False
         self.error: str | None = None
         self._connected = False
-        self._pending = [
-            rec for rec in self._read_outbox() if restored_step is None or rec[2] <= restored_step
-        ]
+        outbox = self._read_outbox()
+        self._pending = [rec for rec in outbox if restored_step is None or rec[2] <= restored_step]
+        if len(self._pending) < len(outbox):  # a dead timeline's steps: trained again, sent then
+            self._rewrite_outbox(self._pending)
         self._queue: list[Record] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -481,9 +482,14 @@ class RunTracker:
         with open(self.folder / OUTBOX_FILE, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(list(r)) + "\n" for r in records)
 
-    def _rewrite_outbox(self) -> None:
-        # Everything was sent: no outbox (an empty file would fail the folder's verification).
-        (self.folder / OUTBOX_FILE).unlink(missing_ok=True)
+    def _rewrite_outbox(self, records: list[Record] | None = None) -> None:
+        """The outbox holding ``records`` only; none: no file (an empty one would fail the
+        folder's verification)."""
+        path = self.folder / OUTBOX_FILE
+        if not records:
+            path.unlink(missing_ok=True)
+            return
+        atomic_write_bytes(path, "".join(json.dumps(list(r)) + "\n" for r in records).encode())
 
 
 def ensure_experiment(client: Any, name: str) -> str:
