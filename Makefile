@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@echo "== $(TORCH_SPEC), the CPU build (the largest download: a few minutes on a first install)"
 	$(BIN)/python -m pip install --progress-bar on "$(TORCH_SPEC)"
-	@echo "== gpucampaign and its dependencies (Prefect, pydantic, rich, boto3, ...) and the dev tools"
-	$(BIN)/python -m pip install --progress-bar on -e ".[dev]"
+	@echo "== gpucampaign and its dependencies (Prefect, pydantic, rich, boto3, ...), the dev tools and MLflow (tracking)"
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev,tracking]"
 	touch $(STAMP)
 	@echo "== installed; activate it with: . $(VENV)/bin/activate"
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The local real Prefect stack: PostgreSQL (Debian's postgresql, data under .stack/), a Prefect
 # server on it, the GPU global concurrency limit, the process work pool, both deployments, one worker, and a local S3
-# server (SeaweedFS, bucket gpucampaign) for storage.url: s3://gpucampaign/...
+# server (SeaweedFS, bucket gpucampaign) for storage.url: s3://gpucampaign/..., and an MLflow
+# tracking server (when mlflow is installed: the tracking extra) whose URI the env file exports.
 #
 #   infra/stack.sh up       start (or complete) the stack; writes $STACK_DIR/env to source
 #   infra/stack.sh down     stop the worker (and its flow runs), the server, PostgreSQL and the
@@ -262,6 +263,68 @@ pg_down() {  # fast shutdown (SIGINT) by the recorded PID; SIGQUIT (immediate) a
   rm -f "$(pidfile postgres)"
 }
 
+# The MLflow tracking server (infra/mlflowserver.py): its backend the database 'mlflow' on the
+# stack's PostgreSQL (SQLite in $MLFLOW_DIR when the Prefect database is external), its
+# artifacts in the S3 bucket under mlflow/, served through it (clients need no S3 keys). Its
+# URI goes into the env file only: a campaign is tracked when MLFLOW_TRACKING_URI is set where
+# it runs (a sourced env file) or its spec names the server (tracking.mlflow.uri); the stack's
+# worker does not get it, so deployment runs stay untracked unless their spec asks.
+MLFLOW_DIR="$STACK_DIR/mlflow"
+MLFLOW_URI=""
+
+mlflow_backend() {  # the backend URI (with the database password): never on a command line
+  local bin password port
+  if [[ -n "$EXTERNAL_DB" ]]; then
+    mkdir -p "$MLFLOW_DIR"
+    echo "sqlite:///$MLFLOW_DIR/mlflow.db"
+    return
+  fi
+  bin="$(pg_bindir)" || die "no PostgreSQL client found for the MLflow database"
+  password="$(cat "$PG_PASSWORD_FILE")"
+  port="$(cat "$PG_PORT_FILE")"
+  if ! PGPASSWORD="$password" "$bin/psql" -h "$HOST" -p "$port" -U gpucampaign -d postgres -tAc \
+      "SELECT 1 FROM pg_database WHERE datname = 'mlflow'" | grep -q 1; then
+    PGPASSWORD="$password" "$bin/createdb" -h "$HOST" -p "$port" -U gpucampaign mlflow \
+      || die "could not create the database 'mlflow'"
+  fi
+  echo "postgresql+psycopg2://gpucampaign:$password@$HOST:$port/mlflow"  # SQLAlchemy 2.1 would pick psycopg 3
+}
+
+mlflow_up() {  # after s3_up (the AWS_* of the artifacts) and pg_up
+  local backend exports
+  if ! "$PY" -c 'import mlflow' 2>/dev/null; then
+    say "mlflow is not installed in $(dirname "$PY") (pip install -e '.[tracking]'): no MLflow server"
+    return 0
+  fi
+  backend="$(mlflow_backend)"
+  say "MLflow tracking server: backend ${backend%%:*}, artifacts s3://gpucampaign/mlflow (log $MLFLOW_DIR/mlflow.log)"
+  exports="$(MLFLOW_BACKEND_STORE_URI="$backend" MLFLOW_S3_ENDPOINT_URL="$AWS_ENDPOINT_URL" \
+    "$PY" "$ROOT/infra/mlflowserver.py" start "$MLFLOW_DIR" --artifacts s3://gpucampaign/mlflow)" \
+    || die "the MLflow tracking server did not start (see $MLFLOW_DIR/mlflow.log)"
+  MLFLOW_URI="${exports#export MLFLOW_TRACKING_URI=}"
+  say "MLflow tracking server at $MLFLOW_URI"
+}
+
+mlflow_env() {  # add the tracking URI to the env file write_env wrote
+  [[ -n "$MLFLOW_URI" ]] || return 0
+  echo "export MLFLOW_TRACKING_URI=$MLFLOW_URI" >>"$STACK_DIR/env"
+}
+
+mlflow_down() {
+  "$PY" "$ROOT/infra/mlflowserver.py" status "$MLFLOW_DIR" >/dev/null 2>&1 || return 1
+  say "stopping the MLflow tracking server"
+  "$PY" "$ROOT/infra/mlflowserver.py" stop "$MLFLOW_DIR"
+}
+
+mlflow_status() {
+  local line
+  if line="$("$PY" "$ROOT/infra/mlflowserver.py" status "$MLFLOW_DIR" 2>/dev/null)"; then
+    say "MLflow tracking server $line"
+  else
+    say "MLflow tracking server stopped"
+  fi
+}
+
 wait_for() {  # wait_for WHAT COMPONENT CHECK...: until CHECK succeeds, the component dies, or timeout
   local what=$1 comp=$2; shift 2
   local deadline=$((SECONDS + TIMEOUT))
@@ -317,6 +380,7 @@ up() {
   [[ "$POOL_TYPE" == process ]] || die "up runs a process worker: unset GPUCAMPAIGN_POOL_TYPE (use 'setup' for other pools)"
   s3_up  # first: the worker and its flow runs inherit the AWS_* variables
   pg_up
+  mlflow_up
   if pid="$(live_pid server)"; then
     say "server already running (pid $pid)"
   else
@@ -340,10 +404,14 @@ up() {
   wait_for "worker '$WORKER_NAME'" worker worker_registered
 
   write_env
+  mlflow_env
   say "up. UI: http://$HOST:$PORT   Run the example campaign with:"
   echo "  . $STACK_DIR/env   # the venv first on PATH, PREFECT_API_URL and the AWS_* of the S3 server"
   echo "  export PREFECT_API_URL=$API   # (what that file sets for Prefect)"
   echo "  prefect deployment run campaign/main --watch"
+  if [[ -n "$MLFLOW_URI" ]]; then
+    echo "  MLflow UI: $MLFLOW_URI   (the env file sets MLFLOW_TRACKING_URI: what runs with it is tracked)"
+  fi
 }
 
 # Stop a component: SIGTERM to its process group, SIGKILL to what is left after a grace period.
@@ -381,6 +449,7 @@ down() {
     stopped=1
   fi
   rm -f "$(pidfile server)" "$STACK_DIR/env" "$STACK_DIR/server.port"
+  mlflow_down && stopped=1  # before PostgreSQL, its backend
   pg_down && stopped=1
   if "$PY" "$ROOT/infra/s3server.py" status "$S3_DIR" >/dev/null 2>&1; then
     say "stopping the S3 server"
@@ -402,6 +471,7 @@ status() {
   local s3
   if s3="$("$PY" "$ROOT/infra/s3server.py" status "$S3_DIR")"; then say "S3 server $s3"
   else say "S3 server stopped"; rc=1; fi
+  mlflow_status
   return $rc
 }
 

@@ -15,7 +15,9 @@ RUN pip install "$TORCH_SPEC"
 
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN pip install -e .
+# With the tracking extra: a campaign whose spec (or MLFLOW_TRACKING_URI) names an MLflow
+# server is tracked from the worker.
+RUN pip install -e ".[tracking]"
 
 # flows/ and tasks/ are not installed: the deployments import them from /app (the pull step
 # sets the working directory to $GPUCAMPAIGN_ROOT).

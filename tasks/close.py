@@ -9,7 +9,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from gpucampaign.close.closing import close_runs, seal_folder, write_closing_documents
+from gpucampaign.close.closing import close_runs, seal_folder, track_closed, write_closing_documents
 from gpucampaign.close.report import render_report_md
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.storage.mirror import mirror_output
@@ -45,6 +45,10 @@ def close_campaign(
     report = write_closing_documents(
         spec, closed, root=folder.root, base_dir=base_dir, campaign_id=campaign_id, catalog=catalog
     )
+    tracked = track_closed(spec, closed, root=folder.root, campaign_id=campaign_id)
+    if tracked is not None:
+        logger = get_run_logger()
+        (logger.warning if "did not answer" in tracked else logger.info)(tracked)
     create_markdown_artifact(
         markdown=f"Output folder: `{folder.root}`\n\n" + render_report_md(report),
         key=artifact_key("report", spec.name, campaign_id),

@@ -23,6 +23,7 @@ from gpucampaign.folder.segments import heartbeat
 from gpucampaign.plan.decision import early_losses, pilot_measures
 from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import open_store, spooled_keys
+from gpucampaign.tracking import tracking_note
 from tasks._common import (
     PHASE_OPTIONS,
     artifact_key,
@@ -134,6 +135,8 @@ def _run_training(
     update_progress_artifact(
         artifact_id=progress.id, progress=100.0, description=_done_description(folder, run_id)
     )
+    if (unsent := tracking_note(folder.run_dir(run_id))) is not None:
+        get_run_logger().warning(unsent)
     return result, n_train_of(folder.run_dir(run_id), run=run, corpus=corpus)
 
 

@@ -25,6 +25,7 @@ RANKS = (
     "recipe",
     "recipes",
     "preflight",
+    "tracking",
     "engine",
     "restartcheck",
     "close",

@@ -597,6 +597,29 @@ def write_closing_documents(
     return report
 
 
+def track_closed(
+    spec: CampaignSpec, closed: ClosedRuns, *, root: str | Path, campaign_id: str
+) -> str | None:
+    """Send the close to MLflow when tracking is on (``tracking.mlflow.track_close``): the
+    verdict and budget as tags of the campaign's parent run, the report and figures as its
+    artifacts, and the metrics an outage kept back.
+
+    Returns:
+        The line that says what was tracked, or why not; None when tracking is off.
+    """
+    from gpucampaign.close.report import REPORT_HTML, REPORT_JSON, REPORT_MD
+    from gpucampaign.tracking import track_close
+
+    return track_close(
+        spec,
+        root=root,
+        campaign_id=campaign_id,
+        verdict=closed.verdict.to_dict(),
+        budget=closed.budget,
+        files=[REPORT_MD, REPORT_HTML, REPORT_JSON, *closed.figures.values()],
+    )
+
+
 def close_folder(
     spec: CampaignSpec,
     *,

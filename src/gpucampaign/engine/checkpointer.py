@@ -38,6 +38,7 @@ class SavingRun(Protocol):
     manager: CheckpointManager
     state: TrainState
     mlog: MetricsLog
+    checkpoint_meta: dict[str, Any]
 
     @property
     def run_id(self) -> str: ...
@@ -130,6 +131,7 @@ class Checkpointer:
             "threads": r.config.threads,
             "device": str(r.device),
             "precision": r.config.precision,
+            **r.checkpoint_meta,
         }
         manager = r.manager
         self._background.submit(

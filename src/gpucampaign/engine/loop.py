@@ -66,6 +66,7 @@ from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
 from gpucampaign.engine.parts import make_loader, n_train_of, progress_bar, read_params  # noqa: F401
 from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun, check_arguments, setup_run
+from gpucampaign.engine.tracked import track_metrics
 from gpucampaign.folder.layout import METRICS_FILE, MODEL_DIR, PARAMS_FILE  # noqa: F401
 from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
 from gpucampaign.folder.progress import ProgressFile, step_rate
@@ -383,6 +384,7 @@ def train_run(
         out_dir, resume=r.config.resume, checkpoint_step=r.resumed_from, planned_steps=r.planned
     )
     _open_metrics(r, restored=ck is not None)
+    track_metrics(r, ck)  # MLflow, when tracking is on (engine/tracked.py)
     if cut is not None:  # resume: inference
         restart_inference(r, cut)
     return _train(r, progress=progress, show_progress=show_progress)

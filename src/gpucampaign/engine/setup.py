@@ -75,6 +75,8 @@ class LiveRun:
     eval_times: list[float] = field(default_factory=list)
     # The last evaluation during training (step, metrics on val): the live progress shows it.
     last_eval: tuple[int, dict[str, float]] | None = None
+    # More fields for every checkpoint's meta (the MLflow run ID when tracking is on).
+    checkpoint_meta: dict[str, Any] = field(default_factory=dict)
     # Set by the loop before the first step: the log once metrics.jsonl is open, the saver
     # once the restore is known.
     mlog: MetricsLog = field(init=False, repr=False)

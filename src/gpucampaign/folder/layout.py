@@ -39,6 +39,10 @@ PREDICTIONS_FILE = "predictions.csv"
 SCORES_PREFIX = "scores-"  # scores-<split>.csv: per-example scores (see scores_file)
 SCORES_ERROR_FILE = "scores-error.txt"  # why a recipe's score() wrote no scores at the close
 ERROR_ANALYSIS_FILE = "error_analysis.json"
+# runs/<run_id>/mlflow.json: the run's MLflow run ID and the last step sent per metric; and
+# mlflow-outbox.jsonl: metric values not yet taken by the tracking server (absent when none).
+MLFLOW_STATE_FILE = "mlflow.json"
+MLFLOW_OUTBOX_FILE = "mlflow-outbox.jsonl"
 # runs/<run_id>/progress.json: the live state of a training call (rewritten about once a second;
 # transient, so not in the manifest): what `campaign run` and `campaign watch` show.
 PROGRESS_FILE = "progress.json"

@@ -69,6 +69,8 @@ def spawn(args: list[str], *, threads: int, workdir: Path, name: str) -> subproc
     env.update(
         {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONHASHSEED": "0"}
     )
+    # The check trains copies of a run, not the campaign's run: nothing of it goes to MLflow.
+    env["GPUCAMPAIGN_TRACKING"] = "off"
     # The spec's recipe folders, so a child imports the same recipe file.
     env["PYTHONPATH"] = os.pathsep.join([*RECIPE_DIRS, *filter(None, [env.get("PYTHONPATH")])])
     log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in wait

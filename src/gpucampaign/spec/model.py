@@ -38,6 +38,7 @@ from gpucampaign.spec.parts import (
     Step,
     StopRules,
     StorageSpec,
+    TrackingSpec,
     Variant,
     _Frozen,
     canonical_json,
@@ -94,6 +95,9 @@ class CampaignSpec(_Frozen):
     deliveries: DeliverySpec = Field(default_factory=DeliverySpec, description="Delivery unit.")
     expenses: tuple[Expense, ...] = Field(default=(), description="Other expenses really incurred.")
     gpu_lock: GpuLockSpec = Field(default_factory=GpuLockSpec, description="GPU lock settings.")
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec, description="Experiment tracking (MLflow), off by default."
+    )
 
     @field_validator("catalog")
     @classmethod
@@ -616,5 +620,10 @@ def resolve_inside(base: str | Path, relative: str, *, field: str) -> Path:
 
 
 def spec_sha256(spec: CampaignSpec) -> str:
-    """Hash of the validated spec's canonical JSON."""
-    return hashlib.sha256(canonical_json(spec.model_dump(mode="json")).encode()).hexdigest()
+    """Hash of the validated spec's canonical JSON.
+
+    Where the runs are tracked (``tracking``) is left out: it changes nothing the campaign
+    computes, and a campaign resumed with tracking switched on keeps its ID.
+    """
+    body = spec.model_dump(mode="json", exclude={"tracking"})
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()

@@ -506,6 +506,43 @@ class DeliverySpec(_Frozen):
     )
 
 
+class MlflowSpec(_Frozen):
+    """Where a campaign's runs are tracked in MLflow (off unless set, or MLFLOW_TRACKING_URI)."""
+
+    uri: str | None = Field(
+        default=None,
+        description="Tracking server URI (http(s)://host:port, or a local file:/sqlite: store); "
+        "absent: MLFLOW_TRACKING_URI. Credentials go in the environment "
+        "(MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN).",
+    )
+    experiment: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        description="MLflow experiment name; absent: the campaign's name.",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _no_credentials(cls, v: str | None) -> str | None:
+        if v is not None and re.match(r"^[a-z][a-z0-9+.-]*://[^/@]*@", v, re.IGNORECASE):
+            raise ValueError(
+                "the tracking URI holds credentials; remove 'user:password@' and set "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD in the environment"
+            )
+        if v is not None and not v.strip():
+            raise ValueError("give a tracking URI (http://host:port), or leave 'uri' out")
+        return v
+
+
+class TrackingSpec(_Frozen):
+    """Experiment tracking: off by default."""
+
+    mlflow: MlflowSpec | None = Field(
+        default=None, description="MLflow tracking: {uri, experiment}."
+    )
+
+
 class GpuLockSpec(_Frozen):
     """The Prefect global concurrency limit all GPU phases share."""
 
