@@ -8,20 +8,25 @@ from typing import Any, cast
 from uuid import UUID
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 from gpucampaign.core.interrupt import raise_if_stopped
 from gpucampaign.core.stoprules import STOP_RULES, StopRule
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.engine.loop import n_train_of, train_run
 from gpucampaign.folder.metrics import read_metrics
-from gpucampaign.folder.progress import read_progress, render_line
+from gpucampaign.folder.progress import evaluation_table, read_progress, render_line
 from gpucampaign.folder.records import read_stops
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.folder.segments import heartbeat
 from gpucampaign.plan.decision import early_losses, pilot_measures
 from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import open_store, spooled_keys
+from tasks import notify
 from tasks._common import (
     PHASE_OPTIONS,
     artifact_key,
@@ -44,10 +49,14 @@ def recorded_stop(out: str, run_id: str) -> StopRule | None:
 
 
 class _Progress:
-    """A Prefect progress artifact, updated once per PROGRESS_EVERY_S at most: short runs
-    would otherwise spend more time reporting than training."""
+    """What the Prefect UI shows of a training call while it runs, updated once per
+    PROGRESS_EVERY_S at most (short runs would otherwise spend more time reporting than
+    training): the progress artifact (its description: loss, the last evaluation, the ETA),
+    the run's table of evaluations (a new version under one key per run whenever a new
+    evaluation is seen), and one notification when checkpoint files stop leaving the machine.
+    """
 
-    def __init__(self, phase: str, run_id: str) -> None:
+    def __init__(self, phase: str, run_id: str, *, out: str = "", campaign: str = "") -> None:
         # sync_compatible: called from sync code, it returns the UUID, not a coroutine.
         self.id = cast(
             UUID,
@@ -57,6 +66,9 @@ class _Progress:
         )
         self.last = time.monotonic()
         self.description = f"{phase} of {run_id}"
+        self.run_id, self.out, self.campaign = run_id, out, campaign
+        self.table_step: int | None = None  # the newest evaluation in the table artifact
+        self.told_spool = False
 
     def __call__(self, info: dict[str, Any]) -> None:
         if time.monotonic() - self.last < PROGRESS_EVERY_S:
@@ -68,6 +80,46 @@ class _Progress:
         update_progress_artifact(
             artifact_id=self.id, progress=min(100.0, done), description=self.description
         )
+        if info.get("metric_step") is not None and info["metric_step"] != self.table_step:
+            self.publish_table(info)
+        if self.out and not self.told_spool:
+            self.check_spool()
+
+    def publish_table(self, info: dict[str, Any]) -> None:
+        """A new version of the run's evaluation table (every evaluation so far, from
+        metrics.jsonl, so a resumed run's table holds its earlier evaluations too)."""
+        if not self.out:
+            return
+        rows = read_metrics(out_folder(self.out).run_dir(self.run_id) / "metrics.jsonl")
+        table = evaluation_table(
+            rows, metric=info.get("metric"), planned_steps=int(info["planned_steps"])
+        )
+        if not table:
+            return
+        self.table_step = table[-1]["step"]
+        create_table_artifact(
+            table=table,
+            key=evaluations_key(self.run_id),
+            description=f"Evaluations of {self.run_id} on val: {render_line(info)}",
+        )
+
+    def check_spool(self) -> None:
+        """Say once (a notification event) that the store stopped taking uploads."""
+        pending = spooled_keys(self.out)
+        if pending:
+            self.told_spool = True
+            notify.storage_unreachable(
+                campaign=notify.campaign_id_of(self.out) or self.campaign,
+                name=self.campaign,
+                run_id=self.run_id,
+                pending=len(pending),
+                out=self.out,
+            )
+
+
+def evaluations_key(run_id: str) -> str:
+    """The key of a run's evaluation table artifact (one per run, a new version per update)."""
+    return artifact_key("evaluations", run_id)
 
 
 def _done_description(folder: Any, run_id: str) -> str:
@@ -96,7 +148,7 @@ def _run_training(
         raise stopped
     corpus = load_spec_corpus(spec, base_dir=base_dir, run_id=run_id)
     store = open_store(spec.storage.url, out_dir=Path(out))
-    progress = _Progress(phase, run_id)
+    progress = _Progress(phase, run_id, out=out, campaign=spec.name)
     lock = spec.gpu_lock
     try:
         with (
@@ -106,6 +158,7 @@ def _run_training(
                 lease_s=lock.lease_s,
                 campaign=spec.name,
                 out=out,
+                run=f"{phase} of {run_id}",
             ),
             busy(folder, spec, phase=phase, run=run.name, note=run_id) as row,
         ):
@@ -129,6 +182,11 @@ def _run_training(
     update_progress_artifact(
         artifact_id=progress.id, progress=100.0, description=_done_description(folder, run_id)
     )
+    final = read_progress(folder.run_dir(run_id))
+    if final is not None:
+        progress.publish_table(final)
+    if not progress.told_spool:
+        progress.check_spool()
     return result, n_train_of(folder.run_dir(run_id), run=run, corpus=corpus)
 
 
