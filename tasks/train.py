@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -80,10 +81,19 @@ class _Progress:
         update_progress_artifact(
             artifact_id=self.id, progress=min(100.0, done), description=self.description
         )
-        if info.get("metric_step") is not None and info["metric_step"] != self.table_step:
-            self.publish_table(info)
-        if self.out and not self.told_spool:
-            self.check_spool()
+        self.live_tables(info)
+
+    def live_tables(self, info: dict[str, Any], *, final: bool = False) -> None:
+        """A new version of the evaluation table when a new evaluation is seen (always at the
+        ``final`` call, after the last evaluation), then the spool check."""
+        try:  # a live view is never worth stopping a training for
+            seen = info.get("metric_step")
+            if final or (seen is not None and seen != self.table_step):
+                self.publish_table(info)
+            if self.out and not self.told_spool:
+                self.check_spool()
+        except Exception as exc:
+            logging.getLogger(__name__).debug("live tables of %s: %s", self.run_id, exc)
 
     def publish_table(self, info: dict[str, Any]) -> None:
         """A new version of the run's evaluation table (every evaluation so far, from
@@ -91,16 +101,16 @@ class _Progress:
         if not self.out:
             return
         rows = read_metrics(out_folder(self.out).run_dir(self.run_id) / "metrics.jsonl")
-        table = evaluation_table(
-            rows, metric=info.get("metric"), planned_steps=int(info["planned_steps"])
-        )
+        planned = int(info.get("planned_steps") or max((r.get("step", 0) for r in rows), default=0))
+        table = evaluation_table(rows, metric=info.get("metric"), planned_steps=planned)
         if not table:
             return
         self.table_step = table[-1]["step"]
         create_table_artifact(
             table=table,
             key=evaluations_key(self.run_id),
-            description=f"Evaluations of {self.run_id} on val: {render_line(info)}",
+            description=f"Evaluations of {self.run_id} on val"
+            + (f": {render_line(info)}" if info else ""),
         )
 
     def check_spool(self) -> None:
@@ -182,11 +192,7 @@ def _run_training(
     update_progress_artifact(
         artifact_id=progress.id, progress=100.0, description=_done_description(folder, run_id)
     )
-    final = read_progress(folder.run_dir(run_id))
-    if final is not None:
-        progress.publish_table(final)
-    if not progress.told_spool:
-        progress.check_spool()
+    progress.live_tables(read_progress(folder.run_dir(run_id)) or {}, final=True)
     return result, n_train_of(folder.run_dir(run_id), run=run, corpus=corpus)
 
 

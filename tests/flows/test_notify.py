@@ -166,3 +166,25 @@ def test_the_holders_table_names_run_and_host():
     assert holders_key("GPU_lock").startswith("gpu-lock-gpu-lock-")
     # An older record (written before holders named their run) still reads.
     assert Holder(**{k: v for k, v in holder.__dict__.items() if k != "run"}).run == ""
+
+
+def test_the_live_tables_never_stop_a_training(monkeypatch, tmp_path):
+    import tasks.train as train
+
+    monkeypatch.setattr(train, "create_progress_artifact", lambda **kw: "artifact-id")
+
+    def down(**kwargs):
+        raise ConnectionError("the Prefect API is gone")
+
+    monkeypatch.setattr(train, "create_table_artifact", down)
+    run_dir = tmp_path / "runs" / "control-0123456789"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text(
+        json.dumps({"kind": "train", "step": 1, "loss": 1.0, "step_s": 0.1})
+        + "\n"
+        + json.dumps({"kind": "eval", "step": 1, "split": "val", "accuracy": 0.5})
+        + "\n"
+    )
+    progress = train._Progress("train", "control-0123456789", out=str(tmp_path), campaign="c")
+    progress.live_tables({"metric": "accuracy", "metric_step": 1, "planned_steps": 4}, final=True)
+    assert progress.table_step == 1  # it tried, and the error stayed in the live view
