@@ -119,6 +119,32 @@ def test_stack_up_sets_up_the_dead_run_automation_and_says_there_is_no_target(st
     assert dep["job_variables"]["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "60"
 
 
+def test_a_closed_campaign_emits_its_answer_as_an_event(stack, finished_campaign):
+    """The events the flows emit reach the server from a deployment's flow-run process (sent
+    before it exits), whether or not an automation turns them into a message. (Before the
+    tests that shorten the dead-run window: the session's campaign may run now.)"""
+    manifest = json.loads((finished_campaign["out"] / "manifest.json").read_text())
+    campaign_id = json.loads((finished_campaign["out"] / "campaign.json").read_text())[
+        "campaign_id"
+    ]
+    query = {"filter": {"event": {"name": ["gpucampaign.campaign.closed"]}}, "limit": 50}
+    found: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not found:
+        events = api(stack["api"], "POST", "/events/filter", query)["events"]
+        found = [
+            e
+            for e in events
+            if e["resource"]["prefect.resource.id"] == f"gpucampaign.campaign.{campaign_id}"
+        ]
+        time.sleep(0 if found else 3)
+    assert found, "no gpucampaign.campaign.closed event of the finished campaign"
+    payload = found[0]["payload"]
+    assert payload["verdict"] == manifest["verdict"]["kind"]
+    assert payload["answer"] and payload["answer"] in payload["body"]
+    assert str(finished_campaign["out"]) in payload["body"]
+
+
 def _deployment_on(stack: dict[str, Any], *, pool: str, name: str) -> str:
     """campaign/main again on ``pool``, its heartbeat at the fastest Prefect allows; its ID."""
     main = api(stack["api"], "GET", "/deployments/name/campaign/main")
@@ -209,28 +235,3 @@ def test_a_waiting_decision_is_sent_and_a_killed_run_ends_crashed(stack, receive
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def test_a_closed_campaign_emits_its_answer_as_an_event(stack, finished_campaign):
-    """The events the flows emit reach the server from a deployment's flow-run process (sent
-    before it exits), whether or not an automation turns them into a message."""
-    manifest = json.loads((finished_campaign["out"] / "manifest.json").read_text())
-    campaign_id = json.loads((finished_campaign["out"] / "campaign.json").read_text())[
-        "campaign_id"
-    ]
-    query = {"filter": {"event": {"name": ["gpucampaign.campaign.closed"]}}, "limit": 50}
-    found: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not found:
-        events = api(stack["api"], "POST", "/events/filter", query)["events"]
-        found = [
-            e
-            for e in events
-            if e["resource"]["prefect.resource.id"] == f"gpucampaign.campaign.{campaign_id}"
-        ]
-        time.sleep(0 if found else 3)
-    assert found, "no gpucampaign.campaign.closed event of the finished campaign"
-    payload = found[0]["payload"]
-    assert payload["verdict"] == manifest["verdict"]["kind"]
-    assert payload["answer"] and payload["answer"] in payload["body"]
-    assert str(finished_campaign["out"]) in payload["body"]
