@@ -30,6 +30,7 @@ from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.preflight import preflight
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
 from gpucampaign.spec.recipefile import use_recipe_dir
+from tasks import notify
 from tasks._common import artifact_key
 from tasks.audit import data_audit
 from tasks.close import close_campaign, mirror, seal
@@ -184,13 +185,22 @@ def _campaign(
         "mirrored": mirrored,
         "essential_stop": essential_stop.to_record() if essential_stop else None,
     }
+    failed = ""
     if essential_stop is not None:
-        return Failed(message=f"campaign stopped: {essential_stop}", data=summary)  # type: ignore[return-value]
-    if not verified["verified"]:
-        return Failed(
-            message="the output folder did not verify: see the manifest task's log",  # type: ignore[return-value]
-            data=summary,
-        )
+        failed = f"campaign stopped: {essential_stop}"
+    elif not verified["verified"]:
+        failed = "the output folder did not verify: see the manifest task's log"
+    verdict = closed["verdict"]
+    notify.campaign_closed(
+        campaign=campaign_id,
+        name=cs.name,
+        answer=str(verdict.get("answer") or verdict.get("text") or ""),
+        verdict=str(verdict.get("kind") or "?"),
+        out=str(folder.root),
+        failed=failed,
+    )
+    if failed:
+        return Failed(message=failed, data=summary)  # type: ignore[return-value]
     return summary
 
 
@@ -255,8 +265,10 @@ def _experiments(
     if decision.action == "re-pose":
         logger.warning("decision point: re-pose the question: %s", "; ".join(decision.reasons))
         # A stop in an essential run's pilot is an essential stop: the flow ends Failed.
-        stops = [e for r, e in pilot_exc.items() if cs.tier_of(r) == "essential"]
-        return decision, (stops[0] if stops else None), {}
+        stops = [(r, e) for r, e in pilot_exc.items() if cs.tier_of(r) == "essential"]
+        for run, rule in stops:
+            notify.essential_stop(campaign=campaign_id, name=cs.name, run=run, stop=str(rule))
+        return decision, (stops[0][1] if stops else None), {}
 
     futures, restart_future = _submit_in_lanes(
         cs, lanes=lanes, dropped=decision.dropped_runs, common=common
@@ -274,6 +286,7 @@ def _experiments(
             )
         elif cs.tier_of(run) == "essential":
             logger.error("essential run '%s' stopped: %s", run, stop)
+            notify.essential_stop(campaign=campaign_id, name=cs.name, run=run, stop=str(stop))
             essential_stop = essential_stop or stop
         else:
             logger.warning(

@@ -27,6 +27,7 @@ from gpucampaign.plan import calendar
 from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.restartcheck.check import output_check_target
 from gpucampaign.storage.status import RentalEnding, check_rental_margin, folder_to_check
+from tasks import notify
 from tasks._common import artifact_key
 from tasks.gpu_lock import embedded_api, ensure_gpu_limit
 from tasks.restart import resume_check
@@ -63,6 +64,13 @@ def restart_verification(
     except RentalEnding as exc:
         logger.error("%s", exc)
         ending = exc
+        name = spec_name(spec, out=out)
+        notify.rental_ending(
+            campaign=notify.campaign_id_of(out_dir) or name,
+            name=name,
+            message=str(exc),
+            out=str(out_dir),
+        )
     with tempfile.TemporaryDirectory(prefix="gpucampaign-scheduled-") as work:
         checked = folder_to_check(out_dir, dest=Path(work) / "out") if kept else out_dir
         checked = checked.resolve()

@@ -10,8 +10,11 @@
 #   infra/stack.sh status   what runs, and whether the API answers
 #   infra/stack.sh restart s3  stop and start the S3 server on the same ports (recorded in
 #                           $STACK_DIR/s3/s3ports.json): the worker keeps its endpoint
-#   infra/stack.sh setup    only the GPU lock, work pool and deployments, on the server at
-#                           PREFECT_API_URL (a shared server, compose, Kubernetes)
+#   infra/stack.sh setup    only the GPU lock, work pool, deployments and automations, on the
+#                           server at PREFECT_API_URL (a shared server, compose, Kubernetes)
+#   infra/stack.sh automations  only the automations (infra/automations.py), on the stack's
+#                           server or the one at PREFECT_API_URL: dead runs marked Crashed, and
+#                           the notifications when a target is set (below)
 #
 # Settings (environment):
 #   GPUCAMPAIGN_PREFECT_PORT  server port (default: the running stack's, else 4200; the server
@@ -27,6 +30,12 @@
 #   PREFECT_SERVER_DATABASE_CONNECTION_URL  (or PREFECT_API_DATABASE_CONNECTION_URL) a database
 #                             you run: passed to the server, and no local PostgreSQL is started
 #   GPUCAMPAIGN_PG_BIN        folder of initdb/pg_ctl (default: the newest /usr/lib/postgresql/*/bin)
+#   GPUCAMPAIGN_NOTIFY_URL    a webhook that gets the notifications as JSON {"subject", "body"}
+#                             (default: none, no notifications)
+#   GPUCAMPAIGN_NOTIFY_BLOCK  or a notification block of the server, '<type-slug>/<name>'
+#                             (e.g. slack-webhook/team, sendgrid-email/me)
+#   GPUCAMPAIGN_CRASHED_AFTER_S  a flow run without a heartbeat for this long is set Crashed
+#                             (default 300; the deployments send one every 60 s)
 set -euo pipefail
 
 ROOT="${GPUCAMPAIGN_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
@@ -43,7 +52,9 @@ PREFECT_FILE="deployments/prefect.yaml"
 TIMEOUT="${GPUCAMPAIGN_STACK_TIMEOUT:-180}"
 CMD="${1:-}"
 API="http://$HOST:$PORT/api"
-if [[ "$CMD" == setup && -n "${PREFECT_API_URL:-}" ]]; then API="$PREFECT_API_URL"; fi
+if [[ "$CMD" == setup || "$CMD" == automations ]] && [[ -n "${PREFECT_API_URL:-}" ]]; then
+  API="$PREFECT_API_URL"
+fi
 
 die() { echo "stack: error: $*" >&2; exit 1; }
 say() { echo "stack: $*"; }
@@ -373,6 +384,23 @@ setup() {  # the GPU lock, the work pool and both deployments; the API must answ
 
   say "deploying $PREFECT_FILE from $ROOT (log $STACK_DIR/deploy.log)"
   (cd "$ROOT" && run_logged deploy "$PREFECT" --no-prompt deploy --all --prefect-file "$PREFECT_FILE")
+
+  automations
+}
+
+# The automations (infra/automations.py, idempotent): a flow run whose heartbeats stop is set
+# Crashed; notifications through GPUCAMPAIGN_NOTIFY_URL / GPUCAMPAIGN_NOTIFY_BLOCK when set.
+automations() {
+  healthy || die "no Prefect API answers at $API"
+  local said
+  if ! said="$("$PY" "$ROOT/infra/automations.py" 2>&1)"; then
+    echo "$said" >>"$STACK_DIR/automations.log"
+    echo "$said" | tail -n 20 >&2
+    die "the automations could not be set up (see $STACK_DIR/automations.log)"
+  fi
+  echo "$said" >>"$STACK_DIR/automations.log"
+  echo "$said" | grep '^automations: ' | tail -n 1 | sed 's/^automations: /stack: /'
+  say "automations set up (log $STACK_DIR/automations.log)"
 }
 
 up() {
@@ -478,10 +506,11 @@ status() {
 case "$CMD" in
   up) up ;;
   setup) setup ;;
+  automations) automations ;;
   down) down ;;
   status) status ;;
   restart)
     [[ "${2:-}" == s3 ]] || { echo "usage: $0 restart s3" >&2; exit 2; }
     s3_restart ;;
-  *) echo "usage: $0 up|down|status|setup|restart s3" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|setup|automations|restart s3" >&2; exit 2 ;;
 esac

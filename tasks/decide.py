@@ -31,6 +31,7 @@ from gpucampaign.plan.decision import (
     on_timeout,
 )
 from gpucampaign.spec import CampaignSpec
+from tasks import notify
 from tasks._common import TASK_OPTIONS, artifact_key, busy, out_folder
 
 
@@ -76,7 +77,7 @@ def decision_point(
         decision = refo.decision
         if mode == "ask":
             evidence = decision_markdown(decision, refo.hours, pilot=pilot)
-            decision = _ask(spec, auto=decision, evidence=evidence)
+            decision = _ask(spec, auto=decision, evidence=evidence, campaign_id=campaign_id)
     record_decision_after_pilot(folder.root, decision, reforecast=refo)
     logger.info("decision point: %s", decision.summary())
     create_markdown_artifact(
@@ -117,7 +118,7 @@ def ask_until_valid(
     return None, refusals
 
 
-def _ask(spec: CampaignSpec, *, auto: Decision, evidence: str) -> Decision:
+def _ask(spec: CampaignSpec, *, auto: Decision, evidence: str, campaign_id: str = "") -> Decision:
     logger = get_run_logger()
     timeout_s = spec.decision_point.timeout_s
     logger.warning(
@@ -125,6 +126,13 @@ def _ask(spec: CampaignSpec, *, auto: Decision, evidence: str) -> Decision:
         timeout_s,
         auto.action,
         "; ".join(auto.reasons),
+    )
+    notify.decision_waiting(
+        campaign=campaign_id or spec.name,
+        name=spec.name,
+        proposal=auto.action,
+        reasons=list(auto.reasons),
+        timeout_s=timeout_s,
     )
     # A RunInput subclass built at run time from DecisionInput: action, drop, note.
     base = RunInput.subclass_from_base_model_type(decision_form(spec, auto=auto))

@@ -171,6 +171,7 @@ class Holder:
     out: str = ""
     flow_run: str | None = None
     server_pid: int | None = None  # the holder's embedded Prefect server; None: a shared one
+    run: str = ""  # what holds it: ``<phase> of <run ID>``
 
     def says(self) -> str:
         """``campaign 'c' (output folder o, PID p on host h, since t)``."""
@@ -248,6 +249,7 @@ def gpu_slot(
     lease_s: float,
     campaign: str = "",
     out: str = "",
+    run: str = "",
     recheck_s: float = 2.0,
 ) -> Iterator[SlotHold]:
     """Hold one slot of the GPU lock for the machine-busy part of a phase.
@@ -264,6 +266,7 @@ def gpu_slot(
         lease_s: lease of the held slot (Prefect renews it while the block runs).
         campaign: the campaign's name, for the holder record.
         out: the campaign's output folder, for the holder record.
+        run: what holds the slot (``<phase> of <run ID>``), for the holder record and the UI.
         recheck_s: seconds between two readings of the holders while waiting.
 
     Yields:
@@ -287,7 +290,8 @@ def gpu_slot(
     finally:
         waiting.set()
         watcher.join(timeout=30)
-    record = _record_holder(name, str(granted.lease_id), campaign=campaign, out=out)
+    record = _record_holder(name, str(granted.lease_id), campaign=campaign, out=out, run=run)
+    publish_holders(name, held=True)
     try:
         with maintain_concurrency_lease(
             granted.lease_id, lease_s, raise_on_lease_renewal_failure=True
@@ -298,6 +302,68 @@ def gpu_slot(
             release_concurrency_slots_with_lease(granted.lease_id)
         finally:
             record.unlink(missing_ok=True)
+            publish_holders(name, held=False)
+
+
+def holder_tag(name: str) -> str:
+    """The tag a flow run carries while it holds a slot of lock ``name`` on this host."""
+    return f"gpu-slot:{name}@{socket.gethostname()}"
+
+
+def holders_table(name: str, holders: list[Holder]) -> list[dict[str, Any]]:
+    """The rows of the holders artifact: one per held slot of this host, or one 'free' row."""
+    if not holders:
+        return [{"limit": name, "host": socket.gethostname(), "holder": "(free on this host)"}]
+    return [
+        {
+            "limit": name,
+            "host": h.host,
+            "holder": h.run or "?",
+            "campaign": h.campaign,
+            "flow_run": h.flow_run or "",
+            "pid": h.pid,
+            "since": h.since,
+            "out": h.out,
+        }
+        for h in holders
+    ]
+
+
+def holders_key(name: str) -> str:
+    """The artifact key of lock ``name``'s holders on this host (one key per host: hosts never
+    overwrite each other's rows)."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"gpu-lock-{name}-{socket.gethostname()}".lower()).strip("-")
+
+
+def publish_holders(name: str, *, held: bool) -> None:
+    """Show who holds lock ``name`` in the UI: a new version of the table artifact of this
+    host's holders, and the tag ``holder_tag`` on the current flow run while it holds a slot.
+    Best effort: the UI's view, never a reason to fail a phase."""
+    from prefect.artifacts import create_table_artifact
+
+    holders = read_holders(name)
+    try:
+        create_table_artifact(
+            table=holders_table(name, holders),
+            key=holders_key(name),
+            description=f"Holders of the GPU lock '{name}' on host {socket.gethostname()}: "
+            + ("; ".join(f"{h.run or '?'}: {h.says()}" for h in holders) or "none"),
+        )
+    except Exception as exc:
+        _logger().debug("GPU lock '%s': publishing the holders failed: %s", name, exc)
+    current = _current_flow_run_id()
+    if current is None:
+        return
+    mine = any(h.flow_run == str(current) for h in holders)
+    try:
+        with get_client(sync_client=True) as client:
+            tags = list(client.read_flow_run(current).tags or [])
+            tag = holder_tag(name)
+            wanted = [t for t in tags if t != tag] + ([tag] if held or mine else [])
+            if wanted != tags:
+                client.update_flow_run(current, tags=wanted)
+    except Exception as exc:
+        _logger().debug("GPU lock '%s': tagging the holder failed: %s", name, exc)
 
 
 def _watch_holders(
@@ -319,7 +385,7 @@ def _watch_holders(
             log.info("waiting for GPU lock '%s': held by %s", name, text)
 
 
-def _record_holder(name: str, lease_id: str, *, campaign: str, out: str) -> Path:
+def _record_holder(name: str, lease_id: str, *, campaign: str, out: str, run: str = "") -> Path:
     """Write this process's holder record of ``lease_id``; returns its path."""
     holder = Holder(
         lease_id=lease_id,
@@ -331,6 +397,7 @@ def _record_holder(name: str, lease_id: str, *, campaign: str, out: str) -> Path
         out=str(Path(out).resolve()) if out else "",
         flow_run=str(run_id) if (run_id := _current_flow_run_id()) else None,
         server_pid=_embedded_server_pid(),
+        run=run,
     )
     folder = holders_dir(name)
     folder.mkdir(parents=True, exist_ok=True)

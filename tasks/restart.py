@@ -40,6 +40,7 @@ def restart_verification(
             lease_s=spec.gpu_lock.lease_s,
             campaign=spec.name,
             out=out,
+            run=f"restart check of {resolved.run_id}",
         ):
             with (
                 busy(folder, spec, phase="restart", run=run, note=resolved.run_id),
@@ -96,6 +97,7 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
             lease_s=spec.gpu_lock.lease_s,
             campaign=spec.name,
             out=out,
+            run=f"scheduled restart check of {run}",
         ),
         tempfile.TemporaryDirectory(prefix="gpucampaign-resume-") as work,
     ):

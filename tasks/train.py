@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any, cast
 from uuid import UUID
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 from gpucampaign.close.futility import futile_segment
 from gpucampaign.core.interrupt import raise_if_stopped
@@ -16,7 +21,7 @@ from gpucampaign.core.stoprules import STOP_RULES, Futile, StopRule
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.engine.loop import n_train_of, train_run
 from gpucampaign.folder.metrics import read_metrics
-from gpucampaign.folder.progress import read_progress, render_line
+from gpucampaign.folder.progress import evaluation_table, read_progress, render_line
 from gpucampaign.folder.records import read_stops
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.folder.segments import heartbeat
@@ -24,6 +29,7 @@ from gpucampaign.plan.decision import early_losses, pilot_measures
 from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import open_store, spooled_keys
 from gpucampaign.tracking import tracking_note
+from tasks import notify
 from tasks._common import (
     PHASE_OPTIONS,
     artifact_key,
@@ -46,10 +52,14 @@ def recorded_stop(out: str, run_id: str) -> StopRule | None:
 
 
 class _Progress:
-    """A Prefect progress artifact, updated once per PROGRESS_EVERY_S at most: short runs
-    would otherwise spend more time reporting than training."""
+    """What the Prefect UI shows of a training call while it runs, updated once per
+    PROGRESS_EVERY_S at most (short runs would otherwise spend more time reporting than
+    training): the progress artifact (its description: loss, the last evaluation, the ETA),
+    the run's table of evaluations (a new version under one key per run whenever a new
+    evaluation is seen), and one notification when checkpoint files stop leaving the machine.
+    """
 
-    def __init__(self, phase: str, run_id: str) -> None:
+    def __init__(self, phase: str, run_id: str, *, out: str = "", campaign: str = "") -> None:
         # sync_compatible: called from sync code, it returns the UUID, not a coroutine.
         self.id = cast(
             UUID,
@@ -59,6 +69,9 @@ class _Progress:
         )
         self.last = time.monotonic()
         self.description = f"{phase} of {run_id}"
+        self.run_id, self.out, self.campaign = run_id, out, campaign
+        self.table_step: int | None = None  # the newest evaluation in the table artifact
+        self.told_spool = False
 
     def __call__(self, info: dict[str, Any]) -> None:
         if time.monotonic() - self.last < PROGRESS_EVERY_S:
@@ -70,6 +83,55 @@ class _Progress:
         update_progress_artifact(
             artifact_id=self.id, progress=min(100.0, done), description=self.description
         )
+        self.live_tables(info)
+
+    def live_tables(self, info: dict[str, Any], *, final: bool = False) -> None:
+        """A new version of the evaluation table when a new evaluation is seen (always at the
+        ``final`` call, after the last evaluation), then the spool check."""
+        try:  # a live view is never worth stopping a training for
+            seen = info.get("metric_step")
+            if final or (seen is not None and seen != self.table_step):
+                self.publish_table(info)
+            if self.out and not self.told_spool:
+                self.check_spool()
+        except Exception as exc:
+            logging.getLogger(__name__).debug("live tables of %s: %s", self.run_id, exc)
+
+    def publish_table(self, info: dict[str, Any]) -> None:
+        """A new version of the run's evaluation table (every evaluation so far, from
+        metrics.jsonl, so a resumed run's table holds its earlier evaluations too)."""
+        if not self.out:
+            return
+        rows = read_metrics(out_folder(self.out).run_dir(self.run_id) / "metrics.jsonl")
+        planned = int(info.get("planned_steps") or max((r.get("step", 0) for r in rows), default=0))
+        table = evaluation_table(rows, metric=info.get("metric"), planned_steps=planned)
+        if not table:
+            return
+        self.table_step = table[-1]["step"]
+        create_table_artifact(
+            table=table,
+            key=evaluations_key(self.run_id),
+            description=f"Evaluations of {self.run_id} on val"
+            + (f": {render_line(info)}" if info else ""),
+        )
+
+    def check_spool(self) -> None:
+        """Say once (a notification event) that the store stopped taking uploads."""
+        pending = spooled_keys(self.out)
+        if pending:
+            self.told_spool = True
+            notify.storage_unreachable(
+                campaign=notify.campaign_id_of(self.out) or self.campaign,
+                name=self.campaign,
+                run_id=self.run_id,
+                pending=len(pending),
+                out=self.out,
+            )
+
+
+def evaluations_key(run_id: str) -> str:
+    """The key of a run's evaluation table artifact (one per run, a new version per update)."""
+    return artifact_key("evaluations", run_id)
 
 
 def _done_description(folder: Any, run_id: str) -> str:
@@ -98,7 +160,7 @@ def _run_training(
         raise stopped
     corpus = load_spec_corpus(spec, base_dir=base_dir, run_id=run_id)
     store = open_store(spec.storage.url, out_dir=Path(out))
-    progress = _Progress(phase, run_id)
+    progress = _Progress(phase, run_id, out=out, campaign=spec.name)
     lock = spec.gpu_lock
     try:
         with (
@@ -108,6 +170,7 @@ def _run_training(
                 lease_s=lock.lease_s,
                 campaign=spec.name,
                 out=out,
+                run=f"{phase} of {run_id}",
             ),
             busy(folder, spec, phase=phase, run=run.name, note=run_id) as row,
         ):
@@ -135,6 +198,7 @@ def _run_training(
     update_progress_artifact(
         artifact_id=progress.id, progress=100.0, description=_done_description(folder, run_id)
     )
+    progress.live_tables(read_progress(folder.run_dir(run_id)) or {}, final=True)
     if (unsent := tracking_note(folder.run_dir(run_id))) is not None:
         get_run_logger().warning(unsent)
     return result, n_train_of(folder.run_dir(run_id), run=run, corpus=corpus)

@@ -91,6 +91,48 @@ def gpu_overlaps(timeline: list[dict[str, Any]]) -> list[tuple[str, str]]:
     ]
 
 
+def _artifact_versions(key: str) -> list[Any]:
+    """Every version of the artifact ``key`` on the test server, the newest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+            sort=ArtifactSort.CREATED_DESC,
+        )
+
+
+def _assert_ui_tables(spec: Path, out: Path) -> None:
+    """The live tables of the UI: every evaluation of each run (one key per run), and the GPU
+    lock's holders on this host (free again at the end)."""
+    from gpucampaign.spec import load_spec
+    from tasks.gpu_lock import holders_key
+    from tasks.train import evaluations_key
+
+    cs = load_spec(spec)
+    for run in cs.run_names():
+        rid = cs.run_id(run)
+        versions = _artifact_versions(evaluations_key(rid))
+        assert versions and versions[0].type == "table", rid
+        rows = (
+            json.loads(versions[0].data) if isinstance(versions[0].data, str) else versions[0].data
+        )
+        evals = [r for r in jsonl(out / "runs" / rid / "metrics.jsonl") if r.get("kind") == "eval"]
+        assert [r["step"] for r in rows] == sorted(
+            {e["step"] for e in evals if e["split"] == "val"}
+        )
+        assert {"step", "train_loss", "metric", "value", "elapsed", "eta"} <= set(rows[-1])
+        assert rows[-1]["eta"] == "done" and rows[-1]["value"] is not None
+    holders = _artifact_versions(holders_key(cs.gpu_lock.name))
+    assert len(holders) >= 2  # a version at each take and each release
+    newest = json.loads(holders[0].data) if isinstance(holders[0].data, str) else holders[0].data
+    assert newest[0]["holder"] == "(free on this host)"
+    taken = [json.loads(v.data) if isinstance(v.data, str) else v.data for v in holders]
+    assert any(row.get("holder", "").startswith("train of ") for t in taken for row in t)
+
+
 def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness, tmp_path):
     # Every run completes here: futility off, since bf16 ties the control exactly on CPU and
     # would stop as futile (tests/flows/test_futility.py runs that rule).
@@ -110,6 +152,7 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     assert 0 < low <= verdict["variants"]["short"]["test"]["gain"] <= high
     assert "[95% CI " in verdict["text"]
     assert summary["spent_usd"] == 47.14
+    _assert_ui_tables(spec, out)
 
     for name in (
         "plan.json",

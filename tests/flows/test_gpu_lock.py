@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -279,3 +280,42 @@ def test_embedded_api_tells_own_server_from_shared_one():
         env={k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
     )
     assert probe.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_the_holder_is_shown_as_a_tag_and_a_table_while_it_holds_the_slot():
+    from prefect.artifacts import Artifact
+
+    from tasks.gpu_lock import holder_tag, holders_key
+
+    name = _name("shown")
+    ensure_gpu_limit(name, 1, clear_stale=False)
+    seen: dict[str, object] = {}
+
+    def tags(flow_run_id) -> list[str]:
+        with get_client(sync_client=True) as client:
+            return list(client.read_flow_run(flow_run_id).tags or [])
+
+    def table() -> list[dict]:
+        artifact = Artifact.get(holders_key(name))
+        assert artifact is not None
+        data = artifact.data
+        return json.loads(data) if isinstance(data, str) else data
+
+    @flow
+    def holds() -> str:
+        from prefect.runtime import flow_run
+
+        with gpu_slot(name, timeout_s=60, lease_s=60, campaign="shown", run="train of c-1"):
+            seen["held_tags"] = tags(flow_run.id)
+            seen["held_table"] = table()
+        seen["free_tags"] = tags(flow_run.id)
+        seen["free_table"] = table()
+        return flow_run.id
+
+    holds()
+    assert holder_tag(name) in seen["held_tags"]
+    (row,) = seen["held_table"]
+    assert (row["holder"], row["campaign"], row["limit"]) == ("train of c-1", "shown", name)
+    assert row["pid"] == os.getpid()
+    assert holder_tag(name) not in seen["free_tags"]
+    assert seen["free_table"][0]["holder"] == "(free on this host)"

@@ -152,3 +152,51 @@ class ProgressFile:
         except (OSError, ValueError):
             return False  # a live view is never worth stopping a training for
         return True
+
+
+def evaluation_table(
+    rows: Sequence[dict[str, Any]], *, metric: str | None, planned_steps: int, split: str = "val"
+) -> list[dict[str, Any]]:
+    """One row per evaluation on ``split`` in a run's ``metrics.jsonl`` rows, oldest first:
+    ``step``, ``train_loss`` (of that step), ``metric`` (the decision metric's name),
+    ``value`` (its value), ``elapsed`` (training and evaluation time of the run up to that
+    evaluation, summed from the recorded step and eval times, so a resumed run keeps counting)
+    and ``eta`` (the rest of ``planned_steps`` at the step rate measured then).
+
+    ``elapsed`` and ``eta`` are rendered like ``say_duration``; numbers stay numbers.
+    """
+    table: list[dict[str, Any]] = []
+    loss_at: dict[int, float] = {}
+    times: list[float] = []
+    spent = 0.0
+    for row in rows:
+        kind = row.get("kind")
+        if kind == "train":
+            step_s = row.get("step_s")
+            if isinstance(step_s, int | float) and step_s > 0:
+                times.append(float(step_s))
+                spent += float(step_s)
+            if isinstance(row.get("loss"), int | float):
+                loss_at[int(row.get("step", 0))] = float(row["loss"])
+        elif kind == "eval":
+            spent += float(row.get("eval_s") or 0.0)
+            if row.get("split") != split:
+                continue
+            step = int(row.get("step", 0))
+            rate = step_rate(times)
+            value = row.get(metric) if metric else None
+            if table and table[-1]["step"] == step:  # the final evaluation of the last step
+                table.pop()
+            table.append(
+                {
+                    "step": step,
+                    "train_loss": loss_at.get(step),
+                    "metric": metric or "",
+                    "value": value if isinstance(value, int | float) else None,
+                    "elapsed": say_duration(spent),
+                    "eta": say_duration((planned_steps - step) / rate if rate else None)
+                    if step < planned_steps
+                    else "done",
+                }
+            )
+    return table
