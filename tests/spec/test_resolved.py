@@ -82,10 +82,13 @@ class _NoProgress:
 
     id = None
 
-    def __init__(self, phase: str, run_id: str) -> None:
+    def __init__(self, phase: str, run_id: str, **where: str) -> None:
         pass
 
     def __call__(self, info: dict[str, Any]) -> None:
+        pass
+
+    def live_tables(self, info: dict[str, Any], *, final: bool = False) -> None:
         pass
 
 
