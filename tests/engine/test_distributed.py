@@ -181,6 +181,13 @@ def test_rank_shards_partition_every_global_batch() -> None:
     assert parts[0][2] == parts[1][2] == [10]  # a batch shorter than the ranks: never empty
 
 
+def test_a_ranks_live_progress_is_never_sealed() -> None:
+    from gpucampaign.folder.layout import is_live_progress
+
+    assert is_live_progress("runs/control-1/.ranks/1/progress.json")
+    assert not is_live_progress("runs/control-1/.ranks/1/metrics.jsonl")
+
+
 # --- 2 processes, gloo --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory, digits_file) -> dict[str, Any]:  # noqa: F811
@@ -215,6 +222,7 @@ def test_stopped_and_resumed_in_fresh_processes_is_bit_identical(
     assert res.completed and res.resumed_from_step == 7
     assert_same(outcome_of(spec, tmp_path), reference)
     assert not list((folder(spec, tmp_path) / ".ranks").glob("*/model"))  # rank 0 writes
+    assert not (folder(spec, tmp_path) / ".ddp").exists()  # the job (with the corpus) is gone
 
 
 @pytest.mark.process
@@ -300,3 +308,25 @@ def test_one_rank_sigkilled_ends_the_others_and_the_run_resumes(
     res = train(spec, tmp_path)
     assert res.completed and res.resumed_from_step == saved
     assert_same(outcome_of(spec, tmp_path), reference)
+
+
+@pytest.mark.process
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_restart_check_of_a_two_process_run_is_identical(
+    tmp_path: Path,
+    digits_file,  # noqa: F811
+) -> None:
+    from gpucampaign.restartcheck import verify_restart
+
+    spec = write_campaign(tmp_path, digits_file, dropout=0.1)
+    report = verify_restart(
+        spec,
+        run=spec.resolve_run("control"),
+        corpus_path=tmp_path / "data" / "digits.csv",
+        workdir=tmp_path / "work",
+        n_steps=14,
+        k_steps=7,
+    )
+    assert report.identical and report.max_abs_diff == 0.0 and not report.mismatches
+    assert (report.k, report.n) == (7, 14)

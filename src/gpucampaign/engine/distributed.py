@@ -50,6 +50,7 @@ resume with another ``gpus``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import signal
@@ -234,7 +235,11 @@ def launch(
     finally:
         relay.stop()
         _restore_handlers(previous)
+        (work / JOB_FILE).unlink(missing_ok=True)  # it holds the corpus: never sealed
     outcome = _read_outcome(outcome_path)
+    outcome_path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        work.rmdir()
     if outcome is None:
         if signalled is not None:
             raise Interrupted(signalled, detail=f"{run.run_id}: the ranks ended before saving")

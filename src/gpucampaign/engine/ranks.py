@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from gpucampaign.core.interrupt import stop_requested
+from gpucampaign.folder.layout import RANKS_DIR
 from gpucampaign.spec import SpecError
 
 
@@ -117,4 +118,4 @@ def check_world_size(meta: dict[str, Any], *, world_size: int) -> None:
 def rank_dir(out_dir: Path, rank: int) -> Path:
     """Where a rank writes its own records: the run folder for rank 0, else a private
     folder inside it (``.ranks/<rank>``: its metrics, the same losses as rank 0's)."""
-    return out_dir if rank == 0 else out_dir / ".ranks" / str(rank)
+    return out_dir if rank == 0 else out_dir / RANKS_DIR / str(rank)
