@@ -40,6 +40,7 @@ def restart_verification(
             lease_s=spec.gpu_lock.lease_s,
             campaign=spec.name,
             out=out,
+            slots=resolved.config.gpus,  # a data-parallel run's check trains on its N GPUs
         ):
             with (
                 busy(folder, spec, phase="restart", run=run, note=resolved.run_id),
@@ -96,6 +97,7 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
             lease_s=spec.gpu_lock.lease_s,
             campaign=spec.name,
             out=out,
+            slots=spec.resolve_run(run).config.gpus,
         ),
         tempfile.TemporaryDirectory(prefix="gpucampaign-resume-") as work,
     ):

@@ -106,6 +106,7 @@ def _run_training(
                 lease_s=lock.lease_s,
                 campaign=spec.name,
                 out=out,
+                slots=run.config.gpus,  # a data-parallel run holds one slot per GPU
             ),
             busy(folder, spec, phase=phase, run=run.name, note=run_id) as row,
         ):
