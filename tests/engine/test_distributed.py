@@ -330,3 +330,48 @@ def test_the_restart_check_of_a_two_process_run_is_identical(
     )
     assert report.identical and report.max_abs_diff == 0.0 and not report.mismatches
     assert (report.k, report.n) == (7, 14)
+
+
+@pytest.mark.process
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_stop_requested_in_a_worker_thread_reaches_the_ranks(
+    tmp_path: Path,
+    digits_file,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Prefect task launches from a thread, where the agent forwards no signal: the stop
+    request of the process reaches the ranks through the launcher's stop file."""
+    import threading
+
+    from gpucampaign.core.interrupt import Interrupted, clear_stop, request_stop
+
+    spec = write_campaign(tmp_path, digits_file)
+    latest = tmp_path / "out" / "checkpoints" / spec.run_id("control") / "LATEST"
+    monkeypatch.setenv("GPUCAMPAIGN_TEST_STEP_SLEEP_S", "0.15")
+    paths = [str(SLOW_SITE), str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+    caught: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            train(spec, tmp_path)
+        except BaseException as exc:  # reported to the test thread
+            caught.append(exc)
+
+    worker = threading.Thread(target=launch)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not latest.exists() and worker.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        request_stop("SIGTERM")
+        worker.join(timeout=120)
+    finally:
+        clear_stop()
+    assert not worker.is_alive()
+    assert len(caught) == 1 and isinstance(caught[0], Interrupted), caught
+    stopped = caught[0].step
+    assert stopped is not None and 4 <= stopped < 20
+    assert json.loads(latest.read_text())["step"] == stopped
+    assert not (folder(spec, tmp_path) / ".ddp").exists()

@@ -78,6 +78,9 @@ from gpucampaign.storage import Store
 DDP_DIR = ".ddp"
 JOB_FILE = "job.pkl"
 OUTCOME_FILE = "outcome.json"
+#: Written by the launching process when a stop is requested there: rank 0 reads it at each
+#: step (the agent forwards signals only from the main thread; a Prefect task runs in another).
+STOP_FILE = "stop"
 #: Seconds a collective may wait for the other ranks before it fails (a dead or stuck rank);
 #: rank 0's evaluations run while the others wait, so it is generous.
 DEFAULT_TIMEOUT_S = 1800.0
@@ -102,10 +105,17 @@ class DataParallel:
     """
 
     def __init__(
-        self, *, rank: int, world_size: int, device: torch.device, control: Any = None
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        control: Any = None,
+        stop_file: Path | None = None,
     ) -> None:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.control = control
+        self.stop_file = stop_file
         self._ddp: torch.nn.Module | None = None
         self._stop: str | None = None
 
@@ -122,7 +132,7 @@ class DataParallel:
         return self._ddp
 
     def step_totals(self, loss: torch.Tensor, n: int) -> tuple[float, int]:
-        local = stop_requested()
+        local = stop_requested() or self._launcher_stop()
         totals = torch.tensor(
             [loss.item() * n, float(n), 1.0 if local else 0.0], dtype=torch.float64
         )
@@ -133,6 +143,15 @@ class DataParallel:
 
     def stop_requested(self) -> str | None:
         return self._stop
+
+    def _launcher_stop(self) -> str | None:
+        """The stop the launching process asked for (rank 0 reads it; the flag is agreed)."""
+        if self.rank != 0 or self.stop_file is None or not self.stop_file.exists():
+            return None
+        try:
+            return self.stop_file.read_text(encoding="utf-8").strip() or "stop"
+        except OSError:
+            return "stop"
 
     def agree(self, due: bool) -> bool:
         flag = torch.tensor([1 if due else 0], dtype=torch.int64)
@@ -184,6 +203,7 @@ def launch(
     work.mkdir(parents=True, exist_ok=True)
     outcome_path = work / OUTCOME_FILE
     outcome_path.unlink(missing_ok=True)
+    (work / STOP_FILE).unlink(missing_ok=True)
     job = {
         "spec": spec,
         "run": run,
@@ -219,7 +239,13 @@ def launch(
     # The agent installs handlers that raise SignalException and forward the signal to the
     # ranks; the caller's (``graceful_signals``) come back afterwards.
     previous = _handlers()
-    relay = _Relay(Path(out_dir), run_id=run.run_id, progress=progress, on_save=on_save)
+    relay = _Relay(
+        Path(out_dir),
+        run_id=run.run_id,
+        progress=progress,
+        on_save=on_save,
+        stop_file=work / STOP_FILE,
+    )
     relay.start()
     failure: str | None = None
     signalled: str | None = None
@@ -238,6 +264,7 @@ def launch(
         (work / JOB_FILE).unlink(missing_ok=True)  # it holds the corpus: never sealed
     outcome = _read_outcome(outcome_path)
     outcome_path.unlink(missing_ok=True)
+    (work / STOP_FILE).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         work.rmdir()
     if outcome is None:
@@ -293,8 +320,9 @@ def _restore_handlers(previous: dict[int, Any]) -> None:
 
 
 class _Relay:
-    """Calls ``on_save`` and ``progress`` in the launching process while the ranks train:
-    from rank 0's ``checkpoint`` rows in ``metrics.jsonl`` and its live progress file."""
+    """While the ranks train: calls ``on_save`` and ``progress`` in the launching process,
+    from rank 0's ``checkpoint`` rows in ``metrics.jsonl`` and its live progress file, and
+    passes a stop requested here on to the ranks (``stop_file``)."""
 
     def __init__(
         self,
@@ -303,9 +331,11 @@ class _Relay:
         run_id: str,
         progress: Callable[[dict[str, Any]], None] | None,
         on_save: Callable[[dict[str, Any]], None] | None,
-        every_s: float = 0.5,
+        stop_file: Path,
+        every_s: float = 0.25,
     ) -> None:
-        self.out_dir, self.run_id = out_dir, run_id
+        self.out_dir, self.run_id, self.stop_file = out_dir, run_id, stop_file
+        self._stop_sent = False
         self.progress, self.on_save, self.every_s = progress, on_save, every_s
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ddp-relay", daemon=True)
@@ -314,8 +344,7 @@ class _Relay:
         self._last_step: Any = None
 
     def start(self) -> None:
-        if self.progress is not None or self.on_save is not None:
-            self._thread.start()
+        self._thread.start()
 
     def stop(self) -> None:
         self._done.set()
@@ -328,6 +357,10 @@ class _Relay:
             self._poll()
 
     def _poll(self) -> None:
+        reason = stop_requested()
+        if reason is not None and not self._stop_sent:
+            self._stop_sent = True
+            atomic_write_bytes(self.stop_file, reason.encode())
         try:
             self._relay_saves()
             self._relay_progress()

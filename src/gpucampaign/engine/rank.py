@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import threading
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -23,6 +25,7 @@ from gpucampaign.engine.distributed import (
     DDP_DIR,
     DEFAULT_TIMEOUT_S,
     OUTCOME_FILE,
+    STOP_FILE,
     TIMEOUT_ENV,
     DataParallel,
 )
@@ -57,8 +60,15 @@ def run_rank(job_path: Path) -> int:
         torch.cuda.set_device(device)
     tdist.init_process_group(backend=backend, timeout=timeout)
     control = tdist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
-    ranks = DataParallel(rank=rank, world_size=world, device=device, control=control)
     out_dir = Path(job["out_dir"])
+    ranks = DataParallel(
+        rank=rank,
+        world_size=world,
+        device=device,
+        control=control,
+        stop_file=out_dir / DDP_DIR / STOP_FILE,
+    )
+    _end_with_the_launcher()
     outcome: dict[str, Any]
     with graceful_signals():
         try:
@@ -92,6 +102,22 @@ def run_rank(job_path: Path) -> int:
         ranks.barrier()  # every rank is done before any exits
     tdist.destroy_process_group()
     return 0
+
+
+def _end_with_the_launcher(every_s: float = 1.0) -> None:
+    """End this rank when the launching process is gone (SIGKILLed, say): the agent that would
+    have ended it is gone too, and a rank must not train on alone. The next start resumes
+    from LATEST; a save cut short never moved it."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            if os.getppid() != parent:
+                sys.stderr.write("the launching process is gone: this rank ends\n")
+                os._exit(1)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 if __name__ == "__main__":
