@@ -375,3 +375,17 @@ def test_a_stop_requested_in_a_worker_thread_reaches_the_ranks(
     assert stopped is not None and 4 <= stopped < 20
     assert json.loads(latest.read_text())["step"] == stopped
     assert not (folder(spec, tmp_path) / ".ddp").exists()
+
+
+def test_a_cuda_run_with_more_processes_than_gpus_is_refused(
+    tmp_path: Path,
+    digits_file,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    spec = write_campaign(tmp_path, digits_file, device="auto")
+    with pytest.raises(SpecError, match="1 CUDA device") as err:
+        train(spec, tmp_path)
+    assert err.value.field == "gpus"
+    assert not (folder(spec, tmp_path) / ".ddp").exists()  # nothing was launched

@@ -199,6 +199,7 @@ def launch(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    _check_devices(run)
     work = Path(out_dir) / DDP_DIR
     work.mkdir(parents=True, exist_ok=True)
     outcome_path = work / OUTCOME_FILE
@@ -276,6 +277,26 @@ def launch(
             f"{failure or 'rank 0 wrote no outcome'}"
         )
     return _outcome_result(outcome, run=run, failure=failure)
+
+
+def _check_devices(run: ResolvedRun) -> None:
+    """Refuse a CUDA run with more processes than this machine has GPUs (two ranks on one
+    GPU is not data parallelism, and NCCL refuses it).
+
+    Raises:
+        SpecError: Fewer CUDA devices than ``gpus``.
+    """
+    requested, gpus = run.config.device, run.config.gpus
+    if requested == "cpu" or not (requested != "auto" or torch.cuda.is_available()):
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < gpus:
+        raise SpecError(
+            f"field 'gpus': run {run.run_id} has gpus: {gpus} on device '{requested}', and this "
+            f"machine has {count} CUDA device(s); a data-parallel run needs one GPU per process "
+            f"on one machine. Run it on a lot with {gpus} GPUs, or set gpus: {max(1, count)}.",
+            field="gpus",
+        )
 
 
 def _outcome_result(outcome: dict[str, Any], *, run: ResolvedRun, failure: str | None) -> RunResult:
