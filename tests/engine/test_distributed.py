@@ -389,3 +389,18 @@ def test_a_cuda_run_with_more_processes_than_gpus_is_refused(
         train(spec, tmp_path)
     assert err.value.field == "gpus"
     assert not (folder(spec, tmp_path) / ".ddp").exists()  # nothing was launched
+
+
+def test_the_report_shows_the_scaling_against_a_one_gpu_run() -> None:
+    from gpucampaign.close.report import _scaling_md
+
+    runs = [
+        {"run": "control", "gpus": 2, "step_s": 0.05},
+        {"run": "one-gpu", "gpus": 1, "step_s": 0.09},
+        {"run": "wide", "gpus": 1, "step_s": None},
+    ]
+    text = "\n".join(_scaling_md({"runs": runs}))
+    assert "## Data-parallel scaling" in text
+    assert "| control | 2 | 50.0 ms | 1.80x `one-gpu` |" in text
+    assert "| one-gpu | 1 | 90.0 ms | reference |" in text
+    assert _scaling_md({"runs": runs[1:]}) == []  # no data-parallel run: no section
