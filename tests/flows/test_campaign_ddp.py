@@ -40,3 +40,5 @@ def test_a_campaign_with_a_two_process_control_completes_and_verifies(prefect_ha
     control = next(r for r in timeline_rows(out) if r["phase"] == "train" and r["run"] == "control")
     params = json.loads((out / "runs" / control["note"] / "params.json").read_text())
     assert params["config"]["gpus"] == 2 and params["world_size"] == 2
+    report = (out / "report.md").read_text()
+    assert "## Data-parallel scaling" in report and "| control | 2 |" in report
