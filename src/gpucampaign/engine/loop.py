@@ -330,7 +330,7 @@ def train_run(
         show_progress: Show a rich progress bar when stderr is a terminal.
         on_save: Called with ``{run_id, step, planned_steps, save_s, key}`` after each save.
         lane: The plan's GPU lane running this call (``torchsetup.pick_device``).
-        dist: This process's rank of a data-parallel run (``distributed.py`` passes it).
+        dist: This process's rank of a data-parallel run (``rank.py`` passes it).
             Without it, a run with ``gpus`` > 1 is launched here on that many processes
             (``distributed.launch``), which returns rank 0's result.
 
