@@ -172,6 +172,7 @@ class Holder:
     flow_run: str | None = None
     server_pid: int | None = None  # the holder's embedded Prefect server; None: a shared one
     run: str = ""  # what holds it: ``<phase> of <run ID>``
+    slots: int = 1  # a data-parallel run (gpus: N) holds N
 
     def says(self) -> str:
         """``campaign 'c' (output folder o, PID p on host h, since t)``."""
@@ -232,7 +233,9 @@ def free_dead_holders(name: str, *, log: Callable[[str], Any] | None = None) -> 
             if holder.server_pid is None:
                 client.release_concurrency_slots_with_lease(UUID(holder.lease_id))
             else:
-                client.release_concurrency_slots(names=[name], slots=1, occupancy_seconds=1.0)
+                client.release_concurrency_slots(
+                    names=[name], slots=holder.slots, occupancy_seconds=1.0
+                )
             if holder.flow_run:
                 _mark_crashed(client, UUID(holder.flow_run), f"its process (PID {holder.pid}) died")
         freed.append(holder)
@@ -251,8 +254,10 @@ def gpu_slot(
     out: str = "",
     run: str = "",
     recheck_s: float = 2.0,
+    slots: int = 1,
 ) -> Iterator[SlotHold]:
-    """Hold one slot of the GPU lock for the machine-busy part of a phase.
+    """Hold ``slots`` slots of the GPU lock (one per GPU: a run's ``gpus``) for the
+    machine-busy part of a phase.
 
     ``strict=True``: a missing limit is an error, never a silent run without a lock. The lease
     is renewed while the block runs. While it waits, a watcher re-reads the holders every
@@ -268,6 +273,7 @@ def gpu_slot(
         out: the campaign's output folder, for the holder record.
         run: what holds the slot (``<phase> of <run ID>``), for the holder record and the UI.
         recheck_s: seconds between two readings of the holders while waiting.
+        slots: GPUs the phase uses at once (a data-parallel run's ``gpus``), taken together.
 
     Yields:
         A ``SlotHold`` with the seconds spent waiting for the slot.
@@ -285,12 +291,14 @@ def gpu_slot(
     watcher.start()
     try:
         granted = acquire_concurrency_slots_with_lease(
-            [name], 1, timeout_seconds=timeout_s, lease_duration=lease_s, strict=True
+            [name], slots, timeout_seconds=timeout_s, lease_duration=lease_s, strict=True
         )
     finally:
         waiting.set()
         watcher.join(timeout=30)
-    record = _record_holder(name, str(granted.lease_id), campaign=campaign, out=out, run=run)
+    record = _record_holder(
+        name, str(granted.lease_id), campaign=campaign, out=out, run=run, slots=slots
+    )
     publish_holders(name, held=True)
     try:
         with maintain_concurrency_lease(
@@ -385,7 +393,9 @@ def _watch_holders(
             log.info("waiting for GPU lock '%s': held by %s", name, text)
 
 
-def _record_holder(name: str, lease_id: str, *, campaign: str, out: str, run: str = "") -> Path:
+def _record_holder(
+    name: str, lease_id: str, *, campaign: str, out: str, run: str = "", slots: int = 1
+) -> Path:
     """Write this process's holder record of ``lease_id``; returns its path."""
     holder = Holder(
         lease_id=lease_id,
@@ -398,6 +408,7 @@ def _record_holder(name: str, lease_id: str, *, campaign: str, out: str, run: st
         flow_run=str(run_id) if (run_id := _current_flow_run_id()) else None,
         server_pid=_embedded_server_pid(),
         run=run,
+        slots=slots,
     )
     folder = holders_dir(name)
     folder.mkdir(parents=True, exist_ok=True)

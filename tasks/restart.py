@@ -41,6 +41,7 @@ def restart_verification(
             campaign=spec.name,
             out=out,
             run=f"restart check of {resolved.run_id}",
+            slots=resolved.config.gpus,  # a data-parallel run's check trains on its N GPUs
         ):
             with (
                 busy(folder, spec, phase="restart", run=run, note=resolved.run_id),
@@ -98,6 +99,7 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
             campaign=spec.name,
             out=out,
             run=f"scheduled restart check of {run}",
+            slots=spec.resolve_run(run).config.gpus,
         ),
         tempfile.TemporaryDirectory(prefix="gpucampaign-resume-") as work,
     ):

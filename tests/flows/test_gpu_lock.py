@@ -148,6 +148,17 @@ def test_two_slots_let_two_holders_overlap():
     assert held == [2, 2]
 
 
+def test_a_two_gpu_run_holds_two_slots():
+    name = _name("wide")
+    ensure_gpu_limit(name, 2, clear_stale=False)
+    with gpu_slot(name, timeout_s=60, lease_s=60, slots=2):
+        assert _limit(name).active_slots == 2
+        # No GPU is left for another phase while the data-parallel run holds both.
+        with pytest.raises(TimeoutError), gpu_slot(name, timeout_s=1, lease_s=60):
+            pass
+    assert _limit(name).active_slots == 0
+
+
 def test_stale_slot_is_reported_and_cleared():
     name = _name("stale")
     ensure_gpu_limit(name, 1, clear_stale=False)

@@ -14,7 +14,7 @@ the epoch's order, skips the batches already trained on and only then restores t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -75,6 +75,11 @@ class TrainState:
     epoch_gen_state: torch.Tensor | None = None
     samples_seen: int = 0
     steps_s_sum: float = 0.0
+    # A data-parallel run (``engine/distributed.py``): ``gather_rng`` collects every rank's
+    # RNG states (by rank) into the checkpoint, under ``rng["ranks"]``; a load applies this
+    # ``rank``'s. Rank 0's states stay at the top of ``rng`` as for one process.
+    gather_rng: Callable[[dict[str, Any]], list[dict[str, Any]] | None] | None = None
+    rank: int = 0
     # Set by a load; ``start_epoch`` applies them at the top of the resumed epoch.
     _resume_gen_state: torch.Tensor | None = field(default=None, init=False, repr=False)
     _pending_rng: dict[str, Any] | None = field(default=None, init=False, repr=False)
@@ -87,7 +92,7 @@ class TrainState:
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict(),
             "recipe": self.recipe.state_dict(),
-            "rng": capture_rng(),
+            "rng": self._rng(),
             "cursor": {
                 "epoch": self.epoch,
                 "batch_in_epoch": self.batch_in_epoch,
@@ -99,6 +104,12 @@ class TrainState:
                 "steps_s_sum": self.steps_s_sum,
             },
         }
+
+    def _rng(self) -> dict[str, Any]:
+        """This process's RNG states; every rank's under ``ranks`` when data-parallel."""
+        rng = capture_rng()
+        ranks = self.gather_rng(rng) if self.gather_rng is not None else None
+        return rng if ranks is None else {**rng, "ranks": ranks}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned; the generator and the global RNGs wait for
@@ -117,7 +128,16 @@ class TrainState:
         self._resume_gen_state = cursor["epoch_generator_state"]
         self.samples_seen = int(counters.get("samples_seen", 0))
         self.steps_s_sum = float(counters.get("steps_s_sum", 0.0))
-        self._pending_rng = state["rng"]
+        rng = state["rng"]
+        ranks = rng.get("ranks")
+        if ranks is not None:
+            if not 0 <= self.rank < len(ranks):
+                raise ValueError(
+                    f"the checkpoint holds the RNG states of {len(ranks)} rank(s), "
+                    f"not of rank {self.rank}"
+                )
+            rng = ranks[self.rank]
+        self._pending_rng = rng
 
     def start_epoch(self, loader: Iterable[Any]) -> Iterator[Any]:
         """The current epoch's batches; after a load, the same order with the consumed ones

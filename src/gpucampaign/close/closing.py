@@ -449,10 +449,12 @@ def runs_table(
     metric_of: Mapping[str, float | None],
     analyses: Mapping[str, Any],
     resume_of: Mapping[str, str] | None = None,
+    gpus_of: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """The report's runs: ``{run_id, run, tier, status, metric, stop_id, analysis, resume,
-    interrupted}`` (``resume``: the run config's choice after an interruption, ``training`` by
-    default; ``interrupted``: what an inference restart recorded, else None)."""
+    interrupted, gpus, step_s}`` (``resume``: the run config's choice after an interruption,
+    ``training`` by default; ``interrupted``: what an inference restart recorded, else None;
+    ``gpus``: its data-parallel processes; ``step_s``: its measured median step time)."""
     return [
         {
             "run_id": rid,
@@ -464,6 +466,8 @@ def runs_table(
             "analysis": analyses.get(s.run),
             "resume": (resume_of or {}).get(s.run, "training"),
             "interrupted": s.result.interrupted if s.result is not None else None,
+            "gpus": (gpus_of or {}).get(s.run, 1),
+            "step_s": s.result.timings.get("step_s") if s.result is not None else None,
         }
         for rid, s in states.items()
     ]
@@ -538,6 +542,7 @@ def close_runs(
             metric_of=metric_of,
             analyses=analyses,
             resume_of={r: spec.run_config(r).resume for r in spec.run_names()},
+            gpus_of={r: spec.run_config(r).gpus for r in spec.run_names()},
         ),
         metrics=metrics,
         figures=figs,

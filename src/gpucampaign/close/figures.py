@@ -59,9 +59,10 @@ def draw_calendar(plan: Plan, *, actual: Iterable[Mapping[str, Any]] | None = No
     Returns:
         The figure (the planned panel first).
     """
-    lanes = sorted({s.lane for s in plan.steps}, key=_lane_order)
+    # A data-parallel run's step holds several GPU lanes ('gpu0+gpu1'): drawn on each.
+    lanes = sorted({lane for s in plan.steps for lane in s.lane.split("+")}, key=_lane_order)
     actual = list(actual or [])
-    planned_lane = {s.name: s.lane for s in plan.steps}
+    planned_lane = {s.name: s.lane.split("+")[0] for s in plan.steps}
     row = {lane: k for k, lane in enumerate(lanes)}
     height = 1.8 + 0.7 * max(len(lanes), 1)
     fig = new_figure(width=11, height=height * (2.1 if actual else 1))
@@ -97,17 +98,18 @@ def _draw_planned(ax: Any, plan: Plan, *, row: Mapping[str, int], x_end: float, 
     narrow = 0  # labels of bars too short for their name alternate above and below the bar
     for s in sorted(plan.steps, key=lambda s: (s.lane, s.start_hours)):
         colour = _HUMAN if s.kind == "human" else (_GPU if s.resource == "gpu" else _HOST)
-        y = row[s.lane]
-        ax.barh(
-            y,
-            s.hours,
-            left=s.start_hours,
-            height=0.6 if thin else 0.7,
-            color=colour,
-            edgecolor="black",
-            linewidth=0.5,
-            hatch=_TIER_HATCH[s.tier],
-        )
+        for lane in s.lane.split("+"):
+            ax.barh(
+                row[lane],
+                s.hours,
+                left=s.start_hours,
+                height=0.6 if thin else 0.7,
+                color=colour,
+                edgecolor="black",
+                linewidth=0.5,
+                hatch=_TIER_HATCH[s.tier],
+            )
+        y = row[s.lane.split("+")[0]]
         fits_inside = s.hours / x_end > 0.012 * len(s.name)
         if not fits_inside:
             narrow += 1

@@ -170,6 +170,34 @@ def _runs_md(report: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _scaling_md(report: Mapping[str, Any]) -> list[str]:
+    """Data-parallel runs (``gpus`` > 1): their step time against a one-GPU run's, when both
+    ran (the same global batch when the runs differ only in ``gpus``)."""
+    timed = [r for r in report["runs"] if isinstance(r.get("step_s"), int | float)]
+    wide = [r for r in timed if (r.get("gpus") or 1) > 1]
+    if not wide:
+        return []
+    ones = [r for r in timed if (r.get("gpus") or 1) == 1]
+    base = next((r for r in ones if r["run"] == "control"), ones[0] if ones else None)
+    out = [
+        "",
+        "## Data-parallel scaling",
+        "",
+        "| run | gpus | median step | throughput vs one GPU |",
+        "|---|---:|---:|---|",
+    ]
+    for r in [*wide, *([base] if base else [])]:
+        ratio = (
+            f"{base['step_s'] / r['step_s']:.2f}x `{base['run']}`"
+            if base is not None and r is not base and r["step_s"] > 0
+            else ("reference" if r is base else "no one-GPU run measured")
+        )
+        out.append(
+            f"| {_cell(r['run'])} | {r.get('gpus') or 1} | {1000 * r['step_s']:.1f} ms | {ratio} |"
+        )
+    return out
+
+
 def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
     out = [
         "## Forecast vs actual",
@@ -317,6 +345,7 @@ def render_report_md(report: Mapping[str, Any]) -> str:
     out += [f"Campaign ID: `{report['campaign_id']}`", "", "## Verdict", "", v["text"], ""]
     out += _seeds_md(v)
     out += _runs_md(report)
+    out += _scaling_md(report)
     out += ["", "## Budget", "", render_budget_md(report["budget"], result="the answer above")]
     out += render_futility_md(report.get("futility"))
     out += _forecast_md(report["forecast_vs_actual"])

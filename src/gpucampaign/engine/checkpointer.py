@@ -23,6 +23,7 @@ from gpucampaign.checkpoint.manager import (
 from gpucampaign.checkpoint.savepolicy import SavePolicy
 from gpucampaign.checkpoint.trainstate import MODEL, TrainState
 from gpucampaign.core.files import median
+from gpucampaign.engine.ranks import Ranks
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.spec import CampaignSpec, RunConfig
 
@@ -39,6 +40,7 @@ class SavingRun(Protocol):
     state: TrainState
     mlog: MetricsLog
     checkpoint_meta: dict[str, Any]
+    dist: Ranks
 
     @property
     def run_id(self) -> str: ...
@@ -98,7 +100,10 @@ class Checkpointer:
         Returns:
             True when a save of ``step`` started.
         """
-        if step == self._submitted or not self.policy.due(step, last_step=last_step):
+        if step == self._submitted:
+            return False
+        # Data-parallel: rank 0's policy decides (its measured costs); every rank snapshots.
+        if not self._r.dist.agree(self.policy.due(step, last_step=last_step)):
             return False
         self._submit(step)
         return True
@@ -114,7 +119,13 @@ class Checkpointer:
         t0 = time.perf_counter()
         self.wait()
         r.mlog.sync()
+        # Data-parallel: every rank's RNG states are gathered here, so every rank has reached
+        # this step's save before rank 0 writes it and moves LATEST; the other ranks write
+        # nothing (rank 0 holds the same weights, optimizer and cursor).
         state = snapshot(r.state.state_dict())
+        if not r.dist.is_main:
+            self._submitted = step
+            return
         model_state = state.pop(MODEL)
         if r.device.type == "cuda":
             torch.cuda.synchronize()  # the pinned copies are complete before the thread reads
@@ -132,6 +143,7 @@ class Checkpointer:
             "device": str(r.device),
             "precision": r.config.precision,
             **r.checkpoint_meta,
+            "world_size": r.dist.world_size,
         }
         manager = r.manager
         self._background.submit(

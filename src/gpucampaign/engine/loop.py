@@ -56,7 +56,7 @@ from typing import Any
 from gpucampaign.checkpoint.manager import LoadedCheckpoint
 from gpucampaign.checkpoint.trainstate import MODEL
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
-from gpucampaign.core.interrupt import Interrupted, stop_requested
+from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import BelowThreshold, NonFiniteLoss, NoUsableRestart
 from gpucampaign.core.text import say_exact, say_number
 from gpucampaign.engine.checkpointer import Checkpointer, SaveFn
@@ -64,6 +64,7 @@ from gpucampaign.engine.futility import Futility
 from gpucampaign.engine.inference_restart import TrainingMark, find_interruption, restart_inference
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
 from gpucampaign.engine.parts import make_loader, n_train_of, progress_bar, read_params  # noqa: F401
+from gpucampaign.engine.ranks import Ranks
 from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun, check_arguments, setup_run
 from gpucampaign.engine.tracked import track_metrics
@@ -87,6 +88,8 @@ def _restore(r: LiveRun) -> LoadedCheckpoint | None:
     """
     t0 = time.perf_counter()
     ck, r.refused = r.manager.load_latest()
+    if ck is not None:
+        r.dist.check_resume(ck.meta)  # written by as many processes as this start has
     if ck is None and r.refused and r.spec.stop_rules.require_restart:
         raise NoUsableRestart(
             r.run_id, "checkpoints exist but none is usable: " + "; ".join(r.refused)
@@ -123,8 +126,10 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> dict[str, Any]:
     lr = s.optimizer.param_groups[0]["lr"]
     name = r.config.recipe
     with r.autocast:
-        loss = check_loss(name, call(name, "loss", r.recipe.loss, s.model, batch))
-    loss_value = loss.item()
+        model = r.dist.train_model(s.model)  # DistributedDataParallel when data-parallel
+        loss = check_loss(name, call(name, "loss", r.recipe.loss, model, batch))
+    # Over all ranks: a non-finite loss on one stops every one, before the backward pass.
+    loss_value, n = r.dist.step_totals(loss, batch_len(batch))
     if not math.isfinite(loss_value) and r.spec.stop_rules.non_finite_loss:
         raise NonFiniteLoss(
             r.run_id,
@@ -138,7 +143,6 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> dict[str, Any]:
     s.scaler.update()
     if s.scheduler is not None:
         s.scheduler.step()
-    n = batch_len(batch)
     s.global_step += 1
     s.batch_in_epoch += 1
     s.samples_seen += n
@@ -183,7 +187,7 @@ def _run_epoch(
         _report(r, row, progress=progress, bar=bar)
         if live is not None:
             live.update(live_record(r, loss=row["loss"]), force=evaluated is not None)
-        if stop_requested() is not None:
+        if r.dist.stop_requested() is not None:  # agreed by every rank
             _stop_now(r)
         if s.global_step >= r.target:
             break
@@ -193,7 +197,7 @@ def _run_epoch(
 
 def _stop_now(r: LiveRun) -> None:
     """A stop was requested: checkpoint this step (unless just saved), then raise."""
-    reason = stop_requested() or "stop"
+    reason = r.dist.stop_requested() or "stop"
     step = r.state.global_step
     r.saver.save(step, last_step=True)
     r.saver.wait()  # written and recorded (the timeline's heartbeat) before stopping
@@ -253,6 +257,8 @@ def _finish(r: LiveRun, *, train_s: float) -> RunResult:
     Raises:
         BelowThreshold: The final metric misses the floor (after everything is written).
     """
+    if not r.dist.is_main:  # data-parallel: rank 0 evaluates, writes the model and the result
+        return run_result(r, completed=True, train_s=train_s)
     step, saves = r.state.global_step, r.saver.saves
     require_complete(r.run_id, steps_done=step, planned_steps=r.planned)
     # The last step always saves (target == planned here), unless it was restored as is.
@@ -317,6 +323,7 @@ def train_run(
     show_progress: bool = False,
     on_save: SaveFn | None = None,
     lane: int = 0,
+    dist: Ranks | None = None,
 ) -> RunResult:
     """Train (or resume, or return the recorded result of) one run of the campaign.
 
@@ -333,6 +340,9 @@ def train_run(
         show_progress: Show a rich progress bar when stderr is a terminal.
         on_save: Called with ``{run_id, step, planned_steps, save_s, key}`` after each save.
         lane: The plan's GPU lane running this call (``torchsetup.pick_device``).
+        dist: This process's rank of a data-parallel run (``rank.py`` passes it).
+            Without it, a run with ``gpus`` > 1 is launched here on that many processes
+            (``distributed.launch``), which returns rank 0's result.
 
     Returns:
         The ``RunResult`` (``completed`` False after a pilot stop).
@@ -358,6 +368,21 @@ def train_run(
     recorded = recorded_result(out_dir, run.run_id)
     if recorded is not None:
         return recorded
+    if dist is None and run.config.gpus > 1:
+        from gpucampaign.engine.distributed import launch  # torch.distributed only when used
+
+        return launch(
+            spec,
+            run=run,
+            corpus=corpus,
+            store=store,
+            out_dir=out_dir,
+            stop_after_steps=stop_after_steps,
+            checkpoint_every=checkpoint_every,
+            progress=progress,
+            on_save=on_save,
+            lane=lane,
+        )
 
     r = setup_run(
         spec,
@@ -368,6 +393,7 @@ def train_run(
         stop_after_steps=stop_after_steps,
         t_call=t_call,
         lane=lane,
+        dist=dist,
     )
     ck = _restore(r)
     r.saver = Checkpointer(

@@ -17,7 +17,13 @@ EVAL_SPLITS: tuple[str, ...] = ("val", "test")
 
 
 def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
-    """Evaluate on ``split`` and log an ``eval`` row; None when the split is empty."""
+    """Evaluate on ``split`` and log an ``eval`` row; None when the split is empty.
+
+    Data-parallel: rank 0 evaluates the whole split (exact, the same numbers as one
+    process would get from these weights); the other ranks return None.
+    """
+    if not r.dist.is_main:
+        return None
     dataset = r.datasets.get(split)
     if dataset is None or len(dataset) == 0:
         return None

@@ -4,6 +4,7 @@ training batches and the progress bar."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,27 @@ def n_train_of(out_dir: str | Path, *, run: ResolvedRun, corpus: Any) -> int:
     return int(recorded) if recorded is not None else train_rows(run, corpus=corpus)
 
 
+class RankShard:
+    """One rank's part of each global batch: indices ``rank, rank + world, ...`` of it.
+
+    Every rank draws the same global order from the same seeded generator, so the data cursor
+    (the generator's state at the top of the epoch, and ``batch_in_epoch``) is the same on
+    every rank. A last batch shorter than the number of ranks gives a rank with nothing its
+    row ``rank mod len`` again (a step is never empty).
+    """
+
+    def __init__(self, batches: Iterable[list[int]], *, rank: int, world_size: int) -> None:
+        self.batches, self.rank, self.world_size = batches, rank, world_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.batches:
+            part = batch[self.rank :: self.world_size]
+            yield part if part else [batch[self.rank % len(batch)]]
+
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]
+
+
 def make_loader(
     train: Any,
     *,
@@ -34,8 +56,11 @@ def make_loader(
     generator: torch.Generator,
     device: torch.device,
     collate_fn: Any = None,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> DataLoader:
-    """The training batches, shuffled by ``generator``.
+    """The training batches, shuffled by ``generator``; with ``world_size`` > 1, this
+    ``rank``'s share of each global batch of ``batch_size`` rows (``RankShard``).
 
     A ``TensorDataset`` is indexed one batch at a time (one gather per tensor instead of a
     fetch per row and a stack): the same sampler draws the same order, so the batches are
@@ -47,12 +72,28 @@ def make_loader(
         "persistent_workers": config.persistent_workers and config.num_workers > 0,
     }
     if isinstance(train, TensorDataset) and collate_fn is None:
-        batches = BatchSampler(
+        batches: Any = BatchSampler(
             RandomSampler(train, generator=generator), batch_size=config.batch_size, drop_last=False
         )
+        if world_size > 1:
+            batches = RankShard(batches, rank=rank, world_size=world_size)
         # The generator also draws each epoch's base seed, as with shuffle=True: the global
         # torch RNG (dropout) is left alone.
         return DataLoader(train, sampler=batches, batch_size=None, generator=generator, **kw)
+    if world_size > 1:
+        # What shuffle=True builds, with this rank's share of each batch.
+        shard = RankShard(
+            BatchSampler(
+                RandomSampler(train, generator=generator),
+                batch_size=config.batch_size,
+                drop_last=False,
+            ),
+            rank=rank,
+            world_size=world_size,
+        )
+        return DataLoader(
+            train, batch_sampler=shard, generator=generator, collate_fn=collate_fn, **kw
+        )
     return DataLoader(
         train,
         batch_size=config.batch_size,

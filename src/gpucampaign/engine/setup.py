@@ -33,6 +33,7 @@ from gpucampaign.engine.devices import (
     seed_everything,
 )
 from gpucampaign.engine.parts import make_loader
+from gpucampaign.engine.ranks import OneProcess, Ranks
 from gpucampaign.folder.layout import PARAMS_FILE
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.recipe.contract import Recipe, RecipeContext, call, load_recipe
@@ -65,6 +66,8 @@ class LiveRun:
     planned: int
     target: int
     manager: CheckpointManager
+    # The run's processes: one, or this rank of a data-parallel run (``distributed.py``).
+    dist: Ranks = field(default_factory=OneProcess)
     setup_s: float = 0.0
     # What the restore found.
     restore_s: float = 0.0
@@ -142,10 +145,16 @@ def setup_run(
     stop_after_steps: int | None,
     t_call: float,
     lane: int = 0,
+    dist: Ranks | None = None,
 ) -> LiveRun:
-    """Build everything in the same order on every start, resumed or not."""
+    """Build everything in the same order on every start, resumed or not.
+
+    A rank of a data-parallel run (``dist``) takes the lane's GPU plus its rank, its share of
+    each batch, and RNG streams of its own after the (identical) model is built.
+    """
     config, run_id = run.config, run.run_id
-    device = pick_device(run.device, lane=lane)
+    dist = dist or OneProcess()
+    device = pick_device(run.device, lane=lane + dist.rank)
     check_precision(config.precision, device)
     torch.set_num_threads(config.threads)
     recipe = load_recipe(config.recipe)
@@ -154,12 +163,20 @@ def setup_run(
         seed_everything(config.seed)
         datasets = build_datasets(recipe, config, ctx)
         model = call(config.recipe, "model", recipe.model, ctx)
+        if dist.rank > 0:  # dropout and the like: not the same draws on every rank
+            seed_everything((config.seed * 1_000_003 + dist.rank) % 2**32)
     model.to(device).train()
     optimizer = build_optimizer(config, model.parameters())
     generator = torch.Generator().manual_seed(config.seed)
     train = datasets["train"]
     loader = make_loader(
-        train, config=config, generator=generator, device=device, collate_fn=recipe.collate_fn
+        train,
+        config=config,
+        generator=generator,
+        device=device,
+        collate_fn=recipe.collate_fn,
+        rank=dist.rank,
+        world_size=dist.world_size,
     )
     planned = config.planned_steps(len(train))
     amp_dtype = AMP_DTYPES[config.precision]
@@ -181,6 +198,8 @@ def setup_run(
             scaler=torch.amp.GradScaler(device.type, enabled=config.precision == "fp16"),
             recipe=recipe,
             generator=generator,
+            gather_rng=dist.gather_rng if dist.world_size > 1 else None,
+            rank=dist.rank,
         ),
         autocast=(
             torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
@@ -196,6 +215,7 @@ def setup_run(
             staging_dir=out_dir / ".staging",
             expect_tensors={k: tuple(v.shape) for k, v in model.state_dict().items()},
         ),
+        dist=dist,
     )
     _write_params(r)
     r.setup_s = time.perf_counter() - t_call
@@ -219,6 +239,7 @@ def _write_params(r: LiveRun) -> None:
         **r.described,
         **device_settings(r.device),
         "threads": r.config.threads,
+        **({"world_size": r.dist.world_size, "rank": r.dist.rank} if r.dist.world_size > 1 else {}),
         "torch": torch.__version__,
         "decision_rule": (
             spec.decision_rule.model_dump(mode="json") if spec.decision_rule else None

@@ -51,11 +51,17 @@ PROGRESS_FILE = "progress.json"
 CHECK_PROGRESS_FILE = "progress-restart.json"
 
 
+#: In a data-parallel run's folder: the records of its ranks above 0, ``.ranks/<rank>/``.
+RANKS_DIR = ".ranks"
+
+
 def is_live_progress(relative: str) -> bool:
     """True for a run's live ``progress.json`` or ``progress-restart.json`` (``relative``: a
     posix path relative to the output folder): rewritten while it trains, never sealed in the
     manifest nor compared with it."""
     parts = PurePosixPath(relative).parts
+    if len(parts) == 5 and parts[2] == RANKS_DIR:  # a data-parallel run's rank k > 0
+        parts = parts[:2] + parts[4:]
     return (
         len(parts) == 3 and parts[0] == "runs" and parts[2] in (PROGRESS_FILE, CHECK_PROGRESS_FILE)
     )

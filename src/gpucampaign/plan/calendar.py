@@ -277,11 +277,13 @@ def ablation_of(spec: CampaignSpec) -> tuple[tuple[VariantFactors, ...], list[st
     """
     if spec.control is None or not spec.variants:
         return (), []
-    control = spec.control.model_dump(mode="json")
+    # gpus: 1 is left out of a dump (see RunConfig): it is put back to compare.
+    control = {"gpus": spec.control.gpus, **spec.control.model_dump(mode="json")}
     result: list[VariantFactors] = []
     warnings: list[str] = []
     for v in spec.variants:
-        resolved = spec.run_config(v.name).model_dump(mode="json")
+        config = spec.run_config(v.name)
+        resolved = {"gpus": config.gpus, **config.model_dump(mode="json")}
         changes = tuple(
             (k, control[k], resolved[k]) for k in sorted(v.changes) if resolved[k] != control[k]
         )

@@ -33,6 +33,7 @@ shared 2-core machine, 1,000,000 in about 30 s.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -147,6 +148,25 @@ class Context:
     link_targets: list[int]
     offsets: list[int]
     dependents: list[int]
+    # GPU lanes each step takes at once: a run's ``gpus`` (data-parallel, on ONE machine), else
+    # 1; and the GPU lanes of each machine (one lot), by lane number.
+    widths: list[int] = dataclasses.field(default_factory=list)
+    machines: list[list[int]] = dataclasses.field(default_factory=list)
+
+    @property
+    def wide(self) -> bool:
+        """True when a step takes several GPU lanes (the scheduler then keeps machines)."""
+        return any(w > 1 for w in self.widths)
+
+    def machines_for(self, gpu_lanes: int) -> list[list[int]]:
+        """The machines of ``gpu_lanes`` lanes: the lots', then more lots like the first."""
+        machines = [m for m in self.machines if m[-1] < gpu_lanes]
+        size = self.packages[0].gpus_per_lot if self.packages else 1
+        lane = sum(map(len, machines))
+        while lane < gpu_lanes:
+            machines.append(list(range(lane, min(lane + size, gpu_lanes))))
+            lane += size
+        return machines
 
     @property
     def price(self) -> Decimal:
@@ -183,6 +203,8 @@ class Context:
         link_offsets = list(accumulate(map(len, after), initial=0))
         link_targets = [index[a] for links in after for a in links]
         offsets, dependents = _dependents_of(link_offsets, link_targets)
+        machines = _machines(packages)
+        widths = _widths(spec, names, column("run"), resources, packages)
         return cls(
             catalog=catalog,
             packages=packages,
@@ -210,6 +232,8 @@ class Context:
             link_targets=link_targets,
             offsets=offsets,
             dependents=dependents,
+            widths=widths,
+            machines=machines,
         )
 
     def check_names(self, names: Iterable[str], *, field: str) -> frozenset[str]:
@@ -274,10 +298,11 @@ class Context:
         """Place every step not in ``dropped``; ``gpu_lanes`` overrides the lots' lanes."""
         keep = self.keep_mask(dropped)
         lanes = self.gpu_lanes if gpu_lanes is None else gpu_lanes
+        wide: dict[int, list[int]] = {}
         start, lane_of, span = _list_schedule(
-            self, keep, gpu_lanes=lanes, human_lanes=self.human_lanes, lanes=True
+            self, keep, gpu_lanes=lanes, human_lanes=self.human_lanes, lanes=True, wide=wide
         )
-        steps = _placed(self, keep, dropped, start=start, lane_of=lane_of)
+        steps = _placed(self, keep, dropped, start=start, lane_of=lane_of, wide=wide)
         return Schedule(span=span, steps=steps)
 
     def span(self, dropped: frozenset[str], *, gpu_lanes: int | None = None) -> float:
@@ -439,6 +464,7 @@ def _list_schedule(
     human_lanes: int,
     lanes: bool,
     chain_cap: float = math.inf,
+    wide: dict[int, list[int]] | None = None,
 ) -> tuple[list[float], list[int], float]:
     """Event-driven list scheduling, O((steps + links) log steps).
 
@@ -456,6 +482,9 @@ def _list_schedule(
 
     When the longest chain of kept steps exceeds ``chain_cap``, no span can be shorter: the
     loop is skipped and the span returned is infinite.
+
+    A step of a data-parallel run takes ``ctx.widths[i]`` GPU lanes of one machine at once
+    (``_start_wide``); its lanes go into ``wide`` (by step index) when given.
 
     Returns:
         Start hour and lane number of each step (by index), and the span.
@@ -513,8 +542,21 @@ def _list_schedule(
         heapq.heapify(queue)
     now = 0.0
     started = 0
+    # Steps of several GPUs: each machine's free lanes, and the lanes each running step holds.
+    widths = ctx.widths if ctx.wide else None
+    machine_free = [list(m) for m in ctx.machines_for(gpu_lanes)] if widths is not None else []
+    machine_of = {lane: m for m, ls in enumerate(machine_free) for lane in ls}
+    held: dict[int, list[int]] = {}
     while True:
-        for pool in (_GPU, _HUMAN):
+        if widths is not None:
+            for i in _start_wide(ready[_GPU], order, widths, machine_free, held):
+                lane_of[i] = held[i][0]
+                if wide is not None and widths[i] > 1:
+                    wide[i] = list(held[i])
+                start[i] = now
+                heappush(running, (now + hours[i], i))
+                started += 1
+        for pool in (_GPU, _HUMAN) if widths is None else (_HUMAN,):
             queue = ready[pool]
             while queue and free_count[pool]:
                 i = order[heappop(queue)]
@@ -542,10 +584,14 @@ def _list_schedule(
         while running and running[0][0] == now:
             i = heappop(running)[1]
             pool = pools[i]
-            if pool != _HOST:
-                free_count[pool] += 1
-            if lanes:
-                heappush(free[pool], lane_of[i])
+            if i in held:  # a GPU step while widths are kept: its lanes back to its machine
+                for lane in held.pop(i):
+                    heappush(machine_free[machine_of[lane]], lane)
+            else:
+                if pool != _HOST:
+                    free_count[pool] += 1
+                if lanes:
+                    heappush(free[pool], lane_of[i])
             for j in dependents[offsets[i] : offsets[i + 1]]:
                 waiting[j] -= 1
                 if waiting[j] == 0:
@@ -558,6 +604,85 @@ def _list_schedule(
     return start, lane_of, span
 
 
+def _start_wide(
+    queue: list[int],
+    order: list[int],
+    widths: list[int],
+    machine_free: list[list[int]],
+    held: dict[int, list[int]],
+) -> list[int]:
+    """Start the ready GPU steps that find their width of free lanes on one machine, best
+    priority first; a step that does not fit now waits (the others may pass it)."""
+    heappush, heappop = heapq.heappush, heapq.heappop
+    started, waiting = [], []
+    while queue and any(machine_free):
+        r = heappop(queue)
+        i = order[r]
+        w = widths[i]
+        machine = next((m for m in machine_free if len(m) >= w), None)
+        if machine is None:
+            waiting.append(r)
+            continue
+        held[i] = [heappop(machine) for _ in range(w)]
+        started.append(i)
+    for r in waiting:
+        heappush(queue, r)
+    return started
+
+
+def _machines(packages: tuple[ResolvedPackage, ...]) -> list[list[int]]:
+    """The GPU lanes of each machine (one lot), numbered as the planner numbers lanes."""
+    machines: list[list[int]] = []
+    lane = 0
+    for p in packages:
+        for _ in range(p.count):
+            machines.append(list(range(lane, lane + p.gpus_per_lot)))
+            lane += p.gpus_per_lot
+    return machines
+
+
+def _widths(
+    spec: CampaignSpec,
+    names: list[str],
+    runs: list[str | None],
+    resources: list[str | None],
+    packages: tuple[ResolvedPackage, ...],
+) -> list[int]:
+    """GPU lanes each step takes: its run's ``gpus`` for a GPU step, else 1.
+
+    Raises:
+        SpecError: A run needs more GPUs than any one machine (lot) of the spec has.
+    """
+    gpus: dict[str, int] = {}
+    widths = []
+    for run, resource in zip(runs, resources, strict=True):
+        if resource != "gpu" or run is None or spec.control is None:
+            widths.append(1)
+            continue
+        if run not in gpus:
+            try:
+                gpus[run] = spec.run_config(run).gpus
+            except SpecError:
+                gpus[run] = 1  # an unknown run is reported where runs are checked
+        widths.append(gpus[run])
+    largest = max((p.gpus_per_lot for p in packages), default=0)
+    for name, run, width in zip(names, runs, widths, strict=True):
+        if width > largest:
+            lots = " + ".join(
+                f"{p.count} {p.gpu} lot(s) of {p.gpus_per_lot} GPU(s)" for p in packages
+            )
+            raise SpecError(
+                f"calendar step '{name}' runs '{run}' with gpus: {width}: a data-parallel run "
+                f"needs {width} GPUs of ONE machine, and the spec's lots ({lots}) have at most "
+                f"{largest} each. Separate lots are separate machines: GPU memory and NVLink "
+                f"do not span them, so {width} GPUs of different lots cannot run it. Rent a "
+                f"lot with {width} GPUs on one machine (a b200 lot has 2), or set gpus: "
+                f"{largest} for that run.",
+                field="gpus",
+            )
+    return widths
+
+
 def _placed(
     ctx: Context,
     keep: list[bool],
@@ -565,6 +690,7 @@ def _placed(
     *,
     start: list[float],
     lane_of: list[int],
+    wide: dict[int, list[int]] | None = None,
 ) -> tuple[ScheduledStep, ...]:
     """The kept steps at their start hours and lanes, in table order."""
     names = ctx.names
@@ -591,7 +717,11 @@ def _placed(
             kind,
             resource,
             tier,
-            f"{POOLS[pool]}{lane}",
+            (
+                "+".join(f"{POOLS[pool]}{x}" for x in wide[i])
+                if wide and i in wide
+                else f"{POOLS[pool]}{lane}"
+            ),
             begin,
             begin + hours,
             hours,

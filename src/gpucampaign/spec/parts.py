@@ -9,7 +9,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from gpucampaign.core.text import redact_secrets
 
@@ -27,6 +34,7 @@ MAX_EPOCHS = 1_000_000_000
 MAX_STEPS = 10**9
 MAX_THREADS = 1024
 MAX_WORKERS = 256
+MAX_GPUS = 64
 MAX_KEEP = 1000
 MAX_PEOPLE = 1000
 MAX_WIDTH = 2**16
@@ -259,6 +267,15 @@ class RunConfig(_Frozen):
         "interrupted (evidence at that step, never an accepted delivery). Not part of the run "
         "ID: it changes no result of a run that is not interrupted.",
     )
+    gpus: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_GPUS,
+        description="Processes (one GPU each) that train this one run data-parallel, on ONE "
+        "machine (torch.distributed, DistributedDataParallel; 'gloo' on CPU). The global batch "
+        "is batch_size, split over the processes. Needs a lane of that many GPUs of one lot: "
+        "the plan refuses it across lots. Part of the run ID when above 1.",
+    )
     num_workers: int = Field(
         default=0,
         ge=0,
@@ -278,8 +295,22 @@ class RunConfig(_Frozen):
 
     def identity(self) -> dict[str, Any]:
         """The fields that define the run's numbers: all but the data path's knobs (the
-        batches and their order are the same whoever loads them) and the resume mode."""
+        batches and their order are the same whoever loads them) and the resume mode.
+
+        ``gpus`` enters only above 1: the run IDs of every run written before the field
+        existed (one process) stay the same, so their folders and checkpoints still verify.
+        """
         return self.model_dump(mode="json", exclude=set(NOT_IN_RUN_ID))
+
+    @model_serializer(mode="wrap")
+    def _drop_one_gpu(self, handler: Any) -> dict[str, Any]:
+        # gpus: 1 (the default) is left out of every dump: the run ID (``identity``), the spec's
+        # sha256 and params.json of every run written before the field existed stay the same,
+        # so their folders, checkpoints and manifests still verify.
+        data: dict[str, Any] = handler(self)
+        if data.get("gpus") == 1:
+            del data["gpus"]
+        return data
 
     @field_validator("recipe")
     @classmethod

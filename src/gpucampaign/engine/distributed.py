@@ -1,0 +1,429 @@
+"""One run on several processes of one machine: data-parallel training through
+``torch.distributed`` (a run config with ``gpus: N``, N > 1).
+
+``train_run`` hands such a run to ``launch``, which starts PyTorch's own launcher (the
+elastic agent behind ``torchrun``: ``elastic_launch`` with a ``LaunchConfig`` of N processes
+on this node, a standalone c10d rendezvous on a free port, ``max_restarts=0``). Each process
+runs ``python -m gpucampaign.engine.rank JOB`` (``rank.py``): it joins the process group
+(``nccl`` on CUDA, ``gloo`` on CPU, with a timeout, so no rank waits forever on a dead one),
+builds the
+same run as one process would (``setup_run`` with this rank's ``DataParallel``) and runs the
+same loop. What differs is behind the loop's few hooks (``ranks.py``):
+
+- **Batches.** The global batch is the config's ``batch_size``, split over the ranks: every
+  rank draws the same global order from the same seeded generator and takes rows
+  ``rank, rank + N, ...`` of each batch (``parts.RankShard``). So the steps per epoch, the
+  planned steps and the LR schedule are those of one process, and the data cursor
+  (``batch_in_epoch`` and the generator's state at the top of the epoch) is the same on every
+  rank. ``DistributedDataParallel`` averages the gradients.
+- **Loss and stops.** Each step all-reduces ``[loss x rows, rows, stop flag]`` over a ``gloo``
+  group: every rank logs the same loss (the global batch's), a non-finite loss on one rank
+  raises ``NonFiniteLoss`` on all of them before the backward pass, and a SIGINT or SIGTERM
+  seen by any rank stops all of them at the same step, which they save once.
+- **Evaluation.** Rank 0 evaluates the whole split, exactly as one process would; the others
+  wait at the next collective.
+- **Checkpoints: rank-0 save, not ``torch.distributed.checkpoint``.** The weights, optimizer,
+  scheduler and scaler are the same on every rank (DDP keeps them in step), so rank 0 holds the
+  whole train state but the per-rank RNG states, which it gathers (``TrainState.gather_rng``,
+  under ``rng["ranks"]``). Rank 0 then writes it through the existing ``CheckpointManager``:
+  the same transaction (temp, fsync, rename or upload, verify, LATEST), the same files, the same
+  verification and restart check. DCP would write one shard per rank in its own layout, outside
+  that transaction and the checks that read it; it pays off for sharded (FSDP) states, which
+  this is not. Rank 0's policy decides when to save (its decision is broadcast); the gather is
+  the save barrier: every rank has reached the step before LATEST moves. The meta records
+  ``world_size``: a resume with another number of processes is refused (``ranks.py``).
+- **Records.** Rank 0 writes the run folder (metrics, params, progress, model, result); rank k
+  writes its own into ``.ranks/<k>/`` (its metrics show the same losses). Rank 0 writes its
+  outcome (``.ddp/outcome.json``: the result, a stop rule, an interruption or an error), all
+  ranks meet at a barrier, and ``launch`` turns the outcome back into what ``train_run`` returns
+  or raises.
+
+Faults: a SIGINT or SIGTERM to the launching process reaches the agent, which sends it to every
+rank (they run in sessions of their own, so a terminal's Ctrl-C reaches them only this way);
+they stop together at the next step, save once, and ``launch`` raises ``Interrupted``. A rank
+that dies (SIGKILL, out of memory) fails the group: the agent ends the others (no restart) and
+``launch`` raises ``RankFailed``; the next start resumes from LATEST.
+
+Supported: the ranks of one machine. Not supported: ranks across machines or lots, and a
+resume with another ``gpus``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pickle
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from gpucampaign.core.files import atomic_write_bytes
+from gpucampaign.core.interrupt import DEFAULT_GRACE_S, Interrupted, request_stop, stop_requested
+from gpucampaign.core.stoprules import STOP_RULES
+from gpucampaign.engine.ranks import check_world_size
+from gpucampaign.folder.layout import METRICS_FILE
+from gpucampaign.folder.progress import read_progress
+from gpucampaign.folder.runresult import RunResult
+from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
+from gpucampaign.storage import Store
+
+#: The launcher's working folder inside the run folder: the job and rank 0's outcome.
+DDP_DIR = ".ddp"
+JOB_FILE = "job.pkl"
+OUTCOME_FILE = "outcome.json"
+#: Written by the launching process when a stop is requested there: rank 0 reads it at each
+#: step (the agent forwards signals only from the main thread; a Prefect task runs in another).
+STOP_FILE = "stop"
+#: Seconds a collective may wait for the other ranks before it fails (a dead or stuck rank);
+#: rank 0's evaluations run while the others wait, so it is generous.
+DEFAULT_TIMEOUT_S = 1800.0
+TIMEOUT_ENV = "GPUCAMPAIGN_DIST_TIMEOUT_S"
+_AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+class RankFailed(RuntimeError):
+    """A process of a data-parallel run died or failed; the others were ended with it. The
+    run resumes from its last good checkpoint at its next start."""
+
+
+class DataParallel:
+    """This process's rank of a data-parallel run: the hooks of ``ranks.Ranks``.
+
+    Args:
+        rank: This process's rank.
+        world_size: The number of processes.
+        device: This rank's device (``DistributedDataParallel`` puts the model there).
+        control: A ``gloo`` group for the small host-side agreements (the step's totals, the
+            save decision, the RNG gather): they never wait on a GPU stream.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        control: Any = None,
+        stop_file: Path | None = None,
+    ) -> None:
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.control = control
+        self.stop_file = stop_file
+        self._ddp: torch.nn.Module | None = None
+        self._stop: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def train_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self._ddp is None:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self._ddp = DistributedDataParallel(model, device_ids=ids)
+        return self._ddp
+
+    def step_totals(self, loss: torch.Tensor, n: int) -> tuple[float, int]:
+        local = stop_requested() or self._launcher_stop()
+        totals = torch.tensor(
+            [loss.item() * n, float(n), 1.0 if local else 0.0], dtype=torch.float64
+        )
+        tdist.all_reduce(totals, group=self.control)
+        if totals[2].item() > 0 and self._stop is None:
+            self._stop = local or "stop on another rank"
+        return totals[0].item() / totals[1].item(), int(totals[1].item())
+
+    def stop_requested(self) -> str | None:
+        return self._stop
+
+    def _launcher_stop(self) -> str | None:
+        """The stop the launching process asked for (rank 0 reads it; the flag is agreed)."""
+        if self.rank != 0 or self.stop_file is None or not self.stop_file.exists():
+            return None
+        try:
+            return self.stop_file.read_text(encoding="utf-8").strip() or "stop"
+        except OSError:
+            return "stop"
+
+    def agree(self, due: bool) -> bool:
+        flag = torch.tensor([1 if due else 0], dtype=torch.int64)
+        tdist.broadcast(flag, src=0, group=self.control)
+        return bool(flag.item())
+
+    def gather_rng(self, rng: dict[str, Any]) -> list[dict[str, Any]] | None:
+        states: list[Any] = [None] * self.world_size
+        tdist.all_gather_object(states, rng, group=self.control)
+        return states
+
+    def check_resume(self, meta: dict[str, Any]) -> None:
+        check_world_size(meta, world_size=self.world_size)
+
+    def barrier(self) -> None:
+        tdist.barrier(group=self.control)
+
+
+# --- the launcher's side -------------------------------------------------------------------------
+def launch(
+    spec: CampaignSpec,
+    *,
+    run: ResolvedRun,
+    corpus: Any,
+    store: Store,
+    out_dir: Path,
+    stop_after_steps: int | None,
+    checkpoint_every: int | None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    on_save: Callable[[dict[str, Any]], None] | None = None,
+    lane: int = 0,
+) -> RunResult:
+    """Train ``run`` on ``run.config.gpus`` processes of this machine; rank 0's result.
+
+    The arguments are ``train_run``'s. ``progress`` and ``on_save`` are called here, from
+    rank 0's live progress file and its ``checkpoint`` rows, while the ranks train.
+
+    Raises:
+        StopRule: The one rank 0 raised (every rank agreed on it).
+        Interrupted: A stop was requested (here or in a rank): every rank saved the step.
+        RankFailed: A rank died or failed; the others were ended.
+        SpecError: A rank refused its arguments (a resume with another ``gpus``, say).
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    _check_devices(run)
+    work = Path(out_dir) / DDP_DIR
+    work.mkdir(parents=True, exist_ok=True)
+    outcome_path = work / OUTCOME_FILE
+    outcome_path.unlink(missing_ok=True)
+    (work / STOP_FILE).unlink(missing_ok=True)
+    job = {
+        "spec": spec,
+        "run": run,
+        "corpus": corpus,
+        "store": store,
+        "out_dir": str(out_dir),
+        "stop_after_steps": stop_after_steps,
+        "checkpoint_every": checkpoint_every,
+        "lane": lane,
+    }
+    try:
+        payload = pickle.dumps(job)
+    except Exception as exc:
+        raise SpecError(
+            f"field 'gpus': run {run.run_id} has gpus: {run.config.gpus}, and its corpus or "
+            f"checkpoint store cannot be handed to the training processes ({exc}); use a "
+            "local store, or gpus: 1.",
+            field="gpus",
+        ) from None
+    atomic_write_bytes(work / JOB_FILE, payload)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=run.config.gpus,
+        run_id=f"gpucampaign-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",  # standalone: a free port (torchrun --standalone)
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        shutdown_timeout=int(DEFAULT_GRACE_S) + 10,
+    )
+    # The agent installs handlers that raise SignalException and forward the signal to the
+    # ranks; the caller's (``graceful_signals``) come back afterwards.
+    previous = _handlers()
+    relay = _Relay(
+        Path(out_dir),
+        run_id=run.run_id,
+        progress=progress,
+        on_save=on_save,
+        stop_file=work / STOP_FILE,
+    )
+    relay.start()
+    failure: str | None = None
+    signalled: str | None = None
+    try:
+        elastic_launch(config, sys.executable)(
+            "-m", "gpucampaign.engine.rank", str(work / JOB_FILE)
+        )
+    except SignalException as exc:
+        signalled = exc.sigval.name
+        request_stop(signalled)  # the campaign stops too, as it would on this signal
+    except ChildFailedError as exc:
+        failure = exc.format_msg()
+    finally:
+        relay.stop()
+        _restore_handlers(previous)
+        (work / JOB_FILE).unlink(missing_ok=True)  # it holds the corpus: never sealed
+    outcome = _read_outcome(outcome_path)
+    outcome_path.unlink(missing_ok=True)
+    (work / STOP_FILE).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        work.rmdir()
+    if outcome is None:
+        if signalled is not None:
+            raise Interrupted(signalled, detail=f"{run.run_id}: the ranks ended before saving")
+        raise RankFailed(
+            f"run {run.run_id}: a process of the {run.config.gpus}-process run failed and the "
+            f"others were ended; it resumes from its last checkpoint at the next start.\n"
+            f"{failure or 'rank 0 wrote no outcome'}"
+        )
+    return _outcome_result(outcome, run=run, failure=failure)
+
+
+def _check_devices(run: ResolvedRun) -> None:
+    """Refuse a CUDA run with more processes than this machine has GPUs (two ranks on one
+    GPU is not data parallelism, and NCCL refuses it).
+
+    Raises:
+        SpecError: Fewer CUDA devices than ``gpus``.
+    """
+    requested, gpus = run.config.device, run.config.gpus
+    if requested == "cpu" or not (requested != "auto" or torch.cuda.is_available()):
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < gpus:
+        raise SpecError(
+            f"field 'gpus': run {run.run_id} has gpus: {gpus} on device '{requested}', and this "
+            f"machine has {count} CUDA device(s); a data-parallel run needs one GPU per process "
+            f"on one machine. Run it on a lot with {gpus} GPUs, or set gpus: {max(1, count)}.",
+            field="gpus",
+        )
+
+
+def _outcome_result(outcome: dict[str, Any], *, run: ResolvedRun, failure: str | None) -> RunResult:
+    """What rank 0's outcome means for the caller: its result, or the exception to raise."""
+    kind = outcome["kind"]
+    if kind == "result":
+        return RunResult.from_dict(outcome["result"])
+    if kind == "stop":
+        rule = STOP_RULES[outcome["rule"]]
+        raise rule(run.run_id, outcome["reason"], step=outcome["step"], stop_id=outcome["stop_id"])
+    if kind == "interrupted":
+        raise Interrupted(outcome["reason"], step=outcome["step"])
+    if kind == "spec_error":
+        raise SpecError(outcome["message"], field=outcome["field"])
+    raise RankFailed(
+        f"run {run.run_id}: rank 0 failed: {outcome.get('error')}\n{failure or ''}".rstrip()
+    )
+
+
+def _read_outcome(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "kind" in data else None
+
+
+def _handlers() -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {
+        s: signal.getsignal(s)
+        for name in _AGENT_SIGNALS
+        if (s := getattr(signal, name, None)) is not None
+    }
+
+
+def _restore_handlers(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        if handler is not None:
+            signal.signal(signum, handler)
+
+
+class _Relay:
+    """While the ranks train: calls ``on_save`` and ``progress`` in the launching process,
+    from rank 0's ``checkpoint`` rows in ``metrics.jsonl`` and its live progress file, and
+    passes a stop requested here on to the ranks (``stop_file``)."""
+
+    def __init__(
+        self,
+        out_dir: Path,
+        *,
+        run_id: str,
+        progress: Callable[[dict[str, Any]], None] | None,
+        on_save: Callable[[dict[str, Any]], None] | None,
+        stop_file: Path,
+        every_s: float = 0.25,
+    ) -> None:
+        self.out_dir, self.run_id, self.stop_file = out_dir, run_id, stop_file
+        self._stop_sent = False
+        self.progress, self.on_save, self.every_s = progress, on_save, every_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ddp-relay", daemon=True)
+        metrics = out_dir / METRICS_FILE
+        self._offset = metrics.stat().st_size if metrics.is_file() else 0
+        self._last_step: Any = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._poll()  # the last rows
+
+    def _loop(self) -> None:
+        while not self._done.wait(self.every_s):
+            self._poll()
+
+    def _poll(self) -> None:
+        reason = stop_requested()
+        if reason is not None and not self._stop_sent:
+            self._stop_sent = True
+            atomic_write_bytes(self.stop_file, reason.encode())
+        try:
+            self._relay_saves()
+            self._relay_progress()
+        except Exception:  # reporting never fails the run
+            return
+
+    def _relay_saves(self) -> None:
+        metrics = self.out_dir / METRICS_FILE
+        if self.on_save is None or not metrics.is_file():
+            return
+        if metrics.stat().st_size < self._offset:  # truncated by a resume: read it again
+            self._offset = 0
+        with open(metrics, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        planned = _planned_steps(self.out_dir)
+        for line in data[:end].splitlines():
+            row = json.loads(line)
+            if row.get("kind") == "checkpoint":
+                self.on_save(
+                    {
+                        "run_id": self.run_id,
+                        "step": row["step"],
+                        "planned_steps": planned,
+                        "save_s": row.get("save_s"),
+                        "key": row.get("key"),
+                    }
+                )
+
+    def _relay_progress(self) -> None:
+        if self.progress is None:
+            return
+        record = read_progress(self.out_dir)
+        if record and record.get("step") != self._last_step and record.get("planned_steps"):
+            self._last_step = record.get("step")
+            self.progress({**record, "fraction": record["step"] / record["planned_steps"]})
+
+
+def _planned_steps(out_dir: Path) -> int | None:
+    try:
+        return int(json.loads((out_dir / "params.json").read_text())["planned_steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
