@@ -4,11 +4,12 @@ training batches and the progress bar."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from gpucampaign.folder.layout import PARAMS_FILE
 from gpucampaign.recipe.runtime import train_rows
@@ -27,6 +28,31 @@ def n_train_of(out_dir: str | Path, *, run: ResolvedRun, corpus: Any) -> int:
     return int(recorded) if recorded is not None else train_rows(run, corpus=corpus)
 
 
+class PermutedBatches(Sampler[torch.Tensor]):
+    """The batches of ``BatchSampler(RandomSampler(n, generator=g), batch_size)`` as index
+    tensors: the same permutation from the same generator draws, cut the same way.
+
+    ``RandomSampler`` draws a second permutation (and drops it) when it runs out: drawn here at
+    the same point (before the last, partial batch; after the last full one), so the
+    generator's state, and with it every later epoch's order, stays what it was.
+    """
+
+    def __init__(self, n: int, *, batch_size: int, generator: torch.Generator) -> None:
+        self.n, self.batch_size, self.generator = n, batch_size, generator
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        order = torch.randperm(self.n, generator=self.generator)
+        full = self.n // self.batch_size
+        for i in range(full):
+            yield order[i * self.batch_size : (i + 1) * self.batch_size]
+        torch.randperm(self.n, generator=self.generator)  # RandomSampler's draw on running out
+        if self.n % self.batch_size:
+            yield order[full * self.batch_size :]
+
+
 def make_loader(
     train: Any,
     *,
@@ -37,9 +63,11 @@ def make_loader(
 ) -> DataLoader:
     """The training batches, shuffled by ``generator``.
 
-    A ``TensorDataset`` is indexed one batch at a time (one gather per tensor instead of a
-    fetch per row and a stack): the same sampler draws the same order, so the batches are
-    the same values. The sampler stays in this process; workers only fetch batches.
+    A ``TensorDataset`` is indexed one batch at a time by a tensor of indices
+    (``PermutedBatches``: one gather per tensor, instead of a fetch per row and a stack, or a
+    list of ints turned into a tensor at every step): the same draws as torch's
+    ``RandomSampler``, so the batches are the same values. The sampler stays in this process;
+    workers only fetch batches.
     """
     kw: dict[str, Any] = {
         "num_workers": config.num_workers,
@@ -47,9 +75,7 @@ def make_loader(
         "persistent_workers": config.persistent_workers and config.num_workers > 0,
     }
     if isinstance(train, TensorDataset) and collate_fn is None:
-        batches = BatchSampler(
-            RandomSampler(train, generator=generator), batch_size=config.batch_size, drop_last=False
-        )
+        batches = PermutedBatches(len(train), batch_size=config.batch_size, generator=generator)
         # The generator also draws each epoch's base seed, as with shuffle=True: the global
         # torch RNG (dropout) is left alone.
         return DataLoader(train, sampler=batches, batch_size=None, generator=generator, **kw)
