@@ -404,7 +404,7 @@ def plan_seconds(n: int, *, limit_s: float) -> float | None:
     """Seconds to validate and plan ``n`` steps, in a child process; None past ``limit_s``."""
     code = (
         "import sys, time; sys.path.insert(0, sys.argv[2])\n"
-        "from plan_scaling import make_spec\nfrom gpucampaign import calendar\n"
+        "from plan_scaling import make_spec\nfrom gpucampaign.plan import calendar\n"
         "from gpucampaign.spec import parse_spec\n"
         "data = make_spec(int(sys.argv[1]), seed=0, window_days=30)\n"
         "t0 = time.perf_counter(); calendar.plan(parse_spec(data))\n"
@@ -490,7 +490,11 @@ def main() -> int:
         bench_restart(tmp, 1 if a.smoke else 2, res, factors=(1, 2) if a.smoke else (10, 20))
         bench_campaigns(tmp, [1, 3, 6], res)
         bench_fixed(tmp, reps, res)
-        planner = [(1000, 1), (10_000, 1)] if a.smoke else [(1000, 3), (10_000, reps), (100_000, 1)]
+        planner = (
+            [(1000, 1), (10_000, 1)]
+            if a.smoke
+            else [(1000, 3), (10_000, reps), (100_000, 1), (1_000_000, 1)]
+        )
         bench_planner(planner, res, limit_s=90)
     res.rows.append(
         Row(
