@@ -15,8 +15,8 @@ One call of ``train_run``, as pseudocode::
             _train_step                           # its row waits, the loss on the device
             evaluate("val") at eval_every, else at the epoch's end
             r.saver.save(step, last_step=step == target)   # the saver decides if it is due
-            stop requested?  save this step, wait for it, raise Interrupted
             live view due?  flush the rows (NonFiniteLoss), progress file and callback
+            stop requested?  save this step, wait for it, raise Interrupted
     r.saver.wait(); step < planned?  return uncompleted (the pilot)
     _finish                                       # final evals, model/, the floor, result.json
 
