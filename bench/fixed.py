@@ -10,6 +10,16 @@ The floor of anything that starts a fresh process and resumes a run is a fresh
   (the first run folder's ``progress.json``, written just before the first step; goal: <= 15 s),
   and the timeline's fixed phases (restart check, close, verify) against the floor.
 
+Where the time goes (profiled 2026-12-04 on the 2-core machine, load ~4; cProfile of the
+restart check's fresh process, 6.2 s profiled): the imports of torch and gpucampaign (the
+floor, ~3.1 s), then ``torch.optim.Adam.__init__``: torch wraps it in ``_disable_dynamo``, which
+imports ``torch._dynamo`` at its first call (~2.3 s, in every fresh process that builds an
+optimizer; torch offers no switch), then imports beyond the floor (``plan.*`` through
+``folder.records``, ``storage.s3*``, ``restartcheck.*``: ~0.3-0.5 s), and the replay itself
+(0.1-0.3 s for 200 steps). ``campaign run`` before its first step: the CLI's imports,
+``flows._embedded`` importing ``prefect.server.api.server`` (~6 s) and the server's start
+(~6-7 s, a new process importing the same app), one after the other.
+
 Usage: python bench/fixed.py [--repeats 3] [--json]
 """
 
