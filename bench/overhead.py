@@ -126,6 +126,8 @@ def phases_of(out: Path) -> dict[str, float]:
     phases: dict[str, float] = {}
     for line in (out / "timeline.jsonl").read_text().splitlines():
         row = json.loads(line)
+        if row.get("seconds") is None:  # a segment's start or heartbeat: its end has the time
+            continue
         phases[row["phase"]] = phases.get(row["phase"], 0.0) + float(row["seconds"])
     return phases
 

@@ -9,10 +9,16 @@ with min/median/max over repeats and its goal marked met or missed with the numb
 - checkpoint save vs a raw fsync write, restore vs a raw read of the same bytes;
 - the bounded restart check vs the control's training time, 10x and 20x the demo's length;
 - orchestration (Prefect tasks, GPU lock, artifacts) per run vs a 60 s run;
+- the fixed costs next to their floor (``bench/fixed.py``: a fresh ``import torch,
+  gpucampaign`` plus one checkpoint load): the restart check's, the embedded Prefect server's,
+  and ``campaign run``'s time before its first training step on the demo spec;
 - scaling: save/restore for 64 MB, 256 MB, 1 GB, 4 GB; campaign wall time for 1, 3, 6 variants;
   planner time for 1k, 10k, 100k steps.
 
-Usage: python bench/run.py [--quick] [--out bench/RESULTS.md]
+Usage: python bench/run.py [--quick | --smoke] [--out bench/RESULTS.md]
+
+``--smoke`` runs every part once at the smallest sizes (a check that the bench runs end to
+end, a few minutes; its numbers are not results).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import checkpoint as ckbench  # noqa: E402  (bench/checkpoint.py)
+import fixed  # noqa: E402  (bench/fixed.py)
 import overhead  # noqa: E402  (bench/overhead.py)
 
 from gpucampaign.cli.scaffold import init_campaign, write_spec_copy  # noqa: E402
@@ -64,7 +71,8 @@ class Row:
     note: str = ""
 
     def cells(self) -> list[str]:
-        fmt = (lambda v: f"{100 * v:.2f}%") if self.unit == "%" else (lambda v: f"{v:.2f}x")
+        fmts = {"%": lambda v: f"{100 * v:.2f}%", "s": lambda v: f"{v:.1f} s"}
+        fmt = fmts.get(self.unit, lambda v: f"{v:.2f}x")
         lo, med, hi = (fmt(v) for v in spread(self.samples)) if self.samples else ("-",) * 3
         status = {
             True: "met",
@@ -143,8 +151,8 @@ def demo_spec(
 
 
 # --- training throughput and the checkpoint stall -------------------------------------------
-def bench_training(tmp: Path, repeats: int, res: Results) -> None:
-    control = {"hidden": [512, 512], "batch_size": 512, "epochs": 200, "eval_every": 10**6}
+def bench_training(tmp: Path, repeats: int, res: Results, *, epochs: int = 200) -> None:
+    control = {"hidden": [512, 512], "batch_size": 512, "epochs": epochs, "eval_every": 10**6}
     path = demo_spec(tmp, "throughput", control=control)
     spec = load_spec(path)
     corpus = load_spec_corpus(spec, base_dir=path.parent)
@@ -241,10 +249,12 @@ def bench_io(tmp: Path, sizes: list[tuple[int, int]], res: Results) -> None:
 
 
 # --- the bounded restart check ---------------------------------------------------------------
-def bench_restart(tmp: Path, repeats: int, res: Results) -> None:
+def bench_restart(
+    tmp: Path, repeats: int, res: Results, *, factors: tuple[int, int] = (10, 20)
+) -> None:
     shares: dict[int, list[float]] = {}
     costs: dict[int, float] = {}
-    for factor in (10, 20):
+    for factor in factors:
         path = demo_spec(tmp, f"restart-{factor}", control={"epochs": 20 * factor})
         spec = load_spec(path)
         corpus = load_spec_corpus(spec, base_dir=path.parent)
@@ -284,7 +294,7 @@ def bench_restart(tmp: Path, repeats: int, res: Results) -> None:
                 note=note,
             )
         )
-    flat = costs[20] / costs[10]
+    flat = costs[factors[1]] / costs[factors[0]]
     res.rows.append(
         Row(
             "restart check cost when the run doubles",
@@ -292,7 +302,7 @@ def bench_restart(tmp: Path, repeats: int, res: Results) -> None:
             [flat],
             "flat (<= 1.2x)",
             flat <= 1.2,
-            note="cost of the check at 20x over its cost at 10x",
+            note=f"cost of the check at {factors[1]}x over its cost at {factors[0]}x",
         )
     )
 
@@ -339,12 +349,62 @@ def bench_campaigns(tmp: Path, counts: list[int], res: Results) -> None:
     )
 
 
+# --- the fixed costs next to their floor -----------------------------------------------------
+def bench_fixed(tmp: Path, repeats: int, res: Results) -> None:
+    m = fixed.measure(tmp, repeats)
+    floor = m["floor_s"]
+    note = (
+        f"floor {floor:.2f} s: fresh `import torch, gpucampaign` "
+        f"{statistics.median(m['import_s']):.2f} s + one checkpoint load "
+        f"{statistics.median(m['load_s']):.3f} s"
+    )
+    ratios = m["restart_fixed_over_floor"]
+    res.rows.append(
+        Row(
+            "restart check, fixed cost / its floor",
+            "fresh import + one checkpoint load",
+            ratios,
+            f"<= {fixed.RESTART_GOAL_X:g}x",
+            statistics.median(ratios) <= fixed.RESTART_GOAL_X,
+            note=f"{note}; the check's total less the training its fresh process replays "
+            f"({m['restart_steps']} steps)",
+        )
+    )
+    firsts = m["first_step_s"]
+    res.rows.append(
+        Row(
+            "campaign run, time to the first training step (demo)",
+            "- (seconds)",
+            firsts,
+            f"<= {fixed.FIRST_STEP_GOAL_S:g} s",
+            statistics.median(firsts) <= fixed.FIRST_STEP_GOAL_S if firsts else None,
+            unit="s",
+            note=(f"{statistics.median(firsts) / floor:.1f}x the floor; " if firsts else "")
+            + "until the first run folder's progress.json (written just before the first step)"
+            + ("; a running server was reused" if m["reused_server"] else ""),
+        )
+    )
+    med = statistics.median
+    table = [["fixed cost", "seconds (median)", "x the floor"]]
+    table.append(["floor: fresh import + one checkpoint load", f"{floor:.2f}", "1.00x"])
+    costs = {
+        "restart check (less its replay's training)": med(m["restart_fixed_s"]),
+        "embedded Prefect server: import of its module": med(m["server_import_s"]),
+        "embedded Prefect server: start": med(m["server_start_s"]),
+    }
+    if firsts:
+        costs["campaign run: before the first training step"] = med(firsts)
+    costs.update({f"campaign phase '{k}' (timeline)": v for k, v in m["phases_s"].items()})
+    table += [[k, f"{v:.2f}", f"{v / floor:.2f}x"] for k, v in costs.items()]
+    res.tables["Fixed costs next to their floor (bench/fixed.py)"] = table
+
+
 # --- the planner ----------------------------------------------------------------------------
 def plan_seconds(n: int, *, limit_s: float) -> float | None:
     """Seconds to validate and plan ``n`` steps, in a child process; None past ``limit_s``."""
     code = (
         "import sys, time; sys.path.insert(0, sys.argv[2])\n"
-        "from plan_scaling import make_spec\nfrom gpucampaign import calendar\n"
+        "from plan_scaling import make_spec\nfrom gpucampaign.plan import calendar\n"
         "from gpucampaign.spec import parse_spec\n"
         "data = make_spec(int(sys.argv[1]), seed=0, window_days=30)\n"
         "t0 = time.perf_counter(); calendar.plan(parse_spec(data))\n"
@@ -410,24 +470,32 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS.md")
     ap.add_argument("--quick", action="store_true", help="Fewer repeats, smaller sizes.")
+    ap.add_argument(
+        "--smoke", action="store_true", help="Once each, smallest sizes: does it run end to end?"
+    )
     ap.add_argument("--note", action="append", default=[], help="A line for the notes.")
     a = ap.parse_args()
     torch.set_num_threads(1)
     started, t0 = datetime.now(UTC), time.perf_counter()
     info = machine()
     res = Results(notes=[f"Note: {n}" for n in a.note])
-    reps = 2 if a.quick else 3
+    reps = 1 if a.smoke else 2 if a.quick else 3
+    if a.smoke:
+        res.notes.append("Note: a --smoke run (once each, smallest sizes): not results.")
     with tempfile.TemporaryDirectory(prefix="gpucampaign-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        bench_training(tmp, reps, res)
-        bench_io(
-            tmp,
-            [(64, reps), (256, reps)] if a.quick else [(64, 3), (256, 3), (1024, 2), (4096, 1)],
-            res,
-        )
-        bench_restart(tmp, 2, res)
+        bench_training(tmp, reps, res, epochs=20 if a.smoke else 200)
+        sizes = [(64, reps), (256, reps)] if a.quick else [(64, 3), (256, 3), (1024, 2), (4096, 1)]
+        bench_io(tmp, [(64, 1)] if a.smoke else sizes, res)
+        bench_restart(tmp, 1 if a.smoke else 2, res, factors=(1, 2) if a.smoke else (10, 20))
         bench_campaigns(tmp, [1, 3, 6], res)
-        bench_planner([(1000, 3), (10_000, reps), (100_000, 1)], res, limit_s=90)
+        bench_fixed(tmp, reps, res)
+        planner = (
+            [(1000, 1), (10_000, 1)]
+            if a.smoke
+            else [(1000, 3), (10_000, reps), (100_000, 1), (1_000_000, 1)]
+        )
+        bench_planner(planner, res, limit_s=90)
     res.rows.append(
         Row(
             "S3Store vs plain boto3, same bytes",

@@ -49,17 +49,23 @@ def install(point: str, n: int, *, latest: Path) -> None:
     from gpucampaign.storage import base as storage
 
     count = Countdown(n)
-    if point == "train-step":  # after the optimizer step, before its metrics row and any save
-        write = metrics.MetricsLog.write
+    if point == "train-step":
+        # Mid-epoch, after the first save: at the Nth train row as the rows are written. The
+        # loop defers train rows (their losses stay on the device) and writes them in batches:
+        # the rows before the Nth are written, then the process dies, so the file has trained
+        # through step N-1 when it dies, as a kill between two steps leaves it.
+        write_rows = metrics.MetricsLog._write
 
-        def train_row(self, row):
-            if row.get("kind") == "train":
-                if count.left == 1:  # die mid-epoch once the first save has committed
-                    wait_for(latest)
-                count.tick()
-            return write(self, row)
+        def rows_then_die(self, rows):
+            for i, row in enumerate(rows):
+                if row.get("kind") == "train":
+                    if count.left == 1:  # die mid-epoch once the first save has committed
+                        write_rows(self, rows[:i])
+                        wait_for(latest)
+                    count.tick()
+            return write_rows(self, rows)
 
-        metrics.MetricsLog.write = train_row
+        metrics.MetricsLog._write = rows_then_die
     elif point == "inside-write":  # half a buffer written, no fsync, no rename
         # N counts checkpoint files (model, state, meta of each save), not chunks: how many
         # chunks a file takes depends on how it is written (torch.save streams many). The model

@@ -117,6 +117,9 @@ class Checkpointer:
         """
         r = self._r
         t0 = time.perf_counter()
+        # The waiting train rows first: their losses are checked (non_finite_loss) before any
+        # snapshot, so a checkpoint never holds a step after a non-finite loss.
+        r.mlog.flush()
         self.wait()
         r.mlog.sync()
         # Data-parallel: every rank's RNG states are gathered here, so every rank has reached

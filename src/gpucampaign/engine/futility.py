@@ -280,6 +280,9 @@ class Futility:
             return cls(r, role="off")  # the pilot: never stopped there
         if not scored:
             return cls(r, role="off", off=_no_score(r))
+        if r.dist.world_size > 1:
+            # Rank 0 alone evaluates: its stop would leave the other ranks in a collective.
+            return cls(r, role="off", off="a data-parallel run (gpus > 1) is not checked")
         return cls(r, role="check")
 
     def _say(self, r: LiveRun, why: str) -> None:

@@ -12,10 +12,11 @@ One call of ``train_run``, as pseudocode::
     while step < target:                                            # _run_epoch
         batches = r.state.start_epoch(loader)     # the order re-drawn, consumed ones skipped
         for each batch left in the epoch, up to the target:
-            _train_step                           # NonFiniteLoss: the step is not applied
+            _train_step                           # its row waits, the loss on the device
             evaluate("val") at eval_every, else at the epoch's end
               the control keeps its per-example scores; a variant that cannot win: Futile
             r.saver.save(step, last_step=step == target)   # the saver decides if it is due
+            live view due?  flush the rows (NonFiniteLoss), progress file and callback
             stop requested?  save this step, wait for it, raise Interrupted
     r.saver.wait(); step < planned?  return uncompleted (the pilot)
     _finish                                       # final evals, model/, the floor, result.json
@@ -43,6 +44,13 @@ Determinism: python/numpy/torch seeded, a seeded DataLoader generator, a pinned 
 count; the checkpoint keeps the generator state from the TOP of the epoch, and a resume
 re-draws that epoch's order and skips the consumed batches before restoring the global RNGs.
 On CPU a resumed run is bit-identical to an uninterrupted one.
+
+Host syncs: a step never waits for the device. Its loss stays there, its ``train`` row waits in
+the ``MetricsLog`` (``defer``) and the waiting losses are fetched in one transfer when a record
+needs them: every ``log_every_steps`` steps, when the live view is due (about twice a second),
+before an evaluation or a checkpoint snapshot, at the end of the call and at a stop request.
+The ``non_finite_loss`` rule checks them there: the stop names the first non-finite step, and
+since a snapshot flushes first, no checkpoint ever holds a step after a non-finite loss.
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from gpucampaign.checkpoint.manager import LoadedCheckpoint
 from gpucampaign.checkpoint.trainstate import MODEL
@@ -78,6 +88,8 @@ from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import Store
 
 ProgressFn = Callable[[dict[str, Any]], None]
+# Steps whose train rows may wait for one transfer of their losses (a GPU syncs once per flush).
+LOG_EVERY_STEPS = 100
 
 
 def _restore(r: LiveRun) -> LoadedCheckpoint | None:
@@ -102,10 +114,11 @@ def _restore(r: LiveRun) -> LoadedCheckpoint | None:
     return ck
 
 
-def _open_metrics(r: LiveRun, *, restored: bool) -> None:
+def _open_metrics(r: LiveRun, *, restored: bool, log_every_steps: int = LOG_EVERY_STEPS) -> None:
     """Open ``metrics.jsonl`` for appending, dropping the rows after the restored step."""
     truncate_metrics(r.out_dir / METRICS_FILE, through_step=r.state.global_step)
-    r.mlog = MetricsLog(r.out_dir / METRICS_FILE)
+    check = _finite_loss(r) if r.spec.stop_rules.non_finite_loss else None
+    r.mlog = MetricsLog(r.out_dir / METRICS_FILE, check=check, every=log_every_steps)
     if restored:
         r.mlog.write(
             {
@@ -117,9 +130,26 @@ def _open_metrics(r: LiveRun, *, restored: bool) -> None:
         )
 
 
+def _finite_loss(r: LiveRun) -> Callable[[dict[str, Any]], None]:
+    """The ``non_finite_loss`` check of a ``train`` row, run when its loss is fetched."""
+
+    def check(row: dict[str, Any]) -> None:
+        loss = row.get("loss")
+        if row.get("kind") == "train" and isinstance(loss, float) and not math.isfinite(loss):
+            raise NonFiniteLoss(
+                r.run_id,
+                f"training loss is {loss} at step {row['step']} (epoch {row['epoch']}, "
+                f"lr {row['lr']:g}); the last checkpoint precedes it",
+                step=row["step"],
+            )
+
+    return check
+
+
 # --- the loop ------------------------------------------------------------------------------------
-def _train_step(r: LiveRun, batches: Iterator[Any]) -> dict[str, Any]:
-    """One optimizer step on the next batch; returns its ``train`` row."""
+def _train_step(r: LiveRun, batches: Iterator[Any]) -> None:
+    """One optimizer step on the next batch; its ``train`` row waits in the log with the loss
+    still on the device (no host sync here)."""
     t0 = time.perf_counter()
     s = r.state
     batch = to_device(next(batches), r.device)
@@ -128,15 +158,21 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> dict[str, Any]:
     with r.autocast:
         model = r.dist.train_model(s.model)  # DistributedDataParallel when data-parallel
         loss = check_loss(name, call(name, "loss", r.recipe.loss, model, batch))
-    # Over all ranks: a non-finite loss on one stops every one, before the backward pass.
-    loss_value, n = r.dist.step_totals(loss, batch_len(batch))
-    if not math.isfinite(loss_value) and r.spec.stop_rules.non_finite_loss:
-        raise NonFiniteLoss(
-            r.run_id,
-            f"training loss is {loss_value} at step {s.global_step + 1} "
-            f"(epoch {s.epoch}, lr {lr:g}); the step was not applied",
-            step=s.global_step + 1,
-        )
+    n = batch_len(batch)
+    logged = loss  # fetched with the other waiting rows' losses, when a record needs them
+    if r.dist.world_size > 1:
+        # Over all ranks, before the backward pass: one all-reduce of the loss, the rows and
+        # the stop flag, so a non-finite loss on one rank stops every one. This syncs at every
+        # step; the ranks must agree anyway.
+        loss_value, n = r.dist.step_totals(loss, n)
+        if not math.isfinite(loss_value) and r.spec.stop_rules.non_finite_loss:
+            raise NonFiniteLoss(
+                r.run_id,
+                f"training loss is {loss_value} at step {s.global_step + 1} "
+                f"(epoch {s.epoch}, lr {lr:g}); the step was not applied",
+                step=s.global_step + 1,
+            )
+        logged = torch.tensor(loss_value, dtype=torch.float64)
     s.optimizer.zero_grad(set_to_none=True)
     s.scaler.scale(loss).backward()
     s.scaler.step(s.optimizer)
@@ -149,15 +185,15 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> dict[str, Any]:
     step_s = time.perf_counter() - t0
     r.step_times.append(step_s)
     s.steps_s_sum += step_s
-    return {
+    row = {
         "kind": "train",
         "step": s.global_step,
         "epoch": s.epoch,
-        "loss": loss_value,
         "lr": lr,
         "step_s": step_s,
         "samples_per_s": n / step_s if step_s > 0 else None,
     }
+    r.mlog.defer(row, loss=logged)
 
 
 def _run_epoch(
@@ -171,25 +207,27 @@ def _run_epoch(
     """Train the rest of the current epoch, or up to the target step."""
     s = r.state
     batches = s.start_epoch(r.loader)
+    every = r.config.eval_every
+    report_every = max(1, r.planned // 50)
     while s.batch_in_epoch < r.steps_per_epoch:
-        row = _train_step(r, batches)
-        r.mlog.write(row)
+        _train_step(r, batches)
         end_of_epoch = s.batch_in_epoch == r.steps_per_epoch
-        every = r.config.eval_every
+        step = s.global_step
         evaluated = None
-        if (every and s.global_step % every == 0) or (not every and end_of_epoch):
+        if (every and step % every == 0) or (not every and end_of_epoch):
+            r.mlog.flush()  # a non-finite loss stops the run before its evaluation
             evaluated = evaluate(r, "val", final=False)
             if evaluated is not None:
-                r.last_eval = (s.global_step, evaluated)
+                r.last_eval = (step, evaluated)
                 if futility is not None:  # the control records, a variant may stop: Futile
                     futility.after_eval(r)
-        r.saver.save(s.global_step, last_step=s.global_step == r.target)
-        _report(r, row, progress=progress, bar=bar)
-        if live is not None:
-            live.update(live_record(r, loss=row["loss"]), force=evaluated is not None)
+        r.saver.save(step, last_step=step == r.target)
+        live_due = live is not None and (evaluated is not None or live.due())
+        if live_due or step == r.target or (progress is not None and step % report_every == 0):
+            _report(r, progress=progress, bar=bar, live=live)
         if r.dist.stop_requested() is not None:  # agreed by every rank
             _stop_now(r)
-        if s.global_step >= r.target:
+        if step >= r.target:
             break
     if s.batch_in_epoch == r.steps_per_epoch:
         s.epoch += 1
@@ -199,6 +237,7 @@ def _stop_now(r: LiveRun) -> None:
     """A stop was requested: checkpoint this step (unless just saved), then raise."""
     reason = r.dist.stop_requested() or "stop"
     step = r.state.global_step
+    r.mlog.flush()  # a non-finite loss is the first fault, and stops before the save
     r.saver.save(step, last_step=True)
     r.saver.wait()  # written and recorded (the timeline's heartbeat) before stopping
     r.mlog.write({"kind": "interrupt", "step": step, "reason": reason})
@@ -206,17 +245,26 @@ def _stop_now(r: LiveRun) -> None:
     raise Interrupted(reason, step=step)
 
 
-def _report(r: LiveRun, row: dict[str, Any], *, progress: ProgressFn | None, bar: Any) -> None:
-    """Move the progress bar; call ``progress`` every ~2% of the run and at the target."""
+def _report(
+    r: LiveRun, *, progress: ProgressFn | None, bar: Any, live: ProgressFile | None
+) -> None:
+    """Flush the waiting rows, then show where the run is: the progress bar, the live file
+    and ``progress``. Called when the live view is due (about twice a second, and at an
+    evaluation), every ~2% of the run and at the target, not at every step."""
+    r.mlog.flush()
+    row = r.mlog.last_deferred or {}
+    record = live_record(r, loss=row.get("loss"))
     if bar is not None:
         bar.update(bar.task_ids[0], completed=r.state.global_step)
-    every, step = max(1, r.planned // 50), r.state.global_step
-    if progress is not None and (step % every == 0 or step == r.target):
+    if live is not None:
+        live.update(record, force=True)
+    step = r.state.global_step
+    if progress is not None and (step % max(1, r.planned // 50) == 0 or step == r.target):
         progress(
             {
-                **live_record(r, loss=row["loss"]),
+                **record,
                 "epoch": r.state.epoch,
-                "lr": row["lr"],
+                "lr": row.get("lr", r.state.optimizer.param_groups[0]["lr"]),
                 "fraction": step / r.planned,
             }
         )
@@ -324,6 +372,7 @@ def train_run(
     on_save: SaveFn | None = None,
     lane: int = 0,
     dist: Ranks | None = None,
+    log_every_steps: int = LOG_EVERY_STEPS,
 ) -> RunResult:
     """Train (or resume, or return the recorded result of) one run of the campaign.
 
@@ -343,6 +392,8 @@ def train_run(
         dist: This process's rank of a data-parallel run (``rank.py`` passes it).
             Without it, a run with ``gpus`` > 1 is launched here on that many processes
             (``distributed.launch``), which returns rank 0's result.
+        log_every_steps: At most this many steps' ``train`` rows wait for their losses
+            (see the module docstring: the host syncs only when a record needs them).
 
     Returns:
         The ``RunResult`` (``completed`` False after a pilot stop).
@@ -409,7 +460,7 @@ def train_run(
     cut = find_interruption(
         out_dir, resume=r.config.resume, checkpoint_step=r.resumed_from, planned_steps=r.planned
     )
-    _open_metrics(r, restored=ck is not None)
+    _open_metrics(r, restored=ck is not None, log_every_steps=log_every_steps)
     track_metrics(r, ck)  # MLflow, when tracking is on (engine/tracked.py)
     if cut is not None:  # resume: inference
         restart_inference(r, cut)
@@ -435,10 +486,14 @@ def _train(r: LiveRun, *, progress: ProgressFn | None, show_progress: bool) -> R
             return run_result(r, completed=False, train_s=train_s)
         return _finish(r, train_s=train_s)
     finally:
-        if live.record.get("state") != "done":  # a stop rule, an interruption, an error
-            live.update(live_record(r, loss=live.record.get("loss"), state="stopped"), force=True)
-        mark.close()  # kept only when a stop request interrupts the call
-        r.saver.close()
-        r.mlog.close()
-        if bar is not None:
-            bar.stop()
+        try:
+            # The rows of the steps applied; a non-finite loss among them is the first fault.
+            r.mlog.close()
+        finally:
+            if live.record.get("state") != "done":  # a stop rule, an interruption, an error
+                record = live_record(r, loss=live.record.get("loss"), state="stopped")
+                live.update(record, force=True)
+            mark.close()  # kept only when a stop request interrupts the call
+            r.saver.close()
+            if bar is not None:
+                bar.stop()

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset
 
 from gpucampaign.folder.layout import PARAMS_FILE
 from gpucampaign.recipe.runtime import train_rows
@@ -37,16 +37,41 @@ class RankShard:
     row ``rank mod len`` again (a step is never empty).
     """
 
-    def __init__(self, batches: Iterable[list[int]], *, rank: int, world_size: int) -> None:
+    def __init__(self, batches: Iterable[Any], *, rank: int, world_size: int) -> None:
         self.batches, self.rank, self.world_size = batches, rank, world_size
 
-    def __iter__(self) -> Iterator[list[int]]:
-        for batch in self.batches:
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.batches:  # lists of ints, or index tensors (PermutedBatches)
             part = batch[self.rank :: self.world_size]
-            yield part if part else [batch[self.rank % len(batch)]]
+            yield part if len(part) else batch[self.rank % len(batch) :][:1]
 
     def __len__(self) -> int:
         return len(self.batches)  # type: ignore[arg-type]
+
+
+class PermutedBatches(Sampler[torch.Tensor]):
+    """The batches of ``BatchSampler(RandomSampler(n, generator=g), batch_size)`` as index
+    tensors: the same permutation from the same generator draws, cut the same way.
+
+    ``RandomSampler`` draws a second permutation (and drops it) when it runs out: drawn here at
+    the same point (before the last, partial batch; after the last full one), so the
+    generator's state, and with it every later epoch's order, stays what it was.
+    """
+
+    def __init__(self, n: int, *, batch_size: int, generator: torch.Generator) -> None:
+        self.n, self.batch_size, self.generator = n, batch_size, generator
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        order = torch.randperm(self.n, generator=self.generator)
+        full = self.n // self.batch_size
+        for i in range(full):
+            yield order[i * self.batch_size : (i + 1) * self.batch_size]
+        torch.randperm(self.n, generator=self.generator)  # RandomSampler's draw on running out
+        if self.n % self.batch_size:
+            yield order[full * self.batch_size :]
 
 
 def make_loader(
@@ -62,9 +87,11 @@ def make_loader(
     """The training batches, shuffled by ``generator``; with ``world_size`` > 1, this
     ``rank``'s share of each global batch of ``batch_size`` rows (``RankShard``).
 
-    A ``TensorDataset`` is indexed one batch at a time (one gather per tensor instead of a
-    fetch per row and a stack): the same sampler draws the same order, so the batches are
-    the same values. The sampler stays in this process; workers only fetch batches.
+    A ``TensorDataset`` is indexed one batch at a time by a tensor of indices
+    (``PermutedBatches``: one gather per tensor, instead of a fetch per row and a stack, or a
+    list of ints turned into a tensor at every step): the same draws as torch's
+    ``RandomSampler``, so the batches are the same values. The sampler stays in this process;
+    workers only fetch batches.
     """
     kw: dict[str, Any] = {
         "num_workers": config.num_workers,
@@ -72,8 +99,8 @@ def make_loader(
         "persistent_workers": config.persistent_workers and config.num_workers > 0,
     }
     if isinstance(train, TensorDataset) and collate_fn is None:
-        batches: Any = BatchSampler(
-            RandomSampler(train, generator=generator), batch_size=config.batch_size, drop_last=False
+        batches: Any = PermutedBatches(
+            len(train), batch_size=config.batch_size, generator=generator
         )
         if world_size > 1:
             batches = RankShard(batches, rank=rank, world_size=world_size)

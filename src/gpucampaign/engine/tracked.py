@@ -22,17 +22,20 @@ class TrackedLog(MetricsLog):
     """``metrics.jsonl`` whose rows also go to the run's tracker."""
 
     def __init__(self, r: LiveRun, tracker: RunTracker) -> None:
-        super().__init__(r.mlog.path)
-        r.mlog.close()
+        log = r.mlog  # its check and batch size go on: the same file, also tracked
+        super().__init__(log.path, check=log._check, every=log._every)
+        log.close()
         self._r = r
         self.tracker = tracker
         self._interrupted = False
 
-    def write(self, row: dict[str, Any]) -> None:
-        super().write(row)
-        self.tracker.write(row)
-        # A stop request, or `resume: inference` ending the run at its last checkpoint.
-        self._interrupted |= row.get("kind") in ("interrupt", "inference_restart")
+    def _write(self, rows: list[dict[str, Any]]) -> None:
+        # Every row goes through here: the deferred train rows (in batches) and the others.
+        super()._write(rows)
+        for row in rows:
+            self.tracker.write(row)
+            # A stop request, or `resume: inference` ending the run at its last checkpoint.
+            self._interrupted |= row.get("kind") in ("interrupt", "inference_restart")
         if self.tracker.mlflow_run_id is not None:  # read on this thread, by the next save
             self._r.checkpoint_meta[META_KEY] = self.tracker.mlflow_run_id
 
@@ -51,7 +54,10 @@ class TrackedLog(MetricsLog):
 
 
 def track_metrics(r: LiveRun, ck: LoadedCheckpoint | None) -> None:
-    """Track the run in MLflow when tracking is on; nothing otherwise."""
+    """Track the run in MLflow when tracking is on; nothing otherwise (nor on a data-parallel
+    run's other ranks: rank 0 writes the records)."""
+    if not r.dist.is_main:
+        return
     tracker = RunTracker.for_run(
         r.spec,
         run=r.resolved,

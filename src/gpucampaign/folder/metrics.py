@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +22,85 @@ EVAL_BATCH = 4096
 
 
 class MetricsLog:
-    """Append-only ``metrics.jsonl``; floats are written exactly (a read gives them back)."""
+    """Append-only ``metrics.jsonl``; floats are written exactly (a read gives them back).
 
-    def __init__(self, path: Path) -> None:
+    A row can wait (``defer``) with some of its values still on the device (a step's loss): it
+    is written at the next flush, its values fetched with every other waiting row's in one
+    transfer, so the training loop never waits for the device at a step. A flush happens when
+    ``every`` rows wait, at ``flush``, and before any other row, ``sync`` or ``close``: the
+    file's rows keep the order they were given in.
+
+    Args:
+        path: The file.
+        check: Called with each deferred row once its values are fetched, before it is written;
+            when it raises, the rows before it are written, it and the rest are dropped.
+        every: Flush once this many rows wait.
+    """
+
+    def __init__(
+        self, path: Path, *, check: Callable[[dict[str, Any]], None] | None = None, every: int = 1
+    ) -> None:
         self.path = path
         self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self._check = check
+        self._every = max(1, every)
+        self._waiting: list[tuple[dict[str, Any], dict[str, torch.Tensor]]] = []
+        self.last_deferred: dict[str, Any] | None = None  # the last deferred row written
+
+    def defer(self, row: dict[str, Any], **values: torch.Tensor) -> None:
+        """Queue ``row``; each of ``values`` (a scalar tensor, detached here) becomes its field
+        of that name at the next flush."""
+        self._waiting.append((row, {k: v.detach() for k, v in values.items()}))
+        if len(self._waiting) >= self._every:
+            self.flush()
+
+    @property
+    def waiting(self) -> int:
+        """Rows deferred and not written yet."""
+        return len(self._waiting)
+
+    def flush(self) -> None:
+        """Fetch the deferred rows' values (one transfer), check and write them."""
+        if not self._waiting:
+            return
+        waiting, self._waiting = self._waiting, []
+        tensors = [t for _, values in waiting for t in values.values()]
+        fetched = iter(torch.stack(tensors).tolist() if tensors else [])
+        rows = [{**row, **{k: next(fetched) for k in values}} for row, values in waiting]
+        good = rows
+        try:
+            if self._check is not None:
+                for i, row in enumerate(rows):
+                    good = rows[:i]
+                    self._check(row)
+                good = rows
+        finally:
+            self._write(good)
+            if good:
+                self.last_deferred = good[-1]
 
     def write(self, row: dict[str, Any]) -> None:
-        """Append one row (flushed, not fsynced: ``sync`` before a checkpoint commits)."""
-        self._f.write(jsonl_line(row))
-        self._f.flush()
+        """Append one row, after the deferred ones (flushed, not fsynced: ``sync`` before a
+        checkpoint commits)."""
+        self.flush()
+        self._write([row])
+
+    def _write(self, rows: list[dict[str, Any]]) -> None:
+        if rows:
+            self._f.write("".join(jsonl_line(r) for r in rows))
+            self._f.flush()
 
     def sync(self) -> None:
-        """Make every row written so far durable."""
-        self._f.flush()
+        """Make every row given so far durable (the deferred ones flushed first)."""
+        self.flush()
         os.fsync(self._f.fileno())
 
     def close(self) -> None:
-        """Close the file."""
-        self._f.close()
+        """Flush the deferred rows and close the file (closed even when the flush raises)."""
+        try:
+            self.flush()
+        finally:
+            self._f.close()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

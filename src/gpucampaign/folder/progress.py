@@ -132,13 +132,17 @@ def relay_check_progress(workdir: Path, run_dir: Path, *, state: str | None = No
 
 class ProgressFile:
     """Writes a training call's progress record at most once per ``every_s`` (and always when
-    asked with ``force``): the loop calls ``update`` at every step."""
+    asked with ``force``): the loop asks ``due`` at every step and builds a record only then."""
 
     def __init__(self, run_dir: str | Path, *, every_s: float = WRITE_EVERY_S) -> None:
         self.run_dir = Path(run_dir)
         self.every_s = every_s
         self.last = -float("inf")
         self.record: dict[str, Any] = {}  # the last record written
+
+    def due(self) -> bool:
+        """Whether ``update`` would write now without ``force``."""
+        return time.monotonic() - self.last >= self.every_s
 
     def update(self, record: dict[str, Any], *, force: bool = False) -> bool:
         """Write ``record`` when due; returns whether it was written."""
