@@ -31,7 +31,7 @@ from tests.helpers.stack import EXAMPLE, STACK, create_pool, start_worker, stop_
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
 HEARTBEAT_S = 30  # the fastest Prefect allows
-CRASHED_AFTER_S = 90
+CRASHED_AFTER_S = 60  # two heartbeats missed
 DECISION_TIMEOUT_S = 3600
 
 

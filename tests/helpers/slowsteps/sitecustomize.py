@@ -1,7 +1,7 @@
 """Imported at the start of every Python process whose path holds this folder (the ranks of a
 data-parallel run, which the test cannot reach otherwise): with ``GPUCAMPAIGN_TEST_STEP_SLEEP_S``
-set, each training step's metrics row waits that long, so a signal can land mid-run. The
-numbers of the run do not change."""
+set, each training step's metrics row waits that long when it is queued (``defer``), so a signal
+can land mid-run. The numbers of the run do not change."""
 
 import os
 
@@ -11,11 +11,11 @@ if _SLEEP > 0:
 
     from gpucampaign.folder import metrics
 
-    _write = metrics.MetricsLog.write
+    _defer = metrics.MetricsLog.defer
 
-    def _slow_write(self, row):  # type: ignore[no-untyped-def]
+    def _slow_defer(self, row, **values):  # type: ignore[no-untyped-def]
         if row.get("kind") == "train":
             time.sleep(_SLEEP)
-        return _write(self, row)
+        return _defer(self, row, **values)
 
-    metrics.MetricsLog.write = _slow_write  # type: ignore[method-assign]
+    metrics.MetricsLog.defer = _slow_defer  # type: ignore[method-assign]
