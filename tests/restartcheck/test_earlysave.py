@@ -13,6 +13,7 @@ from gpucampaign.checkpoint.tensorfiles import serialize_state
 from gpucampaign.core.files import sha256_bytes
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.restartcheck.earlysave import campaign_restart_check, verify_early_save
+from gpucampaign.restartcheck.scheduled import _copy_checkpoint
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
 
@@ -51,6 +52,35 @@ def test_early_save_replays_to_the_next_save_exactly(tmp_path, digits_file):  # 
     capped = _check(spec, tmp_path, work="w2", max_steps=1)
     assert capped.identical and (capped.k, capped.n) == (5, 6)
     assert "params" not in capped.compared  # nothing the live run recorded at step 6
+    # The save the fresh process resumed is linked from the live store, not copied.
+    key = f"{spec.run_id('control')}/{step_dirname(5)}/{STATE_FILE}"
+    live = LocalStore(tmp_path / "out" / "checkpoints").local_path(key)
+    assert live is not None and (tmp_path / "work" / "checkpoints" / key).samefile(live)
+
+
+class _RemoteLike(LocalStore):
+    """A store whose objects are not files here (as S3's): nothing to link."""
+
+    def local_path(self, key):
+        return None
+
+
+def test_a_store_that_is_not_a_folder_is_copied_for_the_check(tmp_path, digits_file):  # noqa: F811
+    store = LocalStore(tmp_path / "store")
+    D = step_dirname(5)  # noqa: N806
+    store.write_bytes(f"r/{D}/model.safetensors", data=b"weights")
+    store.write_bytes(f"r/{D}/state.pt", data=b"state")
+    store.write_bytes(f"r/{D}/meta.json", data=b"{}")
+    linked = _copy_checkpoint(store, run_id="r", step=5, dst=tmp_path / "a")
+    copied = _copy_checkpoint(_RemoteLike(store.root), run_id="r", step=5, dst=tmp_path / "b")
+    for name in ("model.safetensors", "state.pt", "meta.json"):
+        key = f"r/{D}/{name}"
+        src = store.local_path(key)
+        assert src is not None
+        assert (linked.root / key).samefile(src)
+        assert not (copied.root / key).samefile(src)
+        assert (copied.root / key).read_bytes() == src.read_bytes()
+    assert json.loads(linked.read_bytes("r/LATEST"))["step"] == 5
 
 
 def _tamper(spec, tmp_path, step, change):
