@@ -155,3 +155,28 @@ def test_a_terminal_shows_the_live_line_mid_run(tmp_path):
         assert any(" steps/s  ETA " in ln and "loss 0." in ln for ln in seen), seen
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def test_a_stop_rule_is_no_prefect_error_line_in_the_terminal():
+    """A futile variant is an outcome the campaign plans for: Prefect's ERROR line for its task
+    is dropped (the progress line and the flow's warning say it); other errors stay."""
+    import logging
+
+    from gpucampaign.cli.runner import ExpectedStops
+    from gpucampaign.core.stoprules import Futile
+
+    def log_record(level: int, msg: str, exc: BaseException | None = None) -> logging.LogRecord:
+        info = (type(exc), exc, None) if exc is not None else None
+        return logging.LogRecord("prefect.task_runs", level, __file__, 1, msg, None, info)
+
+    keep = ExpectedStops().filter
+    futile = (
+        "Finished in state Failed('Task run encountered an exception Futile: futile: cannot "
+        "win: at step 40 ...')"
+    )
+    assert not keep(log_record(logging.ERROR, futile))
+    assert not keep(log_record(logging.ERROR, "Task run failed", Futile("r", "cannot win", step=4)))
+    crash = "Finished in state Failed('Task run encountered an exception RuntimeError: boom')"
+    assert keep(log_record(logging.ERROR, crash))
+    assert keep(log_record(logging.ERROR, "Task run failed", RuntimeError("boom")))
+    assert keep(log_record(logging.WARNING, futile))  # below ERROR: the level setting decides

@@ -375,7 +375,7 @@ def run_cmd(
     import time
 
     from gpucampaign.cli.progress import Background, LiveView
-    from gpucampaign.cli.runner import interruptible_run, load_flow
+    from gpucampaign.cli.runner import interruptible_run, load_flow, quiet_expected_stops
     from gpucampaign.close.manifest import refuse_sealed_rewrite
     from gpucampaign.core.interrupt import exit_code, stop_requested
     from gpucampaign.folder.layout import OutputFolder
@@ -402,6 +402,8 @@ def run_cmd(
     # terminal unless asked for: the progress lines say what runs.
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
     flow = load_flow("campaign", "campaign")
+    if not verbose:  # after the import: Prefect sets its loggers up then
+        quiet_expected_stops()
     rental = rental_of(cs)
     view = LiveView(
         target,

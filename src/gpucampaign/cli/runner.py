@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from gpucampaign.core import interrupt
+from gpucampaign.core.stoprules import STOP_RULES, StopRule
 from gpucampaign.spec import SpecError
 
 # Measured: a fresh PREFECT_HOME needs ~21 s to start the embedded server (default limit 20 s),
@@ -34,6 +37,29 @@ def prefect_environment(*, logging_level: str | None = None) -> dict[str, str]:
     if logging_level:
         env["PREFECT_LOGGING_LEVEL"] = logging_level
     return env
+
+
+class ExpectedStops(logging.Filter):
+    """Drop Prefect's ERROR line for a task that ended by a stop rule (a futile variant, the
+    quality floor): the flow records the stop, and the progress line and the flow's own
+    warning say it; an ERROR line for an outcome the campaign planned for reads as a crash."""
+
+    _names = "|".join(sorted(cls.__name__ for cls in STOP_RULES.values()))
+    _stop = re.compile(rf"encountered an exception ({_names}):")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for the record of a task that ended by a stop rule."""
+        if record.levelno < logging.ERROR:
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, StopRule) or self._stop.search(record.getMessage()))
+
+
+def quiet_expected_stops() -> None:
+    """Keep Prefect's task-run ERROR lines for stop rules out of the terminal."""
+    logger = logging.getLogger("prefect.task_runs")
+    if not any(isinstance(f, ExpectedStops) for f in logger.filters):
+        logger.addFilter(ExpectedStops())
 
 
 def find_checkout() -> Path:
