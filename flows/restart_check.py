@@ -56,21 +56,10 @@ def restart_verification(
     logger = get_run_logger()
     out_dir = Path(out).resolve()
     tag_flow_run(CAMPAIGN_TAG.format(name=spec_name(spec, out=out)))
-    ending = None
     kept = (out_dir / "spec.yaml").is_file()  # else only --spec names the store and the lots
-    try:
-        if kept:
-            check_rental_margin(out_dir, margin_hours=margin_hours)
-    except RentalEnding as exc:
-        logger.error("%s", exc)
-        ending = exc
-        name = spec_name(spec, out=out)
-        notify.rental_ending(
-            campaign=notify.campaign_id_of(out_dir) or name,
-            name=name,
-            message=str(exc),
-            out=str(out_dir),
-        )
+    ending = rental_ending(out_dir, spec=spec, margin_hours=margin_hours) if kept else None
+    if ending is not None:
+        logger.error("%s", ending)
     with tempfile.TemporaryDirectory(prefix="gpucampaign-scheduled-") as work:
         checked = folder_to_check(out_dir, dest=Path(work) / "out") if kept else out_dir
         checked = checked.resolve()
@@ -80,6 +69,30 @@ def restart_verification(
     if ending is not None:
         raise ending
     return reports
+
+
+def rental_ending(out_dir: Path, *, spec: str | None, margin_hours: float) -> RentalEnding | None:
+    """The rental margin of the folder's spec copy: None when nothing is at risk; else the
+    error, once its notification (``gpucampaign.rental.ending``: the end in UTC and the files
+    only on this machine) is emitted.
+
+    Args:
+        out_dir: the campaign's output folder (with its ``spec.yaml``).
+        spec: the spec file given to the flow, if any (its name names the campaign).
+        margin_hours: hours before the rental's end under which local files are at risk.
+    """
+    try:
+        check_rental_margin(out_dir, margin_hours=margin_hours)
+    except RentalEnding as exc:
+        name = spec_name(spec, out=str(out_dir))
+        notify.rental_ending(
+            campaign=notify.campaign_id_of(out_dir) or name,
+            name=name,
+            message=str(exc),
+            out=str(out_dir),
+        )
+        return exc
+    return None
 
 
 def _check(out_dir: Path, *, spec: str | None, steps: int) -> list[dict[str, Any]]:

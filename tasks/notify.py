@@ -147,19 +147,30 @@ def rental_ending(*, campaign: str, name: str, message: str, out: str) -> bool:
     )
 
 
-def storage_unreachable(*, campaign: str, name: str, run_id: str, pending: int, out: str) -> bool:
-    """The S3 store stopped taking uploads: checkpoint files wait in the local spool."""
+def storage_unreachable(
+    *, campaign: str, name: str, run_id: str, pending: int, out: str, store: str, error: str
+) -> bool:
+    """The S3 store stopped taking uploads: checkpoint files wait in the local spool.
+
+    Args:
+        store: the store's URL (``storage.url``).
+        error: what the store answered to the refused upload ('' when unknown).
+    """
+    why = f" ({error})" if error else ""
     return emit(
         STORAGE_UNREACHABLE,
         campaign=campaign,
         name=name,
         subject=f"gpucampaign: {name}: the S3 store stopped taking uploads",
         body=(
-            f"Campaign {campaign}, run {run_id}: {pending} checkpoint file(s) are only on this "
-            f"machine (spooled in {out}/spool, retried in the background). Check the S3 "
-            f"server; `campaign status {out}` says what is not yet off the machine."
+            f"Campaign {campaign}, run {run_id}: the S3 store {store} did not take an "
+            f"upload{why}. {pending} checkpoint file(s) are only on this machine (spooled in "
+            f"{out}/spool, retried in the background). Check the S3 server; "
+            f"`campaign status {out}` says what is not yet off the machine."
         ),
         run_id=run_id,
         pending=pending,
         out=out,
+        store=store,
+        error=error,
     )

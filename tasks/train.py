@@ -59,7 +59,9 @@ class _Progress:
     evaluation is seen), and one notification when checkpoint files stop leaving the machine.
     """
 
-    def __init__(self, phase: str, run_id: str, *, out: str = "", campaign: str = "") -> None:
+    def __init__(
+        self, phase: str, run_id: str, *, out: str = "", campaign: str = "", store: Any = None
+    ) -> None:
         # sync_compatible: called from sync code, it returns the UUID, not a coroutine.
         self.id = cast(
             UUID,
@@ -70,6 +72,7 @@ class _Progress:
         self.last = time.monotonic()
         self.description = f"{phase} of {run_id}"
         self.run_id, self.out, self.campaign = run_id, out, campaign
+        self.store = store  # the checkpoint store: its URL and last refusal name the outage
         self.table_step: int | None = None  # the newest evaluation in the table artifact
         self.told_spool = False
 
@@ -126,6 +129,8 @@ class _Progress:
                 run_id=self.run_id,
                 pending=len(pending),
                 out=self.out,
+                store=str(getattr(self.store, "url", "") or ""),
+                error=str(getattr(self.store, "last_error", "") or ""),
             )
 
 
@@ -160,7 +165,7 @@ def _run_training(
         raise stopped
     corpus = load_spec_corpus(spec, base_dir=base_dir, run_id=run_id)
     store = open_store(spec.storage.url, out_dir=Path(out))
-    progress = _Progress(phase, run_id, out=out, campaign=spec.name)
+    progress = _Progress(phase, run_id, out=out, campaign=spec.name, store=store)
     lock = spec.gpu_lock
     try:
         with (

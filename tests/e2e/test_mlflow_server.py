@@ -5,12 +5,13 @@
 A campaign is trained and closed with tracking on: its runs, per-step metrics, params, the
 verdict and budget tags and the report's artifacts are read back through ``MlflowClient``; its
 control is interrupted and resumed into the same MLflow run with no step logged twice. A second
-campaign trains with the server down: it completes, says so, and its metrics reach the server
-at the close once the server is back.
+campaign trains and closes with the server down: it completes, says so, and `campaign track OUT`
+sends what it kept once the server is back, reading the sealed folder without changing it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import subprocess
@@ -20,7 +21,9 @@ from typing import Any
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from gpucampaign.cli import app
 from gpucampaign.close.closing import analyse_runs, close_folder, seal_folder, track_closed
 from gpucampaign.core import interrupt
 from gpucampaign.core.interrupt import Interrupted
@@ -28,7 +31,7 @@ from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.storage import LocalStore
 from gpucampaign.tracking.mlflow import OUTBOX_FILE, STATE_FILE, tracking_note
-from gpucampaign.verify.checks import verify_output
+from gpucampaign.verify.checks import seal_problems, verify_output
 from infra import mlflowserver
 from infra.s3server import start_server as start_s3
 from tests.helpers.closing import SPEC_TEMPLATE, start_folder, write_corpus
@@ -175,23 +178,40 @@ def test_a_campaign_is_tracked_across_an_interruption(servers, tmp_path):
     assert any(k.startswith("mlflow/") and k.endswith("report.md") for k in keys)
 
 
+def _file_hashes(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _history(client: Any, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
 def test_a_server_down_never_stops_the_campaign(servers, tmp_path, caplog):
+    """The server is down from the first step to the seal: the campaign completes and says so,
+    and the metrics it kept are sent by `campaign track OUT` once the server is back; the
+    sealed folder is only read, and a second `campaign track` sends nothing twice."""
     spec, corpus, folder, src = _campaign(tmp_path, servers["uri"], name="outage")
+    control_id = spec.run_id("control")
     mlflowserver.stop_server(servers["root"])
     try:
         with caplog.at_level(logging.WARNING, logger=TRACKER_LOG):
             res = _train(spec, corpus, folder, "control")
-            _train(spec, corpus, folder, "wide")
-        assert res.completed
+            wide = _train(spec, corpus, folder, "wide")
+        assert res.completed and wide.completed
         assert any("does not answer" in r.getMessage() for r in caplog.records)
-        note = tracking_note(folder.run_dir(spec.run_id("control")))
+        note = tracking_note(folder.run_dir(control_id))
         assert note is not None and "kept in" in note
-        analyses = analyse_runs(spec, root=folder.root, corpus=corpus, runs=spec.run_names())
-        closed, _ = close_folder(
-            spec, root=folder.root, base_dir=src, campaign_id="outage-0001", analyses=analyses
-        )
-        down = track_closed(spec, closed, root=folder.root, campaign_id="outage-0001")
+        down = _close(spec, corpus, folder, src, "outage-0001")  # tracked (down), then sealed
         assert down is not None and "did not answer" in down
+        assert (folder.run_dir(control_id) / OUTBOX_FILE).is_file()  # kept, sealed with the rest
+        sealed = _file_hashes(folder.root)
+        still = CliRunner().invoke(app, ["track", str(folder.root)])
+        assert still.exit_code == 1, still.output
+        assert "did not answer" in still.stdout and "run `campaign track" in still.stdout
     finally:
         back = mlflowserver.start_server(
             servers["root"],
@@ -200,18 +220,42 @@ def test_a_server_down_never_stops_the_campaign(servers, tmp_path, caplog):
             env=servers["s3"].env(),
         )
     assert back.uri == servers["uri"]  # the same port: MLFLOW_TRACKING_URI stays valid
-    line = track_closed(spec, closed, root=folder.root, campaign_id="outage-0001")
-    assert line is not None and "sent late" in line, line
-    seal_folder(spec, root=folder.root, summary=closed.summary("outage-0001"))
+    sent = CliRunner().invoke(app, ["track", str(folder.root)])
+    assert sent.exit_code == 0, sent.output
+    assert "sent late" in sent.stdout and "parent run" in sent.stdout, sent.stdout
+
     client = mlflow.MlflowClient(tracking_uri=servers["uri"])
-    parent, children = _experiment_runs(client, "outage")
-    steps = [
-        m.step for m in client.get_metric_history(children["control"].info.run_id, "train/loss")
-    ]
-    assert sorted(steps) == list(range(1, res.steps_done + 1))
-    assert children["control"].info.status == "FINISHED"
-    assert not (folder.run_dir(spec.run_id("control")) / OUTBOX_FILE).exists()  # all sent
-    assert "gpucampaign.verdict" in parent.data.tags
+
+    def every_step_once() -> Any:
+        parent, children = _experiment_runs(client, "outage")
+        assert set(children) == {"control", "wide"}
+        for run, done in (("control", res), ("wide", wide)):
+            rid = children[run].info.run_id
+            steps = _history(client, rid, "train/loss")
+            assert steps == list(range(1, done.steps_done + 1)), (run, steps)  # each once
+            assert _history(client, rid, "val/accuracy") == [4, 8, 12, 16]
+            assert len(client.get_metric_history(rid, "final/val/accuracy")) == 1
+            assert children[run].info.status == "FINISHED"
+            assert children[run].data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert children["control"].data.params["lr"] == "0.05"
+        return parent
+
+    parent = every_step_once()
+    manifest = json.loads((folder.root / "manifest.json").read_text())
+    assert parent.data.tags["gpucampaign.verdict"] == manifest["verdict"]["kind"]
+    assert "gpucampaign.budget.spent_usd" in parent.data.tags
+    assert parent.info.status == "FINISHED"
+    names = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"report.md", "report.html", "report.json"} <= names
+    # The sealed folder was read, never written: it still verifies as sealed.
+    assert _file_hashes(folder.root) == sealed
+    assert seal_problems(folder.root) == []
+
+    again = CliRunner().invoke(app, ["track", str(folder.root)])
+    assert again.exit_code == 0, again.output
+    assert "sent late" not in again.stdout  # nothing was missing
+    every_step_once()
+    assert _file_hashes(folder.root) == sealed
 
 
 def test_the_stack_runs_an_mlflow_server_on_its_postgres_and_s3(stack, tmp_path):

@@ -4,7 +4,9 @@ receiver of the test's own on 127.0.0.1 that records what it gets.
 One campaign in 'ask' mode runs through a deployment on a worker of its own: its decision
 point sends the waiting message (proposal, deadline in UTC, UI link); then the machine "dies"
 (the worker and the flow-run process SIGKILLed) and the server's automation sets the run
-Crashed once its heartbeats stop, and the receiver is told.
+Crashed once its heartbeats stop, and the receiver is told. The other events (an essential
+run stopped, the rental ending while files are only local, the S3 store refusing uploads) are
+emitted by the product's own code from this process to the stack's server, no campaign run.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -25,7 +29,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import api, worker_log
+from gpucampaign.core.stoprules import NonFiniteLoss
+from gpucampaign.storage.open import SPOOLED_ATTEMPTS
+from gpucampaign.storage.s3 import S3Store
+from gpucampaign.storage.spool import SpoolingStore
+from tests.helpers import SPEC_TEMPLATE, api, free_port, stack_s3_env, worker_log
 from tests.helpers.stack import EXAMPLE, STACK, create_pool, start_worker, stop_worker, tiny_spec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
@@ -235,3 +243,96 @@ def test_a_waiting_decision_is_sent_and_a_killed_run_ends_crashed(stack, receive
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@contextmanager
+def _emitting_to(api_url: str) -> Iterator[None]:
+    """Prefect's events from this process go to ``api_url`` and are all sent on the way out.
+
+    Prefect keeps one events worker per client kind (not per server): one made earlier for
+    another server (the test harness's) is drained first, and this one after.
+    """
+    from prefect.events.worker import EventsWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    EventsWorker.drain_all()
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        try:
+            yield
+        finally:
+            EventsWorker.drain_all()
+
+
+def _rental_folder(out: Path, *, name: str, ends_in_h: float) -> Path:
+    """A running campaign's folder (local storage: everything only here) whose one 3-day lot
+    ends ``ends_in_h`` hours from now."""
+    starts = datetime.now(UTC) + timedelta(hours=ends_in_h) - timedelta(days=3)
+    text = SPEC_TEMPLATE.format(sha="0" * 64, threshold=0.2, unit="null")
+    lot = "{gpu: rtx4090, days: 3, count: 1}"
+    at = starts.strftime("%Y-%m-%dT%H:%M:%SZ")
+    text = text.replace(lot, f"{{gpu: rtx4090, days: 3, count: 1, starts_at: '{at}'}}")
+    text = text.replace("name: closing-test", f"name: {name}") + "storage: {url: local}\n"
+    (out / "runs" / "control-0123456789").mkdir(parents=True)
+    (out / "spec.yaml").write_text(text)
+    (out / "campaign.json").write_text(json.dumps({"campaign_id": f"{name}-0001"}))
+    (out / "runs" / "control-0123456789" / "metrics.jsonl").write_text('{"step": 1}\n')
+    return out
+
+
+# The training's live view makes its progress artifact first: here outside a task run.
+@pytest.mark.filterwarnings("ignore:Artifact creation outside of a flow or task run")
+def test_every_campaign_event_reaches_the_webhook_through_the_automations(
+    stack, receiver, tmp_path
+):
+    """An essential run stopped, the rental ending with files only local (the scheduled
+    check's code), the S3 store refusing uploads (a training's live view over a real spooling
+    store): each event emitted by the product's code reaches the receiver through the
+    server's automation, with what a person needs in the message."""
+    import tasks.train as train
+    from flows.restart_check import rental_ending
+    from tasks import notify
+
+    name = "notify-events"
+    stop = NonFiniteLoss("control-0123456789", "loss is nan at step 7", step=7)
+    out = _rental_folder(tmp_path / "out", name=name, ends_in_h=2.0)
+    refused = f"http://127.0.0.1:{free_port()}"  # nothing listens: every upload is refused
+    s3_env = {**stack_s3_env(stack["dir"]), "AWS_ENDPOINT_URL": refused}
+    store = SpoolingStore(
+        S3Store("s3://gpucampaign/notify-events", env=s3_env, max_attempts=SPOOLED_ATTEMPTS),
+        spool_dir=out / "spool",
+        retry_s=3600,  # no retry during the test
+    )
+    store.write_bytes("control-0123456789/step-000000004/meta.json", data=b"{}")
+    assert store.pending() and store.last_error
+    with _emitting_to(stack["api"]):
+        assert notify.essential_stop(
+            campaign=f"{name}-0001", name=name, run="control", stop=str(stop)
+        )
+        ending = rental_ending(out, spec=None, margin_hours=12)
+        assert ending is not None
+        progress = train._Progress(
+            "train", "control-0123456789", out=str(out), campaign=name, store=store
+        )
+        progress.check_spool()
+        assert progress.told_spool
+
+    essential = receiver.wait_for(rf"{name}: essential run 'control' stopped", timeout_s=120)
+    assert "non_finite_loss: loss is nan at step 7" in essential["body"]
+    assert f"Campaign {name}-0001" in essential["body"]
+
+    rental = receiver.wait_for(rf"{name}: the rental ends while files are only local", timeout_s=60)
+    ends = re.search(r"ends at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) \(", rental["body"])
+    assert ends, rental["body"]
+    at = datetime.strptime(ends.group(1), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert abs((at - datetime.now(UTC)).total_seconds() - 2 * 3600) < 600  # the end, in UTC
+    assert "3 file(s) are only on this machine, e.g. campaign.json" in rental["body"]
+    assert str(out) in rental["body"]
+
+    storage = receiver.wait_for(rf"{name}: the S3 store stopped taking uploads", timeout_s=60)
+    body = storage["body"]
+    assert "s3://gpucampaign/notify-events" in body  # the store
+    assert f"cannot reach the S3 endpoint {refused}" in body  # the failure
+    assert "1 checkpoint file(s) are only on this machine" in body
+    assert str(out / "spool") in body
+    for message in (essential, rental, storage):
+        assert s3_env["AWS_SECRET_ACCESS_KEY"] not in json.dumps(message)

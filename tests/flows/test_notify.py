@@ -188,3 +188,20 @@ def test_the_live_tables_never_stop_a_training(monkeypatch, tmp_path):
     progress = train._Progress("train", "control-0123456789", out=str(tmp_path), campaign="c")
     progress.live_tables({"metric": "accuracy", "metric_step": 1, "planned_steps": 4}, final=True)
     assert progress.table_step == 1  # it tried, and the error stayed in the live view
+
+
+def test_the_store_outage_message_names_the_store_and_its_answer(emitted, monkeypatch, tmp_path):
+    import tasks.train as train
+    from gpucampaign.storage import LocalStore
+
+    monkeypatch.setattr(train, "create_progress_artifact", lambda **kw: "artifact-id")
+    LocalStore(tmp_path / "spool").write_bytes("control-0123456789/LATEST", data=b"{}")
+    store = type("Refusing", (), {"url": "s3://bucket/camp", "last_error": "connection refused"})
+    progress = train._Progress("train", "control-0123456789", out=str(tmp_path), store=store())
+    progress.live_tables({})
+    progress.live_tables({})  # said once
+    (event,) = emitted
+    assert event["event"] == notify.STORAGE_UNREACHABLE
+    body = event["payload"]["body"]
+    assert "the S3 store s3://bucket/camp did not take an upload (connection refused)" in body
+    assert "1 checkpoint file(s) are only on this machine" in body

@@ -284,3 +284,52 @@ def test_the_server_command_line_holds_no_backend_uri():
     cmd = command(port=5000, artifacts="s3://gpucampaign/mlflow")
     assert cmd[1:3] == ["server", "--host"] and "--serve-artifacts" in cmd
     assert not any("backend" in part or "postgresql" in part for part in cmd)
+
+
+def test_a_sealed_folder_is_sent_later_once_and_never_written(tmp_path, digits_file, fake):  # noqa: F811
+    """`campaign track`'s work: what the close could not send goes later, exactly the (metric,
+    step) pairs the server lacks, and nothing is written into the sealed folder."""
+    spec = make_spec(
+        tmp_path,
+        digits_file,
+        tracking={"mlflow": {"uri": "http://127.0.0.1:1", "experiment": "exp"}},
+    )
+    root = tmp_path / "out"
+    t = _tracker(root / "runs" / "control-abc", fake)
+    for s in range(1, 4):
+        t.write(_train(s))
+    assert t.flush()  # steps 1..3 reached the server, then it went down to the close
+    fake.down = True
+    for s in range(4, 9):
+        t.write(_train(s))
+    t.status = "FINISHED"
+    assert not t.flush(final=True)
+    (root / "report.md").write_text("# report\n")
+    (rid,) = fake.child_runs()
+    fake.logged[rid].append(("train/loss", 6, 0.5))  # one value of the outage got there anyway
+    sealed = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    assert root / "runs" / "control-abc" / OUTBOX_FILE in sealed
+    manifest = {
+        "campaign_id": "c-1",
+        "verdict": {"kind": "adopt", "run": "wide"},
+        "budget": {"spent_usd": 3.5},
+        "files": [{"path": "report.md"}, {"path": "runs/control-abc/metrics.jsonl"}],
+    }
+    fake.down = False
+    line, done = tracking.track_sealed(spec, root=root, manifest=manifest, client=fake)
+    assert done and "9 metric values sent late" in line, line  # 5 train/lr, 4 train/loss
+    assert sorted(fake.steps(rid, "train/loss")) == list(range(1, 9))  # each step once
+    assert sorted(fake.steps(rid, "train/lr")) == list(range(1, 9))
+    assert fake.runs[rid]["status"] == "FINISHED"
+    parent = fake.runs[fake.runs[rid]["tags"]["mlflow.parentRunId"]]
+    assert parent["tags"]["gpucampaign.verdict"] == "adopt"
+    assert parent["tags"]["gpucampaign.budget.spent_usd"] == "3.5"
+    assert [a for _, a in fake.artifacts[fake.runs[rid]["tags"]["mlflow.parentRunId"]]] == [None]
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == sealed
+    line, done = tracking.track_sealed(spec, root=root, manifest=manifest, client=fake)
+    assert done and "sent late" not in line
+    assert sorted(fake.steps(rid, "train/loss")) == list(range(1, 9))
+    fake.down = True
+    line, done = tracking.track_sealed(spec, root=root, manifest=manifest, client=fake)
+    assert not done and "did not answer (" in line
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == sealed

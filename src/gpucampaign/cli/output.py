@@ -1,11 +1,13 @@
 """The ``campaign`` commands on an output folder: verify, report, expense, status, watch,
-retrieve.
+track, retrieve.
 
 They are registered on the one ``app`` of ``cli_common`` when ``cli`` imports this module.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import typer
 
 from gpucampaign.cli.common import (
     EXIT_NOT_FIT,
+    EXIT_UNEXPECTED,
     AsJson,
     OutFolder,
     app,
@@ -187,6 +190,89 @@ def watch_cmd(
         raise typer.Exit(130) from None
     if campaign_closed(out):
         say(f"the campaign is closed: `campaign report {out}`")
+
+
+# --- track: send to MLflow what a closed campaign kept back ----------------------------------
+
+
+@app.command("track")
+@handle_errors
+def track_cmd(
+    out: OutFolder,
+    uri: str | None = typer.Option(
+        None,
+        "--uri",
+        help="The MLflow tracking server, when not the spec's tracking.mlflow.uri (else "
+        "MLFLOW_TRACKING_URI); credentials go in MLFLOW_TRACKING_USERNAME/PASSWORD.",
+    ),
+    as_json: AsJson = False,
+) -> None:
+    """Send to MLflow what a closed campaign kept while its tracking server was down (the runs'
+    mlflow-outbox.jsonl, the verdict and budget tags, the report): exit 0 all sent, 1 the
+    server does not answer (run it again later). The folder is read, never written, and only
+    what the server lacks is sent: running it twice sends nothing twice."""
+    from gpucampaign.core.text import redact_secrets
+    from gpucampaign.folder.layout import MANIFEST
+    from gpucampaign.storage.status import campaign_folder_spec
+    from gpucampaign.tracking.mlflow import sealed_tracking_uri, track_sealed
+
+    spec = campaign_folder_spec(out)  # exit 2 when it is not a campaign's folder
+    if uri is not None:
+        _check_tracking_uri(uri, field="--uri")
+    elif (spec.tracking.mlflow is None or not spec.tracking.mlflow.uri) and (
+        env_uri := os.environ.get("MLFLOW_TRACKING_URI")
+    ):
+        _check_tracking_uri(env_uri, field="MLFLOW_TRACKING_URI")
+    if not (out / MANIFEST).is_file():
+        raise SpecError(
+            f"'{out}' has no {MANIFEST}: the campaign is not closed. A campaign that runs sends "
+            "what it kept at its runs' next start and at its close; `campaign track` is for a "
+            "closed (sealed) folder.",
+            field="OUT",
+        )
+    sealed_tracking_uri(spec, root=out, uri=uri)  # exit 2 before the whole folder is hashed
+    _check_sealed(out, what="its tracking records")
+    manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    line, done = track_sealed(spec, root=out, manifest=manifest, uri=uri)
+    line = redact_secrets(line)
+    if as_json:
+        print_json({"out": str(out), "tracked": done, "line": line})
+    else:
+        say(line)
+    if not done:
+        if not as_json:
+            say(f"nothing is lost: {out} still holds it; run `campaign track {out}` again")
+        raise typer.Exit(EXIT_UNEXPECTED)
+
+
+def _check_tracking_uri(uri: str, *, field: str) -> None:
+    """A tracking URI as the spec's ``tracking.mlflow.uri`` takes it (no credentials in it)."""
+    from pydantic import ValidationError
+
+    from gpucampaign.core.text import redact_secrets
+    from gpucampaign.spec.parts import MlflowSpec
+
+    try:
+        MlflowSpec(uri=uri)
+    except ValidationError as exc:
+        reason = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise SpecError(f"{field} '{redact_secrets(uri)}': {reason}.", field=field) from None
+
+
+def _check_sealed(out: Path, *, what: str) -> None:
+    """The folder against its manifest before anything of it is trusted (exit 4 naming each
+    file that differs), as ``retrieve`` checks what it brought back."""
+    from gpucampaign.verify.checks import seal_problems
+
+    problems = seal_problems(out)
+    for p in problems:
+        say(f"[red]{p.code}[/] {p.path}: {p.detail}")
+    if problems:
+        say(
+            f"[red]{out} is NOT the folder its manifest sealed[/] ({len(problems)} problem(s)): "
+            f"{what} are not trusted; nothing was sent."
+        )
+        raise typer.Exit(EXIT_NOT_FIT)
 
 
 # --- retrieve: bring a mirrored campaign back ----------------------------------------------

@@ -9,6 +9,7 @@ from gpucampaign.tracking.mlflow import (
     STATE_FILE,
     RunTracker,
     track_close,
+    track_sealed,
     tracking_note,
     tracking_uri,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "STATE_FILE",
     "RunTracker",
     "track_close",
+    "track_sealed",
     "tracking_note",
     "tracking_uri",
 ]

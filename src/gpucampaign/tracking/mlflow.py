@@ -17,11 +17,12 @@ a sender thread appends them to the run folder's outbox (``mlflow-outbox.jsonl``
 them with ``MlflowClient.log_batch`` every few seconds and at each evaluation and checkpoint.
 A server that does not answer costs one warning: the metrics stay in the outbox and go at the
 next flush that gets through (a later start of the run, or the campaign's close, sends what an
-earlier one left). ``mlflow.json`` in the run folder keeps the MLflow run ID and, per metric,
-the last step sent; the MLflow run ID is also put in every checkpoint's meta (``META_KEY``), so
-a resume, on another host too, continues the same MLflow run (whose metric history then tells
-what was sent). A (metric, step) is sent once: a step retrained after a resume is not logged
-again.
+earlier one left; after a close the server missed, ``campaign track OUT``: ``track_sealed``,
+which reads the sealed folder and writes nothing into it). ``mlflow.json`` in the run folder
+keeps the MLflow run ID and, per metric, the last step sent; the MLflow run ID is also put in
+every checkpoint's meta (``META_KEY``), so a resume, on another host too, continues the same
+MLflow run (whose metric history then tells what was sent). A (metric, step) is sent once: a
+step retrained after a resume is not logged again.
 
 The client is ``MlflowClient`` (several runs share a process: no fluent global run). Credentials
 never go in the spec, params or tags: MLflow reads them from its own environment variables.
@@ -192,6 +193,9 @@ class RunTracker:
         restored_step: The step training restarts from (outbox records after it are dropped:
             those steps are trained again); None: keep them all (a replay, no training).
         flush_every_s: Seconds between two flushes of the sender thread.
+        sealed: The run folder is sealed (a closed campaign's): nothing is written into it,
+            and what the MLflow run already holds is asked of the server, not of the folder,
+            so a (metric, step) it has is never sent again, however often this runs.
     """
 
     def __init__(
@@ -208,8 +212,10 @@ class RunTracker:
         known_run_id: str | None = None,
         restored_step: int | None = None,
         flush_every_s: float = FLUSH_EVERY_S,
+        sealed: bool = False,
     ) -> None:
         self.client = client
+        self.sealed = sealed
         self.uri = uri
         self.experiment = experiment
         self.campaign_id = campaign_id
@@ -222,8 +228,10 @@ class RunTracker:
             state, known_run_id = {}, None
         self.mlflow_run_id: str | None = known_run_id or state.get("mlflow_run_id")
         # Without our own record of what was sent, the server's metric history tells it.
-        self._sent: dict[str, int] = {str(k): int(v) for k, v in state.get("sent", {}).items()}
-        self._history = not state and self.mlflow_run_id is not None
+        sent = {} if sealed else state.get("sent", {})
+        self._sent: dict[str, int] = {str(k): int(v) for k, v in sent.items()}
+        self._history = sealed or (not state and self.mlflow_run_id is not None)
+        self._on_server: dict[str, set[int]] = {}  # sealed: the steps each metric has there
         self.status: str | None = state.get("status")
         self.sent_count = 0
         self.down = False
@@ -357,7 +365,7 @@ class RunTracker:
                 self._write_state(ended=True)
         except Exception as exc:  # noqa: BLE001 - no tracking failure may stop training
             self.error = short_error(exc)
-            if not self.down and self.uri not in _WARNED:
+            if not self.down and self.uri not in _WARNED and not self.sealed:
                 _WARNED.add(self.uri)  # once per process and server, not once per run
                 log.warning(
                     "MLflow: tracking server %s does not answer (%s); training goes on, the "
@@ -417,6 +425,12 @@ class RunTracker:
             self._sent[key] = max((m.step for m in history), default=-1)
         return self._sent.get(key, -1)
 
+    def _steps_on_server(self, key: str) -> set[int]:
+        if key not in self._on_server:
+            history = self.client.get_metric_history(self.mlflow_run_id, key)
+            self._on_server[key] = {int(m.step) for m in history}
+        return self._on_server[key]
+
     def _send(self) -> None:
         """Send the pending records not sent yet, in batches; the outbox keeps the rest."""
         from mlflow.entities import Metric
@@ -425,7 +439,12 @@ class RunTracker:
         todo: list[Record] = []
         for rec in self._pending:
             key, step = rec[0], rec[2]
-            if step > last.get(key, self._sent_step(key)):
+            if self.sealed:  # exactly the (metric, step) pairs the server lacks
+                have = self._steps_on_server(key)
+                if step not in have:
+                    have.add(step)
+                    todo.append(rec)
+            elif step > last.get(key, self._sent_step(key)):
                 last[key] = step
                 todo.append(rec)
         for i in range(0, len(todo), BATCH_METRICS):
@@ -450,6 +469,8 @@ class RunTracker:
         return state if isinstance(state, dict) and state.get("run_id") == self.run_id else {}
 
     def _write_state(self, *, ended: bool = False) -> None:
+        if self.sealed:
+            return
         state = {
             "run_id": self.run_id,
             "uri": self.uri,
@@ -479,12 +500,16 @@ class RunTracker:
         return out
 
     def _append_outbox(self, records: Iterable[Record]) -> None:
+        if self.sealed:
+            return
         with open(self.folder / OUTBOX_FILE, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(list(r)) + "\n" for r in records)
 
     def _rewrite_outbox(self, records: list[Record] | None = None) -> None:
         """The outbox holding ``records`` only; none: no file (an empty one would fail the
         folder's verification)."""
+        if self.sealed:
+            return
         path = self.folder / OUTBOX_FILE
         if not records:
             path.unlink(missing_ok=True)
@@ -535,9 +560,10 @@ def ensure_parent(client: Any, experiment_id: str, campaign_id: str) -> str:
     return str(first)
 
 
-def replay(folder: Path, *, client: Any, uri: str) -> dict[str, Any] | None:
+def replay(folder: Path, *, client: Any, uri: str, sealed: bool = False) -> dict[str, Any] | None:
     """Send what a run folder's outbox still holds and end its MLflow run as recorded (the
     close's catch-up after a server outage); None when the folder was never tracked or is done.
+    ``sealed``: read the folder only (``RunTracker``'s ``sealed``).
     """
     try:
         state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
@@ -554,6 +580,7 @@ def replay(folder: Path, *, client: Any, uri: str) -> dict[str, Any] | None:
         run_id=str(state["run_id"]),
         tags=state.get("tags") or {},
         params=state.get("params") or {},
+        sealed=sealed,
     )
     t.status = t.status or "FINISHED"
     ok = t.flush(final=True)
@@ -590,13 +617,115 @@ def track_close(
     uri = tracking_uri(spec)
     if uri is None:
         return None
+    line, _ = _track_close(
+        spec,
+        uri=uri,
+        root=Path(root),
+        campaign_id=campaign_id,
+        verdict=verdict,
+        budget=budget,
+        files=files,
+        client=client,
+        sealed=False,
+    )
+    return line
+
+
+def track_sealed(
+    spec: CampaignSpec,
+    *,
+    root: str | Path,
+    manifest: Mapping[str, Any],
+    uri: str | None = None,
+    client: Any = None,
+) -> tuple[str, bool]:
+    """The close's tracking, later (``campaign track OUT``): for a sealed folder whose close the
+    tracking server missed, send what the runs' outboxes hold, end their MLflow runs as
+    recorded, and tag the parent run with the verdict and budget the manifest sealed, with the
+    report and figures as its artifacts (``track_close``'s work). Nothing is written into the
+    folder, and only the (metric, step) pairs the server lacks are sent: running it again sends
+    nothing twice. The caller checks the folder against its manifest first.
+
+    Args:
+        spec: The campaign (the folder's ``spec.yaml``).
+        root: The sealed output folder.
+        manifest: Its ``manifest.json``.
+        uri: The tracking server; None: the spec's, else ``MLFLOW_TRACKING_URI``.
+        client: An ``MlflowClient`` (made from the URI when None).
+
+    Returns:
+        ``(line, done)``: what was tracked or why not, and whether everything was sent.
+
+    Raises:
+        SpecError: No tracking server is named, or no run of the folder was tracked.
+    """
     root = Path(root)
+    uri = sealed_tracking_uri(spec, root=root, uri=uri)
+    files = [
+        str(f["path"])
+        for f in manifest.get("files") or []
+        if f.get("path") in _CLOSE_ARTIFACTS or str(f.get("path", "")).startswith("figures/")
+    ]
+    return _track_close(
+        spec,
+        uri=uri,
+        root=root,
+        campaign_id=str(manifest.get("campaign_id") or campaign_id_of(root, spec)),
+        verdict=manifest.get("verdict") or {},
+        budget=manifest.get("budget") or {},
+        files=files,
+        client=client,
+        sealed=True,
+    )
+
+
+def sealed_tracking_uri(spec: CampaignSpec, *, root: str | Path, uri: str | None = None) -> str:
+    """The tracking server that ``track_sealed`` sends a folder's kept metrics to: ``uri``,
+    else the spec's, else ``MLFLOW_TRACKING_URI``.
+
+    Raises:
+        SpecError: No tracking server is named, or no run of the folder was tracked.
+    """
+    root = Path(root)
+    found = uri or tracking_uri(spec)
+    if found is None:
+        raise SpecError(
+            f"no MLflow tracking server for '{root}': its spec has no tracking.mlflow.uri and "
+            "MLFLOW_TRACKING_URI is not set (or GPUCAMPAIGN_TRACKING=off); set "
+            "MLFLOW_TRACKING_URI or give --uri.",
+            field="tracking.mlflow.uri",
+        )
+    if not any((root / "runs").glob(f"*/{STATE_FILE}")):
+        raise SpecError(
+            f"no run of '{root}' was tracked (no runs/*/{STATE_FILE}): the campaign ran with "
+            "tracking off, so nothing was kept to send.",
+            field="OUT",
+        )
+    return found
+
+
+_CLOSE_ARTIFACTS = ("report.md", "report.html", "report.json")  # with figures/*: the close's
+
+
+def _track_close(
+    spec: CampaignSpec,
+    *,
+    uri: str,
+    root: Path,
+    campaign_id: str,
+    verdict: Mapping[str, Any],
+    budget: Mapping[str, Any],
+    files: Iterable[str],
+    client: Any,
+    sealed: bool,
+) -> tuple[str, bool]:
+    """``track_close``'s work on ``uri``; ``sealed``: the folder is read only."""
     try:
         client = client if client is not None else make_client(uri)
         replays = [
             r
             for d in sorted((root / "runs").glob("*/"))
-            if (r := replay(d, client=client, uri=uri)) is not None
+            if (r := replay(d, client=client, uri=uri, sealed=sealed)) is not None
         ]
         exp = ensure_experiment(client, experiment_name(spec))
         parent = ensure_parent(client, exp, campaign_id)
@@ -630,10 +759,11 @@ def track_close(
         raise
     except Exception as exc:  # noqa: BLE001 - the close goes on without the tracking server
         return (
-            f"MLflow: tracking server {uri} did not answer at the close "
-            f"({short_error(exc)}); the verdict and report are not in "
+            f"MLflow: tracking server {uri} did not answer"
+            f"{'' if sealed else ' at the close'} ({short_error(exc)}); the verdict and "
+            "report are not in "
             "MLflow, metrics not sent stay in runs/*/" + OUTBOX_FILE
-        )
+        ), False
     late = sum(r["sent"] for r in replays)
     failed = [r["run_id"] for r in replays if not r["ok"]]
     line = (
@@ -644,7 +774,7 @@ def track_close(
         line += f"; {late} metric values sent late (kept while the server was down)"
     if failed:
         line += f"; still unsent: {', '.join(failed)} (kept in their {OUTBOX_FILE})"
-    return line
+    return line, not failed
 
 
 def tracking_note(run_folder: Path) -> str | None:
