@@ -2,19 +2,17 @@
 the finished campaign's flow-run page and its closing-report artifact on the local stack.
 
 The screenshot is kept: under the test's tmp folder and copied to tests/e2e/artifacts/
-(ignored by git), or to $OUT when that is set.
+(ignored by git), or to $OUT when that is set (``keep_screenshot``).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import CHROMIUM, api, chromium
+from tests.helpers import CHROMIUM, api, chromium, keep_screenshot
 
 pytestmark = [
     pytest.mark.e2e,
@@ -24,14 +22,6 @@ pytestmark = [
         reason=f"no {CHROMIUM}: apt-get install -y chromium (.ci/run installs it)",
     ),
 ]
-
-KEEP = Path(__file__).parent / "artifacts"
-
-
-def _keep(shot: Path) -> Path:
-    dest_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else KEEP
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    return Path(shutil.copy2(shot, dest_dir / shot.name))
 
 
 def test_flow_run_page_shows_task_runs_and_the_closing_report(stack, finished_campaign, tmp_path):
@@ -50,7 +40,7 @@ def test_flow_run_page_shows_task_runs_and_the_closing_report(stack, finished_ca
     chromium(f"{ui}/runs/flow-run/{flow_run_id}", screenshot=shot)
     assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 20_000, "the screenshot is (nearly) blank"
-    _keep(shot)
+    keep_screenshot(shot)
 
     text = chromium(f"{ui}/runs/flow-run/{flow_run_id}", dump_dom=True)
     assert flow_run["name"] in text

@@ -29,6 +29,7 @@ S3_BUCKET = "gpucampaign"  # the bucket infra/s3server.py creates
 RUN_TIMEOUT_S = 600
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 CHROMIUM = "/usr/bin/chromium"
+SCREENSHOTS = ROOT / "tests" / "e2e" / "artifacts"  # where keep_screenshot copies them
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -225,6 +226,14 @@ def page_text(dom: str) -> str:
     """The visible text of a dumped DOM: scripts and styles dropped, tags removed, spaces joined."""
     dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S | re.I)
     return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", dom))).strip()
+
+
+def keep_screenshot(shot: Path) -> Path:
+    """A copy of a screenshot that outlives the test: in $OUT when that is set, else in
+    tests/e2e/artifacts/ (ignored by git)."""
+    dest_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else SCREENSHOTS
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy2(shot, dest_dir / shot.name))
 
 
 def chromium(url: str, *, dump_dom: bool = False, screenshot: Path | None = None) -> str:
