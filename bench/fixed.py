@@ -80,6 +80,20 @@ def import_floor(repeats: int) -> list[float]:
     ]
 
 
+OPTIMIZER_FLOOR = (
+    "import torch, gpucampaign; torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])"
+)
+
+
+def optimizer_floor(repeats: int) -> list[float]:
+    """Seconds of the floor's fresh import plus building one torch optimizer: torch imports
+    ``torch._dynamo`` at the first optimizer any process builds (a resume cannot avoid it).
+    Reported beside the floor, not instead of it."""
+    return [
+        overhead.timed([sys.executable, "-c", OPTIMIZER_FLOOR], cwd=ROOT) for _ in range(repeats)
+    ]
+
+
 def server_start() -> dict[str, Any]:
     """The embedded server in a new process: the import of its module, then its start."""
     proc = subprocess.run(
@@ -171,6 +185,7 @@ def measure(tmp: Path, repeats: int) -> dict[str, Any]:
     server = [server_start() for _ in range(max(1, repeats - 1))]
     campaigns = [first_step(tmp, f"demo-{i}") for i in range(repeats)]
     imports += import_floor(repeats)
+    with_optimizer = optimizer_floor(repeats)
     floor = statistics.median(imports) + statistics.median(restart["load_s"])
     fixed = [t - r for t, r in zip(restart["total_s"], restart["replay_train_s"], strict=True)]
     phases: dict[str, list[float]] = {}
@@ -182,6 +197,7 @@ def measure(tmp: Path, repeats: int) -> dict[str, Any]:
         "floor_s": floor,
         "import_s": imports,
         "load_s": restart["load_s"],
+        "optimizer_floor_s": with_optimizer,
         "restart_fixed_s": fixed,
         "restart_fixed_over_floor": [f / floor for f in fixed],
         "restart_total_s": restart["total_s"],
@@ -207,6 +223,9 @@ def report_lines(m: dict[str, Any]) -> list[str]:
         f"{med(m['restart_replay_train_s']):.2f} s ({m['restart_steps']} steps); fixed "
         f"{med(m['restart_fixed_s']):.2f} s = {med(m['restart_fixed_over_floor']):.2f}x the floor "
         f"(goal <= {RESTART_GOAL_X:g}x)",
+        f"fresh import + building one optimizer (torch imports torch._dynamo then): "
+        f"{med(m['optimizer_floor_s']):.2f} s; the restart check's fixed cost is "
+        f"{med(m['restart_fixed_s']) / med(m['optimizer_floor_s']):.2f}x that",
         f"embedded Prefect server: import {med(m['server_import_s']):.2f} s "
         f"({med(m['server_import_s']) / floor:.2f}x the floor) + start "
         f"{med(m['server_start_s']):.2f} s ({med(m['server_start_s']) / floor:.2f}x)",
