@@ -29,6 +29,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.core.gcpause import without_gc_pauses
 from gpucampaign.plan.options import Option, options_for
 from gpucampaign.plan.planner import (
     EPS,
@@ -182,6 +183,7 @@ class Plan:
 # --- public API --------------------------------------------------------------------------
 
 
+@without_gc_pauses()
 def plan(
     spec: CampaignSpec,
     *,

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from gpucampaign.core.gcpause import without_gc_pauses
 from gpucampaign.spec.parts import (
     MAX_HOURS,
     MAX_PEOPLE,
@@ -537,7 +538,8 @@ def parse_spec(data: Any, *, source: str = "<spec>") -> CampaignSpec:
             f"Invalid campaign spec {source}: the top level must be a mapping of fields."
         )
     try:
-        return CampaignSpec.model_validate(data)
+        with without_gc_pauses():  # a calendar of 100k steps is 100k models
+            return CampaignSpec.model_validate(data)
     except ValidationError as exc:
         raise format_validation_error(exc, source=source) from None
 
