@@ -41,6 +41,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def bare_loop_cuda(spec, corpus, steps: int) -> float:  # noqa: ANN001
     """Seconds of a plain loop on the device: same model, optimizer, batch, steps and seed."""
+    from overhead import plain_step
+
     from gpucampaign.engine.devices import (
         AMP_DTYPES,
         build_optimizer,
@@ -72,13 +74,7 @@ def bare_loop_cuda(spec, corpus, steps: int) -> float:  # noqa: ANN001
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for idx in batches:
-        with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
-            loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if sched is not None:
-            sched.step()
+        plain_step(model, opt, sched, X, y, idx, dtype=dtype)
     torch.cuda.synchronize()
     return time.perf_counter() - t0
 

@@ -89,17 +89,30 @@ def plain_steps(
     done = 0
     while done < steps:
         for idx in torch.randperm(len(X), generator=gen).split(batch_size):
-            idx = idx.to(X.device)
-            with torch.autocast(X.device.type, dtype=dtype, enabled=dtype is not None):
-                loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if sched is not None:
-                sched.step()
+            plain_step(model, opt, sched, X, y, idx.to(X.device), dtype=dtype)
             done += 1
             if done == steps:
                 return
+
+
+def plain_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    idx: torch.Tensor,
+    *,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """One optimizer step on the rows ``idx`` of ``(X, y)``; ``dtype``: autocast to it."""
+    with torch.autocast(X.device.type, dtype=dtype, enabled=dtype is not None):
+        loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    if sched is not None:
+        sched.step()
 
 
 def timed(cmd: list[str], *, cwd: Path) -> float:
