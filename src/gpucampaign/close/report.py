@@ -15,11 +15,10 @@ from gpucampaign.close.forecast import ESTIMATES_FILE
 from gpucampaign.close.futility import render_futility_md
 from gpucampaign.close.verdict import Verdict, seeds_text
 from gpucampaign.core.text import say_duration, say_number, strip_controls
-from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.layout import REPORT_HTML, REPORT_JSON, REPORT_MD, OutputFolder
 from gpucampaign.folder.records import DecisionRecord, StopRecord
 from gpucampaign.spec import SpecError, read_mapping_file
 
-REPORT_JSON, REPORT_MD, REPORT_HTML = "report.json", "report.md", "report.html"
 REPORT_FORMAT = "gpucampaign.report/1"
 SUMMARY_KEYS = (
     "verdict",

@@ -41,7 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
-from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE
+from gpucampaign.folder.layout import (
+    MLFLOW_OUTBOX_FILE,
+    MLFLOW_STATE_FILE,
+    REPORT_HTML,
+    REPORT_JSON,
+    REPORT_MD,
+)
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 
 log = logging.getLogger(__name__)
@@ -704,7 +710,7 @@ def sealed_tracking_uri(spec: CampaignSpec, *, root: str | Path, uri: str | None
     return found
 
 
-_CLOSE_ARTIFACTS = ("report.md", "report.html", "report.json")  # with figures/*: the close's
+_CLOSE_ARTIFACTS = (REPORT_MD, REPORT_HTML, REPORT_JSON)  # with figures/*: the close's
 
 
 def _track_close(
