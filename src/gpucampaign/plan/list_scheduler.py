@@ -9,16 +9,36 @@ from __future__ import annotations
 import heapq
 import math
 from itertools import compress, pairwise
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gpucampaign.plan.schedule import GPU_POOL, HOST_POOL, HUMAN_POOL
 
-if TYPE_CHECKING:
-    from gpucampaign.plan.planner import Context
+
+class Steps(Protocol):
+    """What the scheduler reads of a validated calendar (:class:`~gpucampaign.plan.planner.
+    Context`): its columns by step index, its links and their reverse, a topological order."""
+
+    hours: list[float]
+    pools: list[int]
+    tier_ranks: list[int]
+    topo: list[int]
+    link_offsets: list[int]
+    offsets: list[int]
+    dependents: list[int]
+    widths: list[int]
+
+    @property
+    def wide(self) -> bool:
+        """True when a step takes several GPU lanes."""
+        ...
+
+    def machines_for(self, gpu_lanes: int) -> list[list[int]]:
+        """The GPU lanes of each machine, for ``gpu_lanes`` lanes in all."""
+        ...
 
 
 def list_schedule(
-    ctx: Context,
+    ctx: Steps,
     keep: list[bool],
     *,
     gpu_lanes: int,
@@ -36,7 +56,7 @@ def list_schedule(
 
     A dropped step is a pass-through: it ends the moment everything it waits for has ended and
     takes no lane and no time, so a step that waited for it starts when what it waited for
-    has ended (the bridged links of :meth:`Context.effective_deps`, without building them).
+    has ended (the bridged links of :meth:`planner.Context.effective_deps`, without building them).
 
     With ``lanes`` False only free-lane counts are kept (which lane of a kind a step takes
     changes no time) and the returned lanes are all -1.
@@ -67,7 +87,7 @@ def list_schedule(
     return start, loop.lane_of, span
 
 
-def _longest_chains(ctx: Context, keep: list[bool]) -> list[float]:
+def _longest_chains(ctx: Steps, keep: list[bool]) -> list[float]:
     """Longest remaining chain (hours) from each step, the second priority key; a dropped step
     adds no hours."""
     hours, offsets, dependents = ctx.hours, ctx.offsets, ctx.dependents
@@ -88,7 +108,7 @@ class _EventLoop:
 
     def __init__(
         self,
-        ctx: Context,
+        ctx: Steps,
         keep: list[bool],
         order: list[int],
         *,
