@@ -41,8 +41,10 @@ from pathlib import Path
 
 import torch
 
-from gpucampaign.checkpoint.manager import CheckpointManager, capture_rng, step_dirname
+from gpucampaign.checkpoint.layout import step_dirname
+from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.checkpoint.savepolicy import choose_save_interval
+from gpucampaign.checkpoint.state import capture_rng
 from gpucampaign.core.files import new_checksum
 from gpucampaign.storage import LocalStore
 

@@ -148,12 +148,9 @@ def bench_gpu_checkpoint(tmp: Path, *, mb: int, repeats: int) -> list[str]:
     """Save and restore a model + Adam state living in GPU memory, as the training loop does."""
     import checkpoint as ckbench
 
-    from gpucampaign.checkpoint.manager import (
-        BackgroundSaves,
-        CheckpointManager,
-        snapshot,
-        step_dirname,
-    )
+    from gpucampaign.checkpoint.layout import step_dirname
+    from gpucampaign.checkpoint.manager import CheckpointManager
+    from gpucampaign.checkpoint.state import BackgroundSaves, snapshot
     from gpucampaign.storage import LocalStore
 
     model, opt = ckbench.make_state(mb)

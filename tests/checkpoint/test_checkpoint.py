@@ -14,23 +14,22 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpucampaign.checkpoint.manager import (
+from gpucampaign.checkpoint.layout import (
     LATEST_FILE,
     META_FILE,
     MODEL_FILE,
     STATE_FILE,
-    CheckpointInvalid,
-    CheckpointManager,
-    capture_rng,
-    restore_rng,
     step_dirname,
 )
+from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.checkpoint.state import capture_rng, restore_rng
 from gpucampaign.checkpoint.trainstate import (
     MODEL,
     REQUIRED_STATE,
     SERIALIZED_ATTRIBUTES,
     TrainState,
 )
+from gpucampaign.checkpoint.verify import CheckpointInvalid
 from gpucampaign.spec import SpecError
 from gpucampaign.storage import (
     LocalStore,
@@ -579,7 +578,7 @@ def test_read_hashed_and_the_zero_copy_safetensors_reader(tmp_path):
 def test_background_saves_snapshot_and_one_in_flight(tmp_path):
     import threading
 
-    from gpucampaign.checkpoint.manager import BackgroundSaves, snapshot
+    from gpucampaign.checkpoint.state import BackgroundSaves, snapshot
 
     model = torch.nn.Linear(3, 2)
     state = {"params": model.state_dict(), "nested": [torch.ones(2), ("x", 3)]}

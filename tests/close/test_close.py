@@ -642,13 +642,8 @@ def _finish(root: Path, spec, run: str, *, accuracy: float, model: bool = True) 
 
 
 def test_run_states_decide_each_run_once(tmp_path: Path):
-    from gpucampaign.close.closing import (
-        closing_verdict,
-        expected_runs,
-        run_evidence,
-        run_metrics,
-        runs_table,
-    )
+    from gpucampaign.close.closing import expected_runs, runs_table
+    from gpucampaign.close.evidence import closing_verdict, run_evidence, run_metrics
     from gpucampaign.folder.records import append_stop, read_stops, run_states
     from gpucampaign.plan.decision import Decision
     from gpucampaign.spec import parse_spec
@@ -720,7 +715,7 @@ def test_a_run_that_did_not_complete_is_never_an_accepted_delivery(tmp_path: Pat
 
 
 def test_a_spec_without_a_decision_rule_gets_a_stopped_verdict():
-    from gpucampaign.close.closing import closing_verdict
+    from gpucampaign.close.evidence import closing_verdict
     from gpucampaign.spec import parse_spec
 
     spec = parse_spec({k: v for k, v in RUN_SPEC.items() if k != "decision_rule"})

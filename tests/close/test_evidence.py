@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from gpucampaign.cli import app
 from gpucampaign.close.bootstrap import Gain, paired_gain, to_resolve
-from gpucampaign.close.predictions import Predictions
+from gpucampaign.close.error_analysis import Predictions
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import OutputFolder

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gpucampaign.close.bootstrap import DOMINATES, paired_gain, paired_mean_gain, to_resolve
-from gpucampaign.close.predictions import Predictions
+from gpucampaign.close.error_analysis import Predictions
 from gpucampaign.close.scores import Scores
 from gpucampaign.close.verdict import RunEvidence, decide_verdict
 from gpucampaign.spec import DecisionRule

@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from gpucampaign.checkpoint.manager import MODEL_FILE, step_dirname
+from gpucampaign.checkpoint.layout import MODEL_FILE, step_dirname
 from gpucampaign.core.stoprules import (
     STOP_RULES,
     BelowThreshold,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucampaign.checkpoint.manager import LATEST_FILE, META_FILE, MODEL_FILE, STATE_FILE
+from gpucampaign.checkpoint.layout import LATEST_FILE, META_FILE, MODEL_FILE, STATE_FILE
 from gpucampaign.spec import load_spec
 from gpucampaign.storage.mirror import MIRROR_INDEX
 from tests.helpers import ROOT, S3_BUCKET, api, bucket_keys, run_deployment, s3_client, worker_log

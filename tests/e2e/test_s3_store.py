@@ -16,7 +16,8 @@ import pytest
 import torch
 import yaml
 
-from gpucampaign.checkpoint.manager import LATEST_FILE, STATE_FILE, CheckpointManager, step_dirname
+from gpucampaign.checkpoint.layout import LATEST_FILE, STATE_FILE, step_dirname
+from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.cli.scaffold import write_spec_copy
 from gpucampaign.spec import SpecError
 from gpucampaign.storage import NotFound, S3Store, StorageError, check_storage

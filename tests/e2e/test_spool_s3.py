@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucampaign.checkpoint.manager import LATEST_FILE, CheckpointManager, step_dirname
+from gpucampaign.checkpoint.layout import LATEST_FILE, step_dirname
+from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.engine.loop import train_run
 from gpucampaign.storage import S3Store
 from gpucampaign.storage.spool import SpoolingStore

@@ -17,7 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpucampaign.close.closing import analyse_runs, delivery, run_evidence
+from gpucampaign.close.closing import analyse_runs, delivery
+from gpucampaign.close.evidence import run_evidence
 from gpucampaign.close.report import _resume_md
 from gpucampaign.core import interrupt
 from gpucampaign.core.files import utc_now

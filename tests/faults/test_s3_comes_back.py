@@ -12,13 +12,9 @@ import time
 
 import pytest
 
-from gpucampaign.checkpoint.manager import (
-    CHECKSUM_MISMATCH,
-    MODEL_FILE,
-    CheckpointInvalid,
-    CheckpointManager,
-    step_dirname,
-)
+from gpucampaign.checkpoint.layout import MODEL_FILE, step_dirname
+from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.checkpoint.verify import CHECKSUM_MISMATCH, CheckpointInvalid
 from gpucampaign.core.files import FAST_CHECKSUM, checksum_bytes
 from gpucampaign.storage import S3Store
 from gpucampaign.storage.spool import SpoolingStore

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file
 
-from gpucampaign.checkpoint.manager import LATEST_FILE
+from gpucampaign.checkpoint.layout import LATEST_FILE
 from gpucampaign.engine.loop import MODEL_DIR
 from gpucampaign.folder.records import read_pilot, read_result, read_timeline
 from gpucampaign.spec import load_spec

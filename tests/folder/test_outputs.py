@@ -8,14 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpucampaign.close.error_analysis import Predictions, error_analysis, render_error_analysis_md
 from gpucampaign.close.manifest import list_files, reference_corpus
-from gpucampaign.close.predictions import (
-    Predictions,
-    error_analysis,
-    read_predictions,
-    render_error_analysis_md,
-    write_predictions,
-)
+from gpucampaign.close.predictions import read_predictions, write_predictions
 from gpucampaign.core.files import sha256_file
 from gpucampaign.folder.layout import OutputFolder, PlanRewriteError
 from gpucampaign.spec import SpecError

@@ -43,8 +43,8 @@ def wait_for(path: Path, *, timeout_s: float = 60.0) -> None:
 
 def install(point: str, n: int, *, latest: Path) -> None:
     """Wrap the function that ``point`` names so the process dies at its Nth call."""
+    from gpucampaign.checkpoint import layout, tensorfiles
     from gpucampaign.checkpoint import manager as checkpoint
-    from gpucampaign.checkpoint import tensorfiles
     from gpucampaign.folder import metrics
     from gpucampaign.storage import base as storage
 
@@ -99,7 +99,7 @@ def install(point: str, n: int, *, latest: Path) -> None:
         replace = os.replace
 
         def replace_or_die(src, dst, *args, **kwargs):
-            if Path(dst).name == checkpoint.LATEST_FILE:
+            if Path(dst).name == layout.LATEST_FILE:
                 count.tick()
             return replace(src, dst, *args, **kwargs)
 

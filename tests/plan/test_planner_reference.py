@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucampaign.plan import calendar
-from gpucampaign.plan.planner import TIER_RANK
+from gpucampaign.plan.schedule import TIER_RANK
 from gpucampaign.spec import CampaignSpec, parse_spec
 
 # Tenths next to whole hours: 0.1 + 0.2 != 0.3, so float ties are exercised too.

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from gpucampaign.checkpoint.manager import STATE_FILE, step_dirname
+from gpucampaign.checkpoint.layout import STATE_FILE, step_dirname
 from gpucampaign.checkpoint.tensorfiles import serialize_state
 from gpucampaign.core.files import sha256_bytes
 from gpucampaign.core.stoprules import NoUsableRestart

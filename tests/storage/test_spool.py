@@ -8,7 +8,9 @@ from pathlib import Path
 
 import torch
 
-from gpucampaign.checkpoint.manager import LATEST_FILE, CheckpointManager, capture_rng, step_dirname
+from gpucampaign.checkpoint.layout import LATEST_FILE, step_dirname
+from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.checkpoint.state import capture_rng
 from gpucampaign.storage import LocalStore, StorageError, spooled_keys
 from gpucampaign.storage.mirror import mirror_output
 from gpucampaign.storage.spool import SpoolingStore

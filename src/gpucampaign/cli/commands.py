@@ -29,7 +29,7 @@ from gpucampaign.cli.common import (
 )
 from gpucampaign.cli.progress import PLAIN_EVERY_S
 from gpucampaign.core.stoprules import StopRule
-from gpucampaign.spec import SpecError
+from gpucampaign.spec import CampaignSpec, SpecError
 
 _CALIBRATE_HELP = (
     "Output folder of a closed campaign: its measured load, step, eval and save times replace "
@@ -376,28 +376,13 @@ def run_cmd(
 
     from gpucampaign.cli.progress import Background, LiveView
     from gpucampaign.cli.runner import interruptible_run, load_flow, quiet_expected_stops
-    from gpucampaign.close.manifest import refuse_sealed_rewrite
-    from gpucampaign.core.interrupt import exit_code, stop_requested
-    from gpucampaign.folder.layout import OutputFolder
+    from gpucampaign.core.interrupt import stop_requested
     from gpucampaign.folder.lock import writer_lock
     from gpucampaign.plan.rental import rental_of
-    from gpucampaign.preflight import preflight
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
-    if decision not in (None, "auto", "ask"):
-        raise SpecError(f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.")
-    target = out or Path("out") / cs.name
-    if target.exists() and not target.is_dir():
-        raise SpecError(
-            f"option '--out': '{target}' is a file, not a folder; give a new or "
-            "existing output folder.",
-            field="--out",
-        )
-    # Refused before Prefect starts and before the folder is written: one paragraph, exit 2.
-    OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
-    refuse_sealed_rewrite(target, cs, base_dir=spec.resolve().parent)
-    preflight(cs, base_dir=spec.resolve().parent, out_dir=target)
+    target = _checked_target(spec, cs, out=out, decision=decision)
     # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
     # terminal unless asked for: the progress lines say what runs.
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
@@ -424,6 +409,39 @@ def run_cmd(
     except BaseException:
         if stop_requested() is None:
             raise
+    _end_of_run(state, target=target, question=cs.question)
+
+
+def _checked_target(
+    spec: Path, cs: CampaignSpec, *, out: Path | None, decision: str | None
+) -> Path:
+    """The output folder, after the checks that refuse the run before Prefect starts and before
+    the folder is written (one paragraph, exit 2)."""
+    from gpucampaign.close.manifest import refuse_sealed_rewrite
+    from gpucampaign.folder.layout import OutputFolder
+    from gpucampaign.preflight import preflight
+
+    if decision not in (None, "auto", "ask"):
+        raise SpecError(f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.")
+    target = out or Path("out") / cs.name
+    if target.exists() and not target.is_dir():
+        raise SpecError(
+            f"option '--out': '{target}' is a file, not a folder; give a new or "
+            "existing output folder.",
+            field="--out",
+        )
+    # Refused before Prefect starts and before the folder is written: one paragraph, exit 2.
+    OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
+    refuse_sealed_rewrite(target, cs, base_dir=spec.resolve().parent)
+    preflight(cs, base_dir=spec.resolve().parent, out_dir=target)
+    return target
+
+
+def _end_of_run(state: Any, *, target: Path, question: str | None) -> None:
+    """Say how the run ended and exit with its code: interrupted (130 or 143), stopped (3), or
+    the summary with the answer to the question."""
+    from gpucampaign.core.interrupt import exit_code, stop_requested
+
     if (reason := stop_requested()) is not None:
         err_console.print(
             f"[bold yellow]interrupted by {reason}:[/] the running training saved a checkpoint "
@@ -437,7 +455,7 @@ def run_cmd(
     summary = state.result(raise_on_failure=False)
     if isinstance(summary, BaseException):
         raise summary
-    verdict = _print_run_summary(summary or {}, target=target, question=cs.question)
+    verdict = _print_run_summary(summary or {}, target=target, question=question)
     if state.is_failed():
         err_console.print(f"[bold red]stopped:[/] {state.message}", soft_wrap=True)
         raise typer.Exit(EXIT_STOPPED)

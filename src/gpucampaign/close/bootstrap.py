@@ -274,7 +274,7 @@ def paired_gain(
     examples and, when a side has replicates, over its seeds (hierarchical).
 
     Args:
-        control: the control's ``predictions.Predictions``, one per replicate (seed).
+        control: the control's ``error_analysis.Predictions``, one per replicate (seed).
         variant: the variant's, one per replicate.
         metric: ``accuracy`` or ``macro_f1`` (higher is better); any other metric has no
             per-example form in the predictions, so no interval (None).

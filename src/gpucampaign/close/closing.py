@@ -10,13 +10,14 @@ documents follow once that interval is on the timeline (so the close step is obs
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpucampaign.close import figures
-from gpucampaign.close.bootstrap import metric_value
 from gpucampaign.close.budget import close_budget
+from gpucampaign.close.error_analysis import error_analysis
+from gpucampaign.close.evidence import closing_verdict, run_evidence, run_metrics, verdict_splits
 from gpucampaign.close.forecast import aligned_intervals, forecast_vs_actual
 from gpucampaign.close.futility import futility_savings
 from gpucampaign.close.ledger import read_ledger
@@ -27,25 +28,18 @@ from gpucampaign.close.manifest import (
     write_reload_md,
 )
 from gpucampaign.close.predictions import (
-    error_analysis,
     predictions_file,
     read_predictions,
     reload_check,
     write_run_predictions,
 )
 from gpucampaign.close.report import build_report, write_report
-from gpucampaign.close.scores import no_scores_reason, read_scores, write_run_scores
-from gpucampaign.close.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
+from gpucampaign.close.scores import write_run_scores
+from gpucampaign.close.verdict import Verdict
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.core.text import say_number
 from gpucampaign.data.corpus import corpus_path, load_spec_corpus
-from gpucampaign.folder.layout import (
-    METRICS_FILE,
-    SCORES_ERROR_FILE,
-    OutputFolder,
-    run_file,
-    scores_file,
-)
+from gpucampaign.folder.layout import METRICS_FILE, SCORES_ERROR_FILE, OutputFolder, run_file
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import (
     MODEL_WEIGHTS,
@@ -62,12 +56,8 @@ from gpucampaign.folder.records import (
     run_states,
 )
 from gpucampaign.plan import calendar
-from gpucampaign.plan.decision import Decision
 from gpucampaign.spec import CampaignSpec
 
-#: The run states whose recorded evaluation is evidence: a stopped run that measured, and an
-#: interrupted one (``resume: inference``: its last good model, at its step).
-MEASURED = ("completed", "stopped", "interrupted")
 CALENDAR_PNG, CURVES_PNG, CONFUSION_PNG = (
     "figures/calendar.png",
     "figures/curves.png",
@@ -140,7 +130,7 @@ def analyse_runs(
         if not resolved[run].config.builtin:
             _analyse_recipe_run(folder, rid, corpus=corpus, split=spec.decision_split)
             continue
-        for split in _verdict_splits(spec):
+        for split in verdict_splits(spec):
             name = predictions_file(split, report_split=spec.decision_split)
             path = folder.run_dir(rid) / name
             if path.is_file():
@@ -170,125 +160,10 @@ def _score_run(spec: CampaignSpec, folder: OutputFolder, run: str, *, corpus: An
             spec.run_id(run),
             config=spec.run_config(run),
             corpus=corpus,
-            splits=_verdict_splits(spec),
+            splits=verdict_splits(spec),
         )
     except RecipeError as exc:
         folder.write_text(run_file(spec.run_id(run), SCORES_ERROR_FILE), f"{exc}\n")
-
-
-def _verdict_splits(spec: CampaignSpec) -> list[str]:
-    """The report split (``predictions.csv``), then the selection split when there is a rule."""
-    return [spec.decision_split] + ([spec.selection_split] if spec.decision_rule else [])
-
-
-def run_evidence(
-    spec: CampaignSpec, *, root: str | Path, states: Mapping[str, RunState]
-) -> dict[str, RunEvidence]:
-    """Each run's metric, predictions and per-example scores on the selection and report
-    splits.
-
-    A split's value comes from the run's saved predictions or per-example scores when it has
-    them (the very rows the intervals resample), otherwise from the evaluation in
-    ``result.json``. Only a run that completed, stopped after measuring, or was interrupted
-    under ``resume: inference`` (its last good model, noted as such) has values. Replicates
-    (``<run>.s<seed>``) are folded into their base run: every replicate's rows, the mean of
-    their values, the mean of their measured training times (one seed's).
-    """
-    single = _single_run_evidence(spec, root=root, states=states)
-    out: dict[str, RunEvidence] = {}
-    for base in spec.base_names():
-        reps = [e for run, e in single.items() if (spec.replicate_of(run) or (run,))[0] == base]
-        if base not in single:
-            continue
-        values = {}
-        for split in _verdict_splits(spec):
-            got = [v for e in reps if (v := e.values.get(split)) is not None]
-            values[split] = round(sum(got) / len(got), 12) if got else None
-        preds = {
-            split: tuple(p for e in reps for p in e.predictions.get(split, ()))
-            for split in _verdict_splits(spec)
-        }
-        scores = {
-            split: tuple(p for e in reps for p in e.scores.get(split, ()))
-            for split in _verdict_splits(spec)
-        }
-        times = [e.train_s for e in reps]  # one seed's measured training time: their mean
-        out[base] = RunEvidence(
-            values=values,
-            predictions=preds,
-            scores=scores,
-            status=single[base].status,
-            note="; ".join(dict.fromkeys(e.note for e in reps if e.note)),
-            no_interval="; ".join(dict.fromkeys(e.no_interval for e in reps if e.no_interval)),
-            train_s=None
-            if None in times or not times
-            else round(sum(t for t in times if t is not None) / len(times), 6),
-        )
-    return out
-
-
-def _single_run_evidence(
-    spec: CampaignSpec, *, root: str | Path, states: Mapping[str, RunState]
-) -> dict[str, RunEvidence]:
-    """``run_evidence`` of each run on its own, replicates apart."""
-    folder = OutputFolder(root)
-    metric = spec.decision_rule.metric if spec.decision_rule else None
-    out: dict[str, RunEvidence] = {}
-    for rid, s in states.items():
-        values: dict[str, float | None] = {}
-        preds: dict[str, tuple[Any, ...]] = {}
-        scores: dict[str, tuple[Any, ...]] = {}
-        measured = metric and s.result is not None and s.status in MEASURED
-        # Classifier predictions are the built-in recipes' own rows; any recipe's per-example
-        # scores are read where its score() wrote them.
-        config = spec.run_config(s.run)
-        builtin = config.builtin
-        for split in _verdict_splits(spec) if measured else []:
-            assert s.result is not None and metric is not None
-            path = folder.run_dir(rid) / predictions_file(split, report_split=spec.decision_split)
-            # Each replicate's rows carry its seed: the verdict pairs the sides seed by seed.
-            if builtin and path.is_file():
-                preds[split] = (replace(read_predictions(path), seed=config.seed),)
-            scored = folder.run_dir(rid) / scores_file(split)
-            if scored.is_file() and metric in (got := read_scores(scored)).values:
-                scores[split] = (replace(got, seed=config.seed),)
-            value = metric_value(preds.get(split, ()), metric=metric)
-            if value is None and split in scores:
-                value = scores[split][0].mean(metric)
-            if value is None:
-                value = s.result.eval_metrics.get(split, {}).get(metric)
-            if value is None and split == spec.decision_split:
-                value = s.result.metrics.get(metric)
-            values[split] = value
-        rows = any(metric_value(p, metric=metric or "") is not None for p in preds.values())
-        no_interval = ""
-        if measured and not rows and not scores:
-            assert metric is not None
-            error = folder.path(run_file(rid, SCORES_ERROR_FILE))
-            no_interval = (
-                f"its score() failed at the close: {error.read_text('utf-8').strip()}"
-                if error.is_file()
-                else no_scores_reason(spec.run_config(s.run), metric=metric)
-            )
-        train_s = (s.result.timings or {}).get("steps_s_sum") if s.result is not None else None
-        out[s.run] = RunEvidence(
-            values=values,
-            predictions=preds,
-            scores=scores,
-            status=s.status,
-            note=_evidence_note(s),
-            no_interval=no_interval,
-            train_s=None if train_s is None else float(train_s),
-        )
-    return out
-
-
-def _evidence_note(state: RunState) -> str:
-    """What the verdict must say of a run's values: an interrupted run's are at step K."""
-    res = state.result
-    if state.status != "interrupted" or res is None:
-        return ""
-    return f"interrupted: the model of step {res.steps_done} of {res.planned_steps}"
 
 
 def _analyse_recipe_run(folder: OutputFolder, run_id: str, *, corpus: Any, split: str) -> None:
@@ -325,52 +200,6 @@ def keep_recipe_sources(spec: CampaignSpec, *, root: str | Path) -> list[str]:
 def expected_runs(states: Mapping[str, RunState]) -> dict[str, dict[str, Any]]:
     """The manifest's ``runs``: ``{run_id: {run, tier, status, stop_id?, reason?}}``."""
     return {rid: s.to_dict() for rid, s in states.items()}
-
-
-def run_metrics(states: Mapping[str, RunState], *, metric: str | None) -> dict[str, float | None]:
-    """The decision metric per run name; None for a run that neither completed nor stopped
-    after measuring it."""
-    out: dict[str, float | None] = {}
-    for s in states.values():
-        value = None
-        if metric and s.result is not None and s.status in MEASURED:
-            value = s.result.metrics.get(metric)
-        out[s.run] = value
-    return out
-
-
-def closing_verdict(
-    spec: CampaignSpec,
-    *,
-    evidence: Mapping[str, RunEvidence],
-    stops: list[StopRecord],
-    decision: Decision | None,
-    catalog: Any = None,
-) -> Verdict:
-    """The spec's decision rule applied to the runs' evidence (re-pose when the decision point
-    re-posed the question); more evidence is priced at the rented lots' price."""
-    rule = spec.decision_rule
-    if rule is None:
-        return no_rule_verdict()
-    repose = "; ".join(decision.reasons) if decision and decision.action == "re-pose" else None
-    return decide_verdict(
-        rule,
-        control=evidence.get("control"),
-        variants={r: e for r, e in evidence.items() if r != "control"},
-        stops=[s.to_dict() for s in stops],
-        repose_reason=repose,
-        lot=lot_price(spec, catalog=catalog),
-    )
-
-
-def lot_price(spec: CampaignSpec, *, catalog: Any = None) -> dict[str, float] | None:
-    """The rented lots' price and GPU hours: ``{usd, gpu_hours}``; None without a lot."""
-    from gpucampaign.close.budget import resolve_packages
-
-    lots = resolve_packages(spec.packages, catalog=catalog)
-    usd = sum(float(p["price_usd"]) * p["count"] for p in lots)
-    gpu_hours = sum(p["days"] * 24 * p["count"] * (p.get("gpus") or 1) for p in lots)
-    return {"usd": round(usd, 2), "gpu_hours": float(gpu_hours)} if lots else None
 
 
 def delivery(root: str | Path, state: RunState, *, corpus: Any) -> dict[str, Any]:
@@ -488,7 +317,7 @@ def close_runs(
         root: its output folder.
         base_dir: the folder the spec's paths are relative to.
         catalog: the ``tariffs.Catalog`` to price the packages with.
-        analyses: ``predictions.error_analysis`` results per run name.
+        analyses: ``error_analysis.error_analysis`` results per run name.
     """
     decisions = read_decisions(root)
     decision = decision_after_pilot(decisions)

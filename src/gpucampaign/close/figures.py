@@ -304,35 +304,15 @@ def draw_curves(
             markersize=3,
             label=f"{' = '.join(runs)}: {name}",
         )
-    for run, records in runs_metrics.items():
-        for r in records:
-            what = {"interrupt": "interrupted", "restore": "resumed"}.get(str(r.get("kind")))
-            if what is not None and isinstance(r.get(x), int | float):
-                ax_loss.axvline(
-                    float(r[x]),
-                    color=f"C{colour[run] % 10}",
-                    linestyle="-." if what == "resumed" else (0, (1, 3)),
-                    linewidth=1,
-                    label=f"{run} {what} at {x} {r[x]}",
-                )
+    _mark_interruptions(ax_loss, runs_metrics, colour=colour, x=x)
     if metric is not None:
-        ax = _panel(metric, ax_loss=ax_loss, ax_metric=ax_metric)
-        if threshold is not None:
-            ax.axhline(
-                threshold,
-                color="black",
-                linestyle="--",
-                linewidth=1,
-                label=f"threshold {say_exact(threshold)}",
-            )
-        if control_final is not None:
-            ax.axhline(
-                control_final,
-                color="C0",
-                linestyle=":",
-                linewidth=1.2,
-                label=f"control final {metric} on {split}: {say_number(control_final)}",
-            )
+        _mark_decision(
+            _panel(metric, ax_loss=ax_loss, ax_metric=ax_metric),
+            metric=metric,
+            threshold=threshold,
+            control_final=control_final,
+            split=split,
+        )
     for ax, title in ((ax_loss, "loss"), (ax_metric, "metrics")):
         shown = list(dict.fromkeys(splits[id(ax)]))
         ax.set_title(f"{title}: {', '.join(shown)}" if shown else title, fontsize=10)
@@ -345,6 +325,49 @@ def draw_curves(
                 0.5, 0.5, f"no {title} recorded", ha="center", va="center", transform=ax.transAxes
             )
     return fig
+
+
+def _mark_interruptions(
+    ax_loss: Any,
+    runs_metrics: Mapping[str, Iterable[Mapping[str, Any]]],
+    *,
+    colour: Mapping[str, int],
+    x: str,
+) -> None:
+    """A vertical line on the loss panel where a run was interrupted or resumed."""
+    for run, records in runs_metrics.items():
+        for r in records:
+            what = {"interrupt": "interrupted", "restore": "resumed"}.get(str(r.get("kind")))
+            if what is not None and isinstance(r.get(x), int | float):
+                ax_loss.axvline(
+                    float(r[x]),
+                    color=f"C{colour[run] % 10}",
+                    linestyle="-." if what == "resumed" else (0, (1, 3)),
+                    linewidth=1,
+                    label=f"{run} {what} at {x} {r[x]}",
+                )
+
+
+def _mark_decision(
+    ax: Any, *, metric: str, threshold: float | None, control_final: float | None, split: str | None
+) -> None:
+    """The threshold and the control's final value on ``split``, as horizontal lines."""
+    if threshold is not None:
+        ax.axhline(
+            threshold,
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label=f"threshold {say_exact(threshold)}",
+        )
+    if control_final is not None:
+        ax.axhline(
+            control_final,
+            color="C0",
+            linestyle=":",
+            linewidth=1.2,
+            label=f"control final {metric} on {split}: {say_number(control_final)}",
+        )
 
 
 def _panel(name: str, *, ax_loss: Any, ax_metric: Any) -> Any:

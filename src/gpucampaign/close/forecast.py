@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gpucampaign.close.verdict import stops_of
+from gpucampaign.close.verdict_words import stops_of
 from gpucampaign.core.files import median, parse_time
 from gpucampaign.core.text import say_duration
 from gpucampaign.folder.layout import OutputFolder

@@ -1,5 +1,5 @@
 """Predictions on the decision split, and reloading a saved model (their error analysis: see
-``prediction_errors``).
+``error_analysis``).
 
 Each completed run writes ``predictions.csv`` from its SAVED model on CPU; a reload in a fresh
 process must reproduce that file exactly. This module is also that fresh process::
@@ -20,8 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# Re-exported: callers import the error analysis from here.
-from gpucampaign.close.errors import Predictions, error_analysis, render_error_analysis_md  # noqa: F401
+from gpucampaign.close.error_analysis import Predictions
 from gpucampaign.core.files import csv_text
 from gpucampaign.folder.layout import (
     PREDICTIONS_FILE,

@@ -13,7 +13,8 @@ from gpucampaign.close.bootstrap import DOMINATES
 from gpucampaign.close.budget import render_budget_md
 from gpucampaign.close.forecast import ESTIMATES_FILE
 from gpucampaign.close.futility import render_futility_md
-from gpucampaign.close.verdict import Verdict, seeds_text
+from gpucampaign.close.verdict import Verdict
+from gpucampaign.close.verdict_words import seeds_text
 from gpucampaign.core.text import say_duration, say_number, strip_controls
 from gpucampaign.folder.layout import REPORT_HTML, REPORT_JSON, REPORT_MD, OutputFolder
 from gpucampaign.folder.records import DecisionRecord, StopRecord
@@ -60,7 +61,7 @@ def build_report(
         budget: ``close_budget``'s result.
         forecast: ``forecast_vs_actual``'s result.
         runs: one entry per run of the spec: ``{run_id, run, tier, status, metric, stop_id?,
-            analysis?}`` where ``analysis`` is ``predictions.error_analysis``'s result.
+            analysis?}`` where ``analysis`` is ``error_analysis.error_analysis``'s result.
         stops: ``stops.jsonl`` records.
         decisions: ``decisions.jsonl`` records.
         figures: ``{calendar|curves|confusion: relative PNG path}`` inside the output folder.
@@ -337,7 +338,7 @@ def _estimates_md(fva: Mapping[str, Any]) -> list[str]:
 def render_report_md(report: Mapping[str, Any]) -> str:
     """``report.md``: verdict, runs, budget, forecast vs actual, decisions, stops, analysis,
     estimates, figures."""
-    from gpucampaign.close.predictions import render_error_analysis_md
+    from gpucampaign.close.error_analysis import render_error_analysis_md
 
     v = report["verdict"]
     out = [f"# Closing report: {report['campaign']}", "", answer_paragraph(report), ""]

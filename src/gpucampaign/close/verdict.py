@@ -12,15 +12,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from gpucampaign.close.bootstrap import (
-    BOOT_SEED,
-    DOMINATES,
-    Gain,
-    paired_gain,
-    paired_mean_gain,
-    to_resolve,
+from gpucampaign.close.bootstrap import BOOT_SEED, Gain, paired_gain, paired_mean_gain
+from gpucampaign.close.more_evidence import missing_interval, to_settle
+from gpucampaign.close.verdict_words import (
+    ci_text,
+    improves_text,
+    say_gain,
+    say_metric,
+    say_value,
+    stop_text,
 )
-from gpucampaign.core.text import say_duration, say_exact, say_number
+from gpucampaign.core.text import say_duration, say_exact
 from gpucampaign.spec import DecisionRule
 
 VerdictKind = Literal["adopt", "negative", "inconclusive", "stopped", "re-pose"]
@@ -126,102 +128,6 @@ def no_rule_verdict() -> Verdict:
     )
 
 
-def _num(x: float, rule: DecisionRule) -> str:
-    """A metric value, with the digits that show how it compares with the threshold."""
-    return say_number(x, against=rule.threshold)
-
-
-def _signed(x: float, rule: DecisionRule) -> str:
-    """A gain (or an interval's end), with the digits that show how it compares with the
-    minimum gain."""
-    return say_number(x, against=rule.min_gain, signed=True)
-
-
-def seeds_text(entry: Mapping[str, Any]) -> str:
-    """What an interval over seeds rests on: ``3 seeds (0, 1, 2) x 80 examples``; empty
-    without replicates."""
-    seeds = entry.get("seeds")
-    if not seeds:
-        return ""
-
-    def named(ks: Sequence[int | None]) -> str:
-        return "" if None in ks else f" ({', '.join(str(k) for k in ks)})"
-
-    c, v = seeds["control"], seeds["variant"]
-    if seeds["paired"]:
-        on = f"{len(c)} seeds{named(c)}"
-    else:
-        on = (
-            f"{len(c)} control seed(s){named(c)} and {len(v)} variant seed(s){named(v)} "
-            "(resampled apart)"
-        )
-    return f"{on} x {entry['n']} examples"
-
-
-def _improves(rule: DecisionRule, name: str, entry: Mapping[str, Any], split: str) -> str:
-    """``'b' improves accuracy over the control by +0.05 on test (95% CI [+0.04, +0.06])``;
-    with replicates the interval names its seeds and examples."""
-    better = " (lower is better)" if rule.direction == "minimize" else ""
-    ci = entry.get("gain_ci95")
-    over = f" over {seeds_text(entry)}" if entry.get("seeds") else ""
-    interval = (
-        f"95% CI [{_signed(ci[0], rule)}, {_signed(ci[1], rule)}]{over}"
-        if ci is not None
-        else "a point estimate, no interval"
-    )
-    return (
-        f"'{name}' improves {rule.metric}{better} over the control by "
-        f"{_signed(entry['gain'], rule)} on {split} ({interval})"
-    )
-
-
-def _fmt(x: float | None, rule: DecisionRule, *, status: str = "stopped") -> str:
-    if x is not None:
-        return _num(x, rule)
-    if status == "dropped":
-        return "dropped at the decision point"
-    if status == "not_run":
-        return "not run"
-    return "stopped (no metric)"
-
-
-def _ci_text(entry: Mapping[str, Any], rule: DecisionRule) -> str:
-    """``gain +0.01 [95% CI -0.005, +0.025]``, or the gain alone without an interval."""
-    if entry.get("gain") is None:
-        return "no gain"
-    ci = entry.get("gain_ci95")
-    if ci is None:
-        return f"gain {_signed(entry['gain'], rule)} (no interval)"
-    low, high = _signed(ci[0], rule), _signed(ci[1], rule)
-    seeds = ""
-    if entry.get("seeds"):
-        seeds = f" over {seeds_text(entry)}" + (
-            f", {entry['dominates']} dominate" if entry.get("dominates") else ""
-        )
-    return f"gain {_signed(entry['gain'], rule)} [95% CI {low}, {high}{seeds}]"
-
-
-def stops_of(run: str, stops: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Stop records of a run, matched by name or by run ID ``<name>-<10 hex>``."""
-    out = []
-    for s in stops:
-        rid = str(s.get("run_id") or "")
-        if s.get("run") == run or (rid and rid.rsplit("-", 1)[0] == run):
-            out.append(s)
-    return out
-
-
-def _stop_text(run: str, stops: Iterable[Mapping[str, Any]]) -> str:
-    found = stops_of(run, stops)
-    if not found:
-        return f"'{run}' has no metric (no stop recorded)"
-    return "; ".join(
-        f"'{run}' stopped by {s.get('rule', 'stop')} ({s.get('stop_id', '?')}): "
-        f"{s.get('reason', '')}"
-        for s in found
-    )
-
-
 def _split_entry(
     rule: DecisionRule, split: str, *, control: RunEvidence, variant: RunEvidence, seed: int
 ) -> dict[str, Any]:
@@ -318,7 +224,7 @@ def _tie_text(
     if not tied:
         return ""
     sel = rule.select_split
-    value = _num(table[chosen][sel]["value"], rule)
+    value = say_value(table[chosen][sel]["value"], rule)
 
     def took(name: str) -> str:
         t = train_s.get(name)
@@ -342,19 +248,19 @@ def _listing(
     sel, rep = rule.select_split, rule.report_split
     notes = notes or {}
     parts = [
-        f"control {sel} {_fmt(control.values.get(sel), rule, status=control.status)}, "
-        f"{rep} {_fmt(control.values.get(rep), rule, status=control.status)}"
+        f"control {sel} {say_metric(control.values.get(sel), rule, status=control.status)}, "
+        f"{rep} {say_metric(control.values.get(rep), rule, status=control.status)}"
         + (f" ({control.note})" if control.note else "")
     ]
     for name, row in table.items():
         st = status.get(name, "stopped")
         if row[sel]["value"] is None and row[rep]["value"] is None:
-            parts.append(f"{name} {_fmt(None, rule, status=st)}")
+            parts.append(f"{name} {say_metric(None, rule, status=st)}")
             continue
         parts.append(
-            f"{name} {sel} {_fmt(row[sel]['value'], rule, status=st)} "
-            f"({_ci_text(row[sel], rule)}), "
-            f"{rep} {_fmt(row[rep]['value'], rule, status=st)} ({_ci_text(row[rep], rule)})"
+            f"{name} {sel} {say_metric(row[sel]['value'], rule, status=st)} "
+            f"({ci_text(row[sel], rule)}), "
+            f"{rep} {say_metric(row[rep]['value'], rule, status=st)} ({ci_text(row[rep], rule)})"
             + (f" ({notes[name]})" if notes.get(name) else "")
         )
     return "; ".join(parts)
@@ -409,37 +315,9 @@ def decide_verdict(
     }
     frame = _frame(rule, control=ctrl, evidence=evidence, table=table, stops=stops)
 
-    if repose_reason is not None:
-        text = (
-            f"Re-pose the question: the decision point after the pilot stopped the campaign "
-            f"({repose_reason}). No variant was compared. {frame.tail}"
-        )
-        answer = (
-            "Not answered: re-pose the question; the decision point after the pilot stopped "
-            f"the campaign ({repose_reason}). Verdict: re-pose."
-        )
-        return frame.verdict("re-pose", None, text, answer=answer)
-    if ctrl.values.get(sel) is None:
-        text = (
-            f"No decision: the control, the essential reference, has no metric "
-            f"({_stop_text('control', stops)}); nothing can be compared. {frame.tail}"
-        )
-        answer = (
-            f"Not answered: the control has no {rule.metric} to compare with "
-            f"({_stop_text('control', stops)}). Verdict: stopped."
-        )
-        return frame.verdict("stopped", None, text, answer=answer)
-    if ctrl.status == "interrupted":
-        text = (
-            f"No decision: the control, the essential reference, was interrupted "
-            f"({ctrl.note}); its values are evidence at that step only, and no variant is "
-            f"compared with a partly trained reference. {frame.tail}"
-        )
-        answer = (
-            f"Not answered: the control was interrupted ({ctrl.note}), so no variant is "
-            "compared with it. Verdict: stopped."
-        )
-        return frame.verdict("stopped", None, text, answer=answer)
+    early = _no_comparison(frame, control=ctrl, stops=stops, repose_reason=repose_reason)
+    if early is not None:
+        return early
     times = {n: e.train_s for n, e in evidence.items()}
     chosen, tied = _choose(rule, table, sel, train_s=times)
     on_report, _ = _choose(rule, table, rep, train_s=times)
@@ -455,6 +333,49 @@ def decide_verdict(
         return _negative(frame, control=ctrl, cut=cut)
     seconds = {"control": ctrl.train_s, **times}
     return _confirm(frame, chosen, seconds=seconds, lot=lot)
+
+
+def _no_comparison(
+    frame: _Frame,
+    *,
+    control: RunEvidence,
+    stops: list[Mapping[str, Any]],
+    repose_reason: str | None,
+) -> Verdict | None:
+    """The verdict when nothing can be compared: the question was re-posed after the pilot, or
+    the control has no metric or was interrupted; None when the comparison can go on."""
+    if repose_reason is not None:
+        text = (
+            f"Re-pose the question: the decision point after the pilot stopped the campaign "
+            f"({repose_reason}). No variant was compared. {frame.tail}"
+        )
+        answer = (
+            "Not answered: re-pose the question; the decision point after the pilot stopped "
+            f"the campaign ({repose_reason}). Verdict: re-pose."
+        )
+        return frame.verdict("re-pose", None, text, answer=answer)
+    if control.values.get(frame.rule.select_split) is None:
+        text = (
+            f"No decision: the control, the essential reference, has no metric "
+            f"({stop_text('control', stops)}); nothing can be compared. {frame.tail}"
+        )
+        answer = (
+            f"Not answered: the control has no {frame.rule.metric} to compare with "
+            f"({stop_text('control', stops)}). Verdict: stopped."
+        )
+        return frame.verdict("stopped", None, text, answer=answer)
+    if control.status == "interrupted":
+        text = (
+            f"No decision: the control, the essential reference, was interrupted "
+            f"({control.note}); its values are evidence at that step only, and no variant is "
+            f"compared with a partly trained reference. {frame.tail}"
+        )
+        answer = (
+            f"Not answered: the control was interrupted ({control.note}), so no variant is "
+            "compared with it. Verdict: stopped."
+        )
+        return frame.verdict("stopped", None, text, answer=answer)
+    return None
 
 
 def _frame(
@@ -502,7 +423,7 @@ def _frame(
         if e.status in ("stopped", "interrupted")
         and not (n == "control" and control.values.get(sel) is None)
     ]
-    stop_note = ("; " + "; ".join(_stop_text(n, stops) for n in stopped)) if stopped else ""
+    stop_note = ("; " + "; ".join(stop_text(n, stops) for n in stopped)) if stopped else ""
     return _Frame(rule, table, base, tail=f"{head}: {listing}{stop_note}.")
 
 
@@ -539,7 +460,7 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
     assert c is not None
     keeps = rule.meets(c)
     also = (
-        f"; the control meets it ({_num(c, rule)}): keep the control"
+        f"; the control meets it ({say_value(c, rule)}): keep the control"
         if keeps
         else (", and neither does the control")
     )
@@ -554,11 +475,13 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
     if best is not None:
         rep = rule.report_split
         split = rep if frame.table[best][rep]["gain"] is not None else sel
-        quote = f" (the best on {sel}: {_improves(rule, best, frame.table[best][split], split)})"
+        quote = (
+            f" (the best on {sel}: {improves_text(rule, best, frame.table[best][split], split)})"
+        )
     control_says = (
-        f"keep the control ({rule.metric} {_num(c, rule)} on {sel}, threshold {thr} met)"
+        f"keep the control ({rule.metric} {say_value(c, rule)} on {sel}, threshold {thr} met)"
         if keeps
-        else f"neither does the control ({_num(c, rule)} on {sel})"
+        else f"neither does the control ({say_value(c, rule)} on {sel})"
     )
     if cut:
         names = ", ".join(repr(n) for n in cut)
@@ -595,7 +518,7 @@ def _confirm(
     entry = table[chosen][rep]
     value, gain, ci = entry["value"], entry["gain"], entry["gain_ci95"]
     lo, hi = (gain, gain) if ci is None else ci
-    picked = f"'{chosen}' is best on {sel} ({_ci_text(table[chosen][sel], rule)})"
+    picked = f"'{chosen}' is best on {sel} ({ci_text(table[chosen][sel], rule)})"
     if value is None or gain is None:
         text = f"Inconclusive: {picked} but has no {rep} metric. {frame.ending}"
         answer = (
@@ -603,12 +526,12 @@ def _confirm(
             "it. Verdict: inconclusive."
         )
         return frame.verdict("inconclusive", chosen, text, answer=answer)
-    improves = _improves(rule, chosen, entry, rep)
-    reaches = f"reaches {_num(value, rule)} against the threshold {thr}"
+    improves = improves_text(rule, chosen, entry, rep)
+    reaches = f"reaches {say_value(value, rule)} against the threshold {thr}"
     if ci is None and rule.min_gain > 0 and rule.meets(value):
-        resolve = _no_interval(rule, entry)
+        resolve = missing_interval(rule, entry)
         text = (
-            f"Inconclusive: {picked}; on {rep} its gain {_signed(gain, rule)} has no interval, "
+            f"Inconclusive: {picked}; on {rep} its gain {say_gain(gain, rule)} has no interval, "
             f"so it cannot show that the gain clears the min gain {mg}. "
             f"{resolve['text']} {frame.ending}"
         )
@@ -621,11 +544,11 @@ def _confirm(
         clears = (
             f"the lower end clears the min gain {mg}"
             if ci is not None
-            else f"a point estimate above the min gain 0 ({_no_interval(rule, entry)['why']})"
+            else f"a point estimate above the min gain 0 ({missing_interval(rule, entry)['why']})"
         )
         text = (
-            f"Adopt '{chosen}': chosen on {sel}; on {rep} {rule.metric} {_num(value, rule)}, "
-            f"{_ci_text(entry, rule)}, {clears} (threshold {thr} met). {frame.ending}"
+            f"Adopt '{chosen}': chosen on {sel}; on {rep} {rule.metric} {say_value(value, rule)}, "
+            f"{ci_text(entry, rule)}, {clears} (threshold {thr} met). {frame.ending}"
         )
         above = (
             f"clearing the min gain {mg}"
@@ -636,9 +559,9 @@ def _confirm(
         return frame.verdict("adopt", chosen, text, answer=answer)
     if hi < rule.min_gain or hi <= 0 or not rule.meets(value):
         why = (
-            f"its {rep} value {_num(value, rule)} misses the threshold {thr}"
+            f"its {rep} value {say_value(value, rule)} misses the threshold {thr}"
             if not rule.meets(value)
-            else f"on {rep} its {_ci_text(entry, rule)} stays under the min gain {mg}"
+            else f"on {rep} its {ci_text(entry, rule)} stays under the min gain {mg}"
         )
         c = frame.base["control"].get(sel)
         keep = "; keep the control" if c is not None and rule.meets(c) else ""
@@ -651,9 +574,26 @@ def _confirm(
             else f"No: {improves}, under the min gain {mg}"
         ) + f"{keep}. Verdict: negative."
         return frame.verdict("negative", None, text, answer=answer)
-    resolve = _resolve(rule, chosen, entry=entry, seconds=seconds, lot=lot)
+    return _straddles(frame, chosen, improves=improves, seconds=seconds, lot=lot)
+
+
+def _straddles(
+    frame: _Frame,
+    chosen: str,
+    *,
+    improves: str,
+    seconds: Mapping[str, float | None],
+    lot: Mapping[str, float] | None,
+) -> Verdict:
+    """Inconclusive: the chosen variant's report-split interval straddles the min gain; says
+    what more evidence would settle it, and at what cost."""
+    rule, table = frame.rule, frame.table
+    sel, rep, mg = rule.select_split, rule.report_split, say_exact(rule.min_gain)
+    picked = f"'{chosen}' is best on {sel} ({ci_text(table[chosen][sel], rule)})"
+    entry = table[chosen][rep]
+    resolve = to_settle(rule, chosen, entry=entry, seconds=seconds, lot=lot)
     text = (
-        f"Inconclusive: {picked}; on {rep} its {_ci_text(entry, rule)} straddles the min gain "
+        f"Inconclusive: {picked}; on {rep} its {ci_text(entry, rule)} straddles the min gain "
         f"{mg}. {resolve['text']} {frame.ending}"
     )
     settle = resolve.get("settle") or "more evidence would settle it"
@@ -672,123 +612,3 @@ def _confirm(
         "Verdict: inconclusive."
     )
     return frame.verdict("inconclusive", chosen, text, resolve=resolve, answer=answer)
-
-
-def _no_interval(rule: DecisionRule, entry: Mapping[str, Any]) -> dict[str, Any]:
-    """What a gain without an interval lacks, and what to add to get one."""
-    why = (
-        f"no per-example {rule.metric} on {rule.report_split}: "
-        f"{entry.get('no_interval') or 'no run has per-example rows'}"
-    )
-    return {
-        "more_examples": None,
-        "more_seeds": None,
-        "seed_hours": None,
-        "missing": "per-example scores",
-        "why": why,
-        "text": (
-            f"Missing: {why}. To get an interval, add to the recipe a score(model, batch) that "
-            f"returns {{'{rule.metric}': one value per example}} (see the README's recipe "
-            "section) and run the campaign again (the edited recipe gives new run IDs)."
-        ),
-    }
-
-
-def _resolve(
-    rule: DecisionRule,
-    chosen: str,
-    *,
-    entry: Mapping[str, Any],
-    seconds: Mapping[str, float | None],
-    lot: Mapping[str, float] | None,
-) -> dict[str, Any]:
-    """How many more examples or seeds would settle an inconclusive verdict, and what the
-    seeds cost: priced from the runs' measured training time (``seconds`` per seed), as GPU
-    time and as the share of the rented lot's price it takes (``lot``: ``usd``, ``gpu_hours``).
-    """
-    if entry.get("n") is None:
-        return _no_interval(rule, entry)
-    seeds = entry.get("seeds") or {}
-    g = Gain(
-        gain=entry["gain"],
-        ci95=tuple(entry["gain_ci95"]),
-        n=entry["n"],
-        replicates=entry["replicates"] or 1,
-        control_seeds=tuple(seeds.get("control", ())),
-        variant_seeds=tuple(seeds.get("variant", ())),
-        seed_var=entry.get("seed_var"),
-        example_var=entry.get("example_var"),
-    )
-    need = to_resolve(g, min_gain=max(rule.min_gain, 1e-12))
-    none = {"seed_s": None, "gpu_hours": None, "usd": None, "lot_share": None}
-    if need["factor"] is None:
-        return {
-            **need,
-            **none,
-            "text": "The gain equals the min gain: no amount of evidence separates them.",
-        }
-    c, v = seconds.get("control"), seconds.get(chosen)
-    priced: dict[str, Any] = dict(none)
-    cost = " (their training time was not measured)"
-    if c is not None and v is not None and need["more_seeds"] is not None:
-        per_seed = c + v
-        gpu_h = need["more_seeds"] * per_seed / 3600
-        priced.update(seed_s=round(per_seed, 9), gpu_hours=round(gpu_h, 12))
-        cost = (
-            f": {need['more_seeds']} x ({c:.3g} s + {v:.3g} s of measured training) = "
-            f"{say_duration(gpu_h)} of GPU time"
-        )
-        if lot and lot.get("gpu_hours"):
-            usd = gpu_h * lot["usd"] / lot["gpu_hours"]
-            share = usd / lot["usd"] if lot["usd"] else 0.0
-            priced.update(usd=round(usd, 12), lot_share=round(share, 12))
-            money = f"{usd:.2f} USD" if usd >= 0.005 else "under 0.01 USD"
-            cost += (
-                f", {money} at the lot's price ({say_number(100 * share, digits=2)}% of the "
-                f"{lot['usd']:.2f} USD for {lot['gpu_hours']:g} GPU hours)"
-            )
-    if need["dominates"] is not None:
-        return {**need, **priced, **_by_source(rule, chosen, need=need, entry=entry, cost=cost)}
-    text = (
-        f"To resolve it: about {need['more_examples']} more {rule.report_split} examples "
-        f"({need['factor']:.2f} x the {g.n} there; labelling them is a human step), or "
-        f"{need['more_seeds']} more seed(s) of both 'control' and '{chosen}'{cost}."
-    )
-    return {**need, **priced, "text": text}
-
-
-def _by_source(
-    rule: DecisionRule, chosen: str, *, need: Mapping[str, Any], entry: Mapping[str, Any], cost: str
-) -> dict[str, str]:
-    """With replicates: which source of variance dominates, and the evidence of that kind
-    first (``text``; ``settle``, the answer's clause)."""
-    rep, dom = rule.report_split, need["dominates"]
-    share = entry.get("seed_share")
-    said = DOMINATES[dom]
-    head = (
-        said[0].upper()
-        + said[1:]
-        + (
-            f" ({say_number(100 * share, digits=2)}% of the gain's variance comes from the seeds)"
-            if share is not None
-            else ""
-        )
-    )
-    seeds = (
-        f"{need['more_seeds']} more seed(s) of both 'control' and '{chosen}'{cost}"
-        if need["more_seeds"] is not None
-        else "more seeds alone cannot settle it (the examples' share of the variance is "
-        "already above what the interval may keep)"
-    )
-    examples = (
-        f"about {need['more_examples']} more {rep} examples (labelling them is a human step)"
-        if need["more_examples"] is not None
-        else f"more {rep} examples alone cannot settle it (the seeds' share of the variance "
-        "is already above what the interval may keep)"
-    )
-    first, second = (seeds, examples) if dom == "seeds" else (examples, seeds)
-    fits = need["more_seeds" if dom == "seeds" else "more_examples"] is not None
-    return {
-        "text": f"{head}. To resolve it: {first}; or {second}.",
-        "settle": f"{said}; {first}" + (" would settle it" if fits else ""),
-    }

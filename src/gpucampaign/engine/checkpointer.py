@@ -14,13 +14,9 @@ from typing import Any, Protocol
 
 import torch
 
-from gpucampaign.checkpoint.manager import (
-    BackgroundSaves,
-    CheckpointManager,
-    SavedCheckpoint,
-    snapshot,
-)
+from gpucampaign.checkpoint.manager import CheckpointManager, SavedCheckpoint
 from gpucampaign.checkpoint.savepolicy import SavePolicy
+from gpucampaign.checkpoint.state import BackgroundSaves, snapshot
 from gpucampaign.checkpoint.trainstate import MODEL, TrainState
 from gpucampaign.core.files import median
 from gpucampaign.engine.ranks import Ranks

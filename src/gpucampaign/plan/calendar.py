@@ -31,16 +31,9 @@ from typing import Any
 
 from gpucampaign.core.gcpause import without_gc_pauses
 from gpucampaign.plan.options import Option, options_for
-from gpucampaign.plan.planner import (
-    EPS,
-    TIER_RANK,
-    Context,
-    ScheduledStep,
-    reduce_drops,
-    round_hours,
-    say_hours,
-)
+from gpucampaign.plan.planner import Context, reduce_drops
 from gpucampaign.plan.rental import RETRIEVAL_WORDS, Rental, deadline_warnings, rental_of
+from gpucampaign.plan.schedule import EPS, TIER_RANK, ScheduledStep, round_hours, say_hours
 from gpucampaign.plan.tariffs import Catalog, ResolvedPackage, format_usd, usd
 from gpucampaign.spec import CampaignSpec
 

@@ -12,15 +12,8 @@ from decimal import Decimal
 from itertools import pairwise
 from typing import Any
 
-from gpucampaign.plan.planner import (
-    EPS,
-    TIER_RANK,
-    Context,
-    Schedule,
-    reduce_drops,
-    round_hours,
-    say_hours,
-)
+from gpucampaign.plan.planner import Context, reduce_drops
+from gpucampaign.plan.schedule import EPS, TIER_RANK, Schedule, round_hours, say_hours
 from gpucampaign.plan.tariffs import format_usd, usd
 
 

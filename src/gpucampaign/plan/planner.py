@@ -3,6 +3,8 @@
 Pure functions, no Prefect. :class:`Context` validates a spec once (lots, window, hours,
 dependencies); :meth:`Context.schedule` places the kept steps on lanes; :func:`reduce_drops`
 finds the smallest set of optional steps to drop so that the calendar fits its window.
+The spec's checks live in :mod:`~gpucampaign.plan.inputs`, the event loop in
+:mod:`~gpucampaign.plan.list_scheduler`, the placed steps in :mod:`~gpucampaign.plan.schedule`.
 
 Complexity, for ``n`` steps and ``e`` links (``after`` entries):
 
@@ -34,10 +36,9 @@ shared 2-core machine, 1,000,000 in about 30 s.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from decimal import Decimal
 from functools import cached_property
 from itertools import accumulate, compress, pairwise
@@ -45,72 +46,36 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from gpucampaign.plan.tariffs import (
-    Catalog,
-    ResolvedPackage,
-    format_usd,
-    load_catalog,
-    resolve_package,
+from gpucampaign.plan.inputs import (
+    check_overrides,
+    machines_of,
+    price_warnings,
+    step_hours,
+    step_widths,
+    window_of,
 )
+from gpucampaign.plan.list_scheduler import list_schedule
+from gpucampaign.plan.schedule import (
+    EPS,
+    GPU_POOL,
+    HOST_POOL,
+    HUMAN_POOL,
+    POOLS,
+    TIER_RANK,
+    Schedule,
+    ScheduledStep,
+)
+from gpucampaign.plan.tariffs import Catalog, ResolvedPackage, load_catalog, resolve_package
 from gpucampaign.spec import CampaignSpec, SpecError
 
-TIER_RANK = {"essential": 0, "useful": 1, "exploratory": 2}
-EPS = 1e-9
 # Above this many newly dropped steps, reduce_drops skips the pass that puts back steps whose
 # removal turned out unnecessary: each try is a full re-plan, and such a set is large anyway.
 _PRUNE_LIMIT = 64
-# The kinds of lane, by index: a GPU step takes a GPU lane, a human step a human lane, any
-# other machine step a host lane (host lanes are not scarce: a new one opens when all are busy).
-POOLS = ("gpu", "human", "host")
-_GPU, _HUMAN, _HOST = 0, 1, 2
 # Relative slack for the load bound in reduce_drops, far above float rounding of the sums.
 _BOUND_SLACK = 1e-7
 
 
-def round_hours(x: float) -> float:
-    """Hours for presentation: drop float noise such as 47.99999999."""
-    return round(x, 6) + 0.0
-
-
-def say_hours(x: float) -> str:
-    """Hours in a sentence: ``78``, ``6.5``."""
-    return f"{round_hours(x):g}"
-
-
-@dataclass(frozen=True)
-class ScheduledStep:
-    """One step placed on a lane."""
-
-    name: str
-    kind: str
-    resource: str | None
-    tier: str
-    lane: str
-    start_hours: float
-    end_hours: float
-    hours: float
-    run: str | None = None
-    phase: str | None = None
-    after: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``steps[]`` entry of ``campaign plan --json``."""
-        d = asdict(self)
-        for k in ("start_hours", "end_hours", "hours"):
-            d[k] = round_hours(d[k])
-        d["after"] = list(self.after)
-        return d
-
-
 # --- preparation -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """The kept steps on their lanes and the span they make."""
-
-    span: float
-    steps: tuple[ScheduledStep, ...]
 
 
 @dataclass
@@ -185,8 +150,8 @@ class Context:
         """Resolve the spec's lots, window and steps (see ``calendar.plan`` for the errors)."""
         catalog = catalog or load_catalog(spec=spec, base_dir=base_dir)
         packages = tuple(resolve_package(p, catalog, index=i) for i, p in enumerate(spec.packages))
-        warnings = _price_warnings(packages)
-        window = _window(spec, packages, warnings)
+        warnings = price_warnings(packages)
+        window = window_of(spec, packages, warnings)
         cal = spec.calendar
 
         def column(field: str) -> list[Any]:
@@ -194,7 +159,7 @@ class Context:
 
         names = column("name")
         index = {n: i for i, n in enumerate(names)}
-        overrides = _check_overrides(hours_override, index)
+        overrides = check_overrides(hours_override, index)
         kinds, tiers = column("kind"), column("tier")
         resources = [
             r if k == "machine" else None for k, r in zip(kinds, column("resource"), strict=True)
@@ -203,8 +168,8 @@ class Context:
         link_offsets = list(accumulate(map(len, after), initial=0))
         link_targets = [index[a] for links in after for a in links]
         offsets, dependents = _dependents_of(link_offsets, link_targets)
-        machines = _machines(packages)
-        widths = _widths(spec, names, column("run"), resources, packages)
+        machines = machines_of(packages)
+        widths = step_widths(spec, names, column("run"), resources, packages)
         return cls(
             catalog=catalog,
             packages=packages,
@@ -216,13 +181,13 @@ class Context:
             resources=resources,
             tiers=tiers,
             tier_ranks=[TIER_RANK[t] for t in tiers],
-            hours=_hours(spec, column("hours"), overrides, index),
+            hours=step_hours(spec, column("hours"), overrides, index),
             runs=column("run"),
             phases=column("phase"),
             descriptions=column("description"),
             after=after,
             pools=[
-                _HUMAN if k == "human" else _GPU if r == "gpu" else _HOST
+                HUMAN_POOL if k == "human" else GPU_POOL if r == "gpu" else HOST_POOL
                 for k, r in zip(kinds, resources, strict=True)
             ],
             topo=_topological_order(link_offsets, link_targets, offsets, dependents),
@@ -299,7 +264,7 @@ class Context:
         keep = self.keep_mask(dropped)
         lanes = self.gpu_lanes if gpu_lanes is None else gpu_lanes
         wide: dict[int, list[int]] = {}
-        start, lane_of, span = _list_schedule(
+        start, lane_of, span = list_schedule(
             self, keep, gpu_lanes=lanes, human_lanes=self.human_lanes, lanes=True, wide=wide
         )
         steps = _placed(self, keep, dropped, start=start, lane_of=lane_of, wide=wide)
@@ -308,7 +273,7 @@ class Context:
     def span(self, dropped: frozenset[str], *, gpu_lanes: int | None = None) -> float:
         """The span :meth:`schedule` would give, without placing the steps on lanes."""
         lanes = self.gpu_lanes if gpu_lanes is None else gpu_lanes
-        return _list_schedule(
+        return list_schedule(
             self,
             self.keep_mask(dropped),
             gpu_lanes=lanes,
@@ -334,84 +299,6 @@ def _unique_links(after: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
         if len(links) > 1 and len(set(links)) < len(links):
             after[i] = tuple(dict.fromkeys(links))
     return after
-
-
-def _price_warnings(packages: tuple[ResolvedPackage, ...]) -> list[str]:
-    return [
-        f"packages[{i}].price_usd {format_usd(p.price_usd)} differs from the catalog's "
-        f"{format_usd(p.catalog_price_usd)} for a {p.days}-day {p.gpu} lot; the plan uses "
-        "the spec's price."
-        for i, p in enumerate(packages)
-        if p.price_source == "spec"
-        and p.catalog_price_usd is not None
-        and p.price_usd != p.catalog_price_usd
-    ]
-
-
-def _hours(
-    spec: CampaignSpec, hours: list[float], overrides: Mapping[str, float], index: Mapping[str, int]
-) -> list[float]:
-    hours = list(map(float, hours))
-    for name, h in overrides.items():
-        hours[index[name]] = h
-    if not all(map(math.isfinite, hours)):
-        i = next(i for i, h in enumerate(hours) if not math.isfinite(h))
-        s = spec.calendar[i]
-        raise SpecError(
-            f"field 'calendar[{i}].hours': step '{s.name}' has {overrides.get(s.name, s.hours)} "
-            "hours; give a finite positive number of hours.",
-            field=f"calendar[{i}].hours",
-        )
-    return hours
-
-
-def _window(
-    spec: CampaignSpec, packages: tuple[ResolvedPackage, ...], warnings: list[str]
-) -> float:
-    window = spec.window
-    shortest = min(p.hours for p in packages)
-    longest = max(p.hours for p in packages)
-    if not math.isfinite(window):
-        raise SpecError(
-            "field 'window_hours': give a finite number of hours, or omit it to use the "
-            "shortest lot's duration.",
-            field="window_hours",
-        )
-    if window < shortest - EPS:
-        raise SpecError(
-            f"field 'window_hours': {say_hours(window)} h is shorter than every committed lot "
-            f"(the shortest lasts {say_hours(shortest)} h) and a lot is paid for its whole "
-            f"duration; set window_hours to {say_hours(shortest)} (or omit it), or plan on a "
-            "shorter lot.",
-            field="window_hours",
-        )
-    if window > longest + EPS:
-        warnings.append(
-            f"window_hours {say_hours(window)} is longer than the longest committed lot "
-            f"({say_hours(longest)} h): the GPU is not rented for the whole window unless lots "
-            "follow one another, with a restart from checkpoint on each new lot."
-        )
-    return float(window)
-
-
-def _check_overrides(
-    hours_override: Mapping[str, float] | None, index: Mapping[str, int]
-) -> dict[str, float]:
-    overrides = dict(hours_override or {})
-    unknown = sorted(set(overrides) - set(index))
-    if unknown:
-        raise SpecError(
-            f"field 'hours_override': unknown step(s) {unknown}; re-forecast only calendar steps.",
-            field="hours_override",
-        )
-    for name, hours in overrides.items():
-        if not (isinstance(hours, int | float) and math.isfinite(hours) and hours > 0):
-            raise SpecError(
-                f"field 'hours_override.{name}': {hours!r} is not a positive finite number of "
-                "hours; give the re-forecast duration in hours.",
-                field=f"hours_override.{name}",
-            )
-    return {k: float(v) for k, v in overrides.items()}
 
 
 def _topological_order(
@@ -456,231 +343,7 @@ def _dependents_of(link_offsets: list[int], link_targets: list[int]) -> tuple[li
 # --- scheduling --------------------------------------------------------------------------
 
 
-def _list_schedule(
-    ctx: Context,
-    keep: list[bool],
-    *,
-    gpu_lanes: int,
-    human_lanes: int,
-    lanes: bool,
-    chain_cap: float = math.inf,
-    wide: dict[int, list[int]] | None = None,
-) -> tuple[list[float], list[int], float]:
-    """Event-driven list scheduling, O((steps + links) log steps).
-
-    A step is ready when every step it waits for has ended; at each event (hour 0, then each
-    end) ready steps start while a lane of their kind is free, best priority first: tier, then
-    the longest remaining chain (hours), then table order. The priority is one sort, so the
-    heaps hold integers.
-
-    A dropped step is a pass-through: it ends the moment everything it waits for has ended and
-    takes no lane and no time, so a step that waited for it starts when what it waited for
-    has ended (the bridged links of :meth:`Context.effective_deps`, without building them).
-
-    With ``lanes`` False only free-lane counts are kept (which lane of a kind a step takes
-    changes no time) and the returned lanes are all -1.
-
-    When the longest chain of kept steps exceeds ``chain_cap``, no span can be shorter: the
-    loop is skipped and the span returned is infinite.
-
-    A step of a data-parallel run takes ``ctx.widths[i]`` GPU lanes of one machine at once
-    (``_start_wide``); its lanes go into ``wide`` (by step index) when given.
-
-    Returns:
-        Start hour and lane number of each step (by index), and the span.
-    """
-    n = len(keep)
-    hours, pools, offsets, dependents = ctx.hours, ctx.pools, ctx.offsets, ctx.dependents
-    waiting = [b - a for a, b in pairwise(ctx.link_offsets)]
-    # Longest remaining chain (hours) from each step, the second priority key; a dropped step
-    # adds no hours.
-    tail = [0.0] * n
-    for i in reversed(ctx.topo):
-        longest = 0.0
-        for j in dependents[offsets[i] : offsets[i + 1]]:
-            if tail[j] > longest:
-                longest = tail[j]
-        tail[i] = hours[i] + longest if keep[i] else longest
-    if chain_cap < math.inf and max(tail, default=0.0) > chain_cap:
-        return [], [], math.inf
-    ranks = ctx.tier_ranks
-    kept = list(compress(range(n), keep))
-    # Stable sorts: tier ascending, then tail descending, then table order.
-    order = sorted(sorted(kept, key=tail.__getitem__, reverse=True), key=ranks.__getitem__)
-    rank = [0] * n
-    for r, i in enumerate(order):
-        rank[i] = r
-
-    ready: list[list[int]] = [[], [], []]
-    free_count = [gpu_lanes, human_lanes]
-    free: list[list[int]] = [list(range(gpu_lanes)), list(range(human_lanes)), []]
-    host_lanes = 0
-    start = [0.0] * n
-    lane_of = [-1] * n
-    running: list[tuple[float, int]] = []
-    heappush, heappop = heapq.heappush, heapq.heappop
-
-    def release(i: int) -> None:
-        """Dropped step ``i`` passes through: wake whoever waited only for it."""
-        stack = [i]
-        while stack:
-            k = stack.pop()
-            for j in dependents[offsets[k] : offsets[k + 1]]:
-                waiting[j] -= 1
-                if waiting[j] == 0:
-                    if keep[j]:
-                        heappush(ready[pools[j]], rank[j])
-                    else:
-                        stack.append(j)
-
-    for i in [i for i in range(n) if waiting[i] == 0]:
-        if keep[i]:
-            ready[pools[i]].append(rank[i])
-        else:
-            release(i)
-    for queue in ready:
-        heapq.heapify(queue)
-    now = 0.0
-    started = 0
-    # Steps of several GPUs: each machine's free lanes, and the lanes each running step holds.
-    widths = ctx.widths if ctx.wide else None
-    machine_free = [list(m) for m in ctx.machines_for(gpu_lanes)] if widths is not None else []
-    machine_of = {lane: m for m, ls in enumerate(machine_free) for lane in ls}
-    held: dict[int, list[int]] = {}
-    while True:
-        if widths is not None:
-            for i in _start_wide(ready[_GPU], order, widths, machine_free, held):
-                lane_of[i] = held[i][0]
-                if wide is not None and widths[i] > 1:
-                    wide[i] = list(held[i])
-                start[i] = now
-                heappush(running, (now + hours[i], i))
-                started += 1
-        for pool in (_GPU, _HUMAN) if widths is None else (_HUMAN,):
-            queue = ready[pool]
-            while queue and free_count[pool]:
-                i = order[heappop(queue)]
-                free_count[pool] -= 1
-                if lanes:
-                    lane_of[i] = heappop(free[pool])
-                start[i] = now
-                heappush(running, (now + hours[i], i))
-                started += 1
-        queue = ready[_HOST]
-        while queue:  # host lanes are not scarce
-            i = order[heappop(queue)]
-            if lanes:
-                if free[_HOST]:
-                    lane_of[i] = heappop(free[_HOST])
-                else:
-                    lane_of[i] = host_lanes
-                    host_lanes += 1
-            start[i] = now
-            heappush(running, (now + hours[i], i))
-            started += 1
-        if not running:
-            break
-        now = running[0][0]
-        while running and running[0][0] == now:
-            i = heappop(running)[1]
-            pool = pools[i]
-            if i in held:  # a GPU step while widths are kept: its lanes back to its machine
-                for lane in held.pop(i):
-                    heappush(machine_free[machine_of[lane]], lane)
-            else:
-                if pool != _HOST:
-                    free_count[pool] += 1
-                if lanes:
-                    heappush(free[pool], lane_of[i])
-            for j in dependents[offsets[i] : offsets[i + 1]]:
-                waiting[j] -= 1
-                if waiting[j] == 0:
-                    if keep[j]:
-                        heappush(ready[pools[j]], rank[j])
-                    else:
-                        release(j)
-    assert started == len(kept), "a step never started"
-    span = max((start[i] + hours[i] for i in kept), default=0.0)
-    return start, lane_of, span
-
-
-def _start_wide(
-    queue: list[int],
-    order: list[int],
-    widths: list[int],
-    machine_free: list[list[int]],
-    held: dict[int, list[int]],
-) -> list[int]:
-    """Start the ready GPU steps that find their width of free lanes on one machine, best
-    priority first; a step that does not fit now waits (the others may pass it)."""
-    heappush, heappop = heapq.heappush, heapq.heappop
-    started, waiting = [], []
-    while queue and any(machine_free):
-        r = heappop(queue)
-        i = order[r]
-        w = widths[i]
-        machine = next((m for m in machine_free if len(m) >= w), None)
-        if machine is None:
-            waiting.append(r)
-            continue
-        held[i] = [heappop(machine) for _ in range(w)]
-        started.append(i)
-    for r in waiting:
-        heappush(queue, r)
-    return started
-
-
-def _machines(packages: tuple[ResolvedPackage, ...]) -> list[list[int]]:
-    """The GPU lanes of each machine (one lot), numbered as the planner numbers lanes."""
-    machines: list[list[int]] = []
-    lane = 0
-    for p in packages:
-        for _ in range(p.count):
-            machines.append(list(range(lane, lane + p.gpus_per_lot)))
-            lane += p.gpus_per_lot
-    return machines
-
-
-def _widths(
-    spec: CampaignSpec,
-    names: list[str],
-    runs: list[str | None],
-    resources: list[str | None],
-    packages: tuple[ResolvedPackage, ...],
-) -> list[int]:
-    """GPU lanes each step takes: its run's ``gpus`` for a GPU step, else 1.
-
-    Raises:
-        SpecError: A run needs more GPUs than any one machine (lot) of the spec has.
-    """
-    gpus: dict[str, int] = {}
-    widths = []
-    for run, resource in zip(runs, resources, strict=True):
-        if resource != "gpu" or run is None or spec.control is None:
-            widths.append(1)
-            continue
-        if run not in gpus:
-            try:
-                gpus[run] = spec.run_config(run).gpus
-            except SpecError:
-                gpus[run] = 1  # an unknown run is reported where runs are checked
-        widths.append(gpus[run])
-    largest = max((p.gpus_per_lot for p in packages), default=0)
-    for name, run, width in zip(names, runs, widths, strict=True):
-        if width > largest:
-            lots = " + ".join(
-                f"{p.count} {p.gpu} lot(s) of {p.gpus_per_lot} GPU(s)" for p in packages
-            )
-            raise SpecError(
-                f"calendar step '{name}' runs '{run}' with gpus: {width}: a data-parallel run "
-                f"needs {width} GPUs of ONE machine, and the spec's lots ({lots}) have at most "
-                f"{largest} each. Separate lots are separate machines: GPU memory and NVLink "
-                f"do not span them, so {width} GPUs of different lots cannot run it. Rent a "
-                f"lot with {width} GPUs on one machine (a b200 lot has 2), or set gpus: "
-                f"{largest} for that run.",
-                field="gpus",
-            )
-    return widths
+# --- placing -----------------------------------------------------------------------------
 
 
 def _placed(
@@ -793,7 +456,7 @@ class _FitTest:
         self.limit = ctx.window + EPS
         self.loads = [
             ([h if p == pool else 0.0 for h, p in zip(ctx.hours, ctx.pools, strict=True)], lanes)
-            for pool, lanes in ((_GPU, ctx.gpu_lanes), (_HUMAN, ctx.human_lanes))
+            for pool, lanes in ((GPU_POOL, ctx.gpu_lanes), (HUMAN_POOL, ctx.human_lanes))
             if lanes > 0
         ]
 
@@ -804,7 +467,7 @@ class _FitTest:
         if any(math.fsum(compress(h, keep)) / lanes > margin for h, lanes in self.loads):
             return False
         ctx = self.ctx
-        _, _, span = _list_schedule(
+        _, _, span = list_schedule(
             ctx,
             keep,
             gpu_lanes=ctx.gpu_lanes,

@@ -21,7 +21,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpucampaign.checkpoint.manager import META_FILE, CheckpointManager, step_dirname
+from gpucampaign.checkpoint.layout import META_FILE, step_dirname
+from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.restartcheck.check import verify_restart
 from gpucampaign.restartcheck.compare import RestartReport, compare_states, require_identical

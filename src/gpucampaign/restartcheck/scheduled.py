@@ -21,17 +21,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpucampaign.checkpoint.manager import (
+from gpucampaign.checkpoint.layout import LATEST_FILE, META_FILE, PAYLOAD_FILES, step_dirname
+from gpucampaign.checkpoint.manager import CheckpointManager, LoadedCheckpoint
+from gpucampaign.checkpoint.verify import (
     CHECKSUM_MISMATCH,
-    LATEST_FILE,
-    META_FILE,
     MISSING,
-    PAYLOAD_FILES,
     SHA256_MISMATCH,
     CheckpointInvalid,
-    CheckpointManager,
-    LoadedCheckpoint,
-    step_dirname,
 )
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.folder.layout import CHECKPOINTS_DIR, METRICS_FILE, MODEL_DIR

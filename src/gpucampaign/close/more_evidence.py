@@ -1,0 +1,132 @@
+"""What would settle an inconclusive verdict: more examples or more seeds (whichever source of
+variance dominates first), what the seeds cost, or the per-example scores a gain without an
+interval lacks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpucampaign.close.bootstrap import DOMINATES, Gain, to_resolve
+from gpucampaign.core.text import say_duration, say_number
+from gpucampaign.spec import DecisionRule
+
+
+def missing_interval(rule: DecisionRule, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """What a gain without an interval lacks, and what to add to get one."""
+    why = (
+        f"no per-example {rule.metric} on {rule.report_split}: "
+        f"{entry.get('no_interval') or 'no run has per-example rows'}"
+    )
+    return {
+        "more_examples": None,
+        "more_seeds": None,
+        "seed_hours": None,
+        "missing": "per-example scores",
+        "why": why,
+        "text": (
+            f"Missing: {why}. To get an interval, add to the recipe a score(model, batch) that "
+            f"returns {{'{rule.metric}': one value per example}} (see the README's recipe "
+            "section) and run the campaign again (the edited recipe gives new run IDs)."
+        ),
+    }
+
+
+def to_settle(
+    rule: DecisionRule,
+    chosen: str,
+    *,
+    entry: Mapping[str, Any],
+    seconds: Mapping[str, float | None],
+    lot: Mapping[str, float] | None,
+) -> dict[str, Any]:
+    """How many more examples or seeds would settle an inconclusive verdict, and what the
+    seeds cost: priced from the runs' measured training time (``seconds`` per seed), as GPU
+    time and as the share of the rented lot's price it takes (``lot``: ``usd``, ``gpu_hours``).
+    """
+    if entry.get("n") is None:
+        return missing_interval(rule, entry)
+    seeds = entry.get("seeds") or {}
+    g = Gain(
+        gain=entry["gain"],
+        ci95=tuple(entry["gain_ci95"]),
+        n=entry["n"],
+        replicates=entry["replicates"] or 1,
+        control_seeds=tuple(seeds.get("control", ())),
+        variant_seeds=tuple(seeds.get("variant", ())),
+        seed_var=entry.get("seed_var"),
+        example_var=entry.get("example_var"),
+    )
+    need = to_resolve(g, min_gain=max(rule.min_gain, 1e-12))
+    none = {"seed_s": None, "gpu_hours": None, "usd": None, "lot_share": None}
+    if need["factor"] is None:
+        return {
+            **need,
+            **none,
+            "text": "The gain equals the min gain: no amount of evidence separates them.",
+        }
+    c, v = seconds.get("control"), seconds.get(chosen)
+    priced: dict[str, Any] = dict(none)
+    cost = " (their training time was not measured)"
+    if c is not None and v is not None and need["more_seeds"] is not None:
+        per_seed = c + v
+        gpu_h = need["more_seeds"] * per_seed / 3600
+        priced.update(seed_s=round(per_seed, 9), gpu_hours=round(gpu_h, 12))
+        cost = (
+            f": {need['more_seeds']} x ({c:.3g} s + {v:.3g} s of measured training) = "
+            f"{say_duration(gpu_h)} of GPU time"
+        )
+        if lot and lot.get("gpu_hours"):
+            usd = gpu_h * lot["usd"] / lot["gpu_hours"]
+            share = usd / lot["usd"] if lot["usd"] else 0.0
+            priced.update(usd=round(usd, 12), lot_share=round(share, 12))
+            money = f"{usd:.2f} USD" if usd >= 0.005 else "under 0.01 USD"
+            cost += (
+                f", {money} at the lot's price ({say_number(100 * share, digits=2)}% of the "
+                f"{lot['usd']:.2f} USD for {lot['gpu_hours']:g} GPU hours)"
+            )
+    if need["dominates"] is not None:
+        return {**need, **priced, **_by_source(rule, chosen, need=need, entry=entry, cost=cost)}
+    text = (
+        f"To resolve it: about {need['more_examples']} more {rule.report_split} examples "
+        f"({need['factor']:.2f} x the {g.n} there; labelling them is a human step), or "
+        f"{need['more_seeds']} more seed(s) of both 'control' and '{chosen}'{cost}."
+    )
+    return {**need, **priced, "text": text}
+
+
+def _by_source(
+    rule: DecisionRule, chosen: str, *, need: Mapping[str, Any], entry: Mapping[str, Any], cost: str
+) -> dict[str, str]:
+    """With replicates: which source of variance dominates, and the evidence of that kind
+    first (``text``; ``settle``, the answer's clause)."""
+    rep, dom = rule.report_split, need["dominates"]
+    share = entry.get("seed_share")
+    said = DOMINATES[dom]
+    head = (
+        said[0].upper()
+        + said[1:]
+        + (
+            f" ({say_number(100 * share, digits=2)}% of the gain's variance comes from the seeds)"
+            if share is not None
+            else ""
+        )
+    )
+    seeds = (
+        f"{need['more_seeds']} more seed(s) of both 'control' and '{chosen}'{cost}"
+        if need["more_seeds"] is not None
+        else "more seeds alone cannot settle it (the examples' share of the variance is "
+        "already above what the interval may keep)"
+    )
+    examples = (
+        f"about {need['more_examples']} more {rep} examples (labelling them is a human step)"
+        if need["more_examples"] is not None
+        else f"more {rep} examples alone cannot settle it (the seeds' share of the variance "
+        "is already above what the interval may keep)"
+    )
+    first, second = (seeds, examples) if dom == "seeds" else (examples, seeds)
+    fits = need["more_seeds" if dom == "seeds" else "more_examples"] is not None
+    return {
+        "text": f"{head}. To resolve it: {first}; or {second}.",
+        "settle": f"{said}; {first}" + (" would settle it" if fits else ""),
+    }

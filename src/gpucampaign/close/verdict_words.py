@@ -1,0 +1,108 @@
+"""How a verdict says its numbers: values against the threshold, gains and their intervals
+against the minimum gain, the seeds an interval rests on, and the stops that ended runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from gpucampaign.core.text import say_number
+from gpucampaign.spec import DecisionRule
+
+
+def say_value(x: float, rule: DecisionRule) -> str:
+    """A metric value, with the digits that show how it compares with the threshold."""
+    return say_number(x, against=rule.threshold)
+
+
+def say_gain(x: float, rule: DecisionRule) -> str:
+    """A gain (or an interval's end), with the digits that show how it compares with the
+    minimum gain."""
+    return say_number(x, against=rule.min_gain, signed=True)
+
+
+def seeds_text(entry: Mapping[str, Any]) -> str:
+    """What an interval over seeds rests on: ``3 seeds (0, 1, 2) x 80 examples``; empty
+    without replicates."""
+    seeds = entry.get("seeds")
+    if not seeds:
+        return ""
+
+    def named(ks: Sequence[int | None]) -> str:
+        return "" if None in ks else f" ({', '.join(str(k) for k in ks)})"
+
+    c, v = seeds["control"], seeds["variant"]
+    if seeds["paired"]:
+        on = f"{len(c)} seeds{named(c)}"
+    else:
+        on = (
+            f"{len(c)} control seed(s){named(c)} and {len(v)} variant seed(s){named(v)} "
+            "(resampled apart)"
+        )
+    return f"{on} x {entry['n']} examples"
+
+
+def improves_text(rule: DecisionRule, name: str, entry: Mapping[str, Any], split: str) -> str:
+    """``'b' improves accuracy over the control by +0.05 on test (95% CI [+0.04, +0.06])``;
+    with replicates the interval names its seeds and examples."""
+    better = " (lower is better)" if rule.direction == "minimize" else ""
+    ci = entry.get("gain_ci95")
+    over = f" over {seeds_text(entry)}" if entry.get("seeds") else ""
+    interval = (
+        f"95% CI [{say_gain(ci[0], rule)}, {say_gain(ci[1], rule)}]{over}"
+        if ci is not None
+        else "a point estimate, no interval"
+    )
+    return (
+        f"'{name}' improves {rule.metric}{better} over the control by "
+        f"{say_gain(entry['gain'], rule)} on {split} ({interval})"
+    )
+
+
+def say_metric(x: float | None, rule: DecisionRule, *, status: str = "stopped") -> str:
+    """A metric value, or why the run has none (its status)."""
+    if x is not None:
+        return say_value(x, rule)
+    if status == "dropped":
+        return "dropped at the decision point"
+    if status == "not_run":
+        return "not run"
+    return "stopped (no metric)"
+
+
+def ci_text(entry: Mapping[str, Any], rule: DecisionRule) -> str:
+    """``gain +0.01 [95% CI -0.005, +0.025]``, or the gain alone without an interval."""
+    if entry.get("gain") is None:
+        return "no gain"
+    ci = entry.get("gain_ci95")
+    if ci is None:
+        return f"gain {say_gain(entry['gain'], rule)} (no interval)"
+    low, high = say_gain(ci[0], rule), say_gain(ci[1], rule)
+    seeds = ""
+    if entry.get("seeds"):
+        seeds = f" over {seeds_text(entry)}" + (
+            f", {entry['dominates']} dominate" if entry.get("dominates") else ""
+        )
+    return f"gain {say_gain(entry['gain'], rule)} [95% CI {low}, {high}{seeds}]"
+
+
+def stops_of(run: str, stops: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Stop records of a run, matched by name or by run ID ``<name>-<10 hex>``."""
+    out = []
+    for s in stops:
+        rid = str(s.get("run_id") or "")
+        if s.get("run") == run or (rid and rid.rsplit("-", 1)[0] == run):
+            out.append(s)
+    return out
+
+
+def stop_text(run: str, stops: Iterable[Mapping[str, Any]]) -> str:
+    """Why a run has no metric, from its stop records."""
+    found = stops_of(run, stops)
+    if not found:
+        return f"'{run}' has no metric (no stop recorded)"
+    return "; ".join(
+        f"'{run}' stopped by {s.get('rule', 'stop')} ({s.get('stop_id', '?')}): "
+        f"{s.get('reason', '')}"
+        for s in found
+    )
