@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import gpucampaign.tracking.mlflow as runs  # make_client looked up when called
 from gpucampaign.folder.layout import REPORT_HTML, REPORT_JSON, REPORT_MD
 from gpucampaign.spec import CampaignSpec, SpecError
-from gpucampaign.tracking import mlflow as runs
 from gpucampaign.tracking.mlflow import (
     MAX_VALUE,
     OUTBOX_FILE,
