@@ -8,13 +8,14 @@ import json
 from typing import Any
 
 import pytest
+import torch
 
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.engine import loop, registry
 from gpucampaign.engine.hooks import Hook, HookArgs
 from gpucampaign.engine.registry import register
 from gpucampaign.engine.setup import LiveRun
-from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.folder.metrics import MetricsLog, read_metrics
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401 - a fixture
 
 
@@ -155,3 +156,33 @@ def test_a_factory_that_returns_none_adds_no_hook(tmp_path, digits_file):  # noq
     register(lambda r, args: LossCeiling(r, args) if r.config.lr > 1 else None)  # off here
     spec = make_spec(tmp_path, digits_file)
     assert run(spec, tmp_path).completed
+
+
+def test_the_metrics_log_tells_its_observers_what_it_checks_writes_and_closes(tmp_path):
+    class Watch:
+        def __init__(self) -> None:
+            self.checked: list[int] = []
+            self.written: list[int] = []
+            self.closed = 0
+
+        def check_row(self, row: dict[str, Any]) -> None:
+            self.checked.append(row["step"])
+            if row["loss"] > 1:
+                raise LossAbove("r", "too high", step=row["step"])
+
+        def rows_written(self, rows: list[dict[str, Any]]) -> None:
+            self.written.extend(r["step"] for r in rows)
+
+        def log_closed(self) -> None:
+            self.closed += 1
+
+    watch = Watch()
+    log = MetricsLog(tmp_path / "metrics.jsonl", every=10)
+    log.observe(watch)
+    for step, loss in enumerate([0.5, 0.4, 2.0, 0.3], start=1):
+        log.defer({"kind": "train", "step": step}, loss=torch.tensor(loss))
+    with pytest.raises(LossAbove):
+        log.close()  # the flush checks the waiting rows: the third stops them
+    log.close()  # a second close does nothing
+    assert watch.checked == [1, 2, 3] and watch.written == [1, 2] and watch.closed == 1
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
