@@ -214,7 +214,7 @@ def track_cmd(
     from gpucampaign.core.text import redact_secrets
     from gpucampaign.folder.layout import MANIFEST
     from gpucampaign.storage.status import campaign_folder_spec
-    from gpucampaign.tracking.mlflow import sealed_tracking_uri, track_sealed
+    from gpucampaign.tracking import sealed_tracking_uri, track_sealed
 
     spec = campaign_folder_spec(out)  # exit 2 when it is not a campaign's folder
     if uri is not None:

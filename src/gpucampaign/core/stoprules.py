@@ -1,8 +1,9 @@
 """Stop rules: typed exceptions that carry the rule, the run and a stop ID.
 
-They are raised inside library code and, under Prefect, inside tasks, where they fail the
-task and are never retried. Prefect pickles task exceptions, so every constructor passes
-all its arguments to ``super().__init__``.
+They are raised inside library code (the rules that watch a training call are the loop's
+hooks: ``engine/rules.py``, ``engine/futility.py``) and, under Prefect, inside tasks, where
+they fail the task and are never retried. Prefect pickles task exceptions, so every
+constructor passes all its arguments to ``super().__init__``.
 """
 
 from __future__ import annotations

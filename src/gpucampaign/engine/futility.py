@@ -39,6 +39,7 @@ from gpucampaign.core.files import atomic_write_bytes, json_bytes
 from gpucampaign.core.resample import BOOT_SAMPLES, BOOT_SEED, mean_interval
 from gpucampaign.core.stoprules import Futile
 from gpucampaign.core.text import say_exact, say_number
+from gpucampaign.engine.hooks import Hook, HookArgs
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
 from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun
@@ -240,21 +241,36 @@ def futility_check(
 
 
 # --- during training --------------------------------------------------------------------------
-class Futility:
-    """One training call's part in the futility rule: the control records, a variant checks.
+class Futility(Hook):
+    """One training call's part in the futility rule, a hook: the control records, a variant
+    checks, after each evaluation in the loop.
 
-    Built once per call (``for_run``); ``after_eval`` runs after each evaluation in the loop.
+    Built once per call (``for_run``; as a hook, ``hook``: None when there is nothing to do
+    or say); why a run is not checked is said at the loop's start.
     """
 
     def __init__(self, r: LiveRun, *, role: str, off: str = "") -> None:
+        self.r = r
         self.role = role  # "record", "check" or "off"
         self.off = off
         self._said: set[str] = set()
         rule = r.spec.decision_rule
         self.metric = rule.metric if rule else ""
         self.split = r.spec.selection_split
-        if role == "off" and off:
-            self._say(r, off)
+
+    @classmethod
+    def hook(cls, r: LiveRun, args: HookArgs) -> Futility | None:
+        """The hook of this call (``for_run``), or None when it is off with nothing to say."""
+        f = cls.for_run(r)
+        return None if f.role == "off" and not f.off else f
+
+    def on_start(self) -> None:
+        if self.role == "off" and self.off:
+            self._say(self.r, self.off)
+
+    def after_eval(self, metrics: dict[str, float]) -> None:
+        """Raises: Futile: The variant cannot win (``check``)."""
+        self.check(self.r)
 
     @classmethod
     def for_run(cls, r: LiveRun) -> Futility:
@@ -307,7 +323,7 @@ class Futility:
             return None
         return ids, columns[self.metric]
 
-    def after_eval(self, r: LiveRun) -> None:
+    def check(self, r: LiveRun) -> None:
         """After an evaluation at the current step: record (control) or check (variant).
 
         Raises:

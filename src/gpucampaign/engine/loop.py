@@ -7,19 +7,26 @@ One call of ``train_run``, as pseudocode::
     r.saver = Checkpointer()                      # the policy: fixed, or from measured costs
     pilot already done here?  return it uncompleted
     _open_metrics                                 # the rows after the restored step dropped
+    hooks = open_hooks                            # engine/registry.py: rules, tracker, live view
     resume: inference after a cut?  evaluate, keep that model, raise InterruptedRun
-    TrainingMark.open                             # in_progress.json; an interruption keeps it
+    TrainingMark.open; hooks.on_start             # in_progress.json; an interruption keeps it
     while step < target:                                            # _run_epoch
         batches = r.state.start_epoch(loader)     # the order re-drawn, consumed ones skipped
         for each batch left in the epoch, up to the target:
             _train_step                           # its row waits, the loss on the device
-            evaluate("val") at eval_every, else at the epoch's end
-              the control keeps its per-example scores; a variant that cannot win: Futile
+            evaluate("val") at eval_every, else at the epoch's end; hooks.after_eval
+              (futility: the control keeps its per-example scores; a variant may stop: Futile)
             r.saver.save(step, last_step=step == target)   # the saver decides if it is due
-            live view due?  flush the rows (NonFiniteLoss), progress file and callback
+            hooks.after_step                      # the live view, when due (it flushes rows)
             stop requested?  save this step, wait for it, raise Interrupted
-    r.saver.wait(); step < planned?  return uncompleted (the pilot)
-    _finish                                       # final evals, model/, the floor, result.json
+    r.saver.wait(); hooks.after_train; step < planned?  return uncompleted (the pilot)
+    _finish                                       # final evals, model/, hooks.at_end, result.json
+    finally: metrics.jsonl closes: hooks.on_close # the tracker ends, the live view says stopped
+
+The hooks (``engine/hooks.py``) are the stop rules, the MLflow tracker and the live view: the
+loop calls them at those points and knows none of them by name. Each row written to
+``metrics.jsonl`` goes to them too (``on_rows``), and each ``train`` row is checked by them
+once its loss is fetched, before it is written (``on_train_row``: ``non_finite_loss``).
 
 ``train_run`` is the only entry point. It writes into the run folder ``OUT/runs/<run_id>/``:
 
@@ -49,15 +56,17 @@ Host syncs: a step never waits for the device. Its loss stays there, its ``train
 the ``MetricsLog`` (``defer``) and the waiting losses are fetched in one transfer when a record
 needs them: every ``log_every_steps`` steps, when the live view is due (about twice a second),
 before an evaluation or a checkpoint snapshot, at the end of the call and at a stop request.
-The ``non_finite_loss`` rule checks them there: the stop names the first non-finite step, and
-since a snapshot flushes first, no checkpoint ever holds a step after a non-finite loss.
+The ``non_finite_loss`` rule checks them there (``engine/rules.py``): the stop names the first
+non-finite step, and since a snapshot flushes first, no checkpoint ever holds a step after a
+non-finite loss. A data-parallel run also checks the all-reduced loss of every step in
+``_train_step``, before its backward pass: that check must precede the update on every rank.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,27 +76,25 @@ from gpucampaign.checkpoint.manager import LoadedCheckpoint
 from gpucampaign.checkpoint.trainstate import MODEL
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
 from gpucampaign.core.interrupt import Interrupted
-from gpucampaign.core.stoprules import BelowThreshold, NonFiniteLoss, NoUsableRestart
-from gpucampaign.core.text import say_exact, say_number
+from gpucampaign.core.stoprules import NonFiniteLoss, NoUsableRestart
 from gpucampaign.engine.checkpointer import Checkpointer, SaveFn
-from gpucampaign.engine.futility import Futility
+from gpucampaign.engine.hooks import HookArgs, Hooks, ProgressFn
 from gpucampaign.engine.inference_restart import TrainingMark, find_interruption, restart_inference
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
-from gpucampaign.engine.parts import make_loader, n_train_of, progress_bar, read_params  # noqa: F401
+from gpucampaign.engine.parts import make_loader, n_train_of, read_params  # noqa: F401
 from gpucampaign.engine.ranks import Ranks
+from gpucampaign.engine.registry import build_hooks
+from gpucampaign.engine.rules import quality_stop as _quality_stop  # noqa: F401
 from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun, check_arguments, setup_run
-from gpucampaign.engine.tracked import track_metrics
 from gpucampaign.folder.layout import METRICS_FILE, MODEL_DIR, PARAMS_FILE  # noqa: F401
 from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
-from gpucampaign.folder.progress import ProgressFile, step_rate
 from gpucampaign.folder.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
 from gpucampaign.recipe.contract import call, check_loss
 from gpucampaign.recipe.runtime import batch_len, to_device
 from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import Store
 
-ProgressFn = Callable[[dict[str, Any]], None]
 # Steps whose train rows may wait for one transfer of their losses (a GPU syncs once per flush).
 LOG_EVERY_STEPS = 100
 
@@ -117,8 +124,7 @@ def _restore(r: LiveRun) -> LoadedCheckpoint | None:
 def _open_metrics(r: LiveRun, *, restored: bool, log_every_steps: int = LOG_EVERY_STEPS) -> None:
     """Open ``metrics.jsonl`` for appending, dropping the rows after the restored step."""
     truncate_metrics(r.out_dir / METRICS_FILE, through_step=r.state.global_step)
-    check = _finite_loss(r) if r.spec.stop_rules.non_finite_loss else None
-    r.mlog = MetricsLog(r.out_dir / METRICS_FILE, check=check, every=log_every_steps)
+    r.mlog = MetricsLog(r.out_dir / METRICS_FILE, every=log_every_steps)
     if restored:
         r.mlog.write(
             {
@@ -130,20 +136,17 @@ def _open_metrics(r: LiveRun, *, restored: bool, log_every_steps: int = LOG_EVER
         )
 
 
-def _finite_loss(r: LiveRun) -> Callable[[dict[str, Any]], None]:
-    """The ``non_finite_loss`` check of a ``train`` row, run when its loss is fetched."""
-
-    def check(row: dict[str, Any]) -> None:
-        loss = row.get("loss")
-        if row.get("kind") == "train" and isinstance(loss, float) and not math.isfinite(loss):
-            raise NonFiniteLoss(
-                r.run_id,
-                f"training loss is {loss} at step {row['step']} (epoch {row['epoch']}, "
-                f"lr {row['lr']:g}); the last checkpoint precedes it",
-                step=row["step"],
-            )
-
-    return check
+def open_hooks(
+    r: LiveRun, ck: LoadedCheckpoint | None, *, progress: ProgressFn | None, show_progress: bool
+) -> Hooks:
+    """The call's hooks (``engine/registry.py``), built once ``metrics.jsonl`` is open: they
+    hear its rows from now on, and its close (the end of the call, whatever ends it)."""
+    args = HookArgs(
+        restored_meta=ck.meta if ck is not None else None,
+        progress=progress,
+        show_progress=show_progress,
+    )
+    return build_hooks(r, args)
 
 
 # --- the loop ------------------------------------------------------------------------------------
@@ -196,35 +199,23 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> None:
     r.mlog.defer(row, loss=logged)
 
 
-def _run_epoch(
-    r: LiveRun,
-    *,
-    progress: ProgressFn | None,
-    bar: Any,
-    live: ProgressFile | None = None,
-    futility: Futility | None = None,
-) -> None:
+def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
     """Train the rest of the current epoch, or up to the target step."""
     s = r.state
     batches = s.start_epoch(r.loader)
     every = r.config.eval_every
-    report_every = max(1, r.planned // 50)
     while s.batch_in_epoch < r.steps_per_epoch:
         _train_step(r, batches)
         end_of_epoch = s.batch_in_epoch == r.steps_per_epoch
         step = s.global_step
-        evaluated = None
         if (every and step % every == 0) or (not every and end_of_epoch):
             r.mlog.flush()  # a non-finite loss stops the run before its evaluation
             evaluated = evaluate(r, "val", final=False)
             if evaluated is not None:
                 r.last_eval = (step, evaluated)
-                if futility is not None:  # the control records, a variant may stop: Futile
-                    futility.after_eval(r)
+                hooks.after_eval(evaluated)  # futility: the control records, a variant may stop
         r.saver.save(step, last_step=step == r.target)
-        live_due = live is not None and (evaluated is not None or live.due())
-        if live_due or step == r.target or (progress is not None and step % report_every == 0):
-            _report(r, progress=progress, bar=bar, live=live)
+        hooks.after_step()  # the live view, when due
         if r.dist.stop_requested() is not None:  # agreed by every rank
             _stop_now(r)
         if step >= r.target:
@@ -245,65 +236,14 @@ def _stop_now(r: LiveRun) -> None:
     raise Interrupted(reason, step=step)
 
 
-def _report(
-    r: LiveRun, *, progress: ProgressFn | None, bar: Any, live: ProgressFile | None
-) -> None:
-    """Flush the waiting rows, then show where the run is: the progress bar, the live file
-    and ``progress``. Called when the live view is due (about twice a second, and at an
-    evaluation), every ~2% of the run and at the target, not at every step."""
-    r.mlog.flush()
-    row = r.mlog.last_deferred or {}
-    record = live_record(r, loss=row.get("loss"))
-    if bar is not None:
-        bar.update(bar.task_ids[0], completed=r.state.global_step)
-    if live is not None:
-        live.update(record, force=True)
-    step = r.state.global_step
-    if progress is not None and (step % max(1, r.planned // 50) == 0 or step == r.target):
-        progress(
-            {
-                **record,
-                "epoch": r.state.epoch,
-                "lr": row.get("lr", r.state.optimizer.param_groups[0]["lr"]),
-                "fraction": step / r.planned,
-            }
-        )
-
-
-def live_record(r: LiveRun, *, loss: float | None, state: str = "running") -> dict[str, Any]:
-    """The run's live progress record (``folder/progress.py``): step, loss, the decision
-    metric at the last evaluation, the measured rate and the ETA to this call's target."""
-    step = r.state.global_step
-    rate = step_rate(r.step_times)
-    rule = r.spec.decision_rule
-    metric = rule.metric if rule else None
-    at, values = r.last_eval if r.last_eval is not None else (None, {})
-    value = values.get(metric) if metric else None
-    finite = loss is not None and math.isfinite(loss)
-    return {
-        "run_id": r.run_id,
-        "run": r.run,
-        "phase": "pilot" if r.target < r.planned else "train",
-        "state": state,
-        "step": step,
-        "target_steps": r.target,
-        "planned_steps": r.planned,
-        "loss": loss if finite else None,
-        "metric": metric,
-        "metric_value": value if value is not None and math.isfinite(value) else None,
-        "metric_step": at,
-        "steps_per_s": rate,
-        "eta_s": (r.target - step) / rate if rate else None,
-        "elapsed_s": time.perf_counter() - r.t_call,
-    }
-
-
 # --- the end --------------------------------------------------------------------------------------
-def _finish(r: LiveRun, *, train_s: float) -> RunResult:
-    """Final evaluation, the model folder, the quality floor, then ``result.json``.
+def _finish(r: LiveRun, hooks: Hooks, *, train_s: float) -> RunResult:
+    """Final evaluation, the model folder, the hooks' ``at_end`` (the quality floor), then
+    ``result.json``.
 
     Raises:
-        BelowThreshold: The final metric misses the floor (after everything is written).
+        StopRule: The first stop ``at_end`` returned, after everything is written
+            (``BelowThreshold``: the final metric misses the floor).
     """
     if not r.dist.is_main:  # data-parallel: rank 0 evaluates, writes the model and the result
         return run_result(r, completed=True, train_s=train_s)
@@ -316,7 +256,7 @@ def _finish(r: LiveRun, *, train_s: float) -> RunResult:
     save_model(r, metrics)
     # The floor is a decision, so it reads the selection split: the report split decides nothing.
     selected = eval_metrics.get(r.spec.selection_split, metrics)
-    stop = _quality_stop(r.spec, r.run_id, selected, step=step)
+    stop = hooks.at_end(selected)
     res = run_result(
         r,
         completed=True,
@@ -330,31 +270,6 @@ def _finish(r: LiveRun, *, train_s: float) -> RunResult:
     if stop is not None:
         raise stop
     return res
-
-
-def _quality_stop(
-    spec: CampaignSpec, run_id: str, metrics: dict[str, float], *, step: int
-) -> BelowThreshold | None:
-    """The stop when the decision metric misses the quality floor, when that rule is on."""
-    rule = spec.decision_rule
-    if rule is None or not spec.stop_rules.below_threshold:
-        return None
-    floor = (
-        spec.stop_rules.quality_floor
-        if spec.stop_rules.quality_floor is not None
-        else rule.threshold
-    )
-    value = metrics.get(rule.metric, math.nan)
-    meets = value >= floor if rule.direction == "maximize" else value <= floor
-    if meets:
-        return None
-    side = "below the floor" if rule.direction == "maximize" else "above the ceiling"
-    return BelowThreshold(
-        run_id,
-        f"final {rule.metric} on {rule.select_split} is {say_number(value, against=floor)}, "
-        f"{side} {say_exact(floor)}",
-        step=step,
-    )
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -461,39 +376,32 @@ def train_run(
         out_dir, resume=r.config.resume, checkpoint_step=r.resumed_from, planned_steps=r.planned
     )
     _open_metrics(r, restored=ck is not None, log_every_steps=log_every_steps)
-    track_metrics(r, ck)  # MLflow, when tracking is on (engine/tracked.py)
+    hooks = open_hooks(r, ck, progress=progress, show_progress=show_progress)
     if cut is not None:  # resume: inference
         restart_inference(r, cut)
-    return _train(r, progress=progress, show_progress=show_progress)
+    return _train(r, hooks)
 
 
-def _train(r: LiveRun, *, progress: ProgressFn | None, show_progress: bool) -> RunResult:
+def _train(r: LiveRun, hooks: Hooks) -> RunResult:
     """Run the loop up to the target step; finish the run when that is its last step."""
     s = r.state
     mark = TrainingMark.open(r.out_dir, run_id=r.run_id, from_step=s.global_step, target=r.target)
-    bar = progress_bar(show_progress, r.run_id, r.planned, s.global_step)
-    live = ProgressFile(r.out_dir)
-    live.update(live_record(r, loss=None), force=True)
-    futility = Futility.for_run(r)
     t_loop = time.perf_counter()
     try:
+        hooks.on_start()
         while s.global_step < r.target:
-            _run_epoch(r, progress=progress, bar=bar, live=live, futility=futility)
+            _run_epoch(r, hooks)
         r.saver.wait()  # the last save of this call is durable before it returns
-        live.update(live_record(r, loss=live.record.get("loss"), state="done"), force=True)
+        hooks.after_train()
         train_s = time.perf_counter() - t_loop
         if s.global_step < r.planned:
             return run_result(r, completed=False, train_s=train_s)
-        return _finish(r, train_s=train_s)
+        return _finish(r, hooks, train_s=train_s)
     finally:
         try:
-            # The rows of the steps applied; a non-finite loss among them is the first fault.
+            # The rows of the steps applied (a non-finite loss among them is the first fault),
+            # then every hook's on_close: the tracker ends its run, the live view says stopped.
             r.mlog.close()
         finally:
-            if live.record.get("state") != "done":  # a stop rule, an interruption, an error
-                record = live_record(r, loss=live.record.get("loss"), state="stopped")
-                live.update(record, force=True)
             mark.close()  # kept only when a stop request interrupts the call
             r.saver.close()
-            if bar is not None:
-                bar.stop()

@@ -10,7 +10,7 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -19,6 +19,20 @@ import torch.nn.functional as F
 from gpucampaign.core.files import jsonl_line, read_jsonl, write_jsonl
 
 EVAL_BATCH = 4096
+
+
+class LogObserver(Protocol):
+    """What a ``MetricsLog`` tells the objects that watch it (``MetricsLog.observe``)."""
+
+    def check_row(self, row: dict[str, Any]) -> None:
+        """A deferred row, its values fetched, before it is written; raising drops it and the
+        rows after it (the rows before it are written)."""
+
+    def rows_written(self, rows: list[dict[str, Any]]) -> None:
+        """Rows just written to the file, in order (every row goes through here)."""
+
+    def log_closed(self) -> None:
+        """The log was closed (after its last rows were written, or the flush raised)."""
 
 
 class MetricsLog:
@@ -35,6 +49,9 @@ class MetricsLog:
         check: Called with each deferred row once its values are fetched, before it is written;
             when it raises, the rows before it are written, it and the rest are dropped.
         every: Flush once this many rows wait.
+
+    ``observe`` adds an observer (``LogObserver``): it checks each deferred row after ``check``,
+    sees every row written and hears the close.
     """
 
     def __init__(
@@ -46,6 +63,11 @@ class MetricsLog:
         self._every = max(1, every)
         self._waiting: list[tuple[dict[str, Any], dict[str, torch.Tensor]]] = []
         self.last_deferred: dict[str, Any] | None = None  # the last deferred row written
+        self._observers: list[LogObserver] = []
+
+    def observe(self, observer: LogObserver) -> None:
+        """Tell ``observer`` of the rows checked and written from now on, and of the close."""
+        self._observers.append(observer)
 
     def defer(self, row: dict[str, Any], **values: torch.Tensor) -> None:
         """Queue ``row``; each of ``values`` (a scalar tensor, detached here) becomes its field
@@ -69,11 +91,13 @@ class MetricsLog:
         rows = [{**row, **{k: next(fetched) for k in values}} for row, values in waiting]
         good = rows
         try:
-            if self._check is not None:
-                for i, row in enumerate(rows):
-                    good = rows[:i]
+            for i, row in enumerate(rows):
+                good = rows[:i]
+                if self._check is not None:
                     self._check(row)
-                good = rows
+                for observer in self._observers:
+                    observer.check_row(row)
+            good = rows
         finally:
             self._write(good)
             if good:
@@ -89,6 +113,8 @@ class MetricsLog:
         if rows:
             self._f.write("".join(jsonl_line(r) for r in rows))
             self._f.flush()
+            for observer in self._observers:
+                observer.rows_written(rows)
 
     def sync(self) -> None:
         """Make every row given so far durable (the deferred ones flushed first)."""
@@ -96,11 +122,16 @@ class MetricsLog:
         os.fsync(self._f.fileno())
 
     def close(self) -> None:
-        """Flush the deferred rows and close the file (closed even when the flush raises)."""
+        """Flush the deferred rows and close the file (closed even when the flush raises), then
+        tell the observers; a second call does nothing."""
+        if self._f.closed:
+            return
         try:
             self.flush()
         finally:
             self._f.close()
+            for observer in self._observers:
+                observer.log_closed()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

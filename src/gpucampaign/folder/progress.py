@@ -1,9 +1,10 @@
 """The live progress of a training call: ``runs/<run_id>/progress.json``.
 
-The training loop rewrites it about once a second (``ProgressFile``); anything that can read
-the output folder renders it: ``campaign run`` in its own terminal, ``campaign watch OUT``
-from another one or another machine with the folder. One JSON object, replaced atomically
-(a temp name, then a rename: a reader never sees half of it), never part of the manifest.
+The training loop's live view hook (``engine/live.py``) rewrites it about once a second
+(``ProgressFile``); anything that can read the output folder renders it: ``campaign run`` in
+its own terminal, ``campaign watch OUT`` from another one or another machine with the folder.
+One JSON object, replaced atomically (a temp name, then a rename: a reader never sees half of
+it), never part of the manifest.
 
 Fields: ``run_id``, ``run``, ``phase`` (``pilot`` when the call stops before its planned
 steps, else ``train``), ``step``, ``target_steps``, ``planned_steps``, ``loss``, ``metric``

@@ -1,15 +1,16 @@
-"""Experiment tracking, optional and off by default: MLflow (``tracking/mlflow.py``).
+"""Experiment tracking, optional and off by default: MLflow. ``mlflow.py``: the MLflow run of
+each campaign run (``RunTracker``, fed by the training loop's tracker hook, ``engine/tracked.py``);
+``campaign.py``: the campaign's parent run at the close.
 
 mlflow itself is imported only when tracking is on (the ``tracking`` extra installs it).
 """
 
+from gpucampaign.tracking.campaign import sealed_tracking_uri, track_close, track_sealed
 from gpucampaign.tracking.mlflow import (
     META_KEY,
     OUTBOX_FILE,
     STATE_FILE,
     RunTracker,
-    track_close,
-    track_sealed,
     tracking_note,
     tracking_uri,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "OUTBOX_FILE",
     "STATE_FILE",
     "RunTracker",
+    "sealed_tracking_uri",
     "track_close",
     "track_sealed",
     "tracking_note",

@@ -7,22 +7,23 @@ train runs that are not the campaign's).
 What: one MLflow experiment per campaign (``tracking.mlflow.experiment``, else the campaign's
 name); in it one parent run per campaign (run name and tag ``gpucampaign.campaign_id``; the
 verdict and the budget as tags, the report and the figures as artifacts, at the close:
-``track_close``) and one child run per campaign run (run name = run ID, tags ``gpucampaign.
-run_id`` and ``gpucampaign.config_sha256``; params: the run config and the factors it changes
-from the control; metrics by step: ``train/loss``, ``train/lr``, ``<split>/<metric>`` at every
-evaluation, ``final/<split>/<metric>`` at the end, ``checkpoint/save_s``).
+``track_close`` in ``campaign.py``) and one child run per campaign run (run name = run ID, tags
+``gpucampaign.run_id`` and ``gpucampaign.config_sha256``; params: the run config and the
+factors it changes from the control; metrics by step: ``train/loss``, ``train/lr``,
+``<split>/<metric>`` at every evaluation, ``final/<split>/<metric>`` at the end,
+``checkpoint/save_s``).
 
-How (``RunTracker``): the training thread only queues the metrics of each ``metrics.jsonl`` row;
-a sender thread appends them to the run folder's outbox (``mlflow-outbox.jsonl``) and sends
-them with ``MlflowClient.log_batch`` every few seconds and at each evaluation and checkpoint.
-A server that does not answer costs one warning: the metrics stay in the outbox and go at the
-next flush that gets through (a later start of the run, or the campaign's close, sends what an
-earlier one left; after a close the server missed, ``campaign track OUT``: ``track_sealed``,
-which reads the sealed folder and writes nothing into it). ``mlflow.json`` in the run folder
-keeps the MLflow run ID and, per metric, the last step sent; the MLflow run ID is also put in
-every checkpoint's meta (``META_KEY``), so a resume, on another host too, continues the same
-MLflow run (whose metric history then tells what was sent). A (metric, step) is sent once: a
-step retrained after a resume is not logged again.
+How (``RunTracker``, fed by the loop's tracker hook): the training thread only queues the
+metrics of each ``metrics.jsonl`` row; a sender thread appends them to the run folder's outbox
+(``mlflow-outbox.jsonl``) and sends them with ``MlflowClient.log_batch`` every few seconds and
+at each evaluation and checkpoint. A server that does not answer costs one warning: the metrics
+stay in the outbox and go at the next flush that gets through (a later start of the run, or the
+campaign's close, sends what an earlier one left; after a close the server missed, ``campaign
+track OUT``: ``track_sealed``, which reads the sealed folder and writes nothing into it; both in
+``campaign.py``). ``mlflow.json`` in the run folder keeps the MLflow run ID and, per metric, the
+last step sent; the MLflow run ID is also put in every checkpoint's meta (``META_KEY``), so a
+resume, on another host too, continues the same MLflow run (whose metric history then tells what
+was sent). A (metric, step) is sent once: a step retrained after a resume is not logged again.
 
 The client is ``MlflowClient`` (several runs share a process: no fluent global run). Credentials
 never go in the spec, params or tags: MLflow reads them from its own environment variables.
@@ -41,13 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
-from gpucampaign.folder.layout import (
-    MLFLOW_OUTBOX_FILE,
-    MLFLOW_STATE_FILE,
-    REPORT_HTML,
-    REPORT_JSON,
-    REPORT_MD,
-)
+from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 
 log = logging.getLogger(__name__)
@@ -564,223 +559,6 @@ def ensure_parent(client: Any, experiment_id: str, campaign_id: str) -> str:
     if first != mine:
         client.delete_run(mine)
     return str(first)
-
-
-def replay(folder: Path, *, client: Any, uri: str, sealed: bool = False) -> dict[str, Any] | None:
-    """Send what a run folder's outbox still holds and end its MLflow run as recorded (the
-    close's catch-up after a server outage); None when the folder was never tracked or is done.
-    ``sealed``: read the folder only (``RunTracker``'s ``sealed``).
-    """
-    try:
-        state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if state.get("ended") and not (folder / OUTBOX_FILE).exists():
-        return None
-    t = RunTracker(
-        client=client,
-        uri=uri,
-        experiment=str(state["experiment"]),
-        campaign_id=str(state["campaign_id"]),
-        run_folder=folder,
-        run_id=str(state["run_id"]),
-        tags=state.get("tags") or {},
-        params=state.get("params") or {},
-        sealed=sealed,
-    )
-    t.status = t.status or "FINISHED"
-    ok = t.flush(final=True)
-    return {"run_id": t.run_id, "sent": t.sent_count, "ok": ok, "error": t.error}
-
-
-def track_close(
-    spec: CampaignSpec,
-    *,
-    root: str | Path,
-    campaign_id: str,
-    verdict: Mapping[str, Any],
-    budget: Mapping[str, Any],
-    files: Iterable[str],
-    client: Any = None,
-) -> str | None:
-    """At the close: send what run outboxes still hold, then put the verdict and the budget as
-    tags on the campaign's parent run and the report and figures as its artifacts.
-
-    Never raises for the server: a failure is the line returned.
-
-    Args:
-        spec: The campaign.
-        root: Its output folder.
-        campaign_id: Its ID.
-        verdict: ``Verdict.to_dict()``.
-        budget: The closing budget.
-        files: Paths relative to ``root`` to log as artifacts (absent ones are skipped).
-        client: An ``MlflowClient`` (made from the spec's URI when None).
-
-    Returns:
-        One line saying what was tracked, or why not; None when tracking is off.
-    """
-    uri = tracking_uri(spec)
-    if uri is None:
-        return None
-    line, _ = _track_close(
-        spec,
-        uri=uri,
-        root=Path(root),
-        campaign_id=campaign_id,
-        verdict=verdict,
-        budget=budget,
-        files=files,
-        client=client,
-        sealed=False,
-    )
-    return line
-
-
-def track_sealed(
-    spec: CampaignSpec,
-    *,
-    root: str | Path,
-    manifest: Mapping[str, Any],
-    uri: str | None = None,
-    client: Any = None,
-) -> tuple[str, bool]:
-    """The close's tracking, later (``campaign track OUT``): for a sealed folder whose close the
-    tracking server missed, send what the runs' outboxes hold, end their MLflow runs as
-    recorded, and tag the parent run with the verdict and budget the manifest sealed, with the
-    report and figures as its artifacts (``track_close``'s work). Nothing is written into the
-    folder, and only the (metric, step) pairs the server lacks are sent: running it again sends
-    nothing twice. The caller checks the folder against its manifest first.
-
-    Args:
-        spec: The campaign (the folder's ``spec.yaml``).
-        root: The sealed output folder.
-        manifest: Its ``manifest.json``.
-        uri: The tracking server; None: the spec's, else ``MLFLOW_TRACKING_URI``.
-        client: An ``MlflowClient`` (made from the URI when None).
-
-    Returns:
-        ``(line, done)``: what was tracked or why not, and whether everything was sent.
-
-    Raises:
-        SpecError: No tracking server is named, or no run of the folder was tracked.
-    """
-    root = Path(root)
-    uri = sealed_tracking_uri(spec, root=root, uri=uri)
-    files = [
-        str(f["path"])
-        for f in manifest.get("files") or []
-        if f.get("path") in _CLOSE_ARTIFACTS or str(f.get("path", "")).startswith("figures/")
-    ]
-    return _track_close(
-        spec,
-        uri=uri,
-        root=root,
-        campaign_id=str(manifest.get("campaign_id") or campaign_id_of(root, spec)),
-        verdict=manifest.get("verdict") or {},
-        budget=manifest.get("budget") or {},
-        files=files,
-        client=client,
-        sealed=True,
-    )
-
-
-def sealed_tracking_uri(spec: CampaignSpec, *, root: str | Path, uri: str | None = None) -> str:
-    """The tracking server that ``track_sealed`` sends a folder's kept metrics to: ``uri``,
-    else the spec's, else ``MLFLOW_TRACKING_URI``.
-
-    Raises:
-        SpecError: No tracking server is named, or no run of the folder was tracked.
-    """
-    root = Path(root)
-    found = uri or tracking_uri(spec)
-    if found is None:
-        raise SpecError(
-            f"no MLflow tracking server for '{root}': its spec has no tracking.mlflow.uri and "
-            "MLFLOW_TRACKING_URI is not set (or GPUCAMPAIGN_TRACKING=off); set "
-            "MLFLOW_TRACKING_URI or give --uri.",
-            field="tracking.mlflow.uri",
-        )
-    if not any((root / "runs").glob(f"*/{STATE_FILE}")):
-        raise SpecError(
-            f"no run of '{root}' was tracked (no runs/*/{STATE_FILE}): the campaign ran with "
-            "tracking off, so nothing was kept to send.",
-            field="OUT",
-        )
-    return found
-
-
-_CLOSE_ARTIFACTS = (REPORT_MD, REPORT_HTML, REPORT_JSON)  # with figures/*: the close's
-
-
-def _track_close(
-    spec: CampaignSpec,
-    *,
-    uri: str,
-    root: Path,
-    campaign_id: str,
-    verdict: Mapping[str, Any],
-    budget: Mapping[str, Any],
-    files: Iterable[str],
-    client: Any,
-    sealed: bool,
-) -> tuple[str, bool]:
-    """``track_close``'s work on ``uri``; ``sealed``: the folder is read only."""
-    try:
-        client = client if client is not None else make_client(uri)
-        replays = [
-            r
-            for d in sorted((root / "runs").glob("*/"))
-            if (r := replay(d, client=client, uri=uri, sealed=sealed)) is not None
-        ]
-        exp = ensure_experiment(client, experiment_name(spec))
-        parent = ensure_parent(client, exp, campaign_id)
-        from mlflow.entities import RunTag
-
-        tags = {
-            f"{TAG}verdict": verdict.get("kind"),
-            f"{TAG}verdict.run": verdict.get("run"),
-            f"{TAG}verdict.answer": verdict.get("answer"),
-            f"{TAG}verdict.text": verdict.get("text"),
-            f"{TAG}question": spec.question,
-            **{
-                f"{TAG}budget.{k}": v
-                for k, v in budget.items()
-                if isinstance(v, str | int | float) and not isinstance(v, bool)
-            },
-        }
-        client.log_batch(
-            parent,
-            tags=[RunTag(k, str(v)[:MAX_VALUE]) for k, v in tags.items() if v not in (None, "")],
-        )
-        logged = []
-        for rel in files:
-            path = root / rel
-            if path.is_file():
-                parent_dir = str(Path(rel).parent)
-                client.log_artifact(parent, str(path), None if parent_dir == "." else parent_dir)
-                logged.append(rel)
-        client.set_terminated(parent, status="FINISHED")
-    except SpecError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the close goes on without the tracking server
-        return (
-            f"MLflow: tracking server {uri} did not answer"
-            f"{'' if sealed else ' at the close'} ({short_error(exc)}); the verdict and "
-            "report are not in "
-            "MLflow, metrics not sent stay in runs/*/" + OUTBOX_FILE
-        ), False
-    late = sum(r["sent"] for r in replays)
-    failed = [r["run_id"] for r in replays if not r["ok"]]
-    line = (
-        f"MLflow: campaign {campaign_id} tracked at {uri}, experiment '{experiment_name(spec)}',"
-        f" parent run {parent}: verdict and budget tags, {len(logged)} artifacts"
-    )
-    if late:
-        line += f"; {late} metric values sent late (kept while the server was down)"
-    if failed:
-        line += f"; still unsent: {', '.join(failed)} (kept in their {OUTBOX_FILE})"
-    return line, not failed
 
 
 def tracking_note(run_folder: Path) -> str | None:

@@ -1,0 +1,120 @@
+"""The live view of a training call, as a hook (``engine/hooks.py``): ``progress.json``
+(``folder/progress.py``), the call's ``progress`` callback and the progress bar.
+
+A step never waits for it: at each step it asks whether the file is due (about twice a second)
+and builds a record only then, after an evaluation, every ~2% of the run when there is a
+``progress`` callback, and at the target. The record's state is ``running``, ``done`` once the
+call reached its target, ``stopped`` when anything else ended it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from gpucampaign.engine.hooks import Hook, HookArgs
+from gpucampaign.engine.parts import progress_bar
+from gpucampaign.engine.setup import LiveRun
+from gpucampaign.folder.progress import ProgressFile, step_rate
+
+
+class LiveView(Hook):
+    """Writes the live record, moves the bar, calls ``progress``."""
+
+    def __init__(self, r: LiveRun, args: HookArgs) -> None:
+        self.r = r
+        self.progress = args.progress
+        self.show_progress = args.show_progress
+        self.every = max(1, r.planned // 50)  # the progress callback's steps: ~2% of the run
+        self.file: ProgressFile | None = None  # from the loop's start
+        self.bar: Any = None
+        self._evaluated = False
+
+    @classmethod
+    def for_run(cls, r: LiveRun, args: HookArgs) -> LiveView:
+        """Every call has a live view."""
+        return cls(r, args)
+
+    def on_start(self) -> None:
+        r = self.r
+        self.bar = progress_bar(self.show_progress, r.run_id, r.planned, r.state.global_step)
+        self.file = ProgressFile(r.out_dir)
+        self.file.update(live_record(r, loss=None), force=True)
+
+    def after_eval(self, metrics: dict[str, float]) -> None:
+        self._evaluated = True  # shown after this step's save
+
+    def after_step(self) -> None:
+        assert self.file is not None  # on_start came first
+        step = self.r.state.global_step
+        due = self._evaluated or self.file.due()
+        self._evaluated = False
+        if due or step == self.r.target or (self.progress is not None and step % self.every == 0):
+            self.report()
+
+    def report(self) -> None:
+        """Flush the waiting rows, then show where the run is: the bar, the live file and
+        ``progress`` (every ~2% of the run and at the target)."""
+        r = self.r
+        assert self.file is not None
+        r.mlog.flush()
+        row = r.mlog.last_deferred or {}
+        record = live_record(r, loss=row.get("loss"))
+        if self.bar is not None:
+            self.bar.update(self.bar.task_ids[0], completed=r.state.global_step)
+        self.file.update(record, force=True)
+        step = r.state.global_step
+        if self.progress is not None and (step % self.every == 0 or step == r.target):
+            self.progress(
+                {
+                    **record,
+                    "epoch": r.state.epoch,
+                    "lr": row.get("lr", r.state.optimizer.param_groups[0]["lr"]),
+                    "fraction": step / r.planned,
+                }
+            )
+
+    def after_train(self) -> None:
+        self._state("done")
+
+    def on_close(self) -> None:
+        try:
+            if self.file is not None and self.file.record.get("state") != "done":
+                self._state("stopped")  # a stop rule, an interruption, an error
+        finally:
+            if self.bar is not None:
+                self.bar.stop()
+
+    def _state(self, state: str) -> None:
+        assert self.file is not None
+        record = live_record(self.r, loss=self.file.record.get("loss"), state=state)
+        self.file.update(record, force=True)
+
+
+def live_record(r: LiveRun, *, loss: float | None, state: str = "running") -> dict[str, Any]:
+    """The run's live progress record (``folder/progress.py``): step, loss, the decision
+    metric at the last evaluation, the measured rate and the ETA to this call's target."""
+    step = r.state.global_step
+    rate = step_rate(r.step_times)
+    rule = r.spec.decision_rule
+    metric = rule.metric if rule else None
+    at, values = r.last_eval if r.last_eval is not None else (None, {})
+    value = values.get(metric) if metric else None
+    finite = loss is not None and math.isfinite(loss)
+    return {
+        "run_id": r.run_id,
+        "run": r.run,
+        "phase": "pilot" if r.target < r.planned else "train",
+        "state": state,
+        "step": step,
+        "target_steps": r.target,
+        "planned_steps": r.planned,
+        "loss": loss if finite else None,
+        "metric": metric,
+        "metric_value": value if value is not None and math.isfinite(value) else None,
+        "metric_step": at,
+        "steps_per_s": rate,
+        "eta_s": (r.target - step) / rate if rate else None,
+        "elapsed_s": time.perf_counter() - r.t_call,
+    }

@@ -1,0 +1,38 @@
+"""The registry of the loop's hooks: every factory here builds its hook for each training call.
+
+A factory (``HookFactory``) takes the run and the call's ``HookArgs`` and returns its hook, or
+None when its rule is off for this run; the hooks are called in this order. Adding a stop rule
+is one ``Hook`` class and one line here (``register`` from elsewhere, e.g. a test); the loop
+does not change. ``ARCHITECTURE.md`` walks through an example.
+"""
+
+from __future__ import annotations
+
+from gpucampaign.engine.futility import Futility
+from gpucampaign.engine.hooks import HookArgs, HookFactory, Hooks
+from gpucampaign.engine.live import LiveView
+from gpucampaign.engine.rules import NonFiniteLossRule, QualityFloor
+from gpucampaign.engine.setup import LiveRun
+from gpucampaign.engine.tracked import Tracker
+
+HOOKS: list[HookFactory] = [
+    NonFiniteLossRule.for_run,  # stop_rules.non_finite_loss
+    QualityFloor.for_run,  # stop_rules.below_threshold
+    Futility.hook,  # stop_rules.futility
+    Tracker.for_run,  # tracking.mlflow (or MLFLOW_TRACKING_URI)
+    LiveView.for_run,  # progress.json, the progress callback, the bar
+]
+
+
+def register(factory: HookFactory) -> HookFactory:
+    """Add ``factory`` to the registry (its hooks come after the others); returns it, so it
+    can decorate."""
+    HOOKS.append(factory)
+    return factory
+
+
+def build_hooks(r: LiveRun, args: HookArgs) -> Hooks:
+    """The hooks of one training call, in the registry's order; they observe ``r.mlog``."""
+    hooks = Hooks(h for factory in HOOKS if (h := factory(r, args)) is not None)
+    r.mlog.observe(hooks)
+    return hooks
