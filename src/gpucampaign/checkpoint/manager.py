@@ -63,17 +63,25 @@ from gpucampaign.core.files import (
     fsync_dir,
     map_checked,
 )
+from gpucampaign.folder.layout import (
+    CHECKPOINT_LATEST,
+    CHECKPOINT_META,
+    CHECKPOINT_STATE,
+    CHECKPOINT_STEP_PREFIX,
+    WEIGHTS_FILE,
+    checkpoint_step_dir,
+)
 from gpucampaign.storage import ContentMismatch, NotFound, StorageError, Store
 
 log = logging.getLogger(__name__)
 
 FORMAT = "gpucampaign-checkpoint/1"
-MODEL_FILE = "model.safetensors"
-STATE_FILE = "state.pt"
-META_FILE = "meta.json"
-LATEST_FILE = "LATEST"
+MODEL_FILE = WEIGHTS_FILE
+STATE_FILE = CHECKPOINT_STATE
+META_FILE = CHECKPOINT_META
+LATEST_FILE = CHECKPOINT_LATEST
 PAYLOAD_FILES: tuple[str, ...] = (MODEL_FILE, STATE_FILE)
-_STEP_DIR = re.compile(r"^step-(\d{9})$")
+_STEP_DIR = re.compile(rf"^{CHECKPOINT_STEP_PREFIX}(\d{{9}})$")
 
 
 #: What was wrong with a refused checkpoint (``CheckpointInvalid.kind``).
@@ -114,7 +122,7 @@ class CheckpointInvalid(Exception):
 
 def step_dirname(step: int) -> str:
     """``step-000000020``: sorts by step as text."""
-    return f"step-{step:09d}"
+    return checkpoint_step_dir(step)
 
 
 # --- writing and reading one checkpoint's files -----------------------------------

@@ -42,19 +42,22 @@ from typing import Any
 
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
 from gpucampaign.folder.layout import (
+    FIGURES_DIR,
     MLFLOW_OUTBOX_FILE,
     MLFLOW_STATE_FILE,
     REPORT_HTML,
     REPORT_JSON,
     REPORT_MD,
+    RUNS_DIR,
+    run_id_of,
 )
+from gpucampaign.folder.records import read_campaign_id
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = MLFLOW_STATE_FILE
 OUTBOX_FILE = MLFLOW_OUTBOX_FILE
-CAMPAIGN_FILE = "campaign.json"  # written by the campaign flow at its first start
 META_KEY = "mlflow_run_id"  # in every checkpoint's meta.json
 OFF_ENV = "GPUCAMPAIGN_TRACKING"
 TAG = "gpucampaign."
@@ -124,10 +127,7 @@ def make_client(uri: str) -> Any:
 
 def campaign_id_of(root: Path, spec: CampaignSpec) -> str:
     """The campaign ID of output folder ``root`` (``campaign.json``), else the spec's name."""
-    try:
-        return str(json.loads((root / CAMPAIGN_FILE).read_text(encoding="utf-8"))["campaign_id"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return spec.name
+    return read_campaign_id(root) or spec.name
 
 
 def row_records(row: Mapping[str, Any], *, ts: int) -> list[Record]:
@@ -272,7 +272,7 @@ class RunTracker:
             return None
         client = client if client is not None else make_client(uri)
         out_dir = Path(out_dir)
-        root = out_dir.parent.parent if out_dir.parent.name == "runs" else out_dir
+        root = out_dir.parent.parent if run_id_of(out_dir) is not None else out_dir
         tags, params = run_identity(spec, run)
         known = (restored_meta or {}).get(META_KEY)
         t = cls(
@@ -670,7 +670,7 @@ def track_sealed(
     files = [
         str(f["path"])
         for f in manifest.get("files") or []
-        if f.get("path") in _CLOSE_ARTIFACTS or str(f.get("path", "")).startswith("figures/")
+        if f.get("path") in _CLOSE_ARTIFACTS or str(f.get("path", "")).startswith(f"{FIGURES_DIR}/")
     ]
     return _track_close(
         spec,
@@ -701,7 +701,7 @@ def sealed_tracking_uri(spec: CampaignSpec, *, root: str | Path, uri: str | None
             "MLFLOW_TRACKING_URI or give --uri.",
             field="tracking.mlflow.uri",
         )
-    if not any((root / "runs").glob(f"*/{STATE_FILE}")):
+    if not any((root / RUNS_DIR).glob(f"*/{STATE_FILE}")):
         raise SpecError(
             f"no run of '{root}' was tracked (no runs/*/{STATE_FILE}): the campaign ran with "
             "tracking off, so nothing was kept to send.",
@@ -730,7 +730,7 @@ def _track_close(
         client = client if client is not None else make_client(uri)
         replays = [
             r
-            for d in sorted((root / "runs").glob("*/"))
+            for d in sorted((root / RUNS_DIR).glob("*/"))
             if (r := replay(d, client=client, uri=uri, sealed=sealed)) is not None
         ]
         exp = ensure_experiment(client, experiment_name(spec))
