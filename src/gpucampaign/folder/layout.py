@@ -139,8 +139,6 @@ def scores_file(split: str) -> str:
 
 
 EVAL_SCORES_DIR = "evals"  # runs/<run_id>/evals/scores-<step>.npz: the control's, per evaluation
-
-
 EVAL_SCORES_GLOB = f"{SCORES_PREFIX}*.npz"  # in EVAL_SCORES_DIR: every evaluation's file
 
 
