@@ -11,6 +11,8 @@ from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 
+from gpucampaign.folder.layout import SPEC_COPY
+
 CAMPAIGN_TAG = "campaign:{name}"
 
 
@@ -22,7 +24,7 @@ def spec_name(spec: Any, *, out: str | None = None) -> str:
         return name
     candidates = [Path(spec)] if isinstance(spec, str | Path) else []
     if out:
-        candidates.append(Path(out) / "spec.yaml")
+        candidates.append(Path(out) / SPEC_COPY)
     for path in candidates:
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8")[:1_000_000])

@@ -6,7 +6,6 @@ Run it with ``campaign run SPEC`` (embedded Prefect) or ``prefect deployment run
 from __future__ import annotations
 
 import signal
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +22,13 @@ from gpucampaign.core.interrupt import Interrupted, graceful_signals, handled_ou
 from gpucampaign.core.stoprules import StopRule, stops_the_campaign
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.lock import writer_lock
-from gpucampaign.folder.records import read_pilot, run_states, runs_with_model, write_pilot
+from gpucampaign.folder.records import (
+    fix_campaign_id,
+    read_pilot,
+    run_states,
+    runs_with_model,
+    write_pilot,
+)
 from gpucampaign.plan import calendar
 from gpucampaign.plan.decision import Decision
 from gpucampaign.plan.tariffs import load_catalog
@@ -383,12 +388,4 @@ def _submit_in_lanes(
 
 def _campaign_id(cs: CampaignSpec, folder: OutputFolder) -> str:
     """The campaign's ID, fixed at its first start: ``<name>-<UTC start>-<spec sha256[:8]>``."""
-    known = folder.read_json("campaign.json")
-    if known:
-        return str(known["campaign_id"])
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    cid = f"{cs.name}-{stamp}-{spec_sha256(cs)[:8]}"
-    folder.write_json(
-        "campaign.json", {"campaign_id": cid, "spec_sha256": spec_sha256(cs), "started_at": stamp}
-    )
-    return cid
+    return fix_campaign_id(folder.root, name=cs.name, spec_sha256=spec_sha256(cs))

@@ -23,6 +23,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows._naming import CAMPAIGN_TAG, restart_check_run_name, spec_name, tag_flow_run
 from gpucampaign.core.stoprules import NoUsableRestart, StopRule
+from gpucampaign.folder.layout import SPEC_COPY
 from gpucampaign.plan import calendar
 from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.restartcheck.check import output_check_target
@@ -56,7 +57,7 @@ def restart_verification(
     logger = get_run_logger()
     out_dir = Path(out).resolve()
     tag_flow_run(CAMPAIGN_TAG.format(name=spec_name(spec, out=out)))
-    kept = (out_dir / "spec.yaml").is_file()  # else only --spec names the store and the lots
+    kept = (out_dir / SPEC_COPY).is_file()  # else only --spec names the store and the lots
     ending = rental_ending(out_dir, spec=spec, margin_hours=margin_hours) if kept else None
     if ending is not None:
         logger.error("%s", ending)

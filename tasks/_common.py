@@ -15,7 +15,7 @@ from prefect.states import Cancelled
 from gpucampaign.core.files import utc_now
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import StopRule
-from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.layout import OutputFolder, run_file
 from gpucampaign.folder.records import StopRecord, TimelineRow, append_stop, append_timeline
 from gpucampaign.folder.segments import close_cut_segments, new_segment
 from gpucampaign.spec import CampaignSpec
@@ -130,7 +130,7 @@ def _trained_in(folder: OutputFolder, spec: CampaignSpec, row: TimelineRow) -> P
     """The run folder whose metrics a cut pilot or training segment wrote."""
     if row.phase not in TRAINING_PHASES or row.run not in spec.run_names():
         return None
-    return folder.path(f"runs/{spec.run_id(row.run)}")
+    return folder.path(run_file(spec.run_id(row.run)))
 
 
 def record_stop(folder: OutputFolder, exc: StopRule, *, run: str, phase: str) -> StopRecord:

@@ -8,6 +8,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
 from gpucampaign.core.stoprules import StopRule
+from gpucampaign.folder.layout import AUDIT_FILE
 from gpucampaign.recipe.audit import audit_corpus
 from gpucampaign.spec import CampaignSpec
 from tasks._common import (
@@ -31,7 +32,7 @@ def data_audit(spec: CampaignSpec, *, base_dir: str, out: str) -> dict[str, Any]
     except StopRule as exc:
         record_stop(folder, exc, run="audit", phase="audit")
         raise
-    folder.write_json("audit.json", report)
+    folder.write_json(AUDIT_FILE, report)
     findings = report.get("findings") or []
     lines = [f"- **{f['severity']}** {f['check']}: {f['message']}" for f in findings]
     create_markdown_artifact(

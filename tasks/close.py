@@ -11,6 +11,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from gpucampaign.close.closing import close_runs, seal_folder, track_closed, write_closing_documents
 from gpucampaign.close.report import render_report_md
+from gpucampaign.core.storageurl import is_local
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.storage.mirror import mirror_output
 from gpucampaign.verify.checks import verify_output
@@ -96,7 +97,7 @@ def mirror(spec: CampaignSpec, *, out: str) -> dict[str, Any]:
             result["url"],
             result["error"],
         )
-    elif result["url"] != "local":
+    elif not is_local(result["url"]):
         logger.info(
             "output folder mirrored to %s: %s files (%s sent)",
             result["url"],

@@ -10,11 +10,12 @@ in the UI's event feed. Emitting never fails the campaign.
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from gpucampaign.folder.records import read_campaign_id
 
 #: The events this module emits (the automations of infra/automations.py match these names).
 DECISION_WAITING = "gpucampaign.decision.waiting"
@@ -28,10 +29,7 @@ _log = logging.getLogger("gpucampaign.notify")
 
 def campaign_id_of(out: str | Path) -> str:
     """The campaign ID an output folder recorded at its first start ('' when unknown)."""
-    try:
-        return str(json.loads((Path(out) / "campaign.json").read_text())["campaign_id"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
+    return read_campaign_id(out) or ""
 
 
 def ui_link() -> str:

@@ -13,6 +13,7 @@ from prefect import task
 
 from gpucampaign.core.interrupt import raise_if_stopped
 from gpucampaign.core.stoprules import StopRule
+from gpucampaign.folder.layout import RESTART_FILE, run_path
 from gpucampaign.folder.progress import relay_check_progress
 from gpucampaign.restartcheck.check import OutputCheckTarget, check_latest_checkpoint
 from gpucampaign.restartcheck.earlysave import campaign_restart_check
@@ -30,7 +31,7 @@ def restart_verification(
     folder = out_folder(out)
     raise_if_stopped(what=f"restart check of {run}")
     resolved = spec.resolve_run(run)
-    done = folder.read_json("restart.json")
+    done = folder.read_json(RESTART_FILE)
     if done and done.get("identical") and done.get("run_id") == resolved.run_id:
         return done
     try:
@@ -55,7 +56,7 @@ def restart_verification(
         record_stop(folder, exc, run=run, phase="restart")
         raise
     result = {**report.to_dict(), "run": run, "run_id": resolved.run_id}
-    folder.write_json("restart.json", result)
+    folder.write_json(RESTART_FILE, result)
     return result
 
 
@@ -109,7 +110,7 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
             corpus_path=target.corpus_path,
             inputs=target.inputs,
             store=target.store,
-            run_dir=Path(out) / "runs" / target.runs[run],
+            run_dir=run_path(out, target.runs[run]),
             workdir=Path(work),
             m_steps=steps,
         )

@@ -20,6 +20,7 @@ from gpucampaign.core.interrupt import raise_if_stopped
 from gpucampaign.core.stoprules import STOP_RULES, Futile, StopRule
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.engine.loop import n_train_of, train_run
+from gpucampaign.folder.layout import METRICS_FILE
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.progress import evaluation_table, read_progress, render_line
 from gpucampaign.folder.records import read_stops
@@ -105,7 +106,7 @@ class _Progress:
         metrics.jsonl, so a resumed run's table holds its earlier evaluations too)."""
         if not self.out:
             return
-        rows = read_metrics(out_folder(self.out).run_dir(self.run_id) / "metrics.jsonl")
+        rows = read_metrics(out_folder(self.out).run_dir(self.run_id) / METRICS_FILE)
         planned = int(info.get("planned_steps") or max((r.get("step", 0) for r in rows), default=0))
         table = evaluation_table(rows, metric=info.get("metric"), planned_steps=planned)
         if not table:
@@ -227,7 +228,7 @@ def pilot(
         stop_after_steps=spec.pilot.steps,
         lane=lane,
     )
-    metrics = out_folder(out).run_dir(resolved.run_id) / "metrics.jsonl"
+    metrics = out_folder(out).run_dir(resolved.run_id) / METRICS_FILE
     rows = read_metrics(metrics) if metrics.is_file() else []
     losses = early_losses(rows, steps=spec.pilot.steps)
     return pilot_measures(resolved, result=result, n_train=n_train, losses=losses)

@@ -386,7 +386,8 @@ def test_the_deployment_flow_refuses_a_second_writer_before_writing(closed, tmp_
 def test_a_stale_lock_of_a_dead_pid_is_taken_over(tmp_path, faults):
     import socket
 
-    from gpucampaign.folder.lock import LOCK_FILE, read_holder, writer_lock
+    from gpucampaign.folder.layout import LOCK_FILE
+    from gpucampaign.folder.lock import read_holder, writer_lock
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], **_OUT)
     pid = int(dead.stdout)

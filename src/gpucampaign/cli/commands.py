@@ -29,6 +29,8 @@ from gpucampaign.cli.common import (
 )
 from gpucampaign.cli.progress import PLAIN_EVERY_S
 from gpucampaign.core.stoprules import StopRule
+from gpucampaign.core.storageurl import LOCAL, is_local
+from gpucampaign.folder.layout import REPORT_MD, TIMELINE, run_path
 from gpucampaign.spec import CampaignSpec, SpecError
 
 _CALIBRATE_HELP = (
@@ -320,7 +322,7 @@ def _check_output_restart(
         corpus_path=target.corpus_path,
         inputs=target.inputs,
         store=target.store,
-        run_dir=out / "runs" / target.runs[run],
+        run_dir=run_path(out, target.runs[run]),
         workdir=workdir,
         m_steps=n_steps or 20,
         check=False,
@@ -445,7 +447,7 @@ def _end_of_run(state: Any, *, target: Path, question: str | None) -> None:
     if (reason := stop_requested()) is not None:
         err_console.print(
             f"[bold yellow]interrupted by {reason}:[/] the running training saved a checkpoint "
-            f"and stopped; its segment is recorded in {target / 'timeline.jsonl'}. Rerun the same "
+            f"and stopped; its segment is recorded in {target / TIMELINE}. Rerun the same "
             "command to resume.",
             soft_wrap=True,
             highlight=False,
@@ -486,7 +488,7 @@ def _print_run_summary(
             f"spent: {summary['spent_usd']:.2f} USD; output folder {folder}", highlight=False
         )
     console.print(f"[bold]verdict:[/] {verdict.get('text', 'none')}", soft_wrap=True)
-    console.print(f"output folder: {target}  (report: {target / 'report.md'})")
+    console.print(f"output folder: {target}  (report: {target / REPORT_MD})")
     mirrored = summary.get("mirrored") or {}
     if mirrored.get("error"):
         err_console.print(
@@ -494,7 +496,7 @@ def _print_run_summary(
             f"this machine ({mirrored['error']})",
             soft_wrap=True,
         )
-    elif mirrored.get("url", "local") != "local":
+    elif not is_local(mirrored.get("url", LOCAL)):
         say(
             f"mirrored to {mirrored['url']}; bring it back anywhere with "
             f"`campaign retrieve {mirrored['url']} --to DIR`"

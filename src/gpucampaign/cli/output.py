@@ -24,6 +24,7 @@ from gpucampaign.cli.common import (
     print_json,
     say,
 )
+from gpucampaign.folder.layout import LEDGER_FILE, MANIFEST, PLAN, SPEC_COPY
 from gpucampaign.spec import SpecError
 
 # --- close: verify and report an output folder ----------------------------------------------
@@ -43,7 +44,7 @@ def verify_cmd(
 
     if not out.is_dir():
         raise SpecError(f"'{out}' is not a folder: give a campaign's output folder.", field="OUT")
-    if not any((out / name).is_file() for name in ("manifest.json", "spec.yaml", "plan.json")):
+    if not any((out / name).is_file() for name in (MANIFEST, SPEC_COPY, PLAN)):
         # Not a campaign's folder (a home folder, '/'): refused rather than walked.
         raise SpecError(
             f"'{out}' is not a campaign output folder (no manifest.json, spec.yaml or "
@@ -130,7 +131,7 @@ def expense_cmd(
 
     entry = add_expense(out, usd=usd, what=what, order_ref=order_ref)
     ref = f" (order {entry.order_ref})" if entry.order_ref else ""
-    say(f"recorded in {out / 'ledger.jsonl'}: {entry.usd:.2f} USD for {entry.what}{ref}")
+    say(f"recorded in {out / LEDGER_FILE}: {entry.usd:.2f} USD for {entry.what}{ref}")
 
 
 # --- status: what is off the machine, how long the rental has left -------------------------

@@ -39,7 +39,17 @@ from gpucampaign.close.verdict import Verdict
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.core.text import say_number
 from gpucampaign.data.corpus import corpus_path, load_spec_corpus
-from gpucampaign.folder.layout import METRICS_FILE, SCORES_ERROR_FILE, OutputFolder, run_file
+from gpucampaign.folder.layout import (
+    CALENDAR_PNG,
+    CONFUSION_PNG,
+    CURVES_PNG,
+    ERROR_ANALYSIS_FILE,
+    METRICS_FILE,
+    SCORES_ERROR_FILE,
+    OutputFolder,
+    run_file,
+    run_path,
+)
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import (
     MODEL_WEIGHTS,
@@ -57,12 +67,6 @@ from gpucampaign.folder.records import (
 )
 from gpucampaign.plan import calendar
 from gpucampaign.spec import CampaignSpec
-
-CALENDAR_PNG, CURVES_PNG, CONFUSION_PNG = (
-    "figures/calendar.png",
-    "figures/curves.png",
-    "figures/confusion.png",
-)
 
 
 @dataclass
@@ -145,7 +149,7 @@ def analyse_runs(
         analyses[run] = error_analysis(
             pred, control=control, class_names=[str(c) for c in corpus.classes]
         )
-        folder.write_json(f"runs/{resolved[run].run_id}/error_analysis.json", analyses[run])
+        folder.write_json(run_file(resolved[run].run_id, ERROR_ANALYSIS_FILE), analyses[run])
     return analyses
 
 
@@ -171,7 +175,7 @@ def _analyse_recipe_run(folder: OutputFolder, run_id: str, *, corpus: Any, split
     from gpucampaign.close.recipe_reload import recipe_analysis, write_recipe_predictions
 
     rows = write_recipe_predictions(folder.root, run_id, corpus=corpus, split=split)
-    folder.write_json(f"runs/{run_id}/error_analysis.json", recipe_analysis(rows, split=split))
+    folder.write_json(run_file(run_id, ERROR_ANALYSIS_FILE), recipe_analysis(rows, split=split))
 
 
 def keep_recipe_sources(spec: CampaignSpec, *, root: str | Path) -> list[str]:
@@ -205,7 +209,7 @@ def expected_runs(states: Mapping[str, RunState]) -> dict[str, dict[str, Any]]:
 def delivery(root: str | Path, state: RunState, *, corpus: Any) -> dict[str, Any]:
     """A run as a delivery candidate: accepted only when complete and its model reproduces its
     predictions here (the fresh-process check of ``campaign verify`` follows the manifest)."""
-    model_file = Path(root) / "runs" / state.run_id / MODEL_WEIGHTS
+    model_file = run_path(root, state.run_id, MODEL_WEIGHTS)
     sha = sha256_file(model_file) if model_file.is_file() else sha256_bytes(state.run_id.encode())
     out = {"id": state.run_id, "content_sha256": sha, "accepted": False}
     if state.status != "completed":

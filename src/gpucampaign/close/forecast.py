@@ -16,12 +16,11 @@ from typing import Any
 from gpucampaign.close.verdict_words import stops_of
 from gpucampaign.core.files import median, parse_time
 from gpucampaign.core.text import say_duration
-from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.layout import ESTIMATES_FILE, OutputFolder
 from gpucampaign.folder.records import DecisionRecord, PlanRecord, PlanStep, StopRecord, TimelineRow
 from gpucampaign.folder.segments import inference_restarted, interruptions
 from gpucampaign.spec import SpecError
 
-ESTIMATES_FILE = "estimates.json"
 _PHASE_KEYS = {"load": "load_s", "eval": "eval_s", "save": "save_s", "restore": "restore_s"}
 _MEASURES = ("load_s", "step_s", "eval_s", "save_s", "restore_s")
 

@@ -18,10 +18,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpucampaign.core.files import jsonl_line, read_jsonl, sha256_bytes, utc_now
-from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.layout import LEDGER_FILE, SPEC_COPY, OutputFolder
 from gpucampaign.spec import SpecError
 
-LEDGER = "ledger.jsonl"
+LEDGER = LEDGER_FILE
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/#-]{0,79}$")
 
 
@@ -73,7 +73,7 @@ def add_expense(
             (the message names the option and the fix).
     """
     folder = Path(root)
-    if not (folder / "spec.yaml").is_file():
+    if not (folder / SPEC_COPY).is_file():
         raise SpecError(
             f"'{folder}' is not a campaign's output folder (no spec.yaml): give the folder "
             "that `campaign run` wrote.",
@@ -127,7 +127,7 @@ def budget_with_ledger(root: str | Path, budget: dict[str, Any]) -> dict[str, An
     from gpucampaign.close.budget import with_expenses
     from gpucampaign.spec import load_spec
 
-    spec = load_spec(OutputFolder(root).path("spec.yaml"))
+    spec = load_spec(OutputFolder(root).path(SPEC_COPY))
     return with_expenses(budget, [*spec.expenses, *(e.as_expense() for e in read_ledger(root))])
 
 

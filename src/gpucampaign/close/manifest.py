@@ -17,30 +17,40 @@ from typing import Any
 from gpucampaign.core.files import git_commit, sha256_file, utc_now
 from gpucampaign.folder.layout import (
     CHECKPOINTS_DIR,
+    DATA_DIR,
+    FIGURES_DIR,
     INPUTS,
+    INPUTS_DIR,
+    LOCK_FILE,
     MANIFEST,
+    MODEL_DIR,
+    PARAMS_FILE,
+    PLAN,
     PLAN_SHA,
     RELOAD,
+    RUNS_DIR,
+    SPEC_COPY,
+    SPOOL_DIR,
     OutputFolder,
     is_live_progress,
     model_config,
+    run_file,
 )
-from gpucampaign.folder.lock import LOCK_FILE
 from gpucampaign.spec import BUILTIN_RECIPES, CampaignSpec, SpecError, resolve_inside, spec_sha256
 
 CORPUS_COPY_LIMIT = 50 * 1024 * 1024
 # Names the output folder writes itself: a catalog copied in must not land on one of them.
 _RESERVED_TOPS = (
-    "runs",
+    RUNS_DIR,
     CHECKPOINTS_DIR,
-    "spool",
-    "data",
-    "inputs",
-    "figures",
-    "spec.yaml",
-    "plan.json",
-    "plan.sha256",
-    "manifest.json",
+    SPOOL_DIR,
+    DATA_DIR,
+    INPUTS_DIR,
+    FIGURES_DIR,
+    SPEC_COPY,
+    PLAN,
+    PLAN_SHA,
+    MANIFEST,
     INPUTS,
 )
 MANIFEST_FORMAT = "gpucampaign.manifest/1"
@@ -60,7 +70,7 @@ def list_files(root: str | Path) -> list[str]:
             rel = (Path(dirpath) / name).relative_to(base).as_posix()
             if is_live_progress(rel):
                 continue  # the live progress of a training call: rewritten, never sealed
-            if rel not in (MANIFEST, LOCK_FILE) and not rel.startswith("spool/"):
+            if rel not in (MANIFEST, LOCK_FILE) and not rel.startswith(f"{SPOOL_DIR}/"):
                 out.append(rel)
     return sorted(out)
 
@@ -203,7 +213,7 @@ def keep_inputs(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -
         try:
             src = resolve_inside(base_dir, item.path, field=f"inputs.{name}.path")
             ref |= reference_corpus(
-                root, src, sha256=item.sha256, under=f"inputs/{name}", what=f"inputs.{name}"
+                root, src, sha256=item.sha256, under=f"{INPUTS_DIR}/{name}", what=f"inputs.{name}"
             )
         except SpecError:
             pass  # missing or altered: the run that needs it stops with its own record
@@ -362,7 +372,7 @@ def build_manifest(
 
 def _device_of(folder: OutputFolder, run_id: str) -> dict[str, Any]:
     """``{"device": ...}`` as the run's ``params.json`` recorded it (empty when it never ran)."""
-    params = folder.read_json(f"runs/{run_id}/params.json") or {}
+    params = folder.read_json(run_file(run_id, PARAMS_FILE)) or {}
     return {"device": params["device"]} if params.get("device") else {}
 
 
@@ -478,7 +488,7 @@ def write_reload_md(
     env = environment or {}
     keys = ("python", "torch", "safetensors", "gpucampaign")
     versions = ", ".join(f"{k} {env[k]}" for k in keys if env.get(k))
-    run_lines = "\n".join(f"- `runs/{rid}/model/` ({name})" for rid, name in runs.items())
+    run_lines = "\n".join(f"- `{run_file(rid, MODEL_DIR)}/` ({name})" for rid, name in runs.items())
     text = _RELOAD_TEMPLATE.format(
         commit=env.get("git_commit") or "unknown",
         versions=versions or "see manifest.json",

@@ -22,8 +22,11 @@ from typing import Any
 
 from gpucampaign.close.error_analysis import Predictions
 from gpucampaign.core.files import csv_text
+
+# Re-exported: callers import the error analysis from here.
 from gpucampaign.folder.layout import (
     PREDICTIONS_FILE,
+    PREDICTIONS_PREFIX,
     SPEC_COPY,
     OutputFolder,
     corpus_file,
@@ -41,7 +44,7 @@ PREDICTION_COLUMNS = ("id", "label", "prediction", "confidence")
 def predictions_file(split: str, *, report_split: str) -> str:
     """The file of a run's predictions on ``split``: ``predictions.csv`` on the report split
     (the one the reload check reproduces), ``predictions-<split>.csv`` on another split."""
-    return PREDICTIONS_FILE if split == report_split else f"predictions-{split}.csv"
+    return PREDICTIONS_FILE if split == report_split else f"{PREDICTIONS_PREFIX}{split}.csv"
 
 
 def _tolist(x: Any) -> list[Any]:
@@ -194,7 +197,7 @@ def write_run_predictions(
     finally:
         torch.set_num_threads(threads)
     path = write_predictions(
-        OutputFolder(root).path(f"runs/{run_id}"),
+        OutputFolder(root).path(run_file(run_id)),
         ids=[str(i) for i in part.ids.tolist()],
         labels=part.y,
         preds=pred,
@@ -300,13 +303,13 @@ def _unsealed_run_files(root: str | Path, run_id: str) -> str:
         listed = {
             e["path"]: e
             for e in read_manifest(root).get("files", [])
-            if isinstance(e, Mapping) and str(e.get("path", "")).startswith(f"runs/{run_id}/")
+            if isinstance(e, Mapping) and str(e.get("path", "")).startswith(run_file(run_id, ""))
         }
     except SpecError:
         return ""  # before the seal (the close's own check): nothing to compare with
     except (ValueError, TypeError, AttributeError):
         return "manifest.json is not a valid manifest"
-    run_dir = folder.path(f"runs/{run_id}")
+    run_dir = folder.path(run_file(run_id))
     present = {
         rel
         for p in run_dir.rglob("*")

@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import csv_text
-from gpucampaign.folder.layout import PREDICTIONS_FILE, OutputFolder, model_config, run_file
+from gpucampaign.folder.layout import (
+    ERROR_ANALYSIS_FILE,
+    PREDICTIONS_FILE,
+    OutputFolder,
+    model_config,
+    run_file,
+)
 from gpucampaign.recipe.contract import Pinned, Recipe, call, check_metrics, load_recipe
 from gpucampaign.spec import RunConfig
 
@@ -114,7 +120,7 @@ def recipe_reload_check(root: str | Path, run_id: str, *, corpus: Any = None) ->
     """
     folder = OutputFolder(root)
     expected = folder.path(run_file(run_id, PREDICTIONS_FILE)).read_text(encoding="utf-8")
-    analysis = folder.path(f"runs/{run_id}/error_analysis.json")
+    analysis = folder.path(run_file(run_id, ERROR_ANALYSIS_FILE))
     split = (
         json.loads(analysis.read_text(encoding="utf-8")).get("split", "test")
         if analysis.is_file()

@@ -11,12 +11,17 @@ from typing import Any
 
 from gpucampaign.close.bootstrap import DOMINATES
 from gpucampaign.close.budget import render_budget_md
-from gpucampaign.close.forecast import ESTIMATES_FILE
 from gpucampaign.close.futility import render_futility_md
 from gpucampaign.close.verdict import Verdict
 from gpucampaign.close.verdict_words import seeds_text
 from gpucampaign.core.text import say_duration, say_number, strip_controls
-from gpucampaign.folder.layout import REPORT_HTML, REPORT_JSON, REPORT_MD, OutputFolder
+from gpucampaign.folder.layout import (
+    ESTIMATES_FILE,
+    REPORT_HTML,
+    REPORT_JSON,
+    REPORT_MD,
+    OutputFolder,
+)
 from gpucampaign.folder.records import DecisionRecord, StopRecord
 from gpucampaign.spec import SpecError, read_mapping_file
 

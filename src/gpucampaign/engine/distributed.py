@@ -68,7 +68,7 @@ from gpucampaign.core.files import atomic_write_bytes
 from gpucampaign.core.interrupt import DEFAULT_GRACE_S, Interrupted, request_stop, stop_requested
 from gpucampaign.core.stoprules import STOP_RULES
 from gpucampaign.engine.ranks import check_world_size
-from gpucampaign.folder.layout import METRICS_FILE
+from gpucampaign.folder.layout import METRICS_FILE, PARAMS_FILE
 from gpucampaign.folder.progress import read_progress
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
@@ -424,6 +424,6 @@ class _Relay:
 
 def _planned_steps(out_dir: Path) -> int | None:
     try:
-        return int(json.loads((out_dir / "params.json").read_text())["planned_steps"])
+        return int(json.loads((out_dir / PARAMS_FILE).read_text())["planned_steps"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -43,7 +43,7 @@ from gpucampaign.engine.hooks import Hook, HookArgs
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
 from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun
-from gpucampaign.folder.layout import EVAL_SCORES_DIR, eval_scores_file
+from gpucampaign.folder.layout import EVAL_SCORES_DIR, EVAL_SCORES_GLOB, eval_scores_file
 from gpucampaign.folder.runresult import RESULT_FILE
 from gpucampaign.recipe.contract import has_score
 from gpucampaign.recipe.runtime import score_split
@@ -108,7 +108,7 @@ def control_scores_at(control_dir: Path, *, step: int) -> tuple[EvalScores | Non
     """
     folder = Path(control_dir) / EVAL_SCORES_DIR
     steps = sorted(
-        int(p.stem.rpartition("-")[2]) for p in folder.glob("scores-*.npz") if p.is_file()
+        int(p.stem.rpartition("-")[2]) for p in folder.glob(EVAL_SCORES_GLOB) if p.is_file()
     )
     if step in steps:
         return read_eval_scores(folder.parent / eval_scores_file(step)), ""

@@ -42,11 +42,11 @@ from gpucampaign.core.stoprules import InterruptedRun
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
 from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun
-from gpucampaign.folder.layout import METRICS_FILE
+from gpucampaign.folder.layout import IN_PROGRESS_FILE, METRICS_FILE
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.runresult import RESULT_FILE
 
-MARK_FILE = "in_progress.json"
+MARK_FILE = IN_PROGRESS_FILE
 KILLED = "killed"
 
 

@@ -1,10 +1,15 @@
 """The campaign's output folder: its file names and its atomic writes.
 
 Layout: ``manifest.json``, ``plan.json`` (never rewritten) with ``plan.sha256``, ``spec.yaml``,
-``runs/<run_id>/{params.json, metrics.jsonl, predictions.csv, scores-<split>.csv,
-error_analysis.json, model/}``,
-``stops.jsonl``, ``decisions.jsonl``, ``timeline.jsonl``, ``report.md``, ``RELOAD.md``,
-``figures/*.png`` and ``data/`` (a corpus copy when small).
+``campaign.json``, ``runs/<run_id>/{params.json, metrics.jsonl, result.json, predictions.csv,
+scores-<split>.csv, error_analysis.json, in_progress.json, evals/, model/}``,
+``stops.jsonl``, ``decisions.jsonl``, ``timeline.jsonl``, ``ledger.jsonl``, ``report.md``,
+``RELOAD.md``, ``figures/*.png`` and ``data/`` (a corpus copy when small).
+
+Every file and folder name of the output folder is defined here and nowhere else
+(``tests/test_names.py`` fails on a literal copy elsewhere), and so are the names of a
+checkpoint in its store: the storage spool (which cannot import ``checkpoint``) and the
+checkpoint manager both read them from here.
 """
 
 from __future__ import annotations
@@ -34,9 +39,29 @@ RELOAD = "RELOAD.md"
 REPORT_JSON, REPORT_MD, REPORT_HTML = "report.json", "report.md", "report.html"
 INPUTS = "inputs.json"
 STOPS, DECISIONS, TIMELINE = "stops.jsonl", "decisions.jsonl", "timeline.jsonl"
+CAMPAIGN_FILE = "campaign.json"  # the campaign ID, written at the flow's first start
+REFORECAST_FILE, PILOT_FILE = "reforecast.json", "pilot.json"
+LEDGER_FILE = "ledger.jsonl"  # expenses recorded after the start
+RESTART_FILE = "restart.json"  # the restart check's result, kept so a resumed flow skips it
+AUDIT_FILE = "audit.json"  # the data audit's report
+ESTIMATES_FILE = "estimates.json"  # the forecast's estimates at the close
+RUNS_DIR = "runs"  # runs/<run_id>/: one folder per run (see run_file, run_path)
+FIGURES_DIR = "figures"
+CALENDAR_PNG, CURVES_PNG, CONFUSION_PNG = (
+    f"{FIGURES_DIR}/calendar.png",
+    f"{FIGURES_DIR}/curves.png",
+    f"{FIGURES_DIR}/confusion.png",
+)
+DATA_DIR = "data"  # a copy of the corpus when it is small
+INPUTS_DIR = "inputs"  # copies of the catalogs the spec names
+SPOOL_DIR = "spool"  # checkpoint files waiting for the S3 server (never in the manifest)
+LOCK_FILE = ".lock"  # the one writer's lock (never in the manifest or the mirror)
 PARAMS_FILE = "params.json"
 METRICS_FILE = "metrics.jsonl"
-PREDICTIONS_FILE = "predictions.csv"
+PREDICTIONS_FILE = "predictions.csv"  # on the report split; predictions-<split>.csv on others
+PREDICTIONS_PREFIX = "predictions-"
+RESULT_FILE = "result.json"  # a run's outcome, written last by its training call
+IN_PROGRESS_FILE = "in_progress.json"  # a run training now (resume: inference finds it)
 SCORES_PREFIX = "scores-"  # scores-<split>.csv: per-example scores (see scores_file)
 SCORES_ERROR_FILE = "scores-error.txt"  # why a recipe's score() wrote no scores at the close
 ERROR_ANALYSIS_FILE = "error_analysis.json"
@@ -64,20 +89,47 @@ def is_live_progress(relative: str) -> bool:
     if len(parts) == 5 and parts[2] == RANKS_DIR:  # a data-parallel run's rank k > 0
         parts = parts[:2] + parts[4:]
     return (
-        len(parts) == 3 and parts[0] == "runs" and parts[2] in (PROGRESS_FILE, CHECK_PROGRESS_FILE)
+        len(parts) == 3
+        and parts[0] == RUNS_DIR
+        and parts[2] in (PROGRESS_FILE, CHECK_PROGRESS_FILE)
     )
 
 
 MODEL_DIR = "model"
 MODEL_CONFIG = "config.json"  # in MODEL_DIR: the run config, recipe, sizes, hashes
 CHECKPOINTS_DIR = "checkpoints"  # a local store's checkpoints, inside the output folder
+WEIGHTS_FILE = "model.safetensors"  # in MODEL_DIR and in each checkpoint
+MODEL_WEIGHTS = f"{MODEL_DIR}/{WEIGHTS_FILE}"  # in a run's folder
 RUN_FILES = (PARAMS_FILE, METRICS_FILE, PREDICTIONS_FILE, ERROR_ANALYSIS_FILE)
-MODEL_FILES = ("model.safetensors", MODEL_CONFIG)
+MODEL_FILES = (WEIGHTS_FILE, MODEL_CONFIG)
+
+# A checkpoint in its store (``<run_id>/step-<9 digits>/``): here, not in ``checkpoint``,
+# because the storage spool (ranked below ``checkpoint``) must know them too.
+CHECKPOINT_LATEST = "LATEST"  # pins the newest meta by its sha256
+CHECKPOINT_META = "meta.json"
+CHECKPOINT_STATE = "state.pt"
+CHECKPOINT_STEP_PREFIX = "step-"
+
+
+def checkpoint_step_dir(step: int) -> str:
+    """``step-000000020``: one checkpoint's folder in the store; sorts by step as text."""
+    return f"{CHECKPOINT_STEP_PREFIX}{step:09d}"
 
 
 def run_file(run_id: str, *names: str) -> str:
     """``runs/<run_id>/<names...>``: a run's file, relative to the output folder."""
-    return "/".join(("runs", run_id, *names))
+    return "/".join((RUNS_DIR, run_id, *names))
+
+
+def run_path(out: str | Path, run_id: str, *names: str) -> Path:
+    """``out/runs/<run_id>/<names...>`` as a path (nothing created, nothing checked)."""
+    return Path(out, RUNS_DIR, run_id, *names)
+
+
+def run_id_of(run_dir: str | Path) -> str | None:
+    """The run ID of a run's folder ``OUT/runs/<run_id>``; None for any other folder."""
+    p = Path(run_dir)
+    return p.name if p.parent.name == RUNS_DIR else None
 
 
 def scores_file(split: str) -> str:
@@ -87,6 +139,7 @@ def scores_file(split: str) -> str:
 
 
 EVAL_SCORES_DIR = "evals"  # runs/<run_id>/evals/scores-<step>.npz: the control's, per evaluation
+EVAL_SCORES_GLOB = f"{SCORES_PREFIX}*.npz"  # in EVAL_SCORES_DIR: every evaluation's file
 
 
 def eval_scores_file(step: int) -> str:
@@ -130,7 +183,7 @@ class OutputFolder:
 
     def run_dir(self, run_id: str) -> Path:
         """``runs/<run_id>/``, created."""
-        d = self.path(f"runs/{run_id}")
+        d = self.path(run_file(run_id))
         d.mkdir(parents=True, exist_ok=True)
         return d
 

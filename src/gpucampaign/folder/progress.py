@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpucampaign.folder.layout import CHECK_PROGRESS_FILE, PROGRESS_FILE
+from gpucampaign.folder.layout import CHECK_PROGRESS_FILE, PROGRESS_FILE, RUNS_DIR
 
 WRITE_EVERY_S = 0.5
 RECENT_STEPS = 50  # the step times an ETA is measured from: recent, so it follows the machine
@@ -57,7 +57,7 @@ def read_progress(run_dir: str | Path, *, name: str = PROGRESS_FILE) -> dict[str
 
 def read_all_progress(out: str | Path) -> list[dict[str, Any]]:
     """Every run's progress record in an output folder, the most recently updated last."""
-    runs = Path(out) / "runs"
+    runs = Path(out) / RUNS_DIR
     found = [
         p
         for d in sorted(runs.glob("*"))

@@ -1,7 +1,8 @@
 """The records a campaign writes into its output folder, typed, with one reader each.
 
 ``plan.json`` (and ``reforecast.json``, same shape), ``decisions.jsonl``, ``stops.jsonl``,
-``timeline.jsonl``, ``pilot.json`` and ``runs/<run_id>/result.json``. Each record has ONE
+``timeline.jsonl``, ``pilot.json``, ``campaign.json`` and ``runs/<run_id>/result.json`` (their
+names are ``folder.layout``'s). Each record has ONE
 shape: the one its writer writes. A reader that meets another shape says so instead of guessing.
 
 A run's state (completed, stopped, dropped, not run) is decided here, once, from these
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,14 +27,23 @@ from gpucampaign.core.files import (
 )
 from gpucampaign.core.stoprules import InterruptedRun
 from gpucampaign.core.text import printable
-from gpucampaign.folder.layout import OutputFolder
-from gpucampaign.folder.runresult import RESULT_FILE, RunResult
+from gpucampaign.folder.layout import (
+    CAMPAIGN_FILE,
+    MODEL_WEIGHTS,
+    PILOT_FILE,
+    REFORECAST_FILE,
+    RESULT_FILE,
+    OutputFolder,
+    run_file,
+)
+from gpucampaign.folder.layout import DECISIONS as DECISIONS_FILE
+from gpucampaign.folder.layout import PLAN as PLAN_FILE
+from gpucampaign.folder.layout import STOPS as STOPS_FILE
+from gpucampaign.folder.layout import TIMELINE as TIMELINE_FILE
+from gpucampaign.folder.runresult import RunResult
 from gpucampaign.plan.decision import Decision, Reforecast
 from gpucampaign.spec import CampaignSpec, SpecError
 
-PLAN_FILE, REFORECAST_FILE, PILOT_FILE = "plan.json", "reforecast.json", "pilot.json"
-DECISIONS_FILE, STOPS_FILE, TIMELINE_FILE = "decisions.jsonl", "stops.jsonl", "timeline.jsonl"
-MODEL_WEIGHTS = "model/model.safetensors"
 AFTER_PILOT = "after-pilot"
 
 RunStatus = Literal["completed", "stopped", "interrupted", "dropped", "not_run"]
@@ -342,10 +352,40 @@ def write_pilot(root: str | Path, measured: Mapping[str, Mapping[str, Any]]) -> 
     atomic_write_bytes(_in(root, PILOT_FILE), json_bytes({k: dict(v) for k, v in measured.items()}))
 
 
+# --- campaign.json: the campaign ID -----------------------------------------------------------
+def read_campaign_id(root: str | Path) -> str | None:
+    """The campaign ID the folder recorded at its first start; None when there is none (no
+    ``campaign.json``, or one that cannot be read)."""
+    try:
+        return _campaign_id_in(root)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def fix_campaign_id(root: str | Path, *, name: str, spec_sha256: str) -> str:
+    """The campaign's ID, fixed at its first start: ``<name>-<UTC start>-<spec sha256[:8]>``.
+
+    Read back from ``campaign.json`` when the folder has one; else made now and written there
+    with the spec's hash and the start (``%Y%m%dT%H%M%SZ``)."""
+    known = _campaign_id_in(root)
+    if known is not None:
+        return known
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    cid = f"{name}-{stamp}-{spec_sha256[:8]}"
+    record = {"campaign_id": cid, "spec_sha256": spec_sha256, "started_at": stamp}
+    atomic_write_bytes(_in(root, CAMPAIGN_FILE), json_bytes(record))
+    return cid
+
+
+def _campaign_id_in(root: str | Path) -> str | None:
+    known = _read_json(_in(root, CAMPAIGN_FILE))
+    return str(known["campaign_id"]) if known else None
+
+
 # --- runs/<run_id>/result.json and a run's state --------------------------------------------
 def read_result(root: str | Path, run_id: str) -> RunResult | None:
     """``runs/<run_id>/result.json`` as a ``RunResult``, None when the run wrote none."""
-    return _read_json(_in(root, f"runs/{run_id}/{RESULT_FILE}"), RunResult.from_dict)
+    return _read_json(_in(root, run_file(run_id, RESULT_FILE)), RunResult.from_dict)
 
 
 @dataclass(frozen=True)
@@ -408,7 +448,7 @@ def run_state(
     if decision is not None and run in decision.dropped_runs:
         return RunState(**base, status="dropped", reason="dropped at the decision point")
     if result is not None and result.completed:
-        if _in(root, f"runs/{rid}/{MODEL_WEIGHTS}").is_file():
+        if _in(root, run_file(rid, MODEL_WEIGHTS)).is_file():
             return RunState(**base, status="completed", result=result)
         return RunState(
             **base,
@@ -442,6 +482,6 @@ def runs_with_model(states: Mapping[str, RunState], *, root: str | Path) -> list
         if s.status == "completed"
         or (
             s.status in ("stopped", "interrupted")
-            and _in(root, f"runs/{s.run_id}/{MODEL_WEIGHTS}").is_file()
+            and _in(root, run_file(s.run_id, MODEL_WEIGHTS)).is_file()
         )
     ]

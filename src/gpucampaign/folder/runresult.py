@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.stoprules import STOP_RULES, IncompleteRun
+from gpucampaign.folder.layout import RESULT_FILE
 from gpucampaign.spec import SpecError
-
-RESULT_FILE = "result.json"
 
 
 @dataclass

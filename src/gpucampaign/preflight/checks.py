@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.stoprules import StopRule
+from gpucampaign.core.storageurl import is_local
 from gpucampaign.data.corpus import empty_splits, open_corpus
 from gpucampaign.data.pins import resolve_inputs
 from gpucampaign.plan.tariffs import load_catalog
@@ -107,7 +108,7 @@ def preflight(
     check_storage(spec.storage.url, env=env)
     checked.append(
         "storage local: checkpoints in the output folder"
-        if spec.storage.url == "local"
+        if is_local(spec.storage.url)
         else f"storage {spec.storage.url}: URL, keys and bucket answered a probe object"
     )
     return Preflight(checked=tuple(checked))

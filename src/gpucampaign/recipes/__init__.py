@@ -32,6 +32,7 @@ from gpucampaign.folder.layout import (
     MODEL_CONFIG,
     MODEL_DIR,
     PARAMS_FILE,
+    WEIGHTS_FILE,
     OutputFolder,
     model_config,
     run_file,
@@ -42,7 +43,6 @@ from gpucampaign.recipes.mlp import build_mlp
 from gpucampaign.spec import RunConfig, SpecError
 
 MODEL_FORMAT = "gpucampaign-model/1"
-WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = MODEL_CONFIG
 
 RECIPES: dict[str, Callable[..., nn.Module]] = {"mlp": build_mlp, "cnn": build_cnn}

@@ -18,6 +18,7 @@ import torch
 from gpucampaign.checkpoint.manager import LoadedCheckpoint
 from gpucampaign.checkpoint.trainstate import REQUIRED_STATE
 from gpucampaign.core.stoprules import NoUsableRestart
+from gpucampaign.folder.layout import WEIGHTS_FILE
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.spec import ResolvedRun
 
@@ -235,9 +236,9 @@ def compare_final_models(cmp: Comparer, original: Path, resumed: Path) -> None:
     """Compare the final model weights, when the original run kept its model folder."""
     from safetensors.torch import load_file
 
-    if (original / "model.safetensors").is_file():
+    if (original / WEIGHTS_FILE).is_file():
         cmp.tree(
             "params",
-            load_file(str(original / "model.safetensors")),
-            load_file(str(resumed / "model.safetensors")),
+            load_file(str(original / WEIGHTS_FILE)),
+            load_file(str(resumed / WEIGHTS_FILE)),
         )

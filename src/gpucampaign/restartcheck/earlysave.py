@@ -24,6 +24,7 @@ from pathlib import Path
 from gpucampaign.checkpoint.layout import META_FILE, step_dirname
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.core.stoprules import NoUsableRestart
+from gpucampaign.folder.layout import run_path
 from gpucampaign.restartcheck.check import verify_restart
 from gpucampaign.restartcheck.compare import RestartReport, compare_states, require_identical
 from gpucampaign.restartcheck.scheduled import ReplayCheck
@@ -156,7 +157,7 @@ def campaign_restart_check(
         corpus_path=path,
         inputs=inputs,
         store=store,
-        run_dir=Path(out_dir) / "runs" / run.run_id,
+        run_dir=run_path(out_dir, run.run_id),
         workdir=workdir,
         max_steps=max_steps,
     )

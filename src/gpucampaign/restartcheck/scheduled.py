@@ -30,7 +30,7 @@ from gpucampaign.checkpoint.verify import (
     CheckpointInvalid,
 )
 from gpucampaign.core.stoprules import NoUsableRestart
-from gpucampaign.folder.layout import CHECKPOINTS_DIR, METRICS_FILE, MODEL_DIR
+from gpucampaign.folder.layout import CHECKPOINTS_DIR, MANIFEST, METRICS_FILE, MODEL_DIR, SPEC_COPY
 from gpucampaign.restartcheck.child import child_args, spawn, wait, write_child_spec
 from gpucampaign.restartcheck.compare import (
     Comparer,
@@ -510,7 +510,7 @@ def output_check_target(
     from gpucampaign.storage import open_store
 
     out = Path(out_dir)
-    src = Path(spec_path) if spec_path is not None else out / "spec.yaml"
+    src = Path(spec_path) if spec_path is not None else out / SPEC_COPY
     spec = load_spec(src)
     if spec.corpus is None:
         raise SpecError(
@@ -518,7 +518,7 @@ def output_check_target(
             field="corpus",
         )
     candidates: list[Path] = []
-    for record, key in (("manifest.json", "corpus"), (INPUTS, "corpus")):
+    for record, key in ((MANIFEST, "corpus"), (INPUTS, "corpus")):
         if (out / record).is_file():
             ref = json.loads((out / record).read_text(encoding="utf-8")).get(key) or {}
             if ref.get("kind") == "copied" and ref.get("path"):

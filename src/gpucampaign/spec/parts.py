@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpucampaign.core.storageurl import LOCAL, check_url
 from gpucampaign.core.text import redact_secrets
 
 Tier = Literal["essential", "useful", "exploratory"]
@@ -488,7 +489,7 @@ class StorageSpec(_Frozen):
     """Where checkpoints go; credentials never live here (environment only)."""
 
     url: str = Field(
-        default="local",
+        default=LOCAL,
         description="'local' (inside the output folder) or 's3://bucket/prefix' (endpoint and "
         "keys from the environment: AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3), "
         "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_DEFAULT_REGION, "
@@ -499,11 +500,7 @@ class StorageSpec(_Frozen):
     @field_validator("url")
     @classmethod
     def _scheme(cls, v: str) -> str:
-        if v != "local" and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", v):
-            raise ValueError(
-                "use 'local' or 's3://bucket/prefix' (credentials go in the environment)"
-            )
-        return v
+        return check_url(v)
 
 
 class DecisionPointSpec(_Frozen):

@@ -1,8 +1,8 @@
 """Where checkpoints and mirrored folders live: ``Store``, the local and S3 backends, the spool,
 the mirror."""
 
+from gpucampaign.folder.layout import SPOOL_DIR
 from gpucampaign.storage.base import (
-    SPOOL_DIR,
     ContentMismatch,
     LocalStore,
     NotFound,

@@ -24,7 +24,6 @@ from gpucampaign.core.files import TMP_PREFIX, atomic_copy, atomic_write_bytes, 
 from gpucampaign.core.text import redact_secrets
 
 _CHUNK = 8 * 1024 * 1024
-SPOOL_DIR = "spool"  # in an output folder: checkpoint files waiting for the S3 server
 
 
 class StorageError(OSError):

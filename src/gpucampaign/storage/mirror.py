@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import TMP_PREFIX, fsync_dir, json_bytes, sha256_file, utc_now
-from gpucampaign.folder.layout import is_live_progress
-from gpucampaign.folder.lock import LOCK_FILE
+from gpucampaign.core.storageurl import LOCAL, is_local
+from gpucampaign.folder.layout import LOCK_FILE, SPOOL_DIR, is_live_progress
 from gpucampaign.spec import SpecError
-from gpucampaign.storage.base import SPOOL_DIR, LocalStore, NotFound, StorageError, Store, check_key
+from gpucampaign.storage.base import LocalStore, NotFound, StorageError, Store, check_key
 from gpucampaign.storage.open import open_store
 from gpucampaign.storage.spool import SpoolingStore, spooled_keys
 
@@ -157,8 +157,8 @@ def mirror_output(
         the folder or some checkpoint files: they are complete here but not yet off the
         machine, and a later ``mirror`` can finish it.
     """
-    if url == "local":
-        return {"url": "local"}
+    if is_local(url):
+        return {"url": LOCAL}
     try:
         store = open_store(url, out_dir=root, env=env, spool=False)
         pending = spooled_keys(root)

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpucampaign.folder.layout import CHECKPOINTS_DIR
+from gpucampaign.core.storageurl import KNOWN, is_local, is_s3
+from gpucampaign.folder.layout import CHECKPOINTS_DIR, SPOOL_DIR
 from gpucampaign.spec import SpecError
-from gpucampaign.storage.base import SPOOL_DIR, LocalStore, StorageError, Store
+from gpucampaign.storage.base import LocalStore, StorageError, Store
 from gpucampaign.storage.s3 import S3Store
 from gpucampaign.storage.spool import SpoolingStore
 
@@ -34,9 +35,9 @@ def open_store(
         SpecError: The URL names no known storage.
         StorageError: The S3 client cannot be configured (a missing profile, say).
     """
-    if url == "local":
+    if is_local(url):
         return LocalStore(Path(out_dir) / CHECKPOINTS_DIR)
-    if url.startswith("s3://"):
+    if is_s3(url):
         if not spool:
             return S3Store(url, env=env)
         # The spool retries for as long as it takes: a request gives up after two attempts,
@@ -46,8 +47,7 @@ def open_store(
             spool_dir=Path(out_dir) / SPOOL_DIR,
         )
     raise SpecError(
-        f"field 'storage.url': unknown storage '{url}'; use 'local' or 's3://bucket/prefix'.",
-        field="storage.url",
+        f"field 'storage.url': unknown storage '{url}'; use {KNOWN}.", field="storage.url"
     )
 
 
@@ -59,7 +59,7 @@ def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
     Raises:
         SpecError: What is wrong, naming the URL and the endpoint (never a key).
     """
-    if url == "local":
+    if is_local(url):
         return
     try:
         store = open_store(url, out_dir=".", env=env, spool=False)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import TMP_PREFIX, sha256_bytes
+from gpucampaign.core.storageurl import S3_SCHEME, is_s3, split_s3
 from gpucampaign.core.text import redact_secrets
 from gpucampaign.spec import SpecError
 from gpucampaign.storage.base import ContentMismatch, NotFound, StorageError, check_key
@@ -37,10 +38,12 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     Raises:
         SpecError: The URL is not ``s3://bucket[/prefix]`` or its prefix is not a safe key.
     """
-    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    bucket, prefix = split_s3(url)
     prefix = prefix.strip("/")
-    if not url.startswith("s3://") or not bucket:
-        raise SpecError(f"'{url}' is not an S3 URL: use s3://bucket/prefix.", field="storage.url")
+    if not is_s3(url) or not bucket:
+        raise SpecError(
+            f"'{url}' is not an S3 URL: use {S3_SCHEME}bucket/prefix.", field="storage.url"
+        )
     if prefix:
         try:
             check_key(prefix)
@@ -86,7 +89,7 @@ class S3Store:
         from boto3.s3.transfer import TransferConfig
 
         self.bucket, self.prefix = parse_s3_url(url)
-        self.url = f"s3://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        self.url = f"{S3_SCHEME}{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
         try:
             self._client = client or s3_client(env, max_attempts=max_attempts)
         except ValueError as exc:

@@ -29,16 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import sha256_bytes, sha256_file
-from gpucampaign.storage.base import SPOOL_DIR, LocalStore, NotFound, StorageError, Store
+from gpucampaign.folder.layout import CHECKPOINT_LATEST, CHECKPOINT_META, SPOOL_DIR
+from gpucampaign.storage.base import LocalStore, NotFound, StorageError, Store
 
 log = logging.getLogger(__name__)
 
-_LATEST = "LATEST"
-_META = "meta.json"
-
 
 def _is_pointer(key: str) -> bool:
-    return key.rsplit("/", 1)[-1] == _LATEST
+    return key.rsplit("/", 1)[-1] == CHECKPOINT_LATEST
 
 
 def _drain_order(keys: list[str]) -> list[str]:
@@ -46,7 +44,7 @@ def _drain_order(keys: list[str]) -> list[str]:
     its ``meta.json``; pointers last."""
     files = sorted(
         (k for k in keys if not _is_pointer(k)),
-        key=lambda k: (k.rsplit("/", 1)[0] if "/" in k else "", k.endswith(_META), k),
+        key=lambda k: (k.rsplit("/", 1)[0] if "/" in k else "", k.endswith(CHECKPOINT_META), k),
     )
     return files + sorted(k for k in keys if _is_pointer(k))
 

@@ -15,11 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import sha256_file
+from gpucampaign.core.storageurl import is_local
 from gpucampaign.folder.layout import CHECKPOINTS_DIR as CHECKPOINT_DIR
-from gpucampaign.folder.layout import MANIFEST, PLAN, SPEC_COPY, OutputFolder, is_live_progress
+from gpucampaign.folder.layout import (
+    MANIFEST,
+    PLAN,
+    SPEC_COPY,
+    SPOOL_DIR,
+    OutputFolder,
+    is_live_progress,
+)
 from gpucampaign.plan.rental import iso, rental_of
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec
-from gpucampaign.storage.base import SPOOL_DIR, LocalStore, NotFound, StorageError
+from gpucampaign.storage.base import LocalStore, NotFound, StorageError
 from gpucampaign.storage.mirror import MIRROR_INDEX, retrieve_folder
 from gpucampaign.storage.open import open_store
 from gpucampaign.storage.spool import spooled_keys
@@ -108,7 +116,7 @@ def campaign_status(
     ck_local: list[str] = []
     out_store: list[str] = []
     error = None
-    if url == "local":
+    if is_local(url):
         ck_local = LocalStore(root / CHECKPOINT_DIR).list()
         out_local = outputs
     else:
@@ -134,8 +142,8 @@ def campaign_status(
         "time_left": say_left(hours_left),
         "checkpoints": {"in_store": ck_store, "only_local": ck_local},
         "outputs": {"in_store": out_store, "only_local": out_local},
-        "safe": url != "local" and error is None and not ck_local and not out_local,
-        "retrieve": None if url == "local" else f"campaign retrieve {url} --to DIR",
+        "safe": not is_local(url) and error is None and not ck_local and not out_local,
+        "retrieve": None if is_local(url) else f"campaign retrieve {url} --to DIR",
         "store_error": error,
     }
 
@@ -228,7 +236,7 @@ def folder_to_check(
         StorageError: The store holds a mirror that cannot be retrieved.
     """
     spec = campaign_folder_spec(out)
-    if spec.storage.url == "local":
+    if is_local(spec.storage.url):
         return Path(out)
     store = store or open_store(spec.storage.url, out_dir=out, env=env, spool=False)
     if not store.exists(MIRROR_INDEX):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import gpucampaign.tracking.mlflow as runs  # make_client looked up when called
-from gpucampaign.folder.layout import REPORT_HTML, REPORT_JSON, REPORT_MD
+from gpucampaign.folder.layout import FIGURES_DIR, REPORT_HTML, REPORT_JSON, REPORT_MD, RUNS_DIR
 from gpucampaign.spec import CampaignSpec, SpecError
 from gpucampaign.tracking.mlflow import (
     MAX_VALUE,
@@ -136,7 +136,7 @@ def track_sealed(
     files = [
         str(f["path"])
         for f in manifest.get("files") or []
-        if f.get("path") in _CLOSE_ARTIFACTS or str(f.get("path", "")).startswith("figures/")
+        if f.get("path") in _CLOSE_ARTIFACTS or str(f.get("path", "")).startswith(f"{FIGURES_DIR}/")
     ]
     return _track_close(
         spec,
@@ -167,7 +167,7 @@ def sealed_tracking_uri(spec: CampaignSpec, *, root: str | Path, uri: str | None
             "MLFLOW_TRACKING_URI or give --uri.",
             field="tracking.mlflow.uri",
         )
-    if not any((root / "runs").glob(f"*/{STATE_FILE}")):
+    if not any((root / RUNS_DIR).glob(f"*/{STATE_FILE}")):
         raise SpecError(
             f"no run of '{root}' was tracked (no runs/*/{STATE_FILE}): the campaign ran with "
             "tracking off, so nothing was kept to send.",
@@ -196,7 +196,7 @@ def _track_close(
         client = client if client is not None else runs.make_client(uri)
         replays = [
             r
-            for d in sorted((root / "runs").glob("*/"))
+            for d in sorted((root / RUNS_DIR).glob("*/"))
             if (r := replay(d, client=client, uri=uri, sealed=sealed)) is not None
         ]
         exp = ensure_experiment(client, experiment_name(spec))

@@ -42,14 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
-from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE
+from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE, run_id_of
+from gpucampaign.folder.records import read_campaign_id
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = MLFLOW_STATE_FILE
 OUTBOX_FILE = MLFLOW_OUTBOX_FILE
-CAMPAIGN_FILE = "campaign.json"  # written by the campaign flow at its first start
 META_KEY = "mlflow_run_id"  # in every checkpoint's meta.json
 OFF_ENV = "GPUCAMPAIGN_TRACKING"
 TAG = "gpucampaign."
@@ -119,10 +119,7 @@ def make_client(uri: str) -> Any:
 
 def campaign_id_of(root: Path, spec: CampaignSpec) -> str:
     """The campaign ID of output folder ``root`` (``campaign.json``), else the spec's name."""
-    try:
-        return str(json.loads((root / CAMPAIGN_FILE).read_text(encoding="utf-8"))["campaign_id"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return spec.name
+    return read_campaign_id(root) or spec.name
 
 
 def row_records(row: Mapping[str, Any], *, ts: int) -> list[Record]:
@@ -267,7 +264,7 @@ class RunTracker:
             return None
         client = client if client is not None else make_client(uri)
         out_dir = Path(out_dir)
-        root = out_dir.parent.parent if out_dir.parent.name == "runs" else out_dir
+        root = out_dir.parent.parent if run_id_of(out_dir) is not None else out_dir
         tags, params = run_identity(spec, run)
         known = (restored_meta or {}).get(META_KEY)
         t = cls(

@@ -30,6 +30,8 @@ from gpucampaign.folder.layout import (
     SPEC_COPY,
     STOPS,
     OutputFolder,
+    run_file,
+    run_path,
 )
 from gpucampaign.spec import SpecError, load_spec, spec_sha256
 from gpucampaign.verify.context import Problem, VerifyContext, run_id_is_a_name
@@ -283,7 +285,7 @@ def check_spec(ctx: VerifyContext) -> list[Problem]:
         rid = spec.run_id(name)
         if rid not in ctx.runs:
             detail = f"run '{name}' ({rid}) of the spec is not in the manifest"
-            problems.append(Problem("missing_run", f"runs/{rid}", detail))
+            problems.append(Problem("missing_run", run_file(rid), detail))
     return problems
 
 
@@ -304,9 +306,9 @@ def check_manifest_runs(ctx: VerifyContext) -> list[Problem]:
 
 def _lacking_files(ctx: VerifyContext, run_id: str) -> list[str]:
     """The files a completed run should have and does not (relative to its folder)."""
-    rdir = ctx.base / "runs" / run_id
+    rdir = run_path(ctx.base, run_id)
     lacking = [f for f in RUN_FILES if not (rdir / f).is_file()]
-    lacking += [f"model/{f}" for f in MODEL_FILES if not (rdir / "model" / f).is_file()]
+    lacking += [f"{MODEL_DIR}/{f}" for f in MODEL_FILES if not (rdir / MODEL_DIR / f).is_file()]
     return lacking
 
 
@@ -319,7 +321,7 @@ def check_expected_runs(ctx: VerifyContext) -> list[Problem]:
     stop_ids = {r.get("stop_id") for r in stops if isinstance(r, Mapping)}
     problems = []
     for rid, info in ctx.runs.items():
-        rdir = f"runs/{rid}"
+        rdir = run_file(rid)
         if info.get("stop_id") and info["stop_id"] not in stop_ids:
             detail = f"stop {info['stop_id']} of run {rid} is not in stops.jsonl"
             problems.append(Problem("unknown_stop", rdir, detail))
@@ -388,7 +390,7 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
         rid
         for rid, info in ctx.runs.items()
         if info.get("status") in RELOADED_STATES
-        and (ctx.base / "runs" / rid).is_dir()
+        and run_path(ctx.base, rid).is_dir()
         and not any(
             f == PREDICTIONS_FILE or f.startswith(f"{MODEL_DIR}/") for f in _lacking_files(ctx, rid)
         )
@@ -400,14 +402,16 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
             ctx.reloaded.append(rid)
         elif res.get("error"):
             detail = f"the model does not reload in a fresh process: {res['error']}"
-            problems.append(Problem("reload_failed", f"runs/{rid}/model", detail))
+            problems.append(Problem("reload_failed", run_file(rid, MODEL_DIR), detail))
         else:
             fm = res.get("first_mismatch") or {}
             detail = (
                 f"the reloaded model differs on {res.get('mismatches')} of {res.get('rows')} rows "
                 f"(first: id {fm.get('id')}: expected {fm.get('expected')}, got {fm.get('got')})"
             )
-            problems.append(Problem("predictions_mismatch", f"runs/{rid}/predictions.csv", detail))
+            problems.append(
+                Problem("predictions_mismatch", run_file(rid, PREDICTIONS_FILE), detail)
+            )
     return problems
 
 
