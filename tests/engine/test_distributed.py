@@ -63,7 +63,7 @@ def write_campaign(base: Path, digits: tuple[Path, str], **control: Any) -> Camp
 
 
 def folder(spec: CampaignSpec, base: Path) -> Path:
-    return base / "out" / "runs" / spec.run_id("control")
+    return base / "out" / "runs" / spec.resolve_run("control").run_id
 
 
 def train(spec: CampaignSpec, base: Path, **kw: Any):
@@ -165,7 +165,7 @@ def test_gpus_one_keeps_the_run_id_and_two_changes_it() -> None:
             ],
         }
     )
-    ids = {r: spec.run_id(r).split("-")[1] for r in ("control", "same", "two")}
+    ids = {r: spec.resolve_run(r).run_id.split("-")[1] for r in ("control", "same", "two")}
     assert ids["control"] == ids["same"] != ids["two"]
     with pytest.raises(ValueError, match="gpus"):
         RunConfig(gpus=0)
@@ -212,8 +212,8 @@ def test_stopped_and_resumed_in_fresh_processes_is_bit_identical(
     assert not pilot.completed and pilot.steps_done == 7
     ck, _ = CheckpointManager(
         LocalStore(tmp_path / "out" / "checkpoints"),
-        run_id=spec.run_id("control"),
-        config_sha256=spec.run_sha256("control"),
+        run_id=spec.resolve_run("control").run_id,
+        config_sha256=spec.resolve_run("control").config_sha256,
         keep=2,
     ).load_latest()
     assert ck is not None and ck.step == 7 and ck.meta["world_size"] == 2
@@ -263,7 +263,7 @@ def test_sigint_to_the_launcher_stops_every_rank_at_one_saved_step(
     reference: dict[str, Any],
 ) -> None:
     spec = write_campaign(tmp_path, digits_file)
-    latest = tmp_path / "out" / "checkpoints" / spec.run_id("control") / "LATEST"
+    latest = tmp_path / "out" / "checkpoints" / spec.resolve_run("control").run_id / "LATEST"
     proc = start_child(tmp_path, sleep_s=0.15)
     try:
         ranks = wait_for_ranks(proc, latest)
@@ -293,7 +293,7 @@ def test_one_rank_sigkilled_ends_the_others_and_the_run_resumes(
     reference: dict[str, Any],
 ) -> None:
     spec = write_campaign(tmp_path, digits_file)
-    latest = tmp_path / "out" / "checkpoints" / spec.run_id("control") / "LATEST"
+    latest = tmp_path / "out" / "checkpoints" / spec.resolve_run("control").run_id / "LATEST"
     proc = start_child(tmp_path, sleep_s=0.15)
     try:
         ranks = wait_for_ranks(proc, latest)
@@ -347,7 +347,7 @@ def test_a_stop_requested_in_a_worker_thread_reaches_the_ranks(
     from gpucampaign.core.interrupt import Interrupted, clear_stop, request_stop
 
     spec = write_campaign(tmp_path, digits_file)
-    latest = tmp_path / "out" / "checkpoints" / spec.run_id("control") / "LATEST"
+    latest = tmp_path / "out" / "checkpoints" / spec.resolve_run("control").run_id / "LATEST"
     monkeypatch.setenv("GPUCAMPAIGN_TEST_STEP_SLEEP_S", "0.15")
     paths = [str(SLOW_SITE), str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))

@@ -53,7 +53,7 @@ def test_early_save_replays_to_the_next_save_exactly(tmp_path, digits_file):  # 
     assert capped.identical and (capped.k, capped.n) == (5, 6)
     assert "params" not in capped.compared  # nothing the live run recorded at step 6
     # The save the fresh process resumed is linked from the live store, not copied.
-    key = f"{spec.run_id('control')}/{step_dirname(5)}/{STATE_FILE}"
+    key = f"{spec.resolve_run('control').run_id}/{step_dirname(5)}/{STATE_FILE}"
     live = LocalStore(tmp_path / "out" / "checkpoints").local_path(key)
     assert live is not None and (tmp_path / "work" / "checkpoints" / key).samefile(live)
 
@@ -86,7 +86,9 @@ def test_a_store_that_is_not_a_folder_is_copied_for_the_check(tmp_path, digits_f
 def _tamper(spec, tmp_path, step, change):
     """Rewrite the train state of the checkpoint of ``step`` (and its meta's hash, so that
     the checkpoint still loads): a save that wrote the wrong state."""
-    folder = tmp_path / "out" / "checkpoints" / spec.run_id("control") / step_dirname(step)
+    folder = (
+        tmp_path / "out" / "checkpoints" / spec.resolve_run("control").run_id / step_dirname(step)
+    )
     state = torch.load(io.BytesIO((folder / STATE_FILE).read_bytes()), weights_only=True)
     change(state)
     data = bytes(serialize_state(state))

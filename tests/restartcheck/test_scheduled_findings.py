@@ -31,7 +31,7 @@ def _args(spec, tmp_path):
 
 
 def _latest(spec, tmp_path):
-    return tmp_path / "out" / "checkpoints" / spec.run_id("control") / "step-000000020"
+    return tmp_path / "out" / "checkpoints" / spec.resolve_run("control").run_id / "step-000000020"
 
 
 def test_flipped_bytes_in_the_latest_fail_the_check_with_both_hashes(tmp_path, finished):
@@ -64,7 +64,7 @@ def test_the_latest_state_deleted_fails_naming_the_missing_object(tmp_path, fini
     found = check_latest_checkpoint(finished, **_args(finished, tmp_path))
     assert not found.ok and found.expected_step == 20 and found.resumes_from == 14
     assert found.problem is not None and found.problem.kind == "missing object"
-    assert found.problem.obj == f"{finished.run_id('control')}/step-000000020/state.pt"
+    assert found.problem.obj == f"{finished.resolve_run('control').run_id}/step-000000020/state.pt"
     assert "missing object" in found.summary() and "state.pt" in found.summary()
 
 

@@ -167,13 +167,13 @@ def _score_run(spec: CampaignSpec, folder: OutputFolder, run: str, *, corpus: An
     try:
         write_run_scores(
             folder.root,
-            spec.run_id(run),
+            spec.resolve_run(run).run_id,
             config=spec.run_config(run),
             corpus=corpus,
             splits=_verdict_splits(spec),
         )
     except RecipeError as exc:
-        folder.write_text(run_file(spec.run_id(run), SCORES_ERROR_FILE), f"{exc}\n")
+        folder.write_text(run_file(spec.resolve_run(run).run_id, SCORES_ERROR_FILE), f"{exc}\n")
 
 
 def _verdict_splits(spec: CampaignSpec) -> list[str]:

@@ -11,7 +11,8 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -205,8 +206,31 @@ class CampaignSpec(_Frozen):
         """Every run, essential first, then useful, then exploratory (spec order within a tier)."""
         return sorted(self.run_names(), key=lambda r: TIERS.index(self.tier_of(r)))
 
+    # --- the runs, resolved once per spec ----------------------------------------------------
+    @cached_property
+    def run_cache(self) -> dict[str, Any]:
+        """The memo behind ``run_config`` and ``resolve_run`` (filled on first use of a run)."""
+        return {}
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
+        """A copy of the spec; its runs are resolved again (``update`` may change them)."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("run_cache", None)
+        return copy
+
     def run_config(self, run: str) -> RunConfig:
-        """The resolved configuration of a run (control, or control + a variant's changes)."""
+        """The resolved configuration of a run (control, or control + a variant's changes).
+
+        Computed once per spec (the recipe file is not read): later calls return the same
+        object.
+        """
+        key = ("config", run)
+        if key not in self.run_cache:
+            self.run_cache[key] = self._merge_run_config(run)
+        config: RunConfig = self.run_cache[key]
+        return config
+
+    def _merge_run_config(self, run: str) -> RunConfig:
         if self.control is None:
             raise SpecError(
                 "the spec has no 'control': add a control run configuration", field="control"
@@ -224,12 +248,23 @@ class CampaignSpec(_Frozen):
         raise SpecError(f"no run named '{run}': use one of {self.run_names()}", field="run")
 
     def resolve_run(self, run: str) -> ResolvedRun:
-        """The run's config, ID and hashes, computed once (the recipe file read once).
+        """The run's config, ID and hashes: the one resolution of a run.
+
+        Computed once per spec (the recipe file read once); later calls return the same
+        ``ResolvedRun``. Code below a phase's entry receives that object, never ``(spec, run)``
+        to resolve again.
 
         Raises:
             SpecError: No run of that name, or no control.
             RecipeError: A recipe given by import path whose module cannot be found.
         """
+        key = ("run", run)
+        if key not in self.run_cache:
+            self.run_cache[key] = self._resolve_once(run)
+        resolved: ResolvedRun = self.run_cache[key]
+        return resolved
+
+    def _resolve_once(self, run: str) -> ResolvedRun:
         config = self.run_config(run)
         recipe_sha = None if config.builtin else recipe_file_sha256(config.recipe)
         sha = run_payload_sha256(
@@ -246,13 +281,9 @@ class CampaignSpec(_Frozen):
             recipe_sha256=recipe_sha,
         )
 
-    def run_id(self, run: str) -> str:
-        """``<name>-<10 hex of sha256(canonical JSON of the resolved run config)>``."""
-        return self.resolve_run(run).run_id
-
-    def run_sha256(self, run: str) -> str:
-        """Full sha256 over the run's payload: config, pinned corpus and recipe file."""
-        return self.resolve_run(run).config_sha256
+    def run_ids(self) -> dict[str, str]:
+        """Every run's ID by run name, in ``run_names`` order (each run resolved once)."""
+        return {r: self.resolve_run(r).run_id for r in self.run_names()}
 
     def needs_table(self) -> bool:
         """True when a run uses a built-in recipe, which reads the corpus as a feature table."""
