@@ -208,7 +208,7 @@ class CampaignSpec(_Frozen):
 
     # --- the runs, resolved once per spec ----------------------------------------------------
     @cached_property
-    def run_cache(self) -> dict[str, Any]:
+    def run_cache(self) -> dict[tuple[str, str], Any]:
         """The memo behind ``run_config`` and ``resolve_run`` (filled on first use of a run)."""
         return {}
 
