@@ -1,5 +1,6 @@
 """Data-parallel runs (``gpus: 2``) on CPU with ``gloo``: the run ID, the shards, and the
-exact restart and the faults across ranks (``engine/distributed.py``).
+exact restart and the faults across ranks (``engine/launch.py``: the launcher,
+``engine/worker.py``: one rank's process, ``engine/process_group.py``: the ranks' hooks).
 
 The multi-process tests share one uninterrupted 2-process run (20 steps, a save every 4) and
 compare every other run's final parameters and per-step losses (rank 0's and rank 1's) with it
@@ -26,7 +27,7 @@ from gpucampaign.core.stoprules import NonFiniteLoss
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.engine.loop import train_run
 from gpucampaign.engine.parts import RankShard
-from gpucampaign.engine.ranks import OneProcess
+from gpucampaign.engine.process_group import OneProcess
 from gpucampaign.spec import CampaignSpec, RunConfig, SpecError, parse_spec
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, train_losses  # noqa: F401  (fixture)
