@@ -41,7 +41,7 @@ def restart_verification(
             campaign=spec.name,
             out=out,
             run=f"restart check of {resolved.run_id}",
-            slots=resolved.config.gpus,  # a data-parallel run's check trains on its N GPUs
+            slots=resolved.size.processes,  # a data-parallel run's check trains on its GPUs
         ):
             with (
                 busy(folder, spec, phase="restart", run=run, note=resolved.run_id),
@@ -99,18 +99,11 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
             campaign=spec.name,
             out=out,
             run=f"scheduled restart check of {run}",
-            slots=spec.resolve_run(run).config.gpus,
+            slots=spec.resolve_run(run).size.processes,
         ),
         tempfile.TemporaryDirectory(prefix="gpucampaign-resume-") as work,
     ):
         found = check_latest_checkpoint(
-            spec,
-            run=spec.resolve_run(run),
-            corpus_path=target.corpus_path,
-            inputs=target.inputs,
-            store=target.store,
-            run_dir=Path(out) / "runs" / target.runs[run],
-            workdir=Path(work),
-            m_steps=steps,
+            target.for_run(run, out_dir=out, workdir=Path(work)), m_steps=steps
         )
     return found.to_dict()

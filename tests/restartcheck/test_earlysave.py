@@ -14,6 +14,7 @@ from gpucampaign.core.files import sha256_bytes
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.restartcheck.earlysave import campaign_restart_check, verify_early_save
 from gpucampaign.restartcheck.scheduled import _copy_checkpoint
+from gpucampaign.restartcheck.target import RestartTarget
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
 
@@ -32,15 +33,15 @@ def _live_run(tmp_path, digits_file):  # noqa: F811
 
 
 def _check(spec, tmp_path, work="work", **kw):
-    return verify_early_save(
-        spec,
+    target = RestartTarget(
+        spec=spec,
         run=spec.resolve_run("control"),
         corpus_path=tmp_path / "data" / "digits.csv",
         store=LocalStore(tmp_path / "out" / "checkpoints"),
         run_dir=run_dir(spec, tmp_path),
         workdir=tmp_path / work,
-        **kw,
     )
+    return verify_early_save(target, **kw)
 
 
 def test_early_save_replays_to_the_next_save_exactly(tmp_path, digits_file):  # noqa: F811

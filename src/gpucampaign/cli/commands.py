@@ -315,15 +315,7 @@ def _check_output_restart(
             field="--run",
         )
     return verify_checkpoint_resume(
-        target.spec,
-        run=target.spec.resolve_run(run),
-        corpus_path=target.corpus_path,
-        inputs=target.inputs,
-        store=target.store,
-        run_dir=out / "runs" / target.runs[run],
-        workdir=workdir,
-        m_steps=n_steps or 20,
-        check=False,
+        target.for_run(run, out_dir=out, workdir=workdir), m_steps=n_steps or 20, check=False
     )
 
 

@@ -63,7 +63,7 @@ from gpucampaign.folder.records import (
 )
 from gpucampaign.plan import calendar
 from gpucampaign.plan.decision import Decision
-from gpucampaign.spec import CampaignSpec
+from gpucampaign.spec import CampaignSpec, run_size
 
 #: The run states whose recorded evaluation is evidence: a stopped run that measured, and an
 #: interrupted one (``resume: inference``: its last good model, at its step).
@@ -542,7 +542,7 @@ def close_runs(
             metric_of=metric_of,
             analyses=analyses,
             resume_of={r: spec.run_config(r).resume for r in spec.run_names()},
-            gpus_of={r: spec.run_config(r).gpus for r in spec.run_names()},
+            gpus_of={r: run_size(spec.run_config(r)).processes for r in spec.run_names()},
         ),
         metrics=metrics,
         figures=figs,

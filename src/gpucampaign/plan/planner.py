@@ -52,7 +52,7 @@ from gpucampaign.plan.tariffs import (
     load_catalog,
     resolve_package,
 )
-from gpucampaign.spec import CampaignSpec, SpecError
+from gpucampaign.spec import CampaignSpec, SpecError, run_size
 
 TIER_RANK = {"essential": 0, "useful": 1, "exploratory": 2}
 EPS = 1e-9
@@ -661,7 +661,7 @@ def _widths(
             continue
         if run not in gpus:
             try:
-                gpus[run] = spec.run_config(run).gpus
+                gpus[run] = run_size(spec.run_config(run)).processes
             except SpecError:
                 gpus[run] = 1  # an unknown run is reported where runs are checked
         widths.append(gpus[run])
