@@ -189,6 +189,32 @@ def test_a_ranks_live_progress_is_never_sealed() -> None:
     assert not is_live_progress("runs/control-1/.ranks/1/metrics.jsonl")
 
 
+def test_the_worker_reads_its_place_from_the_launchers_environment() -> None:
+    """The rank side takes what torchrun sets, so another launcher starts it unchanged."""
+    from gpucampaign.engine.worker import RankEnv
+
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "node2"}
+    assert RankEnv.from_environ(env) == RankEnv(rank=5, world_size=8, local_rank=1)
+    assert RankEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2"}).local_rank == 1
+
+
+def test_launching_is_apart_from_the_ranks() -> None:
+    """The rank side (worker, process group) imports nothing of the launcher, and a run's
+    size is nodes x GPUs per node, read as one process count."""
+    import ast
+
+    from gpucampaign.spec import RunSize, run_size
+
+    engine = REPO / "src" / "gpucampaign" / "engine"
+    for module in ("worker.py", "process_group.py", "setup.py"):
+        tree = ast.parse((engine / module).read_text(encoding="utf-8"))
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "gpucampaign.engine.launch" not in imported, module
+    assert run_size(RunConfig(gpus=4)) == RunSize(nodes=1, gpus_per_node=4)
+    assert RunSize(nodes=2, gpus_per_node=4).processes == 8
+    assert run_size(RunConfig()).processes == 1
+
+
 # --- 2 processes, gloo --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory, digits_file) -> dict[str, Any]:  # noqa: F811
