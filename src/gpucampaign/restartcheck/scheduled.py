@@ -508,7 +508,7 @@ def output_check_target(
             field="corpus.sha256",
         )
     store = open_store(spec.storage.url, out_dir=out)
-    ids = {r: spec.resolve_run(r).run_id for r in spec.run_names()}
+    ids = spec.run_ids()
     runs = {r: rid for r, rid in ids.items() if store.list(rid)}
     if not runs:
         raise NoUsableRestart(
