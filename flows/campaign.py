@@ -376,7 +376,7 @@ def _submit_in_lanes(
             futures[item] = train.submit(
                 cs,
                 run=item,
-                run_id=cs.run_id(item),
+                run_id=cs.resolve_run(item).run_id,
                 lane=lane,
                 return_state=False,
                 wait_for=wait,

@@ -130,7 +130,7 @@ def _trained_in(folder: OutputFolder, spec: CampaignSpec, row: TimelineRow) -> P
     """The run folder whose metrics a cut pilot or training segment wrote."""
     if row.phase not in TRAINING_PHASES or row.run not in spec.run_names():
         return None
-    return folder.path(run_file(spec.run_id(row.run)))
+    return folder.path(run_file(spec.resolve_run(row.run).run_id))
 
 
 def record_stop(folder: OutputFolder, exc: StopRule, *, run: str, phase: str) -> StopRecord:

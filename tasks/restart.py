@@ -13,7 +13,7 @@ from prefect import task
 
 from gpucampaign.core.interrupt import raise_if_stopped
 from gpucampaign.core.stoprules import StopRule
-from gpucampaign.folder.layout import RESTART_FILE, run_path
+from gpucampaign.folder.layout import RESTART_FILE
 from gpucampaign.folder.progress import relay_check_progress
 from gpucampaign.restartcheck.check import OutputCheckTarget, check_latest_checkpoint
 from gpucampaign.restartcheck.earlysave import campaign_restart_check
@@ -42,7 +42,7 @@ def restart_verification(
             campaign=spec.name,
             out=out,
             run=f"restart check of {resolved.run_id}",
-            slots=resolved.config.gpus,  # a data-parallel run's check trains on its N GPUs
+            slots=resolved.size.processes,  # a data-parallel run's check trains on its GPUs
         ):
             with (
                 busy(folder, spec, phase="restart", run=run, note=resolved.run_id),
@@ -100,18 +100,11 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
             campaign=spec.name,
             out=out,
             run=f"scheduled restart check of {run}",
-            slots=spec.resolve_run(run).config.gpus,
+            slots=spec.resolve_run(run).size.processes,
         ),
         tempfile.TemporaryDirectory(prefix="gpucampaign-resume-") as work,
     ):
         found = check_latest_checkpoint(
-            spec,
-            run=spec.resolve_run(run),
-            corpus_path=target.corpus_path,
-            inputs=target.inputs,
-            store=target.store,
-            run_dir=run_path(out, target.runs[run]),
-            workdir=Path(work),
-            m_steps=steps,
+            target.for_run(run, out_dir=out, workdir=Path(work)), m_steps=steps
         )
     return found.to_dict()

@@ -177,7 +177,7 @@ def _run_training(
                 campaign=spec.name,
                 out=out,
                 run=f"{phase} of {run_id}",
-                slots=run.config.gpus,  # a data-parallel run holds one slot per GPU
+                slots=run.size.processes,  # a data-parallel run holds one slot per GPU
             ),
             busy(folder, spec, phase=phase, run=run.name, note=run_id) as row,
         ):

@@ -498,7 +498,14 @@ def test_a_run_resumes_from_the_previous_good_checkpoint(tmp_path, digits_file):
     spec = make_spec(tmp_path, digits_file, control={"dropout": 0.1})
     whole = run(spec, tmp_path, out="whole")
     run(spec, tmp_path, stop_after_steps=8, checkpoint_every=3)  # saves at 3, 6, 8
-    state = tmp_path / "out" / "checkpoints" / spec.run_id("control") / step_dirname(8) / STATE_FILE
+    state = (
+        tmp_path
+        / "out"
+        / "checkpoints"
+        / spec.resolve_run("control").run_id
+        / step_dirname(8)
+        / STATE_FILE
+    )
     state.write_bytes(state.read_bytes()[:-10])
     res = run(spec, tmp_path)
     assert res.resumed_from_step == 6 and "truncated" in res.refused_checkpoints[0]

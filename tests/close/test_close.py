@@ -620,7 +620,7 @@ RUN_SPEC = {
 def _finish(root: Path, spec, run: str, *, accuracy: float, model: bool = True) -> None:
     from gpucampaign.folder.runresult import RunResult
 
-    rid = spec.run_id(run)
+    rid = spec.resolve_run(run).run_id
     (root / "runs" / rid / "model").mkdir(parents=True)
     result = RunResult(
         run_id=rid,
@@ -653,13 +653,16 @@ def test_run_states_decide_each_run_once(tmp_path: Path):
     _finish(tmp_path, spec, "wide", accuracy=0.9, model=False)
     states = run_states(spec, root=tmp_path)
     assert [s.status for s in states.values()] == ["completed", "not_run", "not_run"]
-    assert "model was not saved" in states[spec.run_id("wide")].reason
-    assert states[spec.run_id("big")].reason == "the campaign stopped"
+    assert "model was not saved" in states[spec.resolve_run("wide").run_id].reason
+    assert states[spec.resolve_run("big").run_id].reason == "the campaign stopped"
 
     append_stop(
         tmp_path,
         StopRecord(
-            stop_id="stop-w", rule="non_finite_loss", run_id=spec.run_id("wide"), reason="nan"
+            stop_id="stop-w",
+            rule="non_finite_loss",
+            run_id=spec.resolve_run("wide").run_id,
+            reason="nan",
         ),
     )
     decision = Decision(action="reduce", dropped_runs=["big"])
@@ -671,7 +674,7 @@ def test_run_states_decide_each_run_once(tmp_path: Path):
         "stop-w",
         "dropped",
     )
-    assert expected_runs(states)[spec.run_id("wide")] == {
+    assert expected_runs(states)[spec.resolve_run("wide").run_id] == {
         "run": "wide",
         "tier": "useful",
         "status": "stopped",

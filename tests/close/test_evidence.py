@@ -187,9 +187,9 @@ def test_a_straddling_interval_is_inconclusive_with_the_evidence_needed(tmp_path
     # Priced from the runs' measured training time, not from the calendar's allotted hours.
     spec, out = got["spec"], got["out"]
     measured = [
-        json.loads((out / "runs" / spec.run_id(r) / "result.json").read_text())["timings"][
-            "steps_s_sum"
-        ]
+        json.loads((out / "runs" / spec.resolve_run(r).run_id / "result.json").read_text())[
+            "timings"
+        ]["steps_s_sum"]
         for r in ("control", "learns")
     ]
     # Each run's time is kept to the microsecond (closing.py): a fast pair of runs needs abs.
@@ -252,7 +252,7 @@ def test_seed_replicates_run_as_their_own_runs_and_the_verdict_uses_them(tmp_pat
     spec, v = got["spec"], got["verdict"]
     assert spec.run_names() == ["control", "control.s1", "wide", "wide.s1"]
     assert spec.run_config("wide.s1").seed == 1 and spec.run_config("wide").hidden == (16,)
-    assert len({spec.run_id(r) for r in spec.run_names()}) == 4
+    assert len({spec.resolve_run(r).run_id for r in spec.run_names()}) == 4
     assert spec.tier_of("control.s1") == "useful" and spec.tier_of("wide.s1") == "useful"
     assert v.variants["wide"]["test"]["replicates"] == 2
     states = json.loads((got["out"] / "manifest.json").read_text())["runs"]
@@ -295,7 +295,7 @@ def _pilots(base: Path, *, variants: list[dict[str, Any]], steps: int = 6) -> tu
     folder = OutputFolder(base / "out")
     measured = {}
     for run in spec.run_names():
-        rdir = folder.run_dir(spec.run_id(run))
+        rdir = folder.run_dir(spec.resolve_run(run).run_id)
         result = train_run(
             spec,
             run=spec.resolve_run(run),
@@ -378,18 +378,20 @@ def test_a_control_stopped_by_the_quality_floor_is_evidence_with_predictions_and
     out, spec, v = got["out"], got["spec"], got["verdict"]
     stops = [json.loads(line) for line in (out / "stops.jsonl").read_text().splitlines()]
     assert [s["rule"] for s in stops] == ["below_threshold"]
-    assert stops[0]["run_id"] == spec.run_id("control")
+    assert stops[0]["run_id"] == spec.resolve_run("control").run_id
     # A decision all the same: the stopped control's values are evidence, and the stop is said.
     assert (v.kind, v.run) == ("adopt", "learns"), v.text
     assert v.answer.startswith("Yes: 'learns' improves accuracy over the control by")
     assert f"'control' stopped by below_threshold ({stops[0]['stop_id']})" in v.text
     assert "below the floor 0.8" in v.text
     # Its model got predictions and scores, and reloads in a fresh process like any other.
-    rdir = out / "runs" / spec.run_id("control")
+    rdir = out / "runs" / spec.resolve_run("control").run_id
     assert (rdir / "predictions.csv").is_file() and (rdir / "scores-val.csv").is_file()
     report = verify_output(out, reload=True)
     assert report.verified, report.problems
-    assert sorted(report.reloaded_runs) == sorted(spec.run_id(r) for r in spec.run_names())
+    assert sorted(report.reloaded_runs) == sorted(
+        spec.resolve_run(r).run_id for r in spec.run_names()
+    )
     # The flow stops the campaign only for a stop that leaves no evidence.
     recorded = STOP_RULES[stops[0]["rule"]](stops[0]["run_id"], stops[0]["reason"])
     assert not stops_the_campaign(recorded)

@@ -138,7 +138,7 @@ def test_a_user_recipe_with_score_gets_intervals_on_its_metric(tmp_path: Path, m
     assert "lower end clears" in v.text
     # The scores the interval resampled are in each run's folder, one row per example.
     for run in ("control", "learns"):
-        scores = read_scores(out / run_file(spec.run_id(run), scores_file("test")))
+        scores = read_scores(out / run_file(spec.resolve_run(run).run_id, scores_file("test")))
         assert scores.ids[:2] == ("test0", "test1") and len(scores.ids) == 60
         assert set(scores.values) == {"loss", "mse"}
     # The value the verdict states is the mean of those very scores.
@@ -189,5 +189,7 @@ def test_a_builtin_recipe_gets_an_interval_on_loss(tmp_path: Path):
     assert (v.kind, v.run) == ("adopt", "learns"), v.text
     low, high = v.variants["learns"]["test"]["gain_ci95"]
     assert 0.01 < low <= v.variants["learns"]["test"]["gain"] <= high
-    scores = read_scores(got["out"] / run_file(got["spec"].run_id("learns"), scores_file("val")))
+    scores = read_scores(
+        got["out"] / run_file(got["spec"].resolve_run("learns").run_id, scores_file("val"))
+    )
     assert set(scores.values) == {"accuracy", "loss"} and scores.ids[0] == "val0000"

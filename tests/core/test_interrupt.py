@@ -83,7 +83,9 @@ def test_a_stop_saves_the_step_reached_and_the_rerun_resumes_identically(tmp_pat
     assert err.value.reason == "SIGINT" and step is not None and 7 <= step < 20
     assert saved[-1] == step  # the heartbeat callback saw the stop's checkpoint
     latest = json.loads(
-        (tmp_path / "out" / "checkpoints" / spec.run_id("control") / "LATEST").read_text()
+        (
+            tmp_path / "out" / "checkpoints" / spec.resolve_run("control").run_id / "LATEST"
+        ).read_text()
     )
     assert latest["step"] == step
     rows = read_metrics(run_dir(spec, tmp_path) / "metrics.jsonl")

@@ -32,7 +32,7 @@ def test_exploding_learning_rate_gives_non_finite_loss_with_its_step(tmp_path, d
     e = exc.value
     assert (
         e.rule == "non_finite_loss"
-        and e.run_id == spec.run_id("control")
+        and e.run_id == spec.resolve_run("control").run_id
         and e.stop_id.startswith("stop-")
     )
     rows = [
@@ -106,12 +106,17 @@ def test_no_usable_restart(tmp_path, digits_file):  # noqa: F811
     spec = make_spec(tmp_path, digits_file)
     run(spec, tmp_path, stop_after_steps=4)
     weights = (
-        tmp_path / "out" / "checkpoints" / spec.run_id("control") / step_dirname(4) / MODEL_FILE
+        tmp_path
+        / "out"
+        / "checkpoints"
+        / spec.resolve_run("control").run_id
+        / step_dirname(4)
+        / MODEL_FILE
     )
     weights.write_bytes(b"\0" * weights.stat().st_size)
     with pytest.raises(NoUsableRestart) as exc:
         run(spec, tmp_path)
-    assert "altered" in exc.value.reason and exc.value.run_id == spec.run_id("control")
+    assert "altered" in exc.value.reason and exc.value.run_id == spec.resolve_run("control").run_id
     relaxed = make_spec(tmp_path, digits_file, stop_rules={"require_restart": False})
     res = run(relaxed, tmp_path)  # same run ID: the stop rule does not change the config
     assert res.completed and res.resumed_from_step is None and res.refused_checkpoints

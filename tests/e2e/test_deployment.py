@@ -83,7 +83,7 @@ def test_deployment_run_completes_with_outputs(stack, finished_campaign):
     # The GPU lock was taken and given back.
     assert api(stack["api"], "GET", "/v2/concurrency_limits/gpu")["active_slots"] == 0
     prefix = finished_campaign["prefix"]
-    control = load_spec(finished_campaign["spec"]).run_id("control")
+    control = load_spec(finished_campaign["spec"]).resolve_run("control").run_id
     _assert_in_the_bucket(stack, prefix=prefix, manifest=manifest, control=control)
 
     # The scheduled restart check, run now on this output (a fresh copy retrieved from the

@@ -145,7 +145,7 @@ def test_a_campaign_is_tracked_across_an_interruption(servers, tmp_path):
     assert control.info.run_id == first_id  # the resume continued the same MLflow run
     assert control.info.status == "FINISHED"
     assert set(children) == {"control", "wide"}
-    run_id = spec.run_id("control")
+    run_id = spec.resolve_run("control").run_id
     assert control.data.tags["gpucampaign.run_id"] == run_id
     assert (
         control.data.tags["gpucampaign.config_sha256"] == spec.resolve_run("control").config_sha256
@@ -195,7 +195,7 @@ def test_a_server_down_never_stops_the_campaign(servers, tmp_path, caplog):
     and the metrics it kept are sent by `campaign track OUT` once the server is back; the
     sealed folder is only read, and a second `campaign track` sends nothing twice."""
     spec, corpus, folder, src = _campaign(tmp_path, servers["uri"], name="outage")
-    control_id = spec.run_id("control")
+    control_id = spec.resolve_run("control").run_id
     mlflowserver.stop_server(servers["root"])
     try:
         with caplog.at_level(logging.WARNING, logger=TRACKER_LOG):

@@ -280,7 +280,7 @@ def training(stack, receiver, tmp_path_factory):
         yield {
             "id": run["id"],
             "name": f"{cs.name} -> {out}",
-            "key": evaluations_key(cs.run_id("control")),
+            "key": evaluations_key(cs.resolve_run("control").run_id),
             "metric": cs.decision_rule.metric,
             "out": out,
             "worker": worker,

@@ -58,7 +58,7 @@ def test_server_down_mid_run_nothing_lost_and_the_spool_drains(tmp_path, digits_
         assert store.drain(timeout_s=120) == []
         assert not any((tmp_path / "out" / "spool").rglob("*.safetensors"))
 
-        rid = spec.run_id("control")
+        rid = spec.resolve_run("control").run_id
         client = srv.client()
         latest = json.loads(
             client.get_object(Bucket=srv.bucket, Key=f"spooltest/{rid}/{LATEST_FILE}")[
@@ -79,7 +79,7 @@ def test_server_down_mid_run_nothing_lost_and_the_spool_drains(tmp_path, digits_
         assert folders == {step_dirname(s) for s in (16, 18, 20)}, sorted(folders)
         bare = S3Store(url, env=srv.env())
         loaded, refused = CheckpointManager(
-            bare, run_id=rid, config_sha256=spec.run_sha256("control")
+            bare, run_id=rid, config_sha256=spec.resolve_run("control").config_sha256
         ).load_latest()
         assert loaded is not None and loaded.step == 20 and refused == []
     finally:

@@ -109,7 +109,7 @@ def test_a_non_finite_loss_is_caught_before_any_checkpoint_holds_it(tmp_path, di
     rows = read_metrics(run_dir(spec, tmp_path) / "metrics.jsonl")
     assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, e.step))
     saved = [r["step"] for r in rows if r["kind"] == "checkpoint"]
-    folder = tmp_path / "out" / "checkpoints" / spec.run_id("control")
+    folder = tmp_path / "out" / "checkpoints" / spec.resolve_run("control").run_id
     latest = json.loads((folder / "LATEST").read_text())["step"] if saved else None
     assert all(s < e.step for s in saved) and (latest is None or latest < e.step)
 

@@ -1,5 +1,6 @@
 """Data-parallel runs (``gpus: 2``) on CPU with ``gloo``: the run ID, the shards, and the
-exact restart and the faults across ranks (``engine/distributed.py``).
+exact restart and the faults across ranks (``engine/launch.py``: the launcher,
+``engine/worker.py``: one rank's process, ``engine/process_group.py``: the ranks' hooks).
 
 The multi-process tests share one uninterrupted 2-process run (20 steps, a save every 4) and
 compare every other run's final parameters and per-step losses (rank 0's and rank 1's) with it
@@ -26,7 +27,7 @@ from gpucampaign.core.stoprules import NonFiniteLoss
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.engine.loop import train_run
 from gpucampaign.engine.parts import RankShard
-from gpucampaign.engine.ranks import OneProcess
+from gpucampaign.engine.process_group import OneProcess
 from gpucampaign.spec import CampaignSpec, RunConfig, SpecError, parse_spec
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, train_losses  # noqa: F401  (fixture)
@@ -63,7 +64,7 @@ def write_campaign(base: Path, digits: tuple[Path, str], **control: Any) -> Camp
 
 
 def folder(spec: CampaignSpec, base: Path) -> Path:
-    return base / "out" / "runs" / spec.run_id("control")
+    return base / "out" / "runs" / spec.resolve_run("control").run_id
 
 
 def train(spec: CampaignSpec, base: Path, **kw: Any):
@@ -165,7 +166,7 @@ def test_gpus_one_keeps_the_run_id_and_two_changes_it() -> None:
             ],
         }
     )
-    ids = {r: spec.run_id(r).split("-")[1] for r in ("control", "same", "two")}
+    ids = {r: spec.resolve_run(r).run_id.split("-")[1] for r in ("control", "same", "two")}
     assert ids["control"] == ids["same"] != ids["two"]
     with pytest.raises(ValueError, match="gpus"):
         RunConfig(gpus=0)
@@ -186,6 +187,32 @@ def test_a_ranks_live_progress_is_never_sealed() -> None:
 
     assert is_live_progress("runs/control-1/.ranks/1/progress.json")
     assert not is_live_progress("runs/control-1/.ranks/1/metrics.jsonl")
+
+
+def test_the_worker_reads_its_place_from_the_launchers_environment() -> None:
+    """The rank side takes what torchrun sets, so another launcher starts it unchanged."""
+    from gpucampaign.engine.worker import RankEnv
+
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "node2"}
+    assert RankEnv.from_environ(env) == RankEnv(rank=5, world_size=8, local_rank=1)
+    assert RankEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2"}).local_rank == 1
+
+
+def test_launching_is_apart_from_the_ranks() -> None:
+    """The rank side (worker, process group) imports nothing of the launcher, and a run's
+    size is nodes x GPUs per node, read as one process count."""
+    import ast
+
+    from gpucampaign.spec import RunSize, run_size
+
+    engine = REPO / "src" / "gpucampaign" / "engine"
+    for module in ("worker.py", "process_group.py", "setup.py"):
+        tree = ast.parse((engine / module).read_text(encoding="utf-8"))
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "gpucampaign.engine.launch" not in imported, module
+    assert run_size(RunConfig(gpus=4)) == RunSize(nodes=1, gpus_per_node=4)
+    assert RunSize(nodes=2, gpus_per_node=4).processes == 8
+    assert run_size(RunConfig()).processes == 1
 
 
 # --- 2 processes, gloo --------------------------------------------------------------------------
@@ -212,8 +239,8 @@ def test_stopped_and_resumed_in_fresh_processes_is_bit_identical(
     assert not pilot.completed and pilot.steps_done == 7
     ck, _ = CheckpointManager(
         LocalStore(tmp_path / "out" / "checkpoints"),
-        run_id=spec.run_id("control"),
-        config_sha256=spec.run_sha256("control"),
+        run_id=spec.resolve_run("control").run_id,
+        config_sha256=spec.resolve_run("control").config_sha256,
         keep=2,
     ).load_latest()
     assert ck is not None and ck.step == 7 and ck.meta["world_size"] == 2
@@ -263,7 +290,7 @@ def test_sigint_to_the_launcher_stops_every_rank_at_one_saved_step(
     reference: dict[str, Any],
 ) -> None:
     spec = write_campaign(tmp_path, digits_file)
-    latest = tmp_path / "out" / "checkpoints" / spec.run_id("control") / "LATEST"
+    latest = tmp_path / "out" / "checkpoints" / spec.resolve_run("control").run_id / "LATEST"
     proc = start_child(tmp_path, sleep_s=0.15)
     try:
         ranks = wait_for_ranks(proc, latest)
@@ -293,7 +320,7 @@ def test_one_rank_sigkilled_ends_the_others_and_the_run_resumes(
     reference: dict[str, Any],
 ) -> None:
     spec = write_campaign(tmp_path, digits_file)
-    latest = tmp_path / "out" / "checkpoints" / spec.run_id("control") / "LATEST"
+    latest = tmp_path / "out" / "checkpoints" / spec.resolve_run("control").run_id / "LATEST"
     proc = start_child(tmp_path, sleep_s=0.15)
     try:
         ranks = wait_for_ranks(proc, latest)
@@ -347,7 +374,7 @@ def test_a_stop_requested_in_a_worker_thread_reaches_the_ranks(
     from gpucampaign.core.interrupt import Interrupted, clear_stop, request_stop
 
     spec = write_campaign(tmp_path, digits_file)
-    latest = tmp_path / "out" / "checkpoints" / spec.run_id("control") / "LATEST"
+    latest = tmp_path / "out" / "checkpoints" / spec.resolve_run("control").run_id / "LATEST"
     monkeypatch.setenv("GPUCAMPAIGN_TEST_STEP_SLEEP_S", "0.15")
     paths = [str(SLOW_SITE), str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))

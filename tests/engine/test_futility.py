@@ -212,7 +212,7 @@ def test_a_variant_that_cannot_win_stops_early_with_its_model_kept(
         run(spec, tmp_path, name="narrow")
     stop = info.value
     # The first evaluation after the pilot (5 steps): step 10 of 40, 30 steps never trained.
-    assert stop.step == 10 and stop.run_id == spec.run_id("narrow")
+    assert stop.step == 10 and stop.run_id == spec.resolve_run("narrow").run_id
     n = stop.numbers
     assert (n["control_step"], n["planned_steps"], n["steps_saved"]) == (10, 40, 30)
     assert n["gain_ci95"][1] < n["min_gain"] == 0.01 and n["futile"] is True
@@ -326,7 +326,9 @@ def test_a_minimized_metric_of_a_users_recipe_stops_the_variant_that_cannot_win(
     spec, folder, corpus = user_regression(tmp_path, score=True)
     train_every_run(spec, folder=folder, corpus=corpus)
     stops = folder.read_jsonl("stops.jsonl")
-    assert [(s["rule"], s["run_id"]) for s in stops] == [("futile", spec.run_id("frozen"))]
+    assert [(s["rule"], s["run_id"]) for s in stops] == [
+        ("futile", spec.resolve_run("frozen").run_id)
+    ]
     n = stops[0]["numbers"]
     assert (n["metric"], n["direction"], n["step"], n["steps_saved"]) == ("mse", "minimize", 8, 16)
     assert n["gain"] < 0 and n["gain_ci95"][1] < 0  # signed: the frozen variant is worse
@@ -339,6 +341,6 @@ def test_a_recipe_without_score_is_never_stopped_as_futile_and_says_why(tmp_path
     train_every_run(spec, folder=folder, corpus=corpus)
     assert folder.read_jsonl("stops.jsonl") == []
     for name in ("control", "frozen"):
-        rows = futility_rows(folder.run_dir(spec.run_id(name)))
+        rows = futility_rows(folder.run_dir(spec.resolve_run(name).run_id))
         assert len(rows) == 1 and "defines no score()" in rows[0]["off"], name
-    assert not (folder.run_dir(spec.run_id("control")) / "evals").exists()
+    assert not (folder.run_dir(spec.resolve_run("control").run_id) / "evals").exists()

@@ -59,7 +59,7 @@ def _interrupt_at(spec: Any, base: Path, step: int) -> int:
 
 
 def _checkpoint_weights(spec: Any, base: Path, step: int) -> dict[str, torch.Tensor]:
-    folder = base / "out" / "checkpoints" / spec.run_id("control") / f"step-{step:09d}"
+    folder = base / "out" / "checkpoints" / spec.resolve_run("control").run_id / f"step-{step:09d}"
     return load_file(folder / "model.safetensors")
 
 
@@ -125,7 +125,7 @@ def test_resume_inference_keeps_the_last_good_model_and_records_an_interruption(
         out, StopRecord.from_dict({**stop.to_record(), "run": "control", "time": utc_now()})
     )
     states = run_states(spec, root=out)
-    state = states[spec.run_id("control")]
+    state = states[spec.resolve_run("control").run_id]
     assert state.status == "interrupted" and state.stop_id == stop.stop_id
     assert read_stops(out)[0].rule == "interrupted"
     assert runs_with_model(states, root=out) == ["control"]
@@ -143,7 +143,7 @@ def test_resume_inference_keeps_the_last_good_model_and_records_an_interruption(
                 "runs": [
                     {
                         "run": "control",
-                        "run_id": spec.run_id("control"),
+                        "run_id": spec.resolve_run("control").run_id,
                         "resume": "inference",
                         "interrupted": result["interrupted"],
                     }
@@ -168,7 +168,9 @@ def test_nothing_saved_before_the_interruption_starts_the_run_afresh(tmp_path, d
     rdir = run_dir(spec, tmp_path)
     rdir.mkdir(parents=True)
     # A mark as a process killed before its first save leaves it (no checkpoint).
-    (rdir / MARK_FILE).write_text(json.dumps({"run_id": spec.run_id("control"), "target": 20}))
+    (rdir / MARK_FILE).write_text(
+        json.dumps({"run_id": spec.resolve_run("control").run_id, "target": 20})
+    )
     res = run(spec, tmp_path)
     assert res.completed and res.resumed_from_step is None
 
@@ -252,7 +254,7 @@ def test_a_campaign_restarts_inference_of_an_interrupted_variant_and_verifies(
     spec_path = tiny_campaign(tmp_path, edit=edit)
     cs = load_spec(spec_path)
     variant = next(r for r in cs.run_names() if r != "control")
-    rid = cs.run_id(variant)
+    rid = cs.resolve_run(variant).run_id
     out = tmp_path / "out"
     done = threading.Event()
     watcher = threading.Thread(
@@ -280,7 +282,7 @@ def test_a_campaign_restarts_inference_of_an_interrupted_variant_and_verifies(
     manifest = json.loads((out / "manifest.json").read_text())
     entry = manifest["runs"][rid]
     assert entry["status"] == "interrupted" and entry["stop_id"] == result["stop"]["stop_id"]
-    assert manifest["runs"][cs.run_id("control")]["status"] == "completed"
+    assert manifest["runs"][cs.resolve_run("control").run_id]["status"] == "completed"
     report = (out / "report.md").read_text()
     assert "interrupted at step" in report and "inference restarted" in report
     verified = verify_output(out)

@@ -33,7 +33,7 @@ def test_a_run_writes_its_folder(tmp_path, digits_file):  # noqa: F811
         and res.metrics == res.eval_metrics["test"]
     )
     params = json.loads((folder / "params.json").read_text())
-    assert params["run_id"] == res.run_id == spec.run_id("control")
+    assert params["run_id"] == res.run_id == spec.resolve_run("control").run_id
     assert (
         params["config"] == spec.control.model_dump(mode="json") and params["planned_steps"] == 20
     )
@@ -111,7 +111,7 @@ def test_a_pilot_on_a_fresh_folder_past_its_checkpoint_keeps_the_measured_costs(
             run=spec.resolve_run("control"),
             corpus=corpus,
             store=store,
-            out_dir=tmp_path / host / "runs" / spec.run_id("control"),
+            out_dir=tmp_path / host / "runs" / spec.resolve_run("control").run_id,
             stop_after_steps=steps,
         )
 
@@ -140,10 +140,12 @@ def test_rows_after_the_checkpoint_are_dropped_on_resume(tmp_path, digits_file):
 def test_another_configs_checkpoint_is_never_resumed(tmp_path, digits_file):  # noqa: F811
     a = make_spec(tmp_path, digits_file)
     b = make_spec(tmp_path, digits_file, control={"lr": 0.02})
-    assert a.run_id("control") != b.run_id("control")
+    assert a.resolve_run("control").run_id != b.resolve_run("control").run_id
     run(a, tmp_path, stop_after_steps=6)
     ck = tmp_path / "out" / "checkpoints"
-    (ck / a.run_id("control")).rename(ck / b.run_id("control"))  # planted under b's run ID
+    (ck / a.resolve_run("control").run_id).rename(
+        ck / b.resolve_run("control").run_id
+    )  # planted under b's run ID
     with pytest.raises(NoUsableRestart, match="belongs to run"):
         run(b, tmp_path)
     fresh = make_spec(
@@ -319,7 +321,7 @@ def test_data_loader_workers_give_the_same_run(tmp_path, digits_file):  # noqa: 
     loaded = make_spec(
         tmp_path, digits_file, control={"epochs": 1, "num_workers": 2, "persistent_workers": True}
     )
-    assert loaded.run_id("control") == plain.run_id("control")
+    assert loaded.resolve_run("control").run_id == plain.resolve_run("control").run_id
     assert loaded.run_config("control").num_workers == 2
     run(plain, tmp_path, out="a")
     run(loaded, tmp_path, out="b")

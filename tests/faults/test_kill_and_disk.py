@@ -79,14 +79,14 @@ def train(spec: CampaignSpec, base: Path, **kw: Any):
 
 
 def run_folder(spec: CampaignSpec, base: Path) -> Path:
-    return base / "out" / "runs" / spec.run_id("control")
+    return base / "out" / "runs" / spec.resolve_run("control").run_id
 
 
 def manager(spec: CampaignSpec, base: Path) -> CheckpointManager:
     params = json.loads((run_folder(spec, base) / "params.json").read_text())
     return CheckpointManager(
         LocalStore(base / "out" / "checkpoints"),
-        run_id=spec.run_id("control"),
+        run_id=spec.resolve_run("control").run_id,
         config_sha256=params["config_sha256"],
         keep=2,
     )
@@ -171,7 +171,7 @@ KILL_POINTS = [
 
 def check_where_it_died(spec: CampaignSpec, base: Path, point: str, latest: int) -> None:
     """The kill left what that point leaves: it died where it was meant to."""
-    folder = base / "out" / "checkpoints" / spec.run_id("control")
+    folder = base / "out" / "checkpoints" / spec.resolve_run("control").run_id
     names = sorted(p.name for p in folder.iterdir())
     steps = [int(n.removeprefix("step-")) for n in names if n.startswith("step-")]
     if point == "train-step":
@@ -275,7 +275,9 @@ def test_a_full_disk_during_a_save(tmp_path, digits, reference, faults, monkeypa
     faults.add("faults_injected")
     with pytest.raises(StorageError) as err:
         train(spec, tmp_path, progress=fill_at_step_6)
-    assert "No space left on device" in str(err.value) and spec.run_id("control") in str(err.value)
+    assert "No space left on device" in str(err.value) and spec.resolve_run(
+        "control"
+    ).run_id in str(err.value)
     assert disk.refused >= 1
     assert latest_is_good(spec, tmp_path) == disk.kept  # the previous checkpoint is intact
     leftovers = [p.name for p in (tmp_path / "out" / "checkpoints").rglob(".tmp-*")]
@@ -302,7 +304,7 @@ def test_a_corpus_changed_after_pinning_stops_the_audit_and_the_run(tmp_path, di
         audit_corpus(spec, base_dir=tmp_path)
     assert err.value.run_id == "audit" and "was altered" in err.value.reason
     assert spec.corpus.sha256 in err.value.reason
-    rid = spec.run_id("control")
+    rid = spec.resolve_run("control").run_id
     with pytest.raises(EssentialInputMissing) as err:
         load_corpus(path, corpus_spec=spec.corpus, run_id=rid)
     assert (

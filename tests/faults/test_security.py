@@ -476,7 +476,7 @@ def test_a_recipe_file_that_links_out_of_the_spec_folder_is_refused(tmp_path, fa
     (spec_dir / "campaign.yaml").write_text(text)
     spec = load_spec(spec_dir / "campaign.yaml")
     with pytest.raises(RecipeError, match="link") as err:
-        spec.run_id("control")
+        spec.resolve_run("control")
     assert "linked_recipe_3f9a.py" in str(err.value) and not marker.exists()
     faults.add("links_refused")
 

@@ -152,7 +152,7 @@ def test_worker_killed_holding_the_gpu_resumes_from_s3_on_a_fresh_folder(stack, 
         gpu_lock={"name": LIMIT, "lease_s": LEASE_S, "timeout_s": 2 * LEASE_S},
         control={"epochs": 30, "max_steps": CONTROL_STEPS},
     )
-    rid = load_spec(spec).run_id("control")
+    rid = load_spec(spec).resolve_run("control").run_id
     client = s3_client(stack)
     logs = {h: tmp_path / f"worker-{h}.log" for h in ("a", "b")}
 

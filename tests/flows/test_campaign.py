@@ -113,7 +113,7 @@ def _assert_ui_tables(spec: Path, out: Path) -> None:
 
     cs = load_spec(spec)
     for run in cs.run_names():
-        rid = cs.run_id(run)
+        rid = cs.resolve_run(run).run_id
         versions = _artifact_versions(evaluations_key(rid))
         assert versions and versions[0].type == "table", rid
         rows = (
@@ -496,7 +496,7 @@ def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp
 
     corpus = load_spec_corpus(cs, base_dir=spec.parent)
     for run in cs.run_names():
-        rid = cs.run_id(run)
+        rid = cs.resolve_run(run).run_id
         alone = train_run(
             cs,
             run=cs.resolve_run(run),

@@ -38,7 +38,7 @@ def test_a_segment_writes_start_heartbeats_and_end_lines_and_reads_back_as_one(t
 
 def test_a_cut_segment_is_closed_on_the_next_start_with_the_steps_it_lost(tmp_path):
     folder = out_folder(tmp_path)
-    rid = SPEC.run_id("control")
+    rid = SPEC.resolve_run("control").run_id
     # A process killed after its checkpoint of step 4: the start and a heartbeat, no end line.
     gen = busy(folder, SPEC, phase="train", run="control")
     row = gen.__enter__()

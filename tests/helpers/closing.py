@@ -115,14 +115,14 @@ def _train(spec: Any, run: str, corpus: Any, run_dir: Path, folder: OutputFolder
     )
     folder.write_json(
         f"{run_dir.relative_to(folder.root).as_posix()}/params.json",
-        {"run": run, "run_id": spec.run_id(run), "config": cfg.model_dump(mode="json")},
+        {"run": run, "run_id": spec.resolve_run(run).run_id, "config": cfg.model_dump(mode="json")},
     )
     tx, ty = corpus.split("test").tensors()
     with torch.no_grad():
         accuracy = float((model(tx).argmax(1) == ty).float().mean())
     steps = cfg.max_steps or 4
     result = RunResult(
-        run_id=spec.run_id(run),
+        run_id=spec.resolve_run(run).run_id,
         run=run,
         completed=True,
         steps_done=steps,
@@ -171,7 +171,7 @@ def _write_records(folder: OutputFolder, spec: Any, corpus: Any, *, stop_variant
     )
     t = t0 + timedelta(minutes=1)
     for run in spec.run_names():
-        rid = spec.run_id(run)
+        rid = spec.resolve_run(run).run_id
         if run == "wide" and stop_variant:
             append_stop(
                 folder.root,
@@ -249,7 +249,7 @@ def build_closed_folder(
     )
     _write_records(folder, spec, corpus, stop_variant=stop_variant)
 
-    run_ids = {r: spec.run_id(r) for r in spec.run_names()}
+    run_ids = {r: spec.resolve_run(r).run_id for r in spec.run_names()}
     trained = [r for r, rid in run_ids.items() if (out / "runs" / rid / RESULT_FILE).is_file()]
     closed, report = close_and_seal(
         spec, out=out, base_dir=src, corpus=corpus, trained=trained, campaign_id="closing-test-0001"

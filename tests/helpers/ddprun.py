@@ -13,7 +13,7 @@ from pathlib import Path
 from gpucampaign.core.interrupt import Interrupted, graceful_signals
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.data.corpus import load_corpus
-from gpucampaign.engine.distributed import RankFailed
+from gpucampaign.engine.launch import RankFailed
 from gpucampaign.engine.loop import train_run
 from gpucampaign.spec import parse_spec
 from gpucampaign.storage import LocalStore

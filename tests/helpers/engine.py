@@ -67,7 +67,7 @@ def run(
 
 
 def run_dir(spec: CampaignSpec, base: Path, *, name: str = "control", out: str = "out") -> Path:
-    return base / out / "runs" / spec.run_id(name)
+    return base / out / "runs" / spec.resolve_run(name).run_id
 
 
 def train_losses(path: Path) -> list[tuple[int, float]]:

@@ -134,7 +134,7 @@ def main(base: Path) -> None:
     kill = os.environ.get("FAULT_KILL")
     if kill:
         point, _, n = kill.partition(":")
-        latest = base / "out" / "checkpoints" / spec.run_id("control") / "LATEST"
+        latest = base / "out" / "checkpoints" / spec.resolve_run("control").run_id / "LATEST"
         install(point, int(n), latest=latest)
     corpus = load_corpus(base / spec.corpus.path, corpus_spec=spec.corpus)
     res = train_run(
@@ -142,7 +142,7 @@ def main(base: Path) -> None:
         run=spec.resolve_run("control"),
         corpus=corpus,
         store=LocalStore(base / "out" / "checkpoints"),
-        out_dir=base / "out" / "runs" / spec.run_id("control"),
+        out_dir=base / "out" / "runs" / spec.resolve_run("control").run_id,
     )
     print(json.dumps({"steps_done": res.steps_done, "resumed_from_step": res.resumed_from_step}))
 

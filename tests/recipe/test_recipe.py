@@ -140,7 +140,7 @@ def test_a_recipe_trains_end_to_end_and_reloads(tmp_path: Path) -> None:
     res = train(spec, tmp_path)
     assert res.completed and res.steps_done == res.planned_steps == 12
     assert set(res.metrics) == {"mse"} and res.metrics["mse"] < 10
-    folder = tmp_path / "out" / "runs" / spec.run_id("control")
+    folder = tmp_path / "out" / "runs" / spec.resolve_run("control").run_id
     params = json.loads((folder / "params.json").read_text())
     assert params["recipe"] == f"{module}:Regress" and params["args"] == {"width": 4}
     assert params["recipe_sha256"] == sha256_file(tmp_path / f"{module}.py")
@@ -191,15 +191,15 @@ def test_a_variant_changes_args_and_the_recipe_file_is_in_the_run_id(tmp_path: P
     module = write_recipe(tmp_path)
     spec = make_spec(tmp_path, module)
     assert spec.run_config("wide").args == {"width": 8}
-    assert spec.run_id("wide") != spec.run_id("control")
+    assert spec.resolve_run("wide").run_id != spec.resolve_run("control").run_id
     res = train(spec, tmp_path, run="wide")
     assert res.completed
     cfg = json.loads((tmp_path / "out" / "runs" / res.run_id / "model" / "config.json").read_text())
     assert cfg["args"] == {"width": 8}
-    before = spec.run_id("control")
+    before = spec.resolve_run("control").run_id
     path = tmp_path / f"{module}.py"
     path.write_text(path.read_text() + "\n# edited\n")
-    assert spec.run_id("control") != before
+    assert make_spec(tmp_path, module).resolve_run("control").run_id != before
 
 
 @pytest.mark.process
@@ -219,7 +219,7 @@ def test_a_changed_corpus_file_stops(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, module)
     (tmp_path / "points.txt").write_text("1 2 3\n")
     with pytest.raises(EssentialInputMissing, match="changed"):
-        load_spec_corpus(spec, base_dir=tmp_path, run_id=spec.run_id("control"))
+        load_spec_corpus(spec, base_dir=tmp_path, run_id=spec.resolve_run("control").run_id)
 
 
 def test_a_folder_corpus_is_pinned_by_its_manifest(tmp_path: Path) -> None:
@@ -244,7 +244,7 @@ def test_a_folder_corpus_is_pinned_by_its_manifest(tmp_path: Path) -> None:
     assert res.completed and res.steps_done == 2
     (data / "sub" / "b.txt").write_text("0.5 0.6 0.4\n0.7 0.8 0.7\n")
     with pytest.raises(EssentialInputMissing, match="folder"):
-        load_spec_corpus(spec, base_dir=tmp_path, run_id=spec.run_id("control"))
+        load_spec_corpus(spec, base_dir=tmp_path, run_id=spec.resolve_run("control").run_id)
 
 
 def test_a_base_model_input_is_pinned_and_given_to_the_recipe(tmp_path: Path) -> None:
@@ -283,7 +283,7 @@ class FineTune(Regress):
     assert cfg["inputs"]["base"]["sha256"] == pin and cfg["inputs"]["base"]["kind"] == "folder"
     (second / "base" / "config.json").write_text("{}")
     with pytest.raises(EssentialInputMissing, match="input 'base'"):
-        load_spec_corpus(spec2, base_dir=second, run_id=spec2.run_id("control"))
+        load_spec_corpus(spec2, base_dir=second, run_id=spec2.resolve_run("control").run_id)
 
 
 # --- bad recipes ------------------------------------------------------------------------------

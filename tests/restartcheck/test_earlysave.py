@@ -14,6 +14,7 @@ from gpucampaign.core.files import sha256_bytes
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.restartcheck.earlysave import campaign_restart_check, verify_early_save
 from gpucampaign.restartcheck.scheduled import _copy_checkpoint
+from gpucampaign.restartcheck.target import RestartTarget
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
 
@@ -32,15 +33,15 @@ def _live_run(tmp_path, digits_file):  # noqa: F811
 
 
 def _check(spec, tmp_path, work="work", **kw):
-    return verify_early_save(
-        spec,
+    target = RestartTarget(
+        spec=spec,
         run=spec.resolve_run("control"),
         corpus_path=tmp_path / "data" / "digits.csv",
         store=LocalStore(tmp_path / "out" / "checkpoints"),
         run_dir=run_dir(spec, tmp_path),
         workdir=tmp_path / work,
-        **kw,
     )
+    return verify_early_save(target, **kw)
 
 
 def test_early_save_replays_to_the_next_save_exactly(tmp_path, digits_file):  # noqa: F811
@@ -53,7 +54,7 @@ def test_early_save_replays_to_the_next_save_exactly(tmp_path, digits_file):  # 
     assert capped.identical and (capped.k, capped.n) == (5, 6)
     assert "params" not in capped.compared  # nothing the live run recorded at step 6
     # The save the fresh process resumed is linked from the live store, not copied.
-    key = f"{spec.run_id('control')}/{step_dirname(5)}/{STATE_FILE}"
+    key = f"{spec.resolve_run('control').run_id}/{step_dirname(5)}/{STATE_FILE}"
     live = LocalStore(tmp_path / "out" / "checkpoints").local_path(key)
     assert live is not None and (tmp_path / "work" / "checkpoints" / key).samefile(live)
 
@@ -86,7 +87,9 @@ def test_a_store_that_is_not_a_folder_is_copied_for_the_check(tmp_path, digits_f
 def _tamper(spec, tmp_path, step, change):
     """Rewrite the train state of the checkpoint of ``step`` (and its meta's hash, so that
     the checkpoint still loads): a save that wrote the wrong state."""
-    folder = tmp_path / "out" / "checkpoints" / spec.run_id("control") / step_dirname(step)
+    folder = (
+        tmp_path / "out" / "checkpoints" / spec.resolve_run("control").run_id / step_dirname(step)
+    )
     state = torch.load(io.BytesIO((folder / STATE_FILE).read_bytes()), weights_only=True)
     change(state)
     data = bytes(serialize_state(state))

@@ -11,7 +11,12 @@ from typer.testing import CliRunner
 
 from gpucampaign.cli import app
 from gpucampaign.core.stoprules import NoUsableRestart
-from gpucampaign.restartcheck.check import default_steps, verify_checkpoint_resume, verify_restart
+from gpucampaign.restartcheck.check import (
+    RestartTarget,
+    default_steps,
+    verify_checkpoint_resume,
+    verify_restart,
+)
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
 
@@ -59,15 +64,15 @@ def _finished_run(tmp_path, digits_file):  # noqa: F811
 @pytest.mark.process
 def test_scheduled_check_resumes_the_previous_kept_checkpoint(tmp_path, digits_file):  # noqa: F811
     spec = _finished_run(tmp_path, digits_file)
-    report = verify_checkpoint_resume(
-        spec,
+    target = RestartTarget(
+        spec=spec,
         run=spec.resolve_run("control"),
         corpus_path=tmp_path / "data" / "digits.csv",
         store=LocalStore(tmp_path / "out" / "checkpoints"),
         run_dir=run_dir(spec, tmp_path),
         workdir=tmp_path / "work",
-        m_steps=50,
     )
+    report = verify_checkpoint_resume(target, m_steps=50)
     assert report.identical and report.mode == "checkpoint"
     assert (report.k, report.n, report.compared_steps) == (14, 20, 6)
     assert "params" in report.compared  # it reached the end: final weights compared with model/
@@ -83,16 +88,18 @@ def test_scheduled_check_detects_a_run_it_cannot_reproduce(tmp_path, digits_file
             r["loss"] = r["loss"] + 1e-7
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     args = dict(
+        spec=spec,
         run=spec.resolve_run("control"),
         corpus_path=tmp_path / "data" / "digits.csv",
         store=LocalStore(tmp_path / "out" / "checkpoints"),
         run_dir=run_dir(spec, tmp_path),
-        m_steps=3,
     )
     with pytest.raises(NoUsableRestart, match=r"loss\[16\]") as exc:
-        verify_checkpoint_resume(spec, workdir=tmp_path / "w1", **args)
+        verify_checkpoint_resume(RestartTarget(workdir=tmp_path / "w1", **args), m_steps=3)
     assert exc.value.step == 14
-    report = verify_checkpoint_resume(spec, workdir=tmp_path / "w2", check=False, **args)
+    report = verify_checkpoint_resume(
+        RestartTarget(workdir=tmp_path / "w2", **args), m_steps=3, check=False
+    )
     assert not report.identical and report.max_abs_diff > 0
 
 
@@ -100,12 +107,14 @@ def test_scheduled_check_without_checkpoints(tmp_path, digits_file):  # noqa: F8
     spec = make_spec(tmp_path, digits_file)
     with pytest.raises(NoUsableRestart, match="no usable checkpoint"):
         verify_checkpoint_resume(
-            spec,
-            run=spec.resolve_run("control"),
-            corpus_path=tmp_path / "data" / "digits.csv",
-            store=LocalStore(tmp_path / "empty"),
-            run_dir=tmp_path,
-            workdir=tmp_path / "w",
+            RestartTarget(
+                spec=spec,
+                run=spec.resolve_run("control"),
+                corpus_path=tmp_path / "data" / "digits.csv",
+                store=LocalStore(tmp_path / "empty"),
+                run_dir=tmp_path,
+                workdir=tmp_path / "w",
+            )
         )
 
 

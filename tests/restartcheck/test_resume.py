@@ -22,7 +22,7 @@ def test_resume_changes_no_run_id_and_rejects_other_values():
     inference = parse_spec({**BASE, "control": {**BASE["control"], "resume": "inference"}})
     assert training.run_config("control").resume == "training"
     assert inference.run_config("control").resume == "inference"
-    assert training.run_id("control") == inference.run_id("control")
+    assert training.resolve_run("control").run_id == inference.resolve_run("control").run_id
     with pytest.raises(SpecError, match="resume"):
         parse_spec({**BASE, "control": {**BASE["control"], "resume": "sometimes"}})
 

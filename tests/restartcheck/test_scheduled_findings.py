@@ -7,7 +7,11 @@ import pytest
 
 from gpucampaign.core.files import FAST_CHECKSUM, checksum_bytes
 from gpucampaign.core.stoprules import NoUsableRestart
-from gpucampaign.restartcheck.check import check_latest_checkpoint, verify_checkpoint_resume
+from gpucampaign.restartcheck.check import (
+    RestartTarget,
+    check_latest_checkpoint,
+    verify_checkpoint_resume,
+)
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
 
@@ -20,8 +24,9 @@ def finished(tmp_path, digits_file):  # noqa: F811
     return spec
 
 
-def _args(spec, tmp_path):
-    return dict(
+def _target(spec, tmp_path):
+    return RestartTarget(
+        spec=spec,
         run=spec.resolve_run("control"),
         corpus_path=tmp_path / "data" / "digits.csv",
         store=LocalStore(tmp_path / "out" / "checkpoints"),
@@ -31,7 +36,7 @@ def _args(spec, tmp_path):
 
 
 def _latest(spec, tmp_path):
-    return tmp_path / "out" / "checkpoints" / spec.run_id("control") / "step-000000020"
+    return tmp_path / "out" / "checkpoints" / spec.resolve_run("control").run_id / "step-000000020"
 
 
 def test_flipped_bytes_in_the_latest_fail_the_check_with_both_hashes(tmp_path, finished):
@@ -43,7 +48,7 @@ def test_flipped_bytes_in_the_latest_fail_the_check_with_both_hashes(tmp_path, f
     target.write_bytes(bytes(data))
     after = checksum_bytes(bytes(data), kind=FAST_CHECKSUM)
 
-    found = check_latest_checkpoint(finished, **_args(finished, tmp_path))
+    found = check_latest_checkpoint(_target(finished, tmp_path))
     assert not found.ok and found.report is None
     assert found.expected_step == 20 and found.resumes_from == 14
     assert found.problem is not None and found.problem.kind == "checksum mismatch"
@@ -55,23 +60,23 @@ def test_flipped_bytes_in_the_latest_fail_the_check_with_both_hashes(tmp_path, f
     assert row["ok"] is False and row["problem"]["actual_sha256"] == after
 
     with pytest.raises(NoUsableRestart, match=after) as exc:  # never a fallback to step 14
-        verify_checkpoint_resume(finished, **_args(finished, tmp_path))
+        verify_checkpoint_resume(_target(finished, tmp_path))
     assert exc.value.step == 20
 
 
 def test_the_latest_state_deleted_fails_naming_the_missing_object(tmp_path, finished):
     (_latest(finished, tmp_path) / "state.pt").unlink()
-    found = check_latest_checkpoint(finished, **_args(finished, tmp_path))
+    found = check_latest_checkpoint(_target(finished, tmp_path))
     assert not found.ok and found.expected_step == 20 and found.resumes_from == 14
     assert found.problem is not None and found.problem.kind == "missing object"
-    assert found.problem.obj == f"{finished.run_id('control')}/step-000000020/state.pt"
+    assert found.problem.obj == f"{finished.resolve_run('control').run_id}/step-000000020/state.pt"
     assert "missing object" in found.summary() and "state.pt" in found.summary()
 
 
 def test_the_resume_point_before_a_final_latest_is_checked_too(tmp_path, finished):
     # The final step trains nothing: the check resumes step 14, which must load as well.
     (_latest(finished, tmp_path).parent / "step-000000014" / "state.pt").unlink()
-    found = check_latest_checkpoint(finished, **_args(finished, tmp_path))
+    found = check_latest_checkpoint(_target(finished, tmp_path))
     assert not found.ok and found.problem is not None
     assert found.problem.kind == "missing object" and found.problem.step == 14
     assert found.expected_step == 20 and found.resumes_from == 7
@@ -82,7 +87,7 @@ def test_the_flow_report_names_the_problem(tmp_path, finished):
     from flows.restart_check import restart_markdown
 
     (_latest(finished, tmp_path) / "state.pt").unlink()
-    row = check_latest_checkpoint(finished, **_args(finished, tmp_path)).to_dict()
+    row = check_latest_checkpoint(_target(finished, tmp_path)).to_dict()
     md = restart_markdown("demo", tmp_path, [row])
     assert "FAILED" in md and "missing object" in md and "step-000000020/state.pt" in md
     assert "| step 20 |" in md and "| step 14 |" in md

@@ -35,7 +35,10 @@ def test_a_resolved_run_has_the_run_id_runs_always_had(tmp_path: Path) -> None:
         assert (run.name, run.run_id, run.config) == (name, rid, spec.run_config(name))
         assert run.config_sha256.startswith(rid.rpartition("-")[2]) and len(run.config_sha256) == 64
         assert run.recipe_sha256 is None and run.device == run.config.device == "auto"
-        assert spec.run_id(name) == rid and spec.run_sha256(name) == run.config_sha256
+        assert (
+            spec.resolve_run(name).run_id == rid
+            and spec.resolve_run(name).config_sha256 == run.config_sha256
+        )
 
     # A recipe given by import path: its file's hash is in the ID, computed as it always was.
     module = write_recipe(tmp_path)
@@ -107,13 +110,13 @@ def test_a_training_task_resolves_its_run_once(
     monkeypatch.setattr(train_tasks, "_Progress", _NoProgress)
     monkeypatch.setattr(train_tasks, "update_progress_artifact", lambda **kw: None)
     counts: dict[str, list] = {}
-    for name in ("resolve_run", "run_id", "run_sha256"):
+    for name in ("resolve_run", "_resolve_once"):
         _count_calls(monkeypatch, CampaignSpec, name, counts)
     _count_calls(monkeypatch, recipefile_module, "sha256_file", counts)
 
     common = {"base_dir": str(tmp_path), "out": str(tmp_path / "out"), "run": "control"}
     measured = train_tasks.pilot.fn(spec, **common)
-    once = {"resolve_run": ["control"], "run_id": [], "run_sha256": [], "sha256_file": [recipe]}
+    once = {"resolve_run": ["control"], "_resolve_once": ["control"], "sha256_file": [recipe]}
     assert counts == once
     run_id = spec.resolve_run("control").run_id
     assert measured["run_id"] == run_id
@@ -123,7 +126,8 @@ def test_a_training_task_resolves_its_run_once(
     result = train_tasks.train.fn(spec, **common, run_id=run_id)
     assert result["completed"] and result["run_id"] == run_id
     assert result["resumed_from_step"] == spec.pilot.steps
-    assert counts == once
+    # The same spec: the run is looked up, never resolved (nor its recipe file read) again.
+    assert counts == {"resolve_run": ["control"], "_resolve_once": [], "sha256_file": []}
 
 
 def test_a_recipe_file_is_read_once_per_process(
@@ -141,8 +145,11 @@ def test_a_recipe_file_is_read_once_per_process(
 
     monkeypatch.setattr(files, "hashlib", SimpleNamespace(sha256=counting_sha256))
     first = {name: spec.resolve_run(name).run_id for name in ("control", "wide")}
-    again = {name: spec.run_id(name) for name in ("control", "wide", "control")}
+    again = {name: spec.model_copy().resolve_run(name).run_id for name in ("control", "wide")}
     assert again == first and len(reads) == 1
     recipe = tmp_path / f"{module}.py"
     recipe.write_text(recipe.read_text() + "\n# edited\n")
-    assert spec.run_id("control") != first["control"] and len(reads) == 2
+    # The spec resolved its runs once: its IDs stay; a new spec object sees the edit.
+    assert spec.resolve_run("control").run_id == first["control"] and len(reads) == 1
+    assert spec.model_copy().resolve_run("control").run_id != first["control"]
+    assert len(reads) == 2

@@ -104,7 +104,10 @@ def test_variants_are_checked_against_the_control() -> None:
     spec = parse_spec(
         {**MINIMAL, "control": {"lr": 0.001}, "variants": [{"name": "v", "changes": {"lr": 0.01}}]}
     )
-    assert spec.run_config("v").lr == 0.01 and spec.run_id("v") != spec.run_id("control")
+    assert (
+        spec.run_config("v").lr == 0.01
+        and spec.resolve_run("v").run_id != spec.resolve_run("control").run_id
+    )
 
 
 def test_load_spec_errors(tmp_path: Path) -> None:

@@ -50,7 +50,7 @@ def test_local_storage_everything_is_only_local(tmp_path: Path) -> None:
 
 def test_s3_storage_compares_with_the_store_and_the_spool(tmp_path: Path) -> None:
     out = _folder(tmp_path / "out", storage="s3://bucket/camp", starts_at=None)
-    rid = load_spec(out / "spec.yaml").run_id("control")
+    rid = load_spec(out / "spec.yaml").resolve_run("control").run_id
     bucket = LocalStore(tmp_path / "bucket")
     bucket.write_bytes(f"{rid}/step-000000002/meta.json", data=b"{}")
     mirror_folder(out, store=bucket)

@@ -75,7 +75,7 @@ class TrainState:
     epoch_gen_state: torch.Tensor | None = None
     samples_seen: int = 0
     steps_s_sum: float = 0.0
-    # A data-parallel run (``engine/distributed.py``): ``gather_rng`` collects every rank's
+    # A data-parallel run (``engine/launch.py``): ``gather_rng`` collects every rank's
     # RNG states (by rank) into the checkpoint, under ``rng["ranks"]``; a load applies this
     # ``rank``'s. Rank 0's states stay at the top of ``rng`` as for one process.
     gather_rng: Callable[[dict[str, Any]], list[dict[str, Any]] | None] | None = None

@@ -30,7 +30,7 @@ from gpucampaign.cli.common import (
 from gpucampaign.cli.progress import PLAIN_EVERY_S
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.storageurl import LOCAL, is_local
-from gpucampaign.folder.layout import REPORT_MD, TIMELINE, run_path
+from gpucampaign.folder.layout import REPORT_MD, TIMELINE
 from gpucampaign.spec import CampaignSpec, SpecError
 
 _CALIBRATE_HELP = (
@@ -317,15 +317,7 @@ def _check_output_restart(
             field="--run",
         )
     return verify_checkpoint_resume(
-        target.spec,
-        run=target.spec.resolve_run(run),
-        corpus_path=target.corpus_path,
-        inputs=target.inputs,
-        store=target.store,
-        run_dir=run_path(out, target.runs[run]),
-        workdir=workdir,
-        m_steps=n_steps or 20,
-        check=False,
+        target.for_run(run, out_dir=out, workdir=workdir), m_steps=n_steps or 20, check=False
     )
 
 

@@ -66,7 +66,7 @@ from gpucampaign.folder.records import (
     run_states,
 )
 from gpucampaign.plan import calendar
-from gpucampaign.spec import CampaignSpec
+from gpucampaign.spec import CampaignSpec, run_size
 
 
 @dataclass
@@ -161,13 +161,13 @@ def _score_run(spec: CampaignSpec, folder: OutputFolder, run: str, *, corpus: An
     try:
         write_run_scores(
             folder.root,
-            spec.run_id(run),
+            spec.resolve_run(run).run_id,
             config=spec.run_config(run),
             corpus=corpus,
             splits=verdict_splits(spec),
         )
     except RecipeError as exc:
-        folder.write_text(run_file(spec.run_id(run), SCORES_ERROR_FILE), f"{exc}\n")
+        folder.write_text(run_file(spec.resolve_run(run).run_id, SCORES_ERROR_FILE), f"{exc}\n")
 
 
 def _analyse_recipe_run(folder: OutputFolder, run_id: str, *, corpus: Any, split: str) -> None:
@@ -375,7 +375,7 @@ def close_runs(
             metric_of=metric_of,
             analyses=analyses,
             resume_of={r: spec.run_config(r).resume for r in spec.run_names()},
-            gpus_of={r: spec.run_config(r).gpus for r in spec.run_names()},
+            gpus_of={r: run_size(spec.run_config(r)).processes for r in spec.run_names()},
         ),
         metrics=metrics,
         figures=figs,

@@ -19,7 +19,7 @@ from gpucampaign.checkpoint.savepolicy import SavePolicy
 from gpucampaign.checkpoint.state import BackgroundSaves, snapshot
 from gpucampaign.checkpoint.trainstate import MODEL, TrainState
 from gpucampaign.core.files import median
-from gpucampaign.engine.ranks import Ranks
+from gpucampaign.engine.process_group import Ranks
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.spec import CampaignSpec, RunConfig
 

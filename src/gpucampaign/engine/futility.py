@@ -351,7 +351,7 @@ class Futility(Hook):
                 ),
             )
             return
-        control_dir = r.out_dir.parent / r.spec.run_id(CONTROL)
+        control_dir = r.out_dir.parent / r.spec.resolve_run(CONTROL).run_id
         control, note = control_scores_at(control_dir, step=step)
         if control is None:
             r.mlog.write({"kind": "futility", "step": step, "skipped": note})

@@ -82,11 +82,11 @@ from gpucampaign.engine.hooks import HookArgs, Hooks, ProgressFn
 from gpucampaign.engine.inference_restart import TrainingMark, find_interruption, restart_inference
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
 from gpucampaign.engine.parts import make_loader, n_train_of, read_params  # noqa: F401
-from gpucampaign.engine.ranks import Ranks
+from gpucampaign.engine.process_group import Ranks
 from gpucampaign.engine.registry import build_hooks
 from gpucampaign.engine.rules import quality_stop as _quality_stop  # noqa: F401
 from gpucampaign.engine.save import save_model
-from gpucampaign.engine.setup import LiveRun, check_arguments, setup_run
+from gpucampaign.engine.setup import LiveRun, RunJob, check_arguments, setup_run
 from gpucampaign.folder.layout import METRICS_FILE, MODEL_DIR, PARAMS_FILE  # noqa: F401
 from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
 from gpucampaign.folder.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
@@ -303,10 +303,10 @@ def train_run(
             step, planned_steps, loss, the last evaluation, eta_s, ...), epoch, lr, fraction.
         show_progress: Show a rich progress bar when stderr is a terminal.
         on_save: Called with ``{run_id, step, planned_steps, save_s, key}`` after each save.
-        lane: The plan's GPU lane running this call (``torchsetup.pick_device``).
-        dist: This process's rank of a data-parallel run (``rank.py`` passes it).
-            Without it, a run with ``gpus`` > 1 is launched here on that many processes
-            (``distributed.launch``), which returns rank 0's result.
+        lane: The plan's GPU lane running this call (``devices.pick_device``).
+        dist: This process's rank of a data-parallel run (``worker.py`` passes it).
+            Without it, a run of more than one process is launched here on this machine
+            (``launch.launch``), which returns rank 0's result.
         log_every_steps: At most this many steps' ``train`` rows wait for their losses
             (see the module docstring: the host syncs only when a record needs them).
 
@@ -322,45 +322,26 @@ def train_run(
         SpecError: Invalid arguments or an unsupported precision on this device.
     """
     t_call = time.perf_counter()
-    check_arguments(
-        spec,
-        run=run,
-        corpus=corpus,
-        stop_after_steps=stop_after_steps,
-        checkpoint_every=checkpoint_every,
-    )
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    recorded = recorded_result(out_dir, run.run_id)
-    if recorded is not None:
-        return recorded
-    if dist is None and run.config.gpus > 1:
-        from gpucampaign.engine.distributed import launch  # torch.distributed only when used
-
-        return launch(
-            spec,
-            run=run,
-            corpus=corpus,
-            store=store,
-            out_dir=out_dir,
-            stop_after_steps=stop_after_steps,
-            checkpoint_every=checkpoint_every,
-            progress=progress,
-            on_save=on_save,
-            lane=lane,
-        )
-
-    r = setup_run(
-        spec,
+    job = RunJob(
+        spec=spec,
         run=run,
         corpus=corpus,
         store=store,
-        out_dir=out_dir,
+        out_dir=Path(out_dir),
         stop_after_steps=stop_after_steps,
-        t_call=t_call,
+        checkpoint_every=checkpoint_every,
         lane=lane,
-        dist=dist,
     )
+    check_arguments(job)
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    recorded = recorded_result(job.out_dir, run.run_id)
+    if recorded is not None:
+        return recorded
+    if dist is None and run.size.processes > 1:
+        from gpucampaign.engine.launch import launch  # the elastic agent only when used
+
+        return launch(job, progress=progress, on_save=on_save)
+    r = setup_run(job, t_call=t_call, dist=dist)
     ck = _restore(r)
     r.saver = Checkpointer(
         r,
@@ -373,7 +354,7 @@ def train_run(
         # nothing trains here, so its costs are the ones the checkpoint measured.
         return run_result(r, completed=False, measured=ck.meta)
     cut = find_interruption(
-        out_dir, resume=r.config.resume, checkpoint_step=r.resumed_from, planned_steps=r.planned
+        job.out_dir, resume=r.config.resume, checkpoint_step=r.resumed_from, planned_steps=r.planned
     )
     _open_metrics(r, restored=ck is not None, log_every_steps=log_every_steps)
     hooks = open_hooks(r, ck, progress=progress, show_progress=show_progress)

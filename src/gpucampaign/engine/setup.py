@@ -33,7 +33,7 @@ from gpucampaign.engine.devices import (
     seed_everything,
 )
 from gpucampaign.engine.parts import make_loader
-from gpucampaign.engine.ranks import OneProcess, Ranks
+from gpucampaign.engine.process_group import OneProcess, Ranks
 from gpucampaign.folder.layout import PARAMS_FILE
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.recipe.contract import Recipe, RecipeContext, call, load_recipe
@@ -66,7 +66,7 @@ class LiveRun:
     planned: int
     target: int
     manager: CheckpointManager
-    # The run's processes: one, or this rank of a data-parallel run (``distributed.py``).
+    # The run's processes: one, or this rank of a data-parallel run (``process_group.py``).
     dist: Ranks = field(default_factory=OneProcess)
     setup_s: float = 0.0
     # What the restore found.
@@ -111,15 +111,35 @@ class LiveRun:
         return median(self.step_times[1:] or self.step_times)
 
 
-def check_arguments(
-    spec: CampaignSpec,
-    *,
-    run: ResolvedRun,
-    corpus: Any,
-    stop_after_steps: int | None,
-    checkpoint_every: int | None,
-) -> None:
+@dataclass(frozen=True, kw_only=True)
+class RunJob:
+    """What one training call is asked: ``train_run``'s arguments, passed down as one value
+    (to ``setup_run``, and to every rank of a data-parallel run through ``launch``).
+
+    Attributes:
+        spec: The campaign spec.
+        run: The run (``CampaignSpec.resolve_run``): its config and ID, resolved once.
+        corpus: The loaded corpus, the pinned one.
+        store: Checkpoint store; ``<run_id>/LATEST`` there is resumed from when valid.
+        out_dir: The run folder ``OUT/runs/<run_id>/`` (a rank k > 0: its own, inside it).
+        stop_after_steps: Pilot mode: stop at this step, checkpoint, return uncompleted.
+        checkpoint_every: Fixed save interval in steps (overrides the spec and the measure).
+        lane: The plan's GPU lane running this call (``devices.pick_device``).
+    """
+
+    spec: CampaignSpec
+    run: ResolvedRun
+    corpus: Any
+    store: Store
+    out_dir: Path
+    stop_after_steps: int | None = None
+    checkpoint_every: int | None = None
+    lane: int = 0
+
+
+def check_arguments(job: RunJob) -> None:
     """Check the arguments of a training call and the corpus against the spec's pin."""
+    stop_after_steps, checkpoint_every = job.stop_after_steps, job.checkpoint_every
     if stop_after_steps is not None and stop_after_steps < 1:
         raise SpecError(
             f"stop_after_steps must be >= 1 (got {stop_after_steps}).", field="stop_after_steps"
@@ -128,33 +148,24 @@ def check_arguments(
         raise SpecError(
             f"checkpoint_every must be >= 1 (got {checkpoint_every}).", field="checkpoint_every"
         )
-    if spec.corpus is not None and corpus.sha256 != spec.corpus.sha256:
+    pinned = job.spec.corpus
+    if pinned is not None and job.corpus.sha256 != pinned.sha256:
         raise EssentialInputMissing(
-            run.run_id,
-            f"the corpus given has sha256 {corpus.sha256}, the spec pins {spec.corpus.sha256}",
+            job.run.run_id,
+            f"the corpus given has sha256 {job.corpus.sha256}, the spec pins {pinned.sha256}",
         )
 
 
-def setup_run(
-    spec: CampaignSpec,
-    *,
-    run: ResolvedRun,
-    corpus: Any,
-    store: Store,
-    out_dir: Path,
-    stop_after_steps: int | None,
-    t_call: float,
-    lane: int = 0,
-    dist: Ranks | None = None,
-) -> LiveRun:
+def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveRun:
     """Build everything in the same order on every start, resumed or not.
 
-    A rank of a data-parallel run (``dist``) takes the lane's GPU plus its rank, its share of
-    each batch, and RNG streams of its own after the (identical) model is built.
+    A rank of a data-parallel run (``dist``) takes the lane's GPU plus its local rank, its
+    share of each batch, and RNG streams of its own after the (identical) model is built.
     """
+    spec, run, corpus, out_dir = job.spec, job.run, job.corpus, job.out_dir
     config, run_id = run.config, run.run_id
     dist = dist or OneProcess()
-    device = pick_device(run.device, lane=lane + dist.rank)
+    device = pick_device(run.device, lane=job.lane + dist.local_rank)
     check_precision(config.precision, device)
     torch.set_num_threads(config.threads)
     recipe = load_recipe(config.recipe)
@@ -206,9 +217,9 @@ def setup_run(
         ),
         loader=loader,
         planned=planned,
-        target=planned if stop_after_steps is None else min(stop_after_steps, planned),
+        target=planned if job.stop_after_steps is None else min(job.stop_after_steps, planned),
         manager=CheckpointManager(
-            store,
+            job.store,
             run_id=run_id,
             config_sha256=run.config_sha256,
             keep=spec.checkpoint.keep,

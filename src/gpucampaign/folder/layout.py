@@ -341,3 +341,15 @@ def corpus_file(root: str | Path, corpus_ref: Mapping[str, Any]) -> Path:
     if corpus_ref.get("kind") == "copied":
         return OutputFolder(root).path(corpus_ref["path"])
     return Path(corpus_ref["location"])
+
+
+# --- a data-parallel run's launch (engine/launch.py, engine/worker.py) ---------------------------
+#: The launcher's working folder inside the run folder (removed after the run, never sealed).
+LAUNCH_DIR = ".ddp"
+#: The job every rank reads (pickled: it holds the corpus and the store).
+LAUNCH_JOB_FILE = "job.pkl"
+#: Rank 0's outcome: the result, a stop rule, an interruption or an error.
+LAUNCH_OUTCOME_FILE = "outcome.json"
+#: Written by the launching process when a stop is requested there: rank 0 reads it at each
+#: step (the agent forwards signals only from the main thread; a Prefect task runs in another).
+LAUNCH_STOP_FILE = "stop"

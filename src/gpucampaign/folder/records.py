@@ -431,7 +431,7 @@ def run_state(
     says every planned step ran AND its model was saved; not run otherwise (the question was
     re-posed, or the campaign stopped first).
     """
-    rid = spec.run_id(run)
+    rid = spec.resolve_run(run).run_id
     base: dict[str, Any] = {"run": run, "run_id": rid, "tier": spec.tier_of(run)}
     result = read_result(root, rid)
     stop = next((s for s in stops if s.run_id == rid), None)
@@ -467,7 +467,9 @@ def run_states(
     """``run_state`` of every run of the spec, keyed by run ID, control first."""
     stops = read_stops(root)
     return {
-        spec.run_id(run): run_state(spec, run, root=root, stops=stops, decision=decision)
+        spec.resolve_run(run).run_id: run_state(
+            spec, run, root=root, stops=stops, decision=decision
+        )
         for run in spec.run_names()
     }
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from gpucampaign.plan.schedule import EPS, say_hours
 from gpucampaign.plan.tariffs import ResolvedPackage, format_usd
-from gpucampaign.spec import CampaignSpec, SpecError
+from gpucampaign.spec import CampaignSpec, SpecError, run_size
 
 
 def price_warnings(packages: tuple[ResolvedPackage, ...]) -> list[str]:
@@ -127,7 +127,7 @@ def step_widths(
             continue
         if run not in gpus:
             try:
-                gpus[run] = spec.run_config(run).gpus
+                gpus[run] = run_size(spec.run_config(run)).processes
             except SpecError:
                 gpus[run] = 1  # an unknown run is reported where runs are checked
         widths.append(gpus[run])

@@ -234,7 +234,7 @@ def preflight(spec: CampaignSpec, *, corpus: Any) -> list[dict[str, Any]]:
             continue
         recipe = load_recipe(config.recipe)
         ctx = recipe_context(
-            config, corpus=corpus, run_id=spec.run_id(run), device=torch.device("cpu")
+            config, corpus=corpus, run_id=spec.resolve_run(run).run_id, device=torch.device("cpu")
         )
         datasets = build_datasets(recipe, config, ctx)
         for name in required_splits(spec)[1:]:

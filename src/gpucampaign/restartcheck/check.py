@@ -41,6 +41,7 @@ from gpucampaign.restartcheck.scheduled import (
     output_check_target,
     verify_checkpoint_resume,
 )
+from gpucampaign.restartcheck.target import RestartTarget
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 from gpucampaign.storage import LocalStore
 
@@ -51,6 +52,7 @@ __all__ = [
     "GPU_TOLERANCE_REASON",
     "OutputCheckTarget",
     "RestartReport",
+    "RestartTarget",
     "ScheduledCheck",
     "check_latest_checkpoint",
     "compare_states",

@@ -18,7 +18,6 @@ when the store keeps no checkpoint before the final step.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 
 from gpucampaign.checkpoint.layout import META_FILE, step_dirname
@@ -28,8 +27,9 @@ from gpucampaign.folder.layout import run_path
 from gpucampaign.restartcheck.check import verify_restart
 from gpucampaign.restartcheck.compare import RestartReport, compare_states, require_identical
 from gpucampaign.restartcheck.scheduled import ReplayCheck
+from gpucampaign.restartcheck.target import RestartTarget
 from gpucampaign.spec import CampaignSpec, ResolvedRun
-from gpucampaign.storage import NotFound, Store
+from gpucampaign.storage import NotFound
 
 DEFAULT_MAX_STEPS = 200
 
@@ -55,27 +55,13 @@ def early_resume_point(manager: CheckpointManager) -> tuple[int, int, int | None
 
 
 def verify_early_save(
-    spec: CampaignSpec,
-    *,
-    run: ResolvedRun,
-    corpus_path: Path,
-    store: Store,
-    run_dir: Path,
-    workdir: Path,
-    inputs: Mapping[str, Path] | None = None,
-    max_steps: int = DEFAULT_MAX_STEPS,
-    check: bool = True,
+    target: RestartTarget, *, max_steps: int = DEFAULT_MAX_STEPS, check: bool = True
 ) -> RestartReport:
     """Resume the run's earliest kept save in a fresh process and replay up to its next save.
 
     Args:
-        spec: The campaign's spec.
-        run: The run whose save is checked (``spec.resolve_run("control")`` usually).
-        corpus_path: The pinned corpus file (the fresh process checks its hash once).
-        store: The campaign's checkpoint store.
-        inputs: Where the spec's pinned inputs are (``pins.resolve_inputs``).
-        run_dir: The live run's folder ``OUT/runs/<run_id>/`` (its ``metrics.jsonl``).
-        workdir: An empty scratch folder.
+        target: The run whose save is checked (the control usually), its store, pinned
+            inputs and live run folder, and an empty scratch folder.
         max_steps: The most steps replayed (the cap on the cost).
         check: Raise ``NoUsableRestart`` on a difference (default).
 
@@ -83,15 +69,8 @@ def verify_early_save(
         NoUsableRestart: No save before the final step, nothing recorded to compare with, a
             failed or non-resuming process, or a difference (``check``).
     """
-    probe = ReplayCheck(
-        spec=spec,
-        run=run,
-        corpus_path=corpus_path,
-        store=store,
-        run_dir=run_dir,
-        workdir=workdir,
-        inputs=dict(inputs or {}),
-    )
+    probe = ReplayCheck(target)
+    run, store = target.run, target.store
     cfg_sha = run.config_sha256
     manager = CheckpointManager(store, run_id=run.run_id, config_sha256=cfg_sha, keep=10**6)
     point = early_resume_point(manager)
@@ -151,13 +130,13 @@ def campaign_restart_check(
     manager = CheckpointManager(store, run_id=run.run_id, config_sha256=run.config_sha256)
     if early_resume_point(manager) is None:
         return verify_restart(spec, run=run, corpus_path=path, inputs=inputs, workdir=workdir)
-    return verify_early_save(
-        spec,
+    target = RestartTarget(
+        spec=spec,
         run=run,
         corpus_path=path,
         inputs=inputs,
         store=store,
         run_dir=run_path(out_dir, run.run_id),
         workdir=workdir,
-        max_steps=max_steps,
     )
+    return verify_early_save(target, max_steps=max_steps)

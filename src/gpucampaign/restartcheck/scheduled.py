@@ -30,7 +30,14 @@ from gpucampaign.checkpoint.verify import (
     CheckpointInvalid,
 )
 from gpucampaign.core.stoprules import NoUsableRestart
-from gpucampaign.folder.layout import CHECKPOINTS_DIR, MANIFEST, METRICS_FILE, MODEL_DIR, SPEC_COPY
+from gpucampaign.folder.layout import (
+    CHECKPOINTS_DIR,
+    MANIFEST,
+    METRICS_FILE,
+    MODEL_DIR,
+    SPEC_COPY,
+    run_file,
+)
 from gpucampaign.restartcheck.child import child_args, spawn, wait, write_child_spec
 from gpucampaign.restartcheck.compare import (
     Comparer,
@@ -39,6 +46,7 @@ from gpucampaign.restartcheck.compare import (
     require_identical,
     train_losses,
 )
+from gpucampaign.restartcheck.target import RestartTarget
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 from gpucampaign.storage import LocalStore, StorageError, Store
 
@@ -56,58 +64,53 @@ class Replay:
 
 @dataclass
 class ReplayCheck:
-    """Resume kept checkpoints of ``run`` from ``store`` in fresh processes (in ``workdir``)
-    and compare them with what the original run recorded in ``run_dir``."""
+    """Resume kept checkpoints of ``target.run`` from its store in fresh processes (in
+    ``target.workdir``) and compare them with what the original run recorded in
+    ``target.run_dir``."""
 
-    spec: CampaignSpec
-    run: ResolvedRun
-    corpus_path: Path
-    store: Store
-    run_dir: Path
-    workdir: Path
-    inputs: Mapping[str, Path] = field(default_factory=dict)  # pins.resolve_inputs
+    target: RestartTarget
     t0: float = field(default_factory=time.perf_counter)
-
-    def __post_init__(self) -> None:
-        self.corpus_path = Path(self.corpus_path)
-        self.run_dir = Path(self.run_dir)
-        self.workdir = Path(self.workdir)
 
     @property
     def run_id(self) -> str:
         """The run's ID."""
-        return self.run.run_id
+        return self.target.run.run_id
 
     def original(self) -> dict[int, float]:
         """Step -> the training loss the original run recorded."""
-        return train_losses(self.run_dir / METRICS_FILE)
+        return train_losses(self.target.run_dir / METRICS_FILE)
 
     def replay(self, *, start: int, original: dict[int, float], steps: list[int]) -> Replay:
         """Copy the checkpoint of ``start`` out of the store, resume it in a fresh process up
         to the last of ``steps``, and compare its losses there with the ``original`` run's:
         exactly on CPU, within ``GPU_ATOL`` on a GPU."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.target.workdir.mkdir(parents=True, exist_ok=True)
         local = _copy_checkpoint(
-            self.store, run_id=self.run_id, step=start, dst=self.workdir / CHECKPOINTS_DIR
+            self.target.store,
+            run_id=self.run_id,
+            step=start,
+            dst=self.target.workdir / CHECKPOINTS_DIR,
         )
         n = steps[-1]
         resumed = _resume_in_child(
-            self.spec,
-            run=self.run,
-            corpus_path=self.corpus_path,
-            inputs=self.inputs,
+            self.target.spec,
+            run=self.target.run,
+            corpus_path=self.target.corpus_path,
+            inputs=self.target.inputs,
             store=local,
-            workdir=self.workdir,
+            workdir=self.target.workdir,
             start=start,
             n=n,
         )
         cmp = Comparer.for_device(resumed.get("device", "cpu"))
-        cmp.losses(original, train_losses(self.workdir / "run" / METRICS_FILE), steps)
+        cmp.losses(original, train_losses(self.target.workdir / "run" / METRICS_FILE), steps)
         return Replay(local=local, resumed=resumed, cmp=cmp, start=start, n=n)
 
     def compare_final_models(self, rep: Replay) -> None:
         """Compare the replay's final model with the original run's (when it kept one)."""
-        compare_final_models(rep.cmp, self.run_dir / MODEL_DIR, self.workdir / "run" / MODEL_DIR)
+        compare_final_models(
+            rep.cmp, self.target.run_dir / MODEL_DIR, self.target.workdir / "run" / MODEL_DIR
+        )
 
     def report(self, rep: Replay, *, mode: str, save_s: float | None) -> RestartReport:
         """The report of ``rep``; ``save_s``: the recorded cost of the resumed save, if known."""
@@ -116,7 +119,7 @@ class ReplayCheck:
         return RestartReport.from_check(
             rep.cmp,
             rep.resumed,
-            run=self.run,
+            run=self.target.run,
             mode=mode,
             k=rep.start,
             n=rep.n,
@@ -127,27 +130,12 @@ class ReplayCheck:
 
 
 def verify_checkpoint_resume(
-    spec: CampaignSpec,
-    *,
-    run: ResolvedRun,
-    corpus_path: Path,
-    store: Store,
-    run_dir: Path,
-    workdir: Path,
-    inputs: Mapping[str, Path] | None = None,
-    m_steps: int = 20,
-    check: bool = True,
+    target: RestartTarget, *, m_steps: int = 20, check: bool = True
 ) -> RestartReport:
     """Resume a finished or running campaign's latest good checkpoint in a fresh process.
 
     Args:
-        spec: The campaign's spec.
-        run: The run (``spec.resolve_run(name)``).
-        corpus_path: The pinned corpus file.
-        store: The campaign's checkpoint store.
-        inputs: Where the spec's pinned inputs are (``OutputCheckTarget.inputs``).
-        run_dir: The original run folder ``OUT/runs/<run_id>/`` (its ``metrics.jsonl``).
-        workdir: An empty scratch folder.
+        target: The run, its store, pinned inputs and records, and an empty scratch folder.
         m_steps: Steps to resume and compare.
         check: Raise ``NoUsableRestart`` on a difference (default).
 
@@ -155,17 +143,9 @@ def verify_checkpoint_resume(
         NoUsableRestart: No usable checkpoint, nothing recorded to compare with, a failed
             process, or a difference (``check``).
     """
-    assert spec.corpus is not None, "a restart check needs the spec's corpus"
-    probe = ReplayCheck(
-        spec=spec,
-        run=run,
-        corpus_path=corpus_path,
-        store=store,
-        run_dir=run_dir,
-        workdir=workdir,
-        inputs=dict(inputs or {}),
-    )
-    ck = _resume_point(run, store=store)
+    assert target.spec.corpus is not None, "a restart check needs the spec's corpus"
+    probe = ReplayCheck(target)
+    ck = _resume_point(target.run, store=target.store)
     start, planned = ck.step, int(ck.meta["planned_steps"])
     original = probe.original()
     steps = [s for s in range(start + 1, min(planned, start + m_steps) + 1) if s in original]
@@ -360,20 +340,11 @@ class ScheduledCheck:
         return out
 
 
-def check_latest_checkpoint(
-    spec: CampaignSpec,
-    *,
-    run: ResolvedRun,
-    corpus_path: Path,
-    store: Store,
-    run_dir: Path,
-    workdir: Path,
-    inputs: Mapping[str, Path] | None = None,
-    m_steps: int = 20,
-) -> ScheduledCheck:
+def check_latest_checkpoint(target: RestartTarget, *, m_steps: int = 20) -> ScheduledCheck:
     """``verify_checkpoint_resume`` as a result, not an exception: the scheduled check's
     answer for one run, naming the expected checkpoint, what was wrong with it and the older
     checkpoint that would still resume."""
+    run, store = target.run, target.store
     expected: int | None
     try:
         ptr = CheckpointManager(
@@ -383,16 +354,7 @@ def check_latest_checkpoint(
     except (CheckpointInvalid, StorageError):
         expected = None
     try:
-        report = verify_checkpoint_resume(
-            spec,
-            run=run,
-            corpus_path=corpus_path,
-            store=store,
-            run_dir=run_dir,
-            workdir=workdir,
-            inputs=inputs,
-            m_steps=m_steps,
-        )
+        report = verify_checkpoint_resume(target, m_steps=m_steps)
     except NoUsableRestart as exc:
         problem = getattr(exc, "problem", None) or CheckpointProblem(
             kind="not resumable", detail=exc.reason, step=exc.step
@@ -487,6 +449,18 @@ class OutputCheckTarget:
     runs: dict[str, str]  # run name -> run ID, for runs with checkpoints in the store
     inputs: dict[str, Path] = field(default_factory=dict)  # pinned input name -> its file
 
+    def for_run(self, run: str, *, out_dir: str | Path, workdir: Path) -> RestartTarget:
+        """The restart target of ``run`` (one of ``runs``) of the output folder ``out_dir``."""
+        return RestartTarget(
+            spec=self.spec,
+            run=self.spec.resolve_run(run),
+            corpus_path=self.corpus_path,
+            store=self.store,
+            run_dir=Path(out_dir) / run_file(self.runs[run]),
+            workdir=workdir,
+            inputs=self.inputs,
+        )
+
 
 def output_check_target(
     out_dir: str | Path, *, spec_path: str | Path | None = None
@@ -537,7 +511,7 @@ def output_check_target(
             field="corpus.sha256",
         )
     store = open_store(spec.storage.url, out_dir=out)
-    ids = {r: spec.run_id(r) for r in spec.run_names()}
+    ids = spec.run_ids()
     runs = {r: rid for r, rid in ids.items() if store.list(rid)}
     if not runs:
         raise NoUsableRestart(

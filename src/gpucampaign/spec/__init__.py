@@ -31,7 +31,7 @@ from gpucampaign.spec.parts import (
     Variant,
     canonical_json,
 )
-from gpucampaign.spec.resolved import ResolvedRun
+from gpucampaign.spec.resolved import ResolvedRun, RunSize, run_size
 
 __all__ = [
     "BUILTIN_RECIPES",
@@ -49,6 +49,7 @@ __all__ = [
     "PilotSpec",
     "ResolvedRun",
     "RunConfig",
+    "RunSize",
     "SpecError",
     "Step",
     "StopRules",
@@ -61,5 +62,6 @@ __all__ = [
     "parse_spec",
     "read_mapping_file",
     "resolve_inside",
+    "run_size",
     "spec_sha256",
 ]

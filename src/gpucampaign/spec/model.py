@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gpucampaign.core.gcpause import without_gc_pauses
+from gpucampaign.spec.links import check_links
 from gpucampaign.spec.parts import (
     MAX_HOURS,
     MAX_PEOPLE,
@@ -107,7 +108,7 @@ class CampaignSpec(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> CampaignSpec:
-        _check_links(self.calendar)
+        check_links(self.calendar)
         run_names = ["control"] + [v.name for v in self.variants]
         dup_runs = sorted({n for n in run_names if run_names.count(n) > 1})
         if dup_runs:
@@ -205,8 +206,31 @@ class CampaignSpec(_Frozen):
         """Every run, essential first, then useful, then exploratory (spec order within a tier)."""
         return sorted(self.run_names(), key=lambda r: TIERS.index(self.tier_of(r)))
 
+    # --- the runs, resolved once per spec ----------------------------------------------------
+    @cached_property
+    def run_cache(self) -> dict[tuple[str, str], Any]:
+        """The memo behind ``run_config`` and ``resolve_run`` (filled on first use of a run)."""
+        return {}
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
+        """A copy of the spec; its runs are resolved again (``update`` may change them)."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("run_cache", None)
+        return copy
+
     def run_config(self, run: str) -> RunConfig:
-        """The resolved configuration of a run (control, or control + a variant's changes)."""
+        """The resolved configuration of a run (control, or control + a variant's changes).
+
+        Computed once per spec (the recipe file is not read): later calls return the same
+        object.
+        """
+        key = ("config", run)
+        if key not in self.run_cache:
+            self.run_cache[key] = self._merge_run_config(run)
+        config: RunConfig = self.run_cache[key]
+        return config
+
+    def _merge_run_config(self, run: str) -> RunConfig:
         if self.control is None:
             raise SpecError(
                 "the spec has no 'control': add a control run configuration", field="control"
@@ -224,12 +248,23 @@ class CampaignSpec(_Frozen):
         raise SpecError(f"no run named '{run}': use one of {self.run_names()}", field="run")
 
     def resolve_run(self, run: str) -> ResolvedRun:
-        """The run's config, ID and hashes, computed once (the recipe file read once).
+        """The run's config, ID and hashes: the one resolution of a run.
+
+        Computed once per spec (the recipe file read once); later calls return the same
+        ``ResolvedRun``. Code below a phase's entry receives that object, never ``(spec, run)``
+        to resolve again.
 
         Raises:
             SpecError: No run of that name, or no control.
             RecipeError: A recipe given by import path whose module cannot be found.
         """
+        key = ("run", run)
+        if key not in self.run_cache:
+            self.run_cache[key] = self._resolve_once(run)
+        resolved: ResolvedRun = self.run_cache[key]
+        return resolved
+
+    def _resolve_once(self, run: str) -> ResolvedRun:
         config = self.run_config(run)
         recipe_sha = None if config.builtin else recipe_file_sha256(config.recipe)
         sha = run_payload_sha256(
@@ -246,13 +281,9 @@ class CampaignSpec(_Frozen):
             recipe_sha256=recipe_sha,
         )
 
-    def run_id(self, run: str) -> str:
-        """``<name>-<10 hex of sha256(canonical JSON of the resolved run config)>``."""
-        return self.resolve_run(run).run_id
-
-    def run_sha256(self, run: str) -> str:
-        """Full sha256 over the run's payload: config, pinned corpus and recipe file."""
-        return self.resolve_run(run).config_sha256
+    def run_ids(self) -> dict[str, str]:
+        """Every run's ID by run name, in ``run_names`` order (each run resolved once)."""
+        return {r: self.resolve_run(r).run_id for r in self.run_names()}
 
     def needs_table(self) -> bool:
         """True when a run uses a built-in recipe, which reads the corpus as a feature table."""
@@ -291,90 +322,6 @@ def run_payload_sha256(
 def make_run_id(name: str, config: RunConfig, *, corpus_sha256: str | None = None) -> str:
     """Run ID: any change to the config, the pinned corpus or the recipe file gives a new ID."""
     return f"{name}-{run_payload_sha256(config, corpus_sha256=corpus_sha256)[:10]}"
-
-
-def _check_links(calendar: tuple[Step, ...]) -> None:
-    """Unique step names, ``after`` links to known steps, and no cycle.
-
-    O(steps + links): one dict of names, one pass over the links, and a cycle search only when
-    some step waits for a step below it in the table (links that all point up cannot close a
-    cycle). The search itself (Kahn's algorithm) is linear too; the depth-first walk that names
-    the cycle runs only when there is one.
-    """
-    names = [s.name for s in calendar]
-    index = {n: i for i, n in enumerate(names)}
-    if len(index) != len(names):
-        dup = sorted(n for n, k in Counter(names).items() if k > 1)
-        raise ValueError(f"calendar: duplicate step name(s) {dup}; give every step a unique name")
-    backward = True
-    for i, s in enumerate(calendar):
-        for a in s.after:
-            j = index.get(a)
-            if j is None:
-                missing = [a for a in s.after if a not in index]
-                raise ValueError(
-                    f"calendar step '{s.name}': 'after' names unknown step(s) {missing}; "
-                    f"use names of steps in the calendar"
-                )
-            if j >= i:
-                backward = False
-    if backward or _acyclic([[index[a] for a in s.after] for s in calendar]):
-        return
-    cycle = _find_cycle({s.name: s.after for s in calendar})
-    raise ValueError(
-        "calendar: the 'after' links form a cycle "
-        + " -> ".join(cycle)
-        + "; remove one of these links"
-    )
-
-
-def _acyclic(after: list[list[int]]) -> bool:
-    """Kahn's algorithm on indices: True when every step can be ordered after what it waits for."""
-    waiting = [len(a) for a in after]
-    dependents: list[list[int]] = [[] for _ in after]
-    for i, a in enumerate(after):
-        for d in a:
-            dependents[d].append(i)
-    ready = [i for i, n in enumerate(waiting) if n == 0]
-    done = 0
-    while ready:
-        i = ready.pop()
-        done += 1
-        for j in dependents[i]:
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                ready.append(j)
-    return done == len(after)
-
-
-def _find_cycle(graph: dict[str, tuple[str, ...]]) -> list[str]:
-    """One cycle of ``graph`` as names (the first repeated at the end), ``[]`` when none.
-
-    Depth-first, iterative, O(steps + links); run only to name a cycle already found.
-    """
-    color: dict[str, int] = {}
-    for root in graph:
-        if color.get(root):
-            continue
-        stack: list[tuple[str, int]] = [(root, 0)]
-        path: list[str] = []
-        while stack:
-            node, i = stack.pop()
-            if i == 0:
-                color[node] = 1
-                path.append(node)
-            deps = graph[node]
-            if i < len(deps):
-                stack.append((node, i + 1))
-                nxt = deps[i]
-                if color.get(nxt) == 1:
-                    return path[path.index(nxt) :] + [nxt]
-                if not color.get(nxt):
-                    stack.append((nxt, 0))
-            else:
-                color[node] = 2
-                path.pop()
-    return []
 
 
 _FIXES = {

@@ -15,6 +15,28 @@ from gpucampaign.spec.parts import RunConfig
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunSize:
+    """How many processes a run trains on: ``nodes`` machines of ``gpus_per_node`` processes.
+
+    The spec's ``gpus: N`` is one node of N (the only size launched today); the GPU lock, the
+    plan and the report read ``processes``, so a run over several nodes changes only this.
+    """
+
+    gpus_per_node: int
+    nodes: int = 1
+
+    @property
+    def processes(self) -> int:
+        """The run's processes (its ranks), one per GPU: the GPU slots it holds."""
+        return self.nodes * self.gpus_per_node
+
+
+def run_size(config: RunConfig) -> RunSize:
+    """The size of a run of ``config`` (``gpus: N``: one node of N processes)."""
+    return RunSize(gpus_per_node=config.gpus)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ResolvedRun:
     """A run's identity, computed once: its name, config, ID and the hashes behind the ID.
 
@@ -33,6 +55,11 @@ class ResolvedRun:
     run_id: str
     config_sha256: str
     recipe_sha256: str | None
+
+    @property
+    def size(self) -> RunSize:
+        """How many processes it trains on (``size.processes``: its GPU slots)."""
+        return run_size(self.config)
 
     @property
     def device(self) -> str:

@@ -110,7 +110,7 @@ def campaign_status(
     rental = rental_of(spec)
     now = now or datetime.now(UTC)
     hours_left = None if rental is None else rental.hours_left(now)
-    run_ids = [spec.run_id(r) for r in spec.run_names()]
+    run_ids = list(spec.run_ids().values())
     outputs = _output_files(root)
     ck_store: list[str] = []
     ck_local: list[str] = []

@@ -282,7 +282,7 @@ def check_spec(ctx: VerifyContext) -> list[Problem]:
         detail = "the spec's sha256 differs from the manifest's spec_sha256"
         problems.append(Problem("spec_changed", SPEC_COPY, detail))
     for name in spec.run_names() if spec.control is not None else []:
-        rid = spec.run_id(name)
+        rid = spec.resolve_run(name).run_id
         if rid not in ctx.runs:
             detail = f"run '{name}' ({rid}) of the spec is not in the manifest"
             problems.append(Problem("missing_run", run_file(rid), detail))

@@ -1,9 +1,11 @@
-"""The processes of one run as the loop sees them: ``OneProcess`` (every run with ``gpus: 1``,
-the default) and the interface the data-parallel ranks implement (``distributed.py``).
+"""The processes of one run as the loop sees them: the ``Ranks`` hooks, ``OneProcess`` (every
+run with ``gpus: 1``, the default: each hook a no-op) and ``DataParallelGroup`` (this process's
+rank of a data-parallel run, over ``torch.distributed``).
 
 The loop, the setup and the checkpointer call these few hooks at fixed points; for one
 process each is a no-op, so the single-process path is the one it was (no process group, no
-launcher).
+launcher). The group knows nothing of who started its processes: ``worker.py`` builds it from
+the environment torchrun's agent sets (``launch.py`` is that launcher on this machine).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as tdist
 
 from gpucampaign.core.interrupt import stop_requested
 from gpucampaign.folder.layout import RANKS_DIR
@@ -23,6 +26,8 @@ class Ranks(Protocol):
 
     rank: int
     world_size: int
+    #: The rank on this node: which of the node's GPUs (after the lane's) the process takes.
+    local_rank: int
 
     @property
     def is_main(self) -> bool:
@@ -67,6 +72,7 @@ class OneProcess:
 
     rank = 0
     world_size = 1
+    local_rank = 0
 
     @property
     def is_main(self) -> bool:
@@ -92,6 +98,86 @@ class OneProcess:
 
     def barrier(self) -> None:
         return None
+
+
+class DataParallelGroup:
+    """This process's rank of a data-parallel run (``torch.distributed``): the ``Ranks`` hooks.
+
+    Args:
+        rank: This process's rank (``RANK``).
+        world_size: The number of processes (``WORLD_SIZE``).
+        local_rank: Its rank on this node (``LOCAL_RANK``): which of the node's GPUs it takes.
+        device: This rank's device (``DistributedDataParallel`` puts the model there).
+        control: A ``gloo`` group for the small host-side agreements (the step's totals, the
+            save decision, the RNG gather): they never wait on a GPU stream.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        local_rank: int | None = None,
+        control: Any = None,
+        stop_file: Path | None = None,
+    ) -> None:
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.local_rank = rank if local_rank is None else local_rank
+        self.control = control
+        self.stop_file = stop_file
+        self._ddp: torch.nn.Module | None = None
+        self._stop: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def train_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self._ddp is None:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self._ddp = DistributedDataParallel(model, device_ids=ids)
+        return self._ddp
+
+    def step_totals(self, loss: torch.Tensor, n: int) -> tuple[float, int]:
+        local = stop_requested() or self._launcher_stop()
+        totals = torch.tensor(
+            [loss.item() * n, float(n), 1.0 if local else 0.0], dtype=torch.float64
+        )
+        tdist.all_reduce(totals, group=self.control)
+        if totals[2].item() > 0 and self._stop is None:
+            self._stop = local or "stop on another rank"
+        return totals[0].item() / totals[1].item(), int(totals[1].item())
+
+    def stop_requested(self) -> str | None:
+        return self._stop
+
+    def _launcher_stop(self) -> str | None:
+        """The stop the launching process asked for (rank 0 reads it; the flag is agreed)."""
+        if self.rank != 0 or self.stop_file is None or not self.stop_file.exists():
+            return None
+        try:
+            return self.stop_file.read_text(encoding="utf-8").strip() or "stop"
+        except OSError:
+            return "stop"
+
+    def agree(self, due: bool) -> bool:
+        flag = torch.tensor([1 if due else 0], dtype=torch.int64)
+        tdist.broadcast(flag, src=0, group=self.control)
+        return bool(flag.item())
+
+    def gather_rng(self, rng: dict[str, Any]) -> list[dict[str, Any]] | None:
+        states: list[Any] = [None] * self.world_size
+        tdist.all_gather_object(states, rng, group=self.control)
+        return states
+
+    def check_resume(self, meta: dict[str, Any]) -> None:
+        check_world_size(meta, world_size=self.world_size)
+
+    def barrier(self) -> None:
+        tdist.barrier(group=self.control)
 
 
 def check_world_size(meta: dict[str, Any], *, world_size: int) -> None:

@@ -1,14 +1,16 @@
-"""One run on several processes of one machine: data-parallel training through
-``torch.distributed`` (a run config with ``gpus: N``, N > 1).
+"""The launcher of a data-parallel run on this machine: ``launch`` (a run config with
+``gpus: N``, N > 1; ``ResolvedRun.size``: one node of N processes).
 
 ``train_run`` hands such a run to ``launch``, which starts PyTorch's own launcher (the
 elastic agent behind ``torchrun``: ``elastic_launch`` with a ``LaunchConfig`` of N processes
 on this node, a standalone c10d rendezvous on a free port, ``max_restarts=0``). Each process
-runs ``python -m gpucampaign.engine.rank JOB`` (``rank.py``): it joins the process group
-(``nccl`` on CUDA, ``gloo`` on CPU, with a timeout, so no rank waits forever on a dead one),
-builds the
-same run as one process would (``setup_run`` with this rank's ``DataParallel``) and runs the
-same loop. What differs is behind the loop's few hooks (``ranks.py``):
+runs ``python -m gpucampaign.engine.worker JOB`` (``worker.py``): it reads its rank, world
+size and rendezvous from the environment the agent sets (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so another launcher (``torchrun`` on other
+nodes, another engine) starts the same worker unchanged. It joins the process group (``nccl``
+on CUDA, ``gloo`` on CPU, with a timeout, so no rank waits forever on a dead one), builds the
+same run as one process would (``setup_run`` with this rank's ``DataParallelGroup``) and runs
+the same loop. What differs is behind the loop's few hooks (``process_group.py``):
 
 - **Batches.** The global batch is the config's ``batch_size``, split over the ranks: every
   rank draws the same global order from the same seeded generator and takes rows
@@ -31,12 +33,12 @@ same loop. What differs is behind the loop's few hooks (``ranks.py``):
   that transaction and the checks that read it; it pays off for sharded (FSDP) states, which
   this is not. Rank 0's policy decides when to save (its decision is broadcast); the gather is
   the save barrier: every rank has reached the step before LATEST moves. The meta records
-  ``world_size``: a resume with another number of processes is refused (``ranks.py``).
+  ``world_size``: a resume with another number of processes is refused (``process_group.py``).
 - **Records.** Rank 0 writes the run folder (metrics, params, progress, model, result); rank k
   writes its own into ``.ranks/<k>/`` (its metrics show the same losses). Rank 0 writes its
-  outcome (``.ddp/outcome.json``: the result, a stop rule, an interruption or an error), all
-  ranks meet at a barrier, and ``launch`` turns the outcome back into what ``train_run`` returns
-  or raises.
+  outcome (``.ddp/outcome.json``, names in ``folder.layout``: the result, a stop rule, an
+  interruption or an error), all ranks meet at a barrier, and ``launch`` turns the outcome
+  back into what ``train_run`` returns or raises.
 
 Faults: a SIGINT or SIGTERM to the launching process reaches the agent, which sends it to every
 rank (they run in sessions of their own, so a terminal's Ctrl-C reaches them only this way);
@@ -44,8 +46,9 @@ they stop together at the next step, save once, and ``launch`` raises ``Interrup
 that dies (SIGKILL, out of memory) fails the group: the agent ends the others (no restart) and
 ``launch`` raises ``RankFailed``; the next start resumes from LATEST.
 
-Supported: the ranks of one machine. Not supported: ranks across machines or lots, and a
-resume with another ``gpus``.
+Supported: the ranks of one machine (``RunSize.nodes`` is 1). The worker and the group read
+nothing of this launcher, so ranks across machines need another launcher and a ``RunSize`` of
+more nodes, not another worker. Not supported: a resume with another number of processes.
 """
 
 from __future__ import annotations
@@ -62,29 +65,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as tdist
 
 from gpucampaign.core.files import atomic_write_bytes
 from gpucampaign.core.interrupt import DEFAULT_GRACE_S, Interrupted, request_stop, stop_requested
 from gpucampaign.core.stoprules import STOP_RULES
-from gpucampaign.engine.ranks import check_world_size
-from gpucampaign.folder.layout import METRICS_FILE, PARAMS_FILE
+from gpucampaign.engine.setup import RunJob
+from gpucampaign.folder.layout import (
+    LAUNCH_DIR,
+    LAUNCH_JOB_FILE,
+    LAUNCH_OUTCOME_FILE,
+    LAUNCH_STOP_FILE,
+    METRICS_FILE,
+    PARAMS_FILE,
+)
 from gpucampaign.folder.progress import read_progress
 from gpucampaign.folder.runresult import RunResult
-from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
-from gpucampaign.storage import Store
+from gpucampaign.spec import ResolvedRun, SpecError
 
-#: The launcher's working folder inside the run folder: the job and rank 0's outcome.
-DDP_DIR = ".ddp"
-JOB_FILE = "job.pkl"
-OUTCOME_FILE = "outcome.json"
-#: Written by the launching process when a stop is requested there: rank 0 reads it at each
-#: step (the agent forwards signals only from the main thread; a Prefect task runs in another).
-STOP_FILE = "stop"
-#: Seconds a collective may wait for the other ranks before it fails (a dead or stuck rank);
-#: rank 0's evaluations run while the others wait, so it is generous.
-DEFAULT_TIMEOUT_S = 1800.0
-TIMEOUT_ENV = "GPUCAMPAIGN_DIST_TIMEOUT_S"
 _AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
@@ -93,101 +90,16 @@ class RankFailed(RuntimeError):
     run resumes from its last good checkpoint at its next start."""
 
 
-class DataParallel:
-    """This process's rank of a data-parallel run: the hooks of ``ranks.Ranks``.
-
-    Args:
-        rank: This process's rank.
-        world_size: The number of processes.
-        device: This rank's device (``DistributedDataParallel`` puts the model there).
-        control: A ``gloo`` group for the small host-side agreements (the step's totals, the
-            save decision, the RNG gather): they never wait on a GPU stream.
-    """
-
-    def __init__(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        device: torch.device,
-        control: Any = None,
-        stop_file: Path | None = None,
-    ) -> None:
-        self.rank, self.world_size, self.device = rank, world_size, device
-        self.control = control
-        self.stop_file = stop_file
-        self._ddp: torch.nn.Module | None = None
-        self._stop: str | None = None
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def train_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        if self._ddp is None:
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self._ddp = DistributedDataParallel(model, device_ids=ids)
-        return self._ddp
-
-    def step_totals(self, loss: torch.Tensor, n: int) -> tuple[float, int]:
-        local = stop_requested() or self._launcher_stop()
-        totals = torch.tensor(
-            [loss.item() * n, float(n), 1.0 if local else 0.0], dtype=torch.float64
-        )
-        tdist.all_reduce(totals, group=self.control)
-        if totals[2].item() > 0 and self._stop is None:
-            self._stop = local or "stop on another rank"
-        return totals[0].item() / totals[1].item(), int(totals[1].item())
-
-    def stop_requested(self) -> str | None:
-        return self._stop
-
-    def _launcher_stop(self) -> str | None:
-        """The stop the launching process asked for (rank 0 reads it; the flag is agreed)."""
-        if self.rank != 0 or self.stop_file is None or not self.stop_file.exists():
-            return None
-        try:
-            return self.stop_file.read_text(encoding="utf-8").strip() or "stop"
-        except OSError:
-            return "stop"
-
-    def agree(self, due: bool) -> bool:
-        flag = torch.tensor([1 if due else 0], dtype=torch.int64)
-        tdist.broadcast(flag, src=0, group=self.control)
-        return bool(flag.item())
-
-    def gather_rng(self, rng: dict[str, Any]) -> list[dict[str, Any]] | None:
-        states: list[Any] = [None] * self.world_size
-        tdist.all_gather_object(states, rng, group=self.control)
-        return states
-
-    def check_resume(self, meta: dict[str, Any]) -> None:
-        check_world_size(meta, world_size=self.world_size)
-
-    def barrier(self) -> None:
-        tdist.barrier(group=self.control)
-
-
-# --- the launcher's side -------------------------------------------------------------------------
 def launch(
-    spec: CampaignSpec,
+    job: RunJob,
     *,
-    run: ResolvedRun,
-    corpus: Any,
-    store: Store,
-    out_dir: Path,
-    stop_after_steps: int | None,
-    checkpoint_every: int | None,
     progress: Callable[[dict[str, Any]], None] | None = None,
     on_save: Callable[[dict[str, Any]], None] | None = None,
-    lane: int = 0,
 ) -> RunResult:
-    """Train ``run`` on ``run.config.gpus`` processes of this machine; rank 0's result.
+    """Train ``job.run`` on its ``size.processes`` processes of this machine; rank 0's result.
 
-    The arguments are ``train_run``'s. ``progress`` and ``on_save`` are called here, from
-    rank 0's live progress file and its ``checkpoint`` rows, while the ranks train.
+    ``progress`` and ``on_save`` are ``train_run``'s: called here, from rank 0's live progress
+    file and its ``checkpoint`` rows, while the ranks train.
 
     Raises:
         StopRule: The one rank 0 raised (every rank agreed on it).
@@ -197,62 +109,30 @@ def launch(
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
+    run = job.run
     _check_devices(run)
-    work = Path(out_dir) / DDP_DIR
+    work = job.out_dir / LAUNCH_DIR
     work.mkdir(parents=True, exist_ok=True)
-    outcome_path = work / OUTCOME_FILE
-    outcome_path.unlink(missing_ok=True)
-    (work / STOP_FILE).unlink(missing_ok=True)
-    job = {
-        "spec": spec,
-        "run": run,
-        "corpus": corpus,
-        "store": store,
-        "out_dir": str(out_dir),
-        "stop_after_steps": stop_after_steps,
-        "checkpoint_every": checkpoint_every,
-        "lane": lane,
-    }
-    try:
-        payload = pickle.dumps(job)
-    except Exception as exc:
-        raise SpecError(
-            f"field 'gpus': run {run.run_id} has gpus: {run.config.gpus}, and its corpus or "
-            f"checkpoint store cannot be handed to the training processes ({exc}); use a "
-            "local store, or gpus: 1.",
-            field="gpus",
-        ) from None
-    atomic_write_bytes(work / JOB_FILE, payload)
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=run.config.gpus,
-        run_id=f"gpucampaign-{uuid.uuid4().hex[:12]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",  # standalone: a free port (torchrun --standalone)
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-        shutdown_timeout=int(DEFAULT_GRACE_S) + 10,
-    )
+    _clear(work, LAUNCH_OUTCOME_FILE, LAUNCH_STOP_FILE)
+    atomic_write_bytes(work / LAUNCH_JOB_FILE, _job_bytes(job))
     # The agent installs handlers that raise SignalException and forward the signal to the
     # ranks; the caller's (``graceful_signals``) come back afterwards.
     previous = _handlers()
     relay = _Relay(
-        Path(out_dir),
+        job.out_dir,
         run_id=run.run_id,
         progress=progress,
         on_save=on_save,
-        stop_file=work / STOP_FILE,
+        stop_file=work / LAUNCH_STOP_FILE,
     )
     relay.start()
     failure: str | None = None
     signalled: str | None = None
     try:
-        elastic_launch(config, sys.executable)(
-            "-m", "gpucampaign.engine.rank", str(work / JOB_FILE)
+        elastic_launch(_launch_config(run), sys.executable)(
+            "-m", "gpucampaign.engine.worker", str(work / LAUNCH_JOB_FILE)
         )
     except SignalException as exc:
         signalled = exc.sigval.name
@@ -262,21 +142,63 @@ def launch(
     finally:
         relay.stop()
         _restore_handlers(previous)
-        (work / JOB_FILE).unlink(missing_ok=True)  # it holds the corpus: never sealed
-    outcome = _read_outcome(outcome_path)
-    outcome_path.unlink(missing_ok=True)
-    (work / STOP_FILE).unlink(missing_ok=True)
+        _clear(work, LAUNCH_JOB_FILE)  # it holds the corpus: never sealed
+    outcome = _read_outcome(work / LAUNCH_OUTCOME_FILE)
+    _clear(work, LAUNCH_OUTCOME_FILE, LAUNCH_STOP_FILE)
     with contextlib.suppress(OSError):
         work.rmdir()
     if outcome is None:
         if signalled is not None:
             raise Interrupted(signalled, detail=f"{run.run_id}: the ranks ended before saving")
         raise RankFailed(
-            f"run {run.run_id}: a process of the {run.config.gpus}-process run failed and the "
-            f"others were ended; it resumes from its last checkpoint at the next start.\n"
+            f"run {run.run_id}: a process of the {run.size.processes}-process run failed and "
+            f"the others were ended; it resumes from its last checkpoint at the next start.\n"
             f"{failure or 'rank 0 wrote no outcome'}"
         )
     return _outcome_result(outcome, run=run, failure=failure)
+
+
+def _job_bytes(job: RunJob) -> bytes:
+    """The pickled job every rank reads.
+
+    Raises:
+        SpecError: The corpus or the store cannot be pickled (an S3 client, say).
+    """
+    try:
+        return pickle.dumps(job)
+    except Exception as exc:
+        raise SpecError(
+            f"field 'gpus': run {job.run.run_id} has gpus: {job.run.config.gpus}, and its corpus "
+            f"or checkpoint store cannot be handed to the training processes ({exc}); use a "
+            "local store, or gpus: 1.",
+            field="gpus",
+        ) from None
+
+
+def _launch_config(run: ResolvedRun) -> Any:
+    """The agent's ``LaunchConfig``: the run's processes on this node, a standalone rendezvous
+    on a free port (``torchrun --standalone``), no restart."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    size = run.size
+    assert size.nodes == 1, "this launcher starts the ranks of one machine"
+    return LaunchConfig(
+        min_nodes=size.nodes,
+        max_nodes=size.nodes,
+        nproc_per_node=size.gpus_per_node,
+        run_id=f"gpucampaign-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        shutdown_timeout=int(DEFAULT_GRACE_S) + 10,
+    )
+
+
+def _clear(work: Path, *names: str) -> None:
+    for name in names:
+        (work / name).unlink(missing_ok=True)
 
 
 def _check_devices(run: ResolvedRun) -> None:
@@ -286,7 +208,7 @@ def _check_devices(run: ResolvedRun) -> None:
     Raises:
         SpecError: Fewer CUDA devices than ``gpus``.
     """
-    requested, gpus = run.config.device, run.config.gpus
+    requested, gpus = run.config.device, run.size.gpus_per_node
     if requested == "cpu" or not (requested != "auto" or torch.cuda.is_available()):
         return
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0

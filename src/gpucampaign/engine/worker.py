@@ -1,0 +1,162 @@
+"""One rank's process of a data-parallel run: ``python -m gpucampaign.engine.worker JOB``.
+
+It reads where it stands from the environment as ``torchrun`` (its elastic agent) sets it:
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (which of this node's GPUs it takes), and the
+rendezvous ``MASTER_ADDR`` / ``MASTER_PORT`` that ``init_process_group`` reads. So any launcher
+that sets them (``launch.launch`` on this machine, ``torchrun`` on other nodes, another engine)
+starts it unchanged. ``JOB`` is the pickled ``setup.RunJob``. See ``launch.py`` for the design.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from gpucampaign.core.files import atomic_write_bytes, json_bytes
+from gpucampaign.core.interrupt import Interrupted, graceful_signals
+from gpucampaign.core.stoprules import StopRule
+from gpucampaign.engine.devices import pick_device
+from gpucampaign.engine.loop import train_run
+from gpucampaign.engine.process_group import DataParallelGroup, rank_dir
+from gpucampaign.engine.setup import RunJob
+from gpucampaign.folder.layout import LAUNCH_DIR, LAUNCH_OUTCOME_FILE, LAUNCH_STOP_FILE
+from gpucampaign.spec import SpecError
+
+#: Seconds a collective may wait for the other ranks before it fails (a dead or stuck rank);
+#: rank 0's evaluations run while the others wait, so it is generous.
+DEFAULT_TIMEOUT_S = 1800.0
+TIMEOUT_ENV = "GPUCAMPAIGN_DIST_TIMEOUT_S"
+
+
+def _timeout_s() -> float:
+    raw = os.environ.get(TIMEOUT_ENV)
+    return float(raw) if raw else DEFAULT_TIMEOUT_S
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankEnv:
+    """Where this process stands in its run, as the launcher's environment says."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> RankEnv:
+        """``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` (torchrun's; ``LOCAL_RANK`` defaults
+        to ``RANK``, one node)."""
+        env = os.environ if environ is None else environ
+        rank = int(env["RANK"])
+        return cls(
+            rank=rank,
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", rank)),
+        )
+
+
+def run_rank(job_path: Path) -> int:
+    """One rank: join the group, train the run's rank, write rank 0's outcome; the exit code.
+
+    Every outcome every rank agrees on (a result, a stop rule, an interruption, a refusal)
+    ends at a barrier; an unexpected error exits at once with 1, and the agent ends the
+    others.
+    """
+    job: RunJob = pickle.loads(job_path.read_bytes())
+    env, run = RankEnv.from_environ(), job.run
+    if env.world_size != run.size.processes:
+        raise SystemExit(
+            f"{run.run_id}: launched with {env.world_size} processes, the run has "
+            f"{run.size.processes}"
+        )
+    group = _join(job, env)
+    _end_with_the_launcher()
+    outcome_file = job.out_dir / LAUNCH_DIR / LAUNCH_OUTCOME_FILE
+    with graceful_signals():
+        outcome = _train_rank(job, group, outcome_file=outcome_file)
+        if env.rank == 0:
+            atomic_write_bytes(outcome_file, json_bytes(outcome))
+        group.barrier()  # every rank is done before any exits
+    tdist.destroy_process_group()
+    return 0
+
+
+def _join(job: RunJob, env: RankEnv) -> DataParallelGroup:
+    """Join the process group (``nccl`` on CUDA, ``gloo`` on CPU, with a timeout) on this
+    rank's device: the lane's GPU plus its local rank."""
+    device = pick_device(job.run.config.device, lane=job.lane + env.local_rank)
+    timeout = timedelta(seconds=_timeout_s())
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    tdist.init_process_group(backend=backend, timeout=timeout)
+    control = tdist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
+    return DataParallelGroup(
+        rank=env.rank,
+        world_size=env.world_size,
+        local_rank=env.local_rank,
+        device=device,
+        control=control,
+        stop_file=job.out_dir / LAUNCH_DIR / LAUNCH_STOP_FILE,
+    )
+
+
+def _train_rank(job: RunJob, group: DataParallelGroup, *, outcome_file: Path) -> dict[str, Any]:
+    """Train this rank; the outcome every rank agrees on (an unexpected error exits here)."""
+    try:
+        res = train_run(
+            job.spec,
+            run=job.run,
+            corpus=job.corpus,
+            store=job.store,
+            out_dir=rank_dir(job.out_dir, group.rank),
+            stop_after_steps=job.stop_after_steps,
+            checkpoint_every=job.checkpoint_every,
+            lane=job.lane,
+            dist=group,
+        )
+        return {"kind": "result", "result": res.to_dict()}
+    except StopRule as exc:
+        return {"kind": "stop", **exc.to_record()}
+    except Interrupted as exc:
+        return {"kind": "interrupted", "reason": exc.reason, "step": exc.step}
+    except SpecError as exc:
+        return {"kind": "spec_error", "message": str(exc), "field": exc.field}
+    except Exception as exc:
+        traceback.print_exc()
+        if group.rank == 0:
+            error = {"kind": "error", "error": f"{type(exc).__name__}: {exc}"}
+            atomic_write_bytes(outcome_file, json_bytes(error))
+        sys.stderr.flush()
+        os._exit(1)  # the others may wait in a collective: the agent ends them
+
+
+def _end_with_the_launcher(every_s: float = 1.0) -> None:
+    """End this rank when the launching process is gone (SIGKILLed, say): the agent that would
+    have ended it is gone too, and a rank must not train on alone. The next start resumes
+    from LATEST; a save cut short never moved it."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            if os.getppid() != parent:
+                sys.stderr.write("the launching process is gone: this rank ends\n")
+                os._exit(1)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(run_rank(Path(sys.argv[1])))
