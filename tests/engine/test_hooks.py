@@ -139,7 +139,7 @@ def test_a_new_stop_rule_is_one_hook_class_and_one_registry_line(tmp_path, digit
         run(spec, tmp_path)
     e = exc.value
     # A 10-class model starts near ln 10 = 2.3: the first step is above the ceiling.
-    assert (e.rule, e.run_id, e.step) == ("loss_above", spec.run_id("control"), 1)
+    assert (e.rule, e.run_id, e.step) == ("loss_above", spec.resolve_run("control").run_id, 1)
     assert e.stop_id.startswith("stop-") and "above 1.0 at step 1" in e.reason
     folder = run_dir(spec, tmp_path)
     assert not (folder / "result.json").exists()
