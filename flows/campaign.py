@@ -30,12 +30,12 @@ from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.preflight import preflight
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
 from gpucampaign.spec.recipefile import use_recipe_dir
-from tasks import notify
-from tasks._common import artifact_key
+from orchestration import notify
+from orchestration.gpu_lock import embedded_api, ensure_gpu_limit
+from orchestration.phases import artifact_key
 from tasks.audit import data_audit
 from tasks.close import close_campaign, mirror, seal
 from tasks.decide import decision_point
-from tasks.gpu_lock import embedded_api, ensure_gpu_limit
 from tasks.predict import predictions
 from tasks.restart import restart_verification
 from tasks.train import pilot, train

@@ -10,7 +10,7 @@ from prefect.artifacts import create_markdown_artifact
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.recipe.audit import audit_corpus
 from gpucampaign.spec import CampaignSpec
-from tasks._common import (
+from orchestration.phases import (
     PHASE_OPTIONS,
     artifact_key,
     busy,

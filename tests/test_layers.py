@@ -72,7 +72,7 @@ def test_ruff_passes_with_its_line_length() -> None:
     if not ruff.is_file():
         pytest.skip("ruff is not installed beside this Python (pip install -e '.[dev]')")
     root = SRC.parents[1]
-    folders = ["src", "tasks", "flows", "tests", "bench", "infra"]
+    folders = ["src", "orchestration", "tasks", "flows", "tests", "bench", "infra"]
     out = subprocess.run(
         [str(ruff), "check", *folders], cwd=root, capture_output=True, text=True, timeout=120
     )
@@ -86,7 +86,7 @@ def test_mypy_passes_on_the_library_tasks_and_flows() -> None:
         pytest.skip("mypy is not installed beside this Python (pip install -e '.[dev]')")
     root = SRC.parents[1]
     out = subprocess.run(
-        [str(mypy), "src/gpucampaign", "tasks", "flows"],
+        [str(mypy), "src/gpucampaign", "orchestration", "tasks", "flows"],
         cwd=root,
         capture_output=True,
         text=True,
