@@ -43,9 +43,9 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not e2e and not slow and not server and not process"
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tasks flows tests bench infra
-	$(BIN)/ruff format --check src tasks flows tests bench infra
-	$(BIN)/mypy src/gpucampaign tasks flows
+	$(BIN)/ruff check src orchestration tasks flows tests bench infra
+	$(BIN)/ruff format --check src orchestration tasks flows tests bench infra
+	$(BIN)/mypy src/gpucampaign orchestration tasks flows
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

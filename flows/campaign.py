@@ -19,7 +19,7 @@ from prefect.states import Cancelled, Failed
 from flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign.close.manifest import keep_inputs, refuse_sealed_rewrite
 from gpucampaign.core.interrupt import Interrupted, graceful_signals, handled_outside
-from gpucampaign.core.stoprules import StopRule, stops_the_campaign
+from gpucampaign.core.stoprules import StopRule
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.lock import writer_lock
 from gpucampaign.folder.records import (
@@ -30,17 +30,20 @@ from gpucampaign.folder.records import (
     write_pilot,
 )
 from gpucampaign.plan import calendar
+from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.decision import Decision
+from gpucampaign.plan.lanes import RESTART_CHECK, lane_order
+from gpucampaign.plan.stopping import campaign_stop, essential_pilot_stops, stop_effect
 from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.preflight import preflight
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
 from gpucampaign.spec.recipefile import use_recipe_dir
-from tasks import notify
-from tasks._common import artifact_key
+from orchestration import notify
+from orchestration.gpu_lock import embedded_api, ensure_gpu_limit
+from orchestration.phases import artifact_key
 from tasks.audit import data_audit
 from tasks.close import close_campaign, mirror, seal
 from tasks.decide import decision_point
-from tasks.gpu_lock import embedded_api, ensure_gpu_limit
 from tasks.predict import predictions
 from tasks.restart import restart_verification
 from tasks.train import pilot, train
@@ -166,7 +169,7 @@ def _campaign(
             catalog=catalog,
             folder=folder,
             common=common,
-            lanes=plan0.gpu_lanes,
+            plan=plan0,
             mode=decision_mode or cs.decision_point.mode,
             campaign_id=campaign_id,
         )
@@ -247,7 +250,7 @@ def _experiments(
     folder: OutputFolder,
     common: dict[str, str],
     mode: str,
-    lanes: int,
+    plan: Plan,
     campaign_id: str,
 ) -> tuple[Decision, StopRule | None, dict[str, dict[str, Any]]]:
     """Pilot, decision point, the runs under the GPU lock, restart verification, predictions."""
@@ -266,44 +269,47 @@ def _experiments(
         out=str(folder.root),
         campaign_id=campaign_id,
     )
-    essential_stop: StopRule | None = None
     if decision.action == "re-pose":
         logger.warning("decision point: re-pose the question: %s", "; ".join(decision.reasons))
         # A stop in an essential run's pilot is an essential stop: the flow ends Failed.
-        stops = [(r, e) for r, e in pilot_exc.items() if cs.tier_of(r) == "essential"]
+        stops = essential_pilot_stops(cs, pilot_stops=pilot_exc)
         for run, rule in stops:
             notify.essential_stop(campaign=campaign_id, name=cs.name, run=run, stop=str(rule))
         return decision, (stops[0][1] if stops else None), {}
 
     futures, restart_future = _submit_in_lanes(
-        cs, lanes=lanes, dropped=decision.dropped_runs, common=common
+        cs, plan=plan, dropped=decision.dropped_runs, common=common
     )
-    for run, fut in futures.items():
-        stop = _stop_of(fut)
-        if stop is None:
-            continue
-        if cs.tier_of(run) == "essential" and not stops_the_campaign(stop):
-            logger.warning(
-                "essential run '%s' stopped after measuring: its values are evidence for the "
-                "verdict, the campaign goes on to its decision: %s",
-                run,
-                stop,
-            )
-        elif cs.tier_of(run) == "essential":
-            logger.error("essential run '%s' stopped: %s", run, stop)
-            notify.essential_stop(campaign=campaign_id, name=cs.name, run=run, stop=str(stop))
-            essential_stop = essential_stop or stop
-        else:
-            logger.warning(
-                "optional run '%s' stopped and is recorded; the campaign goes on: %s", run, stop
-            )
-    restart_stop = _stop_of(restart_future)
-    if restart_stop is not None and cs.stop_rules.require_restart:
-        essential_stop = essential_stop or restart_stop
+    run_stops: dict[str, StopRule] = {}
+    for run, fut in futures.items():  # each stop is said as soon as its run ends
+        if (stop := _stop_of(fut)) is not None:
+            run_stops[run] = stop
+            _say_stop(cs, run=run, stop=stop, campaign_id=campaign_id)
+    essential_stop = campaign_stop(cs, run_stops=run_stops, restart_stop=_stop_of(restart_future))
     states = run_states(cs, root=folder.root, decision=decision)
     with_model = runs_with_model(states, root=folder.root)
     analyses = predictions(cs, runs=with_model, **common) if with_model else {}
     return decision, essential_stop, analyses
+
+
+def _say_stop(cs: CampaignSpec, *, run: str, stop: StopRule, campaign_id: str) -> None:
+    """Log a run's stop as what it does to the campaign; notify an essential stop."""
+    logger = get_run_logger()
+    effect = stop_effect(cs, run=run, stop=stop)
+    if effect == "evidence":
+        logger.warning(
+            "essential run '%s' stopped after measuring: its values are evidence for the "
+            "verdict, the campaign goes on to its decision: %s",
+            run,
+            stop,
+        )
+    elif effect == "ends":
+        logger.error("essential run '%s' stopped: %s", run, stop)
+        notify.essential_stop(campaign=campaign_id, name=cs.name, run=run, stop=str(stop))
+    else:
+        logger.warning(
+            "optional run '%s' stopped and is recorded; the campaign goes on: %s", run, stop
+        )
 
 
 def _pilot_every_run(
@@ -343,46 +349,37 @@ def _pilot_every_run(
 
 
 def _submit_in_lanes(
-    cs: CampaignSpec, *, lanes: int, dropped: list[str], common: dict[str, str]
+    cs: CampaignSpec, *, plan: Plan, dropped: list[str], common: dict[str, str]
 ) -> tuple[dict[str, Any], Any]:
-    """Submit the runs and the restart check as one chain per GPU lane, essential work first.
+    """Submit the runs and the restart check as one chain per GPU lane, as the plan placed them
+    (``plan.lanes.lane_order``: essential runs, the restart check, then the others).
 
     Each chain starts its next phase when the previous one ends (failed or not), so the GPU
     lock is taken at once instead of being polled for; the lock still orders this campaign
-    against any other flow holding it. Order: the essential runs, the restart check, then
-    useful and exploratory runs; if the rental ends early, the essentials are done.
+    against any other flow holding it.
     """
-    kept = [r for r in cs.runs_by_tier() if r not in dropped]
-    n_essential = sum(1 for r in kept if r in cs.essential_runs())
-    order: list[str | None] = [
-        *kept[:n_essential],
-        None,
-        *kept[n_essential:],
-    ]  # None: the restart check
-    tails: list[Any] = [None] * max(1, lanes)
+    tails: dict[int, Any] = {}
     futures: dict[str, Any] = {}
     restart_future = None
-    for i, item in enumerate(order):
-        lane = i % len(tails)
-        wait = [allow_failure(tails[lane])] if tails[lane] is not None else None
-        if item is None:  # it resumes the control's own early save: after the control
+    for lane, item in lane_order(plan, spec=cs, dropped=dropped):
+        wait = [allow_failure(tails[lane])] if lane in tails else []
+        if item is RESTART_CHECK:  # it resumes the control's own early save: after the control
             control = futures.get("control")
-            wait = [*(wait or []), *([allow_failure(control)] if control is not None else [])]
-            restart_future = restart_verification.submit(
+            if control is not None and tails.get(lane) is not control:
+                wait.append(allow_failure(control))
+            restart_future = tails[lane] = restart_verification.submit(
                 cs, run="control", return_state=False, wait_for=wait or None, **common
             )
-            tails[lane] = restart_future
         else:
-            futures[item] = train.submit(
+            futures[item] = tails[lane] = train.submit(
                 cs,
                 run=item,
                 run_id=cs.resolve_run(item).run_id,
                 lane=lane,
                 return_state=False,
-                wait_for=wait,
+                wait_for=wait or None,
                 **common,
             )
-            tails[lane] = futures[item]
     return futures, restart_future
 
 

@@ -28,9 +28,9 @@ from gpucampaign.plan import calendar
 from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.restartcheck.check import output_check_target
 from gpucampaign.storage.status import RentalEnding, check_rental_margin, folder_to_check
-from tasks import notify
-from tasks._common import artifact_key
-from tasks.gpu_lock import embedded_api, ensure_gpu_limit
+from orchestration import notify
+from orchestration.gpu_lock import embedded_api, ensure_gpu_limit
+from orchestration.phases import artifact_key
 from tasks.restart import resume_check
 
 DEFAULT_OUT = "out/campaign"

@@ -15,7 +15,7 @@ from gpucampaign.core.storageurl import is_local
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.storage.mirror import mirror_output
 from gpucampaign.verify.checks import verify_output
-from tasks._common import (
+from orchestration.phases import (
     PHASE_OPTIONS,
     TASK_OPTIONS,
     artifact_key,

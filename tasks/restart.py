@@ -18,8 +18,8 @@ from gpucampaign.folder.progress import relay_check_progress
 from gpucampaign.restartcheck.check import OutputCheckTarget, check_latest_checkpoint
 from gpucampaign.restartcheck.earlysave import campaign_restart_check
 from gpucampaign.spec import CampaignSpec
-from tasks._common import PHASE_OPTIONS, busy, cancel_on_interrupt, out_folder, record_stop
-from tasks.gpu_lock import gpu_slot
+from orchestration.gpu_lock import gpu_slot
+from orchestration.phases import PHASE_OPTIONS, busy, cancel_on_interrupt, out_folder, record_stop
 
 
 @task(name="restart-verification", task_run_name="restart-verification[{run}]", **PHASE_OPTIONS)

@@ -38,6 +38,25 @@ def test_no_library_module_imports_prefect() -> None:
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def test_tasks_holds_only_task_modules() -> None:
+    """Every module of tasks/ defines a Prefect task; what tasks and flows share and is no
+    task (the GPU lock, the notifications, the UI's views) lives in orchestration/."""
+    tasks = SRC.parents[1] / "tasks"
+    modules = sorted(p for p in tasks.glob("*.py") if p.name != "__init__.py")
+    assert len(modules) >= 5
+    without = [
+        p.name
+        for p in modules
+        if not any(
+            isinstance(d, ast.Call) and getattr(d.func, "id", "") == "task"
+            for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef)
+            for d in node.decorator_list
+        )
+    ]
+    assert without == []
+
+
 @pytest.mark.process
 def test_importing_the_whole_library_loads_no_prefect() -> None:
     names = [
@@ -72,7 +91,7 @@ def test_ruff_passes_with_its_line_length() -> None:
     if not ruff.is_file():
         pytest.skip("ruff is not installed beside this Python (pip install -e '.[dev]')")
     root = SRC.parents[1]
-    folders = ["src", "tasks", "flows", "tests", "bench", "infra"]
+    folders = ["src", "orchestration", "tasks", "flows", "tests", "bench", "infra"]
     out = subprocess.run(
         [str(ruff), "check", *folders], cwd=root, capture_output=True, text=True, timeout=120
     )
@@ -86,7 +105,7 @@ def test_mypy_passes_on_the_library_tasks_and_flows() -> None:
         pytest.skip("mypy is not installed beside this Python (pip install -e '.[dev]')")
     root = SRC.parents[1]
     out = subprocess.run(
-        [str(mypy), "src/gpucampaign", "tasks", "flows"],
+        [str(mypy), "src/gpucampaign", "orchestration", "tasks", "flows"],
         cwd=root,
         capture_output=True,
         text=True,

@@ -108,8 +108,8 @@ def _assert_ui_tables(spec: Path, out: Path) -> None:
     """The live tables of the UI: every evaluation of each run (one key per run), and the GPU
     lock's holders on this host (free again at the end)."""
     from gpucampaign.spec import load_spec
-    from tasks.gpu_lock import holders_key
-    from tasks.train import evaluations_key
+    from orchestration.gpu_lock import holders_key
+    from orchestration.ui import evaluations_key
 
     cs = load_spec(spec)
     for run in cs.run_names():

@@ -10,8 +10,8 @@ import pytest
 
 from gpucampaign.folder.progress import evaluation_table
 from infra import automations
-from tasks import notify
-from tasks.gpu_lock import Holder, holders_key, holders_table
+from orchestration import notify
+from orchestration.gpu_lock import Holder, holders_key, holders_table
 
 
 @pytest.fixture
@@ -169,14 +169,14 @@ def test_the_holders_table_names_run_and_host():
 
 
 def test_the_live_tables_never_stop_a_training(monkeypatch, tmp_path):
-    import tasks.train as train
+    from orchestration import ui
 
-    monkeypatch.setattr(train, "create_progress_artifact", lambda **kw: "artifact-id")
+    monkeypatch.setattr(ui, "create_progress_artifact", lambda **kw: "artifact-id")
 
     def down(**kwargs):
         raise ConnectionError("the Prefect API is gone")
 
-    monkeypatch.setattr(train, "create_table_artifact", down)
+    monkeypatch.setattr(ui, "create_table_artifact", down)
     run_dir = tmp_path / "runs" / "control-0123456789"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text(
@@ -185,19 +185,19 @@ def test_the_live_tables_never_stop_a_training(monkeypatch, tmp_path):
         + json.dumps({"kind": "eval", "step": 1, "split": "val", "accuracy": 0.5})
         + "\n"
     )
-    progress = train._Progress("train", "control-0123456789", out=str(tmp_path), campaign="c")
+    progress = ui.TrainingView("train", "control-0123456789", out=str(tmp_path), campaign="c")
     progress.live_tables({"metric": "accuracy", "metric_step": 1, "planned_steps": 4}, final=True)
     assert progress.table_step == 1  # it tried, and the error stayed in the live view
 
 
 def test_the_store_outage_message_names_the_store_and_its_answer(emitted, monkeypatch, tmp_path):
-    import tasks.train as train
     from gpucampaign.storage import LocalStore
+    from orchestration import ui
 
-    monkeypatch.setattr(train, "create_progress_artifact", lambda **kw: "artifact-id")
+    monkeypatch.setattr(ui, "create_progress_artifact", lambda **kw: "artifact-id")
     LocalStore(tmp_path / "spool").write_bytes("control-0123456789/LATEST", data=b"{}")
     store = type("Refusing", (), {"url": "s3://bucket/camp", "last_error": "connection refused"})
-    progress = train._Progress("train", "control-0123456789", out=str(tmp_path), store=store())
+    progress = ui.TrainingView("train", "control-0123456789", out=str(tmp_path), store=store())
     progress.live_tables({})
     progress.live_tables({})  # said once
     (event,) = emitted

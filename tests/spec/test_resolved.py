@@ -94,6 +94,9 @@ class _NoProgress:
     def live_tables(self, info: dict[str, Any], *, final: bool = False) -> None:
         pass
 
+    def finish(self, folder: Any) -> None:
+        pass
+
 
 def test_a_training_task_resolves_its_run_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -107,8 +110,7 @@ def test_a_training_task_resolves_its_run_once(
     recipe = tmp_path / f"{module}.py"
     # The task's Prefect parts (the GPU lock, the progress artifact) are not what is counted.
     monkeypatch.setattr(train_tasks, "gpu_slot", lambda *a, **kw: nullcontext())
-    monkeypatch.setattr(train_tasks, "_Progress", _NoProgress)
-    monkeypatch.setattr(train_tasks, "update_progress_artifact", lambda **kw: None)
+    monkeypatch.setattr(train_tasks, "TrainingView", _NoProgress)
     counts: dict[str, list] = {}
     for name in ("resolve_run", "_resolve_once"):
         _count_calls(monkeypatch, CampaignSpec, name, counts)

@@ -1,0 +1,120 @@
+"""What the Prefect UI shows of a training while it runs: its progress artifact and its table
+of evaluations, and the one notification when checkpoint files stop leaving the machine."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, cast
+from uuid import UUID
+
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+
+from gpucampaign.folder.layout import METRICS_FILE, OutputFolder
+from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.folder.progress import evaluation_table, read_progress, render_line
+from gpucampaign.storage import spooled_keys
+from orchestration import notify
+from orchestration.phases import artifact_key, out_folder
+
+PROGRESS_EVERY_S = 2.0
+
+
+def evaluations_key(run_id: str) -> str:
+    """The key of a run's evaluation table artifact (one per run, a new version per update)."""
+    return artifact_key("evaluations", run_id)
+
+
+class TrainingView:
+    """A training call's live view in the UI, updated once per PROGRESS_EVERY_S at most
+    (short runs would otherwise spend more time reporting than training): the progress
+    artifact (its description: loss, the last evaluation, the ETA), the run's table of
+    evaluations (a new version under one key per run whenever a new evaluation is seen), and
+    one notification when checkpoint files stop leaving the machine.
+    """
+
+    def __init__(
+        self, phase: str, run_id: str, *, out: str = "", campaign: str = "", store: Any = None
+    ) -> None:
+        # sync_compatible: called from sync code, it returns the UUID, not a coroutine.
+        self.id = cast(
+            UUID,
+            create_progress_artifact(
+                progress=0.0, key=artifact_key(phase, run_id), description=f"{phase} of {run_id}"
+            ),
+        )
+        self.last = time.monotonic()
+        self.description = f"{phase} of {run_id}"
+        self.run_id, self.out, self.campaign = run_id, out, campaign
+        self.store = store  # the checkpoint store: its URL and last refusal name the outage
+        self.table_step: int | None = None  # the newest evaluation in the table artifact
+        self.told_spool = False
+
+    def __call__(self, info: dict[str, Any]) -> None:
+        if time.monotonic() - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = time.monotonic()
+        done = 100.0 * info["step"] / max(1, info["planned_steps"])
+        # The description carries what the bar cannot: loss, the last evaluation, the ETA.
+        self.description = render_line(info)
+        update_progress_artifact(
+            artifact_id=self.id, progress=min(100.0, done), description=self.description
+        )
+        self.live_tables(info)
+
+    def finish(self, folder: OutputFolder) -> None:
+        """The full bar with the run's final live line (its last evaluation), and the last
+        version of the evaluation table."""
+        record = read_progress(folder.run_dir(self.run_id))
+        description = render_line(record) if record else f"{self.run_id}: done"
+        update_progress_artifact(artifact_id=self.id, progress=100.0, description=description)
+        self.live_tables(record or {}, final=True)
+
+    def live_tables(self, info: dict[str, Any], *, final: bool = False) -> None:
+        """A new version of the evaluation table when a new evaluation is seen (always at the
+        ``final`` call, after the last evaluation), then the spool check."""
+        try:  # a live view is never worth stopping a training for
+            seen = info.get("metric_step")
+            if final or (seen is not None and seen != self.table_step):
+                self.publish_table(info)
+            if self.out and not self.told_spool:
+                self.check_spool()
+        except Exception as exc:
+            logging.getLogger(__name__).debug("live tables of %s: %s", self.run_id, exc)
+
+    def publish_table(self, info: dict[str, Any]) -> None:
+        """A new version of the run's evaluation table (every evaluation so far, from
+        metrics.jsonl, so a resumed run's table holds its earlier evaluations too)."""
+        if not self.out:
+            return
+        rows = read_metrics(out_folder(self.out).run_dir(self.run_id) / METRICS_FILE)
+        planned = int(info.get("planned_steps") or max((r.get("step", 0) for r in rows), default=0))
+        table = evaluation_table(rows, metric=info.get("metric"), planned_steps=planned)
+        if not table:
+            return
+        self.table_step = table[-1]["step"]
+        create_table_artifact(
+            table=table,
+            key=evaluations_key(self.run_id),
+            description=f"Evaluations of {self.run_id} on val"
+            + (f": {render_line(info)}" if info else ""),
+        )
+
+    def check_spool(self) -> None:
+        """Say once (a notification event) that the store stopped taking uploads."""
+        pending = spooled_keys(self.out)
+        if pending:
+            self.told_spool = True
+            notify.storage_unreachable(
+                campaign=notify.campaign_id_of(self.out) or self.campaign,
+                name=self.campaign,
+                run_id=self.run_id,
+                pending=len(pending),
+                out=self.out,
+                store=str(getattr(self.store, "url", "") or ""),
+                error=str(getattr(self.store, "last_error", "") or ""),
+            )
