@@ -132,6 +132,7 @@ def test_a_gain_below_min_gain_is_negative(tmp_path: Path):
     assert "do not beat the control by the min gain 0.2" in v.text
 
 
+@pytest.mark.process  # the models reload in a fresh process
 def test_an_unreachable_threshold_without_the_stop_is_negative_and_the_folder_verifies(
     tmp_path: Path,
 ):
@@ -362,6 +363,7 @@ def test_an_optional_run_whose_pilot_tripped_a_stop_is_dropped_and_the_form_offe
         form(action="reduce", drop=["control"])
 
 
+@pytest.mark.process  # the models reload in a fresh process
 def test_a_control_stopped_by_the_quality_floor_is_evidence_with_predictions_and_a_reload(
     tmp_path: Path,
 ):

@@ -315,7 +315,34 @@ def test_a_crash_after_the_final_save_finishes_without_training(tmp_path, digits
     assert again.metrics == first.metrics and (folder / "model" / "model.safetensors").is_file()
 
 
-def test_data_loader_workers_give_the_same_run(tmp_path, digits_file):  # noqa: F811
+@pytest.fixture
+def stop_loader_workers(monkeypatch):
+    """Shut down, at the end of the test, the DataLoader workers its runs started.
+
+    A finished run's loader (persistent workers) is freed by a later garbage collection, in
+    whatever test triggers it; the collection closes the workers' queues before the loader's
+    own finalizer runs, and torch then waits 5 s for each worker before terminating it.
+    """
+    from torch.utils.data import DataLoader
+
+    made = []
+    start = DataLoader._get_iterator
+
+    def started(loader):
+        made.append(start(loader))
+        return made[-1]
+
+    monkeypatch.setattr(DataLoader, "_get_iterator", started)
+    yield
+    for it in made:
+        getattr(it, "_shutdown_workers", lambda: None)()
+
+
+def test_data_loader_workers_give_the_same_run(
+    tmp_path,
+    digits_file,  # noqa: F811
+    stop_loader_workers,
+):
     """Workers only fetch batches: same run ID, same losses, bit for bit."""
     plain = make_spec(tmp_path, digits_file, control={"epochs": 1})
     loaded = make_spec(

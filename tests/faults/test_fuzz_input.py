@@ -4,7 +4,8 @@ never a traceback, and an existing output folder is left exactly as it was.
 
 Every numeric field of the spec's JSON schema (read from the schema, not from an example) takes
 any value within its bounds and refuses NaN, the infinities and anything past its bounds. The
-draws are derandomized: a failure replays the same way anywhere.
+draws are derandomized: a failure replays the same way anywhere. The fast run (``make
+test-fast``) draws a quarter of each count (``tests/helpers/fuzzing.py``); a full run all of them.
 """
 
 from __future__ import annotations
@@ -26,16 +27,17 @@ from typer.testing import CliRunner
 import gpucampaign.cli.runner
 from gpucampaign.cli import app
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec
+from tests.helpers.fuzzing import examples
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits" / "campaign.yaml"
 FUZZ = settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-FEW = settings(FUZZ, max_examples=15)
+FEW = settings(FUZZ, max_examples=examples(15))
 
 # Values of the wrong kind for any field.
 WEIRD_TEXT = st.text(
@@ -339,7 +341,7 @@ def _write_tmp(data: Any) -> Path:
 
 
 @pytest.mark.parametrize("path", sorted(NUMERIC, key=_named), ids=_named)
-@settings(FUZZ, max_examples=8)
+@settings(FUZZ, max_examples=examples(8))
 @given(data=st.data())
 def test_every_numeric_field_takes_its_range_and_refuses_the_rest(
     tmp_path_factory, faults, path, data

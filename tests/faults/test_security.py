@@ -335,6 +335,7 @@ def _hashes(root: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.process  # the holder is a new process that imports torch
 def test_a_second_writer_is_refused_naming_the_holder(closed, tmp_path, faults):
     import socket
 
@@ -365,6 +366,7 @@ def test_a_second_writer_is_refused_naming_the_holder(closed, tmp_path, faults):
         assert note is None or str(holder.pid) in note
 
 
+@pytest.mark.process  # the holder is a new process that imports torch
 def test_the_deployment_flow_refuses_a_second_writer_before_writing(closed, tmp_path, faults):
     from flows.campaign import campaign
     from gpucampaign.folder.lock import FolderLocked
@@ -401,6 +403,7 @@ def test_a_stale_lock_of_a_dead_pid_is_taken_over(tmp_path, faults):
     faults.add("stale_locks_taken_over")
 
 
+@pytest.mark.process  # the holder is a new process that imports torch
 def test_an_expense_goes_in_while_a_campaign_holds_the_folder(closed, tmp_path):
     from typer.testing import CliRunner
 

@@ -108,6 +108,7 @@ def test_a_catalog_path_on_a_record_name_is_refused(
         keep_inputs(tmp_path / "out", load_spec(spec_file), base_dir=spec_file.parent)
 
 
+@pytest.mark.process  # verify reloads the models in a fresh process
 def test_report_and_verify_work_on_a_closed_folder_moved_without_its_spec_folder(
     tmp_path: Path,
 ) -> None:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gpucampaign.plan import calendar
 from gpucampaign.spec import SpecError, load_spec, parse_spec
+from tests.helpers.fuzzing import examples
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # Every part an end-to-end calendar with GPU work needs: with these, no warning.
@@ -330,7 +331,7 @@ def _longest_chain(steps: dict[str, dict[str, Any]]) -> float:
     return max(finish.values())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(calendars())
 def test_plan_properties(case: tuple[Any, dict[str, dict[str, Any]]]) -> None:
     spec, steps = case
@@ -355,7 +356,7 @@ def test_plan_properties(case: tuple[Any, dict[str, dict[str, Any]]]) -> None:
     assert p.to_dict() == calendar.plan(spec).to_dict()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(calendars())
 def test_reduce_to_fit_properties(case: tuple[Any, dict[str, dict[str, Any]]]) -> None:
     spec, steps = case

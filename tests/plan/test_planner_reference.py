@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from gpucampaign.plan import calendar
 from gpucampaign.plan.schedule import TIER_RANK
 from gpucampaign.spec import CampaignSpec, parse_spec
+from tests.helpers.fuzzing import examples
 
 # Tenths next to whole hours: 0.1 + 0.2 != 0.3, so float ties are exercised too.
 HOURS = [0.1, 0.2, 0.3, 6.0, 12.0, 24.0, 30.0, 48.0]
@@ -164,7 +165,7 @@ def placed(p: calendar.Plan) -> dict[str, tuple[str, float, float, tuple[str, ..
     return {s.name: (s.lane, s.start_hours, s.end_hours, s.after) for s in p.steps}
 
 
-@settings(derandomize=True, max_examples=300, deadline=None)
+@settings(derandomize=True, max_examples=examples(300), deadline=None)
 @given(data=specs(), drop_bits=st.integers(0, 2**16 - 1))
 def test_plan_places_every_step_where_the_reference_does(
     data: dict[str, Any], drop_bits: int
@@ -184,7 +185,7 @@ def test_plan_places_every_step_where_the_reference_does(
                 assert o.span_hours == reference_span(spec, dropped, gpu_lanes=lanes)
 
 
-@settings(derandomize=True, max_examples=150, deadline=None)
+@settings(derandomize=True, max_examples=examples(150), deadline=None)
 @given(data=specs())
 def test_reduce_to_fit_drops_what_the_reference_drops(data: dict[str, Any]) -> None:
     spec = parse_spec(data)

@@ -320,7 +320,14 @@ BREAKS = [
 ]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "check",
+    [  # the reload check reloads the models in a fresh process
+        pytest.param(c, marks=pytest.mark.process) if c is check_models_reload else c
+        for c in CHECKS
+    ],
+    ids=lambda c: c.__name__,
+)
 def test_each_check_finds_nothing_in_a_clean_folder(out: Path, closed: dict, check):
     ctx = VerifyContext.open(out, reload=check is check_models_reload)
     assert check(ctx) == []
