@@ -12,12 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gpucampaign.builtin import build_model
 from gpucampaign.checkpoint.savepolicy import choose_save_interval, daly_interval
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.modelfolder import load_model_dir, predict
 from gpucampaign.plan.decision import pilot_measures
-from gpucampaign.recipes import build_model, load_model_dir, predict
 from gpucampaign.spec import RunConfig, SpecError
 from gpucampaign.storage import LocalStore
 from tests.helpers import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401

@@ -45,7 +45,7 @@ each checkpoint is committed (the timeline's heartbeat).
 Checkpoints go to the ``Store`` under ``<run_id>/`` (``checkpoint/manager.py``); what they
 hold is the run's ``TrainState`` (``checkpoint/trainstate.py``). The loop reaches
 the model, data, loss and evaluation only through the run's ``Recipe`` (``recipe.py``; the
-built-in ``mlp`` and ``cnn`` are recipes too, in ``recipes/tabular.py``).
+built-in ``mlp`` and ``cnn`` are recipes too, in ``builtin/tabular.py``).
 
 Determinism: python/numpy/torch seeded, a seeded DataLoader generator, a pinned thread
 count; the checkpoint keeps the generator state from the TOP of the epoch, and a resume
