@@ -35,7 +35,7 @@ from gpucampaign.folder.layout import (
     read_manifest,
     run_file,
 )
-from gpucampaign.recipes import load_run_model
+from gpucampaign.modelfolder import load_run_model
 from gpucampaign.spec import SpecError, load_spec
 
 PREDICTION_COLUMNS = ("id", "label", "prediction", "confidence")
@@ -187,7 +187,7 @@ def write_run_predictions(
     """
     import torch
 
-    from gpucampaign.recipes import predict
+    from gpucampaign.modelfolder import predict
 
     threads = torch.get_num_threads()
     try:
@@ -253,7 +253,7 @@ def reload_check(
     Returns:
         ``{run_id: {ok, rows, mismatches, first_mismatch, error}}``.
     """
-    from gpucampaign.recipes import predict
+    from gpucampaign.modelfolder import predict
 
     out: dict[str, dict[str, Any]] = {}
     for rid in run_ids:
@@ -393,7 +393,7 @@ def _main_reload_check(out: str, run_ids: Sequence[str], *, as_json: bool) -> in
 
 
 def _main_predict(out: str, run_id: str, *, to: str) -> int:
-    from gpucampaign.recipes import predict
+    from gpucampaign.modelfolder import predict
 
     ids, X, labels = features_for(out, ids=None)
     model = load_run_model(out, run_id)
