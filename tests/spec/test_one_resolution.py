@@ -89,3 +89,46 @@ def test_a_spec_resolves_each_run_once(monkeypatch: pytest.MonkeyPatch) -> None:
     copy = spec.model_copy()
     assert copy.resolve_run("control") == spec.resolve_run("control")
     assert resolved == [*spec.run_names(), "control"]
+
+
+def test_the_memo_is_beside_the_spec_so_copies_and_walks_never_race() -> None:
+    """Prefect walks, hashes and pickles a task's parameters in other threads while a task
+    resolves runs: the spec itself never changes (its ``__dict__`` holds only its fields),
+    a pickled or copied spec carries no memo and resolves to the same IDs."""
+    import copy
+    import pickle
+    import threading
+
+    spec = load_spec(EXAMPLES / "textlm" / "campaign.yaml")
+    fields = dict(spec.__dict__)
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def resolve() -> None:
+        start.wait()
+        try:
+            for _ in range(50):
+                spec.run_ids()
+        except BaseException as exc:  # noqa: BLE001 - a race shows up as any error
+            errors.append(exc)
+
+    def walk() -> None:
+        start.wait()
+        try:
+            for _ in range(50):
+                pickle.loads(pickle.dumps(spec))
+                copy.deepcopy(spec)
+                list(spec.__dict__.items())
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=f) for f in (resolve, resolve, walk)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert spec.__dict__ == fields and set(spec.__dict__) == set(type(spec).model_fields)
+    clone = pickle.loads(pickle.dumps(spec))
+    assert clone == spec and clone.run_ids() == spec.run_ids()
+    assert spec.model_copy().resolve_run("control") is not spec.resolve_run("control")

@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping
-from functools import cached_property
+import threading
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,10 @@ from gpucampaign.spec.parts import (
 )
 from gpucampaign.spec.recipefile import recipe_file_sha256
 from gpucampaign.spec.resolved import ResolvedRun
+
+#: Each spec object's resolved runs, by ``id`` (dropped with the spec): ``CampaignSpec._memo``.
+_MEMOS: dict[int, dict[tuple[str, str], Any]] = {}
+_MEMO_LOCK = threading.RLock()  # a run's config is resolved inside its resolution
 
 
 class CampaignSpec(_Frozen):
@@ -207,16 +212,19 @@ class CampaignSpec(_Frozen):
         return sorted(self.run_names(), key=lambda r: TIERS.index(self.tier_of(r)))
 
     # --- the runs, resolved once per spec ----------------------------------------------------
-    @cached_property
-    def run_cache(self) -> dict[tuple[str, str], Any]:
-        """The memo behind ``run_config`` and ``resolve_run`` (filled on first use of a run)."""
-        return {}
-
-    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
-        """A copy of the spec; its runs are resolved again (``update`` may change them)."""
-        copy = super().model_copy(update=update, deep=deep)
-        copy.__dict__.pop("run_cache", None)
-        return copy
+    def _memo(self, key: tuple[str, str], make: Callable[[], Any]) -> Any:
+        """``make()`` once per spec object and key: the memo behind ``run_config`` and
+        ``resolve_run``. It lives beside the spec, not in it, so that copying, pickling or
+        walking a spec (Prefect does, from other threads) never meets a dict being filled, and
+        a copy resolves its runs again (``model_copy``'s ``update`` may change them)."""
+        with _MEMO_LOCK:
+            memo = _MEMOS.get(id(self))
+            if memo is None:
+                memo = _MEMOS[id(self)] = {}
+                weakref.finalize(self, _MEMOS.pop, id(self), None)
+            if key not in memo:
+                memo[key] = make()
+            return memo[key]
 
     def run_config(self, run: str) -> RunConfig:
         """The resolved configuration of a run (control, or control + a variant's changes).
@@ -224,10 +232,7 @@ class CampaignSpec(_Frozen):
         Computed once per spec (the recipe file is not read): later calls return the same
         object.
         """
-        key = ("config", run)
-        if key not in self.run_cache:
-            self.run_cache[key] = self._merge_run_config(run)
-        config: RunConfig = self.run_cache[key]
+        config: RunConfig = self._memo(("config", run), lambda: self._merge_run_config(run))
         return config
 
     def _merge_run_config(self, run: str) -> RunConfig:
@@ -258,10 +263,7 @@ class CampaignSpec(_Frozen):
             SpecError: No run of that name, or no control.
             RecipeError: A recipe given by import path whose module cannot be found.
         """
-        key = ("run", run)
-        if key not in self.run_cache:
-            self.run_cache[key] = self._resolve_once(run)
-        resolved: ResolvedRun = self.run_cache[key]
+        resolved: ResolvedRun = self._memo(("run", run), lambda: self._resolve_once(run))
         return resolved
 
     def _resolve_once(self, run: str) -> ResolvedRun:
