@@ -11,10 +11,12 @@ import json
 import os
 import platform
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import git_commit, sha256_file, utc_now
+from gpucampaign.data.pins import folder_manifest, input_sha256, manifest_sha256
 from gpucampaign.folder.layout import (
     CHECKPOINTS_DIR,
     DATA_DIR,
@@ -76,8 +78,6 @@ def list_files(root: str | Path) -> list[str]:
 
 
 def _version(dist: str) -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -233,8 +233,6 @@ def refuse_sealed_rewrite(root: str | Path, spec: CampaignSpec, *, base_dir: str
         SpecError: The folder is sealed and an input changed; the message says how to start
             a new campaign.
     """
-    from gpucampaign.data.pins import input_sha256
-
     folder = OutputFolder(root)
     if not folder.path(MANIFEST).is_file():
         return
@@ -276,8 +274,6 @@ def _reference_folder(
     root: str | Path, src: Path, *, sha256: str | None, copy_limit_bytes: int, under: str, what: str
 ) -> dict[str, Any]:
     """``reference_corpus`` for a folder pinned by its manifest."""
-    from gpucampaign.data.pins import folder_manifest, manifest_sha256
-
     rows = folder_manifest(src)
     digest = manifest_sha256(rows)
     if sha256 is not None and digest != sha256:

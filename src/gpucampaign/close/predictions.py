@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.close.error_analysis import Predictions
-from gpucampaign.core.files import csv_text
+from gpucampaign.close.recipe_reload import recipe_reload_check
+from gpucampaign.core.files import csv_text, sha256_file
+from gpucampaign.data.corpus import load_corpus
 
 # Re-exported: callers import the error analysis from here.
 from gpucampaign.folder.layout import (
@@ -36,7 +38,7 @@ from gpucampaign.folder.layout import (
     run_file,
 )
 from gpucampaign.recipes import load_run_model
-from gpucampaign.spec import SpecError, load_spec
+from gpucampaign.spec import BUILTIN_RECIPES, SpecError, load_spec
 
 PREDICTION_COLUMNS = ("id", "label", "prediction", "confidence")
 
@@ -133,8 +135,6 @@ def features_for(
     Returns:
         ``(ids, X, labels)``.
     """
-    from gpucampaign.data.corpus import load_corpus
-
     manifest = read_manifest(root)
     spec = load_spec(OutputFolder(root).path(SPEC_COPY))
     if spec.corpus is None or manifest.get("corpus") is None:
@@ -147,6 +147,7 @@ def _rows(
     corpus: Any, *, ids: Sequence[str] | None, split: str
 ) -> tuple[list[str], Any, list[int]]:
     """Rows of a loaded corpus by ID, whatever split they are in (or a whole split)."""
+    # numpy and torch on first use: the predictions file is read without them
     import numpy as np
 
     if ids is None:
@@ -296,8 +297,6 @@ def _unsealed_run_files(root: str | Path, run_id: str) -> str:
     """What differs between a run's folder and the folder's manifest ('' when it agrees, or
     when there is no manifest yet): checked here, in the process that reloads, right before
     anything of the run is imported or read as tensors."""
-    from gpucampaign.core.files import sha256_file
-
     folder = OutputFolder(root)
     try:
         listed = {
@@ -328,8 +327,6 @@ def _unsealed_run_files(root: str | Path, run_id: str) -> str:
 
 def _builtin_model(root: str | Path, run_id: str) -> bool:
     """True unless the run's model ``config.json`` names a user's recipe."""
-    from gpucampaign.spec import BUILTIN_RECIPES
-
     try:
         info = OutputFolder(root).read_json(model_config(run_id))
     except (OSError, ValueError):
@@ -339,8 +336,6 @@ def _builtin_model(root: str | Path, run_id: str) -> bool:
 
 def _recipe_check(root: str | Path, run_id: str, *, corpus: Any) -> dict[str, Any]:
     """``recipe_reload_check``, with any failure reported as the finding."""
-    from gpucampaign.close.recipe_reload import recipe_reload_check
-
     try:
         return recipe_reload_check(root, run_id, corpus=corpus)
     except Exception as exc:  # any failure to reload is the finding, reported by name

@@ -18,7 +18,9 @@ from gpucampaign.folder.layout import (
     ERROR_ANALYSIS_FILE,
     PREDICTIONS_FILE,
     OutputFolder,
+    corpus_file,
     model_config,
+    read_manifest,
     run_file,
 )
 from gpucampaign.recipe.contract import Pinned, Recipe, call, check_metrics, load_recipe
@@ -75,8 +77,6 @@ def _model_and_data(
 
 def _corpus_for(root: str | Path, info: dict[str, Any], corpus: Any) -> Any:
     """The corpus given, else the manifest's copy, else the path the model recorded."""
-    from gpucampaign.folder.layout import corpus_file, read_manifest
-
     if corpus is not None:
         return corpus
     recorded = info.get("corpus") or {}

@@ -62,6 +62,7 @@ def write_run_scores(
     Returns:
         The scores per split.
     """
+    # torch on first use: reading the scores needs none
     import torch
 
     from gpucampaign.recipe.runtime import build_datasets, recipe_context, score_split

@@ -11,6 +11,7 @@ records; the close, the manifest, the report and the flow all read it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -57,8 +58,6 @@ def _in(root: str | Path, relative: str) -> Path:
 def _read_json(path: Path, into: Callable[[Any], Any] | None = None) -> Any:
     """The JSON document at ``path`` (read ``into`` a record when given); None when there is
     no such file."""
-    import json
-
     data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
     return data if data is None or into is None else into(data)
 
