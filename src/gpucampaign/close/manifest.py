@@ -15,6 +15,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gpucampaign.core.files import git_commit, sha256_file, utc_now
 from gpucampaign.data.pins import folder_manifest, input_sha256, manifest_sha256
 from gpucampaign.folder.layout import (
@@ -97,13 +99,8 @@ def collect_environment(*, cwd: str | Path | None = None) -> dict[str, Any]:
         "prefect": _version("prefect"),
         "git_commit": git_commit(cwd),
     }
-    try:
-        import torch
-
-        env["cuda"] = torch.version.cuda
-        env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+    env["cuda"] = torch.version.cuda
+    env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return env
 
 

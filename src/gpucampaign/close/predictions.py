@@ -20,12 +20,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from gpucampaign.close.error_analysis import Predictions
 from gpucampaign.close.recipe_reload import recipe_reload_check
 from gpucampaign.core.files import csv_text, sha256_file
 from gpucampaign.data.corpus import load_corpus
-
-# Re-exported: callers import the error analysis from here.
 from gpucampaign.folder.layout import (
     PREDICTIONS_FILE,
     PREDICTIONS_PREFIX,
@@ -147,9 +148,6 @@ def _rows(
     corpus: Any, *, ids: Sequence[str] | None, split: str
 ) -> tuple[list[str], Any, list[int]]:
     """Rows of a loaded corpus by ID, whatever split they are in (or a whole split)."""
-    # numpy and torch on first use: the predictions file is read without them
-    import numpy as np
-
     if ids is None:
         part = corpus.split(split)
         return [str(i) for i in part.ids.tolist()], part.X, [int(v) for v in part.y.tolist()]
@@ -186,8 +184,6 @@ def write_run_predictions(
     Returns:
         The predictions written.
     """
-    import torch
-
     from gpucampaign.recipes import predict
 
     threads = torch.get_num_threads()

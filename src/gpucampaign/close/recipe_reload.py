@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gpucampaign.core.files import csv_text
 from gpucampaign.folder.layout import (
     ERROR_ANALYSIS_FILE,
@@ -35,8 +37,6 @@ def prediction_rows(
     recipe: Recipe, model: Any, dataset: Any, *, config: RunConfig
 ) -> list[dict[str, Any]]:
     """The rows of ``predictions.csv`` for one split, on CPU, batches in order, no gradient."""
-    import torch
-
     from gpucampaign.recipe.runtime import batch_len, ordered_loader
 
     rows: list[dict[str, Any]] = []
@@ -59,8 +59,6 @@ def _model_and_data(
     root: str | Path, run_id: str, *, corpus: Any, split: str
 ) -> tuple[Recipe, Any, Any, RunConfig]:
     """The reloaded model, its recipe, the split's dataset and the run config."""
-    import torch
-
     from gpucampaign.recipe.runtime import build_datasets, recipe_context
     from gpucampaign.recipes import load_run_model
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gpucampaign.core.files import csv_text
 from gpucampaign.folder.layout import OutputFolder, run_file, scores_file
 from gpucampaign.recipe.contract import RecipeError, has_score, load_recipe
@@ -62,9 +64,6 @@ def write_run_scores(
     Returns:
         The scores per split.
     """
-    # torch on first use: reading the scores needs none
-    import torch
-
     from gpucampaign.recipe.runtime import build_datasets, recipe_context, score_split
     from gpucampaign.recipes import load_run_model
 
