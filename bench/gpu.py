@@ -43,13 +43,13 @@ def bare_loop_cuda(spec, corpus, steps: int) -> float:  # noqa: ANN001
     """Seconds of a plain loop on the device: same model, optimizer, batch, steps and seed."""
     from overhead import plain_step
 
+    from gpucampaign.builtin import build_model, fit_input_stats
     from gpucampaign.engine.devices import (
         AMP_DTYPES,
         build_optimizer,
         build_scheduler,
         seed_everything,
     )
-    from gpucampaign.recipes import build_model, fit_input_stats
 
     cfg = spec.run_config("control")
     train = corpus.split("train")

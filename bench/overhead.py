@@ -38,12 +38,12 @@ from typing import Any
 import torch
 import yaml
 
+from gpucampaign.builtin import build_model, fit_input_stats
 from gpucampaign.cli.runner import prefect_environment
 from gpucampaign.cli.scaffold import write_spec_copy
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.engine.devices import build_optimizer, build_scheduler, seed_everything
 from gpucampaign.engine.loop import train_run
-from gpucampaign.recipes import build_model, fit_input_stats
 from gpucampaign.spec import CampaignSpec, load_spec
 from gpucampaign.storage import LocalStore
 

@@ -676,3 +676,28 @@ def test_a_checkpoint_with_a_bad_header_is_refused_and_the_previous_one_used(tmp
     ck, refused = m.load_latest()
     assert ck is not None and ck.step == 2
     assert len(refused) == 1 and MODEL_FILE in refused[0] and reason in refused[0], refused
+
+
+@pytest.mark.parametrize("fail_at", [1, 2, 3, 5, 8])
+def test_a_full_disk_in_the_state_file_is_the_write_error(tmp_path, monkeypatch, fail_at):
+    """Whichever write of ``torch.save`` hits the full disk, the error is that write's OSError
+    (the manager names it as a StorageError), not the zip writer's own RuntimeError."""
+    import errno
+
+    from gpucampaign.checkpoint import tensorfiles
+
+    calls = {"n": 0}
+    write_all = tensorfiles._write_all
+
+    def write_some(f, chunk):
+        calls["n"] += 1
+        if calls["n"] >= fail_at:
+            f.write(chunk[: len(chunk) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write_all(f, chunk)
+
+    monkeypatch.setattr(tensorfiles, "_write_all", write_some)
+    state = {"a": torch.arange(1000.0), "b": {"step": 3}, "c": torch.ones(50, 50)}
+    with pytest.raises(OSError, match="No space left on device"):
+        tensorfiles.save_state(tmp_path / "state.pt", state, kind="crc32c")
+    assert calls["n"] >= fail_at

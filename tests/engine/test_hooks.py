@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from gpucampaign.core.stoprules import StopRule
+from gpucampaign.core.stoprules import STOP_RULES, StopRule
 from gpucampaign.engine import loop, registry
 from gpucampaign.engine.hooks import Hook, HookArgs
 from gpucampaign.engine.registry import register
@@ -141,6 +141,8 @@ def test_a_new_stop_rule_is_one_hook_class_and_one_registry_line(tmp_path, digit
     # A 10-class model starts near ln 10 = 2.3: the first step is above the ceiling.
     assert (e.rule, e.run_id, e.step) == ("loss_above", spec.resolve_run("control").run_id, 1)
     assert e.stop_id.startswith("stop-") and "above 1.0 at step 1" in e.reason
+    # Its record reads back as its class, with no list of rules edited.
+    assert STOP_RULES[e.to_record()["rule"]] is LossAbove
     folder = run_dir(spec, tmp_path)
     assert not (folder / "result.json").exists()
     # The stopped step's row is not written, and the live view says the call stopped.

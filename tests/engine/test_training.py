@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import statistics
 
 import numpy as np
@@ -12,12 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gpucampaign.builtin import build_model
 from gpucampaign.checkpoint.savepolicy import choose_save_interval, daly_interval
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.modelfolder import load_model_dir, predict
 from gpucampaign.plan.decision import pilot_measures
-from gpucampaign.recipes import build_model, load_model_dir, predict
 from gpucampaign.spec import RunConfig, SpecError
 from gpucampaign.storage import LocalStore
 from tests.helpers import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
@@ -315,35 +317,12 @@ def test_a_crash_after_the_final_save_finishes_without_training(tmp_path, digits
     assert again.metrics == first.metrics and (folder / "model" / "model.safetensors").is_file()
 
 
-@pytest.fixture
-def stop_loader_workers(monkeypatch):
-    """Shut down, at the end of the test, the DataLoader workers its runs started.
-
-    A finished run's loader (persistent workers) is freed by a later garbage collection, in
-    whatever test triggers it; the collection closes the workers' queues before the loader's
-    own finalizer runs, and torch then waits 5 s for each worker before terminating it.
-    """
-    from torch.utils.data import DataLoader
-
-    made = []
-    start = DataLoader._get_iterator
-
-    def started(loader):
-        made.append(start(loader))
-        return made[-1]
-
-    monkeypatch.setattr(DataLoader, "_get_iterator", started)
-    yield
-    for it in made:
-        getattr(it, "_shutdown_workers", lambda: None)()
-
-
 def test_data_loader_workers_give_the_same_run(
     tmp_path,
     digits_file,  # noqa: F811
-    stop_loader_workers,
 ):
-    """Workers only fetch batches: same run ID, same losses, bit for bit."""
+    """Workers only fetch batches: same run ID, same losses, bit for bit; the run stops its
+    persistent workers when it returns (left to the garbage collector, each costs 5 s later)."""
     plain = make_spec(tmp_path, digits_file, control={"epochs": 1})
     loaded = make_spec(
         tmp_path, digits_file, control={"epochs": 1, "num_workers": 2, "persistent_workers": True}
@@ -352,6 +331,7 @@ def test_data_loader_workers_give_the_same_run(
     assert loaded.run_config("control").num_workers == 2
     run(plain, tmp_path, out="a")
     run(loaded, tmp_path, out="b")
+    assert not multiprocessing.active_children()  # the workers stopped with the run
     a = train_losses(run_dir(plain, tmp_path, out="a") / "metrics.jsonl")
     b = train_losses(run_dir(loaded, tmp_path, out="b") / "metrics.jsonl")
     assert len(a) == 10 and a == b

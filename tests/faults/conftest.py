@@ -30,6 +30,9 @@ SUMMARY_KEYS = (
     "dead_holders_freed",
     "orphan_servers_left",
     "s3_restarts_survived",
+    "credential_forms_tried",
+    "code_runs_refused",
+    "code_ran",
 )
 
 
@@ -75,7 +78,9 @@ def summary_line() -> str:
         f"code {c['tampered_verified_without_code']}, two-writer attempts refused "
         f"{c['two_writers_refused']}, stale locks taken over {c['stale_locks_taken_over']}, "
         f"dead holders whose slot came back {c['dead_holders_freed']}, orphan servers left "
-        f"{c['orphan_servers_left']}, S3 restarts survived {c['s3_restarts_survived']}"
+        f"{c['orphan_servers_left']}, S3 restarts survived {c['s3_restarts_survived']}, "
+        f"credential forms tried {c['credential_forms_tried']}, code-execution attempts "
+        f"refused {c['code_runs_refused']} (code run {c['code_ran']})"
     )
 
 

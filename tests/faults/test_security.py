@@ -509,7 +509,7 @@ def _plant_recipe(out: Path, closed: dict, marker: Path) -> Path:
     (model / "recipe").mkdir(exist_ok=True)
     (model / "recipe" / "planted_recipe.py").write_text(
         f"open({str(marker)!r}, 'w').write('imported')\n"
-        "from gpucampaign.recipes.tabular import MLP as Planted\n"
+        "from gpucampaign.builtin.tabular import MLP as Planted\n"
     )
     cfg = json.loads((model / "config.json").read_text())
     cfg["recipe"] = "planted_recipe:Planted"

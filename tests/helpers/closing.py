@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpucampaign.builtin import build_model, fit_input_stats
 from gpucampaign.close.closing import analyse_runs, close_folder, seal_folder
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.folder.layout import RESULT_FILE, OutputFolder
@@ -32,9 +33,9 @@ from gpucampaign.folder.records import (
     write_pilot,
 )
 from gpucampaign.folder.runresult import RunResult
+from gpucampaign.modelfolder import save_model_dir
 from gpucampaign.plan import calendar
 from gpucampaign.plan.decision import Decision
-from gpucampaign.recipes import build_model, fit_input_stats, save_model_dir
 from gpucampaign.spec import load_spec
 
 SPEC_TEMPLATE = """

@@ -19,8 +19,8 @@ from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.data.pins import input_sha256
 from gpucampaign.engine.loop import train_run
+from gpucampaign.modelfolder import load_model_dir
 from gpucampaign.recipe.contract import RecipeError, load_recipe
-from gpucampaign.recipes import load_model_dir
 from gpucampaign.spec import CampaignSpec, SpecError, parse_spec
 from gpucampaign.storage import LocalStore
 

@@ -92,12 +92,17 @@ class _ChecksummedFile:
 
     def __init__(self, f: Any, h: Any) -> None:
         self.f, self.h, self.size = f, h, 0
+        self.error: OSError | None = None  # the first failed write (torch's writer hides it)
 
     def write(self, data: Any) -> int:
         mv = memoryview(data).cast("B")
-        for off in range(0, len(mv), _CHUNK):
-            self.h.update(mv[off : off + _CHUNK])
-            _write_all(self.f, mv[off : off + _CHUNK])
+        try:
+            for off in range(0, len(mv), _CHUNK):
+                self.h.update(mv[off : off + _CHUNK])
+                _write_all(self.f, mv[off : off + _CHUNK])
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
         self.size += len(mv)
         return len(mv)
 
@@ -116,8 +121,15 @@ def save_state(path: Path, train_state: dict[str, Any], *, kind: str) -> tuple[s
     h = new_checksum(kind)
     with open(path, "wb", buffering=0) as f:
         out = _ChecksummedFile(f, h)
-        with _no_torch_crc32():
-            torch.save(train_state, out)  # type: ignore[arg-type]  # write() is all it uses
+        try:
+            with _no_torch_crc32():
+                torch.save(train_state, out)  # type: ignore[arg-type]  # write() is all it uses
+        except RuntimeError as exc:
+            # torch's zip writer may turn a failed write (a full disk) into its own error
+            # ("unexpected pos ..."): the write's OSError is the cause to report.
+            if out.error is not None:
+                raise out.error from exc
+            raise
         os.fsync(f.fileno())
     return str(h.hexdigest()), out.size
 

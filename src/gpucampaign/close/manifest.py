@@ -420,7 +420,7 @@ or in Python:
 import os
 
 from gpucampaign.close.predictions import load_run_model, features_for
-from gpucampaign.recipes import predict
+from gpucampaign.modelfolder import predict
 
 out = os.environ["OUT"]
 model = load_run_model(out, "{first}")           # runs/{first}/model/ on CPU

@@ -59,8 +59,8 @@ def _model_and_data(
     root: str | Path, run_id: str, *, corpus: Any, split: str
 ) -> tuple[Recipe, Any, Any, RunConfig]:
     """The reloaded model, its recipe, the split's dataset and the run config."""
+    from gpucampaign.modelfolder import load_run_model
     from gpucampaign.recipe.runtime import build_datasets, recipe_context
-    from gpucampaign.recipes import load_run_model
 
     folder = OutputFolder(root)
     info = json.loads(folder.path(model_config(run_id)).read_text("utf-8"))

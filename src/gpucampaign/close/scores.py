@@ -64,8 +64,8 @@ def write_run_scores(
     Returns:
         The scores per split.
     """
+    from gpucampaign.modelfolder import load_run_model
     from gpucampaign.recipe.runtime import build_datasets, recipe_context, score_split
-    from gpucampaign.recipes import load_run_model
 
     folder = OutputFolder(root)
     recipe = load_recipe(config.recipe)

@@ -20,10 +20,21 @@ def new_stop_id() -> str:
     return f"stop-{uuid.uuid4().hex[:12]}"
 
 
+#: Every stop rule by its ``rule`` name (how a ``stops.jsonl`` line or a rank's outcome is read
+#: back into its class); a subclass that names its rule is added when it is defined.
+STOP_RULES: dict[str, type[StopRule]] = {}
+
+
 class StopRule(Exception):
-    """A stop rule fired. ``rule`` names it; subclasses fix it."""
+    """A stop rule fired. ``rule`` names it; subclasses fix it (and are then in
+    ``STOP_RULES``)."""
 
     rule: str = "stop"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "rule" in cls.__dict__:
+            STOP_RULES[cls.rule] = cls
 
     def __init__(
         self, run_id: str, reason: str, step: int | None = None, stop_id: str | None = None
@@ -116,17 +127,3 @@ class InterruptedRun(StopRule):
     an accepted delivery."""
 
     rule = "interrupted"
-
-
-STOP_RULES: dict[str, type[StopRule]] = {
-    c.rule: c
-    for c in (
-        NonFiniteLoss,
-        BelowThreshold,
-        Futile,
-        EssentialInputMissing,
-        NoUsableRestart,
-        IncompleteRun,
-        InterruptedRun,
-    )
-}

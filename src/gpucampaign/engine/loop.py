@@ -45,7 +45,7 @@ each checkpoint is committed (the timeline's heartbeat).
 Checkpoints go to the ``Store`` under ``<run_id>/`` (``checkpoint/manager.py``); what they
 hold is the run's ``TrainState`` (``checkpoint/trainstate.py``). The loop reaches
 the model, data, loss and evaluation only through the run's ``Recipe`` (``recipe.py``; the
-built-in ``mlp`` and ``cnn`` are recipes too, in ``recipes/tabular.py``).
+built-in ``mlp`` and ``cnn`` are recipes too, in ``builtin/tabular.py``).
 
 Determinism: python/numpy/torch seeded, a seeded DataLoader generator, a pinned thread
 count; the checkpoint keeps the generator state from the TOP of the epoch, and a resume
@@ -82,6 +82,7 @@ from gpucampaign.engine.hooks import HookArgs, Hooks, ProgressFn
 from gpucampaign.engine.inference_restart import TrainingMark, find_interruption, restart_inference
 from gpucampaign.engine.launch import launch
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
+from gpucampaign.engine.parts import close_loader
 from gpucampaign.engine.process_group import Ranks
 from gpucampaign.engine.registry import build_hooks
 from gpucampaign.engine.save import save_model
@@ -383,3 +384,4 @@ def _train(r: LiveRun, hooks: Hooks) -> RunResult:
         finally:
             mark.close()  # kept only when a stop request interrupts the call
             r.saver.close()
+            close_loader(r.loader)

@@ -74,6 +74,19 @@ class PermutedBatches(Sampler[torch.Tensor]):
             yield order[full * self.batch_size :]
 
 
+def close_loader(loader: Any) -> None:
+    """Stop the worker processes a loader keeps between epochs (``persistent_workers``).
+
+    Left to the garbage collector, they are shut down in whatever code runs then: the
+    collection closes their queues first, and torch then waits 5 s for each worker before it
+    terminates it.
+    """
+    it = getattr(loader, "_iterator", None)  # torch keeps the persistent workers' iterator there
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+        loader._iterator = None
+
+
 def make_loader(
     train: Any,
     *,

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 def save_model(r: LiveRun, metrics: dict[str, float]) -> None:
     """The reloadable model folder: weights, and a config naming recipe, args and inputs."""
-    from gpucampaign.recipes import save_model_dir
+    from gpucampaign.modelfolder import save_model_dir
 
     spec, record = r.spec, recipe_record(r.resolved)
     # Paths as the spec gives them (relative to its folder): never an absolute path.

@@ -171,7 +171,7 @@ def evaluate(
 ) -> dict[str, float]:
     """Accuracy, macro F1 and mean cross-entropy of ``model`` on (X, y).
 
-    Computed in float32 without autocast, like ``recipes.predict``; the model's train/eval
+    Computed in float32 without autocast, like ``modelfolder.predict``; the model's train/eval
     mode is restored.
     """
     was_training = model.training

@@ -3,7 +3,7 @@
 A recipe is a class named in the spec by import path, ``module.path:ClassName``, subclassing
 :class:`Recipe`. The spec's folder is put on ``sys.path`` first, so a recipe file next to
 ``campaign.yaml`` just works; installed packages work too. The built-in ``mlp`` and ``cnn``
-are recipes written against the same contract (``gpucampaign.recipes.tabular``).
+are recipes written against the same contract (``gpucampaign.builtin.tabular``).
 
 This module does not import torch at import time: the spec hashes a recipe's file through it.
 """

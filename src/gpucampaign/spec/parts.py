@@ -52,8 +52,8 @@ Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
 
 BUILTIN_RECIPES: dict[str, str] = {
-    "mlp": "gpucampaign.recipes.tabular:MLP",
-    "cnn": "gpucampaign.recipes.tabular:CNN",
+    "mlp": "gpucampaign.builtin.tabular:MLP",
+    "cnn": "gpucampaign.builtin.tabular:CNN",
 }
 
 

@@ -1,4 +1,4 @@
-"""Model recipes: build a model from a run config, save it as a reloadable folder, predict.
+"""A model folder: save a trained model as a reloadable folder, load it back, predict.
 
 A model folder holds ``model.safetensors`` (weights and the input statistics) and
 ``config.json`` (the run config, recipe, sizes, library versions, git commit, file hashes).
@@ -12,7 +12,7 @@ import os
 import platform
 import shutil
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from gpucampaign.builtin.models import build_model
 from gpucampaign.core.files import (
     TMP_PREFIX,
     atomic_write_bytes,
@@ -37,38 +38,10 @@ from gpucampaign.folder.layout import (
     model_config,
     run_file,
 )
-from gpucampaign.recipes.cnn import build_cnn
-from gpucampaign.recipes.common import Standardize
-from gpucampaign.recipes.mlp import build_mlp
 from gpucampaign.spec import RunConfig, SpecError
 
 MODEL_FORMAT = "gpucampaign-model/1"
 CONFIG_FILE = MODEL_CONFIG
-
-RECIPES: dict[str, Callable[..., nn.Module]] = {"mlp": build_mlp, "cnn": build_cnn}
-
-
-def build_model(config: RunConfig, *, n_features: int, n_classes: int) -> nn.Module:
-    """The untrained model of ``config.recipe``; parameters drawn from torch's global RNG."""
-    if n_features < 1 or n_classes < 2:
-        raise SpecError(
-            f"a model needs at least 1 feature and 2 classes (got {n_features} and {n_classes}).",
-            field="corpus",
-        )
-    try:
-        factory = RECIPES[config.recipe]
-    except KeyError:
-        raise SpecError(
-            f"unknown recipe '{config.recipe}': use one of {sorted(RECIPES)}.", field="recipe"
-        ) from None
-    return factory(config, n_features=n_features, n_classes=n_classes)
-
-
-def fit_input_stats(model: nn.Module, X: torch.Tensor) -> None:
-    """Set the model's input standardization from the training features ``X``."""
-    layers = [m for m in model.modules() if isinstance(m, Standardize)]
-    assert len(layers) == 1, "every recipe starts with exactly one Standardize layer"
-    layers[0].fit(X)
 
 
 def _git_state() -> dict[str, Any]:
@@ -290,20 +263,6 @@ def predict(
         )
     finally:
         model.train(was_training)
-
-
-__all__ = [
-    "RECIPES",
-    "build_model",
-    "fit_input_stats",
-    "save_model_dir",
-    "load_model_dir",
-    "predict",
-    "library_versions",
-    "WEIGHTS_FILE",
-    "CONFIG_FILE",
-    "MODEL_FORMAT",
-]
 
 
 def _threads_of(*docs: Any) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from gpucampaign.recipes.common import Standardize
+from gpucampaign.builtin.layers import Standardize
 from gpucampaign.spec import RunConfig
 
 

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from gpucampaign.builtin.models import build_model, fit_input_stats
 from gpucampaign.folder.metrics import evaluate
 from gpucampaign.recipe.contract import Recipe, RecipeContext
-from gpucampaign.recipes import build_model, fit_input_stats
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 

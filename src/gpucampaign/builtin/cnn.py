@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from gpucampaign.recipes.common import Standardize
+from gpucampaign.builtin.layers import Standardize
 from gpucampaign.spec import RunConfig, SpecError
 
 

@@ -1,0 +1,23 @@
+"""A run's model folder: saved as safetensors and ``config.json``, reloaded without pickle."""
+
+from gpucampaign.modelfolder.saveload import (
+    CONFIG_FILE,
+    MODEL_FORMAT,
+    library_versions,
+    load_model_dir,
+    load_run_model,
+    predict,
+    rebuild_recipe_model,
+    save_model_dir,
+)
+
+__all__ = [
+    "CONFIG_FILE",
+    "MODEL_FORMAT",
+    "library_versions",
+    "load_model_dir",
+    "load_run_model",
+    "predict",
+    "rebuild_recipe_model",
+    "save_model_dir",
+]
