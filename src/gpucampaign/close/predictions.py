@@ -38,7 +38,7 @@ from gpucampaign.folder.layout import (
     read_manifest,
     run_file,
 )
-from gpucampaign.modelfolder import load_run_model
+from gpucampaign.modelfolder import load_run_model, predict
 from gpucampaign.spec import BUILTIN_RECIPES, SpecError, load_spec
 
 PREDICTION_COLUMNS = ("id", "label", "prediction", "confidence")
@@ -184,8 +184,6 @@ def write_run_predictions(
     Returns:
         The predictions written.
     """
-    from gpucampaign.modelfolder import predict
-
     threads = torch.get_num_threads()
     try:
         model = load_run_model(root, run_id)
@@ -250,8 +248,6 @@ def reload_check(
     Returns:
         ``{run_id: {ok, rows, mismatches, first_mismatch, error}}``.
     """
-    from gpucampaign.modelfolder import predict
-
     out: dict[str, dict[str, Any]] = {}
     for rid in run_ids:
         res: dict[str, Any] = {
@@ -384,8 +380,6 @@ def _main_reload_check(out: str, run_ids: Sequence[str], *, as_json: bool) -> in
 
 
 def _main_predict(out: str, run_id: str, *, to: str) -> int:
-    from gpucampaign.modelfolder import predict
-
     ids, X, labels = features_for(out, ids=None)
     model = load_run_model(out, run_id)
     pred, conf = predict(model, X)

@@ -25,6 +25,7 @@ from gpucampaign.folder.layout import (
     read_manifest,
     run_file,
 )
+from gpucampaign.modelfolder import load_run_model
 from gpucampaign.recipe.contract import Pinned, Recipe, call, check_metrics, load_recipe
 from gpucampaign.spec import RunConfig
 
@@ -59,7 +60,6 @@ def _model_and_data(
     root: str | Path, run_id: str, *, corpus: Any, split: str
 ) -> tuple[Recipe, Any, Any, RunConfig]:
     """The reloaded model, its recipe, the split's dataset and the run config."""
-    from gpucampaign.modelfolder import load_run_model
     from gpucampaign.recipe.runtime import build_datasets, recipe_context
 
     folder = OutputFolder(root)
