@@ -26,7 +26,7 @@ from gpucampaign.core.stoprules import NoUsableRestart, StopRule
 from gpucampaign.folder.layout import SPEC_COPY
 from gpucampaign.plan import calendar
 from gpucampaign.plan.tariffs import load_catalog
-from gpucampaign.restartcheck.check import output_check_target
+from gpucampaign.restartcheck.scheduled import output_check_target
 from gpucampaign.storage.status import RentalEnding, check_rental_margin, folder_to_check
 from orchestration import notify
 from orchestration.gpu_lock import embedded_api, ensure_gpu_limit

@@ -30,6 +30,8 @@ from time import monotonic
 from typing import Any
 from uuid import UUID
 
+from prefect import get_run_logger
+from prefect.artifacts import create_table_artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import (
     GlobalConcurrencyLimitCreate,
@@ -347,8 +349,6 @@ def publish_holders(name: str, *, held: bool) -> None:
     """Show who holds lock ``name`` in the UI: a new version of the table artifact of this
     host's holders, and the tag ``holder_tag`` on the current flow run while it holds a slot.
     Best effort: the UI's view, never a reason to fail a phase."""
-    from prefect.artifacts import create_table_artifact
-
     holders = read_holders(name)
     try:
         create_table_artifact(
@@ -423,6 +423,7 @@ def _embedded_server_pid() -> int | None:
     """The PID of this process's temporary Prefect server (None: a shared server)."""
     if not embedded_api():
         return None
+    # The server's modules only when this process runs its own temporary server.
     from prefect.server.api.server import SubprocessASGIServer
 
     for server in list(SubprocessASGIServer._instances.values()):
@@ -432,8 +433,6 @@ def _embedded_server_pid() -> int | None:
 
 
 def _logger() -> logging.LoggerAdapter | logging.Logger:
-    from prefect import get_run_logger
-
     try:
         return get_run_logger()
     except Exception:  # outside a run

@@ -15,6 +15,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from prefect.events import emit_event
+from prefect.runtime import flow_run
+
 from gpucampaign.folder.records import read_campaign_id
 
 #: The events this module emits (the automations of infra/automations.py match these names).
@@ -35,8 +38,6 @@ def campaign_id_of(out: str | Path) -> str:
 def ui_link() -> str:
     """The Prefect UI's page of the current flow run ('' outside a run or without a UI URL)."""
     try:
-        from prefect.runtime import flow_run
-
         return str(flow_run.ui_url or "")
     except Exception:
         return ""
@@ -57,8 +58,6 @@ def emit(event: str, *, campaign: str, name: str, subject: str, body: str, **fac
     if link:
         body = f"{body}\n{link}"
     try:
-        from prefect.events import emit_event
-
         sent = emit_event(
             event=event,
             resource={

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -144,8 +145,6 @@ def record_stop(folder: OutputFolder, exc: StopRule, *, run: str, phase: str) ->
 
 def artifact_key(*parts: str) -> str:
     """Prefect artifact keys allow lower-case letters, digits and dashes only."""
-    import re
-
     return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
 
 

@@ -174,6 +174,7 @@ def _ask(spec: CampaignSpec, *, auto: Decision, evidence: str, campaign_id: str 
 
 def _resume_self() -> None:
     """After a pause timed out, put the flow run back to Running so the campaign goes on."""
+    # the client only when a pause timed out
     from prefect.client.orchestration import get_client
     from prefect.states import Running
 

@@ -15,8 +15,8 @@ from gpucampaign.core.interrupt import raise_if_stopped
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.folder.layout import RESTART_FILE
 from gpucampaign.folder.progress import relay_check_progress
-from gpucampaign.restartcheck.check import OutputCheckTarget, check_latest_checkpoint
 from gpucampaign.restartcheck.earlysave import campaign_restart_check
+from gpucampaign.restartcheck.scheduled import OutputCheckTarget, check_latest_checkpoint
 from gpucampaign.spec import CampaignSpec
 from orchestration.gpu_lock import gpu_slot
 from orchestration.phases import PHASE_OPTIONS, busy, cancel_on_interrupt, out_folder, record_stop

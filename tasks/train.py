@@ -11,7 +11,8 @@ from gpucampaign.close.futility import futile_segment
 from gpucampaign.core.interrupt import raise_if_stopped
 from gpucampaign.core.stoprules import STOP_RULES, Futile, StopRule
 from gpucampaign.data.corpus import load_spec_corpus
-from gpucampaign.engine.loop import n_train_of, train_run
+from gpucampaign.engine.loop import train_run
+from gpucampaign.engine.parts import n_train_of
 from gpucampaign.folder.layout import METRICS_FILE
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import read_stops

@@ -733,7 +733,7 @@ def test_a_value_is_never_rounded_onto_the_threshold_it_misses():
     from types import SimpleNamespace
 
     from gpucampaign.core.text import say_exact, say_number
-    from gpucampaign.engine.loop import _quality_stop
+    from gpucampaign.engine.rules import quality_stop
 
     assert say_number(0.000241, against=0.0002) == "0.000241"
     assert say_number(0.00020004, against=0.0002) == "0.00020004"  # not "0.0002"
@@ -748,14 +748,14 @@ def test_a_value_is_never_rounded_onto_the_threshold_it_misses():
     spec = SimpleNamespace(
         decision_rule=rule, stop_rules=SimpleNamespace(below_threshold=True, quality_floor=None)
     )
-    stop = _quality_stop(spec, "lr-high-0123456789", {"mse": 0.000241}, step=7)
+    stop = quality_stop(spec, "lr-high-0123456789", {"mse": 0.000241}, step=7)
     assert stop is not None
     assert stop.reason == "final mse on val is 0.000241, above the ceiling 0.0002"
     floor = DecisionRule(metric="accuracy", threshold=0.95)
     low = SimpleNamespace(decision_rule=floor, stop_rules=spec.stop_rules)
     assert (
         "is 0.94999, below the floor 0.95"
-        in _quality_stop(low, "c", {"accuracy": 0.94999}, step=1).reason
+        in quality_stop(low, "c", {"accuracy": 0.94999}, step=1).reason
     )
 
 

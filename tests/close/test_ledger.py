@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpucampaign.close.ledger import LEDGER, add_expense, read_ledger, sealed_prefix_intact
+from gpucampaign.close.ledger import add_expense, read_ledger, sealed_prefix_intact
 from gpucampaign.core.files import sha256_bytes
+from gpucampaign.folder.layout import LEDGER_FILE
 from gpucampaign.spec import SpecError
 
 
@@ -41,20 +42,20 @@ def test_bad_expense_names_the_option_and_writes_nothing(out, kw, option) -> Non
     with pytest.raises(SpecError) as err:
         add_expense(out, **kw)
     assert f"option '{option}'" in str(err.value)
-    assert not (out / LEDGER).exists()
+    assert not (out / LEDGER_FILE).exists()
 
 
 def test_a_folder_that_is_not_a_campaign_is_refused(tmp_path) -> None:
     with pytest.raises(SpecError, match="not a campaign's output folder"):
         add_expense(tmp_path, usd=1, what="x")
-    assert not (tmp_path / LEDGER).exists()
+    assert not (tmp_path / LEDGER_FILE).exists()
 
 
 def test_growth_after_sealing_keeps_the_sealed_part(out) -> None:
     add_expense(out, usd=1, what="first")
-    sealed = (out / LEDGER).read_bytes()
+    sealed = (out / LEDGER_FILE).read_bytes()
     add_expense(out, usd=2, what="after the close")
-    now = (out / LEDGER).read_bytes()
+    now = (out / LEDGER_FILE).read_bytes()
     assert sealed_prefix_intact(now, size=len(sealed), sha256=sha256_bytes(sealed))
     tampered = now.replace(b'"usd": 1.0', b'"usd": 9.0')
     assert not sealed_prefix_intact(tampered, size=len(sealed), sha256=sha256_bytes(sealed))

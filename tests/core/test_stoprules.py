@@ -17,7 +17,7 @@ from gpucampaign.core.stoprules import (
     NonFiniteLoss,
     NoUsableRestart,
 )
-from gpucampaign.data.corpus import write_digits_corpus
+from gpucampaign.data.tables import write_digits_corpus
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.runresult import require_complete
 from tests.helpers import corpus_of, digits_file, make_spec, run, run_dir  # noqa: F401

@@ -28,9 +28,9 @@ from gpucampaign.close.closing import analyse_runs, close_folder, seal_folder, t
 from gpucampaign.core import interrupt
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.engine.loop import train_run
-from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE, OutputFolder
 from gpucampaign.storage import LocalStore
-from gpucampaign.tracking.mlflow import OUTBOX_FILE, STATE_FILE, tracking_note
+from gpucampaign.tracking.mlflow import tracking_note
 from gpucampaign.verify.checks import seal_problems, verify_output
 from infra import mlflowserver
 from infra.s3server import start_server as start_s3
@@ -169,7 +169,7 @@ def test_a_campaign_is_tracked_across_an_interruption(servers, tmp_path):
         a.path.endswith(".png") for d in names for a in client.list_artifacts(parent.info.run_id, d)
     )
     # The tracker's files are the folder's like any other: the sealed folder verifies.
-    assert (folder.run_dir(run_id) / STATE_FILE).is_file()
+    assert (folder.run_dir(run_id) / MLFLOW_STATE_FILE).is_file()
     assert verify_output(folder.root).verified
     # The artifacts went through the server to its S3 bucket.
     keys = [
@@ -207,7 +207,9 @@ def test_a_server_down_never_stops_the_campaign(servers, tmp_path, caplog):
         assert note is not None and "kept in" in note
         down = _close(spec, corpus, folder, src, "outage-0001")  # tracked (down), then sealed
         assert down is not None and "did not answer" in down
-        assert (folder.run_dir(control_id) / OUTBOX_FILE).is_file()  # kept, sealed with the rest
+        assert (
+            folder.run_dir(control_id) / MLFLOW_OUTBOX_FILE
+        ).is_file()  # kept, sealed with the rest
         sealed = _file_hashes(folder.root)
         still = CliRunner().invoke(app, ["track", str(folder.root)])
         assert still.exit_code == 1, still.output

@@ -27,8 +27,8 @@ from gpucampaign.engine.futility import (
     read_eval_scores,
     write_eval_scores,
 )
+from gpucampaign.folder.layout import RESULT_FILE
 from gpucampaign.folder.metrics import read_metrics
-from gpucampaign.folder.runresult import RESULT_FILE
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401 - a fixture
 
 N = 200

@@ -24,7 +24,7 @@ from gpucampaign.core import interrupt
 from gpucampaign.core.files import utc_now
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import InterruptedRun
-from gpucampaign.engine.inference_restart import MARK_FILE
+from gpucampaign.folder.layout import IN_PROGRESS_FILE
 from gpucampaign.folder.records import (
     StopRecord,
     append_stop,
@@ -70,11 +70,11 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 def test_resume_training_resumes_learning_after_a_stop(tmp_path, digits_file):  # noqa: F811
     spec = make_spec(tmp_path, digits_file, control={"resume": "training"})
     step = _interrupt_at(spec, tmp_path, 7)
-    assert (run_dir(spec, tmp_path) / MARK_FILE).is_file()  # the call was cut
+    assert (run_dir(spec, tmp_path) / IN_PROGRESS_FILE).is_file()  # the call was cut
     res = run(spec, tmp_path)
     assert res.completed and res.resumed_from_step == step and res.steps_done == 20
     assert res.interrupted is None and res.stop is None
-    assert not (run_dir(spec, tmp_path) / MARK_FILE).exists()
+    assert not (run_dir(spec, tmp_path) / IN_PROGRESS_FILE).exists()
 
 
 def test_resume_inference_keeps_the_last_good_model_and_records_an_interruption(
@@ -112,7 +112,7 @@ def test_resume_inference_keeps_the_last_good_model_and_records_an_interruption(
         "restart": "inference",
     }
     assert result["metrics"]["accuracy"] == result["eval_metrics"]["test"]["accuracy"]
-    assert not (rdir / MARK_FILE).exists()
+    assert not (rdir / IN_PROGRESS_FILE).exists()
 
     # The run is finished: a later start raises the same stop and trains nothing.
     with pytest.raises(InterruptedRun) as again:
@@ -158,7 +158,7 @@ def test_a_pilot_stop_is_not_an_interruption(tmp_path, digits_file):  # noqa: F8
     spec = make_spec(tmp_path, digits_file, control={"resume": "inference"})
     pilot = run(spec, tmp_path, stop_after_steps=5)
     assert not pilot.completed and pilot.steps_done == 5
-    assert not (run_dir(spec, tmp_path) / MARK_FILE).exists()
+    assert not (run_dir(spec, tmp_path) / IN_PROGRESS_FILE).exists()
     res = run(spec, tmp_path)
     assert res.completed and res.resumed_from_step == 5 and res.steps_done == 20
 
@@ -168,7 +168,7 @@ def test_nothing_saved_before_the_interruption_starts_the_run_afresh(tmp_path, d
     rdir = run_dir(spec, tmp_path)
     rdir.mkdir(parents=True)
     # A mark as a process killed before its first save leaves it (no checkpoint).
-    (rdir / MARK_FILE).write_text(
+    (rdir / IN_PROGRESS_FILE).write_text(
         json.dumps({"run_id": spec.resolve_run("control").run_id, "target": 20})
     )
     res = run(spec, tmp_path)
@@ -203,7 +203,7 @@ def test_resume_inference_after_a_sigkill(tmp_path, digits_file):  # noqa: F811
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     rdir = run_dir(spec, tmp_path)
-    assert (rdir / MARK_FILE).is_file()
+    assert (rdir / IN_PROGRESS_FILE).is_file()
 
     with pytest.raises(InterruptedRun) as err:
         run(spec, tmp_path)

@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 from gpucampaign.checkpoint import tensorfiles
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.core.stoprules import EssentialInputMissing
-from gpucampaign.data.corpus import load_corpus, write_digits_corpus
+from gpucampaign.data.corpus import load_corpus
+from gpucampaign.data.tables import write_digits_corpus
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.recipe.audit import audit_corpus

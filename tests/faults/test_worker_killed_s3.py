@@ -28,7 +28,7 @@ import pytest
 from safetensors.torch import load_file
 
 from gpucampaign.checkpoint.layout import LATEST_FILE
-from gpucampaign.engine.loop import MODEL_DIR
+from gpucampaign.folder.layout import MODEL_DIR
 from gpucampaign.folder.records import read_pilot, read_result, read_timeline
 from gpucampaign.spec import load_spec
 from tests.helpers import (

@@ -23,9 +23,7 @@ def emitted(monkeypatch) -> list[dict]:
         seen.append(kwargs)
         return object()
 
-    import prefect.events
-
-    monkeypatch.setattr(prefect.events, "emit_event", fake_emit_event)
+    monkeypatch.setattr(notify, "emit_event", fake_emit_event)
     return seen
 
 
@@ -67,12 +65,10 @@ def test_the_closing_message_carries_the_answer_sentence(emitted):
 
 
 def test_emitting_never_fails_the_campaign(monkeypatch):
-    import prefect.events
-
     def broken(**kwargs):
         raise ConnectionError("no server")
 
-    monkeypatch.setattr(prefect.events, "emit_event", broken)
+    monkeypatch.setattr(notify, "emit_event", broken)
     assert notify.essential_stop(campaign="c", name="n", run="control", stop="nan") is False
 
 

@@ -19,7 +19,7 @@ from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import INPUTS, OutputFolder
 from gpucampaign.plan import calendar
 from gpucampaign.plan.tariffs import load_catalog
-from gpucampaign.restartcheck.check import output_check_target
+from gpucampaign.restartcheck.scheduled import output_check_target
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec
 from gpucampaign.storage import LocalStore
 from tests.helpers import TINY, build_closed_folder, digits_file  # noqa: F401  (a pytest fixture)
@@ -153,7 +153,7 @@ def test_a_moved_folder_resumes_a_campaign_with_pinned_inputs_from_its_copies(
     tmp_path: Path,
     digits_file: tuple[Path, str],  # noqa: F811
 ) -> None:
-    from gpucampaign.restartcheck.check import verify_checkpoint_resume
+    from gpucampaign.restartcheck.scheduled import verify_checkpoint_resume
 
     spec_file = _campaign(tmp_path / "src", digits_file)
     _pin_base_model(spec_file, "models/base.bin")

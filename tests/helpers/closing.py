@@ -21,7 +21,7 @@ import torch
 from gpucampaign.builtin import build_model, fit_input_stats
 from gpucampaign.close.closing import analyse_runs, close_folder, seal_folder
 from gpucampaign.data.corpus import load_corpus
-from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.layout import RESULT_FILE, OutputFolder
 from gpucampaign.folder.records import (
     AFTER_PILOT,
     DecisionRecord,
@@ -32,7 +32,7 @@ from gpucampaign.folder.records import (
     append_timeline,
     write_pilot,
 )
-from gpucampaign.folder.runresult import RESULT_FILE, RunResult
+from gpucampaign.folder.runresult import RunResult
 from gpucampaign.modelfolder import save_model_dir
 from gpucampaign.plan import calendar
 from gpucampaign.plan.decision import Decision

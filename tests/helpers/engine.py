@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpucampaign.data.corpus import Corpus, load_corpus, write_digits_corpus
+from gpucampaign.data.corpus import Corpus, load_corpus
+from gpucampaign.data.tables import write_digits_corpus
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.runresult import RunResult

@@ -11,12 +11,9 @@ from typer.testing import CliRunner
 
 from gpucampaign.cli import app
 from gpucampaign.core.stoprules import NoUsableRestart
-from gpucampaign.restartcheck.check import (
-    RestartTarget,
-    default_steps,
-    verify_checkpoint_resume,
-    verify_restart,
-)
+from gpucampaign.restartcheck.check import default_steps, verify_restart
+from gpucampaign.restartcheck.scheduled import verify_checkpoint_resume
+from gpucampaign.restartcheck.target import RestartTarget
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
 

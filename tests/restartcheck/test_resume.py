@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpucampaign.close.report import _resume_md
-from gpucampaign.restartcheck.check import RestartReport
+from gpucampaign.restartcheck.compare import RestartReport
 from gpucampaign.spec import SpecError, parse_spec
 
 BASE = {

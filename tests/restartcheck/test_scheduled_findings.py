@@ -7,11 +7,8 @@ import pytest
 
 from gpucampaign.core.files import FAST_CHECKSUM, checksum_bytes
 from gpucampaign.core.stoprules import NoUsableRestart
-from gpucampaign.restartcheck.check import (
-    RestartTarget,
-    check_latest_checkpoint,
-    verify_checkpoint_resume,
-)
+from gpucampaign.restartcheck.scheduled import check_latest_checkpoint, verify_checkpoint_resume
+from gpucampaign.restartcheck.target import RestartTarget
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
 

@@ -14,17 +14,11 @@ import pytest
 
 from gpucampaign.core import interrupt
 from gpucampaign.core.interrupt import Interrupted
+from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE
 from gpucampaign.spec import SpecError, spec_sha256
 from gpucampaign.tracking import mlflow as tracking
 from gpucampaign.tracking.campaign import track_close, track_sealed
-from gpucampaign.tracking.mlflow import (
-    META_KEY,
-    OUTBOX_FILE,
-    STATE_FILE,
-    RunTracker,
-    row_records,
-    tracking_uri,
-)
+from gpucampaign.tracking.mlflow import META_KEY, RunTracker, row_records, tracking_uri
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
 from tests.helpers.fake_mlflow import FakeClient
 
@@ -94,7 +88,7 @@ def test_a_run_is_created_under_the_campaigns_parent_with_its_ids(tmp_path):
     assert parent["tags"] == {"gpucampaign.kind": "campaign", "gpucampaign.campaign_id": "c-1"}
     assert child["params"] == {"lr": "0.01"}
     assert client.steps(rid, "train/loss") == [1, 2, 3]
-    state = json.loads((tmp_path / "run" / STATE_FILE).read_text())
+    state = json.loads((tmp_path / "run" / MLFLOW_STATE_FILE).read_text())
     assert state["mlflow_run_id"] == rid and state["sent"]["train/loss"] == 3
 
 
@@ -108,14 +102,14 @@ def test_a_server_down_warns_once_keeps_the_metrics_and_sends_them_when_back(tmp
             assert not t.flush()
     warnings = [r for r in caplog.records if "does not answer" in r.getMessage()]
     assert len(warnings) == 1 and t.down
-    outbox = (tmp_path / "run" / OUTBOX_FILE).read_text().splitlines()
+    outbox = (tmp_path / "run" / MLFLOW_OUTBOX_FILE).read_text().splitlines()
     assert [json.loads(line)[2] for line in outbox if "train/loss" in line] == [1, 2, 3, 4]
     client.down = False
     t.write(_train(5))
     assert t.flush()
     (rid,) = client.child_runs()
     assert client.steps(rid, "train/loss") == [1, 2, 3, 4, 5]
-    assert not (tmp_path / "run" / OUTBOX_FILE).exists()  # all sent
+    assert not (tmp_path / "run" / MLFLOW_OUTBOX_FILE).exists()  # all sent
     assert not t.down
 
 
@@ -162,7 +156,7 @@ def test_a_dead_process_outbox_after_the_restored_step_is_dropped(tmp_path):
     client.down = False
     # Restored at step 4: steps 5..7 are trained again and sent then, with their new values.
     again = _tracker(folder, client, restored_step=4)
-    kept = (folder / OUTBOX_FILE).read_text().splitlines()
+    kept = (folder / MLFLOW_OUTBOX_FILE).read_text().splitlines()
     assert max(json.loads(line)[2] for line in kept) == 4  # the dead steps left the outbox
     for s in range(5, 7):
         again.write(_train(s, loss=9.0))
@@ -253,7 +247,7 @@ def test_tracking_is_off_by_default_and_mlflow_is_never_needed(tmp_path, digits_
     spec = make_spec(tmp_path, digits_file, control={"epochs": 1})
     assert tracking_uri(spec) is None
     assert run(spec, tmp_path).completed
-    assert not (run_dir(spec, tmp_path) / STATE_FILE).exists()
+    assert not (run_dir(spec, tmp_path) / MLFLOW_STATE_FILE).exists()
     # mlflow is imported inside functions of the tracking module only.
     for path in SRC.rglob("*.py"):
         for node in ast.parse(path.read_text()).body:
@@ -308,7 +302,7 @@ def test_a_sealed_folder_is_sent_later_once_and_never_written(tmp_path, digits_f
     (rid,) = fake.child_runs()
     fake.logged[rid].append(("train/loss", 6, 0.5))  # one value of the outage got there anyway
     sealed = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
-    assert root / "runs" / "control-abc" / OUTBOX_FILE in sealed
+    assert root / "runs" / "control-abc" / MLFLOW_OUTBOX_FILE in sealed
     manifest = {
         "campaign_id": "c-1",
         "verdict": {"kind": "adopt", "run": "wide"},

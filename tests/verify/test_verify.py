@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 from gpucampaign.cli import app
 from gpucampaign.verify.checks import (
     CHECKS,
-    VerifyContext,
     check_corpus,
     check_empty_files,
     check_escaping_paths,
@@ -27,6 +26,7 @@ from gpucampaign.verify.checks import (
     check_temp_paths,
     verify_output,
 )
+from gpucampaign.verify.context import VerifyContext
 from tests.helpers import reseal
 
 

@@ -5,7 +5,7 @@ does not fit its window (plan) or output not verified (verify); 130 / 143 interr
 / SIGTERM (saved; rerun to resume); 1 unexpected.
 
 The commands on an output folder are in ``cli_output``; what the commands share (the app, the
-consoles, the exit codes) in ``cli_common``.
+consoles, the exit codes) in ``cli/common.py``.
 """
 
 from __future__ import annotations
@@ -305,7 +305,7 @@ def _check_output_restart(
     spec: Path, out: Path, *, run: str, n_steps: int | None, workdir: Path
 ) -> Any:
     """Resume the run's latest kept checkpoint of a campaign output and compare."""
-    from gpucampaign.restartcheck.check import output_check_target, verify_checkpoint_resume
+    from gpucampaign.restartcheck.scheduled import output_check_target, verify_checkpoint_resume
     from gpucampaign.spec import load_spec
 
     load_spec(spec)

@@ -1,7 +1,7 @@
 """The ``campaign`` commands on an output folder: verify, report, expense, status, watch,
 track, retrieve.
 
-They are registered on the one ``app`` of ``cli_common`` when ``cli`` imports this module.
+They are registered on the one ``app`` of ``cli/common.py`` when ``cli`` imports this module.
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
 
     from gpucampaign.close.budget import render_budget_md
     from gpucampaign.close.ledger import budget_with_ledger
-    from gpucampaign.close.report import REPORT_MD, read_report, report_summary, with_budget
-    from gpucampaign.folder.layout import OutputFolder
+    from gpucampaign.close.report import read_report, report_summary, with_budget
+    from gpucampaign.folder.layout import REPORT_MD, OutputFolder
 
     md = OutputFolder(out).path(REPORT_MD)  # a link out of the folder is refused, not printed
     report = read_report(out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpucampaign.data.corpus import write_digits_corpus
+from gpucampaign.data.tables import write_digits_corpus
 from gpucampaign.spec import SpecError, load_spec
 
 CORPUS_REL = "data/digits.csv"

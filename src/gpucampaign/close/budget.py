@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from gpucampaign.plan import tariffs
 from gpucampaign.spec import Package, SpecError
 
 CENT = Decimal("0.01")
@@ -51,8 +52,6 @@ def resolve_packages(packages: Iterable[Any], *, catalog: Any = None) -> list[di
     Raises:
         SpecError: a package has no price anywhere.
     """
-    from gpucampaign.plan import tariffs
-
     out = []
     for i, p in enumerate(packages):
         if isinstance(p, Package):

@@ -33,6 +33,7 @@ from gpucampaign.close.predictions import (
     reload_check,
     write_run_predictions,
 )
+from gpucampaign.close.recipe_reload import recipe_analysis, write_recipe_predictions
 from gpucampaign.close.report import build_report, write_report
 from gpucampaign.close.scores import write_run_scores
 from gpucampaign.close.verdict import Verdict
@@ -45,6 +46,11 @@ from gpucampaign.folder.layout import (
     CURVES_PNG,
     ERROR_ANALYSIS_FILE,
     METRICS_FILE,
+    MODEL_WEIGHTS,
+    REFORECAST_FILE,
+    REPORT_HTML,
+    REPORT_JSON,
+    REPORT_MD,
     SCORES_ERROR_FILE,
     OutputFolder,
     run_file,
@@ -52,8 +58,6 @@ from gpucampaign.folder.layout import (
 )
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import (
-    MODEL_WEIGHTS,
-    REFORECAST_FILE,
     DecisionRecord,
     RunState,
     StopRecord,
@@ -67,6 +71,8 @@ from gpucampaign.folder.records import (
 )
 from gpucampaign.plan import calendar
 from gpucampaign.spec import CampaignSpec, run_size
+from gpucampaign.spec.recipefile import recipe_file
+from gpucampaign.tracking import track_close
 
 
 @dataclass
@@ -172,8 +178,6 @@ def _score_run(spec: CampaignSpec, folder: OutputFolder, run: str, *, corpus: An
 
 def _analyse_recipe_run(folder: OutputFolder, run_id: str, *, corpus: Any, split: str) -> None:
     """A user's recipe run: its predictions file and what it holds (no classifier analysis)."""
-    from gpucampaign.close.recipe_reload import recipe_analysis, write_recipe_predictions
-
     rows = write_recipe_predictions(folder.root, run_id, corpus=corpus, split=split)
     folder.write_json(run_file(run_id, ERROR_ANALYSIS_FILE), recipe_analysis(rows, split=split))
 
@@ -185,7 +189,6 @@ def keep_recipe_sources(spec: CampaignSpec, *, root: str | Path) -> list[str]:
     and its run IDs from the output folder alone (``campaign verify``, ``status``, a reload).
     """
     from gpucampaign.recipe.runtime import recipe_module_path
-    from gpucampaign.spec.recipefile import recipe_file
 
     folder = OutputFolder(root)
     kept = []
@@ -445,9 +448,6 @@ def track_closed(
     Returns:
         The line that says what was tracked, or why not; None when tracking is off.
     """
-    from gpucampaign.close.report import REPORT_HTML, REPORT_JSON, REPORT_MD
-    from gpucampaign.tracking import track_close
-
     return track_close(
         spec,
         root=root,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.close.bootstrap import metric_value
+from gpucampaign.close.budget import resolve_packages
 from gpucampaign.close.predictions import predictions_file, read_predictions
 from gpucampaign.close.scores import no_scores_reason, read_scores
 from gpucampaign.close.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
@@ -179,8 +180,6 @@ def closing_verdict(
 
 def lot_price(spec: CampaignSpec, *, catalog: Any = None) -> dict[str, float] | None:
     """The rented lots' price and GPU hours: ``{usd, gpu_hours}``; None without a lot."""
-    from gpucampaign.close.budget import resolve_packages
-
     lots = resolve_packages(spec.packages, catalog=catalog)
     usd = sum(float(p["price_usd"]) * p["count"] for p in lots)
     gpu_hours = sum(p["days"] * 24 * p["count"] * (p.get("gpus") or 1) for p in lots)

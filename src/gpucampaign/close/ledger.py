@@ -17,11 +17,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gpucampaign.close.budget import with_expenses
 from gpucampaign.core.files import jsonl_line, read_jsonl, sha256_bytes, utc_now
 from gpucampaign.folder.layout import LEDGER_FILE, SPEC_COPY, OutputFolder
-from gpucampaign.spec import SpecError
+from gpucampaign.spec import SpecError, load_spec
 
-LEDGER = LEDGER_FILE
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/#-]{0,79}$")
 
 
@@ -85,7 +85,7 @@ def add_expense(
         err = exc.errors()[0]
         option = {"usd": "--usd", "what": "--what", "order_ref": "--order-ref"}[str(err["loc"][0])]
         raise SpecError(f"option '{option}': {err['msg']}.", field=option) from None
-    _append_locked(OutputFolder(folder).path(LEDGER), jsonl_line(entry.model_dump()))
+    _append_locked(OutputFolder(folder).path(LEDGER_FILE), jsonl_line(entry.model_dump()))
     return entry
 
 
@@ -114,7 +114,7 @@ def _append_locked(path: Path, line: str) -> None:
 
 def read_ledger(root: str | Path) -> list[LedgerExpense]:
     """Every expense of the ledger, in the order recorded (empty when there is none)."""
-    return [LedgerExpense(**row) for row in read_jsonl(OutputFolder(root).path(LEDGER))]
+    return [LedgerExpense(**row) for row in read_jsonl(OutputFolder(root).path(LEDGER_FILE))]
 
 
 def budget_with_ledger(root: str | Path, budget: dict[str, Any]) -> dict[str, Any]:
@@ -124,9 +124,6 @@ def budget_with_ledger(root: str | Path, budget: dict[str, Any]) -> dict[str, An
         root: The campaign's output folder (its ``spec.yaml`` and ``ledger.jsonl``).
         budget: The budget as closed (``report.json``'s ``budget``).
     """
-    from gpucampaign.close.budget import with_expenses
-    from gpucampaign.spec import load_spec
-
     spec = load_spec(OutputFolder(root).path(SPEC_COPY))
     return with_expenses(budget, [*spec.expenses, *(e.as_expense() for e in read_ledger(root))])
 

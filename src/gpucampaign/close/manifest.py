@@ -11,10 +11,14 @@ import json
 import os
 import platform
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gpucampaign.core.files import git_commit, sha256_file, utc_now
+from gpucampaign.data.pins import folder_manifest, input_sha256, manifest_sha256
 from gpucampaign.folder.layout import (
     CHECKPOINTS_DIR,
     DATA_DIR,
@@ -76,8 +80,6 @@ def list_files(root: str | Path) -> list[str]:
 
 
 def _version(dist: str) -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -97,13 +99,8 @@ def collect_environment(*, cwd: str | Path | None = None) -> dict[str, Any]:
         "prefect": _version("prefect"),
         "git_commit": git_commit(cwd),
     }
-    try:
-        import torch
-
-        env["cuda"] = torch.version.cuda
-        env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+    env["cuda"] = torch.version.cuda
+    env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return env
 
 
@@ -233,8 +230,6 @@ def refuse_sealed_rewrite(root: str | Path, spec: CampaignSpec, *, base_dir: str
         SpecError: The folder is sealed and an input changed; the message says how to start
             a new campaign.
     """
-    from gpucampaign.data.pins import input_sha256
-
     folder = OutputFolder(root)
     if not folder.path(MANIFEST).is_file():
         return
@@ -276,8 +271,6 @@ def _reference_folder(
     root: str | Path, src: Path, *, sha256: str | None, copy_limit_bytes: int, under: str, what: str
 ) -> dict[str, Any]:
     """``reference_corpus`` for a folder pinned by its manifest."""
-    from gpucampaign.data.pins import folder_manifest, manifest_sha256
-
     rows = folder_manifest(src)
     digest = manifest_sha256(rows)
     if sha256 is not None and digest != sha256:

@@ -20,10 +20,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpucampaign.close.error_analysis import Predictions
-from gpucampaign.core.files import csv_text
+import numpy as np
+import torch
 
-# Re-exported: callers import the error analysis from here.
+from gpucampaign.close.error_analysis import Predictions
+from gpucampaign.close.recipe_reload import recipe_reload_check
+from gpucampaign.core.files import csv_text, sha256_file
+from gpucampaign.data.corpus import load_corpus
 from gpucampaign.folder.layout import (
     PREDICTIONS_FILE,
     PREDICTIONS_PREFIX,
@@ -35,8 +38,8 @@ from gpucampaign.folder.layout import (
     read_manifest,
     run_file,
 )
-from gpucampaign.modelfolder import load_run_model
-from gpucampaign.spec import SpecError, load_spec
+from gpucampaign.modelfolder import load_run_model, predict
+from gpucampaign.spec import BUILTIN_RECIPES, SpecError, load_spec
 
 PREDICTION_COLUMNS = ("id", "label", "prediction", "confidence")
 
@@ -133,8 +136,6 @@ def features_for(
     Returns:
         ``(ids, X, labels)``.
     """
-    from gpucampaign.data.corpus import load_corpus
-
     manifest = read_manifest(root)
     spec = load_spec(OutputFolder(root).path(SPEC_COPY))
     if spec.corpus is None or manifest.get("corpus") is None:
@@ -147,8 +148,6 @@ def _rows(
     corpus: Any, *, ids: Sequence[str] | None, split: str
 ) -> tuple[list[str], Any, list[int]]:
     """Rows of a loaded corpus by ID, whatever split they are in (or a whole split)."""
-    import numpy as np
-
     if ids is None:
         part = corpus.split(split)
         return [str(i) for i in part.ids.tolist()], part.X, [int(v) for v in part.y.tolist()]
@@ -185,10 +184,6 @@ def write_run_predictions(
     Returns:
         The predictions written.
     """
-    import torch
-
-    from gpucampaign.modelfolder import predict
-
     threads = torch.get_num_threads()
     try:
         model = load_run_model(root, run_id)
@@ -253,8 +248,6 @@ def reload_check(
     Returns:
         ``{run_id: {ok, rows, mismatches, first_mismatch, error}}``.
     """
-    from gpucampaign.modelfolder import predict
-
     out: dict[str, dict[str, Any]] = {}
     for rid in run_ids:
         res: dict[str, Any] = {
@@ -296,8 +289,6 @@ def _unsealed_run_files(root: str | Path, run_id: str) -> str:
     """What differs between a run's folder and the folder's manifest ('' when it agrees, or
     when there is no manifest yet): checked here, in the process that reloads, right before
     anything of the run is imported or read as tensors."""
-    from gpucampaign.core.files import sha256_file
-
     folder = OutputFolder(root)
     try:
         listed = {
@@ -328,8 +319,6 @@ def _unsealed_run_files(root: str | Path, run_id: str) -> str:
 
 def _builtin_model(root: str | Path, run_id: str) -> bool:
     """True unless the run's model ``config.json`` names a user's recipe."""
-    from gpucampaign.spec import BUILTIN_RECIPES
-
     try:
         info = OutputFolder(root).read_json(model_config(run_id))
     except (OSError, ValueError):
@@ -339,8 +328,6 @@ def _builtin_model(root: str | Path, run_id: str) -> bool:
 
 def _recipe_check(root: str | Path, run_id: str, *, corpus: Any) -> dict[str, Any]:
     """``recipe_reload_check``, with any failure reported as the finding."""
-    from gpucampaign.close.recipe_reload import recipe_reload_check
-
     try:
         return recipe_reload_check(root, run_id, corpus=corpus)
     except Exception as exc:  # any failure to reload is the finding, reported by name
@@ -393,8 +380,6 @@ def _main_reload_check(out: str, run_ids: Sequence[str], *, as_json: bool) -> in
 
 
 def _main_predict(out: str, run_id: str, *, to: str) -> int:
-    from gpucampaign.modelfolder import predict
-
     ids, X, labels = features_for(out, ids=None)
     model = load_run_model(out, run_id)
     pred, conf = predict(model, X)

@@ -13,14 +13,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gpucampaign.core.files import csv_text
 from gpucampaign.folder.layout import (
     ERROR_ANALYSIS_FILE,
     PREDICTIONS_FILE,
     OutputFolder,
+    corpus_file,
     model_config,
+    read_manifest,
     run_file,
 )
+from gpucampaign.modelfolder import load_run_model
 from gpucampaign.recipe.contract import Pinned, Recipe, call, check_metrics, load_recipe
 from gpucampaign.spec import RunConfig
 
@@ -33,8 +38,6 @@ def prediction_rows(
     recipe: Recipe, model: Any, dataset: Any, *, config: RunConfig
 ) -> list[dict[str, Any]]:
     """The rows of ``predictions.csv`` for one split, on CPU, batches in order, no gradient."""
-    import torch
-
     from gpucampaign.recipe.runtime import batch_len, ordered_loader
 
     rows: list[dict[str, Any]] = []
@@ -57,9 +60,6 @@ def _model_and_data(
     root: str | Path, run_id: str, *, corpus: Any, split: str
 ) -> tuple[Recipe, Any, Any, RunConfig]:
     """The reloaded model, its recipe, the split's dataset and the run config."""
-    import torch
-
-    from gpucampaign.modelfolder import load_run_model
     from gpucampaign.recipe.runtime import build_datasets, recipe_context
 
     folder = OutputFolder(root)
@@ -75,8 +75,6 @@ def _model_and_data(
 
 def _corpus_for(root: str | Path, info: dict[str, Any], corpus: Any) -> Any:
     """The corpus given, else the manifest's copy, else the path the model recorded."""
-    from gpucampaign.folder.layout import corpus_file, read_manifest
-
     if corpus is not None:
         return corpus
     recorded = info.get("corpus") or {}

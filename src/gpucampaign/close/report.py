@@ -4,6 +4,8 @@ self-contained ``report.html``, read back by ``campaign report`` without recompu
 
 from __future__ import annotations
 
+import base64
+import html
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 
 from gpucampaign.close.bootstrap import DOMINATES
 from gpucampaign.close.budget import render_budget_md
+from gpucampaign.close.error_analysis import render_error_analysis_md
 from gpucampaign.close.futility import render_futility_md
 from gpucampaign.close.verdict import Verdict
 from gpucampaign.close.verdict_words import seeds_text
@@ -23,6 +26,7 @@ from gpucampaign.folder.layout import (
     OutputFolder,
 )
 from gpucampaign.folder.records import DecisionRecord, StopRecord
+from gpucampaign.restartcheck.compare import resume_text
 from gpucampaign.spec import SpecError, read_mapping_file
 
 REPORT_FORMAT = "gpucampaign.report/1"
@@ -280,8 +284,6 @@ def _interruptions_md(fva: Mapping[str, Any]) -> list[str]:
 
 def _resume_md(report: Mapping[str, Any]) -> list[str]:
     """Which restart applies to each run after an interruption (its config's ``resume``)."""
-    from gpucampaign.restartcheck.check import resume_text
-
     runs = [r for r in report.get("runs", []) if r.get("resume")]
     if not runs:
         return []
@@ -343,8 +345,6 @@ def _estimates_md(fva: Mapping[str, Any]) -> list[str]:
 def render_report_md(report: Mapping[str, Any]) -> str:
     """``report.md``: verdict, runs, budget, forecast vs actual, decisions, stops, analysis,
     estimates, figures."""
-    from gpucampaign.close.error_analysis import render_error_analysis_md
-
     v = report["verdict"]
     out = [f"# Closing report: {report['campaign']}", "", answer_paragraph(report), ""]
     out += [f"Campaign ID: `{report['campaign_id']}`", "", "## Verdict", "", v["text"], ""]
@@ -391,12 +391,8 @@ _HTML_STYLE = (
 
 def render_report_html(report_md: str, *, root: str | Path, title: str = "Closing report") -> str:
     """A self-contained ``report.html``: the markdown rendered, figures embedded as data URIs."""
-    import base64
-    import html
-
+    # markdown_it only when the HTML report is written
     from markdown_it import MarkdownIt
-
-    from gpucampaign.folder.layout import OutputFolder
 
     folder = OutputFolder(root)
     body = MarkdownIt("commonmark", {"html": False}).enable("table").render(report_md)
@@ -428,8 +424,6 @@ def write_report(root: str | Path, report: Mapping[str, Any]) -> dict[str, Path]
     Returns:
         ``{json, md, html, estimates}`` paths.
     """
-    from gpucampaign.folder.layout import OutputFolder
-
     folder = OutputFolder(root)
     # Text from elsewhere (a library's error in a stop reason) is shown, never interpreted.
     md = strip_controls(render_report_md(report))

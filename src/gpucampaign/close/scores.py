@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gpucampaign.core.files import csv_text
 from gpucampaign.folder.layout import OutputFolder, run_file, scores_file
+from gpucampaign.modelfolder import load_run_model
 from gpucampaign.recipe.contract import RecipeError, has_score, load_recipe
 from gpucampaign.spec import RunConfig
 
@@ -62,9 +65,6 @@ def write_run_scores(
     Returns:
         The scores per split.
     """
-    import torch
-
-    from gpucampaign.modelfolder import load_run_model
     from gpucampaign.recipe.runtime import build_datasets, recipe_context, score_split
 
     folder = OutputFolder(root)

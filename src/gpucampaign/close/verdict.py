@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from gpucampaign.close.bootstrap import BOOT_SEED, Gain, paired_gain, paired_mean_gain
+from gpucampaign.close.bootstrap import Gain, paired_gain, paired_mean_gain
 from gpucampaign.close.more_evidence import missing_interval, to_settle
 from gpucampaign.close.verdict_words import (
     ci_text,
@@ -22,6 +22,7 @@ from gpucampaign.close.verdict_words import (
     say_value,
     stop_text,
 )
+from gpucampaign.core.resample import BOOT_SEED
 from gpucampaign.core.text import say_duration, say_exact
 from gpucampaign.spec import DecisionRule
 

@@ -72,6 +72,7 @@ class _Crc32c:
     """CRC32C with the ``update``/``hexdigest`` interface of a hashlib object."""
 
     def __init__(self) -> None:
+        # awscrt (boto3's [crt] extra) only when a CRC32C is asked for
         from awscrt.checksums import crc32c
 
         self._crc32c = crc32c

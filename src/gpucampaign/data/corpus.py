@@ -20,10 +20,10 @@ import numpy as np
 
 from gpucampaign.core.files import sha256_file
 from gpucampaign.core.stoprules import EssentialInputMissing
-
-# write_digits_corpus is re-exported: callers import it from here.
-from gpucampaign.data.tables import Table, read_table, write_digits_corpus  # noqa: F401
+from gpucampaign.data.pins import pin, pin_inputs, resolve_inputs
+from gpucampaign.data.tables import Table, read_table
 from gpucampaign.spec import CampaignSpec, CorpusSpec, SpecError, resolve_inside
+from gpucampaign.spec.recipefile import use_recipe_dir
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 AUDIT_RUN_ID = "audit"
@@ -42,6 +42,7 @@ class Split:
 
     def tensors(self) -> tuple[Any, Any]:
         """``(X, y)`` as torch tensors (float32, int64), sharing memory with the arrays."""
+        # torch only for tensors: `import gpucampaign` and `campaign plan` stay without it
         import torch
 
         return torch.from_numpy(self.X), torch.from_numpy(self.y)
@@ -190,8 +191,6 @@ def corpus_path(spec: CampaignSpec, *, base_dir: str | Path) -> Path:
 
     The folder is also put on ``sys.path``, where the spec's recipes are imported from.
     """
-    from gpucampaign.spec.recipefile import use_recipe_dir
-
     use_recipe_dir(base_dir)
     if spec.corpus is None:
         raise SpecError("the spec has no 'corpus' section: add path and sha256.", field="corpus")
@@ -225,8 +224,6 @@ def open_corpus(
         EssentialInputMissing: The corpus or an input is missing or not the pinned one.
         SpecError: The spec pins inputs and neither ``input_paths`` nor ``base_dir`` is given.
     """
-    from gpucampaign.data.pins import pin, pin_inputs, resolve_inputs
-
     assert spec.corpus is not None
     inputs = {}
     if spec.inputs:

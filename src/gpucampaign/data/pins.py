@@ -8,6 +8,7 @@ A missing or changed input is the essential-input stop.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -118,8 +119,8 @@ def resolve_inputs(
     Raises:
         SpecError: The spec pins inputs and neither folder is given.
     """
-    import json
-
+    # Here, not at the top: the folder package imports torch, and `import gpucampaign` stays
+    # without it.
     from gpucampaign.folder.layout import INPUTS, corpus_file
 
     if spec.inputs and base_dir is None and out_dir is None:

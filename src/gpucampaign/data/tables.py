@@ -51,6 +51,7 @@ def write_digits_corpus(path: str | Path, *, seed: int = 0) -> str:
     Returns:
         The sha256 of the written file, to pin in the spec.
     """
+    # sklearn only to write the demo corpus: slow to import
     from sklearn.datasets import load_digits
 
     data = load_digits()

@@ -43,8 +43,12 @@ from gpucampaign.engine.hooks import Hook, HookArgs
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
 from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun
-from gpucampaign.folder.layout import EVAL_SCORES_DIR, EVAL_SCORES_GLOB, eval_scores_file
-from gpucampaign.folder.runresult import RESULT_FILE
+from gpucampaign.folder.layout import (
+    EVAL_SCORES_DIR,
+    EVAL_SCORES_GLOB,
+    RESULT_FILE,
+    eval_scores_file,
+)
 from gpucampaign.recipe.contract import has_score
 from gpucampaign.recipe.runtime import score_split
 

@@ -31,6 +31,7 @@ there. The rules of ``inference``:
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,11 +43,9 @@ from gpucampaign.core.stoprules import InterruptedRun
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
 from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun
-from gpucampaign.folder.layout import IN_PROGRESS_FILE, METRICS_FILE
+from gpucampaign.folder.layout import IN_PROGRESS_FILE, METRICS_FILE, RESULT_FILE
 from gpucampaign.folder.metrics import read_metrics
-from gpucampaign.folder.runresult import RESULT_FILE
 
-MARK_FILE = IN_PROGRESS_FILE
 KILLED = "killed"
 
 
@@ -102,7 +101,7 @@ class TrainingMark:
     """
 
     def __init__(self, out_dir: Path) -> None:
-        self.path = Path(out_dir) / MARK_FILE
+        self.path = Path(out_dir) / IN_PROGRESS_FILE
 
     @classmethod
     def open(cls, out_dir: Path, *, run_id: str, from_step: int, target: int) -> TrainingMark:
@@ -122,9 +121,7 @@ class TrainingMark:
 
 def read_mark(out_dir: Path) -> dict[str, Any] | None:
     """The mark a training call left in ``out_dir``, None when there is none (or it is torn)."""
-    import json
-
-    path = Path(out_dir) / MARK_FILE
+    path = Path(out_dir) / IN_PROGRESS_FILE
     if not path.is_file():
         return None
     try:
@@ -193,7 +190,7 @@ def restart_inference(r: LiveRun, cut: Interruption) -> NoReturn:
         res.interrupted = cut.to_dict()
         r.mlog.sync()
         atomic_write_bytes(r.out_dir / RESULT_FILE, json_bytes(res.to_dict()))
-        (r.out_dir / MARK_FILE).unlink(missing_ok=True)
+        (r.out_dir / IN_PROGRESS_FILE).unlink(missing_ok=True)
     finally:
         r.saver.close()
         r.mlog.close()

@@ -107,6 +107,7 @@ def launch(
         RankFailed: A rank died or failed; the others were ended.
         SpecError: A rank refused its arguments (a resume with another ``gpus``, say).
     """
+    # the elastic agent only for a run of several processes
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch

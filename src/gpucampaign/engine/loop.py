@@ -80,16 +80,16 @@ from gpucampaign.core.stoprules import NonFiniteLoss, NoUsableRestart
 from gpucampaign.engine.checkpointer import Checkpointer, SaveFn
 from gpucampaign.engine.hooks import HookArgs, Hooks, ProgressFn
 from gpucampaign.engine.inference_restart import TrainingMark, find_interruption, restart_inference
+from gpucampaign.engine.launch import launch
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
-from gpucampaign.engine.parts import close_loader, make_loader, n_train_of, read_params  # noqa: F401
+from gpucampaign.engine.parts import close_loader
 from gpucampaign.engine.process_group import Ranks
 from gpucampaign.engine.registry import build_hooks
-from gpucampaign.engine.rules import quality_stop as _quality_stop  # noqa: F401
 from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun, RunJob, check_arguments, setup_run
-from gpucampaign.folder.layout import METRICS_FILE, MODEL_DIR, PARAMS_FILE  # noqa: F401
+from gpucampaign.folder.layout import METRICS_FILE, RESULT_FILE
 from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
-from gpucampaign.folder.runresult import RESULT_FILE, RunResult, recorded_result, require_complete
+from gpucampaign.folder.runresult import RunResult, recorded_result, require_complete
 from gpucampaign.recipe.contract import call, check_loss
 from gpucampaign.recipe.runtime import batch_len, to_device
 from gpucampaign.spec import CampaignSpec, ResolvedRun
@@ -338,8 +338,6 @@ def train_run(
     if recorded is not None:
         return recorded
     if dist is None and run.size.processes > 1:
-        from gpucampaign.engine.launch import launch  # the elastic agent only when used
-
         return launch(job, progress=progress, on_save=on_save)
     r = setup_run(job, t_call=t_call, dist=dist)
     ck = _restore(r)

@@ -148,6 +148,7 @@ def progress_bar(show: bool, run_id: str, total: int, done: int) -> Any:
     """A started rich progress bar, or None when not asked for or not interactive."""
     if not show:
         return None
+    # rich's progress bar only when one is shown
     from rich.console import Console
     from rich.progress import (
         BarColumn,

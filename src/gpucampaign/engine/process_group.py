@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as tdist
+from torch.nn.parallel import DistributedDataParallel
 
 from gpucampaign.core.interrupt import stop_requested
 from gpucampaign.folder.layout import RANKS_DIR
@@ -135,8 +136,6 @@ class DataParallelGroup:
 
     def train_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if self._ddp is None:
-            from torch.nn.parallel import DistributedDataParallel
-
             ids = [self.device.index] if self.device.type == "cuda" else None
             self._ddp = DistributedDataParallel(model, device_ids=ids)
         return self._ddp

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpucampaign.folder.layout import MODEL_DIR
+from gpucampaign.modelfolder import save_model_dir
 from gpucampaign.recipe.runtime import recipe_record
 from gpucampaign.spec.recipefile import recipe_file
 
@@ -14,8 +15,6 @@ if TYPE_CHECKING:
 
 def save_model(r: LiveRun, metrics: dict[str, float]) -> None:
     """The reloadable model folder: weights, and a config naming recipe, args and inputs."""
-    from gpucampaign.modelfolder import save_model_dir
-
     spec, record = r.spec, recipe_record(r.resolved)
     # Paths as the spec gives them (relative to its folder): never an absolute path.
     pins = {

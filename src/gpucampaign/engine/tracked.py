@@ -13,7 +13,7 @@ from typing import Any
 
 from gpucampaign.engine.hooks import Hook, HookArgs
 from gpucampaign.engine.setup import LiveRun
-from gpucampaign.folder.runresult import RESULT_FILE
+from gpucampaign.folder.layout import RESULT_FILE
 from gpucampaign.tracking import META_KEY, RunTracker
 
 

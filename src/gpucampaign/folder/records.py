@@ -11,6 +11,7 @@ records; the close, the manifest, the report and the flow all read it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -29,17 +30,17 @@ from gpucampaign.core.stoprules import InterruptedRun
 from gpucampaign.core.text import printable
 from gpucampaign.folder.layout import (
     CAMPAIGN_FILE,
+    DECISIONS,
     MODEL_WEIGHTS,
     PILOT_FILE,
+    PLAN,
     REFORECAST_FILE,
     RESULT_FILE,
+    STOPS,
+    TIMELINE,
     OutputFolder,
     run_file,
 )
-from gpucampaign.folder.layout import DECISIONS as DECISIONS_FILE
-from gpucampaign.folder.layout import PLAN as PLAN_FILE
-from gpucampaign.folder.layout import STOPS as STOPS_FILE
-from gpucampaign.folder.layout import TIMELINE as TIMELINE_FILE
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.plan.decision import Decision, Reforecast
 from gpucampaign.spec import CampaignSpec, SpecError
@@ -57,8 +58,6 @@ def _in(root: str | Path, relative: str) -> Path:
 def _read_json(path: Path, into: Callable[[Any], Any] | None = None) -> Any:
     """The JSON document at ``path`` (read ``into`` a record when given); None when there is
     no such file."""
-    import json
-
     data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
     return data if data is None or into is None else into(data)
 
@@ -123,7 +122,7 @@ class PlanRecord:
         return next((s for s in self.steps if s.name == name), None)
 
 
-def read_plan(root: str | Path, *, relative: str = PLAN_FILE) -> PlanRecord | None:
+def read_plan(root: str | Path, *, relative: str = PLAN) -> PlanRecord | None:
     """``plan.json`` (or ``reforecast.json`` with ``relative``) of an output folder, if written."""
     return _read_json(_in(root, relative), PlanRecord.from_dict)
 
@@ -160,12 +159,12 @@ class DecisionRecord:
 
 def read_decisions(root: str | Path) -> list[DecisionRecord]:
     """Every decision taken, in order."""
-    return [DecisionRecord.from_dict(r) for r in read_jsonl(_in(root, DECISIONS_FILE))]
+    return [DecisionRecord.from_dict(r) for r in read_jsonl(_in(root, DECISIONS))]
 
 
 def append_decision(root: str | Path, record: DecisionRecord) -> None:
     """Append a decision to ``decisions.jsonl``."""
-    append_jsonl(_in(root, DECISIONS_FILE), record.to_dict())
+    append_jsonl(_in(root, DECISIONS), record.to_dict())
 
 
 def record_decision_after_pilot(
@@ -226,14 +225,14 @@ class StopRecord:
 
 def read_stops(root: str | Path) -> list[StopRecord]:
     """Every stop recorded, in order."""
-    return [StopRecord.from_dict(r) for r in read_jsonl(_in(root, STOPS_FILE))]
+    return [StopRecord.from_dict(r) for r in read_jsonl(_in(root, STOPS))]
 
 
 def append_stop(root: str | Path, record: StopRecord) -> bool:
     """Append a stop unless its stop ID is already recorded; True when it was appended."""
     if any(s.stop_id == record.stop_id for s in read_stops(root)):
         return False
-    append_jsonl(_in(root, STOPS_FILE), record.to_dict())
+    append_jsonl(_in(root, STOPS), record.to_dict())
     return True
 
 
@@ -313,7 +312,7 @@ class TimelineRow:
 
 def read_timeline(root: str | Path) -> list[TimelineRow]:
     """Every observed interval, one row per segment, in the order the segments started."""
-    return fold_segments(TimelineRow.from_dict(r) for r in read_jsonl(_in(root, TIMELINE_FILE)))
+    return fold_segments(TimelineRow.from_dict(r) for r in read_jsonl(_in(root, TIMELINE)))
 
 
 def fold_segments(lines: Iterable[TimelineRow]) -> list[TimelineRow]:
@@ -338,7 +337,7 @@ def fold_segments(lines: Iterable[TimelineRow]) -> list[TimelineRow]:
 
 def append_timeline(root: str | Path, row: TimelineRow) -> None:
     """Append one interval to ``timeline.jsonl`` (the one writer of that file)."""
-    append_jsonl(_in(root, TIMELINE_FILE), row.to_dict())
+    append_jsonl(_in(root, TIMELINE), row.to_dict())
 
 
 # --- pilot.json -----------------------------------------------------------------------------

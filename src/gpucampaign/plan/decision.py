@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from gpucampaign.core.files import median
+from gpucampaign.core.text import say_duration
+from gpucampaign.plan import calendar
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 
 Action = Literal["continue", "reduce", "re-pose"]
@@ -354,8 +356,6 @@ def decide_after_pilot(
         pilot: pilot measurements per run name (``pilot_measures``).
         pilot_stops: stop records of the pilots that stopped (with their ``run``).
     """
-    from gpucampaign.plan import calendar
-
     hours = reforecast_hours(spec, pilot=pilot)
     override = {name: h for name, (h, _) in hours.items()}
     full = calendar.plan(spec, catalog=catalog, hours_override=override)
@@ -432,8 +432,6 @@ def decision_markdown(
 ) -> str:
     """The decision, the per-run re-forecast and the pilots' early losses as markdown (the UI
     shows it, as the decision artifact and as the description of the 'ask' form)."""
-    from gpucampaign.core.text import say_duration
-
     lines = [f"# Decision after the pilot: **{decision.action}** ({decision.by})", ""]
     lines += [f"- {r}" for r in decision.reasons]
     if decision.dropped_runs:

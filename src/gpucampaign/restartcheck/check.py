@@ -5,9 +5,8 @@ an epoch), checkpoints and exits; a third loads that checkpoint and continues to
 losses, final parameters and the whole optimizer state must be exactly equal on CPU (atol=0);
 on a GPU a small tolerance is allowed and recorded.
 
-The parts live beside it: the fresh process (``restart_child``), what is compared and the
-report (``restart_compare``), the scheduled check of an existing output (``resume_check``).
-Their public names are importable from here too.
+The parts live beside it: the fresh process (``child.py``), what is compared and the report
+(``compare.py``), the scheduled check of an existing output (``scheduled.py``).
 """
 
 from __future__ import annotations
@@ -19,50 +18,20 @@ from typing import Any
 
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.core.stoprules import NoUsableRestart
+from gpucampaign.data.corpus import corpus_path as spec_corpus_path
+from gpucampaign.data.corpus import open_corpus
 from gpucampaign.data.pins import resolve_inputs
 from gpucampaign.folder.layout import CHECKPOINTS_DIR, METRICS_FILE
 from gpucampaign.restartcheck.child import child_args, spawn, wait, write_child_spec
 from gpucampaign.restartcheck.compare import (
-    GPU_ATOL,
-    GPU_TOLERANCE_REASON,
     Comparer,
     RestartReport,
     compare_states,
     require_identical,
-    resume_text,
     train_losses,
 )
-from gpucampaign.restartcheck.scheduled import (
-    CheckpointCheckFailed,
-    CheckpointProblem,
-    OutputCheckTarget,
-    ScheduledCheck,
-    check_latest_checkpoint,
-    output_check_target,
-    verify_checkpoint_resume,
-)
-from gpucampaign.restartcheck.target import RestartTarget
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 from gpucampaign.storage import LocalStore
-
-__all__ = [
-    "CheckpointCheckFailed",
-    "CheckpointProblem",
-    "GPU_ATOL",
-    "GPU_TOLERANCE_REASON",
-    "OutputCheckTarget",
-    "RestartReport",
-    "RestartTarget",
-    "ScheduledCheck",
-    "check_latest_checkpoint",
-    "compare_states",
-    "default_steps",
-    "output_check_target",
-    "require_identical",
-    "resume_text",
-    "verify_checkpoint_resume",
-    "verify_restart",
-]
 
 
 def default_steps(*, planned_steps: int, steps_per_epoch: int) -> tuple[int, int]:
@@ -168,8 +137,6 @@ def _restart_corpus(
     spec: CampaignSpec, *, corpus_path: Path | None, base_dir: str | Path | None
 ) -> Path:
     """The corpus file a restart check trains on: given, or resolved from the spec's folder."""
-    from gpucampaign.data.corpus import corpus_path as spec_corpus_path
-
     if (corpus_path is None) == (base_dir is None):
         raise SpecError(
             "verify_restart needs exactly one of corpus_path and base_dir.", field="corpus"
@@ -191,7 +158,6 @@ def _fresh_steps(
     k_steps: int | None,
 ) -> tuple[int, int, int]:
     """``(n, k, steps_per_epoch)``: the given steps, or the defaults for this run's size."""
-    from gpucampaign.data.corpus import open_corpus
     from gpucampaign.recipe.runtime import train_rows
 
     assert spec.corpus is not None

@@ -18,16 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.stoprules import NoUsableRestart, StopRule
-from gpucampaign.spec import CampaignSpec
+from gpucampaign.data.corpus import open_corpus
+from gpucampaign.engine.loop import train_run
+from gpucampaign.spec import CampaignSpec, parse_spec
 from gpucampaign.spec.recipefile import RECIPE_DIRS
 from gpucampaign.storage import LocalStore
 
 
 def _child_main(argv: list[str]) -> int:
-    from gpucampaign.data.corpus import open_corpus
-    from gpucampaign.engine.loop import train_run
-    from gpucampaign.spec import parse_spec
-
     p = argparse.ArgumentParser(prog="python -m gpucampaign.restartcheck.child child")
     p.add_argument("--spec", required=True, type=Path)
     p.add_argument("--run", required=True)

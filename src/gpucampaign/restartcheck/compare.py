@@ -234,6 +234,7 @@ def compare_states(
 
 def compare_final_models(cmp: Comparer, original: Path, resumed: Path) -> None:
     """Compare the final model weights, when the original run kept its model folder."""
+    # safetensors only when a final model is compared
     from safetensors.torch import load_file
 
     if (original / WEIGHTS_FILE).is_file():

@@ -11,7 +11,7 @@ run's next kept save, capped) and compares:
 
 Exact on CPU; a recorded tolerance, with its reason, on a GPU. The cost is one process start
 plus ``m`` steps plus one checkpoint read: it does not grow with the length of the run.
-``campaign_restart_check`` falls back to the three-process check (``restart.verify_restart``)
+``campaign_restart_check`` falls back to the three-process check (``check.verify_restart``)
 when the store keeps no checkpoint before the final step.
 """
 
@@ -23,13 +23,15 @@ from pathlib import Path
 from gpucampaign.checkpoint.layout import META_FILE, step_dirname
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.core.stoprules import NoUsableRestart
+from gpucampaign.data.corpus import corpus_path
+from gpucampaign.data.pins import resolve_inputs
 from gpucampaign.folder.layout import run_path
 from gpucampaign.restartcheck.check import verify_restart
 from gpucampaign.restartcheck.compare import RestartReport, compare_states, require_identical
 from gpucampaign.restartcheck.scheduled import ReplayCheck
 from gpucampaign.restartcheck.target import RestartTarget
 from gpucampaign.spec import CampaignSpec, ResolvedRun
-from gpucampaign.storage import NotFound
+from gpucampaign.storage import NotFound, open_store
 
 DEFAULT_MAX_STEPS = 200
 
@@ -120,10 +122,6 @@ def campaign_restart_check(
     Raises:
         NoUsableRestart: The check failed.
     """
-    from gpucampaign.data.corpus import corpus_path
-    from gpucampaign.data.pins import resolve_inputs
-    from gpucampaign.storage import open_store
-
     path = corpus_path(spec, base_dir=base_dir)
     inputs = resolve_inputs(spec, base_dir=base_dir, out_dir=out_dir)
     store = open_store(spec.storage.url, out_dir=Path(out_dir))

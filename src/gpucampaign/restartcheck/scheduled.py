@@ -30,12 +30,15 @@ from gpucampaign.checkpoint.verify import (
     CheckpointInvalid,
 )
 from gpucampaign.core.stoprules import NoUsableRestart
+from gpucampaign.data.pins import input_sha256, resolve_inputs
 from gpucampaign.folder.layout import (
     CHECKPOINTS_DIR,
+    INPUTS,
     MANIFEST,
     METRICS_FILE,
     MODEL_DIR,
     SPEC_COPY,
+    corpus_file,
     run_file,
 )
 from gpucampaign.restartcheck.child import child_args, spawn, wait, write_child_spec
@@ -47,8 +50,8 @@ from gpucampaign.restartcheck.compare import (
     train_losses,
 )
 from gpucampaign.restartcheck.target import RestartTarget
-from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
-from gpucampaign.storage import LocalStore, StorageError, Store
+from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError, load_spec, resolve_inside
+from gpucampaign.storage import LocalStore, StorageError, Store, open_store
 
 
 @dataclass
@@ -478,11 +481,6 @@ def output_check_target(
         SpecError: No spec, or no file with the pinned corpus hash.
         NoUsableRestart: No run of the spec has a checkpoint in the store.
     """
-    from gpucampaign.data.pins import input_sha256, resolve_inputs
-    from gpucampaign.folder.layout import INPUTS, corpus_file
-    from gpucampaign.spec import load_spec, resolve_inside
-    from gpucampaign.storage import open_store
-
     out = Path(out_dir)
     src = Path(spec_path) if spec_path is not None else out / SPEC_COPY
     spec = load_spec(src)

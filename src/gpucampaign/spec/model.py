@@ -47,7 +47,7 @@ from gpucampaign.spec.parts import (
     canonical_json,
     check_relative_path,
 )
-from gpucampaign.spec.recipefile import recipe_file_sha256
+from gpucampaign.spec.recipefile import recipe_file_sha256, use_recipe_dir
 from gpucampaign.spec.resolved import ResolvedRun
 
 #: Each spec object's resolved runs, by ``id`` (dropped with the spec): ``CampaignSpec._memo``.
@@ -500,8 +500,6 @@ def load_spec(path: str | Path) -> CampaignSpec:
         raise SpecError(
             f"Spec file '{p}' does not exist: give the path of a campaign YAML file.", field="SPEC"
         )
-    from gpucampaign.spec.recipefile import use_recipe_dir
-
     use_recipe_dir(p.resolve().parent)
     text = read_user_text(p, what="Spec file", field="SPEC")
     try:

@@ -1,7 +1,6 @@
 """Where checkpoints and mirrored folders live: ``Store``, the local and S3 backends, the spool,
 the mirror."""
 
-from gpucampaign.folder.layout import SPOOL_DIR
 from gpucampaign.storage.base import (
     ContentMismatch,
     LocalStore,
@@ -19,7 +18,6 @@ __all__ = [
     "LocalStore",
     "NotFound",
     "S3Store",
-    "SPOOL_DIR",
     "SpoolingStore",
     "StorageError",
     "Store",

@@ -12,6 +12,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,6 @@ def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict
     Raises:
         StorageError: An upload failed or was not verified; the index did not move.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     root = Path(folder)
     if not root.is_dir():
         raise StorageError(f"cannot mirror {root}: not a folder")
@@ -100,8 +99,6 @@ def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict
         SpecError: ``dest`` exists and is not an empty folder.
         StorageError: No mirror under the store's URL, or a file is missing or altered.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     dest = Path(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise SpecError(

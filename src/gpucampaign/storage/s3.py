@@ -9,8 +9,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import tempfile
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,7 @@ class S3Store:
         max_concurrency: int = 8,
         max_attempts: int = 5,
     ) -> None:
+        # boto3/botocore only once an s3:// store is opened: slow to import
         from boto3.s3.transfer import TransferConfig
 
         self.bucket, self.prefix = parse_s3_url(url)
@@ -213,8 +216,6 @@ class S3Store:
         ``sha256``, when the caller knows it, goes into the metadata without hashing the file
         again; the local checksum is then computed while the upload runs.
         """
-        from concurrent.futures import ThreadPoolExecutor
-
         from s3transfer.utils import ChunksizeAdjuster
 
         src = Path(src)
@@ -258,7 +259,7 @@ class S3Store:
     def get_file(self, key: str, *, dst: Path) -> None:
         """Download ``key`` into ``dst`` atomically; a file failing its size or sha256 is not
         kept. Like boto3's ``download_file`` it does not fsync: the bucket keeps the object, and
-        a caller that keeps the copy makes it durable (``mirror.retrieve`` does)."""
+        a caller that keeps the copy makes it durable (``mirror.retrieve_folder`` does)."""
         dst = Path(dst)
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}.{uuid.uuid4().hex[:8]}")
@@ -352,8 +353,6 @@ class S3Store:
         Raises:
             StorageError: What failed, with the URL and the endpoint (never the keys).
         """
-        import tempfile
-
         self._call("cannot open", None, self._client.head_bucket, Bucket=self.bucket)
         probe = f"{_PROBE_PREFIX}{uuid.uuid4().hex[:12]}"
         payload = uuid.uuid4().bytes

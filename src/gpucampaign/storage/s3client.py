@@ -8,6 +8,7 @@ import hashlib
 import mmap
 import os
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ def s3_client(env: Mapping[str, str] | None = None, *, max_attempts: int = 5) ->
     Raises:
         ValueError: The variables name no usable configuration (a missing profile, say).
     """
+    # boto3/botocore only for an s3:// store: slow to import
     import boto3
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError
@@ -162,8 +164,6 @@ def file_digests(path: Path, *, part_size: int | None, sha256: bool = True) -> F
     """The CRC32C checksum S3 reports for ``path`` uploaded in parts of ``part_size``
     (``None``: one PUT), its size and (with ``sha256``) its sha256, in one read of the file;
     the sha256 runs on a second core, the CRC32C in hardware (awscrt, as botocore uses)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from awscrt.checksums import crc32c
 
     sha = hashlib.sha256() if sha256 else None
@@ -209,8 +209,6 @@ class HashingSink:
     _BATCH = 8 * 1024 * 1024
 
     def __init__(self, target: Any = None, *, size: int = 0) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         self._sha = hashlib.sha256()
         self._hasher = ThreadPoolExecutor(max_workers=1)  # one worker: updates stay in order
         self._buffer = bytearray(size) if target is None else None

@@ -16,8 +16,8 @@ from typing import Any
 
 from gpucampaign.core.files import sha256_file
 from gpucampaign.core.storageurl import is_local
-from gpucampaign.folder.layout import CHECKPOINTS_DIR as CHECKPOINT_DIR
 from gpucampaign.folder.layout import (
+    CHECKPOINTS_DIR,
     MANIFEST,
     PLAN,
     SPEC_COPY,
@@ -64,7 +64,7 @@ def campaign_folder_spec(out: str | Path) -> CampaignSpec:
 
 
 def _output_files(root: Path) -> list[str]:
-    skip = (f"{CHECKPOINT_DIR}/", f"{SPOOL_DIR}/")
+    skip = (f"{CHECKPOINTS_DIR}/", f"{SPOOL_DIR}/")
     return [
         k
         for k in LocalStore(root).list()
@@ -117,7 +117,7 @@ def campaign_status(
     out_store: list[str] = []
     error = None
     if is_local(url):
-        ck_local = LocalStore(root / CHECKPOINT_DIR).list()
+        ck_local = LocalStore(root / CHECKPOINTS_DIR).list()
         out_local = outputs
     else:
         ck_local = spooled_keys(root)

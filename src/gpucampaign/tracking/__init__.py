@@ -6,19 +6,10 @@ mlflow itself is imported only when tracking is on (the ``tracking`` extra insta
 """
 
 from gpucampaign.tracking.campaign import sealed_tracking_uri, track_close, track_sealed
-from gpucampaign.tracking.mlflow import (
-    META_KEY,
-    OUTBOX_FILE,
-    STATE_FILE,
-    RunTracker,
-    tracking_note,
-    tracking_uri,
-)
+from gpucampaign.tracking.mlflow import META_KEY, RunTracker, tracking_note, tracking_uri
 
 __all__ = [
     "META_KEY",
-    "OUTBOX_FILE",
-    "STATE_FILE",
     "RunTracker",
     "sealed_tracking_uri",
     "track_close",

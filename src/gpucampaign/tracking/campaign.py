@@ -15,12 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import gpucampaign.tracking.mlflow as runs  # make_client looked up when called
-from gpucampaign.folder.layout import FIGURES_DIR, REPORT_HTML, REPORT_JSON, REPORT_MD, RUNS_DIR
+from gpucampaign.folder.layout import (
+    FIGURES_DIR,
+    MLFLOW_OUTBOX_FILE,
+    MLFLOW_STATE_FILE,
+    REPORT_HTML,
+    REPORT_JSON,
+    REPORT_MD,
+    RUNS_DIR,
+)
 from gpucampaign.spec import CampaignSpec, SpecError
 from gpucampaign.tracking.mlflow import (
     MAX_VALUE,
-    OUTBOX_FILE,
-    STATE_FILE,
     TAG,
     RunTracker,
     campaign_id_of,
@@ -38,10 +44,10 @@ def replay(folder: Path, *, client: Any, uri: str, sealed: bool = False) -> dict
     ``sealed``: read the folder only (``RunTracker``'s ``sealed``).
     """
     try:
-        state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+        state = json.loads((folder / MLFLOW_STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if state.get("ended") and not (folder / OUTBOX_FILE).exists():
+    if state.get("ended") and not (folder / MLFLOW_OUTBOX_FILE).exists():
         return None
     t = RunTracker(
         client=client,
@@ -167,10 +173,10 @@ def sealed_tracking_uri(spec: CampaignSpec, *, root: str | Path, uri: str | None
             "MLFLOW_TRACKING_URI or give --uri.",
             field="tracking.mlflow.uri",
         )
-    if not any((root / RUNS_DIR).glob(f"*/{STATE_FILE}")):
+    if not any((root / RUNS_DIR).glob(f"*/{MLFLOW_STATE_FILE}")):
         raise SpecError(
-            f"no run of '{root}' was tracked (no runs/*/{STATE_FILE}): the campaign ran with "
-            "tracking off, so nothing was kept to send.",
+            f"no run of '{root}' was tracked (no runs/*/{MLFLOW_STATE_FILE}): the campaign ran "
+            "with tracking off, so nothing was kept to send.",
             field="OUT",
         )
     return found
@@ -234,7 +240,7 @@ def _track_close(
             f"MLflow: tracking server {uri} did not answer"
             f"{'' if sealed else ' at the close'} ({short_error(exc)}); the verdict and "
             "report are not in "
-            "MLflow, metrics not sent stay in runs/*/" + OUTBOX_FILE
+            "MLflow, metrics not sent stay in runs/*/" + MLFLOW_OUTBOX_FILE
         ), False
     late = sum(r["sent"] for r in replays)
     failed = [r["run_id"] for r in replays if not r["ok"]]
@@ -245,5 +251,5 @@ def _track_close(
     if late:
         line += f"; {late} metric values sent late (kept while the server was down)"
     if failed:
-        line += f"; still unsent: {', '.join(failed)} (kept in their {OUTBOX_FILE})"
+        line += f"; still unsent: {', '.join(failed)} (kept in their {MLFLOW_OUTBOX_FILE})"
     return line, not failed

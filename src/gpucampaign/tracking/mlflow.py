@@ -48,8 +48,6 @@ from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = MLFLOW_STATE_FILE
-OUTBOX_FILE = MLFLOW_OUTBOX_FILE
 META_KEY = "mlflow_run_id"  # in every checkpoint's meta.json
 OFF_ENV = "GPUCAMPAIGN_TRACKING"
 TAG = "gpucampaign."
@@ -322,7 +320,7 @@ class RunTracker:
                 self.run_id,
                 self.uri,
                 self.error or "still sending",
-                self.folder / OUTBOX_FILE,
+                self.folder / MLFLOW_OUTBOX_FILE,
             )
         return {
             "mlflow_run_id": self.mlflow_run_id,
@@ -371,7 +369,7 @@ class RunTracker:
                     self.uri,
                     self.error,
                     self.run_id,
-                    self.folder / OUTBOX_FILE,
+                    self.folder / MLFLOW_OUTBOX_FILE,
                 )
             self.down = True
             return False
@@ -461,7 +459,7 @@ class RunTracker:
     # --- the run folder ----------------------------------------------------------------------
     def _read_state(self) -> dict[str, Any]:
         try:
-            state = json.loads((self.folder / STATE_FILE).read_text(encoding="utf-8"))
+            state = json.loads((self.folder / MLFLOW_STATE_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return {}
         return state if isinstance(state, dict) and state.get("run_id") == self.run_id else {}
@@ -481,12 +479,12 @@ class RunTracker:
             "params": self.params,
             "sent": self._sent,
         }
-        atomic_write_bytes(self.folder / STATE_FILE, json_bytes(state))
+        atomic_write_bytes(self.folder / MLFLOW_STATE_FILE, json_bytes(state))
 
     def _read_outbox(self) -> list[Record]:
         out: list[Record] = []
         try:
-            lines = (self.folder / OUTBOX_FILE).read_text(encoding="utf-8").splitlines()
+            lines = (self.folder / MLFLOW_OUTBOX_FILE).read_text(encoding="utf-8").splitlines()
         except OSError:
             return out
         for line in lines:
@@ -500,7 +498,7 @@ class RunTracker:
     def _append_outbox(self, records: Iterable[Record]) -> None:
         if self.sealed:
             return
-        with open(self.folder / OUTBOX_FILE, "a", encoding="utf-8") as f:
+        with open(self.folder / MLFLOW_OUTBOX_FILE, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(list(r)) + "\n" for r in records)
 
     def _rewrite_outbox(self, records: list[Record] | None = None) -> None:
@@ -508,7 +506,7 @@ class RunTracker:
         folder's verification)."""
         if self.sealed:
             return
-        path = self.folder / OUTBOX_FILE
+        path = self.folder / MLFLOW_OUTBOX_FILE
         if not records:
             path.unlink(missing_ok=True)
             return
@@ -563,8 +561,8 @@ def tracking_note(run_folder: Path) -> str | None:
     (or the run is not tracked)."""
     folder = Path(run_folder)
     try:
-        state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
-        lines = (folder / OUTBOX_FILE).read_text(encoding="utf-8").splitlines()
+        state = json.loads((folder / MLFLOW_STATE_FILE).read_text(encoding="utf-8"))
+        lines = (folder / MLFLOW_OUTBOX_FILE).read_text(encoding="utf-8").splitlines()
     except (OSError, ValueError):
         return None
     if not lines:
@@ -572,5 +570,5 @@ def tracking_note(run_folder: Path) -> str | None:
     return (
         f"MLflow: the tracking server {state.get('uri')} did not take {len(lines)} metric "
         f"values of {state.get('run_id')}; training went on, they are kept in "
-        f"{folder / OUTBOX_FILE} and sent by the run's next start or the campaign's close"
+        f"{folder / MLFLOW_OUTBOX_FILE} and sent by the run's next start or the campaign's close"
     )

@@ -15,11 +15,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gpucampaign.close.ledger import LEDGER, sealed_prefix_intact
+from gpucampaign.close.ledger import sealed_prefix_intact
 from gpucampaign.close.predictions import reload_in_fresh_process
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.data.pins import input_sha256
 from gpucampaign.folder.layout import (
+    LEDGER_FILE,
     MANIFEST,
     MODEL_DIR,
     MODEL_FILES,
@@ -219,14 +220,16 @@ def check_manifest_files(ctx: VerifyContext) -> list[Problem]:
     for rel in sorted(set(listed) - present):
         problems.append(Problem("missing_file", rel, "listed in manifest.json but absent"))
     for rel in sorted(present - set(listed)):
-        if rel == LEDGER and _ledger_grew(ctx.base / rel, size=0, sha256=sha256_bytes(b"")):
+        if rel == LEDGER_FILE and _ledger_grew(ctx.base / rel, size=0, sha256=sha256_bytes(b"")):
             continue  # a ledger started after the seal: growth from nothing
         problems.append(Problem("unlisted_file", rel, "present but not listed in manifest.json"))
     for rel in sorted(set(listed) & present):
         p, entry = ctx.base / rel, listed[rel]
         if p.is_symlink():
             continue
-        if rel == LEDGER and _ledger_grew(p, size=entry.get("size"), sha256=entry.get("sha256")):
+        if rel == LEDGER_FILE and _ledger_grew(
+            p, size=entry.get("size"), sha256=entry.get("sha256")
+        ):
             continue
         size = p.stat().st_size
         if size != entry.get("size"):
