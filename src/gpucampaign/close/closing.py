@@ -70,6 +70,8 @@ from gpucampaign.folder.records import (
     run_states,
 )
 from gpucampaign.plan import calendar
+from gpucampaign.recipe.contract import RecipeError
+from gpucampaign.recipe.runtime import recipe_module_path
 from gpucampaign.spec import CampaignSpec, run_size
 from gpucampaign.spec.recipefile import recipe_file
 from gpucampaign.tracking import track_close
@@ -162,7 +164,6 @@ def analyse_runs(
 def _score_run(spec: CampaignSpec, folder: OutputFolder, run: str, *, corpus: Any) -> None:
     """The run's per-example scores on the verdict's splits; a ``score`` that fails here
     leaves them out (the verdict then says the run has no interval, and why)."""
-    from gpucampaign.recipe.contract import RecipeError
 
     try:
         write_run_scores(
@@ -188,7 +189,6 @@ def keep_recipe_sources(spec: CampaignSpec, *, root: str | Path) -> list[str]:
     The copy is byte for byte the file the run IDs hash, so the kept spec resolves its recipes
     and its run IDs from the output folder alone (``campaign verify``, ``status``, a reload).
     """
-    from gpucampaign.recipe.runtime import recipe_module_path
 
     folder = OutputFolder(root)
     kept = []

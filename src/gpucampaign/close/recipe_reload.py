@@ -27,6 +27,7 @@ from gpucampaign.folder.layout import (
 )
 from gpucampaign.modelfolder import load_run_model
 from gpucampaign.recipe.contract import Pinned, Recipe, call, check_metrics, load_recipe
+from gpucampaign.recipe.runtime import batch_len, build_datasets, ordered_loader, recipe_context
 from gpucampaign.spec import RunConfig
 
 
@@ -38,7 +39,6 @@ def prediction_rows(
     recipe: Recipe, model: Any, dataset: Any, *, config: RunConfig
 ) -> list[dict[str, Any]]:
     """The rows of ``predictions.csv`` for one split, on CPU, batches in order, no gradient."""
-    from gpucampaign.recipe.runtime import batch_len, ordered_loader
 
     rows: list[dict[str, Any]] = []
     loader = ordered_loader(recipe, dataset, config=config)
@@ -60,7 +60,6 @@ def _model_and_data(
     root: str | Path, run_id: str, *, corpus: Any, split: str
 ) -> tuple[Recipe, Any, Any, RunConfig]:
     """The reloaded model, its recipe, the split's dataset and the run config."""
-    from gpucampaign.recipe.runtime import build_datasets, recipe_context
 
     folder = OutputFolder(root)
     info = json.loads(folder.path(model_config(run_id)).read_text("utf-8"))

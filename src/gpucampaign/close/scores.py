@@ -22,6 +22,7 @@ from gpucampaign.core.files import csv_text
 from gpucampaign.folder.layout import OutputFolder, run_file, scores_file
 from gpucampaign.modelfolder import load_run_model
 from gpucampaign.recipe.contract import RecipeError, has_score, load_recipe
+from gpucampaign.recipe.runtime import build_datasets, recipe_context, score_split
 from gpucampaign.spec import RunConfig
 
 
@@ -65,7 +66,6 @@ def write_run_scores(
     Returns:
         The scores per split.
     """
-    from gpucampaign.recipe.runtime import build_datasets, recipe_context, score_split
 
     folder = OutputFolder(root)
     recipe = load_recipe(config.recipe)

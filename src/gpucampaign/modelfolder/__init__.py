@@ -1,7 +1,6 @@
 """A run's model folder: saved as safetensors and ``config.json``, reloaded without pickle."""
 
 from gpucampaign.modelfolder.saveload import (
-    CONFIG_FILE,
     MODEL_FORMAT,
     library_versions,
     load_model_dir,
@@ -12,7 +11,6 @@ from gpucampaign.modelfolder.saveload import (
 )
 
 __all__ = [
-    "CONFIG_FILE",
     "MODEL_FORMAT",
     "library_versions",
     "load_model_dir",

@@ -38,10 +38,11 @@ from gpucampaign.folder.layout import (
     model_config,
     run_file,
 )
+from gpucampaign.recipe.contract import Pinned, RecipeContext, call, load_recipe
 from gpucampaign.spec import RunConfig, SpecError
+from gpucampaign.spec.recipefile import recipe_file_sha256, use_recipe_dir
 
 MODEL_FORMAT = "gpucampaign-model/1"
-CONFIG_FILE = MODEL_CONFIG
 
 
 def _git_state() -> dict[str, Any]:
@@ -120,7 +121,7 @@ def save_model_dir(
             **(extra or {}),
         }
         text = json.dumps(info, indent=2, sort_keys=True) + "\n"
-        atomic_write_bytes(tmp / CONFIG_FILE, text.encode())
+        atomic_write_bytes(tmp / MODEL_CONFIG, text.encode())
         fsync_dir(tmp)
         _replace_dir(dst, tmp)
     finally:
@@ -160,10 +161,10 @@ def load_model_dir(path: str | Path, *, map_location: str = "cpu") -> nn.Module:
     from safetensors.torch import load_file
 
     folder = Path(path)
-    cfg_path, w_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    cfg_path, w_path = folder / MODEL_CONFIG, folder / WEIGHTS_FILE
     if not cfg_path.is_file() or not w_path.is_file():
         raise SpecError(
-            f"'{folder}' is not a model folder: it needs {CONFIG_FILE} and {WEIGHTS_FILE}.",
+            f"'{folder}' is not a model folder: it needs {MODEL_CONFIG} and {WEIGHTS_FILE}.",
             field="model",
         )
     info = json.loads(cfg_path.read_text(encoding="utf-8"))
@@ -175,7 +176,7 @@ def load_model_dir(path: str | Path, *, map_location: str = "cpu") -> nn.Module:
     want = info.get("files", {}).get(WEIGHTS_FILE, {}).get("sha256")
     if want and sha256_file(w_path) != want:
         raise SpecError(
-            f"'{w_path}' does not match the sha256 recorded in {CONFIG_FILE}.", field="model"
+            f"'{w_path}' does not match the sha256 recorded in {MODEL_CONFIG}.", field="model"
         )
     config = RunConfig.model_validate(info["run_config"])
     if config.builtin:
@@ -200,8 +201,6 @@ def rebuild_recipe_model(
     Raises:
         SpecError: The recipe does not import, or its file changed since the model was saved.
     """
-    from gpucampaign.recipe.contract import Pinned, RecipeContext, call, load_recipe
-    from gpucampaign.spec.recipefile import recipe_file_sha256, use_recipe_dir
 
     if (folder / "recipe").is_dir():
         use_recipe_dir(folder / "recipe")

@@ -31,6 +31,7 @@ from gpucampaign.data.pins import resolve_inputs
 from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.preflight.paths import check_pinned, inside
 from gpucampaign.recipe.contract import load_recipe
+from gpucampaign.recipe.runtime import preflight as try_recipes
 from gpucampaign.spec import BUILTIN_RECIPES, CampaignSpec, SpecError, resolve_inside
 from gpucampaign.spec.recipefile import RecipeError, recipe_file, use_recipe_dir
 from gpucampaign.storage import check_storage
@@ -180,7 +181,6 @@ def _corpus_and_recipes(
         lines.append(checked)
     if spec.control is None:
         return lines
-    from gpucampaign.recipe.runtime import preflight as try_recipes
 
     metric = spec.decision_rule.metric if spec.decision_rule else None
     for tried in try_recipes(spec, corpus=corpus):

@@ -22,6 +22,7 @@ from gpucampaign.data.corpus import corpus_path as spec_corpus_path
 from gpucampaign.data.corpus import open_corpus
 from gpucampaign.data.pins import resolve_inputs
 from gpucampaign.folder.layout import CHECKPOINTS_DIR, METRICS_FILE
+from gpucampaign.recipe.runtime import train_rows
 from gpucampaign.restartcheck.child import child_args, spawn, wait, write_child_spec
 from gpucampaign.restartcheck.compare import (
     Comparer,
@@ -158,7 +159,6 @@ def _fresh_steps(
     k_steps: int | None,
 ) -> tuple[int, int, int]:
     """``(n, k, steps_per_epoch)``: the given steps, or the defaults for this run's size."""
-    from gpucampaign.recipe.runtime import train_rows
 
     assert spec.corpus is not None
     corpus = open_corpus(
