@@ -83,3 +83,40 @@ def test_the_restart_check_on_cuda_is_within_tolerance(tmp_path: Path) -> None:
         spec, run=spec.resolve_run("control"), base_dir=tmp_path, workdir=tmp_path / "rc"
     )
     assert report.identical and report.device == "cuda"
+
+
+def test_a_run_keeps_its_own_global_generators_while_another_run_takes_them():
+    """Two runs of one process (GPU lanes as threads) take turns with the global generators:
+    each one's draws, and the states its checkpoint captures, are those it would have alone."""
+    import random
+
+    import numpy as np
+
+    from gpucampaign.checkpoint.state import capture_rng
+    from gpucampaign.engine.devices import RngSlot, seed_everything
+
+    def draws() -> tuple:
+        return (random.random(), float(np.random.rand()), float(torch.rand(1)))
+
+    def alone(seed: int) -> tuple:
+        seed_everything(seed)
+        first = draws()
+        second = draws()
+        return first, second, capture_rng()["torch"]
+
+    want_a, want_b = alone(1), alone(2)
+    a, b = RngSlot(), RngSlot()
+    with a.held():
+        seed_everything(1)
+        a_first = draws()
+    with b.held():  # another run starts in between: it reseeds the globals
+        seed_everything(2)
+        b_first = draws()
+    with a.held():
+        a_second = draws()
+        a_state = capture_rng()["torch"]
+    with b.held():
+        b_second = draws()
+        b_state = capture_rng()["torch"]
+    assert (a_first, a_second) == want_a[:2] and torch.equal(a_state, want_a[2])
+    assert (b_first, b_second) == want_b[:2] and torch.equal(b_state, want_b[2])

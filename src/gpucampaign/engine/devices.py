@@ -4,16 +4,49 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
+from gpucampaign.checkpoint.state import capture_rng, restore_rng
 from gpucampaign.spec import RunConfig, SpecError
 
 # Runs in threads of one process (GPU lock with 2+ slots) share the global generators:
 # seeding and drawing the initial weights must not interleave with another run's.
-GLOBAL_RNG_LOCK = threading.Lock()
+GLOBAL_RNG_LOCK = threading.RLock()
+_rng_owner: RngSlot | None = None  # whose states the global generators hold now
+
+
+class RngSlot:
+    """One run's claim on the process's global generators (python, numpy, torch, cuda).
+
+    Runs on the lanes of one process (threads) would otherwise draw from, reseed, and
+    checkpoint each other's states: a run's checkpoint must hold the states its own steps
+    left, or its restart does not reproduce it. While a run holds its slot, no other run
+    of the process touches the generators; when another run takes them, the states the
+    previous run left are kept in its slot and given back when it takes them again. With one
+    run in the process nothing is copied: only an uncontended lock is taken.
+    """
+
+    def __init__(self) -> None:
+        self.saved: dict[str, Any] | None = None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """The global generators hold this run's states inside the block."""
+        global _rng_owner
+        with GLOBAL_RNG_LOCK:
+            if _rng_owner is not self:
+                if _rng_owner is not None:
+                    _rng_owner.saved = capture_rng()
+                if self.saved is not None:
+                    restore_rng(self.saved)
+                _rng_owner = self
+            yield
+
 
 AMP_DTYPES: dict[str, torch.dtype | None] = {
     "fp32": None,

@@ -202,19 +202,21 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> None:
 def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
     """Train the rest of the current epoch, or up to the target step."""
     s = r.state
-    batches = s.start_epoch(r.loader)
+    with r.rng.held():  # the run's own global generators (other runs may train in this process)
+        batches = s.start_epoch(r.loader)
     every = r.config.eval_every
     while s.batch_in_epoch < r.steps_per_epoch:
-        _train_step(r, batches)
-        end_of_epoch = s.batch_in_epoch == r.steps_per_epoch
-        step = s.global_step
-        if (every and step % every == 0) or (not every and end_of_epoch):
-            r.mlog.flush()  # a non-finite loss stops the run before its evaluation
-            evaluated = evaluate(r, "val", final=False)
-            if evaluated is not None:
-                r.last_eval = (step, evaluated)
-                hooks.after_eval(evaluated)  # futility: the control records, a variant may stop
-        r.saver.save(step, last_step=step == r.target)
+        with r.rng.held():
+            _train_step(r, batches)
+            end_of_epoch = s.batch_in_epoch == r.steps_per_epoch
+            step = s.global_step
+            if (every and step % every == 0) or (not every and end_of_epoch):
+                r.mlog.flush()  # a non-finite loss stops the run before its evaluation
+                evaluated = evaluate(r, "val", final=False)
+                if evaluated is not None:
+                    r.last_eval = (step, evaluated)
+                    hooks.after_eval(evaluated)  # futility: the control records, a variant may stop
+            r.saver.save(step, last_step=step == r.target)  # its snapshot holds this run's RNG
         hooks.after_step()  # the live view, when due
         if r.dist.stop_requested() is not None:  # agreed by every rank
             _stop_now(r)
@@ -229,7 +231,8 @@ def _stop_now(r: LiveRun) -> None:
     reason = r.dist.stop_requested() or "stop"
     step = r.state.global_step
     r.mlog.flush()  # a non-finite loss is the first fault, and stops before the save
-    r.saver.save(step, last_step=True)
+    with r.rng.held():
+        r.saver.save(step, last_step=True)
     r.saver.wait()  # written and recorded (the timeline's heartbeat) before stopping
     r.mlog.write({"kind": "interrupt", "step": step, "reason": reason})
     r.mlog.sync()

@@ -24,7 +24,7 @@ from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.engine.checkpointer import Checkpointer
 from gpucampaign.engine.devices import (
     AMP_DTYPES,
-    GLOBAL_RNG_LOCK,
+    RngSlot,
     build_optimizer,
     build_scheduler,
     check_precision,
@@ -68,6 +68,8 @@ class LiveRun:
     manager: CheckpointManager
     # The run's processes: one, or this rank of a data-parallel run (``process_group.py``).
     dist: Ranks = field(default_factory=OneProcess)
+    # The global generators' states of this run, while other runs train in this process.
+    rng: RngSlot = field(default_factory=RngSlot)
     setup_s: float = 0.0
     # What the restore found.
     restore_s: float = 0.0
@@ -170,7 +172,8 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
     torch.set_num_threads(config.threads)
     recipe = load_recipe(config.recipe)
     ctx = recipe_context(config, corpus=corpus, run_id=run_id, device=device)
-    with GLOBAL_RNG_LOCK:
+    rng = RngSlot()
+    with rng.held():
         seed_everything(config.seed)
         datasets = build_datasets(recipe, config, ctx)
         model = call(config.recipe, "model", recipe.model, ctx)
@@ -227,6 +230,7 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
             expect_tensors={k: tuple(v.shape) for k, v in model.state_dict().items()},
         ),
         dist=dist,
+        rng=rng,
     )
     _write_params(r)
     r.setup_s = time.perf_counter() - t_call
