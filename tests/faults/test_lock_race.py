@@ -62,7 +62,7 @@ def test_a_stale_lock_raced_by_several_starts_has_exactly_one_writer(tmp_path, f
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             orphans.append(fd)
         folders.append(folder)
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("fork")  # spawn re-imports torch in each: 20 s, not 2
     start, tried = ctx.Barrier(RACERS), ctx.Barrier(RACERS)
     results = ctx.Queue()
     racers = [
