@@ -9,7 +9,9 @@ with ``PREFECT_API_URL`` set):
   heartbeats (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, set on the stack's worker) more often than
   that window.
 - With a notification target (``--notify-url`` / ``GPUCAMPAIGN_NOTIFY_URL``: a generic
-  webhook that receives ``{"subject": ..., "body": ...}`` as JSON; or ``--notify-block`` /
+  webhook that receives ``{"subject": ..., "body": ...}`` as JSON, kept in the Custom Webhook
+  block ``gpucampaign-notify`` with its path, query and credentials in the block's secret
+  field, masked in the UI; or ``--notify-block`` /
   ``GPUCAMPAIGN_NOTIFY_BLOCK``: ``<block-type-slug>/<name>`` of a notification block you created,
   e.g. ``slack-webhook/team`` or ``sendgrid-email/me``), one notifying automation per event:
   a flow run of ours Failed or Crashed, and the events the campaign's flows emit
@@ -78,14 +80,49 @@ def notification_block_id(client: Any, *, url: str, block: str) -> UUID | None:
             _fail(f"no notification block '{block}' on this server: create it first.")
     if not url:
         return None
-    if not url.startswith(("http://", "https://")):
-        _fail(f"GPUCAMPAIGN_NOTIFY_URL must be an http(s) URL, got '{url}'.")
+    return UUID(str(webhook_block(url).save(BLOCK_NAME, overwrite=True)))
+
+
+def split_webhook_url(url: str) -> tuple[str, dict[str, str]]:
+    """``(template, secrets)`` of a webhook URL: the template keeps the scheme, host and port
+    in clear and names the rest, the part that authorizes (a path token, a query, user:password),
+    by placeholders whose values are in ``secrets`` (the block's secret field).
+
+    Prefect fills the placeholders when it sends, so the URL used is ``url`` exactly.
+    """
+    scheme, sep, rest = url.partition("://")
+    if scheme.lower() not in ("http", "https") or not sep:
+        # The value may be a secret that went in the wrong variable: say only how it starts.
+        _fail(
+            "GPUCAMPAIGN_NOTIFY_URL must be an http(s) URL (https://host/...); the value set "
+            "is not one (not shown: it may hold a secret)."
+        )
+    netloc_end = min((rest.find(c) for c in "/?#" if c in rest), default=len(rest))
+    netloc, tail = rest[:netloc_end], rest[netloc_end:]
+    userinfo, at, host = netloc.rpartition("@")
+    if not host:
+        _fail("GPUCAMPAIGN_NOTIFY_URL names no host (https://host/...).")
+    secrets = {"webhook_path": tail}
+    who = ""
+    if at:
+        secrets["webhook_userinfo"] = userinfo
+        who = "{{webhook_userinfo}}@"
+    return f"{scheme}://{who}{host}{{{{webhook_path}}}}", secrets
+
+
+def webhook_block(url: str) -> Any:
+    """Prefect's Custom Webhook block that posts ``{"subject", "body"}`` as JSON to ``url``,
+    with the URL's secret part in its secret field (masked in the UI and in
+    ``prefect block inspect``; the automations' notifications fill it in)."""
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
-    hook = CustomWebhookNotificationBlock(
-        name="gpucampaign", url=url, json_data={"subject": "{{subject}}", "body": "{{body}}"}
+    template, secrets = split_webhook_url(url)
+    return CustomWebhookNotificationBlock(
+        name="gpucampaign",
+        url=template,
+        secrets=secrets,
+        json_data={"subject": "{{subject}}", "body": "{{body}}"},
     )
-    return UUID(str(hook.save(BLOCK_NAME, overwrite=True)))
 
 
 def crashed_automation(crashed_after_s: int) -> Any:

@@ -5,7 +5,9 @@ Each event is ``gpucampaign.<what>`` on the resource ``gpucampaign.campaign.<cam
 with the message already written in its payload (``subject``, ``body``) beside the facts it
 was written from, so one automation template (``{{ event.payload.body }}``) serves every kind.
 Without automations (embedded Prefect, or no notification target) the events are only listed
-in the UI's event feed. Emitting never fails the campaign.
+in the UI's event feed. Emitting never fails the campaign. Where a notification goes (the
+webhook's URL and its token) is only in the server's notification block, in its secret field:
+no event names it.
 """
 
 from __future__ import annotations

@@ -4,9 +4,12 @@
 second writer is refused at once with the holder named (PID, host, since when). The lock is
 ``fcntl.flock`` on the file, which the kernel releases when its holder dies; the file keeps the
 holder's PID and host as JSON, so a refusal can say who holds it. A holder recorded on this
-host whose PID no longer runs (the lock kept only by a forked child it left behind) is taken
-over, with a note. ``campaign expense`` does not take this lock: it appends one line to the
-append-only ledger under the ledger's own short lock, while a campaign runs or after.
+host whose PID no longer runs (a crash; or the lock kept only by a forked child it left
+behind) is taken over, with a note. Contenders that start at once take turns under a short
+``flock`` on the folder itself, so a takeover is atomic: exactly one of them gets the folder,
+the others are refused naming it. ``campaign expense`` does not take this lock: it appends
+one line to the append-only ledger under the ledger's own short lock, while a campaign runs
+or after.
 
 The lock file is not part of the campaign's output: the manifest and ``verify`` leave it out.
 """
@@ -19,6 +22,7 @@ import fcntl
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +36,9 @@ from gpucampaign.spec import SpecError
 # starts and the flow, in the same process, takes it again (a second flock on a new open file
 # would conflict with our own).
 _HELD: dict[Path, _Held] = {}
+
+#: How long a contender waits for another that is taking the lock at the same moment.
+_TAKING_WAIT_S = 10.0
 
 
 @dataclass
@@ -99,40 +106,100 @@ def _try_flock(fd: int) -> bool:
     return True
 
 
-def _acquire(root: Path, *, what: str) -> tuple[int, str | None]:
-    """Take the lock of ``root``; ``(fd, note)`` where the note says whom it took over from."""
-    path = root / LOCK_FILE
+def _cannot_lock(root: Path, path: Path, exc: OSError) -> SpecError:
+    return SpecError(
+        f"cannot lock output folder '{root}' ({path}: {exc.strerror}); give another --out.",
+        field="out",
+    )
+
+
+@contextlib.contextmanager
+def _taking(root: Path) -> Iterator[bool]:
+    """Serialize taking the lock of ``root`` among the processes that try at once: an
+    exclusive ``flock`` on the folder itself, held only while a contender takes the lock file
+    (or takes it over) and writes its record. Yields False where the file system refuses locks
+    on a folder (then no stale lock is taken over: the takeover needs the guard)."""
     try:
-        fd = _open_lock(path)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise SpecError(
-            f"cannot lock output folder '{root}' ({path}: {exc.strerror}); give another --out.",
-            field="out",
-        ) from None
-    previous = read_holder(root)
-    note = None
-    if not _try_flock(fd):
-        os.close(fd)
-        if previous.get("host") != socket.gethostname() or pid_runs(previous.get("pid")):
-            raise FolderLocked(root, previous)
-        # Held, but its recorded holder is dead on this host (a child it left keeps the open
-        # file): a new lock file, so the old one no longer counts.
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        fd = _open_lock(path)
-        if not _try_flock(fd):
+        raise _cannot_lock(root, root, exc) from None
+    try:
+        deadline = time.monotonic() + _TAKING_WAIT_S
+        while True:
+            try:
+                guarded = _try_flock(fd)
+            except OSError:
+                guarded = False
+                break
+            if guarded:
+                break
+            if time.monotonic() > deadline:  # a process that froze while taking it
+                raise FolderLocked(root, read_holder(root))
+            time.sleep(0.005)
+        yield guarded
+    finally:
+        os.close(fd)  # releases the guard
+
+
+def _is_current(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is still the file at ``path`` (a takeover replaces the file)."""
+    try:
+        return os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _acquire(root: Path, *, what: str) -> tuple[int, str | None]:
+    """Take the lock of ``root``; ``(fd, note)`` where the note says whom it took over from.
+
+    The contenders take turns (``_taking``): the holder's record is written before the next
+    contender looks, so a record naming a dead process is that of a holder that really died,
+    never of a winner that has not written its own yet, and a takeover replaces no file that
+    someone has just locked.
+    """
+    path = root / LOCK_FILE
+    with _taking(root) as guarded:
+        previous = read_holder(root)
+        for _ in range(3):  # a takeover replaces the file once; the next open gets the new one
+            try:
+                fd = _open_lock(path)
+            except OSError as exc:
+                raise _cannot_lock(root, path, exc) from None
+            if _try_flock(fd):
+                if _is_current(fd, path):
+                    break
+                os.close(fd)  # someone else replaced the file after we opened it: open again
+                continue
             os.close(fd)
+            holder = read_holder(root)
+            if (
+                not guarded
+                or holder.get("host") != socket.gethostname()
+                or pid_runs(holder.get("pid"))
+            ):
+                raise FolderLocked(root, holder)
+            # Held, but its recorded holder is dead on this host (a child it left keeps the
+            # open file): a new lock file, so the old one no longer counts.
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        else:
             raise FolderLocked(root, read_holder(root))
-    if previous.get("pid") not in (None, os.getpid()) and not pid_runs(previous.get("pid")):
-        note = (
-            f"took over the lock of output folder '{root}' from PID {previous.get('pid')} on "
-            f"{previous.get('host', '?')} (since {previous.get('since', '?')}), whose process "
-            "is gone"
-        )
-    record = {"pid": os.getpid(), "host": socket.gethostname(), "since": utc_now(), "what": what}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
-    os.fsync(fd)
+        note = None
+        if previous.get("pid") not in (None, os.getpid()) and not pid_runs(previous.get("pid")):
+            note = (
+                f"took over the lock of output folder '{root}' from PID {previous.get('pid')} "
+                f"on {previous.get('host', '?')} (since {previous.get('since', '?')}), whose "
+                "process is gone"
+            )
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": utc_now(),
+            "what": what,
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        os.fsync(fd)
     return fd, note
 
 
