@@ -9,6 +9,7 @@ spec's expenses and the ledger together; no tax or transfer cost is ever added t
 from __future__ import annotations
 
 import fcntl
+import json
 import math
 import os
 import re
@@ -17,12 +18,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpucampaign.core.files import jsonl_line, read_jsonl, sha256_bytes, utc_now
+from gpucampaign.core.files import jsonl_line, sha256_bytes, utc_now
 from gpucampaign.folder.layout import LEDGER_FILE, SPEC_COPY, OutputFolder
 from gpucampaign.spec import SpecError
 
 LEDGER = LEDGER_FILE
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/#-]{0,79}$")
+#: The most bytes a ledger may hold (about 50,000 expenses): a larger one is refused unread.
+MAX_LEDGER_BYTES = 16 * 2**20
 
 
 class LedgerExpense(BaseModel):
@@ -30,7 +33,7 @@ class LedgerExpense(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    usd: float = Field(gt=0, description="Amount paid, in USD, as on the receipt.")
+    usd: float = Field(gt=0, strict=True, description="Amount paid, in USD, as on the receipt.")
     what: str = Field(min_length=1, max_length=200, description="What was paid for.")
     order_ref: str | None = Field(default=None, description="The provider's order reference.")
     time: str = Field(default_factory=utc_now, description="When it was recorded (UTC).")
@@ -112,9 +115,60 @@ def _append_locked(path: Path, line: str) -> None:
         os.close(fd)  # releases the lock
 
 
+class LedgerError(SpecError):
+    """A ledger line that is not an expense ``campaign expense`` writes (a number that is not
+    finite, a field it never writes, a torn line before the last)."""
+
+
 def read_ledger(root: str | Path) -> list[LedgerExpense]:
-    """Every expense of the ledger, in the order recorded (empty when there is none)."""
-    return [LedgerExpense(**row) for row in read_jsonl(OutputFolder(root).path(LEDGER))]
+    """Every expense of the ledger, in the order recorded (empty when there is none).
+
+    Raises:
+        LedgerError: a line is not an expense (or the ledger is larger than ``MAX_LEDGER_BYTES``).
+    """
+    path = OutputFolder(root).path(LEDGER)
+    if not path.is_file():
+        return []
+    with path.open("rb") as f:
+        data = f.read(MAX_LEDGER_BYTES + 1)
+    return parse_ledger(data, where=str(path))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not an amount")
+
+
+def parse_ledger(data: bytes, *, where: str) -> list[LedgerExpense]:
+    """The expenses of a ledger's bytes; a torn last line (no new line: a writer killed
+    mid-append) is left out, any other line that is not an expense is a ``LedgerError``."""
+    if len(data) > MAX_LEDGER_BYTES:
+        raise LedgerError(
+            f"'{where}' is larger than {MAX_LEDGER_BYTES} bytes: not a ledger that "
+            "`campaign expense` wrote; restore it from the mirror.",
+            field=LEDGER,
+        )
+    *complete, _torn = data.split(b"\n")
+    entries = []
+    for number, raw in enumerate(complete, start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+            if not isinstance(row, dict):
+                raise ValueError("not a JSON object")
+            entries.append(LedgerExpense(**row))
+        except (ValueError, TypeError, RecursionError) as exc:  # ValidationError is a ValueError
+            reason = (
+                "; ".join(str(e["msg"]) for e in exc.errors())
+                if isinstance(exc, ValidationError)
+                else str(exc)
+            )
+            raise LedgerError(
+                f"'{where}' line {number} is not an expense ({reason[:200]}): the ledger was "
+                "edited by hand; restore it from the mirror or remove that line.",
+                field=LEDGER,
+            ) from None
+    return entries
 
 
 def budget_with_ledger(root: str | Path, budget: dict[str, Any]) -> dict[str, Any]:

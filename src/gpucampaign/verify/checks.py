@@ -15,7 +15,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gpucampaign.close.ledger import LEDGER, sealed_prefix_intact
+from gpucampaign.close.ledger import (
+    LEDGER,
+    MAX_LEDGER_BYTES,
+    LedgerError,
+    parse_ledger,
+    sealed_prefix_intact,
+)
 from gpucampaign.close.predictions import reload_in_fresh_process
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.data.pins import input_sha256
@@ -235,6 +241,13 @@ def check_manifest_files(ctx: VerifyContext) -> list[Problem]:
         elif sha256_file(p) != entry.get("sha256"):
             detail = f"sha256 differs from the manifest's {str(entry.get('sha256'))[:12]}..."
             problems.append(Problem("hash_mismatch", rel, detail))
+    ledger = ctx.base / LEDGER
+    if LEDGER in present and ledger.is_file() and not ledger.is_symlink():
+        try:  # its growth after the seal is not hashed: every line must still be an expense
+            with ledger.open("rb") as f:
+                parse_ledger(f.read(MAX_LEDGER_BYTES + 1), where=LEDGER)
+        except LedgerError as exc:
+            problems.append(Problem("invalid_ledger", LEDGER, str(exc)))
     return problems
 
 
