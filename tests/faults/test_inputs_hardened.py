@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ FUZZ = settings(
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 MARKUP = ["[/]", "[bold]x", "a[/]b[red]", "[link=http://x]y", "x\\"]
 runner = CliRunner()
 
@@ -104,7 +106,7 @@ def test_markup_in_an_argument_is_printed_as_text(faults, tmp_path, args, mark):
     assert not (tmp_path / "new").exists() and not (tmp_path / "back").exists()
 
 
-@pytest.mark.parametrize("what", ["[/]", "[bold]paid[/bold] in [red]", "x[/]y\\"])
+@pytest.mark.parametrize("what", ["[/]", "[bold]paid[/bold] in [red]", "x[/]y\\", "ünï 名前"])
 def test_an_expense_with_markup_is_recorded_once_and_printed_as_given(faults, out, what):
     got = _cli(faults, ["expense", str(out), "--usd", "3.5", "--what", what], codes=(0,))
     assert what in got.output, got.output
@@ -115,9 +117,37 @@ def test_an_expense_with_markup_is_recorded_once_and_printed_as_given(faults, ou
     assert "3.50" in report.output
 
 
+@settings(FUZZ, max_examples=examples(25))
+@given(
+    what=st.text(max_size=40)
+    | st.sampled_from(MARKUP).flatmap(lambda m: st.text(max_size=8).map(lambda t: t + m + t)),
+    usd=st.sampled_from(["1", "0.01", "0", "-1", "nan", "inf", "1e10", "[/]", "2.5"]),
+)
+def test_fuzzed_expenses_are_recorded_once_or_refused_with_nothing_written(faults, out, what, usd):
+    before = len(read_ledger(out))
+    got = _cli(faults, ["expense", str(out), "--usd", usd, "--what", what], codes=(0, 2))
+    after = read_ledger(out)
+    if got.exit_code == 0:
+        assert len(after) == before + 1 and after[-1].what == what.strip()
+        assert " ".join(what.split()) in " ".join(got.output.split()), got.output
+    else:
+        assert len(after) == before
+        assert "--usd" in got.output or "--what" in got.output, got.output
+    valid_usd = usd in ("1", "0.01", "2.5")
+    valid_what = 0 < len(what.strip()) <= 200 and all(
+        unicodedata.category(c) not in ("Cc", "Zl", "Zp") and c not in BIDI for c in what.strip()
+    )
+    assert (got.exit_code == 0) == (valid_usd and valid_what), (what, usd, got.output)
+
+
 def test_a_refused_expense_writes_nothing(faults, out):
     before = (out / LEDGER).read_bytes() if (out / LEDGER).exists() else None
-    for args in (["--usd", "inf", "--what", "[/]"], ["--usd", "1", "--what", "[/]\n[/]"]):
+    for args in (
+        ["--usd", "inf", "--what", "[/]"],
+        ["--usd", "1", "--what", "[/]\n[/]"],
+        ["--usd", "1", "--what", "paid\x9b31m"],
+        ["--usd", "1", "--what", "paid\u202egpj.exe"],
+    ):
         got = _cli(faults, ["expense", str(out), *args], codes=(2,))
         assert "option '--" in _one_paragraph(got.output)
     after = (out / LEDGER).read_bytes() if (out / LEDGER).exists() else None
@@ -179,7 +209,10 @@ def test_fuzzed_ledger_lines_are_expenses_or_a_ledger_error(faults, usd, what):
         and round(usd, 2) > 0
         and isinstance(what, str)
         and 0 < len(what.strip()) <= 200
-        and all(ord(c) >= 32 for c in what.strip())
+        and all(
+            unicodedata.category(c) not in ("Cc", "Zl", "Zp") and c not in BIDI
+            for c in what.strip()
+        )
     )
     try:
         (entry,) = parse_ledger(data, where=LEDGER)

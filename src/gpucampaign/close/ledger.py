@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,16 @@ LEDGER = LEDGER_FILE
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/#-]{0,79}$")
 #: The most bytes a ledger may hold (about 50,000 expenses): a larger one is refused unread.
 MAX_LEDGER_BYTES = 16 * 2**20
+
+
+def _unprintable(c: str) -> bool:
+    """A control character (C0, DEL, C1: terminal escapes), a line or paragraph separator, or
+    a direction override: nothing a receipt's one line needs, and what a terminal obeys."""
+    return (
+        unicodedata.category(c) in ("Cc", "Zl", "Zp")
+        or "\u202a" <= c <= "\u202e"
+        or ("\u2066" <= c <= "\u2069")
+    )
 
 
 class LedgerExpense(BaseModel):
@@ -49,7 +60,7 @@ class LedgerExpense(BaseModel):
     @classmethod
     def _one_line(cls, v: str) -> str:
         v = v.strip()
-        if not v or any(ord(c) < 32 for c in v):
+        if not v or any(_unprintable(c) for c in v):
             raise ValueError("must be one line of printable text")
         return v
 
