@@ -227,6 +227,34 @@ def test_fuzzed_ledger_lines_are_expenses_or_a_ledger_error(faults, usd, what):
     assert math.isfinite(entry.usd) and entry.usd == round(usd, 2)
 
 
+def _campaign(*args: str) -> subprocess.CompletedProcess[str]:
+    """``campaign ARGS`` in its own process: a hang fails the test, never blocks it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    return subprocess.run(
+        [sys.executable, "-m", "gpucampaign.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_a_fifo_planted_as_the_ledger_is_refused_never_waited_on(faults, out):
+    (out / LEDGER).unlink(missing_ok=True)
+    os.mkfifo(out / LEDGER)
+    faults.add("fuzzed_inputs", 3)
+    verify = _campaign("verify", str(out), "--no-reload", "--json")
+    assert verify.returncode == 4, verify.stderr
+    problems = json.loads(verify.stdout)["problems"]
+    assert any(p["code"] == "invalid_ledger" for p in problems), problems
+    for args in (["expense", str(out), "--usd", "1", "--what", "x"], ["report", str(out)]):
+        got = _campaign(*args)
+        assert got.returncode == 2, (args, got.stdout, got.stderr)
+        said = _one_paragraph(got.stderr + got.stdout)
+        assert "not a regular file" in said and "Traceback" not in said, said
+    assert (out / LEDGER).is_fifo()
+
+
 def test_a_torn_last_line_is_left_out_and_an_empty_ledger_reads_empty(tmp_path):
     (tmp_path / "spec.yaml").write_text("name: x\n")
     assert read_ledger(tmp_path) == []
@@ -296,14 +324,7 @@ def _watch_folder(tmp_path: Path) -> Path:
 
 def _watch_once(out: Path) -> subprocess.CompletedProcess[str]:
     """``campaign watch --once OUT`` in its own process: a hang fails the test, never blocks it."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-    return subprocess.run(
-        [sys.executable, "-m", "gpucampaign.cli", "watch", "--once", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    return _campaign("watch", "--once", str(out))
 
 
 def test_watch_skips_a_fifo_a_device_link_and_a_huge_file_promptly(faults, tmp_path):

@@ -8,11 +8,13 @@ spec's expenses and the ledger together; no tax or transfer cost is ever added t
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
 import os
 import re
+import stat
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -111,12 +113,15 @@ def _append_locked(path: Path, line: str) -> None:
     then) or after the seal (which accepts a ledger that only grew). The lock orders two
     expenses added at once; a link planted as the ledger is not followed.
     """
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as exc:
-        raise SpecError(f"cannot append to '{path}': {exc.strerror}.", field="OUT") from None
+        why = "not a regular file" if exc.errno == errno.ENXIO else exc.strerror  # a FIFO
+        raise SpecError(f"cannot append to '{path}': {why}.", field="OUT") from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO with a reader, a device
+            raise SpecError(f"cannot append to '{path}': not a regular file.", field="OUT")
         fcntl.flock(fd, fcntl.LOCK_EX)
         data = line.encode("utf-8")
         while data:
@@ -138,11 +143,38 @@ def read_ledger(root: str | Path) -> list[LedgerExpense]:
         LedgerError: a line is not an expense (or the ledger is larger than ``MAX_LEDGER_BYTES``).
     """
     path = OutputFolder(root).path(LEDGER)
-    if not path.is_file():
-        return []
-    with path.open("rb") as f:
-        data = f.read(MAX_LEDGER_BYTES + 1)
-    return parse_ledger(data, where=str(path))
+    data = read_ledger_bytes(path)
+    return [] if data is None else parse_ledger(data, where=str(path))
+
+
+def read_ledger_bytes(path: str | Path) -> bytes | None:
+    """The bytes of the ledger at ``path`` (None when there is none), read without following
+    a link and without blocking, and only from a regular file: a FIFO or a device planted as
+    the ledger is refused, never waited on.
+
+    Raises:
+        LedgerError: It is not a regular file, or is larger than ``MAX_LEDGER_BYTES``.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise LedgerError(f"cannot read '{path}': {exc.strerror}.", field=LEDGER) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LedgerError(
+                f"'{path}' is not a regular file: not a ledger that `campaign expense` wrote.",
+                field=LEDGER,
+            )
+        chunks, size = [], 0
+        while size <= MAX_LEDGER_BYTES and (chunk := os.read(fd, 1 << 20)):
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def _no_constant(name: str) -> Any:

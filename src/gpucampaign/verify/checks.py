@@ -17,9 +17,9 @@ from typing import Any
 
 from gpucampaign.close.ledger import (
     LEDGER,
-    MAX_LEDGER_BYTES,
     LedgerError,
     parse_ledger,
+    read_ledger_bytes,
     sealed_prefix_intact,
 )
 from gpucampaign.close.predictions import reload_in_fresh_process
@@ -241,11 +241,9 @@ def check_manifest_files(ctx: VerifyContext) -> list[Problem]:
         elif sha256_file(p) != entry.get("sha256"):
             detail = f"sha256 differs from the manifest's {str(entry.get('sha256'))[:12]}..."
             problems.append(Problem("hash_mismatch", rel, detail))
-    ledger = ctx.base / LEDGER
-    if LEDGER in present and ledger.is_file() and not ledger.is_symlink():
+    if LEDGER in present and not (ctx.base / LEDGER).is_symlink():
         try:  # its growth after the seal is not hashed: every line must still be an expense
-            with ledger.open("rb") as f:
-                parse_ledger(f.read(MAX_LEDGER_BYTES + 1), where=LEDGER)
+            parse_ledger(read_ledger_bytes(ctx.base / LEDGER) or b"", where=LEDGER)
         except LedgerError as exc:
             problems.append(Problem("invalid_ledger", LEDGER, str(exc)))
     return problems
@@ -255,7 +253,11 @@ def _ledger_grew(path: Path, *, size: Any, sha256: Any) -> bool:
     """The ledger only had expenses appended after the seal: its sealed bytes are intact."""
     if not isinstance(size, int) or not isinstance(sha256, str) or path.is_symlink():
         return False
-    return sealed_prefix_intact(path.read_bytes(), size=size, sha256=sha256)
+    try:
+        data = read_ledger_bytes(path)
+    except LedgerError:  # a FIFO or a device in its place: named by the ledger's own check
+        return False
+    return data is not None and sealed_prefix_intact(data, size=size, sha256=sha256)
 
 
 def check_plan_hash(ctx: VerifyContext) -> list[Problem]:
