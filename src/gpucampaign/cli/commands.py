@@ -23,6 +23,7 @@ from gpucampaign.cli.common import (
     app,
     console,
     err_console,
+    esc,
     handle_errors,
     print_json,
     say,
@@ -80,10 +81,10 @@ def plan_cmd(
         raise SpecError(f"Invalid campaign spec '{spec}': {exc}", field=exc.field) from None
     if not as_json:
         for line in checked.checked:
-            say(f"checked: {line}")
+            say(f"checked: {esc(line)}")
     if how and not as_json:
         for name, text in how.items():
-            say(f"{name}: {override[name]:.4g} h ({text})")
+            say(f"{esc(name)}: {override[name]:.4g} h ({esc(text)})")
     if figure is not None:
         from gpucampaign.close.figures import plot_calendar
 
@@ -121,17 +122,20 @@ def _print_plan(result: Any, *, figure: Path | None) -> None:
     from gpucampaign.plan.tariffs import format_usd
 
     d = result.to_dict()
-    table = Table(title=f"calendar of {d['name']}", title_justify="left")
+    table = Table(title=f"calendar of {esc(d['name'])}", title_justify="left")
     columns = ("step", "kind", "tier", "lane", "start h", "end h", "hours")
     for k, col in enumerate(columns):
         table.add_column(col, justify="left" if k < 4 else "right")
     for s in sorted(d["steps"], key=lambda s: (s["start_hours"], s["lane"])):
         kind = "human" if s["kind"] == "human" else f"machine/{s['resource']}"
         hours = (f"{s['start_hours']:g}", f"{s['end_hours']:g}", f"{s['hours']:g}")
-        table.add_row(s["name"], kind, s["tier"], s["lane"], *hours)
+        table.add_row(esc(s["name"]), esc(kind), s["tier"], esc(s["lane"]), *hours)
     console.print(table)
-    lots = ", ".join(
-        f"{p['count']} x {p['days']}-day {p['gpu']} ({p['gpus']} GPU/lot)" for p in d["packages"]
+    lots = esc(
+        ", ".join(
+            f"{p['count']} x {p['days']}-day {p['gpu']} ({p['gpus']} GPU/lot)"
+            for p in d["packages"]
+        )
     )
     verdict = (
         f"[green]fits[/], {d['uncommitted_hours']:g} h uncommitted"
@@ -144,14 +148,17 @@ def _print_plan(result: Any, *, figure: Path | None) -> None:
         f"human {d['human_hours']:g} h; lots: {lots}; total {format_usd(result.total_price_usd)}"
     )
     for o in d["options"]:
-        say(f"  option [bold]{o['kind']}[/]: {o['description']}; requires: {o['requires']}")
+        say(
+            f"  option [bold]{esc(o['kind'])}[/]: {esc(o['description'])}; "
+            f"requires: {esc(o['requires'])}"
+        )
     for a in d["ablation"]:
         factors = ", ".join(a["factors"]) or "changes nothing"
-        console.print(f"  ablation {a['variant']} ({a['tier']}): {factors}", highlight=False)
+        say(f"  ablation {esc(a['variant'])} ({a['tier']}): {esc(factors)}")
     for w in d["warnings"]:
-        say(f"[yellow]warning:[/] {w}")
+        say(f"[yellow]warning:[/] {esc(w)}")
     if figure is not None:
-        console.print(f"figure: {figure}", highlight=False)
+        say(f"figure: {esc(figure)}")
 
 
 @app.command("packages")
@@ -188,7 +195,7 @@ def packages_cmd(
             days = " + ".join(map(str, c.days))
             price = format_usd(c.price_usd)
             table.add_row(
-                c.gpu, days, f"{c.total_hours:g}", f"{c.slack_hours:g}", price, c.requires
+                esc(c.gpu), days, f"{c.total_hours:g}", f"{c.slack_hours:g}", price, esc(c.requires)
             )
         console.print(table)
     if not covers:
@@ -222,8 +229,8 @@ def init_cmd(
             field="--example",
         )
     spec_path = init_textlm(directory) if example == "textlm" else init_campaign(directory)
-    console.print(f"wrote {spec_path} and its corpus under {directory / 'data'}", highlight=False)
-    console.print(f"next: campaign plan {spec_path}", highlight=False)
+    say(f"wrote {esc(spec_path)} and its corpus under {esc(directory / 'data')}")
+    say(f"next: campaign plan {esc(spec_path)}")
 
 
 @app.command("pin")
@@ -324,14 +331,14 @@ def _check_output_restart(
 def _print_restart(report: Any) -> None:
     verdict = "[green]identical[/]" if report.identical else "[red]NOT identical[/]"
     say(
-        f"{report.run_id}: {verdict} over {report.compared_steps} steps (interrupted at step "
-        f"{report.k}, {report.threads} thread(s), {report.device}); max |diff| "
+        f"{esc(report.run_id)}: {verdict} over {report.compared_steps} steps (interrupted at step "
+        f"{report.k}, {report.threads} thread(s), {esc(report.device)}); max |diff| "
         f"{report.max_abs_diff:g}; save {report.save_s or 0:.3f} s, "
         f"restore {report.restore_s or 0:.3f} s"
     )
-    say(f"  {report.applies}")
+    say(f"  {esc(report.applies)}")
     for m in report.mismatches[:5]:
-        say(f"  [red]{m}[/]")
+        say(f"  [red]{esc(m)}[/]")
 
 
 # --- run: the whole campaign --------------------------------------------------------------
@@ -395,7 +402,7 @@ def run_cmd(
     try:
         with writer_lock(target) as took_over, interruptible_run(grace_s=grace):
             if took_over:
-                err_console.print(f"[yellow]note:[/] {took_over}", soft_wrap=True)
+                err_console.print(f"[yellow]note:[/] {esc(took_over)}", soft_wrap=True)
             with Background(view):
                 state = flow(
                     spec=str(spec), out=str(target), decision_mode=decision, return_state=True
@@ -439,7 +446,7 @@ def _end_of_run(state: Any, *, target: Path, question: str | None) -> None:
     if (reason := stop_requested()) is not None:
         err_console.print(
             f"[bold yellow]interrupted by {reason}:[/] the running training saved a checkpoint "
-            f"and stopped; its segment is recorded in {target / TIMELINE}. Rerun the same "
+            f"and stopped; its segment is recorded in {esc(target / TIMELINE)}. Rerun the same "
             "command to resume.",
             soft_wrap=True,
             highlight=False,
@@ -451,7 +458,7 @@ def _end_of_run(state: Any, *, target: Path, question: str | None) -> None:
         raise summary
     verdict = _print_run_summary(summary or {}, target=target, question=question)
     if state.is_failed():
-        err_console.print(f"[bold red]stopped:[/] {state.message}", soft_wrap=True)
+        err_console.print(f"[bold red]stopped:[/] {esc(state.message)}", soft_wrap=True)
         raise typer.Exit(EXIT_STOPPED)
     if verdict.get("kind") == "re-pose":
         raise typer.Exit(EXIT_STOPPED)
@@ -462,16 +469,12 @@ def _print_run_summary(
 ) -> dict[str, Any]:
     """Print what the campaign flow returned, the answer to the spec's question first;
     returns its verdict."""
-    from rich.markup import escape
-
     verdict = summary.get("verdict") or {}
     if question:
-        console.print(f"[bold]question:[/] {escape(question)}", soft_wrap=True, highlight=False)
+        console.print(f"[bold]question:[/] {esc(question)}", soft_wrap=True, highlight=False)
     if verdict.get("answer"):
-        console.print(
-            f"[bold]answer:[/] {escape(verdict['answer'])}", soft_wrap=True, highlight=False
-        )
-    runs = ", ".join(f"{rid} {status}" for rid, status in (summary.get("runs") or {}).items())
+        console.print(f"[bold]answer:[/] {esc(verdict['answer'])}", soft_wrap=True, highlight=False)
+    runs = esc(", ".join(f"{rid} {status}" for rid, status in (summary.get("runs") or {}).items()))
     if runs:
         say(f"runs: {runs}")
     if summary.get("spent_usd") is not None:
@@ -479,19 +482,19 @@ def _print_run_summary(
         console.print(
             f"spent: {summary['spent_usd']:.2f} USD; output folder {folder}", highlight=False
         )
-    console.print(f"[bold]verdict:[/] {verdict.get('text', 'none')}", soft_wrap=True)
-    console.print(f"output folder: {target}  (report: {target / REPORT_MD})")
+    console.print(f"[bold]verdict:[/] {esc(verdict.get('text', 'none'))}", soft_wrap=True)
+    say(f"output folder: {esc(target)}  (report: {esc(target / REPORT_MD)})")
     mirrored = summary.get("mirrored") or {}
     if mirrored.get("error"):
         err_console.print(
-            f"[bold red]not mirrored[/] to {mirrored['url']}: the folder is only on "
-            f"this machine ({mirrored['error']})",
+            f"[bold red]not mirrored[/] to {esc(mirrored['url'])}: the folder is only on "
+            f"this machine ({esc(mirrored['error'])})",
             soft_wrap=True,
         )
     elif not is_local(mirrored.get("url", LOCAL)):
         say(
-            f"mirrored to {mirrored['url']}; bring it back anywhere with "
-            f"`campaign retrieve {mirrored['url']} --to DIR`"
+            f"mirrored to {esc(mirrored['url'])}; bring it back anywhere with "
+            f"`campaign retrieve {esc(mirrored['url'])} --to DIR`"
         )
     return verdict
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.text import redact_secrets, strip_ansi
@@ -57,8 +58,13 @@ def handle_errors(fn: F) -> F:
 
 
 def _said(exc: Exception) -> str:
-    """An error's message as printed: no URL password, no terminal escape."""
-    return redact_secrets(strip_ansi(str(exc)))
+    """An error's message as printed: no URL password, no terminal escape, no markup."""
+    return esc(redact_secrets(strip_ansi(str(exc))))
+
+
+def esc(value: object) -> str:
+    """User or folder text as it may go inside rich markup: a ``[/]`` in it is text, not a tag."""
+    return escape(str(value))
 
 
 def print_json(obj: Any) -> None:

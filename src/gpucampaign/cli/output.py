@@ -20,6 +20,7 @@ from gpucampaign.cli.common import (
     OutFolder,
     app,
     console,
+    esc,
     handle_errors,
     print_json,
     say,
@@ -63,9 +64,9 @@ def verify_cmd(
 
 def _print_verify(report: Any, *, out: Path, verified: bool, no_reload: bool) -> None:
     for p in report.problems:
-        say(f"[red]{p.code}[/] {p.path}: {p.detail}")
+        say(f"[red]{p.code}[/] {esc(p.path)}: {esc(p.detail)}")
     for reason in report.skipped:
-        say(f"[yellow]skipped:[/] {reason}")
+        say(f"[yellow]skipped:[/] {esc(reason)}")
     if no_reload:
         console.print("[yellow]models were not reloaded (--no-reload): not a verified output[/]")
     state = (
@@ -74,7 +75,7 @@ def _print_verify(report: Any, *, out: Path, verified: bool, no_reload: bool) ->
         else f"[red]NOT verified[/] ({len(report.problems)} problem(s))"
     )
     say(
-        f"{out}: {state}; {report.checked_files} files checked, "
+        f"{esc(out)}: {state}; {report.checked_files} files checked, "
         f"{len(report.reloaded_runs)} model(s) reloaded and reproduced"
     )
 
@@ -131,7 +132,7 @@ def expense_cmd(
 
     entry = add_expense(out, usd=usd, what=what, order_ref=order_ref)
     ref = f" (order {entry.order_ref})" if entry.order_ref else ""
-    say(f"recorded in {out / LEDGER_FILE}: {entry.usd:.2f} USD for {entry.what}{ref}")
+    say(f"recorded in {esc(out / LEDGER_FILE)}: {entry.usd:.2f} USD for {esc(entry.what + ref)}")
 
 
 # --- status: what is off the machine, how long the rental has left -------------------------
@@ -156,13 +157,13 @@ def status_cmd(out: OutFolder, as_json: AsJson = False) -> None:
 def campaign_closed(out: Path) -> bool:
     """True once the campaign's close sealed the folder after its last training progress."""
     from gpucampaign.folder.layout import MANIFEST
-    from gpucampaign.folder.progress import read_all_progress
+    from gpucampaign.folder.progress import read_all_progress, updated_at
 
     manifest = out / MANIFEST
     if not manifest.is_file():
         return False
     records = read_all_progress(out)
-    newest = max((float(r.get("updated_at") or 0.0) for r in records), default=0.0)
+    newest = max((updated_at(r) for r in records), default=0.0)
     return manifest.stat().st_mtime >= newest
 
 
@@ -184,13 +185,13 @@ def watch_cmd(
     spec = campaign_folder_spec(out)  # exit 2 when it is not a campaign's folder
     rental = rental_of(spec)
     view = LiveView(out, console=console, ends_at=rental.ends_at if rental else None, every_s=every)
-    say(f"watching {spec.name} in {out} (Ctrl-C ends the watch, not the campaign)")
+    say(f"watching {esc(spec.name)} in {esc(out)} (Ctrl-C ends the watch, not the campaign)")
     try:
         follow(view, until=lambda: once or campaign_closed(out))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     if campaign_closed(out):
-        say(f"the campaign is closed: `campaign report {out}`")
+        say(f"the campaign is closed: `campaign report {esc(out)}`")
 
 
 # --- track: send to MLflow what a closed campaign kept back ----------------------------------
@@ -239,10 +240,12 @@ def track_cmd(
     if as_json:
         print_json({"out": str(out), "tracked": done, "line": line})
     else:
-        say(line)
+        say(esc(line))
     if not done:
         if not as_json:
-            say(f"nothing is lost: {out} still holds it; run `campaign track {out}` again")
+            say(
+                f"nothing is lost: {esc(out)} still holds it; run `campaign track {esc(out)}` again"
+            )
         raise typer.Exit(EXIT_UNEXPECTED)
 
 
@@ -267,10 +270,11 @@ def _check_sealed(out: Path, *, what: str) -> None:
 
     problems = seal_problems(out)
     for p in problems:
-        say(f"[red]{p.code}[/] {p.path}: {p.detail}")
+        say(f"[red]{p.code}[/] {esc(p.path)}: {esc(p.detail)}")
     if problems:
         say(
-            f"[red]{out} is NOT the folder its manifest sealed[/] ({len(problems)} problem(s)): "
+            f"[red]{esc(out)} is NOT the folder its manifest sealed[/] "
+            f"({len(problems)} problem(s)): "
             f"{what} are not trusted; nothing was sent."
         )
         raise typer.Exit(EXIT_NOT_FIT)
@@ -298,9 +302,10 @@ def retrieve_cmd(
     console.print(
         f"retrieved {done['files']} files ({done['bytes']} bytes) from {url} into {to}",
         highlight=False,
+        markup=False,
     )
     _check_retrieved(to)
-    console.print(f"next: campaign verify {to}", highlight=False)
+    say(f"next: campaign verify {esc(to)}")
 
 
 def _check_retrieved(to: Path) -> None:
@@ -310,15 +315,19 @@ def _check_retrieved(to: Path) -> None:
     from gpucampaign.verify.checks import seal_problems
 
     if not (to / MANIFEST).is_file():
-        say(f"{to} has no {MANIFEST} (the campaign was not sealed): nothing to check it against")
+        say(
+            f"{esc(to)} has no {MANIFEST} (the campaign was not sealed): "
+            "nothing to check it against"
+        )
         return
     problems = seal_problems(to)
     for p in problems:
-        say(f"[red]{p.code}[/] {p.path}: {p.detail}")
+        say(f"[red]{p.code}[/] {esc(p.path)}: {esc(p.detail)}")
     if problems:
         say(
-            f"[red]{to} is NOT the folder its manifest sealed[/] ({len(problems)} problem(s)): "
+            f"[red]{esc(to)} is NOT the folder its manifest sealed[/] "
+            f"({len(problems)} problem(s)): "
             "do not reload its models or import its recipe copies."
         )
         raise typer.Exit(EXIT_NOT_FIT)
-    say(f"every file of {to} has the size and sha256 its manifest.json records")
+    say(f"every file of {esc(to)} has the size and sha256 its manifest.json records")

@@ -21,7 +21,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from gpucampaign.folder.progress import read_all_progress, render_line
+from gpucampaign.folder.progress import read_all_progress, render_line, updated_at
 
 PLAIN_EVERY_S = 30.0
 POLL_S = 0.25
@@ -63,6 +63,7 @@ class LiveView:
         self.seen: dict[tuple[str, str], dict[str, Any]] = {}
         self.printed_at: dict[tuple[str, str], float] = {}
         self.ended: set[tuple[str, str]] = set()
+        self.skipped: set[str] = set()  # the unreadable progress files already named
         self._display: Live | None = None
 
     def _line(self, record: dict[str, Any]) -> str:
@@ -71,9 +72,15 @@ class LiveView:
     def poll(self) -> None:
         """Read the records once and show what changed."""
         now = time.monotonic()
-        for rec in read_all_progress(self.out):
+        skipped: list[str] = []
+        records = read_all_progress(self.out, skipped=skipped)
+        for line in skipped:
+            if line not in self.skipped:
+                self.skipped.add(line)
+                self._print(f"note: {line}")
+        for rec in records:
             key = _key(rec)
-            if float(rec.get("updated_at") or 0.0) < self.since or key in self.ended:
+            if updated_at(rec) < self.since or key in self.ended:
                 continue
             if self.seen.get(key) == rec:
                 continue

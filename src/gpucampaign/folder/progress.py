@@ -16,17 +16,27 @@ target; ``stopped`` by a stop rule, an interruption or an error), ``updated_at``
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
+import stat
 import time
+import unicodedata
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.core.text import printable
 from gpucampaign.folder.layout import CHECK_PROGRESS_FILE, PROGRESS_FILE, RUNS_DIR
 
 WRITE_EVERY_S = 0.5
+#: The most bytes of a progress record read (the loop writes a few hundred): a larger file,
+#: a FIFO, a device or a link planted in its place is skipped, never read.
+MAX_PROGRESS_BYTES = 64 * 1024
+#: The most characters of one field shown on a progress line.
+MAX_FIELD_CHARS = 80
 RECENT_STEPS = 50  # the step times an ETA is measured from: recent, so it follows the machine
 
 
@@ -46,30 +56,95 @@ def write_progress(
     os.replace(tmp, path)
 
 
+class ProgressUnreadable(ValueError):
+    """A progress file that is not a record the loop writes (why is the message)."""
+
+
+def load_progress(path: str | Path) -> dict[str, Any] | None:
+    """The progress record at ``path``, None when there is none.
+
+    It is opened without following a link and without blocking (a FIFO planted in its place
+    never hangs the reader), and read only when it is a regular file of at most
+    ``MAX_PROGRESS_BYTES``.
+
+    Raises:
+        ProgressUnreadable: The file is not such a record (the message says why).
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ProgressUnreadable("is a link (not followed)") from None
+        raise ProgressUnreadable(f"cannot be opened ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ProgressUnreadable("is not a regular file")
+        if info.st_size > MAX_PROGRESS_BYTES:
+            raise ProgressUnreadable(f"is larger than {MAX_PROGRESS_BYTES} bytes")
+        raw = os.read(fd, MAX_PROGRESS_BYTES + 1)
+    except OSError as exc:
+        raise ProgressUnreadable(f"cannot be read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_PROGRESS_BYTES:
+        raise ProgressUnreadable(f"is larger than {MAX_PROGRESS_BYTES} bytes")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None  # being replaced, or torn: the next poll reads it again
+    if not isinstance(data, dict):
+        raise ProgressUnreadable("is not a JSON object")
+    return data
+
+
 def read_progress(run_dir: str | Path, *, name: str = PROGRESS_FILE) -> dict[str, Any] | None:
     """The run folder's progress record, or None when it has none (or it cannot be read)."""
     try:
-        data = json.loads((Path(run_dir) / name).read_text())
-    except (OSError, ValueError):
+        return load_progress(Path(run_dir) / name)
+    except ProgressUnreadable:
         return None
-    return data if isinstance(data, dict) else None
 
 
-def read_all_progress(out: str | Path) -> list[dict[str, Any]]:
-    """Every run's progress record in an output folder, the most recently updated last."""
+def updated_at(record: dict[str, Any]) -> float:
+    """A record's ``updated_at`` as a finite number (0 when it is missing or not one)."""
+    value = record.get("updated_at")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    value = float(value)
+    return value if math.isfinite(value) else 0.0
+
+
+def read_all_progress(out: str | Path, *, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every run's progress record in an output folder, the most recently updated last.
+
+    A progress file that cannot be a record (a FIFO, a device, a link, an oversized file) is
+    left out; ``skipped``, when given, receives one line naming it and why.
+    """
     runs = Path(out) / RUNS_DIR
-    found = [
-        p
-        for d in sorted(runs.glob("*"))
-        for name in (PROGRESS_FILE, CHECK_PROGRESS_FILE)
-        if (p := read_progress(d, name=name)) is not None
-    ]
-    return sorted(found, key=lambda r: float(r.get("updated_at") or 0.0))
+    found = []
+    for d in sorted(runs.glob("*")):
+        for name in (PROGRESS_FILE, CHECK_PROGRESS_FILE):
+            try:
+                record = load_progress(d / name)
+            except ProgressUnreadable as exc:
+                if skipped is not None:
+                    where = printable(f"{RUNS_DIR}/{d.name}/{name}")[:200]
+                    skipped.append(f"{where} {exc}: left out of the live view")
+                continue
+            if record is not None:
+                found.append(record)
+    return sorted(found, key=updated_at)
 
 
 def say_duration(seconds: float | None) -> str:
     """``'42s'``, ``'3m05s'``, ``'2h07m'``, ``'3d04h'``; ``'?'`` when unknown."""
-    if seconds is None or seconds != seconds or seconds < 0:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return "?"
+    if not 0 <= seconds < 1e12:  # NaN, the infinities and integers past a float too
         return "?"
     s = int(round(seconds))
     if s < 60:
@@ -81,30 +156,58 @@ def say_duration(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def _shown(value: Any) -> str:
+    """A record's field as printed: no terminal escape, control or direction-override
+    character (the file is anyone's who can write the folder), at most ``MAX_FIELD_CHARS``."""
+    text = printable(str(value)[: 4 * MAX_FIELD_CHARS])
+    kept = []
+    for c in text:
+        kind = unicodedata.category(c)
+        if kind[0] == "Z":  # separators: a line or paragraph break among them
+            kept.append(" ")
+        elif kind[0] != "C":  # format (direction overrides), unassigned, private, surrogates
+            kept.append(c)
+    return "".join(kept)[:MAX_FIELD_CHARS]
+
+
+def _number(value: Any, spec: str) -> str | None:
+    """``value`` formatted with ``spec`` when it is a finite number, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        return None
+    return format(number, spec) if math.isfinite(number) else None
+
+
 def render_line(
     record: dict[str, Any], *, ends_at: datetime | None = None, now: datetime | None = None
 ) -> str:
     """One phase's line, e.g. ``train control  230/460  loss 0.1234  accuracy 0.9611 (step
-    207)  85.2 steps/s  ETA 3s  lot 2d03h left``; ``ends_at`` is the rental's end."""
-    phase, run = record.get("phase", "train"), record.get("run") or record.get("run_id", "?")
-    step, target = record.get("step", 0), record.get("target_steps", record.get("planned_steps"))
+    207)  85.2 steps/s  ETA 3s  lot 2d03h left``; ``ends_at`` is the rental's end. Every
+    field is shown without control characters, whatever the file holds."""
+    phase = _shown(record.get("phase", "train"))
+    run = _shown(record.get("run") or record.get("run_id", "?"))
+    step = _shown(record.get("step", 0))
+    target = _shown(record.get("target_steps", record.get("planned_steps")))
     parts = [f"{phase} {run}", f"{step}/{target}"]
-    if record.get("phase") == "pilot" and record.get("planned_steps") != target:
-        parts[-1] += f" (of {record.get('planned_steps')})"
-    loss = record.get("loss")
-    parts.append(f"loss {loss:.4f}" if isinstance(loss, int | float) else "loss -")
-    metric, value = record.get("metric"), record.get("metric_value")
+    if record.get("phase") == "pilot" and _shown(record.get("planned_steps")) != target:
+        parts[-1] += f" (of {_shown(record.get('planned_steps'))})"
+    loss = _number(record.get("loss"), ".4f")
+    parts.append(f"loss {loss}" if loss is not None else "loss -")
+    metric, value = record.get("metric"), _number(record.get("metric_value"), ".4f")
     if metric:
-        at = record.get("metric_step")
-        shown = f"{value:.4f} (step {at})" if isinstance(value, int | float) else "- (no eval yet)"
-        parts.append(f"{metric} {shown}")
-    rate = record.get("steps_per_s")
-    parts.append(f"{rate:.1f} steps/s" if isinstance(rate, int | float) else "- steps/s")
+        at = _shown(record.get("metric_step"))
+        shown = f"{value} (step {at})" if value is not None else "- (no eval yet)"
+        parts.append(f"{_shown(metric)} {shown}")
+    rate = _number(record.get("steps_per_s"), ".1f")
+    parts.append(f"{rate} steps/s" if rate is not None else "- steps/s")
     state = record.get("state", "running")
     if state == "running":
         parts.append(f"ETA {say_duration(record.get('eta_s'))}")
     else:
-        parts.append(f"{state} in {say_duration(record.get('elapsed_s'))}")
+        parts.append(f"{_shown(state)} in {say_duration(record.get('elapsed_s'))}")
     if ends_at is not None:
         left = (ends_at - (now or datetime.now(UTC))).total_seconds()
         parts.append(f"lot {say_duration(left)} left" if left >= 0 else "lot ended")

@@ -74,6 +74,7 @@ def preflight(
         f"spec '{spec.name}': {len(spec.calendar)} calendar step(s), {len(runs)} run(s); "
         "every number finite and within its limit"
     ]
+    _gpus_and_storage(spec)
     if spec.catalog is not None:
         lots = load_catalog(spec=spec, base_dir=base).lots
         checked.append(f"catalog '{spec.catalog}': inside the spec's folder, {len(lots)} lot(s)")
@@ -113,6 +114,26 @@ def preflight(
         else f"storage {spec.storage.url}: URL, keys and bucket answered a probe object"
     )
     return Preflight(checked=tuple(checked))
+
+
+def _gpus_and_storage(spec: CampaignSpec) -> None:
+    """A data-parallel run (``gpus`` above 1) keeps its checkpoints in the output folder: its
+    training processes cannot be handed a client of a remote store, which the pilot would
+    otherwise find out after the campaign started."""
+    if spec.control is None or is_local(spec.storage.url):
+        return
+    wide = [(r, spec.run_config(r).gpus) for r in spec.base_names()]
+    wide = [(r, n) for r, n in wide if n > 1]
+    if wide:
+        run, gpus = wide[0]
+        field = "control.gpus" if run == "control" else f"variants.{run}.changes.gpus"
+        raise SpecError(
+            f"fields '{field}' and 'storage.url': run '{run}' trains on gpus: {gpus} "
+            f"(data-parallel), and storage.url is '{spec.storage.url}'; a data-parallel run "
+            "keeps its checkpoints in the output folder. Set storage.url: local, or gpus: 1 "
+            "for that run.",
+            field="gpus",
+        )
 
 
 def _recipe_files(spec: CampaignSpec, *, base: Path) -> list[str]:

@@ -22,8 +22,14 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from gpucampaign.core.gcpause import without_gc_pauses
 from gpucampaign.spec.links import check_links
 from gpucampaign.spec.parts import (
+    MAX_CALENDAR_STEPS,
+    MAX_EXPENSES,
     MAX_HOURS,
+    MAX_INPUTS,
+    MAX_PACKAGES,
     MAX_PEOPLE,
+    MAX_RUNS,
+    MAX_VARIANTS,
     NAME_PATTERN,
     TIERS,
     CheckpointSpec,
@@ -62,7 +68,9 @@ class CampaignSpec(_Frozen):
         pattern=NAME_PATTERN, description="Campaign name, used in IDs and folder names."
     )
     question: str = Field(default="", description="The decision the campaign must reach.")
-    packages: tuple[Package, ...] = Field(min_length=1, description="Committed lots.")
+    packages: tuple[Package, ...] = Field(
+        min_length=1, max_length=MAX_PACKAGES, description="Committed lots."
+    )
     window_hours: float | None = Field(
         default=None,
         gt=0,
@@ -71,7 +79,9 @@ class CampaignSpec(_Frozen):
     )
     people: int = Field(default=1, ge=1, le=MAX_PEOPLE, description="Number of human lanes.")
     calendar: tuple[Step, ...] = Field(
-        min_length=1, description="End-to-end steps, human and machine."
+        min_length=1,
+        max_length=MAX_CALENDAR_STEPS,
+        description="End-to-end steps, human and machine.",
     )
     catalog: str | None = Field(
         default=None, description="Extra catalog YAML, relative to the spec file."
@@ -79,12 +89,13 @@ class CampaignSpec(_Frozen):
     corpus: CorpusSpec | None = Field(default=None, description="The fixed corpus.")
     inputs: dict[str, InputSpec] = Field(
         default_factory=dict,
+        max_length=MAX_INPUTS,
         description="More pinned inputs by name (e.g. a base model), given to recipes as "
         "ctx.inputs[name].",
     )
     control: RunConfig | None = Field(default=None, description="The control run's configuration.")
     variants: tuple[Variant, ...] = Field(
-        default=(), description="Variants, each changing few factors."
+        default=(), max_length=MAX_VARIANTS, description="Variants, each changing few factors."
     )
     decision_rule: DecisionRule | None = Field(
         default=None, description="Metric, direction, threshold."
@@ -100,7 +111,9 @@ class CampaignSpec(_Frozen):
         default_factory=DecisionPointSpec, description="Decision point."
     )
     deliveries: DeliverySpec = Field(default_factory=DeliverySpec, description="Delivery unit.")
-    expenses: tuple[Expense, ...] = Field(default=(), description="Other expenses really incurred.")
+    expenses: tuple[Expense, ...] = Field(
+        default=(), max_length=MAX_EXPENSES, description="Other expenses really incurred."
+    )
     gpu_lock: GpuLockSpec = Field(default_factory=GpuLockSpec, description="GPU lock settings.")
     tracking: TrackingSpec = Field(
         default_factory=TrackingSpec, description="Experiment tracking (MLflow), off by default."
@@ -120,9 +133,16 @@ class CampaignSpec(_Frozen):
             raise ValueError(
                 f"variants: duplicate run name(s) {dup_runs}; give every run a unique name"
             )
-        for run, seeds in [("control", self.control.seeds if self.control else ())] + [
+        runs = [("control", self.control.seeds if self.control else ())] + [
             (v.name, v.seeds) for v in self.variants
-        ]:
+        ]
+        total = sum(max(1, len(seeds)) for _, seeds in runs)
+        if total > MAX_RUNS:
+            raise ValueError(
+                f"seeds: the control, the variants and their replicate seeds make {total} runs, "
+                f"more than the {MAX_RUNS} a campaign may have; give fewer seeds or variants"
+            )
+        for run, seeds in runs:
             if len(set(seeds)) != len(seeds) or any(k < 0 for k in seeds):
                 raise ValueError(
                     f"seeds of '{run}': {list(seeds)} repeats a seed or has a negative one; "
@@ -171,9 +191,11 @@ class CampaignSpec(_Frozen):
     def replicate_of(self, run: str) -> tuple[str, int] | None:
         """``(base run, seed)`` of a replicate run name ``<base>.s<seed>``; None otherwise."""
         base, sep, seed = run.rpartition(".s")
-        if sep and seed.isdigit() and int(seed) in self.seeds_of(base)[1:]:
-            return base, int(seed)
-        return None
+        if not (sep and seed.isascii() and seed.isdigit()):
+            return None
+        # A set, once per base: a lookup per run stays constant-time.
+        seeds = self._memo(("replicas", base), lambda: frozenset(self.seeds_of(base)[1:]))
+        return (base, int(seed)) if int(seed) in seeds else None
 
     def run_names(self) -> list[str]:
         """Control first, then variants in spec order, each followed by its replicates."""

@@ -47,6 +47,16 @@ MAX_HOURS = 87_600.0
 MAX_USD = 1e9
 MAX_WAIT_S = 30 * 86_400
 MAX_LEASE_S = 86_400
+# The limits of every list and mapping a spec can grow: each entry is work for the planner and
+# the flow, so a count no campaign on a rented lot reaches is refused before anything runs.
+MAX_SEEDS = 1000  # replicate seeds of one run
+MAX_VARIANTS = 1000
+MAX_RUNS = 10_000  # the control, the variants and all their replicates together
+MAX_CALENDAR_STEPS = 10_000
+MAX_PACKAGES = 100
+MAX_INPUTS = 100
+MAX_EXPENSES = 1000
+MAX_ARGS = 1000  # keys of a recipe's args or of a variant's changes
 
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
@@ -142,7 +152,11 @@ class Step(_Frozen):
         le=MAX_HOURS,
         description="Allotted duration in hours (a forecast, not a provider promise).",
     )
-    after: tuple[str, ...] = Field(default=(), description="Names of the steps this one waits for.")
+    after: tuple[str, ...] = Field(
+        default=(),
+        max_length=MAX_CALENDAR_STEPS,
+        description="Names of the steps this one waits for.",
+    )
     tier: Tier = Field(default="essential", description="essential | useful | exploratory.")
     run: str | None = Field(
         default=None,
@@ -222,6 +236,7 @@ class RunConfig(_Frozen):
     )
     args: dict[str, Any] = Field(
         default_factory=dict,
+        max_length=MAX_ARGS,
         description="Arguments of the recipe (ctx.args); a variant's 'args' merge into these.",
     )
     device: str = Field(
@@ -289,6 +304,7 @@ class RunConfig(_Frozen):
 
     seeds: tuple[Seed, ...] = Field(
         default=(),
+        max_length=MAX_SEEDS,
         exclude=True,
         description="Replicate seeds of the control: the first is the run itself, each other "
         "runs as its own run ID '<name>.s<seed>'; the verdict uses them all.",
@@ -345,7 +361,7 @@ class Variant(_Frozen):
     name: str = Field(pattern=NAME_PATTERN, description="Unique run name.")
     tier: Tier = Field(default="useful", description="essential | useful | exploratory.")
     changes: dict[str, Any] = Field(
-        description="RunConfig fields this variant changes from the control."
+        max_length=MAX_ARGS, description="RunConfig fields this variant changes from the control."
     )
     combined: bool = Field(
         default=False,
@@ -354,6 +370,7 @@ class Variant(_Frozen):
     hypothesis: str = Field(default="", description="Which result would change the decision.")
     seeds: tuple[Seed, ...] = Field(
         default=(),
+        max_length=MAX_SEEDS,
         description="Replicate seeds: the first is the run itself, each other runs as its own "
         "run ID '<name>.s<seed>'; the verdict uses them all.",
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -26,6 +27,9 @@ from gpucampaign.storage.spool import SpoolingStore, spooled_keys
 
 MIRROR_INDEX = "mirror-index.json"
 _MIRROR_FORMAT = "gpucampaign-mirror/1"
+#: The most files a mirror index may list before a retrieve refuses it unread.
+MAX_MIRROR_FILES = 1_000_000
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict[str, Any]:
@@ -55,8 +59,12 @@ def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict
         and not (root / r).is_symlink()
     ]
     try:
-        previous = json.loads(store.read_bytes(MIRROR_INDEX)).get("files", {})
-    except (NotFound, ValueError, AttributeError):
+        data = store.read_bytes(MIRROR_INDEX)
+    except NotFound:
+        data = b'{"files": {}}'
+    try:
+        previous = mirror_index_files(data, where=store.url)
+    except StorageError:  # not an index this mirror wrote: every file is sent again
         previous = {}
 
     def send(rel: str) -> tuple[str, dict[str, Any], bool]:
@@ -105,12 +113,10 @@ def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict
             f"'{dest}' exists and is not an empty folder: retrieve into a new one.", field="--to"
         )
     try:
-        files = json.loads(store.read_bytes(MIRROR_INDEX))["files"]
+        files = mirror_index_files(store.read_bytes(MIRROR_INDEX), where=store.url)
     except NotFound:
         msg = f"{store.url} holds no mirrored output folder (no {MIRROR_INDEX})"
         raise StorageError(msg) from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise StorageError(f"{store.url}/{MIRROR_INDEX} is not a mirror index ({exc})") from None
     dest.parent.mkdir(parents=True, exist_ok=True)
     work = dest.parent / f"{TMP_PREFIX}{dest.name}-{uuid.uuid4().hex[:8]}"
 
@@ -138,6 +144,39 @@ def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"url": store.url, "dest": str(dest), "files": len(files), "bytes": total}
+
+
+def mirror_index_files(data: bytes, *, where: str) -> dict[str, dict[str, Any]]:
+    """The ``files`` of a mirror index's bytes, each a safe key with an integer size and a
+    sha256, checked before anything is downloaded.
+
+    Raises:
+        StorageError: The bytes are not such an index (the message names what is wrong).
+    """
+
+    def bad(why: str) -> StorageError:
+        return StorageError(
+            f"{where}/{MIRROR_INDEX} is not a mirror index ({why}): the bucket was not written "
+            "by `campaign run`'s mirror, or was altered; nothing was retrieved"
+        )
+
+    try:
+        files = json.loads(data.decode("utf-8"))["files"]
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise bad(str(exc)[:200]) from None
+    if not isinstance(files, dict) or len(files) > MAX_MIRROR_FILES:
+        raise bad(f"'files' is not a mapping of at most {MAX_MIRROR_FILES} files")
+    for rel, info in files.items():
+        check_key(rel)
+        if not (
+            isinstance(info, dict)
+            and type(info.get("bytes")) is int
+            and info["bytes"] >= 0
+            and isinstance(info.get("sha256"), str)
+            and _SHA256.fullmatch(info["sha256"])
+        ):
+            raise bad(f"the entry of '{rel[:200]}' is not {{bytes, sha256}}")
+    return files
 
 
 def mirror_output(

@@ -462,7 +462,16 @@ class RunTracker:
             state = json.loads((self.folder / MLFLOW_STATE_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return {}
-        return state if isinstance(state, dict) and state.get("run_id") == self.run_id else {}
+        if not isinstance(state, dict) or state.get("run_id") != self.run_id:
+            return {}
+        sent = state.get("sent", {})
+        if (
+            not isinstance(sent, dict)
+            or not all(type(v) is int for v in sent.values())
+            or not isinstance(state.get("mlflow_run_id"), str | None)
+        ):
+            return {}  # not a record this tracker wrote: the server's history tells what was sent
+        return state
 
     def _write_state(self, *, ended: bool = False) -> None:
         if self.sealed:
@@ -485,14 +494,16 @@ class RunTracker:
         out: list[Record] = []
         try:
             lines = (self.folder / MLFLOW_OUTBOX_FILE).read_text(encoding="utf-8").splitlines()
-        except OSError:
+        except (OSError, ValueError):
             return out
         for line in lines:
             try:
                 key, value, step, ts = json.loads(line)
-                out.append((str(key), float(value), int(step), int(ts)))
-            except (ValueError, TypeError):
-                continue  # a line cut by a crash
+                record = (str(key), float(value), int(step), int(ts))
+            except (ValueError, TypeError, OverflowError, RecursionError):
+                continue  # a line cut by a crash (or not one this tracker wrote)
+            if isinstance(key, str) and math.isfinite(record[1]):  # as the queue takes them
+                out.append(record)
         return out
 
     def _append_outbox(self, records: Iterable[Record]) -> None:

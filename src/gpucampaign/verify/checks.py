@@ -15,7 +15,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gpucampaign.close.ledger import sealed_prefix_intact
+from gpucampaign.close.ledger import (
+    LedgerError,
+    parse_ledger,
+    read_ledger_bytes,
+    sealed_prefix_intact,
+)
 from gpucampaign.close.predictions import reload_in_fresh_process
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.data.pins import input_sha256
@@ -238,6 +243,11 @@ def check_manifest_files(ctx: VerifyContext) -> list[Problem]:
         elif sha256_file(p) != entry.get("sha256"):
             detail = f"sha256 differs from the manifest's {str(entry.get('sha256'))[:12]}..."
             problems.append(Problem("hash_mismatch", rel, detail))
+    if LEDGER_FILE in present and not (ctx.base / LEDGER_FILE).is_symlink():
+        try:  # its growth after the seal is not hashed: every line must still be an expense
+            parse_ledger(read_ledger_bytes(ctx.base / LEDGER_FILE) or b"", where=LEDGER_FILE)
+        except LedgerError as exc:
+            problems.append(Problem("invalid_ledger", LEDGER_FILE, str(exc)))
     return problems
 
 
@@ -245,7 +255,11 @@ def _ledger_grew(path: Path, *, size: Any, sha256: Any) -> bool:
     """The ledger only had expenses appended after the seal: its sealed bytes are intact."""
     if not isinstance(size, int) or not isinstance(sha256, str) or path.is_symlink():
         return False
-    return sealed_prefix_intact(path.read_bytes(), size=size, sha256=sha256)
+    try:
+        data = read_ledger_bytes(path)
+    except LedgerError:  # a FIFO or a device in its place: named by the ledger's own check
+        return False
+    return data is not None and sealed_prefix_intact(data, size=size, sha256=sha256)
 
 
 def check_plan_hash(ctx: VerifyContext) -> list[Problem]:

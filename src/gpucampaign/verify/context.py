@@ -172,7 +172,7 @@ class VerifyContext:
             if text is not None and suffix == ".json":
                 try:
                     docs = [json.loads(text)]
-                except json.JSONDecodeError as exc:
+                except (json.JSONDecodeError, RecursionError) as exc:
                     error = f"not valid JSON: {exc}"
             elif text is not None and suffix == ".jsonl":
                 for n, line in enumerate(text.splitlines(), start=1):
@@ -180,7 +180,7 @@ class VerifyContext:
                         continue
                     try:
                         docs.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
+                    except (json.JSONDecodeError, RecursionError) as exc:  # nested too deep
                         error = f"line {n} is not valid JSON: {exc}"
                         break
             self._docs[rel] = (docs, error)
