@@ -11,6 +11,10 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,8 @@ import torch.distributed.launcher.api as torch_launcher
 import gpucampaign.engine.launch as launch_mod
 from gpucampaign.engine.launch import RankFailed
 from gpucampaign.spec import SpecError
-from tests.engine.test_distributed import folder, train, write_campaign
+from tests.engine.test_distributed import SLOW_SITE, children_of, folder, train, write_campaign
+from tests.flows.test_campaign import tiny_campaign
 from tests.helpers import digits_file  # noqa: F401  (fixture)
 
 PICKLE_MAGIC = tuple(bytes([0x80, p]) for p in range(2, 6))
@@ -175,3 +180,63 @@ def test_a_ranks_folder_linked_out_is_refused_before_any_rank_starts(
     assert ".ranks" in str(err.value) and "remove the link" in str(err.value)
     assert _snapshot(outside) == before and sorted(os.listdir(outside)) == ["keep.txt"]
     faults.add("links_refused")
+
+
+def _rank_pids(parent: int) -> dict[int, int]:
+    """The ranks (``RANK`` -> pid) among the live children of ``parent``."""
+    ranks = {}
+    for pid in children_of(parent):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"gpucampaign.engine.worker" in cmd:
+            rank = next((e[5:] for e in env if e.startswith(b"RANK=")), None)
+            if rank is not None:
+                ranks[int(rank)] = pid
+    return ranks
+
+
+def test_a_stop_the_ranks_decided_ends_campaign_run_with_exit_3_and_its_message(
+    tmp_path: Path,
+) -> None:
+    """A SIGTERM that reaches one rank only (not `campaign run`): every rank saves and stops,
+    and `campaign run` says so with exit 3, not exit 0 with no verdict and no report."""
+
+    def edit(data: dict[str, Any]) -> None:
+        data["control"].update(gpus=2)
+        data["packages"] = [{"gpu": "b200", "days": 3, "price_usd": 900}]
+        data["pilot"] = {"steps": 30}
+
+    spec = tiny_campaign(tmp_path, edit=edit)
+    out = tmp_path / "out"
+    paths = [str(SLOW_SITE), os.environ.get("PYTHONPATH", "")]
+    env = {
+        **os.environ,
+        "GPUCAMPAIGN_TEST_STEP_SLEEP_S": "0.2",
+        "PYTHONPATH": os.pathsep.join(paths),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpucampaign.cli", "run", str(spec), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            ranks = _rank_pids(proc.pid)
+            if 1 in ranks and any(out.glob("runs/*/.ranks/1/metrics.jsonl")):
+                time.sleep(1.0)  # its first steps: its own signal handlers are in place
+                os.kill(ranks[1], signal.SIGTERM)
+                break
+            time.sleep(0.1)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, stdout + stderr
+    assert "stopped:" in stderr and "interrupted by" in stderr, stderr[-3000:]
+    assert "verdict: none" not in stdout and "report:" not in stdout, stdout
+    assert "Traceback" not in stdout + stderr
