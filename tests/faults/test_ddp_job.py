@@ -102,7 +102,7 @@ def test_the_ranks_job_is_private_json_outside_the_folder_and_gone_after(
     for p in out.rglob("*"):
         if p.is_file():
             assert p.suffix != ".pkl", p
-            assert not p.read_bytes()[:2] in PICKLE_MAGIC, f"{p} is a pickle"
+            assert p.read_bytes()[:2] not in PICKLE_MAGIC, f"{p} is a pickle"
     assert not (folder(spec, tmp_path) / ".ddp").exists()
 
 
@@ -119,10 +119,13 @@ def test_a_replaced_job_file_is_refused_and_never_runs(
         Path(args[2]).write_bytes(pickle.dumps(_Marker(marker)))
 
     _wrap_launcher(monkeypatch, replace)
-    with pytest.raises(RankFailed, match="replaced after the launch"):
+    with pytest.raises(RankFailed) as failed:
         train(spec, tmp_path, stop_after_steps=4)
+    if marker.exists():
+        faults.add("code_ran")
     assert not marker.exists(), "the replaced job file ran as code in a rank"
     faults.add("code_runs_refused")
+    assert "was replaced after the launch: the ranks refused it" in str(failed.value)
     assert not list((tmp_path / "out").rglob("LATEST"))  # nothing trained
 
 
@@ -138,6 +141,8 @@ def test_a_pickle_planted_where_the_job_was_is_never_read(
     (planted / "job.pkl").write_bytes(pickle.dumps(_Marker(marker)))
     res = train(spec, tmp_path, stop_after_steps=4)
     assert res.steps_done == 4
+    if marker.exists():
+        faults.add("code_ran")
     assert not marker.exists(), "the planted pickle ran as code"
     faults.add("code_runs_refused")
 
