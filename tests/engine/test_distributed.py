@@ -249,7 +249,7 @@ def test_stopped_and_resumed_in_fresh_processes_is_bit_identical(
     assert res.completed and res.resumed_from_step == 7
     assert_same(outcome_of(spec, tmp_path), reference)
     assert not list((folder(spec, tmp_path) / ".ranks").glob("*/model"))  # rank 0 writes
-    assert not (folder(spec, tmp_path) / ".ddp").exists()  # the job (with the corpus) is gone
+    assert not (folder(spec, tmp_path) / ".ddp").exists()  # nothing of the launch in the folder
 
 
 @pytest.mark.process

@@ -453,6 +453,16 @@ def _end_of_run(state: Any, *, target: Path, question: str | None) -> None:
         )
         raise typer.Exit(exit_code(reason))
     assert state is not None  # the flow returned: had it raised, the block above re-raised
+    if state.is_cancelled():
+        # Interrupted with no stop asked here (a rank of a data-parallel run stopped on its
+        # own): nothing closed, so there is no verdict or report to show.
+        from rich.markup import escape
+
+        err_console.print(
+            f"[bold red]stopped:[/] {escape(state.message or 'the campaign was cancelled')}",
+            soft_wrap=True,
+        )
+        raise typer.Exit(EXIT_STOPPED)
     summary = state.result(raise_on_failure=False)
     if isinstance(summary, BaseException):
         raise summary

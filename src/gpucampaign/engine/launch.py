@@ -4,7 +4,7 @@
 ``train_run`` hands such a run to ``launch``, which starts PyTorch's own launcher (the
 elastic agent behind ``torchrun``: ``elastic_launch`` with a ``LaunchConfig`` of N processes
 on this node, a standalone c10d rendezvous on a free port, ``max_restarts=0``). Each process
-runs ``python -m gpucampaign.engine.worker JOB`` (``worker.py``): it reads its rank, world
+runs ``python -m gpucampaign.engine.worker JOB SHA256`` (``worker.py``): it reads its rank, world
 size and rendezvous from the environment the agent sets (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so another launcher (``torchrun`` on other
 nodes, another engine) starts the same worker unchanged. It joins the process group (``nccl``
@@ -35,10 +35,16 @@ the same loop. What differs is behind the loop's few hooks (``process_group.py``
   the save barrier: every rank has reached the step before LATEST moves. The meta records
   ``world_size``: a resume with another number of processes is refused (``process_group.py``).
 - **Records.** Rank 0 writes the run folder (metrics, params, progress, model, result); rank k
-  writes its own into ``.ranks/<k>/`` (its metrics show the same losses). Rank 0 writes its
-  outcome (``.ddp/outcome.json``, names in ``folder.layout``: the result, a stop rule, an
+  writes its own into ``.ranks/<k>/`` (its metrics show the same losses; a link there is
+  refused, never followed). Rank 0 writes its outcome (the result, a stop rule, an
   interruption or an error), all ranks meet at a barrier, and ``launch`` turns the outcome
   back into what ``train_run`` returns or raises.
+- **The job.** ``JOB`` is JSON (``jobfile.py``), never pickle: the spec, the run's name and ID,
+  where the pinned corpus and inputs are with their sha256 (each rank loads and checks them
+  itself: the corpus is not copied), the local store, the run folder. It lives in a private
+  temporary folder outside the output folder (``tempfile.mkdtemp``, 0700; files 0600) with
+  the outcome and the stop file, removed after the run, whatever its end; a rank refuses a
+  job file whose sha256 is not the ``SHA256`` on its command line.
 
 Faults: a SIGINT or SIGTERM to the launching process reaches the agent, which sends it to every
 rank (they run in sessions of their own, so a terminal's Ctrl-C reaches them only this way);
@@ -53,11 +59,11 @@ more nodes, not another worker. Not supported: a resume with another number of p
 
 from __future__ import annotations
 
-import contextlib
 import json
-import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable
@@ -65,18 +71,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from gpucampaign.core.files import atomic_write_bytes
+from gpucampaign.core.files import sha256_bytes
 from gpucampaign.core.interrupt import DEFAULT_GRACE_S, Interrupted, request_stop, stop_requested
 from gpucampaign.core.stoprules import STOP_RULES
+from gpucampaign.engine.jobfile import job_bytes, write_private
+from gpucampaign.engine.process_group import refuse_links
 from gpucampaign.engine.setup import RunJob
 from gpucampaign.folder.layout import (
-    LAUNCH_DIR,
+    LAUNCH_DIR_PREFIX,
     LAUNCH_JOB_FILE,
     LAUNCH_OUTCOME_FILE,
     LAUNCH_STOP_FILE,
     METRICS_FILE,
     PARAMS_FILE,
+    RANKS_DIR,
 )
 from gpucampaign.folder.progress import read_progress
 from gpucampaign.folder.runresult import RunResult
@@ -99,25 +111,41 @@ def launch(
     """Train ``job.run`` on its ``size.processes`` processes of this machine; rank 0's result.
 
     ``progress`` and ``on_save`` are ``train_run``'s: called here, from rank 0's live progress
-    file and its ``checkpoint`` rows, while the ranks train.
+    file and its ``checkpoint`` rows, while the ranks train. The job goes to the ranks as JSON
+    in a private temporary folder (``jobfile.py``), removed when they are done, whatever
+    their end; nothing of the launch is written in the output folder.
 
     Raises:
         StopRule: The one rank 0 raised (every rank agreed on it).
         Interrupted: A stop was requested (here or in a rank): every rank saved the step.
-        RankFailed: A rank died or failed; the others were ended.
-        SpecError: A rank refused its arguments (a resume with another ``gpus``, say).
+        RankFailed: A rank died or failed, or refused its job file; the others were ended.
+        SpecError: A rank refused its arguments (a resume with another ``gpus``, say), or the
+            run folder or one of its ranks' folders is a link.
     """
-    # the elastic agent only for a run of several processes
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
-
     run = job.run
     _check_devices(run)
-    work = job.out_dir / LAUNCH_DIR
-    work.mkdir(parents=True, exist_ok=True)
-    _clear(work, LAUNCH_OUTCOME_FILE, LAUNCH_STOP_FILE)
-    atomic_write_bytes(work / LAUNCH_JOB_FILE, _job_bytes(job))
+    refuse_links(job.out_dir, job.out_dir / RANKS_DIR)
+    for k in range(1, run.size.processes):
+        refuse_links(job.out_dir / RANKS_DIR / str(k))
+    work = Path(tempfile.mkdtemp(prefix=LAUNCH_DIR_PREFIX))  # 0700, outside the output folder
+    try:
+        return _launch_in(job, work=work, progress=progress, on_save=on_save)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _launch_in(
+    job: RunJob,
+    *,
+    work: Path,
+    progress: Callable[[dict[str, Any]], None] | None,
+    on_save: Callable[[dict[str, Any]], None] | None,
+) -> RunResult:
+    """``launch`` with its private folder ``work``: the job, rank 0's outcome, the stop file."""
+    run = job.run
+    job_file, outcome_file = work / LAUNCH_JOB_FILE, work / LAUNCH_OUTCOME_FILE
+    data = job_bytes(job, outcome_file=outcome_file, stop_file=work / LAUNCH_STOP_FILE)
+    write_private(job_file, data)
     # The agent installs handlers that raise SignalException and forward the signal to the
     # ranks; the caller's (``graceful_signals``) come back afterwards.
     previous = _handlers()
@@ -132,9 +160,7 @@ def launch(
     failure: str | None = None
     signalled: str | None = None
     try:
-        elastic_launch(_launch_config(run), sys.executable)(
-            "-m", "gpucampaign.engine.worker", str(work / LAUNCH_JOB_FILE)
-        )
+        start_ranks(_launch_config(run), job_file, sha256=sha256_bytes(data))
     except SignalException as exc:
         signalled = exc.sigval.name
         request_stop(signalled)  # the campaign stops too, as it would on this signal
@@ -143,14 +169,12 @@ def launch(
     finally:
         relay.stop()
         _restore_handlers(previous)
-        _clear(work, LAUNCH_JOB_FILE)  # it holds the corpus: never sealed
-    outcome = _read_outcome(work / LAUNCH_OUTCOME_FILE)
-    _clear(work, LAUNCH_OUTCOME_FILE, LAUNCH_STOP_FILE)
-    with contextlib.suppress(OSError):
-        work.rmdir()
+    outcome = _read_outcome(outcome_file)
     if outcome is None:
         if signalled is not None:
             raise Interrupted(signalled, detail=f"{run.run_id}: the ranks ended before saving")
+        if _replaced(job_file, data):
+            failure = f"its job file {job_file} was replaced after the launch: the ranks refused it"
         raise RankFailed(
             f"run {run.run_id}: a process of the {run.size.processes}-process run failed and "
             f"the others were ended; it resumes from its last checkpoint at the next start.\n"
@@ -159,28 +183,22 @@ def launch(
     return _outcome_result(outcome, run=run, failure=failure)
 
 
-def _job_bytes(job: RunJob) -> bytes:
-    """The pickled job every rank reads.
+def start_ranks(config: LaunchConfig, job_file: Path, *, sha256: str) -> None:
+    """Run the ranks through torch's elastic agent until they all end; each is handed the job
+    file and its sha256 on its command line."""
+    elastic_launch(config, sys.executable)("-m", "gpucampaign.engine.worker", str(job_file), sha256)
 
-    Raises:
-        SpecError: The corpus or the store cannot be pickled (an S3 client, say).
-    """
+
+def _replaced(job_file: Path, data: bytes) -> bool:
     try:
-        return pickle.dumps(job)
-    except Exception as exc:
-        raise SpecError(
-            f"field 'gpus': run {job.run.run_id} has gpus: {job.run.config.gpus}, and its corpus "
-            f"or checkpoint store cannot be handed to the training processes ({exc}); use a "
-            "local store, or gpus: 1.",
-            field="gpus",
-        ) from None
+        return job_file.read_bytes() != data
+    except OSError:
+        return True
 
 
-def _launch_config(run: ResolvedRun) -> Any:
+def _launch_config(run: ResolvedRun) -> LaunchConfig:
     """The agent's ``LaunchConfig``: the run's processes on this node, a standalone rendezvous
     on a free port (``torchrun --standalone``), no restart."""
-    from torch.distributed.launcher.api import LaunchConfig
-
     size = run.size
     assert size.nodes == 1, "this launcher starts the ranks of one machine"
     return LaunchConfig(
@@ -195,11 +213,6 @@ def _launch_config(run: ResolvedRun) -> Any:
         start_method="spawn",
         shutdown_timeout=int(DEFAULT_GRACE_S) + 10,
     )
-
-
-def _clear(work: Path, *names: str) -> None:
-    for name in names:
-        (work / name).unlink(missing_ok=True)
 
 
 def _check_devices(run: ResolvedRun) -> None:
@@ -229,7 +242,10 @@ def _outcome_result(outcome: dict[str, Any], *, run: ResolvedRun, failure: str |
         return RunResult.from_dict(outcome["result"])
     if kind == "stop":
         rule = STOP_RULES[outcome["rule"]]
-        raise rule(run.run_id, outcome["reason"], step=outcome["step"], stop_id=outcome["stop_id"])
+        more = {"numbers": outcome["numbers"]} if "numbers" in outcome else {}  # a futile stop's
+        raise rule(
+            run.run_id, outcome["reason"], step=outcome["step"], stop_id=outcome["stop_id"], **more
+        )
     if kind == "interrupted":
         raise Interrupted(outcome["reason"], step=outcome["step"])
     if kind == "spec_error":
@@ -304,7 +320,7 @@ class _Relay:
         reason = stop_requested()
         if reason is not None and not self._stop_sent:
             self._stop_sent = True
-            atomic_write_bytes(self.stop_file, reason.encode())
+            write_private(self.stop_file, reason.encode())
         try:
             self._relay_saves()
             self._relay_progress()

@@ -1,16 +1,17 @@
-"""One rank's process of a data-parallel run: ``python -m gpucampaign.engine.worker JOB``.
+"""One rank's process of a data-parallel run:
+``python -m gpucampaign.engine.worker JOB SHA256``.
 
 It reads where it stands from the environment as ``torchrun`` (its elastic agent) sets it:
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (which of this node's GPUs it takes), and the
 rendezvous ``MASTER_ADDR`` / ``MASTER_PORT`` that ``init_process_group`` reads. So any launcher
 that sets them (``launch.launch`` on this machine, ``torchrun`` on other nodes, another engine)
-starts it unchanged. ``JOB`` is the pickled ``setup.RunJob``. See ``launch.py`` for the design.
+starts it unchanged. ``JOB`` is the launcher's JSON job (``jobfile.py``: no code, no copy of the
+corpus), read only when its bytes have the sha256 ``SHA256``. See ``launch.py`` for the design.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 import threading
 import time
@@ -24,14 +25,14 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from gpucampaign.core.files import atomic_write_bytes, json_bytes
+from gpucampaign.core.files import json_bytes
 from gpucampaign.core.interrupt import Interrupted, graceful_signals
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.engine.devices import pick_device
+from gpucampaign.engine.jobfile import HandedJob, JobRefused, build_job, open_job, write_private
 from gpucampaign.engine.loop import train_run
 from gpucampaign.engine.process_group import DataParallelGroup, rank_dir
 from gpucampaign.engine.setup import RunJob
-from gpucampaign.folder.layout import LAUNCH_DIR, LAUNCH_OUTCOME_FILE, LAUNCH_STOP_FILE
 from gpucampaign.spec import SpecError
 
 #: Seconds a collective may wait for the other ranks before it fails (a dead or stuck rank);
@@ -66,35 +67,47 @@ class RankEnv:
         )
 
 
-def run_rank(job_path: Path) -> int:
+def run_rank(job_path: Path, *, sha256: str) -> int:
     """One rank: join the group, train the run's rank, write rank 0's outcome; the exit code.
 
-    Every outcome every rank agrees on (a result, a stop rule, an interruption, a refusal)
-    ends at a barrier; an unexpected error exits at once with 1, and the agent ends the
-    others.
+    The job is read only when its bytes have the ``sha256`` the launcher handed over: a
+    replaced file is refused (exit 2) before anything of it is used. Every outcome every rank
+    agrees on (a result, a stop rule, an interruption, a refusal) ends at a barrier; an
+    unexpected error exits at once with 1, and the agent ends the others.
     """
-    job: RunJob = pickle.loads(job_path.read_bytes())
-    env, run = RankEnv.from_environ(), job.run
+    try:
+        data = open_job(job_path, sha256=sha256)
+    except JobRefused as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
+    env = RankEnv.from_environ()
+    try:
+        handed = build_job(data)
+    except (StopRule, SpecError) as exc:  # the same on every rank: none joins the group
+        if env.rank == 0:
+            write_private(Path(data["outcome_file"]), json_bytes(_outcome_of(exc)))
+        return 0
+    job, run = handed.job, handed.job.run
     if env.world_size != run.size.processes:
         raise SystemExit(
             f"{run.run_id}: launched with {env.world_size} processes, the run has "
             f"{run.size.processes}"
         )
-    group = _join(job, env)
+    group = _join(handed, env)
     _end_with_the_launcher()
-    outcome_file = job.out_dir / LAUNCH_DIR / LAUNCH_OUTCOME_FILE
     with graceful_signals():
-        outcome = _train_rank(job, group, outcome_file=outcome_file)
+        outcome = _train_rank(job, group, outcome_file=handed.outcome_file)
         if env.rank == 0:
-            atomic_write_bytes(outcome_file, json_bytes(outcome))
+            write_private(handed.outcome_file, json_bytes(outcome))
         group.barrier()  # every rank is done before any exits
     tdist.destroy_process_group()
     return 0
 
 
-def _join(job: RunJob, env: RankEnv) -> DataParallelGroup:
+def _join(handed: HandedJob, env: RankEnv) -> DataParallelGroup:
     """Join the process group (``nccl`` on CUDA, ``gloo`` on CPU, with a timeout) on this
     rank's device: the lane's GPU plus its local rank."""
+    job = handed.job
     device = pick_device(job.run.config.device, lane=job.lane + env.local_rank)
     timeout = timedelta(seconds=_timeout_s())
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -108,7 +121,7 @@ def _join(job: RunJob, env: RankEnv) -> DataParallelGroup:
         local_rank=env.local_rank,
         device=device,
         control=control,
-        stop_file=job.out_dir / LAUNCH_DIR / LAUNCH_STOP_FILE,
+        stop_file=handed.stop_file,
     )
 
 
@@ -127,19 +140,24 @@ def _train_rank(job: RunJob, group: DataParallelGroup, *, outcome_file: Path) ->
             dist=group,
         )
         return {"kind": "result", "result": res.to_dict()}
-    except StopRule as exc:
-        return {"kind": "stop", **exc.to_record()}
-    except Interrupted as exc:
-        return {"kind": "interrupted", "reason": exc.reason, "step": exc.step}
-    except SpecError as exc:
-        return {"kind": "spec_error", "message": str(exc), "field": exc.field}
+    except (StopRule, Interrupted, SpecError) as exc:
+        return _outcome_of(exc)
     except Exception as exc:
         traceback.print_exc()
         if group.rank == 0:
             error = {"kind": "error", "error": f"{type(exc).__name__}: {exc}"}
-            atomic_write_bytes(outcome_file, json_bytes(error))
+            write_private(outcome_file, json_bytes(error))
         sys.stderr.flush()
         os._exit(1)  # the others may wait in a collective: the agent ends them
+
+
+def _outcome_of(exc: StopRule | Interrupted | SpecError) -> dict[str, Any]:
+    """Rank 0's outcome for an end every rank agrees on (``launch`` raises it again)."""
+    if isinstance(exc, StopRule):
+        return {"kind": "stop", **exc.to_record()}
+    if isinstance(exc, Interrupted):
+        return {"kind": "interrupted", "reason": exc.reason, "step": exc.step}
+    return {"kind": "spec_error", "message": str(exc), "field": exc.field}
 
 
 def _end_with_the_launcher(every_s: float = 1.0) -> None:
@@ -159,4 +177,4 @@ def _end_with_the_launcher(every_s: float = 1.0) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_rank(Path(sys.argv[1])))
+    sys.exit(run_rank(Path(sys.argv[1]), sha256=sys.argv[2]))

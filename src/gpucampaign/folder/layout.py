@@ -343,11 +343,13 @@ def corpus_file(root: str | Path, corpus_ref: Mapping[str, Any]) -> Path:
     return Path(corpus_ref["location"])
 
 
-# --- a data-parallel run's launch (engine/launch.py, engine/worker.py) ---------------------------
-#: The launcher's working folder inside the run folder (removed after the run, never sealed).
-LAUNCH_DIR = ".ddp"
-#: The job every rank reads (pickled: it holds the corpus and the store).
-LAUNCH_JOB_FILE = "job.pkl"
+# --- a data-parallel run's launch (engine/launch.py, engine/jobfile.py, engine/worker.py) -----
+# Never in the output folder: in the launcher's private temporary folder (``tempfile.mkdtemp``,
+# mode 0700, files 0600), removed after the run, whatever its end.
+#: The prefix of that temporary folder's name.
+LAUNCH_DIR_PREFIX = "gpucampaign-ddp-"
+#: The job every rank reads: JSON (no code, no corpus), checked by the sha256 on its command line.
+LAUNCH_JOB_FILE = "job.json"
 #: Rank 0's outcome: the result, a stop rule, an interruption or an error.
 LAUNCH_OUTCOME_FILE = "outcome.json"
 #: Written by the launching process when a stop is requested there: rank 0 reads it at each
