@@ -542,9 +542,11 @@ def test_a_tampered_folder_is_verified_without_running_its_code(
     assert "no recipe copy was imported" in " ".join(got.output.split())
     assert not marker.exists()
     faults.add("tampered_verified_without_code")
-    # The payload is real: the folder as sealed does run it when its models reload.
+    # The payload is real: the folder as sealed runs it when the user trusts its code.
     weights.write_bytes(original)
     verify_output(out)
+    assert not marker.exists()  # not by default: its manifest is not anchored
+    verify_output(out, trust_folder_code=True)
     assert marker.read_text() == "imported"
     faults.add("faults_survived")
 

@@ -3,6 +3,7 @@
 from gpucampaign.modelfolder.saveload import (
     CONFIG_FILE,
     MODEL_FORMAT,
+    RecipeCodeNotTrusted,
     library_versions,
     load_model_dir,
     load_run_model,
@@ -14,6 +15,7 @@ from gpucampaign.modelfolder.saveload import (
 __all__ = [
     "CONFIG_FILE",
     "MODEL_FORMAT",
+    "RecipeCodeNotTrusted",
     "library_versions",
     "load_model_dir",
     "load_run_model",
