@@ -4,8 +4,11 @@
 Each completed run writes ``predictions.csv`` from its SAVED model on CPU; a reload in a fresh
 process must reproduce that file exactly. This module is also that fresh process::
 
-    python -m gpucampaign.predictions reload-check OUT [RUN_ID ...] [--json]
-    python -m gpucampaign.predictions predict OUT RUN_ID [--to FILE.csv]
+    python -m gpucampaign.predictions reload-check OUT [RUN_ID ...] [--json] [--trust-folder-code]
+    python -m gpucampaign.predictions predict OUT RUN_ID [--to FILE.csv] [--trust-folder-code]
+
+A user's recipe is imported from the copy kept in the folder only with ``--trust-folder-code``
+(``verify`` passes it for an anchored manifest); nothing of the folder is on ``sys.path``.
 """
 
 from __future__ import annotations
