@@ -127,7 +127,7 @@ def budget_with_ledger(root: str | Path, budget: dict[str, Any]) -> dict[str, An
     from gpucampaign.close.budget import with_expenses
     from gpucampaign.spec import load_spec
 
-    spec = load_spec(OutputFolder(root).path(SPEC_COPY))
+    spec = load_spec(OutputFolder(root).path(SPEC_COPY), recipe_folder=False)
     return with_expenses(budget, [*spec.expenses, *(e.as_expense() for e in read_ledger(root))])
 
 
