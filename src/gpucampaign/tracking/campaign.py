@@ -121,7 +121,9 @@ def tag_manifest(
         client = client if client is not None else runs.make_client(uri)
         exp = ensure_experiment(client, experiment_name(spec))
         parent = ensure_parent(client, exp, campaign_id)
-        client.set_tag(parent, f"{TAG}manifest_sha256", sha256)
+        from mlflow.entities import RunTag
+
+        client.log_batch(parent, tags=[RunTag(f"{TAG}manifest_sha256", sha256)])
     except SpecError:
         raise
     except Exception as exc:  # noqa: BLE001 - the close goes on without the tracking server
