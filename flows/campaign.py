@@ -190,6 +190,7 @@ def _campaign(
         "decision": decision.model_dump(mode="json") if decision else None,
         "verified": verified["verified"],
         "problems": verified["problems"],
+        "manifest_sha256": verified.get("manifest_sha256"),
         "mirrored": mirrored,
         "essential_stop": essential_stop.to_record() if essential_stop else None,
     }

@@ -11,9 +11,12 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from gpucampaign.close.closing import close_runs, seal_folder, track_closed, write_closing_documents
 from gpucampaign.close.report import render_report_md
+from gpucampaign.core.files import sha256_file
 from gpucampaign.core.storageurl import is_local
+from gpucampaign.folder.layout import MANIFEST
 from gpucampaign.spec import CampaignSpec
 from gpucampaign.storage.mirror import mirror_output
+from gpucampaign.tracking import tag_manifest
 from gpucampaign.verify.checks import verify_output
 from orchestration.phases import (
     PHASE_OPTIONS,
@@ -69,8 +72,29 @@ def seal(spec: CampaignSpec, *, out: str, closed: dict[str, Any]) -> dict[str, A
     """Write the manifest (nothing is written into the folder after it), then verify the folder."""
     folder = out_folder(out)
     seal_folder(spec, root=folder.root, summary=closed)
-    report = verify_output(folder.root, reload=True)
+    # The close wrote the folder and knows the sha256 of its manifest: the anchor of this
+    # verification, printed and kept outside the folder (artifact, MLflow tag, S3 metadata).
+    anchor = sha256_file(folder.path(MANIFEST))
+    report = verify_output(folder.root, reload=True, expect=anchor)
     logger = get_run_logger()
+    logger.info(
+        "manifest.json sha256: %s (keep it outside the folder; check the folder anywhere with "
+        "`campaign verify OUT --expect %s`)",
+        anchor,
+        anchor,
+    )
+    campaign_id = str(closed.get("campaign_id", ""))
+    create_markdown_artifact(
+        markdown=(
+            f"Output folder: `{folder.root}`\n\nmanifest.json sha256: `{anchor}`\n\n"
+            f"Check a copy of the folder anywhere with `campaign verify OUT --expect {anchor}`."
+        ),
+        key=artifact_key("manifest", spec.name, campaign_id),
+        description=f"The manifest's sha256 of {folder.root}, kept outside the folder",
+    )
+    tagged = tag_manifest(spec, campaign_id=campaign_id, sha256=anchor)
+    if tagged is not None:
+        (logger.warning if "not tagged" in tagged else logger.info)(tagged)
     if report.verified:
         logger.info(
             "output folder verified: %s files, models reloaded in a fresh process: %s",
@@ -82,7 +106,7 @@ def seal(spec: CampaignSpec, *, out: str, closed: dict[str, Any]) -> dict[str, A
             "output folder NOT verified: %s",
             "; ".join(f"{p.code} {p.path}" for p in report.problems),
         )
-    return report.to_dict()
+    return {**report.to_dict(), "manifest_sha256": anchor}
 
 
 @task(name="mirror", task_run_name="mirror", **TASK_OPTIONS)

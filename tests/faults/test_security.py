@@ -250,6 +250,28 @@ def test_no_secret_reaches_the_output_folder_or_the_log(campaign_out, faults):
 
 @pytest.mark.slow
 @pytest.mark.process
+def test_the_close_prints_the_manifests_sha256_that_verify_expects(campaign_out, tmp_path):
+    """`campaign run` ends with the sha256 of the manifest it sealed; `verify --expect` with it
+    passes, and on a copy whose manifest was rewritten it fails naming both."""
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+
+    out, _, log = campaign_out
+    sha = hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
+    assert f"manifest.json sha256: {sha}" in " ".join(log.split())
+    got = CliRunner().invoke(app, ["verify", str(out), "--expect", sha])
+    assert got.exit_code == 0 and "as expected (--expect)" in got.output, got.output
+    copy = Path(shutil.copytree(out, tmp_path / "out", symlinks=True))
+    (copy / "report.md").write_text("# rewritten\n")
+    reseal(copy)
+    got = CliRunner().invoke(app, ["verify", str(copy), "--expect", sha])
+    text = " ".join(got.output.split())
+    assert got.exit_code == 4 and "manifest_not_anchored" in text and sha in text, text
+
+
+@pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["file", "folder"])
 def test_verify_names_a_planted_link_and_does_not_follow_it(campaign_out, tmp_path, faults, kind):
     from typer.testing import CliRunner
@@ -542,9 +564,11 @@ def test_a_tampered_folder_is_verified_without_running_its_code(
     assert "no recipe copy was imported" in " ".join(got.output.split())
     assert not marker.exists()
     faults.add("tampered_verified_without_code")
-    # The payload is real: the folder as sealed does run it when its models reload.
+    # The payload is real: the folder as sealed runs it when the user trusts its code.
     weights.write_bytes(original)
     verify_output(out)
+    assert not marker.exists()  # not by default: its manifest is not anchored
+    verify_output(out, trust_folder_code=True)
     assert marker.read_text() == "imported"
     faults.add("faults_survived")
 

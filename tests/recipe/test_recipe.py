@@ -19,7 +19,7 @@ from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.data.pins import input_sha256
 from gpucampaign.engine.loop import train_run
-from gpucampaign.modelfolder import load_model_dir
+from gpucampaign.modelfolder import RecipeCodeNotTrusted, load_model_dir
 from gpucampaign.recipe.contract import RecipeError, load_recipe
 from gpucampaign.spec import CampaignSpec, SpecError, parse_spec
 from gpucampaign.storage import LocalStore
@@ -176,15 +176,18 @@ def test_a_recipe_model_folder_reloads_on_its_own_and_reproduces_its_predictions
     weights = torch.nn.Sequential(*load_model_dir(out / "runs" / res.run_id / "model"))
     (tmp_path / f"{module}.py").unlink()  # the user's file is gone: the folder's copy serves
     sys.modules.pop(module, None)
-    again = load_model_dir(out / "runs" / res.run_id / "model")
+    with pytest.raises(RecipeCodeNotTrusted, match="--trust-folder-code"):
+        load_model_dir(out / "runs" / res.run_id / "model")  # only when trusted
+    assert module not in sys.modules
+    again = load_model_dir(out / "runs" / res.run_id / "model", trust_folder_code=True)
     assert all(
         torch.equal(a, b)
         for a, b in zip(weights.state_dict().values(), again.state_dict().values(), strict=True)
     )
-    check = recipe_reload_check(out, res.run_id, corpus=corpus)
+    check = recipe_reload_check(out, res.run_id, corpus=corpus, trust_folder_code=True)
     assert check["ok"] and check["rows"] == 3 and check["mismatches"] == 0
     (out / "runs" / res.run_id / "predictions.csv").write_text("batch,rows,mse\n0,8,0.5\n")
-    assert not recipe_reload_check(out, res.run_id, corpus=corpus)["ok"]
+    assert not recipe_reload_check(out, res.run_id, corpus=corpus, trust_folder_code=True)["ok"]
 
 
 def test_a_variant_changes_args_and_the_recipe_file_is_in_the_run_id(tmp_path: Path) -> None:

@@ -494,6 +494,12 @@ def _print_run_summary(
         )
     console.print(f"[bold]verdict:[/] {esc(verdict.get('text', 'none'))}", soft_wrap=True)
     say(f"output folder: {esc(target)}  (report: {esc(target / REPORT_MD)})")
+    if summary.get("manifest_sha256"):
+        say(
+            f"manifest.json sha256: {summary['manifest_sha256']} (keep it outside the folder; "
+            f"check the folder anywhere with `campaign verify OUT --expect "
+            f"{summary['manifest_sha256']}`)"
+        )
     mirrored = summary.get("mirrored") or {}
     if mirrored.get("error"):
         err_console.print(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,33 @@ def verify_cmd(
     no_reload: bool = typer.Option(
         False, "--no-reload", help="Skip reloading the models (then the folder is NOT verified)."
     ),
+    expect: str | None = typer.Option(
+        None,
+        "--expect",
+        metavar="SHA256",
+        help="The manifest's sha256 printed at the close and kept outside the folder: another "
+        "one fails (exit 4); the same one anchors the folder, so its copies of recipe code may "
+        "run to reload its models.",
+    ),
+    trust_folder_code: bool = typer.Option(
+        False,
+        "--trust-folder-code",
+        help="Import the recipe code kept in the folder without --expect (a folder you trust).",
+    ),
+    recipes: list[Path] = typer.Option(  # noqa: B008
+        [],
+        "--recipes",
+        metavar="DIR",
+        help="A folder of your recipe files (the spec's folder): they reload the models when "
+        "they have the recorded sha256.",
+    ),
 ) -> None:
-    """Check an output folder against its manifest, reload every model: exit 0 verified, 4 not."""
+    """Check an output folder against its manifest, reload every model: exit 0 verified, 4 not.
+
+    No code of the folder runs unless its manifest is anchored (--expect) or you trust it
+    (--trust-folder-code); a model whose recipe is found nowhere else is not reloaded, and
+    the output says so.
+    """
     from gpucampaign.verify.checks import verify_output
 
     if not out.is_dir():
@@ -52,7 +78,21 @@ def verify_cmd(
             "plan.json): give the folder that `campaign run --out` wrote.",
             field="OUT",
         )
-    report = verify_output(out, reload=not no_reload)
+    if expect is not None and not _SHA256.fullmatch(expect.strip().lower()):
+        raise SpecError(
+            "--expect takes the manifest's sha256 printed at the close: 64 hexadecimal characters.",
+            field="--expect",
+        )
+    for folder in recipes:
+        if not folder.is_dir():
+            raise SpecError(f"--recipes '{folder}' is not a folder.", field="--recipes")
+    report = verify_output(
+        out,
+        reload=not no_reload,
+        expect=expect,
+        trust_folder_code=trust_folder_code,
+        recipe_dirs=recipes,
+    )
     verified = report.verified and not no_reload
     if as_json:
         print_json({**report.to_dict(), "verified": verified, "reload_skipped": no_reload})
@@ -62,6 +102,9 @@ def verify_cmd(
         raise typer.Exit(EXIT_NOT_FIT)
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
 def _print_verify(report: Any, *, out: Path, verified: bool, no_reload: bool) -> None:
     for p in report.problems:
         say(f"[red]{p.code}[/] {esc(p.path)}: {esc(p.detail)}")
@@ -69,6 +112,13 @@ def _print_verify(report: Any, *, out: Path, verified: bool, no_reload: bool) ->
         say(f"[yellow]skipped:[/] {esc(reason)}")
     if no_reload:
         console.print("[yellow]models were not reloaded (--no-reload): not a verified output[/]")
+    if report.anchored:
+        say(f"manifest.json sha256 {report.manifest_sha256}: as expected (--expect)")
+    elif report.anchored is None and report.manifest_sha256:
+        say(
+            f"manifest.json sha256 {report.manifest_sha256}: compare it with the one printed "
+            "at the close, or give it as --expect"
+        )
     state = (
         "[green]verified[/]"
         if verified

@@ -221,7 +221,7 @@ def budget_with_ledger(root: str | Path, budget: dict[str, Any]) -> dict[str, An
         root: The campaign's output folder (its ``spec.yaml`` and ``ledger.jsonl``).
         budget: The budget as closed (``report.json``'s ``budget``).
     """
-    spec = load_spec(OutputFolder(root).path(SPEC_COPY))
+    spec = load_spec(OutputFolder(root).path(SPEC_COPY), recipe_folder=False)
     return with_expenses(budget, [*spec.expenses, *(e.as_expense() for e in read_ledger(root))])
 
 

@@ -400,7 +400,10 @@ campaign verify "$OUT" --json
 
 Exit 0 means every file matches `manifest.json` (size and sha256), no path points into a
 temporary folder or out of this folder, `plan.json` is the plan written at the start, and every
-model reloaded in a fresh process reproduced its `predictions.csv` exactly.
+model reloaded in a fresh process reproduced its `predictions.csv` exactly. Add
+`--expect SHA256`, the manifest's sha256 the close printed and kept outside this folder: exit 4
+when `manifest.json` is not that one, and when it is, the recipe copies kept here may run to
+reload their models (no code of this folder runs otherwise).
 
 ## 2. Reload one model and compare with its predictions
 
@@ -432,10 +435,13 @@ pred, confidence = predict(model, X)
 
 _RECIPE_RELOAD = """
 A model trained by your own recipe (`recipe: module:Class` in its `config.json`) is rebuilt
-through that recipe: `load_run_model` puts the recorded `recipe_dir` on `sys.path`, checks that
-the recipe file still has the recorded `recipe_sha256`, calls the recipe's `model(ctx)` with the
-recorded `args` (and pinned `inputs`), then loads the safetensors weights. Predict with it as
-your recipe does (`recipe.predict(model, batch)`), or rebuild the whole file:
+through that recipe: `load_run_model` imports it as installed or from your spec's folder on
+`PYTHONPATH`, checks that the recipe file has the recorded `recipe_sha256`, calls the recipe's
+`model(ctx)` with the recorded `args` (and pinned `inputs`), then loads the safetensors weights.
+The copy of the recipe kept in `runs/<run_id>/model/recipe/` runs only when you ask
+(`trust_folder_code=True`, `--trust-folder-code`): do so once `campaign verify "$OUT" --expect
+SHA256` (the manifest's sha256 printed at the close) says this folder is the one sealed.
+Predict with it as your recipe does (`recipe.predict(model, batch)`), or rebuild the whole file:
 
 ```python
 import os
@@ -443,7 +449,7 @@ import os
 from gpucampaign.close.recipe_reload import recipe_reload_check
 
 # rebuilt, predicted, compared line by line with its predictions.csv
-print(recipe_reload_check(os.environ["OUT"], "{first}"))
+print(recipe_reload_check(os.environ["OUT"], "{first}", trust_folder_code=False))
 ```
 """
 

@@ -4,8 +4,11 @@
 Each completed run writes ``predictions.csv`` from its SAVED model on CPU; a reload in a fresh
 process must reproduce that file exactly. This module is also that fresh process::
 
-    python -m gpucampaign.predictions reload-check OUT [RUN_ID ...] [--json]
-    python -m gpucampaign.predictions predict OUT RUN_ID [--to FILE.csv]
+    python -m gpucampaign.predictions reload-check OUT [RUN_ID ...] [--json] [--trust-folder-code]
+    python -m gpucampaign.predictions predict OUT RUN_ID [--to FILE.csv] [--trust-folder-code]
+
+A user's recipe is imported from the copy kept in the folder only with ``--trust-folder-code``
+(``verify`` passes it for an anchored manifest); nothing of the folder is on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from gpucampaign.folder.layout import (
     read_manifest,
     run_file,
 )
-from gpucampaign.modelfolder import load_run_model, predict
+from gpucampaign.modelfolder import RecipeCodeNotTrusted, load_run_model, predict
 from gpucampaign.spec import BUILTIN_RECIPES, SpecError, load_spec
 
 PREDICTION_COLUMNS = ("id", "label", "prediction", "confidence")
@@ -137,7 +140,8 @@ def features_for(
         ``(ids, X, labels)``.
     """
     manifest = read_manifest(root)
-    spec = load_spec(OutputFolder(root).path(SPEC_COPY))
+    # The folder is never put on sys.path: none of its files is importable code.
+    spec = load_spec(OutputFolder(root).path(SPEC_COPY), recipe_folder=False)
     if spec.corpus is None or manifest.get("corpus") is None:
         raise SpecError("this campaign has no corpus to predict on", field="corpus")
     corpus = load_corpus(corpus_file(root, manifest["corpus"]), corpus_spec=spec.corpus)
@@ -237,16 +241,19 @@ def _compare(
 
 
 def reload_check(
-    root: str | Path, run_ids: Sequence[str], *, corpus: Any = None
+    root: str | Path, run_ids: Sequence[str], *, corpus: Any = None, trust_folder_code: bool = False
 ) -> dict[str, dict[str, Any]]:
     """Reload each run's model here and compare its predictions with ``predictions.csv``.
 
     Meant to run in a fresh process (see ``verify_output``). Exactly equal means the same
     predicted class and the same float confidence on every row. ``corpus``: the loaded corpus,
-    before the manifest that names it exists; by default the manifest's corpus is read.
+    before the manifest that names it exists; by default the manifest's corpus is read. A
+    user's recipe is imported from the copy kept in the folder only with
+    ``trust_folder_code``; otherwise as installed or from a spec's folder with the recorded
+    sha256, and when there is none the run is ``skipped`` (its reason), not failed.
 
     Returns:
-        ``{run_id: {ok, rows, mismatches, first_mismatch, error}}``.
+        ``{run_id: {ok, rows, mismatches, first_mismatch, error, skipped}}``.
     """
     out: dict[str, dict[str, Any]] = {}
     for rid in run_ids:
@@ -256,6 +263,7 @@ def reload_check(
             "mismatches": None,
             "first_mismatch": None,
             "error": None,
+            "skipped": None,
         }
         out[rid] = res
         # The close checks its own fresh folder (it passes the corpus); any other reload reads
@@ -264,7 +272,7 @@ def reload_check(
             res["error"] = f"not reloaded: its files are not the ones sealed ({unsealed})"
             continue
         if not _builtin_model(root, rid):
-            res.update(_recipe_check(root, rid, corpus=corpus))
+            res.update(_recipe_check(root, rid, corpus=corpus, trust=trust_folder_code))
             continue
         try:
             expected = read_predictions(OutputFolder(root).path(run_file(rid, PREDICTIONS_FILE)))
@@ -326,29 +334,48 @@ def _builtin_model(root: str | Path, run_id: str) -> bool:
     return not isinstance(info, Mapping) or info.get("recipe", "mlp") in BUILTIN_RECIPES
 
 
-def _recipe_check(root: str | Path, run_id: str, *, corpus: Any) -> dict[str, Any]:
-    """``recipe_reload_check``, with any failure reported as the finding."""
+def _recipe_check(root: str | Path, run_id: str, *, corpus: Any, trust: bool) -> dict[str, Any]:
+    """``recipe_reload_check``, with any failure reported as the finding (and a recipe whose
+    only code is the folder's untrusted copy as skipped, with why)."""
     try:
-        return recipe_reload_check(root, run_id, corpus=corpus)
+        return recipe_reload_check(root, run_id, corpus=corpus, trust_folder_code=trust)
+    except RecipeCodeNotTrusted as exc:
+        return {"ok": False, "skipped": str(exc)}
     except Exception as exc:  # any failure to reload is the finding, reported by name
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:1000]}
 
 
 def reload_in_fresh_process(
-    root: str | Path, run_ids: Sequence[str], *, timeout_s: float = 600
+    root: str | Path,
+    run_ids: Sequence[str],
+    *,
+    timeout_s: float = 600,
+    trust_folder_code: bool = False,
+    recipe_dirs: Sequence[str | Path] = (),
 ) -> dict[str, dict[str, Any]]:
-    """Run ``reload_check`` in a new Python process on CPU and return its findings."""
+    """Run ``reload_check`` in a new Python process on CPU and return its findings.
+
+    ``recipe_dirs``: folders of trusted recipe files (a spec's folder), put first on the new
+    process's ``sys.path``; ``trust_folder_code``: see ``reload_check``. The process does not
+    put its working folder on ``sys.path`` (``-P``): verifying from inside an output folder
+    imports nothing of it.
+    """
     if not run_ids:
         return {}
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    dirs = [str(Path(d).resolve()) for d in recipe_dirs]
+    if dirs:
+        env["PYTHONPATH"] = os.pathsep.join([*dirs, *filter(None, [env.get("PYTHONPATH")])])
     cmd = [
         sys.executable,
+        "-P",
         "-m",
         "gpucampaign.close.predictions",
         "reload-check",
         str(Path(root).resolve()),
         *run_ids,
         "--json",
+        *(["--trust-folder-code"] if trust_folder_code else []),
     ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -365,23 +392,34 @@ def reload_in_fresh_process(
 
 
 # --- the fresh process ----------------------------------------------------------------------
-def _main_reload_check(out: str, run_ids: Sequence[str], *, as_json: bool) -> int:
+TRUST_HELP = (
+    "Import a user's recipe from the copy kept in the output folder. Only for a folder whose "
+    "manifest you checked (`campaign verify OUT --expect SHA256`) or whose source you trust; "
+    "without it the recipe is imported as installed or from a spec's folder on PYTHONPATH."
+)
+
+
+def _main_reload_check(
+    out: str, run_ids: Sequence[str], *, as_json: bool, trust_folder_code: bool
+) -> int:
     runs = read_manifest(out).get("runs") or {}
     ids = list(run_ids) or [rid for rid, v in runs.items() if v.get("status") == "completed"]
-    found = reload_check(out, ids)
+    found = reload_check(out, ids, trust_folder_code=trust_folder_code)
     if as_json:
         sys.stdout.write(json.dumps(found, indent=2) + "\n")
     else:
         for rid, res in found.items():
-            failure = res["error"] or f"{res['mismatches']} mismatches"
+            failure = res.get("error") or f"{res.get('mismatches')} mismatches"
             state = "reproduced" if res["ok"] else f"FAILED: {failure}"
-            sys.stdout.write(f"{rid}: {res['rows']} rows {state}\n")
+            if res.get("skipped"):
+                state = f"SKIPPED: {res['skipped']}"
+            sys.stdout.write(f"{rid}: {res.get('rows', 0)} rows {state}\n")
     return 0 if all(r["ok"] for r in found.values()) else 4
 
 
-def _main_predict(out: str, run_id: str, *, to: str) -> int:
+def _main_predict(out: str, run_id: str, *, to: str, trust_folder_code: bool) -> int:
     ids, X, labels = features_for(out, ids=None)
-    model = load_run_model(out, run_id)
+    model = load_run_model(out, run_id, trust_folder_code=trust_folder_code)
     pred, conf = predict(model, X)
     text = _predictions_csv(ids, labels=labels, preds=_tolist(pred), confidence=_tolist(conf))
     if to == "-":
@@ -403,11 +441,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     pr.add_argument("out")
     pr.add_argument("run_id")
     pr.add_argument("--to", default="-", help="CSV file to write (default: stdout)")
+    for p in (rc, pr):
+        p.add_argument("--trust-folder-code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
+    trust = args.trust_folder_code
     try:
         if args.cmd == "reload-check":
-            return _main_reload_check(args.out, args.run_ids, as_json=args.json)
-        return _main_predict(args.out, args.run_id, to=args.to)
+            return _main_reload_check(
+                args.out, args.run_ids, as_json=args.json, trust_folder_code=trust
+            )
+        return _main_predict(args.out, args.run_id, to=args.to, trust_folder_code=trust)
     except SpecError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

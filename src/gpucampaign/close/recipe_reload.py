@@ -57,14 +57,16 @@ def prediction_rows(
 
 
 def _model_and_data(
-    root: str | Path, run_id: str, *, corpus: Any, split: str
+    root: str | Path, run_id: str, *, corpus: Any, split: str, trust_folder_code: bool = False
 ) -> tuple[Recipe, Any, Any, RunConfig]:
-    """The reloaded model, its recipe, the split's dataset and the run config."""
+    """The reloaded model, its recipe, the split's dataset and the run config (the recipe's
+    copy in the folder imported only with ``trust_folder_code``)."""
 
     folder = OutputFolder(root)
     info = json.loads(folder.path(model_config(run_id)).read_text("utf-8"))
     config = RunConfig.model_validate(info["run_config"])
-    model = load_run_model(root, run_id)  # checks the recipe file's hash, puts it on sys.path
+    # Checks the recipe file's hash; the folder's copy goes on sys.path only when trusted.
+    model = load_run_model(root, run_id, trust_folder_code=trust_folder_code)
     recipe = load_recipe(config.recipe)
     pinned = _corpus_for(root, info, corpus)
     ctx = recipe_context(config, corpus=pinned, run_id=run_id, device=torch.device("cpu"))
@@ -110,10 +112,14 @@ def recipe_analysis(rows: list[dict[str, Any]], *, split: str) -> dict[str, Any]
     return {"kind": "recipe", "split": split, "rows": len(rows), "columns": columns}
 
 
-def recipe_reload_check(root: str | Path, run_id: str, *, corpus: Any = None) -> dict[str, Any]:
+def recipe_reload_check(
+    root: str | Path, run_id: str, *, corpus: Any = None, trust_folder_code: bool = False
+) -> dict[str, Any]:
     """Rebuild the model through its recipe, predict again, compare with the file exactly.
 
-    The split is the one ``error_analysis.json`` recorded when the file was written.
+    The split is the one ``error_analysis.json`` recorded when the file was written. The
+    recipe is imported as installed or from a spec's folder; the copy kept in the model folder
+    only with ``trust_folder_code`` (``modelfolder.RecipeCodeNotTrusted`` otherwise).
     """
     folder = OutputFolder(root)
     expected = folder.path(run_file(run_id, PREDICTIONS_FILE)).read_text(encoding="utf-8")
@@ -123,7 +129,9 @@ def recipe_reload_check(root: str | Path, run_id: str, *, corpus: Any = None) ->
         if analysis.is_file()
         else "test"
     )
-    recipe, model, dataset, config = _model_and_data(root, run_id, corpus=corpus, split=split)
+    recipe, model, dataset, config = _model_and_data(
+        root, run_id, corpus=corpus, split=split, trust_folder_code=trust_folder_code
+    )
     got = csv_text(prediction_rows(recipe, model, dataset, config=config))
     want_lines, got_lines = expected.splitlines(), got.splitlines()
     bad = [

@@ -2,6 +2,7 @@
 
 from gpucampaign.modelfolder.saveload import (
     MODEL_FORMAT,
+    RecipeCodeNotTrusted,
     library_versions,
     load_model_dir,
     load_run_model,
@@ -12,6 +13,7 @@ from gpucampaign.modelfolder.saveload import (
 
 __all__ = [
     "MODEL_FORMAT",
+    "RecipeCodeNotTrusted",
     "library_versions",
     "load_model_dir",
     "load_run_model",

@@ -30,6 +30,7 @@ from gpucampaign.core.files import (
 )
 from gpucampaign.core.version import __version__
 from gpucampaign.folder.layout import (
+    MANIFEST,
     MODEL_CONFIG,
     MODEL_DIR,
     PARAMS_FILE,
@@ -152,11 +153,26 @@ def _replace_dir(dst: Path, new: Path) -> None:
     fsync_dir(dst.parent)
 
 
-def load_model_dir(path: str | Path, *, map_location: str = "cpu") -> nn.Module:
+class RecipeCodeNotTrusted(SpecError):
+    """A user's recipe that is not rebuilt: the only code found for it is the model folder's
+    own copy (or a file with another sha256), and that copy is not trusted here."""
+
+
+def load_model_dir(
+    path: str | Path, *, map_location: str = "cpu", trust_folder_code: bool = False
+) -> nn.Module:
     """Rebuild a model saved by ``save_model_dir`` (safetensors only), in eval mode.
+
+    Args:
+        path: the model folder.
+        map_location: the device the weights are read onto.
+        trust_folder_code: a user's recipe may be imported from the copy kept in the folder
+            (only for a folder whose manifest is anchored, or that the user vouches for);
+            otherwise it is imported as installed or from a spec's folder on ``sys.path``.
 
     Raises:
         SpecError: The folder, a file or a field is missing, or the weights fail their hash.
+        RecipeCodeNotTrusted: A user's recipe found only in the folder, untrusted.
     """
     from safetensors.torch import load_file
 
@@ -184,33 +200,51 @@ def load_model_dir(path: str | Path, *, map_location: str = "cpu") -> nn.Module:
             config, n_features=int(info["n_features"]), n_classes=int(info["n_classes"])
         )
     else:
-        model = rebuild_recipe_model(info, config=config, folder=folder, device=map_location)
+        model = rebuild_recipe_model(
+            info,
+            config=config,
+            folder=folder,
+            device=map_location,
+            trust_folder_code=trust_folder_code,
+        )
     model.load_state_dict(load_file(str(w_path), device=map_location), strict=True)
     return model.to(map_location).eval()
 
 
 def rebuild_recipe_model(
-    info: dict[str, Any], *, config: RunConfig, folder: Path, device: str
+    info: dict[str, Any],
+    *,
+    config: RunConfig,
+    folder: Path,
+    device: str,
+    trust_folder_code: bool = False,
 ) -> nn.Module:
     """The untrained model of a user's recipe, rebuilt through the recipe from ``config.json``.
 
-    The copy of the recipe's source kept in ``folder/recipe/`` is put first on ``sys.path``
-    (else the recipe is imported as installed); its file must have the recorded sha256, so
-    the weights meet the code that made them. Pinned paths are the spec's (relative).
+    With ``trust_folder_code``, the copy of the recipe's source kept in ``folder/recipe/`` is
+    put first on ``sys.path``; without it, the recipe is imported as installed (or from a
+    spec's folder on ``sys.path``), never from the output folder holding the model. Either way
+    its file must have the recorded sha256, so the weights meet the code that made them.
+    Pinned paths are the spec's (relative).
 
     Raises:
         SpecError: The recipe does not import, or its file changed since the model was saved.
+        RecipeCodeNotTrusted: Without ``trust_folder_code``, no trusted file of the recipe
+            with the recorded sha256 was found (nothing of the folder was imported).
     """
 
-    if (folder / "recipe").is_dir():
-        use_recipe_dir(folder / "recipe")
     want = info.get("recipe_sha256")
-    if want and recipe_file_sha256(config.recipe) != want:
-        raise SpecError(
-            f"recipe '{config.recipe}': its file changed since the model was saved "
-            f"(recorded sha256 {want}); restore that version to reload.",
-            field="model",
-        )
+    if trust_folder_code:
+        if (folder / "recipe").is_dir():
+            use_recipe_dir(folder / "recipe")
+        if want and recipe_file_sha256(config.recipe) != want:
+            raise SpecError(
+                f"recipe '{config.recipe}': its file changed since the model was saved "
+                f"(recorded sha256 {want}); restore that version to reload.",
+                field="model",
+            )
+    else:
+        _trusted_recipe_file(config.recipe, want=want, folder=folder)
     recipe = load_recipe(config.recipe)
     pins = {
         name: Pinned(path=Path(p["path"]), sha256=p["sha256"], kind=p.get("kind", "file"))
@@ -233,6 +267,48 @@ def rebuild_recipe_model(
         ),
     )
     return call(config.recipe, "model", recipe.model, ctx)
+
+
+def _output_folder_of(folder: Path) -> Path:
+    """The output folder holding a model folder (the first parent with a manifest), else the
+    model folder itself."""
+    folder = folder.resolve()
+    return next((p for p in (folder, *folder.parents) if (p / MANIFEST).is_file()), folder)
+
+
+def _trusted_recipe_file(recipe: str, *, want: str | None, folder: Path) -> Path:
+    """The recipe's file found on ``sys.path`` outside the output folder, with the recorded
+    sha256 (found without running it).
+
+    Raises:
+        RecipeCodeNotTrusted: None found, or the one found is in the output folder or has
+            another sha256.
+    """
+    from gpucampaign.spec.recipefile import RecipeError, recipe_file
+
+    try:
+        origin: Path | None = recipe_file(recipe)
+    except RecipeError:
+        origin = None
+    owner = _output_folder_of(folder)
+    if origin is not None and origin.resolve().is_relative_to(owner):
+        origin = None  # the folder's own code: trusted only when asked
+    if origin is not None and want and sha256_file(origin) != want:
+        why = f"the recipe's file found, '{origin}', has another sha256 than the recorded {want}"
+    elif origin is None:
+        why = (
+            "only the output folder holds its code; no installed or spec-folder copy of the "
+            f"module was found (recorded sha256 {want})"
+        )
+    else:
+        return origin
+    raise RecipeCodeNotTrusted(
+        f"recipe '{recipe}' not imported: {why}. The folder's copy of the code runs only when "
+        "the manifest is anchored (`campaign verify OUT --expect SHA256`, the sha256 the close "
+        "printed) or with `--trust-folder-code`; or give the recipe's folder with "
+        "`--recipes DIR`.",
+        field="model",
+    )
 
 
 @torch.no_grad()
@@ -277,8 +353,9 @@ def _threads_of(*docs: Any) -> int:
     return 1
 
 
-def load_run_model(root: str | Path, run_id: str) -> Any:
-    """Load ``runs/<run_id>/model/`` on CPU with the run's recorded thread count."""
+def load_run_model(root: str | Path, run_id: str, *, trust_folder_code: bool = False) -> Any:
+    """Load ``runs/<run_id>/model/`` on CPU with the run's recorded thread count
+    (``trust_folder_code``: see ``load_model_dir``)."""
     import torch
 
     folder = OutputFolder(root)
@@ -289,7 +366,9 @@ def load_run_model(root: str | Path, run_id: str) -> Any:
         except ValueError:
             docs.append(None)  # an unreadable file is named by load_model_dir / the verifier
     torch.set_num_threads(_threads_of(*docs))
-    model = load_model_dir(folder.path(run_file(run_id, MODEL_DIR)))
+    model = load_model_dir(
+        folder.path(run_file(run_id, MODEL_DIR)), trust_folder_code=trust_folder_code
+    )
     if hasattr(model, "eval"):
         model.eval()
     return model

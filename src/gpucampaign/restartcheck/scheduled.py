@@ -483,7 +483,9 @@ def output_check_target(
     """
     out = Path(out_dir)
     src = Path(spec_path) if spec_path is not None else out / SPEC_COPY
-    spec = load_spec(src)
+    # The copy in OUT never puts OUT on sys.path: a recipe is the installed one or the given
+    # spec's, never a file of the output folder.
+    spec = load_spec(src, recipe_folder=spec_path is not None)
     if spec.corpus is None:
         raise SpecError(
             "the spec has no 'corpus' section: a restart check resumes training on it.",

@@ -515,14 +515,19 @@ def parse_spec(data: Any, *, source: str = "<spec>") -> CampaignSpec:
         raise format_validation_error(exc, source=source) from None
 
 
-def load_spec(path: str | Path) -> CampaignSpec:
-    """Read and validate a YAML (or JSON) spec file."""
+def load_spec(path: str | Path, *, recipe_folder: bool = True) -> CampaignSpec:
+    """Read and validate a YAML (or JSON) spec file.
+
+    ``recipe_folder``: put the file's folder first on ``sys.path``, so the recipes it names
+    are found there. False for the spec copy of an output folder, whose code is not trusted.
+    """
     p = Path(path)
     if not p.is_file():
         raise SpecError(
             f"Spec file '{p}' does not exist: give the path of a campaign YAML file.", field="SPEC"
         )
-    use_recipe_dir(p.resolve().parent)
+    if recipe_folder:
+        use_recipe_dir(p.resolve().parent)
     text = read_user_text(p, what="Spec file", field="SPEC")
     try:
         data = load_yaml(text)

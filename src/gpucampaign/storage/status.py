@@ -60,7 +60,7 @@ def campaign_folder_spec(out: str | Path) -> CampaignSpec:
     spec = OutputFolder(root).path(SPEC_COPY)  # a link out of the folder is refused
     if not spec.is_file():
         raise SpecError(f"'{out}' has no spec.yaml: its storage and lots are unknown.", field="OUT")
-    return load_spec(spec)
+    return load_spec(spec, recipe_folder=False)  # the folder is no place to import from
 
 
 def _output_files(root: Path) -> list[str]:

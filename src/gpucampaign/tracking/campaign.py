@@ -109,6 +109,34 @@ def track_close(
     return line
 
 
+def tag_manifest(
+    spec: CampaignSpec, *, campaign_id: str, sha256: str, client: Any = None
+) -> str | None:
+    """After the seal: put the manifest's sha256 as the tag ``gpucampaign.manifest_sha256`` of
+    the campaign's parent run, a record of it kept outside the folder (``verify --expect``).
+
+    Never raises for the server: a failure is the line returned.
+
+    Returns:
+        One line saying where it was kept, or why not; None when tracking is off.
+    """
+    uri = tracking_uri(spec)
+    if uri is None:
+        return None
+    try:
+        client = client if client is not None else runs.make_client(uri)
+        exp = ensure_experiment(client, experiment_name(spec))
+        parent = ensure_parent(client, exp, campaign_id)
+        from mlflow.entities import RunTag
+
+        client.log_batch(parent, tags=[RunTag(f"{TAG}manifest_sha256", sha256)])
+    except SpecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the close goes on without the tracking server
+        return f"MLflow: the manifest's sha256 was not tagged ({short_error(exc)})"
+    return f"MLflow: the manifest's sha256 is the tag {TAG}manifest_sha256 of the parent run"
+
+
 def track_sealed(
     spec: CampaignSpec,
     *,

@@ -4,6 +4,12 @@
 manifest, paths that point into a temporary folder or out of the folder, the plan against the
 hash written at the start, and every model reloaded in a fresh process that must reproduce its
 ``predictions.csv`` exactly on CPU.
+
+A manifest rewritten to match changed files is caught only against its own sha256 kept outside
+the folder (``expect``, printed at the close). So no code of the folder runs by default: a
+user's recipe is imported as installed or from a spec's folder with the recorded sha256, and
+the copy kept in the folder only when the manifest is anchored or the user trusts it; when
+neither is there, that model's reload is skipped and said.
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ class VerifyReport:
     checked_files: int = 0
     reloaded_runs: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    manifest_sha256: str | None = None
+    anchored: bool | None = None
+    folder_code_trusted: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (``campaign verify --json``)."""
@@ -106,6 +115,18 @@ def check_manifest_readable(ctx: VerifyContext) -> list[Problem]:
         detail = f"manifest.json is not a valid manifest: {ctx.manifest_error}"
         return [Problem("invalid_manifest", MANIFEST, detail)]
     return []
+
+
+def check_anchor(ctx: VerifyContext) -> list[Problem]:
+    """``manifest.json`` has the sha256 kept outside the folder (``--expect``), when given."""
+    actual = ctx.manifest_sha256()
+    if ctx.expect is None or actual is None or actual == ctx.expect:
+        return []
+    detail = (
+        f"manifest.json has sha256 {actual}, not the expected {ctx.expect} (--expect): the "
+        "folder is not the one sealed at the close"
+    )
+    return [Problem("manifest_not_anchored", MANIFEST, detail)]
 
 
 def check_links(ctx: VerifyContext) -> list[Problem]:
@@ -291,7 +312,8 @@ def check_spec(ctx: VerifyContext) -> list[Problem]:
     if not (ctx.base / SPEC_COPY).is_file():
         return [Problem("missing_file", SPEC_COPY, "spec.yaml (the campaign's spec) is missing")]
     try:
-        spec = load_spec(ctx.base / SPEC_COPY)
+        # Never with the folder on sys.path: none of its files is importable code.
+        spec = load_spec(ctx.base / SPEC_COPY, recipe_folder=False)
     except SpecError as exc:
         return [Problem("spec_changed", SPEC_COPY, f"spec.yaml no longer loads: {exc}")]
     problems = []
@@ -299,6 +321,13 @@ def check_spec(ctx: VerifyContext) -> list[Problem]:
         detail = "the spec's sha256 differs from the manifest's spec_sha256"
         problems.append(Problem("spec_changed", SPEC_COPY, detail))
     for name in spec.run_names() if spec.control is not None else []:
+        if not spec.run_config(name).builtin:
+            # A user's recipe file is not looked up (a dotted module's package would run);
+            # its run is found by name, its code by the sealed hashes of its model folder.
+            if not any(info.get("run") == name for info in ctx.runs.values()):
+                detail = f"run '{name}' of the spec is not in the manifest"
+                problems.append(Problem("missing_run", MANIFEST, detail))
+            continue
         rid = spec.resolve_run(name).run_id
         if rid not in ctx.runs:
             detail = f"run '{name}' ({rid}) of the spec is not in the manifest"
@@ -399,7 +428,10 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
 
     Runs without a folder, a ``predictions.csv`` or model files are skipped (named by
     ``check_expected_runs`` for a completed run; a stopped or interrupted run need not have
-    them). The runs reproduced exactly go to ``ctx.reloaded``.
+    them). The runs reproduced exactly go to ``ctx.reloaded``. A user's recipe is imported
+    from the folder's copy only when the manifest is anchored or the user trusts the folder;
+    else as installed or from ``ctx.recipe_dirs`` with the recorded sha256, and a run with
+    neither goes to ``ctx.not_reloaded`` with why (not a problem: nothing was shown wrong).
     """
     if ctx.manifest is None or not ctx.reload:
         return []
@@ -413,10 +445,18 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
         )
     ]
     problems = []
-    found = reload_in_fresh_process(ctx.base, to_reload, timeout_s=ctx.timeout_s)
+    found = reload_in_fresh_process(
+        ctx.base,
+        to_reload,
+        timeout_s=ctx.timeout_s,
+        trust_folder_code=ctx.trust_folder_code or ctx.anchored,
+        recipe_dirs=ctx.recipe_dirs,
+    )
     for rid, res in found.items():
         if res.get("ok"):
             ctx.reloaded.append(rid)
+        elif res.get("skipped"):
+            ctx.not_reloaded.append(f"model of run {rid} not reloaded: {res['skipped']}")
         elif res.get("error"):
             detail = f"the model does not reload in a fresh process: {res['error']}"
             problems.append(Problem("reload_failed", run_file(rid, MODEL_DIR), detail))
@@ -435,6 +475,7 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
 #: The checks that only read bytes: nothing of the folder runs as code.
 INTEGRITY_CHECKS: tuple[Callable[[VerifyContext], list[Problem]], ...] = (
     check_manifest_readable,
+    check_anchor,
     check_links,
     check_empty_files,
     check_json,
@@ -450,15 +491,17 @@ INTEGRITY_CHECKS: tuple[Callable[[VerifyContext], list[Problem]], ...] = (
 #: removed or linked; no manifest to check against): its code is then never run.
 SEAL_CHECKS = (
     check_manifest_readable,
+    check_anchor,
     check_links,
     check_manifest_files,
     check_plan_hash,
     check_manifest_runs,
     check_corpus,
 )
-#: The checks that trust the folder: the spec copy is loaded (its recipe modules are looked up
-#: on a path that starts at the folder) and every model is rebuilt (a recipe copy imported,
-#: weights read) in a child process. They run only on a folder whose integrity checks passed.
+#: The checks that read the folder beyond its bytes: the spec copy is loaded (the folder is not
+#: put on sys.path) and every model is rebuilt (weights read, a user's recipe imported from
+#: trusted code only) in a child process. They run only on a folder whose integrity checks
+#: passed.
 TRUSTING_CHECKS: tuple[Callable[[VerifyContext], list[Problem]], ...] = (
     check_spec,
     check_models_reload,
@@ -474,7 +517,15 @@ def seal_problems(root: str | Path) -> list[Problem]:
     return [p for check in SEAL_CHECKS for p in check(ctx)]
 
 
-def verify_output(root: str | Path, *, reload: bool = True, timeout_s: float = 600) -> VerifyReport:
+def verify_output(
+    root: str | Path,
+    *,
+    reload: bool = True,
+    timeout_s: float = 600,
+    expect: str | None = None,
+    trust_folder_code: bool = False,
+    recipe_dirs: Iterable[str | Path] = (),
+) -> VerifyReport:
     """Check an output folder and name each problem.
 
     The integrity checks come first and read bytes only; the spec copy is loaded and the
@@ -487,7 +538,8 @@ def verify_output(root: str | Path, *, reload: bool = True, timeout_s: float = 6
     the corpus is there with its hash; and (``reload=True``) every model reloads in a fresh
     process and reproduces its ``predictions.csv`` exactly on CPU.
 
-    Problem codes: missing_manifest, invalid_manifest, missing_file, unlisted_file,
+    Problem codes: missing_manifest, invalid_manifest, manifest_not_anchored, missing_file,
+    unlisted_file,
     size_mismatch, hash_mismatch, empty_file, invalid_json, temp_path, escaping_path, symlink,
     missing_plan, plan_changed, spec_changed, missing_run, unknown_stop, corpus_missing,
     corpus_mismatch, reload_failed, predictions_mismatch.
@@ -496,12 +548,24 @@ def verify_output(root: str | Path, *, reload: bool = True, timeout_s: float = 6
         root: the output folder.
         reload: also reload every completed run's model in a fresh process.
         timeout_s: limit for the reload process.
+        expect: the manifest's sha256 kept outside the folder (printed at the close); another
+            sha256 is the problem ``manifest_not_anchored``, and the same one anchors the
+            folder: its copies of recipe code may then be imported.
+        trust_folder_code: import the folder's copies of recipe code without an anchor.
+        recipe_dirs: folders of trusted recipe files (a spec's folder) for the reload.
     """
     base = Path(root)
     if not base.is_dir():
         problem = Problem("missing_manifest", ".", f"'{base}' is not a folder")
         return VerifyReport(verified=False, problems=[problem])
-    ctx = VerifyContext.open(base, reload=reload, timeout_s=timeout_s)
+    ctx = VerifyContext.open(
+        base,
+        reload=reload,
+        timeout_s=timeout_s,
+        expect=None if expect is None else expect.strip().lower(),
+        trust_folder_code=trust_folder_code,
+        recipe_dirs=tuple(str(d) for d in recipe_dirs),
+    )
     found = {check: check(ctx) for check in INTEGRITY_CHECKS}
     problems = [p for ps in found.values() for p in ps]
     unsealed = sum(len(found[check]) for check in SEAL_CHECKS)
@@ -516,10 +580,14 @@ def verify_output(root: str | Path, *, reload: bool = True, timeout_s: float = 6
         )
     else:
         problems += [p for check in TRUSTING_CHECKS for p in check(ctx)]
+        skipped += ctx.not_reloaded
     return VerifyReport(
         verified=not problems and ctx.manifest is not None,
         problems=problems,
         checked_files=len(ctx.present),
         reloaded_runs=ctx.reloaded,
         skipped=skipped,
+        manifest_sha256=ctx.manifest_sha256(),
+        anchored=None if expect is None else ctx.anchored,
+        folder_code_trusted=trust_folder_code or ctx.anchored,
     )

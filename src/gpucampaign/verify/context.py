@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.close.manifest import list_files
+from gpucampaign.core.files import sha256_file
 from gpucampaign.folder.layout import MANIFEST
 
 _TEXT_SUFFIXES = {
@@ -81,7 +82,10 @@ class VerifyContext:
     """What every check reads: the folder, its files, the parsed manifest and the options.
 
     ``reloaded`` is filled by ``check_models_reload`` with the runs whose model reproduced
-    their predictions.
+    their predictions, ``not_reloaded`` with why a run's model was not reloaded (its recipe's
+    only code is the folder's untrusted copy). ``expect``: the manifest's sha256 as kept
+    outside the folder; ``trust_folder_code``: the user vouches for the folder's code;
+    ``recipe_dirs``: folders of trusted recipe files (a spec's folder).
     """
 
     base: Path
@@ -91,15 +95,20 @@ class VerifyContext:
     reload: bool = True
     timeout_s: float = 600
     reloaded: list[str] = field(default_factory=list)
+    not_reloaded: list[str] = field(default_factory=list)
+    expect: str | None = None
+    trust_folder_code: bool = False
+    recipe_dirs: tuple[str, ...] = ()
     temp_re: re.Pattern[str] = field(default_factory=_temp_pattern)
     _texts: dict[str, str | None] = field(default_factory=dict, repr=False)
     _docs: dict[str, tuple[list[Any], str | None]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(
-        cls, root: str | Path, *, reload: bool = True, timeout_s: float = 600
+        cls, root: str | Path, *, reload: bool = True, timeout_s: float = 600, **options: Any
     ) -> VerifyContext:
-        """Read the manifest (when it parses) and list the files of an output folder."""
+        """Read the manifest (when it parses) and list the files of an output folder;
+        ``options``: ``expect``, ``trust_folder_code``, ``recipe_dirs``."""
         base = Path(root)
         manifest, error = None, None
         mpath = base / MANIFEST
@@ -117,6 +126,7 @@ class VerifyContext:
             manifest_error=error,
             reload=reload,
             timeout_s=timeout_s,
+            **options,
         )
 
     @property
@@ -131,6 +141,16 @@ class VerifyContext:
             for rid, info in runs.items()
             if isinstance(info, Mapping) and run_id_is_a_name(rid)
         }
+
+    def manifest_sha256(self) -> str | None:
+        """sha256 of ``manifest.json``'s bytes (None without one): what ``--expect`` checks."""
+        mpath = self.base / MANIFEST
+        return sha256_file(mpath) if mpath.is_file() else None
+
+    @property
+    def anchored(self) -> bool:
+        """The manifest has the sha256 the user kept outside the folder (``--expect``)."""
+        return self.expect is not None and self.manifest_sha256() == self.expect
 
     def scanned(self) -> list[str]:
         """Every file whose content is checked: the files present, the links to folders (the
