@@ -30,6 +30,7 @@ from gpucampaign.spec.parts import (
     TrackingSpec,
     Variant,
     canonical_json,
+    check_tracking_uri,
 )
 from gpucampaign.spec.resolved import ResolvedRun, RunSize, run_size
 
@@ -57,6 +58,7 @@ __all__ = [
     "TrackingSpec",
     "Variant",
     "canonical_json",
+    "check_tracking_uri",
     "format_validation_error",
     "load_spec",
     "parse_spec",
