@@ -588,7 +588,7 @@ def tracking_note(run_folder: Path) -> str | None:
     if not lines:
         return None
     return (
-        f"MLflow: the tracking server {state.get('uri')} did not take {len(lines)} metric "
-        f"values of {state.get('run_id')}; training went on, they are kept in "
+        f"MLflow: the tracking server {redact_secrets(str(state.get('uri')))} did not take "
+        f"{len(lines)} metric values of {state.get('run_id')}; training went on, they are kept in "
         f"{folder / OUTBOX_FILE} and sent by the run's next start or the campaign's close"
     )
