@@ -90,11 +90,15 @@ def test_no_log_record_says_a_credential(form, faults, caplog, capsys):
         def emit(self, record: logging.LogRecord) -> None:
             seen.append(self.format(record))
 
-    handler = Keep()
+    from prefect.logging.formatters import JsonFormatter
+
+    handler, as_json = Keep(), Keep()
     handler.setFormatter(logging.Formatter("%(name)s %(message)s"))
+    as_json.setFormatter(JsonFormatter("default", "", "%"))  # reads the exception raw
     names = ("gpucampaign.tracking.mlflow", "mlflow.tracking", "prefect.task_runs", "urllib3")
     for name in names:
         logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).addHandler(as_json)
     try:
         for name in names:
             log = logging.getLogger(name)
@@ -107,12 +111,13 @@ def test_no_log_record_says_a_credential(form, faults, caplog, capsys):
     finally:
         for name in names:
             logging.getLogger(name).removeHandler(handler)
+            logging.getLogger(name).removeHandler(as_json)
     out = capsys.readouterr()
     texts = [*seen, caplog.text, out.out, out.err]
     leaks = [t for t in texts if _leaked(t)]
     faults.add("secrets_leaked", len(leaks))
     assert leaks == []
-    assert len(seen) == 2 * len(names) and all("***" in t for t in seen)
+    assert len(seen) == 4 * len(names) and all("***" in t for t in seen)
 
 
 URL_FORMS = {k: v for k, v in FORMS.items() if v.lower().startswith("http")}

@@ -83,7 +83,10 @@ def redact_record(record: logging.LogRecord) -> logging.LogRecord:
     if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
         record.exc_text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
     if record.exc_text:
-        record.exc_text = redact_secrets(record.exc_text)
+        said = redact_secrets(record.exc_text)
+        if said != record.exc_text:  # the exception itself holds a credential: only its
+            record.exc_info = None  # redacted text goes on (a JSON or rich handler reads it raw)
+        record.exc_text = said
     if record.stack_info:
         record.stack_info = redact_secrets(record.stack_info)
     record._secrets_redacted = True
