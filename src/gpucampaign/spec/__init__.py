@@ -30,9 +30,9 @@ from gpucampaign.spec.parts import (
     TrackingSpec,
     Variant,
     canonical_json,
-    check_tracking_uri,
 )
 from gpucampaign.spec.resolved import ResolvedRun, RunSize, run_size
+from gpucampaign.spec.trackinguri import check_tracking_uri
 
 __all__ = [
     "BUILTIN_RECIPES",
