@@ -180,6 +180,42 @@ def test_a_run_tracker_writes_and_says_no_credential(tmp_path, form, faults, cap
     assert (folder / STATE_FILE).is_file() and (folder / OUTBOX_FILE).is_file()
 
 
+USERINFO_FORMS = [k for k in URL_FORMS if "?" not in FORMS[k] and "#" not in FORMS[k]]
+
+
+@pytest.mark.parametrize("form", USERINFO_FORMS)
+def test_mlflows_own_client_says_no_credential(tmp_path, form, faults, caplog, capfd):
+    """The real MlflowClient against a server that does not answer, its URI holding the
+    credential (as MLFLOW_TRACKING_URI may): what it logs or prints, and the run's files,
+    hold none of it."""
+    from gpucampaign.tracking.mlflow import make_client
+
+    faults.add("credential_forms_tried")
+    folder = tmp_path / "runs" / "control-abc"
+    folder.mkdir(parents=True)
+    with caplog.at_level(logging.DEBUG):
+        t = RunTracker(
+            client=make_client(FORMS[form]),
+            uri=FORMS[form],
+            experiment="exp",
+            campaign_id="c-1",
+            run_folder=folder,
+            run_id="control-abc",
+            tags={},
+            params={},
+        )
+        t.start()
+        t.write({"kind": "eval", "step": 1, "split": "val", "accuracy": 0.5})
+        t.close("FINISHED", wait_s=60)
+    out = capfd.readouterr()
+    texts = [caplog.text, out.out, out.err, str(t.error)]
+    texts += [p.read_text() for p in sorted(tmp_path.rglob("*")) if p.is_file()]
+    leaks = [x for x in texts if _leaked(x)]
+    faults.add("secrets_leaked", len(leaks))
+    assert leaks == []
+    assert t.down and caplog.records
+
+
 def test_a_cut_error_does_not_hide_a_password_by_cutting_it():
     exc = ConnectionError("x" * 180 + f" http://alice:{SECRET}@127.0.0.1:9/api/2.0/mlflow")
     assert not _leaked(short_error(exc))

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
-from gpucampaign.core.text import redact_secrets
+from gpucampaign.core.text import redact_logging, redact_secrets
 from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE, run_id_of
 from gpucampaign.folder.records import read_campaign_id
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
@@ -125,6 +125,9 @@ def make_client(uri: str) -> Any:
             "tracking off (remove tracking.mlflow, unset MLFLOW_TRACKING_URI).",
             field="tracking.mlflow",
         ) from exc
+    # Whatever process tracks (the CLI, a worker's flow, a data-parallel rank), no log record
+    # of it, mlflow's own included, says a credential of the URI.
+    redact_logging()
     # A server that is down answers in seconds, not after MLflow's default minutes of retries.
     # (A failed send is tried again at the next flush: no retries inside one.)
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
