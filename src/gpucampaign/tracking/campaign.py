@@ -199,7 +199,8 @@ def sealed_tracking_uri(
         found = uri or (None if tracking_off() else os.environ.get(ENV_URI) or None)
     if found is None:
         also = (
-            f" (its spec names {named}: give --folder-uri to send there, without your credentials)"
+            f" (its spec names {named}: --folder-uri sends there, your credentials only if "
+            "MLFLOW_TRACKING_URI names that server)"
             if named
             else ""
         )
@@ -243,8 +244,9 @@ def _server(uri: str) -> tuple[str, str, int | None]:
 @contextmanager
 def withheld_credentials() -> Iterator[None]:
     """MLflow without the environment's credentials while it lasts: its variables unset, and
-    its credentials file (``~/.mlflow/credentials``) out of reach (a home without one)."""
-    saved = {k: os.environ.pop(k) for k in CREDENTIAL_ENV if k in os.environ}
+    its credentials file (``~/.mlflow/credentials``) and the netrc HTTP clients read out of
+    reach (a home without them)."""
+    saved = {k: os.environ.pop(k) for k in (*CREDENTIAL_ENV, "NETRC") if k in os.environ}
     home = os.environ.get("HOME")
     with tempfile.TemporaryDirectory(prefix="gpucampaign-nocreds-") as empty:
         os.environ["HOME"] = empty
