@@ -20,6 +20,7 @@ from flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign.close.manifest import keep_inputs, refuse_sealed_rewrite
 from gpucampaign.core.interrupt import Interrupted, graceful_signals, handled_outside
 from gpucampaign.core.stoprules import StopRule
+from gpucampaign.core.text import redact_logging
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.lock import writer_lock
 from gpucampaign.folder.records import (
@@ -78,6 +79,7 @@ def campaign(
         base_dir: folder the paths of a spec object are relative to (default: the working
             directory); a spec file's own folder otherwise.
     """
+    redact_logging()  # no credential in a log line, a task's record in Prefect's database
     # SIGINT and SIGTERM become a stop request: the running training saves at its next step
     # boundary and raises Interrupted, which ends every phase still waiting.
     with graceful_signals() as previous:

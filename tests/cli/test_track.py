@@ -45,7 +45,7 @@ def _folder(root: Path, *, tracked: bool = True, uri: str | None = "http://127.0
 
 def test_a_folder_changed_since_its_seal_is_not_trusted(tmp_path):
     out = _folder(tmp_path / "out")
-    res = runner.invoke(app, ["track", str(out)])
+    res = runner.invoke(app, ["track", str(out), "--folder-uri"])
     assert res.exit_code == 4, res.output
     assert "hash_mismatch spec.yaml" in res.stdout
     assert (
@@ -60,7 +60,7 @@ def test_a_folder_changed_since_its_seal_is_not_trusted(tmp_path):
         ("not closed", "OUT", "has no manifest.json: the campaign is not closed"),
         ("no server", "MLFLOW_TRACKING_URI", "no MLflow tracking server"),
         ("never tracked", "OUT", "was tracked (no runs/*/mlflow.json)"),
-        ("credentials", "--uri", "remove 'user:password@'"),
+        ("credentials", "--uri", "remove the part before '@'"),
     ],
 )
 def test_bad_input_exits_2_naming_the_field_without_a_traceback(tmp_path, case, field, said):
@@ -75,6 +75,7 @@ def test_bad_input_exits_2_naming_the_field_without_a_traceback(tmp_path, case, 
         _folder(out, uri=None)
     elif case == "never tracked":
         _folder(out, tracked=False)
+        args += ["--uri", "http://127.0.0.1:9"]
     else:
         _folder(out)
         args += ["--uri", "http://me:s3cret-pass@127.0.0.1:5000"]

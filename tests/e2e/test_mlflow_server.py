@@ -211,7 +211,7 @@ def test_a_server_down_never_stops_the_campaign(servers, tmp_path, caplog):
             folder.run_dir(control_id) / MLFLOW_OUTBOX_FILE
         ).is_file()  # kept, sealed with the rest
         sealed = _file_hashes(folder.root)
-        still = CliRunner().invoke(app, ["track", str(folder.root)])
+        still = CliRunner().invoke(app, ["track", str(folder.root), "--uri", servers["uri"]])
         assert still.exit_code == 1, still.output
         assert "did not answer" in still.stdout and "run `campaign track" in still.stdout
     finally:
@@ -222,7 +222,7 @@ def test_a_server_down_never_stops_the_campaign(servers, tmp_path, caplog):
             env=servers["s3"].env(),
         )
     assert back.uri == servers["uri"]  # the same port: MLFLOW_TRACKING_URI stays valid
-    sent = CliRunner().invoke(app, ["track", str(folder.root)])
+    sent = CliRunner().invoke(app, ["track", str(folder.root), "--uri", servers["uri"]])
     assert sent.exit_code == 0, sent.output
     assert "sent late" in sent.stdout and "parent run" in sent.stdout, sent.stdout
 
@@ -253,7 +253,7 @@ def test_a_server_down_never_stops_the_campaign(servers, tmp_path, caplog):
     assert _file_hashes(folder.root) == sealed
     assert seal_problems(folder.root) == []
 
-    again = CliRunner().invoke(app, ["track", str(folder.root)])
+    again = CliRunner().invoke(app, ["track", str(folder.root), "--uri", servers["uri"]])
     assert again.exit_code == 0, again.output
     assert "sent late" not in again.stdout  # nothing was missing
     every_step_once()

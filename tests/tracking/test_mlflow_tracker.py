@@ -310,7 +310,7 @@ def test_a_sealed_folder_is_sent_later_once_and_never_written(tmp_path, digits_f
         "files": [{"path": "report.md"}, {"path": "runs/control-abc/metrics.jsonl"}],
     }
     fake.down = False
-    line, done = track_sealed(spec, root=root, manifest=manifest, client=fake)
+    line, done = track_sealed(spec, root=root, manifest=manifest, client=fake, folder_uri=True)
     assert done and "9 metric values sent late" in line, line  # 5 train/lr, 4 train/loss
     assert sorted(fake.steps(rid, "train/loss")) == list(range(1, 9))  # each step once
     assert sorted(fake.steps(rid, "train/lr")) == list(range(1, 9))
@@ -320,10 +320,10 @@ def test_a_sealed_folder_is_sent_later_once_and_never_written(tmp_path, digits_f
     assert parent["tags"]["gpucampaign.budget.spent_usd"] == "3.5"
     assert [a for _, a in fake.artifacts[fake.runs[rid]["tags"]["mlflow.parentRunId"]]] == [None]
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == sealed
-    line, done = track_sealed(spec, root=root, manifest=manifest, client=fake)
+    line, done = track_sealed(spec, root=root, manifest=manifest, client=fake, folder_uri=True)
     assert done and "sent late" not in line
     assert sorted(fake.steps(rid, "train/loss")) == list(range(1, 9))
     fake.down = True
-    line, done = track_sealed(spec, root=root, manifest=manifest, client=fake)
+    line, done = track_sealed(spec, root=root, manifest=manifest, client=fake, folder_uri=True)
     assert not done and "did not answer (" in line
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == sealed

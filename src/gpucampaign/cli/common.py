@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpucampaign.core.stoprules import StopRule
-from gpucampaign.core.text import redact_secrets, strip_ansi
+from gpucampaign.core.text import redact_logging, redact_secrets, strip_ansi
 from gpucampaign.spec import SpecError
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_INVALID, EXIT_STOPPED, EXIT_NOT_FIT = 0, 1, 2, 3, 4
@@ -43,6 +43,7 @@ def handle_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        redact_logging()  # no credential in what any library logs while the command runs
         try:
             return fn(*args, **kwargs)
         except SpecError as exc:

@@ -254,27 +254,37 @@ def track_cmd(
     uri: str | None = typer.Option(
         None,
         "--uri",
-        help="The MLflow tracking server, when not the spec's tracking.mlflow.uri (else "
-        "MLFLOW_TRACKING_URI); credentials go in MLFLOW_TRACKING_USERNAME/PASSWORD.",
+        help="The MLflow tracking server to send to (else MLFLOW_TRACKING_URI); credentials "
+        "come from the environment only (MLFLOW_TRACKING_USERNAME/PASSWORD or _TOKEN).",
+    ),
+    folder_uri: bool = typer.Option(
+        False,
+        "--folder-uri",
+        help="Send to the server the folder's spec.yaml names (tracking.mlflow.uri) instead; "
+        "the environment's credentials go with it only when they are for that same server.",
     ),
     as_json: AsJson = False,
 ) -> None:
     """Send to MLflow what a closed campaign kept while its tracking server was down (the runs'
     mlflow-outbox.jsonl, the verdict and budget tags, the report): exit 0 all sent, 1 the
     server does not answer (run it again later). The folder is read, never written, and only
-    what the server lacks is sent: running it twice sends nothing twice."""
+    what the server lacks is sent: running it twice sends nothing twice. The server is yours
+    (--uri, else MLFLOW_TRACKING_URI); the one the folder names only with --folder-uri."""
     from gpucampaign.core.text import redact_secrets
     from gpucampaign.folder.layout import MANIFEST
     from gpucampaign.storage.status import campaign_folder_spec
     from gpucampaign.tracking import sealed_tracking_uri, track_sealed
+    from gpucampaign.tracking.campaign import folder_tracking_uri
 
     spec = campaign_folder_spec(out)  # exit 2 when it is not a campaign's folder
+    if uri is not None and folder_uri:
+        raise SpecError(
+            "--uri and --folder-uri name two servers: give one of them.", field="--folder-uri"
+        )
     if uri is not None:
-        _check_tracking_uri(uri, field="--uri")
-    elif (spec.tracking.mlflow is None or not spec.tracking.mlflow.uri) and (
-        env_uri := os.environ.get("MLFLOW_TRACKING_URI")
-    ):
-        _check_tracking_uri(env_uri, field="MLFLOW_TRACKING_URI")
+        _check_tracking_uri(uri, field="--uri", credentials=False)
+    elif not folder_uri and (env_uri := os.environ.get("MLFLOW_TRACKING_URI")):
+        _check_tracking_uri(env_uri, field="MLFLOW_TRACKING_URI", credentials=True)
     if not (out / MANIFEST).is_file():
         raise SpecError(
             f"'{out}' has no {MANIFEST}: the campaign is not closed. A campaign that runs sends "
@@ -282,13 +292,19 @@ def track_cmd(
             "closed (sealed) folder.",
             field="OUT",
         )
-    sealed_tracking_uri(spec, root=out, uri=uri)  # exit 2 before the whole folder is hashed
-    _check_sealed(out, what="its tracking records")
+    target = sealed_tracking_uri(spec, root=out, uri=uri, folder_uri=folder_uri)
+    _check_sealed(out, what="its tracking records", spec=spec)
     manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
-    line, done = track_sealed(spec, root=out, manifest=manifest, uri=uri)
+    named = folder_tracking_uri(spec)
+    if named is not None and not folder_uri and not as_json:
+        say(
+            f"the folder's spec names the tracking server {redact_secrets(named)}: not used; "
+            f"sending to {redact_secrets(target)} (--folder-uri sends to the folder's)"
+        )
+    line, done = track_sealed(spec, root=out, manifest=manifest, uri=uri, folder_uri=folder_uri)
     line = redact_secrets(line)
     if as_json:
-        print_json({"out": str(out), "tracked": done, "line": line})
+        print_json({"out": str(out), "tracked": done, "line": line, "folder_uri": named})
     else:
         say(esc(line))
     if not done:
@@ -299,26 +315,27 @@ def track_cmd(
         raise typer.Exit(EXIT_UNEXPECTED)
 
 
-def _check_tracking_uri(uri: str, *, field: str) -> None:
-    """A tracking URI as the spec's ``tracking.mlflow.uri`` takes it (no credentials in it)."""
-    from pydantic import ValidationError
-
-    from gpucampaign.core.text import redact_secrets
-    from gpucampaign.spec.parts import MlflowSpec
+def _check_tracking_uri(uri: str, *, field: str, credentials: bool) -> None:
+    """A tracking URI as ``check_tracking_uri`` takes it (``credentials``: a user part may be
+    in it, as in ``MLFLOW_TRACKING_URI``), else exit 2 naming ``field``."""
+    from gpucampaign.spec import check_tracking_uri
 
     try:
-        MlflowSpec(uri=uri)
-    except ValidationError as exc:
-        reason = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-        raise SpecError(f"{field} '{redact_secrets(uri)}': {reason}.", field=field) from None
+        check_tracking_uri(uri, credentials=credentials)
+    except ValueError as exc:
+        raise SpecError(f"{field} '{uri}': {exc}.", field=field) from None
 
 
-def _check_sealed(out: Path, *, what: str) -> None:
+def _check_sealed(out: Path, *, what: str, spec: Any = None) -> None:
     """The folder against its manifest before anything of it is trusted (exit 4 naming each
-    file that differs), as ``retrieve`` checks what it brought back."""
-    from gpucampaign.verify.checks import seal_problems
+    file that differs), as ``retrieve`` checks what it brought back; with ``spec`` (the
+    folder's), its tracking section too: ``track`` reads it."""
+    from gpucampaign.verify.checks import seal_problems, tracking_problems
 
     problems = seal_problems(out)
+    if not problems and spec is not None:  # the manifest reads: the seal checks said so
+        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        problems += tracking_problems(spec, manifest=manifest)
     for p in problems:
         say(f"[red]{p.code}[/] {esc(p.path)}: {esc(p.detail)}")
     if problems:

@@ -348,6 +348,9 @@ def build_manifest(
         "question": spec.question,
         "created_at": utc_now(),
         "spec_sha256": spec_sha256(spec),
+        # Left out of spec_sha256 (the campaign's identity), sealed here: where the folder
+        # says its runs are tracked is read by `campaign track` and checked by `verify`.
+        "tracking": spec.tracking.model_dump(mode="json"),
         "plan_sha256": plan_sha,
         "runs": {rid: {**v, **_device_of(folder, rid)} for rid, v in expected_runs.items()},
         "verdict": verdict.to_dict() if hasattr(verdict, "to_dict") else verdict,

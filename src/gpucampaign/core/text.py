@@ -3,8 +3,12 @@ from elsewhere made safe to show (no terminal escapes, no password of a URL)."""
 
 from __future__ import annotations
 
+import logging
 import re
+import traceback
 import unicodedata
+from collections.abc import Callable
+from typing import Any
 
 
 def say_duration(hours: float | None, *, signed: bool = False, missing: str = "") -> str:
@@ -20,15 +24,95 @@ def say_duration(hours: float | None, *, signed: bool = False, missing: str = ""
     return f"{sign}{h:.3g} h"
 
 
-# The password of a URL's user part (``scheme://user:password@host``).
-_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/@\s:]*):[^/@\s]*@")
+# Every form a credential takes in a URL or an error text, each replaced by ``***``:
+# the whole user part of a URL (``user:password@``, a token alone: ``TOKEN@``; a URL
+# percent-encoded inside another too) ...
+_URL_USERINFO = re.compile(
+    r"(?i)\b([a-z][a-z0-9+.-]*(?::|%3a)(?://|%2f%2f))"
+    r"(?:[^/?#\s'\"<>]+@|[^/?#@\s'\"<>]+?%40)"
+)
+# ... a parameter whose name ends in a secret's word (``?access_token=``, ``&password=``,
+# ``api_key=``, ``X-Amz-Signature=``; the name percent-encoded too; ``=`` or ``: ``) ...
+_SECRET_WORD = r"token|passw(?:or)?d|pwd|secret|api[_-]?key|apikey|credentials?|signature|sig|auth"
+_PARAM_SECRET = re.compile(
+    rf"(?i)((?:^|(?<=[?&;,\s'\"({{]))(?:[a-z0-9.-]|_|%5f)*(?:{_SECRET_WORD})['\"]?)"
+    r"(=|%3d|\s*:\s*['\"]?)[^&#\s'\"<>,;]+"
+)
+# ... and a bearer-like value (``Bearer xyz``, ``Authorization: Basic dXNlcjpwdw==``).
+_BEARER = re.compile(
+    r"(?i)\b(bearer(?:\s+|%20|\+)|basic(?:\s+|%20|\+)(?=[a-z0-9+/]*[0-9+/=])|"
+    r"(?:proxy-)?authorization['\"]?\s*[:=]\s*['\"]?(?:bearer\s+|basic\s+|token\s+)?)"
+    r"[a-z0-9._~+/=:-]+"
+)
 # Terminal escapes: CSI (colours, cursor moves), OSC (titles, links), and the two-byte ones.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]")
 
 
 def redact_secrets(text: str) -> str:
-    """``text`` with the password of every URL in it replaced by ``***`` (the user is kept)."""
-    return _URL_PASSWORD.sub(r"\1:***@", text)
+    """``text`` with every credential in it replaced by ``***``: the user part of a URL
+    (``user:password@``, ``TOKEN@``), secret-like parameters (``access_token=``, ``token=``,
+    ``password=``, ``api_key=``, a signature), and bearer-like values (``Bearer xyz``,
+    ``Authorization: ...``), in any case and percent-encoded. The one redaction of the project:
+    whatever may reach a terminal, a log, a file or a Prefect record goes through it."""
+    text = _URL_USERINFO.sub(r"\1***@", text)
+    text = _PARAM_SECRET.sub(r"\1\2***", text)
+    return _BEARER.sub(r"\1***", text)
+
+
+class SecretsFilter(logging.Filter):
+    """A log record's text with its credentials redacted (``redact_secrets``), on whatever
+    handler shows or keeps it: the terminal, a file, Prefect's records of a run (what reaches
+    its database). The record is changed in place and always passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Redact ``record``'s message and its traceback's text; True."""
+        redact_record(record)
+        return True
+
+
+def redact_record(record: logging.LogRecord) -> logging.LogRecord:
+    """``record`` with its message formatted and redacted, and its traceback's text (which
+    handlers print instead of formatting the exception again) redacted too."""
+    if getattr(record, "_secrets_redacted", False):
+        return record
+    try:
+        message = record.getMessage()
+    except Exception:  # noqa: BLE001 - a bad format string: said as its parts, not raised
+        message = f"{record.msg} {record.args}"
+    record.msg, record.args = redact_secrets(message), None
+    if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+        record.exc_text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+    if record.exc_text:
+        said = redact_secrets(record.exc_text)
+        if said != record.exc_text:  # the exception itself holds a credential: only its
+            record.exc_info = None  # redacted text goes on (a JSON or rich handler reads it raw)
+        record.exc_text = said
+    if record.stack_info:
+        record.stack_info = redact_secrets(record.stack_info)
+    record._secrets_redacted = True
+    return record
+
+
+_FACTORY: list[Callable[..., logging.LogRecord]] = []  # the factory before ours, once set
+
+
+def redact_logging() -> None:
+    """Redact credentials in every log record of this process, from now on: each record is
+    redacted as it is made (so handlers added later, Prefect's among them, get it redacted),
+    and every handler present gets a ``SecretsFilter`` too. Idempotent."""
+    if not _FACTORY:
+        previous = logging.getLogRecordFactory()
+        _FACTORY.append(previous)
+
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            return redact_record(previous(*args, **kwargs))
+
+        logging.setLogRecordFactory(factory)
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", []):
+            if not any(isinstance(f, SecretsFilter) for f in handler.filters):
+                handler.addFilter(SecretsFilter())
 
 
 def strip_ansi(text: str) -> str:

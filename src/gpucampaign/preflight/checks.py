@@ -14,11 +14,14 @@ writes nothing and raises ``SpecError`` (exit 2, one paragraph) at the first pro
 4. the corpus table's columns and the splits the campaign needs;
 5. each distinct recipe: imports, class, methods, and one batch through ``datasets``,
    ``model``, ``loss`` and ``evaluate`` (which must return the decision metric), on the CPU;
-6. the store: ``local``, or the URL, keys, bucket and a probe object of ``s3://``.
+6. the store: ``local``, or the URL, keys, bucket and a probe object of ``s3://``;
+7. the tracking server's URI when ``MLFLOW_TRACKING_URI`` names it (the spec's own is
+   checked with the spec): ``http(s)://host``, nothing another scheme would make of it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +35,13 @@ from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.preflight.paths import check_pinned, inside
 from gpucampaign.recipe.contract import load_recipe
 from gpucampaign.recipe.runtime import preflight as try_recipes
-from gpucampaign.spec import BUILTIN_RECIPES, CampaignSpec, SpecError, resolve_inside
+from gpucampaign.spec import (
+    BUILTIN_RECIPES,
+    CampaignSpec,
+    SpecError,
+    check_tracking_uri,
+    resolve_inside,
+)
 from gpucampaign.spec.recipefile import RecipeError, recipe_file, use_recipe_dir
 from gpucampaign.storage import check_storage
 
@@ -108,6 +117,7 @@ def preflight(
             load_recipe(recipe)
             checked.append(f"recipe '{recipe}': imports, class and methods (no corpus to try)")
     check_storage(spec.storage.url, env=env)
+    _check_tracking_env(spec, env=os.environ if env is None else env)
     checked.append(
         "storage local: checkpoints in the output folder"
         if is_local(spec.storage.url)
@@ -134,6 +144,21 @@ def _gpus_and_storage(spec: CampaignSpec) -> None:
             "for that run.",
             field="gpus",
         )
+
+
+def _check_tracking_env(spec: CampaignSpec, *, env: Mapping[str, str]) -> None:
+    """``MLFLOW_TRACKING_URI`` checked as the spec's URI is (credentials aside: the
+    environment is where they belong), when the spec names no server of its own."""
+    uri = env.get("MLFLOW_TRACKING_URI")
+    if not uri or (spec.tracking.mlflow is not None and spec.tracking.mlflow.uri):
+        return
+    try:
+        check_tracking_uri(uri, credentials=True)
+    except ValueError as exc:
+        raise SpecError(
+            f"MLFLOW_TRACKING_URI '{uri}': {exc}; or unset it to run without tracking.",
+            field="MLFLOW_TRACKING_URI",
+        ) from None
 
 
 def _recipe_files(spec: CampaignSpec, *, base: Path) -> list[str]:

@@ -32,6 +32,7 @@ from gpucampaign.spec.parts import (
     canonical_json,
 )
 from gpucampaign.spec.resolved import ResolvedRun, RunSize, run_size
+from gpucampaign.spec.trackinguri import check_tracking_uri
 
 __all__ = [
     "BUILTIN_RECIPES",
@@ -57,6 +58,7 @@ __all__ = [
     "TrackingSpec",
     "Variant",
     "canonical_json",
+    "check_tracking_uri",
     "format_validation_error",
     "load_spec",
     "parse_spec",

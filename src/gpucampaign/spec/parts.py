@@ -20,6 +20,7 @@ from pydantic import (
 
 from gpucampaign.core.storageurl import LOCAL, check_url
 from gpucampaign.core.text import redact_secrets
+from gpucampaign.spec.trackinguri import check_tracking_uri
 
 Tier = Literal["essential", "useful", "exploratory"]
 
@@ -556,9 +557,10 @@ class MlflowSpec(_Frozen):
 
     uri: str | None = Field(
         default=None,
-        description="Tracking server URI (http(s)://host:port, or a local file:/sqlite: store); "
-        "absent: MLFLOW_TRACKING_URI. Credentials go in the environment "
-        "(MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN).",
+        max_length=2000,
+        description="Tracking server URI (http(s)://host:port); absent: MLFLOW_TRACKING_URI. "
+        "Credentials go in the environment only (MLFLOW_TRACKING_USERNAME, "
+        "MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN), never in the spec.",
     )
     experiment: str | None = Field(
         default=None,
@@ -570,14 +572,8 @@ class MlflowSpec(_Frozen):
     @field_validator("uri")
     @classmethod
     def _no_credentials(cls, v: str | None) -> str | None:
-        if v is not None and re.match(r"^[a-z][a-z0-9+.-]*://[^/@]*@", v, re.IGNORECASE):
-            raise ValueError(
-                "the tracking URI holds credentials; remove 'user:password@' and set "
-                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD in the environment"
-            )
-        if v is not None and not v.strip():
-            raise ValueError("give a tracking URI (http://host:port), or leave 'uri' out")
-        return v
+        # Checked, and kept, as normalized: a leading space must not hide a password.
+        return None if v is None else check_tracking_uri(v)
 
 
 class TrackingSpec(_Frozen):

@@ -30,7 +30,7 @@ class StorageError(OSError):
     """A store operation failed (I/O error, refused key, backend error).
 
     Its message never holds the password of a URL (an endpoint given as
-    ``http://user:password@host`` is said as ``http://user:***@host``).
+    ``http://user:password@host`` is said as ``http://***@host``: its whole user part).
     """
 
     def __init__(self, *args: Any) -> None:

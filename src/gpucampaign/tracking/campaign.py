@@ -10,11 +10,16 @@ failure is the line returned.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import gpucampaign.tracking.mlflow as runs  # make_client looked up when called
+from gpucampaign.core.text import redact_secrets
 from gpucampaign.folder.layout import (
     FIGURES_DIR,
     MLFLOW_OUTBOX_FILE,
@@ -26,6 +31,8 @@ from gpucampaign.folder.layout import (
 )
 from gpucampaign.spec import CampaignSpec, SpecError
 from gpucampaign.tracking.mlflow import (
+    CREDENTIAL_ENV,
+    ENV_URI,
     MAX_VALUE,
     TAG,
     RunTracker,
@@ -34,6 +41,7 @@ from gpucampaign.tracking.mlflow import (
     ensure_parent,
     experiment_name,
     short_error,
+    tracking_off,
     tracking_uri,
 )
 
@@ -143,6 +151,7 @@ def track_sealed(
     root: str | Path,
     manifest: Mapping[str, Any],
     uri: str | None = None,
+    folder_uri: bool = False,
     client: Any = None,
 ) -> tuple[str, bool]:
     """The close's tracking, later (``campaign track OUT``): for a sealed folder whose close the
@@ -152,11 +161,16 @@ def track_sealed(
     folder, and only the (metric, step) pairs the server lacks are sent: running it again sends
     nothing twice. The caller checks the folder against its manifest first.
 
+    The server is the one the user chose (``uri``, else ``MLFLOW_TRACKING_URI``); the one the
+    folder's spec names only with ``folder_uri``, and then without the credentials of the
+    environment unless they are for that same server (``credentials_for``).
+
     Args:
         spec: The campaign (the folder's ``spec.yaml``).
         root: The sealed output folder.
         manifest: Its ``manifest.json``.
-        uri: The tracking server; None: the spec's, else ``MLFLOW_TRACKING_URI``.
+        uri: The tracking server the user gave; None: ``MLFLOW_TRACKING_URI``.
+        folder_uri: Send to the server the folder's spec names (the user asked for it).
         client: An ``MlflowClient`` (made from the URI when None).
 
     Returns:
@@ -166,40 +180,68 @@ def track_sealed(
         SpecError: No tracking server is named, or no run of the folder was tracked.
     """
     root = Path(root)
-    uri = sealed_tracking_uri(spec, root=root, uri=uri)
+    uri = sealed_tracking_uri(spec, root=root, uri=uri, folder_uri=folder_uri)
     files = [
         str(f["path"])
         for f in manifest.get("files") or []
         if f.get("path") in _CLOSE_ARTIFACTS or str(f.get("path", "")).startswith(f"{FIGURES_DIR}/")
     ]
-    return _track_close(
-        spec,
-        uri=uri,
-        root=root,
-        campaign_id=str(manifest.get("campaign_id") or campaign_id_of(root, spec)),
-        verdict=manifest.get("verdict") or {},
-        budget=manifest.get("budget") or {},
-        files=files,
-        client=client,
-        sealed=True,
-    )
+    send_credentials = not folder_uri or credentials_for(uri)
+    with nullcontext() if send_credentials else withheld_credentials():
+        line, done = _track_close(
+            spec,
+            uri=uri,
+            root=root,
+            campaign_id=str(manifest.get("campaign_id") or campaign_id_of(root, spec)),
+            verdict=manifest.get("verdict") or {},
+            budget=manifest.get("budget") or {},
+            files=files,
+            client=client,
+            sealed=True,
+        )
+    if not send_credentials:
+        meant = os.environ.get(ENV_URI)
+        line += (
+            "; sent without the MLflow credentials of the environment (they are for "
+            f"{redact_secrets(meant) if meant else 'the server MLFLOW_TRACKING_URI would name'})"
+        )
+    return line, done
 
 
-def sealed_tracking_uri(spec: CampaignSpec, *, root: str | Path, uri: str | None = None) -> str:
-    """The tracking server that ``track_sealed`` sends a folder's kept metrics to: ``uri``,
-    else the spec's, else ``MLFLOW_TRACKING_URI``.
+def sealed_tracking_uri(
+    spec: CampaignSpec, *, root: str | Path, uri: str | None = None, folder_uri: bool = False
+) -> str:
+    """The tracking server that ``track_sealed`` sends a folder's kept metrics to: ``uri``
+    (the user's), else ``MLFLOW_TRACKING_URI``; the folder spec's ``tracking.mlflow.uri`` only
+    with ``folder_uri`` (a folder may come from anyone: where it says to send is not taken
+    unasked).
 
     Raises:
         SpecError: No tracking server is named, or no run of the folder was tracked.
     """
     root = Path(root)
-    found = uri or tracking_uri(spec)
+    named = folder_tracking_uri(spec)
+    if folder_uri:
+        if named is None:
+            raise SpecError(
+                f"--folder-uri: the spec of '{root}' names no tracking server "
+                "(no tracking.mlflow.uri); give --uri or set MLFLOW_TRACKING_URI.",
+                field="--folder-uri",
+            )
+        found: str | None = named
+    else:
+        found = uri or (None if tracking_off() else os.environ.get(ENV_URI) or None)
     if found is None:
+        also = (
+            f" (its spec names {named}: --folder-uri sends there, your credentials only if "
+            "MLFLOW_TRACKING_URI names that server)"
+            if named
+            else ""
+        )
         raise SpecError(
-            f"no MLflow tracking server for '{root}': its spec has no tracking.mlflow.uri and "
-            "MLFLOW_TRACKING_URI is not set (or GPUCAMPAIGN_TRACKING=off); set "
-            "MLFLOW_TRACKING_URI or give --uri.",
-            field="tracking.mlflow.uri",
+            f"no MLflow tracking server for '{root}'{also}: set MLFLOW_TRACKING_URI or give "
+            "--uri (GPUCAMPAIGN_TRACKING=off switches the environment's off).",
+            field="--uri",
         )
     if not any((root / RUNS_DIR).glob(f"*/{MLFLOW_STATE_FILE}")):
         raise SpecError(
@@ -208,6 +250,48 @@ def sealed_tracking_uri(spec: CampaignSpec, *, root: str | Path, uri: str | None
             field="OUT",
         )
     return found
+
+
+def folder_tracking_uri(spec: CampaignSpec) -> str | None:
+    """The tracking server a (folder's) spec names, None when it names none."""
+    m = spec.tracking.mlflow
+    return m.uri if m is not None and m.uri else None
+
+
+def credentials_for(uri: str) -> bool:
+    """Whether the environment's MLflow credentials are meant for ``uri``'s server: the one
+    ``MLFLOW_TRACKING_URI`` names (same scheme, host and port)."""
+    env = os.environ.get(ENV_URI)
+    return env is not None and _server(env) == _server(uri)
+
+
+def _server(uri: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(uri.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port or default
+
+
+@contextmanager
+def withheld_credentials() -> Iterator[None]:
+    """MLflow without the environment's credentials while it lasts: its variables unset, and
+    its credentials file (``~/.mlflow/credentials``) and the netrc HTTP clients read out of
+    reach (a home without them)."""
+    saved = {k: os.environ.pop(k) for k in (*CREDENTIAL_ENV, "NETRC") if k in os.environ}
+    home = os.environ.get("HOME")
+    with tempfile.TemporaryDirectory(prefix="gpucampaign-nocreds-") as empty:
+        os.environ["HOME"] = empty
+        try:
+            yield
+        finally:
+            if home is None:
+                os.environ.pop("HOME", None)
+            else:
+                os.environ["HOME"] = home
+            os.environ.update(saved)
 
 
 _CLOSE_ARTIFACTS = (REPORT_MD, REPORT_HTML, REPORT_JSON)  # with figures/*: the close's
@@ -265,7 +349,7 @@ def _track_close(
         raise
     except Exception as exc:  # noqa: BLE001 - the close goes on without the tracking server
         return (
-            f"MLflow: tracking server {uri} did not answer"
+            f"MLflow: tracking server {redact_secrets(uri)} did not answer"
             f"{'' if sealed else ' at the close'} ({short_error(exc)}); the verdict and "
             "report are not in "
             "MLflow, metrics not sent stay in runs/*/" + MLFLOW_OUTBOX_FILE
@@ -273,8 +357,9 @@ def _track_close(
     late = sum(r["sent"] for r in replays)
     failed = [r["run_id"] for r in replays if not r["ok"]]
     line = (
-        f"MLflow: campaign {campaign_id} tracked at {uri}, experiment '{experiment_name(spec)}',"
-        f" parent run {parent}: verdict and budget tags, {len(logged)} artifacts"
+        f"MLflow: campaign {campaign_id} tracked at {redact_secrets(uri)}, experiment "
+        f"'{experiment_name(spec)}', parent run {parent}: verdict and budget tags, "
+        f"{len(logged)} artifacts"
     )
     if late:
         line += f"; {late} metric values sent late (kept while the server was down)"

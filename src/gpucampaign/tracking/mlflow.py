@@ -26,7 +26,8 @@ resume, on another host too, continues the same MLflow run (whose metric history
 was sent). A (metric, step) is sent once: a step retrained after a resume is not logged again.
 
 The client is ``MlflowClient`` (several runs share a process: no fluent global run). Credentials
-never go in the spec, params or tags: MLflow reads them from its own environment variables.
+never go in the spec, params, tags or any file: MLflow reads them from its own environment
+variables, and a URI from the environment that holds some is said and kept redacted.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
+from gpucampaign.core.text import redact_logging, redact_secrets
 from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE, run_id_of
 from gpucampaign.folder.records import read_campaign_id
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
@@ -50,6 +52,16 @@ log = logging.getLogger(__name__)
 
 META_KEY = "mlflow_run_id"  # in every checkpoint's meta.json
 OFF_ENV = "GPUCAMPAIGN_TRACKING"
+ENV_URI = "MLFLOW_TRACKING_URI"
+# What MLflow sends a server as credentials, read from the environment only.
+CREDENTIAL_ENV = (
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_AUTH",
+    "MLFLOW_TRACKING_AWS_SIGV4",
+    "MLFLOW_TRACKING_CLIENT_CERT_PATH",
+)
 TAG = "gpucampaign."
 FLUSH_EVERY_S = 5.0
 CLOSE_WAIT_S = 30.0
@@ -64,7 +76,7 @@ _WARNED: set[str] = set()  # the servers said to be down in this process
 
 def short_error(exc: BaseException) -> str:
     """A failed request in a few words (MLflow's own message repeats the URL three times)."""
-    text = str(exc)
+    text = redact_secrets(str(exc))  # before it is cut: a cut URL would hide its password
     for marker, said in (
         ("Connection refused", "connection refused"),
         ("timed out", "timed out"),
@@ -75,14 +87,19 @@ def short_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}"
 
 
+def tracking_off() -> bool:
+    """``GPUCAMPAIGN_TRACKING=off`` (or 0, false, no): tracking off whatever else says."""
+    return os.environ.get(OFF_ENV, "").strip().lower() in ("off", "0", "false", "no")
+
+
 def tracking_uri(spec: CampaignSpec) -> str | None:
     """The tracking URI in force: the spec's, else ``MLFLOW_TRACKING_URI``; None: off."""
-    if os.environ.get(OFF_ENV, "").strip().lower() in ("off", "0", "false", "no"):
+    if tracking_off():
         return None
     m = spec.tracking.mlflow
     if m is not None and m.uri:
         return m.uri
-    return os.environ.get("MLFLOW_TRACKING_URI") or None
+    return os.environ.get(ENV_URI) or None
 
 
 def experiment_name(spec: CampaignSpec) -> str:
@@ -106,6 +123,9 @@ def make_client(uri: str) -> Any:
             "tracking off (remove tracking.mlflow, unset MLFLOW_TRACKING_URI).",
             field="tracking.mlflow",
         ) from exc
+    # Whatever process tracks (the CLI, a worker's flow, a data-parallel rank), no log record
+    # of it, mlflow's own included, says a credential of the URI.
+    redact_logging()
     # A server that is down answers in seconds, not after MLflow's default minutes of retries.
     # (A failed send is tried again at the next flush: no retries inside one.)
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -178,7 +198,8 @@ class RunTracker:
 
     Args:
         client: An ``MlflowClient`` (or a stand-in with the same methods).
-        uri: The tracking URI (for messages and ``mlflow.json``).
+        uri: The tracking URI, for messages and ``mlflow.json``: kept redacted (the client
+            has the URI it needs; a credential is never said or written).
         experiment: The experiment's name.
         campaign_id: The campaign's ID (the parent run's name).
         run_folder: The run folder: ``mlflow.json`` and the outbox live there.
@@ -212,7 +233,7 @@ class RunTracker:
     ) -> None:
         self.client = client
         self.sealed = sealed
-        self.uri = uri
+        self.uri = redact_secrets(uri)
         self.experiment = experiment
         self.campaign_id = campaign_id
         self.folder = Path(run_folder)
@@ -220,7 +241,7 @@ class RunTracker:
         self.tags = dict(tags)
         self.params = dict(params)
         state = self._read_state()
-        if state.get("uri") not in (None, uri):  # another server: its run IDs mean nothing here
+        if state.get("uri") not in (None, self.uri):  # another server: its run IDs mean nothing
             state, known_run_id = {}, None
         self.mlflow_run_id: str | None = known_run_id or state.get("mlflow_run_id")
         # Without our own record of what was sent, the server's metric history tells it.
@@ -579,7 +600,7 @@ def tracking_note(run_folder: Path) -> str | None:
     if not lines:
         return None
     return (
-        f"MLflow: the tracking server {state.get('uri')} did not take {len(lines)} metric "
-        f"values of {state.get('run_id')}; training went on, they are kept in "
+        f"MLflow: the tracking server {redact_secrets(str(state.get('uri')))} did not take "
+        f"{len(lines)} metric values of {state.get('run_id')}; training went on, they are kept in "
         f"{folder / MLFLOW_OUTBOX_FILE} and sent by the run's next start or the campaign's close"
     )

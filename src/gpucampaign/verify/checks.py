@@ -45,7 +45,7 @@ from gpucampaign.folder.layout import (
     run_file,
     run_path,
 )
-from gpucampaign.spec import SpecError, load_spec, spec_sha256
+from gpucampaign.spec import CampaignSpec, SpecError, TrackingSpec, load_spec, spec_sha256
 from gpucampaign.verify.context import Problem, VerifyContext, run_id_is_a_name
 
 _PATH_KEY = re.compile(r"(^|_)(path|paths|dir|dirs|folder|file|files|location)$", re.IGNORECASE)
@@ -320,6 +320,7 @@ def check_spec(ctx: VerifyContext) -> list[Problem]:
     if ctx.manifest.get("spec_sha256") != spec_sha256(spec):
         detail = "the spec's sha256 differs from the manifest's spec_sha256"
         problems.append(Problem("spec_changed", SPEC_COPY, detail))
+    problems += tracking_problems(spec, manifest=ctx.manifest)
     for name in spec.run_names() if spec.control is not None else []:
         if not spec.run_config(name).builtin:
             # A user's recipe file is not looked up (a dotted module's package would run);
@@ -333,6 +334,16 @@ def check_spec(ctx: VerifyContext) -> list[Problem]:
             detail = f"run '{name}' ({rid}) of the spec is not in the manifest"
             problems.append(Problem("missing_run", run_file(rid), detail))
     return problems
+
+
+def tracking_problems(spec: CampaignSpec, *, manifest: Mapping[str, Any]) -> list[Problem]:
+    """The spec's tracking section is the one the manifest sealed (it is not in spec_sha256,
+    the campaign's identity, so it is sealed on its own; a manifest without it sealed none)."""
+    sealed = manifest.get("tracking", TrackingSpec().model_dump(mode="json"))
+    if sealed == spec.tracking.model_dump(mode="json"):
+        return []
+    detail = "the spec's tracking section (its tracking server) differs from the manifest's"
+    return [Problem("spec_changed", SPEC_COPY, detail)]
 
 
 def check_manifest_runs(ctx: VerifyContext) -> list[Problem]:
