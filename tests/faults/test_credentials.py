@@ -22,8 +22,9 @@ from typer.testing import CliRunner
 
 from gpucampaign.cli import app
 from gpucampaign.core.text import redact_logging, redact_secrets
+from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE
 from gpucampaign.spec import SpecError, check_tracking_uri
-from gpucampaign.tracking.mlflow import OUTBOX_FILE, STATE_FILE, RunTracker, short_error
+from gpucampaign.tracking.mlflow import RunTracker, short_error
 from tests.helpers import reseal
 from tests.helpers.fake_mlflow import FakeClient
 
@@ -177,7 +178,7 @@ def test_a_run_tracker_writes_and_says_no_credential(tmp_path, form, faults, cap
     leaks = [t for t in texts if _leaked(t)]
     faults.add("secrets_leaked", len(leaks))
     assert leaks == []
-    assert (folder / STATE_FILE).is_file() and (folder / OUTBOX_FILE).is_file()
+    assert (folder / MLFLOW_STATE_FILE).is_file() and (folder / MLFLOW_OUTBOX_FILE).is_file()
 
 
 USERINFO_FORMS = [k for k in URL_FORMS if "?" not in FORMS[k] and "#" not in FORMS[k]]
@@ -316,8 +317,12 @@ def _tracked_folder(out: Path, *, mine: str, named: str | None, seal_tracking: b
     resealed as an attacker would (the file list; the tracking section too when asked)."""
     rid = next(p.name for p in sorted((out / "runs").iterdir()) if p.is_dir())
     state = {"run_id": rid, "uri": mine, "experiment": "exp", "campaign_id": "c-1"}
-    (out / "runs" / rid / STATE_FILE).write_text(json.dumps({**state, "tags": {}, "params": {}}))
-    (out / "runs" / rid / OUTBOX_FILE).write_text(json.dumps(["train/loss", 0.5, 1, 1]) + "\n")
+    (out / "runs" / rid / MLFLOW_STATE_FILE).write_text(
+        json.dumps({**state, "tags": {}, "params": {}})
+    )
+    (out / "runs" / rid / MLFLOW_OUTBOX_FILE).write_text(
+        json.dumps(["train/loss", 0.5, 1, 1]) + "\n"
+    )
     if named is not None:
         with (out / "spec.yaml").open("a") as f:
             f.write(f"tracking: {{mlflow: {{uri: '{named}'}}}}\n")

@@ -30,7 +30,8 @@ from typer.testing import CliRunner
 
 import gpucampaign.storage
 from gpucampaign.cli import app
-from gpucampaign.close.ledger import LEDGER, LedgerError, parse_ledger, read_ledger
+from gpucampaign.close.ledger import LedgerError, parse_ledger, read_ledger
+from gpucampaign.folder.layout import LEDGER_FILE
 from gpucampaign.folder.progress import MAX_PROGRESS_BYTES, read_all_progress, render_line
 from gpucampaign.preflight import preflight
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec
@@ -141,7 +142,7 @@ def test_fuzzed_expenses_are_recorded_once_or_refused_with_nothing_written(fault
 
 
 def test_a_refused_expense_writes_nothing(faults, out):
-    before = (out / LEDGER).read_bytes() if (out / LEDGER).exists() else None
+    before = (out / LEDGER_FILE).read_bytes() if (out / LEDGER_FILE).exists() else None
     for args in (
         ["--usd", "inf", "--what", "[/]"],
         ["--usd", "1", "--what", "[/]\n[/]"],
@@ -150,7 +151,7 @@ def test_a_refused_expense_writes_nothing(faults, out):
     ):
         got = _cli(faults, ["expense", str(out), *args], codes=(2,))
         assert "option '--" in _one_paragraph(got.output)
-    after = (out / LEDGER).read_bytes() if (out / LEDGER).exists() else None
+    after = (out / LEDGER_FILE).read_bytes() if (out / LEDGER_FILE).exists() else None
     assert after == before
 
 
@@ -176,13 +177,13 @@ BAD_LEDGER_LINES = [
 @pytest.mark.parametrize("bad", BAD_LEDGER_LINES, ids=range(len(BAD_LEDGER_LINES)))
 def test_a_bad_ledger_line_fails_verify_and_report_says_so(faults, out, bad):
     _cli(faults, ["expense", str(out), "--usd", "2", "--what", "a real one"], codes=(0,))
-    with (out / LEDGER).open("ab") as f:
+    with (out / LEDGER_FILE).open("ab") as f:
         f.write(bad)
     got = _cli(faults, ["verify", str(out), "--no-reload", "--json"], codes=(4,))
     problems = json.loads(got.output)["problems"]
     assert any(p["code"] == "invalid_ledger" for p in problems), problems
     said = _one_paragraph(_cli(faults, ["report", str(out)], codes=(2,)).output)
-    assert LEDGER in said and "line 2 is not an expense" in said, said
+    assert LEDGER_FILE in said and "line 2 is not an expense" in said, said
     _cli(faults, ["report", str(out), "--json"], codes=(2,))
 
 
@@ -215,7 +216,7 @@ def test_fuzzed_ledger_lines_are_expenses_or_a_ledger_error(faults, usd, what):
         )
     )
     try:
-        (entry,) = parse_ledger(data, where=LEDGER)
+        (entry,) = parse_ledger(data, where=LEDGER_FILE)
     except LedgerError as exc:
         assert not valid, (usd, what, str(exc))
         assert "line 1" in str(exc)
@@ -240,8 +241,8 @@ def _campaign(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_fifo_planted_as_the_ledger_is_refused_never_waited_on(faults, out):
-    (out / LEDGER).unlink(missing_ok=True)
-    os.mkfifo(out / LEDGER)
+    (out / LEDGER_FILE).unlink(missing_ok=True)
+    os.mkfifo(out / LEDGER_FILE)
     faults.add("fuzzed_inputs", 3)
     verify = _campaign("verify", str(out), "--no-reload", "--json")
     assert verify.returncode == 4, verify.stderr
@@ -252,13 +253,13 @@ def test_a_fifo_planted_as_the_ledger_is_refused_never_waited_on(faults, out):
         assert got.returncode == 2, (args, got.stdout, got.stderr)
         said = _one_paragraph(got.stderr + got.stdout)
         assert "not a regular file" in said and "Traceback" not in said, said
-    assert (out / LEDGER).is_fifo()
+    assert (out / LEDGER_FILE).is_fifo()
 
 
 def test_a_torn_last_line_is_left_out_and_an_empty_ledger_reads_empty(tmp_path):
     (tmp_path / "spec.yaml").write_text("name: x\n")
     assert read_ledger(tmp_path) == []
-    (tmp_path / LEDGER).write_bytes(_line(usd=2) + b'{"usd": 3, "wh')
+    (tmp_path / LEDGER_FILE).write_bytes(_line(usd=2) + b'{"usd": 3, "wh')
     assert [e.usd for e in read_ledger(tmp_path)] == [2.0]
 
 
