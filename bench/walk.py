@@ -11,8 +11,8 @@ Definitions (the issue's "visits" and "returns"):
 - Only the calling thread is followed (``sys.setprofile``), from the task function down; the
   background threads (checkpoint saves, the lease renewal) are not.
 - A *call* is a Python function call whose code lies in the project's own code
-  (``src/gpucampaign``, ``tasks``, ``flows``); a generator or coroutine that resumes is not a
-  new call. Its *module* is its source file.
+  (``src/gpucampaign``, ``tasks``, ``flows``, ``orchestration``); a generator or coroutine
+  that resumes is not a new call. Its *module* is its source file.
 - A call *path* is the chain of the project's functions on the stack down to the call. Each
   path counts once, at its first call: a training loop repeats the same calls at every step,
   and those repeats say nothing about the structure (``calls`` says how many there were).
@@ -53,7 +53,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-OWN = tuple(str(ROOT / part) + os.sep for part in ("src/gpucampaign", "tasks", "flows"))
+sys.path.insert(0, str(ROOT))  # the task modules (tasks/, orchestration/) live at the checkout root
+OWN = tuple(
+    str(ROOT / part) + os.sep for part in ("src/gpucampaign", "tasks", "flows", "orchestration")
+)
 _RESUME = dis.opmap.get("RESUME")
 _ARG_FLAGS = {0x04: 1, 0x08: 1}  # CO_VARARGS, CO_VARKEYWORDS: one more name each
 
