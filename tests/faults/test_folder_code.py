@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from gpucampaign.cli import app
 from gpucampaign.spec import load_spec, parse_spec, spec_sha256
 from tests.helpers import reseal
+from tests.helpers.specs import REGRESS_RECIPE as RECIPE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -142,41 +143,6 @@ def test_verifying_from_inside_the_folder_imports_nothing_of_it(
 
 
 # --- a campaign of a user's recipe, sealed; the user's recipe file gone afterwards ---------
-RECIPE = """
-import torch
-from torch.utils.data import TensorDataset
-from gpucampaign import Recipe
-
-
-class Regress(Recipe):
-    metric = "mse"
-
-    def datasets(self, ctx):
-        rows = [list(map(float, line.split())) for line in ctx.corpus.path.read_text().split("\\n")
-                if line.strip()]
-        t = torch.tensor(rows)
-        X, y = t[:, :2], t[:, 2:]
-        n = len(t)
-        return {"train": TensorDataset(X[: n // 2], y[: n // 2]),
-                "val": TensorDataset(X[n // 2 : 3 * n // 4], y[n // 2 : 3 * n // 4]),
-                "test": TensorDataset(X[3 * n // 4 :], y[3 * n // 4 :])}
-
-    def model(self, ctx):
-        width = int(ctx.args.get("width", 4))
-        return torch.nn.Sequential(torch.nn.Linear(2, width), torch.nn.Tanh(),
-                                   torch.nn.Linear(width, 1))
-
-    def loss(self, model, batch):
-        x, y = batch
-        return torch.nn.functional.mse_loss(model(x), y)
-
-    def evaluate(self, model, batches):
-        se, n = 0.0, 0
-        for x, y in batches:
-            se += float(((model(x) - y) ** 2).sum())
-            n += len(y)
-        return {"mse": se / n}
-"""
 
 
 @pytest.fixture(scope="module")

@@ -30,3 +30,41 @@ def one_lot_spec(*steps: dict[str, Any]) -> CampaignSpec:
 
 #: The training step of the control alone.
 TRAIN_CONTROL = {"name": "train-control", "run": "control"}
+
+
+# A linear regression read from a text file of "x1 x2 y" lines: the user's code, not src/.
+REGRESS_RECIPE = """
+import torch
+from torch.utils.data import TensorDataset
+from gpucampaign import Recipe
+
+
+class Regress(Recipe):
+    metric = "mse"
+
+    def datasets(self, ctx):
+        rows = [list(map(float, line.split())) for line in ctx.corpus.path.read_text().split("\\n")
+                if line.strip()]
+        t = torch.tensor(rows)
+        X, y = t[:, :2], t[:, 2:]
+        n = len(t)
+        return {"train": TensorDataset(X[: n // 2], y[: n // 2]),
+                "val": TensorDataset(X[n // 2 : 3 * n // 4], y[n // 2 : 3 * n // 4]),
+                "test": TensorDataset(X[3 * n // 4 :], y[3 * n // 4 :])}
+
+    def model(self, ctx):
+        width = int(ctx.args.get("width", 4))
+        return torch.nn.Sequential(torch.nn.Linear(2, width), torch.nn.Tanh(),
+                                   torch.nn.Linear(width, 1))
+
+    def loss(self, model, batch):
+        x, y = batch
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    def evaluate(self, model, batches):
+        se, n = 0.0, 0
+        for x, y in batches:
+            se += float(((model(x) - y) ** 2).sum())
+            n += len(y)
+        return {"mse": se / n}
+"""
