@@ -60,14 +60,20 @@ def test_textlm_is_planned_and_run_to_a_verified_folder(prefect_harness, tmp_pat
     # Cut to 2 epochs here, a variant may miss the loss floor: a recorded stop, not a failure.
     assert set(statuses.values()) <= {"completed", "stopped"}
     assert "loss" in summary["verdict"]["text"]
-    report = verify_output(out)
-    # A run stopped by the quality floor kept the model it reached: it reloads too.
+    # Not anchored, the folder's copy of the recipe is not run: each reload is skipped, and said.
     with_model = [r for r, s in statuses.items() if s in ("completed", "stopped")]
+    unanchored = verify_output(out)
+    assert unanchored.verified and unanchored.reloaded_runs == []
+    assert len(unanchored.skipped) >= len(with_model)
+    # Anchored by the sha256 the close printed: a run stopped by the quality floor kept the
+    # model it reached, and it reloads too.
+    sha = summary["manifest_sha256"]
+    report = verify_output(out, expect=sha)
     assert report.verified and sorted(report.reloaded_runs) == sorted(with_model)
     # A fresh process knows nothing of the spec's folder: the output folder alone resolves
     # the recipe (its copy beside spec.yaml) and the run IDs.
     again = subprocess.run(
-        [sys.executable, "-m", "gpucampaign.cli", "verify", str(out)],
+        [sys.executable, "-m", "gpucampaign.cli", "verify", str(out), "--expect", sha],
         capture_output=True,
         text=True,
         cwd=tmp_path,
