@@ -304,7 +304,7 @@ def servers():
     for name in ("mine", "theirs"):
         srv = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
         srv.seen = []  # type: ignore[attr-defined]
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
         made[name] = srv
     yield {k: (f"http://127.0.0.1:{s.server_address[1]}", s.seen) for k, s in made.items()}
     for s in made.values():

@@ -240,6 +240,7 @@ def _campaign(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # seconds: processes with time-outs (make test runs it)
 def test_a_fifo_planted_as_the_ledger_is_refused_never_waited_on(faults, out):
     (out / LEDGER_FILE).unlink(missing_ok=True)
     os.mkfifo(out / LEDGER_FILE)
@@ -328,6 +329,7 @@ def _watch_once(out: Path) -> subprocess.CompletedProcess[str]:
     return _campaign("watch", "--once", str(out))
 
 
+@pytest.mark.slow  # seconds: processes with time-outs (make test runs it)
 def test_watch_skips_a_fifo_a_device_link_and_a_huge_file_promptly(faults, tmp_path):
     out = _watch_folder(tmp_path)
     for run in ("fifo-0000000001", "zero-0000000002", "huge-0000000003", "good-0000000004"):
@@ -362,6 +364,7 @@ ESCAPES = [
 ]
 
 
+@pytest.mark.slow  # seconds: processes with time-outs (make test runs it)
 def test_escape_codes_in_a_progress_field_do_not_reach_the_terminal(faults, tmp_path):
     out = _watch_folder(tmp_path)
     fields = ("run", "phase", "metric", "state", "step", "target_steps", "metric_step")
@@ -506,6 +509,7 @@ def test_a_seed_count_is_accepted_exactly_up_to_its_bound(faults, n):
     assert len(spec.run_names()) == len(BASE["variants"]) + max(1, n)
 
 
+@pytest.mark.slow  # seconds of YAML parsing (make test runs it)
 def test_100000_seeds_are_refused_quickly_naming_the_field(faults, tmp_path):
     path = tmp_path / "campaign.yaml"
     path.write_text(yaml.safe_dump(_spec_with(("control", "seeds"), 100_000)))

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpucampaign.folder.layout import LOCK_FILE
 from gpucampaign.folder.lock import FolderLocked, read_holder, writer_lock
 
@@ -48,6 +50,7 @@ def _dead_pid() -> int:
     return int(done.stdout)
 
 
+@pytest.mark.slow  # 200 trials of forked processes, ~2 s (make test runs it)
 def test_a_stale_lock_raced_by_several_starts_has_exactly_one_writer(tmp_path, faults):
     dead = _dead_pid()
     stale = {"pid": dead, "host": socket.gethostname(), "since": "2026-01-01T00:00:00Z"}
