@@ -45,7 +45,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src orchestration tasks flows tests bench infra
 	$(BIN)/ruff format --check src orchestration tasks flows tests bench infra
-	$(BIN)/mypy src/gpucampaign orchestration tasks flows
+	$(BIN)/mypy src/gpucampaign src/gpucampaign_prefect
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

@@ -17,8 +17,8 @@ imports ``torch._dynamo`` at its first call (~2.3 s, in every fresh process that
 optimizer; torch offers no switch), then imports beyond the floor (``plan.*`` through
 ``folder.records``, ``storage.s3*``, ``restartcheck.*``: ~0.3-0.5 s), and the replay itself
 (0.1-0.3 s for 200 steps). ``campaign run`` before its first step: the CLI's imports,
-``flows._embedded`` importing ``prefect.server.api.server`` (~6 s) and the server's start
-(~6-7 s, a new process importing the same app), one after the other.
+``gpucampaign_prefect.flows._embedded`` importing ``prefect.server.api.server`` (~6 s) and
+the server's start (~6-7 s, a new process importing the same app), one after the other.
 
 Usage: python bench/fixed.py [--repeats 3] [--json]
 """
@@ -56,7 +56,7 @@ RESTART_GOAL_X = 2.0
 SERVER_START = """\
 import json, time
 t0 = time.perf_counter()
-from flows import _embedded
+from gpucampaign_prefect.flows import _embedded
 t1 = time.perf_counter()
 server = _embedded.start_detached()
 t2 = time.perf_counter()

@@ -27,7 +27,8 @@ Definitions (the issue's "visits" and "returns"):
 - *From the task module*: the visits whose previous module is the entry's own module, by the
   package visited (how often the task itself goes to ``folder/`` and the like).
 
-Usage: python bench/walk.py [--entry tasks.train:train] [--run control] [--epochs N]
+Usage: python bench/walk.py [--entry gpucampaign_prefect.tasks.train:train] [--run control]
+       [--epochs N]
        [--spec examples/digits/campaign.yaml] [--show] [--json]
 
 ``--entry MODULE:NAME`` names the task (a Prefect task is called through its ``.fn``); it is
@@ -233,7 +234,9 @@ def walk(args: argparse.Namespace, work: Path) -> tuple[Walk, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--entry", default="tasks.train:train", help="MODULE:NAME of the task")
+    parser.add_argument(
+        "--entry", default="gpucampaign_prefect.tasks.train:train", help="MODULE:NAME of the task"
+    )
     parser.add_argument("--spec", default=str(ROOT / "examples" / "digits" / "campaign.yaml"))
     parser.add_argument("--run", default="control")
     parser.add_argument("--epochs", type=int, default=None, help="the control's (the spec's)")

@@ -16,7 +16,6 @@ from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.states import Cancelled, Failed
 
-from flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign.close.manifest import keep_inputs, refuse_sealed_rewrite
 from gpucampaign.core.interrupt import Interrupted, graceful_signals, handled_outside
 from gpucampaign.core.stoprules import StopRule
@@ -39,15 +38,16 @@ from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.preflight import preflight
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
 from gpucampaign.spec.recipefile import use_recipe_dir
-from orchestration import notify
-from orchestration.gpu_lock import embedded_api, ensure_gpu_limit
-from orchestration.phases import artifact_key
-from tasks.audit import data_audit
-from tasks.close import close_campaign, mirror, seal
-from tasks.decide import decision_point
-from tasks.predict import predictions
-from tasks.restart import restart_verification
-from tasks.train import pilot, train
+from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
+from gpucampaign_prefect.orchestration import notify
+from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit
+from gpucampaign_prefect.orchestration.phases import artifact_key
+from gpucampaign_prefect.tasks.audit import data_audit
+from gpucampaign_prefect.tasks.close import close_campaign, mirror, seal
+from gpucampaign_prefect.tasks.decide import decision_point
+from gpucampaign_prefect.tasks.predict import predictions
+from gpucampaign_prefect.tasks.restart import restart_verification
+from gpucampaign_prefect.tasks.train import pilot, train
 
 DEFAULT_SPEC = "examples/digits/campaign.yaml"
 DEFAULT_OUT = "out/campaign"

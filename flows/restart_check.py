@@ -21,17 +21,22 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from flows._naming import CAMPAIGN_TAG, restart_check_run_name, spec_name, tag_flow_run
 from gpucampaign.core.stoprules import NoUsableRestart, StopRule
 from gpucampaign.folder.layout import SPEC_COPY
 from gpucampaign.plan import calendar
 from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.restartcheck.scheduled import output_check_target
 from gpucampaign.storage.status import RentalEnding, check_rental_margin, folder_to_check
-from orchestration import notify
-from orchestration.gpu_lock import embedded_api, ensure_gpu_limit
-from orchestration.phases import artifact_key
-from tasks.restart import resume_check
+from gpucampaign_prefect.flows._naming import (
+    CAMPAIGN_TAG,
+    restart_check_run_name,
+    spec_name,
+    tag_flow_run,
+)
+from gpucampaign_prefect.orchestration import notify
+from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit
+from gpucampaign_prefect.orchestration.phases import artifact_key
+from gpucampaign_prefect.tasks.restart import resume_check
 
 DEFAULT_OUT = "out/campaign"
 

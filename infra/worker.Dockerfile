@@ -19,10 +19,11 @@ COPY src ./src
 # server is tracked from the worker.
 RUN pip install -e ".[tracking]"
 
-# flows/ and tasks/ are not installed: the deployments import them from /app (the pull step
-# sets the working directory to $GPUCAMPAIGN_ROOT).
+# The package installs flows/, tasks/ and orchestration/ as gpucampaign_prefect.* (linked from
+# src/gpucampaign_prefect); the pull step sets the working directory to $GPUCAMPAIGN_ROOT.
 COPY flows ./flows
 COPY tasks ./tasks
+COPY orchestration ./orchestration
 COPY deployments ./deployments
 COPY infra ./infra
 COPY examples ./examples

@@ -18,8 +18,8 @@ from gpucampaign.folder.layout import METRICS_FILE, OutputFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.progress import evaluation_table, read_progress, render_line
 from gpucampaign.storage import spooled_keys
-from orchestration import notify
-from orchestration.phases import artifact_key, out_folder
+from gpucampaign_prefect.orchestration import notify
+from gpucampaign_prefect.orchestration.phases import artifact_key, out_folder
 
 PROGRESS_EVERY_S = 2.0
 

@@ -1,1 +1,1 @@
-"""Thin Prefect tasks, one module per campaign phase. Not installed: imported from the repo root."""
+"""Thin Prefect tasks, one module per campaign phase; installed as ``gpucampaign_prefect.tasks``."""

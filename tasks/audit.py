@@ -11,7 +11,7 @@ from gpucampaign.core.stoprules import StopRule
 from gpucampaign.folder.layout import AUDIT_FILE
 from gpucampaign.recipe.audit import audit_corpus
 from gpucampaign.spec import CampaignSpec
-from orchestration.phases import (
+from gpucampaign_prefect.orchestration.phases import (
     PHASE_OPTIONS,
     artifact_key,
     busy,

@@ -18,7 +18,7 @@ from gpucampaign.spec import CampaignSpec
 from gpucampaign.storage.mirror import mirror_output
 from gpucampaign.tracking import tag_manifest
 from gpucampaign.verify.checks import verify_output
-from orchestration.phases import (
+from gpucampaign_prefect.orchestration.phases import (
     PHASE_OPTIONS,
     TASK_OPTIONS,
     artifact_key,

@@ -31,8 +31,8 @@ from gpucampaign.plan.decision import (
     on_timeout,
 )
 from gpucampaign.spec import CampaignSpec
-from orchestration import notify
-from orchestration.phases import TASK_OPTIONS, artifact_key, busy, out_folder
+from gpucampaign_prefect.orchestration import notify
+from gpucampaign_prefect.orchestration.phases import TASK_OPTIONS, artifact_key, busy, out_folder
 
 
 @task(name="decision-point", task_run_name="decision-point[{mode}]", **TASK_OPTIONS)

@@ -9,7 +9,12 @@ from prefect import task
 from gpucampaign.close.closing import analyse_runs
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.spec import CampaignSpec
-from orchestration.phases import PHASE_OPTIONS, busy, cancel_on_interrupt, out_folder
+from gpucampaign_prefect.orchestration.phases import (
+    PHASE_OPTIONS,
+    busy,
+    cancel_on_interrupt,
+    out_folder,
+)
 
 
 @task(name="predictions", task_run_name="predictions", **PHASE_OPTIONS)

@@ -18,8 +18,14 @@ from gpucampaign.folder.progress import relay_check_progress
 from gpucampaign.restartcheck.earlysave import campaign_restart_check
 from gpucampaign.restartcheck.scheduled import OutputCheckTarget, check_latest_checkpoint
 from gpucampaign.spec import CampaignSpec
-from orchestration.gpu_lock import gpu_slot
-from orchestration.phases import PHASE_OPTIONS, busy, cancel_on_interrupt, out_folder, record_stop
+from gpucampaign_prefect.orchestration.gpu_lock import gpu_slot
+from gpucampaign_prefect.orchestration.phases import (
+    PHASE_OPTIONS,
+    busy,
+    cancel_on_interrupt,
+    out_folder,
+    record_stop,
+)
 
 
 @task(name="restart-verification", task_run_name="restart-verification[{run}]", **PHASE_OPTIONS)

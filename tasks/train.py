@@ -22,9 +22,15 @@ from gpucampaign.plan.decision import early_losses, pilot_measures
 from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import open_store, spooled_keys
 from gpucampaign.tracking import tracking_note
-from orchestration.gpu_lock import gpu_slot
-from orchestration.phases import PHASE_OPTIONS, busy, cancel_on_interrupt, out_folder, record_stop
-from orchestration.ui import TrainingView
+from gpucampaign_prefect.orchestration.gpu_lock import gpu_slot
+from gpucampaign_prefect.orchestration.phases import (
+    PHASE_OPTIONS,
+    busy,
+    cancel_on_interrupt,
+    out_folder,
+    record_stop,
+)
+from gpucampaign_prefect.orchestration.ui import TrainingView
 
 
 def recorded_stop(out: str, run_id: str) -> StopRule | None:

@@ -10,9 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from gpucampaign.cli import runner as _runner
-from gpucampaign.spec import SpecError
-
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpucampaign"
 
 
@@ -75,15 +72,20 @@ def test_importing_the_whole_library_loads_no_prefect() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_run_without_the_flows_says_what_is_missing(tmp_path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(
-        _runner, "__file__", str(tmp_path / "site-packages" / "gpucampaign" / "x.py")
-    )
-    with pytest.raises(SpecError) as err:
-        _runner.find_checkout()
-    message = str(err.value)
-    assert "flows/" in message and "prefect deployment run campaign/main" in message
+def test_the_prefect_layer_is_imported_only_by_its_installed_name() -> None:
+    """A bare ``tasks``/``flows``/``orchestration`` import would load a second copy of a module
+    (two GPU-lock modules, two task objects) and fails where the package is installed."""
+    root = SRC.parents[1]
+    bare = {"tasks", "flows", "orchestration"}
+    offenders = [
+        f"{p.relative_to(root)}: {m}"
+        for folder in ("src", "tasks", "flows", "orchestration", "tests", "bench", "infra")
+        for p in sorted((root / folder).rglob("*.py"))
+        if "gpucampaign_prefect" not in p.parts
+        for m in _imported_modules(p)
+        if m.split(".")[0] in bare
+    ]
+    assert offenders == []
 
 
 def test_ruff_passes_with_its_line_length() -> None:

@@ -64,7 +64,7 @@ def test_gpu_limit_and_main_deployment(stack):
     limit = api(stack["api"], "GET", "/v2/concurrency_limits/gpu")
     assert (limit["limit"], limit["active_slots"]) == (1, 0)
     dep = api(stack["api"], "GET", "/deployments/name/campaign/main")
-    assert dep["entrypoint"] == "flows.campaign:campaign"
+    assert dep["entrypoint"] == "gpucampaign_prefect.flows.campaign:campaign"
     assert dep["parameters"] == {"spec": "examples/digits/campaign.yaml", "out": "out/campaign"}
     step = dep["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]
     assert step["directory"] == str(ROOT)

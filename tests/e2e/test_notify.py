@@ -40,7 +40,7 @@ from gpucampaign.spec import load_spec
 from gpucampaign.storage.open import SPOOLED_ATTEMPTS
 from gpucampaign.storage.s3 import S3Store
 from gpucampaign.storage.spool import SpoolingStore
-from orchestration.ui import evaluations_key
+from gpucampaign_prefect.orchestration.ui import evaluations_key
 from tests.helpers import (
     CHROMIUM,
     ROOT,
@@ -485,9 +485,9 @@ def test_every_campaign_event_reaches_the_webhook_through_the_automations(
     check's code), the S3 store refusing uploads (a training's live view over a real spooling
     store): each event emitted by the product's code reaches the receiver through the
     server's automation, with what a person needs in the message."""
-    from flows.restart_check import rental_ending
-    from orchestration import notify
-    from orchestration.ui import TrainingView
+    from gpucampaign_prefect.flows.restart_check import rental_ending
+    from gpucampaign_prefect.orchestration import notify
+    from gpucampaign_prefect.orchestration.ui import TrainingView
 
     name = "notify-events"
     stop = NonFiniteLoss("control-0123456789", "loss is nan at step 7", step=7)

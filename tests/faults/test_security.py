@@ -390,8 +390,8 @@ def test_a_second_writer_is_refused_naming_the_holder(closed, tmp_path, faults):
 
 @pytest.mark.process  # the holder is a new process that imports torch
 def test_the_deployment_flow_refuses_a_second_writer_before_writing(closed, tmp_path, faults):
-    from flows.campaign import campaign
     from gpucampaign.folder.lock import FolderLocked
+    from gpucampaign_prefect.flows.campaign import campaign
 
     spec, _ = _closed_copy(closed, tmp_path)
     out = tmp_path / "fresh"

@@ -63,7 +63,7 @@ def tiny_campaign(tmp: Path, **edit: Any) -> Path:
 
 def run_flow(spec: Any, out: Path, **kw: Any):
     """The campaign flow on a spec file (a Path) or a spec object."""
-    from flows.campaign import campaign
+    from gpucampaign_prefect.flows.campaign import campaign
 
     return campaign(
         spec=str(spec) if isinstance(spec, Path) else spec, out=str(out), return_state=True, **kw
@@ -108,8 +108,8 @@ def _assert_ui_tables(spec: Path, out: Path) -> None:
     """The live tables of the UI: every evaluation of each run (one key per run), and the GPU
     lock's holders on this host (free again at the end)."""
     from gpucampaign.spec import load_spec
-    from orchestration.gpu_lock import holders_key
-    from orchestration.ui import evaluations_key
+    from gpucampaign_prefect.orchestration.gpu_lock import holders_key
+    from gpucampaign_prefect.orchestration.ui import evaluations_key
 
     cs = load_spec(spec)
     for run in cs.run_names():
@@ -213,7 +213,7 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     assert verify_output(out, reload=False).verified
 
     # The scheduled restart check of this output: every run resumes exactly in a new process ...
-    from flows.restart_check import restart_verification
+    from gpucampaign_prefect.flows.restart_check import restart_verification
 
     reports = restart_verification(out=str(out), steps=5)
     assert {r["run"] for r in reports} == {"control", "lr-high", "bf16", "short"}

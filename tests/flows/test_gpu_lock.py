@@ -17,7 +17,12 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
 from prefect.concurrency._asyncio import ConcurrencySlotAcquisitionError
 from prefect.states import Running
 
-from orchestration.gpu_lock import _STAMP, embedded_api, ensure_gpu_limit, gpu_slot
+from gpucampaign_prefect.orchestration.gpu_lock import (
+    _STAMP,
+    embedded_api,
+    ensure_gpu_limit,
+    gpu_slot,
+)
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -240,7 +245,11 @@ def test_a_dead_holders_slot_comes_back_and_is_named(tmp_path):
     import json
     import socket
 
-    from orchestration.gpu_lock import free_dead_holders, holders_dir, read_holders
+    from gpucampaign_prefect.orchestration.gpu_lock import (
+        free_dead_holders,
+        holders_dir,
+        read_holders,
+    )
 
     name = _name("holder")
     ensure_gpu_limit(name, 1, clear_stale=False)
@@ -283,7 +292,9 @@ def test_a_dead_holders_slot_comes_back_and_is_named(tmp_path):
 
 def test_embedded_api_tells_own_server_from_shared_one():
     assert embedded_api() is False  # the harness server is reached through PREFECT_API_URL
-    code = "from orchestration.gpu_lock import embedded_api; print(embedded_api())"
+    code = (
+        "from gpucampaign_prefect.orchestration.gpu_lock import embedded_api; print(embedded_api())"
+    )
     probe = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -297,7 +308,7 @@ def test_embedded_api_tells_own_server_from_shared_one():
 def test_the_holder_is_shown_as_a_tag_and_a_table_while_it_holds_the_slot():
     from prefect.artifacts import Artifact
 
-    from orchestration.gpu_lock import holder_tag, holders_key
+    from gpucampaign_prefect.orchestration.gpu_lock import holder_tag, holders_key
 
     name = _name("shown")
     ensure_gpu_limit(name, 1, clear_stale=False)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-import flows.campaign as campaign_flow
+import gpucampaign_prefect.flows.campaign as campaign_flow
 from gpucampaign.plan import calendar
 from gpucampaign.plan.lanes import RESTART_CHECK, lane_chains
 from tests.plan.test_lanes import round_robin, two_gpu_spec

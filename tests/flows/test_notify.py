@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 import pytest
 
 from gpucampaign.folder.progress import evaluation_table
+from gpucampaign_prefect.orchestration import notify
+from gpucampaign_prefect.orchestration.gpu_lock import Holder, holders_key, holders_table
 from infra import automations
-from orchestration import notify
-from orchestration.gpu_lock import Holder, holders_key, holders_table
 
 
 @pytest.fixture
@@ -165,7 +165,7 @@ def test_the_holders_table_names_run_and_host():
 
 
 def test_the_live_tables_never_stop_a_training(monkeypatch, tmp_path):
-    from orchestration import ui
+    from gpucampaign_prefect.orchestration import ui
 
     monkeypatch.setattr(ui, "create_progress_artifact", lambda **kw: "artifact-id")
 
@@ -188,7 +188,7 @@ def test_the_live_tables_never_stop_a_training(monkeypatch, tmp_path):
 
 def test_the_store_outage_message_names_the_store_and_its_answer(emitted, monkeypatch, tmp_path):
     from gpucampaign.storage import LocalStore
-    from orchestration import ui
+    from gpucampaign_prefect.orchestration import ui
 
     monkeypatch.setattr(ui, "create_progress_artifact", lambda **kw: "artifact-id")
     LocalStore(tmp_path / "spool").write_bytes("control-0123456789/LATEST", data=b"{}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prefect import flow, task
 
 from gpucampaign.core.stoprules import NonFiniteLoss
-from orchestration.phases import PHASE_OPTIONS, artifact_key, calendar_step
+from gpucampaign_prefect.orchestration.phases import PHASE_OPTIONS, artifact_key, calendar_step
 from tests.helpers import TRAIN_CONTROL, one_lot_spec
 
 
@@ -49,7 +49,7 @@ def test_busy_time_and_stops_go_through_the_library_writers(tmp_path):
     import pytest
 
     from gpucampaign.folder.records import read_stops, read_timeline
-    from orchestration.phases import busy, out_folder, record_stop
+    from gpucampaign_prefect.orchestration.phases import busy, out_folder, record_stop
 
     spec = one_lot_spec(TRAIN_CONTROL)
     folder = out_folder(tmp_path)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from flows._naming import spec_name
 from gpucampaign.plan.decision import Decision
-from tasks.decide import ask_until_valid
+from gpucampaign_prefect.flows._naming import spec_name
+from gpucampaign_prefect.tasks.decide import ask_until_valid
 
 
 def _check(got):
@@ -64,7 +64,7 @@ def test_the_flow_run_is_named_after_the_campaign_and_its_output_folder(prefect_
     """A spec the preflight refuses still gives a named flow run (Failed at once)."""
     from prefect.client.orchestration import get_client
 
-    from flows.campaign import campaign
+    from gpucampaign_prefect.flows.campaign import campaign
 
     spec = tmp_path / "campaign.yaml"
     spec.write_text("name: watch-me\npackages: []\n")

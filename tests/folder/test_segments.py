@@ -11,7 +11,7 @@ from gpucampaign.core.files import read_jsonl
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.folder.records import read_timeline
 from gpucampaign.folder.segments import heartbeat, interruptions
-from orchestration.phases import busy, out_folder
+from gpucampaign_prefect.orchestration.phases import busy, out_folder
 from tests.helpers import TRAIN_CONTROL, one_lot_spec
 
 SPEC = one_lot_spec(TRAIN_CONTROL)

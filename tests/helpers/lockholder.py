@@ -19,7 +19,7 @@ def main(role: str, lock: str, campaign: str, out: str) -> None:
     for key, value in prefect_environment(logging_level="WARNING").items():
         os.environ.setdefault(key, value)
     server = load_flow("_embedded", "start_detached")()
-    from orchestration.gpu_lock import ensure_gpu_limit, gpu_slot
+    from gpucampaign_prefect.orchestration.gpu_lock import ensure_gpu_limit, gpu_slot
 
     log = logging.getLogger("gpucampaign.gpu_lock")
     log.addHandler(logging.StreamHandler(sys.stdout))

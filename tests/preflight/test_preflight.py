@@ -271,7 +271,7 @@ def test_the_preflight_writes_nothing(digits: Path) -> None:
 def test_the_deployment_flow_refuses_before_the_audit(
     prefect_harness, textlm: Path, tmp_path: Path
 ) -> None:
-    from flows.campaign import campaign as campaign_flow
+    from gpucampaign_prefect.flows.campaign import campaign as campaign_flow
 
     edit(textlm, lambda d: d["decision_rule"].update(metric="perplexity"))
     out = tmp_path / "deployed"

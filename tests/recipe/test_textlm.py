@@ -41,7 +41,7 @@ def test_init_writes_the_example_the_repository_keeps(tmp_path: Path) -> None:
 def test_textlm_is_planned_and_run_to_a_verified_folder(prefect_harness, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from flows.campaign import campaign
+    from gpucampaign_prefect.flows.campaign import campaign
 
     spec_path = init_textlm(tmp_path / "tl")
     data = yaml.safe_load(spec_path.read_text())

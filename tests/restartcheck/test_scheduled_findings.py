@@ -81,7 +81,7 @@ def test_the_resume_point_before_a_final_latest_is_checked_too(tmp_path, finishe
 
 def test_the_flow_report_names_the_problem(tmp_path, finished):
     pytest.importorskip("prefect")
-    from flows.restart_check import restart_markdown
+    from gpucampaign_prefect.flows.restart_check import restart_markdown
 
     (_latest(finished, tmp_path) / "state.pt").unlink()
     row = check_latest_checkpoint(_target(finished, tmp_path)).to_dict()

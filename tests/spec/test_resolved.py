@@ -103,7 +103,7 @@ def test_a_training_task_resolves_its_run_once(
 ) -> None:
     """The pilot task and the train task of one run: each resolves the run once and asks for
     the recipe file's hash once; nothing below them resolves it again."""
-    import tasks.train as train_tasks
+    import gpucampaign_prefect.tasks.train as train_tasks
 
     module = write_recipe(tmp_path)
     spec = make_spec(tmp_path, module)

@@ -1,7 +1,7 @@
 """Start the Prefect flows from the CLI without the library importing Prefect itself.
 
-The flows live in the checkout's ``flows/`` package (never installed): find the checkout,
-set quiet embedded-server defaults, then import the flow.
+The flows are installed as ``gpucampaign_prefect.flows`` (the checkout's ``flows/``): set
+quiet embedded-server defaults, then import the flow by name.
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from gpucampaign.core import interrupt
 from gpucampaign.core.stoprules import STOP_RULES, StopRule
-from gpucampaign.spec import SpecError
 
 # Measured: a fresh PREFECT_HOME needs ~21 s to start the embedded server (default limit 20 s),
 # and the telemetry heartbeat floods stderr with SQLite lock errors. The one home of these
@@ -62,26 +60,11 @@ def quiet_expected_stops() -> None:
         logger.addFilter(ExpectedStops())
 
 
-def find_checkout() -> Path:
-    """The folder that holds ``flows/campaign.py``: the current folder or the source checkout."""
-    candidates = [Path.cwd(), *Path.cwd().parents, Path(__file__).resolve().parents[2]]
-    for folder in candidates:
-        if (folder / "flows" / "campaign.py").is_file() and (folder / "tasks").is_dir():
-            return folder
-    raise SpecError(
-        "`campaign run` needs the project checkout (its flows/ and tasks/ folders): run it from "
-        "the repository root, or use `prefect deployment run campaign/main` against a worker."
-    )
-
-
 def load_flow(module: str, name: str) -> Any:
-    """Import ``flows.<module>`` from the checkout and return the flow object ``name``."""
+    """Import ``gpucampaign_prefect.flows.<module>`` and return its object ``name``."""
     for key, value in EMBEDDED_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    root = str(find_checkout())
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    return getattr(importlib.import_module(f"flows.{module}"), name)
+    return getattr(importlib.import_module(f"gpucampaign_prefect.flows.{module}"), name)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,2 @@
+"""The flows ``campaign`` and ``restart-verification``, installed as
+``gpucampaign_prefect.flows``."""
