@@ -1,6 +1,26 @@
-"""gpucampaign: a training campaign on a rented GPU lot that ends in a decision."""
+"""gpucampaign: a training campaign on a rented GPU lot that ends in a decision.
+
+``Recipe`` and ``RecipeContext`` are the contract a user's training code follows;
+``load_model(OUT, RUN)`` reloads a run's model with its recipe (``.model``, ``.recipe``,
+``.predict(path)``), see ``gpucampaign.close.reload``.
+"""
+
+from typing import Any
 
 from gpucampaign.core.version import __version__
 from gpucampaign.recipe.contract import Recipe, RecipeContext
 
-__all__ = ["Recipe", "RecipeContext", "__version__"]
+__all__ = ["Recipe", "RecipeContext", "__version__", "load_model"]
+
+
+def load_model(out: Any, run: str, **options: Any) -> Any:
+    """Reload run ``run`` (its name or run ID) of the output folder ``out`` with its recipe, on
+    CPU: a ``LoadedModel`` with ``.model``, ``.recipe``, ``.config`` and ``.predict(path)``.
+
+    Options (keyword-only): ``trust_folder_code`` (import the recipe copy kept in the folder)
+    and ``recipes`` (folders of your recipe files). See ``gpucampaign.close.reload.load_model``.
+    """
+    # torch stays off `import gpucampaign`: the reload imports it only when called.
+    from gpucampaign.close.reload import load_model as load
+
+    return load(out, run, **options)

@@ -16,24 +16,20 @@ from typing import Any
 
 from gpucampaign.close import figures
 from gpucampaign.close.budget import close_budget
-from gpucampaign.close.error_analysis import error_analysis
+from gpucampaign.close.error_analysis import error_analysis, rows_analysis
 from gpucampaign.close.evidence import closing_verdict, run_evidence, run_metrics, verdict_splits
 from gpucampaign.close.forecast import aligned_intervals, forecast_vs_actual
 from gpucampaign.close.futility import futility_savings
 from gpucampaign.close.ledger import read_ledger
-from gpucampaign.close.manifest import (
-    build_manifest,
-    collect_environment,
-    reference_corpus,
-    write_reload_md,
-)
+from gpucampaign.close.manifest import build_manifest, collect_environment, reference_corpus
 from gpucampaign.close.predictions import (
     predictions_file,
     read_predictions,
     reload_check,
     write_run_predictions,
 )
-from gpucampaign.close.recipe_reload import recipe_analysis, write_recipe_predictions
+from gpucampaign.close.recipe_reload import write_recipe_predictions
+from gpucampaign.close.reload_md import write_reload_md
 from gpucampaign.close.report import build_report, write_report
 from gpucampaign.close.scores import write_run_scores
 from gpucampaign.close.verdict import Verdict
@@ -134,13 +130,16 @@ def analyse_runs(
     """
     folder = OutputFolder(root)
     preds = {}
+    recipe_analyses: dict[str, dict[str, Any]] = {}
     resolved = {run: spec.resolve_run(run) for run in runs}
     for run in runs:
         rid = resolved[run].run_id
         if spec.decision_rule:
             _score_run(spec, folder, run, corpus=corpus)
         if not resolved[run].config.builtin:
-            _analyse_recipe_run(folder, rid, corpus=corpus, split=spec.decision_split)
+            found = _analyse_recipe_run(folder, rid, corpus=corpus, split=spec.decision_split)
+            if found.get("task"):
+                recipe_analyses[run] = found
             continue
         for split in verdict_splits(spec):
             name = predictions_file(split, report_split=spec.decision_split)
@@ -151,7 +150,7 @@ def analyse_runs(
                 got = write_run_predictions(folder.root, rid, corpus=corpus, split=split, name=name)
             if split == spec.decision_split:
                 preds[run] = got
-    analyses: dict[str, dict[str, Any]] = {}
+    analyses: dict[str, dict[str, Any]] = dict(recipe_analyses)
     for run, pred in preds.items():
         control = None if run == "control" else preds.get("control")
         analyses[run] = error_analysis(
@@ -177,10 +176,15 @@ def _score_run(spec: CampaignSpec, folder: OutputFolder, run: str, *, corpus: An
         folder.write_text(run_file(spec.resolve_run(run).run_id, SCORES_ERROR_FILE), f"{exc}\n")
 
 
-def _analyse_recipe_run(folder: OutputFolder, run_id: str, *, corpus: Any, split: str) -> None:
-    """A user's recipe run: its predictions file and what it holds (no classifier analysis)."""
+def _analyse_recipe_run(
+    folder: OutputFolder, run_id: str, *, corpus: Any, split: str
+) -> dict[str, Any]:
+    """A user's recipe run: its predictions file keyed by example ID, and their analysis (a
+    classifier's or a regressor's when the rows carry a label and a prediction)."""
     rows = write_recipe_predictions(folder.root, run_id, corpus=corpus, split=split)
-    folder.write_json(run_file(run_id, ERROR_ANALYSIS_FILE), recipe_analysis(rows, split=split))
+    found = rows_analysis(rows, split=split)
+    folder.write_json(run_file(run_id, ERROR_ANALYSIS_FILE), found)
+    return found
 
 
 def keep_recipe_sources(spec: CampaignSpec, *, root: str | Path) -> list[str]:
@@ -267,7 +271,7 @@ def draw_run_figures(
             control_final=verdict.control.get(sel) if verdict is not None and sel else None,
             split=sel,
         )
-    if shown in analyses:
+    if "confusion" in analyses.get(shown, {}):
         figs["confusion"] = CONFUSION_PNG
         a = analyses[shown]
         figures.plot_confusion(
@@ -368,6 +372,7 @@ def close_runs(
         runs={rid: s.run for rid, s in states.items() if s.status == "completed"},
         corpus_ref=corpus_ref,
         environment=environment,
+        shown=verdict.run,
     )
     return ClosedRuns(
         states=states,

@@ -1,5 +1,6 @@
 """Error analysis of one run's predictions: per-class scores, the confusion matrix, the most
-confident errors and the IDs that flip against the control; and its markdown section.
+confident errors and the IDs that flip against the control; for a recipe's regression rows, the
+residuals' distribution and the worst examples by ID; and its markdown section.
 """
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,8 @@ def _id_list(xs: Sequence[str], *, max_ids: int) -> str:
 def render_error_analysis_md(analysis: Mapping[str, Any], *, title: str, max_ids: int = 20) -> str:
     """A short markdown section for one run's error analysis."""
     a = analysis
+    if a.get("task") == "regression":
+        return _render_regression_md(a, title=title)
     lines = [
         f"### {title}",
         "",
@@ -173,10 +178,13 @@ def render_error_analysis_md(analysis: Mapping[str, Any], *, title: str, max_ids
     lines.append("")
     if a["most_confident_errors"]:
         shown = ", ".join(
-            f"`{e['id']}` ({e['label']}->{e['prediction']}, {e['confidence']:.3f})"
+            f"`{e['id']}` ({e['label']}->{e['prediction']}"
+            + ("" if e["confidence"] is None else f", {e['confidence']:.3f}")
+            + ")"
             for e in a["most_confident_errors"]
         )
-        lines.append(f"Most confident errors: {shown}.")
+        lead = "Most confident errors" if a.get("confidence", True) else "Errors, by ID"
+        lines.append(f"{lead}: {shown}.")
     else:
         lines.append("No errors on this split.")
     vc = a.get("vs_control")
@@ -189,4 +197,134 @@ def render_error_analysis_md(analysis: Mapping[str, Any], *, title: str, max_ids
             f"wrong->right {len(vc['wrong_to_right'])}: "
             f"{_id_list(vc['wrong_to_right'], max_ids=max_ids)}.",
         ]
+    return "\n".join(lines) + "\n"
+
+
+# --- a recipe's prediction rows -------------------------------------------------------------
+#: The columns of a recipe's prediction rows read as the true value and the prediction.
+LABEL_KEYS = ("label", "target", "y")
+PREDICTION_KEYS = ("prediction", "pred", "y_pred")
+#: The residual's quantiles kept, as written in the JSON.
+QUANTILES = ("0", "0.05", "0.25", "0.5", "0.75", "0.95", "1")
+
+
+def _key(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> str | None:
+    return next((k for k in keys if rows and all(k in r for r in rows)), None)
+
+
+def _as_number(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if np.isfinite(x) else None
+
+
+def _is_class(v: Any) -> bool:
+    """A class label: an integer (or a number that is one), a bool, or a non-numeric string."""
+    x = _as_number(v)
+    return x is None and isinstance(v, str) or (x is not None and float(x).is_integer())
+
+
+def rows_analysis(
+    rows: Sequence[Mapping[str, Any]], *, split: str, top_k: int = 10
+) -> dict[str, Any]:
+    """``error_analysis.json`` of a recipe run, from its prediction rows (keyed by ``id``).
+
+    Rows with a true value (``label``, ``target`` or ``y``) and a ``prediction`` (or ``pred``)
+    are analysed: class labels (integers or names) as a classifier's (per-class precision and
+    recall, the confusion matrix, the most confident errors when rows carry ``confidence``),
+    numbers as a regressor's (the residual ``prediction - label``: its mean, spread, quantiles
+    and histogram, and the ``top_k`` worst examples by ID). Other rows: their columns only.
+    """
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    out: dict[str, Any] = {"kind": "recipe", "split": split, "rows": len(rows), "columns": columns}
+    label, pred = _key(rows, LABEL_KEYS), _key(rows, PREDICTION_KEYS)
+    if label is None or pred is None or not rows:
+        return {**out, "task": None}
+    truth, guess = [r[label] for r in rows], [r[pred] for r in rows]
+    ids = [str(r.get("id", n)) for n, r in enumerate(rows)]
+    if all(_is_class(v) for v in truth + guess):
+        return {**out, **_classifier(rows, ids=ids, truth=truth, guess=guess, top_k=top_k)}
+    nums = [_as_number(v) for v in truth + guess]
+    if all(x is not None for x in nums):
+        y = np.array(nums[: len(rows)], dtype=float)
+        p = np.array(nums[len(rows) :], dtype=float)
+        return {**out, **_regressor(ids, y=y, p=p, top_k=top_k)}
+    return {**out, "task": None}
+
+
+def _class_key(v: Any) -> tuple[int, float, str]:
+    x = _as_number(v)
+    return (0, x, "") if x is not None else (1, 0.0, str(v))
+
+
+def _name(v: Any) -> str:
+    x = _as_number(v)
+    return str(int(x)) if x is not None else str(v)
+
+
+def _classifier(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    ids: list[str],
+    truth: list[Any],
+    guess: list[Any],
+    top_k: int,
+) -> dict[str, Any]:
+    names = sorted({_name(v) for v in truth + guess}, key=_class_key)
+    index = {n: i for i, n in enumerate(names)}
+    has_conf = all(_as_number(r.get("confidence")) is not None for r in rows)
+    predictions = Predictions(
+        ids=tuple(ids),
+        labels=tuple(index[_name(v)] for v in truth),
+        preds=tuple(index[_name(v)] for v in guess),
+        confidence=tuple(float(r["confidence"]) if has_conf else 0.0 for r in rows),
+    )
+    found = error_analysis(predictions, class_names=names, top_k=top_k)
+    for e in found["most_confident_errors"]:
+        e["label"], e["prediction"] = names[e["label"]], names[e["prediction"]]
+        if not has_conf:
+            e["confidence"] = None
+    return {"task": "classification", **found, "confidence": has_conf}
+
+
+def _regressor(ids: list[str], *, y: np.ndarray, p: np.ndarray, top_k: int) -> dict[str, Any]:
+    r = p - y
+    counts, edges = np.histogram(r, bins=min(10, max(1, len(r))))
+    worst = sorted(range(len(r)), key=lambda n: (-abs(float(r[n])), ids[n]))[:top_k]
+    return {
+        "task": "regression",
+        "n": len(r),
+        "residual": {
+            "mean": float(r.mean()),
+            "std": float(r.std()),
+            "mae": float(np.abs(r).mean()),
+            "rmse": float(np.sqrt((r**2).mean())),
+            "quantiles": {q: float(np.quantile(r, float(q))) for q in QUANTILES},
+            "histogram": {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]},
+        },
+        "worst": [
+            {"id": ids[n], "label": float(y[n]), "prediction": float(p[n]), "residual": float(r[n])}
+            for n in worst
+        ],
+    }
+
+
+def _render_regression_md(a: Mapping[str, Any], *, title: str) -> str:
+    res = a["residual"]
+    q = res["quantiles"]
+    worst = ", ".join(f"`{w['id']}` ({w['residual']:+.4g})" for w in a["worst"])
+    lines = [
+        f"### {title}",
+        "",
+        f"{a['n']} predictions; residual (prediction - label) mean {res['mean']:+.4g}, "
+        f"std {res['std']:.4g}, MAE {res['mae']:.4g}, RMSE {res['rmse']:.4g}.",
+        "",
+        "| quantile | 0 | 0.05 | 0.25 | 0.5 | 0.75 | 0.95 | 1 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| residual | " + " | ".join(f"{q[k]:+.4g}" for k in QUANTILES) + " |",
+        "",
+        f"Worst examples: {worst or 'none'}.",
+    ]
     return "\n".join(lines) + "\n"

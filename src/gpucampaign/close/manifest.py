@@ -27,20 +27,17 @@ from gpucampaign.folder.layout import (
     INPUTS_DIR,
     LOCK_FILE,
     MANIFEST,
-    MODEL_DIR,
     PARAMS_FILE,
     PLAN,
     PLAN_SHA,
-    RELOAD,
     RUNS_DIR,
     SPEC_COPY,
     SPOOL_DIR,
     OutputFolder,
     is_live_progress,
-    model_config,
     run_file,
 )
-from gpucampaign.spec import BUILTIN_RECIPES, CampaignSpec, SpecError, resolve_inside, spec_sha256
+from gpucampaign.spec import CampaignSpec, SpecError, resolve_inside, spec_sha256
 
 CORPUS_COPY_LIMIT = 50 * 1024 * 1024
 # Names the output folder writes itself: a catalog copied in must not land on one of them.
@@ -377,139 +374,3 @@ def _file_entries(root: Path) -> list[dict[str, Any]]:
         {"path": rel, "size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
         for rel in list_files(root)
     ]
-
-
-_RELOAD_TEMPLATE = """# Reloading this campaign's models
-
-The commands below run from any folder, on CPU, with the `gpucampaign` package installed
-(`pip install -e <checkout>` of the commit `{commit}`). They read this folder and write nothing
-into it (its files are sealed in `manifest.json`). First set `OUT` to this folder, e.g.
-`export OUT=$HOME/campaigns/this-campaign`, and, if you like, `PRED_DIR` to the folder new
-predictions go to (outside `OUT`; `/tmp` when unset).
-
-Recorded versions: {versions}.
-
-{corpus_line}
-
-Models (safetensors weights, `config.json` with the recipe and versions):
-
-{run_lines}
-
-## 1. Check the whole folder
-
-```bash
-campaign verify "$OUT" --json
-```
-
-Exit 0 means every file matches `manifest.json` (size and sha256), no path points into a
-temporary folder or out of this folder, `plan.json` is the plan written at the start, and every
-model reloaded in a fresh process reproduced its `predictions.csv` exactly. Add
-`--expect SHA256`, the manifest's sha256 the close printed and kept outside this folder: exit 4
-when `manifest.json` is not that one, and when it is, the recipe copies kept here may run to
-reload their models (no code of this folder runs otherwise).
-
-## 2. Reload one model and compare with its predictions
-
-```bash
-python -m gpucampaign.predictions reload-check "$OUT" {first} --json
-```
-
-## 3. Predict with a reloaded model
-
-```bash
-python -m gpucampaign.predictions predict "$OUT" {first} --to "${{PRED_DIR:-/tmp}}/{first}.csv"
-```
-
-or in Python:
-
-```python
-import os
-
-from gpucampaign.close.predictions import load_run_model, features_for
-from gpucampaign.modelfolder import predict
-
-out = os.environ["OUT"]
-model = load_run_model(out, "{first}")           # runs/{first}/model/ on CPU
-ids, X, y = features_for(out, ids=None)           # the decision split of the corpus
-pred, confidence = predict(model, X)
-```
-"""
-
-
-_RECIPE_RELOAD = """
-A model trained by your own recipe (`recipe: module:Class` in its `config.json`) is rebuilt
-through that recipe: `load_run_model` imports it as installed or from your spec's folder on
-`PYTHONPATH`, checks that the recipe file has the recorded `recipe_sha256`, calls the recipe's
-`model(ctx)` with the recorded `args` (and pinned `inputs`), then loads the safetensors weights.
-The copy of the recipe kept in `runs/<run_id>/model/recipe/` runs only when you ask
-(`trust_folder_code=True`, `--trust-folder-code`): do so once `campaign verify "$OUT" --expect
-SHA256` (the manifest's sha256 printed at the close) says this folder is the one sealed.
-Predict with it as your recipe does (`recipe.predict(model, batch)`), or rebuild the whole file:
-
-```python
-import os
-
-from gpucampaign.close.recipe_reload import recipe_reload_check
-
-# rebuilt, predicted, compared line by line with its predictions.csv
-print(recipe_reload_check(os.environ["OUT"], "{first}", trust_folder_code=False))
-```
-"""
-
-
-def _corpus_line(corpus_ref: Mapping[str, Any] | None) -> str:
-    if corpus_ref is None:
-        return "The spec names no corpus."
-    if corpus_ref.get("kind") == "copied":
-        return (
-            f"The corpus is copied in this folder: `{corpus_ref['path']}` "
-            f"(sha256 `{corpus_ref['sha256']}`)."
-        )
-    return (
-        f"The corpus was too large to copy ({corpus_ref['size']} bytes): it stays at "
-        f"`{corpus_ref['location']}` (sha256 `{corpus_ref['sha256']}`). Put a copy with that "
-        "hash there (or edit nothing else) before reloading; `campaign verify` checks the hash."
-    )
-
-
-def write_reload_md(
-    root: str | Path,
-    *,
-    runs: Mapping[str, str],
-    corpus_ref: Mapping[str, Any] | None,
-    environment: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write ``RELOAD.md``: the exact commands to check, reload a model and predict.
-
-    Args:
-        root: the output folder.
-        runs: ``{run_id: run name}`` of the runs with a saved model.
-        corpus_ref: ``reference_corpus()`` (copied under data/, or external with its sha256).
-        environment: ``collect_environment()``, for the versions to install.
-    """
-    env = environment or {}
-    keys = ("python", "torch", "safetensors", "gpucampaign")
-    versions = ", ".join(f"{k} {env[k]}" for k in keys if env.get(k))
-    run_lines = "\n".join(f"- `{run_file(rid, MODEL_DIR)}/` ({name})" for rid, name in runs.items())
-    text = _RELOAD_TEMPLATE.format(
-        commit=env.get("git_commit") or "unknown",
-        versions=versions or "see manifest.json",
-        corpus_line=_corpus_line(corpus_ref),
-        run_lines=run_lines or "- (no completed run)",
-        first=next(iter(runs), "<run_id>"),
-    )
-    recipe_runs = [rid for rid in runs if _trained_by_a_recipe(Path(root), rid)]
-    if recipe_runs:
-        text += _RECIPE_RELOAD.format(first=recipe_runs[0])
-    return OutputFolder(root).write_text(RELOAD, text)
-
-
-def _trained_by_a_recipe(root: Path, run_id: str) -> bool:
-    """Whether the run's model names a user's recipe, by the rule of ``RunConfig.builtin``."""
-    path = root / model_config(run_id)
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    recipe = config.get("recipe")
-    return recipe is not None and recipe not in BUILTIN_RECIPES

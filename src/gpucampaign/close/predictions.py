@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from gpucampaign.close.error_analysis import Predictions
-from gpucampaign.close.recipe_reload import recipe_reload_check
+from gpucampaign.close.recipe_reload import recipe_reload_check, recorded_split
+from gpucampaign.close.reload import decision_rows, load_model
 from gpucampaign.core.files import csv_text, sha256_file
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.folder.layout import (
@@ -392,6 +393,14 @@ def reload_in_fresh_process(
 
 
 # --- the fresh process ----------------------------------------------------------------------
+INPUT_HELP = (
+    "New input of the corpus's kind (a file, or a folder the recipe reads): every split the "
+    "recipe makes of it is predicted, each row keyed by its example's ID"
+)
+RECIPES_HELP = (
+    "A folder of your recipe files (the spec's folder): imported when the recipe's file has "
+    "the sha256 recorded with the model"
+)
 TRUST_HELP = (
     "Import a user's recipe from the copy kept in the output folder. Only for a folder whose "
     "manifest you checked (`campaign verify OUT --expect SHA256`) or whose source you trust; "
@@ -417,16 +426,37 @@ def _main_reload_check(
     return 0 if all(r["ok"] for r in found.values()) else 4
 
 
-def _main_predict(out: str, run_id: str, *, to: str, trust_folder_code: bool) -> int:
-    ids, X, labels = features_for(out, ids=None)
-    model = load_run_model(out, run_id, trust_folder_code=trust_folder_code)
-    pred, conf = predict(model, X)
-    text = _predictions_csv(ids, labels=labels, preds=_tolist(pred), confidence=_tolist(conf))
+def predict_command(
+    out: str | Path,
+    run: str,
+    *,
+    to: str,
+    input_path: str | Path | None = None,
+    splits: Sequence[str] | None = None,
+    trust_folder_code: bool = False,
+    recipes: Sequence[str | Path] = (),
+) -> int:
+    """Reload ``run`` (its name or ID) and write its predictions as CSV at ``to`` (``-``:
+    stdout), keyed by example ID: of ``input_path`` (new input of the corpus's kind) when
+    given, else of the campaign's own decision split (the rows of ``predictions.csv``).
+
+    Returns:
+        The number of rows written.
+    """
+    loaded = load_model(out, run, trust_folder_code=trust_folder_code, recipes=recipes)
+    if input_path is not None:
+        text = csv_text(loaded.predict(input_path, splits=splits))
+    elif loaded.builtin:
+        ids, X, labels = features_for(out, ids=None)
+        pred, conf = predict(loaded.model, X)
+        text = _predictions_csv(ids, labels=labels, preds=_tolist(pred), confidence=_tolist(conf))
+    else:
+        text = csv_text(decision_rows(loaded, split=recorded_split(out, loaded.run_id)))
     if to == "-":
         sys.stdout.write(text)
     else:
         Path(to).write_text(text, encoding="utf-8")
-    return 0
+    return max(0, len(text.splitlines()) - 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -437,10 +467,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     rc.add_argument("out")
     rc.add_argument("run_ids", nargs="*", help="default: every completed run of the manifest")
     rc.add_argument("--json", action="store_true")
-    pr = sub.add_parser("predict", help="reload a model and predict the decision split")
+    pr = sub.add_parser(
+        "predict", help="reload a model and predict (new input or the decision split)"
+    )
     pr.add_argument("out")
-    pr.add_argument("run_id")
+    pr.add_argument("run_id", help="the run's name in the spec or its run ID")
     pr.add_argument("--to", default="-", help="CSV file to write (default: stdout)")
+    pr.add_argument("--input", default=None, help=INPUT_HELP)
+    pr.add_argument("--split", action="append", default=None, help="only this split of --input")
+    pr.add_argument("--recipes", action="append", default=[], metavar="DIR", help=RECIPES_HELP)
     for p in (rc, pr):
         p.add_argument("--trust-folder-code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
@@ -450,7 +485,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _main_reload_check(
                 args.out, args.run_ids, as_json=args.json, trust_folder_code=trust
             )
-        return _main_predict(args.out, args.run_id, to=args.to, trust_folder_code=trust)
+        predict_command(
+            args.out,
+            args.run_id,
+            to=args.to,
+            input_path=args.input,
+            splits=args.split,
+            trust_folder_code=trust,
+            recipes=args.recipes,
+        )
+        return 0
     except SpecError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

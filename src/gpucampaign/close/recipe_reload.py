@@ -26,8 +26,21 @@ from gpucampaign.folder.layout import (
     run_file,
 )
 from gpucampaign.modelfolder import load_run_model
-from gpucampaign.recipe.contract import Pinned, Recipe, call, check_metrics, load_recipe
-from gpucampaign.recipe.runtime import batch_len, build_datasets, ordered_loader, recipe_context
+from gpucampaign.recipe.contract import (
+    Pinned,
+    Recipe,
+    RecipeError,
+    call,
+    check_metrics,
+    load_recipe,
+)
+from gpucampaign.recipe.runtime import (
+    batch_len,
+    build_datasets,
+    example_ids,
+    ordered_loader,
+    recipe_context,
+)
 from gpucampaign.spec import RunConfig
 
 
@@ -35,24 +48,57 @@ def _has_predict(recipe: Recipe) -> bool:
     return type(recipe).predict is not Recipe.predict
 
 
+def recipe_predict_rows(
+    recipe: Recipe, model: Any, dataset: Any, *, config: RunConfig
+) -> list[dict[str, Any]]:
+    """The recipe's ``predict`` rows for one split, each keyed by its example's ID first.
+
+    The ID is the dataset's ``ids`` when it has one per example (as in ``scores-<split>.csv``),
+    else the row's own ``id``, else the position in the split. CPU, batches in order, no
+    gradient.
+
+    Raises:
+        RecipeError: ``predict`` returns another number of rows than a batch holds.
+    """
+    ids = example_ids(dataset)
+    own_ids = getattr(dataset, "ids", None) is not None and len(ids) == len(dataset)
+    rows: list[dict[str, Any]] = []
+    model.eval()
+    name = config.recipe
+    with torch.no_grad():
+        for batch in ordered_loader(recipe, dataset, config=config):
+            got = [dict(r) for r in call(name, "predict", recipe.predict, model, batch)]
+            if len(got) != batch_len(batch):
+                raise RecipeError(
+                    name,
+                    "predict()",
+                    f"returned {len(got)} rows for a batch of {batch_len(batch)} examples; "
+                    "return one row (a dict) per example",
+                )
+            for row in got:
+                n = len(rows)
+                key = ids[n] if own_ids or "id" not in row else str(row["id"])
+                rows.append({"id": key, **{k: v for k, v in row.items() if k != "id"}})
+    return rows
+
+
 def prediction_rows(
     recipe: Recipe, model: Any, dataset: Any, *, config: RunConfig
 ) -> list[dict[str, Any]]:
-    """The rows of ``predictions.csv`` for one split, on CPU, batches in order, no gradient."""
-
+    """The rows of ``predictions.csv`` for one split, on CPU, batches in order, no gradient:
+    the recipe's ``predict`` keyed by example ID, else its ``evaluate`` of each batch."""
+    if _has_predict(recipe):
+        return recipe_predict_rows(recipe, model, dataset, config=config)
     rows: list[dict[str, Any]] = []
     loader = ordered_loader(recipe, dataset, config=config)
     model.eval()
     name = config.recipe
     with torch.no_grad():
         for i, batch in enumerate(loader):
-            if _has_predict(recipe):
-                rows.extend(dict(r) for r in call(name, "predict", recipe.predict, model, batch))
-            else:
-                metrics = check_metrics(
-                    name, call(name, "evaluate", recipe.evaluate, model, [batch]), need=None
-                )
-                rows.append({"batch": i, "rows": batch_len(batch), **metrics})
+            metrics = check_metrics(
+                name, call(name, "evaluate", recipe.evaluate, model, [batch]), need=None
+            )
+            rows.append({"batch": i, "rows": batch_len(batch), **metrics})
     return rows
 
 
@@ -68,13 +114,13 @@ def _model_and_data(
     # Checks the recipe file's hash; the folder's copy goes on sys.path only when trusted.
     model = load_run_model(root, run_id, trust_folder_code=trust_folder_code)
     recipe = load_recipe(config.recipe)
-    pinned = _corpus_for(root, info, corpus)
+    pinned = corpus_for(root, info, corpus)
     ctx = recipe_context(config, corpus=pinned, run_id=run_id, device=torch.device("cpu"))
     datasets = build_datasets(recipe, config, ctx)
     return recipe, model, datasets.get(split) or datasets["train"], config
 
 
-def _corpus_for(root: str | Path, info: dict[str, Any], corpus: Any) -> Any:
+def corpus_for(root: str | Path, info: dict[str, Any], corpus: Any) -> Any:
     """The corpus given, else the manifest's copy, else the path the model recorded."""
     if corpus is not None:
         return corpus
@@ -106,10 +152,13 @@ def write_recipe_predictions(
     return rows
 
 
-def recipe_analysis(rows: list[dict[str, Any]], *, split: str) -> dict[str, Any]:
-    """``error_analysis.json`` of a recipe run: what the predictions file holds."""
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    return {"kind": "recipe", "split": split, "rows": len(rows), "columns": columns}
+def recorded_split(root: str | Path, run_id: str) -> str:
+    """The split a recipe run's ``predictions.csv`` holds, as ``error_analysis.json`` recorded
+    it when the file was written (``test`` without one)."""
+    analysis = OutputFolder(root).path(run_file(run_id, ERROR_ANALYSIS_FILE))
+    if not analysis.is_file():
+        return "test"
+    return str(json.loads(analysis.read_text(encoding="utf-8")).get("split", "test"))
 
 
 def recipe_reload_check(
@@ -123,12 +172,7 @@ def recipe_reload_check(
     """
     folder = OutputFolder(root)
     expected = folder.path(run_file(run_id, PREDICTIONS_FILE)).read_text(encoding="utf-8")
-    analysis = folder.path(run_file(run_id, ERROR_ANALYSIS_FILE))
-    split = (
-        json.loads(analysis.read_text(encoding="utf-8")).get("split", "test")
-        if analysis.is_file()
-        else "test"
-    )
+    split = recorded_split(root, run_id)
     recipe, model, dataset, config = _model_and_data(
         root, run_id, corpus=corpus, split=split, trust_folder_code=trust_folder_code
     )
