@@ -4,6 +4,7 @@ of evaluations, and the one notification when checkpoint files stop leaving the 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any, cast
 from uuid import UUID
@@ -14,6 +15,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from gpucampaign.core.text import say_number
 from gpucampaign.folder.layout import METRICS_FILE, OutputFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.progress import evaluation_table, read_progress, render_line
@@ -24,9 +26,19 @@ from gpucampaign_prefect.orchestration.phases import artifact_key, out_folder
 PROGRESS_EVERY_S = 2.0
 
 
-def evaluations_key(run_id: str) -> str:
-    """The key of a run's evaluation table artifact (one per run, a new version per update)."""
-    return artifact_key("evaluations", run_id)
+def evaluations_key(run_id: str, *, campaign: str) -> str:
+    """The key of a run's evaluation table artifact: one per run of one campaign (its campaign
+    ID), a new version per update. The run ID alone is a hash of the run's config, the same in
+    two campaigns that train it: their rows would mix under one key."""
+    return artifact_key("evaluations", campaign, run_id)
+
+
+def rounded(x: Any) -> Any:
+    """A number of the table to the digits the report prints (``say_number``), still a number;
+    anything else as it is."""
+    if isinstance(x, float) and math.isfinite(x):
+        return float(say_number(x))
+    return x
 
 
 class TrainingView:
@@ -97,9 +109,10 @@ class TrainingView:
         if not table:
             return
         self.table_step = table[-1]["step"]
+        campaign = notify.campaign_id_of(self.out) or self.campaign
         create_table_artifact(
-            table=table,
-            key=evaluations_key(self.run_id),
+            table=[{k: rounded(v) for k, v in row.items()} for row in table],
+            key=evaluations_key(self.run_id, campaign=campaign),
             description=f"Evaluations of {self.run_id} on val"
             + (f": {render_line(info)}" if info else ""),
         )

@@ -141,6 +141,9 @@ def test_a_campaign_is_tracked_across_an_interruption(servers, tmp_path):
     assert line is not None and "parent run" in line, line
 
     parent, children = _experiment_runs(client, "tracked")
+    # MLflow 3's UI opens it in the model-training view, where these runs show.
+    tags = client.get_experiment_by_name("tracked").tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
     control = children["control"]
     assert control.info.run_id == first_id  # the resume continued the same MLflow run
     assert control.info.status == "FINISHED"

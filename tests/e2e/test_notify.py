@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from gpucampaign.core.stoprules import NonFiniteLoss
+from gpucampaign.folder.records import read_campaign_id
 from gpucampaign.spec import load_spec
 from gpucampaign.storage.open import SPOOLED_ATTEMPTS
 from gpucampaign.storage.s3 import S3Store
@@ -280,7 +281,7 @@ def training(stack, receiver, tmp_path_factory):
         yield {
             "id": run["id"],
             "name": f"{cs.name} -> {out}",
-            "key": evaluations_key(cs.resolve_run("control").run_id),
+            "run_id": cs.resolve_run("control").run_id,
             "metric": cs.decision_rule.metric,
             "out": out,
             "worker": worker,
@@ -332,7 +333,8 @@ def test_the_table_of_evaluations_grows_in_the_ui_while_the_run_trains(stack, tr
     campaign trains: the page of its newest version (Artifacts > the run's key > the newest),
     opened, then opened again after the next evaluation, holds more rows the second time."""
     ui = f"http://127.0.0.1:{stack['port']}"
-    flow_run_id, key, metric = training["id"], training["key"], training["metric"]
+    flow_run_id, run_id, metric = training["id"], training["run_id"], training["metric"]
+    key = ""
 
     def log() -> str:
         return training["log"].read_text(errors="replace")[-4000:]
@@ -344,7 +346,10 @@ def test_the_table_of_evaluations_grows_in_the_ui_while_the_run_trains(stack, tr
         # page did not show (a new version of the table under the same key).
         while True:
             assert training["worker"].poll() is None, f"the worker exited\n{log()}"
-            newest, steps = _newest_table(stack, key)
+            # Keyed by the campaign ID too, known once the campaign started.
+            campaign = read_campaign_id(training["out"])
+            key = evaluations_key(run_id, campaign=campaign) if campaign else ""
+            newest, steps = _newest_table(stack, key) if key else ("", [])
             if steps and (not shown or set(steps) - set(shown[-1])):
                 break
             assert time.monotonic() < deadline, (shown, steps, log())
@@ -365,7 +370,7 @@ def test_the_table_of_evaluations_grows_in_the_ui_while_the_run_trains(stack, tr
         assert state["type"] == "RUNNING", state
         shown.append(rows)
     # The second look came after an evaluation of the training task, which still runs.
-    assert _training_now(stack, flow_run_id) == f"train[{key.removeprefix('evaluations-')}]"
+    assert _training_now(stack, flow_run_id) == f"train[{run_id}]"
     first, second = shown
     assert second[: len(first)] == first and len(second) > len(first), shown
     assert all(step % EVAL_EVERY == 0 for step in second), shown

@@ -111,10 +111,13 @@ def _assert_ui_tables(spec: Path, out: Path) -> None:
     from gpucampaign_prefect.orchestration.gpu_lock import holders_key
     from gpucampaign_prefect.orchestration.ui import evaluations_key
 
+    from gpucampaign.folder.records import read_campaign_id
+
     cs = load_spec(spec)
+    campaign = read_campaign_id(out)
     for run in cs.run_names():
         rid = cs.resolve_run(run).run_id
-        versions = _artifact_versions(evaluations_key(rid))
+        versions = _artifact_versions(evaluations_key(rid, campaign=campaign))
         assert versions and versions[0].type == "table", rid
         rows = (
             json.loads(versions[0].data) if isinstance(versions[0].data, str) else versions[0].data

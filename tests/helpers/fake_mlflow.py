@@ -14,6 +14,7 @@ class FakeClient:
         self.down = False
         self.calls = 0
         self.experiments: dict[str, str] = {}
+        self.experiment_tags: dict[str, dict[str, str]] = defaultdict(dict)
         self.runs: dict[str, dict[str, Any]] = {}
         self.logged: dict[str, list[tuple[str, int, float]]] = defaultdict(list)
         self.artifacts: dict[str, list[tuple[str, str | None]]] = defaultdict(list)
@@ -26,12 +27,20 @@ class FakeClient:
     def get_experiment_by_name(self, name: str) -> Any:
         self._answer()
         eid = self.experiments.get(name)
-        return None if eid is None else SimpleNamespace(experiment_id=eid, lifecycle_stage="active")
+        if eid is None:
+            return None
+        tags = dict(self.experiment_tags[eid])
+        return SimpleNamespace(experiment_id=eid, lifecycle_stage="active", tags=tags)
 
-    def create_experiment(self, name: str) -> str:
+    def create_experiment(self, name: str, tags: dict[str, str] | None = None) -> str:
         self._answer()
         self.experiments[name] = str(len(self.experiments) + 1)
+        self.experiment_tags[self.experiments[name]] = dict(tags or {})
         return self.experiments[name]
+
+    def set_experiment_tag(self, experiment_id: str, key: str, value: str) -> None:
+        self._answer()
+        self.experiment_tags[experiment_id][key] = value
 
     def create_run(self, experiment_id: str, *, run_name: str, tags: dict[str, str]) -> Any:
         self._answer()

@@ -327,3 +327,20 @@ def test_a_sealed_folder_is_sent_later_once_and_never_written(tmp_path, digits_f
     line, done = track_sealed(spec, root=root, manifest=manifest, client=fake, folder_uri=True)
     assert not done and "did not answer (" in line
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == sealed
+
+
+def test_the_experiment_opens_in_mlflows_model_training_view():
+    """MLflow 3 opens an experiment without ``mlflow.experimentKind`` in its GenAI view, where
+    the campaign's runs do not show: created, it is tagged for model training; an existing one
+    without the tag gets it; a kind someone chose is kept."""
+    from gpucampaign.tracking.mlflow import EXPERIMENT_KIND_TAG, ensure_experiment
+
+    client = FakeClient()
+    eid = ensure_experiment(client, "fresh")
+    assert client.experiment_tags[eid] == {EXPERIMENT_KIND_TAG: "custom_model_development"}
+    old = client.create_experiment("old")
+    assert ensure_experiment(client, "old") == old
+    assert client.experiment_tags[old][EXPERIMENT_KIND_TAG] == "custom_model_development"
+    chosen = client.create_experiment("chosen", tags={EXPERIMENT_KIND_TAG: "finetuning"})
+    ensure_experiment(client, "chosen")
+    assert client.experiment_tags[chosen][EXPERIMENT_KIND_TAG] == "finetuning"

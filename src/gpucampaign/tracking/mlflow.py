@@ -545,15 +545,25 @@ class RunTracker:
         atomic_write_bytes(path, "".join(json.dumps(list(r)) + "\n" for r in records).encode())
 
 
+#: MLflow 3's UI opens an experiment by this tag's value: without it, in the GenAI (traces)
+#: view, where a campaign's runs, metrics and charts do not show until a person switches to
+#: model training; ``custom_model_development`` opens the model-training view.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
 def ensure_experiment(client: Any, name: str) -> str:
-    """The ID of experiment ``name``, created when absent (by another process too)."""
+    """The ID of experiment ``name``, created when absent (by another process too), tagged to
+    open in MLflow's model-training view (an experiment whose kind someone set keeps it)."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if getattr(exp, "lifecycle_stage", "active") == "deleted":
             client.restore_experiment(exp.experiment_id)
+        if EXPERIMENT_KIND_TAG not in (getattr(exp, "tags", None) or {}):
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return str(exp.experiment_id)
     try:
-        return str(client.create_experiment(name))
+        return str(client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}))
     except Exception:  # noqa: BLE001 - created meanwhile by another run of the campaign
         exp = client.get_experiment_by_name(name)
         if exp is None:
