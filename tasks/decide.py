@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -29,6 +30,7 @@ from gpucampaign.plan.decision import (
     decision_markdown,
     droppable_runs,
     on_timeout,
+    say_deadline,
 )
 from gpucampaign.spec import CampaignSpec
 from gpucampaign_prefect.orchestration import notify
@@ -138,12 +140,13 @@ def _ask(spec: CampaignSpec, *, auto: Decision, evidence: str, campaign_id: str 
     base = RunInput.subclass_from_base_model_type(decision_form(spec, auto=auto))
 
     def ask(refused: str, left: int) -> Any | None:
-        description = ask_description(evidence, auto=auto, timeout_s=left)
+        deadline = datetime.now(UTC) + timedelta(seconds=left)
+        description = ask_description(evidence, auto=auto, deadline=deadline)
         if refused:
             logger.warning("decision point: answer refused (%s); asking again", refused)
             description = (
                 f"**Your answer was refused: {refused}.** Answer again (or wait: the proposal "
-                f"is taken in {left} s).\n\n{description}"
+                f"is taken at {say_deadline(deadline)}).\n\n{description}"
             )
         form = base.with_initial_data(
             description=description,

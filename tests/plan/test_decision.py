@@ -228,3 +228,18 @@ def test_the_decision_after_the_pilot_is_recorded_once_in_one_shape(tmp_path):
         refo.hours["c"][0], abs=1e-6
     )
     assert refo.decision.summary().startswith("continue by auto: the re-forecast span")
+
+
+def test_the_forms_deadline_is_a_time_not_a_frozen_count_of_seconds():
+    """The form stays open while nothing updates it: "taken in 628 s" stays 628 s; the time
+    the proposal is taken reads right whenever the page is looked at."""
+    from datetime import UTC, datetime, timedelta
+
+    from gpucampaign.plan.decision import Decision, ask_description
+
+    deadline = datetime(2026, 1, 5, 9, 0, tzinfo=UTC) + timedelta(seconds=628)
+    text = ask_description(
+        "evidence", auto=Decision(action="continue", reasons=["fits"]), deadline=deadline
+    )
+    assert "by 2026-01-05 09:10:28 UTC the proposal is taken" in text
+    assert "628" not in text and " s " not in text

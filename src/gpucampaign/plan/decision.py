@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
@@ -484,11 +485,17 @@ def decision_form(spec: CampaignSpec, *, auto: Decision) -> type[BaseModel]:
     )
 
 
-def ask_description(decision_md: str, *, auto: Decision, timeout_s: int) -> str:
+def say_deadline(deadline: datetime) -> str:
+    """A deadline as a person reads it on a form that stays open: a time, not a count of
+    seconds that the page never updates."""
+    return deadline.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def ask_description(decision_md: str, *, auto: Decision, deadline: datetime) -> str:
     """The form's markdown: the evidence, the proposal and when it is taken without an answer."""
     return (
         f"{decision_md}\n\n**Proposed: {auto.action}** (pre-selected below). Without an answer "
-        f"within {timeout_s} s the proposal is taken. `drop` takes effect with `reduce`."
+        f"by {say_deadline(deadline)} the proposal is taken. `drop` takes effect with `reduce`."
     )
 
 
