@@ -379,3 +379,40 @@ def test_gantt_with_planned_and_actual_bars(tmp_path: Path) -> None:
     ]
     out = plot_calendar(p, tmp_path / "gantt.png", actual=actual)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_a_seed_run_is_placed_by_its_own_calendar_step():
+    """`plan` asks for a step of each seed run (`wider.s1`); a step naming it is accepted and
+    placed, and then nothing warns about it: no warning that refusal contradicts."""
+    from gpucampaign.plan.lanes import lane_order
+    from gpucampaign.spec import SpecError, parse_spec
+
+    def spec_with(*runs: str):
+        return parse_spec(
+            {
+                "name": "x",
+                "packages": [{"gpu": "rtx4090", "days": 3}],
+                "control": {"recipe": "mlp", "hidden": [16], "batch_size": 128, "epochs": 2},
+                "variants": [{"name": "wider", "changes": {"hidden": [32]}, "seeds": [0, 1]}],
+                "calendar": [
+                    {
+                        "name": f"train-{r}",
+                        "kind": "machine",
+                        "resource": "gpu",
+                        "hours": 1,
+                        "run": r,
+                    }
+                    for r in runs
+                ],
+            }
+        )
+
+    asked = calendar.plan(spec_with("control", "wider"))
+    assert any("run 'wider.s1' has no calendar step" in w for w in asked.warnings)
+    spec = spec_with("control", "wider", "wider.s1")
+    placed = calendar.plan(spec)
+    assert not any("no calendar step" in w for w in placed.warnings), placed.warnings
+    assert "train-wider.s1" in {s.name for s in placed.steps}
+    assert "wider.s1" in [run for _, run in lane_order(placed, spec=spec)]
+    with pytest.raises(SpecError, match=r"nor a seed run \(wider\.s1\)"):
+        spec_with("control", "wider.s2")

@@ -162,11 +162,13 @@ class CampaignSpec(_Frozen):
                     f"variant '{v.name}': change {'.'.join(map(str, err['loc']))} is invalid: "
                     f"{err['msg']}"
                 ) from None
+        seed_runs = [f"{run}.s{k}" for run, seeds in runs for k in seeds[1:]]
         for s in self.calendar:
-            if s.run is not None and s.run not in run_names:
+            if s.run is not None and s.run not in run_names + seed_runs:
+                seeded = f", nor a seed run ({', '.join(seed_runs[:3])})" if seed_runs else ""
                 raise ValueError(
                     f"calendar step '{s.name}': run '{s.run}' is neither 'control' nor a "
-                    "variant name"
+                    f"variant name{seeded}"
                 )
         return self
 
