@@ -70,13 +70,24 @@ def test_curves_carry_the_threshold_the_control_and_name_their_splits():
     fig = draw_curves(runs, metric="accuracy", threshold=0.95, control_final=0.91, split="val")
     ax_loss, ax_metric = fig.axes[:2]
     assert ax_loss.get_title() == "loss: train, val" and ax_metric.get_title() == "metrics: val"
-    # An identical curve is drawn once, its legend naming both runs.
-    labels = [t.get_text() for t in ax_metric.get_legend().get_texts()]
+    # An identical curve is drawn once; one legend outside the panels names each run once,
+    # each series once and each mark.
+    assert ax_metric.get_legend() is None and ax_loss.get_legend() is None
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
     assert labels == [
-        "control = copy: val accuracy",
-        "wide: val accuracy",
+        "control",
+        "copy (same curves as control)",
+        "wide",
+        "train loss",
+        "val loss",
+        "val accuracy",
         "threshold 0.95",
         "control final accuracy on val: 0.91",
+    ]
+    assert [line.get_label() for line in ax_metric.get_lines()][:2] == [
+        "control = copy: val accuracy",
+        "wide: val accuracy",
     ]
     assert len(ax_loss.get_lines()) == 4  # train and val loss of two distinct curves
     flat = {line.get_label(): list(line.get_ydata()) for line in ax_metric.get_lines()}
@@ -155,4 +166,63 @@ def test_curves_mark_where_a_run_was_interrupted_and_resumed():
     ax_loss = draw_curves({"control": rows}).axes[0]
     marks = {line.get_label(): list(line.get_xdata()) for line in ax_loss.get_lines()}
     assert marks["control interrupted at step 2"] == [2.0, 2.0]
-    assert marks["control resumed at step 2"] == [2.0, 2.0]
+    assert not any("resumed" in label for label in marks)  # one mark for one interruption
+
+
+def test_only_real_interruptions_are_marked_not_the_pilots_continuation():
+    """Every run resumes from its pilot's checkpoint (step 10 of 20): that is the plan, not
+    an interruption. Only the control's SIGTERM and the killed process of 'wide' are marked."""
+    from gpucampaign.close.figures import draw_curves
+
+    def run(*extra: dict, loss: float = 2.0) -> list[dict]:
+        rows = [{"kind": "train", "step": s, "loss": loss / s} for s in range(1, 21)]
+        rows.insert(10, {"kind": "restore", "step": 10, "restore_s": 0.1, "refused": []})
+        return rows + list(extra)
+
+    runs = {
+        "control": run(
+            {"kind": "interrupt", "step": 14, "reason": "SIGTERM"},
+            {"kind": "restore", "step": 14, "restore_s": 0.1, "refused": []},
+        ),
+        "wide": run({"kind": "restore", "step": 16, "restore_s": 0.1, "refused": []}, loss=1.5),
+        **{f"v{n}": run() for n in range(14)},
+    }
+    fig = draw_curves(runs, continued={name: 10.0 for name in runs})
+    marks = [
+        line.get_label()
+        for line in fig.axes[0].get_lines()
+        if line.get_xdata()[0] in (10.0, 14.0, 16.0) and len(line.get_xdata()) == 2
+    ]
+    assert marks == [
+        "control interrupted at step 14",
+        "wide resumed after its process ended at step 16",
+    ]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert len(labels) == len(set(labels))  # distinct entries
+    assert labels[:2] == ["control", "wide"] and "v0 (same curves as control)" in labels
+    # The legend stands right of both panels, covering neither.
+    fig.canvas.draw()
+    box = fig.legends[0].get_window_extent()
+    assert all(box.x0 >= ax.get_window_extent().x1 for ax in fig.axes)
+
+
+def test_time_no_step_stands_for_is_named_by_its_run():
+    """A seed run trained without a calendar step of its own sits in the actual panel's
+    "unplanned" row named by its run, not by its phase ("train")."""
+    from datetime import UTC, datetime, timedelta
+
+    from gpucampaign.close.forecast import actual_intervals
+    from gpucampaign.folder.records import TimelineRow
+
+    t0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+    rows = [
+        TimelineRow.between(
+            None,
+            phase="train",
+            run=run,
+            start=t0 + timedelta(minutes=n),
+            end=t0 + timedelta(minutes=n + 1),
+        )
+        for n, run in enumerate(["wider.s1", "wider.s2"])
+    ]
+    assert [a["name"] for a in actual_intervals(rows)] == ["train wider.s1", "train wider.s2"]

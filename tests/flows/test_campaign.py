@@ -107,11 +107,10 @@ def _artifact_versions(key: str) -> list[Any]:
 def _assert_ui_tables(spec: Path, out: Path) -> None:
     """The live tables of the UI: every evaluation of each run (one key per run), and the GPU
     lock's holders on this host (free again at the end)."""
+    from gpucampaign.folder.records import read_campaign_id
     from gpucampaign.spec import load_spec
     from gpucampaign_prefect.orchestration.gpu_lock import holders_key
     from gpucampaign_prefect.orchestration.ui import evaluations_key
-
-    from gpucampaign.folder.records import read_campaign_id
 
     cs = load_spec(spec)
     campaign = read_campaign_id(out)

@@ -270,6 +270,11 @@ def draw_run_figures(
             threshold=numbers.get("threshold"),
             control_final=verdict.control.get(sel) if verdict is not None and sel else None,
             split=sel,
+            continued={
+                run: float(m["steps_done"])
+                for run, m in read_pilot(root).items()
+                if isinstance(m, Mapping) and isinstance(m.get("steps_done"), int | float)
+            },
         )
     if "confusion" in analyses.get(shown, {}):
         figs["confusion"] = CONFUSION_PNG

@@ -125,6 +125,8 @@ def _draw_planned(ax: Any, plan: Plan, *, row: Mapping[str, int], x_end: float, 
         )
 
 
+#: The actual panel's row of time no calendar step stands for (each bar named by its run).
+_UNPLANNED = "unplanned"
 #: The unit of the actual panel: the first whose span stays under 120 of it.
 _UNITS = (("s", 3600.0), ("min", 60.0), ("h", 1.0))
 
@@ -135,7 +137,7 @@ def _draw_actual(
     """Observed intervals on their own scale (seconds, minutes or hours from the first one),
     one row per lane of their planned step, or an "unplanned" row."""
     rows = list(lanes) + (
-        ["unplanned"] if any(a["name"] not in planned_lane for a in actual) else []
+        [_UNPLANNED] if any(a["name"] not in planned_lane for a in actual) else []
     )
     row = {lane: k for k, lane in enumerate(rows)}
     t0 = min(float(a["start_hours"]) for a in actual)
@@ -144,7 +146,7 @@ def _draw_actual(
     seen: dict[int, int] = {}
     for a in sorted(actual, key=lambda a: float(a["start_hours"])):
         start, stop = float(a["start_hours"]) - t0, float(a["end_hours"]) - t0
-        y = row[planned_lane.get(a["name"], "unplanned")]
+        y = row[planned_lane.get(a["name"], _UNPLANNED)]
         seen[y] = seen.get(y, 0) + 1  # labels on one row alternate above and below its bars
         ax.barh(
             y,
@@ -256,16 +258,20 @@ def draw_curves(
     threshold: float | None = None,
     control_final: float | None = None,
     split: str | None = None,
+    continued: Mapping[str, float] | None = None,
 ) -> Figure:
     """Loss and metric curves of every run, side by side (one colour per run).
 
     Fields with "loss" in their name go to the left panel, accuracy / F1 / precision / recall
     / AUC to the right one, named by the row's ``split`` (eval rows) or ``kind``; checkpoint
     and restore rows are skipped. Each panel's title names the splits it shows. Runs whose
-    curve is identical share one line and one legend entry (``a = b: val loss``). The decision
-    ``metric``'s panel carries the ``threshold`` and the control's final value on ``split``
-    as horizontal lines; where a run was interrupted or resumed (its ``interrupt`` and
-    ``restore`` rows), the loss panel has a vertical line.
+    curve is identical share one line (in the first run's colour). The decision ``metric``'s
+    panel carries the ``threshold`` and the control's final value on ``split`` as horizontal
+    lines; where a run was really interrupted (an ``interrupt`` row, or a ``restore`` that is
+    not its pilot's continuation) the loss panel has a vertical line.
+
+    One legend, outside the panels on the right, names each run once (its colour), each
+    series once (its line style) and each mark: many runs never cover the curves.
 
     Args:
         runs_metrics: ``{run label: metrics.jsonl rows}``; each row has ``x`` (``step``).
@@ -274,12 +280,15 @@ def draw_curves(
         threshold: the decision threshold.
         control_final: the control's final value of ``metric`` on ``split``.
         split: the split ``control_final`` was measured on (the selection split).
+        continued: ``{run: step}`` where the pilot stopped and the run's training continued
+            (a restore there is the plan, not an interruption).
 
     Returns:
         The figure.
     """
-    fig = new_figure(width=11, height=4.2)
+    fig = new_figure(width=13, height=4.2)
     ax_loss, ax_metric = fig.subplots(1, 2)
+    fig.subplots_adjust(right=0.76, wspace=0.25)  # the legend's column on the right
     styles = ["-", "--", ":", "-."]
     # One line per distinct curve: identical curves of several runs are drawn once.
     curves: dict[tuple[str, tuple[tuple[float, float], ...]], list[str]] = {}
@@ -304,9 +313,9 @@ def draw_curves(
             markersize=3,
             label=f"{' = '.join(runs)}: {name}",
         )
-    _mark_interruptions(ax_loss, runs_metrics, colour=colour, x=x)
+    marks = _mark_interruptions(ax_loss, runs_metrics, colour=colour, x=x, continued=continued)
     if metric is not None:
-        _mark_decision(
+        marks += _mark_decision(
             _panel(metric, ax_loss=ax_loss, ax_metric=ax_metric),
             metric=metric,
             threshold=threshold,
@@ -318,13 +327,50 @@ def draw_curves(
         ax.set_title(f"{title}: {', '.join(shown)}" if shown else title, fontsize=10)
         ax.set_xlabel(x)
         ax.grid(alpha=0.3)
-        if ax.get_lines():
-            ax.legend(fontsize=7)
-        else:
+        if not ax.get_lines():
             ax.text(
                 0.5, 0.5, f"no {title} recorded", ha="center", va="center", transform=ax.transAxes
             )
+    handles = _legend_handles(curves, colour=colour, names=names, styles=styles) + marks
+    if handles:
+        fig.legend(
+            handles=handles,
+            loc="center left",
+            bbox_to_anchor=(0.77, 0.5),
+            fontsize=7,
+            frameon=False,
+        )
     return fig
+
+
+def _legend_handles(
+    curves: Mapping[tuple[str, tuple[tuple[float, float], ...]], list[str]],
+    *,
+    colour: Mapping[str, int],
+    names: list[str],
+    styles: list[str],
+) -> list[Any]:
+    """Each run once (its colour; a run whose every curve is another run's says whose) and
+    each series once (its line style, in black)."""
+    from matplotlib.lines import Line2D
+
+    drawn_by: dict[str, str] = {}  # run -> the run whose colour its curves are drawn in
+    for runs in curves.values():
+        for run in runs:
+            if drawn_by.get(run) != run:
+                drawn_by[run] = runs[0]
+    handles: list[Any] = []
+    for run in colour:
+        if run not in drawn_by:
+            continue
+        first = drawn_by[run]
+        label = run if first == run else f"{run} (same curves as {first})"
+        handles.append(Line2D([], [], color=f"C{colour[first] % 10}", linewidth=2, label=label))
+    handles += [
+        Line2D([], [], color="black", label=name, linestyle=styles[n % len(styles)])  # type: ignore[arg-type]
+        for n, name in enumerate(names)
+    ]
+    return handles
 
 
 def _mark_interruptions(
@@ -333,41 +379,64 @@ def _mark_interruptions(
     *,
     colour: Mapping[str, int],
     x: str,
-) -> None:
-    """A vertical line on the loss panel where a run was interrupted or resumed."""
+    continued: Mapping[str, float] | None = None,
+) -> list[Any]:
+    """A vertical line on the loss panel where a run was really interrupted: at its
+    ``interrupt`` rows, and at a ``restore`` that follows none (the process died) unless it
+    is where the pilot stopped and the training continued. Returns the lines drawn."""
+    lines = []
     for run, records in runs_metrics.items():
+        stopped_at: set[float] = set()
         for r in records:
-            what = {"interrupt": "interrupted", "restore": "resumed"}.get(str(r.get("kind")))
-            if what is not None and isinstance(r.get(x), int | float):
+            kind, at = str(r.get("kind")), r.get(x)
+            if kind not in ("interrupt", "restore") or not isinstance(at, int | float):
+                continue
+            if kind == "interrupt":
+                stopped_at.add(float(at))
+                what = "interrupted"
+            elif float(at) in stopped_at or float(at) == (continued or {}).get(run):
+                continue  # resumed where the interruption (or the pilot) is already drawn
+            else:
+                what = "resumed after its process ended"
+            lines.append(
                 ax_loss.axvline(
-                    float(r[x]),
+                    float(at),
                     color=f"C{colour[run] % 10}",
-                    linestyle="-." if what == "resumed" else (0, (1, 3)),
+                    linestyle=(0, (1, 3)) if what == "interrupted" else "-.",
                     linewidth=1,
-                    label=f"{run} {what} at {x} {r[x]}",
+                    label=f"{run} {what} at {x} {at}",
                 )
+            )
+    return lines
 
 
 def _mark_decision(
     ax: Any, *, metric: str, threshold: float | None, control_final: float | None, split: str | None
-) -> None:
-    """The threshold and the control's final value on ``split``, as horizontal lines."""
+) -> list[Any]:
+    """The threshold and the control's final value on ``split``, as horizontal lines; the
+    lines drawn."""
+    lines = []
     if threshold is not None:
-        ax.axhline(
-            threshold,
-            color="black",
-            linestyle="--",
-            linewidth=1,
-            label=f"threshold {say_exact(threshold)}",
+        lines.append(
+            ax.axhline(
+                threshold,
+                color="black",
+                linestyle="--",
+                linewidth=1,
+                label=f"threshold {say_exact(threshold)}",
+            )
         )
     if control_final is not None:
-        ax.axhline(
-            control_final,
-            color="C0",
-            linestyle=":",
-            linewidth=1.2,
-            label=f"control final {metric} on {split}: {say_number(control_final)}",
+        lines.append(
+            ax.axhline(
+                control_final,
+                color="C0",
+                linestyle=":",
+                linewidth=1.2,
+                label=f"control final {metric} on {split}: {say_number(control_final)}",
+            )
         )
+    return lines
 
 
 def _panel(name: str, *, ax_loss: Any, ax_metric: Any) -> Any:

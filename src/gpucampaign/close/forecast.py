@@ -213,7 +213,9 @@ def actual_intervals(
         t0 = origin if origin is not None else min(iv[0] for _, iv in rows)
     return [
         {
-            "name": str(r.step or r.phase or "unplanned"),
+            # Time no calendar step stands for (a seed run without its own step) is named by
+            # its run, so a reader sees whose time it was, not just the phase ("train").
+            "name": str(r.step or " ".join(filter(None, (r.phase, r.run))) or "unplanned"),
             "start_hours": (iv[0] - t0).total_seconds() / 3600.0,
             "end_hours": (iv[1] - t0).total_seconds() / 3600.0,
         }
