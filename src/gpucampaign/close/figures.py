@@ -333,13 +333,7 @@ def draw_curves(
             )
     handles = _legend_handles(curves, colour=colour, names=names, styles=styles) + marks
     if handles:
-        fig.legend(
-            handles=handles,
-            loc="center left",
-            bbox_to_anchor=(0.77, 0.5),
-            fontsize=7,
-            frameon=False,
-        )
+        fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.77, 0.5), fontsize=7)
     return fig
 
 
