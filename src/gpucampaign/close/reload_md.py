@@ -72,7 +72,7 @@ print(type(loaded.model).__name__, loaded.config.recipe)
 _TRUST = """
 Run{s} {names} trained with your own recipe: the model is rebuilt through that recipe
 (`recipe: module:Class` in its `config.json`, with the recorded `args`), whose file must have
-the recorded `recipe_sha256`. A copy of it is kept in `runs/<run ID>/model/recipe/`, and the
+the recorded `recipe_sha256`. A copy of it is kept in each model folder (`{kept}`), and the
 commands below run that copy (`--trust-folder-code`, `trust_folder_code=True`): this is the
 folder your campaign wrote. For a folder that came from elsewhere, first check that it is the
 one sealed (`campaign verify "$OUT" --expect SHA256`, the sha256 printed at the close), or drop
@@ -194,7 +194,8 @@ def _reload_text(
     trust = ""
     if by_recipe:
         names = ", ".join(f"`{runs[r]}`" for r in by_recipe)
-        trust = _fill(_TRUST, s="s" if len(by_recipe) > 1 else "", names=names)
+        kept = f"{run_file(by_recipe[0], MODEL_DIR)}/recipe/"
+        trust = _fill(_TRUST, s="s" if len(by_recipe) > 1 else "", names=names, kept=kept)
     return _fill(
         _HEAD,
         name=name,
