@@ -170,3 +170,25 @@ def test_a_regressor_from_rows_has_residuals_and_the_worst_ids() -> None:
     assert [w["id"] for w in a["worst"]] == ["r4", "r2"] and a["worst"][0]["residual"] == 6.0
     assert sum(a["residual"]["histogram"]["counts"]) == 9
     assert a["residual"]["quantiles"]["1"] == 6.0
+
+
+@pytest.mark.slow
+def test_a_builtin_model_predicts_a_new_table_by_row_id(tmp_path: Path) -> None:
+    """The built-in mlp reads new rows of the corpus's kind (a feature table): its classes and
+    confidences by row ID, the same as predictions.csv for the rows the campaign predicted."""
+    from tests.helpers import build_closed_folder
+
+    built = build_closed_folder(tmp_path / "c")
+    out, rid = built["out"], built["run_ids"]["control"]
+    to = tmp_path / "table.csv"
+    table = tmp_path / "c" / "src" / "corpus.csv"
+    done = CliRunner().invoke(
+        app, ["predict", str(out), rid, "--input", str(table), "--to", str(to), "--split", "test"]
+    )
+    assert done.exit_code == 0, done.output
+    got = {r["id"]: r for r in _rows(to)}
+    kept = _rows(out / "runs" / rid / "predictions.csv")
+    assert list(got) == [r["id"] for r in kept]
+    for r in kept:
+        assert got[r["id"]]["prediction"] == r["prediction"]
+        assert float(got[r["id"]]["confidence"]) == float(r["confidence"])
