@@ -31,7 +31,7 @@ from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.storageurl import is_local
 from gpucampaign.data.corpus import empty_splits, open_corpus
 from gpucampaign.data.pins import resolve_inputs
-from gpucampaign.plan.tariffs import load_catalog
+from gpucampaign.plan.tariffs import load_catalog, resolve_package
 from gpucampaign.preflight.paths import check_pinned, inside
 from gpucampaign.recipe.contract import load_recipe
 from gpucampaign.recipe.runtime import preflight as try_recipes
@@ -41,6 +41,7 @@ from gpucampaign.spec import (
     SpecError,
     check_tracking_uri,
     resolve_inside,
+    run_size,
 )
 from gpucampaign.spec.recipefile import RecipeError, recipe_file, use_recipe_dir
 from gpucampaign.storage import check_storage
@@ -84,9 +85,12 @@ def preflight(
         "every number finite and within its limit"
     ]
     _gpus_and_storage(spec)
+    catalog = load_catalog(spec=spec, base_dir=base)
     if spec.catalog is not None:
-        lots = load_catalog(spec=spec, base_dir=base).lots
-        checked.append(f"catalog '{spec.catalog}': inside the spec's folder, {len(lots)} lot(s)")
+        checked.append(
+            f"catalog '{spec.catalog}': inside the spec's folder, {len(catalog.lots)} lot(s)"
+        )
+    checked += _gpus_fit_a_lot(spec, catalog=catalog)
     checked += _recipe_files(spec, base=base)
     corpus_path = None
     if spec.corpus is not None:
@@ -144,6 +148,32 @@ def _gpus_and_storage(spec: CampaignSpec) -> None:
             "for that run.",
             field="gpus",
         )
+
+
+def _gpus_fit_a_lot(spec: CampaignSpec, *, catalog: Any) -> list[str]:
+    """Every run's ``gpus`` fits one lot's machine: a data-parallel run takes that many slots
+    of the GPU lock at once, and more than any lot holds would never be granted (the planner
+    refuses such a calendar step too; this covers every run the campaign trains)."""
+    if spec.control is None:
+        return []
+    packages = [resolve_package(p, catalog, index=i) for i, p in enumerate(spec.packages)]
+    largest = max((p.gpus_per_lot for p in packages), default=0)
+    for run in spec.base_names():
+        gpus = run_size(spec.run_config(run)).processes
+        if gpus > largest:
+            field = "control.gpus" if run == "control" else f"variants.{run}.changes.gpus"
+            lots = ", ".join(
+                f"{p.count} {p.gpu} lot(s) of {p.gpus_per_lot} GPU(s)" for p in packages
+            )
+            raise SpecError(
+                f"field '{field}': run '{run}' trains on gpus: {gpus} (data-parallel, on ONE "
+                f"machine), and the committed lots ({lots}) hold at most {largest} GPU(s) each; "
+                f"the GPU lock never grants {gpus} slots at once there. Commit a lot with "
+                f"{gpus} GPUs on one machine (packages), or set gpus: {largest} for that run.",
+                field=field,
+            )
+    wide = max(run_size(spec.run_config(r)).processes for r in spec.base_names())
+    return [f"gpus: {wide} for the widest run, within one lot's {largest}"] if wide > 1 else []
 
 
 def _check_tracking_env(spec: CampaignSpec, *, env: Mapping[str, str]) -> None:
