@@ -65,3 +65,48 @@ def test_deploy_without_a_server_says_how_to_point_at_one(
     with temporary_settings(restore_defaults={PREFECT_API_URL}):
         code, said = _campaign("deploy", "mine/campaign.yaml")
     assert code == 2 and "PREFECT_API_URL is not set" in said and "Traceback" not in said
+
+
+@pytest.mark.process
+@pytest.mark.timeout(900)
+def test_a_deployed_campaign_runs_in_the_project_folder(
+    prefect_harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`campaign deploy` from the project folder, then a worker started elsewhere runs
+    campaign/main: the flow-run process imports the installed entrypoint and stands in the
+    project folder, so the spec and the output folder resolve there."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    import yaml
+    from prefect.deployments import run_deployment
+    from prefect.settings import get_current_settings
+
+    project = tmp_path / "proj"
+    spec = init_campaign(project / "mine")
+    data = yaml.safe_load(spec.read_text())
+    data["control"] = {**data["control"], "epochs": 2}
+    data["pilot"] = {"steps": 5}
+    data["gpu_lock"] = {"name": f"gpu-{uuid.uuid4().hex[:8]}", "timeout_s": 600, "lease_s": 60}
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    pool = f"pool-{uuid.uuid4().hex[:8]}"
+    monkeypatch.chdir(project)
+    code, said = _campaign("deploy", "mine/campaign.yaml", "--out", "out/mine", "--pool", pool)
+    assert code == 0, said
+    flow_run = run_deployment("campaign/main", timeout=0)
+    env = {**os.environ, "PREFECT_API_URL": str(get_current_settings().api.url)}
+    worker = subprocess.run(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--run-once"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run.id).state
+    assert state is not None and state.is_completed(), (state, worker.stdout[-4000:])
+    assert (project / "out" / "mine" / "manifest.json").is_file()
+    assert not (tmp_path / "out").exists()
