@@ -294,4 +294,4 @@ def test_a_run_wider_than_any_lot_is_refused_before_prefect_starts(
         ),
     )
     text = refused(digits, tmp_path, "variants.wide.changes.gpus", "gpus: 4", "rtx4090")
-    assert "at most 1 GPU(s)" in text
+    assert "ONE machine" in text and "have at most 1 each" in text

@@ -31,6 +31,7 @@ from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.storageurl import is_local
 from gpucampaign.data.corpus import empty_splits, open_corpus
 from gpucampaign.data.pins import resolve_inputs
+from gpucampaign.plan.inputs import too_wide
 from gpucampaign.plan.tariffs import load_catalog, resolve_package
 from gpucampaign.preflight.paths import check_pinned, inside
 from gpucampaign.recipe.contract import load_recipe
@@ -152,26 +153,25 @@ def _gpus_and_storage(spec: CampaignSpec) -> None:
 
 def _gpus_fit_a_lot(spec: CampaignSpec, *, catalog: Any) -> list[str]:
     """Every run's ``gpus`` fits one lot's machine: a data-parallel run takes that many slots
-    of the GPU lock at once, and more than any lot holds would never be granted (the planner
-    refuses such a calendar step too; this covers every run the campaign trains)."""
+    of the GPU lock at once, and more than any lot holds would never be granted. The planner
+    refuses such a calendar step; this covers every run the campaign trains, on the calendar
+    or not, before ``campaign run`` starts anything."""
     if spec.control is None:
         return []
-    packages = [resolve_package(p, catalog, index=i) for i, p in enumerate(spec.packages)]
+    packages = tuple(resolve_package(p, catalog, index=i) for i, p in enumerate(spec.packages))
     largest = max((p.gpus_per_lot for p in packages), default=0)
+    steps = {s.run: s.name for s in reversed(spec.calendar) if s.run}
     for run in spec.base_names():
         gpus = run_size(spec.run_config(run)).processes
         if gpus > largest:
             field = "control.gpus" if run == "control" else f"variants.{run}.changes.gpus"
-            lots = ", ".join(
-                f"{p.count} {p.gpu} lot(s) of {p.gpus_per_lot} GPU(s)" for p in packages
+            step = steps.get(run)
+            what = (
+                f"calendar step '{step}' runs '{run}' with gpus: {gpus}"
+                if step
+                else f"field '{field}': run '{run}' trains with gpus: {gpus}"
             )
-            raise SpecError(
-                f"field '{field}': run '{run}' trains on gpus: {gpus} (data-parallel, on ONE "
-                f"machine), and the committed lots ({lots}) hold at most {largest} GPU(s) each; "
-                f"the GPU lock never grants {gpus} slots at once there. Commit a lot with "
-                f"{gpus} GPUs on one machine (packages), or set gpus: {largest} for that run.",
-                field=field,
-            )
+            raise too_wide(what, gpus, packages)
     wide = max(run_size(spec.run_config(r)).processes for r in spec.base_names())
     return [f"gpus: {wide} for the widest run, within one lot's {largest}"] if wide > 1 else []
 
