@@ -91,8 +91,9 @@ def ensure_gpu_limit(
 
     Call it at flow start. First, flow runs of ours left Running by a process that died on this
     host are marked Crashed, and the slots of dead holders (``free_dead_holders``) come back.
-    An existing limit keeps its size: the operator sized it for the host
-    (``infra/stack.sh``), and a campaign must not resize a lock other campaigns share.
+    An existing limit smaller than ``slots`` is raised to it (a data-parallel run takes its
+    ``gpus`` slots at once, which a limit made by a one-GPU campaign would refuse for ever);
+    a larger one keeps its size: it is never lowered under a campaign that holds its slots.
 
     Stale slots: when the limit shows active slots while no other flow run of ``flow_names``
     is alive, those slots belong to a killed holder; with ``clear_stale`` they are set back
@@ -103,7 +104,8 @@ def ensure_gpu_limit(
 
     Args:
         name: name of the global concurrency limit (``spec.gpu_lock.name``).
-        slots: size when the limit is created (GPUs of the committed lots).
+        slots: the GPUs of the committed lots: the limit's size when it is created, and the
+            least it is raised to when it exists.
         clear_stale: clear active slots that no live flow run of ours can hold.
         flow_names: the flows whose runs may hold the lock.
 
@@ -130,6 +132,7 @@ def ensure_gpu_limit(
                 return f"GPU lock: created global concurrency limit '{name}' with {slots} slot(s)"
             except ObjectAlreadyExists:  # another flow created it meanwhile
                 limit = client.read_global_concurrency_limit_by_name(name)
+        raised = _raise_limit(client, name, limit.limit, slots)
         runs = _running_runs(client, flow_names, exclude=current)
         for run in runs:  # left Running by a killed process: never coming back
             if not _alive(run):
@@ -139,25 +142,44 @@ def ensure_gpu_limit(
     with get_client(sync_client=True) as client:
         limit = client.read_global_concurrency_limit_by_name(name)
         if limit.active_slots <= 0:
-            return _gave_back(name, freed)
+            return _joined(raised, _gave_back(name, freed))
         if alive:
             holders = "; ".join(h.says() for h in read_holders(name))
             names = ", ".join(r.name for r in alive[:5])
-            return (
+            return _joined(
+                raised,
                 f"GPU lock '{name}': {limit.active_slots}/{limit.limit} slot(s) held "
                 + (f"by {holders} " if holders else "")
-                + f"while {len(alive)} other flow run(s) run ({names}); waiting for them"
+                + f"while {len(alive)} other flow run(s) run ({names}); waiting for them",
             )
         if not clear_stale:
-            return (
+            return _joined(
+                raised,
                 f"GPU lock '{name}': {limit.active_slots}/{limit.limit} slot(s) held by no running "
-                "flow run of ours; the server returns them when their lease expires"
+                "flow run of ours; the server returns them when their lease expires",
             )
         client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=0))
-        return (
+        return _joined(
+            raised,
             f"GPU lock '{name}': cleared {limit.active_slots} stale slot(s) left by a killed "
-            "holder (no other flow run of ours is running)"
+            "holder (no other flow run of ours is running)",
         )
+
+
+def _raise_limit(client: Any, name: str, size: int, slots: int) -> str:
+    """Raise the limit ``name`` of ``size`` slots to ``slots`` when smaller (never lower it);
+    what was done, for the flow log."""
+    if size >= slots:
+        return ""
+    client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=slots))
+    return (
+        f"GPU lock: raised global concurrency limit '{name}' from {size} to {slots} slot(s), "
+        "the GPUs of the committed lots"
+    )
+
+
+def _joined(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
-"""The file helpers' per-process hash cache."""
+"""The file helpers: the per-process hash cache, the commit of a checkout."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 
+import pytest
+
 from gpucampaign.core import files
-from gpucampaign.core.files import sha256_file
+from gpucampaign.core.files import git_commit, sha256_file
 
 
 def test_a_file_is_hashed_once_until_it_changes(tmp_path, monkeypatch):
@@ -25,3 +27,25 @@ def test_a_file_is_hashed_once_until_it_changes(tmp_path, monkeypatch):
     tmp.write_bytes(b"a,b\n3,4\n")
     os.replace(tmp, path)  # same size, new inode: a miss
     assert sha256_file(path) == hashlib.sha256(b"a,b\n3,4\n").hexdigest()
+
+
+@pytest.mark.process
+def test_git_commit_of_a_file_no_checkout_tracks_is_none(tmp_path):
+    """The library installed in a virtual environment inside the user's own repository: its
+    files are not that repository's, so no commit of it is given as the library's."""
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text(".venv/\n")
+    git("add", ".gitignore")
+    git("-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qm", "x")
+    installed = tmp_path / ".venv" / "lib" / "gpucampaign" / "saveload.py"
+    installed.parent.mkdir(parents=True)
+    installed.write_text("")
+    assert git_commit(installed.parent) is not None  # the user's repository answers
+    assert git_commit(installed.parent, tracking=installed) is None
+    tracked = tmp_path / ".gitignore"
+    assert git_commit(tmp_path, tracking=tracked) == git_commit(tmp_path)

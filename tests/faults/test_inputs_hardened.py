@@ -565,7 +565,7 @@ def test_gpus_above_one_with_s3_storage_is_refused_by_the_preflight(
     if where == "control":
         data["control"]["gpus"] = 2
     else:
-        data["variants"][1]["changes"] = {"gpus": 4}
+        data["variants"][1]["changes"] = {"gpus": 2}
     spec_path = tmp_path / "campaign.yaml"
     spec_path.write_text(yaml.safe_dump(data))
     shutil.copytree(EXAMPLE.parent / "data", tmp_path / "data")
@@ -577,7 +577,9 @@ def test_gpus_above_one_with_s3_storage_is_refused_by_the_preflight(
     faults.add("preflight_refusals")
     got = _cli(faults, ["plan", str(spec_path)], codes=(2,))
     assert "storage.url" in " ".join(got.output.split())
+    # On a lot whose machine has the 2 GPUs (one rtx4090 has 1: a refusal of its own).
     local = {**data, "storage": {"url": "local"}}
+    local["packages"] = [{"gpu": "b200", "days": 3, "price_usd": 900}]
     spec_path.write_text(yaml.safe_dump(local))
     monkeypatch.undo()
     preflight(load_spec(spec_path), base_dir=tmp_path, env={})  # accepted with local storage

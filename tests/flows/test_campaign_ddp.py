@@ -1,15 +1,23 @@
 """A campaign whose control trains data-parallel (``gpus: 2``, two gloo processes on CPU) on a
-B200 lot: it completes, verifies, and its restart check is identical."""
+B200 lot: it completes, verifies, and its restart check is identical; so does a renter's own
+recipe from their own folder, run by `campaign run` where a one-GPU campaign made the default
+GPU lock first."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpucampaign.verify.checks import verify_output
 from tests.flows.test_campaign import run_flow, timeline_rows, tiny_campaign
+from tests.helpers.userproject import write_regress_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.timeout(900)]
 
@@ -42,3 +50,54 @@ def test_a_campaign_with_a_two_process_control_completes_and_verifies(prefect_ha
     assert params["config"]["gpus"] == 2 and params["world_size"] == 2
     report = (out / "report.md").read_text()
     assert "## Data-parallel scaling" in report and "| control | 2 |" in report
+
+
+def _campaign(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    """``campaign ARGS`` in a new process standing in ``cwd``, on the embedded Prefect of
+    ``home`` (its database keeps the GPU lock from one run to the next, as a renter's does)."""
+    env = {**os.environ, "PREFECT_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "gpucampaign.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_a_users_own_recipe_trains_on_two_processes_after_a_one_gpu_campaign(tmp_path):
+    """The default lock `gpu` was made with 1 slot by a one-GPU campaign; the renter's recipe
+    (their seqreg.py beside their spec, run from another folder: neither the working directory
+    nor PYTHONPATH holds it) trains its control on 2 ranks, which import it as the launching
+    process does, and the campaign completes, verifies and restarts identically."""
+    home = tmp_path / "prefect-home"
+
+    def one_gpu(data: dict[str, Any]) -> None:
+        del data["gpu_lock"]  # the default lock, `gpu`, as a renter's campaigns share it
+
+    first = _campaign(
+        "run", str(tiny_campaign(tmp_path, edit=one_gpu)), "--out", "one", cwd=tmp_path, home=home
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert re.search(r"'gpu' with 1 slot", first.stderr), first.stderr[-3000:]
+
+    write_regress_project(tmp_path / "mine", gpus=2)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ran = _campaign("run", "../mine/campaign.yaml", "--out", "out", cwd=elsewhere, home=home)
+    said = ran.stdout + ran.stderr
+    assert ran.returncode == 0, said[-4000:]
+    assert "Traceback" not in said and "does not import" not in said
+    assert re.search(r"'gpu' from 1 to 2 slot", said), said[-3000:]
+    out = elsewhere / "out"
+    assert "output folder verified" in ran.stdout
+    restart = json.loads((out / "restart.json").read_text())
+    assert restart["identical"] is True and restart["run"] == "control"
+    control = next(r for r in timeline_rows(out) if r["phase"] == "train" and r["run"] == "control")
+    params = json.loads((out / "runs" / control["note"] / "params.json").read_text())
+    assert params["world_size"] == 2 and params["recipe"] == "seqreg:Regress"
+    sha = re.search(r"manifest.json sha256: ([0-9a-f]{64})", ran.stdout)
+    assert sha is not None, ran.stdout[-2000:]
+    verify = _campaign("verify", "out", "--expect", sha.group(1), cwd=elsewhere, home=home)
+    assert verify.returncode == 0, (verify.stdout + verify.stderr)[-3000:]

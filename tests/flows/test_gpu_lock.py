@@ -70,9 +70,26 @@ def test_ensure_creates_missing_limit_once():
     assert "created" in note and name in note
     limit = _limit(name)
     assert (limit.limit, limit.active_slots) == (2, 0)
-    # Existing limit: nothing to say, and its size is kept.
-    assert ensure_gpu_limit(name, 3, clear_stale=True) == ""
+    # Existing limit of the size asked for, or larger: nothing to say, and its size is kept.
+    assert ensure_gpu_limit(name, 2, clear_stale=True) == ""
+    assert ensure_gpu_limit(name, 1, clear_stale=True) == ""
     assert _limit(name).limit == 2
+
+
+def test_ensure_raises_a_smaller_limit_and_never_lowers_it_under_a_holder():
+    """A one-GPU campaign made the limit with 1 slot; a campaign on a 2-GPU lot raises it to 2
+    while the first campaign holds its slot, and a later one-GPU campaign leaves it at 2."""
+    name = _name("raise")
+    ensure_gpu_limit(name, 1, clear_stale=False)
+    with gpu_slot(name, timeout_s=10, lease_s=60):
+        note = ensure_gpu_limit(name, 2, clear_stale=False)
+        assert f"raised global concurrency limit '{name}' from 1 to 2 slot(s)" in note
+        assert (_limit(name).limit, _limit(name).active_slots) == (2, 1)
+        assert "raised" not in ensure_gpu_limit(name, 1, clear_stale=False)
+        assert _limit(name).limit == 2
+    # Both slots can now be taken at once: what a gpus: 2 run asks for.
+    with gpu_slot(name, timeout_s=10, lease_s=60, slots=2):
+        assert _limit(name).active_slots == 2
 
 
 def test_ensure_rejects_zero_slots():

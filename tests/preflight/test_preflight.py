@@ -279,3 +279,19 @@ def test_the_deployment_flow_refuses_before_the_audit(
     assert state.is_failed() and "did not return 'perplexity'" in state.message
     assert "refused before anything started" in state.message
     assert not out.exists()
+
+
+# --- the GPU lock's slots ----------------------------------------------------------------------
+def test_a_run_wider_than_any_lot_is_refused_before_prefect_starts(
+    digits: Path, tmp_path: Path
+) -> None:
+    """A variant asking 4 GPUs on 1-GPU lots would wait for 4 slots the lock never grants; it
+    is not on the calendar, so only the preflight can refuse it (exit 2, no output folder)."""
+    edit(
+        digits,
+        lambda d: d["variants"].append(
+            {"name": "wide", "tier": "exploratory", "changes": {"gpus": 4}}
+        ),
+    )
+    text = refused(digits, tmp_path, "variants.wide.changes.gpus", "gpus: 4", "rtx4090")
+    assert "ONE machine" in text and "have at most 1 each" in text

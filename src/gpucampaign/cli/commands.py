@@ -517,6 +517,7 @@ def _print_run_summary(
 
 # The commands on an output folder: imported here, after the commands above, so that
 # `campaign --help` lists them in the order of the campaign.
+import gpucampaign.cli.deploy  # noqa: E402, F401
 import gpucampaign.cli.output  # noqa: E402, F401
 import gpucampaign.cli.predict  # noqa: E402, F401
 

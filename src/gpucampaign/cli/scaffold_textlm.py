@@ -3,19 +3,21 @@
 The corpus is the documentation scikit-learn ships with its bundled datasets (the ``.rst``
 files of ``sklearn/datasets/descr``), concatenated in sorted file-name order: no download, and
 the same bytes for the same scikit-learn release. The recipe file (``textlm.py``) is the user's
-code, copied from the project's ``examples/textlm/``.
+code, copied from the project's ``examples/textlm/`` (the package carries that file as
+``example_textlm.py.txt``, so an installed ``campaign`` writes it from any folder).
 """
 
 from __future__ import annotations
 
 import hashlib
-import shutil
+from importlib import resources
 from pathlib import Path
 
 from gpucampaign.spec import SpecError, load_spec
 
 CORPUS_REL = "data/sklearn-docs.txt"
 RECIPE_FILE = "textlm.py"
+EXAMPLE_RECIPE = "example_textlm.py.txt"  # package data: a link to examples/textlm/textlm.py
 SPEC_NAME = "campaign.yaml"
 
 SPEC_TEMPLATE = """\
@@ -107,17 +109,9 @@ def write_textlm_corpus(path: str | Path) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-def example_recipe() -> Path:
-    """``examples/textlm/textlm.py`` of the project checkout."""
-    for root in (Path.cwd(), *Path.cwd().parents, Path(__file__).resolve().parents[2]):
-        candidate = root / "examples" / "textlm" / RECIPE_FILE
-        if candidate.is_file():
-            return candidate
-    raise SpecError(
-        "examples/textlm/textlm.py was not found: run `campaign init --example "
-        "textlm` from the project checkout.",
-        field="example",
-    )
+def example_recipe() -> bytes:
+    """The bytes of ``examples/textlm/textlm.py``, as the installed package carries them."""
+    return (resources.files("gpucampaign.cli") / EXAMPLE_RECIPE).read_bytes()
 
 
 def init_textlm(directory: str | Path) -> Path:
@@ -137,7 +131,7 @@ def init_textlm(directory: str | Path) -> Path:
         )
     recipe = example_recipe()
     sha = write_textlm_corpus(root / CORPUS_REL)
-    shutil.copyfile(recipe, root / RECIPE_FILE)
+    (root / RECIPE_FILE).write_bytes(recipe)
     spec_path = root / SPEC_NAME
     spec_path.write_text(
         SPEC_TEMPLATE.format(spec_name=SPEC_NAME, corpus_rel=CORPUS_REL, sha256=sha),

@@ -301,8 +301,12 @@ def median(values: Iterable[float]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def git_commit(cwd: str | Path | None = None) -> str | None:
-    """The checkout's commit (with ``-dirty`` when tracked files changed), or None outside git."""
+def git_commit(cwd: str | Path | None = None, *, tracking: str | Path | None = None) -> str | None:
+    """The checkout's commit (with ``-dirty`` when tracked files changed), or None outside git.
+
+    ``tracking``: a file that checkout must track, else None: an installed copy of the library
+    in a virtual environment inside the user's own repository is no file of that repository.
+    """
 
     def git(*args: str) -> str:
         out = subprocess.run(
@@ -311,6 +315,8 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
         return out.stdout.strip()
 
     try:
+        if tracking is not None:
+            git("ls-files", "--error-unmatch", "--", str(tracking))
         head = git("rev-parse", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):

@@ -47,8 +47,10 @@ MODEL_FORMAT = "gpucampaign-model/1"
 
 
 def _git_state() -> dict[str, Any]:
-    """``{"commit": sha or None, "dirty": bool or None}`` of the checkout holding the library."""
-    commit = git_commit(Path(__file__).resolve().parent)
+    """``{"commit": sha or None, "dirty": bool or None}`` of the checkout holding the library
+    (none for an installed copy)."""
+    here = Path(__file__).resolve()
+    commit = git_commit(here.parent, tracking=here)
     if commit is None:
         return {"commit": None, "dirty": None}
     return {"commit": commit.removesuffix("-dirty"), "dirty": commit.endswith("-dirty")}

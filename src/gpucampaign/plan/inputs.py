@@ -107,6 +107,21 @@ def machines_of(packages: tuple[ResolvedPackage, ...]) -> list[list[int]]:
     return machines
 
 
+def too_wide(what: str, width: int, packages: tuple[ResolvedPackage, ...]) -> SpecError:
+    """The refusal of a run (``what`` names it) that needs ``width`` GPUs of one machine, more
+    than any lot of ``packages`` has (the planner's and the preflight's, one paragraph)."""
+    largest = max((p.gpus_per_lot for p in packages), default=0)
+    lots = " + ".join(f"{p.count} {p.gpu} lot(s) of {p.gpus_per_lot} GPU(s)" for p in packages)
+    return SpecError(
+        f"{what}: a data-parallel run needs {width} GPUs of ONE machine, and the spec's lots "
+        f"({lots}) have at most {largest} each. Separate lots are separate machines: GPU memory "
+        f"and NVLink do not span them, so {width} GPUs of different lots cannot run it. Rent a "
+        f"lot with {width} GPUs on one machine (a b200 lot has 2), or set gpus: {largest} for "
+        "that run.",
+        field="gpus",
+    )
+
+
 def step_widths(
     spec: CampaignSpec,
     names: list[str],
@@ -134,16 +149,7 @@ def step_widths(
     largest = max((p.gpus_per_lot for p in packages), default=0)
     for name, run, width in zip(names, runs, widths, strict=True):
         if width > largest:
-            lots = " + ".join(
-                f"{p.count} {p.gpu} lot(s) of {p.gpus_per_lot} GPU(s)" for p in packages
-            )
-            raise SpecError(
-                f"calendar step '{name}' runs '{run}' with gpus: {width}: a data-parallel run "
-                f"needs {width} GPUs of ONE machine, and the spec's lots ({lots}) have at most "
-                f"{largest} each. Separate lots are separate machines: GPU memory and NVLink "
-                f"do not span them, so {width} GPUs of different lots cannot run it. Rent a "
-                f"lot with {width} GPUs on one machine (a b200 lot has 2), or set gpus: "
-                f"{largest} for that run.",
-                field="gpus",
+            raise too_wide(
+                f"calendar step '{name}' runs '{run}' with gpus: {width}", width, packages
             )
     return widths

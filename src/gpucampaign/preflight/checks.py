@@ -31,7 +31,8 @@ from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.storageurl import is_local
 from gpucampaign.data.corpus import empty_splits, open_corpus
 from gpucampaign.data.pins import resolve_inputs
-from gpucampaign.plan.tariffs import load_catalog
+from gpucampaign.plan.inputs import too_wide
+from gpucampaign.plan.tariffs import load_catalog, resolve_package
 from gpucampaign.preflight.paths import check_pinned, inside
 from gpucampaign.recipe.contract import load_recipe
 from gpucampaign.recipe.runtime import preflight as try_recipes
@@ -41,6 +42,7 @@ from gpucampaign.spec import (
     SpecError,
     check_tracking_uri,
     resolve_inside,
+    run_size,
 )
 from gpucampaign.spec.recipefile import RecipeError, recipe_file, use_recipe_dir
 from gpucampaign.storage import check_storage
@@ -84,9 +86,12 @@ def preflight(
         "every number finite and within its limit"
     ]
     _gpus_and_storage(spec)
+    catalog = load_catalog(spec=spec, base_dir=base)
     if spec.catalog is not None:
-        lots = load_catalog(spec=spec, base_dir=base).lots
-        checked.append(f"catalog '{spec.catalog}': inside the spec's folder, {len(lots)} lot(s)")
+        checked.append(
+            f"catalog '{spec.catalog}': inside the spec's folder, {len(catalog.lots)} lot(s)"
+        )
+    checked += _gpus_fit_a_lot(spec, catalog=catalog)
     checked += _recipe_files(spec, base=base)
     corpus_path = None
     if spec.corpus is not None:
@@ -144,6 +149,31 @@ def _gpus_and_storage(spec: CampaignSpec) -> None:
             "for that run.",
             field="gpus",
         )
+
+
+def _gpus_fit_a_lot(spec: CampaignSpec, *, catalog: Any) -> list[str]:
+    """Every run's ``gpus`` fits one lot's machine: a data-parallel run takes that many slots
+    of the GPU lock at once, and more than any lot holds would never be granted. The planner
+    refuses such a calendar step; this covers every run the campaign trains, on the calendar
+    or not, before ``campaign run`` starts anything."""
+    if spec.control is None:
+        return []
+    packages = tuple(resolve_package(p, catalog, index=i) for i, p in enumerate(spec.packages))
+    largest = max((p.gpus_per_lot for p in packages), default=0)
+    steps = {s.run: s.name for s in reversed(spec.calendar) if s.run}
+    for run in spec.base_names():
+        gpus = run_size(spec.run_config(run)).processes
+        if gpus > largest:
+            field = "control.gpus" if run == "control" else f"variants.{run}.changes.gpus"
+            step = steps.get(run)
+            what = (
+                f"calendar step '{step}' runs '{run}' with gpus: {gpus}"
+                if step
+                else f"field '{field}': run '{run}' trains with gpus: {gpus}"
+            )
+            raise too_wide(what, gpus, packages)
+    wide = max(run_size(spec.run_config(r)).processes for r in spec.base_names())
+    return [f"gpus: {wide} for the widest run, within one lot's {largest}"] if wide > 1 else []
 
 
 def _check_tracking_env(spec: CampaignSpec, *, env: Mapping[str, str]) -> None:
