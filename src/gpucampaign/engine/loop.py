@@ -91,7 +91,7 @@ from gpucampaign.folder.layout import METRICS_FILE, RESULT_FILE
 from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
 from gpucampaign.folder.runresult import RunResult, recorded_result, require_complete
 from gpucampaign.recipe.contract import call, check_loss
-from gpucampaign.recipe.runtime import batch_len, to_device
+from gpucampaign.recipe.runtime import batch_len
 from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import Store
 
@@ -155,7 +155,7 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> None:
     still on the device (no host sync here)."""
     t0 = time.perf_counter()
     s = r.state
-    batch = to_device(next(batches), r.device)
+    batch = r.copy_batch(next(batches))  # on CUDA: a side stream's copy, or already there
     lr = s.optimizer.param_groups[0]["lr"]
     name = r.config.recipe
     with r.autocast:
