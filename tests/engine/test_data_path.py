@@ -119,3 +119,27 @@ def test_a_run_with_its_data_placed_trains_identically(tmp_path, digits_file):  
         out_dir=run_dir(placed, tmp_path, out="cut"),
     )
     assert train_losses(run_dir(placed, tmp_path, out="cut") / "metrics.jsonl") == a
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_placed_batches_train_like_host_batches(tmp_path, digits_file):  # noqa: F811
+    """On the GPU: the split placed in device memory (auto places it there) and the batches
+    copied from pinned memory on a side stream give the same losses, step for step."""
+    control = {"epochs": 2, "device": "cuda"}
+    host = make_spec(tmp_path, digits_file, control={**control, "place_data": "host"})
+    auto = make_spec(tmp_path, digits_file, control=control)
+    job = RunJob(
+        spec=auto,
+        run=auto.resolve_run("control"),
+        corpus=corpus_of(tmp_path, auto),
+        store=LocalStore(tmp_path / "ck"),
+        out_dir=tmp_path / "setup",
+    )
+    r = setup_run(job, t_call=0.0)
+    assert r.loader.dataset.tensors[0].is_cuda  # auto placed it
+    run(host, tmp_path, out="host")
+    run(auto, tmp_path, out="auto")
+    a = train_losses(run_dir(host, tmp_path, out="host") / "metrics.jsonl")
+    b = train_losses(run_dir(auto, tmp_path, out="auto") / "metrics.jsonl")
+    assert len(a) == 20 and a == b

@@ -75,6 +75,8 @@ class LiveRun:
     setup_s: float = 0.0
     # What the restore found.
     restore_s: float = 0.0
+    # The wait for the call's last save to be durable, after its last step (not training).
+    final_save_s: float = 0.0
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
     # Measurements, the metrics log and the saves.
