@@ -376,31 +376,37 @@ def run_cmd(
     import time
 
     from gpucampaign.cli.progress import Background, LiveView
-    from gpucampaign.cli.runner import interruptible_run, load_flow, quiet_expected_stops
+    from gpucampaign.cli.runner import (
+        interruptible_run,
+        load_flow,
+        quiet_expected_stops,
+        start_server_early,
+    )
     from gpucampaign.core.interrupt import stop_requested
     from gpucampaign.folder.lock import writer_lock
     from gpucampaign.plan.rental import rental_of
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
-    target = _checked_target(spec, cs, out=out, decision=decision)
     # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
     # terminal unless asked for: the progress lines say what runs.
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
-    flow = load_flow("campaign", "campaign")
-    if not verbose:  # after the import: Prefect sets its loggers up then
-        quiet_expected_stops()
-    rental = rental_of(cs)
-    view = LiveView(
-        target,
-        console=err_console,
-        ends_at=rental.ends_at if rental else None,
-        every_s=progress_every,
-        since=time.time(),
-    )
+    early = start_server_early()  # it boots in its own process while the lines below run
     state = None
     try:
-        with writer_lock(target) as took_over, interruptible_run(grace_s=grace):
+        target = _checked_target(spec, cs, out=out, decision=decision)
+        flow = load_flow("campaign", "campaign")
+        if not verbose:  # after the import: Prefect sets its loggers up then
+            quiet_expected_stops()
+        rental = rental_of(cs)
+        view = LiveView(
+            target,
+            console=err_console,
+            ends_at=rental.ends_at if rental else None,
+            every_s=progress_every,
+            since=time.time(),
+        )
+        with writer_lock(target) as took_over, interruptible_run(grace_s=grace, early=early):
             if took_over:
                 err_console.print(f"[yellow]note:[/] {esc(took_over)}", soft_wrap=True)
             with Background(view):
@@ -410,6 +416,9 @@ def run_cmd(
     except BaseException:
         if stop_requested() is None:
             raise
+    finally:
+        if early is not None and not early.adopted:  # refused before the flow ran
+            early.stop()
     _end_of_run(state, target=target, question=cs.question)
 
 
