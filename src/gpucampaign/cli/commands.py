@@ -388,13 +388,15 @@ def run_cmd(
     from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
+    target = _checked_target(spec, cs, out=out, decision=decision)
     # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
     # terminal unless asked for: the progress lines say what runs.
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
-    early = start_server_early()  # it boots in its own process while the lines below run
+    # After the checks (a refused run starts nothing), before Prefect and the flows load
+    # here: the server boots in its own process meanwhile.
+    early = start_server_early()
     state = None
     try:
-        target = _checked_target(spec, cs, out=out, decision=decision)
         flow = load_flow("campaign", "campaign")
         if not verbose:  # after the import: Prefect sets its loggers up then
             quiet_expected_stops()

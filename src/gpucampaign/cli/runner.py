@@ -68,9 +68,9 @@ def load_flow(module: str, name: str) -> Any:
 
 
 def start_server_early() -> Any | None:
-    """The embedded server's process, started now so that it boots while the spec is checked
-    and torch and Prefect load here; ``interruptible_run`` adopts it. None when the
-    environment names a server. Stop it (``.stop()``) when the run is refused before that."""
+    """The embedded server's process, started now so that it boots while Prefect and the flows
+    load here; ``interruptible_run`` adopts it. None when the environment names a server. Stop
+    it (``.stop()``) when the run ends before that."""
     return load_flow("_embedded", "spawn_early")()
 
 
