@@ -7,7 +7,8 @@ The floor of anything that starts a fresh process and resumes a run is a fresh
   replays, against the floor (goal: <= 2x);
 - the embedded Prefect server: the import of its module and its start, in a new process;
 - ``campaign run`` on the demo spec, in a new process: the time before its first training step
-  (the first run folder's ``progress.json``, written just before the first step; goal: <= 15 s),
+  (the first run folder's ``progress.json``, written just before the first step; goal: <= 3x
+  the floor), and its first line,
   and the timeline's fixed phases (restart check, close, verify) against the floor.
 
 Where the time goes (profiled 2026-12-04 on the 2-core machine, load ~4; cProfile of the
@@ -32,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,7 +52,7 @@ from gpucampaign.restartcheck.earlysave import verify_early_save  # noqa: E402
 from gpucampaign.spec import load_spec  # noqa: E402
 from gpucampaign.storage import LocalStore  # noqa: E402
 
-FIRST_STEP_GOAL_S = 15.0
+FIRST_STEP_GOAL_X = 3.0
 RESTART_GOAL_X = 2.0
 
 SERVER_START = """\
@@ -161,17 +163,28 @@ def first_step(tmp: Path, name: str) -> dict[str, Any]:
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    said: list[tuple[float, str]] = []  # (seconds, line): when each line came
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            said.append((time.perf_counter() - t0, line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     first = None
     while proc.poll() is None:
         if first is None and any(out.glob("runs/*/progress.json")):
             first = time.perf_counter() - t0
         time.sleep(0.02)
     wall = time.perf_counter() - t0
-    output = proc.stdout.read() if proc.stdout else ""
+    reader.join(timeout=30)
+    output = "".join(line for _, line in said)
     if proc.returncode not in (0, 3):
         raise SystemExit(f"campaign run failed ({proc.returncode}):\n{output[-3000:]}")
     return {
         "first_step_s": first,
+        "first_line_s": said[0][0] if said else None,
         "wall_s": wall,
         "phases": overhead.phases_of(out),
         "reused_server": "reusing" in output,
@@ -193,6 +206,7 @@ def measure(tmp: Path, repeats: int) -> dict[str, Any]:
         for k, v in c["phases"].items():
             phases.setdefault(k, []).append(v)
     firsts = [c["first_step_s"] for c in campaigns if c["first_step_s"] is not None]
+    lines = [c["first_line_s"] for c in campaigns if c["first_line_s"] is not None]
     return {
         "floor_s": floor,
         "import_s": imports,
@@ -206,6 +220,8 @@ def measure(tmp: Path, repeats: int) -> dict[str, Any]:
         "server_import_s": [s["import_s"] for s in server],
         "server_start_s": [s["start_s"] for s in server],
         "first_step_s": firsts,
+        "first_line_s": lines,
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
         "campaign_wall_s": [c["wall_s"] for c in campaigns],
         "phases_s": {k: statistics.median(v) for k, v in phases.items()},
         "reused_server": any(c["reused_server"] for c in campaigns),
@@ -233,8 +249,10 @@ def report_lines(m: dict[str, Any]) -> list[str]:
     if m["first_step_s"]:
         lines.append(
             f"campaign run (demo): first training step after {med(m['first_step_s']):.2f} s "
-            f"({med(m['first_step_s']) / floor:.2f}x the floor; goal <= {FIRST_STEP_GOAL_S:g} s), "
-            f"wall {med(m['campaign_wall_s']):.1f} s"
+            f"({med(m['first_step_s']) / floor:.2f}x the floor; goal <= {FIRST_STEP_GOAL_X:g}x), "
+            f"wall {med(m['campaign_wall_s']):.1f} s; its first line after "
+            f"{med(m['first_line_s']) if m['first_line_s'] else float('nan'):.2f} s "
+            f"(load average {' '.join(map(str, m['load_avg']))})"
             + ("; it reused a running server" if m["reused_server"] else "")
         )
     lines.append(

@@ -1,27 +1,37 @@
-"""GPU bench: a recipe of about 1 GB of fp32 parameters, campaign vs bare loop in bf16, and
-the checkpoint of a 1-2 GB training state held in GPU memory.
+"""GPU bench: a campaign's training against bare loops, with a profile of where each
+millisecond of the difference goes, and the checkpoint of a 1-2 GB state in GPU memory.
 
-On a CUDA device, measured in one run meant to take well under ten minutes (its elapsed time
-is printed with each part; the machine's load average goes into the file):
+On a CUDA device (``--smoke``: on any device, a tiny model, seconds; the tests run it):
 
-- throughput: ``train_run`` (metrics, evaluation, checkpoints, the data path) vs a bare
-  PyTorch loop of the same model, data, steps and seed with the data already on the device,
-  both with bf16 autocast (``--precision``);
-- the checkpoint stall share of that run (its saves hold the model and Adam's moments);
-- save and restore from GPU memory as the training loop does them: the stall (snapshot to
-  pinned host memory), then the background save (``BackgroundSaves`` + ``CheckpointManager``)
-  until durable, against a raw fsync write of the same bytes; the restore (read, CRC32C,
-  ``load_state_dict`` back onto the GPU) against a raw read of the same bytes.
+- throughput, each over at least ``--min-train-s`` (180) seconds of training, ``--repeats``
+  times: ``train_run`` of an MLP of about 1 GB of fp32 parameters in bf16 (``place_data``:
+  ``device``, its tensor corpus batched on the GPU) against two bare loops of the same model,
+  data, steps and seed: ``same-loader`` (the campaign's own loader and batch copy:
+  ``engine.parts.make_loader``, ``place_train_split``, ``BatchCopy``) and ``fastest`` (data
+  and every step's indices on the device before it starts). The campaign's training time is
+  its steps (``timings.train_s``); the wait for its last save is measured apart
+  (``timings.final_save_s``) and reported beside it;
+- a ``torch.profiler`` trace of ``--profile-steps`` steps of each (the campaign's through a
+  hook of its loop): per step, each op's device time (CPU time on the CPU), the device's
+  idle time, and the difference campaign - bare, op by op, which sums to the difference of
+  their step times;
+- ``--io``: save and restore from GPU memory as the loop does them, against raw I/O.
 
-Without a GPU it prints why and exits 0. Writes ``bench/results/gpu-<device>.md``.
+Each part can run alone (``--parts``) and adds its figures to the results of the same device
+(``bench/results/gpu-<device>.json``, rendered to ``.md``), so a device session of ten-minute
+calls runs them in turn. The machine's load average and the device are named with every
+figure. Without a GPU (and without ``--smoke``) it says so and exits 0.
 
-Usage: python bench/gpu.py [--out FILE] [--hidden 4096] [--layers 16] [--batch 1024]
-       [--epochs 1500] [--mb 1536] [--precision bf16] [--repeats 2]
+Usage: python bench/gpu.py [--parts throughput,profile,io] [--min-train-s 180] [--repeats 2]
+       [--profile-steps 300] [--hidden 4096] [--layers 16] [--batch 1024] [--precision bf16]
+       [--out-dir bench/results] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import re
 import statistics
@@ -29,20 +39,104 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+PARTS = ("throughput", "profile", "io")
+#: Rows of the profile's difference table (the rest is summed as one).
+TOP_OPS = 15
 
-def bare_loop_cuda(spec, corpus, steps: int) -> float:  # noqa: ANN001
-    """Seconds of a plain loop on the device: same model, optimizer, batch, steps and seed."""
-    from overhead import plain_step
 
+def now_context(device: torch.device) -> dict[str, Any]:
+    """What every figure is recorded with: when, the device, the load."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {
+        "at": f"{datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC",
+        "device": name,
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --- the workload: the demo's digits, a deep MLP ---------------------------------------------
+class Workload:
+    """The spec, corpus and sizes every part trains (one temporary folder)."""
+
+    def __init__(self, tmp: Path, a: argparse.Namespace, device: torch.device) -> None:
+        import yaml
+
+        from gpucampaign.cli.scaffold import init_campaign, write_spec_copy
+        from gpucampaign.data.corpus import load_spec_corpus
+        from gpucampaign.spec import load_spec
+
+        self.tmp, self.device, self.args = tmp, device, a
+        src = init_campaign(tmp / "init")
+        data = yaml.safe_load(src.read_text())
+        data["control"].update(
+            {
+                "hidden": [a.hidden] * a.layers,
+                "batch_size": a.batch,
+                "epochs": 10**6,
+                "max_steps": 10,
+                "eval_every": 10**8,
+                "precision": a.precision,
+                "device": "cuda" if device.type == "cuda" else "cpu",
+                "place_data": "device",
+            }
+        )
+        # A throughput bench, not a question: the deep MLP on digits need not reach the floor.
+        data.setdefault("stop_rules", {})["below_threshold"] = False
+        self.data, self.src = data, src
+        self.write_spec_copy, self.load_spec = write_spec_copy, load_spec
+        path = write_spec_copy(data, source_dir=src.parent, dest=tmp / "spec")
+        self.corpus = load_spec_corpus(load_spec(path), base_dir=path.parent)
+        self._n = 0
+
+    def spec(self, *, steps: int, place_data: str = "device") -> Any:
+        """The spec of a run of ``steps`` steps (a new folder for each)."""
+        self._n += 1
+        data = json.loads(json.dumps(self.data))
+        data["control"].update({"max_steps": steps, "place_data": place_data})
+        path = self.write_spec_copy(data, source_dir=self.src.parent, dest=self.tmp / f"s{self._n}")
+        return self.load_spec(path)
+
+    def campaign(self, steps: int, *, hook: Any = None, place_data: str = "device") -> Any:
+        """``train_run`` of the control for ``steps`` steps; ``hook``: a loop hook factory."""
+        from gpucampaign.engine import registry
+        from gpucampaign.engine.loop import train_run
+        from gpucampaign.storage import LocalStore
+
+        spec = self.spec(steps=steps, place_data=place_data)
+        if hook is not None:
+            registry.register(hook)
+        try:
+            return train_run(
+                spec,
+                run=spec.resolve_run("control"),
+                corpus=self.corpus,
+                store=LocalStore(self.tmp / f"ck{self._n}"),
+                out_dir=self.tmp / f"run{self._n}",
+            )
+        finally:
+            if hook is not None:
+                registry.HOOKS.remove(hook)
+
+
+def bare_setup(w: Workload, steps: int) -> tuple[Any, Any, Any, Any, Any]:
+    """The plain loop's model, optimizer, scheduler, config and autocast dtype."""
     from gpucampaign.builtin import build_model, fit_input_stats
     from gpucampaign.engine.devices import (
         AMP_DTYPES,
@@ -51,97 +145,197 @@ def bare_loop_cuda(spec, corpus, steps: int) -> float:  # noqa: ANN001
         seed_everything,
     )
 
-    cfg = spec.run_config("control")
-    train = corpus.split("train")
-    X = torch.as_tensor(train.X, dtype=torch.float32)
-    y = torch.as_tensor(train.y, dtype=torch.long)
+    cfg = w.spec(steps=steps).run_config("control")
+    X, _ = w.corpus.split("train").tensors()
     seed_everything(cfg.seed)
-    model = build_model(cfg, n_features=X.shape[1], n_classes=len(corpus.classes))
+    model = build_model(cfg, n_features=X.shape[1], n_classes=len(w.corpus.classes))
     fit_input_stats(model, X)
-    model.cuda()
-    X, y = X.cuda(), y.cuda()
+    model.to(w.device).train()
     opt = build_optimizer(cfg, model.parameters())
-    sched = build_scheduler(cfg, opt, planned_steps=steps)
-    # Every step's indices drawn up front and moved to the device in one transfer: a copy of
-    # each step's indices from pageable memory would make the host wait for the GPU at every
-    # step, and the baseline must be the fastest plain loop, not a slower one.
+    return (
+        model,
+        opt,
+        build_scheduler(cfg, opt, planned_steps=steps),
+        cfg,
+        AMP_DTYPES[cfg.precision],
+    )
+
+
+def fastest_batches(w: Workload, cfg: Any, steps: int) -> Iterator[tuple[Any, Any]]:
+    """Every step's rows, the data and the indices on the device before the first step."""
+    X, y = (t.to(w.device) for t in w.corpus.split("train").tensors())
     gen = torch.Generator().manual_seed(cfg.seed)
-    per_epoch = -(-len(X) // cfg.batch_size)
-    epochs = -(-steps // per_epoch)
-    order = torch.stack([torch.randperm(len(X), generator=gen) for _ in range(epochs)]).cuda()
-    batches = [b for row in order for b in row.split(cfg.batch_size)][:steps]
-    dtype = AMP_DTYPES[cfg.precision]
-    torch.cuda.synchronize()
+    epochs = -(-steps // -(-len(X) // cfg.batch_size))
+    order = torch.stack([torch.randperm(len(X), generator=gen) for _ in range(epochs)])
+    idx = [b for row in order.to(w.device) for b in row.split(cfg.batch_size)][:steps]
+    sync(w.device)
+    return ((X[i], y[i]) for i in idx)
+
+
+def same_loader_batches(w: Workload, cfg: Any, steps: int) -> Iterator[tuple[Any, Any]]:
+    """The campaign's own loader (placed as it places it) and its batch copy."""
+    from torch.utils.data import TensorDataset
+
+    from gpucampaign.engine.parts import BatchCopy, make_loader, place_train_split
+
+    train = TensorDataset(*w.corpus.split("train").tensors())
+    gen = torch.Generator().manual_seed(cfg.seed)
+    placed = place_train_split(train, config=cfg, device=w.device)
+    loader = make_loader(train, config=cfg, generator=gen, device=w.device, placed=placed)
+    copy = BatchCopy(w.device) if placed is None else (lambda b: b)
+    done = 0
+    while True:
+        for batch in loader:
+            yield copy(batch)
+            done += 1
+            if done == steps:
+                return
+
+
+BARE = {"fastest": fastest_batches, "same-loader": same_loader_batches}
+
+
+def bare_loop(
+    w: Workload, kind: str, steps: int, *, each: Callable[[], None] | None = None
+) -> float:
+    """Seconds of ``steps`` plain steps (``kind``: ``BARE``'s batches); ``each`` after a step."""
+    model, opt, sched, cfg, dtype = bare_setup(w, steps)
+    batches = BARE[kind](w, cfg, steps)
+    sync(w.device)
     t0 = time.perf_counter()
-    for idx in batches:
-        plain_step(model, opt, sched, X, y, idx, dtype=dtype)
-    torch.cuda.synchronize()
+    for xb, yb in batches:
+        with torch.autocast(w.device.type, dtype=dtype, enabled=dtype is not None):
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        if each is not None:
+            each()
+    sync(w.device)
     return time.perf_counter() - t0
 
 
-def bench_training(
-    tmp: Path,
-    *,
-    hidden: int,
-    layers: int,
-    batch: int,
-    epochs: int,
-    repeats: int,
-    precision: str,
-    save_every: int | None = None,
-) -> list[str]:
-    import yaml
+# --- throughput ---------------------------------------------------------------------------------
+def steps_for(w: Workload, seconds: float) -> tuple[int, float]:
+    """Steps that take at least ``seconds`` in the fastest loop (measured on 40 steps after
+    10 of warm-up), and that step time."""
+    bare_loop(w, "fastest", 10)
+    step_s = bare_loop(w, "fastest", 40) / 40
+    return max(20, math.ceil(seconds / step_s)), step_s
 
-    from gpucampaign.cli.scaffold import init_campaign, write_spec_copy
-    from gpucampaign.data.corpus import load_spec_corpus
-    from gpucampaign.engine.loop import train_run
-    from gpucampaign.spec import load_spec
-    from gpucampaign.storage import LocalStore
 
-    src = init_campaign(tmp / "init")
-    data = yaml.safe_load(src.read_text())
-    data["control"].update(
-        {
-            "hidden": [hidden] * layers,
-            "batch_size": batch,
-            "epochs": epochs,
-            "eval_every": 10**6,
-            "precision": precision,
-        }
-    )
-    # A throughput bench, not a question: the deep MLP on digits need not reach the floor.
-    data.setdefault("stop_rules", {})["below_threshold"] = False
-    if save_every:
-        data["checkpoint"]["every_steps"] = save_every
-    path = write_spec_copy(data, source_dir=src.parent, dest=tmp / "gpu")
-    spec = load_spec(path)
-    corpus = load_spec_corpus(spec, base_dir=path.parent)
-    params = sum(p.numel() for p in torch.nn.Linear(hidden, hidden).parameters()) * layers
-    ratios, stalls, saves, stall_each = [], [], [], []
-    for i in range(repeats):
-        res = train_run(
-            spec,
-            run=spec.resolve_run("control"),
-            corpus=corpus,
-            store=LocalStore(tmp / f"ck-{i}"),
-            out_dir=tmp / f"run-{i}",
+def throughput(w: Workload) -> dict[str, Any]:
+    a = w.args
+    steps, step_s = steps_for(w, a.min_train_s)
+    rounds = []
+    for _ in range(a.repeats):
+        ctx = now_context(w.device)
+        res = w.campaign(steps)
+        t = res.timings
+        fastest = bare_loop(w, "fastest", steps) if "fastest" in a.bare else math.nan
+        same = bare_loop(w, "same-loader", steps) if "same-loader" in a.bare else math.nan
+        rounds.append(
+            {
+                **ctx,
+                "steps": steps,
+                "campaign_train_s": t["train_s"],
+                "campaign_final_save_s": t.get("final_save_s"),
+                "campaign_stall_s": sum(t["stall_s"]),
+                "campaign_saves": len(t["save_s"]),
+                "bare_fastest_s": fastest,
+                "bare_same_loader_s": same,
+                "vs_fastest": fastest / t["train_s"],
+                "vs_same_loader": same / t["train_s"],
+            }
         )
-        bare = bare_loop_cuda(spec, corpus, res.planned_steps)
-        ratios.append(bare / res.timings["train_s"])
-        stalls.append(sum(res.timings["stall_s"]) / res.timings["train_s"])
-        saves += res.timings["save_s"]
-        stall_each += res.timings["stall_s"]
-    med = statistics.median
-    return [
-        f"- recipe: MLP {layers} x {hidden} (~{params * 4 / 2**20:.0f} MB of fp32 parameters), "
-        f"{res.planned_steps} steps, batch {batch}, {precision} autocast, step "
-        f"{1000 * res.timings['step_s']:.1f} ms",
-        f"- throughput campaign / bare loop: min {min(ratios):.2f}x, median {med(ratios):.2f}x, "
-        f"max {max(ratios):.2f}x (goal >= 0.97x: {'met' if med(ratios) >= 0.97 else 'MISSED'})",
-        f"- checkpoint stall / training time: median {100 * med(stalls):.2f}% "
-        f"({len(saves)} saves: the loop waited a median {med(stall_each):.2f} s at each, "
-        f"the save itself took {med(saves):.2f} s in the background)",
-    ]
+        print(json.dumps(rounds[-1]), flush=True)
+    return {"calibrated_step_s": step_s, "rounds": rounds}
+
+
+# --- profile ------------------------------------------------------------------------------------
+class StepClock:
+    """Steps the profiler; the wall time of its active window (synchronized at both ends)."""
+
+    def __init__(self, prof: Any, *, device: torch.device, skip: int, active: int) -> None:
+        self.prof, self.device, self.skip, self.active = prof, device, skip, active
+        self.n, self.t0, self.wall = 0, 0.0, 0.0
+
+    def __call__(self) -> None:
+        self.n += 1
+        if self.n == self.skip:
+            sync(self.device)
+            self.t0 = time.perf_counter()
+        elif self.n == self.skip + self.active:
+            sync(self.device)
+            self.wall = time.perf_counter() - self.t0
+        self.prof.step()
+
+
+def profiled(w: Workload, run: Callable[[StepClock], None], *, steps: int, trace: Path) -> dict:
+    """Per-step milliseconds of ``run``'s ops over ``steps`` active steps, its wall time per
+    step, the ops' total (device time on CUDA, CPU time elsewhere) and the idle rest."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    cuda = w.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    skip = 20
+    with profile(
+        activities=activities, schedule=schedule(wait=skip - 5, warmup=5, active=steps)
+    ) as prof:
+        clock = StepClock(prof, device=w.device, skip=skip, active=steps)
+        run(clock)
+    prof.export_chrome_trace(str(trace))
+    ops: dict[str, float] = {}
+    for e in prof.key_averages():
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us > 0 and not e.key.startswith("ProfilerStep"):
+            ops[e.key] = ops.get(e.key, 0.0) + us / 1000 / steps
+    wall = 1000 * clock.wall / steps
+    busy = sum(ops.values())
+    return {"wall_ms": wall, "busy_ms": busy, "idle_ms": wall - busy, "ops_ms": ops}
+
+
+def difference(campaign: dict, bare: dict) -> list[dict[str, Any]]:
+    """Campaign - bare, per step: the ops that differ most, the rest summed, and the idle
+    time; the rows sum to the difference of the wall times."""
+    keys = set(campaign["ops_ms"]) | set(bare["ops_ms"])
+    diffs = {k: campaign["ops_ms"].get(k, 0.0) - bare["ops_ms"].get(k, 0.0) for k in keys}
+    top = sorted(diffs, key=lambda k: -abs(diffs[k]))[:TOP_OPS]
+    rows = [{"where": k, "ms": diffs[k]} for k in top]
+    rows.append({"where": "other ops", "ms": sum(v for k, v in diffs.items() if k not in top)})
+    rows.append({"where": "idle (no op running)", "ms": campaign["idle_ms"] - bare["idle_ms"]})
+    return rows
+
+
+def profile_part(w: Workload) -> dict[str, Any]:
+    a = w.args
+    n = a.profile_steps
+    total = n + 30
+    traces = Path(a.trace_dir or w.tmp)
+    traces.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"steps": n, **now_context(w.device)}
+    from gpucampaign.engine.hooks import Hook
+
+    def campaign(clock: StepClock) -> None:
+        class Clocked(Hook):
+            def after_step(self) -> None:
+                clock()
+
+        w.campaign(total, hook=lambda r, args: Clocked())
+
+    out["campaign"] = profiled(w, campaign, steps=n, trace=traces / "campaign.json")
+    for kind in BARE:
+        out[kind] = profiled(
+            w,
+            lambda c, k=kind: bare_loop(w, k, total, each=c),
+            steps=n,
+            trace=traces / f"{kind}.json",
+        )
+        out[f"difference_vs_{kind}"] = difference(out["campaign"], out[kind])
+    out["traces"] = str(traces)
+    return out
 
 
 def bench_gpu_checkpoint(tmp: Path, *, mb: int, repeats: int) -> list[str]:
@@ -216,69 +410,123 @@ def bench_gpu_checkpoint(tmp: Path, *, mb: int, repeats: int) -> list[str]:
     ]
 
 
-def main() -> int:
+def io_part(w: Workload) -> dict[str, Any]:
+    lines = bench_gpu_checkpoint(w.tmp / "io", mb=w.args.mb, repeats=w.args.repeats)
+    return {**now_context(w.device), "lines": lines}
+
+
+# --- the results file -------------------------------------------------------------------------
+def render(results: dict[str, Any]) -> str:
+    """The results as markdown: every figure with its device, load and date."""
+    lines = [f"# GPU bench: {results.get('device', '?')}", ""]
+    lines += [f"Recorded by `bench/gpu.py` ({results.get('smoke') and 'smoke run' or 'full'}).", ""]
+    tp = results.get("throughput")
+    if tp:
+        lines += ["## Training: campaign vs bare loops", ""]
+        lines += [
+            "| at (load avg) | steps | campaign train s | final save s (apart) | "
+            "vs same-loader | vs fastest |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in tp["rounds"]:
+            lines.append(
+                f"| {r['at']} ({' '.join(map(str, r['load_avg']))}) | {r['steps']} | "
+                f"{r['campaign_train_s']:.1f} | {r['campaign_final_save_s'] or 0:.2f} | "
+                f"{r['vs_same_loader']:.3f}x | {r['vs_fastest']:.3f}x |"
+            )
+        med = statistics.median
+        same = med(r["vs_same_loader"] for r in tp["rounds"])  # NaN when not timed
+        fast = med(r["vs_fastest"] for r in tp["rounds"])
+        lines += [
+            "",
+            f"Median: {same:.3f}x of the same-loader loop (goal >= 0.97: "
+            f"{'met' if same >= 0.97 else 'MISSED'}), {fast:.3f}x of the fastest (goal >= 0.95: "
+            f"{'met' if fast >= 0.95 else 'MISSED'}).",
+            "",
+        ]
+    prof = results.get("profile")
+    if prof:
+        lines += [
+            f"## Profile: {prof['steps']} steps each ({prof['at']}, load {prof['load_avg']})",
+            "",
+        ]
+        lines += ["| loop | step ms | ops ms | idle ms |", "|---|---|---|---|"]
+        for kind in ("campaign", *BARE):
+            p = prof[kind]
+            lines.append(
+                f"| {kind} | {p['wall_ms']:.3f} | {p['busy_ms']:.3f} | {p['idle_ms']:.3f} |"
+            )
+        for kind in BARE:
+            gap = prof["campaign"]["wall_ms"] - prof[kind]["wall_ms"]
+            lines += ["", f"Where the campaign's {gap:+.3f} ms a step against `{kind}` go:", ""]
+            lines += ["| where | ms per step |", "|---|---|"]
+            lines += [f"| `{r['where']}` | {r['ms']:+.3f} |" for r in prof[f"difference_vs_{kind}"]]
+        lines.append("")
+    io = results.get("io")
+    if io:
+        lines += [f"## Checkpoint save and restore ({io['at']}, load {io['load_avg']})", ""]
+        lines += [*io["lines"], ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--parts", default=",".join(PARTS[:2]), help=f"Of {', '.join(PARTS)}.")
+    ap.add_argument("--min-train-s", type=float, default=180.0)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--profile-steps", type=int, default=300)
+    ap.add_argument(
+        "--bare", default="fastest,same-loader", help="The bare loops the throughput part times."
+    )
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1024, help="At most the 1437 training rows.")
-    ap.add_argument("--epochs", type=int, default=1500, help="Two steps each at batch 1024.")
-    ap.add_argument("--mb", type=int, default=1536, help="State size of the I/O bench, MB.")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--mb", type=int, default=1536, help="State size of the I/O part, MB.")
     ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
-    ap.add_argument("--no-io", action="store_true", help="Only the training part.")
-    ap.add_argument("--save-every", type=int, default=None, help="Steps (default: measured).")
-    a = ap.parse_args()
-    if not torch.cuda.is_available():
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--trace-dir", type=Path, default=None, help="Keep the chrome traces here.")
+    ap.add_argument("--smoke", action="store_true", help="Any device, a tiny model, seconds.")
+    a = ap.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    if not cuda and not a.smoke:
         print("bench/gpu.py: skipped, no CUDA device on this machine")
         return 0
+    if a.smoke:
+        a.hidden, a.layers, a.batch, a.mb = 32, 2, 128, 8
+        a.min_train_s, a.repeats, a.profile_steps = min(a.min_train_s, 1.0), 1, 10
+        if not cuda:
+            a.precision = "fp32"
+    parts = [p for p in a.parts.split(",") if p]
+    a.bare = [b for b in a.bare.split(",") if b]
+    if set(a.bare) - set(BARE):
+        ap.error(f"--bare: among {', '.join(BARE)}")
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        ap.error(f"--parts: {', '.join(unknown)} not among {', '.join(PARTS)}")
+    device = torch.device("cuda" if cuda else "cpu")
+    ctx = now_context(device)
+    slug = re.sub(r"[^a-z0-9]+", "-", ctx["device"].lower()).strip("-")
+    stem = a.out_dir / (f"gpu-{slug}" + ("-smoke" if a.smoke else ""))
+    path = stem.with_suffix(".json")
+    results = json.loads(path.read_text()) if path.is_file() else {}
+    results.update(device=ctx["device"], smoke=a.smoke)
     start = time.perf_counter()
-    name = torch.cuda.get_device_name(0)
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    lines = [
-        f"# GPU bench on {name}",
-        "",
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, torch {torch.__version__}, "
-        f"{os.cpu_count()} CPUs, load average at start {load}",
-        "",
-    ]
-
-    def part(title: str, measure: Callable[[], list[str]]) -> None:
-        try:
-            got = measure()
-        except Exception:  # one part failing still leaves the other's figures
-            got = ["```", traceback.format_exc().rstrip(), "```"]
-        lines.extend([f"## {title} ({time.perf_counter() - start:.0f} s into the run)", ""])
-        lines.extend([*got, ""])
-        print("\n".join(lines[-len(got) - 3 :]), flush=True)
-
     with tempfile.TemporaryDirectory(prefix="gpucampaign-gpubench-") as tmp:
-        part(
-            "Training in a campaign vs a bare loop",
-            lambda: bench_training(
-                Path(tmp),
-                hidden=a.hidden,
-                layers=a.layers,
-                batch=a.batch,
-                epochs=a.epochs,
-                repeats=a.repeats,
-                precision=a.precision,
-                save_every=a.save_every,
-            ),
-        )
-        (Path(tmp) / "ck").mkdir()
-        if not a.no_io:
-            part(
-                "Checkpoint save and restore from GPU memory",
-                lambda: bench_gpu_checkpoint(Path(tmp) / "ck", mb=a.mb, repeats=a.repeats),
-            )
-    lines.append(f"Whole run: {time.perf_counter() - start:.0f} s.")
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    out = a.out or ROOT / "bench" / "results" / f"gpu-{slug}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    print(f"written: {out}")
-    return 0
+        w = Workload(Path(tmp), a, device)
+        for part in parts:
+            measure = {"throughput": throughput, "profile": profile_part, "io": io_part}[part]
+            try:
+                results[part] = measure(w)
+                results.pop(f"{part}_error", None)
+            except Exception:  # one part failing still leaves the others' figures
+                results[f"{part}_error"] = traceback.format_exc()
+                print(results[f"{part}_error"], file=sys.stderr)
+            print(f"{part}: done {time.perf_counter() - start:.0f} s into the run", flush=True)
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(render(results))
+    print(f"written: {path} and {stem.with_suffix('.md')}")
+    return 1 if any(k.endswith("_error") for k in results) else 0
 
 
 if __name__ == "__main__":

@@ -9,22 +9,28 @@ A server in its own session outlives a ``campaign run`` killed without a chance 
 watches its parent and stops the server (SIGTERM, then an exit) once the parent is gone. Its
 environment names the ``campaign run`` that started it (host and PID), which lets a later
 ``campaign run`` find and end a server whose parent died before the lifeline existed.
+
+Its process starts early (``spawn_early``: the command Prefect would run, before this process
+has imported Prefect or torch), so the server boots while ``campaign run`` checks the spec and
+imports; ``start_detached`` then adopts it as Prefect's own temporary server once it answers,
+or stops it when the settings name another server. Nothing here imports Prefect at the top.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import importlib.util
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-
-from prefect.server.api import server as server_module
-from prefect.settings import get_current_settings
 
 #: The environment variable of a server started here: ``<host>:<PID of its campaign run>``.
 PARENT_VAR = "GPUCAMPAIGN_SERVER_PARENT"
@@ -60,13 +66,94 @@ def _lifeline_popen(args: list[str], **kw: Any) -> subprocess.Popen[Any]:
     return subprocess.Popen(args, start_new_session=True, env=env, **kw)
 
 
-def start_detached() -> Any | None:
-    """Start Prefect's temporary server in a new session; None when an API URL is set."""
+@dataclass
+class EarlyServer:
+    """The process of a temporary server started before Prefect loads here, and its port."""
+
+    process: subprocess.Popen[Any]
+    port: int
+    adopted: bool = False  # Prefect's temporary server now: it stops it
+
+    def stop(self) -> None:
+        """End it and its session (not adopted: a spec refused, another server named)."""
+        with contextlib.suppress(OSError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def spawn_early() -> EarlyServer | None:
+    """Start the temporary server's process now, as Prefect would start it (uvicorn serving
+    ``prefect.server.api.server:create_app`` on a free local port, the UI off), under the
+    lifeline; None when the environment names a server or turns the temporary one off (a
+    profile that names one is found at adoption, which then stops this process)."""
+    if os.environ.get("PREFECT_API_URL") or os.environ.get(
+        "PREFECT_SERVER_EPHEMERAL_ENABLED", ""
+    ).lower() in ("0", "false"):
+        return None
+    found = importlib.util.find_spec("prefect")
+    if found is None or found.origin is None:
+        return None
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    args = [
+        *(sys.executable, "-m", "uvicorn", "--app-dir", str(Path(found.origin).parent.parent)),
+        *("--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1"),
+        *("--port", str(port), "--log-level", "error", "--lifespan", "on"),
+    ]
+    env = {
+        **os.environ,
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
+    return EarlyServer(process=_lifeline_popen(args, env=env), port=port)
+
+
+def _adopt(server: Any, early: EarlyServer, *, timeout_s: float) -> bool:
+    """Make ``early`` Prefect's temporary server once it answers; False when it ended first
+    (a port taken meanwhile) or never answered (then it is stopped)."""
+    import httpx  # Prefect's own HTTP client, loaded with it
+
+    url = f"http://127.0.0.1:{early.port}/api/health"
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client() as client:
+        while time.monotonic() < deadline and early.process.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(url).status_code == 200:
+                    server.port, server.server_process = early.port, early.process
+                    server.running = early.adopted = True
+                    atexit.register(server.stop)
+                    return True
+            time.sleep(0.05)
+    early.stop()
+    return False
+
+
+def start_detached(early: EarlyServer | None = None) -> Any | None:
+    """Start Prefect's temporary server in a new session (adopting ``early``, when given and
+    it answers); None when an API URL is set."""
+    # Prefect's server module and settings load here, after the CLI's first line and checks.
+    from prefect.server.api import server as server_module
+    from prefect.settings import get_current_settings
+
     settings = get_current_settings()
     if settings.api.url or not settings.server.ephemeral.enabled:
+        if early is not None:
+            early.stop()
         return None
     server = server_module.SubprocessASGIServer()
     if server.running:
+        if early is not None:
+            early.stop()
+        return server
+    timeout_s = float(settings.server.ephemeral.startup_timeout_seconds)
+    if early is not None and _adopt(server, early, timeout_s=timeout_s):
         return server
     # The server module spawns through its own ``subprocess`` name: give it one whose Popen
     # starts a new session under the lifeline, for this start only.

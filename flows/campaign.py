@@ -40,7 +40,7 @@ from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
 from gpucampaign.spec.recipefile import use_recipe_dir
 from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign_prefect.orchestration import notify
-from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit
+from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit, say_lock_note
 from gpucampaign_prefect.orchestration.phases import artifact_key
 from gpucampaign_prefect.tasks.audit import data_audit
 from gpucampaign_prefect.tasks.close import close_campaign, mirror, seal
@@ -158,8 +158,7 @@ def _campaign(
         description=f"The plan as written at the start, never rewritten ({folder.root})",
     )
     note = ensure_gpu_limit(cs.gpu_lock.name, slots=plan0.gpu_lanes, clear_stale=embedded_api())
-    if note:
-        logger.warning(note)
+    say_lock_note(note, logger=logger)  # what it made in our words, a held slot as a warning
 
     decision: Decision | None = None
     analyses: dict[str, dict[str, Any]] = {}

@@ -34,7 +34,7 @@ from gpucampaign_prefect.flows._naming import (
     tag_flow_run,
 )
 from gpucampaign_prefect.orchestration import notify
-from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit
+from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit, say_lock_note
 from gpucampaign_prefect.orchestration.phases import artifact_key
 from gpucampaign_prefect.tasks.restart import resume_check
 
@@ -107,8 +107,7 @@ def _check(out_dir: Path, *, spec: str | None, steps: int) -> list[dict[str, Any
     cs = target.spec
     lanes = calendar.plan(cs, catalog=load_catalog(spec=cs, base_dir=out_dir)).gpu_lanes
     note = ensure_gpu_limit(cs.gpu_lock.name, slots=lanes, clear_stale=embedded_api())
-    if note:
-        logger.warning(note)
+    say_lock_note(note, logger=logger)  # what it made in our words, a held slot as a warning
 
     futures = {
         run: resume_check.submit(target, out=str(out_dir), run=run, steps=steps)

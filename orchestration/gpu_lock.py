@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -129,7 +130,10 @@ def ensure_gpu_limit(
                 client.create_global_concurrency_limit(
                     GlobalConcurrencyLimitCreate(name=name, limit=slots)
                 )
-                return f"GPU lock: created global concurrency limit '{name}' with {slots} slot(s)"
+                return (
+                    f"GPU lock: created '{name}' on this Prefect server with {slots} slot(s), "
+                    "one per GPU of the committed lots; every campaign's runs take them in turn"
+                )
             except ObjectAlreadyExists:  # another flow created it meanwhile
                 limit = client.read_global_concurrency_limit_by_name(name)
         raised = _raise_limit(client, name, limit.limit, slots)
@@ -521,3 +525,17 @@ def _alive(run: FlowRun) -> bool:
     except (PermissionError, ValueError):
         return True
     return True
+
+
+def say_lock_note(note: str, *, logger: Any) -> None:
+    """Tell a note of ``ensure_gpu_limit``: what it made (created, raised) is news, said as a
+    plain line on stderr (the terminal of ``campaign run``) and at INFO in the flow's log; the
+    rest (slots held, cleared) is a warning of the flow's log."""
+    if not note:
+        return
+    if note.startswith(("GPU lock: created", "GPU lock: raised")):
+        logger.info(note)
+        sys.stderr.write(note + "\n")
+        sys.stderr.flush()
+    else:
+        logger.warning(note)

@@ -143,6 +143,9 @@ def test_a_signalled_campaign_saves_stops_and_resumes(tmp_path, sig, code, fault
     rerun = campaign_cli("run", str(spec), "--out", str(out), cwd=ROOT)
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-3000:]
     assert _resumed_from(out) == saved
+    # The rerun says so, once: the run, the step and the checkpoint it resumes from.
+    said = f"resuming control from step {saved} (checkpoint step-{saved:09d} in "
+    assert rerun.stderr.count(said) == 1, rerun.stderr[-3000:]
 
 
 def _final_states(out: Path) -> tuple[str, list[tuple[str, str]]]:

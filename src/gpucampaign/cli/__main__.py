@@ -1,5 +1,5 @@
 """``python -m gpucampaign.cli``: the ``campaign`` command."""
 
-from gpucampaign.cli.commands import main
+from gpucampaign.cli import main
 
 main()

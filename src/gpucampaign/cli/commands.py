@@ -376,7 +376,12 @@ def run_cmd(
     import time
 
     from gpucampaign.cli.progress import Background, LiveView
-    from gpucampaign.cli.runner import interruptible_run, load_flow, quiet_expected_stops
+    from gpucampaign.cli.runner import (
+        interruptible_run,
+        load_flow,
+        quiet_expected_stops,
+        start_server_early,
+    )
     from gpucampaign.core.interrupt import stop_requested
     from gpucampaign.folder.lock import writer_lock
     from gpucampaign.plan.rental import rental_of
@@ -387,20 +392,23 @@ def run_cmd(
     # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
     # terminal unless asked for: the progress lines say what runs.
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
-    flow = load_flow("campaign", "campaign")
-    if not verbose:  # after the import: Prefect sets its loggers up then
-        quiet_expected_stops()
-    rental = rental_of(cs)
-    view = LiveView(
-        target,
-        console=err_console,
-        ends_at=rental.ends_at if rental else None,
-        every_s=progress_every,
-        since=time.time(),
-    )
+    # After the checks (a refused run starts nothing), before Prefect and the flows load
+    # here: the server boots in its own process meanwhile.
+    early = start_server_early()
     state = None
     try:
-        with writer_lock(target) as took_over, interruptible_run(grace_s=grace):
+        flow = load_flow("campaign", "campaign")
+        if not verbose:  # after the import: Prefect sets its loggers up then
+            quiet_expected_stops()
+        rental = rental_of(cs)
+        view = LiveView(
+            target,
+            console=err_console,
+            ends_at=rental.ends_at if rental else None,
+            every_s=progress_every,
+            since=time.time(),
+        )
+        with writer_lock(target) as took_over, interruptible_run(grace_s=grace, early=early):
             if took_over:
                 err_console.print(f"[yellow]note:[/] {esc(took_over)}", soft_wrap=True)
             with Background(view):
@@ -410,6 +418,9 @@ def run_cmd(
     except BaseException:
         if stop_requested() is None:
             raise
+    finally:
+        if early is not None and not early.adopted:  # refused before the flow ran
+            early.stop()
     _end_of_run(state, target=target, question=cs.question)
 
 

@@ -67,15 +67,25 @@ def load_flow(module: str, name: str) -> Any:
     return getattr(importlib.import_module(f"gpucampaign_prefect.flows.{module}"), name)
 
 
+def start_server_early() -> Any | None:
+    """The embedded server's process, started now so that it boots while Prefect and the flows
+    load here; ``interruptible_run`` adopts it. None when the environment names a server. Stop
+    it (``.stop()``) when the run ends before that."""
+    return load_flow("_embedded", "spawn_early")()
+
+
 @contextlib.contextmanager
-def interruptible_run(*, grace_s: float = interrupt.DEFAULT_GRACE_S) -> Iterator[None]:
+def interruptible_run(
+    *, grace_s: float = interrupt.DEFAULT_GRACE_S, early: Any | None = None
+) -> Iterator[None]:
     """Run a flow in this process so that SIGINT and SIGTERM stop it gracefully.
 
     The embedded server starts first, in its own session (the terminal's Ctrl-C must not
     reach it), after the servers of earlier killed runs are ended. It stops at the
     interpreter's exit, after Prefect has sent its last logs and events to it, or at once when
     the grace runs out or on a second Ctrl-C; a lifeline ends it when this process is killed.
-    The signals become a stop request the training honours at its next step.
+    The signals become a stop request the training honours at its next step. ``early``: the
+    server's process from ``start_server_early``, adopted once it answers.
     """
     start, stop = load_flow("_embedded", "start_detached"), load_flow("_embedded", "stop")
     reaped = load_flow("_embedded", "reap_stale")()
@@ -86,6 +96,6 @@ def interruptible_run(*, grace_s: float = interrupt.DEFAULT_GRACE_S) -> Iterator
         )
     interrupt.clear_stop()
     with interrupt.graceful_signals(grace_s=grace_s):
-        server = start()
+        server = start(early)
         interrupt.on_force(lambda: stop(server, wait=False))
         yield

@@ -4,18 +4,23 @@
 A step never waits for it: at each step it asks whether the file is due (about twice a second)
 and builds a record only then, after an evaluation, every ~2% of the run when there is a
 ``progress`` callback, and at the target. The record's state is ``running``, ``done`` once the
-call reached its target, ``stopped`` when anything else ended it.
+call reached its target, ``stopped`` when anything else ended it. A call that resumes an
+interrupted one (its ``in_progress.json`` was left) says so in every record it writes:
+``resumed_from`` (the checkpoint's step) and ``checkpoint`` (which one, and when it was saved).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from datetime import UTC, datetime
 from typing import Any
 
+from gpucampaign.checkpoint.layout import step_dirname
 from gpucampaign.engine.hooks import Hook, HookArgs
 from gpucampaign.engine.parts import progress_bar
 from gpucampaign.engine.setup import LiveRun
+from gpucampaign.folder.layout import IN_PROGRESS_FILE
 from gpucampaign.folder.progress import ProgressFile, step_rate
 
 
@@ -30,6 +35,13 @@ class LiveView(Hook):
         self.file: ProgressFile | None = None  # from the loop's start
         self.bar: Any = None
         self._evaluated = False
+        # Built before the loop writes its own mark: one found now is an interrupted call's.
+        interrupted = (r.out_dir / IN_PROGRESS_FILE).is_file()
+        self.resumed = (
+            resumed_fields(r, args.restored_meta)
+            if interrupted and r.resumed_from is not None
+            else {}
+        )
 
     @classmethod
     def for_run(cls, r: LiveRun, args: HookArgs) -> LiveView:
@@ -40,7 +52,7 @@ class LiveView(Hook):
         r = self.r
         self.bar = progress_bar(self.show_progress, r.run_id, r.planned, r.state.global_step)
         self.file = ProgressFile(r.out_dir)
-        self.file.update(live_record(r, loss=None), force=True)
+        self.file.update({**live_record(r, loss=None), **self.resumed}, force=True)
 
     def after_eval(self, metrics: dict[str, float]) -> None:
         self._evaluated = True  # shown after this step's save
@@ -63,7 +75,7 @@ class LiveView(Hook):
         record = live_record(r, loss=row.get("loss"))
         if self.bar is not None:
             self.bar.update(self.bar.task_ids[0], completed=r.state.global_step)
-        self.file.update(record, force=True)
+        self.file.update({**record, **self.resumed}, force=True)
         step = r.state.global_step
         if self.progress is not None and (step % self.every == 0 or step == r.target):
             self.progress(
@@ -89,7 +101,18 @@ class LiveView(Hook):
     def _state(self, state: str) -> None:
         assert self.file is not None
         record = live_record(self.r, loss=self.file.record.get("loss"), state=state)
-        self.file.update(record, force=True)
+        self.file.update({**record, **self.resumed}, force=True)
+
+
+def resumed_fields(r: LiveRun, meta: dict[str, Any] | None) -> dict[str, Any]:
+    """``resumed_from`` and ``checkpoint`` (its folder in the store, and when it was saved)."""
+    step = r.resumed_from
+    assert step is not None
+    where = f"{step_dirname(step)} in {r.manager.store.url}/{r.run_id}"
+    created = (meta or {}).get("created_unix")
+    if isinstance(created, int | float):
+        where += f", saved {datetime.fromtimestamp(created, UTC):%Y-%m-%d %H:%M:%S} UTC"
+    return {"resumed_from": step, "checkpoint": where}
 
 
 def live_record(r: LiveRun, *, loss: float | None, state: str = "running") -> dict[str, Any]:

@@ -91,7 +91,7 @@ from gpucampaign.folder.layout import METRICS_FILE, RESULT_FILE
 from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
 from gpucampaign.folder.runresult import RunResult, recorded_result, require_complete
 from gpucampaign.recipe.contract import call, check_loss
-from gpucampaign.recipe.runtime import batch_len, to_device
+from gpucampaign.recipe.runtime import batch_len
 from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import Store
 
@@ -155,7 +155,7 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> None:
     still on the device (no host sync here)."""
     t0 = time.perf_counter()
     s = r.state
-    batch = to_device(next(batches), r.device)
+    batch = r.copy_batch(next(batches))  # on CUDA: a side stream's copy, or already there
     lr = s.optimizer.param_groups[0]["lr"]
     name = r.config.recipe
     with r.autocast:
@@ -373,9 +373,13 @@ def _train(r: LiveRun, hooks: Hooks) -> RunResult:
         hooks.on_start()
         while s.global_step < r.target:
             _run_epoch(r, hooks)
+        t_trained = time.perf_counter()
         r.saver.wait()  # the last save of this call is durable before it returns
+        # Measured apart: the training is the steps; the wait for the last save is a cost of
+        # the end of the call, not of each step.
+        r.final_save_s = time.perf_counter() - t_trained
         hooks.after_train()
-        train_s = time.perf_counter() - t_loop
+        train_s = t_trained - t_loop
         if s.global_step < r.planned:
             return run_result(r, completed=False, train_s=train_s)
         return _finish(r, hooks, train_s=train_s)

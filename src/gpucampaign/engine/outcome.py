@@ -93,7 +93,8 @@ def run_result(
         "write_s": [s.write_s for s in saves],
         "upload_s": [s.upload_s for s in saves],
         "restore_s": r.restore_s,
-        "train_s": train_s,
+        "train_s": train_s,  # the loop's steps, without the wait for the last save
+        "final_save_s": r.final_save_s,
         "total_s": time.perf_counter() - r.t_call,
     }
     if measured is not None and not r.step_times and not saves:

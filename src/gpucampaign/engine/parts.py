@@ -12,8 +12,12 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset
 
 from gpucampaign.folder.layout import PARAMS_FILE
-from gpucampaign.recipe.runtime import train_rows
-from gpucampaign.spec import ResolvedRun, RunConfig
+from gpucampaign.recipe.runtime import to_device, train_rows
+from gpucampaign.spec import ResolvedRun, RunConfig, SpecError
+
+#: ``place_data: auto`` places a train split on a CUDA device when it takes at most this
+#: share of the device's free memory (the model, its optimizer and activations need the rest).
+PLACE_SHARE = 0.25
 
 
 def read_params(out_dir: str | Path) -> dict[str, Any]:
@@ -58,14 +62,26 @@ class PermutedBatches(Sampler[torch.Tensor]):
     generator's state, and with it every later epoch's order, stays what it was.
     """
 
-    def __init__(self, n: int, *, batch_size: int, generator: torch.Generator) -> None:
+    def __init__(
+        self,
+        n: int,
+        *,
+        batch_size: int,
+        generator: torch.Generator,
+        device: torch.device | None = None,
+    ) -> None:
         self.n, self.batch_size, self.generator = n, batch_size, generator
+        self.device = device  # where each epoch's order goes, once (a placed train split)
 
     def __len__(self) -> int:
         return -(-self.n // self.batch_size)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         order = torch.randperm(self.n, generator=self.generator)
+        if self.device is not None:
+            # One copy per epoch, never one per step: the batches are cut on the device.
+            pinned = order.pin_memory() if self.device.type == "cuda" else order
+            order = pinned.to(self.device, non_blocking=True)
         full = self.n // self.batch_size
         for i in range(full):
             yield order[i * self.batch_size : (i + 1) * self.batch_size]
@@ -87,6 +103,81 @@ def close_loader(loader: Any) -> None:
         loader._iterator = None
 
 
+def place_train_split(
+    train: Any, *, config: RunConfig, device: torch.device, collate_fn: Any = None
+) -> TensorDataset | None:
+    """The train split's tensors in the device's memory, when ``place_data`` asks for it (or
+    ``auto`` finds room on a CUDA device); None when its batches are cut on the host.
+
+    On the CPU, ``place_data: device`` goes through the same code (the tensors stay where they
+    are): the batches and the losses are the same as the host's, which the tests check.
+
+    Raises:
+        SpecError: ``place_data: device`` for a split that is not a ``TensorDataset`` (or a
+            recipe with its own ``collate_fn``).
+    """
+    mode = config.place_data
+    tensors = isinstance(train, TensorDataset) and collate_fn is None
+    if mode == "host" or (mode == "auto" and not (tensors and fits_on_device(train, device))):
+        return None
+    if not tensors:
+        raise SpecError(
+            f"field 'place_data': 'device' needs a train split that is a torch TensorDataset "
+            f"and a recipe without collate_fn (recipe '{config.recipe}' gives "
+            f"{type(train).__name__}); return a TensorDataset from datasets(), or set "
+            "place_data: auto.",
+            field="place_data",
+        )
+    return TensorDataset(*(t.to(device) for t in train.tensors))
+
+
+def fits_on_device(train: TensorDataset, device: torch.device) -> bool:
+    """Whether a train split's tensors take at most ``PLACE_SHARE`` of a CUDA device's free
+    memory (never on another device: there the host is the device)."""
+    if device.type != "cuda":
+        return False
+    free, _total = torch.cuda.mem_get_info(device)
+    return sum(t.numel() * t.element_size() for t in train.tensors) <= PLACE_SHARE * free
+
+
+class BatchCopy:
+    """Moves each batch to the device. On CUDA the copy (from the loader's pinned memory) runs
+    on a side stream, so it overlaps the steps the device is still running, and the training
+    stream waits for it before it reads the batch; elsewhere it is ``to_device``.
+
+    The batches are fetched where they always were (a fetch may draw from the global RNG, a
+    recipe's augmentation): only the copy moves off the training stream.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def __call__(self, batch: Any) -> Any:
+        """``batch`` on the device, ready for the training stream."""
+        if self.stream is None:
+            return to_device(batch, self.device)
+        with torch.cuda.stream(self.stream):
+            moved = to_device(batch, self.device)
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self.stream)
+        for t in _tensors(moved):
+            if t.is_cuda:
+                t.record_stream(current)  # its memory is not reused before the step is done
+        return moved
+
+
+def _tensors(batch: Any) -> Iterator[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            yield from _tensors(v)
+    elif isinstance(batch, list | tuple):
+        for v in batch:
+            yield from _tensors(v)
+
+
 def make_loader(
     train: Any,
     *,
@@ -96,6 +187,7 @@ def make_loader(
     collate_fn: Any = None,
     rank: int = 0,
     world_size: int = 1,
+    placed: TensorDataset | None = None,
 ) -> DataLoader:
     """The training batches, shuffled by ``generator``; with ``world_size`` > 1, this
     ``rank``'s share of each global batch of ``batch_size`` rows (``RankShard``).
@@ -104,8 +196,17 @@ def make_loader(
     (``PermutedBatches``: one gather per tensor, instead of a fetch per row and a stack, or a
     list of ints turned into a tensor at every step): the same draws as torch's
     ``RandomSampler``, so the batches are the same values. The sampler stays in this process;
-    workers only fetch batches.
+    workers only fetch batches. ``placed`` (``place_train_split``): the same split in the
+    device's memory, cut there by the same draws (each epoch's order copied in once), in this
+    process.
     """
+    if placed is not None:
+        on_device: Any = PermutedBatches(
+            len(placed), batch_size=config.batch_size, generator=generator, device=device
+        )
+        if world_size > 1:
+            on_device = RankShard(on_device, rank=rank, world_size=world_size)
+        return DataLoader(placed, sampler=on_device, batch_size=None, generator=generator)
     kw: dict[str, Any] = {
         "num_workers": config.num_workers,
         "pin_memory": device.type == "cuda",

@@ -32,7 +32,7 @@ from gpucampaign.engine.devices import (
     pick_device,
     seed_everything,
 )
-from gpucampaign.engine.parts import make_loader
+from gpucampaign.engine.parts import BatchCopy, make_loader, place_train_split
 from gpucampaign.engine.process_group import OneProcess, Ranks
 from gpucampaign.folder.layout import PARAMS_FILE
 from gpucampaign.folder.metrics import MetricsLog
@@ -66,6 +66,8 @@ class LiveRun:
     planned: int
     target: int
     manager: CheckpointManager
+    # Moves each batch to the device (``parts.BatchCopy``); a no-op for a placed train split.
+    copy_batch: Any = None
     # The run's processes: one, or this rank of a data-parallel run (``process_group.py``).
     dist: Ranks = field(default_factory=OneProcess)
     # The global generators' states of this run, while other runs train in this process.
@@ -73,6 +75,8 @@ class LiveRun:
     setup_s: float = 0.0
     # What the restore found.
     restore_s: float = 0.0
+    # The wait for the call's last save to be durable, after its last step (not training).
+    final_save_s: float = 0.0
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
     # Measurements, the metrics log and the saves.
@@ -183,6 +187,7 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
     optimizer = build_optimizer(config, model.parameters())
     generator = torch.Generator().manual_seed(config.seed)
     train = datasets["train"]
+    placed = place_train_split(train, config=config, device=device, collate_fn=recipe.collate_fn)
     loader = make_loader(
         train,
         config=config,
@@ -191,6 +196,7 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
         collate_fn=recipe.collate_fn,
         rank=dist.rank,
         world_size=dist.world_size,
+        placed=placed,
     )
     planned = config.planned_steps(len(train))
     amp_dtype = AMP_DTYPES[config.precision]
@@ -219,6 +225,7 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
             torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
         ),
         loader=loader,
+        copy_batch=BatchCopy(device) if placed is None else (lambda batch: batch),
         planned=planned,
         target=planned if job.stop_after_steps is None else min(job.stop_after_steps, planned),
         manager=CheckpointManager(

@@ -187,31 +187,40 @@ def render_line(
     """One phase's line, e.g. ``train control  230/460  loss 0.1234  accuracy 0.9611 (step
     207)  85.2 steps/s  ETA 3s  lot 2d03h left``; ``ends_at`` is the rental's end. Every
     field is shown without control characters, whatever the file holds."""
+    return "  ".join(text for _, text in render_parts(record, ends_at=ends_at, now=now))
+
+
+def render_parts(
+    record: dict[str, Any], *, ends_at: datetime | None = None, now: datetime | None = None
+) -> list[tuple[str, str]]:
+    """``render_line``'s parts, named (``what``, ``step``, ``loss``, ``metric``, ``rate``,
+    ``state``, ``lot``), in their order: a narrow terminal leaves some out."""
     phase = _shown(record.get("phase", "train"))
     run = _shown(record.get("run") or record.get("run_id", "?"))
     step = _shown(record.get("step", 0))
     target = _shown(record.get("target_steps", record.get("planned_steps")))
-    parts = [f"{phase} {run}", f"{step}/{target}"]
+    steps = f"{step}/{target}"
     if record.get("phase") == "pilot" and _shown(record.get("planned_steps")) != target:
-        parts[-1] += f" (of {_shown(record.get('planned_steps'))})"
+        steps += f" (of {_shown(record.get('planned_steps'))})"
+    parts = [("what", f"{phase} {run}"), ("step", steps)]
     loss = _number(record.get("loss"), ".4f")
-    parts.append(f"loss {loss}" if loss is not None else "loss -")
+    parts.append(("loss", f"loss {loss}" if loss is not None else "loss -"))
     metric, value = record.get("metric"), _number(record.get("metric_value"), ".4f")
     if metric:
         at = _shown(record.get("metric_step"))
         shown = f"{value} (step {at})" if value is not None else "- (no eval yet)"
-        parts.append(f"{_shown(metric)} {shown}")
+        parts.append(("metric", f"{_shown(metric)} {shown}"))
     rate = _number(record.get("steps_per_s"), ".1f")
-    parts.append(f"{rate} steps/s" if rate is not None else "- steps/s")
+    parts.append(("rate", f"{rate} steps/s" if rate is not None else "- steps/s"))
     state = record.get("state", "running")
     if state == "running":
-        parts.append(f"ETA {say_duration(record.get('eta_s'))}")
+        parts.append(("state", f"ETA {say_duration(record.get('eta_s'))}"))
     else:
-        parts.append(f"{_shown(state)} in {say_duration(record.get('elapsed_s'))}")
+        parts.append(("state", f"{_shown(state)} in {say_duration(record.get('elapsed_s'))}"))
     if ends_at is not None:
         left = (ends_at - (now or datetime.now(UTC))).total_seconds()
-        parts.append(f"lot {say_duration(left)} left" if left >= 0 else "lot ended")
-    return "  ".join(parts)
+        parts.append(("lot", f"lot {say_duration(left)} left" if left >= 0 else "lot ended"))
+    return parts
 
 
 def relay_check_progress(workdir: Path, run_dir: Path, *, state: str | None = None) -> None:

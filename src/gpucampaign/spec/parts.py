@@ -206,7 +206,7 @@ class CorpusSpec(_Frozen):
         return check_relative_path(v, field="corpus.path")
 
 
-DATA_PATH_FIELDS: tuple[str, ...] = ("num_workers", "persistent_workers")
+DATA_PATH_FIELDS: tuple[str, ...] = ("num_workers", "persistent_workers", "place_data")
 # Fields that change no number of a run: they are left out of its ID.
 NOT_IN_RUN_ID = frozenset({"resume", *DATA_PATH_FIELDS})
 
@@ -302,6 +302,15 @@ class RunConfig(_Frozen):
     persistent_workers: bool = Field(
         default=False, description="Keep the DataLoader workers between epochs."
     )
+    place_data: Literal["auto", "device", "host"] = Field(
+        default="auto",
+        description="Where the training batches are cut. 'device': the train split (a "
+        "TensorDataset, no collate_fn) is placed in the device's memory once and batched there; "
+        "'host': batched on the CPU, each batch copied in (from pinned memory, on a side stream "
+        "on CUDA); 'auto': 'device' on CUDA when the split takes at most a quarter of the free "
+        "device memory, else 'host'. The same batches in the same order either way: not part "
+        "of the run ID.",
+    )
 
     seeds: tuple[Seed, ...] = Field(
         default=(),
@@ -328,6 +337,8 @@ class RunConfig(_Frozen):
         data: dict[str, Any] = handler(self)
         if data.get("gpus") == 1:
             del data["gpus"]
+        if data.get("place_data") == "auto":  # the same for the data path's default
+            del data["place_data"]
         return data
 
     @field_validator("recipe")

@@ -1,0 +1,79 @@
+"""The first line of the commands that take seconds before their first output (``campaign
+run``, ``campaign restart-check``): what is starting, printed before torch, Prefect or the CLI's
+own modules load. Standard library only: this module runs before everything else."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import TextIO
+
+# The options of those commands that take a value (their value is not the spec file).
+_VALUED = frozenset(
+    {"--out", "--decision", "--grace", "--progress-every", "--run", "--steps", "--at"}
+)
+_NAME = re.compile(r"^name:\s*['\"]?([A-Za-z0-9_.-]+)", re.MULTILINE)
+
+
+def _arguments(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The positional arguments and the valued options of a command line (``--x=y`` too)."""
+    positional, options = [], {}
+    it = iter(args)
+    for arg in it:
+        if arg.startswith("--") and "=" in arg:
+            key, _, value = arg.partition("=")
+            options[key] = value
+        elif arg in _VALUED:
+            options[arg] = next(it, "")
+        elif not arg.startswith("-"):
+            positional.append(arg)
+    return positional, options
+
+
+def _campaign_name(spec: str) -> str | None:
+    """The spec's ``name``, read without YAML (the first line that sets it), or None."""
+    try:
+        with open(spec, encoding="utf-8", errors="replace") as f:
+            found = _NAME.search(f.read(64 * 1024))
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
+def starting_line(argv: list[str]) -> str | None:
+    """What ``campaign <argv>`` is starting, or None for a command that answers at once (and
+    for ``--help``)."""
+    if not argv or argv[0] not in ("run", "restart-check") or {"--help", "-h"} & set(argv):
+        return None
+    positional, options = _arguments(argv[1:])
+    if not positional:
+        return None
+    spec = positional[0]
+    if argv[0] == "run":
+        name = _campaign_name(spec)
+        out = options.get("--out") or str(Path("out") / name if name else "out/<name>")
+        what = f"campaign '{name}'" if name else "the campaign"
+        return (
+            f"starting {what} ({spec} -> {out}): checking the spec, loading torch, "
+            "starting the Prefect server"
+        )
+    run = options.get("--run") or "control"
+    if options.get("--out"):
+        return (
+            f"restart check of run '{run}' from the latest checkpoint in "
+            f"{options['--out']}: loading torch, then resuming it in a new process"
+        )
+    return (
+        f"restart check of run '{run}' of {spec}: loading torch, training it, interrupting it "
+        "mid-epoch and resuming it in a new process"
+    )
+
+
+def say_starting(argv: list[str], *, file: TextIO | None = None) -> None:
+    """Print ``starting_line`` on stderr (stdout stays the command's: ``--json``), at once."""
+    line = starting_line(argv)
+    if line is not None:
+        out = file or sys.stderr
+        out.write(line + "\n")
+        out.flush()
