@@ -1,0 +1,68 @@
+"""At which steps the verdict compares the runs, and which runs it may adopt.
+
+A run keeps its last model, so each run is compared at the step it stopped at: a finished run
+at its last step, an interrupted one at its last good model, a run stopped as futile at its
+stop. The verdict states those steps; when a run's selection-split metric peaked earlier than
+the step compared (a control that overfit), it says so and why it is not compared there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from gpucampaign.close.verdict_words import say_value
+from gpucampaign.spec import DecisionRule
+
+
+class _Stepped(Protocol):
+    step: int | None
+    planned: int | None
+    peak: tuple[int, float] | None
+    futile: int | None
+
+
+def barred(evidence: Mapping[str, _Stepped]) -> dict[str, str]:
+    """The variants the verdict never adopts, and why: a run stopped as futile (its scores
+    are those of an unfinished run, not a finished run's)."""
+    return {
+        name: f"stopped as futile at step {e.futile}{_of(e)}: never adopted, not a finished run"
+        for name, e in evidence.items()
+        if e.futile is not None
+    }
+
+
+def _of(e: _Stepped) -> str:
+    return f" of {e.planned}" if e.planned else ""
+
+
+def steps_compared(
+    rule: DecisionRule, *, runs: Mapping[str, _Stepped]
+) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The sentence naming the step each run is compared at (empty when no step is known),
+    and the numbers: ``{run: {step, planned, peak_step, peak_value, futile}}``."""
+    numbers: dict[str, dict[str, Any]] = {}
+    parts = []
+    for name, e in runs.items():
+        if e.step is None:
+            continue
+        numbers[name] = {
+            "step": e.step,
+            "planned": e.planned,
+            "peak_step": e.peak[0] if e.peak else None,
+            "peak_value": e.peak[1] if e.peak else None,
+            "futile": e.futile,
+        }
+        said = f"'{name}' at step {e.step}{_of(e)}"
+        if e.futile is not None:
+            said += " (stopped as futile there)"
+        if e.peak is not None and e.peak[0] != e.step:
+            said += (
+                f" (its best {rule.select_split} {rule.metric}, {say_value(e.peak[1], rule)}, "
+                f"was at step {e.peak[0]}; a run keeps only its last model, so it is compared "
+                f"at step {e.step})"
+            )
+        parts.append(said)
+    if not parts:
+        return "", numbers
+    return f" Steps compared: {', '.join(parts)}.", numbers
