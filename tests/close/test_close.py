@@ -159,9 +159,7 @@ def _ev(
     values = {"val": val, "test": test}
     ids = tuple(f"r{i}" for i in range(20))
     scores = {
-        split: tuple(
-            Scores(ids, {"accuracy": (x,) * 20, "loss": (x,) * 20}, seed=k) for k in seeds
-        )
+        split: tuple(Scores(ids, {"accuracy": (x,) * 20, "loss": (x,) * 20}, seed=k) for k in seeds)
         for split, x in values.items()
         if x is not None
     }
@@ -191,14 +189,16 @@ ANSWERS = {
     "adopt": (
         lambda: _verdict(RULE, _ev(0.92, 0.92), a=_ev(0.97, 0.96)),
         "Yes: 'a' improves accuracy over the control by +0.04 on test (95% CI [+0.04, "
-        "+0.04] over 2 seeds (0, 1) x 20 examples), clearing the min gain 0.02, and reaches 0.96 against the threshold 0.9. "
+        "+0.04] over 2 seeds (0, 1) x 20 examples), clearing the min gain 0.02, and reaches "
+        "0.96 against the threshold 0.9. "
         "Verdict: adopt.",
     ),
     "negative, the control kept": (
         lambda: _verdict(RULE, _ev(0.95, 0.95), a=_ev(0.96, 0.96)),
         "No: no variant improves accuracy over the control by the min gain 0.02 on val (the "
         "best on val: 'a' improves accuracy over the control by +0.01 on test (95% CI "
-        "[+0.01, +0.01] over 2 seeds (0, 1) x 20 examples)); keep the control (accuracy 0.95 on val, threshold 0.9 met). "
+        "[+0.01, +0.01] over 2 seeds (0, 1) x 20 examples)); keep the control (accuracy 0.95 "
+        "on val, threshold 0.9 met). "
         "Verdict: negative.",
     ),
     "negative, under the threshold": (
@@ -211,7 +211,8 @@ ANSWERS = {
     "negative, not confirmed on test": (
         lambda: _verdict(RULE, _ev(0.92, 0.92), a=_ev(0.96, 0.93)),
         "No: 'a' improves accuracy over the control by +0.01 on test (95% CI [+0.01, "
-        "+0.01] over 2 seeds (0, 1) x 20 examples), under the min gain 0.02; keep the control. Verdict: negative.",
+        "+0.01] over 2 seeds (0, 1) x 20 examples), under the min gain 0.02; keep the "
+        "control. Verdict: negative.",
     ),
     "inconclusive, a straddling interval": (
         lambda: _verdict(RULE, _ev(0.92, 0.92), a=_spread(0.96, 0.95, by=0.2)),

@@ -9,6 +9,7 @@ the step compared (a control that overfit), it says so and why it is not compare
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from gpucampaign.close.verdict_words import say_value
@@ -66,3 +67,20 @@ def steps_compared(
     if not parts:
         return "", numbers
     return f" Steps compared: {', '.join(parts)}.", numbers
+
+
+def refuse_rejected(verdict: Any, *, rejected: Mapping[str, str]) -> Any:
+    """The verdict, never adopting a run whose model is a rejected delivery (``rejected``: the
+    reason per run name): such a verdict becomes inconclusive and says why, so no run is both
+    rejected and adopted."""
+    run = verdict.run
+    if verdict.kind != "adopt" or run not in rejected:
+        return verdict
+    why = f"its model is a rejected delivery ({rejected[run]}), so it is not adopted"
+    return replace(
+        verdict,
+        kind="inconclusive",
+        text=f"Inconclusive: '{run}' clears the rule, but {why}. {verdict.text}",
+        answer=f"Not yet: '{run}' clears the rule, but {why}. Verdict: inconclusive.",
+        numbers={**verdict.numbers, "rejected_delivery": {"run": run, "reason": rejected[run]}},
+    )
