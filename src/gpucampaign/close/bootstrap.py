@@ -281,7 +281,8 @@ def _t_half_width(*, seed_var: float, example_var: float, dof: int) -> float:
     """The 95% half-width over seeds and examples: the seeds' share at Student's t with ``dof``
     degrees of freedom (a few seeds estimate their spread poorly), the examples' at the
     normal quantile."""
-    from scipy.stats import t  # scipy (scikit-learn's dependency) stays off the start-up path
+    # scipy (scikit-learn's dependency) stays off the start-up path
+    from scipy.stats import t  # type: ignore[import-untyped]
 
     q = float(t.ppf(0.975, dof))
     return math.sqrt(q * q * seed_var + 1.959963984540054**2 * example_var)

@@ -356,19 +356,20 @@ def _frame(
     """The comparison's frame: what every verdict carries (splits, per-variant table, numbers)
     and the text's tail that states every number and why a run has none."""
     sel, rep, ctrl = rule.select_split, rule.report_split, control
+    numbers: dict[str, Any] = {
+        "metric": rule.metric,
+        "direction": rule.direction,
+        "threshold": rule.threshold,
+        "min_gain": rule.min_gain,
+        "select_split": sel,
+        "report_split": rep,
+    }
     base = {
         "select_split": sel,
         "report_split": rep,
         "variants": table,
         "control": {s: ctrl.values.get(s) for s in (sel, rep)},
-        "numbers": {
-            "metric": rule.metric,
-            "direction": rule.direction,
-            "threshold": rule.threshold,
-            "min_gain": rule.min_gain,
-            "select_split": sel,
-            "report_split": rep,
-        },
+        "numbers": numbers,
     }
     head = (
         f"{rule.metric} ({rule.direction}, threshold {say_exact(rule.threshold)}, min gain "
@@ -386,9 +387,9 @@ def _frame(
     )
     steps, at = steps_compared(rule, runs={"control": control, **evidence})
     if at:
-        base["numbers"]["steps"] = at
+        numbers["steps"] = at
     if never:
-        base["numbers"]["never_adopted"] = never
+        numbers["never_adopted"] = never
     # Every stop that ended a run early is evidence said with the verdict: why a run has no
     # metric, or why its values are those of the model it reached (the control's missing
     # metric is said by the verdict itself).

@@ -17,10 +17,14 @@ from gpucampaign.spec import DecisionRule
 
 
 class _Stepped(Protocol):
-    step: int | None
-    planned: int | None
-    peak: tuple[int, float] | None
-    futile: int | None
+    @property
+    def step(self) -> int | None: ...
+    @property
+    def planned(self) -> int | None: ...
+    @property
+    def peak(self) -> tuple[int, float] | None: ...
+    @property
+    def futile(self) -> int | None: ...
 
 
 def barred(evidence: Mapping[str, _Stepped]) -> dict[str, str]:

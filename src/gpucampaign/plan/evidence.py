@@ -31,7 +31,8 @@ def detectable_gain_sd(seeds: int) -> float | None:
     two seeds (no spread measured, nothing detectable)."""
     if seeds < MEASURED_SEEDS:
         return None
-    from scipy.stats import t  # scipy (scikit-learn's dependency) stays off the start-up path
+    # scipy (scikit-learn's dependency) stays off the start-up path
+    from scipy.stats import t  # type: ignore[import-untyped]
 
     dof = seeds - 1
     return round(float(t.ppf(0.975, dof) + t.ppf(0.80, dof)) * math.sqrt(2 / seeds), 3)
@@ -54,26 +55,19 @@ def seed_evidence(
     for s in steps:
         if s.run is not None and s.resource == "gpu":
             hours_of[s.run] = hours_of.get(s.run, 0.0) + s.hours
-    runs = {}
-    for base in spec.base_names():
-        k = max(1, len(spec.seeds_of(base)))
-        runs[base] = {"seeds": k, "hours": hours_of.get(base)}
-    fewest = min(r["seeds"] for r in runs.values())
+    seeds = {base: max(1, len(spec.seeds_of(base))) for base in spec.base_names()}
+    fewest = min(seeds.values())
     out: dict[str, Any] = {
-        "runs": {n: {**r, "hours": _h(r["hours"])} for n, r in runs.items()},
+        "runs": {n: {"seeds": k, "hours": _h(hours_of.get(n))} for n, k in seeds.items()},
         "seeds": fewest,
         "measured": fewest >= MEASURED_SEEDS,
         "spare_gpu_hours": round_hours(max(0.0, spare_gpu_hours)),
     }
     if out["measured"]:
         return {**out, "detectable_gain_sd": detectable_gain_sd(fewest)}
-    extra = [
-        (PROPOSED_SEEDS - r["seeds"]) * r["hours"]
-        for r in runs.values()
-        if r["seeds"] < PROPOSED_SEEDS and r["hours"] is not None
-    ]
-    unpriced = [n for n, r in runs.items() if r["seeds"] < PROPOSED_SEEDS and r["hours"] is None]
-    total = sum(extra)
+    short = [n for n, k in seeds.items() if k < PROPOSED_SEEDS]
+    unpriced = [n for n in short if n not in hours_of]
+    total = sum((PROPOSED_SEEDS - seeds[n]) * hours_of[n] for n in short if n in hours_of)
     return {
         **out,
         "proposed": PROPOSED_SEEDS,
