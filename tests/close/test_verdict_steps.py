@@ -55,6 +55,23 @@ def test_a_variant_stopped_as_futile_is_never_adopted_and_the_steps_compared_are
         "futile": None,
     }
     assert v.numbers["steps"]["lr-high"]["futile"] == 200
+    # Its stop recorded no interval that shows it cannot win: the result is not a complete
+    # negative, and the answer says why.
+    assert v.kind == "inconclusive" and "Negative result (complete)" not in v.text
+    assert "'lr-high' stopped as futile early without its interval showing it cannot win" in (
+        v.answer
+    )
+
+
+def test_a_futile_stop_whose_interval_shows_it_cannot_win_leaves_a_complete_negative():
+    control = _ev(5.2, step=2550, planned=2550, peak=(400, 1.15))
+    futile = _ev(1.2, step=200, planned=2550, futile=200, status="stopped")
+    stop = {**STOP, "numbers": {"gain": -0.087, "gain_ci95": [-0.132, -0.042]}}
+    v = decide_verdict(RULE, control=control, variants={"lr-high": futile}, stops=[stop])
+    assert (v.kind, v.run) == ("negative", None), v.text
+    assert "stopped as futile: 'lr-high' at step 200 (its interval at the stop under" in v.text
+    # Never quoted as the best variant, with a gain its unfinished model has on the control.
+    assert "the best on val: 'lr-high'" not in v.answer
 
 
 def test_a_finished_variant_beside_a_futile_one_is_still_adopted():

@@ -19,7 +19,7 @@ from gpucampaign.close.more_evidence import (
     seeds_to_measure_noise,
     to_settle,
 )
-from gpucampaign.close.verdict_steps import barred, steps_compared
+from gpucampaign.close.verdict_steps import barred, futile_settled, futile_words, steps_compared
 from gpucampaign.close.verdict_words import (
     TIE_RULE,
     ci_text,
@@ -297,7 +297,8 @@ def decide_verdict(
         frame.base["numbers"]["tie"] = {"tied": tied, "chosen": chosen, "rule": TIE_RULE}
     if chosen is None:
         cut = [n for n, e in evidence.items() if e.status == "interrupted"]
-        return _negative(frame, control=ctrl, cut=cut)
+        settled = futile_settled(rule, never, stops=stops)
+        return _negative(frame, control=ctrl, cut=cut, futile=futile_words(settled, evidence))
     seconds = {"control": ctrl.train_s, **times}
     return _confirm(frame, chosen, seconds=seconds, lot=lot)
 
@@ -403,15 +404,25 @@ def _frame(
     return _Frame(rule, table, base, tail=f"{head}: {listed}{stop_note}.{steps}")
 
 
-def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -> Verdict:
+def _negative(
+    frame: _Frame,
+    *,
+    control: RunEvidence,
+    cut: Sequence[str] = (),
+    futile: tuple[str, str] = ("", ""),
+) -> Verdict:
     """No variant clears the min gain on the selection split: a complete negative result,
     unless a variant was interrupted (``cut``): its values are those of an earlier step, so a
-    complete run might still clear the rule, and the result is inconclusive."""
+    complete run might still clear the rule, and the result is inconclusive; so too when a
+    variant was stopped as futile without its interval at the stop showing it cannot win
+    (``futile``: ``verdict_steps.futile_words``; those variants are said apart)."""
     rule, sel = frame.rule, frame.rule.select_split
     thr, mg = say_exact(rule.threshold), say_exact(rule.min_gain)
+    barred_ = frame.base["numbers"].get("never_adopted") or {}
+    rows = {n: row for n, row in frame.table.items() if n not in barred_}
     meeting = [
         n
-        for n, row in frame.table.items()
+        for n, row in rows.items()
         if row[sel]["value"] is not None and rule.meets(row[sel]["value"])
     ]
     why = (
@@ -419,7 +430,7 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
         f"not beat the control by the min gain {mg}"
         if meeting
         else f"no variant meets the threshold on {sel}"
-    )
+    ) + futile[0]
     c = control.values[sel]
     assert c is not None
     keeps = rule.meets(c)
@@ -428,7 +439,7 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
         if keeps
         else (", and neither does the control")
     )
-    gains = {n: row[sel]["gain"] for n, row in frame.table.items() if row[sel]["gain"] is not None}
+    gains = {n: row[sel]["gain"] for n, row in rows.items() if row[sel]["gain"] is not None}
     best = max(gains, key=lambda n: gains[n], default=None)
     short = (
         f"no variant improves {rule.metric} over the control by the min gain {mg} on {sel}"
@@ -456,6 +467,17 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
         answer = (
             f"Not yet: {short}{quote}, but {names} stopped learning early (interrupted): a "
             "complete run might still clear the rule. Verdict: inconclusive."
+        )
+        return frame.verdict("inconclusive", None, text, answer=answer)
+    if futile[1]:
+        text = (
+            f"Inconclusive: {why}{also}; but {futile[1]} stopped as futile without the "
+            f"interval at the stop showing it cannot win: a finished run might still clear the "
+            f"rule. {frame.ending}"
+        )
+        answer = (
+            f"Not yet: {short}{quote}, but {futile[1]} stopped as futile early without its "
+            "interval showing it cannot win. Verdict: inconclusive."
         )
         return frame.verdict("inconclusive", None, text, answer=answer)
     text = (

@@ -8,11 +8,11 @@ the step compared (a control that overfit), it says so and why it is not compare
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
-from gpucampaign.close.verdict_words import say_value
+from gpucampaign.close.verdict_words import say_value, stops_of
 from gpucampaign.spec import DecisionRule
 
 
@@ -88,3 +88,35 @@ def refuse_rejected(verdict: Any, *, rejected: Mapping[str, str]) -> Any:
         answer=f"Not yet: '{run}' clears the rule, but {why}. Verdict: inconclusive.",
         numbers={**verdict.numbers, "rejected_delivery": {"run": run, "reason": rejected[run]}},
     )
+
+
+def futile_settled(
+    rule: DecisionRule, never: Mapping[str, str], *, stops: Iterable[Mapping[str, Any]]
+) -> dict[str, bool]:
+    """Per variant stopped as futile, whether the rule's own interval said so at the stop:
+    the stop record's numbers hold an interval (signed so that positive is better) whose upper
+    end is under the min gain, or not above 0. A stop without those numbers settles nothing."""
+    out = {}
+    for name in never:
+        settled = False
+        for s in stops_of(name, stops):
+            ci = (s.get("numbers") or {}).get("gain_ci95")
+            if s.get("rule") == "futile" and isinstance(ci, list | tuple) and len(ci) == 2:
+                settled = settled or ci[1] < rule.min_gain or ci[1] <= 0
+        out[name] = settled
+    return out
+
+
+def futile_words(settled: Mapping[str, bool], runs: Mapping[str, _Stepped]) -> tuple[str, str]:
+    """``(clause, unsettled)``: the clause that says which variants were stopped as futile
+    (empty without one), and the names of those whose stop did not show they cannot win."""
+    if not settled:
+        return "", ""
+    said = ", ".join(f"'{n}' at step {runs[n].futile}" for n in settled)
+    open_ = [n for n, ok in settled.items() if not ok]
+    how = (
+        "its interval at the stop under the min gain"
+        if not open_
+        else "not finished runs"
+    )
+    return f"; stopped as futile: {said} ({how})", ", ".join(repr(n) for n in open_)
