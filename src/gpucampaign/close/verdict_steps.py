@@ -114,9 +114,5 @@ def futile_words(settled: Mapping[str, bool], runs: Mapping[str, _Stepped]) -> t
         return "", ""
     said = ", ".join(f"'{n}' at step {runs[n].futile}" for n in settled)
     open_ = [n for n, ok in settled.items() if not ok]
-    how = (
-        "its interval at the stop under the min gain"
-        if not open_
-        else "not finished runs"
-    )
+    how = "its interval at the stop under the min gain" if not open_ else "not finished runs"
     return f"; stopped as futile: {said} ({how})", ", ".join(repr(n) for n in open_)
