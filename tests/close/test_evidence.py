@@ -212,6 +212,10 @@ def test_a_straddling_interval_is_inconclusive_with_the_evidence_needed(tmp_path
     assert "s of measured training) = " in v.text
     assert f"of the {lot:.2f} USD for 72 GPU hours" in v.text and "calendar" not in v.text
     assert "2 more seed(s) of both 'control' and 'learns': 2 x (" in v.answer
+    report = " ".join((out / "report.md").read_text().split())
+    assert "'learns' against the control on test: one seed a side; training noise is not" in (
+        report
+    )
 
 
 # --- the bootstrap itself ----------------------------------------------------------------------
