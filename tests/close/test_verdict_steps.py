@@ -81,3 +81,19 @@ def test_a_finished_variant_beside_a_futile_one_is_still_adopted():
     v = decide_verdict(RULE, control=control, variants={"a": futile, "b": done}, stops=[])
     assert (v.kind, v.run) == ("adopt", "b"), v.text
     assert "Steps compared: 'control' at step 100 of 100, 'a' at step 20 of 100" in v.text
+
+
+def test_a_run_whose_model_is_a_rejected_delivery_is_never_adopted():
+    from gpucampaign.close.verdict_steps import refuse_rejected
+
+    control = _ev(1.5, step=100, planned=100)
+    v = decide_verdict(RULE, control=control, variants={"b": _ev(1.0, step=100, planned=100)})
+    assert (v.kind, v.run) == ("adopt", "b")
+    reason = "reloaded predictions differ on 3 row(s)"
+    refused = refuse_rejected(v, rejected={"b": reason, "control": "x"})
+    assert (refused.kind, refused.run) == ("inconclusive", "b")
+    assert refused.answer == (
+        f"Not yet: 'b' clears the rule, but its model is a rejected delivery ({reason}), so it "
+        "is not adopted. Verdict: inconclusive."
+    )
+    assert refuse_rejected(v, rejected={"control": reason}) is v
