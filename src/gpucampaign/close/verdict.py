@@ -429,7 +429,7 @@ def _negative(
         f"variant(s) {', '.join(repr(n) for n in meeting)} meet the threshold on {sel} but do "
         f"not beat the control by the min gain {mg}"
         if meeting
-        else f"no variant meets the threshold on {sel}"
+        else f"no {'finished ' if barred_ else ''}variant meets the threshold on {sel}"
     ) + futile[0]
     c = control.values[sel]
     assert c is not None
