@@ -145,14 +145,21 @@ def test_resolved_dict_packages_and_missing_price():
 RULE = DecisionRule(metric="accuracy", threshold=0.9, min_gain=0.02)
 
 
-def _ev(val: float | None, test: float | None, *, status: str = "completed") -> RunEvidence:
-    """Evidence whose per-example scores all equal the value: a zero-width interval on it."""
+def _ev(
+    val: float | None,
+    test: float | None,
+    *,
+    status: str = "completed",
+    seeds: tuple[int, ...] = (0, 1),
+) -> RunEvidence:
+    """Evidence whose per-example scores all equal the value, for each of two seeds (training
+    noise measured, and nil): a zero-width interval on it."""
     from gpucampaign.close.scores import Scores
 
     values = {"val": val, "test": test}
     ids = tuple(f"r{i}" for i in range(20))
     scores = {
-        split: (Scores(ids, {"accuracy": (x,) * 20, "loss": (x,) * 20}),)
+        split: tuple(Scores(ids, {"accuracy": (x,) * 20, "loss": (x,) * 20}, seed=k) for k in seeds)
         for split, x in values.items()
         if x is not None
     }
@@ -169,7 +176,10 @@ def _spread(val: float, test: float, *, by: float) -> RunEvidence:
 
     ids = tuple(f"r{i}" for i in range(20))
     scores = {
-        split: (Scores(ids, {"accuracy": tuple(x + (by if i % 2 else -by) for i in range(20))}),)
+        split: tuple(
+            Scores(ids, {"accuracy": tuple(x + (by if i % 2 else -by) for i in range(20))}, seed=k)
+            for k in (0, 1)
+        )
         for split, x in (("val", val), ("test", test))
     }
     return RunEvidence(values={"val": val, "test": test}, scores=scores)
@@ -179,26 +189,30 @@ ANSWERS = {
     "adopt": (
         lambda: _verdict(RULE, _ev(0.92, 0.92), a=_ev(0.97, 0.96)),
         "Yes: 'a' improves accuracy over the control by +0.04 on test (95% CI [+0.04, "
-        "+0.04]), clearing the min gain 0.02, and reaches 0.96 against the threshold 0.9. "
+        "+0.04] over 2 seeds (0, 1) x 20 examples), clearing the min gain 0.02, and reaches "
+        "0.96 against the threshold 0.9. "
         "Verdict: adopt.",
     ),
     "negative, the control kept": (
         lambda: _verdict(RULE, _ev(0.95, 0.95), a=_ev(0.96, 0.96)),
         "No: no variant improves accuracy over the control by the min gain 0.02 on val (the "
         "best on val: 'a' improves accuracy over the control by +0.01 on test (95% CI "
-        "[+0.01, +0.01])); keep the control (accuracy 0.95 on val, threshold 0.9 met). "
+        "[+0.01, +0.01] over 2 seeds (0, 1) x 20 examples)); keep the control (accuracy 0.95 "
+        "on val, threshold 0.9 met). "
         "Verdict: negative.",
     ),
     "negative, under the threshold": (
         lambda: _verdict(RULE, _ev(0.5, 0.5), a=_ev(0.6, 0.6)),
         "No: no variant reaches the threshold 0.9 in accuracy on val (the best on val: 'a' "
-        "improves accuracy over the control by +0.1 on test (95% CI [+0.1, +0.1])); "
+        "improves accuracy over the control by +0.1 on test (95% CI [+0.1, +0.1] over 2 seeds "
+        "(0, 1) x 20 examples)); "
         "neither does the control (0.5 on val). Verdict: negative.",
     ),
     "negative, not confirmed on test": (
         lambda: _verdict(RULE, _ev(0.92, 0.92), a=_ev(0.96, 0.93)),
         "No: 'a' improves accuracy over the control by +0.01 on test (95% CI [+0.01, "
-        "+0.01]), under the min gain 0.02; keep the control. Verdict: negative.",
+        "+0.01] over 2 seeds (0, 1) x 20 examples), under the min gain 0.02; keep the "
+        "control. Verdict: negative.",
     ),
     "inconclusive, a straddling interval": (
         lambda: _verdict(RULE, _ev(0.92, 0.92), a=_spread(0.96, 0.95, by=0.2)),
@@ -688,7 +702,9 @@ def test_run_states_decide_each_run_once(tmp_path: Path):
     verdict = closing_verdict(
         spec, evidence=evidence, stops=read_stops(tmp_path), decision=decision
     )
-    assert (verdict.kind, verdict.run) == ("adopt", "wide")
+    # One seed a side (and no interval): chosen, but never adopted without training noise.
+    assert (verdict.kind, verdict.run) == ("inconclusive", "wide")
+    assert "training noise is not measured" in verdict.answer
     assert "big dropped at the decision point" in verdict.text
     table = runs_table(states, metric_of=metric_of, analyses={})
     assert [(r["run"], r["status"], r["metric"]) for r in table] == [

@@ -110,6 +110,9 @@ def test_the_verdict_follows_val_and_says_when_test_disagrees(tmp_path: Path):
         sha=sha,
         variants=[{"name": "idle", "changes": LEARNS_NOTHING}],
         rule={"threshold": 0.3, "min_gain": 0.05},
+        # A run stopped as futile is never chosen, on either split: this case needs 'idle' to
+        # finish so that test would choose it.
+        stop_rules={"futility": False},
     )
     v = got["verdict"]
     assert v.kind == "negative" and v.run == "control"
@@ -129,7 +132,12 @@ def test_a_gain_below_min_gain_is_negative(tmp_path: Path):
     v = got["verdict"]
     assert (v.kind, v.run) == ("negative", "control")
     assert abs(v.variants["seed1"]["val"]["gain"]) < 0.2
-    assert "do not beat the control by the min gain 0.2" in v.text
+    # The futility rule stopped 'seed1' early: said apart, as complete only because its
+    # interval at the stop was under the min gain.
+    assert "no finished variant meets the threshold on val; stopped as futile: 'seed1' at" in (
+        v.text
+    )
+    assert "(its interval at the stop under the min gain)" in v.text
 
 
 @pytest.mark.process  # the models reload in a fresh process
@@ -142,7 +150,8 @@ def test_an_unreachable_threshold_without_the_stop_is_negative_and_the_folder_ve
         sha=sha,
         variants=[{"name": "wide", "changes": {"hidden": [16]}}],
         rule={"threshold": 1.01, "min_gain": 0.0},
-        stop_rules={"below_threshold": False},
+        # 'wide' must finish: a variant stopped as futile is said apart, never quoted as the best.
+        stop_rules={"below_threshold": False, "futility": False},
     )
     v = got["verdict"]
     assert (v.kind, v.run) == ("negative", None)
@@ -184,7 +193,10 @@ def test_a_straddling_interval_is_inconclusive_with_the_evidence_needed(tmp_path
     assert (v.kind, v.run) == ("inconclusive", "learns"), v.text
     low, high = v.variants["learns"]["test"]["gain_ci95"]
     assert low < 0.1 < high
-    assert v.resolve["more_examples"] > 0 and v.resolve["more_seeds"] > 0
+    # One seed a side: training noise is not measured, so only seeds can settle it (up to the
+    # plan's three a side), never more examples alone.
+    assert v.resolve["more_examples"] is None and v.resolve["more_seeds"] == 2
+    assert "training noise is not measured" in v.answer
     # Priced from the runs' measured training time, not from the calendar's allotted hours.
     spec, out = got["spec"], got["out"]
     measured = [
@@ -202,9 +214,14 @@ def test_a_straddling_interval_is_inconclusive_with_the_evidence_needed(tmp_path
     lot = 47.14
     assert v.resolve["usd"] == pytest.approx(gpu_hours * lot / 72, rel=1e-5)
     assert v.resolve["lot_share"] == pytest.approx(gpu_hours / 72, rel=1e-4)
-    assert "more test examples" in v.text and "s of measured training) = " in v.text
+    assert "more examples alone cannot settle it" in v.text
+    assert "s of measured training) = " in v.text
     assert f"of the {lot:.2f} USD for 72 GPU hours" in v.text and "calendar" not in v.text
-    assert f"or {v.resolve['more_seeds']} more seed(s), " in v.answer
+    assert "2 more seed(s) of both 'control' and 'learns': 2 x (" in v.answer
+    report = " ".join((out / "report.md").read_text().split())
+    assert "'learns' against the control on test: one seed a side; training noise is not" in (
+        report
+    )
 
 
 # --- the bootstrap itself ----------------------------------------------------------------------
@@ -382,8 +399,10 @@ def test_a_control_stopped_by_the_quality_floor_is_evidence_with_predictions_and
     assert [s["rule"] for s in stops] == ["below_threshold"]
     assert stops[0]["run_id"] == spec.resolve_run("control").run_id
     # A decision all the same: the stopped control's values are evidence, and the stop is said.
-    assert (v.kind, v.run) == ("adopt", "learns"), v.text
-    assert v.answer.startswith("Yes: 'learns' improves accuracy over the control by")
+    # One seed a side: chosen, not adopted (training noise is not measured).
+    assert (v.kind, v.run) == ("inconclusive", "learns"), v.text
+    assert v.answer.startswith("Not yet: 'learns' improves accuracy over the control by")
+    assert "training noise is not measured" in v.answer
     assert f"'control' stopped by below_threshold ({stops[0]['stop_id']})" in v.text
     assert "below the floor 0.8" in v.text
     # Its model got predictions and scores, and reloads in a fresh process like any other.

@@ -130,12 +130,13 @@ def regression_campaign(
 def test_a_user_recipe_with_score_gets_intervals_on_its_metric(tmp_path: Path, metric: str):
     got = regression_campaign(tmp_path, metric=metric)
     v, spec, out = got["verdict"], got["spec"], got["out"]
-    assert (v.kind, v.run) == ("adopt", "learns"), v.text
+    # The interval clears the min gain, but over one seed a side: not adopted.
+    assert (v.kind, v.run) == ("inconclusive", "learns"), v.text
     for split in ("val", "test"):
         entry = v.variants["learns"][split]
         low, high = entry["gain_ci95"]
         assert 0.01 < low <= entry["gain"] <= high and entry["n"] == 60
-    assert "lower end clears" in v.text
+    assert "clears the min gain 0.01, but training noise is not measured" in v.text
     # The scores the interval resampled are in each run's folder, one row per example.
     for run in ("control", "learns"):
         scores = read_scores(out / run_file(spec.resolve_run(run).run_id, scores_file("test")))
@@ -186,7 +187,7 @@ def test_a_builtin_recipe_gets_an_interval_on_loss(tmp_path: Path):
         control=LEARNS_NOTHING,
     )
     v = got["verdict"]
-    assert (v.kind, v.run) == ("adopt", "learns"), v.text
+    assert (v.kind, v.run) == ("inconclusive", "learns"), v.text  # one seed a side
     low, high = v.variants["learns"]["test"]["gain_ci95"]
     assert 0.01 < low <= v.variants["learns"]["test"]["gain"] <= high
     scores = read_scores(

@@ -300,8 +300,8 @@ def test_the_verdict_reads_an_interrupted_run_as_evidence_at_its_step():
     note = "interrupted: the model of step 50 of 300"
 
     def evidence(v: float, **kw: str) -> RunEvidence:
-        # Every example scores the value: a zero-width interval on it.
-        rows = (Scores(("r0", "r1"), {"accuracy": (v, v)}),)
+        # Every example scores the value, on two seeds: a zero-width interval on it.
+        rows = tuple(Scores(("r0", "r1"), {"accuracy": (v, v)}, seed=k) for k in (0, 1))
         return RunEvidence(values={"val": v, "test": v}, scores={"val": rows, "test": rows}, **kw)
 
     def cut(v: float) -> RunEvidence:

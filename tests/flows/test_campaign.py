@@ -145,8 +145,11 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     summary = state.result()
     assert summary["verified"] is True and summary["problems"] == []
     assert set(summary["runs"].values()) == {"completed"}
-    # Training on CPU is deterministic: the demo adopts the short variant, every time.
-    assert (summary["verdict"]["kind"], summary["verdict"]["run"]) == ("adopt", "short")
+    # Training on CPU is deterministic: the demo chooses the short variant, every time; with
+    # one seed a side it is not adopted (training noise is not measured), and seeds are asked.
+    assert (summary["verdict"]["kind"], summary["verdict"]["run"]) == ("inconclusive", "short")
+    assert "training noise is not measured" in summary["verdict"]["answer"]
+    assert "more seed(s) of both 'control' and 'short'" in summary["verdict"]["answer"]
     # Chosen on val, confirmed on test: the verdict prints the interval it rests on.
     verdict = summary["verdict"]
     assert (verdict["select_split"], verdict["report_split"]) == ("val", "test")

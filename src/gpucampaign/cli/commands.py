@@ -119,6 +119,7 @@ def _calibration(cs: Any, spec: Path, out: Path) -> tuple[dict[str, float], dict
 def _print_plan(result: Any, *, figure: Path | None) -> None:
     from rich.table import Table
 
+    from gpucampaign.plan.evidence import evidence_lines
     from gpucampaign.plan.tariffs import format_usd
 
     d = result.to_dict()
@@ -155,6 +156,8 @@ def _print_plan(result: Any, *, figure: Path | None) -> None:
     for a in d["ablation"]:
         factors = ", ".join(a["factors"]) or "changes nothing"
         say(f"  ablation {esc(a['variant'])} ({a['tier']}): {esc(factors)}")
+    for line in evidence_lines(d.get("evidence")):
+        say(esc(line))
     for w in d["warnings"]:
         say(f"[yellow]warning:[/] {esc(w)}")
     if figure is not None:

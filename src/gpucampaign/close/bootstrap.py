@@ -9,7 +9,11 @@ sides when both trained the same seeds, each side on its own otherwise), then th
 (the same examples for the variant and the control, and for every drawn seed: all seeds were
 evaluated on the same split, so which examples it holds is one draw shared by the seeds, not
 one per seed), and averages. The gain's variance is then split into what comes from the seeds
-and what from the examples, and the larger names what more evidence should be. The rows are
+and what from the examples, and the larger names what more evidence should be. With at least
+two seeds a side (training noise measured), the interval is also never narrower than the
+t-interval that adds both shares, ``gain +- sqrt(t(k-1)^2 * seed_var + 1.96^2 * example_var)``:
+a bootstrap over three seeds underestimates their spread (it draws from three values), and the
+Student t quantile at k-1 degrees of freedom is what a few seeds warrant. The rows are
 predictions (accuracy, macro F1 of a classifier) or per-example scores (any metric that is a
 mean over examples: ``paired_mean_gain``). Seeded with numpy's PCG64, so the same predictions
 give the same interval on every machine.
@@ -62,6 +66,13 @@ class Gain:
         return max(len(self.control_seeds), len(self.variant_seeds)) > 1
 
     @property
+    def noise_measured(self) -> bool:
+        """Whether training noise is in the interval: at least two seeds on each side (with
+        one seed a side, the interval covers which examples the split holds, not another
+        training seed)."""
+        return min(len(self.control_seeds), len(self.variant_seeds)) >= 2
+
+    @property
     def dominates(self) -> str | None:
         """``seeds`` or ``examples``: the larger share of the gain's variance; None without
         replicates or without a measure of the seeds' share."""
@@ -78,6 +89,7 @@ class Gain:
             "gain_ci95": [self.ci95[0], self.ci95[1]],
             "n": self.n,
             "replicates": self.replicates,
+            "training_noise": "measured" if self.noise_measured else "not measured",
         }
         if self.seeded:
             total = (self.seed_var or 0.0) + (self.example_var or 0.0)
@@ -249,6 +261,9 @@ def _bootstrap(
         else:
             parts = [np.var(x, ddof=1) / len(x) for x in (c, v) if len(x) > 1]
         seed_var = round(float(sum(parts)), 15) if parts else None
+    if min(kc, kv) >= 2 and seed_var is not None and example_var is not None:
+        half = _t_half_width(seed_var=seed_var, example_var=example_var, dof=min(kc, kv) - 1)
+        low, high = min(low, gain - half), max(high, gain + half)
     return Gain(
         gain=round(gain, 12),
         ci95=(round(float(low), 12), round(float(high), 12)),
@@ -260,6 +275,17 @@ def _bootstrap(
         seed_var=seed_var,
         example_var=example_var,
     )
+
+
+def _t_half_width(*, seed_var: float, example_var: float, dof: int) -> float:
+    """The 95% half-width over seeds and examples: the seeds' share at Student's t with ``dof``
+    degrees of freedom (a few seeds estimate their spread poorly), the examples' at the
+    normal quantile."""
+    # scipy (scikit-learn's dependency) stays off the start-up path
+    from scipy.stats import t  # type: ignore[import-untyped]
+
+    q = float(t.ppf(0.975, dof))
+    return math.sqrt(q * q * seed_var + 1.959963984540054**2 * example_var)
 
 
 def paired_gain(

@@ -33,6 +33,7 @@ from gpucampaign.close.reload_md import write_reload_md
 from gpucampaign.close.report import build_report, write_report
 from gpucampaign.close.scores import write_run_scores
 from gpucampaign.close.verdict import Verdict
+from gpucampaign.close.verdict_steps import refuse_rejected
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.core.text import say_number
 from gpucampaign.data.corpus import corpus_path, load_spec_corpus
@@ -348,6 +349,10 @@ def close_runs(
     )
     corpus = load_spec_corpus(spec, base_dir=base_dir) if spec.corpus else None
     deliveries = [delivery(root, s, corpus=corpus) for s in states.values()]
+    verdict = refuse_rejected(
+        verdict,
+        rejected={states[d["id"]].run: d["reason"] for d in deliveries if not d["accepted"]},
+    )
     budget = close_budget(
         spec.packages,
         catalog=catalog,

@@ -17,7 +17,14 @@ from gpucampaign.close.budget import resolve_packages
 from gpucampaign.close.predictions import predictions_file, read_predictions
 from gpucampaign.close.scores import no_scores_reason, read_scores
 from gpucampaign.close.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
-from gpucampaign.folder.layout import SCORES_ERROR_FILE, OutputFolder, run_file, scores_file
+from gpucampaign.folder.layout import (
+    METRICS_FILE,
+    SCORES_ERROR_FILE,
+    OutputFolder,
+    run_file,
+    scores_file,
+)
+from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import RunState, StopRecord
 from gpucampaign.plan.decision import Decision
 from gpucampaign.spec import CampaignSpec
@@ -74,6 +81,10 @@ def run_evidence(
             train_s=None
             if None in times or not times
             else round(sum(t for t in times if t is not None) / len(times), 6),
+            step=single[base].step,
+            planned=single[base].planned,
+            peak=single[base].peak,
+            futile=single[base].futile,
         )
     return out
 
@@ -122,7 +133,13 @@ def _single_run_evidence(
                 else no_scores_reason(spec.run_config(s.run), metric=metric)
             )
         train_s = (s.result.timings or {}).get("steps_s_sum") if s.result is not None else None
+        res = s.result if measured else None
+        stop = s.stop if s.status == "stopped" else None
         out[s.run] = RunEvidence(
+            step=res.steps_done if res is not None else None,
+            planned=res.planned_steps if res is not None else None,
+            peak=_peak(spec, folder.path(run_file(rid, METRICS_FILE))) if res is not None else None,
+            futile=stop.step if stop is not None and stop.rule == "futile" else None,
             values=values,
             predictions=preds,
             scores=scores,
@@ -132,6 +149,24 @@ def _single_run_evidence(
             train_s=None if train_s is None else float(train_s),
         )
     return out
+
+
+def _peak(spec: CampaignSpec, metrics: Path) -> tuple[int, float] | None:
+    """The step and value of a run's best evaluation on the selection split (the latest of
+    equal ones); None without a rule or an evaluation."""
+    rule = spec.decision_rule
+    if rule is None:
+        return None
+    best: tuple[int, float] | None = None
+    for row in read_metrics(metrics):
+        value = row.get(rule.metric)
+        if row.get("kind") != "eval" or row.get("split") != rule.select_split:
+            continue
+        if not isinstance(value, int | float) or not isinstance(row.get("step"), int):
+            continue
+        if best is None or not rule.better(best[1], float(value)):
+            best = (int(row["step"]), float(value))
+    return best
 
 
 def _evidence_note(state: RunState) -> str:

@@ -9,7 +9,14 @@ from typing import Any
 
 from gpucampaign.close.bootstrap import DOMINATES, Gain, to_resolve
 from gpucampaign.core.text import say_duration, say_number
+from gpucampaign.plan.evidence import PROPOSED_SEEDS
 from gpucampaign.spec import DecisionRule
+
+#: Why an interval over one seed a side cannot decide, as the verdict says it.
+NOISE_NOT_MEASURED = (
+    "training noise is not measured (one seed a side: the interval covers which examples the "
+    "split holds, not what another training seed would give)"
+)
 
 
 def missing_interval(rule: DecisionRule, entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -32,6 +39,73 @@ def missing_interval(rule: DecisionRule, entry: Mapping[str, Any]) -> dict[str, 
     }
 
 
+def seeds_to_measure_noise(
+    rule: DecisionRule,
+    chosen: str,
+    *,
+    entry: Mapping[str, Any],
+    seconds: Mapping[str, float | None],
+    lot: Mapping[str, float] | None,
+) -> dict[str, Any]:
+    """What settles a comparison of one seed a side: seeds of both runs, up to the
+    ``PROPOSED_SEEDS`` the plan proposes, priced from their measured training time; never more
+    examples alone (they cannot measure training noise)."""
+    seeds = entry.get("seeds") or {}
+    have = min(len(seeds.get("control") or [0]), len(seeds.get("variant") or [0]))
+    more = max(1, PROPOSED_SEEDS - have)
+    priced, cost = _price(
+        more, control=seconds.get("control"), variant=seconds.get(chosen), lot=lot
+    )
+    text = (
+        f"Training noise is not measured: with one seed a side the interval covers which "
+        "examples the split holds, not what another training seed would give, so more "
+        f"examples alone cannot settle it. To settle it: give 'control' and '{chosen}' "
+        f"seeds: [...] with {PROPOSED_SEEDS} seeds each, {more} more seed(s) of both{cost}."
+    )
+    settle = f"{more} more seed(s) of both 'control' and '{chosen}'{cost} would settle it"
+    return {
+        "factor": None,
+        "more_examples": None,
+        "more_seeds": more,
+        "dominates": None,
+        "training_noise": "not measured",
+        **priced,
+        "text": text,
+        "settle": settle,
+    }
+
+
+def _price(
+    more: int | None,
+    *,
+    control: float | None,
+    variant: float | None,
+    lot: Mapping[str, float] | None,
+) -> tuple[dict[str, Any], str]:
+    """What ``more`` seeds of both runs cost, from one seed's measured training time of each:
+    the numbers, and the clause that says them."""
+    priced: dict[str, Any] = {"seed_s": None, "gpu_hours": None, "usd": None, "lot_share": None}
+    if control is None or variant is None or more is None:
+        return priced, " (their training time was not measured)"
+    per_seed = control + variant
+    gpu_h = more * per_seed / 3600
+    priced.update(seed_s=round(per_seed, 9), gpu_hours=round(gpu_h, 12))
+    cost = (
+        f": {more} x ({control:.3g} s + {variant:.3g} s of measured training) = "
+        f"{say_duration(gpu_h)} of GPU time"
+    )
+    if lot and lot.get("gpu_hours"):
+        usd = gpu_h * lot["usd"] / lot["gpu_hours"]
+        share = usd / lot["usd"] if lot["usd"] else 0.0
+        priced.update(usd=round(usd, 12), lot_share=round(share, 12))
+        money = f"{usd:.2f} USD" if usd >= 0.005 else "under 0.01 USD"
+        cost += (
+            f", {money} at the lot's price ({say_number(100 * share, digits=2)}% of the "
+            f"{lot['usd']:.2f} USD for {lot['gpu_hours']:g} GPU hours)"
+        )
+    return priced, cost
+
+
 def to_settle(
     rule: DecisionRule,
     chosen: str,
@@ -41,11 +115,14 @@ def to_settle(
     lot: Mapping[str, float] | None,
 ) -> dict[str, Any]:
     """How many more examples or seeds would settle an inconclusive verdict, and what the
-    seeds cost: priced from the runs' measured training time (``seconds`` per seed), as GPU
-    time and as the share of the rented lot's price it takes (``lot``: ``usd``, ``gpu_hours``).
+    seeds cost (with one seed a side, only seeds: ``seeds_to_measure_noise``): priced from
+    the runs' measured training time (``seconds`` per seed), as GPU time and as the share of
+    the rented lot's price it takes (``lot``: ``usd``, ``gpu_hours``).
     """
     if entry.get("n") is None:
         return missing_interval(rule, entry)
+    if entry.get("training_noise") != "measured":
+        return seeds_to_measure_noise(rule, chosen, entry=entry, seconds=seconds, lot=lot)
     seeds = entry.get("seeds") or {}
     g = Gain(
         gain=entry["gain"],
@@ -65,26 +142,9 @@ def to_settle(
             **none,
             "text": "The gain equals the min gain: no amount of evidence separates them.",
         }
-    c, v = seconds.get("control"), seconds.get(chosen)
-    priced: dict[str, Any] = dict(none)
-    cost = " (their training time was not measured)"
-    if c is not None and v is not None and need["more_seeds"] is not None:
-        per_seed = c + v
-        gpu_h = need["more_seeds"] * per_seed / 3600
-        priced.update(seed_s=round(per_seed, 9), gpu_hours=round(gpu_h, 12))
-        cost = (
-            f": {need['more_seeds']} x ({c:.3g} s + {v:.3g} s of measured training) = "
-            f"{say_duration(gpu_h)} of GPU time"
-        )
-        if lot and lot.get("gpu_hours"):
-            usd = gpu_h * lot["usd"] / lot["gpu_hours"]
-            share = usd / lot["usd"] if lot["usd"] else 0.0
-            priced.update(usd=round(usd, 12), lot_share=round(share, 12))
-            money = f"{usd:.2f} USD" if usd >= 0.005 else "under 0.01 USD"
-            cost += (
-                f", {money} at the lot's price ({say_number(100 * share, digits=2)}% of the "
-                f"{lot['usd']:.2f} USD for {lot['gpu_hours']:g} GPU hours)"
-            )
+    priced, cost = _price(
+        need["more_seeds"], control=seconds.get("control"), variant=seconds.get(chosen), lot=lot
+    )
     if need["dominates"] is not None:
         return {**need, **priced, **_by_source(rule, chosen, need=need, entry=entry, cost=cost)}
     text = (

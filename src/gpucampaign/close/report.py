@@ -136,12 +136,19 @@ def answer_paragraph(report: Mapping[str, Any]) -> str:
 
 def _seeds_md(verdict: Mapping[str, Any]) -> list[str]:
     """Per variant with replicates: the seeds and examples its interval rests on, which of the
-    two dominates the gain's variance, and so which more evidence to buy."""
+    two dominates the gain's variance, and so which more evidence to buy; per variant of one
+    seed a side, that training noise is not measured."""
     rep = verdict.get("report_split")
     out = []
     for name, row in (verdict.get("variants") or {}).items():
         entry = (row or {}).get(rep) or {}
         if not entry.get("seeds"):
+            if entry.get("training_noise") == "not measured":
+                out.append(
+                    f"- '{name}' against the control on {rep}: one seed a side; training noise "
+                    "is not measured (the interval covers the examples only), so the verdict "
+                    "never adopts on it (for more evidence: add seeds, `seeds:` in the spec)."
+                )
             continue
         dom, share = entry.get("dominates"), entry.get("seed_share")
         if dom is None:

@@ -13,14 +13,23 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from gpucampaign.close.bootstrap import Gain, paired_gain, paired_mean_gain
-from gpucampaign.close.more_evidence import missing_interval, to_settle
+from gpucampaign.close.more_evidence import (
+    NOISE_NOT_MEASURED,
+    missing_interval,
+    seeds_to_measure_noise,
+    to_settle,
+)
+from gpucampaign.close.verdict_steps import barred, futile_settled, futile_words, steps_compared
 from gpucampaign.close.verdict_words import (
+    TIE_RULE,
     ci_text,
+    disagreement,
     improves_text,
+    listing,
     say_gain,
-    say_metric,
     say_value,
     stop_text,
+    tie_text,
 )
 from gpucampaign.core.resample import BOOT_SEED
 from gpucampaign.core.text import say_duration, say_exact
@@ -41,7 +50,12 @@ class RunEvidence:
     (an interrupted run's are those of its last good model, at that step). ``no_interval``
     says why a run that measured has no per-example rows for the metric (then its gains are
     point estimates). ``train_s``: one seed's measured training time (the sum of its step
-    times), which breaks a tie on the selection split and prices more seeds.
+    times), which breaks a tie on the selection split and prices more seeds. ``step`` and
+    ``planned`` are the step of the model compared and the run's planned steps; ``peak`` is
+    the step and value of its best evaluation on the selection split (a run keeps only its
+    last model, so a run that peaked earlier is compared at its last step, and the verdict
+    says so); ``futile`` is the step at which the futility rule stopped it (never adopted:
+    its scores are those of an unfinished run).
     """
 
     values: Mapping[str, float | None] = field(default_factory=dict)
@@ -51,6 +65,10 @@ class RunEvidence:
     note: str = ""
     no_interval: str = ""
     train_s: float | None = None
+    step: int | None = None
+    planned: int | None = None
+    peak: tuple[int, float] | None = None
+    futile: int | None = None
 
 
 @dataclass(frozen=True)
@@ -170,26 +188,25 @@ def _split_entry(
     }
 
 
-#: How a tie on the selection split is broken, as the verdict states it.
-TIE_RULE = "the cheaper run by measured training time, then the first in the spec"
-
-
 def _choose(
     rule: DecisionRule,
     table: Mapping[str, Mapping[str, Any]],
     split: str,
     *,
     train_s: Mapping[str, float | None] | None = None,
+    never: Mapping[str, str] | None = None,
 ) -> tuple[str | None, list[str]]:
     """The best variant on ``split`` that meets the threshold and gains the min gain there,
     and the variants tied with it (empty when it is alone at its value).
 
     A tie (the same value) goes to the cheaper run by measured training time, then to the
     first in the spec's order. A variant that only ties the control gains nothing and is never
-    chosen: the control is kept.
+    chosen: the control is kept; nor is a variant in ``never`` (stopped as futile).
     """
     ok = []
     for name, row in table.items():
+        if name in (never or {}):
+            continue
         v, g = row[split]["value"], row[split]["gain"]
         if v is None or g is None or not rule.meets(v) or g < rule.min_gain or g <= 0:
             continue
@@ -213,60 +230,6 @@ def _choose(
     return min(tied, key=cost), tied
 
 
-def _tie_text(
-    rule: DecisionRule,
-    chosen: str,
-    tied: Sequence[str],
-    *,
-    table: Mapping[str, Any],
-    train_s: Mapping[str, float | None],
-) -> str:
-    """The tie on the selection split and how it was broken (empty without a tie)."""
-    if not tied:
-        return ""
-    sel = rule.select_split
-    value = say_value(table[chosen][sel]["value"], rule)
-
-    def took(name: str) -> str:
-        t = train_s.get(name)
-        return f"'{name}' {'not measured' if t is None else f'{t:.3g} s'}"
-
-    return (
-        f" Tie on {sel}: {', '.join(repr(n) for n in tied)} all reach {value}; broken by the "
-        f"stated rule ({TIE_RULE}): '{chosen}' (training time {', '.join(map(took, tied))})."
-    )
-
-
-def _listing(
-    rule: DecisionRule,
-    *,
-    control: RunEvidence,
-    table: Mapping[str, Any],
-    status: Mapping[str, str],
-    notes: Mapping[str, str] | None = None,
-) -> str:
-    """Every value, gain and interval on both splits, the control first."""
-    sel, rep = rule.select_split, rule.report_split
-    notes = notes or {}
-    parts = [
-        f"control {sel} {say_metric(control.values.get(sel), rule, status=control.status)}, "
-        f"{rep} {say_metric(control.values.get(rep), rule, status=control.status)}"
-        + (f" ({control.note})" if control.note else "")
-    ]
-    for name, row in table.items():
-        st = status.get(name, "stopped")
-        if row[sel]["value"] is None and row[rep]["value"] is None:
-            parts.append(f"{name} {say_metric(None, rule, status=st)}")
-            continue
-        parts.append(
-            f"{name} {sel} {say_metric(row[sel]['value'], rule, status=st)} "
-            f"({ci_text(row[sel], rule)}), "
-            f"{rep} {say_metric(row[rep]['value'], rule, status=st)} ({ci_text(row[rep], rule)})"
-            + (f" ({notes[name]})" if notes.get(name) else "")
-        )
-    return "; ".join(parts)
-
-
 def decide_verdict(
     rule: DecisionRule,
     *,
@@ -286,7 +249,9 @@ def decide_verdict(
     or per-example scores), then decides the kind: ``adopt`` when the interval's lower end
     clears ``min_gain``, ``negative`` when its upper end does not, ``inconclusive`` when it
     straddles it, or when there is no interval and ``min_gain`` is above 0 (a point estimate
-    cannot show it cleared). Without a winner the result is ``negative``. The text states
+    cannot show it cleared), or when training noise is not measured (one seed a side: the
+    interval covers the examples only, so the verdict proposes seeds). Without a winner the
+    result is ``negative``. The text names the step each run is compared at. The text states
     every number and every stop, how a tie was broken, and when the report split disagrees
     with the choice made on the selection split; ``answer`` answers the question in one
     sentence.
@@ -320,18 +285,20 @@ def decide_verdict(
     if early is not None:
         return early
     times = {n: e.train_s for n, e in evidence.items()}
-    chosen, tied = _choose(rule, table, sel, train_s=times)
-    on_report, _ = _choose(rule, table, rep, train_s=times)
+    never = barred(evidence)
+    chosen, tied = _choose(rule, table, sel, train_s=times, never=never)
+    on_report, _ = _choose(rule, table, rep, train_s=times, never=never)
     frame = replace(
         frame,
-        disagree=_disagreement(chosen, on_report, sel=sel, rep=rep),
-        tie=_tie_text(rule, chosen, tied, table=table, train_s=times) if chosen else "",
+        disagree=disagreement(chosen, on_report, sel=sel, rep=rep),
+        tie=tie_text(rule, chosen, tied, table=table, train_s=times) if chosen else "",
     )
     if tied:
         frame.base["numbers"]["tie"] = {"tied": tied, "chosen": chosen, "rule": TIE_RULE}
     if chosen is None:
         cut = [n for n, e in evidence.items() if e.status == "interrupted"]
-        return _negative(frame, control=ctrl, cut=cut)
+        settled = futile_settled(rule, never, stops=stops)
+        return _negative(frame, control=ctrl, cut=cut, futile=futile_words(settled, evidence))
     seconds = {"control": ctrl.train_s, **times}
     return _confirm(frame, chosen, seconds=seconds, lot=lot)
 
@@ -390,31 +357,40 @@ def _frame(
     """The comparison's frame: what every verdict carries (splits, per-variant table, numbers)
     and the text's tail that states every number and why a run has none."""
     sel, rep, ctrl = rule.select_split, rule.report_split, control
+    numbers: dict[str, Any] = {
+        "metric": rule.metric,
+        "direction": rule.direction,
+        "threshold": rule.threshold,
+        "min_gain": rule.min_gain,
+        "select_split": sel,
+        "report_split": rep,
+    }
     base = {
         "select_split": sel,
         "report_split": rep,
         "variants": table,
         "control": {s: ctrl.values.get(s) for s in (sel, rep)},
-        "numbers": {
-            "metric": rule.metric,
-            "direction": rule.direction,
-            "threshold": rule.threshold,
-            "min_gain": rule.min_gain,
-            "select_split": sel,
-            "report_split": rep,
-        },
+        "numbers": numbers,
     }
     head = (
         f"{rule.metric} ({rule.direction}, threshold {say_exact(rule.threshold)}, min gain "
         f"{say_exact(rule.min_gain)}), chosen on {sel}, reported on {rep}"
     )
-    listing = _listing(
+    never = barred(evidence)
+    listed = listing(
         rule,
         control=ctrl,
         table=table,
         status={n: e.status for n, e in evidence.items()},
-        notes={n: e.note for n, e in evidence.items()},
+        notes={
+            n: "; ".join(x for x in (e.note, never.get(n, "")) if x) for n, e in evidence.items()
+        },
     )
+    steps, at = steps_compared(rule, runs={"control": control, **evidence})
+    if at:
+        numbers["steps"] = at
+    if never:
+        numbers["never_adopted"] = never
     # Every stop that ended a run early is evidence said with the verdict: why a run has no
     # metric, or why its values are those of the model it reached (the control's missing
     # metric is said by the verdict itself).
@@ -425,38 +401,36 @@ def _frame(
         and not (n == "control" and control.values.get(sel) is None)
     ]
     stop_note = ("; " + "; ".join(stop_text(n, stops) for n in stopped)) if stopped else ""
-    return _Frame(rule, table, base, tail=f"{head}: {listing}{stop_note}.")
+    return _Frame(rule, table, base, tail=f"{head}: {listed}{stop_note}.{steps}")
 
 
-def _disagreement(chosen: str | None, on_report: str | None, *, sel: str, rep: str) -> str:
-    if chosen == on_report:
-        return ""
-    picked = f"'{chosen}'" if chosen else "no variant"
-    other = f"'{on_report}'" if on_report else "no variant"
-    return (
-        f" The {rep} split disagrees with the choice made on {sel}: on {rep} {other} would be "
-        f"chosen, on {sel} {picked}; the verdict follows {sel} (choosing on {rep} would make "
-        f"the reported gain optimistic)."
-    )
-
-
-def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -> Verdict:
+def _negative(
+    frame: _Frame,
+    *,
+    control: RunEvidence,
+    cut: Sequence[str] = (),
+    futile: tuple[str, str] = ("", ""),
+) -> Verdict:
     """No variant clears the min gain on the selection split: a complete negative result,
     unless a variant was interrupted (``cut``): its values are those of an earlier step, so a
-    complete run might still clear the rule, and the result is inconclusive."""
+    complete run might still clear the rule, and the result is inconclusive; so too when a
+    variant was stopped as futile without its interval at the stop showing it cannot win
+    (``futile``: ``verdict_steps.futile_words``; those variants are said apart)."""
     rule, sel = frame.rule, frame.rule.select_split
     thr, mg = say_exact(rule.threshold), say_exact(rule.min_gain)
+    barred_ = frame.base["numbers"].get("never_adopted") or {}
+    rows = {n: row for n, row in frame.table.items() if n not in barred_}
     meeting = [
         n
-        for n, row in frame.table.items()
+        for n, row in rows.items()
         if row[sel]["value"] is not None and rule.meets(row[sel]["value"])
     ]
     why = (
         f"variant(s) {', '.join(repr(n) for n in meeting)} meet the threshold on {sel} but do "
         f"not beat the control by the min gain {mg}"
         if meeting
-        else f"no variant meets the threshold on {sel}"
-    )
+        else f"no {'finished ' if barred_ else ''}variant meets the threshold on {sel}"
+    ) + futile[0]
     c = control.values[sel]
     assert c is not None
     keeps = rule.meets(c)
@@ -465,7 +439,7 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
         if keeps
         else (", and neither does the control")
     )
-    gains = {n: row[sel]["gain"] for n, row in frame.table.items() if row[sel]["gain"] is not None}
+    gains = {n: row[sel]["gain"] for n, row in rows.items() if row[sel]["gain"] is not None}
     best = max(gains, key=lambda n: gains[n], default=None)
     short = (
         f"no variant improves {rule.metric} over the control by the min gain {mg} on {sel}"
@@ -493,6 +467,17 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
         answer = (
             f"Not yet: {short}{quote}, but {names} stopped learning early (interrupted): a "
             "complete run might still clear the rule. Verdict: inconclusive."
+        )
+        return frame.verdict("inconclusive", None, text, answer=answer)
+    if futile[1]:
+        text = (
+            f"Inconclusive: {why}{also}; but {futile[1]} stopped as futile without the "
+            f"interval at the stop showing it cannot win: a finished run might still clear the "
+            f"rule. {frame.ending}"
+        )
+        answer = (
+            f"Not yet: {short}{quote}, but {futile[1]} stopped as futile early without its "
+            "interval showing it cannot win. Verdict: inconclusive."
         )
         return frame.verdict("inconclusive", None, text, answer=answer)
     text = (
@@ -542,6 +527,8 @@ def _confirm(
         )
         return frame.verdict("inconclusive", chosen, text, resolve=resolve, answer=answer)
     if lo >= rule.min_gain and lo > 0 and rule.meets(value):
+        if entry.get("training_noise") != "measured":
+            return _noise_not_measured(frame, chosen, improves=improves, seconds=seconds, lot=lot)
         clears = (
             f"the lower end clears the min gain {mg}"
             if ci is not None
@@ -608,8 +595,40 @@ def _straddles(
             f"about {resolve['more_examples']} more {rep} examples or {resolve['more_seeds']} "
             f"more seed(s){priced} would settle it"
         )
+    noise = f", and {NOISE_NOT_MEASURED}" if resolve.get("training_noise") == "not measured" else ""
     answer = (
-        f"Not yet: {improves}, an interval that straddles the min gain {mg}; {settle}. "
+        f"Not yet: {improves}, an interval that straddles the min gain {mg}{noise}; {settle}. "
+        "Verdict: inconclusive."
+    )
+    return frame.verdict("inconclusive", chosen, text, resolve=resolve, answer=answer)
+
+
+def _noise_not_measured(
+    frame: _Frame,
+    chosen: str,
+    *,
+    improves: str,
+    seconds: Mapping[str, float | None],
+    lot: Mapping[str, float] | None,
+) -> Verdict:
+    """Inconclusive: the chosen variant's interval clears the min gain, but over one seed a
+    side (or no interval at all), so training noise is not in it: a reseeded control could do
+    as well. Proposes seeds, priced; never more examples alone."""
+    rule, table = frame.rule, frame.table
+    sel, rep, mg = rule.select_split, rule.report_split, say_exact(rule.min_gain)
+    entry = table[chosen][rep]
+    resolve = seeds_to_measure_noise(rule, chosen, entry=entry, seconds=seconds, lot=lot)
+    if entry.get("gain_ci95") is None:
+        missing = missing_interval(rule, entry)
+        resolve = {**resolve, "missing": missing["missing"], "why": missing["why"]}
+        resolve["text"] += f" {missing['text']}"
+    picked = f"'{chosen}' is best on {sel} ({ci_text(table[chosen][sel], rule)})"
+    text = (
+        f"Inconclusive: {picked}; on {rep} its {ci_text(entry, rule)} clears the min gain {mg}, "
+        f"but {NOISE_NOT_MEASURED}, so it is not adopted. {resolve['text']} {frame.ending}"
+    )
+    answer = (
+        f"Not yet: {improves}, but {NOISE_NOT_MEASURED}; {resolve['settle']}. "
         "Verdict: inconclusive."
     )
     return frame.verdict("inconclusive", chosen, text, resolve=resolve, answer=answer)

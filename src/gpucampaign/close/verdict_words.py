@@ -106,3 +106,74 @@ def stop_text(run: str, stops: Iterable[Mapping[str, Any]]) -> str:
         f"{s.get('reason', '')}"
         for s in found
     )
+
+
+#: How a tie on the selection split is broken, as the verdict states it.
+TIE_RULE = "the cheaper run by measured training time, then the first in the spec"
+
+
+def tie_text(
+    rule: DecisionRule,
+    chosen: str,
+    tied: Sequence[str],
+    *,
+    table: Mapping[str, Any],
+    train_s: Mapping[str, float | None],
+) -> str:
+    """The tie on the selection split and how it was broken (empty without a tie)."""
+    if not tied:
+        return ""
+    sel = rule.select_split
+    value = say_value(table[chosen][sel]["value"], rule)
+
+    def took(name: str) -> str:
+        t = train_s.get(name)
+        return f"'{name}' {'not measured' if t is None else f'{t:.3g} s'}"
+
+    return (
+        f" Tie on {sel}: {', '.join(repr(n) for n in tied)} all reach {value}; broken by the "
+        f"stated rule ({TIE_RULE}): '{chosen}' (training time {', '.join(map(took, tied))})."
+    )
+
+
+def listing(
+    rule: DecisionRule,
+    *,
+    control: Any,
+    table: Mapping[str, Any],
+    status: Mapping[str, str],
+    notes: Mapping[str, str] | None = None,
+) -> str:
+    """Every value, gain and interval on both splits, the control first (``control``: its
+    ``verdict.RunEvidence``)."""
+    sel, rep = rule.select_split, rule.report_split
+    notes = notes or {}
+    parts = [
+        f"control {sel} {say_metric(control.values.get(sel), rule, status=control.status)}, "
+        f"{rep} {say_metric(control.values.get(rep), rule, status=control.status)}"
+        + (f" ({control.note})" if control.note else "")
+    ]
+    for name, row in table.items():
+        st = status.get(name, "stopped")
+        if row[sel]["value"] is None and row[rep]["value"] is None:
+            parts.append(f"{name} {say_metric(None, rule, status=st)}")
+            continue
+        parts.append(
+            f"{name} {sel} {say_metric(row[sel]['value'], rule, status=st)} "
+            f"({ci_text(row[sel], rule)}), "
+            f"{rep} {say_metric(row[rep]['value'], rule, status=st)} ({ci_text(row[rep], rule)})"
+            + (f" ({notes[name]})" if notes.get(name) else "")
+        )
+    return "; ".join(parts)
+
+
+def disagreement(chosen: str | None, on_report: str | None, *, sel: str, rep: str) -> str:
+    if chosen == on_report:
+        return ""
+    picked = f"'{chosen}'" if chosen else "no variant"
+    other = f"'{on_report}'" if on_report else "no variant"
+    return (
+        f" The {rep} split disagrees with the choice made on {sel}: on {rep} {other} would be "
+        f"chosen, on {sel} {picked}; the verdict follows {sel} (choosing on {rep} would make "
+        f"the reported gain optimistic)."
+    )

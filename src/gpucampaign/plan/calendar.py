@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.gcpause import without_gc_pauses
+from gpucampaign.plan.evidence import evidence_lines, seed_evidence
 from gpucampaign.plan.options import Option, options_for
 from gpucampaign.plan.planner import Context, reduce_drops
 from gpucampaign.plan.rental import RETRIEVAL_WORDS, Rental, deadline_warnings, rental_of
@@ -122,6 +123,7 @@ class Plan:
     dropped: tuple[str, ...] = ()
     hours_override: tuple[tuple[str, float], ...] = field(default=())
     rental: Rental | None = None
+    evidence: dict[str, Any] | None = None  # plan.evidence.seed_evidence: what the rule needs
 
     @property
     def fits(self) -> bool:
@@ -170,6 +172,7 @@ class Plan:
             "starts_at": self.rental.to_dict()["starts_at"] if self.rental else None,
             "ends_at": self.rental.to_dict()["ends_at"] if self.rental else None,
             "rental": self.rental.to_dict() if self.rental else None,
+            "evidence": self.evidence,
         }
 
 
@@ -215,12 +218,14 @@ def plan(
     rental = rental_of(spec)
     warnings += _deadline(spec, rental, ctx=ctx, kept=kept, steps=sched.steps)
     hours, kinds, resources = ctx.hours, ctx.kinds, ctx.resources
+    gpu_hours = sum(hours[i] for i in kept if resources[i] == "gpu")
+    spare = ctx.gpu_lanes * ctx.window - gpu_hours
     return Plan(
         name=spec.name,
         window_hours=ctx.window,
         span_hours=sched.span,
         machine_hours=sum(hours[i] for i in kept if kinds[i] == "machine"),
-        gpu_hours=sum(hours[i] for i in kept if resources[i] == "gpu"),
+        gpu_hours=gpu_hours,
         human_hours=sum(hours[i] for i in kept if kinds[i] == "human"),
         total_price_usd=ctx.price,
         gpu_lanes=ctx.gpu_lanes,
@@ -233,6 +238,7 @@ def plan(
         dropped=tuple(n for n in ctx.names if n in dropped) if dropped else (),
         hours_override=tuple(sorted(ctx.overrides.items())),
         rental=rental,
+        evidence=seed_evidence(spec, steps=sched.steps, spare_gpu_hours=spare),
     )
 
 
@@ -407,6 +413,10 @@ def render_markdown(plan: Plan) -> str:
         lines += ["", "### Ablation", ""] + [
             f"- `{a.variant}` ({a.tier}): {', '.join(a.factors) or 'changes nothing'}"
             for a in plan.ablation
+        ]
+    if plan.evidence:
+        lines += ["", "### Evidence", ""] + [
+            f"- {line.removeprefix('evidence: ')}" for line in evidence_lines(plan.evidence)
         ]
     if plan.warnings:
         lines += ["", "### Warnings", ""] + [f"- {w}" for w in plan.warnings]

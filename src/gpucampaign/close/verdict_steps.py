@@ -1,0 +1,118 @@
+"""At which steps the verdict compares the runs, and which runs it may adopt.
+
+A run keeps its last model, so each run is compared at the step it stopped at: a finished run
+at its last step, an interrupted one at its last good model, a run stopped as futile at its
+stop. The verdict states those steps; when a run's selection-split metric peaked earlier than
+the step compared (a control that overfit), it says so and why it is not compared there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any, Protocol
+
+from gpucampaign.close.verdict_words import say_value, stops_of
+from gpucampaign.spec import DecisionRule
+
+
+class _Stepped(Protocol):
+    @property
+    def step(self) -> int | None: ...
+    @property
+    def planned(self) -> int | None: ...
+    @property
+    def peak(self) -> tuple[int, float] | None: ...
+    @property
+    def futile(self) -> int | None: ...
+
+
+def barred(evidence: Mapping[str, _Stepped]) -> dict[str, str]:
+    """The variants the verdict never adopts, and why: a run stopped as futile (its scores
+    are those of an unfinished run, not a finished run's)."""
+    return {
+        name: f"stopped as futile at step {e.futile}{_of(e)}: never adopted, not a finished run"
+        for name, e in evidence.items()
+        if e.futile is not None
+    }
+
+
+def _of(e: _Stepped) -> str:
+    return f" of {e.planned}" if e.planned else ""
+
+
+def steps_compared(
+    rule: DecisionRule, *, runs: Mapping[str, _Stepped]
+) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The sentence naming the step each run is compared at (empty when no step is known),
+    and the numbers: ``{run: {step, planned, peak_step, peak_value, futile}}``."""
+    numbers: dict[str, dict[str, Any]] = {}
+    parts = []
+    for name, e in runs.items():
+        if e.step is None:
+            continue
+        numbers[name] = {
+            "step": e.step,
+            "planned": e.planned,
+            "peak_step": e.peak[0] if e.peak else None,
+            "peak_value": e.peak[1] if e.peak else None,
+            "futile": e.futile,
+        }
+        said = f"'{name}' at step {e.step}{_of(e)}"
+        if e.futile is not None:
+            said += " (stopped as futile there)"
+        if e.peak is not None and e.peak[0] != e.step:
+            said += (
+                f" (its best {rule.select_split} {rule.metric}, {say_value(e.peak[1], rule)}, "
+                f"was at step {e.peak[0]}; a run keeps only its last model, so it is compared "
+                f"at step {e.step})"
+            )
+        parts.append(said)
+    if not parts:
+        return "", numbers
+    return f" Steps compared: {', '.join(parts)}.", numbers
+
+
+def refuse_rejected(verdict: Any, *, rejected: Mapping[str, str]) -> Any:
+    """The verdict, never adopting a run whose model is a rejected delivery (``rejected``: the
+    reason per run name): such a verdict becomes inconclusive and says why, so no run is both
+    rejected and adopted."""
+    run = verdict.run
+    if verdict.kind != "adopt" or run not in rejected:
+        return verdict
+    why = f"its model is a rejected delivery ({rejected[run]}), so it is not adopted"
+    return replace(
+        verdict,
+        kind="inconclusive",
+        text=f"Inconclusive: '{run}' clears the rule, but {why}. {verdict.text}",
+        answer=f"Not yet: '{run}' clears the rule, but {why}. Verdict: inconclusive.",
+        numbers={**verdict.numbers, "rejected_delivery": {"run": run, "reason": rejected[run]}},
+    )
+
+
+def futile_settled(
+    rule: DecisionRule, never: Mapping[str, str], *, stops: Iterable[Mapping[str, Any]]
+) -> dict[str, bool]:
+    """Per variant stopped as futile, whether the rule's own interval said so at the stop:
+    the stop record's numbers hold an interval (signed so that positive is better) whose upper
+    end is under the min gain, or not above 0. A stop without those numbers settles nothing."""
+    out = {}
+    for name in never:
+        settled = False
+        for s in stops_of(name, stops):
+            ci = (s.get("numbers") or {}).get("gain_ci95")
+            if s.get("rule") == "futile" and isinstance(ci, list | tuple) and len(ci) == 2:
+                settled = settled or ci[1] < rule.min_gain or ci[1] <= 0
+        out[name] = settled
+    return out
+
+
+def futile_words(settled: Mapping[str, bool], runs: Mapping[str, _Stepped]) -> tuple[str, str]:
+    """``(clause, unsettled)``: the clause that says which variants were stopped as futile
+    (empty without one), and the names of those whose stop did not show they cannot win."""
+    if not settled:
+        return "", ""
+    said = ", ".join(f"'{n}' at step {runs[n].futile}" for n in settled)
+    open_ = [n for n, ok in settled.items() if not ok]
+    how = "its interval at the stop under the min gain" if not open_ else "not finished runs"
+    return f"; stopped as futile: {said} ({how})", ", ".join(repr(n) for n in open_)

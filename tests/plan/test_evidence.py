@@ -1,0 +1,78 @@
+"""`campaign plan` states the evidence the decision rule needs: the seeds of each compared run,
+the GPU time they take (forecast, then re-forecast from the pilot), whether they fit the lot,
+and the smallest gain the campaign can detect at that budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gpucampaign.cli import app
+from gpucampaign.plan import calendar
+from gpucampaign.plan.evidence import PROPOSED_SEEDS, detectable_gain_sd
+from gpucampaign.spec import parse_spec
+
+DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits" / "campaign.yaml"
+# The demo's GPU hours a seed: control, lr-high and bf16 0.25 h, short 0.1 h.
+ONE_SEED_EXTRA = (PROPOSED_SEEDS - 1) * (0.25 + 0.25 + 0.25 + 0.1)
+
+
+def _digits(**changes: Any) -> Any:
+    data = yaml.safe_load(DIGITS.read_text())
+    for run, seeds in changes.get("seeds", {}).items():
+        if run == "control":
+            data["control"]["seeds"] = seeds
+        else:
+            next(v for v in data["variants"] if v["name"] == run)["seeds"] = seeds
+    return parse_spec(data)
+
+
+def test_a_one_seed_campaign_is_told_it_cannot_adopt_and_what_seeds_cost():
+    ev = calendar.plan(_digits()).evidence
+    assert ev is not None
+    assert {n: r["seeds"] for n, r in ev["runs"].items()} == {
+        "control": 1,
+        "lr-high": 1,
+        "bf16": 1,
+        "short": 1,
+    }
+    assert ev["runs"]["short"]["hours"] == 0.1
+    assert (ev["measured"], ev["proposed"]) == (False, 3)
+    assert ev["extra_gpu_hours"] == pytest.approx(ONE_SEED_EXTRA)
+    assert ev["fits"] and ev["spare_gpu_hours"] == pytest.approx(72 - 1.05)
+    assert ev["detectable_gain_sd"] == detectable_gain_sd(3) == pytest.approx(4.379, abs=1e-3)
+
+
+def test_the_re_forecast_after_the_pilot_restates_the_seeds_time_and_whether_they_fit():
+    # The pilot measured the control at 30 h (the plan said 0.25 h): its two more seeds take
+    # 60 h, which no longer fits the lot's spare GPU hours.
+    ev = calendar.plan(_digits(), hours_override={"train-control": 30.0}).evidence
+    assert ev is not None and ev["runs"]["control"]["hours"] == 30.0
+    assert ev["extra_gpu_hours"] == pytest.approx(ONE_SEED_EXTRA - 0.5 + 60)
+    assert not ev["fits"]
+
+
+def test_seeds_on_every_compared_run_measure_training_noise():
+    seeds = {r: [0, 1, 2, 3, 4] for r in ("control", "lr-high", "bf16", "short")}
+    ev = calendar.plan(_digits(seeds=seeds)).evidence
+    assert ev is not None and ev["measured"] and ev["seeds"] == 5 and "proposed" not in ev
+    assert ev["detectable_gain_sd"] == pytest.approx(2.351, abs=1e-3)
+    # One run left with one seed is enough to leave the noise unmeasured.
+    del seeds["short"]
+    ev = calendar.plan(_digits(seeds=seeds)).evidence
+    assert ev is not None and not ev["measured"]
+    assert ev["extra_gpu_hours"] == pytest.approx((PROPOSED_SEEDS - 1) * 0.1)
+
+
+def test_campaign_plan_prints_the_evidence_lines():
+    result = CliRunner().invoke(app, ["plan", str(DIGITS)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "evidence: seeds per compared run: control 1 seed(s) (0.25 GPU h a seed)" in text
+    assert "one seed a side cannot measure training noise, so the verdict cannot adopt" in text
+    assert "with 3 seeds: 1.7 more GPU h, which fits the 70.95 spare GPU h of the lot" in text
+    assert "about 4.379 x the seed-to-seed standard deviation of the metric" in text
