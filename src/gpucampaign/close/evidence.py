@@ -17,6 +17,7 @@ from gpucampaign.close.budget import resolve_packages
 from gpucampaign.close.predictions import predictions_file, read_predictions
 from gpucampaign.close.scores import no_scores_reason, read_scores
 from gpucampaign.close.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
+from gpucampaign.core.stoprules import EARLY_RULES, Futile
 from gpucampaign.folder.layout import SCORES_ERROR_FILE, OutputFolder, run_file, scores_file
 from gpucampaign.folder.records import RunState, StopRecord
 from gpucampaign.plan.decision import Decision
@@ -74,6 +75,8 @@ def run_evidence(
             train_s=None
             if None in times or not times
             else round(sum(t for t in times if t is not None) / len(times), 6),
+            early_stop=next((e.early_stop for e in reps if e.early_stop), ""),
+            early_settled=all(e.early_settled for e in reps if e.early_stop),
         )
     return out
 
@@ -89,7 +92,10 @@ def _single_run_evidence(
         values: dict[str, float | None] = {}
         preds: dict[str, tuple[Any, ...]] = {}
         scores: dict[str, tuple[Any, ...]] = {}
-        measured = metric and s.result is not None and s.status in MEASURED
+        early = s.stop.rule if s.stop is not None and s.stop.rule in EARLY_RULES else ""
+        # A variant stopped early measured a model of fewer steps: never set against the
+        # finished control (its stop's numbers are its evidence, said with the verdict).
+        measured = metric and s.result is not None and s.status in MEASURED and not early
         # Classifier predictions are the built-in recipes' own rows; any recipe's per-example
         # scores are read where its score() wrote them.
         config = spec.run_config(s.run)
@@ -130,13 +136,36 @@ def _single_run_evidence(
             note=_evidence_note(s),
             no_interval=no_interval,
             train_s=None if train_s is None else float(train_s),
+            early_stop=early,
+            early_settled=bool(early) and early_settles(s.stop, rule=spec.decision_rule),
         )
     return out
 
 
+def early_settles(stop: StopRecord | None, *, rule: Any) -> bool:
+    """Whether an early stop's own numbers show that its variant cannot win: a ``futile``
+    stop whose interval at the stop is not a tie and whose optimistic end is below the min
+    gain (or not above 0); a ``not_learning`` stop (a run that does not learn is a finding)."""
+    if stop is None or rule is None:
+        return False
+    if stop.rule != Futile.rule:
+        return stop.rule in EARLY_RULES
+    n = stop.numbers or {}
+    ci = n.get("gain_ci95")
+    if n.get("tie") or not n.get("futile") or not isinstance(ci, list) or len(ci) != 2:
+        return False
+    hi = ci[1]
+    return isinstance(hi, int | float) and (hi < rule.min_gain or hi <= 0)
+
+
 def _evidence_note(state: RunState) -> str:
-    """What the verdict must say of a run's values: an interrupted run's are at step K."""
-    res = state.result
+    """What the verdict must say of a run's values: an interrupted run's are at step K; a
+    variant stopped early is named with its step."""
+    res, stop = state.result, state.stop
+    if stop is not None and stop.rule in EARLY_RULES and state.status == "stopped":
+        how = "as futile" if stop.rule == Futile.rule else "as not learning"
+        planned = f" of {res.planned_steps}" if res is not None else ""
+        return f"stopped {how} at step {stop.step}{planned}"
     if state.status != "interrupted" or res is None:
         return ""
     return f"interrupted: the model of step {res.steps_done} of {res.planned_steps}"

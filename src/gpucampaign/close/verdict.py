@@ -41,7 +41,11 @@ class RunEvidence:
     (an interrupted run's are those of its last good model, at that step). ``no_interval``
     says why a run that measured has no per-example rows for the metric (then its gains are
     point estimates). ``train_s``: one seed's measured training time (the sum of its step
-    times), which breaks a tie on the selection split and prices more seeds.
+    times), which breaks a tie on the selection split and prices more seeds. ``early_stop``
+    names the rule that stopped a variant before its last step (``futile``, ``not_learning``):
+    it then has no values (a model of fewer steps is never set against the finished control)
+    and ``note`` says at which step; ``early_settled`` says whether that stop's own numbers
+    show it cannot win (else a negative verdict is not complete).
     """
 
     values: Mapping[str, float | None] = field(default_factory=dict)
@@ -51,6 +55,8 @@ class RunEvidence:
     note: str = ""
     no_interval: str = ""
     train_s: float | None = None
+    early_stop: str = ""
+    early_settled: bool = False
 
 
 @dataclass(frozen=True)
@@ -256,7 +262,7 @@ def _listing(
     for name, row in table.items():
         st = status.get(name, "stopped")
         if row[sel]["value"] is None and row[rep]["value"] is None:
-            parts.append(f"{name} {say_metric(None, rule, status=st)}")
+            parts.append(f"{name} {notes.get(name) or say_metric(None, rule, status=st)}")
             continue
         parts.append(
             f"{name} {sel} {say_metric(row[sel]['value'], rule, status=st)} "
@@ -331,7 +337,8 @@ def decide_verdict(
         frame.base["numbers"]["tie"] = {"tied": tied, "chosen": chosen, "rule": TIE_RULE}
     if chosen is None:
         cut = [n for n, e in evidence.items() if e.status == "interrupted"]
-        return _negative(frame, control=ctrl, cut=cut)
+        unsettled = [n for n, e in evidence.items() if e.early_stop and not e.early_settled]
+        return _negative(frame, control=ctrl, cut=cut, unsettled=unsettled)
     seconds = {"control": ctrl.train_s, **times}
     return _confirm(frame, chosen, seconds=seconds, lot=lot)
 
@@ -440,10 +447,14 @@ def _disagreement(chosen: str | None, on_report: str | None, *, sel: str, rep: s
     )
 
 
-def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -> Verdict:
+def _negative(
+    frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = (), unsettled: Sequence[str] = ()
+) -> Verdict:
     """No variant clears the min gain on the selection split: a complete negative result,
     unless a variant was interrupted (``cut``): its values are those of an earlier step, so a
-    complete run might still clear the rule, and the result is inconclusive."""
+    complete run might still clear the rule, and the result is inconclusive; so too when a
+    variant was stopped early by a stop whose own interval does not show it cannot win
+    (``unsettled``)."""
     rule, sel = frame.rule, frame.rule.select_split
     thr, mg = say_exact(rule.threshold), say_exact(rule.min_gain)
     meeting = [
@@ -484,6 +495,17 @@ def _negative(frame: _Frame, *, control: RunEvidence, cut: Sequence[str] = ()) -
         if keeps
         else f"neither does the control ({say_value(c, rule)} on {sel})"
     )
+    if unsettled and not cut:
+        names = ", ".join(repr(n) for n in unsettled)
+        text = (
+            f"Inconclusive: {why}{also}; but {names} stopped early without an interval that "
+            f"shows it cannot win: a complete run might still clear the rule. {frame.ending}"
+        )
+        answer = (
+            f"Not yet: {short}{quote}, but {names} stopped early without an interval that "
+            "shows it cannot win. Verdict: inconclusive."
+        )
+        return frame.verdict("inconclusive", None, text, answer=answer)
     if cut:
         names = ", ".join(repr(n) for n in cut)
         text = (
