@@ -12,8 +12,9 @@ nothing to compare with, and the check waits for the next evaluation.
 The warm-up, so that an untrained model is never judged (Optuna's ``n_warmup_steps``, ASHA's
 ``grace_period``): no check before the grace (``stop_rules.grace``, a share of the variant's
 planned steps, and never in the pilot), and none until the control's mean on the split has
-moved from its first evaluation (until then no model has learned anything that a comparison
-could see: a network that still predicts one class ties every other). A tie never stops: when
+moved from its first record, the untrained model's at step 0 (until then no model has learned
+anything that a comparison could see: a network that still predicts one class ties every
+other). A tie never stops: when
 every per-example value of the variant equals the control's (to 1e-6 relative), the interval
 is ``[0, 0]`` and says nothing of what the variant will reach.
 
@@ -134,8 +135,9 @@ def control_scores_at(control_dir: Path, *, step: int) -> tuple[EvalScores | Non
 
 
 def control_moved(control_dir: Path, record: EvalScores) -> tuple[bool, str]:
-    """Whether the control's mean on the split at ``record`` moved from its first evaluation,
-    and why not (a model that has learned nothing visible yet: no comparison says anything)."""
+    """Whether the control's mean on the split at ``record`` moved from its first record (its
+    untrained model's, at step 0), and why not (a model that has learned nothing visible yet:
+    no comparison says anything)."""
     steps = _recorded_steps(control_dir)
     first = read_eval_scores(Path(control_dir) / eval_scores_file(steps[0])) if steps else record
     now, then = (round(float(np.mean(r.values)), 12) for r in (record, first))
@@ -143,7 +145,7 @@ def control_moved(control_dir: Path, record: EvalScores) -> tuple[bool, str]:
         return True, ""
     return False, (
         f"the control's {record.metric} on {record.split} at step {record.step} "
-        f"({say_number(now)}) has not moved from its first evaluation (step {first.step}): "
+        f"({say_number(now)}) has not moved from its first record (step {first.step}): "
         "no model has learned anything a comparison could see yet"
     )
 
@@ -305,6 +307,8 @@ class Futility(Hook):
     def on_start(self) -> None:
         if self.role == "off" and self.off:
             self._say(self.r, self.off)
+        if self.role == "record" and self.r.state.global_step == 0:
+            self.check(self.r)  # the untrained control: the value its metric moves from
 
     def after_eval(self, metrics: dict[str, float]) -> None:
         """Raises: Futile: The variant cannot win (``check``)."""
