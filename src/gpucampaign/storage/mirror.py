@@ -86,7 +86,7 @@ def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict
         "files": {rel: info for rel, info, _ in done},
     }
     store.write_bytes(MIRROR_INDEX, data=json_bytes(index))
-    manifest = index["files"].get(MANIFEST)
+    manifest = next((info for rel, info, _ in done if rel == MANIFEST), None)
     return {
         "url": store.url,
         "files": len(done),
