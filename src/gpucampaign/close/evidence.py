@@ -52,6 +52,9 @@ def run_evidence(
         reps = [e for run, e in single.items() if (spec.replicate_of(run) or (run,))[0] == base]
         if base not in single:
             continue
+        if any(e.early_stop for e in reps):
+            # A seed stopped early: the run is not judged on its other seeds alone.
+            reps = [replace(e, values={}, predictions={}, scores={}) for e in reps]
         values = {}
         for split in verdict_splits(spec):
             got = [v for e in reps if (v := e.values.get(split)) is not None]

@@ -307,7 +307,7 @@ class Futility(Hook):
     def on_start(self) -> None:
         if self.role == "off" and self.off:
             self._say(self.r, self.off)
-        if self.role == "record" and self.r.state.global_step == 0:
+        if self.role == "record" and self.r.state.global_step == 0 and self.r.dist.is_main:
             self.check(self.r)  # the untrained control: the value its metric moves from
 
     def after_eval(self, metrics: dict[str, float]) -> None:
