@@ -43,6 +43,7 @@ def rows(folder: OutputFolder, spec, run: str, kind: str = "not_learning") -> li
     return [r for r in read_metrics(path) if r["kind"] == kind]
 
 
+@pytest.mark.slow  # seconds of training
 def test_a_variant_that_cannot_learn_is_stopped_without_score_never_the_control(
     tmp_path: Path,
 ) -> None:

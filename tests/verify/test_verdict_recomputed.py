@@ -42,6 +42,7 @@ def verify(out: Path, *args: str) -> tuple[int, str]:
     return got.exit_code, " ".join(got.output.split())
 
 
+@pytest.mark.slow  # seconds of training
 def test_the_sealed_verdict_is_recomputed_and_verifies(copy: Path) -> None:
     report = verify_output(copy, reload=False)
     assert report.verified and report.problems == [], report.problems
