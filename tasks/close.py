@@ -123,9 +123,11 @@ def mirror(spec: CampaignSpec, *, out: str) -> dict[str, Any]:
         )
     elif not is_local(result["url"]):
         logger.info(
-            "output folder mirrored to %s: %s files (%s sent)",
+            "output folder mirrored to %s: %s files (%s sent); its manifest.json object keeps "
+            "the sha256 %s in its metadata",
             result["url"],
             result["files"],
             result["uploaded"],
+            result.get("manifest_sha256"),
         )
     return result

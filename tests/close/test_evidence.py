@@ -110,9 +110,8 @@ def test_the_verdict_follows_val_and_says_when_test_disagrees(tmp_path: Path):
         sha=sha,
         variants=[{"name": "idle", "changes": LEARNS_NOTHING}],
         rule={"threshold": 0.3, "min_gain": 0.05},
-        # A run stopped as futile is never chosen, on either split: this case needs 'idle' to
-        # finish so that test would choose it.
-        stop_rules={"futility": False},
+        # 'idle' trains to its end (neither stopped as futile nor as not learning): its gains.
+        stop_rules={"not_learning": False, "futility": False},
     )
     v = got["verdict"]
     assert v.kind == "negative" and v.run == "control"
@@ -128,6 +127,7 @@ def test_a_gain_below_min_gain_is_negative(tmp_path: Path):
         sha=sha,
         variants=[{"name": "seed1", "changes": {"seed": 1}}],
         rule={"threshold": 0.5, "min_gain": 0.2},
+        stop_rules={"futility": False},  # to its end: a futile variant has no final gain
     )
     v = got["verdict"]
     assert (v.kind, v.run) == ("negative", "control")
@@ -150,8 +150,7 @@ def test_an_unreachable_threshold_without_the_stop_is_negative_and_the_folder_ve
         sha=sha,
         variants=[{"name": "wide", "changes": {"hidden": [16]}}],
         rule={"threshold": 1.01, "min_gain": 0.0},
-        # 'wide' must finish: a variant stopped as futile is said apart, never quoted as the best.
-        stop_rules={"below_threshold": False, "futility": False},
+        stop_rules={"below_threshold": False, "futility": False},  # 'wide' to its end
     )
     v = got["verdict"]
     assert (v.kind, v.run) == ("negative", None)

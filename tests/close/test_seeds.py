@@ -212,6 +212,7 @@ def test_a_campaign_with_seeds_reports_them_and_which_dominates(tmp_path: Path):
         variants=[{"name": "wide", "changes": {"hidden": [16]}, "seeds": [0, 1, 2]}],
         rule={"threshold": 0.3, "min_gain": 0.05},
         control={**LEARNS, "seeds": [0, 1, 2]},
+        stop_rules={"futility": False},  # every seed to its end: a futile seed has no gain
     )
     spec, v = got["spec"], got["verdict"]
     assert spec.run_names() == ["control", "control.s1", "control.s2", "wide", "wide.s1", "wide.s2"]

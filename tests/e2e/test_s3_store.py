@@ -345,6 +345,12 @@ def test_a_campaign_on_s3_then_mirror_retrieve_verify(server, tmp_path):
     )
     keys = {o["Key"].removeprefix("campaigns/digits/") for o in listed["Contents"]}
     assert {"manifest.json", MIRROR_INDEX} | {f["path"] for f in manifest["files"]} <= keys
+    # The manifest's sha256, kept outside the folder: its object's metadata in the bucket.
+    head = client.head_object(Bucket=server.bucket, Key="campaigns/digits/manifest.json")
+    assert (
+        head["Metadata"]["sha256"]
+        == hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
+    )
 
     url = f"s3://{server.bucket}/campaigns/digits"
     back = tmp_path / "elsewhere" / "digits"

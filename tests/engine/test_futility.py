@@ -22,6 +22,7 @@ from gpucampaign.core.stoprules import EVIDENCE_RULES, Futile
 from gpucampaign.engine.futility import (
     EvalScores,
     cannot_win,
+    control_moved,
     control_scores_at,
     futility_check,
     read_eval_scores,
@@ -107,13 +108,27 @@ def test_minimize_signs_the_gain_so_that_lower_is_better() -> None:
     assert not better.futile and better.gain == pytest.approx(0.1)
 
 
-def test_a_tie_cannot_win_the_verdicts_rule_on_the_optimistic_end() -> None:
-    # A copy of the control gains nothing: the verdict never adopts it, so it is futile.
+def test_a_tie_never_stops_though_the_verdict_would_not_adopt_it() -> None:
+    # A copy of the control (an untrained network predicting one class, like the control's):
+    # the interval [0, 0] says nothing of what the variant will reach, so it is never futile;
+    # numerically equal values (a gpus: 1 twin, 4.5e-09 apart) are a tie too.
     base = correct(0.8, seed=1)
     same = futility_check(
         control_record(base), ids=IDS, values=base, step=10, direction="maximize", min_gain=0.0
     )
-    assert same is not None and same.ci95 == (0.0, 0.0) and same.futile
+    assert same is not None and same.ci95 == (0.0, 0.0) and same.tie and not same.futile
+    assert same.numbers()["tie"] is True
+    rng = np.random.default_rng(0)
+    mse = rng.uniform(0.2, 0.4, size=N)
+    twin = futility_check(
+        control_record(mse, metric="mse"),
+        ids=IDS,
+        values=mse + 4.5e-9,
+        step=10,
+        direction="minimize",
+        min_gain=0.0,
+    )
+    assert twin is not None and twin.tie and not twin.futile and twin.ci95[1] <= 0
     assert cannot_win(optimistic=0.005, min_gain=0.01)
     assert cannot_win(optimistic=0.0, min_gain=0.0)
     assert not cannot_win(optimistic=0.01, min_gain=0.01)
@@ -152,7 +167,7 @@ def test_examples_are_paired_by_id_in_any_order() -> None:
     assert check is not None and check.gain == 0.0 and check.n == N
 
 
-def test_the_control_record_at_the_same_step_else_its_last_once_it_ended(tmp_path: Path) -> None:
+def test_the_control_record_at_the_same_step_only(tmp_path: Path) -> None:
     for step in (10, 20):
         write_eval_scores(tmp_path, control_record(correct(0.5, seed=step), step=step))
     back = read_eval_scores(tmp_path / "evals" / "scores-000000020.npz")
@@ -161,9 +176,24 @@ def test_the_control_record_at_the_same_step_else_its_last_once_it_ended(tmp_pat
     # Still training (no result.json): nothing to compare step 30 with yet.
     got, why = control_scores_at(tmp_path, step=30)
     assert got is None and "no evaluation at step 30 yet" in why
+    # Its training ended before step 30: a 20-step model is never set against a 30-step one.
     (tmp_path / RESULT_FILE).write_text("{}")
     got, why = control_scores_at(tmp_path, step=30)
-    assert got is not None and got.step == 20 and "last evaluation (step 20)" in why
+    assert got is None and "only at unequal steps" in why
+    got, why = control_scores_at(tmp_path, step=15)
+    assert got is None and "only at unequal steps" in why
+
+
+def test_no_check_until_the_control_moved_from_its_first_evaluation(tmp_path: Path) -> None:
+    one_class = correct(0.1, seed=0)
+    for step in (10, 20):
+        write_eval_scores(tmp_path, control_record(one_class, step=step))
+    write_eval_scores(tmp_path, control_record(correct(0.6, seed=3), step=30))
+    first, at20, at30 = (read_eval_scores(p) for p in sorted((tmp_path / "evals").iterdir()))
+    assert control_moved(tmp_path, first) == (False, control_moved(tmp_path, first)[1])
+    moved, why = control_moved(tmp_path, at20)
+    assert not moved and "has not moved from its first record (step 10)" in why
+    assert control_moved(tmp_path, at30) == (True, "")
 
 
 def test_a_futile_stop_is_evidence_and_pickles_with_its_numbers() -> None:
@@ -206,12 +236,14 @@ def test_a_variant_that_cannot_win_stops_early_with_its_model_kept(
     control = run(spec, tmp_path)
     assert control.completed and control.steps_done == 40
     kept = sorted(p.name for p in (run_dir(spec, tmp_path) / "evals").iterdir())
-    assert kept == [f"scores-{s:09d}.npz" for s in (10, 20, 30, 40)]
+    # From step 0 (the untrained model: where its metric moves from) to its last step.
+    assert kept == [f"scores-{s:09d}.npz" for s in (0, 10, 20, 30, 40)]
 
     with pytest.raises(Futile) as info:
         run(spec, tmp_path, name="narrow")
     stop = info.value
-    # The first evaluation after the pilot (5 steps): step 10 of 40, 30 steps never trained.
+    # At the end of the grace (a quarter of 40 steps), the control having moved from its
+    # untrained value: step 10 of 40, against the control at step 10; 30 steps never trained.
     assert stop.step == 10 and stop.run_id == spec.resolve_run("narrow").run_id
     n = stop.numbers
     assert (n["control_step"], n["planned_steps"], n["steps_saved"]) == (10, 40, 30)
@@ -277,9 +309,10 @@ def test_the_control_is_never_stopped_as_futile(
 
 
 # --- a user's recipe: minimize, and without score() -------------------------------------------
-def user_regression(base: Path, *, score: bool) -> tuple[Any, Any, Any]:
+def user_regression(base: Path, *, score: bool, not_learning: bool = False) -> tuple[Any, Any, Any]:
     """A user's regression recipe (mse, minimize) written in ``base``: the control learns
-    (lr 0.05), the variant 'frozen' learns nothing (lr 1e-9). Returns (spec, folder, corpus)."""
+    (lr 0.05), the variant 'frozen' learns nothing (lr 1e-9); the not-learning rule is off
+    unless asked. Returns (spec, folder, corpus)."""
     import textwrap
     import uuid
 
@@ -309,7 +342,7 @@ def user_regression(base: Path, *, score: bool) -> tuple[Any, Any, Any]:
         },
         "variants": [{"name": "frozen", "changes": {"lr": 1e-9}}],
         "decision_rule": {"metric": "mse", "direction": "minimize", "threshold": 10.0},
-        "stop_rules": {"require_restart": False},
+        "stop_rules": {"require_restart": False, "not_learning": not_learning},
         "pilot": {"steps": 2},
         "calendar": [{"name": "prep", "kind": "human", "hours": 1}],
     }

@@ -94,7 +94,7 @@ def test_a_variant_that_cannot_win_stops_early_and_frees_its_lane(prefect_harnes
     assert pilot_steps + entry["segment"]["steps"] + entry["steps_saved"] == planned
     assert (entry["segment"]["end"], entry["next"]["run"]) == (narrow["end"], "lr-high")
     md = (out / "report.md").read_text()
-    assert "GPU time saved by futility stops:" in md and "'narrow' stopped at step" in md
+    assert "GPU time saved by early stops:" in md and "'narrow' stopped at step" in md
 
     # The stopped variant still has its predictions and its reload check.
     rid = stop["run_id"]

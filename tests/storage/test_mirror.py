@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -24,6 +25,8 @@ def test_mirror_then_retrieve(tmp_path):
     store = LocalStore(tmp_path / "bucket")
     first = mirror_folder(out, store=store)
     assert first["files"] == first["uploaded"] == 2
+    # The manifest's sha256 is kept by the store with its copy (an S3 object's metadata).
+    assert first["manifest_sha256"] == hashlib.sha256(b'{"files": []}\n').hexdigest()
     index = json.loads(store.read_bytes(MIRROR_INDEX))
     assert sorted(index["files"]) == ["manifest.json", "runs/r1/params.json"]  # no temp file
     assert mirror_folder(out, store=store)["uploaded"] == 0

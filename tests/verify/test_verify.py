@@ -97,7 +97,8 @@ def test_missing_run_id(out: Path, closed: dict):
     shutil.rmtree(_run_dir(out, closed, "wide"))
     reseal(out)
     report = verify_output(out, reload=False)
-    assert report.codes() == {"missing_run"}
+    # Its evidence gone, the sealed verdict no longer follows from the folder either.
+    assert report.codes() == {"missing_run", "verdict_mismatch"}
     assert closed["run_ids"]["wide"] in report.problems[0].path
 
 

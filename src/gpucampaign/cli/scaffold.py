@@ -76,6 +76,8 @@ stop_rules:
   below_threshold: true
   require_restart: true
   futility: true  # stop a variant that cannot win at an evaluation (README)
+  not_learning: true  # stop a variant whose training loss does not fall (README)
+  grace: 0.25  # neither stops a run in its first quarter of steps
 
 pilot:
   steps: 20

@@ -319,6 +319,32 @@ def runs_table(
     ]
 
 
+def folder_verdict(
+    spec: CampaignSpec,
+    *,
+    root: str | Path,
+    catalog: Any = None,
+    run_ids: Mapping[str, str] | None = None,
+) -> tuple[dict[str, RunState], Verdict]:
+    """The run states and the verdict of an output folder, from its records alone: the
+    decisions, the stops, each run's result, predictions and per-example scores. The close
+    and ``campaign verify`` (which recomputes the sealed verdict) both call it.
+
+    Args:
+        spec: the campaign.
+        root: its output folder.
+        catalog: the ``tariffs.Catalog`` the lots are priced with (more evidence's price).
+        run_ids: the run IDs by run name as the manifest records them (else resolved).
+    """
+    decision = decision_after_pilot(read_decisions(root))
+    states = run_states(spec, root=root, decision=decision, run_ids=run_ids)
+    evidence = run_evidence(spec, root=root, states=states)
+    verdict = closing_verdict(
+        spec, evidence=evidence, stops=read_stops(root), decision=decision, catalog=catalog
+    )
+    return states, verdict
+
+
 def close_runs(
     spec: CampaignSpec,
     *,
@@ -337,15 +363,10 @@ def close_runs(
         analyses: ``error_analysis.error_analysis`` results per run name.
     """
     decisions = read_decisions(root)
-    decision = decision_after_pilot(decisions)
     stops = read_stops(root)
-    states = run_states(spec, root=root, decision=decision)
+    states, verdict = folder_verdict(spec, root=root, catalog=catalog)
     metric_of = run_metrics(
         states, metric=spec.decision_rule.metric if spec.decision_rule else None
-    )
-    evidence = run_evidence(spec, root=root, states=states)
-    verdict = closing_verdict(
-        spec, evidence=evidence, stops=stops, decision=decision, catalog=catalog
     )
     corpus = load_spec_corpus(spec, base_dir=base_dir) if spec.corpus else None
     deliveries = [delivery(root, s, corpus=corpus) for s in states.values()]

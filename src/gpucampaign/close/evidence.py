@@ -17,6 +17,7 @@ from gpucampaign.close.budget import resolve_packages
 from gpucampaign.close.predictions import predictions_file, read_predictions
 from gpucampaign.close.scores import no_scores_reason, read_scores
 from gpucampaign.close.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
+from gpucampaign.core.stoprules import EARLY_RULES
 from gpucampaign.folder.layout import (
     METRICS_FILE,
     SCORES_ERROR_FILE,
@@ -58,6 +59,9 @@ def run_evidence(
         reps = [e for run, e in single.items() if (spec.replicate_of(run) or (run,))[0] == base]
         if base not in single:
             continue
+        if any(e.futile is not None for e in reps):
+            # A seed stopped early: the run is not judged on its other seeds alone.
+            reps = [replace(e, values={}, predictions={}, scores={}) for e in reps]
         values = {}
         for split in verdict_splits(spec):
             got = [v for e in reps if (v := e.values.get(split)) is not None]
@@ -85,6 +89,7 @@ def run_evidence(
             planned=single[base].planned,
             peak=single[base].peak,
             futile=single[base].futile,
+            early_rule=next((e.early_rule for e in reps if e.early_rule), ""),
         )
     return out
 
@@ -100,7 +105,11 @@ def _single_run_evidence(
         values: dict[str, float | None] = {}
         preds: dict[str, tuple[Any, ...]] = {}
         scores: dict[str, tuple[Any, ...]] = {}
-        measured = metric and s.result is not None and s.status in MEASURED
+        stop = s.stop if s.status == "stopped" else None
+        early = stop.rule if stop is not None and stop.rule in EARLY_RULES else ""
+        # A variant stopped early measured a model of fewer steps: never set against the
+        # finished control (its stop's numbers are its evidence, said with the verdict).
+        measured = metric and s.result is not None and s.status in MEASURED and not early
         # Classifier predictions are the built-in recipes' own rows; any recipe's per-example
         # scores are read where its score() wrote them.
         config = spec.run_config(s.run)
@@ -134,12 +143,12 @@ def _single_run_evidence(
             )
         train_s = (s.result.timings or {}).get("steps_s_sum") if s.result is not None else None
         res = s.result if measured else None
-        stop = s.stop if s.status == "stopped" else None
         out[s.run] = RunEvidence(
             step=res.steps_done if res is not None else None,
             planned=res.planned_steps if res is not None else None,
             peak=_peak(spec, folder.path(run_file(rid, METRICS_FILE))) if res is not None else None,
-            futile=stop.step if stop is not None and stop.rule == "futile" else None,
+            futile=stop.step if stop is not None and early else None,
+            early_rule=early,
             values=values,
             predictions=preds,
             scores=scores,
@@ -170,7 +179,8 @@ def _peak(spec: CampaignSpec, metrics: Path) -> tuple[int, float] | None:
 
 
 def _evidence_note(state: RunState) -> str:
-    """What the verdict must say of a run's values: an interrupted run's are at step K."""
+    """What the verdict must say of a run's values: an interrupted run's are at step K (a
+    variant stopped early is said by ``verdict_steps.barred``)."""
     res = state.result
     if state.status != "interrupted" or res is None:
         return ""

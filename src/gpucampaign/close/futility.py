@@ -1,7 +1,8 @@
-"""What the futility stops saved: the GPU time of the steps the stopped variants did not train.
+"""What the early stops saved: the GPU time of the steps the stopped variants did not train.
 
-A ``futile`` stop (``engine/futility.py``) ends a variant at an evaluation when it cannot win.
-The time it saved is its planned steps minus the steps it did, times its measured step time
+A ``futile`` stop (``engine/futility.py``) ends a variant at an evaluation when it cannot win,
+a ``not_learning`` stop (``engine/rules.py``) one whose training loss is not below its start.
+The time each saved is its planned steps minus the steps it did, times its measured step time
 (the median of that training call's steps, kept with the stop's numbers). The timeline agrees:
 the variant's training segment ends at the stop with the steps it trained, and the next GPU
 segment (the next run in the queue) starts after it. The report states it in one line.
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import parse_time
-from gpucampaign.core.stoprules import Futile
+from gpucampaign.core.stoprules import EARLY_RULES, Futile
 from gpucampaign.core.text import say_duration
 from gpucampaign.engine.futility import saved_seconds
 from gpucampaign.folder.records import StopRecord, TimelineRow, read_result
@@ -34,8 +35,9 @@ def futile_segment(root: str | Path, stop: Futile) -> tuple[int | None, str]:
     steps = None if res is None else res.steps_done - (res.resumed_from_step or 0)
     planned = stop.numbers.get("planned_steps")
     left = stop.numbers.get("steps_saved")
+    how = "as futile" if stop.rule == Futile.rule else f"by {stop.rule}"
     note = (
-        f"{stop.run_id}: stopped as futile at step {stop.step} of {planned}; {left} step(s) "
+        f"{stop.run_id}: stopped {how} at step {stop.step} of {planned}; {left} step(s) "
         "not trained, the GPU lane goes to the next run"
     )
     return steps, note
@@ -45,7 +47,7 @@ def _ended_by(row: TimelineRow, run: str | None) -> bool:
     return (
         row.phase == "train"
         and row.run == run
-        and (row.outcome or "").startswith(f"failed: {Futile.rule}:")
+        and (row.outcome or "").startswith(tuple(f"failed: {r}:" for r in EARLY_RULES))
     )
 
 
@@ -66,16 +68,17 @@ def _next_gpu_segment(timeline: Sequence[TimelineRow], after: TimelineRow) -> Ti
 def futility_savings(
     root: str | Path, *, stops: Iterable[StopRecord], timeline: Sequence[TimelineRow]
 ) -> dict[str, Any]:
-    """The GPU time saved by the futility stops, run by run, with their timeline segments.
+    """The GPU time saved by the early stops (``futile``, ``not_learning``), run by run, with
+    their timeline segments.
 
     Returns:
-        ``{runs: [{run, run_id, stop_id, step, planned_steps, steps_saved, step_s, saved_s,
+        ``{runs: [{run, run_id, stop_id, rule, step, planned_steps, steps_saved, step_s, saved_s,
         segment: {start, end, steps}, next: {run, phase, start}}], saved_s}``; ``saved_s`` is
         None when no futile stop has a measured step time (and the list is empty without one).
     """
     runs = []
     for s in stops:
-        if s.rule != Futile.rule:
+        if s.rule not in EARLY_RULES:
             continue
         res = read_result(root, s.run_id)
         numbers = dict(s.numbers or ((res.stop or {}).get("numbers") if res else None) or {})
@@ -90,6 +93,7 @@ def futility_savings(
                 "run": s.run,
                 "run_id": s.run_id,
                 "stop_id": s.stop_id,
+                "rule": s.rule,
                 "step": done,
                 "planned_steps": planned,
                 "steps_saved": numbers.get("steps_saved"),
@@ -112,7 +116,7 @@ def futility_savings(
 
 
 def render_futility_md(futility: Mapping[str, Any] | None) -> list[str]:
-    """The report's one line on the GPU time the futility stops saved (nothing without one)."""
+    """The report's one line on the GPU time the early stops saved (nothing without one)."""
     runs = (futility or {}).get("runs") or []
     if not runs:
         return []
@@ -126,9 +130,10 @@ def render_futility_md(futility: Mapping[str, Any] | None) -> list[str]:
             if r.get("next") and r["next"].get("run")
             else ""
         )
+        how = "as not learning " if r.get("rule") == "not_learning" else ""
         parts.append(
-            f"'{r['run']}' stopped at step {r['step']} of {r['planned_steps']} "
+            f"'{r['run']}' stopped {how}at step {r['step']} of {r['planned_steps']} "
             f"({r['steps_saved']} steps x {per}{lane})"
         )
     shown = "not measured" if total is None else say_duration(total / 3600.0)
-    return [f"GPU time saved by futility stops: {shown}: " + "; ".join(parts) + ".", ""]
+    return [f"GPU time saved by early stops: {shown}: " + "; ".join(parts) + ".", ""]

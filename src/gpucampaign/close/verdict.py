@@ -54,8 +54,9 @@ class RunEvidence:
     ``planned`` are the step of the model compared and the run's planned steps; ``peak`` is
     the step and value of its best evaluation on the selection split (a run keeps only its
     last model, so a run that peaked earlier is compared at its last step, and the verdict
-    says so); ``futile`` is the step at which the futility rule stopped it (never adopted:
-    its scores are those of an unfinished run).
+    says so); ``futile`` is the step at which an early stop rule (``early_rule``: ``futile``
+    or ``not_learning``) stopped it: it then has no values (a model of fewer steps is never set
+    against the finished control) and is never adopted.
     """
 
     values: Mapping[str, float | None] = field(default_factory=dict)
@@ -69,6 +70,7 @@ class RunEvidence:
     planned: int | None = None
     peak: tuple[int, float] | None = None
     futile: int | None = None
+    early_rule: str = ""
 
 
 @dataclass(frozen=True)

@@ -25,16 +25,22 @@ class _Stepped(Protocol):
     def peak(self) -> tuple[int, float] | None: ...
     @property
     def futile(self) -> int | None: ...
+    @property
+    def early_rule(self) -> str: ...
 
 
 def barred(evidence: Mapping[str, _Stepped]) -> dict[str, str]:
-    """The variants the verdict never adopts, and why: a run stopped as futile (its scores
-    are those of an unfinished run, not a finished run's)."""
+    """The variants the verdict never adopts, and why: a run stopped early, as futile or as
+    not learning (its model is an unfinished run's, not a finished run's)."""
     return {
-        name: f"stopped as futile at step {e.futile}{_of(e)}: never adopted, not a finished run"
+        name: f"stopped {_as(e)} at step {e.futile}{_of(e)}: never adopted, not a finished run"
         for name, e in evidence.items()
         if e.futile is not None
     }
+
+
+def _as(e: _Stepped) -> str:
+    return "as not learning" if e.early_rule == "not_learning" else "as futile"
 
 
 def _of(e: _Stepped) -> str:
@@ -60,7 +66,7 @@ def steps_compared(
         }
         said = f"'{name}' at step {e.step}{_of(e)}"
         if e.futile is not None:
-            said += " (stopped as futile there)"
+            said += f" (stopped {_as(e)} there)"
         if e.peak is not None and e.peak[0] != e.step:
             said += (
                 f" (its best {rule.select_split} {rule.metric}, {say_value(e.peak[1], rule)}, "
@@ -93,26 +99,30 @@ def refuse_rejected(verdict: Any, *, rejected: Mapping[str, str]) -> Any:
 def futile_settled(
     rule: DecisionRule, never: Mapping[str, str], *, stops: Iterable[Mapping[str, Any]]
 ) -> dict[str, bool]:
-    """Per variant stopped as futile, whether the rule's own interval said so at the stop:
-    the stop record's numbers hold an interval (signed so that positive is better) whose upper
-    end is under the min gain, or not above 0. A stop without those numbers settles nothing."""
+    """Per variant stopped early, whether its stop shows it cannot win: a futility stop whose
+    own interval at the stop (signed so that positive is better) is not a tie and has its upper
+    end under the min gain, or not above 0; a ``not_learning`` stop (a run that does not learn
+    is a finding). A futility stop without those numbers settles nothing."""
     out = {}
     for name in never:
         settled = False
         for s in stops_of(name, stops):
-            ci = (s.get("numbers") or {}).get("gain_ci95")
-            if s.get("rule") == "futile" and isinstance(ci, list | tuple) and len(ci) == 2:
-                settled = settled or ci[1] < rule.min_gain or ci[1] <= 0
+            n = s.get("numbers") or {}
+            ci = n.get("gain_ci95")
+            if s.get("rule") == "not_learning":
+                settled = True
+            elif s.get("rule") == "futile" and isinstance(ci, list | tuple) and len(ci) == 2:
+                settled = settled or (not n.get("tie") and (ci[1] < rule.min_gain or ci[1] <= 0))
         out[name] = settled
     return out
 
 
 def futile_words(settled: Mapping[str, bool], runs: Mapping[str, _Stepped]) -> tuple[str, str]:
-    """``(clause, unsettled)``: the clause that says which variants were stopped as futile
+    """``(clause, unsettled)``: the clause that says which variants were stopped early
     (empty without one), and the names of those whose stop did not show they cannot win."""
     if not settled:
         return "", ""
-    said = ", ".join(f"'{n}' at step {runs[n].futile}" for n in settled)
+    said = ", ".join(f"'{n}' {_as(runs[n])} at step {runs[n].futile}" for n in settled)
     open_ = [n for n, ok in settled.items() if not ok]
-    how = "its interval at the stop under the min gain" if not open_ else "not finished runs"
-    return f"; stopped as futile: {said} ({how})", ", ".join(repr(n) for n in open_)
+    how = "each stop shows it cannot win" if not open_ else "not finished runs"
+    return f"; stopped early: {said} ({how})", ", ".join(repr(n) for n in open_)

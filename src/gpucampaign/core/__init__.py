@@ -9,6 +9,7 @@ from gpucampaign.core.stoprules import (
     IncompleteRun,
     InterruptedRun,
     NonFiniteLoss,
+    NotLearning,
     NoUsableRestart,
     StopRule,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "InterruptedRun",
     "NoUsableRestart",
     "NonFiniteLoss",
+    "NotLearning",
     "STOP_RULES",
     "StopRule",
     "stop_requested",

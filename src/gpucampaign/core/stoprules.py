@@ -91,10 +91,22 @@ class Futile(StopRule):
         return {**super().to_record(), "numbers": self.numbers}
 
 
+class NotLearning(Futile):
+    """A variant that does not learn: at an evaluation after the grace, its mean training loss
+    over its last steps is not below the mean over its first steps. ``numbers`` keeps the two
+    means, their windows and the step; its model at that step is kept as evidence."""
+
+    rule = "not_learning"
+
+
 #: The stop rules that end a run after it measured its metric and wrote its model: the run's
 #: values are evidence the verdict reads, so such a stop of an essential run does not stop the
 #: campaign (it ends with its decision; the stop is shown with the verdict).
-EVIDENCE_RULES: tuple[str, ...] = (BelowThreshold.rule, Futile.rule)
+EVIDENCE_RULES: tuple[str, ...] = (BelowThreshold.rule, Futile.rule, NotLearning.rule)
+
+#: The stop rules that end a variant before its last step: its values are those of an earlier
+#: model, never compared with a finished control (the verdict names the step instead).
+EARLY_RULES: tuple[str, ...] = (Futile.rule, NotLearning.rule)
 
 
 def stops_the_campaign(stop: StopRule) -> bool:

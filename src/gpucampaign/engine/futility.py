@@ -3,20 +3,27 @@
 The control trains first. At each of its evaluations during training it keeps the per-example
 scores of the decision metric on the selection split (the recipe's ``score``), in
 ``runs/<control>/evals/scores-<step>.npz`` (example IDs and values, with its planned steps). At
-each evaluation of a variant after the pilot and before its last step, the variant scores the
+each evaluation of a variant after the grace and before its last step, the variant scores the
 same split and the paired bootstrap the verdict uses (``core/resample.py``) gives the interval
-of its gain over the control at the same step; when the control's training ended before that
-step, its last record stands in (the nearest earlier one: the model the verdict compares with).
-When the control has not reached that step yet (another lane still trains it) there is nothing
-to compare with at this step, and the check waits for the next evaluation.
+of its gain over the control at the same step. Only at the same step: when the control has no
+record there (another lane still trains it, or its evaluations fall on other steps) there is
+nothing to compare with, and the check waits for the next evaluation.
+
+The warm-up, so that an untrained model is never judged (Optuna's ``n_warmup_steps``, ASHA's
+``grace_period``): no check before the grace (``stop_rules.grace``, a share of the variant's
+planned steps, and never in the pilot), and none until the control's mean on the split has
+moved from its first record, the untrained model's at step 0 (until then no model has learned
+anything that a comparison could see: a network that still predicts one class ties every
+other). A tie never stops: when
+every per-example value of the variant equals the control's (to 1e-6 relative), the interval
+is ``[0, 0]`` and says nothing of what the variant will reach.
 
 The rule is the verdict's negative read on the optimistic end: with the gain signed so that
 positive is better, the variant cannot win when the interval's upper end is below ``min_gain``
-or not above 0 (a variant that at best ties the control is never adopted). Then the step is
-saved, the model it reached is evaluated on every split and written as the run's ``model/``,
-``result.json`` records the run (``completed`` false) with the ``futile`` stop and its numbers,
-and ``Futile`` is raised: the run's GPU lane goes to the next run in its queue. Every check,
-stopping or not, is a ``futility`` row in ``metrics.jsonl``.
+or not above 0. Then the step is saved, the model it reached is evaluated on every split and
+written as the run's ``model/``, ``result.json`` records the run (``completed`` false) with the
+``futile`` stop and its numbers, and ``Futile`` is raised: the run's GPU lane goes to the next
+run in its queue. Every check, stopping or not, is a ``futility`` row in ``metrics.jsonl``.
 
 No check without per-example scores (a recipe with no ``score``, or one that does not return
 the decision metric), without a control record, in a pilot call, for the control or its seed
@@ -51,6 +58,7 @@ from gpucampaign.folder.layout import (
 )
 from gpucampaign.recipe.contract import has_score
 from gpucampaign.recipe.runtime import score_split
+from gpucampaign.spec import CampaignSpec
 
 log = logging.getLogger(__name__)
 
@@ -102,28 +110,50 @@ def read_eval_scores(path: Path) -> EvalScores:
         )
 
 
-def control_scores_at(control_dir: Path, *, step: int) -> tuple[EvalScores | None, str]:
-    """The control's record to compare a variant's step ``step`` with, and which it is.
-
-    Returns:
-        ``(record, "")`` at the same step; ``(record, note)`` with the control's last record
-        when the control's training ended before ``step`` (its ``result.json`` is written);
-        ``(None, why)`` when there is none to compare with yet.
-    """
+def _recorded_steps(control_dir: Path) -> list[int]:
     folder = Path(control_dir) / EVAL_SCORES_DIR
-    steps = sorted(
+    return sorted(
         int(p.stem.rpartition("-")[2]) for p in folder.glob(EVAL_SCORES_GLOB) if p.is_file()
     )
+
+
+def control_scores_at(control_dir: Path, *, step: int) -> tuple[EvalScores | None, str]:
+    """The control's record at the variant's step ``step``: never another step's, since a
+    model of fewer (or more) steps says nothing of the variant's chance at that step.
+
+    Returns:
+        ``(record, "")`` at the same step; ``(None, why)`` when the control has none there.
+    """
+    steps = _recorded_steps(control_dir)
     if step in steps:
-        return read_eval_scores(folder.parent / eval_scores_file(step)), ""
-    earlier = [s for s in steps if s < step]
+        return read_eval_scores(Path(control_dir) / eval_scores_file(step)), ""
     if not steps:
         return None, "the control kept no per-example scores during training"
-    if earlier and (Path(control_dir) / RESULT_FILE).is_file():
-        last = earlier[-1]
-        note = f"the control's last evaluation (step {last}), its training ended before"
-        return read_eval_scores(folder.parent / eval_scores_file(last)), note
+    if (Path(control_dir) / RESULT_FILE).is_file() or step < steps[-1]:
+        return None, f"the control has no evaluation at step {step} (only at unequal steps)"
     return None, f"the control has no evaluation at step {step} yet"
+
+
+def control_moved(control_dir: Path, record: EvalScores) -> tuple[bool, str]:
+    """Whether the control's mean on the split at ``record`` moved from its first record (its
+    untrained model's, at step 0), and why not (a model that has learned nothing visible yet:
+    no comparison says anything)."""
+    steps = _recorded_steps(control_dir)
+    first = read_eval_scores(Path(control_dir) / eval_scores_file(steps[0])) if steps else record
+    now, then = (round(float(np.mean(r.values)), 12) for r in (record, first))
+    if first.step < record.step and now != then:
+        return True, ""
+    return False, (
+        f"the control's {record.metric} on {record.split} at step {record.step} "
+        f"({say_number(now)}) has not moved from its first record (step {first.step}): "
+        "no model has learned anything a comparison could see yet"
+    )
+
+
+def is_tie(variant: np.ndarray, control: np.ndarray) -> bool:
+    """Every per-example value equal to the control's (to 1e-6 relative, 1e-12 absolute):
+    identical predictions, a zero-width interval at 0; never a reason to stop."""
+    return bool(np.allclose(variant, control, rtol=1e-6, atol=1e-12))
 
 
 # --- the decision -----------------------------------------------------------------------------
@@ -152,6 +182,7 @@ class FutilityCheck:
     n: int
     futile: bool
     compared_with: str = ""
+    tie: bool = False
 
     def numbers(self) -> dict[str, Any]:
         """JSON-ready numbers (the stop record's and the ``futility`` row's)."""
@@ -166,6 +197,7 @@ class FutilityCheck:
             "gain_ci95": [self.ci95[0], self.ci95[1]],
             "n": self.n,
             "futile": self.futile,
+            **({"tie": True} if self.tie else {}),
             **({"compared_with": self.compared_with} if self.compared_with else {}),
         }
 
@@ -216,19 +248,22 @@ def futility_check(
         seed: the resampling seed (the verdict's).
 
     Returns:
-        The check, or None when the two share no example or a value is not finite.
+        The check (never futile on a tie: ``is_tie``), or None when the two share no example
+        or a value is not finite.
     """
     pos = {i: n for n, i in enumerate(ids)}
     common = [(n, pos[i]) for n, i in enumerate(control.ids) if i in pos]
     if not common:
         return None
     c_idx, v_idx = (np.asarray(x, dtype=np.int64) for x in zip(*common, strict=True))
-    diff = np.asarray(values, dtype=np.float64)[v_idx] - control.values[c_idx]
+    mine, theirs = np.asarray(values, dtype=np.float64)[v_idx], control.values[c_idx]
+    diff = mine - theirs
     if not np.isfinite(diff).all():
         return None
     sign = 1.0 if direction == "maximize" else -1.0
     low, high = mean_interval(diff, samples=samples, seed=seed)
     lo, hi = sorted((round(sign * low, 12), round(sign * high, 12)))
+    tie = is_tie(mine, theirs)
     return FutilityCheck(
         step=step,
         control_step=control.step,
@@ -239,8 +274,9 @@ def futility_check(
         gain=round(sign * float(diff.mean()), 12),
         ci95=(lo, hi),
         n=len(diff),
-        futile=cannot_win(optimistic=hi, min_gain=min_gain),
+        futile=not tie and cannot_win(optimistic=hi, min_gain=min_gain),
         compared_with=compared_with,
+        tie=tie,
     )
 
 
@@ -271,6 +307,8 @@ class Futility(Hook):
     def on_start(self) -> None:
         if self.role == "off" and self.off:
             self._say(self.r, self.off)
+        if self.role == "record" and self.r.state.global_step == 0 and self.r.dist.is_main:
+            self.check(self.r)  # the untrained control: the value its metric moves from
 
     def after_eval(self, metrics: dict[str, float]) -> None:
         """Raises: Futile: The variant cannot win (``check``)."""
@@ -338,6 +376,10 @@ class Futility(Hook):
         step = r.state.global_step
         if self.role == "check" and (step <= r.spec.pilot.steps or step >= r.planned):
             return  # after the pilot, and never at the last step (nothing left to save)
+        if self.role == "check" and step < (grace := grace_steps(r.spec, planned=r.planned)):
+            why = f"within the grace: no check before step {grace} of {r.planned}"
+            r.mlog.write({"kind": "futility", "step": step, "skipped": why})
+            return
         got = self._scores(r)
         if got is None:
             return
@@ -357,7 +399,9 @@ class Futility(Hook):
             return
         control_dir = r.out_dir.parent / r.spec.resolve_run(CONTROL).run_id
         control, note = control_scores_at(control_dir, step=step)
-        if control is None:
+        if control is not None:
+            moved, note = control_moved(control_dir, control)
+        if control is None or not moved:
             r.mlog.write({"kind": "futility", "step": step, "skipped": note})
             return
         rule = r.spec.decision_rule
@@ -369,14 +413,13 @@ class Futility(Hook):
             step=step,
             direction=rule.direction,
             min_gain=rule.min_gain,
-            compared_with=note,
         )
         if check is None:
             r.mlog.write({"kind": "futility", "step": step, "skipped": "no common finite example"})
             return
         r.mlog.write({"kind": "futility", **check.numbers()})
         if check.futile:
-            stop_futile(r, check)
+            stop_early(r, Futile, reason=check.reason(), numbers=check.numbers())
 
 
 def _no_score(r: LiveRun) -> str:
@@ -386,11 +429,25 @@ def _no_score(r: LiveRun) -> str:
     )
 
 
-def stop_futile(r: LiveRun, check: FutilityCheck) -> NoReturn:
+def grace_steps(spec: CampaignSpec, *, planned: int) -> int:
+    """The first step at which a run may be stopped as futile or not learning: the grace,
+    ``stop_rules.grace`` of its planned steps (at least one step)."""
+    return max(1, math.ceil(spec.stop_rules.grace * planned))
+
+
+def stop_early(r: LiveRun, kind: type[Futile], *, reason: str, numbers: dict[str, Any]) -> NoReturn:
     """Save the step, keep the model it reached as evidence, record the stop, raise it.
 
+    Args:
+        r: The run.
+        kind: The stop's class (``Futile``, or ``NotLearning``).
+        reason: The stop's sentence.
+        numbers: What decided it (the stop record adds the planned steps, the steps saved and
+            the measured step time).
+
     Raises:
-        Futile: Always, once the checkpoint, ``model/`` and ``result.json`` are written.
+        Futile: Always (of ``kind``), once the checkpoint, ``model/`` and ``result.json`` are
+            written.
     """
     step = r.state.global_step
     r.saver.save(step, last_step=True)
@@ -399,12 +456,12 @@ def stop_futile(r: LiveRun, check: FutilityCheck) -> NoReturn:
     metrics = eval_metrics.get(r.spec.decision_split, {})
     save_model(r, metrics)
     numbers = {
-        **check.numbers(),
+        **numbers,
         "planned_steps": r.planned,
         "steps_saved": r.planned - step,
         "step_s": r.step_s(),
     }
-    stop = Futile(r.run_id, check.reason(), step=step, numbers=numbers)
+    stop = kind(r.run_id, reason, step=step, numbers=numbers)
     res = run_result(
         r,
         completed=False,

@@ -11,13 +11,14 @@ from __future__ import annotations
 from gpucampaign.engine.futility import Futility
 from gpucampaign.engine.hooks import HookArgs, HookFactory, Hooks
 from gpucampaign.engine.live import LiveView
-from gpucampaign.engine.rules import NonFiniteLossRule, QualityFloor
+from gpucampaign.engine.rules import NonFiniteLossRule, NotLearningRule, QualityFloor
 from gpucampaign.engine.setup import LiveRun
 from gpucampaign.engine.tracked import Tracker
 
 HOOKS: list[HookFactory] = [
     NonFiniteLossRule.for_run,  # stop_rules.non_finite_loss
     QualityFloor.for_run,  # stop_rules.below_threshold
+    NotLearningRule.for_run,  # stop_rules.not_learning
     Futility.hook,  # stop_rules.futility
     Tracker.for_run,  # tracking.mlflow (or MLFLOW_TRACKING_URI)
     LiveView.for_run,  # progress.json, the progress callback, the bar

@@ -8,6 +8,18 @@ checks the all-reduced loss of every step before its backward pass (``engine/loo
 ``below_threshold``: the run's final decision metric on the selection split misses the quality
 floor (``stop_rules.quality_floor``, else the decision rule's threshold).
 
+``not_learning``: a variant whose training loss is not below its start after the grace. At each
+evaluation of its full training call (never in the pilot, never at its last step) from the
+grace on (``stop_rules.grace`` of its planned steps, and at least two windows), the mean
+training loss over its last ``window`` steps is compared with the mean over its first
+``window`` steps; ``window`` is one epoch when the run plans two or more, else half the grace.
+Unless the recent mean is below the start by more than ``LEARNING_TOLERANCE`` of it, the run
+does not learn: its step is saved, its model evaluated and kept as evidence, and ``NotLearning``
+is raised (the futility stop's mechanics, ``engine.futility.stop_early``). It reads the training
+loss only, so it holds for any recipe, with or without ``score()``; never the control nor its
+seeds (the reference is compared, not judged), nor a data-parallel run (rank 0 alone would
+stop). Each check is a ``not_learning`` row in ``metrics.jsonl``.
+
 The futility rule is in ``engine/futility.py``.
 """
 
@@ -16,11 +28,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpucampaign.core.stoprules import BelowThreshold, NonFiniteLoss
+from gpucampaign.core.stoprules import BelowThreshold, NonFiniteLoss, NotLearning
 from gpucampaign.core.text import say_exact, say_number
+from gpucampaign.engine.futility import CONTROL, grace_steps, stop_early
 from gpucampaign.engine.hooks import Hook, HookArgs
 from gpucampaign.engine.setup import LiveRun
+from gpucampaign.folder.layout import METRICS_FILE
+from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.spec import CampaignSpec
+
+#: How far below its start the recent mean training loss must be for a run to be learning
+#: (a share of the start's magnitude): a change of a few parts in ten thousand is not learning.
+LEARNING_TOLERANCE = 1e-3
 
 
 class NonFiniteLossRule(Hook):
@@ -87,3 +106,81 @@ def quality_stop(
         f"{side} {say_exact(floor)}",
         step=step,
     )
+
+
+class NotLearningRule(Hook):
+    """``stop_rules.not_learning``: stop a variant whose training loss is not below its start
+    after the grace (the module's docstring has the rule)."""
+
+    def __init__(self, r: LiveRun) -> None:
+        self.r = r
+        self.grace = grace_steps(r.spec, planned=r.planned)
+        two_epochs = 2 * r.steps_per_epoch <= r.planned
+        self.window = r.steps_per_epoch if two_epochs else max(1, self.grace // 2)
+        # Each step's loss and examples; the steps before this call (the pilot's) are in
+        # metrics.jsonl.
+        self.losses: dict[int, tuple[float, float]] = {}
+        for row in read_metrics(r.out_dir / METRICS_FILE):
+            if row.get("kind") == "train":
+                self.on_train_row(row)
+
+    @classmethod
+    def for_run(cls, r: LiveRun, args: HookArgs) -> NotLearningRule | None:
+        """The rule of this call, or None: off, the control or its seeds, the pilot, or a
+        data-parallel run."""
+        replicate = r.spec.replicate_of(r.run)
+        control = r.run == CONTROL or (replicate is not None and replicate[0] == CONTROL)
+        if not r.spec.stop_rules.not_learning or control or r.target < r.planned:
+            return None
+        return cls(r) if r.dist.world_size == 1 else None
+
+    def on_train_row(self, row: dict[str, Any]) -> None:
+        loss = row.get("loss")
+        if isinstance(loss, int | float) and math.isfinite(loss):
+            # Weighted by its examples: an epoch's short last batch counts for what it holds.
+            rate, secs = row.get("samples_per_s"), row.get("step_s")
+            n = (
+                round(rate * secs)
+                if isinstance(rate, int | float) and isinstance(secs, int | float)
+                else 1
+            )
+            self.losses[int(row["step"])] = (float(loss), float(n or 1))
+
+    def _mean(self, first: int, last: int) -> float | None:
+        """The examples-weighted mean training loss of steps ``first``..``last`` (None when a
+        step's loss is missing: not finite, named by ``non_finite_loss``)."""
+        got = [self.losses.get(s) for s in range(first, last + 1)]
+        if any(g is None for g in got):
+            return None
+        pairs = [g for g in got if g is not None]
+        return sum(x * n for x, n in pairs) / sum(n for _, n in pairs)
+
+    def after_eval(self, metrics: dict[str, float]) -> None:
+        """Raises: NotLearning: The recent training loss is not below its start."""
+        r, w = self.r, self.window
+        step = r.state.global_step
+        if step < max(self.grace, 2 * w) or step >= r.planned:
+            return
+        start, now = self._mean(1, w), self._mean(step - w + 1, step)
+        if start is None or now is None:
+            return
+        learning = now < start - LEARNING_TOLERANCE * abs(start)
+        numbers = {
+            "step": step,
+            "grace_step": self.grace,
+            "window": w,
+            "start_loss": start,
+            "recent_loss": now,
+            "tolerance": LEARNING_TOLERANCE,
+            "learning": learning,
+        }
+        r.mlog.write({"kind": "not_learning", **numbers})
+        if learning:
+            return
+        reason = (
+            f"does not learn: at step {step} its mean training loss over steps "
+            f"{step - w + 1}-{step} is {say_number(now, against=start)}, not below its start "
+            f"{say_number(start)} (steps 1-{w}) by {LEARNING_TOLERANCE:g} of it; the grace "
+            f"ended at step {self.grace}"
+        )
+        stop_early(r, NotLearning, reason=reason, numbers=numbers)

@@ -421,8 +421,10 @@ def run_state(
     root: str | Path,
     stops: Sequence[StopRecord],
     decision: Decision | None,
+    run_id: str | None = None,
 ) -> RunState:
-    """The one answer to "what became of this run?".
+    """The one answer to "what became of this run?" (``run_id``: its ID as a sealed manifest
+    records it, so that a folder's user recipe is never looked up to resolve it).
 
     Stopped when a stop names its run ID (interrupted when that stop is the ``interrupted``
     one of a ``resume: inference`` run: its model of the last good checkpoint is evidence, never
@@ -430,7 +432,7 @@ def run_state(
     says every planned step ran AND its model was saved; not run otherwise (the question was
     re-posed, or the campaign stopped first).
     """
-    rid = spec.resolve_run(run).run_id
+    rid = run_id or spec.resolve_run(run).run_id
     base: dict[str, Any] = {"run": run, "run_id": rid, "tier": spec.tier_of(run)}
     result = read_result(root, rid)
     stop = next((s for s in stops if s.run_id == rid), None)
@@ -461,14 +463,18 @@ def run_state(
 
 
 def run_states(
-    spec: CampaignSpec, *, root: str | Path, decision: Decision | None = None
+    spec: CampaignSpec,
+    *,
+    root: str | Path,
+    decision: Decision | None = None,
+    run_ids: Mapping[str, str] | None = None,
 ) -> dict[str, RunState]:
-    """``run_state`` of every run of the spec, keyed by run ID, control first."""
+    """``run_state`` of every run of the spec, keyed by run ID, control first (``run_ids``:
+    the IDs by run name as a sealed manifest records them; else each run is resolved)."""
     stops = read_stops(root)
+    ids = dict(run_ids) if run_ids is not None else spec.run_ids()
     return {
-        spec.resolve_run(run).run_id: run_state(
-            spec, run, root=root, stops=stops, decision=decision
-        )
+        ids[run]: run_state(spec, run, root=root, stops=stops, decision=decision, run_id=ids[run])
         for run in spec.run_names()
     }
 

@@ -472,10 +472,28 @@ class StopRules(_Frozen):
     futility: bool = Field(
         default=True,
         description=(
-            "Stop a variant at an evaluation after the pilot when the optimistic end of its "
+            "Stop a variant at an evaluation after the grace when the optimistic end of its "
             "paired-bootstrap interval against the control at the same step cannot clear the "
-            "min gain (needs a recipe with score(); never the control); its model is kept as "
-            "evidence and its GPU lane goes to the next run."
+            "min gain (needs a recipe with score(); never the control, never on a tie, never "
+            "before the control's metric moved from its first evaluation); its model is kept "
+            "as evidence and its GPU lane goes to the next run."
+        ),
+    )
+    not_learning: bool = Field(
+        default=True,
+        description=(
+            "Stop a variant whose mean training loss, at an evaluation after the grace, is not "
+            "below the mean of its first steps (scores or not; never the control nor its "
+            "seeds); its model is kept as evidence and its GPU lane goes to the next run."
+        ),
+    )
+    grace: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description=(
+            "Share of a run's planned steps before which neither 'futility' nor "
+            "'not_learning' stops it (an untrained model predicts one class, or ties)."
         ),
     )
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpucampaign.core.files import TMP_PREFIX, fsync_dir, json_bytes, sha256_file, utc_now
 from gpucampaign.core.storageurl import LOCAL, is_local
-from gpucampaign.folder.layout import LOCK_FILE, SPOOL_DIR, is_live_progress
+from gpucampaign.folder.layout import LOCK_FILE, MANIFEST, SPOOL_DIR, is_live_progress
 from gpucampaign.spec import SpecError
 from gpucampaign.storage.base import LocalStore, NotFound, StorageError, Store, check_key
 from gpucampaign.storage.open import open_store
@@ -42,7 +42,8 @@ def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict
     complete one readable. Temporary files of unfinished writes are skipped.
 
     Returns:
-        ``{"url", "files", "uploaded", "bytes"}``.
+        ``{"url", "files", "uploaded", "bytes", "manifest_sha256"}``: the last is the sha256
+        the store keeps with its ``manifest.json`` (an S3 object's metadata), None without one.
 
     Raises:
         StorageError: An upload failed or was not verified; the index did not move.
@@ -85,11 +86,14 @@ def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict
         "files": {rel: info for rel, info, _ in done},
     }
     store.write_bytes(MIRROR_INDEX, data=json_bytes(index))
+    manifest = next((info for rel, info, _ in done if rel == MANIFEST), None)
     return {
         "url": store.url,
         "files": len(done),
         "uploaded": sum(sent for *_, sent in done),
         "bytes": sum(info["bytes"] for _, info, _ in done),
+        # Kept outside the folder too: the metadata of the store's manifest.json object (S3).
+        "manifest_sha256": manifest["sha256"] if manifest else None,
     }
 
 

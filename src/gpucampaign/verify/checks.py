@@ -47,6 +47,7 @@ from gpucampaign.folder.layout import (
 )
 from gpucampaign.spec import CampaignSpec, SpecError, TrackingSpec, load_spec, spec_sha256
 from gpucampaign.verify.context import Problem, VerifyContext, run_id_is_a_name
+from gpucampaign.verify.verdict import check_verdict
 
 _PATH_KEY = re.compile(r"(^|_)(path|paths|dir|dirs|folder|file|files|location)$", re.IGNORECASE)
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -515,6 +516,7 @@ SEAL_CHECKS = (
 #: passed.
 TRUSTING_CHECKS: tuple[Callable[[VerifyContext], list[Problem]], ...] = (
     check_spec,
+    check_verdict,
     check_models_reload,
 )
 CHECKS = INTEGRITY_CHECKS + TRUSTING_CHECKS
@@ -544,16 +546,18 @@ def verify_output(
     why. Checks, in order (``CHECKS``): the manifest lists every file with its size and sha256
     (and nothing else); no file is empty; JSON files parse; no path points into a temporary
     folder or out of the folder; ``plan.json`` still has the hash written at the start; the
-    spec copy still has the recorded hash and every run it defines appears with a status; each
-    ``completed`` run has its files and a model; a stopped run's stop is in ``stops.jsonl``;
-    the corpus is there with its hash; and (``reload=True``) every model reloads in a fresh
-    process and reproduces its ``predictions.csv`` exactly on CPU.
+    spec copy still has the recorded hash and every run it defines appears with a status; the
+    sealed verdict is the one recomputed from the folder's per-example scores and metrics
+    (``verify/verdict.py``); each ``completed`` run has its files and a model; a stopped
+    run's stop is in ``stops.jsonl``; the corpus is there with its hash; and (``reload=True``)
+    every model reloads in a fresh process and reproduces its ``predictions.csv`` exactly on
+    CPU.
 
     Problem codes: missing_manifest, invalid_manifest, manifest_not_anchored, missing_file,
     unlisted_file,
     size_mismatch, hash_mismatch, empty_file, invalid_json, temp_path, escaping_path, symlink,
     missing_plan, plan_changed, spec_changed, missing_run, unknown_stop, corpus_missing,
-    corpus_mismatch, reload_failed, predictions_mismatch.
+    corpus_mismatch, verdict_mismatch, reload_failed, predictions_mismatch.
 
     Args:
         root: the output folder.

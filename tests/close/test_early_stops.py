@@ -1,0 +1,70 @@
+"""A variant stopped early (futile, not learning) in the verdict: named with its step, never
+set against the finished control, never adopted; a negative verdict is complete only when
+the stop's own interval shows the variant cannot win."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpucampaign.close.evidence import early_settles
+from gpucampaign.close.verdict import RunEvidence, decide_verdict
+from gpucampaign.folder.records import StopRecord
+from gpucampaign.spec import DecisionRule
+
+RULE = DecisionRule(metric="accuracy", threshold=0.5, min_gain=0.0)
+CONTROL = RunEvidence(values={"val": 0.8, "test": 0.8})
+
+
+def futile_stop(ci: list[float], **numbers: Any) -> dict[str, Any]:
+    return {
+        "stop_id": "stop-000000000001",
+        "rule": "futile",
+        "run_id": "bf16-0123456789",
+        "run": "bf16",
+        "step": 40,
+        "reason": "cannot win: at step 40 its gain ...",
+        "numbers": {"futile": True, "gain_ci95": ci, "min_gain": 0.0, **numbers},
+    }
+
+
+def stopped(settled: bool, rule: str = "futile") -> RunEvidence:
+    return RunEvidence(
+        status="stopped",
+        note=f"stopped as futile at step 40 of 200 ({rule})",
+        early_stop=rule,
+        early_settled=settled,
+    )
+
+
+def test_a_futile_variant_is_named_with_its_step_and_never_has_a_gain() -> None:
+    stop = futile_stop([-0.2, -0.05])
+    v = decide_verdict(
+        RULE,
+        control=CONTROL,
+        variants={"bf16": stopped(True), "wide": RunEvidence(values={"val": 0.7, "test": 0.7})},
+        stops=[stop],
+    )
+    assert v.kind == "negative" and v.run != "bf16"
+    assert "bf16 stopped as futile at step 40 of 200" in v.text
+    assert v.variants["bf16"]["test"]["gain"] is None  # no 40-step model against the control
+    assert stop["stop_id"] in v.text and "Negative result (complete)" in v.text
+
+
+def test_a_stop_without_an_interval_that_settles_it_is_not_a_complete_negative() -> None:
+    v = decide_verdict(
+        RULE, control=CONTROL, variants={"bf16": stopped(False)}, stops=[futile_stop([0, 0])]
+    )
+    assert v.kind == "inconclusive" and "Negative result (complete)" not in v.text
+    assert "stopped early without an interval that shows it cannot win" in v.answer
+
+
+def test_which_early_stops_settle_the_comparison() -> None:
+    def rec(**d: Any) -> StopRecord:
+        return StopRecord.from_dict(d)
+
+    assert early_settles(rec(**futile_stop([-0.2, -0.05])), rule=RULE)
+    assert not early_settles(rec(**futile_stop([0.0, 0.0], tie=True)), rule=RULE)
+    assert not early_settles(rec(**futile_stop([-0.1, 0.02])), rule=RULE)  # reaches above 0
+    assert not early_settles(rec(stop_id="s", rule="futile", run_id="x-1"), rule=RULE)
+    assert early_settles(rec(stop_id="s", rule="not_learning", run_id="x-1"), rule=RULE)
+    assert not early_settles(rec(stop_id="s", rule="below_threshold", run_id="x-1"), rule=RULE)
