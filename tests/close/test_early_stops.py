@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucampaign.close.evidence import early_settles
 from gpucampaign.close.verdict import RunEvidence, decide_verdict
-from gpucampaign.folder.records import StopRecord
+from gpucampaign.close.verdict_steps import futile_settled
 from gpucampaign.spec import DecisionRule
 
 RULE = DecisionRule(metric="accuracy", threshold=0.5, min_gain=0.0)
@@ -27,13 +26,8 @@ def futile_stop(ci: list[float], **numbers: Any) -> dict[str, Any]:
     }
 
 
-def stopped(settled: bool, rule: str = "futile") -> RunEvidence:
-    return RunEvidence(
-        status="stopped",
-        note=f"stopped as futile at step 40 of 200 ({rule})",
-        early_stop=rule,
-        early_settled=settled,
-    )
+def stopped(rule: str = "futile") -> RunEvidence:
+    return RunEvidence(status="stopped", futile=40, planned=200, early_rule=rule)
 
 
 def test_a_futile_variant_is_named_with_its_step_and_never_has_a_gain() -> None:
@@ -41,30 +35,30 @@ def test_a_futile_variant_is_named_with_its_step_and_never_has_a_gain() -> None:
     v = decide_verdict(
         RULE,
         control=CONTROL,
-        variants={"bf16": stopped(True), "wide": RunEvidence(values={"val": 0.7, "test": 0.7})},
+        variants={"bf16": stopped(), "wide": RunEvidence(values={"val": 0.7, "test": 0.7})},
         stops=[stop],
     )
     assert v.kind == "negative" and v.run != "bf16"
-    assert "bf16 stopped as futile at step 40 of 200" in v.text
+    assert "stopped early: 'bf16' as futile at step 40" in v.text
     assert v.variants["bf16"]["test"]["gain"] is None  # no 40-step model against the control
     assert stop["stop_id"] in v.text and "Negative result (complete)" in v.text
 
 
 def test_a_stop_without_an_interval_that_settles_it_is_not_a_complete_negative() -> None:
     v = decide_verdict(
-        RULE, control=CONTROL, variants={"bf16": stopped(False)}, stops=[futile_stop([0, 0])]
+        RULE, control=CONTROL, variants={"bf16": stopped()}, stops=[futile_stop([0, 0], tie=True)]
     )
     assert v.kind == "inconclusive" and "Negative result (complete)" not in v.text
-    assert "stopped early without an interval that shows it cannot win" in v.answer
+    assert "without its interval showing it cannot win" in v.answer
 
 
 def test_which_early_stops_settle_the_comparison() -> None:
-    def rec(**d: Any) -> StopRecord:
-        return StopRecord.from_dict(d)
+    def settles(**stop: Any) -> bool:
+        return futile_settled(RULE, {"bf16": ""}, stops=[{"run": "bf16", **stop}])["bf16"]
 
-    assert early_settles(rec(**futile_stop([-0.2, -0.05])), rule=RULE)
-    assert not early_settles(rec(**futile_stop([0.0, 0.0], tie=True)), rule=RULE)
-    assert not early_settles(rec(**futile_stop([-0.1, 0.02])), rule=RULE)  # reaches above 0
-    assert not early_settles(rec(stop_id="s", rule="futile", run_id="x-1"), rule=RULE)
-    assert early_settles(rec(stop_id="s", rule="not_learning", run_id="x-1"), rule=RULE)
-    assert not early_settles(rec(stop_id="s", rule="below_threshold", run_id="x-1"), rule=RULE)
+    assert settles(**futile_stop([-0.2, -0.05]))
+    assert not settles(**futile_stop([0.0, 0.0], tie=True))
+    assert not settles(**futile_stop([-0.1, 0.02]))  # reaches above 0
+    assert not settles(stop_id="s", rule="futile", run_id="bf16-1")
+    assert settles(stop_id="s", rule="not_learning", run_id="bf16-1")
+    assert not settles(stop_id="s", rule="below_threshold", run_id="bf16-1")

@@ -143,11 +143,15 @@ def check_verdict(ctx: VerifyContext) -> list[Problem]:
             problems.append(Problem("verdict_mismatch", rel, detail))
     md = ctx.text(REPORT_MD) if (ctx.base / REPORT_MD).is_file() else None
     if md is not None:
-        said = [k for k in ("answer", "text") if recomputed.get(k) and recomputed[k] not in md]
+        sealed_v = ctx.manifest.get("verdict")
+        shown = (
+            _sealed_reasons(sealed_v, recomputed) if isinstance(sealed_v, Mapping) else recomputed
+        )
+        said = [k for k in ("answer", "text") if shown.get(k) and shown[k] not in md]
         if said:
             detail = (
                 f"it does not say the recomputed verdict's {' and '.join(said)}: "
-                f"{_short(recomputed.get(said[0]))}"
+                f"{_short(shown.get(said[0]))}"
             )
             problems.append(Problem("verdict_mismatch", REPORT_MD, detail))
     return problems
