@@ -69,7 +69,8 @@ def test_a_futile_stop_whose_interval_shows_it_cannot_win_leaves_a_complete_nega
     stop = {**STOP, "numbers": {"gain": -0.087, "gain_ci95": [-0.132, -0.042]}}
     v = decide_verdict(RULE, control=control, variants={"lr-high": futile}, stops=[stop])
     assert (v.kind, v.run) == ("negative", None), v.text
-    assert "stopped early: 'lr-high' as futile at step 200 (each stop shows it cannot win)" in v.text
+    said = "stopped early: 'lr-high' as futile at step 200 (each stop shows it cannot win)"
+    assert said in v.text
     # Never quoted as the best variant, with a gain its unfinished model has on the control.
     assert "the best on val: 'lr-high'" not in v.answer
 
