@@ -10,6 +10,7 @@ a worker's log), a phase's line at most once per ``every_s`` and once when it en
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -65,6 +66,7 @@ class LiveView:
         self.ended: set[tuple[str, str]] = set()
         self.skipped: set[str] = set()  # the unreadable progress files already named
         self._display: Live | None = None
+        self._above: list[tuple[logging.Handler, _LogsAboveLive]] = []
 
     def _line(self, record: dict[str, Any]) -> str:
         return render_line(record, ends_at=self.ends_at)
@@ -105,13 +107,66 @@ class LiveView:
                 Group(), console=self.console, refresh_per_second=8, transient=True
             )
             self._display.start()
+            self._above = _LogsAboveLive.install(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.poll()
         if self._display is not None:
+            _LogsAboveLive.remove(self._above)
+            self._above = []
             self._display.stop()
             self._display = None
+
+    def print_above(self, text: str) -> bool:
+        """Print a whole line above the live lines; False when no live display is up."""
+        display = self._display
+        if display is None:
+            return False
+        display.console.print(Text(text), highlight=False, soft_wrap=True)
+        return True
+
+
+class _LogsAboveLive(logging.Filter):
+    """On a log handler that writes to a stream: while the live lines are shown, a log line is
+    printed above them (a whole line of its own) instead of written into the line being
+    redrawn."""
+
+    def __init__(self, view: LiveView, handler: logging.Handler) -> None:
+        super().__init__()
+        self.view, self.handler = view, handler
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False once the record is printed above the live lines."""
+        try:
+            return not self.view.print_above(self.handler.format(record))
+        except Exception:  # a log line is never lost to the live view
+            return True
+
+    @classmethod
+    def install(cls, view: LiveView) -> list[tuple[logging.Handler, _LogsAboveLive]]:
+        """Put the filter on every stream handler of the loggers in use (Prefect's console
+        handlers among them, never its handler that sends logs to the server)."""
+        loggers = [logging.getLogger()] + [
+            lg
+            for lg in logging.Logger.manager.loggerDict.values()
+            if isinstance(lg, logging.Logger)
+        ]
+        done: list[tuple[logging.Handler, _LogsAboveLive]] = []
+        for handler in {id(h): h for lg in loggers for h in lg.handlers}.values():
+            if isinstance(handler, logging.StreamHandler) and not isinstance(
+                handler, logging.FileHandler
+            ):
+                flt = cls(view, handler)
+                handler.addFilter(flt)
+                done.append((handler, flt))
+        return done
+
+    @staticmethod
+    def remove(installed: list[tuple[logging.Handler, _LogsAboveLive]]) -> None:
+        """Take the filters ``install`` put back off."""
+        for handler, flt in installed:
+            handler.removeFilter(flt)
 
 
 def follow(view: LiveView, *, until: Callable[[], bool], poll_s: float = POLL_S) -> None:

@@ -20,6 +20,7 @@ from gpucampaign.close.error_analysis import error_analysis
 from gpucampaign.close.evidence import closing_verdict, run_evidence, run_metrics, verdict_splits
 from gpucampaign.close.forecast import aligned_intervals, forecast_vs_actual
 from gpucampaign.close.futility import futility_savings
+from gpucampaign.close.inputs import closing_inputs
 from gpucampaign.close.ledger import read_ledger
 from gpucampaign.close.manifest import (
     build_manifest,
@@ -39,7 +40,6 @@ from gpucampaign.close.scores import write_run_scores
 from gpucampaign.close.verdict import Verdict
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.core.text import say_number
-from gpucampaign.data.corpus import corpus_path, load_spec_corpus
 from gpucampaign.folder.layout import (
     CALENDAR_PNG,
     CONFUSION_PNG,
@@ -92,6 +92,7 @@ class ClosedRuns:
     environment: dict[str, Any]
     corpus_ref: dict[str, Any] | None
     deliveries: list[dict[str, Any]] = field(default_factory=list)
+    changed_inputs: list[str] = field(default_factory=list)  # inputs changed mid-campaign
 
     def table_rows(self) -> list[dict[str, str]]:
         """The runs as short text cells (run ID, tier, status, metric, stop) for a UI table;
@@ -209,9 +210,12 @@ def expected_runs(states: Mapping[str, RunState]) -> dict[str, dict[str, Any]]:
     return {rid: s.to_dict() for rid, s in states.items()}
 
 
-def delivery(root: str | Path, state: RunState, *, corpus: Any) -> dict[str, Any]:
+def delivery(
+    root: str | Path, state: RunState, *, corpus: Any, need_corpus: bool = True
+) -> dict[str, Any]:
     """A run as a delivery candidate: accepted only when complete and its model reproduces its
-    predictions here (the fresh-process check of ``campaign verify`` follows the manifest)."""
+    predictions here (the fresh-process check of ``campaign verify`` follows the manifest);
+    with ``need_corpus`` and no ``corpus`` (no file holds its pin any more), not checked."""
     model_file = run_path(root, state.run_id, MODEL_WEIGHTS)
     sha = sha256_file(model_file) if model_file.is_file() else sha256_bytes(state.run_id.encode())
     out = {"id": state.run_id, "content_sha256": sha, "accepted": False}
@@ -220,6 +224,12 @@ def delivery(root: str | Path, state: RunState, *, corpus: Any) -> dict[str, Any
         if state.stop_id:
             reason = f"{state.status} (stop {state.stop_id})"
         return {**out, "reason": reason}
+    if corpus is None and need_corpus:
+        return {
+            **out,
+            "reason": "not reload-checked: the corpus changed during the campaign and no copy "
+            "with its pinned sha256 is kept",
+        }
     check = reload_check(root, [state.run_id], corpus=corpus)[state.run_id]
     if check["error"]:
         return {**out, "reason": f"does not reload: {check['error']}"[:300]}
@@ -337,8 +347,12 @@ def close_runs(
     verdict = closing_verdict(
         spec, evidence=evidence, stops=stops, decision=decision, catalog=catalog
     )
-    corpus = load_spec_corpus(spec, base_dir=base_dir) if spec.corpus else None
-    deliveries = [delivery(root, s, corpus=corpus) for s in states.values()]
+    # An input changed during the campaign: read from the copy the folder kept, and named.
+    inputs = closing_inputs(spec, root=root, base_dir=base_dir)
+    deliveries = [
+        delivery(root, s, corpus=inputs.corpus, need_corpus=spec.corpus is not None)
+        for s in states.values()
+    ]
     budget = close_budget(
         spec.packages,
         catalog=catalog,
@@ -357,10 +371,8 @@ def close_runs(
         split=spec.decision_split,
     )
     corpus_ref = None
-    if spec.corpus:
-        corpus_ref = reference_corpus(
-            root, corpus_path(spec, base_dir=base_dir), sha256=spec.corpus.sha256
-        )
+    if spec.corpus and inputs.path is not None:
+        corpus_ref = reference_corpus(root, inputs.path, sha256=spec.corpus.sha256)
     keep_recipe_sources(spec, root=root)
     environment = collect_environment(cwd=base_dir)
     write_reload_md(
@@ -387,6 +399,7 @@ def close_runs(
         environment=environment,
         corpus_ref=corpus_ref,
         deliveries=deliveries,
+        changed_inputs=inputs.changed,
     )
 
 
@@ -433,6 +446,7 @@ def write_closing_documents(
         decisions=closed.decisions,
         figures=closed.figures,
         futility=futility_savings(root, stops=closed.stops, timeline=timeline),
+        changed_inputs=closed.changed_inputs,
     )
     write_report(root, report)
     return report
