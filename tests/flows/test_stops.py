@@ -20,7 +20,7 @@ import pytest
 
 from gpucampaign.verify.checks import verify_output
 from tests.faults.test_signals import _long_campaign, _trained_steps
-from tests.flows.test_campaign import jsonl, run_flow, tiny_campaign
+from tests.flows.test_campaign import campaign_cli, jsonl, run_flow, tiny_campaign
 from tests.flows.test_futility import cannot_win
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -95,6 +95,20 @@ def test_an_input_changed_mid_campaign_stops_it_and_it_closes(tmp_path):
     assert (out / "RELOAD.md").is_file() and (out / "manifest.json").is_file()
     assert verify_output(out, reload=True).verified
 
+    # The corpus put back, a rerun of the closed campaign says it is closed, repeats nothing
+    # and does not say its old stops again as news.
+    corpus.write_bytes(corpus.read_bytes()[:-1])
+    timeline = (out / "timeline.jsonl").read_text()
+    rerun = campaign_cli("run", str(spec), "--out", str(out), cwd=ROOT)
+    assert rerun.returncode == 3, rerun.stdout[-2000:] + rerun.stderr[-3000:]
+    assert "closed campaign:" in rerun.stderr and "a rerun repeats nothing" in rerun.stderr
+    _no_noise(rerun.stdout + rerun.stderr)
+    assert "stopped; the campaign closes" not in rerun.stderr
+    assert "WARNING" not in rerun.stderr, rerun.stderr
+    assert jsonl(out / "stops.jsonl") == stops
+    added = (out / "timeline.jsonl").read_text()[len(timeline) :]
+    assert '"phase": "train"' not in added and '"phase": "pilot"' not in added
+
 
 def _task_states(flow_run_id: Any) -> list[tuple[str, Any]]:
     """(name, final state) of every task run of a flow run on the test server."""
@@ -154,6 +168,21 @@ def test_the_scheduled_check_understands_stopped_runs(prefect_harness, tmp_path)
     control = reports["control"]
     assert control["compared_steps"] == 5 and "below_threshold" in control["checked"]
     assert "LATEST names step" in control["checked"] and "replayed steps" in control["checked"]
+
+    # The standalone check says the same: which checkpoint, why, and exit 0 for a stopped run.
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+
+    said = CliRunner().invoke(
+        app, ["restart-check", str(spec), "--out", str(out), "--run", "narrow", "--steps", "5"]
+    )
+    assert said.exit_code == 0, said.output
+    assert "stopped run, checkpoint sound" in said.output and "futile" in said.output
+    said = CliRunner().invoke(
+        app, ["restart-check", str(spec), "--out", str(out), "--run", "control", "--steps", "5"]
+    )
+    assert said.exit_code == 0 and "LATEST names step" in said.output, said.output
 
     # The futile variant's last checkpoint corrupted: the check fails and names the file.
     rid = narrow["run_id"]

@@ -329,7 +329,12 @@ def _check_output_restart(
 
 
 def _print_restart(report: Any) -> None:
+    if report.mode == "stopped":  # a run a stop rule ended: its last checkpoint, checked
+        say(f"{esc(report.run_id)}: [green]stopped run, checkpoint sound[/]: {esc(report.checked)}")
+        return
     verdict = "[green]identical[/]" if report.identical else "[red]NOT identical[/]"
+    if report.checked:
+        say(f"{esc(report.run_id)}: {esc(report.checked)}")
     say(
         f"{esc(report.run_id)}: {verdict} over {report.compared_steps} steps (interrupted at step "
         f"{report.k}, {report.threads} thread(s), {esc(report.device)}); max |diff| "
