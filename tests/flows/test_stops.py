@@ -219,3 +219,24 @@ def test_a_ctrl_c_during_training_prints_no_error_and_no_traceback(tmp_path):
     assert "interrupted by SIGINT" in stderr and "Rerun the same command" in stderr
     for text in (stdout, stderr):
         _no_noise(text)
+
+
+def test_a_calendar_that_does_not_fit_is_said_before_the_start(tmp_path):
+    def edit(data: dict[str, Any]) -> None:
+        # A person's 100 h of analysis: the 3-day window cannot hold the calendar, and no
+        # reduction of the runs makes it fit.
+        next(s for s in data["calendar"] if s["name"] == "analysis")["hours"] = 100
+
+    spec, out = tiny_campaign(tmp_path, edit=edit), tmp_path / "out"
+    planned = campaign_cli("plan", str(spec), cwd=ROOT)
+    assert planned.returncode == 4 and "30.3 h over" in planned.stdout, planned.stdout[-2000:]
+    run = campaign_cli("run", str(spec), "--out", str(out), cwd=ROOT)
+    said = [ln for ln in run.stderr.splitlines() if "does not fit its window" in ln]
+    assert len(said) == 1, run.stderr[-3000:]
+    assert "30.3 h over (span 102.3 h in 72 h)" in said[0]
+    assert "options: larger_package, smaller_protocol, second_lot" in said[0]
+    # It goes on only as the spec allows: the automatic decision point re-poses the question.
+    decision = jsonl(out / "decisions.jsonl")[-1]["decision"]
+    assert decision["action"] == "re-pose" and decision["by"] == "auto"
+    assert run.returncode == 3, run.stdout[-2000:] + run.stderr[-3000:]
+    _no_noise(run.stdout + run.stderr)

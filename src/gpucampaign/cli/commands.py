@@ -464,11 +464,11 @@ def _before_the_start(
     d = calendar.plan(cs, base_dir=spec.resolve().parent).to_dict()
     if not d["fits"]:
         mode = decision or cs.decision_point.mode
-        options = "; ".join(f"{o['kind']}: {o['description']}" for o in d["options"])
+        options = ", ".join(o["kind"] for o in d["options"]) or "none"
         lines.append(
             f"[yellow]warning:[/] the calendar does not fit its window: {d['overrun_hours']:g} h "
-            f"over (span {d['span_hours']:g} h in {d['window_hours']:g} h); `campaign plan "
-            f"{esc(spec)}` options: {esc(options) or 'none'}. The campaign starts; its "
+            f"over (span {d['span_hours']:g} h in {d['window_hours']:g} h); options: "
+            f"{esc(options)} (`campaign plan {esc(spec)}` says each). The campaign starts; its "
             f"decision point after the pilot (mode {mode}) reduces the runs to fit or re-poses "
             "the question."
         )
