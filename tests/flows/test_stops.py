@@ -88,6 +88,8 @@ def test_an_input_changed_mid_campaign_stops_it_and_it_closes(tmp_path):
     # The close: the report with the spend and the stops, the manifest, RELOAD.md; verified.
     report = (out / "report.md").read_text()
     assert "**Spent: 47.14 USD**" in report
+    # What each run reached: the control its pilot's 5 steps, the others none.
+    assert f"| control | `{control['run_id']}` | essential | stopped | step 5 |" in report
     assert f"`{control['stop_id']}` essential_input_missing on control" in report
     assert "## Inputs changed during the campaign" in report
     assert "the corpus 'data/digits.csv' changed during the campaign" in report

@@ -296,11 +296,17 @@ def runs_table(
     analyses: Mapping[str, Any],
     resume_of: Mapping[str, str] | None = None,
     gpus_of: Mapping[str, int] | None = None,
+    metrics: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """The report's runs: ``{run_id, run, tier, status, metric, stop_id, analysis, resume,
-    interrupted, gpus, step_s}`` (``resume``: the run config's choice after an interruption,
-    ``training`` by default; ``interrupted``: what an inference restart recorded, else None;
-    ``gpus``: its data-parallel processes; ``step_s``: its measured median step time)."""
+    interrupted, gpus, step_s, reached_step}`` (``resume``: the run config's choice after an
+    interruption, ``training`` by default; ``interrupted``: what an inference restart recorded,
+    else None; ``gpus``: its data-parallel processes; ``step_s``: its measured median step time;
+    ``reached_step``: the last training step its ``metrics`` record, None when it trained none)."""
+    reached = {
+        run: max((r["step"] for r in rows if r.get("kind") == "train"), default=None)
+        for run, rows in (metrics or {}).items()
+    }
     return [
         {
             "run_id": rid,
@@ -314,6 +320,7 @@ def runs_table(
             "interrupted": s.result.interrupted if s.result is not None else None,
             "gpus": (gpus_of or {}).get(s.run, 1),
             "step_s": s.result.timings.get("step_s") if s.result is not None else None,
+            "reached_step": reached.get(s.run),
         }
         for rid, s in states.items()
     ]
@@ -391,6 +398,7 @@ def close_runs(
             analyses=analyses,
             resume_of={r: spec.run_config(r).resume for r in spec.run_names()},
             gpus_of={r: run_size(spec.run_config(r)).processes for r in spec.run_names()},
+            metrics=metrics,
         ),
         metrics=metrics,
         figures=figs,

@@ -173,8 +173,8 @@ def _runs_md(report: Mapping[str, Any]) -> list[str]:
     out = [
         "## Runs",
         "",
-        "| run | run ID | tier | status | metric | note |",
-        "|---|---|---|---|---:|---|",
+        "| run | run ID | tier | status | reached | metric | note |",
+        "|---|---|---|---|---:|---:|---|",
     ]
     stops_by_id = {s.get("stop_id"): s for s in report.get("stops", [])}
     threshold = (report["verdict"].get("numbers") or {}).get("threshold")
@@ -184,9 +184,11 @@ def _runs_md(report: Mapping[str, Any]) -> list[str]:
         if r.get("stop_id"):
             s = stops_by_id.get(r["stop_id"], {})
             note = f"{r['stop_id']}: {s.get('rule', '')} {s.get('reason', '')}".strip()
+        step = r.get("reached_step")
+        reached = "" if "reached_step" not in r else ("no step" if step is None else f"step {step}")
         out.append(
             f"| {_cell(r['run'])} | `{r['run_id']}` | {r.get('tier', '')} | "
-            f"{r.get('status', '')} | {metric} | {_cell(note)} |"
+            f"{r.get('status', '')} | {reached} | {metric} | {_cell(note)} |"
         )
     return out
 
