@@ -41,8 +41,10 @@ def restart_verification(
     done = folder.read_json(RESTART_FILE)
     if done and done.get("identical") and done.get("run_id") == resolved.run_id:
         return done
-    # A run a stop rule ended is checked as what it is (its last checkpoint), from its record.
-    stop = next((s for s in read_stops(folder.root) if s.run_id == resolved.run_id), None)
+    # A run a stop rule ended is checked as what it is (its last checkpoint), from its record;
+    # an earlier failure of this check is no stop of the run.
+    stops = [s for s in read_stops(folder.root) if s.phase != "restart"]
+    stop = next((s for s in stops if s.run_id == resolved.run_id), None)
     with gpu_slot(
         spec.gpu_lock.name,
         timeout_s=spec.gpu_lock.timeout_s,

@@ -567,7 +567,7 @@ def output_check_target(
     inputs = resolve_inputs(spec, base_dir=src.resolve().parent, out_dir=out)
     stops: dict[str, StopRecord] = {}
     for rec in read_stops(out):  # a run's first stop is the one that ended it
-        if rec.run_id in runs.values():
+        if rec.run_id in runs.values() and rec.phase != "restart":  # not a failed check's
             stops.setdefault(rec.run_id, rec)
     return OutputCheckTarget(
         spec=spec, corpus_path=corpus, store=store, runs=runs, inputs=inputs, stops=stops
