@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 from gpucampaign.verify.checks import verify_output
+from tests.cli.test_watch import _capture
 from tests.faults.test_signals import _long_campaign, _trained_steps
 from tests.flows.test_campaign import campaign_cli, jsonl, run_flow, tiny_campaign
 from tests.flows.test_futility import cannot_win
@@ -242,3 +245,47 @@ def test_a_calendar_that_does_not_fit_is_said_before_the_start(tmp_path):
     assert decision["action"] == "re-pose" and decision["by"] == "auto"
     assert run.returncode == 3, run.stdout[-2000:] + run.stderr[-3000:]
     _no_noise(run.stdout + run.stderr)
+
+
+def _pane_lines(stream: Path) -> list[str]:
+    """The lines the terminal was sent: colours dropped, and every cursor move or erase (how a
+    live line is redrawn) taken as a line's end."""
+    raw = stream.read_bytes().decode("utf-8", "replace") if stream.exists() else ""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", raw)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\x1b[=>]", "\n", text)
+    return [ln.strip() for ln in re.split(r"[\r\n]", text) if ln.strip()]
+
+
+@pytest.mark.process
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_a_ctrl_c_in_a_terminal_ends_the_live_line_before_any_log_line(tmp_path):
+    """`campaign run` in a tmux pane, Ctrl-C typed while the control trains: the pane shows
+    every log line on a line of its own (never glued onto the live line) and no ERROR line."""
+    spec, out = _long_campaign(tmp_path), tmp_path / "out"
+    session, stream = f"gpcstop{os.getpid()}", tmp_path / "pane.bytes"
+    cmd = (
+        f"sleep 1; cd {ROOT} && PYTHONPATH={ROOT / 'src'}:{ROOT} {sys.executable} -m "
+        f"gpucampaign.cli run {spec} --out {out}; echo EXIT=$?; sleep 600"
+    )
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "220", "-y", "50", cmd], check=True
+    )
+    try:
+        subprocess.run(["tmux", "pipe-pane", "-t", session, f"cat >> {stream}"], check=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and _trained_steps(out) < 200:
+            time.sleep(0.1)
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+        while time.monotonic() < deadline and "EXIT=" not in _capture(session):
+            time.sleep(0.2)
+        pane = _capture(session)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    assert "EXIT=130" in pane, pane
+    drawn = _pane_lines(stream)
+    _no_noise("\n".join(drawn))
+    log_line = re.compile(r"\d\d:\d\d:\d\d\.\d{3} \| (INFO|WARNING|ERROR)")
+    logs = [ln for ln in drawn if log_line.search(ln)]
+    assert any("campaign interrupted by SIGINT" in ln for ln in logs), drawn
+    # A log line starts its own line: nothing of a live line before its timestamp.
+    assert all(log_line.match(ln) for ln in logs), [ln for ln in logs if not log_line.match(ln)]
