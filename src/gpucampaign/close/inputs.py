@@ -58,19 +58,16 @@ def closing_inputs(spec: CampaignSpec, *, root: str | Path, base_dir: str | Path
         return ClosingInputs()
     found, _ = pinned_corpus(spec, out_dir=root, spec_dir=base_dir)
     original = corpus_path(spec, base_dir=base_dir)
-    changed = [
-        line
-        for line in [
-            _changed_line(
-                f"the corpus '{spec.corpus.path}'",
-                original,
-                pinned=spec.corpus.sha256,
-                kept=found if found is not None and found != original else None,
-                root=Path(root).resolve(),
-            )
-        ]
-        if line
-    ]
+    changed: list[str] = []
+    if found is None or found.resolve() != original.resolve():  # else the original holds its pin
+        line = _changed_line(
+            f"the corpus '{spec.corpus.path}'",
+            original,
+            pinned=spec.corpus.sha256,
+            kept=found,
+            root=Path(root).resolve(),
+        )
+        changed += [line] if line else []
     paths = resolve_inputs(spec, base_dir=base_dir, out_dir=root)
     for name, item in spec.inputs.items():
         path = resolve_inside(Path(base_dir), item.path, field=f"inputs.{name}.path")
