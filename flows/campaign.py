@@ -25,6 +25,7 @@ from gpucampaign.folder.lock import writer_lock
 from gpucampaign.folder.records import (
     fix_campaign_id,
     read_pilot,
+    read_stops,
     run_states,
     runs_with_model,
     write_pilot,
@@ -41,7 +42,7 @@ from gpucampaign.spec.recipefile import use_recipe_dir
 from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign_prefect.orchestration import notify
 from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit, say_lock_note
-from gpucampaign_prefect.orchestration.phases import artifact_key
+from gpucampaign_prefect.orchestration.phases import artifact_key, stop_of
 from gpucampaign_prefect.tasks.audit import data_audit
 from gpucampaign_prefect.tasks.close import close_campaign, mirror, seal
 from gpucampaign_prefect.tasks.decide import decision_point
@@ -54,12 +55,12 @@ DEFAULT_OUT = "out/campaign"
 
 
 def _stop_of(future: Any) -> StopRule | None:
-    """Wait for a task; return its StopRule if it raised one (other errors propagate)."""
+    """Wait for a task; return the stop that ended it (a ``Stopped`` state, or a StopRule
+    raised), else None (other errors propagate)."""
     try:
-        future.result()
+        return stop_of(future.result())
     except StopRule as exc:
         return exc
-    return None
 
 
 @flow(name="campaign", flow_run_name=campaign_run_name, log_prints=False)
@@ -257,6 +258,7 @@ def _experiments(
 ) -> tuple[Decision, StopRule | None, dict[str, dict[str, Any]]]:
     """Pilot, decision point, the runs under the GPU lock, restart verification, predictions."""
     logger = get_run_logger()
+    earlier = {s.stop_id for s in read_stops(folder.root)}  # a rerun's stops are not news
     measured = read_pilot(folder.root)
     pilot_exc = _pilot_every_run(cs, measured=measured, common=common)
     pilot_stops = [{**stop.to_record(), "run": run} for run, stop in pilot_exc.items()]
@@ -286,7 +288,10 @@ def _experiments(
     for run, fut in futures.items():  # each stop is said as soon as its run ends
         if (stop := _stop_of(fut)) is not None:
             run_stops[run] = stop
-            _say_stop(cs, run=run, stop=stop, campaign_id=campaign_id)
+            if stop.stop_id in earlier:
+                logger.info("run '%s' stopped in an earlier start, as recorded: %s", run, stop)
+            else:
+                _say_stop(cs, run=run, stop=stop, campaign_id=campaign_id)
     essential_stop = campaign_stop(cs, run_stops=run_stops, restart_stop=_stop_of(restart_future))
     states = run_states(cs, root=folder.root, decision=decision)
     with_model = runs_with_model(states, root=folder.root)
@@ -305,8 +310,8 @@ def _say_stop(cs: CampaignSpec, *, run: str, stop: StopRule, campaign_id: str) -
             run,
             stop,
         )
-    elif effect == "ends":
-        logger.error("essential run '%s' stopped: %s", run, stop)
+    elif effect == "ends":  # a stop the campaign handles: it closes with it, no error
+        logger.warning("essential run '%s' stopped; the campaign closes: %s", run, stop)
         notify.essential_stop(campaign=campaign_id, name=cs.name, run=run, stop=str(stop))
     else:
         logger.warning(

@@ -7,9 +7,11 @@ With an S3 store that holds the folder's mirror, the folder itself is first retr
 fresh one, so the check reads what a user would get back, not the local disk.
 The flow fails loudly when any run cannot be resumed, when there is nothing to resume, or
 when the rental ends within the margin while some files are only on this machine. It never
-passes on an older checkpoint: the latest kept one is checked, and the report artifact names
-per run the checkpoint expected, what was wrong (missing object, sha256 mismatch with both
-hashes, not resumable) and the older checkpoint that would still resume.
+passes on an older checkpoint: the latest kept one is checked (for a run a stop rule ended,
+its last checkpoint must load whole, and only the steps it recorded after it are replayed), and
+the report artifact names per run the checkpoint checked and why, the checkpoint
+expected, what was wrong (missing object, sha256 mismatch with both hashes, not resumable) and
+the older checkpoint that would still resume.
 """
 
 from __future__ import annotations
@@ -129,9 +131,8 @@ def _check(out_dir: Path, *, spec: str | None, steps: int) -> list[dict[str, Any
         logger.error("restart verification: %s", line)
     if failures:
         raise NoUsableRestart(cs.name, "restart verification failed for " + "; ".join(failures))
-    logger.info(
-        "restart verification: %d run(s) resume exactly: %s", len(reports), ", ".join(target.runs)
-    )
+    for r in reports:  # which checkpoint each check took, and why; a stopped run says so
+        logger.info("restart verification: %s", r["summary"])
     return reports
 
 
@@ -173,7 +174,9 @@ def restart_markdown(name: str, out_dir: Path, reports: list[dict[str, Any]]) ->
     for r in reports:
         problem = r.get("problem") or {}
         wrong = _problem_text(problem) if problem else ""
-        if r.get("ok"):
+        if r.get("ok") and r.get("mode") == "stopped":
+            result = "stopped run: its last checkpoint loads whole"
+        elif r.get("ok"):
             result = "resumes exactly"
         elif problem:
             result = f"**{problem.get('kind')}**"
@@ -189,6 +192,9 @@ def restart_markdown(name: str, out_dir: Path, reports: list[dict[str, Any]]) ->
             f"{_cell(wrong)} | {still} | {r.get('compared_steps', '')} | "
             f"{'' if diff is None else format(diff, 'g')} |"
         )
+    checked = [f"- {_cell(r['run'])}: {_cell(r['checked'])}" for r in reports if r.get("checked")]
+    if checked:
+        lines += ["", "Which checkpoint each check took, and why:", "", *checked]
     return "\n".join(lines)
 
 

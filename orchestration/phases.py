@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Cancelled
+from prefect.states import Cancelled, Completed, State
 
 from gpucampaign.core.files import utc_now
 from gpucampaign.core.interrupt import Interrupted
@@ -55,6 +55,42 @@ def cancel_on_interrupt(fn: F) -> F:
             return Cancelled(message=f"{exc}; rerun to resume", data=exc)
 
     return cast(F, wrapper)
+
+
+#: The name of the state a phase ends in when a stop rule the flow handles ended it: the UI
+#: shows a stop as what it is (a Completed state of that name), never as a Failed task run.
+STOPPED = "Stopped"
+
+
+def stopped_state(exc: StopRule) -> State[Any]:
+    """The state of a task a stop rule ended: ``Completed`` named ``Stopped``, with the stop's
+    message; its result is the stop itself (``stop_of`` reads it back in the flow)."""
+    return Completed(name=STOPPED, message=str(exc), data=exc)
+
+
+def stop_of(value: Any) -> StopRule | None:
+    """The stop a phase's result carries (``stopped_state``), or None."""
+    return value if isinstance(value, StopRule) else None
+
+
+def ends_on_stop(phase: str) -> Callable[[F], F]:
+    """Under ``@task``: a stop rule the phase raises is recorded in ``stops.jsonl`` first
+    (once per stop ID, from the call's ``out`` and ``run``, else the phase's name), then ends
+    the task in ``stopped_state``: not Failed, never retried."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except StopRule as exc:
+                run = str(kwargs.get("run") or phase)
+                record_stop(out_folder(kwargs["out"]), exc, run=run, phase=phase)
+                return stopped_state(exc)
+
+        return cast(F, wrapper)
+
+    return wrap
 
 
 TRAINING_PHASES = ("pilot", "train")

@@ -7,7 +7,6 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from gpucampaign.core.stoprules import StopRule
 from gpucampaign.folder.layout import AUDIT_FILE
 from gpucampaign.recipe.audit import audit_corpus
 from gpucampaign.spec import CampaignSpec
@@ -16,22 +15,19 @@ from gpucampaign_prefect.orchestration.phases import (
     artifact_key,
     busy,
     cancel_on_interrupt,
+    ends_on_stop,
     out_folder,
-    record_stop,
 )
 
 
 @task(name="data-audit", task_run_name="data-audit", **PHASE_OPTIONS)
 @cancel_on_interrupt
+@ends_on_stop("audit")
 def data_audit(spec: CampaignSpec, *, base_dir: str, out: str) -> dict[str, Any]:
     """Audit the pinned corpus; hard findings raise a stop rule, soft ones are listed."""
     folder = out_folder(out)
-    try:
-        with busy(folder, spec, phase="audit"):
-            report = audit_corpus(spec, base_dir=base_dir)
-    except StopRule as exc:
-        record_stop(folder, exc, run="audit", phase="audit")
-        raise
+    with busy(folder, spec, phase="audit"):
+        report = audit_corpus(spec, base_dir=base_dir)
     folder.write_json(AUDIT_FILE, report)
     findings = report.get("findings") or []
     lines = [f"- **{f['severity']}** {f['check']}: {f['message']}" for f in findings]

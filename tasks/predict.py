@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 
 from gpucampaign.close.closing import analyse_runs
-from gpucampaign.data.corpus import load_spec_corpus
+from gpucampaign.close.inputs import closing_inputs
 from gpucampaign.spec import CampaignSpec
 from gpucampaign_prefect.orchestration.phases import (
     PHASE_OPTIONS,
@@ -28,6 +28,12 @@ def predictions(
         The error analysis per run name (with flips against the control when it has one).
     """
     folder = out_folder(out)
-    corpus = load_spec_corpus(spec, base_dir=base_dir)
+    # An input changed during the campaign is read from the copy the folder kept at the start.
+    inputs = closing_inputs(spec, root=folder.root, base_dir=base_dir)
+    if spec.corpus is not None and inputs.corpus is None:
+        get_run_logger().warning(
+            "no predictions: %s", "; ".join(inputs.changed) or "the corpus does not load"
+        )
+        return {}
     with busy(folder, spec, phase="predict", note=", ".join(runs)):
-        return analyse_runs(spec, root=folder.root, corpus=corpus, runs=runs)
+        return analyse_runs(spec, root=folder.root, corpus=inputs.corpus, runs=runs)

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 
 from gpucampaign.core.interrupt import raise_if_stopped
-from gpucampaign.core.stoprules import StopRule
 from gpucampaign.folder.layout import RESTART_FILE
 from gpucampaign.folder.progress import relay_check_progress
-from gpucampaign.restartcheck.earlysave import campaign_restart_check
+from gpucampaign.folder.records import read_stops
+from gpucampaign.restartcheck.earlysave import campaign_restart_check, check_stopped_run
 from gpucampaign.restartcheck.scheduled import OutputCheckTarget, check_latest_checkpoint
 from gpucampaign.spec import CampaignSpec
 from gpucampaign_prefect.orchestration.gpu_lock import gpu_slot
@@ -23,13 +23,14 @@ from gpucampaign_prefect.orchestration.phases import (
     PHASE_OPTIONS,
     busy,
     cancel_on_interrupt,
+    ends_on_stop,
     out_folder,
-    record_stop,
 )
 
 
 @task(name="restart-verification", task_run_name="restart-verification[{run}]", **PHASE_OPTIONS)
 @cancel_on_interrupt
+@ends_on_stop("restart")
 def restart_verification(
     spec: CampaignSpec, *, base_dir: str, out: str, run: str
 ) -> dict[str, Any]:
@@ -40,27 +41,39 @@ def restart_verification(
     done = folder.read_json(RESTART_FILE)
     if done and done.get("identical") and done.get("run_id") == resolved.run_id:
         return done
-    try:
-        with gpu_slot(
-            spec.gpu_lock.name,
-            timeout_s=spec.gpu_lock.timeout_s,
-            lease_s=spec.gpu_lock.lease_s,
-            campaign=spec.name,
-            out=out,
-            run=f"restart check of {resolved.run_id}",
-            slots=resolved.size.processes,  # a data-parallel run's check trains on its GPUs
+    # A run a stop rule ended is checked as what it is (its last checkpoint), from its record;
+    # an earlier failure of this check is no stop of the run.
+    stops = [s for s in read_stops(folder.root) if s.phase != "restart"]
+    stop = next((s for s in stops if s.run_id == resolved.run_id), None)
+    with gpu_slot(
+        spec.gpu_lock.name,
+        timeout_s=spec.gpu_lock.timeout_s,
+        lease_s=spec.gpu_lock.lease_s,
+        campaign=spec.name,
+        out=out,
+        run=f"restart check of {resolved.run_id}",
+        slots=resolved.size.processes,  # a data-parallel run's check trains on its GPUs
+    ):
+        with (
+            busy(folder, spec, phase="restart", run=run, note=resolved.run_id),
+            tempfile.TemporaryDirectory(prefix="gpucampaign-restart-") as work,
         ):
-            with (
-                busy(folder, spec, phase="restart", run=run, note=resolved.run_id),
-                tempfile.TemporaryDirectory(prefix="gpucampaign-restart-") as work,
-                _relayed(Path(work), folder.run_dir(resolved.run_id)),
-            ):
-                report = campaign_restart_check(
-                    spec, run=resolved, base_dir=base_dir, out_dir=out, workdir=Path(work)
+            if stop is not None:  # its last checkpoint: loaded here, replayed only when it can
+                report = check_stopped_run(
+                    spec,
+                    run=resolved,
+                    stop=stop,
+                    base_dir=base_dir,
+                    out_dir=out,
+                    workdir=Path(work),
                 )
-    except StopRule as exc:
-        record_stop(folder, exc, run=run, phase="restart")
-        raise
+            else:
+                with _relayed(Path(work), folder.run_dir(resolved.run_id)):
+                    report = campaign_restart_check(
+                        spec, run=resolved, base_dir=base_dir, out_dir=out, workdir=Path(work)
+                    )
+    if report.checked:
+        get_run_logger().info("restart check of %s: %s", resolved.run_id, report.checked)
     result = {**report.to_dict(), "run": run, "run_id": resolved.run_id}
     folder.write_json(RESTART_FILE, result)
     return result

@@ -27,8 +27,8 @@ from gpucampaign_prefect.orchestration.phases import (
     PHASE_OPTIONS,
     busy,
     cancel_on_interrupt,
+    ends_on_stop,
     out_folder,
-    record_stop,
 )
 from gpucampaign_prefect.orchestration.ui import TrainingView
 
@@ -59,44 +59,42 @@ def _run_training(
     stopped = recorded_stop(out, run_id)
     if stopped is not None:
         raise stopped
+    # The inputs are checked again at each start: one changed since the audit is a stop
+    # (``EssentialInputMissing``), recorded by the task (``ends_on_stop``) like any other.
     corpus = load_spec_corpus(spec, base_dir=base_dir, run_id=run_id)
     store = open_store(spec.storage.url, out_dir=Path(out))
     progress = TrainingView(phase, run_id, out=out, campaign=spec.name, store=store)
     lock = spec.gpu_lock
-    try:
-        with (
-            gpu_slot(
-                lock.name,
-                timeout_s=lock.timeout_s,
-                lease_s=lock.lease_s,
-                campaign=spec.name,
-                out=out,
-                run=f"{phase} of {run_id}",
-                slots=run.size.processes,  # a data-parallel run holds one slot per GPU
-            ),
-            busy(folder, spec, phase=phase, run=run.name, note=run_id) as row,
-        ):
-            try:
-                result = train_run(
-                    spec,
-                    run=run,
-                    corpus=corpus,
-                    store=store,
-                    out_dir=folder.run_dir(run_id),
-                    stop_after_steps=stop_after_steps,
-                    progress=progress,
-                    on_save=lambda info: heartbeat(folder.root, row, checkpoint_step=info["step"]),
-                    lane=lane,
-                )
-            except Futile as exc:  # the segment says what it trained before the lane was freed
-                row.steps, row.note = futile_segment(folder.root, exc)
-                raise
-            row.steps = 0 if result.reused else result.steps_done - (result.resumed_from_step or 0)
-            if result.reused:
-                row.note = f"{run_id}: recorded result reused, nothing trained"
-    except StopRule as exc:
-        record_stop(folder, exc, run=run.name, phase=phase)
-        raise
+    with (
+        gpu_slot(
+            lock.name,
+            timeout_s=lock.timeout_s,
+            lease_s=lock.lease_s,
+            campaign=spec.name,
+            out=out,
+            run=f"{phase} of {run_id}",
+            slots=run.size.processes,  # a data-parallel run holds one slot per GPU
+        ),
+        busy(folder, spec, phase=phase, run=run.name, note=run_id) as row,
+    ):
+        try:
+            result = train_run(
+                spec,
+                run=run,
+                corpus=corpus,
+                store=store,
+                out_dir=folder.run_dir(run_id),
+                stop_after_steps=stop_after_steps,
+                progress=progress,
+                on_save=lambda info: heartbeat(folder.root, row, checkpoint_step=info["step"]),
+                lane=lane,
+            )
+        except Futile as exc:  # the segment says what it trained before the lane was freed
+            row.steps, row.note = futile_segment(folder.root, exc)
+            raise
+        row.steps = 0 if result.reused else result.steps_done - (result.resumed_from_step or 0)
+        if result.reused:
+            row.note = f"{run_id}: recorded result reused, nothing trained"
     progress.finish(folder)
     if (unsent := tracking_note(folder.run_dir(run_id))) is not None:
         get_run_logger().warning(unsent)
@@ -105,6 +103,7 @@ def _run_training(
 
 @task(name="pilot", task_run_name="pilot[{run}]", **PHASE_OPTIONS)
 @cancel_on_interrupt
+@ends_on_stop("pilot")
 def pilot(
     spec: CampaignSpec, *, base_dir: str, out: str, run: str, lane: int = 0
 ) -> dict[str, Any]:
@@ -128,6 +127,7 @@ def pilot(
 
 @task(name="train", task_run_name="train[{run_id}]", **PHASE_OPTIONS)
 @cancel_on_interrupt
+@ends_on_stop("train")
 def train(
     spec: CampaignSpec, *, base_dir: str, out: str, run: str, run_id: str, lane: int = 0
 ) -> dict[str, Any]:

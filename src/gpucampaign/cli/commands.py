@@ -31,7 +31,7 @@ from gpucampaign.cli.common import (
 from gpucampaign.cli.progress import PLAIN_EVERY_S
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.storageurl import LOCAL, is_local
-from gpucampaign.folder.layout import REPORT_MD, TIMELINE
+from gpucampaign.folder.layout import MANIFEST, REPORT_MD, TIMELINE
 from gpucampaign.spec import CampaignSpec, SpecError
 
 _CALIBRATE_HELP = (
@@ -332,7 +332,12 @@ def _check_output_restart(
 
 
 def _print_restart(report: Any) -> None:
+    if report.mode == "stopped":  # a run a stop rule ended: its last checkpoint, checked
+        say(f"{esc(report.run_id)}: [green]stopped run, checkpoint sound[/]: {esc(report.checked)}")
+        return
     verdict = "[green]identical[/]" if report.identical else "[red]NOT identical[/]"
+    if report.checked:
+        say(f"{esc(report.run_id)}: {esc(report.checked)}")
     say(
         f"{esc(report.run_id)}: {verdict} over {report.compared_steps} steps (interrupted at step "
         f"{report.k}, {report.threads} thread(s), {esc(report.device)}); max |diff| "
@@ -392,6 +397,8 @@ def run_cmd(
 
     cs = load_spec(spec)
     target = _checked_target(spec, cs, out=out, decision=decision)
+    for line in _before_the_start(spec, cs, target=target, decision=decision):
+        err_console.print(line, soft_wrap=True, highlight=False)
     # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
     # terminal unless asked for: the progress lines say what runs.
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
@@ -450,6 +457,36 @@ def _checked_target(
     refuse_sealed_rewrite(target, cs, base_dir=spec.resolve().parent)
     preflight(cs, base_dir=spec.resolve().parent, out_dir=target)
     return target
+
+
+def _before_the_start(
+    spec: Path, cs: CampaignSpec, *, target: Path, decision: str | None
+) -> list[str]:
+    """What the user learns before the campaign starts: one line when its calendar does not fit
+    its window (the overrun and ``campaign plan``'s options; the decision point after the
+    pilot then reduces it or re-poses the question, as the spec's ``decision_point`` says), one
+    when the folder holds a closed campaign (a rerun repeats nothing)."""
+    from gpucampaign.plan import calendar
+
+    lines = []
+    if (target / MANIFEST).is_file():
+        lines.append(
+            f"[bold]closed campaign:[/] {esc(target)} is sealed (manifest.json); a rerun repeats "
+            "nothing: no run trains again and its recorded stops stand; the folder is only "
+            f"closed and verified again. Its report: {esc(target / REPORT_MD)}"
+        )
+    d = calendar.plan(cs, base_dir=spec.resolve().parent).to_dict()
+    if not d["fits"]:
+        mode = decision or cs.decision_point.mode
+        options = ", ".join(o["kind"] for o in d["options"]) or "none"
+        lines.append(
+            f"[yellow]warning:[/] the calendar does not fit its window: {d['overrun_hours']:g} h "
+            f"over (span {d['span_hours']:g} h in {d['window_hours']:g} h); options: "
+            f"{esc(options)} (`campaign plan {esc(spec)}` says each). The campaign starts; its "
+            f"decision point after the pilot (mode {mode}) reduces the runs to fit or re-poses "
+            "the question."
+        )
+    return lines
 
 
 def _end_of_run(state: Any, *, target: Path, question: str | None) -> None:

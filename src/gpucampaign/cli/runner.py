@@ -38,26 +38,34 @@ def prefect_environment(*, logging_level: str | None = None) -> dict[str, str]:
 
 
 class ExpectedStops(logging.Filter):
-    """Drop Prefect's ERROR line for a task that ended by a stop rule (a futile variant, the
-    quality floor): the flow records the stop, and the progress line and the flow's own
-    warning say it; an ERROR line for an outcome the campaign planned for reads as a crash."""
+    """Drop Prefect's ERROR lines for outcomes the campaign planned for: a task that ended by a
+    stop rule (a futile variant, the quality floor: the flow records the stop, and the progress
+    line and the flow's own warning say it), an interruption (Ctrl-C or SIGTERM: the task ends
+    Cancelled, the phases waiting on it are left NotReady, and the end of the run says it was
+    interrupted and saved). An ERROR line for any of them reads as a crash."""
 
     _names = "|".join(sorted(cls.__name__ for cls in STOP_RULES.values()))
     _stop = re.compile(rf"encountered an exception ({_names}):")
+    _interrupted = re.compile(r"Finished in state (Cancelled|NotReady)\(")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """False for the record of a task that ended by a stop rule."""
+        """False for the record of a task that ended by a stop rule or an interruption."""
         if record.levelno < logging.ERROR:
             return True
         exc = record.exc_info[1] if record.exc_info else None
-        return not (isinstance(exc, StopRule) or self._stop.search(record.getMessage()))
+        if isinstance(exc, StopRule | interrupt.Interrupted):
+            return False
+        message = record.getMessage()
+        return not (self._stop.search(message) or self._interrupted.search(message))
 
 
 def quiet_expected_stops() -> None:
-    """Keep Prefect's task-run ERROR lines for stop rules out of the terminal."""
-    logger = logging.getLogger("prefect.task_runs")
-    if not any(isinstance(f, ExpectedStops) for f in logger.filters):
-        logger.addFilter(ExpectedStops())
+    """Keep Prefect's task-run ERROR lines for stop rules and interruptions out of the
+    terminal."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ExpectedStops) for f in logger.filters):
+            logger.addFilter(ExpectedStops())
 
 
 def load_flow(module: str, name: str) -> Any:

@@ -20,6 +20,7 @@ from gpucampaign.close.error_analysis import error_analysis, rows_analysis
 from gpucampaign.close.evidence import closing_verdict, run_evidence, run_metrics, verdict_splits
 from gpucampaign.close.forecast import aligned_intervals, forecast_vs_actual
 from gpucampaign.close.futility import futility_savings
+from gpucampaign.close.inputs import closing_inputs
 from gpucampaign.close.ledger import read_ledger
 from gpucampaign.close.manifest import build_manifest, collect_environment, reference_corpus
 from gpucampaign.close.predictions import (
@@ -36,7 +37,6 @@ from gpucampaign.close.verdict import Verdict
 from gpucampaign.close.verdict_steps import refuse_rejected
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.core.text import say_number
-from gpucampaign.data.corpus import corpus_path, load_spec_corpus
 from gpucampaign.folder.layout import (
     CALENDAR_PNG,
     CONFUSION_PNG,
@@ -89,6 +89,7 @@ class ClosedRuns:
     environment: dict[str, Any]
     corpus_ref: dict[str, Any] | None
     deliveries: list[dict[str, Any]] = field(default_factory=list)
+    changed_inputs: list[str] = field(default_factory=list)  # inputs changed mid-campaign
 
     def table_rows(self) -> list[dict[str, str]]:
         """The runs as short text cells (run ID, tier, status, metric, stop) for a UI table;
@@ -214,9 +215,12 @@ def expected_runs(states: Mapping[str, RunState]) -> dict[str, dict[str, Any]]:
     return {rid: s.to_dict() for rid, s in states.items()}
 
 
-def delivery(root: str | Path, state: RunState, *, corpus: Any) -> dict[str, Any]:
+def delivery(
+    root: str | Path, state: RunState, *, corpus: Any, need_corpus: bool = True
+) -> dict[str, Any]:
     """A run as a delivery candidate: accepted only when complete and its model reproduces its
-    predictions here (the fresh-process check of ``campaign verify`` follows the manifest)."""
+    predictions here (the fresh-process check of ``campaign verify`` follows the manifest);
+    with ``need_corpus`` and no ``corpus`` (no file holds its pin any more), not checked."""
     model_file = run_path(root, state.run_id, MODEL_WEIGHTS)
     sha = sha256_file(model_file) if model_file.is_file() else sha256_bytes(state.run_id.encode())
     out = {"id": state.run_id, "content_sha256": sha, "accepted": False}
@@ -225,6 +229,12 @@ def delivery(root: str | Path, state: RunState, *, corpus: Any) -> dict[str, Any
         if state.stop_id:
             reason = f"{state.status} (stop {state.stop_id})"
         return {**out, "reason": reason}
+    if corpus is None and need_corpus:
+        return {
+            **out,
+            "reason": "not reload-checked: the corpus changed during the campaign and no copy "
+            "with its pinned sha256 is kept",
+        }
     check = reload_check(root, [state.run_id], corpus=corpus)[state.run_id]
     if check["error"]:
         return {**out, "reason": f"does not reload: {check['error']}"[:300]}
@@ -296,11 +306,17 @@ def runs_table(
     analyses: Mapping[str, Any],
     resume_of: Mapping[str, str] | None = None,
     gpus_of: Mapping[str, int] | None = None,
+    metrics: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """The report's runs: ``{run_id, run, tier, status, metric, stop_id, analysis, resume,
-    interrupted, gpus, step_s}`` (``resume``: the run config's choice after an interruption,
-    ``training`` by default; ``interrupted``: what an inference restart recorded, else None;
-    ``gpus``: its data-parallel processes; ``step_s``: its measured median step time)."""
+    interrupted, gpus, step_s, reached_step}`` (``resume``: the run config's choice after an
+    interruption, ``training`` by default; ``interrupted``: what an inference restart recorded,
+    else None; ``gpus``: its data-parallel processes; ``step_s``: its measured median step time;
+    ``reached_step``: the last training step its ``metrics`` record, None when it trained none)."""
+    reached = {
+        run: max((r["step"] for r in rows if r.get("kind") == "train"), default=None)
+        for run, rows in (metrics or {}).items()
+    }
     return [
         {
             "run_id": rid,
@@ -314,6 +330,7 @@ def runs_table(
             "interrupted": s.result.interrupted if s.result is not None else None,
             "gpus": (gpus_of or {}).get(s.run, 1),
             "step_s": s.result.timings.get("step_s") if s.result is not None else None,
+            "reached_step": reached.get(s.run),
         }
         for rid, s in states.items()
     ]
@@ -368,8 +385,12 @@ def close_runs(
     metric_of = run_metrics(
         states, metric=spec.decision_rule.metric if spec.decision_rule else None
     )
-    corpus = load_spec_corpus(spec, base_dir=base_dir) if spec.corpus else None
-    deliveries = [delivery(root, s, corpus=corpus) for s in states.values()]
+    # An input changed during the campaign: read from the copy the folder kept, and named.
+    inputs = closing_inputs(spec, root=root, base_dir=base_dir)
+    deliveries = [
+        delivery(root, s, corpus=inputs.corpus, need_corpus=spec.corpus is not None)
+        for s in states.values()
+    ]
     verdict = refuse_rejected(
         verdict,
         rejected={states[d["id"]].run: d["reason"] for d in deliveries if not d["accepted"]},
@@ -392,10 +413,8 @@ def close_runs(
         split=spec.decision_split,
     )
     corpus_ref = None
-    if spec.corpus:
-        corpus_ref = reference_corpus(
-            root, corpus_path(spec, base_dir=base_dir), sha256=spec.corpus.sha256
-        )
+    if spec.corpus and inputs.path is not None:
+        corpus_ref = reference_corpus(root, inputs.path, sha256=spec.corpus.sha256)
     keep_recipe_sources(spec, root=root)
     environment = collect_environment(cwd=base_dir)
     write_reload_md(
@@ -415,6 +434,7 @@ def close_runs(
             analyses=analyses,
             resume_of={r: spec.run_config(r).resume for r in spec.run_names()},
             gpus_of={r: run_size(spec.run_config(r)).processes for r in spec.run_names()},
+            metrics=metrics,
         ),
         metrics=metrics,
         figures=figs,
@@ -423,6 +443,7 @@ def close_runs(
         environment=environment,
         corpus_ref=corpus_ref,
         deliveries=deliveries,
+        changed_inputs=inputs.changed,
     )
 
 
@@ -469,6 +490,7 @@ def write_closing_documents(
         decisions=closed.decisions,
         figures=closed.figures,
         futility=futility_savings(root, stops=closed.stops, timeline=timeline),
+        changed_inputs=closed.changed_inputs,
     )
     write_report(root, report)
     return report

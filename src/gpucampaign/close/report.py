@@ -59,6 +59,7 @@ def build_report(
     decisions: Sequence[DecisionRecord] = (),
     figures: Mapping[str, str] | None = None,
     futility: Mapping[str, Any] | None = None,
+    changed_inputs: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The closing report as data (``report.json``); ``render_report_md`` turns it into text.
 
@@ -75,6 +76,8 @@ def build_report(
         decisions: ``decisions.jsonl`` records.
         figures: ``{calendar|curves|confusion: relative PNG path}`` inside the output folder.
         futility: ``futility.futility_savings``'s result: the GPU time the futility stops saved.
+        changed_inputs: one line per input that changed during the campaign
+            (``inputs.closing_inputs``).
 
     Returns:
         A JSON-ready dict whose top level holds the ``SUMMARY_KEYS`` (``campaign report --json``).
@@ -93,6 +96,7 @@ def build_report(
         "decisions": [d.to_dict() for d in decisions],
         "figures": dict(figures or {}),
         "futility": dict(futility or {"runs": [], "saved_s": None}),
+        "changed_inputs": list(changed_inputs),
     }
 
 
@@ -164,12 +168,20 @@ def _seeds_md(verdict: Mapping[str, Any]) -> list[str]:
     return ["**Seeds as evidence**", "", *out, ""] if out else []
 
 
+def _changed_inputs_md(report: Mapping[str, Any]) -> list[str]:
+    """The inputs that changed during the campaign (nothing when none did)."""
+    changed = report.get("changed_inputs") or []
+    if not changed:
+        return []
+    return ["## Inputs changed during the campaign", "", *[f"- {line}" for line in changed], ""]
+
+
 def _runs_md(report: Mapping[str, Any]) -> list[str]:
     out = [
         "## Runs",
         "",
-        "| run | run ID | tier | status | metric | note |",
-        "|---|---|---|---|---:|---|",
+        "| run | run ID | tier | status | reached | metric | note |",
+        "|---|---|---|---|---:|---:|---|",
     ]
     stops_by_id = {s.get("stop_id"): s for s in report.get("stops", [])}
     threshold = (report["verdict"].get("numbers") or {}).get("threshold")
@@ -179,9 +191,11 @@ def _runs_md(report: Mapping[str, Any]) -> list[str]:
         if r.get("stop_id"):
             s = stops_by_id.get(r["stop_id"], {})
             note = f"{r['stop_id']}: {s.get('rule', '')} {s.get('reason', '')}".strip()
+        step = r.get("reached_step")
+        reached = "" if "reached_step" not in r else ("no step" if step is None else f"step {step}")
         out.append(
             f"| {_cell(r['run'])} | `{r['run_id']}` | {r.get('tier', '')} | "
-            f"{r.get('status', '')} | {metric} | {_cell(note)} |"
+            f"{r.get('status', '')} | {reached} | {metric} | {_cell(note)} |"
         )
     return out
 
@@ -356,6 +370,7 @@ def render_report_md(report: Mapping[str, Any]) -> str:
     out = [f"# Closing report: {report['campaign']}", "", answer_paragraph(report), ""]
     out += [f"Campaign ID: `{report['campaign_id']}`", "", "## Verdict", "", v["text"], ""]
     out += _seeds_md(v)
+    out += _changed_inputs_md(report)
     out += _runs_md(report)
     out += _scaling_md(report)
     out += ["", "## Budget", "", render_budget_md(report["budget"], result="the answer above")]

@@ -52,6 +52,7 @@ class RestartReport:
     tolerance_reason: str = ""
     compared: list[str] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
+    checked: str = ""  # which checkpoint was checked, why that one, and how
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""

@@ -18,6 +18,7 @@ when the store keeps no checkpoint before the final step.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from gpucampaign.checkpoint.layout import META_FILE, step_dirname
@@ -26,10 +27,11 @@ from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.data.corpus import corpus_path
 from gpucampaign.data.pins import resolve_inputs
 from gpucampaign.folder.layout import run_path
+from gpucampaign.folder.records import StopRecord
 from gpucampaign.restartcheck.check import verify_restart
 from gpucampaign.restartcheck.compare import RestartReport, compare_states, require_identical
-from gpucampaign.restartcheck.scheduled import ReplayCheck
-from gpucampaign.restartcheck.target import RestartTarget
+from gpucampaign.restartcheck.scheduled import ReplayCheck, verify_checkpoint_resume
+from gpucampaign.restartcheck.target import RestartTarget, pinned_corpus
 from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import NotFound, open_store
 
@@ -138,3 +140,69 @@ def campaign_restart_check(
         workdir=workdir,
     )
     return verify_early_save(target, max_steps=max_steps)
+
+
+def check_stopped_run(
+    spec: CampaignSpec,
+    *,
+    run: ResolvedRun,
+    stop: StopRecord,
+    base_dir: str | Path,
+    out_dir: str | Path,
+    workdir: Path,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> RestartReport:
+    """The restart phase for a run a stop rule ended: its last checkpoint, checked for what it
+    can show. It loads, its hashes match and its state is complete; the steps the run recorded
+    after it are replayed in a fresh process when there are any and its inputs are still the
+    pinned ones (the corpus is read from the copy the output folder kept when the original
+    changed). The report's ``checked`` says which checkpoint and why; a run that stopped
+    before its first save has nothing to check, which is no failed restart either.
+
+    Raises:
+        NoUsableRestart: The checkpoint is refused (``CheckpointCheckFailed`` names the file),
+            or its replay does not reproduce the run.
+    """
+    store = open_store(spec.storage.url, out_dir=Path(out_dir))
+    manager = CheckpointManager(store, run_id=run.run_id, config_sha256=run.config_sha256)
+    if not manager.has_any():
+        at = "" if stop.step is None else f" at step {stop.step}"
+        return RestartReport(
+            identical=True,
+            compared_steps=0,
+            max_abs_diff=0.0,
+            save_s=None,
+            restore_s=None,
+            total_s=0.0,
+            k=0,
+            n=0,
+            threads=run.config.threads,
+            run_id=run.run_id,
+            mode="stopped",
+            resume=run.config.resume,
+            checked=f"no checkpoint: the run stopped{at} ({stop.rule}, {stop.stop_id}) before "
+            "its first save; nothing to check",
+        )
+    t0 = time.perf_counter()
+    assert spec.corpus is not None, "a campaign's run trains on its pinned corpus"
+    corpus, _ = pinned_corpus(spec, out_dir=out_dir, spec_dir=base_dir)
+    no_replay = ""
+    if corpus is None:
+        no_replay = (
+            f"the corpus '{spec.corpus.path}' no longer has its pinned sha256 and the output "
+            "folder keeps no copy of it"
+        )
+    target = RestartTarget(
+        spec=spec,
+        run=run,
+        corpus_path=corpus or corpus_path(spec, base_dir=base_dir),
+        inputs=resolve_inputs(spec, base_dir=base_dir, out_dir=out_dir),
+        store=store,
+        run_dir=run_path(out_dir, run.run_id),
+        workdir=workdir,
+        stopped=stop,
+        no_replay=no_replay,
+    )
+    report = verify_checkpoint_resume(target, m_steps=max_steps)
+    report.total_s = time.perf_counter() - t0
+    return report

@@ -30,17 +30,9 @@ from gpucampaign.checkpoint.verify import (
     CheckpointInvalid,
 )
 from gpucampaign.core.stoprules import NoUsableRestart
-from gpucampaign.data.pins import input_sha256, resolve_inputs
-from gpucampaign.folder.layout import (
-    CHECKPOINTS_DIR,
-    INPUTS,
-    MANIFEST,
-    METRICS_FILE,
-    MODEL_DIR,
-    SPEC_COPY,
-    corpus_file,
-    run_file,
-)
+from gpucampaign.data.pins import resolve_inputs
+from gpucampaign.folder.layout import CHECKPOINTS_DIR, METRICS_FILE, MODEL_DIR, SPEC_COPY, run_file
+from gpucampaign.folder.records import StopRecord, read_stops
 from gpucampaign.restartcheck.child import child_args, spawn, wait, write_child_spec
 from gpucampaign.restartcheck.compare import (
     Comparer,
@@ -49,8 +41,8 @@ from gpucampaign.restartcheck.compare import (
     require_identical,
     train_losses,
 )
-from gpucampaign.restartcheck.target import RestartTarget
-from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError, load_spec, resolve_inside
+from gpucampaign.restartcheck.target import RestartTarget, pinned_corpus
+from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError, load_spec
 from gpucampaign.storage import LocalStore, StorageError, Store, open_store
 
 
@@ -152,6 +144,11 @@ def verify_checkpoint_resume(
     start, planned = ck.step, int(ck.meta["planned_steps"])
     original = probe.original()
     steps = [s for s in range(start + 1, min(planned, start + m_steps) + 1) if s in original]
+    checked = _why_checked(ck, latest=_latest_step(target), stopped=target.stopped)
+    if target.stopped is not None and (not steps or target.no_replay):
+        # A stopped run ends where it stopped: what its last checkpoint can show is that it
+        # loads whole (every hash, the complete state, done by ``_resume_point``).
+        return _loaded_only(probe, ck, checked=checked, why_no_replay=target.no_replay)
     if not steps:
         raise NoUsableRestart(
             probe.run_id,
@@ -162,11 +159,64 @@ def verify_checkpoint_resume(
     if rep.n == planned:
         probe.compare_final_models(rep)
     save_s = float(ck.meta.get("write_s", 0.0)) + float(ck.meta.get("upload_s", 0.0))
+    report = probe.report(rep, mode="checkpoint", save_s=save_s)
+    report.checked = f"{checked}; replayed steps {steps[0]}..{rep.n} in a fresh process"
     return require_identical(
-        probe.report(rep, mode="checkpoint", save_s=save_s),
+        report,
         check=check,
         start=start,
         what=f"resuming the checkpoint of step {start} does not reproduce the recorded run",
+    )
+
+
+def _latest_step(target: RestartTarget) -> int | None:
+    """The step ``LATEST`` names (already read and checked by ``_resume_point``)."""
+    run = target.run
+    ptr = CheckpointManager(
+        target.store, run_id=run.run_id, config_sha256=run.config_sha256
+    ).latest_pointer()
+    return int(ptr["step"]) if ptr else None
+
+
+def _why_checked(ck: LoadedCheckpoint, *, latest: int | None, stopped: StopRecord | None) -> str:
+    """Which checkpoint a check resumed, and why that one."""
+    planned = int(ck.meta["planned_steps"])
+    text = f"checkpoint of step {ck.step} of {planned}"
+    if latest is not None and latest != ck.step:
+        text += (
+            f" (LATEST names step {latest}, the final one, which leaves nothing to resume: "
+            "the kept checkpoint before it)"
+        )
+    else:
+        text += " (the latest kept, LATEST's)"
+    if stopped is not None:
+        at = "" if stopped.step is None else f" at step {stopped.step}"
+        text += f"; the run stopped{at} ({stopped.rule}, {stopped.stop_id})"
+    return text
+
+
+def _loaded_only(
+    probe: ReplayCheck, ck: LoadedCheckpoint, *, checked: str, why_no_replay: str
+) -> RestartReport:
+    """The report of a stopped run's checkpoint that was loaded and verified, not replayed."""
+    why = why_no_replay or f"the run recorded no step after step {ck.step} to replay"
+    run = probe.target.run
+    return RestartReport(
+        identical=True,
+        compared_steps=0,
+        max_abs_diff=0.0,
+        save_s=None,
+        restore_s=ck.read_s,
+        total_s=time.perf_counter() - probe.t0,
+        k=ck.step,
+        n=ck.step,
+        threads=run.config.threads,
+        run_id=run.run_id,
+        mode="stopped",
+        resume=run.config.resume,
+        compared=["loads", "sha256 and checksums", "complete train state"],
+        checked=f"{checked}; it loads, its hashes match and its state is complete; no replay: "
+        f"{why}",
     )
 
 
@@ -317,8 +367,10 @@ class ScheduledCheck:
 
     def summary(self) -> str:
         """One line for a log or a table."""
-        if self.ok:
-            return f"{self.run}: resumes exactly"
+        if self.ok and self.report is not None:
+            if self.report.mode == "stopped":
+                return f"{self.run}: stopped, its last checkpoint checked: {self.report.checked}"
+            return f"{self.run}: resumes exactly: {self.report.checked}"
         problem = self.problem.describe() if self.problem else "not identical"
         older = (
             f"; step {self.resumes_from} would still resume"
@@ -451,6 +503,7 @@ class OutputCheckTarget:
     store: Store
     runs: dict[str, str]  # run name -> run ID, for runs with checkpoints in the store
     inputs: dict[str, Path] = field(default_factory=dict)  # pinned input name -> its file
+    stops: dict[str, StopRecord] = field(default_factory=dict)  # run ID -> the stop that ended it
 
     def for_run(self, run: str, *, out_dir: str | Path, workdir: Path) -> RestartTarget:
         """The restart target of ``run`` (one of ``runs``) of the output folder ``out_dir``."""
@@ -462,6 +515,7 @@ class OutputCheckTarget:
             run_dir=Path(out_dir) / run_file(self.runs[run]),
             workdir=workdir,
             inputs=self.inputs,
+            stopped=self.stops.get(self.runs[run]),
         )
 
 
@@ -491,22 +545,12 @@ def output_check_target(
             "the spec has no 'corpus' section: a restart check resumes training on it.",
             field="corpus",
         )
-    candidates: list[Path] = []
-    for record, key in ((MANIFEST, "corpus"), (INPUTS, "corpus")):
-        if (out / record).is_file():
-            ref = json.loads((out / record).read_text(encoding="utf-8")).get(key) or {}
-            if ref.get("kind") == "copied" and ref.get("path"):
-                candidates.append(corpus_file(out, ref))
-    candidates += [
-        resolve_inside(src.resolve().parent, spec.corpus.path, field="corpus.path"),
-        resolve_inside(out, spec.corpus.path, field="corpus.path"),
-    ]
-    pinned = spec.corpus.sha256
-    corpus = next((c for c in candidates if c.exists() and input_sha256(c) == pinned), None)
+    corpus, candidates = pinned_corpus(spec, out_dir=out, spec_dir=src.resolve().parent)
     if corpus is None:
+        pinned = spec.corpus.sha256
         raise SpecError(
             f"field 'corpus.sha256': no file with the pinned hash {pinned[:12]}... was found at "
-            + ", ".join(str(c) for c in dict.fromkeys(candidates))
+            + ", ".join(str(c) for c in candidates)
             + "; give --spec the campaign's own spec file so its corpus path resolves.",
             field="corpus.sha256",
         )
@@ -521,4 +565,10 @@ def output_check_target(
             "nothing can be restarted before the rental ends",
         )
     inputs = resolve_inputs(spec, base_dir=src.resolve().parent, out_dir=out)
-    return OutputCheckTarget(spec=spec, corpus_path=corpus, store=store, runs=runs, inputs=inputs)
+    stops: dict[str, StopRecord] = {}
+    for rec in read_stops(out):  # a run's first stop is the one that ended it
+        if rec.run_id in runs.values() and rec.phase != "restart":  # not a failed check's
+            stops.setdefault(rec.run_id, rec)
+    return OutputCheckTarget(
+        spec=spec, corpus_path=corpus, store=store, runs=runs, inputs=inputs, stops=stops
+    )
