@@ -117,8 +117,7 @@ def test_a_predict_that_raises_is_refused_before_anything_trains(
 ) -> None:
     _add_methods(
         textlm,
-        "    def predict(self, model, batch):\n"
-        "        raise KeyError('no column named label')\n",
+        "    def predict(self, model, batch):\n        raise KeyError('no column named label')\n",
     )
     text = refused(textlm, tmp_path, "textlm:CharLM", "predict()", "no column named label")
     assert "'test' split" in text  # the split predictions.csv is written from

@@ -251,23 +251,15 @@ def try_outputs(
                     continue
                 batch = next(iter(ordered_loader(recipe, dataset, config=config)))
                 if i == 0 and _has_predict(recipe):
-                    _tried(name, "predict()", split, lambda: _rows(name, recipe, model, batch))
+                    _tried(name, "predict()", split, _rows, recipe, model, batch)
                 if has_score(recipe):
-                    _tried(
-                        name,
-                        "score()",
-                        split,
-                        lambda: check_scores(
-                            name,
-                            call(name, "score", recipe.score, model, batch),
-                            rows=batch_len(batch),
-                        ),
-                    )
+                    _tried(name, "score()", split, _scores, recipe, model, batch)
     finally:
         model.train(was_training)
 
 
 def _rows(name: str, recipe: Recipe, model: torch.nn.Module, batch: Any) -> None:
+    """``predict``'s rows of one batch: a list of dicts, as ``predictions.csv`` takes them."""
     rows = call(name, "predict", recipe.predict, model, batch)
     try:
         [dict(r) for r in rows]
@@ -277,17 +269,23 @@ def _rows(name: str, recipe: Recipe, model: torch.nn.Module, batch: Any) -> None
         ) from None
 
 
-def _tried(name: str, method: str, split: str, fn: Any) -> None:
-    """Run ``fn``; its ``RecipeError`` said again with the split it was tried on."""
+def _scores(name: str, recipe: Recipe, model: torch.nn.Module, batch: Any) -> None:
+    """``score``'s values of one batch: one per example for each metric."""
+    scores = call(name, "score", recipe.score, model, batch)
+    check_scores(name, scores, rows=batch_len(batch))
+
+
+def _tried(name: str, method: str, split: str, fn: Any, *args: Any) -> None:
+    """``fn(name, *args)``; its ``RecipeError`` said again with the split it was tried on."""
     try:
-        fn()
+        fn(name, *args)
     except RecipeError as exc:
         problem = str(exc).removeprefix(f"recipe '{name}', {exc.method}: ")
         raise RecipeError(
             name,
             exc.method,
-            f"{problem}; tried on one batch of the '{split}' split, as the close calls it "
-            f"after training: fix {method.removesuffix('()')} before anything trains",
+            f"{problem} (tried on one batch of the '{split}' split, as the close calls it "
+            f"after training; nothing has trained); fix {method} and run again",
         ) from exc.__cause__
 
 
