@@ -7,6 +7,7 @@ from gpucampaign.storage.base import (
     NotFound,
     StorageError,
     Store,
+    StoreUnreachable,
     check_key,
 )
 from gpucampaign.storage.open import check_storage, open_store
@@ -21,6 +22,7 @@ __all__ = [
     "SpoolingStore",
     "StorageError",
     "Store",
+    "StoreUnreachable",
     "check_key",
     "check_storage",
     "open_store",

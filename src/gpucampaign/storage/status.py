@@ -140,7 +140,8 @@ def campaign_status(
     else:
         ck_local = spooled_keys(root)
         try:
-            store = store or open_store(url, out_dir=root, env=env, spool=False)
+            # Status answers now: an unreachable store is said, not waited for.
+            store = store or open_store(url, out_dir=root, env=env, spool=False, read_wait_s=0)
             local = set(ck_local)
             ck_store = [k for k in store.list() if _is_checkpoint_key(k) and k not in local]
             index = _mirrored(store)
