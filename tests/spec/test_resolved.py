@@ -53,8 +53,9 @@ def test_a_resolved_run_has_the_run_id_runs_always_had(tmp_path: Path) -> None:
         payload = {
             "config": spec.run_config(name).identity(),
             "corpus_sha256": spec.corpus.sha256,
-            # No predict or score in this file: its training source is the whole file.
-            "recipe_training_sha256": recipe_sha,
+            # No predict or score in this file: its training source is the whole file, and
+            # its run IDs are the ones it always had.
+            "recipe_sha256": recipe_sha,
         }
         sha = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
         assert (run.run_id, run.config_sha256, run.recipe_sha256, run.training_sha256) == (

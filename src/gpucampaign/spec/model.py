@@ -343,7 +343,8 @@ def run_payload_sha256(
     if inputs:
         payload["inputs"] = dict(inputs)
     if not config.builtin:
-        payload["recipe_training_sha256"] = training_sha256 or recipe_hashes(config.recipe)[1]
+        # Under the key the file's hash had: a recipe without predict or score keeps its IDs.
+        payload["recipe_sha256"] = training_sha256 or recipe_hashes(config.recipe)[1]
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
