@@ -4,6 +4,7 @@ the mirror."""
 from gpucampaign.storage.base import (
     ContentMismatch,
     LocalStore,
+    NoAnswer,
     NotFound,
     StorageError,
     Store,
@@ -17,6 +18,7 @@ from gpucampaign.storage.spool import SpoolingStore, spooled_keys
 __all__ = [
     "ContentMismatch",
     "LocalStore",
+    "NoAnswer",
     "NotFound",
     "S3Store",
     "SpoolingStore",

@@ -20,7 +20,7 @@ from gpucampaign.core.files import TMP_PREFIX, sha256_bytes
 from gpucampaign.core.storageurl import S3_SCHEME, is_s3, split_s3
 from gpucampaign.core.text import redact_secrets
 from gpucampaign.spec import SpecError
-from gpucampaign.storage.base import ContentMismatch, NotFound, StorageError, check_key
+from gpucampaign.storage.base import ContentMismatch, NoAnswer, NotFound, StorageError, check_key
 from gpucampaign.storage.readwait import ReadWait
 from gpucampaign.storage.s3client import HashingSink, file_digests, file_etag, s3_client
 
@@ -37,15 +37,9 @@ _OBJECT_OPS = {
 _TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout"}
 
 
-def _unanswered(error: StorageError) -> StorageError:
-    """``error`` marked as the store not answering (a read waits for it)."""
-    error.transient = True  # type: ignore[attr-defined]
-    return error
-
-
 def is_transient(error: StorageError) -> bool:
     """True when ``error`` says the store did not answer (not: refused, missing, altered)."""
-    return bool(getattr(error, "transient", False))
+    return isinstance(error, NoAnswer)
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -173,22 +167,20 @@ class S3Store:
                     "policy"
                 )
             message = str(err.get("Message", ""))[:200]
-            error = StorageError(f"{what} {where}: S3 error {code or status}: {message}")
             busy = code in _TRANSIENT_CODES or (isinstance(status, int) and status >= 500)
-            return _unanswered(error) if busy else error
+            return (NoAnswer if busy else StorageError)(
+                f"{what} {where}: S3 error {code or status}: {message}"
+            )
         if isinstance(exc, NoCredentialsError):
             return StorageError(
                 f"{what} {where}: no S3 credentials: set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
             )
         if isinstance(exc, EndpointConnectionError):
-            return _unanswered(
-                StorageError(f"{what} {where}: cannot reach the S3 endpoint {self.endpoint}")
-            )
-        error = StorageError(f"{what} {where}: {type(exc).__name__}: {exc}")
+            return NoAnswer(f"{what} {where}: cannot reach the S3 endpoint {self.endpoint}")
         # Timed out, or the connection dropped: a frozen or restarting server.
         lost = isinstance(exc, BotoConnectionError | HTTPClientError)
-        return _unanswered(error) if lost else error
+        return (NoAnswer if lost else StorageError)(f"{what} {where}: {type(exc).__name__}: {exc}")
 
     def _call(self, what: str, key: str | None, fn: Any, /, **kwargs: Any) -> Any:
         from boto3.exceptions import Boto3Error
