@@ -33,7 +33,7 @@ from gpucampaign.plan.rental import iso, rental_of
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec
 from gpucampaign.storage.base import LocalStore, NotFound, StorageError
 from gpucampaign.storage.mirror import MIRROR_INDEX, retrieve_folder
-from gpucampaign.storage.open import open_store
+from gpucampaign.storage.open import open_store, read_wait_s
 from gpucampaign.storage.spool import spooled_keys
 
 
@@ -258,7 +258,9 @@ def folder_to_check(
     spec = campaign_folder_spec(out)
     if is_local(spec.storage.url):
         return Path(out)
-    store = store or open_store(spec.storage.url, out_dir=out, env=env, spool=False)
+    store = store or open_store(
+        spec.storage.url, out_dir=out, env=env, spool=False, read_wait_s=read_wait_s(spec)
+    )
     if not store.exists(MIRROR_INDEX):
         return Path(out)
     retrieve_folder(store, dest=dest)
