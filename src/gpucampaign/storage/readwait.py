@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from gpucampaign.folder.layout import SPOOL_DIR
 from gpucampaign.storage.base import StorageError, StoreUnreachable
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class ReadWait:
         return StoreUnreachable(
             f"store {self.url} did not answer for {_say_s(self.bound_s)} "
             f"(storage.read_wait_s) while reading {what}: {exc}. Nothing is lost: the "
-            "checkpoints saved so far are in the store or in OUT/spool/. Once the store "
+            f"checkpoints saved so far are in the store or in OUT/{SPOOL_DIR}/. Once the store "
             "answers, run the same campaign again (same spec and --out) to resume; "
             "`campaign status OUT` says what is only on this machine."
         )
