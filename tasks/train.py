@@ -21,6 +21,7 @@ from gpucampaign.folder.segments import heartbeat
 from gpucampaign.plan.decision import early_losses, pilot_measures
 from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import open_store, spooled_keys
+from gpucampaign.storage.open import read_wait_s
 from gpucampaign.tracking import tracking_note
 from gpucampaign_prefect.orchestration.gpu_lock import gpu_slot
 from gpucampaign_prefect.orchestration.phases import (
@@ -62,7 +63,7 @@ def _run_training(
     # The inputs are checked again at each start: one changed since the audit is a stop
     # (``EssentialInputMissing``), recorded by the task (``ends_on_stop``) like any other.
     corpus = load_spec_corpus(spec, base_dir=base_dir, run_id=run_id)
-    store = open_store(spec.storage.url, out_dir=Path(out))
+    store = open_store(spec.storage.url, out_dir=Path(out), read_wait_s=read_wait_s(spec))
     progress = TrainingView(phase, run_id, out=out, campaign=spec.name, store=store)
     lock = spec.gpu_lock
     with (

@@ -103,6 +103,51 @@ def test_a_metric_that_evaluate_does_not_return(textlm: Path, tmp_path: Path) ->
     refused(textlm, tmp_path, "textlm:CharLM", "evaluate()", "did not return 'perplexity'")
 
 
+def _add_methods(textlm: Path, methods: str) -> None:
+    """Add ``methods`` (indented as the class body) to the textlm recipe class."""
+    path = textlm.parent / "textlm.py"
+    text = path.read_text()
+    marker = "    def evaluate(self, model, batches):"
+    assert marker in text
+    path.write_text(text.replace(marker, methods + "\n" + marker, 1))
+
+
+def test_a_predict_that_raises_is_refused_before_anything_trains(
+    textlm: Path, tmp_path: Path
+) -> None:
+    _add_methods(
+        textlm,
+        "    def predict(self, model, batch):\n        raise KeyError('no column named label')\n",
+    )
+    text = refused(textlm, tmp_path, "textlm:CharLM", "predict()", "no column named label")
+    assert "'test' split" in text  # the split predictions.csv is written from
+
+
+def test_a_predict_that_returns_no_rows_is_refused(textlm: Path, tmp_path: Path) -> None:
+    _add_methods(textlm, "    def predict(self, model, batch):\n        return 3\n")
+    refused(textlm, tmp_path, "textlm:CharLM", "predict()", "list of dicts")
+
+
+def test_a_score_that_fails_on_the_selection_split_only_is_refused(
+    textlm: Path, tmp_path: Path
+) -> None:
+    """score runs on one batch of each split the verdict reads (report, then selection), as
+    the close calls it; here its second call, on the selection split, fails."""
+    path = textlm.parent / "textlm.py"
+    marker = "        loss = per_byte.mean(dim=1)\n"
+    assert marker in path.read_text()
+    path.write_text(
+        path.read_text().replace(
+            marker,
+            marker + "        self.calls = getattr(self, 'calls', 0) + 1\n"
+            "        if self.calls == 2:\n"
+            "            raise RuntimeError('cannot score this split')\n",
+        )
+    )
+    text = refused(textlm, tmp_path, "textlm:CharLM", "score()", "cannot score this split")
+    assert "'val' split" in text
+
+
 def test_a_recipe_file_that_links_out_of_the_spec_folder(textlm: Path, tmp_path: Path) -> None:
     outside = tmp_path / "elsewhere"
     outside.mkdir()
@@ -242,7 +287,7 @@ def test_plan_prints_what_it_checked(textlm: Path) -> None:
         "recipe file of 'textlm:CharLM': textlm.py",
         "corpus 'data/sklearn-docs.txt': file of",
         "sha256 as pinned",
-        "evaluate returns 'loss'",
+        "evaluate returns 'loss', score on test and val",
         "storage local",
     ):
         assert said in text, (said, text)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import shutil
+import sys
+import textwrap
+import uuid
 from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,7 +44,7 @@ def test_a_resolved_run_has_the_run_id_runs_always_had(tmp_path: Path) -> None:
             and spec.resolve_run(name).config_sha256 == run.config_sha256
         )
 
-    # A recipe given by import path: its file's hash is in the ID, computed as it always was.
+    # A recipe given by import path: the hash of its training source is in the ID.
     module = write_recipe(tmp_path)
     spec = make_spec(tmp_path, module)
     for name in ("control", "wide"):
@@ -49,12 +53,15 @@ def test_a_resolved_run_has_the_run_id_runs_always_had(tmp_path: Path) -> None:
         payload = {
             "config": spec.run_config(name).identity(),
             "corpus_sha256": spec.corpus.sha256,
+            # No predict or score in this file: its training source is the whole file, and
+            # its run IDs are the ones it always had.
             "recipe_sha256": recipe_sha,
         }
         sha = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
-        assert (run.run_id, run.config_sha256, run.recipe_sha256) == (
+        assert (run.run_id, run.config_sha256, run.recipe_sha256, run.training_sha256) == (
             f"{name}-{sha[:10]}",
             sha,
+            recipe_sha,
             recipe_sha,
         )
 
@@ -155,3 +162,45 @@ def test_a_recipe_file_is_read_once_per_process(
     assert spec.resolve_run("control").run_id == first["control"] and len(reads) == 1
     assert spec.model_copy().resolve_run("control").run_id != first["control"]
     assert len(reads) == 2
+
+
+def test_the_run_id_covers_the_training_code_not_predict_or_score(tmp_path: Path) -> None:
+    """Editing predict or score (decorators and all) keeps every run ID; editing the model,
+    the datasets, the loss or a module-level line gives new ones."""
+    from tests.helpers.specs import REGRESS_RECIPE
+
+    outputs = (
+        "\n    @staticmethod\n    def _unused():\n        return 0\n"
+        "\n    def predict(self, model, batch):\n"
+        "        x, y = batch\n"
+        "        return [{'y': float(v)} for v in model(x).flatten()]\n"
+        "\n    def score(self, model, batch):\n"
+        "        x, y = batch\n"
+        "        return {'mse': ((model(x) - y) ** 2).flatten()}\n"
+    )
+
+    def ids(body: str) -> dict[str, str]:
+        folder = tmp_path / uuid.uuid4().hex[:8]
+        folder.mkdir()
+        shutil.copy(tmp_path / "points.txt", folder / "points.txt")
+        (folder / "recipe_under_edit.py").write_text(textwrap.dedent(body))
+        sys.modules.pop("recipe_under_edit", None)
+        return make_spec(folder, "recipe_under_edit").run_ids()
+
+    make_spec(tmp_path, write_recipe(tmp_path))  # writes points.txt once
+    base = ids(REGRESS_RECIPE + outputs)
+    edited = outputs.replace("'y': float(v)", "'yhat': round(float(v), 3)").replace(
+        "** 2).flatten()", "** 2).flatten() * 1.0"
+    )
+    assert edited != outputs and ids(REGRESS_RECIPE + edited) == base
+    decorated = edited.replace("    def predict", "    @torch.no_grad()\n    def predict")
+    assert ids(REGRESS_RECIPE + decorated) == base
+    for training_edit in (
+        REGRESS_RECIPE.replace("torch.nn.Tanh()", "torch.nn.ReLU()"),  # the model
+        REGRESS_RECIPE.replace("mse_loss(model(x), y)", "l1_loss(model(x), y)"),  # the loss
+        REGRESS_RECIPE.replace("n // 2]", "n // 3]"),  # the datasets
+        "SCALE = 2\n" + REGRESS_RECIPE,  # module level
+    ):
+        assert training_edit != REGRESS_RECIPE
+        changed = ids(training_edit + outputs)
+        assert all(changed[r] != base[r] for r in base), training_edit[:60]

@@ -104,3 +104,68 @@ def test_the_scheduled_check_reads_a_fresh_copy_from_the_store(tmp_path: Path) -
     assert (got / "runs" / "r1" / "params.json").read_text() == '{"lr": 0.1}\n'
     local = _folder(tmp_path / "local", storage="local", starts_at=None)
     assert folder_to_check(local, dest=tmp_path / "fresh2") == local
+
+
+def test_status_of_an_unclosed_user_recipe_campaign_from_another_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recipe module sits next to the user's spec, not on any path of this process (and
+    not in the folder, which is unclosed): status reads the folder and the store alone."""
+    import uuid
+
+    from gpucampaign.folder.layout import LOCK_FILE
+
+    module = f"user_recipe_{uuid.uuid4().hex[:8]}"  # importable from nowhere here
+    text = SPEC_TEMPLATE.format(sha="0" * 64, threshold=0.2, unit="null")
+    text = text.replace("recipe: mlp", f"recipe: '{module}:Regress'")
+    assert module in text
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "spec.yaml").write_text(text + "storage: {url: 's3://bucket/camp'}\n")
+    (out / LOCK_FILE).write_text("")
+    (out / "runs" / "control-0123456789").mkdir(parents=True)
+    bucket = LocalStore(tmp_path / "bucket")
+    bucket.write_bytes("control-0123456789/step-000000002/meta.json", data=b"{}")
+    bucket.write_bytes("control-0123456789/LATEST", data=b"{}")
+    LocalStore(out / SPOOL_DIR).write_bytes(
+        "control-0123456789/step-000000004/meta.json", data=b"{}"
+    )
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    st = campaign_status(out, now=NOW, store=bucket)
+    assert st["checkpoints"] == {
+        "in_store": ["control-0123456789/LATEST", "control-0123456789/step-000000002/meta.json"],
+        "only_local": ["control-0123456789/step-000000004/meta.json"],
+    }
+    assert st["outputs"]["only_local"] == ["spec.yaml"] and st["safe"] is False
+
+    # Closed and fully mirrored, the writer's empty lock still there: all is off the machine.
+    LocalStore(out / SPOOL_DIR).delete("control-0123456789/step-000000004/meta.json")
+    mirror_folder(out, store=bucket)
+    st = campaign_status(out, now=NOW, store=bucket)
+    assert st["outputs"] == {"in_store": ["spec.yaml"], "only_local": []}
+    assert st["checkpoints"]["only_local"] == [] and len(st["checkpoints"]["in_store"]) == 2
+    assert st["safe"] is True
+    # The mirror's own keys (runs/..., spec.yaml) are not counted as checkpoints.
+    assert not any(k.startswith("runs/") for k in st["checkpoints"]["in_store"])
+
+
+def test_cli_status_of_a_user_recipe_folder_says_everything_is_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uuid
+
+    from gpucampaign.folder.layout import LOCK_FILE
+
+    module = f"user_recipe_{uuid.uuid4().hex[:8]}"
+    text = SPEC_TEMPLATE.format(sha="0" * 64, threshold=0.2, unit="null")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "spec.yaml").write_text(
+        text.replace("recipe: mlp", f"recipe: '{module}:Regress'") + "storage: {url: local}\n"
+    )
+    (out / LOCK_FILE).write_text("")
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["status", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "only local: .lock" not in res.stdout and "only local: spec.yaml" in res.stdout

@@ -67,7 +67,7 @@ from gpucampaign.checkpoint.verify import (
     file_identity,
 )
 from gpucampaign.core.files import FAST_CHECKSUM, TMP_PREFIX, fsync_dir
-from gpucampaign.storage import NotFound, StorageError, Store
+from gpucampaign.storage import NotFound, StorageError, Store, StoreUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -493,6 +493,8 @@ class CheckpointManager:
             try:
                 pinned = ptr["meta_sha256"] if ptr and s == int(ptr["step"]) else None
                 ck = self.load(s, meta_sha256=pinned)
+            except StoreUnreachable:
+                raise  # the store did not answer: not a reason to take an older checkpoint
             except (CheckpointInvalid, StorageError) as exc:
                 reason = (
                     str(exc)

@@ -9,6 +9,7 @@ documents follow once that interval is on the timeline (so the close step is obs
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from gpucampaign.folder.layout import (
     CURVES_PNG,
     ERROR_ANALYSIS_FILE,
     METRICS_FILE,
+    MODEL_DIR,
     MODEL_WEIGHTS,
     REFORECAST_FILE,
     REPORT_HTML,
@@ -50,6 +52,7 @@ from gpucampaign.folder.layout import (
     REPORT_MD,
     SCORES_ERROR_FILE,
     OutputFolder,
+    model_config,
     run_file,
     run_path,
 )
@@ -66,12 +69,15 @@ from gpucampaign.folder.records import (
     read_timeline,
     run_states,
 )
+from gpucampaign.modelfolder.refresh import refresh_recipe_copy
 from gpucampaign.plan import calendar
 from gpucampaign.recipe.contract import RecipeError
 from gpucampaign.recipe.runtime import recipe_module_path
-from gpucampaign.spec import CampaignSpec, run_size
+from gpucampaign.spec import CampaignSpec, ResolvedRun, run_size
 from gpucampaign.spec.recipefile import recipe_file
 from gpucampaign.tracking import track_close
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -136,6 +142,7 @@ def analyse_runs(
     resolved = {run: spec.resolve_run(run) for run in runs}
     for run in runs:
         rid = resolved[run].run_id
+        _refresh_recipe(folder, resolved[run])
         if spec.decision_rule:
             _score_run(spec, folder, run, corpus=corpus)
         if not resolved[run].config.builtin:
@@ -160,6 +167,29 @@ def analyse_runs(
         )
         folder.write_json(run_file(resolved[run].run_id, ERROR_ANALYSIS_FILE), analyses[run])
     return analyses
+
+
+def _refresh_recipe(folder: OutputFolder, run: ResolvedRun) -> None:
+    """A run of a user's recipe edited only in ``predict`` or ``score`` since it trained (same
+    run ID): its model folder takes the edited file, so its predictions and scores are made
+    again with it, and its training is not."""
+    if run.config.builtin or run.recipe_sha256 is None or run.training_sha256 is None:
+        return
+    if not folder.path(model_config(run.run_id)).is_file():
+        return
+    model = folder.path(run_file(run.run_id, MODEL_DIR))
+    if refresh_recipe_copy(
+        model,
+        recipe=run.config.recipe,
+        src=recipe_file(run.config.recipe),
+        file_sha256=run.recipe_sha256,
+        training_sha256=run.training_sha256,
+    ):
+        log.warning(
+            "run %s: its recipe changed only in predict or score since it trained; its "
+            "predictions and scores are made again with the edited file (no training again)",
+            run.run_id,
+        )
 
 
 def _score_run(spec: CampaignSpec, folder: OutputFolder, run: str, *, corpus: Any) -> None:

@@ -13,7 +13,9 @@ writes nothing and raises ``SpecError`` (exit 2, one paragraph) at the first pro
    running them and may not be links out of the spec's folder either;
 4. the corpus table's columns and the splits the campaign needs;
 5. each distinct recipe: imports, class, methods, and one batch through ``datasets``,
-   ``model``, ``loss`` and ``evaluate`` (which must return the decision metric), on the CPU;
+   ``model``, ``loss`` and ``evaluate`` (which must return the decision metric), and
+   ``predict`` and ``score`` (when it has them) on one batch of each split the close calls
+   them on, on the CPU: the whole recipe runs once before anything trains;
 6. the store: ``local``, or the URL, keys, bucket and a probe object of ``s3://``;
 7. the tracking server's URI when ``MLFLOW_TRACKING_URI`` names it (the spec's own is
    checked with the spec): ``http(s)://host``, nothing another scheme would make of it.
@@ -264,6 +266,6 @@ def _corpus_and_recipes(
         returns = f"evaluate returns '{metric}'" if metric else "evaluate ran"
         lines.append(
             f"recipe '{tried['recipe']}' ({', '.join(tried['runs'])}): imports, datasets "
-            f"({sizes}), model, one batch through loss, {returns} (on the CPU)"
+            f"({sizes}), model, one batch through loss, {returns}{tried['outputs']} (on the CPU)"
         )
     return lines

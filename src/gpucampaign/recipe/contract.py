@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpucampaign.core.files import sha256_file
 from gpucampaign.data.pins import Pinned
 from gpucampaign.spec.recipefile import (
     RecipeError,
@@ -135,6 +136,10 @@ class Recipe:
         """Restore what ``state_dict`` returned."""
 
 
+#: The sha256 of each recipe module's file when this process imported it.
+_IMPORTED: dict[str, str] = {}
+
+
 def load_recipe(recipe: str) -> Recipe:
     """Import ``module.path:ClassName`` and return an instance, checked against the contract.
 
@@ -144,11 +149,16 @@ def load_recipe(recipe: str) -> Recipe:
     """
     module_name, _, class_name = import_path(recipe).partition(":")
     origin = recipe_file(recipe)
+    digest = sha256_file(origin)
     cached = sys.modules.get(module_name)
-    if cached is not None and getattr(cached, "__file__", None) != str(origin):
-        del sys.modules[module_name]  # another folder's module of the same name
+    if cached is not None and (
+        getattr(cached, "__file__", None) != str(origin)  # another folder's module of that name
+        or _IMPORTED.get(module_name, digest) != digest  # its file was edited since the import
+    ):
+        del sys.modules[module_name]
     try:
         module = importlib.import_module(module_name)
+        _IMPORTED[module_name] = digest
     except Exception as exc:  # any error in the user's module is reported, not raised
         raise RecipeError(
             recipe,

@@ -212,14 +212,100 @@ def required_splits(spec: CampaignSpec) -> tuple[str, ...]:
     return ("train", spec.decision_split)
 
 
+def output_splits(spec: CampaignSpec) -> list[str]:
+    """The splits the close calls ``predict`` and ``score`` on: the report split
+    (``predictions.csv``), then the selection split when there is a decision rule."""
+    return [spec.decision_split] + ([spec.selection_split] if spec.decision_rule else [])
+
+
+def _has_predict(recipe: Recipe) -> bool:
+    return type(recipe).predict is not Recipe.predict
+
+
+def try_outputs(
+    recipe: Recipe,
+    model: torch.nn.Module,
+    datasets: dict[str, Any],
+    *,
+    config: RunConfig,
+    splits: list[str],
+) -> None:
+    """``predict`` on one batch of the report split and ``score`` on one batch of each split
+    the close reads, called as the close calls them (batches in order, eval mode, no
+    gradient), so a recipe whose ``predict`` or ``score`` fails is refused before anything
+    trains, not after all of it.
+
+    Raises:
+        RecipeError: ``predict`` or ``score`` raised, or returned what the contract refuses;
+            the message names the method and the split.
+    """
+    name = config.recipe
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for i, split in enumerate(dict.fromkeys(splits)):
+                # The close predicts on the training split when the report split is missing.
+                dataset = datasets.get(split) or (datasets["train"] if i == 0 else None)
+                if dataset is None or not len(dataset):
+                    continue
+                batch = next(iter(ordered_loader(recipe, dataset, config=config)))
+                if i == 0 and _has_predict(recipe):
+                    _tried(name, "predict()", split, _rows, recipe, model, batch)
+                if has_score(recipe):
+                    _tried(name, "score()", split, _scores, recipe, model, batch)
+    finally:
+        model.train(was_training)
+
+
+def _rows(name: str, recipe: Recipe, model: torch.nn.Module, batch: Any) -> None:
+    """``predict``'s rows of one batch: a list of dicts, as ``predictions.csv`` takes them."""
+    rows = call(name, "predict", recipe.predict, model, batch)
+    try:
+        [dict(r) for r in rows]
+    except (TypeError, ValueError):
+        raise RecipeError(
+            name, "predict()", f"must return a list of dicts (one row each), got {rows!r:.80}"
+        ) from None
+
+
+def _scores(name: str, recipe: Recipe, model: torch.nn.Module, batch: Any) -> None:
+    """``score``'s values of one batch: one per example for each metric."""
+    scores = call(name, "score", recipe.score, model, batch)
+    check_scores(name, scores, rows=batch_len(batch))
+
+
+def _tried(name: str, method: str, split: str, fn: Any, *args: Any) -> None:
+    """``fn(name, *args)``; its ``RecipeError`` said again with the split it was tried on."""
+    try:
+        fn(name, *args)
+    except RecipeError as exc:
+        problem = str(exc).removeprefix(f"recipe '{name}', {exc.method}: ")
+        raise RecipeError(
+            name,
+            exc.method,
+            f"{problem} (tried on one batch of the '{split}' split, as the close calls it "
+            f"after training; nothing has trained); fix {method} and run again",
+        ) from exc.__cause__
+
+
+def _outputs_said(recipe: Recipe, spec: CampaignSpec) -> str:
+    """``', predict on test, score on test and val'``: what ``try_outputs`` ran."""
+    splits = list(dict.fromkeys(output_splits(spec)))
+    said = [f"predict on {splits[0]}"] if _has_predict(recipe) else []
+    said += [f"score on {' and '.join(splits)}"] if has_score(recipe) else []
+    return "".join(f", {s}" for s in said)
+
+
 def preflight(spec: CampaignSpec, *, corpus: Any) -> list[dict[str, Any]]:
     """Try each distinct recipe of the spec once on CPU: datasets (the splits the campaign
-    needs filled), model, one loss, its per-example scores (when it has ``score``), one
-    evaluation returning the decision metric.
+    needs filled), model, one loss, its ``predict`` and per-example ``score`` on one batch of
+    each split the close calls them on (``try_outputs``), one evaluation returning the
+    decision metric.
 
     Returns:
-        One entry per recipe and args tried: ``recipe``, ``runs``, ``splits`` (sizes) and
-        ``metrics`` (the names ``evaluate`` returned).
+        One entry per recipe and args tried: ``recipe``, ``runs``, ``splits`` (sizes),
+        ``metrics`` (the names ``evaluate`` returned) and ``outputs`` (what else ran, said).
 
     Raises:
         RecipeError: A method fails or returns what the contract refuses.
@@ -256,10 +342,7 @@ def preflight(spec: CampaignSpec, *, corpus: Any) -> list[dict[str, Any]]:
             )
         )
         check_loss(config.recipe, call(config.recipe, "loss", recipe.loss, model, batch))
-        if has_score(recipe):
-            with torch.no_grad():
-                scores = call(config.recipe, "score", recipe.score, model, batch)
-            check_scores(config.recipe, scores, rows=batch_len(batch))
+        try_outputs(recipe, model, datasets, config=config, splits=output_splits(spec))
         split = next(s for s in ("val", "test", "train") if len(datasets.get(s) or ()) > 0)
         metrics = evaluate_split(
             recipe,
@@ -275,5 +358,6 @@ def preflight(spec: CampaignSpec, *, corpus: Any) -> list[dict[str, Any]]:
             "runs": [run],
             "splits": {name: len(ds) for name, ds in datasets.items()},
             "metrics": sorted(metrics),
+            "outputs": _outputs_said(recipe, spec),
         }
     return list(tried.values())

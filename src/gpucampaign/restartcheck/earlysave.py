@@ -34,6 +34,7 @@ from gpucampaign.restartcheck.scheduled import ReplayCheck, verify_checkpoint_re
 from gpucampaign.restartcheck.target import RestartTarget, pinned_corpus
 from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import NotFound, open_store
+from gpucampaign.storage.open import read_wait_s
 
 DEFAULT_MAX_STEPS = 200
 
@@ -126,7 +127,7 @@ def campaign_restart_check(
     """
     path = corpus_path(spec, base_dir=base_dir)
     inputs = resolve_inputs(spec, base_dir=base_dir, out_dir=out_dir)
-    store = open_store(spec.storage.url, out_dir=Path(out_dir))
+    store = open_store(spec.storage.url, out_dir=Path(out_dir), read_wait_s=read_wait_s(spec))
     manager = CheckpointManager(store, run_id=run.run_id, config_sha256=run.config_sha256)
     if early_resume_point(manager) is None:
         return verify_restart(spec, run=run, corpus_path=path, inputs=inputs, workdir=workdir)

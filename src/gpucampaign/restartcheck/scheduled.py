@@ -44,6 +44,7 @@ from gpucampaign.restartcheck.compare import (
 from gpucampaign.restartcheck.target import RestartTarget, pinned_corpus
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError, load_spec
 from gpucampaign.storage import LocalStore, StorageError, Store, open_store
+from gpucampaign.storage.open import read_wait_s
 
 
 @dataclass
@@ -554,7 +555,7 @@ def output_check_target(
             + "; give --spec the campaign's own spec file so its corpus path resolves.",
             field="corpus.sha256",
         )
-    store = open_store(spec.storage.url, out_dir=out)
+    store = open_store(spec.storage.url, out_dir=out, read_wait_s=read_wait_s(spec))
     ids = spec.run_ids()
     runs = {r: rid for r, rid in ids.items() if store.list(rid)}
     if not runs:

@@ -53,7 +53,7 @@ from gpucampaign.spec.parts import (
     canonical_json,
     check_relative_path,
 )
-from gpucampaign.spec.recipefile import recipe_file_sha256, use_recipe_dir
+from gpucampaign.spec.recipefile import recipe_hashes, use_recipe_dir
 from gpucampaign.spec.resolved import ResolvedRun
 
 #: Each spec object's resolved runs, by ``id`` (dropped with the spec): ``CampaignSpec._memo``.
@@ -292,12 +292,12 @@ class CampaignSpec(_Frozen):
 
     def _resolve_once(self, run: str) -> ResolvedRun:
         config = self.run_config(run)
-        recipe_sha = None if config.builtin else recipe_file_sha256(config.recipe)
+        recipe_sha, training_sha = (None, None) if config.builtin else recipe_hashes(config.recipe)
         sha = run_payload_sha256(
             config,
             corpus_sha256=self.corpus.sha256 if self.corpus else None,
             inputs={k: v.sha256 for k, v in self.inputs.items()},
-            recipe_sha256=recipe_sha,
+            training_sha256=training_sha,
         )
         return ResolvedRun(
             name=run,
@@ -305,6 +305,7 @@ class CampaignSpec(_Frozen):
             run_id=f"{run}-{sha[:10]}",
             config_sha256=sha,
             recipe_sha256=recipe_sha,
+            training_sha256=training_sha,
         )
 
     def run_ids(self) -> dict[str, str]:
@@ -329,24 +330,29 @@ def run_payload_sha256(
     *,
     corpus_sha256: str | None = None,
     inputs: dict[str, str] | None = None,
-    recipe_sha256: str | None = None,
+    training_sha256: str | None = None,
 ) -> str:
-    """sha256 of what defines a run: the config, the pinned corpus and the recipe's file.
+    """sha256 of what defines a run's training: the config, the pinned corpus and inputs,
+    and the recipe's training source.
 
-    The recipe file's hash enters only for recipes given by import path, so editing that code
-    gives a new run ID while the built-in recipes keep theirs; ``recipe_sha256`` is that hash
-    when the caller has it already (else the file is hashed here).
+    The recipe's hash enters only for recipes given by import path, so editing that code
+    gives a new run ID while the built-in recipes keep theirs. It is the hash of the file
+    without the recipe class's ``predict`` and ``score`` (``recipefile.training_source``):
+    editing only those redoes a finished run's predictions and scores, not its training.
+    ``training_sha256`` is that hash when the caller has it already (else it is computed).
     """
     payload: dict[str, Any] = {"config": config.identity(), "corpus_sha256": corpus_sha256}
     if inputs:
         payload["inputs"] = dict(inputs)
     if not config.builtin:
-        payload["recipe_sha256"] = recipe_sha256 or recipe_file_sha256(config.recipe)
+        # Under the key the file's hash had: a recipe without predict or score keeps its IDs.
+        payload["recipe_sha256"] = training_sha256 or recipe_hashes(config.recipe)[1]
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
 def make_run_id(name: str, config: RunConfig, *, corpus_sha256: str | None = None) -> str:
-    """Run ID: any change to the config, the pinned corpus or the recipe file gives a new ID."""
+    """Run ID: any change to the config, the pinned corpus or the recipe's training source
+    gives a new ID."""
     return f"{name}-{run_payload_sha256(config, corpus_sha256=corpus_sha256)[:10]}"
 
 

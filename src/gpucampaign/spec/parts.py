@@ -47,6 +47,8 @@ MAX_LOTS = 1000
 MAX_HOURS = 87_600.0
 MAX_USD = 1e9
 MAX_WAIT_S = 30 * 86_400
+#: How long a read of an s3:// store waits for the store to answer again, by default.
+DEFAULT_READ_WAIT_S = 900
 MAX_LEASE_S = 86_400
 # The limits of every list and mapping a spec can grow: each entry is work for the planner and
 # the flow, so a count no campaign on a rented lot reaches is refused before anything runs.
@@ -542,6 +544,16 @@ class StorageSpec(_Frozen):
         "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_DEFAULT_REGION, "
         "AWS_PROFILE; request timeouts GPUCAMPAIGN_S3_CONNECT_TIMEOUT_S (default 5) and "
         "GPUCAMPAIGN_S3_READ_TIMEOUT_S (default 25)).",
+    )
+    read_wait_s: int = Field(
+        default=DEFAULT_READ_WAIT_S,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="With s3://: how long a read (a run's LATEST, a checkpoint, a mirrored "
+        "folder) waits, retrying with backoff, for a store that does not answer, before the "
+        "campaign stops (resumable: run it again once the store answers); never past the "
+        "rental's end when the lots carry starts_at. 0: no waiting. Writes never wait: they "
+        "go to the spool.",
     )
 
     @field_validator("url")

@@ -1,11 +1,16 @@
 """Where a recipe's source file is: found on ``sys.path`` without running it, and hashed.
 
-The spec needs the file's sha256 for a run ID before any recipe is imported; importing and
-checking the recipe itself is ``recipe.contract.load_recipe``.
+The spec needs the recipe's hashes for a run ID before any recipe is imported; importing and
+checking the recipe itself is ``recipe.contract.load_recipe``. Two hashes: the file's
+(``recipe_file_sha256``: what a model folder keeps and a reload checks) and its training
+source's (``recipe_hashes``: the file without the recipe class's ``predict`` and ``score``,
+which run only after training), which enters the run ID.
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import importlib.machinery
 import importlib.util
 import sys
@@ -90,6 +95,59 @@ def _refuse_link_out(recipe: str, origin: Path) -> None:
             )
 
 
+#: The recipe methods that run only after training (predictions, per-example scores): a run
+#: whose file changed only in these keeps its ID, and only its predictions and scores are redone.
+AFTER_TRAINING: tuple[str, ...] = ("predict", "score")
+
+
 def recipe_file_sha256(recipe: str) -> str:
-    """sha256 of the recipe module's source file (part of the run ID)."""
+    """sha256 of the recipe module's source file (what a model folder records)."""
     return sha256_file(recipe_file(recipe))
+
+
+def training_source(recipe: str, source: bytes) -> bytes:
+    """The recipe file's bytes without the lines of the recipe class's ``predict`` and
+    ``score`` (decorators included): what training depends on in that file.
+
+    Everything else stays: the model, datasets, loss and optimizer code, module-level helpers
+    and constants, other classes. Lines are cut from the text (not an AST dump), so the hash
+    is the same under every Python version. A file that does not parse, or whose recipe
+    class is not defined in it (imported from elsewhere), is kept whole.
+    """
+    cls = import_path(recipe).partition(":")[2]
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return source
+    cut: list[tuple[int, int]] = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if (
+                    isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and item.name in AFTER_TRAINING
+                    and item.end_lineno is not None
+                ):
+                    first = min([d.lineno for d in item.decorator_list] + [item.lineno])
+                    cut.append((first - 1, item.end_lineno))
+    lines = source.splitlines(keepends=True)
+    return b"".join(line for i, line in enumerate(lines) if not any(a <= i < b for a, b in cut))
+
+
+#: The training source's sha256 by (recipe, file sha256): a file is cut once per process.
+_TRAINING_SHA256: dict[tuple[str, str], str] = {}
+
+
+def recipe_hashes(recipe: str) -> tuple[str, str]:
+    """``(file sha256, training sha256)`` of a recipe given by import path: the first is
+    what a model folder records, the second (``training_source``'s) enters the run ID. The
+    file is hashed through ``sha256_file``'s cache and cut once per version."""
+    path = recipe_file(recipe)
+    file_sha = sha256_file(path)
+    key = (import_path(recipe), file_sha)
+    if key not in _TRAINING_SHA256:
+        source = path.read_bytes()
+        if hashlib.sha256(source).hexdigest() != file_sha:  # written between the two reads
+            return recipe_hashes(recipe)
+        _TRAINING_SHA256[key] = hashlib.sha256(training_source(recipe, source)).hexdigest()
+    return file_sha, _TRAINING_SHA256[key]

@@ -2,7 +2,8 @@
 
 A run name means nothing without its spec: its config is the control merged with a variant's
 changes (and a replicate's seed), its ID hashes that config with the pinned corpus, the pinned
-inputs and, for a recipe given by import path, the recipe's source file. ``CampaignSpec.
+inputs and, for a recipe given by import path, the recipe's training source (its file
+without the recipe class's ``predict`` and ``score``). ``CampaignSpec.
 resolve_run`` does that work once where a phase starts (a task, a restart check's process, a
 CLI command); everything below it receives the ``ResolvedRun`` instead of ``(spec, run)``.
 """
@@ -46,8 +47,12 @@ class ResolvedRun:
         run_id: ``<name>-<10 hex of config_sha256>``: the run folder and checkpoint prefix.
         config_sha256: Full sha256 over the run's payload (config identity, pinned corpus,
             pinned inputs, recipe file); a checkpoint of another payload is refused.
-        recipe_sha256: sha256 of the recipe's source file, part of the payload; None for the
-            built-in recipes, whose run IDs do not depend on the installed code.
+        recipe_sha256: sha256 of the recipe's source file, which the run's model folder
+            records; None for the built-in recipes, whose run IDs do not depend on the
+            installed code.
+        training_sha256: sha256 of the recipe file without the recipe class's ``predict``
+            and ``score`` (what training depends on), part of the payload; None for the
+            built-in recipes.
     """
 
     name: str
@@ -55,6 +60,7 @@ class ResolvedRun:
     run_id: str
     config_sha256: str
     recipe_sha256: str | None
+    training_sha256: str | None = None
 
     @property
     def size(self) -> RunSize:

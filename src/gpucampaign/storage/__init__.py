@@ -4,9 +4,11 @@ the mirror."""
 from gpucampaign.storage.base import (
     ContentMismatch,
     LocalStore,
+    NoAnswer,
     NotFound,
     StorageError,
     Store,
+    StoreUnreachable,
     check_key,
 )
 from gpucampaign.storage.open import check_storage, open_store
@@ -16,11 +18,13 @@ from gpucampaign.storage.spool import SpoolingStore, spooled_keys
 __all__ = [
     "ContentMismatch",
     "LocalStore",
+    "NoAnswer",
     "NotFound",
     "S3Store",
     "SpoolingStore",
     "StorageError",
     "Store",
+    "StoreUnreachable",
     "check_key",
     "check_storage",
     "open_store",

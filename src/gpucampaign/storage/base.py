@@ -41,6 +41,14 @@ class NotFound(StorageError):
     """The key does not exist in the store."""
 
 
+class NoAnswer(StorageError):
+    """The store did not answer a request: refused or dropped connection, time-out, busy."""
+
+
+class StoreUnreachable(StorageError):
+    """The store did not answer a read within the time it is waited for (``read_wait_s``)."""
+
+
 class ContentMismatch(StorageError):
     """An object's bytes do not hash to the sha256 recorded with it (altered in the store).
 

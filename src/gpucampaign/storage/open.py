@@ -7,11 +7,14 @@ sits above both backends and the spool, which it wraps around an S3 store.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 
 from gpucampaign.core.storageurl import KNOWN, is_local, is_s3
 from gpucampaign.folder.layout import CHECKPOINTS_DIR, SPOOL_DIR
-from gpucampaign.spec import SpecError
+from gpucampaign.plan.rental import rental_of
+from gpucampaign.spec import CampaignSpec, SpecError
+from gpucampaign.spec.parts import DEFAULT_READ_WAIT_S
 from gpucampaign.storage.base import LocalStore, StorageError, Store
 from gpucampaign.storage.s3 import S3Store
 from gpucampaign.storage.spool import SpoolingStore
@@ -19,8 +22,24 @@ from gpucampaign.storage.spool import SpoolingStore
 SPOOLED_ATTEMPTS = 2  # attempts per request of an S3 store with a spool behind it
 
 
+def read_wait_s(spec: CampaignSpec, *, now: datetime | None = None) -> float:
+    """How long a read of the spec's store waits for it to answer: ``storage.read_wait_s``,
+    and never past the rental's end when the lots carry ``starts_at`` (the machine is gone
+    then; waiting longer only spends it)."""
+    bound = float(spec.storage.read_wait_s)
+    rental = rental_of(spec)
+    if rental is None:
+        return bound
+    return max(0.0, min(bound, rental.hours_left(now or datetime.now(UTC)) * 3600.0))
+
+
 def open_store(
-    url: str, *, out_dir: str | Path, env: Mapping[str, str] | None = None, spool: bool = True
+    url: str,
+    *,
+    out_dir: str | Path,
+    env: Mapping[str, str] | None = None,
+    spool: bool = True,
+    read_wait_s: float = DEFAULT_READ_WAIT_S,
 ) -> Store:
     """The store named by a spec's ``storage.url``.
 
@@ -30,6 +49,8 @@ def open_store(
         env: The AWS variables for an S3 store (default: the environment).
         spool: For S3, keep what the server cannot take now in ``out_dir/spool`` and upload it
             in the background (``spool.SpoolingStore``); ``False`` for the bare ``S3Store``.
+        read_wait_s: For S3, how long a read waits, retrying with backoff, for a server that
+            does not answer (``read_wait_s(spec)`` for a campaign's store; 0: not at all).
 
     Raises:
         SpecError: The URL names no known storage.
@@ -39,11 +60,11 @@ def open_store(
         return LocalStore(Path(out_dir) / CHECKPOINTS_DIR)
     if is_s3(url):
         if not spool:
-            return S3Store(url, env=env)
+            return S3Store(url, env=env, read_wait_s=read_wait_s)
         # The spool retries for as long as it takes: a request gives up after two attempts,
         # so a refused or frozen server sends the checkpoint to the spool within a minute.
         return SpoolingStore(
-            S3Store(url, env=env, max_attempts=SPOOLED_ATTEMPTS),
+            S3Store(url, env=env, max_attempts=SPOOLED_ATTEMPTS, read_wait_s=read_wait_s),
             spool_dir=Path(out_dir) / SPOOL_DIR,
         )
     raise SpecError(
@@ -62,7 +83,7 @@ def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
     if is_local(url):
         return
     try:
-        store = open_store(url, out_dir=".", env=env, spool=False)
+        store = open_store(url, out_dir=".", env=env, spool=False, read_wait_s=0)
         if isinstance(store, S3Store):
             store.check()
     except StorageError as exc:

@@ -20,7 +20,8 @@ from gpucampaign.core.files import TMP_PREFIX, sha256_bytes
 from gpucampaign.core.storageurl import S3_SCHEME, is_s3, split_s3
 from gpucampaign.core.text import redact_secrets
 from gpucampaign.spec import SpecError
-from gpucampaign.storage.base import ContentMismatch, NotFound, StorageError, check_key
+from gpucampaign.storage.base import ContentMismatch, NoAnswer, NotFound, StorageError, check_key
+from gpucampaign.storage.readwait import ReadWait
 from gpucampaign.storage.s3client import HashingSink, file_digests, file_etag, s3_client
 
 _MIB = 1024 * 1024
@@ -32,6 +33,13 @@ _OBJECT_OPS = {
     "put_object": "cannot write",
     "delete_object": "cannot delete",
 }
+#: What a server says while it restarts or sheds load: a read waits it out (``ReadWait``).
+_TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout"}
+
+
+def is_transient(error: StorageError) -> bool:
+    """True when ``error`` says the store did not answer (not: refused, missing, altered)."""
+    return isinstance(error, NoAnswer)
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -74,7 +82,11 @@ class S3Store:
         multipart_threshold: Files from this size go up in parts.
         part_size: Size of each part.
         max_concurrency: Parts transferred at once.
-        max_attempts: Attempts per request (retries with backoff on transient errors).
+        max_attempts: Attempts per request (botocore's retries with backoff on transient
+            errors).
+        read_wait_s: How long a read (``read_bytes``, ``read_hashed``, ``get_file``,
+            ``exists``, ``size``, ``list``) waits, retrying with backoff, for a store that
+            does not answer (``readwait.ReadWait``); 0: it fails at once. Writes never wait.
     """
 
     def __init__(
@@ -87,6 +99,7 @@ class S3Store:
         part_size: int = 16 * _MIB,
         max_concurrency: int = 8,
         max_attempts: int = 5,
+        read_wait_s: float = 0.0,
     ) -> None:
         # boto3/botocore only once an s3:// store is opened: slow to import
         from boto3.s3.transfer import TransferConfig
@@ -104,6 +117,7 @@ class S3Store:
             max_concurrency=max_concurrency,
             num_download_attempts=max_attempts,
         )
+        self._reads = ReadWait(self.url, bound_s=read_wait_s, transient=is_transient)
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
@@ -118,7 +132,13 @@ class S3Store:
     def _error(self, exc: Exception, *, what: str, key: str | None = None) -> StorageError:
         """Our error for a botocore/boto3 exception; never the keys, only the URL and endpoint."""
         from boto3.exceptions import Boto3Error
-        from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+        from botocore.exceptions import (
+            ClientError,
+            EndpointConnectionError,
+            HTTPClientError,
+            NoCredentialsError,
+        )
+        from botocore.exceptions import ConnectionError as BotoConnectionError
 
         # The transfer manager wraps the client's error (S3UploadFailedError, RetriesExceeded).
         while isinstance(exc, Boto3Error):
@@ -147,15 +167,20 @@ class S3Store:
                     "policy"
                 )
             message = str(err.get("Message", ""))[:200]
-            return StorageError(f"{what} {where}: S3 error {code or status}: {message}")
+            busy = code in _TRANSIENT_CODES or (isinstance(status, int) and status >= 500)
+            return (NoAnswer if busy else StorageError)(
+                f"{what} {where}: S3 error {code or status}: {message}"
+            )
         if isinstance(exc, NoCredentialsError):
             return StorageError(
                 f"{what} {where}: no S3 credentials: set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
             )
         if isinstance(exc, EndpointConnectionError):
-            return StorageError(f"{what} {where}: cannot reach the S3 endpoint {self.endpoint}")
-        return StorageError(f"{what} {where}: {type(exc).__name__}: {exc}")
+            return NoAnswer(f"{what} {where}: cannot reach the S3 endpoint {self.endpoint}")
+        # Timed out, or the connection dropped: a frozen or restarting server.
+        lost = isinstance(exc, BotoConnectionError | HTTPClientError)
+        return (NoAnswer if lost else StorageError)(f"{what} {where}: {type(exc).__name__}: {exc}")
 
     def _call(self, what: str, key: str | None, fn: Any, /, **kwargs: Any) -> Any:
         from boto3.exceptions import Boto3Error
@@ -263,9 +288,13 @@ class S3Store:
         dst = Path(dst)
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}.{uuid.uuid4().hex[:8]}")
-        try:
-            with open(tmp, "wb") as f:
+
+        def fetch() -> None:
+            with open(tmp, "wb") as f:  # a new try starts from an empty file
                 self._fetch(key, f)
+
+        try:
+            self._reads.run(f"{self.url}/{key}", fetch)
             os.replace(tmp, dst)
         except OSError as exc:
             if isinstance(exc, StorageError):
@@ -291,18 +320,21 @@ class S3Store:
 
     def exists(self, key: str) -> bool:
         """True when ``key`` exists."""
-        try:
-            self._head(key)
-        except NotFound:
-            return False
-        return True
+
+        def head() -> bool:
+            try:
+                self._head(key)
+            except NotFound:
+                return False
+            return True
+
+        return self._reads.run(f"{self.url}/{key}", head)
 
     def size(self, key: str) -> int:
         """Size of ``key`` in bytes."""
-        return int(self._head(key)["ContentLength"])
+        return self._reads.run(f"{self.url}/{key}", lambda: int(self._head(key)["ContentLength"]))
 
-    def list(self, prefix: str = "") -> list[str]:
-        """Sorted keys under the folder-like ``prefix`` ('' for all)."""
+    def _list(self, prefix: str) -> list[str]:
         base = self._obj(prefix) + "/" if prefix else (f"{self.prefix}/" if self.prefix else "")
         keys: list[str] = []
         paginator = self._client.get_paginator("list_objects_v2")
@@ -314,17 +346,22 @@ class S3Store:
             )
         return sorted(k for k in keys if not k.startswith(_PROBE_PREFIX))
 
+    def list(self, prefix: str = "") -> list[str]:
+        """Sorted keys under the folder-like ``prefix`` ('' for all)."""
+        where = f"the listing of {self.url}" + (f"/{prefix}" if prefix else "")
+        return self._reads.run(where, lambda: self._list(prefix))
+
     def delete(self, key: str) -> None:
         """Delete ``key``; a missing key is not an error."""
         self._on_object("delete_object", key)
 
     def read_bytes(self, key: str) -> bytes:
         """The whole object, checked against its size and sha256."""
-        return bytes(self._fetch(key).data())
+        return self._reads.run(f"{self.url}/{key}", lambda: bytes(self._fetch(key).data()))
 
     def read_hashed(self, key: str) -> tuple[bytes | bytearray, str]:
         """The whole object and the sha256 it was checked with."""
-        sink = self._fetch(key)
+        sink = self._reads.run(f"{self.url}/{key}", lambda: self._fetch(key))
         return sink.data(), sink.hexdigest()
 
     def write_bytes(self, key: str, *, data: bytes) -> None:

@@ -1,0 +1,112 @@
+"""The stack's S3 server stopped for 30 s while a run starts (its LATEST read), then started
+again as infra/README.md says (`python infra/s3server.py stop|start $STACK_DIR/s3`): the read
+waits for the store, the campaign completes, the bucket holds what ``keep`` allows, and the
+mirrored folder is retrieved and verified elsewhere.
+
+Real stack (Prefect server, worker, SeaweedFS), real training; checked with plain boto3.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpucampaign.checkpoint.layout import LATEST_FILE
+from gpucampaign.spec import load_spec
+from gpucampaign.storage.mirror import MIRROR_INDEX
+from tests.helpers import ROOT, api, bucket_keys, tiny_spec, wait_flow_run, worker_log
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+PREFIX = "e2e/outage"
+KEEP = 2
+OUTAGE_S = 30
+
+
+def _s3server(stack, verb: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "infra" / "s3server.py"), verb, str(stack["dir"] / "s3")],
+        env=stack["env"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def _start_deployment(stack, **params) -> str:
+    args = ["prefect", "deployment", "run", "campaign/main"]
+    for key, value in params.items():
+        args += ["--param", f"{key}={json.dumps(value)}"]
+    run = subprocess.run(args, env=stack["env"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    found = re.search(r"UUID: ([0-9a-f-]{36})", run.stdout)
+    assert found, run.stdout
+    return found.group(1)
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpucampaign.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_an_s3_outage_while_a_run_starts_is_waited_out(stack, tmp_path):
+    spec = tiny_spec(
+        tmp_path / "spec",
+        storage={"url": f"s3://gpucampaign/{PREFIX}"},
+        checkpoint={"every_steps": 5, "keep": KEEP},
+    )
+    out = tmp_path / "out"
+    control = load_spec(spec).resolve_run("control").run_id
+    flow_run_id = _start_deployment(stack, spec=str(spec), out=str(out))
+
+    # The control trains to its end; the next phase starts from the store: stop it now.
+    deadline = time.monotonic() + 600
+    while not (out / "runs" / control / "result.json").is_file():
+        state = api(stack["api"], "GET", f"/flow_runs/{flow_run_id}")["state"] or {}
+        assert state.get("type") in ("SCHEDULED", "PENDING", "RUNNING"), (state, worker_log(stack))
+        assert time.monotonic() < deadline, worker_log(stack)
+        time.sleep(0.5)
+    stopped = _s3server(stack, "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    time.sleep(OUTAGE_S)
+    started = _s3server(stack, "start")
+    assert started.returncode == 0, started.stderr
+
+    state = wait_flow_run(stack, flow_run_id)
+    log = worker_log(stack)
+    assert state.get("type") == "COMPLETED", (state, log)
+    # The wait was said, with what waited, and its end.
+    assert "does not answer" in log and "storage.read_wait_s" in log, log
+    assert "answers again after" in log, log
+
+    # The bucket holds what keep allows: per run its LATEST and at most KEEP checkpoints.
+    manifest = json.loads((out / "manifest.json").read_text())
+    keys = bucket_keys(stack, PREFIX)
+    for rid in manifest["runs"]:
+        assert f"{rid}/{LATEST_FILE}" in keys, rid
+        steps = {k.split("/")[1] for k in keys if k.startswith(f"{rid}/step-")}
+        assert 1 <= len(steps) <= KEEP, (rid, sorted(steps))
+    assert {"manifest.json", MIRROR_INDEX} <= keys
+    spool = out / "spool"
+    assert not spool.exists() or not any(p.is_file() for p in spool.rglob("*"))
+
+    # Retrieved into a fresh folder and verified there; status says all is off the machine.
+    back = tmp_path / "back"
+    got = _cli("retrieve", f"s3://gpucampaign/{PREFIX}", "--to", str(back), env=stack["env"])
+    assert got.returncode == 0, got.stdout + got.stderr
+    verified = _cli("verify", str(back), env=stack["env"])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    status = _cli("status", str(out), env=stack["env"])
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "everything is off the machine" in status.stdout
+    assert "NOT everything" not in status.stdout, status.stdout
