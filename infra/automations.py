@@ -17,8 +17,8 @@ with ``PREFECT_API_URL`` set):
   a flow run of ours Failed or Crashed, and the events the campaign's flows emit
   (``gpucampaign.*``, see ``orchestration/notify.py``): a decision waits for a person, a stop rule
   ended an essential run, the campaign closed, the rental ends while files are only local,
-  the S3 store stopped taking uploads. Without a target no notifying automation exists (and
-  any left from an earlier setup is removed): the script says so.
+  the S3 store stopped taking uploads, a lot ended. Without a target no notifying automation
+  exists (and any left from an earlier setup is removed): the script says so.
 
 Usage: ``python infra/automations.py [--notify-url URL | --notify-block SLUG/NAME]
 [--crashed-after SECONDS]``. Prints one line per automation.
@@ -46,6 +46,7 @@ CAMPAIGN_EVENTS: dict[str, str] = {
     "gpucampaign.campaign.closed": "the campaign closed",
     "gpucampaign.rental.ending": "the rental ends while files are only local",
     "gpucampaign.storage.unreachable": "the S3 store stopped taking uploads",
+    "gpucampaign.lot.ended": "a lot ended: the campaign goes on or closed resumable",
 }
 
 FLOW_RUN_BODY = (

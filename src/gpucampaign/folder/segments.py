@@ -21,6 +21,8 @@ from gpucampaign.core.stoprules import InterruptedRun
 from gpucampaign.folder.layout import METRICS_FILE
 from gpucampaign.folder.records import TimelineRow, append_timeline, read_timeline
 
+#: The outcome of a segment that stopped before its lot's end (``engine/lotend.py``).
+LOT_ENDED_OUTCOME = "lot ended"
 CUT_OUTCOME = (
     "interrupted: the process ended without recording its end (killed, out of "
     "memory or the machine lost)"

@@ -501,6 +501,15 @@ class CheckpointSpec(_Frozen):
         le=MAX_HOURS * 60,
         description="Most training time you accept to lose to an interruption.",
     )
+    lot_end_margin_minutes: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_HOURS * 60,
+        description="Minutes added to the margin a run keeps before its lot ends (lots with "
+        "starts_at): the run saves, checks its checkpoint is off the machine and stops that "
+        "long before the end, besides the margin measured from its own save, upload and "
+        "read-back times.",
+    )
 
 
 class StorageSpec(_Frozen):
