@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -107,6 +108,7 @@ def busy(
             kind=kind,
             start=utc_now(),
             note=note,
+            host=socket.gethostname(),
         )
     )
     append_timeline(folder.root, row)
