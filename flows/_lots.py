@@ -21,6 +21,30 @@ from gpucampaign.spec import CampaignSpec
 from gpucampaign_prefect.orchestration import notify
 
 
+def relaunch_refused(cs: CampaignSpec, *, relaunch: int) -> str | None:
+    """Why a relaunched run does not start (beyond ``checkpoint.max_relaunches``), said in the
+    log; None when it starts (a relaunch within the bound is said too)."""
+    if relaunch <= 0:
+        return None
+    bound = cs.checkpoint.max_relaunches
+    if relaunch > bound:
+        why = (
+            f"relaunch {relaunch} of campaign '{cs.name}' after a crash refused: "
+            f"checkpoint.max_relaunches is {bound}; find why its machines die, then run the "
+            "deployment again (it resumes from the store)"
+        )
+        get_run_logger().error(why)
+        return why
+    get_run_logger().warning(
+        "relaunch %d of %d of campaign '%s' after its flow run crashed: the runs resume from "
+        "their checkpoints in the store",
+        relaunch,
+        bound,
+        cs.name,
+    )
+    return None
+
+
 def _next(cs: CampaignSpec, exc: LotEnded) -> Lot | None:
     ended = {lot.number: lot for lot in dated_lots(cs)}.get(exc.lot)
     if ended is None:

@@ -40,7 +40,7 @@ from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.preflight import preflight
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
 from gpucampaign.spec.recipefile import use_recipe_dir
-from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end
+from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
 from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign_prefect.orchestration import notify
 from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit
@@ -85,6 +85,7 @@ def campaign(
     out: str = DEFAULT_OUT,
     decision_mode: Literal["auto", "ask"] | None = None,
     base_dir: str | None = None,
+    relaunch: int = 0,
 ) -> dict[str, Any]:
     """Run a whole campaign into the output folder ``out``; rerunning it resumes.
 
@@ -95,6 +96,9 @@ def campaign(
         decision_mode: overrides the spec's ``decision_point.mode`` ('auto' or 'ask').
         base_dir: folder the paths of a spec object are relative to (default: the working
             directory); a spec file's own folder otherwise.
+        relaunch: how many times the stack relaunched this campaign after a crash (set by the
+            relaunch automation, infra/automations.py); above ``checkpoint.max_relaunches``
+            the run refuses to start.
     """
     redact_logging()  # no credential in a log line, a task's record in Prefect's database
     # SIGINT and SIGTERM become a stop request: the running training saves at its next step
@@ -111,7 +115,9 @@ def campaign(
             with writer_lock(out) as took_over:
                 if took_over:
                     get_run_logger().warning(took_over)
-                return _campaign(spec, out=out, decision_mode=decision_mode, base_dir=base_dir)
+                return _campaign(
+                    spec, out=out, decision_mode=decision_mode, base_dir=base_dir, relaunch=relaunch
+                )
         except Interrupted as exc:
             get_run_logger().warning("campaign %s; rerun to resume", exc)
             if exc.reason == "SIGTERM" and _cancelling():
@@ -155,6 +161,7 @@ def _campaign(
     out: str,
     decision_mode: Literal["auto", "ask"] | None,
     base_dir: str | None,
+    relaunch: int = 0,
 ) -> dict[str, Any]:
     """The flow's body (see ``campaign``)."""
     logger = get_run_logger()
@@ -163,6 +170,8 @@ def _campaign(
     except SpecError as exc:  # the preflight's paragraph is the whole story: no traceback
         logger.error("refused before anything started: %s", exc)
         return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
+    if (refused := relaunch_refused(cs, relaunch=relaunch)) is not None:
+        return Failed(message=refused)  # type: ignore[return-value]
     tag_flow_run(CAMPAIGN_TAG.format(name=cs.name))
     catalog = load_catalog(spec=cs, base_dir=base)
     plan0 = calendar.plan(cs, catalog=catalog)

@@ -510,6 +510,14 @@ class CheckpointSpec(_Frozen):
         "long before the end, besides the margin measured from its own save, upload and "
         "read-back times.",
     )
+    max_relaunches: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="How many times the stack relaunches a campaign whose flow run crashed "
+        "(its machine or process died) on another worker, resuming from the store; 0: never "
+        "(a relaunched run then refuses to start).",
+    )
 
 
 class StorageSpec(_Frozen):
