@@ -205,7 +205,7 @@ def _campaign(
             )
             break
         except LotEnded as exc:  # every run saved; on a later open lot the campaign goes on
-            if not after_lot_end(cs, exc, campaign_id=campaign_id, out=str(folder.root)):
+            if not after_lot_end(cs, exc, campaign_id=campaign_id, out=common["out"]):
                 lot_end = exc
                 break
     closed = close_campaign(
@@ -231,18 +231,31 @@ def _campaign(
     }
     if lot_end is not None:  # closed with what it has, resumable
         return closed_at_lot_end(cs, lot_end, campaign_id=campaign_id, summary=summary)
+    return _closed(
+        cs, campaign_id=campaign_id, summary=summary, verdict=closed["verdict"], stop=essential_stop
+    )
+
+
+def _closed(
+    cs: CampaignSpec,
+    *,
+    campaign_id: str,
+    summary: dict[str, Any],
+    verdict: dict[str, Any],
+    stop: StopRule | None,
+) -> dict[str, Any]:
+    """The flow's end after the close: notified, Failed when stopped or not verified."""
     failed = ""
-    if essential_stop is not None:
-        failed = f"campaign stopped: {essential_stop}"
-    elif not verified["verified"]:
+    if stop is not None:
+        failed = f"campaign stopped: {stop}"
+    elif not summary["verified"]:
         failed = "the output folder did not verify: see the manifest task's log"
-    verdict = closed["verdict"]
     notify.campaign_closed(
         campaign=campaign_id,
         name=cs.name,
         answer=str(verdict.get("answer") or verdict.get("text") or ""),
         verdict=str(verdict.get("kind") or "?"),
-        out=str(folder.root),
+        out=summary["out"],
         failed=failed,
     )
     if failed:
