@@ -69,22 +69,24 @@ def test_the_lot_ends_and_the_campaign_goes_on_on_the_second_lot(prefect_harness
     state = run_flow(spec, out)
     assert state.is_completed(), state.message
     assert verify_output(out, reload=False).verified
-    (end,) = _lot_end_rows(out)
-    assert end["lot"] == 1 and end["left_s"] > 0 and end["left_s"] <= end["margin_s"]
+    ends = _lot_end_rows(out)  # one per run training when the lot ended (two GPU lanes)
+    assert ends and all(e["lot"] == 1 and 0 < e["left_s"] <= e["margin_s"] for e in ends)
     # The local store: verified, and said not to be off the machine.
-    assert end["off_machine"] is False and "NOT OFF THE MACHINE" in end["where"]
-    stopped = [r for r in timeline_rows(out) if (r.get("outcome") or "").startswith("lot ended")]
-    assert len(stopped) == 1 and "lot 1" in stopped[0]["outcome"]
-    assert stopped[0]["checkpoint_step"] == end["step"]
-    # The same run trained on: a later segment resumed it and completed it.
-    later = [
-        r
-        for r in timeline_rows(out)
-        if r["run"] == stopped[0]["run"]
-        and r["phase"] == stopped[0]["phase"]
-        and r["start"] > stopped[0]["start"]
-    ]
-    assert later and later[-1]["outcome"] == "ok"
+    assert all(e["off_machine"] is False and "NOT OFF THE MACHINE" in e["where"] for e in ends)
+    rows = timeline_rows(out)
+    stopped = [r for r in rows if (r.get("outcome") or "").startswith("lot ended")]
+    assert len(stopped) == len(ends) and all("lot 1" in r["outcome"] for r in stopped)
+    assert {r["checkpoint_step"] for r in stopped if r.get("checkpoint_step")} <= {
+        e["step"] for e in ends
+    }
+    # Each stopped run trained on: a later segment of it resumed and completed it.
+    for cut in stopped:
+        later = [
+            r
+            for r in rows
+            if r["run"] == cut["run"] and r["phase"] == cut["phase"] and r["start"] > cut["start"]
+        ]
+        assert later and later[-1]["outcome"] == "ok", cut
     summary = state.result()
     assert set(summary["runs"].values()) == {"completed"}
 
@@ -99,8 +101,8 @@ def test_without_a_later_lot_the_campaign_closes_resumable_and_a_rerun_completes
     state = run_flow(spec, out)
     assert state.is_cancelled(), state.message
     assert "No later lot" in state.message and "resumes from its checkpoints" in state.message
-    (end,) = _lot_end_rows(out)
-    assert (out / "report.md").is_file() and (out / "manifest.json").is_file()
+    ends = _lot_end_rows(out)
+    assert ends and (out / "report.md").is_file() and (out / "manifest.json").is_file()
     # After the lot (no lot open: no deadline), the same command resumes and completes.
     clock.t += timedelta(days=2)
     lotend.forget_ended_lots()
@@ -113,5 +115,5 @@ def test_without_a_later_lot_the_campaign_closes_resumable_and_a_rerun_completes
         for r in jsonl(path)
         if r["kind"] == "restore"
     ]
-    assert any(r["step"] == end["step"] for r in restored)
+    assert {e["step"] for e in ends if e["step"]} <= {r["step"] for r in restored}
     assert json.loads((out / "manifest.json").read_text())
