@@ -14,12 +14,14 @@ from prefect import allow_failure, flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
+from prefect.exceptions import UnfinishedRun
 from prefect.states import Cancelled, Failed
 
 from gpucampaign.close.manifest import keep_inputs, refuse_sealed_rewrite
 from gpucampaign.core.interrupt import Interrupted, graceful_signals, handled_outside
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.text import redact_logging
+from gpucampaign.engine.lotend import LotEnded
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.lock import writer_lock
 from gpucampaign.folder.records import (
@@ -39,6 +41,7 @@ from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.preflight import preflight
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
 from gpucampaign.spec.recipefile import use_recipe_dir
+from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
 from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign_prefect.orchestration import notify
 from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit, say_lock_note
@@ -63,12 +66,27 @@ def _stop_of(future: Any) -> StopRule | None:
         return exc
 
 
+def _stop_or_lot_end(future: Any, ended: list[LotEnded]) -> StopRule | None:
+    """``_stop_of``, keeping a ``LotEnded`` in ``ended`` instead of raising it, so that the
+    flow waits for every task of the lot before it goes on."""
+    try:
+        return _stop_of(future)
+    except LotEnded as exc:
+        ended.append(exc)
+        return None
+    except UnfinishedRun:
+        if not ended:
+            raise
+        return None  # it waited for a phase the lot's end stopped: it never started
+
+
 @flow(name="campaign", flow_run_name=campaign_run_name, log_prints=False)
 def campaign(
     spec: str | CampaignSpec = DEFAULT_SPEC,
     out: str = DEFAULT_OUT,
     decision_mode: Literal["auto", "ask"] | None = None,
     base_dir: str | None = None,
+    relaunch: int = 0,
 ) -> dict[str, Any]:
     """Run a whole campaign into the output folder ``out``; rerunning it resumes.
 
@@ -79,6 +97,9 @@ def campaign(
         decision_mode: overrides the spec's ``decision_point.mode`` ('auto' or 'ask').
         base_dir: folder the paths of a spec object are relative to (default: the working
             directory); a spec file's own folder otherwise.
+        relaunch: how many times the stack relaunched this campaign after a crash (set by the
+            relaunch automation, infra/automations.py); above ``checkpoint.max_relaunches``
+            the run refuses to start.
     """
     redact_logging()  # no credential in a log line, a task's record in Prefect's database
     # SIGINT and SIGTERM become a stop request: the running training saves at its next step
@@ -95,7 +116,9 @@ def campaign(
             with writer_lock(out) as took_over:
                 if took_over:
                     get_run_logger().warning(took_over)
-                return _campaign(spec, out=out, decision_mode=decision_mode, base_dir=base_dir)
+                return _campaign(
+                    spec, out=out, decision_mode=decision_mode, base_dir=base_dir, relaunch=relaunch
+                )
         except Interrupted as exc:
             get_run_logger().warning("campaign %s; rerun to resume", exc)
             if exc.reason == "SIGTERM" and _cancelling():
@@ -139,6 +162,7 @@ def _campaign(
     out: str,
     decision_mode: Literal["auto", "ask"] | None,
     base_dir: str | None,
+    relaunch: int = 0,
 ) -> dict[str, Any]:
     """The flow's body (see ``campaign``)."""
     logger = get_run_logger()
@@ -147,6 +171,8 @@ def _campaign(
     except SpecError as exc:  # the preflight's paragraph is the whole story: no traceback
         logger.error("refused before anything started: %s", exc)
         return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
+    if (refused := relaunch_refused(cs, relaunch=relaunch)) is not None:
+        return Failed(message=refused)  # type: ignore[return-value]
     tag_flow_run(CAMPAIGN_TAG.format(name=cs.name))
     catalog = load_catalog(spec=cs, base_dir=base)
     plan0 = calendar.plan(cs, catalog=catalog)
@@ -165,16 +191,23 @@ def _campaign(
     analyses: dict[str, dict[str, Any]] = {}
     common = {"base_dir": str(base), "out": str(folder.root)}
     essential_stop = _stop_of(data_audit.submit(cs, **common))
-    if essential_stop is None:
-        decision, essential_stop, analyses = _experiments(
-            cs,
-            catalog=catalog,
-            folder=folder,
-            common=common,
-            plan=plan0,
-            mode=decision_mode or cs.decision_point.mode,
-            campaign_id=campaign_id,
-        )
+    lot_end: LotEnded | None = None
+    while essential_stop is None:
+        try:
+            decision, essential_stop, analyses = _experiments(
+                cs,
+                catalog=catalog,
+                folder=folder,
+                common=common,
+                plan=plan0,
+                mode=decision_mode or cs.decision_point.mode,
+                campaign_id=campaign_id,
+            )
+            break
+        except LotEnded as exc:  # every run saved; on a later open lot the campaign goes on
+            if not after_lot_end(cs, exc, campaign_id=campaign_id, out=common["out"]):
+                lot_end = exc
+                break
     closed = close_campaign(
         cs, campaign_id=campaign_id, catalog=catalog, analyses=analyses, **common
     )
@@ -196,18 +229,33 @@ def _campaign(
         "mirrored": mirrored,
         "essential_stop": essential_stop.to_record() if essential_stop else None,
     }
+    if lot_end is not None:  # closed with what it has, resumable
+        return closed_at_lot_end(cs, lot_end, campaign_id=campaign_id, summary=summary)
+    return _closed(
+        cs, campaign_id=campaign_id, summary=summary, verdict=closed["verdict"], stop=essential_stop
+    )
+
+
+def _closed(
+    cs: CampaignSpec,
+    *,
+    campaign_id: str,
+    summary: dict[str, Any],
+    verdict: dict[str, Any],
+    stop: StopRule | None,
+) -> dict[str, Any]:
+    """The flow's end after the close: notified, Failed when stopped or not verified."""
     failed = ""
-    if essential_stop is not None:
-        failed = f"campaign stopped: {essential_stop}"
-    elif not verified["verified"]:
+    if stop is not None:
+        failed = f"campaign stopped: {stop}"
+    elif not summary["verified"]:
         failed = "the output folder did not verify: see the manifest task's log"
-    verdict = closed["verdict"]
     notify.campaign_closed(
         campaign=campaign_id,
         name=cs.name,
         answer=str(verdict.get("answer") or verdict.get("text") or ""),
         verdict=str(verdict.get("kind") or "?"),
-        out=str(folder.root),
+        out=summary["out"],
         failed=failed,
     )
     if failed:
@@ -285,14 +333,18 @@ def _experiments(
         cs, plan=plan, dropped=decision.dropped_runs, common=common
     )
     run_stops: dict[str, StopRule] = {}
+    ended: list[LotEnded] = []
     for run, fut in futures.items():  # each stop is said as soon as its run ends
-        if (stop := _stop_of(fut)) is not None:
+        if (stop := _stop_or_lot_end(fut, ended)) is not None:
             run_stops[run] = stop
             if stop.stop_id in earlier:
                 logger.info("run '%s' stopped in an earlier start, as recorded: %s", run, stop)
             else:
                 _say_stop(cs, run=run, stop=stop, campaign_id=campaign_id)
-    essential_stop = campaign_stop(cs, run_stops=run_stops, restart_stop=_stop_of(restart_future))
+    restart_stop = _stop_or_lot_end(restart_future, ended)
+    if ended:
+        raise ended[0]
+    essential_stop = campaign_stop(cs, run_stops=run_stops, restart_stop=restart_stop)
     states = run_states(cs, root=folder.root, decision=decision)
     with_model = runs_with_model(states, root=folder.root)
     analyses = predictions(cs, runs=with_model, **common) if with_model else {}
@@ -331,6 +383,7 @@ def _pilot_every_run(
         The stop of each pilot that tripped a stop rule; ``measured`` gains the others.
     """
     stops: dict[str, StopRule] = {}
+    ended: list[LotEnded] = []
     tail: Any = None
     optional = [r for r in cs.runs_by_tier() if cs.tier_of(r) != "essential"]
     for group in (cs.essential_runs(), optional):
@@ -347,11 +400,16 @@ def _pilot_every_run(
             )
             tail = futures[r]
         for run, fut in futures.items():
-            stop = _stop_of(fut)
+            before = len(ended)
+            stop = _stop_or_lot_end(fut, ended)
+            if len(ended) > before:
+                continue
             if stop is None:
                 measured[run] = fut.result()
             else:
                 stops[run] = stop
+        if ended:
+            raise ended[0]
     return stops
 
 

@@ -8,6 +8,14 @@ with ``PREFECT_API_URL`` set):
   Crashed, so the UI and the GPU lock's holders tell the truth. The flow-run processes must send
   heartbeats (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, set on the stack's worker) more often than
   that window.
+- ``gpucampaign: relaunch a crashed campaign``: a campaign flow run of a deployment that ends
+  Crashed (its machine died: the automation above, or a SIGTERM that was not a cancellation) is
+  run again with the same parameters and ``relaunch`` one higher, on any worker of the pool; it
+  resumes from the store, and refuses to start beyond the spec's ``checkpoint.max_relaunches``.
+  ``GPUCAMPAIGN_RELAUNCH=off`` removes it (no relaunch).
+- An automation that is already set up as asked is left as it is: updating one resets its
+  trigger, and a run that died before would never be seen (a stack restart must not blind
+  the dead-run detector).
 - With a notification target (``--notify-url`` / ``GPUCAMPAIGN_NOTIFY_URL``: a generic
   webhook that receives ``{"subject": ..., "body": ...}`` as JSON, kept in the Custom Webhook
   block ``gpucampaign-notify`` with its path, query and credentials in the block's secret
@@ -17,8 +25,8 @@ with ``PREFECT_API_URL`` set):
   a flow run of ours Failed or Crashed, and the events the campaign's flows emit
   (``gpucampaign.*``, see ``orchestration/notify.py``): a decision waits for a person, a stop rule
   ended an essential run, the campaign closed, the rental ends while files are only local,
-  the S3 store stopped taking uploads. Without a target no notifying automation exists (and
-  any left from an earlier setup is removed): the script says so.
+  the S3 store stopped taking uploads, a lot ended. Without a target no notifying automation
+  exists (and any left from an earlier setup is removed): the script says so.
 
 Usage: ``python infra/automations.py [--notify-url URL | --notify-block SLUG/NAME]
 [--crashed-after SECONDS]``. Prints one line per automation.
@@ -46,6 +54,7 @@ CAMPAIGN_EVENTS: dict[str, str] = {
     "gpucampaign.campaign.closed": "the campaign closed",
     "gpucampaign.rental.ending": "the rental ends while files are only local",
     "gpucampaign.storage.unreachable": "the S3 store stopped taking uploads",
+    "gpucampaign.lot.ended": "a lot ended: the campaign goes on or closed resumable",
 }
 
 FLOW_RUN_BODY = (
@@ -160,6 +169,44 @@ def crashed_automation(crashed_after_s: int) -> Any:
     )
 
 
+#: The relaunched run's parameters: the crashed run's, with ``relaunch`` one higher (rendered by
+#: the server, types kept through JSON).
+RELAUNCH_PARAMETERS: dict[str, Any] = {
+    "__prefect_kind": "json",
+    "value": {
+        "__prefect_kind": "jinja",
+        "template": "{{ dict(flow_run.parameters, "
+        "relaunch=(flow_run.parameters.get('relaunch') or 0) + 1) | tojson }}",
+    },
+}
+RELAUNCH_NAME = PREFIX + "relaunch a crashed campaign"
+
+
+def relaunch_automation() -> Any:
+    """A crashed campaign flow run of a deployment -> the same deployment run again with the
+    same parameters (``relaunch`` + 1), on any worker of its pool."""
+    from prefect.events.actions import RunDeployment
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+    return AutomationCore(
+        name=RELAUNCH_NAME,
+        description=(
+            "A campaign flow run that ended Crashed (its process or machine died) is run again "
+            "from its deployment with the same parameters and relaunch + 1; it resumes from "
+            "the store and refuses beyond the spec's checkpoint.max_relaunches."
+        ),
+        trigger=EventTrigger(
+            match={"prefect.resource.id": "prefect.flow-run.*"},
+            match_related={"prefect.resource.role": "flow", "prefect.resource.name": "campaign"},
+            expect={"prefect.flow-run.Crashed"},
+            posture=Posture.Reactive,
+            threshold=1,
+            within=timedelta(0),
+        ),
+        actions=[RunDeployment(source="inferred", parameters=RELAUNCH_PARAMETERS)],
+    )
+
+
 def notify_automations(block_id: UUID) -> list[Any]:
     """The notifying automations: flow runs of ours Failed or Crashed, and the campaign events."""
     from prefect.events.actions import SendNotification
@@ -211,11 +258,29 @@ def notify_automations(block_id: UUID) -> list[Any]:
     return found
 
 
+def _settings(automation: Any) -> Any:
+    """What an automation is set to, without the IDs the server or a build gives it."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "id"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    from prefect.events.schemas.automations import AutomationCore
+
+    return strip(automation.model_dump(mode="json", include=set(AutomationCore.model_fields)))
+
+
 def put(client: Any, automation: Any) -> str:
-    """Create ``automation`` or update the one of the same name; 'created' or 'updated'."""
+    """Create ``automation`` or update the one of the same name; 'created', 'updated' or
+    'unchanged' (one set up as asked is not updated: that would reset its trigger's state)."""
     existing = client.read_automations_by_name(automation.name)
     for extra in existing[1:]:  # an earlier half-finished setup: one of each name
         client.delete_automation(extra.id)
+    if existing and _settings(existing[0]) == _settings(automation):
+        return "unchanged"
     if existing:
         client.update_automation(existing[0].id, automation)
         return "updated"
@@ -261,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
         block_id = notification_block_id(client, url=args.notify_url, block=args.notify_block)
         done = put(client, crashed_automation(crashed_after))
         print(f"automations: {done} '{PREFIX}dead runs are Crashed' ({crashed_after} s)")
+        if os.environ.get("GPUCAMPAIGN_RELAUNCH", "on").strip().lower() in ("off", "0", "no"):
+            for automation in client.read_automations_by_name(RELAUNCH_NAME):
+                client.delete_automation(automation.id)
+            print("automations: no relaunch of crashed campaigns (GPUCAMPAIGN_RELAUNCH=off)")
+        else:
+            print(f"automations: {put(client, relaunch_automation())} '{RELAUNCH_NAME}'")
         if block_id is None:
             gone = remove_notifiers(client)
             print(

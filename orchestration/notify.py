@@ -28,6 +28,7 @@ ESSENTIAL_STOP = "gpucampaign.run.essential-stop"
 CAMPAIGN_CLOSED = "gpucampaign.campaign.closed"
 RENTAL_ENDING = "gpucampaign.rental.ending"
 STORAGE_UNREACHABLE = "gpucampaign.storage.unreachable"
+LOT_ENDED = "gpucampaign.lot.ended"
 
 _log = logging.getLogger("gpucampaign.notify")
 
@@ -141,6 +142,19 @@ def rental_ending(*, campaign: str, name: str, message: str, out: str) -> bool:
         campaign=campaign,
         name=name,
         subject=f"gpucampaign: {name}: the rental ends while files are only local",
+        body=f"Campaign {campaign} ({out}): {message}",
+        out=out,
+    )
+
+
+def lot_ended(*, campaign: str, name: str, message: str, out: str) -> bool:
+    """A lot ended: the runs saved before it; where the campaign goes on (or that it closed
+    with what it has, resumable)."""
+    return emit(
+        LOT_ENDED,
+        campaign=campaign,
+        name=name,
+        subject=f"gpucampaign: {name}: the lot ended",
         body=f"Campaign {campaign} ({out}): {message}",
         out=out,
     )

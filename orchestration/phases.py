@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,9 +17,10 @@ from prefect.states import Cancelled, Completed, State
 from gpucampaign.core.files import utc_now
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import StopRule
+from gpucampaign.engine.lotend import LotEnded
 from gpucampaign.folder.layout import OutputFolder, run_file
 from gpucampaign.folder.records import StopRecord, TimelineRow, append_stop, append_timeline
-from gpucampaign.folder.segments import close_cut_segments, new_segment
+from gpucampaign.folder.segments import LOT_ENDED_OUTCOME, close_cut_segments, new_segment
 from gpucampaign.spec import CampaignSpec
 
 # Inputs hold numpy arrays and the spec: hashing them for a cache key is wasted work,
@@ -142,12 +144,16 @@ def busy(
             kind=kind,
             start=utc_now(),
             note=note,
+            host=socket.gethostname(),
         )
     )
     append_timeline(folder.root, row)
     t0 = time.perf_counter()
     try:
         yield row
+    except LotEnded as exc:  # a planned stop before the lot's end, its step saved
+        row.outcome = f"{LOT_ENDED_OUTCOME}: {exc.detail}"[:500]
+        raise
     except Interrupted as exc:
         row.outcome = f"interrupted: {exc}"[:500]
         raise

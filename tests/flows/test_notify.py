@@ -79,6 +79,7 @@ def test_every_event_the_flows_emit_has_a_notifying_automation():
         notify.CAMPAIGN_CLOSED,
         notify.RENTAL_ENDING,
         notify.STORAGE_UNREACHABLE,
+        notify.LOT_ENDED,
     }
     assert set(automations.CAMPAIGN_EVENTS) == emitted_names
     from uuid import uuid4

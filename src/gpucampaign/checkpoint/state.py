@@ -88,6 +88,11 @@ class BackgroundSaves:
         """True while a submitted save has not been collected by ``wait``."""
         return self._pending is not None
 
+    @property
+    def finished(self) -> bool:
+        """True when a submitted save has ended and waits to be collected."""
+        return self._pending is not None and self._pending.done()
+
     def submit(self, save: Any) -> None:
         """Start ``save()`` in the background; the previous one must have been collected."""
         assert self._pending is None, "a save is still in flight: wait() first"

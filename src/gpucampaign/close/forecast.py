@@ -87,6 +87,17 @@ def _explain(
     if s.run:
         for st in stops_of(s.run, [x.to_dict() for x in stops]):
             why.append(f"stopped by {st.get('rule')} ({st.get('stop_id')}): {st.get('reason')}")
+    losses = interruptions(rows)
+    if losses["segments"]:
+        n = len(losses["segments"])
+        moved = f", {losses['relaunches']} on another machine" if losses["relaunches"] else ""
+        why.append(
+            f"{n} interruption{'s' if n != 1 else ''}{moved}: {losses['lost_steps']} step(s) "
+            f"trained again ({say_duration(losses['lost_hours'])}), "
+            f"{say_duration(losses['down_hours'])} until training resumed"
+        )
+    if losses["lot_ends"]:
+        why.append(f"stopped {len(losses['lot_ends'])} time(s) before a lot's end, then resumed")
     trained = [r for r in rows if r.phase == "train"]
     if len(trained) > 1:
         how = (
@@ -191,8 +202,16 @@ def forecast_vs_actual(
             "window_hours": plan.window_hours,
         },
         "estimates": measured_estimates(timeline, pilot=pilot, metrics=metrics),
-        "interruptions": interruptions(timeline),
+        "interruptions": _with_share(interruptions(timeline), window_hours=plan.window_hours),
     }
+
+
+def _with_share(losses: dict[str, Any], *, window_hours: float | None) -> dict[str, Any]:
+    """``losses`` with what they cost as a share of the lot's window (work trained again plus
+    the time until training resumed), in hours of the window: no price is assumed."""
+    cost = losses["lost_hours"] + losses["down_hours"]
+    share = cost / window_hours if window_hours else None
+    return {**losses, "cost_hours": cost, "share_of_window": share, "window_hours": window_hours}
 
 
 def actual_intervals(

@@ -273,10 +273,13 @@ def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
 
 
 def _interruptions_md(fva: Mapping[str, Any]) -> list[str]:
-    """Interrupted segments, resumes per run and the work lost (nothing when none)."""
+    """Each loss (machine, when, steps lost, time until training resumed), the relaunches, the
+    stops before a lot's end, and what the losses cost as a share of the window (nothing when
+    none)."""
     info = fva.get("interruptions") or {}
     cut = info.get("segments") or []
-    if not cut:
+    ends = info.get("lot_ends") or []
+    if not cut and not ends:
         return []
     out = ["## Interruptions", ""]
     resumes = info.get("resumes") or {}
@@ -286,21 +289,44 @@ def _interruptions_md(fva: Mapping[str, Any]) -> list[str]:
         "learning not resumed"
         for run in info.get("inference_restarts") or {}
     ]
-    out += [
-        f"- lost work: {info.get('lost_steps', 0)} step(s) trained after the last checkpoint, "
-        f"{_hours(info.get('lost_hours'))} h",
-        "",
-        "| phase | run | start | end | last checkpoint | steps lost | outcome |",
-        "|---|---|---|---|---:|---:|---|",
-    ]
-    for c in cut:
+    if cut:
+        out += [
+            f"- lost work: {info.get('lost_steps', 0)} step(s) trained after the last checkpoint, "
+            f"{_hours(info.get('lost_hours'))} h; until training resumed: "
+            f"{_hours(info.get('down_hours'))} h; relaunched on another machine: "
+            f"{info.get('relaunches', 0)}"
+        ]
+    if info.get("share_of_window") is not None:
         out.append(
-            f"| {c['phase']} | {_cell(c.get('run') or '')} | {c.get('start') or ''} | "
+            f"- what the losses cost: {_hours(info.get('cost_hours'))} h of the "
+            f"{_hours(info.get('window_hours'))} h window ({100 * info['share_of_window']:.2f}%): "
+            "work trained again plus the time until training resumed"
+        )
+    if ends:
+        out.append(
+            f"- stopped before a lot's end (saved, nothing lost): {len(ends)} time(s); "
+            "resumed after " + ", ".join(_secs(e.get("until_resumed_seconds")) for e in ends)
+        )
+    out += [
+        "",
+        "| phase | run | machine | cut at | last checkpoint | steps lost | work lost | "
+        "until resumed | resumed on | outcome |",
+        "|---|---|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    for c in [*cut, *ends]:
+        out.append(
+            f"| {c['phase']} | {_cell(c.get('run') or '')} | {_cell(c.get('host') or '?')} | "
             f"{c.get('end') or ''} | {_cell(c.get('checkpoint_step') or '')} | "
-            f"{_cell(c.get('lost_steps') or 0)} | {_cell(c.get('outcome') or '')} |"
+            f"{_cell(c.get('lost_steps') or 0)} | {_secs(c.get('lost_seconds'))} | "
+            f"{_secs(c.get('until_resumed_seconds'))} | "
+            f"{_cell(c.get('resumed_host') or 'not resumed')} | {_cell(c.get('outcome') or '')} |"
         )
     out.append("")
     return out
+
+
+def _secs(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds:.1f} s"
 
 
 def _resume_md(report: Mapping[str, Any]) -> list[str]:

@@ -96,6 +96,10 @@ class Checkpointer:
         Returns:
             True when a save of ``step`` started.
         """
+        if self._background.finished:
+            # Collected as soon as it is durable, not at the next save: its row and heartbeat
+            # then say what a kill right now would keep.
+            self.wait()
         if step == self._submitted:
             return False
         # Data-parallel: rank 0's policy decides (its measured costs); every rank snapshots.
@@ -180,7 +184,7 @@ class Checkpointer:
             self._on_save(
                 {
                     "run_id": r.run_id,
-                    "step": r.state.global_step,
+                    "step": saved.step,
                     "planned_steps": r.planned,
                     "save_s": saved.save_s,
                     "key": saved.key,

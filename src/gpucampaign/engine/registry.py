@@ -11,6 +11,7 @@ from __future__ import annotations
 from gpucampaign.engine.futility import Futility
 from gpucampaign.engine.hooks import HookArgs, HookFactory, Hooks
 from gpucampaign.engine.live import LiveView
+from gpucampaign.engine.lotend import LotDeadline
 from gpucampaign.engine.rules import NonFiniteLossRule, NotLearningRule, QualityFloor
 from gpucampaign.engine.setup import LiveRun
 from gpucampaign.engine.tracked import Tracker
@@ -22,6 +23,7 @@ HOOKS: list[HookFactory] = [
     Futility.hook,  # stop_rules.futility
     Tracker.for_run,  # tracking.mlflow (or MLFLOW_TRACKING_URI)
     LiveView.for_run,  # progress.json, the progress callback, the bar
+    LotDeadline.for_run,  # lots with starts_at: save and stop before the lot ends
 ]
 
 

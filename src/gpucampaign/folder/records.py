@@ -250,7 +250,8 @@ class TimelineRow:
     line at each checkpoint (``checkpoint_step``, ``seen``), an ``end`` line. ``read_timeline``
     folds them into one row per segment; a segment without its end line stays open
     (``end`` None) until the next start closes it as interrupted, with the steps trained
-    since its last checkpoint (``lost_steps``) and their time (``lost_seconds``).
+    since its last checkpoint (``lost_steps``) and their time (``lost_seconds``). ``host`` is
+    the machine it ran on.
     """
 
     phase: str
@@ -269,6 +270,7 @@ class TimelineRow:
     seen: str | None = _when_known()
     lost_steps: int | None = _when_known()
     lost_seconds: float | None = _when_known()
+    host: str | None = _when_known()  # the machine the segment ran on
 
     @property
     def interrupted(self) -> bool:

@@ -21,6 +21,8 @@ from gpucampaign.core.stoprules import InterruptedRun
 from gpucampaign.folder.layout import METRICS_FILE
 from gpucampaign.folder.records import TimelineRow, append_timeline, read_timeline
 
+#: The outcome of a segment that stopped before its lot's end (``engine/lotend.py``).
+LOT_ENDED_OUTCOME = "lot ended"
 CUT_OUTCOME = (
     "interrupted: the process ended without recording its end (killed, out of "
     "memory or the machine lost)"
@@ -100,17 +102,59 @@ def inference_restarted(row: TimelineRow) -> bool:
     return (row.outcome or "").startswith(f"failed: {InterruptedRun.rule}: ")
 
 
+def _resumes_after(rows: list[TimelineRow], i: int) -> TimelineRow | None:
+    """The first later segment of the same phase and run as ``rows[i]`` (its resume)."""
+    cut = rows[i]
+    for r in rows[i + 1 :]:
+        if r.phase == cut.phase and r.run == cut.run and r.run is not None:
+            return r
+    return None
+
+
+def _loss(rows: list[TimelineRow], i: int) -> dict[str, Any]:
+    """One interrupted (or lot-ended) segment as a line of the ledger."""
+    r = rows[i]
+    nxt = _resumes_after(rows, i)
+    until = None
+    if nxt is not None and r.end:
+        until = max(0.0, (parse_time(nxt.start) - parse_time(r.end)).total_seconds())
+    return {
+        "phase": r.phase,
+        "run": r.run,
+        "host": r.host,
+        "start": r.start,
+        "end": r.end,
+        "outcome": r.outcome,
+        "checkpoint_step": r.checkpoint_step,
+        "lost_steps": r.lost_steps,
+        "lost_seconds": r.lost_seconds,
+        "resumed_at": nxt.start if nxt is not None else None,
+        "resumed_host": nxt.host if nxt is not None else None,
+        "until_resumed_seconds": until,
+        "relaunched": bool(nxt is not None and r.host and nxt.host and nxt.host != r.host),
+    }
+
+
+def lot_ended(row: TimelineRow) -> bool:
+    """True for a segment that stopped before its lot's end (saved; nothing lost)."""
+    return (row.outcome or "").startswith(LOT_ENDED_OUTCOME)
+
+
 def interruptions(timeline: Iterable[TimelineRow]) -> dict[str, Any]:
-    """The interrupted segments, the resumes per run and the work they lost.
+    """The interrupted segments, the resumes per run and the work and time they lost.
 
     Returns:
-        ``{segments: [...], resumes: {run: n}, inference_restarts: {run: n}, lost_steps,
-        lost_hours}``: a resume is a segment of a run's training that follows an interrupted
-        one; an inference restart is such a segment that trained nothing and kept the last
-        good model instead (``resume: inference``).
+        ``{segments: [...], lot_ends: [...], resumes: {run: n}, inference_restarts: {run: n},
+        relaunches, lost_steps, lost_hours, down_hours}``: each segment says its machine
+        (``host``), when it was cut, the steps lost since its last checkpoint and the time until
+        its run resumed (``until_resumed_seconds``, on ``resumed_host``); a relaunch is a resume
+        on another machine; ``down_hours`` adds those times up. A resume is a segment of a run's
+        training that follows an interrupted one; an inference restart is such a segment that
+        trained nothing and kept the last good model instead (``resume: inference``).
     """
     rows = list(timeline)
-    cut = [r for r in rows if r.interrupted]
+    cut = [_loss(rows, i) for i, r in enumerate(rows) if r.interrupted]
+    ends = [_loss(rows, i) for i, r in enumerate(rows) if lot_ended(r)]
     resumes: dict[str, int] = {}
     restarts: dict[str, int] = {}
     after_cut: set[tuple[str, str | None]] = set()
@@ -123,21 +167,12 @@ def interruptions(timeline: Iterable[TimelineRow]) -> dict[str, Any]:
         if r.interrupted:
             after_cut.add(key)
     return {
-        "segments": [
-            {
-                "phase": r.phase,
-                "run": r.run,
-                "start": r.start,
-                "end": r.end,
-                "outcome": r.outcome,
-                "checkpoint_step": r.checkpoint_step,
-                "lost_steps": r.lost_steps,
-                "lost_seconds": r.lost_seconds,
-            }
-            for r in cut
-        ],
+        "segments": cut,
+        "lot_ends": ends,
         "resumes": resumes,
         "inference_restarts": restarts,
-        "lost_steps": sum(r.lost_steps or 0 for r in cut),
-        "lost_hours": sum(r.lost_seconds or 0.0 for r in cut) / 3600.0,
+        "relaunches": sum(1 for c in cut if c["relaunched"]),
+        "lost_steps": sum(c["lost_steps"] or 0 for c in cut),
+        "lost_hours": sum(c["lost_seconds"] or 0.0 for c in cut) / 3600.0,
+        "down_hours": sum(c["until_resumed_seconds"] or 0.0 for c in cut) / 3600.0,
     }

@@ -532,6 +532,23 @@ class CheckpointSpec(_Frozen):
         le=MAX_HOURS * 60,
         description="Most training time you accept to lose to an interruption.",
     )
+    lot_end_margin_minutes: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_HOURS * 60,
+        description="Minutes added to the margin a run keeps before its lot ends (lots with "
+        "starts_at): the run saves, checks its checkpoint is off the machine and stops that "
+        "long before the end, besides the margin measured from its own save, upload and "
+        "read-back times.",
+    )
+    max_relaunches: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="How many times the stack relaunches a campaign whose flow run crashed "
+        "(its machine or process died) on another worker, resuming from the store; 0: never "
+        "(a relaunched run then refuses to start).",
+    )
 
 
 class StorageSpec(_Frozen):

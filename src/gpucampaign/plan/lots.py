@@ -1,0 +1,127 @@
+"""The lot a machine trains on, when it ends, and the margin kept before that end.
+
+A lot with ``starts_at`` is open from then until ``starts_at + days``; after that its machine
+is taken away. The machine a run trains on belongs to one lot: the one named by the
+``GPUCAMPAIGN_LOT`` environment variable of its worker (its 1-based place in ``packages``, or
+its ``order_ref``), else the open lot that ends first (a campaign on one pool of lots). The
+run keeps a margin before that end: the time to finish the step in progress, to save and
+upload a checkpoint, to read it back (the proof it is off the machine) and to copy the output
+folder, all measured by this campaign, with a safety factor, widened by the spec's
+``checkpoint.lot_end_margin_minutes``. Pure functions; no Prefect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from gpucampaign.plan.rental import iso
+from gpucampaign.spec import CampaignSpec, SpecError
+
+#: The worker's environment variable naming the lot its machine belongs to.
+LOT_ENV = "GPUCAMPAIGN_LOT"
+#: The measured costs are multiplied by this (a save slows down when the disk is busy).
+SAFETY = 2.0
+#: The least margin before the factor: the measures of a tiny model say almost nothing.
+FLOOR_S = 5.0
+#: A save not yet measured (the first pilot) is taken to move its bytes at this rate (a slow
+#: upload), plus ``UNMEASURED_SAVE_S``.
+UNMEASURED_BYTES_PER_S = 20e6
+UNMEASURED_SAVE_S = 2.0
+
+
+@dataclass(frozen=True)
+class Lot:
+    """One dated lot: its place in ``packages`` (1-based), its window and its name."""
+
+    number: int
+    starts_at: datetime
+    ends_at: datetime
+    order_ref: str | None = None
+
+    def is_open(self, now: datetime) -> bool:
+        """Whether ``now`` falls in the lot's window."""
+        return self.starts_at <= now < self.ends_at
+
+    @property
+    def label(self) -> str:
+        """``lot 2 (order ABC, ends 2026-03-02T09:00:00Z)``."""
+        ref = f"order {self.order_ref}, " if self.order_ref else ""
+        return f"lot {self.number} ({ref}ends {iso(self.ends_at)})"
+
+
+def dated_lots(spec: CampaignSpec) -> list[Lot]:
+    """The spec's lots that carry ``starts_at``, in the spec's order."""
+    return [
+        Lot(number=i, starts_at=p.starts_at, ends_at=p.ends_at, order_ref=p.order_ref)
+        for i, p in enumerate(spec.packages, start=1)
+        if p.starts_at is not None and p.ends_at is not None
+    ]
+
+
+def pinned_lot(spec: CampaignSpec, env: Mapping[str, str]) -> Lot | None:
+    """The lot ``GPUCAMPAIGN_LOT`` names (None when unset).
+
+    Raises:
+        SpecError: It names no dated lot of the spec.
+    """
+    value = (env.get(LOT_ENV) or "").strip()
+    if not value:
+        return None
+    for lot in dated_lots(spec):
+        if value == str(lot.number) or (lot.order_ref is not None and value == lot.order_ref):
+            return lot
+    raise SpecError(
+        f"{LOT_ENV}={value!r} names no lot with starts_at in the spec's 'packages': give the "
+        "lot's place in the list (1 for the first) or its order_ref, or unset it to train on "
+        "the open lot that ends first.",
+        field="packages",
+    )
+
+
+def machine_lot(
+    spec: CampaignSpec, *, now: datetime, env: Mapping[str, str], ended: frozenset[int]
+) -> Lot | None:
+    """The lot this machine trains on: the pinned one, else the open lot that ends first
+    among those not ``ended`` here already. None when no lot is dated or none is open."""
+    pinned = pinned_lot(spec, env)
+    if pinned is not None:
+        return pinned
+    open_lots = [lot for lot in dated_lots(spec) if lot.is_open(now) and lot.number not in ended]
+    return min(open_lots, key=lambda lot: lot.ends_at) if open_lots else None
+
+
+def next_lot(spec: CampaignSpec, *, now: datetime, after: Lot, margin_s: float) -> Lot | None:
+    """A later lot whose window is open now with more than ``margin_s`` left, ending last."""
+    later = [
+        lot
+        for lot in dated_lots(spec)
+        if lot.number != after.number
+        and lot.ends_at > after.ends_at
+        and lot.is_open(now)
+        and lot.ends_at - now > timedelta(seconds=margin_s)
+    ]
+    return max(later, key=lambda lot: lot.ends_at) if later else None
+
+
+def unmeasured_save_s(state_bytes: int) -> float:
+    """What a first save of ``state_bytes`` is taken to cost before one is measured."""
+    return UNMEASURED_SAVE_S + state_bytes / UNMEASURED_BYTES_PER_S
+
+
+def lot_margin_s(
+    *,
+    step_s: float | None,
+    save_s: float,
+    retrieve_s: float | None,
+    mirror_s: float | None,
+    extra_minutes: float,
+) -> float:
+    """Seconds kept before the lot's end: the step in progress, one save with its upload, its
+    read-back and the folder's copy, as measured (a read-back not yet measured counts as
+    much as the save), times ``SAFETY``, plus the spec's extra.
+    """
+    retrieve = save_s if retrieve_s is None else retrieve_s
+    measured = (step_s or 0.0) + save_s + retrieve + (mirror_s or 0.0)
+    return SAFETY * max(measured, FLOOR_S) + 60.0 * extra_minutes

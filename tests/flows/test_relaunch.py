@@ -1,0 +1,92 @@
+"""A lost machine is relaunched: the automation that runs a crashed campaign again with the same
+parameters (relaunch + 1), the bound the flow keeps, and a stack restart that leaves the
+dead-run detector's trigger as it was."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
+
+from infra import automations
+
+
+class _CrashedRun:
+    """What the server's template sees of the crashed flow run."""
+
+    def __init__(self, parameters: dict[str, Any]) -> None:
+        self.parameters = parameters
+
+
+def _rendered(parameters: dict[str, Any]) -> Any:
+    action = automations.relaunch_automation().actions[0]
+    context = HydrationContext(
+        raise_on_error=True, render_jinja=True, jinja_context={"flow_run": _CrashedRun(parameters)}
+    )
+    return hydrate(action.parameters, context)
+
+
+def test_a_crashed_campaign_is_run_again_from_its_deployment_with_the_same_parameters():
+    made = automations.relaunch_automation()
+    trigger = made.trigger
+    assert trigger.expect == {"prefect.flow-run.Crashed"}
+    assert trigger.match_related.root == {
+        "prefect.resource.role": "flow",
+        "prefect.resource.name": "campaign",
+    }
+    (action,) = made.actions
+    assert action.type == "run-deployment" and action.source == "inferred"
+    first = {"spec": "examples/digits/campaign.yaml", "out": "out/c", "decision_mode": None}
+    assert _rendered(first) == {**first, "relaunch": 1}  # None stays None, not "None"
+    assert _rendered({**first, "relaunch": 2})["relaunch"] == 3
+
+
+class _Client:
+    def __init__(self, existing: list[Any]) -> None:
+        self.existing = existing
+        self.updated: list[Any] = []
+        self.deleted: list[Any] = []
+
+    def read_automations_by_name(self, name: str) -> list[Any]:
+        return [a for a in self.existing if a.name == name]
+
+    def update_automation(self, automation_id: Any, automation: Any) -> None:
+        self.updated.append(automation_id)
+
+    def delete_automation(self, automation_id: Any) -> None:
+        self.deleted.append(automation_id)
+
+    def create_automation(self, automation: Any) -> None:
+        self.existing.append(automation)
+
+
+def _on_server(core: Any) -> Any:
+    from prefect.events.schemas.automations import Automation
+
+    return Automation(**core.model_dump(), id=uuid4())
+
+
+def test_a_stack_restart_leaves_the_dead_run_detector_as_it_is():
+    # Updating an automation resets its trigger: a run that stopped its heartbeats before the
+    # restart would stay Running. The same settings are left alone; a new window is updated.
+    server = _Client([_on_server(automations.crashed_automation(300))])
+    assert automations.put(server, automations.crashed_automation(300)) == "unchanged"
+    assert server.updated == []
+    assert automations.put(server, automations.crashed_automation(600)) == "updated"
+    assert len(server.updated) == 1
+    relaunch = _Client([_on_server(automations.relaunch_automation())])
+    assert automations.put(relaunch, automations.relaunch_automation()) == "unchanged"
+
+
+@pytest.mark.slow
+def test_a_relaunch_beyond_the_bound_refuses_to_start(prefect_harness, tmp_path):
+    from tests.flows.test_campaign import run_flow, tiny_campaign
+
+    spec = tiny_campaign(tmp_path, checkpoint={"max_relaunches": 1})
+    out = tmp_path / "out"
+    state = run_flow(spec, out, relaunch=2)
+    assert state.is_failed()
+    assert "relaunch 2" in state.message and "max_relaunches is 1" in state.message
+    assert not (out / "runs").exists() and not (out / "timeline.jsonl").exists()
