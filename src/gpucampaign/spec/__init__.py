@@ -1,5 +1,6 @@
 """The campaign spec: ``CampaignSpec`` (pydantic, frozen), its parts, and how a file becomes one."""
 
+from gpucampaign.spec.lots import Package, Step
 from gpucampaign.spec.model import (
     CampaignSpec,
     format_validation_error,
@@ -20,11 +21,9 @@ from gpucampaign.spec.parts import (
     GpuLockSpec,
     InputSpec,
     MlflowSpec,
-    Package,
     PilotSpec,
     RunConfig,
     SpecError,
-    Step,
     StopRules,
     StorageSpec,
     TrackingSpec,

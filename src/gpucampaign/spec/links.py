@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gpucampaign.spec.parts import Step
+from gpucampaign.spec.lots import Step
 
 
 def check_links(calendar: tuple[Step, ...]) -> None:

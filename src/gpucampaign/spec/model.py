@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gpucampaign.core.gcpause import without_gc_pauses
 from gpucampaign.spec.links import check_links
+from gpucampaign.spec.lots import Package, Step
 from gpucampaign.spec.parts import (
     MAX_CALENDAR_STEPS,
     MAX_EXPENSES,
@@ -40,11 +41,9 @@ from gpucampaign.spec.parts import (
     Expense,
     GpuLockSpec,
     InputSpec,
-    Package,
     PilotSpec,
     RunConfig,
     SpecError,
-    Step,
     StopRules,
     StorageSpec,
     TrackingSpec,
