@@ -152,8 +152,11 @@ def rows(folder: OutputFolder, spec, run: str, kind: str) -> list[dict]:
 
 
 def verdict_of(closed) -> dict:
-    """The verdict, its stop IDs (fresh in each campaign) blanked out."""
+    """The verdict, its stop IDs (fresh in each campaign) and the measured training times its
+    advice prices seeds with (they differ from run to run) left out."""
     v = closed.verdict.to_dict()
+    v.pop("text"), v.pop("answer")
+    v["more_seeds"] = (v.pop("resolve") or {}).get("more_seeds")
     return json.loads(re.sub(r"stop-[0-9a-f]{12}", "stop-?", json.dumps(v)))
 
 

@@ -80,7 +80,8 @@ def test_a_users_own_recipe_trains_on_two_processes_after_a_one_gpu_campaign(tmp
         "run", str(tiny_campaign(tmp_path, edit=one_gpu)), "--out", "one", cwd=tmp_path, home=home
     )
     assert first.returncode == 0, first.stderr[-3000:]
-    assert re.search(r"'gpu' with 1 slot", first.stderr), first.stderr[-3000:]
+    created = re.search(r"'gpu' on this Prefect server with 1 slot", first.stderr)
+    assert created, first.stderr[-3000:]
 
     write_regress_project(tmp_path / "mine", gpus=2)
     elsewhere = tmp_path / "elsewhere"
