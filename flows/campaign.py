@@ -44,6 +44,7 @@ from gpucampaign.spec.recipefile import use_recipe_dir
 from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
 from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign_prefect.orchestration import notify
+from gpucampaign_prefect.orchestration.campaign_lock import CampaignHeld, campaign_lock
 from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit, say_lock_note
 from gpucampaign_prefect.orchestration.phases import artifact_key, stop_of
 from gpucampaign_prefect.tasks.audit import data_audit
@@ -107,18 +108,26 @@ def campaign(
     with graceful_signals() as previous:
         try:
             try:  # before the folder is written (the lock writes it) and before the audit
-                _preflight(spec, out=out, base_dir=base_dir)
+                cs = _preflight(spec, out=out, base_dir=base_dir)
             except SpecError as exc:  # the preflight's paragraph is the whole story
                 get_run_logger().error("refused before anything started: %s", exc)
                 return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
-            # One writer per output folder, for the whole campaign (`campaign run` holds it
-            # already: the lock is re-entrant in its process).
-            with writer_lock(out) as took_over:
+            tag = CAMPAIGN_TAG.format(name=cs.name)
+            tag_flow_run(tag)
+            # One copy per campaign across hosts (S3 store: orchestration/campaign_lock.py), and
+            # one writer per output folder (`campaign run` holds it already: re-entrant).
+            with (
+                campaign_lock(cs, tag=tag, lease_s=cs.gpu_lock.lease_s),
+                writer_lock(out) as took_over,
+            ):
                 if took_over:
                     get_run_logger().warning(took_over)
                 return _campaign(
                     spec, out=out, decision_mode=decision_mode, base_dir=base_dir, relaunch=relaunch
                 )
+        except CampaignHeld as exc:
+            get_run_logger().error("%s", exc)
+            return Failed(message=str(exc))  # type: ignore[return-value]
         except Interrupted as exc:
             get_run_logger().warning("campaign %s; rerun to resume", exc)
             if exc.reason == "SIGTERM" and _cancelling():
@@ -263,14 +272,16 @@ def _closed(
     return summary
 
 
-def _preflight(spec: str | CampaignSpec, *, out: str, base_dir: str | None) -> None:
-    """The spec's files, corpus, recipes and store, checked before anything is written."""
+def _preflight(spec: str | CampaignSpec, *, out: str, base_dir: str | None) -> CampaignSpec:
+    """The spec's files, corpus, recipes and store, checked before anything is written; the
+    spec."""
     if isinstance(spec, CampaignSpec):
         cs, base = spec, Path(base_dir or ".").resolve()
     else:
         spec_path = Path(spec).resolve()
         cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
     preflight(cs, base_dir=base, out_dir=out)
+    return cs
 
 
 def _open(

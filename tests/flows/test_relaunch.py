@@ -90,3 +90,28 @@ def test_a_relaunch_beyond_the_bound_refuses_to_start(prefect_harness, tmp_path)
     assert state.is_failed()
     assert "relaunch 2" in state.message and "max_relaunches is 1" in state.message
     assert not (out / "runs").exists() and not (out / "timeline.jsonl").exists()
+
+
+def test_a_second_copy_of_an_s3_campaign_waits_then_refuses_naming_the_holder(prefect_harness):
+    """One running copy per campaign across hosts: the lock on the shared server (S3 store)."""
+    from types import SimpleNamespace
+
+    from gpucampaign_prefect.orchestration.campaign_lock import CampaignHeld, campaign_lock
+
+    cs: Any = SimpleNamespace(
+        name=f"held-{uuid4().hex[:8]}", storage=SimpleNamespace(url="s3://bucket/relaunch")
+    )
+    with campaign_lock(cs, tag="campaign:x", lease_s=60) as name:
+        assert name.startswith(f"campaign:{cs.name}:")
+        with pytest.raises(CampaignHeld) as refused:
+            with campaign_lock(cs, tag="campaign:x", lease_s=60, wait_s=2):
+                pytest.fail("a second copy got the campaign lock")
+        said = str(refused.value)
+        assert f"campaign '{cs.name}'" in said and "refuses" in said and name in said
+    # Given back at the end: the next copy takes it at once.
+    with campaign_lock(cs, tag="campaign:x", lease_s=60, wait_s=2) as again:
+        assert again == name
+    # A local store has no campaign lock (the folder's writer lock guards it).
+    local: Any = SimpleNamespace(name=cs.name, storage=SimpleNamespace(url="local"))
+    with campaign_lock(local, tag="campaign:x", lease_s=60) as none:
+        assert none == ""
