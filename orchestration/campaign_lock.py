@@ -15,13 +15,16 @@ server of its own (``campaign run``'s temporary one) has nothing shared to hold.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from prefect import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.client.schemas.filters import (
     FlowRunFilter,
+    FlowRunFilterId,
     FlowRunFilterState,
     FlowRunFilterStateType,
     FlowRunFilterTags,
@@ -35,6 +38,7 @@ from prefect.concurrency._sync import (
 from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectAlreadyExists
 
+from gpucampaign.core.storageurl import is_s3
 from gpucampaign.spec import CampaignSpec
 from gpucampaign_prefect.orchestration.gpu_lock import embedded_api
 
@@ -84,7 +88,7 @@ def campaign_lock(
         CampaignHeld: another copy held it for all of ``wait_s``.
     """
     wait_s = 2 * lease_s if wait_s is None else wait_s
-    if not cs.storage.url.startswith("s3://") or embedded_api():
+    if not is_s3(cs.storage.url) or embedded_api():
         yield ""
         return
     name = lock_name(cs)
@@ -114,3 +118,51 @@ def campaign_lock(
             yield name
     finally:
         release_concurrency_slots_with_lease(granted.lease_id)
+
+
+def close_dead_copies(tag: str) -> list[str]:
+    """Close what the crashed flow runs of the campaign left open: their task runs still
+    Running become Crashed, those Pending or Scheduled Cancelled, and their ``gpu-slot`` tags
+    go (the dead-run automation sets only the flow run Crashed). Run by the copy that holds
+    the campaign, so none of them still works; best effort. The names of the runs closed."""
+    closed: list[str] = []
+    try:
+        _close_dead(tag, closed)
+    except Exception as exc:  # the UI's view, never a reason to stop the campaign
+        logging.getLogger(__name__).warning("crashed copies not closed: %s", exc)
+    return closed
+
+
+def _close_dead(tag: str, closed: list[str]) -> None:
+    from prefect.client.schemas.filters import (
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.states import Cancelled, Crashed
+
+    open_states = [StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED]
+    with get_client(sync_client=True) as client:
+        dead = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=[tag]),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CRASHED])),
+            ),
+            limit=50,
+        )
+        for run in dead:
+            tasks = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])),
+                task_run_filter=TaskRunFilter(
+                    state=TaskRunFilterState(type=TaskRunFilterStateType(any_=open_states))
+                ),
+            )
+            why = f"its flow run '{run.name}' crashed (its process or machine died)"
+            for t in tasks:
+                started = t.state is not None and t.state.type == StateType.RUNNING
+                state: Any = Crashed(message=why) if started else Cancelled(message=why)
+                client.set_task_run_state(t.id, state, force=True)
+            kept = [t for t in run.tags or [] if not t.startswith("gpu-slot:")]
+            if tasks or kept != list(run.tags or []):
+                client.update_flow_run(run.id, tags=kept)
+                closed.append(run.name)

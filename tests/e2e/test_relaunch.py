@@ -105,6 +105,15 @@ def latest_step(client: Any, run_id: str) -> int | None:
     return int(json.loads(body.read())["step"])
 
 
+def trained_since(out: Path, since: datetime) -> list[Any]:
+    """The control's training segments of ``out`` that began after ``since``."""
+    return [
+        r
+        for r in read_timeline(out)
+        if r.phase == "train" and r.run == "control" and datetime.fromisoformat(r.start) > since
+    ]
+
+
 def campaign_runs(stack: dict[str, Any], deployment_id: str) -> list[dict[str, Any]]:
     """The deployment's flow runs, oldest first."""
     runs = api(
@@ -188,7 +197,7 @@ def test_a_killed_host_is_relaunched_on_another_host_from_the_bucket(stack, tmp_
         (second,) = relaunched
         # Host A comes back while host B holds the campaign, and the campaign is run there
         # again: that copy waits two leases for the campaign lock, then refuses.
-        while not [r for r in read_timeline(roots["host-b"] / "out") if r.phase == "train"]:
+        while not trained_since(roots["host-b"] / "out", killed_at):
             assert time.monotonic() < give_up, f"host B never trained\n{worker_logs()}"
             time.sleep(1)
         a_rows = len(read_timeline(roots["host-a"] / "out"))
@@ -238,12 +247,26 @@ def test_a_killed_host_is_relaunched_on_another_host_from_the_bucket(stack, tmp_
     a, b = _params(tmp_path / "reference", rid), _params(out_b, rid)
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)  # atol = 0
 
-    resumed = [r for r in read_timeline(out_b) if r.phase == "train" and r.run == "control"][0]
+    (resumed, *_) = trained_since(out_b, killed_at)
     until = (datetime.fromisoformat(resumed.start) - killed_at).total_seconds()
     crashed = (datetime.fromisoformat(dead["timestamp"]) - killed_at).total_seconds()
     print(
         f"killed at LATEST step {at_kill} (trained to {trained}); Crashed {crashed:.0f} s "
         f"after the kill; the control resumed training on host B {until:.0f} s after the kill"
     )
+    # Host B's report has host A's loss on its ledger: the timeline came with the bucket.
     ledger = json.loads((out_b / "report.json").read_text())["forecast_vs_actual"]
-    print("host B's loss ledger:", json.dumps(ledger.get("interruptions"), default=str)[:2000])
+    (loss,) = [
+        c
+        for c in ledger["interruptions"]["segments"]
+        if c["phase"] == "train" and c["run"] == "control"
+    ]
+    assert loss["resumed_at"] == resumed.start and loss["checkpoint_step"] <= at_kill
+    assert 0 < loss["until_resumed_seconds"] <= until + 1, (loss, until)
+    section = (out_b / "report.md").read_text().split("## Interruptions")[1].split("\n## ")[0]
+    assert "until resumed" in section
+    print(
+        f"host B's ledger: host A cut at {loss['end']} (checkpoint step "
+        f"{loss['checkpoint_step']}), training resumed {loss['until_resumed_seconds']:.0f} s "
+        "after its last sign of life"
+    )

@@ -115,3 +115,36 @@ def test_a_second_copy_of_an_s3_campaign_waits_then_refuses_naming_the_holder(pr
     local: Any = SimpleNamespace(name=cs.name, storage=SimpleNamespace(url="local"))
     with campaign_lock(local, tag="campaign:x", lease_s=60) as none:
         assert none == ""
+
+
+def test_a_crashed_copys_task_runs_and_gpu_tag_are_closed_by_the_next_copy(prefect_harness):
+    """The dead-run automation sets only the flow run Crashed; the copy that holds the campaign
+    next closes its task runs (Running -> Crashed, Pending -> Cancelled) and drops its GPU tag."""
+    from prefect import flow, get_client, task
+    from prefect.states import Crashed, Pending, Running
+
+    from gpucampaign_prefect.orchestration.campaign_lock import close_dead_copies
+
+    @flow(name="campaign")
+    def dead() -> None: ...
+
+    @task(name="train")
+    def step() -> None: ...
+
+    tag = f"campaign:dead-{uuid4().hex[:8]}"
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(dead, tags=[tag, "gpu-slot:gpu@host-a", "other"])
+        client.set_flow_run_state(run.id, Running(), force=True)
+        train = client.create_task_run(step, run.id, "0", state=Running())
+        waiting = client.create_task_run(step, run.id, "1", state=Pending())
+        alive = client.create_flow_run(dead, tags=[tag, "gpu-slot:gpu@host-b"])
+        client.set_flow_run_state(alive.id, Running(), force=True)
+        client.set_flow_run_state(run.id, Crashed(message="no heartbeat"), force=True)
+
+        assert close_dead_copies(tag) == [run.name]
+        assert client.read_task_run(train.id).state.type.value == "CRASHED"
+        assert client.read_task_run(waiting.id).state.type.value == "CANCELLED"
+        assert client.read_flow_run(run.id).tags == [tag, "other"]
+        # A running copy is left as it is; a second pass finds nothing open.
+        assert "gpu-slot:gpu@host-b" in client.read_flow_run(alive.id).tags
+        assert close_dead_copies(tag) == []
