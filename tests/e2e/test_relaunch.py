@@ -134,7 +134,7 @@ def test_a_killed_host_is_relaunched_on_another_host_from_the_bucket(stack, tmp_
         storage={"url": f"s3://{S3_BUCKET}/{PREFIX}"},
         checkpoint={"every_steps": EVERY, "keep": 3},
         gpu_lock={"name": LIMIT, "lease_s": LEASE_S, "timeout_s": 3 * LEASE_S},
-        control={"epochs": 30, "max_steps": CONTROL_STEPS},
+        control={"epochs": 50, "max_steps": CONTROL_STEPS},  # 20 steps an epoch
     )
     rid = load_spec(spec).resolve_run("control").run_id
     client = s3_client(stack)
