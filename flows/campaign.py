@@ -6,6 +6,7 @@ Run it with ``campaign run SPEC`` (embedded Prefect) or ``prefect deployment run
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from prefect.states import Cancelled, Failed
 from gpucampaign.close.manifest import keep_inputs, refuse_sealed_rewrite
 from gpucampaign.core.interrupt import Interrupted, graceful_signals, handled_outside
 from gpucampaign.core.stoprules import StopRule
+from gpucampaign.core.storageurl import is_s3
 from gpucampaign.core.text import redact_logging
 from gpucampaign.engine.lotend import LotEnded
 from gpucampaign.folder.layout import OutputFolder
@@ -41,9 +43,16 @@ from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.preflight import preflight
 from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
 from gpucampaign.spec.recipefile import use_recipe_dir
+from gpucampaign.storage import open_store
+from gpucampaign.storage.sharedtimeline import adopt_timeline
 from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
 from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign_prefect.orchestration import notify
+from gpucampaign_prefect.orchestration.campaign_lock import (
+    CampaignHeld,
+    campaign_lock,
+    close_dead_copies,
+)
 from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit, say_lock_note
 from gpucampaign_prefect.orchestration.phases import artifact_key, stop_of
 from gpucampaign_prefect.tasks.audit import data_audit
@@ -107,18 +116,32 @@ def campaign(
     with graceful_signals() as previous:
         try:
             try:  # before the folder is written (the lock writes it) and before the audit
-                _preflight(spec, out=out, base_dir=base_dir)
+                cs = _preflight(spec, out=out, base_dir=base_dir)
             except SpecError as exc:  # the preflight's paragraph is the whole story
                 get_run_logger().error("refused before anything started: %s", exc)
                 return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
-            # One writer per output folder, for the whole campaign (`campaign run` holds it
-            # already: the lock is re-entrant in its process).
-            with writer_lock(out) as took_over:
+            tag = CAMPAIGN_TAG.format(name=cs.name)
+            tag_flow_run(tag)
+            # One copy per campaign across hosts (S3 store: orchestration/campaign_lock.py), and
+            # one writer per output folder (`campaign run` holds it already: re-entrant).
+            with (
+                campaign_lock(cs, tag=tag, lease_s=cs.gpu_lock.lease_s),
+                writer_lock(out) as took_over,
+            ):
                 if took_over:
                     get_run_logger().warning(took_over)
+                if closed := close_dead_copies(tag):
+                    get_run_logger().warning(
+                        "closed the task runs and GPU tags left open by crashed copies of "
+                        "this campaign: %s",
+                        ", ".join(closed),
+                    )
                 return _campaign(
                     spec, out=out, decision_mode=decision_mode, base_dir=base_dir, relaunch=relaunch
                 )
+        except CampaignHeld as exc:
+            get_run_logger().error("%s", exc)
+            return Failed(message=str(exc))  # type: ignore[return-value]
         except Interrupted as exc:
             get_run_logger().warning("campaign %s; rerun to resume", exc)
             if exc.reason == "SIGTERM" and _cancelling():
@@ -263,14 +286,16 @@ def _closed(
     return summary
 
 
-def _preflight(spec: str | CampaignSpec, *, out: str, base_dir: str | None) -> None:
-    """The spec's files, corpus, recipes and store, checked before anything is written."""
+def _preflight(spec: str | CampaignSpec, *, out: str, base_dir: str | None) -> CampaignSpec:
+    """The spec's files, corpus, recipes and store, checked before anything is written; the
+    spec."""
     if isinstance(spec, CampaignSpec):
         cs, base = spec, Path(base_dir or ".").resolve()
     else:
         spec_path = Path(spec).resolve()
         cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
     preflight(cs, base_dir=base, out_dir=out)
+    return cs
 
 
 def _open(
@@ -291,6 +316,15 @@ def _open(
     refuse_sealed_rewrite(folder.root, cs, base_dir=base)
     folder.root.mkdir(parents=True, exist_ok=True)
     folder.keep_spec(text, source=source)
+    if is_s3(cs.storage.url) and adopt_timeline(
+        folder.root, store=open_store(cs.storage.url, out_dir=folder.root)
+    ):
+        get_run_logger().warning(
+            "a fresh output folder on %s: its timeline starts from the copy in %s (the "
+            "segments of the host that ran the campaign before, a loss among them)",
+            socket.gethostname(),
+            cs.storage.url,
+        )
     return cs, base, folder
 
 

@@ -22,6 +22,7 @@ from gpucampaign.plan.decision import early_losses, pilot_measures
 from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import open_store, spooled_keys
 from gpucampaign.storage.open import read_wait_s
+from gpucampaign.storage.sharedtimeline import share_timeline
 from gpucampaign.tracking import tracking_note
 from gpucampaign_prefect.orchestration.gpu_lock import gpu_slot
 from gpucampaign_prefect.orchestration.phases import (
@@ -78,6 +79,11 @@ def _run_training(
         ),
         busy(folder, spec, phase=phase, run=run.name, note=run_id) as row,
     ):
+
+        def saved(info: dict[str, Any]) -> None:  # a durable checkpoint: on the timeline
+            heartbeat(folder.root, row, checkpoint_step=info["step"])
+            share_timeline(folder.root, store=store)
+
         try:
             result = train_run(
                 spec,
@@ -87,7 +93,7 @@ def _run_training(
                 out_dir=folder.run_dir(run_id),
                 stop_after_steps=stop_after_steps,
                 progress=progress,
-                on_save=lambda info: heartbeat(folder.root, row, checkpoint_step=info["step"]),
+                on_save=saved,
                 lane=lane,
             )
         except Futile as exc:  # the segment says what it trained before the lane was freed

@@ -227,7 +227,12 @@ def test_worker_killed_holding_the_gpu_resumes_from_s3_on_a_fresh_folder(stack, 
     ]
     assert _slots(stack) == 0
     out = tmp_path / "host-b"
-    gpu = [r for r in read_timeline(out) if r.phase in GPU_PHASES and r.start]
+    # Host b's timeline starts from host a's copy in the bucket: only its own rows count here.
+    gpu = [
+        r
+        for r in read_timeline(out)
+        if r.phase in GPU_PHASES and r.start and datetime.fromisoformat(r.start) > killed_at
+    ]
     first_gpu = min(datetime.fromisoformat(r.start) for r in gpu)
     waited = (first_gpu - killed_at).total_seconds()
     print(f"killed at LATEST step {at_kill}; host b's first GPU phase began {waited:.0f} s later")

@@ -90,3 +90,61 @@ def test_a_relaunch_beyond_the_bound_refuses_to_start(prefect_harness, tmp_path)
     assert state.is_failed()
     assert "relaunch 2" in state.message and "max_relaunches is 1" in state.message
     assert not (out / "runs").exists() and not (out / "timeline.jsonl").exists()
+
+
+def test_a_second_copy_of_an_s3_campaign_waits_then_refuses_naming_the_holder(prefect_harness):
+    """One running copy per campaign across hosts: the lock on the shared server (S3 store)."""
+    from types import SimpleNamespace
+
+    from gpucampaign_prefect.orchestration.campaign_lock import CampaignHeld, campaign_lock
+
+    cs: Any = SimpleNamespace(
+        name=f"held-{uuid4().hex[:8]}", storage=SimpleNamespace(url="s3://bucket/relaunch")
+    )
+    with campaign_lock(cs, tag="campaign:x", lease_s=60) as name:
+        assert name.startswith(f"campaign:{cs.name}:")
+        with pytest.raises(CampaignHeld) as refused:
+            with campaign_lock(cs, tag="campaign:x", lease_s=60, wait_s=2):
+                pytest.fail("a second copy got the campaign lock")
+        said = str(refused.value)
+        assert f"campaign '{cs.name}'" in said and "refuses" in said and name in said
+    # Given back at the end: the next copy takes it at once.
+    with campaign_lock(cs, tag="campaign:x", lease_s=60, wait_s=2) as again:
+        assert again == name
+    # A local store has no campaign lock (the folder's writer lock guards it).
+    local: Any = SimpleNamespace(name=cs.name, storage=SimpleNamespace(url="local"))
+    with campaign_lock(local, tag="campaign:x", lease_s=60) as none:
+        assert none == ""
+
+
+def test_a_crashed_copys_task_runs_and_gpu_tag_are_closed_by_the_next_copy(prefect_harness):
+    """The dead-run automation sets only the flow run Crashed; the copy that holds the campaign
+    next closes its task runs (Running -> Crashed, Pending -> Cancelled) and drops its GPU tag."""
+    from prefect import flow, get_client, task
+    from prefect.states import Crashed, Pending, Running
+
+    from gpucampaign_prefect.orchestration.campaign_lock import close_dead_copies
+
+    @flow(name="campaign")
+    def dead() -> None: ...
+
+    @task(name="train")
+    def step() -> None: ...
+
+    tag = f"campaign:dead-{uuid4().hex[:8]}"
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(dead, tags=[tag, "gpu-slot:gpu@host-a", "other"])
+        client.set_flow_run_state(run.id, Running(), force=True)
+        train = client.create_task_run(step, run.id, "0", state=Running())
+        waiting = client.create_task_run(step, run.id, "1", state=Pending())
+        alive = client.create_flow_run(dead, tags=[tag, "gpu-slot:gpu@host-b"])
+        client.set_flow_run_state(alive.id, Running(), force=True)
+        client.set_flow_run_state(run.id, Crashed(message="no heartbeat"), force=True)
+
+        assert close_dead_copies(tag) == [run.name]
+        assert client.read_task_run(train.id).state.type.value == "CRASHED"
+        assert client.read_task_run(waiting.id).state.type.value == "CANCELLED"
+        assert client.read_flow_run(run.id).tags == [tag, "other"]
+        # A running copy is left as it is; a second pass finds nothing open.
+        assert "gpu-slot:gpu@host-b" in client.read_flow_run(alive.id).tags
+        assert close_dead_copies(tag) == []
