@@ -49,6 +49,7 @@ from gpucampaign.data.corpus import load_spec_corpus  # noqa: E402
 from gpucampaign.engine.loop import train_run  # noqa: E402
 from gpucampaign.folder.metrics import read_metrics  # noqa: E402
 from gpucampaign.restartcheck.earlysave import verify_early_save  # noqa: E402
+from gpucampaign.restartcheck.target import RestartTarget  # noqa: E402
 from gpucampaign.spec import load_spec  # noqa: E402
 from gpucampaign.storage import LocalStore  # noqa: E402
 
@@ -129,12 +130,14 @@ def restart_check(tmp: Path, repeats: int) -> dict[str, Any]:
         assert ck is not None
         work = out / f"check-{i}"
         rep = verify_early_save(
-            spec,
-            run=run,
-            corpus_path=corpus.path,
-            store=LocalStore(out / "ck"),
-            run_dir=out / "run",
-            workdir=work,
+            RestartTarget(
+                spec=spec,
+                run=run,
+                corpus_path=corpus.path,
+                store=LocalStore(out / "ck"),
+                run_dir=out / "run",
+                workdir=work,
+            )
         )
         totals.append(rep.total_s)
         replays.append(
