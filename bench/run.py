@@ -52,6 +52,7 @@ from gpucampaign.cli.scaffold import init_campaign, write_spec_copy  # noqa: E40
 from gpucampaign.data.corpus import load_spec_corpus  # noqa: E402
 from gpucampaign.engine.loop import train_run  # noqa: E402
 from gpucampaign.restartcheck.earlysave import verify_early_save  # noqa: E402
+from gpucampaign.restartcheck.target import RestartTarget  # noqa: E402
 from gpucampaign.spec import load_spec  # noqa: E402
 from gpucampaign.storage import LocalStore  # noqa: E402
 
@@ -270,12 +271,14 @@ def bench_restart(
         shares[factor] = []
         for i in range(repeats):
             rep = verify_early_save(
-                spec,
-                run=spec.resolve_run("control"),
-                corpus_path=corpus.path,
-                store=LocalStore(out / "ck"),
-                run_dir=out / "run",
-                workdir=out / f"check-{i}",
+                RestartTarget(
+                    spec=spec,
+                    run=spec.resolve_run("control"),
+                    corpus_path=corpus.path,
+                    store=LocalStore(out / "ck"),
+                    run_dir=out / "run",
+                    workdir=out / f"check-{i}",
+                )
             )
             shares[factor].append(rep.total_s / r.timings["train_s"])
         costs[factor] = statistics.median(shares[factor]) * r.timings["train_s"]
