@@ -71,3 +71,54 @@ def test_a_fixed_interval_saves_at_its_multiples_and_at_each_calls_last_step(
     assert [c["step"] for c in calls] == list(range(8, 21))
     assert [c["step"] for c in calls if c["saved"]] == [9, 12, 15, 18, 20]
     assert _checkpoint_rows(spec, tmp_path) == [3, 6, 7, 9, 12, 15, 18, 20]
+
+
+def test_the_final_evaluation_runs_while_the_last_save_is_written(
+    tmp_path,
+    digits_file,  # noqa: F811
+    monkeypatch,
+):
+    """The last save's write overlaps the final evaluation (issue 35: the end of a run does
+    not stall on it), and ``result.json``, which says the run completed, is written only once
+    that checkpoint is durable."""
+    import threading
+
+    from gpucampaign.checkpoint.state import BackgroundSaves
+    from gpucampaign.engine import loop
+    from gpucampaign.folder.layout import RESULT_FILE
+
+    spec = make_spec(tmp_path, digits_file)
+    final_eval = threading.Event()
+    seen: list[dict[str, Any]] = []
+    last_call = {"last": False}
+    save, submit, evaluate = Checkpointer.save, BackgroundSaves.submit, loop.evaluate
+
+    def spy_save(self: Checkpointer, step: int, *, last_step: bool = False) -> bool:
+        last_call["last"] = last_step
+        return save(self, step, last_step=last_step)
+
+    def held_submit(self: BackgroundSaves, job: Any) -> None:
+        if not last_call["last"]:
+            return submit(self, job)
+
+        def held() -> Any:
+            overlapped = final_eval.wait(timeout=5)  # the old order never sets it: 5 s lost
+            saved = job()
+            done = (run_dir(spec, tmp_path) / RESULT_FILE).exists()
+            seen.append({"step": saved.step, "overlapped": overlapped, "result_before": done})
+            return saved
+
+        return submit(self, held)
+
+    def spy_evaluate(r: Any, split: str, *, final: bool) -> Any:
+        if final:
+            final_eval.set()
+        return evaluate(r, split, final=final)
+
+    monkeypatch.setattr(Checkpointer, "save", spy_save)
+    monkeypatch.setattr(BackgroundSaves, "submit", held_submit)
+    monkeypatch.setattr(loop, "evaluate", spy_evaluate)
+    res = run(spec, tmp_path)
+    assert res.completed and res.steps_done == 20
+    assert seen == [{"step": 20, "overlapped": True, "result_before": False}]
+    assert (run_dir(spec, tmp_path) / RESULT_FILE).exists()

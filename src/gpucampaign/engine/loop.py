@@ -19,8 +19,9 @@ One call of ``train_run``, as pseudocode::
             r.saver.save(step, last_step=step == target)   # the saver decides if it is due
             hooks.after_step                      # the live view, when due (it flushes rows)
             stop requested?  save this step, wait for it, raise Interrupted
-    r.saver.wait(); hooks.after_train; step < planned?  return uncompleted (the pilot)
-    _finish                                       # final evals, model/, hooks.at_end, result.json
+    step < planned?  r.saver.wait(); hooks.after_train; return uncompleted (the pilot)
+    _finish                                       # final evals while the last save is written,
+                                                  # wait for it, model/, hooks.at_end, result.json
     finally: metrics.jsonl closes: hooks.on_close # the tracker ends, the live view says stopped
 
 The hooks (``engine/hooks.py``) are the stop rules, the MLflow tracker and the live view: the
@@ -240,21 +241,35 @@ def _stop_now(r: LiveRun) -> None:
 
 
 # --- the end --------------------------------------------------------------------------------------
-def _finish(r: LiveRun, hooks: Hooks, *, train_s: float) -> RunResult:
-    """Final evaluation, the model folder, the hooks' ``at_end`` (the quality floor), then
-    ``result.json``.
+def _last_save(r: LiveRun, hooks: Hooks, *, since: float) -> None:
+    """Wait for the call's last save to be durable; the wait is measured apart from training
+    (``final_save_s``: what the end of the call stalled on it, after any overlapped work)."""
+    t0 = time.perf_counter()
+    r.saver.wait()
+    r.final_save_s = time.perf_counter() - max(t0, since)
+    hooks.after_train()
+
+
+def _finish(r: LiveRun, hooks: Hooks, *, train_s: float, t_trained: float) -> RunResult:
+    """Final evaluation (while the last save is written in the background), the model folder,
+    the hooks' ``at_end`` (the quality floor), then ``result.json``: the checkpoint is
+    durable before anything that says the run completed.
 
     Raises:
         StopRule: The first stop ``at_end`` returned, after everything is written
             (``BelowThreshold``: the final metric misses the floor).
     """
+    step = r.state.global_step
+    require_complete(r.run_id, steps_done=step, planned_steps=r.planned)
+    # The final save's write overlaps the evaluation: its snapshot was taken at the save, and
+    # the evaluation reads the model without changing it.
+    eval_metrics = {s: m for s in EVAL_SPLITS if (m := evaluate(r, s, final=True)) is not None}
+    _last_save(r, hooks, since=t_trained)
     if not r.dist.is_main:  # data-parallel: rank 0 evaluates, writes the model and the result
         return run_result(r, completed=True, train_s=train_s)
-    step, saves = r.state.global_step, r.saver.saves
-    require_complete(r.run_id, steps_done=step, planned_steps=r.planned)
+    saves = r.saver.saves
     # The last step always saves (target == planned here), unless it was restored as is.
     assert (saves and saves[-1].step == step) or r.resumed_from == step
-    eval_metrics = {s: m for s in EVAL_SPLITS if (m := evaluate(r, s, final=True)) is not None}
     metrics = eval_metrics.get(r.spec.decision_split, {})
     save_model(r, metrics)
     # The floor is a decision, so it reads the selection split: the report split decides nothing.
@@ -374,15 +389,13 @@ def _train(r: LiveRun, hooks: Hooks) -> RunResult:
         while s.global_step < r.target:
             _run_epoch(r, hooks)
         t_trained = time.perf_counter()
-        r.saver.wait()  # the last save of this call is durable before it returns
         # Measured apart: the training is the steps; the wait for the last save is a cost of
-        # the end of the call, not of each step.
-        r.final_save_s = time.perf_counter() - t_trained
-        hooks.after_train()
+        # the end of the call, not of each step. The last save is durable before it returns.
         train_s = t_trained - t_loop
         if s.global_step < r.planned:
+            _last_save(r, hooks, since=t_trained)
             return run_result(r, completed=False, train_s=train_s)
-        return _finish(r, hooks, train_s=train_s)
+        return _finish(r, hooks, train_s=train_s, t_trained=t_trained)
     finally:
         try:
             # The rows of the steps applied (a non-finite loss among them is the first fault),
