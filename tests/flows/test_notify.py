@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gpucampaign.folder.progress import evaluation_table
-from gpucampaign.storage.outage import OUTAGE_LOGGER, Outages
+from gpucampaign.storage.outage import OUTAGE_LOGGER, OUTAGES, Outages
 from gpucampaign_prefect.orchestration import notify, outage
 from gpucampaign_prefect.orchestration.gpu_lock import Holder, holders_key, holders_table
 from infra import automations
@@ -200,6 +200,10 @@ def test_the_store_outage_message_names_the_store_and_its_answer(emitted, monkey
     LocalStore(tmp_path / "spool").write_bytes("control-0123456789/LATEST", data=b"{}")
     store = type("Refusing", (), {"url": "s3://bucket/camp", "last_error": "connection refused"})
     progress = ui.TrainingView("train", "control-0123456789", out=str(tmp_path), store=store())
+    OUTAGES.down("s3://bucket/camp", what="uploading k", error="refused", then="waits")
+    progress.live_tables({})  # the open outage was told once for the campaign: not again
+    assert emitted == []
+    OUTAGES.back("s3://bucket/camp")
     progress.live_tables({})
     progress.live_tables({})  # said once
     (event,) = emitted
