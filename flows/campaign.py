@@ -54,6 +54,7 @@ from gpucampaign_prefect.orchestration.campaign_lock import (
     close_dead_copies,
 )
 from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit, say_lock_note
+from gpucampaign_prefect.orchestration.outage import relay_outages
 from gpucampaign_prefect.orchestration.phases import artifact_key, stop_of
 from gpucampaign_prefect.tasks.audit import data_audit
 from gpucampaign_prefect.tasks.close import close_campaign, mirror, seal
@@ -125,6 +126,7 @@ def campaign(
             # One copy per campaign across hosts (S3 store: orchestration/campaign_lock.py), and
             # one writer per output folder (`campaign run` holds it already: re-entrant).
             with (
+                relay_outages(name=cs.name, out=out),  # the store's outage: in the run's logs
                 campaign_lock(cs, tag=tag, lease_s=cs.gpu_lock.lease_s),
                 writer_lock(out) as took_over,
             ):

@@ -25,7 +25,8 @@ with ``PREFECT_API_URL`` set):
   a flow run of ours Failed or Crashed, and the events the campaign's flows emit
   (``gpucampaign.*``, see ``orchestration/notify.py``): a decision waits for a person, a stop rule
   ended an essential run, the campaign closed, the rental ends while files are only local,
-  the S3 store stopped taking uploads, a lot ended. Without a target no notifying automation
+  the S3 store stopped taking uploads, a lot ended, the S3 store does not answer and answers
+  again (once per outage). Without a target no notifying automation
   exists (and any left from an earlier setup is removed): the script says so.
 
 Usage: ``python infra/automations.py [--notify-url URL | --notify-block SLUG/NAME]
@@ -55,6 +56,8 @@ CAMPAIGN_EVENTS: dict[str, str] = {
     "gpucampaign.rental.ending": "the rental ends while files are only local",
     "gpucampaign.storage.unreachable": "the S3 store stopped taking uploads",
     "gpucampaign.lot.ended": "a lot ended: the campaign goes on or closed resumable",
+    "gpucampaign.storage.down": "the S3 store does not answer (once per outage)",
+    "gpucampaign.storage.recovered": "the S3 store answers again after an outage",
 }
 
 FLOW_RUN_BODY = (

@@ -29,6 +29,8 @@ CAMPAIGN_CLOSED = "gpucampaign.campaign.closed"
 RENTAL_ENDING = "gpucampaign.rental.ending"
 STORAGE_UNREACHABLE = "gpucampaign.storage.unreachable"
 LOT_ENDED = "gpucampaign.lot.ended"
+STORAGE_DOWN = "gpucampaign.storage.down"
+STORAGE_RECOVERED = "gpucampaign.storage.recovered"
 
 _log = logging.getLogger("gpucampaign.notify")
 
@@ -186,4 +188,45 @@ def storage_unreachable(
         out=out,
         store=store,
         error=error,
+    )
+
+
+def storage_down(*, campaign: str, name: str, store: str, what: str, error: str) -> bool:
+    """The store stopped answering: said once per outage for the whole campaign, however many
+    tasks meet it (``storage.outage.Outages`` says it once).
+
+    Args:
+        store: the store's URL (``storage.url``; never a key or the endpoint's credentials).
+        what: what met the outage first (a read or an upload, by its key).
+        error: what the store answered, redacted.
+    """
+    return emit(
+        STORAGE_DOWN,
+        campaign=campaign,
+        name=name,
+        subject=f"gpucampaign: {name}: the S3 store does not answer",
+        body=(
+            f"Campaign {campaign}: the S3 store {store} does not answer ({error}); found "
+            f"{what}. Reads wait for it (up to storage.read_wait_s), checkpoints wait in the "
+            "local spool, training goes on. A message follows when the store answers again."
+        ),
+        store=store,
+        what=what,
+        error=error,
+    )
+
+
+def storage_recovered(*, campaign: str, name: str, store: str, lasted_s: float) -> bool:
+    """The store answers again after an outage said by ``storage_down``."""
+    return emit(
+        STORAGE_RECOVERED,
+        campaign=campaign,
+        name=name,
+        subject=f"gpucampaign: {name}: the S3 store answers again",
+        body=(
+            f"Campaign {campaign}: the S3 store {store} answers again after {lasted_s:.0f} s: "
+            "the reads go on and the spool uploads what waits in it."
+        ),
+        store=store,
+        lasted_s=round(lasted_s, 1),
     )

@@ -20,6 +20,7 @@ from gpucampaign.folder.layout import METRICS_FILE, OutputFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.progress import evaluation_table, read_progress, render_line
 from gpucampaign.storage import spooled_keys
+from gpucampaign.storage.outage import OUTAGES
 from gpucampaign_prefect.orchestration import notify
 from gpucampaign_prefect.orchestration.phases import artifact_key, out_folder
 
@@ -118,7 +119,11 @@ class TrainingView:
         )
 
     def check_spool(self) -> None:
-        """Say once (a notification event) that the store stopped taking uploads."""
+        """Say once (a notification event) that the store stopped taking uploads; not while
+        its outage is open: ``gpucampaign.storage.down`` told that, once for the campaign."""
+        url = str(getattr(self.store, "url", "") or "")
+        if url and OUTAGES.is_down(url):
+            return
         pending = spooled_keys(self.out)
         if pending:
             self.told_spool = True
@@ -128,6 +133,6 @@ class TrainingView:
                 run_id=self.run_id,
                 pending=len(pending),
                 out=self.out,
-                store=str(getattr(self.store, "url", "") or ""),
+                store=url,
                 error=str(getattr(self.store, "last_error", "") or ""),
             )

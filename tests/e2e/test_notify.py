@@ -22,13 +22,11 @@ import os
 import re
 import signal
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +51,8 @@ from tests.helpers import (
     stack_s3_env,
     worker_log,
 )
-from tests.helpers.stack import EXAMPLE, STACK, create_pool, start_worker, tiny_spec
+from tests.helpers.receiver import notifying, set_automations
+from tests.helpers.stack import EXAMPLE, create_pool, start_worker, tiny_spec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -66,54 +65,8 @@ EVAL_EVERY = 10  # its evaluations: one every 5 s
 LIVE_STEPS = 400  # its control: 200 s of training, killed long before
 
 
-class Receiver:
-    """An HTTP server on 127.0.0.1 (a free port) that records every JSON body posted to it."""
-
-    def __init__(self) -> None:
-        got: list[dict[str, Any]] = []
-        self.got = got
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                got.append(json.loads(raw or b"{}"))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                return
-
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def wait_for(self, pattern: str, *, timeout_s: float = 600) -> dict[str, Any]:
-        """The first message whose subject matches ``pattern`` (fails after ``timeout_s``)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for message in list(self.got):
-                if re.search(pattern, str(message.get("subject", ""))):
-                    return message
-            time.sleep(2)
-        raise AssertionError(f"no message matching {pattern!r}; got {self.got}")
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def _automations(stack: dict[str, Any], **env: str) -> subprocess.CompletedProcess:
-    """`infra/stack.sh automations` on the stack's server, as documented for a running server."""
-    done = subprocess.run(
-        ["bash", str(STACK), "automations"],
-        env={**stack["env"], **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
+    return set_automations(stack, **env)
 
 
 def _automation_names(stack: dict[str, Any]) -> set[str]:
@@ -124,19 +77,8 @@ def _automation_names(stack: dict[str, Any]) -> set[str]:
 def receiver(stack):
     """The receiver, with the stack's automations pointed at it (and a short dead-run window);
     the stack's own setup again afterwards (no notifications, the default window)."""
-    hook = Receiver()
-    try:
-        done = _automations(
-            stack, GPUCAMPAIGN_NOTIFY_URL=hook.url, GPUCAMPAIGN_CRASHED_AFTER_S=str(CRASHED_AFTER_S)
-        )
-        assert "notifications go to the webhook" in done.stdout
+    with notifying(stack, GPUCAMPAIGN_CRASHED_AFTER_S=str(CRASHED_AFTER_S)) as hook:
         yield hook
-    finally:
-        env = {k: v for k, v in stack["env"].items() if k != "GPUCAMPAIGN_NOTIFY_URL"}
-        subprocess.run(
-            ["bash", str(STACK), "automations"], env=env, capture_output=True, timeout=300
-        )
-        hook.close()
 
 
 def test_stack_up_sets_up_the_dead_run_automation_and_says_there_is_no_target(stack):

@@ -1,7 +1,10 @@
 """The stack's S3 server stopped for 30 s while a run starts (its LATEST read), then started
 again as infra/README.md says (`python infra/s3server.py stop|start $STACK_DIR/s3`): the read
 waits for the store, the campaign completes, the bucket holds what ``keep`` allows, and the
-mirrored folder is retrieved and verified elsewhere.
+mirrored folder is retrieved and verified elsewhere. The outage and its end are said once
+each, for the whole campaign, in the flow run's logs (read from the Prefect API) and to the
+notification target (a webhook receiver of the test's own, through the stack's automations),
+without a credential.
 
 Real stack (Prefect server, worker, SeaweedFS), real training; checked with plain boto3.
 """
@@ -19,7 +22,8 @@ import pytest
 from gpucampaign.checkpoint.layout import LATEST_FILE
 from gpucampaign.spec import load_spec
 from gpucampaign.storage.mirror import MIRROR_INDEX
-from tests.helpers import ROOT, api, bucket_keys, tiny_spec, wait_flow_run, worker_log
+from tests.helpers import ROOT, api, bucket_keys, stack_s3_env, tiny_spec, wait_flow_run, worker_log
+from tests.helpers.receiver import Receiver, notifying
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
@@ -49,6 +53,37 @@ def _start_deployment(stack, **params) -> str:
     return found.group(1)
 
 
+def _run_logs(stack, flow_run_id: str) -> list[str]:
+    """Every line of the flow run's logs (its tasks' too), as the UI shows them."""
+    lines: list[str] = []
+    while True:
+        body = {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200}
+        page = api(stack["api"], "POST", "/logs/filter", {**body, "offset": len(lines)})
+        lines += [entry["message"] for entry in page]
+        if len(page) < 200:
+            return lines
+
+
+def _said(stack, flow_run_id: str, store: str) -> tuple[list[str], list[str]]:
+    """The outage lines and the recovery lines of ``store`` in the flow run's logs, once the
+    recovery line is there (the logs go up in batches) or a minute has passed."""
+    deadline = time.monotonic() + 60
+    while True:
+        lines = _run_logs(stack, flow_run_id)
+        down = [line for line in lines if line.startswith(f"store {store} does not answer")]
+        back = [line for line in lines if line.startswith(f"store {store} answers again after")]
+        if back or time.monotonic() > deadline:
+            return down, back
+        time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def receiver(stack):
+    """The stack's automations notify a receiver of the test's own while the test runs."""
+    with notifying(stack) as hook:
+        yield hook
+
+
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "gpucampaign.cli", *args],
@@ -59,7 +94,7 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
-def test_an_s3_outage_while_a_run_starts_is_waited_out(stack, tmp_path):
+def test_an_s3_outage_while_a_run_starts_is_waited_out(stack, receiver: Receiver, tmp_path):
     spec = tiny_spec(
         tmp_path / "spec",
         storage={"url": f"s3://gpucampaign/{PREFIX}"},
@@ -88,6 +123,23 @@ def test_an_s3_outage_while_a_run_starts_is_waited_out(stack, tmp_path):
     # The wait was said, with what waited, and its end.
     assert "does not answer" in log and "storage.read_wait_s" in log, log
     assert "answers again after" in log, log
+
+    # Said once each for the whole campaign (however many tasks waited), in the flow run's
+    # logs as the UI shows them, and to the notification target.
+    store = f"s3://gpucampaign/{PREFIX}"
+    down, back = _said(stack, flow_run_id, store)
+    assert len(down) == 1 and len(back) == 1, (down, back, log)
+    assert "storage.read_wait_s" in down[0] and "Said once for this outage" in down[0]
+    recovered = receiver.wait_for(r"the S3 store answers again$", timeout_s=120)
+    time.sleep(5)  # a second message of either kind would be there by now
+    outage = receiver.matching(r"the S3 store does not answer$")
+    assert len(outage) == 1 and receiver.matching(r"answers again$") == [recovered], receiver.got
+    assert store in outage[0]["body"] and store in recovered["body"]
+    assert "A message follows when the store answers again" in outage[0]["body"]
+    secrets = stack_s3_env(stack["dir"])
+    for said in [*down, *back, *(json.dumps(m) for m in receiver.got)]:
+        assert secrets["AWS_SECRET_ACCESS_KEY"] not in said
+        assert secrets["AWS_ACCESS_KEY_ID"] not in said
 
     # The bucket holds what keep allows: per run its LATEST and at most KEEP checkpoints.
     manifest = json.loads((out / "manifest.json").read_text())

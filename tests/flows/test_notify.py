@@ -4,12 +4,15 @@ infra/automations.py sets up, the evaluation table and the GPU lock holders' tab
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from datetime import UTC, datetime
 
 import pytest
 
 from gpucampaign.folder.progress import evaluation_table
-from gpucampaign_prefect.orchestration import notify
+from gpucampaign.storage.outage import OUTAGE_LOGGER, OUTAGES, Outages
+from gpucampaign_prefect.orchestration import notify, outage
 from gpucampaign_prefect.orchestration.gpu_lock import Holder, holders_key, holders_table
 from infra import automations
 
@@ -80,6 +83,8 @@ def test_every_event_the_flows_emit_has_a_notifying_automation():
         notify.RENTAL_ENDING,
         notify.STORAGE_UNREACHABLE,
         notify.LOT_ENDED,
+        notify.STORAGE_DOWN,
+        notify.STORAGE_RECOVERED,
     }
     assert set(automations.CAMPAIGN_EVENTS) == emitted_names
     from uuid import uuid4
@@ -195,6 +200,10 @@ def test_the_store_outage_message_names_the_store_and_its_answer(emitted, monkey
     LocalStore(tmp_path / "spool").write_bytes("control-0123456789/LATEST", data=b"{}")
     store = type("Refusing", (), {"url": "s3://bucket/camp", "last_error": "connection refused"})
     progress = ui.TrainingView("train", "control-0123456789", out=str(tmp_path), store=store())
+    OUTAGES.down("s3://bucket/camp", what="uploading k", error="refused", then="waits")
+    progress.live_tables({})  # the open outage was told once for the campaign: not again
+    assert emitted == []
+    OUTAGES.back("s3://bucket/camp")
     progress.live_tables({})
     progress.live_tables({})  # said once
     (event,) = emitted
@@ -202,3 +211,64 @@ def test_the_store_outage_message_names_the_store_and_its_answer(emitted, monkey
     body = event["payload"]["body"]
     assert "the S3 store s3://bucket/camp did not take an upload (connection refused)" in body
     assert "1 checkpoint file(s) are only on this machine" in body
+
+
+def test_a_store_outage_reaches_the_run_logs_and_the_target_once_each(
+    emitted, monkeypatch, tmp_path
+):
+    """The outage's two lines (said once for the process by the library) go to the flow run's
+    logs, named by its ID even from a thread without a run context (the spool's), and each
+    is notified once, without the credential the store's error held."""
+    sent: list[logging.LogRecord] = []
+
+    class RunLogs(logging.Handler):  # Prefect's API log handler, kept instead of sent
+        def emit(self, record: logging.LogRecord) -> None:
+            sent.append(record)
+
+    monkeypatch.setattr(outage, "APILogHandler", RunLogs)
+    (tmp_path / "campaign.json").write_text(json.dumps({"campaign_id": "digits-0001"}))
+    store, run_id, outages = "s3://bucket/camp", "0b6c1f4e-2f1d-4f55-9d5e-1a2b3c4d5e6f", Outages()
+    relay = outage.OutageRelay(flow_run_id=run_id, name="digits", out=tmp_path)
+    logger = logging.getLogger(OUTAGE_LOGGER)
+    logger.addHandler(relay)
+    try:
+        upload = threading.Thread(
+            target=outages.down,
+            args=(store,),
+            kwargs={
+                "what": "uploading control-0123456789/step-000000004/meta.json",
+                "error": "cannot reach the S3 endpoint https://AKIA1:s3cr3t@127.0.0.1:9",
+                "then": "waits in the spool",
+            },
+        )
+        upload.start()
+        upload.join()
+        outages.down(store, what="reading control-0123456789/LATEST", error="no", then="waits")
+        outages.back(store)
+        outages.back(store)
+    finally:
+        logger.removeHandler(relay)
+    outages.down(store, what="reading x", error="no", then="waits")  # no relay: not sent
+    assert [r.flow_run_id for r in sent] == [run_id, run_id]
+    down, back = (r.getMessage() for r in sent)
+    assert down.startswith(f"store {store} does not answer (") and "uploading control" in down
+    assert back.startswith(f"store {store} answers again after ")
+    assert [e["event"] for e in emitted] == [notify.STORAGE_DOWN, notify.STORAGE_RECOVERED]
+    assert notify.STORAGE_DOWN == "gpucampaign.storage.down"
+    for event in emitted:
+        assert event["resource"]["prefect.resource.id"] == "gpucampaign.campaign.digits-0001"
+        assert store in event["payload"]["body"]
+    assert emitted[0]["payload"]["subject"] == "gpucampaign: digits: the S3 store does not answer"
+    assert emitted[1]["payload"]["subject"] == "gpucampaign: digits: the S3 store answers again"
+    assert "s3cr3t" not in json.dumps(emitted) + down and "AKIA1" not in down
+
+
+def test_outside_a_flow_run_the_outage_is_only_notified(emitted, tmp_path):
+    outages = Outages()
+    with outage.relay_outages(name="digits", out=tmp_path) as relay:
+        assert relay.flow_run_id is None
+        outages.down("s3://b/p", what="reading k", error="no", then="waits")
+    assert relay not in logging.getLogger(OUTAGE_LOGGER).handlers
+    outages.back("s3://b/p")
+    assert [e["event"] for e in emitted] == [notify.STORAGE_DOWN]
+    assert emitted[0]["resource"]["prefect.resource.id"] == "gpucampaign.campaign.digits"

@@ -15,6 +15,7 @@ from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.spec import parse_spec
 from gpucampaign.storage import S3Store, StorageError, StoreUnreachable, check_storage
 from gpucampaign.storage.open import open_store, read_wait_s
+from gpucampaign.storage.outage import OUTAGE_LOGGER, Outages
 from gpucampaign.storage.readwait import ReadWait
 from gpucampaign.storage.s3 import is_transient
 from tests.helpers import TRAIN_CONTROL, one_lot_spec
@@ -66,6 +67,7 @@ class OutageS3:
 def _store(clock: Clock, client: OutageS3, *, wait_s: float) -> S3Store:
     store = S3Store("s3://bucket/camp", client=client, read_wait_s=wait_s)
     store._reads._sleep, store._reads._clock = clock.sleep, lambda: clock.now  # noqa: SLF001
+    store._reads.outages = Outages(clock=lambda: clock.now)  # noqa: SLF001
     return store
 
 
@@ -73,7 +75,7 @@ def test_a_read_waits_out_an_outage_and_says_so_once(caplog) -> None:
     clock = Clock()
     client = OutageS3(clock, down_until=30.0)  # a 30 s outage
     store = _store(clock, client, wait_s=900)
-    with caplog.at_level(logging.WARNING, logger="gpucampaign.storage.readwait"):
+    with caplog.at_level(logging.WARNING, logger=OUTAGE_LOGGER):
         assert store.read_bytes("control-0123456789/LATEST") == BODY
     # Backoff 1, 2, 4, 8, 16 s: answered on the first try after the outage ended.
     assert clock.slept == [1, 2, 4, 8, 16] and 30 <= clock.now < 60

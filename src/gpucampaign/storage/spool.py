@@ -17,6 +17,9 @@ the remote, wait too, and are applied once the spool is empty: after an outage t
 holds what ``keep`` says, not every checkpoint saved meanwhile. While the spool is not empty
 the remote is not asked for its listing (it may be frozen): the listing is what it last
 answered plus what went up since.
+
+An upload the store does not answer opens its outage, said once for the process
+(``outage.Outages``, shared with the reads); the next upload it takes says that it is back.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from typing import Any
 
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.folder.layout import CHECKPOINT_LATEST, CHECKPOINT_META, SPOOL_DIR
-from gpucampaign.storage.base import LocalStore, NotFound, StorageError, Store
+from gpucampaign.storage.base import LocalStore, NoAnswer, NotFound, StorageError, Store
+from gpucampaign.storage.outage import OUTAGES, Outages
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,8 @@ class SpoolingStore:
         spool_dir: The local spool folder (created on the first spooled write).
         retry_s: First wait between retries; doubles up to ``max_retry_s``.
         max_retry_s: Longest wait between retries.
+        outages: Where an outage met by an upload is said, once for every store of the
+            process.
     """
 
     def __init__(
@@ -70,8 +76,10 @@ class SpoolingStore:
         spool_dir: str | Path,
         retry_s: float = 2.0,
         max_retry_s: float = 60.0,
+        outages: Outages = OUTAGES,
     ) -> None:
         self.remote = remote
+        self.outages = outages
         self.url = remote.url
         self.spool = LocalStore(spool_dir)
         self.retry_s = retry_s
@@ -172,6 +180,7 @@ class SpoolingStore:
             self.remote.write_bytes(key, data=data)
         else:
             self.remote.put_file(key, src=path, sha256=digest)
+        self.outages.back(self.url)
         with self._lock:  # delete only the bytes that went up, not a newer version
             self._remote_keys.add(key)
             try:
@@ -208,21 +217,30 @@ class SpoolingStore:
                 try:
                     write_remote()
                     self._remote_keys.add(key)
+                    self.outages.back(self.url)
                     return
                 except NotFound:
                     raise
                 except StorageError as exc:
                     self.last_error = str(exc)
-                    log.warning(
-                        "checkpoint store %s did not take %s (%s): it waits in the spool %s "
-                        "and goes up when the store answers again; training goes on",
-                        self.url,
-                        key,
-                        exc,
-                        self.spool.root,
-                    )
+                    self._say_refused(key, exc)
             write_spool()
         self._start()
+
+    def _say_refused(self, key: str, exc: StorageError) -> None:
+        """An upload refused: an outage (the store did not answer) is said once for the
+        process; any other refusal, or this upload during an outage already said, here."""
+        then = (
+            f"waits in the spool {self.spool.root} and goes up when the store answers again; "
+            "training goes on"
+        )
+        if isinstance(exc, NoAnswer) and (
+            self.outages.down(self.url, what=f"uploading {key}", error=exc, then=then)
+            or self.outages.is_down(self.url)
+        ):
+            log.info("checkpoint store %s did not take %s (%s): it %s", self.url, key, exc, then)
+            return
+        log.warning("checkpoint store %s did not take %s (%s): it %s", self.url, key, exc, then)
 
     # --- the Store interface -----------------------------------------------------------
     def put_file(self, key: str, *, src: Path, sha256: str | None = None) -> None:
