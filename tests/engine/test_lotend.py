@@ -17,11 +17,12 @@ from gpucampaign.plan.lots import (
     FLOOR_S,
     LOT_ENV,
     SAFETY,
+    dated_lots,
     lot_margin_s,
     machine_lot,
     unmeasured_save_s,
 )
-from gpucampaign.spec import SpecError
+from gpucampaign.spec import SpecError, spec_sha256
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401 - a fixture
 from tests.helpers.lots import lot_clock, lot_packages
@@ -129,3 +130,18 @@ def test_the_machines_lot_is_the_pinned_one_else_the_open_one_that_ends_first(
     # Undated lots: no deadline.
     plain = make_spec(tmp_path / "p", digits_file)
     assert machine_lot(plain, now=now, env={}, ended=frozenset()) is None
+
+
+def test_a_lots_work_queue_is_kept_and_leaves_the_campaigns_identity_alone(
+    tmp_path,
+    digits_file,  # noqa: F811
+):
+    lots = _lots(first_ends_in_s=60, second=True)
+    plain = make_spec(tmp_path, digits_file, packages=lots)
+    lots[1]["work_queue"] = "lot-2"
+    queued = make_spec(tmp_path, digits_file, packages=lots)
+    assert [lot.work_queue for lot in dated_lots(queued)] == [None, "lot-2"]
+    # Handing a campaign over to another queue keeps its ID (the spec's hash).
+    assert spec_sha256(queued) == spec_sha256(plain)
+    with pytest.raises(SpecError, match=r"packages\[0\]\.work_queue"):
+        make_spec(tmp_path, digits_file, packages=[{**lots[1], "work_queue": ""}])

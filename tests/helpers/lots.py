@@ -5,6 +5,8 @@ optionally, a second one, open since an hour before ``now``, that ends days late
 stands in for ``engine/lotend.py``'s clock: it moves one second at each read (about one step of
 a tiny run), so a lot ``n`` seconds long ends after about ``n`` steps, whatever the machine's
 speed. ``lot_clock`` installs it for a test (no ``GPUCAMPAIGN_LOT``, no lot ended before).
+``FromFirstRead`` is the real clock started at the first run's first look at it: real seconds,
+without the campaign's start-up (slow on a busy machine) eating into a short lot.
 """
 
 from __future__ import annotations
@@ -57,3 +59,22 @@ def lot_clock(monkeypatch: pytest.MonkeyPatch, start: datetime) -> Iterator[LotC
     lotend.forget_ended_lots()
     yield clock
     lotend.forget_ended_lots()
+
+
+class FromFirstRead:
+    """The real clock, its origin moved: the first read is ``start``, and time runs on in real
+    seconds from there. A lot that ends ``n`` seconds after ``start`` then ends ``n`` real
+    seconds after the first run asked the time, however long the campaign's start took."""
+
+    def __init__(self, start: datetime) -> None:
+        self.start = start
+        self.first: datetime | None = None
+
+    def __call__(self) -> datetime:
+        return self.at(datetime.now(self.start.tzinfo))
+
+    def at(self, real: datetime) -> datetime:
+        """A real moment on this clock (the first read fixes the shift)."""
+        if self.first is None:
+            self.first = real
+        return self.start + (real - self.first)
