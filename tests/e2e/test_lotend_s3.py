@@ -3,14 +3,15 @@ and the campaign handed over to the next lot's machines without a person.
 
 The campaign deployment's flow run trains with its checkpoints in a real S3 server (SeaweedFS,
 ``infra/s3server.py``) on two dated lots, each with the work queue of its machines' workers:
-lot 1 (``GPUCAMPAIGN_LOT=1``, queue ``lot-1``) ends ``LOT_S`` seconds after the start, lot 2
-(queue ``lot-2``) is open for days. Before lot 1's end minus the margin the training runs stop:
-the step each reached is saved, uploaded and read back from the bucket (hashes checked) before
-the lot's end, their segments end "lot ended", and the flow run closes and runs its own
-deployment again on ``lot-2`` with the same parameters. That flow run, run here as lot 2's
-worker would run it, into a fresh folder (host A's folder moved away: another machine), resumes
-from the bucket and completes. The test checks the bucket itself at the moment a run stops (its
-own client, its own hash check).
+lot 1 (``GPUCAMPAIGN_LOT=1``, queue ``lot-1``) ends ``LOT_S`` real seconds after the first run
+first looks at the clock (the campaign's start-up before it is not counted: it is slow on a
+busy machine), lot 2 (queue ``lot-2``) is open for days. Before lot 1's end minus the margin
+the training runs stop: the step each reached is saved, uploaded and read back from the bucket
+(hashes checked) before the lot's end, their segments end "lot ended", and the flow run closes
+and runs its own deployment again on ``lot-2`` with the same parameters. That flow run, run
+here as lot 2's worker would run it, into a fresh folder (host A's folder moved away: another
+machine), resumes from the bucket and completes. The test checks the bucket itself at the
+moment a run stops (its own client, its own hash check).
 """
 
 from __future__ import annotations
