@@ -135,19 +135,26 @@ def _hand_over(lot: Lot) -> str:
             "deployment's, so it cannot be handed over there: run the campaign's deployment on "
             f"that queue ({LOT_ENV}={lot.number}) to continue from the store."
         )
-    with get_client(sync_client=True) as client:
-        deployment = client.read_deployment(run.deployment_id)
-    variables = {**(deployment.job_variables or {}), **(run.job_variables or {})}
-    variables["env"] = {**(variables.get("env") or {}), LOT_ENV: str(lot.number)}
-    successor = run_deployment(
-        name=run.deployment_id,
-        parameters=dict(run.parameters),
-        work_queue_name=lot.work_queue,
-        job_variables=variables,
-        timeout=0,
-        as_subflow=False,
-        _sync=True,  # type: ignore[call-arg]  # async_dispatch's switch, not in the signature
-    )
+    try:
+        with get_client(sync_client=True) as client:
+            deployment = client.read_deployment(run.deployment_id)
+        variables = {**(deployment.job_variables or {}), **(run.job_variables or {})}
+        variables["env"] = {**(variables.get("env") or {}), LOT_ENV: str(lot.number)}
+        successor = run_deployment(
+            name=run.deployment_id,
+            parameters=dict(run.parameters),
+            work_queue_name=lot.work_queue,
+            job_variables=variables,
+            timeout=0,
+            as_subflow=False,
+            _sync=True,  # type: ignore[call-arg]  # async_dispatch's switch, not in the signature
+        )
+    except Exception as exc:  # the server out: the campaign is closed and resumable all the same
+        return (
+            f"HANDING OVER FAILED ({type(exc).__name__}: {exc}): run the campaign's deployment "
+            f"'{run.deployment_id}' on work queue '{lot.work_queue}' of {lot.label} "
+            f"({LOT_ENV}={lot.number}) to continue from the store."
+        )
     assert isinstance(successor, FlowRun)
     return (
         f"The campaign is handed over to {lot.label}: flow run '{successor.name}' "
