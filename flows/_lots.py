@@ -2,8 +2,12 @@
 
 Every run saved before the lot's end. On a later lot whose window is open (the spec's lots, and
 this machine not pinned to the ended one by ``GPUCAMPAIGN_LOT``), the flow goes on there: the
-runs resume from the store. Otherwise the campaign closes with what it has (report, manifest,
-the folder copied to an S3 store), and a rerun on a new lot resumes from the checkpoints.
+runs resume from the store. A later lot that names its ``work_queue`` runs on other machines:
+the flow closes with what it has and hands the campaign over, running its own deployment again
+on that queue with the same parameters (``GPUCAMPAIGN_LOT`` naming that lot); the new flow run
+waits for the campaign lock this one gives back as it ends, and resumes from the store.
+Otherwise the campaign closes with what it has (report, manifest, the folder copied to an S3
+store), and a rerun on a new lot resumes from the checkpoints.
 """
 
 from __future__ import annotations
@@ -12,7 +16,10 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
-from prefect import get_run_logger
+from prefect import get_client, get_run_logger
+from prefect.client.schemas.objects import FlowRun
+from prefect.context import FlowRunContext
+from prefect.deployments import run_deployment
 from prefect.states import Cancelled
 
 from gpucampaign.engine.lotend import LotEnded
@@ -61,13 +68,21 @@ def _kept(exc: LotEnded) -> str:
     )
 
 
+def _elsewhere(lot: Lot) -> bool:
+    """Whether ``lot`` runs on another work queue than this flow run's."""
+    ctx = FlowRunContext.get()
+    here = ctx.flow_run.work_queue_name if ctx is not None and ctx.flow_run is not None else None
+    return lot.work_queue is not None and lot.work_queue != here
+
+
 def after_lot_end(cs: CampaignSpec, exc: LotEnded, *, campaign_id: str, out: str) -> bool:
     """Whether the campaign goes on here on a later open lot (said in the log and notified).
 
-    False when no later lot is open, or when this machine is pinned to the lot that ended.
+    False when no later lot is open, when this machine is pinned to the lot that ended, or when
+    the later lot runs on another work queue (the close hands the campaign over to it).
     """
     nxt = _next(cs, exc)
-    if nxt is None or pinned_lot(cs, os.environ) is not None:
+    if nxt is None or pinned_lot(cs, os.environ) is not None or _elsewhere(nxt):
         return False
     message = (
         f"{exc}. The campaign goes on on {nxt.label}: the runs resume from their checkpoints."
@@ -85,11 +100,14 @@ def closed_at_lot_end(
     in the log and notified."""
     nxt = _next(cs, exc)
     pinned = pinned_lot(cs, os.environ)
-    if nxt is not None and pinned is not None:
+    if nxt is not None and _elsewhere(nxt):
+        where = _hand_over(nxt)
+    elif nxt is not None and pinned is not None:
         where = (
             f"{nxt.label} is open, but this machine belongs to lot {pinned.number} "
             f"({LOT_ENV}={os.environ.get(LOT_ENV)}): run the campaign again on a machine of "
-            f"lot {nxt.number} ({LOT_ENV}={nxt.number}) to continue from the store."
+            f"lot {nxt.number} ({LOT_ENV}={nxt.number}) to continue from the store, or name "
+            "its workers' queue in the lot's work_queue to hand the campaign over by itself."
         )
     else:
         where = (
@@ -100,3 +118,46 @@ def closed_at_lot_end(
     get_run_logger().warning(message)
     notify.lot_ended(campaign=campaign_id, name=cs.name, message=message, out=summary["out"])
     return Cancelled(message=message, data={**summary, "lot_ended": message})
+
+
+def _hand_over(lot: Lot) -> str:
+    """Run this flow run's deployment again on ``lot``'s work queue, with the same parameters
+    and ``GPUCAMPAIGN_LOT`` naming ``lot``; the sentence that says where the campaign goes on.
+
+    The new flow run waits for the campaign lock until this one ends, then resumes from the
+    store. A flow run of no deployment (``campaign run``) cannot be handed over: said so.
+    """
+    ctx = FlowRunContext.get()
+    run = ctx.flow_run if ctx is not None else None
+    if run is None or run.deployment_id is None:
+        return (
+            f"{lot.label} runs on work queue '{lot.work_queue}', and this flow run is not a "
+            "deployment's, so it cannot be handed over there: run the campaign's deployment on "
+            f"that queue ({LOT_ENV}={lot.number}) to continue from the store."
+        )
+    try:
+        with get_client(sync_client=True) as client:
+            deployment = client.read_deployment(run.deployment_id)
+        variables = {**(deployment.job_variables or {}), **(run.job_variables or {})}
+        variables["env"] = {**(variables.get("env") or {}), LOT_ENV: str(lot.number)}
+        successor = run_deployment(
+            name=run.deployment_id,
+            parameters=dict(run.parameters),
+            work_queue_name=lot.work_queue,
+            job_variables=variables,
+            timeout=0,
+            as_subflow=False,
+            _sync=True,  # type: ignore[call-arg]  # async_dispatch's switch, not in the signature
+        )
+    except Exception as exc:  # the server out: the campaign is closed and resumable all the same
+        return (
+            f"HANDING OVER FAILED ({type(exc).__name__}: {exc}): run the campaign's deployment "
+            f"'{run.deployment_id}' on work queue '{lot.work_queue}' of {lot.label} "
+            f"({LOT_ENV}={lot.number}) to continue from the store."
+        )
+    assert isinstance(successor, FlowRun)
+    return (
+        f"The campaign is handed over to {lot.label}: flow run '{successor.name}' "
+        f"({successor.id}) of this deployment, on work queue '{lot.work_queue}', resumes from "
+        "the store once this one has ended."
+    )

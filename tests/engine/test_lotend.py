@@ -11,53 +11,32 @@ import torch
 from safetensors.torch import load_file
 
 from gpucampaign.checkpoint.manager import CheckpointManager
-from gpucampaign.engine import lotend
 from gpucampaign.engine.lotend import LotEnded
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.plan.lots import (
     FLOOR_S,
     LOT_ENV,
     SAFETY,
+    dated_lots,
     lot_margin_s,
     machine_lot,
     unmeasured_save_s,
 )
-from gpucampaign.spec import SpecError
+from gpucampaign.spec import SpecError, spec_sha256
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401 - a fixture
+from tests.helpers.lots import lot_clock, lot_packages
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
-class Clock:
-    """A clock that moves one second each time it is read (about one step of the run)."""
-
-    def __init__(self) -> None:
-        self.t = T0
-        self.reads: list[datetime] = []
-
-    def __call__(self) -> datetime:
-        self.t += timedelta(seconds=1)
-        self.reads.append(self.t)
-        return self.t
-
-
 @pytest.fixture
 def clock(monkeypatch):
-    c = Clock()
-    monkeypatch.setattr(lotend, "_now", c)
-    monkeypatch.delenv(LOT_ENV, raising=False)
-    lotend.forget_ended_lots()
-    yield c
-    lotend.forget_ended_lots()
+    yield from lot_clock(monkeypatch, T0)
 
 
 def _lots(*, first_ends_in_s: float, second: bool) -> list[dict]:
-    lots = [{"gpu": "rtx4090", "days": 1, "starts_at": (T0 - timedelta(days=1)).isoformat()}]
-    lots[0]["starts_at"] = (T0 - timedelta(days=1, seconds=-first_ends_in_s)).isoformat()
-    if second:
-        lots.append({"gpu": "rtx4090", "days": 3, "starts_at": T0.isoformat()})
-    return lots
+    return lot_packages(now=T0, first_ends_in_s=first_ends_in_s, second=second)
 
 
 def test_the_run_stops_before_the_lots_end_with_a_verified_checkpoint_then_resumes_on_the_next(
@@ -151,3 +130,18 @@ def test_the_machines_lot_is_the_pinned_one_else_the_open_one_that_ends_first(
     # Undated lots: no deadline.
     plain = make_spec(tmp_path / "p", digits_file)
     assert machine_lot(plain, now=now, env={}, ended=frozenset()) is None
+
+
+def test_a_lots_work_queue_is_kept_and_leaves_the_campaigns_identity_alone(
+    tmp_path,
+    digits_file,  # noqa: F811
+):
+    lots = _lots(first_ends_in_s=60, second=True)
+    plain = make_spec(tmp_path, digits_file, packages=lots)
+    lots[1]["work_queue"] = "lot-2"
+    queued = make_spec(tmp_path, digits_file, packages=lots)
+    assert [lot.work_queue for lot in dated_lots(queued)] == [None, "lot-2"]
+    # Handing a campaign over to another queue keeps its ID (the spec's hash).
+    assert spec_sha256(queued) == spec_sha256(plain)
+    with pytest.raises(SpecError, match=r"packages\[0\]\.work_queue"):
+        make_spec(tmp_path, digits_file, packages=[{**lots[1], "work_queue": ""}])

@@ -12,42 +12,21 @@ from typing import Any
 import pytest
 
 from gpucampaign.engine import lotend
-from gpucampaign.plan.lots import LOT_ENV
 from gpucampaign.verify.checks import verify_output
 from tests.flows.test_campaign import jsonl, run_flow, timeline_rows, tiny_campaign
+from tests.helpers.lots import LotClock, lot_clock, lot_packages
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-class Clock:
-    """The lot's clock: starts now and moves one second at each read (about a step)."""
-
-    def __init__(self) -> None:
-        self.t = datetime.now(UTC)
-        self.start = self.t
-
-    def __call__(self) -> datetime:
-        self.t += timedelta(seconds=1)
-        return self.t
-
-
 @pytest.fixture
 def clock(monkeypatch):
-    c = Clock()
-    monkeypatch.setattr(lotend, "_now", c)
-    monkeypatch.delenv(LOT_ENV, raising=False)
-    lotend.forget_ended_lots()
-    yield c
-    lotend.forget_ended_lots()
+    yield from lot_clock(monkeypatch, datetime.now(UTC))
 
 
-def _lots(clock: Clock, *, ends_in_s: float, second: bool):
+def _lots(clock: LotClock, *, ends_in_s: float, second: bool):
     def edit(data: dict[str, Any]) -> None:
-        first = clock.start - timedelta(days=3) + timedelta(seconds=ends_in_s)
-        data["packages"] = [{"gpu": "rtx4090", "days": 3, "starts_at": first.isoformat()}]
-        if second:
-            start = clock.start - timedelta(hours=1)
-            data["packages"].append({"gpu": "rtx4090", "days": 3, "starts_at": start.isoformat()})
+        data["packages"] = lot_packages(now=clock.start, first_ends_in_s=ends_in_s, second=second)
 
     return edit
 

@@ -59,6 +59,20 @@ def test_early_save_replays_to_the_next_save_exactly(tmp_path, digits_file):  # 
     assert live is not None and (tmp_path / "work" / "checkpoints" / key).samefile(live)
 
 
+def test_a_run_resumed_into_a_fresh_folder_is_checked_from_a_save_it_trained_after(
+    tmp_path,
+    digits_file,  # noqa: F811
+):
+    # Another host resumed the run from its save of step 7: its folder recorded steps 8..20 only.
+    spec = _live_run(tmp_path, digits_file)
+    metrics = run_dir(spec, tmp_path) / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    kept = [r for r in rows if r.get("kind") != "train" or r["step"] > 7]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    report = _check(spec, tmp_path)
+    assert report.identical and (report.k, report.n) == (7, 14)
+
+
 class _RemoteLike(LocalStore):
     """A store whose objects are not files here (as S3's): nothing to link."""
 

@@ -33,12 +33,14 @@ UNMEASURED_SAVE_S = 2.0
 
 @dataclass(frozen=True)
 class Lot:
-    """One dated lot: its place in ``packages`` (1-based), its window and its name."""
+    """One dated lot: its place in ``packages`` (1-based), its window, its name and the work
+    queue of its machines' workers (None: any worker)."""
 
     number: int
     starts_at: datetime
     ends_at: datetime
     order_ref: str | None = None
+    work_queue: str | None = None
 
     def is_open(self, now: datetime) -> bool:
         """Whether ``now`` falls in the lot's window."""
@@ -54,7 +56,13 @@ class Lot:
 def dated_lots(spec: CampaignSpec) -> list[Lot]:
     """The spec's lots that carry ``starts_at``, in the spec's order."""
     return [
-        Lot(number=i, starts_at=p.starts_at, ends_at=p.ends_at, order_ref=p.order_ref)
+        Lot(
+            number=i,
+            starts_at=p.starts_at,
+            ends_at=p.ends_at,
+            order_ref=p.order_ref,
+            work_queue=p.work_queue,
+        )
         for i, p in enumerate(spec.packages, start=1)
         if p.starts_at is not None and p.ends_at is not None
     ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Container
 from pathlib import Path
 
 from gpucampaign.checkpoint.layout import META_FILE, step_dirname
@@ -39,8 +40,14 @@ from gpucampaign.storage.open import read_wait_s
 DEFAULT_MAX_STEPS = 200
 
 
-def early_resume_point(manager: CheckpointManager) -> tuple[int, int, int | None] | None:
+def early_resume_point(
+    manager: CheckpointManager, *, recorded: Container[int] | None = None
+) -> tuple[int, int, int | None] | None:
     """``(start, planned, next kept save)`` of the earliest kept save before the final step.
+
+    With ``recorded`` (the steps whose loss this folder's live run recorded), only a save
+    whose next step is among them: a run resumed on another host into a fresh folder recorded
+    only what it trained there.
 
     Only ``meta.json`` is read here: the fresh process verifies the payload when it loads it.
     None when the store keeps no checkpoint before the final step.
@@ -53,7 +60,7 @@ def early_resume_point(manager: CheckpointManager) -> tuple[int, int, int | None
         except (NotFound, ValueError):
             continue
         planned = int(meta.get("planned_steps") or 0)
-        if step < planned:
+        if step < planned and (recorded is None or step + 1 in recorded):
             later = steps[i + 1] if i + 1 < len(steps) else None
             return step, planned, later
     return None
@@ -78,12 +85,12 @@ def verify_early_save(
     run, store = target.run, target.store
     cfg_sha = run.config_sha256
     manager = CheckpointManager(store, run_id=run.run_id, config_sha256=cfg_sha, keep=10**6)
-    point = early_resume_point(manager)
+    original = probe.original()
+    point = early_resume_point(manager, recorded=original) or early_resume_point(manager)
     if point is None:
         raise NoUsableRestart(probe.run_id, "no checkpoint before the final step is kept")
     start, planned, later = point
     n = min(later or planned, start + max(1, max_steps), planned)
-    original = probe.original()
     steps = list(range(start + 1, n + 1))
     if not all(s in original for s in steps):
         raise NoUsableRestart(

@@ -53,6 +53,18 @@ class Package(_Frozen):
         "without a zone is read as UTC). Gives the rental's end: starts_at + days.",
     )
 
+    work_queue: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="The work queue of the campaign deployment's work pool whose workers run "
+        "on this lot's machines. When an earlier lot ends while this one is open, the flow "
+        "run hands the campaign over: it runs its own deployment again on this queue, with "
+        "the same parameters and GPUCAMPAIGN_LOT naming this lot, and ends; the new run "
+        "resumes from the store (an s3:// storage). Without it, a later lot is trained on by "
+        "the same worker, unless that worker is pinned to the lot that ended.",
+    )
+
     @field_validator("gpu")
     @classmethod
     def _lower(cls, v: str) -> str:

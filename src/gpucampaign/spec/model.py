@@ -605,8 +605,11 @@ def resolve_inside(base: str | Path, relative: str, *, field: str) -> Path:
 def spec_sha256(spec: CampaignSpec) -> str:
     """Hash of the validated spec's canonical JSON.
 
-    Where the runs are tracked (``tracking``) is left out: it changes nothing the campaign
-    computes, and a campaign resumed with tracking switched on keeps its ID.
+    Where the runs are tracked (``tracking``) and which work queue runs a lot (a lot's
+    ``work_queue``) are left out: they change nothing the campaign computes, and a campaign
+    resumed with tracking switched on, or handed over to another queue, keeps its ID.
     """
-    body = spec.model_dump(mode="json", exclude={"tracking"})
+    body = spec.model_dump(
+        mode="json", exclude={"tracking": True, "packages": {"__all__": {"work_queue"}}}
+    )
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()
