@@ -319,7 +319,9 @@ def _open(
     folder.root.mkdir(parents=True, exist_ok=True)
     folder.keep_spec(text, source=source)
     if is_s3(cs.storage.url) and adopt_timeline(
-        folder.root, store=open_store(cs.storage.url, out_dir=folder.root)
+        folder.root,
+        store=open_store(cs.storage.url, out_dir=folder.root),
+        spec_sha256=spec_sha256(cs),  # and the campaign ID: the same campaign goes on here
     ):
         get_run_logger().warning(
             "a fresh output folder on %s: its timeline starts from the copy in %s (the "

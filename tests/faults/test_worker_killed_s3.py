@@ -8,18 +8,26 @@ worker then runs the same spec into a FRESH output folder ("another host"): the 
 holder's GPU slot comes back by its lease (no one clears it), the control run resumes from the
 S3 checkpoint, and its final parameters equal those of an uninterrupted run bit for bit.
 
-Real services only (the session's stack: PostgreSQL, Prefect server, SeaweedFS); the test has
-a work pool, a deployment and a GPU limit of its own, so the stack's worker never takes its runs.
+Both workers track to the stack's MLflow server (``MLFLOW_TRACKING_URI`` of its env file, as a
+user sources it): host b's fresh folder takes the campaign ID from the bucket, so the campaign
+stays one MLflow parent run with one run per campaign run, none left RUNNING, and the control's
+metric steps continuous across the two hosts.
+
+Real services only (the session's stack: PostgreSQL, Prefect server, SeaweedFS, MLflow); the
+test has a work pool, a deployment and a GPU limit of its own, so the stack's worker never takes
+its runs.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +37,7 @@ from safetensors.torch import load_file
 
 from gpucampaign.checkpoint.layout import LATEST_FILE
 from gpucampaign.folder.layout import MODEL_DIR
-from gpucampaign.folder.records import read_pilot, read_result, read_timeline
+from gpucampaign.folder.records import read_campaign_id, read_pilot, read_result, read_timeline
 from gpucampaign.spec import load_spec
 from tests.helpers import (
     ROOT,
@@ -55,6 +63,7 @@ PREFIX = "faults/worker-kill"
 KILL_AT = 60  # the control run's LATEST step in the bucket before the kill
 CONTROL_STEPS = 400
 GPU_PHASES = {"pilot", "train", "restart"}
+EXPERIMENT = "faults-worker-kill"
 
 # The uninterrupted reference: the same control run, trained in one plain process.
 REFERENCE = """
@@ -139,6 +148,45 @@ def _params(out: Path, run_id: str) -> dict:
     return load_file(str(out / "runs" / run_id / MODEL_DIR / "model.safetensors"))
 
 
+def _mlflow_uri(stack: dict[str, Any]) -> str | None:
+    """The stack's MLflow server (its env file's ``MLFLOW_TRACKING_URI``); None without mlflow
+    (the stack starts no server then)."""
+    if importlib.util.find_spec("mlflow") is None:
+        return None
+    for line in (Path(stack["dir"]) / "env").read_text().splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        if name == "MLFLOW_TRACKING_URI":
+            return value
+    raise AssertionError("mlflow is installed but the stack's env file names no MLflow server")
+
+
+def _assert_one_mlflow_campaign(uri: str, *, spec: Path, out: Path) -> None:
+    """One parent run for the campaign across both hosts, one MLflow run per campaign run under
+    it, none left RUNNING, and the control's steps each sent once, with none missing."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    cs = load_spec(spec)
+    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    parents = [r for r in runs if r.data.tags.get("gpucampaign.kind") == "campaign"]
+    assert [p.info.run_name for p in parents] == [read_campaign_id(out)], [
+        (r.info.run_name, r.info.status) for r in runs
+    ]
+    (parent,) = parents
+    children = [r for r in runs if r is not parent]
+    by_run = Counter(r.data.tags["gpucampaign.run"] for r in children)
+    assert by_run == Counter(cs.run_names()), by_run  # every run piloted: one MLflow run each
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    assert {r.info.status for r in runs} <= {"FINISHED", "FAILED"}, [
+        (r.info.run_name, r.info.status) for r in runs
+    ]
+    assert parent.info.status == "FINISHED"
+    (control,) = [r for r in children if r.data.tags["gpucampaign.run"] == "control"]
+    assert control.info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(control.info.run_id, "train/loss")]
+    assert sorted(steps) == list(range(1, CONTROL_STEPS + 1))  # each step once, none missing
+
+
 def test_worker_killed_holding_the_gpu_resumes_from_s3_on_a_fresh_folder(stack, tmp_path, faults):
     create_pool(stack, POOL)
     deployment_id = pool_deployment(stack, pool=POOL, name="faults")
@@ -151,10 +199,14 @@ def test_worker_killed_holding_the_gpu_resumes_from_s3_on_a_fresh_folder(stack, 
         # A wait longer than 2 leases would fail the GPU phase (and no retry is allowed below).
         gpu_lock={"name": LIMIT, "lease_s": LEASE_S, "timeout_s": 2 * LEASE_S},
         control={"epochs": 30, "max_steps": CONTROL_STEPS},
+        tracking={"mlflow": {"experiment": EXPERIMENT}},
     )
     rid = load_spec(spec).resolve_run("control").run_id
     client = s3_client(stack)
     logs = {h: tmp_path / f"worker-{h}.log" for h in ("a", "b")}
+    uri = _mlflow_uri(stack)
+    # The workers track (the reference run below does not: it has the stack's env only).
+    tracked = {**stack, "env": {**stack["env"], "MLFLOW_TRACKING_URI": uri}} if uri else stack
 
     def worker_logs() -> str:
         return "\n".join(
@@ -162,7 +214,7 @@ def test_worker_killed_holding_the_gpu_resumes_from_s3_on_a_fresh_folder(stack, 
         )
 
     # Host a: the worker is killed while the control run trains under the GPU slot.
-    worker = start_worker(stack, pool=POOL, name="faults-a", log=logs["a"])
+    worker = start_worker(tracked, pool=POOL, name="faults-a", log=logs["a"])
     try:
         first = _flow_run(stack, deployment_id, spec=spec, out=tmp_path / "host-a")
         step, state = None, {}
@@ -200,7 +252,7 @@ def test_worker_killed_holding_the_gpu_resumes_from_s3_on_a_fresh_folder(stack, 
         text=True,
     )
     # Host b: a fresh worker, the same spec and storage prefix, a fresh output folder.
-    worker = start_worker(stack, pool=POOL, name="faults-b", log=logs["b"])
+    worker = start_worker(tracked, pool=POOL, name="faults-b", log=logs["b"])
     try:
         second = _flow_run(stack, deployment_id, spec=spec, out=tmp_path / "host-b")
         state = wait_flow_run(stack, second)
@@ -249,5 +301,9 @@ def test_worker_killed_holding_the_gpu_resumes_from_s3_on_a_fresh_folder(stack, 
     a, b = _params(tmp_path / "reference", rid), _params(out, rid)
     assert a.keys() == b.keys()
     assert all((a[k] == b[k]).all() for k in a)  # atol = 0
+
+    # (d) One MLflow campaign across the two hosts.
+    if uri is not None:
+        _assert_one_mlflow_campaign(uri, spec=spec, out=out)
     faults.add("kill_points_survived")
     faults.add("faults_survived")

@@ -65,11 +65,15 @@ class FakeClient:
     ) -> list[Any]:
         self._answer()
         wanted = dict(re.findall(r"tags\.`([^`]+)` = '([^']*)'", filter_string))
+        status = re.findall(r"attributes\.status = '([^']*)'", filter_string)
         found = [
-            SimpleNamespace(info=SimpleNamespace(run_id=rid))
+            SimpleNamespace(
+                info=SimpleNamespace(run_id=rid, run_name=run["name"], status=run["status"])
+            )
             for rid, run in sorted(self.runs.items(), key=lambda kv: kv[1]["order"])
             if run["experiment"] in experiment_ids
             and all(run["tags"].get(k) == v for k, v in wanted.items())
+            and all(run["status"] == s for s in status)
         ]
         return found[:max_results] if max_results else found
 

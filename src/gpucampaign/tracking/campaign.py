@@ -2,8 +2,9 @@
 folder (``track_sealed``, ``campaign track OUT``); the runs' MLflow runs are in ``mlflow.py``.
 
 At the close, what the run folders' outboxes still hold is sent (``replay``: the metrics a
-server outage kept), then the verdict and the budget go as tags on the campaign's parent run,
-and the report and the figures as its artifacts. Neither ever raises for the server: a
+server outage kept), the runs a process that died left RUNNING (a lost machine's, not trained
+on since) are ended KILLED, then the verdict and the budget go as tags on the campaign's parent
+run, and the report and the figures as its artifacts. Neither ever raises for the server: a
 failure is the line returned.
 """
 
@@ -208,6 +209,23 @@ def track_sealed(
     return line, done
 
 
+def end_left_running(client: Any, *, experiment_id: str, parent: str) -> list[str]:
+    """End KILLED the campaign's runs still RUNNING at its close: a process that died (its
+    machine lost) left them so, and no later start trained them on. (A resumed run goes on in
+    its own MLflow run and ends it itself.)
+
+    Returns:
+        The names of the runs ended.
+    """
+    left = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and attributes.status = 'RUNNING'",
+    )
+    for run in left:
+        client.set_terminated(run.info.run_id, status="KILLED")
+    return [str(run.info.run_name or run.info.run_id) for run in left]
+
+
 def sealed_tracking_uri(
     spec: CampaignSpec, *, root: str | Path, uri: str | None = None, folder_uri: bool = False
 ) -> str:
@@ -319,6 +337,7 @@ def _track_close(
         ]
         exp = ensure_experiment(client, experiment_name(spec))
         parent = ensure_parent(client, exp, campaign_id)
+        ended = end_left_running(client, experiment_id=exp, parent=parent)
         from mlflow.entities import RunTag
 
         tags = {
@@ -363,6 +382,8 @@ def _track_close(
     )
     if late:
         line += f"; {late} metric values sent late (kept while the server was down)"
+    if ended:
+        line += f"; ended KILLED, left RUNNING by a process that died: {', '.join(ended)}"
     if failed:
         line += f"; still unsent: {', '.join(failed)} (kept in their {MLFLOW_OUTBOX_FILE})"
     return line, not failed

@@ -23,7 +23,9 @@ track OUT``: ``track_sealed``, which reads the sealed folder and writes nothing 
 ``campaign.py``). ``mlflow.json`` in the run folder keeps the MLflow run ID and, per metric, the
 last step sent; the MLflow run ID is also put in every checkpoint's meta (``META_KEY``), so a
 resume, on another host too, continues the same MLflow run (whose metric history then tells what
-was sent). A (metric, step) is sent once: a step retrained after a resume is not logged again.
+was sent). A fresh output folder on another host takes the campaign ID from the bucket
+(``storage/sharedtimeline.py``), so its runs find the same parent run, and their own by tags.
+A (metric, step) is sent once: a step retrained after a resume is not logged again.
 
 The client is ``MlflowClient`` (several runs share a process: no fluent global run). Credentials
 never go in the spec, params, tags or any file: MLflow reads them from its own environment
