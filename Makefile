@@ -36,7 +36,7 @@ demo: $(STAMP)
 	@echo "  campaign verify $(OUT)"
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=40
 
 # Unit tests only: no Prefect server, no new torch process, no real service (under a minute).
 test-fast: $(STAMP)
