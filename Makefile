@@ -35,8 +35,18 @@ demo: $(STAMP)
 	@echo "  . $(VENV)/bin/activate"
 	@echo "  campaign verify $(OUT)"
 
+# Two sessions at once: the end-to-end tests (one shared stack; mostly waiting on servers,
+# leases and heartbeats) beside the others (mostly CPU). The end-to-end log follows the
+# others' (its path is said at the start), then the fault suite's one line over both.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra
+	@tmp="$$(mktemp -d)"; echo "== the end-to-end tests run beside the others; their log: $$tmp/e2e.log"; \
+	GPUCAMPAIGN_FAULT_COUNTS="$$tmp/e2e.json" $(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=20 -m e2e \
+	  >"$$tmp/e2e.log" 2>&1 & e2e=$$!; \
+	GPUCAMPAIGN_FAULT_COUNTS="$$tmp/rest.json" $(BIN)/python -m pytest -q -ra --durations=40 -m "not e2e"; \
+	rest=$$?; wait $$e2e; e2e_rc=$$?; \
+	echo "== the end-to-end tests (pytest -m e2e, exit $$e2e_rc)"; cat "$$tmp/e2e.log"; \
+	$(BIN)/python -m tests.faults.conftest "$$tmp"/*.json; rm -rf "$$tmp"; \
+	if [ "$$rest" -ne 0 ]; then exit "$$rest"; fi; exit "$$e2e_rc"
 
 # Unit tests only: no Prefect server, no new torch process, no real service (under a minute).
 test-fast: $(STAMP)

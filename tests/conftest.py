@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 # The real stack and the campaign run on it, defined once here so tests/e2e and tests/faults
 # share one stack per session (a fixture defined in two conftests would start two).
 from tests.helpers import fuzzing  # noqa: E402
-from tests.helpers.stack_fixtures import finished_campaign, stack  # noqa: E402, F401
+from tests.helpers.stack_fixtures import finished_campaign, short_dead_run_window, stack  # noqa: E402, F401
 
 
 def pytest_configure(config):

@@ -6,11 +6,17 @@ Tests take the ``faults`` fixture and call ``faults.add("kill_points_tried")`` a
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 COUNTS: Counter[str] = Counter()
+#: The variable naming the file a session writes its counts to (no line printed then).
+COUNTS_FILE = "GPUCAMPAIGN_FAULT_COUNTS"
 SUMMARY_KEYS = (
     "signals_sent",
     "stop_signals_sent",
@@ -85,5 +91,18 @@ def summary_line() -> str:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """One line at the end of the session."""
-    terminalreporter.write_line(summary_line())
+    """One line at the end of the session; a session run beside another (``make test``)
+    writes its counts to the file ``$GPUCAMPAIGN_FAULT_COUNTS`` instead, for one line over
+    both (``python -m tests.faults.conftest FILE...``)."""
+    counts_file = os.environ.get(COUNTS_FILE)
+    if counts_file:
+        Path(counts_file).write_text(json.dumps(COUNTS), encoding="utf-8")
+    else:
+        terminalreporter.write_line(summary_line())
+
+
+if __name__ == "__main__":
+    for path in map(Path, sys.argv[1:]):
+        if path.is_file():  # none from a session that ended before its summary
+            COUNTS.update(json.loads(path.read_text(encoding="utf-8")))
+    print(summary_line())

@@ -22,6 +22,9 @@ from tests.helpers.stack import STACK, free_port, run_deployment, stack_s3_env, 
 ROOT = Path(__file__).resolve().parents[2]
 #: Where the session's campaign keeps its checkpoints and its mirrored output folder.
 FINISHED_PREFIX = "e2e/finished"
+#: The dead-run window of a test module that waits for the detector: the shortest the stack
+#: accepts, two missed heartbeats of a deployment that sends one every 30 s.
+SHORT_DEAD_RUN_S = 60
 
 
 @pytest.fixture(scope="session")
@@ -82,3 +85,30 @@ def finished_campaign(stack, tmp_path_factory) -> dict[str, Any]:
     out = base / "out"
     flow_run_id, state = run_deployment(stack, "campaign/main", spec=str(spec), out=str(out))
     return {"id": flow_run_id, "state": state, "out": out, "spec": spec, "prefix": FINISHED_PREFIX}
+
+
+@pytest.fixture(scope="module")
+def short_dead_run_window(stack):
+    """The stack's dead-run window at ``SHORT_DEAD_RUN_S`` for one test module, then the
+    stack's own again (``infra/stack.sh automations``, as for a running server).
+
+    Take it before the module's runs start: the updated trigger knows no run until that run's
+    next heartbeat. Its runs must send heartbeats every 30 s (campaign/main sends one a minute).
+    """
+
+    def automations(**env: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            ["bash", str(STACK), "automations"],
+            env={**stack["env"], **env},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    automations(GPUCAMPAIGN_CRASHED_AFTER_S=str(SHORT_DEAD_RUN_S))
+    try:
+        yield SHORT_DEAD_RUN_S
+    finally:
+        automations()
