@@ -15,18 +15,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from gpucampaign.cli.starting import EMBEDDED_DEFAULTS
 from gpucampaign.core import interrupt
 from gpucampaign.core.stoprules import STOP_RULES, StopRule
-
-# Measured: a fresh PREFECT_HOME needs ~21 s to start the embedded server (default limit 20 s),
-# and the telemetry heartbeat floods stderr with SQLite lock errors. The one home of these
-# settings: the CLI, the tests and the benches all take them from here.
-EMBEDDED_DEFAULTS = {
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_LOGGING_LEVEL": "INFO",  # one line per finished phase: what a long run shows
-}
 
 
 def prefect_environment(*, logging_level: str | None = None) -> dict[str, str]:
@@ -82,6 +73,21 @@ def start_server_early() -> Any | None:
     return load_flow("_embedded", "spawn_early")()
 
 
+def take_first_server() -> Any | None:
+    """The server ``campaign``'s entry point started in this process (``starting``'s
+    ``start_server_first``), once; else None."""
+    from gpucampaign.cli.starting import take_first_server as take
+
+    return take()
+
+
+def warm_first_step() -> None:
+    """Import what the first training step would import in series otherwise: torch builds the
+    first optimizer of a process under ``torch._dynamo``, which it imports then (seconds on a
+    small CPU). Run while the embedded server boots in its own process."""
+    importlib.import_module("torch._dynamo")
+
+
 @contextlib.contextmanager
 def interruptible_run(
     *, grace_s: float = interrupt.DEFAULT_GRACE_S, early: Any | None = None
@@ -104,6 +110,6 @@ def interruptible_run(
         )
     interrupt.clear_stop()
     with interrupt.graceful_signals(grace_s=grace_s):
-        server = start(early)
+        server = start(early, warm=warm_first_step)
         interrupt.on_force(lambda: stop(server, wait=False))
         yield
