@@ -5,8 +5,9 @@
 # tracking server (when mlflow is installed: the tracking extra) whose URI the env file exports.
 #
 #   infra/stack.sh up       start (or complete) the stack; writes $STACK_DIR/env to source
-#   infra/stack.sh down     stop the worker (and its flow runs), the server, PostgreSQL and the
-#                           S3 server
+#   infra/stack.sh down     stop the worker's flow runs (cancelled: each saves, closes its
+#                           segment and ends Cancelled), the worker, the server, PostgreSQL and
+#                           the S3 server
 #   infra/stack.sh status   what runs, and whether the API answers
 #   infra/stack.sh restart s3  stop and start the S3 server on the same ports (recorded in
 #                           $STACK_DIR/s3/s3ports.json): the worker keeps its endpoint
@@ -36,6 +37,9 @@
 #                             (e.g. slack-webhook/team, sendgrid-email/me)
 #   GPUCAMPAIGN_CRASHED_AFTER_S  a flow run without a heartbeat for this long is set Crashed
 #                             (default 300; the deployments send one every 60 s)
+#   GPUCAMPAIGN_MLFLOW        off: no MLflow tracking server (default: one when mlflow is installed)
+#   GPUCAMPAIGN_STOP_GRACE_S  `down`: seconds a flow run of the worker has to save and end
+#                             (Cancelled) before SIGKILL (default 60)
 set -euo pipefail
 
 ROOT="${GPUCAMPAIGN_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
@@ -303,6 +307,10 @@ mlflow_backend() {  # the backend URI (with the database password): never on a c
 
 mlflow_up() {  # after s3_up (the AWS_* of the artifacts) and pg_up
   local backend exports
+  if [[ "${GPUCAMPAIGN_MLFLOW:-on}" == off ]]; then
+    say "no MLflow server (GPUCAMPAIGN_MLFLOW=off)"
+    return 0
+  fi
   if ! "$PY" -c 'import mlflow' 2>/dev/null; then
     say "mlflow is not installed in $(dirname "$PY") (pip install -e '.[tracking]'): no MLflow server"
     return 0
@@ -454,10 +462,52 @@ stop_group() {
   fi
 }
 
+# The flow run a flow-run process runs (the worker puts its ID in the process's environment).
+flow_run_of() {
+  tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null | sed -n 's/^PREFECT__FLOW_RUN_ID=//p' | head -n 1
+}
+
+# Set a flow run Cancelling on the server, as a cancel from the UI does: the flow then ends it
+# Cancelled after its save (not Crashed, so the relaunch automation leaves it alone).
+cancel_flow_run() {
+  "$PY" - "$API/flow_runs/$1/set_state" <<'PYEOF'
+import json, sys, urllib.request
+body = {"state": {"type": "CANCELLING", "message": "the stack was stopped (infra/stack.sh down)"}}
+req = urllib.request.Request(sys.argv[1], data=json.dumps(body).encode(), method="POST",
+                             headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        sys.exit(0 if json.loads(resp.read()).get("status") == "ACCEPT" else 1)
+except Exception:
+    sys.exit(1)
+PYEOF
+}
+
+# Stop the worker's flow runs before the worker, the server and the store: each is cancelled on
+# the server, then its process group gets SIGTERM (the worker itself would end them without
+# waiting): the training saves at its next step, closes its segment, gives its locks back and
+# the run ends Cancelled while the server and the S3 store still take it. SIGKILL after
+# GPUCAMPAIGN_STOP_GRACE_S seconds (default 60).
+stop_flow_runs() {
+  local worker=$1 child id grace="${GPUCAMPAIGN_STOP_GRACE_S:-60}"
+  [[ "$grace" =~ ^[0-9]+$ ]] || die "GPUCAMPAIGN_STOP_GRACE_S must be a whole number of seconds, got '$grace'"
+  for child in $(pgrep -P "$worker" || true); do
+    id="$(flow_run_of "$child")"
+    if [[ -n "$id" ]] && healthy && cancel_flow_run "$id"; then
+      say "stopping flow-run process $child (flow run $id, cancelled; it saves first, up to ${grace}s)"
+    else
+      say "stopping flow-run process $child${id:+ (flow run $id)} (it saves first, up to ${grace}s)"
+    fi
+    stop_group flow-run "$child" "$grace" &
+  done
+  wait
+}
+
 down() {
   local pid child stopped=0
   if pid="$(live_pid worker)"; then
-    # Flow runs are the worker's children, each in a session of its own: stop them too.
+    # Flow runs are the worker's children, each in a session of its own: stop them first.
+    stop_flow_runs "$pid"
     local children
     children="$(pgrep -P "$pid" || true)"
     say "stopping worker (pid $pid)"

@@ -40,7 +40,7 @@ from prefect.exceptions import ObjectAlreadyExists
 
 from gpucampaign.core.storageurl import is_s3
 from gpucampaign.spec import CampaignSpec
-from gpucampaign_prefect.orchestration.gpu_lock import embedded_api
+from gpucampaign_prefect.orchestration.gpu_lock import drop_dead_rows, embedded_api
 
 
 class CampaignHeld(RuntimeError):
@@ -166,3 +166,5 @@ def _close_dead(tag: str, closed: list[str]) -> None:
             if tasks or kept != list(run.tags or []):
                 client.update_flow_run(run.id, tags=kept)
                 closed.append(run.name)
+        if dead:  # the GPU lock's holders tables name no crashed run
+            drop_dead_rows(client, [run.id for run in dead])

@@ -278,7 +278,42 @@ def free_dead_holders(name: str, *, log: Callable[[str], Any] | None = None) -> 
         freed.append(holder)
         if log is not None:
             log(f"GPU lock '{name}': gave back the slot of {holder.says()}: its process is gone")
+    if freed:  # the UI's table must stop naming them: its lease expired or is released now
+        _publish_table(name, read_holders(name))
     return freed
+
+
+def drop_dead_rows(client: Any, flow_run_ids: Iterable[str | UUID]) -> list[str]:
+    """Write a new version of every GPU lock's holders table (any host's) that still names one
+    of the crashed flow runs ``flow_run_ids``, without their rows: a holder killed with its
+    machine never writes one, and its lease expires without a word. The keys rewritten."""
+    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
+
+    dead = {str(i) for i in flow_run_ids}
+    tables = client.read_latest_artifacts(
+        artifact_filter=ArtifactCollectionFilter(
+            key=ArtifactCollectionFilterKey(like_="gpu-lock-%")
+        )
+    )
+    rewritten = []
+    for table in tables:
+        rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+        if not isinstance(rows, list) or not any(
+            isinstance(r, dict) and r.get("flow_run") in dead for r in rows
+        ):
+            continue
+        kept = [r for r in rows if r.get("flow_run") not in dead]
+        first = rows[0]
+        host = str(first.get("host", "?"))
+        create_table_artifact(
+            table=kept or [{"limit": first.get("limit", "?"), "host": host, "holder": "(free)"}],
+            key=table.key,
+            description=f"Holders of the GPU lock '{first.get('limit', '?')}' on host {host}: "
+            + ("; ".join(f"{r.get('holder', '?')}: PID {r.get('pid')}" for r in kept) or "none")
+            + " (a crashed flow run's row removed)",
+        )
+        rewritten.append(table.key)
+    return rewritten
 
 
 @contextmanager
@@ -385,15 +420,7 @@ def publish_holders(name: str, *, held: bool) -> None:
     host's holders, and the tag ``holder_tag`` on the current flow run while it holds a slot.
     Best effort: the UI's view, never a reason to fail a phase."""
     holders = read_holders(name)
-    try:
-        create_table_artifact(
-            table=holders_table(name, holders),
-            key=holders_key(name),
-            description=f"Holders of the GPU lock '{name}' on host {socket.gethostname()}: "
-            + ("; ".join(f"{h.run or '?'}: {h.says()}" for h in holders) or "none"),
-        )
-    except Exception as exc:
-        _logger().debug("GPU lock '%s': publishing the holders failed: %s", name, exc)
+    _publish_table(name, holders)
     current = _current_flow_run_id()
     if current is None:
         return
@@ -407,6 +434,19 @@ def publish_holders(name: str, *, held: bool) -> None:
                 client.update_flow_run(current, tags=wanted)
     except Exception as exc:
         _logger().debug("GPU lock '%s': tagging the holder failed: %s", name, exc)
+
+
+def _publish_table(name: str, holders: list[Holder]) -> None:
+    """A new version of the table artifact of this host's holders of lock ``name`` (best effort)."""
+    try:
+        create_table_artifact(
+            table=holders_table(name, holders),
+            key=holders_key(name),
+            description=f"Holders of the GPU lock '{name}' on host {socket.gethostname()}: "
+            + ("; ".join(f"{h.run or '?'}: {h.says()}" for h in holders) or "none"),
+        )
+    except Exception as exc:
+        _logger().debug("GPU lock '%s': publishing the holders failed: %s", name, exc)
 
 
 def _watch_holders(

@@ -306,6 +306,31 @@ def test_a_dead_holders_slot_comes_back_and_is_named(tmp_path):
     assert [h.campaign for h in free_dead_holders(name, log=said.append)] == []  # once only
     assert _limit(name).active_slots == 0
 
+    # The holders table a dead holder published names it until its slot is given back, then
+    # a new version says the slot is free (the lease's expiry writes none).
+    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
+
+    from gpucampaign_prefect.orchestration.gpu_lock import holders_key, publish_holders
+
+    granted = acquire_concurrency_slots_with_lease([name], 1, lease_duration=600, strict=True)
+    (holders_dir(name) / f"{granted.lease_id}.json").write_text(
+        json.dumps({**record, "lease_id": str(granted.lease_id)})
+    )
+    publish_holders(name, held=True)
+
+    def table() -> list[dict]:
+        with get_client(sync_client=True) as client:
+            (latest,) = client.read_latest_artifacts(
+                artifact_filter=ArtifactCollectionFilter(
+                    key=ArtifactCollectionFilterKey(any_=[holders_key(name)])
+                )
+            )
+        return json.loads(latest.data)
+
+    assert [row.get("pid") for row in table()] == [int(gone.stdout)]
+    assert [h.campaign for h in free_dead_holders(name)] == ["killed"]
+    assert [row.get("pid") for row in table()] == [None]  # "(free on this host)"
+
 
 def test_embedded_api_tells_own_server_from_shared_one():
     assert embedded_api() is False  # the harness server is reached through PREFECT_API_URL

@@ -119,8 +119,14 @@ def test_a_second_copy_of_an_s3_campaign_waits_then_refuses_naming_the_holder(pr
 
 def test_a_crashed_copys_task_runs_and_gpu_tag_are_closed_by_the_next_copy(prefect_harness):
     """The dead-run automation sets only the flow run Crashed; the copy that holds the campaign
-    next closes its task runs (Running -> Crashed, Pending -> Cancelled) and drops its GPU tag."""
+    next closes its task runs (Running -> Crashed, Pending -> Cancelled), drops its GPU tag
+    and the row naming it in the GPU lock's holders table of its host (whose own process died
+    with the machine, its lease expiring without a word)."""
+    import json
+
     from prefect import flow, get_client, task
+    from prefect.artifacts import create_table_artifact
+    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
     from prefect.states import Crashed, Pending, Running
 
     from gpucampaign_prefect.orchestration.campaign_lock import close_dead_copies
@@ -140,8 +146,17 @@ def test_a_crashed_copys_task_runs_and_gpu_tag_are_closed_by_the_next_copy(prefe
         alive = client.create_flow_run(dead, tags=[tag, "gpu-slot:gpu@host-b"])
         client.set_flow_run_state(alive.id, Running(), force=True)
         client.set_flow_run_state(run.id, Crashed(message="no heartbeat"), force=True)
+        table = f"gpu-lock-gpu-host-a-{uuid4().hex[:8]}"
+        row = {"limit": "gpu", "host": "host-a", "holder": "train of control", "pid": 4242}
+        create_table_artifact(
+            table=[{**row, "flow_run": str(run.id)}, {**row, "flow_run": str(alive.id)}], key=table
+        )
 
         assert close_dead_copies(tag) == [run.name]
+        (latest,) = client.read_latest_artifacts(
+            artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=[table]))
+        )
+        assert json.loads(latest.data) == [{**row, "flow_run": str(alive.id)}]
         assert client.read_task_run(train.id).state.type.value == "CRASHED"
         assert client.read_task_run(waiting.id).state.type.value == "CANCELLED"
         assert client.read_flow_run(run.id).tags == [tag, "other"]
