@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.receiver import set_automations
 from tests.helpers.stack import STACK, free_port, run_deployment, stack_s3_env, tiny_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,19 +97,8 @@ def short_dead_run_window(stack):
     next heartbeat. Its runs must send heartbeats every 30 s (campaign/main sends one a minute).
     """
 
-    def automations(**env: str) -> subprocess.CompletedProcess:
-        done = subprocess.run(
-            ["bash", str(STACK), "automations"],
-            env={**stack["env"], **env},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done
-
-    automations(GPUCAMPAIGN_CRASHED_AFTER_S=str(SHORT_DEAD_RUN_S))
+    set_automations(stack, GPUCAMPAIGN_CRASHED_AFTER_S=str(SHORT_DEAD_RUN_S))
     try:
         yield SHORT_DEAD_RUN_S
     finally:
-        automations()
+        set_automations(stack)
