@@ -5,24 +5,12 @@
 ``.predict(path)``), see ``gpucampaign.close.reload``.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpucampaign.core.version import __version__
-
-if TYPE_CHECKING:
-    from gpucampaign.recipe.contract import Recipe, RecipeContext
+from gpucampaign.recipe.contract import Recipe, RecipeContext
 
 __all__ = ["Recipe", "RecipeContext", "__version__", "load_model"]
-
-
-def __getattr__(name: str) -> Any:
-    # The contract (pydantic, numpy) loads when first asked for, not by ``import gpucampaign``:
-    # `campaign run`'s first line and its Prefect server's start come before it.
-    if name in ("Recipe", "RecipeContext"):
-        from gpucampaign.recipe import contract
-
-        return getattr(contract, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_model(out: Any, run: str, **options: Any) -> Any:

@@ -6,6 +6,7 @@ quiet embedded-server defaults, then import the flow by name.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import logging
@@ -15,9 +16,18 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from gpucampaign.cli.starting import EMBEDDED_DEFAULTS
 from gpucampaign.core import interrupt
 from gpucampaign.core.stoprules import STOP_RULES, StopRule
+
+# Measured: a fresh PREFECT_HOME needs ~21 s to start the embedded server (default limit 20 s),
+# and the telemetry heartbeat floods stderr with SQLite lock errors. The one home of these
+# settings: the CLI, the tests and the benches all take them from here.
+EMBEDDED_DEFAULTS = {
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_LOGGING_LEVEL": "INFO",  # one line per finished phase: what a long run shows
+}
 
 
 def prefect_environment(*, logging_level: str | None = None) -> dict[str, str]:
@@ -73,12 +83,32 @@ def start_server_early() -> Any | None:
     return load_flow("_embedded", "spawn_early")()
 
 
-def take_first_server() -> Any | None:
-    """The server ``campaign``'s entry point started in this process (``starting``'s
-    ``start_server_first``), once; else None."""
-    from gpucampaign.cli.starting import take_first_server as take
+_FIRST: list[Any] = []  # the server ``start_server_first`` started, until ``run`` takes it
 
-    return take()
+
+def start_server_first(argv: list[str]) -> None:
+    """For ``campaign run`` (``argv`` its arguments; not ``--help``): start the embedded
+    server's process right after the first line, before the commands, torch and Prefect load
+    here and before the spec is checked, so that it boots meanwhile; ``run`` takes it
+    (``take_first_server``). A run refused by its checks stops it, as does this process's
+    exit before it was adopted."""
+    from gpucampaign.cli.starting import starting_line
+
+    if not argv or argv[0] != "run" or starting_line(argv) is None:
+        return
+    # `run`'s own default, set before the server's environment is copied from this one.
+    os.environ.setdefault(
+        "PREFECT_LOGGING_LEVEL", "INFO" if {"-v", "--verbose"} & set(argv) else "WARNING"
+    )
+    early = start_server_early()
+    if early is not None:
+        _FIRST.append(early)
+        atexit.register(lambda: None if early.adopted else early.stop())
+
+
+def take_first_server() -> Any | None:
+    """The server ``start_server_first`` started in this process, once; else None."""
+    return _FIRST.pop() if _FIRST else None
 
 
 def warm_first_step() -> None:

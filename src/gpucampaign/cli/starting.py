@@ -1,28 +1,13 @@
 """The first line of the commands that take seconds before their first output (``campaign
 run``, ``campaign restart-check``): what is starting, printed before torch, Prefect or the CLI's
-own modules load; then ``campaign run``'s embedded Prefect server's process, started at once so
-that it boots while the rest loads. Standard library only: this module runs before everything
-else."""
+own modules load. Standard library only: this module runs before everything else."""
 
 from __future__ import annotations
 
-import atexit
-import importlib
-import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, TextIO
-
-# Measured: a fresh PREFECT_HOME needs ~21 s to start the embedded server (default limit 20 s),
-# and the telemetry heartbeat floods stderr with SQLite lock errors. The one home of these
-# settings: the CLI, the tests and the benches all take them from here (``cli.runner``).
-EMBEDDED_DEFAULTS = {
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_LOGGING_LEVEL": "INFO",  # one line per finished phase: what a long run shows
-}
+from typing import TextIO
 
 # The options of those commands that take a value (their value is not the spec file).
 _VALUED = frozenset(
@@ -92,32 +77,3 @@ def say_starting(argv: list[str], *, file: TextIO | None = None) -> None:
         out = file or sys.stderr
         out.write(line + "\n")
         out.flush()
-
-
-_FIRST: list[Any] = []  # the server ``start_server_first`` started, until ``run`` takes it
-
-
-def start_server_first(argv: list[str]) -> None:
-    """For ``campaign run`` (``argv`` its arguments; not ``--help``): start the embedded
-    server's process right after the first line, before the library, torch and Prefect load
-    here and before the spec is checked, so that it boots meanwhile; ``run`` takes it
-    (``take_first_server``). A run refused by its checks stops it, as does this process's exit
-    before it was adopted."""
-    if not argv or argv[0] != "run" or starting_line(argv) is None:
-        return
-    # `run`'s own default, set before the server's environment is copied from this one.
-    os.environ.setdefault(
-        "PREFECT_LOGGING_LEVEL", "INFO" if {"-v", "--verbose"} & set(argv) else "WARNING"
-    )
-    for key, value in EMBEDDED_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    # By its installed name (the library never imports the Prefect layer): standard library only.
-    early = importlib.import_module("gpucampaign_prefect.flows._embedded").spawn_early()
-    if early is not None:
-        _FIRST.append(early)
-        atexit.register(lambda: None if early.adopted else early.stop())
-
-
-def take_first_server() -> Any | None:
-    """The server ``start_server_first`` started in this process, once; else None."""
-    return _FIRST.pop() if _FIRST else None
