@@ -5,7 +5,7 @@ The floor of anything that starts a fresh process and resumes a run is a fresh
 
 - the restart check (``verify_early_save``): its total time less the training its fresh process
   replays, against the floor (goal: <= 2x);
-- the embedded Prefect server, in a new process: its spawn, then the wait until it answers;
+- the embedded Prefect server: the import of its module and its start, in a new process;
 - ``campaign run`` on the demo spec, in a new process: the time before its first training step
   (the first run folder's ``progress.json``, written just before the first step; goal: <= 3x
   the floor), and its first line,
@@ -17,13 +17,9 @@ floor, ~3.1 s), then ``torch.optim.Adam.__init__``: torch wraps it in ``_disable
 imports ``torch._dynamo`` at its first call (~2.3 s, in every fresh process that builds an
 optimizer; torch offers no switch), then imports beyond the floor (``plan.*`` through
 ``folder.records``, ``storage.s3*``, ``restartcheck.*``: ~0.3-0.5 s), and the replay itself
-(0.1-0.3 s for 200 steps). ``campaign run`` before its first step, until issue 35: the CLI's
-imports, ``gpucampaign_prefect.flows._embedded`` importing ``prefect.server.api.server`` (~6 s)
-and the server's start (~6-7 s, a new process importing the same app), one after the other.
-Since then the server's process starts right after the first line and boots while
-``campaign run`` imports torch and Prefect and checks the spec; ``campaign run`` adopts it by
-its URL (never importing Prefect's server), and imports ``torch._dynamo`` (the first
-optimizer's) and ``fastapi.encoders`` (the flow start's) while it waits for it to answer.
+(0.1-0.3 s for 200 steps). ``campaign run`` before its first step: the CLI's imports,
+``gpucampaign_prefect.flows._embedded`` importing ``prefect.server.api.server`` (~6 s) and
+the server's start (~6-7 s, a new process importing the same app), one after the other.
 
 Usage: python bench/fixed.py [--repeats 3] [--json]
 """
@@ -60,16 +56,12 @@ from gpucampaign.storage import LocalStore  # noqa: E402
 FIRST_STEP_GOAL_X = 3.0
 RESTART_GOAL_X = 2.0
 
-# As ``campaign run`` does it: the server's process spawned first (``import_s``: this module's
-# import and the spawn), then Prefect's settings loaded here and the wait until it answers
-# (``start_s``: its boot in its own process).
 SERVER_START = """\
 import json, time
 t0 = time.perf_counter()
 from gpucampaign_prefect.flows import _embedded
-early = _embedded.spawn_early()
 t1 = time.perf_counter()
-server = _embedded.start_detached(early)
+server = _embedded.start_detached()
 t2 = time.perf_counter()
 _embedded.stop(server)
 print(json.dumps({"import_s": t1 - t0, "start_s": t2 - t1, "started": server is not None}))
@@ -253,10 +245,9 @@ def report_lines(m: dict[str, Any]) -> list[str]:
         f"fresh import + building one optimizer (torch imports torch._dynamo then): "
         f"{med(m['optimizer_floor_s']):.2f} s; the restart check's fixed cost is "
         f"{med(m['restart_fixed_s']) / med(m['optimizer_floor_s']):.2f}x that",
-        f"embedded Prefect server: spawn {med(m['server_import_s']):.2f} s "
+        f"embedded Prefect server: import {med(m['server_import_s']):.2f} s "
         f"({med(m['server_import_s']) / floor:.2f}x the floor) + start "
-        f"{med(m['server_start_s']):.2f} s until it answers "
-        f"({med(m['server_start_s']) / floor:.2f}x)",
+        f"{med(m['server_start_s']):.2f} s ({med(m['server_start_s']) / floor:.2f}x)",
     ]
     if m["first_step_s"]:
         lines.append(

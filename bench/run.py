@@ -403,8 +403,8 @@ def bench_fixed(tmp: Path, repeats: int, res: Results) -> None:
             m["optimizer_floor_s"]
         ),
         "restart check (less its replay's training)": med(m["restart_fixed_s"]),
-        "embedded Prefect server: its import and spawn": med(m["server_import_s"]),
-        "embedded Prefect server: until it answers (its own process)": med(m["server_start_s"]),
+        "embedded Prefect server: import of its module": med(m["server_import_s"]),
+        "embedded Prefect server: start": med(m["server_start_s"]),
     }
     if firsts:
         costs["campaign run: before the first training step"] = med(firsts)
