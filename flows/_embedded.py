@@ -10,14 +10,10 @@ watches its parent and stops the server (SIGTERM, then an exit) once the parent 
 environment names the ``campaign run`` that started it (host and PID), which lets a later
 ``campaign run`` find and end a server whose parent died before the lifeline existed.
 
-Its process starts early (``spawn_early``: the command Prefect would run, right after
-``campaign run``'s first line, before this process has imported torch or Prefect), so the
-server boots in its own process while ``campaign run`` imports and checks the spec;
-``start_detached`` then adopts it once it answers, or stops it when the settings name another
-server. Adopting it points this process's Prefect at its URL (``PREFECT_API_URL``, with
-``EMBEDDED_VAR`` saying that URL is this run's own temporary server), so that this process never
-imports Prefect's server modules (seconds of imports, in series, that the server's own process
-already does). Nothing here imports Prefect at the top.
+Its process starts early (``spawn_early``: the command Prefect would run, before this process
+has imported Prefect or torch), so the server boots while ``campaign run`` checks the spec and
+imports; ``start_detached`` then adopts it as Prefect's own temporary server once it answers,
+or stops it when the settings name another server. Nothing here imports Prefect at the top.
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,9 +34,6 @@ from typing import Any
 
 #: The environment variable of a server started here: ``<host>:<PID of its campaign run>``.
 PARENT_VAR = "GPUCAMPAIGN_SERVER_PARENT"
-#: Set in a ``campaign run`` that adopted its early server: ``<server PID>@<its API URL>``, the
-#: URL ``PREFECT_API_URL`` then names (read by ``orchestration.gpu_lock.embedded_api``).
-EMBEDDED_VAR = "GPUCAMPAIGN_EMBEDDED_SERVER"
 
 # Runs in the server's process in place of ``python -m uvicorn``: argv[1] is the parent's PID,
 # argv[2] the module to run (uvicorn), the rest its command line. A watchdog thread polls the
@@ -80,17 +72,7 @@ class EarlyServer:
 
     process: subprocess.Popen[Any]
     port: int
-    adopted: bool = False  # this process's Prefect API now: stopped at the interpreter's exit
-
-    @property
-    def server_process(self) -> subprocess.Popen[Any]:
-        """Its process (the name Prefect's own server object gives it, for ``stop``)."""
-        return self.process
-
-    @property
-    def api_url(self) -> str:
-        """Its API's URL."""
-        return f"http://127.0.0.1:{self.port}/api"
+    adopted: bool = False  # Prefect's temporary server now: it stops it
 
     def stop(self) -> None:
         """End it and its session (not adopted: a spec refused, another server named)."""
@@ -133,56 +115,31 @@ def spawn_early() -> EarlyServer | None:
     return EarlyServer(process=_lifeline_popen(args, env=env), port=port)
 
 
-def _answers(early: EarlyServer, *, timeout_s: float, warm: Callable[[], Any] | None) -> bool:
-    """Whether ``early`` answers within ``timeout_s`` (False: it ended first, a port taken
-    meanwhile). ``warm`` runs once, the first time it does not answer yet: work this process
-    needs later, done while the server boots in its own process."""
+def _adopt(server: Any, early: EarlyServer, *, timeout_s: float) -> bool:
+    """Make ``early`` Prefect's temporary server once it answers; False when it ended first
+    (a port taken meanwhile) or never answered (then it is stopped)."""
     import httpx  # Prefect's own HTTP client, loaded with it
 
+    url = f"http://127.0.0.1:{early.port}/api/health"
     deadline = time.monotonic() + timeout_s
-    pending = [warm] if warm is not None else []
     with httpx.Client() as client:
         while time.monotonic() < deadline and early.process.poll() is None:
             with contextlib.suppress(httpx.HTTPError):
-                if client.get(f"{early.api_url}/health").status_code == 200:
+                if client.get(url).status_code == 200:
+                    server.port, server.server_process = early.port, early.process
+                    server.running = early.adopted = True
+                    atexit.register(server.stop)
                     return True
-            if pending:
-                pending.pop()()
-                continue
             time.sleep(0.05)
+    early.stop()
     return False
 
 
-def _adopt(early: EarlyServer, *, timeout_s: float, warm: Callable[[], Any] | None) -> bool:
-    """Make ``early`` this process's Prefect API once it answers: ``PREFECT_API_URL`` names it
-    and Prefect's settings are reloaded, so no client here starts (or imports) a server of its
-    own; it stops at the interpreter's exit. False (and stopped) when it never answered."""
-
-    def warm_all() -> None:
-        if warm is not None:
-            warm()
-        # what Prefect imports at the flow's start, to store its parameters
-        importlib.import_module("fastapi.encoders")
-
-    if not _answers(early, timeout_s=timeout_s, warm=warm_all):
-        early.stop()
-        return False
-    from prefect.context import refresh_global_settings_context
-
-    os.environ["PREFECT_API_URL"] = early.api_url
-    os.environ[EMBEDDED_VAR] = f"{early.process.pid}@{early.api_url}"
-    refresh_global_settings_context()
-    early.adopted = True
-    atexit.register(early.stop)  # after Prefect's own exit handlers: its last logs reach it
-    return True
-
-
-def start_detached(
-    early: EarlyServer | None = None, *, warm: Callable[[], Any] | None = None
-) -> Any | None:
-    """Start Prefect's temporary server in a new session, or adopt ``early`` (when given and
-    it answers: then it is returned, and ``warm`` runs while it boots); None when an API URL
-    is set."""
+def start_detached(early: EarlyServer | None = None) -> Any | None:
+    """Start Prefect's temporary server in a new session (adopting ``early``, when given and
+    it answers); None when an API URL is set."""
+    # Prefect's server module and settings load here, after the CLI's first line and checks.
+    from prefect.server.api import server as server_module
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
@@ -190,16 +147,13 @@ def start_detached(
         if early is not None:
             early.stop()
         return None
-    timeout_s = float(settings.server.ephemeral.startup_timeout_seconds)
-    if early is not None and _adopt(early, timeout_s=timeout_s, warm=warm):
-        return early
-    # Prefect's server module loads here only when there is no early server to adopt.
-    from prefect.server.api import server as server_module
-
     server = server_module.SubprocessASGIServer()
     if server.running:
         if early is not None:
             early.stop()
+        return server
+    timeout_s = float(settings.server.ephemeral.startup_timeout_seconds)
+    if early is not None and _adopt(server, early, timeout_s=timeout_s):
         return server
     # The server module spawns through its own ``subprocess`` name: give it one whose Popen
     # starts a new session under the lifeline, for this start only.

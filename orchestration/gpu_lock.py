@@ -58,7 +58,6 @@ from prefect.settings import get_current_settings
 from prefect.states import Crashed
 
 from gpucampaign.folder.lock import pid_runs
-from gpucampaign_prefect.flows._embedded import EMBEDDED_VAR
 
 #: Flows of this project that may hold the GPU lock.
 OUR_FLOWS: tuple[str, ...] = ("campaign", "restart-verification")
@@ -81,17 +80,9 @@ def embedded_api() -> bool:
 
     That is the case where a killed holder's slot never comes back by itself: the server dies
     with the process and its leases with it. With ``PREFECT_API_URL`` set, a long-lived server
-    returns an expired lease within its ``lease_s``; unless it is the URL of the temporary
-    server ``campaign run`` started and adopted (``_embedded.EMBEDDED_VAR``).
+    returns an expired lease within its ``lease_s``.
     """
-    url = get_current_settings().api.url
-    return not url or _adopted_server(url) is not None
-
-
-def _adopted_server(url: str) -> int | None:
-    """The PID of the temporary server ``campaign run`` adopted at ``url``, else None."""
-    pid, _, adopted = os.environ.get(EMBEDDED_VAR, "").partition("@")
-    return int(pid) if adopted and adopted == url and pid.isdigit() else None
+    return not get_current_settings().api.url
 
 
 def ensure_gpu_limit(
@@ -232,7 +223,7 @@ class Holder:
 def holders_dir(name: str) -> Path:
     """The folder of the holder records of lock ``name`` on the current Prefect API."""
     settings = get_current_settings()
-    api = "embedded" if embedded_api() else str(settings.api.url)
+    api = settings.api.url or "embedded"
     key = hashlib.sha256(api.encode()).hexdigest()[:12]
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
     return Path(settings.home) / "gpu-holders" / key / safe
@@ -498,8 +489,6 @@ def _embedded_server_pid() -> int | None:
     """The PID of this process's temporary Prefect server (None: a shared server)."""
     if not embedded_api():
         return None
-    if (adopted := _adopted_server(str(get_current_settings().api.url))) is not None:
-        return adopted
     # The server's modules only when this process runs its own temporary server.
     from prefect.server.api.server import SubprocessASGIServer
 

@@ -13,10 +13,6 @@ __all__ = ["app", "main"]
 def main() -> None:
     """Entry point of the ``campaign`` script: a slow command says what starts, then runs."""
     say_starting(sys.argv[1:])
-    from gpucampaign.cli.runner import start_server_first
-
-    # `campaign run`'s embedded server boots in its own process while this one goes on
-    start_server_first(sys.argv[1:])
     # typer, rich and what the commands import (torch) load after that first line
     from gpucampaign.cli.commands import main as run_command
 

@@ -389,26 +389,24 @@ def run_cmd(
         load_flow,
         quiet_expected_stops,
         start_server_early,
-        take_first_server,
     )
     from gpucampaign.core.interrupt import stop_requested
     from gpucampaign.folder.lock import writer_lock
     from gpucampaign.plan.rental import rental_of
     from gpucampaign.spec import load_spec
 
-    # Started by `campaign`'s entry point before torch loaded (none when run otherwise).
-    early = take_first_server()
+    cs = load_spec(spec)
+    target = _checked_target(spec, cs, out=out, decision=decision)
+    for line in _before_the_start(spec, cs, target=target, decision=decision):
+        err_console.print(line, soft_wrap=True, highlight=False)
+    # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
+    # terminal unless asked for: the progress lines say what runs.
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    # After the checks (a refused run starts nothing), before Prefect and the flows load
+    # here: the server boots in its own process meanwhile.
+    early = start_server_early()
     state = None
     try:
-        cs = load_spec(spec)
-        target = _checked_target(spec, cs, out=out, decision=decision)
-        for line in _before_the_start(spec, cs, target=target, decision=decision):
-            err_console.print(line, soft_wrap=True, highlight=False)
-        # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
-        # terminal unless asked for: the progress lines say what runs.
-        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
-        if early is None:  # after the checks (a refused run starts nothing), before Prefect
-            early = start_server_early()
         flow = load_flow("campaign", "campaign")
         if not verbose:  # after the import: Prefect sets its loggers up then
             quiet_expected_stops()

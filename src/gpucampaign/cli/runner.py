@@ -6,7 +6,6 @@ quiet embedded-server defaults, then import the flow by name.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib
 import logging
@@ -83,41 +82,6 @@ def start_server_early() -> Any | None:
     return load_flow("_embedded", "spawn_early")()
 
 
-_FIRST: list[Any] = []  # the server ``start_server_first`` started, until ``run`` takes it
-
-
-def start_server_first(argv: list[str]) -> None:
-    """For ``campaign run`` (``argv`` its arguments; not ``--help``): start the embedded
-    server's process right after the first line, before the commands, torch and Prefect load
-    here and before the spec is checked, so that it boots meanwhile; ``run`` takes it
-    (``take_first_server``). A run refused by its checks stops it, as does this process's
-    exit before it was adopted."""
-    from gpucampaign.cli.starting import starting_line
-
-    if not argv or argv[0] != "run" or starting_line(argv) is None:
-        return
-    # `run`'s own default, set before the server's environment is copied from this one.
-    os.environ.setdefault(
-        "PREFECT_LOGGING_LEVEL", "INFO" if {"-v", "--verbose"} & set(argv) else "WARNING"
-    )
-    early = start_server_early()
-    if early is not None:
-        _FIRST.append(early)
-        atexit.register(lambda: None if early.adopted else early.stop())
-
-
-def take_first_server() -> Any | None:
-    """The server ``start_server_first`` started in this process, once; else None."""
-    return _FIRST.pop() if _FIRST else None
-
-
-def warm_first_step() -> None:
-    """Import what the first training step would import in series otherwise: torch builds the
-    first optimizer of a process under ``torch._dynamo``, which it imports then (seconds on a
-    small CPU). Run while the embedded server boots in its own process."""
-    importlib.import_module("torch._dynamo")
-
-
 @contextlib.contextmanager
 def interruptible_run(
     *, grace_s: float = interrupt.DEFAULT_GRACE_S, early: Any | None = None
@@ -140,6 +104,6 @@ def interruptible_run(
         )
     interrupt.clear_stop()
     with interrupt.graceful_signals(grace_s=grace_s):
-        server = start(early, warm=warm_first_step)
+        server = start(early)
         interrupt.on_force(lambda: stop(server, wait=False))
         yield
