@@ -20,7 +20,6 @@ from gpucampaign.folder.layout import METRICS_FILE, OutputFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.progress import evaluation_table, read_progress, render_line
 from gpucampaign.storage import spooled_keys
-from gpucampaign.storage.outage import OUTAGES
 from gpucampaign_prefect.orchestration import notify
 from gpucampaign_prefect.orchestration.phases import artifact_key, out_folder
 
@@ -119,11 +118,9 @@ class TrainingView:
         )
 
     def check_spool(self) -> None:
-        """Say once (a notification event) that the store stopped taking uploads; not while
-        its outage is open: ``gpucampaign.storage.down`` told that, once for the campaign."""
-        url = str(getattr(self.store, "url", "") or "")
-        if url and OUTAGES.is_down(url):
-            return
+        """Say once (a notification event) that the store stopped taking uploads, with the
+        files now only on this machine and where they wait: what is at risk if the machine goes
+        (``gpucampaign.storage.down`` says the outage itself, once for the campaign)."""
         pending = spooled_keys(self.out)
         if pending:
             self.told_spool = True
@@ -133,6 +130,6 @@ class TrainingView:
                 run_id=self.run_id,
                 pending=len(pending),
                 out=self.out,
-                store=url,
+                store=str(getattr(self.store, "url", "") or ""),
                 error=str(getattr(self.store, "last_error", "") or ""),
             )
