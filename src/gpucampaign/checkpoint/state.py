@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, cast
 
 import numpy as np
@@ -56,6 +59,24 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 # --- snapshots and saves in the background --------------------------------------------------
+# Runs in threads of one process (GPU lock with 2+ slots) share the global generators:
+# seeding and drawing initial weights must not interleave with another run's steps.
+GLOBAL_RNG_LOCK = threading.RLock()
+
+
+@contextmanager
+def rng_untouched() -> Iterator[None]:
+    """The global generators (python, numpy, torch, cuda) as they were before the block: a
+    model built outside a run's training (a reload, predictions) draws its initial weights
+    without moving the states a run training in another thread of this process checkpoints."""
+    with GLOBAL_RNG_LOCK:
+        states = capture_rng()
+        try:
+            yield
+        finally:
+            restore_rng(states)
+
+
 def snapshot(obj: Any) -> Any:
     """A copy of a state tree whose tensors are copied to host memory (pinned from a GPU).
 

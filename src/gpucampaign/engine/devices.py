@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,12 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpucampaign.checkpoint.state import capture_rng, restore_rng
+from gpucampaign.checkpoint.state import GLOBAL_RNG_LOCK, capture_rng, restore_rng
 from gpucampaign.spec import RunConfig, SpecError
 
-# Runs in threads of one process (GPU lock with 2+ slots) share the global generators:
-# seeding and drawing the initial weights must not interleave with another run's.
-GLOBAL_RNG_LOCK = threading.RLock()
 _rng_owner: RngSlot | None = None  # whose states the global generators hold now
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from gpucampaign.builtin.models import build_model
+from gpucampaign.checkpoint.state import rng_untouched
 from gpucampaign.core.files import (
     TMP_PREFIX,
     atomic_write_bytes,
@@ -197,18 +198,19 @@ def load_model_dir(
             f"'{w_path}' does not match the sha256 recorded in {MODEL_CONFIG}.", field="model"
         )
     config = RunConfig.model_validate(info["run_config"])
-    if config.builtin:
-        model = build_model(
-            config, n_features=int(info["n_features"]), n_classes=int(info["n_classes"])
-        )
-    else:
-        model = rebuild_recipe_model(
-            info,
-            config=config,
-            folder=folder,
-            device=map_location,
-            trust_folder_code=trust_folder_code,
-        )
+    with rng_untouched():  # runs may train in other threads of this process (their RNG slots)
+        if config.builtin:
+            model = build_model(
+                config, n_features=int(info["n_features"]), n_classes=int(info["n_classes"])
+            )
+        else:
+            model = rebuild_recipe_model(
+                info,
+                config=config,
+                folder=folder,
+                device=map_location,
+                trust_folder_code=trust_folder_code,
+            )
     model.load_state_dict(load_file(str(w_path), device=map_location), strict=True)
     return model.to(map_location).eval()
 
