@@ -29,14 +29,17 @@ def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
         return None
     t0 = time.perf_counter()
     rule = r.spec.decision_rule
-    metrics = evaluate_split(
-        r.recipe,
-        r.state.model,
-        dataset,
-        config=r.config,
-        device=r.device,
-        need=rule.metric if rule else None,
-    )
+    # Inside the run's RNG slot: a DataLoader's iterator draws its base seed from torch's
+    # global generator, which a run training in another lane of this process checkpoints.
+    with r.rng.held():
+        metrics = evaluate_split(
+            r.recipe,
+            r.state.model,
+            dataset,
+            config=r.config,
+            device=r.device,
+            need=rule.metric if rule else None,
+        )
     r.eval_times.append(time.perf_counter() - t0)
     r.mlog.write(
         {
