@@ -14,6 +14,7 @@ from typing import Any, TypeVar, cast
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Completed, State
 
+from gpucampaign.checkpoint.manager import durable_step
 from gpucampaign.core.files import utc_now
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import StopRule
@@ -135,7 +136,13 @@ def busy(
     A segment an earlier process left open (killed before its end line) is closed first, as
     interrupted, with the work it lost since its last checkpoint.
     """
-    close_cut_segments(folder.root, run_dir=lambda cut: _trained_in(folder, spec, cut))
+    close_cut_segments(
+        folder.root,
+        run_dir=lambda cut: _trained_in(folder, spec, cut),
+        durable=lambda cut: durable_step(
+            spec.storage.url, out_dir=folder.root, run_id=spec.resolve_run(str(cut.run)).run_id
+        ),
+    )
     row = new_segment(
         TimelineRow(
             phase=phase,

@@ -67,6 +67,34 @@ def test_a_cut_segment_is_closed_on_the_next_start_with_the_steps_it_lost(tmp_pa
     assert [s["run"] for s in summary["segments"]] == ["control"]
 
 
+def test_a_kill_after_latest_moved_counts_the_loss_from_the_checkpoint_a_resume_restores(
+    tmp_path,
+):
+    # Killed after the save of step 6 moved LATEST but before its heartbeat and metrics row:
+    # the records say step 4, the resume restores step 6; only step 7 is lost.
+    folder = out_folder(tmp_path)
+    rid = SPEC.resolve_run("control").run_id
+    gen = busy(folder, SPEC, phase="train", run="control")  # kept: no end line at collection
+    row = gen.__enter__()
+    heartbeat(tmp_path, row, checkpoint_step=4)
+    _metrics(
+        tmp_path / "runs" / rid / "metrics.jsonl",
+        [
+            *({"kind": "train", "step": s, "step_s": 0.5} for s in range(1, 5)),
+            {"kind": "checkpoint", "step": 4},
+            *({"kind": "train", "step": s, "step_s": 0.25} for s in range(5, 8)),
+        ],
+    )
+    latest = tmp_path / "checkpoints" / rid / "LATEST"
+    latest.parent.mkdir(parents=True)
+    latest.write_text(json.dumps({"step": 6, "meta_sha256": "0" * 64}))
+    with busy(folder, SPEC, phase="train", run="control"):
+        pass
+    cut, _ = read_timeline(tmp_path)
+    assert (cut.lost_steps, cut.lost_seconds, cut.checkpoint_step) == (1, 0.25, 6)
+    assert "1 step(s)" in cut.outcome
+
+
 def test_an_interrupted_segment_says_so_and_resumes_are_counted(tmp_path):
     folder = out_folder(tmp_path)
     for _ in range(3):

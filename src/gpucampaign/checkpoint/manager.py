@@ -67,7 +67,12 @@ from gpucampaign.checkpoint.verify import (
     file_identity,
 )
 from gpucampaign.core.files import FAST_CHECKSUM, TMP_PREFIX, fsync_dir
+from gpucampaign.core.storageurl import is_local
+from gpucampaign.folder.layout import SPOOL_DIR
+from gpucampaign.spec import SpecError
 from gpucampaign.storage import NotFound, StorageError, Store, StoreUnreachable
+from gpucampaign.storage.base import LocalStore
+from gpucampaign.storage.open import open_store
 
 log = logging.getLogger(__name__)
 
@@ -514,3 +519,25 @@ class CheckpointManager:
                 )
             return ck, refused
         return None, refused
+
+
+def durable_step(url: str, *, out_dir: str | Path, run_id: str) -> int | None:
+    """The step ``LATEST`` names for ``run_id`` now, read at once (a resume restores it).
+
+    A process killed after moving ``LATEST`` but before saying so anywhere else leaves its
+    records one save behind; this is what the next start will really restore. A spooled
+    pointer (S3 down at the save) wins over the server's, as in ``SpoolingStore``. ``None``
+    when there is no pointer or it cannot be read now: the caller keeps what it recorded.
+    """
+    key = f"{run_id}/{LATEST_FILE}"
+    stores: list[Store] = []
+    if not is_local(url):
+        stores.append(LocalStore(Path(out_dir) / SPOOL_DIR))
+    try:
+        stores.append(open_store(url, out_dir=out_dir, spool=False, read_wait_s=0))
+        for store in stores:
+            if store.exists(key):
+                return int(json.loads(store.read_bytes(key))["step"])
+    except (StorageError, SpecError, OSError, ValueError, KeyError, TypeError):
+        return None
+    return None

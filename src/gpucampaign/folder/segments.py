@@ -43,24 +43,35 @@ def heartbeat(root: str | Path, row: TimelineRow, *, checkpoint_step: int) -> No
     append_timeline(root, replace(row, event="heartbeat", end=row.seen, outcome=None))
 
 
-def lost_since_checkpoint(metrics_path: Path) -> tuple[int, float]:
-    """Steps trained after the last checkpoint (or restore) of a run, and their seconds."""
+def lost_since_checkpoint(metrics_path: Path, *, kept_at_least: int = 0) -> tuple[int, float]:
+    """Steps trained after the last checkpoint (or restore) of a run, and their seconds.
+
+    ``kept_at_least``: a checkpoint step known durable beyond what the metrics recorded.
+    """
     rows = read_jsonl(metrics_path)
     kept = max(
-        (int(r["step"]) for r in rows if r.get("kind") in ("checkpoint", "restore")), default=0
+        (int(r["step"]) for r in rows if r.get("kind") in ("checkpoint", "restore")),
+        default=kept_at_least,
     )
+    kept = max(kept, kept_at_least)
     lost = [r for r in rows if r.get("kind") == "train" and int(r.get("step", 0)) > kept]
     return len(lost), float(sum(r.get("step_s") or 0.0 for r in lost))
 
 
 def close_cut_segments(
-    root: str | Path, *, run_dir: Callable[[TimelineRow], Path | None]
+    root: str | Path,
+    *,
+    run_dir: Callable[[TimelineRow], Path | None],
+    durable: Callable[[TimelineRow], int | None] = lambda row: None,
 ) -> list[TimelineRow]:
     """Close every open segment as interrupted and return the end lines appended.
 
     Args:
         root: The output folder.
         run_dir: The run folder a segment trained in (None when it trained none).
+        durable: The step of the checkpoint a resume of the segment's run restores (its
+            ``LATEST``), when known. A kill between moving ``LATEST`` and the heartbeat
+            leaves the timeline one save behind; the loss counts from the durable step.
     """
     closed = []
     for row in read_timeline(root):
@@ -68,7 +79,10 @@ def close_cut_segments(
             continue
         folder = run_dir(row)
         metrics = folder / METRICS_FILE if folder is not None else None
-        lost_steps, lost_s = lost_since_checkpoint(metrics) if metrics is not None else (0, 0.0)
+        kept = max(row.checkpoint_step or 0, (durable(row) if folder is not None else None) or 0)
+        lost_steps, lost_s = (
+            lost_since_checkpoint(metrics, kept_at_least=kept) if metrics is not None else (0, 0.0)
+        )
         end = _last_sign_of_life(row, metrics)
         seconds = max(0.0, (end - parse_time(row.start)).total_seconds())
         note = f"{lost_steps} step(s) since the last checkpoint lost" if lost_steps else ""
@@ -78,6 +92,7 @@ def close_cut_segments(
             end=end.isoformat(timespec="milliseconds"),
             seconds=seconds,
             outcome=CUT_OUTCOME + (f"; {note}" if note else ""),
+            checkpoint_step=kept if kept or row.checkpoint_step is not None else None,
             lost_steps=lost_steps,
             lost_seconds=lost_s,
         )
