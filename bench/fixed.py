@@ -58,8 +58,9 @@ RESTART_GOAL_X = 2.0
 
 SERVER_START = """\
 import json, time
-t0 = time.perf_counter()
 from gpucampaign_prefect.flows import _embedded
+t0 = time.perf_counter()
+import prefect.server.api.server  # the module; campaign run's own process never imports it
 t1 = time.perf_counter()
 server = _embedded.start_detached()
 t2 = time.perf_counter()

@@ -10,10 +10,14 @@ watches its parent and stops the server (SIGTERM, then an exit) once the parent 
 environment names the ``campaign run`` that started it (host and PID), which lets a later
 ``campaign run`` find and end a server whose parent died before the lifeline existed.
 
-Its process starts early (``spawn_early``: the command Prefect would run, before this process
-has imported Prefect or torch), so the server boots while ``campaign run`` checks the spec and
-imports; ``start_detached`` then adopts it as Prefect's own temporary server once it answers,
-or stops it when the settings name another server. Nothing here imports Prefect at the top.
+Its process starts early (``spawn_early``: the command Prefect would run, right after the
+spec's checks and before this process imports Prefect), so the server boots while ``campaign
+run`` imports; ``start_detached`` then adopts it once it answers, or stops it when the settings
+name another server. Adopting it points this process's Prefect settings at its URL (the global
+settings context, never the environment: a child process, a rank or a restart check, inherits
+nothing), so this process never imports Prefect's server modules, seconds of imports in series
+that the server's own process already does. ``adopted_api_url`` tells that URL from a shared
+server's. Nothing here imports Prefect at the top.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -72,7 +77,17 @@ class EarlyServer:
 
     process: subprocess.Popen[Any]
     port: int
-    adopted: bool = False  # Prefect's temporary server now: it stops it
+    adopted: bool = False  # this process's Prefect API now: stopped at the interpreter's exit
+
+    @property
+    def server_process(self) -> subprocess.Popen[Any]:
+        """Its process (the name Prefect's own server object gives it, for ``stop``)."""
+        return self.process
+
+    @property
+    def api_url(self) -> str:
+        """Its API's URL."""
+        return f"http://127.0.0.1:{self.port}/api"
 
     def stop(self) -> None:
         """End it and its session (not adopted: a spec refused, another server named)."""
@@ -115,31 +130,70 @@ def spawn_early() -> EarlyServer | None:
     return EarlyServer(process=_lifeline_popen(args, env=env), port=port)
 
 
-def _adopt(server: Any, early: EarlyServer, *, timeout_s: float) -> bool:
-    """Make ``early`` Prefect's temporary server once it answers; False when it ended first
-    (a port taken meanwhile) or never answered (then it is stopped)."""
+#: The early server this process adopted (its Prefect API), once it has.
+_ADOPTED: list[EarlyServer] = []
+
+
+def adopted_api_url() -> str | None:
+    """The API URL of the temporary server this ``campaign run`` started and adopted (its own,
+    gone with it, unlike a shared server at ``PREFECT_API_URL``); None when there is none."""
+    return _ADOPTED[0].api_url if _ADOPTED else None
+
+
+def adopted_server_pid() -> int | None:
+    """The PID of the temporary server this process adopted; None when there is none."""
+    return _ADOPTED[0].process.pid if _ADOPTED else None
+
+
+def _answers(early: EarlyServer, *, timeout_s: float, warm: Callable[[], Any] | None) -> bool:
+    """Whether ``early`` answers within ``timeout_s`` (False: it ended first, a port taken
+    meanwhile). ``warm`` runs once, the first time it does not answer yet: work this process
+    needs later, done while the server boots in its own process."""
     import httpx  # Prefect's own HTTP client, loaded with it
 
-    url = f"http://127.0.0.1:{early.port}/api/health"
     deadline = time.monotonic() + timeout_s
+    pending = [warm] if warm is not None else []
     with httpx.Client() as client:
         while time.monotonic() < deadline and early.process.poll() is None:
             with contextlib.suppress(httpx.HTTPError):
-                if client.get(url).status_code == 200:
-                    server.port, server.server_process = early.port, early.process
-                    server.running = early.adopted = True
-                    atexit.register(server.stop)
+                if client.get(f"{early.api_url}/health").status_code == 200:
                     return True
+            if pending:
+                pending.pop()()
+                continue
             time.sleep(0.05)
-    early.stop()
     return False
 
 
-def start_detached(early: EarlyServer | None = None) -> Any | None:
-    """Start Prefect's temporary server in a new session (adopting ``early``, when given and
-    it answers); None when an API URL is set."""
-    # Prefect's server module and settings load here, after the CLI's first line and checks.
-    from prefect.server.api import server as server_module
+def _adopt(early: EarlyServer, *, timeout_s: float, warm: Callable[[], Any] | None) -> bool:
+    """Make ``early`` this process's Prefect API once it answers; it stops at the interpreter's
+    exit. False (and stopped) when it never answered."""
+    if not _answers(early, timeout_s=timeout_s, warm=warm):
+        early.stop()
+        return False
+    import prefect.context
+    from prefect.settings import PREFECT_API_URL
+
+    # The global context, which every thread without its own settings reads; the environment
+    # stays as it was, so no child process takes this server for a shared one.
+    current = prefect.context.SettingsContext.get()
+    assert current is not None
+    prefect.context.GLOBAL_SETTINGS_CONTEXT = prefect.context.SettingsContext(
+        profile=current.profile,
+        settings=current.settings.copy_with_update(updates={PREFECT_API_URL: early.api_url}),
+    )
+    early.adopted = True
+    _ADOPTED[:] = [early]
+    atexit.register(early.stop)  # after Prefect's own exit handlers: its last logs reach it
+    return True
+
+
+def start_detached(
+    early: EarlyServer | None = None, *, warm: Callable[[], Any] | None = None
+) -> Any | None:
+    """Start Prefect's temporary server in a new session, or adopt ``early`` (when given and
+    it answers: then it is returned, and ``warm`` runs while it boots); None when an API URL
+    is set."""
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
@@ -147,13 +201,14 @@ def start_detached(early: EarlyServer | None = None) -> Any | None:
         if early is not None:
             early.stop()
         return None
+    timeout_s = float(settings.server.ephemeral.startup_timeout_seconds)
+    if early is not None and _adopt(early, timeout_s=timeout_s, warm=warm):
+        return early
+    # Prefect's server module loads here only when there is no early server to adopt.
+    from prefect.server.api import server as server_module
+
     server = server_module.SubprocessASGIServer()
     if server.running:
-        if early is not None:
-            early.stop()
-        return server
-    timeout_s = float(settings.server.ephemeral.startup_timeout_seconds)
-    if early is not None and _adopt(server, early, timeout_s=timeout_s):
         return server
     # The server module spawns through its own ``subprocess`` name: give it one whose Popen
     # starts a new session under the lifeline, for this start only.

@@ -58,6 +58,7 @@ from prefect.settings import get_current_settings
 from prefect.states import Crashed
 
 from gpucampaign.folder.lock import pid_runs
+from gpucampaign_prefect.flows._embedded import adopted_api_url, adopted_server_pid
 
 #: Flows of this project that may hold the GPU lock.
 OUR_FLOWS: tuple[str, ...] = ("campaign", "restart-verification")
@@ -80,9 +81,11 @@ def embedded_api() -> bool:
 
     That is the case where a killed holder's slot never comes back by itself: the server dies
     with the process and its leases with it. With ``PREFECT_API_URL`` set, a long-lived server
-    returns an expired lease within its ``lease_s``.
+    returns an expired lease within its ``lease_s``; the URL of the temporary server ``campaign
+    run`` adopted (``_embedded.adopted_api_url``) is still its own.
     """
-    return not get_current_settings().api.url
+    url = get_current_settings().api.url
+    return not url or url == adopted_api_url()
 
 
 def ensure_gpu_limit(
@@ -223,7 +226,7 @@ class Holder:
 def holders_dir(name: str) -> Path:
     """The folder of the holder records of lock ``name`` on the current Prefect API."""
     settings = get_current_settings()
-    api = settings.api.url or "embedded"
+    api = "embedded" if embedded_api() else str(settings.api.url)
     key = hashlib.sha256(api.encode()).hexdigest()[:12]
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
     return Path(settings.home) / "gpu-holders" / key / safe
@@ -489,6 +492,8 @@ def _embedded_server_pid() -> int | None:
     """The PID of this process's temporary Prefect server (None: a shared server)."""
     if not embedded_api():
         return None
+    if (adopted := adopted_server_pid()) is not None:
+        return adopted
     # The server's modules only when this process runs its own temporary server.
     from prefect.server.api.server import SubprocessASGIServer
 

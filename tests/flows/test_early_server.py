@@ -1,6 +1,7 @@
 """The embedded server starts early, in its own process, before Prefect loads in ``campaign
-run``'s: it is adopted as Prefect's temporary server once it answers, and stopped when the run
-is refused before that."""
+run``'s: it is adopted as this process's Prefect API once it answers (Prefect's server modules
+never load here, and no child process inherits its URL), and stopped when the run is refused
+before that."""
 
 from __future__ import annotations
 
@@ -15,20 +16,42 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 _ADOPT = """
-import json, sys
+import hashlib, json, os, sys
 from gpucampaign.cli.runner import load_flow
 early = load_flow("_embedded", "spawn_early")()
 loaded_before = "prefect.server.api.server" in sys.modules
-server = load_flow("_embedded", "start_detached")(early)
-import httpx
-from prefect.server.api.server import SubprocessASGIServer
-health = httpx.get(server.api_url + "/health").status_code
+warmed = []
+server = load_flow("_embedded", "start_detached")(early, warm=lambda: warmed.append(1))
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.settings import get_current_settings
+from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, holders_dir
+
+@flow
+def hello() -> str:
+    return "ran"
+
+ran = hello()
+with get_client(sync_client=True) as client:
+    health = client.api_healthcheck() is None
+    client_url = str(client.api_url).rstrip("/")
+child = __import__("subprocess").run(
+    [sys.executable, "-c", "import os; print(os.environ.get('PREFECT_API_URL'))"],
+    capture_output=True, text=True,
+).stdout.strip()
 out = {
     "loaded_before": loaded_before,
     "adopted": early.adopted,
-    "same_process": server.server_process is early.process,
-    "singleton": SubprocessASGIServer() is server,
+    "same_process": server is early,
+    "warmed_while_it_booted": warmed,
+    "settings_url": get_current_settings().api.url == early.api_url,
+    "client_url": client_url == early.api_url,
     "health": health,
+    "flow": ran,
+    "server_modules_loaded": "prefect.server.api.server" in sys.modules,
+    "child_sees_a_url": child,
+    "embedded": embedded_api(),
+    "holders": holders_dir("gpu").parent.name == hashlib.sha256(b"embedded").hexdigest()[:12],
 }
 load_flow("_embedded", "stop")(server)
 out["ended"] = early.process.wait(timeout=30) is not None
@@ -57,8 +80,15 @@ def test_an_early_server_is_adopted_and_a_refused_one_ends(tmp_path):
         "loaded_before": False,  # spawned before Prefect's server module loaded here
         "adopted": True,
         "same_process": True,
-        "singleton": True,  # the client's get_client() finds it, starts no other
-        "health": 200,
+        "warmed_while_it_booted": [1],
+        "settings_url": True,  # this process's Prefect talks to it
+        "client_url": True,
+        "health": True,
+        "flow": "ran",
+        "server_modules_loaded": False,  # never imported here: its own process has them
+        "child_sees_a_url": "None",  # the environment is untouched: a child inherits nothing
+        "embedded": True,  # still this run's own server (the GPU lock clears stale holders)
+        "holders": True,
         "ended": True,
         "refused_ended": True,
     }

@@ -82,6 +82,16 @@ def start_server_early() -> Any | None:
     return load_flow("_embedded", "spawn_early")()
 
 
+def warm_up() -> None:
+    """What the first training step would otherwise import in series, done while the early
+    server boots: ``torch._dynamo`` (torch imports it in the first optimizer a process builds)
+    and ``fastapi.encoders`` (Prefect's, for the flow's parameters)."""
+    import torch
+
+    torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
+    importlib.import_module("fastapi.encoders")
+
+
 @contextlib.contextmanager
 def interruptible_run(
     *, grace_s: float = interrupt.DEFAULT_GRACE_S, early: Any | None = None
@@ -104,6 +114,6 @@ def interruptible_run(
         )
     interrupt.clear_stop()
     with interrupt.graceful_signals(grace_s=grace_s):
-        server = start(early)
+        server = start(early, warm=warm_up)
         interrupt.on_force(lambda: stop(server, wait=False))
         yield

@@ -11,14 +11,13 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
+from typing import TYPE_CHECKING, Any
 
 from gpucampaign.core.text import say_exact, say_number
 from gpucampaign.plan.calendar import Plan
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 _GPU = "#d62728"
 _HOST = "#ff9896"
@@ -29,6 +28,11 @@ _TIER_HATCH = {"essential": "", "useful": "..", "exploratory": "//"}
 
 def new_figure(*, width: float = 10.0, height: float = 5.0) -> Figure:
     """A figure bound to the Agg canvas (no pyplot, no display)."""
+    # matplotlib (~0.3-0.5 s) loads at the first figure, not with the modules that import
+    # this one on the way to a campaign's first step
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     return fig
@@ -190,6 +194,8 @@ def _draw_window(ax: Any, plan: Plan, *, x_end: float, zoomed: bool) -> None:
 
 
 def _calendar_legend(ax: Any, *, n_lanes: int) -> None:
+    from matplotlib.patches import Patch
+
     handles = [
         Patch(color=_GPU, label="machine: GPU"),
         Patch(color=_HOST, label="machine: cpu / other"),
