@@ -67,9 +67,7 @@ def test_a_cut_segment_is_closed_on_the_next_start_with_the_steps_it_lost(tmp_pa
     assert [s["run"] for s in summary["segments"]] == ["control"]
 
 
-def test_a_kill_after_latest_moved_counts_the_loss_from_the_checkpoint_a_resume_restores(
-    tmp_path,
-):
+def test_a_kill_after_latest_moved_counts_the_loss_from_the_checkpoint_a_resume_restores(tmp_path):
     # Killed after the save of step 6 moved LATEST but before its heartbeat and metrics row:
     # the records say step 4, the resume restores step 6; only step 7 is lost.
     folder = out_folder(tmp_path)
