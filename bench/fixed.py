@@ -17,9 +17,15 @@ floor, ~3.1 s), then ``torch.optim.Adam.__init__``: torch wraps it in ``_disable
 imports ``torch._dynamo`` at its first call (~2.3 s, in every fresh process that builds an
 optimizer; torch offers no switch), then imports beyond the floor (``plan.*`` through
 ``folder.records``, ``storage.s3*``, ``restartcheck.*``: ~0.3-0.5 s), and the replay itself
-(0.1-0.3 s for 200 steps). ``campaign run`` before its first step: the CLI's imports,
-``gpucampaign_prefect.flows._embedded`` importing ``prefect.server.api.server`` (~6 s) and
-the server's start (~6-7 s, a new process importing the same app), one after the other.
+(0.1-0.3 s for 200 steps). ``campaign run`` before its first step, sampled on 2026-12-05
+(idle, 2 cores): until 2026-12-05 the CLI's imports, the spec's checks (with matplotlib and
+scipy.stats, ~1 s), then the server's process spawned and, in series in ``campaign run``'s own
+process, ``prefect.server.api.server``'s import (~1.7 s) to adopt it, then ``torch._dynamo``
+at the first optimizer (~1.1 s): 7.2 s. Now the server's process starts with the first line,
+held (it imports, serves nothing) until the checks pass; it is adopted by its URL, so its
+modules never load in ``campaign run``; ``torch._dynamo`` loads while it boots: 4.3 s, where
+``campaign run``'s own imports (torch, Prefect's client, ``torch._dynamo``) and the flow's
+first API calls are what is left in series.
 
 Usage: python bench/fixed.py [--repeats 3] [--json]
 """

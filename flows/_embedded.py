@@ -40,10 +40,16 @@ from typing import Any
 #: The environment variable of a server started here: ``<host>:<PID of its campaign run>``.
 PARENT_VAR = "GPUCAMPAIGN_SERVER_PARENT"
 
+#: Set in the environment of a server spawned to wait for the spec's checks (``spawn_early``
+#: with ``hold``): it imports its modules, then serves only once it reads ``go``.
+HOLD_VAR = "GPUCAMPAIGN_SERVER_HOLD"
+
 # Runs in the server's process in place of ``python -m uvicorn``: argv[1] is the parent's PID,
 # argv[2] the module to run (uvicorn), the rest its command line. A watchdog thread polls the
-# parent twice a second.
-LIFELINE = """\
+# parent twice a second. Held (``HOLD_VAR``), it imports the server's modules (seconds, no file
+# written, no port opened) and then reads its stdin: ``go`` serves, anything else (the run was
+# refused, its parent is gone: end of file) ends it.
+LIFELINE = f"""\
 import os, runpy, signal, sys, threading, time
 parent = int(sys.argv[1])
 
@@ -57,6 +63,10 @@ def _watch():
 if os.getppid() != parent:
     sys.exit(0)
 threading.Thread(target=_watch, name="lifeline", daemon=True).start()
+if os.environ.pop("{HOLD_VAR}", None):
+    import uvicorn.main, prefect.server.api.server
+    if sys.stdin.readline().strip() != "go":
+        sys.exit(0)
 sys.argv = sys.argv[2:]
 runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
@@ -89,10 +99,20 @@ class EarlyServer:
         """Its API's URL."""
         return f"http://127.0.0.1:{self.port}/api"
 
+    def go(self) -> None:
+        """Let a held server serve (the spec's checks passed); nothing for one not held."""
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            with contextlib.suppress(OSError):  # it ended: adopting it fails, Prefect starts one
+                self.process.stdin.write(b"go\n")
+                self.process.stdin.close()
+
     def stop(self) -> None:
         """End it and its session (not adopted: a spec refused, another server named)."""
         with contextlib.suppress(OSError):
             os.killpg(self.process.pid, signal.SIGTERM)
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -101,11 +121,14 @@ class EarlyServer:
             self.process.wait()
 
 
-def spawn_early() -> EarlyServer | None:
+def spawn_early(*, hold: bool = False) -> EarlyServer | None:
     """Start the temporary server's process now, as Prefect would start it (uvicorn serving
     ``prefect.server.api.server:create_app`` on a free local port, the UI off), under the
     lifeline; None when the environment names a server or turns the temporary one off (a
-    profile that names one is found at adoption, which then stops this process)."""
+    profile that names one is found at adoption, which then stops this process).
+
+    ``hold``: it only imports until ``EarlyServer.go`` (started before the spec's checks, it
+    serves nothing and writes nothing for a run they refuse)."""
     if os.environ.get("PREFECT_API_URL") or os.environ.get(
         "PREFECT_SERVER_EPHEMERAL_ENABLED", ""
     ).lower() in ("0", "false"):
@@ -126,8 +149,10 @@ def spawn_early() -> EarlyServer | None:
         "PREFECT_UI_ENABLED": "0",
         "PREFECT__SERVER_EPHEMERAL": "1",
         "PREFECT__SERVER_FINAL": "1",
+        **({HOLD_VAR: "1"} if hold else {}),
     }
-    return EarlyServer(process=_lifeline_popen(args, env=env), port=port)
+    stdin = subprocess.PIPE if hold else None
+    return EarlyServer(process=_lifeline_popen(args, env=env, stdin=stdin), port=port)
 
 
 #: The early server this process adopted (its Prefect API), once it has.

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,52 @@ def test_only_the_slow_commands_say_it_and_never_for_help():
     assert "from the latest checkpoint in o" in starting_line(
         ["restart-check", "s.yaml", "--out", "o"]
     )
+
+
+_REFUSED = """
+import json, sys
+sys.argv = ["campaign", *json.loads(sys.argv[1])]
+import gpucampaign.cli
+from gpucampaign.cli import starting
+code = 0
+try:
+    gpucampaign.cli.main()
+except SystemExit as exc:
+    code = exc.code
+held = [h.process.pid for h in starting._HELD]
+print("HELD " + json.dumps({"code": code, "held": held}))
+"""
+
+
+@pytest.mark.process
+def test_a_refused_run_ends_its_held_server_before_it_served_or_wrote(tmp_path):
+    # The server's process starts right after the first line, held while torch loads and the
+    # spec is checked; a refused spec ends it before it opened a port or wrote its database.
+    spec = tmp_path / "mine.yaml"
+    spec.write_text("name: mine\ncontrol: {}\n")
+    home = tmp_path / "home"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        "PREFECT_HOME": str(home),
+    }
+    env.pop("PREFECT_API_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _REFUSED, json.dumps(["run", str(spec)])],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    got = json.loads(done.stdout.rpartition("HELD ")[2])
+    assert got["code"] == 2 and "field 'packages'" in done.stderr
+    (pid,) = got["held"]  # it was started, and held
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists() or state == "Z", "the held server outlived the run"
+    assert not list(home.rglob("*.db")), "a refused run wrote Prefect's database"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from gpucampaign.cli.starting import say_starting
+from gpucampaign.cli.starting import say_starting, spawn_held_server
 
 __all__ = ["app", "main"]
 
@@ -13,6 +13,7 @@ __all__ = ["app", "main"]
 def main() -> None:
     """Entry point of the ``campaign`` script: a slow command says what starts, then runs."""
     say_starting(sys.argv[1:])
+    spawn_held_server(sys.argv[1:])
     # typer, rich and what the commands import (torch) load after that first line
     from gpucampaign.cli.commands import main as run_command
 

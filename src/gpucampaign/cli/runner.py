@@ -9,26 +9,19 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import os
 import re
 import sys
 from collections.abc import Iterator
 from typing import Any
 
+from gpucampaign.cli.starting import EMBEDDED_DEFAULTS, embedded_environment, take_held_server
 from gpucampaign.core import interrupt
 from gpucampaign.core.stoprules import STOP_RULES, StopRule
+
 
 # Measured: a fresh PREFECT_HOME needs ~21 s to start the embedded server (default limit 20 s),
 # and the telemetry heartbeat floods stderr with SQLite lock errors. The one home of these
 # settings: the CLI, the tests and the benches all take them from here.
-EMBEDDED_DEFAULTS = {
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_LOGGING_LEVEL": "INFO",  # one line per finished phase: what a long run shows
-}
-
-
 def prefect_environment(*, logging_level: str | None = None) -> dict[str, str]:
     """The embedded-server defaults, optionally with another logging level (tests, benches)."""
     env = dict(EMBEDDED_DEFAULTS)
@@ -70,15 +63,19 @@ def quiet_expected_stops() -> None:
 
 def load_flow(module: str, name: str) -> Any:
     """Import ``gpucampaign_prefect.flows.<module>`` and return its object ``name``."""
-    for key, value in EMBEDDED_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    embedded_environment()
     return getattr(importlib.import_module(f"gpucampaign_prefect.flows.{module}"), name)
 
 
 def start_server_early() -> Any | None:
-    """The embedded server's process, started now so that it boots while Prefect and the flows
-    load here; ``interruptible_run`` adopts it. None when the environment names a server. Stop
-    it (``.stop()``) when the run ends before that."""
+    """The embedded server's process, booting while Prefect and the flows load here: the one
+    held since the first line (let go now), else one started now; ``interruptible_run`` adopts
+    it. None when the environment names a server. Stop it (``.stop()``) when the run ends
+    before that."""
+    held = take_held_server()
+    if held is not None:
+        held.go()
+        return held
     return load_flow("_embedded", "spawn_early")()
 
 

@@ -1,13 +1,32 @@
 """The first line of the commands that take seconds before their first output (``campaign
 run``, ``campaign restart-check``): what is starting, printed before torch, Prefect or the CLI's
-own modules load. Standard library only: this module runs before everything else."""
+own modules load. Standard library only: this module runs before everything else.
+
+Right after that line ``campaign run`` starts its embedded server's process, held: it imports
+Prefect's server modules (seconds) on the second core while this process loads torch and checks
+the spec, and serves only once the checks pass (``take_held_server``, then ``go``). A run the
+checks refuse ends it before it served or wrote anything.
+"""
 
 from __future__ import annotations
 
+import atexit
+import importlib
+import os
 import re
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
+
+#: Prefect's settings for the embedded server of ``campaign run`` (defaults: what the
+#: environment sets wins).
+EMBEDDED_DEFAULTS = {
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_LOGGING_LEVEL": "INFO",  # one line per finished phase: what a long run shows
+}
+_HELD: list[Any] = []  # the held server of this ``campaign run``, until taken
 
 # The options of those commands that take a value (their value is not the spec file).
 _VALUED = frozenset(
@@ -77,3 +96,36 @@ def say_starting(argv: list[str], *, file: TextIO | None = None) -> None:
         out = file or sys.stderr
         out.write(line + "\n")
         out.flush()
+
+
+def embedded_environment(*, verbose: bool | None = None) -> None:
+    """Set the embedded server's defaults in this process's environment (what is set wins).
+
+    ``verbose``: for ``campaign run``, Prefect's own INFO lines only when asked for (the
+    progress lines say what runs); None keeps ``EMBEDDED_DEFAULTS``' level.
+    """
+    if verbose is not None:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    for key, value in EMBEDDED_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def spawn_held_server(argv: list[str]) -> None:
+    """For ``campaign run``: start the embedded server's process now, held until the spec's
+    checks pass (``take_held_server``); stopped at this process's exit unless adopted."""
+    if not argv or argv[0] != "run" or {"--help", "-h"} & set(argv):
+        return
+    embedded_environment(verbose=bool({"-v", "--verbose"} & set(argv)))
+    try:
+        embedded = importlib.import_module("gpucampaign_prefect.flows._embedded")
+        held = embedded.spawn_early(hold=True)
+    except (ImportError, OSError):  # no Prefect layer here: the run starts its server later
+        return
+    if held is not None:
+        _HELD.append(held)
+        atexit.register(lambda: held.adopted or held.stop())
+
+
+def take_held_server() -> Any | None:
+    """The server ``spawn_held_server`` started (still held: call its ``go``), or None."""
+    return _HELD.pop() if _HELD else None
