@@ -31,7 +31,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -67,6 +66,25 @@ if os.environ.pop("{HOLD_VAR}", None):
     import uvicorn.main, prefect.server.api.server
     if sys.stdin.readline().strip() != "go":
         sys.exit(0)
+
+    def _warm(api):  # the first calls of a campaign's flow, answered once before it makes them
+        import json, urllib.request
+        calls = [("/admin/version", None), ("/flow_runs/filter", {{"limit": 1}})]
+        deadline = time.monotonic() + 60
+        while calls and time.monotonic() < deadline:
+            path, body = calls[0]
+            data = None if body is None else json.dumps(body).encode()
+            method = "POST" if data else "GET"
+            request = urllib.request.Request(api + path, data=data, method=method)
+            request.add_header("Content-Type", "application/json")
+            try:
+                urllib.request.urlopen(request, timeout=10).read()
+                calls.pop(0)
+            except Exception:
+                time.sleep(0.05)
+
+    port = sys.argv[sys.argv.index("--port") + 1]
+    threading.Thread(target=_warm, args=(f"http://127.0.0.1:{{port}}/api",), daemon=True).start()
 sys.argv = sys.argv[2:]
 runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
@@ -170,30 +188,25 @@ def adopted_server_pid() -> int | None:
     return _ADOPTED[0].process.pid if _ADOPTED else None
 
 
-def _answers(early: EarlyServer, *, timeout_s: float, warm: Callable[[], Any] | None) -> bool:
+def _answers(early: EarlyServer, *, timeout_s: float) -> bool:
     """Whether ``early`` answers within ``timeout_s`` (False: it ended first, a port taken
-    meanwhile). ``warm`` runs once, the first time it does not answer yet: work this process
-    needs later, done while the server boots in its own process."""
+    meanwhile)."""
     import httpx  # Prefect's own HTTP client, loaded with it
 
     deadline = time.monotonic() + timeout_s
-    pending = [warm] if warm is not None else []
     with httpx.Client() as client:
         while time.monotonic() < deadline and early.process.poll() is None:
             with contextlib.suppress(httpx.HTTPError):
                 if client.get(f"{early.api_url}/health").status_code == 200:
                     return True
-            if pending:
-                pending.pop()()
-                continue
             time.sleep(0.05)
     return False
 
 
-def _adopt(early: EarlyServer, *, timeout_s: float, warm: Callable[[], Any] | None) -> bool:
+def _adopt(early: EarlyServer, *, timeout_s: float) -> bool:
     """Make ``early`` this process's Prefect API once it answers; it stops at the interpreter's
     exit. False (and stopped) when it never answered."""
-    if not _answers(early, timeout_s=timeout_s, warm=warm):
+    if not _answers(early, timeout_s=timeout_s):
         early.stop()
         return False
     import prefect.context
@@ -213,12 +226,9 @@ def _adopt(early: EarlyServer, *, timeout_s: float, warm: Callable[[], Any] | No
     return True
 
 
-def start_detached(
-    early: EarlyServer | None = None, *, warm: Callable[[], Any] | None = None
-) -> Any | None:
+def start_detached(early: EarlyServer | None = None) -> Any | None:
     """Start Prefect's temporary server in a new session, or adopt ``early`` (when given and
-    it answers: then it is returned, and ``warm`` runs while it boots); None when an API URL
-    is set."""
+    it answers: then it is returned); None when an API URL is set."""
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
@@ -227,7 +237,7 @@ def start_detached(
             early.stop()
         return None
     timeout_s = float(settings.server.ephemeral.startup_timeout_seconds)
-    if early is not None and _adopt(early, timeout_s=timeout_s, warm=warm):
+    if early is not None and _adopt(early, timeout_s=timeout_s):
         return early
     # Prefect's server module loads here only when there is no early server to adopt.
     from prefect.server.api import server as server_module

@@ -11,6 +11,7 @@ import importlib
 import logging
 import re
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,22 +72,30 @@ def start_server_early() -> Any | None:
     """The embedded server's process, booting while Prefect and the flows load here: the one
     held since the first line (let go now), else one started now; ``interruptible_run`` adopts
     it. None when the environment names a server. Stop it (``.stop()``) when the run ends
-    before that."""
+    before that.
+
+    ``warm_up`` starts beside it, in a thread: it runs while this process waits (for the
+    server's answer, for the flow's first API calls), not in series before the first step.
+    """
     held = take_held_server()
     if held is not None:
         held.go()
-        return held
-    return load_flow("_embedded", "spawn_early")()
+        early = held
+    else:
+        early = load_flow("_embedded", "spawn_early")()
+    threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
+    return early
 
 
 def warm_up() -> None:
-    """What the first training step would otherwise import in series, done while the early
-    server boots: ``torch._dynamo`` (torch imports it in the first optimizer a process builds)
-    and ``fastapi.encoders`` (Prefect's, for the flow's parameters)."""
-    import torch
+    """What the first training step would otherwise import in series: ``torch._dynamo`` (torch
+    imports it in the first optimizer a process builds) and ``fastapi.encoders`` (Prefect's,
+    for the flow's parameters). A failure here only leaves them to load when used."""
+    with contextlib.suppress(Exception):
+        import torch
 
-    torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
-    importlib.import_module("fastapi.encoders")
+        torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
+        importlib.import_module("fastapi.encoders")
 
 
 @contextlib.contextmanager
@@ -111,6 +120,6 @@ def interruptible_run(
         )
     interrupt.clear_stop()
     with interrupt.graceful_signals(grace_s=grace_s):
-        server = start(early, warm=warm_up)
+        server = start(early)
         interrupt.on_force(lambda: stop(server, wait=False))
         yield
