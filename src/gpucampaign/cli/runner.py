@@ -89,13 +89,14 @@ def start_server_early() -> Any | None:
 
 def warm_up() -> None:
     """What the first training step would otherwise import in series: ``torch._dynamo`` (torch
-    imports it in the first optimizer a process builds) and ``fastapi.encoders`` (Prefect's,
-    for the flow's parameters). A failure here only leaves them to load when used."""
+    imports it in the first optimizer a process builds). A failure here only leaves it to load
+    when used."""
+    # Only torch._dynamo: it shares no package with what Prefect imports meanwhile in the main
+    # thread but colorama, so no import in one thread meets a module half-made by the other.
     with contextlib.suppress(Exception):
         import torch
 
         torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
-        importlib.import_module("fastapi.encoders")
 
 
 @contextlib.contextmanager
