@@ -10,14 +10,16 @@ watches its parent and stops the server (SIGTERM, then an exit) once the parent 
 environment names the ``campaign run`` that started it (host and PID), which lets a later
 ``campaign run`` find and end a server whose parent died before the lifeline existed.
 
-Its process starts early (``spawn_early``: the command Prefect would run, right after the
-spec's checks and before this process imports Prefect), so the server boots while ``campaign
-run`` imports; ``start_detached`` then adopts it once it answers, or stops it when the settings
-name another server. Adopting it points this process's Prefect settings at its URL (the global
-settings context, never the environment: a child process, a rank or a restart check, inherits
-nothing), so this process never imports Prefect's server modules, seconds of imports in series
-that the server's own process already does. ``adopted_api_url`` tells that URL from a shared
-server's. Nothing here imports Prefect at the top.
+Its process starts early (``spawn_early``: the command Prefect would run). ``campaign run``
+starts it with its first line, held (``hold``: it imports its modules on the second core while
+``campaign run`` loads torch and checks the spec, and serves only once the checks pass), or
+after the checks when it was not started then; ``start_detached`` adopts it once it answers, or
+stops it when the settings name another server. Adopting it points this process's Prefect
+settings at its URL (the global settings context, never the environment: a child process, a
+rank or a restart check, inherits nothing), so this process never imports Prefect's server
+modules, seconds of imports in series that the server's own process already does.
+``adopted_api_url`` tells that URL from a shared server's. Nothing here imports Prefect at the
+top.
 """
 
 from __future__ import annotations

@@ -20,9 +20,6 @@ from gpucampaign.core import interrupt
 from gpucampaign.core.stoprules import STOP_RULES, StopRule
 
 
-# Measured: a fresh PREFECT_HOME needs ~21 s to start the embedded server (default limit 20 s),
-# and the telemetry heartbeat floods stderr with SQLite lock errors. The one home of these
-# settings: the CLI, the tests and the benches all take them from here.
 def prefect_environment(*, logging_level: str | None = None) -> dict[str, str]:
     """The embedded-server defaults, optionally with another logging level (tests, benches)."""
     env = dict(EMBEDDED_DEFAULTS)
