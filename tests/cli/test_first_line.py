@@ -41,12 +41,18 @@ try:
     gpucampaign.cli.main()
 except SystemExit as exc:
     code = exc.code
-sys.stdout.write("\\nTAP " + json.dumps({"loaded": seen[0] if seen else None, "code": code}))
+from gpucampaign.cli import starting
+held = [h.process.pid for h in starting._HELD]  # a held server not taken: the run was refused
+out = {"loaded": seen[0] if seen else None, "code": code, "held": held}
+sys.stdout.write("\\nTAP " + json.dumps(out))
 """
 
 
-def _campaign(*argv: str, cwd: Path) -> tuple[str, dict]:
+def _campaign(*argv: str, cwd: Path, home: Path | None = None) -> tuple[str, dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    if home is not None:  # its own Prefect home, and no server named
+        env["PREFECT_HOME"] = str(home)
+        env.pop("PREFECT_API_URL", None)
     done = subprocess.run(
         [sys.executable, "-c", _TAP, json.dumps(list(argv))],
         cwd=cwd,
@@ -96,21 +102,6 @@ def test_only_the_slow_commands_say_it_and_never_for_help():
     )
 
 
-_REFUSED = """
-import json, sys
-sys.argv = ["campaign", *json.loads(sys.argv[1])]
-import gpucampaign.cli
-from gpucampaign.cli import starting
-code = 0
-try:
-    gpucampaign.cli.main()
-except SystemExit as exc:
-    code = exc.code
-held = [h.process.pid for h in starting._HELD]
-print("HELD " + json.dumps({"code": code, "held": held}))
-"""
-
-
 @pytest.mark.process
 def test_a_refused_run_ends_its_held_server_before_it_served_or_wrote(tmp_path):
     # The server's process starts right after the first line, held while torch loads and the
@@ -118,22 +109,8 @@ def test_a_refused_run_ends_its_held_server_before_it_served_or_wrote(tmp_path):
     spec = tmp_path / "mine.yaml"
     spec.write_text("name: mine\ncontrol: {}\n")
     home = tmp_path / "home"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-        "PREFECT_HOME": str(home),
-    }
-    env.pop("PREFECT_API_URL", None)
-    done = subprocess.run(
-        [sys.executable, "-c", _REFUSED, json.dumps(["run", str(spec)])],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    got = json.loads(done.stdout.rpartition("HELD ")[2])
-    assert got["code"] == 2 and "field 'packages'" in done.stderr
+    err, got = _campaign("run", str(spec), cwd=tmp_path, home=home)
+    assert got["code"] == 2 and "field 'packages'" in err
     (pid,) = got["held"]  # it was started, and held
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
