@@ -260,6 +260,24 @@ def start_detached(early: EarlyServer | None = None) -> Any | None:
     return server
 
 
+def release(server: Any | None, *, timeout_s: float = 10.0) -> None:
+    """At the end of a run in this process on an adopted early server: Prefect's events and
+    logs workers send what they hold to it and stop (the server itself stops at the exit).
+
+    A running-server events worker is one per process, bound to the URL it first read; left
+    running it would send a later flow's events (another server's, in the same process) to
+    this run's server.
+    """
+    if not getattr(server, "adopted", False):
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (EventsWorker, APILogWorker):
+        with contextlib.suppress(Exception):
+            worker.drain_all(timeout=timeout_s, at_exit=False)
+
+
 def stop(server: Any | None, *, wait: bool = True) -> None:
     """Stop the server and its session's processes (SIGTERM, then SIGKILL when not waiting)."""
     if server is None:

@@ -51,6 +51,28 @@ out = {
     "embedded": embedded_api(),
     "holders": holders_dir("gpu").parent.name == hashlib.sha256(b"embedded").hexdigest()[:12],
 }
+load_flow("_embedded", "release")(server)  # the end of the run in this process
+# A later flow in the same process, on another server (a test harness): its task runs reach
+# that server, not the adopted one (Prefect's events worker is one per process).
+from prefect import task
+from prefect.testing.utilities import prefect_test_harness
+
+@task
+def step() -> int:
+    return 1
+
+@flow
+def later() -> int:
+    return step()
+
+with prefect_test_harness(server_startup_timeout=None):
+    state = later(return_state=True)
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        )
+    out["later_task_runs"] = sorted(r.state.name for r in runs)
 load_flow("_embedded", "stop")(server)
 out["ended"] = early.process.wait(timeout=30) is not None
 refused = load_flow("_embedded", "spawn_early")()
@@ -86,6 +108,7 @@ def test_an_early_server_is_adopted_and_a_refused_one_ends(tmp_path):
         "child_sees_a_url": "None",  # the environment is untouched: a child inherits nothing
         "embedded": True,  # still this run's own server (the GPU lock clears stale holders)
         "holders": True,
+        "later_task_runs": ["Completed"],  # on the other server, after this run's release
         "ended": True,
         "refused_ended": True,
     }

@@ -110,6 +110,7 @@ def interruptible_run(
     server's process from ``start_server_early``, adopted once it answers.
     """
     start, stop = load_flow("_embedded", "start_detached"), load_flow("_embedded", "stop")
+    release = load_flow("_embedded", "release")
     reaped = load_flow("_embedded", "reap_stale")()
     if reaped:
         sys.stderr.write(
@@ -120,4 +121,7 @@ def interruptible_run(
     with interrupt.graceful_signals(grace_s=grace_s):
         server = start(early)
         interrupt.on_force(lambda: stop(server, wait=False))
-        yield
+        try:
+            yield
+        finally:
+            release(server)
