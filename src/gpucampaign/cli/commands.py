@@ -380,7 +380,6 @@ def run_cmd(
     Ctrl-C or SIGTERM saves a checkpoint at the next step, stops and exits 130 or 143; a
     second Ctrl-C exits at once.
     """
-    import os
     import time
 
     from gpucampaign.cli.progress import Background, LiveView
@@ -390,6 +389,7 @@ def run_cmd(
         quiet_expected_stops,
         start_server_early,
     )
+    from gpucampaign.cli.starting import embedded_environment
     from gpucampaign.core.interrupt import stop_requested
     from gpucampaign.folder.lock import writer_lock
     from gpucampaign.plan.rental import rental_of
@@ -401,7 +401,7 @@ def run_cmd(
         err_console.print(line, soft_wrap=True, highlight=False)
     # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
     # terminal unless asked for: the progress lines say what runs.
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    embedded_environment(verbose=verbose)  # as the first line set it when run as `campaign`
     # After the checks (a refused run starts nothing), before Prefect and the flows load
     # here: the server boots in its own process meanwhile.
     early = start_server_early()

@@ -115,7 +115,7 @@ def embedded_environment(*, verbose: bool | None = None) -> None:
 def spawn_held_server(argv: list[str]) -> None:
     """For ``campaign run``: start the embedded server's process now, held until the spec's
     checks pass (``take_held_server``); stopped at this process's exit unless adopted."""
-    if not argv or argv[0] != "run" or {"--help", "-h"} & set(argv):
+    if not argv or argv[0] != "run" or starting_line(argv) is None:  # not --help, a spec named
         return
     embedded_environment(verbose=bool({"-v", "--verbose"} & set(argv)))
     try:

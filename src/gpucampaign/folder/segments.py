@@ -50,10 +50,11 @@ def lost_since_checkpoint(metrics_path: Path, *, kept_at_least: int = 0) -> tupl
     """
     rows = read_jsonl(metrics_path)
     kept = max(
-        (int(r["step"]) for r in rows if r.get("kind") in ("checkpoint", "restore")),
-        default=kept_at_least,
+        [
+            kept_at_least,
+            *(int(r["step"]) for r in rows if r.get("kind") in ("checkpoint", "restore")),
+        ]
     )
-    kept = max(kept, kept_at_least)
     lost = [r for r in rows if r.get("kind") == "train" and int(r.get("step", 0)) > kept]
     return len(lost), float(sum(r.get("step_s") or 0.0 for r in lost))
 
