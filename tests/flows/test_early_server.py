@@ -1,7 +1,7 @@
 """The embedded server starts early, in its own process, before Prefect loads in ``campaign
 run``'s: it is adopted as this process's Prefect API once it answers (Prefect's server modules
 never load here, and no child process inherits its URL), and stopped when the run is refused
-before that."""
+before that. It runs no automations (its triggers service is off) unless asked to."""
 
 from __future__ import annotations
 
@@ -38,7 +38,14 @@ child = __import__("subprocess").run(
     [sys.executable, "-c", "import os; print(os.environ.get('PREFECT_API_URL'))"],
     capture_output=True, text=True,
 ).stdout.strip()
+
+
+def env_of(pid):
+    pairs = open(f"/proc/{pid}/environ").read().split(chr(0))
+    return dict(x.split("=", 1) for x in pairs if "=" in x)
+
 out = {
+    "triggers": env_of(early.process.pid).get("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED"),
     "loaded_before": loaded_before,
     "adopted": early.adopted,
     "same_process": server is early,
@@ -75,7 +82,9 @@ with prefect_test_harness(server_startup_timeout=None):
     out["later_task_runs"] = sorted(r.state.name for r in runs)
 load_flow("_embedded", "stop")(server)
 out["ended"] = early.process.wait(timeout=30) is not None
+os.environ["PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED"] = "true"  # asked for: it wins
 refused = load_flow("_embedded", "spawn_early")()
+out["asked_triggers"] = env_of(refused.process.pid).get("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED")
 refused.stop()
 out["refused_ended"] = refused.process.poll() is not None
 print(json.dumps(out))
@@ -97,6 +106,8 @@ def test_an_early_server_is_adopted_and_a_refused_one_ends(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {
+        "triggers": "false",  # no automation on a run's temporary server: not started
+        "asked_triggers": "true",
         "loaded_before": False,  # spawned before Prefect's server module loaded here
         "adopted": True,
         "same_process": True,
