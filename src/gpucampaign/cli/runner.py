@@ -69,18 +69,13 @@ def start_server_early() -> Any | None:
     """The embedded server's process, booting while Prefect and the flows load here: the one
     held since the first line (let go now), else one started now; ``interruptible_run`` adopts
     it. None when the environment names a server. Stop it (``.stop()``) when the run ends
-    before that.
-
-    ``warm_up`` starts beside it, in a thread: it runs while this process waits (for the
-    server's answer, for the flow's first API calls), not in series before the first step.
-    """
+    before that."""
     held = take_held_server()
     if held is not None:
         held.go()
         early = held
     else:
         early = load_flow("_embedded", "spawn_early")()
-    threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
     return early
 
 
@@ -88,12 +83,31 @@ def warm_up() -> None:
     """What the first training step would otherwise import in series: ``torch._dynamo`` (torch
     imports it in the first optimizer a process builds). A failure here only leaves it to load
     when used."""
-    # Only torch._dynamo: it shares no package with what Prefect imports meanwhile in the main
-    # thread but colorama, so no import in one thread meets a module half-made by the other.
+    # Only torch._dynamo: none of the ~800 modules it imports is among those the flow's start
+    # imports meanwhile in the main thread (Prefect's engine, fastapi's encoders; both sets
+    # recorded on 2026-12-05), so no import in one thread meets a module half-made by the other.
     with contextlib.suppress(Exception):
         import torch
 
         torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
+
+
+#: What Prefect imports at a flow's call, when it starts its engine and serializes the flow's
+#: parameters (fastapi's encoder, ~0.2 s): loaded while this process waits for its server.
+FLOW_START_MODULES = (
+    "prefect.utilities.visualization",
+    "prefect.flow_engine",
+    "prefect.task_engine",
+    "fastapi.encoders",
+)
+
+
+def preload_flow_start() -> None:
+    """Import ``FLOW_START_MODULES`` now, in this thread (the one that would import them at the
+    flow's call); one that is missing is left to the flow."""
+    for name in FLOW_START_MODULES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
 
 
 @contextlib.contextmanager
@@ -108,7 +122,13 @@ def interruptible_run(
     the grace runs out or on a second Ctrl-C; a lifeline ends it when this process is killed.
     The signals become a stop request the training honours at its next step. ``early``: the
     server's process from ``start_server_early``, adopted once it answers.
+
+    ``warm_up`` starts first, in a thread: it runs while this process waits for the server's
+    answer and for the flow's first API calls. Started earlier (with the server's ``go``), it
+    took the CPU from Prefect's import instead, which is in series before the first step. The
+    flow's own first imports (``preload_flow_start``) load during that wait too.
     """
+    threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
     start, stop = load_flow("_embedded", "start_detached"), load_flow("_embedded", "stop")
     release = load_flow("_embedded", "release")
     reaped = load_flow("_embedded", "reap_stale")()
@@ -118,6 +138,7 @@ def interruptible_run(
             f"`campaign run` (PID {', '.join(map(str, reaped))})\n"
         )
     interrupt.clear_stop()
+    preload_flow_start()
     with interrupt.graceful_signals(grace_s=grace_s):
         server = start(early)
         interrupt.on_force(lambda: stop(server, wait=False))
