@@ -25,7 +25,14 @@ at the first optimizer (~1.1 s): 7.2 s. Now the server's process starts with the
 held (it imports, serves nothing) until the checks pass; it is adopted by its URL, so its
 modules never load in ``campaign run``; ``torch._dynamo`` loads while it boots: 4.3 s, where
 ``campaign run``'s own imports (torch, Prefect's client, ``torch._dynamo``) and the flow's
-first API calls are what is left in series.
+first API calls are what is left in series. Sampled again later that day (idle): the
+``torch._dynamo`` thread had started with the server's go and ran beside Prefect's import (both
+CPU, one interpreter lock), so that import took 1.5 s instead of 0.6 s; it now starts when the
+run begins waiting for its server, and the flow's own first imports (fastapi's encoder, Prefect's
+engines, 0.2 s) load in that wait; scipy.special (0.08 s, for the plan's t quantile) is gone and
+the temporary server starts no automation services (0.14 s of its start): 3.5-3.6 s. What is
+left: ``campaign run``'s CPU (torch, Prefect's client, ``torch._dynamo``: ~3.4 s of CPU by the
+first step) and the server's own import (~2 s on the other core).
 
 Usage: python bench/fixed.py [--repeats 3] [--json]
 """
