@@ -360,7 +360,7 @@ def bench_fixed(tmp: Path, repeats: int, res: Results) -> None:
     m = fixed.measure(tmp, repeats)
     floor = m["floor_s"]
     note = (
-        f"floor {floor:.2f} s: fresh `import torch, gpucampaign` "
+        f"floor {floor:.2f} s: fresh `{fixed.FLOOR_IMPORT}` "
         f"{statistics.median(m['import_s']):.2f} s + one checkpoint load "
         f"{statistics.median(m['load_s']):.3f} s"
     )

@@ -5,12 +5,26 @@
 ``.predict(path)``), see ``gpucampaign.close.reload``.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpucampaign.core.version import __version__
-from gpucampaign.recipe.contract import Recipe, RecipeContext
+if TYPE_CHECKING:
+    from gpucampaign.recipe.contract import Recipe, RecipeContext
 
 __all__ = ["Recipe", "RecipeContext", "__version__", "load_model"]
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded when asked for: the recipe contract brings pydantic and the spec's models (0.13 s),
+    # which `campaign`'s first line and its server's process (gpucampaign.cli) need not wait for.
+    if name in ("Recipe", "RecipeContext"):
+        from gpucampaign.recipe import contract
+
+        return getattr(contract, name)
+    if name == "__version__":
+        from gpucampaign.core.version import __version__
+
+        return __version__
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_model(out: Any, run: str, **options: Any) -> Any:
