@@ -92,24 +92,6 @@ def warm_up() -> None:
         torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
 
 
-#: What Prefect imports at a flow's call, when it starts its engine and serializes the flow's
-#: parameters (fastapi's encoder, ~0.2 s): loaded while this process waits for its server.
-FLOW_START_MODULES = (
-    "prefect.utilities.visualization",
-    "prefect.flow_engine",
-    "prefect.task_engine",
-    "fastapi.encoders",
-)
-
-
-def preload_flow_start() -> None:
-    """Import ``FLOW_START_MODULES`` now, in this thread (the one that would import them at the
-    flow's call); one that is missing is left to the flow."""
-    for name in FLOW_START_MODULES:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
-
-
 @contextlib.contextmanager
 def interruptible_run(
     *, grace_s: float = interrupt.DEFAULT_GRACE_S, early: Any | None = None
@@ -131,6 +113,7 @@ def interruptible_run(
     threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
     start, stop = load_flow("_embedded", "start_detached"), load_flow("_embedded", "stop")
     release = load_flow("_embedded", "release")
+    preload_flow_start = load_flow("_embedded", "preload_flow_start")
     reaped = load_flow("_embedded", "reap_stale")()
     if reaped:
         sys.stderr.write(
