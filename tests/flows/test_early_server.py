@@ -41,8 +41,15 @@ child = __import__("subprocess").run(
 
 
 def env_of(pid):
-    pairs = open(f"/proc/{pid}/environ").read().split(chr(0))
-    return dict(x.split("=", 1) for x in pairs if "=" in x)
+    # the server's own environment: read once its process has exec'd (until then /proc shows
+    # the spawning one's, or nothing)
+    for _ in range(200):
+        pairs = open(f"/proc/{pid}/environ").read().split(chr(0))
+        env = dict(x.split("=", 1) for x in pairs if "=" in x)
+        if "PREFECT__SERVER_EPHEMERAL" in env:
+            return env
+        __import__("time").sleep(0.05)
+    return env
 
 out = {
     "triggers": env_of(early.process.pid).get("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED"),
