@@ -1,5 +1,6 @@
 """The data path: a train split placed in the device's memory (``place_data: device``) gives
-the same batches, in the same order, and the same losses as batches cut on the host; on the
+the same batches, in the same order, and the same losses as batches cut on the host; its
+evaluation splits, placed with it, give the same evaluations and per-example scores. On the
 CPU the placement runs through the same code, so these tests check it without a GPU."""
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ from gpucampaign.engine.parts import (
     PermutedBatches,
     RankShard,
     make_loader,
+    place_eval_splits,
     place_train_split,
 )
 from gpucampaign.engine.setup import RunJob, setup_run
+from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.recipe.contract import load_recipe
+from gpucampaign.recipe.runtime import PlacedSplit, example_ids, ordered_loader, score_split
 from gpucampaign.spec import RunConfig, SpecError
 from gpucampaign.storage import LocalStore
 from tests.helpers import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
@@ -69,6 +74,48 @@ def test_placed_batches_are_the_host_batches(world_size):
     assert torch.equal(gens[0].get_state(), gens[1].get_state())
 
 
+def test_placed_eval_batches_are_the_host_batches():
+    """103 rows at batch 16 in order: the same batches (a list of tensors, the short last one
+    too) and IDs as the host's loader collates, and the same draw from torch's global generator
+    (the next dropout of the run is the same)."""
+    g = torch.Generator().manual_seed(1)
+    val = TensorDataset(torch.randn(103, 5, generator=g), torch.randint(0, 3, (103,), generator=g))
+    val.ids = [f"r{i}" for i in range(103)]  # type: ignore[attr-defined]
+    train = TensorDataset(torch.zeros(8, 5), torch.zeros(8, dtype=torch.long))
+    config = RunConfig(batch_size=16, place_data="device")
+    placed = place_eval_splits(
+        {"train": train, "val": val, "test": TensorDataset(torch.zeros(0, 5)), "extra": val},
+        placed_train=place_train_split(train, config=config, device=CPU),
+        device=CPU,
+    )
+    assert set(placed) == {"val"}  # an empty split and other names stay with the recipe
+    recipe = load_recipe("mlp")
+    batches = []
+    for split in (val, placed["val"]):
+        torch.manual_seed(3)
+        batches.append(list(ordered_loader(recipe, split, config=config)))
+        batches.append(torch.rand(4))  # the global generator after the loader's draw
+    host, host_rng, device, device_rng = batches
+    assert isinstance(placed["val"], PlacedSplit)
+    assert [len(b[0]) for b in device] == [16] * 6 + [7]
+    for a, b in zip(host, device, strict=True):
+        assert type(a) is type(b) is list
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert torch.equal(host_rng, device_rng)
+    assert example_ids(placed["val"]) == example_ids(val) == val.ids
+
+
+def test_eval_splits_follow_the_train_split():
+    """Nothing is placed when the train split is not, or for a recipe with its own collate_fn;
+    a split that is not a TensorDataset stays on the host."""
+    val = TensorDataset(torch.zeros(4, 2))
+    train = TensorDataset(torch.zeros(4, 2))
+    assert place_eval_splits({"val": val}, placed_train=None, device=CPU) == {}
+    assert place_eval_splits({"val": val}, placed_train=train, device=CPU, collate_fn=list) == {}
+    kept = place_eval_splits({"val": [1, 2], "test": val}, placed_train=train, device=CPU)
+    assert set(kept) == {"test"}
+
+
 def test_host_and_auto_on_cpu_place_nothing():
     train = TensorDataset(torch.zeros(4, 2))
     assert place_train_split(train, config=RunConfig(place_data="host"), device=CPU) is None
@@ -105,11 +152,17 @@ def test_a_run_with_its_data_placed_trains_identically(tmp_path, digits_file):  
     r = setup_run(job, t_call=0.0)
     assert r.loader.dataset is not r.datasets["train"]  # the placement path, on the CPU
     assert r.loader.sampler.device == CPU
+    assert {k: type(v) for k, v in r.on_device.items()} == {"val": PlacedSplit, "test": PlacedSplit}
+    assert r.split("val") is r.on_device["val"] and r.split("train") is r.datasets["train"]
     run(host, tmp_path, out="host")
     run(placed, tmp_path, out="placed")
     a = train_losses(run_dir(host, tmp_path, out="host") / "metrics.jsonl")
     b = train_losses(run_dir(placed, tmp_path, out="placed") / "metrics.jsonl")
     assert len(a) == 20 and a == b
+    evals = [
+        _evaluations(run_dir(s, tmp_path, out=o)) for s, o in ((host, "host"), (placed, "placed"))
+    ]
+    assert len(evals[0]) == 4 and evals[0] == evals[1]  # val at each epoch's end, val and test
     run(placed, tmp_path, out="cut", stop_after_steps=13)  # mid-epoch, then a resume
     train_run(
         placed,
@@ -119,6 +172,35 @@ def test_a_run_with_its_data_placed_trains_identically(tmp_path, digits_file):  
         out_dir=run_dir(placed, tmp_path, out="cut"),
     )
     assert train_losses(run_dir(placed, tmp_path, out="cut") / "metrics.jsonl") == a
+
+
+def _evaluations(run_folder):
+    """The run's ``eval`` rows without their timing."""
+    rows = read_metrics(run_folder / "metrics.jsonl")
+    return [{k: v for k, v in r.items() if k != "eval_s"} for r in rows if r["kind"] == "eval"]
+
+
+def test_scores_of_a_placed_split_are_the_host_scores(tmp_path, digits_file):  # noqa: F811
+    """The futility check's per-example scores, from the val split placed with the train
+    split, equal the host's (IDs and every value), and leave the model in training mode."""
+    spec = make_spec(tmp_path, digits_file, control={"place_data": "device"})
+    r = setup_run(
+        RunJob(
+            spec=spec,
+            run=spec.resolve_run("control"),
+            corpus=corpus_of(tmp_path, spec),
+            store=LocalStore(tmp_path / "ck"),
+            out_dir=tmp_path / "setup",
+        ),
+        t_call=0.0,
+    )
+    got = [
+        score_split(r.recipe, r.state.model, split, config=r.config, device=CPU)
+        for split in (r.datasets["val"], r.split("val"))
+    ]
+    assert isinstance(r.split("val"), PlacedSplit)
+    assert len(got[0][0]) == len(r.datasets["val"]) > 0
+    assert got[0] == got[1] and r.state.model.training
 
 
 @pytest.mark.gpu
@@ -138,8 +220,11 @@ def test_on_cuda_placed_batches_train_like_host_batches(tmp_path, digits_file): 
     )
     r = setup_run(job, t_call=0.0)
     assert r.loader.dataset.tensors[0].is_cuda  # auto placed it
+    assert r.split("val").tensors[0].is_cuda and r.split("test").tensors[0].is_cuda
     run(host, tmp_path, out="host")
     run(auto, tmp_path, out="auto")
     a = train_losses(run_dir(host, tmp_path, out="host") / "metrics.jsonl")
     b = train_losses(run_dir(auto, tmp_path, out="auto") / "metrics.jsonl")
     assert len(a) == 20 and a == b
+    evals = [_evaluations(run_dir(s, tmp_path, out=o)) for s, o in ((host, "host"), (auto, "auto"))]
+    assert len(evals[0]) == 4 and evals[0] == evals[1]

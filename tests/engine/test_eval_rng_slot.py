@@ -31,7 +31,7 @@ def test_the_final_evaluation_holds_its_runs_rng_slot(monkeypatch) -> None:
     monkeypatch.setattr(outcome, "evaluate_split", fake_split)
     r = SimpleNamespace(
         dist=SimpleNamespace(is_main=True),
-        datasets={"val": [1, 2, 3]},
+        split={"val": [1, 2, 3]}.get,
         spec=SimpleNamespace(decision_rule=None),
         recipe=None,
         state=SimpleNamespace(model=None, global_step=5, epoch=0),

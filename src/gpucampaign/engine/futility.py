@@ -353,7 +353,7 @@ class Futility(Hook):
 
     def _scores(self, r: LiveRun) -> tuple[list[str], list[float]] | None:
         """This run's per-example decision metric on the selection split, or None (said)."""
-        dataset = r.datasets.get(self.split)
+        dataset = r.split(self.split)
         if dataset is None or len(dataset) == 0:
             self._say(r, f"the recipe gives no '{self.split}' split to score")
             return None

@@ -24,7 +24,7 @@ def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
     """
     if not r.dist.is_main:
         return None
-    dataset = r.datasets.get(split)
+    dataset = r.split(split)
     if dataset is None or len(dataset) == 0:
         return None
     t0 = time.perf_counter()

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset
 
 from gpucampaign.folder.layout import PARAMS_FILE
-from gpucampaign.recipe.runtime import to_device, train_rows
+from gpucampaign.recipe.runtime import PlacedSplit, to_device, train_rows
 from gpucampaign.spec import ResolvedRun, RunConfig, SpecError
 
 #: ``place_data: auto`` places a train split on a CUDA device when it takes at most this
@@ -131,13 +131,50 @@ def place_train_split(
     return TensorDataset(*(t.to(device) for t in train.tensors))
 
 
+def place_eval_splits(
+    datasets: dict[str, Any],
+    *,
+    placed_train: TensorDataset | None,
+    device: torch.device,
+    collate_fn: Any = None,
+    splits: tuple[str, ...] = ("val", "test"),
+) -> dict[str, PlacedSplit]:
+    """The evaluation splits in the device's memory, once, when the train split is placed
+    there: every evaluation during the run, the final one and the futility scores read them
+    without copying a batch in. A split that is not a ``TensorDataset`` (or a recipe with its
+    own ``collate_fn``) stays on the host, as does every split when they would not fit
+    beside the train split on a CUDA device (their bytes and the train split's over
+    ``PLACE_SHARE`` of the memory that was free before the train split was placed).
+    """
+    if placed_train is None or collate_fn is not None:
+        return {}
+    chosen = {
+        name: ds
+        for name in splits
+        if isinstance(ds := datasets.get(name), TensorDataset) and len(ds) > 0
+    }
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        on_device = _bytes(placed_train) + sum(_bytes(ds) for ds in chosen.values())
+        if on_device > PLACE_SHARE * (free + _bytes(placed_train)):
+            return {}
+    return {
+        name: PlacedSplit(tuple(t.to(device) for t in ds.tensors), ids=getattr(ds, "ids", None))
+        for name, ds in chosen.items()
+    }
+
+
+def _bytes(split: TensorDataset) -> int:
+    return sum(t.numel() * t.element_size() for t in split.tensors)
+
+
 def fits_on_device(train: TensorDataset, device: torch.device) -> bool:
     """Whether a train split's tensors take at most ``PLACE_SHARE`` of a CUDA device's free
     memory (never on another device: there the host is the device)."""
     if device.type != "cuda":
         return False
     free, _total = torch.cuda.mem_get_info(device)
-    return sum(t.numel() * t.element_size() for t in train.tensors) <= PLACE_SHARE * free
+    return _bytes(train) <= PLACE_SHARE * free
 
 
 class BatchCopy:

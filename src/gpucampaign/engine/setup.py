@@ -32,7 +32,7 @@ from gpucampaign.engine.devices import (
     pick_device,
     seed_everything,
 )
-from gpucampaign.engine.parts import BatchCopy, make_loader, place_train_split
+from gpucampaign.engine.parts import BatchCopy, make_loader, place_eval_splits, place_train_split
 from gpucampaign.engine.process_group import OneProcess, Ranks
 from gpucampaign.folder.layout import PARAMS_FILE
 from gpucampaign.folder.metrics import MetricsLog
@@ -68,6 +68,8 @@ class LiveRun:
     manager: CheckpointManager
     # Moves each batch to the device (``parts.BatchCopy``); a no-op for a placed train split.
     copy_batch: Any = None
+    # The evaluation splits placed in the device's memory with the train split (by name).
+    on_device: dict[str, Any] = field(default_factory=dict)
     # The run's processes: one, or this rank of a data-parallel run (``process_group.py``).
     dist: Ranks = field(default_factory=OneProcess)
     # The global generators' states of this run, while other runs train in this process.
@@ -111,6 +113,12 @@ class LiveRun:
     @property
     def steps_per_epoch(self) -> int:
         return len(self.loader)
+
+    def split(self, name: str) -> Any:
+        """The split ``name`` as evaluations read it: placed on the device, else the recipe's
+        (None when the recipe gives none)."""
+        placed = self.on_device.get(name)
+        return placed if placed is not None else self.datasets.get(name)
 
     def step_s(self) -> float | None:
         """Median step time, without the first step (warm-up) when there are others."""
@@ -226,6 +234,12 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
         ),
         loader=loader,
         copy_batch=BatchCopy(device) if placed is None else (lambda batch: batch),
+        on_device=place_eval_splits(  # data-parallel: rank 0 alone evaluates
+            datasets,
+            placed_train=placed if dist.is_main else None,
+            device=device,
+            collate_fn=recipe.collate_fn,
+        ),
         planned=planned,
         target=planned if job.stop_after_steps is None else min(job.stop_after_steps, planned),
         manager=CheckpointManager(

@@ -5,11 +5,12 @@ method once before a campaign starts.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from gpucampaign.recipe.contract import (
     Pinned,
@@ -98,8 +99,47 @@ def recipe_module_path(recipe: str) -> str:
     return "/".join(parts[:-1] + [parts[-1] + path.suffix])
 
 
+class PlacedSplit(Dataset):
+    """An evaluation split's tensors placed in the device's memory once, for every evaluation
+    of a run (``engine.parts.place_splits``). Indexed by a slice, it gives the batch the host's
+    ``ordered_loader`` collates from the same rows: a list of the tensors' rows, in order.
+    ``ids``: the split's own, kept (``example_ids``)."""
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...], *, ids: Any = None) -> None:
+        self.tensors, self.ids = tensors, ids
+
+    def __len__(self) -> int:
+        return int(self.tensors[0].shape[0])
+
+    def __getitem__(self, rows: slice) -> list[torch.Tensor]:
+        return [t[rows] for t in self.tensors]
+
+
+class _InOrder(Sampler[slice]):
+    """Consecutive slices of ``batch_size`` rows, the last one shorter."""
+
+    def __init__(self, n: int, *, batch_size: int) -> None:
+        self.n, self.batch_size = n, batch_size
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
+
+    def __iter__(self) -> Iterator[slice]:
+        for start in range(0, self.n, self.batch_size):
+            yield slice(start, start + self.batch_size)
+
+
 def ordered_loader(recipe: Recipe, dataset: Any, *, config: RunConfig) -> DataLoader:
-    """One split's batches in order, in this process (evaluation and predictions)."""
+    """One split's batches in order, in this process (evaluation and predictions); a
+    ``PlacedSplit``'s are cut where it lies, with no copy.
+
+    Either way the batches come from a DataLoader's iterator, which draws its base seed from
+    torch's global generator: a run's later draws (dropout) are the same with or without its
+    splits placed.
+    """
+    if isinstance(dataset, PlacedSplit):
+        slices = _InOrder(len(dataset), batch_size=config.batch_size)
+        return DataLoader(dataset, sampler=slices, batch_size=None)
     return DataLoader(
         dataset,
         batch_size=config.batch_size,
