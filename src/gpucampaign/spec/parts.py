@@ -204,7 +204,8 @@ class RunConfig(_Frozen):
     place_data: Literal["auto", "device", "host"] = Field(
         default="auto",
         description="Where the training batches are cut. 'device': the train split (a "
-        "TensorDataset, no collate_fn) is placed in the device's memory once and batched there; "
+        "TensorDataset, no collate_fn) is placed in the device's memory once and batched there, "
+        "with the val and test splits when they are TensorDatasets that fit beside it; "
         "'host': batched on the CPU, each batch copied in (from pinned memory, on a side stream "
         "on CUDA); 'auto': 'device' on CUDA when the split takes at most a quarter of the free "
         "device memory, else 'host'. The same batches in the same order either way: not part "
