@@ -78,9 +78,9 @@ def test_the_final_evaluation_runs_while_the_last_save_is_written(
     digits_file,  # noqa: F811
     monkeypatch,
 ):
-    """The last save's write overlaps the final evaluation (issue 35: the end of a run does
-    not stall on it), and ``result.json``, which says the run completed, is written only once
-    that checkpoint is durable."""
+    """The last save's write overlaps the final evaluation and the model folder's write
+    (issue 35: the end of a run does not stall on it), and ``result.json``, which says the run
+    completed, is written only once that checkpoint is durable."""
     import threading
 
     from gpucampaign.checkpoint.state import BackgroundSaves
@@ -88,10 +88,11 @@ def test_the_final_evaluation_runs_while_the_last_save_is_written(
     from gpucampaign.folder.layout import RESULT_FILE
 
     spec = make_spec(tmp_path, digits_file)
-    final_eval = threading.Event()
+    final_eval, model_written = threading.Event(), threading.Event()
     seen: list[dict[str, Any]] = []
     last_call = {"last": False}
     save, submit, evaluate = Checkpointer.save, BackgroundSaves.submit, loop.evaluate
+    save_model = loop.save_model
 
     def spy_save(self: Checkpointer, step: int, *, last_step: bool = False) -> bool:
         last_call["last"] = last_step
@@ -103,9 +104,17 @@ def test_the_final_evaluation_runs_while_the_last_save_is_written(
 
         def held() -> Any:
             overlapped = final_eval.wait(timeout=5)  # the old order never sets it: 5 s lost
+            model = model_written.wait(timeout=5)
             saved = job()
             done = (run_dir(spec, tmp_path) / RESULT_FILE).exists()
-            seen.append({"step": saved.step, "overlapped": overlapped, "result_before": done})
+            seen.append(
+                {
+                    "step": saved.step,
+                    "overlapped": overlapped,
+                    "model": model,
+                    "result_before": done,
+                }
+            )
             return saved
 
         return submit(self, held)
@@ -117,8 +126,14 @@ def test_the_final_evaluation_runs_while_the_last_save_is_written(
 
     monkeypatch.setattr(Checkpointer, "save", spy_save)
     monkeypatch.setattr(BackgroundSaves, "submit", held_submit)
+
+    def spy_save_model(r: Any, metrics: Any) -> None:
+        save_model(r, metrics)
+        model_written.set()
+
     monkeypatch.setattr(loop, "evaluate", spy_evaluate)
+    monkeypatch.setattr(loop, "save_model", spy_save_model)
     res = run(spec, tmp_path)
     assert res.completed and res.steps_done == 20
-    assert seen == [{"step": 20, "overlapped": True, "result_before": False}]
+    assert seen == [{"step": 20, "overlapped": True, "model": True, "result_before": False}]
     assert (run_dir(spec, tmp_path) / RESULT_FILE).exists()

@@ -20,8 +20,9 @@ One call of ``train_run``, as pseudocode::
             hooks.after_step                      # the live view, when due (it flushes rows)
             stop requested?  save this step, wait for it, raise Interrupted
     step < planned?  r.saver.wait(); hooks.after_train; return uncompleted (the pilot)
-    _finish                                       # final evals while the last save is written,
-                                                  # wait for it, model/, hooks.at_end, result.json
+    _finish                                       # final evals and model/ while the last save
+                                                  # is written, wait for it, hooks.at_end,
+                                                  # result.json
     finally: metrics.jsonl closes: hooks.on_close # the tracker ends, the live view says stopped
 
 The hooks (``engine/hooks.py``) are the stop rules, the MLflow tracker and the live view: the
@@ -251,9 +252,9 @@ def _last_save(r: LiveRun, hooks: Hooks, *, since: float) -> None:
 
 
 def _finish(r: LiveRun, hooks: Hooks, *, train_s: float, t_trained: float) -> RunResult:
-    """Final evaluation (while the last save is written in the background), the model folder,
-    the hooks' ``at_end`` (the quality floor), then ``result.json``: the checkpoint is
-    durable before anything that says the run completed.
+    """Final evaluation and the model folder (while the last save is written in the
+    background), the hooks' ``at_end`` (the quality floor), then ``result.json``: the
+    checkpoint is durable before anything that says the run completed.
 
     Raises:
         StopRule: The first stop ``at_end`` returned, after everything is written
@@ -261,17 +262,19 @@ def _finish(r: LiveRun, hooks: Hooks, *, train_s: float, t_trained: float) -> Ru
     """
     step = r.state.global_step
     require_complete(r.run_id, steps_done=step, planned_steps=r.planned)
-    # The final save's write overlaps the evaluation: its snapshot was taken at the save, and
-    # the evaluation reads the model without changing it.
+    # The final save's write (and upload) overlaps the evaluation and the model folder's
+    # write: its snapshot was taken at the save, and neither changes the model. A model
+    # folder without result.json says nothing: a restart trains from the checkpoint again.
     eval_metrics = {s: m for s in EVAL_SPLITS if (m := evaluate(r, s, final=True)) is not None}
-    _last_save(r, hooks, since=t_trained)
     if not r.dist.is_main:  # data-parallel: rank 0 evaluates, writes the model and the result
+        _last_save(r, hooks, since=t_trained)
         return run_result(r, completed=True, train_s=train_s)
+    metrics = eval_metrics.get(r.spec.decision_split, {})
+    save_model(r, metrics)
+    _last_save(r, hooks, since=t_trained)
     saves = r.saver.saves
     # The last step always saves (target == planned here), unless it was restored as is.
     assert (saves and saves[-1].step == step) or r.resumed_from == step
-    metrics = eval_metrics.get(r.spec.decision_split, {})
-    save_model(r, metrics)
     # The floor is a decision, so it reads the selection split: the report split decides nothing.
     selected = eval_metrics.get(r.spec.selection_split, metrics)
     stop = hooks.at_end(selected)
