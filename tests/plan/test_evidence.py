@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from gpucampaign.cli import app
 from gpucampaign.plan import calendar
-from gpucampaign.plan.evidence import PROPOSED_SEEDS, detectable_gain_sd, t_quantile
+from gpucampaign.plan.evidence import PROPOSED_SEEDS, detectable_gain_sd
 from gpucampaign.spec import parse_spec
 
 DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits" / "campaign.yaml"
@@ -76,21 +76,6 @@ def test_campaign_plan_prints_the_evidence_lines():
     assert "one seed a side cannot measure training noise, so the verdict cannot adopt" in text
     assert "with 3 seeds: 1.7 more GPU h, which fits the 70.95 spare GPU h of the lot" in text
     assert "about 4.379 x the seed-to-seed standard deviation of the metric" in text
-
-
-@pytest.mark.parametrize("p", [0.6, 0.80, 0.975, 0.995])
-def test_the_t_quantile_is_scipys_at_every_dof_a_spec_allows(p: float) -> None:
-    """The plan's own t quantile (no scipy import before the first step) equals scipy's, from
-    one degree of freedom (two seeds, the closed form's odd branch at its shortest) to the 999
-    that ``MAX_SEEDS`` allows."""
-    from scipy.stats import t
-
-    for dof in [*range(1, 121), 255, 256, 998, 999]:
-        assert t_quantile(p, dof=dof) == pytest.approx(t.ppf(p, dof), rel=1e-11), dof
-    with pytest.raises(ValueError, match="0.5 < p < 1"):
-        t_quantile(0.4, dof=3)
-    with pytest.raises(ValueError, match="dof >= 1"):
-        t_quantile(0.9, dof=0)
 
 
 def test_the_detectable_gain_is_the_one_scipys_quantiles_give() -> None:

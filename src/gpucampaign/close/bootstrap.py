@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from gpucampaign.core.resample import BOOT_SAMPLES, BOOT_SEED, RESAMPLE_CHUNK
+from gpucampaign.core.tdist import t_quantile
 
 #: What each source of variance, when it dominates, says more evidence should be.
 DOMINATES = {
@@ -281,10 +282,7 @@ def _t_half_width(*, seed_var: float, example_var: float, dof: int) -> float:
     """The 95% half-width over seeds and examples: the seeds' share at Student's t with ``dof``
     degrees of freedom (a few seeds estimate their spread poorly), the examples' at the
     normal quantile."""
-    # scipy (scikit-learn's dependency) stays off the start-up path
-    from scipy.stats import t  # type: ignore[import-untyped]
-
-    q = float(t.ppf(0.975, dof))
+    q = t_quantile(0.975, dof=dof)
     return math.sqrt(q * q * seed_var + 1.959963984540054**2 * example_var)
 
 
