@@ -59,6 +59,7 @@ from prefect.states import Crashed
 
 from gpucampaign.folder.lock import pid_runs
 from gpucampaign_prefect.flows._embedded import adopted_api_url, adopted_server_pid
+from gpucampaign_prefect.orchestration.background import UiCalls
 
 #: Flows of this project that may hold the GPU lock.
 OUR_FLOWS: tuple[str, ...] = ("campaign", "restart-verification")
@@ -66,6 +67,9 @@ OUR_FLOWS: tuple[str, ...] = ("campaign", "restart-verification")
 # Prefix of the infrastructure_pid we stamp on in-process flow runs, so a later run can tell
 # a live holder from one killed with its process (embedded mode leaves it Running forever).
 _STAMP = "gpucampaign"
+
+#: The longest the release of a slot waits for the UI to show the holders (free again).
+PUBLISH_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -365,7 +369,9 @@ def gpu_slot(
     record = _record_holder(
         name, str(granted.lease_id), campaign=campaign, out=out, run=run, slots=slots
     )
-    publish_holders(name, held=True)
+    # The UI's table and tag are made beside the phase: its first step does not wait for them.
+    shown = UiCalls(f"holders of GPU lock '{name}'")
+    shown.submit(publish_holders, name, held=True)
     try:
         with maintain_concurrency_lease(
             granted.lease_id, lease_s, raise_on_lease_renewal_failure=True
@@ -376,7 +382,8 @@ def gpu_slot(
             release_concurrency_slots_with_lease(granted.lease_id)
         finally:
             record.unlink(missing_ok=True)
-            publish_holders(name, held=False)
+            shown.submit(publish_holders, name, held=False)  # after the held version
+            shown.close(timeout_s=PUBLISH_WAIT_S)
 
 
 def holder_tag(name: str) -> str:

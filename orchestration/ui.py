@@ -21,9 +21,12 @@ from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.progress import evaluation_table, read_progress, render_line
 from gpucampaign.storage import spooled_keys
 from gpucampaign_prefect.orchestration import notify
+from gpucampaign_prefect.orchestration.background import UiCalls
 from gpucampaign_prefect.orchestration.phases import artifact_key, out_folder
 
 PROGRESS_EVERY_S = 2.0
+#: The longest a training call's end waits for its live view's last updates to reach the API.
+CLOSE_WAIT_S = 30.0
 
 
 def evaluations_key(run_id: str, *, campaign: str) -> str:
@@ -47,44 +50,64 @@ class TrainingView:
     artifact (its description: loss, the last evaluation, the ETA), the run's table of
     evaluations (a new version under one key per run whenever a new evaluation is seen), and
     one notification when checkpoint files stop leaving the machine.
+
+    Its API calls run on a thread of their own (``UiCalls``), in order: the training hands
+    each update over and goes on, and its first step does not wait for the artifact to be
+    made. ``close`` (or ``finish``) ends that thread.
     """
 
     def __init__(
         self, phase: str, run_id: str, *, out: str = "", campaign: str = "", store: Any = None
     ) -> None:
-        # sync_compatible: called from sync code, it returns the UUID, not a coroutine.
-        self.id = cast(
-            UUID,
-            create_progress_artifact(
-                progress=0.0, key=artifact_key(phase, run_id), description=f"{phase} of {run_id}"
-            ),
-        )
+        self.id: UUID | None = None  # the progress artifact, once the UI's thread made it
         self.last = time.monotonic()
         self.description = f"{phase} of {run_id}"
         self.run_id, self.out, self.campaign = run_id, out, campaign
         self.store = store  # the checkpoint store: its URL and last refusal name the outage
         self.table_step: int | None = None  # the newest evaluation in the table artifact
         self.told_spool = False
+        self.calls = UiCalls(f"live view of {run_id}")
+        self.calls.submit(self._create, key=artifact_key(phase, run_id))
+
+    def _create(self, *, key: str) -> None:
+        # sync_compatible: called from sync code, it returns the UUID, not a coroutine.
+        self.id = cast(
+            UUID, create_progress_artifact(progress=0.0, key=key, description=self.description)
+        )
 
     def __call__(self, info: dict[str, Any]) -> None:
         if time.monotonic() - self.last < PROGRESS_EVERY_S:
             return
         self.last = time.monotonic()
         done = 100.0 * info["step"] / max(1, info["planned_steps"])
+        self.calls.submit(self._show, dict(info), progress=min(100.0, done))
+
+    def _show(self, info: dict[str, Any], *, progress: float) -> None:
         # The description carries what the bar cannot: loss, the last evaluation, the ETA.
         self.description = render_line(info)
-        update_progress_artifact(
-            artifact_id=self.id, progress=min(100.0, done), description=self.description
-        )
+        if self.id is not None:
+            update_progress_artifact(
+                artifact_id=self.id, progress=progress, description=self.description
+            )
         self.live_tables(info)
 
     def finish(self, folder: OutputFolder) -> None:
         """The full bar with the run's final live line (its last evaluation), and the last
-        version of the evaluation table."""
+        version of the evaluation table; then the UI's thread ends (``close``)."""
+        self.calls.submit(self._last, folder)
+        self.close()
+
+    def _last(self, folder: OutputFolder) -> None:
         record = read_progress(folder.run_dir(self.run_id))
         description = render_line(record) if record else f"{self.run_id}: done"
-        update_progress_artifact(artifact_id=self.id, progress=100.0, description=description)
+        if self.id is not None:
+            update_progress_artifact(artifact_id=self.id, progress=100.0, description=description)
         self.live_tables(record or {}, final=True)
+
+    def close(self) -> None:
+        """Wait (at most ``CLOSE_WAIT_S``) for the updates handed over, then end the UI's
+        thread; called again, it only waits."""
+        self.calls.close(timeout_s=CLOSE_WAIT_S)
 
     def live_tables(self, info: dict[str, Any], *, final: bool = False) -> None:
         """A new version of the evaluation table when a new evaluation is seen (always at the

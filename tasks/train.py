@@ -66,6 +66,40 @@ def _run_training(
     corpus = load_spec_corpus(spec, base_dir=base_dir, run_id=run_id)
     store = open_store(spec.storage.url, out_dir=Path(out), read_wait_s=read_wait_s(spec))
     progress = TrainingView(phase, run_id, out=out, campaign=spec.name, store=store)
+    try:
+        result = _train_under_lock(
+            spec,
+            out=out,
+            run=run,
+            phase=phase,
+            store=store,
+            corpus=corpus,
+            progress=progress,
+            stop_after_steps=stop_after_steps,
+            lane=lane,
+        )
+        progress.finish(folder)
+    finally:
+        progress.close()  # a stop or an error: the UI's thread ends too
+    if (unsent := tracking_note(folder.run_dir(run_id))) is not None:
+        get_run_logger().warning(unsent)
+    return result, n_train_of(folder.run_dir(run_id), run=run, corpus=corpus)
+
+
+def _train_under_lock(
+    spec: CampaignSpec,
+    *,
+    out: str,
+    run: ResolvedRun,
+    phase: str,
+    store: Any,
+    corpus: Any,
+    progress: TrainingView,
+    stop_after_steps: int | None,
+    lane: int,
+) -> RunResult:
+    """``train_run`` under the GPU slot, with the busy time recorded."""
+    folder, run_id = out_folder(out), run.run_id
     lock = spec.gpu_lock
     with (
         gpu_slot(
@@ -102,10 +136,7 @@ def _run_training(
         row.steps = 0 if result.reused else result.steps_done - (result.resumed_from_step or 0)
         if result.reused:
             row.note = f"{run_id}: recorded result reused, nothing trained"
-    progress.finish(folder)
-    if (unsent := tracking_note(folder.run_dir(run_id))) is not None:
-        get_run_logger().warning(unsent)
-    return result, n_train_of(folder.run_dir(run_id), run=run, corpus=corpus)
+    return result
 
 
 @task(name="pilot", task_run_name="pilot[{run}]", **PHASE_OPTIONS)

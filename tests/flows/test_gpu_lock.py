@@ -371,9 +371,13 @@ def test_the_holder_is_shown_as_a_tag_and_a_table_while_it_holds_the_slot():
         from prefect.runtime import flow_run
 
         with gpu_slot(name, timeout_s=60, lease_s=60, campaign="shown", run="train of c-1"):
+            # Shown beside the phase (its first step does not wait for it): soon, not at once.
+            deadline = time.monotonic() + 30
+            while holder_tag(name) not in tags(flow_run.id) and time.monotonic() < deadline:
+                time.sleep(0.05)
             seen["held_tags"] = tags(flow_run.id)
             seen["held_table"] = table()
-        seen["free_tags"] = tags(flow_run.id)
+        seen["free_tags"] = tags(flow_run.id)  # the release waits for the UI's last version
         seen["free_table"] = table()
         return flow_run.id
 
@@ -384,3 +388,27 @@ def test_the_holder_is_shown_as_a_tag_and_a_table_while_it_holds_the_slot():
     assert row["pid"] == os.getpid()
     assert holder_tag(name) not in seen["free_tags"]
     assert seen["free_table"][0]["holder"] == "(free on this host)"
+
+
+def test_the_phase_does_not_wait_for_the_ui_to_show_its_holder(monkeypatch):
+    """The body of the slot (the training's first step) starts while the holders' table is
+    still being published; the release publishes "free" after "held", and waits for it."""
+    from gpucampaign_prefect.orchestration import gpu_lock
+
+    name = _name("beside")
+    ensure_gpu_limit(name, 1, clear_stale=False)
+    api_answers = threading.Event()
+    published: list[bool] = []
+
+    def slow_publish(lock: str, *, held: bool) -> None:
+        api_answers.wait(30)
+        published.append(held)
+
+    monkeypatch.setattr(gpu_lock, "publish_holders", slow_publish)
+    t0 = time.monotonic()
+    with gpu_slot(name, timeout_s=60, lease_s=60, run="train of c-2"):
+        entered_s = time.monotonic() - t0
+        assert published == []  # the table is not there yet: the phase did not wait for it
+        api_answers.set()
+    assert entered_s < 20 and published == [True, False]
+    assert _limit(name).active_slots == 0

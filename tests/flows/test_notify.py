@@ -179,6 +179,7 @@ def test_the_live_tables_never_stop_a_training(monkeypatch, tmp_path):
         raise ConnectionError("the Prefect API is gone")
 
     monkeypatch.setattr(ui, "create_table_artifact", down)
+    monkeypatch.setattr(ui, "create_progress_artifact", lambda **kw: "artifact-id")
     run_dir = tmp_path / "runs" / "control-0123456789"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text(
@@ -189,6 +190,7 @@ def test_the_live_tables_never_stop_a_training(monkeypatch, tmp_path):
     )
     progress = ui.TrainingView("train", "control-0123456789", out=str(tmp_path), campaign="c")
     progress.live_tables({"metric": "accuracy", "metric_step": 1, "planned_steps": 4}, final=True)
+    progress.close()
     assert progress.table_step == 1  # it tried, and the error stayed in the live view
 
 
@@ -205,6 +207,7 @@ def test_the_store_outage_message_names_the_store_and_its_answer(emitted, monkey
     progress.live_tables({})
     OUTAGES.back("s3://bucket/camp")
     progress.live_tables({})  # said once
+    progress.close()
     (event,) = emitted
     assert event["event"] == notify.STORAGE_UNREACHABLE
     body = event["payload"]["body"]

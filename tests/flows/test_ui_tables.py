@@ -37,6 +37,7 @@ def test_two_campaigns_training_one_config_keep_their_own_tables(monkeypatch, tm
         fix_campaign_id(out, name="same", spec_sha256=f"{n}" * 64)
         view = ui.TrainingView("train", RUN, out=str(out), campaign="same")
         view.live_tables({"metric": "accuracy", "metric_step": 2, "planned_steps": 2}, final=True)
+        view.close()  # its thread ends here, not in a later test's patches
         outs.append(out)
     keys = [ui.evaluations_key(RUN, campaign=read_campaign_id(out) or "") for out in outs]
     assert len(set(keys)) == 2 and set(tables) == set(keys)
@@ -44,3 +45,64 @@ def test_two_campaigns_training_one_config_keep_their_own_tables(monkeypatch, tm
     assert [r["train_loss"] for r in first] == [2.629, 1.5]
     assert [r["value"] for r in first] == [0.8762, 0.5]
     assert [r["train_loss"] for r in second] == [0.7, 0.1235]
+
+
+def test_the_training_hands_its_updates_over_and_goes_on(monkeypatch, tmp_path):
+    """The live view's API calls run on its own thread, in order: making the view and each
+    update return while the API has not answered, and ``finish`` waits for the full bar."""
+    import threading
+    import time
+
+    from gpucampaign.folder.layout import OutputFolder
+    from gpucampaign_prefect.orchestration import ui
+
+    answer = threading.Event()
+    calls: list[tuple[str, float]] = []
+
+    def create(**kw):
+        answer.wait(30)
+        calls.append(("create", kw["progress"]))
+        return "artifact-id"
+
+    def update(*, artifact_id, progress, description):
+        assert artifact_id == "artifact-id"
+        calls.append(("update", progress))
+
+    monkeypatch.setattr(ui, "create_progress_artifact", create)
+    monkeypatch.setattr(ui, "update_progress_artifact", update)
+    monkeypatch.setattr(ui, "create_table_artifact", lambda **kw: calls.append(("table", 0.0)))
+    out = _folder(tmp_path / "out", losses=[1.5, 0.7])
+    t0 = time.monotonic()
+    view = ui.TrainingView("train", RUN, out=str(out), campaign="c")
+    view.last -= ui.PROGRESS_EVERY_S  # an update is due
+    view({"step": 1, "planned_steps": 2, "metric": "accuracy", "metric_step": 1})
+    assert time.monotonic() - t0 < 10 and calls == []  # the API has not answered yet
+    answer.set()
+    view.finish(OutputFolder(out))
+    assert calls == [
+        ("create", 0.0),
+        ("update", 50.0),
+        ("table", 0.0),
+        ("update", 100.0),
+        ("table", 0.0),
+    ]
+    view.close()  # again: it only waits
+
+
+def test_a_live_view_that_cannot_reach_the_api_never_stops_the_training(monkeypatch, tmp_path):
+    """The progress artifact is refused: the updates are skipped and the training goes on."""
+    from gpucampaign.folder.layout import OutputFolder
+    from gpucampaign_prefect.orchestration import ui
+
+    def refused(**kw):
+        raise ConnectionError("the API is down")
+
+    monkeypatch.setattr(ui, "create_progress_artifact", refused)
+    monkeypatch.setattr(ui, "update_progress_artifact", refused)
+    monkeypatch.setattr(ui, "create_table_artifact", refused)
+    out = _folder(tmp_path / "out", losses=[1.5])
+    view = ui.TrainingView("train", RUN, out=str(out))
+    view.last -= ui.PROGRESS_EVERY_S
+    view({"step": 1, "planned_steps": 1})
+    view.finish(OutputFolder(out))
+    assert view.id is None and not view.calls._thread.is_alive()
