@@ -458,6 +458,7 @@ def test_every_campaign_event_reaches_the_webhook_through_the_automations(
             "train", "control-0123456789", out=str(out), campaign=name, store=store
         )
         progress.check_spool()
+        progress.close()
         assert progress.told_spool
 
     essential = receiver.wait_for(rf"{name}: essential run 'control' stopped", timeout_s=120)

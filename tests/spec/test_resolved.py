@@ -104,6 +104,9 @@ class _NoProgress:
     def finish(self, folder: Any) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 def test_a_training_task_resolves_its_run_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
