@@ -35,6 +35,21 @@ class UiCalls:
         if not self._closed:
             self._calls.put(functools.partial(fn, *args, **kwargs))
 
+    def drain(self, *, timeout_s: float) -> bool:
+        """Wait until the calls submitted so far have run; False after ``timeout_s``.
+
+        The embedded Prefect server keeps its database in SQLite, which takes one writer at a
+        time: a write of the UI's that overlaps the GPU lock's release or its next acquisition
+        makes that call fail with 503, and Prefect retries it about 2 s later. The lock's
+        callers drain their UI calls before those calls.
+        """
+        if self._closed:
+            self._thread.join(timeout_s)
+            return not self._thread.is_alive()
+        done = threading.Event()
+        self.submit(done.set)
+        return done.wait(timeout_s)
+
     def close(self, *, timeout_s: float) -> bool:
         """Run what was submitted, then end the thread; False when that took longer than
         ``timeout_s`` (the rest is left to the thread, which the process does not wait for)."""

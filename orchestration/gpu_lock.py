@@ -378,6 +378,7 @@ def gpu_slot(
         ):
             yield SlotHold(name=name, waited_s=monotonic() - t0)
     finally:
+        shown.drain(timeout_s=PUBLISH_WAIT_S)  # no write of the UI's beside the release
         try:
             release_concurrency_slots_with_lease(granted.lease_id)
         finally:

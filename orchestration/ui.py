@@ -52,8 +52,10 @@ class TrainingView:
     one notification when checkpoint files stop leaving the machine.
 
     Its API calls run on a thread of their own (``UiCalls``), in order: the training hands
-    each update over and goes on, and its first step does not wait for the artifact to be
-    made. ``close`` (or ``finish``) ends that thread.
+    each update over and goes on. The artifact is made with the first update, once the
+    training runs: never before its first step, nor beside the GPU lock's acquisition (see
+    ``UiCalls.drain``). ``drain`` waits for the updates handed over; ``close`` (or
+    ``finish``) ends the thread.
     """
 
     def __init__(
@@ -66,13 +68,20 @@ class TrainingView:
         self.store = store  # the checkpoint store: its URL and last refusal name the outage
         self.table_step: int | None = None  # the newest evaluation in the table artifact
         self.told_spool = False
+        self.key = artifact_key(phase, run_id)
         self.calls = UiCalls(f"live view of {run_id}")
-        self.calls.submit(self._create, key=artifact_key(phase, run_id))
+        self.created = False  # the artifact's creation handed over
 
-    def _create(self, *, key: str) -> None:
+    def _submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> None:
+        if not self.created:
+            self.created = True
+            self.calls.submit(self._create)
+        self.calls.submit(fn, *args, **kwargs)
+
+    def _create(self) -> None:
         # sync_compatible: called from sync code, it returns the UUID, not a coroutine.
         self.id = cast(
-            UUID, create_progress_artifact(progress=0.0, key=key, description=self.description)
+            UUID, create_progress_artifact(progress=0.0, key=self.key, description=self.description)
         )
 
     def __call__(self, info: dict[str, Any]) -> None:
@@ -80,7 +89,7 @@ class TrainingView:
             return
         self.last = time.monotonic()
         done = 100.0 * info["step"] / max(1, info["planned_steps"])
-        self.calls.submit(self._show, dict(info), progress=min(100.0, done))
+        self._submit(self._show, dict(info), progress=min(100.0, done))
 
     def _show(self, info: dict[str, Any], *, progress: float) -> None:
         # The description carries what the bar cannot: loss, the last evaluation, the ETA.
@@ -94,7 +103,7 @@ class TrainingView:
     def finish(self, folder: OutputFolder) -> None:
         """The full bar with the run's final live line (its last evaluation), and the last
         version of the evaluation table; then the UI's thread ends (``close``)."""
-        self.calls.submit(self._last, folder)
+        self._submit(self._last, folder)
         self.close()
 
     def _last(self, folder: OutputFolder) -> None:
@@ -103,6 +112,10 @@ class TrainingView:
         if self.id is not None:
             update_progress_artifact(artifact_id=self.id, progress=100.0, description=description)
         self.live_tables(record or {}, final=True)
+
+    def drain(self) -> None:
+        """Wait (at most ``CLOSE_WAIT_S``) for the updates handed over so far."""
+        self.calls.drain(timeout_s=CLOSE_WAIT_S)
 
     def close(self) -> None:
         """Wait (at most ``CLOSE_WAIT_S``) for the updates handed over, then end the UI's

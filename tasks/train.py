@@ -133,6 +133,8 @@ def _train_under_lock(
         except Futile as exc:  # the segment says what it trained before the lane was freed
             row.steps, row.note = futile_segment(folder.root, exc)
             raise
+        finally:
+            progress.drain()  # no write of the UI's beside the lock's release
         row.steps = 0 if result.reused else result.steps_done - (result.resumed_from_step or 0)
         if result.reused:
             row.note = f"{run_id}: recorded result reused, nothing trained"

@@ -392,23 +392,32 @@ def test_the_holder_is_shown_as_a_tag_and_a_table_while_it_holds_the_slot():
 
 def test_the_phase_does_not_wait_for_the_ui_to_show_its_holder(monkeypatch):
     """The body of the slot (the training's first step) starts while the holders' table is
-    still being published; the release publishes "free" after "held", and waits for it."""
+    still being published; the release comes after that publication (no write of the UI's
+    beside it: SQLite refuses a second writer, and Prefect retries the release 2 s later),
+    then "free" is published, and the slot's exit waits for it."""
     from gpucampaign_prefect.orchestration import gpu_lock
 
     name = _name("beside")
     ensure_gpu_limit(name, 1, clear_stale=False)
     api_answers = threading.Event()
-    published: list[bool] = []
+    order: list[str] = []
+    release = gpu_lock.release_concurrency_slots_with_lease
 
     def slow_publish(lock: str, *, held: bool) -> None:
         api_answers.wait(30)
-        published.append(held)
+        time.sleep(0.2)  # still writing when the body ends
+        order.append("held" if held else "free")
+
+    def released(lease_id) -> None:
+        order.append("release")
+        release(lease_id)
 
     monkeypatch.setattr(gpu_lock, "publish_holders", slow_publish)
+    monkeypatch.setattr(gpu_lock, "release_concurrency_slots_with_lease", released)
     t0 = time.monotonic()
     with gpu_slot(name, timeout_s=60, lease_s=60, run="train of c-2"):
         entered_s = time.monotonic() - t0
-        assert published == []  # the table is not there yet: the phase did not wait for it
+        assert order == []  # the table is not there yet: the phase did not wait for it
         api_answers.set()
-    assert entered_s < 20 and published == [True, False]
+    assert entered_s < 20 and order == ["held", "release", "free"]
     assert _limit(name).active_slots == 0

@@ -74,10 +74,14 @@ def test_the_training_hands_its_updates_over_and_goes_on(monkeypatch, tmp_path):
     out = _folder(tmp_path / "out", losses=[1.5, 0.7])
     t0 = time.monotonic()
     view = ui.TrainingView("train", RUN, out=str(out), campaign="c")
+    assert not view.created  # nothing is written before the training runs (the GPU lock's
+    view.drain()  # acquisition comes next, and SQLite takes one writer at a time)
     view.last -= ui.PROGRESS_EVERY_S  # an update is due
     view({"step": 1, "planned_steps": 2, "metric": "accuracy", "metric_step": 1})
     assert time.monotonic() - t0 < 10 and calls == []  # the API has not answered yet
     answer.set()
+    view.drain()
+    assert calls == [("create", 0.0), ("update", 50.0), ("table", 0.0)]
     view.finish(OutputFolder(out))
     assert calls == [
         ("create", 0.0),

@@ -104,6 +104,9 @@ class _NoProgress:
     def finish(self, folder: Any) -> None:
         pass
 
+    def drain(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
