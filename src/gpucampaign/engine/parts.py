@@ -155,8 +155,8 @@ def place_eval_splits(
     }
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        on_device = _bytes(placed_train) + sum(_bytes(ds) for ds in chosen.values())
-        if on_device > PLACE_SHARE * (free + _bytes(placed_train)):
+        train_bytes = _bytes(placed_train)
+        if train_bytes + sum(map(_bytes, chosen.values())) > PLACE_SHARE * (free + train_bytes):
             return {}
     return {
         name: PlacedSplit(tuple(t.to(device) for t in ds.tensors), ids=getattr(ds, "ids", None))

@@ -101,7 +101,7 @@ def recipe_module_path(recipe: str) -> str:
 
 class PlacedSplit(Dataset):
     """An evaluation split's tensors placed in the device's memory once, for every evaluation
-    of a run (``engine.parts.place_splits``). Indexed by a slice, it gives the batch the host's
+    of a run (``engine.parts.place_eval_splits``). Indexed by a slice, it gives the batch the host's
     ``ordered_loader`` collates from the same rows: a list of the tensors' rows, in order.
     ``ids``: the split's own, kept (``example_ids``)."""
 
