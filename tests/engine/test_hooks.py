@@ -12,9 +12,8 @@ import torch
 
 from gpucampaign.core.stoprules import STOP_RULES, StopRule
 from gpucampaign.engine import loop, registry
-from gpucampaign.engine.hooks import Hook, HookArgs
+from gpucampaign.engine.hooks import Hook, HookArgs, RunView, StopRequest
 from gpucampaign.engine.registry import register
-from gpucampaign.engine.setup import LiveRun
 from gpucampaign.folder.metrics import MetricsLog, read_metrics
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401 - a fixture
 
@@ -28,14 +27,14 @@ def _registry(monkeypatch):
 class Recorder(Hook):
     """Writes down every event it hears."""
 
-    def __init__(self, r: LiveRun, args: HookArgs) -> None:
+    def __init__(self, r: RunView, args: HookArgs) -> None:
         self.r = r
         self.args = args
         self.events: list[str] = []
         self.rows: list[dict[str, Any]] = []
 
     def on_start(self) -> None:
-        self.events.append(f"on_start {self.r.state.global_step}")
+        self.events.append(f"on_start {self.r.step}")
 
     def on_train_row(self, row: dict[str, Any]) -> None:
         self.events.append(f"on_train_row {row['step']}")
@@ -45,10 +44,10 @@ class Recorder(Hook):
 
     def after_eval(self, metrics: dict[str, float]) -> None:
         assert "accuracy" in metrics
-        self.events.append(f"after_eval {self.r.state.global_step}")
+        self.events.append(f"after_eval {self.r.step}")
 
     def after_step(self) -> None:
-        self.events.append(f"after_step {self.r.state.global_step}")
+        self.events.append(f"after_step {self.r.step}")
 
     def after_train(self) -> None:
         self.events.append("after_train")
@@ -64,7 +63,7 @@ class Recorder(Hook):
 def _record() -> list[Recorder]:
     built: list[Recorder] = []
 
-    def factory(r: LiveRun, args: HookArgs) -> Recorder:
+    def factory(r: RunView, args: HookArgs) -> Recorder:
         built.append(Recorder(r, args))
         return built[-1]
 
@@ -119,16 +118,18 @@ class LossCeiling(Hook):
 
     ceiling = 1.0
 
-    def __init__(self, r: LiveRun, args: HookArgs) -> None:
+    def __init__(self, r: RunView, args: HookArgs) -> None:
         self.run_id = r.run_id
 
-    def on_train_row(self, row: dict[str, Any]) -> None:
-        if row["loss"] > self.ceiling:
-            raise LossAbove(
-                self.run_id,
-                f"training loss {row['loss']:.4f} above {self.ceiling} at step {row['step']}",
-                step=row["step"],
-            )
+    def on_train_row(self, row: dict[str, Any]) -> StopRequest | None:
+        if row["loss"] <= self.ceiling:
+            return None
+        stop = LossAbove(
+            self.run_id,
+            f"training loss {row['loss']:.4f} above {self.ceiling} at step {row['step']}",
+            step=row["step"],
+        )
+        return StopRequest.of(stop, save=False)  # the loop ends the run, nothing saved
 
 
 def test_a_new_stop_rule_is_one_hook_class_and_one_registry_line(tmp_path, digits_file):  # noqa: F811
@@ -160,31 +161,24 @@ def test_a_factory_that_returns_none_adds_no_hook(tmp_path, digits_file):  # noq
     assert run(spec, tmp_path).completed
 
 
-def test_the_metrics_log_tells_its_observers_what_it_checks_writes_and_closes(tmp_path):
-    class Watch:
-        def __init__(self) -> None:
-            self.checked: list[int] = []
-            self.written: list[int] = []
-            self.closed = 0
-
-        def check_row(self, row: dict[str, Any]) -> None:
-            self.checked.append(row["step"])
-            if row["loss"] > 1:
-                raise LossAbove("r", "too high", step=row["step"])
-
-        def rows_written(self, rows: list[dict[str, Any]]) -> None:
-            self.written.extend(r["step"] for r in rows)
-
-        def log_closed(self) -> None:
-            self.closed += 1
-
-    watch = Watch()
-    log = MetricsLog(tmp_path / "metrics.jsonl", every=10)
-    log.observe(watch)
+def test_the_metrics_log_hands_its_rows_to_the_loop_and_calls_no_one(tmp_path):
+    """The loop flushes: ``fetch`` gives the waiting rows with their losses, the loop checks
+    them and writes those it keeps; ``take_written`` gives every row written since the last
+    call, in order (the loop hands them to the hooks). A row written while others wait waits
+    behind them."""
+    log = MetricsLog(tmp_path / "metrics.jsonl", every=None)
+    log.set_every(10)
     for step, loss in enumerate([0.5, 0.4, 2.0, 0.3], start=1):
         log.defer({"kind": "train", "step": step}, loss=torch.tensor(loss))
-    with pytest.raises(LossAbove):
-        log.close()  # the flush checks the waiting rows: the third stops them
+    log.write({"kind": "eval", "step": 4})  # behind the waiting rows
+    assert log.waiting == 5 and not log.full and read_metrics(tmp_path / "metrics.jsonl") == []
+    rows = log.fetch()
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 4] and log.waiting == 0
+    assert [r.get("loss") for r in rows][:2] == [0.5, pytest.approx(0.4)]
+    bad = next(i for i, r in enumerate(rows) if r.get("loss", 0) > 1)
+    log.write_rows(rows[:bad])  # the loop's check stopped at the third: it and the rest dropped
+    assert [r["step"] for r in log.take_written()] == [1, 2] and log.take_written() == []
+    assert log.last_deferred == rows[1]
+    log.close()
     log.close()  # a second close does nothing
-    assert watch.checked == [1, 2, 3] and watch.written == [1, 2] and watch.closed == 1
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]

@@ -13,18 +13,18 @@ from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Record each ``Checkpointer.save`` call: its step, ``last_step``, the policy's next save
-    before it, and whether it saved."""
+    """Record each ``Checkpointer.due`` call (the loop saves when it says so): its step,
+    ``last_step``, the policy's next save before it, and whether it saved."""
     calls: list[dict[str, Any]] = []
-    save = Checkpointer.save
+    due_now = Checkpointer.due
 
     def spy(self: Checkpointer, step: int, *, last_step: bool = False) -> bool:
         due = self.policy.next_save
-        saved = save(self, step, last_step=last_step)
+        saved = due_now(self, step, last_step=last_step)
         calls.append({"step": step, "last": last_step, "due": due, "saved": saved})
         return saved
 
-    monkeypatch.setattr(Checkpointer, "save", spy)
+    monkeypatch.setattr(Checkpointer, "due", spy)
     return calls
 
 
@@ -91,12 +91,12 @@ def test_the_final_evaluation_runs_while_the_last_save_is_written(
     final_eval, model_written = threading.Event(), threading.Event()
     seen: list[dict[str, Any]] = []
     last_call = {"last": False}
-    save, submit, evaluate = Checkpointer.save, BackgroundSaves.submit, loop.evaluate
+    due, submit, evaluate = Checkpointer.due, BackgroundSaves.submit, loop.evaluate
     save_model = loop.save_model
 
-    def spy_save(self: Checkpointer, step: int, *, last_step: bool = False) -> bool:
+    def spy_due(self: Checkpointer, step: int, *, last_step: bool = False) -> bool:
         last_call["last"] = last_step
-        return save(self, step, last_step=last_step)
+        return due(self, step, last_step=last_step)
 
     def held_submit(self: BackgroundSaves, job: Any) -> None:
         if not last_call["last"]:
@@ -124,7 +124,7 @@ def test_the_final_evaluation_runs_while_the_last_save_is_written(
             final_eval.set()
         return evaluate(r, split, final=final)
 
-    monkeypatch.setattr(Checkpointer, "save", spy_save)
+    monkeypatch.setattr(Checkpointer, "due", spy_due)
     monkeypatch.setattr(BackgroundSaves, "submit", held_submit)
 
     def spy_save_model(r: Any, metrics: Any) -> None:

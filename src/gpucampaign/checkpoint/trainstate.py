@@ -32,10 +32,11 @@ SERIALIZED_ATTRIBUTES: tuple[str, ...] = (
     "rng",
     "cursor",
     "counters",
+    "hooks",
 )
 #: What ``state.pt`` must hold to be resumed: each component and the keys it must have.
-#: ``recipe`` and the counters besides ``global_step`` may be absent (checkpoints written before
-#: they were kept): they resume with their defaults.
+#: ``recipe``, ``hooks`` and the counters besides ``global_step`` may be absent (checkpoints
+#: written before they were kept): they resume with their defaults.
 REQUIRED_STATE: dict[str, tuple[str, ...]] = {
     "optimizer": (),
     "scheduler": (),
@@ -80,6 +81,10 @@ class TrainState:
     # ``rank``'s. Rank 0's states stay at the top of ``rng`` as for one process.
     gather_rng: Callable[[dict[str, Any]], list[dict[str, Any]] | None] | None = None
     rank: int = 0
+    # The loop's hooks with a state of their own (their ``state_dict`` by key), set once they
+    # are built; a load keeps theirs in ``restored_hooks`` until then.
+    hooks: Stateful | None = None
+    restored_hooks: dict[str, Any] = field(default_factory=dict)
     # Set by a load; ``start_epoch`` applies them at the top of the resumed epoch.
     _resume_gen_state: torch.Tensor | None = field(default=None, init=False, repr=False)
     _pending_rng: dict[str, Any] | None = field(default=None, init=False, repr=False)
@@ -103,6 +108,7 @@ class TrainState:
                 "samples_seen": self.samples_seen,
                 "steps_s_sum": self.steps_s_sum,
             },
+            "hooks": self.hooks.state_dict() if self.hooks is not None else {},
         }
 
     def _rng(self) -> dict[str, Any]:
@@ -128,6 +134,7 @@ class TrainState:
         self._resume_gen_state = cursor["epoch_generator_state"]
         self.samples_seen = int(counters.get("samples_seen", 0))
         self.steps_s_sum = float(counters.get("steps_s_sum", 0.0))
+        self.restored_hooks = dict(state.get("hooks") or {})
         rng = state["rng"]
         ranks = rng.get("ranks")
         if ranks is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -22,8 +23,24 @@ from gpucampaign.core.files import median
 from gpucampaign.engine.process_group import Ranks
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.spec import CampaignSpec, RunConfig
+from gpucampaign.storage import LocalStore, SpoolingStore
 
 SaveFn = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class ReadBack:
+    """What reading a run's latest checkpoint back from where it is kept found.
+
+    Attributes:
+        off_machine: True when it was read back, verified, from a store off the machine.
+        where: The sentence that says where it is (or why it is not off the machine).
+        read_s: The seconds the read-back took.
+    """
+
+    off_machine: bool
+    where: str
+    read_s: float
 
 
 class SavingRun(Protocol):
@@ -51,8 +68,8 @@ class SavingRun(Protocol):
 
 
 class Checkpointer:
-    """Decides when the run saves, and saves: the loop calls ``save`` after every step and
-    ``wait`` before it returns.
+    """Decides when the run saves, and saves: the loop asks ``due`` after every step, then
+    ``submit``s, and ``wait``s before it returns.
 
     Args:
         r: The run, restored (its step is where the policy starts).
@@ -87,14 +104,11 @@ class Checkpointer:
         self._background = BackgroundSaves()
         self._submitted: int | None = None  # the step of the last save started
 
-    def save(self, step: int, *, last_step: bool = False) -> bool:
-        """Checkpoint ``step`` when it is due: the policy's next save, or the last step.
+    def due(self, step: int, *, last_step: bool = False) -> bool:
+        """Whether ``step`` is to be checkpointed now: the policy's next save, or the last step.
 
-        ``last_step``: the last step of this call (its target, or a stop request). A step
-        already saved is not saved again. The save runs in the background; ``wait`` collects it.
-
-        Returns:
-            True when a save of ``step`` started.
+        ``last_step``: the last step of this call (its target, or a stop). A step already saved
+        is not saved again. A save finished in the background is collected here first.
         """
         if self._background.finished:
             # Collected as soon as it is durable, not at the next save: its row and heartbeat
@@ -103,10 +117,13 @@ class Checkpointer:
         if step == self._submitted:
             return False
         # Data-parallel: rank 0's policy decides (its measured costs); every rank snapshots.
-        if not self._r.dist.agree(self.policy.due(step, last_step=last_step)):
-            return False
+        return self._r.dist.agree(self.policy.due(step, last_step=last_step))
+
+    def submit(self, step: int) -> None:
+        """Checkpoint ``step`` in the background (``due`` said so; the waiting metrics rows are
+        written: the loop checks them first, so a checkpoint never holds a step after a
+        non-finite loss); ``wait`` collects it."""
         self._submit(step)
-        return True
 
     def _submit(self, step: int) -> None:
         """Snapshot the train state and hand it to the background writer; re-plan the next save.
@@ -117,9 +134,7 @@ class Checkpointer:
         """
         r = self._r
         t0 = time.perf_counter()
-        # The waiting train rows first: their losses are checked (non_finite_loss) before any
-        # snapshot, so a checkpoint never holds a step after a non-finite loss.
-        r.mlog.flush()
+        assert not r.mlog.waiting, "the loop writes the waiting rows before a snapshot"
         self.wait()
         r.mlog.sync()
         # Data-parallel: every rank's RNG states are gathered here, so every rank has reached
@@ -195,3 +210,48 @@ class Checkpointer:
         """Let the save in flight finish, then stop the background thread (its result is
         dropped: the caller is already failing, or collected it with ``wait``)."""
         self._background.close()
+
+    def read_back(self, step: int, *, timeout_s: float) -> ReadBack:
+        """Read the run's latest checkpoint back from where it is kept (for an S3 store, from
+        the bucket, once the spool is empty, waiting at most ``timeout_s`` for it): is
+        ``step`` there, verified, and off the machine?"""
+        r = self._r
+        t0 = time.perf_counter()
+        store: Any = r.manager.store
+        if isinstance(store, SpoolingStore):
+            waiting = store.drain(timeout_s=timeout_s)
+            if waiting:
+                return ReadBack(
+                    False,
+                    f"NOT OFF THE MACHINE: {len(waiting)} checkpoint file(s) are still only in "
+                    f"{store.spool.root} (the S3 server did not take them before the lot's "
+                    "end); they are lost with the machine",
+                    time.perf_counter() - t0,
+                )
+            store = store.remote
+        m = r.manager
+        check = CheckpointManager(
+            store,
+            run_id=m.run_id,
+            config_sha256=m.config_sha256,
+            keep=m.keep,
+            staging_dir=m.staging_dir,
+            expect_tensors=m.expect_tensors,
+        )
+        ck, refused = check.load_latest()
+        read_s = time.perf_counter() - t0
+        if ck is None or ck.step != step:
+            found = "none" if ck is None else f"step {ck.step}"
+            why = f" ({'; '.join(refused)})" if refused else ""
+            return ReadBack(
+                False, f"NOT VERIFIED: the store's latest good checkpoint is {found}{why}", read_s
+            )
+        if isinstance(store, LocalStore):
+            return ReadBack(
+                False,
+                f"checkpoint {ck.key} verified, but NOT OFF THE MACHINE (storage.url: local): "
+                "it goes away with the lot unless the folder is copied; use an s3:// store",
+                read_s,
+            )
+        where = f"checkpoint {ck.key} read back from {store.url} and verified"
+        return ReadBack(True, where, read_s)

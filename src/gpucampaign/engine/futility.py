@@ -20,7 +20,8 @@ is ``[0, 0]`` and says nothing of what the variant will reach.
 
 The rule is the verdict's negative read on the optimistic end: with the gain signed so that
 positive is better, the variant cannot win when the interval's upper end is below ``min_gain``
-or not above 0. Then the step is saved, the model it reached is evaluated on every split and
+or not above 0. Then the hook asks the loop to stop the run keeping its evidence
+(``keep_evidence``): the step is saved, the model it reached is evaluated on every split and
 written as the run's ``model/``, ``result.json`` records the run (``completed`` false) with the
 ``futile`` stop and its numbers, and ``Futile`` is raised: the run's GPU lane goes to the next
 run in its queue. Every check, stopping or not, is a ``futility`` row in ``metrics.jsonl``.
@@ -38,26 +39,23 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
-from gpucampaign.core.files import atomic_write_bytes, json_bytes
+from gpucampaign.core.files import atomic_write_bytes
 from gpucampaign.core.resample import BOOT_SAMPLES, BOOT_SEED, mean_interval
 from gpucampaign.core.stoprules import Futile
 from gpucampaign.core.text import say_exact, say_number
-from gpucampaign.engine.hooks import Hook, HookArgs
-from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
-from gpucampaign.engine.save import save_model
-from gpucampaign.engine.setup import LiveRun
+from gpucampaign.engine.hooks import Hook, HookArgs, RunView, StopRequest
 from gpucampaign.folder.layout import (
     EVAL_SCORES_DIR,
     EVAL_SCORES_GLOB,
     RESULT_FILE,
     eval_scores_file,
+    run_path,
 )
 from gpucampaign.recipe.contract import has_score
-from gpucampaign.recipe.runtime import score_split
 from gpucampaign.spec import CampaignSpec
 
 log = logging.getLogger(__name__)
@@ -289,7 +287,7 @@ class Futility(Hook):
     or say); why a run is not checked is said at the loop's start.
     """
 
-    def __init__(self, r: LiveRun, *, role: str, off: str = "") -> None:
+    def __init__(self, r: RunView, *, role: str, off: str = "") -> None:
         self.r = r
         self.role = role  # "record", "check" or "off"
         self.off = off
@@ -299,23 +297,24 @@ class Futility(Hook):
         self.split = r.spec.selection_split
 
     @classmethod
-    def hook(cls, r: LiveRun, args: HookArgs) -> Futility | None:
+    def hook(cls, r: RunView, args: HookArgs) -> Futility | None:
         """The hook of this call (``for_run``), or None when it is off with nothing to say."""
         f = cls.for_run(r)
         return None if f.role == "off" and not f.off else f
 
-    def on_start(self) -> None:
+    def on_start(self) -> StopRequest | None:
         if self.role == "off" and self.off:
-            self._say(self.r, self.off)
-        if self.role == "record" and self.r.state.global_step == 0 and self.r.dist.is_main:
-            self.check(self.r)  # the untrained control: the value its metric moves from
+            self._say(self.off)
+        if self.role == "record" and self.r.step == 0 and self.r.dist.is_main:
+            self.check()  # the untrained control: the value its metric moves from
+        return None
 
-    def after_eval(self, metrics: dict[str, float]) -> None:
-        """Raises: Futile: The variant cannot win (``check``)."""
-        self.check(self.r)
+    def after_eval(self, metrics: dict[str, float]) -> StopRequest | None:
+        """Asks to stop, the model kept as evidence, when the variant cannot win."""
+        return self.check()
 
     @classmethod
-    def for_run(cls, r: LiveRun) -> Futility:
+    def for_run(cls, r: RunView) -> Futility:
         """The role of this call: the control (not its replicates) records at every
         evaluation when futility is on and there are variants; a variant's full training call
         checks; anything else is off (and why, when the rule cannot run as asked)."""
@@ -343,50 +342,50 @@ class Futility(Hook):
             return cls(r, role="off", off="a data-parallel run (gpus > 1) is not checked")
         return cls(r, role="check")
 
-    def _say(self, r: LiveRun, why: str) -> None:
+    def _say(self, why: str) -> None:
         """Say once why this run is not checked (log and a ``futility`` row)."""
         if why in self._said:
             return
         self._said.add(why)
-        log.info("futility of %s: no check: %s", r.run_id, why)
-        r.mlog.write({"kind": "futility", "step": r.state.global_step, "off": why})
+        log.info("futility of %s: no check: %s", self.r.run_id, why)
+        self.r.record({"kind": "futility", "step": self.r.step, "off": why})
 
-    def _scores(self, r: LiveRun) -> tuple[list[str], list[float]] | None:
+    def _scores(self) -> tuple[list[str], list[float]] | None:
         """This run's per-example decision metric on the selection split, or None (said)."""
-        dataset = r.split(self.split)
-        if dataset is None or len(dataset) == 0:
-            self._say(r, f"the recipe gives no '{self.split}' split to score")
+        r = self.r
+        got = r.scores(self.split)
+        if got is None:
+            self._say(f"the recipe gives no '{self.split}' split to score")
             return None
-        ids, columns = score_split(
-            r.recipe, r.state.model, dataset, config=r.config, device=r.device
-        )
+        ids, columns = got
         if self.metric not in columns:
-            self._say(r, f"the score() of recipe '{r.config.recipe}' returns no '{self.metric}'")
+            self._say(f"the score() of recipe '{r.config.recipe}' returns no '{self.metric}'")
             return None
         return ids, columns[self.metric]
 
-    def check(self, r: LiveRun) -> None:
+    def check(self) -> StopRequest | None:
         """After an evaluation at the current step: record (control) or check (variant).
 
-        Raises:
-            Futile: The variant cannot win (after its model and ``result.json`` are written).
+        Returns:
+            The stop to ask for when the variant cannot win, else None.
         """
+        r = self.r
         if self.role == "off":
-            return
-        step = r.state.global_step
+            return None
+        step = r.step
         if self.role == "check" and (step <= r.spec.pilot.steps or step >= r.planned):
-            return  # after the pilot, and never at the last step (nothing left to save)
+            return None  # after the pilot, and never at the last step (nothing left to save)
         if self.role == "check" and step < (grace := grace_steps(r.spec, planned=r.planned)):
             why = f"within the grace: no check before step {grace} of {r.planned}"
-            r.mlog.write({"kind": "futility", "step": step, "skipped": why})
-            return
-        got = self._scores(r)
+            r.record({"kind": "futility", "step": step, "skipped": why})
+            return None
+        got = self._scores()
         if got is None:
-            return
+            return None
         ids, values = got
         if self.role == "record":
             write_eval_scores(
-                r.out_dir,
+                r.run_dir,
                 EvalScores(
                     step=step,
                     planned=r.planned,
@@ -396,14 +395,14 @@ class Futility(Hook):
                     values=np.asarray(values, dtype=np.float64),
                 ),
             )
-            return
-        control_dir = r.out_dir.parent / r.spec.resolve_run(CONTROL).run_id
+            return None
+        control_dir = run_path(r.out, r.spec.resolve_run(CONTROL).run_id)
         control, note = control_scores_at(control_dir, step=step)
         if control is not None:
             moved, note = control_moved(control_dir, control)
         if control is None or not moved:
-            r.mlog.write({"kind": "futility", "step": step, "skipped": note})
-            return
+            r.record({"kind": "futility", "step": step, "skipped": note})
+            return None
         rule = r.spec.decision_rule
         assert rule is not None  # role "check" needs one
         check = futility_check(
@@ -415,14 +414,15 @@ class Futility(Hook):
             min_gain=rule.min_gain,
         )
         if check is None:
-            r.mlog.write({"kind": "futility", "step": step, "skipped": "no common finite example"})
-            return
-        r.mlog.write({"kind": "futility", **check.numbers()})
-        if check.futile:
-            stop_early(r, Futile, reason=check.reason(), numbers=check.numbers())
+            r.record({"kind": "futility", "step": step, "skipped": "no common finite example"})
+            return None
+        r.record({"kind": "futility", **check.numbers()})
+        if not check.futile:
+            return None
+        return keep_evidence(r, Futile, reason=check.reason(), numbers=check.numbers())
 
 
-def _no_score(r: LiveRun) -> str:
+def _no_score(r: RunView) -> str:
     return (
         f"recipe '{r.config.recipe}' defines no score() (per-example values), so no interval "
         "can be computed during training"
@@ -435,26 +435,21 @@ def grace_steps(spec: CampaignSpec, *, planned: int) -> int:
     return max(1, math.ceil(spec.stop_rules.grace * planned))
 
 
-def stop_early(r: LiveRun, kind: type[Futile], *, reason: str, numbers: dict[str, Any]) -> NoReturn:
-    """Save the step, keep the model it reached as evidence, record the stop, raise it.
+def keep_evidence(
+    r: RunView, kind: type[Futile], *, reason: str, numbers: dict[str, Any]
+) -> StopRequest:
+    """The stop a run asks for when it cannot win (futile, not learning): its step saved and
+    durable before the lane is given up, the model it reached evaluated on every split and kept
+    as evidence, ``result.json`` recording the stop (the loop's ``_end`` does all of it).
 
     Args:
-        r: The run.
+        r: The run's view.
         kind: The stop's class (``Futile``, or ``NotLearning``).
         reason: The stop's sentence.
         numbers: What decided it (the stop record adds the planned steps, the steps saved and
             the measured step time).
-
-    Raises:
-        Futile: Always (of ``kind``), once the checkpoint, ``model/`` and ``result.json`` are
-            written.
     """
-    step = r.state.global_step
-    r.saver.save(step, last_step=True)
-    r.saver.wait()  # durable (and on the timeline) before the lane is given up
-    eval_metrics = {s: m for s in EVAL_SPLITS if (m := evaluate(r, s, final=True)) is not None}
-    metrics = eval_metrics.get(r.spec.decision_split, {})
-    save_model(r, metrics)
+    step = r.step
     numbers = {
         **numbers,
         "planned_steps": r.planned,
@@ -462,17 +457,7 @@ def stop_early(r: LiveRun, kind: type[Futile], *, reason: str, numbers: dict[str
         "step_s": r.step_s(),
     }
     stop = kind(r.run_id, reason, step=step, numbers=numbers)
-    res = run_result(
-        r,
-        completed=False,
-        metrics=metrics,
-        eval_metrics=eval_metrics,
-        train_s=sum(r.step_times),
-        stop=stop.to_record(),
-    )
-    r.mlog.sync()
-    atomic_write_bytes(r.out_dir / RESULT_FILE, json_bytes(res.to_dict()))
-    raise stop
+    return StopRequest.of(stop, save=True, keep_model=True)
 
 
 def saved_seconds(numbers: dict[str, Any]) -> float | None:

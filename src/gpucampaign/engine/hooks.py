@@ -1,40 +1,105 @@
-"""The loop's hooks: objects a training call tells what happens, at fixed points.
+"""The loop's hooks: objects a training call tells what happens, at fixed points. A hook
+observes and asks; only the loop ends a run.
 
 Every stop rule that watches the training (``non_finite_loss``, ``below_threshold``,
-``futility``), the MLflow tracker and the live view is a ``Hook``. Each is built for one call
-by its factory in the registry (``engine/registry.py``) from the spec and the run; a factory
-returns None when its rule is off. The loop calls the built hooks through ``Hooks``, in the
-registry's order; it knows none of them by name.
+``not_learning``, ``futility``, the lot's end), the MLflow tracker and the live view is a
+``Hook``. Each is built for one call by its factory in the registry (``engine/registry.py``)
+from a read-only view of the run (``RunView``); a factory returns None when its rule is off.
+The loop fires every event itself, through ``Hooks``, in the registry's order; it knows none of
+them by name.
 
 The events of one call, in order (``ARCHITECTURE.md`` has the map with who listens)::
 
     on_start()              the loop starts: restored, metrics.jsonl open, no step yet
     per step:
       on_train_row(row)     a step's train row, its loss fetched (rows wait and are fetched
-                            in one transfer: see ``engine/loop.py``), before it is written;
-                            raising a StopRule drops it and the rows after it
-      on_rows(rows)         rows just written to metrics.jsonl (every kind, in order)
+                            in one transfer when the loop flushes: see ``engine/loop.py``),
+                            before it is written; a stop drops it and the rows after it
       after_eval(metrics)   an evaluation on val during training gave ``metrics``
+      wants_rows()          asked before after_step: the waiting rows written first?
       after_step()          the step is applied and its save decided
     after_train()           the call's target step is reached, its saves durable
     at_end(metrics)         the run's last step: final evaluations and model/ written;
-                            returns the stop (or None), recorded in result.json, then raised
-    on_close()              metrics.jsonl closes: the end of every call, whatever ended it
+                            the stop it returns is recorded in result.json, then raised
+    on_close()              the call ends, whatever ended it
 
-A hook that stops the run raises a ``StopRule`` (``core/stoprules.py``) from its event, except
-``at_end``, which returns it so that ``result.json`` records it before it is raised.
+``on_start``, ``on_train_row``, ``after_eval`` and ``after_step`` may return a ``StopRequest``:
+the loop ends the run in one place (``loop._end``: the save, the wait for it, the final
+evaluations, ``model/``, ``result.json``, the raise), whatever asked. A hook with a state of its
+own (``state_dict``/``load_state_dict``, under its ``key``) has it saved in every checkpoint
+with the train state and given back on a resume, never rebuilt from the records.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpucampaign.core.stoprules import StopRule
-from gpucampaign.engine.setup import LiveRun
+from gpucampaign.engine.checkpointer import ReadBack
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpucampaign.checkpoint.manager import SavedCheckpoint
+    from gpucampaign.engine.process_group import Ranks
+    from gpucampaign.engine.setup import LiveRun
+    from gpucampaign.recipe.contract import Recipe
+    from gpucampaign.spec import CampaignSpec, ResolvedRun, RunConfig
+    from gpucampaign.storage import Store
 
 ProgressFn = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What the loop's end did before raising a requested stop: the stop's words may use it.
+
+    Attributes:
+        step: The step the run reached.
+        saved: Whether that step was saved (and is durable).
+        read_back: What reading the checkpoint back found (asked with ``read_back_s``;
+            rank 0 only), else None.
+    """
+
+    step: int
+    saved: bool
+    read_back: ReadBack | None = None
+
+
+def _no_row(ending: Ending) -> dict[str, Any] | None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopRequest:
+    """A hook's ask: end the run at the step reached. The loop ends it (``loop._end``).
+
+    Attributes:
+        stop: Words the stop to raise (a ``StopRule`` or an ``Interrupted``) from what the end
+            did; ``StopRequest.of`` wraps a stop known in advance.
+        save: Checkpoint the step reached and wait until it is durable.
+        keep_model: Evaluate every split, keep the model reached as the run's evidence
+            (``model/``) and record the run in ``result.json`` (not completed, the stop in it).
+        read_back_s: Read the checkpoint back from where it is kept, waiting at most this long
+            for a spool to empty (the lot's end: is it off the machine?).
+        row: The ``metrics.jsonl`` row that records the end, from what the end did (or None).
+        interrupted: The interruption a ``resume: inference`` start found (``result.json``).
+    """
+
+    stop: Callable[[Ending], BaseException]
+    save: bool = True
+    keep_model: bool = False
+    read_back_s: float | None = None
+    row: Callable[[Ending], dict[str, Any] | None] = _no_row
+    interrupted: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, stop: BaseException, **kwargs: Any) -> StopRequest:
+        """A request whose stop is known when asked."""
+        return cls(stop=lambda _ending: stop, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -52,27 +117,183 @@ class HookArgs:
     show_progress: bool = False
 
 
+class RunView:
+    """A read-only view of the run a hook watches: the frozen run context, the measurements so
+    far, and the services a hook may use (``record`` a row, ``scores`` of a split). Hooks never
+    hold the mutable run (``setup.LiveRun``)."""
+
+    def __init__(self, r: LiveRun) -> None:
+        self._r = r
+
+    # --- the run's context (fixed for the call) -------------------------------------------
+    @property
+    def spec(self) -> CampaignSpec:
+        return self._r.spec
+
+    @property
+    def resolved(self) -> ResolvedRun:
+        return self._r.resolved
+
+    @property
+    def run(self) -> str:
+        return self._r.run
+
+    @property
+    def run_id(self) -> str:
+        return self._r.run_id
+
+    @property
+    def config(self) -> RunConfig:
+        return self._r.config
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's folder (``OUT/runs/<run_id>/``; a data-parallel rank's own, inside it)."""
+        return self._r.out_dir
+
+    @property
+    def out(self) -> Path:
+        """The campaign's output folder the run's folder is in."""
+        return self._r.out
+
+    @property
+    def planned(self) -> int:
+        return self._r.planned
+
+    @property
+    def target(self) -> int:
+        return self._r.target
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self._r.steps_per_epoch
+
+    @property
+    def dist(self) -> Ranks:
+        return self._r.dist
+
+    @property
+    def device(self) -> torch.device:
+        return self._r.device
+
+    @property
+    def recipe(self) -> Recipe:
+        return self._r.recipe
+
+    @property
+    def store(self) -> Store:
+        return self._r.manager.store
+
+    @property
+    def t_call(self) -> float:
+        return self._r.t_call
+
+    @property
+    def resumed_from(self) -> int | None:
+        return self._r.resumed_from
+
+    @property
+    def restore_s(self) -> float:
+        return self._r.restore_s
+
+    # --- the measurements so far ----------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """The global step reached."""
+        return self._r.state.global_step
+
+    @property
+    def epoch(self) -> int:
+        return self._r.state.epoch
+
+    @property
+    def lr(self) -> float:
+        return float(self._r.state.optimizer.param_groups[0]["lr"])
+
+    @property
+    def step_times(self) -> tuple[float, ...]:
+        return tuple(self._r.step_times)
+
+    def step_s(self) -> float | None:
+        """Median step time, without the first step (warm-up) when there are others."""
+        return self._r.step_s()
+
+    @property
+    def last_eval(self) -> tuple[int, dict[str, float]] | None:
+        return self._r.last_eval
+
+    @property
+    def last_train_row(self) -> dict[str, Any] | None:
+        """The last ``train`` row written (its loss fetched)."""
+        return self._r.mlog.last_deferred
+
+    @property
+    def saves(self) -> tuple[SavedCheckpoint, ...]:
+        return tuple(self._r.saver.saves)
+
+    @property
+    def save_stalls(self) -> tuple[float, ...]:
+        return tuple(self._r.saver.stalls)
+
+    def state_bytes(self) -> int:
+        """The model's bytes, three times (weights and two optimizer moments)."""
+        model = self._r.state.model
+        return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+    # --- services -------------------------------------------------------------------------
+    def record(self, row: dict[str, Any]) -> None:
+        """Append ``row`` to the run's ``metrics.jsonl`` (after the rows waiting)."""
+        self._r.mlog.write(row)
+
+    def scores(self, split: str) -> tuple[list[str], dict[str, list[float]]] | None:
+        """The recipe's per-example ``score`` of ``split`` at the step reached (None when the
+        recipe gives no such split)."""
+        from gpucampaign.recipe.runtime import score_split
+
+        r = self._r
+        dataset = r.split(split)
+        if dataset is None or len(dataset) == 0:
+            return None
+        return score_split(r.recipe, r.state.model, dataset, config=r.config, device=r.device)
+
+    def put_checkpoint_meta(self, key: str, value: Any) -> None:
+        """One more field for every later checkpoint's meta (the MLflow run ID)."""
+        self._r.checkpoint_meta[key] = value
+
+
 class Hook:
     """One listener of a training call; every event does nothing unless overridden.
 
-    A hook is built for one call with its run (``HookFactory``), so events carry only what
-    is new.
+    A hook is built for one call with a view of its run (``HookFactory``), so events carry only
+    what is new. A hook with a state to keep across a resume sets ``key`` and overrides
+    ``state_dict``/``load_state_dict``.
     """
 
-    def on_start(self) -> None:
-        """The loop starts (before the first step of this call)."""
+    #: The name its state is kept under in a checkpoint (None: it keeps nothing).
+    key: str | None = None
 
-    def on_train_row(self, row: dict[str, Any]) -> None:
+    def on_start(self) -> StopRequest | None:
+        """The loop starts (before the first step of this call)."""
+        return None
+
+    def on_train_row(self, row: dict[str, Any]) -> StopRequest | None:
         """A step's ``train`` row with its loss fetched, before it is written."""
+        return None
 
     def on_rows(self, rows: list[dict[str, Any]]) -> None:
-        """Rows just written to ``metrics.jsonl``."""
+        """Rows just written to ``metrics.jsonl`` (every kind, in order)."""
 
-    def after_eval(self, metrics: dict[str, float]) -> None:
+    def after_eval(self, metrics: dict[str, float]) -> StopRequest | None:
         """An evaluation on ``val`` during training gave ``metrics``."""
+        return None
 
-    def after_step(self) -> None:
+    def wants_rows(self) -> bool:
+        """Whether the waiting rows must be written before this step's ``after_step``."""
+        return False
+
+    def after_step(self) -> StopRequest | None:
         """A step is applied and its save decided."""
+        return None
 
     def after_train(self) -> None:
         """The call's target step is reached and its saves are durable."""
@@ -82,34 +303,52 @@ class Hook:
         return None
 
     def on_close(self) -> None:
-        """The call ends (``metrics.jsonl`` closes), however it ended."""
+        """The call ends, however it ended."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The hook's state, kept in each checkpoint (plain values: loaded with
+        ``weights_only``)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back what ``state_dict`` returned, from the restored checkpoint."""
 
 
 #: Builds a hook for one training call, or None when it has nothing to do there (its rule off).
-HookFactory = Callable[[LiveRun, HookArgs], Hook | None]
+HookFactory = Callable[[RunView, HookArgs], Hook | None]
 
 
+@dataclass
 class Hooks:
-    """The hooks of one call, called in order; also the metrics log's observer (the row and
-    close events come from ``MetricsLog``)."""
+    """The hooks of one call, called in order by the loop; the first stop asked wins."""
 
-    def __init__(self, hooks: Iterable[Hook]) -> None:
-        self.hooks = list(hooks)
+    hooks: list[Hook] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, hooks: Iterable[Hook]) -> Hooks:
+        return cls(list(hooks))
 
     def __iter__(self) -> Any:
         return iter(self.hooks)
 
-    def on_start(self) -> None:
-        for h in self.hooks:
-            h.on_start()
+    def on_start(self) -> StopRequest | None:
+        return _first(h.on_start() for h in self.hooks)
 
-    def after_eval(self, metrics: dict[str, float]) -> None:
-        for h in self.hooks:
-            h.after_eval(metrics)
+    def on_train_row(self, row: dict[str, Any]) -> StopRequest | None:
+        return _first(h.on_train_row(row) for h in self.hooks)
 
-    def after_step(self) -> None:
+    def on_rows(self, rows: list[dict[str, Any]]) -> None:
         for h in self.hooks:
-            h.after_step()
+            h.on_rows(rows)
+
+    def after_eval(self, metrics: dict[str, float]) -> StopRequest | None:
+        return _first(h.after_eval(metrics) for h in self.hooks)
+
+    def wants_rows(self) -> bool:
+        return any([h.wants_rows() for h in self.hooks])  # every hook is asked
+
+    def after_step(self) -> StopRequest | None:
+        return _first(h.after_step() for h in self.hooks)
 
     def after_train(self) -> None:
         for h in self.hooks:
@@ -117,20 +356,9 @@ class Hooks:
 
     def at_end(self, metrics: dict[str, float]) -> StopRule | None:
         """The first stop a hook returns (every hook is asked)."""
-        stops = [s for h in self.hooks if (s := h.at_end(metrics)) is not None]
-        return stops[0] if stops else None
+        return _first([h.at_end(metrics) for h in self.hooks])
 
-    # --- LogObserver (folder/metrics.py) ---------------------------------------------------
-    def check_row(self, row: dict[str, Any]) -> None:
-        if row.get("kind") == "train":
-            for h in self.hooks:
-                h.on_train_row(row)
-
-    def rows_written(self, rows: list[dict[str, Any]]) -> None:
-        for h in self.hooks:
-            h.on_rows(rows)
-
-    def log_closed(self) -> None:
+    def on_close(self) -> None:
         """Every hook's ``on_close``, even when one raises (the first error is raised)."""
         error: BaseException | None = None
         for h in self.hooks:
@@ -140,3 +368,20 @@ class Hooks:
                 error = error or exc
         if error is not None:
             raise error
+
+    # --- the checkpoint's part ------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Each keyed hook's state, by key."""
+        return {h.key: h.state_dict() for h in self.hooks if h.key is not None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Give each keyed hook its restored state (a hook absent from it starts afresh)."""
+        for h in self.hooks:
+            if h.key is not None and h.key in state:
+                h.load_state_dict(state[h.key])
+
+
+def _first(answers: Iterable[Any]) -> Any:
+    """The first answer that is not None: from a generator, the hooks after it are not asked
+    (a stop asked is the last event of the step); from a list, every hook was asked."""
+    return next((a for a in answers if a is not None), None)

@@ -35,15 +35,14 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from gpucampaign.core.files import atomic_write_bytes, json_bytes, utc_now
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import InterruptedRun
-from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
-from gpucampaign.engine.save import save_model
+from gpucampaign.engine.hooks import StopRequest
 from gpucampaign.engine.setup import LiveRun
-from gpucampaign.folder.layout import IN_PROGRESS_FILE, METRICS_FILE, RESULT_FILE
+from gpucampaign.folder.layout import IN_PROGRESS_FILE, METRICS_FILE
 from gpucampaign.folder.metrics import read_metrics
 
 KILLED = "killed"
@@ -165,33 +164,18 @@ def find_interruption(
     )
 
 
-def restart_inference(r: LiveRun, cut: Interruption) -> NoReturn:
-    """Evaluate the restored model, keep it as the run's model, record the run as interrupted.
+def restart_inference(r: LiveRun, cut: Interruption) -> StopRequest:
+    """What ends a ``resume: inference`` start after a cut: the restored model evaluated, kept
+    as the run's model, the run recorded as interrupted (the loop's ``_end`` does it).
 
     ``r`` holds the model restored from the checkpoint of step ``cut.checkpoint_step`` and an
-    open ``metrics.jsonl``; nothing is trained.
+    open ``metrics.jsonl``; nothing is trained. The cut's ``inference_restart`` row is written
+    here, before the evaluations.
 
     Args:
         r: The run as ``training`` set it up and restored it.
         cut: The interruption found by ``find_interruption``.
-
-    Raises:
-        InterruptedRun: Always, once ``model/`` and ``result.json`` are written.
     """
-    try:
-        r.mlog.write({"kind": "inference_restart", "step": r.state.global_step, **cut.to_dict()})
-        eval_metrics = {s: m for s in EVAL_SPLITS if (m := evaluate(r, s, final=True)) is not None}
-        metrics = eval_metrics.get(r.spec.decision_split, {})
-        save_model(r, metrics)
-        stop = InterruptedRun(r.run_id, cut.describe(), step=cut.checkpoint_step)
-        res = run_result(
-            r, completed=False, metrics=metrics, eval_metrics=eval_metrics, stop=stop.to_record()
-        )
-        res.interrupted = cut.to_dict()
-        r.mlog.sync()
-        atomic_write_bytes(r.out_dir / RESULT_FILE, json_bytes(res.to_dict()))
-        (r.out_dir / IN_PROGRESS_FILE).unlink(missing_ok=True)
-    finally:
-        r.saver.close()
-        r.mlog.close()
-    raise stop
+    r.mlog.write({"kind": "inference_restart", "step": r.state.global_step, **cut.to_dict()})
+    stop = InterruptedRun(r.run_id, cut.describe(), step=cut.checkpoint_step)
+    return StopRequest.of(stop, save=False, keep_model=True, interrupted=cut.to_dict())

@@ -17,9 +17,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpucampaign.checkpoint.layout import step_dirname
-from gpucampaign.engine.hooks import Hook, HookArgs
+from gpucampaign.engine.hooks import Hook, HookArgs, RunView, StopRequest
 from gpucampaign.engine.parts import progress_bar
-from gpucampaign.engine.setup import LiveRun
 from gpucampaign.folder.layout import IN_PROGRESS_FILE
 from gpucampaign.folder.progress import ProgressFile, step_rate
 
@@ -27,7 +26,7 @@ from gpucampaign.folder.progress import ProgressFile, step_rate
 class LiveView(Hook):
     """Writes the live record, moves the bar, calls ``progress``."""
 
-    def __init__(self, r: LiveRun, args: HookArgs) -> None:
+    def __init__(self, r: RunView, args: HookArgs) -> None:
         self.r = r
         self.progress = args.progress
         self.show_progress = args.show_progress
@@ -35,8 +34,9 @@ class LiveView(Hook):
         self.file: ProgressFile | None = None  # from the loop's start
         self.bar: Any = None
         self._evaluated = False
+        self._due = False
         # Built before the loop writes its own mark: one found now is an interrupted call's.
-        interrupted = (r.out_dir / IN_PROGRESS_FILE).is_file()
+        interrupted = (r.run_dir / IN_PROGRESS_FILE).is_file()
         self.resumed = (
             resumed_fields(r, args.restored_meta)
             if interrupted and r.resumed_from is not None
@@ -44,45 +44,54 @@ class LiveView(Hook):
         )
 
     @classmethod
-    def for_run(cls, r: LiveRun, args: HookArgs) -> LiveView:
+    def for_run(cls, r: RunView, args: HookArgs) -> LiveView:
         """Every call has a live view."""
         return cls(r, args)
 
-    def on_start(self) -> None:
+    def on_start(self) -> StopRequest | None:
         r = self.r
-        self.bar = progress_bar(self.show_progress, r.run_id, r.planned, r.state.global_step)
-        self.file = ProgressFile(r.out_dir)
+        self.bar = progress_bar(self.show_progress, r.run_id, r.planned, r.step)
+        self.file = ProgressFile(r.run_dir)
         self.file.update({**live_record(r, loss=None), **self.resumed}, force=True)
+        return None
 
-    def after_eval(self, metrics: dict[str, float]) -> None:
+    def after_eval(self, metrics: dict[str, float]) -> StopRequest | None:
         self._evaluated = True  # shown after this step's save
+        return None
 
-    def after_step(self) -> None:
+    def wants_rows(self) -> bool:
+        """Due now: the waiting rows are written first, so the record shows the last loss."""
         assert self.file is not None  # on_start came first
-        step = self.r.state.global_step
+        step = self.r.step
         due = self._evaluated or self.file.due()
         self._evaluated = False
-        if due or step == self.r.target or (self.progress is not None and step % self.every == 0):
+        self._due = (
+            due or step == self.r.target or (self.progress is not None and step % self.every == 0)
+        )
+        return self._due
+
+    def after_step(self) -> StopRequest | None:
+        if self._due:
             self.report()
+        return None
 
     def report(self) -> None:
-        """Flush the waiting rows, then show where the run is: the bar, the live file and
-        ``progress`` (every ~2% of the run and at the target)."""
+        """Show where the run is: the bar, the live file and ``progress`` (every ~2% of the run
+        and at the target)."""
         r = self.r
         assert self.file is not None
-        r.mlog.flush()
-        row = r.mlog.last_deferred or {}
+        row = r.last_train_row or {}
         record = live_record(r, loss=row.get("loss"))
         if self.bar is not None:
-            self.bar.update(self.bar.task_ids[0], completed=r.state.global_step)
+            self.bar.update(self.bar.task_ids[0], completed=r.step)
         self.file.update({**record, **self.resumed}, force=True)
-        step = r.state.global_step
+        step = r.step
         if self.progress is not None and (step % self.every == 0 or step == r.target):
             self.progress(
                 {
                     **record,
-                    "epoch": r.state.epoch,
-                    "lr": row.get("lr", r.state.optimizer.param_groups[0]["lr"]),
+                    "epoch": r.epoch,
+                    "lr": row.get("lr", r.lr),
                     "fraction": step / r.planned,
                 }
             )
@@ -104,21 +113,21 @@ class LiveView(Hook):
         self.file.update({**record, **self.resumed}, force=True)
 
 
-def resumed_fields(r: LiveRun, meta: dict[str, Any] | None) -> dict[str, Any]:
+def resumed_fields(r: RunView, meta: dict[str, Any] | None) -> dict[str, Any]:
     """``resumed_from`` and ``checkpoint`` (its folder in the store, and when it was saved)."""
     step = r.resumed_from
     assert step is not None
-    where = f"{step_dirname(step)} in {r.manager.store.url}/{r.run_id}"
+    where = f"{step_dirname(step)} in {r.store.url}/{r.run_id}"
     created = (meta or {}).get("created_unix")
     if isinstance(created, int | float):
         where += f", saved {datetime.fromtimestamp(created, UTC):%Y-%m-%d %H:%M:%S} UTC"
     return {"resumed_from": step, "checkpoint": where}
 
 
-def live_record(r: LiveRun, *, loss: float | None, state: str = "running") -> dict[str, Any]:
+def live_record(r: RunView, *, loss: float | None, state: str = "running") -> dict[str, Any]:
     """The run's live progress record (``folder/progress.py``): step, loss, the decision
     metric at the last evaluation, the measured rate and the ETA to this call's target."""
-    step = r.state.global_step
+    step = r.step
     rate = step_rate(r.step_times)
     rule = r.spec.decision_rule
     metric = rule.metric if rule else None

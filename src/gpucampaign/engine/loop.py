@@ -1,4 +1,4 @@
-"""One training run, top to bottom: setup, restore, save policy, the loop, finish.
+"""One training run, top to bottom: setup, restore, save policy, the loop, the end.
 
 One call of ``train_run``, as pseudocode::
 
@@ -7,28 +7,37 @@ One call of ``train_run``, as pseudocode::
     r.saver = Checkpointer()                      # the policy: fixed, or from measured costs
     pilot already done here?  return it uncompleted
     _open_metrics                                 # the rows after the restored step dropped
-    hooks = open_hooks                            # engine/registry.py: rules, tracker, live view
-    resume: inference after a cut?  evaluate, keep that model, raise InterruptedRun
+    hooks = open_hooks                            # engine/registry.py, on a RunView; their
+                                                  # states back from the checkpoint
+    resume: inference after a cut?  _end(restart_inference)   # evaluate, keep that model
     TrainingMark.open; hooks.on_start             # in_progress.json; an interruption keeps it
     while step < target:                                            # _run_epoch
         batches = r.state.start_epoch(loader)     # the order re-drawn, consumed ones skipped
         for each batch left in the epoch, up to the target:
             _train_step                           # its row waits, the loss on the device
+            rows full?  _flush                    # hooks.on_train_row (non_finite_loss)
             evaluate("val") at eval_every, else at the epoch's end; hooks.after_eval
-              (futility: the control keeps its per-example scores; a variant may stop: Futile)
-            r.saver.save(step, last_step=step == target)   # the saver decides if it is due
-            hooks.after_step                      # the live view, when due (it flushes rows)
-            stop requested?  save this step, wait for it, raise Interrupted
-    step < planned?  r.saver.wait(); hooks.after_train; return uncompleted (the pilot)
-    _finish                                       # final evals and model/ while the last save
-                                                  # is written, wait for it, hooks.at_end,
-                                                  # result.json
-    finally: metrics.jsonl closes: hooks.on_close # the tracker ends, the live view says stopped
+              (futility: the control keeps its per-example scores; a variant may ask to stop)
+            _save(step, last_step=step == target) # the saver decides if it is due; _flush first
+            hooks.wants_rows?  _flush; hooks.after_step   # the live view; the lot's end
+            stop requested?  _end(_interruption)
+    _reach_target                                 # the pilot: its save durable, return it;
+                                                  # the run's last step: final evals and
+                                                  # model/ while the last save is written, wait
+                                                  # for it, hooks.at_end, result.json
+    finally: _close_rows: the rows written, hooks.on_close   # the tracker ends, the view stops
+
+A hook never ends a run: an event returns a ``StopRequest`` and ``_end`` ends the run, one place
+for every stop (a stop rule, futility, not learning, the lot's end, an interruption, a
+non-finite loss, ``resume: inference``): it saves the step and waits until it is durable, reads
+the checkpoint back, evaluates every split and writes ``model/`` and ``result.json``, each as
+asked, records the end's row, then raises. Only this module writes a run's ``result.json`` and
+``model/`` and saves at a run's end (``tests/engine/test_one_ending.py``).
 
 The hooks (``engine/hooks.py``) are the stop rules, the MLflow tracker and the live view: the
-loop calls them at those points and knows none of them by name. Each row written to
-``metrics.jsonl`` goes to them too (``on_rows``), and each ``train`` row is checked by them
-once its loss is fetched, before it is written (``on_train_row``: ``non_finite_loss``).
+loop calls them at those points and knows none of them by name. The loop fires every event
+itself: each ``train`` row goes to them once its loss is fetched, before it is written
+(``on_train_row``: ``non_finite_loss``), and every row written goes to them after (``on_rows``).
 
 ``train_run`` is the only entry point. It writes into the run folder ``OUT/runs/<run_id>/``:
 
@@ -70,7 +79,7 @@ import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -78,10 +87,15 @@ from gpucampaign.checkpoint.manager import LoadedCheckpoint
 from gpucampaign.checkpoint.trainstate import MODEL
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
 from gpucampaign.core.interrupt import Interrupted
-from gpucampaign.core.stoprules import NonFiniteLoss, NoUsableRestart
+from gpucampaign.core.stoprules import NonFiniteLoss, NoUsableRestart, StopRule
 from gpucampaign.engine.checkpointer import Checkpointer, SaveFn
-from gpucampaign.engine.hooks import HookArgs, Hooks, ProgressFn
-from gpucampaign.engine.inference_restart import TrainingMark, find_interruption, restart_inference
+from gpucampaign.engine.hooks import Ending, HookArgs, Hooks, ProgressFn, RunView, StopRequest
+from gpucampaign.engine.inference_restart import (
+    Interruption,
+    TrainingMark,
+    find_interruption,
+    restart_inference,
+)
 from gpucampaign.engine.launch import launch
 from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
 from gpucampaign.engine.parts import close_loader
@@ -89,7 +103,7 @@ from gpucampaign.engine.process_group import Ranks
 from gpucampaign.engine.registry import build_hooks
 from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun, RunJob, check_arguments, setup_run
-from gpucampaign.folder.layout import METRICS_FILE, RESULT_FILE
+from gpucampaign.folder.layout import IN_PROGRESS_FILE, METRICS_FILE, RESULT_FILE
 from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
 from gpucampaign.folder.runresult import RunResult, recorded_result, require_complete
 from gpucampaign.recipe.contract import call, check_loss
@@ -126,7 +140,9 @@ def _restore(r: LiveRun) -> LoadedCheckpoint | None:
 def _open_metrics(r: LiveRun, *, restored: bool, log_every_steps: int = LOG_EVERY_STEPS) -> None:
     """Open ``metrics.jsonl`` for appending, dropping the rows after the restored step."""
     truncate_metrics(r.out_dir / METRICS_FILE, through_step=r.state.global_step)
-    r.mlog = MetricsLog(r.out_dir / METRICS_FILE, every=log_every_steps)
+    # Never flushed by itself: the loop flushes, handing each row to the hooks.
+    r.mlog = MetricsLog(r.out_dir / METRICS_FILE, every=None)
+    r.mlog.set_every(log_every_steps)
     if restored:
         r.mlog.write(
             {
@@ -141,20 +157,61 @@ def _open_metrics(r: LiveRun, *, restored: bool, log_every_steps: int = LOG_EVER
 def open_hooks(
     r: LiveRun, ck: LoadedCheckpoint | None, *, progress: ProgressFn | None, show_progress: bool
 ) -> Hooks:
-    """The call's hooks (``engine/registry.py``), built once ``metrics.jsonl`` is open: they
-    hear its rows from now on, and its close (the end of the call, whatever ends it)."""
+    """The call's hooks (``engine/registry.py``), built once ``metrics.jsonl`` is open, on a
+    read-only view of the run; each keyed hook takes back its state from the restored
+    checkpoint, and the train state keeps theirs in every later one."""
     args = HookArgs(
         restored_meta=ck.meta if ck is not None else None,
         progress=progress,
         show_progress=show_progress,
     )
-    return build_hooks(r, args)
+    hooks = build_hooks(RunView(r), args)
+    hooks.load_state_dict(r.state.restored_hooks)
+    r.state.hooks = hooks
+    return hooks
+
+
+# --- the rows -------------------------------------------------------------------------------------
+def _flush(r: LiveRun, hooks: Hooks) -> None:
+    """Fetch the waiting rows' losses (one transfer), hand each ``train`` row to the hooks
+    before it is written, write them, and hand the hooks every row written since the last time.
+    A stop asked at a row (``non_finite_loss``) keeps the rows before it and ends the run."""
+    rows = r.mlog.fetch()
+    for i, row in enumerate(rows):
+        if row.get("kind") == "train" and (asked := hooks.on_train_row(row)) is not None:
+            r.mlog.write_rows(rows[:i])
+            _end(r, hooks, asked)
+    r.mlog.write_rows(rows)
+    _tell_rows(r, hooks)
+
+
+def _tell_rows(r: LiveRun, hooks: Hooks) -> None:
+    """Hand the hooks the rows written since the last time (``on_rows``: the tracker)."""
+    written = r.mlog.take_written()
+    if written:
+        hooks.on_rows(written)
+
+
+def _ask(r: LiveRun, hooks: Hooks, asked: StopRequest | None) -> None:
+    """End the run when a hook asked for it (the rows written meanwhile handed on first)."""
+    _tell_rows(r, hooks)
+    if asked is not None:
+        _end(r, hooks, asked)
+
+
+def _save(r: LiveRun, hooks: Hooks, step: int, *, last_step: bool) -> None:
+    """Checkpoint ``step`` when the saver says it is due: the waiting rows are checked and
+    written first, so no checkpoint holds a step after a non-finite loss."""
+    if r.saver.due(step, last_step=last_step):
+        _flush(r, hooks)
+        r.saver.submit(step)
 
 
 # --- the loop ------------------------------------------------------------------------------------
-def _train_step(r: LiveRun, batches: Iterator[Any]) -> None:
+def _train_step(r: LiveRun, batches: Iterator[Any]) -> StopRequest | None:
     """One optimizer step on the next batch; its ``train`` row waits in the log with the loss
-    still on the device (no host sync here)."""
+    still on the device (no host sync here). A data-parallel run's non-finite loss asks to
+    stop before the update."""
     t0 = time.perf_counter()
     s = r.state
     batch = r.copy_batch(next(batches))  # on CUDA: a side stream's copy, or already there
@@ -171,12 +228,13 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> None:
         # step; the ranks must agree anyway.
         loss_value, n = r.dist.step_totals(loss, n)
         if not math.isfinite(loss_value) and r.spec.stop_rules.non_finite_loss:
-            raise NonFiniteLoss(
+            stop = NonFiniteLoss(
                 r.run_id,
                 f"training loss is {loss_value} at step {s.global_step + 1} "
                 f"(epoch {s.epoch}, lr {lr:g}); the step was not applied",
                 step=s.global_step + 1,
             )
+            return StopRequest.of(stop, save=False)
         logged = torch.tensor(loss_value, dtype=torch.float64)
     s.optimizer.zero_grad(set_to_none=True)
     s.scaler.scale(loss).backward()
@@ -199,6 +257,7 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> None:
         "samples_per_s": n / step_s if step_s > 0 else None,
     }
     r.mlog.defer(row, loss=logged)
+    return None
 
 
 def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
@@ -209,39 +268,95 @@ def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
     every = r.config.eval_every
     while s.batch_in_epoch < r.steps_per_epoch:
         with r.rng.held():
-            _train_step(r, batches)
+            _ask(r, hooks, _train_step(r, batches))
+            if r.mlog.full:
+                _flush(r, hooks)
             end_of_epoch = s.batch_in_epoch == r.steps_per_epoch
             step = s.global_step
             if (every and step % every == 0) or (not every and end_of_epoch):
-                r.mlog.flush()  # a non-finite loss stops the run before its evaluation
+                _flush(r, hooks)  # a non-finite loss stops the run before its evaluation
                 evaluated = evaluate(r, "val", final=False)
                 if evaluated is not None:
                     r.last_eval = (step, evaluated)
-                    hooks.after_eval(evaluated)  # futility: the control records, a variant may stop
-            r.saver.save(step, last_step=step == r.target)  # its snapshot holds this run's RNG
-        hooks.after_step()  # the live view, when due
-        if r.dist.stop_requested() is not None:  # agreed by every rank
-            _stop_now(r)
+                    # futility: the control records, a variant may ask to stop
+                    _ask(r, hooks, hooks.after_eval(evaluated))
+            _save(r, hooks, step, last_step=step == r.target)  # its snapshot holds this run's RNG
+        if hooks.wants_rows():  # the live view, when due, shows the last loss
+            _flush(r, hooks)
+        _ask(r, hooks, hooks.after_step())
+        if (reason := r.dist.stop_requested()) is not None:  # agreed by every rank
+            _ask(r, hooks, _interruption(reason))
         if step >= r.target:
             break
     if s.batch_in_epoch == r.steps_per_epoch:
         s.epoch += 1
 
 
-def _stop_now(r: LiveRun) -> None:
-    """A stop was requested: checkpoint this step (unless just saved), then raise."""
-    reason = r.dist.stop_requested() or "stop"
+def _interruption(reason: str) -> StopRequest:
+    """A stop was requested (SIGINT, SIGTERM): the step reached is saved, then ``Interrupted``."""
+    return StopRequest(
+        stop=lambda e: Interrupted(reason, step=e.step),
+        row=lambda e: {"kind": "interrupt", "step": e.step, "reason": reason},
+    )
+
+
+# --- the end: one place, whatever ended the call --------------------------------------------------
+def _end(r: LiveRun, hooks: Hooks, asked: StopRequest) -> NoReturn:
+    """End the run at the step reached, as a hook (or the loop) asked: the step saved and
+    durable, the checkpoint read back, the model reached kept as evidence with ``result.json``
+    (each when asked), the end's row recorded, then the stop raised.
+
+    Raises:
+        StopRule | Interrupted: The stop the request words, always.
+    """
     step = r.state.global_step
-    r.mlog.flush()  # a non-finite loss is the first fault, and stops before the save
-    with r.rng.held():
-        r.saver.save(step, last_step=True)
-    r.saver.wait()  # written and recorded (the timeline's heartbeat) before stopping
-    r.mlog.write({"kind": "interrupt", "step": step, "reason": reason})
+    _flush(r, hooks)  # a non-finite loss among the waiting rows is the first fault
+    if asked.save:
+        with r.rng.held():
+            _save(r, hooks, step, last_step=True)
+        r.saver.wait()  # written and recorded (the timeline's heartbeat) before stopping
+    read_back = None
+    kept = asked.save or r.resumed_from is not None
+    if asked.read_back_s is not None and r.dist.is_main and kept:
+        read_back = r.saver.read_back(step, timeout_s=asked.read_back_s)
+    ending = Ending(step=step, saved=asked.save, read_back=read_back)
+    stop = asked.stop(ending)
+    result = None
+    if asked.keep_model:
+        eval_metrics = _final_evaluations(r)
+        metrics = eval_metrics.get(r.spec.decision_split, {})
+        save_model(r, metrics)
+        record = stop.to_record() if isinstance(stop, StopRule) else None
+        result = run_result(
+            r,
+            completed=False,
+            metrics=metrics,
+            eval_metrics=eval_metrics,
+            train_s=sum(r.step_times),
+            stop=record,
+        )
+        result.interrupted = asked.interrupted
+    if (row := asked.row(ending)) is not None:
+        r.mlog.write(row)
     r.mlog.sync()
-    raise Interrupted(reason, step=step)
+    if result is not None:
+        _write_result(r, result)
+    _tell_rows(r, hooks)
+    raise stop
 
 
-# --- the end --------------------------------------------------------------------------------------
+def _final_evaluations(r: LiveRun) -> dict[str, dict[str, float]]:
+    """Every evaluation split at the step reached (rank 0's; the others get none)."""
+    return {s: m for s in EVAL_SPLITS if (m := evaluate(r, s, final=True)) is not None}
+
+
+def _write_result(r: LiveRun, result: RunResult) -> None:
+    """``result.json``: written last, once the checkpoint is durable and the rows synced."""
+    atomic_write_bytes(r.out_dir / RESULT_FILE, json_bytes(result.to_dict()))
+    if result.interrupted is not None:  # resume: inference recorded the cut: nothing trains
+        (r.out_dir / IN_PROGRESS_FILE).unlink(missing_ok=True)
+
+
 def _last_save(r: LiveRun, hooks: Hooks, *, since: float) -> None:
     """Wait for the call's last save to be durable; the wait is measured apart from training
     (``final_save_s``: what the end of the call stalled on it, after any overlapped work)."""
@@ -251,21 +366,27 @@ def _last_save(r: LiveRun, hooks: Hooks, *, since: float) -> None:
     hooks.after_train()
 
 
-def _finish(r: LiveRun, hooks: Hooks, *, train_s: float, t_trained: float) -> RunResult:
-    """Final evaluation and the model folder (while the last save is written in the
-    background), the hooks' ``at_end`` (the quality floor), then ``result.json``: the
+def _reach_target(r: LiveRun, hooks: Hooks, *, train_s: float, t_trained: float) -> RunResult:
+    """The call reached its target: a pilot's returns uncompleted once its save is durable; the
+    run's last step gets its final evaluations and model folder (while the last save is written
+    in the background), the hooks' ``at_end`` (the quality floor), then ``result.json``: the
     checkpoint is durable before anything that says the run completed.
 
     Raises:
         StopRule: The first stop ``at_end`` returned, after everything is written
             (``BelowThreshold``: the final metric misses the floor).
     """
+    _flush(r, hooks)
     step = r.state.global_step
+    if step < r.planned:  # the pilot's stop: a later call continues the same run
+        _last_save(r, hooks, since=t_trained)
+        _tell_rows(r, hooks)
+        return run_result(r, completed=False, train_s=train_s)
     require_complete(r.run_id, steps_done=step, planned_steps=r.planned)
     # The final save's write (and upload) overlaps the evaluation and the model folder's
     # write: its snapshot was taken at the save, and neither changes the model. A model
     # folder without result.json says nothing: a restart trains from the checkpoint again.
-    eval_metrics = {s: m for s in EVAL_SPLITS if (m := evaluate(r, s, final=True)) is not None}
+    eval_metrics = _final_evaluations(r)
     if not r.dist.is_main:  # data-parallel: rank 0 evaluates, writes the model and the result
         _last_save(r, hooks, since=t_trained)
         return run_result(r, completed=True, train_s=train_s)
@@ -287,7 +408,8 @@ def _finish(r: LiveRun, hooks: Hooks, *, train_s: float, t_trained: float) -> Ru
         stop=stop.to_record() if stop else None,
     )
     r.mlog.sync()
-    atomic_write_bytes(r.out_dir / RESULT_FILE, json_bytes(res.to_dict()))
+    _write_result(r, res)
+    _tell_rows(r, hooks)
     if stop is not None:
         raise stop
     return res
@@ -377,34 +499,45 @@ def train_run(
     )
     _open_metrics(r, restored=ck is not None, log_every_steps=log_every_steps)
     hooks = open_hooks(r, ck, progress=progress, show_progress=show_progress)
-    if cut is not None:  # resume: inference
-        restart_inference(r, cut)
-    return _train(r, hooks)
+    return _train(r, hooks, cut=cut)
 
 
-def _train(r: LiveRun, hooks: Hooks) -> RunResult:
+def _train(r: LiveRun, hooks: Hooks, *, cut: Interruption | None) -> RunResult:
     """Run the loop up to the target step; finish the run when that is its last step."""
     s = r.state
-    mark = TrainingMark.open(r.out_dir, run_id=r.run_id, from_step=s.global_step, target=r.target)
+    mark = None
     t_loop = time.perf_counter()
     try:
-        hooks.on_start()
+        if cut is not None:  # resume: inference after a cut: nothing trains
+            _end(r, hooks, restart_inference(r, cut))
+        mark = TrainingMark.open(
+            r.out_dir, run_id=r.run_id, from_step=s.global_step, target=r.target
+        )
+        _ask(r, hooks, hooks.on_start())
         while s.global_step < r.target:
             _run_epoch(r, hooks)
         t_trained = time.perf_counter()
         # Measured apart: the training is the steps; the wait for the last save is a cost of
         # the end of the call, not of each step. The last save is durable before it returns.
-        train_s = t_trained - t_loop
-        if s.global_step < r.planned:
-            _last_save(r, hooks, since=t_trained)
-            return run_result(r, completed=False, train_s=train_s)
-        return _finish(r, hooks, train_s=train_s, t_trained=t_trained)
+        return _reach_target(r, hooks, train_s=t_trained - t_loop, t_trained=t_trained)
     finally:
         try:
-            # The rows of the steps applied (a non-finite loss among them is the first fault),
-            # then every hook's on_close: the tracker ends its run, the live view says stopped.
-            r.mlog.close()
+            _close_rows(r, hooks)
         finally:
-            mark.close()  # kept only when a stop request interrupts the call
+            if mark is not None:
+                mark.close()  # kept only when a stop request interrupts the call
             r.saver.close()
             close_loader(r.loader)
+
+
+def _close_rows(r: LiveRun, hooks: Hooks) -> None:
+    """The end of every call: the rows of the steps applied written (a non-finite loss among
+    them ends the run: it is the first fault), then every hook's ``on_close`` (the tracker ends
+    its run, the live view says stopped)."""
+    try:
+        if not r.mlog.closed:
+            _flush(r, hooks)
+    finally:
+        r.mlog.close()
+        _tell_rows(r, hooks)
+        hooks.on_close()

@@ -1,7 +1,8 @@
 """The registry of the loop's hooks: every factory here builds its hook for each training call.
 
-A factory (``HookFactory``) takes the run and the call's ``HookArgs`` and returns its hook, or
-None when its rule is off for this run; the hooks are called in this order. Adding a stop rule
+A factory (``HookFactory``) takes a read-only view of the run (``RunView``) and the call's
+``HookArgs`` and returns its hook, or None when its rule is off for this run; the hooks are
+called in this order. Adding a stop rule
 is one ``Hook`` class and one line here (``register`` from elsewhere, e.g. a test); the loop
 does not change. ``ARCHITECTURE.md`` walks through an example.
 """
@@ -9,11 +10,10 @@ does not change. ``ARCHITECTURE.md`` walks through an example.
 from __future__ import annotations
 
 from gpucampaign.engine.futility import Futility
-from gpucampaign.engine.hooks import HookArgs, HookFactory, Hooks
+from gpucampaign.engine.hooks import HookArgs, HookFactory, Hooks, RunView
 from gpucampaign.engine.live import LiveView
 from gpucampaign.engine.lotend import LotDeadline
 from gpucampaign.engine.rules import NonFiniteLossRule, NotLearningRule, QualityFloor
-from gpucampaign.engine.setup import LiveRun
 from gpucampaign.engine.tracked import Tracker
 
 HOOKS: list[HookFactory] = [
@@ -34,8 +34,6 @@ def register(factory: HookFactory) -> HookFactory:
     return factory
 
 
-def build_hooks(r: LiveRun, args: HookArgs) -> Hooks:
-    """The hooks of one training call, in the registry's order; they observe ``r.mlog``."""
-    hooks = Hooks(h for factory in HOOKS if (h := factory(r, args)) is not None)
-    r.mlog.observe(hooks)
-    return hooks
+def build_hooks(view: RunView, args: HookArgs) -> Hooks:
+    """The hooks of one training call, in the registry's order, each on the run's view."""
+    return Hooks.of(h for factory in HOOKS if (h := factory(view, args)) is not None)

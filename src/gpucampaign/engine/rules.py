@@ -14,11 +14,13 @@ grace on (``stop_rules.grace`` of its planned steps, and at least two windows), 
 training loss over its last ``window`` steps is compared with the mean over its first
 ``window`` steps; ``window`` is one epoch when the run plans two or more, else half the grace.
 Unless the recent mean is below the start by more than ``LEARNING_TOLERANCE`` of it, the run
-does not learn: its step is saved, its model evaluated and kept as evidence, and ``NotLearning``
-is raised (the futility stop's mechanics, ``engine.futility.stop_early``). It reads the training
-loss only, so it holds for any recipe, with or without ``score()``; never the control nor its
-seeds (the reference is compared, not judged), nor a data-parallel run (rank 0 alone would
-stop). Each check is a ``not_learning`` row in ``metrics.jsonl``.
+does not learn: the rule asks the loop to stop it as it stops a futile run (its step saved, its
+model evaluated and kept as evidence, ``NotLearning`` raised: ``futility.keep_evidence``). It
+reads the training loss only, so it holds for any recipe, with or without ``score()``; never the
+control nor its seeds (the reference is compared, not judged), nor a data-parallel run (rank 0
+alone would stop). Each check is a ``not_learning`` row in ``metrics.jsonl``. The losses it
+needs (the first window's, the last window's) are its state, kept in every checkpoint: a
+resumed run decides as the uninterrupted one would.
 
 The futility rule is in ``engine/futility.py``.
 """
@@ -30,11 +32,8 @@ from typing import Any
 
 from gpucampaign.core.stoprules import BelowThreshold, NonFiniteLoss, NotLearning
 from gpucampaign.core.text import say_exact, say_number
-from gpucampaign.engine.futility import CONTROL, grace_steps, stop_early
-from gpucampaign.engine.hooks import Hook, HookArgs
-from gpucampaign.engine.setup import LiveRun
-from gpucampaign.folder.layout import METRICS_FILE
-from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.engine.futility import CONTROL, grace_steps, keep_evidence
+from gpucampaign.engine.hooks import Hook, HookArgs, RunView, StopRequest
 from gpucampaign.spec import CampaignSpec
 
 #: How far below its start the recent mean training loss must be for a run to be learning
@@ -49,30 +48,32 @@ class NonFiniteLossRule(Hook):
         self.run_id = run_id
 
     @classmethod
-    def for_run(cls, r: LiveRun, args: HookArgs) -> NonFiniteLossRule | None:
+    def for_run(cls, r: RunView, args: HookArgs) -> NonFiniteLossRule | None:
         """The rule of this run, or None when it is off."""
         return cls(r.run_id) if r.spec.stop_rules.non_finite_loss else None
 
-    def on_train_row(self, row: dict[str, Any]) -> None:
-        """Raises: NonFiniteLoss: The row's loss is NaN or infinite."""
+    def on_train_row(self, row: dict[str, Any]) -> StopRequest | None:
+        """Asks to stop, with nothing saved, when the row's loss is NaN or infinite."""
         loss = row.get("loss")
         if isinstance(loss, float) and not math.isfinite(loss):
-            raise NonFiniteLoss(
+            stop = NonFiniteLoss(
                 self.run_id,
                 f"training loss is {loss} at step {row['step']} (epoch {row['epoch']}, "
                 f"lr {row['lr']:g}); the last checkpoint precedes it",
                 step=row["step"],
             )
+            return StopRequest.of(stop, save=False)
+        return None
 
 
 class QualityFloor(Hook):
     """``stop_rules.below_threshold``: the run's final metric misses the floor."""
 
-    def __init__(self, r: LiveRun) -> None:
+    def __init__(self, r: RunView) -> None:
         self.r = r
 
     @classmethod
-    def for_run(cls, r: LiveRun, args: HookArgs) -> QualityFloor | None:
+    def for_run(cls, r: RunView, args: HookArgs) -> QualityFloor | None:
         """The floor of this run, or None when the rule is off (or there is no decision rule)."""
         if r.spec.decision_rule is None or not r.spec.stop_rules.below_threshold:
             return None
@@ -80,7 +81,7 @@ class QualityFloor(Hook):
 
     def at_end(self, metrics: dict[str, float]) -> BelowThreshold | None:
         r = self.r
-        return quality_stop(r.spec, r.run_id, metrics, step=r.state.global_step)
+        return quality_stop(r.spec, r.run_id, metrics, step=r.step)
 
 
 def quality_stop(
@@ -110,60 +111,84 @@ def quality_stop(
 
 class NotLearningRule(Hook):
     """``stop_rules.not_learning``: stop a variant whose training loss is not below its start
-    after the grace (the module's docstring has the rule)."""
+    after the grace (the module's docstring has the rule).
 
-    def __init__(self, r: LiveRun) -> None:
+    Its state is the examples-weighted losses of the first ``window`` steps and of the last
+    ``window`` steps seen, kept in each checkpoint (``key``): built in the pilot's call too, so
+    the full call that resumes from the pilot's checkpoint has the steps before it.
+    """
+
+    key = "not_learning"
+
+    def __init__(self, r: RunView) -> None:
         self.r = r
         self.grace = grace_steps(r.spec, planned=r.planned)
         two_epochs = 2 * r.steps_per_epoch <= r.planned
         self.window = r.steps_per_epoch if two_epochs else max(1, self.grace // 2)
-        # Each step's loss and examples; the steps before this call (the pilot's) are in
-        # metrics.jsonl.
-        self.losses: dict[int, tuple[float, float]] = {}
-        for row in read_metrics(r.out_dir / METRICS_FILE):
-            if row.get("kind") == "train":
-                self.on_train_row(row)
+        # step -> (loss, examples), of steps 1..window and of the last window steps seen.
+        self.first: dict[int, tuple[float, float]] = {}
+        self.recent: dict[int, tuple[float, float]] = {}
 
     @classmethod
-    def for_run(cls, r: LiveRun, args: HookArgs) -> NotLearningRule | None:
-        """The rule of this call, or None: off, the control or its seeds, the pilot, or a
-        data-parallel run."""
+    def for_run(cls, r: RunView, args: HookArgs) -> NotLearningRule | None:
+        """The rule of this run, or None: off, the control or its seeds, or a data-parallel
+        run. In the pilot's call it only keeps the losses (no check there)."""
         replicate = r.spec.replicate_of(r.run)
         control = r.run == CONTROL or (replicate is not None and replicate[0] == CONTROL)
-        if not r.spec.stop_rules.not_learning or control or r.target < r.planned:
+        if not r.spec.stop_rules.not_learning or control:
             return None
         return cls(r) if r.dist.world_size == 1 else None
 
     def on_train_row(self, row: dict[str, Any]) -> None:
         loss = row.get("loss")
-        if isinstance(loss, int | float) and math.isfinite(loss):
-            # Weighted by its examples: an epoch's short last batch counts for what it holds.
-            rate, secs = row.get("samples_per_s"), row.get("step_s")
-            n = (
-                round(rate * secs)
-                if isinstance(rate, int | float) and isinstance(secs, int | float)
-                else 1
-            )
-            self.losses[int(row["step"])] = (float(loss), float(n or 1))
+        if not (isinstance(loss, int | float) and math.isfinite(loss)):
+            return None
+        # Weighted by its examples: an epoch's short last batch counts for what it holds.
+        rate, secs = row.get("samples_per_s"), row.get("step_s")
+        n = (
+            round(rate * secs)
+            if isinstance(rate, int | float) and isinstance(secs, int | float)
+            else 1
+        )
+        step = int(row["step"])
+        if step <= self.window:
+            self.first[step] = (float(loss), float(n or 1))
+        self.recent[step] = (float(loss), float(n or 1))
+        for old in [s for s in self.recent if s <= step - self.window]:
+            del self.recent[old]
+        return None
 
-    def _mean(self, first: int, last: int) -> float | None:
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "first": [[s, x, n] for s, (x, n) in sorted(self.first.items())],
+            "recent": [[s, x, n] for s, (x, n) in sorted(self.recent.items())],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.first = {int(s): (float(x), float(n)) for s, x, n in state.get("first", [])}
+        self.recent = {int(s): (float(x), float(n)) for s, x, n in state.get("recent", [])}
+
+    @staticmethod
+    def _mean(losses: dict[int, tuple[float, float]], first: int, last: int) -> float | None:
         """The examples-weighted mean training loss of steps ``first``..``last`` (None when a
         step's loss is missing: not finite, named by ``non_finite_loss``)."""
-        got = [self.losses.get(s) for s in range(first, last + 1)]
+        got = [losses.get(s) for s in range(first, last + 1)]
         if any(g is None for g in got):
             return None
         pairs = [g for g in got if g is not None]
         return sum(x * n for x, n in pairs) / sum(n for _, n in pairs)
 
-    def after_eval(self, metrics: dict[str, float]) -> None:
-        """Raises: NotLearning: The recent training loss is not below its start."""
+    def after_eval(self, metrics: dict[str, float]) -> StopRequest | None:
+        """Asks to stop, the model kept as evidence, when the recent training loss is not below
+        its start."""
         r, w = self.r, self.window
-        step = r.state.global_step
-        if step < max(self.grace, 2 * w) or step >= r.planned:
-            return
-        start, now = self._mean(1, w), self._mean(step - w + 1, step)
+        step = r.step
+        if r.target < r.planned or step < max(self.grace, 2 * w) or step >= r.planned:
+            return None  # never in the pilot, within the grace, nor at the last step
+        start = self._mean(self.first, 1, w)
+        now = self._mean(self.recent, step - w + 1, step)
         if start is None or now is None:
-            return
+            return None
         learning = now < start - LEARNING_TOLERANCE * abs(start)
         numbers = {
             "step": step,
@@ -174,13 +199,13 @@ class NotLearningRule(Hook):
             "tolerance": LEARNING_TOLERANCE,
             "learning": learning,
         }
-        r.mlog.write({"kind": "not_learning", **numbers})
+        r.record({"kind": "not_learning", **numbers})
         if learning:
-            return
+            return None
         reason = (
             f"does not learn: at step {step} its mean training loss over steps "
             f"{step - w + 1}-{step} is {say_number(now, against=start)}, not below its start "
             f"{say_number(start)} (steps 1-{w}) by {LEARNING_TOLERANCE:g} of it; the grace "
             f"ended at step {self.grace}"
         )
-        stop_early(r, NotLearning, reason=reason, numbers=numbers)
+        return keep_evidence(r, NotLearning, reason=reason, numbers=numbers)

@@ -34,7 +34,7 @@ from gpucampaign.engine.devices import (
 )
 from gpucampaign.engine.parts import BatchCopy, make_loader, place_eval_splits, place_train_split
 from gpucampaign.engine.process_group import OneProcess, Ranks
-from gpucampaign.folder.layout import PARAMS_FILE
+from gpucampaign.folder.layout import PARAMS_FILE, out_of
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.recipe.contract import Recipe, RecipeContext, call, load_recipe
 from gpucampaign.recipe.runtime import build_datasets, recipe_context, recipe_record
@@ -113,6 +113,11 @@ class LiveRun:
     @property
     def steps_per_epoch(self) -> int:
         return len(self.loader)
+
+    @property
+    def out(self) -> Path:
+        """The campaign's output folder that holds the run's folder."""
+        return out_of(self.out_dir)
 
     def split(self, name: str) -> Any:
         """The split ``name`` as evaluations read it: placed on the device, else the recipe's

@@ -126,6 +126,21 @@ def run_path(out: str | Path, run_id: str, *names: str) -> Path:
     return Path(out, RUNS_DIR, run_id, *names)
 
 
+def out_of(run_dir: str | Path) -> Path:
+    """The output folder that holds ``run_dir`` (``OUT/runs/<run_id>``, or a data-parallel
+    rank's own folder inside it, ``OUT/runs/<run_id>/.ranks/<k>``): ``run_path``'s inverse.
+
+    Raises:
+        ValueError: ``run_dir`` is not a run's folder.
+    """
+    p = Path(run_dir)
+    if p.parent.name == RANKS_DIR:
+        p = p.parent.parent
+    if p.parent.name != RUNS_DIR:
+        raise ValueError(f"{run_dir} is not a run's folder (OUT/{RUNS_DIR}/<run_id>)")
+    return p.parent.parent
+
+
 def run_id_of(run_dir: str | Path) -> str | None:
     """The run ID of a run's folder ``OUT/runs/<run_id>``; None for any other folder."""
     p = Path(run_dir)

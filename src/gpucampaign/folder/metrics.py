@@ -10,7 +10,7 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,59 +21,52 @@ from gpucampaign.core.files import jsonl_line, read_jsonl, write_jsonl
 EVAL_BATCH = 4096
 
 
-class LogObserver(Protocol):
-    """What a ``MetricsLog`` tells the objects that watch it (``MetricsLog.observe``)."""
-
-    def check_row(self, row: dict[str, Any]) -> None:
-        """A deferred row, its values fetched, before it is written; raising drops it and the
-        rows after it (the rows before it are written)."""
-
-    def rows_written(self, rows: list[dict[str, Any]]) -> None:
-        """Rows just written to the file, in order (every row goes through here)."""
-
-    def log_closed(self) -> None:
-        """The log was closed (after its last rows were written, or the flush raised)."""
-
-
 class MetricsLog:
     """Append-only ``metrics.jsonl``; floats are written exactly (a read gives them back).
 
     A row can wait (``defer``) with some of its values still on the device (a step's loss): it
     is written at the next flush, its values fetched with every other waiting row's in one
-    transfer, so the training loop never waits for the device at a step. A flush happens when
-    ``every`` rows wait, at ``flush``, and before any other row, ``sync`` or ``close``: the
-    file's rows keep the order they were given in.
+    transfer, so the training loop never waits for the device at a step. A row given to
+    ``write`` while rows wait waits behind them: the file's rows keep the order they were given
+    in.
+
+    The training loop flushes itself (``fetch``, its hooks' check of each row, ``write_rows``)
+    and hands the rows written to its hooks (``take_written``); nothing here calls a hook.
 
     Args:
         path: The file.
-        check: Called with each deferred row once its values are fetched, before it is written;
-            when it raises, the rows before it are written, it and the rest are dropped.
-        every: Flush once this many rows wait.
-
-    ``observe`` adds an observer (``LogObserver``): it checks each deferred row after ``check``,
-    sees every row written and hears the close.
+        check: Called by ``flush`` with each row once its values are fetched, before it is
+            written; when it raises, the rows before it are written, it and the rest are
+            dropped.
+        every: ``defer`` flushes once this many rows wait (None: never by itself; the caller
+            flushes when ``full``).
     """
 
     def __init__(
-        self, path: Path, *, check: Callable[[dict[str, Any]], None] | None = None, every: int = 1
+        self,
+        path: Path,
+        *,
+        check: Callable[[dict[str, Any]], None] | None = None,
+        every: int | None = 1,
     ) -> None:
         self.path = path
         self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
         self._check = check
-        self._every = max(1, every)
+        self._auto = every is not None
+        self._every = max(1, every or 1)
         self._waiting: list[tuple[dict[str, Any], dict[str, torch.Tensor]]] = []
+        self._written: list[dict[str, Any]] = []  # written and not taken yet (take_written)
         self.last_deferred: dict[str, Any] | None = None  # the last deferred row written
-        self._observers: list[LogObserver] = []
 
-    def observe(self, observer: LogObserver) -> None:
-        """Tell ``observer`` of the rows checked and written from now on, and of the close."""
-        self._observers.append(observer)
+    def set_every(self, every: int) -> None:
+        """Let up to ``every`` rows wait (``full`` from then on)."""
+        self._every = max(1, every)
 
     def defer(self, row: dict[str, Any], **values: torch.Tensor) -> None:
         """Queue ``row``; each of ``values`` (a scalar tensor, detached here) becomes its field
         of that name at the next flush."""
         self._waiting.append((row, {k: v.detach() for k, v in values.items()}))
-        if len(self._waiting) >= self._every:
+        if self._auto and self.full:
             self.flush()
 
     @property
@@ -81,57 +74,78 @@ class MetricsLog:
         """Rows deferred and not written yet."""
         return len(self._waiting)
 
-    def flush(self) -> None:
-        """Fetch the deferred rows' values (one transfer), check and write them."""
+    @property
+    def full(self) -> bool:
+        """As many rows wait as may."""
+        return len(self._waiting) >= self._every
+
+    def fetch(self) -> list[dict[str, Any]]:
+        """The waiting rows, their values fetched (one transfer), taken off the queue: the
+        caller writes those it keeps (``write_rows``)."""
         if not self._waiting:
-            return
+            return []
         waiting, self._waiting = self._waiting, []
         tensors = [t for _, values in waiting for t in values.values()]
         fetched = iter(torch.stack(tensors).tolist() if tensors else [])
-        rows = [{**row, **{k: next(fetched) for k in values}} for row, values in waiting]
+        return [{**row, **{k: next(fetched) for k in values}} for row, values in waiting]
+
+    def flush(self) -> None:
+        """Fetch the waiting rows' values (one transfer), check and write them."""
+        rows = self.fetch()
         good = rows
         try:
             for i, row in enumerate(rows):
                 good = rows[:i]
                 if self._check is not None:
                     self._check(row)
-                for observer in self._observers:
-                    observer.check_row(row)
             good = rows
         finally:
-            self._write(good)
-            if good:
-                self.last_deferred = good[-1]
+            self.write_rows(good)
 
     def write(self, row: dict[str, Any]) -> None:
-        """Append one row, after the deferred ones (flushed, not fsynced: ``sync`` before a
-        checkpoint commits)."""
-        self.flush()
-        self._write([row])
+        """Append one row: at once when none waits, else behind the waiting ones (flushed, not
+        fsynced: ``sync`` before a checkpoint commits)."""
+        if self._waiting:
+            self._waiting.append((row, {}))
+        else:
+            self._write([row])
+
+    def write_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Append rows already fetched (``fetch``), in order."""
+        self._write(rows)
+        deferred = [r for r in rows if r.get("kind") == "train"]
+        if deferred:
+            self.last_deferred = deferred[-1]
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
         if rows:
             self._f.write("".join(jsonl_line(r) for r in rows))
             self._f.flush()
-            for observer in self._observers:
-                observer.rows_written(rows)
+            self._written.extend(rows)
+
+    def take_written(self) -> list[dict[str, Any]]:
+        """The rows written since the last call, in order (the loop hands them to its hooks)."""
+        rows, self._written = self._written, []
+        return rows
 
     def sync(self) -> None:
-        """Make every row given so far durable (the deferred ones flushed first)."""
+        """Make every row given so far durable (the waiting ones flushed first)."""
         self.flush()
         os.fsync(self._f.fileno())
 
     def close(self) -> None:
-        """Flush the deferred rows and close the file (closed even when the flush raises), then
-        tell the observers; a second call does nothing."""
+        """Flush the waiting rows and close the file (closed even when the flush raises); a
+        second call does nothing."""
         if self._f.closed:
             return
         try:
             self.flush()
         finally:
             self._f.close()
-            for observer in self._observers:
-                observer.log_closed()
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
