@@ -4,6 +4,7 @@ the flows cannot be found."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpucampaign"
+LAYER = SRC.parent / "gpucampaign_prefect"
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -38,7 +40,7 @@ def test_no_library_module_imports_prefect() -> None:
 def test_tasks_holds_only_task_modules() -> None:
     """Every module of tasks/ defines a Prefect task; what tasks and flows share and is no
     task (the GPU lock, the notifications, the UI's views) lives in orchestration/."""
-    tasks = SRC.parents[1] / "tasks"
+    tasks = LAYER / "tasks"
     modules = sorted(p for p in tasks.glob("*.py") if p.name != "__init__.py")
     assert len(modules) >= 5
     without = [
@@ -72,20 +74,18 @@ def test_importing_the_whole_library_loads_no_prefect() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_the_prefect_layer_is_imported_only_by_its_installed_name() -> None:
-    """A bare ``tasks``/``flows``/``orchestration`` import would load a second copy of a module
-    (two GPU-lock modules, two task objects) and fails where the package is installed."""
+def test_the_prefect_layer_has_one_path() -> None:
+    """The layer's files live in ``src/gpucampaign_prefect`` and nowhere else: no link in it, no
+    top-level ``flows``/``tasks``/``orchestration``/``deployments`` beside it, and no bare
+    ``tasks`` or ``flows`` module to import, even with the checkout's root on ``sys.path`` (as
+    pytest puts it): each module, each task object and the GPU lock exist once."""
     root = SRC.parents[1]
-    bare = {"tasks", "flows", "orchestration"}
-    offenders = [
-        f"{p.relative_to(root)}: {m}"
-        for folder in ("src", "tasks", "flows", "orchestration", "tests", "bench", "infra")
-        for p in sorted((root / folder).rglob("*.py"))
-        if "gpucampaign_prefect" not in p.parts
-        for m in _imported_modules(p)
-        if m.split(".")[0] in bare
-    ]
-    assert offenders == []
+    assert [p.relative_to(root) for p in LAYER.rglob("*") if p.is_symlink()] == []
+    folders = ("flows", "tasks", "orchestration", "deployments")
+    assert [name for name in folders if (root / name).exists()] == []
+    assert all((LAYER / name).is_dir() and not (LAYER / name).is_symlink() for name in folders)
+    assert str(root) in sys.path  # the root is there, and still names none of them
+    assert [n for n in ("tasks", "flows", "orchestration") if importlib.util.find_spec(n)] == []
 
 
 def test_ruff_passes_with_its_line_length() -> None:
@@ -93,7 +93,7 @@ def test_ruff_passes_with_its_line_length() -> None:
     if not ruff.is_file():
         pytest.skip("ruff is not installed beside this Python (pip install -e '.[dev]')")
     root = SRC.parents[1]
-    folders = ["src", "orchestration", "tasks", "flows", "tests", "bench", "infra"]
+    folders = ["src", "tests", "bench", "infra"]
     out = subprocess.run(
         [str(ruff), "check", *folders], cwd=root, capture_output=True, text=True, timeout=120
     )
@@ -101,16 +101,11 @@ def test_ruff_passes_with_its_line_length() -> None:
 
 
 @pytest.mark.slow
-def test_mypy_passes_on_the_library_tasks_and_flows() -> None:
+def test_mypy_passes_on_the_library_and_the_prefect_layer() -> None:
+    """``mypy`` with no arguments: its one path set, ``src/`` (pyproject.toml)."""
     mypy = Path(sys.executable).parent / "mypy"
     if not mypy.is_file():
         pytest.skip("mypy is not installed beside this Python (pip install -e '.[dev]')")
     root = SRC.parents[1]
-    out = subprocess.run(
-        [str(mypy), "src/gpucampaign", "orchestration", "tasks", "flows"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = subprocess.run([str(mypy)], cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-1000:]
