@@ -58,8 +58,8 @@ from prefect.settings import get_current_settings
 from prefect.states import Crashed
 
 from gpucampaign.folder.lock import pid_runs
-from gpucampaign_prefect.flows._embedded import adopted_api_url, adopted_server_pid
 from gpucampaign_prefect.orchestration.background import UiCalls
+from gpucampaign_prefect.orchestration.embedded import adopted_api_url, adopted_server_pid
 
 #: Flows of this project that may hold the GPU lock.
 OUR_FLOWS: tuple[str, ...] = ("campaign", "restart-verification")
@@ -86,7 +86,7 @@ def embedded_api() -> bool:
     That is the case where a killed holder's slot never comes back by itself: the server dies
     with the process and its leases with it. With ``PREFECT_API_URL`` set, a long-lived server
     returns an expired lease within its ``lease_s``; the URL of the temporary server ``campaign
-    run`` adopted (``_embedded.adopted_api_url``) is still its own.
+    run`` adopted (``embedded.adopted_api_url``) is still its own.
     """
     url = get_current_settings().api.url
     return not url or url == adopted_api_url()
