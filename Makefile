@@ -53,9 +53,9 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not e2e and not slow and not server and not process"
 
 lint: $(STAMP)
-	$(BIN)/ruff check src orchestration tasks flows tests bench infra
-	$(BIN)/ruff format --check src orchestration tasks flows tests bench infra
-	$(BIN)/mypy src/gpucampaign src/gpucampaign_prefect
+	$(BIN)/ruff check src tests bench infra
+	$(BIN)/ruff format --check src tests bench infra
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

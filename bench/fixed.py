@@ -71,13 +71,13 @@ RESTART_GOAL_X = 2.0
 
 SERVER_START = """\
 import json, time
-from gpucampaign_prefect.flows import _embedded
+from gpucampaign_prefect.orchestration import embedded
 t0 = time.perf_counter()
 import prefect.server.api.server  # the module; campaign run's own process never imports it
 t1 = time.perf_counter()
-server = _embedded.start_detached()
+server = embedded.start_detached()
 t2 = time.perf_counter()
-_embedded.stop(server)
+embedded.stop(server)
 print(json.dumps({"import_s": t1 - t0, "start_s": t2 - t1, "started": server is not None}))
 """
 

@@ -11,7 +11,7 @@ Definitions (the issue's "visits" and "returns"):
 - Only the calling thread is followed (``sys.setprofile``), from the task function down; the
   background threads (checkpoint saves, the lease renewal) are not.
 - A *call* is a Python function call whose code lies in the project's own code
-  (``src/gpucampaign``, ``tasks``, ``flows``, ``orchestration``); a generator or coroutine
+  (``src/gpucampaign`` and the Prefect layer, ``src/gpucampaign_prefect``); a generator or coroutine
   that resumes is not a new call. Its *module* is its source file.
 - A call *path* is the chain of the project's functions on the stack down to the call. Each
   path counts once, at its first call: a training loop repeats the same calls at every step,
@@ -54,10 +54,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the task modules (tasks/, orchestration/) live at the checkout root
-OWN = tuple(
-    str(ROOT / part) + os.sep for part in ("src/gpucampaign", "tasks", "flows", "orchestration")
-)
+OWN = tuple(str(ROOT / part) + os.sep for part in ("src/gpucampaign", "src/gpucampaign_prefect"))
 _RESUME = dis.opmap.get("RESUME")
 _ARG_FLAGS = {0x04: 1, 0x08: 1}  # CO_VARARGS, CO_VARKEYWORDS: one more name each
 

@@ -23,10 +23,10 @@ with ``PREFECT_API_URL`` set):
   ``GPUCAMPAIGN_NOTIFY_BLOCK``: ``<block-type-slug>/<name>`` of a notification block you created,
   e.g. ``slack-webhook/team`` or ``sendgrid-email/me``), one notifying automation per event:
   a flow run of ours Failed or Crashed, and the events the campaign's flows emit
-  (``gpucampaign.*``, see ``orchestration/notify.py``): a decision waits for a person, a stop rule
-  ended an essential run, the campaign closed, the rental ends while files are only local,
-  the S3 store stopped taking uploads, a lot ended, the S3 store does not answer and answers
-  again (once per outage). Without a target no notifying automation
+  (``gpucampaign.*``, see ``gpucampaign_prefect/orchestration/notify.py``): a decision waits for
+  a person, a stop rule ended an essential run, the campaign closed, the rental ends while
+  files are only local, the S3 store stopped taking uploads, a lot ended, the S3 store does not
+  answer and answers again (once per outage). Without a target no notifying automation
   exists (and any left from an earlier setup is removed): the script says so.
 
 Usage: ``python infra/automations.py [--notify-url URL | --notify-block SLUG/NAME]
@@ -48,7 +48,8 @@ OUR_FLOWS = ["campaign", "restart-verification"]
 DEFAULT_CRASHED_AFTER_S = 300
 MIN_CRASHED_AFTER_S = 60  # heartbeats come every 30 s at the fastest
 
-#: The events the campaign's flows emit (orchestration/notify.py), each with its automation's title.
+#: The events the campaign's flows emit (gpucampaign_prefect/orchestration/notify.py), each with
+#: its automation's title.
 CAMPAIGN_EVENTS: dict[str, str] = {
     "gpucampaign.decision.waiting": "a decision waits for a person",
     "gpucampaign.run.essential-stop": "a stop rule ended an essential run",

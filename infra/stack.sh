@@ -24,7 +24,7 @@
 #                             (default: <repo>/.stack)
 #   GPUCAMPAIGN_GPU_SLOTS     size of the GPU lock: GPUs of the committed lots (default 1)
 #   GPUCAMPAIGN_GPU_LIMIT     name of the GPU lock (default gpu; spec field gpu_lock.name)
-#   GPUCAMPAIGN_POOL          work pool name (default gpucampaign, as in deployments/prefect.yaml)
+#   GPUCAMPAIGN_POOL          work pool name (default gpucampaign, as in the deployments' prefect.yaml)
 #   GPUCAMPAIGN_POOL_TYPE     work pool type when `setup` creates it (default process)
 #   GPUCAMPAIGN_ROOT          project root to deploy from (default: the repo holding this script)
 #   GPUCAMPAIGN_STACK_TIMEOUT seconds to wait for the server and the worker (default 180)
@@ -52,7 +52,7 @@ POOL="${GPUCAMPAIGN_POOL:-gpucampaign}"
 POOL_TYPE="${GPUCAMPAIGN_POOL_TYPE:-process}"
 GPU_LIMIT="${GPUCAMPAIGN_GPU_LIMIT:-gpu}"
 GPU_SLOTS="${GPUCAMPAIGN_GPU_SLOTS:-1}"
-PREFECT_FILE="deployments/prefect.yaml"
+PREFECT_FILE="src/gpucampaign_prefect/deployments/prefect.yaml"
 TIMEOUT="${GPUCAMPAIGN_STACK_TIMEOUT:-180}"
 CMD="${1:-}"
 API="http://$HOST:$PORT/api"

@@ -19,11 +19,7 @@ COPY src ./src
 # server is tracked from the worker.
 RUN pip install -e ".[tracking]"
 
-# The package installs flows/, tasks/ and orchestration/ as gpucampaign_prefect.* (linked from
-# src/gpucampaign_prefect); the pull step sets the working directory to $GPUCAMPAIGN_ROOT.
-COPY flows ./flows
-COPY tasks ./tasks
-COPY orchestration ./orchestration
-COPY deployments ./deployments
+# src/ holds the Prefect layer too (gpucampaign_prefect: flows, tasks, orchestration and the
+# deployments' prefect.yaml); the pull step sets the working directory to $GPUCAMPAIGN_ROOT.
 COPY infra ./infra
 COPY examples ./examples

@@ -1,9 +1,11 @@
-"""The layering holds: the library never imports Prefect, and the CLI says what is missing when
-the flows cannot be found."""
+"""The layering holds: the library never imports Prefect (nor the Prefect layer, which its CLI
+loads by name), the layer's own packages import only down their ranks, and the CLI says what is
+missing when the flows cannot be found."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,11 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpucampaign"
+LAYER = SRC.parent / "gpucampaign_prefect"
+#: The Prefect layer's packages, lowest first: a module imports its own package's modules and
+#: those of the packages before it (the embedded server and the locks below the tasks, the tasks
+#: below the flows that order them).
+LAYER_RANKS = ("orchestration", "tasks", "flows")
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -26,19 +33,90 @@ def _imported_modules(path: Path) -> set[str]:
 def test_no_library_module_imports_prefect() -> None:
     modules = sorted(SRC.rglob("*.py"))
     assert len(modules) > 10
+    above = ("prefect", "gpucampaign_prefect")
     offenders = {
-        str(p.relative_to(SRC)): sorted(
-            m for m in _imported_modules(p) if m.split(".")[0] == "prefect"
-        )
+        str(p.relative_to(SRC)): sorted(m for m in _imported_modules(p) if m.split(".")[0] in above)
         for p in modules
     }
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def layer_imports(path: Path, *, name: str, modules: set[str]) -> set[str]:
+    """The layer's modules that module ``name`` (``'tasks.train'``, read from ``path``)
+    imports, wherever the import stands (inside a function too); ``from pkg import module``
+    counts as that module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [(a.name, "") for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package up
+                parts = ["gpucampaign_prefect", *package.split(".")]
+                base = ".".join([*parts[: len(parts) - node.level + 1], *filter(None, [base])])
+            targets = [(base, a.name) for a in node.names]
+        else:
+            continue
+        for module, attr in targets:
+            short = module.removeprefix("gpucampaign_prefect").lstrip(".")
+            sub = f"{short}.{attr}" if short and attr else attr or short
+            found.add(sub if sub in modules else short)
+    return {m for m in found if m in modules and m != name}
+
+
+def layer_graph() -> dict[str, set[str]]:
+    """``{'tasks.train': {'orchestration.gpu_lock', ...}}`` for every module of the layer."""
+    paths = {
+        p.relative_to(LAYER)
+        .with_suffix("")
+        .as_posix()
+        .replace("/", ".")
+        .removesuffix(".__init__"): p
+        for p in LAYER.rglob("*.py")
+        if p.parent != LAYER
+    }
+    return {n: layer_imports(p, name=n, modules=set(paths)) for n, p in paths.items()}
+
+
+def against_the_layer_ranks(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of ``graph`` that points up the layer's ranks."""
+    rank = {package: i for i, package in enumerate(LAYER_RANKS)}
+    return [
+        f"{a} -> {b}"
+        for a, targets in sorted(graph.items())
+        for b in sorted(targets)
+        if rank[b.split(".")[0]] > rank[a.split(".")[0]]
+    ]
+
+
+def test_the_prefect_layer_imports_only_down_its_ranks() -> None:
+    from tests.test_architecture import find_cycles
+
+    packages = sorted(p.name for p in LAYER.iterdir() if (p / "__init__.py").is_file())
+    assert packages == sorted(LAYER_RANKS)
+    assert sorted(p.name for p in LAYER.glob("*.py")) == ["__init__.py"]
+    graph = layer_graph()
+    assert len(graph) > 20 and graph["tasks.train"] >= {"orchestration.gpu_lock"}
+    assert against_the_layer_ranks(graph) == []
+    assert find_cycles(graph) == []
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """An import of a flow's module from below, inside a function, is an upward import."""
+    code = "def f():\n    from gpucampaign_prefect.flows import _lots\n"
+    (tmp_path / "gpu_lock.py").write_text(code)
+    modules = {"orchestration.gpu_lock", "flows._lots"}
+    found = layer_imports(tmp_path / "gpu_lock.py", name="orchestration.gpu_lock", modules=modules)
+    assert found == {"flows._lots"}
+    graph = {"orchestration.gpu_lock": found, "flows._lots": set()}
+    assert against_the_layer_ranks(graph) == ["orchestration.gpu_lock -> flows._lots"]
+
+
 def test_tasks_holds_only_task_modules() -> None:
     """Every module of tasks/ defines a Prefect task; what tasks and flows share and is no
     task (the GPU lock, the notifications, the UI's views) lives in orchestration/."""
-    tasks = SRC.parents[1] / "tasks"
+    tasks = LAYER / "tasks"
     modules = sorted(p for p in tasks.glob("*.py") if p.name != "__init__.py")
     assert len(modules) >= 5
     without = [
@@ -72,20 +150,18 @@ def test_importing_the_whole_library_loads_no_prefect() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_the_prefect_layer_is_imported_only_by_its_installed_name() -> None:
-    """A bare ``tasks``/``flows``/``orchestration`` import would load a second copy of a module
-    (two GPU-lock modules, two task objects) and fails where the package is installed."""
+def test_the_prefect_layer_has_one_path() -> None:
+    """The layer's files live in ``src/gpucampaign_prefect`` and nowhere else: no link in it, no
+    top-level ``flows``/``tasks``/``orchestration``/``deployments`` beside it, and no bare
+    ``tasks`` or ``flows`` module to import, even with the checkout's root on ``sys.path`` (as
+    pytest puts it): each module, each task object and the GPU lock exist once."""
     root = SRC.parents[1]
-    bare = {"tasks", "flows", "orchestration"}
-    offenders = [
-        f"{p.relative_to(root)}: {m}"
-        for folder in ("src", "tasks", "flows", "orchestration", "tests", "bench", "infra")
-        for p in sorted((root / folder).rglob("*.py"))
-        if "gpucampaign_prefect" not in p.parts
-        for m in _imported_modules(p)
-        if m.split(".")[0] in bare
-    ]
-    assert offenders == []
+    assert [p.relative_to(root) for p in LAYER.rglob("*") if p.is_symlink()] == []
+    folders = ("flows", "tasks", "orchestration", "deployments")
+    assert [name for name in folders if (root / name).exists()] == []
+    assert all((LAYER / name).is_dir() and not (LAYER / name).is_symlink() for name in folders)
+    assert str(root) in sys.path  # the root is there, and still names none of them
+    assert [n for n in ("tasks", "flows", "orchestration") if importlib.util.find_spec(n)] == []
 
 
 def test_ruff_passes_with_its_line_length() -> None:
@@ -93,7 +169,7 @@ def test_ruff_passes_with_its_line_length() -> None:
     if not ruff.is_file():
         pytest.skip("ruff is not installed beside this Python (pip install -e '.[dev]')")
     root = SRC.parents[1]
-    folders = ["src", "orchestration", "tasks", "flows", "tests", "bench", "infra"]
+    folders = ["src", "tests", "bench", "infra"]
     out = subprocess.run(
         [str(ruff), "check", *folders], cwd=root, capture_output=True, text=True, timeout=120
     )
@@ -101,16 +177,11 @@ def test_ruff_passes_with_its_line_length() -> None:
 
 
 @pytest.mark.slow
-def test_mypy_passes_on_the_library_tasks_and_flows() -> None:
+def test_mypy_passes_on_the_library_and_the_prefect_layer() -> None:
+    """``mypy`` with no arguments: its one path set, ``src/`` (pyproject.toml)."""
     mypy = Path(sys.executable).parent / "mypy"
     if not mypy.is_file():
         pytest.skip("mypy is not installed beside this Python (pip install -e '.[dev]')")
     root = SRC.parents[1]
-    out = subprocess.run(
-        [str(mypy), "src/gpucampaign", "orchestration", "tasks", "flows"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = subprocess.run([str(mypy)], cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-1000:]

@@ -4,7 +4,7 @@ spelled once, in ``folder/layout.py``; everywhere else imports it.
 What counts as a name: each ``/``-separated part of every upper-case ``str`` (or tuple of
 ``str``) constant that ``layout`` defines (``runs``, ``result.json``, ``figures``,
 ``calendar.png``, ``LATEST``, ``step-``...). What counts as a literal copy, read from the
-syntax tree of every module under ``src/``, ``tasks/``, ``flows/`` and ``orchestration/`` (so
+syntax tree of every module under ``src/`` (the library and the Prefect layer) (so
 docstrings, comments and the text of messages without a path in them do not count):
 
 - a name with a dot, a dash or a capital (``result.json``, ``LATEST``, ``.lock``): any string
@@ -34,7 +34,7 @@ from gpucampaign.folder import layout
 
 ROOT = Path(__file__).resolve().parents[1]
 OWNER = ROOT / "src" / "gpucampaign" / "folder" / "layout.py"
-SCANNED = (ROOT / "src", ROOT / "tasks", ROOT / "flows", ROOT / "orchestration")
+SCANNED = (ROOT / "src",)
 _WORD = re.compile(r"^[a-z]+$")
 _PATH_CALLS = {"Path", "PurePosixPath", "PurePath", "joinpath"}
 #: ``(module, name)``: a name spelled for a folder that is not the output folder.

@@ -17,10 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _ADOPT = """
 import hashlib, json, os, sys
-from gpucampaign.cli.runner import load_flow
-early = load_flow("_embedded", "spawn_early")()
+from gpucampaign.cli.runner import load_embedded
+early = load_embedded("spawn_early")()
 loaded_before = "prefect.server.api.server" in sys.modules
-server = load_flow("_embedded", "start_detached")(early)
+server = load_embedded("start_detached")(early)
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.settings import get_current_settings
@@ -65,7 +65,7 @@ out = {
     "embedded": embedded_api(),
     "holders": holders_dir("gpu").parent.name == hashlib.sha256(b"embedded").hexdigest()[:12],
 }
-load_flow("_embedded", "release")(server)  # the end of the run in this process
+load_embedded("release")(server)  # the end of the run in this process
 # A later flow in the same process, on another server (a test harness): its task runs reach
 # that server, not the adopted one (Prefect's events worker is one per process).
 from prefect import task
@@ -87,10 +87,10 @@ with prefect_test_harness(server_startup_timeout=None):
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
         )
     out["later_task_runs"] = sorted(r.state.name for r in runs)
-load_flow("_embedded", "stop")(server)
+load_embedded("stop")(server)
 out["ended"] = early.process.wait(timeout=30) is not None
 os.environ["PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED"] = "true"  # asked for: it wins
-refused = load_flow("_embedded", "spawn_early")()
+refused = load_embedded("spawn_early")()
 out["asked_triggers"] = env_of(refused.process.pid).get("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED")
 refused.stop()
 out["refused_ended"] = refused.process.poll() is not None

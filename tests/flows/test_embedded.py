@@ -8,7 +8,12 @@ import socket
 import subprocess
 import sys
 
-from gpucampaign_prefect.flows._embedded import LIFELINE, PARENT_VAR, orphan_servers, reap_stale
+from gpucampaign_prefect.orchestration.embedded import (
+    LIFELINE,
+    PARENT_VAR,
+    orphan_servers,
+    reap_stale,
+)
 
 
 def _sleeper(parent: str) -> subprocess.Popen:

@@ -14,7 +14,7 @@ import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-from prefect.concurrency._asyncio import ConcurrencySlotAcquisitionError
+from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
 from prefect.states import Running
 
 from gpucampaign_prefect.orchestration.gpu_lock import (
@@ -401,7 +401,7 @@ def test_the_phase_does_not_wait_for_the_ui_to_show_its_holder(monkeypatch):
     ensure_gpu_limit(name, 1, clear_stale=False)
     api_answers = threading.Event()
     order: list[str] = []
-    release = gpu_lock.release_concurrency_slots_with_lease
+    release = gpu_lock.release_slots
 
     def slow_publish(lock: str, *, held: bool) -> None:
         api_answers.wait(30)
@@ -413,7 +413,7 @@ def test_the_phase_does_not_wait_for_the_ui_to_show_its_holder(monkeypatch):
         release(lease_id)
 
     monkeypatch.setattr(gpu_lock, "publish_holders", slow_publish)
-    monkeypatch.setattr(gpu_lock, "release_concurrency_slots_with_lease", released)
+    monkeypatch.setattr(gpu_lock, "release_slots", released)
     t0 = time.monotonic()
     with gpu_slot(name, timeout_s=60, lease_s=60, run="train of c-2"):
         entered_s = time.monotonic() - t0

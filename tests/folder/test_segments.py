@@ -106,6 +106,44 @@ def test_an_interrupted_segment_says_so_and_resumes_are_counted(tmp_path):
     assert interruptions(rows)["resumes"] == {"control": 3}
 
 
+def test_the_library_closes_a_cut_segment_from_the_durable_step_and_says_a_lot_end(tmp_path):
+    """``folder.segments.phase_segment`` alone (no Prefect): the durable step it is given
+    counts for a cut segment's loss, and the lot's end it is given is said as planned."""
+    from gpucampaign.folder.layout import OutputFolder
+    from gpucampaign.folder.segments import phase_segment
+
+    class LotEnd(Interrupted):
+        def __init__(self) -> None:
+            super().__init__("lot_ended", step=6, detail="saved at step 6")
+            self.detail = "saved at step 6"
+
+    folder = OutputFolder(tmp_path)
+    rid = SPEC.resolve_run("control").run_id
+    asked: list[str] = []
+
+    def durable(run_id: str) -> int:
+        asked.append(run_id)
+        return 6
+
+    def segment():
+        return phase_segment(
+            folder, SPEC, phase="train", step=None, run="control", durable=durable, lot_end=LotEnd
+        )
+
+    killed = segment()  # kept: no end line at collection
+    row = killed.__enter__()
+    heartbeat(tmp_path, row, checkpoint_step=4)
+    _metrics(
+        tmp_path / "runs" / rid / "metrics.jsonl",
+        [{"kind": "train", "step": s, "step_s": 0.25} for s in range(1, 8)],
+    )
+    with pytest.raises(LotEnd), segment():
+        raise LotEnd()
+    cut, ended = read_timeline(tmp_path)
+    assert asked == [rid] and (cut.lost_steps, cut.checkpoint_step) == (1, 6)
+    assert ended.outcome == "lot ended: saved at step 6" and not ended.interrupted
+
+
 def test_the_report_shows_interruptions_resumes_and_lost_work(tmp_path):
     from gpucampaign.close.report import _interruptions_md
 

@@ -12,13 +12,13 @@ import os
 import sys
 import time
 
-from gpucampaign.cli.runner import load_flow, prefect_environment
+from gpucampaign.cli.runner import load_embedded, prefect_environment
 
 
 def main(role: str, lock: str, campaign: str, out: str) -> None:
     for key, value in prefect_environment(logging_level="WARNING").items():
         os.environ.setdefault(key, value)
-    server = load_flow("_embedded", "start_detached")()
+    server = load_embedded("start_detached")()
     from gpucampaign_prefect.orchestration.gpu_lock import ensure_gpu_limit, gpu_slot
 
     log = logging.getLogger("gpucampaign.gpu_lock")

@@ -1,6 +1,6 @@
 """A run is resolved once per spec: ``CampaignSpec.resolve_run`` is the one resolution, later
 calls return the same object, and nothing else in the code computes a run's config, ID or
-hashes (an AST scan of ``src/``, ``tasks/``, ``flows/`` and ``orchestration/``)."""
+hashes (an AST scan of ``src/``: the library and the Prefect layer)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _calls(path: Path) -> list[tuple[str, int]]:
 def _code_files() -> list[Path]:
     return [
         p
-        for top in ("src", "tasks", "flows", "orchestration")
+        for top in ("src",)
         for p in sorted((ROOT / top).rglob("*.py"))
         if "__pycache__" not in p.parts
     ]
@@ -60,7 +60,7 @@ def test_nothing_below_the_spec_resolves_a_run_again() -> None:
     ]
     removed = [
         f"{p.relative_to(ROOT)}:{line} .{name}("
-        for top in ("src", "tasks", "flows", "orchestration", "tests")
+        for top in ("src", "tests")
         for p in sorted((ROOT / top).rglob("*.py"))
         for name, line in _calls(p)
         if name in REMOVED and p != Path(__file__)

@@ -1,7 +1,8 @@
 """Start the Prefect flows from the CLI without the library importing Prefect itself.
 
-The flows are installed as ``gpucampaign_prefect.flows`` (the checkout's ``flows/``): set
-quiet embedded-server defaults, then import the flow by name.
+The Prefect layer is the package ``gpucampaign_prefect`` (its flows in ``flows``, the embedded
+server in ``orchestration.embedded``): set quiet embedded-server defaults, then import what is
+needed by name, through ``load_flow`` alone.
 """
 
 from __future__ import annotations
@@ -59,10 +60,17 @@ def quiet_expected_stops() -> None:
             logger.addFilter(ExpectedStops())
 
 
-def load_flow(module: str, name: str) -> Any:
-    """Import ``gpucampaign_prefect.flows.<module>`` and return its object ``name``."""
+def load_flow(module: str, name: str, *, package: str = "flows") -> Any:
+    """Import ``gpucampaign_prefect.<package>.<module>`` (a flow's module by default) and return
+    its object ``name``: the CLI's one way into the Prefect layer (a test replaces it to see
+    that a command would start Prefect)."""
     embedded_environment()
-    return getattr(importlib.import_module(f"gpucampaign_prefect.flows.{module}"), name)
+    return getattr(importlib.import_module(f"gpucampaign_prefect.{package}.{module}"), name)
+
+
+def load_embedded(name: str) -> Any:
+    """The object ``name`` of the embedded server's module (``orchestration.embedded``)."""
+    return load_flow("embedded", name, package="orchestration")
 
 
 def start_server_early() -> Any | None:
@@ -75,7 +83,7 @@ def start_server_early() -> Any | None:
         held.go()
         early = held
     else:
-        early = load_flow("_embedded", "spawn_early")()
+        early = load_embedded("spawn_early")()
     return early
 
 
@@ -111,10 +119,10 @@ def interruptible_run(
     flow's own first imports (``preload_flow_start``) load during that wait too.
     """
     threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
-    start, stop = load_flow("_embedded", "start_detached"), load_flow("_embedded", "stop")
-    release = load_flow("_embedded", "release")
-    preload_flow_start = load_flow("_embedded", "preload_flow_start")
-    reaped = load_flow("_embedded", "reap_stale")()
+    start, stop = load_embedded("start_detached"), load_embedded("stop")
+    release = load_embedded("release")
+    preload_flow_start = load_embedded("preload_flow_start")
+    reaped = load_embedded("reap_stale")()
     if reaped:
         sys.stderr.write(
             f"note: ended {len(reaped)} Prefect server(s) left running by an earlier killed "

@@ -119,7 +119,7 @@ def spawn_held_server(argv: list[str]) -> None:
         return
     embedded_environment(verbose=bool({"-v", "--verbose"} & set(argv)))
     try:
-        embedded = importlib.import_module("gpucampaign_prefect.flows._embedded")
+        embedded = importlib.import_module("gpucampaign_prefect.orchestration.embedded")
         held = embedded.spawn_early(hold=True)
     except (ImportError, OSError):  # no Prefect layer here: the run starts its server later
         return

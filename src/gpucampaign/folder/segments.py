@@ -1,4 +1,5 @@
-"""Machine segments as they happen: heartbeats, cut segments closed, interruptions counted.
+"""Machine segments as they happen: a phase's segment, heartbeats, cut segments closed,
+interruptions counted.
 
 A segment is one stretch of machine (or person) time in ``timeline.jsonl``: a start line, a
 heartbeat at each checkpoint, an end line (``records.TimelineRow``). A process killed outright
@@ -9,17 +10,22 @@ read from the run's ``metrics.jsonl`` before the resume truncates it.
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import parse_time, read_jsonl, utc_now
+from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import InterruptedRun
-from gpucampaign.folder.layout import METRICS_FILE
+from gpucampaign.folder.layout import METRICS_FILE, OutputFolder, run_file
 from gpucampaign.folder.records import TimelineRow, append_timeline, read_timeline
+from gpucampaign.spec import CampaignSpec
 
 #: The outcome of a segment that stopped before its lot's end (``engine/lotend.py``).
 LOT_ENDED_OUTCOME = "lot ended"
@@ -27,6 +33,93 @@ CUT_OUTCOME = (
     "interrupted: the process ended without recording its end (killed, out of "
     "memory or the machine lost)"
 )
+
+
+#: The phases whose segments train a run: a cut one lost the steps since its last checkpoint.
+TRAINING_PHASES = ("pilot", "train")
+
+
+@contextlib.contextmanager
+def phase_segment(
+    folder: OutputFolder,
+    spec: CampaignSpec,
+    *,
+    phase: str,
+    step: str | None,
+    run: str | None = None,
+    note: str = "",
+    kind: str = "machine",
+    durable: Callable[[str], int | None],
+    lot_end: type[Interrupted] | None = None,
+) -> Iterator[TimelineRow]:
+    """Record one segment of a campaign's phase (machine-busy, or a person deciding) in
+    ``timeline.jsonl`` as it happens: a start line now, an end line even when the work fails.
+
+    A segment an earlier process left open (killed before its end line) is closed first, as
+    interrupted, with the work it lost since its last checkpoint.
+
+    Args:
+        folder: the output folder.
+        spec: the campaign (its runs, to find the run folder a cut segment trained in).
+        phase: the phase's name.
+        step: the calendar step the segment stands for (observed time finds its forecast).
+        run: the run the phase works on, when it has one.
+        note: a word for the timeline.
+        kind: ``machine`` or ``person``.
+        durable: the step a resume of run ID restores now (its checkpoint's ``LATEST``, read
+            from the store), None when unknown: a cut segment lost the work after it.
+        lot_end: the exception of a planned stop before the lot's end, its step saved (the
+            engine's ``LotEnded``): the segment ends as such, not as interrupted.
+
+    Yields:
+        The segment's live row (a heartbeat updates it; its end line is written from it).
+    """
+    close_cut_segments(
+        folder.root,
+        run_dir=lambda cut: _trained_in(folder, spec, cut),
+        durable=lambda cut: durable(spec.resolve_run(str(cut.run)).run_id),
+    )
+    row = new_segment(
+        TimelineRow(
+            phase=phase,
+            step=step,
+            run=run,
+            kind=kind,
+            start=utc_now(),
+            note=note,
+            host=socket.gethostname(),
+        )
+    )
+    append_timeline(folder.root, row)
+    t0 = time.perf_counter()
+    try:
+        yield row
+    except BaseException as exc:
+        row.outcome = _ended_by(exc, lot_end=lot_end)
+        raise
+    else:
+        row.outcome = row.outcome or "ok"
+    finally:
+        row.event = "end"
+        row.end = utc_now()
+        row.seconds = time.perf_counter() - t0
+        append_timeline(folder.root, row)
+
+
+def _ended_by(exc: BaseException, *, lot_end: type[Interrupted] | None) -> str:
+    """The outcome of a segment that ``exc`` ended."""
+    if lot_end is not None and isinstance(exc, lot_end):  # planned, its step saved
+        return f"{LOT_ENDED_OUTCOME}: {getattr(exc, 'detail', '')}"[:500]
+    if isinstance(exc, Interrupted):
+        return f"interrupted: {exc}"[:500]
+    return f"failed: {exc}"[:500]
+
+
+def _trained_in(folder: OutputFolder, spec: CampaignSpec, row: TimelineRow) -> Path | None:
+    """The run folder whose metrics a cut pilot or training segment wrote."""
+    if row.phase not in TRAINING_PHASES or row.run not in spec.run_names():
+        return None
+    return folder.path(run_file(spec.resolve_run(row.run).run_id))
 
 
 def new_segment(row: TimelineRow) -> TimelineRow:

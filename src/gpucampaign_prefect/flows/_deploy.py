@@ -1,5 +1,5 @@
-"""``campaign deploy``: the deployments of ``deployments/prefect.yaml``, registered for a
-project folder on the Prefect server at ``PREFECT_API_URL``.
+"""``campaign deploy``: the deployments of the package's ``deployments/prefect.yaml``,
+registered for a project folder on the Prefect server at ``PREFECT_API_URL``.
 
 The installed package carries ``prefect.yaml`` (``gpucampaign_prefect/deployments``), the one
 definition of the deployments: ``campaign/main`` and ``restart-verification/scheduled``, their

@@ -1,12 +1,12 @@
-"""What every phase task shares: task options, the timeline of busy intervals, stop records."""
+"""What every phase task shares: task options, the timeline of busy intervals (the library's
+``folder.segments.phase_segment``, given the store's durable step and the lot's end), stop
+records."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import re
-import socket
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -19,9 +19,9 @@ from gpucampaign.core.files import utc_now
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.engine.lotend import LotEnded
-from gpucampaign.folder.layout import OutputFolder, run_file
-from gpucampaign.folder.records import StopRecord, TimelineRow, append_stop, append_timeline
-from gpucampaign.folder.segments import LOT_ENDED_OUTCOME, close_cut_segments, new_segment
+from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.records import StopRecord, TimelineRow, append_stop
+from gpucampaign.folder.segments import phase_segment
 from gpucampaign.spec import CampaignSpec
 
 # Inputs hold numpy arrays and the spec: hashing them for a cache key is wasted work,
@@ -96,8 +96,6 @@ def ends_on_stop(phase: str) -> Callable[[F], F]:
     return wrap
 
 
-TRAINING_PHASES = ("pilot", "train")
-
 # Every phase that can fail transiently retries once; a stop rule is final.
 PHASE_OPTIONS: dict[str, Any] = {
     **TASK_OPTIONS,
@@ -131,56 +129,24 @@ def busy(
     kind: str = "machine",
 ) -> Iterator[TimelineRow]:
     """Record one segment (machine-busy, or a person deciding) in timeline.jsonl as it
-    happens: a start line now, an end line even when the work fails.
+    happens: a start line now, an end line even when the work fails
+    (``folder.segments.phase_segment``).
 
     A segment an earlier process left open (killed before its end line) is closed first, as
-    interrupted, with the work it lost since its last checkpoint.
+    interrupted, with the work it lost since the checkpoint its run's ``LATEST`` names now.
     """
-    close_cut_segments(
-        folder.root,
-        run_dir=lambda cut: _trained_in(folder, spec, cut),
-        durable=lambda cut: durable_step(
-            spec.storage.url, out_dir=folder.root, run_id=spec.resolve_run(str(cut.run)).run_id
-        ),
-    )
-    row = new_segment(
-        TimelineRow(
-            phase=phase,
-            step=calendar_step(spec, run=run, phase=phase),
-            run=run,
-            kind=kind,
-            start=utc_now(),
-            note=note,
-            host=socket.gethostname(),
-        )
-    )
-    append_timeline(folder.root, row)
-    t0 = time.perf_counter()
-    try:
+    with phase_segment(
+        folder,
+        spec,
+        phase=phase,
+        step=calendar_step(spec, run=run, phase=phase),
+        run=run,
+        note=note,
+        kind=kind,
+        durable=lambda run_id: durable_step(spec.storage.url, out_dir=folder.root, run_id=run_id),
+        lot_end=LotEnded,
+    ) as row:
         yield row
-    except LotEnded as exc:  # a planned stop before the lot's end, its step saved
-        row.outcome = f"{LOT_ENDED_OUTCOME}: {exc.detail}"[:500]
-        raise
-    except Interrupted as exc:
-        row.outcome = f"interrupted: {exc}"[:500]
-        raise
-    except BaseException as exc:
-        row.outcome = f"failed: {exc}"[:500]
-        raise
-    else:
-        row.outcome = row.outcome or "ok"
-    finally:
-        row.event = "end"
-        row.end = utc_now()
-        row.seconds = time.perf_counter() - t0
-        append_timeline(folder.root, row)
-
-
-def _trained_in(folder: OutputFolder, spec: CampaignSpec, row: TimelineRow) -> Path | None:
-    """The run folder whose metrics a cut pilot or training segment wrote."""
-    if row.phase not in TRAINING_PHASES or row.run not in spec.run_names():
-        return None
-    return folder.path(run_file(spec.resolve_run(row.run).run_id))
 
 
 def record_stop(folder: OutputFolder, exc: StopRule, *, run: str, phase: str) -> StopRecord:

@@ -47,19 +47,15 @@ from prefect.client.schemas.filters import (
     FlowRunFilterStateType,
 )
 from prefect.client.schemas.objects import FlowRun, StateType
-from prefect.concurrency._leases import maintain_concurrency_lease
-from prefect.concurrency._sync import (
-    acquire_concurrency_slots_with_lease,
-    release_concurrency_slots_with_lease,
-)
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.settings import get_current_settings
 from prefect.states import Crashed
 
 from gpucampaign.folder.lock import pid_runs
-from gpucampaign_prefect.flows._embedded import adopted_api_url, adopted_server_pid
 from gpucampaign_prefect.orchestration.background import UiCalls
+from gpucampaign_prefect.orchestration.embedded import adopted_api_url, adopted_server_pid
+from gpucampaign_prefect.orchestration.leases import acquire_slots, release_slots, renewed
 
 #: Flows of this project that may hold the GPU lock.
 OUR_FLOWS: tuple[str, ...] = ("campaign", "restart-verification")
@@ -86,7 +82,7 @@ def embedded_api() -> bool:
     That is the case where a killed holder's slot never comes back by itself: the server dies
     with the process and its leases with it. With ``PREFECT_API_URL`` set, a long-lived server
     returns an expired lease within its ``lease_s``; the URL of the temporary server ``campaign
-    run`` adopted (``_embedded.adopted_api_url``) is still its own.
+    run`` adopted (``embedded.adopted_api_url``) is still its own.
     """
     url = get_current_settings().api.url
     return not url or url == adopted_api_url()
@@ -350,7 +346,7 @@ def gpu_slot(
 
     Raises:
         TimeoutError: no slot came free within ``timeout_s``.
-        prefect.concurrency._asyncio.ConcurrencySlotAcquisitionError: the limit does not exist.
+        prefect.concurrency.asyncio.ConcurrencySlotAcquisitionError: the limit does not exist.
     """
     t0 = monotonic()
     log = _logger()
@@ -360,27 +356,21 @@ def gpu_slot(
     )
     watcher.start()
     try:
-        granted = acquire_concurrency_slots_with_lease(
-            [name], slots, timeout_seconds=timeout_s, lease_duration=lease_s, strict=True
-        )
+        lease = acquire_slots(name, slots=slots, timeout_s=timeout_s, lease_s=lease_s)
     finally:
         waiting.set()
         watcher.join(timeout=30)
-    record = _record_holder(
-        name, str(granted.lease_id), campaign=campaign, out=out, run=run, slots=slots
-    )
+    record = _record_holder(name, str(lease), campaign=campaign, out=out, run=run, slots=slots)
     # The UI's table and tag are made beside the phase: its first step does not wait for them.
     shown = UiCalls(f"holders of GPU lock '{name}'")
     shown.submit(publish_holders, name, held=True)
     try:
-        with maintain_concurrency_lease(
-            granted.lease_id, lease_s, raise_on_lease_renewal_failure=True
-        ):
+        with renewed(lease, lease_s=lease_s, stop_on_failure=True):
             yield SlotHold(name=name, waited_s=monotonic() - t0)
     finally:
         shown.drain(timeout_s=PUBLISH_WAIT_S)  # no write of the UI's beside the release
         try:
-            release_concurrency_slots_with_lease(granted.lease_id)
+            release_slots(lease)
         finally:
             record.unlink(missing_ok=True)
             shown.submit(publish_holders, name, held=False)  # after the held version

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from prefect import get_client
@@ -30,11 +30,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilterTags,
 )
 from prefect.client.schemas.objects import StateType
-from prefect.concurrency._leases import maintain_concurrency_lease
-from prefect.concurrency._sync import (
-    acquire_concurrency_slots_with_lease,
-    release_concurrency_slots_with_lease,
-)
+from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectAlreadyExists
 
@@ -97,27 +93,29 @@ def campaign_lock(
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
         except ObjectAlreadyExists:
             pass
-    try:
-        granted = acquire_concurrency_slots_with_lease(
-            [name], 1, timeout_seconds=wait_s, lease_duration=lease_s, strict=True
-        )
-    except TimeoutError:
-        raise CampaignHeld(
-            f"campaign '{cs.name}' (store {cs.storage.url}) is running elsewhere: "
-            f"{_holders(tag)} holds its lock '{name}'; this copy waited {wait_s:.0f} s "
-            "and refuses, so that two copies never train it at once. Nothing was written. "
-            "Cancel the other copy first if this one should run; a copy that died gives the "
-            "lock back when its lease expires."
-        ) from None
-    try:
-        # A renewal that fails is logged, not raised: a server out for a while must not end a
-        # campaign (its GPU phases hold their slots strictly and stop on their own).
-        with maintain_concurrency_lease(
-            granted.lease_id, lease_s, raise_on_lease_renewal_failure=False
-        ):
-            yield name
-    finally:
-        release_concurrency_slots_with_lease(granted.lease_id)
+    with ExitStack() as held:
+        try:
+            # A renewal that fails is logged, not raised: a server out for a while must not end
+            # a campaign (its GPU phases hold their slots strictly and stop on their own).
+            held.enter_context(
+                concurrency(
+                    name,
+                    occupy=1,
+                    timeout_seconds=wait_s,
+                    lease_duration=lease_s,
+                    strict=True,
+                    raise_on_lease_renewal_failure=False,
+                )
+            )
+        except TimeoutError:
+            raise CampaignHeld(
+                f"campaign '{cs.name}' (store {cs.storage.url}) is running elsewhere: "
+                f"{_holders(tag)} holds its lock '{name}'; this copy waited {wait_s:.0f} s "
+                "and refuses, so that two copies never train it at once. Nothing was written. "
+                "Cancel the other copy first if this one should run; a copy that died gives the "
+                "lock back when its lease expires."
+            ) from None
+        yield name  # the lease is renewed meanwhile, and released when the block ends
 
 
 def close_dead_copies(tag: str) -> list[str]:

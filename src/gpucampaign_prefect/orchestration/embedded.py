@@ -172,6 +172,8 @@ def spawn_early(*, hold: bool = False) -> EarlyServer | None:
         "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
         **os.environ,
         "PREFECT_UI_ENABLED": "0",
+        # Prefect's own settings of its temporary server (private, no public form: the
+        # environment `SubprocessASGIServer` gives uvicorn, checked against Prefect 3.9.1).
         "PREFECT__SERVER_EPHEMERAL": "1",
         "PREFECT__SERVER_FINAL": "1",
         **({HOLD_VAR: "1"} if hold else {}),
@@ -246,7 +248,8 @@ def _adopt(early: EarlyServer, *, timeout_s: float) -> bool:
     from prefect.settings import PREFECT_API_URL
 
     # The global context, which every thread without its own settings reads; the environment
-    # stays as it was, so no child process takes this server for a shared one.
+    # stays as it was, so no child process takes this server for a shared one. No public call
+    # sets it (`temporary_settings` holds for one thread); checked against Prefect 3.9.1.
     current = prefect.context.SettingsContext.get()
     assert current is not None
     prefect.context.GLOBAL_SETTINGS_CONTEXT = prefect.context.SettingsContext(
@@ -279,7 +282,8 @@ def start_detached(early: EarlyServer | None = None) -> Any | None:
     if server.running:
         return server
     # The server module spawns through its own ``subprocess`` name: give it one whose Popen
-    # starts a new session under the lifeline, for this start only.
+    # starts a new session under the lifeline, for this start only (`SubprocessASGIServer` takes
+    # no Popen of its own; checked against Prefect 3.9.1).
     real = server_module.subprocess
     server_module.subprocess = SimpleNamespace(  # type: ignore[assignment]
         Popen=_lifeline_popen, TimeoutExpired=subprocess.TimeoutExpired

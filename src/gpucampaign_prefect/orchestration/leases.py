@@ -1,0 +1,68 @@
+"""The GPU lock's lease on a Prefect global concurrency limit: taken, renewed, released.
+
+Prefect's public ``prefect.concurrency.sync.concurrency`` takes slots under a lease, renews the
+lease while its block runs and releases it, but keeps the lease's ID to itself. The GPU lock
+needs that ID: its holder record names it, so that a waiter can release the lease of a holder
+whose process died (``gpu_lock.free_dead_holders``: on a shared server the slot would stay
+taken until the lease expires, and embedded, for ever). So the lease is taken and renewed here
+through the two private functions the public one is made of, each called in one function below
+with its reason; the release is the client's public call. The campaign lock needs no ID and
+uses the public ``concurrency`` (``campaign_lock``).
+
+Checked against Prefect 3.9.1: on an upgrade, compare ``acquire_slots`` and ``renewed`` with
+``prefect/concurrency/_sync.py``'s ``concurrency`` (which the public one calls).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from uuid import UUID
+
+from prefect.client.orchestration import get_client
+from prefect.concurrency._leases import maintain_concurrency_lease
+from prefect.concurrency._sync import acquire_concurrency_slots_with_lease
+
+
+def acquire_slots(name: str, *, slots: int, timeout_s: float | None, lease_s: float) -> UUID:
+    """Take ``slots`` slots of the global concurrency limit ``name`` under a lease (strict: a
+    missing limit is an error, never a run without a lock); its lease ID.
+
+    Args:
+        name: the global concurrency limit.
+        slots: the slots taken together.
+        timeout_s: longest wait for them (None: no end).
+        lease_s: the lease's duration (renew it with ``renewed``).
+
+    Raises:
+        TimeoutError: the slots did not come free within ``timeout_s``.
+        prefect.concurrency.asyncio.ConcurrencySlotAcquisitionError: the limit does not exist.
+    """
+    # Private (prefect.concurrency._sync, Prefect 3.9.1): the public `concurrency` takes its
+    # slots with this very call (waiting out a full limit as the server says) and keeps the
+    # lease ID it returns; the holder record needs that ID.
+    granted = acquire_concurrency_slots_with_lease(
+        [name], slots, timeout_seconds=timeout_s, lease_duration=lease_s, strict=True
+    )
+    return granted.lease_id
+
+
+def renewed(
+    lease_id: UUID, *, lease_s: float, stop_on_failure: bool
+) -> AbstractContextManager[None]:
+    """Renew the lease ``lease_id`` while the block runs (every three quarters of ``lease_s``).
+
+    ``stop_on_failure``: a renewal that fails for good cancels the block (its slots are no
+    longer reserved); otherwise it is logged and the block goes on.
+    """
+    # Private (prefect.concurrency._leases, Prefect 3.9.1): the public `concurrency` renews its
+    # lease with this; nothing public renews a lease known by its ID, and only this cancels the
+    # block when a renewal fails.
+    return maintain_concurrency_lease(
+        lease_id, lease_s, raise_on_lease_renewal_failure=stop_on_failure
+    )
+
+
+def release_slots(lease_id: UUID) -> None:
+    """Give back the slots held under the lease ``lease_id`` (the client's public call)."""
+    with get_client(sync_client=True) as client:
+        client.release_concurrency_slots_with_lease(lease_id)
