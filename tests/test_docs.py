@@ -130,6 +130,30 @@ def test_the_quickstart_is_marked_once_and_uses_the_installed_command() -> None:
     assert marks == sum(len(_blocks(p, RUNS)) for p in _pages()) and marks >= 4
 
 
+def test_make_demo_runs_the_quickstart_campaign(tmp_path: Path) -> None:
+    """``make demo`` (the checkout's first command) plans and runs the spec the quickstart's
+    ``campaign init`` writes, into ``demo``: the test of the quickstart covers it too."""
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    dry = subprocess.run(  # -n: prints the recipe, runs nothing (no install, no campaign)
+        ["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert dry.returncode == 0, dry.stderr
+    said = [line.strip() for line in dry.stdout.splitlines()]
+    spec = "examples/digits/campaign.yaml"
+    assert any(line.endswith(f"/campaign plan {spec}") for line in said), said
+    assert any(line.endswith(f"/campaign run {spec} --out demo") for line in said), said
+
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+
+    made = CliRunner().invoke(app, ["init", str(tmp_path / "digits")])
+    assert made.exit_code == 0, made.output
+    written = (tmp_path / "digits" / "campaign.yaml").read_bytes()
+    assert written == (ROOT / spec).read_bytes()
+
+
 def _bin_with_campaign(tmp: Path) -> Path:
     """A folder with ``campaign`` and ``python`` of this interpreter, first on PATH."""
     here = tmp / "bin"
