@@ -10,7 +10,8 @@ and decided by the close's own functions (``analyse_runs``, ``run_evidence``,
 * A real effect (the variant's learning rate is 5x the control's, seeds paired): at least 16 of
   20 (80%) must adopt.
 
-The measured rates are in README's verdict section.
+The measured rates are in docs/stop-rules-and-evidence.md, *Training noise: measured, or no
+adoption*.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the stop lands mid-training. The stack is taken down and brought up again on the
 - `infra/stack.sh down` while the control trains: the flow-run process saves at its next
   step (its checkpoint interval never comes), closes its segment as interrupted, writes its
   progress as stopped, releases the folder's `.lock`, and the flow run ends Cancelled as
-  README says; `up` again finds it so (no run left Running).
+  docs/stack.md says; `up` again finds it so (no run left Running).
 - The stack's worker and its flow-run process SIGKILLed as the run starts (after its first
   heartbeat), then `infra/stack.sh up` run again:
   the dead-run automation still sets the run Crashed within its window, set to 60 s for
