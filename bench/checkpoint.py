@@ -41,11 +41,11 @@ from pathlib import Path
 
 import torch
 
-from gpucampaign.checkpoint.layout import step_dirname
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.checkpoint.savepolicy import choose_save_interval
 from gpucampaign.checkpoint.state import capture_rng
 from gpucampaign.core.files import new_checksum
+from gpucampaign.folder.layout import checkpoint_step_dir
 from gpucampaign.storage import LocalStore
 
 MB = 1024 * 1024
@@ -164,7 +164,7 @@ def bench_io(total_mb: int, repeats: int, workdir: Path, *, settle_s: float) -> 
         t_read = raw_read(raw)
         raw.unlink()
         settle(settle_s)
-        for p in (store.root / mgr.run_id / step_dirname(i + 1)).iterdir():
+        for p in (store.root / mgr.run_id / checkpoint_step_dir(i + 1)).iterdir():
             evict(p)
         t0 = time.perf_counter()
         ck = mgr.load(i + 1)
@@ -175,7 +175,7 @@ def bench_io(total_mb: int, repeats: int, workdir: Path, *, settle_s: float) -> 
         del ck
         # The integrity check alone, cold: read + checksum of the files, two threads like the
         # restore, with each of the two checksums.
-        files = sorted((store.root / mgr.run_id / step_dirname(i + 1)).iterdir())
+        files = sorted((store.root / mgr.run_id / checkpoint_step_dir(i + 1)).iterdir())
         for kind in verify:
             for p in files:
                 evict(p)

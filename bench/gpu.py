@@ -342,9 +342,9 @@ def bench_gpu_checkpoint(tmp: Path, *, mb: int, repeats: int) -> list[str]:
     """Save and restore a model + Adam state living in GPU memory, as the training loop does."""
     import checkpoint as ckbench
 
-    from gpucampaign.checkpoint.layout import step_dirname
     from gpucampaign.checkpoint.manager import CheckpointManager
     from gpucampaign.checkpoint.state import BackgroundSaves, snapshot
+    from gpucampaign.folder.layout import checkpoint_step_dir
     from gpucampaign.storage import LocalStore
 
     model, opt = ckbench.make_state(mb)
@@ -377,7 +377,7 @@ def bench_gpu_checkpoint(tmp: Path, *, mb: int, repeats: int) -> list[str]:
             t_raw_w = ckbench.raw_write(raw, payload)
             t_raw_r = ckbench.raw_read(raw)
             raw.unlink()
-            for p in (store.root / mgr.run_id / step_dirname(i + 1)).iterdir():
+            for p in (store.root / mgr.run_id / checkpoint_step_dir(i + 1)).iterdir():
                 ckbench.evict(p)
             t3 = time.perf_counter()
             ck = mgr.load(i + 1)

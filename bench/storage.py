@@ -48,7 +48,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # infra/ is a plain folder of the checkout
 
-from gpucampaign.checkpoint.layout import step_dirname  # noqa: E402
+from gpucampaign.checkpoint.layout import checkpoint_step_dir  # noqa: E402
 from gpucampaign.checkpoint.manager import CheckpointManager  # noqa: E402
 from gpucampaign.checkpoint.state import capture_rng  # noqa: E402
 from gpucampaign.storage import LocalStore, S3Store  # noqa: E402
@@ -81,7 +81,7 @@ def checkpoint_files(folder: Path, *, total_mb: int) -> list[Path]:
     }
     mgr = CheckpointManager(LocalStore(folder), run_id="bench-run", config_sha256="0" * 64)
     mgr.save(1, model_state=model.state_dict(), train_state=state)
-    step = folder / "bench-run" / step_dirname(1)
+    step = folder / "bench-run" / checkpoint_step_dir(1)
     return sorted(p for p in step.iterdir() if p.name != "meta.json")
 
 

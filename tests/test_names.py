@@ -209,3 +209,36 @@ def test_only_core_storageurl_knows_the_storage_url_schemes() -> None:
         for line in scheme_tests(path)
     ]
     assert not found, "test a storage URL with gpucampaign.core.storageurl:\n" + "\n".join(found)
+
+
+def _aliases(tree: ast.Module) -> list[tuple[str, str, int]]:
+    """``(alias, name, line)``: a module-level ``ALIAS = NAME`` of a name this module imported
+    (a second name for one thing)."""
+    imported = {
+        (a.asname or a.name).split(".")[0]
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom | ast.Import)
+        for a in node.names
+    }
+    return [
+        (node.targets[0].id, node.value.id, node.lineno)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in imported
+    ]
+
+
+def test_no_name_is_an_alias_of_another() -> None:
+    """One name for one thing: no module gives an imported constant or function a second name
+    (``checkpoint/layout.py`` once had five)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line} {alias} = {name}"
+        for path in sorted(p for root in SCANNED for p in root.rglob("*.py"))
+        for alias, name, line in _aliases(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert found == []
+    caught = _aliases(ast.parse("from x import A\nfrom y import f\nB = A\nC = 'A'\ng = f\n"))
+    assert [(a, n) for a, n, _ in caught] == [("B", "A"), ("g", "f")]

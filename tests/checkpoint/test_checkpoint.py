@@ -14,13 +14,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpucampaign.checkpoint.layout import (
-    LATEST_FILE,
-    META_FILE,
-    MODEL_FILE,
-    STATE_FILE,
-    step_dirname,
-)
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.checkpoint.state import capture_rng, restore_rng
 from gpucampaign.checkpoint.trainstate import (
@@ -30,6 +23,13 @@ from gpucampaign.checkpoint.trainstate import (
     TrainState,
 )
 from gpucampaign.checkpoint.verify import CheckpointInvalid
+from gpucampaign.folder.layout import (
+    CHECKPOINT_LATEST,
+    CHECKPOINT_META,
+    CHECKPOINT_STATE,
+    WEIGHTS_FILE,
+    checkpoint_step_dir,
+)
 from gpucampaign.spec import SpecError
 from gpucampaign.storage import (
     LocalStore,
@@ -69,7 +69,7 @@ def _manager(root: Path, *, keep: int = 3, store=None) -> CheckpointManager:
 
 
 def _file(root: Path, step: int, name: str) -> Path:
-    return root / RUN / step_dirname(step) / name
+    return root / RUN / checkpoint_step_dir(step) / name
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -77,13 +77,13 @@ def test_save_and_load_round_trip(tmp_path):
     model, state = _state(3)
     saved = m.save(3, model_state=model, train_state=state, extra_meta={"planned_steps": 10})
     assert saved.save_s >= saved.write_s > 0 and saved.upload_s == 0
-    meta = json.loads(_file(tmp_path, 3, META_FILE).read_text())
-    for name in (MODEL_FILE, STATE_FILE):
+    meta = json.loads(_file(tmp_path, 3, CHECKPOINT_META).read_text())
+    for name in (WEIGHTS_FILE, CHECKPOINT_STATE):
         data = _file(tmp_path, 3, name).read_bytes()
         assert meta["files"][name] == {"crc32c": _crc32c(data), "bytes": len(data)}
     assert meta["run_id"] == RUN and meta["config_sha256"] == CFG and meta["step"] == 3
     assert meta["planned_steps"] == 10 and meta["write_s"] > 0
-    ptr = json.loads((tmp_path / RUN / LATEST_FILE).read_text())
+    ptr = json.loads((tmp_path / RUN / CHECKPOINT_LATEST).read_text())
     assert ptr["step"] == 3
     ck, refused = m.load_latest()
     assert refused == [] and ck.step == 3
@@ -101,7 +101,7 @@ def _crc32c(data: bytes) -> str:
     return f"{crc32c(data):08x}"
 
 
-@pytest.mark.parametrize("name", [MODEL_FILE, STATE_FILE])
+@pytest.mark.parametrize("name", [WEIGHTS_FILE, CHECKPOINT_STATE])
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 def test_one_flipped_byte_is_refused_by_the_fast_checksum(tmp_path, name, where):
     m = _two(tmp_path)
@@ -117,14 +117,14 @@ def test_one_flipped_byte_is_refused_by_the_fast_checksum(tmp_path, name, where)
 
 def _as_old_sha256_meta(root: Path, step: int) -> None:
     """Rewrite a checkpoint's meta the way it was written before CRC32C: ``sha256`` per file."""
-    meta_path = _file(root, step, META_FILE)
+    meta_path = _file(root, step, CHECKPOINT_META)
     meta = json.loads(meta_path.read_text())
-    for name in (MODEL_FILE, STATE_FILE):
+    for name in (WEIGHTS_FILE, CHECKPOINT_STATE):
         data = _file(root, step, name).read_bytes()
         meta["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     meta_bytes = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
     meta_path.write_bytes(meta_bytes)
-    latest = root / RUN / LATEST_FILE
+    latest = root / RUN / CHECKPOINT_LATEST
     ptr = json.loads(latest.read_text())
     if ptr["step"] == step:
         ptr["meta_sha256"] = hashlib.sha256(meta_bytes).hexdigest()
@@ -137,7 +137,7 @@ def test_a_checkpoint_with_a_sha256_meta_still_loads_and_is_checked(tmp_path):
     ck, refused = m.load_latest()
     assert refused == [] and ck.step == 4
     assert torch.equal(ck.model_state["w"], _state(4, seed=4)[0]["w"])
-    p = _file(tmp_path, 4, STATE_FILE)
+    p = _file(tmp_path, 4, CHECKPOINT_STATE)
     data = bytearray(p.read_bytes())
     data[len(data) // 2] ^= 0x01
     p.write_bytes(bytes(data))
@@ -147,9 +147,9 @@ def test_a_checkpoint_with_a_sha256_meta_still_loads_and_is_checked(tmp_path):
 
 def test_a_meta_without_a_checksum_is_refused(tmp_path):
     m = _two(tmp_path)
-    meta_path = _file(tmp_path, 4, META_FILE)
+    meta_path = _file(tmp_path, 4, CHECKPOINT_META)
     meta = json.loads(meta_path.read_text())
-    meta["files"][MODEL_FILE].pop("crc32c")
+    meta["files"][WEIGHTS_FILE].pop("crc32c")
     meta_path.write_text(json.dumps(meta))
     ck, refused = m.load_latest()
     assert ck.step == 2 and "LATEST" in refused[0]  # the pin on the meta refuses it first
@@ -164,8 +164,8 @@ def test_pins_and_seals_still_use_sha256(tmp_path):
     from gpucampaign.data.pins import input_sha256
 
     _two(tmp_path)
-    ptr = json.loads((tmp_path / RUN / LATEST_FILE).read_text())
-    meta_bytes = _file(tmp_path, 4, META_FILE).read_bytes()
+    ptr = json.loads((tmp_path / RUN / CHECKPOINT_LATEST).read_text())
+    meta_bytes = _file(tmp_path, 4, CHECKPOINT_META).read_bytes()
     assert ptr["meta_sha256"] == hashlib.sha256(meta_bytes).hexdigest()
     corpus = tmp_path / "corpus.csv"
     corpus.write_text("text,label\na,0\n")
@@ -191,7 +191,7 @@ def test_keeps_the_last_k(tmp_path):
     for step in (1, 2, 3, 4):
         m.save(step, model_state=_state(step)[0], train_state=_state(step)[1])
     assert m.step_dirs() == [3, 4]
-    assert json.loads((tmp_path / RUN / LATEST_FILE).read_text())["step"] == 4
+    assert json.loads((tmp_path / RUN / CHECKPOINT_LATEST).read_text())["step"] == 4
 
 
 def _two(tmp_path: Path) -> CheckpointManager:
@@ -204,20 +204,20 @@ def _two(tmp_path: Path) -> CheckpointManager:
 
 def test_truncated_checkpoint_falls_back(tmp_path):
     m = _two(tmp_path)
-    p = _file(tmp_path, 4, STATE_FILE)
+    p = _file(tmp_path, 4, CHECKPOINT_STATE)
     p.write_bytes(p.read_bytes()[:100])
     ck, refused = m.load_latest()
     assert (
         ck.step == 2
         and len(refused) == 1
         and "truncated" in refused[0]
-        and STATE_FILE in refused[0]
+        and CHECKPOINT_STATE in refused[0]
     )
 
 
 def test_tampered_checkpoint_falls_back(tmp_path):
     m = _two(tmp_path)
-    p = _file(tmp_path, 4, MODEL_FILE)
+    p = _file(tmp_path, 4, WEIGHTS_FILE)
     data = bytearray(p.read_bytes())
     data[-1] ^= 0x01  # same size, one bit changed in the weights
     p.write_bytes(bytes(data))
@@ -228,11 +228,11 @@ def test_tampered_checkpoint_falls_back(tmp_path):
 
 def test_missing_file_or_tampered_meta_falls_back(tmp_path):
     m = _two(tmp_path)
-    _file(tmp_path, 4, STATE_FILE).unlink()
+    _file(tmp_path, 4, CHECKPOINT_STATE).unlink()
     ck, refused = m.load_latest()
     assert ck.step == 2 and "missing" in refused[0]
     m2 = _two(tmp_path / "b")
-    meta = _file(tmp_path / "b", 4, META_FILE)
+    meta = _file(tmp_path / "b", 4, CHECKPOINT_META)
     meta.write_text(meta.read_text().replace('"step": 4', '"step":  4'))
     ck, refused = m2.load_latest()
     assert ck.step == 2 and "LATEST" in refused[0]
@@ -241,16 +241,16 @@ def test_missing_file_or_tampered_meta_falls_back(tmp_path):
 def _replace_state(root: Path, step: int, payload: bytes) -> None:
     """Write ``payload`` as the state file and make meta and LATEST agree with it, so only
     the content (not a hash) can refuse it."""
-    _file(root, step, STATE_FILE).write_bytes(payload)
-    meta_path = _file(root, step, META_FILE)
+    _file(root, step, CHECKPOINT_STATE).write_bytes(payload)
+    meta_path = _file(root, step, CHECKPOINT_META)
     meta = json.loads(meta_path.read_text())
-    meta["files"][STATE_FILE] = {
+    meta["files"][CHECKPOINT_STATE] = {
         "sha256": hashlib.sha256(payload).hexdigest(),
         "bytes": len(payload),
     }
     meta_bytes = json.dumps(meta).encode()
     meta_path.write_bytes(meta_bytes)
-    latest = root / RUN / LATEST_FILE
+    latest = root / RUN / CHECKPOINT_LATEST
     ptr = json.loads(latest.read_text())
     if ptr["step"] == step:
         ptr["meta_sha256"] = hashlib.sha256(meta_bytes).hexdigest()
@@ -389,7 +389,7 @@ def test_nothing_usable(tmp_path):
     m = _manager(tmp_path)
     assert m.load_latest() == (None, []) and not m.has_any()
     m.save(2, model_state=_state(2)[0], train_state=_state(2)[1])
-    _file(tmp_path, 2, MODEL_FILE).write_bytes(b"")
+    _file(tmp_path, 2, WEIGHTS_FILE).write_bytes(b"")
     ck, refused = m.load_latest()
     assert ck is None and len(refused) == 1 and m.has_any()
 
@@ -405,11 +405,11 @@ def test_unfinished_saves_are_ignored_and_cleaned(tmp_path):
     m = _two(tmp_path)
     crashed = tmp_path / RUN / ".tmp-step-000000006-deadbeef"  # a save killed before its rename
     crashed.mkdir()
-    (crashed / MODEL_FILE).write_bytes(b"partial")
-    uncommitted = tmp_path / RUN / step_dirname(8)  # renamed, but LATEST never moved
+    (crashed / WEIGHTS_FILE).write_bytes(b"partial")
+    uncommitted = tmp_path / RUN / checkpoint_step_dir(8)  # renamed, but LATEST never moved
     import shutil
 
-    shutil.copytree(tmp_path / RUN / step_dirname(4), uncommitted)
+    shutil.copytree(tmp_path / RUN / checkpoint_step_dir(4), uncommitted)
     ck, _ = m.load_latest()
     assert ck.step == 4  # LATEST decides, not the newest folder
     assert not any(".tmp-" in k for k in LocalStore(tmp_path).list(RUN))
@@ -430,7 +430,7 @@ def test_remote_style_store_uploads_then_commits(tmp_path):
     model, state = _state(5)
     saved = m.save(5, model_state=model, train_state=state)
     assert saved.upload_s > 0 and not any((tmp_path / "staging").iterdir())
-    assert store.exists(f"{RUN}/{step_dirname(5)}/{STATE_FILE}")
+    assert store.exists(f"{RUN}/{checkpoint_step_dir(5)}/{CHECKPOINT_STATE}")
     ck, refused = m.load_latest()
     assert ck.step == 5 and not refused and torch.equal(ck.model_state["w"], model["w"])
 
@@ -503,8 +503,8 @@ def test_a_run_resumes_from_the_previous_good_checkpoint(tmp_path, digits_file):
         / "out"
         / "checkpoints"
         / spec.resolve_run("control").run_id
-        / step_dirname(8)
-        / STATE_FILE
+        / checkpoint_step_dir(8)
+        / CHECKPOINT_STATE
     )
     state.write_bytes(state.read_bytes()[:-10])
     res = run(spec, tmp_path)
@@ -629,14 +629,18 @@ def _safetensors(header: dict, data: bytes = b"") -> bytes:
 def _plant_model(m: CheckpointManager, root: Path, step: int, data: bytes) -> None:
     """Replace the model file of a committed checkpoint and re-sign its meta and ``LATEST``:
     hashes and sizes all match, so only the header's own checks can refuse it."""
-    _file(root, step, MODEL_FILE).write_bytes(data)
-    meta = json.loads(_file(root, step, META_FILE).read_text())
-    meta["files"][MODEL_FILE] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    _file(root, step, WEIGHTS_FILE).write_bytes(data)
+    meta = json.loads(_file(root, step, CHECKPOINT_META).read_text())
+    meta["files"][WEIGHTS_FILE] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     meta_bytes = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
-    _file(root, step, META_FILE).write_bytes(meta_bytes)
-    ptr = {"step": step, "dir": step_dirname(step), "meta_sha256": hashlib.sha256(meta_bytes)}
+    _file(root, step, CHECKPOINT_META).write_bytes(meta_bytes)
+    ptr = {
+        "step": step,
+        "dir": checkpoint_step_dir(step),
+        "meta_sha256": hashlib.sha256(meta_bytes),
+    }
     ptr["meta_sha256"] = ptr["meta_sha256"].hexdigest()
-    m.store.write_bytes(f"{RUN}/{LATEST_FILE}", data=json.dumps(ptr).encode())
+    m.store.write_bytes(f"{RUN}/{CHECKPOINT_LATEST}", data=json.dumps(ptr).encode())
 
 
 BAD_HEADERS = {
@@ -675,7 +679,7 @@ def test_a_checkpoint_with_a_bad_header_is_refused_and_the_previous_one_used(tmp
     _plant_model(m, tmp_path, 4, data)
     ck, refused = m.load_latest()
     assert ck is not None and ck.step == 2
-    assert len(refused) == 1 and MODEL_FILE in refused[0] and reason in refused[0], refused
+    assert len(refused) == 1 and WEIGHTS_FILE in refused[0] and reason in refused[0], refused
 
 
 @pytest.mark.parametrize("fail_at", [1, 2, 3, 5, 8])

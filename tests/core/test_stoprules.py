@@ -8,7 +8,6 @@ import pickle
 
 import pytest
 
-from gpucampaign.checkpoint.layout import MODEL_FILE, step_dirname
 from gpucampaign.core.stoprules import (
     STOP_RULES,
     BelowThreshold,
@@ -18,6 +17,7 @@ from gpucampaign.core.stoprules import (
     NoUsableRestart,
 )
 from gpucampaign.data.tables import write_digits_corpus
+from gpucampaign.folder.layout import WEIGHTS_FILE, checkpoint_step_dir
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.runresult import require_complete
 from tests.helpers import corpus_of, digits_file, make_spec, run, run_dir  # noqa: F401
@@ -59,7 +59,7 @@ def test_final_quality_below_the_floor(tmp_path, digits_file):  # noqa: F811
     assert (
         recorded["completed"] and recorded["stop"]["stop_id"] == e.stop_id
     )  # kept: a negative result
-    assert (folder / "model" / MODEL_FILE).is_file()
+    assert (folder / "model" / WEIGHTS_FILE).is_file()
     with pytest.raises(BelowThreshold) as again:  # rerunning reports the same stop, trains nothing
         run(spec, tmp_path)
     assert again.value.stop_id == e.stop_id
@@ -110,8 +110,8 @@ def test_no_usable_restart(tmp_path, digits_file):  # noqa: F811
         / "out"
         / "checkpoints"
         / spec.resolve_run("control").run_id
-        / step_dirname(4)
-        / MODEL_FILE
+        / checkpoint_step_dir(4)
+        / WEIGHTS_FILE
     )
     weights.write_bytes(b"\0" * weights.stat().st_size)
     with pytest.raises(NoUsableRestart) as exc:

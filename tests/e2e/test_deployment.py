@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gpucampaign.checkpoint.layout import LATEST_FILE, META_FILE, MODEL_FILE, STATE_FILE
+from gpucampaign.folder.layout import (
+    CHECKPOINT_LATEST,
+    CHECKPOINT_META,
+    CHECKPOINT_STATE,
+    WEIGHTS_FILE,
+)
 from gpucampaign.spec import load_spec
 from gpucampaign.storage.mirror import MIRROR_INDEX
 from tests.helpers import ROOT, S3_BUCKET, api, bucket_keys, run_deployment, s3_client, worker_log
@@ -117,11 +122,15 @@ def _assert_in_the_bucket(stack, *, prefix: str, manifest: dict, control: str) -
     keys = bucket_keys(stack, prefix)
     client = s3_client(stack)
     for rid in manifest["runs"]:
-        body = client.get_object(Bucket=S3_BUCKET, Key=f"{prefix}/{rid}/{LATEST_FILE}")["Body"]
+        body = client.get_object(Bucket=S3_BUCKET, Key=f"{prefix}/{rid}/{CHECKPOINT_LATEST}")[
+            "Body"
+        ]
         latest = json.loads(body.read())
         step_dir = f"{rid}/step-{latest['step']:09d}"
-        assert {f"{step_dir}/{n}" for n in (MODEL_FILE, STATE_FILE, META_FILE)} <= keys, rid
-    assert f"{control}/{LATEST_FILE}" in keys
+        assert {
+            f"{step_dir}/{n}" for n in (WEIGHTS_FILE, CHECKPOINT_STATE, CHECKPOINT_META)
+        } <= keys, rid
+    assert f"{control}/{CHECKPOINT_LATEST}" in keys
     # The mirrored output folder: every file the manifest lists, the manifest and its index.
     assert {"manifest.json", MIRROR_INDEX, "report.md", "RELOAD.md"} <= keys
     assert {f["path"] for f in manifest["files"]} <= keys

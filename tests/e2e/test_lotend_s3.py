@@ -28,10 +28,10 @@ from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from prefect.flow_engine import run_flow
 
-from gpucampaign.checkpoint.layout import step_dirname
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.engine import lotend
 from gpucampaign.folder import metrics
+from gpucampaign.folder.layout import checkpoint_step_dir
 from gpucampaign.plan.lots import LOT_ENV
 from gpucampaign.spec import load_spec
 from gpucampaign.storage import S3Store
@@ -151,7 +151,7 @@ def test_the_lot_ends_with_a_verified_checkpoint_in_the_bucket_and_the_next_lot_
             S3Store(cs.storage.url), run_id=m.run_id, config_sha256=m.config_sha256
         )
         ck = mine.load(step)  # every file's hash checked against meta.json
-        key = f"{prefix}/{m.run_id}/{step_dirname(step)}/"
+        key = f"{prefix}/{m.run_id}/{checkpoint_step_dir(step)}/"
         listed = s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=key).get("Contents", [])
         seen.append(
             {

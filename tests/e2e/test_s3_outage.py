@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from gpucampaign.checkpoint.layout import LATEST_FILE
+from gpucampaign.folder.layout import CHECKPOINT_LATEST
 from gpucampaign.spec import load_spec
 from gpucampaign.storage.mirror import MIRROR_INDEX
 from tests.helpers import ROOT, api, bucket_keys, stack_s3_env, tiny_spec, wait_flow_run, worker_log
@@ -145,7 +145,7 @@ def test_an_s3_outage_while_a_run_starts_is_waited_out(stack, receiver: Receiver
     manifest = json.loads((out / "manifest.json").read_text())
     keys = bucket_keys(stack, PREFIX)
     for rid in manifest["runs"]:
-        assert f"{rid}/{LATEST_FILE}" in keys, rid
+        assert f"{rid}/{CHECKPOINT_LATEST}" in keys, rid
         steps = {k.split("/")[1] for k in keys if k.startswith(f"{rid}/step-")}
         assert 1 <= len(steps) <= KEEP, (rid, sorted(steps))
     assert {"manifest.json", MIRROR_INDEX} <= keys

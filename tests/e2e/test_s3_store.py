@@ -16,9 +16,9 @@ import pytest
 import torch
 import yaml
 
-from gpucampaign.checkpoint.layout import LATEST_FILE, STATE_FILE, step_dirname
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.cli.scaffold import write_spec_copy
+from gpucampaign.folder.layout import CHECKPOINT_LATEST, CHECKPOINT_STATE, checkpoint_step_dir
 from gpucampaign.spec import SpecError
 from gpucampaign.storage import NotFound, S3Store, StorageError, check_storage
 from gpucampaign.storage.mirror import MIRROR_INDEX, mirror_folder
@@ -218,7 +218,9 @@ def test_checkpoints_through_the_manager(server, tmp_path):
     ck, refused = manager.load_latest()
     assert ck.step == 6 and not refused
     assert all(torch.equal(ck.model_state[k], _state(6)[0][k]) for k in ck.model_state)
-    pointer = server.client().get_object(Bucket=server.bucket, Key=f"ckpt/camp/{RUN}/{LATEST_FILE}")
+    pointer = server.client().get_object(
+        Bucket=server.bucket, Key=f"ckpt/camp/{RUN}/{CHECKPOINT_LATEST}"
+    )
     assert json.loads(pointer["Body"].read())["step"] == 6
     # A new manager on another machine (a fresh staging folder) resumes from the bucket alone.
     other = CheckpointManager(_store(server, "ckpt/camp"), run_id=RUN, config_sha256=CFG)
@@ -229,7 +231,7 @@ class _FailingStateStore(S3Store):
     """The state file arrives truncated: its verification fails after the model went up."""
 
     def _upload(self, src: Path, key: str, *, extra: dict) -> None:
-        if key.endswith(STATE_FILE):
+        if key.endswith(CHECKPOINT_STATE):
             cut = src.with_suffix(".cut")
             cut.write_bytes(src.read_bytes()[:-10])
             src = cut
@@ -251,8 +253,8 @@ def test_a_failed_upload_never_moves_latest(server, tmp_path):
         model, state = _state(5)
         with pytest.raises(StorageError, match=reason):
             manager.save(5, model_state=model, train_state=state)
-        assert json.loads(good.store.read_bytes(f"{RUN}/{LATEST_FILE}"))["step"] == 3
-        assert not good.store.exists(f"{RUN}/{step_dirname(5)}/meta.json")
+        assert json.loads(good.store.read_bytes(f"{RUN}/{CHECKPOINT_LATEST}"))["step"] == 3
+        assert not good.store.exists(f"{RUN}/{checkpoint_step_dir(5)}/meta.json")
     ck, _ = good.load_latest()
     assert ck.step == 3
 
@@ -327,7 +329,7 @@ def test_a_campaign_on_s3_then_mirror_retrieve_verify(server, tmp_path):
     client = server.client()
     for run_dir in (out / "runs").iterdir():  # every run's LATEST is in the bucket
         pointer = client.get_object(
-            Bucket=server.bucket, Key=f"campaigns/digits/{run_dir.name}/{LATEST_FILE}"
+            Bucket=server.bucket, Key=f"campaigns/digits/{run_dir.name}/{CHECKPOINT_LATEST}"
         )
         step = json.loads(pointer["Body"].read())["dir"]
         client.head_object(

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gpucampaign.checkpoint.layout import LATEST_FILE, step_dirname
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.layout import CHECKPOINT_LATEST, checkpoint_step_dir
 from gpucampaign.storage import S3Store
 from gpucampaign.storage.spool import SpoolingStore
-from infra.s3server import STATE_FILE, start_server
+from infra.s3server import CHECKPOINT_STATE, start_server
 from tests.helpers import corpus_of, digits_file, make_spec, run_dir  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 def test_server_down_mid_run_nothing_lost_and_the_spool_drains(tmp_path, digits_file):  # noqa: F811
     srv = start_server(tmp_path / "s3")
-    ports = json.loads((Path(srv.root) / STATE_FILE).read_text())["ports"]
+    ports = json.loads((Path(srv.root) / CHECKPOINT_STATE).read_text())["ports"]
     spec = make_spec(tmp_path, digits_file, checkpoint={"every_steps": 2, "keep": 3})
     url = f"s3://{srv.bucket}/spooltest"
     store = SpoolingStore(
@@ -54,29 +54,31 @@ def test_server_down_mid_run_nothing_lost_and_the_spool_drains(tmp_path, digits_
         # Down until the run ended (the outage of the issue): everything since step 5 waits.
         seen["pending"] = store.pending()
         srv = start_server(tmp_path / "s3", ports=ports)
-        assert any(k.endswith(LATEST_FILE) for k in seen["pending"])  # saved while it was down
+        assert any(
+            k.endswith(CHECKPOINT_LATEST) for k in seen["pending"]
+        )  # saved while it was down
         assert store.drain(timeout_s=120) == []
         assert not any((tmp_path / "out" / "spool").rglob("*.safetensors"))
 
         rid = spec.resolve_run("control").run_id
         client = srv.client()
         latest = json.loads(
-            client.get_object(Bucket=srv.bucket, Key=f"spooltest/{rid}/{LATEST_FILE}")[
+            client.get_object(Bucket=srv.bucket, Key=f"spooltest/{rid}/{CHECKPOINT_LATEST}")[
                 "Body"
             ].read()
         )
-        assert latest["dir"] == step_dirname(20)
+        assert latest["dir"] == checkpoint_step_dir(20)
         keys = {
             o["Key"]
             for o in client.list_objects_v2(
-                Bucket=srv.bucket, Prefix=f"spooltest/{rid}/{step_dirname(20)}/"
+                Bucket=srv.bucket, Prefix=f"spooltest/{rid}/{checkpoint_step_dir(20)}/"
             )["Contents"]
         }
         assert len(keys) >= 3
         # keep=3 holds after the outage too: the prunes asked for meanwhile ran after draining.
         listed = client.list_objects_v2(Bucket=srv.bucket, Prefix=f"spooltest/{rid}/")
-        folders = {o["Key"].split("/")[2] for o in listed["Contents"]} - {LATEST_FILE}
-        assert folders == {step_dirname(s) for s in (16, 18, 20)}, sorted(folders)
+        folders = {o["Key"].split("/")[2] for o in listed["Contents"]} - {CHECKPOINT_LATEST}
+        assert folders == {checkpoint_step_dir(s) for s in (16, 18, 20)}, sorted(folders)
         bare = S3Store(url, env=srv.env())
         loaded, refused = CheckpointManager(
             bare, run_id=rid, config_sha256=spec.resolve_run("control").config_sha256

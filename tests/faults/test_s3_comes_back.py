@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from gpucampaign.checkpoint.layout import MODEL_FILE, step_dirname
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.checkpoint.verify import CHECKSUM_MISMATCH, CheckpointInvalid
 from gpucampaign.core.files import FAST_CHECKSUM, checksum_bytes
+from gpucampaign.folder.layout import WEIGHTS_FILE, checkpoint_step_dir
 from gpucampaign.storage import S3Store
 from gpucampaign.storage.spool import SpoolingStore
 from infra.s3server import PORTS_FILE, _main, load_server, start_server
@@ -80,7 +80,7 @@ def test_an_object_altered_in_the_bucket_is_named_with_both_checksums(tmp_path):
         for step in (2, 4):
             model, state = _state(step)
             manager.save(step, model_state=model, train_state=state)
-        key = f"altered/{RUN}/{step_dirname(4)}/{MODEL_FILE}"
+        key = f"altered/{RUN}/{checkpoint_step_dir(4)}/{WEIGHTS_FILE}"
         client = srv.client()
         data = bytearray(client.get_object(Bucket=srv.bucket, Key=key)["Body"].read())
         want = checksum_bytes(bytes(data), kind=FAST_CHECKSUM)  # what meta.json records

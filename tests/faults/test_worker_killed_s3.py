@@ -35,8 +35,7 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file
 
-from gpucampaign.checkpoint.layout import LATEST_FILE
-from gpucampaign.folder.layout import MODEL_DIR
+from gpucampaign.folder.layout import CHECKPOINT_LATEST, MODEL_DIR
 from gpucampaign.folder.records import read_campaign_id, read_pilot, read_result, read_timeline
 from gpucampaign.spec import load_spec
 from tests.helpers import (
@@ -125,7 +124,9 @@ def _gone(pid: int) -> bool:
 
 def _latest_step(client: Any, run_id: str) -> int | None:
     try:
-        body = client.get_object(Bucket=S3_BUCKET, Key=f"{PREFIX}/{run_id}/{LATEST_FILE}")["Body"]
+        body = client.get_object(Bucket=S3_BUCKET, Key=f"{PREFIX}/{run_id}/{CHECKPOINT_LATEST}")[
+            "Body"
+        ]
     except client.exceptions.NoSuchKey:
         return None
     return int(json.loads(body.read())["step"])

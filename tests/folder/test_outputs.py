@@ -42,20 +42,6 @@ def test_json_lines_and_atomic_json(tmp_path: Path):
     assert list_files(tmp_path) == ["runs/r-1/params.json", "stops.jsonl"]  # no temp file left
 
 
-def test_timeline_rows(tmp_path: Path):
-    f = OutputFolder(tmp_path)
-    row = f.record_timeline(
-        "control",
-        phase="train",
-        run="control",
-        start="2026-01-05T10:00:00+00:00",
-        end="2026-01-05T10:01:30+00:00",
-        steps=20,
-    )
-    assert row["seconds"] == 90.0 and row["steps"] == 20
-    assert f.read_jsonl("timeline.jsonl") == [row]
-
-
 @pytest.mark.parametrize("bad", ["/etc/passwd", "../elsewhere", "runs/../../x"])
 def test_paths_stay_inside(tmp_path: Path, bad: str):
     with pytest.raises(SpecError):

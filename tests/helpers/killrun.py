@@ -99,7 +99,7 @@ def install(point: str, n: int, *, latest: Path) -> None:
         replace = os.replace
 
         def replace_or_die(src, dst, *args, **kwargs):
-            if Path(dst).name == layout.LATEST_FILE:
+            if Path(dst).name == layout.CHECKPOINT_LATEST:
                 count.tick()
             return replace(src, dst, *args, **kwargs)
 

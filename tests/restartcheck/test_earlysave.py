@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from gpucampaign.checkpoint.layout import STATE_FILE, step_dirname
 from gpucampaign.checkpoint.tensorfiles import serialize_state
 from gpucampaign.core.files import sha256_bytes
 from gpucampaign.core.stoprules import NoUsableRestart
+from gpucampaign.folder.layout import CHECKPOINT_STATE, checkpoint_step_dir
 from gpucampaign.restartcheck.earlysave import campaign_restart_check, verify_early_save
 from gpucampaign.restartcheck.scheduled import _copy_checkpoint
 from gpucampaign.restartcheck.target import RestartTarget
@@ -54,7 +54,7 @@ def test_early_save_replays_to_the_next_save_exactly(tmp_path, digits_file):  # 
     assert capped.identical and (capped.k, capped.n) == (5, 6)
     assert "params" not in capped.compared  # nothing the live run recorded at step 6
     # The save the fresh process resumed is linked from the live store, not copied.
-    key = f"{spec.resolve_run('control').run_id}/{step_dirname(5)}/{STATE_FILE}"
+    key = f"{spec.resolve_run('control').run_id}/{checkpoint_step_dir(5)}/{CHECKPOINT_STATE}"
     live = LocalStore(tmp_path / "out" / "checkpoints").local_path(key)
     assert live is not None and (tmp_path / "work" / "checkpoints" / key).samefile(live)
 
@@ -82,7 +82,7 @@ class _RemoteLike(LocalStore):
 
 def test_a_store_that_is_not_a_folder_is_copied_for_the_check(tmp_path, digits_file):  # noqa: F811
     store = LocalStore(tmp_path / "store")
-    D = step_dirname(5)  # noqa: N806
+    D = checkpoint_step_dir(5)  # noqa: N806
     store.write_bytes(f"r/{D}/model.safetensors", data=b"weights")
     store.write_bytes(f"r/{D}/state.pt", data=b"state")
     store.write_bytes(f"r/{D}/meta.json", data=b"{}")
@@ -102,14 +102,18 @@ def _tamper(spec, tmp_path, step, change):
     """Rewrite the train state of the checkpoint of ``step`` (and its meta's hash, so that
     the checkpoint still loads): a save that wrote the wrong state."""
     folder = (
-        tmp_path / "out" / "checkpoints" / spec.resolve_run("control").run_id / step_dirname(step)
+        tmp_path
+        / "out"
+        / "checkpoints"
+        / spec.resolve_run("control").run_id
+        / checkpoint_step_dir(step)
     )
-    state = torch.load(io.BytesIO((folder / STATE_FILE).read_bytes()), weights_only=True)
+    state = torch.load(io.BytesIO((folder / CHECKPOINT_STATE).read_bytes()), weights_only=True)
     change(state)
     data = bytes(serialize_state(state))
-    (folder / STATE_FILE).write_bytes(data)
+    (folder / CHECKPOINT_STATE).write_bytes(data)
     meta = json.loads((folder / "meta.json").read_text())
-    meta["files"][STATE_FILE] = {"sha256": sha256_bytes(data), "bytes": len(data)}
+    meta["files"][CHECKPOINT_STATE] = {"sha256": sha256_bytes(data), "bytes": len(data)}
     (folder / "meta.json").write_text(json.dumps(meta))
 
 

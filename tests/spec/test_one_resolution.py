@@ -15,13 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 MODEL = ROOT / "src" / "gpucampaign" / "spec" / "model.py"
 #: What resolves a run; only ``spec/model.py`` calls them (``resolve_run``, ``run_config``).
-RESOLVING = {
-    "_resolve_once",
-    "_merge_run_config",
-    "run_payload_sha256",
-    "make_run_id",
-    "ResolvedRun",
-}
+RESOLVING = {"_resolve_once", "_merge_run_config", "run_payload_sha256", "ResolvedRun"}
 #: The re-resolving shortcuts that are gone: a caller asks ``resolve_run(name)`` for the value.
 REMOVED = {"run_id", "run_sha256"}
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from gpucampaign.checkpoint.layout import LATEST_FILE, step_dirname
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.checkpoint.state import capture_rng
+from gpucampaign.folder.layout import CHECKPOINT_LATEST, checkpoint_step_dir
 from gpucampaign.storage import LocalStore, StorageError, spooled_keys
 from gpucampaign.storage.mirror import mirror_output
 from gpucampaign.storage.spool import SpoolingStore
@@ -84,7 +84,7 @@ def test_saves_go_on_while_the_remote_is_down_and_the_spool_drains(tmp_path: Pat
     _save(store, 4)
     _save(store, 6)  # the prune of step 2 cannot reach the remote: nothing breaks
     assert _latest_step(store) == 6  # the spool serves the newest checkpoint
-    assert f"{RUN}/{LATEST_FILE}" in store.pending() and store.last_error
+    assert f"{RUN}/{CHECKPOINT_LATEST}" in store.pending() and store.last_error
     assert spooled_keys(out) == store.pending()
     remote.down = False
     deadline = time.monotonic() + 20
@@ -93,7 +93,7 @@ def test_saves_go_on_while_the_remote_is_down_and_the_spool_drains(tmp_path: Pat
     assert store.pending() == []
     assert _latest_step(remote) == 6  # everything is up, LATEST last
     for step in (4, 6):
-        assert remote.exists(f"{RUN}/{step_dirname(step)}/meta.json")
+        assert remote.exists(f"{RUN}/{checkpoint_step_dir(step)}/meta.json")
 
 
 def test_latest_waits_for_the_files_it_names(tmp_path: Path) -> None:
@@ -104,10 +104,12 @@ def test_latest_waits_for_the_files_it_names(tmp_path: Path) -> None:
     remote.down = False
     remote.refuse = ("state.pt",)
     assert store.drain_once() is True  # the files before it went up (model.safetensors) ...
-    assert not remote.exists(f"{RUN}/{LATEST_FILE}")  # ... but not a LATEST naming a missing one
+    assert not remote.exists(
+        f"{RUN}/{CHECKPOINT_LATEST}"
+    )  # ... but not a LATEST naming a missing one
     remote.refuse = ()
     assert store.drain(timeout_s=5) == []
-    assert json.loads(remote.read_bytes(f"{RUN}/{LATEST_FILE}"))["step"] == 3
+    assert json.loads(remote.read_bytes(f"{RUN}/{CHECKPOINT_LATEST}"))["step"] == 3
 
 
 def test_nothing_spooled_is_deleted_before_its_upload(tmp_path: Path) -> None:
@@ -170,13 +172,13 @@ def test_the_spool_drains_in_order_and_keep_applies_after_draining(tmp_path: Pat
     writes = [k for op, k in remote.calls if op == "write"]
     deletes = [k for op, k in remote.calls if op == "delete"]
     assert remote.calls == [("write", k) for k in writes] + [("delete", k) for k in deletes]
-    assert writes[-1] == f"{RUN}/{LATEST_FILE}"
+    assert writes[-1] == f"{RUN}/{CHECKPOINT_LATEST}"
     folders = [k.split("/")[1] for k in writes[:-1]]
     assert folders == sorted(folders)  # oldest checkpoint first
     for folder in set(folders):
         names = [k.rsplit("/", 1)[1] for k in writes if f"/{folder}/" in k]
         assert names[-1] == "meta.json" and len(names) == 3  # the payload before its meta
-    assert {k.split("/")[1] for k in deletes} == {step_dirname(s) for s in range(2, 22, 2)}
+    assert {k.split("/")[1] for k in deletes} == {checkpoint_step_dir(s) for s in range(2, 22, 2)}
 
 
 def test_status_and_close_say_what_is_not_off_the_machine(tmp_path: Path) -> None:
@@ -187,9 +189,9 @@ def test_status_and_close_say_what_is_not_off_the_machine(tmp_path: Path) -> Non
         "calendar: [{name: prep, kind: human, hours: 1}]\n"
         "storage: {url: 's3://bucket/camp'}\n"
     )
-    LocalStore(out / "spool").write_bytes(f"{RUN}/{LATEST_FILE}", data=b"{}")
+    LocalStore(out / "spool").write_bytes(f"{RUN}/{CHECKPOINT_LATEST}", data=b"{}")
     st = campaign_status(out, store=LocalStore(tmp_path / "bucket"))
-    assert st["checkpoints"]["only_local"] == [f"{RUN}/{LATEST_FILE}"] and not st["safe"]
+    assert st["checkpoints"]["only_local"] == [f"{RUN}/{CHECKPOINT_LATEST}"] and not st["safe"]
     assert "spool/" not in " ".join(st["outputs"]["only_local"])
     env = {
         "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
@@ -197,5 +199,5 @@ def test_status_and_close_say_what_is_not_off_the_machine(tmp_path: Path) -> Non
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
     }  # nothing listens
     done = mirror_output(out, url="s3://bucket/camp", env=env, drain_s=0)
-    assert done["spooled"] == [f"{RUN}/{LATEST_FILE}"] and "very-secret" not in done["error"]
-    assert (out / "spool" / RUN / LATEST_FILE).is_file()
+    assert done["spooled"] == [f"{RUN}/{CHECKPOINT_LATEST}"] and "very-secret" not in done["error"]
+    assert (out / "spool" / RUN / CHECKPOINT_LATEST).is_file()

@@ -1,30 +1,17 @@
-"""A checkpoint's names in its store: the run's step folders, the files of one checkpoint, the
-``LATEST`` pointer and the format tag its meta carries. The names themselves are
+"""What a checkpoint's names mean beyond the names: the format tag its meta carries, the files
+that hold its tensors, and the pattern of a step folder. The names themselves are
 ``folder.layout``'s (the one owner of every file name, below ``storage``, whose spool reads
-them too); this module gives them the checkpoint's words."""
+them too): ``CHECKPOINT_LATEST``, ``CHECKPOINT_META``, ``CHECKPOINT_STATE``, ``WEIGHTS_FILE``,
+``checkpoint_step_dir``."""
 
 from __future__ import annotations
 
 import re
 
-from gpucampaign.folder.layout import (
-    CHECKPOINT_LATEST,
-    CHECKPOINT_META,
-    CHECKPOINT_STATE,
-    CHECKPOINT_STEP_PREFIX,
-    WEIGHTS_FILE,
-    checkpoint_step_dir,
-)
+from gpucampaign.folder.layout import CHECKPOINT_STATE, CHECKPOINT_STEP_PREFIX, WEIGHTS_FILE
 
 FORMAT = "gpucampaign-checkpoint/1"
-MODEL_FILE = WEIGHTS_FILE
-STATE_FILE = CHECKPOINT_STATE
-META_FILE = CHECKPOINT_META
-LATEST_FILE = CHECKPOINT_LATEST
-PAYLOAD_FILES: tuple[str, ...] = (MODEL_FILE, STATE_FILE)
+#: The files of one checkpoint that hold tensors (the meta names them with their checksums).
+PAYLOAD_FILES: tuple[str, ...] = (WEIGHTS_FILE, CHECKPOINT_STATE)
+#: A step folder's name (``checkpoint_step_dir``), its step as nine digits.
 STEP_DIR = re.compile(rf"^{CHECKPOINT_STEP_PREFIX}(\d{{9}})$")
-
-
-def step_dirname(step: int) -> str:
-    """``step-000000020``: sorts by step as text."""
-    return checkpoint_step_dir(step)

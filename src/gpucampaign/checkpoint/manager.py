@@ -44,16 +44,7 @@ from typing import Any
 
 import torch
 
-from gpucampaign.checkpoint.layout import (
-    FORMAT,
-    LATEST_FILE,
-    META_FILE,
-    MODEL_FILE,
-    PAYLOAD_FILES,
-    STATE_FILE,
-    STEP_DIR,
-    step_dirname,
-)
+from gpucampaign.checkpoint.layout import FORMAT, PAYLOAD_FILES, STEP_DIR
 from gpucampaign.checkpoint.tensorfiles import safetensors_buffers, save_state, write_hashed
 from gpucampaign.checkpoint.trainstate import REQUIRED_STATE
 from gpucampaign.checkpoint.verify import (
@@ -68,7 +59,14 @@ from gpucampaign.checkpoint.verify import (
 )
 from gpucampaign.core.files import FAST_CHECKSUM, TMP_PREFIX, fsync_dir
 from gpucampaign.core.storageurl import is_local
-from gpucampaign.folder.layout import SPOOL_DIR
+from gpucampaign.folder.layout import (
+    CHECKPOINT_LATEST,
+    CHECKPOINT_META,
+    CHECKPOINT_STATE,
+    SPOOL_DIR,
+    WEIGHTS_FILE,
+    checkpoint_step_dir,
+)
 from gpucampaign.spec import SpecError
 from gpucampaign.storage import NotFound, StorageError, Store, StoreUnreachable
 from gpucampaign.storage.base import LocalStore
@@ -90,20 +88,20 @@ def _write_payload(
     with ThreadPoolExecutor(max_workers=1) as pool:
         model_job = pool.submit(
             write_hashed,
-            work / MODEL_FILE,
+            work / WEIGHTS_FILE,
             safetensors_buffers(model_state, metadata={"format": FORMAT}),
             kind=FAST_CHECKSUM,
         )
-        digest, size = save_state(work / STATE_FILE, train_state, kind=FAST_CHECKSUM)
-        files[STATE_FILE] = {FAST_CHECKSUM: digest, "bytes": size}
+        digest, size = save_state(work / CHECKPOINT_STATE, train_state, kind=FAST_CHECKSUM)
+        files[CHECKPOINT_STATE] = {FAST_CHECKSUM: digest, "bytes": size}
         digest, size = model_job.result()
-        files[MODEL_FILE] = {FAST_CHECKSUM: digest, "bytes": size}
+        files[WEIGHTS_FILE] = {FAST_CHECKSUM: digest, "bytes": size}
     return {name: files[name] for name in PAYLOAD_FILES}
 
 
 def _commit_local(work: Path, final: Path, *, meta_bytes: bytes) -> None:
     """Add ``meta.json`` to ``work`` and rename it to ``final``, durably."""
-    write_hashed(work / META_FILE, meta_bytes)  # fsynced like the rest
+    write_hashed(work / CHECKPOINT_META, meta_bytes)  # fsynced like the rest
     fsync_dir(work)
     if final.exists():  # a refused checkpoint of the same step: replace it
         shutil.rmtree(final)
@@ -201,7 +199,7 @@ class CheckpointManager:
     def latest_pointer(self) -> dict[str, Any] | None:
         """The parsed ``LATEST`` pointer; ``None`` when absent. Raises ``CheckpointInvalid``."""
         try:
-            raw = self.store.read_bytes(self._key(LATEST_FILE))
+            raw = self.store.read_bytes(self._key(CHECKPOINT_LATEST))
         except NotFound:
             return None
         try:
@@ -209,12 +207,14 @@ class CheckpointManager:
             int(ptr["step"])
             str(ptr["meta_sha256"])
         except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointInvalid(self._key(LATEST_FILE), f"unreadable pointer ({exc})") from None
+            raise CheckpointInvalid(
+                self._key(CHECKPOINT_LATEST), f"unreadable pointer ({exc})"
+            ) from None
         return ptr
 
     def has_any(self) -> bool:
         """True when the store holds a pointer or a checkpoint folder for this run."""
-        return self.store.exists(self._key(LATEST_FILE)) or bool(self.step_dirs())
+        return self.store.exists(self._key(CHECKPOINT_LATEST)) or bool(self.step_dirs())
 
     # save
     def save(
@@ -245,7 +245,7 @@ class CheckpointManager:
         """
         missing = [k for k in REQUIRED_STATE if k not in train_state]
         assert not missing, f"train_state lacks {missing}"
-        dirname = step_dirname(step)
+        dirname = checkpoint_step_dir(step)
         final_key = self._key(dirname)
         t0 = time.perf_counter()
         local_final = self.store.local_path(final_key)
@@ -262,7 +262,7 @@ class CheckpointManager:
             if local_final is not None:
                 _commit_local(work, local_final, meta_bytes=meta_bytes)
             else:
-                self.store.write_bytes(f"{final_key}/{META_FILE}", data=meta_bytes)
+                self.store.write_bytes(f"{final_key}/{CHECKPOINT_META}", data=meta_bytes)
             self._verify_stored(final_key, files, meta_bytes)
             self._move_latest(step, meta_bytes)
             commit_s = time.perf_counter() - t2
@@ -272,7 +272,7 @@ class CheckpointManager:
             raise
         except OSError as exc:  # a full disk, an I/O error: name the checkpoint, keep LATEST
             raise StorageError(
-                f"checkpoint {final_key} was not saved ({exc}); {LATEST_FILE} still "
+                f"checkpoint {final_key} was not saved ({exc}); {CHECKPOINT_LATEST} still "
                 "names the previous one"
             ) from exc
         finally:
@@ -336,10 +336,10 @@ class CheckpointManager:
         """Point ``LATEST`` at the checkpoint of ``step``, pinning its meta's hash."""
         pointer = {
             "step": step,
-            "dir": step_dirname(step),
+            "dir": checkpoint_step_dir(step),
             "meta_sha256": hashlib.sha256(meta_bytes).hexdigest(),
         }
-        self.store.write_bytes(self._key(LATEST_FILE), data=json.dumps(pointer).encode())
+        self.store.write_bytes(self._key(CHECKPOINT_LATEST), data=json.dumps(pointer).encode())
 
     def _verify_stored(
         self, final_key: str, files: dict[str, dict[str, Any]], meta_bytes: bytes
@@ -351,8 +351,10 @@ class CheckpointManager:
                 raise StorageError(
                     f"{final_key}/{name}: store holds {size} bytes, wrote {info['bytes']}"
                 )
-        if self.store.read_bytes(f"{final_key}/{META_FILE}") != meta_bytes:
-            raise StorageError(f"{final_key}/{META_FILE}: store does not hold what was written")
+        if self.store.read_bytes(f"{final_key}/{CHECKPOINT_META}") != meta_bytes:
+            raise StorageError(
+                f"{final_key}/{CHECKPOINT_META}: store does not hold what was written"
+            )
 
     def _prune(self, latest: int) -> None:
         """Keep the ``keep`` newest checkpoints up to ``latest``; drop the rest and stale temps."""
@@ -369,7 +371,7 @@ class CheckpointManager:
 
     def delete(self, step: int) -> None:
         """Delete the checkpoint folder of ``step``."""
-        for key in self.store.list(self._key(step_dirname(step))):
+        for key in self.store.list(self._key(checkpoint_step_dir(step))):
             self.store.delete(key)
 
     # load
@@ -386,14 +388,18 @@ class CheckpointManager:
         Raises:
             CheckpointInvalid: Any check failed (the reason names it).
         """
-        key = self._key(step_dirname(step))
+        key = self._key(checkpoint_step_dir(step))
         t0 = time.perf_counter()
         meta = self._read_meta(key, step=step, meta_sha256=meta_sha256)
         blobs, stats = self._fetch(key, files=meta["files"])
-        state_path = self.store.local_path(f"{key}/{STATE_FILE}") if STATE_FILE in stats else None
+        state_path = (
+            self.store.local_path(f"{key}/{CHECKPOINT_STATE}")
+            if CHECKPOINT_STATE in stats
+            else None
+        )
         model_state, train_state = deserialize(key, blobs, state_path=state_path)
-        if state_path is not None and file_identity(state_path.stat()) != stats[STATE_FILE]:
-            raise CheckpointInvalid(key, f"{STATE_FILE} was replaced while it was read")
+        if state_path is not None and file_identity(state_path.stat()) != stats[CHECKPOINT_STATE]:
+            raise CheckpointInvalid(key, f"{CHECKPOINT_STATE} was replaced while it was read")
         check_tensors(key, model_state, expected=self.expect_tensors)
         check_state(key, train_state, step=step)
         return LoadedCheckpoint(
@@ -408,26 +414,26 @@ class CheckpointManager:
     def _read_meta(self, key: str, *, step: int, meta_sha256: str | None) -> dict[str, Any]:
         """``meta.json`` of ``key``, refused unless it is this run's and config's, of ``step``."""
         try:
-            meta_bytes = self.store.read_bytes(f"{key}/{META_FILE}")
+            meta_bytes = self.store.read_bytes(f"{key}/{CHECKPOINT_META}")
         except NotFound:
             raise CheckpointInvalid(
-                key, f"{META_FILE} is missing", MISSING, f"{key}/{META_FILE}"
+                key, f"{CHECKPOINT_META} is missing", MISSING, f"{key}/{CHECKPOINT_META}"
             ) from None
         got = hashlib.sha256(meta_bytes).hexdigest()
         if meta_sha256 is not None and got != meta_sha256:
             raise CheckpointInvalid(
                 key,
-                f"{META_FILE} does not match the hash in {LATEST_FILE} "
-                f"(sha256 {got}, {LATEST_FILE} pins {meta_sha256})",
+                f"{CHECKPOINT_META} does not match the hash in {CHECKPOINT_LATEST} "
+                f"(sha256 {got}, {CHECKPOINT_LATEST} pins {meta_sha256})",
                 SHA256_MISMATCH,
-                f"{key}/{META_FILE}",
+                f"{key}/{CHECKPOINT_META}",
                 meta_sha256,
                 got,
             )
         try:
             meta = json.loads(meta_bytes)
         except ValueError as exc:
-            raise CheckpointInvalid(key, f"{META_FILE} is not JSON ({exc})") from None
+            raise CheckpointInvalid(key, f"{CHECKPOINT_META} is not JSON ({exc})") from None
         if meta.get("format") != FORMAT:
             raise CheckpointInvalid(key, f"unknown format {meta.get('format')!r}")
         if meta.get("run_id") != self.run_id or meta.get("config_sha256") != self.config_sha256:
@@ -529,7 +535,7 @@ def durable_step(url: str, *, out_dir: str | Path, run_id: str) -> int | None:
     pointer (S3 down at the save) wins over the server's, as in ``SpoolingStore``. ``None``
     when there is no pointer or it cannot be read now: the caller keeps what it recorded.
     """
-    key = f"{run_id}/{LATEST_FILE}"
+    key = f"{run_id}/{CHECKPOINT_LATEST}"
     stores: list[Store] = []
     if not is_local(url):
         stores.append(LocalStore(Path(out_dir) / SPOOL_DIR))

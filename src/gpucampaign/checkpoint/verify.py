@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from gpucampaign.checkpoint.layout import MODEL_FILE, STATE_FILE
 from gpucampaign.checkpoint.tensorfiles import load_safetensors_buffer
 from gpucampaign.checkpoint.trainstate import REQUIRED_STATE
 from gpucampaign.core.files import CHECKSUMS, checksum_bytes, map_checked
+from gpucampaign.folder.layout import CHECKPOINT_STATE, WEIGHTS_FILE
 from gpucampaign.storage import ContentMismatch, NotFound, Store
 
 #: What was wrong with a refused checkpoint (``CheckpointInvalid.kind``).
@@ -59,22 +59,22 @@ def deserialize(
     """The model state (safetensors, as views of the read buffer or mapping) and the train
     state (``weights_only`` unpickling; with ``state_path``, its tensors map that file)."""
     try:
-        blob = blobs[MODEL_FILE]
+        blob = blobs[WEIGHTS_FILE]
         model_state = load_safetensors_buffer(bytearray(blob) if isinstance(blob, bytes) else blob)
     except (ValueError, KeyError, TypeError, RuntimeError, OverflowError) as exc:
-        raise CheckpointInvalid(key, f"{MODEL_FILE} is not valid safetensors ({exc})") from None
+        raise CheckpointInvalid(key, f"{WEIGHTS_FILE} is not valid safetensors ({exc})") from None
     try:
         if state_path is not None:
             # The file was just checked through a mapping of it: its pages are in the page
             # cache, and a mapped load makes the tensors views of them instead of copies.
             train_state = torch.load(state_path, map_location="cpu", weights_only=True, mmap=True)
         else:
-            blob = blobs[STATE_FILE]
+            blob = blobs[CHECKPOINT_STATE]
             train_state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError for payloads, RuntimeError for bad zips
         first_line = str(exc).splitlines()[0][:200]
         raise CheckpointInvalid(
-            key, f"{STATE_FILE} refused by torch.load(weights_only=True): {first_line}"
+            key, f"{CHECKPOINT_STATE} refused by torch.load(weights_only=True): {first_line}"
         ) from None
     return model_state, train_state
 
@@ -89,13 +89,13 @@ def check_tensors(
     extra = sorted(set(model_state) - set(expected))
     if lacking or extra:
         raise CheckpointInvalid(
-            key, f"{MODEL_FILE} lacks tensors {lacking[:5]} / has unknown {extra[:5]}"
+            key, f"{WEIGHTS_FILE} lacks tensors {lacking[:5]} / has unknown {extra[:5]}"
         )
     for name, shape in expected.items():
         if tuple(model_state[name].shape) != tuple(shape):
             raise CheckpointInvalid(
                 key,
-                f"{MODEL_FILE}: tensor '{name}' has shape {list(model_state[name].shape)}, "
+                f"{WEIGHTS_FILE}: tensor '{name}' has shape {list(model_state[name].shape)}, "
                 f"the model's is {list(shape)}",
             )
 
@@ -103,10 +103,10 @@ def check_tensors(
 def check_state(key: str, train_state: Any, *, step: int) -> None:
     """Refuse a train state that lacks a component of ``REQUIRED_STATE`` or another step's."""
     if not isinstance(train_state, dict):
-        raise CheckpointInvalid(key, f"{STATE_FILE} does not hold a mapping")
+        raise CheckpointInvalid(key, f"{CHECKPOINT_STATE} does not hold a mapping")
     for comp, subkeys in REQUIRED_STATE.items():
         if comp not in train_state:
-            raise CheckpointInvalid(key, f"component '{comp}' is missing from {STATE_FILE}")
+            raise CheckpointInvalid(key, f"component '{comp}' is missing from {CHECKPOINT_STATE}")
         sub = train_state[comp]
         gone = [s for s in subkeys if not isinstance(sub, dict) or s not in sub]
         if gone:

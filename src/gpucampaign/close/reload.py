@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from gpucampaign.close.recipe_reload import corpus_for, prediction_rows, recipe_predict_rows
-from gpucampaign.core.files import csv_text
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.data.pins import Pinned, input_sha256
 from gpucampaign.folder.layout import SPEC_COPY, OutputFolder, model_config, read_manifest
@@ -131,16 +130,6 @@ class LoadedModel:
                 )
             ]
         return rows
-
-    def predict_to_csv(
-        self, path: str | Path, *, to: str | Path, splits: Sequence[str] | None = None
-    ) -> int:
-        """Write ``predict(path)`` as CSV at ``to`` (``id`` first); the number of rows."""
-        rows = self.predict(path, splits=splits)
-        if not rows:
-            raise SpecError(f"--input '{path}': the recipe made no example of it.", field="input")
-        Path(to).write_text(csv_text(rows), encoding="utf-8")
-        return len(rows)
 
 
 def _chosen(parts: Mapping[str, Any], splits: Sequence[str] | None) -> list[str]:

@@ -101,13 +101,6 @@ def pin(path: Path, *, sha256: str, run_id: str, label: str) -> Pinned:
     return Pinned(path=path, sha256=actual, kind=kind, load_s=time.perf_counter() - t0)
 
 
-def pin_corpus(spec: CampaignSpec, *, base_dir: str | Path, run_id: str) -> Pinned:
-    """The spec's corpus as a pinned file or folder (for recipes that read it themselves)."""
-    assert spec.corpus is not None
-    path = resolve_inside(base_dir, spec.corpus.path, field="corpus.path")
-    return pin(path, sha256=spec.corpus.sha256, run_id=run_id, label=f"corpus '{spec.corpus.path}'")
-
-
 def resolve_inputs(
     spec: CampaignSpec, *, base_dir: str | Path | None = None, out_dir: str | Path | None = None
 ) -> dict[str, Path]:

@@ -16,10 +16,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from gpucampaign.checkpoint.layout import step_dirname
 from gpucampaign.engine.hooks import Hook, HookArgs, RunView, StopRequest
 from gpucampaign.engine.parts import progress_bar
-from gpucampaign.folder.layout import IN_PROGRESS_FILE
+from gpucampaign.folder.layout import IN_PROGRESS_FILE, checkpoint_step_dir
 from gpucampaign.folder.progress import ProgressFile, step_rate
 
 
@@ -117,7 +116,7 @@ def resumed_fields(r: RunView, meta: dict[str, Any] | None) -> dict[str, Any]:
     """``resumed_from`` and ``checkpoint`` (its folder in the store, and when it was saved)."""
     step = r.resumed_from
     assert step is not None
-    where = f"{step_dirname(step)} in {r.store.url}/{r.run_id}"
+    where = f"{checkpoint_step_dir(step)} in {r.store.url}/{r.run_id}"
     created = (meta or {}).get("created_unix")
     if isinstance(created, int | float):
         where += f", saved {datetime.fromtimestamp(created, UTC):%Y-%m-%d %H:%M:%S} UTC"

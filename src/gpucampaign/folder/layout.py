@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -230,46 +229,6 @@ class OutputFolder:
     def read_jsonl(self, relative: str) -> list[dict[str, Any]]:
         """All records of a JSON-lines file; [] when it does not exist."""
         return read_jsonl(self.path(relative))
-
-    def record_timeline(
-        self,
-        step: str | None,
-        *,
-        phase: str,
-        start: datetime | str,
-        end: datetime | str,
-        run: str | None = None,
-        note: str = "",
-        kind: str = "machine",
-        **extra: Any,
-    ) -> dict[str, Any]:
-        """Append one observed interval to ``timeline.jsonl`` and return the row.
-
-        Args:
-            step: calendar step name the interval belongs to.
-            phase: what ran (load, train, eval, save, restore, audit, human...).
-            start: start time (aware datetime or ISO string, UTC).
-            end: end time.
-            run: run name, when the interval belongs to a run.
-            note: free text kept with the row.
-            kind: "machine" or "human" (human time is only ever observed, never assumed).
-            **extra: more fields (e.g. ``steps`` for a train row).
-        """
-        s = start if isinstance(start, datetime) else datetime.fromisoformat(start)
-        e = end if isinstance(end, datetime) else datetime.fromisoformat(end)
-        row = {
-            "step": step,
-            "run": run,
-            "phase": phase,
-            "kind": kind,
-            "start": s.isoformat(timespec="milliseconds"),
-            "end": e.isoformat(timespec="milliseconds"),
-            "seconds": (e - s).total_seconds(),
-            "note": note,
-            **extra,
-        }
-        self.append_jsonl(TIMELINE, row)
-        return row
 
     def copy_in(self, source: str | Path, relative: str) -> Path:
         """Copy a file into the folder: a temporary name, fsync, then a rename."""

@@ -22,12 +22,11 @@ import time
 from collections.abc import Container
 from pathlib import Path
 
-from gpucampaign.checkpoint.layout import META_FILE, step_dirname
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.data.corpus import corpus_path
 from gpucampaign.data.pins import resolve_inputs
-from gpucampaign.folder.layout import run_path
+from gpucampaign.folder.layout import CHECKPOINT_META, checkpoint_step_dir, run_path
 from gpucampaign.folder.records import StopRecord
 from gpucampaign.restartcheck.check import verify_restart
 from gpucampaign.restartcheck.compare import RestartReport, compare_states, require_identical
@@ -54,7 +53,7 @@ def early_resume_point(
     """
     steps = manager.step_dirs()
     for i, step in enumerate(steps):
-        key = f"{manager.run_id}/{step_dirname(step)}/{META_FILE}"
+        key = f"{manager.run_id}/{checkpoint_step_dir(step)}/{CHECKPOINT_META}"
         try:
             meta = json.loads(manager.store.read_bytes(key))
         except (NotFound, ValueError):

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpucampaign.checkpoint.layout import LATEST_FILE, META_FILE, PAYLOAD_FILES, step_dirname
+from gpucampaign.checkpoint.layout import PAYLOAD_FILES
 from gpucampaign.checkpoint.manager import CheckpointManager, LoadedCheckpoint
 from gpucampaign.checkpoint.verify import (
     CHECKSUM_MISMATCH,
@@ -31,7 +31,16 @@ from gpucampaign.checkpoint.verify import (
 )
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.data.pins import resolve_inputs
-from gpucampaign.folder.layout import CHECKPOINTS_DIR, METRICS_FILE, MODEL_DIR, SPEC_COPY, run_file
+from gpucampaign.folder.layout import (
+    CHECKPOINT_LATEST,
+    CHECKPOINT_META,
+    CHECKPOINTS_DIR,
+    METRICS_FILE,
+    MODEL_DIR,
+    SPEC_COPY,
+    checkpoint_step_dir,
+    run_file,
+)
 from gpucampaign.folder.records import StopRecord, read_stops
 from gpucampaign.restartcheck.child import child_args, spawn, wait, write_child_spec
 from gpucampaign.restartcheck.compare import (
@@ -110,7 +119,7 @@ class ReplayCheck:
 
     def report(self, rep: Replay, *, mode: str, save_s: float | None) -> RestartReport:
         """The report of ``rep``; ``save_s``: the recorded cost of the resumed save, if known."""
-        key = f"{self.run_id}/{step_dirname(rep.start)}/{META_FILE}"
+        key = f"{self.run_id}/{checkpoint_step_dir(rep.start)}/{CHECKPOINT_META}"
         spe = int(json.loads(rep.local.read_bytes(key)).get("steps_per_epoch") or 1)
         return RestartReport.from_check(
             rep.cmp,
@@ -306,8 +315,8 @@ def _resume_point(run: ResolvedRun, *, store: Store) -> LoadedCheckpoint:
             run_id,
             CheckpointProblem(
                 kind=MISSING,
-                detail=f"{LATEST_FILE} is missing",
-                obj=f"{run_id}/{LATEST_FILE}",
+                detail=f"{CHECKPOINT_LATEST} is missing",
+                obj=f"{run_id}/{CHECKPOINT_LATEST}",
                 step=steps[-1],
             ),
         )
@@ -430,14 +439,14 @@ def check_latest_checkpoint(target: RestartTarget, *, m_steps: int = 20) -> Sche
 def _copy_checkpoint(store: Store, *, run_id: str, step: int, dst: Path) -> LocalStore:
     """A local store holding only the checkpoint of ``step``, with ``LATEST`` pointing at it."""
     local = LocalStore(dst)
-    src = f"{run_id}/{step_dirname(step)}"
-    for name in (*PAYLOAD_FILES, META_FILE):
+    src = f"{run_id}/{checkpoint_step_dir(step)}"
+    for name in (*PAYLOAD_FILES, CHECKPOINT_META):
         key, dst_file = f"{src}/{name}", local.root / src / name
         if not _linked(store, key=key, dst=dst_file):
             store.get_file(key, dst=dst_file)
-    meta_sha = hashlib.sha256(local.read_bytes(f"{src}/{META_FILE}")).hexdigest()
-    pointer = {"step": step, "dir": step_dirname(step), "meta_sha256": meta_sha}
-    local.write_bytes(f"{run_id}/{LATEST_FILE}", data=json.dumps(pointer).encode())
+    meta_sha = hashlib.sha256(local.read_bytes(f"{src}/{CHECKPOINT_META}")).hexdigest()
+    pointer = {"step": step, "dir": checkpoint_step_dir(step), "meta_sha256": meta_sha}
+    local.write_bytes(f"{run_id}/{CHECKPOINT_LATEST}", data=json.dumps(pointer).encode())
     return local
 
 

@@ -349,12 +349,6 @@ def run_payload_sha256(
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
-def make_run_id(name: str, config: RunConfig, *, corpus_sha256: str | None = None) -> str:
-    """Run ID: any change to the config, the pinned corpus or the recipe's training source
-    gives a new ID."""
-    return f"{name}-{run_payload_sha256(config, corpus_sha256=corpus_sha256)[:10]}"
-
-
 _FIXES = {
     "extra_forbidden": "remove it or check its spelling (see `campaign schema`)",
     "missing": "add it",
