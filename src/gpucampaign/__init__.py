@@ -2,7 +2,7 @@
 
 ``Recipe`` and ``RecipeContext`` are the contract a user's training code follows;
 ``load_model(OUT, RUN)`` reloads a run's model with its recipe (``.model``, ``.recipe``,
-``.predict(path)``), see ``gpucampaign.close.reload``.
+``.predict(path)``), see ``gpucampaign.modelfolder.reload``.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -32,9 +32,10 @@ def load_model(out: Any, run: str, **options: Any) -> Any:
     CPU: a ``LoadedModel`` with ``.model``, ``.recipe``, ``.config`` and ``.predict(path)``.
 
     Options (keyword-only): ``trust_folder_code`` (import the recipe copy kept in the folder)
-    and ``recipes`` (folders of your recipe files). See ``gpucampaign.close.reload.load_model``.
+    and ``recipes`` (folders of your recipe files). See
+    ``gpucampaign.modelfolder.reload.load_model``.
     """
     # torch stays off `import gpucampaign`: the reload imports it only when called.
-    from gpucampaign.close.reload import load_model as load
+    from gpucampaign.modelfolder.reload import load_model as load
 
     return load(out, run, **options)

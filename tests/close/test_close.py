@@ -448,9 +448,9 @@ def test_a_resume_explains_a_deviation():
     [(0.0001, "0.36 s"), (0.01, "36 s"), (0.5, "30 min"), (3.05091, "3.05 h"), (3.3, "3.3 h")],
 )
 def test_durations_have_sensible_precision(hours, text):
-    from gpucampaign.core.text import say_duration
+    from gpucampaign.core.text import say_hours
 
-    assert say_duration(hours) == text
+    assert say_hours(hours) == text
 
 
 def test_estimates_from_timeline_pilot_and_metrics():

@@ -12,7 +12,7 @@ from gpucampaign.folder.progress import (
     read_progress,
     relay_check_progress,
     render_line,
-    say_duration,
+    say_seconds,
     step_rate,
     write_progress,
 )
@@ -56,7 +56,7 @@ def test_the_line_before_any_measure_and_once_done():
 
 
 def test_durations_and_rates():
-    assert [say_duration(s) for s in (None, -1, 0, 42, 185, 7620, 273600)] == [
+    assert [say_seconds(s) for s in (None, -1, 0, 42, 185, 7620, 273600)] == [
         "?",
         "?",
         "0s",

@@ -128,7 +128,7 @@ def test_a_recipe_model_folder_reloads_on_its_own_and_reproduces_its_predictions
 ) -> None:
     import sys
 
-    from gpucampaign.close.recipe_reload import recipe_reload_check, write_recipe_predictions
+    from gpucampaign.modelfolder.recipe_reload import recipe_reload_check, write_recipe_predictions
 
     module = write_recipe(tmp_path)
     spec = make_spec(tmp_path, module)

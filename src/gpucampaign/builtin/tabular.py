@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from gpucampaign.builtin.classify import evaluate_classifier
 from gpucampaign.builtin.models import build_model, fit_input_stats
-from gpucampaign.folder.metrics import evaluate
 from gpucampaign.recipe.contract import Recipe, RecipeContext
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -84,7 +84,7 @@ class TabularClassifier(Recipe):
         """Accuracy, macro F1 and loss of ``model`` over the split's batches."""
         xs, ys = zip(*batches, strict=True)
         X, y = torch.cat(xs), torch.cat(ys).cpu()
-        return evaluate(model, X, y, n_classes=self.n_classes, device=X.device)
+        return evaluate_classifier(model, X, y, n_classes=self.n_classes, device=X.device)
 
 
 class MLP(TabularClassifier):

@@ -30,7 +30,6 @@ from gpucampaign.close.predictions import (
     reload_check,
     write_run_predictions,
 )
-from gpucampaign.close.recipe_reload import write_recipe_predictions
 from gpucampaign.close.reload_md import write_reload_md
 from gpucampaign.close.report import build_report, write_report
 from gpucampaign.close.scores import write_run_scores
@@ -69,6 +68,7 @@ from gpucampaign.folder.records import (
     read_timeline,
     run_states,
 )
+from gpucampaign.modelfolder.recipe_reload import write_recipe_predictions
 from gpucampaign.modelfolder.refresh import refresh_recipe_copy
 from gpucampaign.plan import calendar
 from gpucampaign.recipe.contract import RecipeError

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpucampaign.close.verdict_words import stops_of
 from gpucampaign.core.files import median, parse_time
-from gpucampaign.core.text import say_duration
+from gpucampaign.core.text import say_hours
 from gpucampaign.folder.layout import ESTIMATES_FILE, OutputFolder
 from gpucampaign.folder.records import DecisionRecord, PlanRecord, PlanStep, StopRecord, TimelineRow
 from gpucampaign.folder.segments import inference_restarted, interruptions
@@ -80,7 +80,7 @@ def _explain(
         step_s = median(_numbers(pilot.get(s.run or "", {}).get("step_s")))
         if step_s is not None:
             src += f" ({step_s * 1000:.2f} ms/step)"
-        why.append(f"re-forecast from {src}: {say_duration(s.hours)} -> {say_duration(refo)}")
+        why.append(f"re-forecast from {src}: {say_hours(s.hours)} -> {say_hours(refo)}")
     if s.name in dropped_by:
         d = dropped_by[s.name]
         why.append(f"dropped at the decision point ({d.action}): " + "; ".join(d.reasons))
@@ -93,8 +93,8 @@ def _explain(
         moved = f", {losses['relaunches']} on another machine" if losses["relaunches"] else ""
         why.append(
             f"{n} interruption{'s' if n != 1 else ''}{moved}: {losses['lost_steps']} step(s) "
-            f"trained again ({say_duration(losses['lost_hours'])}), "
-            f"{say_duration(losses['down_hours'])} until training resumed"
+            f"trained again ({say_hours(losses['lost_hours'])}), "
+            f"{say_hours(losses['down_hours'])} until training resumed"
         )
     if losses["lot_ends"]:
         why.append(f"stopped {len(losses['lot_ends'])} time(s) before a lot's end, then resumed")

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpucampaign.core.files import parse_time
 from gpucampaign.core.stoprules import EARLY_RULES, Futile
-from gpucampaign.core.text import say_duration
+from gpucampaign.core.text import say_hours
 from gpucampaign.engine.futility import saved_seconds
 from gpucampaign.folder.records import StopRecord, TimelineRow, read_result
 
@@ -135,5 +135,5 @@ def render_futility_md(futility: Mapping[str, Any] | None) -> list[str]:
             f"'{r['run']}' stopped {how}at step {r['step']} of {r['planned_steps']} "
             f"({r['steps_saved']} steps x {per}{lane})"
         )
-    shown = "not measured" if total is None else say_duration(total / 3600.0)
+    shown = "not measured" if total is None else say_hours(total / 3600.0)
     return [f"GPU time saved by early stops: {shown}: " + "; ".join(parts) + ".", ""]

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpucampaign.close.bootstrap import DOMINATES, Gain, to_resolve
-from gpucampaign.core.text import say_duration, say_number
+from gpucampaign.core.text import say_hours, say_number
 from gpucampaign.plan.evidence import PROPOSED_SEEDS
 from gpucampaign.spec import DecisionRule
 
@@ -92,7 +92,7 @@ def _price(
     priced.update(seed_s=round(per_seed, 9), gpu_hours=round(gpu_h, 12))
     cost = (
         f": {more} x ({control:.3g} s + {variant:.3g} s of measured training) = "
-        f"{say_duration(gpu_h)} of GPU time"
+        f"{say_hours(gpu_h)} of GPU time"
     )
     if lot and lot.get("gpu_hours"):
         usd = gpu_h * lot["usd"] / lot["gpu_hours"]

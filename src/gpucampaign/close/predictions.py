@@ -27,8 +27,6 @@ import numpy as np
 import torch
 
 from gpucampaign.close.error_analysis import Predictions
-from gpucampaign.close.recipe_reload import recipe_reload_check, recorded_split
-from gpucampaign.close.reload import decision_rows, load_model
 from gpucampaign.core.files import csv_text, sha256_file
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.folder.layout import (
@@ -43,6 +41,8 @@ from gpucampaign.folder.layout import (
     run_file,
 )
 from gpucampaign.modelfolder import RecipeCodeNotTrusted, load_run_model, predict
+from gpucampaign.modelfolder.recipe_reload import recipe_reload_check, recorded_split
+from gpucampaign.modelfolder.reload import decision_rows, load_model
 from gpucampaign.spec import BUILTIN_RECIPES, SpecError, load_spec
 
 PREDICTION_COLUMNS = ("id", "label", "prediction", "confidence")

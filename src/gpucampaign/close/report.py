@@ -17,7 +17,7 @@ from gpucampaign.close.error_analysis import render_error_analysis_md
 from gpucampaign.close.futility import render_futility_md
 from gpucampaign.close.verdict import Verdict
 from gpucampaign.close.verdict_words import seeds_text
-from gpucampaign.core.text import say_duration, say_number, strip_controls
+from gpucampaign.core.text import say_hours, say_number, strip_controls
 from gpucampaign.folder.layout import (
     ESTIMATES_FILE,
     REPORT_HTML,
@@ -115,7 +115,7 @@ def _cell(x: Any) -> str:
 
 
 def _hours(x: float | None) -> str:
-    return say_duration(x, missing="not observed")
+    return say_hours(x, missing="not observed")
 
 
 def answer_paragraph(report: Mapping[str, Any]) -> str:
@@ -132,7 +132,7 @@ def answer_paragraph(report: Mapping[str, Any]) -> str:
     )
     cost = [] if spent is None else [f"{spent:.2f} USD spent"]
     if observed is not None:
-        cost.append(f"{say_duration(observed)} of observed busy time")
+        cost.append(f"{say_hours(observed)} of observed busy time")
     if cost:
         lines += ["", "Cost: " + ", ".join(cost) + "."]
     return "\n".join(lines)
@@ -240,9 +240,9 @@ def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
         "|---|---:|---:|---:|---:|---|",
     ]
     for s in fva["steps"]:
-        refo = say_duration(s["reforecast_hours"])
-        dev = say_duration(s["deviation_hours"], signed=True)
-        allotted = say_duration(s["allotted_hours"])
+        refo = say_hours(s["reforecast_hours"])
+        dev = say_hours(s["deviation_hours"], signed=True)
+        allotted = say_hours(s["allotted_hours"])
         out.append(
             f"| {_cell(s['step'])} | {allotted} | {refo} | {_hours(s['observed_hours'])} | "
             f"{dev} | {_cell(s['explanation'])} |"
@@ -250,7 +250,7 @@ def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
     totals = fva.get("totals", {})
     if totals:
         parts = [
-            f"{label} {say_duration(totals[k])}"
+            f"{label} {say_hours(totals[k])}"
             for k, label in (
                 ("allotted_span_hours", "planned span"),
                 ("reforecast_span_hours", "re-forecast span"),
@@ -259,7 +259,7 @@ def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
             if totals.get(k) is not None
         ]
         if totals.get("observed_wall_hours") is not None:
-            parts.append(f"observed busy time {say_duration(totals['observed_wall_hours'])}")
+            parts.append(f"observed busy time {say_hours(totals['observed_wall_hours'])}")
         out += ["", "Totals: " + "; ".join(parts) + "."]
     if fva.get("unplanned_timeline_steps"):
         out += [

@@ -32,7 +32,7 @@ from gpucampaign.close.verdict_words import (
     tie_text,
 )
 from gpucampaign.core.resample import BOOT_SEED
-from gpucampaign.core.text import say_duration, say_exact
+from gpucampaign.core.text import say_exact, say_hours
 from gpucampaign.spec import DecisionRule
 
 VerdictKind = Literal["adopt", "negative", "inconclusive", "stopped", "re-pose"]
@@ -589,7 +589,7 @@ def _straddles(
     settle = resolve.get("settle") or "more evidence would settle it"
     if resolve.get("more_seeds") is not None and not resolve.get("settle"):
         priced = (
-            f", {say_duration(resolve['gpu_hours'])} of GPU time"
+            f", {say_hours(resolve['gpu_hours'])} of GPU time"
             if resolve.get("gpu_hours") is not None
             else ""
         )

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def say_duration(hours: float | None, *, signed: bool = False, missing: str = "") -> str:
+def say_hours(hours: float | None, *, signed: bool = False, missing: str = "") -> str:
     """A duration with the precision it deserves: ``42 s``, ``12.5 min``, ``3.05 h``."""
     if hours is None:
         return missing

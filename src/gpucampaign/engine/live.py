@@ -22,7 +22,7 @@ from gpucampaign.folder.layout import IN_PROGRESS_FILE, checkpoint_step_dir
 from gpucampaign.folder.progress import ProgressFile, step_rate
 
 
-class LiveView(Hook):
+class ProgressHook(Hook):
     """Writes the live record, moves the bar, calls ``progress``."""
 
     def __init__(self, r: RunView, args: HookArgs) -> None:
@@ -43,7 +43,7 @@ class LiveView(Hook):
         )
 
     @classmethod
-    def for_run(cls, r: RunView, args: HookArgs) -> LiveView:
+    def for_run(cls, r: RunView, args: HookArgs) -> ProgressHook:
         """Every call has a live view."""
         return cls(r, args)
 

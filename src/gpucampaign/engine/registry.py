@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gpucampaign.engine.futility import Futility
 from gpucampaign.engine.hooks import HookArgs, HookFactory, Hooks, RunView
-from gpucampaign.engine.live import LiveView
+from gpucampaign.engine.live import ProgressHook
 from gpucampaign.engine.lotend import LotDeadline
 from gpucampaign.engine.rules import NonFiniteLossRule, NotLearningRule, QualityFloor
 from gpucampaign.engine.tracked import Tracker
@@ -22,7 +22,7 @@ HOOKS: list[HookFactory] = [
     NotLearningRule.for_run,  # stop_rules.not_learning
     Futility.hook,  # stop_rules.futility
     Tracker.for_run,  # tracking.mlflow (or MLFLOW_TRACKING_URI)
-    LiveView.for_run,  # progress.json, the progress callback, the bar
+    ProgressHook.for_run,  # progress.json, the progress callback, the bar
     LotDeadline.for_run,  # lots with starts_at: save and stop before the lot ends
 ]
 

@@ -140,7 +140,7 @@ def read_all_progress(out: str | Path, *, skipped: list[str] | None = None) -> l
     return sorted(found, key=updated_at)
 
 
-def say_duration(seconds: float | None) -> str:
+def say_seconds(seconds: float | None) -> str:
     """``'42s'``, ``'3m05s'``, ``'2h07m'``, ``'3d04h'``; ``'?'`` when unknown."""
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         return "?"
@@ -214,12 +214,12 @@ def render_parts(
     parts.append(("rate", f"{rate} steps/s" if rate is not None else "- steps/s"))
     state = record.get("state", "running")
     if state == "running":
-        parts.append(("state", f"ETA {say_duration(record.get('eta_s'))}"))
+        parts.append(("state", f"ETA {say_seconds(record.get('eta_s'))}"))
     else:
-        parts.append(("state", f"{_shown(state)} in {say_duration(record.get('elapsed_s'))}"))
+        parts.append(("state", f"{_shown(state)} in {say_seconds(record.get('elapsed_s'))}"))
     if ends_at is not None:
         left = (ends_at - (now or datetime.now(UTC))).total_seconds()
-        parts.append(("lot", f"lot {say_duration(left)} left" if left >= 0 else "lot ended"))
+        parts.append(("lot", f"lot {say_seconds(left)} left" if left >= 0 else "lot ended"))
     return parts
 
 
@@ -280,7 +280,7 @@ def evaluation_table(
     evaluation, summed from the recorded step and eval times, so a resumed run keeps counting)
     and ``eta`` (the rest of ``planned_steps`` at the step rate measured then).
 
-    ``elapsed`` and ``eta`` are rendered like ``say_duration``; numbers stay numbers.
+    ``elapsed`` and ``eta`` are rendered like ``say_seconds``; numbers stay numbers.
     """
     table: list[dict[str, Any]] = []
     loss_at: dict[int, float] = {}
@@ -310,8 +310,8 @@ def evaluation_table(
                     "train_loss": loss_at.get(step),
                     "metric": metric or "",
                     "value": value if isinstance(value, int | float) else None,
-                    "elapsed": say_duration(spent),
-                    "eta": say_duration((planned_steps - step) / rate if rate else None)
+                    "elapsed": say_seconds(spent),
+                    "eta": say_seconds((planned_steps - step) / rate if rate else None)
                     if step < planned_steps
                     else "done",
                 }

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from gpucampaign.core.files import median
-from gpucampaign.core.text import say_duration
+from gpucampaign.core.text import say_hours
 from gpucampaign.plan import calendar
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 
@@ -438,7 +438,7 @@ def decision_markdown(
     if decision.dropped_runs:
         lines += ["", f"Dropped runs: {', '.join(decision.dropped_runs)}"]
     lines += ["", "| step | re-forecast | how |", "|---|---:|---|"]
-    lines += [f"| {name} | {say_duration(h)} | {how} |" for name, (h, how) in hours.items()]
+    lines += [f"| {name} | {say_hours(h)} | {how} |" for name, (h, how) in hours.items()]
     curves = {r: m.get("early_losses") or [] for r, m in (pilot or {}).items()}
     if any(curves.values()):
         flagged = set(decision.inputs.get("low_information") or [])

@@ -44,7 +44,7 @@ _COUNT_WORDS = {1: "one", 2: "two", 3: "three"}
 
 
 @dataclass(frozen=True)
-class Lot:
+class LotOffer:
     """One rentable lot: a GPU model, how many GPUs it holds, its duration and its price."""
 
     gpu: str
@@ -67,30 +67,30 @@ class Lot:
 class Catalog:
     """The lots a campaign may commit to."""
 
-    lots: tuple[Lot, ...]
+    lots: tuple[LotOffer, ...]
 
     def gpu_models(self) -> list[str]:
         """GPU model names, sorted."""
         return sorted({lot.gpu for lot in self.lots})
 
-    def lots_of(self, gpu: str) -> list[Lot]:
+    def lots_of(self, gpu: str) -> list[LotOffer]:
         """Lots of one GPU model, shortest first."""
         return sorted((lot for lot in self.lots if lot.gpu == gpu), key=lambda lot: lot.days)
 
-    def find(self, gpu: str, days: int) -> Lot | None:
+    def find(self, gpu: str, days: int) -> LotOffer | None:
         """The lot of that model and duration, or None."""
         return next((lot for lot in self.lots if lot.gpu == gpu and lot.days == days), None)
 
 
 BUILTIN_CATALOG = Catalog(
     lots=(
-        Lot("rtx4090", 3, 1, Decimal("47.14")),
-        Lot("rtx4090", 7, 1, Decimal("110")),
-        Lot("rtx4090", 30, 1, Decimal("390")),
+        LotOffer("rtx4090", 3, 1, Decimal("47.14")),
+        LotOffer("rtx4090", 7, 1, Decimal("110")),
+        LotOffer("rtx4090", 30, 1, Decimal("390")),
         # The provider sells B200 lots of two GPUs; their price is not in our documents.
-        Lot("b200", 3, 2, None),
-        Lot("b200", 7, 2, None),
-        Lot("b200", 30, 2, None),
+        LotOffer("b200", 3, 2, None),
+        LotOffer("b200", 7, 2, None),
+        LotOffer("b200", 30, 2, None),
     )
 )
 
@@ -225,7 +225,7 @@ def load_catalog(
     lots = {(lot.gpu, lot.days): lot for lot in BUILTIN_CATALOG.lots}
     for entry in parsed.lots:
         price = None if entry.price_usd is None else to_decimal(entry.price_usd)
-        lots[(entry.gpu, entry.days)] = Lot(
+        lots[(entry.gpu, entry.days)] = LotOffer(
             entry.gpu, entry.days, entry.gpus, price, parsed.provider
         )
     return Catalog(lots=tuple(sorted(lots.values(), key=lambda lot: (lot.gpu, lot.days))))
@@ -387,7 +387,7 @@ def _switch_cost(n_switches: int, *, restore_s: float | None) -> str:
     )
 
 
-def _cover(combo: Sequence[Lot], hours: float, *, restore_s: float | None = None) -> Cover:
+def _cover(combo: Sequence[LotOffer], hours: float, *, restore_s: float | None = None) -> Cover:
     first = combo[0]
     total = sum(lot.hours for lot in combo)
     known = all(lot.price_usd is not None for lot in combo)

@@ -37,7 +37,7 @@ from gpucampaign.plan.inputs import too_wide
 from gpucampaign.plan.tariffs import load_catalog, resolve_package
 from gpucampaign.preflight.paths import check_pinned, inside
 from gpucampaign.recipe.contract import load_recipe
-from gpucampaign.recipe.runtime import preflight as try_recipes
+from gpucampaign.recipe.runtime import try_recipes
 from gpucampaign.spec import (
     BUILTIN_RECIPES,
     CampaignSpec,

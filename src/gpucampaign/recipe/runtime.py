@@ -337,7 +337,7 @@ def _outputs_said(recipe: Recipe, spec: CampaignSpec) -> str:
     return "".join(f", {s}" for s in said)
 
 
-def preflight(spec: CampaignSpec, *, corpus: Any) -> list[dict[str, Any]]:
+def try_recipes(spec: CampaignSpec, *, corpus: Any) -> list[dict[str, Any]]:
     """Try each distinct recipe of the spec once on CPU: datasets (the splits the campaign
     needs filled), model, one loss, its ``predict`` and per-example ``score`` on one batch of
     each split the close calls them on (``try_outputs``), one evaluation returning the

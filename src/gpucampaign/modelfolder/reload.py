@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from gpucampaign.close.recipe_reload import corpus_for, prediction_rows, recipe_predict_rows
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.data.pins import Pinned, input_sha256
 from gpucampaign.folder.layout import SPEC_COPY, OutputFolder, model_config, read_manifest
-from gpucampaign.modelfolder import load_run_model, predict
+from gpucampaign.modelfolder.recipe_reload import corpus_for, prediction_rows, recipe_predict_rows
+from gpucampaign.modelfolder.saveload import load_run_model, predict
 from gpucampaign.recipe.contract import Recipe, load_recipe
 from gpucampaign.recipe.runtime import build_datasets, recipe_context
 from gpucampaign.spec import BUILTIN_RECIPES, RunConfig, SpecError, load_spec

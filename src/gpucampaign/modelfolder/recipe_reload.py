@@ -25,7 +25,7 @@ from gpucampaign.folder.layout import (
     read_manifest,
     run_file,
 )
-from gpucampaign.modelfolder import load_run_model
+from gpucampaign.modelfolder.saveload import load_run_model
 from gpucampaign.recipe.contract import (
     Pinned,
     Recipe,
