@@ -15,6 +15,7 @@ from gpucampaign.close.budget import close_budget, render_budget_md
 from gpucampaign.close.forecast import actual_intervals, forecast_vs_actual, load_estimates
 from gpucampaign.close.report import SUMMARY_KEYS
 from gpucampaign.close.verdict import RunEvidence, decide_verdict
+from gpucampaign.core.errors import ArgumentError, FolderError
 from gpucampaign.folder.records import DecisionRecord, PlanRecord, StopRecord, TimelineRow
 from gpucampaign.spec import DecisionRule, Expense, Package, SpecError, parse_spec
 
@@ -491,14 +492,14 @@ def test_actual_intervals_for_the_gantt():
 
 
 def test_load_estimates(tmp_path: Path):
-    with pytest.raises(SpecError, match="estimates.json"):
+    with pytest.raises(ArgumentError, match="estimates.json"):
         load_estimates(tmp_path)
     (tmp_path / "estimates.json").write_text(
         json.dumps({"campaign_id": "x", "measured": {"step_s": 0.004, "eval_s": None}})
     )
     assert load_estimates(tmp_path)["measured"] == {"step_s": 0.004, "eval_s": None}
     (tmp_path / "estimates.json").write_text(json.dumps({"measured": {"step_s": -1}}))
-    with pytest.raises(SpecError, match="step_s"):
+    with pytest.raises(ArgumentError, match="step_s"):
         load_estimates(tmp_path)
 
 
@@ -570,9 +571,9 @@ def test_plan_reader_takes_the_written_shape_only(tmp_path: Path):
     assert [s.name for s in plan.steps] == ["prep", "control", "wide", "eval"]
     assert plan.step("control").hours == 4.0 and plan.step("control").run == "control"
     assert plan.step("nope") is None and plan.window_hours == 72.0
-    with pytest.raises(SpecError, match="no 'steps'"):
+    with pytest.raises(FolderError, match="no 'steps'"):
         PlanRecord.from_dict({"plan": PLAN})
-    with pytest.raises(SpecError, match="hours"):
+    with pytest.raises(FolderError, match="hours"):
         PlanRecord.from_dict({"steps": [{"name": "a", "allotted_hours": 1.0}]})
 
 

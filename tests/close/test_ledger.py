@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpucampaign.close.ledger import add_expense, read_ledger, sealed_prefix_intact
+from gpucampaign.core.errors import ArgumentError, FolderError
 from gpucampaign.core.files import sha256_bytes
 from gpucampaign.folder.layout import LEDGER_FILE
-from gpucampaign.spec import SpecError
 
 
 @pytest.fixture()
@@ -39,14 +39,14 @@ def test_expenses_append_in_order_and_read_back(out) -> None:
     ],
 )
 def test_bad_expense_names_the_option_and_writes_nothing(out, kw, option) -> None:
-    with pytest.raises(SpecError) as err:
+    with pytest.raises(ArgumentError) as err:
         add_expense(out, **kw)
     assert f"option '{option}'" in str(err.value)
     assert not (out / LEDGER_FILE).exists()
 
 
 def test_a_folder_that_is_not_a_campaign_is_refused(tmp_path) -> None:
-    with pytest.raises(SpecError, match="not a campaign's output folder"):
+    with pytest.raises(FolderError, match="not a campaign's output folder"):
         add_expense(tmp_path, usd=1, what="x")
     assert not (tmp_path / LEDGER_FILE).exists()
 

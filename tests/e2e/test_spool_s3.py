@@ -17,7 +17,7 @@ from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import CHECKPOINT_LATEST, checkpoint_step_dir
 from gpucampaign.storage import S3Store
 from gpucampaign.storage.spool import SpoolingStore
-from infra.s3server import CHECKPOINT_STATE, start_server
+from infra.s3server import STATE_FILE, start_server
 from tests.helpers import corpus_of, digits_file, make_spec, run_dir  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 def test_server_down_mid_run_nothing_lost_and_the_spool_drains(tmp_path, digits_file):  # noqa: F811
     srv = start_server(tmp_path / "s3")
-    ports = json.loads((Path(srv.root) / CHECKPOINT_STATE).read_text())["ports"]
+    ports = json.loads((Path(srv.root) / STATE_FILE).read_text())["ports"]
     spec = make_spec(tmp_path, digits_file, checkpoint={"every_steps": 2, "keep": 3})
     url = f"s3://{srv.bucket}/spooltest"
     store = SpoolingStore(

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from gpucampaign.builtin import build_model
 from gpucampaign.checkpoint.savepolicy import choose_save_interval, daly_interval
+from gpucampaign.core.errors import ArgumentError, FolderError
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.metrics import read_metrics
@@ -172,7 +173,7 @@ def test_saved_model_reloads_and_predicts_deterministically(tmp_path, digits_fil
     assert float((pred == test.y).mean()) == res.metrics["accuracy"]
     assert conf.dtype == np.float32 and ((conf > 0) & (conf <= 1)).all()
     (run_dir(spec, tmp_path) / "model" / "model.safetensors").write_bytes(b"not weights")
-    with pytest.raises(SpecError, match="sha256"):
+    with pytest.raises(FolderError, match="sha256"):
         load_model_dir(run_dir(spec, tmp_path) / "model")
 
 
@@ -239,7 +240,7 @@ def test_progress_callback(tmp_path, digits_file):  # noqa: F811
 
 def test_bad_arguments(tmp_path, digits_file):  # noqa: F811
     spec = make_spec(tmp_path, digits_file)
-    with pytest.raises(SpecError, match="stop_after_steps"):
+    with pytest.raises(ArgumentError, match="stop_after_steps"):
         run(spec, tmp_path, stop_after_steps=0)
     with pytest.raises(SpecError, match="no run named"):
         train_run(

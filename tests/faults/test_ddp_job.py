@@ -22,8 +22,8 @@ import pytest
 import torch.distributed.launcher.api as torch_launcher
 
 import gpucampaign.engine.launch as launch_mod
+from gpucampaign.core.errors import FolderError
 from gpucampaign.engine.launch import RankFailed
-from gpucampaign.spec import SpecError
 from tests.engine.test_distributed import SLOW_SITE, children_of, folder, train, write_campaign
 from tests.flows.test_campaign import tiny_campaign
 from tests.helpers import digits_file  # noqa: F401  (fixture)
@@ -180,7 +180,7 @@ def test_a_ranks_folder_linked_out_is_refused_before_any_rank_starts(
     run = folder(spec, tmp_path)
     run.mkdir(parents=True)
     (run / ".ranks").symlink_to(outside, target_is_directory=True)
-    with pytest.raises(SpecError, match="is a link") as err:
+    with pytest.raises(FolderError, match="is a link") as err:
         train(spec, tmp_path, stop_after_steps=4)
     assert ".ranks" in str(err.value) and "remove the link" in str(err.value)
     assert _snapshot(outside) == before and sorted(os.listdir(outside)) == ["keep.txt"]

@@ -11,6 +11,7 @@ import pytest
 from gpucampaign.close.error_analysis import Predictions, error_analysis, render_error_analysis_md
 from gpucampaign.close.manifest import list_files, reference_corpus
 from gpucampaign.close.predictions import read_predictions, write_predictions
+from gpucampaign.core.errors import FolderError
 from gpucampaign.core.files import sha256_file
 from gpucampaign.folder.layout import OutputFolder, PlanRewriteError
 from gpucampaign.spec import SpecError
@@ -44,7 +45,7 @@ def test_json_lines_and_atomic_json(tmp_path: Path):
 
 @pytest.mark.parametrize("bad", ["/etc/passwd", "../elsewhere", "runs/../../x"])
 def test_paths_stay_inside(tmp_path: Path, bad: str):
-    with pytest.raises(SpecError):
+    with pytest.raises(FolderError):
         OutputFolder(tmp_path).path(bad)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucampaign.core.errors import ArgumentError
 from gpucampaign.plan.tariffs import (
     BUILTIN_CATALOG,
     format_usd,
@@ -148,7 +149,7 @@ def test_packages_covering_beyond_three_30_day_lots_is_empty() -> None:
 
 @pytest.mark.parametrize("hours", [0, -3, float("nan"), float("inf")])
 def test_packages_covering_refuses_bad_hours(hours: float) -> None:
-    with pytest.raises(SpecError) as err:
+    with pytest.raises(ArgumentError) as err:
         packages_covering(hours)
     assert err.value.field == "--hours"
 

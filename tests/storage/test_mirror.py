@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpucampaign.spec import SpecError
+from gpucampaign.core.errors import ArgumentError
 from gpucampaign.storage import LocalStore, StorageError
 from gpucampaign.storage.mirror import MIRROR_INDEX, mirror_folder, retrieve_folder
 
@@ -38,7 +38,7 @@ def test_mirror_then_retrieve(tmp_path):
     assert done["files"] == 2
     assert (back / "runs" / "r1" / "params.json").read_text() == '{"lr": 0.2}\n'
     assert not (back / MIRROR_INDEX).exists()
-    with pytest.raises(SpecError, match="not an empty folder"):
+    with pytest.raises(ArgumentError, match="not an empty folder"):
         retrieve_folder(store, dest=back)
 
 

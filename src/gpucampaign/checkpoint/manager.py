@@ -57,6 +57,7 @@ from gpucampaign.checkpoint.verify import (
     fetch_checked,
     file_identity,
 )
+from gpucampaign.core.errors import InputError
 from gpucampaign.core.files import FAST_CHECKSUM, TMP_PREFIX, fsync_dir
 from gpucampaign.core.storageurl import is_local
 from gpucampaign.folder.layout import (
@@ -67,7 +68,6 @@ from gpucampaign.folder.layout import (
     WEIGHTS_FILE,
     checkpoint_step_dir,
 )
-from gpucampaign.spec import SpecError
 from gpucampaign.storage import NotFound, StorageError, Store, StoreUnreachable
 from gpucampaign.storage.base import LocalStore
 from gpucampaign.storage.open import open_store
@@ -544,6 +544,6 @@ def durable_step(url: str, *, out_dir: str | Path, run_id: str) -> int | None:
         for store in stores:
             if store.exists(key):
                 return int(json.loads(store.read_bytes(key))["step"])
-    except (StorageError, SpecError, OSError, ValueError, KeyError, TypeError):
+    except (StorageError, InputError, OSError, ValueError, KeyError, TypeError):
         return None
     return None

@@ -29,6 +29,7 @@ from gpucampaign.cli.common import (
     say,
 )
 from gpucampaign.cli.progress import PLAIN_EVERY_S
+from gpucampaign.core.errors import ArgumentError, InputError
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.storageurl import LOCAL, is_local
 from gpucampaign.folder.layout import MANIFEST, REPORT_MD, TIMELINE
@@ -77,7 +78,7 @@ def plan_cmd(
     override, how = _calibration(cs, spec, calibrate_from) if calibrate_from else ({}, {})
     try:
         result = calendar.plan(cs, base_dir=spec.resolve().parent, hours_override=override or None)
-    except SpecError as exc:
+    except InputError as exc:
         raise SpecError(f"Invalid campaign spec '{spec}': {exc}", field=exc.field) from None
     if not as_json:
         for line in checked.checked:
@@ -110,7 +111,7 @@ def _calibration(cs: Any, spec: Path, out: Path) -> tuple[dict[str, float], dict
     if cs.corpus is not None:
         try:
             n_train = len(load_spec_corpus(cs, base_dir=spec.resolve().parent).split("train"))
-        except (SpecError, StopRule, OSError):
+        except (InputError, StopRule, OSError):
             n_train = None  # planning needs no corpus: the earlier campaign's row count stands in
     hours = calibrated_hours(cs, estimates=estimates, n_train=n_train)
     return {k: h for k, (h, _) in hours.items()}, {k: how for k, (_, how) in hours.items()}
@@ -227,7 +228,7 @@ def init_cmd(
     from gpucampaign.cli.scaffold_textlm import init_textlm
 
     if example not in ("digits", "textlm"):
-        raise SpecError(
+        raise ArgumentError(
             f"option '--example': '{example}' is not an example; use 'digits' or 'textlm'.",
             field="--example",
         )
@@ -245,7 +246,7 @@ def pin_cmd(
     from gpucampaign.data.pins import folder_manifest, input_sha256
 
     if not path.exists():
-        raise SpecError(f"'{path}' does not exist: give a file or a folder.", field="PATH")
+        raise ArgumentError(f"'{path}' does not exist: give a file or a folder.", field="PATH")
     sha = input_sha256(path)
     if as_json:
         rows = folder_manifest(path) if path.is_dir() else None
@@ -321,7 +322,7 @@ def _check_output_restart(
     load_spec(spec)
     target = output_check_target(out, spec_path=spec)
     if run not in target.runs:
-        raise SpecError(
+        raise ArgumentError(
             f"option '--run': run '{run}' has no checkpoint in {target.store.url}; "
             f"runs with checkpoints: {', '.join(target.runs)}.",
             field="--run",
@@ -444,10 +445,12 @@ def _checked_target(
     from gpucampaign.preflight import preflight
 
     if decision not in (None, "auto", "ask"):
-        raise SpecError(f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.")
+        raise ArgumentError(
+            f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'."
+        )
     target = out or Path("out") / cs.name
     if target.exists() and not target.is_dir():
-        raise SpecError(
+        raise ArgumentError(
             f"option '--out': '{target}' is a file, not a folder; give a new or "
             "existing output folder.",
             field="--out",

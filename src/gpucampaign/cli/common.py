@@ -15,9 +15,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from gpucampaign.core.errors import InputError
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.text import redact_logging, redact_secrets, strip_ansi
-from gpucampaign.spec import SpecError
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_INVALID, EXIT_STOPPED, EXIT_NOT_FIT = 0, 1, 2, 3, 4
 
@@ -46,7 +46,7 @@ def handle_errors(fn: F) -> F:
         redact_logging()  # no credential in what any library logs while the command runs
         try:
             return fn(*args, **kwargs)
-        except SpecError as exc:
+        except InputError as exc:
             err_console.print(f"[bold red]error:[/] {_said(exc)}", soft_wrap=True, highlight=False)
             raise typer.Exit(EXIT_INVALID) from None
         except StopRule as exc:

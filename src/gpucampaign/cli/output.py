@@ -26,6 +26,7 @@ from gpucampaign.cli.common import (
     print_json,
     say,
 )
+from gpucampaign.core.errors import ArgumentError, FolderError
 from gpucampaign.folder.layout import LEDGER_FILE, MANIFEST, PLAN, SPEC_COPY
 from gpucampaign.spec import SpecError
 
@@ -70,22 +71,22 @@ def verify_cmd(
     from gpucampaign.verify.checks import verify_output
 
     if not out.is_dir():
-        raise SpecError(f"'{out}' is not a folder: give a campaign's output folder.", field="OUT")
+        raise FolderError(f"'{out}' is not a folder: give a campaign's output folder.", field="OUT")
     if not any((out / name).is_file() for name in (MANIFEST, SPEC_COPY, PLAN)):
         # Not a campaign's folder (a home folder, '/'): refused rather than walked.
-        raise SpecError(
+        raise FolderError(
             f"'{out}' is not a campaign output folder (no manifest.json, spec.yaml or "
             "plan.json): give the folder that `campaign run --out` wrote.",
             field="OUT",
         )
     if expect is not None and not _SHA256.fullmatch(expect.strip().lower()):
-        raise SpecError(
+        raise ArgumentError(
             "--expect takes the manifest's sha256 printed at the close: 64 hexadecimal characters.",
             field="--expect",
         )
     for folder in recipes:
         if not folder.is_dir():
-            raise SpecError(f"--recipes '{folder}' is not a folder.", field="--recipes")
+            raise ArgumentError(f"--recipes '{folder}' is not a folder.", field="--recipes")
     report = verify_output(
         out,
         reload=not no_reload,
@@ -278,7 +279,7 @@ def track_cmd(
 
     spec = campaign_folder_spec(out)  # exit 2 when it is not a campaign's folder
     if uri is not None and folder_uri:
-        raise SpecError(
+        raise ArgumentError(
             "--uri and --folder-uri name two servers: give one of them.", field="--folder-uri"
         )
     if uri is not None:
@@ -286,7 +287,7 @@ def track_cmd(
     elif not folder_uri and (env_uri := os.environ.get("MLFLOW_TRACKING_URI")):
         _check_tracking_uri(env_uri, field="MLFLOW_TRACKING_URI", credentials=True)
     if not (out / MANIFEST).is_file():
-        raise SpecError(
+        raise FolderError(
             f"'{out}' has no {MANIFEST}: the campaign is not closed. A campaign that runs sends "
             "what it kept at its runs' next start and at its close; `campaign track` is for a "
             "closed (sealed) folder.",
@@ -365,7 +366,7 @@ def retrieve_cmd(
     try:
         done = retrieve_folder(open_store(url, out_dir=to, spool=False), dest=to)
     except StorageError as exc:
-        raise SpecError(f"cannot retrieve {url}: {exc}", field="URL") from None
+        raise ArgumentError(f"cannot retrieve {url}: {exc}", field="URL") from None
     console.print(
         f"retrieved {done['files']} files ({done['bytes']} bytes) from {url} into {to}",
         highlight=False,

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from gpucampaign.cli.common import OutFolder, app, esc, handle_errors, say
-from gpucampaign.spec import SpecError
+from gpucampaign.core.errors import ArgumentError, FolderError
 
 
 @app.command("predict")
@@ -47,9 +47,9 @@ def predict_cmd(
     from gpucampaign.close.predictions import predict_command
 
     if not out.is_dir():
-        raise SpecError(f"'{out}' is not a folder: give a campaign's output folder.", field="OUT")
+        raise FolderError(f"'{out}' is not a folder: give a campaign's output folder.", field="OUT")
     if to != "-" and Path(to).resolve().is_relative_to(out.resolve()):
-        raise SpecError(
+        raise ArgumentError(
             f"--to '{to}' is inside the output folder, whose files are sealed: write the "
             "predictions elsewhere.",
             field="--to",

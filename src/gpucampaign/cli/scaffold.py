@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.core.errors import ArgumentError
 from gpucampaign.data.tables import write_digits_corpus
-from gpucampaign.spec import SpecError, load_spec
+from gpucampaign.spec import load_spec
 
 CORPUS_REL = "data/digits.csv"
 SPEC_NAME = "campaign.yaml"
@@ -198,7 +199,7 @@ def init_campaign(directory: str | Path, *, seed: int = 0) -> Path:
     spec_path, corpus_file = root / SPEC_NAME, root / CORPUS_REL
     existing = [str(p) for p in (spec_path, corpus_file) if p.exists()]
     if existing:
-        raise SpecError(
+        raise ArgumentError(
             f"'{root}' already holds a campaign ({', '.join(existing)}): refusing to overwrite it; "
             "choose a new folder or remove those files.",
             field="DIR",

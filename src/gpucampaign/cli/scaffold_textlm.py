@@ -13,7 +13,8 @@ import hashlib
 from importlib import resources
 from pathlib import Path
 
-from gpucampaign.spec import SpecError, load_spec
+from gpucampaign.core.errors import ArgumentError
+from gpucampaign.spec import load_spec
 
 CORPUS_REL = "data/sklearn-docs.txt"
 RECIPE_FILE = "textlm.py"
@@ -99,7 +100,7 @@ def write_textlm_corpus(path: str | Path) -> str:
     descr = Path(sklearn.__file__).resolve().parent / "datasets" / "descr"
     files = sorted(descr.glob("*.rst"), key=lambda p: p.name)
     if not files:
-        raise SpecError(
+        raise ArgumentError(
             f"no dataset descriptions found in {descr}: is scikit-learn installed?", field="example"
         )
     raw = b"".join(f.read_bytes().rstrip(b"\n") + b"\n\n" for f in files)
@@ -124,7 +125,7 @@ def init_textlm(directory: str | Path) -> Path:
     targets = (root / SPEC_NAME, root / CORPUS_REL, root / RECIPE_FILE)
     existing = [str(p) for p in targets if p.exists()]
     if existing:
-        raise SpecError(
+        raise ArgumentError(
             f"'{root}' already holds a campaign ({', '.join(existing)}): refusing "
             "to overwrite it; choose a new folder or remove those files.",
             field="DIR",

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.close.verdict_words import stops_of
+from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.files import median, parse_time
 from gpucampaign.core.text import say_hours
 from gpucampaign.folder.layout import ESTIMATES_FILE, OutputFolder
 from gpucampaign.folder.records import DecisionRecord, PlanRecord, PlanStep, StopRecord, TimelineRow
 from gpucampaign.folder.segments import inference_restarted, interruptions
-from gpucampaign.spec import SpecError
 
 _PHASE_KEYS = {"load": "load_s", "eval": "eval_s", "save": "save_s", "restore": "restore_s"}
 _MEASURES = ("load_s", "step_s", "eval_s", "save_s", "restore_s")
@@ -308,20 +308,22 @@ def load_estimates(out_dir: str | Path) -> dict[str, Any]:
     """
     path = OutputFolder(out_dir).path(ESTIMATES_FILE)  # a link out of the folder is refused
     if not path.is_file():
-        raise SpecError(
+        raise ArgumentError(
             f"'{out_dir}' has no {ESTIMATES_FILE}: give the output folder of a closed campaign",
             field="calibrate_from",
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
-        raise SpecError(f"'{path}' is not readable JSON ({exc})", field="calibrate_from") from None
+        raise ArgumentError(
+            f"'{path}' is not readable JSON ({exc})", field="calibrate_from"
+        ) from None
     measured = data.get("measured") if isinstance(data, dict) else None
     if not isinstance(measured, dict):
-        raise SpecError(f"'{path}' has no 'measured' mapping", field="calibrate_from")
+        raise ArgumentError(f"'{path}' has no 'measured' mapping", field="calibrate_from")
     for k, v in measured.items():
         if v is not None and (not isinstance(v, int | float) or v < 0):
-            raise SpecError(
+            raise ArgumentError(
                 f"'{path}': measured.{k} must be a non-negative number or null",
                 field="calibrate_from",
             )

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.core.errors import InputError
 from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.corpus import corpus_path, open_corpus
 from gpucampaign.data.pins import input_sha256, resolve_inputs
 from gpucampaign.restartcheck.target import pinned_corpus
-from gpucampaign.spec import CampaignSpec, SpecError, resolve_inside
+from gpucampaign.spec import CampaignSpec, resolve_inside
 
 
 @dataclass
@@ -86,6 +87,6 @@ def closing_inputs(spec: CampaignSpec, *, root: str | Path, base_dir: str | Path
         return ClosingInputs(changed=changed)
     try:
         corpus = open_corpus(found, spec=spec, base_dir=base_dir, input_paths=paths)
-    except (EssentialInputMissing, SpecError):
+    except (EssentialInputMissing, InputError):
         return ClosingInputs(path=found, changed=changed)
     return ClosingInputs(corpus=corpus, path=found, changed=changed)

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpucampaign.close.budget import with_expenses
+from gpucampaign.core.errors import ArgumentError, FolderError
 from gpucampaign.core.files import jsonl_line, sha256_bytes, utc_now
 from gpucampaign.folder.layout import LEDGER_FILE, SPEC_COPY, OutputFolder
 from gpucampaign.spec import SpecError, load_spec
@@ -90,7 +91,7 @@ def add_expense(
     """
     folder = Path(root)
     if not (folder / SPEC_COPY).is_file():
-        raise SpecError(
+        raise FolderError(
             f"'{folder}' is not a campaign's output folder (no spec.yaml): give the folder "
             "that `campaign run` wrote.",
             field="OUT",
@@ -100,7 +101,7 @@ def add_expense(
     except ValidationError as exc:
         err = exc.errors()[0]
         option = {"usd": "--usd", "what": "--what", "order_ref": "--order-ref"}[str(err["loc"][0])]
-        raise SpecError(f"option '{option}': {err['msg']}.", field=option) from None
+        raise ArgumentError(f"option '{option}': {err['msg']}.", field=option) from None
     _append_locked(OutputFolder(folder).path(LEDGER_FILE), jsonl_line(entry.model_dump()))
     return entry
 
@@ -118,10 +119,10 @@ def _append_locked(path: Path, line: str) -> None:
         fd = os.open(path, flags, 0o644)
     except OSError as exc:
         why = "not a regular file" if exc.errno == errno.ENXIO else exc.strerror  # a FIFO
-        raise SpecError(f"cannot append to '{path}': {why}.", field="OUT") from None
+        raise FolderError(f"cannot append to '{path}': {why}.", field="OUT") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO with a reader, a device
-            raise SpecError(f"cannot append to '{path}': not a regular file.", field="OUT")
+            raise FolderError(f"cannot append to '{path}': not a regular file.", field="OUT")
         fcntl.flock(fd, fcntl.LOCK_EX)
         data = line.encode("utf-8")
         while data:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from gpucampaign.core.errors import FolderError, InputError
 from gpucampaign.core.files import git_commit, sha256_file, utc_now
 from gpucampaign.data.pins import folder_manifest, input_sha256, manifest_sha256
 from gpucampaign.folder.layout import (
@@ -197,7 +198,7 @@ def keep_inputs(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -
                 resolve_inside(base_dir, spec.corpus.path, field="corpus.path"),
                 sha256=spec.corpus.sha256,
             )
-        except SpecError:
+        except InputError:
             kept["corpus"] = None
     # Pinned inputs (a base model, an adapter) by their exact hash: the revision each model of
     # this campaign was trained from, kept like the corpus (copied when small).
@@ -209,7 +210,7 @@ def keep_inputs(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -
             ref |= reference_corpus(
                 root, src, sha256=item.sha256, under=f"{INPUTS_DIR}/{name}", what=f"inputs.{name}"
             )
-        except SpecError:
+        except InputError:
             pass  # missing or altered: the run that needs it stops with its own record
         kept["pinned"][name] = ref
     folder.write_json(INPUTS, kept)
@@ -246,7 +247,7 @@ def refuse_sealed_rewrite(root: str | Path, spec: CampaignSpec, *, base_dir: str
         try:
             path = resolve_inside(base_dir, rel, field="out")
             now = input_sha256(path) if path.exists() else None
-        except (SpecError, OSError) as exc:
+        except (InputError, OSError) as exc:
             changed.append(f"{label} can no longer be read ({exc})")
             continue
         if now is None:
@@ -254,7 +255,7 @@ def refuse_sealed_rewrite(root: str | Path, spec: CampaignSpec, *, base_dir: str
         elif want is not None and now != want:
             changed.append(f"{label} has sha256 {now}, the campaign was sealed with {want}")
     if changed:
-        raise SpecError(
+        raise FolderError(
             f"Output folder '{folder.root}' holds a sealed campaign (manifest.json) and its "
             f"inputs changed since: {'; '.join(changed)}. A sealed folder is never rewritten; "
             "nothing was changed there. To train on the new inputs, start a new campaign: pin "
@@ -333,7 +334,7 @@ def build_manifest(
     folder = OutputFolder(root)
     plan_sha = folder.plan_sha256()
     if plan_sha is None:
-        raise SpecError(
+        raise FolderError(
             f"'{folder.path(PLAN_SHA)}' is missing: the plan must be written with "
             "write_plan_once at the start",
             field="out",

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from gpucampaign.close.error_analysis import Predictions
+from gpucampaign.core.errors import InputError
 from gpucampaign.core.files import csv_text, sha256_file
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.folder.layout import (
@@ -305,7 +306,7 @@ def _unsealed_run_files(root: str | Path, run_id: str) -> str:
             for e in read_manifest(root).get("files", [])
             if isinstance(e, Mapping) and str(e.get("path", "")).startswith(run_file(run_id, ""))
         }
-    except SpecError:
+    except InputError:
         return ""  # before the seal (the close's own check): nothing to compare with
     except (ValueError, TypeError, AttributeError):
         return "manifest.json is not a valid manifest"
@@ -495,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             recipes=args.recipes,
         )
         return 0
-    except SpecError as exc:
+    except InputError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
 

@@ -17,6 +17,7 @@ from gpucampaign.close.error_analysis import render_error_analysis_md
 from gpucampaign.close.futility import render_futility_md
 from gpucampaign.close.verdict import Verdict
 from gpucampaign.close.verdict_words import seeds_text
+from gpucampaign.core.errors import FolderError
 from gpucampaign.core.text import say_hours, say_number, strip_controls
 from gpucampaign.folder.layout import (
     ESTIMATES_FILE,
@@ -27,7 +28,7 @@ from gpucampaign.folder.layout import (
 )
 from gpucampaign.folder.records import DecisionRecord, StopRecord
 from gpucampaign.restartcheck.compare import resume_text
-from gpucampaign.spec import SpecError, read_mapping_file
+from gpucampaign.spec import read_mapping_file
 
 REPORT_FORMAT = "gpucampaign.report/1"
 SUMMARY_KEYS = (
@@ -505,7 +506,7 @@ def read_report(out_dir: str | Path) -> dict[str, Any]:
         path, field="OUT", missing=missing, not_mapping=not_report, fmt="JSON"
     )
     if not isinstance(report.get("budget"), dict) or not isinstance(report.get("verdict"), dict):
-        raise SpecError(
+        raise FolderError(
             f"'{path}' is not a closing report (no verdict or budget): rerun "
             "`campaign run` on the folder to close it again",
             field="OUT",

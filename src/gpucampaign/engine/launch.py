@@ -75,6 +75,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from gpucampaign.core.errors import INPUT_ERRORS
 from gpucampaign.core.files import sha256_bytes
 from gpucampaign.core.interrupt import DEFAULT_GRACE_S, Interrupted, request_stop, stop_requested
 from gpucampaign.core.stoprules import STOP_RULES
@@ -248,8 +249,9 @@ def _outcome_result(outcome: dict[str, Any], *, run: ResolvedRun, failure: str |
         )
     if kind == "interrupted":
         raise Interrupted(outcome["reason"], step=outcome["step"])
-    if kind == "spec_error":
-        raise SpecError(outcome["message"], field=outcome["field"])
+    if kind == "spec_error":  # bad input: the same kind as the rank's
+        error = INPUT_ERRORS.get(str(outcome.get("error_class")), SpecError)
+        raise error(outcome["message"], field=outcome["field"])
     raise RankFailed(
         f"run {run.run_id}: rank 0 failed: {outcome.get('error')}\n{failure or ''}".rstrip()
     )

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel
 
+from gpucampaign.core.errors import FolderError
 from gpucampaign.core.interrupt import stop_requested
 from gpucampaign.folder.layout import RANKS_DIR
 from gpucampaign.spec import SpecError
@@ -225,7 +226,7 @@ def refuse_links(*paths: Path) -> None:
     """
     for p in paths:
         if p.is_symlink():
-            raise SpecError(
+            raise FolderError(
                 f"'{p}' is a link (to '{os.readlink(p)}'): a run writes only into its own "
                 "folder and follows no link there; remove the link and rerun.",
                 field="out",

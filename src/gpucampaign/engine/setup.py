@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.checkpoint.trainstate import TrainState
+from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.files import atomic_write_bytes, json_bytes, median
 from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.engine.checkpointer import Checkpointer
@@ -38,7 +39,7 @@ from gpucampaign.folder.layout import PARAMS_FILE, out_of
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.recipe.contract import Recipe, RecipeContext, call, load_recipe
 from gpucampaign.recipe.runtime import build_datasets, recipe_context, recipe_record
-from gpucampaign.spec import CampaignSpec, ResolvedRun, RunConfig, SpecError
+from gpucampaign.spec import CampaignSpec, ResolvedRun, RunConfig
 from gpucampaign.storage import Store
 
 
@@ -160,11 +161,11 @@ def check_arguments(job: RunJob) -> None:
     """Check the arguments of a training call and the corpus against the spec's pin."""
     stop_after_steps, checkpoint_every = job.stop_after_steps, job.checkpoint_every
     if stop_after_steps is not None and stop_after_steps < 1:
-        raise SpecError(
+        raise ArgumentError(
             f"stop_after_steps must be >= 1 (got {stop_after_steps}).", field="stop_after_steps"
         )
     if checkpoint_every is not None and checkpoint_every < 1:
-        raise SpecError(
+        raise ArgumentError(
             f"checkpoint_every must be >= 1 (got {checkpoint_every}).", field="checkpoint_every"
         )
     pinned = job.spec.corpus

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
+from gpucampaign.core.errors import InputError
 from gpucampaign.core.files import json_bytes
 from gpucampaign.core.interrupt import Interrupted, graceful_signals
 from gpucampaign.core.stoprules import StopRule
@@ -33,7 +34,6 @@ from gpucampaign.engine.jobfile import HandedJob, JobRefused, build_job, open_jo
 from gpucampaign.engine.loop import train_run
 from gpucampaign.engine.process_group import DataParallelGroup, rank_dir
 from gpucampaign.engine.setup import RunJob
-from gpucampaign.spec import SpecError
 
 #: Seconds a collective may wait for the other ranks before it fails (a dead or stuck rank);
 #: rank 0's evaluations run while the others wait, so it is generous.
@@ -83,7 +83,7 @@ def run_rank(job_path: Path, *, sha256: str) -> int:
     env = RankEnv.from_environ()
     try:
         handed = build_job(data)
-    except (StopRule, SpecError) as exc:  # the same on every rank: none joins the group
+    except (StopRule, InputError) as exc:  # the same on every rank: none joins the group
         if env.rank == 0:
             write_private(Path(data["outcome_file"]), json_bytes(_outcome_of(exc)))
         return 0
@@ -140,7 +140,7 @@ def _train_rank(job: RunJob, group: DataParallelGroup, *, outcome_file: Path) ->
             dist=group,
         )
         return {"kind": "result", "result": res.to_dict()}
-    except (StopRule, Interrupted, SpecError) as exc:
+    except (StopRule, Interrupted, InputError) as exc:
         return _outcome_of(exc)
     except Exception as exc:
         traceback.print_exc()
@@ -151,13 +151,18 @@ def _train_rank(job: RunJob, group: DataParallelGroup, *, outcome_file: Path) ->
         os._exit(1)  # the others may wait in a collective: the agent ends them
 
 
-def _outcome_of(exc: StopRule | Interrupted | SpecError) -> dict[str, Any]:
+def _outcome_of(exc: StopRule | Interrupted | InputError) -> dict[str, Any]:
     """Rank 0's outcome for an end every rank agrees on (``launch`` raises it again)."""
     if isinstance(exc, StopRule):
         return {"kind": "stop", **exc.to_record()}
     if isinstance(exc, Interrupted):
         return {"kind": "interrupted", "reason": exc.reason, "step": exc.step}
-    return {"kind": "spec_error", "message": str(exc), "field": exc.field}
+    return {
+        "kind": "spec_error",
+        "message": str(exc),
+        "field": exc.field,
+        "error_class": type(exc).__name__,
+    }
 
 
 def _end_with_the_launcher(every_s: float = 1.0) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from gpucampaign.core.errors import FolderError
 from gpucampaign.core.files import (
     append_jsonl,
     atomic_copy,
@@ -28,7 +29,6 @@ from gpucampaign.core.files import (
     sha256_bytes,
     sha256_file,
 )
-from gpucampaign.spec import SpecError
 
 MANIFEST = "manifest.json"
 PLAN = "plan.json"
@@ -167,7 +167,7 @@ def model_config(run_id: str) -> str:
     return run_file(run_id, MODEL_DIR, MODEL_CONFIG)
 
 
-class PlanRewriteError(SpecError):
+class PlanRewriteError(FolderError):
     """``plan.json`` already holds a different plan: the initial plan is never rewritten."""
 
 
@@ -182,13 +182,13 @@ class OutputFolder:
         link in the folder takes out of it (the link is named, never followed)."""
         p = PurePosixPath(str(relative).replace("\\", "/"))
         if not str(relative) or p.is_absolute() or ".." in p.parts:
-            raise SpecError(
+            raise FolderError(
                 f"'{relative}' must be a relative path inside the output folder", field="out"
             )
         target = self.root / Path(*p.parts)
         real, root = target.resolve(), self.root.resolve()
         if real != root and not real.is_relative_to(root):
-            raise SpecError(
+            raise FolderError(
                 f"'{target}' leads out of the output folder '{self.root}' through a link (to "
                 f"'{real}'): refused, not followed; remove the link.",
                 field="out",
@@ -248,7 +248,7 @@ class OutputFolder:
         target = self.path(SPEC_COPY)
         if target.exists():
             if target.read_bytes() != text:
-                raise SpecError(
+                raise FolderError(
                     f"Output folder '{self.root}' holds another campaign (its spec.yaml differs "
                     f"from {source}): nothing was changed there; choose a new --out or restore "
                     "the spec.",
@@ -300,11 +300,11 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
     """The parsed ``manifest.json`` of a closed campaign's folder.
 
     Raises:
-        SpecError: the folder has no manifest.
+        FolderError: the folder has no manifest.
     """
     p = OutputFolder(root).path(MANIFEST)
     if not p.is_file():
-        raise SpecError(
+        raise FolderError(
             f"'{p}' does not exist: give the output folder of a closed campaign", field="OUT"
         )
     return json.loads(p.read_text(encoding="utf-8"))

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from gpucampaign.core.errors import FolderError
 from gpucampaign.core.files import (
     append_jsonl,
     atomic_write_bytes,
@@ -43,7 +44,7 @@ from gpucampaign.folder.layout import (
 )
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.plan.decision import Decision, Reforecast
-from gpucampaign.spec import CampaignSpec, SpecError
+from gpucampaign.spec import CampaignSpec
 
 AFTER_PILOT = "after-pilot"
 
@@ -92,7 +93,7 @@ class PlanRecord:
             SpecError: the dict is not a plan written by ``campaign plan``.
         """
         if not isinstance(data.get("steps"), list):
-            raise SpecError(
+            raise FolderError(
                 "plan.json has no 'steps': it is not a plan written by `campaign plan`",
                 field="plan",
             )
@@ -110,7 +111,7 @@ class PlanRecord:
                 for s in data["steps"]
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise SpecError(
+            raise FolderError(
                 f"plan.json: a step lacks its name or hours ({exc})", field="plan"
             ) from None
         return cls(

@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.core.errors import FolderError
 from gpucampaign.core.stoprules import STOP_RULES, IncompleteRun
 from gpucampaign.folder.layout import RESULT_FILE
-from gpucampaign.spec import SpecError
 
 
 @dataclass
@@ -81,7 +81,7 @@ def recorded_result(out_dir: Path, run_id: str) -> RunResult | None:
         return None
     result = RunResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
     if result.run_id != run_id:
-        raise SpecError(
+        raise FolderError(
             f"'{out_dir}' holds run {result.run_id}, not {run_id}: give each run its own folder.",
             field="out_dir",
         )

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from gpucampaign.core.errors import ArgumentError, InputError
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.data.pins import Pinned, input_sha256
 from gpucampaign.folder.layout import SPEC_COPY, OutputFolder, model_config, read_manifest
@@ -78,7 +79,7 @@ class LoadedModel:
         """
         src = Path(path)
         if not src.exists():
-            raise SpecError(
+            raise ArgumentError(
                 f"--input '{src}' does not exist: give a file or a folder.", field="input"
             )
         if self.builtin:
@@ -135,7 +136,7 @@ class LoadedModel:
 def _chosen(parts: Mapping[str, Any], splits: Sequence[str] | None) -> list[str]:
     names = [s for s in (splits or INPUT_SPLITS) if s in parts and len(parts[s])]
     if splits and not names:
-        raise SpecError(
+        raise ArgumentError(
             f"--split {', '.join(splits)}: the input has no such split (it has "
             f"{', '.join(sorted(parts)) or 'none'}).",
             field="split",
@@ -164,7 +165,7 @@ def resolve_run(out: str | Path, run: str) -> tuple[str, str]:
     folder = OutputFolder(out)
     try:
         runs = read_manifest(out).get("runs") or {}
-    except SpecError:
+    except InputError:
         runs = {}
     names = {rid: str(v.get("run") or rid) for rid, v in runs.items() if isinstance(v, Mapping)}
     if run in names:
@@ -179,7 +180,7 @@ def resolve_run(out: str | Path, run: str) -> tuple[str, str]:
         for rid in names
         if folder.path(model_config(rid)).is_file()
     )
-    raise SpecError(
+    raise ArgumentError(
         f"run '{run}' has no model in '{out}': give a run's name or ID; those with a model: "
         f"{', '.join(with_model) or 'none'}.",
         field="RUN",
@@ -214,7 +215,7 @@ def load_model(
     root = Path(out)
     for folder in recipes:
         if not Path(folder).is_dir():
-            raise SpecError(f"--recipes '{folder}' is not a folder.", field="recipes")
+            raise ArgumentError(f"--recipes '{folder}' is not a folder.", field="recipes")
         use_recipe_dir(Path(folder))
     run_id, name = resolve_run(root, run)
     info = dict(OutputFolder(root).read_json(model_config(run_id)) or {})

@@ -22,6 +22,7 @@ from torch import nn
 
 from gpucampaign.builtin.models import build_model
 from gpucampaign.checkpoint.state import rng_untouched
+from gpucampaign.core.errors import FolderError
 from gpucampaign.core.files import (
     TMP_PREFIX,
     atomic_write_bytes,
@@ -182,19 +183,19 @@ def load_model_dir(
     folder = Path(path)
     cfg_path, w_path = folder / MODEL_CONFIG, folder / WEIGHTS_FILE
     if not cfg_path.is_file() or not w_path.is_file():
-        raise SpecError(
+        raise FolderError(
             f"'{folder}' is not a model folder: it needs {MODEL_CONFIG} and {WEIGHTS_FILE}.",
             field="model",
         )
     info = json.loads(cfg_path.read_text(encoding="utf-8"))
     if info.get("format") != MODEL_FORMAT:
-        raise SpecError(
+        raise FolderError(
             f"'{cfg_path}': unknown format {info.get('format')!r} (want {MODEL_FORMAT}).",
             field="model",
         )
     want = info.get("files", {}).get(WEIGHTS_FILE, {}).get("sha256")
     if want and sha256_file(w_path) != want:
-        raise SpecError(
+        raise FolderError(
             f"'{w_path}' does not match the sha256 recorded in {MODEL_CONFIG}.", field="model"
         )
     config = RunConfig.model_validate(info["run_config"])
@@ -242,7 +243,7 @@ def rebuild_recipe_model(
         if (folder / "recipe").is_dir():
             use_recipe_dir(folder / "recipe")
         if want and recipe_file_sha256(config.recipe) != want:
-            raise SpecError(
+            raise FolderError(
                 f"recipe '{config.recipe}': its file changed since the model was saved "
                 f"(recorded sha256 {want}); restore that version to reload.",
                 field="model",

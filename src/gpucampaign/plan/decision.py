@@ -14,10 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.files import median
 from gpucampaign.core.text import say_hours
 from gpucampaign.plan import calendar
-from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
+from gpucampaign.spec import CampaignSpec, ResolvedRun
 
 Action = Literal["continue", "reduce", "re-pose"]
 # Early curves closer than this (relative to the control's largest loss) count as the same.
@@ -159,7 +160,7 @@ def calibrated_hours(
     pilots = estimates.get("pilot") or {}
     ref = dict(pilots.get("control") or next(iter(pilots.values()), {}))
     if not ref:
-        raise SpecError(
+        raise ArgumentError(
             "the earlier campaign recorded no pilot measurements to calibrate from",
             field="calibrate_from",
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from gpucampaign.core.errors import InputError
 from gpucampaign.plan.schedule import EPS, say_hours
 from gpucampaign.plan.tariffs import ResolvedPackage, format_usd
 from gpucampaign.spec import CampaignSpec, SpecError, run_size
@@ -143,7 +144,7 @@ def step_widths(
         if run not in gpus:
             try:
                 gpus[run] = run_size(spec.run_config(run)).processes
-            except SpecError:
+            except InputError:
                 gpus[run] = 1  # an unknown run is reported where runs are checked
         widths.append(gpus[run])
     largest = max((p.gpus_per_lot for p in packages), default=0)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gpucampaign.core.errors import ArgumentError
 from gpucampaign.spec import (
     CampaignSpec,
     Package,
@@ -341,7 +342,7 @@ def packages_covering(
     """
     catalog = catalog or BUILTIN_CATALOG
     if not hours > 0 or hours == float("inf"):
-        raise SpecError(
+        raise ArgumentError(
             f"field '--hours': {hours} is not a positive number of hours; give the span your "
             "calendar needs, e.g. --hours 78.",
             field="--hours",
@@ -350,7 +351,7 @@ def packages_covering(
     if gpu is not None:
         gpu = gpu.strip().lower()
         if gpu not in models:
-            raise SpecError(
+            raise ArgumentError(
                 f"field '--gpu': unknown GPU model '{gpu}'; use one of {models}.", field="--gpu"
             )
         models = [gpu]

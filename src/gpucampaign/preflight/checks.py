@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.core.errors import SettingError
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.storageurl import is_local
 from gpucampaign.data.corpus import empty_splits, open_corpus
@@ -187,7 +188,7 @@ def _check_tracking_env(spec: CampaignSpec, *, env: Mapping[str, str]) -> None:
     try:
         check_tracking_uri(uri, credentials=True)
     except ValueError as exc:
-        raise SpecError(
+        raise SettingError(
             f"MLFLOW_TRACKING_URI '{uri}': {exc}; or unset it to run without tracking.",
             field="MLFLOW_TRACKING_URI",
         ) from None

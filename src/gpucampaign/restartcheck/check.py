@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.data.corpus import corpus_path as spec_corpus_path
 from gpucampaign.data.corpus import open_corpus
@@ -170,7 +171,7 @@ def _fresh_steps(
     n = n_steps or (dn if k_steps is None or k_steps < dn else min(planned, k_steps + spe))
     k = k_steps or (dk if dk < n else max(1, n // 2))
     if not 0 < k < n <= planned:
-        raise SpecError(
+        raise ArgumentError(
             f"a restart check needs 0 < k < n <= {planned} planned steps (got k={k}, n={n}).",
             field="k_steps",
         )

@@ -1,5 +1,6 @@
 """The campaign spec: ``CampaignSpec`` (pydantic, frozen), its parts, and how a file becomes one."""
 
+from gpucampaign.core.errors import SpecError
 from gpucampaign.spec.lots import Package, Step
 from gpucampaign.spec.model import (
     CampaignSpec,
@@ -23,7 +24,6 @@ from gpucampaign.spec.parts import (
     MlflowSpec,
     PilotSpec,
     RunConfig,
-    SpecError,
     StopRules,
     StorageSpec,
     TrackingSpec,

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from gpucampaign.core.errors import SpecError
 from gpucampaign.core.gcpause import without_gc_pauses
 from gpucampaign.spec.links import check_links
 from gpucampaign.spec.lots import Package, Step
@@ -43,7 +44,6 @@ from gpucampaign.spec.parts import (
     InputSpec,
     PilotSpec,
     RunConfig,
-    SpecError,
     StopRules,
     StorageSpec,
     TrackingSpec,

@@ -18,7 +18,6 @@ from pydantic import (
 )
 
 from gpucampaign.core.storageurl import LOCAL, check_url
-from gpucampaign.core.text import redact_secrets
 from gpucampaign.spec.trackinguri import check_tracking_uri
 
 Tier = Literal["essential", "useful", "exploratory"]
@@ -67,14 +66,6 @@ BUILTIN_RECIPES: dict[str, str] = {
     "mlp": "gpucampaign.builtin.tabular:MLP",
     "cnn": "gpucampaign.builtin.tabular:CNN",
 }
-
-
-class SpecError(ValueError):
-    """Invalid user input: one paragraph that names the field and the fix (CLI exit 2)."""
-
-    def __init__(self, message: str, *, field: str = "") -> None:
-        super().__init__(redact_secrets(message))  # never a URL's password
-        self.field = field
 
 
 class _Frozen(BaseModel):

@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.files import TMP_PREFIX, fsync_dir, json_bytes, sha256_file, utc_now
 from gpucampaign.core.storageurl import LOCAL, is_local
 from gpucampaign.folder.layout import LOCK_FILE, MANIFEST, SPOOL_DIR, is_live_progress
-from gpucampaign.spec import SpecError
 from gpucampaign.storage.base import LocalStore, NotFound, StorageError, Store, check_key
 from gpucampaign.storage.open import open_store
 from gpucampaign.storage.spool import SpoolingStore, spooled_keys
@@ -113,7 +113,7 @@ def retrieve_folder(store: Store, *, dest: str | Path, workers: int = 8) -> dict
     """
     dest = Path(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise SpecError(
+        raise ArgumentError(
             f"'{dest}' exists and is not an empty folder: retrieve into a new one.", field="--to"
         )
     try:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.core.errors import FolderError
 from gpucampaign.core.files import sha256_file
 from gpucampaign.core.storageurl import is_local
 from gpucampaign.folder.layout import (
@@ -30,7 +31,7 @@ from gpucampaign.folder.layout import (
     is_live_progress,
 )
 from gpucampaign.plan.rental import iso, rental_of
-from gpucampaign.spec import CampaignSpec, SpecError, load_spec
+from gpucampaign.spec import CampaignSpec, load_spec
 from gpucampaign.storage.base import LocalStore, NotFound, StorageError
 from gpucampaign.storage.mirror import MIRROR_INDEX, retrieve_folder
 from gpucampaign.storage.open import open_store, read_wait_s
@@ -56,14 +57,16 @@ def campaign_folder_spec(out: str | Path) -> CampaignSpec:
     """
     root = Path(out)
     if not root.is_dir() or not any((root / n).is_file() for n in (SPEC_COPY, PLAN, MANIFEST)):
-        raise SpecError(
+        raise FolderError(
             f"'{out}' is not a campaign output folder (no spec.yaml, plan.json or "
             "manifest.json): give the folder that `campaign run --out` wrote.",
             field="OUT",
         )
     spec = OutputFolder(root).path(SPEC_COPY)  # a link out of the folder is refused
     if not spec.is_file():
-        raise SpecError(f"'{out}' has no spec.yaml: its storage and lots are unknown.", field="OUT")
+        raise FolderError(
+            f"'{out}' has no spec.yaml: its storage and lots are unknown.", field="OUT"
+        )
     return load_spec(spec, recipe_folder=False)  # the folder is no place to import from
 
 

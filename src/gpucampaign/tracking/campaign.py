@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import gpucampaign.tracking.mlflow as runs  # make_client looked up when called
+from gpucampaign.core.errors import ArgumentError, FolderError, InputError
 from gpucampaign.core.text import redact_secrets
 from gpucampaign.folder.layout import (
     FIGURES_DIR,
@@ -30,7 +31,7 @@ from gpucampaign.folder.layout import (
     REPORT_MD,
     RUNS_DIR,
 )
-from gpucampaign.spec import CampaignSpec, SpecError
+from gpucampaign.spec import CampaignSpec
 from gpucampaign.tracking.mlflow import (
     CREDENTIAL_ENV,
     ENV_URI,
@@ -139,7 +140,7 @@ def tag_manifest(
         from mlflow.entities import RunTag
 
         client.log_batch(parent, tags=[RunTag(f"{TAG}manifest_sha256", sha256)])
-    except SpecError:
+    except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - the close goes on without the tracking server
         return f"MLflow: the manifest's sha256 was not tagged ({short_error(exc)})"
@@ -241,7 +242,7 @@ def sealed_tracking_uri(
     named = folder_tracking_uri(spec)
     if folder_uri:
         if named is None:
-            raise SpecError(
+            raise ArgumentError(
                 f"--folder-uri: the spec of '{root}' names no tracking server "
                 "(no tracking.mlflow.uri); give --uri or set MLFLOW_TRACKING_URI.",
                 field="--folder-uri",
@@ -256,13 +257,13 @@ def sealed_tracking_uri(
             if named
             else ""
         )
-        raise SpecError(
+        raise ArgumentError(
             f"no MLflow tracking server for '{root}'{also}: set MLFLOW_TRACKING_URI or give "
             "--uri (GPUCAMPAIGN_TRACKING=off switches the environment's off).",
             field="--uri",
         )
     if not any((root / RUNS_DIR).glob(f"*/{MLFLOW_STATE_FILE}")):
-        raise SpecError(
+        raise FolderError(
             f"no run of '{root}' was tracked (no runs/*/{MLFLOW_STATE_FILE}): the campaign ran "
             "with tracking off, so nothing was kept to send.",
             field="OUT",
@@ -364,7 +365,7 @@ def _track_close(
                 client.log_artifact(parent, str(path), None if parent_dir == "." else parent_dir)
                 logged.append(rel)
         client.set_terminated(parent, status="FINISHED")
-    except SpecError:
+    except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - the close goes on without the tracking server
         return (

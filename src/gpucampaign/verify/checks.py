@@ -28,6 +28,7 @@ from gpucampaign.close.ledger import (
     sealed_prefix_intact,
 )
 from gpucampaign.close.predictions import reload_in_fresh_process
+from gpucampaign.core.errors import InputError
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.data.pins import input_sha256
 from gpucampaign.folder.layout import (
@@ -45,7 +46,7 @@ from gpucampaign.folder.layout import (
     run_file,
     run_path,
 )
-from gpucampaign.spec import CampaignSpec, SpecError, TrackingSpec, load_spec, spec_sha256
+from gpucampaign.spec import CampaignSpec, TrackingSpec, load_spec, spec_sha256
 from gpucampaign.verify.context import Problem, VerifyContext, run_id_is_a_name
 from gpucampaign.verify.verdict import check_verdict
 
@@ -288,7 +289,7 @@ def check_plan_hash(ctx: VerifyContext) -> list[Problem]:
     """``plan.json`` still has the hash written at the start, and the manifest agrees."""
     try:
         recorded = OutputFolder(ctx.base).plan_sha256()
-    except SpecError:
+    except InputError:
         return []  # plan.sha256 is a link out of the folder, named by check_links
     if not (ctx.base / PLAN).is_file():
         return [Problem("missing_plan", PLAN, "plan.json is missing")]
@@ -315,7 +316,7 @@ def check_spec(ctx: VerifyContext) -> list[Problem]:
     try:
         # Never with the folder on sys.path: none of its files is importable code.
         spec = load_spec(ctx.base / SPEC_COPY, recipe_folder=False)
-    except SpecError as exc:
+    except InputError as exc:
         return [Problem("spec_changed", SPEC_COPY, f"spec.yaml no longer loads: {exc}")]
     problems = []
     if ctx.manifest.get("spec_sha256") != spec_sha256(spec):
@@ -421,7 +422,7 @@ def _corpus_pin(path: Path, corpus: Mapping[str, Any], *, named: str, what: str)
     as a folder holding a link, is a problem of the folder, not an error of the command)."""
     try:
         actual = input_sha256(path)
-    except (SpecError, OSError) as exc:
+    except (InputError, OSError) as exc:
         return [Problem("corpus_mismatch", named, f"{what} cannot be pinned: {exc}")]
     if actual != corpus.get("sha256"):
         return [Problem("corpus_mismatch", named, f"{what} does not have the recorded sha256")]

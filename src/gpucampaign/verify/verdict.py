@@ -20,10 +20,11 @@ from typing import Any
 
 from gpucampaign.close.closing import folder_verdict
 from gpucampaign.close.verdict_steps import refuse_rejected
+from gpucampaign.core.errors import InputError
 from gpucampaign.folder.layout import MANIFEST, REPORT_JSON, REPORT_MD, SPEC_COPY
 from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.recipe.contract import RecipeError
-from gpucampaign.spec import SpecError, load_spec
+from gpucampaign.spec import load_spec
 from gpucampaign.verify.context import Problem, VerifyContext
 
 #: How many differing fields a problem names (the count says how many there are).
@@ -82,7 +83,7 @@ def recompute_verdict(ctx: VerifyContext) -> tuple[dict[str, Any] | None, str]:
     try:
         spec = load_spec(ctx.base / SPEC_COPY, recipe_folder=False)
         catalog = load_catalog(spec=spec, base_dir=ctx.base)
-    except SpecError as exc:
+    except InputError as exc:
         return None, f"the spec copy or its catalog does not load: {exc}"
     run_ids = {str(info.get("run")): rid for rid, info in ctx.runs.items()}
     missing = [run for run in spec.run_names() if run not in run_ids]
@@ -90,7 +91,7 @@ def recompute_verdict(ctx: VerifyContext) -> tuple[dict[str, Any] | None, str]:
         return None, f"run(s) {', '.join(missing)} of the spec are not in the manifest"
     try:
         _, verdict = folder_verdict(spec, root=ctx.base, catalog=catalog, run_ids=run_ids)
-    except (SpecError, RecipeError, OSError, ValueError, KeyError, TypeError) as exc:
+    except (InputError, RecipeError, OSError, ValueError, KeyError, TypeError) as exc:
         return None, f"the folder's records do not give a verdict: {type(exc).__name__}: {exc}"
     # Whether a model reloads needs the corpus, which verify does not read: the close's
     # rejected deliveries are taken as sealed, and only keep a rejected run from being adopted.

@@ -29,8 +29,8 @@ from prefect.settings import get_current_settings
 from prefect.utilities.callables import parameter_schema
 from prefect.workers.process import ProcessWorker
 
+from gpucampaign.core.errors import SettingError
 from gpucampaign.core.text import redact_secrets
-from gpucampaign.spec import SpecError
 
 #: The placeholder of ``prefect.yaml`` that names the project folder.
 ROOT_PLACEHOLDER = "{{ $GPUCAMPAIGN_ROOT }}"
@@ -73,7 +73,7 @@ def deploy_project(
     """
     url = get_current_settings().api.url
     if not url:
-        raise SpecError(
+        raise SettingError(
             "PREFECT_API_URL is not set: `campaign deploy` registers the deployments on a "
             "running Prefect server. Start one (`prefect server start`, or `make stack-up` in "
             "the checkout) and export PREFECT_API_URL=http://127.0.0.1:4200/api; `campaign "
@@ -85,7 +85,7 @@ def deploy_project(
     with get_client(sync_client=True) as client:
         failed = client.api_healthcheck()
         if failed is not None:
-            raise SpecError(
+            raise SettingError(
                 f"the Prefect server at PREFECT_API_URL {redact_secrets(url)} does not answer "
                 f"({redact_secrets(str(failed))[:200]}); start it, or point PREFECT_API_URL "
                 "at the running one.",

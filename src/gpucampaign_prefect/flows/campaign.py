@@ -19,6 +19,7 @@ from prefect.exceptions import UnfinishedRun
 from prefect.states import Cancelled, Failed
 
 from gpucampaign.close.manifest import keep_inputs, refuse_sealed_rewrite
+from gpucampaign.core.errors import InputError
 from gpucampaign.core.interrupt import Interrupted, graceful_signals, handled_outside
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.storageurl import is_s3
@@ -41,7 +42,7 @@ from gpucampaign.plan.lanes import RESTART_CHECK, lane_order
 from gpucampaign.plan.stopping import campaign_stop, essential_pilot_stops, stop_effect
 from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.preflight import preflight
-from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
+from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
 from gpucampaign.spec.recipefile import use_recipe_dir
 from gpucampaign.storage import open_store
 from gpucampaign.storage.sharedtimeline import adopt_timeline
@@ -118,7 +119,7 @@ def campaign(
         try:
             try:  # before the folder is written (the lock writes it) and before the audit
                 cs = _preflight(spec, out=out, base_dir=base_dir)
-            except SpecError as exc:  # the preflight's paragraph is the whole story
+            except InputError as exc:  # the preflight's paragraph is the whole story
                 get_run_logger().error("refused before anything started: %s", exc)
                 return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
             tag = CAMPAIGN_TAG.format(name=cs.name)
@@ -193,7 +194,7 @@ def _campaign(
     logger = get_run_logger()
     try:
         cs, base, folder = _open(spec, out=out, base_dir=base_dir)
-    except SpecError as exc:  # the preflight's paragraph is the whole story: no traceback
+    except InputError as exc:  # the preflight's paragraph is the whole story: no traceback
         logger.error("refused before anything started: %s", exc)
         return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
     if (refused := relaunch_refused(cs, relaunch=relaunch)) is not None:
