@@ -45,7 +45,7 @@ from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.checkpoint.savepolicy import choose_save_interval
 from gpucampaign.checkpoint.state import capture_rng
 from gpucampaign.core.files import new_checksum
-from gpucampaign.folder.layout import checkpoint_step_dir
+from gpucampaign.folder.layout import RunFolder, checkpoint_step_dir
 from gpucampaign.storage import LocalStore
 
 MB = 1024 * 1024
@@ -259,7 +259,9 @@ def bench_digits(workdir: Path) -> dict:
         run=spec.resolve_run("control"),
         corpus=corpus,
         store=LocalStore(workdir / "digits-out" / "checkpoints"),
-        out_dir=workdir / "digits-out" / "run",
+        run_folder=RunFolder.scratch(
+            workdir / "digits-out" / "run", spec.resolve_run("control").run_id
+        ),
     )
     t = res.timings
     return {

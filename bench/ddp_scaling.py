@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from gpucampaign.data.corpus import load_corpus  # noqa: E402
 from gpucampaign.data.tables import write_digits_corpus  # noqa: E402
 from gpucampaign.engine.loop import train_run  # noqa: E402
+from gpucampaign.folder.layout import RunFolder  # noqa: E402
 from gpucampaign.spec import parse_spec  # noqa: E402
 from gpucampaign.storage import LocalStore  # noqa: E402
 
@@ -69,7 +70,7 @@ def one_run(base: Path, *, gpus: int, steps: int, device: str, batch: int) -> di
         run=run,
         corpus=load_corpus(corpus_file, corpus_spec=spec.corpus),
         store=LocalStore(base / "ck"),
-        out_dir=out,
+        run_folder=RunFolder.scratch(out, run.run_id),
     )
     wall_s = time.perf_counter() - t0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

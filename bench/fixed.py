@@ -60,6 +60,7 @@ from gpucampaign.checkpoint.manager import CheckpointManager  # noqa: E402
 from gpucampaign.cli.scaffold import init_campaign  # noqa: E402
 from gpucampaign.data.corpus import load_spec_corpus  # noqa: E402
 from gpucampaign.engine.loop import train_run  # noqa: E402
+from gpucampaign.folder.layout import RunFolder  # noqa: E402
 from gpucampaign.folder.metrics import read_metrics  # noqa: E402
 from gpucampaign.restartcheck.earlysave import verify_early_save  # noqa: E402
 from gpucampaign.restartcheck.target import RestartTarget  # noqa: E402
@@ -134,7 +135,13 @@ def restart_check(tmp: Path, repeats: int) -> dict[str, Any]:
     corpus = load_spec_corpus(spec, base_dir=spec_path.parent)
     run = spec.resolve_run("control")
     out = tmp / "restart-out"
-    train_run(spec, run=run, corpus=corpus, store=LocalStore(out / "ck"), out_dir=out / "run")
+    train_run(
+        spec,
+        run=run,
+        corpus=corpus,
+        store=LocalStore(out / "ck"),
+        run_folder=RunFolder.scratch(out / "run", run.run_id),
+    )
     manager = CheckpointManager(
         LocalStore(out / "ck"), run_id=run.run_id, config_sha256=run.config_sha256
     )

@@ -117,6 +117,7 @@ class Workload:
         """``train_run`` of the control for ``steps`` steps; ``hook``: a loop hook factory."""
         from gpucampaign.engine import registry
         from gpucampaign.engine.loop import train_run
+        from gpucampaign.folder.layout import RunFolder
         from gpucampaign.storage import LocalStore
 
         spec = self.spec(steps=steps, place_data=place_data)
@@ -128,7 +129,9 @@ class Workload:
                 run=spec.resolve_run("control"),
                 corpus=self.corpus,
                 store=LocalStore(self.tmp / f"ck{self._n}"),
-                out_dir=self.tmp / f"run{self._n}",
+                run_folder=RunFolder.scratch(
+                    self.tmp / f"run{self._n}", spec.resolve_run("control").run_id
+                ),
             )
         finally:
             if hook is not None:

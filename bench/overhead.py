@@ -44,6 +44,7 @@ from gpucampaign.cli.scaffold import write_spec_copy
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.engine.devices import build_optimizer, build_scheduler, seed_everything
 from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.spec import CampaignSpec, load_spec
 from gpucampaign.storage import LocalStore
 
@@ -177,7 +178,7 @@ def main() -> None:
                 run=spec.resolve_run(r),
                 corpus=corpus,
                 store=LocalStore(Path(tmp) / "ck"),
-                out_dir=Path(tmp) / rid,
+                run_folder=RunFolder.scratch(Path(tmp) / rid, rid),
             )
             library[r] = time.perf_counter() - t0
         start = timed(

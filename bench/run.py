@@ -52,6 +52,7 @@ import overhead  # noqa: E402  (bench/overhead.py)
 from gpucampaign.cli.scaffold import init_campaign, write_spec_copy  # noqa: E402
 from gpucampaign.data.corpus import load_spec_corpus  # noqa: E402
 from gpucampaign.engine.loop import train_run  # noqa: E402
+from gpucampaign.folder.layout import RunFolder  # noqa: E402
 from gpucampaign.restartcheck.earlysave import verify_early_save  # noqa: E402
 from gpucampaign.restartcheck.target import RestartTarget  # noqa: E402
 from gpucampaign.spec import load_spec  # noqa: E402
@@ -171,7 +172,7 @@ def bench_training(tmp: Path, repeats: int, res: Results, *, epochs: int = 200) 
             run=spec.resolve_run("control"),
             corpus=corpus,
             store=LocalStore(out / "ck"),
-            out_dir=out / "run",
+            run_folder=RunFolder.scratch(out / "run", spec.resolve_run("control").run_id),
         )
         t = r.timings
         ratios.append(bare / t["train_s"])
@@ -268,7 +269,7 @@ def bench_restart(
             run=spec.resolve_run("control"),
             corpus=corpus,
             store=LocalStore(out / "ck"),
-            out_dir=out / "run",
+            run_folder=RunFolder.scratch(out / "run", spec.resolve_run("control").run_id),
         )
         shares[factor] = []
         for i in range(repeats):

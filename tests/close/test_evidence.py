@@ -307,13 +307,13 @@ def _pilots(base: Path, *, variants: list[dict[str, Any]], steps: int = 6) -> tu
     folder = OutputFolder(base / "out")
     measured = {}
     for run in spec.run_names():
-        rdir = folder.run_dir(spec.resolve_run(run).run_id)
+        rdir = folder.run(spec.resolve_run(run).run_id).path
         result = train_run(
             spec,
             run=spec.resolve_run(run),
             corpus=corpus,
             store=LocalStore(base / "out" / "ckpt"),
-            out_dir=rdir,
+            run_folder=folder.run(spec.resolve_run(run).run_id),
             stop_after_steps=steps,
         )
         losses = early_losses(read_metrics(rdir / "metrics.jsonl"), steps=steps)

@@ -17,7 +17,7 @@ from gpucampaign.core.stoprules import (
     NoUsableRestart,
 )
 from gpucampaign.data.tables import write_digits_corpus
-from gpucampaign.folder.layout import WEIGHTS_FILE, checkpoint_step_dir
+from gpucampaign.folder.layout import WEIGHTS_FILE, RunFolder, checkpoint_step_dir
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.runresult import require_complete
 from tests.helpers import corpus_of, digits_file, make_spec, run, run_dir  # noqa: F401
@@ -98,7 +98,7 @@ def test_corpus_that_is_not_the_pinned_one(tmp_path, digits_file):  # noqa: F811
             run=spec.resolve_run("control"),
             corpus=wrong,
             store=LocalStore(tmp_path / "s"),
-            out_dir=tmp_path / "o",
+            run_folder=RunFolder.scratch(tmp_path / "o", "r"),
         )
 
 

@@ -95,7 +95,7 @@ def _train(spec: Any, corpus: Any, folder: OutputFolder, run: str, **kw: Any) ->
         run=resolved,
         corpus=corpus,
         store=LocalStore(folder.root / "checkpoints"),
-        out_dir=folder.run_dir(resolved.run_id),
+        run_folder=folder.run(resolved.run_id),
         **kw,
     )
 
@@ -172,7 +172,7 @@ def test_a_campaign_is_tracked_across_an_interruption(servers, tmp_path):
         a.path.endswith(".png") for d in names for a in client.list_artifacts(parent.info.run_id, d)
     )
     # The tracker's files are the folder's like any other: the sealed folder verifies.
-    assert (folder.run_dir(run_id) / MLFLOW_STATE_FILE).is_file()
+    assert (folder.run(run_id).path / MLFLOW_STATE_FILE).is_file()
     assert verify_output(folder.root).verified
     # The artifacts went through the server to its S3 bucket.
     keys = [
@@ -206,12 +206,12 @@ def test_a_server_down_never_stops_the_campaign(servers, tmp_path, caplog):
             wide = _train(spec, corpus, folder, "wide")
         assert res.completed and wide.completed
         assert any("does not answer" in r.getMessage() for r in caplog.records)
-        note = tracking_note(folder.run_dir(control_id))
+        note = tracking_note(folder.run(control_id).path)
         assert note is not None and "kept in" in note
         down = _close(spec, corpus, folder, src, "outage-0001")  # tracked (down), then sealed
         assert down is not None and "did not answer" in down
         assert (
-            folder.run_dir(control_id) / MLFLOW_OUTBOX_FILE
+            folder.run(control_id).path / MLFLOW_OUTBOX_FILE
         ).is_file()  # kept, sealed with the rest
         sealed = _file_hashes(folder.root)
         still = CliRunner().invoke(app, ["track", str(folder.root), "--uri", servers["uri"]])

@@ -14,7 +14,7 @@ import pytest
 
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.engine.loop import train_run
-from gpucampaign.folder.layout import CHECKPOINT_LATEST, checkpoint_step_dir
+from gpucampaign.folder.layout import CHECKPOINT_LATEST, RunFolder, checkpoint_step_dir
 from gpucampaign.storage import S3Store
 from gpucampaign.storage.spool import SpoolingStore
 from infra.s3server import STATE_FILE, start_server
@@ -47,7 +47,7 @@ def test_server_down_mid_run_nothing_lost_and_the_spool_drains(tmp_path, digits_
             run=spec.resolve_run("control"),
             corpus=corpus_of(tmp_path, spec),
             store=store,
-            out_dir=run_dir(spec, tmp_path),
+            run_folder=RunFolder.of(tmp_path / "out", spec.resolve_run("control").run_id),
             progress=progress,
         )
         assert result.steps_done == 20

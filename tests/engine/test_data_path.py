@@ -19,6 +19,7 @@ from gpucampaign.engine.parts import (
     place_train_split,
 )
 from gpucampaign.engine.setup import RunJob, setup_run
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.recipe.contract import load_recipe
 from gpucampaign.recipe.runtime import PlacedSplit, example_ids, ordered_loader, score_split
@@ -147,7 +148,7 @@ def test_a_run_with_its_data_placed_trains_identically(tmp_path, digits_file):  
         run=placed.resolve_run("control"),
         corpus=corpus_of(tmp_path, placed),
         store=LocalStore(tmp_path / "ck"),
-        out_dir=tmp_path / "setup",
+        run_folder=RunFolder.scratch(tmp_path / "setup", "r"),
     )
     r = setup_run(job, t_call=0.0)
     assert r.loader.dataset is not r.datasets["train"]  # the placement path, on the CPU
@@ -169,7 +170,7 @@ def test_a_run_with_its_data_placed_trains_identically(tmp_path, digits_file):  
         run=placed.resolve_run("control"),
         corpus=corpus_of(tmp_path, placed),
         store=LocalStore(tmp_path / "cut" / "checkpoints"),
-        out_dir=run_dir(placed, tmp_path, out="cut"),
+        run_folder=RunFolder.of(tmp_path / "cut", placed.resolve_run("control").run_id),
     )
     assert train_losses(run_dir(placed, tmp_path, out="cut") / "metrics.jsonl") == a
 
@@ -190,7 +191,7 @@ def test_scores_of_a_placed_split_are_the_host_scores(tmp_path, digits_file):  #
             run=spec.resolve_run("control"),
             corpus=corpus_of(tmp_path, spec),
             store=LocalStore(tmp_path / "ck"),
-            out_dir=tmp_path / "setup",
+            run_folder=RunFolder.scratch(tmp_path / "setup", "r"),
         ),
         t_call=0.0,
     )
@@ -216,7 +217,7 @@ def test_on_cuda_placed_batches_train_like_host_batches(tmp_path, digits_file): 
         run=auto.resolve_run("control"),
         corpus=corpus_of(tmp_path, auto),
         store=LocalStore(tmp_path / "ck"),
-        out_dir=tmp_path / "setup",
+        run_folder=RunFolder.scratch(tmp_path / "setup", "r"),
     )
     r = setup_run(job, t_call=0.0)
     assert r.loader.dataset.tensors[0].is_cuda  # auto placed it

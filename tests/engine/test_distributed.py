@@ -28,6 +28,7 @@ from gpucampaign.data.corpus import load_corpus
 from gpucampaign.engine.loop import train_run
 from gpucampaign.engine.parts import RankShard
 from gpucampaign.engine.process_group import OneProcess
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.spec import CampaignSpec, RunConfig, SpecError, parse_spec
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, train_losses  # noqa: F401  (fixture)
@@ -74,7 +75,7 @@ def train(spec: CampaignSpec, base: Path, **kw: Any):
         run=spec.resolve_run("control"),
         corpus=load_corpus(base / spec.corpus.path, corpus_spec=spec.corpus),
         store=LocalStore(base / "out" / "checkpoints"),
-        out_dir=folder(spec, base),
+        run_folder=RunFolder.of(base / "out", spec.resolve_run("control").run_id),
         **kw,
     )
 

@@ -374,6 +374,6 @@ def test_a_recipe_without_score_is_never_stopped_as_futile_and_says_why(tmp_path
     train_every_run(spec, folder=folder, corpus=corpus)
     assert folder.read_jsonl("stops.jsonl") == []
     for name in ("control", "frozen"):
-        rows = futility_rows(folder.run_dir(spec.resolve_run(name).run_id))
+        rows = futility_rows(folder.run(spec.resolve_run(name).run_id).path)
         assert len(rows) == 1 and "defines no score()" in rows[0]["off"], name
-    assert not (folder.run_dir(spec.resolve_run("control").run_id) / "evals").exists()
+    assert not (folder.run(spec.resolve_run("control").run_id).path / "evals").exists()

@@ -13,6 +13,7 @@ import pytest
 from gpucampaign.core.files import sha256_bytes
 from gpucampaign.engine.jobfile import JobRefused, build_job, job_bytes, open_job, write_private
 from gpucampaign.engine.setup import RunJob
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.spec import SpecError
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file  # noqa: F401  (fixture)
@@ -26,7 +27,7 @@ def _job(tmp_path: Path, digits: tuple[Path, str], **kw: object) -> RunJob:
         run=spec.resolve_run("control.s4"),
         corpus=corpus_of(tmp_path, spec),
         store=LocalStore(tmp_path / "out" / "checkpoints"),
-        out_dir=tmp_path / "out" / "runs" / "x",
+        run_folder=RunFolder.of(tmp_path / "out", spec.resolve_run("control.s4").run_id),
         stop_after_steps=7,
         lane=1,
         **kw,  # type: ignore[arg-type]
@@ -49,8 +50,8 @@ def test_what_the_launcher_writes_is_what_a_rank_rebuilds(tmp_path: Path, digits
     got = handed.job
     assert got.spec == job.spec and got.run == job.run
     assert got.spec.run_names() == job.spec.run_names()  # the replicate seeds came along
-    assert (got.out_dir, got.stop_after_steps, got.checkpoint_every, got.lane) == (
-        job.out_dir,
+    assert (got.run_folder, got.stop_after_steps, got.checkpoint_every, got.lane) == (
+        job.run_folder,
         7,
         None,
         1,

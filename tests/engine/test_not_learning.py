@@ -39,7 +39,7 @@ def hopeless_campaign(base: Path, **stop_rules: object):
 
 
 def rows(folder: OutputFolder, spec, run: str, kind: str = "not_learning") -> list[dict]:
-    path = folder.run_dir(spec.resolve_run(run).run_id) / "metrics.jsonl"
+    path = folder.run(spec.resolve_run(run).run_id).path / "metrics.jsonl"
     return [r for r in read_metrics(path) if r["kind"] == kind]
 
 
@@ -65,18 +65,18 @@ def test_a_variant_that_cannot_learn_is_stopped_without_score_never_the_control(
     assert n["recent_loss"] >= n["start_loss"] * (1 - n["tolerance"]) and not n["learning"]
     assert "does not learn: at step 12" in stop["reason"]
     # Its model at that step is kept and evaluated, as evidence (the campaign goes on).
-    result = json.loads((folder.run_dir(frozen) / "result.json").read_text())
+    result = json.loads((folder.run(frozen).path / "result.json").read_text())
     assert (result["completed"], result["steps_done"], result["stop"]["rule"]) == (
         False,
         12,
         "not_learning",
     )
-    assert (folder.run_dir(frozen) / "model" / "model.safetensors").is_file()
+    assert (folder.run(frozen).path / "model" / "model.safetensors").is_file()
     assert NotLearning.rule in EVIDENCE_RULES and STOP_RULES["not_learning"] is NotLearning
 
     # The control learns nothing either, and is never judged: every step, no check at all.
     control = json.loads(
-        (folder.run_dir(spec.resolve_run("control").run_id) / "result.json").read_text()
+        (folder.run(spec.resolve_run("control").run_id).path / "result.json").read_text()
     )
     assert control["completed"] and control["steps_done"] == 24 and control["stop"] is None
     assert rows(folder, spec, "control") == []

@@ -18,6 +18,7 @@ from gpucampaign.checkpoint.savepolicy import choose_save_interval, daly_interva
 from gpucampaign.core.errors import ArgumentError, FolderError
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.modelfolder import load_model_dir, predict
 from gpucampaign.plan.decision import pilot_measures
@@ -114,7 +115,7 @@ def test_a_pilot_on_a_fresh_folder_past_its_checkpoint_keeps_the_measured_costs(
             run=spec.resolve_run("control"),
             corpus=corpus,
             store=store,
-            out_dir=tmp_path / host / "runs" / spec.resolve_run("control").run_id,
+            run_folder=RunFolder.of(tmp_path / host, spec.resolve_run("control").run_id),
             stop_after_steps=steps,
         )
 
@@ -248,7 +249,7 @@ def test_bad_arguments(tmp_path, digits_file):  # noqa: F811
             run=spec.resolve_run("nope"),
             corpus=corpus_of(tmp_path, spec),
             store=LocalStore(tmp_path / "s"),
-            out_dir=tmp_path / "o",
+            run_folder=RunFolder.scratch(tmp_path / "o", "r"),
         )
 
 

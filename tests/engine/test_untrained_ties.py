@@ -147,7 +147,7 @@ def bn_campaign(base: Path, *, futility: bool, control: dict | None = None, **mo
 
 
 def rows(folder: OutputFolder, spec, run: str, kind: str) -> list[dict]:
-    path = folder.run_dir(spec.resolve_run(run).run_id) / "metrics.jsonl"
+    path = folder.run(spec.resolve_run(run).run_id).path / "metrics.jsonl"
     return [r for r in read_metrics(path) if r["kind"] == kind]
 
 
@@ -175,7 +175,7 @@ def test_no_futile_stop_on_an_untrained_tie_and_the_verdict_is_the_one_without_f
     }
     assert {r["step"] for r in first.values()} == {8}
     assert {r["accuracy"] for r in first.values()} == {float(np.mean(val_y == 0))}
-    control_dir = folder.run_dir(spec.resolve_run("control").run_id)
+    control_dir = folder.run(spec.resolve_run("control").run_id).path
     at8 = np.load(control_dir / "evals" / "scores-000000008.npz")
     assert list(at8["values"]) == list((val_y == 0).astype(float))
 
@@ -186,7 +186,9 @@ def test_no_futile_stop_on_an_untrained_tie_and_the_verdict_is_the_one_without_f
         checks = rows(folder, spec, run, "futility")
         assert checks[0]["step"] == 8 and "within the grace" in checks[0]["skipped"]
         assert not any(c.get("futile") for c in checks), checks
-        res = json.loads((folder.run_dir(spec.resolve_run(run).run_id) / "result.json").read_text())
+        res = json.loads(
+            (folder.run(spec.resolve_run(run).run_id).path / "result.json").read_text()
+        )
         assert res["completed"] and res["steps_done"] == 48
 
     # The variants win (one seed a side: inconclusive, it asks for seeds, not adopted), and the

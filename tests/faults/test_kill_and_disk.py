@@ -24,6 +24,7 @@ from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.data.tables import write_digits_corpus
 from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.recipe.audit import audit_corpus
 from gpucampaign.spec import CampaignSpec, SpecError, parse_spec
@@ -74,7 +75,7 @@ def train(spec: CampaignSpec, base: Path, **kw: Any):
         run=spec.resolve_run("control"),
         corpus=corpus,
         store=LocalStore(base / "out" / "checkpoints"),
-        out_dir=run_folder(spec, base),
+        run_folder=RunFolder.of(base / "out", spec.resolve_run("control").run_id),
         **kw,
     )
 

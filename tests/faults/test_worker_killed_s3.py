@@ -72,12 +72,13 @@ from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.spec import load_spec
 from gpucampaign.storage import open_store
 from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.layout import RunFolder
 spec_file, out = Path(sys.argv[1]), Path(sys.argv[2])
 spec = load_spec(spec_file)
 run = spec.resolve_run("control")
 corpus = load_spec_corpus(spec, base_dir=spec_file.parent, run_id=run.run_id)
 train_run(spec, run=run, corpus=corpus, store=open_store("local", out_dir=out),
-          out_dir=out / "runs" / run.run_id)
+          run_folder=RunFolder.of(out, run.run_id))
 """
 
 

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from gpucampaign.cli.scaffold import init_campaign
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.verify.checks import verify_output
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -507,7 +508,7 @@ def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp
             run=cs.resolve_run(run),
             corpus=corpus,
             store=LocalStore(tmp_path / "alone" / "ck"),
-            out_dir=tmp_path / "alone" / rid,
+            run_folder=RunFolder.scratch(tmp_path / "alone" / rid, rid),
         )
         recorded = json.loads((out / "runs" / rid / "result.json").read_text())
         assert recorded["metrics"] == alone.metrics, run

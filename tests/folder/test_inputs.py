@@ -16,7 +16,7 @@ from gpucampaign.cli import app
 from gpucampaign.close.manifest import keep_inputs
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.engine.loop import train_run
-from gpucampaign.folder.layout import INPUTS, OutputFolder
+from gpucampaign.folder.layout import INPUTS, OutputFolder, RunFolder
 from gpucampaign.plan import calendar
 from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.restartcheck.scheduled import output_check_target
@@ -63,7 +63,9 @@ def _train_control(spec: CampaignSpec, *, src: Path, out: Path, **kw: Any) -> st
     corpus = load_corpus(src / spec.corpus.path, corpus_spec=spec.corpus)
     run = spec.resolve_run("control")
     store = LocalStore(out / "checkpoints")
-    train_run(spec, run=run, corpus=corpus, store=store, out_dir=out / "runs" / run.run_id, **kw)
+    train_run(
+        spec, run=run, corpus=corpus, store=store, run_folder=RunFolder.of(out, run.run_id), **kw
+    )
     return run.run_id
 
 

@@ -190,7 +190,7 @@ def _write_records(folder: OutputFolder, spec: Any, corpus: Any, *, stop_variant
                 _interval(run, phase="train", run=run, start=t, seconds=30, note="stopped"),
             )
             continue
-        _train(spec, run, corpus, folder.run_dir(rid), folder)
+        _train(spec, run, corpus, folder.run(rid).path, folder)
         append_timeline(
             folder.root, _interval(run, phase="train", run=run, start=t, seconds=90, steps=6)
         )
@@ -293,7 +293,7 @@ def train_every_run(spec: Any, *, folder: Any, corpus: Any) -> list[str]:
                 run=resolved,
                 corpus=corpus,
                 store=LocalStore(folder.root / "checkpoints"),
-                out_dir=folder.run_dir(resolved.run_id),
+                run_folder=folder.run(resolved.run_id),
             )
         except StopRule as stop:
             folder.append_jsonl("stops.jsonl", stop.to_record())

@@ -15,6 +15,7 @@ from gpucampaign.core.stoprules import StopRule
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.engine.launch import RankFailed
 from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.spec import parse_spec
 from gpucampaign.storage import LocalStore
 
@@ -30,7 +31,7 @@ def main(base: Path) -> int:
                 run=run,
                 corpus=load_corpus(base / spec.corpus.path, corpus_spec=spec.corpus),
                 store=LocalStore(base / "out" / "checkpoints"),
-                out_dir=base / "out" / "runs" / run.run_id,
+                run_folder=RunFolder.of(base / "out", run.run_id),
             )
         except Interrupted as exc:
             print(json.dumps({"interrupted": exc.reason, "step": exc.step}), flush=True)

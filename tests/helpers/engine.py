@@ -11,6 +11,7 @@ import pytest
 from gpucampaign.data.corpus import Corpus, load_corpus
 from gpucampaign.data.tables import write_digits_corpus
 from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.spec import CampaignSpec, parse_spec
@@ -62,7 +63,7 @@ def run(
         run=spec.resolve_run(name),
         corpus=corpus_of(base, spec),
         store=LocalStore(base / out / "checkpoints"),
-        out_dir=run_dir(spec, base, name=name, out=out),
+        run_folder=RunFolder.of(base / out, spec.resolve_run(name).run_id),
         **kw,
     )
 

@@ -43,9 +43,9 @@ def wait_for(path: Path, *, timeout_s: float = 60.0) -> None:
 
 def install(point: str, n: int, *, latest: Path) -> None:
     """Wrap the function that ``point`` names so the process dies at its Nth call."""
-    from gpucampaign.checkpoint import layout, tensorfiles
     from gpucampaign.checkpoint import manager as checkpoint
-    from gpucampaign.folder import metrics
+    from gpucampaign.checkpoint import tensorfiles
+    from gpucampaign.folder import layout, metrics
     from gpucampaign.storage import base as storage
 
     count = Countdown(n)
@@ -127,6 +127,7 @@ def install(point: str, n: int, *, latest: Path) -> None:
 def main(base: Path) -> None:
     from gpucampaign.data.corpus import load_corpus
     from gpucampaign.engine.loop import train_run
+    from gpucampaign.folder.layout import RunFolder
     from gpucampaign.spec import parse_spec
     from gpucampaign.storage import LocalStore
 
@@ -142,7 +143,7 @@ def main(base: Path) -> None:
         run=spec.resolve_run("control"),
         corpus=corpus,
         store=LocalStore(base / "out" / "checkpoints"),
-        out_dir=base / "out" / "runs" / spec.resolve_run("control").run_id,
+        run_folder=RunFolder.of(base / "out", spec.resolve_run("control").run_id),
     )
     print(json.dumps({"steps_done": res.steps_done, "resumed_from_step": res.resumed_from_step}))
 

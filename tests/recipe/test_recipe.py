@@ -19,6 +19,7 @@ from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.data.pins import input_sha256
 from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.modelfolder import RecipeCodeNotTrusted, load_model_dir
 from gpucampaign.recipe.contract import RecipeError, load_recipe
 from gpucampaign.spec import CampaignSpec, SpecError, parse_spec
@@ -89,7 +90,7 @@ def train(spec: CampaignSpec, base: Path, run: str = "control", **kw: Any):
         run=resolved,
         corpus=corpus,
         store=LocalStore(base / "out" / "ck"),
-        out_dir=base / "out" / "runs" / resolved.run_id,
+        run_folder=RunFolder.of(base / "out", resolved.run_id),
         **kw,
     )
 

@@ -152,7 +152,7 @@ def analyse_runs(
             continue
         for split in verdict_splits(spec):
             name = predictions_file(split, report_split=spec.decision_split)
-            path = folder.run_dir(rid) / name
+            path = folder.run(rid).path / name
             if path.is_file():
                 got = read_predictions(path)
             else:

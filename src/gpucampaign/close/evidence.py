@@ -116,11 +116,11 @@ def _single_run_evidence(
         builtin = config.builtin
         for split in verdict_splits(spec) if measured else []:
             assert s.result is not None and metric is not None
-            path = folder.run_dir(rid) / predictions_file(split, report_split=spec.decision_split)
+            path = folder.run(rid).path / predictions_file(split, report_split=spec.decision_split)
             # Each replicate's rows carry its seed: the verdict pairs the sides seed by seed.
             if builtin and path.is_file():
                 preds[split] = (replace(read_predictions(path), seed=config.seed),)
-            scored = folder.run_dir(rid) / scores_file(split)
+            scored = folder.run(rid).path / scores_file(split)
             if scored.is_file() and metric in (got := read_scores(scored)).values:
                 scores[split] = (replace(got, seed=config.seed),)
             value = metric_value(preds.get(split, ()), metric=metric)

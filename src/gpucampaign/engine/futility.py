@@ -53,7 +53,6 @@ from gpucampaign.folder.layout import (
     EVAL_SCORES_GLOB,
     RESULT_FILE,
     eval_scores_file,
-    run_path,
 )
 from gpucampaign.recipe.contract import has_score
 from gpucampaign.spec import CampaignSpec
@@ -385,7 +384,7 @@ class Futility(Hook):
         ids, values = got
         if self.role == "record":
             write_eval_scores(
-                r.run_dir,
+                r.run_folder.path,
                 EvalScores(
                     step=step,
                     planned=r.planned,
@@ -396,7 +395,7 @@ class Futility(Hook):
                 ),
             )
             return None
-        control_dir = run_path(r.out, r.spec.resolve_run(CONTROL).run_id)
+        control_dir = r.run_folder.of_run(r.spec.resolve_run(CONTROL).run_id).path
         control, note = control_scores_at(control_dir, step=step)
         if control is not None:
             moved, note = control_moved(control_dir, control)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpucampaign.core.stoprules import StopRule
@@ -46,6 +45,7 @@ if TYPE_CHECKING:
     from gpucampaign.checkpoint.manager import SavedCheckpoint
     from gpucampaign.engine.process_group import Ranks
     from gpucampaign.engine.setup import LiveRun
+    from gpucampaign.folder.layout import RunFolder
     from gpucampaign.recipe.contract import Recipe
     from gpucampaign.spec import CampaignSpec, ResolvedRun, RunConfig
     from gpucampaign.storage import Store
@@ -147,14 +147,9 @@ class RunView:
         return self._r.config
 
     @property
-    def run_dir(self) -> Path:
+    def run_folder(self) -> RunFolder:
         """The run's folder (``OUT/runs/<run_id>/``; a data-parallel rank's own, inside it)."""
-        return self._r.out_dir
-
-    @property
-    def out(self) -> Path:
-        """The campaign's output folder the run's folder is in."""
-        return self._r.out
+        return self._r.run_folder
 
     @property
     def planned(self) -> int:

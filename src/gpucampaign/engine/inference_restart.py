@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.files import atomic_write_bytes, json_bytes, utc_now
@@ -42,7 +41,7 @@ from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import InterruptedRun
 from gpucampaign.engine.hooks import StopRequest
 from gpucampaign.engine.setup import LiveRun
-from gpucampaign.folder.layout import IN_PROGRESS_FILE, METRICS_FILE
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import read_metrics
 
 KILLED = "killed"
@@ -99,14 +98,19 @@ class TrainingMark:
     installed); a process that dies cannot remove it.
     """
 
-    def __init__(self, out_dir: Path) -> None:
-        self.path = Path(out_dir) / IN_PROGRESS_FILE
+    def __init__(self, run_folder: RunFolder) -> None:
+        self.path = run_folder.in_progress
 
     @classmethod
-    def open(cls, out_dir: Path, *, run_id: str, from_step: int, target: int) -> TrainingMark:
+    def open(cls, run_folder: RunFolder, *, from_step: int, target: int) -> TrainingMark:
         """Write the mark of a call that starts training at ``from_step`` towards ``target``."""
-        mark = cls(out_dir)
-        record = {"run_id": run_id, "from_step": from_step, "target": target, "since": utc_now()}
+        mark = cls(run_folder)
+        record = {
+            "run_id": run_folder.run_id,
+            "from_step": from_step,
+            "target": target,
+            "since": utc_now(),
+        }
         atomic_write_bytes(mark.path, json_bytes(record))
         return mark
 
@@ -118,9 +122,10 @@ class TrainingMark:
         self.path.unlink(missing_ok=True)
 
 
-def read_mark(out_dir: Path) -> dict[str, Any] | None:
-    """The mark a training call left in ``out_dir``, None when there is none (or it is torn)."""
-    path = Path(out_dir) / IN_PROGRESS_FILE
+def read_mark(run_folder: RunFolder) -> dict[str, Any] | None:
+    """The mark a training call left in ``run_folder``, None when there is none (or it is
+    torn)."""
+    path = run_folder.in_progress
     if not path.is_file():
         return None
     try:
@@ -131,12 +136,12 @@ def read_mark(out_dir: Path) -> dict[str, Any] | None:
 
 
 def find_interruption(
-    out_dir: Path, *, resume: str, checkpoint_step: int | None, planned_steps: int
+    run_folder: RunFolder, *, resume: str, checkpoint_step: int | None, planned_steps: int
 ) -> Interruption | None:
     """The interruption that ``resume: inference`` turns into an inference restart, if any.
 
     Args:
-        out_dir: The run folder.
+        run_folder: The run's folder.
         resume: The run config's ``resume``; only ``inference`` finds one.
         checkpoint_step: The step of the checkpoint restored at this start (None: none).
         planned_steps: The run's planned steps.
@@ -146,13 +151,13 @@ def find_interruption(
         restarted from, or the last good checkpoint already holds the interrupted call's
         target (nothing was lost).
     """
-    mark = read_mark(out_dir)
+    mark = read_mark(run_folder)
     if resume != "inference" or mark is None or checkpoint_step is None:
         return None
     target = int(mark.get("target") or planned_steps)
     if checkpoint_step >= min(target, planned_steps):
         return None
-    rows = read_metrics(Path(out_dir) / METRICS_FILE)
+    rows = read_metrics(run_folder.metrics)
     reached = max((int(r["step"]) for r in rows if r.get("kind") == "train"), default=0)
     stops = [r for r in rows if r.get("kind") == "interrupt" and r.get("reason")]
     return Interruption(

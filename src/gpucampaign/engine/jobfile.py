@@ -30,6 +30,7 @@ from gpucampaign.core.files import sha256_bytes
 from gpucampaign.data.corpus import Corpus, load_corpus
 from gpucampaign.data.pins import Pinned, pin
 from gpucampaign.engine.setup import RunJob
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.spec import CampaignSpec, SpecError, parse_spec
 from gpucampaign.spec.recipefile import RECIPE_DIRS, use_recipe_dir
 from gpucampaign.storage import LocalStore
@@ -68,7 +69,10 @@ def job_bytes(job: RunJob, *, outcome_file: Path, stop_file: Path) -> bytes:
         "run": {"name": job.run.name, "run_id": job.run.run_id},
         "corpus": _corpus_record(job),
         "store": _store_record(job),
-        "out_dir": os.path.abspath(job.out_dir),
+        "run_folder": {
+            "path": os.path.abspath(job.run_folder.path),
+            "out": os.path.abspath(job.run_folder.out) if job.run_folder.out else None,
+        },
         "stop_after_steps": job.stop_after_steps,
         "checkpoint_every": job.checkpoint_every,
         "lane": job.lane,
@@ -177,7 +181,11 @@ def build_job(data: dict[str, Any]) -> HandedJob:
         run=run,
         corpus=_load_corpus(data["corpus"], spec=spec, run_id=run.run_id),
         store=LocalStore(data["store"]["root"]),
-        out_dir=Path(data["out_dir"]),
+        run_folder=RunFolder(
+            path=Path(data["run_folder"]["path"]),
+            run_id=run.run_id,
+            out=Path(data["run_folder"]["out"]) if data["run_folder"]["out"] else None,
+        ),
         stop_after_steps=data["stop_after_steps"],
         checkpoint_every=data["checkpoint_every"],
         lane=data["lane"],

@@ -80,16 +80,15 @@ from gpucampaign.core.files import sha256_bytes
 from gpucampaign.core.interrupt import DEFAULT_GRACE_S, Interrupted, request_stop, stop_requested
 from gpucampaign.core.stoprules import STOP_RULES
 from gpucampaign.engine.jobfile import job_bytes, write_private
-from gpucampaign.engine.process_group import refuse_links
 from gpucampaign.engine.setup import RunJob
 from gpucampaign.folder.layout import (
     LAUNCH_DIR_PREFIX,
     LAUNCH_JOB_FILE,
     LAUNCH_OUTCOME_FILE,
     LAUNCH_STOP_FILE,
-    METRICS_FILE,
-    PARAMS_FILE,
     RANKS_DIR,
+    RunFolder,
+    refuse_link,
 )
 from gpucampaign.folder.progress import read_progress
 from gpucampaign.folder.runresult import RunResult
@@ -125,9 +124,11 @@ def launch(
     """
     run = job.run
     _check_devices(run)
-    refuse_links(job.out_dir, job.out_dir / RANKS_DIR)
+    folder = job.run_folder
+    for p in [folder.path, folder.path / RANKS_DIR]:
+        refuse_link(p)
     for k in range(1, run.size.processes):
-        refuse_links(job.out_dir / RANKS_DIR / str(k))
+        refuse_link(folder.at_rank(k).path)
     work = Path(tempfile.mkdtemp(prefix=LAUNCH_DIR_PREFIX))  # 0700, outside the output folder
     try:
         return _launch_in(job, work=work, progress=progress, on_save=on_save)
@@ -151,11 +152,7 @@ def _launch_in(
     # ranks; the caller's (``graceful_signals``) come back afterwards.
     previous = _handlers()
     relay = _Relay(
-        job.out_dir,
-        run_id=run.run_id,
-        progress=progress,
-        on_save=on_save,
-        stop_file=work / LAUNCH_STOP_FILE,
+        job.run_folder, progress=progress, on_save=on_save, stop_file=work / LAUNCH_STOP_FILE
     )
     relay.start()
     failure: str | None = None
@@ -288,20 +285,19 @@ class _Relay:
 
     def __init__(
         self,
-        out_dir: Path,
+        run_folder: RunFolder,
         *,
-        run_id: str,
         progress: Callable[[dict[str, Any]], None] | None,
         on_save: Callable[[dict[str, Any]], None] | None,
         stop_file: Path,
         every_s: float = 0.25,
     ) -> None:
-        self.out_dir, self.run_id, self.stop_file = out_dir, run_id, stop_file
+        self.run_folder, self.stop_file = run_folder, stop_file
         self._stop_sent = False
         self.progress, self.on_save, self.every_s = progress, on_save, every_s
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ddp-relay", daemon=True)
-        metrics = out_dir / METRICS_FILE
+        metrics = run_folder.metrics
         self._offset = metrics.stat().st_size if metrics.is_file() else 0
         self._last_step: Any = None
 
@@ -330,7 +326,7 @@ class _Relay:
             return
 
     def _relay_saves(self) -> None:
-        metrics = self.out_dir / METRICS_FILE
+        metrics = self.run_folder.metrics
         if self.on_save is None or not metrics.is_file():
             return
         if metrics.stat().st_size < self._offset:  # truncated by a resume: read it again
@@ -340,13 +336,13 @@ class _Relay:
             data = f.read()
         end = data.rfind(b"\n") + 1
         self._offset += end
-        planned = _planned_steps(self.out_dir)
+        planned = _planned_steps(self.run_folder)
         for line in data[:end].splitlines():
             row = json.loads(line)
             if row.get("kind") == "checkpoint":
                 self.on_save(
                     {
-                        "run_id": self.run_id,
+                        "run_id": self.run_folder.run_id,
                         "step": row["step"],
                         "planned_steps": planned,
                         "save_s": row.get("save_s"),
@@ -357,14 +353,14 @@ class _Relay:
     def _relay_progress(self) -> None:
         if self.progress is None:
             return
-        record = read_progress(self.out_dir)
+        record = read_progress(self.run_folder.path)
         if record and record.get("step") != self._last_step and record.get("planned_steps"):
             self._last_step = record.get("step")
             self.progress({**record, "fraction": record["step"] / record["planned_steps"]})
 
 
-def _planned_steps(out_dir: Path) -> int | None:
+def _planned_steps(run_folder: RunFolder) -> int | None:
     try:
-        return int(json.loads((out_dir / PARAMS_FILE).read_text())["planned_steps"])
+        return int(json.loads(run_folder.params.read_text())["planned_steps"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

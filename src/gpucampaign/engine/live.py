@@ -18,7 +18,7 @@ from typing import Any
 
 from gpucampaign.engine.hooks import Hook, HookArgs, RunView, StopRequest
 from gpucampaign.engine.parts import progress_bar
-from gpucampaign.folder.layout import IN_PROGRESS_FILE, checkpoint_step_dir
+from gpucampaign.folder.layout import checkpoint_step_dir
 from gpucampaign.folder.progress import ProgressFile, step_rate
 
 
@@ -35,7 +35,7 @@ class ProgressHook(Hook):
         self._evaluated = False
         self._due = False
         # Built before the loop writes its own mark: one found now is an interrupted call's.
-        interrupted = (r.run_dir / IN_PROGRESS_FILE).is_file()
+        interrupted = r.run_folder.in_progress.is_file()
         self.resumed = (
             resumed_fields(r, args.restored_meta)
             if interrupted and r.resumed_from is not None
@@ -50,7 +50,7 @@ class ProgressHook(Hook):
     def on_start(self) -> StopRequest | None:
         r = self.r
         self.bar = progress_bar(self.show_progress, r.run_id, r.planned, r.step)
-        self.file = ProgressFile(r.run_dir)
+        self.file = ProgressFile(r.run_folder.path)
         self.file.update({**live_record(r, loss=None), **self.resumed}, force=True)
         return None
 

@@ -78,7 +78,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
@@ -103,7 +102,7 @@ from gpucampaign.engine.process_group import Ranks
 from gpucampaign.engine.registry import build_hooks
 from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun, RunJob, check_arguments, setup_run
-from gpucampaign.folder.layout import IN_PROGRESS_FILE, METRICS_FILE, RESULT_FILE
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
 from gpucampaign.folder.runresult import RunResult, recorded_result, require_complete
 from gpucampaign.recipe.contract import call, check_loss
@@ -139,9 +138,9 @@ def _restore(r: LiveRun) -> LoadedCheckpoint | None:
 
 def _open_metrics(r: LiveRun, *, restored: bool, log_every_steps: int = LOG_EVERY_STEPS) -> None:
     """Open ``metrics.jsonl`` for appending, dropping the rows after the restored step."""
-    truncate_metrics(r.out_dir / METRICS_FILE, through_step=r.state.global_step)
+    truncate_metrics(r.run_folder.metrics, through_step=r.state.global_step)
     # Never flushed by itself: the loop flushes, handing each row to the hooks.
-    r.mlog = MetricsLog(r.out_dir / METRICS_FILE, every=None)
+    r.mlog = MetricsLog(r.run_folder.metrics, every=None)
     r.mlog.set_every(log_every_steps)
     if restored:
         r.mlog.write(
@@ -352,9 +351,9 @@ def _final_evaluations(r: LiveRun) -> dict[str, dict[str, float]]:
 
 def _write_result(r: LiveRun, result: RunResult) -> None:
     """``result.json``: written last, once the checkpoint is durable and the rows synced."""
-    atomic_write_bytes(r.out_dir / RESULT_FILE, json_bytes(result.to_dict()))
+    atomic_write_bytes(r.run_folder.result, json_bytes(result.to_dict()))
     if result.interrupted is not None:  # resume: inference recorded the cut: nothing trains
-        (r.out_dir / IN_PROGRESS_FILE).unlink(missing_ok=True)
+        r.run_folder.in_progress.unlink(missing_ok=True)
 
 
 def _last_save(r: LiveRun, hooks: Hooks, *, since: float) -> None:
@@ -422,7 +421,7 @@ def train_run(
     run: ResolvedRun,
     corpus: Any,
     store: Store,
-    out_dir: Path,
+    run_folder: RunFolder,
     stop_after_steps: int | None = None,
     checkpoint_every: int | None = None,
     progress: ProgressFn | None = None,
@@ -439,7 +438,8 @@ def train_run(
         run: The run (``CampaignSpec.resolve_run``): its config and ID, resolved once.
         corpus: The loaded corpus, the pinned one (see the module docstring).
         store: Checkpoint store; ``<run_id>/LATEST`` there is resumed from when valid.
-        out_dir: The run folder ``OUT/runs/<run_id>/``.
+        run_folder: The run's folder (``OutputFolder.run``: ``OUT/runs/<run_id>/``), created
+            here.
         stop_after_steps: Pilot mode: stop at this step, checkpoint, return uncompleted.
         checkpoint_every: Fixed save interval in steps (overrides the spec and the measure).
         progress: Called every ~2% of the run with the live record (``live_record``: run_id,
@@ -470,14 +470,14 @@ def train_run(
         run=run,
         corpus=corpus,
         store=store,
-        out_dir=Path(out_dir),
+        run_folder=run_folder,
         stop_after_steps=stop_after_steps,
         checkpoint_every=checkpoint_every,
         lane=lane,
     )
     check_arguments(job)
-    job.out_dir.mkdir(parents=True, exist_ok=True)
-    recorded = recorded_result(job.out_dir, run.run_id)
+    run_folder.create()
+    recorded = recorded_result(run_folder)
     if recorded is not None:
         return recorded
     if dist is None and run.size.processes > 1:
@@ -495,7 +495,7 @@ def train_run(
         # nothing trains here, so its costs are the ones the checkpoint measured.
         return run_result(r, completed=False, measured=ck.meta)
     cut = find_interruption(
-        job.out_dir, resume=r.config.resume, checkpoint_step=r.resumed_from, planned_steps=r.planned
+        run_folder, resume=r.config.resume, checkpoint_step=r.resumed_from, planned_steps=r.planned
     )
     _open_metrics(r, restored=ck is not None, log_every_steps=log_every_steps)
     hooks = open_hooks(r, ck, progress=progress, show_progress=show_progress)
@@ -510,9 +510,7 @@ def _train(r: LiveRun, hooks: Hooks, *, cut: Interruption | None) -> RunResult:
     try:
         if cut is not None:  # resume: inference after a cut: nothing trains
             _end(r, hooks, restart_inference(r, cut))
-        mark = TrainingMark.open(
-            r.out_dir, run_id=r.run_id, from_step=s.global_step, target=r.target
-        )
+        mark = TrainingMark.open(r.run_folder, from_step=s.global_step, target=r.target)
         _ask(r, hooks, hooks.on_start())
         while s.global_step < r.target:
             _run_epoch(r, hooks)

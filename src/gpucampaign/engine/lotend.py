@@ -134,8 +134,9 @@ class LotDeadline(Hook):
 
     # --- the events -----------------------------------------------------------------------
     def on_start(self) -> StopRequest | None:
-        if self.r.dist.is_main and isinstance(self.r.store, SpoolingStore):
-            self.folder_bytes = _dir_bytes(self.r.out)
+        out = self.r.run_folder.out
+        if self.r.dist.is_main and isinstance(self.r.store, SpoolingStore) and out is not None:
+            self.folder_bytes = _dir_bytes(out)  # the output folder, mirrored before the end
         if self.r.dist.agree(self._left_s() <= 0):  # nothing trained: what is kept stays
             return self._stop(save=False)
         return None

@@ -10,7 +10,6 @@ the environment torchrun's agent sets (``launch.py`` is that launcher on this ma
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,9 +17,7 @@ import torch
 import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel
 
-from gpucampaign.core.errors import FolderError
 from gpucampaign.core.interrupt import stop_requested
-from gpucampaign.folder.layout import RANKS_DIR
 from gpucampaign.spec import SpecError
 
 
@@ -200,34 +197,3 @@ def check_world_size(meta: dict[str, Any], *, world_size: int) -> None:
             f"{saved} to resume it, or start a new run.",
             field="gpus",
         )
-
-
-def rank_dir(out_dir: Path, rank: int) -> Path:
-    """Where a rank writes its own records: the run folder for rank 0, else a private
-    folder inside it (``.ranks/<rank>``: its metrics, the same losses as rank 0's).
-
-    Raises:
-        SpecError: The run folder, ``.ranks`` or the rank's folder is a link (never followed).
-    """
-    if rank == 0:
-        refuse_links(out_dir)
-        return out_dir
-    ranks = out_dir / RANKS_DIR
-    refuse_links(out_dir, ranks, ranks / str(rank))
-    return ranks / str(rank)
-
-
-def refuse_links(*paths: Path) -> None:
-    """Refuse a folder a run writes into that is a link: nothing is written or removed
-    through a link planted in the output folder.
-
-    Raises:
-        SpecError: One of ``paths`` is a symbolic link; its target is named.
-    """
-    for p in paths:
-        if p.is_symlink():
-            raise FolderError(
-                f"'{p}' is a link (to '{os.readlink(p)}'): a run writes only into its own "
-                "folder and follows no link there; remove the link and rerun.",
-                field="out",
-            )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpucampaign.folder.layout import MODEL_DIR
 from gpucampaign.modelfolder import save_model_dir
 from gpucampaign.recipe.runtime import recipe_record
 from gpucampaign.spec.recipefile import recipe_file
@@ -30,7 +29,7 @@ def save_model(r: LiveRun, metrics: dict[str, float]) -> None:
     )
     save_model_dir(
         r.state.model,
-        r.out_dir / MODEL_DIR,
+        r.run_folder.model,
         config=r.config,
         sources=sources,
         extra={

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,7 +34,7 @@ from gpucampaign.engine.devices import (
 )
 from gpucampaign.engine.parts import BatchCopy, make_loader, place_eval_splits, place_train_split
 from gpucampaign.engine.process_group import OneProcess, Ranks
-from gpucampaign.folder.layout import PARAMS_FILE, out_of
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.recipe.contract import Recipe, RecipeContext, call, load_recipe
 from gpucampaign.recipe.runtime import build_datasets, recipe_context, recipe_record
@@ -54,7 +53,7 @@ class LiveRun:
     spec: CampaignSpec
     resolved: ResolvedRun
     corpus: Any
-    out_dir: Path
+    run_folder: RunFolder
     t_call: float
     device: torch.device
     recipe: Recipe  # its state, with the model's and the optimizer's, is in ``state``
@@ -115,11 +114,6 @@ class LiveRun:
     def steps_per_epoch(self) -> int:
         return len(self.loader)
 
-    @property
-    def out(self) -> Path:
-        """The campaign's output folder that holds the run's folder."""
-        return out_of(self.out_dir)
-
     def split(self, name: str) -> Any:
         """The split ``name`` as evaluations read it: placed on the device, else the recipe's
         (None when the recipe gives none)."""
@@ -141,7 +135,7 @@ class RunJob:
         run: The run (``CampaignSpec.resolve_run``): its config and ID, resolved once.
         corpus: The loaded corpus, the pinned one.
         store: Checkpoint store; ``<run_id>/LATEST`` there is resumed from when valid.
-        out_dir: The run folder ``OUT/runs/<run_id>/`` (a rank k > 0: its own, inside it).
+        run_folder: The run's folder ``OUT/runs/<run_id>/`` (a rank k > 0: its own, inside it).
         stop_after_steps: Pilot mode: stop at this step, checkpoint, return uncompleted.
         checkpoint_every: Fixed save interval in steps (overrides the spec and the measure).
         lane: The plan's GPU lane running this call (``devices.pick_device``).
@@ -151,7 +145,7 @@ class RunJob:
     run: ResolvedRun
     corpus: Any
     store: Store
-    out_dir: Path
+    run_folder: RunFolder
     stop_after_steps: int | None = None
     checkpoint_every: int | None = None
     lane: int = 0
@@ -182,7 +176,7 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
     A rank of a data-parallel run (``dist``) takes the lane's GPU plus its local rank, its
     share of each batch, and RNG streams of its own after the (identical) model is built.
     """
-    spec, run, corpus, out_dir = job.spec, job.run, job.corpus, job.out_dir
+    spec, run, corpus, run_folder = job.spec, job.run, job.corpus, job.run_folder
     config, run_id = run.config, run.run_id
     dist = dist or OneProcess()
     device = pick_device(run.device, lane=job.lane + dist.local_rank)
@@ -218,7 +212,7 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
         spec=spec,
         resolved=run,
         corpus=corpus,
-        out_dir=out_dir,
+        run_folder=run_folder,
         t_call=t_call,
         device=device,
         recipe=recipe,
@@ -253,7 +247,7 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
             run_id=run_id,
             config_sha256=run.config_sha256,
             keep=spec.checkpoint.keep,
-            staging_dir=out_dir / ".staging",
+            staging_dir=run_folder.staging,
             expect_tensors={k: tuple(v.shape) for k, v in model.state_dict().items()},
         ),
         dist=dist,
@@ -288,4 +282,4 @@ def _write_params(r: LiveRun) -> None:
         ),
         "stop_rules": spec.stop_rules.model_dump(mode="json"),
     }
-    atomic_write_bytes(r.out_dir / PARAMS_FILE, json_bytes(params))
+    atomic_write_bytes(r.run_folder.params, json_bytes(params))

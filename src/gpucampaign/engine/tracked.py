@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from gpucampaign.engine.hooks import Hook, HookArgs, RunView
-from gpucampaign.folder.layout import RESULT_FILE
 from gpucampaign.tracking import META_KEY, RunTracker
 
 
@@ -33,7 +32,7 @@ class Tracker(Hook):
         tracker = RunTracker.for_run(
             r.spec,
             run=r.resolved,
-            out_dir=r.run_dir,
+            run_folder=r.run_folder,
             restored_meta=args.restored_meta,
             restored_step=r.step,
         )
@@ -54,7 +53,7 @@ class Tracker(Hook):
 
     def on_close(self) -> None:
         r = self.r
-        if (r.run_dir / RESULT_FILE).exists():
+        if r.run_folder.result.exists():
             status = "FINISHED"
         elif self._interrupted:
             status = "KILLED"

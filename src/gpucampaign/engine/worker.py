@@ -32,7 +32,7 @@ from gpucampaign.core.stoprules import StopRule
 from gpucampaign.engine.devices import pick_device
 from gpucampaign.engine.jobfile import HandedJob, JobRefused, build_job, open_job, write_private
 from gpucampaign.engine.loop import train_run
-from gpucampaign.engine.process_group import DataParallelGroup, rank_dir
+from gpucampaign.engine.process_group import DataParallelGroup
 from gpucampaign.engine.setup import RunJob
 
 #: Seconds a collective may wait for the other ranks before it fails (a dead or stuck rank);
@@ -133,7 +133,7 @@ def _train_rank(job: RunJob, group: DataParallelGroup, *, outcome_file: Path) ->
             run=job.run,
             corpus=job.corpus,
             store=job.store,
-            out_dir=rank_dir(job.out_dir, group.rank),
+            run_folder=job.run_folder.at_rank(group.rank),
             stop_after_steps=job.stop_after_steps,
             checkpoint_every=job.checkpoint_every,
             lane=job.lane,

@@ -15,7 +15,9 @@ checkpoint manager both read them from here.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -78,6 +80,7 @@ CHECK_PROGRESS_FILE = "progress-restart.json"
 
 #: In a data-parallel run's folder: the records of its ranks above 0, ``.ranks/<rank>/``.
 RANKS_DIR = ".ranks"
+STAGING_DIR = ".staging"  # in a run's folder: its checkpoints before they are written
 
 
 def is_live_progress(relative: str) -> bool:
@@ -125,21 +128,6 @@ def run_path(out: str | Path, run_id: str, *names: str) -> Path:
     return Path(out, RUNS_DIR, run_id, *names)
 
 
-def out_of(run_dir: str | Path) -> Path:
-    """The output folder that holds ``run_dir`` (``OUT/runs/<run_id>``, or a data-parallel
-    rank's own folder inside it, ``OUT/runs/<run_id>/.ranks/<k>``): ``run_path``'s inverse.
-
-    Raises:
-        ValueError: ``run_dir`` is not a run's folder.
-    """
-    p = Path(run_dir)
-    if p.parent.name == RANKS_DIR:
-        p = p.parent.parent
-    if p.parent.name != RUNS_DIR:
-        raise ValueError(f"{run_dir} is not a run's folder (OUT/{RUNS_DIR}/<run_id>)")
-    return p.parent.parent
-
-
 def run_id_of(run_dir: str | Path) -> str | None:
     """The run ID of a run's folder ``OUT/runs/<run_id>``; None for any other folder."""
     p = Path(run_dir)
@@ -165,6 +153,117 @@ def eval_scores_file(step: int) -> str:
 def model_config(run_id: str) -> str:
     """``runs/<run_id>/model/config.json``, relative to the output folder."""
     return run_file(run_id, MODEL_DIR, MODEL_CONFIG)
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run's folder, ``OUT/runs/<run_id>/``, and the files in it: one value, built once
+    from the output folder (``OutputFolder.run``) and passed down. Nothing is created on a
+    read; ``create`` makes the folder (refusing a link on the way).
+
+    Attributes:
+        path: The folder.
+        run_id: The run's ID.
+        out: The campaign's output folder that holds it (None for a scratch run folder: a
+            restart check's copy, a benchmark).
+    """
+
+    path: Path
+    run_id: str
+    out: Path | None = None
+
+    @classmethod
+    def of(cls, out: str | Path, run_id: str) -> RunFolder:
+        """Run ``run_id``'s folder in the output folder ``out``."""
+        return cls(path=run_path(out, run_id), run_id=run_id, out=Path(out))
+
+    @classmethod
+    def scratch(cls, path: str | Path, run_id: str) -> RunFolder:
+        """A run folder outside any output folder (a restart check's copy, a benchmark)."""
+        return cls(path=Path(path), run_id=run_id)
+
+    def of_run(self, run_id: str) -> RunFolder:
+        """Another run's folder in the same output folder (the control's, say).
+
+        Raises:
+            ValueError: This folder is not in an output folder.
+        """
+        if self.out is None:
+            raise ValueError(f"{self.path} is a scratch run folder: it has no other runs")
+        return RunFolder.of(self.out, run_id)
+
+    def at_rank(self, rank: int) -> RunFolder:
+        """Where rank ``rank`` of a data-parallel run writes its own records: this folder for
+        rank 0, else a private folder inside it (``.ranks/<rank>``)."""
+        if rank == 0:
+            return self
+        return RunFolder(path=self.path / RANKS_DIR / str(rank), run_id=self.run_id, out=self.out)
+
+    def create(self) -> Path:
+        """Make the folder (and its parents); the folder, or ``.ranks`` and a rank's folder,
+        must not be a link.
+
+        Raises:
+            FolderError: A link where the folder is (named, never followed).
+        """
+        ranked = self.path.parent.name == RANKS_DIR
+        for p in (self.path.parent.parent, self.path.parent, self.path) if ranked else (self.path,):
+            refuse_link(p)
+        self.path.mkdir(parents=True, exist_ok=True)
+        return self.path
+
+    # --- the files in it ------------------------------------------------------------------
+    @property
+    def params(self) -> Path:
+        return self.path / PARAMS_FILE
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS_FILE
+
+    @property
+    def result(self) -> Path:
+        return self.path / RESULT_FILE
+
+    @property
+    def model(self) -> Path:
+        return self.path / MODEL_DIR
+
+    @property
+    def progress(self) -> Path:
+        return self.path / PROGRESS_FILE
+
+    @property
+    def in_progress(self) -> Path:
+        return self.path / IN_PROGRESS_FILE
+
+    @property
+    def staging(self) -> Path:
+        """Where the run's checkpoints are staged before they are written to the store."""
+        return self.path / STAGING_DIR
+
+    def eval_scores(self, step: int) -> Path:
+        """The control's per-example scores at evaluation ``step``."""
+        return self.path / eval_scores_file(step)
+
+    @property
+    def eval_scores_dir(self) -> Path:
+        return self.path / EVAL_SCORES_DIR
+
+
+def refuse_link(path: Path) -> None:
+    """Refuse a folder a run writes into that is a link: nothing is written or removed
+    through a link planted in the output folder.
+
+    Raises:
+        FolderError: ``path`` is a symbolic link; its target is named.
+    """
+    if path.is_symlink():
+        raise FolderError(
+            f"'{path}' is a link (to '{os.readlink(path)}'): a run writes only into its own "
+            "folder and follows no link there; remove the link and rerun.",
+            field="out",
+        )
 
 
 class PlanRewriteError(FolderError):
@@ -195,11 +294,10 @@ class OutputFolder:
             )
         return target
 
-    def run_dir(self, run_id: str) -> Path:
-        """``runs/<run_id>/``, created."""
-        d = self.path(run_file(run_id))
-        d.mkdir(parents=True, exist_ok=True)
-        return d
+    def run(self, run_id: str) -> RunFolder:
+        """Run ``run_id``'s folder (nothing created: ``RunFolder.create``); a link that takes
+        ``runs/<run_id>`` out of the folder is refused."""
+        return RunFolder(path=self.path(run_file(run_id)), run_id=run_id, out=self.root)
 
     def write_bytes(self, relative: str, data: bytes) -> Path:
         """Write a file atomically."""

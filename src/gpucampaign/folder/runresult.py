@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.errors import FolderError
 from gpucampaign.core.stoprules import STOP_RULES, IncompleteRun
-from gpucampaign.folder.layout import RESULT_FILE
+from gpucampaign.folder.layout import RunFolder
 
 
 @dataclass
@@ -61,28 +60,28 @@ def require_complete(run_id: str, *, steps_done: int, planned_steps: int) -> Non
         )
 
 
-def recorded_result(out_dir: Path, run_id: str) -> RunResult | None:
-    """The result a finished call recorded in ``out_dir``, or None when there is none.
+def recorded_result(run_folder: RunFolder) -> RunResult | None:
+    """The result a finished call recorded in ``run_folder``, or None when there is none.
 
     Args:
-        out_dir: The run folder.
-        run_id: The run expected there.
+        run_folder: The run's folder (the run expected there is its ``run_id``).
 
     Returns:
         The recorded ``RunResult`` with ``reused`` set.
 
     Raises:
-        SpecError: The folder holds another run.
+        FolderError: The folder holds another run.
         IncompleteRun: The record has fewer steps than planned.
         StopRule: The recorded run stopped on a rule (raised again, same stop ID).
     """
-    path = out_dir / RESULT_FILE
+    path, run_id = run_folder.result, run_folder.run_id
     if not path.is_file():
         return None
     result = RunResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
     if result.run_id != run_id:
         raise FolderError(
-            f"'{out_dir}' holds run {result.run_id}, not {run_id}: give each run its own folder.",
+            f"'{run_folder.path}' holds run {result.run_id}, not {run_id}: give each run its own "
+            "folder.",
             field="out_dir",
         )
     # A recorded stop first: an interrupted run (``resume: inference``) is recorded short of

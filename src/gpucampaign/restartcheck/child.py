@@ -20,6 +20,7 @@ from typing import Any
 from gpucampaign.core.stoprules import NoUsableRestart, StopRule
 from gpucampaign.data.corpus import open_corpus
 from gpucampaign.engine.loop import train_run
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.spec import CampaignSpec, parse_spec
 from gpucampaign.spec.recipefile import RECIPE_DIRS
 from gpucampaign.storage import LocalStore
@@ -50,7 +51,7 @@ def _child_main(argv: list[str]) -> int:
             run=run,
             corpus=corpus,
             store=LocalStore(a.store),
-            out_dir=a.out,
+            run_folder=RunFolder.scratch(a.out, run.run_id),
             stop_after_steps=a.stop_after,
             checkpoint_every=a.checkpoint_every,
         )

@@ -46,7 +46,7 @@ from typing import Any
 
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
 from gpucampaign.core.text import redact_logging, redact_secrets
-from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE, run_id_of
+from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE, RunFolder
 from gpucampaign.folder.records import read_campaign_id
 from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 
@@ -274,7 +274,7 @@ class RunTracker:
         spec: CampaignSpec,
         *,
         run: ResolvedRun,
-        out_dir: Path,
+        run_folder: RunFolder,
         restored_meta: Mapping[str, Any] | None,
         restored_step: int,
         client: Any = None,
@@ -284,8 +284,8 @@ class RunTracker:
         if uri is None:
             return None
         client = client if client is not None else make_client(uri)
-        out_dir = Path(out_dir)
-        root = out_dir.parent.parent if run_id_of(out_dir) is not None else out_dir
+        # The campaign ID is the output folder's (a scratch run folder keeps its own).
+        root = run_folder.out if run_folder.out is not None else run_folder.path
         tags, params = run_identity(spec, run)
         known = (restored_meta or {}).get(META_KEY)
         t = cls(
@@ -293,7 +293,7 @@ class RunTracker:
             uri=uri,
             experiment=experiment_name(spec),
             campaign_id=campaign_id_of(root, spec),
-            run_folder=out_dir,
+            run_folder=run_folder.path,
             run_id=run.run_id,
             tags=tags,
             params=params,

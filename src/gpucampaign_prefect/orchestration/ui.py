@@ -107,7 +107,7 @@ class TrainingView:
         self.close()
 
     def _last(self, folder: OutputFolder) -> None:
-        record = read_progress(folder.run_dir(self.run_id))
+        record = read_progress(folder.run(self.run_id).path)
         description = render_line(record) if record else f"{self.run_id}: done"
         if self.id is not None:
             update_progress_artifact(artifact_id=self.id, progress=100.0, description=description)
@@ -139,7 +139,7 @@ class TrainingView:
         metrics.jsonl, so a resumed run's table holds its earlier evaluations too)."""
         if not self.out:
             return
-        rows = read_metrics(out_folder(self.out).run_dir(self.run_id) / METRICS_FILE)
+        rows = read_metrics(out_folder(self.out).run(self.run_id).path / METRICS_FILE)
         planned = int(info.get("planned_steps") or max((r.get("step", 0) for r in rows), default=0))
         table = evaluation_table(rows, metric=info.get("metric"), planned_steps=planned)
         if not table:

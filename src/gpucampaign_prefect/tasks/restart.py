@@ -68,7 +68,7 @@ def restart_verification(
                     workdir=Path(work),
                 )
             else:
-                with _relayed(Path(work), folder.run_dir(resolved.run_id)):
+                with _relayed(Path(work), folder.run(resolved.run_id).path):
                     report = campaign_restart_check(
                         spec, run=resolved, base_dir=base_dir, out_dir=out, workdir=Path(work)
                     )

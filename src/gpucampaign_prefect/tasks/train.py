@@ -81,9 +81,9 @@ def _run_training(
         progress.finish(folder)
     finally:
         progress.close()  # a stop or an error: the UI's thread ends too
-    if (unsent := tracking_note(folder.run_dir(run_id))) is not None:
+    if (unsent := tracking_note(folder.run(run_id).path)) is not None:
         get_run_logger().warning(unsent)
-    return result, n_train_of(folder.run_dir(run_id), run=run, corpus=corpus)
+    return result, n_train_of(folder.run(run_id).path, run=run, corpus=corpus)
 
 
 def _train_under_lock(
@@ -124,7 +124,7 @@ def _train_under_lock(
                 run=run,
                 corpus=corpus,
                 store=store,
-                out_dir=folder.run_dir(run_id),
+                run_folder=folder.run(run_id),
                 stop_after_steps=stop_after_steps,
                 progress=progress,
                 on_save=saved,
@@ -159,7 +159,7 @@ def pilot(
         stop_after_steps=spec.pilot.steps,
         lane=lane,
     )
-    metrics = out_folder(out).run_dir(resolved.run_id) / METRICS_FILE
+    metrics = out_folder(out).run(resolved.run_id).path / METRICS_FILE
     rows = read_metrics(metrics) if metrics.is_file() else []
     losses = early_losses(rows, steps=spec.pilot.steps)
     return pilot_measures(resolved, result=result, n_train=n_train, losses=losses)
