@@ -475,13 +475,7 @@ def _submit_in_lanes(
             )
         else:
             futures[item] = tails[lane] = train.submit(
-                cs,
-                run=item,
-                run_id=cs.resolve_run(item).run_id,
-                lane=lane,
-                return_state=False,
-                wait_for=wait or None,
-                **common,
+                cs, run=item, lane=lane, return_state=False, wait_for=wait or None, **common
             )
     return futures, restart_future
 
