@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import signal
 import socket
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from prefect import allow_failure, flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.exceptions import UnfinishedRun
 from prefect.states import Cancelled, Failed
+from pydantic.json_schema import SkipJsonSchema
 
-from gpucampaign.close.manifest import keep_inputs, refuse_sealed_rewrite
+from gpucampaign.close.manifest import keep_inputs
 from gpucampaign.core.interrupt import Interrupted, graceful_signals, handled_outside
 from gpucampaign.core.stoprules import StopRule
-from gpucampaign.core.storageurl import is_s3
 from gpucampaign.core.text import redact_logging
 from gpucampaign.engine.lotend import LotEnded
 from gpucampaign.folder.layout import OutputFolder
@@ -39,12 +37,8 @@ from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.decision import Decision
 from gpucampaign.plan.lanes import RESTART_CHECK, lane_order
 from gpucampaign.plan.stopping import campaign_stop, essential_pilot_stops, stop_effect
-from gpucampaign.plan.tariffs import load_catalog
-from gpucampaign.preflight import preflight
-from gpucampaign.spec import CampaignSpec, SpecError, load_spec, spec_sha256
-from gpucampaign.spec.recipefile import use_recipe_dir
-from gpucampaign.storage import open_store
-from gpucampaign.storage.sharedtimeline import adopt_timeline
+from gpucampaign.preflight import OpenCampaign, open_campaign, start_folder
+from gpucampaign.spec import CampaignSpec, SpecError, spec_sha256
 from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
 from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign_prefect.orchestration import notify
@@ -92,7 +86,8 @@ def _stop_or_lot_end(future: Any, ended: list[LotEnded]) -> StopRule | None:
 
 @flow(name="campaign", flow_run_name=campaign_run_name, log_prints=False)
 def campaign(
-    spec: str | CampaignSpec = DEFAULT_SPEC,
+    # `campaign run` hands over the opened campaign; a deployment's form offers the other two
+    spec: str | CampaignSpec | SkipJsonSchema[OpenCampaign] = DEFAULT_SPEC,
     out: str = DEFAULT_OUT,
     decision_mode: Literal["auto", "ask"] | None = None,
     base_dir: str | None = None,
@@ -101,8 +96,9 @@ def campaign(
     """Run a whole campaign into the output folder ``out``; rerunning it resumes.
 
     Args:
-        spec: path of the campaign YAML (relative paths in it are relative to its folder), or
-            the spec object itself.
+        spec: path of the campaign YAML (relative paths in it are relative to its folder), the
+            spec object itself, or the campaign ``open_campaign`` opened (``campaign run``:
+            nothing is loaded or checked again; its output folder is the one used).
         out: output folder; a rerun into the same folder repeats nothing finished.
         decision_mode: overrides the spec's ``decision_point.mode`` ('auto' or 'ask').
         base_dir: folder the paths of a spec object are relative to (default: the working
@@ -117,10 +113,15 @@ def campaign(
     with graceful_signals() as previous:
         try:
             try:  # before the folder is written (the lock writes it) and before the audit
-                cs = _preflight(spec, out=out, base_dir=base_dir)
+                opened = (
+                    spec
+                    if isinstance(spec, OpenCampaign)
+                    else open_campaign(spec, out, base_dir=base_dir)
+                )
             except SpecError as exc:  # the preflight's paragraph is the whole story
                 get_run_logger().error("refused before anything started: %s", exc)
                 return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
+            cs, out = opened.spec, str(opened.folder.root)
             tag = CAMPAIGN_TAG.format(name=cs.name)
             tag_flow_run(tag)
             # One copy per campaign across hosts (S3 store: orchestration/campaign_lock.py), and
@@ -138,9 +139,7 @@ def campaign(
                         "this campaign: %s",
                         ", ".join(closed),
                     )
-                return _campaign(
-                    spec, out=out, decision_mode=decision_mode, base_dir=base_dir, relaunch=relaunch
-                )
+                return _campaign(opened, decision_mode=decision_mode, relaunch=relaunch)
         except CampaignHeld as exc:
             get_run_logger().error("%s", exc)
             return Failed(message=str(exc))  # type: ignore[return-value]
@@ -182,25 +181,25 @@ def _cancelling() -> bool:
 
 
 def _campaign(
-    spec: str | CampaignSpec,
-    *,
-    out: str,
-    decision_mode: Literal["auto", "ask"] | None,
-    base_dir: str | None,
-    relaunch: int = 0,
+    opened: OpenCampaign, *, decision_mode: Literal["auto", "ask"] | None, relaunch: int = 0
 ) -> dict[str, Any]:
     """The flow's body (see ``campaign``)."""
     logger = get_run_logger()
+    cs, base, folder = opened.spec, opened.base_dir, opened.folder
     try:
-        cs, base, folder = _open(spec, out=out, base_dir=base_dir)
+        if start_folder(opened):
+            logger.warning(
+                "a fresh output folder on %s: its timeline starts from the copy in %s (the "
+                "segments of the host that ran the campaign before, a loss among them)",
+                socket.gethostname(),
+                cs.storage.url,
+            )
     except SpecError as exc:  # the preflight's paragraph is the whole story: no traceback
         logger.error("refused before anything started: %s", exc)
         return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
     if (refused := relaunch_refused(cs, relaunch=relaunch)) is not None:
         return Failed(message=refused)  # type: ignore[return-value]
-    tag_flow_run(CAMPAIGN_TAG.format(name=cs.name))
-    catalog = load_catalog(spec=cs, base_dir=base)
-    plan0 = calendar.plan(cs, catalog=catalog)
+    catalog, plan0 = opened.catalog, opened.plan
     folder.write_plan_once(plan0.to_dict())
     keep_inputs(folder.root, cs, base_dir=base)
     campaign_id = _campaign_id(cs, folder)
@@ -286,50 +285,6 @@ def _closed(
     if failed:
         return Failed(message=failed, data=summary)  # type: ignore[return-value]
     return summary
-
-
-def _preflight(spec: str | CampaignSpec, *, out: str, base_dir: str | None) -> CampaignSpec:
-    """The spec's files, corpus, recipes and store, checked before anything is written; the
-    spec."""
-    if isinstance(spec, CampaignSpec):
-        cs, base = spec, Path(base_dir or ".").resolve()
-    else:
-        spec_path = Path(spec).resolve()
-        cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
-    preflight(cs, base_dir=base, out_dir=out)
-    return cs
-
-
-def _open(
-    spec: str | CampaignSpec, *, out: str, base_dir: str | None
-) -> tuple[CampaignSpec, Path, OutputFolder]:
-    """The spec, the folder its paths are relative to, and the output folder keeping its copy."""
-    if isinstance(spec, CampaignSpec):
-        cs, base = spec, Path(base_dir or ".").resolve()
-        use_recipe_dir(base)  # a spec file's folder is put there by load_spec
-        text = yaml.safe_dump(cs.model_dump(mode="json"), sort_keys=False).encode()
-        source = "the spec object given"
-    else:
-        spec_path = Path(spec).resolve()
-        cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
-        text, source = spec_path.read_bytes(), f"'{spec_path}'"
-    folder = OutputFolder(Path(out))
-    folder.keep_spec(text, source=source, check_only=True)
-    refuse_sealed_rewrite(folder.root, cs, base_dir=base)
-    folder.root.mkdir(parents=True, exist_ok=True)
-    folder.keep_spec(text, source=source)
-    if is_s3(cs.storage.url) and adopt_timeline(
-        folder.root,
-        store=open_store(cs.storage.url, out_dir=folder.root),
-        spec_sha256=spec_sha256(cs),  # and the campaign ID: the same campaign goes on here
-    ):
-        get_run_logger().warning(
-            "a fresh output folder on %s: its timeline starts from the copy in %s (the "
-            "segments of the host that ran the campaign before, a loss among them)",
-            socket.gethostname(),
-            cs.storage.url,
-        )
-    return cs, base, folder
 
 
 def _experiments(
