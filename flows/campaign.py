@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import signal
 import socket
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, NotRequired, TypedDict
 
-from prefect import allow_failure, flow, get_run_logger
+from prefect import State, allow_failure, flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.exceptions import UnfinishedRun
-from prefect.states import Cancelled, Failed
+from prefect.states import Cancelled, Completed, Failed
 from pydantic.json_schema import SkipJsonSchema
 
 from gpucampaign.close.manifest import keep_inputs
@@ -84,6 +85,52 @@ def _stop_or_lot_end(future: Any, ended: list[LotEnded]) -> StopRule | None:
         return None  # it waited for a phase the lot's end stopped: it never started
 
 
+class CampaignSummary(TypedDict):
+    """What the campaign flow returns once it closed (``campaign run`` prints it)."""
+
+    campaign_id: str
+    out: str
+    verdict: dict[str, Any]
+    spent_usd: float
+    rental_per_accepted_usd: float | None
+    runs: dict[str, str]
+    decision: dict[str, Any] | None
+    verified: bool
+    problems: list[str]
+    manifest_sha256: str | None
+    mirrored: dict[str, Any]
+    essential_stop: dict[str, Any] | None
+    lot_ended: NotRequired[str]  # closed at a lot's end, resumable: why, and where it goes on
+
+
+@dataclass(frozen=True)
+class CampaignEnd:
+    """How the flow ended, one value: the summary of a close, and the message of a failed or
+    cancelled end (the flow run's state says it; ``state`` makes it)."""
+
+    summary: CampaignSummary | None = None
+    failed: str | None = None
+    cancelled: str | None = None
+    refused: SpecError | None = None  # a refusal before anything started: the failure's data
+
+    def state(self) -> State[Any]:
+        """The flow run's final state: Completed with the summary, or Failed or Cancelled with
+        the message (and the summary, or the refusal, as its data)."""
+        if self.cancelled is not None:
+            return Cancelled(message=self.cancelled, data=self.summary)
+        if self.failed is not None:
+            data = self.refused if self.refused is not None else self.summary
+            return Failed(message=self.failed, data=data)
+        return Completed(data=self.summary)
+
+
+def _refused(exc: SpecError) -> CampaignEnd:
+    """A campaign refused before anything started: the preflight's paragraph is the whole
+    story (no traceback)."""
+    get_run_logger().error("refused before anything started: %s", exc)
+    return CampaignEnd(failed=f"refused before anything started: {exc}", refused=exc)
+
+
 @flow(name="campaign", flow_run_name=campaign_run_name, log_prints=False)
 def campaign(
     # `campaign run` hands over the opened campaign; a deployment's form offers the other two
@@ -92,7 +139,7 @@ def campaign(
     decision_mode: Literal["auto", "ask"] | None = None,
     base_dir: str | None = None,
     relaunch: int = 0,
-) -> dict[str, Any]:
+) -> State[Any]:
     """Run a whole campaign into the output folder ``out``; rerunning it resumes.
 
     Args:
@@ -106,58 +153,75 @@ def campaign(
         relaunch: how many times the stack relaunched this campaign after a crash (set by the
             relaunch automation, infra/automations.py); above ``checkpoint.max_relaunches``
             the run refuses to start.
+
+    Returns:
+        Completed with the ``CampaignSummary``; Failed when refused, stopped or not verified;
+        Cancelled when interrupted or closed at a lot's end (see ``CampaignEnd``).
     """
     redact_logging()  # no credential in a log line, a task's record in Prefect's database
     # SIGINT and SIGTERM become a stop request: the running training saves at its next step
     # boundary and raises Interrupted, which ends every phase still waiting.
     with graceful_signals() as previous:
         try:
-            try:  # before the folder is written (the lock writes it) and before the audit
-                opened = (
-                    spec
-                    if isinstance(spec, OpenCampaign)
-                    else open_campaign(spec, out, base_dir=base_dir)
-                )
-            except SpecError as exc:  # the preflight's paragraph is the whole story
-                get_run_logger().error("refused before anything started: %s", exc)
-                return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
-            cs, out = opened.spec, str(opened.folder.root)
-            tag = CAMPAIGN_TAG.format(name=cs.name)
-            tag_flow_run(tag)
-            # One copy per campaign across hosts (S3 store: orchestration/campaign_lock.py), and
-            # one writer per output folder (`campaign run` holds it already: re-entrant).
-            with (
-                relay_outages(name=cs.name, out=out),  # the store's outage: in the run's logs
-                campaign_lock(cs, tag=tag, lease_s=cs.gpu_lock.lease_s),
-                writer_lock(out) as took_over,
-            ):
-                if took_over:
-                    get_run_logger().warning(took_over)
-                if closed := close_dead_copies(tag):
-                    get_run_logger().warning(
-                        "closed the task runs and GPU tags left open by crashed copies of "
-                        "this campaign: %s",
-                        ", ".join(closed),
-                    )
-                return _campaign(opened, decision_mode=decision_mode, relaunch=relaunch)
+            end = _opened_and_locked(
+                spec, out=out, decision_mode=decision_mode, base_dir=base_dir, relaunch=relaunch
+            )
         except CampaignHeld as exc:
             get_run_logger().error("%s", exc)
-            return Failed(message=str(exc))  # type: ignore[return-value]
+            end = CampaignEnd(failed=str(exc))
         except Interrupted as exc:
             get_run_logger().warning("campaign %s; rerun to resume", exc)
             if exc.reason == "SIGTERM" and _cancelling():
                 # A cancellation (UI, `prefect flow-run cancel`): the worker sent this SIGTERM
                 # and, once the process is gone, marks the run Cancelled unless it already is.
-                return Cancelled(message=f"cancelled: {exc}; rerun to resume")  # type: ignore[return-value]
-            handler = previous.get(signal.SIGTERM)
-            if exc.reason == "SIGTERM" and callable(handler) and not handled_outside():
-                # Any other SIGTERM to a worker's flow-run process (the machine shutting down),
-                # now that the work is saved, goes on to the handler it replaced (Prefect's:
-                # the run ends Crashed).
-                handler(signal.SIGTERM, None)
-                raise
-            # A Ctrl-C or SIGTERM to `campaign run`: an interruption, not a failure.
-            return Cancelled(message=f"{exc}; rerun to resume")  # type: ignore[return-value]
+                end = CampaignEnd(cancelled=f"cancelled: {exc}; rerun to resume")
+            else:
+                handler = previous.get(signal.SIGTERM)
+                if exc.reason == "SIGTERM" and callable(handler) and not handled_outside():
+                    # Any other SIGTERM to a worker's flow-run process (the machine shutting
+                    # down), now that the work is saved, goes on to the handler it replaced
+                    # (Prefect's: the run ends Crashed).
+                    handler(signal.SIGTERM, None)
+                    raise
+                # A Ctrl-C or SIGTERM to `campaign run`: an interruption, not a failure.
+                end = CampaignEnd(cancelled=f"{exc}; rerun to resume")
+    return end.state()
+
+
+def _opened_and_locked(
+    spec: str | CampaignSpec | OpenCampaign,
+    *,
+    out: str,
+    decision_mode: Literal["auto", "ask"] | None,
+    base_dir: str | None,
+    relaunch: int,
+) -> CampaignEnd:
+    """The campaign opened (unless ``campaign run`` did), then run under its locks."""
+    try:  # before the folder is written (the lock writes it) and before the audit
+        opened = (
+            spec if isinstance(spec, OpenCampaign) else open_campaign(spec, out, base_dir=base_dir)
+        )
+    except SpecError as exc:
+        return _refused(exc)
+    out = str(opened.folder.root)
+    tag = CAMPAIGN_TAG.format(name=opened.name)
+    tag_flow_run(tag)
+    # One copy per campaign across hosts (S3 store: orchestration/campaign_lock.py), and one
+    # writer per output folder (`campaign run` holds it already: re-entrant).
+    with (
+        relay_outages(name=opened.name, out=out),  # the store's outage: in the run's logs
+        campaign_lock(opened.spec, tag=tag, lease_s=opened.spec.gpu_lock.lease_s),
+        writer_lock(out) as took_over,
+    ):
+        if took_over:
+            get_run_logger().warning(took_over)
+        if closed := close_dead_copies(tag):
+            get_run_logger().warning(
+                "closed the task runs and GPU tags left open by crashed copies of this "
+                "campaign: %s",
+                ", ".join(closed),
+            )
+        return _campaign(opened, decision_mode=decision_mode, relaunch=relaunch)
 
 
 def _cancelling() -> bool:
@@ -182,7 +246,7 @@ def _cancelling() -> bool:
 
 def _campaign(
     opened: OpenCampaign, *, decision_mode: Literal["auto", "ask"] | None, relaunch: int = 0
-) -> dict[str, Any]:
+) -> CampaignEnd:
     """The flow's body (see ``campaign``)."""
     logger = get_run_logger()
     cs, base, folder = opened.spec, opened.base_dir, opened.folder
@@ -194,11 +258,10 @@ def _campaign(
                 socket.gethostname(),
                 cs.storage.url,
             )
-    except SpecError as exc:  # the preflight's paragraph is the whole story: no traceback
-        logger.error("refused before anything started: %s", exc)
-        return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
+    except SpecError as exc:
+        return _refused(exc)
     if (refused := relaunch_refused(cs, relaunch=relaunch)) is not None:
-        return Failed(message=refused)  # type: ignore[return-value]
+        return CampaignEnd(failed=refused)
     catalog, plan0 = opened.catalog, opened.plan
     folder.write_plan_once(plan0.to_dict())
     keep_inputs(folder.root, cs, base_dir=base)
@@ -239,7 +302,7 @@ def _campaign(
     mirrored = mirror(cs, out=str(folder.root))
     logger.info("answer of %s: %s", campaign_id, closed["verdict"].get("answer"))
     logger.info("verdict of %s: %s", campaign_id, closed["verdict"]["text"])
-    summary = {
+    summary: CampaignSummary = {
         "campaign_id": campaign_id,
         "out": str(folder.root),
         "verdict": closed["verdict"],
@@ -254,7 +317,8 @@ def _campaign(
         "essential_stop": essential_stop.to_record() if essential_stop else None,
     }
     if lot_end is not None:  # closed with what it has, resumable
-        return closed_at_lot_end(cs, lot_end, campaign_id=campaign_id, summary=summary)
+        message = closed_at_lot_end(cs, lot_end, campaign_id=campaign_id, out=summary["out"])
+        return CampaignEnd(summary={**summary, "lot_ended": message}, cancelled=message)
     return _closed(
         cs, campaign_id=campaign_id, summary=summary, verdict=closed["verdict"], stop=essential_stop
     )
@@ -264,10 +328,10 @@ def _closed(
     cs: CampaignSpec,
     *,
     campaign_id: str,
-    summary: dict[str, Any],
+    summary: CampaignSummary,
     verdict: dict[str, Any],
     stop: StopRule | None,
-) -> dict[str, Any]:
+) -> CampaignEnd:
     """The flow's end after the close: notified, Failed when stopped or not verified."""
     failed = ""
     if stop is not None:
@@ -282,9 +346,7 @@ def _closed(
         out=summary["out"],
         failed=failed,
     )
-    if failed:
-        return Failed(message=failed, data=summary)  # type: ignore[return-value]
-    return summary
+    return CampaignEnd(summary=summary, failed=failed or None)
 
 
 def _experiments(
