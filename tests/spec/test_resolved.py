@@ -138,7 +138,7 @@ def test_a_training_task_resolves_its_run_once(
     for calls in counts.values():
         calls.clear()
 
-    result = train_tasks.train.fn(spec, **common, run_id=run_id)
+    result = train_tasks.train.fn(spec, **common)
     assert result["completed"] and result["run_id"] == run_id
     assert result["resumed_from_step"] == spec.pilot.steps
     # The same spec: the run is looked up, never resolved (nor its recipe file read) again.

@@ -11,7 +11,7 @@ consoles, the exit codes) in ``cli/common.py``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -33,7 +33,9 @@ from gpucampaign.core.errors import ArgumentError, InputError
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.storageurl import LOCAL, is_local
 from gpucampaign.folder.layout import MANIFEST, REPORT_MD, TIMELINE
-from gpucampaign.spec import CampaignSpec, SpecError
+
+if TYPE_CHECKING:  # the preflight loads the recipes' modules: only `campaign run` imports it
+    from gpucampaign.preflight import OpenCampaign
 
 _CALIBRATE_HELP = (
     "Output folder of a closed campaign: its measured load, step, eval and save times replace "
@@ -79,7 +81,7 @@ def plan_cmd(
     try:
         result = calendar.plan(cs, base_dir=spec.resolve().parent, hours_override=override or None)
     except InputError as exc:
-        raise SpecError(f"Invalid campaign spec '{spec}': {exc}", field=exc.field) from None
+        raise type(exc)(f"Invalid campaign spec '{spec}': {exc}", field=exc.field) from None
     if not as_json:
         for line in checked.checked:
             say(f"checked: {esc(line)}")
@@ -394,11 +396,17 @@ def run_cmd(
     from gpucampaign.core.interrupt import stop_requested
     from gpucampaign.folder.lock import writer_lock
     from gpucampaign.plan.rental import rental_of
-    from gpucampaign.spec import load_spec
+    from gpucampaign.preflight import open_campaign
 
-    cs = load_spec(spec)
-    target = _checked_target(spec, cs, out=out, decision=decision)
-    for line in _before_the_start(spec, cs, target=target, decision=decision):
+    # Refused before Prefect starts and before the folder is written: one paragraph, exit 2.
+    opened = open_campaign(spec, out)  # the flow is handed this value: it opens nothing again
+    cs, target = opened.spec, opened.folder.root
+    if decision not in (None, "auto", "ask"):
+        raise ArgumentError(
+            f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.",
+            field="--decision",
+        )
+    for line in _before_the_start(spec, opened, decision=decision):
         err_console.print(line, soft_wrap=True, highlight=False)
     # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
     # terminal unless asked for: the progress lines say what runs.
@@ -424,7 +432,7 @@ def run_cmd(
                 err_console.print(f"[yellow]note:[/] {esc(took_over)}", soft_wrap=True)
             with Background(view):
                 state = flow(
-                    spec=str(spec), out=str(target), decision_mode=decision, return_state=True
+                    spec=opened, out=str(target), decision_mode=decision, return_state=True
                 )
     except BaseException:
         if stop_requested() is None:
@@ -435,52 +443,21 @@ def run_cmd(
     _end_of_run(state, target=target, question=cs.question)
 
 
-def _checked_target(
-    spec: Path, cs: CampaignSpec, *, out: Path | None, decision: str | None
-) -> Path:
-    """The output folder, after the checks that refuse the run before Prefect starts and before
-    the folder is written (one paragraph, exit 2)."""
-    from gpucampaign.close.manifest import refuse_sealed_rewrite
-    from gpucampaign.folder.layout import OutputFolder
-    from gpucampaign.preflight import preflight
-
-    if decision not in (None, "auto", "ask"):
-        raise ArgumentError(
-            f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'."
-        )
-    target = out or Path("out") / cs.name
-    if target.exists() and not target.is_dir():
-        raise ArgumentError(
-            f"option '--out': '{target}' is a file, not a folder; give a new or "
-            "existing output folder.",
-            field="--out",
-        )
-    # Refused before Prefect starts and before the folder is written: one paragraph, exit 2.
-    OutputFolder(target).keep_spec(spec.read_bytes(), source=f"'{spec}'", check_only=True)
-    refuse_sealed_rewrite(target, cs, base_dir=spec.resolve().parent)
-    preflight(cs, base_dir=spec.resolve().parent, out_dir=target)
-    return target
-
-
-def _before_the_start(
-    spec: Path, cs: CampaignSpec, *, target: Path, decision: str | None
-) -> list[str]:
+def _before_the_start(spec: Path, opened: OpenCampaign, *, decision: str | None) -> list[str]:
     """What the user learns before the campaign starts: one line when its calendar does not fit
     its window (the overrun and ``campaign plan``'s options; the decision point after the
     pilot then reduces it or re-poses the question, as the spec's ``decision_point`` says), one
     when the folder holds a closed campaign (a rerun repeats nothing)."""
-    from gpucampaign.plan import calendar
-
-    lines = []
+    lines, target = [], opened.folder.root
     if (target / MANIFEST).is_file():
         lines.append(
             f"[bold]closed campaign:[/] {esc(target)} is sealed (manifest.json); a rerun repeats "
             "nothing: no run trains again and its recorded stops stand; the folder is only "
             f"closed and verified again. Its report: {esc(target / REPORT_MD)}"
         )
-    d = calendar.plan(cs, base_dir=spec.resolve().parent).to_dict()
+    d = opened.plan.to_dict()
     if not d["fits"]:
-        mode = decision or cs.decision_point.mode
+        mode = decision or opened.spec.decision_point.mode
         options = ", ".join(o["kind"] for o in d["options"]) or "none"
         lines.append(
             f"[yellow]warning:[/] the calendar does not fit its window: {d['overrun_hours']:g} h "

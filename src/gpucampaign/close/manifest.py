@@ -7,7 +7,6 @@ referenced by location and hash). ``RELOAD.md`` gives the commands to check and 
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 from collections.abc import Mapping, Sequence
@@ -19,7 +18,7 @@ import torch
 
 from gpucampaign.core.errors import FolderError, InputError
 from gpucampaign.core.files import git_commit, sha256_file, utc_now
-from gpucampaign.data.pins import folder_manifest, input_sha256, manifest_sha256
+from gpucampaign.data.pins import folder_manifest, manifest_sha256
 from gpucampaign.folder.layout import (
     CHECKPOINTS_DIR,
     DATA_DIR,
@@ -215,54 +214,6 @@ def keep_inputs(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -
         kept["pinned"][name] = ref
     folder.write_json(INPUTS, kept)
     return kept
-
-
-def refuse_sealed_rewrite(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -> None:
-    """Refuse, before anything is written, a rerun into a sealed folder whose inputs changed.
-
-    A folder with ``manifest.json`` is sealed: a rerun with the same spec and the same inputs
-    may go over it again (it repeats nothing finished), but one whose corpus, pinned input or
-    catalog no longer has the hash the campaign was sealed with would rewrite its records.
-
-    Raises:
-        SpecError: The folder is sealed and an input changed; the message says how to start
-            a new campaign.
-    """
-    folder = OutputFolder(root)
-    if not folder.path(MANIFEST).is_file():
-        return
-    try:
-        sealed = json.loads(folder.path(MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        sealed = {}
-    kept = (sealed.get("inputs") if isinstance(sealed, dict) else None) or {}
-    pins: list[tuple[str, str, str | None]] = []
-    if spec.corpus is not None:
-        pins.append((f"corpus '{spec.corpus.path}'", spec.corpus.path, spec.corpus.sha256))
-    pins += [(f"input '{n}' ('{i.path}')", i.path, i.sha256) for n, i in spec.inputs.items()]
-    if spec.catalog is not None and isinstance(kept.get("catalog"), dict):
-        pins.append((f"catalog '{spec.catalog}'", spec.catalog, kept["catalog"].get("sha256")))
-    changed = []
-    for label, rel, want in pins:
-        try:
-            path = resolve_inside(base_dir, rel, field="out")
-            now = input_sha256(path) if path.exists() else None
-        except (InputError, OSError) as exc:
-            changed.append(f"{label} can no longer be read ({exc})")
-            continue
-        if now is None:
-            changed.append(f"{label} is missing")
-        elif want is not None and now != want:
-            changed.append(f"{label} has sha256 {now}, the campaign was sealed with {want}")
-    if changed:
-        raise FolderError(
-            f"Output folder '{folder.root}' holds a sealed campaign (manifest.json) and its "
-            f"inputs changed since: {'; '.join(changed)}. A sealed folder is never rewritten; "
-            "nothing was changed there. To train on the new inputs, start a new campaign: pin "
-            "them again (`campaign pin PATH` prints the sha256 for the spec) and run with a "
-            "new --out.",
-            field="out",
-        )
 
 
 def _reference_folder(

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
-from typing import Any
 
 from prefect import get_client, get_run_logger
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 from prefect.deployments import run_deployment
-from prefect.states import Cancelled
 
 from gpucampaign.engine.lotend import LotEnded
 from gpucampaign.plan.lots import LOT_ENV, Lot, dated_lots, next_lot, pinned_lot
@@ -93,11 +91,9 @@ def after_lot_end(cs: CampaignSpec, exc: LotEnded, *, campaign_id: str, out: str
     return True
 
 
-def closed_at_lot_end(
-    cs: CampaignSpec, exc: LotEnded, *, campaign_id: str, summary: dict[str, Any]
-) -> Any:
-    """The flow's end after a lot ended with no lot to go on to: Cancelled, resumable, said
-    in the log and notified."""
+def closed_at_lot_end(cs: CampaignSpec, exc: LotEnded, *, campaign_id: str, out: str) -> str:
+    """The flow's end after a lot ended with no lot to go on to (the flow ends Cancelled,
+    resumable): what it says, in the log and notified."""
     nxt = _next(cs, exc)
     pinned = pinned_lot(cs, os.environ)
     if nxt is not None and _elsewhere(nxt):
@@ -116,8 +112,8 @@ def closed_at_lot_end(
         )
     message = f"{exc}. {where}{_kept(exc)}"
     get_run_logger().warning(message)
-    notify.lot_ended(campaign=campaign_id, name=cs.name, message=message, out=summary["out"])
-    return Cancelled(message=message, data={**summary, "lot_ended": message})
+    notify.lot_ended(campaign=campaign_id, name=cs.name, message=message, out=out)
+    return message
 
 
 def _hand_over(lot: Lot) -> str:

@@ -7,22 +7,21 @@ from __future__ import annotations
 
 import signal
 import socket
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, NotRequired, TypedDict
 
-import yaml
-from prefect import allow_failure, flow, get_run_logger
+from prefect import State, allow_failure, flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.exceptions import UnfinishedRun
-from prefect.states import Cancelled, Failed
+from prefect.states import Cancelled, Completed, Failed
+from pydantic.json_schema import SkipJsonSchema
 
-from gpucampaign.close.manifest import keep_inputs, refuse_sealed_rewrite
+from gpucampaign.close.manifest import keep_inputs
 from gpucampaign.core.errors import InputError
 from gpucampaign.core.interrupt import Interrupted, graceful_signals, handled_outside
 from gpucampaign.core.stoprules import StopRule
-from gpucampaign.core.storageurl import is_s3
 from gpucampaign.core.text import redact_logging
 from gpucampaign.engine.lotend import LotEnded
 from gpucampaign.folder.layout import OutputFolder
@@ -40,12 +39,8 @@ from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.decision import Decision
 from gpucampaign.plan.lanes import RESTART_CHECK, lane_order
 from gpucampaign.plan.stopping import campaign_stop, essential_pilot_stops, stop_effect
-from gpucampaign.plan.tariffs import load_catalog
-from gpucampaign.preflight import preflight
-from gpucampaign.spec import CampaignSpec, load_spec, spec_sha256
-from gpucampaign.spec.recipefile import use_recipe_dir
-from gpucampaign.storage import open_store
-from gpucampaign.storage.sharedtimeline import adopt_timeline
+from gpucampaign.preflight import OpenCampaign, open_campaign, start_folder
+from gpucampaign.spec import CampaignSpec, spec_sha256
 from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
 from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign_prefect.orchestration import notify
@@ -91,19 +86,67 @@ def _stop_or_lot_end(future: Any, ended: list[LotEnded]) -> StopRule | None:
         return None  # it waited for a phase the lot's end stopped: it never started
 
 
+class CampaignSummary(TypedDict):
+    """What the campaign flow returns once it closed (``campaign run`` prints it)."""
+
+    campaign_id: str
+    out: str
+    verdict: dict[str, Any]
+    spent_usd: float
+    rental_per_accepted_usd: float | None
+    runs: dict[str, str]
+    decision: dict[str, Any] | None
+    verified: bool
+    problems: list[str]
+    manifest_sha256: str | None
+    mirrored: dict[str, Any]
+    essential_stop: dict[str, Any] | None
+    lot_ended: NotRequired[str]  # closed at a lot's end, resumable: why, and where it goes on
+
+
+@dataclass(frozen=True)
+class CampaignEnd:
+    """How the flow ended, one value: the summary of a close, and the message of a failed or
+    cancelled end (the flow run's state says it; ``state`` makes it)."""
+
+    summary: CampaignSummary | None = None
+    failed: str | None = None
+    cancelled: str | None = None
+    refused: InputError | None = None  # a refusal before anything started: the failure's data
+
+    def state(self) -> State[Any]:
+        """The flow run's final state: Completed with the summary, or Failed or Cancelled with
+        the message (and the summary, or the refusal, as its data)."""
+        if self.cancelled is not None:
+            return Cancelled(message=self.cancelled, data=self.summary)
+        if self.failed is not None:
+            data = self.refused if self.refused is not None else self.summary
+            return Failed(message=self.failed, data=data)
+        return Completed(data=self.summary)
+
+
+def _refused(exc: InputError) -> CampaignEnd:
+    """A campaign refused before anything started: the preflight's paragraph is the whole
+    story (no traceback)."""
+    get_run_logger().error("refused before anything started: %s", exc)
+    return CampaignEnd(failed=f"refused before anything started: {exc}", refused=exc)
+
+
 @flow(name="campaign", flow_run_name=campaign_run_name, log_prints=False)
 def campaign(
-    spec: str | CampaignSpec = DEFAULT_SPEC,
+    # `campaign run` hands over the opened campaign; a deployment's form offers the other two
+    spec: str | CampaignSpec | SkipJsonSchema[OpenCampaign] = DEFAULT_SPEC,
     out: str = DEFAULT_OUT,
     decision_mode: Literal["auto", "ask"] | None = None,
     base_dir: str | None = None,
     relaunch: int = 0,
-) -> dict[str, Any]:
+) -> State[Any]:
     """Run a whole campaign into the output folder ``out``; rerunning it resumes.
 
     Args:
-        spec: path of the campaign YAML (relative paths in it are relative to its folder), or
-            the spec object itself.
+        spec: path of the campaign YAML (relative paths in it are relative to its folder), the
+            spec object itself, or the campaign ``open_campaign`` opened (``campaign run``:
+            nothing is loaded or checked again; its output folder is the one used).
         out: output folder; a rerun into the same folder repeats nothing finished.
         decision_mode: overrides the spec's ``decision_point.mode`` ('auto' or 'ask').
         base_dir: folder the paths of a spec object are relative to (default: the working
@@ -111,55 +154,75 @@ def campaign(
         relaunch: how many times the stack relaunched this campaign after a crash (set by the
             relaunch automation, infra/automations.py); above ``checkpoint.max_relaunches``
             the run refuses to start.
+
+    Returns:
+        Completed with the ``CampaignSummary``; Failed when refused, stopped or not verified;
+        Cancelled when interrupted or closed at a lot's end (see ``CampaignEnd``).
     """
     redact_logging()  # no credential in a log line, a task's record in Prefect's database
     # SIGINT and SIGTERM become a stop request: the running training saves at its next step
     # boundary and raises Interrupted, which ends every phase still waiting.
     with graceful_signals() as previous:
         try:
-            try:  # before the folder is written (the lock writes it) and before the audit
-                cs = _preflight(spec, out=out, base_dir=base_dir)
-            except InputError as exc:  # the preflight's paragraph is the whole story
-                get_run_logger().error("refused before anything started: %s", exc)
-                return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
-            tag = CAMPAIGN_TAG.format(name=cs.name)
-            tag_flow_run(tag)
-            # One copy per campaign across hosts (S3 store: orchestration/campaign_lock.py), and
-            # one writer per output folder (`campaign run` holds it already: re-entrant).
-            with (
-                relay_outages(name=cs.name, out=out),  # the store's outage: in the run's logs
-                campaign_lock(cs, tag=tag, lease_s=cs.gpu_lock.lease_s),
-                writer_lock(out) as took_over,
-            ):
-                if took_over:
-                    get_run_logger().warning(took_over)
-                if closed := close_dead_copies(tag):
-                    get_run_logger().warning(
-                        "closed the task runs and GPU tags left open by crashed copies of "
-                        "this campaign: %s",
-                        ", ".join(closed),
-                    )
-                return _campaign(
-                    spec, out=out, decision_mode=decision_mode, base_dir=base_dir, relaunch=relaunch
-                )
+            end = _opened_and_locked(
+                spec, out=out, decision_mode=decision_mode, base_dir=base_dir, relaunch=relaunch
+            )
         except CampaignHeld as exc:
             get_run_logger().error("%s", exc)
-            return Failed(message=str(exc))  # type: ignore[return-value]
+            end = CampaignEnd(failed=str(exc))
         except Interrupted as exc:
             get_run_logger().warning("campaign %s; rerun to resume", exc)
             if exc.reason == "SIGTERM" and _cancelling():
                 # A cancellation (UI, `prefect flow-run cancel`): the worker sent this SIGTERM
                 # and, once the process is gone, marks the run Cancelled unless it already is.
-                return Cancelled(message=f"cancelled: {exc}; rerun to resume")  # type: ignore[return-value]
-            handler = previous.get(signal.SIGTERM)
-            if exc.reason == "SIGTERM" and callable(handler) and not handled_outside():
-                # Any other SIGTERM to a worker's flow-run process (the machine shutting down),
-                # now that the work is saved, goes on to the handler it replaced (Prefect's:
-                # the run ends Crashed).
-                handler(signal.SIGTERM, None)
-                raise
-            # A Ctrl-C or SIGTERM to `campaign run`: an interruption, not a failure.
-            return Cancelled(message=f"{exc}; rerun to resume")  # type: ignore[return-value]
+                end = CampaignEnd(cancelled=f"cancelled: {exc}; rerun to resume")
+            else:
+                handler = previous.get(signal.SIGTERM)
+                if exc.reason == "SIGTERM" and callable(handler) and not handled_outside():
+                    # Any other SIGTERM to a worker's flow-run process (the machine shutting
+                    # down), now that the work is saved, goes on to the handler it replaced
+                    # (Prefect's: the run ends Crashed).
+                    handler(signal.SIGTERM, None)
+                    raise
+                # A Ctrl-C or SIGTERM to `campaign run`: an interruption, not a failure.
+                end = CampaignEnd(cancelled=f"{exc}; rerun to resume")
+    return end.state()
+
+
+def _opened_and_locked(
+    spec: str | CampaignSpec | OpenCampaign,
+    *,
+    out: str,
+    decision_mode: Literal["auto", "ask"] | None,
+    base_dir: str | None,
+    relaunch: int,
+) -> CampaignEnd:
+    """The campaign opened (unless ``campaign run`` did), then run under its locks."""
+    try:  # before the folder is written (the lock writes it) and before the audit
+        opened = (
+            spec if isinstance(spec, OpenCampaign) else open_campaign(spec, out, base_dir=base_dir)
+        )
+    except InputError as exc:
+        return _refused(exc)
+    out = str(opened.folder.root)
+    tag = CAMPAIGN_TAG.format(name=opened.name)
+    tag_flow_run(tag)
+    # One copy per campaign across hosts (S3 store: orchestration/campaign_lock.py), and one
+    # writer per output folder (`campaign run` holds it already: re-entrant).
+    with (
+        relay_outages(name=opened.name, out=out),  # the store's outage: in the run's logs
+        campaign_lock(opened.spec, tag=tag, lease_s=opened.spec.gpu_lock.lease_s),
+        writer_lock(out) as took_over,
+    ):
+        if took_over:
+            get_run_logger().warning(took_over)
+        if closed := close_dead_copies(tag):
+            get_run_logger().warning(
+                "closed the task runs and GPU tags left open by crashed copies of this "
+                "campaign: %s",
+                ", ".join(closed),
+            )
+        return _campaign(opened, decision_mode=decision_mode, relaunch=relaunch)
 
 
 def _cancelling() -> bool:
@@ -183,25 +246,24 @@ def _cancelling() -> bool:
 
 
 def _campaign(
-    spec: str | CampaignSpec,
-    *,
-    out: str,
-    decision_mode: Literal["auto", "ask"] | None,
-    base_dir: str | None,
-    relaunch: int = 0,
-) -> dict[str, Any]:
+    opened: OpenCampaign, *, decision_mode: Literal["auto", "ask"] | None, relaunch: int = 0
+) -> CampaignEnd:
     """The flow's body (see ``campaign``)."""
     logger = get_run_logger()
+    cs, base, folder = opened.spec, opened.base_dir, opened.folder
     try:
-        cs, base, folder = _open(spec, out=out, base_dir=base_dir)
-    except InputError as exc:  # the preflight's paragraph is the whole story: no traceback
-        logger.error("refused before anything started: %s", exc)
-        return Failed(message=f"refused before anything started: {exc}", data=exc)  # type: ignore[return-value]
+        if start_folder(opened):
+            logger.warning(
+                "a fresh output folder on %s: its timeline starts from the copy in %s (the "
+                "segments of the host that ran the campaign before, a loss among them)",
+                socket.gethostname(),
+                cs.storage.url,
+            )
+    except InputError as exc:
+        return _refused(exc)
     if (refused := relaunch_refused(cs, relaunch=relaunch)) is not None:
-        return Failed(message=refused)  # type: ignore[return-value]
-    tag_flow_run(CAMPAIGN_TAG.format(name=cs.name))
-    catalog = load_catalog(spec=cs, base_dir=base)
-    plan0 = calendar.plan(cs, catalog=catalog)
+        return CampaignEnd(failed=refused)
+    catalog, plan0 = opened.catalog, opened.plan
     folder.write_plan_once(plan0.to_dict())
     keep_inputs(folder.root, cs, base_dir=base)
     campaign_id = _campaign_id(cs, folder)
@@ -241,7 +303,7 @@ def _campaign(
     mirrored = mirror(cs, out=str(folder.root))
     logger.info("answer of %s: %s", campaign_id, closed["verdict"].get("answer"))
     logger.info("verdict of %s: %s", campaign_id, closed["verdict"]["text"])
-    summary = {
+    summary: CampaignSummary = {
         "campaign_id": campaign_id,
         "out": str(folder.root),
         "verdict": closed["verdict"],
@@ -256,7 +318,8 @@ def _campaign(
         "essential_stop": essential_stop.to_record() if essential_stop else None,
     }
     if lot_end is not None:  # closed with what it has, resumable
-        return closed_at_lot_end(cs, lot_end, campaign_id=campaign_id, summary=summary)
+        message = closed_at_lot_end(cs, lot_end, campaign_id=campaign_id, out=summary["out"])
+        return CampaignEnd(summary={**summary, "lot_ended": message}, cancelled=message)
     return _closed(
         cs, campaign_id=campaign_id, summary=summary, verdict=closed["verdict"], stop=essential_stop
     )
@@ -266,10 +329,10 @@ def _closed(
     cs: CampaignSpec,
     *,
     campaign_id: str,
-    summary: dict[str, Any],
+    summary: CampaignSummary,
     verdict: dict[str, Any],
     stop: StopRule | None,
-) -> dict[str, Any]:
+) -> CampaignEnd:
     """The flow's end after the close: notified, Failed when stopped or not verified."""
     failed = ""
     if stop is not None:
@@ -284,53 +347,7 @@ def _closed(
         out=summary["out"],
         failed=failed,
     )
-    if failed:
-        return Failed(message=failed, data=summary)  # type: ignore[return-value]
-    return summary
-
-
-def _preflight(spec: str | CampaignSpec, *, out: str, base_dir: str | None) -> CampaignSpec:
-    """The spec's files, corpus, recipes and store, checked before anything is written; the
-    spec."""
-    if isinstance(spec, CampaignSpec):
-        cs, base = spec, Path(base_dir or ".").resolve()
-    else:
-        spec_path = Path(spec).resolve()
-        cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
-    preflight(cs, base_dir=base, out_dir=out)
-    return cs
-
-
-def _open(
-    spec: str | CampaignSpec, *, out: str, base_dir: str | None
-) -> tuple[CampaignSpec, Path, OutputFolder]:
-    """The spec, the folder its paths are relative to, and the output folder keeping its copy."""
-    if isinstance(spec, CampaignSpec):
-        cs, base = spec, Path(base_dir or ".").resolve()
-        use_recipe_dir(base)  # a spec file's folder is put there by load_spec
-        text = yaml.safe_dump(cs.model_dump(mode="json"), sort_keys=False).encode()
-        source = "the spec object given"
-    else:
-        spec_path = Path(spec).resolve()
-        cs, base = load_spec(spec_path), Path(base_dir).resolve() if base_dir else spec_path.parent
-        text, source = spec_path.read_bytes(), f"'{spec_path}'"
-    folder = OutputFolder(Path(out))
-    folder.keep_spec(text, source=source, check_only=True)
-    refuse_sealed_rewrite(folder.root, cs, base_dir=base)
-    folder.root.mkdir(parents=True, exist_ok=True)
-    folder.keep_spec(text, source=source)
-    if is_s3(cs.storage.url) and adopt_timeline(
-        folder.root,
-        store=open_store(cs.storage.url, out_dir=folder.root),
-        spec_sha256=spec_sha256(cs),  # and the campaign ID: the same campaign goes on here
-    ):
-        get_run_logger().warning(
-            "a fresh output folder on %s: its timeline starts from the copy in %s (the "
-            "segments of the host that ran the campaign before, a loss among them)",
-            socket.gethostname(),
-            cs.storage.url,
-        )
-    return cs, base, folder
+    return CampaignEnd(summary=summary, failed=failed or None)
 
 
 def _experiments(
@@ -476,13 +493,7 @@ def _submit_in_lanes(
             )
         else:
             futures[item] = tails[lane] = train.submit(
-                cs,
-                run=item,
-                run_id=cs.resolve_run(item).run_id,
-                lane=lane,
-                return_state=False,
-                wait_for=wait or None,
-                **common,
+                cs, run=item, lane=lane, return_state=False, wait_for=wait or None, **common
             )
     return futures, restart_future
 

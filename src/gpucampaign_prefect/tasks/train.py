@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.runtime import task_run
 
 from gpucampaign.close.futility import futile_segment
 from gpucampaign.core.interrupt import raise_if_stopped
@@ -165,17 +166,22 @@ def pilot(
     return pilot_measures(resolved, result=result, n_train=n_train, losses=losses)
 
 
-@task(name="train", task_run_name="train[{run_id}]", **PHASE_OPTIONS)
+def _train_run_name() -> str:
+    """``train[<run ID>]``, from the task run's parameters: the ID the spec resolved once (a
+    look-up, not a resolution)."""
+    params = task_run.parameters
+    return f"train[{params['spec'].resolve_run(params['run']).run_id}]"
+
+
+@task(name="train", task_run_name=_train_run_name, **PHASE_OPTIONS)
 @cancel_on_interrupt
 @ends_on_stop("train")
 def train(
-    spec: CampaignSpec, *, base_dir: str, out: str, run: str, run_id: str, lane: int = 0
+    spec: CampaignSpec, *, base_dir: str, out: str, run: str, lane: int = 0
 ) -> dict[str, Any]:
     """A full training run (control or variant) on its lane's GPU; resumes from its last good
     checkpoint."""
     resolved = spec.resolve_run(run)
-    if run_id != resolved.run_id:
-        raise ValueError(f"run_id {run_id} is not the ID of run '{run}' ({resolved.run_id})")
     result, n_train = _run_training(
         spec,
         base_dir=base_dir,

@@ -1,0 +1,187 @@
+"""One entry: a campaign's spec loaded, checked and preflighted, its output folder checked,
+once, into one value that every caller passes on.
+
+``campaign run`` opens the campaign before Prefect starts and hands the ``OpenCampaign`` to the
+campaign flow; the flow opens only raw input (a deployment's ``spec`` and ``out``), so a spec is
+parsed and preflighted once whichever way the campaign starts. Nothing here writes until
+``start_folder``, which the flow calls under the folder's writer lock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gpucampaign.core.errors import ArgumentError, FolderError, InputError
+from gpucampaign.core.storageurl import is_s3
+from gpucampaign.data.pins import input_sha256
+from gpucampaign.folder.layout import MANIFEST, OutputFolder
+from gpucampaign.plan import calendar
+from gpucampaign.plan.calendar import Plan
+from gpucampaign.plan.tariffs import Catalog, load_catalog
+from gpucampaign.preflight.checks import Preflight, preflight
+from gpucampaign.spec import CampaignSpec, load_spec, resolve_inside, spec_sha256
+from gpucampaign.storage import open_store
+from gpucampaign.storage.sharedtimeline import adopt_timeline
+
+
+@dataclass(frozen=True)
+class OpenCampaign:
+    """A campaign checked before anything is written: what its callers pass on, never the raw
+    spec again.
+
+    Attributes:
+        spec: The validated spec.
+        base_dir: The folder the spec's paths are relative to (its recipes import from it).
+        folder: The output folder (not yet created: ``start_folder`` does that).
+        spec_copy: The bytes the folder keeps as ``spec.yaml``.
+        source: Where the spec came from, as the refusals name it.
+        checked: What the preflight checked.
+        catalog: The lots' prices the plan was made with.
+        plan: The plan as written at the start (``plan.json``).
+    """
+
+    spec: CampaignSpec
+    base_dir: Path
+    folder: OutputFolder
+    spec_copy: bytes
+    source: str
+    checked: Preflight
+    catalog: Catalog
+    plan: Plan
+
+    @property
+    def name(self) -> str:
+        """The campaign's name (the flow run's name and tag read it)."""
+        return self.spec.name
+
+
+def open_campaign(
+    spec: str | Path | CampaignSpec,
+    out: str | Path | None = None,
+    *,
+    base_dir: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> OpenCampaign:
+    """Load, check and preflight a campaign's spec and check its output folder, once.
+
+    Args:
+        spec: The spec file (parsed here), or a spec object (checked, not parsed again).
+        out: The output folder; default ``out/<the spec's name>``.
+        base_dir: The folder the spec's paths are relative to: the spec file's own folder by
+            default, the working directory for a spec object.
+        env: The environment the store's variables come from (default: ``os.environ``).
+
+    Returns:
+        The opened campaign; nothing is written yet.
+
+    Raises:
+        SpecError: The spec, its inputs, its recipes or its store fail a check, the output
+            folder is a file, holds another campaign, or is sealed with other inputs (one
+            paragraph; exit 2 in the CLI).
+    """
+    if isinstance(spec, CampaignSpec):
+        cs, base = spec, Path(base_dir or ".").resolve()
+        copy = yaml.safe_dump(cs.model_dump(mode="json"), sort_keys=False).encode()
+        source = "the spec object given"
+    else:
+        cs = load_spec(spec)
+        base = Path(base_dir).resolve() if base_dir else Path(spec).resolve().parent
+        copy, source = Path(spec).read_bytes(), f"'{spec}'"
+    target = Path(out) if out is not None else Path("out") / cs.name
+    if target.exists() and not target.is_dir():
+        raise ArgumentError(
+            f"option '--out': '{target}' is a file, not a folder; give a new or "
+            "existing output folder.",
+            field="--out",
+        )
+    folder = OutputFolder(target)
+    folder.keep_spec(copy, source=source, check_only=True)
+    refuse_sealed_rewrite(folder.root, cs, base_dir=base)
+    checked = preflight(cs, base_dir=base, out_dir=target, env=env)
+    catalog = load_catalog(spec=cs, base_dir=base)
+    plan = calendar.plan(cs, catalog=catalog)
+    return OpenCampaign(
+        spec=cs,
+        base_dir=base,
+        folder=folder,
+        spec_copy=copy,
+        source=source,
+        checked=checked,
+        catalog=catalog,
+        plan=plan,
+    )
+
+
+def start_folder(opened: OpenCampaign) -> bool:
+    """Create the output folder and keep the spec's copy (under the folder's writer lock).
+
+    On an S3 store, a fresh folder starts its timeline from the copy in the store, the same
+    campaign going on on another host.
+
+    Returns:
+        True when the timeline was taken from the store (the caller says so).
+
+    Raises:
+        SpecError: The folder holds another campaign's spec (written since it was opened).
+    """
+    folder, cs = opened.folder, opened.spec
+    folder.root.mkdir(parents=True, exist_ok=True)
+    folder.keep_spec(opened.spec_copy, source=opened.source)
+    return is_s3(cs.storage.url) and adopt_timeline(
+        folder.root,
+        store=open_store(cs.storage.url, out_dir=folder.root),
+        spec_sha256=spec_sha256(cs),  # and the campaign ID: the same campaign goes on here
+    )
+
+
+def refuse_sealed_rewrite(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -> None:
+    """Refuse, before anything is written, a rerun into a sealed folder whose inputs changed.
+
+    A folder with ``manifest.json`` is sealed: a rerun with the same spec and the same inputs
+    may go over it again (it repeats nothing finished), but one whose corpus, pinned input or
+    catalog no longer has the hash the campaign was sealed with would rewrite its records.
+
+    Raises:
+        SpecError: The folder is sealed and an input changed; the message says how to start
+            a new campaign.
+    """
+    folder = OutputFolder(root)
+    if not folder.path(MANIFEST).is_file():
+        return
+    try:
+        sealed = json.loads(folder.path(MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        sealed = {}
+    kept = (sealed.get("inputs") if isinstance(sealed, dict) else None) or {}
+    pins: list[tuple[str, str, str | None]] = []
+    if spec.corpus is not None:
+        pins.append((f"corpus '{spec.corpus.path}'", spec.corpus.path, spec.corpus.sha256))
+    pins += [(f"input '{n}' ('{i.path}')", i.path, i.sha256) for n, i in spec.inputs.items()]
+    if spec.catalog is not None and isinstance(kept.get("catalog"), dict):
+        pins.append((f"catalog '{spec.catalog}'", spec.catalog, kept["catalog"].get("sha256")))
+    changed = []
+    for label, rel, want in pins:
+        try:
+            path = resolve_inside(base_dir, rel, field="out")
+            now = input_sha256(path) if path.exists() else None
+        except (InputError, OSError) as exc:
+            changed.append(f"{label} can no longer be read ({exc})")
+            continue
+        if now is None:
+            changed.append(f"{label} is missing")
+        elif want is not None and now != want:
+            changed.append(f"{label} has sha256 {now}, the campaign was sealed with {want}")
+    if changed:
+        raise FolderError(
+            f"Output folder '{folder.root}' holds a sealed campaign (manifest.json) and its "
+            f"inputs changed since: {'; '.join(changed)}. A sealed folder is never rewritten; "
+            "nothing was changed there. To train on the new inputs, start a new campaign: pin "
+            "them again (`campaign pin PATH` prints the sha256 for the spec) and run with a "
+            "new --out.",
+            field="out",
+        )
