@@ -18,7 +18,7 @@ from gpucampaign.close.bootstrap import paired_mean_gain
 from gpucampaign.close.scores import Scores, read_scores
 from gpucampaign.core.files import sha256_file
 from gpucampaign.data.corpus import load_spec_corpus
-from gpucampaign.folder.layout import OutputFolder, run_file, scores_file
+from gpucampaign.folder.layout import OutputFolder, run_relpath, scores_file
 from gpucampaign.plan import calendar
 from gpucampaign.spec import load_spec
 from tests.helpers import close_and_seal, train_every_run
@@ -139,7 +139,7 @@ def test_a_user_recipe_with_score_gets_intervals_on_its_metric(tmp_path: Path, m
     assert "clears the min gain 0.01, but training noise is not measured" in v.text
     # The scores the interval resampled are in each run's folder, one row per example.
     for run in ("control", "learns"):
-        scores = read_scores(out / run_file(spec.resolve_run(run).run_id, scores_file("test")))
+        scores = read_scores(out / run_relpath(spec.resolve_run(run).run_id, scores_file("test")))
         assert scores.ids[:2] == ("test0", "test1") and len(scores.ids) == 60
         assert set(scores.values) == {"loss", "mse"}
     # The value the verdict states is the mean of those very scores.
@@ -191,6 +191,6 @@ def test_a_builtin_recipe_gets_an_interval_on_loss(tmp_path: Path):
     low, high = v.variants["learns"]["test"]["gain_ci95"]
     assert 0.01 < low <= v.variants["learns"]["test"]["gain"] <= high
     scores = read_scores(
-        got["out"] / run_file(got["spec"].resolve_run("learns").run_id, scores_file("val"))
+        got["out"] / run_relpath(got["spec"].resolve_run("learns").run_id, scores_file("val"))
     )
     assert set(scores.values) == {"accuracy", "loss"} and scores.ids[0] == "val0000"

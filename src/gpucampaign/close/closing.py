@@ -52,8 +52,8 @@ from gpucampaign.folder.layout import (
     SCORES_ERROR_FILE,
     OutputFolder,
     model_config,
-    run_file,
     run_path,
+    run_relpath,
 )
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import (
@@ -165,7 +165,7 @@ def analyse_runs(
         analyses[run] = error_analysis(
             pred, control=control, class_names=[str(c) for c in corpus.classes]
         )
-        folder.write_json(run_file(resolved[run].run_id, ERROR_ANALYSIS_FILE), analyses[run])
+        folder.write_json(run_relpath(resolved[run].run_id, ERROR_ANALYSIS_FILE), analyses[run])
     return analyses
 
 
@@ -177,7 +177,7 @@ def _refresh_recipe(folder: OutputFolder, run: ResolvedRun) -> None:
         return
     if not folder.path(model_config(run.run_id)).is_file():
         return
-    model = folder.path(run_file(run.run_id, MODEL_DIR))
+    model = folder.path(run_relpath(run.run_id, MODEL_DIR))
     if refresh_recipe_copy(
         model,
         recipe=run.config.recipe,
@@ -205,7 +205,7 @@ def _score_run(spec: CampaignSpec, folder: OutputFolder, run: str, *, corpus: An
             splits=verdict_splits(spec),
         )
     except RecipeError as exc:
-        folder.write_text(run_file(spec.resolve_run(run).run_id, SCORES_ERROR_FILE), f"{exc}\n")
+        folder.write_text(run_relpath(spec.resolve_run(run).run_id, SCORES_ERROR_FILE), f"{exc}\n")
 
 
 def _analyse_recipe_run(
@@ -215,7 +215,7 @@ def _analyse_recipe_run(
     classifier's or a regressor's when the rows carry a label and a prediction)."""
     rows = write_recipe_predictions(folder.root, run_id, corpus=corpus, split=split)
     found = rows_analysis(rows, split=split)
-    folder.write_json(run_file(run_id, ERROR_ANALYSIS_FILE), found)
+    folder.write_json(run_relpath(run_id, ERROR_ANALYSIS_FILE), found)
     return found
 
 
@@ -279,7 +279,7 @@ def read_run_metrics(
     """``metrics.jsonl`` rows per run name, for the runs that wrote one."""
     out = {}
     for rid, s in states.items():
-        path = Path(root) / run_file(rid, METRICS_FILE)
+        path = Path(root) / run_relpath(rid, METRICS_FILE)
         if path.is_file():
             out[s.run] = read_metrics(path)
     return out

@@ -22,7 +22,7 @@ from gpucampaign.folder.layout import (
     METRICS_FILE,
     SCORES_ERROR_FILE,
     OutputFolder,
-    run_file,
+    run_relpath,
     scores_file,
 )
 from gpucampaign.folder.metrics import read_metrics
@@ -135,7 +135,7 @@ def _single_run_evidence(
         no_interval = ""
         if measured and not rows and not scores:
             assert metric is not None
-            error = folder.path(run_file(rid, SCORES_ERROR_FILE))
+            error = folder.path(run_relpath(rid, SCORES_ERROR_FILE))
             no_interval = (
                 f"its score() failed at the close: {error.read_text('utf-8').strip()}"
                 if error.is_file()
@@ -146,7 +146,9 @@ def _single_run_evidence(
         out[s.run] = RunEvidence(
             step=res.steps_done if res is not None else None,
             planned=res.planned_steps if res is not None else None,
-            peak=_peak(spec, folder.path(run_file(rid, METRICS_FILE))) if res is not None else None,
+            peak=_peak(spec, folder.path(run_relpath(rid, METRICS_FILE)))
+            if res is not None
+            else None,
             futile=stop.step if stop is not None and early else None,
             early_rule=early,
             values=values,

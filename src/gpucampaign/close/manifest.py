@@ -35,7 +35,7 @@ from gpucampaign.folder.layout import (
     SPOOL_DIR,
     OutputFolder,
     is_live_progress,
-    run_file,
+    run_relpath,
 )
 from gpucampaign.spec import CampaignSpec, SpecError, resolve_inside, spec_sha256
 
@@ -317,7 +317,7 @@ def build_manifest(
 
 def _device_of(folder: OutputFolder, run_id: str) -> dict[str, Any]:
     """``{"device": ...}`` as the run's ``params.json`` recorded it (empty when it never ran)."""
-    params = folder.read_json(run_file(run_id, PARAMS_FILE)) or {}
+    params = folder.read_json(run_relpath(run_id, PARAMS_FILE)) or {}
     return {"device": params["device"]} if params.get("device") else {}
 
 

@@ -39,7 +39,7 @@ from gpucampaign.folder.layout import (
     is_live_progress,
     model_config,
     read_manifest,
-    run_file,
+    run_relpath,
 )
 from gpucampaign.modelfolder import RecipeCodeNotTrusted, load_run_model, predict
 from gpucampaign.modelfolder.recipe_reload import recipe_reload_check, recorded_split
@@ -198,7 +198,7 @@ def write_run_predictions(
     finally:
         torch.set_num_threads(threads)
     path = write_predictions(
-        OutputFolder(root).path(run_file(run_id)),
+        OutputFolder(root).path(run_relpath(run_id)),
         ids=[str(i) for i in part.ids.tolist()],
         labels=part.y,
         preds=pred,
@@ -277,7 +277,7 @@ def reload_check(
             res.update(_recipe_check(root, rid, corpus=corpus, trust=trust_folder_code))
             continue
         try:
-            expected = read_predictions(OutputFolder(root).path(run_file(rid, PREDICTIONS_FILE)))
+            expected = read_predictions(OutputFolder(root).path(run_relpath(rid, PREDICTIONS_FILE)))
             want = list(expected.ids)
             ids, X, labels = (
                 features_for(root, ids=want)
@@ -304,13 +304,13 @@ def _unsealed_run_files(root: str | Path, run_id: str) -> str:
         listed = {
             e["path"]: e
             for e in read_manifest(root).get("files", [])
-            if isinstance(e, Mapping) and str(e.get("path", "")).startswith(run_file(run_id, ""))
+            if isinstance(e, Mapping) and str(e.get("path", "")).startswith(run_relpath(run_id, ""))
         }
     except InputError:
         return ""  # before the seal (the close's own check): nothing to compare with
     except (ValueError, TypeError, AttributeError):
         return "manifest.json is not a valid manifest"
-    run_dir = folder.path(run_file(run_id))
+    run_dir = folder.path(run_relpath(run_id))
     present = {
         rel
         for p in run_dir.rglob("*")

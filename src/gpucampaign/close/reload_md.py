@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpucampaign.folder.layout import MODEL_DIR, RELOAD, OutputFolder, model_config, run_file
+from gpucampaign.folder.layout import MODEL_DIR, RELOAD, OutputFolder, model_config, run_relpath
 from gpucampaign.spec import BUILTIN_RECIPES
 
 _HEAD = """# Reloading this campaign's models
@@ -136,7 +136,9 @@ def write_reload_md(
     infos = {rid: _model_info(base, rid) for rid in runs}
     keys = ("python", "torch", "safetensors", "gpucampaign")
     versions = ", ".join(f"{k} {env[k]}" for k in keys if env.get(k))
-    run_lines = "\n".join(f"- `{run_file(rid, MODEL_DIR)}/` ({name})" for rid, name in runs.items())
+    run_lines = "\n".join(
+        f"- `{run_relpath(rid, MODEL_DIR)}/` ({name})" for rid, name in runs.items()
+    )
     commits = [(i.get("git") or {}).get("commit") for i in infos.values()]
     by_recipe = [rid for rid, i in infos.items() if i.get("recipe", "mlp") not in BUILTIN_RECIPES]
     text = _reload_text(
@@ -194,7 +196,7 @@ def _reload_text(
     trust = ""
     if by_recipe:
         names = ", ".join(f"`{runs[r]}`" for r in by_recipe)
-        kept = f"{run_file(by_recipe[0], MODEL_DIR)}/recipe/"
+        kept = f"{run_relpath(by_recipe[0], MODEL_DIR)}/recipe/"
         trust = _fill(_TRUST, s="s" if len(by_recipe) > 1 else "", names=names, kept=kept)
     return _fill(
         _HEAD,

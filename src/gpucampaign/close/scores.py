@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from gpucampaign.core.files import csv_text
-from gpucampaign.folder.layout import OutputFolder, run_file, scores_file
+from gpucampaign.folder.layout import OutputFolder, run_relpath, scores_file
 from gpucampaign.modelfolder import load_run_model
 from gpucampaign.recipe.contract import RecipeError, has_score, load_recipe
 from gpucampaign.recipe.runtime import build_datasets, recipe_context, score_split
@@ -74,7 +74,7 @@ def write_run_scores(
     out = {}
     todo = []
     for split in splits:
-        path = folder.path(run_file(run_id, scores_file(split)))
+        path = folder.path(run_relpath(run_id, scores_file(split)))
         if path.is_file():
             out[split] = read_scores(path)
         else:
@@ -93,7 +93,7 @@ def write_run_scores(
             names = sorted(columns)
             rows = [{"id": i, **{m: columns[m][n] for m in names}} for n, i in enumerate(ids)]
             folder.write_text(
-                run_file(run_id, scores_file(split)), csv_text(rows, columns=("id", *names))
+                run_relpath(run_id, scores_file(split)), csv_text(rows, columns=("id", *names))
             )
             out[split] = Scores(tuple(ids), {m: tuple(columns[m]) for m in names})
     finally:

@@ -46,7 +46,7 @@ LEDGER_FILE = "ledger.jsonl"  # expenses recorded after the start
 RESTART_FILE = "restart.json"  # the restart check's result, kept so a resumed flow skips it
 AUDIT_FILE = "audit.json"  # the data audit's report
 ESTIMATES_FILE = "estimates.json"  # the forecast's estimates at the close
-RUNS_DIR = "runs"  # runs/<run_id>/: one folder per run (see run_file, run_path)
+RUNS_DIR = "runs"  # runs/<run_id>/: one folder per run (see run_relpath, run_path)
 FIGURES_DIR = "figures"
 CALENDAR_PNG, CURVES_PNG, CONFUSION_PNG = (
     f"{FIGURES_DIR}/calendar.png",
@@ -118,7 +118,7 @@ def checkpoint_step_dir(step: int) -> str:
     return f"{CHECKPOINT_STEP_PREFIX}{step:09d}"
 
 
-def run_file(run_id: str, *names: str) -> str:
+def run_relpath(run_id: str, *names: str) -> str:
     """``runs/<run_id>/<names...>``: a run's file, relative to the output folder."""
     return "/".join((RUNS_DIR, run_id, *names))
 
@@ -152,7 +152,7 @@ def eval_scores_file(step: int) -> str:
 
 def model_config(run_id: str) -> str:
     """``runs/<run_id>/model/config.json``, relative to the output folder."""
-    return run_file(run_id, MODEL_DIR, MODEL_CONFIG)
+    return run_relpath(run_id, MODEL_DIR, MODEL_CONFIG)
 
 
 @dataclass(frozen=True)
@@ -297,7 +297,7 @@ class OutputFolder:
     def run(self, run_id: str) -> RunFolder:
         """Run ``run_id``'s folder (nothing created: ``RunFolder.create``); a link that takes
         ``runs/<run_id>`` out of the folder is refused."""
-        return RunFolder(path=self.path(run_file(run_id)), run_id=run_id, out=self.root)
+        return RunFolder(path=self.path(run_relpath(run_id)), run_id=run_id, out=self.root)
 
     def write_bytes(self, relative: str, data: bytes) -> Path:
         """Write a file atomically."""

@@ -40,7 +40,7 @@ from gpucampaign.folder.layout import (
     STOPS,
     TIMELINE,
     OutputFolder,
-    run_file,
+    run_relpath,
 )
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.plan.decision import Decision, Reforecast
@@ -387,7 +387,7 @@ def _campaign_id_in(root: str | Path) -> str | None:
 # --- runs/<run_id>/result.json and a run's state --------------------------------------------
 def read_result(root: str | Path, run_id: str) -> RunResult | None:
     """``runs/<run_id>/result.json`` as a ``RunResult``, None when the run wrote none."""
-    return _read_json(_in(root, run_file(run_id, RESULT_FILE)), RunResult.from_dict)
+    return _read_json(_in(root, run_relpath(run_id, RESULT_FILE)), RunResult.from_dict)
 
 
 @dataclass(frozen=True)
@@ -452,7 +452,7 @@ def run_state(
     if decision is not None and run in decision.dropped_runs:
         return RunState(**base, status="dropped", reason="dropped at the decision point")
     if result is not None and result.completed:
-        if _in(root, run_file(rid, MODEL_WEIGHTS)).is_file():
+        if _in(root, run_relpath(rid, MODEL_WEIGHTS)).is_file():
             return RunState(**base, status="completed", result=result)
         return RunState(
             **base,
@@ -492,6 +492,6 @@ def runs_with_model(states: Mapping[str, RunState], *, root: str | Path) -> list
         if s.status == "completed"
         or (
             s.status in ("stopped", "interrupted")
-            and _in(root, run_file(s.run_id, MODEL_WEIGHTS)).is_file()
+            and _in(root, run_relpath(s.run_id, MODEL_WEIGHTS)).is_file()
         )
     ]

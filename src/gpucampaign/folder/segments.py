@@ -23,7 +23,7 @@ from typing import Any
 from gpucampaign.core.files import parse_time, read_jsonl, utc_now
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import InterruptedRun
-from gpucampaign.folder.layout import METRICS_FILE, OutputFolder, run_file
+from gpucampaign.folder.layout import METRICS_FILE, OutputFolder, run_relpath
 from gpucampaign.folder.records import TimelineRow, append_timeline, read_timeline
 from gpucampaign.spec import CampaignSpec
 
@@ -119,7 +119,7 @@ def _trained_in(folder: OutputFolder, spec: CampaignSpec, row: TimelineRow) -> P
     """The run folder whose metrics a cut pilot or training segment wrote."""
     if row.phase not in TRAINING_PHASES or row.run not in spec.run_names():
         return None
-    return folder.path(run_file(spec.resolve_run(row.run).run_id))
+    return folder.path(run_relpath(spec.resolve_run(row.run).run_id))
 
 
 def new_segment(row: TimelineRow) -> TimelineRow:

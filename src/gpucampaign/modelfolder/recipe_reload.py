@@ -23,7 +23,7 @@ from gpucampaign.folder.layout import (
     corpus_file,
     model_config,
     read_manifest,
-    run_file,
+    run_relpath,
 )
 from gpucampaign.modelfolder.saveload import load_run_model
 from gpucampaign.recipe.contract import (
@@ -148,14 +148,14 @@ def write_recipe_predictions(
     """Write ``runs/<run_id>/predictions.csv`` from the saved model; its rows."""
     recipe, model, dataset, config = _model_and_data(root, run_id, corpus=corpus, split=split)
     rows = prediction_rows(recipe, model, dataset, config=config)
-    OutputFolder(root).write_text(run_file(run_id, PREDICTIONS_FILE), csv_text(rows))
+    OutputFolder(root).write_text(run_relpath(run_id, PREDICTIONS_FILE), csv_text(rows))
     return rows
 
 
 def recorded_split(root: str | Path, run_id: str) -> str:
     """The split a recipe run's ``predictions.csv`` holds, as ``error_analysis.json`` recorded
     it when the file was written (``test`` without one)."""
-    analysis = OutputFolder(root).path(run_file(run_id, ERROR_ANALYSIS_FILE))
+    analysis = OutputFolder(root).path(run_relpath(run_id, ERROR_ANALYSIS_FILE))
     if not analysis.is_file():
         return "test"
     return str(json.loads(analysis.read_text(encoding="utf-8")).get("split", "test"))
@@ -171,7 +171,7 @@ def recipe_reload_check(
     only with ``trust_folder_code`` (``modelfolder.RecipeCodeNotTrusted`` otherwise).
     """
     folder = OutputFolder(root)
-    expected = folder.path(run_file(run_id, PREDICTIONS_FILE)).read_text(encoding="utf-8")
+    expected = folder.path(run_relpath(run_id, PREDICTIONS_FILE)).read_text(encoding="utf-8")
     split = recorded_split(root, run_id)
     recipe, model, dataset, config = _model_and_data(
         root, run_id, corpus=corpus, split=split, trust_folder_code=trust_folder_code

@@ -39,7 +39,7 @@ from gpucampaign.folder.layout import (
     WEIGHTS_FILE,
     OutputFolder,
     model_config,
-    run_file,
+    run_relpath,
 )
 from gpucampaign.recipe.contract import Pinned, RecipeContext, call, load_recipe
 from gpucampaign.spec import RunConfig, SpecError
@@ -365,14 +365,14 @@ def load_run_model(root: str | Path, run_id: str, *, trust_folder_code: bool = F
 
     folder = OutputFolder(root)
     docs = []
-    for rel in (model_config(run_id), run_file(run_id, PARAMS_FILE)):
+    for rel in (model_config(run_id), run_relpath(run_id, PARAMS_FILE)):
         try:
             docs.append(folder.read_json(rel))
         except ValueError:
             docs.append(None)  # an unreadable file is named by load_model_dir / the verifier
     torch.set_num_threads(_threads_of(*docs))
     model = load_model_dir(
-        folder.path(run_file(run_id, MODEL_DIR)), trust_folder_code=trust_folder_code
+        folder.path(run_relpath(run_id, MODEL_DIR)), trust_folder_code=trust_folder_code
     )
     if hasattr(model, "eval"):
         model.eval()

@@ -39,7 +39,7 @@ from gpucampaign.folder.layout import (
     MODEL_DIR,
     SPEC_COPY,
     checkpoint_step_dir,
-    run_file,
+    run_relpath,
 )
 from gpucampaign.folder.records import StopRecord, read_stops
 from gpucampaign.restartcheck.child import child_args, spawn, wait, write_child_spec
@@ -522,7 +522,7 @@ class OutputCheckTarget:
             run=self.spec.resolve_run(run),
             corpus_path=self.corpus_path,
             store=self.store,
-            run_dir=Path(out_dir) / run_file(self.runs[run]),
+            run_dir=Path(out_dir) / run_relpath(self.runs[run]),
             workdir=workdir,
             inputs=self.inputs,
             stopped=self.stops.get(self.runs[run]),

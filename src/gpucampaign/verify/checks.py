@@ -43,8 +43,8 @@ from gpucampaign.folder.layout import (
     SPEC_COPY,
     STOPS,
     OutputFolder,
-    run_file,
     run_path,
+    run_relpath,
 )
 from gpucampaign.spec import CampaignSpec, TrackingSpec, load_spec, spec_sha256
 from gpucampaign.verify.context import Problem, VerifyContext, run_id_is_a_name
@@ -334,7 +334,7 @@ def check_spec(ctx: VerifyContext) -> list[Problem]:
         rid = spec.resolve_run(name).run_id
         if rid not in ctx.runs:
             detail = f"run '{name}' ({rid}) of the spec is not in the manifest"
-            problems.append(Problem("missing_run", run_file(rid), detail))
+            problems.append(Problem("missing_run", run_relpath(rid), detail))
     return problems
 
 
@@ -380,7 +380,7 @@ def check_expected_runs(ctx: VerifyContext) -> list[Problem]:
     stop_ids = {r.get("stop_id") for r in stops if isinstance(r, Mapping)}
     problems = []
     for rid, info in ctx.runs.items():
-        rdir = run_file(rid)
+        rdir = run_relpath(rid)
         if info.get("stop_id") and info["stop_id"] not in stop_ids:
             detail = f"stop {info['stop_id']} of run {rid} is not in stops.jsonl"
             problems.append(Problem("unknown_stop", rdir, detail))
@@ -472,7 +472,7 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
             ctx.not_reloaded.append(f"model of run {rid} not reloaded: {res['skipped']}")
         elif res.get("error"):
             detail = f"the model does not reload in a fresh process: {res['error']}"
-            problems.append(Problem("reload_failed", run_file(rid, MODEL_DIR), detail))
+            problems.append(Problem("reload_failed", run_relpath(rid, MODEL_DIR), detail))
         else:
             fm = res.get("first_mismatch") or {}
             detail = (
@@ -480,7 +480,7 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
                 f"(first: id {fm.get('id')}: expected {fm.get('expected')}, got {fm.get('got')})"
             )
             problems.append(
-                Problem("predictions_mismatch", run_file(rid, PREDICTIONS_FILE), detail)
+                Problem("predictions_mismatch", run_relpath(rid, PREDICTIONS_FILE), detail)
             )
     return problems
 
