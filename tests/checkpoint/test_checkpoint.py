@@ -458,15 +458,15 @@ def test_store_keys_cannot_escape(tmp_path):
 
 
 def test_open_store(tmp_path):
-    assert isinstance(open_store("local", out_dir=tmp_path), LocalStore)
+    assert isinstance(open_store("local", out=tmp_path), LocalStore)
     env = {
         "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
         "AWS_SECRET_ACCESS_KEY": "very-secret-value",
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
     }
-    s3 = open_store("s3://bucket/some/prefix/", out_dir=tmp_path, env=env, spool=False)
+    s3 = open_store("s3://bucket/some/prefix/", out=tmp_path, env=env, spool=False)
     assert isinstance(s3, S3Store) and (s3.bucket, s3.prefix) == ("bucket", "some/prefix")
-    spooling = open_store("s3://bucket/some/prefix/", out_dir=tmp_path, env=env)
+    spooling = open_store("s3://bucket/some/prefix/", out=tmp_path, env=env)
     assert isinstance(spooling.remote, S3Store) and spooling.url == s3.url
     assert "very-secret" not in repr(spooling) and not (tmp_path / "spool").exists()
     with pytest.raises(TypeError, match="not picklable"):
@@ -475,9 +475,9 @@ def test_open_store(tmp_path):
     with pytest.raises(TypeError, match="not picklable"):
         pickle.dumps(s3)
     with pytest.raises(SpecError, match="unknown storage"):
-        open_store("gs://bucket/prefix", out_dir=tmp_path, env={})
+        open_store("gs://bucket/prefix", out=tmp_path, env={})
     with pytest.raises(SpecError, match="prefix"):
-        open_store("s3://bucket/a/../b", out_dir=tmp_path, env=env)
+        open_store("s3://bucket/a/../b", out=tmp_path, env=env)
 
 
 def test_check_storage_on_a_dead_endpoint_names_the_url_not_the_secret():

@@ -81,7 +81,7 @@ def test_the_scan_catches_a_hook_that_ends_a_run_itself(tmp_path: Path) -> None:
         "    r.saver.submit(r.state.global_step)\n"
         "    r.saver.wait()\n"
         "    save_model(r, {})\n"
-        "    atomic_write_bytes(r.out_dir / RESULT_FILE, b'{}')\n",
+        "    atomic_write_bytes(r.run_folder_path / RESULT_FILE, b'{}')\n",
         encoding="utf-8",
     )
     calls = [c.split(" ")[1] for c in _ending_calls(hook, root=tmp_path)]

@@ -77,7 +77,7 @@ spec_file, out = Path(sys.argv[1]), Path(sys.argv[2])
 spec = load_spec(spec_file)
 run = spec.resolve_run("control")
 corpus = load_spec_corpus(spec, base_dir=spec_file.parent, run_id=run.run_id)
-train_run(spec, run=run, corpus=corpus, store=open_store("local", out_dir=out),
+train_run(spec, run=run, corpus=corpus, store=open_store("local", out=out),
           run_folder=RunFolder.of(out, run.run_id))
 """
 

@@ -173,15 +173,13 @@ def test_a_moved_folder_resumes_a_campaign_with_pinned_inputs_from_its_copies(
     assert target.inputs == {"base": moved / "inputs" / "base" / "base.bin"}
     assert target.runs["control"] == rid
     report = verify_checkpoint_resume(
-        target.for_run("control", out_dir=moved, workdir=tmp_path / "work"), m_steps=2
+        target.for_run("control", out=moved, workdir=tmp_path / "work"), m_steps=2
     )
     assert report.identical
     # Without the copies the check says which input it could not find.
     (moved / "inputs" / "base" / "base.bin").write_bytes(b"altered")
     with pytest.raises(Exception, match="input 'base'"):
         verify_checkpoint_resume(
-            output_check_target(moved).for_run(
-                "control", out_dir=moved, workdir=tmp_path / "work2"
-            ),
+            output_check_target(moved).for_run("control", out=moved, workdir=tmp_path / "work2"),
             m_steps=2,
         )

@@ -148,7 +148,7 @@ def test_campaign_check_falls_back_to_three_processes(tmp_path, digits_file):  #
         spec,
         run=spec.resolve_run("control"),
         base_dir=tmp_path,
-        out_dir=tmp_path / "out",
+        out=tmp_path / "out",
         workdir=tmp_path / "work",
     )
     assert report.identical and report.mode == "fresh"

@@ -127,7 +127,7 @@ def test_no_bound_fails_at_once_as_before() -> None:
     assert not isinstance(err.value, StoreUnreachable) and clock.slept == []
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k"}
     env |= {"AWS_SECRET_ACCESS_KEY": "s", "GPUCAMPAIGN_S3_CONNECT_TIMEOUT_S": "0.5"}
-    store = open_store("s3://bucket/p", out_dir=".", env=env, spool=False, read_wait_s=0)
+    store = open_store("s3://bucket/p", out=".", env=env, spool=False, read_wait_s=0)
     assert store._reads.bound_s == 0  # type: ignore[attr-defined]  # noqa: SLF001
     with pytest.raises(Exception, match="not usable"):
         check_storage("s3://bucket/p", env=env)
@@ -147,7 +147,7 @@ def test_the_bound_comes_from_the_spec_and_stops_at_the_rental_end() -> None:
     assert read_wait_s(dated, now=end + timedelta(hours=1)) == 0
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k"}
     env |= {"AWS_SECRET_ACCESS_KEY": "s"}
-    store = open_store("s3://bucket/p", out_dir=".", env=env, read_wait_s=42)
+    store = open_store("s3://bucket/p", out=".", env=env, read_wait_s=42)
     assert store.remote._reads.bound_s == 42  # type: ignore[attr-defined]  # noqa: SLF001
     with pytest.raises(Exception, match="read_wait_s"):
         parse_spec({**data, "storage": {"url": "s3://bucket/p", "read_wait_s": -1}})

@@ -183,7 +183,7 @@ def test_the_client_times_out_like_a_refused_server():
         with pytest.raises(ValueError, match="GPUCAMPAIGN_S3_READ_TIMEOUT_S"):
             s3_client({**tuned, "GPUCAMPAIGN_S3_READ_TIMEOUT_S": bad})
     # With the spool behind it a request gives up after two attempts: at most ~1 min frozen.
-    store = open_store("s3://bucket/p", out_dir=".", env={**env, "AWS_SECRET_ACCESS_KEY": "s"})
+    store = open_store("s3://bucket/p", out=".", env={**env, "AWS_SECRET_ACCESS_KEY": "s"})
     client = store.remote._client  # type: ignore[attr-defined]
     assert client.meta.config.retries["total_max_attempts"] == SPOOLED_ATTEMPTS == 2
     assert SPOOLED_ATTEMPTS * client.meta.config.read_timeout < 60  # spooled within a minute

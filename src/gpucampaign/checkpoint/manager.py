@@ -527,7 +527,7 @@ class CheckpointManager:
         return None, refused
 
 
-def durable_step(url: str, *, out_dir: str | Path, run_id: str) -> int | None:
+def durable_step(url: str, *, out: str | Path, run_id: str) -> int | None:
     """The step ``LATEST`` names for ``run_id`` now, read at once (a resume restores it).
 
     A process killed after moving ``LATEST`` but before saying so anywhere else leaves its
@@ -538,9 +538,9 @@ def durable_step(url: str, *, out_dir: str | Path, run_id: str) -> int | None:
     key = f"{run_id}/{CHECKPOINT_LATEST}"
     stores: list[Store] = []
     if not is_local(url):
-        stores.append(LocalStore(Path(out_dir) / SPOOL_DIR))
+        stores.append(LocalStore(Path(out) / SPOOL_DIR))
     try:
-        stores.append(open_store(url, out_dir=out_dir, spool=False, read_wait_s=0))
+        stores.append(open_store(url, out=out, spool=False, read_wait_s=0))
         for store in stores:
             if store.exists(key):
                 return int(json.loads(store.read_bytes(key))["step"])

@@ -330,7 +330,7 @@ def _check_output_restart(
             field="--run",
         )
     return verify_checkpoint_resume(
-        target.for_run(run, out_dir=out, workdir=workdir), m_steps=n_steps or 20, check=False
+        target.for_run(run, out=out, workdir=workdir), m_steps=n_steps or 20, check=False
     )
 
 

@@ -364,7 +364,7 @@ def retrieve_cmd(
 
     parse_s3_url(url)
     try:
-        done = retrieve_folder(open_store(url, out_dir=to, spool=False), dest=to)
+        done = retrieve_folder(open_store(url, out=to, spool=False), dest=to)
     except StorageError as exc:
         raise ArgumentError(f"cannot retrieve {url}: {exc}", field="URL") from None
     console.print(

@@ -296,7 +296,7 @@ def measured_estimates(
     }
 
 
-def load_estimates(out_dir: str | Path) -> dict[str, Any]:
+def load_estimates(out: str | Path) -> dict[str, Any]:
     """Read the measured estimates an earlier campaign left in its output folder.
 
     Returns:
@@ -306,10 +306,10 @@ def load_estimates(out_dir: str | Path) -> dict[str, Any]:
     Raises:
         SpecError: the folder has no readable ``estimates.json``.
     """
-    path = OutputFolder(out_dir).path(ESTIMATES_FILE)  # a link out of the folder is refused
+    path = OutputFolder(out).path(ESTIMATES_FILE)  # a link out of the folder is refused
     if not path.is_file():
         raise ArgumentError(
-            f"'{out_dir}' has no {ESTIMATES_FILE}: give the output folder of a closed campaign",
+            f"'{out}' has no {ESTIMATES_FILE}: give the output folder of a closed campaign",
             field="calibrate_from",
         )
     try:

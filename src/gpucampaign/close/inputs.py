@@ -57,7 +57,7 @@ def closing_inputs(spec: CampaignSpec, *, root: str | Path, base_dir: str | Path
     """The corpus and pinned inputs as the close reads them (see the module's docstring)."""
     if spec.corpus is None:
         return ClosingInputs()
-    found, _ = pinned_corpus(spec, out_dir=root, spec_dir=base_dir)
+    found, _ = pinned_corpus(spec, out=root, spec_dir=base_dir)
     original = corpus_path(spec, base_dir=base_dir)
     changed: list[str] = []
     if found is None or found.resolve() != original.resolve():  # else the original holds its pin
@@ -69,7 +69,7 @@ def closing_inputs(spec: CampaignSpec, *, root: str | Path, base_dir: str | Path
             root=Path(root).resolve(),
         )
         changed += [line] if line else []
-    paths = resolve_inputs(spec, base_dir=base_dir, out_dir=root)
+    paths = resolve_inputs(spec, base_dir=base_dir, out=root)
     for name, item in spec.inputs.items():
         path = resolve_inside(Path(base_dir), item.path, field=f"inputs.{name}.path")
         there = paths.get(name)

@@ -490,15 +490,15 @@ def write_report(root: str | Path, report: Mapping[str, Any]) -> dict[str, Path]
     return paths
 
 
-def read_report(out_dir: str | Path) -> dict[str, Any]:
+def read_report(out: str | Path) -> dict[str, Any]:
     """``report.json`` of a closed campaign.
 
     Raises:
         SpecError: the folder has no readable report (the campaign has not closed).
     """
-    path = OutputFolder(out_dir).path(REPORT_JSON)  # a link out of the folder is refused
+    path = OutputFolder(out).path(REPORT_JSON)  # a link out of the folder is refused
     missing = (
-        f"'{out_dir}' has no {REPORT_JSON}: give the output folder of a closed campaign "
+        f"'{out}' has no {REPORT_JSON}: give the output folder of a closed campaign "
         "(the close phase writes it)"
     )
     not_report = "is not a report: it holds no JSON object"

@@ -102,11 +102,11 @@ def pin(path: Path, *, sha256: str, run_id: str, label: str) -> Pinned:
 
 
 def resolve_inputs(
-    spec: CampaignSpec, *, base_dir: str | Path | None = None, out_dir: str | Path | None = None
+    spec: CampaignSpec, *, base_dir: str | Path | None = None, out: str | Path | None = None
 ) -> dict[str, Path]:
     """Where each pinned input of ``spec`` is, by name: the first place holding its pinned hash
     among the copy an output folder keeps (its ``inputs.json``), the spec's path from the
-    spec's folder ``base_dir``, and the same path inside ``out_dir``; else the first of them
+    spec's folder ``base_dir``, and the same path inside ``out``; else the first of them
     (pinning it then says what is wrong).
 
     Raises:
@@ -116,14 +116,14 @@ def resolve_inputs(
     # without it.
     from gpucampaign.folder.layout import INPUTS, corpus_file
 
-    if spec.inputs and base_dir is None and out_dir is None:
+    if spec.inputs and base_dir is None and out is None:
         raise SpecError(
             "the spec pins 'inputs': their paths need the spec's folder or the campaign's "
             "output folder.",
             field="inputs",
         )
     kept: dict[str, Any] = {}
-    record = Path(out_dir) / INPUTS if out_dir is not None else None
+    record = Path(out) / INPUTS if out is not None else None
     if record is not None and record.is_file():
         kept = json.loads(record.read_text(encoding="utf-8")).get("pinned") or {}
     found: dict[str, Path] = {}
@@ -131,11 +131,11 @@ def resolve_inputs(
         field = f"inputs.{name}.path"
         ref = kept.get(name) or {}
         places = (
-            [corpus_file(out_dir, ref)]
-            if out_dir is not None and ref.get("kind") in ("copied", "external")
+            [corpus_file(out, ref)]
+            if out is not None and ref.get("kind") in ("copied", "external")
             else []
         )
-        places += [resolve_inside(d, item.path, field=field) for d in (base_dir, out_dir) if d]
+        places += [resolve_inside(d, item.path, field=field) for d in (base_dir, out) if d]
         found[name] = next(
             (p for p in places if p.exists() and input_sha256(p) == item.sha256), places[0]
         )

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset
 
-from gpucampaign.folder.layout import PARAMS_FILE
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.recipe.runtime import PlacedSplit, to_device, train_rows
 from gpucampaign.spec import ResolvedRun, RunConfig, SpecError
 
@@ -20,15 +19,15 @@ from gpucampaign.spec import ResolvedRun, RunConfig, SpecError
 PLACE_SHARE = 0.25
 
 
-def read_params(out_dir: str | Path) -> dict[str, Any]:
+def read_params(run_folder: RunFolder) -> dict[str, Any]:
     """A run folder's ``params.json`` (empty when the run never started)."""
-    path = Path(out_dir) / PARAMS_FILE
+    path = run_folder.params
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def n_train_of(out_dir: str | Path, *, run: ResolvedRun, corpus: Any) -> int:
+def n_train_of(run_folder: RunFolder, *, run: ResolvedRun, corpus: Any) -> int:
     """Examples in the run's train split: as ``params.json`` recorded, else counted."""
-    recorded = read_params(out_dir).get("n_train")
+    recorded = read_params(run_folder).get("n_train")
     return int(recorded) if recorded is not None else train_rows(run, corpus=corpus)
 
 

@@ -82,7 +82,7 @@ def recorded_result(run_folder: RunFolder) -> RunResult | None:
         raise FolderError(
             f"'{run_folder.path}' holds run {result.run_id}, not {run_id}: give each run its own "
             "folder.",
-            field="out_dir",
+            field="out",
         )
     # A recorded stop first: an interrupted run (``resume: inference``) is recorded short of
     # its planned steps, and is that stop, not an incomplete run.

@@ -66,7 +66,7 @@ def preflight(
     spec: CampaignSpec,
     *,
     base_dir: str | Path,
-    out_dir: str | Path | None = None,
+    out: str | Path | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Preflight:
     """Check everything ``spec`` names before a campaign starts; nothing is written.
@@ -74,7 +74,7 @@ def preflight(
     Args:
         spec: The validated spec (``load_spec`` has checked the file itself).
         base_dir: The spec's folder: its paths are relative to it, its recipes import from it.
-        out_dir: The output folder of a rerun, whose kept copies of the pinned inputs count.
+        out: The output folder of a rerun, whose kept copies of the pinned inputs count.
         env: The environment the store's variables come from (default: ``os.environ``).
 
     Raises:
@@ -107,7 +107,7 @@ def preflight(
             label="corpus",
         )
         checked.append(f"corpus '{spec.corpus.path}': {what}, sha256 as pinned, no link out")
-    input_paths = _input_paths(spec, base=base, out_dir=out_dir)
+    input_paths = _input_paths(spec, base=base, out=out)
     for name, path in input_paths.items():
         item = spec.inputs[name]
         what = check_pinned(
@@ -214,13 +214,13 @@ def _recipe_files(spec: CampaignSpec, *, base: Path) -> list[str]:
     return lines
 
 
-def _input_paths(spec: CampaignSpec, *, base: Path, out_dir: str | Path | None) -> dict[str, Path]:
+def _input_paths(spec: CampaignSpec, *, base: Path, out: str | Path | None) -> dict[str, Path]:
     """Where each pinned input is (``pins.resolve_inputs``): the spec's folder, or the copy
     a rerun's output folder keeps."""
     if not spec.inputs:
         return {}
-    out = Path(out_dir) if out_dir is not None and Path(out_dir).is_dir() else None
-    return resolve_inputs(spec, base_dir=base, out_dir=out)
+    kept = Path(out) if out is not None and Path(out).is_dir() else None
+    return resolve_inputs(spec, base_dir=base, out=kept)
 
 
 def _corpus_and_recipes(

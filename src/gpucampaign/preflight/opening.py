@@ -102,7 +102,7 @@ def open_campaign(
     folder = OutputFolder(target)
     folder.keep_spec(copy, source=source, check_only=True)
     refuse_sealed_rewrite(folder.root, cs, base_dir=base)
-    checked = preflight(cs, base_dir=base, out_dir=target, env=env)
+    checked = preflight(cs, base_dir=base, out=target, env=env)
     catalog = load_catalog(spec=cs, base_dir=base)
     plan = calendar.plan(cs, catalog=catalog)
     return OpenCampaign(
@@ -134,7 +134,7 @@ def start_folder(opened: OpenCampaign) -> bool:
     folder.keep_spec(opened.spec_copy, source=opened.source)
     return is_s3(cs.storage.url) and adopt_timeline(
         folder.root,
-        store=open_store(cs.storage.url, out_dir=folder.root),
+        store=open_store(cs.storage.url, out=folder.root),
         spec_sha256=spec_sha256(cs),  # and the campaign ID: the same campaign goes on here
     )
 

@@ -120,7 +120,7 @@ def campaign_restart_check(
     *,
     run: ResolvedRun,
     base_dir: str | Path,
-    out_dir: str | Path,
+    out: str | Path,
     workdir: Path,
     max_steps: int = DEFAULT_MAX_STEPS,
 ) -> RestartReport:
@@ -132,8 +132,8 @@ def campaign_restart_check(
         NoUsableRestart: The check failed.
     """
     path = corpus_path(spec, base_dir=base_dir)
-    inputs = resolve_inputs(spec, base_dir=base_dir, out_dir=out_dir)
-    store = open_store(spec.storage.url, out_dir=Path(out_dir), read_wait_s=read_wait_s(spec))
+    inputs = resolve_inputs(spec, base_dir=base_dir, out=out)
+    store = open_store(spec.storage.url, out=Path(out), read_wait_s=read_wait_s(spec))
     manager = CheckpointManager(store, run_id=run.run_id, config_sha256=run.config_sha256)
     if early_resume_point(manager) is None:
         return verify_restart(spec, run=run, corpus_path=path, inputs=inputs, workdir=workdir)
@@ -143,7 +143,7 @@ def campaign_restart_check(
         corpus_path=path,
         inputs=inputs,
         store=store,
-        run_dir=run_path(out_dir, run.run_id),
+        run_dir=run_path(out, run.run_id),
         workdir=workdir,
     )
     return verify_early_save(target, max_steps=max_steps)
@@ -155,7 +155,7 @@ def check_stopped_run(
     run: ResolvedRun,
     stop: StopRecord,
     base_dir: str | Path,
-    out_dir: str | Path,
+    out: str | Path,
     workdir: Path,
     max_steps: int = DEFAULT_MAX_STEPS,
 ) -> RestartReport:
@@ -170,7 +170,7 @@ def check_stopped_run(
         NoUsableRestart: The checkpoint is refused (``CheckpointCheckFailed`` names the file),
             or its replay does not reproduce the run.
     """
-    store = open_store(spec.storage.url, out_dir=Path(out_dir))
+    store = open_store(spec.storage.url, out=Path(out))
     manager = CheckpointManager(store, run_id=run.run_id, config_sha256=run.config_sha256)
     if not manager.has_any():
         at = "" if stop.step is None else f" at step {stop.step}"
@@ -192,7 +192,7 @@ def check_stopped_run(
         )
     t0 = time.perf_counter()
     assert spec.corpus is not None, "a campaign's run trains on its pinned corpus"
-    corpus, _ = pinned_corpus(spec, out_dir=out_dir, spec_dir=base_dir)
+    corpus, _ = pinned_corpus(spec, out=out, spec_dir=base_dir)
     no_replay = ""
     if corpus is None:
         no_replay = (
@@ -203,9 +203,9 @@ def check_stopped_run(
         spec=spec,
         run=run,
         corpus_path=corpus or corpus_path(spec, base_dir=base_dir),
-        inputs=resolve_inputs(spec, base_dir=base_dir, out_dir=out_dir),
+        inputs=resolve_inputs(spec, base_dir=base_dir, out=out),
         store=store,
-        run_dir=run_path(out_dir, run.run_id),
+        run_dir=run_path(out, run.run_id),
         workdir=workdir,
         stopped=stop,
         no_replay=no_replay,

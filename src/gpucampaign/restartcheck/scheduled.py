@@ -515,14 +515,14 @@ class OutputCheckTarget:
     inputs: dict[str, Path] = field(default_factory=dict)  # pinned input name -> its file
     stops: dict[str, StopRecord] = field(default_factory=dict)  # run ID -> the stop that ended it
 
-    def for_run(self, run: str, *, out_dir: str | Path, workdir: Path) -> RestartTarget:
-        """The restart target of ``run`` (one of ``runs``) of the output folder ``out_dir``."""
+    def for_run(self, run: str, *, out: str | Path, workdir: Path) -> RestartTarget:
+        """The restart target of ``run`` (one of ``runs``) of the output folder ``out``."""
         return RestartTarget(
             spec=self.spec,
             run=self.spec.resolve_run(run),
             corpus_path=self.corpus_path,
             store=self.store,
-            run_dir=Path(out_dir) / run_relpath(self.runs[run]),
+            run_dir=Path(out) / run_relpath(self.runs[run]),
             workdir=workdir,
             inputs=self.inputs,
             stopped=self.stops.get(self.runs[run]),
@@ -530,7 +530,7 @@ class OutputCheckTarget:
 
 
 def output_check_target(
-    out_dir: str | Path, *, spec_path: str | Path | None = None
+    out: str | Path, *, spec_path: str | Path | None = None
 ) -> OutputCheckTarget:
     """Find the spec, corpus and checkpointed runs of a campaign output folder.
 
@@ -545,7 +545,7 @@ def output_check_target(
         SpecError: No spec, or no file with the pinned corpus hash.
         NoUsableRestart: No run of the spec has a checkpoint in the store.
     """
-    out = Path(out_dir)
+    out = Path(out)
     src = Path(spec_path) if spec_path is not None else out / SPEC_COPY
     # The copy in OUT never puts OUT on sys.path: a recipe is the installed one or the given
     # spec's, never a file of the output folder.
@@ -555,7 +555,7 @@ def output_check_target(
             "the spec has no 'corpus' section: a restart check resumes training on it.",
             field="corpus",
         )
-    corpus, candidates = pinned_corpus(spec, out_dir=out, spec_dir=src.resolve().parent)
+    corpus, candidates = pinned_corpus(spec, out=out, spec_dir=src.resolve().parent)
     if corpus is None:
         pinned = spec.corpus.sha256
         raise SpecError(
@@ -564,7 +564,7 @@ def output_check_target(
             + "; give --spec the campaign's own spec file so its corpus path resolves.",
             field="corpus.sha256",
         )
-    store = open_store(spec.storage.url, out_dir=out, read_wait_s=read_wait_s(spec))
+    store = open_store(spec.storage.url, out=out, read_wait_s=read_wait_s(spec))
     ids = spec.run_ids()
     runs = {r: rid for r, rid in ids.items() if store.list(rid)}
     if not runs:
@@ -574,7 +574,7 @@ def output_check_target(
             f"in {store.url}: "
             "nothing can be restarted before the rental ends",
         )
-    inputs = resolve_inputs(spec, base_dir=src.resolve().parent, out_dir=out)
+    inputs = resolve_inputs(spec, base_dir=src.resolve().parent, out=out)
     stops: dict[str, StopRecord] = {}
     for rec in read_stops(out):  # a run's first stop is the one that ended it
         if rec.run_id in runs.values() and rec.phase != "restart":  # not a failed check's

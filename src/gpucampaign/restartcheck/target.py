@@ -56,16 +56,16 @@ class RestartTarget:
 
 
 def pinned_corpus(
-    spec: CampaignSpec, *, out_dir: str | Path, spec_dir: str | Path
+    spec: CampaignSpec, *, out: str | Path, spec_dir: str | Path
 ) -> tuple[Path | None, list[Path]]:
     """The first file holding the corpus's pinned sha256, and every place looked at.
 
     The places, in order: the copy the output folder keeps (its manifest's or ``inputs.json``'s
     record), the spec's path from the spec's folder ``spec_dir``, the same path inside
-    ``out_dir``. A corpus changed during the campaign is found in the copy kept at its start.
+    ``out``. A corpus changed during the campaign is found in the copy kept at its start.
     """
     assert spec.corpus is not None, "the spec pins a corpus"
-    out = Path(out_dir)
+    out = Path(out)
     candidates: list[Path] = []
     for record in (MANIFEST, INPUTS):
         if (out / record).is_file():

@@ -202,7 +202,7 @@ def mirror_output(
     try:
         # The close waits for the store only through the drain (its writes cannot wait; a
         # later mirror finishes what is left), not through each read as a run's start does.
-        store = open_store(url, out_dir=root, env=env, spool=False, read_wait_s=0)
+        store = open_store(url, out=root, env=env, spool=False, read_wait_s=0)
         pending = spooled_keys(root)
         if pending:
             spooling = SpoolingStore(store, spool_dir=Path(root) / SPOOL_DIR)

@@ -36,7 +36,7 @@ def read_wait_s(spec: CampaignSpec, *, now: datetime | None = None) -> float:
 def open_store(
     url: str,
     *,
-    out_dir: str | Path,
+    out: str | Path,
     env: Mapping[str, str] | None = None,
     spool: bool = True,
     read_wait_s: float = DEFAULT_READ_WAIT_S,
@@ -44,10 +44,10 @@ def open_store(
     """The store named by a spec's ``storage.url``.
 
     Args:
-        url: ``'local'`` (checkpoints in ``out_dir/checkpoints``) or ``'s3://bucket/prefix'``.
-        out_dir: The campaign's output folder.
+        url: ``'local'`` (checkpoints in ``out/checkpoints``) or ``'s3://bucket/prefix'``.
+        out: The campaign's output folder.
         env: The AWS variables for an S3 store (default: the environment).
-        spool: For S3, keep what the server cannot take now in ``out_dir/spool`` and upload it
+        spool: For S3, keep what the server cannot take now in ``out/spool`` and upload it
             in the background (``spool.SpoolingStore``); ``False`` for the bare ``S3Store``.
         read_wait_s: For S3, how long a read waits, retrying with backoff, for a server that
             does not answer (``read_wait_s(spec)`` for a campaign's store; 0: not at all).
@@ -57,7 +57,7 @@ def open_store(
         StorageError: The S3 client cannot be configured (a missing profile, say).
     """
     if is_local(url):
-        return LocalStore(Path(out_dir) / CHECKPOINTS_DIR)
+        return LocalStore(Path(out) / CHECKPOINTS_DIR)
     if is_s3(url):
         if not spool:
             return S3Store(url, env=env, read_wait_s=read_wait_s)
@@ -65,7 +65,7 @@ def open_store(
         # so a refused or frozen server sends the checkpoint to the spool within a minute.
         return SpoolingStore(
             S3Store(url, env=env, max_attempts=SPOOLED_ATTEMPTS, read_wait_s=read_wait_s),
-            spool_dir=Path(out_dir) / SPOOL_DIR,
+            spool_dir=Path(out) / SPOOL_DIR,
         )
     raise SpecError(
         f"field 'storage.url': unknown storage '{url}'; use {KNOWN}.", field="storage.url"
@@ -83,7 +83,7 @@ def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
     if is_local(url):
         return
     try:
-        store = open_store(url, out_dir=".", env=env, spool=False, read_wait_s=0)
+        store = open_store(url, out=".", env=env, spool=False, read_wait_s=0)
         if isinstance(store, S3Store):
             store.check()
     except StorageError as exc:

@@ -336,6 +336,6 @@ class SpoolingStore:
         return None
 
 
-def spooled_keys(out_dir: str | Path) -> list[str]:
+def spooled_keys(out: str | Path) -> list[str]:
     """Checkpoint files of an output folder waiting in its spool: not yet in the S3 store."""
-    return LocalStore(Path(out_dir) / SPOOL_DIR).list()
+    return LocalStore(Path(out) / SPOOL_DIR).list()

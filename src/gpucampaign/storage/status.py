@@ -144,7 +144,7 @@ def campaign_status(
         ck_local = spooled_keys(root)
         try:
             # Status answers now: an unreachable store is said, not waited for.
-            store = store or open_store(url, out_dir=root, env=env, spool=False, read_wait_s=0)
+            store = store or open_store(url, out=root, env=env, spool=False, read_wait_s=0)
             local = set(ck_local)
             ck_store = [k for k in store.list() if _is_checkpoint_key(k) and k not in local]
             index = _mirrored(store)
@@ -262,7 +262,7 @@ def folder_to_check(
     if is_local(spec.storage.url):
         return Path(out)
     store = store or open_store(
-        spec.storage.url, out_dir=out, env=env, spool=False, read_wait_s=read_wait_s(spec)
+        spec.storage.url, out=out, env=env, spool=False, read_wait_s=read_wait_s(spec)
     )
     if not store.exists(MIRROR_INDEX):
         return Path(out)

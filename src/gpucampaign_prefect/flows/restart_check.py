@@ -62,16 +62,16 @@ def restart_verification(
         RentalEnding: the rental ends within ``margin_hours`` and something is only local.
     """
     logger = get_run_logger()
-    out_dir = Path(out).resolve()
+    root = Path(out).resolve()
     tag_flow_run(CAMPAIGN_TAG.format(name=spec_name(spec, out=out)))
-    kept = (out_dir / SPEC_COPY).is_file()  # else only --spec names the store and the lots
-    ending = rental_ending(out_dir, spec=spec, margin_hours=margin_hours) if kept else None
+    kept = (root / SPEC_COPY).is_file()  # else only --spec names the store and the lots
+    ending = rental_ending(root, spec=spec, margin_hours=margin_hours) if kept else None
     if ending is not None:
         logger.error("%s", ending)
     with tempfile.TemporaryDirectory(prefix="gpucampaign-scheduled-") as work:
-        checked = folder_to_check(out_dir, dest=Path(work) / "out") if kept else out_dir
+        checked = folder_to_check(root, dest=Path(work) / "out") if kept else root
         checked = checked.resolve()
-        if checked != out_dir:
+        if checked != root:
             logger.info("checking a fresh copy retrieved from the store into %s", checked)
         reports = _check(checked, spec=spec, steps=steps)
     if ending is not None:
@@ -79,41 +79,37 @@ def restart_verification(
     return reports
 
 
-def rental_ending(out_dir: Path, *, spec: str | None, margin_hours: float) -> RentalEnding | None:
+def rental_ending(out: Path, *, spec: str | None, margin_hours: float) -> RentalEnding | None:
     """The rental margin of the folder's spec copy: None when nothing is at risk; else the
     error, once its notification (``gpucampaign.rental.ending``: the end in UTC and the files
     only on this machine) is emitted.
 
     Args:
-        out_dir: the campaign's output folder (with its ``spec.yaml``).
+        out: the campaign's output folder (with its ``spec.yaml``).
         spec: the spec file given to the flow, if any (its name names the campaign).
         margin_hours: hours before the rental's end under which local files are at risk.
     """
     try:
-        check_rental_margin(out_dir, margin_hours=margin_hours)
+        check_rental_margin(out, margin_hours=margin_hours)
     except RentalEnding as exc:
-        name = spec_name(spec, out=str(out_dir))
+        name = spec_name(spec, out=str(out))
         notify.rental_ending(
-            campaign=notify.campaign_id_of(out_dir) or name,
-            name=name,
-            message=str(exc),
-            out=str(out_dir),
+            campaign=notify.campaign_id_of(out) or name, name=name, message=str(exc), out=str(out)
         )
         return exc
     return None
 
 
-def _check(out_dir: Path, *, spec: str | None, steps: int) -> list[dict[str, Any]]:
+def _check(out: Path, *, spec: str | None, steps: int) -> list[dict[str, Any]]:
     logger = get_run_logger()
-    target = output_check_target(out_dir, spec_path=spec)
+    target = output_check_target(out, spec_path=spec)
     cs = target.spec
-    lanes = calendar.plan(cs, catalog=load_catalog(spec=cs, base_dir=out_dir)).gpu_lanes
+    lanes = calendar.plan(cs, catalog=load_catalog(spec=cs, base_dir=out)).gpu_lanes
     note = ensure_gpu_limit(cs.gpu_lock.name, slots=lanes, clear_stale=embedded_api())
     say_lock_note(note, logger=logger)  # what it made in our words, a held slot as a warning
 
     futures = {
-        run: resume_check.submit(target, out=str(out_dir), run=run, steps=steps)
-        for run in target.runs
+        run: resume_check.submit(target, out=str(out), run=run, steps=steps) for run in target.runs
     }
     reports: list[dict[str, Any]] = []
     for run, fut in futures.items():
@@ -123,7 +119,7 @@ def _check(out_dir: Path, *, spec: str | None, steps: int) -> list[dict[str, Any
             reports.append(_error_row(run, target.runs[run], exc))
     failures = [r["summary"] for r in reports if not r.get("ok")]
     create_markdown_artifact(
-        markdown=restart_markdown(cs.name, out_dir, reports),
+        markdown=restart_markdown(cs.name, out, reports),
         key=artifact_key("restart-check", cs.name),
         description="Restart verification of the latest checkpoints",
     )
@@ -155,14 +151,14 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def restart_markdown(name: str, out_dir: Path, reports: list[dict[str, Any]]) -> str:
+def restart_markdown(name: str, out: Path, reports: list[dict[str, Any]]) -> str:
     """The report artifact: per run the checkpoint expected (the latest kept), what was wrong
     with it, and the older checkpoint that would still resume."""
     bad = sum(1 for r in reports if not r.get("ok"))
     lines = [
         f"# Restart verification: {name}",
         "",
-        f"Output folder: `{out_dir}`",
+        f"Output folder: `{out}`",
         "",
         f"**{'FAILED' if bad else 'passed'}**: {len(reports) - bad} of {len(reports)} run(s) "
         "resume exactly from their latest kept checkpoint.",

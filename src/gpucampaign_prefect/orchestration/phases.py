@@ -143,7 +143,7 @@ def busy(
         run=run,
         note=note,
         kind=kind,
-        durable=lambda run_id: durable_step(spec.storage.url, out_dir=folder.root, run_id=run_id),
+        durable=lambda run_id: durable_step(spec.storage.url, out=folder.root, run_id=run_id),
         lot_end=LotEnded,
     ) as row:
         yield row

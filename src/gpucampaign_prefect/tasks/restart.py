@@ -60,17 +60,12 @@ def restart_verification(
         ):
             if stop is not None:  # its last checkpoint: loaded here, replayed only when it can
                 report = check_stopped_run(
-                    spec,
-                    run=resolved,
-                    stop=stop,
-                    base_dir=base_dir,
-                    out_dir=out,
-                    workdir=Path(work),
+                    spec, run=resolved, stop=stop, base_dir=base_dir, out=out, workdir=Path(work)
                 )
             else:
                 with _relayed(Path(work), folder.run(resolved.run_id).path):
                     report = campaign_restart_check(
-                        spec, run=resolved, base_dir=base_dir, out_dir=out, workdir=Path(work)
+                        spec, run=resolved, base_dir=base_dir, out=out, workdir=Path(work)
                     )
     if report.checked:
         get_run_logger().info("restart check of %s: %s", resolved.run_id, report.checked)
@@ -124,6 +119,6 @@ def resume_check(target: OutputCheckTarget, *, out: str, run: str, steps: int) -
         tempfile.TemporaryDirectory(prefix="gpucampaign-resume-") as work,
     ):
         found = check_latest_checkpoint(
-            target.for_run(run, out_dir=out, workdir=Path(work)), m_steps=steps
+            target.for_run(run, out=out, workdir=Path(work)), m_steps=steps
         )
     return found.to_dict()

@@ -65,7 +65,7 @@ def _run_training(
     # The inputs are checked again at each start: one changed since the audit is a stop
     # (``EssentialInputMissing``), recorded by the task (``ends_on_stop``) like any other.
     corpus = load_spec_corpus(spec, base_dir=base_dir, run_id=run_id)
-    store = open_store(spec.storage.url, out_dir=Path(out), read_wait_s=read_wait_s(spec))
+    store = open_store(spec.storage.url, out=Path(out), read_wait_s=read_wait_s(spec))
     progress = TrainingView(phase, run_id, out=out, campaign=spec.name, store=store)
     try:
         result = _train_under_lock(
@@ -84,7 +84,7 @@ def _run_training(
         progress.close()  # a stop or an error: the UI's thread ends too
     if (unsent := tracking_note(folder.run(run_id).path)) is not None:
         get_run_logger().warning(unsent)
-    return result, n_train_of(folder.run(run_id).path, run=run, corpus=corpus)
+    return result, n_train_of(folder.run(run_id), run=run, corpus=corpus)
 
 
 def _train_under_lock(
