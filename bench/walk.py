@@ -18,9 +18,10 @@ Definitions (the issue's "visits" and "returns"):
   and those repeats say nothing about the structure (``calls`` says how many there were).
 - A call *carries the output folder* when one of its arguments (``self``, positional, keyword,
   ``*args`` and ``**kwargs`` items) is the output folder: a path (``str`` or ``os.PathLike``)
-  equal to OUT or under it (as an absolute, normalized path), or an object whose ``root``
-  attribute is such a path (the ``OutputFolder``). A call *carries the spec* when one of its
-  arguments ``is`` the ``CampaignSpec`` object handed to the task.
+  equal to OUT or under it (as an absolute, normalized path), or an object whose ``root``,
+  ``path`` or ``out`` attribute is such a path (the ``OutputFolder``, a ``RunFolder``). A call
+  *carries the spec* when one of its arguments ``is`` the ``CampaignSpec`` object handed to
+  the task.
 - In the sequence of the call paths that carry X, in first-call order: a *visit* is a call
   into a module other than the previous call's (the first call is a visit); a *return* is a
   visit to a module visited before (so left since). *Files*: the distinct modules visited.
@@ -32,7 +33,8 @@ Usage: python bench/walk.py [--entry gpucampaign_prefect.tasks.train:train] [--r
        [--spec examples/digits/campaign.yaml] [--show] [--json]
 
 ``--entry MODULE:NAME`` names the task (a Prefect task is called through its ``.fn``); it is
-called as ``entry(spec, base_dir=..., out=..., run=..., run_id=...)``. The numbers are
+called as ``entry(spec, base_dir=..., out=..., run=...)`` (and ``run_id=...`` when it takes
+one). The numbers are
 deterministic for a given code base (one thread, a seeded run), but for the paths a clock
 gates: the task's live view is updated at most every 2 s, so its calls are walked when the
 training lasts longer than that (the demo's control does, on this machine).
@@ -107,8 +109,11 @@ class Walk:
             path = os.path.abspath(text)  # normalized, no file system access: no side effect
             return path == self.out or path.startswith(self.out + os.sep)
         attributes = getattr(value, "__dict__", None)
-        if isinstance(attributes, dict) and "root" in attributes:
-            return self._is_folder(attributes["root"])
+        if isinstance(attributes, dict):
+            # The folder's value objects: OutputFolder (root), RunFolder (path, out).
+            return any(
+                self._is_folder(attributes[k]) for k in ("root", "path", "out") if k in attributes
+            )
         return False
 
     def _first(self, kind: str, frame: Any) -> bool:
@@ -216,13 +221,15 @@ def walk(args: argparse.Namespace, work: Path) -> tuple[Walk, str]:
     spec = load_spec(_small_spec(Path(args.spec).resolve(), work, args.epochs))
     out = work / "out"
     entry = _entry(args.entry)
-    run_id = spec.resolve_run(args.run).run_id
+    # The train task took the run's ID too before it named itself by a callable.
+    takes_id = "run_id" in inspect.signature(inspect.unwrap(entry)).parameters
+    ids = {"run_id": spec.resolve_run(args.run).run_id} if takes_id else {}
     recorder = Walk(out, spec)
     with prefect_test_harness(server_startup_timeout=None):
         _gpu_limit(spec.gpu_lock.name)
         sys.setprofile(recorder.profile)
         try:
-            entry(spec, base_dir=str(work), out=str(out), run=args.run, run_id=run_id)
+            entry(spec, base_dir=str(work), out=str(out), run=args.run, **ids)
         finally:
             sys.setprofile(None)
     task_module = inspect.unwrap(entry).__code__.co_filename

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -212,43 +212,34 @@ class RunFolder:
         self.path.mkdir(parents=True, exist_ok=True)
         return self.path
 
-    # --- the files in it ------------------------------------------------------------------
-    @property
-    def params(self) -> Path:
-        return self.path / PARAMS_FILE
+    # The files in it, named once here: plain attributes (a value, nothing to compute).
+    params: Path = field(init=False, repr=False, compare=False)
+    metrics: Path = field(init=False, repr=False, compare=False)
+    result: Path = field(init=False, repr=False, compare=False)
+    model: Path = field(init=False, repr=False, compare=False)
+    progress: Path = field(init=False, repr=False, compare=False)
+    in_progress: Path = field(init=False, repr=False, compare=False)
+    #: Where the run's checkpoints are staged before they are written to the store.
+    staging: Path = field(init=False, repr=False, compare=False)
+    eval_scores_dir: Path = field(init=False, repr=False, compare=False)
 
-    @property
-    def metrics(self) -> Path:
-        return self.path / METRICS_FILE
-
-    @property
-    def result(self) -> Path:
-        return self.path / RESULT_FILE
-
-    @property
-    def model(self) -> Path:
-        return self.path / MODEL_DIR
-
-    @property
-    def progress(self) -> Path:
-        return self.path / PROGRESS_FILE
-
-    @property
-    def in_progress(self) -> Path:
-        return self.path / IN_PROGRESS_FILE
-
-    @property
-    def staging(self) -> Path:
-        """Where the run's checkpoints are staged before they are written to the store."""
-        return self.path / STAGING_DIR
+    def __post_init__(self) -> None:
+        names = {
+            "params": PARAMS_FILE,
+            "metrics": METRICS_FILE,
+            "result": RESULT_FILE,
+            "model": MODEL_DIR,
+            "progress": PROGRESS_FILE,
+            "in_progress": IN_PROGRESS_FILE,
+            "staging": STAGING_DIR,
+            "eval_scores_dir": EVAL_SCORES_DIR,
+        }
+        for attribute, name in names.items():
+            object.__setattr__(self, attribute, self.path / name)  # frozen: set once, here
 
     def eval_scores(self, step: int) -> Path:
         """The control's per-example scores at evaluation ``step``."""
         return self.path / eval_scores_file(step)
-
-    @property
-    def eval_scores_dir(self) -> Path:
-        return self.path / EVAL_SCORES_DIR
 
 
 def refuse_link(path: Path) -> None:
