@@ -16,7 +16,7 @@ from prefect.artifacts import (
 )
 
 from gpucampaign.core.text import say_number
-from gpucampaign.folder.layout import METRICS_FILE, OutputFolder
+from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.progress import evaluation_table, read_progress, render_line
 from gpucampaign.storage import spooled_keys
@@ -139,7 +139,7 @@ class TrainingView:
         metrics.jsonl, so a resumed run's table holds its earlier evaluations too)."""
         if not self.out:
             return
-        rows = read_metrics(out_folder(self.out).run(self.run_id).path / METRICS_FILE)
+        rows = read_metrics(out_folder(self.out).run(self.run_id).metrics)
         planned = int(info.get("planned_steps") or max((r.get("step", 0) for r in rows), default=0))
         table = evaluation_table(rows, metric=info.get("metric"), planned_steps=planned)
         if not table:

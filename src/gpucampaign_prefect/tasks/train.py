@@ -14,7 +14,6 @@ from gpucampaign.core.stoprules import STOP_RULES, Futile, StopRule
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.engine.loop import train_run
 from gpucampaign.engine.parts import n_train_of
-from gpucampaign.folder.layout import METRICS_FILE
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import read_stops
 from gpucampaign.folder.runresult import RunResult
@@ -160,7 +159,7 @@ def pilot(
         stop_after_steps=spec.pilot.steps,
         lane=lane,
     )
-    metrics = out_folder(out).run(resolved.run_id).path / METRICS_FILE
+    metrics = out_folder(out).run(resolved.run_id).metrics
     rows = read_metrics(metrics) if metrics.is_file() else []
     losses = early_losses(rows, steps=spec.pilot.steps)
     return pilot_measures(resolved, result=result, n_train=n_train, losses=losses)
