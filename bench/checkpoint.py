@@ -247,9 +247,9 @@ def bench_io(total_mb: int, repeats: int, workdir: Path, *, settle_s: float) -> 
 def bench_digits(workdir: Path) -> dict:
     """The example campaign's control run: the stall its checkpoints actually caused."""
     from gpucampaign.cli.scaffold import init_campaign
+    from gpucampaign.config import load_spec
     from gpucampaign.data.corpus import load_spec_corpus
     from gpucampaign.engine.loop import train_run
-    from gpucampaign.spec import load_spec
 
     spec_path = init_campaign(workdir / "digits")
     spec = load_spec(spec_path)

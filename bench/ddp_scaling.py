@@ -30,11 +30,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from gpucampaign.config import parse_spec  # noqa: E402
 from gpucampaign.data.corpus import load_corpus  # noqa: E402
 from gpucampaign.data.tables import write_digits_corpus  # noqa: E402
 from gpucampaign.engine.loop import train_run  # noqa: E402
 from gpucampaign.folder.layout import RunFolder  # noqa: E402
-from gpucampaign.spec import parse_spec  # noqa: E402
 from gpucampaign.storage import LocalStore  # noqa: E402
 
 

@@ -58,13 +58,13 @@ import overhead  # noqa: E402  (bench/overhead.py)
 
 from gpucampaign.checkpoint.manager import CheckpointManager  # noqa: E402
 from gpucampaign.cli.scaffold import init_campaign  # noqa: E402
+from gpucampaign.config import load_spec  # noqa: E402
 from gpucampaign.data.corpus import load_spec_corpus  # noqa: E402
 from gpucampaign.engine.loop import train_run  # noqa: E402
 from gpucampaign.folder.layout import RunFolder  # noqa: E402
 from gpucampaign.folder.metrics import read_metrics  # noqa: E402
 from gpucampaign.restartcheck.earlysave import verify_early_save  # noqa: E402
 from gpucampaign.restartcheck.target import RestartTarget  # noqa: E402
-from gpucampaign.spec import load_spec  # noqa: E402
 from gpucampaign.storage import LocalStore  # noqa: E402
 
 FIRST_STEP_GOAL_X = 3.0

@@ -79,8 +79,8 @@ class Workload:
         import yaml
 
         from gpucampaign.cli.scaffold import init_campaign, write_spec_copy
+        from gpucampaign.config import load_spec
         from gpucampaign.data.corpus import load_spec_corpus
-        from gpucampaign.spec import load_spec
 
         self.tmp, self.device, self.args = tmp, device, a
         src = init_campaign(tmp / "init")

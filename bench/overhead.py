@@ -41,11 +41,11 @@ import yaml
 from gpucampaign.builtin import build_model, fit_input_stats
 from gpucampaign.cli.runner import prefect_environment
 from gpucampaign.cli.scaffold import write_spec_copy
+from gpucampaign.config import CampaignSpec, load_spec
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.engine.devices import build_optimizer, build_scheduler, seed_everything
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import RunFolder
-from gpucampaign.spec import CampaignSpec, load_spec
 from gpucampaign.storage import LocalStore
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -34,9 +34,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import parse_spec
+from gpucampaign.config.parts import MAX_CALENDAR_STEPS
 from gpucampaign.plan import calendar
-from gpucampaign.spec import parse_spec
-from gpucampaign.spec.parts import MAX_CALENDAR_STEPS
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_STEPS, GOAL_S = 100_000, 2.0

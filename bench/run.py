@@ -50,13 +50,13 @@ import fixed  # noqa: E402  (bench/fixed.py)
 import overhead  # noqa: E402  (bench/overhead.py)
 
 from gpucampaign.cli.scaffold import init_campaign, write_spec_copy  # noqa: E402
+from gpucampaign.config import load_spec  # noqa: E402
+from gpucampaign.config.parts import MAX_CALENDAR_STEPS  # noqa: E402
 from gpucampaign.data.corpus import load_spec_corpus  # noqa: E402
 from gpucampaign.engine.loop import train_run  # noqa: E402
 from gpucampaign.folder.layout import RunFolder  # noqa: E402
 from gpucampaign.restartcheck.earlysave import verify_early_save  # noqa: E402
 from gpucampaign.restartcheck.target import RestartTarget  # noqa: E402
-from gpucampaign.spec import load_spec  # noqa: E402
-from gpucampaign.spec.parts import MAX_CALENDAR_STEPS  # noqa: E402
 from gpucampaign.storage import LocalStore  # noqa: E402
 
 RUN_S = 60.0  # the run length the orchestration goal is stated for
@@ -420,7 +420,7 @@ def plan_seconds(n: int, *, limit_s: float) -> float | None:
     code = (
         "import sys, time; sys.path.insert(0, sys.argv[2])\n"
         "from plan_scaling import make_spec\nfrom gpucampaign.plan import calendar\n"
-        "from gpucampaign.spec import parse_spec\n"
+        "from gpucampaign.config import parse_spec\n"
         "data = make_spec(int(sys.argv[1]), seed=0, window_days=30)\n"
         "t0 = time.perf_counter(); calendar.plan(parse_spec(data))\n"
         "print(time.perf_counter() - t0)\n"

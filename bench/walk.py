@@ -216,7 +216,7 @@ def walk(args: argparse.Namespace, work: Path) -> tuple[Walk, str]:
     """Run the entry once under the profile hook; the walk and the entry's module."""
     from prefect.testing.utilities import prefect_test_harness
 
-    from gpucampaign.spec import load_spec
+    from gpucampaign.config import load_spec
 
     spec = load_spec(_small_spec(Path(args.spec).resolve(), work, args.epochs))
     out = work / "out"

@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "gpucampaign"
 #: Lowest first: a package imports only packages before it in this list.
 RANKS = (
     "core",
-    "spec",
+    "config",
     "plan",
     "folder",
     "storage",

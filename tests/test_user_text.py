@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
+from gpucampaign.config import parse_spec
 from gpucampaign.plan import calendar
-from gpucampaign.spec import parse_spec
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TAG = re.compile(r"\bR\d{1,2}\b")

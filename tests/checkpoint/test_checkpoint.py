@@ -23,6 +23,7 @@ from gpucampaign.checkpoint.trainstate import (
     TrainState,
 )
 from gpucampaign.checkpoint.verify import CheckpointInvalid
+from gpucampaign.config import SpecError
 from gpucampaign.folder.layout import (
     CHECKPOINT_LATEST,
     CHECKPOINT_META,
@@ -30,7 +31,6 @@ from gpucampaign.folder.layout import (
     WEIGHTS_FILE,
     checkpoint_step_dir,
 )
-from gpucampaign.spec import SpecError
 from gpucampaign.storage import (
     LocalStore,
     S3Store,

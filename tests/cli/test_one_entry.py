@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 import gpucampaign.cli.runner as runner
 import gpucampaign.preflight.checks as checks
 from gpucampaign.cli.commands import app
-from gpucampaign.spec import CampaignSpec
+from gpucampaign.config import CampaignSpec
 
 if TYPE_CHECKING:
     from gpucampaign.preflight import OpenCampaign

@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from gpucampaign.cli.scaffold import init_campaign, write_spec_copy
+from gpucampaign.config import SpecError, load_spec
 from gpucampaign.recipe.audit import audit_corpus
-from gpucampaign.spec import SpecError, load_spec
 
 
 def test_an_edited_copy_carries_its_corpus(tmp_path):

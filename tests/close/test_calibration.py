@@ -23,9 +23,9 @@ import pytest
 
 from gpucampaign.close.closing import analyse_runs
 from gpucampaign.close.evidence import closing_verdict, run_evidence
+from gpucampaign.config import CampaignSpec
 from gpucampaign.folder.records import run_states
 from gpucampaign.plan import plan
-from gpucampaign.spec import CampaignSpec
 from tests.helpers.engine import corpus_of, digits_file, make_spec, run, run_dir  # noqa: F401
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ from gpucampaign.cli.scaffold import init_campaign
 from gpucampaign.close.closing import delivery
 from gpucampaign.close.inputs import closing_inputs
 from gpucampaign.close.manifest import keep_inputs
+from gpucampaign.config import load_spec
 from gpucampaign.folder.records import RunState
-from gpucampaign.spec import load_spec
 
 
 def test_a_corpus_changed_mid_campaign_is_read_from_the_kept_copy_and_named(tmp_path):

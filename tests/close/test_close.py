@@ -15,9 +15,9 @@ from gpucampaign.close.budget import close_budget, render_budget_md
 from gpucampaign.close.forecast import actual_intervals, forecast_vs_actual, load_estimates
 from gpucampaign.close.report import SUMMARY_KEYS
 from gpucampaign.close.verdict import RunEvidence, decide_verdict
+from gpucampaign.config import DecisionRule, Expense, Package, SpecError, parse_spec
 from gpucampaign.core.errors import ArgumentError, FolderError
 from gpucampaign.folder.records import DecisionRecord, PlanRecord, StopRecord, TimelineRow
-from gpucampaign.spec import DecisionRule, Expense, Package, SpecError, parse_spec
 
 LOT_3D = Package(gpu="rtx4090", days=3)
 
@@ -659,9 +659,9 @@ def _finish(root: Path, spec, run: str, *, accuracy: float, model: bool = True) 
 def test_run_states_decide_each_run_once(tmp_path: Path):
     from gpucampaign.close.closing import expected_runs, runs_table
     from gpucampaign.close.evidence import closing_verdict, run_evidence, run_metrics
+    from gpucampaign.config import parse_spec
     from gpucampaign.folder.records import append_stop, read_stops, run_states
     from gpucampaign.plan.decision import Decision
-    from gpucampaign.spec import parse_spec
 
     spec = parse_spec(RUN_SPEC)
     _finish(tmp_path, spec, "control", accuracy=0.8)
@@ -736,7 +736,7 @@ def test_a_run_that_did_not_complete_is_never_an_accepted_delivery(tmp_path: Pat
 
 def test_a_spec_without_a_decision_rule_gets_a_stopped_verdict():
     from gpucampaign.close.evidence import closing_verdict
-    from gpucampaign.spec import parse_spec
+    from gpucampaign.config import parse_spec
 
     spec = parse_spec({k: v for k, v in RUN_SPEC.items() if k != "decision_rule"})
     v = closing_verdict(spec, evidence={}, stops=[], decision=None)

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpucampaign.close.verdict import RunEvidence, decide_verdict
 from gpucampaign.close.verdict_steps import futile_settled
-from gpucampaign.spec import DecisionRule
+from gpucampaign.config import DecisionRule
 
 RULE = DecisionRule(metric="accuracy", threshold=0.5, min_gain=0.0)
 CONTROL = RunEvidence(values={"val": 0.8, "test": 0.8})

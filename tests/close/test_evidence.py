@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 from gpucampaign.cli import app
 from gpucampaign.close.bootstrap import Gain, paired_gain, to_resolve
 from gpucampaign.close.error_analysis import Predictions
+from gpucampaign.config import load_spec
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import OutputFolder
-from gpucampaign.spec import load_spec
 from gpucampaign.storage import LocalStore
 from gpucampaign.verify.checks import verify_output
 from tests.helpers import close_and_seal, start_folder, train_every_run

@@ -14,7 +14,7 @@ from gpucampaign.cli import app
 from gpucampaign.close.budget import close_budget, render_budget_md
 from gpucampaign.close.closing import close_folder
 from gpucampaign.close.ledger import budget_with_ledger, read_ledger
-from gpucampaign.spec import Package
+from gpucampaign.config import Package
 from gpucampaign.verify.checks import verify_output
 from tests.helpers import reseal
 

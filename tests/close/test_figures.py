@@ -103,8 +103,8 @@ def test_curves_carry_the_threshold_the_control_and_name_their_splits():
 
 def test_the_calendar_draws_actual_seconds_on_their_own_scale():
     from gpucampaign.close.figures import draw_calendar
+    from gpucampaign.config import parse_spec
     from gpucampaign.plan import calendar
-    from gpucampaign.spec import parse_spec
 
     spec = parse_spec(
         {

@@ -16,11 +16,11 @@ import yaml
 
 from gpucampaign.close.bootstrap import paired_mean_gain
 from gpucampaign.close.scores import Scores, read_scores
+from gpucampaign.config import load_spec
 from gpucampaign.core.files import sha256_file
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.folder.layout import OutputFolder, run_relpath, scores_file
 from gpucampaign.plan import calendar
-from gpucampaign.spec import load_spec
 from tests.helpers import close_and_seal, train_every_run
 
 # y = 2 x0 - x1 + noise, read from a .npy file of rows (x0, x1, y): the user's code, not src/.

@@ -16,7 +16,7 @@ from gpucampaign.close.bootstrap import DOMINATES, paired_gain, paired_mean_gain
 from gpucampaign.close.error_analysis import Predictions
 from gpucampaign.close.scores import Scores
 from gpucampaign.close.verdict import RunEvidence, decide_verdict
-from gpucampaign.spec import DecisionRule
+from gpucampaign.config import DecisionRule
 from tests.close.test_evidence import LEARNS, campaign, write_table
 
 SEEDS = (0, 1, 2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gpucampaign.close.scores import Scores
 from gpucampaign.close.verdict import RunEvidence, decide_verdict
-from gpucampaign.spec import DecisionRule
+from gpucampaign.config import DecisionRule
 
 RULE = DecisionRule(metric="loss", direction="minimize", threshold=2.0, min_gain=0.0)
 IDS = tuple(f"r{i}" for i in range(40))

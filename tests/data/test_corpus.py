@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import yaml
 
+from gpucampaign.config import SpecError, parse_spec
 from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.data.tables import write_digits_corpus
 from gpucampaign.recipe.audit import audit_corpus
-from gpucampaign.spec import SpecError, parse_spec
 from tests.helpers import digits_file  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from gpucampaign.config import load_spec
 from gpucampaign.folder.layout import (
     CHECKPOINT_LATEST,
     CHECKPOINT_META,
     CHECKPOINT_STATE,
     WEIGHTS_FILE,
 )
-from gpucampaign.spec import load_spec
 from gpucampaign.storage.mirror import MIRROR_INDEX
 from tests.helpers import ROOT, S3_BUCKET, api, bucket_keys, run_deployment, s3_client, worker_log
 

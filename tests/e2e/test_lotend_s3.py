@@ -29,11 +29,11 @@ from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from prefect.flow_engine import run_flow
 
 from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.config import load_spec
 from gpucampaign.engine import lotend
 from gpucampaign.folder import metrics
 from gpucampaign.folder.layout import checkpoint_step_dir
 from gpucampaign.plan.lots import LOT_ENV
-from gpucampaign.spec import load_spec
 from gpucampaign.storage import S3Store
 from gpucampaign.verify.checks import verify_output
 from gpucampaign_prefect.flows.campaign import campaign

@@ -33,9 +33,9 @@ from typing import Any
 import pytest
 import yaml
 
+from gpucampaign.config import load_spec
 from gpucampaign.core.stoprules import NonFiniteLoss
 from gpucampaign.folder.records import read_campaign_id
-from gpucampaign.spec import load_spec
 from gpucampaign.storage.open import SPOOLED_ATTEMPTS
 from gpucampaign.storage.s3 import S3Store
 from gpucampaign.storage.spool import SpoolingStore

@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
+from gpucampaign.config import load_spec
 from gpucampaign.folder.records import read_result, read_timeline
-from gpucampaign.spec import load_spec
 from tests.faults.test_worker_killed_s3 import REFERENCE, _gone, _params, _sigkill_worker
 from tests.helpers import (
     ROOT,

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
+from gpucampaign.config import load_spec
 from gpucampaign.folder.layout import CHECKPOINT_LATEST
-from gpucampaign.spec import load_spec
 from gpucampaign.storage.mirror import MIRROR_INDEX
 from tests.helpers import ROOT, api, bucket_keys, stack_s3_env, tiny_spec, wait_flow_run, worker_log
 from tests.helpers.receiver import Receiver, notifying

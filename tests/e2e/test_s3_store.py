@@ -18,8 +18,8 @@ import yaml
 
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.cli.scaffold import write_spec_copy
+from gpucampaign.config import SpecError
 from gpucampaign.folder.layout import CHECKPOINT_LATEST, CHECKPOINT_STATE, checkpoint_step_dir
-from gpucampaign.spec import SpecError
 from gpucampaign.storage import NotFound, S3Store, StorageError, check_storage
 from gpucampaign.storage.mirror import MIRROR_INDEX, mirror_folder
 from infra.s3server import S3Server, start_server

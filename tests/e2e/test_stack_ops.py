@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
+from gpucampaign.config import load_spec
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import read_timeline
-from gpucampaign.spec import load_spec
 from tests.helpers import ROOT, S3_BUCKET, STACK, api, s3_client, tiny_spec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]

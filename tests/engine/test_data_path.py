@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from gpucampaign.config import RunConfig, SpecError
 from gpucampaign.engine.loop import train_run
 from gpucampaign.engine.parts import (
     BatchCopy,
@@ -23,7 +24,6 @@ from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.recipe.contract import load_recipe
 from gpucampaign.recipe.runtime import PlacedSplit, example_ids, ordered_loader, score_split
-from gpucampaign.spec import RunConfig, SpecError
 from gpucampaign.storage import LocalStore
 from tests.helpers import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpucampaign.config import RunConfig, SpecError
 from gpucampaign.engine.devices import device_settings, pick_device
-from gpucampaign.spec import RunConfig, SpecError
 from tests.recipe.test_recipe import make_spec, train, write_recipe
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

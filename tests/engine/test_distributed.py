@@ -23,13 +23,13 @@ import torch
 from safetensors.torch import load_file
 
 from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.config import CampaignSpec, RunConfig, SpecError, parse_spec
 from gpucampaign.core.stoprules import NonFiniteLoss
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.engine.loop import train_run
 from gpucampaign.engine.parts import RankShard
 from gpucampaign.engine.process_group import OneProcess
 from gpucampaign.folder.layout import RunFolder
-from gpucampaign.spec import CampaignSpec, RunConfig, SpecError, parse_spec
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, train_losses  # noqa: F401  (fixture)
 
@@ -204,7 +204,7 @@ def test_launching_is_apart_from_the_ranks() -> None:
     size is nodes x GPUs per node, read as one process count."""
     import ast
 
-    from gpucampaign.spec import RunSize, run_size
+    from gpucampaign.config import RunSize, run_size
 
     engine = REPO / "src" / "gpucampaign" / "engine"
     for module in ("worker.py", "process_group.py", "setup.py"):

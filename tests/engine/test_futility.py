@@ -318,10 +318,10 @@ def user_regression(base: Path, *, score: bool, not_learning: bool = False) -> t
 
     import yaml
 
+    from gpucampaign.config import load_spec
     from gpucampaign.core.files import sha256_file
     from gpucampaign.data.corpus import load_spec_corpus
     from gpucampaign.folder.layout import OutputFolder
-    from gpucampaign.spec import load_spec
     from tests.close.test_scores import REGRESSION, SCORE
 
     module = f"user_futile_{uuid.uuid4().hex[:8]}"

@@ -236,7 +236,7 @@ def _stop_when_trained(rdir: Path, *, steps: int, done: threading.Event) -> None
 def test_a_campaign_restarts_inference_of_an_interrupted_variant_and_verifies(
     prefect_harness, tmp_path
 ):
-    from gpucampaign.spec import load_spec
+    from gpucampaign.config import load_spec
     from gpucampaign.verify.checks import verify_output
     from tests.flows.test_campaign import run_flow, tiny_campaign
 
@@ -294,7 +294,7 @@ def test_a_campaign_restarts_inference_of_an_interrupted_variant_and_verifies(
 def test_the_verdict_reads_an_interrupted_run_as_evidence_at_its_step():
     from gpucampaign.close.scores import Scores
     from gpucampaign.close.verdict import RunEvidence, decide_verdict
-    from gpucampaign.spec import DecisionRule
+    from gpucampaign.config import DecisionRule
 
     rule = DecisionRule(metric="accuracy", threshold=0.9, min_gain=0.02)
     note = "interrupted: the model of step 50 of 300"

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpucampaign.config import SpecError
 from gpucampaign.core.files import sha256_bytes
 from gpucampaign.engine.jobfile import JobRefused, build_job, job_bytes, open_job, write_private
 from gpucampaign.engine.setup import RunJob
 from gpucampaign.folder.layout import RunFolder
-from gpucampaign.spec import SpecError
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file  # noqa: F401  (fixture)
 from tests.helpers.engine import corpus_of, make_spec

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.config import SpecError, spec_sha256
 from gpucampaign.engine.lotend import LotEnded
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.plan.lots import (
@@ -22,7 +23,6 @@ from gpucampaign.plan.lots import (
     machine_lot,
     unmeasured_save_s,
 )
-from gpucampaign.spec import SpecError, spec_sha256
 from gpucampaign.storage import LocalStore
 from tests.helpers import digits_file, make_spec, run, run_dir  # noqa: F401 - a fixture
 from tests.helpers.lots import lot_clock, lot_packages

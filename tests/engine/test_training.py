@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from gpucampaign.builtin import build_model
 from gpucampaign.checkpoint.savepolicy import choose_save_interval, daly_interval
+from gpucampaign.config import RunConfig, SpecError
 from gpucampaign.core.errors import ArgumentError, FolderError
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.engine.loop import train_run
@@ -22,7 +23,6 @@ from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.modelfolder import load_model_dir, predict
 from gpucampaign.plan.decision import pilot_measures
-from gpucampaign.spec import RunConfig, SpecError
 from gpucampaign.storage import LocalStore
 from tests.helpers import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 

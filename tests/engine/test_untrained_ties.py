@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 import yaml
 
+from gpucampaign.config import load_spec
 from gpucampaign.core.files import sha256_file
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.plan import calendar
-from gpucampaign.spec import load_spec
 from tests.helpers.closing import close_and_seal, train_every_run
 
 BN_CNN = """

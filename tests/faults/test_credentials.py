@@ -21,9 +21,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
+from gpucampaign.config import SpecError, check_tracking_uri
 from gpucampaign.core.text import redact_logging, redact_secrets
 from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE
-from gpucampaign.spec import SpecError, check_tracking_uri
 from gpucampaign.tracking.mlflow import RunTracker, short_error
 from tests.helpers import reseal
 from tests.helpers.fake_mlflow import FakeClient
@@ -131,7 +131,7 @@ def test_the_spec_refuses_a_credential_in_the_uri_without_repeating_it(form, fau
         with pytest.raises(ValueError) as info:
             check_tracking_uri(uri)
         assert not _leaked(str(info.value))
-    from gpucampaign.spec.parts import MlflowSpec
+    from gpucampaign.config.parts import MlflowSpec
 
     with pytest.raises(Exception) as info:
         MlflowSpec(uri=f" {FORMS[form]}")
@@ -141,7 +141,7 @@ def test_the_spec_refuses_a_credential_in_the_uri_without_repeating_it(form, fau
 
 
 def test_the_leading_space_does_not_hide_a_password():
-    from gpucampaign.spec.parts import MlflowSpec
+    from gpucampaign.config.parts import MlflowSpec
 
     with pytest.raises(ValueError, match="holds credentials"):
         MlflowSpec(uri=f" http://u:{SECRET}@h:5000")

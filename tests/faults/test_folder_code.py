@@ -20,7 +20,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
-from gpucampaign.spec import load_spec, parse_spec, spec_sha256
+from gpucampaign.config import load_spec, parse_spec, spec_sha256
 from tests.helpers import reseal
 from tests.helpers.specs import REGRESS_RECIPE as RECIPE
 

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 import gpucampaign.cli.runner
 from gpucampaign.cli import app
-from gpucampaign.spec import CampaignSpec, SpecError, load_spec
+from gpucampaign.config import CampaignSpec, SpecError, load_spec
 from tests.helpers.fuzzing import examples
 
 REPO = Path(__file__).resolve().parents[2]

@@ -31,11 +31,8 @@ from typer.testing import CliRunner
 import gpucampaign.storage
 from gpucampaign.cli import app
 from gpucampaign.close.ledger import LedgerError, parse_ledger, read_ledger
-from gpucampaign.folder.layout import LEDGER_FILE
-from gpucampaign.folder.progress import MAX_PROGRESS_BYTES, read_all_progress, render_line
-from gpucampaign.preflight import preflight
-from gpucampaign.spec import CampaignSpec, SpecError, load_spec
-from gpucampaign.spec.parts import (
+from gpucampaign.config import CampaignSpec, SpecError, load_spec
+from gpucampaign.config.parts import (
     MAX_ARGS,
     MAX_CALENDAR_STEPS,
     MAX_EXPENSES,
@@ -45,6 +42,9 @@ from gpucampaign.spec.parts import (
     MAX_SEEDS,
     MAX_VARIANTS,
 )
+from gpucampaign.folder.layout import LEDGER_FILE
+from gpucampaign.folder.progress import MAX_PROGRESS_BYTES, read_all_progress, render_line
+from gpucampaign.preflight import preflight
 from gpucampaign.storage import LocalStore, StorageError
 from gpucampaign.storage.mirror import MIRROR_INDEX, mirror_folder, retrieve_folder
 from tests.helpers.fuzzing import examples

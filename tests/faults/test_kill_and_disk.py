@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from gpucampaign.checkpoint import tensorfiles
 from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.config import CampaignSpec, SpecError, parse_spec
 from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.data.tables import write_digits_corpus
@@ -27,7 +28,6 @@ from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.recipe.audit import audit_corpus
-from gpucampaign.spec import CampaignSpec, SpecError, parse_spec
 from gpucampaign.storage import LocalStore, StorageError
 
 HERE = Path(__file__).resolve().parent

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpucampaign.checkpoint.manager import CheckpointManager
-from gpucampaign.spec import SpecError, load_spec, resolve_inside
+from gpucampaign.config import SpecError, load_spec, resolve_inside
 from gpucampaign.storage import LocalStore, StorageError
 from tests.helpers import reseal
 
@@ -486,7 +486,7 @@ def test_a_folder_corpus_holding_a_link_out_is_refused_at_pin_time(tmp_path, fau
 
 
 def test_a_recipe_file_that_links_out_of_the_spec_folder_is_refused(tmp_path, faults):
-    from gpucampaign.spec.recipefile import RecipeError
+    from gpucampaign.config.recipefile import RecipeError
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

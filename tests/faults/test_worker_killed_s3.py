@@ -35,9 +35,9 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file
 
+from gpucampaign.config import load_spec
 from gpucampaign.folder.layout import CHECKPOINT_LATEST, MODEL_DIR
 from gpucampaign.folder.records import read_campaign_id, read_pilot, read_result, read_timeline
-from gpucampaign.spec import load_spec
 from tests.helpers import (
     ROOT,
     RUN_TIMEOUT_S,
@@ -69,7 +69,7 @@ REFERENCE = """
 import sys
 from pathlib import Path
 from gpucampaign.data.corpus import load_spec_corpus
-from gpucampaign.spec import load_spec
+from gpucampaign.config import load_spec
 from gpucampaign.storage import open_store
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import RunFolder

@@ -108,8 +108,8 @@ def _artifact_versions(key: str) -> list[Any]:
 def _assert_ui_tables(spec: Path, out: Path) -> None:
     """The live tables of the UI: every evaluation of each run (one key per run), and the GPU
     lock's holders on this host (free again at the end)."""
+    from gpucampaign.config import load_spec
     from gpucampaign.folder.records import read_campaign_id
-    from gpucampaign.spec import load_spec
     from gpucampaign_prefect.orchestration.gpu_lock import holders_key
     from gpucampaign_prefect.orchestration.ui import evaluations_key
 
@@ -480,9 +480,9 @@ def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp
     still give exactly the numbers each gives alone. The spec is passed as an object."""
     from prefect.client.orchestration import get_client
 
+    from gpucampaign.config import load_spec
     from gpucampaign.data.corpus import load_spec_corpus
     from gpucampaign.engine.loop import train_run
-    from gpucampaign.spec import load_spec
     from gpucampaign.storage import LocalStore
 
     spec = tiny_campaign(

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from gpucampaign.cli.scaffold_textlm import init_textlm
+from gpucampaign.config import load_spec
 from gpucampaign.folder.records import read_timeline
-from gpucampaign.spec import load_spec
 from gpucampaign.verify.checks import verify_output
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

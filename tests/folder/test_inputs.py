@@ -14,13 +14,13 @@ from typer.testing import CliRunner
 
 from gpucampaign.cli import app
 from gpucampaign.close.manifest import keep_inputs
+from gpucampaign.config import CampaignSpec, SpecError, load_spec
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import INPUTS, OutputFolder, RunFolder
 from gpucampaign.plan import calendar
 from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.restartcheck.scheduled import output_check_target
-from gpucampaign.spec import CampaignSpec, SpecError, load_spec
 from gpucampaign.storage import LocalStore
 from tests.helpers import TINY, build_closed_folder, digits_file  # noqa: F401  (a pytest fixture)
 

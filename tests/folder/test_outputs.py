@@ -11,10 +11,10 @@ import pytest
 from gpucampaign.close.error_analysis import Predictions, error_analysis, render_error_analysis_md
 from gpucampaign.close.manifest import list_files, reference_corpus
 from gpucampaign.close.predictions import read_predictions, write_predictions
+from gpucampaign.config import SpecError
 from gpucampaign.core.errors import FolderError
 from gpucampaign.core.files import sha256_file
 from gpucampaign.folder.layout import OutputFolder, PlanRewriteError
-from gpucampaign.spec import SpecError
 
 
 def test_plan_is_written_once_and_never_rewritten(tmp_path: Path):

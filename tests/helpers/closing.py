@@ -20,6 +20,7 @@ import torch
 
 from gpucampaign.builtin import build_model, fit_input_stats
 from gpucampaign.close.closing import analyse_runs, close_folder, seal_folder
+from gpucampaign.config import load_spec
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.folder.layout import RESULT_FILE, OutputFolder
 from gpucampaign.folder.records import (
@@ -36,7 +37,6 @@ from gpucampaign.folder.runresult import RunResult
 from gpucampaign.modelfolder import save_model_dir
 from gpucampaign.plan import calendar
 from gpucampaign.plan.decision import Decision
-from gpucampaign.spec import load_spec
 
 SPEC_TEMPLATE = """
 name: closing-test

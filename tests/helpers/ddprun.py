@@ -10,13 +10,13 @@ import json
 import sys
 from pathlib import Path
 
+from gpucampaign.config import parse_spec
 from gpucampaign.core.interrupt import Interrupted, graceful_signals
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.engine.launch import RankFailed
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import RunFolder
-from gpucampaign.spec import parse_spec
 from gpucampaign.storage import LocalStore
 
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
+from gpucampaign.config import CampaignSpec, parse_spec
 from gpucampaign.data.corpus import Corpus, load_corpus
 from gpucampaign.data.tables import write_digits_corpus
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.runresult import RunResult
-from gpucampaign.spec import CampaignSpec, parse_spec
 from gpucampaign.storage import LocalStore
 
 # Tiny but real: 1259 train rows at batch 128 = 10 steps per epoch.

@@ -125,10 +125,10 @@ def install(point: str, n: int, *, latest: Path) -> None:
 
 
 def main(base: Path) -> None:
+    from gpucampaign.config import parse_spec
     from gpucampaign.data.corpus import load_corpus
     from gpucampaign.engine.loop import train_run
     from gpucampaign.folder.layout import RunFolder
-    from gpucampaign.spec import parse_spec
     from gpucampaign.storage import LocalStore
 
     spec = parse_spec(json.loads((base / "spec.json").read_text(encoding="utf-8")))

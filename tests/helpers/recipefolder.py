@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import yaml
 
+from gpucampaign.config import load_spec
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.data.pins import input_sha256
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.plan import calendar
-from gpucampaign.spec import load_spec
 from tests.helpers.closing import close_and_seal, train_every_run
 
 # Two classes of 8x8 grey PNG images, one folder per class; the file stem is the example's ID.

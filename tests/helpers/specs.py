@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucampaign.spec import CampaignSpec, parse_spec
+from gpucampaign.config import CampaignSpec, parse_spec
 
 
 def one_lot_spec(*steps: dict[str, Any]) -> CampaignSpec:

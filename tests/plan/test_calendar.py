@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpucampaign.config import SpecError, load_spec, parse_spec
 from gpucampaign.plan import calendar
-from gpucampaign.spec import SpecError, load_spec, parse_spec
 from tests.helpers.fuzzing import examples
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -384,8 +384,8 @@ def test_gantt_with_planned_and_actual_bars(tmp_path: Path) -> None:
 def test_a_seed_run_is_placed_by_its_own_calendar_step():
     """`plan` asks for a step of each seed run (`wider.s1`); a step naming it is accepted and
     placed, and then nothing warns about it: no warning that refusal contradicts."""
+    from gpucampaign.config import SpecError, parse_spec
     from gpucampaign.plan.lanes import lane_order
-    from gpucampaign.spec import SpecError, parse_spec
 
     def spec_with(*runs: str):
         return parse_spec(

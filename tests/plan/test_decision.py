@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from gpucampaign.config import parse_spec
 from gpucampaign.plan.decision import (
     DecisionInput,
     apply_answer,
@@ -12,7 +13,6 @@ from gpucampaign.plan.decision import (
     decide_auto,
     forecast_run_hours,
 )
-from gpucampaign.spec import parse_spec
 
 SPEC = {
     "name": "d",

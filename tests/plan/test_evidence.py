@@ -12,9 +12,9 @@ import yaml
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
+from gpucampaign.config import parse_spec
 from gpucampaign.plan import calendar
 from gpucampaign.plan.evidence import PROPOSED_SEEDS, detectable_gain_sd
-from gpucampaign.spec import parse_spec
 
 DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits" / "campaign.yaml"
 # The demo's GPU hours a seed: control, lr-high and bf16 0.25 h, short 0.1 h.
@@ -96,7 +96,7 @@ def test_a_plan_imports_no_scipy() -> None:
     import sys
 
     code = (
-        "import sys; from gpucampaign.plan import calendar; from gpucampaign.spec import "
+        "import sys; from gpucampaign.plan import calendar; from gpucampaign.config import "
         f"load_spec; calendar.plan(load_spec({str(DIGITS)!r})); "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'sklearn'}))"
     )

@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from gpucampaign.cli.scaffold import init_campaign
+from gpucampaign.config import CampaignSpec, load_spec
 from gpucampaign.core.stoprules import BelowThreshold, NonFiniteLoss, NoUsableRestart
 from gpucampaign.plan import calendar
 from gpucampaign.plan.lanes import RESTART_CHECK, lane_chains, lane_order, planned_lanes
 from gpucampaign.plan.stopping import campaign_stop, essential_pilot_stops, stop_effect
-from gpucampaign.spec import CampaignSpec, load_spec
 
 
 def two_gpu_spec(tmp_path: Path, **edit: object) -> CampaignSpec:

@@ -15,9 +15,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpucampaign.config import CampaignSpec, parse_spec
 from gpucampaign.plan import calendar
 from gpucampaign.plan.schedule import TIER_RANK
-from gpucampaign.spec import CampaignSpec, parse_spec
 from tests.helpers.fuzzing import examples
 
 # Tenths next to whole hours: 0.1 + 0.2 != 0.3, so float ties are exercised too.

@@ -10,8 +10,8 @@ import yaml
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
+from gpucampaign.config import parse_spec
 from gpucampaign.plan import calendar
-from gpucampaign.spec import parse_spec
 
 
 def _spec(hours_before_retrieval: float, **lot: Any) -> Any:

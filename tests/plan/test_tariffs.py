@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucampaign.config import Package, SpecError, parse_spec
 from gpucampaign.core.errors import ArgumentError
 from gpucampaign.plan.tariffs import (
     BUILTIN_CATALOG,
@@ -17,7 +18,6 @@ from gpucampaign.plan.tariffs import (
     resolve_package,
     usd,
 )
-from gpucampaign.spec import Package, SpecError, parse_spec
 
 
 def test_builtin_rtx4090_tariffs() -> None:

@@ -248,8 +248,8 @@ def test_a_number_that_is_not_a_number_is_refused(digits: Path, tmp_path: Path, 
 
 
 def test_a_limit_is_named_and_a_value_at_it_is_accepted(digits: Path, tmp_path: Path) -> None:
-    from gpucampaign.spec import load_spec
-    from gpucampaign.spec.parts import MAX_BATCH_SIZE
+    from gpucampaign.config import load_spec
+    from gpucampaign.config.parts import MAX_BATCH_SIZE
 
     edit(digits, lambda d: d["control"].update(batch_size=MAX_BATCH_SIZE + 1))
     refused(digits, tmp_path, "control.batch_size", str(MAX_BATCH_SIZE))

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import gpucampaign
+from gpucampaign.config import CampaignSpec, SpecError, parse_spec
 from gpucampaign.core.files import sha256_file
 from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.corpus import load_spec_corpus
@@ -22,7 +23,6 @@ from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import RunFolder
 from gpucampaign.modelfolder import RecipeCodeNotTrusted, load_model_dir
 from gpucampaign.recipe.contract import RecipeError, load_recipe
-from gpucampaign.spec import CampaignSpec, SpecError, parse_spec
 from gpucampaign.storage import LocalStore
 from tests.helpers.specs import REGRESS_RECIPE as RECIPE
 
@@ -47,7 +47,7 @@ def write_corpus(folder: Path, n: int = 96) -> str:
 def make_spec(
     base: Path, module: str, *, control: dict | None = None, **extra: Any
 ) -> CampaignSpec:
-    from gpucampaign.spec.recipefile import use_recipe_dir
+    from gpucampaign.config.recipefile import use_recipe_dir
 
     use_recipe_dir(base)  # what load_spec does for a spec file
     sha = (

@@ -14,8 +14,8 @@ import yaml
 
 from gpucampaign.cli import app
 from gpucampaign.cli.scaffold_textlm import CORPUS_REL, init_textlm
+from gpucampaign.config import load_spec
 from gpucampaign.core.files import sha256_file
-from gpucampaign.spec import load_spec
 from gpucampaign.verify.checks import verify_output
 
 REPO = Path(__file__).resolve().parents[2]

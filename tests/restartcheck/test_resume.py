@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpucampaign.close.report import _resume_md
+from gpucampaign.config import SpecError, parse_spec
 from gpucampaign.restartcheck.compare import RestartReport
-from gpucampaign.spec import SpecError, parse_spec
 
 BASE = {
     "name": "x",

@@ -12,7 +12,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from gpucampaign.checkpoint.manager import CheckpointManager
-from gpucampaign.spec import parse_spec
+from gpucampaign.config import parse_spec
 from gpucampaign.storage import S3Store, StorageError, StoreUnreachable, check_storage
 from gpucampaign.storage.open import open_store, read_wait_s
 from gpucampaign.storage.outage import OUTAGE_LOGGER, Outages

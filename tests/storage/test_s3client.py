@@ -193,7 +193,7 @@ def test_the_schema_and_compose_name_the_variables_the_code_reads():
     import json
     from pathlib import Path
 
-    from gpucampaign.spec import CampaignSpec
+    from gpucampaign.config import CampaignSpec
     from gpucampaign.storage.s3client import S3_VARIABLES
 
     schema = json.dumps(CampaignSpec.model_json_schema())

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
+from gpucampaign.config import load_spec
 from gpucampaign.folder.layout import SPOOL_DIR
-from gpucampaign.spec import load_spec
 from gpucampaign.storage import LocalStore
 from gpucampaign.storage.mirror import mirror_folder
 from gpucampaign.storage.status import (

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from gpucampaign.config import SpecError, spec_sha256
 from gpucampaign.core import interrupt
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE
-from gpucampaign.spec import SpecError, spec_sha256
 from gpucampaign.tracking import mlflow as tracking
 from gpucampaign.tracking.campaign import track_close, track_sealed
 from gpucampaign.tracking.mlflow import META_KEY, RunTracker, row_records, tracking_uri

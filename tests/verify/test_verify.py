@@ -214,9 +214,9 @@ def test_external_corpus_is_checked_by_hash_and_models_reload_from_it(
 def test_reload_check_with_a_loaded_corpus_before_any_manifest(out: Path, closed: dict):
     """The close task checks deliveries before the manifest exists: it passes the corpus itself."""
     from gpucampaign.close.predictions import reload_check
+    from gpucampaign.config import load_spec
     from gpucampaign.data.corpus import load_corpus
     from gpucampaign.folder.layout import corpus_file
-    from gpucampaign.spec import load_spec
 
     ref = json.loads((out / "manifest.json").read_text())["corpus"]
     corpus = load_corpus(corpus_file(out, ref), corpus_spec=load_spec(out / "spec.yaml").corpus)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from gpucampaign.builtin.layers import Standardize
-from gpucampaign.spec import RunConfig, SpecError
+from gpucampaign.config import RunConfig, SpecError
 
 
 class SmallCNN(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from gpucampaign.builtin.layers import Standardize
-from gpucampaign.spec import RunConfig
+from gpucampaign.config import RunConfig
 
 
 def build_mlp(config: RunConfig, *, n_features: int, n_classes: int) -> nn.Module:

@@ -10,7 +10,7 @@ from torch import nn
 from gpucampaign.builtin.cnn import build_cnn
 from gpucampaign.builtin.layers import Standardize
 from gpucampaign.builtin.mlp import build_mlp
-from gpucampaign.spec import RunConfig, SpecError
+from gpucampaign.config import RunConfig, SpecError
 
 RECIPES: dict[str, Callable[..., nn.Module]] = {"mlp": build_mlp, "cnn": build_cnn}
 

@@ -57,7 +57,7 @@ _OUTPUT_CHECK_HELP = (
 @handle_errors
 def schema_cmd() -> None:
     """Print the JSON schema of a campaign spec (every field with its description)."""
-    from gpucampaign.spec import CampaignSpec
+    from gpucampaign.config import CampaignSpec
 
     print_json(CampaignSpec.model_json_schema())
 
@@ -71,9 +71,9 @@ def plan_cmd(
     calibrate_from: Path | None = typer.Option(None, "--calibrate-from", help=_CALIBRATE_HELP),
 ) -> None:
     """Schedule the calendar on the committed lots: exit 0 when it fits its window, 4 when not."""
+    from gpucampaign.config import load_spec
     from gpucampaign.plan import calendar
     from gpucampaign.preflight import preflight
-    from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
     checked = preflight(cs, base_dir=spec.resolve().parent)
@@ -295,10 +295,10 @@ def _check_fresh_restart(
     spec: Path, *, run: str, n_steps: int | None, k_steps: int | None, workdir: Path
 ) -> Any:
     """Train the run from scratch, interrupt it, resume it in a new process, compare."""
+    from gpucampaign.config import load_spec
     from gpucampaign.data.corpus import corpus_path
     from gpucampaign.data.pins import resolve_inputs
     from gpucampaign.restartcheck.check import verify_restart
-    from gpucampaign.spec import load_spec
 
     cs = load_spec(spec)
     path = corpus_path(cs, base_dir=spec.resolve().parent)
@@ -318,8 +318,8 @@ def _check_output_restart(
     spec: Path, out: Path, *, run: str, n_steps: int | None, workdir: Path
 ) -> Any:
     """Resume the run's latest kept checkpoint of a campaign output and compare."""
+    from gpucampaign.config import load_spec
     from gpucampaign.restartcheck.scheduled import output_check_target, verify_checkpoint_resume
-    from gpucampaign.spec import load_spec
 
     load_spec(spec)
     target = output_check_target(out, spec_path=spec)

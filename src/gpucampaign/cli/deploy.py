@@ -35,7 +35,7 @@ def deploy_cmd(
     Registering again replaces them.
     """
     from gpucampaign.cli.runner import load_flow
-    from gpucampaign.spec import load_spec
+    from gpucampaign.config import load_spec
 
     cs = load_spec(spec)  # a spec that does not validate is refused here, not at its first run
     target = out or Path("out") / cs.name

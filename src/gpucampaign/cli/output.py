@@ -26,9 +26,9 @@ from gpucampaign.cli.common import (
     print_json,
     say,
 )
+from gpucampaign.config import SpecError
 from gpucampaign.core.errors import ArgumentError, FolderError
 from gpucampaign.folder.layout import LEDGER_FILE, MANIFEST, PLAN, SPEC_COPY
-from gpucampaign.spec import SpecError
 
 # --- close: verify and report an output folder ----------------------------------------------
 
@@ -319,7 +319,7 @@ def track_cmd(
 def _check_tracking_uri(uri: str, *, field: str, credentials: bool) -> None:
     """A tracking URI as ``check_tracking_uri`` takes it (``credentials``: a user part may be
     in it, as in ``MLFLOW_TRACKING_URI``), else exit 2 naming ``field``."""
-    from gpucampaign.spec import check_tracking_uri
+    from gpucampaign.config import check_tracking_uri
 
     try:
         check_tracking_uri(uri, credentials=credentials)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import load_spec
 from gpucampaign.core.errors import ArgumentError
 from gpucampaign.data.tables import write_digits_corpus
-from gpucampaign.spec import load_spec
 
 CORPUS_REL = "data/digits.csv"
 SPEC_NAME = "campaign.yaml"
@@ -229,7 +229,7 @@ def write_spec_copy(data: dict[str, Any], *, source_dir: str | Path, dest: str |
 
     import yaml
 
-    from gpucampaign.spec import resolve_inside
+    from gpucampaign.config import resolve_inside
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,8 @@ import hashlib
 from importlib import resources
 from pathlib import Path
 
+from gpucampaign.config import load_spec
 from gpucampaign.core.errors import ArgumentError
-from gpucampaign.spec import load_spec
 
 CORPUS_REL = "data/sklearn-docs.txt"
 RECIPE_FILE = "textlm.py"

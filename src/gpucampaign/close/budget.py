@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from gpucampaign.config import Package, SpecError
 from gpucampaign.plan import tariffs
-from gpucampaign.spec import Package, SpecError
 
 CENT = Decimal("0.01")
 

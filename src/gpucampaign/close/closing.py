@@ -35,6 +35,8 @@ from gpucampaign.close.report import build_report, write_report
 from gpucampaign.close.scores import write_run_scores
 from gpucampaign.close.verdict import Verdict
 from gpucampaign.close.verdict_steps import refuse_rejected
+from gpucampaign.config import CampaignSpec, ResolvedRun, run_size
+from gpucampaign.config.recipefile import recipe_file
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.core.text import say_number
 from gpucampaign.folder.layout import (
@@ -73,8 +75,6 @@ from gpucampaign.modelfolder.refresh import refresh_recipe_copy
 from gpucampaign.plan import calendar
 from gpucampaign.recipe.contract import RecipeError
 from gpucampaign.recipe.runtime import recipe_module_path
-from gpucampaign.spec import CampaignSpec, ResolvedRun, run_size
-from gpucampaign.spec.recipefile import recipe_file
 from gpucampaign.tracking import track_close
 
 log = logging.getLogger(__name__)

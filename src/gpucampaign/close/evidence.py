@@ -17,6 +17,7 @@ from gpucampaign.close.budget import resolve_packages
 from gpucampaign.close.predictions import predictions_file, read_predictions
 from gpucampaign.close.scores import no_scores_reason, read_scores
 from gpucampaign.close.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.stoprules import EARLY_RULES
 from gpucampaign.folder.layout import (
     METRICS_FILE,
@@ -28,7 +29,6 @@ from gpucampaign.folder.layout import (
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import RunState, StopRecord
 from gpucampaign.plan.decision import Decision
-from gpucampaign.spec import CampaignSpec
 
 #: The run states whose recorded evaluation is evidence: a stopped run that measured, and an
 #: interrupted one (``resume: inference``: its last good model, at its step).

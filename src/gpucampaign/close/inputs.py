@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import CampaignSpec, resolve_inside
 from gpucampaign.core.errors import InputError
 from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.corpus import corpus_path, open_corpus
 from gpucampaign.data.pins import input_sha256, resolve_inputs
 from gpucampaign.restartcheck.target import pinned_corpus
-from gpucampaign.spec import CampaignSpec, resolve_inside
 
 
 @dataclass

@@ -22,10 +22,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpucampaign.close.budget import with_expenses
+from gpucampaign.config import SpecError, load_spec
 from gpucampaign.core.errors import ArgumentError, FolderError
 from gpucampaign.core.files import jsonl_line, sha256_bytes, utc_now
 from gpucampaign.folder.layout import LEDGER_FILE, SPEC_COPY, OutputFolder
-from gpucampaign.spec import SpecError, load_spec
 
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/#-]{0,79}$")
 #: The most bytes a ledger may hold (about 50,000 expenses): a larger one is refused unread.

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from gpucampaign.config import CampaignSpec, SpecError, resolve_inside, spec_sha256
 from gpucampaign.core.errors import FolderError, InputError
 from gpucampaign.core.files import git_commit, sha256_file, utc_now
 from gpucampaign.data.pins import folder_manifest, manifest_sha256
@@ -37,7 +38,6 @@ from gpucampaign.folder.layout import (
     is_live_progress,
     run_relpath,
 )
-from gpucampaign.spec import CampaignSpec, SpecError, resolve_inside, spec_sha256
 
 CORPUS_COPY_LIMIT = 50 * 1024 * 1024
 # Names the output folder writes itself: a catalog copied in must not land on one of them.

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpucampaign.close.bootstrap import DOMINATES, Gain, to_resolve
+from gpucampaign.config import DecisionRule
 from gpucampaign.core.text import say_hours, say_number
 from gpucampaign.plan.evidence import PROPOSED_SEEDS
-from gpucampaign.spec import DecisionRule
 
 #: Why an interval over one seed a side cannot decide, as the verdict says it.
 NOISE_NOT_MEASURED = (

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from gpucampaign.close.error_analysis import Predictions
+from gpucampaign.config import BUILTIN_RECIPES, SpecError, load_spec
 from gpucampaign.core.errors import InputError
 from gpucampaign.core.files import csv_text, sha256_file
 from gpucampaign.data.corpus import load_corpus
@@ -44,7 +45,6 @@ from gpucampaign.folder.layout import (
 from gpucampaign.modelfolder import RecipeCodeNotTrusted, load_run_model, predict
 from gpucampaign.modelfolder.recipe_reload import recipe_reload_check, recorded_split
 from gpucampaign.modelfolder.reload import decision_rows, load_model
-from gpucampaign.spec import BUILTIN_RECIPES, SpecError, load_spec
 
 PREDICTION_COLUMNS = ("id", "label", "prediction", "confidence")
 

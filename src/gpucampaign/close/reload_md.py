@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import BUILTIN_RECIPES
 from gpucampaign.folder.layout import MODEL_DIR, RELOAD, OutputFolder, model_config, run_relpath
-from gpucampaign.spec import BUILTIN_RECIPES
 
 _HEAD = """# Reloading this campaign's models
 

@@ -17,6 +17,7 @@ from gpucampaign.close.error_analysis import render_error_analysis_md
 from gpucampaign.close.futility import render_futility_md
 from gpucampaign.close.verdict import Verdict
 from gpucampaign.close.verdict_words import seeds_text
+from gpucampaign.config import read_mapping_file
 from gpucampaign.core.errors import FolderError
 from gpucampaign.core.text import say_hours, say_number, strip_controls
 from gpucampaign.folder.layout import (
@@ -28,7 +29,6 @@ from gpucampaign.folder.layout import (
 )
 from gpucampaign.folder.records import DecisionRecord, StopRecord
 from gpucampaign.restartcheck.compare import resume_text
-from gpucampaign.spec import read_mapping_file
 
 REPORT_FORMAT = "gpucampaign.report/1"
 SUMMARY_KEYS = (

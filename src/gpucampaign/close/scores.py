@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
+from gpucampaign.config import RunConfig
 from gpucampaign.core.files import csv_text
 from gpucampaign.folder.layout import OutputFolder, run_relpath, scores_file
 from gpucampaign.modelfolder import load_run_model
 from gpucampaign.recipe.contract import RecipeError, has_score, load_recipe
 from gpucampaign.recipe.runtime import build_datasets, recipe_context, score_split
-from gpucampaign.spec import RunConfig
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ from gpucampaign.close.verdict_words import (
     stop_text,
     tie_text,
 )
+from gpucampaign.config import DecisionRule
 from gpucampaign.core.resample import BOOT_SEED
 from gpucampaign.core.text import say_exact, say_hours
-from gpucampaign.spec import DecisionRule
 
 VerdictKind = Literal["adopt", "negative", "inconclusive", "stopped", "re-pose"]
 # A gain computed as a float difference of two k/n accuracies can land 1e-17 under min_gain.

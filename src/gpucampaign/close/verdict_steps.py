@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from gpucampaign.close.verdict_words import say_value, stops_of
-from gpucampaign.spec import DecisionRule
+from gpucampaign.config import DecisionRule
 
 
 class _Stepped(Protocol):

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gpucampaign.config import DecisionRule
 from gpucampaign.core.text import say_number
-from gpucampaign.spec import DecisionRule
 
 
 def say_value(x: float, rule: DecisionRule) -> str:

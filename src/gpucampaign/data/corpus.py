@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from gpucampaign.config import CampaignSpec, CorpusSpec, SpecError, resolve_inside
+from gpucampaign.config.recipefile import use_recipe_dir
 from gpucampaign.core.files import sha256_file
 from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.pins import pin, pin_inputs, resolve_inputs
 from gpucampaign.data.tables import Table, read_table
-from gpucampaign.spec import CampaignSpec, CorpusSpec, SpecError, resolve_inside
-from gpucampaign.spec.recipefile import use_recipe_dir
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 AUDIT_RUN_ID = "audit"

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import CampaignSpec, SpecError, canonical_json, resolve_inside
 from gpucampaign.core.files import TMP_PREFIX, sha256_bytes, sha256_file
 from gpucampaign.core.stoprules import EssentialInputMissing
-from gpucampaign.spec import CampaignSpec, SpecError, canonical_json, resolve_inside
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpucampaign.spec import SpecError
+from gpucampaign.config import SpecError
 
 DIGITS_FRACTIONS = {"test": 0.2, "val": 0.1}  # the rest is train
 

@@ -19,10 +19,10 @@ from gpucampaign.checkpoint.manager import CheckpointManager, SavedCheckpoint
 from gpucampaign.checkpoint.savepolicy import SavePolicy
 from gpucampaign.checkpoint.state import BackgroundSaves, snapshot
 from gpucampaign.checkpoint.trainstate import MODEL, TrainState
+from gpucampaign.config import CampaignSpec, RunConfig
 from gpucampaign.core.files import median
 from gpucampaign.engine.process_group import Ranks
 from gpucampaign.folder.metrics import MetricsLog
-from gpucampaign.spec import CampaignSpec, RunConfig
 from gpucampaign.storage import LocalStore, SpoolingStore
 
 SaveFn = Callable[[dict[str, Any]], None]

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from gpucampaign.checkpoint.state import GLOBAL_RNG_LOCK, capture_rng, restore_rng
-from gpucampaign.spec import RunConfig, SpecError
+from gpucampaign.config import RunConfig, SpecError
 
 _rng_owner: RngSlot | None = None  # whose states the global generators hold now
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.files import atomic_write_bytes
 from gpucampaign.core.resample import BOOT_SAMPLES, BOOT_SEED, mean_interval
 from gpucampaign.core.stoprules import Futile
@@ -55,7 +56,6 @@ from gpucampaign.folder.layout import (
     eval_scores_file,
 )
 from gpucampaign.recipe.contract import has_score
-from gpucampaign.spec import CampaignSpec
 
 log = logging.getLogger(__name__)
 

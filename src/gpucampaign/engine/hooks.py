@@ -43,11 +43,11 @@ if TYPE_CHECKING:
     import torch
 
     from gpucampaign.checkpoint.manager import SavedCheckpoint
+    from gpucampaign.config import CampaignSpec, ResolvedRun, RunConfig
     from gpucampaign.engine.process_group import Ranks
     from gpucampaign.engine.setup import LiveRun
     from gpucampaign.folder.layout import RunFolder
     from gpucampaign.recipe.contract import Recipe
-    from gpucampaign.spec import CampaignSpec, ResolvedRun, RunConfig
     from gpucampaign.storage import Store
 
 ProgressFn = Callable[[dict[str, Any]], None]

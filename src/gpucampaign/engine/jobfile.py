@@ -26,13 +26,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import CampaignSpec, SpecError, parse_spec
+from gpucampaign.config.recipefile import RECIPE_DIRS, use_recipe_dir
 from gpucampaign.core.files import sha256_bytes
 from gpucampaign.data.corpus import Corpus, load_corpus
 from gpucampaign.data.pins import Pinned, pin
 from gpucampaign.engine.setup import RunJob
 from gpucampaign.folder.layout import RunFolder
-from gpucampaign.spec import CampaignSpec, SpecError, parse_spec
-from gpucampaign.spec.recipefile import RECIPE_DIRS, use_recipe_dir
 from gpucampaign.storage import LocalStore
 
 #: The version of the job's JSON; a rank refuses any other.

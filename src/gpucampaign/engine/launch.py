@@ -75,6 +75,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from gpucampaign.config import ResolvedRun, SpecError
 from gpucampaign.core.errors import INPUT_ERRORS
 from gpucampaign.core.files import sha256_bytes
 from gpucampaign.core.interrupt import DEFAULT_GRACE_S, Interrupted, request_stop, stop_requested
@@ -92,7 +93,6 @@ from gpucampaign.folder.layout import (
 )
 from gpucampaign.folder.progress import read_progress
 from gpucampaign.folder.runresult import RunResult
-from gpucampaign.spec import ResolvedRun, SpecError
 
 _AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 

@@ -84,6 +84,7 @@ import torch
 
 from gpucampaign.checkpoint.manager import LoadedCheckpoint
 from gpucampaign.checkpoint.trainstate import MODEL
+from gpucampaign.config import CampaignSpec, ResolvedRun
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import NonFiniteLoss, NoUsableRestart, StopRule
@@ -107,7 +108,6 @@ from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
 from gpucampaign.folder.runresult import RunResult, recorded_result, require_complete
 from gpucampaign.recipe.contract import call, check_loss
 from gpucampaign.recipe.runtime import batch_len
-from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import Store
 
 # Steps whose train rows may wait for one transfer of their losses (a GPU syncs once per flush).

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset
 
+from gpucampaign.config import ResolvedRun, RunConfig, SpecError
 from gpucampaign.folder.layout import RunFolder
 from gpucampaign.recipe.runtime import PlacedSplit, to_device, train_rows
-from gpucampaign.spec import ResolvedRun, RunConfig, SpecError
 
 #: ``place_data: auto`` places a train split on a CUDA device when it takes at most this
 #: share of the device's free memory (the model, its optimizer and activations need the rest).

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel
 
+from gpucampaign.config import SpecError
 from gpucampaign.core.interrupt import stop_requested
-from gpucampaign.spec import SpecError
 
 
 class Ranks(Protocol):

@@ -30,11 +30,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.stoprules import BelowThreshold, NonFiniteLoss, NotLearning
 from gpucampaign.core.text import say_exact, say_number
 from gpucampaign.engine.futility import CONTROL, grace_steps, keep_evidence
 from gpucampaign.engine.hooks import Hook, HookArgs, RunView, StopRequest
-from gpucampaign.spec import CampaignSpec
 
 #: How far below its start the recent mean training loss must be for a run to be learning
 #: (a share of the start's magnitude): a change of a few parts in ten thousand is not learning.

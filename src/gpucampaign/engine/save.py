@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gpucampaign.config.recipefile import recipe_file
 from gpucampaign.modelfolder import save_model_dir
 from gpucampaign.recipe.runtime import recipe_record
-from gpucampaign.spec.recipefile import recipe_file
 
 if TYPE_CHECKING:
     from gpucampaign.engine.setup import LiveRun

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.checkpoint.trainstate import TrainState
+from gpucampaign.config import CampaignSpec, ResolvedRun, RunConfig
 from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.files import atomic_write_bytes, json_bytes, median
 from gpucampaign.core.stoprules import EssentialInputMissing
@@ -38,7 +39,6 @@ from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.recipe.contract import Recipe, RecipeContext, call, load_recipe
 from gpucampaign.recipe.runtime import build_datasets, recipe_context, recipe_record
-from gpucampaign.spec import CampaignSpec, ResolvedRun, RunConfig
 from gpucampaign.storage import Store
 
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import SpecError
 from gpucampaign.core.files import utc_now
 from gpucampaign.folder.layout import LOCK_FILE
-from gpucampaign.spec import SpecError
 
 # The folders this process holds, by resolved path: the CLI takes the lock before Prefect
 # starts and the flow, in the same process, takes it again (a second flock on a new open file

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.errors import FolderError
 from gpucampaign.core.files import (
     append_jsonl,
@@ -44,7 +45,6 @@ from gpucampaign.folder.layout import (
 )
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.plan.decision import Decision, Reforecast
-from gpucampaign.spec import CampaignSpec
 
 AFTER_PILOT = "after-pilot"
 

@@ -20,12 +20,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.files import parse_time, read_jsonl, utc_now
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import InterruptedRun
 from gpucampaign.folder.layout import METRICS_FILE, OutputFolder, run_relpath
 from gpucampaign.folder.records import TimelineRow, append_timeline, read_timeline
-from gpucampaign.spec import CampaignSpec
 
 #: The outcome of a segment that stopped before its lot's end (``engine/lotend.py``).
 LOT_ENDED_OUTCOME = "lot ended"

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from gpucampaign.config import RunConfig
 from gpucampaign.core.files import csv_text
 from gpucampaign.folder.layout import (
     ERROR_ANALYSIS_FILE,
@@ -41,7 +42,6 @@ from gpucampaign.recipe.runtime import (
     ordered_loader,
     recipe_context,
 )
-from gpucampaign.spec import RunConfig
 
 
 def _has_predict(recipe: Recipe) -> bool:

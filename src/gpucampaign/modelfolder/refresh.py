@@ -15,9 +15,9 @@ import json
 import uuid
 from pathlib import Path
 
+from gpucampaign.config.recipefile import training_source
 from gpucampaign.core.files import TMP_PREFIX, atomic_write_bytes, fsync_dir
 from gpucampaign.folder.layout import MODEL_CONFIG
-from gpucampaign.spec.recipefile import training_source
 
 
 def refresh_recipe_copy(

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from gpucampaign.config import BUILTIN_RECIPES, RunConfig, SpecError, load_spec
+from gpucampaign.config.recipefile import use_recipe_dir
 from gpucampaign.core.errors import ArgumentError, InputError
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.data.pins import Pinned, input_sha256
@@ -30,8 +32,6 @@ from gpucampaign.modelfolder.recipe_reload import corpus_for, prediction_rows, r
 from gpucampaign.modelfolder.saveload import load_run_model, predict
 from gpucampaign.recipe.contract import Recipe, load_recipe
 from gpucampaign.recipe.runtime import build_datasets, recipe_context
-from gpucampaign.spec import BUILTIN_RECIPES, RunConfig, SpecError, load_spec
-from gpucampaign.spec.recipefile import use_recipe_dir
 
 #: The splits predicted on new input, in this order, when the caller names none.
 INPUT_SPLITS = ("train", "val", "test")

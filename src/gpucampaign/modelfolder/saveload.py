@@ -22,6 +22,8 @@ from torch import nn
 
 from gpucampaign.builtin.models import build_model
 from gpucampaign.checkpoint.state import rng_untouched
+from gpucampaign.config import RunConfig, SpecError
+from gpucampaign.config.recipefile import recipe_file_sha256, use_recipe_dir
 from gpucampaign.core.errors import FolderError
 from gpucampaign.core.files import (
     TMP_PREFIX,
@@ -42,8 +44,6 @@ from gpucampaign.folder.layout import (
     run_relpath,
 )
 from gpucampaign.recipe.contract import Pinned, RecipeContext, call, load_recipe
-from gpucampaign.spec import RunConfig, SpecError
-from gpucampaign.spec.recipefile import recipe_file_sha256, use_recipe_dir
 
 MODEL_FORMAT = "gpucampaign-model/1"
 
@@ -289,7 +289,7 @@ def _trusted_recipe_file(recipe: str, *, want: str | None, folder: Path) -> Path
         RecipeCodeNotTrusted: None found, or the one found is in the output folder or has
             another sha256.
     """
-    from gpucampaign.spec.recipefile import RecipeError, recipe_file
+    from gpucampaign.config.recipefile import RecipeError, recipe_file
 
     try:
         origin: Path | None = recipe_file(recipe)

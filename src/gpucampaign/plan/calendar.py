@@ -29,6 +29,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.gcpause import without_gc_pauses
 from gpucampaign.plan.evidence import evidence_lines, seed_evidence
 from gpucampaign.plan.options import Option, options_for
@@ -36,7 +37,6 @@ from gpucampaign.plan.planner import Context, reduce_drops
 from gpucampaign.plan.rental import RETRIEVAL_WORDS, Rental, deadline_warnings, rental_of
 from gpucampaign.plan.schedule import EPS, TIER_RANK, ScheduledStep, round_hours, say_hours
 from gpucampaign.plan.tariffs import Catalog, ResolvedPackage, format_usd, usd
-from gpucampaign.spec import CampaignSpec
 
 __all__ = [
     "TIER_RANK",

@@ -14,11 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from gpucampaign.config import CampaignSpec, ResolvedRun
 from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.files import median
 from gpucampaign.core.text import say_hours
 from gpucampaign.plan import calendar
-from gpucampaign.spec import CampaignSpec, ResolvedRun
 
 Action = Literal["continue", "reduce", "re-pose"]
 # Early curves closer than this (relative to the control's largest loss) count as the same.

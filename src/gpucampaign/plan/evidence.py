@@ -15,9 +15,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.tdist import t_quantile
 from gpucampaign.plan.schedule import ScheduledStep, round_hours
-from gpucampaign.spec import CampaignSpec
 
 #: Seeds per compared run the plan proposes when the spec gives fewer than two: the fewest at
 #: which a t-interval over seeds is usable (two seeds give t(1) = 12.7, three t(2) = 4.3).

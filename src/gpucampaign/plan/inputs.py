@@ -1,7 +1,7 @@
 """What the planner reads from the spec, checked: the window, each step's hours, re-forecast
 hours, the lots' machines and how many GPU lanes each step takes.
 
-Each check raises :class:`~gpucampaign.spec.SpecError` naming the field to fix.
+Each check raises :class:`~gpucampaign.config.SpecError` naming the field to fix.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from gpucampaign.config import CampaignSpec, SpecError, run_size
 from gpucampaign.core.errors import InputError
 from gpucampaign.plan.schedule import EPS, say_hours
 from gpucampaign.plan.tariffs import ResolvedPackage, format_usd
-from gpucampaign.spec import CampaignSpec, SpecError, run_size
 
 
 def price_warnings(packages: tuple[ResolvedPackage, ...]) -> list[str]:

@@ -18,8 +18,8 @@ import math
 import re
 from collections.abc import Collection
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.plan.calendar import Plan
-from gpucampaign.spec import CampaignSpec
 
 __all__ = ["RESTART_CHECK", "lane_chains", "lane_order", "planned_lanes"]
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from gpucampaign.config import CampaignSpec, SpecError
 from gpucampaign.plan.rental import iso
-from gpucampaign.spec import CampaignSpec, SpecError
 
 #: The worker's environment variable naming the lot its machine belongs to.
 LOT_ENV = "GPUCAMPAIGN_LOT"

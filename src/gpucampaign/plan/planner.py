@@ -46,6 +46,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import CampaignSpec, SpecError
 from gpucampaign.plan.inputs import (
     check_overrides,
     machines_of,
@@ -66,7 +67,6 @@ from gpucampaign.plan.schedule import (
     ScheduledStep,
 )
 from gpucampaign.plan.tariffs import Catalog, ResolvedPackage, load_catalog, resolve_package
-from gpucampaign.spec import CampaignSpec, SpecError
 
 # Above this many newly dropped steps, reduce_drops skips the pass that puts back steps whose
 # removal turned out unnecessary: each try is a full re-plan, and such a set is large anyway.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from gpucampaign.spec import CampaignSpec
+from gpucampaign.config import CampaignSpec
 
 RETRIEVAL_WORDS: tuple[str, ...] = ("retriev", "download", "collect", "get back")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.stoprules import StopRule, stops_the_campaign
-from gpucampaign.spec import CampaignSpec
 
 __all__ = ["StopEffect", "campaign_stop", "essential_pilot_stops", "stop_effect"]
 

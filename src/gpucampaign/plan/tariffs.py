@@ -27,8 +27,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpucampaign.core.errors import ArgumentError
-from gpucampaign.spec import (
+from gpucampaign.config import (
     CampaignSpec,
     Package,
     SpecError,
@@ -36,7 +35,8 @@ from gpucampaign.spec import (
     read_mapping_file,
     resolve_inside,
 )
-from gpucampaign.spec.parts import MAX_LOT_DAYS, MAX_USD
+from gpucampaign.config.parts import MAX_LOT_DAYS, MAX_USD
+from gpucampaign.core.errors import ArgumentError
 
 CENT = Decimal("0.01")
 MAX_GPUS_PER_LOT = 1024

@@ -29,6 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import (
+    BUILTIN_RECIPES,
+    CampaignSpec,
+    SpecError,
+    check_tracking_uri,
+    resolve_inside,
+    run_size,
+)
+from gpucampaign.config.recipefile import RecipeError, recipe_file, use_recipe_dir
 from gpucampaign.core.errors import SettingError
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.storageurl import is_local
@@ -39,15 +48,6 @@ from gpucampaign.plan.tariffs import load_catalog, resolve_package
 from gpucampaign.preflight.paths import check_pinned, inside
 from gpucampaign.recipe.contract import load_recipe
 from gpucampaign.recipe.runtime import try_recipes
-from gpucampaign.spec import (
-    BUILTIN_RECIPES,
-    CampaignSpec,
-    SpecError,
-    check_tracking_uri,
-    resolve_inside,
-    run_size,
-)
-from gpucampaign.spec.recipefile import RecipeError, recipe_file, use_recipe_dir
 from gpucampaign.storage import check_storage
 
 

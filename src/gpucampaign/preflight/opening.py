@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from gpucampaign.config import CampaignSpec, load_spec, resolve_inside, spec_sha256
 from gpucampaign.core.errors import ArgumentError, FolderError, InputError
 from gpucampaign.core.storageurl import is_s3
 from gpucampaign.data.pins import input_sha256
@@ -24,7 +25,6 @@ from gpucampaign.plan import calendar
 from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.tariffs import Catalog, load_catalog
 from gpucampaign.preflight.checks import Preflight, preflight
-from gpucampaign.spec import CampaignSpec, load_spec, resolve_inside, spec_sha256
 from gpucampaign.storage import open_store
 from gpucampaign.storage.sharedtimeline import adopt_timeline
 

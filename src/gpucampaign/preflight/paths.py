@@ -8,8 +8,8 @@ import os
 import shlex
 from pathlib import Path
 
+from gpucampaign.config import SpecError
 from gpucampaign.data.pins import input_sha256
-from gpucampaign.spec import SpecError
 
 
 def inside(path: Path, *, root: Path) -> bool:

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.corpus import AUDIT_RUN_ID, audit_table_corpus, load_spec_corpus
 from gpucampaign.data.pins import describe_pin
 from gpucampaign.recipe.contract import load_recipe
 from gpucampaign.recipe.runtime import build_datasets, recipe_context, required_splits
-from gpucampaign.spec import CampaignSpec
 
 
 def audit_corpus(

@@ -17,15 +17,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpucampaign.core.files import sha256_file
-from gpucampaign.data.pins import Pinned
-from gpucampaign.spec.recipefile import (
+from gpucampaign.config.recipefile import (
     RecipeError,
     import_path,
     recipe_file,
     recipe_file_sha256,
     use_recipe_dir,
 )
+from gpucampaign.core.files import sha256_file
+from gpucampaign.data.pins import Pinned
 
 if TYPE_CHECKING:
     import torch

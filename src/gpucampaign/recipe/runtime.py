@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from gpucampaign.config import CampaignSpec, ResolvedRun, RunConfig, SpecError
+from gpucampaign.config.recipefile import recipe_file
 from gpucampaign.recipe.contract import (
     Pinned,
     Recipe,
@@ -25,8 +27,6 @@ from gpucampaign.recipe.contract import (
     has_score,
     load_recipe,
 )
-from gpucampaign.spec import CampaignSpec, ResolvedRun, RunConfig, SpecError
-from gpucampaign.spec.recipefile import recipe_file
 
 
 def recipe_context(

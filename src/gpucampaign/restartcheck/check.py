@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.config import CampaignSpec, ResolvedRun, SpecError
 from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.data.corpus import corpus_path as spec_corpus_path
@@ -32,7 +33,6 @@ from gpucampaign.restartcheck.compare import (
     require_identical,
     train_losses,
 )
-from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 from gpucampaign.storage import LocalStore
 
 

@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import CampaignSpec, parse_spec
+from gpucampaign.config.recipefile import RECIPE_DIRS
 from gpucampaign.core.stoprules import NoUsableRestart, StopRule
 from gpucampaign.data.corpus import open_corpus
 from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import RunFolder
-from gpucampaign.spec import CampaignSpec, parse_spec
-from gpucampaign.spec.recipefile import RECIPE_DIRS
 from gpucampaign.storage import LocalStore
 
 

@@ -17,10 +17,10 @@ import torch
 
 from gpucampaign.checkpoint.manager import LoadedCheckpoint
 from gpucampaign.checkpoint.trainstate import REQUIRED_STATE
+from gpucampaign.config import ResolvedRun
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.folder.layout import WEIGHTS_FILE
 from gpucampaign.folder.metrics import read_metrics
-from gpucampaign.spec import ResolvedRun
 
 GPU_ATOL = 1e-5
 GPU_TOLERANCE_REASON = (

@@ -23,6 +23,7 @@ from collections.abc import Container
 from pathlib import Path
 
 from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.config import CampaignSpec, ResolvedRun
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.data.corpus import corpus_path
 from gpucampaign.data.pins import resolve_inputs
@@ -32,7 +33,6 @@ from gpucampaign.restartcheck.check import verify_restart
 from gpucampaign.restartcheck.compare import RestartReport, compare_states, require_identical
 from gpucampaign.restartcheck.scheduled import ReplayCheck, verify_checkpoint_resume
 from gpucampaign.restartcheck.target import RestartTarget, pinned_corpus
-from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import NotFound, open_store
 from gpucampaign.storage.open import read_wait_s
 

@@ -29,6 +29,7 @@ from gpucampaign.checkpoint.verify import (
     SHA256_MISMATCH,
     CheckpointInvalid,
 )
+from gpucampaign.config import CampaignSpec, ResolvedRun, SpecError, load_spec
 from gpucampaign.core.stoprules import NoUsableRestart
 from gpucampaign.data.pins import resolve_inputs
 from gpucampaign.folder.layout import (
@@ -51,7 +52,6 @@ from gpucampaign.restartcheck.compare import (
     train_losses,
 )
 from gpucampaign.restartcheck.target import RestartTarget, pinned_corpus
-from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError, load_spec
 from gpucampaign.storage import LocalStore, StorageError, Store, open_store
 from gpucampaign.storage.open import read_wait_s
 

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpucampaign.config import CampaignSpec, ResolvedRun, resolve_inside
 from gpucampaign.data.pins import input_sha256
 from gpucampaign.folder.layout import INPUTS, MANIFEST, corpus_file
 from gpucampaign.folder.records import StopRecord
-from gpucampaign.spec import CampaignSpec, ResolvedRun, resolve_inside
 from gpucampaign.storage import Store
 
 

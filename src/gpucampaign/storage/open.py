@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gpucampaign.config import CampaignSpec, SpecError
+from gpucampaign.config.parts import DEFAULT_READ_WAIT_S
 from gpucampaign.core.storageurl import KNOWN, is_local, is_s3
 from gpucampaign.folder.layout import CHECKPOINTS_DIR, SPOOL_DIR
 from gpucampaign.plan.rental import rental_of
-from gpucampaign.spec import CampaignSpec, SpecError
-from gpucampaign.spec.parts import DEFAULT_READ_WAIT_S
 from gpucampaign.storage.base import LocalStore, StorageError, Store
 from gpucampaign.storage.s3 import S3Store
 from gpucampaign.storage.spool import SpoolingStore

@@ -16,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import SpecError
 from gpucampaign.core.files import TMP_PREFIX, sha256_bytes
 from gpucampaign.core.storageurl import S3_SCHEME, is_s3, split_s3
 from gpucampaign.core.text import redact_secrets
-from gpucampaign.spec import SpecError
 from gpucampaign.storage.base import ContentMismatch, NoAnswer, NotFound, StorageError, check_key
 from gpucampaign.storage.readwait import ReadWait
 from gpucampaign.storage.s3client import HashingSink, file_digests, file_etag, s3_client

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import CampaignSpec, load_spec
 from gpucampaign.core.errors import FolderError
 from gpucampaign.core.files import sha256_file
 from gpucampaign.core.storageurl import is_local
@@ -31,7 +32,6 @@ from gpucampaign.folder.layout import (
     is_live_progress,
 )
 from gpucampaign.plan.rental import iso, rental_of
-from gpucampaign.spec import CampaignSpec, load_spec
 from gpucampaign.storage.base import LocalStore, NotFound, StorageError
 from gpucampaign.storage.mirror import MIRROR_INDEX, retrieve_folder
 from gpucampaign.storage.open import open_store, read_wait_s

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import gpucampaign.tracking.mlflow as runs  # make_client looked up when called
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.errors import ArgumentError, FolderError, InputError
 from gpucampaign.core.text import redact_secrets
 from gpucampaign.folder.layout import (
@@ -31,7 +32,6 @@ from gpucampaign.folder.layout import (
     REPORT_MD,
     RUNS_DIR,
 )
-from gpucampaign.spec import CampaignSpec
 from gpucampaign.tracking.mlflow import (
     CREDENTIAL_ENV,
     ENV_URI,

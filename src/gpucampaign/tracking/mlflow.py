@@ -44,11 +44,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.config import CampaignSpec, ResolvedRun, SpecError
 from gpucampaign.core.files import atomic_write_bytes, json_bytes
 from gpucampaign.core.text import redact_logging, redact_secrets
 from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE, RunFolder
 from gpucampaign.folder.records import read_campaign_id
-from gpucampaign.spec import CampaignSpec, ResolvedRun, SpecError
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from gpucampaign.close.ledger import (
     sealed_prefix_intact,
 )
 from gpucampaign.close.predictions import reload_in_fresh_process
+from gpucampaign.config import CampaignSpec, TrackingSpec, load_spec, spec_sha256
 from gpucampaign.core.errors import InputError
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.data.pins import input_sha256
@@ -46,7 +47,6 @@ from gpucampaign.folder.layout import (
     run_path,
     run_relpath,
 )
-from gpucampaign.spec import CampaignSpec, TrackingSpec, load_spec, spec_sha256
 from gpucampaign.verify.context import Problem, VerifyContext, run_id_is_a_name
 from gpucampaign.verify.verdict import check_verdict
 

@@ -20,11 +20,11 @@ from typing import Any
 
 from gpucampaign.close.closing import folder_verdict
 from gpucampaign.close.verdict_steps import refuse_rejected
+from gpucampaign.config import load_spec
 from gpucampaign.core.errors import InputError
 from gpucampaign.folder.layout import MANIFEST, REPORT_JSON, REPORT_MD, SPEC_COPY
 from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.recipe.contract import RecipeError
-from gpucampaign.spec import load_spec
 from gpucampaign.verify.context import Problem, VerifyContext
 
 #: How many differing fields a problem names (the count says how many there are).

@@ -20,9 +20,9 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 from prefect.deployments import run_deployment
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.engine.lotend import LotEnded
 from gpucampaign.plan.lots import LOT_ENV, Lot, dated_lots, next_lot, pinned_lot
-from gpucampaign.spec import CampaignSpec
 from gpucampaign_prefect.orchestration import notify
 
 

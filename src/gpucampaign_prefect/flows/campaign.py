@@ -19,6 +19,7 @@ from prefect.states import Cancelled, Completed, Failed
 from pydantic.json_schema import SkipJsonSchema
 
 from gpucampaign.close.manifest import keep_inputs
+from gpucampaign.config import CampaignSpec, spec_sha256
 from gpucampaign.core.errors import InputError
 from gpucampaign.core.interrupt import Interrupted, graceful_signals, handled_outside
 from gpucampaign.core.stoprules import StopRule
@@ -40,7 +41,6 @@ from gpucampaign.plan.decision import Decision
 from gpucampaign.plan.lanes import RESTART_CHECK, lane_order
 from gpucampaign.plan.stopping import campaign_stop, essential_pilot_stops, stop_effect
 from gpucampaign.preflight import OpenCampaign, open_campaign, start_folder
-from gpucampaign.spec import CampaignSpec, spec_sha256
 from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
 from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign_prefect.orchestration import notify

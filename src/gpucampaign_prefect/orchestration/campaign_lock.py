@@ -34,8 +34,8 @@ from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectAlreadyExists
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.storageurl import is_s3
-from gpucampaign.spec import CampaignSpec
 from gpucampaign_prefect.orchestration.gpu_lock import drop_dead_rows, embedded_api
 
 

@@ -15,6 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Completed, State
 
 from gpucampaign.checkpoint.manager import durable_step
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.files import utc_now
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import StopRule
@@ -22,7 +23,6 @@ from gpucampaign.engine.lotend import LotEnded
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.records import StopRecord, TimelineRow, append_stop
 from gpucampaign.folder.segments import phase_segment
-from gpucampaign.spec import CampaignSpec
 
 # Inputs hold numpy arrays and the spec: hashing them for a cache key is wasted work,
 # and a campaign phase must never be skipped because a cache says it ran.

@@ -7,9 +7,9 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.folder.layout import AUDIT_FILE
 from gpucampaign.recipe.audit import audit_corpus
-from gpucampaign.spec import CampaignSpec
 from gpucampaign_prefect.orchestration.phases import (
     PHASE_OPTIONS,
     artifact_key,

@@ -11,10 +11,10 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from gpucampaign.close.closing import close_runs, seal_folder, track_closed, write_closing_documents
 from gpucampaign.close.report import render_report_md
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.files import sha256_file
 from gpucampaign.core.storageurl import is_local
 from gpucampaign.folder.layout import MANIFEST
-from gpucampaign.spec import CampaignSpec
 from gpucampaign.storage.mirror import mirror_output
 from gpucampaign.tracking import tag_manifest
 from gpucampaign.verify.checks import verify_output

@@ -14,6 +14,7 @@ from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.folder.records import (
     decision_after_pilot,
     read_decisions,
@@ -32,7 +33,6 @@ from gpucampaign.plan.decision import (
     on_timeout,
     say_deadline,
 )
-from gpucampaign.spec import CampaignSpec
 from gpucampaign_prefect.orchestration import notify
 from gpucampaign_prefect.orchestration.phases import TASK_OPTIONS, artifact_key, busy, out_folder
 

@@ -8,7 +8,7 @@ from prefect import get_run_logger, task
 
 from gpucampaign.close.closing import analyse_runs
 from gpucampaign.close.inputs import closing_inputs
-from gpucampaign.spec import CampaignSpec
+from gpucampaign.config import CampaignSpec
 from gpucampaign_prefect.orchestration.phases import (
     PHASE_OPTIONS,
     busy,

@@ -11,13 +11,13 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.interrupt import raise_if_stopped
 from gpucampaign.folder.layout import RESTART_FILE
 from gpucampaign.folder.progress import relay_check_progress
 from gpucampaign.folder.records import read_stops
 from gpucampaign.restartcheck.earlysave import campaign_restart_check, check_stopped_run
 from gpucampaign.restartcheck.scheduled import OutputCheckTarget, check_latest_checkpoint
-from gpucampaign.spec import CampaignSpec
 from gpucampaign_prefect.orchestration.gpu_lock import gpu_slot
 from gpucampaign_prefect.orchestration.phases import (
     PHASE_OPTIONS,

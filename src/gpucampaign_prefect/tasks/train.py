@@ -9,6 +9,7 @@ from prefect import get_run_logger, task
 from prefect.runtime import task_run
 
 from gpucampaign.close.futility import futile_segment
+from gpucampaign.config import CampaignSpec, ResolvedRun
 from gpucampaign.core.interrupt import raise_if_stopped
 from gpucampaign.core.stoprules import STOP_RULES, Futile, StopRule
 from gpucampaign.data.corpus import load_spec_corpus
@@ -19,7 +20,6 @@ from gpucampaign.folder.records import read_stops
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.folder.segments import heartbeat
 from gpucampaign.plan.decision import early_losses, pilot_measures
-from gpucampaign.spec import CampaignSpec, ResolvedRun
 from gpucampaign.storage import open_store, spooled_keys
 from gpucampaign.storage.open import read_wait_s
 from gpucampaign.storage.sharedtimeline import share_timeline

@@ -16,9 +16,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from gpucampaign.config.parts import BUILTIN_RECIPES
 from gpucampaign.core.errors import SpecError
 from gpucampaign.core.files import sha256_file
-from gpucampaign.spec.parts import BUILTIN_RECIPES
 
 # Folders put on sys.path for recipes; child processes get them through PYTHONPATH.
 RECIPE_DIRS: list[str] = []

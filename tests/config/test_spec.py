@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpucampaign.spec import CampaignSpec, SpecError, load_spec, parse_spec, resolve_inside
+from gpucampaign.config import CampaignSpec, SpecError, load_spec, parse_spec, resolve_inside
 
 MINIMAL: dict[str, Any] = {
     "name": "example",

@@ -19,11 +19,9 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gpucampaign.core.errors import SpecError
-from gpucampaign.core.gcpause import without_gc_pauses
-from gpucampaign.spec.links import check_links
-from gpucampaign.spec.lots import Package, Step
-from gpucampaign.spec.parts import (
+from gpucampaign.config.links import check_links
+from gpucampaign.config.lots import Package, Step
+from gpucampaign.config.parts import (
     MAX_CALENDAR_STEPS,
     MAX_EXPENSES,
     MAX_HOURS,
@@ -52,8 +50,10 @@ from gpucampaign.spec.parts import (
     canonical_json,
     check_relative_path,
 )
-from gpucampaign.spec.recipefile import recipe_hashes, use_recipe_dir
-from gpucampaign.spec.resolved import ResolvedRun
+from gpucampaign.config.recipefile import recipe_hashes, use_recipe_dir
+from gpucampaign.config.resolved import ResolvedRun
+from gpucampaign.core.errors import SpecError
+from gpucampaign.core.gcpause import without_gc_pauses
 
 #: Each spec object's resolved runs, by ``id`` (dropped with the spec): ``CampaignSpec._memo``.
 _MEMOS: dict[int, dict[tuple[str, str], Any]] = {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpucampaign.spec.parts import RunConfig
+from gpucampaign.config.parts import RunConfig
 
 
 @dataclass(frozen=True, kw_only=True)

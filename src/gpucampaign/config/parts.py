@@ -17,8 +17,8 @@ from pydantic import (
     model_validator,
 )
 
+from gpucampaign.config.trackinguri import check_tracking_uri
 from gpucampaign.core.storageurl import LOCAL, check_url
-from gpucampaign.spec.trackinguri import check_tracking_uri
 
 Tier = Literal["essential", "useful", "exploratory"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gpucampaign.spec.lots import Step
+from gpucampaign.config.lots import Step
 
 
 def check_links(calendar: tuple[Step, ...]) -> None:

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from gpucampaign.config import CampaignSpec, ResolvedRun, canonical_json, load_spec
+from gpucampaign.config import recipefile as recipefile_module
 from gpucampaign.core import files
-from gpucampaign.spec import CampaignSpec, ResolvedRun, canonical_json, load_spec
-from gpucampaign.spec import recipefile as recipefile_module
 from tests.recipe.test_recipe import make_spec, write_recipe
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gpucampaign.spec import CampaignSpec, load_spec
+from gpucampaign.config import CampaignSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-MODEL = ROOT / "src" / "gpucampaign" / "spec" / "model.py"
-#: What resolves a run; only ``spec/model.py`` calls them (``resolve_run``, ``run_config``).
+MODEL = ROOT / "src" / "gpucampaign" / "config" / "model.py"
+#: What resolves a run; only ``config/model.py`` calls them (``resolve_run``, ``run_config``).
 RESOLVING = {"_resolve_once", "_merge_run_config", "run_payload_sha256", "ResolvedRun"}
 #: The re-resolving shortcuts that are gone: a caller asks ``resolve_run(name)`` for the value.
 REMOVED = {"run_id", "run_sha256"}

@@ -1,8 +1,7 @@
 """The campaign spec: ``CampaignSpec`` (pydantic, frozen), its parts, and how a file becomes one."""
 
-from gpucampaign.core.errors import SpecError
-from gpucampaign.spec.lots import Package, Step
-from gpucampaign.spec.model import (
+from gpucampaign.config.lots import Package, Step
+from gpucampaign.config.model import (
     CampaignSpec,
     format_validation_error,
     load_spec,
@@ -11,7 +10,7 @@ from gpucampaign.spec.model import (
     resolve_inside,
     spec_sha256,
 )
-from gpucampaign.spec.parts import (
+from gpucampaign.config.parts import (
     BUILTIN_RECIPES,
     CheckpointSpec,
     CorpusSpec,
@@ -30,8 +29,9 @@ from gpucampaign.spec.parts import (
     Variant,
     canonical_json,
 )
-from gpucampaign.spec.resolved import ResolvedRun, RunSize, run_size
-from gpucampaign.spec.trackinguri import check_tracking_uri
+from gpucampaign.config.resolved import ResolvedRun, RunSize, run_size
+from gpucampaign.config.trackinguri import check_tracking_uri
+from gpucampaign.core.errors import SpecError
 
 __all__ = [
     "BUILTIN_RECIPES",

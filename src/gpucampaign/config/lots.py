@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gpucampaign.spec.parts import (
+from gpucampaign.config.parts import (
     MAX_CALENDAR_STEPS,
     MAX_HOURS,
     MAX_LOT_DAYS,
