@@ -30,6 +30,7 @@ from prefect.flow_engine import run_flow
 
 from gpucampaign.checkpoint.layout import step_dirname
 from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.core.clock import use_clock
 from gpucampaign.engine import lotend
 from gpucampaign.folder import metrics
 from gpucampaign.plan.lots import LOT_ENV
@@ -84,6 +85,14 @@ def slow_steps(monkeypatch):
     monkeypatch.setattr(metrics.MetricsLog, "defer", slow)
 
 
+@pytest.fixture
+def clock():
+    """The product's clock: real seconds from the first run's first look at it."""
+    lotend.forget_ended_lots()
+    with use_clock(FromFirstRead(datetime.now(UTC))) as first_read:
+        yield first_read
+
+
 def _deployment(queue: str) -> Any:
     """The campaign flow's deployment on a new process work pool, its default queue ``queue``."""
     pool = f"lots-{uuid.uuid4().hex[:8]}"
@@ -119,11 +128,8 @@ def _rows(out: Path, kind: str) -> list[dict[str, Any]]:
 
 
 def test_the_lot_ends_with_a_verified_checkpoint_in_the_bucket_and_the_next_lot_takes_over(
-    prefect_harness, tmp_path, monkeypatch, s3, slow_steps
+    prefect_harness, tmp_path, monkeypatch, s3, slow_steps, clock
 ):
-    lotend.forget_ended_lots()
-    clock = FromFirstRead(datetime.now(UTC))
-    monkeypatch.setattr(lotend, "_now", clock)
     prefix = f"lotend-{uuid.uuid4().hex[:8]}"
     start = datetime.now(UTC)
     lots = lot_packages(now=clock.start, first_ends_in_s=LOT_S, second=True)
@@ -158,7 +164,7 @@ def test_the_lot_ends_with_a_verified_checkpoint_in_the_bucket_and_the_next_lot_
                 "step": step,
                 "loaded": ck.step,
                 "objects": [(o["Key"], clock.at(o["LastModified"])) for o in listed],
-                "at": clock(),
+                "at": clock.now(),
             }
         )
         return got

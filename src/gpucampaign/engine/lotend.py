@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from gpucampaign.checkpoint.manager import CheckpointManager
+from gpucampaign.core import clock
 from gpucampaign.core.files import median
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.engine.hooks import Hook, HookArgs
@@ -34,7 +35,7 @@ _ENDED: set[int] = set()
 
 
 def _now() -> datetime:
-    return datetime.now(UTC)
+    return clock.now()
 
 
 class LotEnded(Interrupted):
