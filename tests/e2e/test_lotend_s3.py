@@ -30,6 +30,7 @@ from prefect.flow_engine import run_flow
 
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.config import load_spec
+from gpucampaign.core.clock import use_clock
 from gpucampaign.engine import lotend
 from gpucampaign.folder import metrics
 from gpucampaign.folder.layout import checkpoint_step_dir
@@ -48,7 +49,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 #: with training in between.
 LOT_S = 30
 #: Each training step waits this long (its metrics row), and each run trains ``STEPS`` steps:
-#: the training outlasts lot 1 on a fast machine too. The numbers of the runs do not change.
+#: the training outlasts lot 1 on a fast machine too (on lot 2 the steps run at full speed).
+#: The numbers of the runs do not change.
 STEP_SLEEP_S = 0.1
 STEPS = 200
 
@@ -74,14 +76,25 @@ def s3(tmp_path, monkeypatch):
 
 @pytest.fixture
 def slow_steps(monkeypatch):
+    """Slow training steps; ``slow_steps.clear()`` gives the steps their full speed back."""
     defer = metrics.MetricsLog.defer
+    slow_s = [STEP_SLEEP_S]
 
     def slow(self, row, **values):  # type: ignore[no-untyped-def]
-        if row.get("kind") == "train":
-            time.sleep(STEP_SLEEP_S)
+        if row.get("kind") == "train" and slow_s:
+            time.sleep(slow_s[0])
         return defer(self, row, **values)
 
     monkeypatch.setattr(metrics.MetricsLog, "defer", slow)
+    return slow_s
+
+
+@pytest.fixture
+def clock():
+    """The product's clock: real seconds from the first run's first look at it."""
+    lotend.forget_ended_lots()
+    with use_clock(FromFirstRead(datetime.now(UTC))) as first_read:
+        yield first_read
 
 
 def _deployment(queue: str) -> Any:
@@ -119,11 +132,8 @@ def _rows(out: Path, kind: str) -> list[dict[str, Any]]:
 
 
 def test_the_lot_ends_with_a_verified_checkpoint_in_the_bucket_and_the_next_lot_takes_over(
-    prefect_harness, tmp_path, monkeypatch, s3, slow_steps
+    prefect_harness, tmp_path, monkeypatch, s3, slow_steps, clock
 ):
-    lotend.forget_ended_lots()
-    clock = FromFirstRead(datetime.now(UTC))
-    monkeypatch.setattr(lotend, "_now", clock)
     prefix = f"lotend-{uuid.uuid4().hex[:8]}"
     start = datetime.now(UTC)
     lots = lot_packages(now=clock.start, first_ends_in_s=LOT_S, second=True)
@@ -158,7 +168,7 @@ def test_the_lot_ends_with_a_verified_checkpoint_in_the_bucket_and_the_next_lot_
                 "step": step,
                 "loaded": ck.step,
                 "objects": [(o["Key"], clock.at(o["LastModified"])) for o in listed],
-                "at": clock(),
+                "at": clock.now(),
             }
         )
         return got
@@ -215,6 +225,7 @@ def test_the_lot_ends_with_a_verified_checkpoint_in_the_bucket_and_the_next_lot_
     # Host B: lot 2's worker runs it on another machine (host A's folder is not there).
     out.rename(tmp_path / "host-a")
     lotend.forget_ended_lots()  # a new process
+    slow_steps.clear()  # lot 2 is open for days: nothing to outlast
     monkeypatch.setenv(LOT_ENV, env[LOT_ENV])
     again = run_flow(
         campaign, flow_run=successor, parameters=successor.parameters, return_type="state"

@@ -375,7 +375,7 @@ def test_a_waiting_decision_is_sent_and_killed_runs_end_crashed(
             states = {i: api(stack["api"], "GET", f"/flow_runs/{i}")["state"] for i in dead}
             if all(s["type"] == "CRASHED" for s in states.values()):
                 break
-            time.sleep(3)
+            time.sleep(1)
         for flow_run_id, folder in dead.items():
             state = states[flow_run_id]
             assert state["type"] == "CRASHED", (folder, state, worker_log(stack))

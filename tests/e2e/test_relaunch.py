@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from gpucampaign.config import load_spec
+from gpucampaign.core.clock import CLOCK_FILE_ENV, shift_clock
 from gpucampaign.folder.records import read_result, read_timeline
 from tests.faults.test_worker_killed_s3 import REFERENCE, _gone, _params, _sigkill_worker
 from tests.helpers import (
@@ -56,6 +57,9 @@ CONTROL_STEPS = 1000
 HOST_ROOT_VAR = "GPUCAMPAIGN_HOST_ROOT"
 SLOW_SITE = ROOT / "tests" / "helpers" / "slowsteps"
 STEP_SLEEP_S = 0.2  # each step of the flow runs waits this long: a save interval is 2 s
+#: Beside the hosts' roots: the steps' wait as the flow runs read it at each step (once host B
+#: is seen running while the revived copy is refused, "0": it trains on at full speed).
+STEP_SLEEP_FILE = "step-sleep"
 
 
 def host_deployment(stack: dict[str, Any], *, name: str) -> str:
@@ -92,6 +96,7 @@ def host_worker(stack: dict[str, Any], *, name: str, root: Path, log: Path):
         HOST_ROOT_VAR: str(root),
         "PYTHONPATH": os.pathsep.join([str(SLOW_SITE), str(ROOT / "src"), str(ROOT)]),
         "GPUCAMPAIGN_TEST_STEP_SLEEP_S": str(STEP_SLEEP_S),
+        "GPUCAMPAIGN_TEST_STEP_SLEEP_FILE": str(root.parent / STEP_SLEEP_FILE),
     }
     return start_worker({**stack, "env": env}, pool=POOL, name=name, log=log)
 
@@ -112,6 +117,20 @@ def trained_since(out: Path, since: datetime) -> list[Any]:
         for r in read_timeline(out)
         if r.phase == "train" and r.run == "control" and datetime.fromisoformat(r.start) > since
     ]
+
+
+def wait_driven(stack: dict[str, Any], flow_run_id: str, clock_file: Path) -> dict[str, Any]:
+    """The flow run's final state, its clock (``core/clock.py``, through ``clock_file``) moved
+    on a quarter lease each second meanwhile: its wait for the campaign lock (two leases)
+    takes seconds, not two minutes."""
+    give_up = time.monotonic() + RUN_TIMEOUT_S
+    while True:
+        state = api(stack["api"], "GET", f"/flow_runs/{flow_run_id}")["state"] or {}
+        if state.get("type") in TERMINAL:
+            return state
+        assert time.monotonic() < give_up, state
+        shift_clock(clock_file, by_s=LEASE_S / 4)
+        time.sleep(1)
 
 
 def campaign_runs(stack: dict[str, Any], deployment_id: str) -> list[dict[str, Any]]:
@@ -137,6 +156,7 @@ def test_a_killed_host_is_relaunched_on_another_host_from_the_bucket(stack, tmp_
         control={"epochs": 50, "max_steps": CONTROL_STEPS},  # 20 steps an epoch
     )
     rid = load_spec(spec).resolve_run("control").run_id
+    (tmp_path / STEP_SLEEP_FILE).write_text(str(STEP_SLEEP_S))
     client = s3_client(stack)
     roots = {h: tmp_path / h for h in ("host-a", "host-b")}
     logs = {h: tmp_path / f"{h}.log" for h in roots}
@@ -204,14 +224,19 @@ def test_a_killed_host_is_relaunched_on_another_host_from_the_bucket(stack, tmp_
         workers["host-a"] = host_worker(
             stack, name="host-a", root=roots["host-a"], log=logs["host-a"]
         )
+        revived_clock = tmp_path / "revived-clock"
         revived = api(
             stack["api"],
             "POST",
             f"/deployments/{deployment_id}/create_flow_run",
-            {"parameters": {"spec": str(spec), "out": "out"}},
+            {
+                "parameters": {"spec": str(spec), "out": "out"},
+                "job_variables": {"env": {CLOCK_FILE_ENV: str(revived_clock)}},
+            },
         )["id"]
-        refused = wait_flow_run(stack, revived)
+        refused = wait_driven(stack, revived, revived_clock)
         b_then = (api(stack["api"], "GET", f"/flow_runs/{second['id']}")["state"] or {}).get("type")
+        (tmp_path / STEP_SLEEP_FILE).write_text("0")  # nothing more needs host B slow
         state = wait_flow_run(stack, second["id"])
     finally:
         for proc in workers.values():

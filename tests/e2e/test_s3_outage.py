@@ -1,12 +1,15 @@
-"""The stack's S3 server stopped for 30 s while a run starts (its LATEST read), then started
-again as infra/README.md says (`python infra/s3server.py stop|start $STACK_DIR/s3`): the read
-waits for the store, the campaign completes, the bucket holds what ``keep`` allows, and the
-mirrored folder is retrieved and verified elsewhere. The outage and its end are said once
-each, for the whole campaign, in the flow run's logs (read from the Prefect API) and to the
-notification target (a webhook receiver of the test's own, through the stack's automations),
-without a credential.
+"""The stack's S3 server stopped while a run starts (its LATEST read) until the read says it
+waits for the store, then started again as infra/README.md says (`python infra/s3server.py
+stop|start $STACK_DIR/s3`): the read waits for the store, the campaign completes, the bucket
+holds what ``keep`` allows, and the mirrored folder is retrieved and verified elsewhere. The
+outage and its end are said once each, for the whole campaign, in the flow run's logs (read
+from the Prefect API) and to the notification target (a webhook receiver of the test's own,
+through the stack's automations), without a credential.
 
-Real stack (Prefect server, worker, SeaweedFS), real training; checked with plain boto3.
+Real stack (Prefect server, worker, SeaweedFS), real training; checked with plain boto3. The
+flow run's clock (``core/clock.py``) is shifted by the test through the offset file its job's
+environment names: once the server answers again, the read's back-off (up to 30 s) ends at once
+instead of on the wall clock.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import time
 import pytest
 
 from gpucampaign.config import load_spec
+from gpucampaign.core.clock import CLOCK_FILE_ENV, shift_clock
 from gpucampaign.folder.layout import CHECKPOINT_LATEST
 from gpucampaign.storage.mirror import MIRROR_INDEX
+from gpucampaign.storage.readwait import MAX_STEP_S
 from tests.helpers import ROOT, api, bucket_keys, stack_s3_env, tiny_spec, wait_flow_run, worker_log
 from tests.helpers.receiver import Receiver, notifying
 
@@ -29,7 +34,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 PREFIX = "e2e/outage"
 KEEP = 2
-OUTAGE_S = 30
+#: The least outage (real seconds): the read has met it and said so before the server is back.
+OUTAGE_S = 3
+#: The flow run's job environment: the deployment's, and the offset file of its clock.
+HEARTBEAT_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "60"}
 
 
 def _s3server(stack, verb: str) -> subprocess.CompletedProcess:
@@ -42,8 +50,9 @@ def _s3server(stack, verb: str) -> subprocess.CompletedProcess:
     )
 
 
-def _start_deployment(stack, **params) -> str:
+def _start_deployment(stack, *, env: dict[str, str], **params) -> str:
     args = ["prefect", "deployment", "run", "campaign/main"]
+    args += ["--job-variable", f"env={json.dumps(env)}"]
     for key, value in params.items():
         args += ["--param", f"{key}={json.dumps(value)}"]
     run = subprocess.run(args, env=stack["env"], capture_output=True, text=True, timeout=120)
@@ -64,10 +73,12 @@ def _run_logs(stack, flow_run_id: str) -> list[str]:
             return lines
 
 
-def _said(stack, flow_run_id: str, store: str) -> tuple[list[str], list[str]]:
+def _said(
+    stack, flow_run_id: str, store: str, *, wait_s: float = 60
+) -> tuple[list[str], list[str]]:
     """The outage lines and the recovery lines of ``store`` in the flow run's logs, once the
-    recovery line is there (the logs go up in batches) or a minute has passed."""
-    deadline = time.monotonic() + 60
+    recovery line is there (the logs go up in batches) or ``wait_s`` has passed."""
+    deadline = time.monotonic() + wait_s
     while True:
         lines = _run_logs(stack, flow_run_id)
         down = [line for line in lines if line.startswith(f"store {store} does not answer")]
@@ -102,7 +113,11 @@ def test_an_s3_outage_while_a_run_starts_is_waited_out(stack, receiver: Receiver
     )
     out = tmp_path / "out"
     control = load_spec(spec).resolve_run("control").run_id
-    flow_run_id = _start_deployment(stack, spec=str(spec), out=str(out))
+    store = f"s3://gpucampaign/{PREFIX}"
+    clock_file = tmp_path / "clock"
+    flow_run_id = _start_deployment(
+        stack, env={**HEARTBEAT_ENV, CLOCK_FILE_ENV: str(clock_file)}, spec=str(spec), out=str(out)
+    )
 
     # The control trains to its end; the next phase starts from the store: stop it now.
     deadline = time.monotonic() + 600
@@ -113,9 +128,18 @@ def test_an_s3_outage_while_a_run_starts_is_waited_out(stack, receiver: Receiver
         time.sleep(0.5)
     stopped = _s3server(stack, "stop")
     assert stopped.returncode == 0, stopped.stderr
-    time.sleep(OUTAGE_S)
+    stopped_at = time.monotonic()
+    # The read meets the outage and says it waits (the flow run's logs), then the server is
+    # started again (the command returns once a probe object is written and read back).
+    while not _said(stack, flow_run_id, store, wait_s=0)[0]:
+        assert time.monotonic() < deadline, worker_log(stack)
+        time.sleep(0.5)
+    time.sleep(max(0.0, stopped_at + OUTAGE_S - time.monotonic()))
     started = _s3server(stack, "start")
     assert started.returncode == 0, started.stderr
+    # The read's back-off sleeps on the flow run's clock: moved past its longest step, the
+    # read tries again now, against the store that answers.
+    shift_clock(clock_file, by_s=MAX_STEP_S)
 
     state = wait_flow_run(stack, flow_run_id)
     log = worker_log(stack)
@@ -126,7 +150,6 @@ def test_an_s3_outage_while_a_run_starts_is_waited_out(stack, receiver: Receiver
 
     # Said once each for the whole campaign (however many tasks waited), in the flow run's
     # logs as the UI shows them, and to the notification target.
-    store = f"s3://gpucampaign/{PREFIX}"
     down, back = _said(stack, flow_run_id, store)
     assert len(down) == 1 and len(back) == 1, (down, back, log)
     assert "storage.read_wait_s" in down[0] and "Said once for this outage" in down[0]

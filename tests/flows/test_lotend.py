@@ -83,7 +83,7 @@ def test_without_a_later_lot_the_campaign_closes_resumable_and_a_rerun_completes
     ends = _lot_end_rows(out)
     assert ends and (out / "report.md").is_file() and (out / "manifest.json").is_file()
     # After the lot (no lot open: no deadline), the same command resumes and completes.
-    clock.t += timedelta(days=2)
+    clock.advance(timedelta(days=2).total_seconds())
     lotend.forget_ended_lots()
     again = run_flow(spec, out)
     assert again.is_completed(), again.message

@@ -117,6 +117,30 @@ def test_a_second_copy_of_an_s3_campaign_waits_then_refuses_naming_the_holder(pr
         assert none == ""
 
 
+def test_a_second_copy_waits_two_leases_on_the_products_clock(prefect_harness):
+    """The wait for the campaign lock is on ``core/clock.py``'s time: driven, two leases of
+    it take no wall time, and the refusal says the whole wait."""
+    import time
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from gpucampaign.core.clock import DrivenClock, use_clock
+    from gpucampaign_prefect.orchestration.campaign_lock import CampaignHeld, campaign_lock
+
+    cs: Any = SimpleNamespace(
+        name=f"held-{uuid4().hex[:8]}", storage=SimpleNamespace(url="s3://bucket/relaunch")
+    )
+    with campaign_lock(cs, tag="campaign:x", lease_s=60) as name:
+        started = time.monotonic()
+        with use_clock(DrivenClock(datetime.now(UTC))) as driven:
+            with pytest.raises(CampaignHeld) as refused:
+                with campaign_lock(cs, tag="campaign:x", lease_s=60):
+                    pytest.fail("a second copy got the campaign lock")
+        assert time.monotonic() - started < 30
+        assert driven.monotonic() >= 120 and driven.slept, driven.slept
+        assert "waited 120 s" in str(refused.value) and name in str(refused.value)
+
+
 def test_a_crashed_copys_task_runs_and_gpu_tag_are_closed_by_the_next_copy(prefect_harness):
     """The dead-run automation sets only the flow run Crashed; the copy that holds the campaign
     next closes its task runs (Running -> Crashed, Pending -> Cancelled), drops its GPU tag

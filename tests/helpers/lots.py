@@ -2,21 +2,24 @@
 
 ``lot_packages`` gives a first lot that ends a given number of seconds after ``now`` and,
 optionally, a second one, open since an hour before ``now``, that ends days later. ``LotClock``
-stands in for ``engine/lotend.py``'s clock: it moves one second at each read (about one step of
-a tiny run), so a lot ``n`` seconds long ends after about ``n`` steps, whatever the machine's
-speed. ``lot_clock`` installs it for a test (no ``GPUCAMPAIGN_LOT``, no lot ended before).
-``FromFirstRead`` is the real clock started at the first run's first look at it: real seconds,
-without the campaign's start-up (slow on a busy machine) eating into a short lot.
+is the product's clock (``core/clock.py``) driven by the test: it moves one second at each read
+of the moment (about one step of a tiny run), so a lot ``n`` seconds long ends after about ``n``
+steps, whatever the machine's speed. ``lot_clock`` installs it for a test (no
+``GPUCAMPAIGN_LOT``, no lot ended before). ``FromFirstRead`` is the real clock started at the
+first run's first look at it: real seconds, without the campaign's start-up (slow on a busy
+machine) eating into a short lot.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
+from gpucampaign.core.clock import DrivenClock, use_clock
 from gpucampaign.engine import lotend
 from gpucampaign.plan.lots import LOT_ENV
 
@@ -37,27 +40,20 @@ def lot_packages(
     return lots
 
 
-class LotClock:
-    """The deadline hook's clock: starts at ``start`` and moves one second at each read."""
+class LotClock(DrivenClock):
+    """The product's clock, driven: starts at ``start`` and moves one second at each read of
+    the moment (``reads``: the moments read); ``advance`` moves it on."""
 
     def __init__(self, start: datetime) -> None:
-        self.start = start
-        self.t = start
-        self.reads: list[datetime] = []
-
-    def __call__(self) -> datetime:
-        self.t += timedelta(seconds=1)
-        self.reads.append(self.t)
-        return self.t
+        super().__init__(start, tick_s=1.0)
 
 
 def lot_clock(monkeypatch: pytest.MonkeyPatch, start: datetime) -> Iterator[LotClock]:
     """Install a ``LotClock`` for one test (the body of a fixture: ``yield from`` it)."""
-    clock = LotClock(start)
-    monkeypatch.setattr(lotend, "_now", clock)
     monkeypatch.delenv(LOT_ENV, raising=False)
     lotend.forget_ended_lots()
-    yield clock
+    with use_clock(LotClock(start)) as clock:
+        yield clock
     lotend.forget_ended_lots()
 
 
@@ -70,8 +66,17 @@ class FromFirstRead:
         self.start = start
         self.first: datetime | None = None
 
-    def __call__(self) -> datetime:
+    def now(self) -> datetime:
+        """The moment on this clock (the first call fixes the shift)."""
         return self.at(datetime.now(self.start.tzinfo))
+
+    def monotonic(self) -> float:
+        """Real monotonic seconds."""
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        """A real sleep."""
+        time.sleep(seconds)
 
     def at(self, real: datetime) -> datetime:
         """A real moment on this clock (the first read fixes the shift)."""

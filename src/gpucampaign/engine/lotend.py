@@ -17,9 +17,10 @@ its checkpoint); the flow decides where the campaign goes on (``flows/campaign.p
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
+from gpucampaign.core import clock
 from gpucampaign.core.files import median
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.engine.hooks import Ending, Hook, HookArgs, RunView, StopRequest
@@ -32,7 +33,7 @@ _ENDED: set[int] = set()
 
 
 def _now() -> datetime:
-    return datetime.now(UTC)
+    return clock.now()
 
 
 class LotEnded(Interrupted):

@@ -11,10 +11,10 @@ many stores and tasks wait); only when the bound passes does the read fail, with
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from gpucampaign.core import clock as clocks
 from gpucampaign.folder.layout import SPOOL_DIR
 from gpucampaign.storage.base import StorageError, StoreUnreachable
 from gpucampaign.storage.outage import OUTAGES, Outages, say_s
@@ -33,8 +33,8 @@ class ReadWait:
         bound_s: How long one read waits at most (0: it fails at once, as before).
         transient: Tells a failure worth waiting out (the store did not answer) from one
             that is not (access denied, a missing key, altered bytes).
-        sleep: The wait between tries (tests pass their own clock).
-        clock: Monotonic seconds.
+        sleep: The wait between tries (``core.clock``'s, which a test drives).
+        clock: Monotonic seconds (``core.clock``'s).
         outages: Where the outage is said, once for every store of the process.
     """
 
@@ -44,8 +44,8 @@ class ReadWait:
         *,
         bound_s: float,
         transient: Callable[[StorageError], bool],
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = clocks.sleep,
+        clock: Callable[[], float] = clocks.monotonic,
         outages: Outages = OUTAGES,
     ) -> None:
         self.url = url

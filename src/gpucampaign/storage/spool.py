@@ -27,10 +27,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
+from gpucampaign.core import clock
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.folder.layout import CHECKPOINT_LATEST, CHECKPOINT_META, SPOOL_DIR
 from gpucampaign.storage.base import LocalStore, NoAnswer, NotFound, StorageError, Store
@@ -201,13 +201,13 @@ class SpoolingStore:
 
     def drain(self, *, timeout_s: float = 0.0) -> list[str]:
         """Try to empty the spool now, for up to ``timeout_s`` seconds; the keys still waiting."""
-        deadline = time.monotonic() + timeout_s
+        deadline = clock.monotonic() + timeout_s
         while self.pending() or self._deletes:
             progressed = self.drain_once()
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 break
             if not progressed:
-                time.sleep(min(self.retry_s, max(0.0, deadline - time.monotonic())))
+                clock.sleep(min(self.retry_s, max(0.0, deadline - clock.monotonic())))
         return self.pending()
 
     def _spool_or_remote(self, key: str, write_remote: Any, write_spool: Any) -> None:

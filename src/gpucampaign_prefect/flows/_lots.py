@@ -13,7 +13,6 @@ store), and a rerun on a new lot resumes from the checkpoints.
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
 
 from prefect import get_client, get_run_logger
 from prefect.client.schemas.objects import FlowRun
@@ -21,6 +20,7 @@ from prefect.context import FlowRunContext
 from prefect.deployments import run_deployment
 
 from gpucampaign.config import CampaignSpec
+from gpucampaign.core import clock
 from gpucampaign.engine.lotend import LotEnded
 from gpucampaign.plan.lots import LOT_ENV, Lot, dated_lots, next_lot, pinned_lot
 from gpucampaign_prefect.orchestration import notify
@@ -54,7 +54,7 @@ def _next(cs: CampaignSpec, exc: LotEnded) -> Lot | None:
     ended = {lot.number: lot for lot in dated_lots(cs)}.get(exc.lot)
     if ended is None:
         return None
-    return next_lot(cs, now=datetime.now(UTC), after=ended, margin_s=exc.margin_s)
+    return next_lot(cs, now=clock.now(), after=ended, margin_s=exc.margin_s)
 
 
 def _kept(exc: LotEnded) -> str:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
+from uuid import UUID
 
 from prefect import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
@@ -30,13 +31,14 @@ from prefect.client.schemas.filters import (
     FlowRunFilterTags,
 )
 from prefect.client.schemas.objects import StateType
-from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectAlreadyExists
 
 from gpucampaign.config import CampaignSpec
+from gpucampaign.core import clock
 from gpucampaign.core.storageurl import is_s3
 from gpucampaign_prefect.orchestration.gpu_lock import drop_dead_rows, embedded_api
+from gpucampaign_prefect.orchestration.leases import SlotHeld, release_slots, renewed, try_slot
 
 
 class CampaignHeld(RuntimeError):
@@ -47,6 +49,26 @@ def lock_name(cs: CampaignSpec) -> str:
     """The campaign lock's global concurrency limit: the campaign's name and its store."""
     key = hashlib.sha256(cs.storage.url.encode()).hexdigest()[:10]
     return f"campaign:{cs.name}:{key}"
+
+
+def _acquire(name: str, *, wait_s: float, lease_s: float) -> UUID:
+    """The lock's slot with its lease (its ID), waiting up to ``wait_s`` on ``core.clock``'s
+    time: one try at a time, then the pause the server asks for, as Prefect's own wait does;
+    the wait is ours so that a test drives it (``core/clock.py``) instead of waiting two leases
+    of wall time for a refusal.
+
+    Raises:
+        TimeoutError: the slot stayed held for all of ``wait_s``.
+    """
+    deadline = clock.monotonic() + wait_s
+    while True:
+        try:
+            return try_slot(name, lease_s=lease_s)
+        except SlotHeld as held:
+            left = deadline - clock.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the slot of '{name}' stayed held for {wait_s:.0f} s") from None
+            clock.sleep(min(left, held.retry_after_s))
 
 
 def _holders(tag: str) -> str:
@@ -93,29 +115,23 @@ def campaign_lock(
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
         except ObjectAlreadyExists:
             pass
-    with ExitStack() as held:
-        try:
-            # A renewal that fails is logged, not raised: a server out for a while must not end
-            # a campaign (its GPU phases hold their slots strictly and stop on their own).
-            held.enter_context(
-                concurrency(
-                    name,
-                    occupy=1,
-                    timeout_seconds=wait_s,
-                    lease_duration=lease_s,
-                    strict=True,
-                    raise_on_lease_renewal_failure=False,
-                )
-            )
-        except TimeoutError:
-            raise CampaignHeld(
-                f"campaign '{cs.name}' (store {cs.storage.url}) is running elsewhere: "
-                f"{_holders(tag)} holds its lock '{name}'; this copy waited {wait_s:.0f} s "
-                "and refuses, so that two copies never train it at once. Nothing was written. "
-                "Cancel the other copy first if this one should run; a copy that died gives the "
-                "lock back when its lease expires."
-            ) from None
-        yield name  # the lease is renewed meanwhile, and released when the block ends
+    try:
+        lease_id = _acquire(name, wait_s=wait_s, lease_s=lease_s)
+    except TimeoutError:
+        raise CampaignHeld(
+            f"campaign '{cs.name}' (store {cs.storage.url}) is running elsewhere: "
+            f"{_holders(tag)} holds its lock '{name}'; this copy waited {wait_s:.0f} s "
+            "and refuses, so that two copies never train it at once. Nothing was written. "
+            "Cancel the other copy first if this one should run; a copy that died gives the "
+            "lock back when its lease expires."
+        ) from None
+    try:
+        # A renewal that fails is logged, not raised: a server out for a while must not end a
+        # campaign (its GPU phases hold their slots strictly and stop on their own).
+        with renewed(lease_id, lease_s=lease_s, stop_on_failure=False):
+            yield name
+    finally:
+        release_slots(lease_id)
 
 
 def close_dead_copies(tag: str) -> list[str]:

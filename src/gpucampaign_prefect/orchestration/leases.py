@@ -6,8 +6,9 @@ needs that ID: its holder record names it, so that a waiter can release the leas
 whose process died (``gpu_lock.free_dead_holders``: on a shared server the slot would stay
 taken until the lease expires, and embedded, for ever). So the lease is taken and renewed here
 through the two private functions the public one is made of, each called in one function below
-with its reason; the release is the client's public call. The campaign lock needs no ID and
-uses the public ``concurrency`` (``campaign_lock``).
+with its reason; the release is the client's public call. The campaign lock takes its one slot
+one try at a time (``try_slot``), so that its wait runs on ``core.clock``'s time, which a test
+drives, instead of Prefect's own sleeps.
 
 Checked against Prefect 3.9.1: on an upgrade, compare ``acquire_slots`` and ``renewed`` with
 ``prefect/concurrency/_sync.py``'s ``concurrency`` (which the public one calls).
@@ -18,6 +19,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from uuid import UUID
 
+import httpx
 from prefect.client.orchestration import get_client
 from prefect.concurrency._leases import maintain_concurrency_lease
 from prefect.concurrency._sync import acquire_concurrency_slots_with_lease
@@ -43,6 +45,39 @@ def acquire_slots(name: str, *, slots: int, timeout_s: float | None, lease_s: fl
     granted = acquire_concurrency_slots_with_lease(
         [name], slots, timeout_seconds=timeout_s, lease_duration=lease_s, strict=True
     )
+    return granted.lease_id
+
+
+class SlotHeld(Exception):
+    """The slot is held by another lease; the server asks for a pause before the next try.
+
+    Attributes:
+        retry_after_s: The pause the server asked for (its ``Retry-After``).
+    """
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"held; retry after {retry_after_s:g} s")
+        self.retry_after_s = retry_after_s
+
+
+def try_slot(name: str, *, lease_s: float) -> UUID:
+    """One try for one slot of ``name`` under a lease (strict), no wait; its lease ID.
+
+    Raises:
+        SlotHeld: the slot is held (the server's 423), with the pause it asks for.
+        prefect.concurrency.asyncio.ConcurrencySlotAcquisitionError: the limit does not exist.
+    """
+    # Private (prefect.concurrency._sync, Prefect 3.9.1), as in `acquire_slots`: with
+    # max_retries=0 a held slot raises at once, its cause the server's 423 response.
+    try:
+        granted = acquire_concurrency_slots_with_lease(
+            [name], 1, max_retries=0, lease_duration=lease_s, strict=True
+        )
+    except Exception as exc:  # Prefect wraps the server's 423 (held) in its own error
+        held = exc.__cause__
+        if not (isinstance(held, httpx.HTTPStatusError) and held.response.status_code == 423):
+            raise
+        raise SlotHeld(float(held.response.headers.get("Retry-After", 1.0))) from None
     return granted.lease_id
 
 
