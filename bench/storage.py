@@ -48,9 +48,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # infra/ is a plain folder of the checkout
 
-from gpucampaign.folder.layout import checkpoint_step_dir  # noqa: E402
 from gpucampaign.checkpoint.manager import CheckpointManager  # noqa: E402
 from gpucampaign.checkpoint.state import capture_rng  # noqa: E402
+from gpucampaign.folder.layout import checkpoint_step_dir  # noqa: E402
 from gpucampaign.storage import LocalStore, S3Store  # noqa: E402
 from gpucampaign.storage.s3client import s3_client  # noqa: E402
 
