@@ -48,9 +48,10 @@ test: $(STAMP)
 	$(BIN)/python -m tests.faults.conftest "$$tmp"/*.json; rm -rf "$$tmp"; \
 	if [ "$$rest" -ne 0 ]; then exit "$$rest"; fi; exit "$$e2e_rc"
 
-# Unit tests only: no Prefect server, no new torch process, no real service (under a minute).
+# Unit tests only: no Prefect server, no new torch process, no real service, on both cores
+# (pytest-xdist: about 40 s here, against 58 s on one).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -ra -m "not e2e and not slow and not server and not process"
+	$(BIN)/python -m pytest -q -ra -n 2 -m "not e2e and not slow and not server and not process"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench infra
