@@ -263,18 +263,26 @@ def notify_automations(block_id: UUID) -> list[Any]:
 
 
 def _settings(automation: Any) -> Any:
-    """What an automation is set to, without the IDs the server or a build gives it."""
+    """What an automation is set to, without the IDs the server or a build gives it.
+
+    A trigger's event names are sets: dumped as JSON they become lists in the set's iteration
+    order, which two equal sets built in another order (the server's copy, read back) need not
+    share, and an automation set up as asked would be updated, its trigger's state reset. So
+    sets compare as sets here.
+    """
 
     def strip(value: Any) -> Any:
         if isinstance(value, dict):
             return {k: strip(v) for k, v in value.items() if k != "id"}
-        if isinstance(value, list):
+        if isinstance(value, list | tuple):
             return [strip(v) for v in value]
+        if isinstance(value, set | frozenset):
+            return sorted(strip(v) for v in value)
         return value
 
     from prefect.events.schemas.automations import AutomationCore
 
-    return strip(automation.model_dump(mode="json", include=set(AutomationCore.model_fields)))
+    return strip(automation.model_dump(include=set(AutomationCore.model_fields)))
 
 
 def put(client: Any, automation: Any) -> str:

@@ -32,6 +32,7 @@ from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.config import load_spec
 from gpucampaign.core.clock import use_clock
 from gpucampaign.engine import lotend
+from gpucampaign.engine.checkpointer import Checkpointer
 from gpucampaign.folder import metrics
 from gpucampaign.folder.layout import checkpoint_step_dir
 from gpucampaign.plan.lots import LOT_ENV
@@ -152,11 +153,11 @@ def test_the_lot_ends_with_a_verified_checkpoint_in_the_bucket_and_the_next_lot_
 
     # At the moment a run stops, after its own read-back: the test reads the bucket itself.
     seen: list[dict[str, Any]] = []
-    verify = lotend.LotDeadline._verify
+    read_back = Checkpointer.read_back
 
-    def checked(self, step):  # type: ignore[no-untyped-def]
-        got = verify(self, step)
-        m = self.r.manager
+    def checked(self, step, *, timeout_s):  # type: ignore[no-untyped-def]
+        got = read_back(self, step, timeout_s=timeout_s)
+        m = self._r.manager
         mine = CheckpointManager(
             S3Store(cs.storage.url), run_id=m.run_id, config_sha256=m.config_sha256
         )
@@ -173,7 +174,7 @@ def test_the_lot_ends_with_a_verified_checkpoint_in_the_bucket_and_the_next_lot_
         )
         return got
 
-    monkeypatch.setattr(lotend.LotDeadline, "_verify", checked)
+    monkeypatch.setattr(Checkpointer, "read_back", checked)
 
     # Host A: lot 1's worker runs the deployment's flow run.
     deployment = _deployment("lot-1")

@@ -226,15 +226,23 @@ def test_killed_again_and_again_every_rerun_resumes(tmp_path, digits, reference,
 
 # --- a disk that fills up during a save ------------------------------------------------------
 class Disk:
-    """A disk that fills up when told to: writes then stop half-way with ENOSPC."""
+    """A disk that fills up when told to: writes then stop half-way with ENOSPC.
 
-    def __init__(self) -> None:
+    ``kept`` is the checkpoint ``LATEST`` named when the first write was refused: a save already
+    written when the disk filled (they run in the background) may still commit before that.
+    """
+
+    def __init__(self, latest: Any = None) -> None:
         self.full = False
         self.refused = 0
         self.kept: int | None = None
+        self._latest = latest
 
     def check(self) -> None:
         if self.full:
+            if not self.refused and self._latest is not None:
+                ptr = self._latest()
+                self.kept = int(ptr["step"]) if ptr is not None else None
             self.refused += 1
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -242,7 +250,7 @@ class Disk:
 @pytest.mark.parametrize("where", ["payload", "pointer"])
 def test_a_full_disk_during_a_save(tmp_path, digits, reference, faults, monkeypatch, where):
     spec = campaign(tmp_path, digits)
-    disk = Disk()
+    disk = Disk(latest=lambda: manager(spec, tmp_path).latest_pointer())
     if where == "payload":
         write_all = tensorfiles._write_all
 
@@ -270,9 +278,7 @@ def test_a_full_disk_during_a_save(tmp_path, digits, reference, faults, monkeypa
     # there is a previous good one to keep.
     def fill_at_step_6(info: dict) -> None:
         if info["step"] >= 6 and not disk.full:
-            ptr = manager(spec, tmp_path).latest_pointer()
-            if ptr is not None:
-                disk.kept, disk.full = int(ptr["step"]), True
+            disk.full = manager(spec, tmp_path).latest_pointer() is not None
 
     faults.add("faults_injected")
     with pytest.raises(StorageError) as err:
@@ -280,7 +286,7 @@ def test_a_full_disk_during_a_save(tmp_path, digits, reference, faults, monkeypa
     assert "No space left on device" in str(err.value) and spec.resolve_run(
         "control"
     ).run_id in str(err.value)
-    assert disk.refused >= 1
+    assert disk.refused >= 1 and disk.kept is not None
     assert latest_is_good(spec, tmp_path) == disk.kept  # the previous checkpoint is intact
     leftovers = [p.name for p in (tmp_path / "out" / "checkpoints").rglob(".tmp-*")]
     assert leftovers == []

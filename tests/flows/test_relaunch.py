@@ -4,6 +4,8 @@ dead-run detector's trigger as it was."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
@@ -78,6 +80,31 @@ def test_a_stack_restart_leaves_the_dead_run_detector_as_it_is():
     assert len(server.updated) == 1
     relaunch = _Client([_on_server(automations.relaunch_automation())])
     assert automations.put(relaunch, automations.relaunch_automation()) == "unchanged"
+
+
+@pytest.mark.process
+def test_the_server_s_copy_compares_equal_whatever_the_hash_seed():
+    """A trigger's event names are sets: read back from the server (rebuilt in another order)
+    they once dumped as lists in another order under some hash seeds (20 with CPython 3.11), so
+    a stack restart updated the automation and reset its trigger. Each seed in its process."""
+    import subprocess
+    import sys
+
+    check = (
+        "import uuid\n"
+        "from infra import automations\n"
+        "from prefect.events.schemas.automations import Automation\n"
+        "core = automations.crashed_automation(300)\n"
+        "server = Automation(**core.model_dump(), id=uuid.uuid4())\n"
+        "print(automations._settings(server) == automations._settings(core))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    for seed in (20, 0, 1):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        out = subprocess.run(
+            [sys.executable, "-c", check], cwd=root, env=env, capture_output=True, text=True
+        )
+        assert out.stdout.strip() == "True", (seed, out.stdout, out.stderr[-2000:])
 
 
 @pytest.mark.slow
