@@ -15,6 +15,8 @@ The events of one call, in order (``ARCHITECTURE.md`` has the map with who liste
       on_train_row(row)     a step's train row, its loss fetched (rows wait and are fetched
                             in one transfer when the loop flushes: see ``engine/loop.py``),
                             before it is written; a stop drops it and the rows after it
+      on_rows(rows)         rows written to metrics.jsonl (every kind, in order), handed on
+                            by the loop after each flush and event
       after_eval(metrics)   an evaluation on val during training gave ``metrics``
       wants_rows()          asked before after_step: the waiting rows written first?
       after_step()          the step is applied and its save decided
