@@ -34,10 +34,9 @@ Usage: python bench/walk.py [--entry gpucampaign_prefect.tasks.train:train] [--r
 
 ``--entry MODULE:NAME`` names the task (a Prefect task is called through its ``.fn``); it is
 called as ``entry(spec, base_dir=..., out=..., run=...)`` (and ``run_id=...`` when it takes
-one). The numbers are
-deterministic for a given code base (one thread, a seeded run), but for the paths a clock
-gates: the task's live view is updated at most every 2 s, so its calls are walked when the
-training lasts longer than that (the demo's control does, on this machine).
+one). The numbers are deterministic for a given code base (one thread, a seeded run), but for
+the paths a clock gates: the task's live view is updated at most every 2 s, so its calls are
+walked when the training lasts longer than that (the demo's control does, on this machine).
 """
 
 from __future__ import annotations

@@ -166,8 +166,7 @@ def test_the_metrics_log_hands_its_rows_to_the_loop_and_calls_no_one(tmp_path):
     them and writes those it keeps; ``take_written`` gives every row written since the last
     call, in order (the loop hands them to the hooks). A row written while others wait waits
     behind them."""
-    log = MetricsLog(tmp_path / "metrics.jsonl", every=None)
-    log.set_every(10)
+    log = MetricsLog(tmp_path / "metrics.jsonl", every=10, flush_when_full=False)
     for step, loss in enumerate([0.5, 0.4, 2.0, 0.3], start=1):
         log.defer({"kind": "train", "step": step}, loss=torch.tensor(loss))
     log.write({"kind": "eval", "step": 4})  # behind the waiting rows

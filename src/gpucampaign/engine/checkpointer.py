@@ -122,11 +122,8 @@ class Checkpointer:
     def submit(self, step: int) -> None:
         """Checkpoint ``step`` in the background (``due`` said so; the waiting metrics rows are
         written: the loop checks them first, so a checkpoint never holds a step after a
-        non-finite loss); ``wait`` collects it."""
-        self._submit(step)
-
-    def _submit(self, step: int) -> None:
-        """Snapshot the train state and hand it to the background writer; re-plan the next save.
+        non-finite loss); ``wait`` collects it. Snapshot the train state and hand it to the
+        background writer; re-plan the next save.
 
         The loop stalls only to collect the previous save (never two in flight) and to snapshot
         the state to host memory, after the metrics so far are durable; the write, the

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.engine.checkpointer import ReadBack
+from gpucampaign.recipe.runtime import score_split
 
 if TYPE_CHECKING:
     import torch
@@ -245,8 +246,6 @@ class RunView:
     def scores(self, split: str) -> tuple[list[str], dict[str, list[float]]] | None:
         """The recipe's per-example ``score`` of ``split`` at the step reached (None when the
         recipe gives no such split)."""
-        from gpucampaign.recipe.runtime import score_split
-
         r = self._r
         dataset = r.split(split)
         if dataset is None or len(dataset) == 0:

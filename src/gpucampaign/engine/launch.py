@@ -87,9 +87,7 @@ from gpucampaign.folder.layout import (
     LAUNCH_JOB_FILE,
     LAUNCH_OUTCOME_FILE,
     LAUNCH_STOP_FILE,
-    RANKS_DIR,
     RunFolder,
-    refuse_link,
 )
 from gpucampaign.folder.progress import read_progress
 from gpucampaign.folder.runresult import RunResult
@@ -124,11 +122,8 @@ def launch(
     """
     run = job.run
     _check_devices(run)
-    folder = job.run_folder
-    for p in [folder.path, folder.path / RANKS_DIR]:
-        refuse_link(p)
-    for k in range(1, run.size.processes):
-        refuse_link(folder.at_rank(k).path)
+    for k in range(run.size.processes):  # the run folder, .ranks and every rank's folder
+        job.run_folder.at_rank(k).refuse_links()
     work = Path(tempfile.mkdtemp(prefix=LAUNCH_DIR_PREFIX))  # 0700, outside the output folder
     try:
         return _launch_in(job, work=work, progress=progress, on_save=on_save)

@@ -140,8 +140,7 @@ def _open_metrics(r: LiveRun, *, restored: bool, log_every_steps: int = LOG_EVER
     """Open ``metrics.jsonl`` for appending, dropping the rows after the restored step."""
     truncate_metrics(r.run_folder.metrics, through_step=r.state.global_step)
     # Never flushed by itself: the loop flushes, handing each row to the hooks.
-    r.mlog = MetricsLog(r.run_folder.metrics, every=None)
-    r.mlog.set_every(log_every_steps)
+    r.mlog = MetricsLog(r.run_folder.metrics, every=log_every_steps, flush_when_full=False)
     if restored:
         r.mlog.write(
             {
@@ -192,8 +191,8 @@ def _tell_rows(r: LiveRun, hooks: Hooks) -> None:
 
 
 def _ask(r: LiveRun, hooks: Hooks, asked: StopRequest | None) -> None:
-    """End the run when a hook asked for it (the rows written meanwhile handed on first)."""
-    _tell_rows(r, hooks)
+    """End the run when a hook asked for it. The rows written meanwhile reach the hooks at the
+    next flush or at the end (nothing per step when nothing is written)."""
     if asked is not None:
         _end(r, hooks, asked)
 

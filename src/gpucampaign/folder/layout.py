@@ -199,16 +199,24 @@ class RunFolder:
             return self
         return RunFolder(path=self.path / RANKS_DIR / str(rank), run_id=self.run_id, out=self.out)
 
-    def create(self) -> Path:
-        """Make the folder (and its parents); the folder, or ``.ranks`` and a rank's folder,
-        must not be a link.
+    def refuse_links(self) -> None:
+        """The folder, or a rank's run folder, ``.ranks`` and the rank's folder, must not be a
+        link (a run writes nothing through one).
 
         Raises:
-            FolderError: A link where the folder is (named, never followed).
+            FolderError: A link where one of them is (named, never followed).
         """
         ranked = self.path.parent.name == RANKS_DIR
         for p in (self.path.parent.parent, self.path.parent, self.path) if ranked else (self.path,):
             refuse_link(p)
+
+    def create(self) -> Path:
+        """Make the folder (and its parents), refusing links first (``refuse_links``).
+
+        Raises:
+            FolderError: A link where the folder is (named, never followed).
+        """
+        self.refuse_links()
         self.path.mkdir(parents=True, exist_ok=True)
         return self.path
 

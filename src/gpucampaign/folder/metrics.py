@@ -33,8 +33,9 @@ class MetricsLog:
         check: Called by ``flush`` with each row once its values are fetched, before it is
             written; when it raises, the rows before it are written, it and the rest are
             dropped.
-        every: ``defer`` flushes once this many rows wait (None: never by itself; the caller
-            flushes when ``full``).
+        every: The log is ``full`` once this many rows wait.
+        flush_when_full: ``defer`` flushes a full log itself (else the caller flushes when
+            ``full``: the training loop, which checks each row first).
     """
 
     def __init__(
@@ -42,20 +43,17 @@ class MetricsLog:
         path: Path,
         *,
         check: Callable[[dict[str, Any]], None] | None = None,
-        every: int | None = 1,
+        every: int = 1,
+        flush_when_full: bool = True,
     ) -> None:
         self.path = path
         self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
         self._check = check
-        self._auto = every is not None
-        self._every = max(1, every or 1)
+        self._auto = flush_when_full
+        self._every = max(1, every)
         self._waiting: list[tuple[dict[str, Any], dict[str, torch.Tensor]]] = []
         self._written: list[dict[str, Any]] = []  # written and not taken yet (take_written)
         self.last_deferred: dict[str, Any] | None = None  # the last deferred row written
-
-    def set_every(self, every: int) -> None:
-        """Let up to ``every`` rows wait (``full`` from then on)."""
-        self._every = max(1, every)
 
     def defer(self, row: dict[str, Any], **values: torch.Tensor) -> None:
         """Queue ``row``; each of ``values`` (a scalar tensor, detached here) becomes its field
@@ -120,6 +118,8 @@ class MetricsLog:
 
     def take_written(self) -> list[dict[str, Any]]:
         """The rows written since the last call, in order (the loop hands them to its hooks)."""
+        if not self._written:
+            return []
         rows, self._written = self._written, []
         return rows
 
