@@ -92,7 +92,7 @@ class _NoProgress:
 
     id = None
 
-    def __init__(self, phase: str, run_id: str, **where: str) -> None:
+    def __init__(self, phase: str, **where: Any) -> None:
         pass
 
     def __call__(self, info: dict[str, Any]) -> None:
@@ -101,7 +101,7 @@ class _NoProgress:
     def live_tables(self, info: dict[str, Any], *, final: bool = False) -> None:
         pass
 
-    def finish(self, folder: Any) -> None:
+    def finish(self) -> None:
         pass
 
     def drain(self) -> None:

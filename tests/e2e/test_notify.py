@@ -35,6 +35,7 @@ import yaml
 
 from gpucampaign.config import load_spec
 from gpucampaign.core.stoprules import NonFiniteLoss
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.records import read_campaign_id
 from gpucampaign.storage.open import SPOOLED_ATTEMPTS
 from gpucampaign.storage.s3 import S3Store
@@ -455,7 +456,7 @@ def test_every_campaign_event_reaches_the_webhook_through_the_automations(
         ending = rental_ending(out, spec=None, margin_hours=12)
         assert ending is not None
         progress = TrainingView(
-            "train", "control-0123456789", out=str(out), campaign=name, store=store
+            "train", run_folder=RunFolder.of(out, "control-0123456789"), campaign=name, store=store
         )
         progress.check_spool()
         progress.close()

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.progress import evaluation_table
 from gpucampaign.storage.outage import OUTAGE_LOGGER, OUTAGES, Outages
 from gpucampaign_prefect.orchestration import notify, outage
@@ -188,7 +189,9 @@ def test_the_live_tables_never_stop_a_training(monkeypatch, tmp_path):
         + json.dumps({"kind": "eval", "step": 1, "split": "val", "accuracy": 0.5})
         + "\n"
     )
-    progress = ui.TrainingView("train", "control-0123456789", out=str(tmp_path), campaign="c")
+    progress = ui.TrainingView(
+        "train", run_folder=RunFolder.of(tmp_path, "control-0123456789"), campaign="c"
+    )
     progress.live_tables({"metric": "accuracy", "metric_step": 1, "planned_steps": 4}, final=True)
     progress.close()
     assert progress.table_step == 1  # it tried, and the error stayed in the live view
@@ -201,7 +204,9 @@ def test_the_store_outage_message_names_the_store_and_its_answer(emitted, monkey
     monkeypatch.setattr(ui, "create_progress_artifact", lambda **kw: "artifact-id")
     LocalStore(tmp_path / "spool").write_bytes("control-0123456789/LATEST", data=b"{}")
     store = type("Refusing", (), {"url": "s3://bucket/camp", "last_error": "connection refused"})
-    progress = ui.TrainingView("train", "control-0123456789", out=str(tmp_path), store=store())
+    progress = ui.TrainingView(
+        "train", run_folder=RunFolder.of(tmp_path, "control-0123456789"), store=store()
+    )
     # During an outage too: the outage's own message does not say what is only on the machine.
     OUTAGES.down("s3://bucket/camp", what="uploading k", error="refused", then="waits")
     progress.live_tables({})

@@ -37,20 +37,20 @@ import sys
 from pathlib import Path
 
 corpus = Path(sys.argv[1])
-import gpucampaign_prefect.tasks.train as train
+import gpucampaign.folder.segments as segments
 
-saved = train.heartbeat
+saved = segments.heartbeat
 
 
-def heartbeat(root, row, **kw):
-    saved(root, row, **kw)
+def heartbeat(timeline, row, **kw):
+    saved(timeline, row, **kw)
     if not getattr(heartbeat, "done", False):
         heartbeat.done = True
         with corpus.open("a") as f:
             f.write("\\n")
 
 
-train.heartbeat = heartbeat
+segments.heartbeat = heartbeat
 sys.argv = ["campaign", "run", sys.argv[2], "--out", sys.argv[3]]
 from gpucampaign.cli.commands import main
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.records import fix_campaign_id, read_campaign_id
 
 RUN = "control-0123456789"
@@ -35,7 +36,7 @@ def test_two_campaigns_training_one_config_keep_their_own_tables(monkeypatch, tm
     for n, losses in enumerate(([2.628716966999111, 1.5], [0.7, 0.123456789])):
         out = _folder(tmp_path / f"out{n}", losses=losses)
         fix_campaign_id(out, name="same", spec_sha256=f"{n}" * 64)
-        view = ui.TrainingView("train", RUN, out=str(out), campaign="same")
+        view = ui.TrainingView("train", run_folder=RunFolder.of(out, RUN), campaign="same")
         view.live_tables({"metric": "accuracy", "metric_step": 2, "planned_steps": 2}, final=True)
         view.close()  # its thread ends here, not in a later test's patches
         outs.append(out)
@@ -53,7 +54,6 @@ def test_the_training_hands_its_updates_over_and_goes_on(monkeypatch, tmp_path):
     import threading
     import time
 
-    from gpucampaign.folder.layout import OutputFolder
     from gpucampaign_prefect.orchestration import ui
 
     answer = threading.Event()
@@ -73,7 +73,7 @@ def test_the_training_hands_its_updates_over_and_goes_on(monkeypatch, tmp_path):
     monkeypatch.setattr(ui, "create_table_artifact", lambda **kw: calls.append(("table", 0.0)))
     out = _folder(tmp_path / "out", losses=[1.5, 0.7])
     t0 = time.monotonic()
-    view = ui.TrainingView("train", RUN, out=str(out), campaign="c")
+    view = ui.TrainingView("train", run_folder=RunFolder.of(out, RUN), campaign="c")
     assert not view.created  # nothing is written before the training runs (the GPU lock's
     view.drain()  # acquisition comes next, and SQLite takes one writer at a time)
     view.last -= ui.PROGRESS_EVERY_S  # an update is due
@@ -82,7 +82,7 @@ def test_the_training_hands_its_updates_over_and_goes_on(monkeypatch, tmp_path):
     answer.set()
     view.drain()
     assert calls == [("create", 0.0), ("update", 50.0), ("table", 0.0)]
-    view.finish(OutputFolder(out))
+    view.finish()
     assert calls == [
         ("create", 0.0),
         ("update", 50.0),
@@ -95,7 +95,6 @@ def test_the_training_hands_its_updates_over_and_goes_on(monkeypatch, tmp_path):
 
 def test_a_live_view_that_cannot_reach_the_api_never_stops_the_training(monkeypatch, tmp_path):
     """The progress artifact is refused: the updates are skipped and the training goes on."""
-    from gpucampaign.folder.layout import OutputFolder
     from gpucampaign_prefect.orchestration import ui
 
     def refused(**kw):
@@ -105,8 +104,8 @@ def test_a_live_view_that_cannot_reach_the_api_never_stops_the_training(monkeypa
     monkeypatch.setattr(ui, "update_progress_artifact", refused)
     monkeypatch.setattr(ui, "create_table_artifact", refused)
     out = _folder(tmp_path / "out", losses=[1.5])
-    view = ui.TrainingView("train", RUN, out=str(out))
+    view = ui.TrainingView("train", run_folder=RunFolder.of(out, RUN))
     view.last -= ui.PROGRESS_EVERY_S
     view({"step": 1, "planned_steps": 1})
-    view.finish(OutputFolder(out))
+    view.finish()
     assert view.id is None and not view.calls._thread.is_alive()

@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -209,6 +210,21 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     file, and a crash leaves the old file or the new one."""
     with _replacing(Path(path)) as f:
         f.write(data)
+
+
+def replace_dir(dst: Path, new: Path) -> None:
+    """Put the complete folder ``new`` (written beside ``dst``) at ``dst``, the way
+    :func:`atomic_write_bytes` puts a file: ``new`` fsynced, an old ``dst`` moved aside and
+    then removed, the parent fsynced. A reader sees the old folder or the new one."""
+    fsync_dir(new)
+    if dst.exists():
+        old = dst.with_name(f"{TMP_PREFIX}old-{dst.name}-{uuid.uuid4().hex[:8]}")
+        dst.rename(old)
+        new.rename(dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        new.rename(dst)
+    fsync_dir(dst.parent)
 
 
 def atomic_copy(src: str | Path, dst: str | Path) -> Path:

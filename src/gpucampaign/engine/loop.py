@@ -104,7 +104,7 @@ from gpucampaign.engine.registry import build_hooks
 from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun, RunJob, check_arguments, setup_run
 from gpucampaign.folder.layout import RunFolder
-from gpucampaign.folder.metrics import MetricsLog, truncate_metrics
+from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.folder.runresult import RunResult, recorded_result, require_complete
 from gpucampaign.recipe.contract import call, check_loss
 from gpucampaign.recipe.runtime import batch_len
@@ -138,9 +138,13 @@ def _restore(r: LiveRun) -> LoadedCheckpoint | None:
 
 def _open_metrics(r: LiveRun, *, restored: bool, log_every_steps: int = LOG_EVERY_STEPS) -> None:
     """Open ``metrics.jsonl`` for appending, dropping the rows after the restored step."""
-    truncate_metrics(r.run_folder.metrics, through_step=r.state.global_step)
     # Never flushed by itself: the loop flushes, handing each row to the hooks.
-    r.mlog = MetricsLog(r.run_folder.metrics, every=log_every_steps, flush_when_full=False)
+    r.mlog = MetricsLog(
+        r.run_folder.metrics,
+        every=log_every_steps,
+        flush_when_full=False,
+        through_step=r.state.global_step,
+    )
     if restored:
         r.mlog.write(
             {

@@ -45,8 +45,11 @@ class MetricsLog:
         check: Callable[[dict[str, Any]], None] | None = None,
         every: int = 1,
         flush_when_full: bool = True,
+        through_step: int | None = None,
     ) -> None:
         self.path = path
+        if through_step is not None:  # a resume: the rows after its step go first
+            truncate_metrics(path, through_step=through_step)
         self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
         self._check = check
         self._auto = flush_when_full

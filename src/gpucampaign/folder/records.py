@@ -226,7 +226,13 @@ class StopRecord:
 
 def read_stops(root: str | Path) -> list[StopRecord]:
     """Every stop recorded, in order."""
-    return [StopRecord.from_dict(r) for r in read_jsonl(_in(root, STOPS))]
+    return read_stops_file(_in(root, STOPS))
+
+
+def read_stops_file(path: Path) -> list[StopRecord]:
+    """Every stop of ``stops.jsonl`` at ``path`` (resolved in its folder once: ``read_stops``
+    from the folder's root), in order."""
+    return [StopRecord.from_dict(r) for r in read_jsonl(path)]
 
 
 def append_stop(root: str | Path, record: StopRecord) -> bool:
@@ -339,7 +345,8 @@ def fold_segments(lines: Iterable[TimelineRow]) -> list[TimelineRow]:
 
 
 def append_timeline(root: str | Path, row: TimelineRow) -> None:
-    """Append one interval to ``timeline.jsonl`` (the one writer of that file)."""
+    """Append one interval to ``timeline.jsonl`` as it stands (a finished segment, an imported
+    one); a running segment's lines are ``folder.segments``' to write (``Timeline``)."""
     append_jsonl(_in(root, TIMELINE), row.to_dict())
 
 

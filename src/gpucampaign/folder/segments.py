@@ -6,6 +6,9 @@ heartbeat at each checkpoint, an end line (``records.TimelineRow``). A process k
 (SIGKILL, out of memory, a lost machine) writes no end line; the next start closes its
 segment as interrupted, with the steps trained since the last checkpoint and their time,
 read from the run's ``metrics.jsonl`` before the resume truncates it.
+
+This module writes a running segment's lines: to a ``Timeline`` resolved once (its path is
+never derived again per line), a heartbeat through the segment's ``SegmentWriter``.
 """
 
 from __future__ import annotations
@@ -14,18 +17,18 @@ import contextlib
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gpucampaign.config import CampaignSpec
-from gpucampaign.core.files import parse_time, read_jsonl, utc_now
+from gpucampaign.core.files import append_jsonl, parse_time, read_jsonl, utc_now
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import InterruptedRun
-from gpucampaign.folder.layout import METRICS_FILE, OutputFolder, run_relpath
-from gpucampaign.folder.records import TimelineRow, append_timeline, read_timeline
+from gpucampaign.folder.layout import METRICS_FILE, TIMELINE, OutputFolder, run_relpath
+from gpucampaign.folder.records import TimelineRow, fold_segments
 
 #: The outcome of a segment that stopped before its lot's end (``engine/lotend.py``).
 LOT_ENDED_OUTCOME = "lot ended"
@@ -39,9 +42,63 @@ CUT_OUTCOME = (
 TRAINING_PHASES = ("pilot", "train")
 
 
+@dataclass(frozen=True)
+class Timeline:
+    """An output folder's ``timeline.jsonl``, resolved once (``Timeline.of``: a link that takes
+    it out of the folder is refused there) and written by this module alone: a segment's start,
+    its heartbeats and its end go to ``path`` without deriving it again.
+
+    Attributes:
+        folder: The output folder (a cut segment's run folder is found in it).
+        path: Its ``timeline.jsonl``.
+    """
+
+    folder: OutputFolder
+    path: Path
+
+    @classmethod
+    def of(cls, folder: OutputFolder) -> Timeline:
+        """The timeline of ``folder``."""
+        return cls(folder=folder, path=folder.path(TIMELINE))
+
+    def rows(self) -> list[TimelineRow]:
+        """Every segment so far, one row each (``records.read_timeline``'s reading)."""
+        return fold_segments(TimelineRow.from_dict(r) for r in read_jsonl(self.path))
+
+
+@dataclass
+class SegmentWriter:
+    """The lines of one open segment still to come, written to its timeline (resolved once):
+    a heartbeat at each durable checkpoint (``saved``, a training call's ``on_save``), then
+    ``after_heartbeat`` (a remote store's copy of the timeline, say).
+
+    Attributes:
+        timeline: The output folder's timeline.
+        row: The segment's live row (``phase_segment`` writes its end line from it).
+        after_heartbeat: Called after each heartbeat, when given.
+    """
+
+    timeline: Timeline
+    row: TimelineRow
+    after_heartbeat: Callable[[], None] | None = None
+
+    def saved(self, info: Mapping[str, Any]) -> None:
+        """A checkpoint of step ``info["step"]`` is durable: the segment's heartbeat."""
+        heartbeat(self.timeline, self.row, checkpoint_step=int(info["step"]))
+        if self.after_heartbeat is not None:
+            self.after_heartbeat()
+
+
+def _timeline(where: Timeline | OutputFolder | str | Path) -> Timeline:
+    """``where``'s timeline: the value itself, or the one of an output folder (or its root)."""
+    if isinstance(where, Timeline):
+        return where
+    return Timeline.of(where if isinstance(where, OutputFolder) else OutputFolder(where))
+
+
 @contextlib.contextmanager
 def phase_segment(
-    folder: OutputFolder,
+    folder: Timeline | OutputFolder,
     spec: CampaignSpec,
     *,
     phase: str,
@@ -59,7 +116,7 @@ def phase_segment(
     interrupted, with the work it lost since its last checkpoint.
 
     Args:
-        folder: the output folder.
+        folder: the output folder, or its timeline resolved once (``Timeline``).
         spec: the campaign (its runs, to find the run folder a cut segment trained in).
         phase: the phase's name.
         step: the calendar step the segment stands for (observed time finds its forecast).
@@ -74,9 +131,10 @@ def phase_segment(
     Yields:
         The segment's live row (a heartbeat updates it; its end line is written from it).
     """
+    timeline = _timeline(folder)
     close_cut_segments(
-        folder.root,
-        run_dir=lambda cut: _trained_in(folder, spec, cut),
+        timeline,
+        run_dir=lambda cut: _trained_in(timeline.folder, spec, cut),
         durable=lambda cut: durable(spec.resolve_run(str(cut.run)).run_id),
     )
     row = new_segment(
@@ -90,7 +148,7 @@ def phase_segment(
             host=socket.gethostname(),
         )
     )
-    append_timeline(folder.root, row)
+    append_jsonl(timeline.path, row.to_dict())
     t0 = time.perf_counter()
     try:
         yield row
@@ -103,7 +161,7 @@ def phase_segment(
         row.event = "end"
         row.end = utc_now()
         row.seconds = time.perf_counter() - t0
-        append_timeline(folder.root, row)
+        append_jsonl(timeline.path, row.to_dict())
 
 
 def _ended_by(exc: BaseException, *, lot_end: type[Interrupted] | None) -> str:
@@ -127,13 +185,17 @@ def new_segment(row: TimelineRow) -> TimelineRow:
     return replace(row, segment=uuid.uuid4().hex[:12], event="start", end=None)
 
 
-def heartbeat(root: str | Path, row: TimelineRow, *, checkpoint_step: int) -> None:
-    """Append a heartbeat of segment ``row``: a checkpoint of ``checkpoint_step`` is kept.
+def heartbeat(
+    where: Timeline | OutputFolder | str | Path, row: TimelineRow, *, checkpoint_step: int
+) -> None:
+    """Append a heartbeat of segment ``row`` to ``where``'s timeline (a ``Timeline`` resolved
+    once, or the output folder): a checkpoint of ``checkpoint_step`` is kept.
 
     ``row`` (the segment's live row) keeps the step and the time too, for its end line.
     """
     row.seen, row.checkpoint_step = utc_now(), checkpoint_step
-    append_timeline(root, replace(row, event="heartbeat", end=row.seen, outcome=None))
+    line = replace(row, event="heartbeat", end=row.seen, outcome=None)
+    append_jsonl(_timeline(where).path, line.to_dict())
 
 
 def lost_since_checkpoint(metrics_path: Path, *, kept_at_least: int = 0) -> tuple[int, float]:
@@ -153,7 +215,7 @@ def lost_since_checkpoint(metrics_path: Path, *, kept_at_least: int = 0) -> tupl
 
 
 def close_cut_segments(
-    root: str | Path,
+    timeline: Timeline,
     *,
     run_dir: Callable[[TimelineRow], Path | None],
     durable: Callable[[TimelineRow], int | None] = lambda row: None,
@@ -161,14 +223,14 @@ def close_cut_segments(
     """Close every open segment as interrupted and return the end lines appended.
 
     Args:
-        root: The output folder.
+        timeline: The output folder's timeline.
         run_dir: The run folder a segment trained in (None when it trained none).
         durable: The step of the checkpoint a resume of the segment's run restores (its
             ``LATEST``), when known. A kill between moving ``LATEST`` and the heartbeat
             leaves the timeline one save behind; the loss counts from the durable step.
     """
     closed = []
-    for row in read_timeline(root):
+    for row in timeline.rows():
         if row.segment is None or row.end is not None:
             continue
         folder = run_dir(row)
@@ -190,7 +252,7 @@ def close_cut_segments(
             lost_steps=lost_steps,
             lost_seconds=lost_s,
         )
-        append_timeline(root, done)
+        append_jsonl(timeline.path, done.to_dict())
         closed.append(done)
     return closed
 

@@ -28,8 +28,8 @@ from gpucampaign.core.errors import FolderError
 from gpucampaign.core.files import (
     TMP_PREFIX,
     atomic_write_bytes,
-    fsync_dir,
     git_commit,
+    replace_dir,
     sha256_file,
 )
 from gpucampaign.core.version import __version__
@@ -127,8 +127,7 @@ def save_model_dir(
         }
         text = json.dumps(info, indent=2, sort_keys=True) + "\n"
         atomic_write_bytes(tmp / MODEL_CONFIG, text.encode())
-        fsync_dir(tmp)
-        _replace_dir(dst, tmp)
+        replace_dir(dst, tmp)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -143,18 +142,6 @@ def _copy_sources(folder: Path, sources: dict[str, Path]) -> dict[str, dict[str,
         shutil.copyfile(src, folder / rel)
         copied[rel] = {"sha256": sha256_file(folder / rel), "bytes": (folder / rel).stat().st_size}
     return copied
-
-
-def _replace_dir(dst: Path, new: Path) -> None:
-    """Put the complete folder ``new`` at ``dst``; an old ``dst`` is moved aside, then removed."""
-    if dst.exists():
-        old = dst.with_name(f"{TMP_PREFIX}old-{dst.name}-{uuid.uuid4().hex[:8]}")
-        dst.rename(old)
-        new.rename(dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        new.rename(dst)
-    fsync_dir(dst.parent)
 
 
 class RecipeCodeNotTrusted(SpecError):

@@ -16,13 +16,13 @@ from prefect.artifacts import (
 )
 
 from gpucampaign.core.text import say_number
-from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.progress import evaluation_table, read_progress, render_line
 from gpucampaign.storage import spooled_keys
 from gpucampaign_prefect.orchestration import notify
 from gpucampaign_prefect.orchestration.background import UiCalls
-from gpucampaign_prefect.orchestration.phases import artifact_key, out_folder
+from gpucampaign_prefect.orchestration.phases import artifact_key
 
 PROGRESS_EVERY_S = 2.0
 #: The longest a training call's end waits for its live view's last updates to reach the API.
@@ -56,15 +56,20 @@ class TrainingView:
     training runs: never before its first step, nor beside the GPU lock's acquisition (see
     ``UiCalls.drain``). ``drain`` waits for the updates handed over; ``close`` (or
     ``finish``) ends the thread.
+
+    It reads the run's folder through the ``RunFolder`` value it is given (its metrics, its
+    progress record) and the campaign's through ``run_folder.out`` (the campaign ID, the
+    spool): never a path joined again.
     """
 
     def __init__(
-        self, phase: str, run_id: str, *, out: str = "", campaign: str = "", store: Any = None
+        self, phase: str, *, run_folder: RunFolder, campaign: str = "", store: Any = None
     ) -> None:
+        run_id = run_folder.run_id
         self.id: UUID | None = None  # the progress artifact, once the UI's thread made it
         self.last = time.monotonic()
         self.description = f"{phase} of {run_id}"
-        self.run_id, self.out, self.campaign = run_id, out, campaign
+        self.run_folder, self.run_id, self.campaign = run_folder, run_id, campaign
         self.store = store  # the checkpoint store: its URL and last refusal name the outage
         self.table_step: int | None = None  # the newest evaluation in the table artifact
         self.told_spool = False
@@ -100,14 +105,14 @@ class TrainingView:
             )
         self.live_tables(info)
 
-    def finish(self, folder: OutputFolder) -> None:
+    def finish(self) -> None:
         """The full bar with the run's final live line (its last evaluation), and the last
         version of the evaluation table; then the UI's thread ends (``close``)."""
-        self._submit(self._last, folder)
+        self._submit(self._last)
         self.close()
 
-    def _last(self, folder: OutputFolder) -> None:
-        record = read_progress(folder.run(self.run_id).path)
+    def _last(self) -> None:
+        record = read_progress(self.run_folder.path)
         description = render_line(record) if record else f"{self.run_id}: done"
         if self.id is not None:
             update_progress_artifact(artifact_id=self.id, progress=100.0, description=description)
@@ -129,7 +134,7 @@ class TrainingView:
             seen = info.get("metric_step")
             if final or (seen is not None and seen != self.table_step):
                 self.publish_table(info)
-            if self.out and not self.told_spool:
+            if self.run_folder.out is not None and not self.told_spool:
                 self.check_spool()
         except Exception as exc:
             logging.getLogger(__name__).debug("live tables of %s: %s", self.run_id, exc)
@@ -137,15 +142,16 @@ class TrainingView:
     def publish_table(self, info: dict[str, Any]) -> None:
         """A new version of the run's evaluation table (every evaluation so far, from
         metrics.jsonl, so a resumed run's table holds its earlier evaluations too)."""
-        if not self.out:
+        out = self.run_folder.out
+        if out is None:
             return
-        rows = read_metrics(out_folder(self.out).run(self.run_id).metrics)
+        rows = read_metrics(self.run_folder.metrics)
         planned = int(info.get("planned_steps") or max((r.get("step", 0) for r in rows), default=0))
         table = evaluation_table(rows, metric=info.get("metric"), planned_steps=planned)
         if not table:
             return
         self.table_step = table[-1]["step"]
-        campaign = notify.campaign_id_of(self.out) or self.campaign
+        campaign = notify.campaign_id_of(out) or self.campaign
         create_table_artifact(
             table=[{k: rounded(v) for k, v in row.items()} for row in table],
             key=evaluations_key(self.run_id, campaign=campaign),
@@ -157,15 +163,16 @@ class TrainingView:
         """Say once (a notification event) that the store stopped taking uploads, with the
         files now only on this machine and where they wait: what is at risk if the machine goes
         (``gpucampaign.storage.down`` says the outage itself, once for the campaign)."""
-        pending = spooled_keys(self.out)
-        if pending:
+        out = self.run_folder.out
+        pending = spooled_keys(out) if out is not None else []
+        if out is not None and pending:
             self.told_spool = True
             notify.storage_unreachable(
-                campaign=notify.campaign_id_of(self.out) or self.campaign,
+                campaign=notify.campaign_id_of(out) or self.campaign,
                 name=self.campaign,
                 run_id=self.run_id,
                 pending=len(pending),
-                out=self.out,
+                out=str(out),
                 store=str(getattr(self.store, "url", "") or ""),
                 error=str(getattr(self.store, "last_error", "") or ""),
             )

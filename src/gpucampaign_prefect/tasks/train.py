@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -11,36 +10,20 @@ from prefect.runtime import task_run
 from gpucampaign.close.futility import futile_segment
 from gpucampaign.config import CampaignSpec, ResolvedRun
 from gpucampaign.core.interrupt import raise_if_stopped
-from gpucampaign.core.stoprules import STOP_RULES, Futile, StopRule
-from gpucampaign.data.corpus import load_spec_corpus
+from gpucampaign.core.stoprules import Futile
 from gpucampaign.engine.loop import train_run
-from gpucampaign.engine.parts import n_train_of
+from gpucampaign.engine.runside import RunSide, TrainingNotes
 from gpucampaign.folder.metrics import read_metrics
-from gpucampaign.folder.records import read_stops
 from gpucampaign.folder.runresult import RunResult
-from gpucampaign.folder.segments import heartbeat
 from gpucampaign.plan.decision import early_losses, pilot_measures
-from gpucampaign.storage import open_store, spooled_keys
-from gpucampaign.storage.open import read_wait_s
-from gpucampaign.storage.sharedtimeline import share_timeline
-from gpucampaign.tracking import tracking_note
 from gpucampaign_prefect.orchestration.gpu_lock import gpu_slot
 from gpucampaign_prefect.orchestration.phases import (
     PHASE_OPTIONS,
-    busy,
+    calendar_step,
     cancel_on_interrupt,
     ends_on_stop,
-    out_folder,
 )
 from gpucampaign_prefect.orchestration.ui import TrainingView
-
-
-def recorded_stop(out: str, run_id: str) -> StopRule | None:
-    """The stop already recorded for this run ID: a stopped run is finished, never redone."""
-    for rec in read_stops(out):
-        if rec.run_id == run_id and rec.rule in STOP_RULES:
-            return STOP_RULES[rec.rule](run_id, rec.reason, step=rec.step, stop_id=rec.stop_id)
-    return None
 
 
 def _run_training(
@@ -52,93 +35,57 @@ def _run_training(
     phase: str,
     stop_after_steps: int | None,
     lane: int = 0,
-) -> tuple[RunResult, int]:
-    """Train under the GPU slot with the busy time recorded; returns the result and the number
-    of training rows."""
-    folder = out_folder(out)
-    run_id = run.run_id
-    raise_if_stopped(what=f"{phase} of {run_id}")
-    stopped = recorded_stop(out, run_id)
-    if stopped is not None:
-        raise stopped
-    # The inputs are checked again at each start: one changed since the audit is a stop
-    # (``EssentialInputMissing``), recorded by the task (``ends_on_stop``) like any other.
-    corpus = load_spec_corpus(spec, base_dir=base_dir, run_id=run_id)
-    store = open_store(spec.storage.url, out=Path(out), read_wait_s=read_wait_s(spec))
-    progress = TrainingView(phase, run_id, out=out, campaign=spec.name, store=store)
+) -> tuple[RunResult, RunSide, TrainingNotes]:
+    """``train_run`` under the GPU slot, with the busy time recorded (its segment, a heartbeat
+    at each durable checkpoint: ``SegmentWriter.saved``); returns the result, the call's side of the
+    folder and what it left to say (a note of unsent metrics is logged here)."""
+    raise_if_stopped(what=f"{phase} of {run.run_id}")
+    # The run's stop recorded, and the inputs checked again at each start: one changed since
+    # the audit is a stop (``EssentialInputMissing``), recorded by the task (``ends_on_stop``).
+    side = RunSide.open(spec, base_dir=base_dir, out=out, run=run)
+    progress = TrainingView(phase, run_folder=side.run_folder, campaign=spec.name, store=side.store)
+    lock = spec.gpu_lock
     try:
-        result = _train_under_lock(
-            spec,
-            out=out,
-            run=run,
-            phase=phase,
-            store=store,
-            corpus=corpus,
-            progress=progress,
-            stop_after_steps=stop_after_steps,
-            lane=lane,
-        )
-        progress.finish(folder)
+        with (
+            gpu_slot(
+                lock.name,
+                timeout_s=lock.timeout_s,
+                lease_s=lock.lease_s,
+                campaign=spec.name,
+                out=str(side.out.root),
+                run=f"{phase} of {run.run_id}",
+                slots=run.size.processes,  # a data-parallel run holds one slot per GPU
+            ),
+            side.segment(phase=phase, step=calendar_step(spec, run=run.name, phase=phase)) as seg,
+        ):
+            try:
+                result = train_run(
+                    spec,
+                    run=run,
+                    corpus=side.corpus,
+                    store=side.store,
+                    run_folder=side.run_folder,
+                    stop_after_steps=stop_after_steps,
+                    progress=progress,
+                    on_save=seg.saved,
+                    lane=lane,
+                )
+            except Futile as exc:  # the segment says what it trained before the lane was freed
+                seg.row.steps, seg.row.note = futile_segment(side.out.root, exc)
+                raise
+            finally:
+                progress.drain()  # no write of the UI's beside the lock's release
+            steps = 0 if result.reused else result.steps_done - (result.resumed_from_step or 0)
+            seg.row.steps = steps
+            if result.reused:
+                seg.row.note = f"{run.run_id}: recorded result reused, nothing trained"
+        progress.finish()
     finally:
         progress.close()  # a stop or an error: the UI's thread ends too
-    if (unsent := tracking_note(folder.run(run_id).path)) is not None:
-        get_run_logger().warning(unsent)
-    return result, n_train_of(folder.run(run_id), run=run, corpus=corpus)
-
-
-def _train_under_lock(
-    spec: CampaignSpec,
-    *,
-    out: str,
-    run: ResolvedRun,
-    phase: str,
-    store: Any,
-    corpus: Any,
-    progress: TrainingView,
-    stop_after_steps: int | None,
-    lane: int,
-) -> RunResult:
-    """``train_run`` under the GPU slot, with the busy time recorded."""
-    folder, run_id = out_folder(out), run.run_id
-    lock = spec.gpu_lock
-    with (
-        gpu_slot(
-            lock.name,
-            timeout_s=lock.timeout_s,
-            lease_s=lock.lease_s,
-            campaign=spec.name,
-            out=out,
-            run=f"{phase} of {run_id}",
-            slots=run.size.processes,  # a data-parallel run holds one slot per GPU
-        ),
-        busy(folder, spec, phase=phase, run=run.name, note=run_id) as row,
-    ):
-
-        def saved(info: dict[str, Any]) -> None:  # a durable checkpoint: on the timeline
-            heartbeat(folder.root, row, checkpoint_step=info["step"])
-            share_timeline(folder.root, store=store)
-
-        try:
-            result = train_run(
-                spec,
-                run=run,
-                corpus=corpus,
-                store=store,
-                run_folder=folder.run(run_id),
-                stop_after_steps=stop_after_steps,
-                progress=progress,
-                on_save=saved,
-                lane=lane,
-            )
-        except Futile as exc:  # the segment says what it trained before the lane was freed
-            row.steps, row.note = futile_segment(folder.root, exc)
-            raise
-        finally:
-            progress.drain()  # no write of the UI's beside the lock's release
-        row.steps = 0 if result.reused else result.steps_done - (result.resumed_from_step or 0)
-        if result.reused:
-            row.note = f"{run_id}: recorded result reused, nothing trained"
-    return result
+    notes = side.notes()
+    if notes.unsent is not None:
+        get_run_logger().warning(notes.unsent)
+    return result, side, notes
 
 
 @task(name="pilot", task_run_name="pilot[{run}]", **PHASE_OPTIONS)
@@ -150,7 +97,7 @@ def pilot(
     """The first ``pilot.steps`` steps of a run, measured (costs and early losses); the full
     run resumes from them."""
     resolved = spec.resolve_run(run)
-    result, n_train = _run_training(
+    result, side, notes = _run_training(
         spec,
         base_dir=base_dir,
         out=out,
@@ -159,10 +106,10 @@ def pilot(
         stop_after_steps=spec.pilot.steps,
         lane=lane,
     )
-    metrics = out_folder(out).run(resolved.run_id).metrics
+    metrics = side.run_folder.metrics
     rows = read_metrics(metrics) if metrics.is_file() else []
     losses = early_losses(rows, steps=spec.pilot.steps)
-    return pilot_measures(resolved, result=result, n_train=n_train, losses=losses)
+    return pilot_measures(resolved, result=result, n_train=notes.n_train, losses=losses)
 
 
 def _train_run_name() -> str:
@@ -181,7 +128,7 @@ def train(
     """A full training run (control or variant) on its lane's GPU; resumes from its last good
     checkpoint."""
     resolved = spec.resolve_run(run)
-    result, n_train = _run_training(
+    result, _, notes = _run_training(
         spec,
         base_dir=base_dir,
         out=out,
@@ -190,7 +137,7 @@ def train(
         stop_after_steps=None,
         lane=lane,
     )
-    spooled = spooled_keys(out)
+    spooled = notes.spooled
     if spooled:
         get_run_logger().warning(
             "%d checkpoint file(s) are not yet off the machine (the S3 "
@@ -199,4 +146,4 @@ def train(
             len(spooled),
             out,
         )
-    return {**result.to_dict(), "n_train": n_train, "spooled": spooled}
+    return {**result.to_dict(), "n_train": notes.n_train, "spooled": spooled}
