@@ -36,6 +36,8 @@ class MetricsLog:
         every: The log is ``full`` once this many rows wait.
         flush_when_full: ``defer`` flushes a full log itself (else the caller flushes when
             ``full``: the training loop, which checks each row first).
+        through_step: A resume's step: the rows of later steps are dropped from the file
+            before it opens (``truncate_metrics``); None keeps every row.
     """
 
     def __init__(
