@@ -15,7 +15,7 @@ from gpucampaign.core.stoprules import NonFiniteLoss
 from gpucampaign.engine.runside import RunSide
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.records import StopRecord, append_stop
-from tests.helpers import digits_file, make_spec  # noqa: F401
+from tests.helpers import corpus_of, digits_file, make_spec  # noqa: F401
 
 TASK = Path(__file__).resolve().parents[2] / "src/gpucampaign_prefect/tasks/train.py"
 
@@ -77,6 +77,50 @@ def test_a_stopped_run_is_refused_before_its_inputs_are_read(
     with pytest.raises(NonFiniteLoss, match="loss is nan") as stop:
         RunSide.open(spec, base_dir=tmp_path, out=out, run=run)
     assert (stop.value.step, stop.value.stop_id) == (3, "s1")
+
+
+def test_a_remote_store_gets_the_timeline_at_each_heartbeat(
+    tmp_path: Path,
+    digits_file: Any,  # noqa: F811
+) -> None:
+    """With a store that is not the folder's own (S3), each heartbeat copies the timeline to
+    it, and the notes list the checkpoint files waiting in the folder's spool."""
+    from gpucampaign.folder.segments import Timeline
+    from gpucampaign.storage import LocalStore
+
+    class Remote:
+        url = "s3://bucket/c"
+        written: list[tuple[str, bytes]] = []
+
+        def local_path(self, key: str) -> None:
+            return None
+
+        def write_bytes(self, key: str, *, data: bytes) -> None:
+            self.written.append((key, data))
+
+    spec = make_spec(tmp_path, digits_file)
+    run = spec.resolve_run("control")
+    out = OutputFolder(tmp_path / "out")
+    out.root.mkdir()
+    store = Remote()
+    side = RunSide(
+        spec=spec,
+        run=run,
+        out=out,
+        run_folder=out.run(run.run_id),
+        timeline=Timeline.of(out),
+        corpus=corpus_of(tmp_path, spec),
+        store=store,  # type: ignore[arg-type]
+        remote=True,
+    )
+    with side.segment(phase="train", step=None) as seg:
+        seg.saved({"step": 4})
+        seg.saved({"step": 8})
+    timeline = (out.root / "timeline.jsonl").read_bytes()
+    assert [key for key, _ in store.written] == ["timeline.jsonl", "timeline.jsonl"]
+    assert timeline.startswith(store.written[-1][1]) and store.written[-1][1].count(b"\n") == 3
+    LocalStore(out.root / "spool").write_bytes(f"{run.run_id}/LATEST", data=b"{}")
+    assert side.notes().spooled == [f"{run.run_id}/LATEST"]
 
 
 def test_the_train_task_reaches_the_folder_through_one_value() -> None:

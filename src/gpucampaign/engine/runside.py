@@ -3,9 +3,11 @@
 A training task (the Prefect layer's ``pilot`` and ``train``) hands the library this value and
 nothing else of the folder: ``RunSide.open`` resolves the folder's files once (the run's
 folder, ``stops.jsonl``, ``timeline.jsonl``), refuses a run already stopped, loads the pinned
-inputs and opens the checkpoint store; ``segment`` records the call's machine segment, ``saved``
-its heartbeats; ``notes`` reads what the call left to say. No path is joined again after
-``open``, and no caller climbs from the run's folder back up to the campaign's.
+inputs and opens the checkpoint store; ``segment`` records the call's machine segment and
+yields its writer (``SegmentWriter.saved``: a heartbeat at each durable checkpoint, and the
+timeline's copy in a remote store); ``notes`` reads what the call left to say. No path is
+joined again after ``open``, and no caller climbs from the run's folder back up to the
+campaign's.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class TrainingNotes:
     spooled: list[str]
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunSide:
     """One training call of one run, on the output folder's side (``open`` builds it).
 
