@@ -416,7 +416,7 @@ def run_cmd(
     early = start_server_early()
     state = None
     try:
-        flow = load_flow("campaign", "campaign")
+        flow = load_flow("campaign")
         if not verbose:  # after the import: Prefect sets its loggers up then
             quiet_expected_stops()
         rental = rental_of(cs)

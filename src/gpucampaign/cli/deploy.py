@@ -40,7 +40,7 @@ def deploy_cmd(
     cs = load_spec(spec)  # a spec that does not validate is refused here, not at its first run
     target = out or Path("out") / cs.name
     project = Path.cwd().resolve()
-    deploy = load_flow("_deploy", "deploy_project")
+    deploy = load_flow("deploy_project")
     url, deployed = deploy(project=project, spec=os.fspath(spec), out=os.fspath(target), pool=pool)
     for d in deployed:
         params = ", ".join(f"{k}={v}" for k, v in d.parameters.items())

@@ -1,8 +1,9 @@
 """Start the Prefect flows from the CLI without the library importing Prefect itself.
 
 The Prefect layer is the package ``gpucampaign_prefect`` (its flows in ``flows``, the embedded
-server in ``orchestration.embedded``): set quiet embedded-server defaults, then import what is
-needed by name, through ``load_flow`` alone.
+server in ``orchestration.embedded``): set quiet embedded-server defaults, then take what is
+needed by name from the layer's one seam (``gpucampaign_prefect.entry``), through ``load_flow``
+alone.
 """
 
 from __future__ import annotations
@@ -60,17 +61,17 @@ def quiet_expected_stops() -> None:
             logger.addFilter(ExpectedStops())
 
 
-def load_flow(module: str, name: str, *, package: str = "flows") -> Any:
-    """Import ``gpucampaign_prefect.<package>.<module>`` (a flow's module by default) and return
-    its object ``name``: the CLI's one way into the Prefect layer (a test replaces it to see
-    that a command would start Prefect)."""
+def load_flow(name: str) -> Any:
+    """The Prefect layer's object ``name`` through its one seam, ``gpucampaign_prefect.entry``
+    (its table ``ENTRIES`` says which module defines each name): the CLI's one way into the
+    layer (a test replaces it to see that a command would start Prefect)."""
     embedded_environment()
-    return getattr(importlib.import_module(f"gpucampaign_prefect.{package}.{module}"), name)
+    return importlib.import_module("gpucampaign_prefect").entry(name)
 
 
 def load_embedded(name: str) -> Any:
     """The object ``name`` of the embedded server's module (``orchestration.embedded``)."""
-    return load_flow("embedded", name, package="orchestration")
+    return load_flow(name)
 
 
 def start_server_early() -> Any | None:

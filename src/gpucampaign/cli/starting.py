@@ -119,8 +119,8 @@ def spawn_held_server(argv: list[str]) -> None:
         return
     embedded_environment(verbose=bool({"-v", "--verbose"} & set(argv)))
     try:
-        embedded = importlib.import_module("gpucampaign_prefect.orchestration.embedded")
-        held = embedded.spawn_early(hold=True)
+        layer = importlib.import_module("gpucampaign_prefect")  # its one seam: ``entry``
+        held = layer.entry("spawn_early")(hold=True)
     except (ImportError, OSError):  # no Prefect layer here: the run starts its server later
         return
     if held is not None:
