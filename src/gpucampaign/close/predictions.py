@@ -359,15 +359,19 @@ def reload_in_fresh_process(
 
     ``recipe_dirs``: folders of trusted recipe files (a spec's folder), put first on the new
     process's ``sys.path``; ``trust_folder_code``: see ``reload_check``. The process does not
-    put its working folder on ``sys.path`` (``-P``): verifying from inside an output folder
-    imports nothing of it.
+    put its working folder on ``sys.path`` (``-P`` and ``PYTHONSAFEPATH``, no empty
+    ``PYTHONPATH`` entry): verifying from inside an output folder imports nothing of it, even
+    were the package's own guard (``gpucampaign.__init__``) gone.
     """
     if not run_ids:
         return {}
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONSAFEPATH": "1"}
     dirs = [str(Path(d).resolve()) for d in recipe_dirs]
-    if dirs:
-        env["PYTHONPATH"] = os.pathsep.join([*dirs, *filter(None, [env.get("PYTHONPATH")])])
+    # An empty PYTHONPATH entry is the working folder: the child gets only named folders.
+    given = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env.pop("PYTHONPATH", None)
+    if dirs or given:
+        env["PYTHONPATH"] = os.pathsep.join([*dirs, *given])
     cmd = [
         sys.executable,
         "-P",
