@@ -48,6 +48,7 @@ from gpucampaign.folder.layout import (
     run_relpath,
 )
 from gpucampaign.verify.context import Problem, VerifyContext, run_id_is_a_name
+from gpucampaign.verify.private import private_copy
 from gpucampaign.verify.verdict import check_verdict
 
 _PATH_KEY = re.compile(r"(^|_)(path|paths|dir|dirs|folder|file|files|location)$", re.IGNORECASE)
@@ -531,6 +532,33 @@ def seal_problems(root: str | Path) -> list[Problem]:
     return [p for check in SEAL_CHECKS for p in check(ctx)]
 
 
+def _trusting_problems(ctx: VerifyContext) -> list[Problem]:
+    """The ``TRUSTING_CHECKS`` on a sealed folder; an anchored one is read from a private copy
+    of what its anchored manifest vouches for (``verify.private``), so a file swapped in the
+    folder after the check is never what loads or runs. What they found goes into ``ctx``."""
+    if ctx.expect is None or not ctx.anchored:
+        return [p for check in TRUSTING_CHECKS for p in check(ctx)]
+    with private_copy(ctx.base, expect=ctx.expect) as copy:
+        if copy is None:  # the manifest changed since it was checked
+            return check_anchor(ctx) or [
+                Problem("manifest_not_anchored", MANIFEST, "manifest.json changed during verify")
+            ]
+        mine = VerifyContext.open(
+            copy,
+            reload=ctx.reload,
+            timeout_s=ctx.timeout_s,
+            expect=ctx.expect,
+            trust_folder_code=ctx.trust_folder_code,
+            recipe_dirs=ctx.recipe_dirs,
+        )
+        problems = [p for check in SEAL_CHECKS for p in check(mine)]
+        if not problems:  # the copy is the folder sealed: only then is its code trusted
+            problems = [p for check in TRUSTING_CHECKS for p in check(mine)]
+        ctx.reloaded += mine.reloaded
+        ctx.not_reloaded += mine.not_reloaded
+        return problems
+
+
 def verify_output(
     root: str | Path,
     *,
@@ -595,7 +623,7 @@ def verify_output(
             "no model reloaded"
         )
     else:
-        problems += [p for check in TRUSTING_CHECKS for p in check(ctx)]
+        problems += _trusting_problems(ctx)
         skipped += ctx.not_reloaded
     return VerifyReport(
         verified=not problems and ctx.manifest is not None,
