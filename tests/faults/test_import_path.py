@@ -63,8 +63,7 @@ def test_python_m_predictions_from_inside_the_folder_imports_none_of_it(
     tail = ["--json"] if command == "reload-check" else []
     for cwd, folder in ((out, "."), (elsewhere, str(out))):
         proc = _run(["-m", "gpucampaign.predictions", command, folder, rid, *tail], cwd=cwd)
-        faults.add("code_runs_refused")
-        faults.add("code_ran", int(marker.exists()))
+        faults.code_attempt(ran=marker.exists())
         assert not marker.exists(), marker.read_text() + proc.stderr
         assert proc.returncode == 0, proc.stderr
         assert "Traceback" not in proc.stderr
@@ -80,8 +79,7 @@ def test_python_m_cli_verify_from_inside_the_folder_imports_none_of_it(
     _plant(out, marker)
     reseal(out)
     proc = _run(["-m", "gpucampaign.cli", "verify", "."], cwd=out)
-    faults.add("code_runs_refused")
-    faults.add("code_ran", int(marker.exists()))
+    faults.code_attempt(ran=marker.exists())
     assert not marker.exists(), marker.read_text() + proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     assert "model(s) reloaded" in proc.stdout
@@ -112,7 +110,6 @@ def test_the_reload_childs_launch_alone_keeps_the_working_folder_off_the_path(
     launch = cmd[: cmd.index("-m")]
     probe = "import sys, csv, json; print(csv.__file__, json.__file__)"
     proc = run([*launch, "-c", probe], cwd=out, env=seen["env"], capture_output=True, text=True)
-    faults.add("code_runs_refused")
-    faults.add("code_ran", int(marker.exists()))
+    faults.code_attempt(ran=marker.exists())
     assert not marker.exists() and proc.returncode == 0, proc.stderr
     assert str(out) not in proc.stdout

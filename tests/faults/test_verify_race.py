@@ -60,8 +60,7 @@ def test_a_swap_after_the_anchor_check_runs_nothing_swapped(
 
     monkeypatch.setattr(checks, "reload_in_fresh_process", swap_then_reload)
     got = CliRunner().invoke(app, ["verify", str(out), "--expect", sha, "--json"])
-    faults.add("code_runs_refused")
-    faults.add("code_ran", int(marker.exists()))
+    faults.code_attempt(ran=marker.exists())
     assert swapped and swapped[0] != sha  # the swap happened, and changed the manifest
     assert not marker.exists(), got.output
     report = json.loads(got.output)
