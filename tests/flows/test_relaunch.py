@@ -275,3 +275,18 @@ def test_a_negative_or_absurd_relaunch_is_refused_before_anything_opens(
     state = run(spec=str(spec), out=str(tmp_path / "out"), relaunch=relaunch)
     assert state.is_failed() and opened == []
     assert "parameter 'relaunch' refused" in state.message and "0 to 100" in state.message
+
+
+def test_one_store_spelled_with_a_trailing_slash_has_one_campaign_lock():
+    from types import SimpleNamespace
+
+    from gpucampaign_prefect.orchestration.campaign_lock import lock_name
+
+    def named(url: str) -> str:
+        cs: Any = SimpleNamespace(name="c", storage=SimpleNamespace(url=url))
+        return lock_name(cs)
+
+    same = {named(u) for u in ("s3://bucket/runs", "s3://bucket/runs/", "s3://bucket//runs//")}
+    assert len(same) == 1
+    assert named("s3://bucket/runs") != named("s3://bucket/other")
+    assert named("s3://bucket") == named("s3://bucket/") != named("s3://bucket/runs")
