@@ -217,3 +217,18 @@ def test_an_anchored_recipe_campaign_reloads_through_its_own_copy(recipe_campaig
     code, text = _verify(out, "--recipes", str(recipe_campaign["recipes"]))
     assert code == 0 and "2 model(s) reloaded" in text, text
     assert "not reloaded" not in text
+
+
+@pytest.mark.process
+def test_your_own_recipe_with_another_sha256_fails_verify(recipe_campaign, tmp_path: Path) -> None:
+    """``--recipes DIR`` whose file has changed since the models were made: no model of it is
+    reloaded, and verify fails (exit 4) naming the file, not a quiet "verified"."""
+    out, module = recipe_campaign["out"], recipe_campaign["module"]
+    mine = tmp_path / "recipes"
+    shutil.copytree(recipe_campaign["recipes"], mine)
+    with open(mine / f"{module}.py", "a") as f:
+        f.write("# edited since the campaign\n")
+    sys.modules.pop(module, None)
+    code, text = _verify(out, "--recipes", str(mine))
+    assert code == 4, text
+    assert "recipe_mismatch" in text and "another sha256" in text and "NOT verified" in text

@@ -343,7 +343,7 @@ def _recipe_check(root: str | Path, run_id: str, *, corpus: Any, trust: bool) ->
     try:
         return recipe_reload_check(root, run_id, corpus=corpus, trust_folder_code=trust)
     except RecipeCodeNotTrusted as exc:
-        return {"ok": False, "skipped": str(exc)}
+        return {"ok": False, "skipped": str(exc), "found": exc.found}
     except Exception as exc:  # any failure to reload is the finding, reported by name
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:1000]}
 

@@ -159,7 +159,10 @@ def _replace_dir(dst: Path, new: Path) -> None:
 
 class RecipeCodeNotTrusted(SpecError):
     """A user's recipe that is not rebuilt: the only code found for it is the model folder's
-    own copy (or a file with another sha256), and that copy is not trusted here."""
+    own copy (or a file with another sha256: ``found``, its path), and that copy is not
+    trusted here."""
+
+    found: str | None = None
 
 
 def load_model_dir(
@@ -317,13 +320,15 @@ def _trusted_recipe_file(recipe: str, *, want: str, folder: Path) -> Path:
         )
     else:
         return origin
-    raise RecipeCodeNotTrusted(
+    refused = RecipeCodeNotTrusted(
         f"recipe '{recipe}' not imported: {why}. The folder's copy of the code runs only when "
         "the manifest is anchored (`campaign verify OUT --expect SHA256`, the sha256 the close "
         "printed) or with `--trust-folder-code`; or give the recipe's folder with "
         "`--recipes DIR`.",
         field="model",
     )
+    refused.found = None if origin is None else str(origin)
+    raise refused
 
 
 @torch.no_grad()

@@ -469,6 +469,10 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
     for rid, res in found.items():
         if res.get("ok"):
             ctx.reloaded.append(rid)
+        elif res.get("skipped") and _in_dirs(res.get("found"), ctx.recipe_dirs):
+            # The user's own recipe (--recipes) is not the code that made the model: a finding.
+            detail = f"your recipe file is not the one the model recorded: {res['skipped']}"
+            problems.append(Problem("recipe_mismatch", run_relpath(rid, MODEL_DIR), detail))
         elif res.get("skipped"):
             ctx.not_reloaded.append(f"model of run {rid} not reloaded: {res['skipped']}")
         elif res.get("error"):
@@ -484,6 +488,12 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
                 Problem("predictions_mismatch", run_relpath(rid, PREDICTIONS_FILE), detail)
             )
     return problems
+
+
+def _in_dirs(path: str | None, dirs: Iterable[str]) -> bool:
+    return path is not None and any(
+        Path(path).resolve().is_relative_to(Path(d).resolve()) for d in dirs
+    )
 
 
 #: The checks that only read bytes: nothing of the folder runs as code.
@@ -586,7 +596,8 @@ def verify_output(
     unlisted_file,
     size_mismatch, hash_mismatch, empty_file, invalid_json, temp_path, escaping_path, symlink,
     missing_plan, plan_changed, spec_changed, missing_run, unknown_stop, corpus_missing,
-    corpus_mismatch, verdict_mismatch, reload_failed, predictions_mismatch.
+    corpus_mismatch, verdict_mismatch, reload_failed, predictions_mismatch, recipe_mismatch
+    (a ``recipe_dirs`` file with another sha256 than the model recorded).
 
     Args:
         root: the output folder.
