@@ -5,7 +5,35 @@
 ``.predict(path)``), see ``gpucampaign.modelfolder.reload``.
 """
 
+import os as _os
+import sys as _sys
 from typing import TYPE_CHECKING, Any
+
+
+def _keep_working_folder_off_the_path() -> None:
+    """``python -m gpucampaign.X`` from inside an output folder: Python put the working folder
+    first on ``sys.path``, where a planted ``csv.py`` would shadow the standard library for
+    everything this process imports next. Dropped here, before anything else is imported (the
+    package's ``__init__`` runs before the module named), as ``-P`` would; the working folder
+    stays only when the user named it on ``PYTHONPATH``."""
+    argv = list(getattr(_sys, "orig_argv", ()))
+    named = next(
+        (
+            a[2:] or (argv[i + 1] if i + 1 < len(argv) else "")
+            for i, a in enumerate(argv)
+            if a.startswith("-m")
+        ),
+        "",
+    )
+    if named.partition(".")[0] != __name__:
+        return
+    cwd = _os.getcwd()
+    given = {_os.path.abspath(p) for p in _os.environ.get("PYTHONPATH", "").split(_os.pathsep) if p}
+    if cwd not in given:  # -m's first entry, or an empty PYTHONPATH entry (both mean cwd)
+        _sys.path[:] = [p for p in _sys.path if p and _os.path.abspath(p) != cwd]
+
+
+_keep_working_folder_off_the_path()
 
 if TYPE_CHECKING:
     from gpucampaign.recipe.contract import Recipe, RecipeContext

@@ -377,3 +377,65 @@ def test_a_recipe_without_score_is_never_stopped_as_futile_and_says_why(tmp_path
         rows = futility_rows(folder.run(spec.resolve_run(name).run_id).path)
         assert len(rows) == 1 and "defines no score()" in rows[0]["off"], name
     assert not (folder.run(spec.resolve_run("control").run_id).path / "evals").exists()
+
+
+# --- the check's own guards, each alone (a mutation of one is caught here) ------------------
+def _check_at(
+    tmp_path: Path, digits: tuple[Path, str], *, step: int, control: dict[int, np.ndarray]
+) -> tuple[Any, list[dict]]:
+    """A variant's check at ``step`` of 40 (pilot 5 steps, grace a quarter: step 10), its
+    per-example accuracy far below the control's records (``{step: values}``): what it
+    returns and the rows it recorded. The run is a stand-in with what the check reads."""
+    from types import SimpleNamespace
+
+    from gpucampaign.engine.futility import Futility
+
+    spec = cannot_win_spec(tmp_path, digits)
+    control_dir = tmp_path / "control"
+    for at, values in control.items():
+        write_eval_scores(control_dir, control_record(values, step=at))
+    rows: list[dict] = []
+    r: Any = SimpleNamespace(
+        step=step,
+        planned=40,
+        spec=spec,
+        record=rows.append,
+        scores=lambda split: (list(IDS), {"accuracy": list(correct(0.05, seed=9))}),
+        run_folder=SimpleNamespace(of_run=lambda rid: SimpleNamespace(path=control_dir)),
+        config=SimpleNamespace(recipe="mlp"),
+    )
+    return Futility(r, role="check").check(), rows
+
+
+def test_no_check_within_the_grace_even_against_a_clear_loser(
+    tmp_path: Path,
+    digits_file: tuple[Path, str],  # noqa: F811
+) -> None:
+    from gpucampaign.engine.futility import grace_steps
+
+    spec = cannot_win_spec(tmp_path, digits_file)
+    assert [grace_steps(spec, planned=p) for p in (1, 4, 40, 41, 100)] == [1, 1, 10, 11, 25]
+    moved = {0: correct(0.1, seed=0), 8: correct(0.8, seed=1)}
+    got, rows = _check_at(tmp_path, digits_file, step=8, control=moved)
+    why = "within the grace: no check before step 10 of 40"
+    assert got is None and rows == [{"kind": "futility", "step": 8, "skipped": why}]
+
+
+def test_no_check_while_the_control_has_not_moved_against_a_clear_loser(
+    tmp_path: Path,
+    digits_file: tuple[Path, str],  # noqa: F811
+) -> None:
+    """The control's scores at step 20 equal its untrained ones: the variant, far below them
+    (no tie), is still not checked; nothing compared says anything yet."""
+    still = correct(0.8, seed=1)
+    got, rows = _check_at(tmp_path, digits_file, step=20, control={0: still, 20: still})
+    assert got is None and len(rows) == 1 and "has not moved" in rows[0]["skipped"]
+
+
+def test_a_small_real_difference_is_not_a_tie() -> None:
+    """Ties are numerical equality (to 1e-6 relative): 1% or 30% apart is a difference."""
+    from gpucampaign.engine.futility import is_tie
+
+    base = np.random.default_rng(0).uniform(0.2, 0.4, size=N)
+    assert is_tie(base + 4.5e-9, base)
+    assert not is_tie(base * 1.01, base) and not is_tie(base * 1.3, base)

@@ -50,6 +50,11 @@ class FaultCounter:
         assert key in SUMMARY_KEYS, key
         COUNTS[key] += n
 
+    def code_attempt(self, *, ran: bool) -> None:
+        """One attempt to run code planted in a folder or a store, counted after its check:
+        ``code_runs_refused`` when nothing ran, ``code_ran`` when it did (never both)."""
+        self.add("code_ran" if ran else "code_runs_refused")
+
     def sent(self, signal_name: str) -> None:
         """Count one signal sent; SIGINT and SIGTERM (a cancellation's too) ask for a save."""
         self.add("signals_sent")

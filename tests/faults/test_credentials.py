@@ -49,6 +49,8 @@ FORMS = {
     "bearer": f"bearer {SECRET}",
     "Basic": f"Authorization: Basic {SECRET}==",
     "encoded URL": f"next=http%3A%2F%2Falice%3A{SECRET}%40host%2F",
+    "password holding a quote": f"http://alice:{SECRET}'x@127.0.0.1:9",
+    "password starting with a quote": f"http://alice:'{SECRET}@127.0.0.1:9",
 }
 # What stays as it is: no credential in it.
 PLAIN = [

@@ -75,8 +75,7 @@ def test_a_rewritten_manifest_does_not_get_the_folders_code_run(
     control = closed["run_ids"]["control"]
     _plant(out, control, marker)
     code, text = _verify(out)
-    faults.add("code_runs_refused")
-    faults.add("code_ran", int(marker.exists()))
+    faults.code_attempt(ran=marker.exists())
     assert not marker.exists(), "the folder's code ran"
     assert code == 0, text
     assert f"model of run {control} not reloaded" in text
@@ -90,8 +89,7 @@ def test_a_rewritten_manifest_does_not_get_the_folders_code_run(
 
     wrong = "0" * 64
     code, text = _verify(out, "--expect", wrong)
-    faults.add("code_runs_refused")
-    faults.add("code_ran", int(marker.exists()))
+    faults.code_attempt(ran=marker.exists())
     assert code == 4 and not marker.exists(), text
     assert "manifest_not_anchored" in text and wrong in text
     assert _sha(out / "manifest.json") in text
@@ -135,8 +133,7 @@ def test_verifying_from_inside_the_folder_imports_nothing_of_it(
         text=True,
         timeout=600,
     )
-    faults.add("code_runs_refused")
-    faults.add("code_ran", int(marker.exists()))
+    faults.code_attempt(ran=marker.exists())
     assert not marker.exists(), proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     assert "not reloaded" in " ".join(proc.stdout.split())
@@ -220,3 +217,18 @@ def test_an_anchored_recipe_campaign_reloads_through_its_own_copy(recipe_campaig
     code, text = _verify(out, "--recipes", str(recipe_campaign["recipes"]))
     assert code == 0 and "2 model(s) reloaded" in text, text
     assert "not reloaded" not in text
+
+
+@pytest.mark.process
+def test_your_own_recipe_with_another_sha256_fails_verify(recipe_campaign, tmp_path: Path) -> None:
+    """``--recipes DIR`` whose file has changed since the models were made: no model of it is
+    reloaded, and verify fails (exit 4) naming the file, not a quiet "verified"."""
+    out, module = recipe_campaign["out"], recipe_campaign["module"]
+    mine = tmp_path / "recipes"
+    shutil.copytree(recipe_campaign["recipes"], mine)
+    with open(mine / f"{module}.py", "a") as f:
+        f.write("# edited since the campaign\n")
+    sys.modules.pop(module, None)
+    code, text = _verify(out, "--recipes", str(mine))
+    assert code == 4, text
+    assert "recipe_mismatch" in text and "another sha256" in text and "NOT verified" in text

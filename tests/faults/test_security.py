@@ -536,6 +536,9 @@ def _plant_recipe(out: Path, closed: dict, marker: Path) -> Path:
     cfg = json.loads((model / "config.json").read_text())
     cfg["recipe"] = "planted_recipe:Planted"
     cfg["run_config"]["recipe"] = "planted_recipe:Planted"
+    # Its sha256 recorded too: a model without one trusts no recipe file at all.
+    planted = (model / "recipe" / "planted_recipe.py").read_bytes()
+    cfg["recipe_sha256"] = hashlib.sha256(planted).hexdigest()
     (model / "config.json").write_text(json.dumps(cfg, indent=2))
     reseal(out)
     return model

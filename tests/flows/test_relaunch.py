@@ -214,3 +214,79 @@ def test_a_crashed_copys_task_runs_and_gpu_tag_are_closed_by_the_next_copy(prefe
         # A running copy is left as it is; a second pass finds nothing open.
         assert "gpu-slot:gpu@host-b" in client.read_flow_run(alive.id).tags
         assert close_dead_copies(tag) == []
+
+
+# --- the bound, read first: a crash loop in the preflight ends ------------------------------
+
+
+class _Crash(BaseException):
+    """The flow run's process dying (a recipe that kills it during the preflight)."""
+
+
+def _crashing_flow(monkeypatch) -> tuple[Any, list[int]]:
+    """``campaign`` (its function, no server) with an opening that crashes every time, the
+    relaunches it reached; Prefect's run logger replaced (no flow run here)."""
+    import logging
+
+    from gpucampaign_prefect.flows import _lots
+    from gpucampaign_prefect.flows import campaign as flow_module
+
+    opened: list[int] = []
+
+    def crash(*args: Any, **kw: Any) -> Any:
+        opened.append(1)
+        raise _Crash("the process died during the preflight")
+
+    logger = logging.getLogger("test-relaunch")
+    for module in (_lots, flow_module):
+        monkeypatch.setattr(module, "get_run_logger", lambda: logger)
+    monkeypatch.setattr(flow_module, "open_campaign", crash)
+    return flow_module.campaign.fn, opened
+
+
+def test_a_crash_loop_in_the_preflight_ends_after_the_bound(tmp_path, monkeypatch):
+    """``max_relaunches: 1`` and a campaign whose preflight kills its process: the first run
+    and one relaunch crash; the second relaunch is refused before anything is opened, and
+    ends Failed (not Crashed), so the relaunch automation stops there."""
+    from tests.flows.test_campaign import tiny_campaign
+
+    spec = tiny_campaign(tmp_path, checkpoint={"max_relaunches": 1})
+    run, opened = _crashing_flow(monkeypatch)
+    relaunch, state = 0, None
+    while relaunch < 10:  # the automation: a crashed run again, relaunch one higher
+        try:
+            state = run(spec=str(spec), out=str(tmp_path / "out"), relaunch=relaunch)
+            break
+        except _Crash:
+            relaunch += 1
+    assert state is not None and state.is_failed(), f"still crashing at relaunch {relaunch}"
+    assert relaunch == 2 and len(opened) == 2
+    assert "relaunch 2" in state.message and "max_relaunches is 1" in state.message
+
+
+@pytest.mark.parametrize("relaunch", [-1, -(10**6), 101, 10**9, True, "2"])
+def test_a_negative_or_absurd_relaunch_is_refused_before_anything_opens(
+    tmp_path, monkeypatch, relaunch
+):
+    from tests.flows.test_campaign import tiny_campaign
+
+    spec = tiny_campaign(tmp_path, checkpoint={"max_relaunches": 3})
+    run, opened = _crashing_flow(monkeypatch)
+    state = run(spec=str(spec), out=str(tmp_path / "out"), relaunch=relaunch)
+    assert state.is_failed() and opened == []
+    assert "parameter 'relaunch' refused" in state.message and "0 to 100" in state.message
+
+
+def test_one_store_spelled_with_a_trailing_slash_has_one_campaign_lock():
+    from types import SimpleNamespace
+
+    from gpucampaign_prefect.orchestration.campaign_lock import lock_name
+
+    def named(url: str) -> str:
+        cs: Any = SimpleNamespace(name="c", storage=SimpleNamespace(url=url))
+        return lock_name(cs)
+
+    same = {named(u) for u in ("s3://bucket/runs", "s3://bucket/runs/", "s3://bucket//runs//")}
+    assert len(same) == 1
+    assert named("s3://bucket/runs") != named("s3://bucket/other")
+    assert named("s3://bucket") == named("s3://bucket/") != named("s3://bucket/runs")

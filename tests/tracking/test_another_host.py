@@ -83,8 +83,9 @@ def test_a_fresh_folder_on_another_host_continues_the_campaigns_mlflow_runs(
     assert read_campaign_id(host_b) == cid
     assert fix_campaign_id(host_b, name="digits", spec_sha256="ab" * 32) == cid
     other = tmp_path / "c" / "out"
-    adopt_timeline(other, store=bucket, spec_sha256="cd" * 32)
+    assert not adopt_timeline(other, store=bucket, spec_sha256="cd" * 32)
     assert read_campaign_id(other) is None  # another spec: another campaign
+    assert not (other / TIMELINE).exists()  # and none of the first campaign's timeline
 
     resumed = _tracker(
         host_b, "control", client, known_run_id=control.mlflow_run_id, restored_step=5

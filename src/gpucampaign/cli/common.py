@@ -27,8 +27,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Training campaigns on a rented GPU lot that end in a decision.",
 )
-console = Console()
-err_console = Console(stderr=True)
+
+
+class _Redacted:
+    """The process's stdout or stderr (whichever is current: a test swaps them) with every
+    credential redacted from what is written (``redact_secrets``): every line a command prints
+    goes through it, whatever printed it."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def write(self, text: str) -> int:
+        """Write ``text`` redacted; the length given (what a caller counts)."""
+        getattr(sys, self._name).write(redact_secrets(text))
+        return len(text)
+
+    def __getattr__(self, attr: str) -> Any:  # flush, isatty, fileno, encoding: the stream's
+        return getattr(getattr(sys, self._name), attr)
+
+
+console = Console(file=_Redacted("stdout"))  # type: ignore[arg-type]
+err_console = Console(file=_Redacted("stderr"))  # type: ignore[arg-type]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -70,7 +89,18 @@ def esc(value: object) -> str:
 
 def print_json(obj: Any) -> None:
     """One JSON object on stdout, nothing else."""
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.write(json.dumps(_redacted(obj), indent=2, sort_keys=False, default=str) + "\n")
+
+
+def _redacted(obj: Any) -> Any:
+    """``obj`` with every string in it redacted (the JSON stays JSON)."""
+    if isinstance(obj, str):
+        return redact_secrets(obj)
+    if isinstance(obj, dict):
+        return {k: _redacted(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_redacted(v) for v in obj]
+    return obj
 
 
 def say(text: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from gpucampaign.cli.common import OutFolder, app, esc, handle_errors, say
-from gpucampaign.core.errors import ArgumentError, FolderError
+from gpucampaign.core.errors import FolderError
 
 
 @app.command("predict")
@@ -41,6 +41,7 @@ def predict_cmd(
         help="A folder of your recipe files (the spec's folder): imported when the recipe's "
         "file has the sha256 recorded with the model.",
     ),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --to file."),
 ) -> None:
     """Reload a run's model with its recipe and write its predictions, one row per example
     keyed by ID (the recipe's own predict; class and confidence for the built-in recipes)."""
@@ -48,12 +49,6 @@ def predict_cmd(
 
     if not out.is_dir():
         raise FolderError(f"'{out}' is not a folder: give a campaign's output folder.", field="OUT")
-    if to != "-" and Path(to).resolve().is_relative_to(out.resolve()):
-        raise ArgumentError(
-            f"--to '{to}' is inside the output folder, whose files are sealed: write the "
-            "predictions elsewhere.",
-            field="--to",
-        )
     rows = predict_command(
         out,
         run,
@@ -62,6 +57,7 @@ def predict_cmd(
         splits=split or None,
         trust_folder_code=trust_folder_code,
         recipes=recipes,
+        force=force,
     )
     if to != "-":
         say(f"{rows} prediction(s) of run {esc(run)} written to {esc(to)}")

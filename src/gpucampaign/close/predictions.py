@@ -17,6 +17,7 @@ import argparse
 import csv
 import json
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ import torch
 
 from gpucampaign.close.error_analysis import Predictions
 from gpucampaign.config import BUILTIN_RECIPES, SpecError, load_spec
-from gpucampaign.core.errors import InputError
+from gpucampaign.core.errors import ArgumentError, InputError
 from gpucampaign.core.files import csv_text, sha256_file
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.folder.layout import (
@@ -342,7 +343,7 @@ def _recipe_check(root: str | Path, run_id: str, *, corpus: Any, trust: bool) ->
     try:
         return recipe_reload_check(root, run_id, corpus=corpus, trust_folder_code=trust)
     except RecipeCodeNotTrusted as exc:
-        return {"ok": False, "skipped": str(exc)}
+        return {"ok": False, "skipped": str(exc), "found": exc.found}
     except Exception as exc:  # any failure to reload is the finding, reported by name
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:1000]}
 
@@ -359,15 +360,19 @@ def reload_in_fresh_process(
 
     ``recipe_dirs``: folders of trusted recipe files (a spec's folder), put first on the new
     process's ``sys.path``; ``trust_folder_code``: see ``reload_check``. The process does not
-    put its working folder on ``sys.path`` (``-P``): verifying from inside an output folder
-    imports nothing of it.
+    put its working folder on ``sys.path`` (``-P`` and ``PYTHONSAFEPATH``, no empty
+    ``PYTHONPATH`` entry): verifying from inside an output folder imports nothing of it, even
+    were the package's own guard (``gpucampaign.__init__``) gone.
     """
     if not run_ids:
         return {}
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONSAFEPATH": "1"}
     dirs = [str(Path(d).resolve()) for d in recipe_dirs]
-    if dirs:
-        env["PYTHONPATH"] = os.pathsep.join([*dirs, *filter(None, [env.get("PYTHONPATH")])])
+    # An empty PYTHONPATH entry is the working folder: the child gets only named folders.
+    given = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env.pop("PYTHONPATH", None)
+    if dirs or given:
+        env["PYTHONPATH"] = os.pathsep.join([*dirs, *given])
     cmd = [
         sys.executable,
         "-P",
@@ -436,14 +441,17 @@ def predict_command(
     splits: Sequence[str] | None = None,
     trust_folder_code: bool = False,
     recipes: Sequence[str | Path] = (),
+    force: bool = False,
 ) -> int:
     """Reload ``run`` (its name or ID) and write its predictions as CSV at ``to`` (``-``:
     stdout), keyed by example ID: of ``input_path`` (new input of the corpus's kind) when
     given, else of the campaign's own decision split (the rows of ``predictions.csv``).
+    ``force``: overwrite an existing ``to``. The paths are checked first (``check_paths``).
 
     Returns:
         The number of rows written.
     """
+    check_paths(out, to=to, input_path=input_path, force=force)
     loaded = load_model(out, run, trust_folder_code=trust_folder_code, recipes=recipes)
     if input_path is not None:
         text = csv_text(loaded.predict(input_path, splits=splits))
@@ -458,6 +466,63 @@ def predict_command(
     else:
         Path(to).write_text(text, encoding="utf-8")
     return max(0, len(text.splitlines()) - 1)
+
+
+#: The most bytes of new input ``predict`` reads (a file, or a folder's files together).
+MAX_INPUT_BYTES = 2 << 30
+
+
+def check_paths(
+    out: str | Path, *, to: str, input_path: str | Path | None, force: bool = False
+) -> None:
+    """Refuse, before anything is loaded, what ``predict`` must not read or write: ``--to``
+    inside the output folder (its files are sealed), a folder, or an existing file without
+    ``force``; ``--input`` that is not a regular file or a folder of regular files (a FIFO
+    or a device would block or never end), or over ``MAX_INPUT_BYTES``.
+
+    Raises:
+        ArgumentError: One paragraph naming the option and the fix.
+    """
+    if to != "-":
+        target = Path(to)
+        if target.resolve().is_relative_to(Path(out).resolve()):
+            raise ArgumentError(
+                f"--to '{to}' is inside the output folder, whose files are sealed: write the "
+                "predictions elsewhere.",
+                field="--to",
+            )
+        if target.is_dir() or (target.exists() and not force):
+            what = "a folder" if target.is_dir() else "an existing file"
+            raise ArgumentError(
+                f"--to '{to}' is {what}: give a new file's path"
+                + ("." if target.is_dir() else ", or --force to overwrite it."),
+                field="--to",
+            )
+    if input_path is None:
+        return
+    src = Path(input_path)
+    if not src.exists():
+        return  # said by the reload's own check, naming the option
+    files = sorted(p for p in src.rglob("*") if not p.is_dir()) if src.is_dir() else [src]
+    total = 0
+    for f in files:
+        try:
+            st = f.stat()  # a link to a file is that file
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            raise ArgumentError(
+                f"--input '{input_path}': '{f}' is not a regular file (a FIFO, a device, a "
+                "socket or a broken link is never read): give a file or a folder of files.",
+                field="--input",
+            )
+        total += st.st_size
+    if total > MAX_INPUT_BYTES:
+        raise ArgumentError(
+            f"--input '{input_path}' holds {total} bytes, over the {MAX_INPUT_BYTES} bytes "
+            "predict reads at once: split it into smaller files and predict each.",
+            field="--input",
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -477,6 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pr.add_argument("--input", default=None, help=INPUT_HELP)
     pr.add_argument("--split", action="append", default=None, help="only this split of --input")
     pr.add_argument("--recipes", action="append", default=[], metavar="DIR", help=RECIPES_HELP)
+    pr.add_argument("--force", action="store_true", help="overwrite an existing --to file")
     for p in (rc, pr):
         p.add_argument("--trust-folder-code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
@@ -494,6 +560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             splits=args.split,
             trust_folder_code=trust,
             recipes=args.recipes,
+            force=args.force,
         )
         return 0
     except InputError as exc:

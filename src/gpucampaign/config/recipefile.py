@@ -14,6 +14,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import sys
+import sysconfig
 from pathlib import Path
 
 from gpucampaign.config.parts import BUILTIN_RECIPES
@@ -58,14 +59,7 @@ def recipe_file(recipe: str) -> Path:
     """
     module = import_path(recipe).partition(":")[0]
     try:
-        # A top-level module is looked up on sys.path itself: ``find_spec`` would answer with
-        # a module of that name imported earlier from another spec's folder.
-        top = "." not in module
-        found = (
-            importlib.machinery.PathFinder.find_spec(module)
-            if top
-            else importlib.util.find_spec(module)
-        )
+        found = _find_without_import(module)
     except (ImportError, ValueError) as exc:
         found, why = None, f"{type(exc).__name__}: {exc}"
     else:
@@ -80,6 +74,82 @@ def recipe_file(recipe: str) -> Path:
     origin = Path(found.origin)
     _refuse_link_out(recipe, origin)
     return origin
+
+
+def _find_without_import(module: str) -> importlib.machinery.ModuleSpec | None:
+    """The spec of ``module`` found as an import would find it, with nothing imported: a
+    dotted name's packages are looked up, never run (``importlib.util.find_spec`` imports
+    them), so a recipe's file is found and hashed before any code of it or its package runs.
+
+    A top-level module is looked up on ``sys.path`` first (``find_spec`` would answer with a
+    module of that name imported earlier from another spec's folder), then by the other
+    finders (an editable install); a package's submodule in its package's folders."""
+    parts = module.split(".")
+    found = importlib.machinery.PathFinder.find_spec(parts[0])
+    if found is None:
+        found = importlib.util.find_spec(parts[0])  # top-level: imports nothing
+    for i in range(1, len(parts)):
+        where = None if found is None else found.submodule_search_locations
+        if not where:
+            return None
+        name = ".".join(parts[: i + 1])
+        found = next(
+            (
+                spec
+                for finder in sys.meta_path
+                if hasattr(finder, "find_spec")
+                and (spec := finder.find_spec(name, list(where))) is not None
+            ),
+            None,
+        )
+    return found
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """The names a module binds at its top: classes, functions, imports and assignments."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).partition(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def check_recipe_source(recipe: str, origin: Path) -> None:
+    """Refuse, before it is imported, a file that cannot be a recipe's module: a package's
+    ``__main__``, a module of Python's own library, or a file that does not define the
+    recipe's class at its top (read as text, never run: a class, an import or an assignment
+    of that name). A model folder names its recipe; this
+    keeps it from naming some installed module whose import does something else.
+
+    Raises:
+        RecipeError: The file is one of those.
+    """
+    module, _, cls = import_path(recipe).partition(":")
+    stdlib = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib")}
+    where = origin.resolve()
+    why = None
+    if module.rpartition(".")[2] == "__main__" or where.name == "__main__.py":
+        why = f"'{module}' is a package's __main__ (it runs when imported)"
+    elif any(where.is_relative_to(d) and "site-packages" not in where.parts for d in stdlib):
+        why = f"'{module}' is a module of Python's own library, not a recipe"
+    else:
+        try:
+            tree = ast.parse(origin.read_bytes())
+        except (SyntaxError, ValueError, OSError) as exc:
+            tree, why = None, f"'{origin}' does not parse ({type(exc).__name__})"
+        if tree is not None and cls not in _top_level_names(tree):
+            why = f"'{origin}' defines no class '{cls}' at its top"
+    if why:
+        raise RecipeError(
+            recipe,
+            "import",
+            f"{why}; a recipe is a module that defines its Recipe class, named module:Class",
+        )
 
 
 def _refuse_link_out(recipe: str, origin: Path) -> None:

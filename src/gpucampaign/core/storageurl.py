@@ -41,3 +41,14 @@ def split_s3(url: str) -> tuple[str, str]:
     """``('bucket', 'prefix/rest')`` of ``s3://bucket/prefix/rest``, unchecked."""
     bucket, _, prefix = url.removeprefix(S3_SCHEME).partition("/")
     return bucket, prefix
+
+
+def normal_url(url: str) -> str:
+    """One spelling per store: ``s3://bucket/prefix`` without the slashes around the prefix
+    (``s3://b/p/`` and ``s3://b//p`` are the store ``s3://b/p``, as the store opens them);
+    ``'local'`` as it is. What names the store's locks."""
+    if not is_s3(url):
+        return url
+    bucket, prefix = split_s3(url)
+    prefix = prefix.strip("/")
+    return f"{S3_SCHEME}{bucket}/{prefix}" if prefix else f"{S3_SCHEME}{bucket}"

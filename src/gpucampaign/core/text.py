@@ -24,39 +24,83 @@ def say_hours(hours: float | None, *, signed: bool = False, missing: str = "") -
     return f"{sign}{h:.3g} h"
 
 
-# Every form a credential takes in a URL or an error text, each replaced by ``***``:
-# the whole user part of a URL (``user:password@``, a token alone: ``TOKEN@``; a URL
-# percent-encoded inside another too) ...
+# Every form a credential takes in a URL, an error text, a config line or a log, each replaced
+# by ``***`` (tests/faults/test_redaction_corpus.py holds the corpus of forms): the whole user
+# part of a URL (``user:password@``, a token alone: ``TOKEN@``; a URL percent-encoded inside
+# another too) ...
 _URL_USERINFO = re.compile(
     r"(?i)\b([a-z][a-z0-9+.-]*(?::|%3a)(?://|%2f%2f))"
-    r"(?:[^/?#\s'\"<>]+@|[^/?#@\s'\"<>]+?%40)"
+    r"(?:[^/?#\s\"<>]+@|[^/?#@\s'\"<>]+?%40)"  # a quote in a password too
 )
-# ... a parameter whose name ends in a secret's word (``?access_token=``, ``&password=``,
-# ``api_key=``, ``X-Amz-Signature=``; the name percent-encoded too; ``=`` or ``: ``) ...
-_SECRET_WORD = r"token|passw(?:or)?d|pwd|secret|api[_-]?key|apikey|credentials?|signature|sig|auth"
+# ... the password of a scheme-less ``user:password@host`` (a connection string, a proxy) ...
+_BARE_USERINFO = re.compile(
+    r"(?i)(?<![\w/:.@%-])(?!mailto:)([a-z_][a-z0-9_.+-]*:)[^\s:/@\"<>]+(?=@[a-z0-9[])"
+)
+# ... a value whose name ends in a secret's word (``?access_token=``, ``&password=``,
+# ``AWS_SECRET_ACCESS_KEY=``, ``aws_secret_access_key = ``, ``"password": "..."``,
+# ``X-Amz-Signature=``, ``db_pass=``; the name percent-encoded too; ``=``, ``:`` or `` = ``),
+# quoted (a quote inside it too: ``password='a'b'``) or not ...
+_SECRET_WORD = (
+    r"token|passw(?:or)?d|passphrase|secret|api[_-]?key|apikey|credentials?|signature|"
+    r"private[_-]?key|access[_-]?key(?:[_-]?id)?|account[_-]?key|auth|cookie|session[_-]?id|"
+    r"(?:^|(?<=[_.\s'\"?&;,({-]))(?:pass|pwd|pw|sig|secret[_-]?key)"
+)
+_QUOTED = r"'(?:[^'\n]|'(?=[^\s,;)}\]&]))*'|\"(?:[^\"\\\n]|\\.)*\""
 _PARAM_SECRET = re.compile(
-    rf"(?i)((?:^|(?<=[?&;,\s'\"({{]))(?:[a-z0-9.-]|_|%5f)*(?:{_SECRET_WORD})['\"]?)"
-    r"(=|%3d|\s*:\s*['\"]?)[^&#\s'\"<>,;]+"
+    rf"(?i)((?:^|(?<=[?&;,\s'\"({{#]))(?:[a-z0-9.-]|_|%5f)*(?:{_SECRET_WORD})['\"]?"
+    r"(?:\s*(?:=|%3d|:)\s*|%3d))"
+    rf"(?:{_QUOTED}|[^&#\s'\"<>,;]+)"
 )
-# ... and a bearer-like value (``Bearer xyz``, ``Authorization: Basic dXNlcjpwdw==``).
+# ... a bearer-like value (``Bearer xyz``, ``Authorization: Basic dXNlcjpwdw==``, ``Token``) ...
 _BEARER = re.compile(
     r"(?i)\b(bearer(?:\s+|%20|\+)|basic(?:\s+|%20|\+)(?=[a-z0-9+/]*[0-9+/=])|"
     r"(?:proxy-)?authorization['\"]?\s*[:=]\s*['\"]?(?:bearer\s+|basic\s+|token\s+)?)"
     r"[a-z0-9._~+/=:-]+"
 )
+# ... a key block, and the tokens whose own shape says what they are (cloud and service keys).
+_KEY_BLOCK = re.compile(
+    r"-----BEGIN ([A-Z0-9 ]*PRIVATE KEY)-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)",
+    re.DOTALL,
+)
+_SHAPED_TOKEN = re.compile(
+    r"\b(?:(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}"  # AWS key IDs
+    r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"  # GitHub
+    r"|xox[abposr]-[A-Za-z0-9-]{8,}"  # Slack
+    r"|glpat-[A-Za-z0-9_-]{20,}"  # GitLab
+    r"|sk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}|sk_(?:live|test)_[A-Za-z0-9]{16,}"  # API keys
+    r"|AIza[0-9A-Za-z_-]{35}"  # Google
+    r"|hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{30,}|pypi-[A-Za-z0-9_-]{30,}"  # registries, hubs
+    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"  # a JWT
+)
+_SLACK_HOOK = re.compile(r"(?i)(hooks\.slack\.com/services/)[A-Za-z0-9/]+")
 # Terminal escapes: CSI (colours, cursor moves), OSC (titles, links), and the two-byte ones.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]")
 
 
 def redact_secrets(text: str) -> str:
     """``text`` with every credential in it replaced by ``***``: the user part of a URL
-    (``user:password@``, ``TOKEN@``), secret-like parameters (``access_token=``, ``token=``,
-    ``password=``, ``api_key=``, a signature), and bearer-like values (``Bearer xyz``,
-    ``Authorization: ...``), in any case and percent-encoded. The one redaction of the project:
-    whatever may reach a terminal, a log, a file or a Prefect record goes through it."""
+    (``user:password@``, ``TOKEN@``) and a scheme-less ``user:password@host``'s password,
+    values named as secrets (``access_token=``, ``AWS_SECRET_ACCESS_KEY=``, ``pass=``, JSON's
+    ``"password": "..."``; quoted or not, a quote inside it too), bearer-like values
+    (``Bearer xyz``, ``Authorization: ...``), private key blocks and tokens of a known shape
+    (``AKIA...``, ``ghp_...``, ``xoxb-...``), in any case and percent-encoded. The one
+    redaction of the project: whatever may reach a terminal, a log, a file or a Prefect record
+    goes through it."""
+    text = _KEY_BLOCK.sub(r"-----BEGIN \1-----***-----END \1-----", text)
     text = _URL_USERINFO.sub(r"\1***@", text)
-    text = _PARAM_SECRET.sub(r"\1\2***", text)
-    return _BEARER.sub(r"\1***", text)
+    text = _BARE_USERINFO.sub(r"\1***", text)
+    text = _PARAM_SECRET.sub(_keep_quotes, text)
+    text = _BEARER.sub(r"\1***", text)
+    text = _SLACK_HOOK.sub(r"\1***", text)
+    return _SHAPED_TOKEN.sub("***", text)
+
+
+def _keep_quotes(found: re.Match[str]) -> str:
+    """A named secret's value as ``***``, inside its quotes when it was quoted (JSON stays
+    JSON)."""
+    value = found.group(0)[len(found.group(1)) :]
+    quote = value[0] if value[:1] in ("'", '"') else ""
+    return f"{found.group(1)}{quote}***{quote}"
 
 
 class SecretsFilter(logging.Filter):

@@ -23,7 +23,7 @@ from torch import nn
 from gpucampaign.builtin.models import build_model
 from gpucampaign.checkpoint.state import rng_untouched
 from gpucampaign.config import RunConfig, SpecError
-from gpucampaign.config.recipefile import recipe_file_sha256, use_recipe_dir
+from gpucampaign.config.recipefile import check_recipe_source, recipe_file, use_recipe_dir
 from gpucampaign.core.errors import FolderError
 from gpucampaign.core.files import (
     TMP_PREFIX,
@@ -146,7 +146,10 @@ def _copy_sources(folder: Path, sources: dict[str, Path]) -> dict[str, dict[str,
 
 class RecipeCodeNotTrusted(SpecError):
     """A user's recipe that is not rebuilt: the only code found for it is the model folder's
-    own copy (or a file with another sha256), and that copy is not trusted here."""
+    own copy (or a file with another sha256: ``found``, its path), and that copy is not
+    trusted here."""
+
+    found: str | None = None
 
 
 def load_model_dir(
@@ -226,17 +229,27 @@ def rebuild_recipe_model(
     """
 
     want = info.get("recipe_sha256")
+    if not isinstance(want, str) or not want:
+        # The sha256 is what ties the weights to the code: without it no file is trusted.
+        raise FolderError(
+            f"recipe '{config.recipe}': '{folder / MODEL_CONFIG}' records no recipe_sha256, so "
+            "no recipe file can be checked and none is imported; reload a model folder as the "
+            "campaign saved it (its config.json records the recipe file's sha256).",
+            field="recipe_sha256",
+        )
     if trust_folder_code:
         if (folder / "recipe").is_dir():
             use_recipe_dir(folder / "recipe")
-        if want and recipe_file_sha256(config.recipe) != want:
+        origin = recipe_file(config.recipe)
+        if sha256_file(origin) != want:
             raise FolderError(
                 f"recipe '{config.recipe}': its file changed since the model was saved "
                 f"(recorded sha256 {want}); restore that version to reload.",
                 field="model",
             )
     else:
-        _trusted_recipe_file(config.recipe, want=want, folder=folder)
+        origin = _trusted_recipe_file(config.recipe, want=want, folder=folder)
+    check_recipe_source(config.recipe, origin)  # resolved and hashed: only now imported
     recipe = load_recipe(config.recipe)
     pins = {
         name: Pinned(path=Path(p["path"]), sha256=p["sha256"], kind=p.get("kind", "file"))
@@ -268,7 +281,7 @@ def _output_folder_of(folder: Path) -> Path:
     return next((p for p in (folder, *folder.parents) if (p / MANIFEST).is_file()), folder)
 
 
-def _trusted_recipe_file(recipe: str, *, want: str | None, folder: Path) -> Path:
+def _trusted_recipe_file(recipe: str, *, want: str, folder: Path) -> Path:
     """The recipe's file found on ``sys.path`` outside the output folder, with the recorded
     sha256 (found without running it).
 
@@ -285,7 +298,7 @@ def _trusted_recipe_file(recipe: str, *, want: str | None, folder: Path) -> Path
     owner = _output_folder_of(folder)
     if origin is not None and origin.resolve().is_relative_to(owner):
         origin = None  # the folder's own code: trusted only when asked
-    if origin is not None and want and sha256_file(origin) != want:
+    if origin is not None and sha256_file(origin) != want:
         why = f"the recipe's file found, '{origin}', has another sha256 than the recorded {want}"
     elif origin is None:
         why = (
@@ -294,13 +307,15 @@ def _trusted_recipe_file(recipe: str, *, want: str | None, folder: Path) -> Path
         )
     else:
         return origin
-    raise RecipeCodeNotTrusted(
+    refused = RecipeCodeNotTrusted(
         f"recipe '{recipe}' not imported: {why}. The folder's copy of the code runs only when "
         "the manifest is anchored (`campaign verify OUT --expect SHA256`, the sha256 the close "
         "printed) or with `--trust-folder-code`; or give the recipe's folder with "
         "`--recipes DIR`.",
         field="model",
     )
+    refused.found = None if origin is None else str(origin)
+    raise refused
 
 
 @torch.no_grad()

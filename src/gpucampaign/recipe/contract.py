@@ -10,6 +10,7 @@ This module does not import torch at import time: the spec hashes a recipe's fil
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
@@ -25,6 +26,7 @@ from gpucampaign.config.recipefile import (
     use_recipe_dir,
 )
 from gpucampaign.core.files import sha256_file
+from gpucampaign.core.text import redact_secrets
 from gpucampaign.data.pins import Pinned
 
 if TYPE_CHECKING:
@@ -201,6 +203,10 @@ def call(recipe: str, method: str, fn: Any, *args: Any) -> Any:
     except RecipeError:
         raise
     except Exception as exc:
+        # Its text redacted (RecipeError's own message is): the cause travels with it into
+        # tracebacks, Prefect's records and a persisted result.
+        with contextlib.suppress(Exception):
+            exc.args = tuple(redact_secrets(a) if isinstance(a, str) else a for a in exc.args)
         raise RecipeError(recipe, f"{method}()", f"raised {type(exc).__name__}: {exc}") from exc
 
 

@@ -21,8 +21,10 @@ import json
 import logging
 from pathlib import Path
 
-from gpucampaign.core.files import atomic_write_bytes
+from gpucampaign.core.errors import SpecError
+from gpucampaign.core.files import atomic_write_bytes, parse_time
 from gpucampaign.folder.layout import CAMPAIGN_FILE, TIMELINE
+from gpucampaign.folder.records import read_campaign_id
 from gpucampaign.storage.base import NotFound, Store
 
 log = logging.getLogger(__name__)
@@ -56,14 +58,28 @@ def share_timeline(root: str | Path, *, store: Store) -> None:
 def adopt_timeline(root: str | Path, *, store: Store, spec_sha256: str | None = None) -> bool:
     """Start a folder without a timeline from the store's copy; True when one was taken.
 
-    With ``spec_sha256``, a folder without ``campaign.json`` takes the store's too when it
-    records that spec (the campaign goes on with its ID); another spec's is left there.
+    The store's timeline is this campaign's only when the store's ``campaign.json`` is: with
+    ``spec_sha256``, a folder without ``campaign.json`` takes the store's when it records that
+    spec (the campaign goes on with its ID); the timeline is then taken only when the folder's
+    campaign ID is the store's. Another campaign on the same prefix (another spec, another ID)
+    starts its own timeline.
+
+    Raises:
+        SpecError: The store's timeline of this campaign is not one a campaign wrote (a line
+            that is not a timeline row, or a duration no campaign lasts).
     """
     root = Path(root)
-    if store.local_path(TIMELINE) is not None:
+    if store.local_path(TIMELINE) is not None or spec_sha256 is None:
         return False
-    if spec_sha256 is not None and not (root / CAMPAIGN_FILE).exists():
-        _adopt_campaign_id(root, store=store, spec_sha256=spec_sha256)
+    owner = _store_campaign(store, spec_sha256=spec_sha256)
+    if owner is None:
+        return False
+    if not (root / CAMPAIGN_FILE).exists():
+        root.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(root / CAMPAIGN_FILE, owner[1])
+    if read_campaign_id(root) != owner[0]:
+        log.info("the timeline in %s is another campaign's: not taken", store.url)
+        return False
     dst = root / TIMELINE
     if dst.exists():
         return False
@@ -71,21 +87,74 @@ def adopt_timeline(root: str | Path, *, store: Store, spec_sha256: str | None = 
         data = store.read_bytes(TIMELINE)
     except NotFound:
         return False
+    check_timeline(data, where=f"{store.url}/{TIMELINE}")
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_bytes(data)
     return True
 
 
-def _adopt_campaign_id(root: Path, *, store: Store, spec_sha256: str) -> None:
+def _store_campaign(store: Store, *, spec_sha256: str) -> tuple[str, bytes] | None:
+    """The campaign ID in the store's ``campaign.json`` and its bytes, when it records the
+    spec ``spec_sha256``; None otherwise (none, another spec's, or not a campaign's)."""
     try:
         data = store.read_bytes(CAMPAIGN_FILE)
         record = json.loads(data)
     except (NotFound, ValueError):  # none, or not one a campaign wrote: the folder makes its own
-        return
+        return None
     if (
         isinstance(record, dict)
         and record.get("spec_sha256") == spec_sha256
         and isinstance(record.get("campaign_id"), str)
     ):
-        root.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(root / CAMPAIGN_FILE, data)
+        return record["campaign_id"], data
+    return None
+
+
+#: The longest segment a timeline row may say (a year): a longer one is not a campaign's.
+MAX_SEGMENT_SECONDS = 366 * 24 * 3600.0
+
+
+def check_timeline(data: bytes, *, where: str) -> None:
+    """Every line of a shared ``timeline.jsonl`` is a timeline row: a JSON object with a
+    ``phase``, its times ISO dates, its counts whole numbers, its seconds within a year.
+
+    Raises:
+        SpecError: The first line that is not, named with the fix.
+    """
+    for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        why = _row_problem(line)
+        if why:
+            raise SpecError(
+                f"the campaign's timeline in the store ({where}) is not one a campaign wrote: "
+                f"line {n}: {why}. Delete that key (the campaign then starts its timeline on "
+                "this host) or restore the one its first host wrote.",
+                field="storage.url",
+            )
+
+
+def _row_problem(line: str) -> str:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return "not JSON"
+    if not isinstance(row, dict) or not isinstance(row.get("phase"), str):
+        return "not an object with a 'phase'"
+    for key in ("start", "end", "seen"):
+        if row.get(key) not in (None, ""):
+            try:
+                parse_time(str(row[key]))
+            except ValueError:
+                return f"'{key}' is not a date"
+    for key in ("seconds", "lost_seconds"):
+        value = row.get(key)
+        if value is not None and (
+            not isinstance(value, int | float) or not 0 <= value <= MAX_SEGMENT_SECONDS
+        ):
+            return f"'{key}' is {value!r}, not a duration within a year"
+    for key in ("steps", "checkpoint_step", "lost_steps"):
+        value = row.get(key)
+        if value is not None and (not isinstance(value, int) or value < 0):
+            return f"'{key}' is {value!r}, not a whole number"
+    return ""

@@ -48,6 +48,7 @@ from gpucampaign.folder.layout import (
     run_relpath,
 )
 from gpucampaign.verify.context import Problem, VerifyContext, run_id_is_a_name
+from gpucampaign.verify.private import private_copy
 from gpucampaign.verify.verdict import check_verdict
 
 _PATH_KEY = re.compile(r"(^|_)(path|paths|dir|dirs|folder|file|files|location)$", re.IGNORECASE)
@@ -468,6 +469,10 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
     for rid, res in found.items():
         if res.get("ok"):
             ctx.reloaded.append(rid)
+        elif res.get("skipped") and _in_dirs(res.get("found"), ctx.recipe_dirs):
+            # The user's own recipe (--recipes) is not the code that made the model: a finding.
+            detail = f"your recipe file is not the one the model recorded: {res['skipped']}"
+            problems.append(Problem("recipe_mismatch", run_relpath(rid, MODEL_DIR), detail))
         elif res.get("skipped"):
             ctx.not_reloaded.append(f"model of run {rid} not reloaded: {res['skipped']}")
         elif res.get("error"):
@@ -483,6 +488,12 @@ def check_models_reload(ctx: VerifyContext) -> list[Problem]:
                 Problem("predictions_mismatch", run_relpath(rid, PREDICTIONS_FILE), detail)
             )
     return problems
+
+
+def _in_dirs(path: str | None, dirs: Iterable[str]) -> bool:
+    return path is not None and any(
+        Path(path).resolve().is_relative_to(Path(d).resolve()) for d in dirs
+    )
 
 
 #: The checks that only read bytes: nothing of the folder runs as code.
@@ -531,6 +542,33 @@ def seal_problems(root: str | Path) -> list[Problem]:
     return [p for check in SEAL_CHECKS for p in check(ctx)]
 
 
+def _trusting_problems(ctx: VerifyContext) -> list[Problem]:
+    """The ``TRUSTING_CHECKS`` on a sealed folder; an anchored one is read from a private copy
+    of what its anchored manifest vouches for (``verify.private``), so a file swapped in the
+    folder after the check is never what loads or runs. What they found goes into ``ctx``."""
+    if ctx.expect is None or not ctx.anchored:
+        return [p for check in TRUSTING_CHECKS for p in check(ctx)]
+    with private_copy(ctx.base, expect=ctx.expect) as copy:
+        if copy is None:  # the manifest changed since it was checked
+            return check_anchor(ctx) or [
+                Problem("manifest_not_anchored", MANIFEST, "manifest.json changed during verify")
+            ]
+        mine = VerifyContext.open(
+            copy,
+            reload=ctx.reload,
+            timeout_s=ctx.timeout_s,
+            expect=ctx.expect,
+            trust_folder_code=ctx.trust_folder_code,
+            recipe_dirs=ctx.recipe_dirs,
+        )
+        problems = [p for check in SEAL_CHECKS for p in check(mine)]
+        if not problems:  # the copy is the folder sealed: only then is its code trusted
+            problems = [p for check in TRUSTING_CHECKS for p in check(mine)]
+        ctx.reloaded += mine.reloaded
+        ctx.not_reloaded += mine.not_reloaded
+        return problems
+
+
 def verify_output(
     root: str | Path,
     *,
@@ -558,7 +596,8 @@ def verify_output(
     unlisted_file,
     size_mismatch, hash_mismatch, empty_file, invalid_json, temp_path, escaping_path, symlink,
     missing_plan, plan_changed, spec_changed, missing_run, unknown_stop, corpus_missing,
-    corpus_mismatch, verdict_mismatch, reload_failed, predictions_mismatch.
+    corpus_mismatch, verdict_mismatch, reload_failed, predictions_mismatch, recipe_mismatch
+    (a ``recipe_dirs`` file with another sha256 than the model recorded).
 
     Args:
         root: the output folder.
@@ -595,7 +634,7 @@ def verify_output(
             "no model reloaded"
         )
     else:
-        problems += [p for check in TRUSTING_CHECKS for p in check(ctx)]
+        problems += _trusting_problems(ctx)
         skipped += ctx.not_reloaded
     return VerifyReport(
         verified=not problems and ctx.manifest is not None,

@@ -100,6 +100,8 @@ class VerifyContext:
     trust_folder_code: bool = False
     recipe_dirs: tuple[str, ...] = ()
     temp_re: re.Pattern[str] = field(default_factory=_temp_pattern)
+    _anchored: bool | None = field(default=None, repr=False)
+    _manifest_sha: tuple[str | None] | None = field(default=None, repr=False)
     _texts: dict[str, str | None] = field(default_factory=dict, repr=False)
     _docs: dict[str, tuple[list[Any], str | None]] = field(default_factory=dict, repr=False)
 
@@ -143,14 +145,21 @@ class VerifyContext:
         }
 
     def manifest_sha256(self) -> str | None:
-        """sha256 of ``manifest.json``'s bytes (None without one): what ``--expect`` checks."""
-        mpath = self.base / MANIFEST
-        return sha256_file(mpath) if mpath.is_file() else None
+        """sha256 of ``manifest.json``'s bytes (None without one): what ``--expect`` checks,
+        read once (the report names the manifest checked, not one swapped in later)."""
+        if self._manifest_sha is None:
+            mpath = self.base / MANIFEST
+            self._manifest_sha = (sha256_file(mpath) if mpath.is_file() else None,)
+        return self._manifest_sha[0]
 
     @property
     def anchored(self) -> bool:
-        """The manifest has the sha256 the user kept outside the folder (``--expect``)."""
-        return self.expect is not None and self.manifest_sha256() == self.expect
+        """The manifest has the sha256 the user kept outside the folder (``--expect``): checked
+        once, the answer kept (a manifest swapped later does not change what was checked; the
+        trusting checks read a private copy, ``verify.private``)."""
+        if self._anchored is None:
+            self._anchored = self.expect is not None and self.manifest_sha256() == self.expect
+        return self._anchored
 
     def scanned(self) -> list[str]:
         """Every file whose content is checked: the files present, the links to folders (the

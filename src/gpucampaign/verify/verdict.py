@@ -15,6 +15,7 @@ run IDs are the manifest's (a user's recipe is never looked up), and no model is
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -111,6 +112,9 @@ def _rejected(ctx: VerifyContext) -> dict[str, str]:
     }
 
 
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
+
+
 def check_verdict(ctx: VerifyContext) -> list[Problem]:
     """The sealed verdict (``report.json``, ``manifest.json``, ``report.md``) is the one the
     folder's raw per-example scores and metrics give (``verdict_mismatch``)."""
@@ -144,6 +148,8 @@ def check_verdict(ctx: VerifyContext) -> list[Problem]:
             problems.append(Problem("verdict_mismatch", rel, detail))
     md = ctx.text(REPORT_MD) if (ctx.base / REPORT_MD).is_file() else None
     if md is not None:
+        # What a reader sees: a comment (the true verdict hidden under a forged one) says nothing.
+        md = _COMMENT.sub("", md)
         sealed_v = ctx.manifest.get("verdict")
         shown = (
             _sealed_reasons(sealed_v, recomputed) if isinstance(sealed_v, Mapping) else recomputed

@@ -13,23 +13,52 @@ store), and a rerun on a new lot resumes from the checkpoints.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prefect import get_client, get_run_logger
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 from prefect.deployments import run_deployment
 
-from gpucampaign.config import CampaignSpec
+from gpucampaign.config import CampaignSpec, load_spec
 from gpucampaign.core import clock
+from gpucampaign.core.errors import InputError
 from gpucampaign.engine.lotend import LotEnded
 from gpucampaign.plan.lots import LOT_ENV, Lot, dated_lots, next_lot, pinned_lot
+from gpucampaign.preflight import OpenCampaign
 from gpucampaign_prefect.orchestration import notify
 
+#: The largest ``relaunch`` a flow run may be given: ``checkpoint.max_relaunches``'s own limit.
+MAX_RELAUNCH = 100
 
-def relaunch_refused(cs: CampaignSpec, *, relaunch: int) -> str | None:
-    """Why a relaunched run does not start (beyond ``checkpoint.max_relaunches``), said in the
-    log; None when it starts (a relaunch within the bound is said too)."""
-    if relaunch <= 0:
+
+def relaunch_refused(
+    spec: str | CampaignSpec | OpenCampaign, *, relaunch: Any, name: str = ""
+) -> str | None:
+    """Why a relaunched run does not start, said in the log (the run then ends Failed, which
+    ends the crash loop and is notified once); None when it starts (a relaunch within the
+    bound is said too).
+
+    Read first, before the spec's preflight (a recipe that kills its process there would
+    otherwise loop), any lock or any read of the store: ``relaunch`` must be a whole number from
+    0 to ``MAX_RELAUNCH``, and a relaunch counts against ``checkpoint.max_relaunches``, read
+    from the spec file alone. A spec that does not load is refused by the opening that follows.
+    """
+    if isinstance(relaunch, bool) or not isinstance(relaunch, int):
+        relaunch = None
+    if relaunch is None or not 0 <= relaunch <= MAX_RELAUNCH:
+        why = (
+            f"parameter 'relaunch' refused: it counts the relaunches of a crashed campaign, a "
+            f"whole number from 0 to {MAX_RELAUNCH} that the relaunch automation sets; give 0 "
+            "(or leave it out) to start the campaign"
+        )
+        get_run_logger().error(why)
+        return why
+    if relaunch == 0:
+        return None
+    try:
+        cs = spec.spec if isinstance(spec, OpenCampaign) else _spec_only(spec)
+    except InputError:
         return None
     bound = cs.checkpoint.max_relaunches
     if relaunch > bound:
@@ -38,6 +67,8 @@ def relaunch_refused(cs: CampaignSpec, *, relaunch: int) -> str | None:
             f"checkpoint.max_relaunches is {bound}; find why its machines die, then run the "
             "deployment again (it resumes from the store)"
         )
+        # The run ends Failed, not Crashed: the relaunch automation does not run it again, and
+        # the failed-run automation sends this message once.
         get_run_logger().error(why)
         return why
     get_run_logger().warning(
@@ -48,6 +79,11 @@ def relaunch_refused(cs: CampaignSpec, *, relaunch: int) -> str | None:
         cs.name,
     )
     return None
+
+
+def _spec_only(spec: str | CampaignSpec) -> CampaignSpec:
+    """The spec, parsed only (no preflight, no store, no recipe imported)."""
+    return spec if isinstance(spec, CampaignSpec) else load_spec(spec)
 
 
 def _next(cs: CampaignSpec, exc: LotEnded) -> Lot | None:

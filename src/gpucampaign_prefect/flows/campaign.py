@@ -160,6 +160,10 @@ def campaign(
         Cancelled when interrupted or closed at a lot's end (see ``CampaignEnd``).
     """
     redact_logging()  # no credential in a log line, a task's record in Prefect's database
+    # The relaunch bound first: before the preflight (a recipe that kills its process there
+    # would otherwise loop through the relaunch automation), any lock or any read of the store.
+    if (refused := relaunch_refused(spec, relaunch=relaunch)) is not None:
+        return CampaignEnd(failed=refused).state()
     # SIGINT and SIGTERM become a stop request: the running training saves at its next step
     # boundary and raises Interrupted, which ends every phase still waiting.
     with graceful_signals() as previous:
@@ -261,8 +265,6 @@ def _campaign(
             )
     except InputError as exc:
         return _refused(exc)
-    if (refused := relaunch_refused(cs, relaunch=relaunch)) is not None:
-        return CampaignEnd(failed=refused)
     catalog, plan0 = opened.catalog, opened.plan
     folder.write_plan_once(plan0.to_dict())
     keep_inputs(folder.root, cs, base_dir=base)

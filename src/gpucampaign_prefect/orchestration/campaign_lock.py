@@ -36,7 +36,7 @@ from prefect.exceptions import ObjectAlreadyExists
 
 from gpucampaign.config import CampaignSpec
 from gpucampaign.core import clock
-from gpucampaign.core.storageurl import is_s3
+from gpucampaign.core.storageurl import is_s3, normal_url
 from gpucampaign_prefect.orchestration.gpu_lock import drop_dead_rows, embedded_api
 from gpucampaign_prefect.orchestration.leases import SlotHeld, release_slots, renewed, try_slot
 
@@ -46,8 +46,9 @@ class CampaignHeld(RuntimeError):
 
 
 def lock_name(cs: CampaignSpec) -> str:
-    """The campaign lock's global concurrency limit: the campaign's name and its store."""
-    key = hashlib.sha256(cs.storage.url.encode()).hexdigest()[:10]
+    """The campaign lock's global concurrency limit: the campaign's name and its store (its
+    normal spelling: a trailing slash names the same store, so the same lock)."""
+    key = hashlib.sha256(normal_url(cs.storage.url).encode()).hexdigest()[:10]
     return f"campaign:{cs.name}:{key}"
 
 
