@@ -406,6 +406,9 @@ def run_cmd(
             f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.",
             field="--decision",
         )
+    if opened.sealed is not None:  # closed for good: verified, never closed again
+        _sealed_rerun(opened)
+        return
     for line in _before_the_start(spec, opened, decision=decision):
         err_console.print(line, soft_wrap=True, highlight=False)
     # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
@@ -451,9 +454,10 @@ def _before_the_start(spec: Path, opened: OpenCampaign, *, decision: str | None)
     lines, target = [], opened.folder.root
     if (target / MANIFEST).is_file():
         lines.append(
-            f"[bold]closed campaign:[/] {esc(target)} is sealed (manifest.json); a rerun repeats "
-            "nothing: no run trains again and its recorded stops stand; the folder is only "
-            f"closed and verified again. Its report: {esc(target / REPORT_MD)}"
+            f"[bold]closed resumable:[/] {esc(target)} is sealed (manifest.json) with runs "
+            "left: they resume from their checkpoints; no finished run trains again and its "
+            f"recorded stops stand; the folder is closed again. Its report: "
+            f"{esc(target / REPORT_MD)}"
         )
     d = opened.plan.to_dict()
     if not d["fits"]:
@@ -467,6 +471,29 @@ def _before_the_start(spec: Path, opened: OpenCampaign, *, decision: str | None)
             "the question."
         )
     return lines
+
+
+def _sealed_rerun(opened: OpenCampaign) -> None:
+    """A rerun of a campaign closed for good: verified against its manifest, nothing written;
+    exit 4 when it no longer verifies, else as its first run ended (3 stopped or re-posed)."""
+    from gpucampaign.verify.sealed import recheck_sealed
+
+    assert opened.sealed is not None
+    target = opened.folder.root
+    summary = recheck_sealed(target, expect=opened.sealed)
+    err_console.print(
+        f"[bold]closed campaign:[/] {esc(summary['already_closed'])}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    _print_run_summary(summary, target=target, question=opened.spec.question)
+    if not summary["verified"]:
+        err_console.print(
+            f"[bold red]NOT verified:[/] {esc('; '.join(summary['problems']))}", soft_wrap=True
+        )
+        raise typer.Exit(EXIT_NOT_FIT)
+    if (summary["verdict"] or {}).get("kind") in ("stopped", "re-pose"):
+        raise typer.Exit(EXIT_STOPPED)
 
 
 def _end_of_run(state: Any, *, target: Path, question: str | None) -> None:

@@ -5,6 +5,7 @@ the one entry of a campaign (``open_campaign``), which runs it once."""
 from gpucampaign.preflight.checks import Preflight, preflight
 from gpucampaign.preflight.opening import (
     OpenCampaign,
+    closed_for_good,
     open_campaign,
     refuse_sealed_rewrite,
     start_folder,
@@ -18,6 +19,7 @@ __all__ = [
     "open_campaign",
     "pin_command",
     "preflight",
+    "closed_for_good",
     "refuse_sealed_rewrite",
     "start_folder",
 ]

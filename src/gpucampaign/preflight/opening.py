@@ -9,6 +9,7 @@ parsed and preflighted once whichever way the campaign starts. Nothing here writ
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from gpucampaign.plan import calendar
 from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.tariffs import Catalog, load_catalog
 from gpucampaign.preflight.checks import Preflight, preflight
+from gpucampaign.preflight.ownership import mark_owned, refuse_foreign_folder
 from gpucampaign.storage import open_store
 from gpucampaign.storage.sharedtimeline import adopt_timeline
 
@@ -43,6 +45,8 @@ class OpenCampaign:
         checked: What the preflight checked.
         catalog: The lots' prices the plan was made with.
         plan: The plan as written at the start (``plan.json``).
+        sealed: The sha256 of ``manifest.json`` when the folder holds this campaign closed for
+            good (``closed_for_good``): a rerun verifies it and rewrites nothing.
     """
 
     spec: CampaignSpec
@@ -53,6 +57,7 @@ class OpenCampaign:
     checked: Preflight
     catalog: Catalog
     plan: Plan
+    sealed: str | None = None
 
     @property
     def name(self) -> str:
@@ -81,8 +86,9 @@ def open_campaign(
 
     Raises:
         SpecError: The spec, its inputs, its recipes or its store fail a check, the output
-            folder is a file, holds another campaign, or is sealed with other inputs (one
-            paragraph; exit 2 in the CLI).
+            folder is a file, holds another campaign or files this tool did not write, is the
+            spec's folder or above it, or is sealed with other inputs (one paragraph; exit 2
+            in the CLI).
     """
     if isinstance(spec, CampaignSpec):
         cs, base = spec, Path(base_dir or ".").resolve()
@@ -99,6 +105,9 @@ def open_campaign(
             "existing output folder.",
             field="--out",
         )
+    refuse_foreign_folder(
+        target, spec_home=base if isinstance(spec, CampaignSpec) else Path(spec).resolve().parent
+    )
     folder = OutputFolder(target)
     folder.keep_spec(copy, source=source, check_only=True)
     refuse_sealed_rewrite(folder.root, cs, base_dir=base)
@@ -114,6 +123,7 @@ def open_campaign(
         checked=checked,
         catalog=catalog,
         plan=plan,
+        sealed=closed_for_good(folder.root),
     )
 
 
@@ -131,12 +141,43 @@ def start_folder(opened: OpenCampaign) -> bool:
     """
     folder, cs = opened.folder, opened.spec
     folder.root.mkdir(parents=True, exist_ok=True)
+    mark_owned(folder.root, campaign=cs.name)  # the first file: the folder is this tool's
     folder.keep_spec(opened.spec_copy, source=opened.source)
     return is_s3(cs.storage.url) and adopt_timeline(
         folder.root,
         store=open_store(cs.storage.url, out=folder.root),
         spec_sha256=spec_sha256(cs),  # and the campaign ID: the same campaign goes on here
     )
+
+
+#: A run left in one of these states is work a rerun still does (the campaign closed resumable,
+#: at a lot's end or a stop); "not_run" because the question was re-posed is final.
+_UNFINISHED = ("not_run", "interrupted")
+_FINAL_REASONS = ("the question was re-posed",)
+
+
+def closed_for_good(root: str | Path) -> str | None:
+    """The sha256 of ``manifest.json`` when ``root`` holds a campaign closed for good (sealed,
+    every run in a final state), else None.
+
+    Such a folder is never rewritten: a rerun would repeat no training, yet a new close would
+    write a new manifest (a new sha256) and the anchor kept from the first close would no
+    longer match it. A folder closed resumable (a lot ended, runs left) is not closed for good.
+    """
+    path = OutputFolder(root).path(MANIFEST)
+    try:
+        data = path.read_bytes()
+        sealed = json.loads(data)
+    except (OSError, ValueError):
+        return None
+    runs = sealed.get("runs") if isinstance(sealed, dict) else None
+    if not isinstance(runs, dict) or not runs:
+        return None
+    for run in runs.values():
+        status = run.get("status") if isinstance(run, dict) else None
+        if status in _UNFINISHED and run.get("reason") not in _FINAL_REASONS:
+            return None
+    return hashlib.sha256(data).hexdigest()
 
 
 def refuse_sealed_rewrite(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -> None:
