@@ -25,10 +25,14 @@ from gpucampaign.core.files import parse_time, read_jsonl, utc_now
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import InterruptedRun
 from gpucampaign.folder.layout import METRICS_FILE, OutputFolder, run_relpath
-from gpucampaign.folder.records import TimelineRow, append_timeline, read_timeline
+from gpucampaign.folder.records import (
+    LOT_ENDED_OUTCOME,
+    TimelineRow,
+    append_timeline,
+    read_timeline,
+    row_lot_ended,
+)
 
-#: The outcome of a segment that stopped before its lot's end (``engine/lotend.py``).
-LOT_ENDED_OUTCOME = "lot ended"
 CUT_OUTCOME = (
     "interrupted: the process ended without recording its end (killed, out of "
     "memory or the machine lost)"
@@ -246,7 +250,7 @@ def _loss(rows: list[TimelineRow], i: int) -> dict[str, Any]:
 
 def lot_ended(row: TimelineRow) -> bool:
     """True for a segment that stopped before its lot's end (saved; nothing lost)."""
-    return (row.outcome or "").startswith(LOT_ENDED_OUTCOME)
+    return row_lot_ended(row)
 
 
 def interruptions(timeline: Iterable[TimelineRow]) -> dict[str, Any]:

@@ -5,11 +5,11 @@ the one entry of a campaign (``open_campaign``), which runs it once."""
 from gpucampaign.preflight.checks import Preflight, preflight
 from gpucampaign.preflight.opening import (
     OpenCampaign,
-    closed_for_good,
     open_campaign,
     refuse_sealed_rewrite,
     start_folder,
 )
+from gpucampaign.preflight.ownership import closed_for_good
 from gpucampaign.preflight.paths import check_pinned, pin_command
 
 __all__ = [

@@ -9,7 +9,6 @@ parsed and preflighted once whichever way the campaign starts. Nothing here writ
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from gpucampaign.plan import calendar
 from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.tariffs import Catalog, load_catalog
 from gpucampaign.preflight.checks import Preflight, preflight
-from gpucampaign.preflight.ownership import mark_owned, refuse_foreign_folder
+from gpucampaign.preflight.ownership import closed_for_good, mark_owned, refuse_foreign_folder
 from gpucampaign.storage import open_store
 from gpucampaign.storage.sharedtimeline import adopt_timeline
 
@@ -148,36 +147,6 @@ def start_folder(opened: OpenCampaign) -> bool:
         store=open_store(cs.storage.url, out=folder.root),
         spec_sha256=spec_sha256(cs),  # and the campaign ID: the same campaign goes on here
     )
-
-
-#: A run left in one of these states is work a rerun still does (the campaign closed resumable,
-#: at a lot's end or a stop); "not_run" because the question was re-posed is final.
-_UNFINISHED = ("not_run", "interrupted")
-_FINAL_REASONS = ("the question was re-posed",)
-
-
-def closed_for_good(root: str | Path) -> str | None:
-    """The sha256 of ``manifest.json`` when ``root`` holds a campaign closed for good (sealed,
-    every run in a final state), else None.
-
-    Such a folder is never rewritten: a rerun would repeat no training, yet a new close would
-    write a new manifest (a new sha256) and the anchor kept from the first close would no
-    longer match it. A folder closed resumable (a lot ended, runs left) is not closed for good.
-    """
-    path = OutputFolder(root).path(MANIFEST)
-    try:
-        data = path.read_bytes()
-        sealed = json.loads(data)
-    except (OSError, ValueError):
-        return None
-    runs = sealed.get("runs") if isinstance(sealed, dict) else None
-    if not isinstance(runs, dict) or not runs:
-        return None
-    for run in runs.values():
-        status = run.get("status") if isinstance(run, dict) else None
-        if status in _UNFINISHED and run.get("reason") not in _FINAL_REASONS:
-            return None
-    return hashlib.sha256(data).hexdigest()
 
 
 def refuse_sealed_rewrite(root: str | Path, spec: CampaignSpec, *, base_dir: str | Path) -> None:

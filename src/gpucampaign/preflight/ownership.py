@@ -12,6 +12,7 @@ ours: the close seals everything in the output folder, the user's sources with i
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,33 @@ def _read_json(path: Path, *, empty: Any = None) -> Any:
         return json.loads(text) if text.strip() else empty
     except (OSError, ValueError):
         return None
+
+
+#: A run left in one of these states is work a rerun still does (the campaign closed resumable,
+#: at a lot's end or a stop); "not_run" because the question was re-posed is final.
+_UNFINISHED = ("not_run", "interrupted")
+_FINAL_REASONS = ("the question was re-posed",)
+
+
+def closed_for_good(root: str | Path) -> str | None:
+    """The sha256 of ``manifest.json`` when ``root`` holds a campaign closed for good (sealed,
+    every run in a final state), else None.
+
+    Such a folder is never rewritten: a rerun would repeat no training, yet a new close would
+    write a new manifest (a new sha256) and the anchor kept from the first close would no
+    longer match it. A folder closed resumable (a lot ended, runs left) is not closed for good.
+    """
+    path = Path(root) / MANIFEST
+    try:
+        data = path.read_bytes()
+        sealed = json.loads(data)
+    except (OSError, ValueError):
+        return None
+    runs = sealed.get("runs") if isinstance(sealed, dict) else None
+    if not isinstance(runs, dict) or not runs:
+        return None
+    for run in runs.values():
+        status = run.get("status") if isinstance(run, dict) else None
+        if status in _UNFINISHED and run.get("reason") not in _FINAL_REASONS:
+            return None
+    return hashlib.sha256(data).hexdigest()

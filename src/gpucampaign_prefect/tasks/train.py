@@ -14,6 +14,7 @@ from gpucampaign.core.interrupt import raise_if_stopped
 from gpucampaign.core.stoprules import STOP_RULES, Futile, StopRule
 from gpucampaign.data.corpus import load_spec_corpus
 from gpucampaign.engine.loop import train_run
+from gpucampaign.engine.lotend import refuse_start
 from gpucampaign.engine.parts import n_train_of
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.records import read_stops
@@ -61,6 +62,7 @@ def _run_training(
     stopped = recorded_stop(out, run_id)
     if stopped is not None:
         raise stopped
+    refuse_start(spec, what=f"{phase} of {run_id}")  # the lot has ended: no GPU work starts
     # The inputs are checked again at each start: one changed since the audit is a stop
     # (``EssentialInputMissing``), recorded by the task (``ends_on_stop``) like any other.
     corpus = load_spec_corpus(spec, base_dir=base_dir, run_id=run_id)
