@@ -107,12 +107,16 @@ def _calibration(cs: Any, spec: Path, out: Path) -> tuple[dict[str, float], dict
     from gpucampaign.close.forecast import load_estimates
     from gpucampaign.data.corpus import load_spec_corpus
     from gpucampaign.plan.decision import calibrated_hours
+    from gpucampaign.recipe.runtime import train_rows
 
     estimates = load_estimates(out)
     n_train = None
-    if cs.corpus is not None:
+    if cs.corpus is not None and cs.control is not None:
         try:
-            n_train = len(load_spec_corpus(cs, base_dir=spec.resolve().parent).split("train"))
+            corpus = load_spec_corpus(cs, base_dir=spec.resolve().parent)
+            # The control's train split as its recipe builds it: a table's rows, or the
+            # examples a recipe makes of a pinned file or folder (the corpus is no table then).
+            n_train = train_rows(cs.resolve_run("control"), corpus=corpus)
         except (InputError, StopRule, OSError):
             n_train = None  # planning needs no corpus: the earlier campaign's row count stands in
     hours = calibrated_hours(cs, estimates=estimates, n_train=n_train)
@@ -383,11 +387,13 @@ def run_cmd(
     Ctrl-C or SIGTERM saves a checkpoint at the next step, stops and exits 130 or 143; a
     second Ctrl-C exits at once.
     """
+    import os
     import time
 
     from gpucampaign.cli.progress import Background, LiveView
     from gpucampaign.cli.runner import (
         interruptible_run,
+        load_embedded,
         load_flow,
         quiet_expected_stops,
         start_server_early,
@@ -414,6 +420,10 @@ def run_cmd(
     # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
     # terminal unless asked for: the progress lines say what runs.
     embedded_environment(verbose=verbose)  # as the first line set it when run as `campaign`
+    if os.environ.get("PREFECT_API_URL"):  # a server of the user's: it answers, or exit 2
+        load_embedded("require_named_server")(
+            fix="unset PREFECT_API_URL: `campaign run` then starts a temporary server of its own."
+        )
     # After the checks (a refused run starts nothing), before Prefect and the flows load
     # here: the server boots in its own process meanwhile.
     early = start_server_early()
