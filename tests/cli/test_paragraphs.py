@@ -65,3 +65,24 @@ def test_calibrate_from_with_a_corpus_that_is_not_a_table(
     )
     assert result.exit_code in (0, 4), (result.output, result.exception)
     assert "old-1" in json.loads(result.stdout)["calibrated"]["train-control"]
+
+
+def test_a_recipe_that_raised_is_no_prefect_traceback_in_the_terminal() -> None:
+    """The run's last paragraph says a recipe that raised (exit 2): Prefect's ERROR lines and
+    tracebacks of it, of its task and of the flow, are dropped; a crash's stay."""
+    import logging
+
+    from gpucampaign.cli.runner import ExpectedStops
+    from gpucampaign.recipe.contract import RecipeError
+
+    def log_record(msg: str, exc: BaseException | None = None) -> logging.LogRecord:
+        info = (type(exc), exc, None) if exc is not None else None
+        return logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, msg, None, info)
+
+    keep = ExpectedStops().filter
+    raised = RecipeError("m:R", "loss() at step 3 (m.py, line 9)", "raised ValueError: boom")
+    assert not keep(log_record("Task run failed with exception", raised))
+    assert not keep(log_record("Encountered exception during execution", raised))
+    failed = "Finished in state Failed('Task run encountered an exception RecipeError: recipe')"
+    assert not keep(log_record(failed))
+    assert keep(log_record("Task run failed with exception", RuntimeError("boom")))

@@ -64,6 +64,7 @@ PARAMS_FILE = "params.json"
 METRICS_FILE = "metrics.jsonl"
 PREDICTIONS_FILE = "predictions.csv"  # on the report split; predictions-<split>.csv on others
 PREDICTIONS_PREFIX = "predictions-"
+RECIPE_ERROR_FILE = "recipe-error.txt"  # the traceback of a recipe method that raised
 RESULT_FILE = "result.json"  # a run's outcome, written last by its training call
 IN_PROGRESS_FILE = "in_progress.json"  # a run training now (resume: inference finds it)
 SCORES_PREFIX = "scores-"  # scores-<split>.csv: per-example scores (see scores_file)
