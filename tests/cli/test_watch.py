@@ -85,7 +85,7 @@ def test_watch_prints_the_line_and_exits_once_the_campaign_is_closed(tmp_path):
 
 
 def test_watch_refuses_a_folder_that_is_no_campaigns(tmp_path):
-    got = runner.invoke(app, ["watch", str(tmp_path), "--wait", "0"])
+    got = runner.invoke(app, ["watch", str(tmp_path), "--once"])  # a look: no wait
     assert got.exit_code == 2
     assert "not a campaign output folder" in " ".join(got.output.split())
 
@@ -111,7 +111,7 @@ def test_watch_right_after_run_starts_waits_for_the_folder(tmp_path):
         assert not out.exists() and campaign_folder(tmp_path) == out
 
     with use_clock(_Starting(run_starts, at=3)) as clock:
-        got = runner.invoke(app, ["watch", str(out), "--once"])
+        got = runner.invoke(app, ["watch", str(out), "--once", "--wait", "60"])
     text = " ".join(got.output.split())
     assert got.exit_code == 0, text
     assert "waiting up to 60 s" in text and "watching" in text

@@ -266,12 +266,12 @@ def watch_cmd(
         30.0, "--every", help="Without a terminal: seconds between two lines of a phase.", min=0.1
     ),
     once: bool = typer.Option(False, "--once", help="Print the current lines and exit."),
-    wait: float = typer.Option(
-        WATCH_WAIT_S,
+    wait: float | None = typer.Option(
+        None,
         "--wait",
         min=0,
         help="Seconds to wait for OUT to become a campaign's folder (a `campaign run` that is "
-        "starting checks its spec first); 0: not at all.",
+        f"starting checks its spec first): {WATCH_WAIT_S:g} by default, 0 with --once.",
     ),
 ) -> None:
     """The live progress of a campaign, read from its output folder, until it closes (Ctrl-C
@@ -279,6 +279,8 @@ def watch_cmd(
     from gpucampaign.cli.progress import LiveView, follow
     from gpucampaign.plan.rental import rental_of
 
+    if wait is None:  # a look (--once) says what is there now; a watch waits for a start
+        wait = 0.0 if once else WATCH_WAIT_S
     spec = _started_campaign(out, wait_s=wait)  # exit 2 when it is no campaign's folder
     rental = rental_of(spec)
     view = LiveView(out, console=console, ends_at=rental.ends_at if rental else None, every_s=every)
