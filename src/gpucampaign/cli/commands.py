@@ -387,13 +387,11 @@ def run_cmd(
     Ctrl-C or SIGTERM saves a checkpoint at the next step, stops and exits 130 or 143; a
     second Ctrl-C exits at once.
     """
-    import os
     import time
 
     from gpucampaign.cli.progress import Background, LiveView
     from gpucampaign.cli.runner import (
         interruptible_run,
-        load_embedded,
         load_flow,
         quiet_expected_stops,
         start_server_early,
@@ -420,10 +418,7 @@ def run_cmd(
     # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
     # terminal unless asked for: the progress lines say what runs.
     embedded_environment(verbose=verbose)  # as the first line set it when run as `campaign`
-    if os.environ.get("PREFECT_API_URL"):  # a server of the user's: it answers, or exit 2
-        load_embedded("require_named_server")(
-            fix="unset PREFECT_API_URL: `campaign run` then starts a temporary server of its own."
-        )
+    _named_server_answers()
     # After the checks (a refused run starts nothing), before Prefect and the flows load
     # here: the server boots in its own process meanwhile.
     early = start_server_early()
@@ -481,6 +476,19 @@ def _before_the_start(spec: Path, opened: OpenCampaign, *, decision: str | None)
             "the question."
         )
     return lines
+
+
+def _named_server_answers() -> None:
+    """A Prefect server of the user's (``PREFECT_API_URL``) answers, or exit 2 (nothing
+    written); none named: `campaign run` starts its own."""
+    import os
+
+    from gpucampaign.cli.runner import load_embedded
+
+    if os.environ.get("PREFECT_API_URL"):
+        load_embedded("require_named_server")(
+            fix="unset PREFECT_API_URL: `campaign run` then starts a temporary server of its own."
+        )
 
 
 def _sealed_rerun(opened: OpenCampaign) -> None:
