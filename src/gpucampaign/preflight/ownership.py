@@ -8,6 +8,9 @@ campaign's). A folder of the user's own files (notes, data, a backup of a spec) 
 whole: a campaign's files would land among them and ``report.md`` would replace theirs. The
 spec's own folder and every folder above the spec are refused too, even when the rest is
 ours: the close seals everything in the output folder, the user's sources with it.
+
+``closed_for_good`` says which of the tool's folders are sealed for good: a rerun only verifies
+them (``verify/sealed.py``).
 """
 
 from __future__ import annotations
