@@ -267,7 +267,7 @@ BAD = {
     "non-scalar loss": (
         None,
         RECIPE.replace("mse_loss(model(x), y)", "mse_loss(model(x), y, reduction='none')"),
-        "loss() at step 1: must return a scalar tensor",
+        "loss(): must return a scalar tensor",
     ),
     "wrong metric": (
         None,

@@ -212,7 +212,7 @@ def _recipe_failed(r: LiveRun, exc: RecipeError, *, method: str, step: int) -> R
     cause = exc.__cause__
     if cause is None:  # a check of what it returned: its problem, with the step
         problem = str(exc).removeprefix(f"recipe '{r.config.recipe}', {method}(): ")
-        return RecipeError(r.config.recipe, f"{method}() at step {step}", problem)
+        return RecipeError(r.config.recipe, f"{method}()", f"{problem} (at step {step})")
     where, trace = raised_in_recipe(r.recipe, cause)
     kept = r.run_folder.path / RECIPE_ERROR_FILE
     atomic_write_bytes(kept, trace.encode("utf-8"))
