@@ -125,6 +125,7 @@ def test_after_the_lot_ends_no_queued_phase_starts_and_the_close_verifies(
     manifest = json.loads((out / "manifest.json").read_text())
     assert {r["status"] for r in manifest["runs"].values()} == {"not_run"}
     assert all("the lot ended" in r["reason"] for r in manifest["runs"].values())
+    assert "no metric (the lot ended before it finished)" in manifest["verdict"]["text"]
     assert verify_output(out, reload=False).verified
     # Every lot has ended: a rerun is refused before anything starts, dates named.
     clock.advance(timedelta(days=1).total_seconds())
