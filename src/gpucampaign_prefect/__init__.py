@@ -27,6 +27,7 @@ ENTRIES: dict[str, str] = {
     "stop": "orchestration.embedded",
     "preload_flow_start": "orchestration.embedded",
     "reap_stale": "orchestration.embedded",
+    "require_named_server": "orchestration.embedded",  # a PREFECT_API_URL that answers
 }
 
 

@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from typer.testing import CliRunner
 
 from gpucampaign.cli import app
 from gpucampaign.cli.progress import LiveView
+from gpucampaign.core.clock import DrivenClock, use_clock
 from gpucampaign.folder.progress import write_progress
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,9 +85,49 @@ def test_watch_prints_the_line_and_exits_once_the_campaign_is_closed(tmp_path):
 
 
 def test_watch_refuses_a_folder_that_is_no_campaigns(tmp_path):
-    got = runner.invoke(app, ["watch", str(tmp_path)])
+    got = runner.invoke(app, ["watch", str(tmp_path), "--once"])  # a look: no wait
     assert got.exit_code == 2
     assert "not a campaign output folder" in " ".join(got.output.split())
+
+
+class _Starting(DrivenClock):
+    """The clock of a watch begun before `campaign run` made its folder: the run writes the
+    folder at the watch's ``at``-th wait."""
+
+    def __init__(self, start: Callable[[], None] | None, *, at: int) -> None:
+        super().__init__(datetime(2026, 12, 6, tzinfo=UTC))
+        self.start_run, self.at = start, at
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds)
+        if self.start_run is not None and len(self.slept) == self.at:
+            self.start_run()
+
+
+def test_watch_right_after_run_starts_waits_for_the_folder(tmp_path):
+    out = tmp_path / "out"
+
+    def run_starts() -> None:
+        assert not out.exists() and campaign_folder(tmp_path) == out
+
+    with use_clock(_Starting(run_starts, at=3)) as clock:
+        got = runner.invoke(app, ["watch", str(out), "--once", "--wait", "60"])
+    text = " ".join(got.output.split())
+    assert got.exit_code == 0, text
+    assert "waiting up to 60 s" in text and "watching" in text
+    assert clock.slept == [0.5, 0.5, 0.5]  # waited on the driven clock: no real time
+    with use_clock(_Starting(None, at=0)) as clock:
+        got = runner.invoke(app, ["watch", str(tmp_path / "never"), "--wait", "5"])
+    text = " ".join(got.output.split())
+    assert got.exit_code == 2 and "waiting up to 5 s" in text and "(waited 5 s)" in text
+    assert sum(clock.slept) == pytest.approx(5.0)
+
+
+def test_report_on_a_running_campaign_points_to_watch(tmp_path):
+    out = campaign_folder(tmp_path)
+    got = runner.invoke(app, ["report", str(out)])
+    text = " ".join(got.output.split())
+    assert got.exit_code == 2 and f"campaign watch {out}" in text and "not closed" in text
 
 
 @pytest.mark.slow

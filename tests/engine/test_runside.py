@@ -43,7 +43,7 @@ def test_a_training_call_resolves_its_folder_once(
     monkeypatch.setattr(OutputFolder, "path", counted_path)
     monkeypatch.setattr(OutputFolder, "__init__", counted_init)
     run = spec.resolve_run("control")
-    side = RunSide.open(spec, base_dir=tmp_path, out=tmp_path / "out", run=run)
+    side = RunSide.open(spec, base_dir=tmp_path, out=tmp_path / "out", run=run, phase="train")
     with side.segment(phase="train", step=None) as seg:
         seg.saved({"step": 4})
         seg.saved({"step": 8})
@@ -75,7 +75,7 @@ def test_a_stopped_run_is_refused_before_its_inputs_are_read(
 
     monkeypatch.setattr(runside, "load_spec_corpus", no_load)
     with pytest.raises(NonFiniteLoss, match="loss is nan") as stop:
-        RunSide.open(spec, base_dir=tmp_path, out=out, run=run)
+        RunSide.open(spec, base_dir=tmp_path, out=out, run=run, phase="train")
     assert (stop.value.step, stop.value.stop_id) == (3, "s1")
 
 

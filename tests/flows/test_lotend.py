@@ -73,16 +73,19 @@ def test_the_lot_ends_and_the_campaign_goes_on_on_the_second_lot(prefect_harness
 def test_without_a_later_lot_the_campaign_closes_resumable_and_a_rerun_completes(
     prefect_harness, tmp_path, clock
 ):
-    spec = tiny_campaign(
-        tmp_path, stop_rules={"futility": False}, packages=_lots(clock, ends_in_s=60, second=False)
-    )
+    def lots(data: dict[str, Any]) -> None:  # lot 2 opens a day after the start
+        data["packages"] = lot_packages(now=clock.start, first_ends_in_s=60, second=False)
+        later = clock.start + timedelta(days=1)
+        data["packages"].append({"gpu": "rtx4090", "days": 3, "starts_at": later.isoformat()})
+
+    spec = tiny_campaign(tmp_path, stop_rules={"futility": False}, packages=lots)
     out = tmp_path / "out"
     state = run_flow(spec, out)
     assert state.is_cancelled(), state.message
     assert "No later lot" in state.message and "resumes from its checkpoints" in state.message
     ends = _lot_end_rows(out)
     assert ends and (out / "report.md").is_file() and (out / "manifest.json").is_file()
-    # After the lot (no lot open: no deadline), the same command resumes and completes.
+    # On the later lot, the same command resumes and completes.
     clock.advance(timedelta(days=2).total_seconds())
     lotend.forget_ended_lots()
     again = run_flow(spec, out)
@@ -96,3 +99,36 @@ def test_without_a_later_lot_the_campaign_closes_resumable_and_a_rerun_completes
     ]
     assert {e["step"] for e in ends if e["step"]} <= {r["step"] for r in restored}
     assert json.loads((out / "manifest.json").read_text())
+
+
+def test_after_the_lot_ends_no_queued_phase_starts_and_the_close_verifies(
+    prefect_harness, tmp_path, clock
+):
+    """One lot, one GPU lane: the control stops at the lot's end with its step saved; the
+    restart check and the variants queued behind it in the lane are not started (no segment,
+    no step), recorded as not run because the lot ended (not as missing files), and the close
+    verifies, resumable."""
+    spec = tiny_campaign(
+        tmp_path, stop_rules={"futility": False}, packages=_lots(clock, ends_in_s=60, second=False)
+    )
+    out = tmp_path / "out"
+    state = run_flow(spec, out)
+    assert state.is_cancelled(), state.message
+    assert "No later lot" in state.message
+    rows = timeline_rows(out)
+    stopped = [r for r in rows if (r.get("outcome") or "").startswith("lot ended")]
+    assert [(r["phase"], r["run"]) for r in stopped] == [("train", "control")], rows
+    after = [r for r in rows if r["start"] > stopped[0]["start"]]
+    assert [r["phase"] for r in after] == ["close"], after  # nothing trained after it
+    summary = state.result(raise_on_failure=False)
+    assert summary["verified"] and summary["problems"] == [], summary["problems"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {r["status"] for r in manifest["runs"].values()} == {"not_run"}
+    assert all("the lot ended" in r["reason"] for r in manifest["runs"].values())
+    assert "no metric (the lot ended before it finished)" in manifest["verdict"]["text"]
+    assert verify_output(out, reload=False).verified
+    # Every lot has ended: a rerun is refused before anything starts, dates named.
+    clock.advance(timedelta(days=1).total_seconds())
+    again = run_flow(spec, out)
+    assert again.is_failed() and "every lot of the spec has ended" in again.message
+    assert json.loads((out / "manifest.json").read_text()) == manifest

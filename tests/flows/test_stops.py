@@ -106,7 +106,7 @@ def test_an_input_changed_mid_campaign_stops_it_and_it_closes(tmp_path):
     timeline = (out / "timeline.jsonl").read_text()
     rerun = campaign_cli("run", str(spec), "--out", str(out), cwd=ROOT)
     assert rerun.returncode == 3, rerun.stdout[-2000:] + rerun.stderr[-3000:]
-    assert "closed campaign:" in rerun.stderr and "a rerun repeats nothing" in rerun.stderr
+    assert "closed campaign:" in rerun.stderr and "rewrote nothing" in rerun.stderr
     _no_noise(rerun.stdout + rerun.stderr)
     assert "stopped; the campaign closes" not in rerun.stderr
     assert "WARNING" not in rerun.stderr, rerun.stderr

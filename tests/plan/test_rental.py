@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 from gpucampaign.cli import app
 from gpucampaign.config import parse_spec
+from gpucampaign.core.clock import DrivenClock, use_clock
 from gpucampaign.plan import calendar
 
 
@@ -89,7 +91,9 @@ def test_plan_json_carries_ends_at_and_the_warning(tmp_path: Path) -> None:
     spec = _spec(70, starts_at="2026-03-02T09:00:00Z")
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
-    res = CliRunner().invoke(app, ["plan", str(path), "--json"])
+    # Planned before the lot starts (a lot that has ended is refused: test_ended_lots.py).
+    with use_clock(DrivenClock(datetime(2026, 3, 1, tzinfo=UTC))):
+        res = CliRunner().invoke(app, ["plan", str(path), "--json"])
     out = json.loads(res.stdout)
     assert out["ends_at"] == "2026-03-05T09:00:00Z"
     assert any("after the rental ends" in w for w in out["warnings"])

@@ -196,6 +196,17 @@ def test_a_folder_corpus_with_a_link_out_of_it(textlm: Path, tmp_path: Path) -> 
     refused(textlm, tmp_path, "corpus.path", "docs/b.txt", "is a link", str(secret))
 
 
+def test_a_pinned_folder_given_to_the_builtin_mlp_is_named_as_such(
+    digits: Path, tmp_path: Path
+) -> None:
+    """The folder is there: the built-in reads a CSV table (not "corpus file 'data' is
+    missing")."""
+    data = digits.parent / "data"
+    edit(digits, lambda d: d["corpus"].update(path="data", sha256=input_sha256(data)))
+    text = refused(digits, tmp_path, "corpus.path", "'data' is a folder", "mlp", "CSV table")
+    assert "missing" not in text
+
+
 # --- the corpus table ------------------------------------------------------------------------
 def test_an_empty_corpus(digits: Path, tmp_path: Path) -> None:
     (digits.parent / "data" / "digits.csv").write_bytes(b"")

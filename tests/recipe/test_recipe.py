@@ -366,3 +366,32 @@ def test_the_audit_checks_the_recipe_splits(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, shared, variants=[])
     with pytest.raises(EssentialInputMissing, match="in two splits"):
         audit_corpus(spec, base_dir=tmp_path)
+
+
+def test_a_loss_that_raises_mid_training_is_one_paragraph(tmp_path: Path) -> None:
+    """The step, the recipe's file and line, the exception; the traceback kept in the run's
+    folder (named), the user's folder cut from its paths."""
+    body = RECIPE.replace(
+        "        x, y = batch\n        return torch.nn.functional.mse_loss(model(x), y)",
+        "        x, y = batch\n        self.calls = getattr(self, 'calls', 0) + 1\n"
+        "        if self.calls == 3:\n            raise ValueError('boom at the third batch')\n"
+        "        return torch.nn.functional.mse_loss(model(x), y)",
+    )
+    assert body != RECIPE
+    module = write_recipe(tmp_path, body)
+    line = next(
+        n for n, text in enumerate(textwrap.dedent(body).splitlines(), 1) if "raise Value" in text
+    )
+    spec = make_spec(tmp_path, module, variants=[])
+    with pytest.raises(RecipeError) as caught:
+        train(spec, tmp_path)
+    text = str(caught.value)
+    kept = RunFolder.of(tmp_path / "out", spec.resolve_run("control").run_id).path
+    kept = kept / "recipe-error.txt"
+    assert text == (
+        f"recipe '{module}:Regress', loss() at step 3 ({module}.py, line {line}): raised "
+        f"ValueError: boom at the third batch; its traceback is in {kept}"
+    )
+    trace = kept.read_text()
+    assert "Traceback" in trace and f'File "{module}.py", line {line}' in trace
+    assert str(tmp_path) not in trace

@@ -107,12 +107,16 @@ def _calibration(cs: Any, spec: Path, out: Path) -> tuple[dict[str, float], dict
     from gpucampaign.close.forecast import load_estimates
     from gpucampaign.data.corpus import load_spec_corpus
     from gpucampaign.plan.decision import calibrated_hours
+    from gpucampaign.recipe.runtime import train_rows
 
     estimates = load_estimates(out)
     n_train = None
-    if cs.corpus is not None:
+    if cs.corpus is not None and cs.control is not None:
         try:
-            n_train = len(load_spec_corpus(cs, base_dir=spec.resolve().parent).split("train"))
+            corpus = load_spec_corpus(cs, base_dir=spec.resolve().parent)
+            # The control's train split as its recipe builds it: a table's rows, or the
+            # examples a recipe makes of a pinned file or folder (the corpus is no table then).
+            n_train = train_rows(cs.resolve_run("control"), corpus=corpus)
         except (InputError, StopRule, OSError):
             n_train = None  # planning needs no corpus: the earlier campaign's row count stands in
     hours = calibrated_hours(cs, estimates=estimates, n_train=n_train)
@@ -406,11 +410,15 @@ def run_cmd(
             f"option '--decision': '{decision}' is not a mode; use 'auto' or 'ask'.",
             field="--decision",
         )
+    if opened.sealed is not None:  # closed for good: verified, never closed again
+        _sealed_rerun(opened)
+        return
     for line in _before_the_start(spec, opened, decision=decision):
         err_console.print(line, soft_wrap=True, highlight=False)
     # Prefect's INFO lines (its server's hint, every task run's state) stay out of the
     # terminal unless asked for: the progress lines say what runs.
     embedded_environment(verbose=verbose)  # as the first line set it when run as `campaign`
+    _named_server_answers()
     # After the checks (a refused run starts nothing), before Prefect and the flows load
     # here: the server boots in its own process meanwhile.
     early = start_server_early()
@@ -451,9 +459,10 @@ def _before_the_start(spec: Path, opened: OpenCampaign, *, decision: str | None)
     lines, target = [], opened.folder.root
     if (target / MANIFEST).is_file():
         lines.append(
-            f"[bold]closed campaign:[/] {esc(target)} is sealed (manifest.json); a rerun repeats "
-            "nothing: no run trains again and its recorded stops stand; the folder is only "
-            f"closed and verified again. Its report: {esc(target / REPORT_MD)}"
+            f"[bold]closed resumable:[/] {esc(target)} is sealed (manifest.json) with runs "
+            "left: they resume from their checkpoints; no finished run trains again and its "
+            f"recorded stops stand; the folder is closed again. Its report: "
+            f"{esc(target / REPORT_MD)}"
         )
     d = opened.plan.to_dict()
     if not d["fits"]:
@@ -467,6 +476,42 @@ def _before_the_start(spec: Path, opened: OpenCampaign, *, decision: str | None)
             "the question."
         )
     return lines
+
+
+def _named_server_answers() -> None:
+    """A Prefect server of the user's (``PREFECT_API_URL``) answers, or exit 2 (nothing
+    written); none named: `campaign run` starts its own."""
+    import os
+
+    from gpucampaign.cli.runner import load_embedded
+
+    if os.environ.get("PREFECT_API_URL"):
+        load_embedded("require_named_server")(
+            fix="unset PREFECT_API_URL: `campaign run` then starts a temporary server of its own."
+        )
+
+
+def _sealed_rerun(opened: OpenCampaign) -> None:
+    """A rerun of a campaign closed for good: verified against its manifest, nothing written;
+    exit 4 when it no longer verifies, else as its first run ended (3 stopped or re-posed)."""
+    from gpucampaign.verify.sealed import recheck_sealed
+
+    assert opened.sealed is not None
+    target = opened.folder.root
+    summary = recheck_sealed(target, expect=opened.sealed)
+    err_console.print(
+        f"[bold]closed campaign:[/] {esc(summary['already_closed'])}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    _print_run_summary(summary, target=target, question=opened.spec.question)
+    if not summary["verified"]:
+        err_console.print(
+            f"[bold red]NOT verified:[/] {esc('; '.join(summary['problems']))}", soft_wrap=True
+        )
+        raise typer.Exit(EXIT_NOT_FIT)
+    if (summary["verdict"] or {}).get("kind") in ("stopped", "re-pose"):
+        raise typer.Exit(EXIT_STOPPED)
 
 
 def _end_of_run(state: Any, *, target: Path, question: str | None) -> None:

@@ -144,6 +144,13 @@ def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
     from gpucampaign.folder.layout import REPORT_MD, OutputFolder
 
     md = OutputFolder(out).path(REPORT_MD)  # a link out of the folder is refused, not printed
+    if (out / SPEC_COPY).is_file() and not (out / MANIFEST).is_file():
+        raise FolderError(
+            f"'{out}' holds a campaign that has not closed (no {MANIFEST}): it is running, or "
+            f"stopped before its close. Follow it with `campaign watch {out}`; its report is "
+            "written at the close (a stopped campaign closes when it is run again).",
+            field="OUT",
+        )
     report = read_report(out)
     budget = budget_with_ledger(out, report["budget"])
     changed = budget["expenses"] != report["budget"].get("expenses")
@@ -218,6 +225,39 @@ def campaign_closed(out: Path) -> bool:
     return manifest.stat().st_mtime >= newest
 
 
+#: How long `campaign watch` waits for a campaign that is starting (its checks, its server).
+WATCH_WAIT_S = 60.0
+
+
+def _started_campaign(out: Path, *, wait_s: float) -> Any:
+    """The spec of the campaign in ``out``, waiting up to ``wait_s`` for a `campaign run` that
+    is starting to make the folder its own (said once).
+
+    Raises:
+        FolderError: ``out`` is still no campaign's folder after the wait.
+    """
+    from gpucampaign.core import clock
+    from gpucampaign.storage.status import campaign_folder_spec
+
+    deadline = clock.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            return campaign_folder_spec(out)
+        except FolderError as exc:
+            if clock.monotonic() >= deadline:
+                if said:
+                    raise FolderError(f"{exc} (waited {wait_s:g} s)", field="OUT") from None
+                raise
+        if not said:
+            say(
+                f"waiting up to {wait_s:g} s for {esc(out)} to become a campaign's output "
+                "folder (a `campaign run` starting checks its spec first; --wait sets the wait)"
+            )
+            said = True
+        clock.sleep(0.5)
+
+
 @app.command("watch")
 @handle_errors
 def watch_cmd(
@@ -226,14 +266,22 @@ def watch_cmd(
         30.0, "--every", help="Without a terminal: seconds between two lines of a phase.", min=0.1
     ),
     once: bool = typer.Option(False, "--once", help="Print the current lines and exit."),
+    wait: float | None = typer.Option(
+        None,
+        "--wait",
+        min=0,
+        help="Seconds to wait for OUT to become a campaign's folder (a `campaign run` that is "
+        f"starting checks its spec first): {WATCH_WAIT_S:g} by default, 0 with --once.",
+    ),
 ) -> None:
     """The live progress of a campaign, read from its output folder, until it closes (Ctrl-C
     ends the watch, never the campaign)."""
     from gpucampaign.cli.progress import LiveView, follow
     from gpucampaign.plan.rental import rental_of
-    from gpucampaign.storage.status import campaign_folder_spec
 
-    spec = campaign_folder_spec(out)  # exit 2 when it is not a campaign's folder
+    if wait is None:  # a look (--once) says what is there now; a watch waits for a start
+        wait = 0.0 if once else WATCH_WAIT_S
+    spec = _started_campaign(out, wait_s=wait)  # exit 2 when it is no campaign's folder
     rental = rental_of(spec)
     view = LiveView(out, console=console, ends_at=rental.ends_at if rental else None, every_s=every)
     say(f"watching {esc(spec.name)} in {esc(out)} (Ctrl-C ends the watch, not the campaign)")

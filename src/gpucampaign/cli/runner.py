@@ -18,7 +18,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from gpucampaign.cli.starting import EMBEDDED_DEFAULTS, embedded_environment, take_held_server
+from gpucampaign.config.recipefile import RecipeError
 from gpucampaign.core import interrupt
+from gpucampaign.core.errors import INPUT_ERRORS, InputError
 from gpucampaign.core.stoprules import STOP_RULES, StopRule
 
 
@@ -35,9 +37,14 @@ class ExpectedStops(logging.Filter):
     stop rule (a futile variant, the quality floor: the flow records the stop, and the progress
     line and the flow's own warning say it), an interruption (Ctrl-C or SIGTERM: the task ends
     Cancelled, the phases waiting on it are left NotReady, and the end of the run says it was
-    interrupted and saved). An ERROR line for any of them reads as a crash."""
+    interrupted and saved), and a refusal of the user's input (one paragraph at the end, exit
+    2). An ERROR line for any of them reads as a crash."""
 
-    _names = "|".join(sorted(cls.__name__ for cls in STOP_RULES.values()))
+    # A refusal of the user's input (a recipe that raised mid-training among them) is said
+    # once, as the run's last paragraph (exit 2): Prefect's tracebacks of it are noise.
+    _names = "|".join(
+        sorted({*(c.__name__ for c in STOP_RULES.values()), *INPUT_ERRORS, RecipeError.__name__})
+    )
     _stop = re.compile(rf"encountered an exception ({_names}):")
     _interrupted = re.compile(r"Finished in state (Cancelled|NotReady)\(")
 
@@ -46,7 +53,7 @@ class ExpectedStops(logging.Filter):
         if record.levelno < logging.ERROR:
             return True
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, StopRule | interrupt.Interrupted):
+        if isinstance(exc, StopRule | interrupt.Interrupted | InputError):
             return False
         message = record.getMessage()
         return not (self._stop.search(message) or self._interrupted.search(message))

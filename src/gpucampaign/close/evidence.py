@@ -27,7 +27,7 @@ from gpucampaign.folder.layout import (
     scores_file,
 )
 from gpucampaign.folder.metrics import read_metrics
-from gpucampaign.folder.records import RunState, StopRecord
+from gpucampaign.folder.records import NOT_RUN_LOT_ENDED, RunState, StopRecord
 from gpucampaign.plan.decision import Decision
 
 #: The run states whose recorded evaluation is evidence: a stopped run that measured, and an
@@ -181,8 +181,11 @@ def _peak(spec: CampaignSpec, metrics: Path) -> tuple[int, float] | None:
 
 
 def _evidence_note(state: RunState) -> str:
-    """What the verdict must say of a run's values: an interrupted run's are at step K (a
-    variant stopped early is said by ``verdict_steps.barred``)."""
+    """What the verdict must say of a run's values: an interrupted run's are at step K, a run
+    the lot's end left unfinished has none for that reason (a variant stopped early is said by
+    ``verdict_steps.barred``)."""
+    if state.status == "not_run" and state.reason == NOT_RUN_LOT_ENDED:
+        return "the lot ended before it finished"
     res = state.result
     if state.status != "interrupted" or res is None:
         return ""

@@ -325,13 +325,16 @@ def _no_comparison(
         )
         return frame.verdict("re-pose", None, text, answer=answer)
     if control.values.get(frame.rule.select_split) is None:
+        # Why: its stop, or (not run) what left it unfinished, as the lot's end did.
+        why = control.note if control.status == "not_run" and control.note else None
+        why = why or stop_text("control", stops)
         text = (
-            f"No decision: the control, the essential reference, has no metric "
-            f"({stop_text('control', stops)}); nothing can be compared. {frame.tail}"
+            f"No decision: the control, the essential reference, has no metric ({why}); "
+            f"nothing can be compared. {frame.tail}"
         )
         answer = (
-            f"Not answered: the control has no {frame.rule.metric} to compare with "
-            f"({stop_text('control', stops)}). Verdict: stopped."
+            f"Not answered: the control has no {frame.rule.metric} to compare with ({why}). "
+            "Verdict: stopped."
         )
         return frame.verdict("stopped", None, text, answer=answer)
     if control.status == "interrupted":

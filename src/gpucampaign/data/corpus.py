@@ -230,6 +230,18 @@ def open_corpus(
         paths = input_paths if input_paths is not None else resolve_inputs(spec, base_dir=base_dir)
         inputs = pin_inputs(spec, paths=paths, run_id=run_id)
     if spec.needs_table():
+        if Path(path).is_dir():  # there, but not what a built-in reads: no "missing file"
+            builtins = sorted(
+                {c.recipe for c in map(spec.run_config, spec.run_names()) if c.builtin}
+            )
+            raise SpecError(
+                f"corpus.path: '{spec.corpus.path}' is a folder, and the built-in recipe "
+                f"{', '.join(builtins)} reads a CSV table (one row per example: its id, split "
+                "and label columns and the features). Give corpus.path a .csv file (pinned "
+                "with `campaign pin`), or a recipe of your own that reads the folder "
+                "(docs/recipes.md).",
+                field="corpus.path",
+            )
         corpus = load_corpus(path, corpus_spec=spec.corpus, run_id=run_id)
         return replace(corpus, inputs=inputs)
     pinned = pin(

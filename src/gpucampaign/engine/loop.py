@@ -103,10 +103,10 @@ from gpucampaign.engine.process_group import Ranks
 from gpucampaign.engine.registry import build_hooks
 from gpucampaign.engine.save import save_model
 from gpucampaign.engine.setup import LiveRun, RunJob, check_arguments, setup_run
-from gpucampaign.folder.layout import RunFolder
+from gpucampaign.folder.layout import RECIPE_ERROR_FILE, RunFolder
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.folder.runresult import RunResult, recorded_result, require_complete
-from gpucampaign.recipe.contract import call, check_loss
+from gpucampaign.recipe.contract import RecipeError, call, check_loss, raised_in_recipe
 from gpucampaign.recipe.runtime import batch_len
 from gpucampaign.storage import Store
 
@@ -210,6 +210,23 @@ def _save(r: LiveRun, hooks: Hooks, step: int, *, last_step: bool) -> None:
 
 
 # --- the loop ------------------------------------------------------------------------------------
+def _recipe_failed(r: LiveRun, exc: RecipeError, *, method: str, step: int) -> RecipeError:
+    """A recipe method that raised mid-training, as one paragraph: the step, the recipe's file
+    and line, the exception; its traceback kept in the run's folder, and named."""
+    cause = exc.__cause__
+    if cause is None:  # a check of what it returned: its problem, with the step
+        problem = str(exc).removeprefix(f"recipe '{r.config.recipe}', {method}(): ")
+        return RecipeError(r.config.recipe, f"{method}()", f"{problem} (at step {step})")
+    where, trace = raised_in_recipe(r.recipe, cause)
+    kept = r.run_folder.path / RECIPE_ERROR_FILE
+    atomic_write_bytes(kept, trace.encode("utf-8"))
+    return RecipeError(
+        r.config.recipe,
+        f"{method}() at step {step}{where}",
+        f"raised {type(cause).__name__}: {cause}; its traceback is in {kept}",
+    )
+
+
 def _train_step(r: LiveRun, batches: Iterator[Any]) -> StopRequest | None:
     """One optimizer step on the next batch; its ``train`` row waits in the log with the loss
     still on the device (no host sync here). A data-parallel run's non-finite loss asks to
@@ -221,7 +238,10 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> StopRequest | None:
     name = r.config.recipe
     with r.autocast:
         model = r.dist.train_model(s.model)  # DistributedDataParallel when data-parallel
-        loss = check_loss(name, call(name, "loss", r.recipe.loss, model, batch))
+        try:
+            loss = check_loss(name, call(name, "loss", r.recipe.loss, model, batch))
+        except RecipeError as exc:
+            raise _recipe_failed(r, exc, method="loss", step=s.global_step + 1) from None
     n = batch_len(batch)
     logged = loss  # fetched with the other waiting rows' losses, when a record needs them
     if r.dist.world_size > 1:

@@ -20,11 +20,12 @@ import os
 from datetime import datetime
 from typing import Any
 
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core import clock
 from gpucampaign.core.files import median
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.engine.hooks import Ending, Hook, HookArgs, RunView, StopRequest
-from gpucampaign.plan.lots import Lot, lot_margin_s, machine_lot, unmeasured_save_s
+from gpucampaign.plan.lots import Lot, ended_lot, lot_margin_s, machine_lot, unmeasured_save_s
 from gpucampaign.plan.rental import iso
 from gpucampaign.storage import SpoolingStore
 
@@ -75,6 +76,42 @@ def forget_ended_lots() -> None:
     _ENDED.clear()
 
 
+def refuse_start(spec: CampaignSpec, *, what: str) -> None:
+    """Start no phase on a machine whose lot has ended or is inside the least margin a run
+    keeps (one that ended in this process counts, with no other lot open for it).
+
+    Called before a phase takes its GPU slot: the queued runs of a lane behind one the lot's
+    end stopped are not started (the flow then closes resumable or goes on on another lot).
+
+    Raises:
+        LotEnded: ``what`` is not started; nothing was trained or written.
+    """
+    now, ended = _now(), frozenset(_ENDED)
+    lot = machine_lot(spec, now=now, env=os.environ, ended=ended)
+    least = lot_margin_s(
+        step_s=None,
+        save_s=0.0,
+        retrieve_s=0.0,
+        mirror_s=None,
+        extra_minutes=spec.checkpoint.lot_end_margin_minutes,
+    )
+    if lot is not None and (lot.ends_at - now).total_seconds() > least:
+        return
+    lot = lot or ended_lot(spec, now=now, env=os.environ, ended=ended)
+    if lot is None:
+        return
+    _ENDED.add(lot.number)
+    left = (lot.ends_at - now).total_seconds()
+    when = f"ended at {iso(lot.ends_at)}" if left <= 0 else f"ends in {left:.0f} s"
+    raise LotEnded(
+        f"{lot.label} {when} (now {iso(now)}): {what} not started; nothing trained",
+        step=None,
+        lot=lot.number,
+        off_machine=True,  # nothing of this run is on the machine
+        margin_s=least,
+    )
+
+
 def _dir_bytes(root: Any) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(root):
@@ -100,7 +137,11 @@ class LotDeadline(Hook):
     @classmethod
     def for_run(cls, r: RunView, args: HookArgs) -> LotDeadline | None:
         """The hook when this machine's lot is dated and open (or pinned), else None."""
-        lot = machine_lot(r.spec, now=_now(), env=os.environ, ended=frozenset(_ENDED))
+        now, ended = _now(), frozenset(_ENDED)
+        lot = machine_lot(r.spec, now=now, env=os.environ, ended=ended)
+        # A lot that ended with none open after it still bounds the run: it stops at its start
+        # (``refuse_start`` keeps such a run from starting at all; this is the backstop).
+        lot = lot or ended_lot(r.spec, now=now, env=os.environ, ended=ended)
         return None if lot is None else cls(r, lot, restored_meta=args.restored_meta)
 
     # --- the margin -----------------------------------------------------------------------

@@ -22,7 +22,7 @@ from gpucampaign.checkpoint.manager import durable_step
 from gpucampaign.config import CampaignSpec, ResolvedRun
 from gpucampaign.core.stoprules import STOP_RULES
 from gpucampaign.data.corpus import load_spec_corpus
-from gpucampaign.engine.lotend import LotEnded
+from gpucampaign.engine.lotend import LotEnded, refuse_start
 from gpucampaign.engine.parts import n_train_of
 from gpucampaign.folder.layout import STOPS, TIMELINE, OutputFolder, RunFolder
 from gpucampaign.folder.records import read_stops_file
@@ -76,7 +76,13 @@ class RunSide:
 
     @classmethod
     def open(
-        cls, spec: CampaignSpec, *, base_dir: str | Path, out: str | Path, run: ResolvedRun
+        cls,
+        spec: CampaignSpec,
+        *,
+        base_dir: str | Path,
+        out: str | Path,
+        run: ResolvedRun,
+        phase: str,
     ) -> RunSide:
         """The call's side of the folder ``out``: its files resolved once, its inputs loaded
         and its store open.
@@ -84,6 +90,8 @@ class RunSide:
         Raises:
             StopRule: The stop already recorded for this run ID: a stopped run is finished,
                 never redone.
+            LotEnded: The machine's lot has ended or is inside its least margin
+                (``lotend.refuse_start``): nothing is started.
             EssentialInputMissing: A pinned input changed since the audit (checked again at
                 each start, before the store is opened).
         """
@@ -95,6 +103,7 @@ class RunSide:
                 raise STOP_RULES[rec.rule](
                     run.run_id, rec.reason, step=rec.step, stop_id=rec.stop_id
                 )
+        refuse_start(spec, what=f"{phase} of {run.run_id}")  # the lot has ended: no GPU work
         corpus = load_spec_corpus(spec, base_dir=base_dir, run_id=run.run_id)
         store = open_store(spec.storage.url, out=folder.root, read_wait_s=read_wait_s(spec))
         return cls(

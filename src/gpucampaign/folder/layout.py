@@ -41,6 +41,9 @@ REPORT_JSON, REPORT_MD, REPORT_HTML = "report.json", "report.md", "report.html"
 INPUTS = "inputs.json"
 STOPS, DECISIONS, TIMELINE = "stops.jsonl", "decisions.jsonl", "timeline.jsonl"
 CAMPAIGN_FILE = "campaign.json"  # the campaign ID, written at the flow's first start
+# Written first into a new output folder (after the writer's .lock): the folder is this tool's,
+# so a rerun may go on in it (preflight/ownership.py refuses any other folder with files).
+OWNER_FILE = "gpucampaign-folder.json"
 REFORECAST_FILE, PILOT_FILE = "reforecast.json", "pilot.json"
 LEDGER_FILE = "ledger.jsonl"  # expenses recorded after the start
 RESTART_FILE = "restart.json"  # the restart check's result, kept so a resumed flow skips it
@@ -61,6 +64,7 @@ PARAMS_FILE = "params.json"
 METRICS_FILE = "metrics.jsonl"
 PREDICTIONS_FILE = "predictions.csv"  # on the report split; predictions-<split>.csv on others
 PREDICTIONS_PREFIX = "predictions-"
+RECIPE_ERROR_FILE = "recipe-error.txt"  # the traceback of a recipe method that raised
 RESULT_FILE = "result.json"  # a run's outcome, written last by its training call
 IN_PROGRESS_FILE = "in_progress.json"  # a run training now (resume: inference finds it)
 SCORES_PREFIX = "scores-"  # scores-<split>.csv: per-example scores (see scores_file)

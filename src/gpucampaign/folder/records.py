@@ -319,6 +319,20 @@ class TimelineRow:
         return parse_time(self.start), parse_time(self.end)
 
 
+#: The outcome of a segment that stopped before its lot's end (``engine/lotend.py``).
+LOT_ENDED_OUTCOME = "lot ended"
+#: Why a run did not run when the campaign's last training segment stopped at a lot's end.
+NOT_RUN_LOT_ENDED = (
+    "the lot ended before it finished (not started, or stopped with its step saved): a rerun "
+    "on an open lot resumes it"
+)
+
+
+def row_lot_ended(row: TimelineRow) -> bool:
+    """True for a segment that stopped before its lot's end (saved; nothing lost)."""
+    return (row.outcome or "").startswith(LOT_ENDED_OUTCOME)
+
+
 def read_timeline(root: str | Path) -> list[TimelineRow]:
     """Every observed interval, one row per segment, in the order the segments started."""
     return fold_segments(TimelineRow.from_dict(r) for r in read_jsonl(_in(root, TIMELINE)))
@@ -432,6 +446,7 @@ def run_state(
     stops: Sequence[StopRecord],
     decision: Decision | None,
     run_id: str | None = None,
+    not_run_reason: str | None = None,
 ) -> RunState:
     """The one answer to "what became of this run?" (``run_id``: its ID as a sealed manifest
     records it, so that a folder's user recipe is never looked up to resolve it).
@@ -440,7 +455,7 @@ def run_state(
     one of a ``resume: inference`` run: its model of the last good checkpoint is evidence, never
     a delivery); dropped when the decision point dropped it; completed when its ``result.json``
     says every planned step ran AND its model was saved; not run otherwise (the question was
-    re-posed, or the campaign stopped first).
+    re-posed, or the campaign stopped first: ``not_run_reason`` says how, when it is known).
     """
     rid = run_id or spec.resolve_run(run).run_id
     base: dict[str, Any] = {"run": run, "run_id": rid, "tier": spec.tier_of(run)}
@@ -468,7 +483,7 @@ def run_state(
             reason="result.json says complete but the model was not saved",
         )
     repose = decision is not None and decision.action == "re-pose"
-    why = "the question was re-posed" if repose else "the campaign stopped"
+    why = "the question was re-posed" if repose else (not_run_reason or "the campaign stopped")
     return RunState(**base, status="not_run", reason=why, result=result)
 
 
@@ -483,8 +498,20 @@ def run_states(
     the IDs by run name as a sealed manifest records them; else each run is resolved)."""
     stops = read_stops(root)
     ids = dict(run_ids) if run_ids is not None else spec.run_ids()
+    # The campaign's last training segment stopped at a lot's end: the runs left are the
+    # lot's, not missing (the close says so, and the folder is resumable).
+    trained = [r for r in read_timeline(root) if r.phase in ("pilot", "train")]
+    why = NOT_RUN_LOT_ENDED if trained and row_lot_ended(trained[-1]) else None
     return {
-        ids[run]: run_state(spec, run, root=root, stops=stops, decision=decision, run_id=ids[run])
+        ids[run]: run_state(
+            spec,
+            run,
+            root=root,
+            stops=stops,
+            decision=decision,
+            run_id=ids[run],
+            not_run_reason=why,
+        )
         for run in spec.run_names()
     }
 

@@ -28,10 +28,8 @@ from gpucampaign.core.files import append_jsonl, parse_time, read_jsonl, utc_now
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import InterruptedRun
 from gpucampaign.folder.layout import METRICS_FILE, TIMELINE, OutputFolder, run_relpath
-from gpucampaign.folder.records import TimelineRow, fold_segments
+from gpucampaign.folder.records import LOT_ENDED_OUTCOME, TimelineRow, fold_segments, row_lot_ended
 
-#: The outcome of a segment that stopped before its lot's end (``engine/lotend.py``).
-LOT_ENDED_OUTCOME = "lot ended"
 CUT_OUTCOME = (
     "interrupted: the process ended without recording its end (killed, out of "
     "memory or the machine lost)"
@@ -308,7 +306,7 @@ def _loss(rows: list[TimelineRow], i: int) -> dict[str, Any]:
 
 def lot_ended(row: TimelineRow) -> bool:
     """True for a segment that stopped before its lot's end (saved; nothing lost)."""
-    return (row.outcome or "").startswith(LOT_ENDED_OUTCOME)
+    return row_lot_ended(row)
 
 
 def interruptions(timeline: Iterable[TimelineRow]) -> dict[str, Any]:

@@ -100,6 +100,48 @@ def machine_lot(
     return min(open_lots, key=lambda lot: lot.ends_at) if open_lots else None
 
 
+def ended_lot(
+    spec: CampaignSpec, *, now: datetime, env: Mapping[str, str], ended: frozenset[int]
+) -> Lot | None:
+    """The lot whose end stops this machine's work, once it has ended: the pinned lot when its
+    end has passed; else, with no lot open for this machine (``machine_lot``), the last of the
+    spec's lots that ended (here, ``ended``, or by the clock). None while a lot is open, before
+    any lot ended, and for a spec with an undated lot (that one has no end).
+    """
+    pinned = pinned_lot(spec, env)
+    if pinned is not None:
+        return pinned if pinned.ends_at <= now else None
+    lots = dated_lots(spec)
+    if len(lots) < len(spec.packages) or machine_lot(spec, now=now, env=env, ended=ended):
+        return None
+    over = [lot for lot in lots if lot.number in ended or lot.ends_at <= now]
+    return max(over, key=lambda lot: lot.ends_at) if over else None
+
+
+def refuse_ended_rental(spec: CampaignSpec, *, now: datetime) -> None:
+    """Refuse a campaign every lot of which has ended (a campaign started after its rental).
+
+    A lot without ``starts_at`` has no end: a spec with one such lot runs without a deadline
+    (the lots then only price the campaign), and nothing is refused.
+
+    Raises:
+        SpecError: Every lot is dated and its end has passed; the message names the last end
+            and now, and the two ways on.
+    """
+    lots = dated_lots(spec)
+    if not lots or len(lots) < len(spec.packages) or any(lot.ends_at > now for lot in lots):
+        return
+    last = max(lots, key=lambda lot: lot.ends_at)
+    raise SpecError(
+        f"field 'packages': every lot of the spec has ended; the last, {last.label}, ended at "
+        f"{iso(last.ends_at)} and it is now {iso(now)}: its machines are gone, nothing would "
+        "stop at their end. Give a lot that is open now (packages[].starts_at and days), or "
+        "remove starts_at from packages to run without a deadline (the lots then only price "
+        "the campaign).",
+        field="packages",
+    )
+
+
 def next_lot(spec: CampaignSpec, *, now: datetime, after: Lot, margin_s: float) -> Lot | None:
     """A later lot whose window is open now with more than ``margin_s`` left, ending last."""
     later = [

@@ -9,6 +9,7 @@ from gpucampaign.preflight.opening import (
     refuse_sealed_rewrite,
     start_folder,
 )
+from gpucampaign.preflight.ownership import closed_for_good
 from gpucampaign.preflight.paths import check_pinned, pin_command
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "open_campaign",
     "pin_command",
     "preflight",
+    "closed_for_good",
     "refuse_sealed_rewrite",
     "start_folder",
 ]

@@ -38,13 +38,16 @@ from gpucampaign.config import (
     run_size,
 )
 from gpucampaign.config.recipefile import RecipeError, recipe_file, use_recipe_dir
+from gpucampaign.core import clock
 from gpucampaign.core.errors import SettingError
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.storageurl import is_local
 from gpucampaign.data.corpus import empty_splits, open_corpus
 from gpucampaign.data.pins import resolve_inputs
 from gpucampaign.plan.inputs import too_wide
+from gpucampaign.plan.lots import refuse_ended_rental
 from gpucampaign.plan.tariffs import load_catalog, resolve_package
+from gpucampaign.preflight.ownership import closed_for_good
 from gpucampaign.preflight.paths import check_pinned, inside
 from gpucampaign.recipe.contract import load_recipe
 from gpucampaign.recipe.runtime import try_recipes
@@ -88,6 +91,8 @@ def preflight(
         f"spec '{spec.name}': {len(spec.calendar)} calendar step(s), {len(runs)} run(s); "
         "every number finite and within its limit"
     ]
+    if out is None or closed_for_good(out) is None:  # a closed one is only verified again
+        refuse_ended_rental(spec, now=clock.now())
     _gpus_and_storage(spec)
     catalog = load_catalog(spec=spec, base_dir=base)
     if spec.catalog is not None:

@@ -25,6 +25,7 @@ from gpucampaign.plan import calendar
 from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.tariffs import Catalog, load_catalog
 from gpucampaign.preflight.checks import Preflight, preflight
+from gpucampaign.preflight.ownership import closed_for_good, mark_owned, refuse_foreign_folder
 from gpucampaign.storage import open_store
 from gpucampaign.storage.sharedtimeline import adopt_timeline
 
@@ -43,6 +44,8 @@ class OpenCampaign:
         checked: What the preflight checked.
         catalog: The lots' prices the plan was made with.
         plan: The plan as written at the start (``plan.json``).
+        sealed: The sha256 of ``manifest.json`` when the folder holds this campaign closed for
+            good (``closed_for_good``): a rerun verifies it and rewrites nothing.
     """
 
     spec: CampaignSpec
@@ -53,6 +56,7 @@ class OpenCampaign:
     checked: Preflight
     catalog: Catalog
     plan: Plan
+    sealed: str | None = None
 
     @property
     def name(self) -> str:
@@ -81,8 +85,9 @@ def open_campaign(
 
     Raises:
         SpecError: The spec, its inputs, its recipes or its store fail a check, the output
-            folder is a file, holds another campaign, or is sealed with other inputs (one
-            paragraph; exit 2 in the CLI).
+            folder is a file, holds another campaign or files this tool did not write, is the
+            spec's folder or above it, or is sealed with other inputs (one paragraph; exit 2
+            in the CLI).
     """
     if isinstance(spec, CampaignSpec):
         cs, base = spec, Path(base_dir or ".").resolve()
@@ -99,6 +104,9 @@ def open_campaign(
             "existing output folder.",
             field="--out",
         )
+    refuse_foreign_folder(
+        target, spec_home=base if isinstance(spec, CampaignSpec) else Path(spec).resolve().parent
+    )
     folder = OutputFolder(target)
     folder.keep_spec(copy, source=source, check_only=True)
     refuse_sealed_rewrite(folder.root, cs, base_dir=base)
@@ -114,6 +122,7 @@ def open_campaign(
         checked=checked,
         catalog=catalog,
         plan=plan,
+        sealed=closed_for_good(folder.root),
     )
 
 
@@ -131,6 +140,7 @@ def start_folder(opened: OpenCampaign) -> bool:
     """
     folder, cs = opened.folder, opened.spec
     folder.root.mkdir(parents=True, exist_ok=True)
+    mark_owned(folder.root, campaign=cs.name)  # the first file: the folder is this tool's
     folder.keep_spec(opened.spec_copy, source=opened.source)
     return is_s3(cs.storage.url) and adopt_timeline(
         folder.root,

@@ -13,9 +13,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import inspect
+import os
 import sys
+import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpucampaign.config.recipefile import (
@@ -208,6 +212,23 @@ def call(recipe: str, method: str, fn: Any, *args: Any) -> Any:
         with contextlib.suppress(Exception):
             exc.args = tuple(redact_secrets(a) if isinstance(a, str) else a for a in exc.args)
         raise RecipeError(recipe, f"{method}()", f"raised {type(exc).__name__}: {exc}") from exc
+
+
+def raised_in_recipe(recipe: Recipe, exc: BaseException) -> tuple[str, str]:
+    """Where in the recipe's own file an exception was raised, and its traceback to keep.
+
+    Returns:
+        `` (textlm.py, line 57)`` (empty when no frame of the recipe's file is in the
+        traceback), and the traceback's text with the recipe's folder cut from its paths (the
+        output folder that keeps it names no folder of the user's).
+    """
+    source = inspect.getsourcefile(type(recipe))
+    trace = "".join(traceback.format_exception(exc))
+    if source is None:
+        return "", trace
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == source]
+    where = f" ({Path(source).name}, line {frames[-1].lineno})" if frames else ""
+    return where, trace.replace(str(Path(source).parent) + os.sep, "")
 
 
 # --- checks of what a recipe returns ------------------------------------------------------

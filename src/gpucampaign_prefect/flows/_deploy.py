@@ -30,7 +30,7 @@ from prefect.utilities.callables import parameter_schema
 from prefect.workers.process import ProcessWorker
 
 from gpucampaign.core.errors import SettingError
-from gpucampaign.core.text import redact_secrets
+from gpucampaign_prefect.orchestration.embedded import require_named_server
 
 #: The placeholder of ``prefect.yaml`` that names the project folder.
 ROOT_PLACEHOLDER = "{{ $GPUCAMPAIGN_ROOT }}"
@@ -82,15 +82,8 @@ def deploy_project(
         )
     data = _filled(deployments_file(), root=str(project))
     params = {"main": {"spec": spec, "out": out}, "scheduled": {"out": out}}
+    require_named_server(fix="point PREFECT_API_URL at the running one.")
     with get_client(sync_client=True) as client:
-        failed = client.api_healthcheck()
-        if failed is not None:
-            raise SettingError(
-                f"the Prefect server at PREFECT_API_URL {redact_secrets(url)} does not answer "
-                f"({redact_secrets(str(failed))[:200]}); start it, or point PREFECT_API_URL "
-                "at the running one.",
-                field="PREFECT_API_URL",
-            )
         deployed = []
         for entry in data["deployments"]:
             work_pool = {**entry["work_pool"], **({"name": pool} if pool else {})}

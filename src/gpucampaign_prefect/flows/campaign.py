@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import socket
 from dataclasses import dataclass
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from prefect import State, allow_failure, flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -41,6 +41,7 @@ from gpucampaign.plan.decision import Decision
 from gpucampaign.plan.lanes import RESTART_CHECK, lane_order
 from gpucampaign.plan.stopping import campaign_stop, essential_pilot_stops, stop_effect
 from gpucampaign.preflight import OpenCampaign, open_campaign, start_folder
+from gpucampaign.verify.sealed import recheck_sealed
 from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
 from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
 from gpucampaign_prefect.orchestration import notify
@@ -208,6 +209,8 @@ def _opened_and_locked(
         )
     except InputError as exc:
         return _refused(exc)
+    if opened.sealed is not None:  # closed for good: verified, never closed again
+        return _already_closed(opened)
     out = str(opened.folder.root)
     tag = CAMPAIGN_TAG.format(name=opened.name)
     tag_flow_run(tag)
@@ -227,6 +230,20 @@ def _opened_and_locked(
                 ", ".join(closed),
             )
         return _campaign(opened, decision_mode=decision_mode, relaunch=relaunch)
+
+
+def _already_closed(opened: OpenCampaign) -> CampaignEnd:
+    """A rerun of a campaign closed for good: its folder verified against its manifest, nothing
+    written (Failed only when it no longer verifies)."""
+    summary = recheck_sealed(opened.folder.root, expect=opened.sealed or "")
+    said = summary.pop("already_closed")
+    get_run_logger().warning(said)
+    failed = None
+    if not summary["verified"]:
+        failed = f"{said} Problems: {'; '.join(summary['problems'])}"
+    elif summary["verdict"].get("kind") == "stopped":  # as its first run ended
+        failed = f"campaign stopped: {summary['verdict'].get('text')} ({said})"
+    return CampaignEnd(summary=cast(CampaignSummary, summary), failed=failed)
 
 
 def _cancelling() -> bool:

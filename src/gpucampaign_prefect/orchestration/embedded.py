@@ -262,6 +262,44 @@ def _adopt(early: EarlyServer, *, timeout_s: float) -> bool:
     return True
 
 
+def require_named_server(*, fix: str) -> str | None:
+    """The URL of the Prefect server the settings name (``PREFECT_API_URL``), checked to
+    answer before anything is written; None when none is named (`campaign run` then starts its
+    own). ``campaign deploy`` and ``campaign run`` share it.
+
+    Raises:
+        SettingError: The named server does not answer; the paragraph names it, the error,
+            and ``fix``.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.settings import (
+        PREFECT_CLIENT_MAX_RETRIES,
+        get_current_settings,
+        temporary_settings,
+    )
+
+    from gpucampaign.core.errors import SettingError
+    from gpucampaign.core.text import redact_secrets
+
+    url = get_current_settings().api.url
+    if not url:
+        return None
+    # One try: a server that refuses the connection is down, not busy (the client's default
+    # retries waited about 12 s to say so).
+    with (
+        temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0}),
+        get_client(sync_client=True) as client,
+    ):
+        failed = client.api_healthcheck()
+    if failed is not None:
+        raise SettingError(
+            f"the Prefect server at PREFECT_API_URL {redact_secrets(url)} does not answer "
+            f"({redact_secrets(str(failed))[:200]}); start it, or {fix}",
+            field="PREFECT_API_URL",
+        )
+    return str(url)
+
+
 def start_detached(early: EarlyServer | None = None) -> Any | None:
     """Start Prefect's temporary server in a new session, or adopt ``early`` (when given and
     it answers: then it is returned); None when an API URL is set."""

@@ -13,6 +13,7 @@ from prefect import get_run_logger, task
 
 from gpucampaign.config import CampaignSpec
 from gpucampaign.core.interrupt import raise_if_stopped
+from gpucampaign.engine.lotend import refuse_start
 from gpucampaign.folder.layout import RESTART_FILE
 from gpucampaign.folder.progress import relay_check_progress
 from gpucampaign.folder.records import read_stops
@@ -45,6 +46,7 @@ def restart_verification(
     # an earlier failure of this check is no stop of the run.
     stops = [s for s in read_stops(folder.root) if s.phase != "restart"]
     stop = next((s for s in stops if s.run_id == resolved.run_id), None)
+    refuse_start(spec, what=f"restart check of {resolved.run_id}")  # no GPU work after the lot
     with gpu_slot(
         spec.gpu_lock.name,
         timeout_s=spec.gpu_lock.timeout_s,

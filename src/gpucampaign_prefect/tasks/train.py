@@ -42,7 +42,7 @@ def _run_training(
     raise_if_stopped(what=f"{phase} of {run.run_id}")
     # The run's stop recorded, and the inputs checked again at each start: one changed since
     # the audit is a stop (``EssentialInputMissing``), recorded by the task (``ends_on_stop``).
-    side = RunSide.open(spec, base_dir=base_dir, out=out, run=run)
+    side = RunSide.open(spec, base_dir=base_dir, out=out, run=run, phase=phase)
     progress = TrainingView(phase, run_folder=side.run_folder, campaign=spec.name, store=side.store)
     lock = spec.gpu_lock
     try:
