@@ -198,3 +198,24 @@ def test_synthetic_records_always_sum_to_each_window(case: tuple) -> None:
     _sums_to_window(att)
     goodput = att["goodput"]
     assert goodput is None or 0.0 <= goodput <= 1.0 + 1e-9
+
+
+def test_status_and_the_live_line_say_the_goodput_so_far(closed: dict) -> None:
+    """`campaign status --json` carries the goodput over the window elapsed until now; the
+    live line of `campaign run` and `campaign watch` ends with it."""
+    import io
+
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from gpucampaign.cli import app
+    from gpucampaign.cli.progress import LiveView
+
+    out = closed["out"]
+    res = CliRunner().invoke(app, ["status", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    g = json.loads(res.output)["goodput"]
+    assert 0 < g["goodput"] < 1 and g["line"].startswith("Goodput: ")
+    view = LiveView(out, console=Console(file=io.StringIO(), width=300), live=False)
+    record = {"phase": "train", "run": "control", "step": 3, "target_steps": 6}
+    assert view._line(record).endswith("%") and "goodput " in view._live_line(record)

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.close import figures
-from gpucampaign.close.attribution import folder_attribution
 from gpucampaign.close.budget import close_budget
 from gpucampaign.close.error_analysis import error_analysis, rows_analysis
 from gpucampaign.close.evidence import closing_verdict, run_evidence, run_metrics, verdict_splits
 from gpucampaign.close.forecast import aligned_intervals, forecast_vs_actual
 from gpucampaign.close.futility import futility_savings
+from gpucampaign.close.goodput import folder_attribution
 from gpucampaign.close.inputs import closing_inputs
 from gpucampaign.close.ledger import read_ledger
 from gpucampaign.close.manifest import build_manifest, collect_environment, reference_corpus

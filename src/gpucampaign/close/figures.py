@@ -510,11 +510,14 @@ def draw_attribution(att: Mapping[str, Any]) -> Figure:
     idle time and the human preparation, so the machine's working causes can be read (right)."""
     machines = list(att["machines"])
     causes = [str(c) for c in att["causes"]]
-    fig = new_figure(width=12.0, height=1.6 + 0.6 * len(machines))
+    fig = new_figure(width=13.0, height=2.6 + 0.5 * len(machines))
     axes = fig.subplots(1, 2, sharey=True)
-    colors = {c: f"C{i % 10}" for i, c in enumerate(causes)}
+    from matplotlib import colormaps
+
+    palette = colormaps["tab20"]
+    colors: dict[str, Any] = {c: palette(i % 20) for i, c in enumerate(causes)}
     colors["idle"] = "#dddddd"
-    labels = [f"lot {m['lot']}" for m in machines]
+    labels = [f"lot {m['lot']} ({', '.join(m['hosts']) or 'unused'})"[:40] for m in machines]
     for ax, skip, title in (
         (axes[0], (), "share of the lot window"),
         (axes[1], ("idle", "human preparation"), "share of the machine's working time"),
@@ -532,7 +535,6 @@ def draw_attribution(att: Mapping[str, Any]) -> Figure:
         ax.set_xlim(0, 100)
         ax.set_xlabel(f"% ({title})")
     handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(
-        handles, names, loc="lower center", ncol=4, fontsize="small", bbox_to_anchor=(0.5, -0.25)
-    )
+    fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.tight_layout()
     return fig

@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpucampaign.close.attribution import goodput_line, render_attribution_md
 from gpucampaign.close.bootstrap import DOMINATES
 from gpucampaign.close.budget import render_budget_md
 from gpucampaign.close.error_analysis import render_error_analysis_md
 from gpucampaign.close.futility import render_futility_md
+from gpucampaign.close.goodput import goodput_line, render_attribution_md
 from gpucampaign.close.verdict import Verdict
 from gpucampaign.close.verdict_words import seeds_text
 from gpucampaign.config import read_mapping_file
