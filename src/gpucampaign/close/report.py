@@ -244,18 +244,23 @@ def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
         "",
         "Allotted hours come from `plan.json`, untouched since the start; observed hours only "
         "from `timeline.jsonl` (a step without a recorded interval is *not observed*, never "
-        "estimated).",
+        "estimated). Each forecast has its p10-p90 range (`plan.ranges`: uncalibrated, a factor "
+        "of two either way; `campaign plan --calibrate-from` learns it from earlier campaigns).",
         "",
-        "| step | allotted | re-forecast | observed | deviation | explanation |",
-        "|---|---:|---:|---:|---:|---|",
+        "| step | allotted (p10-p90) | re-forecast (p10-p90) | observed | in range | deviation "
+        "| explanation |",
+        "|---|---:|---:|---:|---|---:|---|",
     ]
     for s in fva["steps"]:
-        refo = say_hours(s["reforecast_hours"])
         dev = say_hours(s["deviation_hours"], signed=True)
-        allotted = say_hours(s["allotted_hours"])
+        allotted = say_hours(s["allotted_hours"]) + _range(s.get("allotted_range_hours"))
+        refo = say_hours(s["reforecast_hours"])
+        if s["reforecast_hours"] is not None:
+            refo += _range(s.get("range_hours"))
+        inside = {True: "yes", False: "no", None: ""}[s.get("in_range")]
         out.append(
             f"| {_cell(s['step'])} | {allotted} | {refo} | {_hours(s['observed_hours'])} | "
-            f"{dev} | {_cell(s['explanation'])} |"
+            f"{inside} | {dev} | {_cell(s['explanation'])} |"
         )
     totals = fva.get("totals", {})
     if totals:
@@ -280,6 +285,11 @@ def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
         ]
     out.append("")
     return out
+
+
+def _range(r: Sequence[float] | None) -> str:
+    """`` (lo-hi)``: a forecast's p10-p90 range (nothing for a report closed before ranges)."""
+    return "" if not r else f" ({say_hours(r[0])}-{say_hours(r[1])})"
 
 
 def _interruptions_md(fva: Mapping[str, Any]) -> list[str]:

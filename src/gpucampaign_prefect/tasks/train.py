@@ -162,7 +162,7 @@ def pilot(
     metrics = out_folder(out).run(resolved.run_id).metrics
     rows = read_metrics(metrics) if metrics.is_file() else []
     losses = early_losses(rows, steps=spec.pilot.steps)
-    return pilot_measures(resolved, result=result, n_train=n_train, losses=losses)
+    return pilot_measures(resolved, result=result, n_train=n_train, losses=losses, rows=rows)
 
 
 def _train_run_name() -> str:
