@@ -275,7 +275,8 @@ def _give_row(
         if r.interrupted:  # a cut phase that is not training is redone whole
             m.add(RECOVERY, own, lost_to=cause)
         else:
-            m.add(_PHASE_CAUSE.get(r.phase, HUMAN if r.kind == "person" else STARTUP), own)
+            # a person's segment of no known phase is preparation (kind "person" or "human")
+            m.add(_PHASE_CAUSE.get(r.phase, HUMAN if r.kind != "machine" else STARTUP), own)
         return
     p = dict(parts or {})
     measured = p.get("steps", 0.0) + p.get("loop", 0.0) + p.get("eval", 0.0)
@@ -374,6 +375,8 @@ def _hosts_to_lots(lots: Sequence[LotWindow], rows: Sequence[TimelineRow]) -> di
             h = r.host or "this machine"
             first[h] = min(first.get(h, r.interval[0]), r.interval[0])
     out: dict[str, int] = {}
+    if not lots:
+        return out
     order = sorted(first, key=lambda h: first[h])
     for n, h in enumerate(order):
         dated = [
