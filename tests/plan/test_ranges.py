@@ -109,3 +109,19 @@ def test_plan_calibrates_from_several_campaigns_their_hours_and_ranges(tmp_path:
         "old-0" in d["calibrated"]["train-control"] and "old-1" in d["calibrated"]["train-control"]
     )
     assert observed_ratios({"forecast_vs_actual": {"steps": [{"run": None}]}}) == []
+
+
+def test_each_call_outside_its_loop_costs_the_least_any_pilot_measured() -> None:
+    """The first pilot pays the process's one-time warm-up outside its loop: the re-forecast
+    of every run takes the least time outside the loop any pilot measured."""
+    from gpucampaign.plan.decision import reforecast_hours
+    from tests.plan.test_decision import PILOT
+
+    spec = parse_spec(SPEC)
+    surround = {"loop_s": 0.0, "stall_s": 0.0, "steps_done": 0, "step_mean_s": 0.01}
+    cold = {**PILOT["control"], **surround, "fixed_s": 2.0}
+    warm = {**PILOT["control"], **surround, "fixed_s": 0.1, "planned_steps": 200}
+    alone = reforecast_hours(spec, pilot={"control": cold})
+    both = reforecast_hours(spec, pilot={"control": cold, "wide": warm})
+    control = next(s.name for s in spec.calendar if s.run == "control")
+    assert (alone[control][0] - both[control][0]) * 3600 == pytest.approx(1.9)
