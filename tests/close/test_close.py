@@ -541,7 +541,7 @@ def test_negative_campaign_produces_a_complete_report(tmp_path: Path):
     assert built["budget"]["rental_per_accepted_usd"] == 47.14
     assert built["budget"]["rejected"][0]["reason"] == "stopped (stop stop-0123456789ab)"
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 3 and 'src="figures/' not in html
+    assert html.count("data:image/png;base64,") == 4 and 'src="figures/' not in html
     assert load_estimates(out)["campaign_id"] == "closing-test-0001"
 
     result = CliRunner().invoke(app, ["report", str(out), "--json"])

@@ -38,8 +38,9 @@ if TYPE_CHECKING:  # the preflight loads the recipes' modules: only `campaign ru
     from gpucampaign.preflight import OpenCampaign
 
 _CALIBRATE_HELP = (
-    "Output folder of a closed campaign: its measured load, step, eval and save times replace "
-    "the hours of the steps that train a run."
+    "Output folder of a closed campaign (repeat it for several): their measured load, step, "
+    "eval and save times replace the hours of the steps that train a run (the median over the "
+    "campaigns), and the errors of their re-forecasts set each step's p10-p90 range."
 )
 _OUTPUT_CHECK_HELP = (
     "Check this campaign output instead: resume the run's latest kept checkpoint from its store "
@@ -68,16 +69,21 @@ def plan_cmd(
     spec: SpecFile,
     as_json: AsJson = False,
     figure: Path | None = typer.Option(None, "--figure", help="Also write the Gantt chart (PNG)."),
-    calibrate_from: Path | None = typer.Option(None, "--calibrate-from", help=_CALIBRATE_HELP),
+    calibrate_from: list[Path] | None = typer.Option(
+        None, "--calibrate-from", help=_CALIBRATE_HELP
+    ),
 ) -> None:
     """Schedule the calendar on the committed lots: exit 0 when it fits its window, 4 when not."""
     from gpucampaign.config import load_spec
     from gpucampaign.plan import calendar
+    from gpucampaign.plan.ranges import DEFAULT_SPREAD, hours_range
     from gpucampaign.preflight import preflight
 
     cs = load_spec(spec)
     checked = preflight(cs, base_dir=spec.resolve().parent)
-    override, how = _calibration(cs, spec, calibrate_from) if calibrate_from else ({}, {})
+    override, how, spread = (
+        _calibration(cs, spec, calibrate_from) if calibrate_from else ({}, {}, DEFAULT_SPREAD)
+    )
     try:
         result = calendar.plan(cs, base_dir=spec.resolve().parent, hours_override=override or None)
     except InputError as exc:
@@ -85,15 +91,19 @@ def plan_cmd(
     if not as_json:
         for line in checked.checked:
             say(f"checked: {esc(line)}")
+    ranges = {name: hours_range(h, spread) for name, h in override.items()} if how else {}
     if how and not as_json:
         for name, text in how.items():
-            say(f"{esc(name)}: {override[name]:.4g} h ({esc(text)})")
+            lo, hi = ranges[name]
+            say(f"{esc(name)}: {override[name]:.4g} h, p10-p90 {lo:.4g}-{hi:.4g} h ({esc(text)})")
     if figure is not None:
         from gpucampaign.close.figures import plot_calendar
 
         plot_calendar(result, figure)
     if as_json:
-        calibrated = {"calibrated": how} if how else {}
+        calibrated = (
+            {"calibrated": how, "ranges": {k: list(v) for k, v in ranges.items()}} if how else {}
+        )
         print_json({**result.to_dict(), **calibrated, "preflight": checked.to_dict()})
     else:
         _print_plan(result, figure=figure)
@@ -101,15 +111,20 @@ def plan_cmd(
         raise typer.Exit(EXIT_NOT_FIT)
 
 
-def _calibration(cs: Any, spec: Path, out: Path) -> tuple[dict[str, float], dict[str, str]]:
-    """The run steps' hours from an earlier campaign's ``estimates.json``, and how each was
-    measured."""
+def _calibration(
+    cs: Any, spec: Path, outs: list[Path]
+) -> tuple[dict[str, float], dict[str, str], tuple[float, float]]:
+    """The run steps' hours from earlier campaigns' ``estimates.json`` (the median over them),
+    how each was measured, and the p10-p90 spread of actual / re-forecast their reports
+    observed (``plan.ranges``)."""
     from gpucampaign.close.forecast import load_estimates
+    from gpucampaign.close.report import read_report
+    from gpucampaign.core.files import median
     from gpucampaign.data.corpus import load_spec_corpus
     from gpucampaign.plan.decision import calibrated_hours
+    from gpucampaign.plan.ranges import observed_ratios, spread_of
     from gpucampaign.recipe.runtime import train_rows
 
-    estimates = load_estimates(out)
     n_train = None
     if cs.corpus is not None and cs.control is not None:
         try:
@@ -119,8 +134,16 @@ def _calibration(cs: Any, spec: Path, out: Path) -> tuple[dict[str, float], dict
             n_train = train_rows(cs.resolve_run("control"), corpus=corpus)
         except (InputError, StopRule, OSError):
             n_train = None  # planning needs no corpus: the earlier campaign's row count stands in
-    hours = calibrated_hours(cs, estimates=estimates, n_train=n_train)
-    return {k: h for k, (h, _) in hours.items()}, {k: how for k, (_, how) in hours.items()}
+    each, ratios = [], []
+    for out in outs:
+        each.append(calibrated_hours(cs, estimates=load_estimates(out), n_train=n_train))
+        try:
+            ratios += observed_ratios(read_report(out))
+        except InputError:
+            pass  # estimates without a report: the hours calibrate, the range stays the default
+    hours = {k: float(median(h[k][0] for h in each) or 0.0) for k in each[0]}
+    how = {k: "; ".join(h[k][1] for h in each) for k in each[0]}
+    return hours, how, spread_of(ratios)
 
 
 def _print_plan(result: Any, *, figure: Path | None) -> None:

@@ -199,14 +199,20 @@ def expense_cmd(
 @app.command("status")
 @handle_errors
 def status_cmd(out: OutFolder, as_json: AsJson = False) -> None:
-    """Time left on the rental, what is in the store and what is only local, how to retrieve it."""
+    """Time left on the rental, what is in the store and what is only local, how to retrieve
+    it, and the goodput so far."""
+    from gpucampaign.close.goodput import live_goodput
     from gpucampaign.storage.status import campaign_status, render_status
 
     status = campaign_status(out)
+    status["goodput"] = live_goodput(out)
     if as_json:
         print_json(status)
     else:
-        console.print(render_status(status), highlight=False, markup=False, soft_wrap=True)
+        text = render_status(status)
+        if status["goodput"] is not None:
+            text += "\n" + status["goodput"]["line"]
+        console.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
 # --- watch: the live view of a campaign from another terminal ---------------------------------

@@ -29,6 +29,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from gpucampaign.core import clock
+from gpucampaign.core.errors import InputError
 from gpucampaign.core.text import printable
 from gpucampaign.folder.progress import read_all_progress, render_line, render_parts, updated_at
 
@@ -36,7 +38,9 @@ PLAIN_EVERY_S = 30.0
 POLL_S = 0.25
 _ENDED = ("done", "stopped")
 #: The parts a narrow terminal leaves out of a live line, the first first.
-_DROPPED_FIRST = ("rate", "lot", "metric", "loss")
+_DROPPED_FIRST = ("goodput", "rate", "lot", "metric", "loss")
+#: The campaign's goodput is read from the folder's records at most this often.
+GOODPUT_EVERY_S = 15.0
 
 
 def fit_line(parts: list[tuple[str, str]], width: int) -> str:
@@ -102,14 +106,35 @@ class LiveView:
         self._entered = False
         self._lock = threading.RLock()  # the display, between the poller and log lines
         self._handlers: list[logging.Handler] = []
+        self._goodput: tuple[float, str | None] = (-float("inf"), None)
+
+    def _goodput_part(self) -> list[tuple[str, str]]:
+        """``goodput N%``: the campaign's so far, read again every ``GOODPUT_EVERY_S`` (the
+        timeline and the runs' metrics are read whole), nothing before its plan is written."""
+        at, text = self._goodput
+        if clock.monotonic() - at >= GOODPUT_EVERY_S:
+            # the close's modules load at the first line, not with the live view
+            from gpucampaign.close.goodput import live_goodput
+
+            try:
+                g = live_goodput(self.out)
+            except (InputError, OSError):  # a folder being written: the next read says it
+                g = None
+            share = None if g is None else g["goodput"]
+            text = None if share is None else f"goodput {100 * share:.3g}%"
+            self._goodput = (clock.monotonic(), text)
+        return [] if text is None else [("goodput", text)]
 
     def _line(self, record: dict[str, Any]) -> str:
-        return render_line(record, ends_at=self.ends_at)
+        return "  ".join(
+            [render_line(record, ends_at=self.ends_at), *(t for _, t in self._goodput_part())]
+        )
 
     def _live_line(self, record: dict[str, Any]) -> str:
         # One column short of the width: a line that fills it leaves some terminals' cursor
         # past the edge, and the next redraw a row lower.
-        return fit_line(render_parts(record, ends_at=self.ends_at), self.console.width - 1)
+        parts = render_parts(record, ends_at=self.ends_at) + self._goodput_part()
+        return fit_line(parts, self.console.width - 1)
 
     def poll(self) -> None:
         """Read the records once and show what changed."""

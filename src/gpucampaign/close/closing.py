@@ -21,6 +21,7 @@ from gpucampaign.close.error_analysis import error_analysis, rows_analysis
 from gpucampaign.close.evidence import closing_verdict, run_evidence, run_metrics, verdict_splits
 from gpucampaign.close.forecast import aligned_intervals, forecast_vs_actual
 from gpucampaign.close.futility import futility_savings
+from gpucampaign.close.goodput import folder_attribution
 from gpucampaign.close.inputs import closing_inputs
 from gpucampaign.close.ledger import read_ledger
 from gpucampaign.close.manifest import build_manifest, collect_environment, reference_corpus
@@ -40,6 +41,7 @@ from gpucampaign.config.recipefile import recipe_file
 from gpucampaign.core.files import sha256_bytes, sha256_file
 from gpucampaign.core.text import say_number
 from gpucampaign.folder.layout import (
+    ATTRIBUTION_PNG,
     CALENDAR_PNG,
     CONFUSION_PNG,
     CURVES_PNG,
@@ -508,6 +510,11 @@ def write_closing_documents(
     figures.plot_calendar(
         plan0, folder.path(CALENDAR_PNG), actual=aligned_intervals(plan, timeline)
     )
+    attribution = folder_attribution(root, spec, catalog=catalog)
+    shown = dict(closed.figures)
+    if attribution is not None:
+        figures.plot_attribution(attribution, folder.path(ATTRIBUTION_PNG))
+        shown["attribution"] = ATTRIBUTION_PNG
     report = build_report(
         campaign_id=campaign_id,
         name=spec.name,
@@ -518,9 +525,10 @@ def write_closing_documents(
         runs=closed.runs,
         stops=closed.stops,
         decisions=closed.decisions,
-        figures=closed.figures,
+        figures=shown,
         futility=futility_savings(root, stops=closed.stops, timeline=timeline),
         changed_inputs=closed.changed_inputs,
+        attribution=attribution,
     )
     write_report(root, report)
     return report

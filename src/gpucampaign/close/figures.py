@@ -498,3 +498,43 @@ def draw_confusion(
     ax.set_ylabel("label")
     ax.set_title(title, fontsize=10)
     return fig
+
+
+def plot_attribution(att: Mapping[str, Any], path: str | Path) -> Path:
+    """Write ``draw_attribution``'s figure as a PNG; returns the path."""
+    return save(draw_attribution(att), path)
+
+
+def draw_attribution(att: Mapping[str, Any]) -> Figure:
+    """One bar per machine: its lot window split by cause (left), and the same without the
+    idle time and the human preparation, so the machine's working causes can be read (right)."""
+    machines = list(att["machines"])
+    causes = [str(c) for c in att["causes"]]
+    fig = new_figure(width=13.0, height=2.6 + 0.5 * len(machines))
+    axes = fig.subplots(1, 2, sharey=True)
+    from matplotlib import colormaps
+
+    palette = colormaps["tab20"]
+    colors: dict[str, Any] = {c: palette(i % 20) for i, c in enumerate(causes)}
+    colors["idle"] = "#dddddd"
+    labels = [f"lot {m['lot']} ({', '.join(m['hosts']) or 'unused'})"[:40] for m in machines]
+    for ax, skip, title in (
+        (axes[0], (), "share of the lot window"),
+        (axes[1], ("idle", "human preparation"), "share of the machine's working time"),
+    ):
+        for y, m in enumerate(machines):
+            shown = {c: m["seconds"][c] for c in causes if c not in skip}
+            total = sum(shown.values()) or 1.0
+            left = 0.0
+            for c, s in shown.items():
+                ax.barh(
+                    y, 100.0 * s / total, left=left, color=colors[c], label=c if y == 0 else None
+                )
+                left += 100.0 * s / total
+        ax.set_yticks(range(len(machines)), labels)
+        ax.set_xlim(0, 100)
+        ax.set_xlabel(f"% ({title})")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.tight_layout()
+    return fig

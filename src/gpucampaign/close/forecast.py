@@ -20,6 +20,7 @@ from gpucampaign.core.text import say_hours
 from gpucampaign.folder.layout import ESTIMATES_FILE, OutputFolder
 from gpucampaign.folder.records import DecisionRecord, PlanRecord, PlanStep, StopRecord, TimelineRow
 from gpucampaign.folder.segments import inference_restarted, interruptions
+from gpucampaign.plan.ranges import hours_range
 
 _PHASE_KEYS = {"load": "load_s", "eval": "eval_s", "save": "save_s", "restore": "restore_s"}
 _MEASURES = ("load_s", "step_s", "eval_s", "save_s", "restore_s")
@@ -111,13 +112,25 @@ def _explain(
 
 
 def _step_row(
-    s: PlanStep, *, reforecast: PlanRecord | None, rows: Sequence[TimelineRow], **context: Any
+    s: PlanStep,
+    *,
+    reforecast: PlanRecord | None,
+    rows: Sequence[TimelineRow],
+    ranges: Mapping[str, Mapping[str, Any]],
+    **context: Any,
 ) -> dict[str, Any]:
-    """One step of forecast vs actual: allotted, re-forecast, observed, deviation, why."""
+    """One step of forecast vs actual: allotted, re-forecast (each with its p10-p90 range),
+    observed, deviation, whether the observed time fell in the range, why."""
     observed = _row_seconds(rows) / 3600.0 if rows else None
     re_step = reforecast.step(s.name) if reforecast is not None else None
     refo = None if re_step is None else re_step.hours
     base = refo if refo is not None else s.hours
+    kept = ranges.get(s.name) or {}
+    lo, hi = (
+        (kept["p10_hours"], kept["p90_hours"])
+        if refo is not None and "p10_hours" in kept
+        else hours_range(base)
+    )
     deviation = None if observed is None else observed - base
     why = _explain(s, refo=refo, reforecast=reforecast, rows=rows, **context)
     if observed is None and s.name not in context["dropped_by"]:
@@ -137,7 +150,10 @@ def _step_row(
         "run": s.run,
         "phase": s.phase,
         "allotted_hours": s.hours,
+        "allotted_range_hours": list(hours_range(s.hours)),
         "reforecast_hours": refo,
+        "range_hours": [lo, hi],
+        "in_range": None if observed is None else lo <= observed <= hi,
         "observed_hours": observed,
         "deviation_hours": deviation,
         "explanation": "; ".join(why) if why else "no forecast to compare with",
@@ -176,6 +192,7 @@ def forecast_vs_actual(
     """
     timeline, decisions, stops = list(timeline), list(decisions), list(stops)
     dropped_by = {name: rec.decision for rec in decisions for name in rec.decision.dropped_steps}
+    ranges = {k: v for rec in decisions for k, v in rec.reforecast.items() if isinstance(v, dict)}
     rows_by_step: dict[str, list[TimelineRow]] = {}
     for r in timeline:
         rows_by_step.setdefault(str(r.step or f"({r.phase})"), []).append(r)
@@ -186,6 +203,7 @@ def forecast_vs_actual(
             rows=rows_by_step.get(s.name, []),
             pilot=pilot or {},
             dropped_by=dropped_by,
+            ranges=ranges,
             stops=stops,
         )
         for s in plan.steps

@@ -15,6 +15,7 @@ from gpucampaign.close.bootstrap import DOMINATES
 from gpucampaign.close.budget import render_budget_md
 from gpucampaign.close.error_analysis import render_error_analysis_md
 from gpucampaign.close.futility import render_futility_md
+from gpucampaign.close.goodput import goodput_line, render_attribution_md
 from gpucampaign.close.verdict import Verdict
 from gpucampaign.close.verdict_words import seeds_text
 from gpucampaign.config import read_mapping_file
@@ -42,6 +43,7 @@ SUMMARY_KEYS = (
 )
 _FIGURE_TITLES = {
     "calendar": "Calendar: planned, then actual on its own scale",
+    "attribution": "The lots' time by cause, one bar per machine",
     "curves": "Loss and metric curves by split, with the threshold and the control's final value",
     "confusion": "Confusion matrix of the verdict's run on the report split",
 }
@@ -61,6 +63,7 @@ def build_report(
     figures: Mapping[str, str] | None = None,
     futility: Mapping[str, Any] | None = None,
     changed_inputs: Sequence[str] = (),
+    attribution: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The closing report as data (``report.json``); ``render_report_md`` turns it into text.
 
@@ -79,6 +82,8 @@ def build_report(
         futility: ``futility.futility_savings``'s result: the GPU time the futility stops saved.
         changed_inputs: one line per input that changed during the campaign
             (``inputs.closing_inputs``).
+        attribution: ``attribution.attribute_window``'s result: the lots' time by cause, its
+            price in the same shares, the goodput.
 
     Returns:
         A JSON-ready dict whose top level holds the ``SUMMARY_KEYS`` (``campaign report --json``).
@@ -98,6 +103,8 @@ def build_report(
         "figures": dict(figures or {}),
         "futility": dict(futility or {"runs": [], "saved_s": None}),
         "changed_inputs": list(changed_inputs),
+        "attribution": dict(attribution) if attribution else None,
+        "goodput": (attribution or {}).get("goodput"),
     }
 
 
@@ -136,6 +143,8 @@ def answer_paragraph(report: Mapping[str, Any]) -> str:
         cost.append(f"{say_hours(observed)} of observed busy time")
     if cost:
         lines += ["", "Cost: " + ", ".join(cost) + "."]
+    if report.get("attribution"):
+        lines += ["", goodput_line(report["attribution"])]
     return "\n".join(lines)
 
 
@@ -235,18 +244,23 @@ def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
         "",
         "Allotted hours come from `plan.json`, untouched since the start; observed hours only "
         "from `timeline.jsonl` (a step without a recorded interval is *not observed*, never "
-        "estimated).",
+        "estimated). Each forecast has its p10-p90 range (`plan.ranges`: uncalibrated, a factor "
+        "of two either way; `campaign plan --calibrate-from` learns it from earlier campaigns).",
         "",
-        "| step | allotted | re-forecast | observed | deviation | explanation |",
-        "|---|---:|---:|---:|---:|---|",
+        "| step | allotted (p10-p90) | re-forecast (p10-p90) | observed | in range | deviation "
+        "| explanation |",
+        "|---|---:|---:|---:|---|---:|---|",
     ]
     for s in fva["steps"]:
-        refo = say_hours(s["reforecast_hours"])
         dev = say_hours(s["deviation_hours"], signed=True)
-        allotted = say_hours(s["allotted_hours"])
+        allotted = say_hours(s["allotted_hours"]) + _range(s.get("allotted_range_hours"))
+        refo = say_hours(s["reforecast_hours"])
+        if s["reforecast_hours"] is not None:
+            refo += _range(s.get("range_hours"))
+        inside = {True: "yes", False: "no", None: ""}[s.get("in_range")]
         out.append(
             f"| {_cell(s['step'])} | {allotted} | {refo} | {_hours(s['observed_hours'])} | "
-            f"{dev} | {_cell(s['explanation'])} |"
+            f"{inside} | {dev} | {_cell(s['explanation'])} |"
         )
     totals = fva.get("totals", {})
     if totals:
@@ -271,6 +285,11 @@ def _forecast_md(fva: Mapping[str, Any]) -> list[str]:
         ]
     out.append("")
     return out
+
+
+def _range(r: Sequence[float] | None) -> str:
+    """`` (lo-hi)``: a forecast's p10-p90 range (nothing for a report closed before ranges)."""
+    return "" if not r else f" ({say_hours(r[0])}-{say_hours(r[1])})"
 
 
 def _interruptions_md(fva: Mapping[str, Any]) -> list[str]:
@@ -402,6 +421,7 @@ def render_report_md(report: Mapping[str, Any]) -> str:
     out += _scaling_md(report)
     out += ["", "## Budget", "", render_budget_md(report["budget"], result="the answer above")]
     out += render_futility_md(report.get("futility"))
+    out += render_attribution_md(report.get("attribution"))
     out += _forecast_md(report["forecast_vs_actual"])
     out += _interruptions_md(report["forecast_vs_actual"])
     out += _resume_md(report)

@@ -56,6 +56,7 @@ CALENDAR_PNG, CURVES_PNG, CONFUSION_PNG = (
     f"{FIGURES_DIR}/curves.png",
     f"{FIGURES_DIR}/confusion.png",
 )
+ATTRIBUTION_PNG = f"{FIGURES_DIR}/attribution.png"  # the lots' time by cause, one bar a machine
 DATA_DIR = "data"  # a copy of the corpus when it is small
 INPUTS_DIR = "inputs"  # copies of the catalogs the spec names
 SPOOL_DIR = "spool"  # checkpoint files waiting for the S3 server (never in the manifest)

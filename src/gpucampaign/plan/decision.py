@@ -19,6 +19,7 @@ from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.files import median
 from gpucampaign.core.text import say_hours
 from gpucampaign.plan import calendar
+from gpucampaign.plan.ranges import hours_range
 
 Action = Literal["continue", "reduce", "re-pose"]
 # Early curves closer than this (relative to the control's largest loss) count as the same.
@@ -93,24 +94,43 @@ def forecast_run_hours(
     """Forecast a run's machine time from pilot measurements, in hours, with how it was made.
 
     A piloted run uses its own measurements. Others use the control's cost per sample,
-    scaled by their planned samples: said so in the explanation.
+    scaled by their planned samples: said so in the explanation. A pilot that measured what
+    surrounds a step (``fixed_s``: the call's start-up, load, restore and last save;
+    ``loop_s``: the loop's own cost per step; ``stall_s``: a save's wait) is forecast with
+    them, for the steps left after the pilot (the training resumes from its checkpoint).
 
     Args:
         spec: the campaign.
         run: run name.
         pilot: pilot measurements per run name (``load_s``, ``step_s``, ``eval_s``, ``save_s``,
-            ``evals``, ``saves``, ``batch_size``).
+            ``evals``, ``saves``, ``batch_size``; ``fixed_s``, ``loop_s``, ``stall_s`` and
+            ``steps_done`` when measured).
         planned_steps: the run's planned optimizer steps.
     """
     cfg = spec.run_config(run)
     if run in pilot:
-        m = pilot[run]
+        m = dict(pilot[run])
         how = f"pilot of '{run}': {m['step_s'] * 1000:.2f} ms/step"
+        left = max(0, planned_steps - int(m.get("steps_done") or 0))
     else:
         ref = pilot.get("control") or next(iter(pilot.values()))
         m = dict(ref)
         m["step_s"] = ref["step_s"] * cfg.batch_size / ref["batch_size"]
         how = "not piloted: control's cost per sample scaled to this run's batch size"
+        left = planned_steps
+    if "fixed_s" in m and "loop_s" in m:
+        seconds = (
+            m["fixed_s"]
+            + m.get("first_step_s", 0.0)
+            + max(0, left - 1) * m.get("step_mean_s", m["step_s"])
+            + left * m["loop_s"]
+            + m.get("evals", 0) * m.get("eval_s", 0.0)
+            + m.get("saves", 0) * m.get("stall_s", 0.0)
+        )
+        how += (
+            f" + {m['loop_s'] * 1000:.2f} ms/step of the loop's own, {m['fixed_s']:.3g} s start-up"
+        )
+        return seconds / 3600.0, how
     seconds = (
         m["load_s"]
         + planned_steps * m["step_s"]
@@ -127,6 +147,15 @@ def reforecast_hours(
     hours: dict[str, tuple[float, str]] = {}
     if not pilot:
         return hours
+    # The pilots train one after the other in one process: the first pays its one-time
+    # warm-up (the first torch calls, the corpus's first load) outside its loop, which no
+    # later training call pays again, so each call's time outside the loop is the least any
+    # pilot measured.
+    fixed = [float(m["fixed_s"]) for m in pilot.values() if "fixed_s" in m]
+    if fixed:
+        pilot = {
+            run: {**m, "fixed_s": min(fixed)} if "fixed_s" in m else m for run, m in pilot.items()
+        }
     for step in spec.calendar:
         if step.run is None:
             continue
@@ -176,7 +205,7 @@ def calibrated_hours(
             continue
         planned = planned_steps_of(spec, step.run, {"control": ref})
         cfg = spec.run_config(step.run)
-        m = {**ref, "step_s": ref["step_s"] * cfg.batch_size / ref["batch_size"]}
+        m = {**ref, "step_s": ref["step_s"] * cfg.batch_size / ref["batch_size"], "steps_done": 0}
         hours, _ = forecast_run_hours(
             spec, run=step.run, pilot={step.run: m}, planned_steps=planned
         )
@@ -274,7 +303,12 @@ def early_losses(metrics: Sequence[Mapping[str, Any]], *, steps: int) -> list[fl
 
 
 def pilot_measures(
-    run: ResolvedRun, *, result: Any, n_train: int, losses: Sequence[float] = ()
+    run: ResolvedRun,
+    *,
+    result: Any,
+    n_train: int,
+    losses: Sequence[float] = (),
+    rows: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """What the re-forecast needs from a pilot: load, step, eval and save costs and their counts,
     and the early loss curve the decision point compares with the control's.
@@ -284,6 +318,8 @@ def pilot_measures(
         result: the pilot's ``runresult.RunResult``.
         n_train: rows of the corpus's train split.
         losses: the pilot's training losses (``early_losses``).
+        rows: the pilot's ``metrics.jsonl`` rows: each step's time (its first, the warm-up a
+            resumed call pays again, apart from the mean of the others).
     """
     cfg = run.config
     t = result.timings
@@ -291,6 +327,11 @@ def pilot_measures(
     steps_per_epoch = cfg.steps_per_epoch(n_train)
     evals = planned // cfg.eval_every if cfg.eval_every else -(-planned // steps_per_epoch)
     every = result.checkpoint_every or planned
+    done = max(1, int(result.steps_done or 0))
+    evals_s = [float(x) for x in (t.get("eval_s") or []) if isinstance(x, int | float)]
+    stalls = [float(x) for x in (t.get("stall_s") or []) if isinstance(x, int | float)]
+    loop_wall = float(t.get("train_s") or 0.0)
+    steps_sum = float(t.get("steps_s_sum") or 0.0)
     return {
         "run_id": result.run_id,
         "steps_done": result.steps_done,
@@ -306,7 +347,27 @@ def pilot_measures(
         "saves": max(1, -(-planned // max(1, int(every)))),
         "checkpoint_every": result.checkpoint_every,
         "early_losses": [float(x) for x in losses],
+        # What surrounds a step, measured by this call (not assumed): the loop's own time per
+        # step beyond the step, its evaluations and its save waits; and the call's time
+        # outside the loop (set-up, load, restore, the last save).
+        "loop_s": max(0.0, loop_wall - steps_sum - sum(evals_s) - sum(stalls)) / done,
+        "fixed_s": max(0.0, float(t.get("total_s") or 0.0) - loop_wall),
+        **_step_spread(rows, fallback=steps_sum / done),
+        "stall_s": _median_or_zero(stalls),
     }
+
+
+def _step_spread(rows: Sequence[Mapping[str, Any]], *, fallback: float) -> dict[str, float]:
+    """The pilot's first step (a call's warm-up) and the mean of its later steps: a sum of
+    steps is forecast by their mean, so a shared machine's slow steps are in it."""
+    times = [
+        float(r["step_s"])
+        for r in rows
+        if r.get("kind") == "train" and isinstance(r.get("step_s"), int | float)
+    ]
+    if len(times) < 2:
+        return {"step_mean_s": fallback, "first_step_s": fallback}
+    return {"step_mean_s": sum(times[1:]) / (len(times) - 1), "first_step_s": times[0]}
 
 
 def low_information(
@@ -339,8 +400,13 @@ class Reforecast:
     plan: Any  # calendar.Plan of every step with the re-forecast hours
 
     def hours_record(self) -> dict[str, dict[str, Any]]:
-        """``{step: {hours, how}}``, as kept in ``decisions.jsonl``."""
-        return {name: {"hours": h, "how": how} for name, (h, how) in self.hours.items()}
+        """``{step: {hours, how, p10_hours, p90_hours}}``, as kept in ``decisions.jsonl``
+        (the range: ``plan.ranges``, uncalibrated)."""
+        out = {}
+        for name, (h, how) in self.hours.items():
+            p10, p90 = hours_range(h)
+            out[name] = {"hours": h, "how": how, "p10_hours": p10, "p90_hours": p90}
+        return out
 
 
 def decide_after_pilot(

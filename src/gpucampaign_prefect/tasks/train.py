@@ -109,7 +109,7 @@ def pilot(
     metrics = side.run_folder.metrics
     rows = read_metrics(metrics) if metrics.is_file() else []
     losses = early_losses(rows, steps=spec.pilot.steps)
-    return pilot_measures(resolved, result=result, n_train=notes.n_train, losses=losses)
+    return pilot_measures(resolved, result=result, n_train=notes.n_train, losses=losses, rows=rows)
 
 
 def _train_run_name() -> str:
