@@ -214,7 +214,8 @@ def bench_training(tmp: Path, repeats: int, res: Results, *, epochs: int = 200) 
 
 def bench_loop_cost(tmp: Path, repeats: int, res: Results, *, epochs: int = 100) -> None:
     """The loop's own cost per step (``bench/loop_cost.py``): the demo's MLP, ~1 ms steps."""
-    pair = loop_cost.Pair(loop_cost.loop_spec(tmp, epochs=epochs), tmp / "loop-cost")
+    path = loop_cost.loop_spec(tmp, epochs=epochs, eval_every=loop_cost.NO_EVAL)
+    pair = loop_cost.Pair(path, tmp / "loop-cost")
     m = loop_cost.measure(pair, repeats=repeats)
     res.rows.append(
         Row(
@@ -228,7 +229,8 @@ def bench_loop_cost(tmp: Path, repeats: int, res: Results, *, epochs: int = 100)
             f"the loop's time less its {m['evaluations']} evaluations and {m['saves']} saves' "
             f"stalls, over the same steps of a plain loop, in {repeats} alternated pairs; the "
             f"fastest loop less the fastest plain one: {m['overhead_us']} us "
-            f"({m['throughput_x']:.2f}x throughput)",
+            f"({m['throughput_x']:.2f}x throughput); no evaluation during training (what one "
+            "costs beyond its own: `python bench/loop_cost.py --eval-every 0`)",
         )
     )
 

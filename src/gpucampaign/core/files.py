@@ -246,9 +246,14 @@ def json_bytes(obj: Any) -> bytes:
     return (text + "\n").encode()
 
 
+# What json.dumps(sort_keys=True, ensure_ascii=False, default=...) builds at every call, built
+# once: the training loop writes a line per step.
+_LINE = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=_json_default)
+
+
 def jsonl_line(record: Mapping[str, Any]) -> str:
     """One JSONL line (floats written exactly, so a read gives back the same numbers)."""
-    return json.dumps(record, sort_keys=True, ensure_ascii=False, default=_json_default) + "\n"
+    return _LINE.encode(record) + "\n"
 
 
 def append_jsonl(path: str | Path, record: Mapping[str, Any]) -> None:

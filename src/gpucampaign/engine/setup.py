@@ -33,7 +33,13 @@ from gpucampaign.engine.devices import (
     pick_device,
     seed_everything,
 )
-from gpucampaign.engine.parts import BatchCopy, make_loader, place_eval_splits, place_train_split
+from gpucampaign.engine.parts import (
+    BatchCopy,
+    TensorBatches,
+    make_loader,
+    place_eval_splits,
+    place_train_split,
+)
 from gpucampaign.engine.process_group import OneProcess, Ranks
 from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import MetricsLog
@@ -62,7 +68,7 @@ class LiveRun:
     described: dict[str, Any]
     state: TrainState
     autocast: AbstractContextManager
-    loader: DataLoader
+    loader: DataLoader | TensorBatches
     planned: int
     target: int
     manager: CheckpointManager
@@ -233,7 +239,10 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
             torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
         ),
         loader=loader,
-        copy_batch=BatchCopy(device) if placed is None else (lambda batch: batch),
+        # On the CPU a batch is where it trains: nothing to move at each step.
+        copy_batch=(
+            BatchCopy(device) if placed is None and device.type != "cpu" else (lambda batch: batch)
+        ),
         on_device=place_eval_splits(  # data-parallel: rank 0 alone evaluates
             datasets,
             placed_train=placed if dist.is_main else None,
