@@ -185,9 +185,10 @@ _UMASK = _current_umask()
 
 
 @contextlib.contextmanager
-def _replacing(path: Path) -> Iterator[BinaryIO]:
+def _replacing(path: Path, *, sync: bool = True) -> Iterator[BinaryIO]:
     """A file opened under a temp name beside ``path``; on success fsynced and renamed over
-    ``path`` (and the folder fsynced), on failure removed, leaving ``path`` as it was."""
+    ``path`` (and the folder fsynced), on failure removed, leaving ``path`` as it was.
+    ``sync=False``: renamed without either fsync (``sync_files`` later)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
     try:
@@ -196,12 +197,14 @@ def _replacing(path: Path) -> Iterator[BinaryIO]:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if sync:
+        fsync_dir(path.parent)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -209,6 +212,31 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     file, and a crash leaves the old file or the new one."""
     with _replacing(Path(path)) as f:
         f.write(data)
+
+
+def replace_bytes(path: str | Path, data: bytes) -> Path:
+    """Write through a temp name and rename, without fsync: a reader never sees half a file;
+    ``sync_files`` makes it durable later (the training loop: at its next checkpoint)."""
+    with _replacing(Path(path), sync=False) as f:
+        f.write(data)
+    return Path(path)
+
+
+def sync_files(paths: list[Path]) -> None:
+    """fsync each file and its folder (once each), then empty ``paths``; a file gone since is
+    skipped."""
+    for folder in dict.fromkeys(p.parent for p in paths):
+        for p in (q for q in paths if q.parent == folder):
+            try:
+                fd = os.open(p, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(folder)
+    paths.clear()
 
 
 def atomic_copy(src: str | Path, dst: str | Path) -> Path:

@@ -42,11 +42,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpucampaign.core.files import replace_bytes
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.engine.checkpointer import ReadBack
 from gpucampaign.recipe.runtime import score_split
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
     from gpucampaign.checkpoint.manager import SavedCheckpoint
@@ -258,6 +261,12 @@ class RunView:
         if dataset is None or len(dataset) == 0:
             return None
         return score_split(r.recipe, r.state.model, dataset, config=r.config, device=r.device)
+
+    def write_file(self, path: Path, data: bytes) -> None:
+        """Write ``path`` atomically now, durable (fsynced) before the next checkpoint commits
+        and at the end of the call: a crash loses only what the resume from that checkpoint
+        writes again. Not an fsync at every call (issue 47: an evaluation's record)."""
+        self._r.unsynced.append(replace_bytes(path, data))
 
     def put_checkpoint_meta(self, key: str, value: Any) -> None:
         """One more field for every later checkpoint's meta (the MLflow run ID)."""

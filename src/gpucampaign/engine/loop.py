@@ -85,7 +85,7 @@ import torch
 from gpucampaign.checkpoint.manager import LoadedCheckpoint
 from gpucampaign.checkpoint.trainstate import MODEL
 from gpucampaign.config import CampaignSpec, ResolvedRun
-from gpucampaign.core.files import atomic_write_bytes, json_bytes
+from gpucampaign.core.files import atomic_write_bytes, json_bytes, sync_files
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import NonFiniteLoss, NoUsableRestart, StopRule
 from gpucampaign.engine.checkpointer import Checkpointer, SaveFn
@@ -543,5 +543,6 @@ def _close_rows(r: LiveRun, hooks: Hooks) -> None:
             _flush(r, hooks)
     finally:
         r.mlog.close()
+        sync_files(r.unsynced)
         _tell_rows(r, hooks)
         hooks.on_close()

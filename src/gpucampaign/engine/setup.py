@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -92,6 +93,8 @@ class LiveRun:
     eval_times: list[float] = field(default_factory=list)
     # The last evaluation during training (step, metrics on val): the live progress shows it.
     last_eval: tuple[int, dict[str, float]] | None = None
+    # Files written by the hooks, fsynced at the next checkpoint and the call's end.
+    unsynced: list[Path] = field(default_factory=list)
     # More fields for every checkpoint's meta (the MLflow run ID when tracking is on).
     checkpoint_meta: dict[str, Any] = field(default_factory=dict)
     # Set by the loop before the first step: the log once metrics.jsonl is open, the saver
