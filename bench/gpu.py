@@ -15,14 +15,17 @@ On a CUDA device (``--smoke``: on any device, a tiny model, seconds; the tests r
   hook of its loop): per step, each op's device time (CPU time on the CPU), the device's
   idle time, and the difference campaign - bare, op by op, which sums to the difference of
   their step times;
-- ``--io``: save and restore from GPU memory as the loop does them, against raw I/O.
+- ``--io``: save and restore from GPU memory as the loop does them, against raw I/O;
+- ``loop`` (``bench/gpu_loop.py``): the loop's cost per step on 2 and 8 ms steps, the stall of
+  each save, a resume's restore and its time to the first step.
 
 Each part can run alone (``--parts``) and adds its figures to the results of the same device
 (``bench/results/gpu-<device>.json``, rendered to ``.md``), so a device session of ten-minute
 calls runs them in turn. The machine's load average and the device are named with every
 figure. Without a GPU (and without ``--smoke``) it says so and exits 0.
 
-Usage: python bench/gpu.py [--parts throughput,profile,io] [--min-train-s 180] [--repeats 2]
+Usage: python bench/gpu.py [--parts throughput,profile,io,loop] [--min-train-s 180] [--repeats 2]
+       [--loop-ms 2,8] [--loop-s 20]
        [--profile-steps 300] [--hidden 4096] [--layers 16] [--batch 1024] [--precision bf16]
        [--out-dir bench/results] [--smoke]
 """
@@ -49,7 +52,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-PARTS = ("throughput", "profile", "io")
+import gpu_loop  # noqa: E402  (bench/gpu_loop.py)
+
+PARTS = ("throughput", "profile", "io", "loop")
 #: Rows of the profile's difference table (the rest is summed as one).
 TOP_OPS = 15
 
@@ -112,6 +117,24 @@ class Workload:
         data["control"].update({"max_steps": steps, "place_data": place_data})
         path = self.write_spec_copy(data, source_dir=self.src.parent, dest=self.tmp / f"s{self._n}")
         return self.load_spec(path)
+
+    def campaign_resumed(self, steps: int) -> Any:
+        """A run stopped at half its steps (its checkpoint saved), then resumed by a second
+        ``train_run`` in the same folder: the second call's result (restore, first step)."""
+        from gpucampaign.engine.loop import train_run
+        from gpucampaign.folder.layout import RunFolder
+        from gpucampaign.storage import LocalStore
+
+        spec = self.spec(steps=steps)
+        run = spec.resolve_run("control")
+        kw = {
+            "run": run,
+            "corpus": self.corpus,
+            "store": LocalStore(self.tmp / f"ck{self._n}"),
+            "run_folder": RunFolder.scratch(self.tmp / f"run{self._n}", run.run_id),
+        }
+        train_run(spec, stop_after_steps=steps // 2, **kw)
+        return train_run(spec, **kw)
 
     def campaign(self, steps: int, *, hook: Any = None, place_data: str = "device") -> Any:
         """``train_run`` of the control for ``steps`` steps; ``hook``: a loop hook factory."""
@@ -465,6 +488,8 @@ def render(results: dict[str, Any]) -> str:
             lines += ["| where | ms per step |", "|---|---|"]
             lines += [f"| `{r['where']}` | {r['ms']:+.3f} |" for r in prof[f"difference_vs_{kind}"]]
         lines.append("")
+    if results.get("loop"):
+        lines += gpu_loop.render(results["loop"])
     io = results.get("io")
     if io:
         lines += [f"## Checkpoint save and restore ({io['at']}, load {io['load_avg']})", ""]
@@ -486,6 +511,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1024, help="At most the 1437 training rows.")
     ap.add_argument("--mb", type=int, default=1536, help="State size of the I/O part, MB.")
     ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
+    ap.add_argument(
+        "--loop-ms", default="2,8", help="The loop part's bare step times, ms (comma-separated)."
+    )
+    ap.add_argument("--loop-s", type=float, default=20.0, help="The loop part's seconds a run.")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--trace-dir", type=Path, default=None, help="Keep the chrome traces here.")
     ap.add_argument("--smoke", action="store_true", help="Any device, a tiny model, seconds.")
@@ -497,9 +526,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.smoke:
         a.hidden, a.layers, a.batch, a.mb = 32, 2, 128, 8
         a.min_train_s, a.repeats, a.profile_steps = min(a.min_train_s, 1.0), 1, 10
+        a.loop_s = min(a.loop_s, 0.3)
         if not cuda:
             a.precision = "fp32"
     parts = [p for p in a.parts.split(",") if p]
+    a.loop_ms = [float(x) for x in a.loop_ms.split(",") if x]
     a.bare = [b for b in a.bare.split(",") if b]
     if set(a.bare) - set(BARE):
         ap.error(f"--bare: among {', '.join(BARE)}")
@@ -517,7 +548,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpucampaign-gpubench-") as tmp:
         w = Workload(Path(tmp), a, device)
         for part in parts:
-            measure = {"throughput": throughput, "profile": profile_part, "io": io_part}[part]
+            measure = {
+                "throughput": throughput,
+                "profile": profile_part,
+                "io": io_part,
+                "loop": lambda w: gpu_loop.loop_part(w, sys.modules[__name__]),
+            }[part]
             try:
                 results[part] = measure(w)
                 results.pop(f"{part}_error", None)

@@ -6,6 +6,9 @@
 #            the profile (300 steps of the campaign's loop and of both bare loops)
 #   stage 2 (~8 min): throughput, campaign vs the fastest bare loop, >= 180 s of training each
 #   stage 3 (~8 min, another session): campaign vs the same-loader bare loop, the same way
+#   stage loop (~4-5 min, one short call): the loop's cost per step on 2 and 8 ms steps
+#            (campaign vs the fastest bare loop, 2 x 20 s each), the stall of each save, a
+#            resume's restore and its time to the first step (bench/gpu_loop.py)
 # Results: bench/results/gpu-<device>.{json,md} (each stage adds its figures), traces in $OUT.
 set -euo pipefail
 stage=${1:-1}
@@ -18,6 +21,7 @@ case "$stage" in
     ;;
   2) python bench/gpu.py --parts throughput --min-train-s 180 --repeats 1 --bare fastest ;;
   3) python bench/gpu.py --parts throughput --min-train-s 180 --repeats 1 --bare same-loader ;;
-  *) echo "stage 1, 2 or 3" >&2; exit 2 ;;
+  loop) python bench/gpu.py --parts loop --repeats 2 --loop-ms 2,8 --loop-s 20 ;;
+  *) echo "stage 1, 2, 3 or loop" >&2; exit 2 ;;
 esac
 cp bench/results/gpu-*.json bench/results/gpu-*.md "$out"/ 2>/dev/null || true

@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import checkpoint as ckbench  # noqa: E402  (bench/checkpoint.py)
 import fixed  # noqa: E402  (bench/fixed.py)
+import loop_cost  # noqa: E402  (bench/loop_cost.py)
 import overhead  # noqa: E402  (bench/overhead.py)
 
 from gpucampaign.cli.scaffold import init_campaign, write_spec_copy  # noqa: E402
@@ -75,7 +76,11 @@ class Row:
     note: str = ""
 
     def cells(self) -> list[str]:
-        fmts = {"%": lambda v: f"{100 * v:.2f}%", "s": lambda v: f"{v:.1f} s"}
+        fmts = {
+            "%": lambda v: f"{100 * v:.2f}%",
+            "s": lambda v: f"{v:.1f} s",
+            "us": lambda v: f"{v:.0f} us",
+        }
         fmt = fmts.get(self.unit, lambda v: f"{v:.2f}x")
         lo, med, hi = (fmt(v) for v in spread(self.samples)) if self.samples else ("-",) * 3
         status = {
@@ -203,6 +208,29 @@ def bench_training(tmp: Path, repeats: int, res: Results, *, epochs: int = 200) 
             unit="%",
             note="what the loop waited for at every save of the run (snapshot, and the previous "
             "save if still in flight), the first (measuring) one included",
+        )
+    )
+
+
+def bench_loop_cost(tmp: Path, repeats: int, res: Results, *, epochs: int = 100) -> None:
+    """The loop's own cost per step (``bench/loop_cost.py``): the demo's MLP, ~1 ms steps."""
+    path = loop_cost.loop_spec(tmp, epochs=epochs, eval_every=loop_cost.NO_EVAL)
+    pair = loop_cost.Pair(path, tmp / "loop-cost")
+    m = loop_cost.measure(pair, repeats=repeats)
+    res.rows.append(
+        Row(
+            "loop overhead per step",
+            "bare PyTorch loop, same tensors",
+            [float(v) for v in m["overhead_us_pairs"]],
+            f"<= {loop_cost.GOAL_US:g} us",
+            statistics.median(m["overhead_us_pairs"]) <= loop_cost.GOAL_US,
+            unit="us",
+            note=f"{m['steps']} steps of {m['bare_step_ms']} ms (demo MLP, batch 64, 1 thread); "
+            f"the loop's time less its {m['evaluations']} evaluations and {m['saves']} saves' "
+            f"stalls, over the same steps of a plain loop, in {repeats} alternated pairs; the "
+            f"fastest loop less the fastest plain one: {m['overhead_us']} us "
+            f"({m['throughput_x']:.2f}x throughput); no evaluation during training (what one "
+            "costs beyond its own: `python bench/loop_cost.py --eval-every 0`)",
         )
     )
 
@@ -506,6 +534,7 @@ def main() -> int:
         # The loop's figure is a ratio of two 7 s runs on a shared 2-core box: 5 repeats, so
         # one slow run (the first often is) does not make the median.
         bench_training(tmp, 1 if a.smoke else reps + 2, res, epochs=20 if a.smoke else 200)
+        bench_loop_cost(tmp, 1 if a.smoke else reps + 4, res, epochs=10 if a.smoke else 100)
         sizes = [(64, reps), (256, reps)] if a.quick else [(64, 3), (256, 3), (1024, 2), (4096, 1)]
         bench_io(tmp, [(64, 1)] if a.smoke else sizes, res)
         bench_restart(tmp, 1 if a.smoke else 2, res, factors=(1, 2) if a.smoke else (10, 20))

@@ -49,3 +49,26 @@ def test_git_commit_of_a_file_no_checkout_tracks_is_none(tmp_path):
     assert git_commit(installed.parent, tracking=installed) is None
     tracked = tmp_path / ".gitignore"
     assert git_commit(tmp_path, tracking=tracked) == git_commit(tmp_path)
+
+
+def test_a_file_replaced_now_is_fsynced_once_later(tmp_path, monkeypatch):
+    """``replace_bytes`` renames into place without an fsync (a training loop's evaluation
+    record, issue 47); ``sync_files`` fsyncs each file and its folder once, skips a file gone
+    since, and empties the list."""
+    synced: list[str] = []
+    real = files.os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    pending = [files.replace_bytes(tmp_path / "a" / f"s-{i}.npz", b"x" * i) for i in (1, 2, 3)]
+    assert synced == [] and (tmp_path / "a" / "s-2.npz").read_bytes() == b"xx"
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(files.TMP_PREFIX)]
+    (tmp_path / "a" / "s-3.npz").unlink()
+    files.sync_files(pending)
+    assert pending == []
+    assert synced == [str(tmp_path / "a" / n) for n in ("s-1.npz", "s-2.npz")] + [
+        str(tmp_path / "a")
+    ]

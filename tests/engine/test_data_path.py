@@ -15,6 +15,7 @@ from gpucampaign.engine.parts import (
     BatchCopy,
     PermutedBatches,
     RankShard,
+    TensorBatches,
     make_loader,
     place_eval_splits,
     place_train_split,
@@ -229,3 +230,39 @@ def test_on_cuda_placed_batches_train_like_host_batches(tmp_path, digits_file): 
     assert len(a) == 20 and a == b
     evals = [_evaluations(run_dir(s, tmp_path, out=o)) for s, o in ((host, "host"), (auto, "auto"))]
     assert len(evals[0]) == 4 and evals[0] == evals[1]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_tensor_batches_are_the_loaders(world_size):
+    """``TensorBatches`` (the loop's batches without workers) yields what torch's
+    ``DataLoader`` over the same sampler yields (a list of tensors, the short last batch too),
+    and leaves the generator in the same state after each epoch (issue 47)."""
+    g = torch.Generator().manual_seed(2)
+    train = TensorDataset(
+        torch.randn(103, 5, generator=g), torch.randint(0, 3, (103,), generator=g)
+    )
+    config = RunConfig(batch_size=16)
+    ours = make_loader(
+        train,
+        config=config,
+        generator=torch.Generator().manual_seed(7),
+        device=CPU,
+        rank=world_size - 1,
+        world_size=world_size,
+    )
+    assert isinstance(ours, TensorBatches)
+    gen = torch.Generator().manual_seed(7)
+    batches = PermutedBatches(103, batch_size=16, generator=gen)
+    sampler = (
+        RankShard(batches, rank=world_size - 1, world_size=world_size)
+        if world_size > 1
+        else batches
+    )
+    torchs = DataLoader(train, sampler=sampler, batch_size=None, generator=gen)
+    for _ in range(3):
+        a, b = list(ours), list(torchs)
+        assert len(a) == len(b) == len(ours) == 7
+        for x, y in zip(a, b, strict=True):
+            assert type(x) is type(y) is list
+            assert all(torch.equal(u, v) for u, v in zip(x, y, strict=True))
+        assert torch.equal(ours.generator.get_state(), gen.get_state())

@@ -94,6 +94,35 @@ def test_the_events_of_a_run_come_in_the_loops_order(tmp_path, digits_file):  # 
     assert hook.rows == read_metrics(run_dir(spec, tmp_path) / "metrics.jsonl")
 
 
+class EveryFifth(Recorder):
+    """Needs ``after_step`` at every fifth step only (issue 47: the loop asks no hook at a
+    step it does not need)."""
+
+    def next_step(self, step: int) -> int:
+        return (step // 5 + 1) * 5
+
+    def on_rows(self, rows: list[dict[str, Any]]) -> None:
+        self.events.append(f"rows {self.r.step}")  # an event: asked again at the next step
+
+
+def test_a_hook_is_asked_at_the_steps_it_needs_and_after_any_other_event(
+    tmp_path,
+    digits_file,  # noqa: F811
+):
+    built: list[Recorder] = []
+    register(lambda r, args: built.append(Recorder(r, args)) or built[-1])
+    register(lambda r, args: built.append(EveryFifth(r, args)) or built[-1])
+    spec = make_spec(tmp_path, digits_file)  # 2 epochs of 10 steps, an evaluation per epoch
+    assert run(spec, tmp_path, log_every_steps=3).completed
+    every, fifth = ([int(e.split()[1]) for e in h.events if "after_step" in e] for h in built)
+    assert every == list(range(1, 21))  # a hook that says nothing: every step, as before
+    # Its own steps, the first one (after on_start), and a step at which rows were handed
+    # on (an event makes every hook due at the next step); not the others.
+    evented = {int(e.split()[1]) for e in built[1].events if e.startswith("rows")}
+    assert {1, 5, 10, 15, 20} <= set(fifth) and len(fifth) < 20
+    assert set(fifth) <= {1, 5, 10, 15, 20} | evented
+
+
 def test_a_pilot_call_has_no_end_and_a_resume_hands_the_restored_meta(tmp_path, digits_file):  # noqa: F811
     built = _record()
     spec = make_spec(tmp_path, digits_file)

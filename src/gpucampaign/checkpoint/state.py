@@ -103,6 +103,9 @@ class BackgroundSaves:
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Any = None
+        # Set by the save's thread when it ends: the loop asks ``finished`` at every step,
+        # and a future's ``done()`` takes its lock.
+        self._ended: Any = None
 
     @property
     def in_flight(self) -> bool:
@@ -112,12 +115,16 @@ class BackgroundSaves:
     @property
     def finished(self) -> bool:
         """True when a submitted save has ended and waits to be collected."""
-        return self._pending is not None and self._pending.done()
+        return self._pending is not None and self._ended is self._pending
 
     def submit(self, save: Any) -> None:
         """Start ``save()`` in the background; the previous one must have been collected."""
         assert self._pending is None, "a save is still in flight: wait() first"
         self._pending = self._pool.submit(save)
+        self._pending.add_done_callback(self._end)
+
+    def _end(self, future: Any) -> None:
+        self._ended = future  # one reference store: atomic, no lock
 
     def wait(self) -> Any:
         """The in-flight save's result (None when there is none); re-raises its error."""

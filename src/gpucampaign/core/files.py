@@ -186,9 +186,10 @@ _UMASK = _current_umask()
 
 
 @contextlib.contextmanager
-def _replacing(path: Path) -> Iterator[BinaryIO]:
+def _replacing(path: Path, *, sync: bool = True) -> Iterator[BinaryIO]:
     """A file opened under a temp name beside ``path``; on success fsynced and renamed over
-    ``path`` (and the folder fsynced), on failure removed, leaving ``path`` as it was."""
+    ``path`` (and the folder fsynced), on failure removed, leaving ``path`` as it was.
+    ``sync=False``: renamed without either fsync (``sync_files`` later)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
     try:
@@ -197,12 +198,14 @@ def _replacing(path: Path) -> Iterator[BinaryIO]:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if sync:
+        fsync_dir(path.parent)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -225,6 +228,31 @@ def replace_dir(dst: Path, new: Path) -> None:
     else:
         new.rename(dst)
     fsync_dir(dst.parent)
+
+
+def replace_bytes(path: str | Path, data: bytes) -> Path:
+    """Write through a temp name and rename, without fsync: a reader never sees half a file;
+    ``sync_files`` makes it durable later (the training loop: at its next checkpoint)."""
+    with _replacing(Path(path), sync=False) as f:
+        f.write(data)
+    return Path(path)
+
+
+def sync_files(paths: list[Path]) -> None:
+    """fsync each file and its folder (once each), then empty ``paths``; a file gone since is
+    skipped."""
+    for folder in dict.fromkeys(p.parent for p in paths):
+        for p in (q for q in paths if q.parent == folder):
+            try:
+                fd = os.open(p, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(folder)
+    paths.clear()
 
 
 def atomic_copy(src: str | Path, dst: str | Path) -> Path:
@@ -262,9 +290,14 @@ def json_bytes(obj: Any) -> bytes:
     return (text + "\n").encode()
 
 
+# What json.dumps(sort_keys=True, ensure_ascii=False, default=...) builds at every call, built
+# once: the training loop writes a line per step.
+_LINE = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=_json_default)
+
+
 def jsonl_line(record: Mapping[str, Any]) -> str:
     """One JSONL line (floats written exactly, so a read gives back the same numbers)."""
-    return json.dumps(record, sort_keys=True, ensure_ascii=False, default=_json_default) + "\n"
+    return _LINE.encode(record) + "\n"
 
 
 def append_jsonl(path: str | Path, record: Mapping[str, Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -20,7 +21,7 @@ from gpucampaign.checkpoint.savepolicy import SavePolicy
 from gpucampaign.checkpoint.state import BackgroundSaves, snapshot
 from gpucampaign.checkpoint.trainstate import MODEL, TrainState
 from gpucampaign.config import CampaignSpec, RunConfig
-from gpucampaign.core.files import median
+from gpucampaign.core.files import median, sync_files
 from gpucampaign.engine.process_group import Ranks
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.storage import LocalStore, SpoolingStore
@@ -54,6 +55,7 @@ class SavingRun(Protocol):
     mlog: MetricsLog
     checkpoint_meta: dict[str, Any]
     dist: Ranks
+    unsynced: list[Path]  # the hooks' files, fsynced with the metrics before a snapshot
 
     @property
     def run_id(self) -> str: ...
@@ -134,6 +136,7 @@ class Checkpointer:
         assert not r.mlog.waiting, "the loop writes the waiting rows before a snapshot"
         self.wait()
         r.mlog.sync()
+        sync_files(r.unsynced)  # the hooks' files of the steps it holds (futility's records)
         # Data-parallel: every rank's RNG states are gathered here, so every rank has reached
         # this step's save before rank 0 writes it and moves LATEST; the other ranks write
         # nothing (rank 0 holds the same weights, optimizer and cursor).

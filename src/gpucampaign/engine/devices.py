@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -30,18 +28,28 @@ class RngSlot:
     def __init__(self) -> None:
         self.saved: dict[str, Any] | None = None
 
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """The global generators hold this run's states inside the block."""
+    def held(self) -> RngSlot:
+        """The global generators hold this run's states inside the block (``with
+        slot.held():``). A class's ``__enter__`` rather than a generator: the loop enters it
+        at every step."""
+        return self
+
+    def __enter__(self) -> None:
         global _rng_owner
-        with GLOBAL_RNG_LOCK:
-            if _rng_owner is not self:
+        GLOBAL_RNG_LOCK.acquire()
+        if _rng_owner is not self:
+            try:
                 if _rng_owner is not None:
                     _rng_owner.saved = capture_rng()
                 if self.saved is not None:
                     restore_rng(self.saved)
                 _rng_owner = self
-            yield
+            except BaseException:
+                GLOBAL_RNG_LOCK.release()
+                raise
+
+    def __exit__(self, *exc: object) -> None:
+        GLOBAL_RNG_LOCK.release()
 
 
 AMP_DTYPES: dict[str, torch.dtype | None] = {

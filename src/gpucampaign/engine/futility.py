@@ -2,7 +2,9 @@
 
 The control trains first. At each of its evaluations during training it keeps the per-example
 scores of the decision metric on the selection split (the recipe's ``score``), in
-``runs/<control>/evals/scores-<step>.npz`` (example IDs and values, with its planned steps). At
+``runs/<control>/evals/scores-<step>.npz`` (example IDs and values, with its planned steps;
+renamed into place at once, fsynced with the metrics before the next checkpoint commits: a
+crash loses only records that the resume from that checkpoint writes again). At
 each evaluation of a variant after the grace and before its last step, the variant scores the
 same split and the paired bootstrap the verdict uses (``core/resample.py``) gives the interval
 of its gain over the control at the same step. Only at the same step: when the control has no
@@ -37,6 +39,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,9 +78,12 @@ class EvalScores:
     values: np.ndarray
 
 
-def write_eval_scores(run_dir: Path, rec: EvalScores) -> Path:
+def write_eval_scores(
+    run_dir: Path, rec: EvalScores, *, write: Callable[[Path, bytes], Any] = atomic_write_bytes
+) -> Path:
     """Keep ``rec`` as ``run_dir/evals/scores-<step>.npz`` (atomic; a resumed run rewrites the
-    same step with the same values)."""
+    same step with the same values). ``write``: the training loop's ``RunView.write_file``
+    (durable by its next checkpoint, without an fsync at every evaluation)."""
     buf = io.BytesIO()
     np.savez(
         buf,
@@ -90,7 +96,7 @@ def write_eval_scores(run_dir: Path, rec: EvalScores) -> Path:
     )
     path = Path(run_dir) / eval_scores_file(rec.step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, buf.getvalue())
+    write(path, buf.getvalue())
     return path
 
 
@@ -393,6 +399,7 @@ class Futility(Hook):
                     ids=tuple(ids),
                     values=np.asarray(values, dtype=np.float64),
                 ),
+                write=r.write_file,
             )
             return None
         control_dir = r.run_folder.of_run(r.spec.resolve_run(CONTROL).run_id).path

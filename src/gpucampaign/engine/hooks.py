@@ -19,7 +19,9 @@ The events of one call, in order (``ARCHITECTURE.md`` has the map with who liste
                             by the loop after each flush and event
       after_eval(metrics)   an evaluation on val during training gave ``metrics``
       wants_rows()          asked before after_step: the waiting rows written first?
-      after_step()          the step is applied and its save decided
+      after_step()          the step is applied and its save decided; both only at the
+                            steps the hook needs (``next_step``, ``next_time``: every step
+                            unless it says otherwise) and at the step after any other event
     after_train()           the call's target step is reached, its saves durable
     at_end(metrics)         the run's last step: final evaluations and model/ written;
                             the stop it returns is recorded in result.json, then raised
@@ -34,15 +36,20 @@ with the train state and given back on a resume, never rebuilt from the records.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpucampaign.core.files import replace_bytes
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.engine.checkpointer import ReadBack
 from gpucampaign.recipe.runtime import score_split
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
     from gpucampaign.checkpoint.manager import SavedCheckpoint
@@ -54,6 +61,9 @@ if TYPE_CHECKING:
     from gpucampaign.storage import Store
 
 ProgressFn = Callable[[dict[str, Any]], None]
+
+#: A step no run reaches: a hook that needs no step (``Hook.next_step``).
+NEVER = 2**62
 
 
 @dataclass(frozen=True)
@@ -252,6 +262,12 @@ class RunView:
             return None
         return score_split(r.recipe, r.state.model, dataset, config=r.config, device=r.device)
 
+    def write_file(self, path: Path, data: bytes) -> None:
+        """Write ``path`` atomically now, durable (fsynced) before the next checkpoint commits
+        and at the end of the call: a crash loses only what the resume from that checkpoint
+        writes again. Not an fsync at every call (issue 47: an evaluation's record)."""
+        self._r.unsynced.append(replace_bytes(path, data))
+
     def put_checkpoint_meta(self, key: str, value: Any) -> None:
         """One more field for every later checkpoint's meta (the MLflow run ID)."""
         self._r.checkpoint_meta[key] = value
@@ -291,6 +307,17 @@ class Hook:
         """A step is applied and its save decided."""
         return None
 
+    def next_step(self, step: int) -> int:
+        """The next step whose ``wants_rows`` and ``after_step`` this hook needs, asked after
+        those of ``step``: ``step + 1`` (every step) unless it knows better. Any other event
+        asks again at the next step."""
+        return step + 1
+
+    def next_time(self) -> float:
+        """The ``time.monotonic()`` from which its ``wants_rows`` and ``after_step`` are
+        needed at every step, whatever ``next_step`` said (infinity: never by the clock)."""
+        return math.inf
+
     def after_train(self) -> None:
         """The call's target step is reached and its saves are durable."""
 
@@ -314,11 +341,34 @@ class Hook:
 HookFactory = Callable[[RunView, HookArgs], Hook | None]
 
 
+def _overrides(hook: Hook, name: str) -> bool:
+    return getattr(type(hook), name) is not getattr(Hook, name)
+
+
 @dataclass
 class Hooks:
-    """The hooks of one call, called in order by the loop; the first stop asked wins."""
+    """The hooks of one call, called in order by the loop; the first stop asked wins.
+
+    The per-step events (``wants_rows``, ``after_step``) go only to the hooks that override
+    one of them, and only at the steps they need (``Hook.next_step``, ``Hook.next_time``): the
+    loop asks ``due(step)`` at every step, two comparisons and a clock read. Every other event
+    makes them due at the next step, so a hook's decisions are the ones it would make if asked
+    at every step.
+    """
 
     hooks: list[Hook] = field(default_factory=list)
+    # Asked at every step: due from this step, or from this monotonic time.
+    ask_step: int = field(default=0, init=False)
+    ask_time: float = field(default=math.inf, init=False)
+
+    def __post_init__(self) -> None:
+        self._stepping = [
+            h for h in self.hooks if _overrides(h, "wants_rows") or _overrides(h, "after_step")
+        ]
+        self._checking = [h for h in self.hooks if _overrides(h, "on_train_row")]
+        self._steps = [0] * len(self._stepping)  # each stepping hook's next step
+        self._times = [math.inf] * len(self._stepping)  # and the time it is due from
+        self._asked: list[int] = []  # the stepping hooks asked at this step (their indices)
 
     @classmethod
     def of(cls, hooks: Iterable[Hook]) -> Hooks:
@@ -327,24 +377,58 @@ class Hooks:
     def __iter__(self) -> Any:
         return iter(self.hooks)
 
+    def _again(self) -> None:
+        """An event: every stepping hook is asked at the next step."""
+        self._steps = [0] * len(self._stepping)
+        self.ask_step = 0
+
+    def due(self, step: int) -> bool:
+        """Whether a hook's ``wants_rows`` and ``after_step`` are to be called at ``step``."""
+        return step >= self.ask_step or time.monotonic() >= self.ask_time
+
     def on_start(self) -> StopRequest | None:
+        self._again()
         return _first(h.on_start() for h in self.hooks)
 
     def on_train_row(self, row: dict[str, Any]) -> StopRequest | None:
-        return _first(h.on_train_row(row) for h in self.hooks)
+        """The first stop asked by the hooks that check rows (the loop hands them every
+        ``train`` row at a flush, then ``on_rows``, which makes the stepping hooks due)."""
+        for h in self._checking:
+            if (asked := h.on_train_row(row)) is not None:
+                return asked
+        return None
 
     def on_rows(self, rows: list[dict[str, Any]]) -> None:
+        self._again()
         for h in self.hooks:
             h.on_rows(rows)
 
     def after_eval(self, metrics: dict[str, float]) -> StopRequest | None:
+        self._again()
         return _first(h.after_eval(metrics) for h in self.hooks)
 
-    def wants_rows(self) -> bool:
-        return any([h.wants_rows() for h in self.hooks])  # every hook is asked
+    def wants_rows(self, step: int) -> bool:
+        """Whether a hook due at ``step`` wants the waiting rows written (each one is asked)."""
+        now = time.monotonic()
+        self._asked = [
+            i
+            for i, (at, t) in enumerate(zip(self._steps, self._times, strict=True))
+            if step >= at or now >= t
+        ]
+        return any([self._stepping[i].wants_rows() for i in self._asked])
 
-    def after_step(self) -> StopRequest | None:
-        return _first(h.after_step() for h in self.hooks)
+    def after_step(self, step: int) -> StopRequest | None:
+        """The ``after_step`` of the hooks due at ``step`` (``wants_rows`` chose them); then
+        when each needs to be asked again."""
+        asked = _first(self._stepping[i].after_step() for i in self._asked)
+        for i in self._asked:
+            h = self._stepping[i]
+            self._steps[i], self._times[i] = h.next_step(step), h.next_time()
+        self.ask_step = min(self._steps, default=NEVER)
+        self.ask_time = min(self._times, default=math.inf)
+        if asked is not None:
+            self._again()
+        return asked
 
     def after_train(self) -> None:
         for h in self.hooks:

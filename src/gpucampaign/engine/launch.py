@@ -68,12 +68,9 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from gpucampaign.config import ResolvedRun, SpecError
 from gpucampaign.core.errors import INPUT_ERRORS
@@ -91,6 +88,9 @@ from gpucampaign.folder.layout import (
 )
 from gpucampaign.folder.progress import read_progress
 from gpucampaign.folder.runresult import RunResult
+
+if TYPE_CHECKING:
+    from torch.distributed.launcher.api import LaunchConfig
 
 _AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
@@ -152,6 +152,11 @@ def _launch_in(
     relay.start()
     failure: str | None = None
     signalled: str | None = None
+    # torch's elastic agent, imported here: every fresh process that trains imports this
+    # module (a restart check's among them), and only a data-parallel run needs it (issue 47).
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     try:
         start_ranks(_launch_config(run), job_file, sha256=sha256_bytes(data))
     except SignalException as exc:
@@ -179,7 +184,11 @@ def _launch_in(
 def start_ranks(config: LaunchConfig, job_file: Path, *, sha256: str) -> None:
     """Run the ranks through torch's elastic agent until they all end; each is handed the job
     file and its sha256 on its command line."""
-    elastic_launch(config, sys.executable)("-m", "gpucampaign.engine.worker", str(job_file), sha256)
+    from torch.distributed.launcher import api
+
+    api.elastic_launch(config, sys.executable)(
+        "-m", "gpucampaign.engine.worker", str(job_file), sha256
+    )
 
 
 def _replaced(job_file: Path, data: bytes) -> bool:
@@ -194,6 +203,8 @@ def _launch_config(run: ResolvedRun) -> LaunchConfig:
     on a free port (``torchrun --standalone``), no restart."""
     size = run.size
     assert size.nodes == 1, "this launcher starts the ranks of one machine"
+    from torch.distributed.launcher.api import LaunchConfig
+
     return LaunchConfig(
         min_nodes=size.nodes,
         max_nodes=size.nodes,

@@ -74,6 +74,18 @@ class ProgressHook(Hook):
             self.report()
         return None
 
+    def next_step(self, step: int) -> int:
+        """The target, and each ~2% of the run with a ``progress`` callback: the clock (
+        ``next_time``) and an evaluation (any event) make the others due."""
+        if self.progress is None:
+            return max(self.r.target, step + 1)
+        return min(max(self.r.target, step + 1), (step // self.every + 1) * self.every)
+
+    def next_time(self) -> float:
+        """When the file is due again (about twice a second)."""
+        assert self.file is not None  # on_start came first
+        return self.file.last + self.file.every_s
+
     def report(self) -> None:
         """Show where the run is: the bar, the live file and ``progress`` (every ~2% of the run
         and at the target)."""

@@ -85,7 +85,7 @@ import torch
 from gpucampaign.checkpoint.manager import LoadedCheckpoint
 from gpucampaign.checkpoint.trainstate import MODEL
 from gpucampaign.config import CampaignSpec, ResolvedRun
-from gpucampaign.core.files import atomic_write_bytes, json_bytes
+from gpucampaign.core.files import atomic_write_bytes, json_bytes, sync_files
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import NonFiniteLoss, NoUsableRestart, StopRule
 from gpucampaign.engine.checkpointer import Checkpointer, SaveFn
@@ -259,9 +259,13 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> StopRequest | None:
             return StopRequest.of(stop, save=False)
         logged = torch.tensor(loss_value, dtype=torch.float64)
     s.optimizer.zero_grad(set_to_none=True)
-    s.scaler.scale(loss).backward()
-    s.scaler.step(s.optimizer)
-    s.scaler.update()
+    if s.scaler.is_enabled():  # fp16: the loss scaled, the step skipped on an overflow
+        s.scaler.scale(loss).backward()
+        s.scaler.step(s.optimizer)
+        s.scaler.update()
+    else:  # what the disabled scaler's calls come to
+        loss.backward()
+        s.optimizer.step()
     if s.scheduler is not None:
         s.scheduler.step()
     s.global_step += 1
@@ -288,12 +292,14 @@ def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
     with r.rng.held():  # the run's own global generators (other runs may train in this process)
         batches = s.start_epoch(r.loader)
     every = r.config.eval_every
-    while s.batch_in_epoch < r.steps_per_epoch:
+    per_epoch = r.steps_per_epoch
+    while s.batch_in_epoch < per_epoch:
         with r.rng.held():
-            _ask(r, hooks, _train_step(r, batches))
+            if (asked := _train_step(r, batches)) is not None:
+                _end(r, hooks, asked)
             if r.mlog.full:
                 _flush(r, hooks)
-            end_of_epoch = s.batch_in_epoch == r.steps_per_epoch
+            end_of_epoch = s.batch_in_epoch == per_epoch
             step = s.global_step
             if (every and step % every == 0) or (not every and end_of_epoch):
                 _flush(r, hooks)  # a non-finite loss stops the run before its evaluation
@@ -303,14 +309,15 @@ def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
                     # futility: the control records, a variant may ask to stop
                     _ask(r, hooks, hooks.after_eval(evaluated))
             _save(r, hooks, step, last_step=step == r.target)  # its snapshot holds this run's RNG
-        if hooks.wants_rows():  # the live view, when due, shows the last loss
-            _flush(r, hooks)
-        _ask(r, hooks, hooks.after_step())
+        if hooks.due(step):  # only the steps a hook needs (the live view's, the lot's end)
+            if hooks.wants_rows(step):  # the live view, when due, shows the last loss
+                _flush(r, hooks)
+            _ask(r, hooks, hooks.after_step(step))
         if (reason := r.dist.stop_requested()) is not None:  # agreed by every rank
-            _ask(r, hooks, _interruption(reason))
+            _end(r, hooks, _interruption(reason))
         if step >= r.target:
             break
-    if s.batch_in_epoch == r.steps_per_epoch:
+    if s.batch_in_epoch == per_epoch:
         s.epoch += 1
 
 
@@ -560,5 +567,6 @@ def _close_rows(r: LiveRun, hooks: Hooks) -> None:
             _flush(r, hooks)
     finally:
         r.mlog.close()
+        sync_files(r.unsynced)
         _tell_rows(r, hooks)
         hooks.on_close()

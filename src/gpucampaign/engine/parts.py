@@ -89,6 +89,35 @@ class PermutedBatches(Sampler[torch.Tensor]):
             yield order[full * self.batch_size :]
 
 
+class TensorBatches:
+    """What ``DataLoader(dataset, sampler=batches, batch_size=None, generator=g)`` yields
+    without workers (a list of the dataset's tensors cut by each index tensor), without the
+    loader's machinery at every batch: the training loop's cost per step (issue 47).
+
+    The same draws in the same order: each epoch's iterator draws the workers' base seed from
+    ``generator`` first (as torch's does, workers or not), then the sampler draws its order,
+    so the generator's state, and with it every later epoch and a resume, is the loader's.
+    """
+
+    def __init__(self, dataset: TensorDataset, sampler: Any, *, generator: torch.Generator):
+        self.dataset, self.sampler, self.generator = dataset, sampler, generator
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[list[torch.Tensor]]:
+        order = iter(self.sampler)
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # the base seed
+        dataset = self.dataset
+        if type(dataset).__getitem__ is TensorDataset.__getitem__:  # its tensors, cut here
+            tensors = dataset.tensors
+            for idx in order:
+                yield [t[idx] for t in tensors]
+        else:
+            for idx in order:
+                yield list(dataset[idx])
+
+
 def close_loader(loader: Any) -> None:
     """Stop the worker processes a loader keeps between epochs (``persistent_workers``).
 
@@ -224,7 +253,7 @@ def make_loader(
     rank: int = 0,
     world_size: int = 1,
     placed: TensorDataset | None = None,
-) -> DataLoader:
+) -> DataLoader | TensorBatches:
     """The training batches, shuffled by ``generator``; with ``world_size`` > 1, this
     ``rank``'s share of each global batch of ``batch_size`` rows (``RankShard``).
 
@@ -234,7 +263,8 @@ def make_loader(
     ``RandomSampler``, so the batches are the same values. The sampler stays in this process;
     workers only fetch batches. ``placed`` (``place_train_split``): the same split in the
     device's memory, cut there by the same draws (each epoch's order copied in once), in this
-    process.
+    process. Without worker processes nor pinned memory, those are ``TensorBatches``: the
+    same batches without the loader's work at every step.
     """
     if placed is not None:
         on_device: Any = PermutedBatches(
@@ -242,7 +272,7 @@ def make_loader(
         )
         if world_size > 1:
             on_device = RankShard(on_device, rank=rank, world_size=world_size)
-        return DataLoader(placed, sampler=on_device, batch_size=None, generator=generator)
+        return TensorBatches(placed, on_device, generator=generator)
     kw: dict[str, Any] = {
         "num_workers": config.num_workers,
         "pin_memory": device.type == "cuda",
@@ -256,6 +286,8 @@ def make_loader(
             batches = RankShard(batches, rank=rank, world_size=world_size)
         # The generator also draws each epoch's base seed, as with shuffle=True: the global
         # torch RNG (dropout) is left alone.
+        if config.num_workers == 0 and not kw["pin_memory"]:
+            return TensorBatches(train, batches, generator=generator)
         return DataLoader(train, sampler=batches, batch_size=None, generator=generator, **kw)
     if world_size > 1:
         # What shuffle=True builds, with this rank's share of each batch.

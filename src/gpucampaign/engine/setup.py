@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +34,13 @@ from gpucampaign.engine.devices import (
     pick_device,
     seed_everything,
 )
-from gpucampaign.engine.parts import BatchCopy, make_loader, place_eval_splits, place_train_split
+from gpucampaign.engine.parts import (
+    BatchCopy,
+    TensorBatches,
+    make_loader,
+    place_eval_splits,
+    place_train_split,
+)
 from gpucampaign.engine.process_group import OneProcess, Ranks
 from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import MetricsLog
@@ -62,7 +69,7 @@ class LiveRun:
     described: dict[str, Any]
     state: TrainState
     autocast: AbstractContextManager
-    loader: DataLoader
+    loader: DataLoader | TensorBatches
     planned: int
     target: int
     manager: CheckpointManager
@@ -86,6 +93,8 @@ class LiveRun:
     eval_times: list[float] = field(default_factory=list)
     # The last evaluation during training (step, metrics on val): the live progress shows it.
     last_eval: tuple[int, dict[str, float]] | None = None
+    # Files written by the hooks, fsynced at the next checkpoint and the call's end.
+    unsynced: list[Path] = field(default_factory=list)
     # More fields for every checkpoint's meta (the MLflow run ID when tracking is on).
     checkpoint_meta: dict[str, Any] = field(default_factory=dict)
     # Set by the loop before the first step: the log once metrics.jsonl is open, the saver
@@ -233,7 +242,10 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
             torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
         ),
         loader=loader,
-        copy_batch=BatchCopy(device) if placed is None else (lambda batch: batch),
+        # On the CPU a batch is where it trains: nothing to move at each step.
+        copy_batch=(
+            BatchCopy(device) if placed is None and device.type != "cpu" else (lambda batch: batch)
+        ),
         on_device=place_eval_splits(  # data-parallel: rank 0 alone evaluates
             datasets,
             placed_train=placed if dist.is_main else None,
