@@ -19,7 +19,14 @@ from gpucampaign.close.more_evidence import (
     seeds_to_measure_noise,
     to_settle,
 )
-from gpucampaign.close.verdict_steps import barred, futile_settled, futile_words, steps_compared
+from gpucampaign.close.verdict_steps import (
+    barred,
+    family,
+    futile_settled,
+    futile_words,
+    refuse_uncorrected,
+    steps_compared,
+)
 from gpucampaign.close.verdict_words import (
     TIE_RULE,
     ci_text,
@@ -165,10 +172,7 @@ def _split_entry(
         )
         if g is None:
             g = paired_mean_gain(
-                control.scores.get(split, ()),
-                variant.scores.get(split, ()),
-                metric=rule.metric,
-                seed=seed,
+                control.scores.get(split, ()), variant.scores.get(split, ()), metric=rule.metric
             )
     if g is not None:
         lo, hi = sorted((sign * g.ci95[0], sign * g.ci95[1]))
@@ -302,7 +306,8 @@ def decide_verdict(
         settled = futile_settled(rule, never, stops=stops)
         return _negative(frame, control=ctrl, cut=cut, futile=futile_words(settled, evidence))
     seconds = {"control": ctrl.train_s, **times}
-    return _confirm(frame, chosen, seconds=seconds, lot=lot)
+    fam = frame.base["numbers"]["family"] = family(rule, table, never=never)
+    return refuse_uncorrected(_confirm(frame, chosen, seconds=seconds, lot=lot), fam=fam)
 
 
 def _no_comparison(

@@ -14,6 +14,10 @@ from typing import Any, Protocol
 
 from gpucampaign.close.verdict_words import say_value, stops_of
 from gpucampaign.config import DecisionRule
+from gpucampaign.core.gain_interval import holm, spread_from
+
+#: The one-sided error of the verdict's adoption: the 95% interval's lower end.
+ALPHA = 0.025
 
 
 class _Stepped(Protocol):
@@ -126,3 +130,45 @@ def futile_words(settled: Mapping[str, bool], runs: Mapping[str, _Stepped]) -> t
     open_ = [n for n, ok in settled.items() if not ok]
     how = "each stop shows it cannot win" if not open_ else "not finished runs"
     return f"; stopped early: {said} ({how})", ", ".join(repr(n) for n in open_)
+
+
+def family(
+    rule: DecisionRule, table: Mapping[str, Mapping[str, Any]], *, never: Mapping[str, str]
+) -> dict[str, Any]:
+    """Holm's correction over every variant the verdict may adopt (those with an interval on
+    the report split, not stopped early): whether Holm's step-down at 2.5% one-sided (the 95%
+    interval's lower end) adopts each. With one variant it is the interval itself; with
+    several, the chance that any variant without a real gain is adopted stays at most 2.5%
+    (``docs/stop-rules-and-evidence.md``).
+
+    Returns:
+        ``{variants, alpha, adoptable}``: ``adoptable`` by variant name.
+    """
+    gains = {}
+    for name, row in table.items():
+        entry = row[rule.report_split]
+        spread = spread_from(entry)
+        if name in never or spread is None or entry.get("gain") is None:
+            continue
+        gains[name] = (float(entry["gain"]), spread)
+    adoptable = holm(gains, bar=rule.min_gain, alpha=ALPHA)
+    return {"variants": len(gains), "alpha": ALPHA, "adoptable": adoptable}
+
+
+def refuse_uncorrected(verdict: Any, *, fam: Mapping[str, Any]) -> Any:
+    """The verdict, never adopting a variant whose interval clears the bar on its own but not
+    once corrected for the other variants judged with it (Holm): it becomes inconclusive and
+    says so, with each variant's p-value in the numbers."""
+    run = verdict.run
+    if verdict.kind != "adopt" or fam["adoptable"].get(run, True):
+        return verdict
+    why = (
+        f"with {fam['variants']} variants judged together its interval does not clear the "
+        "min gain once corrected for them (Holm); more seeds would settle it"
+    )
+    return replace(
+        verdict,
+        kind="inconclusive",
+        text=f"Inconclusive: '{run}' clears the rule on its own, but {why}. {verdict.text}",
+        answer=f"Not yet: '{run}' clears the rule on its own, but {why}. Verdict: inconclusive.",
+    )

@@ -4,10 +4,11 @@ The control trains first. At each of its evaluations during training it keeps th
 scores of the decision metric on the selection split (the recipe's ``score``), in
 ``runs/<control>/evals/scores-<step>.npz`` (example IDs and values, with its planned steps). At
 each evaluation of a variant after the grace and before its last step, the variant scores the
-same split and the paired bootstrap the verdict uses (``core/resample.py``) gives the interval
-of its gain over the control at the same step. Only at the same step: when the control has no
-record there (another lane still trains it, or its evaluations fall on other steps) there is
-nothing to compare with, and the check waits for the next evaluation.
+same split and the interval the verdict uses with one seed a side (``core/gain_interval.py``,
+the paired t-interval over the examples) gives the interval of its gain over the control at
+the same step. Only at the same step: when the control has no record there (another lane still
+trains it, or its evaluations fall on other steps) there is nothing to compare with, and the
+check waits for the next evaluation.
 
 The warm-up, so that an untrained model is never judged (Optuna's ``n_warmup_steps``, ASHA's
 ``grace_period``): no check before the grace (``stop_rules.grace``, a share of the variant's
@@ -45,7 +46,7 @@ import numpy as np
 
 from gpucampaign.config import CampaignSpec
 from gpucampaign.core.files import atomic_write_bytes
-from gpucampaign.core.resample import BOOT_SAMPLES, BOOT_SEED, mean_interval
+from gpucampaign.core.gain_interval import paired_spread
 from gpucampaign.core.stoprules import Futile
 from gpucampaign.core.text import say_exact, say_number
 from gpucampaign.engine.hooks import Hook, HookArgs, RunView, StopRequest
@@ -228,8 +229,6 @@ def futility_check(
     direction: str,
     min_gain: float,
     compared_with: str = "",
-    samples: int = BOOT_SAMPLES,
-    seed: int = BOOT_SEED,
 ) -> FutilityCheck | None:
     """Compare a variant's per-example scores at ``step`` with the control's record.
 
@@ -241,8 +240,6 @@ def futility_check(
         direction: ``maximize`` or ``minimize``.
         min_gain: the decision rule's min gain.
         compared_with: how the control's record was chosen when not at the same step.
-        samples: bootstrap resamples.
-        seed: the resampling seed (the verdict's).
 
     Returns:
         The check (never futile on a tie: ``is_tie``), or None when the two share no example
@@ -258,8 +255,9 @@ def futility_check(
     if not np.isfinite(diff).all():
         return None
     sign = 1.0 if direction == "maximize" else -1.0
-    low, high = mean_interval(diff, samples=samples, seed=seed)
-    lo, hi = sorted((round(sign * low, 12), round(sign * high, 12)))
+    gain = float(diff.mean())
+    half = paired_spread(diff[None, :]).half_width()
+    lo, hi = sorted((round(sign * (gain - half), 12), round(sign * (gain + half), 12)))
     tie = is_tie(mine, theirs)
     return FutilityCheck(
         step=step,
@@ -268,7 +266,7 @@ def futility_check(
         split=control.split,
         direction=direction,
         min_gain=min_gain,
-        gain=round(sign * float(diff.mean()), 12),
+        gain=round(sign * gain, 12),
         ci95=(lo, hi),
         n=len(diff),
         futile=not tie and cannot_win(optimistic=hi, min_gain=min_gain),
