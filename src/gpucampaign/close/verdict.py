@@ -1,8 +1,8 @@
 """The verdict: the spec's decision rule applied to the measured evidence.
 
 The winner is chosen on the selection split only; its gain over the control is then reported,
-with a paired-bootstrap 95% interval, on the report split, which decides how sure the verdict
-is. A pure function of the metrics, the predictions, the per-example scores and the stop
+with a 95% interval paired by example and seed, on the report split, which decides how sure
+the verdict is. A pure function of the metrics, the predictions, the per-example scores and the stop
 records: nothing is re-measured.
 """
 
@@ -251,7 +251,7 @@ def decide_verdict(
     The winner is the best variant on ``rule.select_split`` that meets the threshold and beats
     the control by at least ``min_gain`` (strictly better when ``min_gain`` is 0); a tie goes
     to the cheaper run by measured training time, then the first in the spec (``TIE_RULE``).
-    Its gain on ``rule.report_split``, with a paired-bootstrap 95% interval (over predictions
+    Its gain on ``rule.report_split``, with a 95% interval paired by example (over predictions
     or per-example scores), then decides the kind: ``adopt`` when the interval's lower end
     clears ``min_gain``, ``negative`` when its upper end does not, ``inconclusive`` when it
     straddles it, or when there is no interval and ``min_gain`` is above 0 (a point estimate
