@@ -98,3 +98,22 @@ def test_a_run_whose_model_is_a_rejected_delivery_is_never_adopted():
         "is not adopted. Verdict: inconclusive."
     )
     assert refuse_rejected(v, rejected={"control": reason}) is v
+
+
+def test_a_stopped_seed_replicate_is_named_in_the_verdict():
+    """Only the second seed of 'wide' was stopped as futile: the verdict names that replicate
+    and its stop, and the variant is not judged on its other seed alone."""
+    rule = DecisionRule(metric="accuracy", threshold=0.0, min_gain=0.0)
+    control = RunEvidence(values={"val": 0.8, "test": 0.8})
+    wide = RunEvidence(status="stopped", futile=30, planned=100, step=30, early_rule="futile")
+    stop = {
+        "run": "wide.s1",
+        "run_id": "wide.s1-0123456789",
+        "rule": "futile",
+        "stop_id": "stop-7",
+        "reason": "cannot win: at step 30 its gain ...",
+        "numbers": {"gain_ci95": [-0.3, -0.1]},
+    }
+    v = decide_verdict(rule, control=control, variants={"wide": wide}, stops=[stop])
+    assert "'wide.s1' stopped by futile (stop-7)" in v.text
+    assert "no stop recorded" not in v.text

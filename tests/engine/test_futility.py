@@ -192,8 +192,50 @@ def test_no_check_until_the_control_moved_from_its_first_evaluation(tmp_path: Pa
     first, at20, at30 = (read_eval_scores(p) for p in sorted((tmp_path / "evals").iterdir()))
     assert control_moved(tmp_path, first) == (False, control_moved(tmp_path, first)[1])
     moved, why = control_moved(tmp_path, at20)
-    assert not moved and "has not moved from its first record (step 10)" in why
+    assert not moved and "has not moved beyond chance from its first record (step 10" in why
     assert control_moved(tmp_path, at30) == (True, "")
+
+
+def test_a_control_that_moved_by_chance_only_decides_nothing(tmp_path: Path) -> None:
+    """Both models still at chance: a control whose per-example changes from its untrained
+    record straddle 0 (a few examples flipped each way) has not moved; a real move has."""
+    chance = correct(0.5, seed=0)
+    write_eval_scores(tmp_path, control_record(chance, step=10))
+    flipped = chance.copy()
+    flipped[np.flatnonzero(chance == 0)[:6]] = 1.0  # six right more, three wrong more
+    flipped[np.flatnonzero(chance == 1)[:3]] = 0.0
+    write_eval_scores(tmp_path, control_record(flipped, step=20))
+    at20 = read_eval_scores(
+        tmp_path / "evals" / sorted(p.name for p in (tmp_path / "evals").iterdir())[1]
+    )
+    moved, why = control_moved(tmp_path, at20)
+    assert not moved and "beyond chance" in why
+    learned = np.maximum(chance, correct(0.5, seed=9))  # ~75% right: a real move
+    write_eval_scores(tmp_path, control_record(learned, step=30))
+    at30 = read_eval_scores(
+        tmp_path / "evals" / sorted(p.name for p in (tmp_path / "evals").iterdir())[2]
+    )
+    assert control_moved(tmp_path, at30) == (True, "")
+
+
+def test_an_early_look_needs_stronger_evidence_than_a_late_one() -> None:
+    """O'Brien-Fleming's boundary: at step 10 of 160 the optimistic end is read 4x wider than
+    the final interval, so a variant trailing by an interval that the finished run would call
+    futile is not stopped yet; at step 150 of 160 it is."""
+    right = correct(0.80, seed=1)
+    control = control_record(right)
+    trailing = right.copy()
+    trailing[np.flatnonzero(right == 1)[:24]] = 0.0  # 12 points behind, example by example
+    args = {"ids": IDS, "values": trailing, "direction": "maximize", "min_gain": 0.0}
+    final = futility_check(control, step=10, **args)
+    early = futility_check(control, step=10, planned=160, **args)
+    late = futility_check(control, step=150, planned=160, **args)
+    assert final is not None and early is not None and late is not None
+    assert final.ci95[1] < 0 and final.futile  # the finished run's reading
+    assert early.boundary == 4.0 and not early.futile and early.reach is not None
+    assert early.reach > 0
+    assert late.futile and 1 < late.boundary < 1.04
+    assert "O'Brien-Fleming" in late.reason()
 
 
 def test_a_futile_stop_is_evidence_and_pickles_with_its_numbers() -> None:

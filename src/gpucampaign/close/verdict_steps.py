@@ -110,7 +110,7 @@ def futile_settled(
     out = {}
     for name in never:
         settled = False
-        for s in stops_of(name, stops):
+        for s in stops_of(name, stops, seeds=True):
             n = s.get("numbers") or {}
             ci = n.get("gain_ci95")
             if s.get("rule") == "not_learning":

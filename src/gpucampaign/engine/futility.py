@@ -134,17 +134,23 @@ def control_scores_at(control_dir: Path, *, step: int) -> tuple[EvalScores | Non
 
 def control_moved(control_dir: Path, record: EvalScores) -> tuple[bool, str]:
     """Whether the control's mean on the split at ``record`` moved from its first record (its
-    untrained model's, at step 0), and why not (a model that has learned nothing visible yet:
-    no comparison says anything)."""
+    untrained model's, at step 0) by more than chance, and why not (a model that has learned
+    nothing visible yet: no comparison says anything). Moved means the paired 95% interval of
+    the change, example by example, excludes 0: two models still at chance never decide."""
     steps = _recorded_steps(control_dir)
     first = read_eval_scores(Path(control_dir) / eval_scores_file(steps[0])) if steps else record
     now, then = (round(float(np.mean(r.values)), 12) for r in (record, first))
     if first.step < record.step and now != then:
-        return True, ""
+        if tuple(first.ids) != tuple(record.ids) or len(record.values) < 2:
+            return True, ""
+        change = np.asarray(record.values, dtype=np.float64) - first.values
+        if abs(float(change.mean())) > paired_spread(change[None, :]).half_width():
+            return True, ""
     return False, (
         f"the control's {record.metric} on {record.split} at step {record.step} "
-        f"({say_number(now)}) has not moved from its first record (step {first.step}): "
-        "no model has learned anything a comparison could see yet"
+        f"({say_number(now)}) has not moved beyond chance from its first record (step "
+        f"{first.step}, {say_number(then)}): no model has learned anything a comparison could "
+        "see yet"
     )
 
 
@@ -159,6 +165,17 @@ def cannot_win(*, optimistic: float, min_gain: float) -> bool:
     """The verdict's negative rule, read on the interval's optimistic end (the gain signed so
     that positive is better): below the min gain, or not above 0, it can never be adopted."""
     return optimistic < min_gain or optimistic <= 0
+
+
+def spending_factor(*, step: int, planned: int | None) -> float:
+    """How much wider than the final 95% interval a look at ``step`` of ``planned`` reads the
+    optimistic end: ``sqrt(planned / step)``, O'Brien-Fleming's boundary with the share of
+    steps as the information fraction. A run checked at every evaluation looks many times; an
+    early look, when a slow starter still trails, needs evidence that much stronger, and the
+    last looks are read as the verdict reads the finished run."""
+    if not planned or step <= 0 or step >= planned:
+        return 1.0
+    return round(math.sqrt(planned / step), 6)
 
 
 @dataclass(frozen=True)
@@ -181,6 +198,8 @@ class FutilityCheck:
     futile: bool
     compared_with: str = ""
     tie: bool = False
+    boundary: float = 1.0
+    reach: float | None = None
 
     def numbers(self) -> dict[str, Any]:
         """JSON-ready numbers (the stop record's and the ``futility`` row's)."""
@@ -195,13 +214,16 @@ class FutilityCheck:
             "gain_ci95": [self.ci95[0], self.ci95[1]],
             "n": self.n,
             "futile": self.futile,
+            "boundary": self.boundary,
+            "reach": self.reach,
             **({"tie": True} if self.tie else {}),
             **({"compared_with": self.compared_with} if self.compared_with else {}),
         }
 
     def reason(self) -> str:
         """One sentence: the interval, the min gain, and why the variant cannot win."""
-        lo, hi = self.ci95
+        lo, _ = self.ci95
+        hi = self.ci95[1] if self.reach is None else self.reach
         against = (
             f"the control at step {self.control_step}"
             if not self.compared_with
@@ -213,10 +235,16 @@ class FutilityCheck:
             if hi < self.min_gain
             else f"its upper end {say_number(hi, against=0.0)} is not above 0"
         )
+        spent = (
+            f"; at this look the interval's upper end is widened {self.boundary:.2f}x "
+            "(O'Brien-Fleming: an early look needs stronger evidence)"
+            if self.boundary > 1
+            else ""
+        )
         return (
             f"cannot win: at step {self.step} its gain in {self.metric} on {self.split} over "
             f"{against} is {say_number(self.gain)} [95% CI {say_number(lo)}, "
-            f"{say_number(hi)}] over {self.n} examples; {why}"
+            f"{say_number(self.ci95[1])}] over {self.n} examples{spent}; {why}"
         )
 
 
@@ -229,6 +257,7 @@ def futility_check(
     direction: str,
     min_gain: float,
     compared_with: str = "",
+    planned: int | None = None,
 ) -> FutilityCheck | None:
     """Compare a variant's per-example scores at ``step`` with the control's record.
 
@@ -240,6 +269,8 @@ def futility_check(
         direction: ``maximize`` or ``minimize``.
         min_gain: the decision rule's min gain.
         compared_with: how the control's record was chosen when not at the same step.
+        planned: the variant's planned steps: the check at ``step`` of ``planned`` spends its
+            error as O'Brien-Fleming's boundary does (``spending_factor``); None: a final look.
 
     Returns:
         The check (never futile on a tie: ``is_tie``), or None when the two share no example
@@ -258,6 +289,9 @@ def futility_check(
     gain = float(diff.mean())
     half = paired_spread(diff[None, :]).half_width()
     lo, hi = sorted((round(sign * (gain - half), 12), round(sign * (gain + half), 12)))
+    factor = spending_factor(step=step, planned=planned)
+    # The optimistic end at this look's boundary: the interval widened early in the run.
+    reach = round(sign * gain + factor * half, 12)
     tie = is_tie(mine, theirs)
     return FutilityCheck(
         step=step,
@@ -269,9 +303,11 @@ def futility_check(
         gain=round(sign * gain, 12),
         ci95=(lo, hi),
         n=len(diff),
-        futile=not tie and cannot_win(optimistic=hi, min_gain=min_gain),
+        futile=not tie and cannot_win(optimistic=reach, min_gain=min_gain),
         compared_with=compared_with,
         tie=tie,
+        boundary=factor,
+        reach=reach,
     )
 
 
@@ -409,6 +445,7 @@ class Futility(Hook):
             step=step,
             direction=rule.direction,
             min_gain=rule.min_gain,
+            planned=r.planned,
         )
         if check is None:
             r.record({"kind": "futility", "step": step, "skipped": "no common finite example"})
