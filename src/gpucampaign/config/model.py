@@ -220,11 +220,12 @@ class CampaignSpec(_Frozen):
         ]
 
     def tier_of(self, run: str) -> str:
-        """Tier of a run: the control is always essential; a replicate has its base's tier,
-        except the control's replicates, which are useful (a missing one stops nothing)."""
+        """Tier of a run: the control is always essential, and so are its seed replicates (no
+        variant is adopted without the training noise they measure); a variant's replicate
+        has its base's tier."""
         rep = self.replicate_of(run)
         if rep is not None:
-            return "useful" if rep[0] == "control" else self.tier_of(rep[0])
+            return self.tier_of(rep[0])
         if run == "control":
             return "essential"
         return next(v.tier for v in self.variants if v.name == run)
