@@ -103,20 +103,23 @@ def refuse_rejected(verdict: Any, *, rejected: Mapping[str, str]) -> Any:
 def futile_settled(
     rule: DecisionRule, never: Mapping[str, str], *, stops: Iterable[Mapping[str, Any]]
 ) -> dict[str, bool]:
-    """Per variant stopped early, whether its stop shows it cannot win: a futility stop whose
-    own interval at the stop (signed so that positive is better) is not a tie and has its upper
-    end under the min gain, or not above 0; a ``not_learning`` stop (a run that does not learn
-    is a finding). A futility stop without those numbers settles nothing."""
+    """Per variant stopped early, whether its stop shows it cannot win: a futility stop
+    decided at its look's error-spending boundary (``reach``, the optimistic end read
+    O'Brien-Fleming-wide: ``engine.futility.spending_factor``), not a tie, with that end under
+    the min gain or not above 0; a ``not_learning`` stop (neither its loss nor its decision
+    metric moved: a finding). A futility stop without the boundary (recorded at the plain
+    interval, which a slow starter trails early by chance) settles nothing: the verdict is
+    then inconclusive, naming it."""
     out = {}
     for name in never:
         settled = False
         for s in stops_of(name, stops, seeds=True):
             n = s.get("numbers") or {}
-            ci = n.get("gain_ci95")
+            reach = n.get("reach")
             if s.get("rule") == "not_learning":
                 settled = True
-            elif s.get("rule") == "futile" and isinstance(ci, list | tuple) and len(ci) == 2:
-                settled = settled or (not n.get("tie") and (ci[1] < rule.min_gain or ci[1] <= 0))
+            elif s.get("rule") == "futile" and isinstance(reach, int | float):
+                settled = settled or (not n.get("tie") and (reach < rule.min_gain or reach <= 0))
         out[name] = settled
     return out
 
