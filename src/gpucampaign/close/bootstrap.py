@@ -174,22 +174,16 @@ _Chunk = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def _resamples(
-    rng: np.random.Generator, *, n: int, kc: int, kv: int, paired: bool, samples: int, seeds: bool
+    rng: np.random.Generator, *, n: int, kc: int, kv: int, samples: int
 ) -> Iterator[_Chunk]:
-    """The bootstrap's draws, in chunks: ``(sc, sv, idx)``, the drawn seed positions of the
-    control ``(m, kc)`` and of the variant ``(m, kv)`` (the same ones when ``paired``; every
-    seed once when not ``seeds``: the examples alone vary), and the drawn examples ``(m, n)``,
-    shared by both sides (paired by example) and by every drawn seed (one split)."""
-    slots = max(kc, kv)
-    chunk = max(1, RESAMPLE_CHUNK // slots)
+    """The bootstrap's draws of the examples, in chunks: ``(sc, sv, idx)``, every seed of the
+    control ``(m, kc)`` and of the variant ``(m, kv)`` kept once, and the drawn examples
+    ``(m, n)``, shared by both sides (paired by example) and by every seed (one split)."""
+    chunk = max(1, RESAMPLE_CHUNK // max(kc, kv))
     for start in range(0, samples, chunk):
         m = min(chunk, samples - start)
-        if not seeds or slots == 1:
-            sc = np.broadcast_to(np.arange(kc), (m, kc))
-            sv = np.broadcast_to(np.arange(kv), (m, kv))
-        else:
-            sc = rng.integers(0, kc, size=(m, kc))
-            sv = sc if paired else rng.integers(0, kv, size=(m, kv))
+        sc = np.broadcast_to(np.arange(kc), (m, kc))
+        sv = np.broadcast_to(np.arange(kv), (m, kv))
         yield sc, sv, rng.integers(0, n, size=(m, n))
 
 
@@ -217,10 +211,7 @@ def _example_var_f1(
     """Macro F1's examples' share: the variance of the gain over a paired bootstrap of the
     examples, every seed kept once."""
     rng = np.random.default_rng(seed)
-    got = [
-        draws(c)
-        for c in _resamples(rng, n=n, kc=kc, kv=kv, paired=False, samples=samples, seeds=False)
-    ]
+    got = [draws(c) for c in _resamples(rng, n=n, kc=kc, kv=kv, samples=samples)]
     return float(np.var(np.concatenate(got), ddof=1)) if got else 0.0
 
 
