@@ -167,12 +167,18 @@ def cannot_win(*, optimistic: float, min_gain: float) -> bool:
     return optimistic < min_gain or optimistic <= 0
 
 
+#: The interval a look reads its boundary from: a run is checked at every evaluation, and each
+#: look at the 95% interval would spend a few percent of dropping a slow starter that ends ahead.
+FUTILITY_LEVEL = 0.99
+
+
 def spending_factor(*, step: int, planned: int | None) -> float:
-    """How much wider than the final 95% interval a look at ``step`` of ``planned`` reads the
-    optimistic end: ``sqrt(planned / step)``, O'Brien-Fleming's boundary with the share of
-    steps as the information fraction. A run checked at every evaluation looks many times; an
-    early look, when a slow starter still trails, needs evidence that much stronger, and the
-    last looks are read as the verdict reads the finished run."""
+    """How much wider than the 99% interval (``FUTILITY_LEVEL``) a look at ``step`` of
+    ``planned`` reads the optimistic end: ``sqrt(planned / step)``, O'Brien-Fleming's boundary
+    with the share of steps as the information fraction. A run checked at every evaluation
+    looks many times; an early look, when a slow starter still trails, needs evidence that
+    much stronger, and the last looks read the 99% interval itself (``tests/engine/
+    test_futility.py`` measures the slow starters it drops)."""
     if not planned or step <= 0 or step >= planned:
         return 1.0
     return round(math.sqrt(planned / step), 6)
@@ -222,29 +228,29 @@ class FutilityCheck:
 
     def reason(self) -> str:
         """One sentence: the interval, the min gain, and why the variant cannot win."""
-        lo, _ = self.ci95
-        hi = self.ci95[1] if self.reach is None else self.reach
+        lo, hi = self.ci95
+        reach = hi if self.reach is None else self.reach
         against = (
             f"the control at step {self.control_step}"
             if not self.compared_with
             else f"{self.compared_with}"
         )
-        why = (
-            f"its upper end {say_number(hi, against=self.min_gain)} is below the min gain "
-            f"{say_exact(self.min_gain)}"
-            if hi < self.min_gain
-            else f"its upper end {say_number(hi, against=0.0)} is not above 0"
-        )
-        spent = (
-            f"; at this look the interval's upper end is widened {self.boundary:.2f}x "
+        end = (
+            "its upper end"
+            if self.reach is None
+            else f"the upper end of its 99% interval read {self.boundary:g}x wide at this look "
             "(O'Brien-Fleming: an early look needs stronger evidence)"
-            if self.boundary > 1
-            else ""
+        )
+        why = (
+            f"{end}, {say_number(reach, against=self.min_gain)}, is below the min gain "
+            f"{say_exact(self.min_gain)}"
+            if reach < self.min_gain
+            else f"{end}, {say_number(reach, against=0.0)}, is not above 0"
         )
         return (
             f"cannot win: at step {self.step} its gain in {self.metric} on {self.split} over "
             f"{against} is {say_number(self.gain)} [95% CI {say_number(lo)}, "
-            f"{say_number(self.ci95[1])}] over {self.n} examples{spent}; {why}"
+            f"{say_number(hi)}] over {self.n} examples; {why}"
         )
 
 
@@ -287,11 +293,12 @@ def futility_check(
         return None
     sign = 1.0 if direction == "maximize" else -1.0
     gain = float(diff.mean())
-    half = paired_spread(diff[None, :]).half_width()
+    spread = paired_spread(diff[None, :])
+    half = spread.half_width()
     lo, hi = sorted((round(sign * (gain - half), 12), round(sign * (gain + half), 12)))
     factor = spending_factor(step=step, planned=planned)
-    # The optimistic end at this look's boundary: the interval widened early in the run.
-    reach = round(sign * gain + factor * half, 12)
+    # The optimistic end at this look's boundary: the 99% interval, widened early in the run.
+    reach = round(sign * gain + factor * spread.half_width(level=FUTILITY_LEVEL), 12)
     tie = is_tie(mine, theirs)
     return FutilityCheck(
         step=step,
