@@ -22,7 +22,15 @@ def futile_stop(ci: list[float], **numbers: Any) -> dict[str, Any]:
         "run": "bf16",
         "step": 40,
         "reason": "cannot win: at step 40 its gain ...",
-        "numbers": {"futile": True, "gain_ci95": ci, "min_gain": 0.0, **numbers},
+        # Decided at its look's boundary: the optimistic end read 2x wide (step 40 of 160).
+        "numbers": {
+            "futile": True,
+            "gain_ci95": ci,
+            "min_gain": 0.0,
+            "boundary": 2.0,
+            "reach": ci[1] + (ci[1] - ci[0]) / 2,
+            **numbers,
+        },
     }
 
 
@@ -31,7 +39,7 @@ def stopped(rule: str = "futile") -> RunEvidence:
 
 
 def test_a_futile_variant_is_named_with_its_step_and_never_has_a_gain() -> None:
-    stop = futile_stop([-0.2, -0.05])
+    stop = futile_stop([-0.3, -0.2])
     v = decide_verdict(
         RULE,
         control=CONTROL,
@@ -56,9 +64,14 @@ def test_which_early_stops_settle_the_comparison() -> None:
     def settles(**stop: Any) -> bool:
         return futile_settled(RULE, {"bf16": ""}, stops=[{"run": "bf16", **stop}])["bf16"]
 
-    assert settles(**futile_stop([-0.2, -0.05]))
+    assert settles(**futile_stop([-0.3, -0.2]))
     assert not settles(**futile_stop([0.0, 0.0], tie=True))
     assert not settles(**futile_stop([-0.1, 0.02]))  # reaches above 0
+    # Under 0 at the plain interval, above it at the look's boundary: not settled.
+    assert not settles(**futile_stop([-0.2, -0.05]))
+    plain = futile_stop([-0.3, -0.2])
+    plain["numbers"] = {k: v for k, v in plain["numbers"].items() if k not in ("boundary", "reach")}
+    assert not settles(**plain)  # recorded without error spending
     assert not settles(stop_id="s", rule="futile", run_id="bf16-1")
     assert settles(stop_id="s", rule="not_learning", run_id="bf16-1")
     assert not settles(stop_id="s", rule="below_threshold", run_id="bf16-1")

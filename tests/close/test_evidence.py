@@ -265,7 +265,8 @@ def test_seed_replicates_run_as_their_own_runs_and_the_verdict_uses_them(tmp_pat
     assert spec.run_names() == ["control", "control.s1", "wide", "wide.s1"]
     assert spec.run_config("wide.s1").seed == 1 and spec.run_config("wide").hidden == (16,)
     assert len({spec.resolve_run(r).run_id for r in spec.run_names()}) == 4
-    assert spec.tier_of("control.s1") == "useful" and spec.tier_of("wide.s1") == "useful"
+    # The control's seed runs are as essential as the control (the adoption needs them).
+    assert spec.tier_of("control.s1") == "essential" and spec.tier_of("wide.s1") == "useful"
     assert v.variants["wide"]["test"]["replicates"] == 2
     states = json.loads((got["out"] / "manifest.json").read_text())["runs"]
     assert {info["status"] for info in states.values()} == {"completed"}

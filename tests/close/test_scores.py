@@ -170,8 +170,7 @@ def test_the_paired_mean_gain_resamples_the_per_example_differences():
     assert g is not None and g.gain == pytest.approx(-0.5) and g.ci95 == (-0.5, -0.5)
     assert g.n == 100 and paired_mean_gain([control], [variant], metric="mae") is None
     noisy = Scores(ids, {"mse": tuple(base + 0.5 + rng.normal(scale=0.3, size=100))})
-    h = paired_mean_gain([control], [noisy], metric="mse", seed=3)
-    assert h == paired_mean_gain([control], [noisy], metric="mse", seed=3)
+    h = paired_mean_gain([control], [noisy], metric="mse")
     assert h is not None and h.ci95[0] < h.gain < h.ci95[1] < 0
 
 

@@ -116,7 +116,7 @@ def test_the_hierarchical_interval_covers_the_true_gain():
         control = _side(rng, base=base, shifts=[0.0] * 5, noise=0.05, seeds=seeds)
         shifts = list(0.1 + rng.normal(scale=0.03, size=5))
         variant = _side(rng, base=base + per_example, shifts=shifts, noise=0.05, seeds=seeds)
-        g = paired_mean_gain(control, variant, metric="mse", samples=500)
+        g = paired_mean_gain(control, variant, metric="mse")
         assert g is not None
         covered += g.ci95[0] <= 0.1 <= g.ci95[1]
         # ... without being trivially wide: the gain's standard error is about 0.037 here.
@@ -124,15 +124,13 @@ def test_the_hierarchical_interval_covers_the_true_gain():
     assert covered >= 34, covered
 
 
-def test_the_seeded_bootstrap_is_deterministic():
+def test_the_interval_pairs_seeds_by_seed_not_by_order():
     control, variant = seeds_dominate()
-    a = paired_mean_gain(control, variant, metric="mse", seed=5)
-    assert a == paired_mean_gain(control, variant, metric="mse", seed=5)
-    assert a != paired_mean_gain(control, variant, metric="mse", seed=6)
+    a = paired_mean_gain(control, variant, metric="mse")
     # The seeds pair by seed, not by the order they come in.
-    shuffled = paired_mean_gain(control[::-1], variant[1:] + variant[:1], metric="mse", seed=5)
+    shuffled = paired_mean_gain(control[::-1], variant[1:] + variant[:1], metric="mse")
     assert shuffled is not None and a is not None
-    assert shuffled.gain == a.gain and shuffled.seed_var == a.seed_var
+    assert shuffled.gain == a.gain and shuffled.seed_var == a.seed_var and shuffled.ci95 == a.ci95
 
 
 def test_sides_with_other_seeds_are_resampled_apart():
@@ -228,3 +226,61 @@ def test_a_campaign_with_seeds_reports_them_and_which_dominates(tmp_path: Path):
     assert "**Seeds as evidence**" in md
     assert "'wide' against the control on test: 3 seeds (0, 1, 2) x 80 examples" in md
     assert DOMINATES[entry["dominates"]] in md
+
+
+@pytest.mark.process  # the restart check resumes the run in new processes
+def test_the_control_with_seeds_and_their_calendar_steps_checks_reports_and_verifies(
+    tmp_path: Path,
+):
+    """``campaign plan`` asks for a calendar step per seed run ('control.s1'): the spec every
+    dump carries (the restart check's child, the folder's copy) keeps the control's seeds."""
+    import yaml
+
+    from gpucampaign.config import parse_spec
+    from gpucampaign.folder.layout import RESTART_FILE, OutputFolder
+    from gpucampaign.restartcheck.earlysave import campaign_restart_check
+    from gpucampaign.verify.checks import verify_output
+    from tests.helpers import close_and_seal, start_folder, train_every_run
+
+    sha = write_table(tmp_path / "corpus.csv", n={"train": 120, "val": 40, "test": 40})
+    steps = [
+        {"name": run, "kind": "machine", "resource": "gpu", "hours": 1, "run": run}
+        for run in ("control", "control.s1", "wide")
+    ]
+    spec_data = {
+        "name": "seeded",
+        "question": "Does a wider layer beat the control?",
+        "packages": [{"gpu": "rtx4090", "days": 3}],
+        "corpus": {"path": "corpus.csv", "sha256": sha},
+        "control": {**LEARNS, "epochs": 2, "seeds": [0, 1]},
+        "variants": [{"name": "wide", "changes": {"hidden": [16]}, "seeds": [0, 1]}],
+        "decision_rule": {"metric": "accuracy", "threshold": 0.3, "min_gain": 0.05},
+        "stop_rules": {"futility": False},
+        "calendar": steps,
+    }
+    (tmp_path / "campaign.yaml").write_text(yaml.safe_dump(spec_data, sort_keys=False))
+    out = tmp_path / "out"
+    spec, corpus, folder = start_folder(
+        tmp_path / "campaign.yaml", corpus_file=tmp_path / "corpus.csv", out=out
+    )
+    # Every dump of the spec reads back as the same campaign, seed runs included.
+    again = parse_spec(spec.model_dump(mode="json"))
+    assert again.run_names() == spec.run_names() == ["control", "control.s1", "wide", "wide.s1"]
+    trained = train_every_run(spec, folder=folder, corpus=corpus)
+    resolved = spec.resolve_run("control.s1")  # its own child process reads the spec's dump
+    report = campaign_restart_check(
+        spec, run=resolved, base_dir=tmp_path, out=out, workdir=tmp_path / "work"
+    )
+    assert report.identical
+    OutputFolder(out).write_json(
+        RESTART_FILE, {**report.to_dict(), "run": "control.s1", "run_id": resolved.run_id}
+    )
+    closed, _ = close_and_seal(
+        spec, out=out, base_dir=tmp_path, corpus=corpus, trained=trained, campaign_id="seeded-1"
+    )
+    entry = closed.verdict.variants["wide"]["test"]
+    assert entry["seeds"] == {"control": [0, 1], "variant": [0, 1], "paired": True}
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "Traceback" not in md and "2 seeds (0, 1)" in md
+    verified = verify_output(out)
+    assert verified.verified, verified.problems

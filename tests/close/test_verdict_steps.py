@@ -66,7 +66,13 @@ def test_a_variant_stopped_as_futile_is_never_adopted_and_the_steps_compared_are
 def test_a_futile_stop_whose_interval_shows_it_cannot_win_leaves_a_complete_negative():
     control = _ev(5.2, step=2550, planned=2550, peak=(400, 1.15))
     futile = _ev(1.2, step=200, planned=2550, futile=200, status="stopped")
-    stop = {**STOP, "numbers": {"gain": -0.087, "gain_ci95": [-0.132, -0.042]}}
+    # Decided at its look's error-spending boundary: the optimistic end read 3.57x wide.
+    numbers = {"gain": -0.087, "gain_ci95": [-0.132, -0.042], "boundary": 3.57, "reach": -0.01}
+    stop = {**STOP, "numbers": numbers}
+    # A stop at the plain interval (no error spent over the looks) settles nothing.
+    plain = {**STOP, "numbers": {"gain": -0.087, "gain_ci95": [-0.132, -0.042]}}
+    unsettled = decide_verdict(RULE, control=control, variants={"lr-high": futile}, stops=[plain])
+    assert unsettled.kind == "inconclusive", unsettled.text
     v = decide_verdict(RULE, control=control, variants={"lr-high": futile}, stops=[stop])
     assert (v.kind, v.run) == ("negative", None), v.text
     said = "stopped early: 'lr-high' as futile at step 200 (each stop shows it cannot win)"
@@ -98,3 +104,22 @@ def test_a_run_whose_model_is_a_rejected_delivery_is_never_adopted():
         "is not adopted. Verdict: inconclusive."
     )
     assert refuse_rejected(v, rejected={"control": reason}) is v
+
+
+def test_a_stopped_seed_replicate_is_named_in_the_verdict():
+    """Only the second seed of 'wide' was stopped as futile: the verdict names that replicate
+    and its stop, and the variant is not judged on its other seed alone."""
+    rule = DecisionRule(metric="accuracy", threshold=0.0, min_gain=0.0)
+    control = RunEvidence(values={"val": 0.8, "test": 0.8})
+    wide = RunEvidence(status="stopped", futile=30, planned=100, step=30, early_rule="futile")
+    stop = {
+        "run": "wide.s1",
+        "run_id": "wide.s1-0123456789",
+        "rule": "futile",
+        "stop_id": "stop-7",
+        "reason": "cannot win: at step 30 its gain ...",
+        "numbers": {"gain_ci95": [-0.3, -0.1]},
+    }
+    v = decide_verdict(rule, control=control, variants={"wide": wide}, stops=[stop])
+    assert "'wide.s1' stopped by futile (stop-7)" in v.text
+    assert "no stop recorded" not in v.text

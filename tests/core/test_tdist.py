@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpucampaign.core.tdist import t_quantile
+from gpucampaign.core.tdist import t_power, t_quantile, t_upper
 
 
 @pytest.mark.parametrize("p", [0.6, 0.80, 0.975, 0.995])
@@ -22,18 +22,15 @@ def test_the_t_quantile_is_scipys_at_every_dof_a_spec_allows(p: float) -> None:
         t_quantile(0.9, dof=0)
 
 
-def test_the_verdicts_seed_interval_is_the_one_scipys_quantile_gives() -> None:
-    """The half-width over seeds and examples (``close.bootstrap``) with scipy's quantile, as
-    it was computed before it used the project's own."""
-    import math
+def test_the_verdicts_tail_and_power_are_scipys() -> None:
+    """The one-sided p-value (``t_upper``, Holm's input) and the noncentral t's power
+    (``t_power``, the plan's detectable gain) agree with scipy's."""
+    from scipy.stats import nct, t
 
-    from scipy.stats import t
-
-    from gpucampaign.close.bootstrap import _t_half_width
-
-    for dof in range(1, 40):
-        for seed_var, example_var in ((0.01, 0.0004), (2.5e-5, 1e-6), (0.0, 0.003)):
-            q = float(t.ppf(0.975, dof))
-            want = math.sqrt(q * q * seed_var + 1.959963984540054**2 * example_var)
-            got = _t_half_width(seed_var=seed_var, example_var=example_var, dof=dof)
-            assert got == pytest.approx(want, rel=1e-12), (dof, seed_var)
+    for dof in (1, 2, 3, 5, 9, 30, 200, 1000):
+        for x in (-3.0, -0.4, 0.0, 0.7, 2.2, 6.0):
+            assert t_upper(x, dof=dof) == pytest.approx(float(t.sf(x, dof)), abs=1e-12)
+        crit = float(t.ppf(0.9875, dof))
+        for shift in (0.0, 1.0, 3.0, 7.0):
+            want = float(nct.sf(crit, dof, shift))
+            assert t_power(shift, dof=dof, critical=crit) == pytest.approx(want, abs=1e-6)

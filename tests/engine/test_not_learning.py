@@ -110,3 +110,51 @@ def test_the_start_is_read_back_after_the_pilot_and_the_rule_can_be_turned_off(
 def checks(base: Path, spec) -> list[dict]:
     path = base / "out" / "runs" / spec.resolve_run("frozen").run_id / "metrics.jsonl"
     return [r for r in read_metrics(path) if r["kind"] == "not_learning"]
+
+
+def _rule_on(losses: list[float], metrics: dict[int, float]) -> list[object]:
+    """``NotLearningRule`` fed a run's training losses (one a step) and its decision metric at
+    evaluations (step -> accuracy), on a stand-in of the run: what it asks at each evaluation."""
+    from types import SimpleNamespace
+
+    from gpucampaign.config import DecisionRule
+    from gpucampaign.engine import rules
+    from gpucampaign.engine.rules import NotLearningRule
+
+    spec = SimpleNamespace(
+        decision_rule=DecisionRule(metric="accuracy", threshold=0.5),
+        stop_rules=SimpleNamespace(grace=0.25),
+    )
+    r = SimpleNamespace(spec=spec, planned=len(losses), target=len(losses), step=0, rows=[])
+    r.record = r.rows.append
+    rule = NotLearningRule.__new__(NotLearningRule)
+    rule.r, rule.grace, rule.window = r, len(losses) // 4, len(losses) // 8
+    rule.first, rule.recent, rule.first_metric = {}, {}, None
+    asked: list[object] = []
+    keep = rules.keep_evidence
+    rules.keep_evidence = lambda run, kind, *, reason, numbers: ("stop", reason)  # type: ignore[assignment]
+    try:
+        for step, loss in enumerate(losses, start=1):
+            rule.on_train_row({"step": step, "loss": loss})
+            if step in metrics:
+                r.step = step
+                asked.append(rule.after_eval({"accuracy": metrics[step]}))
+    finally:
+        rules.keep_evidence = keep
+    return asked
+
+
+def test_a_loss_with_a_ramped_regulariser_is_learning_when_its_metric_improves() -> None:
+    """The training loss rises (a penalty ramped over 40% of the steps outweighs the fit) while
+    the accuracy climbs: the run learns and is never stopped; with the accuracy flat too, it
+    does not learn and is stopped."""
+    steps = 80
+    losses = [1.0 - 0.3 * s / steps + 0.8 * min(1.0, s / (0.4 * steps)) for s in range(steps)]
+    evals = {s: 0.5 + 0.4 * s / steps for s in range(10, steps, 10)}
+    assert losses[-1] > losses[0]  # the raw loss says "not learning"
+    assert _rule_on(losses, evals) == [None] * len(evals)
+    flat = dict.fromkeys(evals, 0.5)
+    asked = _rule_on(losses, flat)
+    assert asked[0] is None and asked[-1] is not None  # the first evaluation is the reference
+    stop = next(a for a in asked if a is not None)
+    assert "nor is its accuracy (0.5) better than at its first evaluation (0.5)" in stop[1]

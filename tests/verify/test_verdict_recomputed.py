@@ -100,7 +100,9 @@ def test_improved_per_example_scores_rehashed_fail_naming_the_gain(
         f"verdict.variants.learns.test.gain: the folder says {sealed_gain}, recomputed"
         in (where["report.json"])
     )
-    assert "verdict.variants.learns.test.value" in where["report.json"]
+    # The value, its interval and its spread differ too (named after the first few).
+    assert "field(s) of its verdict differ" in where["report.json"]
+    assert "verdict.variants.learns.test.se" in where["report.json"]
     code, text = verify(copy)
     assert code == 4 and "verdict.variants.learns.test.gain" in text, text
 

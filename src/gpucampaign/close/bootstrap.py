@@ -1,35 +1,29 @@
-"""How sure a gain is: a paired bootstrap of a variant against the control, example by example,
-and seed by seed when the runs have replicates.
+"""How sure a gain is: a variant against the control, paired example by example, and seed by
+seed when both runs trained the same seeds.
 
-Both runs predicted the same rows, so each resample draws rows (the same rows for both runs)
-and recomputes the gain: what varies is which examples were in the split, not which run saw
-them. With replicates (``seeds: [...]``, several seeds of one run) the bootstrap is
-hierarchical: each draw resamples the seeds (with replacement; the same seed positions on both
-sides when both trained the same seeds, each side on its own otherwise), then the examples
-(the same examples for the variant and the control, and for every drawn seed: all seeds were
-evaluated on the same split, so which examples it holds is one draw shared by the seeds, not
-one per seed), and averages. The gain's variance is then split into what comes from the seeds
-and what from the examples, and the larger names what more evidence should be. With at least
-two seeds a side (training noise measured), the interval is also never narrower than the
-t-interval that adds both shares, ``gain +- sqrt(t(k-1)^2 * seed_var + 1.96^2 * example_var)``:
-a bootstrap over three seeds underestimates their spread (it draws from three values), and the
-Student t quantile at k-1 degrees of freedom is what a few seeds warrant. The rows are
-predictions (accuracy, macro F1 of a classifier) or per-example scores (any metric that is a
-mean over examples: ``paired_mean_gain``). Seeded with numpy's PCG64, so the same predictions
-give the same interval on every machine.
+Both runs predicted the same rows, so the gain is analysed per example (the same examples for
+both runs and for every seed): what varies is which examples the split holds and which seeds
+trained the runs, each counted once (``gain_interval.py`` states the model: a t-interval over
+the variance components, Welch's degrees of freedom, no second interval). For a metric that is
+a mean over examples (accuracy, any per-example score: ``paired_mean_gain``) every part is
+computed in closed form. Macro F1 is not a mean over examples: its examples' share is the
+variance of a paired bootstrap of the examples (every seed kept once; numpy's PCG64, seeded,
+so the same predictions give the same interval on every machine), its seeds' share that of
+the per-seed F1s. The gain's variance is split into the seeds' and the examples' shares, and
+the larger names what more evidence should be.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from gpucampaign.core.gain_interval import LEVEL, Spread, paired_spread, unpaired_spread
 from gpucampaign.core.resample import BOOT_SAMPLES, BOOT_SEED, RESAMPLE_CHUNK
-from gpucampaign.core.tdist import t_quantile
 
 #: What each source of variance, when it dominates, says more evidence should be.
 DOMINATES = {
@@ -42,7 +36,8 @@ DOMINATES = {
 class Gain:
     """A variant's gain over the control on one split, signed so that positive is better.
 
-    ``ci95`` is the bootstrap's 2.5% and 97.5% percentiles; ``n`` the paired examples;
+    ``ci95`` is the 95% t-interval over the gain's variance components (``dof`` its
+    Welch-Satterthwaite degrees of freedom, ``se`` its standard error); ``n`` the paired examples;
     ``replicates`` the runs (seeds) of each side, the smaller of the two. With replicates,
     ``control_seeds`` and ``variant_seeds`` name them (None where not known), ``paired_seeds``
     says whether they were paired by seed, and the gain's variance is split into
@@ -60,6 +55,10 @@ class Gain:
     paired_seeds: bool = True
     seed_var: float | None = None
     example_var: float | None = None
+    dof: float | None = None
+    se: float | None = None
+    seed_dof: float | None = None
+    example_dof: float | None = None
 
     @property
     def seeded(self) -> bool:
@@ -92,6 +91,10 @@ class Gain:
             "replicates": self.replicates,
             "training_noise": "measured" if self.noise_measured else "not measured",
         }
+        if self.se is not None:
+            out.update(
+                se=self.se, dof=self.dof, seed_dof=self.seed_dof, example_dof=self.example_dof
+            )
         if self.seeded:
             total = (self.seed_var or 0.0) + (self.example_var or 0.0)
             out.update(
@@ -119,6 +122,8 @@ def _common_ids(sides: Sequence[Any]) -> list[str]:
 
 
 def _take(p: Any, values: Sequence[Any], ids: Sequence[str]) -> list[Any]:
+    if len(p.ids) == len(ids) and list(p.ids) == list(ids):  # the usual case: one order
+        return list(values)
     pos = {i: n for n, i in enumerate(p.ids)}
     return [values[pos[i]] for i in ids]
 
@@ -169,40 +174,17 @@ _Chunk = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def _resamples(
-    rng: np.random.Generator, *, n: int, kc: int, kv: int, paired: bool, samples: int, seeds: bool
+    rng: np.random.Generator, *, n: int, kc: int, kv: int, samples: int
 ) -> Iterator[_Chunk]:
-    """The bootstrap's draws, in chunks: ``(sc, sv, idx)``, the drawn seed positions of the
-    control ``(m, kc)`` and of the variant ``(m, kv)`` (the same ones when ``paired``; every
-    seed once when not ``seeds``: the examples alone vary), and the drawn examples ``(m, n)``,
-    shared by both sides (paired by example) and by every drawn seed (one split)."""
-    slots = max(kc, kv)
-    chunk = max(1, RESAMPLE_CHUNK // slots)
+    """The bootstrap's draws of the examples, in chunks: ``(sc, sv, idx)``, every seed of the
+    control ``(m, kc)`` and of the variant ``(m, kv)`` kept once, and the drawn examples
+    ``(m, n)``, shared by both sides (paired by example) and by every seed (one split)."""
+    chunk = max(1, RESAMPLE_CHUNK // max(kc, kv))
     for start in range(0, samples, chunk):
         m = min(chunk, samples - start)
-        if not seeds or slots == 1:
-            sc = np.broadcast_to(np.arange(kc), (m, kc))
-            sv = np.broadcast_to(np.arange(kv), (m, kv))
-        else:
-            sc = rng.integers(0, kc, size=(m, kc))
-            sv = sc if paired else rng.integers(0, kv, size=(m, kv))
+        sc = np.broadcast_to(np.arange(kc), (m, kc))
+        sv = np.broadcast_to(np.arange(kv), (m, kv))
         yield sc, sv, rng.integers(0, n, size=(m, n))
-
-
-def _mean_draws(xc: np.ndarray, xv: np.ndarray, *, paired: bool) -> Callable[[_Chunk], np.ndarray]:
-    """The gain of each draw for a metric that is a mean over examples: per-example values
-    ``(k, n)`` of each side, averaged over the drawn examples of each drawn seed."""
-    # diff[sc[:, :, None], idx[:, None, :]] is (m, k, n): the chunk is cut by k to keep it small.
-    diff = xv - xc if paired else None
-
-    def draws(chunk: _Chunk) -> np.ndarray:
-        sc, sv, idx = chunk
-        if diff is not None:
-            return diff[sc[:, :, None], idx[:, None, :]].mean(axis=2).mean(axis=1)
-        v = xv[sv[:, :, None], idx[:, None, :]].mean(axis=2).mean(axis=1)
-        c = xc[sc[:, :, None], idx[:, None, :]].mean(axis=2).mean(axis=1)
-        return v - c
-
-    return draws
 
 
 def _f1_draws(
@@ -223,67 +205,58 @@ def _f1_draws(
     return draws
 
 
-def _bootstrap(
+def _example_var_f1(
+    *, n: int, draws: Callable[[_Chunk], np.ndarray], kc: int, kv: int, samples: int, seed: int
+) -> float:
+    """Macro F1's examples' share: the variance of the gain over a paired bootstrap of the
+    examples, every seed kept once."""
+    rng = np.random.default_rng(seed)
+    got = [draws(c) for c in _resamples(rng, n=n, kc=kc, kv=kv, samples=samples)]
+    return float(np.var(np.concatenate(got), ddof=1)) if got else 0.0
+
+
+def _gain(
     *,
     n: int,
     gain: float,
-    draws: Callable[[_Chunk], np.ndarray],
-    per_seed: tuple[np.ndarray, np.ndarray],
+    spread: Spread,
     control: Sequence[Any],
     variant: Sequence[Any],
     paired: bool,
-    samples: int,
-    seed: int,
 ) -> Gain:
-    """The interval from the resampled gains, and with replicates the split of its variance.
-
-    ``per_seed``: each side's metric per seed on every common example (the seeds' share is
-    the variance of those, or of their differences when paired, over k); the examples' share
-    is the variance of a second pass that resamples the examples with every seed kept once.
-    """
-    kc, kv = len(control), len(variant)
-    rng = np.random.default_rng(seed)
-
-    def run(seeds: bool) -> np.ndarray:
-        got = [
-            draws(c)
-            for c in _resamples(rng, n=n, kc=kc, kv=kv, paired=paired, samples=samples, seeds=seeds)
-        ]
-        return np.concatenate(got) if got else np.zeros(0)
-
-    boot = run(True)
-    low, high = np.percentile(boot, [2.5, 97.5])
-    seed_var = example_var = None
-    if max(kc, kv) > 1:
-        example_var = round(float(np.var(run(False), ddof=1)), 15)
-        c, v = per_seed
-        if paired:
-            parts = [np.var(v - c, ddof=1) / kc] if kc > 1 else []
-        else:
-            parts = [np.var(x, ddof=1) / len(x) for x in (c, v) if len(x) > 1]
-        seed_var = round(float(sum(parts)), 15) if parts else None
-    if min(kc, kv) >= 2 and seed_var is not None and example_var is not None:
-        half = _t_half_width(seed_var=seed_var, example_var=example_var, dof=min(kc, kv) - 1)
-        low, high = min(low, gain - half), max(high, gain + half)
+    """The gain with its interval at ``LEVEL`` from its ``spread``."""
+    half = spread.half_width(level=LEVEL)
     return Gain(
         gain=round(gain, 12),
-        ci95=(round(float(low), 12), round(float(high), 12)),
+        ci95=(round(gain - half, 12), round(gain + half, 12)),
         n=n,
-        replicates=min(kc, kv),
+        replicates=min(len(control), len(variant)),
         control_seeds=tuple(getattr(p, "seed", None) for p in control),
         variant_seeds=tuple(getattr(p, "seed", None) for p in variant),
         paired_seeds=paired,
-        seed_var=seed_var,
-        example_var=example_var,
+        seed_var=None if spread.seed_var is None else round(spread.seed_var, 15),
+        example_var=round(spread.example_var, 15),
+        dof=round(spread.dof, 3),
+        seed_dof=None if spread.seed_dof is None else round(spread.seed_dof, 3),
+        example_dof=spread.example_dof,
+        se=round(math.sqrt(max(spread.var, 0.0)), 15),
     )
 
 
-def _t_half_width(*, seed_var: float, example_var: float, dof: int) -> float:
-    """The 95% half-width over seeds and examples: the seeds' share at Student's t with ``dof``
-    degrees of freedom (a few seeds estimate their spread poorly), the examples' at the
-    normal quantile."""
-    q = t_quantile(0.975, dof=dof)
-    return math.sqrt(q * q * seed_var + 1.959963984540054**2 * example_var)
+def spread_of(xc: np.ndarray, xv: np.ndarray, *, paired: bool) -> Spread:
+    """The spread of the gain in a metric that is a mean over examples: per-example values
+    ``(k, n)`` of each side, paired by seed (row by row) when ``paired``."""
+    return paired_spread(xv - xc) if paired else unpaired_spread(xc, xv)
+
+
+def _f1_spread(
+    per_seed: tuple[np.ndarray, np.ndarray], *, example_var: float, n: int, paired: bool
+) -> Spread:
+    """Macro F1's spread: the per-seed F1s' variance (paired by seed, or Welch) and the
+    examples' bootstrap variance (with the interaction in it: a little wide)."""
+    c, v = per_seed
+    seeds = paired_spread((v - c)[:, None]) if paired else unpaired_spread(c[:, None], v[:, None])
+    return replace(seeds, example_var=example_var, example_dof=max(1, n - 1))
 
 
 def paired_gain(
@@ -294,16 +267,16 @@ def paired_gain(
     samples: int = BOOT_SAMPLES,
     seed: int = BOOT_SEED,
 ) -> Gain | None:
-    """The variant's gain over the control with a 95% paired-bootstrap interval, over the
-    examples and, when a side has replicates, over its seeds (hierarchical).
+    """The variant's gain over the control with its 95% interval over the examples and, when a
+    side has replicates, over its seeds (``gain_interval.py``).
 
     Args:
         control: the control's ``error_analysis.Predictions``, one per replicate (seed).
         variant: the variant's, one per replicate.
         metric: ``accuracy`` or ``macro_f1`` (higher is better); any other metric has no
             per-example form in the predictions, so no interval (None).
-        samples: bootstrap resamples.
-        seed: the resampling seed.
+        samples: bootstrap resamples of macro F1's examples' share.
+        seed: their seed.
 
     Returns:
         The gain (the mean over seeds of each side's metric, variant minus control), or None
@@ -320,43 +293,33 @@ def paired_gain(
     labels = np.asarray(_take(control[0], control[0].labels, ids))
     pc = np.stack([np.asarray(_take(p, p.preds, ids)) for p in control])
     pv = np.stack([np.asarray(_take(p, p.preds, ids)) for p in variant])
+    sides: dict[str, Any] = {"n": n, "control": control, "variant": variant, "paired": paired}
     if metric == "accuracy":
         xc, xv = (pc == labels).astype(np.float64), (pv == labels).astype(np.float64)
-        draws = _mean_draws(xc, xv, paired=paired)
-        per_seed = (xc.mean(axis=1), xv.mean(axis=1))
         gain = float(xv.mean()) - float(xc.mean())
-    else:
-        k = int(max(labels.max(), pc.max(), pv.max())) + 1
-        draws = _f1_draws(labels, pc, pv, k=k)
-        per_seed = (
-            np.asarray([_macro_f1(labels, p, k=k) for p in pc]),
-            np.asarray([_macro_f1(labels, p, k=k) for p in pv]),
-        )
-        gain = float(per_seed[1].mean()) - float(per_seed[0].mean())
-    return _bootstrap(
+        return _gain(gain=gain, spread=spread_of(xc, xv, paired=paired), **sides)
+    k = int(max(labels.max(), pc.max(), pv.max())) + 1
+    per_seed = (
+        np.asarray([_macro_f1(labels, p, k=k) for p in pc]),
+        np.asarray([_macro_f1(labels, p, k=k) for p in pv]),
+    )
+    example_var = _example_var_f1(
         n=n,
-        gain=gain,
-        draws=draws,
-        per_seed=per_seed,
-        control=control,
-        variant=variant,
-        paired=paired,
+        draws=_f1_draws(labels, pc, pv, k=k),
+        kc=len(control),
+        kv=len(variant),
         samples=samples,
         seed=seed,
     )
+    gain = float(per_seed[1].mean()) - float(per_seed[0].mean())
+    spread = _f1_spread(per_seed, example_var=example_var, n=n, paired=paired)
+    return _gain(gain=gain, spread=spread, **sides)
 
 
-def paired_mean_gain(
-    control: Sequence[Any],
-    variant: Sequence[Any],
-    *,
-    metric: str,
-    samples: int = BOOT_SAMPLES,
-    seed: int = BOOT_SEED,
-) -> Gain | None:
+def paired_mean_gain(control: Sequence[Any], variant: Sequence[Any], *, metric: str) -> Gain | None:
     """The variant's gain over the control in a metric that is a mean over examples, from
-    per-example scores, with a 95% paired-bootstrap interval over the examples and, when a
-    side has replicates, over its seeds (hierarchical).
+    per-example scores, with its 95% interval over the examples and, when a side has
+    replicates, over its seeds (``gain_interval.py``: closed form, no resampling).
 
     The gain is the raw difference ``variant - control`` (the caller signs it by direction):
     the mean over seeds of each side's mean over the common examples.
@@ -365,8 +328,6 @@ def paired_mean_gain(
         control: the control's ``scores.Scores``, one per replicate (seed).
         variant: the variant's, one per replicate.
         metric: the column of the scores to compare.
-        samples: bootstrap resamples.
-        seed: the resampling seed.
 
     Returns:
         The gain, or None when a side has no scores of ``metric``, they share no example, or
@@ -386,16 +347,13 @@ def paired_mean_gain(
     if not (np.isfinite(xc).all() and np.isfinite(xv).all()):
         return None
     gain = float((xv - xc).mean()) if paired else float(xv.mean() - xc.mean())
-    return _bootstrap(
+    return _gain(
         n=len(ids),
         gain=gain,
-        draws=_mean_draws(xc, xv, paired=paired),
-        per_seed=(xc.mean(axis=1), xv.mean(axis=1)),
+        spread=spread_of(xc, xv, paired=paired),
         control=control,
         variant=variant,
         paired=paired,
-        samples=samples,
-        seed=seed,
     )
 
 

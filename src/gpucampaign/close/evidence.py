@@ -59,9 +59,12 @@ def run_evidence(
         reps = [e for run, e in single.items() if (spec.replicate_of(run) or (run,))[0] == base]
         if base not in single:
             continue
-        if any(e.futile is not None for e in reps):
-            # A seed stopped early: the run is not judged on its other seeds alone.
+        early = next((e for e in reps if e.futile is not None), None)
+        if early is not None:
+            # A seed stopped early: the run is not judged on its other seeds alone, and the
+            # stopped seed (the base run or a replicate) is what the verdict names.
             reps = [replace(e, values={}, predictions={}, scores={}) for e in reps]
+        first = early or single[base]
         values = {}
         for split in verdict_splits(spec):
             got = [v for e in reps if (v := e.values.get(split)) is not None]
@@ -79,16 +82,16 @@ def run_evidence(
             values=values,
             predictions=preds,
             scores=scores,
-            status=single[base].status,
+            status=first.status,
             note="; ".join(dict.fromkeys(e.note for e in reps if e.note)),
             no_interval="; ".join(dict.fromkeys(e.no_interval for e in reps if e.no_interval)),
             train_s=None
             if None in times or not times
             else round(sum(t for t in times if t is not None) / len(times), 6),
-            step=single[base].step,
-            planned=single[base].planned,
+            step=first.step,
+            planned=first.planned,
             peak=single[base].peak,
-            futile=single[base].futile,
+            futile=first.futile,
             early_rule=next((e.early_rule for e in reps if e.early_rule), ""),
         )
     return out

@@ -1,4 +1,4 @@
-"""Per-example scores: what the verdict's paired bootstrap resamples for a metric that is a
+"""Per-example scores: what the verdict's paired interval is computed from for a metric that is a
 mean over examples (accuracy, loss, mse, mae, per-token loss).
 
 A recipe's ``score(model, batch)`` gives one value per example; the close calls it with each

@@ -1,8 +1,8 @@
 """The verdict: the spec's decision rule applied to the measured evidence.
 
 The winner is chosen on the selection split only; its gain over the control is then reported,
-with a paired-bootstrap 95% interval, on the report split, which decides how sure the verdict
-is. A pure function of the metrics, the predictions, the per-example scores and the stop
+with a 95% interval paired by example and seed, on the report split, which decides how sure
+the verdict is. A pure function of the metrics, the predictions, the per-example scores and the stop
 records: nothing is re-measured.
 """
 
@@ -19,7 +19,14 @@ from gpucampaign.close.more_evidence import (
     seeds_to_measure_noise,
     to_settle,
 )
-from gpucampaign.close.verdict_steps import barred, futile_settled, futile_words, steps_compared
+from gpucampaign.close.verdict_steps import (
+    barred,
+    family,
+    futile_settled,
+    futile_words,
+    refuse_uncorrected,
+    steps_compared,
+)
 from gpucampaign.close.verdict_words import (
     TIE_RULE,
     ci_text,
@@ -165,10 +172,7 @@ def _split_entry(
         )
         if g is None:
             g = paired_mean_gain(
-                control.scores.get(split, ()),
-                variant.scores.get(split, ()),
-                metric=rule.metric,
-                seed=seed,
+                control.scores.get(split, ()), variant.scores.get(split, ()), metric=rule.metric
             )
     if g is not None:
         lo, hi = sorted((sign * g.ci95[0], sign * g.ci95[1]))
@@ -247,7 +251,7 @@ def decide_verdict(
     The winner is the best variant on ``rule.select_split`` that meets the threshold and beats
     the control by at least ``min_gain`` (strictly better when ``min_gain`` is 0); a tie goes
     to the cheaper run by measured training time, then the first in the spec (``TIE_RULE``).
-    Its gain on ``rule.report_split``, with a paired-bootstrap 95% interval (over predictions
+    Its gain on ``rule.report_split``, with a 95% interval paired by example (over predictions
     or per-example scores), then decides the kind: ``adopt`` when the interval's lower end
     clears ``min_gain``, ``negative`` when its upper end does not, ``inconclusive`` when it
     straddles it, or when there is no interval and ``min_gain`` is above 0 (a point estimate
@@ -302,7 +306,8 @@ def decide_verdict(
         settled = futile_settled(rule, never, stops=stops)
         return _negative(frame, control=ctrl, cut=cut, futile=futile_words(settled, evidence))
     seconds = {"control": ctrl.train_s, **times}
-    return _confirm(frame, chosen, seconds=seconds, lot=lot)
+    fam = frame.base["numbers"]["family"] = family(rule, table, never=never)
+    return refuse_uncorrected(_confirm(frame, chosen, seconds=seconds, lot=lot), fam=fam)
 
 
 def _no_comparison(

@@ -14,6 +14,10 @@ from typing import Any, Protocol
 
 from gpucampaign.close.verdict_words import say_value, stops_of
 from gpucampaign.config import DecisionRule
+from gpucampaign.core.gain_interval import holm, spread_from
+
+#: The one-sided error of the verdict's adoption: the 95% interval's lower end.
+ALPHA = 0.025
 
 
 class _Stepped(Protocol):
@@ -99,20 +103,23 @@ def refuse_rejected(verdict: Any, *, rejected: Mapping[str, str]) -> Any:
 def futile_settled(
     rule: DecisionRule, never: Mapping[str, str], *, stops: Iterable[Mapping[str, Any]]
 ) -> dict[str, bool]:
-    """Per variant stopped early, whether its stop shows it cannot win: a futility stop whose
-    own interval at the stop (signed so that positive is better) is not a tie and has its upper
-    end under the min gain, or not above 0; a ``not_learning`` stop (a run that does not learn
-    is a finding). A futility stop without those numbers settles nothing."""
+    """Per variant stopped early, whether its stop shows it cannot win: a futility stop
+    decided at its look's error-spending boundary (``reach``, the optimistic end read
+    O'Brien-Fleming-wide: ``engine.futility.spending_factor``), not a tie, with that end under
+    the min gain or not above 0; a ``not_learning`` stop (neither its loss nor its decision
+    metric moved: a finding). A futility stop without the boundary (recorded at the plain
+    interval, which a slow starter trails early by chance) settles nothing: the verdict is
+    then inconclusive, naming it."""
     out = {}
     for name in never:
         settled = False
-        for s in stops_of(name, stops):
+        for s in stops_of(name, stops, seeds=True):
             n = s.get("numbers") or {}
-            ci = n.get("gain_ci95")
+            reach = n.get("reach")
             if s.get("rule") == "not_learning":
                 settled = True
-            elif s.get("rule") == "futile" and isinstance(ci, list | tuple) and len(ci) == 2:
-                settled = settled or (not n.get("tie") and (ci[1] < rule.min_gain or ci[1] <= 0))
+            elif s.get("rule") == "futile" and isinstance(reach, int | float):
+                settled = settled or (not n.get("tie") and (reach < rule.min_gain or reach <= 0))
         out[name] = settled
     return out
 
@@ -126,3 +133,45 @@ def futile_words(settled: Mapping[str, bool], runs: Mapping[str, _Stepped]) -> t
     open_ = [n for n, ok in settled.items() if not ok]
     how = "each stop shows it cannot win" if not open_ else "not finished runs"
     return f"; stopped early: {said} ({how})", ", ".join(repr(n) for n in open_)
+
+
+def family(
+    rule: DecisionRule, table: Mapping[str, Mapping[str, Any]], *, never: Mapping[str, str]
+) -> dict[str, Any]:
+    """Holm's correction over every variant the verdict may adopt (those with an interval on
+    the report split, not stopped early): whether Holm's step-down at 2.5% one-sided (the 95%
+    interval's lower end) adopts each. With one variant it is the interval itself; with
+    several, the chance that any variant without a real gain is adopted stays at most 2.5%
+    (``docs/stop-rules-and-evidence.md``).
+
+    Returns:
+        ``{variants, alpha, adoptable}``: ``adoptable`` by variant name.
+    """
+    gains = {}
+    for name, row in table.items():
+        entry = row[rule.report_split]
+        spread = spread_from(entry)
+        if name in never or spread is None or entry.get("gain") is None:
+            continue
+        gains[name] = (float(entry["gain"]), spread)
+    adoptable = holm(gains, bar=rule.min_gain, alpha=ALPHA)
+    return {"variants": len(gains), "alpha": ALPHA, "adoptable": adoptable}
+
+
+def refuse_uncorrected(verdict: Any, *, fam: Mapping[str, Any]) -> Any:
+    """The verdict, never adopting a variant whose interval clears the bar on its own but not
+    once corrected for the other variants judged with it (Holm): it becomes inconclusive and
+    says so, with each variant's p-value in the numbers."""
+    run = verdict.run
+    if verdict.kind != "adopt" or fam["adoptable"].get(run, True):
+        return verdict
+    why = (
+        f"with {fam['variants']} variants judged together its interval does not clear the "
+        "min gain once corrected for them (Holm); more seeds would settle it"
+    )
+    return replace(
+        verdict,
+        kind="inconclusive",
+        text=f"Inconclusive: '{run}' clears the rule on its own, but {why}. {verdict.text}",
+        answer=f"Not yet: '{run}' clears the rule on its own, but {why}. Verdict: inconclusive.",
+    )

@@ -3,6 +3,7 @@ against the minimum gain, the seeds an interval rests on, and the stops that end
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -86,23 +87,28 @@ def ci_text(entry: Mapping[str, Any], rule: DecisionRule) -> str:
     return f"gain {say_gain(entry['gain'], rule)} [95% CI {low}, {high}{seeds}]"
 
 
-def stops_of(run: str, stops: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Stop records of a run, matched by name or by run ID ``<name>-<10 hex>``."""
+def stops_of(
+    run: str, stops: Iterable[Mapping[str, Any]], *, seeds: bool = False
+) -> list[Mapping[str, Any]]:
+    """Stop records of a run (with ``seeds``, of its seed replicates ``<run>.s<seed>`` too),
+    matched by name or by run ID ``<name>-<10 hex>``."""
+    seed_run = re.compile(rf"{re.escape(run)}(\.s\d+)?" if seeds else re.escape(run))
     out = []
     for s in stops:
         rid = str(s.get("run_id") or "")
-        if s.get("run") == run or (rid and rid.rsplit("-", 1)[0] == run):
+        names = [str(s.get("run") or ""), rid.rsplit("-", 1)[0] if rid else ""]
+        if any(seed_run.fullmatch(n) for n in names if n):
             out.append(s)
     return out
 
 
 def stop_text(run: str, stops: Iterable[Mapping[str, Any]]) -> str:
-    """Why a run has no metric, from its stop records."""
-    found = stops_of(run, stops)
+    """Why a run has no metric, from its stop records (a stopped seed replicate named)."""
+    found = stops_of(run, stops, seeds=True)
     if not found:
         return f"'{run}' has no metric (no stop recorded)"
     return "; ".join(
-        f"'{run}' stopped by {s.get('rule', 'stop')} ({s.get('stop_id', '?')}): "
+        f"'{s.get('run') or run}' stopped by {s.get('rule', 'stop')} ({s.get('stop_id', '?')}): "
         f"{s.get('reason', '')}"
         for s in found
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
 
 from gpucampaign.config.links import check_links
 from gpucampaign.config.lots import Package, Step
@@ -118,6 +118,19 @@ class CampaignSpec(_Frozen):
         default_factory=TrackingSpec, description="Experiment tracking (MLflow), off by default."
     )
 
+    @model_serializer(mode="wrap")
+    def _control_seeds(self, handler: Any) -> dict[str, Any]:
+        # The control's ``seeds`` are left out of a RunConfig's own dump (they are not part of a
+        # run's numbers, its ID or its params.json), but they are part of the campaign: every
+        # dump of the spec (the spec's sha256, the copy in the output folder, the spec a restart
+        # check's child or a data-parallel worker reads) carries them, or the runs
+        # 'control.s<k>' vanish on the way.
+        data: dict[str, Any] = handler(self)
+        control = data.get("control")
+        if self.control is not None and self.control.seeds and isinstance(control, dict):
+            data["control"] = {**control, "seeds": list(self.control.seeds)}
+        return data
+
     @field_validator("catalog")
     @classmethod
     def _catalog_inside(cls, v: str | None) -> str | None:
@@ -207,11 +220,12 @@ class CampaignSpec(_Frozen):
         ]
 
     def tier_of(self, run: str) -> str:
-        """Tier of a run: the control is always essential; a replicate has its base's tier,
-        except the control's replicates, which are useful (a missing one stops nothing)."""
+        """Tier of a run: the control is always essential, and so are its seed replicates (no
+        variant is adopted without the training noise they measure); a variant's replicate
+        has its base's tier."""
         rep = self.replicate_of(run)
         if rep is not None:
-            return "useful" if rep[0] == "control" else self.tier_of(rep[0])
+            return self.tier_of(rep[0])
         if run == "control":
             return "essential"
         return next(v.tier for v in self.variants if v.name == run)

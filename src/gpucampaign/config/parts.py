@@ -364,7 +364,7 @@ class StopRules(_Frozen):
         default=True,
         description=(
             "Stop a variant at an evaluation after the grace when the optimistic end of its "
-            "paired-bootstrap interval against the control at the same step cannot clear the "
+            "paired interval against the control at the same step cannot clear the "
             "min gain (needs a recipe with score(); never the control, never on a tie, never "
             "before the control's metric moved from its first evaluation); its model is kept "
             "as evidence and its GPU lane goes to the next run."

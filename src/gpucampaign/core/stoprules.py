@@ -68,7 +68,7 @@ class BelowThreshold(StopRule):
 
 class Futile(StopRule):
     """A variant that cannot win: at an evaluation after the pilot, the optimistic end of its
-    paired-bootstrap interval against the control at the same step cannot clear the min gain.
+    paired interval against the control at the same step cannot clear the min gain.
     ``numbers`` keeps what decided it (step, the control's step, gain, interval, min gain,
     examples); its model at that step is kept and evaluated as evidence."""
 

@@ -44,3 +44,37 @@ def _t_central(theta: float, *, dof: int) -> float:
         term *= c2 * (2 * k) / (2 * k + 1)
         total += term
     return 2 / math.pi * (theta + sin * total)
+
+
+def t_upper(t: float, *, dof: int) -> float:
+    """P(T > t) for Student's t with an integer ``dof`` >= 1 (the verdict's one-sided
+    p-values; exact, the same series as ``t_quantile``)."""
+    if dof < 1:
+        raise ValueError(f"t_upper needs dof >= 1 (got {dof})")
+    tail = (1.0 - _t_central(math.atan(abs(t) / math.sqrt(dof)), dof=dof)) / 2
+    return tail if t >= 0 else 1.0 - tail
+
+
+def t_power(shift: float, *, dof: int, critical: float) -> float:
+    """P(T > critical) for a noncentral t with ``dof`` degrees of freedom and noncentrality
+    ``shift``: the power of a one-sided t-test whose true effect is ``shift`` standard errors.
+
+    ``T = (Z + shift) / (U / sqrt(dof))`` with ``U`` chi (the square root of a chi-square,
+    density ``u^(dof-1) exp(-u^2/2)``, smooth for every dof): the normal tail integrated over
+    U's density, Simpson's rule on a grid wide enough that the rest is under 1e-12."""
+    if dof < 1:
+        raise ValueError(f"t_power needs dof >= 1 (got {dof})")
+    top = math.sqrt(dof) + 12.0
+    m = 1200  # even: Simpson's rule
+    h = top / m
+    log_norm = -(dof / 2 - 1) * math.log(2) - math.lgamma(dof / 2)
+    total = 0.0
+    for j in range(1, m + 1):  # u = 0 adds nothing but for dof 1, whose tail there is bounded
+        u = j * h
+        density = math.exp(log_norm + (dof - 1) * math.log(u) - u * u / 2)
+        tail = 0.5 * math.erfc((critical * u / math.sqrt(dof) - shift) / math.sqrt(2))
+        weight = 1 if j == m else (4 if j % 2 else 2)
+        total += weight * density * tail
+    if dof == 1:  # u = 0: density sqrt(2/pi), tail P(Z > -shift)
+        total += math.sqrt(2 / math.pi) * 0.5 * math.erfc(-shift / math.sqrt(2))
+    return total * h / 3

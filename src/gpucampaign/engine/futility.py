@@ -6,10 +6,11 @@ scores of the decision metric on the selection split (the recipe's ``score``), i
 renamed into place at once, fsynced with the metrics before the next checkpoint commits: a
 crash loses only records that the resume from that checkpoint writes again). At
 each evaluation of a variant after the grace and before its last step, the variant scores the
-same split and the paired bootstrap the verdict uses (``core/resample.py``) gives the interval
-of its gain over the control at the same step. Only at the same step: when the control has no
-record there (another lane still trains it, or its evaluations fall on other steps) there is
-nothing to compare with, and the check waits for the next evaluation.
+same split and the interval the verdict uses with one seed a side (``core/gain_interval.py``,
+the paired t-interval over the examples) gives the interval of its gain over the control at
+the same step. Only at the same step: when the control has no record there (another lane still
+trains it, or its evaluations fall on other steps) there is nothing to compare with, and the
+check waits for the next evaluation.
 
 The warm-up, so that an untrained model is never judged (Optuna's ``n_warmup_steps``, ASHA's
 ``grace_period``): no check before the grace (``stop_rules.grace``, a share of the variant's
@@ -48,7 +49,7 @@ import numpy as np
 
 from gpucampaign.config import CampaignSpec
 from gpucampaign.core.files import atomic_write_bytes
-from gpucampaign.core.resample import BOOT_SAMPLES, BOOT_SEED, mean_interval
+from gpucampaign.core.gain_interval import paired_spread
 from gpucampaign.core.stoprules import Futile
 from gpucampaign.core.text import say_exact, say_number
 from gpucampaign.engine.hooks import Hook, HookArgs, RunView, StopRequest
@@ -139,17 +140,23 @@ def control_scores_at(control_dir: Path, *, step: int) -> tuple[EvalScores | Non
 
 def control_moved(control_dir: Path, record: EvalScores) -> tuple[bool, str]:
     """Whether the control's mean on the split at ``record`` moved from its first record (its
-    untrained model's, at step 0), and why not (a model that has learned nothing visible yet:
-    no comparison says anything)."""
+    untrained model's, at step 0) by more than chance, and why not (a model that has learned
+    nothing visible yet: no comparison says anything). Moved means the paired 95% interval of
+    the change, example by example, excludes 0: two models still at chance never decide."""
     steps = _recorded_steps(control_dir)
     first = read_eval_scores(Path(control_dir) / eval_scores_file(steps[0])) if steps else record
     now, then = (round(float(np.mean(r.values)), 12) for r in (record, first))
     if first.step < record.step and now != then:
-        return True, ""
+        if tuple(first.ids) != tuple(record.ids) or len(record.values) < 2:
+            return True, ""
+        change = np.asarray(record.values, dtype=np.float64) - first.values
+        if abs(float(change.mean())) > paired_spread(change[None, :]).half_width():
+            return True, ""
     return False, (
         f"the control's {record.metric} on {record.split} at step {record.step} "
-        f"({say_number(now)}) has not moved from its first record (step {first.step}): "
-        "no model has learned anything a comparison could see yet"
+        f"({say_number(now)}) has not moved beyond chance from its first record (step "
+        f"{first.step}, {say_number(then)}): no model has learned anything a comparison could "
+        "see yet"
     )
 
 
@@ -164,6 +171,23 @@ def cannot_win(*, optimistic: float, min_gain: float) -> bool:
     """The verdict's negative rule, read on the interval's optimistic end (the gain signed so
     that positive is better): below the min gain, or not above 0, it can never be adopted."""
     return optimistic < min_gain or optimistic <= 0
+
+
+#: The interval a look reads its boundary from: a run is checked at every evaluation, and each
+#: look at the 95% interval would spend a few percent of dropping a slow starter that ends ahead.
+FUTILITY_LEVEL = 0.99
+
+
+def spending_factor(*, step: int, planned: int | None) -> float:
+    """How much wider than the 99% interval (``FUTILITY_LEVEL``) a look at ``step`` of
+    ``planned`` reads the optimistic end: ``sqrt(planned / step)``, O'Brien-Fleming's boundary
+    with the share of steps as the information fraction. A run checked at every evaluation
+    looks many times; an early look, when a slow starter still trails, needs evidence that
+    much stronger, and the last looks read the 99% interval itself (``tests/engine/
+    test_futility.py`` measures the slow starters it drops)."""
+    if not planned or step <= 0 or step >= planned:
+        return 1.0
+    return round(math.sqrt(planned / step), 6)
 
 
 @dataclass(frozen=True)
@@ -186,6 +210,8 @@ class FutilityCheck:
     futile: bool
     compared_with: str = ""
     tie: bool = False
+    boundary: float = 1.0
+    reach: float | None = None
 
     def numbers(self) -> dict[str, Any]:
         """JSON-ready numbers (the stop record's and the ``futility`` row's)."""
@@ -200,6 +226,8 @@ class FutilityCheck:
             "gain_ci95": [self.ci95[0], self.ci95[1]],
             "n": self.n,
             "futile": self.futile,
+            "boundary": self.boundary,
+            "reach": self.reach,
             **({"tie": True} if self.tie else {}),
             **({"compared_with": self.compared_with} if self.compared_with else {}),
         }
@@ -207,16 +235,23 @@ class FutilityCheck:
     def reason(self) -> str:
         """One sentence: the interval, the min gain, and why the variant cannot win."""
         lo, hi = self.ci95
+        reach = hi if self.reach is None else self.reach
         against = (
             f"the control at step {self.control_step}"
             if not self.compared_with
             else f"{self.compared_with}"
         )
+        end = (
+            "its upper end"
+            if self.reach is None
+            else f"the upper end of its 99% interval read {self.boundary:g}x wide at this look "
+            "(O'Brien-Fleming: an early look needs stronger evidence)"
+        )
         why = (
-            f"its upper end {say_number(hi, against=self.min_gain)} is below the min gain "
+            f"{end}, {say_number(reach, against=self.min_gain)}, is below the min gain "
             f"{say_exact(self.min_gain)}"
-            if hi < self.min_gain
-            else f"its upper end {say_number(hi, against=0.0)} is not above 0"
+            if reach < self.min_gain
+            else f"{end}, {say_number(reach, against=0.0)}, is not above 0"
         )
         return (
             f"cannot win: at step {self.step} its gain in {self.metric} on {self.split} over "
@@ -234,8 +269,7 @@ def futility_check(
     direction: str,
     min_gain: float,
     compared_with: str = "",
-    samples: int = BOOT_SAMPLES,
-    seed: int = BOOT_SEED,
+    planned: int | None = None,
 ) -> FutilityCheck | None:
     """Compare a variant's per-example scores at ``step`` with the control's record.
 
@@ -247,8 +281,8 @@ def futility_check(
         direction: ``maximize`` or ``minimize``.
         min_gain: the decision rule's min gain.
         compared_with: how the control's record was chosen when not at the same step.
-        samples: bootstrap resamples.
-        seed: the resampling seed (the verdict's).
+        planned: the variant's planned steps: the check at ``step`` of ``planned`` spends its
+            error as O'Brien-Fleming's boundary does (``spending_factor``); None: a final look.
 
     Returns:
         The check (never futile on a tie: ``is_tie``), or None when the two share no example
@@ -264,8 +298,13 @@ def futility_check(
     if not np.isfinite(diff).all():
         return None
     sign = 1.0 if direction == "maximize" else -1.0
-    low, high = mean_interval(diff, samples=samples, seed=seed)
-    lo, hi = sorted((round(sign * low, 12), round(sign * high, 12)))
+    gain = float(diff.mean())
+    spread = paired_spread(diff[None, :])
+    half = spread.half_width()
+    lo, hi = sorted((round(sign * (gain - half), 12), round(sign * (gain + half), 12)))
+    factor = spending_factor(step=step, planned=planned)
+    # The optimistic end at this look's boundary: the 99% interval, widened early in the run.
+    reach = round(sign * gain + factor * spread.half_width(level=FUTILITY_LEVEL), 12)
     tie = is_tie(mine, theirs)
     return FutilityCheck(
         step=step,
@@ -274,12 +313,14 @@ def futility_check(
         split=control.split,
         direction=direction,
         min_gain=min_gain,
-        gain=round(sign * float(diff.mean()), 12),
+        gain=round(sign * gain, 12),
         ci95=(lo, hi),
         n=len(diff),
-        futile=not tie and cannot_win(optimistic=hi, min_gain=min_gain),
+        futile=not tie and cannot_win(optimistic=reach, min_gain=min_gain),
         compared_with=compared_with,
         tie=tie,
+        boundary=factor,
+        reach=reach,
     )
 
 
@@ -418,6 +459,7 @@ class Futility(Hook):
             step=step,
             direction=rule.direction,
             min_gain=rule.min_gain,
+            planned=r.planned,
         )
         if check is None:
             r.record({"kind": "futility", "step": step, "skipped": "no common finite example"})

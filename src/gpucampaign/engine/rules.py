@@ -8,7 +8,10 @@ checks the all-reduced loss of every step before its backward pass (``engine/loo
 ``below_threshold``: the run's final decision metric on the selection split misses the quality
 floor (``stop_rules.quality_floor``, else the decision rule's threshold).
 
-``not_learning``: a variant whose training loss is not below its start after the grace. At each
+``not_learning``: a variant whose training loss is not below its start after the grace, and
+whose decision metric (when its evaluations report it) is no better than at its first
+evaluation: a loss with a scheduled term (a regulariser ramped up) may rise while the model
+gets better at what it is for, and such a run learns. At each
 evaluation of its full training call (never in the pilot, never at its last step) from the
 grace on (``stop_rules.grace`` of its planned steps, and at least two windows), the mean
 training loss over its last ``window`` steps is compared with the mean over its first
@@ -128,6 +131,9 @@ class NotLearningRule(Hook):
         # step -> (loss, examples), of steps 1..window and of the last window steps seen.
         self.first: dict[int, tuple[float, float]] = {}
         self.recent: dict[int, tuple[float, float]] = {}
+        # The decision metric at the first evaluation seen (what the run is for): a loss with
+        # a scheduled term (a regulariser ramped up) may rise while the metric improves.
+        self.first_metric: float | None = None
 
     @classmethod
     def for_run(cls, r: RunView, args: HookArgs) -> NotLearningRule | None:
@@ -162,11 +168,32 @@ class NotLearningRule(Hook):
         return {
             "first": [[s, x, n] for s, (x, n) in sorted(self.first.items())],
             "recent": [[s, x, n] for s, (x, n) in sorted(self.recent.items())],
+            "first_metric": self.first_metric,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.first = {int(s): (float(x), float(n)) for s, x, n in state.get("first", [])}
         self.recent = {int(s): (float(x), float(n)) for s, x, n in state.get("recent", [])}
+        got = state.get("first_metric")
+        self.first_metric = float(got) if isinstance(got, int | float) else None
+
+    def _metric_moved(self, metrics: dict[str, float]) -> tuple[float | None, bool]:
+        """The decision metric of this evaluation, and whether it improved on the first
+        evaluation's by more than ``LEARNING_TOLERANCE`` of it (the first one seen is kept)."""
+        rule = self.r.spec.decision_rule
+        value = metrics.get(rule.metric) if rule is not None else None
+        if rule is None or not isinstance(value, int | float) or not math.isfinite(value):
+            return None, False
+        if self.first_metric is None:
+            self.first_metric = float(value)
+            return float(value), False
+        margin = LEARNING_TOLERANCE * abs(self.first_metric)
+        better = (
+            value > self.first_metric + margin
+            if rule.direction == "maximize"
+            else value < self.first_metric - margin
+        )
+        return float(value), better
 
     @staticmethod
     def _mean(losses: dict[int, tuple[float, float]], first: int, last: int) -> float | None:
@@ -183,19 +210,25 @@ class NotLearningRule(Hook):
         its start."""
         r, w = self.r, self.window
         step = r.step
+        metric, improved = self._metric_moved(metrics)
         if r.target < r.planned or step < max(self.grace, 2 * w) or step >= r.planned:
             return None  # never in the pilot, within the grace, nor at the last step
         start = self._mean(self.first, 1, w)
         now = self._mean(self.recent, step - w + 1, step)
         if start is None or now is None:
             return None
-        learning = now < start - LEARNING_TOLERANCE * abs(start)
+        # Learning: the training loss fell, or the decision metric improved (the loss may
+        # hold a scheduled term that rises while the model gets better at what it is for).
+        learning = now < start - LEARNING_TOLERANCE * abs(start) or improved
         numbers = {
             "step": step,
             "grace_step": self.grace,
             "window": w,
             "start_loss": start,
             "recent_loss": now,
+            "first_metric": self.first_metric,
+            "metric": metric,
+            "metric_improved": improved,
             "tolerance": LEARNING_TOLERANCE,
             "learning": learning,
         }
@@ -205,7 +238,15 @@ class NotLearningRule(Hook):
         reason = (
             f"does not learn: at step {step} its mean training loss over steps "
             f"{step - w + 1}-{step} is {say_number(now, against=start)}, not below its start "
-            f"{say_number(start)} (steps 1-{w}) by {LEARNING_TOLERANCE:g} of it; the grace "
-            f"ended at step {self.grace}"
+            f"{say_number(start)} (steps 1-{w}) by {LEARNING_TOLERANCE:g} of it"
+            + (
+                f", nor is its {r.spec.decision_rule.metric} ({say_number(metric)}) better "
+                f"than at its first evaluation ({say_number(self.first_metric)})"
+                if metric is not None
+                and self.first_metric is not None
+                and r.spec.decision_rule is not None
+                else ""
+            )
+            + f"; the grace ended at step {self.grace}"
         )
         return keep_evidence(r, NotLearning, reason=reason, numbers=numbers)

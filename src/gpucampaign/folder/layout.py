@@ -141,7 +141,7 @@ def run_id_of(run_dir: str | Path) -> str | None:
 
 def scores_file(split: str) -> str:
     """``scores-<split>.csv``: a run's per-example scores on one split (the recipe's
-    ``score``), which the verdict's paired bootstrap resamples."""
+    ``score``), from which the verdict's paired interval is computed."""
     return f"{SCORES_PREFIX}{split}.csv"
 
 

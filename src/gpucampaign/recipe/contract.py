@@ -89,8 +89,9 @@ class Recipe:
     whose mean over a split is that split's metric. The close calls it on the selection and
     the report splits with each run's saved model and keeps the values, keyed by the dataset's
     ``ids`` attribute when it has one (else the position in the split), in
-    ``scores-<split>.csv``; the paired bootstrap resamples them. Without it, the verdict has
-    point estimates only and never adopts on one when the rule asks for a minimum gain.
+    ``scores-<split>.csv``; the verdict's paired interval is computed from them. Without it,
+    the verdict has point estimates only and never adopts on one when the rule asks for a
+    minimum gain.
 
     The framework keeps: seeding, the optimizer and scheduler, precision (autocast,
     GradScaler), the loop, the data order and cursor, full-state checkpoints, the stop rules
