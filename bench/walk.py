@@ -89,8 +89,9 @@ class Walk:
     """The calls into the project's code that carry the output folder, and those that carry
     the spec, recorded as (module, function) in call order, each call path once."""
 
-    def __init__(self, out: Path, spec: Any) -> None:
+    def __init__(self, out: Path, spec: Any, *, holders: tuple[str, ...]) -> None:
         self.out = os.path.abspath(out)
+        self.holders = holders
         self.spec = spec
         self.folder: list[tuple[str, str]] = []
         self.spec_calls: list[tuple[str, str]] = []
@@ -110,9 +111,7 @@ class Walk:
         attributes = getattr(value, "__dict__", None)
         if isinstance(attributes, dict):
             # The folder's value objects: OutputFolder (root), RunFolder (path, out).
-            return any(
-                self._is_folder(attributes[k]) for k in ("root", "path", "out") if k in attributes
-            )
+            return any(self._is_folder(attributes[k]) for k in self.holders if k in attributes)
         return False
 
     def _first(self, kind: str, frame: Any) -> bool:
@@ -223,7 +222,7 @@ def walk(args: argparse.Namespace, work: Path) -> tuple[Walk, str]:
     # The train task took the run's ID too before it named itself by a callable.
     takes_id = "run_id" in inspect.signature(inspect.unwrap(entry)).parameters
     ids = {"run_id": spec.resolve_run(args.run).run_id} if takes_id else {}
-    recorder = Walk(out, spec)
+    recorder = Walk(out, spec, holders=tuple(h for h in args.holders.split(",") if h))
     with prefect_test_harness(server_startup_timeout=None):
         _gpu_limit(spec.gpu_lock.name)
         sys.setprofile(recorder.profile)
@@ -244,6 +243,12 @@ def main() -> None:
     parser.add_argument("--run", default="control")
     parser.add_argument("--epochs", type=int, default=None, help="the control's (the spec's)")
     parser.add_argument("--show", action="store_true", help="print each sequence of visits")
+    parser.add_argument(
+        "--holders",
+        default="root,path,out",
+        help="the attributes through which an object holds the folder (comma-separated); "
+        "'root' alone is the first count's definition (an OutputFolder, not a RunFolder)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="walk-prefect-home-")
