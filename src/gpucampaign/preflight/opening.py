@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from gpucampaign.config import CampaignSpec, load_spec, resolve_inside, spec_sha256
+from gpucampaign.config.recipefile import recipe_file
 from gpucampaign.core.errors import ArgumentError, FolderError, InputError
 from gpucampaign.core.storageurl import is_s3
 from gpucampaign.data.pins import input_sha256
@@ -26,6 +27,7 @@ from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.tariffs import Catalog, load_catalog
 from gpucampaign.preflight.checks import Preflight, preflight
 from gpucampaign.preflight.ownership import closed_for_good, mark_owned, refuse_foreign_folder
+from gpucampaign.recipe.runtime import recipe_module_path
 from gpucampaign.storage import open_store
 from gpucampaign.storage.sharedtimeline import adopt_timeline
 
@@ -122,8 +124,27 @@ def open_campaign(
         checked=checked,
         catalog=catalog,
         plan=plan,
-        sealed=closed_for_good(folder.root),
+        sealed=closed_for_good(folder.root) if _same_recipes(cs, folder) else None,
     )
+
+
+def _same_recipes(cs: CampaignSpec, folder: OutputFolder) -> bool:
+    """Whether each user recipe file is byte for byte the copy the folder kept beside its
+    ``spec.yaml``. A recipe edited only in ``predict`` or ``score`` keeps its run IDs, and its
+    rerun makes predictions and scores again with the edited file, and closes again (a new
+    manifest): the folder is sealed for good only against the very inputs that sealed it."""
+    for run in cs.run_names():
+        config = cs.run_config(run)
+        if config.builtin:
+            continue
+        try:
+            source = recipe_file(config.recipe).read_bytes()
+            kept = folder.path(recipe_module_path(config.recipe)).read_bytes()
+        except (OSError, InputError):
+            return False
+        if source != kept:
+            return False
+    return True
 
 
 def start_folder(opened: OpenCampaign) -> bool:
