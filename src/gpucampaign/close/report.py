@@ -1,5 +1,6 @@
 """The closing report: built as data (``report.json``), rendered as ``report.md`` and a
-self-contained ``report.html``, read back by ``campaign report`` without recomputing anything.
+self-contained ``report.html``; ``campaign report`` renders ``report.json`` again at read time with
+the verdict ``campaign verify`` recomputes (``verify.verdict.readable_report``).
 """
 
 from __future__ import annotations
@@ -499,7 +500,8 @@ def render_records(report: Mapping[str, Any], *, root: str | Path) -> dict[str, 
 def write_report(root: str | Path, report: Mapping[str, Any]) -> dict[str, Path]:
     """Write ``report.json``, ``report.md``, ``report.html`` and ``estimates.json``.
 
-    ``campaign report OUT`` reads these files back: it never recomputes anything.
+    ``campaign verify`` renders report.md and report.html again from report.json (the verdict
+    recomputed) and compares them with these files.
 
     Returns:
         ``{json, md, html, estimates}`` paths.
