@@ -13,6 +13,7 @@ import yaml
 
 from gpucampaign.config import SpecError, parse_spec
 from gpucampaign.core.stoprules import EssentialInputMissing
+from gpucampaign.data import corpus as corpus_module
 from gpucampaign.data.corpus import load_corpus
 from gpucampaign.data.tables import write_digits_corpus
 from gpucampaign.recipe.audit import audit_corpus
@@ -82,6 +83,41 @@ def test_missing_and_altered_corpus_stop(tmp_path, digits_file):  # noqa: F811
     (tmp_path / "digits.csv").write_bytes(data.replace(b"d0001,", b"d0001x,", 1))
     with pytest.raises(EssentialInputMissing, match="altered"):
         load_corpus(tmp_path / "digits.csv", corpus_spec=spec.corpus)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_a_corpus_swapped_between_its_check_and_its_read_is_never_used(tmp_path, monkeypatch, fmt):
+    """The sha256 check and the parse read one set of bytes: a swap on disk after the check
+    (made by the hook that parses, i.e. between the two points) changes nothing."""
+    path = tmp_path / f"c.{fmt}"
+    swapped = [[r[0], r[1], 1 - r[2], r[3], r[4]] for r in CLEAN]
+    if fmt == "csv":
+        sha = _write(path, CLEAN)
+        _write(tmp_path / "other", swapped)
+    else:
+        pa = pytest.importorskip("pyarrow")
+        import pyarrow.parquet as pq
+
+        for rows, dest in ((CLEAN, path), (swapped, tmp_path / "other")):
+            cols = ["id", "split", "label", "a", "b"]
+            pq.write_table(pa.table({c: [r[i] for r in rows] for i, c in enumerate(cols)}), dest)
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    spec = _spec(tmp_path, path.name, sha)
+    honest = load_corpus(path, corpus_spec=spec.corpus)
+    real_read = corpus_module.read_table
+    swaps = []
+
+    def swap_then_read(*args, **kwargs):
+        os.replace(tmp_path / "other", path)  # the attacker's bytes land after the check
+        swaps.append(1)
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(corpus_module, "read_table", swap_then_read)
+    loaded = load_corpus(path, corpus_spec=spec.corpus)
+    assert swaps == [1] and hashlib.sha256(path.read_bytes()).hexdigest() != sha
+    assert loaded.sha256 == sha
+    for name in ("train", "val", "test"):
+        assert loaded.splits[name].y.tolist() == honest.splits[name].y.tolist()
 
 
 def _write(path: Path, rows: list[list]) -> str:

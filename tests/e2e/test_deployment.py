@@ -1,5 +1,6 @@
 """End to end on the real stack: Prefect server + worker started by infra/stack.sh, the
-deployments of deployments/prefect.yaml, and `prefect deployment run campaign/main`.
+deployments of deployments/prefect.yaml, and `prefect deployment run campaign/main` (tracked to
+the stack's MLflow server through a URI whose password holds a quote: it leaks nowhere).
 
 Takes a few minutes on 2 cores (server start, deploy, worker, one tiny campaign). The stack
 and the campaign are session fixtures (conftest.py), shared with the other tests here.
@@ -21,6 +22,14 @@ from gpucampaign.folder.layout import (
 )
 from gpucampaign.storage.mirror import MIRROR_INDEX
 from tests.helpers import ROOT, S3_BUCKET, api, bucket_keys, run_deployment, s3_client, worker_log
+from tests.helpers.leaks import (
+    NO_SERVER,
+    file_leaks,
+    leaked,
+    mlflow_leaks,
+    plain_tracking_uri,
+    prefect_leaks,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
@@ -91,6 +100,7 @@ def test_deployment_run_completes_with_outputs(stack, finished_campaign):
     prefix = finished_campaign["prefix"]
     control = load_spec(finished_campaign["spec"]).resolve_run("control").run_id
     _assert_in_the_bucket(stack, prefix=prefix, manifest=manifest, control=control)
+    _assert_no_secret_anywhere(stack, flow_run_id=flow_run_id, out=out)
 
     # The scheduled restart check, run now on this output (a fresh copy retrieved from the
     # bucket, its checkpoints read from there): every run resumes exactly ...
@@ -107,6 +117,27 @@ def test_deployment_run_completes_with_outputs(stack, finished_campaign):
     _, failed = run_deployment(stack, "restart-verification/scheduled", out=str(out))
     assert failed.get("type") == "FAILED"
     assert "no_usable_restart" in (failed.get("message") or "")
+
+
+def _assert_no_secret_anywhere(stack, *, flow_run_id: str, out: Path) -> None:
+    """The campaign ran with ``MLFLOW_TRACKING_URI=http://alice:Pw'...@host`` (a quote in the
+    password): the worker's terminal, every file of the output folder, the flow run's Prefect
+    records (states, task runs, logs, artifacts) and every MLflow record hold it nowhere."""
+    leaks = [f"worker.log: {line}" for line in _worker_lines(stack) if leaked(line)]
+    leaks += file_leaks(out)
+    leaks += prefect_leaks(stack["api"], flow_run_id)
+    uri = plain_tracking_uri(stack)
+    if uri != NO_SERVER:
+        found, n_runs = mlflow_leaks(uri)
+        leaks += found
+        # The campaign reached the server through the URI that holds the password.
+        assert n_runs >= 1, f"no campaign tracked to {uri}"
+    assert leaks == [], "\n".join(leaks[:10])
+
+
+def _worker_lines(stack) -> list[str]:
+    path = stack["dir"] / "worker.log"
+    return path.read_text(errors="replace").splitlines() if path.exists() else []
 
 
 def _assert_in_the_bucket(stack, *, prefix: str, manifest: dict, control: str) -> None:

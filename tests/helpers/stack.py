@@ -98,11 +98,16 @@ def wait_flow_run(stack: dict[str, Any], flow_run_id: str) -> dict[str, Any]:
     return state
 
 
-def run_deployment(stack: dict[str, Any], name: str, **params: Any) -> tuple[str, dict[str, Any]]:
-    """`prefect deployment run NAME --param k=json`, then wait for a terminal state."""
+def run_deployment(
+    stack: dict[str, Any], name: str, *, job_variables: dict[str, Any] | None = None, **params: Any
+) -> tuple[str, dict[str, Any]]:
+    """`prefect deployment run NAME --param k=json [--job-variable k=json]`, then wait for a
+    terminal state (``job_variables``: e.g. ``{"env": {...}}``, the flow run's environment)."""
     args = ["prefect", "deployment", "run", name]
     for key, value in params.items():
         args += ["--param", f"{key}={json.dumps(value)}"]
+    for key, value in (job_variables or {}).items():
+        args += ["--job-variable", f"{key}={json.dumps(value)}"]
     run = subprocess.run(args, env=stack["env"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     found = re.search(r"UUID: ([0-9a-f-]{36})", run.stdout)

@@ -1,6 +1,7 @@
 """Fixtures of the tests on the real stack: one stack per session (infra/stack.sh: S3 server,
 PostgreSQL, Prefect server, worker) and one tiny campaign run on it through its deployment,
-its checkpoints and outputs on the stack's S3 server.
+its checkpoints and outputs on the stack's S3 server, tracked to the stack's MLflow server
+through a URI that holds a password (searched for in every channel after).
 
 tests/conftest.py imports them, so tests/e2e and tests/faults share the one stack.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.leaks import secret_tracking_uri
 from tests.helpers.receiver import set_automations
 from tests.helpers.stack import STACK, free_port, run_deployment, stack_s3_env, tiny_spec
 
@@ -84,7 +86,12 @@ def finished_campaign(stack, tmp_path_factory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("campaign")
     spec = tiny_spec(base / "spec", storage={"url": f"s3://gpucampaign/{FINISHED_PREFIX}"})
     out = base / "out"
-    flow_run_id, state = run_deployment(stack, "campaign/main", spec=str(spec), out=str(out))
+    # Tracked to the stack's MLflow server through a URI whose password holds a quote: the
+    # run's every channel is then searched for it (tests/helpers/leaks.py).
+    env = {"MLFLOW_TRACKING_URI": secret_tracking_uri(stack)}
+    flow_run_id, state = run_deployment(
+        stack, "campaign/main", job_variables={"env": env}, spec=str(spec), out=str(out)
+    )
     return {"id": flow_run_id, "state": state, "out": out, "spec": spec, "prefix": FINISHED_PREFIX}
 
 

@@ -94,7 +94,7 @@ def test_improved_per_example_scores_rehashed_fail_naming_the_gain(
     checked = verify_output(copy, reload=False)
     assert not checked.verified and checked.codes() == {"verdict_mismatch"}
     where = {p.path: p.detail for p in checked.problems}
-    assert set(where) == {"manifest.json", "report.json", "report.md"}
+    assert set(where) == {"manifest.json", "report.json", "report.md", "report.html"}
     sealed_gain = sealed["verdict"].variants["learns"]["test"]["gain"]
     assert (
         f"verdict.variants.learns.test.gain: the folder says {sealed_gain}, recomputed"

@@ -473,6 +473,59 @@ def test_the_true_verdict_hidden_in_a_comment_does_not_count(out: Path) -> None:
     assert [(p.code, p.path) for p in got.problems] == [("verdict_mismatch", "report.md")]
 
 
+FORGED = "Yes-adopt-FORGED-HEADLINE"
+
+
+def test_a_forged_headline_above_the_true_one_fails(out: Path) -> None:
+    """The true answer and text stay where a reader sees them; a headline added above them is
+    still a forgery: report.md must be what the recomputed verdict renders, byte for byte."""
+    md = (out / "report.md").read_text()
+    title, rest = md.split("\n", 1)
+    (out / "report.md").write_text(f"{title}\n\n**Answer:** {FORGED}\n{rest}")
+    reseal(out)
+    got = verify_output(out, reload=False)
+    assert not got.verified
+    assert [(p.code, p.path) for p in got.problems] == [("verdict_mismatch", "report.md")]
+    assert FORGED in got.problems[0].detail and "line 3" in got.problems[0].detail
+
+
+def test_a_forged_report_html_fails(out: Path) -> None:
+    page = (out / "report.html").read_text()
+    assert "<body>" in page
+    (out / "report.html").write_text(page.replace("<body>", f"<body><h1>{FORGED}</h1>", 1))
+    reseal(out)
+    got = verify_output(out, reload=False)
+    assert not got.verified
+    assert [(p.code, p.path) for p in got.problems] == [("verdict_mismatch", "report.html")]
+    code = CliRunner().invoke(app, ["verify", str(out)])
+    assert code.exit_code == 4 and "report.html" in code.output, code.output
+
+
+def test_campaign_report_never_prints_a_forged_headline(out: Path) -> None:
+    """`campaign report` generates the report now from report.json with the verdict recomputed
+    from the folder's records: neither a forged report.md nor a forged report.json verdict (its
+    manifest re-hashed) is shown as the answer."""
+    md = (out / "report.md").read_text()
+    (out / "report.md").write_text(md.replace("**Answer:**", f"**Answer:** {FORGED}", 1))
+    reseal(out)
+    shown = CliRunner().invoke(app, ["report", str(out)])
+    assert shown.exit_code == 0, shown.output
+    assert FORGED not in shown.output and "Answer:" in shown.output
+    report = json.loads((out / "report.json").read_text())
+    true_answer = report["verdict"]["answer"]
+    report["verdict"]["answer"] = FORGED
+    (out / "report.json").write_text(json.dumps(report))
+    reseal(out)
+    shown = CliRunner().invoke(app, ["report", str(out)])
+    assert shown.exit_code == 0, shown.output
+    flat = " ".join(shown.output.split())
+    # Named once, in the warning above the report; the report's answer is the recomputed one.
+    assert flat.count(FORGED) == 1 and FORGED not in flat.split("Answer:", 1)[1]
+    assert "differs from the one the folder's records give" in flat
+    as_json = json.loads(CliRunner().invoke(app, ["report", str(out), "--json"]).output)
+    assert as_json["verdict"]["answer"] == true_answer and "warning" in as_json
+
+
 # --- the folder does not choose which installed code runs ------------------------------------
 # The folder does not choose which installed code runs: a recipe is resolved to a file and
 # hashed before anything is imported; no recorded sha256 means nothing is trusted; a package's

@@ -125,25 +125,29 @@ def _print_verify(report: Any, *, out: Path, verified: bool, no_reload: bool) ->
         if verified
         else f"[red]NOT verified[/] ({len(report.problems)} problem(s))"
     )
+    # "verified" with a model not reloaded says so on the same line, not only above it.
+    not_reloaded = sum(" not reloaded: " in reason for reason in report.skipped)
+    rest = f", {not_reloaded} not reloaded (each named above, with why)" if not_reloaded else ""
     say(
         f"{esc(out)}: {state}; {report.checked_files} files checked, "
-        f"{len(report.reloaded_runs)} model(s) reloaded and reproduced"
+        f"{len(report.reloaded_runs)} model(s) reloaded and reproduced{rest}"
     )
 
 
 @app.command("report")
 @handle_errors
 def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
-    """Print the closing report the campaign wrote (report.json, report.md); only the budget is
-    recomputed, with the expenses recorded by `campaign expense` since."""
+    """Print the closing report (report.json, its verdict recomputed from the folder's records,
+    rendered now); the budget adds the expenses recorded by `campaign expense` since."""
     from rich.markdown import Markdown
 
     from gpucampaign.close.budget import render_budget_md
     from gpucampaign.close.ledger import budget_with_ledger
     from gpucampaign.close.report import read_report, report_summary, with_budget
     from gpucampaign.folder.layout import REPORT_MD, OutputFolder
+    from gpucampaign.verify.verdict import readable_report
 
-    md = OutputFolder(out).path(REPORT_MD)  # a link out of the folder is refused, not printed
+    OutputFolder(out).path(REPORT_MD)  # a report.md linking out of the folder is refused
     if (out / SPEC_COPY).is_file() and not (out / MANIFEST).is_file():
         raise FolderError(
             f"'{out}' holds a campaign that has not closed (no {MANIFEST}): it is running, or "
@@ -152,15 +156,19 @@ def report_cmd(out: OutFolder, as_json: AsJson = False) -> None:
             field="OUT",
         )
     report = read_report(out)
+    # The verdict recomputed from the folder's records, and report.md generated now from it:
+    # the kept report.md is never printed (a forged headline in it is never shown).
+    verdict, text, warning = readable_report(out, report)
+    report = {**report, "verdict": verdict}
     budget = budget_with_ledger(out, report["budget"])
     changed = budget["expenses"] != report["budget"].get("expenses")
     report = with_budget(report, budget)
     if as_json:
-        print_json(report_summary(report))
+        print_json({**report_summary(report), **({"warning": warning} if warning else {})})
         return
-    console.print(
-        Markdown(md.read_text(encoding="utf-8")) if md.is_file() else report_summary(report)
-    )
+    if warning:
+        console.print(f"[red]{esc(warning)}[/]")
+    console.print(Markdown(text))
     if changed:
         console.print(
             Markdown(

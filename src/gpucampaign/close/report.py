@@ -1,11 +1,13 @@
 """The closing report: built as data (``report.json``), rendered as ``report.md`` and a
-self-contained ``report.html``, read back by ``campaign report`` without recomputing anything.
+self-contained ``report.html``; ``campaign report`` renders ``report.json`` again at read time with
+the verdict ``campaign verify`` recomputes (``verify.verdict.readable_report``).
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,6 +22,7 @@ from gpucampaign.close.verdict import Verdict
 from gpucampaign.close.verdict_words import seeds_text
 from gpucampaign.config import read_mapping_file
 from gpucampaign.core.errors import FolderError
+from gpucampaign.core.files import json_bytes
 from gpucampaign.core.text import say_hours, say_number, strip_controls
 from gpucampaign.folder.layout import (
     ESTIMATES_FILE,
@@ -485,22 +488,33 @@ def render_report_html(report_md: str, *, root: str | Path, title: str = "Closin
     )
 
 
+def render_records(report: Mapping[str, Any], *, root: str | Path) -> dict[str, str]:
+    """``{report.md: text, report.html: text}`` for ``report`` (as ``report.json`` keeps it),
+    figures embedded from ``root``: what the close writes and what verify renders again."""
+    # Text from elsewhere (a library's error in a stop reason) is shown, never interpreted.
+    md = strip_controls(render_report_md(report))
+    html_text = render_report_html(md, root=root, title=f"Closing report: {report['campaign']}")
+    return {REPORT_MD: md, REPORT_HTML: html_text}
+
+
 def write_report(root: str | Path, report: Mapping[str, Any]) -> dict[str, Path]:
     """Write ``report.json``, ``report.md``, ``report.html`` and ``estimates.json``.
 
-    ``campaign report OUT`` reads these files back: it never recomputes anything.
+    ``campaign verify`` renders report.md and report.html again from report.json (the verdict
+    recomputed) and compares them with these files.
 
     Returns:
         ``{json, md, html, estimates}`` paths.
     """
     folder = OutputFolder(root)
-    # Text from elsewhere (a library's error in a stop reason) is shown, never interpreted.
-    md = strip_controls(render_report_md(report))
-    html_text = render_report_html(md, root=root, title=f"Closing report: {report['campaign']}")
+    # In its own order, and rendered from what report.json keeps: `campaign verify` renders the
+    # same files from report.json (with the verdict it recomputes) and compares them.
+    raw = json_bytes(report, sort_keys=False)
+    texts = render_records(json.loads(raw), root=root)
     paths = {
-        "json": folder.write_json(REPORT_JSON, report),
-        "md": folder.write_text(REPORT_MD, md),
-        "html": folder.write_text(REPORT_HTML, html_text),
+        "json": folder.write_bytes(REPORT_JSON, raw),
+        "md": folder.write_text(REPORT_MD, texts[REPORT_MD]),
+        "html": folder.write_text(REPORT_HTML, texts[REPORT_HTML]),
     }
     est = (report.get("forecast_vs_actual") or {}).get("estimates") or {}
     paths["estimates"] = folder.write_json(

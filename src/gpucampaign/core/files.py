@@ -284,9 +284,11 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
-def json_bytes(obj: Any) -> bytes:
-    """Indented, key-sorted JSON with a final newline (pydantic models, numpy, paths allowed)."""
-    text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=_json_default)
+def json_bytes(obj: Any, *, sort_keys: bool = True) -> bytes:
+    """Indented, key-sorted JSON with a final newline (pydantic models, numpy, paths allowed);
+    ``sort_keys=False`` keeps the mappings' own order (a report rendered from it reads the same
+    rows in the same order)."""
+    text = json.dumps(obj, indent=2, sort_keys=sort_keys, ensure_ascii=False, default=_json_default)
     return (text + "\n").encode()
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from gpucampaign.config import CampaignSpec, CorpusSpec, SpecError, resolve_inside
 from gpucampaign.config.recipefile import use_recipe_dir
-from gpucampaign.core.files import sha256_file
+from gpucampaign.core.files import sha256_bytes
 from gpucampaign.core.stoprules import EssentialInputMissing
 from gpucampaign.data.pins import pin, pin_inputs, resolve_inputs
 from gpucampaign.data.tables import Table, read_table
@@ -125,19 +125,26 @@ def _check_columns(table: Table, spec: CorpusSpec, *, source: str) -> tuple[str,
     return feats
 
 
-def _check_hash(path: Path, spec: CorpusSpec, *, run_id: str) -> str:
+def read_pinned_bytes(path: Path, spec: CorpusSpec, *, run_id: str) -> tuple[bytes, str]:
+    """The corpus file's bytes, read once, and their sha256 checked against the pin.
+
+    The bytes that were hashed are the bytes parsed: a file swapped after this read is
+    never used (a separate hash-then-read would let a swap between the two pass).
+    """
     if not path.is_file():
         raise EssentialInputMissing(
             run_id, f"corpus file '{spec.path}' is missing (looked at {path})"
         )
-    actual = sha256_file(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    actual = sha256_bytes(data)
     if actual != spec.sha256:
         raise EssentialInputMissing(
             run_id,
             f"corpus file '{spec.path}' was altered: sha256 {actual} is not the pinned "
             f"{spec.sha256}",
         )
-    return actual
+    return data, actual
 
 
 def load_corpus(path: str | Path, *, corpus_spec: CorpusSpec, run_id: str = AUDIT_RUN_ID) -> Corpus:
@@ -154,9 +161,9 @@ def load_corpus(path: str | Path, *, corpus_spec: CorpusSpec, run_id: str = AUDI
     """
     t0 = time.perf_counter()
     p = Path(path)
-    sha = _check_hash(p, corpus_spec, run_id=run_id)
+    raw, sha = read_pinned_bytes(p, corpus_spec, run_id=run_id)
     source = f"'{corpus_spec.path}'"
-    table = read_table(p)
+    table = read_table(p, data=raw)
     feats = _check_columns(table, corpus_spec, source=source)
     split_col = table.data[corpus_spec.split_column]
     unknown = sorted(set(split_col) - set(SPLITS))

@@ -10,6 +10,7 @@ import hashlib
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -83,8 +84,12 @@ class Table:
         return len(self.data[self.columns[0]]) if self.columns else 0
 
 
-def read_table(path: str | Path) -> Table:
-    """Read a CSV (any extension but .parquet) or a Parquet file into string columns."""
+def read_table(path: str | Path, *, data: bytes | None = None) -> Table:
+    """Read a CSV (any extension but .parquet) or a Parquet file into string columns.
+
+    With ``data``, those bytes are parsed and ``path`` only names the file and its format:
+    the caller has already read (and hashed) them, so nothing is read from disk again.
+    """
     p = Path(path)
     if p.suffix.lower() in (".parquet", ".pq"):
         try:
@@ -95,33 +100,36 @@ def read_table(path: str | Path) -> Table:
                 "`pip install pyarrow`, or give a CSV file.",
                 field="corpus.path",
             ) from None
-        cols = pq.read_table(p).to_pydict()
+        cols = pq.read_table(p if data is None else io.BytesIO(data)).to_pydict()
         return Table(
             tuple(cols),
             {k: ["" if v is None else str(v) for v in vals] for k, vals in cols.items()},
         )
+    if data is not None:
+        return _read_csv(io.StringIO(data.decode("utf-8"), newline=""), name=p.name)
     with open(p, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        try:
-            header = next(reader)
-        except StopIteration:
-            return Table((), {})
-        header = [h.strip() for h in header]
-        data: dict[str, list[str]] = {h: [] for h in header}
-        if len(data) != len(header):
-            dup = sorted({h for h in header if header.count(h) > 1})
+        return _read_csv(f, name=p.name)
+
+
+def _read_csv(f: io.TextIOBase | Any, *, name: str) -> Table:
+    reader = csv.reader(f)
+    try:
+        header = next(reader)
+    except StopIteration:
+        return Table((), {})
+    header = [h.strip() for h in header]
+    data: dict[str, list[str]] = {h: [] for h in header}
+    if len(data) != len(header):
+        dup = sorted({h for h in header if header.count(h) > 1})
+        raise SpecError(f"corpus '{name}': duplicate column name(s) {dup}.", field="corpus.path")
+    for lineno, row in enumerate(reader, start=2):
+        if not row:
+            continue
+        if len(row) != len(header):
             raise SpecError(
-                f"corpus '{p.name}': duplicate column name(s) {dup}.", field="corpus.path"
+                f"corpus '{name}' line {lineno}: {len(row)} fields, header has {len(header)}.",
+                field="corpus.path",
             )
-        for lineno, row in enumerate(reader, start=2):
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise SpecError(
-                    f"corpus '{p.name}' line {lineno}: {len(row)} fields, "
-                    f"header has {len(header)}.",
-                    field="corpus.path",
-                )
-            for h, v in zip(header, row, strict=True):
-                data[h].append(v.strip())
+        for h, v in zip(header, row, strict=True):
+            data[h].append(v.strip())
     return Table(tuple(header), data)

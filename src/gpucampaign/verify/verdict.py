@@ -7,7 +7,8 @@ the verdict is recomputed from the folder's raw records (each run's ``result.jso
 predictions and per-example scores, ``stops.jsonl``, ``decisions.jsonl``) by the function the
 close calls (``close.closing.folder_verdict``), and every field of it (kind, run, answer, text,
 each variant's values, gains and intervals, the numbers) must equal the verdict kept in
-``report.json`` and ``manifest.json``; ``report.md`` must say its answer and text. Only the
+``report.json`` and ``manifest.json``; ``report.md`` and ``report.html`` must be what the close
+renders from ``report.json`` with the recomputed verdict (``verify.records``). Only the
 bytes of the folder are read: the spec copy is loaded without its folder on ``sys.path``, the
 run IDs are the manifest's (a user's recipe is never looked up), and no model is loaded.
 """
@@ -15,18 +16,20 @@ run IDs are the manifest's (a user's recipe is never looked up), and no model is
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from gpucampaign.close.closing import folder_verdict
+from gpucampaign.close.report import render_records
 from gpucampaign.close.verdict_steps import refuse_rejected
 from gpucampaign.config import load_spec
 from gpucampaign.core.errors import InputError
-from gpucampaign.folder.layout import MANIFEST, REPORT_JSON, REPORT_MD, SPEC_COPY
+from gpucampaign.folder.layout import MANIFEST, REPORT_HTML, REPORT_JSON, REPORT_MD, SPEC_COPY
 from gpucampaign.plan.tariffs import load_catalog
 from gpucampaign.recipe.contract import RecipeError
 from gpucampaign.verify.context import Problem, VerifyContext
+from gpucampaign.verify.records import record_problems, rendered_records
 
 #: How many differing fields a problem names (the count says how many there are).
 SHOWN = 4
@@ -112,12 +115,10 @@ def _rejected(ctx: VerifyContext) -> dict[str, str]:
     }
 
 
-_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
-
-
 def check_verdict(ctx: VerifyContext) -> list[Problem]:
-    """The sealed verdict (``report.json``, ``manifest.json``, ``report.md``) is the one the
-    folder's raw per-example scores and metrics give (``verdict_mismatch``)."""
+    """The sealed verdict (``report.json``, ``manifest.json``) is the one the folder's raw
+    per-example scores and metrics give, and ``report.md``/``report.html`` are what it renders
+    (``verdict_mismatch``)."""
     if ctx.manifest is None or not (ctx.base / SPEC_COPY).is_file():
         return []
     recomputed, why = recompute_verdict(ctx)
@@ -146,19 +147,42 @@ def check_verdict(ctx: VerifyContext) -> list[Problem]:
                 f"the folder's per-example scores and metrics: {'; '.join(found[:SHOWN])}{more}"
             )
             problems.append(Problem("verdict_mismatch", rel, detail))
-    md = ctx.text(REPORT_MD) if (ctx.base / REPORT_MD).is_file() else None
-    if md is not None:
-        # What a reader sees: a comment (the true verdict hidden under a forged one) says nothing.
-        md = _COMMENT.sub("", md)
-        sealed_v = ctx.manifest.get("verdict")
-        shown = (
-            _sealed_reasons(sealed_v, recomputed) if isinstance(sealed_v, Mapping) else recomputed
-        )
-        said = [k for k in ("answer", "text") if shown.get(k) and shown[k] not in md]
-        if said:
-            detail = (
-                f"it does not say the recomputed verdict's {' and '.join(said)}: "
-                f"{_short(shown.get(said[0]))}"
-            )
-            problems.append(Problem("verdict_mismatch", REPORT_MD, detail))
+    # What a reader sees: report.md and report.html rendered again from the recomputed verdict
+    # must be the files kept (a forged headline, or the true text hidden in a comment, fails).
+    sealed_v = ctx.manifest.get("verdict")
+    shown = _sealed_reasons(sealed_v, recomputed) if isinstance(sealed_v, Mapping) else recomputed
+    texts = {rel: ctx.text(rel) for rel in (REPORT_MD, REPORT_HTML)}
+    if report:
+        for rel, detail in record_problems(
+            report=report[0], verdict=shown, root=ctx.base, texts=texts
+        ):
+            problems.append(Problem("verdict_mismatch", rel, detail))
     return problems
+
+
+def readable_report(root: str | Path, report: Mapping[str, Any]) -> tuple[Any, str, str]:
+    """What ``campaign report`` shows: the verdict (recomputed from the folder's records, or
+    ``report``'s own when it cannot be), ``report.md`` generated now from ``report`` (the
+    folder's ``report.json``) with that verdict, and a warning (empty when the sealed verdict
+    is the recomputed one). The kept ``report.md`` is never printed: a forged headline in it,
+    or in ``report.json``, is never shown as the answer."""
+    ctx = VerifyContext.open(Path(root), reload=False)
+    recomputed, why = recompute_verdict(ctx) if ctx.manifest is not None else (None, "")
+    sealed = report.get("verdict")
+    if recomputed is None:
+        warning = (
+            "The verdict below is the one report.json keeps: it could not be recomputed from "
+            f"the folder's records ({why or 'no readable manifest.json'}). Run `campaign "
+            "verify` on the folder before trusting it."
+        )
+        return sealed, render_records(report, root=root)[REPORT_MD], warning
+    shown = _sealed_reasons(sealed, recomputed) if isinstance(sealed, Mapping) else recomputed
+    found = list(differences(sealed, shown))
+    warning = ""
+    if found:
+        warning = (
+            f"report.json's verdict differs from the one the folder's records give in "
+            f"{len(found)} field(s) ({'; '.join(found[:2])}): shown is the recomputed "
+            "verdict. `campaign verify` names every difference."
+        )
+    return shown, rendered_records(report, verdict=shown, root=root)[REPORT_MD], warning
