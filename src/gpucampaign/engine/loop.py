@@ -297,7 +297,7 @@ def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
         batches = s.start_epoch(r.loader)
     every = r.config.eval_every
     per_epoch = r.steps_per_epoch
-    rng, mlog, saver, dist = r.rng, r.mlog, r.saver, r.dist
+    rng, mlog, dist = r.rng, r.mlog, r.dist
     while s.batch_in_epoch < per_epoch:
         with rng:  # the slot itself (``held()`` returns it): one call fewer at every step
             if (asked := _train_step(r, batches)) is not None:
@@ -313,10 +313,7 @@ def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
                     r.last_eval = (step, evaluated)
                     # futility: the control records, a variant may ask to stop
                     _ask(r, hooks, hooks.after_eval(evaluated))
-            # _save inlined (a call fewer at every step); its snapshot holds this run's RNG
-            if saver.due(step, last_step=step == r.target):
-                _flush(r, hooks)
-                saver.submit(step)
+            _save(r, hooks, step, last_step=step == r.target)  # its snapshot holds this run's RNG
         if hooks.due(step):  # only the steps a hook needs (the live view's, the lot's end)
             if hooks.wants_rows(step):  # the live view, when due, shows the last loss
                 _flush(r, hooks)
