@@ -302,6 +302,13 @@ def jsonl_line(record: Mapping[str, Any]) -> str:
     return _LINE.encode(record) + "\n"
 
 
+def jsonl_lines(records: Iterable[Mapping[str, Any]]) -> str:
+    """``jsonl_line`` of each record, joined: one Python call per record fewer (the metrics'
+    rows, a batch at a time)."""
+    encode = _LINE.encode
+    return "".join([encode(r) + "\n" for r in records])
+
+
 def append_jsonl(path: str | Path, record: Mapping[str, Any]) -> None:
     """Append one record and fsync: an append-only log survives a crash up to its last line."""
     path = Path(path)

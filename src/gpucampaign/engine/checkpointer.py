@@ -102,6 +102,7 @@ class Checkpointer:
         self.saves: list[SavedCheckpoint] = []
         self.stalls: list[float] = []  # per save, in the loop's time
         self._r = r
+        self._one_process = r.dist.world_size == 1
         self._on_save = on_save
         self._background = BackgroundSaves()
         self._submitted: int | None = None  # the step of the last save started
@@ -118,8 +119,10 @@ class Checkpointer:
             self.wait()
         if step == self._submitted:
             return False
+        due = self.policy.due(step, last_step=last_step)
         # Data-parallel: rank 0's policy decides (its measured costs); every rank snapshots.
-        return self._r.dist.agree(self.policy.due(step, last_step=last_step))
+        # One process has no one to agree with: nothing to ask at every step.
+        return due if self._one_process else self._r.dist.agree(due)
 
     def submit(self, step: int) -> None:
         """Checkpoint ``step`` in the background (``due`` said so; the waiting metrics rows are

@@ -398,6 +398,19 @@ class Hooks:
                 return asked
         return None
 
+    def on_train_rows(self, rows: list[dict[str, Any]]) -> tuple[int, StopRequest] | None:
+        """``on_train_row`` for each ``train`` row of ``rows``, in order: the first stop asked
+        and the index of its row (one call per flush; none per row when no hook checks rows)."""
+        checking = self._checking
+        if not checking:
+            return None
+        for i, row in enumerate(rows):
+            if row.get("kind") == "train":
+                for h in checking:
+                    if (asked := h.on_train_row(row)) is not None:
+                        return i, asked
+        return None
+
     def on_rows(self, rows: list[dict[str, Any]]) -> None:
         self._again()
         for h in self.hooks:

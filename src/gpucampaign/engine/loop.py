@@ -106,8 +106,8 @@ from gpucampaign.engine.setup import LiveRun, RunJob, check_arguments, setup_run
 from gpucampaign.folder.layout import RECIPE_ERROR_FILE, RunFolder
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.folder.runresult import RunResult, recorded_result, require_complete
-from gpucampaign.recipe.contract import RecipeError, call, check_loss, raised_in_recipe
-from gpucampaign.recipe.runtime import batch_len
+from gpucampaign.recipe.contract import RecipeError, raised_in_recipe
+from gpucampaign.recipe.runtime import batch_len, call_loss
 from gpucampaign.storage import Store
 
 # Steps whose train rows may wait for one transfer of their losses (a GPU syncs once per flush).
@@ -179,10 +179,10 @@ def _flush(r: LiveRun, hooks: Hooks) -> None:
     before it is written, write them, and hand the hooks every row written since the last time.
     A stop asked at a row (``non_finite_loss``) keeps the rows before it and ends the run."""
     rows = r.mlog.fetch()
-    for i, row in enumerate(rows):
-        if row.get("kind") == "train" and (asked := hooks.on_train_row(row)) is not None:
-            r.mlog.write_rows(rows[:i])
-            _end(r, hooks, asked)
+    if (stopped := hooks.on_train_rows(rows)) is not None:
+        i, asked = stopped
+        r.mlog.write_rows(rows[:i])
+        _end(r, hooks, asked)
     r.mlog.write_rows(rows)
     _tell_rows(r, hooks)
 
@@ -233,18 +233,22 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> StopRequest | None:
     stop before the update."""
     t0 = time.perf_counter()
     s = r.state
-    batch = r.copy_batch(next(batches))  # on CUDA: a side stream's copy, or already there
+    batch = next(batches)
+    if r.copy_batch is not None:  # on CUDA: a side stream's copy (none when already there)
+        batch = r.copy_batch(batch)
     lr = s.optimizer.param_groups[0]["lr"]
-    name = r.config.recipe
+    dist = r.dist
+    one_process = dist.world_size == 1
     with r.autocast:
-        model = r.dist.train_model(s.model)  # DistributedDataParallel when data-parallel
+        # DistributedDataParallel when data-parallel (one process: the model, no call)
+        model = s.model if one_process else dist.train_model(s.model)
         try:
-            loss = check_loss(name, call(name, "loss", r.recipe.loss, model, batch))
+            loss = call_loss(r.resolved.config.recipe, r.recipe.loss, model, batch)
         except RecipeError as exc:
             raise _recipe_failed(r, exc, method="loss", step=s.global_step + 1) from None
     n = batch_len(batch)
     logged = loss  # fetched with the other waiting rows' losses, when a record needs them
-    if r.dist.world_size > 1:
+    if not one_process:
         # Over all ranks, before the backward pass: one all-reduce of the loss, the rows and
         # the stop flag, so a non-finite loss on one rank stops every one. This syncs at every
         # step; the ranks must agree anyway.
@@ -282,7 +286,7 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> StopRequest | None:
         "step_s": step_s,
         "samples_per_s": n / step_s if step_s > 0 else None,
     }
-    r.mlog.defer(row, loss=logged)
+    r.mlog.defer_value(row, "loss", logged)
     return None
 
 
@@ -293,11 +297,12 @@ def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
         batches = s.start_epoch(r.loader)
     every = r.config.eval_every
     per_epoch = r.steps_per_epoch
+    rng, mlog, dist = r.rng, r.mlog, r.dist
     while s.batch_in_epoch < per_epoch:
-        with r.rng.held():
+        with rng:  # the slot itself (``held()`` returns it): one call fewer at every step
             if (asked := _train_step(r, batches)) is not None:
                 _end(r, hooks, asked)
-            if r.mlog.full:
+            if mlog.full:
                 _flush(r, hooks)
             end_of_epoch = s.batch_in_epoch == per_epoch
             step = s.global_step
@@ -313,7 +318,7 @@ def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
             if hooks.wants_rows(step):  # the live view, when due, shows the last loss
                 _flush(r, hooks)
             _ask(r, hooks, hooks.after_step(step))
-        if (reason := r.dist.stop_requested()) is not None:  # agreed by every rank
+        if (reason := dist.stop_requested()) is not None:  # agreed by every rank
             _end(r, hooks, _interruption(reason))
         if step >= r.target:
             break

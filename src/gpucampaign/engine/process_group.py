@@ -84,8 +84,8 @@ class OneProcess:
     def step_totals(self, loss: torch.Tensor, n: int) -> tuple[float, int]:
         return loss.item(), n
 
-    def stop_requested(self) -> str | None:
-        return stop_requested()
+    # The function itself, not a method that calls it: the loop asks at every step.
+    stop_requested = staticmethod(stop_requested)
 
     def agree(self, due: bool) -> bool:
         return due

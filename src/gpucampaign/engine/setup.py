@@ -73,7 +73,8 @@ class LiveRun:
     planned: int
     target: int
     manager: CheckpointManager
-    # Moves each batch to the device (``parts.BatchCopy``); a no-op for a placed train split.
+    # Moves each batch to the device (``parts.BatchCopy``); None when a batch is where it trains
+    # (the CPU, a placed train split): nothing is called at each step.
     copy_batch: Any = None
     # The evaluation splits placed in the device's memory with the train split (by name).
     on_device: dict[str, Any] = field(default_factory=dict)
@@ -243,9 +244,7 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
         ),
         loader=loader,
         # On the CPU a batch is where it trains: nothing to move at each step.
-        copy_batch=(
-            BatchCopy(device) if placed is None and device.type != "cpu" else (lambda batch: batch)
-        ),
+        copy_batch=BatchCopy(device) if placed is None and device.type != "cpu" else None,
         on_device=place_eval_splits(  # data-parallel: rank 0 alone evaluates
             datasets,
             placed_train=placed if dist.is_main else None,

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from gpucampaign.core.files import jsonl_line, read_jsonl, write_jsonl
+from gpucampaign.core.files import jsonl_lines, read_jsonl, write_jsonl
 
 
 class MetricsLog:
@@ -59,23 +59,33 @@ class MetricsLog:
         self._waiting: list[tuple[dict[str, Any], dict[str, torch.Tensor]]] = []
         self._written: list[dict[str, Any]] = []  # written and not taken yet (take_written)
         self.last_deferred: dict[str, Any] | None = None  # the last deferred row written
+        self.full = False  # as many rows wait as may (``every``)
 
     def defer(self, row: dict[str, Any], **values: torch.Tensor) -> None:
         """Queue ``row``; each of ``values`` (a scalar tensor, detached here) becomes its field
         of that name at the next flush."""
-        self._waiting.append((row, {k: v.detach() for k, v in values.items()}))
+        self._queue(row, {k: v.detach() for k, v in values.items()})
         if self._auto and self.full:
             self.flush()
+
+    def defer_value(self, row: dict[str, Any], key: str, value: torch.Tensor) -> None:
+        """``defer(row, key=value)`` in fewer Python calls (the training loop's, at every step;
+        it flushes a full log itself)."""
+        waiting = self._waiting
+        waiting.append((row, {key: value.detach()}))
+        self.full = len(waiting) >= self._every
+        if self._auto and self.full:
+            self.flush()
+
+    def _queue(self, row: dict[str, Any], values: dict[str, torch.Tensor]) -> None:
+        self._waiting.append((row, values))
+        # An attribute, not a property: the loop reads it at every step.
+        self.full = len(self._waiting) >= self._every
 
     @property
     def waiting(self) -> int:
         """Rows deferred and not written yet."""
         return len(self._waiting)
-
-    @property
-    def full(self) -> bool:
-        """As many rows wait as may."""
-        return len(self._waiting) >= self._every
 
     def fetch(self) -> list[dict[str, Any]]:
         """The waiting rows, their values fetched (one transfer), taken off the queue: the
@@ -83,9 +93,13 @@ class MetricsLog:
         if not self._waiting:
             return []
         waiting, self._waiting = self._waiting, []
+        self.full = False
         tensors = [t for _, values in waiting for t in values.values()]
         fetched = iter(torch.stack(tensors).tolist() if tensors else [])
-        return [{**row, **{k: next(fetched) for k in values}} for row, values in waiting]
+        for row, values in waiting:  # each row its own dict, given to defer: filled in place
+            if values:  # its keys, each with the next value (``fetched`` holds every row's)
+                row.update(zip(values, fetched, strict=False))
+        return [row for row, _ in waiting]
 
     def flush(self) -> None:
         """Fetch the waiting rows' values (one transfer), check and write them."""
@@ -104,20 +118,21 @@ class MetricsLog:
         """Append one row: at once when none waits, else behind the waiting ones (flushed, not
         fsynced: ``sync`` before a checkpoint commits)."""
         if self._waiting:
-            self._waiting.append((row, {}))
+            self._queue(row, {})
         else:
             self._write([row])
 
     def write_rows(self, rows: list[dict[str, Any]]) -> None:
         """Append rows already fetched (``fetch``), in order."""
         self._write(rows)
-        deferred = [r for r in rows if r.get("kind") == "train"]
-        if deferred:
-            self.last_deferred = deferred[-1]
+        for row in reversed(rows):  # the last train row: usually the last row
+            if row.get("kind") == "train":
+                self.last_deferred = row
+                break
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
         if rows:
-            self._f.write("".join(jsonl_line(r) for r in rows))
+            self._f.write(jsonl_lines(rows))
             self._f.flush()
             self._written.extend(rows)
 

@@ -208,11 +208,17 @@ def call(recipe: str, method: str, fn: Any, *args: Any) -> Any:
     except RecipeError:
         raise
     except Exception as exc:
-        # Its text redacted (RecipeError's own message is): the cause travels with it into
-        # tracebacks, Prefect's records and a persisted result.
-        with contextlib.suppress(Exception):
-            exc.args = tuple(redact_secrets(a) if isinstance(a, str) else a for a in exc.args)
-        raise RecipeError(recipe, f"{method}()", f"raised {type(exc).__name__}: {exc}") from exc
+        raise recipe_raised(recipe, method, exc) from exc
+
+
+def recipe_raised(recipe: str, method: str, exc: Exception) -> RecipeError:
+    """The ``RecipeError`` that ``call`` raises (``from exc``) when a recipe's method raised
+    ``exc``."""
+    # Its text redacted (RecipeError's own message is): the cause travels with it into
+    # tracebacks, Prefect's records and a persisted result.
+    with contextlib.suppress(Exception):
+        exc.args = tuple(redact_secrets(a) if isinstance(a, str) else a for a in exc.args)
+    return RecipeError(recipe, f"{method}()", f"raised {type(exc).__name__}: {exc}")
 
 
 def raised_in_recipe(recipe: Recipe, exc: BaseException) -> tuple[str, str]:

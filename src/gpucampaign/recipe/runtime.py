@@ -26,6 +26,7 @@ from gpucampaign.recipe.contract import (
     check_scores,
     has_score,
     load_recipe,
+    recipe_raised,
 )
 
 
@@ -235,8 +236,22 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def call_loss(recipe: str, fn: Any, *args: Any) -> torch.Tensor:
+    """``check_loss(recipe, call(recipe, "loss", fn, *args))`` in one Python call: the
+    training loop's, at every step."""
+    try:
+        loss = fn(*args)
+    except RecipeError:
+        raise
+    except Exception as exc:
+        raise recipe_raised(recipe, "loss", exc) from exc
+    return loss if isinstance(loss, torch.Tensor) and not loss.ndim else check_loss(recipe, loss)
+
+
 def batch_len(batch: Any) -> int:
     """Examples in a batch: the first dimension of its first tensor."""
+    if type(batch) is list and batch and type(batch[0]) is torch.Tensor and batch[0].ndim:
+        return int(batch[0].shape[0])  # a list of tensors: the built-in recipes', every step
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.ndim else 1
     if isinstance(batch, dict):
