@@ -9,26 +9,18 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-import gpucampaign.cli.runner
 from gpucampaign.cli import app
 from gpucampaign.preflight import closed_for_good
-
-
-class PrefectWouldStart(Exception):
-    """Raised instead of starting Prefect: the rerun would have run the campaign again."""
+from tests.helpers.noprefect import PrefectWouldStart, refuse_prefect
 
 
 @pytest.fixture(autouse=True)
 def no_prefect(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        raise PrefectWouldStart()
-
-    monkeypatch.setattr(gpucampaign.cli.runner, "load_flow", refuse)
+    refuse_prefect(monkeypatch)
 
 
 def walk(root: Path) -> dict[str, tuple[bytes | None, int]]:

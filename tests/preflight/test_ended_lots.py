@@ -7,13 +7,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
-import gpucampaign.cli.runner
 from gpucampaign.cli import app
 from gpucampaign.cli.scaffold import init_campaign
 from gpucampaign.config import load_spec
@@ -21,20 +19,14 @@ from gpucampaign.core.clock import DrivenClock, use_clock
 from gpucampaign.engine import lotend
 from gpucampaign.engine.lotend import LotEnded, refuse_start
 from gpucampaign.plan.lots import LOT_ENV, refuse_ended_rental
+from tests.helpers.noprefect import PrefectWouldStart, refuse_prefect
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 
 
-class PrefectWouldStart(Exception):
-    """Raised instead of starting Prefect: the command got past every check of its input."""
-
-
 @pytest.fixture(autouse=True)
 def no_prefect(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        raise PrefectWouldStart()
-
-    monkeypatch.setattr(gpucampaign.cli.runner, "load_flow", refuse)
+    refuse_prefect(monkeypatch)
     monkeypatch.delenv(LOT_ENV, raising=False)
     lotend.forget_ended_lots()
 

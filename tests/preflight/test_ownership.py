@@ -8,32 +8,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-import gpucampaign.cli.runner
 from gpucampaign.cli import app
 from gpucampaign.cli.scaffold import init_campaign
 from gpucampaign.core.errors import FolderError
 from gpucampaign.folder.layout import OWNER_FILE, SPEC_COPY
 from gpucampaign.folder.lock import writer_lock
 from gpucampaign.preflight import open_campaign, start_folder
+from tests.helpers.noprefect import PrefectWouldStart, refuse_prefect
 
 MTIME_NS = 1_600_000_000_000_000_000  # a fixed past mtime: any rewrite moves it
 
 
-class PrefectWouldStart(Exception):
-    """Raised instead of starting Prefect: the command got past every check of its input."""
-
-
 @pytest.fixture(autouse=True)
 def no_prefect(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        raise PrefectWouldStart()
-
-    monkeypatch.setattr(gpucampaign.cli.runner, "load_flow", refuse)
+    refuse_prefect(monkeypatch)
 
 
 def walk(root: Path) -> dict[str, tuple[str, bytes | None, int]]:
