@@ -4,14 +4,17 @@ belong to machines, and ``campaign plan`` says which (``lot 2 / gpu0``)."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
 from gpucampaign.cli import app
-from gpucampaign.config import load_spec
+from gpucampaign.config import SpecError, load_spec
 from gpucampaign.plan import calendar
+from gpucampaign.plan.lots import LOT_ENV, dated_lots, ended_lot, machine_lot
 from gpucampaign.plan.machines import lane_machine, one_process_line
 from tests.plan.test_multi_gpu_plan import spec_file
 
@@ -63,7 +66,7 @@ def test_a_b200_lot_is_one_machine_with_two_gpus_beside_a_4090_lot(tmp_path: Pat
     assert steps["prep"]["machine"] == ""
 
 
-def test_lots_of_one_package_number_on_and_each_gets_its_own_queue(tmp_path: Path) -> None:
+def test_lots_of_one_package_number_on_and_share_its_queue(tmp_path: Path) -> None:
     path = spec_file(
         tmp_path,
         [
@@ -74,8 +77,8 @@ def test_lots_of_one_package_number_on_and_each_gets_its_own_queue(tmp_path: Pat
     machines = calendar.plan(load_spec(path)).machines
     assert [(m.number, m.package, m.lanes, m.work_queue) for m in machines] == [
         (1, 1, (0, 1), "lot-1"),
-        (2, 2, (2,), "cheap-1"),
-        (3, 2, (3,), "cheap-2"),
+        (2, 2, (2,), "cheap"),
+        (3, 2, (3,), "cheap"),
     ]
     assert lane_machine(machines, "gpu3") == "lot 3 / gpu0"
     assert lane_machine(machines, "gpu1") == "lot 1 / gpu1"
@@ -97,3 +100,34 @@ def test_campaign_plan_shows_each_lane_on_its_machine_and_where_they_run(tmp_pat
     path.write_text(yaml.safe_dump(one))
     machines = calendar.plan(load_spec(path)).machines
     assert one_process_line(machines, distributed=False) is None
+
+
+def test_a_worker_of_the_second_lot_of_an_undated_package_trains_without_a_deadline() -> None:
+    # `campaign worker --lot 2` sets GPUCAMPAIGN_LOT=2: the second of `count: 2` lots, undated.
+    spec = load_spec(EXAMPLES / "two-lots.yaml")
+    now = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+    for pinned in ("1", "2"):
+        env = {LOT_ENV: pinned}
+        assert machine_lot(spec, now=now, env=env, ended=frozenset()) is None
+        assert ended_lot(spec, now=now, env=env, ended=frozenset()) is None
+    with pytest.raises(SpecError, match="names no lot of the spec's 'packages' \\(2 lot"):
+        machine_lot(spec, now=now, env={LOT_ENV: "3"}, ended=frozenset())
+
+
+def test_dated_lots_are_numbered_as_the_plans_machines(tmp_path: Path) -> None:
+    starts = "2026-03-02T09:00:00Z"
+    path = spec_file(
+        tmp_path,
+        [
+            {"gpu": "b200", "days": 3, "price_usd": 900, "count": 2, "starts_at": starts},
+            {"gpu": "rtx4090", "days": 7, "starts_at": starts, "order_ref": "late"},
+        ],
+    )
+    spec = load_spec(path)
+    assert [lot.number for lot in dated_lots(spec)] == [1, 2, 3]
+    assert [m.number for m in calendar.plan(spec).machines] == [1, 2, 3]
+    now = datetime(2026, 3, 3, tzinfo=UTC)
+    third = machine_lot(spec, now=now, env={LOT_ENV: "3"}, ended=frozenset())
+    assert third is not None and third.ends_at == datetime(2026, 3, 9, 9, 0, tzinfo=UTC)
+    assert machine_lot(spec, now=now, env={LOT_ENV: "late"}, ended=frozenset()).number == 3
+    assert machine_lot(spec, now=now, env={LOT_ENV: "2"}, ended=frozenset()).number == 2

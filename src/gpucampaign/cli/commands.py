@@ -629,6 +629,7 @@ def _print_run_summary(
 import gpucampaign.cli.deploy  # noqa: E402, F401
 import gpucampaign.cli.output  # noqa: E402, F401
 import gpucampaign.cli.predict  # noqa: E402, F401
+import gpucampaign.cli.worker  # noqa: E402, F401
 
 
 def main() -> None:

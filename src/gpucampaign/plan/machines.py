@@ -72,19 +72,16 @@ def lot_machines(spec: CampaignSpec, packages: Sequence[ResolvedPackage]) -> tup
     """The spec's machines, lots in the order of ``packages``, lanes numbered as the planner
     numbers them (``packages`` resolved from the spec's, one for one).
 
-    A package's ``work_queue`` names its machine's queue; a package of several lots gives
-    each its own queue, ``<work_queue>-<k>`` (k from 1), since one queue would send a lane to
-    whichever of them polls first.
+    A package's ``work_queue`` names the queue of its lots' workers (several lots of it share
+    that queue, as the lot's end hands over to it); a lot of a package without one has its
+    own, ``lot-<number>``.
     """
     machines: list[Machine] = []
     lane = 0
     for place, (given, resolved) in enumerate(zip(spec.packages, packages, strict=True), 1):
-        for k in range(1, resolved.count + 1):
+        for _ in range(resolved.count):
             number = len(machines) + 1
-            if given.work_queue is None:
-                queue = LOT_QUEUE.format(number=number)
-            else:
-                queue = given.work_queue if resolved.count == 1 else f"{given.work_queue}-{k}"
+            queue = given.work_queue or LOT_QUEUE.format(number=number)
             lanes = tuple(range(lane, lane + resolved.gpus_per_lot))
             machines.append(Machine(number, place, resolved.gpu, lanes, queue))
             lane += resolved.gpus_per_lot
