@@ -57,7 +57,7 @@ def test_the_command_prints_the_line_and_becomes_the_worker_with_its_lot_set(
     )
     assert os.path.basename(ran["program"]) == "prefect"
     assert ran["args"][1:] == worker_line(2, pool="gpucampaign", name="w2")[1:]
-    assert ran["env"]["GPUCAMPAIGN_LOT"] == "2"
+    assert ran["env"]["GPUCAMPAIGN_LOT"] == "2" and ran["env"]["GPUCAMPAIGN_WORKER"] == "w2"
     assert ran["env"]["PREFECT_API_URL"] == "http://user:s3cret@host:4200/api"
     assert "s3cret" not in result.output
 

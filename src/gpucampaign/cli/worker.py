@@ -3,7 +3,8 @@
 A thin wrapper over Prefect's process worker: it builds the ``prefect worker start`` line for
 the campaign's work pool and lot K's work queue, prints it (what a user would type, with no
 credential in it), and replaces this process with it, ``GPUCAMPAIGN_LOT=K`` set, so that every
-flow run the worker starts knows which lot's machine it runs on (its lot's end, its GPU limit).
+flow run the worker starts knows which lot's machine it runs on (its lot's end; its records
+name the lot), and ``GPUCAMPAIGN_WORKER`` set to the worker's name (the records name it too).
 Signals go to the worker itself: Ctrl-C stops it as it stops ``prefect worker start``.
 
 It is registered on the one ``app`` of ``cli/common.py`` when ``cli`` imports this module.
@@ -24,7 +25,7 @@ import typer
 from gpucampaign.cli.common import app, esc, handle_errors, say
 from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.text import redact_secrets
-from gpucampaign.plan.lots import LOT_ENV
+from gpucampaign.plan.lots import LOT_ENV, WORKER_ENV
 from gpucampaign.plan.machines import LOT_QUEUE
 
 #: The work pool of the campaign's deployments (``deployments/prefect.yaml``, ``campaign deploy``).
@@ -74,9 +75,10 @@ def shown_line(args: list[str], *, lot: int) -> str:
     return redact_secrets(f"{LOT_ENV}={lot} {shlex.join(args)}")
 
 
-def worker_environment(lot: int, *, env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with ``GPUCAMPAIGN_LOT`` set to ``lot`` (the worker's flow runs inherit it)."""
-    return {**env, LOT_ENV: str(lot)}
+def worker_environment(lot: int, *, name: str, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with ``GPUCAMPAIGN_LOT`` set to ``lot`` and ``GPUCAMPAIGN_WORKER`` to the
+    worker's ``name``: the worker's flow runs inherit both, and their records name them."""
+    return {**env, LOT_ENV: str(lot), WORKER_ENV: name}
 
 
 def _prefect_program() -> str:
@@ -114,4 +116,5 @@ def worker_cmd(
     say(f"running: {esc(shown_line(args, lot=lot))}")
     program = _prefect_program()
     sys.stdout.flush()
-    os.execve(program, [program, *args[1:]], worker_environment(lot, env=os.environ))
+    env = worker_environment(lot, name=args[args.index("--name") + 1], env=os.environ)
+    os.execve(program, [program, *args[1:]], env)

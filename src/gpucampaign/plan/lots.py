@@ -13,6 +13,7 @@ folder, all measured by this campaign, with a safety factor, widened by the spec
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -22,6 +23,8 @@ from gpucampaign.plan.rental import iso
 
 #: The worker's environment variable naming the lot its machine belongs to.
 LOT_ENV = "GPUCAMPAIGN_LOT"
+#: The name of the worker whose flow runs run on this machine (``campaign worker`` sets it).
+WORKER_ENV = "GPUCAMPAIGN_WORKER"
 #: The measured costs are multiplied by this (a save slows down when the disk is busy).
 SAFETY = 2.0
 #: The least margin before the factor: the measures of a tiny model say almost nothing.
@@ -143,6 +146,34 @@ def ended_lot(
         return None
     over = [lot for lot in lots if lot.number in ended or lot.ends_at <= now]
     return max(over, key=lambda lot: lot.ends_at) if over else None
+
+
+@dataclass(frozen=True)
+class ThisMachine:
+    """What a record says of the machine that wrote it: its lot's number (None when the spec
+    has several lots and nothing says which), its host name and its worker's name (None
+    outside ``campaign worker``)."""
+
+    lot: int | None
+    host: str
+    worker: str | None
+
+
+def this_machine(spec: CampaignSpec, *, now: datetime, env: Mapping[str, str]) -> ThisMachine:
+    """The machine this process runs on: its lot is the one ``GPUCAMPAIGN_LOT`` names, else
+    the open dated lot that ends first, else the spec's only lot.
+
+    Raises:
+        SpecError: ``GPUCAMPAIGN_LOT`` names no lot of the spec.
+    """
+    number = _pinned_number(spec, env)
+    if number is None:
+        lot = machine_lot(spec, now=now, env=env, ended=frozenset())
+        lots = sum(p.count for p in spec.packages)
+        number = lot.number if lot is not None else (1 if lots == 1 else None)
+    return ThisMachine(
+        lot=number, host=socket.gethostname(), worker=(env.get(WORKER_ENV) or "").strip() or None
+    )
 
 
 def refuse_ended_rental(spec: CampaignSpec, *, now: datetime) -> None:
