@@ -30,10 +30,11 @@ def test_the_line_names_the_pool_the_lots_queue_and_a_worker_of_this_host() -> N
         "--name",
         f"{socket.gethostname()}-lot-2",
     ]
-    line = worker_line(1, pool="p", queue="cheap-1", name="box a")
+    # The first lot's worker polls the default queue too: campaign/main lands there.
+    line = worker_line(1, pool="p", queue="cheap", name="box a")
     assert shown_line(line, lot=1) == (
-        "GPUCAMPAIGN_LOT=1 prefect worker start --pool p --work-queue cheap-1 --type process "
-        "--name 'box a'"
+        "GPUCAMPAIGN_LOT=1 prefect worker start --pool p --work-queue cheap --work-queue default "
+        "--type process --name 'box a'"
     )
 
 

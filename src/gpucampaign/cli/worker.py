@@ -30,6 +30,8 @@ from gpucampaign.plan.machines import LOT_QUEUE
 
 #: The work pool of the campaign's deployments (``deployments/prefect.yaml``, ``campaign deploy``).
 DEFAULT_POOL = "gpucampaign"
+#: The pool's queue of a deployment that names none (``campaign/main``): lot 1's worker polls it.
+DEFAULT_QUEUE = "default"
 
 
 def worker_line(
@@ -41,6 +43,9 @@ def worker_line(
         lot: The lot's number among the spec's lots (from 1: ``campaign plan`` names it).
         pool: The work pool of the campaign's deployments.
         queue: The lot's work queue (default ``lot-<lot>``: the plan's ``machines[].work_queue``).
+            Lot 1's worker polls the pool's ``default`` queue too, where ``campaign/main``
+            and ``restart-verification/scheduled`` land: the first machine runs the
+            campaign's own flow run.
         name: The worker's name, shown in the UI beside each flow run it starts (default
             ``<host>-lot-<lot>``).
 
@@ -54,14 +59,16 @@ def worker_line(
             "'machines'. Give --lot 1 for the first machine.",
             field="--lot",
         )
+    queues = [queue or LOT_QUEUE.format(number=lot)]
+    if lot == 1:  # the campaign's own flow run and its scheduled checks land on the default queue
+        queues.append(DEFAULT_QUEUE)
     return [
         "prefect",
         "worker",
         "start",
         "--pool",
         pool,
-        "--work-queue",
-        queue or LOT_QUEUE.format(number=lot),
+        *(arg for q in queues for arg in ("--work-queue", q)),
         "--type",
         "process",
         "--name",
@@ -110,7 +117,8 @@ def worker_cmd(
 
     Prints the `prefect worker start ...` line it runs, then becomes that worker (Ctrl-C stops
     it). Run it on each rented machine, from the environment the tool is installed in, in any
-    folder; PREFECT_API_URL names the server (exit 2 when --lot is below 1).
+    folder; PREFECT_API_URL names the server (exit 2 when --lot is below 1). Lot 1's worker
+    also polls the pool's default queue, where campaign/main lands.
     """
     args = worker_line(lot, pool=pool, queue=queue, name=name)
     say(f"running: {esc(shown_line(args, lot=lot))}")
