@@ -131,3 +131,15 @@ def test_dated_lots_are_numbered_as_the_plans_machines(tmp_path: Path) -> None:
     assert third is not None and third.ends_at == datetime(2026, 3, 9, 9, 0, tzinfo=UTC)
     assert machine_lot(spec, now=now, env={LOT_ENV: "late"}, ended=frozenset()).number == 3
     assert machine_lot(spec, now=now, env={LOT_ENV: "2"}, ended=frozenset()).number == 2
+
+
+def test_campaign_run_says_its_machines_run_as_lanes_of_its_one_process(tmp_path: Path) -> None:
+    from gpucampaign.cli.commands import _before_the_start
+    from gpucampaign.preflight import open_campaign
+
+    spec = EXAMPLES / "two-lots.yaml"
+    said = _before_the_start(spec, open_campaign(spec, tmp_path / "out"), decision=None)
+    (line,) = [s for s in said if "machines" in s]
+    assert line.startswith("2 machines planned (lot 1 (queue lot-1), lot 2 (queue lot-2))")
+    assert "lanes of one process on this machine" in line
+    assert not (tmp_path / "out").exists()  # said before anything is written
