@@ -121,6 +121,26 @@ def test_a_run_a_stop_rule_ended_counts_nothing_toward_the_goodput() -> None:
     assert att["goodput"] == 0.0 and att["lost_by_cause"]["stop rule"] == 50.0
 
 
+def test_each_machine_is_charged_to_the_lot_its_segments_name() -> None:
+    """The second lot's machine started first: its rows name lot 2 (its worker's
+    GPUCAMPAIGN_LOT), so its time is on lot 2's bar and price, not on the first lot's."""
+    two = [LOT, LotWindow(number=2, hours=24.0, price_usd=Decimal("30.00"), label="lot 2")]
+    att = attribute_window(
+        lots=two,
+        plan=PLAN,
+        timeline=[
+            _seg(0, 40, host="vm-b", lot=2, worker="vm-b-lot-2", steps=40),
+            _seg(10, 30, host="vm-a", lot=1, worker="vm-a-lot-1", steps=20, run="b"),
+        ],
+        metrics={"a": _train_rows(1, 40), "b": _train_rows(1, 20)},
+    )
+    _sums_to_window(att)
+    first, second = att["machines"]
+    assert (first["lot"], first["hosts"]) == (1, ["vm-a"])
+    assert (second["lot"], second["hosts"]) == (2, ["vm-b"])
+    assert abs(second["seconds"][STEPS] - 40.0) < 1e-6 and second["price_usd"] == 30.0
+
+
 def test_an_unused_lot_is_idle_for_its_whole_window_and_priced() -> None:
     two = [LOT, LotWindow(number=2, hours=24.0, price_usd=Decimal("10.00"), label="lot 2")]
     att = attribute_window(

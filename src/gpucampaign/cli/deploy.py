@@ -49,5 +49,6 @@ def deploy_cmd(
     say(f"on {esc(url)}, flow runs in {esc(project)}")
     say(
         f"next: prefect worker start --pool {esc(pool or 'gpucampaign')}  (from this "
-        "environment), then: prefect deployment run campaign/main --watch"
+        "environment; on rented lots: campaign worker --lot K on lot K's machine), then: "
+        "prefect deployment run campaign/main --watch"
     )

@@ -367,17 +367,23 @@ def _machine(
 
 
 def _hosts_to_lots(lots: Sequence[LotWindow], rows: Sequence[TimelineRow]) -> dict[str, int]:
-    """The lot each machine belongs to: a dated lot open at the machine's first segment; else
-    the machines in the order they first worked, one lot each (later ones share the last)."""
+    """The lot each machine belongs to: the lot its segments name (``lot``, written by a
+    worker of that lot); else a dated lot open at the machine's first segment; else the
+    machines in the order they first worked, one lot each (later ones share the last)."""
     first: dict[str, datetime] = {}
+    named: dict[str, int] = {}
+    numbers = {lot.number for lot in lots}
     for r in rows:
         if r.kind == "machine" and r.interval is not None:
             h = r.host or "this machine"
             first[h] = min(first.get(h, r.interval[0]), r.interval[0])
-    out: dict[str, int] = {}
+            if r.lot is not None and r.lot in numbers:
+                named.setdefault(h, r.lot)
+    out: dict[str, int] = dict(named)
     if not lots:
         return out
-    order = sorted(first, key=lambda h: first[h])
+    order = sorted((h for h in first if h not in named), key=lambda h: first[h])
+    free = [lot for lot in lots if lot.number not in named.values()] or list(lots)
     for n, h in enumerate(order):
         dated = [
             lot.number
@@ -385,7 +391,7 @@ def _hosts_to_lots(lots: Sequence[LotWindow], rows: Sequence[TimelineRow]) -> di
             if lot.starts_at is not None
             and lot.starts_at <= first[h] < lot.starts_at + timedelta(hours=lot.hours)
         ]
-        out[h] = dated[0] if dated else lots[min(n, len(lots) - 1)].number
+        out[h] = dated[0] if dated else free[min(n, len(free) - 1)].number
     return out
 
 

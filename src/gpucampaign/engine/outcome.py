@@ -5,12 +5,15 @@ Shared by the training loop and the inference restart (``resume: inference``).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 
 from gpucampaign.engine.setup import LiveRun
 from gpucampaign.folder.runresult import RunResult
+from gpucampaign.plan.lots import this_machine
 from gpucampaign.recipe.runtime import evaluate_split
 
 EVAL_SPLITS: tuple[str, ...] = ("val", "test")
@@ -102,6 +105,8 @@ def run_result(
     }
     if measured is not None and not r.step_times and not saves:
         timings.update(_costs_of_checkpoint(measured))
+    # Who wrote it; the wall clock, not the campaign's (see folder.segments: no deadline).
+    machine = this_machine(r.spec, now=datetime.now(UTC), env=os.environ)
     return RunResult(
         run_id=r.run_id,
         run=r.run,
@@ -120,4 +125,7 @@ def run_result(
         device=r.device.type,
         threads=r.config.threads,
         precision=r.config.precision,
+        lot=machine.lot,
+        host=machine.host,
+        worker=machine.worker,
     )
