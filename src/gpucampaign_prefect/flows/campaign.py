@@ -45,7 +45,12 @@ from gpucampaign.preflight.stale import fence_sealed_store
 from gpucampaign.storage.mirror import Fence
 from gpucampaign.verify.sealed import recheck_sealed
 from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
-from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
+from gpucampaign_prefect.flows._naming import (
+    CAMPAIGN_TAG,
+    campaign_run_name,
+    spec_name,
+    tag_flow_run,
+)
 from gpucampaign_prefect.orchestration import notify
 from gpucampaign_prefect.orchestration.campaign_lock import (
     CampaignHeld,
@@ -206,9 +211,11 @@ def _opened_and_locked(
 ) -> CampaignEnd:
     """The campaign opened (unless ``campaign run`` did), then run under its locks."""
     try:  # before the folder is written (the lock writes it) and before the audit
-        opened = (
-            spec if isinstance(spec, OpenCampaign) else open_campaign(spec, out, base_dir=base_dir)
-        )
+        if isinstance(spec, OpenCampaign):
+            opened = spec
+        else:  # its store's probe waits out an outage: said in the run's logs
+            with relay_outages(name=spec_name(spec, out=out), out=out):
+                opened = open_campaign(spec, out, base_dir=base_dir)
     except InputError as exc:
         return _refused(exc)
     if opened.sealed is not None:  # closed for good: verified, never closed again
