@@ -14,6 +14,8 @@ sha256) and rewrites nothing.
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -31,18 +33,32 @@ POOL = "gpucampaign-projects"
 NAMES = {"one": "e2e-project-one", "two": "e2e-project-two"}
 
 
-def deploy(stack: dict[str, Any], project: Path, *args: str) -> tuple[int, str]:
-    """`campaign deploy src/campaign.yaml --out out` from ``project``: exit code and output."""
-    done = subprocess.run(
+def deploy(stack: dict[str, Any], project: Path, *args: str) -> subprocess.Popen:
+    """`campaign deploy src/campaign.yaml --out out` from ``project``, started (``said``)."""
+    return subprocess.Popen(
         [sys.executable, "-m", "gpucampaign.cli", "deploy", "src/campaign.yaml", "--out", "out"]
         + ["--pool", POOL, *args],
         cwd=project,
         env={**stack["env"], "COLUMNS": "1000"},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=300,
     )
-    return done.returncode, " ".join((done.stdout + done.stderr).split())
+
+
+def finished(proc: subprocess.Popen) -> tuple[int, str]:
+    """A started `campaign deploy`'s exit code and output, its spaces joined."""
+    out = proc.communicate(timeout=300)[0]
+    return proc.returncode, " ".join(out.split())
+
+
+def process_pool(stack: dict[str, Any]) -> None:
+    """The process work pool ``POOL`` (as ``campaign deploy`` makes it), made at once."""
+    from prefect.workers.process import ProcessWorker
+
+    template = ProcessWorker.get_default_base_job_template()
+    body = {"name": POOL, "type": "process", "base_job_template": template}
+    api(stack["api"], "POST", "/work_pools/", body)
 
 
 def relaunch_of(stack: dict[str, Any], deployment_id: str, crashed: str) -> dict[str, Any]:
@@ -60,6 +76,13 @@ def relaunch_of(stack: dict[str, Any], deployment_id: str, crashed: str) -> dict
             return found[0]
         assert time.monotonic() < give_up, f"no relaunch of {deployment_id}"
         time.sleep(1)
+
+
+def stacks_main(stack: dict[str, Any]) -> dict[str, Any]:
+    """What says where ``campaign/main``'s runs start and with what (not its poll times)."""
+    main = api(stack["api"], "GET", "/deployments/name/campaign/main")
+    keys = ("id", "entrypoint", "parameters", "job_variables", "pull_steps", "tags")
+    return {key: main[key] for key in keys}
 
 
 def run_logs(stack: dict[str, Any], flow_run_id: str) -> str:
@@ -82,25 +105,27 @@ def test_two_projects_deploy_side_by_side_and_each_relaunch_runs_in_its_own_fold
         for k, p in projects.items()
     }
     assert sealed["one"] != sealed["two"]
-    stacks_main = api(stack["api"], "GET", "/deployments/name/campaign/main")
-
-    code, said = deploy(stack, projects["two"])
-    assert code == 2 and "Traceback" not in said, said
-    assert f"campaign/main (from '{ROOT}')" in said and "Nothing was registered" in said
-    assert api(stack["api"], "GET", "/deployments/name/campaign/main") == stacks_main
-
-    ids = {}
-    for key, project in projects.items():
-        code, said = deploy(stack, project, "--name", NAMES[key])
-        assert code == 0 and f"deployed campaign/{NAMES[key]}" in said, said
-        ids[key] = api(stack["api"], "GET", f"/deployments/name/campaign/{NAMES[key]}")["id"]
-    assert api(stack["api"], "GET", "/deployments/name/campaign/main") == stacks_main
-
+    began = time.monotonic()
+    before = stacks_main(stack)
+    process_pool(stack)  # its workers start while the projects deploy
     workers = [
         start_worker(stack, pool=POOL, name=f"projects-{k}", log=tmp_path / f"{k}.log")
         for k in projects
     ]
+    ids: dict[str, str] = {}
     try:
+        # The stack's names from a second project: refused. Each project's own names: beside it.
+        refused = deploy(stack, projects["two"])
+        named = {k: deploy(stack, p, "--name", NAMES[k]) for k, p in projects.items()}
+        code, text = finished(refused)
+        assert code == 2 and "Traceback" not in text, text
+        assert f"campaign/main (from '{ROOT}')" in text and "Nothing was registered" in text
+        for key, proc in named.items():
+            code, text = finished(proc)
+            assert code == 0 and f"deployed campaign/{NAMES[key]}" in text, text
+            ids[key] = api(stack["api"], "GET", f"/deployments/name/campaign/{NAMES[key]}")["id"]
+        assert stacks_main(stack) == before
+        deployed_s = time.monotonic() - began
         relaunched = {}
         for key, dep in ids.items():
             # A run of the project's deployment whose machine died: the stack relaunches it.
@@ -116,9 +141,19 @@ def test_two_projects_deploy_side_by_side_and_each_relaunch_runs_in_its_own_fold
             )
             relaunched[key] = relaunch_of(stack, dep, first)
         states = {k: wait_flow_run(stack, r["id"]) for k, r in relaunched.items()}
+        print(
+            f"deployed side by side {deployed_s:.0f} s, both relaunches ended "
+            f"{time.monotonic() - began:.0f} s after the start"
+        )
     finally:
+        for proc in workers:  # both asked at once: they stop side by side
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
         for proc in workers:
-            stop_worker(proc)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                stop_worker(proc)  # SIGINT again, then SIGKILL
         for dep in ids.values():
             api(stack["api"], "DELETE", f"/deployments/{dep}")
         for key in ids:
@@ -128,6 +163,7 @@ def test_two_projects_deploy_side_by_side_and_each_relaunch_runs_in_its_own_fold
     worker_logs = "\n".join((tmp_path / f"{k}.log").read_text()[-3000:] for k in projects)
     for key, run in relaunched.items():
         assert run["parameters"] == {"spec": "src/campaign.yaml", "out": "out", "relaunch": 1}
+        assert "campaign:closing-test" in run["tags"], run["tags"]  # tagged while it waited
         assert states[key].get("type") == "COMPLETED", f"{key}: {states[key]}\n{worker_logs}"
         said = run_logs(stack, run["id"])
         other = sealed["two" if key == "one" else "one"]

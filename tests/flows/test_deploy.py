@@ -40,6 +40,9 @@ def test_deploy_registers_both_deployments_for_the_project_folder(
     assert main.entrypoint == "gpucampaign_prefect.flows.campaign:campaign"
     assert scheduled.entrypoint == "gpucampaign_prefect.flows.restart_check:restart_verification"
     assert main.parameters == {"spec": "mine/campaign.yaml", "out": "out/digits"}
+    # Every run of it, a relaunch waiting for a worker too, is tagged like its campaign.
+    assert main.tags == ["gpucampaign", "campaign:digits"]
+    assert scheduled.tags == ["gpucampaign"]
     assert scheduled.parameters == {"out": "out/digits"}
     for dep in (main, scheduled):
         assert dep.work_pool_name == "gpucampaign" and "gpucampaign" in dep.tags

@@ -59,6 +59,7 @@ def deploy_cmd(
         pool=pool,
         name=name,
         replace=replace,
+        campaign=cs.name,
     )
     for d in deployed:
         params = ", ".join(f"{k}={v}" for k, v in d.parameters.items())

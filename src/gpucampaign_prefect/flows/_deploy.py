@@ -34,6 +34,7 @@ from prefect.utilities.callables import parameter_schema
 from prefect.workers.process import ProcessWorker
 
 from gpucampaign.core.errors import ArgumentError, SettingError
+from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG
 from gpucampaign_prefect.orchestration.embedded import require_named_server
 
 #: The placeholder of ``prefect.yaml`` that names the project folder.
@@ -69,6 +70,7 @@ def deploy_project(
     pool: str | None = None,
     name: str | None = None,
     replace: bool = False,
+    campaign: str | None = None,
 ) -> tuple[str, list[Deployed]]:
     """Register the deployments for ``project`` on the server at ``PREFECT_API_URL``.
 
@@ -80,6 +82,9 @@ def deploy_project(
         name: the deployments' name (``campaign/NAME``, ``restart-verification/NAME``) for a
             project beside another; default ``prefect.yaml``'s (``main``, ``scheduled``).
         replace: replace deployments of that name registered from another project folder.
+        campaign: the campaign's name: ``campaign/...`` carries its tag ``campaign:<name>``,
+            so each of its flow runs has it from its creation (a relaunch waiting for a
+            worker too, which the UI's tag filter would otherwise hide).
 
     Returns:
         The server's URL and the deployments registered.
@@ -100,6 +105,12 @@ def deploy_project(
         )
     data = _filled(deployments_file(), root=str(project))
     entries = _named(data["deployments"], name=name)
+    if campaign:
+        tag = CAMPAIGN_TAG.format(name=campaign)
+        entries = [
+            (role, {**e, "tags": [*(e.get("tags") or []), tag]} if role == "main" else e)
+            for role, e in entries
+        ]
     params = {"main": {"spec": spec, "out": out}, "scheduled": {"out": out}}
     require_named_server(fix="point PREFECT_API_URL at the running one.")
     with get_client(sync_client=True) as client:
