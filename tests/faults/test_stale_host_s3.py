@@ -64,15 +64,16 @@ def test_a_revived_host_with_an_old_folder_leaves_the_sealed_campaign_as_it_is(
     flow_run_id, state = run_deployment(
         stack, "campaign/main", spec=str(finished_campaign["spec"]), out=str(old)
     )
+    # Nothing moved: not one object of the campaign's prefix, not one byte of host A's folder.
+    after = bucket_objects(stack, finished_campaign["prefix"])
+    moved = sorted(k for k in after.keys() | in_bucket.keys() if after.get(k) != in_bucket.get(k))
+    faults.add("sealed_objects_rewritten", sum(k in in_bucket for k in moved))
+    assert moved == [], f"{flow_run_id} {state.get('type')}: {len(moved)} objects moved: {moved}"
+    assert folder_bytes(old) == in_folder
     said = state.get("message") or ""
     assert state.get("type") == "FAILED", f"{flow_run_id}: {state}\n{worker_log(stack)}"
     assert "closed for good" in said and sealed in said and "it has no manifest.json" in said
     assert f"campaign retrieve {url} --to NEW_FOLDER" in said and "Traceback" not in said
-    # Nothing moved: not one object of the campaign's prefix, not one byte of host A's folder.
-    after = bucket_objects(stack, finished_campaign["prefix"])
-    faults.add("sealed_objects_rewritten", sum(after.get(k) != v for k, v in in_bucket.items()))
-    assert after == in_bucket
-    assert folder_bytes(old) == in_folder
     faults.add("stale_hosts_refused")
 
     back = tmp_path / "retrieved"
