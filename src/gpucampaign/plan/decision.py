@@ -171,7 +171,7 @@ def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
 _POOLED = ("loop_s", "loop_start_s", "outside_s", "eval_s", "stall_s", "save_s", "first_step_s")
 
 
-def _pooled(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def pool_pilots(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Every pilot's measures with the shared ones pooled (``_POOLED``: their median over the
     pilots that measured them; the time outside the loop: the least any pilot measured, the
     first pays the process's one-time warm-up)."""
@@ -192,11 +192,11 @@ def reforecast_hours(
     spec: CampaignSpec, *, pilot: dict[str, dict[str, Any]]
 ) -> dict[str, tuple[float, str]]:
     """Hours of every run-linked calendar step, re-forecast from the pilot's measurements (the
-    costs the pilots share pooled: ``_pooled``)."""
+    costs the pilots share pooled: ``pool_pilots``)."""
     hours: dict[str, tuple[float, str]] = {}
     if not pilot:
         return hours
-    pilot = _pooled(pilot)
+    pilot = pool_pilots(pilot)
     for step in spec.calendar:
         if step.run is None:
             continue
@@ -246,7 +246,17 @@ def calibrated_hours(
             continue
         planned = planned_steps_of(spec, step.run, {"control": ref})
         cfg = spec.run_config(step.run)
-        m = {**ref, "step_s": ref["step_s"] * cfg.batch_size / ref["batch_size"], "steps_done": 0}
+        scale = cfg.batch_size / ref["batch_size"]
+        # The earlier campaign's step time over all its training (``measured``) stands for
+        # every step; nothing of this campaign is trained or evaluated yet.
+        m = {
+            **ref,
+            "step_s": ref["step_s"] * scale,
+            "step_mean_s": ref["step_s"] * scale,
+            "first_step_s": float(ref.get("first_step_s", ref["step_s"])) * scale,
+            "steps_done": 0,
+            "evals_done": 0,
+        }
         hours, _ = forecast_run_hours(
             spec, run=step.run, pilot={step.run: m}, planned_steps=planned
         )
