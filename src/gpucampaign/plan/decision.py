@@ -253,7 +253,7 @@ def calibrated_hours(
             **ref,
             "step_s": ref["step_s"] * scale,
             "step_mean_s": ref["step_s"] * scale,
-            "first_step_s": float(ref.get("first_step_s", ref["step_s"])) * scale,
+            "first_step_s": float(ref.get("first_step_s") or ref["step_s"]) * scale,
             "steps_done": 0,
             "evals_done": 0,
         }
