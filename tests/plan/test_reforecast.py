@@ -46,10 +46,12 @@ def test_the_pilot_measures_the_loop_start_and_the_segment_apart_from_its_steps(
     assert m["save_s"] == 0.2 and m["evals_done"] == 1
 
 
-def _measured(*, step: float, fixed: float, loop: float, eval_s: float, planned: int) -> dict:
+def _measured(
+    *, step: float, fixed: float, loop: float, eval_s: float, planned: int, tax: float = 1.0
+) -> dict:
     return {
-        "step_s": step,
-        "step_mean_s": step,
+        "step_s": step,  # the pilot's median step
+        "step_mean_s": tax * step,  # its trimmed mean
         "first_step_s": 5 * step,
         "fixed_s": fixed,
         "loop_s": loop,
@@ -71,13 +73,15 @@ def _measured(*, step: float, fixed: float, loop: float, eval_s: float, planned:
 
 def test_the_reforecast_pools_the_costs_the_pilots_share_and_counts_each_runs_own() -> None:
     """Three pilots: the first pays the process's warm-up (outside the loop, in the loop, in its
-    first evaluation). Each run is forecast with its own step time and its own counts (steps
-    left, evaluations left at its cadence and the two final ones, saves), the costs shared by
-    the pilots at their median (outside the loop at its least): the warm-up is not forecast
-    again for every run, and nothing is forecast that was not measured."""
+    first evaluation) and another process's burst (its steps' trimmed mean 1.6 times their
+    median). Each run is forecast with its own step time (its median, times the machine's tax
+    on a step pooled over the pilots: 1.2) and its own counts (steps left, evaluations left at
+    its cadence and the two final ones, saves), the costs shared by the pilots at their median
+    (outside the loop at its least): the warm-up is not forecast again for every run, and
+    nothing is forecast that was not measured."""
     spec = parse_spec(SPEC)
     pilot = {
-        "control": _measured(step=0.010, fixed=2.0, loop=0.010, eval_s=0.30, planned=2000),
+        "control": _measured(step=0.010, fixed=2.0, loop=0.010, eval_s=0.30, planned=2000, tax=1.6),
         "wide": _measured(step=0.020, fixed=0.5, loop=0.002, eval_s=0.10, planned=2000),
         "big": _measured(step=0.018, fixed=0.6, loop=0.003, eval_s=0.12, planned=1000),
     }
@@ -97,7 +101,7 @@ def test_the_reforecast_pools_the_costs_the_pilots_share_and_counts_each_runs_ow
             + shared["fixed"]
             + 10 * shared["loop"]  # the loop's start, once
             + shared["first"]
-            + (left - 1) * m["step_mean_s"]  # its own steps
+            + (left - 1) * m["step_s"] * 1.2  # its own steps, the pooled tax: (1.6 + 1 + 1) / 3
             + left * shared["loop"]
             + (20 - 1 + 2) * shared["eval"]  # its cadence, less the pilot's, and the final two
             + 4 * shared["eval"] / 2  # its saves' waits
@@ -106,7 +110,8 @@ def test_the_reforecast_pools_the_costs_the_pilots_share_and_counts_each_runs_ow
         h, how = hours[step]
         assert h * 3600 == pytest.approx(expected), run
         assert "loop start" in how and "evaluations" in how
-    # The warm-up of the first pilot (2 s outside, 10 ms a step in the loop) is not the
-    # control's forecast: 20 s + 2 s more than the measured parts.
-    naive = 2.0 + 1980 * (0.010 + 0.010)
-    assert hours["c"][0] * 3600 < 0.75 * naive
+    # On main the control's forecast was its own pilot's warm-up and burst spread over every
+    # step: the least time outside the loop, then 1979 steps at their mean (16 ms), 1980 at its
+    # loop's own (10 ms), its 20 evaluations at 0.3 s and 4 saves' waits: 58.6 s, not 33.2 s.
+    main_s = 0.5 + 0.05 + 1979 * 0.016 + 1980 * 0.010 + 20 * 0.30 + 4 * 0.15
+    assert hours["c"][0] * 3600 < 0.6 * main_s
