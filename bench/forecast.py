@@ -14,13 +14,17 @@ time, and records:
   steps (their forecast against the sum of the step times the training call recorded) and
   what surrounds them (the rest of the observed time: the loop's own cost and start,
   evaluations, saves, the time outside the loop and outside ``train_run``);
+- the error the model before this round (main at f91a08a) makes on the same records
+  (``previous_forecast``): the same steps and actuals, so the load's drift is the same;
 - the share of observed times inside the range the campaign recorded (the uncalibrated
   default, ``plan.ranges.DEFAULT_SPREAD``);
 - the share inside the range calibrated leave-one-out: each campaign's range from the other
   campaigns' errors (``plan.ranges.spread_of``: what ``campaign plan --calibrate-from``
   does with several earlier campaigns).
 
-Usage: python bench/forecast.py [--campaigns 10] [--work DIR] [--write bench/results/forecast.md]
+Usage: python bench/forecast.py [--campaigns 10] [--work DIR] [--reuse]
+[--write bench/results/forecast.md] (``--reuse``: measure the closed campaigns already in
+DIR again, with the load they were run at, kept in DIR/load.txt)
 """
 
 from __future__ import annotations
@@ -98,7 +102,13 @@ def run_campaign(spec: Path, out: Path) -> dict:
         )
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     report["_wall_s"] = time.perf_counter() - t0
+    return measured(out, report)
+
+
+def measured(out: Path, report: dict) -> dict:
+    """A closed campaign's report.json with what the bench reads beside it."""
     report["_parts"] = split_parts(out, report)
+    report["_previous"] = previous_forecast(out, report)
     return report
 
 
@@ -129,6 +139,35 @@ def split_parts(out: Path, report: dict) -> dict[str, dict[str, float]]:
     return parts
 
 
+def previous_forecast(out: Path, report: dict) -> dict[str, float]:
+    """Per training step, the seconds the re-forecast before this round gave from the same
+    pilot: the least time outside the loop of any pilot, the first step, the mean of the
+    pilot's later steps for each step left, the loop's own per step with its start spread over
+    the pilot's steps, every evaluation of the run at its own pilot's and every save's wait."""
+    pilot = json.loads((out / "pilot.json").read_text(encoding="utf-8"))
+    fixed = min(float(m["fixed_s"]) for m in pilot.values())
+    seconds = {}
+    for s in training_steps(report):
+        m = pilot[s["run"]]
+        rows = [
+            json.loads(line)
+            for line in (out / "runs" / m["run_id"] / "metrics.jsonl").open(encoding="utf-8")
+        ]
+        done = int(m["steps_done"])
+        times = [r["step_s"] for r in rows if r.get("kind") == "train" and r["step"] <= done]
+        left = int(m["planned_steps"]) - done
+        loop = float(m["loop_s"]) + float(m.get("loop_start_s") or 0.0) / done
+        seconds[s["step"]] = (
+            fixed
+            + times[0]
+            + (left - 1) * float(np.mean(times[1:]))
+            + left * loop
+            + int(m["evals"]) * float(m["eval_s"])
+            + int(m["saves"]) * float(m["stall_s"])
+        )
+    return seconds
+
+
 def training_steps(report: dict) -> list[dict]:
     """The training steps a campaign re-forecast and observed."""
     return [
@@ -141,8 +180,12 @@ def training_steps(report: dict) -> list[dict]:
 def measure(reports: list[dict]) -> dict:
     """Errors and coverage over the campaigns' training steps."""
     errors, inside_default, inside_loo = [], [], []
-    steps_err, rest_err = [], []
+    steps_err, rest_err, previous_err = [], [], []
     for rep in reports:
+        for s in training_steps(rep):
+            if (before := rep.get("_previous", {}).get(s["step"])) is not None:
+                seen = 3600 * s["observed_hours"]
+                previous_err.append(abs(seen - before) / seen)
         for p in rep.get("_parts", {}).values():
             steps_err.append(abs(p["steps_seen"] - p["steps_fc"]) / p["steps_seen"])
             rest_err.append(abs(p["rest_seen"] - p["rest_fc"]) / p["rest_seen"])
@@ -160,6 +203,7 @@ def measure(reports: list[dict]) -> dict:
         "p90_abs_error": float(np.quantile(errors, 0.9)),
         "steps_abs_error": float(np.median(steps_err)) if steps_err else None,
         "rest_abs_error": float(np.median(rest_err)) if rest_err else None,
+        "previous_abs_error": float(np.median(previous_err)) if previous_err else None,
         "coverage_default": float(np.mean(inside_default)),
         "coverage_calibrated": float(np.mean(inside_loo)),
         "spread_all": spread_of([r for rep in reports for r in observed_ratios(rep)]),
@@ -200,6 +244,8 @@ def render(reports: list[dict], m: dict, *, load: str) -> str:
             f"- of which the steps: median absolute error {_pct(m['steps_abs_error'])} (the "
             "pilot's step times against the training call's); what surrounds them: "
             f"{_pct(m['rest_abs_error'])}",
+            f"- the model before this round (main at f91a08a) on the same records: median "
+            f"absolute error {_pct(m['previous_abs_error'])}",
             f"- inside the recorded range (uncalibrated, x{DEFAULT_SPREAD[0]:g} to "
             f"x{DEFAULT_SPREAD[1]:g}): **{100 * m['coverage_default']:.0f}%**",
             f"- inside the range calibrated leave-one-out from the other campaigns: "
@@ -224,16 +270,25 @@ def main() -> None:
     ap.add_argument("--campaigns", type=int, default=10)
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpucampaign-bench-forecast"))
     ap.add_argument("--write", type=Path, default=None)
+    ap.add_argument("--reuse", action="store_true")
     a = ap.parse_args()
-    load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    reports = []
-    for epochs, batch in SIZES[: a.campaigns]:
-        folder = a.work / f"e{epochs}-b{batch}"
-        spec = write_spec(folder, epochs=epochs, batch=batch)
-        reports.append(run_campaign(spec, folder / "out"))
-        print(f"{spec.parent.name}: {reports[-1]['_wall_s']:.0f} s", flush=True)
-    load = f"{load_before} at the start, " + " ".join(f"{x:.1f}" for x in os.getloadavg())
-    load += " at the end"
+    if a.reuse:
+        reports = [
+            measured(f / "out", json.loads((f / "out" / "report.json").read_text("utf-8")))
+            for f in (a.work / f"e{e}-b{b}" for e, b in SIZES[: a.campaigns])
+        ]
+        load = (a.work / "load.txt").read_text(encoding="utf-8").strip()
+    else:
+        load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        reports = []
+        for epochs, batch in SIZES[: a.campaigns]:
+            folder = a.work / f"e{epochs}-b{batch}"
+            spec = write_spec(folder, epochs=epochs, batch=batch)
+            reports.append(run_campaign(spec, folder / "out"))
+            print(f"{spec.parent.name}: {reports[-1]['_wall_s']:.0f} s", flush=True)
+        load = f"{load_before} at the start, " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+        load += " at the end"
+        (a.work / "load.txt").write_text(load + "\n", encoding="utf-8")
     m = measure(reports)
     text = render(reports, m, load=load)
     print(text)

@@ -144,7 +144,8 @@ def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
     - ``outside``: the call's segment beyond ``train_run`` (the timeline's lines, the GPU
       slot's hand-over) and the call's set-up, restore and last save (``fixed_s``);
     - ``loop start``: the loop's start before its first step, once a call;
-    - ``steps``: the first step (a call's warm-up) and the trimmed mean of the others;
+    - ``steps``: the first step (a call's warm-up) and the others at the run's step time
+      (``pool_pilots``: its pilot's median step times the machine's tax on a step);
     - ``loop``: the loop's own time per step beyond the step (rows, hooks, the live view);
     - ``evaluations``: the evaluations left at the run's cadence, and the final ones of every
       split at the run's end (``EVAL_SPLITS``), each at the measured evaluation;
@@ -179,9 +180,10 @@ def pool_pilots(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, A
     A run's step time is its own (its model, its batch): its pilot's median step, times the
     machine's tax on a step, pooled: the mean over the pilots of their trimmed mean over their
     median. A pilot's 20 steps last milliseconds, so whether another process took the core
-    during them is luck; over several pilots at several moments it is measured
-    (bench/forecast.py: the error of the step forecast 38.6% -> 31.7% median on 68 runs at a
-    load of 8 to 12 on 2 cores, both unbiased)."""
+    during them is luck; over several pilots at several moments it is measured (on the
+    bench's campaigns, bench/forecast.py, at a load of 8 to 12 on 2 cores: the step forecast's
+    median error on 68 runs 38.6% with each pilot's own trimmed mean, 31.7% with the tax pooled,
+    both unbiased)."""
     taxes = [
         float(m["step_mean_s"]) / float(m["step_s"])
         for m in pilot.values()
@@ -438,8 +440,8 @@ def _step_spread(rows: Sequence[Mapping[str, Any]], *, fallback: float) -> dict[
     """The pilot's first step (a call's warm-up) and the 10%-trimmed mean of its later steps:
     a sum of steps is forecast by their mean, but a pilot's few steps on a shared machine hold
     a hiccup or two (a collection, another process's burst) that its mean would spread over
-    every step of the run (bench/forecast.py: the trimmed mean of the pilot's steps erred the
-    least on the actual mean)."""
+    every step of the run (over the bench's campaigns, bench/forecast.py, the trimmed mean of a
+    pilot's steps erred less on the training call's mean step than their mean or median)."""
     times = [
         float(r["step_s"])
         for r in rows
