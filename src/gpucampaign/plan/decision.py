@@ -166,24 +166,20 @@ def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
     }
 
 
-#: What the pilots share, pooled over them: each pilot trains in the same process on the same
-#: machine, so the costs that do not depend on the run's model or batch are one machine's; the
-#: median keeps a single pilot's hiccup (the first pays the process's warm-up) out.
+#: What the pilots share (one process, one machine), pooled at their median over them.
 _POOLED = ("loop_s", "loop_start_s", "outside_s", "eval_s", "stall_s", "save_s", "first_step_s")
 
 
 def pool_pilots(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Every pilot's measures with the shared ones pooled (``_POOLED``: their median over the
-    pilots that measured them; the time outside the loop: the least any pilot measured, the
-    first pays the process's one-time warm-up).
+    pilots that measured them, so one pilot's hiccup stays out; the time outside the loop: the
+    least any pilot measured, the first pays the process's one-time warm-up).
 
     A run's step time is its own (its model, its batch): its pilot's median step, times the
-    machine's tax on a step, pooled: the mean over the pilots of their trimmed mean over their
-    median. A pilot's 20 steps last milliseconds, so whether another process took the core
-    during them is luck; over several pilots at several moments it is measured (on the
-    bench's campaigns, bench/forecast.py, at a load of 8 to 12 on 2 cores: the step forecast's
-    median error on 68 runs 38.6% with each pilot's own trimmed mean, 31.7% with the tax pooled,
-    both unbiased)."""
+    machine's tax on a step pooled (the mean over the pilots of their trimmed mean over their
+    median): a pilot's 20 steps last milliseconds, so whether another process took the core
+    then is luck (bench/forecast.py's campaigns at load 8-12 on 2 cores: the step forecast's
+    median error on 68 runs 38.6% with each pilot's own trimmed mean, 31.7% pooled)."""
     taxes = [
         float(m["step_mean_s"]) / float(m["step_s"])
         for m in pilot.values()
@@ -266,8 +262,7 @@ def calibrated_hours(
         planned = planned_steps_of(spec, step.run, {"control": ref})
         cfg = spec.run_config(step.run)
         scale = cfg.batch_size / ref["batch_size"]
-        # The earlier campaign's step time over all its training (``measured``) stands for
-        # every step; nothing of this campaign is trained or evaluated yet.
+        # The earlier campaign's step time over its training (``measured``) for every step.
         m = {
             **ref,
             "step_s": ref["step_s"] * scale,
@@ -438,10 +433,9 @@ def pilot_measures(
 
 def _step_spread(rows: Sequence[Mapping[str, Any]], *, fallback: float) -> dict[str, float]:
     """The pilot's first step (a call's warm-up) and the 10%-trimmed mean of its later steps:
-    a sum of steps is forecast by their mean, but a pilot's few steps on a shared machine hold
-    a hiccup or two (a collection, another process's burst) that its mean would spread over
-    every step of the run (over the bench's campaigns, bench/forecast.py, the trimmed mean of a
-    pilot's steps erred less on the training call's mean step than their mean or median)."""
+    a pilot's few steps on a shared machine hold a hiccup or two (another process's burst)
+    that their mean would spread over every step of the run (on bench/forecast.py's campaigns
+    the trimmed mean erred less on the training call's mean step than the mean or median)."""
     times = [
         float(r["step_s"])
         for r in rows
