@@ -241,6 +241,23 @@ def _resumed_after(rows: Sequence[TimelineRow]) -> dict[int, str]:
     return out
 
 
+def _recovering(rows: Sequence[TimelineRow]) -> list[tuple[datetime, datetime, str]]:
+    """The stretches from a training segment's loss to its run's resumed training, with what
+    the loss is charged to: the time to resume, whatever the relaunch did meanwhile (its
+    audit, its start-up). A run never resumed has none (nothing after its loss waited on it)."""
+    out = []
+    cut: dict[str, tuple[datetime, str]] = {}
+    for r in sorted(rows, key=lambda x: x.interval[0]):  # type: ignore[index]
+        if r.phase not in TRAINING_PHASES or r.run is None:
+            continue
+        if r.run in cut:
+            end, why = cut.pop(r.run)
+            out.append((end, r.interval[0], why))  # type: ignore[index]
+        if (lost := loss_cause(r)) is not None:
+            cut[r.run] = (r.interval[1], lost)  # type: ignore[index]
+    return out
+
+
 def _gap_cause(rows: Sequence[TimelineRow], prev: int | None, nxt: int | None) -> str:
     """Who an uncovered stretch belongs to: the time to resume after a loss, the wait between
     the pilot and the decision, or nobody (idle)."""
@@ -263,9 +280,14 @@ def _give_row(
     *,
     discarded: set[str],
     resumed: str | None,
+    recovering: str | None = None,
 ) -> None:
-    """Split the seconds a segment owns among its causes."""
+    """Split the seconds a segment owns among its causes (``recovering``: the loss a phase
+    other than training ran while waiting on, say a relaunch's audit)."""
     r = rows[i]
+    if recovering is not None and r.phase not in TRAINING_PHASES:
+        m.add(RECOVERY, own, lost_to=recovering)
+        return
     cause = loss_cause(r)
     lost = min(own, float(r.lost_seconds or 0.0)) if cause is not None else 0.0
     if lost:
@@ -315,6 +337,7 @@ def _machine(
     window_s = 3600.0 * lot.hours
     m = _Machine()
     timed = [r for r in rows if r.interval is not None]
+    waits = _recovering(timed)
     w0 = _window_start(lot, timed, plan) if timed or lot.starts_at else None
     if w0 is None:  # a lot whose machine never ran: committed, unused
         m.add(IDLE, window_s)
@@ -328,11 +351,17 @@ def _machine(
                 human_left -= h
                 m.add(HUMAN, h)
                 a += h
+            for start, end, why in waits:  # waiting on a resume, on either side of a relaunch
+                over = min(b, (end - w0).total_seconds()) - max(a, (start - w0).total_seconds())
+                if over > 0:
+                    m.add(RECOVERY, over, lost_to=why)
+                    b -= over  # the gap's rest (none when the wait spans it) goes on below
             cause = _gap_cause(timed, prev, nxt)
             lost_to = loss_cause(timed[prev]) if cause == RECOVERY and prev is not None else None
-            m.add(cause, b - a, lost_to=lost_to)
+            m.add(cause, max(0.0, b - a), lost_to=lost_to)
         for i, own in owned.items():
             row = timed[i]
+            waiting = [w for s, e, w in waits if s <= row.interval[0] and row.interval[1] <= e]  # type: ignore[index]
             _give_row(
                 m,
                 timed,
@@ -341,6 +370,7 @@ def _machine(
                 parts.get(id(row)),
                 discarded=discarded,
                 resumed=resumed.get(id(row)),
+                recovering=waiting[0] if waiting else None,
             )
         last = max(((r.interval[1] - w0).total_seconds() for r in timed), default=0.0)  # type: ignore[index]
         upto = last if now is None else (now - w0).total_seconds()

@@ -16,8 +16,6 @@ from gpucampaign.folder.runresult import RunResult
 from gpucampaign.plan.lots import this_machine
 from gpucampaign.recipe.runtime import evaluate_split
 
-EVAL_SPLITS: tuple[str, ...] = ("val", "test")
-
 
 def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
     """Evaluate on ``split`` and log an ``eval`` row; None when the split is empty.
@@ -100,6 +98,7 @@ def run_result(
         "upload_s": [s.upload_s for s in saves],
         "restore_s": r.restore_s,
         "train_s": train_s,  # the loop's steps, without the wait for the last save
+        "loop_start_s": r.loop_start_s,  # of train_s: before the call's first step
         "final_save_s": r.final_save_s,
         "total_s": time.perf_counter() - r.t_call,
     }
