@@ -8,11 +8,16 @@ It is registered on the one ``app`` of ``cli/common.py`` when ``cli`` imports th
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import typer
 
 from gpucampaign.cli.common import SpecFile, app, esc, handle_errors, say
+from gpucampaign.core.errors import ArgumentError
+
+#: A deployment name: what Prefect accepts in ``flow/NAME`` and a shell passes unquoted.
+DEPLOYMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 @app.command("deploy")
@@ -25,6 +30,12 @@ def deploy_cmd(
     pool: str | None = typer.Option(
         None, "--pool", help="Work pool (default: gpucampaign; made as a process pool if missing)."
     ),
+    name: str | None = typer.Option(
+        None,
+        "--name",
+        help="Deployment name: campaign/NAME and restart-verification/NAME (default: main and "
+        "scheduled), so a second project on one server keeps the first one's deployments.",
+    ),
 ) -> None:
     """Register the deployments for this folder on the Prefect server at PREFECT_API_URL.
 
@@ -32,16 +43,25 @@ def deploy_cmd(
     answering, or SPEC invalid). Their flow runs start in this folder, so SPEC and --out are
     relative to it, as for `campaign run`; a worker of the work pool runs them
     (`prefect worker start --pool gpucampaign`, started where this tool is installed).
-    Registering again replaces them.
+    Registering again replaces them; --name NAME registers campaign/NAME and
+    restart-verification/NAME instead, beside any others.
     """
     from gpucampaign.cli.runner import load_flow
     from gpucampaign.config import load_spec
 
+    if name is not None and not DEPLOYMENT_NAME.fullmatch(name):
+        raise ArgumentError(
+            f"option '--name': {name!r} is not a deployment name; use 1 to 63 letters, digits, "
+            "'.', '_' or '-', starting with a letter or digit (e.g. --name my-project).",
+            field="--name",
+        )
     cs = load_spec(spec)  # a spec that does not validate is refused here, not at its first run
     target = out or Path("out") / cs.name
     project = Path.cwd().resolve()
     deploy = load_flow("deploy_project")
-    url, deployed = deploy(project=project, spec=os.fspath(spec), out=os.fspath(target), pool=pool)
+    url, deployed = deploy(
+        project=project, spec=os.fspath(spec), out=os.fspath(target), pool=pool, name=name
+    )
     for d in deployed:
         params = ", ".join(f"{k}={v}" for k, v in d.parameters.items())
         crons = f"; cron {', '.join(d.crons)} (UTC)" if d.crons else ""
@@ -49,5 +69,5 @@ def deploy_cmd(
     say(f"on {esc(url)}, flow runs in {esc(project)}")
     say(
         f"next: prefect worker start --pool {esc(pool or 'gpucampaign')}  (from this "
-        "environment), then: prefect deployment run campaign/main --watch"
+        f"environment), then: prefect deployment run campaign/{esc(name or 'main')} --watch"
     )

@@ -55,7 +55,7 @@ def deployments_file() -> dict[str, Any]:
 
 
 def deploy_project(
-    *, project: Path, spec: str, out: str, pool: str | None = None
+    *, project: Path, spec: str, out: str, pool: str | None = None, name: str | None = None
 ) -> tuple[str, list[Deployed]]:
     """Register the deployments for ``project`` on the server at ``PREFECT_API_URL``.
 
@@ -64,6 +64,8 @@ def deploy_project(
         spec: the campaign's spec, as a path relative to ``project`` (or absolute).
         out: the output folder, relative to ``project`` (or absolute).
         pool: the work pool (default: ``prefect.yaml``'s); made as a process pool if missing.
+        name: each deployment's name (default: ``prefect.yaml``'s, ``main`` and
+            ``scheduled``): ``campaign/NAME`` and ``restart-verification/NAME``.
 
     Returns:
         The server's URL and the deployments registered.
@@ -91,7 +93,7 @@ def deploy_project(
             deployed.append(
                 _register(
                     client,
-                    entry,
+                    {**entry, "name": name or entry["name"]},
                     work_pool=work_pool,
                     pull=data.get("pull") or [],
                     parameters={**entry.get("parameters", {}), **params.get(entry["name"], {})},
