@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gpucampaign.folder.layout import CAMPAIGN_FILE, TIMELINE
+from gpucampaign.folder.layout import CAMPAIGN_FILE, RUNS_DIR, TIMELINE
 from gpucampaign.verify.context import Problem, VerifyContext
 
 #: The clocks of the hosts a campaign ran on may disagree by this much (seconds).
@@ -86,8 +86,11 @@ def check_timeline(ctx: VerifyContext) -> list[Problem]:
     if ctx.manifest is None or TIMELINE not in ctx.present:
         return []
     rows, _ = ctx.json_docs(TIMELINE)  # a line that is not JSON: check_json names it
-    # The runs by name (a row's ``run``) as the manifest lists them.
+    # The runs by name (a row's ``run``): the manifest's, and those with a folder in runs/
+    # (``<name>-<hash>``; one dropped from the manifest is check_expected_runs' to name).
     runs = {str(info.get("run")) for info in ctx.runs.values()}
+    folders = {rel.split("/")[1] for rel in ctx.present if rel.startswith(f"{RUNS_DIR}/")}
+    runs |= {rid.rpartition("-")[0] for rid in folders}
     window = _window(ctx)
     problems = []
     for n, row in enumerate(rows, start=1):
