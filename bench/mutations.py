@@ -217,6 +217,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         (f"{T_REDACT}::test_a_recipes_exception_says_no_password_to_the_terminal_or_prefect",),
     ),
     Mutation(
+        "redaction off the kept traceback (recipe-error.txt, a chained exception)",
+        _one(
+            "src/gpucampaign/recipe/contract.py",
+            'trace = redact_secrets("".join(traceback.format_exception(exc)))',
+            'trace = "".join(traceback.format_exception(exc))',
+        ),
+        (
+            "tests/recipe/test_recipe.py"
+            "::test_the_kept_traceback_says_no_password_of_an_exception_it_chains",
+        ),
+    ),
+    Mutation(
         "ownership: any JSON object is taken as the owner mark",
         _one(
             "src/gpucampaign/preflight/ownership.py",
