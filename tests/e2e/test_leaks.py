@@ -6,11 +6,11 @@ basic auth the client then sends), an ``MLFLOW_TRACKING_URI`` whose password hol
 AWS keys. Its terminal and the deployments as the Prefect API shows them (parameters, job
 variables, pull steps) hold none of them. Then the stack's worker runs ``campaign/leaks``: the
 user's recipe fails in its loss with ``password='...'``, an access key ID and a secret key in
-the exception's text, its flow run tracked to the stack's MLflow server through the URI with
-the password. The worker's log (the flow run's terminal) and the stack's other logs, the
-Prefect records (the flow run, its states, task runs, logs and artifacts), the result files of
-Prefect's storage, every file of the output folder (``recipe-error.txt`` included) and the MLflow
-records hold none of them either.
+its exception's text and in the one it was handling, its flow run tracked to the stack's
+MLflow server through the URI with the password. The worker's log (the flow run's terminal)
+and the stack's other logs, the Prefect records (the flow run, its states, task runs, logs and
+artifacts), the result files of Prefect's storage, every file of the output folder
+(``recipe-error.txt`` included) and the MLflow records hold none of them either.
 
 The deployments have their own name, so the session's ``campaign/main`` that the other tests
 here run is left as it is; they are deleted at the end.
@@ -52,7 +52,8 @@ DEPLOYMENTS = (f"campaign/{NAME}", f"restart-verification/{NAME}")
 
 #: The user's loss, failing on its fourth call (after the preflight's batch and the pilot's
 #: first steps, so a run folder keeps ``recipe-error.txt``) with the credentials it read from
-#: a file of the project (none of them is in the recipe's source, which the folder keeps).
+#: a file of the project (none of them is in the recipe's source, which the folder keeps), in
+#: its own error and in the one it was handling (which the kept traceback chains).
 FAILING_LOSS = """    calls = 0
 
     def loss(self, model, batch):
@@ -60,10 +61,16 @@ FAILING_LOSS = """    calls = 0
         if Regress.calls > 3:
             import json, pathlib
             db = json.loads((pathlib.Path(__file__).parent / "db-secret.json").read_text())
-            raise ConnectionError(
-                f"metrics db refused: connect(host='db', password='{db['password']}') with "
-                f"aws_access_key_id={db['key_id']} aws_secret_access_key={db['secret_key']}"
-            )
+            try:
+                raise ConnectionError(
+                    f"connect(host='db', password='{db['password']}') "
+                    f"aws_secret_access_key={db['secret_key']}"
+                )
+            except ConnectionError:
+                raise RuntimeError(
+                    f"metrics db refused: password='{db['password']}' with "
+                    f"aws_access_key_id={db['key_id']}"
+                )
         x, y = batch
 """
 
@@ -130,7 +137,8 @@ def test_deploy_and_a_failing_recipe_leak_nothing(stack, tmp_path):
         assert "loss()" in message and "password='***'" in message, message
         out = project / "out"
         kept = sorted(out.rglob("recipe-error.txt"))
-        assert kept and "ConnectionError" in kept[0].read_text(), sorted(out.rglob("*"))
+        trace = kept[0].read_text() if kept else ""
+        assert "ConnectionError" in trace and "RuntimeError" in trace, sorted(out.rglob("*"))
 
         leaks += log_leaks(stack)
         leaks += file_leaks(out)
