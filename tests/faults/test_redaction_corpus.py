@@ -52,6 +52,7 @@ CORPUS: list[tuple[str, str, str]] = [
     ("password single-quoted", f"password='{P}'", P),
     ("password double-quoted", f'password="{P}"', P),
     ("password quoted holding a quote", f"password='{P}'b'", P),
+    ("password quoted, the secret after a quote in it", f"password='a'{P}'", P),
     ("python kwarg in an error", f"connect(host='h', password='{P}', port=5)", P),
     ("client_secret=", f"client_secret={P}", P),
     ("private_key=", f"private_key={P}", P),

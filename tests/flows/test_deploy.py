@@ -56,6 +56,40 @@ def test_deploy_registers_both_deployments_for_the_project_folder(
     assert main.schedules == []
     assert pool.type == "process"
     assert "working_dir" in pool.base_job_template["variables"]["properties"]
+    _deploy_another_beside(root)
+
+
+def _deploy_another_beside(root: str) -> None:
+    """``--name second`` registers campaign/second and restart-verification/second beside the
+    first project's, which stay as they were; the URL's password (the server ignores the basic
+    auth) is said as ``***``."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    scheme, rest = str(get_current_settings().api.url).split("://", 1)
+    secret = "Pw-deploy-3f9c2a"
+    with temporary_settings(updates={PREFECT_API_URL: f"{scheme}://bob:{secret}@{rest}"}):
+        code, said = _campaign("deploy", "mine/campaign.yaml", "--out", "two", "--name", "second")
+    assert code == 0 and secret not in said and "http://***@127.0.0.1" in said, said
+    assert "deployed campaign/second" in said and "deployment run campaign/second" in said
+    with get_client(sync_client=True) as client:
+        second = client.read_deployment_by_name("campaign/second")
+        check = client.read_deployment_by_name("restart-verification/second")
+        main = client.read_deployment_by_name("campaign/main")
+    assert second.parameters == {"spec": "mine/campaign.yaml", "out": "two"}
+    assert check.parameters == {"out": "two"} and second.job_variables["working_dir"] == root
+    assert main.parameters == {"spec": "mine/campaign.yaml", "out": "out/digits"}
+    assert secret not in second.model_dump_json() + check.model_dump_json()
+
+
+@pytest.mark.parametrize("name", ["a/b", "", "-x", "a b", "x" * 64])
+def test_deploy_refuses_a_name_prefect_would_not_take(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    init_campaign(tmp_path / "mine")
+    monkeypatch.chdir(tmp_path)
+    code, said = _campaign("deploy", "mine/campaign.yaml", "--name", name)
+    assert code == 2 and "option '--name'" in said and "not a deployment name" in said, said
+    assert "Traceback" not in said and sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
 
 
 def test_a_second_project_gets_deployments_of_its_own_and_never_replaces_the_first(

@@ -114,3 +114,26 @@ def test_an_empty_folder_and_a_lock_left_by_an_interrupted_start_are_accepted(
     (empty / ".lock").write_text("my own lock notes\n")  # not the tool's lock record
     code, text = run(spec, empty)
     assert code == 2 and "'.lock'" in text, text
+
+
+@pytest.mark.parametrize(
+    "mark",
+    ["{}", '{"campaign": "digits"}', '{"format": "gpucampaign.folder/0", "campaign": "x"}'],
+    ids=["empty", "no-format", "another-format"],
+)
+def test_a_mark_that_is_not_the_tools_format_does_not_make_the_folder_its(
+    tmp_path: Path, mark: str
+) -> None:
+    """A user's folder holding a file named like the owner mark, whose content is not the
+    tool's mark (a JSON object of another format), is still the user's: refused, untouched."""
+    spec = init_campaign(tmp_path / "project")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me\n")
+    (mine / OWNER_FILE).write_text(mark)
+    for p in [*mine.rglob("*"), mine]:
+        os.utime(p, ns=(MTIME_NS, MTIME_NS), follow_symlinks=False)
+    before = walk(mine)
+    code, text = run(spec, mine)
+    assert code == 2 and "holds files this tool did not write" in text, text
+    assert walk(mine) == before

@@ -395,3 +395,30 @@ def test_a_loss_that_raises_mid_training_is_one_paragraph(tmp_path: Path) -> Non
     trace = kept.read_text()
     assert "Traceback" in trace and f'File "{module}.py", line {line}' in trace
     assert str(tmp_path) not in trace
+
+
+def test_the_kept_traceback_says_no_password_of_an_exception_it_chains(tmp_path: Path) -> None:
+    """A loss that fails while handling an error whose text holds ``password='...'`` (the
+    secret made at run time, so the source lines shown hold none): ``recipe-error.txt`` keeps
+    the traceback of both, the password redacted in each."""
+    secret = "Pw7Chained" + "Zq9Kept"
+    body = RECIPE.replace(
+        "        x, y = batch\n        return torch.nn.functional.mse_loss(model(x), y)",
+        "        x, y = batch\n        self.calls = getattr(self, 'calls', 0) + 1\n"
+        "        if self.calls == 3:\n"
+        "            try:\n"
+        "                pw = 'Pw7Chained' + 'Zq9Kept'\n"
+        "                raise ConnectionError(f\"connect(host='db', password='{pw}')\")\n"
+        "            except ConnectionError:\n"
+        "                raise RuntimeError('the metrics database is down')\n"
+        "        return torch.nn.functional.mse_loss(model(x), y)",
+    )
+    assert body != RECIPE and secret not in body
+    spec = make_spec(tmp_path, write_recipe(tmp_path, body), variants=[])
+    with pytest.raises(RecipeError) as caught:
+        train(spec, tmp_path)
+    kept = RunFolder.of(tmp_path / "out", spec.resolve_run("control").run_id).path
+    trace = (kept / "recipe-error.txt").read_text()
+    assert "ConnectionError: connect(host='db', password='***')" in trace, trace
+    assert "RuntimeError: the metrics database is down" in trace
+    assert secret not in trace and secret not in str(caught.value)

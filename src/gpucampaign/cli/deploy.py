@@ -8,11 +8,16 @@ It is registered on the one ``app`` of ``cli/common.py`` when ``cli`` imports th
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import typer
 
 from gpucampaign.cli.common import SpecFile, app, esc, handle_errors, say
+from gpucampaign.core.errors import ArgumentError
+
+#: A deployment name: what Prefect accepts in ``flow/NAME`` and a shell passes unquoted.
+DEPLOYMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 @app.command("deploy")
@@ -48,6 +53,12 @@ def deploy_cmd(
     from gpucampaign.cli.runner import load_flow
     from gpucampaign.config import load_spec
 
+    if name is not None and not DEPLOYMENT_NAME.fullmatch(name):
+        raise ArgumentError(
+            f"option '--name': {name!r} is not a deployment name; use 1 to 63 letters, digits, "
+            "'.', '_' or '-', starting with a letter or digit (e.g. --name my-project).",
+            field="--name",
+        )
     cs = load_spec(spec)  # a spec that does not validate is refused here, not at its first run
     target = out or Path("out") / cs.name
     project = Path.cwd().resolve()

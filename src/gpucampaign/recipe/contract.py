@@ -227,10 +227,12 @@ def raised_in_recipe(recipe: Recipe, exc: BaseException) -> tuple[str, str]:
     Returns:
         `` (textlm.py, line 57)`` (empty when no frame of the recipe's file is in the
         traceback), and the traceback's text with the recipe's folder cut from its paths (the
-        output folder that keeps it names no folder of the user's).
+        output folder that keeps it names no folder of the user's) and no credential.
     """
     source = inspect.getsourcefile(type(recipe))
-    trace = "".join(traceback.format_exception(exc))
+    # Redacted as a whole: the exceptions it chains (one raised while handling another) keep
+    # their own text, which no redaction of ``exc`` reached.
+    trace = redact_secrets("".join(traceback.format_exception(exc)))
     if source is None:
         return "", trace
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == source]

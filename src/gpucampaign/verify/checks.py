@@ -49,6 +49,7 @@ from gpucampaign.folder.layout import (
 )
 from gpucampaign.verify.context import Problem, VerifyContext, run_id_is_a_name
 from gpucampaign.verify.private import private_copy
+from gpucampaign.verify.timeline import check_timeline
 from gpucampaign.verify.verdict import check_verdict
 
 _PATH_KEY = re.compile(r"(^|_)(path|paths|dir|dirs|folder|file|files|location)$", re.IGNORECASE)
@@ -510,6 +511,7 @@ INTEGRITY_CHECKS: tuple[Callable[[VerifyContext], list[Problem]], ...] = (
     check_manifest_runs,
     check_expected_runs,
     check_corpus,
+    check_timeline,
 )
 #: Those of them whose problems say the folder is not the one sealed (a file changed, added,
 #: removed or linked; no manifest to check against): its code is then never run.

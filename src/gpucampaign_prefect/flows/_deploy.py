@@ -18,7 +18,6 @@ from a checkout does the same from the file itself.
 from __future__ import annotations
 
 import importlib
-import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -39,8 +38,6 @@ from gpucampaign_prefect.orchestration.embedded import require_named_server
 
 #: The placeholder of ``prefect.yaml`` that names the project folder.
 ROOT_PLACEHOLDER = "{{ $GPUCAMPAIGN_ROOT }}"
-#: What ``--name`` may be: one deployment name (no '/', which separates it from the flow's).
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _SET_DIR = "prefect.deployments.steps.set_working_directory"
 
 
@@ -91,7 +88,7 @@ def deploy_project(
 
     Raises:
         SettingError: ``PREFECT_API_URL`` is unset, or the server does not answer.
-        ArgumentError: ``name`` is not a deployment name, or (without ``replace``) a
+        ArgumentError: (without ``replace``) a
             deployment of that name runs in another project folder: nothing was registered.
     """
     url = get_current_settings().api.url
@@ -135,12 +132,6 @@ def deploy_project(
 def _named(entries: list[dict[str, Any]], *, name: str | None) -> list[tuple[str, dict[str, Any]]]:
     """Each deployment of ``prefect.yaml`` with its role (its name in the file: ``main``,
     ``scheduled``), renamed ``name`` when given."""
-    if name is not None and not _NAME.fullmatch(name):
-        raise ArgumentError(
-            f"option '--name': '{name}' is not a deployment name; give letters, digits, '.', "
-            "'_' or '-' (at most 64, starting with a letter or digit), e.g. --name my-project.",
-            field="--name",
-        )
     return [(e["name"], {**e, "name": name} if name else e) for e in entries]
 
 
