@@ -49,9 +49,10 @@ def prefect_harness():
         yield
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def closed(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """A clean closed output folder, built once per test module (``build_closed_folder``)."""
+    """A clean closed output folder, built once per session (``build_closed_folder``: seconds
+    of training and a close); read it, or change a private copy (``out``)."""
     from tests.helpers import build_closed_folder
 
     return build_closed_folder(tmp_path_factory.mktemp("closed"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -72,6 +73,49 @@ class FaultCounter:
 def faults() -> FaultCounter:
     """The session's fault counter."""
     return FaultCounter()
+
+
+REPO = Path(__file__).resolve().parents[2]
+#: Canary secrets in the environment of ``secret_campaign`` (tests/faults/test_security.py).
+CANARIES = {
+    "AWS_SECRET_ACCESS_KEY": "canary-aws-5e1f0c9d",
+    "SOME_TOKEN": "canary-token-b7a24e63",
+    "GPUCAMPAIGN_S3_SECRET": "canary-s3-0d9c8b7a",
+}
+#: The tracking password of ``secret_campaign`` (tests/faults/test_credentials.py).
+URI_SECRET = "Pw7Zq9Xk2Lm4"
+
+
+@pytest.fixture(scope="session")
+def secret_campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """One ``campaign run`` of the digits example with secrets in its environment: the
+    ``CANARIES``, and ``MLFLOW_TRACKING_URI=http://alice:<URI_SECRET>@host`` (a server that does
+    not answer) with the secret in MLFLOW_TRACKING_PASSWORD too. The output folder, its
+    Prefect home and the terminal's text; test_security and test_credentials each search
+    them for their secrets (one campaign for both: a run costs half a minute)."""
+    out = tmp_path_factory.mktemp("campaign") / "out"
+    home = tmp_path_factory.mktemp("prefect-home")
+    env = {
+        **os.environ,
+        **CANARIES,
+        "MLFLOW_TRACKING_URI": f"http://alice:{URI_SECRET}@127.0.0.1:9",
+        "MLFLOW_TRACKING_PASSWORD": URI_SECRET + "x",
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH")])
+        ),
+        "PREFECT_HOME": str(home),
+    }
+    spec = REPO / "examples" / "digits" / "campaign.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucampaign.cli", "run", str(spec), "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, home, proc.stdout + proc.stderr
 
 
 def summary_line() -> str:

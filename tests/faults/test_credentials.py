@@ -11,8 +11,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,12 +23,13 @@ from gpucampaign.config import SpecError, check_tracking_uri
 from gpucampaign.core.text import redact_logging, redact_secrets
 from gpucampaign.folder.layout import MLFLOW_OUTBOX_FILE, MLFLOW_STATE_FILE
 from gpucampaign.tracking.mlflow import RunTracker, short_error
+from tests.faults.conftest import URI_SECRET
 from tests.helpers import reseal
 from tests.helpers.fake_mlflow import FakeClient
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits" / "campaign.yaml"
-SECRET = "Pw7Zq9Xk2Lm4"  # the canary: found anywhere, it leaked
+SECRET = URI_SECRET  # the canary ("Pw7Zq9Xk2Lm4"): found anywhere, it leaked
 runner = CliRunner()
 
 # Every form a credential takes in a URI or a text, the secret inside it.
@@ -420,31 +419,14 @@ def test_verify_exits_4_on_a_tracking_section_edited_after_the_seal(out, servers
 # --- a real campaign with a credential in the environment's URI -----------------------------
 @pytest.mark.slow
 @pytest.mark.process
-def test_campaign_run_keeps_the_uri_credential_out_of_everything(tmp_path, faults):
+def test_campaign_run_keeps_the_uri_credential_out_of_everything(secret_campaign, faults):
     """`campaign run` with ``MLFLOW_TRACKING_URI=http://alice:SECRET@host`` (a server that does
     not answer) and the secret in MLFLOW_TRACKING_PASSWORD: the terminal, every file of the
-    output folder (mlflow.json included) and Prefect's database hold it nowhere."""
-    out, home = tmp_path / "out", tmp_path / "prefect-home"
-    env = {
-        **os.environ,
-        "MLFLOW_TRACKING_URI": f"http://alice:{SECRET}@127.0.0.1:9",
-        "MLFLOW_TRACKING_PASSWORD": SECRET + "x",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), str(REPO)])),
-        "PREFECT_HOME": str(home),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpucampaign.cli", "run", str(EXAMPLE), "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    output folder (mlflow.json included) and Prefect's database hold it nowhere. (The session's
+    ``secret_campaign``, run once with this secret and test_security's canaries.)"""
+    out, home, said = secret_campaign
     faults.add("credential_forms_tried")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    leaks = [
-        f"terminal: {line}" for line in (proc.stdout + proc.stderr).splitlines() if _leaked(line)
-    ]
+    leaks = [f"terminal: {line}" for line in said.splitlines() if _leaked(line)]
     for root in (out, home):
         leaks += [
             str(p)
@@ -453,5 +435,5 @@ def test_campaign_run_keeps_the_uri_credential_out_of_everything(tmp_path, fault
         ]
     faults.add("secrets_leaked", len(leaks))
     assert leaks == []
-    assert "does not answer" in proc.stdout + proc.stderr  # the warnings were there, redacted
+    assert "does not answer" in said  # the warnings were there, redacted
     assert list(out.glob("runs/*/mlflow.json")) and any(p.suffix == ".db" for p in home.rglob("*"))

@@ -20,15 +20,11 @@ from hypothesis import strategies as st
 from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.config import SpecError, load_spec, resolve_inside
 from gpucampaign.storage import LocalStore, StorageError
+from tests.faults.conftest import CANARIES
 from tests.helpers import reseal
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits" / "campaign.yaml"
-CANARIES = {
-    "AWS_SECRET_ACCESS_KEY": "canary-aws-5e1f0c9d",
-    "SOME_TOKEN": "canary-token-b7a24e63",
-    "GPUCAMPAIGN_S3_SECRET": "canary-s3-0d9c8b7a",
-}
 
 
 class Payload:
@@ -205,28 +201,10 @@ def test_a_link_in_the_spec_folder_does_not_reach_outside(tmp_path):
 
 # --- a real campaign: links planted in its folder, secrets in its environment ------------------
 @pytest.fixture(scope="module")
-def campaign_out(tmp_path_factory) -> tuple[Path, str]:
-    """``campaign run`` of the digits example with canary secrets in the environment."""
-    out = tmp_path_factory.mktemp("campaign") / "out"
-    home = tmp_path_factory.mktemp("prefect-home")
-    env = {
-        **os.environ,
-        **CANARIES,
-        "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])
-        ),
-        "PREFECT_HOME": str(home),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpucampaign.cli", "run", str(EXAMPLE), "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, home, proc.stdout + proc.stderr
+def campaign_out(secret_campaign):
+    """``campaign run`` of the digits example with canary secrets in the environment (the
+    session's ``secret_campaign``, which test_credentials searches too)."""
+    return secret_campaign
 
 
 @pytest.mark.slow
