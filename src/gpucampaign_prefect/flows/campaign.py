@@ -44,6 +44,7 @@ from gpucampaign.preflight import OpenCampaign, open_campaign, start_folder
 from gpucampaign.verify.sealed import recheck_sealed
 from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
 from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
+from gpucampaign_prefect.flows._rounds import buy_rounds
 from gpucampaign_prefect.orchestration import notify
 from gpucampaign_prefect.orchestration.campaign_lock import (
     CampaignHeld,
@@ -423,6 +424,10 @@ def _experiments(
     states = run_states(cs, root=folder.root, decision=decision)
     with_model = runs_with_model(states, root=folder.root)
     analyses = predictions(cs, runs=with_model, **common) if with_model else {}
+    if essential_stop is None:  # the evidence the verdict still lacks, bought in the lot
+        analyses |= buy_rounds(
+            cs, catalog=catalog, folder=folder, common=common, mode=mode, campaign_id=campaign_id
+        )
     return decision, essential_stop, analyses
 
 

@@ -1,0 +1,65 @@
+"""The looks of a campaign that buys rounds of seeds: the spec as its rounds made it, and the
+error each look of the verdict may spend.
+
+A campaign decides once after its planned runs (the first look) and, while the verdict is
+inconclusive, may buy up to ``decision_point.rounds`` rounds of seeds and decide again after
+each (``close.rounds``). Deciding again on growing evidence raises the chance of adopting a
+variant without a real gain, so the error is spent across the looks: the first look keeps the
+95% interval's 2.5% one-sided (a campaign that buys no round decides as before), and each of the
+``R`` looks after a round may spend 2.5% / R. By the union bound the chance of adopting a
+variant without a real gain over all the looks is at most 5% whatever the looks' correlation
+(the simulation in ``tests/close/test_calibration_sim.py`` measures it well under that).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpucampaign.close.verdict_steps import ALPHA
+from gpucampaign.config import CampaignSpec
+from gpucampaign.core.text import say_hours, say_number
+from gpucampaign.folder.records import RoundRecord, read_rounds
+
+
+def look_alpha(look: int, *, rounds: int) -> float:
+    """The one-sided error the verdict spends at ``look`` (0: the planned runs; ``j``: after
+    the ``j``-th round bought) when the spec allows ``rounds`` rounds."""
+    if look <= 0 or rounds <= 0:
+        return ALPHA
+    return ALPHA / rounds
+
+
+def looks_taken(root: str | Path) -> int:
+    """How many rounds of seeds the folder's campaign bought (its look is that number)."""
+    return sum(1 for r in read_rounds(root) if r.bought)
+
+
+def spec_with_rounds(spec: CampaignSpec, root: str | Path) -> CampaignSpec:
+    """The spec with the seeds of every round the folder bought (``rounds.jsonl``): its runs
+    are the spec's and the rounds'; the spec itself when no round was bought. Idempotent: a
+    round records the whole seed list of each base run it grew."""
+    seeds: dict[str, list[int]] = {}
+    for r in read_rounds(root):
+        if r.bought:
+            seeds.update(r.seeds)
+    if not seeds:
+        return spec
+    current = {base: list(spec.seeds_of(base)) for base in seeds}
+    if current == seeds:
+        return spec
+    return spec.with_seeds(seeds)
+
+
+def round_text(record: RoundRecord, *, bound: int) -> str:
+    """A round in words, with its price as a share of the lot (never an hourly rate)."""
+    new = sorted({int(r.rpartition(".s")[2]) for r in record.runs})
+    bases = sorted({r.rpartition(".s")[0] for r in record.runs}, key=lambda b: b != "control")
+    price = ""
+    if record.gpu_hours is not None:
+        price = f", measured {say_hours(record.gpu_hours)} of GPU time"
+        if record.lot_share is not None:
+            price += f" ({say_number(100 * record.lot_share, digits=2)}% of the lot)"
+    return (
+        f"round {record.round} of {bound}: {len(new)} more seed(s) ({', '.join(map(str, new))}) "
+        f"of {' and '.join(repr(b) for b in bases)}{price}"
+    )
