@@ -10,6 +10,7 @@ from typing import Any
 
 from gpucampaign.close.attribution import attribute_window, lot_windows
 from gpucampaign.close.budget import resolve_packages
+from gpucampaign.close.looks import spec_with_rounds
 from gpucampaign.config import CampaignSpec, SpecError, load_spec
 from gpucampaign.core import clock
 from gpucampaign.core.text import say_hours
@@ -44,6 +45,7 @@ def folder_attribution(
     for p, pkg in zip(packages, spec.packages, strict=True):
         p["starts_at"] = pkg.starts_at
     metrics, results = {}, {}
+    spec = spec_with_rounds(spec, root)  # the runs of the rounds of seeds bought too
     for run in spec.run_names():
         run_id = spec.resolve_run(run).run_id
         path = run_path(root, run_id, METRICS_FILE)

@@ -14,6 +14,7 @@ variant without a real gain over all the looks is at most 5% whatever the looks'
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from gpucampaign.close.verdict_steps import ALPHA
 from gpucampaign.config import CampaignSpec
@@ -32,6 +33,22 @@ def look_alpha(look: int, *, rounds: int) -> float:
 def looks_taken(root: str | Path) -> int:
     """How many rounds of seeds the folder's campaign bought (its look is that number)."""
     return sum(1 for r in read_rounds(root) if r.bought)
+
+
+def seeds_to_buy(verdict: Any, *, have: int) -> int | None:
+    """How many more seeds a side a round would buy for ``verdict`` (``close.verdict.Verdict``)
+    whose contenders have ``have`` seeds a side: the count its advice names when it is
+    inconclusive with a variant chosen; as many again when the variant cleared the bar on its
+    own but not at the error this look may spend (or not once corrected for the other variants);
+    None when the verdict is settled or seeds alone cannot settle it."""
+    if verdict.kind != "inconclusive" or verdict.run in (None, "control"):
+        return None
+    if verdict.resolve:
+        more = verdict.resolve.get("more_seeds")
+        return int(more) if more else None
+    fam = (verdict.numbers or {}).get("family") or {}
+    refused = (fam.get("adoptable") or {}).get(verdict.run) is False
+    return max(1, have) if refused else None
 
 
 def spec_with_rounds(spec: CampaignSpec, root: str | Path) -> CampaignSpec:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from gpucampaign.close.closing import folder_verdict
 from gpucampaign.close.evidence import lot_price, run_evidence
-from gpucampaign.close.looks import looks_taken, spec_with_rounds
+from gpucampaign.close.looks import looks_taken, seeds_to_buy, spec_with_rounds
 from gpucampaign.config import CampaignSpec
 from gpucampaign.core.errors import InputError
 from gpucampaign.core.files import utc_now
@@ -57,8 +57,7 @@ def propose_round(
     eff = spec_with_rounds(spec, root)
     evidence = run_evidence(eff, root=root, states=states)
     have = {b: _seeds(eff, b) for b in ("control", chosen)}
-    resolve = verdict.resolve or {}
-    more = resolve.get("more_seeds") if resolve else min(len(s) for s in have.values())
+    more = seeds_to_buy(verdict, have=min(len(s) for s in have.values()))
     if not more:
         return None, "more seeds alone would not settle it (the verdict's advice)"
     times = [evidence[b].train_s if b in evidence else None for b in have]
