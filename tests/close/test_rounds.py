@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gpucampaign.cli.scaffold import init_campaign
 from gpucampaign.close.looks import look_alpha, looks_taken, seeds_to_buy, spec_with_rounds
 from gpucampaign.close.verdict import RunEvidence, decide_verdict
-from gpucampaign.cli.scaffold import init_campaign
 from gpucampaign.config import DecisionRule, load_spec
 from gpucampaign.core.errors import SpecError
 from gpucampaign.folder.records import RoundRecord, append_round
