@@ -148,7 +148,7 @@ def sequential(
             control=_evidence(control[:k]),
             variants={"v0": _evidence(variant[:k])},
             look=look,
-            alpha=look_alpha(look, rounds=rounds),
+            alpha=look_alpha(look),
         )
         more = seeds_to_buy(v, have=k) if look < rounds else None
         if not more or k >= POOL:
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             "campaigns that buy rounds of seeds beyond their plan as the flow does "
             "(`close/rounds.py`: while the verdict is inconclusive and names the seeds that "
             "would settle it, those seeds more of the control and the chosen variant, decided "
-            "again at 2.5% / 2 one-sided after each round, `close/looks.py`); their A/A row "
+            "again at 2.5% / 2^j one-sided after the j-th round, `close/looks.py`); their A/A row "
             "counts an adoption at any look; their power row's gain is the plan's at 3 seeds a "
             "side (the seeds the plan proposes when it is given one).",
             "",

@@ -18,11 +18,10 @@ from tests.close.test_seeds import seeds_dominate
 RULE = DecisionRule(metric="mse", direction="minimize", threshold=10.0, min_gain=0.0)
 
 
-def test_the_first_look_spends_2_5_percent_and_each_later_look_its_share_of_2_5():
-    assert look_alpha(0, rounds=2) == 0.025
-    assert look_alpha(1, rounds=2) == look_alpha(2, rounds=2) == 0.0125
-    assert look_alpha(0, rounds=0) == 0.025
-    assert look_alpha(0, rounds=2) + 2 * look_alpha(1, rounds=2) == pytest.approx(0.05)
+def test_the_first_look_spends_2_5_percent_and_the_later_ones_halve_it_summing_to_5():
+    assert look_alpha(0) == 0.025
+    assert (look_alpha(1), look_alpha(2), look_alpha(3)) == (0.0125, 0.00625, 0.003125)
+    assert sum(look_alpha(j) for j in range(60)) == pytest.approx(0.05)
 
 
 def _verdict(look: int, *, shift: float):
@@ -45,7 +44,7 @@ def _verdict(look: int, *, shift: float):
             )
         },
         look=look,
-        alpha=look_alpha(look, rounds=2),
+        alpha=look_alpha(look),
     )
 
 

@@ -233,7 +233,7 @@ def closing_verdict(
         repose_reason=repose,
         lot=lot_price(spec, catalog=catalog),
         look=look,
-        alpha=look_alpha(look, rounds=spec.decision_point.rounds),
+        alpha=look_alpha(look),
     )
 
 

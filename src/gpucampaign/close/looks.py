@@ -3,12 +3,14 @@ error each look of the verdict may spend.
 
 A campaign decides once after its planned runs (the first look) and, while the verdict is
 inconclusive, may buy up to ``decision_point.rounds`` rounds of seeds and decide again after
-each (``close.rounds``). Deciding again on growing evidence raises the chance of adopting a
-variant without a real gain, so the error is spent across the looks: the first look keeps the
-95% interval's 2.5% one-sided (a campaign that buys no round decides as before), and each of the
-``R`` looks after a round may spend 2.5% / R. By the union bound the chance of adopting a
-variant without a real gain over all the looks is at most 5% whatever the looks' correlation
-(the simulation in ``tests/close/test_calibration_sim.py`` measures it well under that).
+each (``close.rounds``); a person may also extend the campaign in place with more seeds
+(``preflight.extension``), and its verdict is another look. Deciding again on growing evidence
+raises the chance of adopting a variant without a real gain, so the error is spent across the
+looks: the first look keeps the 95% interval's 2.5% one-sided (a campaign that buys no round
+decides as before), and the ``j``-th look after it may spend 2.5% / 2^j (1.25%, 0.625%, ...).
+By the union bound the chance of adopting a variant without a real gain over all the looks is
+at most 2.5% + 2.5% = 5% however many looks there are and whatever their correlation (the
+simulation in ``tests/close/test_calibration_sim.py`` measures it under that).
 """
 
 from __future__ import annotations
@@ -22,12 +24,10 @@ from gpucampaign.core.text import say_hours, say_number
 from gpucampaign.folder.records import RoundRecord, read_rounds
 
 
-def look_alpha(look: int, *, rounds: int) -> float:
+def look_alpha(look: int) -> float:
     """The one-sided error the verdict spends at ``look`` (0: the planned runs; ``j``: after
-    the ``j``-th round bought) when the spec allows ``rounds`` rounds."""
-    if look <= 0 or rounds <= 0:
-        return ALPHA
-    return ALPHA / rounds
+    the ``j``-th round of seeds or extension): 2.5%, then 2.5% / 2^j."""
+    return ALPHA if look <= 0 else ALPHA / 2**look
 
 
 def looks_taken(root: str | Path) -> int:
@@ -58,11 +58,11 @@ def spec_with_rounds(spec: CampaignSpec, root: str | Path) -> CampaignSpec:
     seeds: dict[str, list[int]] = {}
     for r in read_rounds(root):
         if r.bought:
-            seeds.update(r.seeds)
-    if not seeds:
-        return spec
-    current = {base: list(spec.seeds_of(base)) for base in seeds}
-    if current == seeds:
+            for base, given in r.seeds.items():
+                have = seeds.setdefault(base, list(spec.seeds_of(base)))
+                # The spec's own seeds first (a spec extended in place may hold more).
+                have += [k for k in given if k not in have]
+    if all(list(spec.seeds_of(b)) == k for b, k in seeds.items()):
         return spec
     return spec.with_seeds(seeds)
 
