@@ -92,3 +92,13 @@ def test_a_bad_bound_on_rounds_is_refused_naming_the_field(tmp_path: Path, round
     path.write_text(text)
     with pytest.raises(SpecError, match="decision_point.rounds"):
         load_spec(path)
+
+
+def test_the_advice_gives_the_exact_seeds_to_write_and_where_to_run_them():
+    v = _verdict(0, shift=0.45)  # inconclusive: the seeds dominate, six more settle it
+    assert v.kind == "inconclusive" and v.resolve["more_seeds"] == 6
+    seeds = list(range(9))
+    assert (
+        f"write seeds: {seeds} on 'control' and seeds: {seeds} on 'v' in the spec and run it "
+        "again into the same --out (the finished runs are reused, only the new seeds train)"
+    ) in v.resolve["text"]

@@ -242,11 +242,39 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     assert (out / "plan.json").read_bytes() == plan_before
     assert verify_output(out, reload=False).verified
 
+    # Extended in place: one more seed of the control and 'short' written in the spec, run
+    # into the same folder: every finished run is reused, only the two new ones train, and
+    # the folder keeps the first spec and plan and says why.
+    before = spec.read_bytes()
+    data = yaml.safe_load(before)
+    data["control"]["seeds"] = [0, 1, 2, 3]
+    data["variants"] = [
+        {**v, "seeds": [0, 1, 2, 3]} if v["name"] == "short" else v for v in data["variants"]
+    ]
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    n_rows = len(timeline_rows(out))
+    state3 = run_flow(spec, out)
+    assert state3.is_completed(), state3.message
+    new_rows = timeline_rows(out)[n_rows:]
+    assert {r["run"] for r in new_rows if r.get("steps", 0) > 0} == {"control.s3", "short.s3"}
+    assert {r["run"] for r in new_rows if r["phase"] == "pilot"} == {"control.s3", "short.s3"}
+    history = jsonl(out / "spec-history.jsonl")
+    assert [(h["version"], h["why"]) for h in history] == [
+        (1, "extended in place: added seeds 3 of 'control'; seeds 3 of 'short'")
+    ]
+    assert (out / "specs" / "spec-1.yaml").read_bytes() == before
+    assert (out / "specs" / "plan-1.json").read_bytes() == plan_before
+    assert (out / "spec.yaml").read_bytes() == spec.read_bytes()
+    extended = state3.result()["verdict"]
+    assert extended["variants"]["short"]["test"]["seeds"]["control"] == [0, 1, 2, 3]
+    assert extended["numbers"]["family"]["look"] == 2  # the round, then the extension
+    assert verify_output(out, reload=False).verified
+
     # The scheduled restart check of this output: every run resumes exactly in a new process ...
     from gpucampaign_prefect.flows.restart_check import restart_verification
 
     reports = restart_verification(out=str(out), steps=5)
-    assert {r["run"] for r in reports} == {"control", "lr-high", "bf16", "short"}
+    assert {r["run"] for r in reports} >= {"control", "lr-high", "bf16", "short"}
     assert all(r["identical"] and r["compared_steps"] == 5 for r in reports)
     # ... and fails loudly when nothing is left to resume from.
     shutil.rmtree(out / "checkpoints")

@@ -20,7 +20,9 @@ from typing import Any
 
 from gpucampaign.close.verdict_steps import ALPHA
 from gpucampaign.config import CampaignSpec
+from gpucampaign.core.files import read_jsonl
 from gpucampaign.core.text import say_hours, say_number
+from gpucampaign.folder.layout import SPEC_HISTORY
 from gpucampaign.folder.records import RoundRecord, read_rounds
 
 
@@ -31,8 +33,10 @@ def look_alpha(look: int) -> float:
 
 
 def looks_taken(root: str | Path) -> int:
-    """How many rounds of seeds the folder's campaign bought (its look is that number)."""
-    return sum(1 for r in read_rounds(root) if r.bought)
+    """The folder's look: the rounds of seeds its campaign bought and the times it was
+    extended in place (``spec-history.jsonl``), each a decision on more evidence."""
+    extended = len(read_jsonl(Path(root) / SPEC_HISTORY))
+    return sum(1 for r in read_rounds(root) if r.bought) + extended
 
 
 def seeds_to_buy(verdict: Any, *, have: int) -> int | None:

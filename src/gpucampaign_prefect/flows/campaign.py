@@ -30,6 +30,7 @@ from gpucampaign.folder.lock import writer_lock
 from gpucampaign.folder.records import (
     fix_campaign_id,
     read_pilot,
+    read_result,
     read_stops,
     run_states,
     runs_with_model,
@@ -470,7 +471,9 @@ def _pilot_every_run(
         if stops:
             break
         futures = {}
-        for r in [r for r in group if r not in measured]:
+        # A run with a result needs no pilot (a campaign extended in place, a round's seeds).
+        done = {r for r in group if read_result(common["out"], cs.resolve_run(r).run_id)}
+        for r in [r for r in group if r not in measured and r not in done]:
             futures[r] = pilot.submit(
                 cs,
                 run=r,
