@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from gpucampaign.cli.scaffold import init_campaign
-from gpucampaign.close.looks import look_alpha, looks_taken, seeds_to_buy, spec_with_rounds
+from gpucampaign.close.looks import look_alpha, looks_taken, seeds_to_buy
 from gpucampaign.close.verdict import RunEvidence, decide_verdict
 from gpucampaign.config import DecisionRule, load_spec
 from gpucampaign.core.errors import SpecError
-from gpucampaign.folder.records import RoundRecord, append_round
+from gpucampaign.folder.records import RoundRecord, append_round, spec_with_rounds
 from tests.close.test_seeds import seeds_dominate
 
 RULE = DecisionRule(metric="mse", direction="minimize", threshold=10.0, min_gain=0.0)

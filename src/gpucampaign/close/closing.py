@@ -24,7 +24,7 @@ from gpucampaign.close.futility import futility_savings
 from gpucampaign.close.goodput import folder_attribution
 from gpucampaign.close.inputs import closing_inputs
 from gpucampaign.close.ledger import read_ledger
-from gpucampaign.close.looks import looks_taken, round_text, spec_with_rounds
+from gpucampaign.close.looks import looks_taken, round_text
 from gpucampaign.close.manifest import build_manifest, collect_environment, reference_corpus
 from gpucampaign.close.predictions import (
     predictions_file,
@@ -73,6 +73,7 @@ from gpucampaign.folder.records import (
     read_stops,
     read_timeline,
     run_states,
+    spec_with_rounds,
 )
 from gpucampaign.modelfolder.recipe_reload import write_recipe_predictions
 from gpucampaign.modelfolder.refresh import refresh_recipe_copy

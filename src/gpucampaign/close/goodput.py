@@ -10,13 +10,18 @@ from typing import Any
 
 from gpucampaign.close.attribution import attribute_window, lot_windows
 from gpucampaign.close.budget import resolve_packages
-from gpucampaign.close.looks import spec_with_rounds
 from gpucampaign.config import CampaignSpec, SpecError, load_spec
 from gpucampaign.core import clock
 from gpucampaign.core.text import say_hours
 from gpucampaign.folder.layout import METRICS_FILE, SPEC_COPY, OutputFolder, run_path
 from gpucampaign.folder.metrics import read_metrics
-from gpucampaign.folder.records import read_plan, read_result, read_stops, read_timeline
+from gpucampaign.folder.records import (
+    read_plan,
+    read_result,
+    read_stops,
+    read_timeline,
+    spec_with_rounds,
+)
 
 
 def folder_attribution(

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from gpucampaign.close.verdict_steps import ALPHA
-from gpucampaign.config import CampaignSpec
 from gpucampaign.core.files import read_jsonl
 from gpucampaign.core.text import say_hours, say_number
 from gpucampaign.folder.layout import SPEC_HISTORY
@@ -53,22 +52,6 @@ def seeds_to_buy(verdict: Any, *, have: int) -> int | None:
     fam = (verdict.numbers or {}).get("family") or {}
     refused = (fam.get("adoptable") or {}).get(verdict.run) is False
     return max(1, have) if refused else None
-
-
-def spec_with_rounds(spec: CampaignSpec, root: str | Path) -> CampaignSpec:
-    """The spec with the seeds of every round the folder bought (``rounds.jsonl``): its runs
-    are the spec's and the rounds'; the spec itself when no round was bought. Idempotent: a
-    round records the whole seed list of each base run it grew."""
-    seeds: dict[str, list[int]] = {}
-    for r in read_rounds(root):
-        if r.bought:
-            for base, given in r.seeds.items():
-                have = seeds.setdefault(base, list(spec.seeds_of(base)))
-                # The spec's own seeds first (a spec extended in place may hold more).
-                have += [k for k in given if k not in have]
-    if all(list(spec.seeds_of(b)) == k for b, k in seeds.items()):
-        return spec
-    return spec.with_seeds(seeds)
 
 
 def round_text(record: RoundRecord, *, bound: int) -> str:

@@ -18,12 +18,12 @@ from pydantic import ValidationError
 
 from gpucampaign.close.closing import folder_verdict
 from gpucampaign.close.evidence import lot_price, run_evidence
-from gpucampaign.close.looks import looks_taken, seeds_to_buy, spec_with_rounds
+from gpucampaign.close.looks import looks_taken, seeds_to_buy
 from gpucampaign.config import CampaignSpec
 from gpucampaign.core.errors import InputError
 from gpucampaign.core.files import utc_now
 from gpucampaign.core.text import say_hours
-from gpucampaign.folder.records import RoundRecord, read_plan, read_rounds
+from gpucampaign.folder.records import RoundRecord, read_plan, read_rounds, spec_with_rounds
 
 #: A round is bought only when this many times its measured training time fits the spare GPU
 #: time: the margin for its restarts, its predictions and the lot's end.

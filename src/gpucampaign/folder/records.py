@@ -238,6 +238,22 @@ def append_round(root: str | Path, record: RoundRecord) -> None:
     append_jsonl(_in(root, ROUNDS), record.to_dict())
 
 
+def spec_with_rounds(spec: CampaignSpec, root: str | Path) -> CampaignSpec:
+    """The spec with the seeds of every round the folder bought (``rounds.jsonl``): its runs
+    are the spec's and the rounds'; the spec itself when no round was bought. Idempotent: a
+    round records the whole seed list of each base run it grew."""
+    seeds: dict[str, list[int]] = {}
+    for r in read_rounds(root):
+        if r.bought:
+            for base, given in r.seeds.items():
+                have = seeds.setdefault(base, list(spec.seeds_of(base)))
+                # The spec's own seeds first (a spec extended in place may hold more).
+                have += [k for k in given if k not in have]
+    if all(list(spec.seeds_of(b)) == k for b, k in seeds.items()):
+        return spec
+    return spec.with_seeds(seeds)
+
+
 # --- stops.jsonl ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StopRecord:

@@ -22,6 +22,7 @@ from gpucampaign.core.errors import ArgumentError, FolderError, InputError
 from gpucampaign.core.storageurl import is_s3
 from gpucampaign.data.pins import input_sha256
 from gpucampaign.folder.layout import MANIFEST, SPEC_COPY, OutputFolder
+from gpucampaign.folder.records import spec_with_rounds
 from gpucampaign.plan import calendar
 from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.tariffs import Catalog, load_catalog
@@ -146,7 +147,8 @@ def _extends(folder: OutputFolder, cs: CampaignSpec, *, copy: bytes) -> str | No
         old = load_spec(kept, recipe_folder=False)
     except InputError:
         return None
-    return extension_of(old, cs)
+    # What the campaign has: its spec's runs and the rounds of seeds it bought.
+    return extension_of(spec_with_rounds(old, folder.root), cs)
 
 
 def _same_recipes(cs: CampaignSpec, folder: OutputFolder) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 
 from prefect import allow_failure, get_run_logger
 
-from gpucampaign.close.looks import round_text, spec_with_rounds
+from gpucampaign.close.looks import round_text
 from gpucampaign.close.rounds import propose_round
 from gpucampaign.config import CampaignSpec
 from gpucampaign.core.stoprules import StopRule
@@ -21,6 +21,7 @@ from gpucampaign.folder.records import (
     read_rounds,
     run_states,
     runs_with_model,
+    spec_with_rounds,
 )
 from gpucampaign_prefect.orchestration.phases import busy, stop_of
 from gpucampaign_prefect.tasks.decide import ask_round
