@@ -69,6 +69,19 @@ FLOW_RUN_BODY = (
 )
 
 
+#: Added to a crashed campaign's message while the relaunch automation is on: the run it makes
+#: of the same deployment waits (as "Scheduled", then "Late") until a worker of the pool takes it.
+RELAUNCH_NOTE = (
+    "{% if flow_run.state.name == 'Crashed' and flow.name == 'campaign' "
+    "and flow_run.deployment_id %}"
+    "A relaunch of this campaign is waiting for a worker of its deployment's pool (relaunch "
+    "{{ (flow_run.parameters.get('relaunch') or 0) + 1 }}, the same parameters; it resumes from "
+    "the store, and refuses to start beyond the spec's checkpoint.max_relaunches). With no "
+    "worker alive it waits until one starts: `prefect worker start --pool POOL`.\n"
+    "{% endif %}"
+)
+
+
 def _fail(message: str) -> None:
     print(f"automations: error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -211,8 +224,9 @@ def relaunch_automation() -> Any:
     )
 
 
-def notify_automations(block_id: UUID) -> list[Any]:
-    """The notifying automations: flow runs of ours Failed or Crashed, and the campaign events."""
+def notify_automations(block_id: UUID, *, relaunching: bool = True) -> list[Any]:
+    """The notifying automations: flow runs of ours Failed or Crashed (a crashed campaign's
+    message says its relaunch waits, while ``relaunching``), and the campaign events."""
     from prefect.events.actions import SendNotification
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
@@ -233,7 +247,7 @@ def notify_automations(block_id: UUID) -> list[Any]:
                 SendNotification(
                     block_document_id=block_id,
                     subject="gpucampaign: {{ flow_run.name }} {{ flow_run.state.name }}",
-                    body=FLOW_RUN_BODY,
+                    body=FLOW_RUN_BODY + ("\n" + RELAUNCH_NOTE if relaunching else ""),
                 )
             ],
         )
@@ -338,7 +352,12 @@ def main(argv: list[str] | None = None) -> int:
         block_id = notification_block_id(client, url=args.notify_url, block=args.notify_block)
         done = put(client, crashed_automation(crashed_after))
         print(f"automations: {done} '{PREFIX}dead runs are Crashed' ({crashed_after} s)")
-        if os.environ.get("GPUCAMPAIGN_RELAUNCH", "on").strip().lower() in ("off", "0", "no"):
+        relaunching = os.environ.get("GPUCAMPAIGN_RELAUNCH", "on").strip().lower() not in (
+            "off",
+            "0",
+            "no",
+        )
+        if not relaunching:
             for automation in client.read_automations_by_name(RELAUNCH_NAME):
                 client.delete_automation(automation.id)
             print("automations: no relaunch of crashed campaigns (GPUCAMPAIGN_RELAUNCH=off)")
@@ -352,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                 + (f"; removed {gone} notifying automation(s) of an earlier setup" if gone else "")
             )
             return 0
-        for automation in notify_automations(block_id):
+        for automation in notify_automations(block_id, relaunching=relaunching):
             print(f"automations: {put(client, automation)} '{automation.name}'")
     target = args.notify_block or "the webhook in GPUCAMPAIGN_NOTIFY_URL"
     print(f"automations: notifications go to {target}")

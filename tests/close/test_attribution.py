@@ -108,6 +108,34 @@ def test_a_killed_and_resumed_run_puts_its_lost_time_under_recovery_on_its_machi
     assert abs(killed["lost_shares"][MACHINE_LOSS] - share) < 1e-9
 
 
+def test_the_relaunch_that_audits_again_before_it_resumes_is_recovery_too() -> None:
+    """Killed at 40 s (10 s lost since the checkpoint); the relaunch audits again from 50 to
+    52 s and resumes the run at 55 s after a 1 s restore: the whole wait (15 s, its audit
+    included), the lost 10 s and the restore are recovery, as the loss ledger counts them (on
+    main the wait around the audit was idle and the audit an audit: 11 s of recovery)."""
+    cut = _seg(0, 40, host="vm-a", outcome=CUT_OUTCOME, lost_steps=10, lost_seconds=10.0)
+    audit = _seg(50, 52, host="vm-a", phase="audit", step="audit", run=None)
+    resumed = _seg(55, 126, host="vm-a", steps=70)
+    rows = [
+        *_train_rows(1, 30),
+        {"kind": "restore", "step": 30, "restore_s": 1.0},
+        *_train_rows(31, 100),
+    ]
+    att = attribute_window(
+        lots=[LOT],
+        plan=PLAN,
+        timeline=[cut, audit, resumed],
+        metrics={"a": rows},
+        results={"a": {"timings": {"train_s": 70.0}}},
+    )
+    _sums_to_window(att)
+    (m,) = att["machines"]
+    assert abs(m["seconds"][RECOVERY] - 26.0) < 1e-6
+    assert m["seconds"]["audit"] == 0.0
+    assert abs(att["lost_by_cause"][MACHINE_LOSS] - 26.0) < 1e-6
+    assert abs(att["lost_shares"][MACHINE_LOSS] - 26.0 / att["elapsed_s"]) < 1e-9
+
+
 def test_a_run_a_stop_rule_ended_counts_nothing_toward_the_goodput() -> None:
     from gpucampaign.folder.records import StopRecord
 
@@ -119,6 +147,26 @@ def test_a_run_a_stop_rule_ended_counts_nothing_toward_the_goodput() -> None:
         stops=[StopRecord(stop_id="s1", rule="non_finite_loss", run_id="a-1", run="a")],
     )
     assert att["goodput"] == 0.0 and att["lost_by_cause"]["stop rule"] == 50.0
+
+
+def test_each_machine_is_charged_to_the_lot_its_segments_name() -> None:
+    """The second lot's machine started first: its rows name lot 2 (its worker's
+    GPUCAMPAIGN_LOT), so its time is on lot 2's bar and price, not on the first lot's."""
+    two = [LOT, LotWindow(number=2, hours=24.0, price_usd=Decimal("30.00"), label="lot 2")]
+    att = attribute_window(
+        lots=two,
+        plan=PLAN,
+        timeline=[
+            _seg(0, 40, host="vm-b", lot=2, worker="vm-b-lot-2", steps=40),
+            _seg(10, 30, host="vm-a", lot=1, worker="vm-a-lot-1", steps=20, run="b"),
+        ],
+        metrics={"a": _train_rows(1, 40), "b": _train_rows(1, 20)},
+    )
+    _sums_to_window(att)
+    first, second = att["machines"]
+    assert (first["lot"], first["hosts"]) == (1, ["vm-a"])
+    assert (second["lot"], second["hosts"]) == (2, ["vm-b"])
+    assert abs(second["seconds"][STEPS] - 40.0) < 1e-6 and second["price_usd"] == 30.0
 
 
 def test_an_unused_lot_is_idle_for_its_whole_window_and_priced() -> None:

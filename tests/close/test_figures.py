@@ -137,7 +137,11 @@ def test_the_calendar_draws_actual_seconds_on_their_own_scale():
     assert observed.get_xlim() == pytest.approx((0, 3 * 1.05))
     widths = [p.get_width() for p in observed.patches]
     assert widths == pytest.approx([0.46, 2.0])  # seconds: visible bars
-    assert [t.get_text() for t in observed.get_yticklabels()] == ["gpu0", "human0", "unplanned"]
+    assert [t.get_text() for t in observed.get_yticklabels()] == [
+        "lot 1 / gpu0",
+        "human0",
+        "unplanned",
+    ]
     # The planned panel's legend lists what it draws, never an "actual" it does not.
     assert "actual" not in [t.get_text() for t in planned.get_legend().get_texts()]
     assert len(draw_calendar(plan).axes) == 1  # no actual: the plan alone

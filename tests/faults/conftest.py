@@ -39,6 +39,8 @@ SUMMARY_KEYS = (
     "credential_forms_tried",
     "code_runs_refused",
     "code_ran",
+    "stale_hosts_refused",
+    "sealed_objects_rewritten",
 )
 
 
@@ -91,7 +93,9 @@ def summary_line() -> str:
         f"dead holders whose slot came back {c['dead_holders_freed']}, orphan servers left "
         f"{c['orphan_servers_left']}, S3 restarts survived {c['s3_restarts_survived']}, "
         f"credential forms tried {c['credential_forms_tried']}, code-execution attempts "
-        f"refused {c['code_runs_refused']} (code run {c['code_ran']})"
+        f"refused {c['code_runs_refused']} (code run {c['code_ran']}), stale hosts refused "
+        f"over a sealed campaign {c['stale_hosts_refused']} (sealed objects rewritten "
+        f"{c['sealed_objects_rewritten']})"
     )
 
 

@@ -1,7 +1,8 @@
 """Every lost minute on the ledger: `campaign run` SIGKILLed while the control trains, then run
 again; the report shows the loss (machine, when, steps lost since the last checkpoint, the time
 until training resumed), what it cost as a share of the window, and forecast vs actual says
-the interruption explains the step's deviation."""
+the interruption explains the step's deviation; the attribution gives that time to recovery on
+the machine that lost it, and the goodput counts none of it (issue 48)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,23 @@ def test_a_killed_run_is_on_the_ledger_with_its_machine_lost_steps_and_time_to_r
     (step,) = [s for s in report["forecast_vs_actual"]["steps"] if s["step"] == "train-control"]
     assert "1 interruption" in step["explanation"]
     assert "until training resumed" in step["explanation"]
+    # The attribution (issue 48), read from the real folder's report.json: the time the kill
+    # cost (the steps lost since the checkpoint, the time until training resumed, the restore)
+    # is recovery on the machine that lost it, charged to the machine loss; the goodput counts
+    # only the steps kept, so it falls by that share of the window elapsed.
+    att = report["attribution"]
+    (machine,) = att["machines"]
+    assert machine["hosts"] == [socket.gethostname()]
+    recovery = machine["seconds"]["recovery"]
+    ledger_s = 3600 * (losses["lost_hours"] + losses["down_hours"])
+    assert ledger_s - 0.01 <= recovery <= ledger_s + 5  # + the resumed call's restore
+    assert machine["lost_by_cause"] == {"machine loss": pytest.approx(recovery)}
+    assert att["lost_shares"] == {"machine loss": pytest.approx(recovery / att["elapsed_s"])}
+    assert sum(machine["seconds"].values()) == pytest.approx(machine["window_s"], rel=0.01)
+    kept = sum(r["step_s"] for r in rows if r["kind"] == "train")  # the lost rows were dropped
+    assert att["counted_s"] == pytest.approx(kept, rel=0.01)
+    assert att["counted_s"] + recovery <= att["elapsed_s"]
+    assert att["goodput"] == pytest.approx(att["counted_s"] / att["elapsed_s"])
+    table = md.split("## Where the lots' time went")[1].split("\n## ")[0]
+    (line,) = [x for x in table.splitlines() if x.startswith("| recovery |")]
+    assert "| 0 s |" not in line and "lost work: machine loss" in table

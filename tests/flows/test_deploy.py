@@ -40,6 +40,9 @@ def test_deploy_registers_both_deployments_for_the_project_folder(
     assert main.entrypoint == "gpucampaign_prefect.flows.campaign:campaign"
     assert scheduled.entrypoint == "gpucampaign_prefect.flows.restart_check:restart_verification"
     assert main.parameters == {"spec": "mine/campaign.yaml", "out": "out/digits"}
+    # Every run of it, a relaunch waiting for a worker too, is tagged like its campaign.
+    assert main.tags == ["gpucampaign", "campaign:digits"]
+    assert scheduled.tags == ["gpucampaign"]
     assert scheduled.parameters == {"out": "out/digits"}
     for dep in (main, scheduled):
         assert dep.work_pool_name == "gpucampaign" and "gpucampaign" in dep.tags
@@ -53,6 +56,54 @@ def test_deploy_registers_both_deployments_for_the_project_folder(
     assert main.schedules == []
     assert pool.type == "process"
     assert "working_dir" in pool.base_job_template["variables"]["properties"]
+
+
+def test_a_second_project_gets_deployments_of_its_own_and_never_replaces_the_first(
+    prefect_harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    for project in (one, two):
+        init_campaign(project / "mine")
+    monkeypatch.chdir(one)  # the session's server may hold another test's: moved here
+    code, said = _campaign("deploy", "mine/campaign.yaml", "--out", "out/one", "--replace")
+    assert code == 0, said
+
+    def folders() -> dict[str, str]:
+        with get_client(sync_client=True) as client:
+            found = {}
+            for name in ("campaign/main", "restart-verification/scheduled"):
+                found[name] = client.read_deployment_by_name(name).job_variables["working_dir"]
+            return found
+
+    first = folders()
+    assert set(first.values()) == {str(one.resolve())}
+    # From the second project, the same names: refused, nothing registered, one paragraph.
+    monkeypatch.chdir(two)
+    code, said = _campaign("deploy", "mine/campaign.yaml", "--out", "out/two")
+    assert code == 2 and "Traceback" not in said, said
+    assert f"campaign/main (from '{one.resolve()}')" in said and "--name NAME" in said
+    assert "Nothing was registered" in said and "--replace" in said
+    assert folders() == first
+    code, said = _campaign("deploy", "mine/campaign.yaml", "--name", "no/slash")
+    assert code == 2 and "option '--name'" in said, said
+    # Its own names, beside the first project's.
+    code, said = _campaign("deploy", "mine/campaign.yaml", "--out", "out/two", "--name", "two")
+    assert code == 0, said
+    assert "deployed campaign/two" in said and "deployed restart-verification/two" in said
+    assert "prefect deployment run campaign/two" in said
+    with get_client(sync_client=True) as client:
+        mine = client.read_deployment_by_name("campaign/two")
+        check = client.read_deployment_by_name("restart-verification/two")
+    assert mine.job_variables["working_dir"] == str(two.resolve())
+    assert mine.parameters == {"spec": "mine/campaign.yaml", "out": "out/two"}
+    assert check.parameters == {"out": "out/two"}
+    assert folders() == first
+    # Again from its own folder: replaced in place; --replace moves the first project's.
+    code, said = _campaign("deploy", "mine/campaign.yaml", "--out", "out/2", "--name", "two")
+    assert code == 0, said
+    code, said = _campaign("deploy", "mine/campaign.yaml", "--replace")
+    assert code == 0, said
+    assert set(folders().values()) == {str(two.resolve())}
 
 
 def test_deploy_without_a_server_says_how_to_point_at_one(
@@ -93,7 +144,9 @@ def test_a_deployed_campaign_runs_in_the_project_folder(
     spec.write_text(yaml.safe_dump(data, sort_keys=False))
     pool = f"pool-{uuid.uuid4().hex[:8]}"
     monkeypatch.chdir(project)
-    code, said = _campaign("deploy", "mine/campaign.yaml", "--out", "out/mine", "--pool", pool)
+    code, said = _campaign(
+        "deploy", "mine/campaign.yaml", "--out", "out/mine", "--pool", pool, "--replace"
+    )
     assert code == 0, said
     flow_run = run_deployment("campaign/main", timeout=0)
     env = {**os.environ, "PREFECT_API_URL": str(get_current_settings().api.url)}

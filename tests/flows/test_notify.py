@@ -97,6 +97,43 @@ def test_every_event_the_flows_emit_has_a_notifying_automation():
     assert len({a.name for a in made}) == len(made)
 
 
+def test_a_crashed_campaigns_message_says_its_relaunch_waits():
+    """Issue 45: with no worker alive the relaunch waits as "Late"; the Crashed notification
+    says a relaunch is waiting (and which one), for a campaign of a deployment only."""
+    import asyncio
+    from uuid import uuid4
+
+    from prefect.server.utilities.user_templates import render_user_template, validate_user_template
+
+    def crashed_body(relaunching: bool) -> str:
+        (failed, *_) = automations.notify_automations(uuid4(), relaunching=relaunching)
+        (action,) = failed.actions
+        return action.body
+
+    assert automations.RELAUNCH_NOTE in crashed_body(True)
+    assert automations.RELAUNCH_NOTE not in crashed_body(False)
+    validate_user_template(crashed_body(True))
+
+    def said(state: str, flow: str, deployment: str | None, relaunch: int | None) -> str:
+        params = {} if relaunch is None else {"relaunch": relaunch}
+        context = {
+            "flow": {"name": flow},
+            "flow_run": {
+                "state": {"name": state},
+                "deployment_id": deployment,
+                "parameters": params,
+            },
+        }
+        return asyncio.run(render_user_template(automations.RELAUNCH_NOTE, context))
+
+    first = said("Crashed", "campaign", "d-1", None)
+    assert first.startswith("A relaunch of this campaign is waiting") and "(relaunch 1," in first
+    assert "(relaunch 3," in said("Crashed", "campaign", "d-1", 2)
+    assert said("Failed", "campaign", "d-1", None) == ""
+    assert said("Crashed", "restart-verification", "d-1", None) == ""
+    assert said("Crashed", "campaign", None, None) == ""  # `campaign run`: no deployment
+
+
 def test_the_dead_run_automation_is_prefects_zombie_pattern():
     made = automations.crashed_automation(120)
     trigger = made.trigger

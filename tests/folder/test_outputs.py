@@ -31,6 +31,26 @@ def test_plan_is_written_once_and_never_rewritten(tmp_path: Path):
     assert (tmp_path / "plan.json").read_bytes() == before
 
 
+def test_a_plan_written_before_an_upgrade_stays_when_the_new_one_only_adds_keys(tmp_path: Path):
+    """A campaign started by an earlier version resumes: the plan it wrote lacks the keys added
+    since (the lots' machines, each step's machine), and is kept as written."""
+    f = OutputFolder(tmp_path)
+    digest = f.write_plan_once({"name": "p", "steps": [{"name": "a", "hours": 1.0}]})
+    before = (tmp_path / "plan.json").read_bytes()
+    newer = {
+        "name": "p",
+        "steps": [{"name": "a", "hours": 1.0, "machine": "lot 1 / gpu0"}],
+        "machines": [{"lot": 1}],
+    }
+    assert f.write_plan_once(newer) == digest
+    assert (tmp_path / "plan.json").read_bytes() == before
+    # A key that changed is another plan, added keys or not.
+    newer["steps"][0]["hours"] = 2.0
+    with pytest.raises(PlanRewriteError, match="never rewritten"):
+        f.write_plan_once(newer)
+    assert (tmp_path / "plan.json").read_bytes() == before
+
+
 def test_json_lines_and_atomic_json(tmp_path: Path):
     f = OutputFolder(tmp_path)
     f.append_jsonl("stops.jsonl", {"stop_id": "stop-1", "reason": "nan"})

@@ -158,3 +158,46 @@ def test_read_wait_alone_is_bounded_and_passes_values_through() -> None:
     wait = ReadWait("s3://b", bound_s=10, transient=lambda e: True, sleep=clock.sleep)
     wait._clock = lambda: clock.now  # noqa: SLF001
     assert wait.run("x", lambda: 7) == 7 and clock.slept == []
+
+
+def test_a_campaigns_start_waits_out_a_store_that_does_not_answer(caplog, monkeypatch) -> None:
+    """S3 frozen while a run starts (issue 45): the start's probe of the store waits for it,
+    said once, up to ``read_wait_s``, then ends in one paragraph that says nothing is lost;
+    ``campaign plan``'s probe (no wait) fails at once."""
+    from gpucampaign.core.clock import DrivenClock, use_clock
+    from gpucampaign.core.errors import SpecError
+    from gpucampaign.storage import NoAnswer
+    from gpucampaign.storage import open as opening
+
+    class FrozenStore(S3Store):
+        """A store whose probe times out (a frozen server) until ``answers_at`` seconds."""
+
+        answers_at = 30.0
+        tries = 0
+
+        def check(self) -> None:
+            FrozenStore.tries += 1
+            if driven.monotonic() < self.answers_at:
+                raise NoAnswer("cannot write s3://bucket/camp/probe: ReadTimeoutError: timeout")
+
+    driven = DrivenClock(datetime(2026, 3, 1, tzinfo=UTC))
+    store = FrozenStore("s3://bucket/camp", client=OutageS3(Clock(), down_until=0))
+    monkeypatch.setattr(opening, "open_store", lambda *a, **k: store)
+    with use_clock(driven), caplog.at_level(logging.WARNING, logger=OUTAGE_LOGGER):
+        check_storage("s3://bucket/camp", wait_s=900)
+        assert 30 <= driven.monotonic() < 60 and FrozenStore.tries == 6  # backoff 1 2 4 8 16
+        said = [r.getMessage() for r in caplog.records if r.name == OUTAGE_LOGGER]
+        assert len(said) == 2 and "up to 15 min" in said[0], said  # down once, back once
+
+        FrozenStore.answers_at = float("inf")
+        start = driven.monotonic()
+        with pytest.raises(SpecError) as ended:
+            check_storage("s3://bucket/camp", wait_s=900)
+        assert driven.monotonic() - start == pytest.approx(900)
+        text = str(ended.value)
+        assert text.startswith("field 'storage.url': store s3://bucket/camp did not answer for")
+        assert "Nothing is lost" in text and "run the same campaign again" in text
+        slept = len(driven.slept)
+        with pytest.raises(SpecError, match="is not usable"):
+            check_storage("s3://bucket/camp")  # plan: at once
+        assert len(driven.slept) == slept

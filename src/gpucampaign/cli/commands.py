@@ -150,18 +150,22 @@ def _print_plan(result: Any, *, figure: Path | None) -> None:
     from rich.table import Table
 
     from gpucampaign.plan.evidence import evidence_lines
+    from gpucampaign.plan.machines import one_process_line
     from gpucampaign.plan.tariffs import format_usd
 
     d = result.to_dict()
     table = Table(title=f"calendar of {esc(d['name'])}", title_justify="left")
     columns = ("step", "kind", "tier", "lane", "start h", "end h", "hours")
     for k, col in enumerate(columns):
-        table.add_column(col, justify="left" if k < 4 else "right")
+        table.add_column(col, justify="left" if k < 4 else "right", no_wrap=col == "lane")
     for s in sorted(d["steps"], key=lambda s: (s["start_hours"], s["lane"])):
         kind = "human" if s["kind"] == "human" else f"machine/{s['resource']}"
         hours = (f"{s['start_hours']:g}", f"{s['end_hours']:g}", f"{s['hours']:g}")
-        table.add_row(esc(s["name"]), esc(kind), s["tier"], esc(s["lane"]), *hours)
+        lane = s["machine"] or s["lane"]  # a GPU lane as its machine says it: lot 2 / gpu0
+        table.add_row(esc(s["name"]), esc(kind), s["tier"], esc(lane), *hours)
     console.print(table)
+    if (where := one_process_line(result.machines, distributed=False)) is not None:
+        say(esc(where))
     lots = esc(
         ", ".join(
             f"{p['count']} x {p['days']}-day {p['gpu']} ({p['gpus']} GPU/lot)"
@@ -478,7 +482,10 @@ def _before_the_start(spec: Path, opened: OpenCampaign, *, decision: str | None)
     """What the user learns before the campaign starts: one line when its calendar does not fit
     its window (the overrun and ``campaign plan``'s options; the decision point after the
     pilot then reduces it or re-poses the question, as the spec's ``decision_point`` says), one
-    when the folder holds a closed campaign (a rerun repeats nothing)."""
+    when the folder holds a closed campaign (a rerun repeats nothing), one when its lots are
+    several machines (their lanes run here, in this process)."""
+    from gpucampaign.plan.machines import one_process_line
+
     lines, target = [], opened.folder.root
     if (target / MANIFEST).is_file():
         lines.append(
@@ -498,6 +505,9 @@ def _before_the_start(spec: Path, opened: OpenCampaign, *, decision: str | None)
             f"decision point after the pilot (mode {mode}) reduces the runs to fit or re-poses "
             "the question."
         )
+    # `campaign run` runs every lane in its one process, whatever the lots: say so.
+    if (where := one_process_line(opened.plan.machines, distributed=False)) is not None:
+        lines.append(esc(where))
     return lines
 
 
@@ -619,6 +629,7 @@ def _print_run_summary(
 import gpucampaign.cli.deploy  # noqa: E402, F401
 import gpucampaign.cli.output  # noqa: E402, F401
 import gpucampaign.cli.predict  # noqa: E402, F401
+import gpucampaign.cli.worker  # noqa: E402, F401
 
 
 def main() -> None:

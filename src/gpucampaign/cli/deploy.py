@@ -25,14 +25,25 @@ def deploy_cmd(
     pool: str | None = typer.Option(
         None, "--pool", help="Work pool (default: gpucampaign; made as a process pool if missing)."
     ),
+    name: str | None = typer.Option(
+        None,
+        "--name",
+        help="Deployment name for a project beside another: campaign/NAME and "
+        "restart-verification/NAME (default: campaign/main, restart-verification/scheduled).",
+    ),
+    replace: bool = typer.Option(
+        False, "--replace", help="Replace deployments of that name registered from another folder."
+    ),
 ) -> None:
     """Register the deployments for this folder on the Prefect server at PREFECT_API_URL.
 
-    campaign/main and restart-verification/scheduled (exit 2: PREFECT_API_URL unset or not
-    answering, or SPEC invalid). Their flow runs start in this folder, so SPEC and --out are
-    relative to it, as for `campaign run`; a worker of the work pool runs them
-    (`prefect worker start --pool gpucampaign`, started where this tool is installed).
-    Registering again replaces them.
+    campaign/main and restart-verification/scheduled, or campaign/NAME and
+    restart-verification/NAME with --name (exit 2: PREFECT_API_URL unset or not answering,
+    SPEC invalid, or the names registered from another project folder, which is replaced only
+    with --replace). Their flow runs start in this folder, so SPEC and --out are relative to
+    it, as for `campaign run`; a worker of the work pool runs them (`prefect worker start
+    --pool gpucampaign`, started where this tool is installed). Registering again from this
+    folder replaces them.
     """
     from gpucampaign.cli.runner import load_flow
     from gpucampaign.config import load_spec
@@ -41,7 +52,15 @@ def deploy_cmd(
     target = out or Path("out") / cs.name
     project = Path.cwd().resolve()
     deploy = load_flow("deploy_project")
-    url, deployed = deploy(project=project, spec=os.fspath(spec), out=os.fspath(target), pool=pool)
+    url, deployed = deploy(
+        project=project,
+        spec=os.fspath(spec),
+        out=os.fspath(target),
+        pool=pool,
+        name=name,
+        replace=replace,
+        campaign=cs.name,
+    )
     for d in deployed:
         params = ", ".join(f"{k}={v}" for k, v in d.parameters.items())
         crons = f"; cron {', '.join(d.crons)} (UTC)" if d.crons else ""
@@ -49,5 +68,6 @@ def deploy_cmd(
     say(f"on {esc(url)}, flow runs in {esc(project)}")
     say(
         f"next: prefect worker start --pool {esc(pool or 'gpucampaign')}  (from this "
-        "environment), then: prefect deployment run campaign/main --watch"
+        "environment; on rented lots: campaign worker --lot K on lot K's machine), then: "
+        f"prefect deployment run campaign/{esc(name or 'main')} --watch"
     )

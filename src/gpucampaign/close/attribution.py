@@ -241,6 +241,23 @@ def _resumed_after(rows: Sequence[TimelineRow]) -> dict[int, str]:
     return out
 
 
+def _recovering(rows: Sequence[TimelineRow]) -> list[tuple[datetime, datetime, str]]:
+    """The stretches from a training segment's loss to its run's resumed training, with what
+    the loss is charged to: the time to resume, whatever the relaunch did meanwhile (its
+    audit, its start-up). A run never resumed has none (nothing after its loss waited on it)."""
+    out = []
+    cut: dict[str, tuple[datetime, str]] = {}
+    for r in sorted(rows, key=lambda x: x.interval[0]):  # type: ignore[index]
+        if r.phase not in TRAINING_PHASES or r.run is None:
+            continue
+        if r.run in cut:
+            end, why = cut.pop(r.run)
+            out.append((end, r.interval[0], why))  # type: ignore[index]
+        if (lost := loss_cause(r)) is not None:
+            cut[r.run] = (r.interval[1], lost)  # type: ignore[index]
+    return out
+
+
 def _gap_cause(rows: Sequence[TimelineRow], prev: int | None, nxt: int | None) -> str:
     """Who an uncovered stretch belongs to: the time to resume after a loss, the wait between
     the pilot and the decision, or nobody (idle)."""
@@ -263,9 +280,14 @@ def _give_row(
     *,
     discarded: set[str],
     resumed: str | None,
+    recovering: str | None = None,
 ) -> None:
-    """Split the seconds a segment owns among its causes."""
+    """Split the seconds a segment owns among its causes (``recovering``: the loss a phase
+    other than training ran while waiting on, say a relaunch's audit)."""
     r = rows[i]
+    if recovering is not None and r.phase not in TRAINING_PHASES:
+        m.add(RECOVERY, own, lost_to=recovering)
+        return
     cause = loss_cause(r)
     lost = min(own, float(r.lost_seconds or 0.0)) if cause is not None else 0.0
     if lost:
@@ -315,6 +337,7 @@ def _machine(
     window_s = 3600.0 * lot.hours
     m = _Machine()
     timed = [r for r in rows if r.interval is not None]
+    waits = _recovering(timed)
     w0 = _window_start(lot, timed, plan) if timed or lot.starts_at else None
     if w0 is None:  # a lot whose machine never ran: committed, unused
         m.add(IDLE, window_s)
@@ -328,11 +351,17 @@ def _machine(
                 human_left -= h
                 m.add(HUMAN, h)
                 a += h
+            for start, end, why in waits:  # waiting on a resume, on either side of a relaunch
+                over = min(b, (end - w0).total_seconds()) - max(a, (start - w0).total_seconds())
+                if over > 0:
+                    m.add(RECOVERY, over, lost_to=why)
+                    b -= over  # the gap's rest (none when the wait spans it) goes on below
             cause = _gap_cause(timed, prev, nxt)
             lost_to = loss_cause(timed[prev]) if cause == RECOVERY and prev is not None else None
-            m.add(cause, b - a, lost_to=lost_to)
+            m.add(cause, max(0.0, b - a), lost_to=lost_to)
         for i, own in owned.items():
             row = timed[i]
+            waiting = [w for s, e, w in waits if s <= row.interval[0] and row.interval[1] <= e]  # type: ignore[index]
             _give_row(
                 m,
                 timed,
@@ -341,6 +370,7 @@ def _machine(
                 parts.get(id(row)),
                 discarded=discarded,
                 resumed=resumed.get(id(row)),
+                recovering=waiting[0] if waiting else None,
             )
         last = max(((r.interval[1] - w0).total_seconds() for r in timed), default=0.0)  # type: ignore[index]
         upto = last if now is None else (now - w0).total_seconds()
@@ -367,17 +397,23 @@ def _machine(
 
 
 def _hosts_to_lots(lots: Sequence[LotWindow], rows: Sequence[TimelineRow]) -> dict[str, int]:
-    """The lot each machine belongs to: a dated lot open at the machine's first segment; else
-    the machines in the order they first worked, one lot each (later ones share the last)."""
+    """The lot each machine belongs to: the lot its segments name (``lot``, written by a
+    worker of that lot); else a dated lot open at the machine's first segment; else the
+    machines in the order they first worked, one lot each (later ones share the last)."""
     first: dict[str, datetime] = {}
+    named: dict[str, int] = {}
+    numbers = {lot.number for lot in lots}
     for r in rows:
         if r.kind == "machine" and r.interval is not None:
             h = r.host or "this machine"
             first[h] = min(first.get(h, r.interval[0]), r.interval[0])
-    out: dict[str, int] = {}
+            if r.lot is not None and r.lot in numbers:
+                named.setdefault(h, r.lot)
+    out: dict[str, int] = dict(named)
     if not lots:
         return out
-    order = sorted(first, key=lambda h: first[h])
+    order = sorted((h for h in first if h not in named), key=lambda h: first[h])
+    free = [lot for lot in lots if lot.number not in named.values()] or list(lots)
     for n, h in enumerate(order):
         dated = [
             lot.number
@@ -385,7 +421,7 @@ def _hosts_to_lots(lots: Sequence[LotWindow], rows: Sequence[TimelineRow]) -> di
             if lot.starts_at is not None
             and lot.starts_at <= first[h] < lot.starts_at + timedelta(hours=lot.hours)
         ]
-        out[h] = dated[0] if dated else lots[min(n, len(lots) - 1)].number
+        out[h] = dated[0] if dated else free[min(n, len(free) - 1)].number
     return out
 
 

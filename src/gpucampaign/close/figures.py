@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpucampaign.core.text import say_exact, say_number
 from gpucampaign.plan.calendar import Plan
+from gpucampaign.plan.machines import lane_machine
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -81,7 +82,9 @@ def draw_calendar(plan: Plan, *, actual: Iterable[Mapping[str, Any]] | None = No
     _draw_window(ax, plan, x_end=x_end, zoomed=zoomed)
     ax.set_xlim(0, x_end * 1.05)
     ax.set_ylim(len(lanes) - 0.4, -0.6)
-    ax.set_yticks(range(len(lanes)), lanes)
+    # A GPU lane is named by its machine and GPU there (lot 2 / gpu0), the others as placed.
+    labels = [lane_machine(plan.machines, lane) or lane for lane in lanes]
+    ax.set_yticks(range(len(lanes)), labels)
     ax.set_xlabel("hours from the start of preparation")
     verdict = "fits" if plan.fits else f"{plan.overrun_hours:g} h over"
     ax.set_title(
@@ -92,7 +95,9 @@ def draw_calendar(plan: Plan, *, actual: Iterable[Mapping[str, Any]] | None = No
     ax.grid(axis="x", alpha=0.3)
     _calendar_legend(ax, n_lanes=len(lanes))
     if actual:
-        _draw_actual(fig.add_subplot(2, 1, 2), actual, lanes=lanes, planned_lane=planned_lane)
+        _draw_actual(
+            fig.add_subplot(2, 1, 2), actual, lanes=lanes, labels=labels, planned_lane=planned_lane
+        )
     fig.subplots_adjust(hspace=0.9)
     return fig
 
@@ -136,7 +141,12 @@ _UNITS = (("s", 3600.0), ("min", 60.0), ("h", 1.0))
 
 
 def _draw_actual(
-    ax: Any, actual: list[Mapping[str, Any]], *, lanes: list[str], planned_lane: Mapping[str, str]
+    ax: Any,
+    actual: list[Mapping[str, Any]],
+    *,
+    lanes: list[str],
+    labels: list[str],
+    planned_lane: Mapping[str, str],
 ) -> None:
     """Observed intervals on their own scale (seconds, minutes or hours from the first one),
     one row per lane of their planned step, or an "unplanned" row."""
@@ -165,7 +175,7 @@ def _draw_actual(
         ax.text(start * scale, y + dy, a["name"], fontsize=7, va="center")
     ax.set_xlim(0, max(span * scale, 1e-9) * 1.05)
     ax.set_ylim(len(rows) - 0.4, -0.7)
-    ax.set_yticks(range(len(rows)), rows)
+    ax.set_yticks(range(len(rows)), labels + rows[len(lanes) :])
     ax.set_xlabel(f"{unit} from the first observed interval")
     ax.set_title(
         f"actual: {len(actual)} observed interval(s) over {span * scale:.3g} {unit} "

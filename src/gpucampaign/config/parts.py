@@ -23,6 +23,8 @@ from gpucampaign.core.storageurl import LOCAL, check_url
 Tier = Literal["essential", "useful", "exploratory"]
 
 TIERS: tuple[str, ...] = ("essential", "useful", "exploratory")
+#: The splits every run is evaluated on at its end (the engine's; the re-forecast counts them).
+EVAL_SPLITS: tuple[str, ...] = ("val", "test")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # A Prefect limit name may also hold ':' (``gpu:<host>``, one limit per GPU host).
 LIMIT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"

@@ -85,6 +85,7 @@ import torch
 from gpucampaign.checkpoint.manager import LoadedCheckpoint
 from gpucampaign.checkpoint.trainstate import MODEL
 from gpucampaign.config import CampaignSpec, ResolvedRun
+from gpucampaign.config.parts import EVAL_SPLITS
 from gpucampaign.core.files import atomic_write_bytes, json_bytes, sync_files
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import NonFiniteLoss, NoUsableRestart, StopRule
@@ -97,7 +98,7 @@ from gpucampaign.engine.inference_restart import (
     restart_inference,
 )
 from gpucampaign.engine.launch import launch
-from gpucampaign.engine.outcome import EVAL_SPLITS, evaluate, run_result
+from gpucampaign.engine.outcome import evaluate, run_result
 from gpucampaign.engine.parts import close_loader
 from gpucampaign.engine.process_group import Ranks
 from gpucampaign.engine.registry import build_hooks
@@ -547,6 +548,7 @@ def _train(r: LiveRun, hooks: Hooks, *, cut: Interruption | None) -> RunResult:
             _end(r, hooks, restart_inference(r, cut))
         mark = TrainingMark.open(r.run_folder, from_step=s.global_step, target=r.target)
         _ask(r, hooks, hooks.on_start())
+        r.loop_start_s = time.perf_counter() - t_loop
         while s.global_step < r.target:
             _run_epoch(r, hooks)
         t_trained = time.perf_counter()

@@ -5,15 +5,16 @@ Shared by the training loop and the inference restart (``resume: inference``).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 
 from gpucampaign.engine.setup import LiveRun
 from gpucampaign.folder.runresult import RunResult
+from gpucampaign.plan.lots import this_machine
 from gpucampaign.recipe.runtime import evaluate_split
-
-EVAL_SPLITS: tuple[str, ...] = ("val", "test")
 
 
 def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
@@ -97,11 +98,14 @@ def run_result(
         "upload_s": [s.upload_s for s in saves],
         "restore_s": r.restore_s,
         "train_s": train_s,  # the loop's steps, without the wait for the last save
+        "loop_start_s": r.loop_start_s,  # of train_s: before the call's first step
         "final_save_s": r.final_save_s,
         "total_s": time.perf_counter() - r.t_call,
     }
     if measured is not None and not r.step_times and not saves:
         timings.update(_costs_of_checkpoint(measured))
+    # Who wrote it; the wall clock, not the campaign's (see folder.segments: no deadline).
+    machine = this_machine(r.spec, now=datetime.now(UTC), env=os.environ)
     return RunResult(
         run_id=r.run_id,
         run=r.run,
@@ -120,4 +124,7 @@ def run_result(
         device=r.device.type,
         threads=r.config.threads,
         precision=r.config.precision,
+        lot=machine.lot,
+        host=machine.host,
+        worker=machine.worker,
     )

@@ -41,11 +41,14 @@ class TrainingNotes:
         n_train: Examples in the run's train split (``params.json``'s, else counted).
         unsent: The metric values MLflow did not take, in one line; None when none.
         spooled: Checkpoint files still waiting in the folder's spool for the S3 store.
+        segment_s: The call's segment on the timeline, in seconds, once it ended (the pilot
+            measures what the segment holds beyond ``train_run``).
     """
 
     n_train: int
     unsent: str | None
     spooled: list[str]
+    segment_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,9 @@ class LiveRun:
     restore_s: float = 0.0
     # The wait for the call's last save to be durable, after its last step (not training).
     final_save_s: float = 0.0
+    # The loop's start in this call, before its first step (its mark, the hooks' on_start):
+    # a cost of each call, which the re-forecast must not spread over the pilot's few steps.
+    loop_start_s: float = 0.0
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
     # Measurements, the metrics log and the saves.

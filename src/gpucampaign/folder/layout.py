@@ -366,7 +366,9 @@ class OutputFolder:
     def write_plan_once(self, plan: Mapping[str, Any]) -> str:
         """Write ``plan.json`` and ``plan.sha256`` at the start; never rewrite them.
 
-        Writing the same plan again (a resumed campaign) is a no-op.
+        Writing the same plan again (a resumed campaign) is a no-op; so is writing the plan an
+        earlier version of the tool wrote with keys added since (a campaign resumed after an
+        upgrade): the file as written stays.
 
         Returns:
             The plan's sha256 (of the file's bytes).
@@ -379,6 +381,8 @@ class OutputFolder:
         target = self.path(PLAN)
         if target.exists():
             old = sha256_file(target)
+            if old != digest and _plan_of_earlier_version(target, plan):
+                digest = old  # the plan as that version wrote it stays: never rewritten
             if old != digest:
                 raise PlanRewriteError(
                     f"'{target}' already holds another plan (sha256 {old[:12]}...); the initial "
@@ -434,3 +438,25 @@ LAUNCH_OUTCOME_FILE = "outcome.json"
 #: Written by the launching process when a stop is requested there: rank 0 reads it at each
 #: step (the agent forwards signals only from the main thread; a Prefect task runs in another).
 LAUNCH_STOP_FILE = "stop"
+
+
+def _plan_of_earlier_version(target: Path, plan: Mapping[str, Any]) -> bool:
+    """Whether ``target`` (a ``plan.json``) holds ``plan`` as an earlier version of the tool
+    wrote it: the same, without the keys added since (at the top and in each step, such as
+    the machines of the lots). A campaign started before an upgrade then resumes after it."""
+    try:
+        old = json.loads(target.read_bytes())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(old, dict) or not set(old) <= set(plan):
+        return False
+    kept: dict[str, Any] = {k: v for k, v in plan.items() if k in old}
+    steps, old_steps = kept.get("steps"), old.get("steps")
+    if isinstance(steps, list) and isinstance(old_steps, list) and len(steps) == len(old_steps):
+        kept["steps"] = [
+            {k: v for k, v in step.items() if k in was}
+            if isinstance(step, Mapping) and isinstance(was, dict)
+            else step
+            for step, was in zip(steps, old_steps, strict=True)
+        ]
+    return bool(json.loads(json_bytes(kept)) == old)

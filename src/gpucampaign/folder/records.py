@@ -322,7 +322,7 @@ class TimelineRow:
     folds them into one row per segment; a segment without its end line stays open
     (``end`` None) until the next start closes it as interrupted, with the steps trained
     since its last checkpoint (``lost_steps``) and their time (``lost_seconds``). ``host`` is
-    the machine it ran on.
+    the machine it ran on, ``lot`` that machine's lot, ``worker`` the worker that ran it.
     """
 
     phase: str
@@ -342,6 +342,8 @@ class TimelineRow:
     lost_steps: int | None = _when_known()
     lost_seconds: float | None = _when_known()
     host: str | None = _when_known()  # the machine the segment ran on
+    lot: int | None = _when_known()  # its lot's number among the spec's lots, when known
+    worker: str | None = _when_known()  # the Prefect worker whose flow run wrote it
 
     @property
     def interrupted(self) -> bool:

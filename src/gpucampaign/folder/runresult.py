@@ -38,6 +38,10 @@ class RunResult:
     precision: str = "fp32"
     interrupted: dict[str, Any] | None = None
     reused: bool = False
+    # The machine that wrote it: its lot's number, its host name, its Prefect worker.
+    lot: int | None = None
+    host: str | None = None
+    worker: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``from_dict`` reads it back)."""

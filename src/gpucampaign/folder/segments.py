@@ -14,7 +14,7 @@ never derived again per line), a heartbeat through the segment's ``SegmentWriter
 from __future__ import annotations
 
 import contextlib
-import socket
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -29,6 +29,7 @@ from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.core.stoprules import InterruptedRun
 from gpucampaign.folder.layout import METRICS_FILE, TIMELINE, OutputFolder, run_relpath
 from gpucampaign.folder.records import LOT_ENDED_OUTCOME, TimelineRow, fold_segments, row_lot_ended
+from gpucampaign.plan.lots import this_machine
 
 CUT_OUTCOME = (
     "interrupted: the process ended without recording its end (killed, out of "
@@ -130,6 +131,9 @@ def phase_segment(
         The segment's live row (a heartbeat updates it; its end line is written from it).
     """
     timeline = _timeline(folder)
+    # Who writes the segment; the wall clock, not the campaign's: a test that drives the clock
+    # counts its reads, and this is no deadline.
+    machine = this_machine(spec, now=datetime.now(UTC), env=os.environ)
     close_cut_segments(
         timeline,
         run_dir=lambda cut: _trained_in(timeline.folder, spec, cut),
@@ -143,7 +147,9 @@ def phase_segment(
             kind=kind,
             start=utc_now(),
             note=note,
-            host=socket.gethostname(),
+            host=machine.host,
+            lot=machine.lot,
+            worker=machine.worker,
         )
     )
     append_jsonl(timeline.path, row.to_dict())

@@ -32,6 +32,7 @@ from typing import Any
 from gpucampaign.config import CampaignSpec
 from gpucampaign.core.gcpause import without_gc_pauses
 from gpucampaign.plan.evidence import evidence_lines, seed_evidence
+from gpucampaign.plan.machines import Machine, lane_machine, lot_machines
 from gpucampaign.plan.options import Option, options_for
 from gpucampaign.plan.planner import Context, reduce_drops
 from gpucampaign.plan.rental import RETRIEVAL_WORDS, Rental, deadline_warnings, rental_of
@@ -124,6 +125,11 @@ class Plan:
     hours_override: tuple[tuple[str, float], ...] = field(default=())
     rental: Rental | None = None
     evidence: dict[str, Any] | None = None  # plan.evidence.seed_evidence: what the rule needs
+    machines: tuple[Machine, ...] = ()  # one per lot, each with its GPU lanes
+
+    def machine(self, step: ScheduledStep) -> str:
+        """The machine and GPU a step runs on, ``lot 2 / gpu0`` (``""`` off the GPUs)."""
+        return lane_machine(self.machines, step.lane)
 
     @property
     def fits(self) -> bool:
@@ -162,7 +168,8 @@ class Plan:
             "total_price_usd": usd(self.total_price_usd),
             "gpu_lanes": self.gpu_lanes,
             "human_lanes": self.human_lanes,
-            "steps": [s.to_dict() for s in self.steps],
+            "steps": [{**s.to_dict(), "machine": self.machine(s)} for s in self.steps],
+            "machines": [m.to_dict() for m in self.machines],
             "packages": [p.to_dict() for p in self.packages],
             "options": [o.to_dict() for o in self.options],
             "warnings": list(self.warnings),
@@ -239,6 +246,7 @@ def plan(
         hours_override=tuple(sorted(ctx.overrides.items())),
         rental=rental,
         evidence=seed_evidence(spec, steps=sched.steps, spare_gpu_hours=spare),
+        machines=lot_machines(spec, ctx.packages),
     )
 
 
@@ -392,13 +400,14 @@ def render_markdown(plan: Plan) -> str:
     """The plan as Markdown (for a Prefect artifact or a report)."""
     lines = [f"## Calendar of `{plan.name}`", "", _markdown_summary(plan), ""]
     lines += [
-        "| step | kind | tier | lane | start h | end h | hours |",
-        "|---|---|---|---|---:|---:|---:|",
+        "| step | kind | tier | lane | machine | start h | end h | hours |",
+        "|---|---|---|---|---|---:|---:|---:|",
     ]
     for s in sorted(plan.steps, key=lambda s: (s.start_hours, s.lane)):
         kind = s.kind if s.kind == "human" else f"machine/{s.resource}"
         lines.append(
-            f"| {s.name} | {kind} | {s.tier} | {s.lane} | {say_hours(s.start_hours)} | "
+            f"| {s.name} | {kind} | {s.tier} | {s.lane} | {plan.machine(s)} | "
+            f"{say_hours(s.start_hours)} | "
             f"{say_hours(s.end_hours)} | {say_hours(s.hours)} |"
         )
     if plan.dropped:

@@ -2,8 +2,9 @@
 
 A lot with ``starts_at`` is open from then until ``starts_at + days``; after that its machine
 is taken away. The machine a run trains on belongs to one lot: the one named by the
-``GPUCAMPAIGN_LOT`` environment variable of its worker (its 1-based place in ``packages``, or
-its ``order_ref``), else the open lot that ends first (a campaign on one pool of lots). The
+``GPUCAMPAIGN_LOT`` environment variable of its worker (its number among the lots, from 1, a
+package of ``count: N`` being N lots, as ``plan.machines`` numbers them; or its
+``order_ref``), else the open lot that ends first (a campaign on one pool of lots). The
 run keeps a margin before that end: the time to finish the step in progress, to save and
 upload a checkpoint, to read it back (the proof it is off the machine) and to copy the output
 folder, all measured by this campaign, with a safety factor, widened by the spec's
@@ -12,6 +13,7 @@ folder, all measured by this campaign, with a safety factor, widened by the spec
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,6 +23,8 @@ from gpucampaign.plan.rental import iso
 
 #: The worker's environment variable naming the lot its machine belongs to.
 LOT_ENV = "GPUCAMPAIGN_LOT"
+#: The name of the worker whose flow runs run on this machine (``campaign worker`` sets it).
+WORKER_ENV = "GPUCAMPAIGN_WORKER"
 #: The measured costs are multiplied by this (a save slows down when the disk is busy).
 SAFETY = 2.0
 #: The least margin before the factor: the measures of a tiny model say almost nothing.
@@ -33,8 +37,8 @@ UNMEASURED_SAVE_S = 2.0
 
 @dataclass(frozen=True)
 class Lot:
-    """One dated lot: its place in ``packages`` (1-based), its window, its name and the work
-    queue of its machines' workers (None: any worker)."""
+    """One dated lot: its number among the lots (from 1, as ``plan.machines`` numbers them),
+    its window, its name and the work queue of its machine's worker (None: any worker)."""
 
     number: int
     starts_at: datetime
@@ -54,48 +58,74 @@ class Lot:
 
 
 def dated_lots(spec: CampaignSpec) -> list[Lot]:
-    """The spec's lots that carry ``starts_at``, in the spec's order."""
-    return [
-        Lot(
-            number=i,
-            starts_at=p.starts_at,
-            ends_at=p.ends_at,
-            order_ref=p.order_ref,
-            work_queue=p.work_queue,
-        )
-        for i, p in enumerate(spec.packages, start=1)
-        if p.starts_at is not None and p.ends_at is not None
-    ]
+    """The spec's lots that carry ``starts_at``, in the spec's order, numbered among all its
+    lots (a package of ``count: 2`` is two lots, two machines, one after the other)."""
+    lots: list[Lot] = []
+    number = 0
+    for p in spec.packages:
+        for _ in range(p.count):
+            number += 1
+            if p.starts_at is not None and p.ends_at is not None:
+                lots.append(
+                    Lot(
+                        number=number,
+                        starts_at=p.starts_at,
+                        ends_at=p.ends_at,
+                        order_ref=p.order_ref,
+                        work_queue=p.work_queue,
+                    )
+                )
+    return lots
 
 
-def pinned_lot(spec: CampaignSpec, env: Mapping[str, str]) -> Lot | None:
-    """The lot ``GPUCAMPAIGN_LOT`` names (None when unset).
+def _has_undated(spec: CampaignSpec) -> bool:
+    """True when a lot of the spec has no ``starts_at`` (that lot has no end)."""
+    return any(p.starts_at is None for p in spec.packages)
+
+
+def _pinned_number(spec: CampaignSpec, env: Mapping[str, str]) -> int | None:
+    """The lot number ``GPUCAMPAIGN_LOT`` names (its number, or a dated lot's order_ref), None
+    when unset.
 
     Raises:
-        SpecError: It names no dated lot of the spec.
+        SpecError: It names no lot of the spec.
     """
     value = (env.get(LOT_ENV) or "").strip()
     if not value:
         return None
     for lot in dated_lots(spec):
-        if value == str(lot.number) or (lot.order_ref is not None and value == lot.order_ref):
-            return lot
+        if lot.order_ref is not None and value == lot.order_ref:
+            return lot.number
+    lots = sum(p.count for p in spec.packages)
+    if value.isdigit() and 1 <= int(value) <= lots:
+        return int(value)
     raise SpecError(
-        f"{LOT_ENV}={value!r} names no lot with starts_at in the spec's 'packages': give the "
-        "lot's place in the list (1 for the first) or its order_ref, or unset it to train on "
-        "the open lot that ends first.",
+        f"{LOT_ENV}={value!r} names no lot of the spec's 'packages' ({lots} lot(s)): give the "
+        "lot's number (1 for the first; a package of count: 2 is two lots, numbered on) or a "
+        "dated lot's order_ref, or unset it to train on the open lot that ends first.",
         field="packages",
     )
+
+
+def pinned_lot(spec: CampaignSpec, env: Mapping[str, str]) -> Lot | None:
+    """The dated lot ``GPUCAMPAIGN_LOT`` names (None when unset, or when it names a lot
+    without ``starts_at``: that machine has no end).
+
+    Raises:
+        SpecError: It names no lot of the spec.
+    """
+    number = _pinned_number(spec, env)
+    return next((lot for lot in dated_lots(spec) if lot.number == number), None)
 
 
 def machine_lot(
     spec: CampaignSpec, *, now: datetime, env: Mapping[str, str], ended: frozenset[int]
 ) -> Lot | None:
     """The lot this machine trains on: the pinned one, else the open lot that ends first
-    among those not ``ended`` here already. None when no lot is dated or none is open."""
-    pinned = pinned_lot(spec, env)
-    if pinned is not None:
-        return pinned
+    among those not ``ended`` here already. None when no lot is dated or none is open, and on
+    a machine pinned to a lot without ``starts_at``."""
+    if _pinned_number(spec, env) is not None:
+        return pinned_lot(spec, env)
     open_lots = [lot for lot in dated_lots(spec) if lot.is_open(now) and lot.number not in ended]
     return min(open_lots, key=lambda lot: lot.ends_at) if open_lots else None
 
@@ -108,14 +138,42 @@ def ended_lot(
     spec's lots that ended (here, ``ended``, or by the clock). None while a lot is open, before
     any lot ended, and for a spec with an undated lot (that one has no end).
     """
-    pinned = pinned_lot(spec, env)
-    if pinned is not None:
-        return pinned if pinned.ends_at <= now else None
+    if _pinned_number(spec, env) is not None:
+        pinned = pinned_lot(spec, env)
+        return pinned if pinned is not None and pinned.ends_at <= now else None
     lots = dated_lots(spec)
-    if len(lots) < len(spec.packages) or machine_lot(spec, now=now, env=env, ended=ended):
+    if _has_undated(spec) or machine_lot(spec, now=now, env=env, ended=ended):
         return None
     over = [lot for lot in lots if lot.number in ended or lot.ends_at <= now]
     return max(over, key=lambda lot: lot.ends_at) if over else None
+
+
+@dataclass(frozen=True)
+class ThisMachine:
+    """What a record says of the machine that wrote it: its lot's number (None when the spec
+    has several lots and nothing says which), its host name and its worker's name (None
+    outside ``campaign worker``)."""
+
+    lot: int | None
+    host: str
+    worker: str | None
+
+
+def this_machine(spec: CampaignSpec, *, now: datetime, env: Mapping[str, str]) -> ThisMachine:
+    """The machine this process runs on: its lot is the one ``GPUCAMPAIGN_LOT`` names, else
+    the open dated lot that ends first, else the spec's only lot.
+
+    Raises:
+        SpecError: ``GPUCAMPAIGN_LOT`` names no lot of the spec.
+    """
+    number = _pinned_number(spec, env)
+    if number is None:
+        lot = machine_lot(spec, now=now, env=env, ended=frozenset())
+        lots = sum(p.count for p in spec.packages)
+        number = lot.number if lot is not None else (1 if lots == 1 else None)
+    return ThisMachine(
+        lot=number, host=socket.gethostname(), worker=(env.get(WORKER_ENV) or "").strip() or None
+    )
 
 
 def refuse_ended_rental(spec: CampaignSpec, *, now: datetime) -> None:
@@ -129,7 +187,7 @@ def refuse_ended_rental(spec: CampaignSpec, *, now: datetime) -> None:
             and now, and the two ways on.
     """
     lots = dated_lots(spec)
-    if not lots or len(lots) < len(spec.packages) or any(lot.ends_at > now for lot in lots):
+    if not lots or _has_undated(spec) or any(lot.ends_at > now for lot in lots):
         return
     last = max(lots, key=lambda lot: lot.ends_at)
     raise SpecError(

@@ -71,6 +71,7 @@ def preflight(
     base_dir: str | Path,
     out: str | Path | None = None,
     env: Mapping[str, str] | None = None,
+    store_wait_s: float = 0.0,
 ) -> Preflight:
     """Check everything ``spec`` names before a campaign starts; nothing is written.
 
@@ -79,6 +80,8 @@ def preflight(
         base_dir: The spec's folder: its paths are relative to it, its recipes import from it.
         out: The output folder of a rerun, whose kept copies of the pinned inputs count.
         env: The environment the store's variables come from (default: ``os.environ``).
+        store_wait_s: How long the store's probe waits for a store that does not answer (a
+            campaign's start: ``storage.read_wait_s``; ``campaign plan``: 0).
 
     Raises:
         SpecError: The first problem found, in one paragraph naming the field or file and
@@ -129,7 +132,7 @@ def preflight(
         for recipe in sorted({spec.run_config(r).recipe for r in runs}):
             load_recipe(recipe)
             checked.append(f"recipe '{recipe}': imports, class and methods (no corpus to try)")
-    check_storage(spec.storage.url, env=env)
+    check_storage(spec.storage.url, env=env, wait_s=store_wait_s)
     _check_tracking_env(spec, env=os.environ if env is None else env)
     checked.append(
         "storage local: checkpoints in the output folder"

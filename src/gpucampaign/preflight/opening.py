@@ -31,6 +31,7 @@ from gpucampaign.preflight.extension import extension_of, keep_extension
 from gpucampaign.preflight.ownership import closed_for_good, mark_owned, refuse_foreign_folder
 from gpucampaign.recipe.runtime import recipe_module_path
 from gpucampaign.storage import open_store
+from gpucampaign.storage.open import read_wait_s
 from gpucampaign.storage.sharedtimeline import adopt_timeline
 
 
@@ -119,7 +120,8 @@ def open_campaign(
     if extends is None:
         folder.keep_spec(copy, source=source, check_only=True)
     refuse_sealed_rewrite(folder.root, cs, base_dir=base)
-    checked = preflight(cs, base_dir=base, out=target, env=env)
+    # A run's start waits out a store that does not answer, as its reads do (plan: no wait).
+    checked = preflight(cs, base_dir=base, out=target, env=env, store_wait_s=read_wait_s(cs))
     catalog = load_catalog(spec=cs, base_dir=base)
     plan = calendar.plan(cs, catalog=catalog)
     return OpenCampaign(

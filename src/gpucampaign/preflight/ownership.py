@@ -122,11 +122,20 @@ def closed_for_good(root: str | Path) -> str | None:
     write a new manifest (a new sha256) and the anchor kept from the first close would no
     longer match it. A folder closed resumable (a lot ended, runs left) is not closed for good.
     """
-    path = Path(root) / MANIFEST
     try:
-        data = path.read_bytes()
+        data = (Path(root) / MANIFEST).read_bytes()
+    except OSError:
+        return None
+    return sealed_for_good(data)
+
+
+def sealed_for_good(data: bytes) -> str | None:
+    """The sha256 of a ``manifest.json``'s bytes when they seal a campaign closed for good
+    (every run in a final state), else None (a folder's, or the copy its mirror keeps in the
+    store: ``preflight/stale.py``)."""
+    try:
         sealed = json.loads(data)
-    except (OSError, ValueError):
+    except ValueError:
         return None
     runs = sealed.get("runs") if isinstance(sealed, dict) else None
     if not isinstance(runs, dict) or not runs:

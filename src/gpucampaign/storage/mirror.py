@@ -2,7 +2,9 @@
 and ``mirror_output`` (the close's mirror to the campaign's S3 store, after the spool).
 
 The mirror's index (``mirror-index.json``: every file with its size and sha256) is written
-last, so an interrupted mirror leaves the previous complete one readable.
+last, so an interrupted mirror leaves the previous complete one readable. A campaign's close
+mirrors through its ``Fence``: nothing is sent when the store's ``manifest.json`` is no longer
+the one the run found at its start (another host closed the campaign since: this copy is stale).
 """
 
 from __future__ import annotations
@@ -14,11 +16,19 @@ import shutil
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpucampaign.core.errors import ArgumentError
-from gpucampaign.core.files import TMP_PREFIX, fsync_dir, json_bytes, sha256_file, utc_now
+from gpucampaign.core.files import (
+    TMP_PREFIX,
+    fsync_dir,
+    json_bytes,
+    sha256_bytes,
+    sha256_file,
+    utc_now,
+)
 from gpucampaign.core.storageurl import LOCAL, is_local
 from gpucampaign.folder.layout import LOCK_FILE, MANIFEST, SPOOL_DIR, is_live_progress
 from gpucampaign.storage.base import LocalStore, NotFound, StorageError, Store, check_key
@@ -32,25 +42,62 @@ MAX_MIRROR_FILES = 1_000_000
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def mirror_folder(folder: str | Path, *, store: Store, workers: int = 8) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Fence:
+    """The store's ``manifest.json`` as a campaign's run found it at its start, under the
+    campaign lock (``preflight/stale.py``): its sha256, None when the store held none. The
+    run's close mirrors into the store only while the store's manifest is still that one."""
+
+    manifest_sha256: str | None
+
+
+def store_manifest_sha256(store: Store) -> str | None:
+    """The sha256 of the store's ``manifest.json`` (None: the store holds none)."""
+    try:
+        return sha256_bytes(store.read_bytes(MANIFEST))
+    except NotFound:
+        return None
+
+
+def _check_fence(store: Store, fence: Fence, *, root: Path) -> None:
+    """Raise unless the store's manifest is still the one ``fence`` found, or already the
+    folder's own (a mirror of this folder sent it before it was cut)."""
+    now = store_manifest_sha256(store)
+    own = sha256_file(root / MANIFEST) if (root / MANIFEST).is_file() else None
+    if now != fence.manifest_sha256 and (now is None or now != own):
+        raise StorageError(
+            f"{store.url}/{MANIFEST} changed since this run started (sha256 now {now}, at its "
+            f"start {fence.manifest_sha256 or 'none'}): another host closed the campaign, this "
+            "copy is stale and sent nothing; bring the campaign's folder back with `campaign "
+            f"retrieve {store.url} --to NEW_FOLDER`"
+        )
+
+
+def mirror_folder(
+    folder: str | Path, *, store: Store, workers: int = 8, fence: Fence | None = None
+) -> dict[str, Any]:
     """Copy every file of ``folder`` to the same relative keys in ``store``, then its index.
 
     Each upload is verified by the store before the index (``mirror-index.json``: every
     file with its size and sha256) is written; a file the previous index lists with the same
     hash and the store holds with the same size is not sent again. The index is what
     ``retrieve_folder`` brings back, so a mirror interrupted half-way leaves the previous
-    complete one readable. Temporary files of unfinished writes are skipped.
+    complete one readable. Temporary files of unfinished writes are skipped. With ``fence``,
+    nothing is sent unless the store's ``manifest.json`` is still the one the fence found.
 
     Returns:
         ``{"url", "files", "uploaded", "bytes", "manifest_sha256"}``: the last is the sha256
         the store keeps with its ``manifest.json`` (an S3 object's metadata), None without one.
 
     Raises:
-        StorageError: An upload failed or was not verified; the index did not move.
+        StorageError: An upload failed or was not verified (the index did not move), or the
+            fence found another manifest (nothing was sent).
     """
     root = Path(folder)
     if not root.is_dir():
         raise StorageError(f"cannot mirror {root}: not a folder")
+    if fence is not None:
+        _check_fence(store, fence, root=root)
     rels = [
         r
         for r in LocalStore(root).list()
@@ -184,12 +231,19 @@ def mirror_index_files(data: bytes, *, where: str) -> dict[str, dict[str, Any]]:
 
 
 def mirror_output(
-    root: str | Path, *, url: str, env: Mapping[str, str] | None = None, drain_s: float = 60.0
+    root: str | Path,
+    *,
+    url: str,
+    env: Mapping[str, str] | None = None,
+    drain_s: float = 60.0,
+    fence: Fence | None = None,
 ) -> dict[str, Any]:
     """Mirror a closed output folder to the campaign's S3 store (nothing to do for 'local').
 
     Checkpoint files still waiting in the folder's spool are uploaded first (for up to
-    ``drain_s`` seconds); those that remain are named in the result.
+    ``drain_s`` seconds); those that remain are named in the result. With ``fence`` the
+    folder is sent only while the store's ``manifest.json`` is the one the run found at its
+    start (``mirror_folder``).
 
     Returns:
         ``{"url", "files", "uploaded", "bytes"}`` after a mirror, ``{"url": "local"}`` when the
@@ -203,11 +257,13 @@ def mirror_output(
         # The close waits for the store only through the drain (its writes cannot wait; a
         # later mirror finishes what is left), not through each read as a run's start does.
         store = open_store(url, out=root, env=env, spool=False, read_wait_s=0)
+        if fence is not None:  # before the spool's checkpoints too: a stale copy sends nothing
+            _check_fence(store, fence, root=Path(root))
         pending = spooled_keys(root)
         if pending:
             spooling = SpoolingStore(store, spool_dir=Path(root) / SPOOL_DIR)
             pending = spooling.drain(timeout_s=drain_s)
-        done = mirror_folder(root, store=store)
+        done = mirror_folder(root, store=store, fence=fence)
     except StorageError as exc:
         return {"url": url, "error": str(exc), "spooled": spooled_keys(root)}
     if pending:

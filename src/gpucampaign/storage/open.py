@@ -15,8 +15,9 @@ from gpucampaign.config.parts import DEFAULT_READ_WAIT_S
 from gpucampaign.core.storageurl import KNOWN, is_local, is_s3
 from gpucampaign.folder.layout import CHECKPOINTS_DIR, SPOOL_DIR
 from gpucampaign.plan.rental import rental_of
-from gpucampaign.storage.base import LocalStore, StorageError, Store
-from gpucampaign.storage.s3 import S3Store
+from gpucampaign.storage.base import LocalStore, StorageError, Store, StoreUnreachable
+from gpucampaign.storage.readwait import ReadWait
+from gpucampaign.storage.s3 import S3Store, is_transient
 from gpucampaign.storage.spool import SpoolingStore
 
 SPOOLED_ATTEMPTS = 2  # attempts per request of an S3 store with a spool behind it
@@ -72,20 +73,28 @@ def open_store(
     )
 
 
-def check_storage(url: str, *, env: Mapping[str, str] | None = None) -> None:
+def check_storage(url: str, *, env: Mapping[str, str] | None = None, wait_s: float = 0.0) -> None:
     """Before anything trains: the URL, the credentials and the bucket of ``storage.url``.
 
-    ``'local'`` needs no check. For ``s3://`` a probe object is written, read back and deleted.
+    ``'local'`` needs no check. For ``s3://`` a probe object is written, read back and deleted;
+    while the store does not answer, the probe is tried again with backoff for up to ``wait_s``
+    seconds (a campaign's start: ``read_wait_s(spec)``; 0, ``campaign plan``: not at all).
 
     Raises:
-        SpecError: What is wrong, naming the URL and the endpoint (never a key).
+        SpecError: What is wrong, naming the URL and the endpoint (never a key), or that the
+            store did not answer for ``wait_s`` (nothing is lost: run the campaign again).
     """
     if is_local(url):
         return
     try:
         store = open_store(url, out=".", env=env, spool=False, read_wait_s=0)
         if isinstance(store, S3Store):
-            store.check()
+            # A campaign's start waits out a store that does not answer (a restart, a freeze),
+            # as its reads do, said once; a refusal (keys, bucket) ends it at once.
+            probe = ReadWait(url, bound_s=wait_s, transient=is_transient)
+            probe.run("a probe object (the check of the store at the start)", store.check)
+    except StoreUnreachable as exc:
+        raise SpecError(f"field 'storage.url': {exc}", field="storage.url") from None
     except StorageError as exc:
         raise SpecError(
             f"field 'storage.url': {url} is not usable: {exc}", field="storage.url"

@@ -7,14 +7,18 @@ installed entrypoints (``gpucampaign_prefect.flows.*``), tags, job variables and
 ``{{ $GPUCAMPAIGN_ROOT }}`` becomes the project folder (the flow-run process starts there, so
 the spec's and the output's relative paths resolve in it, as for ``campaign run``), the
 parameters become the project's spec and output folder, and each deployment is created (or
-updated: registering again replaces it) through the client, with the process work pool when
-the server has none of that name. ``prefect deploy`` from a checkout does the same from the
-file itself.
+updated: registering again from the same folder replaces it) through the client, with the
+process work pool when the server has none of that name. A deployment of the same name that
+runs in another project folder is never replaced unless asked (``--replace``): a second
+project takes names of its own (``--name``), so each project's runs, and the relaunches of its
+crashed campaigns (the same deployment run again), start in its own folder. ``prefect deploy``
+from a checkout does the same from the file itself.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -29,11 +33,15 @@ from prefect.settings import get_current_settings
 from prefect.utilities.callables import parameter_schema
 from prefect.workers.process import ProcessWorker
 
-from gpucampaign.core.errors import SettingError
+from gpucampaign.core.errors import ArgumentError, SettingError
+from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG
 from gpucampaign_prefect.orchestration.embedded import require_named_server
 
 #: The placeholder of ``prefect.yaml`` that names the project folder.
 ROOT_PLACEHOLDER = "{{ $GPUCAMPAIGN_ROOT }}"
+#: What ``--name`` may be: one deployment name (no '/', which separates it from the flow's).
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_SET_DIR = "prefect.deployments.steps.set_working_directory"
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,14 @@ def deployments_file() -> dict[str, Any]:
 
 
 def deploy_project(
-    *, project: Path, spec: str, out: str, pool: str | None = None
+    *,
+    project: Path,
+    spec: str,
+    out: str,
+    pool: str | None = None,
+    name: str | None = None,
+    replace: bool = False,
+    campaign: str | None = None,
 ) -> tuple[str, list[Deployed]]:
     """Register the deployments for ``project`` on the server at ``PREFECT_API_URL``.
 
@@ -64,12 +79,20 @@ def deploy_project(
         spec: the campaign's spec, as a path relative to ``project`` (or absolute).
         out: the output folder, relative to ``project`` (or absolute).
         pool: the work pool (default: ``prefect.yaml``'s); made as a process pool if missing.
+        name: the deployments' name (``campaign/NAME``, ``restart-verification/NAME``) for a
+            project beside another; default ``prefect.yaml``'s (``main``, ``scheduled``).
+        replace: replace deployments of that name registered from another project folder.
+        campaign: the campaign's name: ``campaign/...`` carries its tag ``campaign:<name>``,
+            so each of its flow runs has it from its creation (a relaunch waiting for a
+            worker too, which the UI's tag filter would otherwise hide).
 
     Returns:
         The server's URL and the deployments registered.
 
     Raises:
-        SpecError: ``PREFECT_API_URL`` is unset, or the server does not answer.
+        SettingError: ``PREFECT_API_URL`` is unset, or the server does not answer.
+        ArgumentError: ``name`` is not a deployment name, or (without ``replace``) a
+            deployment of that name runs in another project folder: nothing was registered.
     """
     url = get_current_settings().api.url
     if not url:
@@ -81,11 +104,20 @@ def deploy_project(
             field="PREFECT_API_URL",
         )
     data = _filled(deployments_file(), root=str(project))
+    entries = _named(data["deployments"], name=name)
+    if campaign:
+        tag = CAMPAIGN_TAG.format(name=campaign)
+        entries = [
+            (role, {**e, "tags": [*(e.get("tags") or []), tag]} if role == "main" else e)
+            for role, e in entries
+        ]
     params = {"main": {"spec": spec, "out": out}, "scheduled": {"out": out}}
     require_named_server(fix="point PREFECT_API_URL at the running one.")
     with get_client(sync_client=True) as client:
+        if not replace:  # every deployment checked before any is written
+            _refuse_other_projects(client, entries, project=project)
         deployed = []
-        for entry in data["deployments"]:
+        for role, entry in entries:
             work_pool = {**entry["work_pool"], **({"name": pool} if pool else {})}
             _ensure_pool(client, work_pool["name"])
             deployed.append(
@@ -94,10 +126,64 @@ def deploy_project(
                     entry,
                     work_pool=work_pool,
                     pull=data.get("pull") or [],
-                    parameters={**entry.get("parameters", {}), **params.get(entry["name"], {})},
+                    parameters={**entry.get("parameters", {}), **params.get(role, {})},
                 )
             )
     return str(url), deployed
+
+
+def _named(entries: list[dict[str, Any]], *, name: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """Each deployment of ``prefect.yaml`` with its role (its name in the file: ``main``,
+    ``scheduled``), renamed ``name`` when given."""
+    if name is not None and not _NAME.fullmatch(name):
+        raise ArgumentError(
+            f"option '--name': '{name}' is not a deployment name; give letters, digits, '.', "
+            "'_' or '-' (at most 64, starting with a letter or digit), e.g. --name my-project.",
+            field="--name",
+        )
+    return [(e["name"], {**e, "name": name} if name else e) for e in entries]
+
+
+def _refuse_other_projects(
+    client: Any, entries: list[tuple[str, dict[str, Any]]], *, project: Path
+) -> None:
+    """Refuse when a deployment of these names runs in another project folder: replacing it
+    would move that project's runs, and its crashed campaigns' relaunches, into this one."""
+    taken = []
+    for _, entry in entries:
+        full = f"{_flow_of(entry).name}/{entry['name']}"
+        try:
+            existing = client.read_deployment_by_name(full)
+        except ObjectNotFound:
+            continue
+        where = _deployed_from(existing)
+        if where is not None and Path(where) != project:
+            taken.append((full, where))
+    if taken:
+        names = ", ".join(f"{full} (from '{where}')" for full, where in taken)
+        raise ArgumentError(
+            f"{names} {'is' if len(taken) == 1 else 'are'} registered from another project "
+            f"folder: registering {'it' if len(taken) == 1 else 'them'} from '{project}' would "
+            "run that project's campaigns, and the relaunches of its crashed ones, in this "
+            "folder. Nothing was registered. Give this project deployments of its "
+            "own with `campaign deploy SPEC --name NAME` (then `prefect deployment run "
+            "campaign/NAME`), or add --replace to move them here.",
+            field="--name",
+        )
+
+
+def _deployed_from(deployment: Any) -> str | None:
+    """The folder a registered deployment's flow runs start in (its working directory)."""
+    folder = (deployment.job_variables or {}).get("working_dir")
+    for step in deployment.pull_steps or []:
+        folder = folder or (step.get(_SET_DIR) or {}).get("directory")
+    return str(folder) if folder else None
+
+
+def _flow_of(entry: dict[str, Any]) -> Any:
+    """The flow object of a ``prefect.yaml`` deployment (its installed entrypoint)."""
+    module, _, attr = entry["entrypoint"].partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def _register(
@@ -109,8 +195,7 @@ def _register(
     parameters: dict[str, Any],
 ) -> Deployed:
     """Create (or replace) the deployment ``entry`` of ``prefect.yaml``."""
-    module, _, attr = entry["entrypoint"].partition(":")
-    flow = getattr(importlib.import_module(module), attr)
+    flow = _flow_of(entry)
     schedules = [
         DeploymentScheduleCreate(
             schedule=CronSchedule(cron=s["cron"], timezone=s.get("timezone") or "UTC"),

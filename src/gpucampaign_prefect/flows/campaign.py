@@ -42,9 +42,16 @@ from gpucampaign.plan.decision import Decision
 from gpucampaign.plan.lanes import RESTART_CHECK, lane_order
 from gpucampaign.plan.stopping import campaign_stop, essential_pilot_stops, stop_effect
 from gpucampaign.preflight import OpenCampaign, open_campaign, start_folder
+from gpucampaign.preflight.stale import fence_sealed_store
+from gpucampaign.storage.mirror import Fence
 from gpucampaign.verify.sealed import recheck_sealed
 from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
-from gpucampaign_prefect.flows._naming import CAMPAIGN_TAG, campaign_run_name, tag_flow_run
+from gpucampaign_prefect.flows._naming import (
+    CAMPAIGN_TAG,
+    campaign_run_name,
+    spec_name,
+    tag_flow_run,
+)
 from gpucampaign_prefect.flows._rounds import buy_rounds
 from gpucampaign_prefect.orchestration import notify
 from gpucampaign_prefect.orchestration.campaign_lock import (
@@ -206,9 +213,11 @@ def _opened_and_locked(
 ) -> CampaignEnd:
     """The campaign opened (unless ``campaign run`` did), then run under its locks."""
     try:  # before the folder is written (the lock writes it) and before the audit
-        opened = (
-            spec if isinstance(spec, OpenCampaign) else open_campaign(spec, out, base_dir=base_dir)
-        )
+        if isinstance(spec, OpenCampaign):
+            opened = spec
+        else:  # its store's probe waits out an outage: said in the run's logs
+            with relay_outages(name=spec_name(spec, out=out), out=out):
+                opened = open_campaign(spec, out, base_dir=base_dir)
     except InputError as exc:
         return _refused(exc)
     if opened.sealed is not None:  # closed for good: verified, never closed again
@@ -221,17 +230,23 @@ def _opened_and_locked(
     with (
         relay_outages(name=opened.name, out=out),  # the store's outage: in the run's logs
         campaign_lock(opened.spec, tag=tag, lease_s=opened.spec.gpu_lock.lease_s),
-        writer_lock(out) as took_over,
     ):
-        if took_over:
-            get_run_logger().warning(took_over)
-        if closed := close_dead_copies(tag):
-            get_run_logger().warning(
-                "closed the task runs and GPU tags left open by crashed copies of this "
-                "campaign: %s",
-                ", ".join(closed),
-            )
-        return _campaign(opened, decision_mode=decision_mode, relaunch=relaunch)
+        # Under the campaign lock, before the folder is written: a host whose folder is older
+        # than the campaign another host sealed in the store is refused (preflight/stale.py).
+        try:
+            fence = fence_sealed_store(out, spec=opened.spec)
+        except InputError as exc:
+            return _refused(exc)
+        with writer_lock(out) as took_over:
+            if took_over:
+                get_run_logger().warning(took_over)
+            if closed := close_dead_copies(tag):
+                get_run_logger().warning(
+                    "closed the task runs and GPU tags left open by crashed copies of this "
+                    "campaign: %s",
+                    ", ".join(closed),
+                )
+            return _campaign(opened, decision_mode=decision_mode, relaunch=relaunch, fence=fence)
 
 
 def _already_closed(opened: OpenCampaign) -> CampaignEnd:
@@ -269,9 +284,14 @@ def _cancelling() -> bool:
 
 
 def _campaign(
-    opened: OpenCampaign, *, decision_mode: Literal["auto", "ask"] | None, relaunch: int = 0
+    opened: OpenCampaign,
+    *,
+    decision_mode: Literal["auto", "ask"] | None,
+    relaunch: int = 0,
+    fence: Fence | None = None,
 ) -> CampaignEnd:
-    """The flow's body (see ``campaign``)."""
+    """The flow's body (see ``campaign``); ``fence``: the store's manifest as the run found it
+    (its close mirrors only over that one)."""
     logger = get_run_logger()
     cs, base, folder = opened.spec, opened.base_dir, opened.folder
     try:
@@ -321,7 +341,7 @@ def _campaign(
         cs, campaign_id=campaign_id, catalog=catalog, analyses=analyses, **common
     )
     verified = seal(cs, out=str(folder.root), closed=closed)
-    mirrored = mirror(cs, out=str(folder.root))
+    mirrored = mirror(cs, out=str(folder.root), fence=fence)
     logger.info("answer of %s: %s", campaign_id, closed["verdict"].get("answer"))
     logger.info("verdict of %s: %s", campaign_id, closed["verdict"]["text"])
     summary: CampaignSummary = {

@@ -15,7 +15,7 @@ from gpucampaign.config import CampaignSpec
 from gpucampaign.core.files import sha256_file
 from gpucampaign.core.storageurl import is_local
 from gpucampaign.folder.layout import MANIFEST
-from gpucampaign.storage.mirror import mirror_output
+from gpucampaign.storage.mirror import Fence, mirror_output
 from gpucampaign.tracking import tag_manifest
 from gpucampaign.verify.checks import verify_output
 from gpucampaign_prefect.orchestration.phases import (
@@ -111,9 +111,10 @@ def seal(spec: CampaignSpec, *, out: str, closed: dict[str, Any]) -> dict[str, A
 
 @task(name="mirror", task_run_name="mirror", **TASK_OPTIONS)
 @cancel_on_interrupt
-def mirror(spec: CampaignSpec, *, out: str) -> dict[str, Any]:
-    """Copy the sealed output folder to the campaign's store, so it outlives the rental."""
-    result = mirror_output(out_folder(out).root, url=spec.storage.url)
+def mirror(spec: CampaignSpec, *, out: str, fence: Fence | None = None) -> dict[str, Any]:
+    """Copy the sealed output folder to the campaign's store, so it outlives the rental (only
+    while the store's manifest is the one ``fence`` found at the run's start)."""
+    result = mirror_output(out_folder(out).root, url=spec.storage.url, fence=fence)
     logger = get_run_logger()
     if "error" in result:
         logger.error(

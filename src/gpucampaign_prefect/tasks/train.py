@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -82,7 +83,7 @@ def _run_training(
         progress.finish()
     finally:
         progress.close()  # a stop or an error: the UI's thread ends too
-    notes = side.notes()
+    notes = replace(side.notes(), segment_s=seg.row.seconds)
     if notes.unsent is not None:
         get_run_logger().warning(notes.unsent)
     return result, side, notes
@@ -109,7 +110,14 @@ def pilot(
     metrics = side.run_folder.metrics
     rows = read_metrics(metrics) if metrics.is_file() else []
     losses = early_losses(rows, steps=spec.pilot.steps)
-    return pilot_measures(resolved, result=result, n_train=notes.n_train, losses=losses, rows=rows)
+    return pilot_measures(
+        resolved,
+        result=result,
+        n_train=notes.n_train,
+        losses=losses,
+        rows=rows,
+        segment_s=notes.segment_s,
+    )
 
 
 def _train_run_name() -> str:

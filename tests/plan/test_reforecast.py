@@ -1,0 +1,117 @@
+"""The re-forecast after the pilot is the sum of what a training call costs, part by part, each
+part measured by the pilots (plan/decision.py: ``pilot_measures``, ``call_parts``,
+``reforecast_hours``): the steps, the loop's own cost per step and its start once a call,
+the evaluations at the run's cadence and at its end, the save waits and the model's write, the
+time outside the loop and outside ``train_run``."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpucampaign.config import parse_spec
+from gpucampaign.plan.decision import pilot_measures, reforecast_hours
+from tests.plan.test_decision import SPEC, _result
+
+
+def test_the_pilot_measures_the_loop_start_and_the_segment_apart_from_its_steps() -> None:
+    """20 steps of 0.01 s (one 0.5 s hiccup among them), 0.4 s of the loop's start once, 0.002 s
+    of the loop's own a step, one 0.3 s evaluation, 1 s outside the loop and a segment 0.05 s
+    longer than the call: the start is not spread over the steps, the hiccup not over the run."""
+    spec = parse_spec(SPEC)
+    step_times = [0.05] + [0.01] * 18 + [0.5]
+    train_s = 0.4 + sum(step_times) + 20 * 0.002 + 0.3
+    timings = {
+        **_result().timings,
+        "train_s": train_s,
+        "loop_start_s": 0.4,
+        "steps_s_sum": sum(step_times),
+        "eval_s": [0.3],
+        "stall_s": [],
+        "save_s": [0.2],
+        "total_s": 1.0 + train_s,
+    }
+    rows = [{"kind": "train", "step": i + 1, "step_s": t} for i, t in enumerate(step_times)]
+    m = pilot_measures(
+        spec.resolve_run("control"),
+        result=_result(timings=timings, steps_done=20),
+        n_train=3200,
+        rows=rows,
+        segment_s=1.05 + train_s,
+    )
+    assert m["loop_start_s"] == 0.4
+    assert m["loop_s"] == pytest.approx(0.002)  # main: (0.4 + 0.04) / 20 = 0.022 a step
+    assert m["step_mean_s"] == pytest.approx(0.01)  # main: the mean, 0.035
+    assert m["first_step_s"] == 0.05
+    assert m["outside_s"] == pytest.approx(0.05) and m["fixed_s"] == pytest.approx(1.0)
+    assert m["save_s"] == 0.2 and m["evals_done"] == 1
+
+
+def _measured(
+    *, step: float, fixed: float, loop: float, eval_s: float, planned: int, tax: float = 1.0
+) -> dict:
+    return {
+        "step_s": step,  # the pilot's median step
+        "step_mean_s": tax * step,  # its trimmed mean
+        "first_step_s": 5 * step,
+        "fixed_s": fixed,
+        "loop_s": loop,
+        "loop_start_s": 10 * loop,
+        "outside_s": fixed / 10,
+        "eval_s": eval_s,
+        "evals": 20,
+        "evals_done": 1,
+        "stall_s": eval_s / 2,
+        "save_s": eval_s,
+        "saves": 4,
+        "steps_done": 20,
+        "planned_steps": planned,
+        "batch_size": 32,
+        "load_s": 0.1,
+        "n_train": 3200,
+    }
+
+
+def test_the_reforecast_pools_the_costs_the_pilots_share_and_counts_each_runs_own() -> None:
+    """Three pilots: the first pays the process's warm-up (outside the loop, in the loop, in its
+    first evaluation) and another process's burst (its steps' trimmed mean 1.6 times their
+    median). Each run is forecast with its own step time (its median, times the machine's tax
+    on a step pooled over the pilots: 1.2) and its own counts (steps left, evaluations left at
+    its cadence and the two final ones, saves), the costs shared by the pilots at their median
+    (outside the loop at its least): the warm-up is not forecast again for every run, and
+    nothing is forecast that was not measured."""
+    spec = parse_spec(SPEC)
+    pilot = {
+        "control": _measured(step=0.010, fixed=2.0, loop=0.010, eval_s=0.30, planned=2000, tax=1.6),
+        "wide": _measured(step=0.020, fixed=0.5, loop=0.002, eval_s=0.10, planned=2000),
+        "big": _measured(step=0.018, fixed=0.6, loop=0.003, eval_s=0.12, planned=1000),
+    }
+    hours = reforecast_hours(spec, pilot=pilot)
+    shared = {  # the median of the three pilots (outside the loop: the least)
+        "fixed": 0.5,
+        "loop": 0.003,
+        "eval": 0.12,
+        "outside": 0.06,
+        "first": 5 * 0.018,
+    }
+    for step, run in (("c", "control"), ("w", "wide"), ("x", "big")):
+        m = pilot[run]
+        left = m["planned_steps"] - 20
+        expected = (
+            shared["outside"]
+            + shared["fixed"]
+            + 10 * shared["loop"]  # the loop's start, once
+            + shared["first"]
+            + (left - 1) * m["step_s"] * 1.2  # its own steps, the pooled tax: (1.6 + 1 + 1) / 3
+            + left * shared["loop"]
+            + (20 - 1 + 2) * shared["eval"]  # its cadence, less the pilot's, and the final two
+            + 4 * shared["eval"] / 2  # its saves' waits
+            + shared["eval"]  # the model folder's write, as long as a checkpoint's save
+        )
+        h, how = hours[step]
+        assert h * 3600 == pytest.approx(expected), run
+        assert "loop start" in how and "evaluations" in how
+    # On main the control's forecast was its own pilot's warm-up and burst spread over every
+    # step: the least time outside the loop, then 1979 steps at their mean (16 ms), 1980 at its
+    # loop's own (10 ms), its 20 evaluations at 0.3 s and 4 saves' waits: 58.6 s, not 33.2 s.
+    main_s = 0.5 + 0.05 + 1979 * 0.016 + 1980 * 0.010 + 20 * 0.30 + 4 * 0.15
+    assert hours["c"][0] * 3600 < 0.6 * main_s
