@@ -102,3 +102,22 @@ def test_the_advice_gives_the_exact_seeds_to_write_and_where_to_run_them():
         f"write seeds: {seeds} on 'control' and seeds: {seeds} on 'v' in the spec and run it "
         "again into the same --out (the finished runs are reused, only the new seeds train)"
     ) in v.resolve["text"]
+
+
+def test_the_bound_at_its_default_leaves_the_specs_hash_as_it_was(tmp_path: Path):
+    """A spec, and a folder sealed, before the bound on rounds existed keep their sha256 (the
+    manifest's ``spec_sha256``); another bound is another spec."""
+    import hashlib
+
+    from gpucampaign.config import parse_spec, spec_sha256
+    from gpucampaign.config.parts import canonical_json
+
+    spec = load_spec(init_campaign(tmp_path / "p"))
+    body = spec.model_dump(mode="json", exclude={"tracking": True})
+    body["decision_point"].pop("rounds")
+    for lot in body["packages"]:
+        lot.pop("work_queue", None)
+    assert spec_sha256(spec) == hashlib.sha256(canonical_json(body).encode()).hexdigest()
+    data = spec.model_dump(mode="json")
+    data["decision_point"]["rounds"] = 1
+    assert spec_sha256(parse_spec(data)) != spec_sha256(spec)

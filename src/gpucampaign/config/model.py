@@ -22,6 +22,7 @@ from pydantic import Field, ValidationError, field_validator, model_serializer, 
 from gpucampaign.config.links import check_links
 from gpucampaign.config.lots import Package, Step
 from gpucampaign.config.parts import (
+    DEFAULT_ROUNDS,
     MAX_CALENDAR_STEPS,
     MAX_EXPENSES,
     MAX_HOURS,
@@ -634,4 +635,8 @@ def spec_sha256(spec: CampaignSpec) -> str:
     body = spec.model_dump(
         mode="json", exclude={"tracking": True, "packages": {"__all__": {"work_queue"}}}
     )
+    # The bound on rounds of seeds came later: at its default it is left out, so that a spec
+    # (and a folder sealed) before it keeps its hash.
+    if spec.decision_point.rounds == DEFAULT_ROUNDS:
+        body["decision_point"].pop("rounds", None)
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()

@@ -48,6 +48,7 @@ MAX_HOURS = 87_600.0
 MAX_USD = 1e9
 MAX_WAIT_S = 30 * 86_400
 MAX_ROUNDS = 5  # rounds of seeds a campaign may buy beyond its plan
+DEFAULT_ROUNDS = 2
 #: How long a read of an s3:// store waits for the store to answer again, by default.
 DEFAULT_READ_WAIT_S = 900
 MAX_LEASE_S = 86_400
@@ -484,7 +485,7 @@ class DecisionPointSpec(_Frozen):
         description="With 'ask': seconds before the automatic choice.",
     )
     rounds: int = Field(
-        default=2,
+        default=DEFAULT_ROUNDS,
         ge=0,
         le=MAX_ROUNDS,
         description="Rounds of seeds beyond the plan the campaign may buy while its verdict is "
