@@ -33,18 +33,21 @@ import functools
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from gpucampaign.close.bootstrap import spread_of
+from gpucampaign.close.looks import look_alpha, seeds_to_buy
 from gpucampaign.close.scores import Scores
 from gpucampaign.close.verdict import RunEvidence, decide_verdict
 from gpucampaign.config import DecisionRule
 from gpucampaign.core.gain_interval import clears
 from gpucampaign.plan.evidence import detectable_gain_sd
 
+#: Rounds of seeds beyond the plan (the spec's default ``decision_point.rounds``).
+ROUNDS = 2
 RULE = DecisionRule(metric="score", direction="maximize", threshold=-1e9, min_gain=0.0)
 SPLITS = ("val", "test")
 
@@ -79,18 +82,78 @@ def _run_scores(
     difficulty: dict[str, np.ndarray],
 ) -> RunEvidence:
     """One run (all its seeds) on both splits."""
+    return _evidence(
+        _seed_scores(rng, world, gain=gain, seeds=seeds, shared=shared, difficulty=difficulty)
+    )
+
+
+def _seed_scores(
+    rng: np.random.Generator,
+    world: World,
+    *,
+    gain: float,
+    seeds: Sequence[int],
+    shared: dict[int, float],
+    difficulty: dict[str, np.ndarray],
+) -> list[dict[str, Scores]]:
+    """One run's per-example scores on both splits, one entry per seed."""
     own_sd = world.seed_sd * math.sqrt(1 - world.shared)
     effect = {s: rng.normal(scale=world.example_sd, size=world.n) for s in SPLITS}
-    scores: dict[str, list[Scores]] = {s: [] for s in SPLITS}
+    out: list[dict[str, Scores]] = []
     for seed in seeds:
         a = gain + shared[seed] + rng.normal(scale=own_sd)
+        row = {}
         for split in SPLITS:
             y = difficulty[split] + effect[split] + a
             y = y + rng.normal(scale=world.noise_sd, size=world.n)
-            ids = _ids(split, world.n)
-            scores[split].append(Scores(ids, {"score": tuple(y.tolist())}, seed=seed))
+            row[split] = Scores(_ids(split, world.n), {"score": tuple(y.tolist())}, seed=seed)
+        out.append(row)
+    return out
+
+
+def _evidence(per_seed: Sequence[dict[str, Scores]]) -> RunEvidence:
+    """A run's evidence from its seeds' scores."""
+    scores = {s: [x[s] for x in per_seed] for s in SPLITS}
     values = {s: float(np.mean([np.mean(x.values["score"]) for x in scores[s]])) for s in SPLITS}
     return RunEvidence(values=values, scores=scores, train_s=1.0)
+
+
+#: Seeds drawn per run in a campaign with rounds: a round takes the next ones of the pool.
+POOL = 24
+
+
+def sequential(
+    seed: int, world: World, *, gain: float, paired: bool, rounds: int
+) -> tuple[str, str | None, int, int]:
+    """One simulated campaign that buys rounds of seeds as the flow does: ``world.seeds`` a
+    side planned, then while the verdict is inconclusive and names the seeds that would settle
+    it (``close.looks.seeds_to_buy``), those seeds more of the control and the variant, and the
+    verdict decided again at the error that look may spend (``close.looks.look_alpha``), up to
+    ``rounds`` rounds (the lot's price is taken to fit).
+
+    Returns:
+        ``(kind, run, looks, seeds)``: the last verdict, the rounds bought, the seeds a side.
+    """
+    rng = np.random.default_rng(seed)
+    shared_sd = world.seed_sd * math.sqrt(world.shared)
+    shared = {s: float(rng.normal(scale=shared_sd)) for s in range(2 * POOL)}
+    difficulty = {s: rng.normal(size=world.n) for s in SPLITS}
+    draw = functools.partial(_seed_scores, rng, world, shared=shared, difficulty=difficulty)
+    control = draw(gain=0.0, seeds=range(POOL))
+    variant = draw(gain=gain, seeds=range(POOL) if paired else range(POOL, 2 * POOL))
+    k, look = world.seeds, 0
+    while True:
+        v = decide_verdict(
+            RULE,
+            control=_evidence(control[:k]),
+            variants={"v0": _evidence(variant[:k])},
+            look=look,
+            alpha=look_alpha(look),
+        )
+        more = seeds_to_buy(v, have=k) if look < rounds else None
+        if not more or k >= POOL:
+            return v.kind, v.run, look, k
+        k, look = min(POOL, k + more), look + 1
 
 
 def campaign(
@@ -263,6 +326,30 @@ def _rows(name: str, world: World, *, n: int, paired: bool) -> list[str]:
     ]
 
 
+def _round_rows(name: str, world: World, *, n: int, paired: bool, rounds: int) -> list[str]:
+    """A campaign that buys up to ``rounds`` rounds of seeds: A/A adoption over every look,
+    and the power at the plan's gain for its planned seeds (3 a side when it plans one)."""
+    path, k = ("paired" if paired else "unpaired"), world.seeds
+    aa_runs = [
+        sequential(40_000 + c, world, gain=0.0, paired=paired, rounds=rounds) for c in range(n)
+    ]
+    gain = plan_gain(replace(world, seeds=max(3, k)))
+    pw = [sequential(50_000 + c, world, gain=gain, paired=paired, rounds=rounds) for c in range(n)]
+    bought = Rate(sum(r[2] > 0 for r in aa_runs), n)
+    what = f"with up to {rounds} rounds"
+    return [
+        _row(name, f"A/A adoption over every look, {what}", path, k, _adopted(aa_runs), "<= 0.05"),
+        _row(name, f"A/A campaigns that bought a round, {what}", path, k, bought, "-"),
+        _row(
+            name, f"power at the plan's gain ({gain:.4f}), {what}", path, k, _adopted(pw), ">= 0.80"
+        ),
+    ]
+
+
+def _adopted(runs: Sequence[tuple[str, str | None, int, int]]) -> Rate:
+    return Rate(sum((kind, run) == ("adopt", "v0") for kind, run, _, _ in runs), len(runs))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the settings and write the markdown table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -276,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
             for paired in (True, False):
                 rows += _rows(name, World(seeds=seeds, **params), n=n, paired=paired)
             print(f"{name}, {seeds} seeds done", file=sys.stderr)
+        for seeds in (1, 3):
+            for paired in (True, False):
+                world = World(seeds=seeds, **params)
+                rows += _round_rows(name, world, n=n, paired=paired, rounds=ROUNDS)
+            print(f"{name}, {seeds} seeds with rounds done", file=sys.stderr)
     w = World()
     text = "\n".join(
         [
@@ -293,7 +385,13 @@ def main(argv: list[str] | None = None) -> int:
             "variants trained with the control's seeds; *unpaired*: with their own. The power "
             "rows' gain is the plan's `detectable_gain_sd` times one run's seed SD. Real tiny "
             "trainings: `tests/close/test_calibration.py` (digits, 20 campaigns a setting). "
-            "Each rate with its 95% Wilson interval.",
+            "Each rate with its 95% Wilson interval. The rows *with up to 2 rounds* are "
+            "campaigns that buy rounds of seeds beyond their plan as the flow does "
+            "(`close/rounds.py`: while the verdict is inconclusive and names the seeds that "
+            "would settle it, those seeds more of the control and the chosen variant, decided "
+            "again at 2.5% / 2^j one-sided after the j-th round, `close/looks.py`); their A/A row "
+            "counts an adoption at any look; their power row's gain is the plan's at 3 seeds a "
+            "side (the seeds the plan proposes when it is given one).",
             "",
             "| world | setting | path | seeds a side | campaigns | hits | rate | 95% CI | bound |",
             "|---|---|---|---|---|---|---|---|---|",

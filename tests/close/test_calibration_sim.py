@@ -8,6 +8,9 @@ small); it adopts a variant with the plan's smallest detectable gain in about 80
 (the plan's figure is exact: the expected rate is 80%, the bound leaves three Monte Carlo
 standard errors); with three variants and none better, any is adopted in at most 5%. On the
 paired path (the variants trained with the control's seeds) and the unpaired one (their own).
+A campaign that buys rounds of seeds beyond its plan while the verdict is inconclusive decides
+again after each: over all its looks it adopts a variant without a real gain in at most 5%, and
+the plan's detectable gain in at least 80%.
 ``bench/results/calibration.md`` has the same settings at more campaigns, with intervals.
 """
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.calibration import World, campaign, interval_rates, plan_gain, tables
+from bench.calibration import World, campaign, interval_rates, plan_gain, sequential, tables
 from gpucampaign.close.bootstrap import spread_of
 from gpucampaign.core.gain_interval import holm
 
@@ -88,3 +91,41 @@ def test_a_real_gain_among_three_variants_is_still_adopted():
     runs = [campaign(seed, w, gains=[0.0, gain, 0.0], paired=True)[:2] for seed in range(100)]
     assert sum(r == ("adopt", "v1") for r in runs) >= 80
     assert not any(kind == "adopt" and run != "v1" for kind, run in runs)
+
+
+#: Rounds of seeds beyond the plan: the spec's default bound.
+ROUNDS = 2
+
+
+@pytest.mark.parametrize(
+    ("world", "seeds", "paired"),
+    [(SEEDS_DOMINATE, 3, True), (MIXED, 1, False)],
+    ids=["seeds-3-paired", "mixed-1-unpaired"],
+)
+def test_a_a_over_every_look_of_a_campaign_that_buys_rounds_adopts_at_most_5_percent(
+    world, seeds, paired
+):
+    """Deciding again after each round spends the error across the looks: adoption of a
+    variant without a real gain over all the looks stays under 5% (the first look alone
+    spends 2.5%); rounds are bought in a good share of campaigns (with one seed a side, the
+    demo, every campaign whose variant wins on val: the first look cannot adopt it)."""
+    w = World(seeds=seeds, **world)
+    runs = [sequential(s, w, gain=0.0, paired=paired, rounds=ROUNDS) for s in range(400)]
+    adopted = sum(kind == "adopt" for kind, *_ in runs) / len(runs)
+    assert 0.005 <= adopted <= 0.05, adopted
+    bought = sum(looks > 0 for _, _, looks, _ in runs) / len(runs)
+    assert bought >= 0.3, bought
+    assert max(looks for _, _, looks, _ in runs) == ROUNDS
+
+
+def test_the_plans_detectable_gain_is_adopted_in_at_least_80_percent_with_rounds():
+    """The rounds add power: the campaigns the planned look leaves inconclusive at the plan's
+    gain buy seeds and mostly adopt (at least the plan's 80%, and more than one look alone)."""
+    w = World(seeds=3, **SEEDS_DOMINATE)
+    gain = plan_gain(w)
+    runs = [sequential(500 + s, w, gain=gain, paired=True, rounds=ROUNDS) for s in range(200)]
+    alone = [sequential(500 + s, w, gain=gain, paired=True, rounds=0) for s in range(200)]
+    power = sum((kind, run) == ("adopt", "v0") for kind, run, *_ in runs) / len(runs)
+    first = sum((kind, run) == ("adopt", "v0") for kind, run, *_ in alone) / len(alone)
+    assert 0.70 <= first <= 0.90, first  # the plan's 80% at one look
+    assert 0.80 <= power <= 1.0 and power > first + 0.05, (power, first)

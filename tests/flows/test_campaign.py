@@ -26,6 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_PHASES = {"pilot", "train", "restart"}
+#: The tiny demo's decision after its round of seeds (deterministic on CPU).
+DECIDED = "adopt"
 
 
 def start_campaign_run(spec: Path, *, out: Path) -> subprocess.Popen:
@@ -58,6 +60,9 @@ def tiny_campaign(tmp: Path, **edit: Any) -> Path:
             value(data)
         else:
             data[key] = value
+    # No round of seeds beyond the plan unless a test asks for it (tests/flows/test_rounds.py):
+    # each test here decides on its planned runs, in the time it always took.
+    data["decision_point"] = {"rounds": 0, **(data.get("decision_point") or {})}
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
     return spec_path
 
@@ -139,7 +144,10 @@ def _assert_ui_tables(spec: Path, out: Path) -> None:
 def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness, tmp_path):
     # Every run completes here: futility off, since bf16 ties the control exactly on CPU and
     # would stop as futile (tests/flows/test_futility.py runs that rule).
-    spec = tiny_campaign(tmp_path, stop_rules={"futility": False})
+    # One round of seeds beyond the plan allowed (decision_point.rounds).
+    spec = tiny_campaign(
+        tmp_path, stop_rules={"futility": False}, decision_point={"mode": "auto", "rounds": 1}
+    )
     out = tmp_path / "out"
     state = run_flow(spec, out)
     assert state.is_completed(), state.message
@@ -147,16 +155,29 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     assert summary["verified"] is True and summary["problems"] == []
     assert set(summary["runs"].values()) == {"completed"}
     # Training on CPU is deterministic: the demo chooses the short variant, every time; with
-    # one seed a side it is not adopted (training noise is not measured), and seeds are asked.
-    assert (summary["verdict"]["kind"], summary["verdict"]["run"]) == ("inconclusive", "short")
-    assert "training noise is not measured" in summary["verdict"]["answer"]
-    assert "more seed(s) of both 'control' and 'short'" in summary["verdict"]["answer"]
-    # Chosen on val, confirmed on test: the verdict prints the interval it rests on.
+    # one seed a side it is not adopted (training noise is not measured) and the verdict names
+    # the seeds that would settle it: the campaign buys them in the lot (the chosen variant and
+    # the control only) and decides again.
+    rounds = jsonl(out / "rounds.jsonl")
+    new = ["control.s1", "control.s2", "short.s1", "short.s2"]
+    assert [(r["round"], r["bought"], r["by"], r["runs"]) for r in rounds] == [
+        (1, True, "auto", new)
+    ]
+    assert rounds[0]["seeds"] == {"control": [0, 1, 2], "short": [0, 1, 2]}
+    assert "training noise is not measured" in rounds[0]["why"]
+    assert "more seed(s) of both 'control' and 'short'" in rounds[0]["why"]
+    assert 0 < rounds[0]["lot_share"] < 1e-3
     verdict = summary["verdict"]
+    assert (verdict["kind"], verdict["run"]) == (DECIDED, "short"), verdict["answer"]
+    assert verdict["numbers"]["family"]["look"] == 1
+    assert verdict["variants"]["short"]["test"]["seeds"]["control"] == [0, 1, 2]
+    # Chosen on val, confirmed on test: the verdict prints the interval it rests on.
     assert (verdict["select_split"], verdict["report_split"]) == ("val", "test")
     low, high = verdict["variants"]["short"]["test"]["gain_ci95"]
-    assert 0 < low <= verdict["variants"]["short"]["test"]["gain"] <= high
+    assert low <= verdict["variants"]["short"]["test"]["gain"] <= high
     assert "[95% CI " in verdict["text"]
+    report_json = json.loads((out / "report.json").read_text())
+    assert report_json["rounds"][0]["text"].startswith("round 1 of 1: 2 more seed(s) (1, 2)")
     assert summary["spent_usd"] == 47.14
     _assert_ui_tables(spec, out)
 
@@ -176,12 +197,14 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     assert json.loads((out / "restart.json").read_text())["identical"] is True
     report = (out / "report.md").read_text()
     assert summary["verdict"]["text"] in report
+    assert "### Rounds of seeds beyond the plan" in report and "% of the lot" in report
     # Every completed run is a delivery whose model reloads and reproduces its predictions.
-    assert json.loads((out / "report.json").read_text())["budget"]["accepted_deliveries"] == 4
+    assert report_json["budget"]["accepted_deliveries"] == 8
 
     timeline = timeline_rows(out)
     trained = {r["run"] for r in timeline if r["phase"] == "train" and r.get("steps", 0) > 0}
-    assert trained == {"control", "lr-high", "bf16", "short"}
+    assert trained == {"control", "lr-high", "bf16", "short", *new}
+    assert any(r["phase"] == "decide" and "round 1 of 1" in r["note"] for r in timeline)
     assert {r["step"] for r in timeline if r["phase"] == "pilot"} == {"pilot"}
     # One GPU slot: the pilot, the four runs and the restart check never overlap, and the
     # essential work comes first: the control, its restart check, then useful, then exploratory.
@@ -200,7 +223,8 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
         ("train", "control"),
         ("restart", "control"),
     ]
-    assert order[-1] == ("train", "short") and {run for _, run in order[6:8]} == {"lr-high", "bf16"}
+    assert {run for _, run in order[6:8]} == {"lr-high", "bf16"}
+    assert order[8:] == [("train", run) for run in ["short", *new]]  # the round after the plan
     pilots = json.loads((out / "pilot.json").read_text())
     assert set(pilots) == {"control", "lr-high", "bf16", "short"}
     assert all(len(m["early_losses"]) == 5 for m in pilots.values())
@@ -218,11 +242,39 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     assert (out / "plan.json").read_bytes() == plan_before
     assert verify_output(out, reload=False).verified
 
+    # Extended in place: one more seed of the control and 'short' written in the spec, run
+    # into the same folder: every finished run is reused, only the two new ones train, and
+    # the folder keeps the first spec and plan and says why.
+    before = spec.read_bytes()
+    data = yaml.safe_load(before)
+    data["control"]["seeds"] = [0, 1, 2, 3]
+    data["variants"] = [
+        {**v, "seeds": [0, 1, 2, 3]} if v["name"] == "short" else v for v in data["variants"]
+    ]
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    n_rows = len(timeline_rows(out))
+    state3 = run_flow(spec, out)
+    assert state3.is_completed(), state3.message
+    new_rows = timeline_rows(out)[n_rows:]
+    assert {r["run"] for r in new_rows if r.get("steps", 0) > 0} == {"control.s3", "short.s3"}
+    assert {r["run"] for r in new_rows if r["phase"] == "pilot"} == {"control.s3", "short.s3"}
+    history = jsonl(out / "spec-history.jsonl")
+    assert [(h["version"], h["why"]) for h in history] == [
+        (1, "extended in place: added seeds 3 of 'control'; seeds 3 of 'short'")
+    ]
+    assert (out / "specs" / "spec-1.yaml").read_bytes() == before
+    assert (out / "specs" / "plan-1.json").read_bytes() == plan_before
+    assert (out / "spec.yaml").read_bytes() == spec.read_bytes()
+    extended = state3.result()["verdict"]
+    assert extended["variants"]["short"]["test"]["seeds"]["control"] == [0, 1, 2, 3]
+    assert extended["numbers"]["family"]["look"] == 2  # the round, then the extension
+    assert verify_output(out, reload=False).verified
+
     # The scheduled restart check of this output: every run resumes exactly in a new process ...
     from gpucampaign_prefect.flows.restart_check import restart_verification
 
     reports = restart_verification(out=str(out), steps=5)
-    assert {r["run"] for r in reports} == {"control", "lr-high", "bf16", "short"}
+    assert {r["run"] for r in reports} >= {"control", "lr-high", "bf16", "short"}
     assert all(r["identical"] and r["compared_steps"] == 5 for r in reports)
     # ... and fails loudly when nothing is left to resume from.
     shutil.rmtree(out / "checkpoints")

@@ -24,6 +24,7 @@ from gpucampaign.close.futility import futility_savings
 from gpucampaign.close.goodput import folder_attribution
 from gpucampaign.close.inputs import closing_inputs
 from gpucampaign.close.ledger import read_ledger
+from gpucampaign.close.looks import looks_taken, round_text
 from gpucampaign.close.manifest import build_manifest, collect_environment, reference_corpus
 from gpucampaign.close.predictions import (
     predictions_file,
@@ -68,9 +69,11 @@ from gpucampaign.folder.records import (
     read_decisions,
     read_pilot,
     read_plan,
+    read_rounds,
     read_stops,
     read_timeline,
     run_states,
+    spec_with_rounds,
 )
 from gpucampaign.modelfolder.recipe_reload import write_recipe_predictions
 from gpucampaign.modelfolder.refresh import refresh_recipe_copy
@@ -386,10 +389,16 @@ def folder_verdict(
         run_ids: the run IDs by run name as the manifest records them (else resolved).
     """
     decision = decision_after_pilot(read_decisions(root))
+    spec = spec_with_rounds(spec, root)  # the runs of the rounds bought beyond the plan too
     states = run_states(spec, root=root, decision=decision, run_ids=run_ids)
     evidence = run_evidence(spec, root=root, states=states)
     verdict = closing_verdict(
-        spec, evidence=evidence, stops=read_stops(root), decision=decision, catalog=catalog
+        spec,
+        evidence=evidence,
+        stops=read_stops(root),
+        decision=decision,
+        catalog=catalog,
+        look=looks_taken(root),
     )
     return states, verdict
 
@@ -413,6 +422,7 @@ def close_runs(
     """
     decisions = read_decisions(root)
     stops = read_stops(root)
+    spec = spec_with_rounds(spec, root)  # the rounds' runs are the campaign's runs too
     states, verdict = folder_verdict(spec, root=root, catalog=catalog)
     metric_of = run_metrics(
         states, metric=spec.decision_rule.metric if spec.decision_rule else None
@@ -529,6 +539,10 @@ def write_closing_documents(
         futility=futility_savings(root, stops=closed.stops, timeline=timeline),
         changed_inputs=closed.changed_inputs,
         attribution=attribution,
+        rounds=[
+            {**r.to_dict(), "text": round_text(r, bound=spec.decision_point.rounds)}
+            for r in read_rounds(root)
+        ],
     )
     write_report(root, report)
     return report

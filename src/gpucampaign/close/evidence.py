@@ -14,6 +14,7 @@ from typing import Any
 
 from gpucampaign.close.bootstrap import metric_value
 from gpucampaign.close.budget import resolve_packages
+from gpucampaign.close.looks import look_alpha
 from gpucampaign.close.predictions import predictions_file, read_predictions
 from gpucampaign.close.scores import no_scores_reason, read_scores
 from gpucampaign.close.verdict import RunEvidence, Verdict, decide_verdict, no_rule_verdict
@@ -214,9 +215,12 @@ def closing_verdict(
     stops: list[StopRecord],
     decision: Decision | None,
     catalog: Any = None,
+    look: int = 0,
 ) -> Verdict:
     """The spec's decision rule applied to the runs' evidence (re-pose when the decision point
-    re-posed the question); more evidence is priced at the rented lots' price."""
+    re-posed the question); more evidence is priced at the rented lots' price. ``look``: the
+    rounds of seeds bought beyond the plan, whose error is spent across the looks
+    (``close.looks``)."""
     rule = spec.decision_rule
     if rule is None:
         return no_rule_verdict()
@@ -228,6 +232,8 @@ def closing_verdict(
         stops=[s.to_dict() for s in stops],
         repose_reason=repose,
         lot=lot_price(spec, catalog=catalog),
+        look=look,
+        alpha=look_alpha(look),
     )
 
 

@@ -15,7 +15,13 @@ from gpucampaign.core import clock
 from gpucampaign.core.text import say_hours
 from gpucampaign.folder.layout import METRICS_FILE, SPEC_COPY, OutputFolder, run_path
 from gpucampaign.folder.metrics import read_metrics
-from gpucampaign.folder.records import read_plan, read_result, read_stops, read_timeline
+from gpucampaign.folder.records import (
+    read_plan,
+    read_result,
+    read_stops,
+    read_timeline,
+    spec_with_rounds,
+)
 
 
 def folder_attribution(
@@ -44,6 +50,7 @@ def folder_attribution(
     for p, pkg in zip(packages, spec.packages, strict=True):
         p["starts_at"] = pkg.starts_at
     metrics, results = {}, {}
+    spec = spec_with_rounds(spec, root)  # the runs of the rounds of seeds bought too
     for run in spec.run_names():
         run_id = spec.resolve_run(run).run_id
         path = run_path(root, run_id, METRICS_FILE)

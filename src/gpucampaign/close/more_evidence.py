@@ -59,8 +59,8 @@ def seeds_to_measure_noise(
     text = (
         f"Training noise is not measured: with one seed a side the interval covers which "
         "examples the split holds, not what another training seed would give, so more "
-        f"examples alone cannot settle it. To settle it: give 'control' and '{chosen}' "
-        f"seeds: [...] with {PROPOSED_SEEDS} seeds each, {more} more seed(s) of both{cost}."
+        f"examples alone cannot settle it. To settle it: {seeds_to_write(chosen, entry, more)}, "
+        f"{more} more seed(s) of both{cost}."
     )
     settle = f"{more} more seed(s) of both 'control' and '{chosen}'{cost} would settle it"
     return {
@@ -73,6 +73,27 @@ def seeds_to_measure_noise(
         "text": text,
         "settle": settle,
     }
+
+
+def seeds_to_write(chosen: str, entry: Mapping[str, Any], more: int) -> str:
+    """The exact ``seeds:`` to write on the control and the chosen variant for ``more`` more
+    seeds of both (the next numbers above the highest either has, the same on both sides: the
+    runs stay paired by seed), and where to run it."""
+    seeds = entry.get("seeds") or {}
+    again = (
+        "in the spec and run it again into the same --out (the finished runs are reused, only "
+        "the new seeds train)"
+    )
+    if not seeds:  # one seed a side: its number is the spec's, not the verdict's
+        return (
+            f"write seeds: [s, s + 1, ..., s + {more}] on 'control' and on '{chosen}' (s: the "
+            f"run's own seed, first; the same seeds on both keep them paired) {again}"
+        )
+    have = {"control": list(seeds.get("control") or []), chosen: list(seeds.get("variant") or [])}
+    top = max(k for s in have.values() for k in s)
+    new = list(range(top + 1, top + 1 + more))
+    said = " and ".join(f"seeds: {[*s, *new]} on '{b}'" for b, s in have.items())
+    return f"write {said} {again}"
 
 
 def _price(
@@ -173,7 +194,8 @@ def _by_source(
         )
     )
     seeds = (
-        f"{need['more_seeds']} more seed(s) of both 'control' and '{chosen}'{cost}"
+        f"{need['more_seeds']} more seed(s) of both 'control' and '{chosen}'{cost} ("
+        f"{seeds_to_write(chosen, entry, need['more_seeds'])})"
         if need["more_seeds"] is not None
         else "more seeds alone cannot settle it (the examples' share of the variance is "
         "already above what the interval may keep)"

@@ -67,6 +67,7 @@ def build_report(
     futility: Mapping[str, Any] | None = None,
     changed_inputs: Sequence[str] = (),
     attribution: Mapping[str, Any] | None = None,
+    rounds: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The closing report as data (``report.json``); ``render_report_md`` turns it into text.
 
@@ -87,6 +88,8 @@ def build_report(
             (``inputs.closing_inputs``).
         attribution: ``attribution.attribute_window``'s result: the lots' time by cause, its
             price in the same shares, the goodput.
+        rounds: ``rounds.jsonl``'s lines with their words (``text``): the rounds of seeds
+            bought (or declined) beyond the plan, with their price.
 
     Returns:
         A JSON-ready dict whose top level holds the ``SUMMARY_KEYS`` (``campaign report --json``).
@@ -108,6 +111,7 @@ def build_report(
         "changed_inputs": list(changed_inputs),
         "attribution": dict(attribution) if attribution else None,
         "goodput": (attribution or {}).get("goodput"),
+        **({"rounds": [dict(r) for r in rounds]} if rounds else {}),
     }
 
 
@@ -393,6 +397,26 @@ def _decisions_and_stops_md(report: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _rounds_md(report: Mapping[str, Any]) -> list[str]:
+    """The rounds of seeds bought beyond the plan (each a share of the lot), or declined."""
+    rounds = report.get("rounds") or []
+    if not rounds:
+        return []
+    out = ["", "### Rounds of seeds beyond the plan", ""]
+    for r in rounds:
+        state = "bought" if r.get("bought") else "declined"
+        out.append(f"- {r.get('text')}: {state} by {r.get('by')}; it was asked by: {r.get('why')}")
+    hours = sum(r.get("gpu_hours") or 0.0 for r in rounds if r.get("bought"))
+    share = sum(r.get("lot_share") or 0.0 for r in rounds if r.get("bought"))
+    out += [
+        "",
+        f"The rounds bought took {_hours(hours)} GPU h measured before they ran "
+        f"({100 * share:.2g}% of the lot); their runs are in the runs table and the timeline.",
+        "",
+    ]
+    return out
+
+
 def _estimates_md(fva: Mapping[str, Any]) -> list[str]:
     est = fva.get("estimates") or {}
     if not est.get("measured"):
@@ -423,6 +447,7 @@ def render_report_md(report: Mapping[str, Any]) -> str:
     out += _runs_md(report)
     out += _scaling_md(report)
     out += ["", "## Budget", "", render_budget_md(report["budget"], result="the answer above")]
+    out += _rounds_md(report)
     out += render_futility_md(report.get("futility"))
     out += render_attribution_md(report.get("attribution"))
     out += _forecast_md(report["forecast_vs_actual"])

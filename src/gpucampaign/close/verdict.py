@@ -20,6 +20,7 @@ from gpucampaign.close.more_evidence import (
     to_settle,
 )
 from gpucampaign.close.verdict_steps import (
+    ALPHA,
     barred,
     family,
     futile_settled,
@@ -245,6 +246,8 @@ def decide_verdict(
     repose_reason: str | None = None,
     lot: Mapping[str, float] | None = None,
     seed: int = BOOT_SEED,
+    look: int = 0,
+    alpha: float = ALPHA,
 ) -> Verdict:
     """Apply the spec's decision rule to the measured evidence.
 
@@ -273,6 +276,8 @@ def decide_verdict(
         lot: the rented lots' price and GPU hours (``usd``, ``gpu_hours``), to price the extra
             seeds of an inconclusive verdict (from each run's measured training time).
         seed: the bootstrap's seed.
+        look, alpha: the rounds of seeds bought so far, and the one-sided error adoption
+            may spend at this look (``close.looks.look_alpha``; Holm's step-down at it).
 
     Returns:
         The verdict.
@@ -306,7 +311,7 @@ def decide_verdict(
         settled = futile_settled(rule, never, stops=stops)
         return _negative(frame, control=ctrl, cut=cut, futile=futile_words(settled, evidence))
     seconds = {"control": ctrl.train_s, **times}
-    fam = frame.base["numbers"]["family"] = family(rule, table, never=never)
+    fam = frame.base["numbers"]["family"] = family(rule, table, never=never, alpha=alpha, look=look)
     return refuse_uncorrected(_confirm(frame, chosen, seconds=seconds, lot=lot), fam=fam)
 
 

@@ -136,13 +136,20 @@ def futile_words(settled: Mapping[str, bool], runs: Mapping[str, _Stepped]) -> t
 
 
 def family(
-    rule: DecisionRule, table: Mapping[str, Mapping[str, Any]], *, never: Mapping[str, str]
+    rule: DecisionRule,
+    table: Mapping[str, Mapping[str, Any]],
+    *,
+    never: Mapping[str, str],
+    alpha: float = ALPHA,
+    look: int = 0,
 ) -> dict[str, Any]:
     """Holm's correction over every variant the verdict may adopt (those with an interval on
     the report split, not stopped early): whether Holm's step-down at 2.5% one-sided (the 95%
     interval's lower end) adopts each. With one variant it is the interval itself; with
     several, the chance that any variant without a real gain is adopted stays at most 2.5%
-    (``docs/stop-rules-and-evidence.md``).
+    (``docs/stop-rules-and-evidence.md``). After a round of seeds bought beyond the plan
+    (``look`` above 0) the step-down runs at the error that look may spend (``alpha``:
+    ``close.looks.look_alpha``).
 
     Returns:
         ``{variants, alpha, adoptable}``: ``adoptable`` by variant name.
@@ -154,8 +161,9 @@ def family(
         if name in never or spread is None or entry.get("gain") is None:
             continue
         gains[name] = (float(entry["gain"]), spread)
-    adoptable = holm(gains, bar=rule.min_gain, alpha=ALPHA)
-    return {"variants": len(gains), "alpha": ALPHA, "adoptable": adoptable}
+    adoptable = holm(gains, bar=rule.min_gain, alpha=alpha)
+    out = {"variants": len(gains), "alpha": alpha, "adoptable": adoptable}
+    return {**out, "look": look} if look else out
 
 
 def refuse_uncorrected(verdict: Any, *, fam: Mapping[str, Any]) -> Any:
@@ -169,6 +177,17 @@ def refuse_uncorrected(verdict: Any, *, fam: Mapping[str, Any]) -> Any:
         f"with {fam['variants']} variants judged together its interval does not clear the "
         "min gain once corrected for them (Holm); more seeds would settle it"
     )
+    if fam.get("look"):  # a look after a round of seeds: the error spent across the looks
+        why = (
+            f"after round {fam['look']} of seeds its interval does not clear the min gain at "
+            f"the {100 * fam['alpha']:.3g}% one-sided error this look may spend (the error is "
+            "spent across the looks)"
+            + (
+                f" with {fam['variants']} variants judged together (Holm)"
+                if fam["variants"] > 1
+                else ""
+            )
+        )
     return replace(
         verdict,
         kind="inconclusive",

@@ -12,7 +12,7 @@ import json
 import re
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from pydantic import Field, ValidationError, field_validator, model_serializer, 
 from gpucampaign.config.links import check_links
 from gpucampaign.config.lots import Package, Step
 from gpucampaign.config.parts import (
+    DEFAULT_ROUNDS,
     MAX_CALENDAR_STEPS,
     MAX_EXPENSES,
     MAX_HOURS,
@@ -201,6 +202,20 @@ class CampaignSpec(_Frozen):
         if run == "control":
             return self.control.seeds if self.control is not None else ()
         return next((v.seeds for v in self.variants if v.name == run), ())
+
+    def with_seeds(self, seeds: Mapping[str, Sequence[int]]) -> CampaignSpec:
+        """A copy of this spec whose base runs in ``seeds`` have those replicate seeds (the
+        first is the run itself and must be its own seed, so that its run ID stays), validated
+        again (the run count, distinct seeds)."""
+        data = self.model_dump(mode="python")
+        for base, given in seeds.items():
+            if base == "control":
+                data["control"]["seeds"] = tuple(given)
+            else:
+                for v in data["variants"]:
+                    if v["name"] == base:
+                        v["seeds"] = tuple(given)
+        return type(self).model_validate(data)
 
     def replicate_of(self, run: str) -> tuple[str, int] | None:
         """``(base run, seed)`` of a replicate run name ``<base>.s<seed>``; None otherwise."""
@@ -620,4 +635,8 @@ def spec_sha256(spec: CampaignSpec) -> str:
     body = spec.model_dump(
         mode="json", exclude={"tracking": True, "packages": {"__all__": {"work_queue"}}}
     )
+    # The bound on rounds of seeds came later: at its default it is left out, so that a spec
+    # (and a folder sealed) before it keeps its hash.
+    if spec.decision_point.rounds == DEFAULT_ROUNDS:
+        body["decision_point"].pop("rounds", None)
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()

@@ -47,6 +47,8 @@ MAX_LOTS = 1000
 MAX_HOURS = 87_600.0
 MAX_USD = 1e9
 MAX_WAIT_S = 30 * 86_400
+MAX_ROUNDS = 5  # rounds of seeds a campaign may buy beyond its plan
+DEFAULT_ROUNDS = 2
 #: How long a read of an s3:// store waits for the store to answer again, by default.
 DEFAULT_READ_WAIT_S = 900
 MAX_LEASE_S = 86_400
@@ -481,6 +483,15 @@ class DecisionPointSpec(_Frozen):
         gt=0,
         le=MAX_WAIT_S,
         description="With 'ask': seconds before the automatic choice.",
+    )
+    rounds: int = Field(
+        default=DEFAULT_ROUNDS,
+        ge=0,
+        le=MAX_ROUNDS,
+        description="Rounds of seeds beyond the plan the campaign may buy while its verdict is "
+        "inconclusive: each trains more seeds of the chosen variant and the control, when they "
+        "fit the lot's spare time, and decides again (its error spent across the looks); 0 "
+        "turns it off.",
     )
 
 

@@ -40,6 +40,9 @@ RELOAD = "RELOAD.md"
 REPORT_JSON, REPORT_MD, REPORT_HTML = "report.json", "report.md", "report.html"
 INPUTS = "inputs.json"
 STOPS, DECISIONS, TIMELINE = "stops.jsonl", "decisions.jsonl", "timeline.jsonl"
+ROUNDS = "rounds.jsonl"  # the rounds of seeds bought beyond the plan (close/rounds.py)
+# A campaign extended in place (preflight/extension.py): its earlier specs and plans, and why.
+SPECS_DIR, SPEC_HISTORY = "specs", "spec-history.jsonl"
 CAMPAIGN_FILE = "campaign.json"  # the campaign ID, written at the flow's first start
 # Written first into a new output folder (after the writer's .lock): the folder is this tool's,
 # so a rerun may go on in it (preflight/ownership.py refuses any other folder with files).

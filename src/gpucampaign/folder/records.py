@@ -1,8 +1,8 @@
 """The records a campaign writes into its output folder, typed, with one reader each.
 
 ``plan.json`` (and ``reforecast.json``, same shape), ``decisions.jsonl``, ``stops.jsonl``,
-``timeline.jsonl``, ``pilot.json``, ``campaign.json`` and ``runs/<run_id>/result.json`` (their
-names are ``folder.layout``'s). Each record has ONE
+``timeline.jsonl``, ``rounds.jsonl``, ``pilot.json``, ``campaign.json`` and
+``runs/<run_id>/result.json`` (their names are ``folder.layout``'s). Each record has ONE
 shape: the one its writer writes. A reader that meets another shape says so instead of guessing.
 
 A run's state (completed, stopped, dropped, not run) is decided here, once, from these
@@ -38,6 +38,7 @@ from gpucampaign.folder.layout import (
     PLAN,
     REFORECAST_FILE,
     RESULT_FILE,
+    ROUNDS,
     STOPS,
     TIMELINE,
     OutputFolder,
@@ -84,6 +85,7 @@ class PlanRecord:
     steps: tuple[PlanStep, ...]
     span_hours: float | None = None
     window_hours: float | None = None
+    spare_gpu_hours: float | None = None  # the lot's GPU hours the plan leaves unused
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PlanRecord:
@@ -114,8 +116,13 @@ class PlanRecord:
             raise FolderError(
                 f"plan.json: a step lacks its name or hours ({exc})", field="plan"
             ) from None
+        evidence = data.get("evidence")
+        spare = evidence.get("spare_gpu_hours") if isinstance(evidence, Mapping) else None
         return cls(
-            steps=steps, span_hours=data.get("span_hours"), window_hours=data.get("window_hours")
+            steps=steps,
+            span_hours=data.get("span_hours"),
+            window_hours=data.get("window_hours"),
+            spare_gpu_hours=float(spare) if isinstance(spare, int | float) else None,
         )
 
     def step(self, name: str) -> PlanStep | None:
@@ -188,6 +195,63 @@ def decision_after_pilot(decisions: Iterable[DecisionRecord]) -> Decision | None
     """The last decision taken after the pilot, None when none was."""
     found = [d.decision for d in decisions if d.point == AFTER_PILOT]
     return found[-1] if found else None
+
+
+# --- rounds.jsonl ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RoundRecord:
+    """One line of ``rounds.jsonl``: a round of seeds the campaign bought beyond its plan
+    (``close.rounds``), or one it was refused (``bought`` False: a person declined it in
+    'ask' mode). ``seeds`` holds every seed of each base run once the round is trained (the
+    first its own); ``runs`` the new runs; ``gpu_hours`` and ``lot_share`` its measured price
+    (one seed's training time of each side times the seeds); ``verdict`` the answer that asked
+    for it."""
+
+    round: int
+    seeds: dict[str, list[int]]
+    runs: list[str]
+    gpu_hours: float | None
+    lot_share: float | None
+    why: str
+    bought: bool = True
+    by: str = "auto"
+    time: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RoundRecord:
+        """Read one line."""
+        known: dict[str, Any] = {k: data.get(k) for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The line written."""
+        return asdict(self)
+
+
+def read_rounds(root: str | Path) -> list[RoundRecord]:
+    """Every round recorded, in order (bought or declined)."""
+    return [RoundRecord.from_dict(r) for r in read_jsonl(_in(root, ROUNDS))]
+
+
+def append_round(root: str | Path, record: RoundRecord) -> None:
+    """Append a round to ``rounds.jsonl`` (before its runs train: a rerun trains them)."""
+    append_jsonl(_in(root, ROUNDS), record.to_dict())
+
+
+def spec_with_rounds(spec: CampaignSpec, root: str | Path) -> CampaignSpec:
+    """The spec with the seeds of every round the folder bought (``rounds.jsonl``): its runs
+    are the spec's and the rounds'; the spec itself when no round was bought. Idempotent: a
+    round records the whole seed list of each base run it grew."""
+    seeds: dict[str, list[int]] = {}
+    for r in read_rounds(root):
+        if r.bought:
+            for base, given in r.seeds.items():
+                have = seeds.setdefault(base, list(spec.seeds_of(base)))
+                # The spec's own seeds first (a spec extended in place may hold more).
+                have += [k for k in given if k not in have]
+    if all(list(spec.seeds_of(b)) == k for b, k in seeds.items()):
+        return spec
+    return spec.with_seeds(seeds)
 
 
 # --- stops.jsonl ----------------------------------------------------------------------------

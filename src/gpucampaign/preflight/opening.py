@@ -21,11 +21,13 @@ from gpucampaign.config.recipefile import recipe_file
 from gpucampaign.core.errors import ArgumentError, FolderError, InputError
 from gpucampaign.core.storageurl import is_s3
 from gpucampaign.data.pins import input_sha256
-from gpucampaign.folder.layout import MANIFEST, OutputFolder
+from gpucampaign.folder.layout import MANIFEST, SPEC_COPY, OutputFolder
+from gpucampaign.folder.records import spec_with_rounds
 from gpucampaign.plan import calendar
 from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.tariffs import Catalog, load_catalog
 from gpucampaign.preflight.checks import Preflight, preflight
+from gpucampaign.preflight.extension import extension_of, keep_extension
 from gpucampaign.preflight.ownership import closed_for_good, mark_owned, refuse_foreign_folder
 from gpucampaign.recipe.runtime import recipe_module_path
 from gpucampaign.storage import open_store
@@ -49,6 +51,8 @@ class OpenCampaign:
         plan: The plan as written at the start (``plan.json``).
         sealed: The sha256 of ``manifest.json`` when the folder holds this campaign closed for
             good (``closed_for_good``): a rerun verifies it and rewrites nothing.
+        extends: What the spec adds to the one the folder holds, when it extends that
+            campaign in place (``preflight.extension``): ``start_folder`` keeps both.
     """
 
     spec: CampaignSpec
@@ -60,6 +64,7 @@ class OpenCampaign:
     catalog: Catalog
     plan: Plan
     sealed: str | None = None
+    extends: str | None = None
 
     @property
     def name(self) -> str:
@@ -111,7 +116,9 @@ def open_campaign(
         target, spec_home=base if isinstance(spec, CampaignSpec) else Path(spec).resolve().parent
     )
     folder = OutputFolder(target)
-    folder.keep_spec(copy, source=source, check_only=True)
+    extends = _extends(folder, cs, copy=copy)
+    if extends is None:
+        folder.keep_spec(copy, source=source, check_only=True)
     refuse_sealed_rewrite(folder.root, cs, base_dir=base)
     # A run's start waits out a store that does not answer, as its reads do (plan: no wait).
     checked = preflight(cs, base_dir=base, out=target, env=env, store_wait_s=read_wait_s(cs))
@@ -126,8 +133,24 @@ def open_campaign(
         checked=checked,
         catalog=catalog,
         plan=plan,
-        sealed=closed_for_good(folder.root) if _same_recipes(cs, folder) else None,
+        sealed=closed_for_good(folder.root) if _same_recipes(cs, folder) and not extends else None,
+        extends=extends,
     )
+
+
+def _extends(folder: OutputFolder, cs: CampaignSpec, *, copy: bytes) -> str | None:
+    """What ``cs`` adds to the campaign the folder holds when it only extends it (more seeds,
+    more variants), else None (the same spec, a new folder, or another campaign)."""
+    kept = folder.path(SPEC_COPY)
+    if not kept.is_file() or kept.read_bytes() == copy:
+        return None
+    try:
+        # Never with the folder on sys.path: none of its files is importable code.
+        old = load_spec(kept, recipe_folder=False)
+    except InputError:
+        return None
+    # What the campaign has: its spec's runs and the rounds of seeds it bought.
+    return extension_of(spec_with_rounds(old, folder.root), cs)
 
 
 def _same_recipes(cs: CampaignSpec, folder: OutputFolder) -> bool:
@@ -164,6 +187,8 @@ def start_folder(opened: OpenCampaign) -> bool:
     folder, cs = opened.folder, opened.spec
     folder.root.mkdir(parents=True, exist_ok=True)
     mark_owned(folder.root, campaign=cs.name)  # the first file: the folder is this tool's
+    if opened.extends is not None and folder.path(SPEC_COPY).read_bytes() != opened.spec_copy:
+        keep_extension(folder, text=opened.spec_copy, why=opened.extends)
     folder.keep_spec(opened.spec_copy, source=opened.source)
     return is_s3(cs.storage.url) and adopt_timeline(
         folder.root,

@@ -30,6 +30,7 @@ from gpucampaign.folder.lock import writer_lock
 from gpucampaign.folder.records import (
     fix_campaign_id,
     read_pilot,
+    read_result,
     read_stops,
     run_states,
     runs_with_model,
@@ -51,6 +52,7 @@ from gpucampaign_prefect.flows._naming import (
     spec_name,
     tag_flow_run,
 )
+from gpucampaign_prefect.flows._rounds import buy_rounds
 from gpucampaign_prefect.orchestration import notify
 from gpucampaign_prefect.orchestration.campaign_lock import (
     CampaignHeld,
@@ -443,6 +445,10 @@ def _experiments(
     states = run_states(cs, root=folder.root, decision=decision)
     with_model = runs_with_model(states, root=folder.root)
     analyses = predictions(cs, runs=with_model, **common) if with_model else {}
+    if essential_stop is None:  # the evidence the verdict still lacks, bought in the lot
+        analyses |= buy_rounds(
+            cs, catalog=catalog, folder=folder, common=common, mode=mode, campaign_id=campaign_id
+        )
     return decision, essential_stop, analyses
 
 
@@ -485,7 +491,9 @@ def _pilot_every_run(
         if stops:
             break
         futures = {}
-        for r in [r for r in group if r not in measured]:
+        # A run with a result needs no pilot (a campaign extended in place, a round's seeds).
+        done = {r for r in group if read_result(common["out"], cs.resolve_run(r).run_id)}
+        for r in [r for r in group if r not in measured and r not in done]:
             futures[r] = pilot.submit(
                 cs,
                 run=r,

@@ -185,3 +185,48 @@ def _resume_self() -> None:
     assert ctx is not None and ctx.flow_run is not None
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(ctx.flow_run.id, Running(), force=True)
+
+
+class RoundAnswer(RunInput):
+    """A person's answer to a round of seeds beyond the plan."""
+
+    buy: bool = True
+    note: str = ""
+
+
+def ask_round(
+    spec: CampaignSpec, *, text: str, why: str, campaign_id: str = ""
+) -> tuple[bool, str]:
+    """'ask' mode: whether a person buys a round of seeds beyond the plan, shown its price as
+    a share of the lot and the verdict that asks for it; the proposal (buy) is taken when no
+    answer comes within ``decision_point.timeout_s``.
+
+    Returns:
+        ``(bought, by)``: ``by`` is 'person' or 'timeout'.
+    """
+    logger = get_run_logger()
+    timeout_s = spec.decision_point.timeout_s
+    logger.warning("decision point: waiting up to %ss for a person: buy %s?", timeout_s, text)
+    notify.decision_waiting(
+        campaign=campaign_id or spec.name,
+        name=spec.name,
+        proposal=f"buy {text}",
+        reasons=[why],
+        timeout_s=timeout_s,
+    )
+    deadline = datetime.now(UTC) + timedelta(seconds=timeout_s)
+    description = (
+        f"The verdict is not yet settled: {why}\n\n**Proposed: buy {text}** (`buy` is "
+        f"pre-selected below). Without an answer by {say_deadline(deadline)} the round is bought."
+    )
+    try:
+        got = pause_flow_run(
+            wait_for_input=RoundAnswer.with_initial_data(description=description, buy=True),
+            timeout=timeout_s,
+            poll_interval=2,
+        )
+    except FlowPauseTimeout:
+        _resume_self()
+        logger.error("decision point: no answer in time; buying the round as proposed")
+        return True, "timeout"
+    return bool(got.buy), "person"
