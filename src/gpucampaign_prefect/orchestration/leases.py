@@ -16,56 +16,13 @@ Checked against Prefect 3.9.1: on an upgrade, compare ``acquire_slots`` and ``re
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TypeVar
 from uuid import UUID
 
 import httpx
 from prefect.client.orchestration import get_client
 from prefect.concurrency._leases import maintain_concurrency_lease
 from prefect.concurrency._sync import acquire_concurrency_slots_with_lease
-from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-
-T = TypeVar("T")
-
-#: How long a busy server (503) is asked again every ``BUSY_PAUSE_S`` before Prefect's own
-#: backoff takes over (2 s, then 4, 8, ...).
-BUSY_WINDOW_S = 5.0
-BUSY_PAUSE_S = 0.05
-
-
-def _busy(exc: BaseException) -> bool:
-    """True when ``exc`` (or what it wraps) is the server's 503: a write that met another one
-    in SQLite (``SQLITE_BUSY``), over as soon as that write commits."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, httpx.HTTPStatusError) and seen.response.status_code == 503:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def _soon(call: Callable[[], T]) -> T:
-    """``call()``, a busy server asked again within milliseconds.
-
-    The embedded server answers 503 when the slot's write meets the task-run recorder's write
-    of the phase that just ended, and Prefect's client waits a fixed 2 s before asking again:
-    about 2 s lost at most GPU handovers. The client's own retries are off for each quick try
-    (a context setting: this thread only); past ``BUSY_WINDOW_S``, or on any other error, the
-    call runs once more with Prefect's retries, as before.
-    """
-    deadline = time.monotonic() + BUSY_WINDOW_S
-    while time.monotonic() < deadline:
-        try:
-            with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0}):
-                return call()
-        except Exception as exc:
-            if not _busy(exc):
-                break  # held (423), missing limit, transport error: Prefect's own handling
-            time.sleep(BUSY_PAUSE_S)
-    return call()
 
 
 def acquire_slots(name: str, *, slots: int, timeout_s: float | None, lease_s: float) -> UUID:
@@ -85,10 +42,8 @@ def acquire_slots(name: str, *, slots: int, timeout_s: float | None, lease_s: fl
     # Private (prefect.concurrency._sync, Prefect 3.9.1): the public `concurrency` takes its
     # slots with this very call (waiting out a full limit as the server says) and keeps the
     # lease ID it returns; the holder record needs that ID.
-    granted = _soon(
-        lambda: acquire_concurrency_slots_with_lease(
-            [name], slots, timeout_seconds=timeout_s, lease_duration=lease_s, strict=True
-        )
+    granted = acquire_concurrency_slots_with_lease(
+        [name], slots, timeout_seconds=timeout_s, lease_duration=lease_s, strict=True
     )
     return granted.lease_id
 
@@ -115,10 +70,8 @@ def try_slot(name: str, *, lease_s: float) -> UUID:
     # Private (prefect.concurrency._sync, Prefect 3.9.1), as in `acquire_slots`: with
     # max_retries=0 a held slot raises at once, its cause the server's 423 response.
     try:
-        granted = _soon(
-            lambda: acquire_concurrency_slots_with_lease(
-                [name], 1, max_retries=0, lease_duration=lease_s, strict=True
-            )
+        granted = acquire_concurrency_slots_with_lease(
+            [name], 1, max_retries=0, lease_duration=lease_s, strict=True
         )
     except Exception as exc:  # Prefect wraps the server's 423 (held) in its own error
         held = exc.__cause__
@@ -146,9 +99,5 @@ def renewed(
 
 def release_slots(lease_id: UUID) -> None:
     """Give back the slots held under the lease ``lease_id`` (the client's public call)."""
-
-    def release() -> None:
-        with get_client(sync_client=True) as client:
-            client.release_concurrency_slots_with_lease(lease_id)
-
-    _soon(release)
+    with get_client(sync_client=True) as client:
+        client.release_concurrency_slots_with_lease(lease_id)
