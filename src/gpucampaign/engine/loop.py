@@ -15,12 +15,15 @@ One call of ``train_run``, as pseudocode::
         batches = r.state.start_epoch(loader)     # the order re-drawn, consumed ones skipped
         for each batch left in the epoch, up to the target:
             _train_step                           # its row waits, the loss on the device
-            rows full?  _flush                    # hooks.on_train_row (non_finite_loss)
+            step < quiet and no rows full?  on to the clock's and the stop's checks
+            rows full?  _flush                    # hooks.on_train_rows (non_finite_loss)
             evaluate("val") at eval_every, else at the epoch's end; hooks.after_eval
               (futility: the control keeps its per-example scores; a variant may ask to stop)
             _save(step, last_step=step == target) # the saver decides if it is due; _flush first
-            hooks.wants_rows?  _flush; hooks.after_step   # the live view; the lot's end
+            hooks due (a step of theirs, or the clock)?  hooks.wants_rows?  _flush;
+              hooks.after_step                    # the live view; the lot's end
             stop requested?  _end(_interruption)
+            something asked?  quiet = _quiet_until # the next step where something may be due
     _reach_target                                 # the pilot: its save durable, return it;
                                                   # the run's last step: final evals and
                                                   # model/ while the last save is written, wait
