@@ -330,8 +330,13 @@ def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
             _end(r, hooks, _interruption(reason))
         if step >= r.target:
             break
-        if busy:
-            quiet = _quiet_until(r, hooks, step, every=every, per_epoch=per_epoch)
+        if busy:  # a hook asked at every step (the lot's deadline) leaves nothing to find
+            ask = hooks.ask_step
+            quiet = (
+                ask
+                if ask <= step + 1
+                else _quiet_until(r, hooks, step, every=every, per_epoch=per_epoch)
+            )
     if s.batch_in_epoch == per_epoch:
         s.epoch += 1
 
