@@ -21,7 +21,8 @@ bare loop's, per category, in microseconds and in Python calls (exact, where a s
 makes the times noisy). cProfile inflates Python calls: read its times as shares, not as the
 figure.
 
-Usage: python bench/loop_cost.py [--quick] [--repeats 5] [--epochs 100] [--profile] [--json]
+Usage: python bench/loop_cost.py [--quick] [--repeats 5] [--epochs 100] [--tiny] [--profile]
+[--json]
 """
 
 from __future__ import annotations
@@ -61,12 +62,16 @@ GOAL_US = 50.0  # at most this many microseconds a step (2.5% of a 2 ms GPU step
 NO_EVAL = 10**6
 
 
-def loop_spec(tmp: Path, *, epochs: int, eval_every: int = NO_EVAL) -> Path:
+def loop_spec(tmp: Path, *, epochs: int, eval_every: int = NO_EVAL, tiny: bool = False) -> Path:
     """The demo campaign (``campaign init``) with its control trained ``epochs`` epochs,
-    evaluated every ``eval_every`` steps (0: at each epoch's end, the demo's)."""
+    evaluated every ``eval_every`` steps (0: at each epoch's end, the demo's). ``tiny``: hidden
+    width 4 and batches of 8 (about 0.3 ms of CPU a step, 158 steps an epoch), where the loop's
+    own work is a larger share of a step: a steadier comparison on a shared machine."""
     src = init_campaign(tmp / f"init-loop-{epochs}-{eval_every}")
     data = yaml.safe_load(src.read_text())
     data["control"].update({"epochs": epochs, "threads": 1, "eval_every": eval_every})
+    if tiny:
+        data["control"].update({"hidden": [4], "batch_size": 8})
     # A short (--quick) run may end below the quality floor: not this bench's concern.
     data["stop_rules"]["below_threshold"] = False
     return write_spec_copy(data, source_dir=src.parent, dest=tmp / f"loop-{epochs}-{eval_every}")
@@ -357,6 +362,7 @@ def main() -> int:
         default=NO_EVAL,
         help="steps (default: none during training; 0: each epoch's end, the demo's)",
     )
+    ap.add_argument("--tiny", action="store_true", help="hidden 4, batch 8: the loop's share up")
     ap.add_argument("--profile", action="store_true", help="where the microseconds go")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -365,7 +371,7 @@ def main() -> int:
     repeats = a.repeats or (3 if a.quick else 7)
     with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp_name:
         tmp = Path(tmp_name)
-        pair = Pair(loop_spec(tmp, epochs=epochs, eval_every=a.eval_every), tmp)
+        pair = Pair(loop_spec(tmp, epochs=epochs, eval_every=a.eval_every, tiny=a.tiny), tmp)
         if a.profile:
             p = profile(pair)
             print(json.dumps(p, indent=2) if a.json else render_profile(p))

@@ -1,4 +1,6 @@
-"""The checkpointer decides when a run saves: the loop calls it after every step."""
+"""The checkpointer decides when a run saves: the loop asks it after every step where it may
+save (the policy's next save, the call's last step, each step while a save is in flight:
+``Checkpointer.quiet_until``; the others cost the loop one compare, issue 47)."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def _checkpoint_rows(spec, base) -> list[int]:
     return [r["step"] for r in rows if r["kind"] == "checkpoint"]
 
 
-def test_the_saver_is_called_every_step_and_saves_at_the_policys_steps(
+def test_the_saver_is_asked_at_the_policys_steps_and_saves_there(
     tmp_path,
     digits_file,  # noqa: F811
     monkeypatch,
@@ -44,11 +46,14 @@ def test_the_saver_is_called_every_step_and_saves_at_the_policys_steps(
     spec = make_spec(tmp_path, digits_file)
     res = run(spec, tmp_path)
     assert res.completed and res.steps_done == 20
-    assert [c["step"] for c in calls] == list(range(1, 21))
+    steps = [c["step"] for c in calls]
+    assert steps == sorted(set(steps)) and steps[0] == 1  # in order, at most once a step
     assert [c["step"] for c in calls if c["last"]] == [20]
     for c in calls:
         assert c["saved"] == (c["step"] == c["due"] or c["last"]), c
     saved = [c["step"] for c in calls if c["saved"]]
+    # Asked at every step the policy named: none of its saves was passed over.
+    assert {c["due"] for c in calls if c["due"] <= 20} <= set(saved)
     assert saved[0] == spec.pilot.steps and saved[-1] == 20
     assert _checkpoint_rows(spec, tmp_path) == saved
     assert res.n_checkpoints == len(saved)
@@ -64,11 +69,11 @@ def test_a_fixed_interval_saves_at_its_multiples_and_at_each_calls_last_step(
     calls = _spy(monkeypatch)
     spec = make_spec(tmp_path, digits_file)
     run(spec, tmp_path, checkpoint_every=3, stop_after_steps=7)
-    assert [(c["step"], c["last"]) for c in calls] == [(s, s == 7) for s in range(1, 8)]
+    assert [c["step"] for c in calls if c["last"]] == [7]
     assert [c["step"] for c in calls if c["saved"]] == [3, 6, 7]
     calls.clear()
     run(spec, tmp_path, checkpoint_every=3)
-    assert [c["step"] for c in calls] == list(range(8, 21))
+    assert [c["step"] for c in calls][0] == 8 and [c["step"] for c in calls if c["last"]] == [20]
     assert [c["step"] for c in calls if c["saved"]] == [9, 12, 15, 18, 20]
     assert _checkpoint_rows(spec, tmp_path) == [3, 6, 7, 9, 12, 15, 18, 20]
 

@@ -302,11 +302,30 @@ def jsonl_line(record: Mapping[str, Any]) -> str:
     return _LINE.encode(record) + "\n"
 
 
+def _c_line_encoder() -> Any:
+    """The C encoder ``_LINE.encode`` builds at every call (``JSONEncoder.iterencode``), built
+    once with the same settings, so the lines are the same bytes; None where the json module
+    has no C speedups. Without the circular-reference check: a row is flat, built here."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    return make(
+        None, _json_default, json.encoder.encode_basestring, None, ": ", ", ", True, False, True
+    )
+
+
+_C_LINE = _c_line_encoder()
+
+
 def jsonl_lines(records: Iterable[Mapping[str, Any]]) -> str:
-    """``jsonl_line`` of each record, joined: one Python call per record fewer (the metrics'
-    rows, a batch at a time)."""
-    encode = _LINE.encode
-    return "".join([encode(r) + "\n" for r in records])
+    """``jsonl_line`` of each record, joined: the metrics' rows, a batch at a time, with the
+    C encoder built once (a training step writes a row: the encoder's setup was a third of
+    its cost)."""
+    encode = _C_LINE
+    if encode is None:
+        return "".join([_LINE.encode(r) + "\n" for r in records])
+    lines = ["".join(encode(r, 0)) for r in records]
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def append_jsonl(path: str | Path, record: Mapping[str, Any]) -> None:

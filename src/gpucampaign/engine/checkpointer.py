@@ -28,6 +28,9 @@ from gpucampaign.storage import LocalStore, SpoolingStore
 
 SaveFn = Callable[[dict[str, Any]], None]
 
+#: A step no run reaches (``quiet_until``: no save due by the policy).
+NEVER = 2**62
+
 
 @dataclass(frozen=True)
 class ReadBack:
@@ -123,6 +126,17 @@ class Checkpointer:
         # Data-parallel: rank 0's policy decides (its measured costs); every rank snapshots.
         # One process has no one to agree with: nothing to ask at every step.
         return due if self._one_process else self._r.dist.agree(due)
+
+    def quiet_until(self, step: int) -> int:
+        """The first step after ``step`` at which ``due`` may say yes other than at the call's
+        last step (the loop asks ``due`` at that one): the next step while a save is in flight
+        (collected as soon as it is durable), else the policy's next save. Data-parallel: the
+        next step (``due`` is asked at every step, where the ranks agree: their policies and
+        saves in flight are rank 0's to know)."""
+        if self._background.in_flight or not self._one_process:
+            return step + 1
+        at = self.policy.next_save
+        return at if at > step else NEVER
 
     def submit(self, step: int) -> None:
         """Checkpoint ``step`` in the background (``due`` said so; the waiting metrics rows are

@@ -48,8 +48,9 @@ class RngSlot:
                 GLOBAL_RNG_LOCK.release()
                 raise
 
-    def __exit__(self, *exc: object) -> None:
-        GLOBAL_RNG_LOCK.release()
+    # The lock's own ``__exit__`` (a built-in: not bound to the slot, no Python frame at
+    # every step): it releases the lock, whatever the block raised, and lets it propagate.
+    __exit__ = GLOBAL_RNG_LOCK.__exit__
 
 
 AMP_DTYPES: dict[str, torch.dtype | None] = {

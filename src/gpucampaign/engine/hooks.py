@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpucampaign.core.files import replace_bytes
 from gpucampaign.core.stoprules import StopRule
-from gpucampaign.engine.checkpointer import ReadBack
+from gpucampaign.engine.checkpointer import NEVER, ReadBack
 from gpucampaign.recipe.runtime import score_split
 
 if TYPE_CHECKING:
@@ -62,8 +62,7 @@ if TYPE_CHECKING:
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
-#: A step no run reaches: a hook that needs no step (``Hook.next_step``).
-NEVER = 2**62
+# NEVER: a step no run reaches: a hook that needs no step (``Hook.next_step``).
 
 
 @dataclass(frozen=True)
@@ -292,6 +291,14 @@ class Hook:
         """A step's ``train`` row with its loss fetched, before it is written."""
         return None
 
+    def on_train_rows(self, rows: list[dict[str, Any]]) -> tuple[int, StopRequest] | None:
+        """``on_train_row`` of each ``train`` row of a flush, in order: the first stop asked
+        and its row's index. A hook that can check a batch at once overrides this."""
+        for i, row in enumerate(rows):
+            if row.get("kind") == "train" and (asked := self.on_train_row(row)) is not None:
+                return i, asked
+        return None
+
     def on_rows(self, rows: list[dict[str, Any]]) -> None:
         """Rows just written to ``metrics.jsonl`` (every kind, in order)."""
 
@@ -365,7 +372,9 @@ class Hooks:
         self._stepping = [
             h for h in self.hooks if _overrides(h, "wants_rows") or _overrides(h, "after_step")
         ]
-        self._checking = [h for h in self.hooks if _overrides(h, "on_train_row")]
+        self._checking = [
+            h for h in self.hooks if _overrides(h, "on_train_row") or _overrides(h, "on_train_rows")
+        ]
         self._steps = [0] * len(self._stepping)  # each stepping hook's next step
         self._times = [math.inf] * len(self._stepping)  # and the time it is due from
         self._asked: list[int] = []  # the stepping hooks asked at this step (their indices)
@@ -404,6 +413,8 @@ class Hooks:
         checking = self._checking
         if not checking:
             return None
+        if len(checking) == 1:  # its own batch check (the non-finite rule's: one sum)
+            return checking[0].on_train_rows(rows)
         for i, row in enumerate(rows):
             if row.get("kind") == "train":
                 for h in checking:

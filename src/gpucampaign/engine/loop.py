@@ -15,12 +15,15 @@ One call of ``train_run``, as pseudocode::
         batches = r.state.start_epoch(loader)     # the order re-drawn, consumed ones skipped
         for each batch left in the epoch, up to the target:
             _train_step                           # its row waits, the loss on the device
-            rows full?  _flush                    # hooks.on_train_row (non_finite_loss)
+            step < quiet and no rows full?  on to the clock's and the stop's checks
+            rows full?  _flush                    # hooks.on_train_rows (non_finite_loss)
             evaluate("val") at eval_every, else at the epoch's end; hooks.after_eval
               (futility: the control keeps its per-example scores; a variant may ask to stop)
             _save(step, last_step=step == target) # the saver decides if it is due; _flush first
-            hooks.wants_rows?  _flush; hooks.after_step   # the live view; the lot's end
+            hooks due (a step of theirs, or the clock)?  hooks.wants_rows?  _flush;
+              hooks.after_step                    # the live view; the lot's end
             stop requested?  _end(_interruption)
+            something asked?  quiet = _quiet_until # the next step where something may be due
     _reach_target                                 # the pilot: its save durable, return it;
                                                   # the run's last step: final evals and
                                                   # model/ while the last save is written, wait
@@ -240,13 +243,17 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> StopRequest | None:
     lr = s.optimizer.param_groups[0]["lr"]
     dist = r.dist
     one_process = dist.world_size == 1
-    with r.autocast:
-        # DistributedDataParallel when data-parallel (one process: the model, no call)
-        model = s.model if one_process else dist.train_model(s.model)
-        try:
+    # DistributedDataParallel when data-parallel (one process: the model, no call)
+    model = s.model if one_process else dist.train_model(s.model)
+    amp = r.autocast  # None in fp32: no context's two calls at every step
+    try:
+        if amp is None:
             loss = call_loss(r.resolved.config.recipe, r.recipe.loss, model, batch)
-        except RecipeError as exc:
-            raise _recipe_failed(r, exc, method="loss", step=s.global_step + 1) from None
+        else:
+            with amp:
+                loss = call_loss(r.resolved.config.recipe, r.recipe.loss, model, batch)
+    except RecipeError as exc:
+        raise _recipe_failed(r, exc, method="loss", step=s.global_step + 1) from None
     n = batch_len(batch)
     logged = loss  # fetched with the other waiting rows' losses, when a record needs them
     if not one_process:
@@ -264,7 +271,8 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> StopRequest | None:
             return StopRequest.of(stop, save=False)
         logged = torch.tensor(loss_value, dtype=torch.float64)
     s.optimizer.zero_grad(set_to_none=True)
-    if s.scaler.is_enabled():  # fp16: the loss scaled, the step skipped on an overflow
+    # fp16 (under autocast): the loss scaled, the step skipped on an overflow
+    if amp is not None and s.scaler.is_enabled():
         s.scaler.scale(loss).backward()
         s.scaler.step(s.optimizer)
         s.scaler.update()
@@ -292,30 +300,30 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> StopRequest | None:
 
 
 def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
-    """Train the rest of the current epoch, or up to the target step."""
+    """Train the rest of the current epoch, or up to the target step.
+
+    At most steps nothing but the step is due: no evaluation, no save, no hook, no flush. The
+    step from which something may be (``quiet``, see ``_quiet_until``) is found after each
+    step where something was asked, so the others cost a compare, a clock read (a hook may be
+    due by the clock) and the stop flag."""
     s = r.state
     with r.rng.held():  # the run's own global generators (other runs may train in this process)
         batches = s.start_epoch(r.loader)
     every = r.config.eval_every
     per_epoch = r.steps_per_epoch
     rng, mlog, dist = r.rng, r.mlog, r.dist
+    clock = time.monotonic
+    quiet = 0  # the first step at which more than the step may be due
     while s.batch_in_epoch < per_epoch:
         with rng:  # the slot itself (``held()`` returns it): one call fewer at every step
             if (asked := _train_step(r, batches)) is not None:
                 _end(r, hooks, asked)
-            if mlog.full:
-                _flush(r, hooks)
-            end_of_epoch = s.batch_in_epoch == per_epoch
             step = s.global_step
-            if (every and step % every == 0) or (not every and end_of_epoch):
-                _flush(r, hooks)  # a non-finite loss stops the run before its evaluation
-                evaluated = evaluate(r, "val", final=False)
-                if evaluated is not None:
-                    r.last_eval = (step, evaluated)
-                    # futility: the control records, a variant may ask to stop
-                    _ask(r, hooks, hooks.after_eval(evaluated))
-            _save(r, hooks, step, last_step=step == r.target)  # its snapshot holds this run's RNG
-        if hooks.due(step):  # only the steps a hook needs (the live view's, the lot's end)
+            if busy := step >= quiet or mlog.full:
+                _events(r, hooks, step, every=every, per_epoch=per_epoch)
+        if (busy or clock() >= hooks.ask_time) and hooks.due(step):
+            # only the steps a hook needs (the live view's, the lot's end)
+            busy = True
             if hooks.wants_rows(step):  # the live view, when due, shows the last loss
                 _flush(r, hooks)
             _ask(r, hooks, hooks.after_step(step))
@@ -323,8 +331,40 @@ def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
             _end(r, hooks, _interruption(reason))
         if step >= r.target:
             break
+        if busy:  # a hook asked at every step (the lot's deadline) leaves nothing to find
+            ask = hooks.ask_step
+            quiet = (
+                ask
+                if ask <= step + 1
+                else _quiet_until(r, hooks, step, every=every, per_epoch=per_epoch)
+            )
     if s.batch_in_epoch == per_epoch:
         s.epoch += 1
+
+
+def _events(r: LiveRun, hooks: Hooks, step: int, *, every: int, per_epoch: int) -> None:
+    """What may be due after ``step``, in the run's RNG slot: a full log's flush, the
+    evaluation, the save (its snapshot holds this run's RNG)."""
+    if r.mlog.full:
+        _flush(r, hooks)
+    if (every and step % every == 0) or (not every and r.state.batch_in_epoch == per_epoch):
+        _flush(r, hooks)  # a non-finite loss stops the run before its evaluation
+        evaluated = evaluate(r, "val", final=False)
+        if evaluated is not None:
+            r.last_eval = (step, evaluated)
+            # futility: the control records, a variant may ask to stop
+            _ask(r, hooks, hooks.after_eval(evaluated))
+    _save(r, hooks, step, last_step=step == r.target)
+
+
+def _quiet_until(r: LiveRun, hooks: Hooks, step: int, *, every: int, per_epoch: int) -> int:
+    """The first step after ``step`` at which ``_events`` or a hook may have something to do
+    (a full log is seen at every step, a hook due by the clock too): the next evaluation (at
+    ``eval_every``, else the epoch's end), the saver's next check, a hook's next step, the
+    call's target (its last save)."""
+    s = r.state
+    evaluation = step - step % every + every if every else step + per_epoch - s.batch_in_epoch
+    return min(evaluation, r.saver.quiet_until(step), hooks.ask_step, r.target)
 
 
 def _interruption(reason: str) -> StopRequest:

@@ -76,17 +76,30 @@ class PermutedBatches(Sampler[torch.Tensor]):
         return -(-self.n // self.batch_size)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        order = torch.randperm(self.n, generator=self.generator)
-        if self.device is not None:
-            # One copy per epoch, never one per step: the batches are cut on the device.
-            pinned = order.pin_memory() if self.device.type == "cuda" else order
-            order = pinned.to(self.device, non_blocking=True)
+        order = self._order()
         full = self.n // self.batch_size
         for i in range(full):
             yield order[i * self.batch_size : (i + 1) * self.batch_size]
         torch.randperm(self.n, generator=self.generator)  # RandomSampler's draw on running out
         if self.n % self.batch_size:
             yield order[full * self.batch_size :]
+
+    def batches(self) -> tuple[torch.Tensor, ...]:
+        """The epoch's batches at once (views of one permutation): the same draws as
+        ``__iter__``'s, the second one made now rather than before the last batch. The
+        generator's state is the same at the epoch's end; nothing reads it in between (a
+        checkpoint keeps its state at the top of the epoch)."""
+        order = self._order()
+        torch.randperm(self.n, generator=self.generator)  # RandomSampler's draw on running out
+        return order.split(self.batch_size)
+
+    def _order(self) -> torch.Tensor:
+        order = torch.randperm(self.n, generator=self.generator)
+        if self.device is not None:
+            # One copy per epoch, never one per step: the batches are cut on the device.
+            pinned = order.pin_memory() if self.device.type == "cuda" else order
+            order = pinned.to(self.device, non_blocking=True)
+        return order
 
 
 class TensorBatches:
@@ -106,16 +119,26 @@ class TensorBatches:
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[list[torch.Tensor]]:
-        order = iter(self.sampler)
+        sampler = self.sampler
+        # PermutedBatches' batches drawn at once: one call at each step rather than two.
+        whole = type(sampler) is PermutedBatches
+        order = iter(()) if whole else iter(sampler)  # as torch's: iterated before the seed
         torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # the base seed
+        if whole:
+            order = iter(sampler.batches())
         dataset = self.dataset
-        if type(dataset).__getitem__ is TensorDataset.__getitem__:  # its tensors, cut here
-            tensors = dataset.tensors
-            for idx in order:
-                yield [t[idx] for t in tensors]
-        else:
+        if type(dataset).__getitem__ is not TensorDataset.__getitem__:
             for idx in order:
                 yield list(dataset[idx])
+            return
+        tensors = dataset.tensors  # its tensors, cut here
+        if len(tensors) == 2:  # (features, labels): the built-in recipes', no list built
+            x, y = tensors
+            for idx in order:
+                yield [x[idx], y[idx]]
+        else:
+            for idx in order:
+                yield [t[idx] for t in tensors]
 
 
 def close_loader(loader: Any) -> None:

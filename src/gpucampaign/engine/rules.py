@@ -68,6 +68,17 @@ class NonFiniteLossRule(Hook):
             return StopRequest.of(stop, save=False)
         return None
 
+    def on_train_rows(self, rows: list[dict[str, Any]]) -> tuple[int, StopRequest] | None:
+        """The first non-finite ``train`` row of a flush; one sum when there is none: a sum
+        of floats is finite only when each one is (a NaN or an infinity makes it NaN or
+        infinite), so only a batch whose sum is not (or overflows) is looked at row by row."""
+        try:
+            if math.isfinite(sum([r["loss"] for r in rows if r.get("kind") == "train"])):
+                return None
+        except (KeyError, TypeError):  # a train row without a float loss: the rows one by one
+            pass
+        return super().on_train_rows(rows)
+
 
 class QualityFloor(Hook):
     """``stop_rules.below_threshold``: the run's final metric misses the floor."""

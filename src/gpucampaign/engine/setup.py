@@ -9,7 +9,7 @@ DataLoader generator, the checkpoint manager) into a ``LiveRun``, the object the
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ class LiveRun:
     datasets: dict[str, Any]
     described: dict[str, Any]
     state: TrainState
-    autocast: AbstractContextManager
+    autocast: AbstractContextManager | None  # None in fp32: the loop enters no context
     loader: DataLoader | TensorBatches
     planned: int
     target: int
@@ -242,9 +242,7 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
             gather_rng=dist.gather_rng if dist.world_size > 1 else None,
             rank=dist.rank,
         ),
-        autocast=(
-            torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
-        ),
+        autocast=torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None,
         loader=loader,
         # On the CPU a batch is where it trains: nothing to move at each step.
         copy_batch=BatchCopy(device) if placed is None and device.type != "cpu" else None,

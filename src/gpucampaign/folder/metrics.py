@@ -56,7 +56,11 @@ class MetricsLog:
         self._check = check
         self._auto = flush_when_full
         self._every = max(1, every)
-        self._waiting: list[tuple[dict[str, Any], dict[str, torch.Tensor]]] = []
+        # The rows waiting, in order; each deferred value as its row and key, and the values
+        # (detached) in the same order: one stack of them at the fetch, nothing per row.
+        self._waiting: list[dict[str, Any]] = []
+        self._slots: list[tuple[dict[str, Any], str]] = []
+        self._values: list[torch.Tensor] = []
         self._written: list[dict[str, Any]] = []  # written and not taken yet (take_written)
         self.last_deferred: dict[str, Any] | None = None  # the last deferred row written
         self.full = False  # as many rows wait as may (``every``)
@@ -64,21 +68,26 @@ class MetricsLog:
     def defer(self, row: dict[str, Any], **values: torch.Tensor) -> None:
         """Queue ``row``; each of ``values`` (a scalar tensor, detached here) becomes its field
         of that name at the next flush."""
-        self._queue(row, {k: v.detach() for k, v in values.items()})
+        for key, value in values.items():
+            self._slots.append((row, key))
+            self._values.append(value.detach())
+        self._queue(row)
         if self._auto and self.full:
             self.flush()
 
     def defer_value(self, row: dict[str, Any], key: str, value: torch.Tensor) -> None:
         """``defer(row, key=value)`` in fewer Python calls (the training loop's, at every step;
         it flushes a full log itself)."""
+        self._slots.append((row, key))
+        self._values.append(value.detach())
         waiting = self._waiting
-        waiting.append((row, {key: value.detach()}))
+        waiting.append(row)
         self.full = len(waiting) >= self._every
         if self._auto and self.full:
             self.flush()
 
-    def _queue(self, row: dict[str, Any], values: dict[str, torch.Tensor]) -> None:
-        self._waiting.append((row, values))
+    def _queue(self, row: dict[str, Any]) -> None:
+        self._waiting.append(row)
         # An attribute, not a property: the loop reads it at every step.
         self.full = len(self._waiting) >= self._every
 
@@ -92,14 +101,15 @@ class MetricsLog:
         caller writes those it keeps (``write_rows``)."""
         if not self._waiting:
             return []
-        waiting, self._waiting = self._waiting, []
+        rows, self._waiting = self._waiting, []
         self.full = False
-        tensors = [t for _, values in waiting for t in values.values()]
-        fetched = iter(torch.stack(tensors).tolist() if tensors else [])
-        for row, values in waiting:  # each row its own dict, given to defer: filled in place
-            if values:  # its keys, each with the next value (``fetched`` holds every row's)
-                row.update(zip(values, fetched, strict=False))
-        return [row for row, _ in waiting]
+        if self._values:
+            slots, values = self._slots, self._values
+            self._slots, self._values = [], []
+            # Each row its own dict, given to defer: filled in place, in the order given.
+            for (row, key), value in zip(slots, torch.stack(values).tolist(), strict=True):
+                row[key] = value
+        return rows
 
     def flush(self) -> None:
         """Fetch the waiting rows' values (one transfer), check and write them."""
@@ -118,7 +128,7 @@ class MetricsLog:
         """Append one row: at once when none waits, else behind the waiting ones (flushed, not
         fsynced: ``sync`` before a checkpoint commits)."""
         if self._waiting:
-            self._queue(row, {})
+            self._queue(row)
         else:
             self._write([row])
 
