@@ -11,6 +11,7 @@ and ``demo/``, and the checkout's ``examples/``).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -201,6 +202,17 @@ def test_the_quickstart_and_the_docs_commands_run_as_written(tmp_path: Path) -> 
     (quickstart,) = _blocks(README, QUICKSTART)
     _run_block(quickstart, cwd=work, env=env, timeout=600)
     assert (work / "demo" / "manifest.json").is_file()
+    # The demo ends in a decision, with the round of seeds it bought in the lot on the
+    # timeline and in the budget (issue 43).
+    report = json.loads((work / "demo" / "report.json").read_text())
+    assert report["verdict"]["kind"] in {"adopt", "negative"}, report["verdict"]
+    bought = [r for r in report["rounds"] if r["bought"]]
+    assert bought and all(r["runs"] and r["gpu_hours"] > 0 for r in bought), report["rounds"]
+    timeline = (work / "demo" / "timeline.jsonl").read_text()
+    assert "buy round 1 of" in timeline
+    trained = {json.loads(line).get("run") for line in timeline.splitlines()}
+    assert any(str(run).startswith(tuple(bought[0]["runs"])) for run in trained), trained
+    assert "### Rounds of seeds beyond the plan" in (work / "demo" / "report.md").read_text()
     ran = 0
     for page in _pages():
         for body in _blocks(page, RUNS):

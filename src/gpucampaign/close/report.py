@@ -410,8 +410,9 @@ def _rounds_md(report: Mapping[str, Any]) -> list[str]:
     share = sum(r.get("lot_share") or 0.0 for r in rounds if r.get("bought"))
     out += [
         "",
-        f"The rounds bought took {_hours(hours)} GPU h measured before they ran "
-        f"({100 * share:.2g}% of the lot); their runs are in the runs table and the timeline.",
+        f"The rounds bought were priced at {_hours(hours)} of GPU time, from the runs measured "
+        f"before them ({100 * share:.2g}% of the lot); their runs are in the runs table and the "
+        "timeline.",
         "",
     ]
     return out
