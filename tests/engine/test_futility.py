@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.calibration import control_curve, futility_stops, slow_starter
 from gpucampaign.close.bootstrap import paired_mean_gain
 from gpucampaign.close.scores import Scores
 from gpucampaign.core.stoprules import EVIDENCE_RULES, Futile
@@ -483,49 +484,17 @@ def test_a_small_real_difference_is_not_a_tie() -> None:
     assert not is_tie(base * 1.01, base) and not is_tie(base * 1.3, base)
 
 
-def _drops(acc_v: Any, *, campaigns: int = 200, plain: bool = False) -> list[float | None]:
-    """Per simulated campaign, the share of its steps at which the futility check stops a
-    variant whose accuracy follows ``acc_v(share)`` against a control at ``0.5 + 0.35 (1 -
-    exp(-8 share))``, on 200 examples, checked every 5% of the run from the grace (25%) on;
-    None when it runs to its end. An example is right while its own draw is under the run's
-    accuracy, so the same examples stay right as a run learns. ``plain``: the rule before
-    error spending, the 95% interval's upper end under 0 at any look."""
-    out: list[float | None] = []
-    for c in range(campaigns):
-        rng = np.random.default_rng(c)
-        u_c, u_v = rng.random(N), rng.random(N)
-        stop = None
-        for look in range(25, 100, 5):
-            share = look / 100
-            control = control_record((u_c < 0.5 + 0.35 * (1 - np.exp(-8 * share))) * 1.0)
-            check = futility_check(
-                control,
-                ids=IDS,
-                values=(u_v < acc_v(share)) * 1.0,
-                step=round(share * 400),
-                planned=400,
-                direction="maximize",
-                min_gain=0.0,
-            )
-            if check is not None and (check.ci95[1] < 0 if plain else check.futile):
-                stop = share
-                break
-        out.append(stop)
-    return out
-
-
 def test_a_slow_starter_that_wins_is_rarely_dropped_and_a_variant_at_chance_stops_early() -> None:
     """A slow starter (a lower learning rate) trails the control by ~0.09 at a quarter of its
     steps and ends ahead (0.88 against 0.85): read at O'Brien-Fleming's boundary it is dropped
     in at most 5% of 200 simulated campaigns; read at the plain interval at every look, most
     campaigns would drop it. A variant that stays at chance is still stopped early: in every
     campaign by 35% of its steps, in most at the first look after the grace (25%)."""
-    slow = lambda share: 0.5 + 0.40 * (1 - np.exp(-3 * share))  # noqa: E731
-    assert slow(1.0) > 0.5 + 0.35 * (1 - np.exp(-8.0)) + 0.02  # the true best at the end
-    spent = _drops(slow)
+    assert slow_starter(1.0) > control_curve(1.0) + 0.02  # the true best at the end
+    spent = futility_stops(slow_starter)
     assert sum(s is not None for s in spent) <= 10, spent  # 5% of 200
-    plain = _drops(slow, plain=True)
+    plain = futility_stops(slow_starter, plain=True)
     assert sum(s is not None for s in plain) >= 100
-    chance = _drops(lambda share: 0.5)
+    chance = futility_stops(lambda share: 0.5)
     assert all(s is not None and s <= 0.35 for s in chance)  # by 35% of its steps
     assert sum(s == 0.25 for s in chance) >= 180  # most at the first look
