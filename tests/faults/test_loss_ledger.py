@@ -21,7 +21,17 @@ from tests.flows.test_campaign import ROOT, campaign_cli, start_campaign_run, ti
 
 pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.timeout(900)]
 
-EVERY = 100  # the save interval in steps
+EVERY = 150  # the save interval in steps: not a multiple of the 100 rows a flush writes
+
+
+def _trained_past(out, step: int) -> bool:
+    """Whether a training row after ``step`` is in the control's metrics."""
+    for path in (out / "runs").glob("control-*/metrics.jsonl"):
+        for line in path.read_text().splitlines():
+            row = json.loads(line) if line.endswith("}") else {}
+            if row.get("kind") == "train" and int(row.get("step", 0)) > step:
+                return True
+    return False
 
 
 def test_a_killed_run_is_on_the_ledger_with_its_machine_lost_steps_and_time_to_resume(tmp_path):
@@ -45,7 +55,16 @@ def test_a_killed_run_is_on_the_ledger_with_its_machine_lost_steps_and_time_to_r
                 break
             time.sleep(0.1)
         assert proc.poll() is None, "the campaign ended before it could be interrupted"
-        time.sleep(0.3)  # some steps after the checkpoint, lost with the process
+        # Some steps after the checkpoint, lost with the process: killed once the metrics hold
+        # a step beyond it (rows are written 100 at a time, between two saves of EVERY).
+        while time.monotonic() < deadline and proc.poll() is None:
+            saved = [
+                json.loads(p.read_text())["step"]
+                for p in (out / "checkpoints").glob("control-*/LATEST")
+            ]
+            if saved and _trained_past(out, saved[0]):
+                break
+            time.sleep(0.02)
         os.killpg(proc.pid, signal.SIGKILL)
         killed_at = datetime.now(UTC)
     finally:
