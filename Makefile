@@ -40,9 +40,9 @@ demo: $(STAMP)
 # others' (its path is said at the start), then the fault suite's one line over both.
 test: $(STAMP)
 	@tmp="$$(mktemp -d)"; echo "== the end-to-end tests run beside the others; their log: $$tmp/e2e.log"; \
-	GPUCAMPAIGN_FAULT_COUNTS="$$tmp/e2e.json" $(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=20 -m e2e \
+	GPUCAMPAIGN_FAULT_COUNTS="$$tmp/e2e.json" $(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=20 -m "e2e or beside" \
 	  >"$$tmp/e2e.log" 2>&1 & e2e=$$!; \
-	GPUCAMPAIGN_FAULT_COUNTS="$$tmp/rest.json" $(BIN)/python -m pytest -q -ra --durations=40 -m "not e2e"; \
+	GPUCAMPAIGN_FAULT_COUNTS="$$tmp/rest.json" $(BIN)/python -m pytest -q -ra --durations=40 -m "not e2e and not beside"; \
 	rest=$$?; wait $$e2e; e2e_rc=$$?; \
 	echo "== the end-to-end tests (pytest -m e2e, exit $$e2e_rc)"; cat "$$tmp/e2e.log"; \
 	$(BIN)/python -m tests.faults.conftest "$$tmp"/*.json; rm -rf "$$tmp"; \

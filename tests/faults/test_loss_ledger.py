@@ -19,7 +19,7 @@ import pytest
 from gpucampaign.core.files import parse_time
 from tests.flows.test_campaign import ROOT, campaign_cli, start_campaign_run, tiny_campaign
 
-pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.beside, pytest.mark.timeout(900)]
 
 EVERY = 150  # the save interval in steps: not a multiple of the 100 rows a flush writes
 
