@@ -91,8 +91,7 @@ def test_deployment_run_completes_with_outputs(stack, finished_campaign):
         f"--- worker.log (tail) ---\n{worker_log(stack)}"
     )
     manifest = json.loads((out / "manifest.json").read_text())
-    # One seed a side, then the rounds of seeds the verdict asks for (decision_point.rounds):
-    # measured here, the demo's test split keeps it "inconclusive" after its round.
+    # One seed a side and no round of seeds beyond the plan (tiny_spec): any decision kind.
     assert manifest["verdict"]["kind"] in {"adopt", "inconclusive", "negative"}
     assert set(r["status"] for r in manifest["runs"].values()) == {"completed"}
     assert (out / "report.md").is_file()

@@ -38,6 +38,7 @@ def _tiny_textlm(tmp: Path) -> Path:
     data["calendar"] = [s for s in data["calendar"] if s.get("run") != "lr-high"]
     data["decision_rule"]["threshold"] = 100.0
     data["stop_rules"] = {"futility": False}
+    data["decision_point"] = {"rounds": 0}  # the edit of predict is the subject, not rounds
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
     recipe = spec_path.parent / "textlm.py"
     text = recipe.read_text()

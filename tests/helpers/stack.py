@@ -76,7 +76,9 @@ def tiny_spec(dest: Path, **fields: Any) -> Path:
         for v in data.get("variants", [])
     ]
     data["pilot"] = {**(data.get("pilot") or {}), "steps": 10}
-    data["decision_point"] = {**(data.get("decision_point") or {}), "mode": "auto"}
+    # No round of seeds beyond the plan: on the stack each round's runs cost minutes of CI,
+    # and rounds are tested in-process (tests/flows/test_campaign.py, the quickstart).
+    data["decision_point"] = {**(data.get("decision_point") or {}), "mode": "auto", "rounds": 0}
     if data.get("decision_rule"):
         # 40 steps prove the plumbing, not the model: no essential run may miss the floor.
         data["decision_rule"] = {**data["decision_rule"], "threshold": 0.2}
