@@ -24,6 +24,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.beside, pytest.
 EVERY = 150  # the save interval in steps: not a multiple of the 100 rows a flush writes
 
 
+def _saved_step(out) -> int | None:
+    """The control's durable checkpoint step (its ``LATEST``), None before its first save."""
+    steps = [
+        json.loads(p.read_text())["step"] for p in (out / "checkpoints").glob("control-*/LATEST")
+    ]
+    return steps[0] if steps else None
+
+
 def _trained_past(out, step: int) -> bool:
     """Whether a training row after ``step`` is in the control's metrics."""
     for path in (out / "runs").glob("control-*/metrics.jsonl"):
@@ -47,22 +55,14 @@ def test_a_killed_run_is_on_the_ledger_with_its_machine_lost_steps_and_time_to_r
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
-            latest = [
-                json.loads(p.read_text())["step"]
-                for p in (out / "checkpoints").glob("control-*/LATEST")
-            ]
-            if latest and latest[0] >= 2 * EVERY:
+            if (saved := _saved_step(out)) is not None and saved >= 2 * EVERY:
                 break
             time.sleep(0.1)
         assert proc.poll() is None, "the campaign ended before it could be interrupted"
         # Some steps after the checkpoint, lost with the process: killed once the metrics hold
         # a step beyond it (rows are written 100 at a time, between two saves of EVERY).
         while time.monotonic() < deadline and proc.poll() is None:
-            saved = [
-                json.loads(p.read_text())["step"]
-                for p in (out / "checkpoints").glob("control-*/LATEST")
-            ]
-            if saved and _trained_past(out, saved[0]):
+            if (saved := _saved_step(out)) is not None and _trained_past(out, saved):
                 break
             time.sleep(0.02)
         os.killpg(proc.pid, signal.SIGKILL)
