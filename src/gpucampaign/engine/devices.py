@@ -27,29 +27,42 @@ class RngSlot:
 
     def __init__(self) -> None:
         self.saved: dict[str, Any] | None = None
+        # The lock every slot takes (built-in ``with``: no Python frame), and whether the
+        # global generators hold this slot's states; both read under the lock, ``owned`` set
+        # only there (``take``). The loop enters ``lock`` at every step and calls ``take`` only
+        # when another run took the generators meanwhile.
+        self.lock = GLOBAL_RNG_LOCK
+        self.owned = False
 
     def held(self) -> RngSlot:
         """The global generators hold this run's states inside the block (``with
-        slot.held():``). A class's ``__enter__`` rather than a generator: the loop enters it
-        at every step."""
+        slot.held():``). A class's ``__enter__`` rather than a generator."""
         return self
 
-    def __enter__(self) -> None:
+    def take(self) -> None:
+        """Give the global generators this slot's states, the previous owner's kept in its
+        slot; called with ``lock`` held, when ``owned`` is False."""
         global _rng_owner
+        previous = _rng_owner
+        if previous is not None and previous is not self:
+            previous.saved = capture_rng()
+            previous.owned = False
+        if self.saved is not None:
+            restore_rng(self.saved)
+        _rng_owner = self
+        self.owned = True
+
+    def __enter__(self) -> None:
         GLOBAL_RNG_LOCK.acquire()
-        if _rng_owner is not self:
+        if not self.owned:
             try:
-                if _rng_owner is not None:
-                    _rng_owner.saved = capture_rng()
-                if self.saved is not None:
-                    restore_rng(self.saved)
-                _rng_owner = self
+                self.take()
             except BaseException:
                 GLOBAL_RNG_LOCK.release()
                 raise
 
-    # The lock's own ``__exit__`` (a built-in: not bound to the slot, no Python frame at
-    # every step): it releases the lock, whatever the block raised, and lets it propagate.
+    # The lock's own ``__exit__`` (a built-in: not bound to the slot, no Python frame): it
+    # releases the lock, whatever the block raised, and lets it propagate.
     __exit__ = GLOBAL_RNG_LOCK.__exit__
 
 

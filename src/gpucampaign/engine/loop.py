@@ -312,10 +312,13 @@ def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
     every = r.config.eval_every
     per_epoch = r.steps_per_epoch
     rng, mlog, dist = r.rng, r.mlog, r.dist
+    lock = rng.lock
     clock = time.monotonic
     quiet = 0  # the first step at which more than the step may be due
     while s.batch_in_epoch < per_epoch:
-        with rng:  # the slot itself (``held()`` returns it): one call fewer at every step
+        with lock:  # the RNG slot's lock (a built-in's enter and exit: no call of ours)
+            if not rng.owned:  # another run of this process drew meanwhile: ours back
+                rng.take()
             if (asked := _train_step(r, batches)) is not None:
                 _end(r, hooks, asked)
             step = s.global_step

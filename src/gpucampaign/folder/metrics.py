@@ -15,6 +15,40 @@ import torch
 
 from gpucampaign.core.files import jsonl_lines, read_jsonl, write_jsonl
 
+# A training step's row, written at every step: its fields (``engine/loop.py``'s) and its
+# JSON line, the bytes ``jsonl_line`` writes for it (keys sorted, floats by ``float.__repr__``),
+# without the encoder's work per key; any other row, or a value of another kind, goes to it.
+TRAIN_FIELDS = frozenset(("kind", "step", "epoch", "lr", "step_s", "samples_per_s", "loss"))
+_INF = float("inf")
+_repr = float.__repr__
+
+
+def metrics_lines(rows: list[dict[str, Any]]) -> str:
+    """The JSONL lines of ``rows``: ``jsonl_lines(rows)``, the same bytes (a train row whose
+    numbers are finite floats and ints by a template: its floats' text is most of its cost)."""
+    lines: list[str] = []
+    for row in rows:
+        if row.keys() == TRAIN_FIELDS and row["kind"] == "train":
+            step, epoch = row["step"], row["epoch"]
+            loss, lr, step_s, rate = row["loss"], row["lr"], row["step_s"], row["samples_per_s"]
+            if (
+                type(step) is int
+                and type(epoch) is int
+                and type(loss) is float
+                and type(lr) is float
+                and type(step_s) is float
+                and type(rate) is float
+                and -_INF < loss + lr + step_s + rate < _INF  # each finite (and no NaN)
+            ):
+                lines.append(
+                    f'{{"epoch": {epoch}, "kind": "train", "loss": {_repr(loss)}, '
+                    f'"lr": {_repr(lr)}, "samples_per_s": {_repr(rate)}, "step": {step}, '
+                    f'"step_s": {_repr(step_s)}}}\n'
+                )
+                continue
+        lines.append(jsonl_lines([row]))
+    return "".join(lines)
+
 
 class MetricsLog:
     """Append-only ``metrics.jsonl``; floats are written exactly (a read gives them back).
@@ -142,7 +176,7 @@ class MetricsLog:
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
         if rows:
-            self._f.write(jsonl_lines(rows))
+            self._f.write(metrics_lines(rows))
             self._f.flush()
             self._written.extend(rows)
 
