@@ -24,15 +24,19 @@ def capture_rng() -> dict[str, Any]:
     """python, numpy, torch and cuda RNG states in a ``weights_only``-loadable form.
 
     numpy's state holds an ndarray, which ``weights_only`` refuses: it is kept as
-    ``[name, int64 tensor of the key, pos, has_gauss, cached_gaussian]``.
+    ``[name, int64 tensor of the key, pos, has_gauss, cached_gaussian]``. python's 625 words
+    are kept as one int64 tensor too, ``[version, words, gauss]``: as a tuple of ints, each
+    was a Python call of the snapshot and of the background save's pickler (a thousand or so
+    a save, holding the interpreter's lock while the loop trains). ``restore_rng`` takes both.
     """
+    version, words, gauss = random.getstate()
     # legacy=True, the default, gives this tuple; numpy's stub picks the dict overload.
     legacy = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     name, key, pos, has_gauss, cached = legacy
     cuda_ready = torch.cuda.is_available() and torch.cuda.is_initialized()
     cuda = torch.cuda.get_rng_state_all() if cuda_ready else []
     return {
-        "python": random.getstate(),
+        "python": [version, torch.tensor(words, dtype=torch.int64), gauss],
         "numpy": [
             str(name),
             torch.from_numpy(key.astype(np.int64)),
@@ -48,7 +52,8 @@ def capture_rng() -> dict[str, Any]:
 def restore_rng(state: dict[str, Any]) -> None:
     """Set the global generators back to ``capture_rng``'s result."""
     version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
+    words = internal.tolist() if isinstance(internal, torch.Tensor) else internal  # or a tuple
+    random.setstate((version, tuple(words), gauss))
     name, key, pos, has_gauss, cached = state["numpy"]
     np.random.set_state(
         (name, key.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached))
