@@ -4,10 +4,13 @@ save (the policy's next save, the call's last step, each step while a save is in
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 import pytest
 
+from gpucampaign.checkpoint.manager import CheckpointManager
 from gpucampaign.engine.checkpointer import Checkpointer
 from gpucampaign.folder.layout import METRICS_FILE
 from gpucampaign.folder.metrics import read_metrics
@@ -142,3 +145,48 @@ def test_the_final_evaluation_runs_while_the_last_save_is_written(
     assert res.completed and res.steps_done == 20
     assert seen == [{"step": 20, "overlapped": True, "model": True, "result_before": False}]
     assert (run_dir(spec, tmp_path) / RESULT_FILE).exists()
+
+
+def test_the_loop_does_not_wait_for_the_rows_fsync_the_saves_thread_does_it_first(
+    tmp_path,
+    digits_file,  # noqa: F811
+    monkeypatch,
+):
+    """At a save the loop snapshots the state and goes on: the fsync of ``metrics.jsonl`` (the
+    rows the checkpoint follows) is the background save's, before it writes the checkpoint,
+    so no checkpoint is ever durable before the rows of its steps are."""
+    events: list[tuple[str, int, bool]] = []  # (what, the file's inode, in the loop's thread)
+    fsync, save, submit = os.fsync, CheckpointManager.save, Checkpointer.submit
+    loop_thread = threading.current_thread()
+
+    def fsync_spy(fd: int) -> None:
+        events.append(("fsync", os.fstat(fd).st_ino, threading.current_thread() is loop_thread))
+        fsync(fd)
+
+    def save_spy(self: CheckpointManager, step: int, **kwargs: Any) -> Any:
+        events.append(("checkpoint", 0, threading.current_thread() is loop_thread))
+        return save(self, step, **kwargs)
+
+    def submit_spy(self: Checkpointer, step: int) -> None:
+        events.append(("submit", 0, True))
+        submit(self, step)
+        events.append(("submitted", 0, True))
+
+    monkeypatch.setattr(os, "fsync", fsync_spy)
+    monkeypatch.setattr(CheckpointManager, "save", save_spy)
+    monkeypatch.setattr(Checkpointer, "submit", submit_spy)
+    spec = make_spec(tmp_path, digits_file, control={"epochs": 2})
+    result = run(spec, tmp_path, checkpoint_every=5)
+    assert result.n_checkpoints == 4
+    rows = (run_dir(spec, tmp_path) / METRICS_FILE).stat().st_ino
+    background = [(what, ino) for what, ino, in_loop in events if not in_loop]
+    saves = [i for i, (what, _) in enumerate(background) if what == "checkpoint"]
+    assert len(saves) == 4
+    for i in saves:  # the rows made durable first, in the save's thread
+        assert ("fsync", rows) in background[:i], background
+        last = max(k for k in range(i) if background[k] == ("fsync", rows))
+        assert all(what != "checkpoint" for what, _ in background[last + 1 : i])
+    submitting = False
+    for what, ino, in_loop in events:  # no fsync of the rows while the loop submits a save
+        submitting = {"submit": True, "submitted": False}.get(what, submitting)
+        assert not (submitting and in_loop and what == "fsync" and ino == rows), events

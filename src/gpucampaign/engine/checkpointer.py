@@ -145,20 +145,26 @@ class Checkpointer:
         background writer; re-plan the next save.
 
         The loop stalls only to collect the previous save (never two in flight) and to snapshot
-        the state to host memory, after the metrics so far are durable; the write, the
-        verification and the move of ``LATEST`` happen in the background thread.
+        the state to host memory; the fsync of the metrics so far (and the hooks' files), then
+        the write, the verification and the move of ``LATEST`` happen in the background thread.
         """
         r = self._r
         t0 = time.perf_counter()
         assert not r.mlog.waiting, "the loop writes the waiting rows before a snapshot"
         self.wait()
-        r.mlog.sync()
-        sync_files(r.unsynced)  # the hooks' files of the steps it holds (futility's records)
         # Data-parallel: every rank's RNG states are gathered here, so every rank has reached
         # this step's save before rank 0 writes it and moves LATEST; the other ranks write
         # nothing (rank 0 holds the same weights, optimizer and cursor).
         state = snapshot(r.state.state_dict())
+        # The rows so far and the hooks' files of the steps it holds (futility's records) are
+        # made durable by the save's thread before it writes the checkpoint: the order a
+        # restart needs, and the loop does not wait for the fsyncs.
+        rows_durable = r.mlog.sync_later()
+        files = list(r.unsynced)
+        r.unsynced.clear()
         if not r.dist.is_main:
+            rows_durable()  # no checkpoint written here: durable now, as before
+            sync_files(files)
             self._submitted = step
             return
         model_state = state.pop(MODEL)
@@ -181,9 +187,13 @@ class Checkpointer:
             "world_size": r.dist.world_size,
         }
         manager = r.manager
-        self._background.submit(
-            lambda: manager.save(step, model_state=model_state, train_state=state, extra_meta=extra)
-        )
+
+        def save() -> SavedCheckpoint:
+            rows_durable()
+            sync_files(files)
+            return manager.save(step, model_state=model_state, train_state=state, extra_meta=extra)
+
+        self._background.submit(save)
         self._submitted = step
         writes = [s.durable_s for s in self.saves]
         self.policy.saved(

@@ -192,6 +192,21 @@ class MetricsLog:
         self.flush()
         os.fsync(self._f.fileno())
 
+    def sync_later(self) -> Callable[[], None]:
+        """``sync``'s flush now, its fsync handed back: a call that makes the rows given so far
+        durable from another thread (a background save, before it commits), on a descriptor of
+        its own, so the file may be closed meanwhile; the call closes it."""
+        self.flush()
+        fd = os.dup(self._f.fileno())
+
+        def durable() -> None:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        return durable
+
     def close(self) -> None:
         """Flush the waiting rows and close the file (closed even when the flush raises); a
         second call does nothing."""
