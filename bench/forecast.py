@@ -10,7 +10,7 @@ time, and records:
 
 - the absolute error of the re-forecast, |observed - re-forecast| / observed (median, p90);
 - the same error split in two, from the campaign's ``pilot.json`` and each run's
-  ``metrics.jsonl`` (``plan.decision.call_parts``, the parts the re-forecast summed): the
+  ``metrics.jsonl`` (``plan.reforecast.call_parts``, the parts the re-forecast summed): the
   steps (their forecast against the sum of the step times the training call recorded) and
   what surrounds them (the rest of the observed time: the loop's own cost and start,
   evaluations, saves, the time outside the loop and outside ``train_run``);
@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from gpucampaign.plan.decision import call_parts, pool_pilots
 from gpucampaign.plan.ranges import DEFAULT_SPREAD, observed_ratios, spread_of
+from gpucampaign.plan.reforecast import call_parts, pool_pilots
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "examples" / "digits" / "campaign.yaml"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from gpucampaign.config import parse_spec
-from gpucampaign.plan.decision import pilot_measures, reforecast_hours
+from gpucampaign.plan.reforecast import pilot_measures, reforecast_hours
 from tests.plan.test_decision import SPEC, _result
 
 

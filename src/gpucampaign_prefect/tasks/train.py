@@ -16,7 +16,8 @@ from gpucampaign.engine.loop import train_run
 from gpucampaign.engine.runside import RunSide, TrainingNotes
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.runresult import RunResult
-from gpucampaign.plan.decision import early_losses, pilot_measures
+from gpucampaign.plan.decision import early_losses
+from gpucampaign.plan.reforecast import pilot_measures
 from gpucampaign_prefect.orchestration.gpu_lock import gpu_slot
 from gpucampaign_prefect.orchestration.phases import (
     PHASE_OPTIONS,
