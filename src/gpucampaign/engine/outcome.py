@@ -99,6 +99,8 @@ def run_result(
         "restore_s": r.restore_s,
         "train_s": train_s,  # the loop's steps, without the wait for the last save
         "loop_start_s": r.loop_start_s,  # of train_s: before the call's first step
+        "reports": r.reports,  # of train_s: the live view's reports, and their seconds
+        "report_s": r.report_s,
         "final_save_s": r.final_save_s,
         "total_s": time.perf_counter() - r.t_call,
     }

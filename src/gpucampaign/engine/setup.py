@@ -90,6 +90,10 @@ class LiveRun:
     # The loop's start in this call, before its first step (its mark, the hooks' on_start):
     # a cost of each call, which the re-forecast must not spread over the pilot's few steps.
     loop_start_s: float = 0.0
+    # The live view's reports in this call's loop: their count and seconds (the re-forecast
+    # counts them at each run's own cadence, ``config.parts.report_every``, apart from steps).
+    reports: int = 0
+    report_s: float = 0.0
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
     # Measurements, the metrics log and the saves.

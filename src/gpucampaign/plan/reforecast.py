@@ -6,11 +6,12 @@ what a training call costs, part by part (``call_parts``), for every run-linked 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucampaign.config import CampaignSpec, ResolvedRun
-from gpucampaign.config.parts import EVAL_SPLITS
+from gpucampaign.config.parts import EVAL_SPLITS, report_every
 from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.files import median
 
@@ -50,6 +51,11 @@ def forecast_run_hours(
         how = "not piloted: control's cost per sample scaled to this run's batch size"
         left = planned_steps
     if "fixed_s" in m and "loop_s" in m:
+        # The live view's cadence and the evaluations' are this run's own (its config).
+        m["planned_steps"] = planned_steps
+        m["report_every"] = report_every(planned_steps)
+        if m.get("n_train"):
+            m["eval_step"] = cfg.eval_every or cfg.steps_per_epoch(int(m["n_train"]))
         parts = call_parts(m, left=left)
         how += ", " + ", ".join(f"{k} {v:.3g} s" for k, v in parts.items())
         return sum(parts.values()) / 3600.0, how
@@ -72,7 +78,10 @@ def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
     - ``loop start``: the loop's start before its first step, once a call;
     - ``steps``: the first step (a call's warm-up) and the others at the run's step time
       (``pool_pilots``: its pilot's median step times the machine's tax on a step);
-    - ``loop``: the loop's own time per step beyond the step (rows, hooks, the live view);
+    - ``loop``: the loop's own time per step beyond the step (rows, hooks), and the live
+      view's reports left at the run's own cadence (``reports_left``), each at the measured
+      report: a run of fewer steps reports more often per step (``report_every``), so a
+      report's cost spread over another run's steps would be counted at the wrong rate;
     - ``evaluations``: the evaluations left at the run's cadence, and the final ones of every
       split at the run's end (``EVAL_SPLITS``), each at the measured evaluation;
     - ``saves``: the waits of the run's saves, and the model folder's write at the end, as long
@@ -80,20 +89,58 @@ def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
     """
     eval_s = float(m.get("eval_s") or 0.0)
     evals_left = max(0, int(m.get("evals") or 0) - int(m.get("evals_done") or 0))
+    loop = left * float(m["loop_s"])
+    if "report_s" in m and "report_every" in m:  # measured apart from the loop's per step
+        planned = int(m["planned_steps"])
+        reports = reports_left(
+            done=planned - left,
+            planned=planned,
+            every=int(m["report_every"]),
+            eval_step=int(m.get("eval_step") or 0),
+        )
+        loop += reports * float(m["report_s"])
     step = float(m.get("step_mean_s", m["step_s"]))
     return {
         "outside": float(m.get("outside_s") or 0.0) + float(m["fixed_s"]),
         "loop start": float(m.get("loop_start_s") or 0.0),
         "steps": (float(m.get("first_step_s", step)) + max(0, left - 1) * step) if left else 0.0,
-        "loop": left * float(m["loop_s"]),
+        "loop": loop,
         "evaluations": (evals_left + len(EVAL_SPLITS)) * eval_s,
         "saves": int(m.get("saves") or 0) * float(m.get("stall_s") or 0.0)
         + float(m.get("save_s") or 0.0),
     }
 
 
+def reports_left(*, done: int, planned: int, every: int, eval_step: int) -> int:
+    """The live view's reports at the steps after ``done`` up to ``planned`` (``engine.live``):
+    at each multiple of ``every``, after each evaluation (each multiple of ``eval_step``, when
+    the run evaluates during training) and at the last step, one report at a step that is
+    several of these. (Reports due by the clock, about twice a second, are left out: under
+    0.1% of a run's time at a report's cost of a millisecond.)"""
+
+    if planned <= done:
+        return 0
+
+    def multiples(k: int) -> int:
+        return planned // k - done // k if k > 0 else 0
+
+    both = math.lcm(every, eval_step) if eval_step > 0 else 0
+    count = multiples(every) + multiples(eval_step) - multiples(both)
+    last_counted = planned % every == 0 or (eval_step > 0 and planned % eval_step == 0)
+    return count + (0 if last_counted else 1)
+
+
 #: What the pilots share (one process, one machine), pooled at their median over them.
-_POOLED = ("loop_s", "loop_start_s", "outside_s", "eval_s", "stall_s", "save_s", "first_step_s")
+_POOLED = (
+    "loop_s",
+    "loop_start_s",
+    "outside_s",
+    "eval_s",
+    "stall_s",
+    "save_s",
+    "first_step_s",
+    "report_s",
+)
 
 
 def pool_pilots(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -242,6 +289,8 @@ def pilot_measures(
     stalls = [float(x) for x in (t.get("stall_s") or []) if isinstance(x, int | float)]
     loop_wall = float(t.get("train_s") or 0.0)
     loop_start = float(t.get("loop_start_s") or 0.0)
+    reports = int(t.get("reports") or 0)
+    report = float(t.get("report_s") or 0.0) if reports else 0.0
     steps_sum = float(t.get("steps_s_sum") or 0.0)
     total = float(t.get("total_s") or 0.0)
     return {
@@ -264,7 +313,10 @@ def pilot_measures(
         # step beyond the step, its start, its evaluations and its save waits; the call's time
         # outside the loop (set-up, load, restore, the last save) and outside ``train_run``
         # (its segment's lines).
-        "loop_s": max(0.0, loop_wall - loop_start - steps_sum - sum(evals_s) - sum(stalls)) / done,
+        "loop_s": max(0.0, loop_wall - loop_start - steps_sum - sum(evals_s) - sum(stalls) - report)
+        / done,
+        # The live view's reports, apart (``call_parts`` counts them at each run's cadence).
+        **({"report_s": report / reports, "reports": reports} if reports else {}),
         "loop_start_s": loop_start,
         "fixed_s": max(0.0, total - loop_wall),
         "outside_s": max(0.0, segment_s - total) if segment_s is not None else 0.0,
