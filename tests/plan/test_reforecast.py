@@ -181,3 +181,29 @@ def test_reports_left_counts_the_steps_the_live_view_reports_at() -> None:
                 )
                 got = reports_left(done=done, planned=planned, every=every, eval_step=eval_step)
                 assert got == want, (planned, eval_step, done)
+
+
+def test_a_pilot_without_an_evaluation_gives_the_one_timed_after_its_steps() -> None:
+    """20 steps of a run that evaluates at each epoch's end (100 steps): none fell in the
+    pilot, so the evaluation timed after its last save (0.3 s) is each evaluation's cost and
+    is not counted as one of the run's, nor in the call's time outside the loop (main: no
+    evaluation measured, 0 s for each of the run's 22)."""
+    spec = parse_spec(SPEC)
+    timings = {
+        **_result().timings,
+        "train_s": 0.5,
+        "loop_start_s": 0.0,
+        "steps_s_sum": 0.4,
+        "eval_s": [],
+        "stall_s": [],
+        "probe_eval_s": 0.3,
+        "total_s": 1.0 + 0.5 + 0.3,
+    }
+    m = pilot_measures(
+        spec.resolve_run("control"),
+        result=_result(timings=timings, steps_done=20),
+        n_train=3200,
+        segment_s=1.8,
+    )
+    assert m["eval_s"] == 0.3 and m["evals_done"] == 0
+    assert m["fixed_s"] == pytest.approx(1.0)

@@ -101,7 +101,7 @@ from gpucampaign.engine.inference_restart import (
     restart_inference,
 )
 from gpucampaign.engine.launch import launch
-from gpucampaign.engine.outcome import evaluate, run_result
+from gpucampaign.engine.outcome import evaluate, run_result, time_evaluation
 from gpucampaign.engine.parts import close_loader
 from gpucampaign.engine.process_group import Ranks
 from gpucampaign.engine.registry import build_hooks
@@ -455,6 +455,8 @@ def _reach_target(r: LiveRun, hooks: Hooks, *, train_s: float, t_trained: float)
     step = r.state.global_step
     if step < r.planned:  # the pilot's stop: a later call continues the same run
         _last_save(r, hooks, since=t_trained)
+        if not r.eval_times:  # its steps held no evaluation: the re-forecast needs one's cost
+            time_evaluation(r)
         _tell_rows(r, hooks)
         return run_result(r, completed=False, train_s=train_s)
     require_complete(r.run_id, steps_done=step, planned_steps=r.planned)

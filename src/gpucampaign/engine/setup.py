@@ -94,6 +94,8 @@ class LiveRun:
     # counts them at each run's own cadence, ``config.parts.report_every``, apart from steps).
     reports: int = 0
     report_s: float = 0.0
+    # A pilot that held no evaluation times one after its last save (``time_evaluation``).
+    probe_eval_s: float | None = None
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
     # Measurements, the metrics log and the saves.

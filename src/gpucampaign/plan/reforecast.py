@@ -301,7 +301,8 @@ def pilot_measures(
         "n_train": n_train,
         "load_s": float(t.get("load_s") or 0.0),
         "step_s": float(t.get("step_s") or 0.0),
-        "eval_s": _median_or_zero(t.get("eval_s")),
+        # An evaluation's cost: those of the pilot's steps, else the one timed after them.
+        "eval_s": _median_or_zero(evals_s or t.get("probe_eval_s")),
         "save_s": _median_or_zero(t.get("save_s")),
         "restore_s": float(t.get("restore_s") or 0.0),
         "evals": evals,
@@ -318,7 +319,7 @@ def pilot_measures(
         # The live view's reports, apart (``call_parts`` counts them at each run's cadence).
         **({"report_s": report / reports, "reports": reports} if reports else {}),
         "loop_start_s": loop_start,
-        "fixed_s": max(0.0, total - loop_wall),
+        "fixed_s": max(0.0, total - loop_wall - float(t.get("probe_eval_s") or 0.0)),
         "outside_s": max(0.0, segment_s - total) if segment_s is not None else 0.0,
         **_step_spread(rows, fallback=steps_sum / done),
         "stall_s": _median_or_zero(stalls),
