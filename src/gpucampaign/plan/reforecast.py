@@ -309,6 +309,9 @@ def pilot_measures(
         "evals_done": len(evals_s),
         "saves": max(1, -(-planned // max(1, int(every)))),
         "checkpoint_every": result.checkpoint_every,
+        # The run's own cadences of the live view's reports and of its evaluations.
+        "report_every": report_every(planned),
+        "eval_step": cfg.eval_every or steps_per_epoch,
         "early_losses": [float(x) for x in losses],
         # What surrounds a step, measured by this call (not assumed): the loop's own time per
         # step beyond the step, its start, its evaluations and its save waits; the call's time
