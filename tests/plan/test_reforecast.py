@@ -10,7 +10,7 @@ import pytest
 
 from gpucampaign.config import parse_spec
 from gpucampaign.config.parts import report_every
-from gpucampaign.plan.reforecast import pilot_measures, reforecast_hours, reports_left
+from gpucampaign.plan.reforecast import pilot_measures, reforecast_hours, reports_left, step_shape
 from tests.plan.test_decision import SPEC, _result
 
 
@@ -207,3 +207,41 @@ def test_a_pilot_without_an_evaluation_gives_the_one_timed_after_its_steps() -> 
     )
     assert m["eval_s"] == 0.3 and m["evals_done"] == 0
     assert m["fixed_s"] == pytest.approx(1.0)
+
+
+def test_the_pilots_of_one_step_share_their_median_step() -> None:
+    """The control's pilot met another process's burst (its median step 50 ms); 'lr-high' and
+    'short' train the same step (they change the learning rate, the length) and measured
+    10 and 11 ms: the three are forecast at their median step, 11 ms. 'bf16' trains another
+    step and keeps its own (main: each run its own pilot's, the control's 50 ms over 1980
+    steps)."""
+    spec = parse_spec(
+        {
+            **SPEC,
+            "calendar": [
+                {"name": n, "kind": "machine", "resource": "gpu", "hours": 1, "run": n}
+                for n in ("control", "lr-high", "short", "bf16")
+            ],
+            "variants": [
+                {"name": "lr-high", "tier": "useful", "changes": {"lr": 0.003}},
+                {"name": "short", "tier": "useful", "changes": {"epochs": 8}},
+                {"name": "bf16", "tier": "useful", "changes": {"precision": "bf16"}},
+            ],
+        }
+    )
+    shapes = {n: step_shape(spec.run_config(n)) for n in ("control", "lr-high", "short", "bf16")}
+    assert shapes["control"] == shapes["lr-high"] == shapes["short"] != shapes["bf16"]
+    steps = {"control": 0.050, "lr-high": 0.010, "short": 0.011, "bf16": 0.020}
+    pilot = {
+        n: {
+            **_measured(step=s, fixed=0.5, loop=0.001, eval_s=0.1, planned=2000),
+            "step_shape": shapes[n],
+        }
+        for n, s in steps.items()
+    }
+    same = {n: 0.011 if n != "bf16" else 0.020 for n in pilot}  # the step each is forecast at
+    alone = {n: {**pilot[n], "step_s": same[n], "step_mean_s": same[n]} for n in pilot}
+    hours, expected = reforecast_hours(spec, pilot=pilot), reforecast_hours(spec, pilot=alone)
+    for n in steps:
+        assert hours[n][0] == pytest.approx(expected[n][0]), n
+    assert hours["control"][0] * 3600 < 0.5 * 1980 * 0.050

@@ -6,11 +6,13 @@ what a training call costs, part by part (``call_parts``), for every run-linked 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpucampaign.config import CampaignSpec, ResolvedRun
+from gpucampaign.config import CampaignSpec, ResolvedRun, RunConfig
 from gpucampaign.config.parts import EVAL_SPLITS, report_every
 from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.files import median
@@ -130,6 +132,17 @@ def reports_left(*, done: int, planned: int, every: int, eval_step: int) -> int:
     return count + (0 if last_counted else 1)
 
 
+#: Config fields that change what a run trains, not what one of its steps costs: the pilots of
+#: runs that differ only in these measured the same step.
+STEP_NEUTRAL = ("lr", "epochs", "max_steps", "seed", "seeds", "eval_every", "resume")
+
+
+def step_shape(cfg: RunConfig) -> str:
+    """What one step of a run costs depends on (its config less ``STEP_NEUTRAL``), hashed."""
+    data = cfg.model_dump(mode="json", exclude=set(STEP_NEUTRAL))
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()[:12]
+
+
 #: What the pilots share (one process, one machine), pooled at their median over them.
 _POOLED = (
     "loop_s",
@@ -148,7 +161,9 @@ def pool_pilots(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, A
     pilots that measured them, so one pilot's hiccup stays out; the time outside the loop: the
     least any pilot measured, the first pays the process's one-time warm-up).
 
-    A run's step time is its own (its model, its batch): its pilot's median step, times the
+    A run's step time is its own (its model, its batch): the median step of the pilots of the
+    same step (``step_shape``: the runs that differ only in their learning rate, length or seed
+    train the same step, so one pilot's burst of another process's load is outvoted), times the
     machine's tax on a step pooled (the mean over the pilots of their trimmed mean over their
     median): a pilot's 20 steps last milliseconds, so whether another process took the core
     then is luck (bench/forecast.py's campaigns at load 8-12 on 2 cores: the step forecast's
@@ -159,6 +174,10 @@ def pool_pilots(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, A
         if "fixed_s" in m and m.get("step_mean_s") and m.get("step_s")
     ]
     tax = sum(taxes) / len(taxes) if taxes else None
+    same_step: dict[str, list[float]] = {}
+    for m in pilot.values():
+        if "fixed_s" in m and m.get("step_shape") and m.get("step_s"):
+            same_step.setdefault(str(m["step_shape"]), []).append(float(m["step_s"]))
     shared: dict[str, float] = {}
     for key in _POOLED:
         values = [float(m[key]) for m in pilot.values() if isinstance(m.get(key), int | float)]
@@ -171,6 +190,8 @@ def pool_pilots(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, A
         shared["fixed_s"] = min(fixed)
     out = {run: {**m, **shared} if "fixed_s" in m else dict(m) for run, m in pilot.items()}
     for m in out.values():
+        if str(m.get("step_shape")) in same_step and "fixed_s" in m:
+            m["step_s"] = float(median(same_step[str(m["step_shape"])]) or m["step_s"])
         if tax is not None and "fixed_s" in m and m.get("step_mean_s") and m.get("step_s"):
             m["step_mean_s"] = float(m["step_s"]) * tax
     return out
@@ -311,6 +332,7 @@ def pilot_measures(
         "checkpoint_every": result.checkpoint_every,
         # The run's own cadences of the live view's reports and of its evaluations.
         "report_every": report_every(planned),
+        "step_shape": step_shape(cfg),
         "eval_step": cfg.eval_every or steps_per_epoch,
         "early_losses": [float(x) for x in losses],
         # What surrounds a step, measured by this call (not assumed): the loop's own time per
