@@ -10,12 +10,16 @@ time, and records:
 
 - the absolute error of the re-forecast, |observed - re-forecast| / observed (median, p90);
 - the same error split in two, from the campaign's ``pilot.json`` and each run's
-  ``metrics.jsonl`` (``plan.reforecast.call_parts``, the parts the re-forecast summed): the
-  steps (their forecast against the sum of the step times the training call recorded) and
-  what surrounds them (the rest of the observed time: the loop's own cost and start,
-  evaluations, saves, the time outside the loop and outside ``train_run``);
-- the error the model before this round (main at f91a08a) makes on the same records
-  (``previous_forecast``): the same steps and actuals, so the load's drift is the same;
+  ``result.json`` and ``metrics.jsonl`` (``plan.reforecast.call_parts``, the parts the
+  re-forecast summed): the steps (their forecast against the sum of the step times the
+  training call recorded) and what surrounds them (the rest of the observed time);
+- each part on its own (``split_parts``): the time outside the loop, the loop's start, the
+  steps, the loop's own time (the live view's reports with it), the evaluations, the save
+  waits: its share of the observed time, forecast and actual, the ratio actual / forecast and
+  its bias, (actual - forecast) / observed, each a median over the training steps;
+- the error main before this round (29805d9) makes on the same records (``main_forecast``),
+  and the model of the round before (f91a08a, ``previous_forecast``): the same steps and
+  actuals, so the load's drift is the same for each;
 - the share of observed times inside the range the campaign recorded (the uncalibrated
   default, ``plan.ranges.DEFAULT_SPREAD``);
 - the share inside the range calibrated leave-one-out: each campaign's range from the other
@@ -170,12 +174,14 @@ def split_parts(out: Path, report: dict) -> dict[str, dict[str, dict[str, float]
 
 def main_forecast(out: Path, report: dict) -> dict[str, float]:
     """Per training step, the seconds main before this round (29805d9) gave from the same
-    pilots: the live view's reports spread over the loop's steps at one pooled rate, and no
-    evaluation's cost when the pilot's steps held none (the one timed after them unused)."""
+    pilots: the live view's reports spread over the loop's steps at one pooled rate, no
+    evaluation's cost when the pilots' steps held none (the one timed after them unused), each
+    run at its own pilot's median step (the pilots of the same step not pooled)."""
     raw = json.loads((out / "pilot.json").read_text(encoding="utf-8"))
     before = {}
     for run, m in raw.items():
-        m = {k: v for k, v in m.items() if k not in ("report_s", "report_every", "eval_step")}
+        new_keys = ("report_s", "report_every", "eval_step", "step_shape")
+        m = {k: v for k, v in m.items() if k not in new_keys}
         if "report_s" in raw[run]:
             extra = float(raw[run]["report_s"]) * int(raw[run]["reports"])
             m["loop_s"] = float(m["loop_s"]) + extra / max(1, int(m["steps_done"]))
