@@ -33,7 +33,9 @@ def test_a_pilot_that_held_no_evaluation_times_one_and_records_none(tmp_path, di
     the pilot's last save, no row of it written; the run trained on from the pilot ends with
     the same losses as one never piloted."""
     spec = make_spec(tmp_path, digits_file, control={"epochs": 2})
-    pilot = run(spec, tmp_path, stop_after_steps=5)
+    unasked = run(spec, tmp_path, stop_after_steps=5, out="unasked")  # the restart check's
+    assert unasked.timings["probe_eval_s"] is None
+    pilot = run(spec, tmp_path, stop_after_steps=5, probe_eval=True)
     assert pilot.timings["eval_s"] == [] and pilot.timings["probe_eval_s"] > 0
     rows = read_metrics(run_dir(spec, tmp_path) / "metrics.jsonl")
     assert [r for r in rows if r["kind"] == "eval"] == []

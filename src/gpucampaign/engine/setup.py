@@ -95,6 +95,7 @@ class LiveRun:
     reports: int = 0
     report_s: float = 0.0
     # A pilot that held no evaluation times one after its last save (``time_evaluation``).
+    probe_eval: bool = False
     probe_eval_s: float | None = None
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
@@ -158,6 +159,8 @@ class RunJob:
         stop_after_steps: Pilot mode: stop at this step, checkpoint, return uncompleted.
         checkpoint_every: Fixed save interval in steps (overrides the spec and the measure).
         lane: The plan's GPU lane running this call (``devices.pick_device``).
+        probe_eval: Pilot mode: when its steps held no evaluation, time one after its last
+            save (``outcome.time_evaluation``: the re-forecast prices the run's with it).
     """
 
     spec: CampaignSpec
@@ -168,6 +171,7 @@ class RunJob:
     stop_after_steps: int | None = None
     checkpoint_every: int | None = None
     lane: int = 0
+    probe_eval: bool = False
 
 
 def check_arguments(job: RunJob) -> None:
@@ -270,6 +274,7 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
         ),
         dist=dist,
         rng=rng,
+        probe_eval=job.probe_eval,
     )
     _write_params(r)
     r.setup_s = time.perf_counter() - t_call

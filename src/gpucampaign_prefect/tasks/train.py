@@ -37,6 +37,7 @@ def _run_training(
     phase: str,
     stop_after_steps: int | None,
     lane: int = 0,
+    probe_eval: bool = False,
 ) -> tuple[RunResult, RunSide, TrainingNotes]:
     """``train_run`` under the GPU slot, with the busy time recorded (its segment, a heartbeat
     at each durable checkpoint: ``SegmentWriter.saved``); returns the result, the call's side of the
@@ -71,6 +72,7 @@ def _run_training(
                     progress=progress,
                     on_save=seg.saved,
                     lane=lane,
+                    probe_eval=probe_eval,
                 )
             except Futile as exc:  # the segment says what it trained before the lane was freed
                 seg.row.steps, seg.row.note = futile_segment(side.out.root, exc)
@@ -107,6 +109,7 @@ def pilot(
         phase="pilot",
         stop_after_steps=spec.pilot.steps,
         lane=lane,
+        probe_eval=True,  # an evaluation's cost, when its steps held none
     )
     metrics = side.run_folder.metrics
     rows = read_metrics(metrics) if metrics.is_file() else []
