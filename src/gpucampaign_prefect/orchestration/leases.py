@@ -10,11 +10,13 @@ with its reason; the release is the client's public call. The campaign lock take
 one try at a time (``try_slot``), so that its wait runs on ``core.clock``'s time, which a test
 drives, instead of Prefect's own sleeps.
 
-The first try of either is ours (``_quick_try``): the embedded server's SQLite takes one writer
-at a time, and a slot's write that meets another one (the server recording the phase that just
+Each try for a slot is ours (``_quick_try``): the embedded server's SQLite takes one writer at
+a time, and a slot's write that meets another one (the server recording the phase that just
 ended) is answered 503, after which Prefect's client sleeps a fixed 2 s before asking again (even
 with its retries set to 0): about 2 s lost at most GPU handovers. Ours asks again within
-milliseconds; anything else it does not expect goes to Prefect's own call, as before.
+milliseconds; anything else it does not expect goes to Prefect's own call, as before. The tries
+of one process for one limit are made one at a time, as Prefect's own acquisition service makes
+them: the threads of a parallel phase asking at once would otherwise keep the server busy.
 
 Checked against Prefect 3.9.1: on an upgrade, compare ``acquire_slots`` and ``renewed`` with
 ``prefect/concurrency/_sync.py``'s ``concurrency`` (which the public one calls).
@@ -22,6 +24,7 @@ Checked against Prefect 3.9.1: on an upgrade, compare ``acquire_slots`` and ``re
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import AbstractContextManager
 from uuid import UUID
@@ -33,6 +36,16 @@ from prefect.concurrency._leases import maintain_concurrency_lease
 from prefect.concurrency._sync import acquire_concurrency_slots_with_lease
 from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
 from prefect.concurrency.context import ConcurrencyContext
+
+_TRYING: dict[str, threading.Lock] = {}
+_TRYING_GUARD = threading.Lock()
+
+
+def _one_at_a_time(name: str) -> threading.Lock:
+    """The lock under which this process makes its tries for the limit ``name``."""
+    with _TRYING_GUARD:
+        return _TRYING.setdefault(name, threading.Lock())
+
 
 #: How long a busy server (503) is asked again, every ``BUSY_PAUSE_S``, before the call goes to
 #: Prefect's client and its backoff (2 s, then 4, ...). A SQLite write lasts milliseconds.
@@ -54,17 +67,27 @@ def acquire_slots(name: str, *, slots: int, timeout_s: float | None, lease_s: fl
         TimeoutError: the slots did not come free within ``timeout_s``.
         prefect.concurrency.asyncio.ConcurrencySlotAcquisitionError: the limit does not exist.
     """
-    try:
-        quick = _quick_try(name, slots=slots, lease_s=lease_s)
-    except SlotHeld:
-        quick = None  # held: Prefect's call waits it out, as the server asks
-    if quick is not None:
-        return quick
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        try:
+            quick = _quick_try(name, slots=slots, lease_s=lease_s)
+        except SlotHeld as held:  # wait as the server asks, as Prefect's own call does
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(
+                    f"the slot(s) of '{name}' stayed held for {timeout_s:g} second(s)"
+                ) from None
+            time.sleep(held.retry_after_s if left is None else min(left, held.retry_after_s))
+            continue
+        if quick is not None:
+            return quick
+        break
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
     # Private (prefect.concurrency._sync, Prefect 3.9.1): the public `concurrency` takes its
     # slots with this very call (waiting out a full limit as the server says) and keeps the
     # lease ID it returns; the holder record needs that ID.
     granted = acquire_concurrency_slots_with_lease(
-        [name], slots, timeout_seconds=timeout_s, lease_duration=lease_s, strict=True
+        [name], slots, timeout_seconds=left, lease_duration=lease_s, strict=True
     )
     return granted.lease_id
 
@@ -115,8 +138,8 @@ def _quick_try(name: str, *, slots: int, lease_s: float) -> UUID | None:
         prefect.concurrency.asyncio.ConcurrencySlotAcquisitionError: the limit does not exist.
     """
     body = {"names": [name], "slots": slots, "mode": "concurrency", "lease_duration": lease_s}
-    deadline = time.monotonic() + BUSY_WINDOW_S
-    with get_client(sync_client=True) as client:
+    with _one_at_a_time(name), get_client(sync_client=True) as client:
+        deadline = time.monotonic() + BUSY_WINDOW_S
         http = client._client  # private: Prefect's httpx client (its URL, auth, TLS, transport)
         while True:
             request = http.build_request(
