@@ -23,8 +23,20 @@ DEFAULT_GRACE_S = 20.0
 #: The conventional exit codes of a process ended by a signal: 128 + the signal number.
 EXIT_CODES: dict[str, int] = {"SIGINT": 130, "SIGTERM": 143}
 
+
+class _Pending:
+    """The pending stop request's reason (None: none), an attribute a loop reads at every step
+    without a call (``PENDING.reason``); ``request_stop`` and ``clear_stop`` set it."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+
 _lock = threading.Lock()
-_reason: str | None = None
+#: The stop request of this process (``stop_requested()`` returns its reason).
+PENDING = _Pending()
 _grace_s: float = DEFAULT_GRACE_S
 _force_callbacks: list[Callable[[], None]] = []
 _timer: threading.Timer | None = None
@@ -70,22 +82,21 @@ def exit_code(reason: str) -> int:
 
 def request_stop(reason: str) -> None:
     """Ask the running work to stop at its next safe point (the first reason is kept)."""
-    global _reason
     with _lock:
-        if _reason is None:
-            _reason = reason
+        if PENDING.reason is None:
+            PENDING.reason = reason
 
 
 def stop_requested() -> str | None:
     """The reason of the pending stop request, or None."""
-    return _reason
+    return PENDING.reason
 
 
 def clear_stop() -> None:
     """Forget the stop request and disarm the grace timer (a new start of the work)."""
-    global _reason, _timer
+    global _timer
     with _lock:
-        _reason = None
+        PENDING.reason = None
         if _timer is not None:
             _timer.cancel()
             _timer = None
@@ -97,7 +108,7 @@ def raise_if_stopped(*, what: str = "") -> None:
     Raises:
         Interrupted: A stop request is pending.
     """
-    reason = _reason
+    reason = PENDING.reason
     if reason is not None:
         raise Interrupted(reason, detail=f"{what} not started" if what else "")
 
@@ -122,7 +133,7 @@ def _handle(signum: int, frame: Any) -> None:
     """The signal handler: record the request, arm the grace timer; a 2nd SIGINT ends now."""
     global _timer
     name = signal.Signals(signum).name
-    if _reason is not None:
+    if PENDING.reason is not None:
         if name == "SIGINT":
             _force_exit(name, "second Ctrl-C: stopping now, without waiting for a checkpoint")
         return

@@ -90,7 +90,7 @@ from gpucampaign.checkpoint.trainstate import MODEL
 from gpucampaign.config import CampaignSpec, ResolvedRun
 from gpucampaign.config.parts import EVAL_SPLITS
 from gpucampaign.core.files import atomic_write_bytes, json_bytes, sync_files
-from gpucampaign.core.interrupt import Interrupted
+from gpucampaign.core.interrupt import PENDING, Interrupted
 from gpucampaign.core.stoprules import NonFiniteLoss, NoUsableRestart, StopRule
 from gpucampaign.engine.checkpointer import Checkpointer, SaveFn
 from gpucampaign.engine.hooks import Ending, HookArgs, Hooks, ProgressFn, RunView, StopRequest
@@ -110,8 +110,8 @@ from gpucampaign.engine.setup import LiveRun, RunJob, check_arguments, setup_run
 from gpucampaign.folder.layout import RECIPE_ERROR_FILE, RunFolder
 from gpucampaign.folder.metrics import MetricsLog
 from gpucampaign.folder.runresult import RunResult, recorded_result, require_complete
-from gpucampaign.recipe.contract import RecipeError, raised_in_recipe
-from gpucampaign.recipe.runtime import batch_len, call_loss
+from gpucampaign.recipe.contract import RecipeError, check_loss, raised_in_recipe, recipe_raised
+from gpucampaign.recipe.runtime import batch_len
 from gpucampaign.storage import Store
 
 # Steps whose train rows may wait for one transfer of their losses (a GPU syncs once per flush).
@@ -246,15 +246,25 @@ def _train_step(r: LiveRun, batches: Iterator[Any]) -> StopRequest | None:
     # DistributedDataParallel when data-parallel (one process: the model, no call)
     model = s.model if one_process else dist.train_model(s.model)
     amp = r.autocast  # None in fp32: no context's two calls at every step
+    # runtime.call_loss's work without its call (one less at every step): the recipe's loss,
+    # a scalar tensor, else its check; what the recipe raised, worded as call_loss words it
     try:
         if amp is None:
-            loss = call_loss(r.resolved.config.recipe, r.recipe.loss, model, batch)
+            loss = r.recipe.loss(model, batch)
         else:
             with amp:
-                loss = call_loss(r.resolved.config.recipe, r.recipe.loss, model, batch)
+                loss = r.recipe.loss(model, batch)
+        if type(loss) is not torch.Tensor or loss.ndim:
+            loss = check_loss(r.resolved.config.recipe, loss)
     except RecipeError as exc:
         raise _recipe_failed(r, exc, method="loss", step=s.global_step + 1) from None
-    n = batch_len(batch)
+    except Exception as exc:
+        failed = recipe_raised(r.resolved.config.recipe, "loss", exc)
+        failed.__cause__ = exc
+        raise _recipe_failed(r, failed, method="loss", step=s.global_step + 1) from None
+    # batch_len's first case (a list of tensors: the built-in recipes') without its call
+    first = batch[0] if type(batch) is list and batch else None
+    n = first.shape[0] if type(first) is torch.Tensor and first.ndim else batch_len(batch)
     logged = loss  # fetched with the other waiting rows' losses, when a record needs them
     if not one_process:
         # Over all ranks, before the backward pass: one all-reduce of the loss, the rows and
@@ -314,6 +324,7 @@ def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
     rng, mlog, dist = r.rng, r.mlog, r.dist
     lock = rng.lock
     clock = time.monotonic
+    pending = PENDING if dist.world_size == 1 else None
     quiet = 0  # the first step at which more than the step may be due
     while s.batch_in_epoch < per_epoch:
         with lock:  # the RNG slot's lock (a built-in's enter and exit: no call of ours)
@@ -330,7 +341,8 @@ def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
             if hooks.wants_rows(step):  # the live view, when due, shows the last loss
                 _flush(r, hooks)
             _ask(r, hooks, hooks.after_step(step))
-        if (reason := dist.stop_requested()) is not None:  # agreed by every rank
+        # One process reads the request itself (no call); the ranks agree on theirs.
+        if (reason := pending.reason if pending else dist.stop_requested()) is not None:
             _end(r, hooks, _interruption(reason))
         if step >= r.target:
             break

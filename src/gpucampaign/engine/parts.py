@@ -119,6 +119,24 @@ class TensorBatches:
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[list[torch.Tensor]]:
+        sampler, dataset = self.sampler, self.dataset
+        if (
+            type(sampler) is PermutedBatches
+            and type(dataset).__getitem__ is TensorDataset.__getitem__
+            and len(dataset.tensors) == 2
+        ):
+            # (features, labels) cut by built-ins (no Python call at a step: no generator to
+            # resume). The draws are made here rather than at the first batch: nothing else
+            # draws from the generator in between (a checkpoint keeps its state at the top of
+            # the epoch, taken before).
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # base seed
+            order = sampler.batches()
+            x, y = dataset.tensors
+            return map(list, zip(map(x.__getitem__, order), map(y.__getitem__, order), strict=True))
+        return self._batches()
+
+    def _batches(self) -> Iterator[list[torch.Tensor]]:
+        """The batches one at a time, as torch's loader draws and cuts them."""
         sampler = self.sampler
         # PermutedBatches' batches drawn at once: one call at each step rather than two.
         whole = type(sampler) is PermutedBatches

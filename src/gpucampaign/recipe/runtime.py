@@ -26,7 +26,6 @@ from gpucampaign.recipe.contract import (
     check_scores,
     has_score,
     load_recipe,
-    recipe_raised,
 )
 
 
@@ -234,18 +233,6 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, list | tuple):
         return type(batch)(to_device(v, device) for v in batch)
     return batch
-
-
-def call_loss(recipe: str, fn: Any, *args: Any) -> torch.Tensor:
-    """``check_loss(recipe, call(recipe, "loss", fn, *args))`` in one Python call: the
-    training loop's, at every step."""
-    try:
-        loss = fn(*args)
-    except RecipeError:
-        raise
-    except Exception as exc:
-        raise recipe_raised(recipe, "loss", exc) from exc
-    return loss if isinstance(loss, torch.Tensor) and not loss.ndim else check_loss(recipe, loss)
 
 
 def batch_len(batch: Any) -> int:
