@@ -166,13 +166,18 @@ def measure(pair: Pair, *, repeats: int) -> dict[str, Any]:
     clock = ThreadClock()
     loops, bares, per_pair, cpu_loops, cpu_bares = [], [], [], [], []
     result = None
-    for _ in range(repeats):
-        cpu, wall = clock.bare(pair)
-        cpu_bares.append(cpu)
-        bares.append(wall)
-        cpu, result = clock.campaign(pair)
-        cpu_loops.append(cpu)
-        loops.append(loop_seconds(result))
+    for i in range(repeats):
+        # Which loop runs first alternates: the first of a pair was measured slower at times
+        # (loop-profile.md, fifth round), and a fixed order would charge that to one side.
+        for side in ("bare", "campaign") if i % 2 == 0 else ("campaign", "bare"):
+            if side == "bare":
+                cpu, wall = clock.bare(pair)
+                cpu_bares.append(cpu)
+                bares.append(wall)
+            else:
+                cpu, result = clock.campaign(pair)
+                cpu_loops.append(cpu)
+                loops.append(loop_seconds(result))
         per_pair.append(1e6 * (loops[-1] - bares[-1]) / result.steps_done)
     assert result is not None
     steps = result.steps_done
