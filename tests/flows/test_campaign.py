@@ -269,18 +269,8 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     assert extended["variants"]["short"]["test"]["seeds"]["control"] == [0, 1, 2, 3]
     assert extended["numbers"]["family"]["look"] == 2  # the round, then the extension
     assert verify_output(out, reload=False).verified
-
-    # The scheduled restart check of this output: every run resumes exactly in a new process ...
-    from gpucampaign_prefect.flows.restart_check import restart_verification
-
-    reports = restart_verification(out=str(out), steps=5)
-    assert {r["run"] for r in reports} >= {"control", "lr-high", "bf16", "short"}
-    assert all(r["identical"] and r["compared_steps"] == 5 for r in reports)
-    # ... and fails loudly when nothing is left to resume from.
-    shutil.rmtree(out / "checkpoints")
-    failed = restart_verification(out=str(out), return_state=True)
-    assert failed.is_failed()
-    assert "no_usable_restart" in failed.message and "no run" in failed.message
+    # The scheduled restart check of a campaign's output: test_two_gpus_give_a_two_slot_lock_...
+    # (four runs, checked two at a time, where this folder's ten were checked one by one).
 
 
 def test_optional_stop_is_recorded_and_reduce_drops_the_exploratory_variant(
@@ -529,7 +519,8 @@ def max_concurrent(timeline: list[dict[str, Any]]) -> int:
 
 def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp_path):
     """Two lots -> a lock of 2: at most two GPU phases at once, and runs that shared the process
-    still give exactly the numbers each gives alone. The spec is passed as an object."""
+    still give exactly the numbers each gives alone. The spec is passed as an object. Then the
+    scheduled restart check of the output (the `restart_verification` flow)."""
     from prefect.client.orchestration import get_client
 
     from gpucampaign.config import load_spec
@@ -564,6 +555,18 @@ def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp
         )
         recorded = json.loads((out / "runs" / rid / "result.json").read_text())
         assert recorded["metrics"] == alone.metrics, run
+
+    # The scheduled restart check of this output: every run resumes exactly in a new process ...
+    from gpucampaign_prefect.flows.restart_check import restart_verification
+
+    reports = restart_verification(out=str(out), steps=5)
+    assert {r["run"] for r in reports} == set(cs.run_names())
+    assert all(r["identical"] and r["compared_steps"] == 5 for r in reports)
+    # ... and fails loudly when nothing is left to resume from.
+    shutil.rmtree(out / "checkpoints")
+    failed = restart_verification(out=str(out), return_state=True)
+    assert failed.is_failed()
+    assert "no_usable_restart" in failed.message and "no run" in failed.message
 
 
 def test_a_killed_campaign_resumes_from_its_last_good_checkpoint(tmp_path):
