@@ -149,16 +149,18 @@ def test_campaign_run_without_a_terminal_prints_periodic_progress_lines(tmp_path
 
 def _control_only(tmp: Path) -> Path:
     """The demo's spec (`campaign init`) with its control alone, trained in full (its loss
-    falls below 1), and no round of seeds: the lines of a phase are all these tests read, and
-    the demo's other runs only lengthened them (seconds each)."""
+    falls below 1), no restart check and no round of seeds: the lines of a training phase are
+    all these tests read, and the demo's other runs and processes only lengthened them."""
     import yaml
 
     from gpucampaign.cli.scaffold import init_campaign
+    from tests.flows.test_campaign import no_restart_check
 
     spec = init_campaign(tmp / "spec")
     data = yaml.safe_load(spec.read_text())
     data["variants"] = []
     data["calendar"] = [s for s in data["calendar"] if s.get("run") in (None, "control")]
+    no_restart_check(data)
     data["decision_point"] = {**(data.get("decision_point") or {}), "rounds": 0}
     spec.write_text(yaml.safe_dump(data, sort_keys=False))
     return spec
