@@ -134,9 +134,7 @@ def test_report_on_a_running_campaign_points_to_watch(tmp_path):
 @pytest.mark.timeout(600)
 def test_campaign_run_without_a_terminal_prints_periodic_progress_lines(tmp_path):
     """CliRunner is no terminal: plain lines, one per phase at least, and no Prefect INFO."""
-    from gpucampaign.cli.scaffold import init_campaign
-
-    spec = init_campaign(tmp_path / "spec")
+    spec = _control_only(tmp_path)
     got = runner.invoke(
         app, ["run", str(spec), "--out", str(tmp_path / "out"), "--progress-every", "0.5"]
     )
@@ -147,6 +145,25 @@ def test_campaign_run_without_a_terminal_prints_periodic_progress_lines(tmp_path
     assert all("loss" in ln and "steps/s" in ln for ln in lines)
     assert "Starting temporary server" not in got.output
     assert "Finished in state" not in got.output
+
+
+def _control_only(tmp: Path) -> Path:
+    """The demo's spec (`campaign init`) with its control alone, trained in full (its loss
+    falls below 1), no restart check and no round of seeds: the lines of a training phase are
+    all these tests read, and the demo's other runs and processes only lengthened them."""
+    import yaml
+
+    from gpucampaign.cli.scaffold import init_campaign
+    from tests.flows.test_campaign import no_restart_check
+
+    spec = init_campaign(tmp / "spec")
+    data = yaml.safe_load(spec.read_text())
+    data["variants"] = []
+    data["calendar"] = [s for s in data["calendar"] if s.get("run") in (None, "control")]
+    no_restart_check(data)
+    data["decision_point"] = {**(data.get("decision_point") or {}), "rounds": 0}
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    return spec
 
 
 def _capture(session: str) -> str:
@@ -168,14 +185,15 @@ def _drawn_lines(stream: Path) -> list[str]:
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_a_terminal_shows_the_live_line_mid_run(tmp_path):
-    """`campaign run examples/digits/campaign.yaml --out X` in a tmux pane: while a phase
+    """`campaign run SPEC --out X` (the demo's control alone) in a tmux pane: while a phase
     trains, the pane shows its live line with the step, the loss and the ETA (read from the
     captured pane, or from the pane's stream when a digits run, ~1 s, ends between captures)."""
     session = f"gpc{os.getpid()}"
     out, stream = tmp_path / "out", tmp_path / "pane.bytes"
+    spec = _control_only(tmp_path)
     cmd = (
         f"sleep 1; cd {ROOT} && PYTHONPATH={ROOT / 'src'} {sys.executable} -m gpucampaign.cli "
-        f"run examples/digits/campaign.yaml --out {out}; echo EXIT=$?; sleep 600"
+        f"run {spec} --out {out}; echo EXIT=$?; sleep 600"
     )
     subprocess.run(
         ["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", cmd], check=True

@@ -173,15 +173,15 @@ def test_a_regressor_from_rows_has_residuals_and_the_worst_ids() -> None:
 
 
 @pytest.mark.slow
-def test_a_builtin_model_predicts_a_new_table_by_row_id(tmp_path: Path) -> None:
+def test_a_builtin_model_predicts_a_new_table_by_row_id(
+    closed: dict, out: Path, tmp_path: Path
+) -> None:
     """The built-in mlp reads new rows of the corpus's kind (a feature table): its classes and
-    confidences by row ID, the same as predictions.csv for the rows the campaign predicted."""
-    from tests.helpers import build_closed_folder
-
-    built = build_closed_folder(tmp_path / "c")
-    out, rid = built["out"], built["run_ids"]["control"]
+    confidences by row ID, the same as predictions.csv for the rows the campaign predicted.
+    (``out``: a private copy of the session's closed folder, ``closed``.)"""
+    rid = closed["run_ids"]["control"]
     to = tmp_path / "table.csv"
-    table = tmp_path / "c" / "src" / "corpus.csv"
+    table = closed["out"].parent / "src" / "corpus.csv"  # the corpus the folder was built on
     done = CliRunner().invoke(
         app, ["predict", str(out), rid, "--input", str(table), "--to", str(to), "--split", "test"]
     )

@@ -269,18 +269,8 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
     assert extended["variants"]["short"]["test"]["seeds"]["control"] == [0, 1, 2, 3]
     assert extended["numbers"]["family"]["look"] == 2  # the round, then the extension
     assert verify_output(out, reload=False).verified
-
-    # The scheduled restart check of this output: every run resumes exactly in a new process ...
-    from gpucampaign_prefect.flows.restart_check import restart_verification
-
-    reports = restart_verification(out=str(out), steps=5)
-    assert {r["run"] for r in reports} >= {"control", "lr-high", "bf16", "short"}
-    assert all(r["identical"] and r["compared_steps"] == 5 for r in reports)
-    # ... and fails loudly when nothing is left to resume from.
-    shutil.rmtree(out / "checkpoints")
-    failed = restart_verification(out=str(out), return_state=True)
-    assert failed.is_failed()
-    assert "no_usable_restart" in failed.message and "no run" in failed.message
+    # The scheduled restart check of a campaign's output: test_two_gpus_give_a_two_slot_lock_...
+    # (four runs, checked two at a time, where this folder's ten were checked one by one).
 
 
 def test_optional_stop_is_recorded_and_reduce_drops_the_exploratory_variant(
@@ -467,6 +457,15 @@ def _paused_run_of(out: Path, timeout_s: float = 240, other_than: Any = None) ->
     raise AssertionError("the flow never paused at the decision point")
 
 
+def no_restart_check(data: dict[str, Any]) -> None:
+    """The calendar without its restart check (one more process per campaign): for a test of
+    something else; the check itself is tested by the campaigns that keep it."""
+    data["calendar"] = [s for s in data["calendar"] if s.get("phase") != "restart"]
+    for step in data["calendar"]:
+        if "after" in step:
+            step["after"] = [a for a in step["after"] if a != "restart-check"]
+
+
 def test_ask_mode_takes_a_persons_answer_from_the_ui(prefect_harness, tmp_path):
     """Mode 'ask': the flow pauses for the form; the answer (drop 'short') is applied and
     recorded."""
@@ -474,7 +473,9 @@ def test_ask_mode_takes_a_persons_answer_from_the_ui(prefect_harness, tmp_path):
 
     from prefect.flow_runs import resume_flow_run
 
-    spec = tiny_campaign(tmp_path, decision_point={"mode": "ask", "timeout_s": 300})
+    spec = tiny_campaign(
+        tmp_path, decision_point={"mode": "ask", "timeout_s": 300}, edit=no_restart_check
+    )
     out = tmp_path / "out"
     name = yaml.safe_load(spec.read_text())["name"]
     with ThreadPoolExecutor(1) as pool:
@@ -506,7 +507,9 @@ def test_ask_mode_takes_a_persons_answer_from_the_ui(prefect_harness, tmp_path):
 
 
 def test_ask_mode_falls_back_to_the_automatic_choice_after_the_timeout(prefect_harness, tmp_path):
-    spec = tiny_campaign(tmp_path, decision_point={"mode": "ask", "timeout_s": 3})
+    spec = tiny_campaign(
+        tmp_path, decision_point={"mode": "ask", "timeout_s": 3}, edit=no_restart_check
+    )
     out = tmp_path / "out"
     state = run_flow(spec, out)
     assert state.is_completed(), state.message
@@ -529,7 +532,8 @@ def max_concurrent(timeline: list[dict[str, Any]]) -> int:
 
 def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp_path):
     """Two lots -> a lock of 2: at most two GPU phases at once, and runs that shared the process
-    still give exactly the numbers each gives alone. The spec is passed as an object."""
+    still give exactly the numbers each gives alone. The spec is passed as an object. Then the
+    scheduled restart check of the output (the `restart_verification` flow)."""
     from prefect.client.orchestration import get_client
 
     from gpucampaign.config import load_spec
@@ -564,6 +568,18 @@ def test_two_gpus_give_a_two_slot_lock_and_the_same_numbers(prefect_harness, tmp
         )
         recorded = json.loads((out / "runs" / rid / "result.json").read_text())
         assert recorded["metrics"] == alone.metrics, run
+
+    # The scheduled restart check of this output: every run resumes exactly in a new process ...
+    from gpucampaign_prefect.flows.restart_check import restart_verification
+
+    reports = restart_verification(out=str(out), steps=5)
+    assert {r["run"] for r in reports} == set(cs.run_names())
+    assert all(r["identical"] and r["compared_steps"] == 5 for r in reports)
+    # ... and fails loudly when nothing is left to resume from.
+    shutil.rmtree(out / "checkpoints")
+    failed = restart_verification(out=str(out), return_state=True)
+    assert failed.is_failed()
+    assert "no_usable_restart" in failed.message and "no run" in failed.message
 
 
 def test_a_killed_campaign_resumes_from_its_last_good_checkpoint(tmp_path):

@@ -66,25 +66,41 @@ def _campaign(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess[
     )
 
 
+#: A one-GPU campaign's first call on its embedded server, ``ensure_gpu_limit(spec.gpu_lock.name,
+#: slots=<its lanes>)``, for the default lock and one lane; the server stops after it.
+_MAKE_ONE_GPU_LOCK = """
+import os
+from gpucampaign.cli.runner import load_embedded, prefect_environment
+from gpucampaign.config.parts import GpuLockSpec
+for key, value in prefect_environment(logging_level="WARNING").items():
+    os.environ.setdefault(key, value)
+server = load_embedded("start_detached")()
+try:
+    from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit
+    print(ensure_gpu_limit(GpuLockSpec().name, slots=1, clear_stale=embedded_api()))
+finally:
+    load_embedded("stop")(server)
+"""
+
+
 def test_a_users_own_recipe_trains_on_two_processes_after_a_one_gpu_campaign(tmp_path):
     """The default lock `gpu` was made with 1 slot by a one-GPU campaign; the renter's recipe
     (their seqreg.py beside their spec, run from another folder: neither the working directory
     nor PYTHONPATH holds it) trains its control on 2 ranks, which import it as the launching
     process does, and the campaign completes, verifies and restarts identically."""
     home = tmp_path / "prefect-home"
-
-    def one_gpu(data: dict[str, Any]) -> None:
-        del data["gpu_lock"]  # the default lock, `gpu`, as a renter's campaigns share it
-        # Only the control: the lock is made at the start, whatever the campaign runs after.
-        data["variants"] = []
-        data["calendar"] = [s for s in data["calendar"] if s.get("run") in (None, "control")]
-
-    first = _campaign(
-        "run", str(tiny_campaign(tmp_path, edit=one_gpu)), "--out", "one", cwd=tmp_path, home=home
+    # What a one-GPU campaign does first on the default lock (its flow's first call, with its
+    # one lane's slot), without training it: the lock is all the second campaign meets of it.
+    made = subprocess.run(
+        [sys.executable, "-c", _MAKE_ONE_GPU_LOCK],
+        env={**os.environ, "PREFECT_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    assert first.returncode == 0, first.stderr[-3000:]
-    created = re.search(r"'gpu' on this Prefect server with 1 slot", first.stderr)
-    assert created, first.stderr[-3000:]
+    assert made.returncode == 0, made.stderr[-3000:]
+    created = re.search(r"'gpu' on this Prefect server with 1 slot", made.stdout)
+    assert created, (made.stdout + made.stderr)[-3000:]
 
     write_regress_project(tmp_path / "mine", gpus=2)
     elsewhere = tmp_path / "elsewhere"

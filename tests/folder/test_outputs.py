@@ -133,10 +133,8 @@ def test_corpus_is_copied_when_small_else_referenced(tmp_path: Path):
         reference_corpus(out, src, sha256="0" * 64)
 
 
-def test_manifest_lists_every_file_but_itself(tmp_path: Path):
-    from tests.helpers import build_closed_folder
-
-    out = build_closed_folder(tmp_path)["out"]
+def test_manifest_lists_every_file_but_itself(closed: dict):
+    out = closed["out"]  # the session's closed folder (tests/conftest.py), only read here
     m = json.loads((out / "manifest.json").read_text())
     listed = {e["path"]: e for e in m["files"]}
     assert set(listed) == set(list_files(out)) and "manifest.json" not in listed
