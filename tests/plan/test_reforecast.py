@@ -10,7 +10,14 @@ import pytest
 
 from gpucampaign.config import parse_spec
 from gpucampaign.config.parts import report_every
-from gpucampaign.plan.reforecast import pilot_measures, reforecast_hours, reports_left, step_shape
+from gpucampaign.plan.reforecast import (
+    call_parts,
+    pilot_measures,
+    pool_pilots,
+    reforecast_hours,
+    reports_left,
+    step_shape,
+)
 from tests.plan.test_decision import SPEC, _result
 
 
@@ -245,3 +252,65 @@ def test_the_pilots_of_one_step_share_their_median_step() -> None:
     for n in steps:
         assert hours[n][0] == pytest.approx(expected[n][0]), n
     assert hours["control"][0] * 3600 < 0.5 * 1980 * 0.050
+
+
+def test_the_pilots_warm_up_steps_are_counted_once_not_spread_over_the_run() -> None:
+    """A pilot's 20 steps: the first 0.05 s, the next four warming up (0.04 s each), the other
+    15 settled at 0.01 s. The settled steps give the run's step time (median and trimmed
+    mean 0.01 s); the warm-up is counted once, at what it cost, in a call of 380 steps: 0.05 +
+    0.16 + 375 x 0.01 = 3.96 s (main: the warm-up in the trimmed mean, 0.0153 s, for each of
+    the 379 steps after the first: 5.84 s, 1.47x)."""
+    spec = parse_spec(SPEC)
+    step_times = [0.05] + [0.04] * 4 + [0.01] * 15
+    timings = {
+        **_result().timings,
+        "step_s": sorted(step_times[1:])[9],  # the engine's: the median without the first
+        "train_s": sum(step_times),
+        "loop_start_s": 0.0,
+        "steps_s_sum": sum(step_times),
+        "eval_s": [],
+        "stall_s": [],
+        "total_s": sum(step_times),
+    }
+    rows = [{"kind": "train", "step": i + 1, "step_s": t} for i, t in enumerate(step_times)]
+    m = pilot_measures(
+        spec.resolve_run("control"),
+        result=_result(timings=timings, steps_done=20),
+        n_train=3200,
+        rows=rows,
+        segment_s=sum(step_times),
+    )
+    assert m["step_s"] == pytest.approx(0.01) and m["step_mean_s"] == pytest.approx(0.01)
+    assert m["warmup_s"] == pytest.approx(0.16) and m["warmup_steps"] == 4
+    assert call_parts(m, left=380)["steps"] == pytest.approx(0.05 + 0.16 + 375 * 0.01)
+    # A call too short for the whole warm-up pays its share of it.
+    assert call_parts(m, left=3)["steps"] == pytest.approx(0.05 + 2 * 0.04)
+    # The pilots' step pooled: the warm-up does not raise the machine's tax on a step.
+    pooled = pool_pilots({"control": {**m, "fixed_s": 0.0}})["control"]
+    assert pooled["step_mean_s"] == pytest.approx(0.01)
+
+
+def test_the_restore_the_pilot_timed_is_forecast_for_the_call_that_resumes() -> None:
+    """A pilot that started from nothing timed a read of its save (0.2 s, ``probe_restore_s``,
+    in its ``total_s``): the call resuming the run pays it outside the loop; it is not the
+    pilot's own set-up (``fixed_s`` stays 1 s; main: 1.2 s in ``fixed_s`` and no restore for a
+    call that restores, or none at all when the pilot took none)."""
+    spec = parse_spec(SPEC)
+    timings = {
+        **_result().timings,
+        "train_s": 0.5,
+        "loop_start_s": 0.0,
+        "steps_s_sum": 0.4,
+        "eval_s": [0.1],
+        "stall_s": [],
+        "probe_restore_s": 0.2,
+        "total_s": 1.0 + 0.5 + 0.2,
+    }
+    m = pilot_measures(
+        spec.resolve_run("control"),
+        result=_result(timings=timings, steps_done=20),
+        n_train=3200,
+        segment_s=1.7,
+    )
+    assert m["fixed_s"] == pytest.approx(1.0) and m["resume_s"] == 0.2
+    assert call_parts(m, left=100)["outside"] == pytest.approx(1.2)
