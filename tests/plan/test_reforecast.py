@@ -256,13 +256,13 @@ def test_the_pilots_of_one_step_share_their_median_step() -> None:
 
 
 def test_the_pilots_warm_up_steps_are_counted_once_not_spread_over_the_run() -> None:
-    """A pilot's 20 steps: the first 0.05 s, the next four warming up (0.04 s each), the other
-    15 settled at 0.01 s. The settled steps give the run's step time (median and trimmed
-    mean 0.01 s); the warm-up is counted once, at what it cost, in a call of 380 steps: 0.05 +
-    0.16 + 375 x 0.01 = 3.96 s (main: the warm-up in the trimmed mean, 0.0153 s, for each of
-    the 379 steps after the first: 5.84 s, 1.47x)."""
+    """A pilot's 20 steps: the first 0.05 s, the next nine warming up (0.04 s each: the first
+    half), the other 10 settled at 0.01 s. The settled steps give the run's step time (median
+    and trimmed mean 0.01 s); the warm-up is counted once, at what it cost, in a call of 380
+    steps: 0.05 + 0.36 + 370 x 0.01 = 4.11 s (main: the warm-up in the trimmed mean, 0.0241 s,
+    for each of the 379 steps after the first: 9.2 s)."""
     spec = parse_spec(SPEC)
-    step_times = [0.05] + [0.04] * 4 + [0.01] * 15
+    step_times = [0.05] + [0.04] * 9 + [0.01] * 10
     timings = {
         **_result().timings,
         "step_s": sorted(step_times[1:])[9],  # the engine's: the median without the first
@@ -282,8 +282,8 @@ def test_the_pilots_warm_up_steps_are_counted_once_not_spread_over_the_run() -> 
         segment_s=sum(step_times),
     )
     assert m["step_s"] == pytest.approx(0.01) and m["step_mean_s"] == pytest.approx(0.01)
-    assert m["warmup_s"] == pytest.approx(0.16) and m["warmup_steps"] == 4
-    assert call_parts(m, left=380)["steps"] == pytest.approx(0.05 + 0.16 + 375 * 0.01)
+    assert m["warmup_s"] == pytest.approx(0.36) and m["warmup_steps"] == 9
+    assert call_parts(m, left=380)["steps"] == pytest.approx(0.05 + 0.36 + 370 * 0.01)
     # A call too short for the whole warm-up pays its share of it.
     assert call_parts(m, left=3)["steps"] == pytest.approx(0.05 + 2 * 0.04)
     # The pilots' step pooled: the warm-up does not raise the machine's tax on a step.
