@@ -30,18 +30,21 @@ def test_a_call_counts_the_reports_the_reforecast_counts(tmp_path, digits_file, 
 
 def test_a_pilot_that_held_no_evaluation_times_one_and_records_none(tmp_path, digits_file):  # noqa: F811
     """5 pilot steps of a run that evaluates at each epoch's end: one evaluation is timed after
-    the pilot's last save, no row of it written; the run trained on from the pilot ends with
-    the same losses as one never piloted."""
+    the pilot's last save, no row of it written, and a read of that save (the restore of the
+    call that resumes it); the run trained on from the pilot ends with the same losses as one
+    never piloted."""
     spec = make_spec(tmp_path, digits_file, control={"epochs": 2})
     unasked = run(spec, tmp_path, stop_after_steps=5, out="unasked")  # the restart check's
-    assert unasked.timings["probe_eval_s"] is None
+    assert unasked.timings["probe_eval_s"] is None and unasked.timings["probe_restore_s"] is None
     pilot = run(spec, tmp_path, stop_after_steps=5, probe_eval=True)
     assert pilot.timings["eval_s"] == [] and pilot.timings["probe_eval_s"] > 0
+    assert pilot.timings["probe_restore_s"] > 0  # main: not timed
     rows = read_metrics(run_dir(spec, tmp_path) / "metrics.jsonl")
     assert [r for r in rows if r["kind"] == "eval"] == []
     piloted = run(spec, tmp_path)
     alone = run(spec, tmp_path, out="alone")
     assert piloted.timings["probe_eval_s"] is None  # the run's own call evaluates
+    assert piloted.timings["probe_restore_s"] is None and piloted.timings["restore_s"] > 0
     assert train_losses(run_dir(spec, tmp_path) / "metrics.jsonl") == train_losses(
         run_dir(spec, tmp_path, out="alone") / "metrics.jsonl"
     )

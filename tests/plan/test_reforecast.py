@@ -10,7 +10,14 @@ import pytest
 
 from gpucampaign.config import parse_spec
 from gpucampaign.config.parts import report_every
-from gpucampaign.plan.reforecast import pilot_measures, reforecast_hours, reports_left, step_shape
+from gpucampaign.plan.reforecast import (
+    call_parts,
+    pilot_measures,
+    pool_pilots,
+    reforecast_hours,
+    reports_left,
+    step_shape,
+)
 from tests.plan.test_decision import SPEC, _result
 
 
@@ -78,7 +85,8 @@ def test_the_reforecast_pools_the_costs_the_pilots_share_and_counts_each_runs_ow
     median). Each run is forecast with its own step time (its median, times the machine's tax
     on a step pooled over the pilots: 1.2) and its own counts (steps left, evaluations left at
     its cadence and the two final ones, saves), the costs shared by the pilots at their median
-    (outside the loop at its least): the warm-up is not forecast again for every run, and
+    (outside the loop: the median of the pilots less the first, which measured the most): the
+    warm-up is not forecast again for every run, and
     nothing is forecast that was not measured."""
     spec = parse_spec(SPEC)
     pilot = {
@@ -87,8 +95,8 @@ def test_the_reforecast_pools_the_costs_the_pilots_share_and_counts_each_runs_ow
         "big": _measured(step=0.018, fixed=0.6, loop=0.003, eval_s=0.12, planned=1000),
     }
     hours = reforecast_hours(spec, pilot=pilot)
-    shared = {  # the median of the three pilots (outside the loop: the least)
-        "fixed": 0.5,
+    shared = {  # the median of the three pilots (outside the loop: of the two less the first)
+        "fixed": 0.55,
         "loop": 0.003,
         "eval": 0.12,
         "outside": 0.06,
@@ -245,3 +253,79 @@ def test_the_pilots_of_one_step_share_their_median_step() -> None:
     for n in steps:
         assert hours[n][0] == pytest.approx(expected[n][0]), n
     assert hours["control"][0] * 3600 < 0.5 * 1980 * 0.050
+
+
+def test_the_pilots_warm_up_steps_are_counted_once_not_spread_over_the_run() -> None:
+    """A pilot's 20 steps: the first 0.05 s, the next nine warming up (0.04 s each: the first
+    half), the other 10 settled at 0.01 s. The settled steps give the run's step time (median
+    and trimmed mean 0.01 s); the warm-up is counted once, at what it cost, in a call of 380
+    steps: 0.05 + 0.36 + 370 x 0.01 = 4.11 s (main: the warm-up in the trimmed mean, 0.0241 s,
+    for each of the 379 steps after the first: 9.2 s)."""
+    spec = parse_spec(SPEC)
+    step_times = [0.05] + [0.04] * 9 + [0.01] * 10
+    timings = {
+        **_result().timings,
+        "step_s": sorted(step_times[1:])[9],  # the engine's: the median without the first
+        "train_s": sum(step_times),
+        "loop_start_s": 0.0,
+        "steps_s_sum": sum(step_times),
+        "eval_s": [],
+        "stall_s": [],
+        "total_s": sum(step_times),
+    }
+    rows = [{"kind": "train", "step": i + 1, "step_s": t} for i, t in enumerate(step_times)]
+    m = pilot_measures(
+        spec.resolve_run("control"),
+        result=_result(timings=timings, steps_done=20),
+        n_train=3200,
+        rows=rows,
+        segment_s=sum(step_times),
+    )
+    assert m["step_s"] == pytest.approx(0.01) and m["step_mean_s"] == pytest.approx(0.01)
+    assert m["warmup_s"] == pytest.approx(0.36) and m["warmup_steps"] == 9
+    assert call_parts(m, left=380)["steps"] == pytest.approx(0.05 + 0.36 + 370 * 0.01)
+    # A call too short for the whole warm-up pays its share of it.
+    assert call_parts(m, left=3)["steps"] == pytest.approx(0.05 + 2 * 0.04)
+    # The pilots' step pooled: the warm-up does not raise the machine's tax on a step.
+    pooled = pool_pilots({"control": {**m, "fixed_s": 0.0}})["control"]
+    assert pooled["step_mean_s"] == pytest.approx(0.01)
+
+
+def test_the_restore_the_pilot_timed_is_forecast_for_the_call_that_resumes() -> None:
+    """A pilot that started from nothing timed a read of its save (0.2 s, ``probe_restore_s``,
+    in its ``total_s``): the call resuming the run pays it outside the loop; it is not the
+    pilot's own set-up (``fixed_s`` stays 1 s; main: 1.2 s in ``fixed_s`` and no restore for a
+    call that restores, or none at all when the pilot took none)."""
+    spec = parse_spec(SPEC)
+    timings = {
+        **_result().timings,
+        "train_s": 0.5,
+        "loop_start_s": 0.0,
+        "steps_s_sum": 0.4,
+        "eval_s": [0.1],
+        "stall_s": [],
+        "probe_restore_s": 0.2,
+        "total_s": 1.0 + 0.5 + 0.2,
+    }
+    m = pilot_measures(
+        spec.resolve_run("control"),
+        result=_result(timings=timings, steps_done=20),
+        n_train=3200,
+        segment_s=1.7,
+    )
+    assert m["fixed_s"] == pytest.approx(1.0) and m["resume_s"] == 0.2
+    assert call_parts(m, left=100)["outside"] == pytest.approx(1.2)
+
+
+def test_the_time_outside_the_loop_is_the_median_of_the_pilots_less_the_first() -> None:
+    """The demo's four pilots measured 109 ms outside the loop (the first, the process's
+    warm-up), 18, 24 and 28 ms; its training calls, one draw each, 28-40 ms: the pooled time is
+    the median of the three after the first, 24 ms (main: the least, 18 ms). Two pilots give
+    the lesser: the other paid the warm-up."""
+    four = {
+        run: _measured(step=0.01, fixed=f, loop=0.001, eval_s=0.1, planned=400)
+        for run, f in (("control", 0.109), ("lr-high", 0.018), ("bf16", 0.024), ("short", 0.028))
+    }
+    assert pool_pilots(four)["short"]["fixed_s"] == pytest.approx(0.024)
+    two = {run: four[run] for run in ("control", "bf16")}
+    assert pool_pilots(two)["control"]["fixed_s"] == pytest.approx(0.024)

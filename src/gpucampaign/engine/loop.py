@@ -101,7 +101,7 @@ from gpucampaign.engine.inference_restart import (
     restart_inference,
 )
 from gpucampaign.engine.launch import launch
-from gpucampaign.engine.outcome import evaluate, run_result, time_evaluation
+from gpucampaign.engine.outcome import evaluate, run_result, time_evaluation, time_restore
 from gpucampaign.engine.parts import close_loader
 from gpucampaign.engine.process_group import Ranks
 from gpucampaign.engine.registry import build_hooks
@@ -472,6 +472,8 @@ def _reach_target(r: LiveRun, hooks: Hooks, *, train_s: float, t_trained: float)
         _last_save(r, hooks, since=t_trained)
         if r.probe_eval and not r.eval_times:  # the re-forecast needs an evaluation's cost
             time_evaluation(r)
+        if r.probe_eval:  # and the restore of the call that resumes from this save
+            time_restore(r)
         _tell_rows(r, hooks)
         return run_result(r, completed=False, train_s=train_s)
     require_complete(r.run_id, steps_done=step, planned_steps=r.planned)
@@ -547,7 +549,8 @@ def train_run(
         log_every_steps: At most this many steps' ``train`` rows wait for their losses
             (see the module docstring: the host syncs only when a record needs them).
         probe_eval: With ``stop_after_steps`` (the pilot): when its steps held no evaluation,
-            time one after its last save, writing no row (``timings.probe_eval_s``).
+            time one after its last save, writing no row (``timings.probe_eval_s``); and a
+            read of that save, as the resuming call reads it (``timings.probe_restore_s``).
 
     Returns:
         The ``RunResult`` (``completed`` False after a pilot stop).

@@ -55,6 +55,17 @@ def time_evaluation(r: LiveRun, split: str = "val") -> None:
     _, r.probe_eval_s = _timed_evaluation(r, dataset)
 
 
+def time_restore(r: LiveRun) -> None:
+    """Time a read of the checkpoint the pilot just saved (``probe_restore_s``), as the call
+    that resumes the run reads it (``CheckpointManager.load_latest``, the one ``_restore``
+    calls): the re-forecast adds it to that call's time outside the loop. Nothing is applied:
+    the state is the one saved."""
+    t0 = time.perf_counter()
+    ck, _ = r.manager.load_latest()
+    if ck is not None:
+        r.probe_restore_s = time.perf_counter() - t0
+
+
 def _timed_evaluation(r: LiveRun, dataset: Any) -> tuple[dict[str, Any], float]:
     """One evaluation of ``dataset``: its metrics and its seconds."""
     t0 = time.perf_counter()
@@ -120,6 +131,7 @@ def run_result(
         "report_s": r.report_s,
         "final_save_s": r.final_save_s,
         "probe_eval_s": r.probe_eval_s,  # of total_s, after the loop: a pilot's, when timed
+        "probe_restore_s": r.probe_restore_s,  # of total_s, after the loop: a pilot's
         "total_s": time.perf_counter() - r.t_call,
     }
     if measured is not None and not r.step_times and not saves:

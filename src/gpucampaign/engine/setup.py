@@ -97,6 +97,9 @@ class LiveRun:
     # A pilot that held no evaluation times one after its last save (``time_evaluation``).
     probe_eval: bool = False
     probe_eval_s: float | None = None
+    # And a read of the checkpoint it saved, as the call resuming from it reads it
+    # (``time_restore``): a cost of that call the pilot, starting from nothing, did not pay.
+    probe_restore_s: float | None = None
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
     # Measurements, the metrics log and the saves.
@@ -160,7 +163,8 @@ class RunJob:
         checkpoint_every: Fixed save interval in steps (overrides the spec and the measure).
         lane: The plan's GPU lane running this call (``devices.pick_device``).
         probe_eval: Pilot mode: when its steps held no evaluation, time one after its last
-            save (``outcome.time_evaluation``: the re-forecast prices the run's with it).
+            save (``outcome.time_evaluation``: the re-forecast prices the run's with it), and
+            a read of that save (``outcome.time_restore``).
     """
 
     spec: CampaignSpec
