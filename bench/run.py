@@ -193,8 +193,8 @@ def bench_training(tmp: Path, repeats: int, res: Results, *, epochs: int = 200) 
             "training throughput, campaign run",
             "bare PyTorch loop",
             ratios,
-            ">= 0.97x",
-            statistics.median(ratios) >= 0.97,
+            ">= 0.98x",  # issue 47's goal (0.97x before it)
+            statistics.median(ratios) >= 0.98,
             note=note,
         )
     )
