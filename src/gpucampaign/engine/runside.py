@@ -66,6 +66,8 @@ class RunSide:
         remote: The store is not the folder's own (S3): each durable checkpoint copies the
             timeline to it (``storage.sharedtimeline``), and checkpoint files the server did
             not take wait in the folder's spool. A local store holds both already.
+        timeline_key: The timeline's key in a remote store: ``timeline.jsonl``, or a
+            machine's own when it runs one lot's lanes (``storage.lanefiles``).
     """
 
     spec: CampaignSpec
@@ -76,6 +78,7 @@ class RunSide:
     corpus: Any
     store: Store
     remote: bool
+    timeline_key: str = TIMELINE
 
     @classmethod
     def open(
@@ -86,9 +89,10 @@ class RunSide:
         out: str | Path,
         run: ResolvedRun,
         phase: str,
+        timeline_key: str = TIMELINE,
     ) -> RunSide:
         """The call's side of the folder ``out``: its files resolved once, its inputs loaded
-        and its store open.
+        and its store open (``timeline_key``: see the class).
 
         Raises:
             StopRule: The stop already recorded for this run ID: a stopped run is finished,
@@ -118,6 +122,7 @@ class RunSide:
             corpus=corpus,
             store=store,
             remote=store.local_path(TIMELINE) is None,
+            timeline_key=timeline_key,
         )
 
     @contextlib.contextmanager
@@ -140,7 +145,10 @@ class RunSide:
             durable=lambda run_id: durable_step(url, out=root, run_id=run_id),
             lot_end=LotEnded,
         ) as row:
-            share = (lambda: share_timeline(root, store=self.store)) if self.remote else None
+            key = self.timeline_key
+            share = (
+                (lambda: share_timeline(root, store=self.store, key=key)) if self.remote else None
+            )
             yield SegmentWriter(self.timeline, row, after_heartbeat=share)
 
     def notes(self) -> TrainingNotes:

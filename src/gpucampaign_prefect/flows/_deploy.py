@@ -2,7 +2,8 @@
 registered for a project folder on the Prefect server at ``PREFECT_API_URL``.
 
 The installed package carries ``prefect.yaml`` (``gpucampaign_prefect/deployments``), the one
-definition of the deployments: ``campaign/main`` and ``restart-verification/scheduled``, their
+definition of the deployments: ``campaign/main``, ``lane/main`` (one machine's lanes, which
+``campaign/main`` starts on each lot's work queue) and ``restart-verification/scheduled``, their
 installed entrypoints (``gpucampaign_prefect.flows.*``), tags, job variables and schedule. Here
 ``{{ $GPUCAMPAIGN_ROOT }}`` becomes the project folder (the flow-run process starts there, so
 the spec's and the output's relative paths resolve in it, as for ``campaign run``), the
@@ -105,10 +106,10 @@ def deploy_project(
     if campaign:
         tag = CAMPAIGN_TAG.format(name=campaign)
         entries = [
-            (role, {**e, "tags": [*(e.get("tags") or []), tag]} if role == "main" else e)
+            (role, {**e, "tags": [*(e.get("tags") or []), tag]} if _is_campaign(e) else e)
             for role, e in entries
         ]
-    params = {"main": {"spec": spec, "out": out}, "scheduled": {"out": out}}
+    params = {"main": {"spec": spec, "out": out}, "scheduled": {"out": out}}  # lane/main: too
     require_named_server(fix="point PREFECT_API_URL at the running one.")
     with get_client(sync_client=True) as client:
         if not replace:  # every deployment checked before any is written
@@ -127,6 +128,12 @@ def deploy_project(
                 )
             )
     return str(url), deployed
+
+
+def _is_campaign(entry: dict[str, Any]) -> bool:
+    """Whether ``entry`` deploys the campaign flow: its runs alone carry the campaign's tag
+    (a machine's lane run is never one of the campaign's copies its lock counts or closes)."""
+    return str(entry.get("entrypoint", "")).endswith(":campaign")
 
 
 def _named(entries: list[dict[str, Any]], *, name: str | None) -> list[tuple[str, dict[str, Any]]]:

@@ -46,6 +46,7 @@ from gpucampaign.preflight.stale import fence_sealed_store
 from gpucampaign.storage.mirror import Fence
 from gpucampaign.verify.sealed import recheck_sealed
 from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
+from gpucampaign_prefect.flows._machines import on_machines, run_on_machines
 from gpucampaign_prefect.flows._naming import (
     CAMPAIGN_TAG,
     campaign_run_name,
@@ -426,13 +427,22 @@ def _experiments(
             notify.essential_stop(campaign=campaign_id, name=cs.name, run=run, stop=str(rule))
         return decision, (stops[0][1] if stops else None), {}
 
-    futures, restart_future = _submit_in_lanes(
-        cs, plan=plan, dropped=decision.dropped_runs, common=common
-    )
-    run_stops: dict[str, StopRule] = {}
     ended: list[LotEnded] = []
+    if on_machines(cs, plan=plan):  # each lot's lanes on its machine, through its work queue
+        recorded = run_on_machines(cs, plan=plan, dropped=decision.dropped_runs, folder=folder)
+        restart_future = restart_verification.submit(
+            cs, run="control", return_state=False, **common
+        )
+        futures: dict[str, Any] = dict.fromkeys(recorded)
+    else:  # every lane a thread of this process
+        recorded = {}
+        futures, restart_future = _submit_in_lanes(
+            cs, plan=plan, dropped=decision.dropped_runs, common=common
+        )
+    run_stops: dict[str, StopRule] = {}
     for run, fut in futures.items():  # each stop is said as soon as its run ends
-        if (stop := _stop_or_lot_end(fut, ended)) is not None:
+        stop = recorded[run] if run in recorded else _stop_or_lot_end(fut, ended)
+        if stop is not None:
             run_stops[run] = stop
             if stop.stop_id in earlier:
                 logger.info("run '%s' stopped in an earlier start, as recorded: %s", run, stop)
