@@ -19,7 +19,14 @@ from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.plan import calendar
 from gpucampaign.plan.lanes import machine_chains
 from gpucampaign.storage.base import LocalStore
-from gpucampaign.storage.lanefiles import collect_lanes, lane_prefix, publish_lane
+from gpucampaign.storage.lanefiles import (
+    START,
+    collect_lanes,
+    lane_prefix,
+    publish_lane,
+    publish_start,
+    seed_lane,
+)
 from gpucampaign_prefect.flows._machines import on_machines, run_on_machines
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -69,6 +76,24 @@ def test_two_machines_never_write_the_same_key(tmp_path: Path) -> None:
         {"segment": "run-2", "lot": 2},
     ]
     assert json.loads((root / "runs/run-2/result.json").read_text())["lot"] == 2
+    # The campaign's own copy for the machines to start from is under a key of its own too.
+    start = set(publish_start(root, store=store, run_ids=["run-1", "run-2"]))
+    assert start and all(k.startswith(START + "/") for k in start)
+    assert not start & (keys[1] | keys[2])
+
+
+def test_a_machine_starts_its_runs_from_the_pilots_folders(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "bucket")
+    campaign = _machine_folder(tmp_path / "campaign", runs=["pilot-run", "other"], lot=1)
+    (campaign / "stops.jsonl").write_text('{"run_id": "gone"}\n')
+    publish_start(campaign, store=store, run_ids=["pilot-run", "other"])
+    machine = tmp_path / "machine"
+    (machine / "runs/other").mkdir(parents=True)
+    (machine / "runs/other/metrics.jsonl").write_text('{"step": 7}\n')  # an earlier start's
+    assert seed_lane(machine, store=store, run_ids=["pilot-run", "other"]) == 4
+    assert (machine / "runs/pilot-run/metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert (machine / "runs/other/metrics.jsonl").read_text() == '{"step": 7}\n'
+    assert (machine / "stops.jsonl").is_file() and not (machine / "timeline.jsonl").exists()
 
 
 class _Machines:

@@ -6,9 +6,11 @@ machine trains in a local folder of its own (a cache) and writes its checkpoints
 under each run's keys, as on one machine. Its records (each run's folder, its timeline rows,
 its stops) go to keys of its own, ``lanes/lot-<K>/...``: two machines never write the same key,
 and none of them writes a key of the campaign's folder, whose one writer stays the campaign's
-flow (its close mirrors the folder). Once the lanes ended, the campaign's flow copies each
-lane's run folders into its folder and appends the lane's timeline rows and stops it does not
-hold yet; the close reads them as if they had been trained there. Pure; no Prefect.
+flow (its close mirrors the folder). Before they start, that flow leaves what its folder holds
+of their runs (the pilots' run folders) and its stops under ``lanes/start/``, where each
+machine starts its folder from (``seed_lane``). Once the lanes ended, the campaign's flow
+copies each lane's run folders into its folder and appends the lane's timeline rows and stops
+it does not hold yet; the close reads them as if they had been trained there. Pure; no Prefect.
 """
 
 from __future__ import annotations
@@ -20,10 +22,21 @@ from gpucampaign.core.files import TMP_PREFIX
 from gpucampaign.folder.layout import RUNS_DIR, STOPS, TIMELINE, is_live_progress
 from gpucampaign.storage.base import Store
 
-__all__ = ["LANES_DIR", "collect_lanes", "lane_prefix", "publish_lane"]
+__all__ = [
+    "LANES_DIR",
+    "START",
+    "collect_lanes",
+    "lane_prefix",
+    "publish_lane",
+    "publish_start",
+    "seed_lane",
+]
 
 #: The store's folder of the machines' own records: ``lanes/lot-<K>/``.
 LANES_DIR = "lanes"
+
+#: The campaign flow's own copy for the machines to start from (``publish_start``).
+START = f"{LANES_DIR}/start"
 
 #: The append-only records of a lane merged line by line into the campaign's folder.
 _JOURNALS = (TIMELINE, STOPS)
@@ -44,8 +57,40 @@ def publish_lane(root: str | Path, *, store: Store, lot: int, run_ids: Iterable[
     Returns:
         The keys written, each under ``lane_prefix(lot)``.
     """
-    root, prefix = Path(root), lane_prefix(lot)
-    rels = [name for name in _JOURNALS if (root / name).is_file()]
+    return _publish(Path(root), store=store, prefix=lane_prefix(lot), run_ids=run_ids)
+
+
+def publish_start(root: str | Path, *, store: Store, run_ids: Iterable[str]) -> list[str]:
+    """The campaign flow's side before the machines start: what its folder holds of their runs
+    (each pilot's run folder) and its stops, under ``lanes/start/``, for ``seed_lane``."""
+    return _publish(Path(root), store=store, prefix=START, run_ids=run_ids, journals=(STOPS,))
+
+
+def seed_lane(root: str | Path, *, store: Store, run_ids: Iterable[str]) -> int:
+    """Start a machine's local folder ``root`` from ``publish_start``'s copy: the run folders of
+    ``run_ids`` (a run resumes from its pilot, whose metrics it continues) and the stops; a
+    file the folder holds already (a machine's earlier start) is kept. Returns the files taken.
+    """
+    root, prefix = Path(root), START + "/"
+    wanted = tuple(f"{RUNS_DIR}/{run_id}/" for run_id in run_ids)
+    taken = 0
+    for key in store.list(START):
+        rel = key[len(prefix) :] if key.startswith(prefix) else ""
+        if (rel == STOPS or rel.startswith(wanted)) and not (root / rel).exists():
+            store.get_file(key, dst=root / rel)
+            taken += 1
+    return taken
+
+
+def _publish(
+    root: Path,
+    *,
+    store: Store,
+    prefix: str,
+    run_ids: Iterable[str],
+    journals: tuple[str, ...] = _JOURNALS,
+) -> list[str]:
+    rels = [name for name in journals if (root / name).is_file()]
     for run_id in run_ids:
         folder = root / RUNS_DIR / run_id
         files = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []

@@ -33,7 +33,7 @@ from gpucampaign.folder.records import read_stops
 from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.lanes import machine_chains
 from gpucampaign.storage import open_store
-from gpucampaign.storage.lanefiles import collect_lanes
+from gpucampaign.storage.lanefiles import collect_lanes, publish_start
 
 #: The flow of the machines' deployment (``deployments/prefect.yaml``): ``lane/<name>``, the
 #: name of the campaign's own deployment (``main``, or ``campaign deploy --name``'s).
@@ -100,6 +100,10 @@ def run_on_machines(
     name, params = deployment if deployment is not None else _lane_deployment()
     chains = machine_chains(plan, spec=cs, dropped=dropped)
     machines = [m for m in plan.machines if m.number in chains]
+    store = open_store(cs.storage.url, out=folder.root)
+    runs_placed = [r for c in chains.values() for ch in c for r in ch]
+    # What the machines start from: the pilots' run folders, the stops.
+    publish_start(folder.root, store=store, run_ids=[cs.resolve_run(r).run_id for r in runs_placed])
 
     def start(machine: Any) -> FlowRun:
         logger.info(
@@ -126,11 +130,7 @@ def run_on_machines(
     # One thread per machine, each in a copy of this flow run's context (the sub-run's parent).
     with ThreadPoolExecutor(max_workers=max(1, len(machines))) as pool:
         runs = list(pool.map(lambda m: contextvars.copy_context().run(start, m), machines))
-    taken = collect_lanes(
-        folder.root,
-        store=open_store(cs.storage.url, out=folder.root),
-        lots=[m.number for m in machines],
-    )
+    taken = collect_lanes(folder.root, store=store, lots=[m.number for m in machines])
     logger.info("records taken from the machines: %s", taken)
     failed = [(m, r) for m, r in zip(machines, runs, strict=True) if not _completed(r)]
     if failed:
@@ -139,7 +139,7 @@ def run_on_machines(
             f"machines did not finish their lanes ({said}): start each one's worker "
             "(`campaign worker --lot K`) and run the campaign again; it resumes from the store"
         )
-    return _run_stops(cs, folder=folder, runs=[r for c in chains.values() for ch in c for r in ch])
+    return _run_stops(cs, folder=folder, runs=runs_placed)
 
 
 def _logger() -> Any:

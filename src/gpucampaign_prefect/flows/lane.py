@@ -26,7 +26,7 @@ from gpucampaign.folder.lock import writer_lock
 from gpucampaign.preflight import open_campaign
 from gpucampaign.preflight.ownership import mark_owned
 from gpucampaign.storage import open_store
-from gpucampaign.storage.lanefiles import publish_lane
+from gpucampaign.storage.lanefiles import publish_lane, seed_lane
 from gpucampaign_prefect.orchestration.gpu_lock import embedded_api, ensure_gpu_limit, say_lock_note
 from gpucampaign_prefect.orchestration.phases import stop_of
 from gpucampaign_prefect.tasks.train import train
@@ -73,6 +73,7 @@ def lane(
     common = {"base_dir": str(opened.base_dir), "out": str(folder.root)}
     store = open_store(cs.storage.url, out=folder.root)
     run_ids = [cs.resolve_run(r).run_id for chain in chains for r in chain]
+    seed_lane(folder.root, store=store, run_ids=run_ids)  # the pilots' folders, the stops
     ends: dict[str, str] = {}
     with graceful_signals(), writer_lock(folder.root, what=f"lane of {machine.name}"):
         try:
