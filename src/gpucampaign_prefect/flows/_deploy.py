@@ -218,6 +218,29 @@ def _register(
     return Deployed(name=f"{flow.name}/{entry['name']}", parameters=parameters, crons=crons)
 
 
+def ensure_work_queues(*, pool: str, queues: list[str]) -> list[str]:
+    """The work pool ``pool`` and its queues ``queues`` on the server at ``PREFECT_API_URL``,
+    made when missing (``campaign worker --lot K``, before it becomes the worker).
+
+    A Prefect worker asked to poll a queue that does not exist polls none of its queues (the
+    server answers 404 and the worker says nothing), so lot 1's worker, which polls ``lot-1``
+    and ``default``, would never start ``campaign/main`` before a run was sent to ``lot-1``.
+
+    Returns:
+        The queues made (none when all were there).
+    """
+    made = []
+    with get_client(sync_client=True) as client:
+        _ensure_pool(client, pool)
+        for queue in queues:
+            try:
+                client.read_work_queue_by_name(queue, work_pool_name=pool)
+            except ObjectNotFound:
+                client.create_work_queue(name=queue, work_pool_name=pool)
+                made.append(queue)
+    return made
+
+
 def _ensure_pool(client: Any, name: str) -> None:
     """The process work pool ``name``, made with the process worker's job template if missing."""
     try:

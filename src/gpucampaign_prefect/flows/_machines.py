@@ -127,9 +127,11 @@ def run_on_machines(
             timeout=None,
         )
 
-    # One thread per machine, each in a copy of this flow run's context (the sub-run's parent).
+    # One thread per machine, each in a copy of this flow run's context, taken here (a thread
+    # starts with an empty one): run_deployment makes the machine's run a sub-run of this one.
+    contexts = {m.number: contextvars.copy_context() for m in machines}
     with ThreadPoolExecutor(max_workers=max(1, len(machines))) as pool:
-        runs = list(pool.map(lambda m: contextvars.copy_context().run(start, m), machines))
+        runs = list(pool.map(lambda m: contexts[m.number].run(start, m), machines))
     taken = collect_lanes(folder.root, store=store, lots=[m.number for m in machines])
     logger.info("records taken from the machines: %s", taken)
     failed = [(m, r) for m, r in zip(machines, runs, strict=True) if not _completed(r)]

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from prefect import allow_failure, flow, get_run_logger
-from prefect.runtime import flow_run
 
 from gpucampaign.core.interrupt import Interrupted, graceful_signals
 from gpucampaign.core.stoprules import StopRule
@@ -37,12 +36,9 @@ def lane_folder(out: str, *, lot: int) -> str:
     return f"{out.rstrip('/')}-lot-{lot}"
 
 
-def _lane_run_name() -> str:
-    """``lot 2``, the flow run's name when not given (the campaign flow names it)."""
-    return f"lot {flow_run.parameters.get('lot')}"
-
-
-@flow(name="lane", flow_run_name=_lane_run_name, log_prints=False)
+# No flow_run_name of its own: the campaign flow names each machine's run (``<campaign> lot K``),
+# and a flow's template would rename it when it starts.
+@flow(name="lane", log_prints=False)
 def lane(
     spec: str, out: str, lot: int, chains: list[list[str]], base_dir: str | None = None
 ) -> dict[str, Any]:
