@@ -40,6 +40,7 @@ from gpucampaign.plan import calendar
 from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.decision import Decision
 from gpucampaign.plan.lanes import RESTART_CHECK, lane_order
+from gpucampaign.plan.machines import one_process_line
 from gpucampaign.plan.stopping import campaign_stop, essential_pilot_stops, stop_effect
 from gpucampaign.preflight import OpenCampaign, open_campaign, start_folder
 from gpucampaign.preflight.stale import fence_sealed_store
@@ -314,6 +315,10 @@ def _campaign(
         key=artifact_key("plan", cs.name, campaign_id),
         description=f"The plan as written at the start, never rewritten ({folder.root})",
     )
+    if (
+        where := one_process_line(plan0.machines, distributed=on_machines(cs, plan=plan0))
+    ) is not None:
+        logger.info(where)  # several machines: whether each runs its own lanes, in one line
     note = ensure_gpu_limit(cs.gpu_lock.name, slots=plan0.gpu_lanes, clear_stale=embedded_api())
     say_lock_note(note, logger=logger)  # what it made in our words, a held slot as a warning
 
