@@ -5,7 +5,7 @@ two rented machines; a spec of two lots with its store on the stack's S3 server 
 queue) starts one sub-run of the ``lane`` deployment per machine on its lot's queue: each run
 trains in the worker process of the machine the plan placed it on, the two machines' training
 overlaps, and the campaign closes with one report and one manifest that ``campaign verify``
-finds clean.
+finds clean; every run's final parameters are those of the same runs trained on one machine.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from gpucampaign.folder.records import read_timeline
 from gpucampaign.plan import calendar
 from gpucampaign.plan.lanes import machine_chains
 from tests.helpers import api, create_pool, run_deployment, stop_worker, tiny_spec
+from tests.helpers.engine import run as train
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -134,6 +135,20 @@ def test_each_lot_trains_its_lanes_on_its_own_machine(stack, tmp_path):
         for lot, lanes in chains.items()
     }
     assert any(a0 < b1 and b0 < a1 for a0, a1 in spans[1] for b0, b1 in spans[2]), spans
+    # The training span against the same segments one after another (one machine's GPU).
+    starts = [datetime.fromisoformat(r.start) for r in rows.values()]
+    ends = [datetime.fromisoformat(r.end or "") for r in rows.values()]
+    serial = sum((e - s).total_seconds() for s, e in zip(starts, ends, strict=True))
+    span = (max(ends) - min(starts)).total_seconds()
+    print(f"training: {span:.1f} s on two machines, {serial:.1f} s of segments end to end")
+    # Every run's final parameters are those of the same runs trained on one machine, in one
+    # process (what `campaign run` of this spec with a local store trains, byte for byte).
+    cs = load_spec(spec)
+    for run in cs.run_names():
+        run_id = cs.resolve_run(run).run_id
+        train(cs, spec.parent, name=run, out=str(tmp_path / "one-machine"))
+        model = Path("runs", run_id, "model", "model.safetensors")
+        assert (out / model).read_bytes() == (tmp_path / "one-machine" / model).read_bytes(), run
     # One report, one manifest, and the folder verifies.
     assert (out / "report.md").is_file() and (out / "manifest.json").is_file()
     verify = subprocess.run(
