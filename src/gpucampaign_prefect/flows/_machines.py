@@ -157,7 +157,10 @@ def _completed(run: FlowRun) -> bool:
 
 
 def _state_name(run: FlowRun) -> str:
-    return str(run.state.name) if run.state is not None else "with no state"
+    if run.state is None:
+        return "with no state"
+    message = f": {run.state.message}" if run.state.message else ""
+    return f"{run.state.name}{message}"
 
 
 def _run_stops(cs: CampaignSpec, *, folder: OutputFolder, runs: list[str]) -> dict[str, StopRule]:

@@ -16,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import allow_failure, flow, get_run_logger
+from prefect import State, allow_failure, flow, get_run_logger
+from prefect.states import Completed, Failed
 
 from gpucampaign.core.interrupt import Interrupted, graceful_signals
 from gpucampaign.core.stoprules import StopRule
@@ -41,7 +42,7 @@ def lane_folder(out: str, *, lot: int) -> str:
 @flow(name="lane", log_prints=False)
 def lane(
     spec: str, out: str, lot: int, chains: list[list[str]], base_dir: str | None = None
-) -> dict[str, Any]:
+) -> State[Any]:
     """Train one machine's chains of runs (the campaign flow starts it; see the module).
 
     Args:
@@ -52,8 +53,9 @@ def lane(
         base_dir: folder a spec object's paths are relative to (see the campaign flow).
 
     Returns:
-        ``{"lot", "runs"}``: each run's end on this machine (``completed``, ``stopped: ...``,
-        ``failed: ...``); its records are in the store under ``lanes/lot-<lot>/``.
+        Completed with ``{"lot", "runs", "folder"}``: each run's end on this machine
+        (``completed``, ``stopped: ...``); Failed when a run failed or the lane was
+        interrupted. Its records are in the store under ``lanes/lot-<lot>/`` either way.
     """
     redact_logging()
     logger = get_run_logger()
@@ -82,8 +84,13 @@ def lane(
             ends["interrupted"] = str(exc)
         finally:  # what it did, even when it ends early: the campaign's flow reads it
             publish_lane(folder.root, store=store, lot=lot, run_ids=run_ids)
-    logger.info("%s trained %s", machine.name, ", ".join(f"{r}: {e}" for r, e in ends.items()))
-    return {"lot": lot, "runs": ends, "folder": str(Path(folder.root))}
+    said = ", ".join(f"{r}: {e}" for r, e in ends.items())
+    logger.info("%s trained %s", machine.name, said)
+    summary = {"lot": lot, "runs": ends, "folder": str(Path(folder.root))}
+    if any(e.startswith("failed") or r == "interrupted" for r, e in ends.items()):
+        # The campaign's flow sees a machine that did not finish its lane, and says so.
+        return Failed(message=f"{machine.name}: {said}", data=summary)
+    return Completed(data=summary)
 
 
 def _submit_chains(
