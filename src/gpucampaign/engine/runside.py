@@ -28,6 +28,7 @@ from gpucampaign.folder.layout import STOPS, TIMELINE, OutputFolder, RunFolder
 from gpucampaign.folder.records import read_stops_file
 from gpucampaign.folder.segments import SegmentWriter, Timeline, phase_segment
 from gpucampaign.storage import Store, open_store, spooled_keys
+from gpucampaign.storage.lanefiles import lane_prefix
 from gpucampaign.storage.open import read_wait_s
 from gpucampaign.storage.sharedtimeline import share_timeline
 from gpucampaign.tracking import tracking_note
@@ -89,10 +90,11 @@ class RunSide:
         out: str | Path,
         run: ResolvedRun,
         phase: str,
-        timeline_key: str = TIMELINE,
+        lot: int | None = None,
     ) -> RunSide:
         """The call's side of the folder ``out``: its files resolved once, its inputs loaded
-        and its store open (``timeline_key``: see the class).
+        and its store open (``lot``: the machine training it when each lot's lanes run on
+        their own machine, whose timeline copy goes to its own key: ``storage.lanefiles``).
 
         Raises:
             StopRule: The stop already recorded for this run ID: a stopped run is finished,
@@ -122,7 +124,7 @@ class RunSide:
             corpus=corpus,
             store=store,
             remote=store.local_path(TIMELINE) is None,
-            timeline_key=timeline_key,
+            timeline_key=TIMELINE if lot is None else f"{lane_prefix(lot)}/{TIMELINE}",
         )
 
     @contextlib.contextmanager

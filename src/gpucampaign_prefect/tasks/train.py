@@ -14,12 +14,10 @@ from gpucampaign.core.interrupt import raise_if_stopped
 from gpucampaign.core.stoprules import Futile
 from gpucampaign.engine.loop import train_run
 from gpucampaign.engine.runside import RunSide, TrainingNotes
-from gpucampaign.folder.layout import TIMELINE
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.plan.decision import early_losses, pilot_measures
 from gpucampaign.plan.machines import machine_limit
-from gpucampaign.storage.lanefiles import lane_prefix
 from gpucampaign_prefect.orchestration.gpu_lock import gpu_slot
 from gpucampaign_prefect.orchestration.phases import (
     PHASE_OPTIONS,
@@ -51,14 +49,7 @@ def _run_training(
     raise_if_stopped(what=f"{phase} of {run.run_id}")
     # The run's stop recorded, and the inputs checked again at each start: one changed since
     # the audit is a stop (``EssentialInputMissing``), recorded by the task (``ends_on_stop``).
-    side = RunSide.open(
-        spec,
-        base_dir=base_dir,
-        out=out,
-        run=run,
-        phase=phase,
-        timeline_key=TIMELINE if lot is None else f"{lane_prefix(lot)}/{TIMELINE}",
-    )
+    side = RunSide.open(spec, base_dir=base_dir, out=out, run=run, phase=phase, lot=lot)
     progress = TrainingView(phase, run_folder=side.run_folder, campaign=spec.name, store=side.store)
     lock = spec.gpu_lock
     try:
