@@ -26,7 +26,7 @@ from gpucampaign.config import load_spec
 from gpucampaign.folder.records import read_timeline
 from gpucampaign.plan import calendar
 from gpucampaign.plan.lanes import machine_chains
-from tests.helpers import api, create_pool, run_deployment, stop_worker, tiny_spec
+from tests.helpers import api, bucket_keys, create_pool, run_deployment, stop_worker, tiny_spec
 from tests.helpers.engine import run as train
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -149,6 +149,10 @@ def test_each_lot_trains_its_lanes_on_its_own_machine(stack, tmp_path):
         train(cs, spec.parent, name=run, out=str(tmp_path / "one-machine"))
         model = Path("runs", run_id, "model", "model.safetensors")
         assert (out / model).read_bytes() == (tmp_path / "one-machine" / model).read_bytes(), run
+    # One folder in the bucket holds every run; each machine wrote only under its own keys.
+    keys = bucket_keys(stack, PREFIX)
+    assert {f"runs/{cs.resolve_run(r).run_id}/result.json" for r in cs.run_names()} <= keys
+    assert {k.split("/")[1] for k in keys if k.startswith("lanes/")} == {"lot-1", "lot-2", "start"}
     # One report, one manifest, and the folder verifies.
     assert (out / "report.md").is_file() and (out / "manifest.json").is_file()
     verify = subprocess.run(
