@@ -1,0 +1,177 @@
+"""Each lot's lanes on that lot's machine: the campaign flow starts one sub-run of the ``lane``
+deployment per machine on its work queue, and takes the machines' records from the store into
+its one folder; two machines never write the same key (no Prefect server: the machines are
+played by a fake ``run_deployment``)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prefect.client.schemas.objects import FlowRun
+from prefect.states import Completed, Crashed
+
+from gpucampaign.config import load_spec
+from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.plan import calendar
+from gpucampaign.plan.lanes import machine_chains
+from gpucampaign.storage.base import LocalStore
+from gpucampaign.storage.lanefiles import (
+    START,
+    collect_lanes,
+    lane_prefix,
+    publish_lane,
+    publish_start,
+    seed_lane,
+)
+from gpucampaign_prefect.flows._machines import on_machines, run_on_machines
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _machine_folder(root: Path, *, runs: list[str], lot: int) -> Path:
+    """A machine's local folder after training ``runs``: each run's folder and its timeline."""
+    for run_id in runs:
+        folder = root / "runs" / run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "result.json").write_text(json.dumps({"run_id": run_id, "lot": lot}))
+        (folder / "metrics.jsonl").write_text('{"step": 1}\n')
+        (folder / "progress.json").write_text("{}")  # live: stays on the machine
+        with open(root / "timeline.jsonl", "a") as f:
+            f.write(json.dumps({"segment": run_id, "lot": lot}) + "\n")
+    return root
+
+
+def test_two_machines_never_write_the_same_key(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "bucket")
+    # Both machines hold files of the same names (timeline, stops, a run folder each).
+    keys = {
+        lot: set(
+            publish_lane(
+                _machine_folder(tmp_path / f"m{lot}", runs=[f"run-{lot}"], lot=lot),
+                store=store,
+                lot=lot,
+                run_ids=[f"run-{lot}"],
+            )
+        )
+        for lot in (1, 2)
+    }
+    assert keys[1] and keys[2] and not keys[1] & keys[2]
+    for lot, mine in keys.items():
+        assert all(k.startswith(lane_prefix(lot) + "/") for k in mine)
+        assert not any(k.endswith("progress.json") for k in mine)
+    # The campaign's folder takes both in; collecting again doubles no line.
+    root = tmp_path / "campaign"
+    root.mkdir()
+    (root / "timeline.jsonl").write_text('{"segment": "pilot"}\n')
+    for _ in range(2):
+        assert collect_lanes(root, store=store, lots=[1, 2]) == {1: 3, 2: 3}
+    rows = [json.loads(line) for line in (root / "timeline.jsonl").read_text().splitlines()]
+    assert rows == [
+        {"segment": "pilot"},
+        {"segment": "run-1", "lot": 1},
+        {"segment": "run-2", "lot": 2},
+    ]
+    assert json.loads((root / "runs/run-2/result.json").read_text())["lot"] == 2
+    # The campaign's own copy for the machines to start from is under a key of its own too.
+    start = set(publish_start(root, store=store, run_ids=["run-1", "run-2"]))
+    assert start and all(k.startswith(START + "/") for k in start)
+    assert not start & (keys[1] | keys[2])
+
+
+def test_a_machine_starts_its_runs_from_the_pilots_folders(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "bucket")
+    campaign = _machine_folder(tmp_path / "campaign", runs=["pilot-run", "other"], lot=1)
+    (campaign / "stops.jsonl").write_text('{"run_id": "gone"}\n')
+    publish_start(campaign, store=store, run_ids=["pilot-run", "other"])
+    machine = tmp_path / "machine"
+    (machine / "runs/other").mkdir(parents=True)
+    (machine / "runs/other/metrics.jsonl").write_text('{"step": 7}\n')  # an earlier start's
+    assert seed_lane(machine, store=store, run_ids=["pilot-run", "other"]) == 4
+    assert (machine / "runs/pilot-run/metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert (machine / "runs/other/metrics.jsonl").read_text() == '{"step": 7}\n'
+    assert (machine / "stops.jsonl").is_file() and not (machine / "timeline.jsonl").exists()
+
+
+class _Machines:
+    """The workers of two queues, played: each call is one machine's flow run."""
+
+    def __init__(self, cs: Any, *, bucket: Path, crashed: int | None = None) -> None:
+        self.cs, self.bucket, self.crashed = cs, bucket, crashed
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, **kw: Any) -> FlowRun:
+        self.calls.append(kw)
+        lot = kw["parameters"]["lot"]
+        runs = [r for chain in kw["parameters"]["chains"] for r in chain]
+        ids = [self.cs.resolve_run(r).run_id for r in runs]
+        local = _machine_folder(self.bucket.parent / f"machine-{lot}", runs=ids, lot=lot)
+        publish_lane(local, store=LocalStore(self.bucket), lot=lot, run_ids=ids)
+        state = Crashed() if lot == self.crashed else Completed()
+        return FlowRun(id=uuid.uuid4(), flow_id=uuid.uuid4(), name=kw["flow_run_name"], state=state)
+
+
+def test_each_machine_trains_its_lanes_as_a_sub_run_on_its_lots_queue(tmp_path: Path) -> None:
+    cs = load_spec(EXAMPLES / "two-lots.yaml")
+    plan = calendar.plan(cs)
+    folder = OutputFolder(tmp_path / "out")
+    folder.root.mkdir()
+    # A local store keeps its keys under out/checkpoints: the machines write there.
+    machines = _Machines(cs, bucket=folder.root / "checkpoints")
+    stops = run_on_machines(
+        cs,
+        plan=plan,
+        dropped=[],
+        folder=folder,
+        dispatch=machines,
+        deployment=("lane/main", {"spec": "two-lots.yaml", "out": "out/two-lots"}),
+    )
+    assert stops == {}
+    # The plan's chains (the calendar puts decay after the control on lot 1).
+    assert machine_chains(plan, spec=cs) == {1: [["control", "decay"]], 2: [["dropout"]]}
+    by_lot = {c["parameters"]["lot"]: c for c in machines.calls}
+    assert set(by_lot) == {1, 2}
+    for lot, call in by_lot.items():
+        assert call["name"] == "lane/main" and call["as_subflow"] is True
+        assert call["work_queue_name"] == f"lot-{lot}"
+        assert call["flow_run_name"] == f"two-lots lot {lot}"
+        assert call["parameters"]["spec"] == "two-lots.yaml"
+        assert call["parameters"]["out"] == "out/two-lots"
+    assert by_lot[1]["parameters"]["chains"] == [["control", "decay"]]
+    assert by_lot[2]["parameters"]["chains"] == [["dropout"]]
+    # Every run's folder is in the campaign's folder, trained on its machine.
+    for run, lot in (("control", 1), ("decay", 1), ("dropout", 2)):
+        result = folder.root / "runs" / cs.resolve_run(run).run_id / "result.json"
+        assert json.loads(result.read_text())["lot"] == lot
+
+
+def test_a_machine_that_did_not_finish_is_said_with_what_to_do(tmp_path: Path) -> None:
+    cs = load_spec(EXAMPLES / "two-lots.yaml")
+    folder = OutputFolder(tmp_path / "out")
+    folder.root.mkdir()
+    machines = _Machines(cs, bucket=folder.root / "checkpoints", crashed=2)
+    with pytest.raises(
+        RuntimeError, match=r"lot 2: flow run 'two-lots lot 2' Crashed.*campaign worker --lot K"
+    ):
+        run_on_machines(
+            cs,
+            plan=calendar.plan(cs),
+            dropped=["decay"],
+            folder=folder,
+            dispatch=machines,
+            deployment=("lane/main", {"spec": "s.yaml", "out": "o"}),
+        )
+    assert [c["parameters"]["chains"] for c in machines.calls if c["parameters"]["lot"] == 2] == [
+        [["dropout"]]
+    ]
+
+
+def test_lanes_stay_threads_of_one_process_without_a_deployment_or_an_s3_store() -> None:
+    cs = load_spec(EXAMPLES / "two-lots.yaml")
+    plan = calendar.plan(cs)
+    assert not on_machines(cs, plan=plan)  # a local store
+    s3 = cs.model_copy(update={"storage": cs.storage.model_copy(update={"url": "s3://b/c"})})
+    assert not on_machines(s3, plan=plan)  # no flow run of a deployment (campaign run)
