@@ -10,12 +10,16 @@ time, and records:
 
 - the absolute error of the re-forecast, |observed - re-forecast| / observed (median, p90);
 - the same error split in two, from the campaign's ``pilot.json`` and each run's
-  ``metrics.jsonl`` (``plan.decision.call_parts``, the parts the re-forecast summed): the
-  steps (their forecast against the sum of the step times the training call recorded) and
-  what surrounds them (the rest of the observed time: the loop's own cost and start,
-  evaluations, saves, the time outside the loop and outside ``train_run``);
-- the error the model before this round (main at f91a08a) makes on the same records
-  (``previous_forecast``): the same steps and actuals, so the load's drift is the same;
+  ``result.json`` and ``metrics.jsonl`` (``plan.reforecast.call_parts``, the parts the
+  re-forecast summed): the steps (their forecast against the sum of the step times the
+  training call recorded) and what surrounds them (the rest of the observed time);
+- each part on its own (``split_parts``): the time outside the loop, the loop's start, the
+  steps, the loop's own time (the live view's reports with it), the evaluations, the save
+  waits: its share of the observed time, forecast and actual, the ratio actual / forecast and
+  its bias, (actual - forecast) / observed, each a median over the training steps;
+- the error main before this round (29805d9) makes on the same records (``main_forecast``),
+  and the model of the round before (f91a08a, ``previous_forecast``): the same steps and
+  actuals, so the load's drift is the same for each;
 - the share of observed times inside the range the campaign recorded (the uncalibrated
   default, ``plan.ranges.DEFAULT_SPREAD``);
 - the share inside the range calibrated leave-one-out: each campaign's range from the other
@@ -41,8 +45,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from gpucampaign.plan.decision import call_parts, pool_pilots
+from gpucampaign.config.parts import EVAL_SPLITS
 from gpucampaign.plan.ranges import DEFAULT_SPREAD, observed_ratios, spread_of
+from gpucampaign.plan.reforecast import call_parts, pool_pilots
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "examples" / "digits" / "campaign.yaml"
@@ -109,34 +114,88 @@ def measured(out: Path, report: dict) -> dict:
     """A closed campaign's report.json with what the bench reads beside it."""
     report["_parts"] = split_parts(out, report)
     report["_previous"] = previous_forecast(out, report)
+    report["_main"] = main_forecast(out, report)
     return report
 
 
-def split_parts(out: Path, report: dict) -> dict[str, dict[str, float]]:
-    """Per training step: its steps and what surrounds them, forecast (the parts the
-    re-forecast summed, from ``pilot.json``) and observed (the step times the training call
-    wrote to ``metrics.jsonl``; the rest of the observed time)."""
+#: The parts compared one by one, forecast against the training call's own timings.
+COMPONENTS = ("outside", "loop start", "steps", "loop", "evaluations", "save waits")
+
+
+def split_parts(out: Path, report: dict) -> dict[str, dict[str, dict[str, float]]]:
+    """Per training step, each part of the re-forecast (``call_parts`` of the pooled pilots,
+    ``pilot.json``) against what the training call measured (its ``result.json`` timings and
+    its segment on the timeline, the observed time): ``outside``, the call's time outside the
+    loop and beyond ``train_run`` less its final evaluations (forecast: outside, set-up and
+    the model folder's write); ``loop start``; ``steps`` (the sum of the step times);
+    ``loop``, the loop's own time (the live view's reports with it); ``evaluations``, all of
+    them, the final ones too; ``save waits``, the loop's stalls on its saves."""
     pilot = pool_pilots(json.loads((out / "pilot.json").read_text(encoding="utf-8")))
     parts = {}
     for s in training_steps(report):
         m = pilot.get(s["run"])
         if not m or "fixed_s" not in m:
             continue
-        rows = [
-            json.loads(line)
-            for line in (out / "runs" / m["run_id"] / "metrics.jsonl").open(encoding="utf-8")
-        ]
+        folder = out / "runs" / m["run_id"]
+        t = json.loads((folder / "result.json").read_text("utf-8"))["timings"]
         done = int(m["steps_done"])
-        trained = [r["step_s"] for r in rows if r.get("kind") == "train" and r["step"] > done]
-        fc = call_parts(m, left=len(trained))
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").open(encoding="utf-8")]
+        # The call's own steps (``steps_s_sum`` holds the pilot's too: restored with the state)
+        steps = sum(r["step_s"] for r in rows if r.get("kind") == "train" and r["step"] > done)
+        left = int(m["planned_steps"]) - done
+        fc = call_parts(m, left=left)
+        waits = int(m.get("saves") or 0) * float(m.get("stall_s") or 0.0)
+        evals = [float(x) for x in t["eval_s"]]
+        final = sum(evals[-len(EVAL_SPLITS) :])
+        stalls = sum(float(x) for x in t["stall_s"])
         seen = 3600 * s["observed_hours"]
+        in_loop = t["train_s"] - t["loop_start_s"] - steps - (sum(evals) - final)
         parts[s["step"]] = {
-            "steps_fc": fc["steps"],
-            "steps_seen": sum(trained),
-            "rest_fc": sum(fc.values()) - fc["steps"],
-            "rest_seen": seen - sum(trained),
+            "forecast": {
+                "outside": fc["outside"] + fc["saves"] - waits,
+                "loop start": fc["loop start"],
+                "steps": fc["steps"],
+                "loop": fc["loop"],
+                "evaluations": fc["evaluations"],
+                "save waits": waits,
+            },
+            "actual": {
+                "outside": seen - t["train_s"] - final,
+                "loop start": t["loop_start_s"],
+                "steps": steps,
+                "loop": in_loop - stalls,
+                "evaluations": sum(evals),
+                "save waits": stalls,
+            },
+            "seen": {"all": seen},
         }
     return parts
+
+
+def main_forecast(out: Path, report: dict) -> dict[str, float]:
+    """Per training step, the seconds main before this round (29805d9) gave from the same
+    pilots: the live view's reports spread over the loop's steps at one pooled rate, no
+    evaluation's cost when the pilots' steps held none (the one timed after them unused), each
+    run at its own pilot's median step (the pilots of the same step not pooled)."""
+    raw = json.loads((out / "pilot.json").read_text(encoding="utf-8"))
+    before = {}
+    for run, m in raw.items():
+        new_keys = ("report_s", "report_every", "eval_step", "step_shape")
+        m = {k: v for k, v in m.items() if k not in new_keys}
+        if "report_s" in raw[run]:
+            extra = float(raw[run]["report_s"]) * int(raw[run]["reports"])
+            m["loop_s"] = float(m["loop_s"]) + extra / max(1, int(m["steps_done"]))
+        if not int(m.get("evals_done") or 0):
+            m["eval_s"] = 0.0
+        before[run] = m
+    pilot = pool_pilots(before)
+    seconds = {}
+    for s in training_steps(report):
+        m = pilot.get(s["run"])
+        if m and "fixed_s" in m:
+            left = int(m["planned_steps"]) - int(m["steps_done"])
+            seconds[s["step"]] = sum(call_parts(m, left=left).values())
+    return seconds
 
 
 def previous_forecast(out: Path, report: dict) -> dict[str, float]:
@@ -180,15 +239,22 @@ def training_steps(report: dict) -> list[dict]:
 def measure(reports: list[dict]) -> dict:
     """Errors and coverage over the campaigns' training steps."""
     errors, inside_default, inside_loo = [], [], []
-    steps_err, rest_err, previous_err = [], [], []
+    steps_err, rest_err, previous_err, main_err = [], [], [], []
+    by_part: dict[str, list[tuple[float, float, float]]] = {c: [] for c in COMPONENTS}
     for rep in reports:
         for s in training_steps(rep):
+            seen = 3600 * s["observed_hours"]
             if (before := rep.get("_previous", {}).get(s["step"])) is not None:
-                seen = 3600 * s["observed_hours"]
                 previous_err.append(abs(seen - before) / seen)
+            if (before := rep.get("_main", {}).get(s["step"])) is not None:
+                main_err.append(abs(seen - before) / seen)
         for p in rep.get("_parts", {}).values():
-            steps_err.append(abs(p["steps_seen"] - p["steps_fc"]) / p["steps_seen"])
-            rest_err.append(abs(p["rest_seen"] - p["rest_fc"]) / p["rest_seen"])
+            fc, act, seen = p["forecast"], p["actual"], p["seen"]["all"]
+            steps_err.append(abs(act["steps"] - fc["steps"]) / act["steps"])
+            rest_fc, rest_act = sum(fc.values()) - fc["steps"], seen - act["steps"]
+            rest_err.append(abs(rest_act - rest_fc) / rest_act)
+            for c in COMPONENTS:
+                by_part[c].append((fc[c], act[c], seen))
     for i, rep in enumerate(reports):
         others = [r for j, rep2 in enumerate(reports) if j != i for r in observed_ratios(rep2)]
         lo, hi = spread_of(others)
@@ -204,9 +270,27 @@ def measure(reports: list[dict]) -> dict:
         "steps_abs_error": float(np.median(steps_err)) if steps_err else None,
         "rest_abs_error": float(np.median(rest_err)) if rest_err else None,
         "previous_abs_error": float(np.median(previous_err)) if previous_err else None,
+        "main_abs_error": float(np.median(main_err)) if main_err else None,
+        "parts": {c: _part_stats(v) for c, v in by_part.items() if v},
         "coverage_default": float(np.mean(inside_default)),
         "coverage_calibrated": float(np.mean(inside_loo)),
         "spread_all": spread_of([r for rep in reports for r in observed_ratios(rep)]),
+    }
+
+
+def _part_stats(v: list[tuple[float, float, float]]) -> dict[str, float]:
+    """One part over the training steps: its median share of the observed time, forecast and
+    actual; the ratio actual / forecast (median, p10, p90); the bias, (actual - forecast) /
+    observed (median)."""
+    fc, act, seen = (np.asarray(x) for x in zip(*v, strict=True))
+    ratio = act[fc > 0] / fc[fc > 0]
+    return {
+        "share_fc": float(np.median(fc / seen)),
+        "share_act": float(np.median(act / seen)),
+        "ratio": float(np.median(ratio)) if ratio.size else float("nan"),
+        "ratio_p10": float(np.quantile(ratio, 0.1)) if ratio.size else float("nan"),
+        "ratio_p90": float(np.quantile(ratio, 0.9)) if ratio.size else float("nan"),
+        "bias": float(np.median((act - fc) / seen)),
     }
 
 
@@ -215,12 +299,13 @@ def render(reports: list[dict], m: dict, *, load: str) -> str:
     for rep in reports:
         for s in training_steps(rep):
             p = rep.get("_parts", {}).get(s["step"])
-            split = (
-                f"{p['steps_fc']:.3g} / {p['steps_seen']:.3g} s | "
-                f"{p['rest_fc']:.3g} / {p['rest_seen']:.3g} s"
-                if p
-                else "- | -"
-            )
+            split = "- | -"
+            if p:
+                fc, act, seen = p["forecast"], p["actual"], p["seen"]["all"]
+                split = (
+                    f"{fc['steps']:.3g} / {act['steps']:.3g} s | "
+                    f"{sum(fc.values()) - fc['steps']:.3g} / {seen - act['steps']:.3g} s"
+                )
             rows.append(
                 f"| {rep['campaign']} | {s['step']} | {3600 * s['reforecast_hours']:.3g} s | "
                 f"{3600 * s['observed_hours']:.3g} s | "
@@ -244,13 +329,28 @@ def render(reports: list[dict], m: dict, *, load: str) -> str:
             f"- of which the steps: median absolute error {_pct(m['steps_abs_error'])} (the "
             "pilot's step times against the training call's); what surrounds them: "
             f"{_pct(m['rest_abs_error'])}",
-            f"- the model before this round (main at f91a08a) on the same records: median "
-            f"absolute error {_pct(m['previous_abs_error'])}",
+            f"- main before this round (29805d9: the reports spread over the steps, no "
+            f"evaluation's cost without one in the pilot) on the same records: median absolute "
+            f"error {_pct(m['main_abs_error'])}; the model of the round before (f91a08a): "
+            f"{_pct(m['previous_abs_error'])}",
             f"- inside the recorded range (uncalibrated, x{DEFAULT_SPREAD[0]:g} to "
             f"x{DEFAULT_SPREAD[1]:g}): **{100 * m['coverage_default']:.0f}%**",
             f"- inside the range calibrated leave-one-out from the other campaigns: "
             f"**{100 * m['coverage_calibrated']:.0f}%** (goal 70-90%)",
             f"- the ratio observed / re-forecast over all campaigns: p10 {lo:.2f}, p90 {hi:.2f}",
+            "",
+            "Each part of the re-forecast against the training call's own timings (median over "
+            "the training steps; bias: (actual - forecast) / observed time, its median):",
+            "",
+            "| part | forecast, share of observed | actual, share | actual / forecast "
+            "(p10-p90) | bias |",
+            "|---|---:|---:|---:|---:|",
+            *(
+                f"| {c} | {100 * v['share_fc']:.1f}% | {100 * v['share_act']:.1f}% | "
+                f"{v['ratio']:.2f} ({v['ratio_p10']:.2f}-{v['ratio_p90']:.2f}) | "
+                f"{100 * v['bias']:+.1f}% |"
+                for c, v in m["parts"].items()
+            ),
             "",
             "| campaign | step | re-forecast | observed | observed / re-forecast | "
             "steps: forecast / observed | around them: forecast / observed |",

@@ -410,11 +410,24 @@ def test_forecast_vs_actual_per_step():
     assert c["observed_hours"] == pytest.approx(3.5)
     assert c["deviation_hours"] == pytest.approx(0.5)
     assert "pilot" in c["explanation"] and "stop-a" in c["explanation"]
+    # |3.5 - 3| / 3.5 of the observed time: said per step (main: only the deviation in hours)
+    assert "the re-forecast within 14% of the observed time" in c["explanation"]
     assert "dropped at the decision point" in by["wide"]["explanation"]
     assert by["prep"]["observed_hours"] is None  # human time not recorded: not observed
     assert "not observed" in by["prep"]["explanation"]
     assert f["estimates"]["measured"]["load_s"] == 6.0
     assert f["estimates"]["measured"]["restore_s"] is None
+
+
+def test_a_reforecast_off_by_more_than_its_goal_is_said_so():
+    reforecast = {"span_hours": 7.0, "steps": [dict(s, hours=2.0) for s in PLAN["steps"]]}
+    f = forecast_vs_actual(
+        PlanRecord.from_dict(PLAN),
+        reforecast=PlanRecord.from_dict(reforecast),
+        timeline=[_row("control", "10:00", "13:00", run="control")],
+    )
+    c = next(s for s in f["steps"] if s["step"] == "control")
+    assert "the re-forecast 33% off the observed time (over 15%)" in c["explanation"]
 
 
 def test_unexplained_deviation_is_said_so():

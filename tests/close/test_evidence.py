@@ -276,7 +276,8 @@ def test_seed_replicates_run_as_their_own_runs_and_the_verdict_uses_them(tmp_pat
 def _pilots(base: Path, *, variants: list[dict[str, Any]], steps: int = 6) -> tuple[Any, dict]:
     """Pilot every run of a small campaign for real; returns the spec and the measures."""
     from gpucampaign.folder.metrics import read_metrics
-    from gpucampaign.plan.decision import early_losses, pilot_measures
+    from gpucampaign.plan.decision import early_losses
+    from gpucampaign.plan.reforecast import pilot_measures
 
     sha = write_table(base / "corpus.csv", n={"train": 200, "val": 60, "test": 60})
     data = {

@@ -22,7 +22,7 @@ from gpucampaign.engine.loop import train_run
 from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.modelfolder import load_model_dir, predict
-from gpucampaign.plan.decision import pilot_measures
+from gpucampaign.plan.reforecast import pilot_measures
 from gpucampaign.storage import LocalStore
 from tests.helpers import corpus_of, digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
 

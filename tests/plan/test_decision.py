@@ -6,13 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from gpucampaign.config import parse_spec
-from gpucampaign.plan.decision import (
-    DecisionInput,
-    apply_answer,
-    check_decision_input,
-    decide_auto,
-    forecast_run_hours,
-)
+from gpucampaign.plan.decision import DecisionInput, apply_answer, check_decision_input, decide_auto
+from gpucampaign.plan.reforecast import forecast_run_hours
 
 SPEC = {
     "name": "d",
@@ -156,7 +151,7 @@ def _result(**kw):
 
 
 def test_pilot_measures_count_steps_from_the_run_config():
-    from gpucampaign.plan.decision import pilot_measures
+    from gpucampaign.plan.reforecast import pilot_measures
 
     spec = parse_spec(SPEC)
     m = pilot_measures(spec.resolve_run("control"), result=_result(), n_train=3200)

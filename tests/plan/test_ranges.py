@@ -34,7 +34,7 @@ def test_ranges_learned_from_earlier_errors_hold_80_percent_of_new_actuals() -> 
 def test_the_reforecast_counts_the_loop_start_up_and_save_waits_the_pilot_measured() -> None:
     """A pilot of 5 steps: 0.05 s first step, 0.01 s later ones, 0.02 s of the loop's own per
     step, 3 s outside the loop: the 1995 steps left cost what surrounds them too."""
-    from gpucampaign.plan.decision import forecast_run_hours, pilot_measures
+    from gpucampaign.plan.reforecast import forecast_run_hours, pilot_measures
 
     spec = parse_spec(SPEC)
     timings = {
@@ -116,7 +116,7 @@ def test_plan_calibrates_from_several_campaigns_their_hours_and_ranges(tmp_path:
 def test_each_call_outside_its_loop_costs_the_least_any_pilot_measured() -> None:
     """The first pilot pays the process's one-time warm-up outside its loop: the re-forecast
     of every run takes the least time outside the loop any pilot measured."""
-    from gpucampaign.plan.decision import reforecast_hours
+    from gpucampaign.plan.reforecast import reforecast_hours
     from tests.plan.test_decision import PILOT
 
     spec = parse_spec(SPEC)

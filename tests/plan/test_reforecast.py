@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from gpucampaign.config import parse_spec
-from gpucampaign.plan.decision import pilot_measures, reforecast_hours
+from gpucampaign.config.parts import report_every
+from gpucampaign.plan.reforecast import pilot_measures, reforecast_hours, reports_left, step_shape
 from tests.plan.test_decision import SPEC, _result
 
 
@@ -115,3 +116,132 @@ def test_the_reforecast_pools_the_costs_the_pilots_share_and_counts_each_runs_ow
     # loop's own (10 ms), its 20 evaluations at 0.3 s and 4 saves' waits: 58.6 s, not 33.2 s.
     main_s = 0.5 + 0.05 + 1979 * 0.016 + 1980 * 0.010 + 20 * 0.30 + 4 * 0.15
     assert hours["c"][0] * 3600 < 0.6 * main_s
+
+
+def test_the_pilot_measures_the_live_views_reports_apart_from_the_loop_per_step() -> None:
+    """A pilot's 20 steps with 3 of the live view's reports (0.03 s in all) in 0.1 s of the
+    loop's own time: the reports are a cost at the run's cadence, not of each step."""
+    spec = parse_spec(SPEC)
+    timings = {
+        **_result().timings,
+        "train_s": 0.2 + 0.1,
+        "loop_start_s": 0.0,
+        "steps_s_sum": 0.2,
+        "eval_s": [],
+        "stall_s": [],
+        "reports": 3,
+        "report_s": 0.03,
+        "total_s": 0.3,
+    }
+    m = pilot_measures(
+        spec.resolve_run("control"),
+        result=_result(timings=timings, steps_done=20),
+        n_train=3200,
+        segment_s=0.3,
+    )
+    assert m["report_s"] == pytest.approx(0.01) and m["reports"] == 3
+    assert m["loop_s"] == pytest.approx(0.07 / 20)  # main: 0.1 / 20, the reports in it
+
+
+def test_each_run_is_forecast_with_its_own_count_of_the_live_views_reports() -> None:
+    """The control (2000 steps) reports every 40 steps and after each evaluation (every 100);
+    'big' (1000 steps at twice the batch) every 20 and every 50: twice as many reports per
+    step. Each run's loop is its steps at the pooled loop cost beyond the reports, plus its
+    own reports left at the pooled report's cost (main spread the pilots' reports over every
+    step at one rate, whatever the run's cadence)."""
+    spec = parse_spec(SPEC)
+    pilot = {
+        run: {
+            **_measured(step=0.01, fixed=0.5, loop=0.001, eval_s=0.1, planned=planned),
+            "report_s": 0.01,
+            "reports": 1,
+        }
+        for run, planned in (("control", 2000), ("wide", 2000), ("big", 1000))
+    }
+    hours = reforecast_hours(spec, pilot=pilot)
+    base = {run: dict(m, report_s=0.0) for run, m in pilot.items()}
+    without = reforecast_hours(spec, pilot=base)  # the same, its reports at no cost
+    # control: multiples of 40 after step 20 up to 2000 (50), of 100 (20), of both (10)
+    assert (hours["c"][0] - without["c"][0]) * 3600 == pytest.approx(60 * 0.01)
+    # big: multiples of 20 after step 20 up to 1000 (49), of 50 (20), of both (10)
+    assert (hours["x"][0] - without["x"][0]) * 3600 == pytest.approx(59 * 0.01)
+
+
+def test_reports_left_counts_the_steps_the_live_view_reports_at() -> None:
+    """Against the live view's rule at each step: a multiple of its cadence, an evaluation's
+    step, or the last step (``engine.live.ProgressHook.wants_rows``)."""
+    for planned in (1, 7, 50, 99, 160, 400, 1013):
+        every = report_every(planned)
+        for eval_step in (0, 1, 3, 20, 37):
+            for done in (0, 1, 20, planned):
+                want = sum(
+                    1
+                    for s in range(done + 1, planned + 1)
+                    if s % every == 0 or (eval_step and s % eval_step == 0) or s == planned
+                )
+                got = reports_left(done=done, planned=planned, every=every, eval_step=eval_step)
+                assert got == want, (planned, eval_step, done)
+
+
+def test_a_pilot_without_an_evaluation_gives_the_one_timed_after_its_steps() -> None:
+    """20 steps of a run that evaluates at each epoch's end (100 steps): none fell in the
+    pilot, so the evaluation timed after its last save (0.3 s) is each evaluation's cost and
+    is not counted as one of the run's, nor in the call's time outside the loop (main: no
+    evaluation measured, 0 s for each of the run's 22)."""
+    spec = parse_spec(SPEC)
+    timings = {
+        **_result().timings,
+        "train_s": 0.5,
+        "loop_start_s": 0.0,
+        "steps_s_sum": 0.4,
+        "eval_s": [],
+        "stall_s": [],
+        "probe_eval_s": 0.3,
+        "total_s": 1.0 + 0.5 + 0.3,
+    }
+    m = pilot_measures(
+        spec.resolve_run("control"),
+        result=_result(timings=timings, steps_done=20),
+        n_train=3200,
+        segment_s=1.8,
+    )
+    assert m["eval_s"] == 0.3 and m["evals_done"] == 0
+    assert m["fixed_s"] == pytest.approx(1.0)
+
+
+def test_the_pilots_of_one_step_share_their_median_step() -> None:
+    """The control's pilot met another process's burst (its median step 50 ms); 'lr-high' and
+    'short' train the same step (they change the learning rate, the length) and measured
+    10 and 11 ms: the three are forecast at their median step, 11 ms. 'bf16' trains another
+    step and keeps its own (main: each run its own pilot's, the control's 50 ms over 1980
+    steps)."""
+    spec = parse_spec(
+        {
+            **SPEC,
+            "calendar": [
+                {"name": n, "kind": "machine", "resource": "gpu", "hours": 1, "run": n}
+                for n in ("control", "lr-high", "short", "bf16")
+            ],
+            "variants": [
+                {"name": "lr-high", "tier": "useful", "changes": {"lr": 0.003}},
+                {"name": "short", "tier": "useful", "changes": {"epochs": 8}},
+                {"name": "bf16", "tier": "useful", "changes": {"precision": "bf16"}},
+            ],
+        }
+    )
+    shapes = {n: step_shape(spec.run_config(n)) for n in ("control", "lr-high", "short", "bf16")}
+    assert shapes["control"] == shapes["lr-high"] == shapes["short"] != shapes["bf16"]
+    steps = {"control": 0.050, "lr-high": 0.010, "short": 0.011, "bf16": 0.020}
+    pilot = {
+        n: {
+            **_measured(step=s, fixed=0.5, loop=0.001, eval_s=0.1, planned=2000),
+            "step_shape": shapes[n],
+        }
+        for n, s in steps.items()
+    }
+    same = {n: 0.011 if n != "bf16" else 0.020 for n in pilot}  # the step each is forecast at
+    alone = {n: {**pilot[n], "step_s": same[n], "step_mean_s": same[n]} for n in pilot}
+    hours, expected = reforecast_hours(spec, pilot=pilot), reforecast_hours(spec, pilot=alone)
+    for n in steps:
+        assert hours[n][0] == pytest.approx(expected[n][0]), n
+    assert hours["control"][0] * 3600 < 0.5 * 1980 * 0.050

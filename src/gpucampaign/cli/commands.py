@@ -121,8 +121,8 @@ def _calibration(
     from gpucampaign.close.report import read_report
     from gpucampaign.core.files import median
     from gpucampaign.data.corpus import load_spec_corpus
-    from gpucampaign.plan.decision import calibrated_hours
     from gpucampaign.plan.ranges import observed_ratios, spread_of
+    from gpucampaign.plan.reforecast import calibrated_hours
     from gpucampaign.recipe.runtime import train_rows
 
     n_train = None

@@ -24,6 +24,9 @@ from gpucampaign.plan.ranges import hours_range
 
 _PHASE_KEYS = {"load": "load_s", "eval": "eval_s", "save": "save_s", "restore": "restore_s"}
 _MEASURES = ("load_s", "step_s", "eval_s", "save_s", "restore_s")
+#: How close a run's re-forecast after the pilot should come to its observed time (issue 48:
+#: |observed - re-forecast| / observed); the report says where it did and where not.
+REFORECAST_GOAL = 0.15
 
 
 def _union_seconds(intervals: Sequence[tuple[datetime, datetime]]) -> float:
@@ -133,6 +136,15 @@ def _step_row(
     )
     deviation = None if observed is None else observed - base
     why = _explain(s, refo=refo, reforecast=reforecast, rows=rows, **context)
+    if refo is not None and observed and s.run:  # how far the re-forecast of a run came true
+        off = abs(observed - refo) / observed
+        said = (
+            f"within {off:.0%} of the observed time"
+            if off <= REFORECAST_GOAL
+            else f"{off:.0%} off the observed time (over {REFORECAST_GOAL:.0%})"
+        )
+        at = 1 if why and why[0].startswith("re-forecast from") else 0
+        why.insert(at, f"the re-forecast {said}")
     if observed is None and s.name not in context["dropped_by"]:
         why.append("not observed: the timeline records no interval for this step")
     elif not why and deviation is not None and base:

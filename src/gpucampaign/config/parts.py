@@ -25,6 +25,16 @@ Tier = Literal["essential", "useful", "exploratory"]
 TIERS: tuple[str, ...] = ("essential", "useful", "exploratory")
 #: The splits every run is evaluated on at its end (the engine's; the re-forecast counts them).
 EVAL_SPLITS: tuple[str, ...] = ("val", "test")
+#: The live view's reports a run makes at its steps (``engine.live``; the re-forecast counts them).
+LIVE_REPORTS = 50
+
+
+def report_every(planned_steps: int) -> int:
+    """The steps between two of the live view's reports at its steps (about 2% of the run):
+    every step of a run under ``LIVE_REPORTS`` steps, so a short run reports more per step."""
+    return max(1, planned_steps // LIVE_REPORTS)
+
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # A Prefect limit name may also hold ':' (``gpu:<host>``, one limit per GPU host).
 LIMIT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"

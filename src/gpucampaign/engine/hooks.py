@@ -267,6 +267,12 @@ class RunView:
         writes again. Not an fsync at every call (issue 47: an evaluation's record)."""
         self._r.unsynced.append(replace_bytes(path, data))
 
+    def add_report(self, seconds: float) -> None:
+        """Count one report of the live view and its seconds (``timings``: ``reports``,
+        ``report_s``): a cost of the loop at the run's own cadence, not of each step."""
+        self._r.reports += 1
+        self._r.report_s += seconds
+
     def put_checkpoint_meta(self, key: str, value: Any) -> None:
         """One more field for every later checkpoint's meta (the MLflow run ID)."""
         self._r.checkpoint_meta[key] = value

@@ -76,6 +76,7 @@ def job_bytes(job: RunJob, *, outcome_file: Path, stop_file: Path) -> bytes:
         "stop_after_steps": job.stop_after_steps,
         "checkpoint_every": job.checkpoint_every,
         "lane": job.lane,
+        "probe_eval": job.probe_eval,
         "recipe_dirs": list(RECIPE_DIRS),
         "outcome_file": str(outcome_file),
         "stop_file": str(stop_file),
@@ -189,6 +190,7 @@ def build_job(data: dict[str, Any]) -> HandedJob:
         stop_after_steps=data["stop_after_steps"],
         checkpoint_every=data["checkpoint_every"],
         lane=data["lane"],
+        probe_eval=bool(data.get("probe_eval", False)),
     )
     return HandedJob(
         job=job, outcome_file=Path(data["outcome_file"]), stop_file=Path(data["stop_file"])

@@ -16,6 +16,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from gpucampaign.config.parts import report_every
 from gpucampaign.engine.hooks import Hook, HookArgs, RunView, StopRequest
 from gpucampaign.engine.parts import progress_bar
 from gpucampaign.folder.layout import checkpoint_step_dir
@@ -29,7 +30,7 @@ class ProgressHook(Hook):
         self.r = r
         self.progress = args.progress
         self.show_progress = args.show_progress
-        self.every = max(1, r.planned // 50)  # the progress callback's steps: ~2% of the run
+        self.every = report_every(r.planned)  # the progress callback's steps: ~2% of the run
         self.file: ProgressFile | None = None  # from the loop's start
         self.bar: Any = None
         self._evaluated = False
@@ -71,7 +72,9 @@ class ProgressHook(Hook):
 
     def after_step(self) -> StopRequest | None:
         if self._due:
+            t0 = time.perf_counter()
             self.report()
+            self.r.add_report(time.perf_counter() - t0)
         return None
 
     def next_step(self, step: int) -> int:

@@ -101,7 +101,7 @@ from gpucampaign.engine.inference_restart import (
     restart_inference,
 )
 from gpucampaign.engine.launch import launch
-from gpucampaign.engine.outcome import evaluate, run_result
+from gpucampaign.engine.outcome import evaluate, run_result, time_evaluation
 from gpucampaign.engine.parts import close_loader
 from gpucampaign.engine.process_group import Ranks
 from gpucampaign.engine.registry import build_hooks
@@ -458,6 +458,8 @@ def _reach_target(r: LiveRun, hooks: Hooks, *, train_s: float, t_trained: float)
     step = r.state.global_step
     if step < r.planned:  # the pilot's stop: a later call continues the same run
         _last_save(r, hooks, since=t_trained)
+        if r.probe_eval and not r.eval_times:  # the re-forecast needs an evaluation's cost
+            time_evaluation(r)
         _tell_rows(r, hooks)
         return run_result(r, completed=False, train_s=train_s)
     require_complete(r.run_id, steps_done=step, planned_steps=r.planned)
@@ -509,6 +511,7 @@ def train_run(
     lane: int = 0,
     dist: Ranks | None = None,
     log_every_steps: int = LOG_EVERY_STEPS,
+    probe_eval: bool = False,
 ) -> RunResult:
     """Train (or resume, or return the recorded result of) one run of the campaign.
 
@@ -531,6 +534,8 @@ def train_run(
             (``launch.launch``), which returns rank 0's result.
         log_every_steps: At most this many steps' ``train`` rows wait for their losses
             (see the module docstring: the host syncs only when a record needs them).
+        probe_eval: With ``stop_after_steps`` (the pilot): when its steps held no evaluation,
+            time one after its last save, writing no row (``timings.probe_eval_s``).
 
     Returns:
         The ``RunResult`` (``completed`` False after a pilot stop).
@@ -553,6 +558,7 @@ def train_run(
         stop_after_steps=stop_after_steps,
         checkpoint_every=checkpoint_every,
         lane=lane,
+        probe_eval=probe_eval,
     )
     check_arguments(job)
     run_folder.create()

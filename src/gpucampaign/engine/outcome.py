@@ -56,6 +56,28 @@ def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
     return metrics
 
 
+def time_evaluation(r: LiveRun, split: str = "val") -> None:
+    """Time one evaluation of ``split`` that records nothing (``probe_eval_s``): a pilot whose
+    few steps held none measures what each of the run's evaluations will cost, for the
+    re-forecast. After the pilot's last save: its checkpoint holds the generators' states
+    from before, so the run's training is the same with or without it."""
+    dataset = r.split(split)
+    if not r.dist.is_main or dataset is None or len(dataset) == 0:
+        return
+    t0 = time.perf_counter()
+    rule = r.spec.decision_rule
+    with r.rng.held():
+        evaluate_split(
+            r.recipe,
+            r.state.model,
+            dataset,
+            config=r.config,
+            device=r.device,
+            need=rule.metric if rule else None,
+        )
+    r.probe_eval_s = time.perf_counter() - t0
+
+
 def _costs_of_checkpoint(meta: dict[str, Any]) -> dict[str, Any]:
     """Step time and save cost as a checkpoint's meta recorded them (absent ones left out)."""
     costs: dict[str, Any] = {}
@@ -99,7 +121,10 @@ def run_result(
         "restore_s": r.restore_s,
         "train_s": train_s,  # the loop's steps, without the wait for the last save
         "loop_start_s": r.loop_start_s,  # of train_s: before the call's first step
+        "reports": r.reports,  # of train_s: the live view's reports, and their seconds
+        "report_s": r.report_s,
         "final_save_s": r.final_save_s,
+        "probe_eval_s": r.probe_eval_s,  # of total_s, after the loop: a pilot's, when timed
         "total_s": time.perf_counter() - r.t_call,
     }
     if measured is not None and not r.step_times and not saves:

@@ -90,6 +90,13 @@ class LiveRun:
     # The loop's start in this call, before its first step (its mark, the hooks' on_start):
     # a cost of each call, which the re-forecast must not spread over the pilot's few steps.
     loop_start_s: float = 0.0
+    # The live view's reports in this call's loop: their count and seconds (the re-forecast
+    # counts them at each run's own cadence, ``config.parts.report_every``, apart from steps).
+    reports: int = 0
+    report_s: float = 0.0
+    # A pilot that held no evaluation times one after its last save (``time_evaluation``).
+    probe_eval: bool = False
+    probe_eval_s: float | None = None
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
     # Measurements, the metrics log and the saves.
@@ -152,6 +159,8 @@ class RunJob:
         stop_after_steps: Pilot mode: stop at this step, checkpoint, return uncompleted.
         checkpoint_every: Fixed save interval in steps (overrides the spec and the measure).
         lane: The plan's GPU lane running this call (``devices.pick_device``).
+        probe_eval: Pilot mode: when its steps held no evaluation, time one after its last
+            save (``outcome.time_evaluation``: the re-forecast prices the run's with it).
     """
 
     spec: CampaignSpec
@@ -162,6 +171,7 @@ class RunJob:
     stop_after_steps: int | None = None
     checkpoint_every: int | None = None
     lane: int = 0
+    probe_eval: bool = False
 
 
 def check_arguments(job: RunJob) -> None:
@@ -264,6 +274,7 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
         ),
         dist=dist,
         rng=rng,
+        probe_eval=job.probe_eval,
     )
     _write_params(r)
     r.setup_s = time.perf_counter() - t_call

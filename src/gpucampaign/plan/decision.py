@@ -14,13 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from gpucampaign.config import CampaignSpec, ResolvedRun
-from gpucampaign.config.parts import EVAL_SPLITS
-from gpucampaign.core.errors import ArgumentError
-from gpucampaign.core.files import median
+from gpucampaign.config import CampaignSpec
 from gpucampaign.core.text import say_hours
 from gpucampaign.plan import calendar
 from gpucampaign.plan.ranges import hours_range
+from gpucampaign.plan.reforecast import reforecast_hours
 
 Action = Literal["continue", "reduce", "re-pose"]
 # Early curves closer than this (relative to the control's largest loss) count as the same.
@@ -87,195 +85,6 @@ def check_decision_input(spec: CampaignSpec, answer: DecisionInput) -> None:
         raise ValueError(
             "drop: only the 'reduce' action drops runs; choose 'reduce' or empty the list"
         )
-
-
-def forecast_run_hours(
-    spec: CampaignSpec, *, run: str, pilot: Mapping[str, Mapping[str, Any]], planned_steps: int
-) -> tuple[float, str]:
-    """Forecast a run's machine time from pilot measurements, in hours, with how it was made.
-
-    A piloted run uses its own measurements. Others use the control's cost per sample,
-    scaled by their planned samples: said so in the explanation. A pilot that measured what
-    surrounds a step (``fixed_s`` and ``loop_s``: ``pilot_measures``) is forecast as the sum
-    of the call's parts (``call_parts``), for the steps left after the pilot (the training
-    resumes from its checkpoint).
-
-    Args:
-        spec: the campaign.
-        run: run name.
-        pilot: pilot measurements per run name (``load_s``, ``step_s``, ``eval_s``, ``save_s``,
-            ``evals``, ``saves``, ``batch_size``; ``fixed_s``, ``loop_s``, ``stall_s`` and
-            ``steps_done`` when measured).
-        planned_steps: the run's planned optimizer steps.
-    """
-    cfg = spec.run_config(run)
-    if run in pilot:
-        m = dict(pilot[run])
-        how = f"pilot of '{run}': {m['step_s'] * 1000:.2f} ms/step"
-        left = max(0, planned_steps - int(m.get("steps_done") or 0))
-    else:
-        ref = pilot.get("control") or next(iter(pilot.values()))
-        m = dict(ref)
-        scale = cfg.batch_size / ref["batch_size"]
-        for key in ("step_s", "step_mean_s", "first_step_s"):
-            if key in m:
-                m[key] = ref[key] * scale
-        m["evals_done"] = 0
-        how = "not piloted: control's cost per sample scaled to this run's batch size"
-        left = planned_steps
-    if "fixed_s" in m and "loop_s" in m:
-        parts = call_parts(m, left=left)
-        how += ", " + ", ".join(f"{k} {v:.3g} s" for k, v in parts.items())
-        return sum(parts.values()) / 3600.0, how
-    seconds = (
-        m["load_s"]
-        + planned_steps * m["step_s"]
-        + m.get("evals", 0) * m.get("eval_s", 0.0)
-        + m.get("saves", 0) * m.get("save_s", 0.0)
-    )
-    return seconds / 3600.0, how
-
-
-def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
-    """The seconds of a training call that trains ``left`` steps, part by part, from what a
-    pilot measured (``pilot_measures``): each part is a measure times the count the run's own
-    config gives (its steps, its evaluation cadence, its saves), none assumed.
-
-    - ``outside``: the call's segment beyond ``train_run`` (the timeline's lines, the GPU
-      slot's hand-over) and the call's set-up, restore and last save (``fixed_s``);
-    - ``loop start``: the loop's start before its first step, once a call;
-    - ``steps``: the first step (a call's warm-up) and the others at the run's step time
-      (``pool_pilots``: its pilot's median step times the machine's tax on a step);
-    - ``loop``: the loop's own time per step beyond the step (rows, hooks, the live view);
-    - ``evaluations``: the evaluations left at the run's cadence, and the final ones of every
-      split at the run's end (``EVAL_SPLITS``), each at the measured evaluation;
-    - ``saves``: the waits of the run's saves, and the model folder's write at the end, as long
-      as a checkpoint's whole save (its write and commit, ``save_s``).
-    """
-    eval_s = float(m.get("eval_s") or 0.0)
-    evals_left = max(0, int(m.get("evals") or 0) - int(m.get("evals_done") or 0))
-    step = float(m.get("step_mean_s", m["step_s"]))
-    return {
-        "outside": float(m.get("outside_s") or 0.0) + float(m["fixed_s"]),
-        "loop start": float(m.get("loop_start_s") or 0.0),
-        "steps": (float(m.get("first_step_s", step)) + max(0, left - 1) * step) if left else 0.0,
-        "loop": left * float(m["loop_s"]),
-        "evaluations": (evals_left + len(EVAL_SPLITS)) * eval_s,
-        "saves": int(m.get("saves") or 0) * float(m.get("stall_s") or 0.0)
-        + float(m.get("save_s") or 0.0),
-    }
-
-
-#: What the pilots share (one process, one machine), pooled at their median over them.
-_POOLED = ("loop_s", "loop_start_s", "outside_s", "eval_s", "stall_s", "save_s", "first_step_s")
-
-
-def pool_pilots(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Every pilot's measures with the shared ones pooled (``_POOLED``: their median over the
-    pilots that measured them, so one pilot's hiccup stays out; the time outside the loop: the
-    least any pilot measured, the first pays the process's one-time warm-up).
-
-    A run's step time is its own (its model, its batch): its pilot's median step, times the
-    machine's tax on a step pooled (the mean over the pilots of their trimmed mean over their
-    median): a pilot's 20 steps last milliseconds, so whether another process took the core
-    then is luck (bench/forecast.py's campaigns at load 8-12 on 2 cores: the step forecast's
-    median error on 68 runs 38.6% with each pilot's own trimmed mean, 31.7% pooled)."""
-    taxes = [
-        float(m["step_mean_s"]) / float(m["step_s"])
-        for m in pilot.values()
-        if "fixed_s" in m and m.get("step_mean_s") and m.get("step_s")
-    ]
-    tax = sum(taxes) / len(taxes) if taxes else None
-    shared: dict[str, float] = {}
-    for key in _POOLED:
-        values = [float(m[key]) for m in pilot.values() if isinstance(m.get(key), int | float)]
-        if key == "eval_s":  # a pilot shorter than the evaluation cadence measured none
-            values = [v for v in values if v > 0]
-        if values:
-            shared[key] = float(median(values) or 0.0)
-    fixed = [float(m["fixed_s"]) for m in pilot.values() if "fixed_s" in m]
-    if fixed:
-        shared["fixed_s"] = min(fixed)
-    out = {run: {**m, **shared} if "fixed_s" in m else dict(m) for run, m in pilot.items()}
-    for m in out.values():
-        if tax is not None and "fixed_s" in m and m.get("step_mean_s") and m.get("step_s"):
-            m["step_mean_s"] = float(m["step_s"]) * tax
-    return out
-
-
-def reforecast_hours(
-    spec: CampaignSpec, *, pilot: dict[str, dict[str, Any]]
-) -> dict[str, tuple[float, str]]:
-    """Hours of every run-linked calendar step, re-forecast from the pilot's measurements (the
-    costs the pilots share pooled: ``pool_pilots``)."""
-    hours: dict[str, tuple[float, str]] = {}
-    if not pilot:
-        return hours
-    pilot = pool_pilots(pilot)
-    for step in spec.calendar:
-        if step.run is None:
-            continue
-        measured = pilot.get(step.run)
-        planned = measured["planned_steps"] if measured else planned_steps_of(spec, step.run, pilot)
-        hours[step.name] = forecast_run_hours(
-            spec, run=step.run, pilot=pilot, planned_steps=planned
-        )
-    return hours
-
-
-def planned_steps_of(spec: CampaignSpec, run: str, pilot: dict[str, dict[str, Any]]) -> int:
-    """Planned optimizer steps of a run that was not piloted, from the train split's size."""
-    ref = pilot.get("control") or next(iter(pilot.values()))
-    return spec.run_config(run).planned_steps(ref["n_train"])
-
-
-def calibrated_hours(
-    spec: CampaignSpec, *, estimates: Mapping[str, Any], n_train: int | None = None
-) -> dict[str, tuple[float, str]]:
-    """Hours of every run-linked step of a NEW campaign from an earlier campaign's measurements.
-
-    The earlier control's pilot record gives the shape (batch size, evals, saves); its median
-    times over the whole campaign (``measured``) replace the pilot's where they were observed.
-
-    Args:
-        spec: the campaign being planned.
-        estimates: ``estimates.json`` of a closed campaign (``forecast.load_estimates``).
-        n_train: training rows of this spec's corpus; the earlier corpus's count when None.
-    """
-    pilots = estimates.get("pilot") or {}
-    ref = dict(pilots.get("control") or next(iter(pilots.values()), {}))
-    if not ref:
-        raise ArgumentError(
-            "the earlier campaign recorded no pilot measurements to calibrate from",
-            field="calibrate_from",
-        )
-    ref.update(
-        {k: v for k, v in (estimates.get("measured") or {}).items() if v is not None and k in ref}
-    )
-    if n_train is not None:
-        ref["n_train"] = n_train
-    source = f"calibrated from {estimates.get('campaign_id', 'an earlier campaign')}"
-    out: dict[str, tuple[float, str]] = {}
-    for step in spec.calendar:
-        if step.run is None:
-            continue
-        planned = planned_steps_of(spec, step.run, {"control": ref})
-        cfg = spec.run_config(step.run)
-        scale = cfg.batch_size / ref["batch_size"]
-        # The earlier campaign's step time over its training (``measured``) for every step.
-        m = {
-            **ref,
-            "step_s": ref["step_s"] * scale,
-            "step_mean_s": ref["step_s"] * scale,
-            "first_step_s": float(ref.get("first_step_s") or ref["step_s"]) * scale,
-            "steps_done": 0,
-            "evals_done": 0,
-        }
-        hours, _ = forecast_run_hours(
-            spec, run=step.run, pilot={step.run: m}, planned_steps=planned
-        )
-        out[step.name] = (hours, f"{source}: {m['step_s'] * 1000:.2f} ms/step x {planned} steps")
-    return out
 
 
 def decide_auto(
@@ -352,11 +161,6 @@ def apply_answer(spec: CampaignSpec, *, answer: DecisionInput, auto: Decision) -
     )
 
 
-def _median_or_zero(values: Any) -> float:
-    vals = values if isinstance(values, list) else [values]
-    return float(median(v for v in vals if isinstance(v, int | float)) or 0.0)
-
-
 def early_losses(metrics: Sequence[Mapping[str, Any]], *, steps: int) -> list[float]:
     """The training losses of the first ``steps`` steps, in step order (a pilot's curve)."""
     by_step = {
@@ -365,88 +169,6 @@ def early_losses(metrics: Sequence[Mapping[str, Any]], *, steps: int) -> list[fl
         if r.get("kind") == "train" and r.get("loss") is not None and int(r["step"]) <= steps
     }
     return [by_step[k] for k in sorted(by_step)]
-
-
-def pilot_measures(
-    run: ResolvedRun,
-    *,
-    result: Any,
-    n_train: int,
-    losses: Sequence[float] = (),
-    rows: Sequence[Mapping[str, Any]] = (),
-    segment_s: float | None = None,
-) -> dict[str, Any]:
-    """What the re-forecast needs from a pilot: load, step, eval and save costs and their counts,
-    and the early loss curve the decision point compares with the control's.
-
-    Args:
-        run: the piloted run (``CampaignSpec.resolve_run``).
-        result: the pilot's ``runresult.RunResult``.
-        n_train: rows of the corpus's train split.
-        losses: the pilot's training losses (``early_losses``).
-        rows: the pilot's ``metrics.jsonl`` rows: each step's time (its first, the warm-up a
-            resumed call pays again, apart from the mean of the others).
-        segment_s: the pilot's segment on the timeline, in seconds (the observed time a
-            training call is compared with): what it holds beyond ``train_run`` is measured.
-    """
-    cfg = run.config
-    t = result.timings
-    planned = cfg.planned_steps(n_train)
-    steps_per_epoch = cfg.steps_per_epoch(n_train)
-    evals = planned // cfg.eval_every if cfg.eval_every else -(-planned // steps_per_epoch)
-    every = result.checkpoint_every or planned
-    done = max(1, int(result.steps_done or 0))
-    evals_s = [float(x) for x in (t.get("eval_s") or []) if isinstance(x, int | float)]
-    stalls = [float(x) for x in (t.get("stall_s") or []) if isinstance(x, int | float)]
-    loop_wall = float(t.get("train_s") or 0.0)
-    loop_start = float(t.get("loop_start_s") or 0.0)
-    steps_sum = float(t.get("steps_s_sum") or 0.0)
-    total = float(t.get("total_s") or 0.0)
-    return {
-        "run_id": result.run_id,
-        "steps_done": result.steps_done,
-        "planned_steps": planned,
-        "batch_size": cfg.batch_size,
-        "n_train": n_train,
-        "load_s": float(t.get("load_s") or 0.0),
-        "step_s": float(t.get("step_s") or 0.0),
-        "eval_s": _median_or_zero(t.get("eval_s")),
-        "save_s": _median_or_zero(t.get("save_s")),
-        "restore_s": float(t.get("restore_s") or 0.0),
-        "evals": evals,
-        "evals_done": len(evals_s),
-        "saves": max(1, -(-planned // max(1, int(every)))),
-        "checkpoint_every": result.checkpoint_every,
-        "early_losses": [float(x) for x in losses],
-        # What surrounds a step, measured by this call (not assumed): the loop's own time per
-        # step beyond the step, its start, its evaluations and its save waits; the call's time
-        # outside the loop (set-up, load, restore, the last save) and outside ``train_run``
-        # (its segment's lines).
-        "loop_s": max(0.0, loop_wall - loop_start - steps_sum - sum(evals_s) - sum(stalls)) / done,
-        "loop_start_s": loop_start,
-        "fixed_s": max(0.0, total - loop_wall),
-        "outside_s": max(0.0, segment_s - total) if segment_s is not None else 0.0,
-        **_step_spread(rows, fallback=steps_sum / done),
-        "stall_s": _median_or_zero(stalls),
-    }
-
-
-def _step_spread(rows: Sequence[Mapping[str, Any]], *, fallback: float) -> dict[str, float]:
-    """The pilot's first step (a call's warm-up) and the 10%-trimmed mean of its later steps:
-    a pilot's few steps on a shared machine hold a hiccup or two (another process's burst)
-    that their mean would spread over every step of the run (on bench/forecast.py's campaigns
-    the trimmed mean erred less on the training call's mean step than the mean or median)."""
-    times = [
-        float(r["step_s"])
-        for r in rows
-        if r.get("kind") == "train" and isinstance(r.get("step_s"), int | float)
-    ]
-    if len(times) < 2:
-        return {"step_mean_s": fallback, "first_step_s": fallback}
-    later = sorted(times[1:])
-    cut = len(later) // 10  # from each end (scipy's trim_mean(0.1); scipy is not a dependency)
-    kept = later[cut : len(later) - cut]
-    return {"step_mean_s": sum(kept) / len(kept), "first_step_s": times[0]}
 
 
 def low_information(

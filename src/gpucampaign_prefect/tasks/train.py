@@ -16,8 +16,9 @@ from gpucampaign.engine.loop import train_run
 from gpucampaign.engine.runside import RunSide, TrainingNotes
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.runresult import RunResult
-from gpucampaign.plan.decision import early_losses, pilot_measures
+from gpucampaign.plan.decision import early_losses
 from gpucampaign.plan.machines import machine_limit
+from gpucampaign.plan.reforecast import pilot_measures
 from gpucampaign_prefect.orchestration.gpu_lock import gpu_slot
 from gpucampaign_prefect.orchestration.phases import (
     PHASE_OPTIONS,
@@ -38,6 +39,7 @@ def _run_training(
     stop_after_steps: int | None,
     lane: int = 0,
     lot: int | None = None,
+    probe_eval: bool = False,
 ) -> tuple[RunResult, RunSide, TrainingNotes]:
     """``train_run`` under the GPU slot, with the busy time recorded (its segment, a heartbeat
     at each durable checkpoint: ``SegmentWriter.saved``); returns the result, the call's side of the
@@ -76,6 +78,7 @@ def _run_training(
                     progress=progress,
                     on_save=seg.saved,
                     lane=lane,
+                    probe_eval=probe_eval,
                 )
             except Futile as exc:  # the segment says what it trained before the lane was freed
                 seg.row.steps, seg.row.note = futile_segment(side.out.root, exc)
@@ -112,6 +115,7 @@ def pilot(
         phase="pilot",
         stop_after_steps=spec.pilot.steps,
         lane=lane,
+        probe_eval=True,  # an evaluation's cost, when its steps held none
     )
     metrics = side.run_folder.metrics
     rows = read_metrics(metrics) if metrics.is_file() else []

@@ -1,0 +1,48 @@
+"""The live view's reports are counted and timed by the call (``timings``: ``reports``,
+``report_s``), and the re-forecast's count of them (``plan.reforecast.reports_left``) is the
+count the loop makes: a pilot's reports are measured apart from the loop's cost per step, and
+each run's are forecast at its own cadence (issue 48)."""
+
+from __future__ import annotations
+
+from gpucampaign.config.parts import report_every
+from gpucampaign.folder.metrics import read_metrics
+from gpucampaign.plan.reforecast import reports_left
+from tests.engine.test_loop_calls import _no_clock
+from tests.helpers import digits_file, make_spec, run, run_dir, train_losses  # noqa: F401
+
+
+def test_a_call_counts_the_reports_the_reforecast_counts(tmp_path, digits_file, monkeypatch):  # noqa: F811
+    _no_clock(monkeypatch)  # the reports due by the clock (about twice a second) left out
+    spec = make_spec(tmp_path, digits_file, control={"epochs": 3})
+    shown: list[int] = []
+    pilot = run(spec, tmp_path, stop_after_steps=5, progress=lambda info: shown.append(1))
+    assert pilot.timings["reports"] >= 1 and pilot.timings["report_s"] > 0
+    result = run(spec, tmp_path, progress=lambda info: shown.append(1))
+    planned = result.planned_steps
+    per_epoch = planned // 3
+    expected = reports_left(
+        done=5, planned=planned, every=report_every(planned), eval_step=per_epoch
+    )
+    assert result.timings["reports"] == expected, (planned, per_epoch)
+    assert 0 < result.timings["report_s"] < result.timings["train_s"]
+
+
+def test_a_pilot_that_held_no_evaluation_times_one_and_records_none(tmp_path, digits_file):  # noqa: F811
+    """5 pilot steps of a run that evaluates at each epoch's end: one evaluation is timed after
+    the pilot's last save, no row of it written; the run trained on from the pilot ends with
+    the same losses as one never piloted."""
+    spec = make_spec(tmp_path, digits_file, control={"epochs": 2})
+    unasked = run(spec, tmp_path, stop_after_steps=5, out="unasked")  # the restart check's
+    assert unasked.timings["probe_eval_s"] is None
+    pilot = run(spec, tmp_path, stop_after_steps=5, probe_eval=True)
+    assert pilot.timings["eval_s"] == [] and pilot.timings["probe_eval_s"] > 0
+    rows = read_metrics(run_dir(spec, tmp_path) / "metrics.jsonl")
+    assert [r for r in rows if r["kind"] == "eval"] == []
+    piloted = run(spec, tmp_path)
+    alone = run(spec, tmp_path, out="alone")
+    assert piloted.timings["probe_eval_s"] is None  # the run's own call evaluates
+    assert train_losses(run_dir(spec, tmp_path) / "metrics.jsonl") == train_losses(
+        run_dir(spec, tmp_path, out="alone") / "metrics.jsonl"
+    )
+    assert alone.metrics == piloted.metrics
