@@ -133,7 +133,10 @@ def test_a_signalled_campaign_saves_stops_and_resumes(tmp_path, sig, code, fault
     assert [s for name, s in tasks if name.startswith("train[")] == ["CANCELLED"], tasks
     assert "FAILED" not in {s for _, s in tasks}, tasks
     assert servers and all(s != proc.pid for s in servers)  # the server had its own session
-    time.sleep(1)
+    # No orphan server within a second (polled: the test goes on as soon as they are gone).
+    gone_by = time.monotonic() + 1.0
+    while any(_session_alive(s) for s in [*servers, proc.pid]) and time.monotonic() < gone_by:
+        time.sleep(0.05)
     assert [_session_alive(s) for s in servers] == [[] for _ in servers]  # no orphan server
     assert _session_alive(proc.pid) == []
     saved = _saved_within_grace(out, sig.name)

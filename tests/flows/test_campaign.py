@@ -463,7 +463,7 @@ def _paused_run_of(out: Path, timeout_s: float = 240, other_than: Any = None) ->
             for fr in runs:
                 if fr.parameters.get("out") == str(out) and fr.state.id != other_than:
                     return fr
-            time.sleep(1)
+            time.sleep(0.2)  # the form waits for the test: found within a fifth of a second
     raise AssertionError("the flow never paused at the decision point")
 
 

@@ -10,19 +10,47 @@ with its reason; the release is the client's public call. The campaign lock take
 one try at a time (``try_slot``), so that its wait runs on ``core.clock``'s time, which a test
 drives, instead of Prefect's own sleeps.
 
+Each try for a slot is ours (``_quick_try``): the embedded server's SQLite takes one writer at
+a time, and a slot's write that meets another one (the server recording the phase that just
+ended) is answered 503, after which Prefect's client sleeps a fixed 2 s before asking again (even
+with its retries set to 0): about 2 s lost at most GPU handovers. Ours asks again within
+milliseconds; anything else it does not expect goes to Prefect's own call, as before. The tries
+of one process for one limit are made one at a time, as Prefect's own acquisition service makes
+them: the threads of a parallel phase asking at once would otherwise keep the server busy.
+
 Checked against Prefect 3.9.1: on an upgrade, compare ``acquire_slots`` and ``renewed`` with
 ``prefect/concurrency/_sync.py``'s ``concurrency`` (which the public one calls).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from contextlib import AbstractContextManager
 from uuid import UUID
 
 import httpx
+from prefect.client.base import PrefectHttpxSyncClient
 from prefect.client.orchestration import get_client
 from prefect.concurrency._leases import maintain_concurrency_lease
 from prefect.concurrency._sync import acquire_concurrency_slots_with_lease
+from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
+from prefect.concurrency.context import ConcurrencyContext
+
+_TRYING: dict[str, threading.Lock] = {}
+_TRYING_GUARD = threading.Lock()
+
+
+def _one_at_a_time(name: str) -> threading.Lock:
+    """The lock under which this process makes its tries for the limit ``name``."""
+    with _TRYING_GUARD:
+        return _TRYING.setdefault(name, threading.Lock())
+
+
+#: How long a busy server (503) is asked again, every ``BUSY_PAUSE_S``, before the call goes to
+#: Prefect's client and its backoff (2 s, then 4, ...). A SQLite write lasts milliseconds.
+BUSY_WINDOW_S = 2.0
+BUSY_PAUSE_S = 0.02
 
 
 def acquire_slots(name: str, *, slots: int, timeout_s: float | None, lease_s: float) -> UUID:
@@ -39,11 +67,27 @@ def acquire_slots(name: str, *, slots: int, timeout_s: float | None, lease_s: fl
         TimeoutError: the slots did not come free within ``timeout_s``.
         prefect.concurrency.asyncio.ConcurrencySlotAcquisitionError: the limit does not exist.
     """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        try:
+            quick = _quick_try(name, slots=slots, lease_s=lease_s)
+        except SlotHeld as held:  # wait as the server asks, as Prefect's own call does
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(
+                    f"the slot(s) of '{name}' stayed held for {timeout_s:g} second(s)"
+                ) from None
+            time.sleep(held.retry_after_s if left is None else min(left, held.retry_after_s))
+            continue
+        if quick is not None:
+            return quick
+        break
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
     # Private (prefect.concurrency._sync, Prefect 3.9.1): the public `concurrency` takes its
     # slots with this very call (waiting out a full limit as the server says) and keeps the
     # lease ID it returns; the holder record needs that ID.
     granted = acquire_concurrency_slots_with_lease(
-        [name], slots, timeout_seconds=timeout_s, lease_duration=lease_s, strict=True
+        [name], slots, timeout_seconds=left, lease_duration=lease_s, strict=True
     )
     return granted.lease_id
 
@@ -67,6 +111,9 @@ def try_slot(name: str, *, lease_s: float) -> UUID:
         SlotHeld: the slot is held (the server's 423), with the pause it asks for.
         prefect.concurrency.asyncio.ConcurrencySlotAcquisitionError: the limit does not exist.
     """
+    quick = _quick_try(name, slots=1, lease_s=lease_s)
+    if quick is not None:
+        return quick
     # Private (prefect.concurrency._sync, Prefect 3.9.1), as in `acquire_slots`: with
     # max_retries=0 a held slot raises at once, its cause the server's 423 response.
     try:
@@ -79,6 +126,52 @@ def try_slot(name: str, *, lease_s: float) -> UUID:
             raise
         raise SlotHeld(float(held.response.headers.get("Retry-After", 1.0))) from None
     return granted.lease_id
+
+
+def _quick_try(name: str, *, slots: int, lease_s: float) -> UUID | None:
+    """One try for ``slots`` slots of ``name`` under a lease (strict), a busy server (503) asked
+    again every ``BUSY_PAUSE_S`` for up to ``BUSY_WINDOW_S``; its lease ID, or None when the
+    answer is for Prefect's own call to handle (still busy, a transport error, another status).
+
+    Raises:
+        SlotHeld: the slots are held (the server's 423), with the pause it asks for.
+        prefect.concurrency.asyncio.ConcurrencySlotAcquisitionError: the limit does not exist.
+    """
+    body = {"names": [name], "slots": slots, "mode": "concurrency", "lease_duration": lease_s}
+    with _one_at_a_time(name), get_client(sync_client=True) as client:
+        deadline = time.monotonic() + BUSY_WINDOW_S
+        http = client._client  # private: Prefect's httpx client (its URL, auth, TLS, transport)
+        while True:
+            request = http.build_request(
+                "POST", "/v2/concurrency_limits/increment-with-lease", json=body
+            )
+            if isinstance(http, PrefectHttpxSyncClient) and http.enable_csrf_support:
+                # as Prefect's own send does for a write
+                http._add_csrf_headers(request)
+            try:
+                # httpx's own send, below Prefect's retrying one (private, Prefect 3.9.1): that
+                # one sleeps 2 s after a 503 whatever its retry setting.
+                response = httpx.Client.send(http, request)
+            except httpx.HTTPError:
+                return None
+            if response.status_code != 503 or time.monotonic() >= deadline:
+                break
+            time.sleep(BUSY_PAUSE_S)
+    if response.status_code == 423:
+        raise SlotHeld(float(response.headers.get("Retry-After", 1.0)))
+    if response.status_code != 200:
+        return None
+    limits = response.json().get("limits")
+    if not limits:  # strict, as Prefect's call with strict=True says it
+        raise ConcurrencySlotAcquisitionError(
+            f"Concurrency limits {[name]!r} must be created before acquiring slots"
+        )
+    lease = UUID(response.json()["lease_id"])
+    if (ctx := ConcurrencyContext.get()) is not None:
+        # As Prefect's call does: a lease granted to a task or flow run that ends before it is
+        # released (cancelled, failed) is released when the run's context exits.
+        ctx.cleanup_lease_ids.append(lease)
+    return lease
 
 
 def renewed(
