@@ -140,7 +140,11 @@ def _quick_try(name: str, *, slots: int, lease_s: float) -> UUID | None:
     body = {"names": [name], "slots": slots, "mode": "concurrency", "lease_duration": lease_s}
     with _one_at_a_time(name), get_client(sync_client=True) as client:
         deadline = time.monotonic() + BUSY_WINDOW_S
-        http = client._client  # private: Prefect's httpx client (its URL, auth, TLS, transport)
+        # private: Prefect's httpx client (its URL, auth, TLS, transport); a later Prefect
+        # without it gets Prefect's own call, 2 s pauses and all, not an error
+        http = getattr(client, "_client", None)
+        if not isinstance(http, httpx.Client):
+            return None
         while True:
             request = http.build_request(
                 "POST", "/v2/concurrency_limits/increment-with-lease", json=body
