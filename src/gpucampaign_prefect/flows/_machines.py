@@ -106,10 +106,14 @@ def run_on_machines(
     publish_start(folder.root, store=store, run_ids=[cs.resolve_run(r).run_id for r in runs_placed])
 
     def start(machine: Any) -> FlowRun:
+        # The sub-run waits, Scheduled, until a worker polls the queue: say which one it needs
         logger.info(
-            "%s: %s on work queue '%s'",
+            "%s: %s on work queue '%s' (its worker: `campaign worker --lot %d --queue %s` on "
+            "that machine)",
             machine.name,
             " | ".join(", ".join(c) for c in chains[machine.number]),
+            machine.work_queue,
+            machine.number,
             machine.work_queue,
         )
         return dispatch(
