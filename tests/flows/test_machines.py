@@ -175,3 +175,21 @@ def test_lanes_stay_threads_of_one_process_without_a_deployment_or_an_s3_store()
     assert not on_machines(cs, plan=plan)  # a local store
     s3 = cs.model_copy(update={"storage": cs.storage.model_copy(update={"url": "s3://b/c"})})
     assert not on_machines(s3, plan=plan)  # no flow run of a deployment (campaign run)
+
+
+def test_a_deployments_run_of_two_lots_with_a_local_store_is_refused_writing_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flow run of a deployment (its lots' workers would run the lanes) refuses a local
+    store before the output folder, a lock or the store is touched."""
+    import logging
+
+    from gpucampaign_prefect.flows import campaign as flow_module
+
+    monkeypatch.setattr(flow_module, "from_deployment", lambda: True)
+    monkeypatch.setattr(flow_module, "get_run_logger", lambda: logging.getLogger("test"))
+    state = flow_module.campaign.fn(spec=str(EXAMPLES / "two-lots.yaml"), out=str(tmp_path / "o"))
+    assert state.is_failed()
+    assert state.message.startswith("refused before anything started: field 'storage.url'")
+    assert "`storage.url: s3://BUCKET/PREFIX`" in state.message
+    assert list(tmp_path.iterdir()) == []  # nothing written

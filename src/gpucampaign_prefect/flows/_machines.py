@@ -48,14 +48,18 @@ Dispatch = Callable[..., FlowRun]
 def on_machines(cs: CampaignSpec, *, plan: Plan) -> bool:
     """Whether each machine's lanes run on that machine: several machines, an ``s3://`` store
     (the one folder every machine writes to) and this flow run a deployment's on a server."""
-    if len(plan.machines) < 2 or not is_s3(cs.storage.url):
-        return False
     if dated_lots(cs):
         # Dated lots follow one another (``starts_at``): the lot-end hand-over moves the
         # campaign from one to the next (``flows/_lots.py``); the plan still lays their lanes
         # side by side, so sending a later lot its lane now would wait for a machine not yet
         # rented (the fresh-clone CI's test_lotend_s3 failed so).
         return False
+    return len(plan.machines) >= 2 and is_s3(cs.storage.url) and from_deployment()
+
+
+def from_deployment() -> bool:
+    """Whether this flow run is a deployment's (its lots' workers would run the lanes), not
+    ``campaign run``'s nor a flow called directly."""
     ctx = FlowRunContext.get()
     return ctx is not None and ctx.flow_run is not None and ctx.flow_run.deployment_id is not None
 

@@ -43,11 +43,12 @@ from gpucampaign.plan.lanes import RESTART_CHECK, lane_order
 from gpucampaign.plan.machines import one_process_line
 from gpucampaign.plan.stopping import campaign_stop, essential_pilot_stops, stop_effect
 from gpucampaign.preflight import OpenCampaign, open_campaign, start_folder
+from gpucampaign.preflight.machines import refuse_machines_without_store
 from gpucampaign.preflight.stale import fence_sealed_store
 from gpucampaign.storage.mirror import Fence
 from gpucampaign.verify.sealed import recheck_sealed
 from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
-from gpucampaign_prefect.flows._machines import on_machines, run_on_machines
+from gpucampaign_prefect.flows._machines import from_deployment, on_machines, run_on_machines
 from gpucampaign_prefect.flows._naming import (
     CAMPAIGN_TAG,
     campaign_run_name,
@@ -220,6 +221,10 @@ def _opened_and_locked(
         else:  # its store's probe waits out an outage: said in the run's logs
             with relay_outages(name=spec_name(spec, out=out), out=out):
                 opened = open_campaign(spec, out, base_dir=base_dir)
+        # A deployment's machines share no local folder (preflight/machines.py).
+        refuse_machines_without_store(
+            opened.spec, machines=opened.plan.machines, deployment=from_deployment()
+        )
     except InputError as exc:
         return _refused(exc)
     if opened.sealed is not None:  # closed for good: verified, never closed again
