@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from gpucampaign.config import CampaignSpec, SpecError
 from gpucampaign.core.storageurl import is_s3
+from gpucampaign.plan.lots import dated_lots
 from gpucampaign.plan.machines import Machine
 
 
@@ -33,6 +34,8 @@ def refuse_machines_without_store(
             naming ``storage.url`` and the fix; nothing was written or started).
     """
     if not deployment or len(machines) < 2 or is_s3(spec.storage.url):
+        return
+    if dated_lots(spec):  # lots one after another: the lot-end hand-over's, on any store
         return
     names = ", ".join(m.name for m in machines)
     raise SpecError(
