@@ -317,7 +317,7 @@ def render(reports: list[dict], m: dict, *, load: str) -> str:
             "# Re-forecast after the pilot: error and p10-p90 coverage",
             "",
             f"`python bench/forecast.py --campaigns {len(reports)}` on {platform.node()} "
-            f"({os.cpu_count()} cores shared with other work; load average {load}), "
+            f"({os.cpu_count()} cores; load average {load}), "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Run once.",
             "",
             "How it was measured: "

@@ -28,20 +28,8 @@ def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
     dataset = r.split(split)
     if dataset is None or len(dataset) == 0:
         return None
-    t0 = time.perf_counter()
-    rule = r.spec.decision_rule
-    # Inside the run's RNG slot: a DataLoader's iterator draws its base seed from torch's
-    # global generator, which a run training in another lane of this process checkpoints.
-    with r.rng.held():
-        metrics = evaluate_split(
-            r.recipe,
-            r.state.model,
-            dataset,
-            config=r.config,
-            device=r.device,
-            need=rule.metric if rule else None,
-        )
-    r.eval_times.append(time.perf_counter() - t0)
+    metrics, seconds = _timed_evaluation(r, dataset)
+    r.eval_times.append(seconds)
     r.mlog.write(
         {
             "kind": "eval",
@@ -64,10 +52,17 @@ def time_evaluation(r: LiveRun, split: str = "val") -> None:
     dataset = r.split(split)
     if not r.dist.is_main or dataset is None or len(dataset) == 0:
         return
+    _, r.probe_eval_s = _timed_evaluation(r, dataset)
+
+
+def _timed_evaluation(r: LiveRun, dataset: Any) -> tuple[dict[str, Any], float]:
+    """One evaluation of ``dataset``: its metrics and its seconds."""
     t0 = time.perf_counter()
     rule = r.spec.decision_rule
+    # Inside the run's RNG slot: a DataLoader's iterator draws its base seed from torch's
+    # global generator, which a run training in another lane of this process checkpoints.
     with r.rng.held():
-        evaluate_split(
+        metrics = evaluate_split(
             r.recipe,
             r.state.model,
             dataset,
@@ -75,7 +70,7 @@ def time_evaluation(r: LiveRun, split: str = "val") -> None:
             device=r.device,
             need=rule.metric if rule else None,
         )
-    r.probe_eval_s = time.perf_counter() - t0
+    return metrics, time.perf_counter() - t0
 
 
 def _costs_of_checkpoint(meta: dict[str, Any]) -> dict[str, Any]:
