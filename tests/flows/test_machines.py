@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -193,3 +195,31 @@ def test_a_deployments_run_of_two_lots_with_a_local_store_is_refused_writing_not
     assert state.message.startswith("refused before anything started: field 'storage.url'")
     assert "`storage.url: s3://BUCKET/PREFIX`" in state.message
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def _dated(cs: Any) -> Any:
+    """``cs`` with its two lots dated, one after the other (the lot-end hand-over's)."""
+    first = datetime(2026, 12, 1, tzinfo=UTC)
+    lots = [
+        cs.packages[0].model_copy(update={"count": 1, "starts_at": first + timedelta(days=d)})
+        for d in (0, 3)
+    ]
+    s3 = cs.storage.model_copy(update={"url": "s3://b/c"})
+    return type(cs).model_validate({**cs.model_dump(), "packages": lots, "storage": s3})
+
+
+def test_dated_lots_follow_one_another_and_never_run_as_machines_side_by_side(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fresh-clone CI's test_lotend_s3 sent both dated lots their lanes at once: dated lots
+    are the lot-end hand-over's (one after the other), never machines of their own."""
+    from gpucampaign_prefect.flows import _machines
+
+    run = SimpleNamespace(flow_run=SimpleNamespace(deployment_id=uuid.uuid4()))
+    monkeypatch.setattr(_machines.FlowRunContext, "get", lambda: run)  # a deployment's run
+    two = load_spec(EXAMPLES / "two-lots.yaml")
+    s3 = two.model_copy(update={"storage": two.storage.model_copy(update={"url": "s3://b/c"})})
+    assert on_machines(s3, plan=calendar.plan(s3))  # undated: two machines side by side
+    dated = _dated(two)
+    assert len(calendar.plan(dated).machines) == 2
+    assert not on_machines(dated, plan=calendar.plan(dated))

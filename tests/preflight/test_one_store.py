@@ -4,6 +4,7 @@ store or ``campaign run`` (lanes of one process) go on."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,17 @@ def test_one_lot_an_s3_store_or_campaign_run_go_on() -> None:
     _refuse(one_lot_spec(TRAIN_CONTROL), deployment=True)  # one lot, local, a deployment's
     _refuse(_with_store(two, "s3://bucket/two-lots"), deployment=True)  # several lots, s3
     _refuse(two, deployment=False)  # several lots, local, `campaign run`: one process
+
+
+def test_dated_lots_one_after_another_go_on_with_a_local_store() -> None:
+    """Dated lots are the lot-end hand-over's: one machine at a time, any store (the fresh-clone
+    CI's lot-end campaigns were refused so)."""
+    two = load_spec(EXAMPLES / "two-lots.yaml")
+    first = datetime(2026, 12, 1, tzinfo=UTC)
+    lots = [
+        two.packages[0].model_copy(update={"count": 1, "starts_at": first + timedelta(days=d)})
+        for d in (0, 3)
+    ]
+    dated = CampaignSpec.model_validate({**two.model_dump(), "packages": lots})
+    assert dated.storage.url == "local" and len(calendar.plan(dated).machines) == 2
+    _refuse(dated, deployment=True)
