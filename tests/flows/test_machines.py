@@ -18,6 +18,8 @@ from prefect.states import Completed, Crashed
 
 from gpucampaign.config import load_spec
 from gpucampaign.folder.layout import OutputFolder
+from gpucampaign.folder.records import read_timeline
+from gpucampaign.folder.segments import interruptions
 from gpucampaign.plan import calendar
 from gpucampaign.plan.lanes import machine_chains
 from gpucampaign.storage.base import LocalStore
@@ -43,7 +45,7 @@ def _machine_folder(root: Path, *, runs: list[str], lot: int) -> Path:
         (folder / "metrics.jsonl").write_text('{"step": 1}\n')
         (folder / "progress.json").write_text("{}")  # live: stays on the machine
         with open(root / "timeline.jsonl", "a") as f:
-            f.write(json.dumps({"segment": run_id, "lot": lot}) + "\n")
+            f.write(json.dumps({"segment": run_id, "lot": lot, "phase": "train"}) + "\n")
     return root
 
 
@@ -74,8 +76,8 @@ def test_two_machines_never_write_the_same_key(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (root / "timeline.jsonl").read_text().splitlines()]
     assert rows == [
         {"segment": "pilot"},
-        {"segment": "run-1", "lot": 1},
-        {"segment": "run-2", "lot": 2},
+        {"segment": "run-1", "lot": 1, "phase": "train"},
+        {"segment": "run-2", "lot": 2, "phase": "train"},
     ]
     assert json.loads((root / "runs/run-2/result.json").read_text())["lot"] == 2
     # The campaign's own copy for the machines to start from is under a key of its own too.
@@ -150,25 +152,21 @@ def test_each_machine_trains_its_lanes_as_a_sub_run_on_its_lots_queue(tmp_path: 
         assert json.loads(result.read_text())["lot"] == lot
 
 
-def test_a_machine_that_did_not_finish_is_said_with_what_to_do(tmp_path: Path) -> None:
+def test_a_machine_lost_after_its_last_run_hands_nothing_over(tmp_path: Path) -> None:
     cs = load_spec(EXAMPLES / "two-lots.yaml")
     folder = OutputFolder(tmp_path / "out")
     folder.root.mkdir()
     machines = _Machines(cs, bucket=folder.root / "checkpoints", crashed=2)
-    with pytest.raises(
-        RuntimeError, match=r"lot 2: flow run 'two-lots lot 2' Crashed.*campaign worker --lot K"
-    ):
-        run_on_machines(
-            cs,
-            plan=calendar.plan(cs),
-            dropped=["decay"],
-            folder=folder,
-            dispatch=machines,
-            deployment=("lane/main", {"spec": "s.yaml", "out": "o"}),
-        )
-    assert [c["parameters"]["chains"] for c in machines.calls if c["parameters"]["lot"] == 2] == [
-        [["dropout"]]
-    ]
+    stops = run_on_machines(
+        cs,
+        plan=calendar.plan(cs),
+        dropped=["decay"],
+        folder=folder,
+        dispatch=machines,
+        deployment=("lane/main", {"spec": "s.yaml", "out": "o"}),
+    )
+    assert stops == {}  # its runs all ended before its flow run Crashed
+    assert sorted(c["parameters"]["lot"] for c in machines.calls) == [1, 2]
 
 
 def test_lanes_stay_threads_of_one_process_without_a_deployment_or_an_s3_store() -> None:
@@ -223,3 +221,89 @@ def test_dated_lots_follow_one_another_and_never_run_as_machines_side_by_side(
     dated = _dated(two)
     assert len(calendar.plan(dated).machines) == 2
     assert not on_machines(dated, plan=calendar.plan(dated))
+
+
+class _LosingMachines(_Machines):
+    """Lot 2's worker dies while ``dropout`` trains (after a checkpoint at step 40): its lane
+    published an open segment and no end; a later call on lot 1's queue trains what is left."""
+
+    def __init__(self, cs: Any, *, bucket: Path, lost: set[int]) -> None:
+        super().__init__(cs, bucket=bucket)
+        self.lost = lost
+
+    def __call__(self, **kw: Any) -> FlowRun:
+        lot, chains = kw["parameters"]["lot"], kw["parameters"]["chains"]
+        if lot not in self.lost:
+            run = super().__call__(**kw)
+            self._segment(lot, run="dropout", end=True) if chains == [["dropout"]] else None
+            return run
+        self.calls.append(kw)
+        self._segment(lot, run="dropout", end=False)
+        return FlowRun(
+            id=uuid.uuid4(), flow_id=uuid.uuid4(), name=kw["flow_run_name"], state=Crashed()
+        )
+
+    def _segment(self, lot: int, *, run: str, end: bool) -> None:
+        local = self.bucket.parent / f"machine-{lot}"
+        local.mkdir(parents=True, exist_ok=True)
+        start = f"2026-12-06T10:0{lot}:00.000+00:00"
+        row = {
+            "phase": "train",
+            "run": run,
+            "segment": f"seg-{lot}",
+            "event": "start",
+            "start": start,
+            "host": f"host-{lot}",
+            "lot": lot,
+        }
+        lines = [row, {**row, "event": "heartbeat", "checkpoint_step": 40, "seen": start}]
+        if end:
+            lines.append({**row, "event": "end", "end": start, "seconds": 1.0, "outcome": "ok"})
+        with open(local / "timeline.jsonl", "a") as f:
+            f.writelines(json.dumps(line) + "\n" for line in lines)
+        publish_lane(local, store=LocalStore(self.bucket), lot=lot, run_ids=[])
+
+
+def _lose(tmp_path: Path, *, lost: set[int]) -> tuple[Any, OutputFolder, _LosingMachines, Any]:
+    cs = load_spec(EXAMPLES / "two-lots.yaml")
+    folder = OutputFolder(tmp_path / "out")
+    folder.root.mkdir()
+    machines = _LosingMachines(cs, bucket=folder.root / "checkpoints", lost=lost)
+
+    def run() -> Any:
+        return run_on_machines(
+            cs,
+            plan=calendar.plan(cs),
+            dropped=[],
+            folder=folder,
+            dispatch=machines,
+            deployment=("lane/main", {"spec": "s.yaml", "out": "o"}),
+        )
+
+    return cs, folder, machines, run
+
+
+def test_a_lost_machines_runs_go_on_on_the_other_machine_after_its_lane(tmp_path: Path) -> None:
+    cs, folder, machines, run = _lose(tmp_path, lost={2})
+    assert run() == {}
+    # Lot 1 trained its own lane, then (a second sub-run on its queue) lot 2's dropout.
+    calls = [(c["work_queue_name"], c["parameters"]["chains"]) for c in machines.calls]
+    assert sorted(calls[:2]) == [("lot-1", [["control", "decay"]]), ("lot-2", [["dropout"]])]
+    assert calls[2:] == [("lot-1", [["dropout"]])]
+    last = machines.calls[-1]
+    assert last["flow_run_name"] == "two-lots lot 1 for lot 2" and last["as_subflow"] is True
+    result = folder.root / "runs" / cs.resolve_run("dropout").run_id / "result.json"
+    assert json.loads(result.read_text())["lot"] == 1
+    # The loss is on the ledger with its machine, resumed on the other one.
+    lost = interruptions(read_timeline(folder.root))
+    assert [(s["run"], s["host"], s["resumed_host"]) for s in lost["segments"]] == [
+        ("dropout", "host-2", "host-1")
+    ]
+    assert lost["segments"][0]["checkpoint_step"] == 40 and lost["relaunches"] == 1
+
+
+def test_with_no_other_machine_the_runs_left_are_said(tmp_path: Path) -> None:
+    _, _, machines, run = _lose(tmp_path, lost={1, 2})
+    with pytest.raises(RuntimeError, match=r"runs left: control, decay, dropout\).*--lot K"):
+        run()
+    assert len(machines.calls) == 2  # nothing handed over: no machine finished its lane

@@ -16,6 +16,7 @@ import contextvars
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import get_run_logger
@@ -28,11 +29,13 @@ from prefect.exceptions import MissingContextError
 from gpucampaign.config import CampaignSpec
 from gpucampaign.core.stoprules import STOP_RULES, StopRule
 from gpucampaign.core.storageurl import is_s3
-from gpucampaign.folder.layout import OutputFolder
-from gpucampaign.folder.records import read_stops
+from gpucampaign.folder.layout import RESULT_FILE, OutputFolder
+from gpucampaign.folder.records import TimelineRow, read_stops
+from gpucampaign.folder.segments import Timeline, close_cut_segments
 from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.lanes import machine_chains
 from gpucampaign.plan.lots import dated_lots
+from gpucampaign.plan.machines import Machine
 from gpucampaign.storage import open_store
 from gpucampaign.storage.lanefiles import collect_lanes, publish_start
 
@@ -105,7 +108,11 @@ def run_on_machines(
         The stop that ended each run, as the machines recorded it.
 
     Raises:
-        RuntimeError: A machine's flow run did not complete: which, its state and what to do.
+        RuntimeError: A machine's flow run did not complete and no other machine finished
+            its runs: which, its state, the runs left and what to do.
+
+    A machine whose sub-run ends other than Completed (its worker killed: Crashed; its lot
+    ended) hands its unfinished runs to a machine that completed its own (``Lanes``).
     """
     logger = _logger()
     name, params = deployment if deployment is not None else _lane_deployment()
@@ -116,14 +123,15 @@ def run_on_machines(
     # What the machines start from: the pilots' run folders, the stops.
     publish_start(folder.root, store=store, run_ids=[cs.resolve_run(r).run_id for r in runs_placed])
 
-    def start(machine: Any) -> FlowRun:
+    def start(machine: Machine, chains_of: list[list[str]], lost: Machine | None = None) -> FlowRun:
         # The sub-run waits, Scheduled, until a worker polls the queue: say which one it needs
         logger.info(
-            "%s: %s on work queue '%s' (its worker: `campaign worker --lot %d --queue %s` on "
+            "%s: %s on work queue '%s'%s (its worker: `campaign worker --lot %d --queue %s` on "
             "that machine)",
             machine.name,
-            " | ".join(", ".join(c) for c in chains[machine.number]),
+            " | ".join(", ".join(c) for c in chains_of),
             machine.work_queue,
+            f", the rest of {lost.name}'s lane" if lost is not None else "",
             machine.number,
             machine.work_queue,
         )
@@ -134,11 +142,12 @@ def run_on_machines(
                 "out": params.get("out"),
                 "base_dir": params.get("base_dir"),
                 "lot": machine.number,
-                "chains": chains[machine.number],
+                "chains": chains_of,
             },
             work_queue_name=machine.work_queue,
             as_subflow=True,
-            flow_run_name=f"{cs.name} {machine.name}",
+            flow_run_name=f"{cs.name} {machine.name}"
+            + (f" for {lost.name}" if lost is not None else ""),
             timeout=None,
         )
 
@@ -146,17 +155,98 @@ def run_on_machines(
     # starts with an empty one): run_deployment makes the machine's run a sub-run of this one.
     contexts = {m.number: contextvars.copy_context() for m in machines}
     with ThreadPoolExecutor(max_workers=max(1, len(machines))) as pool:
-        runs = list(pool.map(lambda m: contexts[m.number].run(start, m), machines))
+        runs = list(
+            pool.map(lambda m: contexts[m.number].run(start, m, chains[m.number]), machines)
+        )
     taken = collect_lanes(folder.root, store=store, lots=[m.number for m in machines])
     logger.info("records taken from the machines: %s", taken)
-    failed = [(m, r) for m, r in zip(machines, runs, strict=True) if not _completed(r)]
+    lanes = Lanes(cs=cs, folder=folder, store=store, chains=chains, start=start)
+    failed = lanes.hand_over_lost(list(zip(machines, runs, strict=True)), logger=logger)
     if failed:
         said = "; ".join(f"{m.name}: flow run '{r.name}' {_state_name(r)}" for m, r in failed)
+        left = lanes.unfinished(runs_placed)
         raise RuntimeError(
-            f"machines did not finish their lanes ({said}): start each one's worker "
-            "(`campaign worker --lot K`) and run the campaign again; it resumes from the store"
+            f"machines did not finish their lanes ({said}; runs left: {', '.join(left) or 'none'}"
+            "): start each one's worker (`campaign worker --lot K`) and run the campaign again; "
+            "it resumes from the store"
         )
     return _run_stops(cs, folder=folder, runs=runs_placed)
+
+
+@dataclass(kw_only=True)
+class Lanes:
+    """The machines' lanes once dispatched: what each left undone, and its hand-over."""
+
+    cs: CampaignSpec
+    folder: OutputFolder
+    store: Any
+    chains: dict[int, list[list[str]]]
+    start: Callable[..., FlowRun]
+
+    def unfinished(self, runs: list[str]) -> list[str]:
+        """The ``runs`` the campaign's folder holds no end of: no ``result.json``, no stop."""
+        stopped = {rec.run_id for rec in read_stops(self.folder.root) if rec.phase == "train"}
+        left = []
+        for run in runs:
+            run_id = self.cs.resolve_run(run).run_id
+            if run_id not in stopped and not (self.folder.run(run_id).path / RESULT_FILE).is_file():
+                left.append(run)
+        return left
+
+    def hand_over_lost(
+        self, ended: list[tuple[Machine, FlowRun]], *, logger: Any
+    ) -> list[tuple[Machine, FlowRun]]:
+        """Send the unfinished runs of each machine whose lane did not complete (its worker
+        died, its lot ended) to a machine whose lane did, after that machine's own lane: a
+        second sub-run on its queue, each run resuming from its last checkpoint in the store.
+        The lost machine's open segments are closed as interrupted in the campaign's timeline
+        first (the loss on the ledger, with its host), the new machine's rows follow them.
+
+        Returns:
+            The machines' sub-runs that still did not complete: a lost machine with no other
+            machine to take its runs, or a hand-over that did not complete either.
+        """
+        hosts = [m for m, r in ended if _completed(r)]
+        failed: list[tuple[Machine, FlowRun]] = []
+        for i, (machine, run) in enumerate((m, r) for m, r in ended if not _completed(r)):
+            left = self.unfinished([r for c in self.chains[machine.number] for r in c])
+            if not left:  # lost after its last run ended: nothing to move
+                logger.warning(
+                    "%s: flow run '%s' %s, its runs all ended",
+                    machine.name,
+                    run.name,
+                    _state_name(run),
+                )
+                continue
+            if not hosts:
+                failed.append((machine, run))
+                continue
+            target = hosts[i % len(hosts)]
+            cut = close_cut_segments(
+                Timeline.of(self.folder),
+                run_dir=lambda row: self.folder.run(self.cs.resolve_run(str(row.run)).run_id).path,
+                only=_of_runs(left),
+            )
+            logger.warning(
+                "%s was lost (flow run '%s' %s): %s go on on %s after its own lane, each from "
+                "its last checkpoint in the store (%d segment(s) cut, on the ledger)",
+                machine.name,
+                run.name,
+                _state_name(run),
+                ", ".join(left),
+                target.name,
+                len(cut),
+            )
+            handed = self.start(target, [left], machine)
+            collect_lanes(self.folder.root, store=self.store, lots=[target.number])
+            if not _completed(handed):
+                failed.append((target, handed))
+        return failed
+
+
+def _of_runs(runs: list[str]) -> Callable[[TimelineRow], bool]:
+    """Whether a timeline row is a segment of one of ``runs``."""
+    return lambda row: row.run in runs
 
 
 def _logger() -> Any:
