@@ -91,6 +91,13 @@ def _copy_deployment(stack: dict[str, Any], flow: str, *, name: str = NAME) -> s
     return str(made["id"])
 
 
+def _pool(stack: dict[str, Any]) -> None:
+    """``POOL`` on the stack's server, made by the module's first test."""
+    pools = api(stack["api"], "POST", "/work_pools/filter", {})
+    if POOL not in {p["name"] for p in pools}:
+        create_pool(stack, POOL)
+
+
 def _start_machine(
     stack: dict[str, Any], lot: int, *, home: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen:
@@ -115,7 +122,7 @@ def _train_rows(out: Path) -> dict[str, Any]:
 
 
 def test_each_lot_trains_its_lanes_on_its_own_machine(stack, tmp_path):
-    create_pool(stack, POOL)
+    _pool(stack)
     for flow in ("campaign", "lane"):
         _copy_deployment(stack, flow)
     spec = _spec(tmp_path / "spec")
@@ -207,7 +214,7 @@ def test_a_lost_machines_variant_finishes_on_the_other_after_its_lane(
     checkpoint: the server sets its sub-run Crashed, the campaign's flow sends the variant to
     lot 1 after its own lane, resumed from its checkpoint in the bucket, bit for bit; the loss
     on the ledger with lot 2's worker; the campaign Completed without a command."""
-    create_pool(stack, POOL)
+    _pool(stack)
     for flow in ("campaign", "lane"):
         _copy_deployment(stack, flow, name=LOST)
     spec = _spec(tmp_path / "spec", prefix=LOST_PREFIX, checkpoint={"every_steps": 10, "keep": 3})
