@@ -119,14 +119,20 @@ def _port_pair_free(port: int, *, reuse: bool = False) -> bool:
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports that are free on 127.0.0.1, each with its gRPC port (+10000) free."""
+    """``n`` distinct ports that are free on 127.0.0.1, each with its gRPC port (+10000) free,
+    and no port one of the others' gRPC port: weed refuses to start when, say, its S3 port is
+    its master's + 10000 ("reserved for gRPC calculation"; a fresh-clone CI lost test_s3_store
+    so)."""
     ports: list[int] = []
+    taken: set[int] = set()  # every picked port and its gRPC port
     while len(ports) < n:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port + _GRPC_OFFSET < 65536 and port not in ports and _port_pair_free(port):
+        pair = {port, port + _GRPC_OFFSET}
+        if port + _GRPC_OFFSET < 65536 and not pair & taken and _port_pair_free(port):
             ports.append(port)
+            taken |= pair
     return ports
 
 

@@ -20,6 +20,7 @@ from typing import Any
 ENTRIES: dict[str, str] = {
     "campaign": "flows.campaign",  # the campaign flow (`campaign run`)
     "deploy_project": "flows._deploy",  # `campaign deploy`
+    "ensure_work_queues": "flows._deploy",  # `campaign worker`: its queues made on the server
     # The embedded server of `campaign run`:
     "spawn_early": "orchestration.embedded",
     "start_detached": "orchestration.embedded",

@@ -79,3 +79,18 @@ def test_a_timeline_no_campaign_wrote_is_refused_naming_the_line(
     text = str(refused.value)
     assert "line 2" in text and said in text and "Delete that key" in text
     assert not (fresh / TIMELINE).exists()
+
+
+def test_a_machine_of_one_lot_shares_its_timeline_under_its_own_key_only(tmp_path: Path) -> None:
+    # The campaign's copy (timeline, campaign ID) is its flow's: a machine running one lot's
+    # lanes never writes over it, at any durable checkpoint of its runs.
+    bucket, _ = _shared(tmp_path, [json.dumps(ROW)])
+    before = {k: bucket.read_bytes(k) for k in bucket.list()}
+    machine = tmp_path / "machine"
+    machine.mkdir()
+    fix_campaign_id(machine, name="c", spec_sha256=SPEC)
+    (machine / TIMELINE).write_text(json.dumps({**ROW, "lot": 2}) + "\n")
+    share_timeline(machine, store=bucket, key=f"lanes/lot-2/{TIMELINE}")
+    after = {k: bucket.read_bytes(k) for k in bucket.list()}
+    assert set(after) - set(before) == {f"lanes/lot-2/{TIMELINE}"}
+    assert all(after[k] == v for k, v in before.items())

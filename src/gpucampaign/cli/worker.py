@@ -123,6 +123,25 @@ def worker_cmd(
     args = worker_line(lot, pool=pool, queue=queue, name=name)
     say(f"running: {esc(shown_line(args, lot=lot))}")
     program = _prefect_program()
-    sys.stdout.flush()
     env = worker_environment(lot, name=args[args.index("--name") + 1], env=os.environ)
+    queues = [v for k, v in zip(args, args[1:], strict=False) if k == "--work-queue"]
+    _ensure_queues(pool=pool, queues=queues)
+    sys.stdout.flush()
     os.execve(program, [program, *args[1:]], env)
+
+
+def _ensure_queues(*, pool: str, queues: list[str]) -> None:
+    """Make the worker's pool and queues on the server when missing: a Prefect worker polls
+    none of its queues while one of them does not exist. Best effort: without a server's URL,
+    or with the server out, the worker starts as it is and says why it cannot poll."""
+    if not os.environ.get("PREFECT_API_URL"):
+        return  # never an ephemeral server of this process's own
+    from gpucampaign.cli.runner import load_flow
+
+    try:
+        made = load_flow("ensure_work_queues")(pool=pool, queues=queues)
+    except Exception as exc:  # the worker's own messages say more about a server out
+        say(f"could not check the work queues on the server ({type(exc).__name__}); starting")
+        return
+    if made:
+        say(f"made work queue(s) {', '.join(made)} of pool {pool} on the server")

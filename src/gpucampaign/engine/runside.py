@@ -28,6 +28,7 @@ from gpucampaign.folder.layout import STOPS, TIMELINE, OutputFolder, RunFolder
 from gpucampaign.folder.records import read_stops_file
 from gpucampaign.folder.segments import SegmentWriter, Timeline, phase_segment
 from gpucampaign.storage import Store, open_store, spooled_keys
+from gpucampaign.storage.lanefiles import lane_prefix
 from gpucampaign.storage.open import read_wait_s
 from gpucampaign.storage.sharedtimeline import share_timeline
 from gpucampaign.tracking import tracking_note
@@ -66,6 +67,8 @@ class RunSide:
         remote: The store is not the folder's own (S3): each durable checkpoint copies the
             timeline to it (``storage.sharedtimeline``), and checkpoint files the server did
             not take wait in the folder's spool. A local store holds both already.
+        timeline_key: The timeline's key in a remote store: ``timeline.jsonl``, or a
+            machine's own when it runs one lot's lanes (``storage.lanefiles``).
     """
 
     spec: CampaignSpec
@@ -76,6 +79,7 @@ class RunSide:
     corpus: Any
     store: Store
     remote: bool
+    timeline_key: str = TIMELINE
 
     @classmethod
     def open(
@@ -86,9 +90,11 @@ class RunSide:
         out: str | Path,
         run: ResolvedRun,
         phase: str,
+        lot: int | None = None,
     ) -> RunSide:
         """The call's side of the folder ``out``: its files resolved once, its inputs loaded
-        and its store open.
+        and its store open (``lot``: the machine training it when each lot's lanes run on
+        their own machine, whose timeline copy goes to its own key: ``storage.lanefiles``).
 
         Raises:
             StopRule: The stop already recorded for this run ID: a stopped run is finished,
@@ -118,6 +124,7 @@ class RunSide:
             corpus=corpus,
             store=store,
             remote=store.local_path(TIMELINE) is None,
+            timeline_key=TIMELINE if lot is None else f"{lane_prefix(lot)}/{TIMELINE}",
         )
 
     @contextlib.contextmanager
@@ -140,7 +147,10 @@ class RunSide:
             durable=lambda run_id: durable_step(url, out=root, run_id=run_id),
             lot_end=LotEnded,
         ) as row:
-            share = (lambda: share_timeline(root, store=self.store)) if self.remote else None
+            key = self.timeline_key
+            share = (
+                (lambda: share_timeline(root, store=self.store, key=key)) if self.remote else None
+            )
             yield SegmentWriter(self.timeline, row, after_heartbeat=share)
 
     def notes(self) -> TrainingNotes:

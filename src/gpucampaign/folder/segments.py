@@ -223,6 +223,7 @@ def close_cut_segments(
     *,
     run_dir: Callable[[TimelineRow], Path | None],
     durable: Callable[[TimelineRow], int | None] = lambda row: None,
+    only: Callable[[TimelineRow], bool] = lambda row: True,
 ) -> list[TimelineRow]:
     """Close every open segment as interrupted and return the end lines appended.
 
@@ -232,10 +233,11 @@ def close_cut_segments(
         durable: The step of the checkpoint a resume of the segment's run restores (its
             ``LATEST``), when known. A kill between moving ``LATEST`` and the heartbeat
             leaves the timeline one save behind; the loss counts from the durable step.
+        only: Which open segments to close (default: all; a lost machine's, say).
     """
     closed = []
     for row in timeline.rows():
-        if row.segment is None or row.end is not None:
+        if row.segment is None or row.end is not None or not only(row):
             continue
         folder = run_dir(row)
         metrics = folder / METRICS_FILE if folder is not None else None

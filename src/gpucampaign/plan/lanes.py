@@ -98,3 +98,25 @@ def lane_chains(
     for lane, item in lane_order(plan, spec=spec, dropped=dropped):
         chains[lane].append(item)
     return chains
+
+
+def machine_chains(
+    plan: Plan, *, spec: CampaignSpec, dropped: Collection[str] = ()
+) -> dict[int, list[list[str]]]:
+    """The runs each machine trains when every lot's lanes run on its own machine: by lot
+    number, one chain per GPU of the machine (its ``cuda:`` index), in ``lane_chains``' order.
+
+    The restart check is left out: the campaign's flow runs it once the machines are done
+    (it resumes the control's save from the store). A machine with no run is left out.
+    """
+    chains = lane_chains(plan, spec=spec, dropped=dropped)
+    placed: dict[int, list[list[str]]] = {}
+    for machine in plan.machines:
+        mine = [
+            [r for r in chains[lane] if r is not None]
+            for lane in machine.lanes
+            if lane < len(chains)
+        ]
+        if any(mine):
+            placed[machine.number] = mine
+    return placed

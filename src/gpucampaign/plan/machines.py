@@ -19,7 +19,14 @@ from typing import Any
 from gpucampaign.config import CampaignSpec
 from gpucampaign.plan.tariffs import ResolvedPackage
 
-__all__ = ["Machine", "lane_machine", "machine_of_lane", "lot_machines", "one_process_line"]
+__all__ = [
+    "Machine",
+    "lane_machine",
+    "machine_limit",
+    "machine_of_lane",
+    "lot_machines",
+    "one_process_line",
+]
 
 #: A machine's work queue when its package names none: ``lot-2``.
 LOT_QUEUE = "lot-{number}"
@@ -54,7 +61,7 @@ class Machine:
 
     def gpu_limit(self, lock: str) -> str:
         """The GPU limit of this machine's GPUs, ``gpu:2`` for the lock named ``gpu``."""
-        return f"{lock}:{self.number}"
+        return machine_limit(lock, lot=self.number)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``machines[]`` entry of ``campaign plan --json``."""
@@ -66,6 +73,11 @@ class Machine:
             "lanes": [f"gpu{lane}" for lane in self.lanes],
             "work_queue": self.work_queue,
         }
+
+
+def machine_limit(lock: str, *, lot: int) -> str:
+    """The GPU limit of machine ``lot``'s GPUs: ``gpu:2`` for the lock named ``gpu``."""
+    return f"{lock}:{lot}"
 
 
 def lot_machines(spec: CampaignSpec, packages: Sequence[ResolvedPackage]) -> tuple[Machine, ...]:

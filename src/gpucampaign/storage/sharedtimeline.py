@@ -33,13 +33,17 @@ log = logging.getLogger(__name__)
 _SHARED_IDS: set[tuple[str, bytes]] = set()
 
 
-def share_timeline(root: str | Path, *, store: Store) -> None:
+def share_timeline(root: str | Path, *, store: Store, key: str = TIMELINE) -> None:
     """Copy the folder's timeline, and once its ``campaign.json``, to the store (remote stores
-    only; best effort: a failed copy is logged, the training goes on)."""
+    only; best effort: a failed copy is logged, the training goes on).
+
+    ``key``: where the timeline goes; a machine running one lot's lanes gives its own
+    (``storage.lanefiles``) and shares no ``campaign.json``: the campaign's flow writes those.
+    """
     root = Path(root)
     if store.local_path(TIMELINE) is not None:
         return
-    for name in (CAMPAIGN_FILE, TIMELINE):
+    for name in (CAMPAIGN_FILE, TIMELINE) if key == TIMELINE else (TIMELINE,):
         src = root / name
         if not src.is_file():
             continue
@@ -47,7 +51,7 @@ def share_timeline(root: str | Path, *, store: Store) -> None:
             data = src.read_bytes()
             if name == CAMPAIGN_FILE and (store.url, data) in _SHARED_IDS:
                 continue
-            store.write_bytes(name, data=data)
+            store.write_bytes(key if name == TIMELINE else name, data=data)
         except Exception as exc:  # the checkpoints say more about an outage; the copy is a bonus
             log.warning("%s not copied to %s: %s", name, store.url, exc)
             continue

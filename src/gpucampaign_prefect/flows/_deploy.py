@@ -2,7 +2,8 @@
 registered for a project folder on the Prefect server at ``PREFECT_API_URL``.
 
 The installed package carries ``prefect.yaml`` (``gpucampaign_prefect/deployments``), the one
-definition of the deployments: ``campaign/main`` and ``restart-verification/scheduled``, their
+definition of the deployments: ``campaign/main``, ``lane/main`` (one machine's lanes, which
+``campaign/main`` starts on each lot's work queue) and ``restart-verification/scheduled``, their
 installed entrypoints (``gpucampaign_prefect.flows.*``), tags, job variables and schedule. Here
 ``{{ $GPUCAMPAIGN_ROOT }}`` becomes the project folder (the flow-run process starts there, so
 the spec's and the output's relative paths resolve in it, as for ``campaign run``), the
@@ -105,10 +106,10 @@ def deploy_project(
     if campaign:
         tag = CAMPAIGN_TAG.format(name=campaign)
         entries = [
-            (role, {**e, "tags": [*(e.get("tags") or []), tag]} if role == "main" else e)
+            (role, {**e, "tags": [*(e.get("tags") or []), tag]} if _is_campaign(e) else e)
             for role, e in entries
         ]
-    params = {"main": {"spec": spec, "out": out}, "scheduled": {"out": out}}
+    params = {"main": {"spec": spec, "out": out}, "scheduled": {"out": out}}  # lane/main: too
     require_named_server(fix="point PREFECT_API_URL at the running one.")
     with get_client(sync_client=True) as client:
         if not replace:  # every deployment checked before any is written
@@ -127,6 +128,12 @@ def deploy_project(
                 )
             )
     return str(url), deployed
+
+
+def _is_campaign(entry: dict[str, Any]) -> bool:
+    """Whether ``entry`` deploys the campaign flow: its runs alone carry the campaign's tag
+    (a machine's lane run is never one of the campaign's copies its lock counts or closes)."""
+    return str(entry.get("entrypoint", "")).endswith(":campaign")
 
 
 def _named(entries: list[dict[str, Any]], *, name: str | None) -> list[tuple[str, dict[str, Any]]]:
@@ -209,6 +216,29 @@ def _register(
     )
     crons = tuple(s["cron"] for s in entry.get("schedules") or [])
     return Deployed(name=f"{flow.name}/{entry['name']}", parameters=parameters, crons=crons)
+
+
+def ensure_work_queues(*, pool: str, queues: list[str]) -> list[str]:
+    """The work pool ``pool`` and its queues ``queues`` on the server at ``PREFECT_API_URL``,
+    made when missing (``campaign worker --lot K``, before it becomes the worker).
+
+    A Prefect worker asked to poll a queue that does not exist polls none of its queues (the
+    server answers 404 and the worker says nothing), so lot 1's worker, which polls ``lot-1``
+    and ``default``, would never start ``campaign/main`` before a run was sent to ``lot-1``.
+
+    Returns:
+        The queues made (none when all were there).
+    """
+    made = []
+    with get_client(sync_client=True) as client:
+        _ensure_pool(client, pool)
+        for queue in queues:
+            try:
+                client.read_work_queue_by_name(queue, work_pool_name=pool)
+            except ObjectNotFound:
+                client.create_work_queue(name=queue, work_pool_name=pool)
+                made.append(queue)
+    return made
 
 
 def _ensure_pool(client: Any, name: str) -> None:

@@ -40,12 +40,15 @@ from gpucampaign.plan import calendar
 from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.decision import Decision
 from gpucampaign.plan.lanes import RESTART_CHECK, lane_order
+from gpucampaign.plan.machines import one_process_line
 from gpucampaign.plan.stopping import campaign_stop, essential_pilot_stops, stop_effect
 from gpucampaign.preflight import OpenCampaign, open_campaign, start_folder
+from gpucampaign.preflight.machines import refuse_machines_without_store
 from gpucampaign.preflight.stale import fence_sealed_store
 from gpucampaign.storage.mirror import Fence
 from gpucampaign.verify.sealed import recheck_sealed
 from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
+from gpucampaign_prefect.flows._machines import from_deployment, on_machines, run_on_machines
 from gpucampaign_prefect.flows._naming import (
     CAMPAIGN_TAG,
     campaign_run_name,
@@ -218,6 +221,10 @@ def _opened_and_locked(
         else:  # its store's probe waits out an outage: said in the run's logs
             with relay_outages(name=spec_name(spec, out=out), out=out):
                 opened = open_campaign(spec, out, base_dir=base_dir)
+        # A deployment's machines share no local folder (preflight/machines.py).
+        refuse_machines_without_store(
+            opened.spec, machines=opened.plan.machines, deployment=from_deployment()
+        )
     except InputError as exc:
         return _refused(exc)
     if opened.sealed is not None:  # closed for good: verified, never closed again
@@ -313,6 +320,10 @@ def _campaign(
         key=artifact_key("plan", cs.name, campaign_id),
         description=f"The plan as written at the start, never rewritten ({folder.root})",
     )
+    if (
+        where := one_process_line(plan0.machines, distributed=on_machines(cs, plan=plan0))
+    ) is not None:
+        logger.info(where)  # several machines: whether each runs its own lanes, in one line
     note = ensure_gpu_limit(cs.gpu_lock.name, slots=plan0.gpu_lanes, clear_stale=embedded_api())
     say_lock_note(note, logger=logger)  # what it made in our words, a held slot as a warning
 
@@ -426,13 +437,22 @@ def _experiments(
             notify.essential_stop(campaign=campaign_id, name=cs.name, run=run, stop=str(rule))
         return decision, (stops[0][1] if stops else None), {}
 
-    futures, restart_future = _submit_in_lanes(
-        cs, plan=plan, dropped=decision.dropped_runs, common=common
-    )
-    run_stops: dict[str, StopRule] = {}
     ended: list[LotEnded] = []
+    if on_machines(cs, plan=plan):  # each lot's lanes on its machine, through its work queue
+        recorded = run_on_machines(cs, plan=plan, dropped=decision.dropped_runs, folder=folder)
+        restart_future = restart_verification.submit(
+            cs, run="control", return_state=False, **common
+        )
+        futures: dict[str, Any] = dict.fromkeys(recorded)
+    else:  # every lane a thread of this process
+        recorded = {}
+        futures, restart_future = _submit_in_lanes(
+            cs, plan=plan, dropped=decision.dropped_runs, common=common
+        )
+    run_stops: dict[str, StopRule] = {}
     for run, fut in futures.items():  # each stop is said as soon as its run ends
-        if (stop := _stop_or_lot_end(fut, ended)) is not None:
+        stop = recorded[run] if run in recorded else _stop_or_lot_end(fut, ended)
+        if stop is not None:
             run_stops[run] = stop
             if stop.stop_id in earlier:
                 logger.info("run '%s' stopped in an earlier start, as recorded: %s", run, stop)

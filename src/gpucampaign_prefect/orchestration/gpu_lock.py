@@ -58,7 +58,7 @@ from gpucampaign_prefect.orchestration.embedded import adopted_api_url, adopted_
 from gpucampaign_prefect.orchestration.leases import acquire_slots, release_slots, renewed
 
 #: Flows of this project that may hold the GPU lock.
-OUR_FLOWS: tuple[str, ...] = ("campaign", "restart-verification")
+OUR_FLOWS: tuple[str, ...] = ("campaign", "lane", "restart-verification")
 
 # Prefix of the infrastructure_pid we stamp on in-process flow runs, so a later run can tell
 # a live holder from one killed with its process (embedded mode leaves it Running forever).

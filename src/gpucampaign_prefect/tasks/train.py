@@ -17,6 +17,7 @@ from gpucampaign.engine.runside import RunSide, TrainingNotes
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.plan.decision import early_losses
+from gpucampaign.plan.machines import machine_limit
 from gpucampaign.plan.reforecast import pilot_measures
 from gpucampaign_prefect.orchestration.gpu_lock import gpu_slot
 from gpucampaign_prefect.orchestration.phases import (
@@ -37,21 +38,26 @@ def _run_training(
     phase: str,
     stop_after_steps: int | None,
     lane: int = 0,
+    lot: int | None = None,
     probe_eval: bool = False,
 ) -> tuple[RunResult, RunSide, TrainingNotes]:
     """``train_run`` under the GPU slot, with the busy time recorded (its segment, a heartbeat
     at each durable checkpoint: ``SegmentWriter.saved``); returns the result, the call's side of the
-    folder and what it left to say (a note of unsent metrics is logged here)."""
+    folder and what it left to say (a note of unsent metrics is logged here).
+
+    ``lot``: the machine this call trains on when each lot's lanes run on their own machine
+    (``flows/lane.py``): the slot is one of that machine's GPU limit, and the timeline's copy
+    in the store goes to that machine's own key."""
     raise_if_stopped(what=f"{phase} of {run.run_id}")
     # The run's stop recorded, and the inputs checked again at each start: one changed since
     # the audit is a stop (``EssentialInputMissing``), recorded by the task (``ends_on_stop``).
-    side = RunSide.open(spec, base_dir=base_dir, out=out, run=run, phase=phase)
+    side = RunSide.open(spec, base_dir=base_dir, out=out, run=run, phase=phase, lot=lot)
     progress = TrainingView(phase, run_folder=side.run_folder, campaign=spec.name, store=side.store)
     lock = spec.gpu_lock
     try:
         with (
             gpu_slot(
-                lock.name,
+                lock.name if lot is None else machine_limit(lock.name, lot=lot),
                 timeout_s=lock.timeout_s,
                 lease_s=lock.lease_s,
                 campaign=spec.name,
@@ -135,10 +141,11 @@ def _train_run_name() -> str:
 @cancel_on_interrupt
 @ends_on_stop("train")
 def train(
-    spec: CampaignSpec, *, base_dir: str, out: str, run: str, lane: int = 0
+    spec: CampaignSpec, *, base_dir: str, out: str, run: str, lane: int = 0, lot: int | None = None
 ) -> dict[str, Any]:
     """A full training run (control or variant) on its lane's GPU; resumes from its last good
-    checkpoint."""
+    checkpoint. ``lane``: the GPU's index on the machine; ``lot``: the machine, when each
+    lot's lanes run on their own (``flows/lane.py``)."""
     resolved = spec.resolve_run(run)
     result, _, notes = _run_training(
         spec,
@@ -148,6 +155,7 @@ def train(
         phase="train",
         stop_after_steps=None,
         lane=lane,
+        lot=lot,
     )
     spooled = notes.spooled
     if spooled:
