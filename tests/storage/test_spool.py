@@ -101,9 +101,16 @@ def test_latest_waits_for_the_files_it_names(tmp_path: Path) -> None:
     store = SpoolingStore(remote, spool_dir=tmp_path / "spool", retry_s=10)
     remote.down = True
     _save(store, 3)
-    remote.down = False
+    # state.pt refused before the store answers: the spool's own thread, woken by the save,
+    # may drain at any moment from here on, and it must meet the same refusal (the CI saw it
+    # drain first under load, so which call moved the files is not the test's to assert).
     remote.refuse = ("state.pt",)
-    assert store.drain_once() is True  # the files before it went up (model.safetensors) ...
+    remote.down = False
+    store.drain_once()  # serialized with the thread's: after it, the round has been tried
+    step_dir = f"{RUN}/{checkpoint_step_dir(3)}"
+    assert remote.exists(f"{step_dir}/model.safetensors")  # the files before it went up ...
+    assert not remote.exists(f"{step_dir}/state.pt")
+    assert f"{step_dir}/state.pt" in store.pending()
     assert not remote.exists(
         f"{RUN}/{CHECKPOINT_LATEST}"
     )  # ... but not a LATEST naming a missing one
