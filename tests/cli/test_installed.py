@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.beside, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: What the wheel is built from: the project file and the package sources (src/ links the textlm
