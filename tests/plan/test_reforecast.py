@@ -6,9 +6,11 @@ time outside the loop and outside ``train_run``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
-from gpucampaign.config import parse_spec
+from gpucampaign.config import CampaignSpec, parse_spec
 from gpucampaign.config.parts import report_every
 from gpucampaign.plan.reforecast import (
     call_parts,
@@ -39,19 +41,26 @@ def test_the_pilot_measures_the_loop_start_and_the_segment_apart_from_its_steps(
         "total_s": 1.0 + train_s,
     }
     rows = [{"kind": "train", "step": i + 1, "step_s": t} for i, t in enumerate(step_times)]
-    m = pilot_measures(
-        spec.resolve_run("control"),
-        result=_result(timings=timings, steps_done=20),
-        n_train=3200,
-        rows=rows,
-        segment_s=1.05 + train_s,
-    )
+    m = _control_pilot(spec, timings, segment_s=1.05 + train_s, rows=rows)
     assert m["loop_start_s"] == 0.4
     assert m["loop_s"] == pytest.approx(0.002)  # main: (0.4 + 0.04) / 20 = 0.022 a step
     assert m["step_mean_s"] == pytest.approx(0.01)  # main: the mean, 0.035
     assert m["first_step_s"] == 0.05
     assert m["outside_s"] == pytest.approx(0.05) and m["fixed_s"] == pytest.approx(1.0)
     assert m["save_s"] == 0.2 and m["evals_done"] == 1
+
+
+def _control_pilot(
+    spec: CampaignSpec, timings: dict, *, segment_s: float, rows: Sequence[dict] = ()
+) -> dict:
+    """The control's pilot measures from its 20 steps of ``timings`` (3200 training examples)."""
+    return pilot_measures(
+        spec.resolve_run("control"),
+        result=_result(timings=timings, steps_done=20),
+        n_train=3200,
+        rows=rows,
+        segment_s=segment_s,
+    )
 
 
 def _measured(
@@ -141,12 +150,7 @@ def test_the_pilot_measures_the_live_views_reports_apart_from_the_loop_per_step(
         "report_s": 0.03,
         "total_s": 0.3,
     }
-    m = pilot_measures(
-        spec.resolve_run("control"),
-        result=_result(timings=timings, steps_done=20),
-        n_train=3200,
-        segment_s=0.3,
-    )
+    m = _control_pilot(spec, timings, segment_s=0.3)
     assert m["report_s"] == pytest.approx(0.01) and m["reports"] == 3
     assert m["loop_s"] == pytest.approx(0.07 / 20)  # main: 0.1 / 20, the reports in it
 
@@ -207,12 +211,7 @@ def test_a_pilot_without_an_evaluation_gives_the_one_timed_after_its_steps() -> 
         "probe_eval_s": 0.3,
         "total_s": 1.0 + 0.5 + 0.3,
     }
-    m = pilot_measures(
-        spec.resolve_run("control"),
-        result=_result(timings=timings, steps_done=20),
-        n_train=3200,
-        segment_s=1.8,
-    )
+    m = _control_pilot(spec, timings, segment_s=1.8)
     assert m["eval_s"] == 0.3 and m["evals_done"] == 0
     assert m["fixed_s"] == pytest.approx(1.0)
 
@@ -274,13 +273,7 @@ def test_the_pilots_warm_up_steps_are_counted_once_not_spread_over_the_run() -> 
         "total_s": sum(step_times),
     }
     rows = [{"kind": "train", "step": i + 1, "step_s": t} for i, t in enumerate(step_times)]
-    m = pilot_measures(
-        spec.resolve_run("control"),
-        result=_result(timings=timings, steps_done=20),
-        n_train=3200,
-        rows=rows,
-        segment_s=sum(step_times),
-    )
+    m = _control_pilot(spec, timings, segment_s=sum(step_times), rows=rows)
     assert m["step_s"] == pytest.approx(0.01) and m["step_mean_s"] == pytest.approx(0.01)
     assert m["warmup_s"] == pytest.approx(0.36) and m["warmup_steps"] == 9
     assert call_parts(m, left=380)["steps"] == pytest.approx(0.05 + 0.36 + 370 * 0.01)
@@ -307,12 +300,7 @@ def test_the_restore_the_pilot_timed_is_forecast_for_the_call_that_resumes() -> 
         "probe_restore_s": 0.2,
         "total_s": 1.0 + 0.5 + 0.2,
     }
-    m = pilot_measures(
-        spec.resolve_run("control"),
-        result=_result(timings=timings, steps_done=20),
-        n_train=3200,
-        segment_s=1.7,
-    )
+    m = _control_pilot(spec, timings, segment_s=1.7)
     assert m["fixed_s"] == pytest.approx(1.0) and m["resume_s"] == 0.2
     assert call_parts(m, left=100)["outside"] == pytest.approx(1.2)
 
