@@ -37,8 +37,8 @@ from tests.helpers import (
     api,
     bucket_keys,
     create_pool,
-    run_deployment,
     s3_client,
+    start_deployment,
     stop_worker,
     tiny_spec,
     wait_flow_run,
@@ -125,14 +125,44 @@ def test_each_lot_trains_its_lanes_on_its_own_machine(stack, tmp_path):
     _pool(stack)
     for flow in ("campaign", "lane"):
         _copy_deployment(stack, flow)
-    spec = _spec(tmp_path / "spec")
-    chains = machine_chains(calendar.plan(load_spec(spec)), spec=load_spec(spec))
+    spec = _spec(tmp_path / "spec", checkpoint={"every_steps": 5, "keep": 3})
+    cs = load_spec(spec)
+    chains = machine_chains(calendar.plan(cs), spec=cs)
     assert set(chains) == {1, 2}, chains  # the plan uses both machines
-    machines = [_start_machine(stack, lot, home=tmp_path / f"machine-{lot}") for lot in (1, 2)]
+    # Whether the two machines' training overlaps must not hang on how fast each worker
+    # picks up its sub-run (on a loaded CI machine one lane of 40 tiny steps can end before
+    # the other machine's flow-run process has imported torch): once the lanes are started,
+    # both machines' steps wait 1.5 s each until each machine has checkpointed past its
+    # pilot, then run at full speed again. The numbers do not change (the one-machine
+    # comparison below), only the pace.
+    pace = tmp_path / "step-sleep-s"
+    pace.write_text("0")
+    slow = {
+        "PYTHONPATH": os.pathsep.join([str(SLOW_SITE), str(ROOT / "src"), str(ROOT)]),
+        "GPUCAMPAIGN_TEST_STEP_SLEEP_S": "0.001",
+        "GPUCAMPAIGN_TEST_STEP_SLEEP_FILE": str(pace),
+    }
+    machines = [
+        _start_machine(stack, lot, home=tmp_path / f"machine-{lot}", env=slow) for lot in (1, 2)
+    ]
+    first = {lot: cs.resolve_run(lanes[0][0]).run_id for lot, lanes in chains.items()}
     out = tmp_path / "out"
     try:
         began = time.monotonic()
-        flow_run_id, state = run_deployment(stack, f"campaign/{NAME}", spec=str(spec), out=str(out))
+        flow_run_id = start_deployment(stack, f"campaign/{NAME}", spec=str(spec), out=str(out))
+        give_up = began + RUN_TIMEOUT_S
+        subs_filter = {"flow_runs": {"parent_flow_run_id": {"any_": [flow_run_id]}}}
+        while not api(stack["api"], "POST", "/flow_runs/filter", subs_filter):
+            state = api(stack["api"], "GET", f"/flow_runs/{flow_run_id}")["state"] or {}
+            assert state.get("type") not in TERMINAL and time.monotonic() < give_up, state
+            time.sleep(0.2)
+        pace.write_text("1.5")  # the lanes are started: the pilots (10 steps) are behind
+        while any(_latest_step(stack, rid, prefix=PREFIX) < 15 for rid in first.values()):
+            state = api(stack["api"], "GET", f"/flow_runs/{flow_run_id}")["state"] or {}
+            assert state.get("type") not in TERMINAL and time.monotonic() < give_up, state
+            time.sleep(0.2)
+        pace.write_text("0")
+        state = wait_flow_run(stack, flow_run_id)
         wall = time.monotonic() - began
     finally:
         for proc in machines:
@@ -150,7 +180,7 @@ def test_each_lot_trains_its_lanes_on_its_own_machine(stack, tmp_path):
         "/flow_runs/filter",
         {"flow_runs": {"parent_flow_run_id": {"any_": [flow_run_id]}}},
     )
-    name = load_spec(spec).name
+    name = cs.name
     assert {r["name"] for r in subs} == {f"{name} lot 1", f"{name} lot 2"}, subs
     # Each run trained in the worker process of the machine the plan placed it on.
     rows = _train_rows(out)
@@ -172,10 +202,12 @@ def test_each_lot_trains_its_lanes_on_its_own_machine(stack, tmp_path):
     ends = [datetime.fromisoformat(r.end or "") for r in rows.values()]
     serial = sum((e - s).total_seconds() for s, e in zip(starts, ends, strict=True))
     span = (max(ends) - min(starts)).total_seconds()
-    print(f"training: {span:.1f} s on two machines, {serial:.1f} s of segments end to end")
+    print(
+        f"training: {span:.1f} s on two machines, {serial:.1f} s of segments end to end"
+        " (steps paced while the lanes start)"
+    )
     # Every run's final parameters are those of the same runs trained on one machine, in one
     # process (what `campaign run` of this spec with a local store trains, byte for byte).
-    cs = load_spec(spec)
     for run in cs.run_names():
         run_id = cs.resolve_run(run).run_id
         train(cs, spec.parent, name=run, out=str(tmp_path / "one-machine"))

@@ -100,11 +100,11 @@ def wait_flow_run(stack: dict[str, Any], flow_run_id: str) -> dict[str, Any]:
     return state
 
 
-def run_deployment(
+def start_deployment(
     stack: dict[str, Any], name: str, *, job_variables: dict[str, Any] | None = None, **params: Any
-) -> tuple[str, dict[str, Any]]:
-    """`prefect deployment run NAME --param k=json [--job-variable k=json]`, then wait for a
-    terminal state (``job_variables``: e.g. ``{"env": {...}}``, the flow run's environment)."""
+) -> str:
+    """`prefect deployment run NAME --param k=json [--job-variable k=json]`: the flow run's id,
+    without waiting for it (``job_variables``: e.g. ``{"env": {...}}``, its environment)."""
     args = ["prefect", "deployment", "run", name]
     for key, value in params.items():
         args += ["--param", f"{key}={json.dumps(value)}"]
@@ -114,7 +114,15 @@ def run_deployment(
     assert run.returncode == 0, run.stdout + run.stderr
     found = re.search(r"UUID: ([0-9a-f-]{36})", run.stdout)
     assert found, run.stdout
-    return found.group(1), wait_flow_run(stack, found.group(1))
+    return found.group(1)
+
+
+def run_deployment(
+    stack: dict[str, Any], name: str, *, job_variables: dict[str, Any] | None = None, **params: Any
+) -> tuple[str, dict[str, Any]]:
+    """`start_deployment`, then wait for the flow run's terminal state (or RUN_TIMEOUT_S)."""
+    flow_run_id = start_deployment(stack, name, job_variables=job_variables, **params)
+    return flow_run_id, wait_flow_run(stack, flow_run_id)
 
 
 def stack_s3_env(stack_dir: Path) -> dict[str, str]:
