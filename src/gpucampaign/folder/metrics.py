@@ -9,9 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from gpucampaign.core.files import jsonl_lines, read_jsonl, write_jsonl
 
@@ -20,6 +18,11 @@ from gpucampaign.core.files import jsonl_lines, read_jsonl, write_jsonl
 # without the encoder's work per key; any other row, or a value of another kind, goes to it.
 TRAIN_FIELDS = frozenset(("kind", "step", "epoch", "lr", "step_s", "samples_per_s", "loss"))
 _INF = float("inf")
+
+if TYPE_CHECKING:  # torch is imported where values are fetched: the CLI's readers of a
+    # folder (`--help`, `status`, `verify`) do not pay its import (about 1.3 s a process)
+    import torch
+
 _repr = float.__repr__
 
 
@@ -138,6 +141,8 @@ class MetricsLog:
         rows, self._waiting = self._waiting, []
         self.full = False
         if self._values:
+            import torch  # already loaded by whoever deferred a tensor
+
             slots, values = self._slots, self._values
             self._slots, self._values = [], []
             # Each row its own dict, given to defer: filled in place, in the order given.
