@@ -169,10 +169,16 @@ def run_on_machines(
     if failed:
         said = "; ".join(f"{m.name}: flow run '{r.name}' {_state_name(r)}" for m, r in failed)
         left = lanes.unfinished(runs_placed)
+        now = clock.now()
+        fix = (
+            "start each one's worker (`campaign worker --lot K`) and run the campaign again"
+            if any(lot_has_time(cs, number=m.number, now=now) for m in machines)
+            else "no machine of the campaign has time left in its lot: run the campaign again "
+            "on a lot that is open (packages[].starts_at)"
+        )
         raise RuntimeError(
             f"machines did not finish their lanes ({said}; runs left: {', '.join(left) or 'none'}"
-            "): start each one's worker (`campaign worker --lot K`) and run the campaign again; "
-            "it resumes from the store"
+            f"): {fix}; it resumes from the store"
         )
     return _run_stops(cs, folder=folder, runs=runs_placed)
 
