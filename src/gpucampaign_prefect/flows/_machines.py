@@ -167,18 +167,8 @@ def run_on_machines(
     lanes = Lanes(cs=cs, folder=folder, store=store, chains=chains, start=start)
     failed = lanes.hand_over_lost(list(zip(machines, runs, strict=True)), logger=logger)
     if failed:
-        said = "; ".join(f"{m.name}: flow run '{r.name}' {_state_name(r)}" for m, r in failed)
-        left = lanes.unfinished(runs_placed)
-        now = clock.now()
-        fix = (
-            "start each one's worker (`campaign worker --lot K`) and run the campaign again"
-            if any(lot_has_time(cs, number=m.number, now=now) for m in machines)
-            else "no machine of the campaign has time left in its lot: run the campaign again "
-            "on a lot that is open (packages[].starts_at)"
-        )
-        raise RuntimeError(
-            f"machines did not finish their lanes ({said}; runs left: {', '.join(left) or 'none'}"
-            f"): {fix}; it resumes from the store"
+        raise _not_finished(
+            cs, failed=failed, left=lanes.unfinished(runs_placed), machines=machines
         )
     return _run_stops(cs, folder=folder, runs=runs_placed)
 
@@ -282,6 +272,28 @@ class Lanes:
                 f"{ended[-1].checkpoint_step}, saved; flow run '{run.name}' {_state_name(run)})"
             )
         return f"{machine.name} was lost (flow run '{run.name}' {_state_name(run)})"
+
+
+def _not_finished(
+    cs: CampaignSpec,
+    *,
+    failed: list[tuple[Machine, FlowRun]],
+    left: list[str],
+    machines: list[Machine],
+) -> RuntimeError:
+    """The error of machines that did not finish their lanes: which, the runs left, the fix."""
+    said = "; ".join(f"{m.name}: flow run '{r.name}' {_state_name(r)}" for m, r in failed)
+    now = clock.now()
+    fix = (
+        "start each one's worker (`campaign worker --lot K`) and run the campaign again"
+        if any(lot_has_time(cs, number=m.number, now=now) for m in machines)
+        else "no machine of the campaign has time left in its lot: run the campaign again "
+        "on a lot that is open (packages[].starts_at)"
+    )
+    return RuntimeError(
+        f"machines did not finish their lanes ({said}; runs left: {', '.join(left) or 'none'}): "
+        f"{fix}; it resumes from the store"
+    )
 
 
 def _of_runs(runs: list[str]) -> Callable[[TimelineRow], bool]:
