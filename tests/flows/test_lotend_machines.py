@@ -6,6 +6,12 @@ worker's process would read it) jumps past lot 2's end once lot 2's first run ha
 checkpoint past its pilot: that run stops at its lot's end with its step saved, the run queued
 behind it on lot 2 is not started, and both train on lot 1 after lot 1's own lane, the first
 resumed from its checkpoint, to the same parameters as a run never interrupted.
+
+What stands in for the stack: the machines' workers are this process, one lane at a time
+(``GPUCAMPAIGN_LOT`` is the process's), dispatched by ``run_on_machines``'s ``dispatch`` seam
+instead of ``run_deployment``; the ``s3://`` bucket is one local store that every folder's
+``storage.url: local`` opens (the campaign folder's ``checkpoints``). The e2e twin with real
+workers and a SIGKILL is tests/e2e/test_lanes_on_machines.py.
 """
 
 from __future__ import annotations
