@@ -221,10 +221,14 @@ def test_dated_lots_follow_one_another_and_never_run_as_machines_side_by_side(
     dated = _dated(two)
     assert len(calendar.plan(dated).machines) == 2
     assert not on_machines(dated, plan=calendar.plan(dated))
-    # Dated lots open side by side now are machines side by side, each with its own end.
+    # Dated lots rented side by side (one start, open now) are machines side by side, each
+    # with its own end; a lot that opens later, even before the first ends, follows it (the
+    # e2e test_lotend_s3's lots).
     opened = datetime.now(UTC) - timedelta(hours=1)
     side = _dated(two, starts=[opened, opened])
     assert on_machines(side, plan=calendar.plan(side))
+    later = _dated(two, starts=[opened - timedelta(days=2), opened])
+    assert not on_machines(later, plan=calendar.plan(later))
 
 
 class _LosingMachines(_Machines):

@@ -52,14 +52,16 @@ Dispatch = Callable[..., FlowRun]
 def on_machines(cs: CampaignSpec, *, plan: Plan) -> bool:
     """Whether each machine's lanes run on that machine: several machines, an ``s3://`` store
     (the one folder every machine writes to) and this flow run a deployment's on a server.
-    Dated lots (``starts_at``) count only when every one is open now: side by side, each
-    machine's lot ends on its own and hands the rest of its lane to one with time left."""
-    now = clock.now()
-    if any(not lot.is_open(now) for lot in dated_lots(cs)):
-        # Dated lots that follow one another: the lot-end hand-over moves the campaign from
-        # one to the next (``flows/_lots.py``); the plan still lays their lanes side by side,
-        # so sending a later lot its lane now would wait for a machine not yet rented (the
-        # fresh-clone CI's test_lotend_s3 failed so).
+    Dated lots (``starts_at``) count only when they were rented side by side: all from the
+    same moment, and open now; each machine's lot then ends on its own and hands the rest of
+    its lane to one with time left."""
+    lots, now = dated_lots(cs), clock.now()
+    if len({lot.starts_at for lot in lots}) > 1 or any(not lot.is_open(now) for lot in lots):
+        # Dated lots that follow one another (or not yet open): the lot-end hand-over moves
+        # the campaign from one to the next (``flows/_lots.py``); the plan still lays their
+        # lanes side by side, so sending a later lot its lane now would wait for a machine
+        # not yet rented, or one meant to take over (the fresh-clone CI's test_lotend_s3
+        # failed so: its lot 2 opens before lot 1 ends).
         return False
     return len(plan.machines) >= 2 and is_s3(cs.storage.url) and from_deployment()
 
