@@ -17,6 +17,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.states import Completed, Crashed
 
 from gpucampaign.config import load_spec
+from gpucampaign.core.clock import DrivenClock, use_clock
 from gpucampaign.folder.layout import OutputFolder
 from gpucampaign.folder.records import read_timeline
 from gpucampaign.folder.segments import interruptions
@@ -195,13 +196,12 @@ def test_a_deployments_run_of_two_lots_with_a_local_store_is_refused_writing_not
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-def _dated(cs: Any) -> Any:
-    """``cs`` with its two lots dated, one after the other (the lot-end hand-over's)."""
+def _dated(cs: Any, *, starts: list[datetime] | None = None) -> Any:
+    """``cs`` with its two lots dated: ``starts``, by default one after the other (the lot-end
+    hand-over's)."""
     first = datetime(2026, 12, 1, tzinfo=UTC)
-    lots = [
-        cs.packages[0].model_copy(update={"count": 1, "starts_at": first + timedelta(days=d)})
-        for d in (0, 3)
-    ]
+    starts = starts or [first, first + timedelta(days=3)]
+    lots = [cs.packages[0].model_copy(update={"count": 1, "starts_at": at}) for at in starts]
     s3 = cs.storage.model_copy(update={"url": "s3://b/c"})
     return type(cs).model_validate({**cs.model_dump(), "packages": lots, "storage": s3})
 
@@ -221,6 +221,14 @@ def test_dated_lots_follow_one_another_and_never_run_as_machines_side_by_side(
     dated = _dated(two)
     assert len(calendar.plan(dated).machines) == 2
     assert not on_machines(dated, plan=calendar.plan(dated))
+    # Dated lots rented side by side (one start, open now) are machines side by side, each
+    # with its own end; a lot that opens later, even before the first ends, follows it (the
+    # e2e test_lotend_s3's lots).
+    opened = datetime.now(UTC) - timedelta(hours=1)
+    side = _dated(two, starts=[opened, opened])
+    assert on_machines(side, plan=calendar.plan(side))
+    later = _dated(two, starts=[opened - timedelta(days=2), opened])
+    assert not on_machines(later, plan=calendar.plan(later))
 
 
 class _LosingMachines(_Machines):
@@ -264,8 +272,10 @@ class _LosingMachines(_Machines):
         publish_lane(local, store=LocalStore(self.bucket), lot=lot, run_ids=[])
 
 
-def _lose(tmp_path: Path, *, lost: set[int]) -> tuple[Any, OutputFolder, _LosingMachines, Any]:
-    cs = load_spec(EXAMPLES / "two-lots.yaml")
+def _lose(
+    tmp_path: Path, *, lost: set[int], cs: Any = None
+) -> tuple[Any, OutputFolder, _LosingMachines, Any]:
+    cs = cs or load_spec(EXAMPLES / "two-lots.yaml")
     folder = OutputFolder(tmp_path / "out")
     folder.root.mkdir()
     machines = _LosingMachines(cs, bucket=folder.root / "checkpoints", lost=lost)
@@ -307,3 +317,20 @@ def test_with_no_other_machine_the_runs_left_are_said(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"runs left: control, decay, dropout\).*--lot K"):
         run()
     assert len(machines.calls) == 2  # nothing handed over: no machine finished its lane
+
+
+def test_a_lost_machines_runs_never_go_to_a_machine_whose_lot_has_ended_too(tmp_path: Path) -> None:
+    """Lot 2 lost its lane while lot 1's lot is inside its least margin (5 s left): lot 1
+    would refuse to start them (``refuse_start``), so nothing is handed over and the runs left
+    are said."""
+    opened = datetime(2026, 12, 1, tzinfo=UTC)
+    two = load_spec(EXAMPLES / "two-lots.yaml")
+    cs = _dated(two, starts=[opened, opened]).model_copy(update={"storage": two.storage})
+    _, _, machines, run = _lose(tmp_path, lost={2}, cs=cs)
+    near_end = opened + timedelta(days=3) - timedelta(seconds=5)
+    with (
+        use_clock(DrivenClock(near_end)),
+        pytest.raises(RuntimeError, match=r"runs left: dropout\): no machine .* time left"),
+    ):
+        run()
+    assert sorted(c["parameters"]["lot"] for c in machines.calls) == [1, 2]  # no hand-over

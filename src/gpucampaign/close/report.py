@@ -341,12 +341,17 @@ def _interruptions_md(fva: Mapping[str, Any]) -> list[str]:
         "|---|---|---|---|---:|---:|---:|---:|---|---|",
     ]
     for c in [*cut, *ends]:
+        # A run that went on on another lot's machine names both lots (the hand-over).
+        moved = c.get("resumed_lot") is not None and c.get("lot") not in (None, c["resumed_lot"])
+        machine, resumed = c.get("host") or "?", c.get("resumed_host") or "not resumed"
+        if moved:
+            machine, resumed = f"lot {c['lot']} ({machine})", f"lot {c['resumed_lot']} ({resumed})"
         out.append(
-            f"| {c['phase']} | {_cell(c.get('run') or '')} | {_cell(c.get('host') or '?')} | "
+            f"| {c['phase']} | {_cell(c.get('run') or '')} | {_cell(machine)} | "
             f"{c.get('end') or ''} | {_cell(c.get('checkpoint_step') or '')} | "
             f"{_cell(c.get('lost_steps') or 0)} | {_secs(c.get('lost_seconds'))} | "
             f"{_secs(c.get('until_resumed_seconds'))} | "
-            f"{_cell(c.get('resumed_host') or 'not resumed')} | {_cell(c.get('outcome') or '')} |"
+            f"{_cell(resumed)} | {_cell(c.get('outcome') or '')} |"
         )
     out.append("")
     return out

@@ -25,7 +25,14 @@ from gpucampaign.core import clock
 from gpucampaign.core.files import median
 from gpucampaign.core.interrupt import Interrupted
 from gpucampaign.engine.hooks import Ending, Hook, HookArgs, RunView, StopRequest
-from gpucampaign.plan.lots import Lot, ended_lot, lot_margin_s, machine_lot, unmeasured_save_s
+from gpucampaign.plan.lots import (
+    Lot,
+    ended_lot,
+    least_margin_s,
+    lot_margin_s,
+    machine_lot,
+    unmeasured_save_s,
+)
 from gpucampaign.plan.rental import iso
 from gpucampaign.storage import SpoolingStore
 
@@ -88,13 +95,7 @@ def refuse_start(spec: CampaignSpec, *, what: str) -> None:
     """
     now, ended = _now(), frozenset(_ENDED)
     lot = machine_lot(spec, now=now, env=os.environ, ended=ended)
-    least = lot_margin_s(
-        step_s=None,
-        save_s=0.0,
-        retrieve_s=0.0,
-        mirror_s=None,
-        extra_minutes=spec.checkpoint.lot_end_margin_minutes,
-    )
+    least = least_margin_s(spec)
     if lot is not None and (lot.ends_at - now).total_seconds() > least:
         return
     lot = lot or ended_lot(spec, now=now, env=os.environ, ended=ended)

@@ -299,6 +299,7 @@ def _loss(rows: list[TimelineRow], i: int) -> dict[str, Any]:
         "phase": r.phase,
         "run": r.run,
         "host": r.host,
+        "lot": r.lot,
         "start": r.start,
         "end": r.end,
         "outcome": r.outcome,
@@ -307,6 +308,7 @@ def _loss(rows: list[TimelineRow], i: int) -> dict[str, Any]:
         "lost_seconds": r.lost_seconds,
         "resumed_at": nxt.start if nxt is not None else None,
         "resumed_host": nxt.host if nxt is not None else None,
+        "resumed_lot": nxt.lot if nxt is not None else None,
         "until_resumed_seconds": until,
         "relaunched": bool(nxt is not None and r.host and nxt.host and nxt.host != r.host),
     }
@@ -323,8 +325,9 @@ def interruptions(timeline: Iterable[TimelineRow]) -> dict[str, Any]:
     Returns:
         ``{segments: [...], lot_ends: [...], resumes: {run: n}, inference_restarts: {run: n},
         relaunches, lost_steps, lost_hours, down_hours}``: each segment says its machine
-        (``host``), when it was cut, the steps lost since its last checkpoint and the time until
-        its run resumed (``until_resumed_seconds``, on ``resumed_host``); a relaunch is a resume
+        (``host``, and its ``lot``), when it was cut, the steps lost since its last checkpoint
+        and the time until its run resumed (``until_resumed_seconds``, on ``resumed_host`` of
+        ``resumed_lot``); a relaunch is a resume
         on another machine; ``down_hours`` adds those times up. A resume is a segment of a run's
         training that follows an interrupted one; an inference restart is such a segment that
         trained nothing and kept the last good model instead (``resume: inference``).

@@ -233,3 +233,24 @@ def lot_margin_s(
     retrieve = save_s if retrieve_s is None else retrieve_s
     measured = (step_s or 0.0) + save_s + retrieve + (mirror_s or 0.0)
     return SAFETY * max(measured, FLOOR_S) + 60.0 * extra_minutes
+
+
+def least_margin_s(spec: CampaignSpec) -> float:
+    """The least margin a run keeps before its lot's end: nothing measured yet (the floor, the
+    factor) plus the spec's ``checkpoint.lot_end_margin_minutes``."""
+    return lot_margin_s(
+        step_s=None,
+        save_s=0.0,
+        retrieve_s=0.0,
+        mirror_s=None,
+        extra_minutes=spec.checkpoint.lot_end_margin_minutes,
+    )
+
+
+def lot_has_time(spec: CampaignSpec, *, number: int, now: datetime) -> bool:
+    """Whether machine ``number``'s lot can start a run now: open, with more than the least
+    margin left (``least_margin_s``); a lot without ``starts_at`` has no end."""
+    lot = next((lot for lot in dated_lots(spec) if lot.number == number), None)
+    if lot is None:
+        return True
+    return lot.is_open(now) and (lot.ends_at - now).total_seconds() > least_margin_s(spec)

@@ -27,14 +27,15 @@ from prefect.deployments import run_deployment
 from prefect.exceptions import MissingContextError
 
 from gpucampaign.config import CampaignSpec
+from gpucampaign.core import clock
 from gpucampaign.core.stoprules import STOP_RULES, StopRule
 from gpucampaign.core.storageurl import is_s3
 from gpucampaign.folder.layout import RESULT_FILE, OutputFolder
-from gpucampaign.folder.records import TimelineRow, read_stops
-from gpucampaign.folder.segments import Timeline, close_cut_segments
+from gpucampaign.folder.records import TimelineRow, read_stops, read_timeline
+from gpucampaign.folder.segments import Timeline, close_cut_segments, lot_ended
 from gpucampaign.plan.calendar import Plan
 from gpucampaign.plan.lanes import machine_chains
-from gpucampaign.plan.lots import dated_lots
+from gpucampaign.plan.lots import dated_lots, lot_has_time
 from gpucampaign.plan.machines import Machine
 from gpucampaign.storage import open_store
 from gpucampaign.storage.lanefiles import collect_lanes, publish_start
@@ -50,12 +51,17 @@ Dispatch = Callable[..., FlowRun]
 
 def on_machines(cs: CampaignSpec, *, plan: Plan) -> bool:
     """Whether each machine's lanes run on that machine: several machines, an ``s3://`` store
-    (the one folder every machine writes to) and this flow run a deployment's on a server."""
-    if dated_lots(cs):
-        # Dated lots follow one another (``starts_at``): the lot-end hand-over moves the
-        # campaign from one to the next (``flows/_lots.py``); the plan still lays their lanes
-        # side by side, so sending a later lot its lane now would wait for a machine not yet
-        # rented (the fresh-clone CI's test_lotend_s3 failed so).
+    (the one folder every machine writes to) and this flow run a deployment's on a server.
+    Dated lots (``starts_at``) count only when they were rented side by side: all from the
+    same moment, and open now; each machine's lot then ends on its own and hands the rest of
+    its lane to one with time left."""
+    lots, now = dated_lots(cs), clock.now()
+    if len({lot.starts_at for lot in lots}) > 1 or any(not lot.is_open(now) for lot in lots):
+        # Dated lots that follow one another (or not yet open): the lot-end hand-over moves
+        # the campaign from one to the next (``flows/_lots.py``); the plan still lays their
+        # lanes side by side, so sending a later lot its lane now would wait for a machine
+        # not yet rented, or one meant to take over (the fresh-clone CI's test_lotend_s3
+        # failed so: its lot 2 opens before lot 1 ends).
         return False
     return len(plan.machines) >= 2 and is_s3(cs.storage.url) and from_deployment()
 
@@ -163,12 +169,8 @@ def run_on_machines(
     lanes = Lanes(cs=cs, folder=folder, store=store, chains=chains, start=start)
     failed = lanes.hand_over_lost(list(zip(machines, runs, strict=True)), logger=logger)
     if failed:
-        said = "; ".join(f"{m.name}: flow run '{r.name}' {_state_name(r)}" for m, r in failed)
-        left = lanes.unfinished(runs_placed)
-        raise RuntimeError(
-            f"machines did not finish their lanes ({said}; runs left: {', '.join(left) or 'none'}"
-            "): start each one's worker (`campaign worker --lot K`) and run the campaign again; "
-            "it resumes from the store"
+        raise _not_finished(
+            cs, failed=failed, left=lanes.unfinished(runs_placed), machines=machines
         )
     return _run_stops(cs, folder=folder, runs=runs_placed)
 
@@ -197,16 +199,19 @@ class Lanes:
         self, ended: list[tuple[Machine, FlowRun]], *, logger: Any
     ) -> list[tuple[Machine, FlowRun]]:
         """Send the unfinished runs of each machine whose lane did not complete (its worker
-        died, its lot ended) to a machine whose lane did, after that machine's own lane: a
-        second sub-run on its queue, each run resuming from its last checkpoint in the store.
-        The lost machine's open segments are closed as interrupted in the campaign's timeline
-        first (the loss on the ledger, with its host), the new machine's rows follow them.
+        died, its lot ended) to a machine whose lane did and whose lot has time left, after
+        that machine's own lane: a second sub-run on its queue, each run resuming from its last
+        checkpoint in the store, in its folder as the campaign's holds it. The lost machine's
+        open segments are closed as interrupted in the campaign's timeline first (the loss on
+        the ledger, with its machine; a run its lot's end stopped closed its segment as
+        ``lot ended``, saved), the new machine's rows follow them.
 
         Returns:
             The machines' sub-runs that still did not complete: a lost machine with no other
-            machine to take its runs, or a hand-over that did not complete either.
+            machine (with time left in its lot) to take its runs, or a hand-over that did not
+            complete either.
         """
-        hosts = [m for m, r in ended if _completed(r)]
+        done = [m for m, r in ended if _completed(r)]
         failed: list[tuple[Machine, FlowRun]] = []
         for i, (machine, run) in enumerate((m, r) for m, r in ended if not _completed(r)):
             left = self.unfinished([r for c in self.chains[machine.number] for r in c])
@@ -218,7 +223,18 @@ class Lanes:
                     _state_name(run),
                 )
                 continue
+            why = self._why(machine, run)
+            # Only a machine whose own lot has time left starts them (``refuse_start`` would
+            # refuse them on one whose lot has ended too).
+            now = clock.now()
+            hosts = [m for m in done if lot_has_time(self.cs, number=m.number, now=now)]
             if not hosts:
+                if done:
+                    logger.warning(
+                        "%s: %s left, and no other machine has time left in its lot",
+                        why,
+                        ", ".join(left),
+                    )
                 failed.append((machine, run))
                 continue
             target = hosts[i % len(hosts)]
@@ -228,20 +244,58 @@ class Lanes:
                 only=_of_runs(left),
             )
             logger.warning(
-                "%s was lost (flow run '%s' %s): %s go on on %s after its own lane, each from "
-                "its last checkpoint in the store (%d segment(s) cut, on the ledger)",
-                machine.name,
-                run.name,
-                _state_name(run),
+                "%s: %s go on on %s after its own lane, each from its last checkpoint in the "
+                "store (%d segment(s) cut, on the ledger)",
+                why,
                 ", ".join(left),
                 target.name,
                 len(cut),
             )
+            # The target starts each run's folder from the campaign's copy, which now holds
+            # what the lost machine trained of it (its metrics up to the cut, its lot's end):
+            # the run goes on in that folder, as on one machine.
+            ids = [self.cs.resolve_run(r).run_id for r in left]
+            publish_start(self.folder.root, store=self.store, run_ids=ids)
             handed = self.start(target, [left], machine)
             collect_lanes(self.folder.root, store=self.store, lots=[target.number])
             if not _completed(handed):
                 failed.append((target, handed))
         return failed
+
+    def _why(self, machine: Machine, run: FlowRun) -> str:
+        """Why ``machine`` left its lane: its lot ended (a ``lot ended`` segment of it on the
+        timeline), or it was lost (its worker died)."""
+        ended = [
+            r for r in read_timeline(self.folder.root) if r.lot == machine.number and lot_ended(r)
+        ]
+        if ended:
+            return (
+                f"{machine.name} ended (its lot's end stopped {ended[-1].run} at step "
+                f"{ended[-1].checkpoint_step}, saved; flow run '{run.name}' {_state_name(run)})"
+            )
+        return f"{machine.name} was lost (flow run '{run.name}' {_state_name(run)})"
+
+
+def _not_finished(
+    cs: CampaignSpec,
+    *,
+    failed: list[tuple[Machine, FlowRun]],
+    left: list[str],
+    machines: list[Machine],
+) -> RuntimeError:
+    """The error of machines that did not finish their lanes: which, the runs left, the fix."""
+    said = "; ".join(f"{m.name}: flow run '{r.name}' {_state_name(r)}" for m, r in failed)
+    now = clock.now()
+    fix = (
+        "start each one's worker (`campaign worker --lot K`) and run the campaign again"
+        if any(lot_has_time(cs, number=m.number, now=now) for m in machines)
+        else "no machine of the campaign has time left in its lot: run the campaign again "
+        "on a lot that is open (packages[].starts_at)"
+    )
+    return RuntimeError(
+        f"machines did not finish their lanes ({said}; runs left: {', '.join(left) or 'none'}): "
+        f"{fix}; it resumes from the store"
+    )
 
 
 def _of_runs(runs: list[str]) -> Callable[[TimelineRow], bool]:
