@@ -38,9 +38,9 @@ from gpucampaign.plan.lanes import machine_chains
 from gpucampaign.plan.lots import LOT_ENV
 from gpucampaign.storage import LocalStore
 from gpucampaign.storage import open as store_open
-from gpucampaign_prefect.flows._machines import run_on_machines
+from gpucampaign_prefect.flows._machines import LanesLeft, run_on_machines
 from gpucampaign_prefect.flows.lane import lane
-from tests.flows.test_campaign import jsonl, tiny_campaign
+from tests.flows.test_campaign import jsonl, run_flow, tiny_campaign
 from tests.helpers.engine import run as train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -176,3 +176,36 @@ def test_a_lot_that_ends_mid_lane_hands_the_rest_of_its_lane_to_the_other_machin
     train(cs, spec_path.parent, name=CUT_RUN, out="one-machine")
     model = Path("runs", cut_id, "model", "model.safetensors")
     assert (out / model).read_bytes() == (spec_path.parent / "one-machine" / model).read_bytes()
+
+
+def test_with_no_machine_left_the_campaign_closes_with_what_is_done_and_resumes(
+    prefect_harness, tmp_path, monkeypatch
+):
+    """A machine's lane left unfinished and no machine with time left to take its runs
+    (``run_on_machines`` raises ``LanesLeft``, as ``test_machines.py`` shows it does): the
+    campaign flow closes with what is done (report, manifest), ends Cancelled saying the runs
+    left, why and the fix, and stays resumable: the same campaign run again trains what is
+    left and completes."""
+    from gpucampaign_prefect.flows import campaign as flow
+
+    spec = tiny_campaign(tmp_path, stop_rules={"futility": False})
+    out = tmp_path / "out"
+    said = (
+        "machines did not finish their lanes (lot 2: flow run 'x lot 2' Crashed; runs left: "
+        "lr-high): start each one's worker (`campaign worker --lot K`) and run the campaign "
+        "again; it resumes from the store"
+    )
+
+    def no_machine_left(cs: Any, **_: Any) -> dict[str, Any]:
+        raise LanesLeft(said, left=["lr-high"])
+
+    with monkeypatch.context() as patched:
+        patched.setattr(flow, "on_machines", lambda cs, *, plan: True)
+        patched.setattr(flow, "run_on_machines", no_machine_left)
+        state = run_flow(spec, out)
+    assert state.is_cancelled(), state.message
+    assert state.message == f"the campaign closed with what is done: {said}"
+    assert (out / "report.md").is_file() and (out / "manifest.json").is_file()
+    again = run_flow(spec, out)
+    assert again.is_completed(), again.message
+    assert set(again.result()["runs"].values()) == {"completed"}

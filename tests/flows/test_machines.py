@@ -32,7 +32,7 @@ from gpucampaign.storage.lanefiles import (
     publish_start,
     seed_lane,
 )
-from gpucampaign_prefect.flows._machines import on_machines, run_on_machines
+from gpucampaign_prefect.flows._machines import LanesLeft, on_machines, run_on_machines
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -314,7 +314,7 @@ def test_a_lost_machines_runs_go_on_on_the_other_machine_after_its_lane(tmp_path
 
 def test_with_no_other_machine_the_runs_left_are_said(tmp_path: Path) -> None:
     _, _, machines, run = _lose(tmp_path, lost={1, 2})
-    with pytest.raises(RuntimeError, match=r"runs left: control, decay, dropout\).*--lot K"):
+    with pytest.raises(LanesLeft, match=r"runs left: control, decay, dropout\).*--lot K"):
         run()
     assert len(machines.calls) == 2  # nothing handed over: no machine finished its lane
 
@@ -330,7 +330,7 @@ def test_a_lost_machines_runs_never_go_to_a_machine_whose_lot_has_ended_too(tmp_
     near_end = opened + timedelta(days=3) - timedelta(seconds=5)
     with (
         use_clock(DrivenClock(near_end)),
-        pytest.raises(RuntimeError, match=r"runs left: dropout\): no machine .* time left"),
+        pytest.raises(LanesLeft, match=r"runs left: dropout\): no machine .* time left"),
     ):
         run()
     assert sorted(c["parameters"]["lot"] for c in machines.calls) == [1, 2]  # no hand-over

@@ -114,8 +114,9 @@ def run_on_machines(
         The stop that ended each run, as the machines recorded it.
 
     Raises:
-        RuntimeError: A machine's flow run did not complete and no other machine finished
-            its runs: which, its state, the runs left and what to do.
+        LanesLeft: A machine's flow run did not complete and no other machine finished its
+            runs: which, its state, the runs left and what to do (the campaign closes with
+            what is done, resumable).
 
     A machine whose sub-run ends other than Completed (its worker killed: Crashed; its lot
     ended) hands its unfinished runs to a machine that completed its own (``Lanes``).
@@ -276,14 +277,24 @@ class Lanes:
         return f"{machine.name} was lost (flow run '{run.name}' {_state_name(run)})"
 
 
+class LanesLeft(RuntimeError):
+    """Machines did not finish their lanes and no machine (with time left in its lot) took
+    their runs: the campaign closes with what is done, resumable, and says what is left and
+    why (the message), as the lot-end path does on one machine."""
+
+    def __init__(self, message: str, *, left: list[str]) -> None:
+        super().__init__(message)
+        self.left = left
+
+
 def _not_finished(
     cs: CampaignSpec,
     *,
     failed: list[tuple[Machine, FlowRun]],
     left: list[str],
     machines: list[Machine],
-) -> RuntimeError:
-    """The error of machines that did not finish their lanes: which, the runs left, the fix."""
+) -> LanesLeft:
+    """Machines that did not finish their lanes: which, the runs left, the fix."""
     said = "; ".join(f"{m.name}: flow run '{r.name}' {_state_name(r)}" for m, r in failed)
     now = clock.now()
     fix = (
@@ -292,9 +303,10 @@ def _not_finished(
         else "no machine of the campaign has time left in its lot: run the campaign again "
         "on a lot that is open (packages[].starts_at)"
     )
-    return RuntimeError(
+    return LanesLeft(
         f"machines did not finish their lanes ({said}; runs left: {', '.join(left) or 'none'}): "
-        f"{fix}; it resumes from the store"
+        f"{fix}; it resumes from the store",
+        left=left,
     )
 
 

@@ -48,7 +48,12 @@ from gpucampaign.preflight.stale import fence_sealed_store
 from gpucampaign.storage.mirror import Fence
 from gpucampaign.verify.sealed import recheck_sealed
 from gpucampaign_prefect.flows._lots import after_lot_end, closed_at_lot_end, relaunch_refused
-from gpucampaign_prefect.flows._machines import from_deployment, on_machines, run_on_machines
+from gpucampaign_prefect.flows._machines import (
+    LanesLeft,
+    from_deployment,
+    on_machines,
+    run_on_machines,
+)
 from gpucampaign_prefect.flows._naming import (
     CAMPAIGN_TAG,
     campaign_run_name,
@@ -331,7 +336,7 @@ def _campaign(
     analyses: dict[str, dict[str, Any]] = {}
     common = {"base_dir": str(base), "out": str(folder.root)}
     essential_stop = _stop_of(data_audit.submit(cs, **common))
-    lot_end: LotEnded | None = None
+    early: LotEnded | LanesLeft | None = None  # closed with what is done, resumable
     while essential_stop is None:
         try:
             decision, essential_stop, analyses = _experiments(
@@ -346,8 +351,11 @@ def _campaign(
             break
         except LotEnded as exc:  # every run saved; on a later open lot the campaign goes on
             if not after_lot_end(cs, exc, campaign_id=campaign_id, out=common["out"]):
-                lot_end = exc
+                early = exc
                 break
+        except LanesLeft as exc:  # a machine's lane unfinished, no machine left to take it
+            early = exc
+            break
     closed = close_campaign(
         cs, campaign_id=campaign_id, catalog=catalog, analyses=analyses, **common
     )
@@ -369,12 +377,26 @@ def _campaign(
         "mirrored": mirrored,
         "essential_stop": essential_stop.to_record() if essential_stop else None,
     }
-    if lot_end is not None:  # closed with what it has, resumable
-        message = closed_at_lot_end(cs, lot_end, campaign_id=campaign_id, out=summary["out"])
-        return CampaignEnd(summary={**summary, "lot_ended": message}, cancelled=message)
+    if early is not None:
+        return _closed_resumable(cs, early, campaign_id=campaign_id, summary=summary)
     return _closed(
         cs, campaign_id=campaign_id, summary=summary, verdict=closed["verdict"], stop=essential_stop
     )
+
+
+def _closed_resumable(
+    cs: CampaignSpec, early: LotEnded | LanesLeft, *, campaign_id: str, summary: CampaignSummary
+) -> CampaignEnd:
+    """The flow's end when a lot ended under it, or machines left their lanes unfinished with
+    no machine to take their runs: closed with what is done, Cancelled and resumable; what is
+    left, why and where it goes on, in the log and notified."""
+    if isinstance(early, LotEnded):
+        message = closed_at_lot_end(cs, early, campaign_id=campaign_id, out=summary["out"])
+    else:
+        message = f"the campaign closed with what is done: {early}"
+        get_run_logger().warning(message)
+        notify.lot_ended(campaign=campaign_id, name=cs.name, message=message, out=summary["out"])
+    return CampaignEnd(summary={**summary, "lot_ended": message}, cancelled=message)
 
 
 def _closed(
