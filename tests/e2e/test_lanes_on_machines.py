@@ -299,9 +299,13 @@ def test_a_lost_machines_variant_finishes_on_the_other_after_its_lane(
     rows = [r for r in read_timeline(out) if r.phase == "train" and r.run == lost_run]
     cut = [r for r in rows if r.interrupted]
     assert [(r.lot, r.worker) for r in cut] == [(2, "machine-2")], rows
-    for run in lost_runs:  # each of lot 2's runs ended on lot 1
+    control_end = max(
+        r.end or "" for r in read_timeline(out) if r.phase == "train" and r.run == "control"
+    )
+    for run in lost_runs:  # each of lot 2's runs ended on lot 1, after lot 1's control
         last = [r for r in read_timeline(out) if r.phase == "train" and r.run == run][-1]
         assert (last.lot, last.worker, last.outcome) == (1, "machine-1", "ok"), last
+        assert datetime.fromisoformat(last.start) >= datetime.fromisoformat(control_end), last
     losses = interruptions(read_timeline(out))["segments"]
     assert [loss["run"] for loss in losses] == [lost_run] and losses[0]["resumed_at"]
     down = (datetime.fromisoformat(rows[-1].start) - killed_at).total_seconds()
