@@ -193,7 +193,8 @@ def test_campaign_completes_verifies_and_a_rerun_repeats_nothing(prefect_harness
         "figures/confusion.png",
     ):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
-    assert verify_output(out, reload=True).verified
+    # summary["verified"] above is the close's own verify_output(reload=True), anchored by the
+    # manifest's sha256: every model reloaded in a fresh process; not repeated here.
     assert json.loads((out / "restart.json").read_text())["identical"] is True
     report = (out / "report.md").read_text()
     assert summary["verdict"]["text"] in report

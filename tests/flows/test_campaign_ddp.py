@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from gpucampaign.verify.checks import verify_output
 from tests.flows.test_campaign import run_flow, timeline_rows, tiny_campaign
 from tests.helpers.userproject import write_regress_project
 
@@ -40,9 +39,10 @@ def test_a_campaign_with_a_two_process_control_completes_and_verifies(prefect_ha
     state = run_flow(spec, out)
     assert state.is_completed(), state.message
     summary = state.result()
+    # Verified by the close itself: the folder against its manifest (anchored by its sha256),
+    # every model reloaded in a fresh process (verify_output(reload=True) again would repeat it).
     assert summary["verified"] is True and summary["problems"] == []
     assert set(summary["runs"].values()) == {"completed"}
-    assert verify_output(out, reload=True).verified
     restart = json.loads((out / "restart.json").read_text())
     assert restart["identical"] is True and restart["run"] == "control"
     control = next(r for r in timeline_rows(out) if r["phase"] == "train" and r["run"] == "control")

@@ -68,20 +68,20 @@ def test_textlm_is_planned_and_run_to_a_verified_folder(prefect_harness, tmp_pat
     unanchored = verify_output(out)
     assert unanchored.verified and unanchored.reloaded_runs == []
     assert len(unanchored.skipped) >= len(with_model)
-    # Anchored by the sha256 the close printed: a run stopped by the quality floor kept the
-    # model it reached, and it reloads too.
+    # Anchored by the sha256 the close printed, in a fresh process that knows nothing of the
+    # spec's folder: the output folder alone resolves the recipe (its copy beside spec.yaml)
+    # and the run IDs, and every model reloads, a run stopped by the quality floor's too (the
+    # model it reached). One anchored verify: each reload is a process of its own.
     sha = summary["manifest_sha256"]
-    report = verify_output(out, expect=sha)
-    assert report.verified and sorted(report.reloaded_runs) == sorted(with_model)
-    # A fresh process knows nothing of the spec's folder: the output folder alone resolves
-    # the recipe (its copy beside spec.yaml) and the run IDs.
     again = subprocess.run(
-        [sys.executable, "-m", "gpucampaign.cli", "verify", str(out), "--expect", sha],
+        [sys.executable, "-m", "gpucampaign.cli", "verify", str(out), "--expect", sha, "--json"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
     )
     assert again.returncode == 0, again.stdout + again.stderr
+    report = json.loads(again.stdout)
+    assert report["verified"] and sorted(report["reloaded_runs"]) == sorted(with_model)
     assert (out / "textlm.py").read_bytes() == (tmp_path / "tl" / "textlm.py").read_bytes()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["corpus"]["sha256"] == data["corpus"]["sha256"]
