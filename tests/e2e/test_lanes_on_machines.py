@@ -239,6 +239,19 @@ def _latest_step(stack: dict[str, Any], run_id: str, *, prefix: str) -> int:
     return int(json.loads(body["Body"].read())["step"])
 
 
+def _shared_segment(stack: dict[str, Any], *, lot: int, run: str, prefix: str) -> bool:
+    """Whether machine ``lot``'s timeline in the bucket (copied at each of its saves) holds a
+    training segment of ``run``."""
+    try:
+        body = s3_client(stack).get_object(
+            Bucket=S3_BUCKET, Key=f"{prefix}/lanes/lot-{lot}/timeline.jsonl"
+        )
+    except Exception:  # noqa: BLE001 -- not copied yet (NoSuchKey)
+        return False
+    rows = [json.loads(line) for line in body["Body"].read().decode().splitlines() if line]
+    return any(r.get("phase") == "train" and r.get("run") == run for r in rows)
+
+
 def test_a_lost_machines_variant_finishes_on_the_other_after_its_lane(
     stack, tmp_path, short_dead_run_window
 ):
@@ -274,7 +287,11 @@ def test_a_lost_machines_variant_finishes_on_the_other_after_its_lane(
         flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)  # type: ignore[union-attr]
         give_up = time.monotonic() + RUN_TIMEOUT_S
         # Step 10 is its pilot's checkpoint (the campaign's flow, lot 1); 20, lot 2's first.
-        while _latest_step(stack, run_id, prefix=LOST_PREFIX) < 20:
+        # The kill waits for that save's copy of lot 2's timeline in the bucket too (written
+        # just after LATEST): a machine that dies between the two leaves no segment to cut.
+        while _latest_step(stack, run_id, prefix=LOST_PREFIX) < 20 or not _shared_segment(
+            stack, lot=2, run=lost_run, prefix=LOST_PREFIX
+        ):
             state = api(stack["api"], "GET", f"/flow_runs/{flow_run_id}")["state"] or {}
             assert state.get("type") not in TERMINAL and time.monotonic() < give_up, state
             time.sleep(0.05)
