@@ -197,7 +197,7 @@ def test_with_no_machine_left_the_campaign_closes_with_what_is_done_and_resumes(
     )
 
     def no_machine_left(cs: Any, **_: Any) -> dict[str, Any]:
-        raise LanesLeft(said, left=["lr-high"])
+        raise LanesLeft(said)
 
     with monkeypatch.context() as patched:
         patched.setattr(flow, "on_machines", lambda cs, *, plan: True)

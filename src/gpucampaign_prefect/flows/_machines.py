@@ -282,10 +282,6 @@ class LanesLeft(RuntimeError):
     their runs: the campaign closes with what is done, resumable, and says what is left and
     why (the message), as the lot-end path does on one machine."""
 
-    def __init__(self, message: str, *, left: list[str]) -> None:
-        super().__init__(message)
-        self.left = left
-
 
 def _not_finished(
     cs: CampaignSpec,
@@ -305,8 +301,7 @@ def _not_finished(
     )
     return LanesLeft(
         f"machines did not finish their lanes ({said}; runs left: {', '.join(left) or 'none'}): "
-        f"{fix}; it resumes from the store",
-        left=left,
+        f"{fix}; it resumes from the store"
     )
 
 
