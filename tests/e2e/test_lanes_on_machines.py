@@ -24,10 +24,12 @@ import pytest
 import yaml
 
 from gpucampaign.config import load_spec
+from gpucampaign.folder.layout import TIMELINE
 from gpucampaign.folder.records import read_timeline
 from gpucampaign.folder.segments import interruptions
 from gpucampaign.plan import calendar
 from gpucampaign.plan.lanes import machine_chains
+from gpucampaign.storage.lanefiles import lane_prefix
 from tests.faults.test_worker_killed_s3 import _gone, _sigkill_worker
 from tests.helpers import (
     ROOT,
@@ -244,7 +246,7 @@ def _shared_segment(stack: dict[str, Any], *, lot: int, run: str, prefix: str) -
     training segment of ``run``."""
     try:
         body = s3_client(stack).get_object(
-            Bucket=S3_BUCKET, Key=f"{prefix}/lanes/lot-{lot}/timeline.jsonl"
+            Bucket=S3_BUCKET, Key=f"{prefix}/{lane_prefix(lot)}/{TIMELINE}"
         )
     except Exception:  # noqa: BLE001 -- not copied yet (NoSuchKey)
         return False
