@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -271,10 +272,21 @@ def test_a_resume_with_another_number_of_processes_is_refused(
 @pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_non_finite_loss_stops_every_rank(tmp_path: Path, digits_file) -> None:  # noqa: F811
+def test_a_non_finite_loss_stops_every_rank_and_the_launch_leaves_no_folder(
+    tmp_path: Path,
+    digits_file,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     spec = write_campaign(tmp_path, digits_file, lr=1e30, optimizer="sgd", scheduler="none")
+    # The launch's temporary folders (its job file, torch's elastic agent's error files) go
+    # where tempfile puts them: here, to be seen. Left to itself, the agent made a
+    # /tmp/torchelastic_* folder at every launch and never removed it.
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     with pytest.raises(NonFiniteLoss):
         train(spec, tmp_path)
+    assert list(temp.iterdir()) == []
     run = folder(spec, tmp_path)
     # Both ranks stopped before the same step: the same finite losses, then nothing.
     losses = train_losses(run / "metrics.jsonl")

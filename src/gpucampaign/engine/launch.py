@@ -158,7 +158,7 @@ def _launch_in(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
-        start_ranks(_launch_config(run), job_file, sha256=sha256_bytes(data))
+        start_ranks(_launch_config(run, log_dir=work / "agent"), job_file, sha256=sha256_bytes(data))
     except SignalException as exc:
         signalled = exc.sigval.name
         request_stop(signalled)  # the campaign stops too, as it would on this signal
@@ -198,11 +198,14 @@ def _replaced(job_file: Path, data: bytes) -> bool:
         return True
 
 
-def _launch_config(run: ResolvedRun) -> LaunchConfig:
+def _launch_config(run: ResolvedRun, *, log_dir: Path) -> LaunchConfig:
     """The agent's ``LaunchConfig``: the run's processes on this node, a standalone rendezvous
-    on a free port (``torchrun --standalone``), no restart."""
+    on a free port (``torchrun --standalone``), no restart; the agent's folders (each rank's
+    ``error.json``) in ``log_dir``, inside the launch's private folder: left to itself, the
+    agent makes a ``/tmp/torchelastic_*`` folder at every launch and never removes it."""
     size = run.size
     assert size.nodes == 1, "this launcher starts the ranks of one machine"
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
     return LaunchConfig(
@@ -216,6 +219,7 @@ def _launch_config(run: ResolvedRun) -> LaunchConfig:
         monitor_interval=0.1,
         start_method="spawn",
         shutdown_timeout=int(DEFAULT_GRACE_S) + 10,
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
     )
 
 
