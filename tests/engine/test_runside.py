@@ -79,12 +79,13 @@ def test_a_stopped_run_is_refused_before_its_inputs_are_read(
     assert (stop.value.step, stop.value.stop_id) == (3, "s1")
 
 
-def test_a_remote_store_gets_the_timeline_at_each_heartbeat(
+def test_a_remote_store_gets_the_timeline_at_the_start_and_each_heartbeat(
     tmp_path: Path,
     digits_file: Any,  # noqa: F811
 ) -> None:
-    """With a store that is not the folder's own (S3), each heartbeat copies the timeline to
-    it, and the notes list the checkpoint files waiting in the folder's spool."""
+    """With a store that is not the folder's own (S3), the segment's start and each heartbeat
+    copy the timeline to it, and the notes list the checkpoint files waiting in the folder's
+    spool."""
     from gpucampaign.folder.segments import Timeline
     from gpucampaign.storage import LocalStore
 
@@ -114,10 +115,15 @@ def test_a_remote_store_gets_the_timeline_at_each_heartbeat(
         remote=True,
     )
     with side.segment(phase="train", step=None) as seg:
+        # The open segment is in the store before the first save: a machine lost before its
+        # first heartbeat leaves it where the campaign finds it and charges the loss.
+        assert [(key, data.count(b"\n")) for key, data in store.written] == [
+            ("timeline.jsonl", 1)
+        ]
         seg.saved({"step": 4})
         seg.saved({"step": 8})
     timeline = (out.root / "timeline.jsonl").read_bytes()
-    assert [key for key, _ in store.written] == ["timeline.jsonl", "timeline.jsonl"]
+    assert [key for key, _ in store.written] == ["timeline.jsonl"] * 3
     assert timeline.startswith(store.written[-1][1]) and store.written[-1][1].count(b"\n") == 3
     LocalStore(out.root / "spool").write_bytes(f"{run.run_id}/LATEST", data=b"{}")
     assert side.notes().spooled == [f"{run.run_id}/LATEST"]

@@ -158,7 +158,8 @@ def _launch_in(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
-        start_ranks(_launch_config(run, log_dir=work / "agent"), job_file, sha256=sha256_bytes(data))
+        config = _launch_config(run, log_dir=work / "agent")
+        start_ranks(config, job_file, sha256=sha256_bytes(data))
     except SignalException as exc:
         signalled = exc.sigval.name
         request_stop(signalled)  # the campaign stops too, as it would on this signal

@@ -151,6 +151,11 @@ class RunSide:
             share = (
                 (lambda: share_timeline(root, store=self.store, key=key)) if self.remote else None
             )
+            if share is not None:
+                # The open segment reaches the store before any save: a machine lost before
+                # its first heartbeat leaves its segment where the campaign finds it and
+                # charges the loss (else only the heartbeats' copies would hold it).
+                share()
             yield SegmentWriter(self.timeline, row, after_heartbeat=share)
 
     def notes(self) -> TrainingNotes:
