@@ -117,9 +117,7 @@ def test_a_remote_store_gets_the_timeline_at_the_start_and_each_heartbeat(
     with side.segment(phase="train", step=None) as seg:
         # The open segment is in the store before the first save: a machine lost before its
         # first heartbeat leaves it where the campaign finds it and charges the loss.
-        assert [(key, data.count(b"\n")) for key, data in store.written] == [
-            ("timeline.jsonl", 1)
-        ]
+        assert [(key, data.count(b"\n")) for key, data in store.written] == [("timeline.jsonl", 1)]
         seg.saved({"step": 4})
         seg.saved({"step": 8})
     timeline = (out.root / "timeline.jsonl").read_bytes()
