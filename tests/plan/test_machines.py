@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from gpucampaign.cli import app
 from gpucampaign.config import SpecError, load_spec
 from gpucampaign.plan import calendar
-from gpucampaign.plan.lots import LOT_ENV, dated_lots, ended_lot, machine_lot
+from gpucampaign.plan.lots import LOT_ENV, dated_lots, ended_lot, machine_lot, pin_lane_lot
 from gpucampaign.plan.machines import lane_machine, one_process_line
 from tests.plan.test_multi_gpu_plan import spec_file
 
@@ -131,6 +131,38 @@ def test_dated_lots_are_numbered_as_the_plans_machines(tmp_path: Path) -> None:
     assert third is not None and third.ends_at == datetime(2026, 3, 9, 9, 0, tzinfo=UTC)
     assert machine_lot(spec, now=now, env={LOT_ENV: "late"}, ended=frozenset()).number == 3
     assert machine_lot(spec, now=now, env={LOT_ENV: "2"}, ended=frozenset()).number == 2
+
+
+def test_a_lanes_process_is_pinned_to_its_lot_and_a_worker_of_another_lot_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A lane's flow run pins its process to the lane's lot when its worker set nothing (a
+    plain `prefect worker start` on lot 2's queue): before, it took the open lot that ends
+    first, lot 1, for its timeline rows and its deadline. A worker pinned to another lot is
+    refused, naming the fix; one pinned to the same lot (by number or order_ref) goes on."""
+    starts = "2026-03-02T09:00:00Z"
+    path = spec_file(
+        tmp_path,
+        [
+            {"gpu": "b200", "days": 3, "price_usd": 900, "starts_at": starts},
+            {"gpu": "b200", "days": 7, "price_usd": 900, "starts_at": starts, "order_ref": "b"},
+        ],
+    )
+    spec = load_spec(path)
+    now = datetime(2026, 3, 3, tzinfo=UTC)
+    env: dict[str, str] = {}
+    assert machine_lot(spec, now=now, env=env, ended=frozenset()).number == 1  # ends first
+    pin_lane_lot(spec, lot=2, env=env)
+    assert env == {LOT_ENV: "2"}
+    assert machine_lot(spec, now=now, env=env, ended=frozenset()).number == 2
+    for same in ("2", "b"):
+        pinned = {LOT_ENV: same}
+        pin_lane_lot(spec, lot=2, env=pinned)
+        assert pinned == {LOT_ENV: same}
+    other = {LOT_ENV: "1"}
+    with pytest.raises(SpecError, match="pins this worker to lot 1, and it was handed lot 2") as e:
+        pin_lane_lot(spec, lot=2, env=other)
+    assert "campaign worker --lot 2" in str(e.value) and other == {LOT_ENV: "1"}
 
 
 def test_campaign_run_says_its_machines_run_as_lanes_of_its_one_process(tmp_path: Path) -> None:

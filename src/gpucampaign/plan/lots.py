@@ -14,7 +14,7 @@ folder, all measured by this campaign, with a safety factor, widened by the spec
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -105,6 +105,29 @@ def _pinned_number(spec: CampaignSpec, env: Mapping[str, str]) -> int | None:
         "dated lot's order_ref, or unset it to train on the open lot that ends first.",
         field="packages",
     )
+
+
+def pin_lane_lot(spec: CampaignSpec, *, lot: int, env: MutableMapping[str, str]) -> None:
+    """Pin this process to machine ``lot`` when it trains that lot's lane (``GPUCAMPAIGN_LOT``
+    set to it when unset), so its timeline rows and its lot's end are that lot's. A worker
+    started without ``campaign worker --lot K`` (a plain ``prefect worker start`` on lot K's
+    queue) would otherwise take the open lot that ends first for its own.
+
+    Raises:
+        SpecError: The process is pinned to another lot: its worker serves another lot's
+            queue than the one it was started for (nothing is trained).
+    """
+    pinned = _pinned_number(spec, env)
+    if pinned is None:
+        env[LOT_ENV] = str(lot)
+    elif pinned != lot:
+        raise SpecError(
+            f"{LOT_ENV}={env[LOT_ENV].strip()!r} pins this worker to lot {pinned}, and it was "
+            f"handed lot {lot}'s lane: a worker serves the queue of the lot it was started for. "
+            f"Start lot {lot}'s worker with `campaign worker --lot {lot}` (its queue and "
+            f"{LOT_ENV}={lot}), or unset {LOT_ENV} for this worker.",
+            field="packages",
+        )
 
 
 def pinned_lot(spec: CampaignSpec, env: Mapping[str, str]) -> Lot | None:

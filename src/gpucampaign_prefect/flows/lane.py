@@ -13,6 +13,7 @@ check, the close and the manifest stay in the campaign flow.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from gpucampaign.core.interrupt import Interrupted, graceful_signals
 from gpucampaign.core.stoprules import StopRule
 from gpucampaign.core.text import redact_logging
 from gpucampaign.folder.lock import writer_lock
+from gpucampaign.plan.lots import pin_lane_lot
 from gpucampaign.preflight import open_campaign
 from gpucampaign.preflight.ownership import mark_owned
 from gpucampaign.storage import open_store
@@ -62,6 +64,9 @@ def lane(
     opened = open_campaign(spec, lane_folder(out, lot=lot), base_dir=base_dir)
     cs, folder = opened.spec, opened.folder
     machine = opened.plan.machines[lot - 1]
+    # This flow run's process is this lot's machine (its records, its lot's end), whether its
+    # worker was started by `campaign worker --lot K` or by a plain `prefect worker start`.
+    pin_lane_lot(cs, lot=lot, env=os.environ)
     folder.root.mkdir(parents=True, exist_ok=True)
     mark_owned(folder.root, campaign=cs.name)
     folder.keep_spec(opened.spec_copy, source=opened.source)
