@@ -158,3 +158,23 @@ def test_the_report_shows_interruptions_resumes_and_lost_work(tmp_path):
     assert "## Interruptions" in md and "control resumed 3 times" in md
     assert md.count("interrupted by SIGINT") == 3 and "| 40 |" in md
     assert _interruptions_md({"interruptions": interruptions([])}) == []
+
+
+def test_a_resume_on_another_lot_of_the_same_host_is_a_relaunch() -> None:
+    """Each lot is a machine: a run cut on lot 2 and resumed on lot 1 is relaunched on another
+    machine even when both lots' workers run on one host (before, only the host was compared);
+    a resume on the same lot and host is not."""
+    from gpucampaign.folder.records import TimelineRow
+
+    def rows(lot: int) -> list[TimelineRow]:
+        return [
+            TimelineRow(phase="train", run="a", host="h", lot=2, outcome="interrupted: killed"),
+            TimelineRow(phase="train", run="a", host="h", lot=lot, outcome="ok"),
+        ]
+
+    moved, stayed = interruptions(rows(1)), interruptions(rows(2))
+    assert [(s["lot"], s["resumed_lot"], s["relaunched"]) for s in moved["segments"]] == [
+        (2, 1, True)
+    ]
+    assert moved["relaunches"] == 1
+    assert [s["relaunched"] for s in stayed["segments"]] == [False] and stayed["relaunches"] == 0

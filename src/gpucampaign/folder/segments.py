@@ -310,8 +310,15 @@ def _loss(rows: list[TimelineRow], i: int) -> dict[str, Any]:
         "resumed_host": nxt.host if nxt is not None else None,
         "resumed_lot": nxt.lot if nxt is not None else None,
         "until_resumed_seconds": until,
-        "relaunched": bool(nxt is not None and r.host and nxt.host and nxt.host != r.host),
+        "relaunched": nxt is not None and _other_machine(r, nxt),
     }
+
+
+def _other_machine(a: TimelineRow, b: TimelineRow) -> bool:
+    """True when ``b`` ran on another machine than ``a``: another host, or another lot (two
+    lots' workers may share a host; each lot is a machine of its own)."""
+    hosts = bool(a.host and b.host and a.host != b.host)
+    return hosts or (a.lot is not None and b.lot is not None and a.lot != b.lot)
 
 
 def lot_ended(row: TimelineRow) -> bool:
