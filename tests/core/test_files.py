@@ -72,3 +72,32 @@ def test_a_file_replaced_now_is_fsynced_once_later(tmp_path, monkeypatch):
     assert synced == [str(tmp_path / "a" / n) for n in ("s-1.npz", "s-2.npz")] + [
         str(tmp_path / "a")
     ]
+
+
+def test_model_folders_ask_git_once_a_process(tmp_path, monkeypatch):
+    """The library's checkout state is asked once a process (three ``git`` processes each
+    time, 6-15 ms at every run's end): every model folder of the process records the same
+    commit, each its own copy of it."""
+    import gpucampaign.modelfolder.saveload as saveload
+    from gpucampaign.builtin import build_model
+    from gpucampaign.config import RunConfig
+
+    asked: list[str] = []
+
+    def counted(cwd=None, *, tracking=None):
+        asked.append(str(cwd))
+        return "abc123-dirty"
+
+    saveload._git_state.cache_clear()
+    monkeypatch.setattr(saveload, "git_commit", counted)
+    cfg = RunConfig()
+    model = build_model(cfg, n_features=4, n_classes=3)
+    infos = [
+        saveload.save_model_dir(model, tmp_path / f"m{i}", config=cfg, n_features=4, n_classes=3)
+        for i in range(3)
+    ]
+    saveload._git_state.cache_clear()  # the next test's process state, not this fake's
+    assert len(asked) == 1
+    assert [i["git"] for i in infos] == [{"commit": "abc123", "dirty": True}] * 3
+    infos[0]["git"]["commit"] = "changed"
+    assert infos[1]["git"]["commit"] == "abc123"
