@@ -7,13 +7,15 @@ time outside the loop and outside ``train_run``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
-from gpucampaign.config import CampaignSpec, parse_spec
+from gpucampaign.config import CampaignSpec, load_spec, parse_spec
 from gpucampaign.config.parts import report_every
 from gpucampaign.plan.reforecast import (
     call_parts,
+    futility_looks_left,
     pilot_measures,
     pool_pilots,
     reforecast_hours,
@@ -317,3 +319,101 @@ def test_the_time_outside_the_loop_is_the_median_of_the_pilots_less_the_first() 
     assert pool_pilots(four)["short"]["fixed_s"] == pytest.approx(0.024)
     two = {run: four[run] for run in ("control", "bf16")}
     assert pool_pilots(two)["control"]["fixed_s"] == pytest.approx(0.024)
+
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "digits" / "campaign.yaml"
+
+
+def test_futility_looks_are_counted_at_the_training_calls_evaluations() -> None:
+    """The demo (an evaluation every 20 steps, pilots of 20, grace 25%): the control records
+    at each of its 19 evaluations left; 'lr-high' (400 steps) checks from step 100 (the grace)
+    to 380, never at its last: 15; 'short' (160 steps) from step 40 to 140: 6; with futility
+    off nothing does."""
+    spec = load_spec(DEMO)
+    planned = {n: spec.run_config(n).planned_steps(1259) for n in ("control", "lr-high", "short")}
+    assert planned == {"control": 400, "lr-high": 400, "short": 160}
+
+    def looks(s: CampaignSpec, run: str) -> int:
+        p = s.run_config(run).planned_steps(1259)
+        return futility_looks_left(s, run=run, done=20, planned=p, eval_step=20)
+
+    assert {n: looks(spec, n) for n in planned} == {"control": 19, "lr-high": 15, "short": 6}
+    off = spec.model_copy(
+        update={"stop_rules": spec.stop_rules.model_copy(update={"futility": False})}
+    )
+    assert {n: looks(off, n) for n in planned} == {"control": 0, "lr-high": 0, "short": 0}
+
+
+def test_each_look_is_forecast_at_the_scores_the_pilots_probe_timed() -> None:
+    """Pilots whose probe timed the selection split's scores (5, 3 and 4 ms: pooled, 4 ms):
+    each run's training forecast holds its futility looks at 4 ms each (the control's 19
+    records, a variant's 15 checks, 6 for 'short'); before, the variants' checks were in no
+    pilot at all."""
+    spec = load_spec(DEMO)
+    runs = ("control", "lr-high", "short")
+    base = {
+        n: {
+            **_measured(step=0.001, fixed=0.02, loop=0.0001, eval_s=0.002, planned=400),
+            "step_shape": step_shape(spec.run_config(n)),
+            "n_train": 1259,
+        }
+        for n in runs
+    }
+    base["short"]["planned_steps"] = 160
+    scores = {"control": 0.005, "lr-high": 0.003, "short": 0.004}
+    timed = {n: {**m, "scores_s": scores[n]} for n, m in base.items()}
+    with_looks, without = reforecast_hours(spec, pilot=timed), reforecast_hours(spec, pilot=base)
+    added = {step: round(3600 * (with_looks[step][0] - without[step][0]), 9) for step in with_looks}
+    assert added == {
+        "train-control": pytest.approx(19 * 0.004),
+        "train-lr-high": pytest.approx(15 * 0.004),
+        "train-short": pytest.approx(6 * 0.004),
+        "train-bf16": pytest.approx(15 * 0.004),  # not piloted: from step 0, the same checks
+    }
+
+
+def test_the_pilot_times_its_looks_and_the_scores_apart_from_the_loop() -> None:
+    """The control's pilot: one look after its evaluation (its record, 0.03 s) and the probe's
+    scores after its last save (0.004 s): the look leaves the loop's per-step cost, the probe
+    the time outside the loop, and the scores are kept for the forecast of each look."""
+    spec = parse_spec(SPEC)
+    step_times = [0.01] * 20
+    train_s = sum(step_times) + 20 * 0.002 + 0.3 + 0.03
+    timings = {
+        **_result().timings,
+        "train_s": train_s,
+        "loop_start_s": 0.0,
+        "steps_s_sum": sum(step_times),
+        "eval_s": [0.3],
+        "stall_s": [],
+        "looks": 1,
+        "look_s": 0.03,
+        "probe_scores_s": 0.004,
+        "total_s": 1.0 + train_s + 0.004,
+    }
+    rows = [{"kind": "train", "step": i + 1, "step_s": t} for i, t in enumerate(step_times)]
+    m = _control_pilot(spec, timings, segment_s=1.0 + train_s + 0.004, rows=rows)
+    assert m["loop_s"] == pytest.approx(0.002)  # main: 0.0035, the record spread on 20 steps
+    assert m["look_s"] == pytest.approx(0.03) and m["scores_s"] == pytest.approx(0.004)
+    assert m["fixed_s"] == pytest.approx(1.0)
+
+
+def test_the_same_steps_settled_times_are_pooled_at_their_median_with_no_tax() -> None:
+    """Three pilots of one step: their settled steps (after their warm-up) pooled, 25 times,
+    median 11 ms, whatever each pilot's trimmed mean over its median (no tax on top: the
+    pilots' later steps still run slower than a long call's). 'bf16' keeps its own."""
+    spec = load_spec(DEMO)
+    settled = {"control": [0.010] * 10, "lr-high": [0.012] * 10, "short": [0.011] * 5}
+    pilot = {
+        n: {
+            **_measured(step=max(t), fixed=0.02, loop=0.0001, eval_s=0.002, planned=400, tax=1.4),
+            "step_shape": step_shape(spec.run_config(n)),
+            "settled_s": t,
+        }
+        for n, t in {**settled, "bf16": [0.020] * 10}.items()
+    }
+    pooled = pool_pilots(pilot)
+    assert {n: pooled[n]["step_mean_s"] for n in pilot} == pytest.approx(
+        {"control": 0.011, "lr-high": 0.011, "short": 0.011, "bf16": 0.020}
+    )
+    assert pooled["short"]["step_s"] == pytest.approx(0.011)

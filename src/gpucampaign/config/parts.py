@@ -4,6 +4,7 @@ settings (pydantic v2, frozen, unknown fields refused). ``spec`` assembles them.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
@@ -401,6 +402,11 @@ class StopRules(_Frozen):
             "'not_learning' stops it (an untrained model predicts one class, or ties)."
         ),
     )
+
+    def grace_step(self, *, planned: int) -> int:
+        """The first step at which a run of ``planned`` steps may be stopped as futile or not
+        learning: ``grace`` of its planned steps (at least one step)."""
+        return max(1, math.ceil(self.grace * planned))
 
 
 class PilotSpec(_Frozen):

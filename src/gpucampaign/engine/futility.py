@@ -480,7 +480,7 @@ def _no_score(r: RunView) -> str:
 def grace_steps(spec: CampaignSpec, *, planned: int) -> int:
     """The first step at which a run may be stopped as futile or not learning: the grace,
     ``stop_rules.grace`` of its planned steps (at least one step)."""
-    return max(1, math.ceil(spec.stop_rules.grace * planned))
+    return spec.stop_rules.grace_step(planned=planned)
 
 
 def keep_evidence(

@@ -101,7 +101,7 @@ from gpucampaign.engine.inference_restart import (
     restart_inference,
 )
 from gpucampaign.engine.launch import launch
-from gpucampaign.engine.outcome import evaluate, run_result, time_evaluation, time_restore
+from gpucampaign.engine.outcome import evaluate, run_result, time_probes
 from gpucampaign.engine.parts import close_loader
 from gpucampaign.engine.process_group import Ranks
 from gpucampaign.engine.registry import build_hooks
@@ -367,8 +367,12 @@ def _events(r: LiveRun, hooks: Hooks, step: int, *, every: int, per_epoch: int) 
         evaluated = evaluate(r, "val", final=False)
         if evaluated is not None:
             r.last_eval = (step, evaluated)
-            # futility: the control records, a variant may ask to stop
-            _ask(r, hooks, hooks.after_eval(evaluated))
+            # futility: the control records, a variant may ask to stop (timed: a look's cost)
+            t0 = time.perf_counter()
+            asked = hooks.after_eval(evaluated)
+            r.looks += 1
+            r.look_s += time.perf_counter() - t0
+            _ask(r, hooks, asked)
     _save(r, hooks, step, last_step=step == r.target)
 
 
@@ -470,10 +474,8 @@ def _reach_target(r: LiveRun, hooks: Hooks, *, train_s: float, t_trained: float)
     step = r.state.global_step
     if step < r.planned:  # the pilot's stop: a later call continues the same run
         _last_save(r, hooks, since=t_trained)
-        if r.probe_eval and not r.eval_times:  # the re-forecast needs an evaluation's cost
-            time_evaluation(r)
-        if r.probe_eval:  # and the restore of the call that resumes from this save
-            time_restore(r)
+        if r.probe_eval:  # what the re-forecast needs that the pilot's steps did not time
+            time_probes(r)
         _tell_rows(r, hooks)
         return run_result(r, completed=False, train_s=train_s)
     require_complete(r.run_id, steps_done=step, planned_steps=r.planned)

@@ -14,7 +14,8 @@ from typing import Any
 from gpucampaign.engine.setup import LiveRun
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.plan.lots import this_machine
-from gpucampaign.recipe.runtime import evaluate_split
+from gpucampaign.recipe.contract import has_score
+from gpucampaign.recipe.runtime import evaluate_split, score_split
 
 
 def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
@@ -44,6 +45,16 @@ def evaluate(r: LiveRun, split: str, *, final: bool) -> dict[str, float] | None:
     return metrics
 
 
+def time_probes(r: LiveRun) -> None:
+    """What a pilot times after its last save for the re-forecast: an evaluation when its
+    steps held none, the restore of the call that resumes from that save, the scores futility
+    asks for at the training's evaluations."""
+    if not r.eval_times:
+        time_evaluation(r)
+    time_restore(r)
+    time_scores(r)
+
+
 def time_evaluation(r: LiveRun, split: str = "val") -> None:
     """Time one evaluation of ``split`` that records nothing (``probe_eval_s``): a pilot whose
     few steps held none measures what each of the run's evaluations will cost, for the
@@ -64,6 +75,24 @@ def time_restore(r: LiveRun) -> None:
     ck, _ = r.manager.load_latest()
     if ck is not None:
         r.probe_restore_s = time.perf_counter() - t0
+
+
+def time_scores(r: LiveRun) -> None:
+    """Time the per-example scores of the selection split (``probe_scores_s``) when the
+    campaign's futility rule will ask for them at the evaluations of the training calls (the
+    control records them, a variant checks them: neither in its pilot, never more than once
+    in the control's). Nothing is recorded; like ``time_evaluation``, after the last save."""
+    spec = r.spec
+    if not r.dist.is_main or spec.decision_rule is None or not spec.stop_rules.futility:
+        return
+    if not has_score(r.recipe) or not spec.variants:
+        return
+    dataset = r.split(spec.selection_split)
+    if dataset is None or len(dataset) == 0:
+        return
+    t0 = time.perf_counter()
+    score_split(r.recipe, r.state.model, dataset, config=r.config, device=r.device)
+    r.probe_scores_s = time.perf_counter() - t0
 
 
 def _timed_evaluation(r: LiveRun, dataset: Any) -> tuple[dict[str, Any], float]:
@@ -129,9 +158,12 @@ def run_result(
         "loop_start_s": r.loop_start_s,  # of train_s: before the call's first step
         "reports": r.reports,  # of train_s: the live view's reports, and their seconds
         "report_s": r.report_s,
+        "looks": r.looks,  # of train_s: the hooks' looks after evaluations, and their seconds
+        "look_s": r.look_s,
         "final_save_s": r.final_save_s,
         "probe_eval_s": r.probe_eval_s,  # of total_s, after the loop: a pilot's, when timed
         "probe_restore_s": r.probe_restore_s,  # of total_s, after the loop: a pilot's
+        "probe_scores_s": r.probe_scores_s,  # of total_s, after the loop: a pilot's
         "total_s": time.perf_counter() - r.t_call,
     }
     if measured is not None and not r.step_times and not saves:

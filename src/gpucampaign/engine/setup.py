@@ -94,12 +94,20 @@ class LiveRun:
     # counts them at each run's own cadence, ``config.parts.report_every``, apart from steps).
     reports: int = 0
     report_s: float = 0.0
+    # The hooks' looks after the evaluations during training (futility: the control records
+    # its scores, a variant checks them): their count and seconds, apart from the steps (the
+    # re-forecast counts a look at each evaluation where a run has one).
+    looks: int = 0
+    look_s: float = 0.0
     # A pilot that held no evaluation times one after its last save (``time_evaluation``).
     probe_eval: bool = False
     probe_eval_s: float | None = None
     # And a read of the checkpoint it saved, as the call resuming from it reads it
     # (``time_restore``): a cost of that call the pilot, starting from nothing, did not pay.
     probe_restore_s: float | None = None
+    # And the per-example scores of the selection split futility records (the control) or
+    # checks (a variant) at each evaluation of its training call (``time_scores``).
+    probe_scores_s: float | None = None
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
     # Measurements, the metrics log and the saves.
@@ -163,8 +171,9 @@ class RunJob:
         checkpoint_every: Fixed save interval in steps (overrides the spec and the measure).
         lane: The plan's GPU lane running this call (``devices.pick_device``).
         probe_eval: Pilot mode: when its steps held no evaluation, time one after its last
-            save (``outcome.time_evaluation``: the re-forecast prices the run's with it), and
-            a read of that save (``outcome.time_restore``).
+            save (``outcome.time_evaluation``: the re-forecast prices the run's with it), a
+            read of that save (``outcome.time_restore``) and the scores futility asks for
+            (``outcome.time_scores``).
     """
 
     spec: CampaignSpec

@@ -58,6 +58,15 @@ def forecast_run_hours(
         m["report_every"] = report_every(planned_steps)
         if m.get("n_train"):
             m["eval_step"] = cfg.eval_every or cfg.steps_per_epoch(int(m["n_train"]))
+        # The scores futility asks for at the evaluations left: the control records them, a
+        # variant checks them (the pilots' probe timed them: no pilot records or checks).
+        m["looks_left"] = futility_looks_left(
+            spec,
+            run=run,
+            done=planned_steps - left,
+            planned=planned_steps,
+            eval_step=int(m.get("eval_step") or 0),
+        )
         parts = call_parts(m, left=left)
         how += ", " + ", ".join(f"{k} {v:.3g} s" for k, v in parts.items())
         return sum(parts.values()) / 3600.0, how
@@ -85,7 +94,10 @@ def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
     - ``loop``: the loop's own time per step beyond the step (rows, hooks), and the live
       view's reports left at the run's own cadence (``reports_left``), each at the measured
       report: a run of fewer steps reports more often per step (``report_every``), so a
-      report's cost spread over another run's steps would be counted at the wrong rate;
+      report's cost spread over another run's steps would be counted at the wrong rate; and
+      futility's looks left (``looks_left``: the control records the selection split's
+      per-example scores at each evaluation, a variant checks its own), each at the scores'
+      measured cost (``scores_s``);
     - ``evaluations``: the evaluations left at the run's cadence, and the final ones of every
       split at the run's end (``EVAL_SPLITS``), each at the measured evaluation;
     - ``saves``: the waits of the run's saves, and the model folder's write at the end, as long
@@ -103,6 +115,7 @@ def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
             eval_step=int(m.get("eval_step") or 0),
         )
         loop += reports * float(m["report_s"])
+    loop += int(m.get("looks_left") or 0) * float(m.get("scores_s") or 0.0)
     step = float(m.get("step_mean_s", m["step_s"]))
     # The pilot's warm-up steps at what they cost, paid again by the call (its model and
     # optimizer are built anew from the checkpoint); the others at the settled step time.
@@ -121,6 +134,26 @@ def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
         "saves": int(m.get("saves") or 0) * float(m.get("stall_s") or 0.0)
         + float(m.get("save_s") or 0.0),
     }
+
+
+def futility_looks_left(
+    spec: CampaignSpec, *, run: str, done: int, planned: int, eval_step: int
+) -> int:
+    """The evaluations after step ``done`` at which futility scores a training call of ``run``
+    (``engine.futility``): the control records at each one when the spec has variants; a
+    variant of one process checks after the pilot's steps and the grace, never at its last
+    step; the control's seeds never look."""
+    rules = spec.stop_rules
+    replicate = spec.replicate_of(run)
+    if spec.decision_rule is None or not rules.futility or eval_step <= 0 or not spec.variants:
+        return 0
+    if run == "control":
+        return planned // eval_step - done // eval_step
+    if (replicate is not None and replicate[0] == "control") or spec.run_config(run).gpus > 1:
+        return 0
+    first = max(done + 1, spec.pilot.steps + 1, rules.grace_step(planned=planned))
+    last = planned - 1
+    return max(0, last // eval_step - (first - 1) // eval_step)
 
 
 def reports_left(*, done: int, planned: int, every: int, eval_step: int) -> int:
@@ -163,6 +196,7 @@ _POOLED = (
     "save_s",
     "first_step_s",
     "report_s",
+    "scores_s",
 )
 
 
@@ -172,13 +206,16 @@ def pool_pilots(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, A
     median of the pilots less the one that measured the most, the first, which pays the
     process's one-time warm-up).
 
-    A run's step time is its own (its model, its batch): the median step of the pilots of the
-    same step (``step_shape``: the runs that differ only in their learning rate, length or seed
-    train the same step, so one pilot's burst of another process's load is outvoted), times the
-    machine's tax on a step pooled (the mean over the pilots of their trimmed mean over their
-    median): a pilot's 20 steps last milliseconds, so whether another process took the core
-    then is luck (bench/forecast.py's campaigns at load 8-12 on 2 cores: the step forecast's
-    median error on 68 runs 38.6% with each pilot's own trimmed mean, 31.7% pooled)."""
+    A run's step time is its own (its model, its batch): the median of the settled steps of
+    every pilot of the same step, pooled (``step_shape``: the runs that differ only in their
+    learning rate, length or seed train the same step, so one pilot's burst of another
+    process's load is outvoted; a pilot's 20 steps last milliseconds, so whether another
+    process took the core then is luck). Nothing is added for the mean's excess over the
+    median: the pilots' later steps still run slower than a long call's (each call's first
+    tens of steps do), which that excess would count twice (bench/forecast.py, 10 campaigns
+    recorded idle: the step part over-forecast by 7.3% with the mean over the pilots of their
+    trimmed mean over their median as a tax, by 1.4% pooled without it; records without
+    ``settled_s`` keep that older estimate)."""
     taxes = [
         float(m["step_mean_s"]) / float(m["step_s"])
         for m in pilot.values()
@@ -186,9 +223,13 @@ def pool_pilots(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, A
     ]
     tax = sum(taxes) / len(taxes) if taxes else None
     same_step: dict[str, list[float]] = {}
+    settled: dict[str, list[float]] = {}
     for m in pilot.values():
         if "fixed_s" in m and m.get("step_shape") and m.get("step_s"):
             same_step.setdefault(str(m["step_shape"]), []).append(float(m["step_s"]))
+        if "fixed_s" in m and m.get("step_shape") and isinstance(m.get("settled_s"), list):
+            times = [float(t) for t in m["settled_s"] if isinstance(t, int | float)]
+            settled.setdefault(str(m["step_shape"]), []).extend(times)
     shared: dict[str, float] = {}
     for key in _POOLED:
         values = [float(m[key]) for m in pilot.values() if isinstance(m.get(key), int | float)]
@@ -205,6 +246,9 @@ def pool_pilots(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, A
         shared["fixed_s"] = float(median(sorted(fixed)[:-1] or fixed) or 0.0)
     out = {run: {**m, **shared} if "fixed_s" in m else dict(m) for run, m in pilot.items()}
     for m in out.values():
+        if "fixed_s" in m and settled.get(shape := str(m.get("step_shape"))):
+            m["step_s"] = m["step_mean_s"] = float(median(settled[shape]) or m["step_s"])
+            continue
         if str(m.get("step_shape")) in same_step and "fixed_s" in m:
             m["step_s"] = float(median(same_step[str(m["step_shape"])]) or m["step_s"])
         if tax is not None and "fixed_s" in m and m.get("step_mean_s") and m.get("step_s"):
@@ -328,6 +372,8 @@ def pilot_measures(
     loop_start = float(t.get("loop_start_s") or 0.0)
     reports = int(t.get("reports") or 0)
     report = float(t.get("report_s") or 0.0) if reports else 0.0
+    looks = int(t.get("looks") or 0)
+    look = float(t.get("look_s") or 0.0) if looks else 0.0
     steps_sum = float(t.get("steps_s_sum") or 0.0)
     total = float(t.get("total_s") or 0.0)
     return {
@@ -358,17 +404,24 @@ def pilot_measures(
         # step beyond the step, its start, its evaluations and its save waits; the call's time
         # outside the loop (set-up, load, restore, the last save) and outside ``train_run``
         # (its segment's lines).
-        "loop_s": max(0.0, loop_wall - loop_start - steps_sum - sum(evals_s) - sum(stalls) - report)
+        "loop_s": max(
+            0.0, loop_wall - loop_start - steps_sum - sum(evals_s) - sum(stalls) - report - look
+        )
         / done,
         # The live view's reports, apart (``call_parts`` counts them at each run's cadence).
         **({"report_s": report / reports, "reports": reports} if reports else {}),
+        # The hooks' looks after its evaluations (the control's records), apart from the loop.
+        **({"look_s": look / looks, "looks": looks} if looks else {}),
+        # The scores futility asks for at each evaluation of the training (``looks_left``).
+        **({"scores_s": float(t["probe_scores_s"])} if t.get("probe_scores_s") else {}),
         "loop_start_s": loop_start,
         "fixed_s": max(
             0.0,
             total
             - loop_wall
             - float(t.get("probe_eval_s") or 0.0)
-            - float(t.get("probe_restore_s") or 0.0),
+            - float(t.get("probe_restore_s") or 0.0)
+            - float(t.get("probe_scores_s") or 0.0),
         ),
         "outside_s": max(0.0, segment_s - total) if segment_s is not None else 0.0,
         **_step_spread(rows, fallback=steps_sum / done),
@@ -376,11 +429,11 @@ def pilot_measures(
     }
 
 
-def _step_spread(rows: Sequence[Mapping[str, Any]], *, fallback: float) -> dict[str, float]:
-    """The pilot's first step (a call's warm-up) and the 10%-trimmed mean of its later steps:
-    a pilot's few steps on a shared machine hold a hiccup or two (another process's burst)
-    that their mean would spread over every step of the run (on bench/forecast.py's campaigns
-    the trimmed mean erred less on the training call's mean step than the mean or median)."""
+def _step_spread(rows: Sequence[Mapping[str, Any]], *, fallback: float) -> dict[str, Any]:
+    """The pilot's first step (a call's warm-up), the 10%-trimmed mean of its later steps (a
+    pilot's few steps on a shared machine hold a hiccup or two, another process's burst, that
+    their mean would spread over every step of the run), and those later steps themselves
+    (``settled_s``: ``pool_pilots`` pools them over the pilots of the same step)."""
     times = [
         float(r["step_s"])
         for r in rows
@@ -397,7 +450,11 @@ def _step_spread(rows: Sequence[Mapping[str, Any]], *, fallback: float) -> dict[
     later = sorted(times[max(1, warm) :])
     cut = len(later) // 10  # from each end (scipy's trim_mean(0.1); scipy is not a dependency)
     kept = later[cut : len(later) - cut]
-    out = {"step_mean_s": sum(kept) / len(kept), "first_step_s": times[0]}
+    out: dict[str, Any] = {
+        "step_mean_s": sum(kept) / len(kept),
+        "first_step_s": times[0],
+        "settled_s": later,
+    }
     if warm > 1:
         out |= {
             "warmup_s": sum(times[1:warm]),
