@@ -107,27 +107,21 @@ def _pinned_number(spec: CampaignSpec, env: Mapping[str, str]) -> int | None:
     )
 
 
-def pin_lane_lot(spec: CampaignSpec, *, lot: int, env: MutableMapping[str, str]) -> None:
-    """Pin this process to machine ``lot`` when it trains that lot's lane (``GPUCAMPAIGN_LOT``
-    set to it when unset), so its timeline rows and its lot's end are that lot's. A worker
-    started without ``campaign worker --lot K`` (a plain ``prefect worker start`` on lot K's
-    queue) would otherwise take the open lot that ends first for its own.
+def pin_lane_lot(spec: CampaignSpec, *, lot: int, env: MutableMapping[str, str]) -> int:
+    """The machine this process is when it trains lot ``lot``'s lane: the lot its worker was
+    pinned to (``campaign worker --lot K``: the machine says best where it runs; the lots of a
+    package may share one work queue), else ``lot``, then pinned (``GPUCAMPAIGN_LOT`` set), so
+    its timeline rows and its lot's end are that lot's. A worker started without a pin (a
+    plain ``prefect worker start`` on lot K's queue) took the open lot that ends first before.
 
     Raises:
-        SpecError: The process is pinned to another lot: its worker serves another lot's
-            queue than the one it was started for (nothing is trained).
+        SpecError: ``GPUCAMPAIGN_LOT`` names no lot of the spec.
     """
     pinned = _pinned_number(spec, env)
     if pinned is None:
         env[LOT_ENV] = str(lot)
-    elif pinned != lot:
-        raise SpecError(
-            f"{LOT_ENV}={env[LOT_ENV].strip()!r} pins this worker to lot {pinned}, and it was "
-            f"handed lot {lot}'s lane: a worker serves the queue of the lot it was started for. "
-            f"Start lot {lot}'s worker with `campaign worker --lot {lot}` (its queue and "
-            f"{LOT_ENV}={lot}), or unset {LOT_ENV} for this worker.",
-            field="packages",
-        )
+        return lot
+    return pinned
 
 
 def pinned_lot(spec: CampaignSpec, env: Mapping[str, str]) -> Lot | None:

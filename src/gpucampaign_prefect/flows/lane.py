@@ -64,9 +64,10 @@ def lane(
     opened = open_campaign(spec, lane_folder(out, lot=lot), base_dir=base_dir)
     cs, folder = opened.spec, opened.folder
     machine = opened.plan.machines[lot - 1]
-    # This flow run's process is this lot's machine (its records, its lot's end), whether its
-    # worker was started by `campaign worker --lot K` or by a plain `prefect worker start`.
-    pin_lane_lot(cs, lot=lot, env=os.environ)
+    # This flow run's process is a lot's machine (its records, its lot's end): its worker's
+    # pin, else this lane's lot (a plain `prefect worker start` on lot K's queue).
+    if (here := pin_lane_lot(cs, lot=lot, env=os.environ)) != lot:
+        logger.info("%s's lane on the machine of lot %d (its worker's pin)", machine.name, here)
     folder.root.mkdir(parents=True, exist_ok=True)
     mark_owned(folder.root, campaign=cs.name)
     folder.keep_spec(opened.spec_copy, source=opened.source)
