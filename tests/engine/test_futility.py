@@ -454,10 +454,9 @@ def test_no_check_within_the_grace_even_against_a_clear_loser(
     tmp_path: Path,
     digits_file: tuple[Path, str],  # noqa: F811
 ) -> None:
-    from gpucampaign.engine.futility import grace_steps
-
     spec = cannot_win_spec(tmp_path, digits_file)
-    assert [grace_steps(spec, planned=p) for p in (1, 4, 40, 41, 100)] == [1, 1, 10, 11, 25]
+    graces = [spec.stop_rules.grace_step(planned=p) for p in (1, 4, 40, 41, 100)]
+    assert graces == [1, 1, 10, 11, 25]
     moved = {0: correct(0.1, seed=0), 8: correct(0.8, seed=1)}
     got, rows = _check_at(tmp_path, digits_file, step=8, control=moved)
     why = "within the grace: no check before step 10 of 40"

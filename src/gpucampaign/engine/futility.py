@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 
-from gpucampaign.config import CampaignSpec
 from gpucampaign.core.files import atomic_write_bytes
 from gpucampaign.core.gain_interval import paired_spread
 from gpucampaign.core.stoprules import Futile
@@ -421,7 +420,8 @@ class Futility(Hook):
         step = r.step
         if self.role == "check" and (step <= r.spec.pilot.steps or step >= r.planned):
             return None  # after the pilot, and never at the last step (nothing left to save)
-        if self.role == "check" and step < (grace := grace_steps(r.spec, planned=r.planned)):
+        grace = r.spec.stop_rules.grace_step(planned=r.planned)
+        if self.role == "check" and step < grace:
             why = f"within the grace: no check before step {grace} of {r.planned}"
             r.record({"kind": "futility", "step": step, "skipped": why})
             return None
@@ -475,12 +475,6 @@ def _no_score(r: RunView) -> str:
         f"recipe '{r.config.recipe}' defines no score() (per-example values), so no interval "
         "can be computed during training"
     )
-
-
-def grace_steps(spec: CampaignSpec, *, planned: int) -> int:
-    """The first step at which a run may be stopped as futile or not learning: the grace,
-    ``stop_rules.grace`` of its planned steps (at least one step)."""
-    return spec.stop_rules.grace_step(planned=planned)
 
 
 def keep_evidence(

@@ -36,7 +36,7 @@ from typing import Any
 from gpucampaign.config import CampaignSpec
 from gpucampaign.core.stoprules import BelowThreshold, NonFiniteLoss, NotLearning
 from gpucampaign.core.text import say_exact, say_number
-from gpucampaign.engine.futility import CONTROL, grace_steps, keep_evidence
+from gpucampaign.engine.futility import CONTROL, keep_evidence
 from gpucampaign.engine.hooks import Hook, HookArgs, RunView, StopRequest
 
 #: How far below its start the recent mean training loss must be for a run to be learning
@@ -136,7 +136,7 @@ class NotLearningRule(Hook):
 
     def __init__(self, r: RunView) -> None:
         self.r = r
-        self.grace = grace_steps(r.spec, planned=r.planned)
+        self.grace = r.spec.stop_rules.grace_step(planned=r.planned)
         two_epochs = 2 * r.steps_per_epoch <= r.planned
         self.window = r.steps_per_epoch if two_epochs else max(1, self.grace // 2)
         # step -> (loss, examples), of steps 1..window and of the last window steps seen.
