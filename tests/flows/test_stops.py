@@ -116,15 +116,21 @@ def test_an_input_changed_mid_campaign_stops_it_and_it_closes(tmp_path):
 
 
 def _task_states(flow_run_id: Any) -> list[tuple[str, Any]]:
-    """(name, final state) of every task run of a flow run on the test server."""
+    """(name, final state) of every task run of a flow run on the test server. Prefect records
+    task runs' states from their events, after the flow run has ended (a CI run once read a
+    task run with no state yet): read again until each has one, for at most 30 s."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    deadline = time.monotonic() + 30.0
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
-        )
-    return [(r.name, r.state) for r in runs]
+        while True:
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
+            if all(r.state is not None for r in runs) or time.monotonic() > deadline:
+                return [(r.name, r.state) for r in runs]
+            time.sleep(0.2)
 
 
 def _corrupt(path: Path) -> None:
