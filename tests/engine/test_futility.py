@@ -26,6 +26,7 @@ from gpucampaign.engine.futility import (
     control_moved,
     control_scores_at,
     futility_check,
+    look_costs,
     read_eval_scores,
     write_eval_scores,
 )
@@ -252,6 +253,58 @@ def test_a_futile_stop_is_evidence_and_pickles_with_its_numbers() -> None:
     )
     assert again.to_record()["numbers"] == {"gain": -0.5}
     assert Futile.rule in EVIDENCE_RULES  # the campaign goes on to its verdict
+
+
+def test_the_looks_cost_is_timed_through_the_whole_check_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``look_costs`` (the pilot's probe of futility's looks for the re-forecast): a record
+    written, and a variant's look that reads two records and reaches the comparison (not the
+    early exit of a control that has not moved), in a temporary folder removed after."""
+    import gpucampaign.engine.futility as futility
+
+    compared: list[int] = []
+    real = futility.futility_check
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        compared.append(kwargs["step"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(futility, "futility_check", counted)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    record_s, check_s = look_costs(
+        ids=list(IDS),
+        values=list(correct(0.7, seed=1)),
+        step=20,
+        planned=400,
+        metric="accuracy",
+        split="val",
+        direction="maximize",
+        min_gain=0.01,
+    )
+    assert record_s > 0 and check_s > 0
+    assert compared == [20, 20]  # the whole look, at the pilot's step (twice: the second kept)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pilot_times_a_record_and_a_check_and_writes_neither(
+    tmp_path: Path,
+    digits_file: tuple[Path, str],  # noqa: F811
+) -> None:
+    """The control's pilot of a campaign with a variant and futility on: its probe times the
+    control's record and a variant's check, each with the scores (the re-forecast prices each
+    role's looks at its own), and keeps no record of them: the only one is the untrained
+    model's at step 0, the loop's own."""
+    spec = cannot_win_spec(tmp_path, digits_file)
+    pilot = run(spec, tmp_path, stop_after_steps=5, probe_eval=True)
+    t = pilot.timings
+    assert t["probe_record_s"] > 0 and t["probe_check_s"] > 0  # main: one price, the scores
+    assert t["probe_looks_s"] >= max(t["probe_record_s"], t["probe_check_s"])
+    kept = sorted(p.name for p in (run_dir(spec, tmp_path) / "evals").iterdir())
+    assert kept == [f"scores-{0:09d}.npz"]
+    off = cannot_win_spec(tmp_path / "off", digits_file, futility=False)
+    unpriced = run(off, tmp_path / "off", stop_after_steps=5, probe_eval=True).timings
+    assert unpriced["probe_record_s"] is None and unpriced["probe_check_s"] is None
 
 
 # --- on real tiny runs ------------------------------------------------------------------------

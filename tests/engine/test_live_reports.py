@@ -15,17 +15,22 @@ from tests.helpers import digits_file, make_spec, run, run_dir, train_losses  # 
 def test_a_call_counts_the_reports_the_reforecast_counts(tmp_path, digits_file, monkeypatch):  # noqa: F811
     _no_clock(monkeypatch)  # the reports due by the clock (about twice a second) left out
     spec = make_spec(tmp_path, digits_file, control={"epochs": 3})
-    shown: list[int] = []
-    pilot = run(spec, tmp_path, stop_after_steps=5, progress=lambda info: shown.append(1))
+    shown: list[dict] = []
+    pilot = run(spec, tmp_path, stop_after_steps=5, progress=shown.append)
     assert pilot.timings["reports"] >= 1 and pilot.timings["report_s"] > 0
-    result = run(spec, tmp_path, progress=lambda info: shown.append(1))
+    shown.clear()
+    result = run(spec, tmp_path, progress=shown.append)
     planned = result.planned_steps
     per_epoch = planned // 3
-    expected = reports_left(
-        done=5, planned=planned, every=report_every(planned), eval_step=per_epoch
-    )
+    expected = reports_left(done=5, planned=planned, eval_step=per_epoch)
     assert result.timings["reports"] == expected, (planned, per_epoch)
     assert 0 < result.timings["report_s"] < result.timings["train_s"]
+    # The progress callback is still called at each ~2% of the run (and at the end), without
+    # a report of its own: the rows and the live file are written at evaluations and the end.
+    every = report_every(planned)
+    told = [info["step"] for info in shown]
+    assert set(range(every * (5 // every + 1), planned + 1, every)) <= set(told)
+    assert told[-1] == planned
 
 
 def test_a_pilot_that_held_no_evaluation_times_one_and_records_none(tmp_path, digits_file):  # noqa: F811
@@ -39,6 +44,9 @@ def test_a_pilot_that_held_no_evaluation_times_one_and_records_none(tmp_path, di
     pilot = run(spec, tmp_path, stop_after_steps=5, probe_eval=True)
     assert pilot.timings["eval_s"] == [] and pilot.timings["probe_eval_s"] > 0
     assert pilot.timings["probe_restore_s"] > 0  # main: not timed
+    # The loop's counters marked after the warm-up and before the last step (pilot_marks)
+    assert [m["step"] for m in pilot.timings["marks"]] == [1, 4]
+    assert unasked.timings["marks"] == []
     rows = read_metrics(run_dir(spec, tmp_path) / "metrics.jsonl")
     assert [r for r in rows if r["kind"] == "eval"] == []
     piloted = run(spec, tmp_path)

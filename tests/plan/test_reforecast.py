@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from gpucampaign.config import CampaignSpec, load_spec, parse_spec
-from gpucampaign.config.parts import report_every
 from gpucampaign.plan.reforecast import (
     call_parts,
     futility_looks_left,
@@ -158,11 +157,10 @@ def test_the_pilot_measures_the_live_views_reports_apart_from_the_loop_per_step(
 
 
 def test_each_run_is_forecast_with_its_own_count_of_the_live_views_reports() -> None:
-    """The control (2000 steps) reports every 40 steps and after each evaluation (every 100);
-    'big' (1000 steps at twice the batch) every 20 and every 50: twice as many reports per
-    step. Each run's loop is its steps at the pooled loop cost beyond the reports, plus its
-    own reports left at the pooled report's cost (main spread the pilots' reports over every
-    step at one rate, whatever the run's cadence)."""
+    """The live view reports after each evaluation and at the end: the control (2000 steps)
+    evaluates every 100 steps, 'big' (1000 steps at twice the batch) every 50: the same count
+    of reports for half the steps. Each run's loop is its steps at the pooled loop cost
+    beyond the reports, plus its own reports left at the pooled report's cost."""
     spec = parse_spec(SPEC)
     pilot = {
         run: {
@@ -175,25 +173,24 @@ def test_each_run_is_forecast_with_its_own_count_of_the_live_views_reports() -> 
     hours = reforecast_hours(spec, pilot=pilot)
     base = {run: dict(m, report_s=0.0) for run, m in pilot.items()}
     without = reforecast_hours(spec, pilot=base)  # the same, its reports at no cost
-    # control: multiples of 40 after step 20 up to 2000 (50), of 100 (20), of both (10)
-    assert (hours["c"][0] - without["c"][0]) * 3600 == pytest.approx(60 * 0.01)
-    # big: multiples of 20 after step 20 up to 1000 (49), of 50 (20), of both (10)
-    assert (hours["x"][0] - without["x"][0]) * 3600 == pytest.approx(59 * 0.01)
+    # control: the multiples of 100 after step 20 up to 2000 (20); big: of 50 up to 1000 (20)
+    assert (hours["c"][0] - without["c"][0]) * 3600 == pytest.approx(20 * 0.01)
+    assert (hours["x"][0] - without["x"][0]) * 3600 == pytest.approx(20 * 0.01)
 
 
 def test_reports_left_counts_the_steps_the_live_view_reports_at() -> None:
-    """Against the live view's rule at each step: a multiple of its cadence, an evaluation's
-    step, or the last step (``engine.live.ProgressHook.wants_rows``)."""
+    """Against the live view's rule at each step, the clock aside: an evaluation's step or
+    the last step (``engine.live.ProgressHook.wants_rows``); the ``progress`` callback's
+    steps write nothing and are no report (main: each multiple of ``report_every`` too)."""
     for planned in (1, 7, 50, 99, 160, 400, 1013):
-        every = report_every(planned)
         for eval_step in (0, 1, 3, 20, 37):
             for done in (0, 1, 20, planned):
                 want = sum(
                     1
                     for s in range(done + 1, planned + 1)
-                    if s % every == 0 or (eval_step and s % eval_step == 0) or s == planned
+                    if (eval_step and s % eval_step == 0) or s == planned
                 )
-                got = reports_left(done=done, planned=planned, every=every, eval_step=eval_step)
+                got = reports_left(done=done, planned=planned, eval_step=eval_step)
                 assert got == want, (planned, eval_step, done)
 
 
@@ -344,11 +341,12 @@ def test_futility_looks_are_counted_at_the_training_calls_evaluations() -> None:
     assert {n: looks(off, n) for n in planned} == {"control": 0, "lr-high": 0, "short": 0}
 
 
-def test_each_look_is_forecast_at_the_scores_the_pilots_probe_timed() -> None:
-    """Pilots whose probe timed the selection split's scores (5, 3 and 4 ms: pooled, 4 ms):
-    each run's training forecast holds its futility looks at 4 ms each (the control's 19
-    records, a variant's 15 checks, 6 for 'short'); before, the variants' checks were in no
-    pilot at all."""
+def test_each_look_is_forecast_at_its_roles_cost_the_pilots_probe_timed() -> None:
+    """Pilots whose probe timed a record (5, 3 and 4 ms: pooled, 4 ms) and a check (10, 7 and
+    8 ms: pooled, 8 ms), each with its scores: the control's training forecast holds its 19
+    records at 4 ms, a variant's its 15 checks at 8 ms (6 for 'short'). Main priced both at
+    the scores alone, while a variant's check costs about twice a record (the demo: 2.6-3.0 ms
+    a check, 1.9 ms a record, 1.3-2.0 ms the scores): every variant was under-forecast."""
     spec = load_spec(DEMO)
     runs = ("control", "lr-high", "short")
     base = {
@@ -360,22 +358,24 @@ def test_each_look_is_forecast_at_the_scores_the_pilots_probe_timed() -> None:
         for n in runs
     }
     base["short"]["planned_steps"] = 160
-    scores = {"control": 0.005, "lr-high": 0.003, "short": 0.004}
-    timed = {n: {**m, "scores_s": scores[n]} for n, m in base.items()}
+    record = {"control": 0.005, "lr-high": 0.003, "short": 0.004}
+    check = {"control": 0.010, "lr-high": 0.007, "short": 0.008}
+    timed = {n: {**m, "record_s": record[n], "check_s": check[n]} for n, m in base.items()}
     with_looks, without = reforecast_hours(spec, pilot=timed), reforecast_hours(spec, pilot=base)
     added = {step: round(3600 * (with_looks[step][0] - without[step][0]), 9) for step in with_looks}
     assert added == {
         "train-control": pytest.approx(19 * 0.004),
-        "train-lr-high": pytest.approx(15 * 0.004),
-        "train-short": pytest.approx(6 * 0.004),
-        "train-bf16": pytest.approx(15 * 0.004),  # not piloted: from step 0, the same checks
+        "train-lr-high": pytest.approx(15 * 0.008),
+        "train-short": pytest.approx(6 * 0.008),
+        "train-bf16": pytest.approx(15 * 0.008),  # not piloted: from step 0, the same checks
     }
 
 
 def test_the_pilot_times_its_looks_and_the_scores_apart_from_the_loop() -> None:
-    """The control's pilot: one look after its evaluation (its record, 0.03 s) and the probe's
-    scores after its last save (0.004 s): the look leaves the loop's per-step cost, the probe
-    the time outside the loop, and the scores are kept for the forecast of each look."""
+    """The control's pilot: one look after its evaluation (its record, 0.03 s) and the probe of
+    the looks after its last save (0.012 s in all): the look leaves the loop's per-step cost,
+    the probe the time outside the loop, and a record's and a check's costs are kept for the
+    forecast of each look."""
     spec = parse_spec(SPEC)
     step_times = [0.01] * 20
     train_s = sum(step_times) + 20 * 0.002 + 0.3 + 0.03
@@ -388,14 +388,53 @@ def test_the_pilot_times_its_looks_and_the_scores_apart_from_the_loop() -> None:
         "stall_s": [],
         "looks": 1,
         "look_s": 0.03,
-        "probe_scores_s": 0.004,
-        "total_s": 1.0 + train_s + 0.004,
+        "probe_looks_s": 0.012,
+        "probe_record_s": 0.004,
+        "probe_check_s": 0.007,
+        "total_s": 1.0 + train_s + 0.012,
     }
     rows = [{"kind": "train", "step": i + 1, "step_s": t} for i, t in enumerate(step_times)]
-    m = _control_pilot(spec, timings, segment_s=1.0 + train_s + 0.004, rows=rows)
+    m = _control_pilot(spec, timings, segment_s=1.0 + train_s + 0.012, rows=rows)
     assert m["loop_s"] == pytest.approx(0.002)  # main: 0.0035, the record spread on 20 steps
-    assert m["look_s"] == pytest.approx(0.03) and m["scores_s"] == pytest.approx(0.004)
+    assert m["look_s"] == pytest.approx(0.03)
+    assert (m["record_s"], m["check_s"]) == pytest.approx((0.004, 0.007))
     assert m["fixed_s"] == pytest.approx(1.0)
+
+
+def test_the_loops_time_per_step_is_the_one_between_the_pilots_marks() -> None:
+    """A pilot's 20 steps (0.01 s each) with 0.06 s of the loop's own time: 0.018 s between
+    its marks at steps 10 and 19 (one report of 0.005 s there: 0.013 s over 9 steps), the rest
+    before the first (the first epoch's start, the cold code) and after the last (the last
+    step's flush, save and hand-over). A call pays the rate at each step and the rest once
+    (main: 0.06 / 20 at each step, the demo's 90-120 us a step against 46-58 in its calls)."""
+    spec = parse_spec(SPEC)
+    marks = [
+        {"step": 10, "at_s": 0.13, "steps_s": 0.1, "eval_s": 0.0, "stall_s": 0.0},
+        {"step": 19, "at_s": 0.13 + 0.09 + 0.018, "steps_s": 0.19, "eval_s": 0.0, "stall_s": 0.0},
+    ]
+    marks[0] |= {"report_s": 0.0, "look_s": 0.0}
+    marks[1] |= {"report_s": 0.005, "look_s": 0.0}
+    timings = {
+        **_result().timings,
+        "train_s": 0.2 + 0.06 + 0.005,
+        "loop_start_s": 0.0,
+        "steps_s_sum": 0.2,
+        "eval_s": [],
+        "stall_s": [],
+        "reports": 1,
+        "report_s": 0.005,
+        "marks": marks,
+        "total_s": 0.3,
+    }
+    m = _control_pilot(spec, timings, segment_s=0.3)
+    assert m["loop_s"] == pytest.approx(0.013 / 9)
+    assert m["loop_warm_s"] == pytest.approx(0.06 - 20 * 0.013 / 9)
+    reports = reports_left(done=20, planned=m["planned_steps"], eval_step=m["eval_step"])
+    parts = call_parts(m, left=m["planned_steps"] - 20)
+    rate, once = 0.013 / 9, 0.06 - 20 * 0.013 / 9
+    assert parts["loop"] == pytest.approx((m["planned_steps"] - 20) * rate + once + reports * 0.005)
+    older = _control_pilot(spec, {**timings, "marks": []}, segment_s=0.3)
+    assert older["loop_s"] == pytest.approx(0.06 / 20) and "loop_warm_s" not in older
 
 
 def test_the_same_steps_settled_times_are_pooled_at_their_median_with_no_tax() -> None:

@@ -26,13 +26,13 @@ Tier = Literal["essential", "useful", "exploratory"]
 TIERS: tuple[str, ...] = ("essential", "useful", "exploratory")
 #: The splits every run is evaluated on at its end (the engine's; the re-forecast counts them).
 EVAL_SPLITS: tuple[str, ...] = ("val", "test")
-#: The live view's reports a run makes at its steps (``engine.live``; the re-forecast counts them).
+#: The calls of a training's ``progress`` callback at its steps (``engine.live``).
 LIVE_REPORTS = 50
 
 
 def report_every(planned_steps: int) -> int:
-    """The steps between two of the live view's reports at its steps (about 2% of the run):
-    every step of a run under ``LIVE_REPORTS`` steps, so a short run reports more per step."""
+    """The steps between two calls of the live view's ``progress`` callback at its steps
+    (about 2% of the run; every step of a run under ``LIVE_REPORTS`` steps)."""
     return max(1, planned_steps // LIVE_REPORTS)
 
 

@@ -40,14 +40,16 @@ from __future__ import annotations
 import io
 import logging
 import math
+import tempfile
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gpucampaign.core.files import atomic_write_bytes
+from gpucampaign.core.files import atomic_write_bytes, replace_bytes
 from gpucampaign.core.gain_interval import paired_spread
 from gpucampaign.core.stoprules import Futile
 from gpucampaign.core.text import say_exact, say_number
@@ -323,6 +325,88 @@ def futility_check(
     )
 
 
+def look_at_control(
+    control_dir: Path,
+    *,
+    ids: list[str] | tuple[str, ...],
+    values: list[float] | np.ndarray,
+    step: int,
+    direction: str,
+    min_gain: float,
+    planned: int,
+) -> tuple[FutilityCheck | None, str]:
+    """A variant's look at ``step``: the control's record at the same step read, whether the
+    control has moved from its first record, and the comparison (``futility_check``).
+
+    Returns:
+        ``(check, "")``, or ``(None, why)`` when there is nothing to compare with yet.
+    """
+    control, note = control_scores_at(control_dir, step=step)
+    if control is None:
+        return None, note
+    moved, note = control_moved(control_dir, control)
+    if not moved:
+        return None, note
+    check = futility_check(
+        control,
+        ids=ids,
+        values=values,
+        step=step,
+        direction=direction,
+        min_gain=min_gain,
+        planned=planned,
+    )
+    return (check, "") if check is not None else (None, "no common finite example")
+
+
+def look_costs(
+    *,
+    ids: list[str],
+    values: list[float],
+    step: int,
+    planned: int,
+    metric: str,
+    split: str,
+    direction: str,
+    min_gain: float,
+) -> tuple[float, float]:
+    """Seconds of a look beyond the scores, for the re-forecast: the control's record of
+    ``values`` (``write_eval_scores``, as ``RunView.write_file`` writes it: no fsync) and a
+    variant's look at such a record (``look_at_control``: two records read, the comparison).
+    Done in a temporary folder, removed: nothing of the run is written. A variant's look
+    costs about twice a record on the demo (two files read, the IDs matched), so one price
+    for both would under-forecast every variant's training call."""
+    rec = EvalScores(
+        step=step,
+        planned=planned,
+        metric=metric,
+        split=split,
+        ids=tuple(ids),
+        values=np.asarray(values, dtype=np.float64),
+    )
+    with tempfile.TemporaryDirectory(prefix="gpucampaign-look-") as tmp:
+        folder = Path(tmp)
+        # The control's first record, another mean: the look reads both and compares.
+        first = replace(rec, step=0, values=rec.values + 1.0)
+        write_eval_scores(folder, first, write=replace_bytes)
+        for _ in range(2):  # the second kept: warm, as at a training call's every look
+            t0 = time.perf_counter()
+            write_eval_scores(folder, rec, write=replace_bytes)
+            record_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            look_at_control(
+                folder,
+                ids=ids,
+                values=values,
+                step=step,
+                direction=direction,
+                min_gain=min_gain,
+                planned=planned,
+            )
+            check_s = time.perf_counter() - t0
+    return record_s, check_s
+
+
 # --- during training --------------------------------------------------------------------------
 class Futility(Hook):
     """One training call's part in the futility rule, a hook: the control records, a variant
@@ -443,17 +527,11 @@ class Futility(Hook):
                 write=r.write_file,
             )
             return None
-        control_dir = r.run_folder.of_run(r.spec.resolve_run(CONTROL).run_id).path
-        control, note = control_scores_at(control_dir, step=step)
-        if control is not None:
-            moved, note = control_moved(control_dir, control)
-        if control is None or not moved:
-            r.record({"kind": "futility", "step": step, "skipped": note})
-            return None
         rule = r.spec.decision_rule
         assert rule is not None  # role "check" needs one
-        check = futility_check(
-            control,
+        control_dir = r.run_folder.of_run(r.spec.resolve_run(CONTROL).run_id).path
+        check, note = look_at_control(
+            control_dir,
             ids=ids,
             values=values,
             step=step,
@@ -462,7 +540,7 @@ class Futility(Hook):
             planned=r.planned,
         )
         if check is None:
-            r.record({"kind": "futility", "step": step, "skipped": "no common finite example"})
+            r.record({"kind": "futility", "step": step, "skipped": note})
             return None
         r.record({"kind": "futility", **check.numbers()})
         if not check.futile:

@@ -35,6 +35,7 @@ class ProgressHook(Hook):
         self.bar: Any = None
         self._evaluated = False
         self._due = False
+        self._tell = False  # the progress callback's step, nothing else due
         # Built before the loop writes its own mark: one found now is an interrupted call's.
         interrupted = r.run_folder.in_progress.is_file()
         self.resumed = (
@@ -60,14 +61,17 @@ class ProgressHook(Hook):
         return None
 
     def wants_rows(self) -> bool:
-        """Due now: the waiting rows are written first, so the record shows the last loss."""
+        """Due now (after an evaluation, by the clock, at the target): the waiting rows are
+        written first, so the record shows the last loss. The ``progress`` callback's steps
+        alone (each ~2% of the run) write nothing: the callback gets the record of the rows
+        written so far (``after_step``). Written at each of them, the rows and the record cost
+        a short run a tenth of its time: 50 writes of the rows and the file, each leaving the
+        next step about 0.2 ms slower on the demo (its caches cold), where a step is 0.6 ms."""
         assert self.file is not None  # on_start came first
         step = self.r.step
-        due = self._evaluated or self.file.due()
+        self._due = self._evaluated or self.file.due() or step == self.r.target
         self._evaluated = False
-        self._due = (
-            due or step == self.r.target or (self.progress is not None and step % self.every == 0)
-        )
+        self._tell = self.progress is not None and step % self.every == 0
         return self._due
 
     def after_step(self) -> StopRequest | None:
@@ -75,6 +79,9 @@ class ProgressHook(Hook):
             t0 = time.perf_counter()
             self.report()
             self.r.add_report(time.perf_counter() - t0)
+        elif self._tell:
+            row = self.r.last_train_row or {}
+            self._tell_progress(live_record(self.r, loss=row.get("loss")), row)
         return None
 
     def next_step(self, step: int) -> int:
@@ -99,16 +106,16 @@ class ProgressHook(Hook):
         if self.bar is not None:
             self.bar.update(self.bar.task_ids[0], completed=r.step)
         self.file.update({**record, **self.resumed}, force=True)
-        step = r.step
-        if self.progress is not None and (step % self.every == 0 or step == r.target):
-            self.progress(
-                {
-                    **record,
-                    "epoch": r.epoch,
-                    "lr": row.get("lr", r.lr),
-                    "fraction": step / r.planned,
-                }
-            )
+        if self.progress is not None and (r.step % self.every == 0 or r.step == r.target):
+            self._tell_progress(record, row)
+
+    def _tell_progress(self, record: dict[str, Any], row: dict[str, Any]) -> None:
+        """Call ``progress`` with ``record``, the epoch, the learning rate and the fraction."""
+        r = self.r
+        assert self.progress is not None
+        self.progress(
+            {**record, "epoch": r.epoch, "lr": row.get("lr", r.lr), "fraction": r.step / r.planned}
+        )
 
     def after_train(self) -> None:
         self._state("done")

@@ -359,7 +359,9 @@ def _run_epoch(r: LiveRun, hooks: Hooks) -> None:
 
 def _events(r: LiveRun, hooks: Hooks, step: int, *, every: int, per_epoch: int) -> None:
     """What may be due after ``step``, in the run's RNG slot: a full log's flush, the
-    evaluation, the save (its snapshot holds this run's RNG)."""
+    evaluation, the save (its snapshot holds this run's RNG); a pilot's mark."""
+    if step == r.mark_step:
+        r.take_mark()
     if r.mlog.full:
         _flush(r, hooks)
     if (every and step % every == 0) or (not every and r.state.batch_in_epoch == per_epoch):
@@ -380,10 +382,11 @@ def _quiet_until(r: LiveRun, hooks: Hooks, step: int, *, every: int, per_epoch: 
     """The first step after ``step`` at which ``_events`` or a hook may have something to do
     (a full log is seen at every step, a hook due by the clock too): the next evaluation (at
     ``eval_every``, else the epoch's end), the saver's next check, a hook's next step, the
-    call's target (its last save)."""
+    call's target (its last save), a pilot's mark."""
     s = r.state
     evaluation = step - step % every + every if every else step + per_epoch - s.batch_in_epoch
-    return min(evaluation, r.saver.quiet_until(step), hooks.ask_step, r.target)
+    mark = r.mark_step if r.mark_step > step else r.target
+    return min(evaluation, r.saver.quiet_until(step), hooks.ask_step, r.target, mark)
 
 
 def _interruption(reason: str) -> StopRequest:
@@ -608,7 +611,7 @@ def _train(r: LiveRun, hooks: Hooks, *, cut: Interruption | None) -> RunResult:
     """Run the loop up to the target step; finish the run when that is its last step."""
     s = r.state
     mark = None
-    t_loop = time.perf_counter()
+    r.t_loop = t_loop = time.perf_counter()
     try:
         if cut is not None:  # resume: inference after a cut: nothing trains
             _end(r, hooks, restart_inference(r, cut))

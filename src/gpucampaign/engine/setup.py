@@ -44,6 +44,7 @@ from gpucampaign.engine.parts import (
 from gpucampaign.engine.process_group import OneProcess, Ranks
 from gpucampaign.folder.layout import RunFolder
 from gpucampaign.folder.metrics import MetricsLog
+from gpucampaign.plan.reforecast import pilot_marks
 from gpucampaign.recipe.contract import Recipe, RecipeContext, call, load_recipe
 from gpucampaign.recipe.runtime import build_datasets, recipe_context, recipe_record
 from gpucampaign.storage import Store
@@ -105,11 +106,21 @@ class LiveRun:
     # And a read of the checkpoint it saved, as the call resuming from it reads it
     # (``time_restore``): a cost of that call the pilot, starting from nothing, did not pay.
     probe_restore_s: float | None = None
-    # And the per-example scores of the selection split futility records (the control) or
-    # checks (a variant) at each evaluation of its training call (``time_scores``).
-    probe_scores_s: float | None = None
+    # And futility's looks at each evaluation of the training calls (``time_looks``): the
+    # whole probe, and of it the control's record and a variant's check, each with its scores.
+    probe_looks_s: float | None = None
+    probe_record_s: float | None = None
+    probe_check_s: float | None = None
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
+    # A pilot marks the loop's counters after its warm-up steps and before its last step
+    # (``take_mark`` at each of ``marks_at``; ``mark_step``: the next, 0 when none is left):
+    # the loop's time per step between them is what a long call pays at each step, the rest
+    # of the pilot's what each call pays once (``plan.reforecast``).
+    marks_at: tuple[int, ...] = ()
+    mark_step: int = 0
+    marks: list[dict[str, float]] = field(default_factory=list)
+    t_loop: float = 0.0  # when the call's loop started (``perf_counter``)
     # Measurements, the metrics log and the saves.
     step_times: list[float] = field(default_factory=list)
     eval_times: list[float] = field(default_factory=list)
@@ -155,6 +166,24 @@ class LiveRun:
         """Median step time, without the first step (warm-up) when there are others."""
         return median(self.step_times[1:] or self.step_times)
 
+    def take_mark(self) -> None:
+        """The loop's counters now (one more of ``marks``): seconds since the loop started, and
+        of them the steps', the evaluations', the saves' stalls, the live view's and the
+        hooks' looks."""
+        step = self.state.global_step
+        self.mark_step = next((at for at in self.marks_at if at > step), 0)
+        self.marks.append(
+            {
+                "step": self.state.global_step,
+                "at_s": time.perf_counter() - self.t_loop,
+                "steps_s": self.state.steps_s_sum,
+                "eval_s": sum(self.eval_times),
+                "stall_s": sum(self.saver.stalls),
+                "report_s": self.report_s,
+                "look_s": self.look_s,
+            }
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class RunJob:
@@ -173,7 +202,7 @@ class RunJob:
         probe_eval: Pilot mode: when its steps held no evaluation, time one after its last
             save (``outcome.time_evaluation``: the re-forecast prices the run's with it), a
             read of that save (``outcome.time_restore``) and the scores futility asks for
-            (``outcome.time_scores``).
+            (``outcome.time_looks``).
     """
 
     spec: CampaignSpec
@@ -288,6 +317,9 @@ def setup_run(job: RunJob, *, t_call: float, dist: Ranks | None = None) -> LiveR
         dist=dist,
         rng=rng,
         probe_eval=job.probe_eval,
+        # a pilot's (from step 0): after its warm-up, before its last step (see the field)
+        marks_at=(marks := pilot_marks(job.stop_after_steps) if job.probe_eval else ()),
+        mark_step=marks[0] if marks else 0,
     )
     _write_params(r)
     r.setup_s = time.perf_counter() - t_call

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpucampaign.config import CampaignSpec, ResolvedRun, RunConfig
-from gpucampaign.config.parts import EVAL_SPLITS, report_every
+from gpucampaign.config.parts import EVAL_SPLITS
 from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.files import median
 
@@ -53,9 +52,8 @@ def forecast_run_hours(
         how = "not piloted: control's cost per sample scaled to this run's batch size"
         left = planned_steps
     if "fixed_s" in m and "loop_s" in m:
-        # The live view's cadence and the evaluations' are this run's own (its config).
+        # The evaluations' cadence (and the live view's reports at them) is the run's own.
         m["planned_steps"] = planned_steps
-        m["report_every"] = report_every(planned_steps)
         if m.get("n_train"):
             m["eval_step"] = cfg.eval_every or cfg.steps_per_epoch(int(m["n_train"]))
         # The scores futility asks for at the evaluations left: the control records them, a
@@ -67,6 +65,8 @@ def forecast_run_hours(
             planned=planned_steps,
             eval_step=int(m.get("eval_step") or 0),
         )
+        # each at its measured cost: the control's record, a variant's check (about twice it)
+        m["look_each_s"] = float(m.get("record_s" if run == "control" else "check_s") or 0.0)
         parts = call_parts(m, left=left)
         how += ", " + ", ".join(f"{k} {v:.3g} s" for k, v in parts.items())
         return sum(parts.values()) / 3600.0, how
@@ -91,13 +91,13 @@ def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
     - ``steps``: the first step and the pilot's warm-up steps after it (``warmup_s``, what a
       call pays again: ``_step_spread``), the others at the run's settled step time
       (``pool_pilots``: its pilot's median step times the machine's tax on a step);
-    - ``loop``: the loop's own time per step beyond the step (rows, hooks), and the live
-      view's reports left at the run's own cadence (``reports_left``), each at the measured
-      report: a run of fewer steps reports more often per step (``report_every``), so a
-      report's cost spread over another run's steps would be counted at the wrong rate; and
+    - ``loop``: the loop's own time per step beyond the step (rows, hooks), once its warm-up
+      (``loop_warm_s``: what the pilot's loop spent outside its marks beyond that rate), the
+      live view's reports left at the run's evaluations and its end (``reports_left``), each
+      at the measured report; and
       futility's looks left (``looks_left``: the control records the selection split's
-      per-example scores at each evaluation, a variant checks its own), each at the scores'
-      measured cost (``scores_s``);
+      per-example scores at each evaluation, a variant checks its own), each at its measured
+      cost with the scores (``look_each_s``: the pilot's probe's ``record_s`` or ``check_s``);
     - ``evaluations``: the evaluations left at the run's cadence, and the final ones of every
       split at the run's end (``EVAL_SPLITS``), each at the measured evaluation;
     - ``saves``: the waits of the run's saves, and the model folder's write at the end, as long
@@ -105,17 +105,14 @@ def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
     """
     eval_s = float(m.get("eval_s") or 0.0)
     evals_left = max(0, int(m.get("evals") or 0) - int(m.get("evals_done") or 0))
-    loop = left * float(m["loop_s"])
-    if "report_s" in m and "report_every" in m:  # measured apart from the loop's per step
+    loop = left * float(m["loop_s"]) + (float(m.get("loop_warm_s") or 0.0) if left else 0.0)
+    if "report_s" in m:  # measured apart from the loop's per step
         planned = int(m["planned_steps"])
         reports = reports_left(
-            done=planned - left,
-            planned=planned,
-            every=int(m["report_every"]),
-            eval_step=int(m.get("eval_step") or 0),
+            done=planned - left, planned=planned, eval_step=int(m.get("eval_step") or 0)
         )
         loop += reports * float(m["report_s"])
-    loop += int(m.get("looks_left") or 0) * float(m.get("scores_s") or 0.0)
+    loop += int(m.get("looks_left") or 0) * float(m.get("look_each_s") or 0.0)
     step = float(m.get("step_mean_s", m["step_s"]))
     # The pilot's warm-up steps at what they cost, paid again by the call (its model and
     # optimizer are built anew from the checkpoint); the others at the settled step time.
@@ -156,23 +153,16 @@ def futility_looks_left(
     return max(0, last // eval_step - (first - 1) // eval_step)
 
 
-def reports_left(*, done: int, planned: int, every: int, eval_step: int) -> int:
+def reports_left(*, done: int, planned: int, eval_step: int) -> int:
     """The live view's reports at the steps after ``done`` up to ``planned`` (``engine.live``):
-    at each multiple of ``every``, after each evaluation (each multiple of ``eval_step``, when
-    the run evaluates during training) and at the last step, one report at a step that is
-    several of these. (Reports due by the clock, about twice a second, are left out: under
-    0.1% of a run's time at a report's cost of a millisecond.)"""
-
+    after each evaluation (each multiple of ``eval_step``, when the run evaluates during
+    training) and at the last step, one report at a step that is both. (Reports due by the
+    clock, about twice a second, are left out: under 0.1% of a run's time at a report's cost
+    of a millisecond; the ``progress`` callback's steps write nothing.)"""
     if planned <= done:
         return 0
-
-    def multiples(k: int) -> int:
-        return planned // k - done // k if k > 0 else 0
-
-    both = math.lcm(every, eval_step) if eval_step > 0 else 0
-    count = multiples(every) + multiples(eval_step) - multiples(both)
-    last_counted = planned % every == 0 or (eval_step > 0 and planned % eval_step == 0)
-    return count + (0 if last_counted else 1)
+    count = planned // eval_step - done // eval_step if eval_step > 0 else 0
+    return count + (0 if eval_step > 0 and planned % eval_step == 0 else 1)
 
 
 #: Config fields that change what a run trains, not what one of its steps costs: the pilots of
@@ -189,6 +179,7 @@ def step_shape(cfg: RunConfig) -> str:
 #: What the pilots share (one process, one machine), pooled at their median over them.
 _POOLED = (
     "loop_s",
+    "loop_warm_s",
     "loop_start_s",
     "outside_s",
     "eval_s",
@@ -196,7 +187,8 @@ _POOLED = (
     "save_s",
     "first_step_s",
     "report_s",
-    "scores_s",
+    "record_s",
+    "check_s",
 )
 
 
@@ -376,6 +368,7 @@ def pilot_measures(
     look = float(t.get("look_s") or 0.0) if looks else 0.0
     steps_sum = float(t.get("steps_s_sum") or 0.0)
     total = float(t.get("total_s") or 0.0)
+    own = max(0.0, loop_wall - loop_start - steps_sum - sum(evals_s) - sum(stalls) - report - look)
     return {
         "run_id": result.run_id,
         "steps_done": result.steps_done,
@@ -396,7 +389,6 @@ def pilot_measures(
         "saves": max(1, -(-planned // max(1, int(every)))),
         "checkpoint_every": result.checkpoint_every,
         # The run's own cadences of the live view's reports and of its evaluations.
-        "report_every": report_every(planned),
         "step_shape": step_shape(cfg),
         "eval_step": cfg.eval_every or steps_per_epoch,
         "early_losses": [float(x) for x in losses],
@@ -404,16 +396,14 @@ def pilot_measures(
         # step beyond the step, its start, its evaluations and its save waits; the call's time
         # outside the loop (set-up, load, restore, the last save) and outside ``train_run``
         # (its segment's lines).
-        "loop_s": max(
-            0.0, loop_wall - loop_start - steps_sum - sum(evals_s) - sum(stalls) - report - look
-        )
-        / done,
+        **_loop_split(t, own_s=own, done=done),
         # The live view's reports, apart (``call_parts`` counts them at each run's cadence).
         **({"report_s": report / reports, "reports": reports} if reports else {}),
         # The hooks' looks after its evaluations (the control's records), apart from the loop.
         **({"look_s": look / looks, "looks": looks} if looks else {}),
-        # The scores futility asks for at each evaluation of the training (``looks_left``).
-        **({"scores_s": float(t["probe_scores_s"])} if t.get("probe_scores_s") else {}),
+        # Futility's looks at each evaluation of the training (``looks_left``), with their
+        # scores: the control's record, a variant's check.
+        **{k: float(t[f"probe_{k}"]) for k in ("record_s", "check_s") if t.get(f"probe_{k}")},
         "loop_start_s": loop_start,
         "fixed_s": max(
             0.0,
@@ -421,12 +411,56 @@ def pilot_measures(
             - loop_wall
             - float(t.get("probe_eval_s") or 0.0)
             - float(t.get("probe_restore_s") or 0.0)
-            - float(t.get("probe_scores_s") or 0.0),
+            - float(t.get("probe_looks_s") or 0.0),
         ),
         "outside_s": max(0.0, segment_s - total) if segment_s is not None else 0.0,
         **_step_spread(rows, fallback=steps_sum / done),
         "stall_s": _median_or_zero(stalls),
     }
+
+
+def settled_from(steps: int) -> int:
+    """The pilot's steps up to this one are its warm-up; the later ones are settled.
+
+    The steps after the first up to half the pilot are kept apart, at what each cost, not
+    spread over the run; the loop's own time is split at the same step (the pilot's
+    ``timings.mark``). On bench/forecast.py's idle campaigns (53 pilots of 20 steps) the median
+    by position of steps 2-10 ran 1.06-1.43x the training call's later steps, of steps 11-20
+    0.95-1.28x; the step part's forecast over actual went from 1/0.85 to 1/0.91 on the same
+    records. A pilot of fewer than 8 steps has none but its first."""
+    return steps // 2 if steps >= 8 else 1
+
+
+def pilot_marks(steps: int | None) -> tuple[int, ...]:
+    """The steps of a pilot of ``steps`` after which the loop marks its counters: the end of
+    its warm-up (``settled_from``) and the step before its last (whose evaluation, save and
+    hand-over a call pays once, not at each step). None for a pilot too short to have both."""
+    if not steps or settled_from(steps) >= steps - 1:
+        return ()
+    return (settled_from(steps), steps - 1)
+
+
+def _loop_split(t: Mapping[str, Any], *, own_s: float, done: int) -> dict[str, float]:
+    """The pilot's loop time beyond the steps (``own_s`` over its ``done`` steps) split at its
+    marks (``pilot_marks``): between them, what a long call pays at each step (``loop_s``);
+    the rest, what each call pays once (``loop_warm_s``: its code and data cold, the first
+    epoch's start, the last step's evaluation and save with their rows' flush and the save's
+    hand-over to its thread). Without two marks (an older record), all of it per step: the
+    demo's pilots measured 90-120 us a step so, against 46-58 us in its training calls."""
+    marks = t.get("marks")
+    if not isinstance(marks, list) or len(marks) < 2:
+        return {"loop_s": own_s / done}
+    a, b = marks[0], marks[-1]
+    between = (
+        (float(b["at_s"]) - float(a["at_s"]))
+        - (float(b["steps_s"]) - float(a["steps_s"]))
+        - (float(b["eval_s"]) - float(a["eval_s"]))
+        - (float(b["stall_s"]) - float(a["stall_s"]))
+        - (float(b["report_s"]) - float(a["report_s"]))
+        - (float(b["look_s"]) - float(a["look_s"]))
+    )
+    per_step = max(0.0, between) / max(1, int(b["step"]) - int(a["step"]))
+    return {"loop_s": per_step, "loop_warm_s": max(0.0, own_s - per_step * done)}
 
 
 def _step_spread(rows: Sequence[Mapping[str, Any]], *, fallback: float) -> dict[str, Any]:
@@ -441,12 +475,7 @@ def _step_spread(rows: Sequence[Mapping[str, Any]], *, fallback: float) -> dict[
     ]
     if len(times) < 2:
         return {"step_mean_s": fallback, "first_step_s": fallback}
-    # The steps after the first up to half the pilot are its warm-up: kept apart, at what each
-    # cost, not spread over the run. On bench/forecast.py's idle campaigns (53 pilots of 20
-    # steps) the median by position of steps 2-10 ran 1.06-1.43x the training call's later
-    # steps, of steps 11-20 0.95-1.28x; the step part's forecast over actual went from 1/0.85
-    # to 1/0.91 on the same records. A pilot of fewer than 8 steps has none.
-    warm = len(times) // 2 if len(times) >= 8 else 1
+    warm = settled_from(len(times))
     later = sorted(times[max(1, warm) :])
     cut = len(later) // 10  # from each end (scipy's trim_mean(0.1); scipy is not a dependency)
     kept = later[cut : len(later) - cut]
