@@ -609,6 +609,24 @@ def test_background_saves_snapshot_and_one_in_flight(tmp_path):
     saves.close()
 
 
+def test_the_saves_thread_is_started_before_the_first_save() -> None:
+    """The thread that writes the saves runs (idle) once ``BackgroundSaves`` is made, before
+    the training's first save: started by that save, it would run it at once and hold the
+    interpreter while the loop waits (5 ms, the switch interval; main started it there)."""
+    import threading
+
+    from gpucampaign.checkpoint.state import BackgroundSaves
+
+    before = {t.ident for t in threading.enumerate()}
+    saves = BackgroundSaves()
+    try:
+        started = [t for t in threading.enumerate() if t.ident not in before]
+        assert [t.name.startswith("checkpoint") for t in started] == [True]
+        assert not saves.in_flight
+    finally:
+        saves.close()
+
+
 def test_a_run_logs_the_stall_and_the_write_of_each_save(tmp_path, digits_file):  # noqa: F811
     spec = make_spec(tmp_path, digits_file, checkpoint={"every_steps": 7})
     res = run(spec, tmp_path)
