@@ -91,10 +91,10 @@ def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
     - ``steps``: the first step and the pilot's warm-up steps after it (``warmup_s``, what a
       call pays again: ``_step_spread``), the others at the run's settled step time
       (``pool_pilots``: its pilot's median step times the machine's tax on a step);
-    - ``loop``: the loop's own time per step beyond the step (rows, hooks), once its warm-up
-      (``loop_warm_s``: what the pilot's loop spent outside its marks beyond that rate), the
-      live view's reports left at the run's evaluations and its end (``reports_left``), each
-      at the measured report; and
+    - ``loop``: the loop's own time per step beyond the step (rows, hooks), what it adds at
+      each evaluation left (``loop_eval_s``) and once a call (``loop_warm_s``: ``_loop_split``
+      of the pilot's marks), the live view's reports left at the run's evaluations and its
+      end (``reports_left``), each at the measured report; and
       futility's looks left (``looks_left``: the control records the selection split's
       per-example scores at each evaluation, a variant checks its own), each at its measured
       cost with the scores (``look_each_s``: the pilot's probe's ``record_s`` or ``check_s``);
@@ -106,6 +106,7 @@ def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
     eval_s = float(m.get("eval_s") or 0.0)
     evals_left = max(0, int(m.get("evals") or 0) - int(m.get("evals_done") or 0))
     loop = left * float(m["loop_s"]) + (float(m.get("loop_warm_s") or 0.0) if left else 0.0)
+    loop += evals_left * float(m.get("loop_eval_s") or 0.0)
     if "report_s" in m:  # measured apart from the loop's per step
         planned = int(m["planned_steps"])
         reports = reports_left(
@@ -180,6 +181,7 @@ def step_shape(cfg: RunConfig) -> str:
 _POOLED = (
     "loop_s",
     "loop_warm_s",
+    "loop_eval_s",
     "loop_start_s",
     "outside_s",
     "eval_s",
@@ -443,24 +445,39 @@ def pilot_marks(steps: int | None) -> tuple[int, ...]:
 def _loop_split(t: Mapping[str, Any], *, own_s: float, done: int) -> dict[str, float]:
     """The pilot's loop time beyond the steps (``own_s`` over its ``done`` steps) split at its
     marks (``pilot_marks``): between them, what a long call pays at each step (``loop_s``);
-    the rest, what each call pays once (``loop_warm_s``: its code and data cold, the first
-    epoch's start, the last step's evaluation and save with their rows' flush and the save's
-    hand-over to its thread). Without two marks (an older record), all of it per step: the
-    demo's pilots measured 90-120 us a step so, against 46-58 us in its training calls."""
+    after the last, beyond that rate, what the last step's evaluation brings to the loop (the
+    rows flushed before it, their hand-over to the hooks, the save's), which a call pays at
+    each of its evaluations (``loop_eval_s``; once, with the rest, when the pilot evaluated
+    none); before the first, beyond that rate, what a call pays once (``loop_warm_s``: its
+    code and data cold, the first epoch's start). Without two marks (an older record), all of
+    it per step: the demo's pilots measured 75-130 us a step so, where a training call paid
+    48-58 us a step with its evaluations' share, and 24-42 us between them."""
     marks = t.get("marks")
     if not isinstance(marks, list) or len(marks) < 2:
         return {"loop_s": own_s / done}
     a, b = marks[0], marks[-1]
-    between = (
-        (float(b["at_s"]) - float(a["at_s"]))
-        - (float(b["steps_s"]) - float(a["steps_s"]))
-        - (float(b["eval_s"]) - float(a["eval_s"]))
-        - (float(b["stall_s"]) - float(a["stall_s"]))
-        - (float(b["report_s"]) - float(a["report_s"]))
-        - (float(b["look_s"]) - float(a["look_s"]))
-    )
-    per_step = max(0.0, between) / max(1, int(b["step"]) - int(a["step"]))
-    return {"loop_s": per_step, "loop_warm_s": max(0.0, own_s - per_step * done)}
+    end = {
+        "step": done,
+        "at_s": float(t.get("train_s") or 0.0),
+        "steps_s": float(t.get("steps_s_sum") or 0.0),
+        "eval_s": sum(float(x) for x in t.get("eval_s") or []),
+        "stall_s": sum(float(x) for x in t.get("stall_s") or []),
+        "report_s": float(t.get("report_s") or 0.0),
+        "look_s": float(t.get("look_s") or 0.0),
+    }
+
+    def between(x: Mapping[str, Any], y: Mapping[str, Any]) -> float:
+        """The loop's own time from counters ``x`` to ``y`` (less loop start: before both)."""
+        keys = ("at_s", "steps_s", "eval_s", "stall_s", "report_s", "look_s")
+        at, *parts = (float(y[k]) - float(x[k]) for k in keys)
+        return max(0.0, at - sum(parts))
+
+    per_step = between(a, b) / max(1, int(b["step"]) - int(a["step"]))
+    tail = max(0.0, between(b, end) - per_step * (done - int(b["step"])))
+    once = max(0.0, own_s - between(a, end) - per_step * int(a["step"]))
+    if not t.get("eval_s"):
+        return {"loop_s": per_step, "loop_warm_s": once + tail}
+    return {"loop_s": per_step, "loop_eval_s": tail, "loop_warm_s": once}
 
 
 def _step_spread(rows: Sequence[Mapping[str, Any]], *, fallback: float) -> dict[str, Any]:
