@@ -154,6 +154,9 @@ def test_an_s3_outage_while_a_run_starts_is_waited_out(stack, receiver: Receiver
     # Said once each for the whole campaign (however many tasks waited), in the flow run's
     # logs as the UI shows them, and to the notification target.
     down, back = _said(stack, flow_run_id, store)
+    # Whole, in the report of a failure (pytest cuts a long assertion's values short): one
+    # CI run saw two of each, whose lines were cut in the middle.
+    print("outage lines:", *down, "recovery lines:", *back, sep="\n")
     assert len(down) == 1 and len(back) == 1, (down, back, log)
     assert "storage.read_wait_s" in down[0] and "Said once for this outage" in down[0]
     recovered = receiver.wait_for(r"the S3 store answers again$", timeout_s=120)
