@@ -155,7 +155,7 @@ def test_an_s3_outage_while_a_run_starts_is_waited_out(stack, receiver: Receiver
     # logs as the UI shows them, and to the notification target.
     down, back = _said(stack, flow_run_id, store)
     # Whole, in the report of a failure (pytest cuts a long assertion's values short): one
-    # CI run saw two of each, whose lines were cut in the middle.
+    # CI run saw two outage lines, cut in the middle.
     print("outage lines:", *down, "recovery lines:", *back, sep="\n")
     assert len(down) == 1 and len(back) == 1, (down, back, log)
     assert "storage.read_wait_s" in down[0] and "Said once for this outage" in down[0]
