@@ -115,8 +115,9 @@ class LiveRun:
     refused: list[str] = field(default_factory=list)
     # A pilot marks the loop's counters after its warm-up steps and before its last step
     # (``take_mark`` at each of ``marks_at``; ``mark_step``: the next, 0 when none is left):
-    # the loop's time per step between them is what a long call pays at each step, the rest
-    # of the pilot's what each call pays once (``plan.reforecast``).
+    # the loop's time per step between them is what a long call pays at each step, the last
+    # step's beyond it at each evaluation, the excess before them once a call
+    # (``plan.reforecast._loop_split``).
     marks_at: tuple[int, ...] = ()
     mark_step: int = 0
     marks: list[dict[str, float]] = field(default_factory=list)
@@ -174,7 +175,7 @@ class LiveRun:
         self.mark_step = next((at for at in self.marks_at if at > step), 0)
         self.marks.append(
             {
-                "step": self.state.global_step,
+                "step": step,
                 "at_s": time.perf_counter() - self.t_loop,
                 "steps_s": self.state.steps_s_sum,
                 "eval_s": sum(self.eval_times),

@@ -425,18 +425,19 @@ def settled_from(steps: int) -> int:
     """The pilot's steps up to this one are its warm-up; the later ones are settled.
 
     The steps after the first up to half the pilot are kept apart, at what each cost, not
-    spread over the run; the loop's own time is split at the same step (the pilot's
-    ``timings.mark``). On bench/forecast.py's idle campaigns (53 pilots of 20 steps) the median
-    by position of steps 2-10 ran 1.06-1.43x the training call's later steps, of steps 11-20
-    0.95-1.28x; the step part's forecast over actual went from 1/0.85 to 1/0.91 on the same
-    records. A pilot of fewer than 8 steps has none but its first."""
+    spread over the run; the loop's own time is split at the same step (the first of the
+    pilot's ``timings.marks``). On bench/forecast.py's idle campaigns (53 pilots of 20 steps)
+    the median by position of steps 2-10 ran 1.06-1.43x the training call's later steps, of
+    steps 11-20 0.95-1.28x; the step part's forecast over actual went from 1/0.85 to 1/0.91 on
+    the same records. A pilot of fewer than 8 steps has none but its first."""
     return steps // 2 if steps >= 8 else 1
 
 
 def pilot_marks(steps: int | None) -> tuple[int, ...]:
     """The steps of a pilot of ``steps`` after which the loop marks its counters: the end of
-    its warm-up (``settled_from``) and the step before its last (whose evaluation, save and
-    hand-over a call pays once, not at each step). None for a pilot too short to have both."""
+    its warm-up (``settled_from``) and the step before its last (whose evaluation a call pays
+    at each of its own, and its save once: ``_loop_split``). None for a pilot too short to
+    have both."""
     if not steps or settled_from(steps) >= steps - 1:
         return ()
     return (settled_from(steps), steps - 1)
