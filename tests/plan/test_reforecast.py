@@ -21,6 +21,7 @@ from gpucampaign.plan.reforecast import (
     reports_left,
     step_shape,
 )
+from gpucampaign.plan.stopping import futility_role
 from tests.plan.test_decision import SPEC, _result
 
 
@@ -339,6 +340,38 @@ def test_futility_looks_are_counted_at_the_training_calls_evaluations() -> None:
         update={"stop_rules": spec.stop_rules.model_copy(update={"futility": False})}
     )
     assert {n: looks(off, n) for n in planned} == {"control": 0, "lr-high": 0, "short": 0}
+
+
+def test_futilitys_role_is_one_rule_for_the_hook_its_probe_and_the_count_of_looks() -> None:
+    """``futility_role`` on the demo with seeds bought and a data-parallel variant: the control
+    records, a variant's training call checks (not its pilot, nor a run of two GPUs, said why),
+    the control's seeds never look; with futility off a variant says so. The looks the
+    re-forecast counts follow it: some where it looks, none where it is off."""
+    base = load_spec(DEMO)
+    control = base.control.model_copy(update={"seeds": (0, 1, 2)})
+    wide = base.variants[1].model_copy(update={"changes": {"gpus": 2}})
+    spec = base.model_copy(update={"control": control, "variants": [base.variants[0], wide]})
+    roles = {run: futility_role(spec, run=run) for run in spec.run_names()}
+    assert roles == {
+        "control": ("record", ""),
+        "control.s1": ("off", ""),
+        "control.s2": ("off", ""),
+        "lr-high": ("check", ""),
+        "bf16": ("off", "a data-parallel run (gpus > 1) is not checked"),
+    }
+    assert futility_role(spec, run="lr-high", pilot=True) == ("off", "")
+    assert futility_role(spec, run="control", pilot=True) == ("record", "")
+    for run, (role, _) in roles.items():
+        looks = futility_looks_left(spec, run=run, done=20, planned=400, eval_step=20)
+        assert (looks > 0) == (role != "off"), run
+    off = spec.model_copy(
+        update={"stop_rules": spec.stop_rules.model_copy(update={"futility": False})}
+    )
+    assert futility_role(off, run="control") == ("off", "")
+    assert futility_role(off, run="lr-high") == (
+        "off",
+        "futility is off (stop_rules.futility: false)",
+    )
 
 
 def test_each_look_is_forecast_at_its_roles_cost_the_pilots_probe_timed() -> None:

@@ -60,6 +60,7 @@ from gpucampaign.folder.layout import (
     RESULT_FILE,
     eval_scores_file,
 )
+from gpucampaign.plan.stopping import futility_role
 from gpucampaign.recipe.contract import has_score
 
 log = logging.getLogger(__name__)
@@ -444,32 +445,13 @@ class Futility(Hook):
 
     @classmethod
     def for_run(cls, r: RunView) -> Futility:
-        """The role of this call: the control (not its replicates) records at every
-        evaluation when futility is on and there are variants; a variant's full training call
-        checks; anything else is off (and why, when the rule cannot run as asked)."""
-        spec, rule = r.spec, r.spec.decision_rule
-        if rule is None:
-            return cls(r, role="off")
-        scored = has_score(r.recipe)
-        if r.run == CONTROL:
-            if not spec.stop_rules.futility or not spec.variants:
-                return cls(r, role="off")  # no variant will compare: nothing to keep
-            if not scored:
-                return cls(r, role="off", off=_no_score(r))
-            return cls(r, role="record")
-        replicate = spec.replicate_of(r.run)
-        if replicate is not None and replicate[0] == CONTROL:
-            return cls(r, role="off")  # the control's seeds are never stopped as futile
-        if not spec.stop_rules.futility:
-            return cls(r, role="off", off="futility is off (stop_rules.futility: false)")
-        if r.target < r.planned:
-            return cls(r, role="off")  # the pilot: never stopped there
-        if not scored:
+        """The role of this call (``plan.stopping.futility_role``: the control records, a
+        variant's full training call checks), off when the recipe scores no example (and why,
+        when the rule cannot run as asked)."""
+        role, why = futility_role(r.spec, run=r.run, pilot=r.target < r.planned)
+        if role != "off" and not has_score(r.recipe):
             return cls(r, role="off", off=_no_score(r))
-        if r.dist.world_size > 1:
-            # Rank 0 alone evaluates: its stop would leave the other ranks in a collective.
-            return cls(r, role="off", off="a data-parallel run (gpus > 1) is not checked")
-        return cls(r, role="check")
+        return cls(r, role=role, off=why)
 
     def _say(self, why: str) -> None:
         """Say once why this run is not checked (log and a ``futility`` row)."""

@@ -15,6 +15,7 @@ from gpucampaign.engine.futility import look_costs
 from gpucampaign.engine.setup import LiveRun
 from gpucampaign.folder.runresult import RunResult
 from gpucampaign.plan.lots import this_machine
+from gpucampaign.plan.stopping import futility_role
 from gpucampaign.recipe.contract import has_score
 from gpucampaign.recipe.runtime import evaluate_split, score_split
 
@@ -80,15 +81,16 @@ def time_restore(r: LiveRun) -> None:
 
 def time_looks(r: LiveRun) -> None:
     """Time futility's looks at the evaluations of the training calls when the campaign's
-    rule will ask for them (the control records, a variant checks: neither in its pilot,
-    never more than once in the control's): the per-example scores of the selection split,
+    rule will ask for them (``plan.stopping.futility_role``: the control records, a variant
+    checks; neither in its pilot): the per-example scores of the selection split,
     then the control's record of them (``probe_record_s``) and a variant's look at such a
     record (``probe_check_s``), each with the scores; the whole probe in ``probe_looks_s``.
     Nothing of the run is recorded; like ``time_evaluation``, after the last save."""
     spec, rule = r.spec, r.spec.decision_rule
-    if not r.dist.is_main or rule is None or not spec.stop_rules.futility:
+    # The role of the run's training calls (``plan.stopping.futility_role``), not the pilot's
+    if not r.dist.is_main or rule is None or futility_role(spec, run=r.run)[0] == "off":
         return
-    if not has_score(r.recipe) or not spec.variants:
+    if not has_score(r.recipe):
         return
     dataset = r.split(spec.selection_split)
     if dataset is None or len(dataset) == 0:

@@ -15,6 +15,7 @@ from gpucampaign.config import CampaignSpec, ResolvedRun, RunConfig
 from gpucampaign.config.parts import EVAL_SPLITS
 from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.files import median
+from gpucampaign.plan.stopping import futility_role
 
 
 def forecast_run_hours(
@@ -138,18 +139,14 @@ def futility_looks_left(
     spec: CampaignSpec, *, run: str, done: int, planned: int, eval_step: int
 ) -> int:
     """The evaluations after step ``done`` at which futility scores a training call of ``run``
-    (``engine.futility``): the control records at each one when the spec has variants; a
-    variant of one process checks after the pilot's steps and the grace, never at its last
-    step; the control's seeds never look."""
-    rules = spec.stop_rules
-    replicate = spec.replicate_of(run)
-    if spec.decision_rule is None or not rules.futility or eval_step <= 0 or not spec.variants:
+    (its role: ``plan.stopping.futility_role``): the control records at each one; a variant
+    checks after the pilot's steps and the grace, never at its last step."""
+    role, _ = futility_role(spec, run=run)
+    if role == "off" or eval_step <= 0:
         return 0
-    if run == "control":
+    if role == "record":
         return planned // eval_step - done // eval_step
-    if (replicate is not None and replicate[0] == "control") or spec.run_config(run).gpus > 1:
-        return 0
-    first = max(done + 1, spec.pilot.steps + 1, rules.grace_step(planned=planned))
+    first = max(done + 1, spec.pilot.steps + 1, spec.stop_rules.grace_step(planned=planned))
     last = planned - 1
     return max(0, last // eval_step - (first - 1) // eval_step)
 

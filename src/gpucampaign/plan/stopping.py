@@ -15,11 +15,53 @@ from typing import Literal
 from gpucampaign.config import CampaignSpec
 from gpucampaign.core.stoprules import StopRule, stops_the_campaign
 
-__all__ = ["StopEffect", "campaign_stop", "essential_pilot_stops", "stop_effect"]
+__all__ = [
+    "FutilityRole",
+    "StopEffect",
+    "campaign_stop",
+    "essential_pilot_stops",
+    "futility_role",
+    "stop_effect",
+]
 
 #: What a run's stop does: ``ends`` the campaign, is ``evidence`` for the verdict, or is only
 #: ``recorded`` (an optional run).
 StopEffect = Literal["ends", "evidence", "recorded"]
+
+#: What futility does in a training call: the control ``record``s the selection split's
+#: per-example scores at each evaluation, a variant ``check``s its own against them, or ``off``.
+FutilityRole = Literal["record", "check", "off"]
+
+_NOT_CHECKED = {
+    "futility": "futility is off (stop_rules.futility: false)",
+    "gpus": "a data-parallel run (gpus > 1) is not checked",
+}
+
+
+def futility_role(spec: CampaignSpec, *, run: str, pilot: bool = False) -> tuple[FutilityRole, str]:
+    """What futility does in a training call of ``run`` (``engine.futility``), from the spec:
+    the one rule the hook, the pilot's probe of its looks and the re-forecast's count of them
+    follow. With why it is off where a variant would have been checked (else "").
+
+    The control records when futility is on and the spec has variants (someone compares with
+    it); its seeds never look (they are never stopped as futile); a variant's full training
+    call checks, not its pilot (``pilot``: never stopped there), nor a data-parallel run (rank
+    0 alone evaluates: its stop would leave the other ranks in a collective). Whether the
+    recipe scores per example is the engine's to add."""
+    if spec.decision_rule is None:
+        return "off", ""
+    if run == "control":
+        return ("record", "") if spec.stop_rules.futility and spec.variants else ("off", "")
+    replicate = spec.replicate_of(run)
+    if replicate is not None and replicate[0] == "control":
+        return "off", ""
+    if not spec.stop_rules.futility:
+        return "off", _NOT_CHECKED["futility"]
+    if pilot:
+        return "off", ""
+    if spec.run_config(run).gpus > 1:
+        return "off", _NOT_CHECKED["gpus"]
+    return "check", ""
 
 
 def stop_effect(spec: CampaignSpec, *, run: str, stop: StopRule) -> StopEffect:
