@@ -44,8 +44,12 @@ def test_a_pilot_that_held_no_evaluation_times_one_and_records_none(tmp_path, di
     pilot = run(spec, tmp_path, stop_after_steps=5, probe_eval=True)
     assert pilot.timings["eval_s"] == [] and pilot.timings["probe_eval_s"] > 0
     assert pilot.timings["probe_restore_s"] > 0  # main: not timed
-    # The loop's counters marked after the warm-up and before the last step (pilot_marks)
-    assert [m["step"] for m in pilot.timings["marks"]] == [1, 4]
+    # The loop's counters marked after the warm-up and before the last step (pilot_marks),
+    # then at its end
+    assert [m["step"] for m in pilot.timings["marks"]] == [1, 4, 5]
+    end = pilot.timings["marks"][-1]
+    assert end["at_s"] <= pilot.timings["train_s"]
+    assert end["steps_s"] == pilot.timings["steps_s_sum"]
     assert unasked.timings["marks"] == []
     rows = read_metrics(run_dir(spec, tmp_path) / "metrics.jsonl")
     assert [r for r in rows if r["kind"] == "eval"] == []

@@ -446,6 +446,7 @@ def test_the_loops_time_is_split_at_the_pilots_marks() -> None:
     marks = [
         {"step": 10, "at_s": 0.115, "steps_s": 0.1, "report_s": 0.0, **zero},
         {"step": 19, "at_s": 0.219, "steps_s": 0.19, "report_s": 0.005, **zero},
+        {"step": 20, "at_s": 0.365, "steps_s": 0.2, "report_s": 0.005, **zero, "eval_s": 0.1},
     ]
     timings = {
         **_result().timings,
@@ -468,12 +469,21 @@ def test_the_loops_time_is_split_at_the_pilots_marks() -> None:
         left * 0.001 + evals_left * 0.035 + 0.005 + reports * 0.005
     )
     # A pilot that evaluated nothing: its last step's time goes with the once-a-call part.
-    quiet = {**timings, "eval_s": [], "train_s": 0.265, "probe_eval_s": 0.1, "total_s": 0.4}
+    quiet = {
+        **timings,
+        "eval_s": [],
+        "train_s": 0.265,
+        "probe_eval_s": 0.1,
+        "total_s": 0.4,
+        "marks": [*marks[:2], {**marks[2], "at_s": 0.265, "eval_s": 0.0}],
+    }
     m = _control_pilot(spec, quiet, segment_s=0.4)
     assert (m["loop_s"], m["loop_warm_s"]) == pytest.approx((0.001, 0.04))
     assert "loop_eval_s" not in m
-    older = _control_pilot(spec, {**timings, "marks": []}, segment_s=0.4)
-    assert older["loop_s"] == pytest.approx(0.06 / 20) and "loop_warm_s" not in older
+    # Records without the three marks (before them, or the two of the round before): per step
+    for older in ({**timings, "marks": []}, {**timings, "marks": marks[:2]}):
+        m = _control_pilot(spec, older, segment_s=0.4)
+        assert m["loop_s"] == pytest.approx(0.06 / 20) and "loop_warm_s" not in m
 
 
 def test_the_same_steps_settled_times_are_pooled_at_their_median_with_no_tax() -> None:

@@ -620,6 +620,8 @@ def _train(r: LiveRun, hooks: Hooks, *, cut: Interruption | None) -> RunResult:
         r.loop_start_s = time.perf_counter() - t_loop
         while s.global_step < r.target:
             _run_epoch(r, hooks)
+        if r.marks_at:  # a pilot's last mark, at its end (plan.reforecast._loop_split)
+            r.take_mark()
         t_trained = time.perf_counter()
         # Measured apart: the training is the steps; the wait for the last save is a cost of
         # the end of the call, not of each step. The last save is durable before it returns.

@@ -185,7 +185,7 @@ def run_result(
         "report_s": r.report_s,
         "looks": r.looks,  # of train_s: the hooks' looks after evaluations, and their seconds
         "look_s": r.look_s,
-        "marks": r.marks,  # a pilot's: the loop's counters after its warm-up and before its end
+        "marks": r.marks,  # a pilot's: its loop's counters (plan.reforecast.pilot_marks), its end
         "final_save_s": r.final_save_s,
         "probe_eval_s": r.probe_eval_s,  # of total_s, after the loop: a pilot's, when timed
         "probe_restore_s": r.probe_restore_s,  # of total_s, after the loop: a pilot's

@@ -114,10 +114,10 @@ class LiveRun:
     resumed_from: int | None = None
     refused: list[str] = field(default_factory=list)
     # A pilot marks the loop's counters after its warm-up steps and before its last step
-    # (``take_mark`` at each of ``marks_at``; ``mark_step``: the next, 0 when none is left):
-    # the loop's time per step between them is what a long call pays at each step, the last
-    # step's beyond it at each evaluation, the excess before them once a call
-    # (``plan.reforecast._loop_split``).
+    # (``take_mark`` at each of ``marks_at``; ``mark_step``: the next, 0 when none is left),
+    # and at the loop's end: the loop's time per step between the first two is what a long
+    # call pays at each step, the last step's beyond it at each evaluation, the excess before
+    # them once a call (``plan.reforecast._loop_split``).
     marks_at: tuple[int, ...] = ()
     mark_step: int = 0
     marks: list[dict[str, float]] = field(default_factory=list)

@@ -433,8 +433,8 @@ def settled_from(steps: int) -> int:
 def pilot_marks(steps: int | None) -> tuple[int, ...]:
     """The steps of a pilot of ``steps`` after which the loop marks its counters: the end of
     its warm-up (``settled_from``) and the step before its last (whose evaluation a call pays
-    at each of its own, and its save once: ``_loop_split``). None for a pilot too short to
-    have both."""
+    at each of its own: ``_loop_split``); the loop marks them once more at its end. None for a
+    pilot too short to have both."""
     if not steps or settled_from(steps) >= steps - 1:
         return ()
     return (settled_from(steps), steps - 1)
@@ -442,27 +442,19 @@ def pilot_marks(steps: int | None) -> tuple[int, ...]:
 
 def _loop_split(t: Mapping[str, Any], *, own_s: float, done: int) -> dict[str, float]:
     """The pilot's loop time beyond the steps (``own_s`` over its ``done`` steps) split at its
-    marks (``pilot_marks``): between them, what a long call pays at each step (``loop_s``);
-    after the last, beyond that rate, what the last step's evaluation brings to the loop (the
-    rows flushed before it, their hand-over to the hooks, the save's), which a call pays at
-    each of its evaluations (``loop_eval_s``; once, with the rest, when the pilot evaluated
-    none); before the first, beyond that rate, what a call pays once (``loop_warm_s``: its
-    code and data cold, the first epoch's start). Without two marks (an older record), all of
-    it per step: the demo's pilots measured 75-130 us a step so, where a training call paid
-    48-58 us a step with its evaluations' share, and 24-42 us between them."""
+    marks (``pilot_marks``, then its end): between the first two, what a long call pays at
+    each step (``loop_s``); after the second, beyond that rate, what the last step's
+    evaluation brings to the loop (the rows flushed before it, their hand-over to the hooks,
+    the save's), which a call pays at each of its evaluations (``loop_eval_s``; once, with the
+    rest, when the pilot evaluated none); before the first, beyond that rate, what a call pays
+    once (``loop_warm_s``: its code and data cold, the first epoch's start). Without the
+    three marks (an older record), all of it per step: the demo's pilots measured 75-130 us a
+    step so, where a training call paid 48-58 us a step with its evaluations' share, and 24-42
+    us between the first two marks."""
     marks = t.get("marks")
-    if not isinstance(marks, list) or len(marks) < 2:
+    if not isinstance(marks, list) or len(marks) < 3:
         return {"loop_s": own_s / done}
-    a, b = marks[0], marks[-1]
-    end = {
-        "step": done,
-        "at_s": float(t.get("train_s") or 0.0),
-        "steps_s": float(t.get("steps_s_sum") or 0.0),
-        "eval_s": sum(float(x) for x in t.get("eval_s") or []),
-        "stall_s": sum(float(x) for x in t.get("stall_s") or []),
-        "report_s": float(t.get("report_s") or 0.0),
-        "look_s": float(t.get("look_s") or 0.0),
-    }
+    a, b, end = marks[0], marks[1], marks[-1]
 
     def between(x: Mapping[str, Any], y: Mapping[str, Any]) -> float:
         """The loop's own time from counters ``x`` to ``y`` (less loop start: before both)."""
@@ -471,7 +463,7 @@ def _loop_split(t: Mapping[str, Any], *, own_s: float, done: int) -> dict[str, f
         return max(0.0, at - sum(parts))
 
     per_step = between(a, b) / max(1, int(b["step"]) - int(a["step"]))
-    tail = max(0.0, between(b, end) - per_step * (done - int(b["step"])))
+    tail = max(0.0, between(b, end) - per_step * (int(end["step"]) - int(b["step"])))
     once = max(0.0, own_s - between(a, end) - per_step * int(a["step"]))
     if not t.get("eval_s"):
         return {"loop_s": per_step, "loop_warm_s": once + tail}
