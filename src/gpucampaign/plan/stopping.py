@@ -5,6 +5,9 @@ after it measured what the verdict needs (``core.stoprules.EVIDENCE_RULES``) is 
 campaign goes on to its decision. Any other stop of an essential run ends the campaign, and so
 does a failed restart check when the spec requires a verified restart. Before the runs, a stop
 in an essential run's pilot re-poses the question and ends the campaign too.
+
+Which part futility plays in a run's training calls (``futility_role``: the control records, a
+variant checks) is decided here too, once: the engine's hook and the re-forecast follow it.
 """
 
 from __future__ import annotations
