@@ -19,7 +19,9 @@ import pytest
 from gpucampaign.core.files import parse_time
 from tests.flows.test_campaign import ROOT, campaign_cli, start_campaign_run, tiny_campaign
 
-pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.beside, pytest.mark.timeout(900)]
+# In the main session: the end-to-end session beside it is the longer one (CI: 1498 s against
+# 1388 s on 2026-12-07), so this test no longer runs there (it needs no stack).
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.timeout(900)]
 
 EVERY = 150  # the save interval in steps: not a multiple of the 100 rows a flush writes
 
