@@ -35,11 +35,6 @@ StopEffect = Literal["ends", "evidence", "recorded"]
 #: per-example scores at each evaluation, a variant ``check``s its own against them, or ``off``.
 FutilityRole = Literal["record", "check", "off"]
 
-_NOT_CHECKED = {
-    "futility": "futility is off (stop_rules.futility: false)",
-    "gpus": "a data-parallel run (gpus > 1) is not checked",
-}
-
 
 def futility_role(spec: CampaignSpec, *, run: str, pilot: bool = False) -> tuple[FutilityRole, str]:
     """What futility does in a training call of ``run`` (``engine.futility``), from the spec:
@@ -59,11 +54,11 @@ def futility_role(spec: CampaignSpec, *, run: str, pilot: bool = False) -> tuple
     if replicate is not None and replicate[0] == "control":
         return "off", ""
     if not spec.stop_rules.futility:
-        return "off", _NOT_CHECKED["futility"]
+        return "off", "futility is off (stop_rules.futility: false)"
     if pilot:
         return "off", ""
     if spec.run_config(run).gpus > 1:
-        return "off", _NOT_CHECKED["gpus"]
+        return "off", "a data-parallel run (gpus > 1) is not checked"
     return "check", ""
 
 
