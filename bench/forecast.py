@@ -376,10 +376,10 @@ def same_calls(out: Path) -> dict[str, list[float]]:
     groups: dict[str, list[float]] = {}
     for line in (out / "timeline.jsonl").open(encoding="utf-8"):
         row = json.loads(line)
-        if row.get("event") != "end" or row.get("phase") != "train" or not row.get("note"):
+        if row.get("event") != "end" or row.get("phase") != "train" or not row.get("run"):
             continue
-        name = str(row["note"]).split()[0].rsplit("-", 1)[0]
-        base = re.sub(r"\.s\d+$", "", name)
+        # The round's seeds are not in the folder's spec (``replicate_of`` knows the spec's)
+        base = re.sub(r"\.s\d+$", "", str(row["run"]))
         groups.setdefault(base, []).append(float(row["seconds"]))
     return {k: v for k, v in groups.items() if len(v) >= 3}
 
