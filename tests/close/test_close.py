@@ -430,6 +430,67 @@ def test_a_reforecast_off_by_more_than_its_goal_is_said_so():
     assert "the re-forecast 33% off the observed time (over 15%)" in c["explanation"]
 
 
+def test_a_runs_miss_is_split_into_its_steps_and_the_rest_with_the_step_the_forecast_used():
+    # The decision kept the parts its 2 h sum (7200 s) and the pooled step they rest on (60 s,
+    # where the run's own pilot measured 40 s): 100 steps after a 20-step pilot. The call's
+    # steps ran at 90 s: 9000 s of the 10800 s observed, the rest 1800 s against 1200 s.
+    kept = {
+        "hours": 2.0,
+        "how": "pilot of 'control'",
+        "p10_hours": 1.0,
+        "p90_hours": 4.0,
+        "parts_s": {"outside": 200.0, "steps": 6000.0, "evaluations": 1000.0},
+        "step_s": 60.0,
+        "steps": 100,
+    }
+    decisions = [
+        {
+            "point": "after-pilot",
+            "decision": {"action": "continue", "reasons": [], "by": "auto"},
+            "reforecast": {"control": kept},
+        }
+    ]
+    # The pilot's 20 steps, then the call's 100 (steps 50-51 trained again after a resume:
+    # counted once, at their last time).
+    rows = [{"kind": "train", "step": k, "step_s": 40.0} for k in range(1, 21)]
+    rows += [{"kind": "train", "step": k, "step_s": 90.0} for k in range(21, 52)]
+    rows += [{"kind": "eval", "step": 40, "eval_s": 5.0}]
+    rows += [{"kind": "train", "step": k, "step_s": 90.0} for k in range(50, 121)]
+    reforecast = {"span_hours": 7.0, "steps": [dict(s, hours=2.0) for s in PLAN["steps"]]}
+    f = forecast_vs_actual(
+        PlanRecord.from_dict(PLAN),
+        reforecast=PlanRecord.from_dict(reforecast),
+        timeline=[_row("control", "10:00", "13:00", run="control")],
+        decisions=[DecisionRecord.from_dict(d) for d in decisions],
+        pilot={"control": {"step_s": 40.0}},
+        metrics={"control": rows},
+    )
+    c = next(s for s in f["steps"] if s["step"] == "control")
+    assert c["steps_split"] == {
+        "reforecast_steps_s": 6000.0,
+        "observed_steps_s": 9000.0,
+        "reforecast_rest_s": 1200.0,
+        "observed_rest_s": pytest.approx(1800.0),
+        "pilot_step_s": 60.0,
+        "observed_step_s": 90.0,
+    }
+    assert "re-forecast from the pilot's measurements (60000.00 ms/step)" in c["explanation"]
+    assert (
+        "33% off the observed time (over 15%): its steps took 2.5 h against 1.67 h re-forecast "
+        "(their median 1.5 min, the pilot's 1 min, 1.50x), the rest 30 min against 20 min"
+    ) in c["explanation"]
+    # A run that trained fewer steps than the re-forecast counted (a stop): no split.
+    short = forecast_vs_actual(
+        PlanRecord.from_dict(PLAN),
+        reforecast=PlanRecord.from_dict(reforecast),
+        timeline=[_row("control", "10:00", "13:00", run="control")],
+        decisions=[DecisionRecord.from_dict(d) for d in decisions],
+        metrics={"control": rows[:60]},
+    )
+    c = next(s for s in short["steps"] if s["step"] == "control")
+    assert c["steps_split"] is None and "(over 15%)" in c["explanation"]
+
+
 def test_unexplained_deviation_is_said_so():
     f = forecast_vs_actual(
         PlanRecord.from_dict(PLAN),

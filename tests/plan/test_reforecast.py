@@ -252,6 +252,16 @@ def test_the_pilots_of_one_step_share_their_median_step() -> None:
     for n in steps:
         assert hours[n][0] == pytest.approx(expected[n][0]), n
     assert hours["control"][0] * 3600 < 0.5 * 1980 * 0.050
+    # The decision keeps the step each rests on and the parts its hours sum: the report says
+    # the pooled 11 ms, not the control's own 50 ms, and splits a miss at them (main: only
+    # the hours and their text).
+    from gpucampaign.plan.decision import decide_after_pilot
+
+    kept = decide_after_pilot(spec, catalog=None, pilot=pilot, pilot_stops=[]).hours_record()
+    for n in steps:
+        assert kept[n]["step_s"] == pytest.approx(same[n]), n
+        assert 3600 * kept[n]["hours"] == pytest.approx(sum(kept[n]["parts_s"].values()))
+        assert kept[n]["steps"] == 2000 - pilot[n]["steps_done"]
 
 
 def test_the_pilots_warm_up_steps_are_counted_once_not_spread_over_the_run() -> None:

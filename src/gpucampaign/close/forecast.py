@@ -76,12 +76,15 @@ def _explain(
     dropped_by: Mapping[str, Any],
     stops: Sequence[StopRecord],
     rows: Sequence[TimelineRow],
+    used_step_s: float | None = None,
 ) -> list[str]:
-    """What the records say about a step's deviation: re-forecast, decision, stop, notes."""
+    """What the records say about a step's deviation: re-forecast, decision, stop, notes.
+    ``used_step_s``: the settled step the re-forecast rests on, as the decision kept it (the
+    pilots of the same step pooled); older records have only the run's own pilot's."""
     why = []
     if reforecast is not None and refo is not None and abs(refo - s.hours) > 1e-9:
         src = "the pilot's measurements"
-        step_s = median(_numbers(pilot.get(s.run or "", {}).get("step_s")))
+        step_s = used_step_s or median(_numbers(pilot.get(s.run or "", {}).get("step_s")))
         if step_s is not None:
             src += f" ({step_s * 1000:.2f} ms/step)"
         why.append(f"re-forecast from {src}: {say_hours(s.hours)} -> {say_hours(refo)}")
@@ -114,16 +117,66 @@ def _explain(
     return why
 
 
+def steps_split(
+    kept: Mapping[str, Any], *, metrics: Sequence[Mapping[str, Any]], observed_s: float
+) -> dict[str, float] | None:
+    """A run's re-forecast and its observed time split in two: its training steps and the
+    rest (start-up, the loop's own time, evaluations, saves). The steps: the ``steps`` the
+    re-forecast counted at ``parts_s["steps"]`` (as the decision kept them), against the
+    ``step_s`` of the run's last that many ``train`` rows (a step trained again after a
+    resume counted once, at its last time). None when the decision kept no parts (older
+    records, a pilot that measured only the step) or the run trained fewer steps (a stop)."""
+    parts, steps = kept.get("parts_s") or {}, int(kept.get("steps") or 0)
+    if "steps" not in parts or steps <= 0:
+        return None
+    times = {
+        int(r["step"]): float(r["step_s"])
+        for r in metrics
+        if r.get("kind", "train") == "train" and _numbers(r.get("step_s")) and "step" in r
+    }
+    last = max(times, default=0)
+    called = [times[k] for k in range(last - steps + 1, last + 1) if k in times]
+    if len(called) < steps:
+        return None
+    forecast_s = float(sum(parts.values()))
+    return {
+        "reforecast_steps_s": float(parts["steps"]),
+        "observed_steps_s": float(sum(called)),
+        "reforecast_rest_s": forecast_s - float(parts["steps"]),
+        "observed_rest_s": observed_s - float(sum(called)),
+        "pilot_step_s": float(kept.get("step_s") or 0.0),
+        "observed_step_s": float(median(called) or 0.0),
+    }
+
+
+def _said_split(x: Mapping[str, float]) -> str:
+    """Where a miss is, in words: the steps or the rest (``steps_split``)."""
+
+    def said(seconds: float) -> str:
+        return say_hours(seconds / 3600.0)
+
+    ratio = x["observed_step_s"] / x["pilot_step_s"] if x["pilot_step_s"] else None
+    pace = f", {ratio:.2f}x" if ratio else ""
+    return (
+        f"its steps took {said(x['observed_steps_s'])} against {said(x['reforecast_steps_s'])} "
+        f"re-forecast (their median {said(x['observed_step_s'])}, the pilot's "
+        f"{said(x['pilot_step_s'])}{pace}), the rest {said(x['observed_rest_s'])} against "
+        f"{said(x['reforecast_rest_s'])}"
+    )
+
+
 def _step_row(
     s: PlanStep,
     *,
     reforecast: PlanRecord | None,
     rows: Sequence[TimelineRow],
     ranges: Mapping[str, Mapping[str, Any]],
+    metrics: Mapping[str, Sequence[Mapping[str, Any]]],
     **context: Any,
 ) -> dict[str, Any]:
     """One step of forecast vs actual: allotted, re-forecast (each with its p10-p90 range),
-    observed, deviation, whether the observed time fell in the range, why."""
+    observed, deviation, whether the observed time fell in the range, why (a run's miss over
+    ``REFORECAST_GOAL`` split into its steps and the rest: ``steps_split``)."""
     observed = _row_seconds(rows) / 3600.0 if rows else None
     re_step = reforecast.step(s.name) if reforecast is not None else None
     refo = None if re_step is None else re_step.hours
@@ -135,13 +188,18 @@ def _step_row(
         else hours_range(base)
     )
     deviation = None if observed is None else observed - base
-    why = _explain(s, refo=refo, reforecast=reforecast, rows=rows, **context)
+    why = _explain(
+        s, refo=refo, reforecast=reforecast, rows=rows, used_step_s=kept.get("step_s"), **context
+    )
+    split = None
     if refo is not None and observed and s.run:  # how far the re-forecast of a run came true
         off = abs(observed - refo) / observed
+        split = steps_split(kept, metrics=metrics.get(s.run) or [], observed_s=3600 * observed)
         said = (
             f"within {off:.0%} of the observed time"
             if off <= REFORECAST_GOAL
             else f"{off:.0%} off the observed time (over {REFORECAST_GOAL:.0%})"
+            + (f": {_said_split(split)}" if split else "")
         )
         at = 1 if why and why[0].startswith("re-forecast from") else 0
         why.insert(at, f"the re-forecast {said}")
@@ -168,6 +226,7 @@ def _step_row(
         "in_range": None if observed is None else lo <= observed <= hi,
         "observed_hours": observed,
         "deviation_hours": deviation,
+        "steps_split": split,
         "explanation": "; ".join(why) if why else "no forecast to compare with",
     }
 
@@ -196,13 +255,15 @@ def forecast_vs_actual(
         decisions: ``decisions.jsonl`` records.
         stops: ``stops.jsonl`` records.
         pilot: pilot measurements per run name (``load_s``, ``step_s``...), when recorded.
-        metrics: ``metrics.jsonl`` rows per run, for the measured estimates.
+        metrics: ``metrics.jsonl`` rows per run, for the measured estimates and each run's
+            steps (``steps_split``).
 
     Returns:
         ``{steps: [...], decisions: [...], stops: [...], estimates: {...}, totals: {...},
         interruptions: {...}}`` (``segments.interruptions``).
     """
     timeline, decisions, stops = list(timeline), list(decisions), list(stops)
+    rows_of = {run: list(rows) for run, rows in (metrics or {}).items()}
     dropped_by = {name: rec.decision for rec in decisions for name in rec.decision.dropped_steps}
     ranges = {k: v for rec in decisions for k, v in rec.reforecast.items() if isinstance(v, dict)}
     rows_by_step: dict[str, list[TimelineRow]] = {}
@@ -216,6 +277,7 @@ def forecast_vs_actual(
             pilot=pilot or {},
             dropped_by=dropped_by,
             ranges=ranges,
+            metrics=rows_of,
             stops=stops,
         )
         for s in plan.steps
@@ -231,7 +293,7 @@ def forecast_vs_actual(
             "observed_wall_hours": _row_seconds(timeline) / 3600.0 if timeline else None,
             "window_hours": plan.window_hours,
         },
-        "estimates": measured_estimates(timeline, pilot=pilot, metrics=metrics),
+        "estimates": measured_estimates(timeline, pilot=pilot, metrics=rows_of),
         "interruptions": _with_share(interruptions(timeline), window_hours=plan.window_hours),
     }
 

@@ -8,7 +8,7 @@ reduces itself (drops exploratory, then useful runs) until it fits, or re-poses 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -18,7 +18,7 @@ from gpucampaign.config import CampaignSpec
 from gpucampaign.core.text import say_hours
 from gpucampaign.plan import calendar
 from gpucampaign.plan.ranges import hours_range
-from gpucampaign.plan.reforecast import reforecast_hours
+from gpucampaign.plan.reforecast import reforecast_runs
 
 Action = Literal["continue", "reduce", "re-pose"]
 # Early curves closer than this (relative to the control's largest loss) count as the same.
@@ -199,14 +199,18 @@ class Reforecast:
     decision: Decision
     hours: dict[str, tuple[float, str]]
     plan: Any  # calendar.Plan of every step with the re-forecast hours
+    #: Per step, the parts its hours sum and the step they rest on (``RunForecast.record``).
+    measured: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def hours_record(self) -> dict[str, dict[str, Any]]:
         """``{step: {hours, how, p10_hours, p90_hours}}``, as kept in ``decisions.jsonl``
-        (the range: ``plan.ranges``, uncalibrated)."""
+        (the range: ``plan.ranges``, uncalibrated), with the parts the hours sum where the
+        pilot measured them (``parts_s``, ``step_s``, ``steps``)."""
         out = {}
         for name, (h, how) in self.hours.items():
             p10, p90 = hours_range(h)
             out[name] = {"hours": h, "how": how, "p10_hours": p10, "p90_hours": p90}
+            out[name] |= self.measured.get(name) or {}
         return out
 
 
@@ -225,7 +229,8 @@ def decide_after_pilot(
         pilot: pilot measurements per run name (``pilot_measures``).
         pilot_stops: stop records of the pilots that stopped (with their ``run``).
     """
-    hours = reforecast_hours(spec, pilot=pilot)
+    runs = reforecast_runs(spec, pilot=pilot)
+    hours = {name: (f.hours, f.how) for name, f in runs.items()}
     override = {name: h for name, (h, _) in hours.items()}
     full = calendar.plan(spec, catalog=catalog, hours_override=override)
     reduced, dropped_steps = calendar.reduce_to_fit(spec, catalog=catalog, hours_override=override)
@@ -244,7 +249,8 @@ def decide_after_pilot(
     if decision.action != "re-pose":
         decision, tripped = _drop_tripped_runs(spec, decision, pilot_stops=pilot_stops)
         decision = _flag_low_information(decision, pilot=pilot, tripped=tripped)
-    return Reforecast(decision=decision, hours=hours, plan=full)
+    measured = {name: f.record() for name, f in runs.items()}
+    return Reforecast(decision=decision, hours=hours, plan=full, measured=measured)
 
 
 def _drop_tripped_runs(

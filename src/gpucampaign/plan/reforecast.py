@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpucampaign.config import CampaignSpec, ResolvedRun, RunConfig
@@ -18,9 +19,38 @@ from gpucampaign.core.files import median
 from gpucampaign.plan.stopping import futility_role
 
 
+@dataclass(frozen=True)
+class RunForecast:
+    """A run's machine time forecast from pilot measurements: ``hours``, ``how`` it was made
+    (the text the decision shows), and, when the pilot measured what surrounds a step, the
+    call's ``parts`` in seconds (``call_parts``), the settled ``step_s`` they rest on and the
+    ``steps`` the call trains (the report splits a miss into the steps and the rest)."""
+
+    hours: float
+    how: str
+    parts: dict[str, float] = field(default_factory=dict)
+    step_s: float | None = None
+    steps: int = 0
+
+    def record(self) -> dict[str, Any]:
+        """What ``decisions.jsonl`` keeps beside the hours: the parts and the step they rest
+        on (nothing when the pilot did not measure them)."""
+        if not self.parts:
+            return {}
+        return {"parts_s": dict(self.parts), "step_s": self.step_s, "steps": self.steps}
+
+
 def forecast_run_hours(
     spec: CampaignSpec, *, run: str, pilot: Mapping[str, Mapping[str, Any]], planned_steps: int
 ) -> tuple[float, str]:
+    """``forecast_run``'s hours and how it was made."""
+    f = forecast_run(spec, run=run, pilot=pilot, planned_steps=planned_steps)
+    return f.hours, f.how
+
+
+def forecast_run(
+    spec: CampaignSpec, *, run: str, pilot: Mapping[str, Mapping[str, Any]], planned_steps: int
+) -> RunForecast:
     """Forecast a run's machine time from pilot measurements, in hours, with how it was made.
 
     A piloted run uses its own measurements. Others use the control's cost per sample,
@@ -70,14 +100,15 @@ def forecast_run_hours(
         m["look_each_s"] = float(m.get("record_s" if run == "control" else "check_s") or 0.0)
         parts = call_parts(m, left=left)
         how += ", " + ", ".join(f"{k} {v:.3g} s" for k, v in parts.items())
-        return sum(parts.values()) / 3600.0, how
+        step_s = float(m.get("step_mean_s", m["step_s"]))
+        return RunForecast(sum(parts.values()) / 3600.0, how, parts, step_s, left)
     seconds = (
         m["load_s"]
         + planned_steps * m["step_s"]
         + m.get("evals", 0) * m.get("eval_s", 0.0)
         + m.get("saves", 0) * m.get("save_s", 0.0)
     )
-    return seconds / 3600.0, how
+    return RunForecast(seconds / 3600.0, how)
 
 
 def call_parts(m: Mapping[str, Any], *, left: int) -> dict[str, float]:
@@ -250,21 +281,26 @@ def pool_pilots(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, A
 def reforecast_hours(
     spec: CampaignSpec, *, pilot: dict[str, dict[str, Any]]
 ) -> dict[str, tuple[float, str]]:
-    """Hours of every run-linked calendar step, re-forecast from the pilot's measurements (the
-    costs the pilots share pooled: ``pool_pilots``)."""
-    hours: dict[str, tuple[float, str]] = {}
+    """``reforecast_runs``' hours and how each was made."""
+    return {name: (f.hours, f.how) for name, f in reforecast_runs(spec, pilot=pilot).items()}
+
+
+def reforecast_runs(
+    spec: CampaignSpec, *, pilot: dict[str, dict[str, Any]]
+) -> dict[str, RunForecast]:
+    """Every run-linked calendar step, re-forecast from the pilot's measurements (the costs
+    the pilots share pooled: ``pool_pilots``)."""
+    out: dict[str, RunForecast] = {}
     if not pilot:
-        return hours
+        return out
     pilot = pool_pilots(pilot)
     for step in spec.calendar:
         if step.run is None:
             continue
         measured = pilot.get(step.run)
         planned = measured["planned_steps"] if measured else planned_steps_of(spec, step.run, pilot)
-        hours[step.name] = forecast_run_hours(
-            spec, run=step.run, pilot=pilot, planned_steps=planned
-        )
-    return hours
+        out[step.name] = forecast_run(spec, run=step.run, pilot=pilot, planned_steps=planned)
+    return out
 
 
 def planned_steps_of(spec: CampaignSpec, run: str, pilot: dict[str, dict[str, Any]]) -> int:
