@@ -25,7 +25,7 @@ import yaml
 
 from gpucampaign.config import load_spec
 from gpucampaign.folder.layout import TIMELINE
-from gpucampaign.folder.records import read_timeline
+from gpucampaign.folder.records import read_result, read_timeline
 from gpucampaign.folder.segments import interruptions
 from gpucampaign.plan import calendar
 from gpucampaign.plan.lanes import machine_chains
@@ -264,7 +264,7 @@ def test_a_lost_machines_variant_finishes_on_the_other_after_its_lane(
     _pool(stack)
     for flow in ("campaign", "lane"):
         _copy_deployment(stack, flow, name=LOST)
-    spec = _spec(tmp_path / "spec", prefix=LOST_PREFIX, checkpoint={"every_steps": 10, "keep": 3})
+    spec = _spec(tmp_path / "spec", prefix=LOST_PREFIX, checkpoint={"every_steps": 5, "keep": 3})
     cs = load_spec(spec)
     chains = machine_chains(calendar.plan(cs), spec=cs)
     lost_runs = [r for chain in chains[2] for r in chain]  # lr-high, then bf16
@@ -288,10 +288,13 @@ def test_a_lost_machines_variant_finishes_on_the_other_after_its_lane(
         assert started.returncode == 0, started.stdout + started.stderr
         flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)  # type: ignore[union-attr]
         give_up = time.monotonic() + RUN_TIMEOUT_S
-        # Step 10 is its pilot's checkpoint (the campaign's flow, lot 1); 20, lot 2's first.
-        # The kill waits for that save's copy of lot 2's timeline in the bucket too (written
-        # just after LATEST): a machine that dies between the two leaves no segment to cut.
-        while _latest_step(stack, run_id, prefix=LOST_PREFIX) < 20 or not _shared_segment(
+        # Steps 5 and 10 are its pilot's checkpoints (the campaign's flow, lot 1); 15, lot 2's
+        # first, mid-run: the run trains 20 steps (one epoch), and a kill after step 20's save
+        # raced the run's end line (main: it waited for 20; the fresh-clone CI once found the
+        # run ended "ok" on lot 2 and nothing cut). The kill waits for that save's copy of lot
+        # 2's timeline in the bucket too (written just after LATEST): a machine that dies
+        # between the two leaves no segment to cut.
+        while _latest_step(stack, run_id, prefix=LOST_PREFIX) < 15 or not _shared_segment(
             stack, lot=2, run=lost_run, prefix=LOST_PREFIX
         ):
             state = api(stack["api"], "GET", f"/flow_runs/{flow_run_id}")["state"] or {}
@@ -299,7 +302,7 @@ def test_a_lost_machines_variant_finishes_on_the_other_after_its_lane(
             time.sleep(0.05)
         killed = _sigkill_worker(machines.pop(2))
         killed_at = datetime.now(UTC)
-        assert _latest_step(stack, run_id, prefix=LOST_PREFIX) < 40  # killed mid-run
+        at_kill = _latest_step(stack, run_id, prefix=LOST_PREFIX)
         state = wait_flow_run(stack, flow_run_id)
     finally:
         for proc in machines.values():
@@ -315,6 +318,9 @@ def test_a_lost_machines_variant_finishes_on_the_other_after_its_lane(
     )
     assert f"{cs.name} lot 1 for lot 2" in {r["name"] for r in subs}, subs
     # The loss on the ledger with its machine; the run resumed on lot 1 and ended there.
+    result = read_result(out, run_id)
+    assert result is not None and result.completed
+    assert 15 <= at_kill < result.planned_steps, (at_kill, result.planned_steps)  # mid-run
     rows = [r for r in read_timeline(out) if r.phase == "train" and r.run == lost_run]
     cut = [r for r in rows if r.interrupted]
     assert [(r.lot, r.worker) for r in cut] == [(2, "machine-2")], rows
