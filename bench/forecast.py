@@ -49,6 +49,7 @@ import numpy as np
 import yaml
 
 from gpucampaign.config.parts import EVAL_SPLITS
+from gpucampaign.folder.records import read_decisions
 from gpucampaign.plan.ranges import DEFAULT_SPREAD, observed_ratios, spread_of
 from gpucampaign.plan.reforecast import call_parts, pool_pilots
 
@@ -134,6 +135,7 @@ def split_parts(out: Path, report: dict) -> dict[str, dict[str, dict[str, float]
     ``loop``, the loop's own time (the live view's reports with it); ``evaluations``, all of
     them, the final ones too; ``save waits``, the loop's stalls on its saves."""
     pilot = pool_pilots(json.loads((out / "pilot.json").read_text(encoding="utf-8")))
+    kept = {k: v for d in read_decisions(out) for k, v in d.reforecast.items()}
     parts = {}
     for s in training_steps(report):
         m = pilot.get(s["run"])
@@ -146,7 +148,10 @@ def split_parts(out: Path, report: dict) -> dict[str, dict[str, dict[str, float]
         # The call's own steps (``steps_s_sum`` holds the pilot's too: restored with the state)
         steps = sum(r["step_s"] for r in rows if r.get("kind") == "train" and r["step"] > done)
         left = int(m["planned_steps"]) - done
-        fc = call_parts(m, left=left)
+        # The parts the decision kept (``decisions.jsonl``: ``parts_s``), the ones the
+        # re-forecast summed; older folders: ``call_parts`` again, without the live view's
+        # reports and futility's looks (``forecast_run`` adds their counts).
+        fc = kept.get(s["step"], {}).get("parts_s") or call_parts(m, left=left)
         waits = int(m.get("saves") or 0) * float(m.get("stall_s") or 0.0)
         evals = [float(x) for x in t["eval_s"]]
         final = sum(evals[-len(EVAL_SPLITS) :])
