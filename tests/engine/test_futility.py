@@ -290,13 +290,33 @@ def test_the_looks_cost_is_timed_through_the_whole_check_and_leaves_nothing(
 def test_a_pilot_times_a_record_and_a_check_and_writes_neither(
     tmp_path: Path,
     digits_file: tuple[Path, str],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The control's pilot of a campaign with a variant and futility on: its probe times the
     control's record and a variant's check, each with the scores (the re-forecast prices each
-    role's looks at its own), and keeps no record of them: the only one is the untrained
-    model's at step 0, the loop's own."""
+    role's looks at its own), each scores right after an evaluation as a call's look, and
+    keeps no record of them: the only one is the untrained model's at step 0, the loop's
+    own."""
+    import gpucampaign.engine.outcome as outcome
+
+    calls: list[str] = []
+    evaluation, scores = outcome._timed_evaluation, outcome.score_split
+
+    def evaluated(*args: Any, **kwargs: Any) -> Any:
+        calls.append("evaluation")
+        return evaluation(*args, **kwargs)
+
+    def scored(*args: Any, **kwargs: Any) -> Any:
+        calls.append("scores")
+        return scores(*args, **kwargs)
+
+    monkeypatch.setattr(outcome, "_timed_evaluation", evaluated)
+    monkeypatch.setattr(outcome, "score_split", scored)
     spec = cannot_win_spec(tmp_path, digits_file)
     pilot = run(spec, tmp_path, stop_after_steps=5, probe_eval=True)
+    # The pilot's steps held no evaluation: one timed, then the looks' probe (main: the
+    # scores back to back, 0.85x a call's, which follow its evaluations).
+    assert calls == ["evaluation", "evaluation", "scores", "evaluation", "scores"]
     t = pilot.timings
     assert t["probe_record_s"] > 0 and t["probe_check_s"] > 0  # main: one price, the scores
     assert t["probe_looks_s"] >= max(t["probe_record_s"], t["probe_check_s"])
@@ -356,6 +376,46 @@ def test_a_variant_that_cannot_win_stops_early_with_its_model_kept(
     with pytest.raises(Futile) as again:
         run(spec, tmp_path, name="narrow")
     assert (again.value.stop_id, again.value.numbers) == (stop.stop_id, n)
+
+
+def test_a_variants_looks_read_the_controls_first_record_once_a_call(
+    tmp_path: Path,
+    digits_file: tuple[Path, str],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each look reads the control's record at its own step (no listing of the folder when it
+    is there) and the control's first record once a call, held after (main: both at every
+    look, and the folder listed twice: a variant's looks ran 1.6x the pilot's probe of one,
+    which sees a folder of two records)."""
+    import gpucampaign.engine.futility as futility
+
+    spec = make_spec(
+        tmp_path,
+        digits_file,
+        control={"epochs": 4},
+        variants=[{"name": "close", "tier": "useful", "changes": {"lr": 0.01}}],
+        decision_rule={"metric": "accuracy", "threshold": 0.0, "min_gain": 0.01},
+    )
+    assert run(spec, tmp_path).completed
+    read: list[str] = []
+    listed: list[str] = []
+    real_read, real_list = futility.read_eval_scores, futility._recorded_steps
+
+    def counted_read(path: Path) -> Any:
+        read.append(Path(path).name)
+        return real_read(path)
+
+    def counted_list(control_dir: Path) -> list[int]:
+        listed.append(Path(control_dir).name)
+        return real_list(control_dir)
+
+    monkeypatch.setattr(futility, "read_eval_scores", counted_read)
+    monkeypatch.setattr(futility, "_recorded_steps", counted_list)
+    assert run(spec, tmp_path, name="close").completed
+    looks = [r["step"] for r in futility_rows(run_dir(spec, tmp_path, name="close"))]
+    assert looks == [10, 20, 30]  # after the grace, never at the last step
+    assert read == [f"scores-{s:09d}.npz" for s in (0, 10, 20, 30)]
+    assert listed == [run_dir(spec, tmp_path).name]  # once, to find the first record
 
 
 def test_the_spec_switch_turns_futility_off(tmp_path: Path, digits_file: tuple[Path, str]) -> None:  # noqa: F811

@@ -130,9 +130,11 @@ def control_scores_at(control_dir: Path, *, step: int) -> tuple[EvalScores | Non
     Returns:
         ``(record, "")`` at the same step; ``(None, why)`` when the control has none there.
     """
+    # The step's own file first: a look reads one file, not the folder (``_recorded_steps``
+    # only to say why there is none).
+    if (path := Path(control_dir) / eval_scores_file(step)).is_file():
+        return read_eval_scores(path), ""
     steps = _recorded_steps(control_dir)
-    if step in steps:
-        return read_eval_scores(Path(control_dir) / eval_scores_file(step)), ""
     if not steps:
         return None, "the control kept no per-example scores during training"
     if (Path(control_dir) / RESULT_FILE).is_file() or step < steps[-1]:
@@ -140,13 +142,23 @@ def control_scores_at(control_dir: Path, *, step: int) -> tuple[EvalScores | Non
     return None, f"the control has no evaluation at step {step} yet"
 
 
-def control_moved(control_dir: Path, record: EvalScores) -> tuple[bool, str]:
-    """Whether the control's mean on the split at ``record`` moved from its first record (its
-    untrained model's, at step 0) by more than chance, and why not (a model that has learned
-    nothing visible yet: no comparison says anything). Moved means the paired 95% interval of
-    the change, example by example, excludes 0: two models still at chance never decide."""
+def first_record(control_dir: Path) -> EvalScores | None:
+    """The control's first record (its untrained model's, at step 0), None before it has one.
+    It never changes once written (a resumed control writes the same values again): a call's
+    looks read it once (``Futility``)."""
     steps = _recorded_steps(control_dir)
-    first = read_eval_scores(Path(control_dir) / eval_scores_file(steps[0])) if steps else record
+    return read_eval_scores(Path(control_dir) / eval_scores_file(steps[0])) if steps else None
+
+
+def control_moved(
+    control_dir: Path, record: EvalScores, *, first: EvalScores | None = None
+) -> tuple[bool, str]:
+    """Whether the control's mean on the split at ``record`` moved from its first record (its
+    untrained model's, at step 0; ``first`` when already read) by more than chance, and why
+    not (a model that has learned nothing visible yet: no comparison says anything). Moved
+    means the paired 95% interval of the change, example by example, excludes 0: two models
+    still at chance never decide."""
+    first = first or first_record(control_dir) or record
     now, then = (round(float(np.mean(r.values)), 12) for r in (record, first))
     if first.step < record.step and now != then:
         if tuple(first.ids) != tuple(record.ids) or len(record.values) < 2:
@@ -335,9 +347,11 @@ def look_at_control(
     direction: str,
     min_gain: float,
     planned: int,
+    first: EvalScores | None = None,
 ) -> tuple[FutilityCheck | None, str]:
     """A variant's look at ``step``: the control's record at the same step read, whether the
-    control has moved from its first record, and the comparison (``futility_check``).
+    control has moved from its first record (``first`` when already read: ``first_record``),
+    and the comparison (``futility_check``).
 
     Returns:
         ``(check, "")``, or ``(None, why)`` when there is nothing to compare with yet.
@@ -345,7 +359,7 @@ def look_at_control(
     control, note = control_scores_at(control_dir, step=step)
     if control is None:
         return None, note
-    moved, note = control_moved(control_dir, control)
+    moved, note = control_moved(control_dir, control, first=first)
     if not moved:
         return None, note
     check = futility_check(
@@ -373,10 +387,11 @@ def look_costs(
 ) -> tuple[float, float]:
     """Seconds of a look beyond the scores, for the re-forecast: the control's record of
     ``values`` (``write_eval_scores``, as ``RunView.write_file`` writes it: no fsync) and a
-    variant's look at such a record (``look_at_control``: two records read, the comparison).
-    Done in a temporary folder, removed: nothing of the run is written. A variant's look
-    costs about twice a record on the demo (two files read, the IDs matched), so one price
-    for both would under-forecast every variant's training call."""
+    variant's look at such a record (``look_at_control``: the record read, the control's first
+    one held as a call's looks hold it after their first, the comparison). Done in a
+    temporary folder, removed: nothing of the run is written. A variant's look costs about
+    twice a record on the demo (a file read, the IDs matched, the interval), so one price for
+    both would under-forecast every variant's training call."""
     rec = EvalScores(
         step=step,
         planned=planned,
@@ -403,6 +418,7 @@ def look_costs(
                 direction=direction,
                 min_gain=min_gain,
                 planned=planned,
+                first=first,
             )
             check_s = time.perf_counter() - t0
     return record_s, check_s
@@ -425,6 +441,7 @@ class Futility(Hook):
         rule = r.spec.decision_rule
         self.metric = rule.metric if rule else ""
         self.split = r.spec.selection_split
+        self.first: EvalScores | None = None  # the control's first record, read once a call
 
     @classmethod
     def hook(cls, r: RunView, args: HookArgs) -> Futility | None:
@@ -512,6 +529,7 @@ class Futility(Hook):
         rule = r.spec.decision_rule
         assert rule is not None  # role "check" needs one
         control_dir = r.run_folder.of_run(r.spec.resolve_run(CONTROL).run_id).path
+        self.first = self.first or first_record(control_dir)
         check, note = look_at_control(
             control_dir,
             ids=ids,
@@ -520,6 +538,7 @@ class Futility(Hook):
             direction=rule.direction,
             min_gain=rule.min_gain,
             planned=r.planned,
+            first=self.first,
         )
         if check is None:
             r.record({"kind": "futility", "step": step, "skipped": note})
