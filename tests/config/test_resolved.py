@@ -98,6 +98,9 @@ class _NoProgress:
     def __call__(self, info: dict[str, Any]) -> None:
         pass
 
+    def start(self) -> None:
+        pass
+
     def live_tables(self, info: dict[str, Any], *, final: bool = False) -> None:
         pass
 

@@ -93,6 +93,34 @@ def test_the_training_hands_its_updates_over_and_goes_on(monkeypatch, tmp_path):
     view.close()  # again: it only waits
 
 
+def test_the_first_update_is_due_two_seconds_into_the_training_not_after_the_wait(
+    monkeypatch, tmp_path
+):
+    """A view made before its call waited for the GPU slot as long as ``PROGRESS_EVERY_S``:
+    ``start`` (the slot held) sets its clock, so the training's first steps make no artifact
+    (main: the first progress after such a wait made it, API round trips beside the first
+    steps of a call that may last less than a second); 2 s into the training, the update."""
+    from gpucampaign_prefect.orchestration import ui
+
+    calls: list[str] = []
+    monkeypatch.setattr(ui, "create_progress_artifact", lambda **kw: calls.append("create"))
+    monkeypatch.setattr(ui, "update_progress_artifact", lambda **kw: calls.append("update"))
+    monkeypatch.setattr(ui, "create_table_artifact", lambda **kw: calls.append("table"))
+    out = _folder(tmp_path / "out", losses=[1.5, 0.7])
+    view = ui.TrainingView("train", run_folder=RunFolder.of(out, RUN), campaign="c")
+    view.last -= ui.PROGRESS_EVERY_S  # made before a wait for the slot as long
+    view.start()
+    info = {"step": 1, "planned_steps": 4, "metric": "accuracy", "metric_step": 1}
+    view(info)
+    view.drain()
+    assert calls == [] and not view.created
+    view.last -= ui.PROGRESS_EVERY_S  # 2 s into the training
+    view({**info, "step": 2})
+    view.drain()
+    assert calls[0] == "create" and view.created
+    view.close()
+
+
 def test_a_live_view_that_cannot_reach_the_api_never_stops_the_training(monkeypatch, tmp_path):
     """The progress artifact is refused: the updates are skipped and the training goes on."""
     from gpucampaign_prefect.orchestration import ui

@@ -77,6 +77,13 @@ class TrainingView:
         self.calls = UiCalls(f"live view of {run_id}")
         self.created = False  # the artifact's creation handed over
 
+    def start(self) -> None:
+        """The training starts (its GPU slot held): the first update is due ``PROGRESS_EVERY_S``
+        from now, not from the view's making. A call that waited that long for the slot would
+        otherwise make the artifact at its first steps, API round trips beside them in a call
+        too short to be shown at all."""
+        self.last = time.monotonic()
+
     def _submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> None:
         if not self.created:
             self.created = True

@@ -67,6 +67,7 @@ def _run_training(
             ),
             side.segment(phase=phase, step=calendar_step(spec, run=run.name, phase=phase)) as seg,
         ):
+            progress.start()  # its first update 2 s into the training, not after the wait
             try:
                 result = train_run(
                     spec,
