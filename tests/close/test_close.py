@@ -477,7 +477,8 @@ def test_a_runs_miss_is_split_into_its_steps_and_the_rest_with_the_step_the_fore
     assert "re-forecast from the pilot's measurements (60000.00 ms/step)" in c["explanation"]
     assert (
         "33% off the observed time (over 15%): its steps took 2.5 h against 1.67 h re-forecast "
-        "(their median 1.5 min, the pilot's 1 min, 1.50x), the rest 30 min against 20 min"
+        "(their median 90000.00 ms, the pilot's 60000.00 ms, 1.50x), the rest 30 min against "
+        "20 min"
     ) in c["explanation"]
     # A run that trained fewer steps than the re-forecast counted (a stop): no split.
     short = forecast_vs_actual(

@@ -157,11 +157,12 @@ def _said_split(x: Mapping[str, float]) -> str:
 
     ratio = x["observed_step_s"] / x["pilot_step_s"] if x["pilot_step_s"] else None
     pace = f", {ratio:.2f}x" if ratio else ""
+    # A step in ms, as the re-forecast's own "ms/step" says it.
     return (
         f"its steps took {said(x['observed_steps_s'])} against {said(x['reforecast_steps_s'])} "
-        f"re-forecast (their median {said(x['observed_step_s'])}, the pilot's "
-        f"{said(x['pilot_step_s'])}{pace}), the rest {said(x['observed_rest_s'])} against "
-        f"{said(x['reforecast_rest_s'])}"
+        f"re-forecast (their median {x['observed_step_s'] * 1000:.2f} ms, the pilot's "
+        f"{x['pilot_step_s'] * 1000:.2f} ms{pace}), the rest {said(x['observed_rest_s'])} "
+        f"against {said(x['reforecast_rest_s'])}"
     )
 
 
