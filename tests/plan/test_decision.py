@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from gpucampaign.config import parse_spec
 from gpucampaign.plan.decision import DecisionInput, apply_answer, check_decision_input, decide_auto
-from gpucampaign.plan.reforecast import forecast_run_hours
+from gpucampaign.plan.reforecast import forecast_run
 
 SPEC = {
     "name": "d",
@@ -100,10 +100,12 @@ def test_repose_when_the_pilot_of_an_essential_run_stopped():
 
 def test_forecast_uses_own_pilot_or_scales_the_controls():
     spec = parse_spec(SPEC)
-    hours, how = forecast_run_hours(spec, run="control", pilot=PILOT, planned_steps=100)
+    f = forecast_run(spec, run="control", pilot=PILOT, planned_steps=100)
+    hours, how = f.hours, f.how
     assert hours == pytest.approx((2.0 + 100 * 0.01 + 4 * 0.5 + 2 * 0.2) / 3600)
     assert "pilot of 'control'" in how
-    hours_big, how_big = forecast_run_hours(spec, run="big", pilot=PILOT, planned_steps=50)
+    big = forecast_run(spec, run="big", pilot=PILOT, planned_steps=50)
+    hours_big, how_big = big.hours, big.how
     # batch 64 vs 32: twice the cost per step, half the steps.
     assert hours_big == pytest.approx((2.0 + 50 * 0.02 + 4 * 0.5 + 2 * 0.2) / 3600)
     assert "not piloted" in how_big

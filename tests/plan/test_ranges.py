@@ -34,7 +34,7 @@ def test_ranges_learned_from_earlier_errors_hold_80_percent_of_new_actuals() -> 
 def test_the_reforecast_counts_the_loop_start_up_and_save_waits_the_pilot_measured() -> None:
     """A pilot of 5 steps: 0.05 s first step, 0.01 s later ones, 0.02 s of the loop's own per
     step, 3 s outside the loop: the 1995 steps left cost what surrounds them too."""
-    from gpucampaign.plan.reforecast import forecast_run_hours, pilot_measures
+    from gpucampaign.plan.reforecast import forecast_run, pilot_measures
 
     spec = parse_spec(SPEC)
     timings = {
@@ -53,7 +53,8 @@ def test_the_reforecast_counts_the_loop_start_up_and_save_waits_the_pilot_measur
     )
     assert m["first_step_s"] == 0.05 and m["step_mean_s"] == pytest.approx(0.01)
     assert m["loop_s"] == pytest.approx(0.02) and m["fixed_s"] == pytest.approx(3.0)
-    hours, how = forecast_run_hours(spec, run="control", pilot={"control": m}, planned_steps=2000)
+    f = forecast_run(spec, run="control", pilot={"control": m}, planned_steps=2000)
+    hours, how = f.hours, f.how
     left = 2000 - 5
     # 20 evaluations at the epochs' ends, 3 of them done in the pilot, and the 2 final ones;
     # the model folder's write at the end, as long as the pilot's save (0.2 s)
@@ -116,14 +117,14 @@ def test_plan_calibrates_from_several_campaigns_their_hours_and_ranges(tmp_path:
 def test_each_call_outside_its_loop_costs_the_least_any_pilot_measured() -> None:
     """The first pilot pays the process's one-time warm-up outside its loop: the re-forecast
     of every run takes the least time outside the loop any pilot measured."""
-    from gpucampaign.plan.reforecast import reforecast_hours
+    from gpucampaign.plan.reforecast import reforecast_runs
     from tests.plan.test_decision import PILOT
 
     spec = parse_spec(SPEC)
     surround = {"loop_s": 0.0, "stall_s": 0.0, "steps_done": 0, "step_mean_s": 0.01}
     cold = {**PILOT["control"], **surround, "fixed_s": 2.0}
     warm = {**PILOT["control"], **surround, "fixed_s": 0.1, "planned_steps": 200}
-    alone = reforecast_hours(spec, pilot={"control": cold})
-    both = reforecast_hours(spec, pilot={"control": cold, "wide": warm})
+    alone = reforecast_runs(spec, pilot={"control": cold})
+    both = reforecast_runs(spec, pilot={"control": cold, "wide": warm})
     control = next(s.name for s in spec.calendar if s.run == "control")
-    assert (alone[control][0] - both[control][0]) * 3600 == pytest.approx(1.9)
+    assert (alone[control].hours - both[control].hours) * 3600 == pytest.approx(1.9)

@@ -1,6 +1,6 @@
 """The re-forecast after the pilot is the sum of what a training call costs, part by part, each
 part measured by the pilots (plan/decision.py: ``pilot_measures``, ``call_parts``,
-``reforecast_hours``): the steps, the loop's own cost per step and its start once a call,
+``reforecast_runs``): the steps, the loop's own cost per step and its start once a call,
 the evaluations at the run's cadence and at its end, the save waits and the model's write, the
 time outside the loop and outside ``train_run``."""
 
@@ -17,7 +17,7 @@ from gpucampaign.plan.reforecast import (
     futility_looks_left,
     pilot_measures,
     pool_pilots,
-    reforecast_hours,
+    reforecast_runs,
     reports_left,
     step_shape,
 )
@@ -105,7 +105,7 @@ def test_the_reforecast_pools_the_costs_the_pilots_share_and_counts_each_runs_ow
         "wide": _measured(step=0.020, fixed=0.5, loop=0.002, eval_s=0.10, planned=2000),
         "big": _measured(step=0.018, fixed=0.6, loop=0.003, eval_s=0.12, planned=1000),
     }
-    hours = reforecast_hours(spec, pilot=pilot)
+    hours = reforecast_runs(spec, pilot=pilot)
     shared = {  # the median of the three pilots (outside the loop: of the two less the first)
         "fixed": 0.55,
         "loop": 0.003,
@@ -127,14 +127,14 @@ def test_the_reforecast_pools_the_costs_the_pilots_share_and_counts_each_runs_ow
             + 4 * shared["eval"] / 2  # its saves' waits
             + shared["eval"]  # the model folder's write, as long as a checkpoint's save
         )
-        h, how = hours[step]
+        h, how = hours[step].hours, hours[step].how
         assert h * 3600 == pytest.approx(expected), run
         assert "loop start" in how and "evaluations" in how
     # On main the control's forecast was its own pilot's warm-up and burst spread over every
     # step: the least time outside the loop, then 1979 steps at their mean (16 ms), 1980 at its
     # loop's own (10 ms), its 20 evaluations at 0.3 s and 4 saves' waits: 58.6 s, not 33.2 s.
     main_s = 0.5 + 0.05 + 1979 * 0.016 + 1980 * 0.010 + 20 * 0.30 + 4 * 0.15
-    assert hours["c"][0] * 3600 < 0.6 * main_s
+    assert hours["c"].hours * 3600 < 0.6 * main_s
 
 
 def test_the_pilot_measures_the_live_views_reports_apart_from_the_loop_per_step() -> None:
@@ -171,12 +171,12 @@ def test_each_run_is_forecast_with_its_own_count_of_the_live_views_reports() -> 
         }
         for run, planned in (("control", 2000), ("wide", 2000), ("big", 1000))
     }
-    hours = reforecast_hours(spec, pilot=pilot)
+    hours = reforecast_runs(spec, pilot=pilot)
     base = {run: dict(m, report_s=0.0) for run, m in pilot.items()}
-    without = reforecast_hours(spec, pilot=base)  # the same, its reports at no cost
+    without = reforecast_runs(spec, pilot=base)  # the same, its reports at no cost
     # control: the multiples of 100 after step 20 up to 2000 (20); big: of 50 up to 1000 (20)
-    assert (hours["c"][0] - without["c"][0]) * 3600 == pytest.approx(20 * 0.01)
-    assert (hours["x"][0] - without["x"][0]) * 3600 == pytest.approx(20 * 0.01)
+    assert (hours["c"].hours - without["c"].hours) * 3600 == pytest.approx(20 * 0.01)
+    assert (hours["x"].hours - without["x"].hours) * 3600 == pytest.approx(20 * 0.01)
 
 
 def test_reports_left_counts_the_steps_the_live_view_reports_at() -> None:
@@ -248,10 +248,10 @@ def test_the_pilots_of_one_step_share_their_median_step() -> None:
     }
     same = {n: 0.011 if n != "bf16" else 0.020 for n in pilot}  # the step each is forecast at
     alone = {n: {**pilot[n], "step_s": same[n], "step_mean_s": same[n]} for n in pilot}
-    hours, expected = reforecast_hours(spec, pilot=pilot), reforecast_hours(spec, pilot=alone)
+    hours, expected = reforecast_runs(spec, pilot=pilot), reforecast_runs(spec, pilot=alone)
     for n in steps:
-        assert hours[n][0] == pytest.approx(expected[n][0]), n
-    assert hours["control"][0] * 3600 < 0.5 * 1980 * 0.050
+        assert hours[n].hours == pytest.approx(expected[n].hours), n
+    assert hours["control"].hours * 3600 < 0.5 * 1980 * 0.050
     # The decision keeps the step each rests on and the parts its hours sum: the report says
     # the pooled 11 ms, not the control's own 50 ms, and splits a miss at them (main: only
     # the hours and their text).
@@ -404,8 +404,10 @@ def test_each_look_is_forecast_at_its_roles_cost_the_pilots_probe_timed() -> Non
     record = {"control": 0.005, "lr-high": 0.003, "short": 0.004}
     check = {"control": 0.010, "lr-high": 0.007, "short": 0.008}
     timed = {n: {**m, "record_s": record[n], "check_s": check[n]} for n, m in base.items()}
-    with_looks, without = reforecast_hours(spec, pilot=timed), reforecast_hours(spec, pilot=base)
-    added = {step: round(3600 * (with_looks[step][0] - without[step][0]), 9) for step in with_looks}
+    with_looks, without = reforecast_runs(spec, pilot=timed), reforecast_runs(spec, pilot=base)
+    added = {
+        step: round(3600 * (with_looks[step].hours - without[step].hours), 9) for step in with_looks
+    }
     assert added == {
         "train-control": pytest.approx(19 * 0.004),
         "train-lr-high": pytest.approx(15 * 0.008),

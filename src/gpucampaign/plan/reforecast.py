@@ -1,6 +1,6 @@
 """The re-forecast after the pilot: what a pilot measured (``pilot_measures``) and the sum of
 what a training call costs, part by part (``call_parts``), for every run-linked calendar step
-(``reforecast_hours``); the plan of a new campaign from an earlier one's measures
+(``reforecast_runs``); the plan of a new campaign from an earlier one's measures
 (``calibrated_hours``). Pure functions; ``plan.decision`` decides with them.
 """
 
@@ -38,14 +38,6 @@ class RunForecast:
         if not self.parts:
             return {}
         return {"parts_s": dict(self.parts), "step_s": self.step_s, "steps": self.steps}
-
-
-def forecast_run_hours(
-    spec: CampaignSpec, *, run: str, pilot: Mapping[str, Mapping[str, Any]], planned_steps: int
-) -> tuple[float, str]:
-    """``forecast_run``'s hours and how it was made."""
-    f = forecast_run(spec, run=run, pilot=pilot, planned_steps=planned_steps)
-    return f.hours, f.how
 
 
 def forecast_run(
@@ -278,13 +270,6 @@ def pool_pilots(pilot: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, A
     return out
 
 
-def reforecast_hours(
-    spec: CampaignSpec, *, pilot: dict[str, dict[str, Any]]
-) -> dict[str, tuple[float, str]]:
-    """``reforecast_runs``' hours and how each was made."""
-    return {name: (f.hours, f.how) for name, f in reforecast_runs(spec, pilot=pilot).items()}
-
-
 def reforecast_runs(
     spec: CampaignSpec, *, pilot: dict[str, dict[str, Any]]
 ) -> dict[str, RunForecast]:
@@ -352,9 +337,7 @@ def calibrated_hours(
             "steps_done": 0,
             "evals_done": 0,
         }
-        hours, _ = forecast_run_hours(
-            spec, run=step.run, pilot={step.run: m}, planned_steps=planned
-        )
+        hours = forecast_run(spec, run=step.run, pilot={step.run: m}, planned_steps=planned).hours
         out[step.name] = (hours, f"{source}: {m['step_s'] * 1000:.2f} ms/step x {planned} steps")
     return out
 
