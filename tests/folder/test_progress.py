@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import UTC, datetime, timedelta
 
+from gpucampaign.folder import progress
 from gpucampaign.folder.layout import is_live_progress
 from gpucampaign.folder.progress import (
     ProgressFile,
@@ -74,8 +76,11 @@ def test_the_file_is_written_when_due_and_read_back(tmp_path):
     run_dir.mkdir(parents=True)
     live = ProgressFile(run_dir, every_s=3600)
     assert live.update(RECORD) and not live.update({**RECORD, "step": 231})
+    live.flush()
     assert read_progress(run_dir)["step"] == 230
     assert live.update({**RECORD, "step": 232}, force=True)
+    live.close()
+    assert not live.update({**RECORD, "step": 233}, force=True)  # closed: nothing more
     got = read_all_progress(tmp_path)
     assert [r["step"] for r in got] == [232] and got[0]["updated_at"] > 0
     assert json.loads((run_dir / "progress.json").read_text())["run"] == "control"
@@ -97,3 +102,57 @@ def test_a_restart_checks_progress_is_relayed_to_the_run_folder(tmp_path):
     assert got["phase"] == "restart-check" and got["step"] == 12 and got["state"] == "done"
     assert is_live_progress("runs/control-0123456789/progress-restart.json")
     assert render_line(got).startswith("restart-check control  12/460")
+
+
+def test_a_write_that_waits_on_the_disk_holds_neither_the_loop_nor_the_last_record(
+    tmp_path, monkeypatch
+):
+    """The loop hands each record over and goes on while a write waits on the disk (a
+    rename behind a journal commit: 80-330 ms in a few demo calls); the records handed over
+    meanwhile are coalesced to the newest, and ``close`` leaves that one on disk. On the old
+    main each write ran in the caller's thread, the first waiting for the gate."""
+    run_dir = tmp_path / "runs" / "control-0123456789"
+    run_dir.mkdir(parents=True)
+    gate, started = threading.Event(), threading.Event()
+    writes: list[tuple[bool, int]] = []
+    real = progress.write_progress
+
+    def slow(path, record, **kw):
+        writes.append((threading.current_thread() is threading.main_thread(), record["step"]))
+        started.set()
+        gate.wait(timeout=5)  # released below once the loop's updates are all handed over
+        real(path, record, **kw)
+
+    monkeypatch.setattr(progress, "write_progress", slow)
+    live = ProgressFile(run_dir, every_s=3600)
+    assert live.update(RECORD)
+    assert started.wait(timeout=5)  # the first write is under way, held at the gate
+    for step in (231, 232, 233):
+        assert live.update({**RECORD, "step": step}, force=True)
+    assert not gate.is_set() and live.record["step"] == 233
+    gate.set()
+    live.close()
+    assert writes == [(False, 230), (False, 233)]  # off the loop's thread; 231, 232 skipped
+    assert read_progress(run_dir)["step"] == 233
+
+
+def test_a_write_that_fails_is_skipped_and_the_next_lands(tmp_path, monkeypatch):
+    """A full disk or a vanished folder costs the live view one record, never the training."""
+    run_dir = tmp_path / "runs" / "control-0123456789"
+    run_dir.mkdir(parents=True)
+    real, calls = progress.write_progress, []
+
+    def flaky(path, record, **kw):
+        calls.append(record["step"])
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        real(path, record, **kw)
+
+    monkeypatch.setattr(progress, "write_progress", flaky)
+    live = ProgressFile(run_dir, every_s=3600)
+    assert live.update(RECORD)
+    live.flush()
+    assert read_progress(run_dir) is None
+    assert live.update({**RECORD, "step": 231}, force=True)
+    live.close()
+    assert calls == [230, 231] and read_progress(run_dir)["step"] == 231

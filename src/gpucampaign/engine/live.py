@@ -126,6 +126,8 @@ class ProgressHook(Hook):
             if self.file is not None and self.file.record.get("state") != "done":
                 self._state("stopped")  # a stop rule, an interruption, an error
         finally:
+            if self.file is not None:
+                self.file.close()  # the call's last record on disk before the call returns
             if self.bar is not None:
                 self.bar.stop()
 

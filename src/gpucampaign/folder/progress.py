@@ -21,6 +21,7 @@ import json
 import math
 import os
 import stat
+import threading
 import time
 import unicodedata
 from collections.abc import Sequence
@@ -245,30 +246,78 @@ def relay_check_progress(workdir: Path, run_dir: Path, *, state: str | None = No
 
 class ProgressFile:
     """Writes a training call's progress record at most once per ``every_s`` (and always when
-    asked with ``force``): the loop asks ``due`` at every step and builds a record only then."""
+    asked with ``force``): the loop asks ``due`` at every step and builds a record only then.
+
+    The writes run on a thread of their own: the loop hands the record over and goes on. A
+    write can wait on the disk (its rename behind the journal's commit of the checkpoint just
+    saved: 80-330 ms in 3 or 4 of 80 demo calls, where a write takes 0.1 ms), and a live view
+    is never worth holding a training step for. Records handed over faster than they are
+    written are coalesced: the newest is written. ``flush`` waits until the last one handed
+    over is on disk; ``close`` flushes and ends the thread (the call's last record, its
+    state, is on disk when the call returns)."""
 
     def __init__(self, run_dir: str | Path, *, every_s: float = WRITE_EVERY_S) -> None:
         self.run_dir = Path(run_dir)
         self.every_s = every_s
         self.last = -float("inf")
-        self.record: dict[str, Any] = {}  # the last record written
+        self.record: dict[str, Any] = {}  # the last record handed over
+        self._cond = threading.Condition()
+        self._waiting: dict[str, Any] | None = None  # handed over, not yet being written
+        self._writing = False
+        self._closed = False
+        self._thread: threading.Thread | None = None  # started by the first record
 
     def due(self) -> bool:
         """Whether ``update`` would write now without ``force``."""
         return time.monotonic() - self.last >= self.every_s
 
     def update(self, record: dict[str, Any], *, force: bool = False) -> bool:
-        """Write ``record`` when due; returns whether it was written."""
+        """Hand ``record`` to the writer when due; returns whether it was handed over."""
         now = time.monotonic()
-        if not force and now - self.last < self.every_s:
+        if self._closed or (not force and now - self.last < self.every_s):
             return False
         self.last = now
         self.record = {**record, "updated_at": time.time()}
-        try:
-            write_progress(self.run_dir, self.record)
-        except (OSError, ValueError):
-            return False  # a live view is never worth stopping a training for
+        with self._cond:
+            self._waiting = self.record
+            self._cond.notify_all()
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._write_each, name=f"progress of {self.run_dir.name}", daemon=True
+            )
+            self._thread.start()
         return True
+
+    def _write_each(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._waiting is not None or self._closed)
+                if self._waiting is None:
+                    return  # closed, nothing left to write
+                record, self._waiting, self._writing = self._waiting, None, True
+            try:
+                write_progress(self.run_dir, record)
+            except (OSError, ValueError):
+                pass  # a live view is never worth stopping a training for; the next may land
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+
+    def flush(self) -> None:
+        """Wait until the last record handed over is written (or failed to be)."""
+        if self._thread is None:
+            return
+        with self._cond:
+            self._cond.wait_for(lambda: self._waiting is None and not self._writing)
+
+    def close(self) -> None:
+        """Write what is waiting and end the writer's thread; later updates write nothing."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def evaluation_table(
