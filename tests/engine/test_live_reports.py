@@ -5,7 +5,10 @@ each run's are forecast at its own cadence (issue 48)."""
 
 from __future__ import annotations
 
+import threading
+
 from gpucampaign.config.parts import report_every
+from gpucampaign.folder import progress as progress_file
 from gpucampaign.folder.metrics import read_metrics
 from gpucampaign.plan.reforecast import reports_left
 from tests.engine.test_loop_calls import _no_clock
@@ -61,3 +64,22 @@ def test_a_pilot_that_held_no_evaluation_times_one_and_records_none(tmp_path, di
         run_dir(spec, tmp_path, out="alone") / "metrics.jsonl"
     )
     assert alone.metrics == piloted.metrics
+
+
+def test_a_calls_live_record_is_written_off_its_training_thread(tmp_path, digits_file, monkeypatch):  # noqa: F811
+    """The loop hands each record to the live file's own thread (a write can wait on the disk
+    behind a checkpoint's journal commit); the last one, ``done``, is on disk when the call
+    returns. On the old main every write ran on the training thread."""
+    writes: list[tuple[int, str]] = []
+    real = progress_file.write_progress
+
+    def spy(path, record, **kw):
+        writes.append((threading.get_ident(), record["state"]))
+        real(path, record, **kw)
+
+    monkeypatch.setattr(progress_file, "write_progress", spy)
+    spec = make_spec(tmp_path, digits_file)
+    run(spec, tmp_path)
+    assert writes and threading.get_ident() not in {ident for ident, _ in writes}
+    assert writes[-1][1] == "done"
+    assert progress_file.read_progress(run_dir(spec, tmp_path))["state"] == "done"
