@@ -137,7 +137,8 @@ def test_a_write_that_waits_on_the_disk_holds_neither_the_loop_nor_the_last_reco
 
 
 def test_a_write_that_fails_is_skipped_and_the_next_lands(tmp_path, monkeypatch):
-    """A full disk or a vanished folder costs the live view one record, never the training."""
+    """A full disk, a vanished folder or anything else a write raises costs the live view one
+    record, never the training nor the writer's thread (which ``close`` waits on)."""
     run_dir = tmp_path / "runs" / "control-0123456789"
     run_dir.mkdir(parents=True)
     real, calls = progress.write_progress, []
@@ -146,6 +147,8 @@ def test_a_write_that_fails_is_skipped_and_the_next_lands(tmp_path, monkeypatch)
         calls.append(record["step"])
         if len(calls) == 1:
             raise OSError(28, "No space left on device")
+        if len(calls) == 2:
+            raise RuntimeError("anything else the write raised")  # the thread lives on
         real(path, record, **kw)
 
     monkeypatch.setattr(progress, "write_progress", flaky)
@@ -154,5 +157,8 @@ def test_a_write_that_fails_is_skipped_and_the_next_lands(tmp_path, monkeypatch)
     live.flush()
     assert read_progress(run_dir) is None
     assert live.update({**RECORD, "step": 231}, force=True)
+    live.flush()
+    assert read_progress(run_dir) is None
+    assert live.update({**RECORD, "step": 232}, force=True)
     live.close()
-    assert calls == [230, 231] and read_progress(run_dir)["step"] == 231
+    assert calls == [230, 231, 232] and read_progress(run_dir)["step"] == 232

@@ -297,8 +297,8 @@ class ProgressFile:
                 record, self._waiting, self._writing = self._waiting, None, True
             try:
                 write_progress(self.run_dir, record)
-            except (OSError, ValueError):
-                pass  # a live view is never worth stopping a training for; the next may land
+            except Exception:  # a live view is never worth stopping a training
+                pass  # for, nor this thread, which ``flush`` waits on: the next may land
             finally:
                 with self._cond:
                     self._writing = False
