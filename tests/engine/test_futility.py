@@ -314,9 +314,10 @@ def test_a_pilot_times_a_record_and_a_check_and_writes_neither(
     monkeypatch.setattr(outcome, "score_split", scored)
     spec = cannot_win_spec(tmp_path, digits_file)
     pilot = run(spec, tmp_path, stop_after_steps=5, probe_eval=True)
-    # The pilot's steps held no evaluation: one timed, then the looks' probe (main: the
-    # scores back to back, 0.85x a call's, which follow its evaluations).
-    assert calls == ["evaluation", "evaluation", "scores", "evaluation", "scores"]
+    # The pilot's steps held no evaluation: one timed, then the looks' probe: the cold scores,
+    # then the kept ones right after an evaluation (main: the scores back to back, 0.85x a
+    # call's, which follow its evaluations; 07ebba5: an evaluation before the cold ones too).
+    assert calls == ["evaluation", "scores", "evaluation", "scores"]
     t = pilot.timings
     assert t["probe_record_s"] > 0 and t["probe_check_s"] > 0  # main: one price, the scores
     assert t["probe_looks_s"] >= max(t["probe_record_s"], t["probe_check_s"])
