@@ -16,7 +16,7 @@ from typing import Any
 from gpucampaign.close.verdict_words import stops_of
 from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.files import median, parse_time
-from gpucampaign.core.text import say_hours
+from gpucampaign.core.text import say_hours, say_step
 from gpucampaign.folder.layout import ESTIMATES_FILE, OutputFolder
 from gpucampaign.folder.records import DecisionRecord, PlanRecord, PlanStep, StopRecord, TimelineRow
 from gpucampaign.folder.segments import inference_restarted, interruptions
@@ -86,7 +86,7 @@ def _explain(
         src = "the pilot's measurements"
         step_s = used_step_s or median(_numbers(pilot.get(s.run or "", {}).get("step_s")))
         if step_s is not None:
-            src += f" ({step_s * 1000:.2f} ms/step)"
+            src += f" ({say_step(step_s)}/step)"
         why.append(f"re-forecast from {src}: {say_hours(s.hours)} -> {say_hours(refo)}")
     if s.name in dropped_by:
         d = dropped_by[s.name]
@@ -157,11 +157,10 @@ def _said_split(x: Mapping[str, float]) -> str:
 
     ratio = x["observed_step_s"] / x["pilot_step_s"] if x["pilot_step_s"] else None
     pace = f", {ratio:.2f}x" if ratio else ""
-    # A step in ms, as the re-forecast's own "ms/step" says it.
     return (
         f"its steps took {said(x['observed_steps_s'])} against {said(x['reforecast_steps_s'])} "
-        f"re-forecast (their median {x['observed_step_s'] * 1000:.2f} ms, the pilot's "
-        f"{x['pilot_step_s'] * 1000:.2f} ms{pace}), the rest {said(x['observed_rest_s'])} "
+        f"re-forecast (their median {say_step(x['observed_step_s'])}, the pilot's "
+        f"{say_step(x['pilot_step_s'])}{pace}), the rest {said(x['observed_rest_s'])} "
         f"against {said(x['reforecast_rest_s'])}"
     )
 

@@ -180,6 +180,12 @@ def printable(text: str) -> str:
     return redact_secrets(text)
 
 
+def say_step(seconds: float) -> str:
+    """A training step's time as the re-forecasts and the report say it: milliseconds, two
+    decimals (``0.51 ms``), whatever the step's size, so a pilot's and a call's compare."""
+    return f"{seconds * 1000:.2f} ms"
+
+
 def say_exact(x: float) -> str:
     """A number as the spec wrote it: the shortest text that reads back as the same float
     (``0.95``, ``0.0002``, ``3.5``)."""

@@ -16,6 +16,7 @@ from gpucampaign.config import CampaignSpec, ResolvedRun, RunConfig
 from gpucampaign.config.parts import EVAL_SPLITS
 from gpucampaign.core.errors import ArgumentError
 from gpucampaign.core.files import median
+from gpucampaign.core.text import say_step
 from gpucampaign.plan.stopping import futility_role
 
 
@@ -62,7 +63,7 @@ def forecast_run(
     cfg = spec.run_config(run)
     if run in pilot:
         m = dict(pilot[run])
-        how = f"pilot of '{run}': {m['step_s'] * 1000:.2f} ms/step"
+        how = f"pilot of '{run}': {say_step(m['step_s'])}/step"
         left = max(0, planned_steps - int(m.get("steps_done") or 0))
     else:
         ref = pilot.get("control") or next(iter(pilot.values()))
@@ -338,7 +339,7 @@ def calibrated_hours(
             "evals_done": 0,
         }
         hours = forecast_run(spec, run=step.run, pilot={step.run: m}, planned_steps=planned).hours
-        out[step.name] = (hours, f"{source}: {m['step_s'] * 1000:.2f} ms/step x {planned} steps")
+        out[step.name] = (hours, f"{source}: {say_step(m['step_s'])}/step x {planned} steps")
     return out
 
 
