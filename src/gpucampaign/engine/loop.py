@@ -45,21 +45,20 @@ itself: each ``train`` row goes to them once its loss is fetched, before it is w
 ``train_run`` is the only entry point. It writes into the run folder ``OUT/runs/<run_id>/``:
 
 - ``params.json``: the resolved config, run ID, planned steps (written at every start);
-- ``metrics.jsonl``: one JSON row per event (see ``metrics.py``); on resume, rows after the
-  restored step are dropped, so the file always tells one timeline;
+- ``metrics.jsonl``: a JSON row per event (``metrics.py``), one timeline (a resume drops rows);
 - at completion ``model/`` (the reloadable model folder) and ``result.json`` (``RunResult``).
 
 The corpus given is the loaded one, checked against the spec's pinned sha256: a table
 ``Corpus`` for the built-in recipes, a ``Pinned`` file or folder for the others. A call with
 ``stop_after_steps`` (the pilot) stops at that global step, checkpoints and returns with
 ``completed=False``; a later call resumes from that checkpoint. Neither that nor the GPU
-``lane`` is part of the config, so neither is part of the run ID. ``on_save`` is called after
-each checkpoint is committed (the timeline's heartbeat).
+``lane`` is in the config or the run ID. ``on_save`` is called after each committed save.
 
 Checkpoints go to the ``Store`` under ``<run_id>/`` (``checkpoint/manager.py``); what they
-hold is the run's ``TrainState`` (``checkpoint/trainstate.py``). The loop reaches
-the model, data, loss and evaluation only through the run's ``Recipe`` (``recipe.py``; the
-built-in ``mlp`` and ``cnn`` are recipes too, in ``builtin/tabular.py``).
+hold is the run's ``TrainState`` (``checkpoint/trainstate.py``). The loop reaches the model,
+data, loss and evaluation only through the run's ``Recipe`` (``recipe.py``; the built-in
+``mlp`` and ``cnn`` are recipes too, in ``builtin/tabular.py``). The heap alive before the
+steps is out of the garbage collector's walks while they run (``core.gcpause.heap_frozen``).
 
 Determinism: python/numpy/torch seeded, a seeded DataLoader generator, a pinned thread
 count; the checkpoint keeps the generator state from the TOP of the epoch, and a resume
@@ -90,6 +89,7 @@ from gpucampaign.checkpoint.trainstate import MODEL
 from gpucampaign.config import CampaignSpec, ResolvedRun
 from gpucampaign.config.parts import EVAL_SPLITS
 from gpucampaign.core.files import atomic_write_bytes, json_bytes, sync_files
+from gpucampaign.core.gcpause import heap_frozen
 from gpucampaign.core.interrupt import PENDING, Interrupted
 from gpucampaign.core.stoprules import NonFiniteLoss, NoUsableRestart, StopRule
 from gpucampaign.engine.checkpointer import Checkpointer, SaveFn
@@ -539,8 +539,7 @@ def train_run(
         run: The run (``CampaignSpec.resolve_run``): its config and ID, resolved once.
         corpus: The loaded corpus, the pinned one (see the module docstring).
         store: Checkpoint store; ``<run_id>/LATEST`` there is resumed from when valid.
-        run_folder: The run's folder (``OutputFolder.run``: ``OUT/runs/<run_id>/``), created
-            here.
+        run_folder: The run's folder (``OutputFolder.run``: ``OUT/runs/<run_id>/``), made here.
         stop_after_steps: Pilot mode: stop at this step, checkpoint, return uncompleted.
         checkpoint_every: Fixed save interval in steps (overrides the spec and the measure).
         progress: Called every ~2% of the run with the live record (``live_record``: run_id,
@@ -604,7 +603,8 @@ def train_run(
     )
     _open_metrics(r, restored=ck is not None, log_every_steps=log_every_steps)
     hooks = open_hooks(r, ck, progress=progress, show_progress=show_progress)
-    return _train(r, hooks, cut=cut)
+    with heap_frozen():  # a full collection in the steps walks only what the call makes
+        return _train(r, hooks, cut=cut)
 
 
 def _train(r: LiveRun, hooks: Hooks, *, cut: Interruption | None) -> RunResult:
