@@ -32,7 +32,7 @@ def heap_frozen() -> Iterator[None]:
     (``gc.freeze``), and give them back after (``gc.unfreeze``), as they were.
 
     A training call's process holds the whole heap of torch, Prefect and the rest (300,000 to
-    400,000 tracked objects): each full collection walks all of it, 230-270 ms on the demo's
+    400,000 tracked objects): each full collection walks all of it, 230-330 ms on the demo's
     machine, at a moment the interpreter's allocation counts pick; in one demo of six it fell
     inside a 0.4 s training call (measured with ``gc.callbacks``). Frozen, a collection during
     the call walks only what the call made (under a millisecond); the automatic collector
