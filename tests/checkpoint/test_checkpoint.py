@@ -757,7 +757,7 @@ def test_the_state_file_goes_out_in_a_few_writes_not_one_per_record(tmp_path):
         return int(next(ln.split()[1] for ln in text.splitlines() if ln.startswith("syscw")))
 
     before = writes()
-    digest, size = tensorfiles.save_state(tmp_path / "state.pt", state, kind="crc32c")
+    _, size = tensorfiles.save_state(tmp_path / "state.pt", state, kind="crc32c")
     assert writes() - before <= 3
     assert size == (tmp_path / "state.pt").stat().st_size
     assert tensorfiles.serialize_state(state).tobytes() == (tmp_path / "state.pt").read_bytes()
